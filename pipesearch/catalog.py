@@ -1,0 +1,82 @@
+"""Find catalog entries (model profiles, model configs, devices, clusters) by
+name or by path.
+
+The catalogs are plain data directories: ``cost_models/`` (models) and
+``hardware/devices``, ``hardware/clusters`` (hardware). In an installed wheel
+they live under ``pipesearch/_catalog/``; in a source checkout they are the
+top-level directories of the repository.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from .errors import CatalogError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+#: kind -> (directory relative to the catalog root, accepted suffixes)
+KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "model": ("cost_models", (".csv", ".toml", ".graph.txt", ".json")),
+    "device": ("hardware/devices", (".toml",)),
+    "cluster": ("hardware/clusters", (".toml",)),
+}
+
+
+def catalog_root() -> Path:
+    """The directory holding ``cost_models/`` and ``hardware/``."""
+    installed = _PACKAGE_DIR / "_catalog"
+    if installed.is_dir():
+        return installed
+    return _PACKAGE_DIR.parent
+
+
+def catalog_dir(kind: str) -> Path:
+    """Directory of one catalog kind (``model``, ``device`` or ``cluster``)."""
+    return catalog_root() / KINDS[kind][0]
+
+
+def entry_name(path: Path) -> str:
+    """Catalog name of a file: its name without the catalog suffix."""
+    name = path.name
+    for suffix in sorted((s for _, (_, ss) in KINDS.items() for s in ss), key=len, reverse=True):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def list_entries(kind: str) -> dict[str, Path]:
+    """All entries of a kind, name -> path, sorted by name."""
+    directory = catalog_dir(kind)
+    suffixes = KINDS[kind][1]
+    found = {}
+    if directory.is_dir():
+        for p in sorted(directory.iterdir()):
+            if p.is_file() and p.name.endswith(suffixes) and not p.name.startswith("_"):
+                found.setdefault(entry_name(p), p)
+    return dict(sorted(found.items()))
+
+
+def resolve(kind: str, name_or_path: str) -> Path:
+    """Path of a catalog entry given its name, or the given path if it is a file.
+
+    Raises:
+        CatalogError: neither an existing file nor a catalog name; the message
+            suggests close catalog names.
+    """
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        return p
+    entries = list_entries(kind)
+    key = name_or_path.strip().lower()
+    if key in entries:
+        return entries[key]
+    close = difflib.get_close_matches(key, list(entries), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(entries)}"
+    looks_like_path = any(c in name_or_path for c in "/\\") or "." in Path(name_or_path).name
+    what = "no such file and no" if looks_like_path else "unknown"
+    raise CatalogError(
+        f"{what} {kind} {name_or_path!r} in the catalog ({hint}); "
+        f"`pipesearch catalog` lists the entries, or pass a file path"
+    )

@@ -1,0 +1,26 @@
+"""Typed errors. Every message names the input (file, field, value), says what
+was expected and, where one exists, the fix. The CLI prints the message as one
+line on stderr and exits with status 2."""
+
+from __future__ import annotations
+
+
+class PipesearchError(Exception):
+    """Base class of every error pipesearch raises on bad input or an
+    impossible request."""
+
+
+class InputError(PipesearchError, ValueError):
+    """A malformed or out-of-range input (profile, cluster, job, option)."""
+
+
+class CatalogError(InputError, LookupError):
+    """An unknown catalog name."""
+
+
+class InfeasibleError(PipesearchError):
+    """The request is well formed but no plan satisfies it (e.g. memory)."""
+
+
+class PlanFormatError(InputError):
+    """A plan JSON file that does not follow the schema."""

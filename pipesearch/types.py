@@ -1,0 +1,273 @@
+"""Value types of pipesearch: frozen dataclasses with units in their field names.
+
+Nothing here imports the rest of the package. Conventions:
+
+* times are seconds (``*_s``), sizes bytes (``*_bytes``), bandwidths bytes per
+  second (``*_bytes_per_s``), rates FLOP per second (``*_flops``);
+* a :class:`Layer`'s times and activation sizes are those measured (or
+  computed) at its profile's ``profiled_batch_size``; the cost model scales them
+  linearly to the micro-batch size it is asked about;
+* device ids are integers ``0 .. cluster.num_devices - 1``, numbered node by
+  node, group by group (see :class:`Cluster`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer (or block of layers) of a model that runs as a chain.
+
+    Attributes:
+        name: unique name of the layer within its model (e.g. ``"conv3_1"``).
+        fwd_s: forward compute time at the profile's batch size, seconds.
+        bwd_s: backward compute time at the profile's batch size, seconds
+            (input-gradient plus weight-gradient).
+        param_bytes: bytes of the layer's parameters, in the profile's parameter
+            dtype (``ModelProfile.bytes_per_param`` bytes per parameter).
+        output_bytes: bytes of the layer's output at the profile's batch size;
+            what a stage boundary after this layer sends forward (and receives
+            back as a gradient).
+        saved_bytes: bytes kept from forward for backward at the profile's
+            batch size (activations saved for the backward pass).
+        bwd_input_s: optional share of ``bwd_s`` that computes the input
+            gradient (zero-bubble schedules split backward into I and W).
+        flops: optional forward+backward FLOPs at the profile's batch size.
+    """
+
+    name: str
+    fwd_s: float
+    bwd_s: float
+    param_bytes: float
+    output_bytes: float
+    saved_bytes: float
+    bwd_input_s: float | None = None
+    flops: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A model as a chain of layers with the conditions they were measured at.
+
+    Attributes:
+        name: model name (catalog name or file stem).
+        layers: the chain, in execution order.
+        profiled_batch_size: samples per batch the times and activation sizes
+            were measured (or computed) at.
+        profiled_device: catalog name (or free text) of the device the times
+            were measured on.
+        bytes_per_param: bytes per parameter in ``Layer.param_bytes``
+            (4 for fp32 profiles such as PipeDream's).
+        source: provenance, free text (file, paper, date).
+    """
+
+    name: str
+    layers: tuple[Layer, ...]
+    profiled_batch_size: int
+    profiled_device: str = "unknown"
+    bytes_per_param: float = 4.0
+    source: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """An accelerator type.
+
+    Attributes:
+        name: catalog name (e.g. ``"a100-80gb"``).
+        memory_bytes: device memory.
+        peak_fp16_flops: dense fp16/bf16 tensor peak, FLOP/s.
+        peak_fp32_flops: dense fp32 peak (non-tensor), FLOP/s.
+        hbm_bandwidth_bytes_per_s: memory bandwidth.
+        achieved_fraction: fraction of ``peak_fp16_flops`` that large GEMMs reach
+            in training (one calibration per device type, documented in the
+            catalog entry).
+    """
+
+    name: str
+    memory_bytes: float
+    peak_fp16_flops: float
+    peak_fp32_flops: float
+    hbm_bandwidth_bytes_per_s: float
+    achieved_fraction: float = 0.5
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point link class: ``time(bytes) = latency_s + bytes / bandwidth``."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def transfer_s(self, num_bytes: float) -> float:
+        """Seconds to move ``num_bytes`` over this link (alpha-beta model)."""
+        if num_bytes <= 0:
+            return 0.0
+        return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """``nodes`` nodes of ``devices_per_node`` devices of one type."""
+
+    device: DeviceSpec
+    nodes: int
+    devices_per_node: int
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster of one or more device groups.
+
+    Device ids run group by group, node by node: group 0's node 0 holds ids
+    ``0 .. devices_per_node-1``, and so on. Two devices on the same node talk
+    over ``intra_node``; on different nodes of the same group over
+    ``inter_node``; in different groups over ``inter_group`` (``inter_node``
+    when not given).
+    """
+
+    name: str
+    groups: tuple[DeviceGroup, ...]
+    intra_node: Link
+    inter_node: Link
+    inter_group: Link | None = None
+    description: str = ""
+
+    @property
+    def num_devices(self) -> int:
+        return sum(g.num_devices for g in self.groups)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(g.nodes for g in self.groups)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return len({g.device.name for g in self.groups}) == 1
+
+    def device_spec(self, device_id: int) -> DeviceSpec:
+        """The spec of device ``device_id``; raises IndexError when out of range."""
+        return self.groups[self._locate(device_id)[0]].device
+
+    def node_of(self, device_id: int) -> int:
+        """Global node index of ``device_id``."""
+        group, node = self._locate(device_id)
+        return sum(g.nodes for g in self.groups[:group]) + node
+
+    def group_of(self, device_id: int) -> int:
+        return self._locate(device_id)[0]
+
+    def link(self, a: int, b: int) -> Link:
+        """The link class between devices ``a`` and ``b`` (``a != b``)."""
+        ga, gb = self.group_of(a), self.group_of(b)
+        if ga != gb:
+            return self.inter_group or self.inter_node
+        return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
+
+    def _locate(self, device_id: int) -> tuple[int, int]:
+        if device_id < 0:
+            raise IndexError(f"device id {device_id} < 0")
+        rest = device_id
+        for gi, g in enumerate(self.groups):
+            if rest < g.num_devices:
+                return gi, rest // g.devices_per_node
+            rest -= g.num_devices
+        raise IndexError(f"device id {device_id} >= {self.num_devices} devices")
+
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to train and how.
+
+    Attributes:
+        global_batch_size: samples per iteration across all replicas.
+        state_bytes_per_param: bytes of weights + gradients + optimizer state per
+            parameter held by a device. Default 16: mixed-precision Adam
+            (fp16 weights 2 + fp16 gradients 2 + fp32 master weights, momentum
+            and variance 12; Rajbhandari et al., ZeRO, SC'20, sec. 3.1), which
+            is also plain fp32 Adam (4 + 4 + 4 + 4).
+        grad_bytes_per_param: bytes per parameter of the gradients the
+            data-parallel all-reduce moves; ``None`` means the profile's own
+            ``bytes_per_param``.
+        memory_reserve_bytes: bytes per device kept free for the framework,
+            workspace and fragmentation.
+        schedules: schedules the search may choose from.
+    """
+
+    global_batch_size: int
+    state_bytes_per_param: float = 16.0
+    grad_bytes_per_param: float | None = None
+    memory_reserve_bytes: float = 1 << 30
+    schedules: tuple[str, ...] = SCHEDULES
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One pipeline stage of a plan.
+
+    ``layers`` is half-open: ``(first, last + 1)``. ``devices`` lists the device
+    ids that run this stage, one per data-parallel replica. ``compute_s`` is the
+    forward+backward time of one micro-batch; ``comm_s`` the point-to-point time
+    of one micro-batch's activation sent forward plus its gradient received back
+    over the stage's outgoing boundary; ``send_bytes`` the activation bytes sent
+    forward per micro-batch; ``allreduce_s`` the gradient all-reduce time per
+    iteration; ``memory_bytes`` the peak memory of one of its devices.
+    """
+
+    index: int
+    layers: tuple[int, int]
+    layer_names: tuple[str, ...]
+    devices: tuple[int, ...]
+    compute_s: float
+    comm_s: float
+    allreduce_s: float
+    memory_bytes: float
+    send_bytes: float
+    device_type: str = ""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted figures of a plan. ``bubble_fraction`` is the share of the
+    iteration time that the bottleneck stage's devices sit idle."""
+
+    iteration_time_s: float
+    samples_per_s: float
+    bubble_fraction: float
+    peak_memory_bytes: float
+    memory_capacity_bytes: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete, runnable plan: degrees, schedule, stages and predictions."""
+
+    rank: int
+    pp: int
+    dp: int
+    tp: int
+    schedule: str
+    micro_batch_size: int
+    num_micro_batches: int
+    stages: tuple[StagePlan, ...]
+    predicted: Prediction
+    vp: int = 1
+    extra: tuple[tuple[str, object], ...] = field(default=())
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        return tuple(s.layers[1] - s.layers[0] for s in self.stages)

@@ -1,0 +1,64 @@
+"""Parse and format quantities with units: ``"80GiB"``, ``"600GB/s"``, ``"2.5ms"``."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import InputError
+
+_BYTES = {
+    "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_NUM = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+
+
+def parse_bytes(text: str | float | int) -> float:
+    """``"80GiB"`` -> 85899345920.0; a bare number is bytes.
+
+    Raises:
+        InputError: not a size.
+    """
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(_NUM + r"([a-zA-Z]*)\s*", str(text))
+    unit = (m.group(2).lower() or "b") if m else None
+    if not m or unit not in _BYTES:
+        raise InputError(f"not a size: {text!r} (expected e.g. 80GiB, 512MB, 1024)")
+    return float(m.group(1)) * _BYTES[unit]
+
+
+def parse_seconds(text: str | float | int) -> float:
+    """``"2.5ms"`` -> 0.0025; a bare number is seconds."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = re.fullmatch(_NUM + r"([a-zµ]*)\s*", str(text))
+    unit = (m.group(2) or "s") if m else None
+    if not m or unit not in _TIME:
+        raise InputError(f"not a duration: {text!r} (expected e.g. 2.5ms, 10us, 1.2)")
+    return float(m.group(1)) * _TIME[unit]
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Binary units: 85899345920 -> ``"80.0 GiB"``."""
+    if not math.isfinite(num_bytes):
+        return str(num_bytes)
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def format_seconds(seconds: float) -> str:
+    """0.0123 -> ``"12.3 ms"``."""
+    if not math.isfinite(seconds):
+        return str(seconds)
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
