@@ -1,0 +1,288 @@
+"""The cost model of one search point: per-stage compute, point-to-point,
+all-reduce and memory, vectorized over contiguous layer ranges.
+
+A search point fixes the pipeline degree ``pp``, the data-parallel degree
+``dp``, the micro-batch size ``b``, the number of micro-batches ``m``, the
+schedule and the placement of stages on devices. What is left is the split of
+the layer chain into ``pp`` contiguous stages, which :mod:`pipesearch.partition`
+optimizes exactly using the terms below. Stage ``s`` covering layers
+``[i, j)`` costs (all per micro-batch unless said otherwise):
+
+* compute: ``scale_s * (b / B) * sum_{l in [i, j)} (fwd_s[l] + bwd_s[l])`` with
+  ``B`` the profiled batch size (times are linear in the batch size, as in
+  PipeDream's planner, Narayanan et al. SOSP'19 sec. 3.1) and ``scale_s`` the
+  ratio of the profiled device's achieved FLOP rate to that of stage ``s``'s
+  device (1 when they are the same type or the profiled device is unknown);
+* p2p: the stage sends layer ``j-1``'s output forward and receives its gradient
+  back, both over the link between its devices and the next stage's:
+  ``2 * (latency + (b / B) * output_bytes[j-1] / bandwidth)`` (alpha-beta
+  model; zero for the last stage);
+* all-reduce of the stage's gradients across its ``dp`` replicas, once per
+  iteration: ring, ``2 (d-1)/d * bytes / bw + 2 (d-1) * latency`` (Patarasuk &
+  Yuan 2009; Thakur et al. 2005), or hierarchical (reduce-scatter in the node,
+  ring across nodes, all-gather in the node) when replicas share nodes and that
+  is faster, as NCCL chooses;
+* memory of one device: ``params * state_bytes_per_param`` (weights, gradients,
+  optimizer state) ``+ (b / B) * saved_bytes[i, j) * in_flight(s)`` where
+  ``in_flight`` is the number of micro-batches whose activations the schedule
+  keeps on stage ``s`` at its peak (GPipe: ``m``, Huang et al. 2019; 1F1B:
+  ``min(m, pp - s)``, Narayanan et al. ICML'21 PipeDream-Flush), which must
+  not exceed ``device memory - memory_reserve_bytes``.
+
+Iteration time of a split into stages ``k = 0..pp-1`` with per-micro-batch time
+``a_k = compute_k + p2p_k`` and all-reduce ``r_k``::
+
+    T = sum_k a_k + max_k ((m - 1) * a_k + r_k)
+
+The first term is the time one micro-batch takes to flow through the pipeline
+and back (fill and drain); the second is the bottleneck stage processing the
+other ``m - 1`` micro-batches and then its all-reduce. With equal stages, free
+links and ``dp = 1`` it is GPipe's/1F1B's ``(m + p - 1) * t`` (Huang et al.
+2019; Narayanan et al. SC'21 sec. 2.2). Transfers are assumed not to overlap the
+sender's compute, and the all-reduce not to overlap the backward pass; both
+make it an upper bound that the discrete-event simulator refines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+from .types import Cluster, DeviceSpec, Job, Link, ModelProfile
+
+
+def in_flight_micro_batches(schedule: str, pp: int, m: int) -> np.ndarray:
+    """Peak number of micro-batches whose activations stage ``s`` holds.
+
+    Returns an int array of shape ``(pp,)``. GPipe: ``m`` on every stage
+    (Huang et al. 2019); 1F1B: ``min(m, pp - s)`` (Narayanan et al. ICML'21).
+
+    Raises:
+        InputError: unknown schedule.
+    """
+    s = np.arange(pp)
+    if schedule == "gpipe":
+        return np.full(pp, m, dtype=np.int64)
+    if schedule == "1f1b":
+        return np.minimum(m, pp - s).astype(np.int64)
+    raise InputError(f"unknown schedule {schedule!r} (expected one of: gpipe, 1f1b)")
+
+
+def device_time_scale(profiled: DeviceSpec | None, target: DeviceSpec) -> float:
+    """Factor that turns a time measured on ``profiled`` into one on ``target``.
+
+    The ratio of achieved FLOP rates ``(peak_fp16 * achieved_fraction)``;
+    1.0 when the profiled device is unknown or is the target.
+    """
+    if profiled is None or profiled.name == target.name:
+        return 1.0
+    return (profiled.peak_fp16_flops * profiled.achieved_fraction) / (
+        target.peak_fp16_flops * target.achieved_fraction
+    )
+
+
+def pipeline_placement(pp: int, dp: int, order: str = "pipeline") -> np.ndarray:
+    """Device ids of each (stage, replica): int array of shape ``(pp, dp)``.
+
+    ``order="pipeline"``: replica ``r``'s stages sit on consecutive devices
+    ``r*pp .. r*pp+pp-1`` (point-to-point stays inside nodes, all-reduce
+    crosses them); ``order="data"``: the replicas of stage ``s`` sit on
+    consecutive devices ``s*dp .. s*dp+dp-1`` (the reverse).
+    """
+    s = np.arange(pp)[:, None]
+    r = np.arange(dp)[None, :]
+    if order == "pipeline":
+        return r * pp + s
+    if order == "data":
+        return s * dp + r
+    raise InputError(f"unknown placement order {order!r} (expected pipeline or data)")
+
+
+def _worst_link(cluster: Cluster, pairs) -> Link:
+    """Slowest link over device pairs (by time for 1 MB), or a free link if none."""
+    links = [cluster.link(int(a), int(b)) for a, b in pairs if a != b]
+    if not links:
+        return Link(float("inf"), 0.0)
+    return max(links, key=lambda link: link.transfer_s(1e6))
+
+
+def allreduce_model(cluster: Cluster, devices: np.ndarray) -> tuple[float, float]:
+    """All-reduce over ``devices`` as ``(seconds per byte, seconds fixed)``.
+
+    Ring: ``2(d-1)/d * bytes / bw + 2(d-1) * latency`` on the slowest link of
+    the ring. Hierarchical (when every node holds the same number ``k > 1`` of
+    the devices and there are ``n > 1`` nodes): reduce-scatter and all-gather
+    inside nodes ``2(k-1)/k * bytes / bw_intra`` plus a ring across nodes on
+    ``bytes / k``: ``2(n-1)/n * bytes / (k * bw_inter)``. The cheaper of the two
+    for 100 MB is used, as NCCL picks its algorithm by size.
+    """
+    d = len(devices)
+    if d <= 1:
+        return 0.0, 0.0
+    ring_link = _worst_link(cluster, zip(devices, np.roll(devices, -1)))
+    ring = (2 * (d - 1) / d / ring_link.bandwidth_bytes_per_s, 2 * (d - 1) * ring_link.latency_s)
+    nodes: dict[int, list[int]] = {}
+    for dev in devices:
+        nodes.setdefault(cluster.node_of(int(dev)), []).append(int(dev))
+    sizes = {len(v) for v in nodes.values()}
+    n = len(nodes)
+    if n > 1 and len(sizes) == 1 and (k := sizes.pop()) > 1:
+        intra = _worst_link(cluster, [(v[0], w) for v in nodes.values() for w in v[1:]])
+        inter = _worst_link(cluster, [(a[0], b[0]) for a, b in zip(nodes.values(), list(nodes.values())[1:])])
+        hier = (
+            2 * (k - 1) / k / intra.bandwidth_bytes_per_s + 2 * (n - 1) / n / (k * inter.bandwidth_bytes_per_s),
+            2 * (k - 1) * intra.latency_s + 2 * (n - 1) * inter.latency_s,
+        )
+        probe = 1e8
+        if hier[0] * probe + hier[1] < ring[0] * probe + ring[1]:
+            return hier
+    return ring
+
+
+@dataclass(frozen=True, eq=False)
+class PipelineCosts:
+    """Cost terms of one search point, vectorized over layer ranges ``[i, j)``.
+
+    Arrays (``L`` layers, ``P`` = pp stages):
+        compute_prefix_s: ``(L+1,)`` prefix sums of fwd+bwd seconds at the
+            micro-batch size on the profiled device.
+        fwd_prefix_s: ``(L+1,)`` the same for forward only.
+        param_prefix_bytes: ``(L+1,)`` prefix sums of parameter bytes (profile dtype).
+        saved_prefix_bytes: ``(L+1,)`` prefix sums of saved activation bytes at
+            the micro-batch size.
+        output_bytes: ``(L,)`` output bytes of each layer at the micro-batch size.
+        time_scale: ``(P,)`` device speed factor of each stage.
+        p2p_bandwidth_bytes_per_s, p2p_latency_s: ``(P,)`` link of the boundary
+            after each stage (the last entry is unused).
+        allreduce_s_per_byte, allreduce_fixed_s: ``(P,)`` all-reduce model of
+            each stage's replicas.
+        in_flight: ``(P,)`` micro-batches held per stage.
+        capacity_bytes: ``(P,)`` usable memory per device of each stage.
+    """
+
+    num_micro_batches: int
+    compute_prefix_s: np.ndarray
+    fwd_prefix_s: np.ndarray
+    param_prefix_bytes: np.ndarray
+    saved_prefix_bytes: np.ndarray
+    output_bytes: np.ndarray
+    time_scale: np.ndarray
+    p2p_bandwidth_bytes_per_s: np.ndarray
+    p2p_latency_s: np.ndarray
+    allreduce_s_per_byte: np.ndarray
+    allreduce_fixed_s: np.ndarray
+    in_flight: np.ndarray
+    capacity_bytes: np.ndarray
+    state_bytes_per_param_byte: float
+    grad_bytes_per_param_byte: float
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.output_bytes)
+
+    @property
+    def pp(self) -> int:
+        return len(self.time_scale)
+
+    # -- per-stage terms, vectorized: s is an int, i and j broadcastable int arrays
+    def compute_s(self, s: int, i, j):
+        """Forward+backward seconds of one micro-batch on stage ``s`` for ``[i, j)``."""
+        return self.time_scale[s] * (self.compute_prefix_s[j] - self.compute_prefix_s[i])
+
+    def p2p_s(self, s: int, j):
+        """Activation forward + gradient backward seconds over the boundary at ``j``."""
+        j = np.asarray(j)
+        out = self.output_bytes[np.clip(j - 1, 0, self.num_layers - 1)]
+        t = 2.0 * (self.p2p_latency_s[s] + out / self.p2p_bandwidth_bytes_per_s[s])
+        return np.where((j >= self.num_layers) | (s == self.pp - 1), 0.0, t)
+
+    def allreduce_s(self, s: int, i, j):
+        """Gradient all-reduce seconds per iteration of stage ``s`` holding ``[i, j)``."""
+        grad = (self.param_prefix_bytes[j] - self.param_prefix_bytes[i]) * self.grad_bytes_per_param_byte
+        return np.where(grad > 0, grad * self.allreduce_s_per_byte[s] + self.allreduce_fixed_s[s], 0.0)
+
+    def memory_bytes(self, s: int, i, j):
+        """Peak bytes on one device of stage ``s`` holding ``[i, j)`` (no reserve)."""
+        params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
+        saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
+        return params * self.state_bytes_per_param_byte + saved * self.in_flight[s]
+
+    def sum_term(self, s: int, i, j):
+        """``a_k``: per-micro-batch time of the stage (compute + p2p)."""
+        return self.compute_s(s, i, j) + self.p2p_s(s, j)
+
+    def max_term(self, s: int, i, j):
+        """``b_k = (m - 1) * a_k + allreduce_k``: the stage as the bottleneck."""
+        return (self.num_micro_batches - 1) * self.sum_term(s, i, j) + self.allreduce_s(s, i, j)
+
+    def fits(self, s: int, i, j):
+        """Whether stage ``s`` holding ``[i, j)`` fits in its devices' memory."""
+        return self.memory_bytes(s, i, j) <= self.capacity_bytes[s]
+
+    def iteration_time_s(self, bounds) -> float:
+        """Analytic iteration time of the split with boundaries
+        ``0 = bounds[0] < ... < bounds[P] = L``: ``sum a_k + max b_k``."""
+        a = [float(self.sum_term(s, bounds[s], bounds[s + 1])) for s in range(self.pp)]
+        b = [float(self.max_term(s, bounds[s], bounds[s + 1])) for s in range(self.pp)]
+        return sum(a) + max(b)
+
+    def split_fits(self, bounds) -> bool:
+        return all(bool(self.fits(s, bounds[s], bounds[s + 1])) for s in range(self.pp))
+
+
+def build_pipeline_costs(
+    profile: ModelProfile,
+    cluster: Cluster,
+    job: Job,
+    *,
+    pp: int,
+    dp: int,
+    micro_batch_size: int,
+    num_micro_batches: int,
+    schedule: str,
+    placement: np.ndarray,
+    profiled_device: DeviceSpec | None = None,
+) -> PipelineCosts:
+    """Assemble the cost terms of one search point.
+
+    Args:
+        placement: ``(pp, dp)`` device ids (see :func:`pipeline_placement`).
+        profiled_device: spec of the device the profile was measured on, for
+            scaling times to other device types (``None``: no scaling).
+
+    Raises:
+        InputError: placement shape does not match ``(pp, dp)``.
+    """
+    if placement.shape != (pp, dp):
+        raise InputError(f"placement has shape {placement.shape}, expected ({pp}, {dp})")
+    layers = profile.layers
+    ratio = micro_batch_size / profile.profiled_batch_size
+    fwd = np.array([lay.fwd_s for lay in layers], dtype=float) * ratio
+    bwd = np.array([lay.bwd_s for lay in layers], dtype=float) * ratio
+    zero = np.zeros(1)
+    specs = [cluster.device_spec(int(placement[s, 0])) for s in range(pp)]
+    p2p = [
+        _worst_link(cluster, zip(placement[s], placement[s + 1])) if s + 1 < pp else Link(float("inf"), 0.0)
+        for s in range(pp)
+    ]
+    ar = [allreduce_model(cluster, placement[s]) for s in range(pp)]
+    grad_bpp = job.grad_bytes_per_param if job.grad_bytes_per_param is not None else profile.bytes_per_param
+    return PipelineCosts(
+        num_micro_batches=num_micro_batches,
+        compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
+        fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),
+        param_prefix_bytes=np.concatenate([zero, np.cumsum([lay.param_bytes for lay in layers])]),
+        saved_prefix_bytes=np.concatenate([zero, np.cumsum([lay.saved_bytes for lay in layers])]) * ratio,
+        output_bytes=np.array([lay.output_bytes for lay in layers], dtype=float) * ratio,
+        time_scale=np.array([device_time_scale(profiled_device, spec) for spec in specs]),
+        p2p_bandwidth_bytes_per_s=np.array([link.bandwidth_bytes_per_s for link in p2p]),
+        p2p_latency_s=np.array([link.latency_s for link in p2p]),
+        allreduce_s_per_byte=np.array([x[0] for x in ar]),
+        allreduce_fixed_s=np.array([x[1] for x in ar]),
+        in_flight=in_flight_micro_batches(schedule, pp, num_micro_batches),
+        capacity_bytes=np.array([spec.memory_bytes - job.memory_reserve_bytes for spec in specs]),
+        state_bytes_per_param_byte=job.state_bytes_per_param / profile.bytes_per_param,
+        grad_bytes_per_param_byte=grad_bpp / profile.bytes_per_param,
+    )

@@ -1,0 +1,357 @@
+"""Load device and cluster specs from the hardware catalog (TOML files).
+
+The file format is described in ``hardware/README.md`` and ``docs/formats.md``.
+Files carry their units in their key names (``memory_GiB``, ``bandwidth_GBps``,
+``latency_us``); everything returned here is SI: bytes, FLOP/s, bytes/s,
+seconds.
+
+Every malformed input raises :class:`~pipesearch.errors.InputError` (an unknown
+catalog name :class:`~pipesearch.errors.CatalogError`, a subclass) with a
+one-line message that names the file, the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from . import catalog
+from .errors import CatalogError, InputError
+from .types import Cluster, DeviceGroup, DeviceSpec, Link
+
+GIB = 2**30
+GB = 1e9
+TERA = 1e12
+MICROS_PER_S = 1e6  # us -> s by division, so 5 us is exactly 5e-06 s
+
+#: device key -> (required, description of the expected value)
+_DEVICE_KEYS = {
+    "name": (True, "a string"),
+    "description": (False, "a string"),
+    "memory_GiB": (False, "a positive number of GiB (2**30 bytes)"),
+    "memory_GB": (False, "a positive number of GB (1e9 bytes)"),
+    "peak_fp16_TFLOPS": (True, "a positive number of TFLOP/s"),
+    "peak_fp32_TFLOPS": (True, "a positive number of TFLOP/s"),
+    "hbm_bandwidth_GBps": (True, "a positive number of GB/s"),
+    "achieved_fraction": (False, "a number in (0, 1]"),
+}
+_CLUSTER_KEYS = ("name", "description", "nodes", "devices_per_node", "device",
+                 "groups", "intra_node", "inter_node", "inter_group")
+_GROUP_KEYS = ("nodes", "devices_per_node", "device")
+_LINK_KEYS = ("bandwidth_GBps", "latency_us")
+
+
+# --------------------------------------------------------------------------- #
+# small validation helpers; `where` is the file, `key` a dotted key path
+
+
+def _show(value: Any) -> str:
+    """A value as it reads in TOML where that differs from Python (booleans)."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def _fail(where: Path, key: str, value: Any, expected: str) -> InputError:
+    return InputError(f"{where}: key '{key}' = {_show(value)}: expected {expected}")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; InputError on unreadable file or syntax error."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{path}: TOML syntax error: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+
+
+def _check_keys(where: Path, table: dict, allowed, prefix: str = "") -> None:
+    """Reject keys not in ``allowed`` (typo protection)."""
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            hint = f"did you mean '{prefix}{close[0]}'? " if close else ""
+            raise InputError(
+                f"{where}: unknown key '{prefix}{key}' ({hint}allowed keys: "
+                f"{', '.join(prefix + k for k in allowed)})"
+            )
+
+
+_EXPECTED = {
+    "name": "a string", "nodes": "a positive integer", "devices_per_node": "a positive integer",
+    "device": "a catalog device name or a path relative to this file",
+    "intra_node": "a table with bandwidth_GBps and latency_us",
+    "inter_node": "a table with bandwidth_GBps and latency_us",
+    "bandwidth_GBps": "a positive number of GB/s", "latency_us": "a number of microseconds >= 0",
+}
+
+
+def _get(where: Path, table: dict, key: str, prefix: str = "") -> Any:
+    if key not in table:
+        raise InputError(f"{where}: missing key '{prefix}{key}' (expected {_EXPECTED[key]})")
+    return table[key]
+
+
+def _number(where: Path, key: str, value: Any, *, positive: bool = True) -> float:
+    """A finite int or float; > 0 when ``positive``, else >= 0."""
+    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok_type or not math.isfinite(value) or (value <= 0 if positive else value < 0):
+        raise _fail(where, key, value, "a positive number" if positive else "a number >= 0")
+    return float(value)
+
+
+def _count(where: Path, key: str, value: Any) -> int:
+    """A positive integer (not a float, not a bool)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise _fail(where, key, value, "a positive integer")
+    return value
+
+
+def _string(where: Path, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _fail(where, key, value, "a string")
+    return value
+
+
+def _table(where: Path, key: str, value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise _fail(where, key, value, f"a table [{key}]")
+    return value
+
+
+# --------------------------------------------------------------------------- #
+# devices
+
+
+def load_device(name_or_path: str | Path) -> DeviceSpec:
+    """Load one device spec.
+
+    Args:
+        name_or_path: catalog name (``"a100-80gb"``) or path of a device TOML.
+
+    Returns:
+        A :class:`DeviceSpec` in SI units: ``memory_bytes`` (``memory_GiB`` x
+        2**30 or ``memory_GB`` x 1e9), ``peak_fp16_flops`` and
+        ``peak_fp32_flops`` (TFLOPS x 1e12), ``hbm_bandwidth_bytes_per_s``
+        (GBps x 1e9), ``achieved_fraction`` (default 0.5).
+
+    Raises:
+        CatalogError: neither a file nor a catalog name (close names suggested).
+        InputError: syntax error, missing/unknown key, wrong type, value out of
+            range, or both/neither of ``memory_GiB`` and ``memory_GB``.
+    """
+    path = catalog.resolve("device", str(name_or_path))
+    data = _read_toml(path)
+    _check_keys(path, data, _DEVICE_KEYS)
+    for key, (required, expected) in _DEVICE_KEYS.items():
+        if required and key not in data:
+            raise InputError(f"{path}: missing key '{key}' (expected {expected})")
+
+    mem_keys = [k for k in ("memory_GiB", "memory_GB") if k in data]
+    if len(mem_keys) != 1:
+        got = "both" if mem_keys else "neither"
+        raise InputError(
+            f"{path}: give exactly one of 'memory_GiB' (2**30 bytes) and "
+            f"'memory_GB' (1e9 bytes); got {got}"
+        )
+    mem_key = mem_keys[0]
+    memory = _number(path, mem_key, data[mem_key]) * (GIB if mem_key == "memory_GiB" else GB)
+
+    fraction = data.get("achieved_fraction", 0.5)
+    if _number(path, "achieved_fraction", fraction) > 1:
+        raise _fail(path, "achieved_fraction", fraction, "a number in (0, 1]")
+
+    return DeviceSpec(
+        name=_string(path, "name", data["name"]),
+        memory_bytes=memory,
+        peak_fp16_flops=TERA * _number(path, "peak_fp16_TFLOPS", data["peak_fp16_TFLOPS"]),
+        peak_fp32_flops=TERA * _number(path, "peak_fp32_TFLOPS", data["peak_fp32_TFLOPS"]),
+        hbm_bandwidth_bytes_per_s=GB * _number(path, "hbm_bandwidth_GBps",
+                                               data["hbm_bandwidth_GBps"]),
+        achieved_fraction=float(fraction),
+        description=_string(path, "description", data.get("description", "")),
+    )
+
+
+# --------------------------------------------------------------------------- #
+# clusters
+
+
+def _link(where: Path, data: dict, key: str) -> Link:
+    """The ``[key]`` table as a :class:`Link` (GBps -> bytes/s, us -> s)."""
+    table = _table(where, key, _get(where, data, key))
+    _check_keys(where, table, _LINK_KEYS, prefix=f"{key}.")
+    prefix = f"{key}."
+    bandwidth = _number(where, prefix + "bandwidth_GBps",
+                        _get(where, table, "bandwidth_GBps", prefix))
+    latency = _number(where, prefix + "latency_us", _get(where, table, "latency_us", prefix),
+                      positive=False)
+    return Link(bandwidth_bytes_per_s=bandwidth * GB, latency_s=latency / MICROS_PER_S)
+
+
+def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:
+    """A device named in a cluster file.
+
+    A value containing a path separator or ending in ``.toml`` is a path
+    relative to the cluster file's directory; anything else is a catalog name.
+    """
+    ref = _string(where, key, value)
+    if "/" in ref or "\\" in ref or ref.endswith(".toml"):
+        path = where.parent / Path(ref).expanduser()
+        if not path.is_file():
+            raise _fail(where, key, ref, f"an existing device file (no such file: {path})")
+        return load_device(path)
+    try:
+        return load_device(catalog.resolve("device", ref))
+    except CatalogError as e:
+        raise CatalogError(f"{where}: key '{key}' = {ref!r}: {e}") from None
+
+
+def _group(where: Path, table: dict, prefix: str) -> DeviceGroup:
+    _check_keys(where, table, _GROUP_KEYS, prefix=prefix)
+    return DeviceGroup(
+        device=_device_ref(where, f"{prefix}device", _get(where, table, "device", prefix)),
+        nodes=_count(where, f"{prefix}nodes", _get(where, table, "nodes", prefix)),
+        devices_per_node=_count(where, f"{prefix}devices_per_node",
+                                _get(where, table, "devices_per_node", prefix)),
+    )
+
+
+def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
+    """Load a cluster spec.
+
+    Args:
+        name_or_path: catalog name (``"2x8-a100-80gb"``) or path of a cluster TOML.
+        nodes: optional node count replacing the file's ``nodes`` (homogeneous
+            clusters only); the cluster's name then gets ``@<nodes>nodes``
+            appended when it differs from the file.
+
+    Returns:
+        A :class:`Cluster`: one :class:`DeviceGroup` for the homogeneous form,
+        one per ``[[groups]]`` entry for the heterogeneous form; links in
+        bytes/s and seconds.
+
+    Raises:
+        CatalogError: unknown cluster name, or unknown device name in the file.
+        InputError: syntax error, missing/unknown key, wrong type, value out of
+            range, both or neither of the two forms, or ``nodes`` given for a
+            heterogeneous cluster.
+    """
+    path = catalog.resolve("cluster", str(name_or_path))
+    data = _read_toml(path)
+    _check_keys(path, data, _CLUSTER_KEYS)
+    name = _string(path, "name", _get(path, data, "name"))
+    trio = [k for k in ("nodes", "devices_per_node", "device") if k in data]
+
+    if "groups" in data:
+        if trio:
+            raise InputError(
+                f"{path}: key '{trio[0]}' is not allowed next to [[groups]]: give either "
+                f"top-level nodes/devices_per_node/device or [[groups]], not both"
+            )
+        if nodes is not None:
+            raise InputError(
+                f"{path}: a node-count override (nodes={nodes!r}) is not supported for a "
+                f"heterogeneous cluster ([[groups]]); edit the file's groups instead"
+            )
+        raw = data["groups"]
+        if not isinstance(raw, list) or not raw or not all(isinstance(g, dict) for g in raw):
+            raise _fail(path, "groups", raw, "a non-empty array of tables [[groups]]")
+        groups = tuple(_group(path, g, f"groups[{i}].") for i, g in enumerate(raw))
+        inter_group = _link(path, data, "inter_group") if "inter_group" in data else None
+    else:
+        if not trio:
+            raise InputError(
+                f"{path}: missing keys 'nodes', 'devices_per_node', 'device' (homogeneous "
+                f"cluster) or a [[groups]] array (heterogeneous cluster)"
+            )
+        if "inter_group" in data:
+            raise InputError(
+                f"{path}: key 'inter_group' is only allowed with [[groups]] "
+                f"(a heterogeneous cluster)"
+            )
+        group = _group(path, {k: data[k] for k in trio}, "")
+        if nodes is not None:
+            if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes <= 0:
+                raise InputError(
+                    f"{path}: node-count override nodes={nodes!r}: expected a positive integer"
+                )
+            if nodes != group.nodes:
+                name = f"{name}@{nodes}nodes"
+            group = DeviceGroup(group.device, nodes, group.devices_per_node)
+        groups = (group,)
+        inter_group = None
+
+    return Cluster(
+        name=name,
+        groups=groups,
+        intra_node=_link(path, data, "intra_node"),
+        inter_node=_link(path, data, "inter_node"),
+        inter_group=inter_group,
+        description=_string(path, "description", data.get("description", "")),
+    )
+
+
+# --------------------------------------------------------------------------- #
+# listing and description
+
+
+def list_devices() -> list[str]:
+    """Catalog device names, sorted."""
+    return list(catalog.list_entries("device"))
+
+
+def list_clusters() -> list[str]:
+    """Catalog cluster names, sorted."""
+    return list(catalog.list_entries("cluster"))
+
+
+def _link_dict(link: Link) -> dict[str, float]:
+    return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s}
+
+
+def describe_cluster(cluster: Cluster) -> dict[str, Any]:
+    """Key figures of a cluster as plain (JSON-serialisable) data, SI units.
+
+    Returns:
+        ``name``, ``description``, ``devices`` (count), ``nodes`` (count),
+        ``homogeneous``, ``device_types`` (names, in group order),
+        ``memory_bytes_per_device`` (device name -> bytes), ``total_memory_bytes``,
+        ``groups`` (per group: device, nodes, devices_per_node, first and last
+        device id, memory_bytes, peak_fp16_flops, achieved_fraction) and
+        ``links`` (``intra_node``, ``inter_node`` and, for more than one
+        group, ``inter_group``; each bandwidth_bytes_per_s and latency_s).
+    """
+    groups, first = [], 0
+    for g in cluster.groups:
+        groups.append({
+            "device": g.device.name,
+            "nodes": g.nodes,
+            "devices_per_node": g.devices_per_node,
+            "first_device": first,
+            "last_device": first + g.num_devices - 1,
+            "memory_bytes": g.device.memory_bytes,
+            "peak_fp16_flops": g.device.peak_fp16_flops,
+            "achieved_fraction": g.device.achieved_fraction,
+        })
+        first += g.num_devices
+    links = {"intra_node": _link_dict(cluster.intra_node),
+             "inter_node": _link_dict(cluster.inter_node)}
+    if len(cluster.groups) > 1:
+        links["inter_group"] = _link_dict(cluster.inter_group or cluster.inter_node)
+    types = list(dict.fromkeys(g.device.name for g in cluster.groups))
+    return {
+        "name": cluster.name,
+        "description": cluster.description,
+        "devices": cluster.num_devices,
+        "nodes": cluster.num_nodes,
+        "homogeneous": cluster.is_homogeneous,
+        "device_types": types,
+        "memory_bytes_per_device": {g.device.name: g.device.memory_bytes for g in cluster.groups},
+        "total_memory_bytes": sum(g.device.memory_bytes * g.num_devices for g in cluster.groups),
+        "groups": groups,
+        "links": links,
+    }

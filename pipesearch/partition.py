@@ -1,0 +1,227 @@
+"""Exact contiguous stage splitting, plus the baselines users compare against.
+
+Given the cost terms of one search point (:class:`pipesearch.costs.PipelineCosts`),
+find boundaries ``0 = x_0 < x_1 < ... < x_P = L`` minimizing the analytic
+iteration time::
+
+    T(x) = sum_k a_k(x_k, x_{k+1}) + max_k b_k(x_k, x_{k+1})
+
+subject to every stage fitting in its devices' memory. ``a_k`` is a stage's
+per-micro-batch time and ``b_k = (m-1) a_k + allreduce_k`` (see
+:mod:`pipesearch.costs`). Stage terms depend on the stage index ``k`` (its
+in-flight micro-batches, its device type, its outgoing link), so every dynamic
+program here runs over (stage, end layer).
+
+Method (exact; the bottleneck-enumeration idea of Alpa, Zheng et al. OSDI'22
+sec. 5.2, made output-sensitive):
+
+1. ``min_max_split``: a DP over (stage, end layer) minimizing ``max_k b_k``
+   gives ``B*``, the smallest achievable bottleneck, and a feasible split.
+2. ``min_sum_split(limit)``: a DP minimizing ``sum_k a_k`` subject to
+   ``b_k <= limit`` (or ``< limit``) gives ``S(limit)``, nonincreasing in the
+   limit.
+3. Every split with bottleneck ``v`` has ``T >= v + S(v)``, and
+   ``T >= B* + S(v)``. Scan the distinct values of ``S`` from the largest useful
+   limit ``best - S_lb`` downwards: evaluate ``S`` strictly below the current
+   bottleneck, take the split found, and stop once ``B* + S`` reaches the best
+   ``T`` seen. Each step moves to a strictly smaller bottleneck, so the scan
+   visits each level of ``S`` at most once; in practice a handful of DPs.
+
+Each DP only looks at stage lengths that can satisfy the current limit and the
+memory cap (prefix sums are monotone, so ``searchsorted`` gives each end
+layer's earliest start): the work is ``O(P * L * W)`` for a band of width ``W``
+rather than ``O(P * L^2)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costs import PipelineCosts
+
+_INF = float("inf")
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """An exact split: boundaries (length P+1), its analytic iteration time and
+    how many DP passes it took."""
+
+    bounds: tuple[int, ...]
+    iteration_time_s: float
+    dp_passes: int = 0
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:]))
+
+
+def _band_width(costs: PipelineCosts, limit: float) -> int:
+    """Longest stage (in layers) any stage can have under ``limit`` and memory."""
+    L, P, m = costs.num_layers, costs.pp, costs.num_micro_batches
+    j = np.arange(L + 1)
+    width = 0
+    for s in range(P):
+        lo = np.zeros(L + 1, dtype=np.int64)
+        mem_prefix = (
+            costs.param_prefix_bytes * costs.state_bytes_per_param_byte
+            + costs.saved_prefix_bytes * costs.in_flight[s]
+        )
+        slack = 1e-9 * (abs(costs.capacity_bytes[s]) + 1.0)
+        lo = np.maximum(lo, np.searchsorted(mem_prefix, mem_prefix - costs.capacity_bytes[s] - slack, "left"))
+        if np.isfinite(limit) and m > 1 and costs.time_scale[s] > 0:
+            span = limit / ((m - 1) * costs.time_scale[s]) * (1 + 1e-9) + 1e-15
+            cp = costs.compute_prefix_s
+            lo = np.maximum(lo, np.searchsorted(cp, cp - span, "left"))
+        width = max(width, int(np.max(j - lo)))
+        if width >= L:
+            return L
+    return max(width, 1)
+
+
+def _dp(costs: PipelineCosts, mode: str, limit: float = _INF, strict: bool = False):
+    """One DP pass over (stage, end layer).
+
+    ``mode="max"``: minimize ``max_k b_k``; ``mode="sum"``: minimize
+    ``sum_k a_k`` subject to ``b_k <= limit`` (``< limit`` when ``strict``).
+    Both respect memory. Returns ``(value, bounds)`` or ``(inf, None)``.
+    """
+    L, P = costs.num_layers, costs.pp
+    W = _band_width(costs, limit)
+    d = np.arange(1, W + 1)[:, None]
+    prev = np.full(L + 1, _INF)
+    prev[0] = 0.0 if mode == "sum" else -_INF
+    choice = np.zeros((P, L + 1), dtype=np.int64)
+    for s in range(P):
+        if s == P - 1:
+            j = np.array([L])
+        else:
+            j = np.arange(s + 1, L - (P - 1 - s) + 1)
+        jj = j[None, :]
+        i = jj - d
+        valid = i >= s
+        ic = np.where(valid, i, 0)
+        a = costs.sum_term(s, ic, jj)
+        b = costs.max_term(s, ic, jj)
+        ok = valid & costs.fits(s, ic, jj)
+        if np.isfinite(limit):
+            ok &= (b < limit) if strict else (b <= limit)
+        if mode == "sum":
+            cand = np.where(ok, prev[ic] + a, _INF)
+        else:
+            cand = np.where(ok, np.maximum(prev[ic], b), _INF)
+        best_d = np.argmin(cand, axis=0)
+        cur = np.full(L + 1, _INF)
+        cur[j] = cand[best_d, np.arange(len(j))]
+        choice[s, j] = best_d + 1
+        prev = cur
+    value = prev[L]
+    if not np.isfinite(value):
+        return _INF, None
+    bounds = [L]
+    for s in range(P - 1, -1, -1):
+        bounds.append(bounds[-1] - int(choice[s, bounds[-1]]))
+    bounds.reverse()
+    return float(value), tuple(bounds)
+
+
+def _bottleneck(costs: PipelineCosts, bounds) -> float:
+    return max(float(costs.max_term(s, bounds[s], bounds[s + 1])) for s in range(costs.pp))
+
+
+def min_max_split(costs: PipelineCosts) -> tuple[float, tuple[int, ...] | None]:
+    """Smallest achievable ``max_k b_k`` under memory, and a split achieving it.
+
+    Returns ``(inf, None)`` when no split fits in memory. Starts from a narrow
+    band around the average stage and widens it until the answer is inside it.
+    """
+    m, L, P = costs.num_micro_batches, costs.num_layers, costs.pp
+    total = float(costs.compute_prefix_s[-1] * np.min(costs.time_scale))
+    limit = max((m - 1) * total / P, 1e-12) * 2.0
+    while True:
+        width = _band_width(costs, limit)
+        value, bounds = _dp(costs, "max", limit=limit)
+        if bounds is not None or width >= L:
+            if bounds is None and np.isfinite(limit):
+                value, bounds = _dp(costs, "max")
+            return value, bounds
+        limit *= 4.0
+
+
+def optimal_split(costs: PipelineCosts) -> SplitResult | None:
+    """The split minimizing the analytic iteration time under memory, exactly.
+
+    Returns None when no split into ``costs.pp`` non-empty stages fits in
+    memory. See the module docstring for the method and its proof sketch.
+    """
+    if costs.pp > costs.num_layers:
+        return None
+    b_star, bounds0 = min_max_split(costs)
+    passes = 1
+    if bounds0 is None:
+        return None
+    best_bounds = bounds0
+    best = costs.iteration_time_s(bounds0)
+    s_lb = float(costs.compute_prefix_s[-1] * np.min(costs.time_scale))
+    limit, strict = best - s_lb, False
+    while True:
+        s_val, bounds = _dp(costs, "sum", limit=limit, strict=strict)
+        passes += 1
+        if bounds is None:
+            break
+        value = costs.iteration_time_s(bounds)
+        if value < best:
+            best, best_bounds = value, bounds
+        if b_star + s_val >= best:
+            break
+        limit, strict = _bottleneck(costs, bounds), True
+    return SplitResult(tuple(best_bounds), best, passes)
+
+
+def exhaustive_split(costs: PipelineCosts) -> SplitResult | None:
+    """Brute force over all ``C(L-1, P-1)`` splits (reference for small cases)."""
+    L, P = costs.num_layers, costs.pp
+    best = None
+    for cut in itertools.combinations(range(1, L), P - 1):
+        bounds = (0, *cut, L)
+        if not costs.split_fits(bounds):
+            continue
+        value = costs.iteration_time_s(bounds)
+        if best is None or value < best.iteration_time_s:
+            best = SplitResult(bounds, value)
+    return best
+
+
+def even_split(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layer-count-balanced boundaries: the first ``L mod P`` stages get one
+    more layer (what runtimes do by default)."""
+    q, r = divmod(num_layers, pp)
+    sizes = [q + (1 if k < r else 0) for k in range(pp)]
+    return tuple(int(x) for x in np.concatenate([[0], np.cumsum(sizes)]))
+
+
+def balanced_split(weights, pp: int) -> tuple[int, ...]:
+    """Boundaries minimizing the largest per-stage sum of ``weights`` (e.g.
+    parameter counts, the common heuristic), by an exact min-max DP over
+    prefix sums. Every stage gets at least one layer."""
+    w = np.asarray(weights, dtype=float)
+    L = len(w)
+    prefix = np.concatenate([[0.0], np.cumsum(w)])
+    prev = np.full(L + 1, _INF)
+    prev[0] = -_INF
+    choice = np.zeros((pp, L + 1), dtype=np.int64)
+    for s in range(pp):
+        cur = np.full(L + 1, _INF)
+        for j in range(s + 1, L - (pp - 1 - s) + 1):
+            i = np.arange(s, j)
+            cand = np.maximum(prev[i], prefix[j] - prefix[i])
+            k = int(np.argmin(cand))
+            cur[j], choice[s, j] = cand[k], i[k]
+        prev = cur
+    bounds = [L]
+    for s in range(pp - 1, -1, -1):
+        bounds.append(int(choice[s, bounds[-1]]))
+    return tuple(reversed(bounds))

@@ -1,0 +1,1 @@
+"""Plots of pipesearch results (matplotlib, imported lazily inside each function)."""

@@ -1,0 +1,82 @@
+"""Gantt chart of a simulated pipeline iteration."""
+
+from __future__ import annotations
+
+from os import PathLike
+
+from ..simulate import Timeline
+
+KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3"}
+KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad"}
+_IDLE = "#E6E6E6"
+
+
+def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str) -> None:
+    """Draw ``timeline`` as a Gantt chart and save it to ``path``.
+
+    One row per rank (rank 0 on top), one bar per action coloured by kind
+    (F, B, I, W; legend lists the kinds present), the micro-batch number written
+    inside a bar when it fits, idle time shown as the light grey row
+    background, x axis in milliseconds. The format follows ``path``'s suffix
+    (``.png``, ``.svg``, ``.pdf``). Output is deterministic: fixed size and dpi,
+    no timestamps or software metadata, fixed SVG hash salt.
+
+    Args:
+        timeline: result of :func:`pipesearch.simulate.simulate`.
+        path: file to write.
+        title: figure title.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    P = timeline.num_ranks
+    total_ms = timeline.iteration_time_s * 1e3
+    width_in = 12.0
+    height_in = 1.2 + 0.45 * P
+    dpi = 100
+    with matplotlib.rc_context({"svg.hashsalt": "pipesearch", "path.simplify": False}):
+        fig, ax = plt.subplots(figsize=(width_in, height_in), dpi=dpi)
+        try:
+            xmax = total_ms if total_ms > 0 else 1.0
+            ax.set_xlim(0.0, xmax)
+            ax.set_ylim(P - 0.5, -0.5)
+            bar_h = 0.8
+            for r in range(P):
+                ax.broken_barh([(0.0, xmax)], (r - bar_h / 2, bar_h), facecolors=_IDLE, edgecolor="none", zorder=1)
+            by = {}
+            for rec in timeline.records:
+                by.setdefault((rec.rank, rec.kind), []).append((rec.start_s * 1e3, (rec.end_s - rec.start_s) * 1e3))
+            for (r, kind), spans in sorted(by.items()):
+                ax.broken_barh(spans, (r - bar_h / 2, bar_h), facecolors=KIND_COLOURS[kind],
+                               edgecolor="white", linewidth=0.5, zorder=2)
+            # Text when the bar is wide enough: ~7 px per digit at 7 pt.
+            axes_px = width_in * dpi * 0.8
+            ms_per_px = xmax / axes_px
+            n_labels = 0
+            for rec in timeline.records:
+                w_ms = (rec.end_s - rec.start_s) * 1e3
+                label = str(rec.microbatch)
+                if w_ms / ms_per_px >= 7 * len(label) + 4 and n_labels < 5000:
+                    ax.text((rec.start_s * 1e3) + w_ms / 2, rec.rank, label, ha="center", va="center",
+                            fontsize=7, color="white", zorder=3)
+                    n_labels += 1
+            ax.set_yticks(range(P))
+            ax.set_yticklabels([f"rank {r}" for r in range(P)])
+            ax.set_xlabel("time (ms)")
+            ax.set_title(title)
+            present = [k for k in KIND_COLOURS if (k in {rec.kind for rec in timeline.records})]
+            handles = [Patch(facecolor=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in present]
+            handles.append(Patch(facecolor=_IDLE, label="idle"))
+            fig.tight_layout()
+            axes_h_in = ax.get_position().height * height_in
+            ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.5 / axes_h_in),
+                      ncol=len(handles), frameon=False, fontsize=8)
+            suffix = str(path).rsplit(".", 1)[-1].lower()
+            meta = {"png": {"Software": None}, "svg": {"Date": None, "Creator": None},
+                    "pdf": {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}}.get(suffix)
+            fig.savefig(path, dpi=dpi, metadata=meta, bbox_inches="tight")
+        finally:
+            plt.close(fig)

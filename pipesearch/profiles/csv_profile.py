@@ -1,0 +1,309 @@
+"""Read and write model profiles as CSV (``pipesearch profile v1``).
+
+Format::
+
+    # pipesearch profile v1
+    # model: vgg16
+    # batch_size: 128
+    # device: v100-16gb
+    # bytes_per_param: 4
+    # source: PipeDream profiler output, github.com/msr-fiddle/pipedream
+    # source: a second provenance line
+    name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes,bwd_input_ms
+    conv1,22.307,24.613,7168,1644167168,1644167168,
+    ...
+
+* Lines starting with ``#`` are comments. A comment of the form
+  ``# key: value`` is a header field; the keys are ``model`` (default: the
+  file name without ``.csv``), ``batch_size`` (required, integer > 0: the
+  samples per batch the times and byte counts were measured at), ``device``
+  (catalog device name or free text, default ``unknown``), ``bytes_per_param``
+  (number > 0, default 4) and ``source`` (free-text provenance; may repeat,
+  the lines are joined with newlines). Other comment lines are ignored.
+* The table has one row per layer, in execution order. Columns: ``name``
+  (unique), ``fwd_ms``, ``bwd_ms`` (forward / full backward time,
+  milliseconds), ``param_bytes``, ``output_bytes`` (bytes of the layer's
+  output, what a stage boundary after it sends), optional ``saved_bytes``
+  (bytes kept for backward; default ``output_bytes``) and optional
+  ``bwd_input_ms`` (the input-gradient part of ``bwd_ms``, for zero-bubble
+  schedules; an empty cell means unknown). Byte counts are at ``batch_size``.
+* Every number must be finite and >= 0; ``bwd_input_ms <= bwd_ms``.
+
+On load times become seconds (``Layer.fwd_s`` ...). Millisecond values are
+converted with decimal arithmetic, so ``write_profile_csv`` then
+``read_profile_csv`` returns an equal :class:`ModelProfile` (exact round trip).
+
+Every malformed input raises :class:`~pipesearch.errors.InputError` with one
+line naming the file, the line number (1-based, in the file), the column and
+the value, and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+import pandas as pd
+
+from ..catalog import entry_name
+from ..errors import InputError
+from ..types import Layer, ModelProfile
+
+MAGIC = "# pipesearch profile v1"
+REQUIRED_COLUMNS = ("name", "fwd_ms", "bwd_ms", "param_bytes", "output_bytes")
+OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms")
+HEADER_KEYS = ("model", "batch_size", "device", "bytes_per_param", "source")
+_HEADER_RE = re.compile(r"#\s*([A-Za-z_]+)\s*:(.*)$")
+
+
+# ----------------------------------------------------------------- numbers
+
+
+def parse_number(text: str, scale: int = 0) -> float:
+    """Decimal string -> float, times ``10**scale``, correctly rounded once.
+
+    Raises:
+        ValueError: not a number, or not finite.
+    """
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not value.is_finite():
+        raise ValueError(f"not finite: {text!r}")
+    return float(value.scaleb(scale))
+
+
+def format_number(value: float, scale: int = 0) -> str:
+    """Float ``value`` times ``10**scale`` as a short decimal string that
+    :func:`parse_number` (with ``-scale``) turns back into ``value`` exactly."""
+    text = format(Decimal(repr(float(value))).scaleb(scale).normalize(), "f")
+    return text[:-2] if text.endswith(".0") else text
+
+
+# ----------------------------------------------------------------- reading
+
+
+def _fail(path: Path, where: str, message: str) -> InputError:
+    return InputError(f"{path}: {where}: {message}")
+
+
+def _split_lines(path: Path, text: str) -> tuple[dict[str, list[tuple[int, str]]], list[tuple[int, str]]]:
+    """Header fields (key -> [(line number, value)]) and table lines [(line number, text)]."""
+    header: dict[str, list[tuple[int, str]]] = {}
+    table: list[tuple[int, str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped.startswith("#"):
+            m = _HEADER_RE.match(stripped)
+            if m:
+                key = m.group(1).lower()
+                if key not in HEADER_KEYS:
+                    raise _fail(path, f"line {number}", f"unknown header field {m.group(1)!r} "
+                                f"(known: {', '.join(HEADER_KEYS)}); fix the key or drop the line")
+                header.setdefault(key, []).append((number, m.group(2).strip()))
+            continue
+        table.append((number, line))
+    return header, table
+
+
+def _header_value(path: Path, header: dict, key: str) -> tuple[int, str] | None:
+    entries = header.get(key)
+    if not entries:
+        return None
+    if len(entries) > 1:
+        lines = ", ".join(str(n) for n, _ in entries)
+        raise _fail(path, f"lines {lines}", f"header field {key!r} given {len(entries)} times; keep one")
+    return entries[0]
+
+
+def _parse_header(path: Path, header: dict) -> dict:
+    found = _header_value(path, header, "batch_size")
+    if found is None:
+        raise _fail(path, "header", "missing '# batch_size: N' line (the samples per batch the "
+                    "times and sizes were measured at); add it above the table")
+    line, text = found
+    try:
+        batch = parse_number(text)
+    except ValueError:
+        batch = float("nan")
+    if not (batch > 0 and batch.is_integer()):
+        raise _fail(path, f"line {line}", f"batch_size {text!r} is not a positive integer; "
+                    "write the profiled batch size, e.g. '# batch_size: 128'")
+    bytes_per_param = 4.0
+    found = _header_value(path, header, "bytes_per_param")
+    if found is not None:
+        line, text = found
+        try:
+            bytes_per_param = parse_number(text)
+        except ValueError:
+            bytes_per_param = float("nan")
+        if not bytes_per_param > 0:
+            raise _fail(path, f"line {line}", f"bytes_per_param {text!r} is not a positive number; "
+                        "write e.g. '# bytes_per_param: 4' (fp32) or 2 (fp16)")
+    model = _header_value(path, header, "model")
+    device = _header_value(path, header, "device")
+    return {
+        "name": model[1] if model and model[1] else entry_name(path),
+        "profiled_batch_size": int(batch),
+        "profiled_device": device[1] if device and device[1] else "unknown",
+        "bytes_per_param": bytes_per_param,
+        "source": "\n".join(v for _, v in header.get("source", [])),
+    }
+
+
+def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[pd.DataFrame, list[int]]:
+    """The table as strings (pandas, no NA conversion) and each row's file line number."""
+    if not table:
+        raise _fail(path, "table", "no header row and no layers; add 'name,fwd_ms,bwd_ms,"
+                    "param_bytes,output_bytes' and one row per layer")
+    header_line = table[0][0]
+    columns = [c.strip() for c in next(csv.reader([table[0][1]]))]
+    for col in columns:
+        if col not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS:
+            raise _fail(path, f"line {header_line}", f"unknown column {col!r} (allowed: "
+                        f"{', '.join(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)}); rename or drop it")
+    if len(set(columns)) != len(columns):
+        dup = next(c for c in columns if columns.count(c) > 1)
+        raise _fail(path, f"line {header_line}", f"column {dup!r} appears twice; keep one")
+    for col in REQUIRED_COLUMNS:
+        if col not in columns:
+            raise _fail(path, f"line {header_line}", f"missing required column {col!r} (found: "
+                        f"{', '.join(columns)}); the header row must contain "
+                        f"{','.join(REQUIRED_COLUMNS)}")
+    rows = table[1:]
+    if not rows:
+        raise _fail(path, f"line {header_line}", "the table has no layers; add one row per layer")
+    for number, line in rows:
+        fields = next(csv.reader([line]))
+        if len(fields) != len(columns):
+            raise _fail(path, f"line {number}", f"{len(fields)} fields, expected {len(columns)} "
+                        f"({','.join(columns)}); fix the row {line.strip()!r}")
+    text = "\n".join(line for _, line in table)
+    frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skipinitialspace=True)
+    frame.columns = columns
+    return frame, [number for number, _ in rows]
+
+
+def _cell_number(path: Path, line: int, column: str, text: str, scale: int) -> float:
+    try:
+        value = parse_number(text, scale)
+    except ValueError:
+        what = "empty" if not text.strip() else f"{text!r} is not a finite number"
+        raise _fail(path, f"line {line}, column {column!r}", f"value {what}; write a plain "
+                    "number >= 0 (times in ms, sizes in bytes)") from None
+    if value < 0:
+        raise _fail(path, f"line {line}, column {column!r}", f"value {text!r} is negative; "
+                    "times and sizes must be >= 0")
+    return value
+
+
+def read_profile_csv(path: str | Path) -> ModelProfile:
+    """Read a profile CSV (format in the module docstring).
+
+    Args:
+        path: the ``.csv`` file.
+
+    Returns:
+        The profile; times in seconds, sizes in bytes at ``profiled_batch_size``.
+
+    Raises:
+        InputError: unreadable file, missing/duplicate header field, bad batch
+            size, missing or unknown column, wrong field count, empty table,
+            non-numeric, NaN/inf or negative value, duplicate or empty layer
+            name, ``bwd_input_ms > bwd_ms``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read profile CSV: {exc}") from None
+    header, table = _split_lines(path, text)
+    meta = _parse_header(path, header)
+    frame, line_numbers = _read_table(path, table)
+    layers = []
+    seen: dict[str, int] = {}
+    has_saved = "saved_bytes" in frame.columns
+    has_bwd_input = "bwd_input_ms" in frame.columns
+    for line, row in zip(line_numbers, frame.to_dict("records")):
+        name = row["name"].strip()
+        if not name:
+            raise _fail(path, f"line {line}, column 'name'", "empty layer name; give every layer a name")
+        if name in seen:
+            raise _fail(path, f"line {line}, column 'name'", f"duplicate layer name {name!r} "
+                        f"(first on line {seen[name]}); layer names must be unique")
+        seen[name] = line
+        fwd = _cell_number(path, line, "fwd_ms", row["fwd_ms"], -3)
+        bwd = _cell_number(path, line, "bwd_ms", row["bwd_ms"], -3)
+        params = _cell_number(path, line, "param_bytes", row["param_bytes"], 0)
+        output = _cell_number(path, line, "output_bytes", row["output_bytes"], 0)
+        saved = output
+        if has_saved and row["saved_bytes"].strip():
+            saved = _cell_number(path, line, "saved_bytes", row["saved_bytes"], 0)
+        bwd_input = None
+        if has_bwd_input and row["bwd_input_ms"].strip():
+            bwd_input = _cell_number(path, line, "bwd_input_ms", row["bwd_input_ms"], -3)
+            if bwd_input > bwd:
+                raise _fail(path, f"line {line}, column 'bwd_input_ms'", f"value "
+                            f"{row['bwd_input_ms'].strip()!r} exceeds bwd_ms {row['bwd_ms'].strip()!r}; "
+                            "the input-gradient time is part of the backward time")
+        layers.append(Layer(name=name, fwd_s=fwd, bwd_s=bwd, param_bytes=params,
+                            output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input))
+    return ModelProfile(layers=tuple(layers), **meta)
+
+
+# ----------------------------------------------------------------- writing
+
+
+def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
+    """Write ``profile`` as a profile CSV (format in the module docstring).
+
+    ``saved_bytes`` is always written; ``bwd_input_ms`` only when some layer
+    has ``bwd_input_s`` (empty cells for the others). ``Layer.flops`` is not
+    stored. Reading the file back gives an equal profile.
+
+    Raises:
+        InputError: a name or header value that the format cannot hold (a
+            newline; a layer name starting with ``#``; a non-finite number).
+    """
+    path = Path(path)
+    texts = [profile.name, profile.profiled_device, *[layer.name for layer in profile.layers]]
+    for text in texts:
+        if "\n" in text or "\r" in text or text != text.strip():
+            raise InputError(f"{path}: cannot write name {text!r}: names must be one line "
+                             "without leading/trailing blanks")
+    for layer in profile.layers:
+        if layer.name.startswith("#") or not layer.name:
+            raise InputError(f"{path}: cannot write layer name {layer.name!r}: it must be "
+                             "non-empty and not start with '#'")
+        values = (layer.fwd_s, layer.bwd_s, layer.param_bytes, layer.output_bytes, layer.saved_bytes)
+        if not all(math.isfinite(v) for v in values):
+            raise InputError(f"{path}: layer {layer.name!r} has a non-finite value")
+    lines = [MAGIC, f"# model: {profile.name}", f"# batch_size: {profile.profiled_batch_size}",
+             f"# device: {profile.profiled_device}",
+             f"# bytes_per_param: {format_number(profile.bytes_per_param)}"]
+    if profile.source:
+        lines += [f"# source: {part.strip()}" for part in profile.source.split("\n")]
+    with_bwd_input = any(layer.bwd_input_s is not None for layer in profile.layers)
+    columns = list(REQUIRED_COLUMNS) + ["saved_bytes"] + (["bwd_input_ms"] if with_bwd_input else [])
+    rows = []
+    for layer in profile.layers:
+        row = {
+            "name": layer.name,
+            "fwd_ms": format_number(layer.fwd_s, 3),
+            "bwd_ms": format_number(layer.bwd_s, 3),
+            "param_bytes": format_number(layer.param_bytes),
+            "output_bytes": format_number(layer.output_bytes),
+            "saved_bytes": format_number(layer.saved_bytes),
+        }
+        if with_bwd_input:
+            row["bwd_input_ms"] = "" if layer.bwd_input_s is None else format_number(layer.bwd_input_s, 3)
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=columns).to_csv(index=False, lineterminator="\n")
+    path.write_text("\n".join(lines) + "\n" + table, encoding="utf-8")

@@ -1,0 +1,1088 @@
+"""Transformer models from hyper-parameters to analytic layer tables.
+
+A :class:`TransformerConfig` holds the shape of a GPT/LLaMA-style decoder or a
+T5-style encoder-decoder. :func:`layer_table` turns it into a
+:class:`~pipesearch.types.ModelProfile` (layers ``embedding``, ``block_00`` ...,
+``head``) for one device type and one choice of tensor parallelism, sequence
+parallelism and activation recomputation, so that the pipeline search can treat
+the model like a measured profile. :func:`parameter_count` counts its
+parameters; :func:`megatron_params_eq2` and :func:`megatron_flops_eq3` are the
+closed forms of Narayanan et al. (SC'21) the tests check against.
+
+Sources of the formulas (full derivations in ``docs/transformer_costs.md``):
+
+* FLOPs: ``2 m n k`` per GEMM, backward = 2x forward; Narayanan et al.,
+  "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM", SC'21, sec. 5.1 / appendix, eq. (2) params, eq. (3) FLOPs.
+* Tensor-parallel communication: 2 all-reduces of ``b s h`` in the forward and
+  2 in the backward of each block (Shoeybi et al. 2019, Megatron-LM, Fig. 3;
+  SC'21 sec. 2.3 and 3.3); with sequence parallelism each all-reduce becomes an
+  all-gather plus a reduce-scatter of the same total volume (Korthikanti et al.,
+  "Reducing Activation Recomputation in Large Transformer Models", 2022,
+  sec. 4.2.2). Ring all-reduce ``2 (t-1)/t * bytes / bw + 2 (t-1) * latency``
+  (Patarasuk & Yuan 2009).
+* Activation memory: Korthikanti et al. 2022, sec. 4 and Table 2.
+
+Every term of a layer at micro-batch size ``b`` is ``b`` times the term at
+``b = 1`` (FLOPs, bytes, bandwidth time), except the per-message latency of
+the tensor-parallel collectives, which does not grow with ``b``.
+
+Units: seconds, bytes, FLOPs. Errors: :class:`~pipesearch.errors.InputError`
+naming the file (or config), the key and the value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..types import DeviceSpec, Layer, Link, ModelProfile
+
+__all__ = [
+    "TransformerConfig",
+    "KINDS",
+    "POSITION_EMBEDDINGS",
+    "NORMS",
+    "RECOMPUTE",
+    "load_transformer",
+    "load_transformer_toml",
+    "load_hf_config",
+    "is_transformer_toml",
+    "layer_table",
+    "parameter_count",
+    "padded_vocab_size",
+    "tied_layers",
+    "tied_embedding_param_bytes",
+    "forward_flops",
+    "megatron_params_eq2",
+    "megatron_flops_eq3",
+]
+
+KINDS = ("decoder", "encoder-decoder")
+POSITION_EMBEDDINGS = ("learned", "rotary", "relative", "none")
+NORMS = ("layernorm", "rmsnorm")
+RECOMPUTE = ("none", "selective", "full")
+
+#: bytes of one dropout-mask element (Korthikanti et al. 2022 sec. 4.1 count
+#: masks as 1 byte per element)
+MASK_BYTES = 1
+#: bytes of one element of the fp32 softmax the vocab-parallel cross entropy
+#: keeps for its backward (Megatron ``vocab_parallel_cross_entropy``)
+LOSS_BYTES = 4
+#: bytes of one token id (int64, as PyTorch embedding lookups take them)
+TOKEN_ID_BYTES = 8
+
+
+# --------------------------------------------------------------------------- #
+# the config
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Shape of a transformer language model.
+
+    Attributes:
+        name: model name (catalog name or file stem).
+        num_layers: transformer blocks of a decoder-only model; encoder blocks
+            of an encoder-decoder model.
+        hidden_size: model width ``h`` (``d_model``).
+        num_attention_heads: query heads ``a``.
+        ffn_hidden_size: MLP inner width ``f`` (``4h`` for GPT; ``d_ff``).
+        vocab_size: tokenizer vocabulary ``V`` as published (unpadded; see
+            ``make_vocab_size_divisible_by``).
+        seq_len: default sequence length (tokens per sample) of
+            :func:`layer_table`; for learned position embeddings also the
+            default ``max_position_embeddings``.
+        kind: ``"decoder"`` (GPT, LLaMA) or ``"encoder-decoder"`` (T5).
+        num_decoder_layers: decoder blocks of an encoder-decoder model
+            (0 in the input means ``num_layers``); must be 0 for a decoder.
+        num_kv_heads: key/value heads ``g`` (grouped-query attention, Ainslie
+            et al. 2023); ``None`` means ``num_attention_heads`` (MHA).
+        head_dim: size of one head ``d``; ``None`` means ``hidden_size /
+            num_attention_heads``. T5 sets it (``d_kv``) and then
+            ``a * d`` need not equal ``h``.
+        gated_mlp: SwiGLU/GEGLU MLP with three GEMMs (gate, up, down;
+            Shazeer 2020) instead of two.
+        tied_embeddings: the LM head reuses the input embedding matrix.
+        position_embedding: ``"learned"`` (GPT-2/3: a ``P x h`` table),
+            ``"rotary"`` (no parameters), ``"relative"`` (T5: a
+            ``buckets x heads`` bias per stack), ``"none"``.
+        max_position_embeddings: rows ``P`` of a learned position table
+            (``None``: ``seq_len``).
+        norm: ``"layernorm"`` (weight and bias, ``2h`` parameters) or
+            ``"rmsnorm"`` (weight only, ``h``).
+        bias: linear layers have biases (GPT-2/3, GPT-NeoX) or not (LLaMA, T5).
+        dropout: the model trains with dropout (GPT-3, T5); changes the saved
+            activations (masks), not the FLOPs.
+        relative_attention_num_buckets: T5 relative-position buckets.
+        make_vocab_size_divisible_by: Megatron-LM pads the vocabulary to a
+            multiple of this times the tensor-parallel degree
+            (``--make-vocab-size-divisible-by``, default 128); 1 disables.
+        source: provenance, free text.
+
+    Raises:
+        InputError: a non-positive size, an unknown kind/norm/position
+            embedding, ``hidden_size`` not divisible by the heads (without
+            ``head_dim``), heads not divisible by the kv heads.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_len: int
+    kind: str = "decoder"
+    num_decoder_layers: int = 0
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    gated_mlp: bool = False
+    tied_embeddings: bool = True
+    position_embedding: str = "learned"
+    max_position_embeddings: int | None = None
+    norm: str = "layernorm"
+    bias: bool = True
+    dropout: bool = True
+    relative_attention_num_buckets: int = 32
+    make_vocab_size_divisible_by: int = 128
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        _validate(values, f"transformer config {self.name!r}", {})
+        resolved = _resolve(values)
+        for key in ("num_decoder_layers", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            object.__setattr__(self, key, resolved[key])
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.kind == "encoder-decoder"
+
+    @property
+    def total_blocks(self) -> int:
+        """Encoder plus decoder blocks."""
+        return self.num_layers + (self.num_decoder_layers if self.is_encoder_decoder else 0)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection, ``a * d``."""
+        return self.num_attention_heads * self.head_dim  # type: ignore[operator]
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection, ``g * d``."""
+        return self.num_kv_heads * self.head_dim  # type: ignore[operator]
+
+
+#: field -> (kind of value, required in a file)
+_FIELD_KINDS: dict[str, tuple[str, bool]] = {
+    "name": ("str", False),
+    "num_layers": ("pos_int", True),
+    "hidden_size": ("pos_int", True),
+    "num_attention_heads": ("pos_int", True),
+    "ffn_hidden_size": ("pos_int", True),
+    "vocab_size": ("pos_int", True),
+    "seq_len": ("pos_int", True),
+    "kind": (KINDS, False),
+    "num_decoder_layers": ("nonneg_int", False),
+    "num_kv_heads": ("opt_pos_int", False),
+    "head_dim": ("opt_pos_int", False),
+    "gated_mlp": ("bool", False),
+    "tied_embeddings": ("bool", False),
+    "position_embedding": (POSITION_EMBEDDINGS, False),
+    "max_position_embeddings": ("opt_pos_int", False),
+    "norm": (NORMS, False),
+    "bias": ("bool", False),
+    "dropout": ("bool", False),
+    "relative_attention_num_buckets": ("pos_int", False),
+    "make_vocab_size_divisible_by": ("pos_int", False),
+    "source": ("str", False),
+}
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def _bad(where: str, key: str, value: Any, expected: str) -> InputError:
+    return InputError(f"{where}: key '{key}' = {_show(value)}: expected {expected}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _validate(values: dict[str, Any], where: str, keys: dict[str, str]) -> None:
+    """Check field values; ``keys`` maps a field to the key name the input
+    used for it (HF names), so the message names what the user wrote."""
+
+    def k(name: str) -> str:
+        return keys.get(name, name)
+
+    for name, (kind, _) in _FIELD_KINDS.items():
+        v = values.get(name)
+        if kind == "str":
+            if not isinstance(v, str):
+                raise _bad(where, k(name), v, "a string")
+        elif kind == "bool":
+            if not isinstance(v, bool):
+                raise _bad(where, k(name), v, "true or false")
+        elif kind == "pos_int":
+            if not _is_int(v) or v <= 0:
+                raise _bad(where, k(name), v, "a positive integer")
+        elif kind == "nonneg_int":
+            if not _is_int(v) or v < 0:
+                raise _bad(where, k(name), v, "a non-negative integer")
+        elif kind == "opt_pos_int":
+            if v is not None and (not _is_int(v) or v <= 0):
+                raise _bad(where, k(name), v, "a positive integer")
+        elif v not in kind:
+            raise _bad(where, k(name), v, "one of " + ", ".join(repr(c) for c in kind))
+
+    h, a = values["hidden_size"], values["num_attention_heads"]
+    if values.get("head_dim") is None and h % a:
+        raise InputError(
+            f"{where}: key '{k('hidden_size')}' = {h} is not divisible by "
+            f"'{k('num_attention_heads')}' = {a} (the head size h/a must be an integer; "
+            f"give head_dim when a*head_dim differs from the hidden size)"
+        )
+    g = values.get("num_kv_heads")
+    if g is not None and a % g:
+        raise InputError(
+            f"{where}: key '{k('num_attention_heads')}' = {a} is not divisible by "
+            f"'{k('num_kv_heads')}' = {g} (each key/value head serves a whole group of "
+            f"query heads)"
+        )
+    if values["kind"] == "decoder" and values["num_decoder_layers"]:
+        raise _bad(where, k("num_decoder_layers"), values["num_decoder_layers"],
+                   "0 (or no key) for kind = 'decoder'; decoder blocks are num_layers")
+    mp = values.get("max_position_embeddings")
+    if values["position_embedding"] == "learned" and mp is not None and values["seq_len"] > mp:
+        raise InputError(
+            f"{where}: key '{k('seq_len')}' = {values['seq_len']} exceeds "
+            f"'{k('max_position_embeddings')}' = {mp} (learned position table)"
+        )
+
+
+def _resolve(values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    if out["num_kv_heads"] is None:
+        out["num_kv_heads"] = out["num_attention_heads"]
+    if out["head_dim"] is None:
+        out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]
+    if out["kind"] == "encoder-decoder" and not out["num_decoder_layers"]:
+        out["num_decoder_layers"] = out["num_layers"]
+    if out["max_position_embeddings"] is None and out["position_embedding"] == "learned":
+        out["max_position_embeddings"] = out["seq_len"]
+    return out
+
+
+def _build(values: dict[str, Any], where: str, keys: dict[str, str]) -> TransformerConfig:
+    _validate(values, where, keys)
+    return TransformerConfig(**values)
+
+
+# --------------------------------------------------------------------------- #
+# loaders
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read: {e}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(_read_text(path))
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{path}: TOML syntax error: {e}") from None
+
+
+def is_transformer_toml(path: str | Path) -> bool:
+    """Whether ``path`` is a TOML file with a ``[transformer]`` table (the
+    catalog format of :func:`load_transformer_toml`); False for unreadable or
+    other files, never raises."""
+    p = Path(path)
+    if p.suffix != ".toml":
+        return False
+    try:
+        with open(p, "rb") as f:
+            return isinstance(tomllib.load(f).get("transformer"), dict)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False
+
+
+def load_transformer_toml(path: str | Path) -> TransformerConfig:
+    """Load a catalog transformer config (``cost_models/*.toml``).
+
+    The file holds one ``[transformer]`` table whose keys are the field names
+    of :class:`TransformerConfig` (see ``docs/transformer_costs.md``);
+    ``name`` defaults to the file stem.
+
+    Raises:
+        InputError: unreadable file, TOML syntax error, no ``[transformer]``
+            table, an unknown or missing key, or a bad value (message names the
+            file, the key and the value).
+    """
+    p = Path(path)
+    data = _read_toml(p)
+    table = data.get("transformer")
+    if not isinstance(table, dict):
+        raise InputError(
+            f"{p}: no [transformer] table (a transformer config is a [transformer] "
+            f"table with num_layers, hidden_size, ...; see docs/transformer_costs.md)"
+        )
+    for key in data:
+        if key != "transformer":
+            raise InputError(f"{p}: unknown top-level key '{key}' (only [transformer] is allowed)")
+    allowed = list(_FIELD_KINDS)
+    for key in table:
+        if key not in _FIELD_KINDS:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise InputError(
+                f"{p}: unknown key 'transformer.{key}' ({hint}allowed keys: {', '.join(allowed)})"
+            )
+    for key, (_, required) in _FIELD_KINDS.items():
+        if required and key not in table:
+            raise InputError(f"{p}: missing key 'transformer.{key}' (a positive integer)")
+    values = {f.name: f.default for f in fields(TransformerConfig) if f.name != "name"}
+    values["name"] = p.stem
+    values["source"] = str(p)
+    values.update(table)
+    keys = {f: f"transformer.{f}" for f in _FIELD_KINDS}
+    return _build(values, str(p), keys)
+
+
+_T5_TYPES = ("t5", "mt5", "umt5")
+_GPT2_TYPES = ("gpt2",)
+_NEOX_TYPES = ("gpt_neox",)
+_LLAMA_TYPES = ("llama", "mistral")
+
+
+def load_hf_config(
+    path: str | Path, seq_len: int | None = None, *, name: str | None = None
+) -> TransformerConfig:
+    """Read a HuggingFace ``config.json`` of a GPT-2, GPT-NeoX, LLaMA/Mistral
+    or T5 model.
+
+    Key names per family (``model_type``; when it is missing or unknown, the
+    family is guessed from the keys present):
+
+    * GPT-2: ``n_layer, n_embd, n_head, n_inner`` (null: ``4 n_embd``),
+      ``n_positions`` (or ``n_ctx``), ``vocab_size``, ``tie_word_embeddings``
+      (default true); learned positions, LayerNorm, biases, dropout when any
+      ``*_pdrop`` > 0 (default 0.1).
+    * GPT-NeoX: ``num_hidden_layers, hidden_size, num_attention_heads,
+      intermediate_size, max_position_embeddings, vocab_size,
+      tie_word_embeddings`` (default false); rotary, LayerNorm, biases.
+    * LLaMA/Mistral: as NeoX plus ``num_key_value_heads`` (default: heads),
+      optional ``head_dim``; SwiGLU, RMSNorm, rotary, no biases (unless
+      ``attention_bias``/``mlp_bias``), untied unless ``tie_word_embeddings``.
+    * T5: ``d_model, d_ff, d_kv, num_heads, num_layers, num_decoder_layers``
+      (default ``num_layers``), ``vocab_size``, ``feed_forward_proj``
+      (``gated-gelu``/``gated-silu``: gated MLP), ``tie_word_embeddings``
+      (default true), ``relative_attention_num_buckets``, ``dropout_rate``,
+      ``n_positions`` for the default sequence length; RMSNorm, no biases.
+
+    Args:
+        path: the ``config.json``.
+        seq_len: sequence length; default the config's maximum positions
+            (``n_positions`` / ``max_position_embeddings``).
+        name: model name; default ``_name_or_path``'s last part, else the
+            directory name of a ``config.json``, else the file stem.
+
+    Raises:
+        InputError: unreadable file or bad JSON, a mixture-of-experts model, an
+            unrecognised family, a missing or bad key (message names the file,
+            the HF key and the value), or no sequence length anywhere.
+    """
+    p = Path(path)
+    try:
+        d = json.loads(_read_text(p))
+    except json.JSONDecodeError as e:
+        raise InputError(f"{p}: JSON syntax error: {e}") from None
+    if not isinstance(d, dict):
+        raise InputError(f"{p}: expected a JSON object (a HuggingFace config.json)")
+    where = str(p)
+    model_type = str(d.get("model_type") or "").lower()
+
+    for moe_key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if d.get(moe_key):
+            raise InputError(
+                f"{p}: key '{moe_key}' = {d[moe_key]!r}: mixture-of-experts models are not "
+                f"supported by the dense transformer cost model"
+            )
+
+    def get(key: str, default: Any = ..., *alts: str) -> Any:
+        for k in (key, *alts):
+            if d.get(k) is not None:
+                return d[k]
+        if default is ...:
+            raise InputError(f"{p}: missing key '{key}' (model_type {model_type or '?'})")
+        return default
+
+    if model_type in _T5_TYPES or (not model_type and "d_model" in d and "d_kv" in d):
+        family = "t5"
+    elif model_type in _GPT2_TYPES or (model_type not in _NEOX_TYPES + _LLAMA_TYPES and "n_embd" in d):
+        family = "gpt2"
+    elif model_type in _NEOX_TYPES:
+        family = "neox"
+    elif model_type in _LLAMA_TYPES:
+        family = "llama"
+    elif "num_hidden_layers" in d and "hidden_size" in d:
+        act = str(d.get("hidden_act", "")).lower()
+        family = "llama" if ("num_key_value_heads" in d or act in ("silu", "swiglu")) else "neox"
+    else:
+        raise InputError(
+            f"{p}: unrecognised config (model_type {model_type or 'missing'!r}); expected a "
+            f"GPT-2 (n_layer, n_embd), GPT-NeoX/LLaMA (num_hidden_layers, hidden_size) or "
+            f"T5 (d_model, d_kv) config.json"
+        )
+
+    values: dict[str, Any] = {}
+    keys: dict[str, str] = {}
+
+    def take(field_name: str, key: str, default: Any = ..., *alts: str) -> None:
+        keys[field_name] = key
+        values[field_name] = get(key, default, *alts)
+
+    if family == "gpt2":
+        take("num_layers", "n_layer")
+        take("hidden_size", "n_embd")
+        take("num_attention_heads", "n_head")
+        h = values["hidden_size"]
+        take("ffn_hidden_size", "n_inner", 4 * h if _is_int(h) else None)
+        take("vocab_size", "vocab_size")
+        take("max_position_embeddings", "n_positions", None, "n_ctx")
+        take("tied_embeddings", "tie_word_embeddings", True)
+        drops = [get(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
+        values.update(kind="decoder", position_embedding="learned", norm="layernorm",
+                      bias=True, gated_mlp=False,
+                      dropout=any(isinstance(x, (int, float)) and x > 0 for x in drops))
+        pos_key, default_seq = "n_positions", values["max_position_embeddings"]
+    elif family in ("neox", "llama"):
+        take("num_layers", "num_hidden_layers")
+        take("hidden_size", "hidden_size")
+        take("num_attention_heads", "num_attention_heads")
+        take("ffn_hidden_size", "intermediate_size")
+        take("vocab_size", "vocab_size")
+        take("tied_embeddings", "tie_word_embeddings", False)
+        default_seq, pos_key = get("max_position_embeddings", None), "max_position_embeddings"
+        values.update(kind="decoder", position_embedding="rotary")
+        if family == "neox":
+            drops = [get(k, 0.0) for k in ("attention_dropout", "hidden_dropout")]
+            values.update(norm="layernorm", bias=bool(get("use_bias", True)), gated_mlp=False)
+        else:
+            take("num_kv_heads", "num_key_value_heads", None)
+            take("head_dim", "head_dim", None)
+            drops = [get("attention_dropout", 0.0)]
+            values.update(norm="rmsnorm", gated_mlp=True,
+                          bias=bool(get("attention_bias", False) or get("mlp_bias", False)))
+        values["dropout"] = any(isinstance(x, (int, float)) and x > 0 for x in drops)
+    else:  # t5
+        take("num_layers", "num_layers")
+        take("num_decoder_layers", "num_decoder_layers", values["num_layers"])
+        take("hidden_size", "d_model")
+        take("num_attention_heads", "num_heads")
+        take("head_dim", "d_kv")
+        take("ffn_hidden_size", "d_ff")
+        take("vocab_size", "vocab_size")
+        take("tied_embeddings", "tie_word_embeddings", True)
+        take("relative_attention_num_buckets", "relative_attention_num_buckets", 32)
+        proj = str(get("feed_forward_proj", "relu")).lower()
+        rate = get("dropout_rate", 0.1)
+        values.update(kind="encoder-decoder", position_embedding="relative", norm="rmsnorm",
+                      bias=False, gated_mlp=proj.startswith("gated-"),
+                      dropout=isinstance(rate, (int, float)) and rate > 0)
+        default_seq, pos_key = get("n_positions", None), "n_positions"
+
+    if seq_len is None:
+        if default_seq is None:
+            raise InputError(
+                f"{p}: no sequence length: the config has no '{pos_key}'; pass seq_len"
+            )
+        values["seq_len"] = default_seq
+        keys["seq_len"] = pos_key
+    else:
+        values["seq_len"] = seq_len
+        keys["seq_len"] = "seq_len (argument)"
+    if name is None:
+        ref = str(d.get("_name_or_path") or "").rstrip("/")
+        name = ref.rsplit("/", 1)[-1] if ref else (p.parent.name if p.name == "config.json" and p.parent.name else p.stem)
+    values["name"] = name
+    values["source"] = f"{p} (HuggingFace {family} config)"
+    full = {f.name: f.default for f in fields(TransformerConfig)}
+    full.update(values)
+    return _build(full, where, keys)
+
+
+def load_transformer(path: str | Path, seq_len: int | None = None) -> TransformerConfig:
+    """Load a transformer config: ``.toml`` (catalog format) or ``.json``
+    (HuggingFace ``config.json``). ``seq_len`` overrides the file's default.
+
+    Raises:
+        InputError: another suffix, or whatever the loader raises.
+    """
+    p = Path(path)
+    if p.suffix == ".toml":
+        cfg = load_transformer_toml(p)
+        if seq_len is not None:
+            values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+            values["seq_len"] = seq_len
+            if cfg.position_embedding == "learned":
+                values["max_position_embeddings"] = cfg.max_position_embeddings
+            _validate(values, str(p), {"seq_len": "seq_len (argument)",
+                                       "max_position_embeddings": "transformer.max_position_embeddings"})
+            cfg = replace(cfg, seq_len=seq_len)
+        return cfg
+    if p.suffix == ".json":
+        return load_hf_config(p, seq_len=seq_len)
+    raise InputError(f"{p}: expected a .toml transformer config or a HuggingFace config.json")
+
+
+# --------------------------------------------------------------------------- #
+# counts
+
+
+def padded_vocab_size(cfg: TransformerConfig, tp: int = 1) -> int:
+    """Vocabulary rows Megatron-LM allocates: ``vocab_size`` rounded up to a
+    multiple of ``make_vocab_size_divisible_by * tp`` (Megatron
+    ``_vocab_size_with_padding``), so that each tensor-parallel rank holds an
+    equal, GEMM-friendly slice. GPT-2's 50257 becomes 50304 at tp=1 and 51200
+    at tp=8 (the V of SC'21 Table 1)."""
+    m = cfg.make_vocab_size_divisible_by * tp
+    return -(-cfg.vocab_size // m) * m
+
+
+def _norm_params(cfg: TransformerConfig) -> int:
+    return 2 * cfg.hidden_size if cfg.norm == "layernorm" else cfg.hidden_size
+
+
+@dataclass(frozen=True)
+class _Params:
+    split: int  # divided across tensor-parallel ranks
+    replicated: int  # held whole by every tensor-parallel rank
+
+    @property
+    def total(self) -> int:
+        return self.split + self.replicated
+
+    def per_rank(self, tp: int) -> float:
+        return self.split / tp + self.replicated
+
+
+def _attention_params(cfg: TransformerConfig) -> _Params:
+    h, q, kv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
+    split = h * q + 2 * h * kv + q * h
+    replicated = 0
+    if cfg.bias:
+        split += q + 2 * kv  # column-parallel QKV bias
+        replicated += h  # row-parallel output bias
+    return _Params(split, replicated)
+
+
+def _mlp_params(cfg: TransformerConfig) -> _Params:
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    n_in = 2 if cfg.gated_mlp else 1
+    split = (n_in + 1) * h * f
+    replicated = 0
+    if cfg.bias:
+        split += n_in * f
+        replicated += h
+    return _Params(split, replicated)
+
+
+def _block_params(cfg: TransformerConfig, index: int) -> _Params:
+    """Parameters of block ``index`` (encoder blocks first for T5)."""
+    decoder_block = cfg.is_encoder_decoder and index >= cfg.num_layers
+    att, mlp = _attention_params(cfg), _mlp_params(cfg)
+    n_att = 2 if decoder_block else 1
+    n_norm = n_att + 1
+    split = n_att * att.split + mlp.split
+    replicated = n_att * att.replicated + mlp.replicated + n_norm * _norm_params(cfg)
+    if cfg.position_embedding == "relative" and (index == 0 or (cfg.is_encoder_decoder and index == cfg.num_layers)):
+        split += cfg.relative_attention_num_buckets * cfg.num_attention_heads
+    if cfg.is_encoder_decoder and index == cfg.num_layers - 1:
+        replicated += _norm_params(cfg)  # final encoder norm
+    return _Params(split, replicated)
+
+
+def _embedding_params(cfg: TransformerConfig, vocab: int) -> _Params:
+    pos = cfg.max_position_embeddings * cfg.hidden_size if cfg.position_embedding == "learned" else 0
+    return _Params(vocab * cfg.hidden_size, pos)  # type: ignore[operator]
+
+
+def _head_params(cfg: TransformerConfig, vocab: int) -> _Params:
+    return _Params(0 if cfg.tied_embeddings else vocab * cfg.hidden_size, _norm_params(cfg))
+
+
+def parameter_count(cfg: TransformerConfig, *, vocab_size: int | None = None) -> int:
+    """Number of distinct parameters of the model.
+
+    Counts every weight and bias: embeddings (``V h``, plus ``P h`` learned
+    positions or the T5 relative-position biases), per block attention
+    (``h(a d) + 2 h (g d) + (a d) h`` and biases), MLP (``2 h f`` or gated
+    ``3 h f`` and biases), norms (``2h`` LayerNorm or ``h`` RMSNorm each), the
+    final norm(s) and, when untied, the LM head ``V h``. Tied embeddings are
+    counted once.
+
+    Args:
+        vocab_size: vocabulary to count with; default the published
+            ``cfg.vocab_size`` (not the Megatron-padded one).
+
+    For a GPT block this is ``12 h^2 + 13 h``, so the total is SC'21 eq. (2)
+    plus the final LayerNorm's ``2h`` (and without the pad rows).
+    """
+    vocab = cfg.vocab_size if vocab_size is None else vocab_size
+    total = _embedding_params(cfg, vocab).total + _head_params(cfg, vocab).total
+    total += sum(_block_params(cfg, i).total for i in range(cfg.total_blocks))
+    return total
+
+
+def tied_layers(cfg: TransformerConfig) -> dict[str, str]:
+    """``{"head": "embedding"}`` when the LM head reuses the embedding matrix
+    (its parameters are counted on the ``embedding`` layer only), else ``{}``."""
+    return {"head": "embedding"} if cfg.tied_embeddings else {}
+
+
+def tied_embedding_param_bytes(cfg: TransformerConfig, *, tp: int = 1, dtype_bytes: float = 2) -> float:
+    """Bytes of the shared word-embedding matrix per device: what the stage
+    holding ``head`` must additionally keep (weights, and their gradient and
+    optimizer state alike) when it is not the stage holding ``embedding``.
+    Megatron-LM keeps a copy on the last stage and all-reduces the two copies'
+    gradients between the first and last stage every iteration. 0 when untied."""
+    if not cfg.tied_embeddings:
+        return 0.0
+    return padded_vocab_size(cfg, tp) * cfg.hidden_size / tp * dtype_bytes
+
+
+def megatron_params_eq2(l: int, h: int, V: int, s: int) -> float:
+    """Parameters of a GPT model, Narayanan et al. SC'21 eq. (2):
+    ``P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h))`` (learned positions,
+    tied embeddings, 4h MLP; leaves out the final LayerNorm)."""
+    return 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+
+
+def megatron_flops_eq3(B: int, s: int, l: int, h: int, V: int) -> float:
+    """FLOPs of one training iteration of batch ``B`` with full activation
+    recomputation, Narayanan et al. SC'21 eq. (3):
+    ``F = 96 B s l h^2 (1 + s/(6 h) + V/(16 l h))`` (forward, recomputed
+    forward and 2x backward of every block: 4 passes; forward and backward of
+    the LM head: 3 passes; GEMMs only)."""
+    return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+# --------------------------------------------------------------------------- #
+# per-layer analytic costs at micro-batch size b, before tensor parallelism
+
+
+@dataclass(frozen=True)
+class _Acts:
+    """Saved activation bytes of a block (Korthikanti et al. 2022 sec. 4.1):
+    ``replicated`` is held whole by every TP rank without sequence parallelism
+    (norm inputs, inputs of the column-parallel GEMMs, dropout masks after the
+    row-parallel GEMMs), ``split`` is divided by ``t`` by tensor parallelism
+    (Q, K, V, MLP inner activations, inputs of the row-parallel GEMMs),
+    ``core`` is the attention core (softmax output, its dropout mask and
+    output), divided by ``t`` and dropped by selective recomputation;
+    ``block_input`` is what full recomputation keeps."""
+
+    replicated: float
+    split: float
+    core: float
+    block_input: float
+
+
+def _self_attention(cfg: TransformerConfig, s: int, b: int, D: float):
+    """(linear GEMM flops, core GEMM flops, acts) of causal/self attention
+    over ``s`` tokens, forward, micro-batch ``b``."""
+    h, q, kv, a = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.num_attention_heads
+    lin = 2 * b * s * h * q + 2 * 2 * b * s * h * kv + 2 * b * s * q * h
+    core = 2 * 2 * b * s * s * q  # Q K^T and softmax(.) V
+    mask = MASK_BYTES if cfg.dropout else 0
+    replicated = D * b * s * h + mask * b * s * h  # QKV input; dropout mask after out proj
+    split = D * b * s * (q + kv) + D * b * s * kv + D * b * s * q  # Q, K; V; out-proj input
+    core_bytes = a * b * s * s * (D + ((mask + D) if cfg.dropout else 0))
+    return lin, core, _Acts(replicated, split, core_bytes, 0.0)
+
+
+def _cross_attention(cfg: TransformerConfig, s_dec: int, s_enc: int, b: int, D: float):
+    """Like :func:`_self_attention` for T5 cross-attention: queries from the
+    ``s_dec`` decoder tokens, keys/values from the ``s_enc`` encoder outputs.
+    The encoder output itself is shared by all decoder blocks and not counted
+    here."""
+    h, q, kv, a = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.num_attention_heads
+    lin = 2 * b * s_dec * h * q + 2 * 2 * b * s_enc * h * kv + 2 * b * s_dec * q * h
+    core = 2 * 2 * b * s_dec * s_enc * q
+    mask = MASK_BYTES if cfg.dropout else 0
+    replicated = D * b * s_dec * h + mask * b * s_dec * h
+    split = D * b * s_dec * q + 2 * D * b * s_enc * kv + D * b * s_dec * q
+    core_bytes = a * b * s_dec * s_enc * (D + ((mask + D) if cfg.dropout else 0))
+    return lin, core, _Acts(replicated, split, core_bytes, 0.0)
+
+
+def _mlp(cfg: TransformerConfig, s: int, b: int, D: float):
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    n_gemm = 3 if cfg.gated_mlp else 2
+    lin = n_gemm * 2 * b * s * h * f
+    mask = MASK_BYTES if cfg.dropout else 0
+    replicated = D * b * s * h + mask * b * s * h  # fc1 input; dropout mask after fc2
+    # GPT: activation input and fc2 input (2 x f); gated: gate and up outputs, fc2 input (3 x f)
+    split = (3 if cfg.gated_mlp else 2) * D * b * s * f
+    return lin, 0, _Acts(replicated, split, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class _Raw:
+    """One layer before tensor parallelism, at micro-batch size b."""
+
+    name: str
+    lin_flops: float  # forward FLOPs of weight GEMMs
+    core_flops: float  # forward FLOPs of the attention core (no weights)
+    params: _Params
+    acts: _Acts | None  # blocks
+    saved_fixed: tuple[float, float]  # (replicated, split) saved bytes of embedding/head
+    output_bytes: float  # unsplit
+    saved_whole: float = 0.0  # saved bytes held whole by every TP rank, with or without sp
+    # tensor-parallel collectives, each given by the bytes of the full
+    # (unsharded) tensor; which lists count depends on sequence parallelism:
+    fwd_pairs: tuple[float, ...] = ()  # forward: all-reduce, or AG + RS with sp (same time)
+    bwd_pairs: tuple[float, ...] = ()  # backward: likewise
+    fwd_ar_only: tuple[float, ...] = ()  # forward all-reduces with or without sp (loss statistics)
+    fwd_single: tuple[float, ...] = ()  # forward, only with sp: one all-gather or reduce-scatter each
+    bwd_single: tuple[float, ...] = ()  # backward, only with sp: likewise
+    fwd_ar_nosp: tuple[float, ...] = ()  # forward, only without sp: all-reduces
+    bwd_ar_nosp: tuple[float, ...] = ()  # backward, only without sp: all-reduces
+
+
+def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float, vocab: int) -> list[_Raw]:
+    h = cfg.hidden_size
+    layers: list[_Raw] = []
+    ed = cfg.is_encoder_decoder
+    s_tok = s_enc + s_dec if ed else s_enc  # tokens embedded (and carried along the chain)
+    mask = MASK_BYTES if cfg.dropout else 0
+
+    # embedding: lookup (no GEMM); vocab-parallel embedding all-reduces its
+    # output in forward (reduce-scatter with sp, whose backward is an all-gather)
+    emb_out = D * b * s_tok * h
+    # saved: the int64 token ids (the weight gradient's scatter-add indices,
+    # whole on every TP rank) and the dropout mask on the embedding output
+    ids = TOKEN_ID_BYTES * b * s_tok
+    layers.append(_Raw(
+        "embedding", 0.0, 0.0, _embedding_params(cfg, vocab), None,
+        (mask * b * s_tok * h, 0.0), emb_out, saved_whole=ids,
+        fwd_ar_nosp=(emb_out,), fwd_single=(emb_out,), bwd_single=(emb_out,),
+    ))
+
+    width = max(2, len(str(cfg.total_blocks - 1)))
+    for i in range(cfg.total_blocks):
+        decoder_block = ed and i >= cfg.num_layers
+        s = s_dec if decoder_block else s_enc
+        parts = [_self_attention(cfg, s, b, D), _mlp(cfg, s, b, D)]
+        if decoder_block:
+            parts.append(_cross_attention(cfg, s_dec, s_enc, b, D))
+        n_norm = len(parts)
+        if ed and i == cfg.num_layers - 1:
+            n_norm += 1  # final encoder norm
+        lin = sum(p[0] for p in parts)
+        core = sum(p[1] for p in parts)
+        acts = _Acts(
+            replicated=sum(p[2].replicated for p in parts) + n_norm * D * b * s * h,
+            split=sum(p[2].split for p in parts),
+            core=sum(p[2].core for p in parts),
+            block_input=D * b * s * h,
+        )
+        hidden = D * b * s * h
+        out = D * b * s_tok * h if ed else hidden
+        n_sub = len(parts)  # sub-layers, each one collective each way
+        enc_out = D * b * s_enc * h
+        layers.append(_Raw(
+            f"block_{i:0{width}d}", lin, core, _block_params(cfg, i), acts, (0.0, 0.0), out,
+            fwd_pairs=(hidden,) * n_sub, bwd_pairs=(hidden,) * n_sub,
+            # cross-attention K/V read the encoder output: its gradient is
+            # all-reduced in backward; with sp it is all-gathered in forward
+            # and reduce-scattered in backward
+            fwd_single=(enc_out,) if decoder_block else (),
+            bwd_single=(enc_out,) if decoder_block else (),
+            bwd_ar_nosp=(enc_out,) if decoder_block else (),
+        ))
+
+    # head: final norm + LM head GEMM + vocab-parallel cross entropy
+    s = s_dec if ed else s_enc
+    hidden = D * b * s * h
+    # saved: norm input and LM-head input (replicated without sp),
+    # fp32 softmax of the logits (split by vocab)
+    saved = (2 * D * b * s * h, LOSS_BYTES * b * s * vocab)
+    layers.append(_Raw(
+        "head", 2 * b * s * h * vocab, 0.0, _head_params(cfg, vocab), None, saved, 0.0,
+        # cross entropy: all-reduce max, sum of exp, target logit (fp32, per token)
+        fwd_ar_only=(4 * b * s,) * 3,
+        fwd_single=(hidden,), bwd_single=(hidden,), bwd_ar_nosp=(hidden,),
+    ))
+    return layers
+
+
+def forward_flops(cfg: TransformerConfig, seq_len: int | None = None, *,
+                  decoder_seq_len: int | None = None, vocab_size: int | None = None) -> dict[str, float]:
+    """Forward GEMM FLOPs of each layer for one sample, no tensor parallelism:
+    layer name -> FLOPs (``2 m n k`` per GEMM; the embedding is 0). Default
+    ``seq_len`` ``cfg.seq_len``, default vocabulary ``cfg.vocab_size``."""
+    s = cfg.seq_len if seq_len is None else seq_len
+    sd = s if decoder_seq_len is None else decoder_seq_len
+    V = cfg.vocab_size if vocab_size is None else vocab_size
+    return {r.name: r.lin_flops + r.core_flops for r in _raw_layers(cfg, s, sd, 1, 2, V)}
+
+
+# --------------------------------------------------------------------------- #
+# the layer table
+
+
+def _allreduce_s(nbytes: float, t: int, link: Link) -> float:
+    """Ring all-reduce of ``nbytes`` over ``t`` ranks:
+    ``2 (t-1)/t * nbytes / bw + 2 (t-1) * latency`` (Patarasuk & Yuan 2009)."""
+    if t <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (t - 1) / t * nbytes / link.bandwidth_bytes_per_s + 2 * (t - 1) * link.latency_s
+
+
+def _gather_s(nbytes: float, t: int, link: Link) -> float:
+    """Ring all-gather (or reduce-scatter) of a tensor of ``nbytes`` in total:
+    ``(t-1)/t * nbytes / bw + (t-1) * latency``; an all-gather plus a
+    reduce-scatter cost one all-reduce."""
+    if t <= 1 or nbytes <= 0:
+        return 0.0
+    return (t - 1) / t * nbytes / link.bandwidth_bytes_per_s + (t - 1) * link.latency_s
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> None:
+    if not _is_int(value) or value < minimum:
+        raise InputError(f"layer_table: {name} = {_show(value)}: expected an integer >= {minimum}")
+
+
+def layer_table(
+    cfg: TransformerConfig,
+    *,
+    seq_len: int | None = None,
+    device: DeviceSpec,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    tp_link: Link | None = None,
+    dtype_bytes: float = 2,
+    micro_batch_size: int = 1,
+    decoder_seq_len: int | None = None,
+) -> ModelProfile:
+    """Analytic layer table of a transformer on one device type.
+
+    Layers: ``embedding``, ``block_00`` .. ``block_{L-1}`` (T5: encoder blocks,
+    then decoder blocks with cross-attention; zero-padded to the width of the
+    largest index), ``head`` (final norm, LM head, loss). All figures are per
+    device of a tensor-parallel group of ``tp`` devices, for one micro-batch of
+    ``micro_batch_size`` samples (the profile's ``profiled_batch_size``).
+
+    Per layer:
+
+    * ``flops``: forward + backward (+ recomputed forward) GEMM FLOPs divided
+      by ``tp``. Forward counts ``2 m n k`` for each GEMM: Q, K, V projections
+      (``g`` kv heads), ``Q K^T`` and ``softmax V`` (``2 * 2 b s^2 (a d)``),
+      output projection, 2 (or gated 3) MLP GEMMs, LM head ``2 b s h V``.
+      Backward is 2x forward. Full recomputation adds one block forward;
+      selective recomputation the attention-core GEMMs. Element-wise work
+      (norms, softmax, activations, dropout) is not counted.
+    * ``fwd_s = fwd FLOPs / (peak_fp16_flops * achieved_fraction)`` plus the
+      forward tensor-parallel collectives; ``bwd_s`` = 2x that compute plus
+      the backward collectives plus the recomputation (full: the forward
+      again, collectives included). ``bwd_input_s``: the input-gradient part
+      of the backward for zero-bubble schedules = weight-GEMM forward time
+      (their input gradient) + the attention core's whole backward + the
+      recomputation + the backward collectives (the weight-gradient GEMMs are
+      the rest).
+    * Tensor-parallel collectives (``tp > 1``, over ``tp_link``): each block
+      all-reduces ``b s h dtype_bytes`` twice in forward and twice in backward
+      (T5 decoder blocks three times each, plus the encoder-output gradient);
+      with sequence parallelism each becomes an all-gather plus a
+      reduce-scatter (same volume, same time). The embedding all-reduces its
+      output in forward (reduce-scatter forward, all-gather backward with sp);
+      the head all-reduces its input gradient in backward (all-gather forward,
+      reduce-scatter backward with sp) and three ``4 b s``-byte loss
+      statistics in forward.
+    * ``param_bytes``: parameters held by one device times ``dtype_bytes``:
+      GEMM weights and column-parallel biases divided by ``tp``, norms and
+      row-parallel biases whole, the (padded) vocabulary matrices split by
+      ``tp``. With tied embeddings the shared matrix is on ``embedding`` only
+      (see :func:`tied_embedding_param_bytes` for the head's copy).
+    * ``output_bytes``: ``b s h dtype_bytes`` (divided by ``tp`` with
+      sequence parallelism); T5 carries encoder and decoder streams together,
+      ``b (s_enc + s_dec) h``; 0 for the head.
+    * ``saved_bytes``: activations kept for backward, Korthikanti et al. 2022
+      Table 2 per block (for a GPT block at 2 bytes: ``sbh(34 + 5as/h)``;
+      ``sbh(10 + 24/t + 5as/(ht))`` with tp; ``sbh(34/t + 5as/(ht))`` with tp
+      and sp; selective ``sbh(10 + 24/t)`` or ``34 sbh/t`` with sp; full
+      ``2 sbh``, divided by ``t`` with sp), generalised term by term for GQA,
+      gated MLPs, other MLP widths and models without dropout. Embedding:
+      its dropout mask (1 byte per element) and the int64 token ids. Head: final-norm and LM-head inputs (``2 x 2bsh``,
+      divided by ``t`` with sp) and the fp32 softmax ``4 b s V / t``.
+
+    Args:
+        cfg: the model.
+        seq_len: tokens per sample (encoder tokens for T5); default
+            ``cfg.seq_len``.
+        device: device type; its ``peak_fp16_flops * achieved_fraction`` is
+            the GEMM rate (also used for ``dtype_bytes`` other than 2).
+        tp: tensor-parallel degree; must divide the heads, the kv heads and
+            the MLP width (and, with sp, the sequence length).
+        sequence_parallel: Korthikanti et al. sequence parallelism.
+        recompute: ``"none"``, ``"selective"`` (attention core recomputed, as
+            FlashAttention effectively does) or ``"full"`` (block input kept,
+            block forward recomputed in backward).
+        tp_link: link between the devices of a tensor-parallel group; required
+            when ``tp > 1``.
+        dtype_bytes: bytes per parameter and per activation element (2 for
+            fp16/bf16); the profile's ``bytes_per_param``.
+        micro_batch_size: samples per micro-batch of the table (default 1).
+        decoder_seq_len: decoder tokens per sample of an encoder-decoder
+            model; default ``seq_len``.
+
+    Returns:
+        ModelProfile with ``profiled_batch_size = micro_batch_size``,
+        ``profiled_device = device.name``, ``bytes_per_param = dtype_bytes``.
+
+    Raises:
+        InputError: a bad option (tp not dividing heads/kv heads/MLP width,
+            sequence length not divisible by tp with sp, tp > 1 without
+            tp_link, unknown recompute, seq_len beyond a learned position
+            table, decoder_seq_len for a decoder-only model).
+    """
+    s = cfg.seq_len if seq_len is None else seq_len
+    _check_int("seq_len", s)
+    _check_int("tp", tp)
+    _check_int("micro_batch_size", micro_batch_size)
+    if cfg.is_encoder_decoder:
+        sd = s if decoder_seq_len is None else decoder_seq_len
+        _check_int("decoder_seq_len", sd)
+    else:
+        if decoder_seq_len is not None:
+            raise InputError(
+                f"layer_table: decoder_seq_len = {decoder_seq_len!r} given for the decoder-only "
+                f"model {cfg.name!r} (only encoder-decoder models have one)"
+            )
+        sd = s
+    if recompute not in RECOMPUTE:
+        raise InputError(f"layer_table: recompute = {recompute!r}: expected one of {', '.join(RECOMPUTE)}")
+    if not isinstance(sequence_parallel, bool):
+        raise InputError(f"layer_table: sequence_parallel = {sequence_parallel!r}: expected true or false")
+    if not (isinstance(dtype_bytes, (int, float)) and not isinstance(dtype_bytes, bool) and dtype_bytes > 0):
+        raise InputError(f"layer_table: dtype_bytes = {dtype_bytes!r}: expected a positive number")
+    rate = device.peak_fp16_flops * device.achieved_fraction
+    if not (rate > 0 and math.isfinite(rate)):
+        raise InputError(
+            f"layer_table: device {device.name!r}: peak_fp16_flops * achieved_fraction = {rate!r}: "
+            f"expected a positive number"
+        )
+    if cfg.position_embedding == "learned" and max(s, sd) > cfg.max_position_embeddings:  # type: ignore[operator]
+        raise InputError(
+            f"layer_table: seq_len = {max(s, sd)} exceeds the learned position table of "
+            f"{cfg.name!r} (max_position_embeddings = {cfg.max_position_embeddings})"
+        )
+    for what, n in (("num_attention_heads", cfg.num_attention_heads), ("num_kv_heads", cfg.num_kv_heads),
+                    ("ffn_hidden_size", cfg.ffn_hidden_size)):
+        if n % tp:  # type: ignore[operator]
+            raise InputError(
+                f"layer_table: tp = {tp} does not divide {what} = {n} of {cfg.name!r} "
+                f"(Megatron-LM splits heads, kv heads and the MLP width evenly)"
+            )
+    sp = sequence_parallel and tp > 1
+    if sp and (s % tp or sd % tp):
+        raise InputError(
+            f"layer_table: sequence parallelism with tp = {tp} needs the sequence length "
+            f"({s}{'' if sd == s else f' / decoder {sd}'}) divisible by tp"
+        )
+    if tp > 1 and tp_link is None:
+        raise InputError(
+            f"layer_table: tp = {tp} needs tp_link (the link between the devices of a "
+            f"tensor-parallel group, usually the cluster's intra_node link)"
+        )
+    link = tp_link if tp_link is not None else Link(math.inf, 0.0)
+    t = tp
+    b = micro_batch_size
+    D = float(dtype_bytes)
+    vocab = padded_vocab_size(cfg, t)
+    raws = _raw_layers(cfg, s, sd, b, D, vocab)
+
+    def ar(xs):
+        return sum(_allreduce_s(x, t, link) for x in xs)
+
+    def half(xs):
+        return sum(_gather_s(x, t, link) for x in xs)
+
+    layers = []
+    for r in raws:
+        fwd_flops = (r.lin_flops + r.core_flops) / t
+        fwd_compute = fwd_flops / rate
+        core_compute = r.core_flops / t / rate
+        fwd_comm = ar(r.fwd_pairs) + ar(r.fwd_ar_only) + (half(r.fwd_single) if sp else ar(r.fwd_ar_nosp))
+        bwd_comm = ar(r.bwd_pairs) + (half(r.bwd_single) if sp else ar(r.bwd_ar_nosp))
+        if r.name == "embedding":
+            # the embedding has no input gradient; its backward collective
+            # (with sp) serves the weight gradient
+            bwd_input_comm = 0.0
+        else:
+            bwd_input_comm = bwd_comm
+        recompute_s = recompute_flops = 0.0
+        if r.acts is not None:  # blocks
+            if recompute == "full":
+                recompute_s, recompute_flops = fwd_compute + fwd_comm, fwd_flops
+            elif recompute == "selective":
+                recompute_s, recompute_flops = core_compute, r.core_flops / t
+            a = r.acts
+            if recompute == "full":
+                saved = a.block_input / (t if sp else 1)
+            elif sp:
+                saved = (a.replicated + a.split + (0.0 if recompute == "selective" else a.core)) / t
+            else:
+                saved = a.replicated + (a.split + (0.0 if recompute == "selective" else a.core)) / t
+        else:
+            rep, spl = r.saved_fixed
+            saved = (rep / t if sp else rep) + spl / t + r.saved_whole
+        bwd_s = 2 * fwd_compute + bwd_comm + recompute_s
+        bwd_input_s = r.lin_flops / t / rate + 2 * core_compute + recompute_s + bwd_input_comm
+        layers.append(Layer(
+            name=r.name,
+            fwd_s=fwd_compute + fwd_comm,
+            bwd_s=bwd_s,
+            param_bytes=r.params.per_rank(t) * D,
+            output_bytes=r.output_bytes / (t if sp else 1),
+            saved_bytes=saved,
+            bwd_input_s=bwd_input_s,
+            flops=3 * fwd_flops + recompute_flops,
+        ))
+
+    parts = [f"seq_len={s}"]
+    if cfg.is_encoder_decoder:
+        parts.append(f"decoder_seq_len={sd}")
+    parts += [f"tp={t}", f"sequence_parallel={str(sp).lower()}", f"recompute={recompute}",
+              f"dtype_bytes={dtype_bytes:g}", f"vocab={vocab}"]
+    if cfg.tied_embeddings:
+        parts.append("tied_with=head:embedding")
+    source = (
+        "analytic transformer cost model (pipesearch.profiles.transformer; Narayanan et al. SC'21, "
+        f"Korthikanti et al. 2022): {', '.join(parts)}" + (f"; config {cfg.source}" if cfg.source else "")
+    )
+    return ModelProfile(
+        name=cfg.name,
+        layers=tuple(layers),
+        profiled_batch_size=b,
+        profiled_device=device.name,
+        bytes_per_param=D,
+        source=source,
+    )

@@ -1,0 +1,559 @@
+"""Pipeline schedules as data: per-rank ordered lists of compute actions.
+
+A schedule is a ``tuple[tuple[Action, ...], ...]``: one ordered tuple per
+pipeline rank (device). Rank ``r`` executes its tuple front to back, one action
+at a time. Every builder here is a pure function of ``(p, m[, v])`` that only
+generates that order; timing is the job of :mod:`pipesearch.simulate`.
+
+Vocabulary (the same as ``torch.distributed.pipelining``):
+
+* ``p``: pipeline ranks (devices); ``m``: micro-batches per iteration;
+  ``v``: virtual stages (model chunks) per rank, so ``p * v`` stages in all.
+* ``F``: forward of one stage on one micro-batch; ``B``: its full backward;
+  ``I``: the input-gradient part of the backward (what the previous stage
+  waits for); ``W``: the weight-gradient part (no one waits for it).
+* Stage ``s`` of a looped / interleaved schedule runs on rank ``s % p``.
+
+Builders and their sources:
+
+* :func:`gpipe`: Huang et al., "GPipe", NeurIPS 2019 (all forwards, then all
+  backwards).
+* :func:`one_f_one_b`: PipeDream-Flush / 1F1B, Narayanan et al., "Memory-
+  Efficient Pipeline-Parallel DNN Training", ICML 2021.
+* :func:`interleaved_1f1b`: Narayanan et al., "Efficient Large-Scale Language
+  Model Training on GPU Clusters Using Megatron-LM", SC 2021 (Megatron-LM's
+  ``forward_backward_pipelining_with_interleaving`` order).
+* :func:`zb_h1`: Qi et al., "Zero Bubble Pipeline Parallelism", 2023
+  (arXiv:2401.10241), handcrafted schedule ZB-H1.
+* :func:`looped_bfs`: Lamy-Poirier, "Breadth-First Pipeline Parallelism",
+  2022 (arXiv:2211.05953).
+
+Refusals follow torch.distributed.pipelining's runtime: ``Schedule1F1B``
+raises when ``n_microbatches < num_stages``; we refuse ``m < p`` for every
+1F1B-style builder (1F1B, interleaved 1F1B, ZB-H1) and ``m % p != 0`` for
+interleaved 1F1B (Megatron-LM's requirement). GPipe and looped BFS accept any
+``m >= 1``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from .errors import InputError
+
+KINDS = ("F", "B", "I", "W")
+"""Action kinds: forward, full backward, input-gradient backward, weight-gradient backward."""
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One compute action: ``kind`` of ``stage`` on ``microbatch``.
+
+    Attributes:
+        kind: ``"F"`` forward, ``"B"`` full backward, ``"I"`` input-gradient
+            backward, ``"W"`` weight-gradient backward.
+        stage: stage index, ``0 .. num_stages - 1``.
+        microbatch: micro-batch index, ``0 .. m - 1``.
+
+    ``str(action)`` is torch's compact form, e.g. ``"0F1"``.
+    """
+
+    kind: str
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+
+Schedule = tuple[tuple[Action, ...], ...]
+"""One ordered tuple of actions per rank."""
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _check_p_m_v(name: str, p: int, m: int, v: int = 1) -> None:
+    for label, val in (("p (pipeline ranks)", p), ("m (micro-batches)", m), ("v (virtual stages per rank)", v)):
+        if isinstance(val, bool) or not isinstance(val, int):
+            raise InputError(f"{name}: {label} must be an integer, got {val!r}")
+        if val < 1:
+            raise InputError(f"{name}: {label} must be >= 1, got {val}")
+
+
+def _check_1f1b_style(name: str, p: int, m: int) -> None:
+    if m < p:
+        raise InputError(
+            f"{name}: m={m} micro-batches is fewer than p={p} pipeline ranks; 1F1B-style "
+            f"schedules need m >= p (torch.distributed.pipelining's Schedule1F1B refuses "
+            f"n_microbatches < num_stages). Use m >= {p} or the 'gpipe' schedule."
+        )
+
+
+# ---------------------------------------------------------------- builders
+
+
+def _build(p: int, order: Callable[[int], Iterable[tuple[str, int, int]]]) -> Schedule:
+    """Turn a per-rank order generator of ``(kind, stage, mb)`` into a Schedule."""
+    return tuple(tuple(Action(k, s, mb) for k, s, mb in order(r)) for r in range(p))
+
+
+def gpipe(p: int, m: int) -> Schedule:
+    """GPipe (Huang et al., NeurIPS 2019): every rank runs the forwards of all
+    ``m`` micro-batches in order, then their backwards in the same order (as
+    ``torch.distributed.pipelining.ScheduleGPipe``).
+
+    Args:
+        p: pipeline ranks = stages (stage ``r`` on rank ``r``).
+        m: micro-batches per iteration; any ``m >= 1``.
+
+    Returns:
+        One tuple of ``2 m`` actions per rank.
+
+    Raises:
+        InputError: ``p < 1`` or ``m < 1``.
+    """
+    _check_p_m_v("gpipe", p, m)
+
+    def order(r: int):
+        yield from (("F", r, i) for i in range(m))
+        yield from (("B", r, i) for i in range(m))
+
+    return _build(p, order)
+
+
+def one_f_one_b(p: int, m: int) -> Schedule:
+    """1F1B / PipeDream-Flush (Narayanan et al., ICML 2021).
+
+    Rank ``r`` runs ``p - 1 - r`` warm-up forwards, then alternates one forward
+    and one backward, then drains the remaining backwards; so stage ``r`` holds
+    at most ``p - r`` micro-batches' activations (the same order as Megatron-LM's
+    ``forward_backward_pipelining_without_interleaving`` and torch's
+    ``Schedule1F1B``).
+
+    Args:
+        p: pipeline ranks = stages. m: micro-batches, ``m >= p``.
+
+    Raises:
+        InputError: ``p < 1``, ``m < 1`` or ``m < p``.
+    """
+    _check_p_m_v("1f1b", p, m)
+    _check_1f1b_style("1f1b", p, m)
+
+    def order(r: int):
+        warm = p - 1 - r
+        yield from (("F", r, i) for i in range(warm))
+        for j in range(m - warm):
+            yield ("F", r, warm + j)
+            yield ("B", r, j)
+        yield from (("B", r, j) for j in range(m - warm, m))
+
+    return _build(p, order)
+
+
+def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al., SC 2021), Megatron-LM's order.
+
+    Stage ``s`` (of ``p v``) runs on rank ``s % p``. Rank ``r`` walks "virtual
+    micro-batches" ``k = 0 .. m v - 1``: ``k`` belongs to model chunk
+    ``(k mod p v) // p`` (reversed for backward) and micro-batch
+    ``(k // (p v)) p + k mod p``. It runs ``min((v - 1) p + 2 (p - 1 - r), m v)``
+    warm-up forwards, then forward ``k + warm`` / backward ``k`` pairs, then the
+    remaining backwards (Megatron-LM ``schedules.py``,
+    ``forward_backward_pipelining_with_interleaving``; torch's
+    ``ScheduleInterleaved1F1B`` with ``m`` a multiple of ``p``).
+
+    With ``v = 1`` this is a valid schedule but not :func:`one_f_one_b`: the
+    warm-up is ``2 (p - 1 - r)`` forwards, as in Megatron-LM.
+
+    Args:
+        p: pipeline ranks. m: micro-batches, a multiple of ``p``. v: model
+            chunks (virtual stages) per rank, ``>= 1``.
+
+    Raises:
+        InputError: ``p, m, v < 1``, ``m < p`` or ``m % p != 0``.
+    """
+    _check_p_m_v("interleaved-1f1b", p, m, v)
+    _check_1f1b_style("interleaved-1f1b", p, m)
+    if m % p:
+        raise InputError(
+            f"interleaved-1f1b: m={m} micro-batches is not a multiple of p={p} pipeline "
+            f"ranks; Megatron-LM's interleaved schedule requires m % p == 0 "
+            f"(e.g. m={m // p * p} or m={(m // p + 1) * p})"
+        )
+    total = m * v
+    group = p * v
+
+    def stage(k: int, r: int, forward: bool) -> int:
+        chunk = (k % group) // p
+        return (chunk if forward else v - 1 - chunk) * p + r
+
+    def mb(k: int) -> int:
+        return (k // group) * p + k % p
+
+    def order(r: int):
+        warm = min((v - 1) * p + 2 * (p - 1 - r), total)
+        yield from (("F", stage(k, r, True), mb(k)) for k in range(warm))
+        for k in range(total - warm):
+            yield ("F", stage(k + warm, r, True), mb(k + warm))
+            yield ("B", stage(k, r, False), mb(k))
+        yield from (("B", stage(k, r, False), mb(k)) for k in range(total - warm, total))
+
+    return _build(p, order)
+
+
+def zb_h1(p: int, m: int) -> Schedule:
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023, sec. 3.1).
+
+    1F1B with the backward split into ``I`` (input gradient) and ``W`` (weight
+    gradient). Rank ``r`` runs ``p - 1 - r`` warm-up forwards, then ``F, I``
+    pairs; the ``W`` of micro-batch ``j`` follows the ``I`` of micro-batch
+    ``j + r`` (its start is delayed by ``r`` steps), and the leftover ``W`` fill
+    the cool-down. Every rank therefore keeps up to ``p`` micro-batches in
+    flight: the peak over ranks equals 1F1B's (rank 0's ``p``), as the paper
+    states ("the maximum peak memory usage over all workers doesn't exceed
+    that of 1F1B"). With ``T_F = T_I = T_W`` and no link delay, the bubble is
+    ``(p - 1)(T_F + T_I - T_W)``. The same order as torch's
+    ``ScheduleInterleavedZeroBubble`` with one stage per rank.
+
+    Args:
+        p: pipeline ranks = stages. m: micro-batches, ``m >= p``.
+
+    Raises:
+        InputError: ``p < 1``, ``m < 1`` or ``m < p``.
+    """
+    _check_p_m_v("zb-h1", p, m)
+    _check_1f1b_style("zb-h1", p, m)
+
+    def order(r: int):
+        warm = p - 1 - r
+        yield from (("F", r, i) for i in range(warm))
+        w_next = 0
+        for j in range(m):
+            if warm + j < m:
+                yield ("F", r, warm + j)
+            yield ("I", r, j)
+            if j >= r:
+                yield ("W", r, w_next)
+                w_next += 1
+        yield from (("W", r, i) for i in range(w_next, m))
+
+    return _build(p, order)
+
+
+def looped_bfs(p: int, m: int, v: int) -> Schedule:
+    """Breadth-first looped pipeline (Lamy-Poirier, 2022, arXiv:2211.05953).
+
+    Stage ``s`` (of ``p v``) runs on rank ``s % p``. Each rank runs the forwards
+    of all ``m`` micro-batches on its first local stage, then on its next local
+    stage, and so on; then the backwards stage by stage in reverse, micro-batches
+    in reverse order (the order of torch's ``ScheduleLoopedBFS``). With ``v = 1``
+    it is GPipe with the backward micro-batch order reversed.
+
+    Args:
+        p: pipeline ranks. m: micro-batches, ``>= 1``. v: stages per rank.
+
+    Raises:
+        InputError: ``p, m, v < 1``.
+    """
+    _check_p_m_v("looped-bfs", p, m, v)
+
+    def order(r: int):
+        for c in range(v):
+            yield from (("F", c * p + r, i) for i in range(m))
+        for c in reversed(range(v)):
+            yield from (("B", c * p + r, i) for i in reversed(range(m)))
+
+    return _build(p, order)
+
+
+SCHEDULES: dict[str, Callable[..., Schedule]] = {
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved-1f1b": interleaved_1f1b,
+    "zb-h1": zb_h1,
+    "looped-bfs": looped_bfs,
+}
+"""Registry: schedule name -> builder."""
+
+_MULTI_STAGE = frozenset({"interleaved-1f1b", "looped-bfs"})
+
+
+def build(name: str, p: int, m: int, v: int = 1) -> Schedule:
+    """Build schedule ``name`` for ``p`` ranks, ``m`` micro-batches, ``v``
+    stages per rank.
+
+    Raises:
+        InputError: unknown name; ``v != 1`` for a single-stage-per-rank
+            schedule; or the builder's own refusals.
+    """
+    if name not in SCHEDULES:
+        raise InputError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}")
+    if name in _MULTI_STAGE:
+        return SCHEDULES[name](p, m, v)
+    if v != 1:
+        raise InputError(
+            f"{name}: runs one stage per rank, got v={v}; use v=1 or one of "
+            f"{', '.join(sorted(_MULTI_STAGE))}"
+        )
+    return SCHEDULES[name](p, m)
+
+
+def num_stages_of(name: str, p: int, v: int = 1) -> int:
+    """Stages a schedule built by :func:`build` has: ``p v`` for looped ones, else ``p``."""
+    return p * v if name in _MULTI_STAGE else p
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def stage_to_rank(actions: Sequence[Sequence[Action]]) -> dict[int, int]:
+    """Stage -> the rank whose list holds its actions.
+
+    Raises:
+        InputError: a stage appears on two ranks.
+    """
+    out: dict[int, int] = {}
+    for r, seq in enumerate(actions):
+        for a in seq:
+            q = out.setdefault(a.stage, r)
+            if q != r:
+                raise InputError(f"stage {a.stage} has actions on rank {q} and rank {r}; a stage lives on one rank")
+    return out
+
+
+def in_flight_peak(actions: Sequence[Sequence[Action]], stage: int) -> int:
+    """Peak number of micro-batches of ``stage`` whose activations are held:
+    counted +1 when its ``F`` starts, -1 when its ``B`` (or ``W``, for a split
+    backward) ends. Exact in time because one rank runs one action at a time.
+    """
+    peak = cur = 0
+    for seq in actions:
+        for a in seq:
+            if a.stage != stage:
+                continue
+            if a.kind == "F":
+                cur += 1
+                peak = max(peak, cur)
+            elif a.kind in ("B", "W"):
+                cur -= 1
+    return peak
+
+
+def in_flight_peaks(actions: Sequence[Sequence[Action]]) -> tuple[int, ...]:
+    """:func:`in_flight_peak` for every stage ``0 .. max stage``."""
+    n = 1 + max((a.stage for seq in actions for a in seq), default=-1)
+    return tuple(in_flight_peak(actions, s) for s in range(n))
+
+
+def format_order(actions: Sequence[Sequence[Action]], limit: int = 40) -> str:
+    """A short text view: one line per rank, actions in torch's ``0F1`` form."""
+    lines = []
+    for r, seq in enumerate(actions):
+        cells = [str(a) for a in seq[:limit]]
+        more = f" ... (+{len(seq) - limit})" if len(seq) > limit else ""
+        lines.append(f"rank {r}: " + " ".join(cells) + more)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate(actions: Sequence[Sequence[Action]], num_stages: int, m: int) -> None:
+    """Check that ``actions`` is a complete, runnable schedule.
+
+    Checks, in order:
+
+    1. every action has a kind in ``F, B, I, W``, ``0 <= stage < num_stages``,
+       ``0 <= microbatch < m``; each stage lives on one rank;
+    2. every ``(stage, microbatch)`` has exactly one ``F`` and either exactly
+       one ``B`` or exactly one ``I`` and one ``W``;
+    3. on its rank, ``F`` comes before the backward (``B`` or ``I``) and ``I``
+       before ``W``;
+    4. the cross-stage dependencies (``F`` of stage ``s`` needs ``F`` of
+       ``s - 1``; ``B``/``I`` of ``s`` needs ``B``/``I`` of ``s + 1``; the last
+       stage's backward needs its own ``F``) can all be met: ranks are run with
+       zero times and any stall is reported with what each stuck rank waits
+       for.
+
+    Raises:
+        InputError: the first failed check, naming rank, position and action.
+    """
+    if num_stages < 1 or m < 1:
+        raise InputError(f"validate: num_stages={num_stages} and m={m} must be >= 1")
+    S, M = num_stages, m
+    owner: dict[int, int] = {}
+    # position of each action: index = s*M + mb
+    pos_f = [-1] * (S * M)
+    pos_b = [-1] * (S * M)  # B or I
+    pos_w = [-1] * (S * M)
+    split = [0] * (S * M)  # 1 = B, 2 = I/W
+    for r, seq in enumerate(actions):
+        for i, a in enumerate(seq):
+            if not isinstance(a, Action):
+                raise InputError(f"rank {r}, position {i}: {a!r} is not an Action")
+            if a.kind not in KINDS:
+                raise InputError(f"rank {r}, position {i}: kind {a.kind!r} not in {KINDS}")
+            if not (0 <= a.stage < S):
+                raise InputError(f"rank {r}, position {i}: {a} has stage {a.stage} outside 0..{S - 1}")
+            if not (0 <= a.microbatch < M):
+                raise InputError(f"rank {r}, position {i}: {a} has micro-batch {a.microbatch} outside 0..{M - 1}")
+            q = owner.setdefault(a.stage, r)
+            if q != r:
+                raise InputError(f"rank {r}, position {i}: stage {a.stage} already runs on rank {q}; a stage lives on one rank")
+            k = a.stage * M + a.microbatch
+            if a.kind == "F":
+                if pos_f[k] >= 0:
+                    raise InputError(f"rank {r}, position {i}: second {a} (first at position {pos_f[k]})")
+                pos_f[k] = i
+                continue
+            want = 1 if a.kind == "B" else 2
+            if split[k] and split[k] != want:
+                raise InputError(f"rank {r}, position {i}: {a} mixes a full backward B with a split I/W for stage {a.stage}, micro-batch {a.microbatch}")
+            split[k] = want
+            if a.kind == "W":
+                if pos_w[k] >= 0:
+                    raise InputError(f"rank {r}, position {i}: second {a} (first at position {pos_w[k]})")
+                pos_w[k] = i
+            else:
+                if pos_b[k] >= 0:
+                    raise InputError(f"rank {r}, position {i}: second {a} (first at position {pos_b[k]})")
+                pos_b[k] = i
+    for s in range(S):
+        if s not in owner:
+            raise InputError(f"stage {s} has no actions on any rank (expected {M} F and {M} B or I/W)")
+        r = owner[s]
+        for mb in range(M):
+            k = s * M + mb
+            name = f"stage {s}, micro-batch {mb} (rank {r})"
+            if pos_f[k] < 0:
+                raise InputError(f"{name}: missing forward {s}F{mb}")
+            if pos_b[k] < 0:
+                raise InputError(f"{name}: missing backward {s}B{mb} (or {s}I{mb} + {s}W{mb})")
+            if split[k] == 2 and pos_w[k] < 0:
+                raise InputError(f"{name}: has {s}I{mb} but no {s}W{mb}")
+            if pos_b[k] < pos_f[k]:
+                bk = "B" if split[k] == 1 else "I"
+                raise InputError(f"{name}: backward {s}{bk}{mb} at position {pos_b[k]} comes before its forward {s}F{mb} at position {pos_f[k]}")
+            if split[k] == 2 and pos_w[k] < pos_b[k]:
+                raise InputError(f"{name}: {s}W{mb} at position {pos_w[k]} comes before {s}I{mb} at position {pos_b[k]}")
+    _check_deadlock(actions, S, M, owner, pos_f, pos_b)
+
+
+def _check_deadlock(actions, S, M, owner, pos_f, pos_b) -> None:
+    """Run ranks with zero times; raise InputError naming who waits for what."""
+    P = len(actions)
+    done_f = [False] * (S * M)
+    done_b = [False] * (S * M)
+    ptr = [0] * P
+    waiter_f = [-1] * (S * M)
+    waiter_b = [-1] * (S * M)
+    stack = list(range(P - 1, -1, -1))
+    while stack:
+        r = stack.pop()
+        seq = actions[r]
+        i = ptr[r]
+        n = len(seq)
+        while i < n:
+            a = seq[i]
+            s, mb, kind = a.stage, a.microbatch, a.kind
+            if kind == "F":
+                if s > 0 and not done_f[(s - 1) * M + mb]:
+                    waiter_f[(s - 1) * M + mb] = r
+                    break
+                k = s * M + mb
+                done_f[k] = True
+                if waiter_f[k] >= 0:
+                    stack.append(waiter_f[k])
+                    waiter_f[k] = -1
+            elif kind in ("B", "I"):
+                if s < S - 1 and not done_b[(s + 1) * M + mb]:
+                    waiter_b[(s + 1) * M + mb] = r
+                    break
+                k = s * M + mb
+                done_b[k] = True
+                if waiter_b[k] >= 0:
+                    stack.append(waiter_b[k])
+                    waiter_b[k] = -1
+            i += 1
+        ptr[r] = i
+    stuck = [r for r in range(P) if ptr[r] < len(actions[r])]
+    if not stuck:
+        return
+    lines = []
+    for r in stuck:
+        a = actions[r][ptr[r]]
+        if a.kind == "F":
+            ds, dpos, dep = a.stage - 1, pos_f[(a.stage - 1) * M + a.microbatch], f"{a.stage - 1}F{a.microbatch}"
+        else:
+            ds, dpos = a.stage + 1, pos_b[(a.stage + 1) * M + a.microbatch]
+            dep = f"{ds}B{a.microbatch} (or {ds}I{a.microbatch})"
+        q = owner[ds]
+        blocker = actions[q][ptr[q]] if ptr[q] < len(actions[q]) else None
+        lines.append(
+            f"rank {r} waits at position {ptr[r]} ({a}) for {dep} at rank {q} position {dpos}, "
+            f"while rank {q} is stuck at position {ptr[q]} ({blocker})"
+        )
+    raise InputError("schedule deadlocks: " + "; ".join(lines))
+
+
+# ---------------------------------------------------------------- torch CSV
+
+# torch.distributed.pipelining (torch/distributed/pipelining/schedules.py):
+# * ``_Action.__repr__`` prints ``str(stage_index) + computation_type.value +
+#   str(microbatch_index)``, e.g. ``2F0``; ``_ComputationType`` values are
+#   "F" (FORWARD), "I" (BACKWARD_INPUT), "W" (BACKWARD_WEIGHT),
+#   "B" (FULL_BACKWARD), plus comm/FSDP kinds (SEND_F, RECV_B, UNSHARD, ...).
+# * ``_Action.from_str`` strips the cell, returns None for "", and otherwise
+#   matches ``(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)``.
+# * ``PipelineScheduleMulti._dump_csv`` writes ``csv.writer(f).writerow(
+#   pipeline_order[rank])`` for each rank; ``_load_csv(filename,
+#   format="compute_only")`` reads ``csv.reader`` rows, row index = rank, each
+#   cell through ``_Action.from_str``. The "compute_only" format allows only
+#   F/B/I/W (``_prepare_schedule_with_comms`` rejects comm actions there).
+_TORCH_CELL = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
+
+
+def to_torch_csv(actions: Sequence[Sequence[Action]]) -> str:
+    """The schedule in the compute-only CSV that torch's ``_load_csv`` reads:
+    one row per rank, one cell per action (``0F1`` = stage 0 forward of
+    micro-batch 1), rows ending in ``\\r\\n`` as ``csv.writer`` writes them."""
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    for seq in actions:
+        writer.writerow([str(a) for a in seq])
+    return buf.getvalue()
+
+
+def from_torch_csv(text: str) -> Schedule:
+    """Parse torch's compute-only CSV (see :func:`to_torch_csv`).
+
+    Empty cells (torch's ``None`` idle steps) are skipped.
+
+    Raises:
+        InputError: a cell that is not ``<stage><F|B|I|W><microbatch>``
+            (communication or FSDP actions included), naming row and column.
+    """
+    out = []
+    for r, row in enumerate(csv.reader(io.StringIO(text))):
+        seq = []
+        for c, cell in enumerate(row):
+            cell = cell.strip()
+            if not cell:
+                continue
+            mt = _TORCH_CELL.fullmatch(cell)
+            if not mt:
+                raise InputError(f"torch CSV row {r} (rank), column {c}: {cell!r} is not an action like 0F1")
+            stage, kind, mb = mt.groups()
+            if kind not in KINDS or mb == "":
+                raise InputError(
+                    f"torch CSV row {r} (rank), column {c}: {cell!r} is not a compute action "
+                    f"(only F, B, I, W with a micro-batch index belong in a compute-only schedule)"
+                )
+            seq.append(Action(kind, int(stage), int(mb)))
+        out.append(tuple(seq))
+    return tuple(out)

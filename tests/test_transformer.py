@@ -1,0 +1,573 @@
+"""Tests of pipesearch.profiles.transformer: configs, loaders, parameter counts,
+FLOPs and activation memory against the published closed forms.
+
+Right-hand sides are computed independently of the module: by inline
+arithmetic from the papers' formulas (Narayanan et al. SC'21 eq. 2 and 3,
+Korthikanti et al. 2022 Table 2) or from published parameter counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipesearch.errors import InputError
+from pipesearch.profiles.transformer import (
+    TransformerConfig,
+    forward_flops,
+    is_transformer_toml,
+    layer_table,
+    load_hf_config,
+    load_transformer,
+    load_transformer_toml,
+    megatron_flops_eq3,
+    megatron_params_eq2,
+    padded_vocab_size,
+    parameter_count,
+    tied_embedding_param_bytes,
+    tied_layers,
+)
+from pipesearch.types import DeviceSpec, Link
+
+CATALOG = Path(__file__).resolve().parent.parent / "cost_models"
+
+A100 = DeviceSpec(
+    name="a100-80gb",
+    memory_bytes=80 * 2**30,
+    peak_fp16_flops=312e12,
+    peak_fp32_flops=19.5e12,
+    hbm_bandwidth_bytes_per_s=2.039e12,
+    achieved_fraction=0.5,
+)
+NVLINK = Link(bandwidth_bytes_per_s=300e9, latency_s=5e-6)
+
+
+def gpt(l: int, h: int, a: int, V: int = 51200, s: int = 2048, name: str = "gpt") -> TransformerConfig:
+    """A GPT-3-style config as SC'21 and Korthikanti et al. assume it."""
+    return TransformerConfig(
+        name=name, num_layers=l, hidden_size=h, num_attention_heads=a, ffn_hidden_size=4 * h,
+        vocab_size=V, seq_len=s, kind="decoder", tied_embeddings=True,
+        position_embedding="learned", norm="layernorm", bias=True, dropout=True,
+    )
+
+
+def blocks(profile):
+    return [x for x in profile.layers if x.name.startswith("block_")]
+
+
+# --------------------------------------------------------------------------- #
+# SC'21 Table 1 rows: parameters (eq. 2) and FLOPs (eq. 3)
+
+SC21_ROWS = [  # (billions as printed in Table 1, l, h, a)
+    (1.7, 24, 2304, 24),
+    (39.1, 48, 8192, 64),
+    (1008, 128, 25600, 160),
+]
+
+
+@pytest.mark.parametrize("billions,l,h,a", SC21_ROWS)
+def test_eq2_reproduces_sc21_table1(billions, l, h, a):
+    p = megatron_params_eq2(l, h, 51200, 2048)
+    # inline: 12 l h^2 + 13 l h + (V + s) h
+    assert p == pytest.approx(12 * l * h * h + 13 * l * h + (51200 + 2048) * h, rel=1e-12)
+    digits = 0 if billions >= 1000 else 1
+    assert round(p / 1e9, digits) == billions
+
+
+@pytest.mark.parametrize("billions,l,h,a", SC21_ROWS)
+def test_parameter_count_agrees_with_eq2(billions, l, h, a):
+    cfg = gpt(l, h, a)
+    eq2 = 12 * l * h**2 * (1 + 13 / (12 * h) + (51200 + 2048) / (12 * l * h))
+    assert parameter_count(cfg) == pytest.approx(eq2, rel=0.005)
+    # the only difference is the final LayerNorm (2h), which eq. 2 leaves out
+    assert parameter_count(cfg) - eq2 == pytest.approx(2 * h, abs=1e-3 * h)
+
+
+@pytest.mark.parametrize("billions,l,h,a", SC21_ROWS)
+def test_layer_table_flops_match_eq3(billions, l, h, a):
+    """Summed FLOPs of the table (tp=1, full recomputation, batch 1) vs eq. 3.
+    Eq. 3 counts the GEMMs only (ignores element-wise work: norms, softmax,
+    GeLU, dropout, and bias additions); the table counts the same GEMMs, so it
+    agrees to rounding; the 1% tolerance is the paper's own approximation
+    level should element-wise terms ever be added."""
+    s, V = 2048, 51200
+    prof = layer_table(gpt(l, h, a), seq_len=s, device=A100, recompute="full")
+    total = sum(x.flops for x in prof.layers)
+    eq3 = 96 * 1 * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+    assert total == pytest.approx(eq3, rel=0.01)
+    assert total == pytest.approx(megatron_flops_eq3(1, s, l, h, V), rel=1e-9)
+    # without recomputation: 3 passes of everything, 72 B s l h^2 (1 + s/6h + V/(12 l h))
+    prof = layer_table(gpt(l, h, a), seq_len=s, device=A100, recompute="none")
+    total = sum(x.flops for x in prof.layers)
+    assert total == pytest.approx(72 * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h)), rel=1e-9)
+
+
+def test_flops_are_split_by_tp():
+    cfg = gpt(24, 2304, 24)
+    one = layer_table(cfg, seq_len=2048, device=A100, recompute="full")
+    eight = layer_table(cfg, seq_len=2048, device=A100, recompute="full", tp=8, tp_link=NVLINK)
+    assert sum(x.flops for x in eight.layers) * 8 == pytest.approx(sum(x.flops for x in one.layers), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- #
+# Korthikanti et al. 2022 Table 2, 22B configuration
+
+S, H, A, T = 2048, 6144, 64, 8
+K22 = gpt(48, H, A, s=S, name="22b")
+
+
+def _saved(**kw):
+    prof = layer_table(K22, seq_len=S, device=A100, tp_link=NVLINK, **kw)
+    values = {x.saved_bytes for x in blocks(prof)}
+    assert len(values) == 1  # every block the same
+    return values.pop()
+
+
+def test_saved_no_parallelism():
+    assert _saved(tp=1) == pytest.approx(2048 * 6144 * (34 + 5 * 64 * 2048 / 6144), rel=1e-12)
+
+
+def test_saved_tensor_parallel():
+    expect = 2048 * 6144 * (10 + 24 / 8 + 5 * 64 * 2048 / (6144 * 8))
+    assert _saved(tp=T) == pytest.approx(expect, rel=1e-12)
+
+
+def test_saved_tensor_and_sequence_parallel():
+    expect = 2048 * 6144 * (34 / 8 + 5 * 64 * 2048 / (6144 * 8))
+    assert _saved(tp=T, sequence_parallel=True) == pytest.approx(expect, rel=1e-12)
+
+
+def test_saved_selective_recompute():
+    assert _saved(tp=T, sequence_parallel=True, recompute="selective") == pytest.approx(
+        2048 * 6144 * 34 / 8, rel=1e-12)
+    assert _saved(tp=T, recompute="selective") == pytest.approx(2048 * 6144 * (10 + 24 / 8), rel=1e-12)
+    assert _saved(tp=1, recompute="selective") == pytest.approx(2048 * 6144 * 34, rel=1e-12)
+
+
+def test_saved_full_recompute():
+    assert _saved(tp=T, recompute="full") == pytest.approx(2 * 2048 * 6144, rel=1e-12)
+    assert _saved(tp=1, recompute="full") == pytest.approx(2 * 2048 * 6144, rel=1e-12)
+    # with sequence parallelism the kept block input is the sequence shard
+    assert _saved(tp=T, sequence_parallel=True, recompute="full") == pytest.approx(2 * 2048 * 6144 / 8)
+
+
+def test_saved_bytes_scale_with_micro_batch():
+    one = layer_table(K22, seq_len=S, device=A100, tp=T, tp_link=Link(300e9, 0.0))
+    four = layer_table(K22, seq_len=S, device=A100, tp=T, tp_link=Link(300e9, 0.0), micro_batch_size=4)
+    assert four.profiled_batch_size == 4
+    for x, y in zip(one.layers, four.layers):
+        # every term is linear in b (latency 0 here: per-message latency is not)
+        for attr in ("fwd_s", "bwd_s", "bwd_input_s", "output_bytes", "saved_bytes", "flops"):
+            assert getattr(y, attr) == pytest.approx(4 * getattr(x, attr), rel=1e-12), (x.name, attr)
+        assert y.param_bytes == x.param_bytes
+
+
+def test_embedding_and_head_saved_bytes():
+    prof = layer_table(K22, seq_len=S, device=A100, tp=T, tp_link=NVLINK)
+    V = 51200
+    head = prof.layers[-1]
+    assert head.name == "head"
+    assert head.saved_bytes == pytest.approx(2 * 2 * S * H + 4 * S * V / T)
+    assert prof.layers[0].saved_bytes == pytest.approx(S * H + 8 * S)  # dropout mask, int64 ids
+    sp = layer_table(K22, seq_len=S, device=A100, tp=T, tp_link=NVLINK, sequence_parallel=True)
+    assert sp.layers[-1].saved_bytes == pytest.approx((2 * 2 * S * H + 4 * S * V) / T)
+
+
+# --------------------------------------------------------------------------- #
+# the rest of the table
+
+
+def test_layer_names_and_profile_fields():
+    prof = layer_table(K22, seq_len=S, device=A100)
+    names = [x.name for x in prof.layers]
+    assert names[0] == "embedding" and names[-1] == "head"
+    assert names[1:-1] == [f"block_{i:02d}" for i in range(48)]
+    assert prof.profiled_batch_size == 1
+    assert prof.profiled_device == "a100-80gb"
+    assert prof.bytes_per_param == 2
+    assert "tied_with=head:embedding" in prof.source
+    big = layer_table(gpt(128, 2560, 20, s=2048), device=A100)
+    assert big.layers[1].name == "block_000" and big.layers[-2].name == "block_127"
+
+
+def test_times_single_device():
+    s, h, V = S, H, 51200
+    prof = layer_table(K22, seq_len=s, device=A100)
+    rate = 312e12 * 0.5
+    block_fwd = 24 * s * h * h + 4 * s * s * h
+    b0 = prof.layers[1]
+    assert b0.fwd_s == pytest.approx(block_fwd / rate, rel=1e-12)
+    assert b0.bwd_s == pytest.approx(2 * block_fwd / rate, rel=1e-12)
+    # input gradient: weight GEMMs once, attention core (no weights) twice
+    assert b0.bwd_input_s == pytest.approx((24 * s * h * h + 2 * 4 * s * s * h) / rate, rel=1e-12)
+    head = prof.layers[-1]
+    assert head.fwd_s == pytest.approx(2 * s * h * V / rate, rel=1e-12)
+    assert head.bwd_input_s == pytest.approx(head.fwd_s, rel=1e-12)
+    assert prof.layers[0].fwd_s == 0 and prof.layers[0].bwd_s == 0
+    full = layer_table(K22, seq_len=s, device=A100, recompute="full").layers[1]
+    assert full.bwd_s == pytest.approx(3 * block_fwd / rate, rel=1e-12)
+    sel = layer_table(K22, seq_len=s, device=A100, recompute="selective").layers[1]
+    assert sel.bwd_s == pytest.approx((2 * block_fwd + 4 * s * s * h) / rate, rel=1e-12)
+    assert sel.flops == pytest.approx(3 * block_fwd + 4 * s * s * h, rel=1e-12)
+
+
+def test_tensor_parallel_communication():
+    s, h, t = S, H, T
+    rate = 312e12 * 0.5
+    bw, lat = NVLINK.bandwidth_bytes_per_s, NVLINK.latency_s
+    msg = s * h * 2
+    allreduce = 2 * (t - 1) / t * msg / bw + 2 * (t - 1) * lat
+    block_fwd = (24 * s * h * h + 4 * s * s * h) / t / rate
+    for sp in (False, True):
+        prof = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, sequence_parallel=sp)
+        b0 = prof.layers[1]
+        assert b0.fwd_s == pytest.approx(block_fwd + 2 * allreduce, rel=1e-12)
+        assert b0.bwd_s == pytest.approx(2 * block_fwd + 2 * allreduce, rel=1e-12)
+        assert b0.output_bytes == pytest.approx(msg / (t if sp else 1))
+        full = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, sequence_parallel=sp,
+                           recompute="full").layers[1]
+        assert full.bwd_s == pytest.approx(3 * block_fwd + 4 * allreduce, rel=1e-12)
+    # no sp: the embedding all-reduces its output in forward only
+    emb = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK).layers[0]
+    assert emb.fwd_s == pytest.approx(allreduce) and emb.bwd_s == 0
+
+
+def test_param_bytes_per_device():
+    cfg = gpt(24, 2304, 24)
+    h, V = 2304, 51200
+    one = layer_table(cfg, seq_len=2048, device=A100)
+    assert sum(x.param_bytes for x in one.layers) == pytest.approx(2 * parameter_count(cfg))
+    assert one.layers[1].param_bytes == 2 * (12 * h * h + 13 * h)
+    assert one.layers[0].param_bytes == 2 * (V + 2048) * h  # tied: word + position embeddings
+    assert one.layers[-1].param_bytes == 2 * 2 * h  # final LayerNorm only
+    t = 8
+    eight = layer_table(cfg, seq_len=2048, device=A100, tp=t, tp_link=NVLINK)
+    # weights and column-parallel biases split; 2 LayerNorms (4h) and 2 row-parallel biases replicated
+    assert eight.layers[1].param_bytes == pytest.approx(2 * ((12 * h * h + 7 * h) / t + 6 * h))
+    assert eight.layers[0].param_bytes == pytest.approx(2 * (V * h / t + 2048 * h))
+    assert tied_layers(cfg) == {"head": "embedding"}
+    assert tied_embedding_param_bytes(cfg, tp=t) == pytest.approx(2 * V * h / t)
+    fp32 = layer_table(cfg, seq_len=2048, device=A100, dtype_bytes=4)
+    assert fp32.bytes_per_param == 4
+    assert fp32.layers[1].param_bytes == 2 * one.layers[1].param_bytes
+
+
+def test_vocab_padding():
+    cfg = load_transformer(CATALOG / "gpt3-175b.toml")
+    assert cfg.vocab_size == 50257
+    assert padded_vocab_size(cfg, 1) == 50304
+    assert padded_vocab_size(cfg, 8) == 51200  # SC'21's V
+    one = layer_table(cfg, device=A100)
+    assert one.layers[0].param_bytes == 2 * (50304 + 2048) * 12288
+    llama = load_transformer(CATALOG / "llama2-7b.toml")
+    assert padded_vocab_size(llama, 1) == 32000 and padded_vocab_size(llama, 8) == 32768
+
+
+def test_gqa_and_gated_mlp_flops():
+    cfg = load_transformer(CATALOG / "llama3-8b.toml")
+    s, h, f, kv = 8192, 4096, 14336, 1024
+    fwd = forward_flops(cfg)
+    qkvo = 2 * s * h * h + 2 * 2 * s * h * kv + 2 * s * h * h
+    assert fwd["block_00"] == pytest.approx(qkvo + 4 * s * s * h + 3 * 2 * s * h * f, rel=1e-12)
+    assert fwd["head"] == pytest.approx(2 * s * h * 128256, rel=1e-12)
+    assert fwd["embedding"] == 0
+
+
+# --------------------------------------------------------------------------- #
+# catalog entries and published parameter counts
+
+PUBLISHED = {  # name -> (parameters, rel tolerance)
+    "llama2-7b": (6.74e9, 0.005),
+    "llama3-8b": (8.03e9, 0.005),
+    "llama2-13b": (13_015_864_320, 1e-9),
+    "llama2-70b": (68_976_648_192, 1e-9),
+    "llama3-70b": (70_553_706_496, 1e-9),
+    "gpt3-1.3b": (1.3e9, 0.02),
+    "gpt3-2.7b": (2.7e9, 0.02),
+    "gpt3-6.7b": (6.7e9, 0.02),
+    "gpt3-13b": (13.0e9, 0.02),
+    "gpt3-175b": (175.0e9, 0.01),
+    "t5-3b": (2.85e9, 0.01),
+    "t5-11b": (11.3e9, 0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_catalog_parameter_counts(name):
+    path = CATALOG / f"{name}.toml"
+    assert is_transformer_toml(path)
+    cfg = load_transformer(path)
+    assert cfg.name == name
+    count, rel = PUBLISHED[name]
+    assert parameter_count(cfg) == pytest.approx(count, rel=rel)
+
+
+def test_llama2_7b_exact_published_count():
+    assert parameter_count(load_transformer(CATALOG / "llama2-7b.toml")) == 6_738_415_616
+    assert parameter_count(load_transformer(CATALOG / "llama3-8b.toml")) == 8_030_261_248
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_catalog_tables_build(name):
+    cfg = load_transformer(CATALOG / f"{name}.toml")
+    for tp, sp, rc in ((1, False, "none"), (8, True, "selective"), (8, False, "full")):
+        prof = layer_table(cfg, device=A100, tp=tp, sequence_parallel=sp, recompute=rc, tp_link=NVLINK)
+        assert prof.num_layers == cfg.total_blocks + 2
+        for x in prof.layers:
+            assert x.fwd_s >= 0 and x.bwd_s >= 0 and x.param_bytes > 0 and x.saved_bytes > 0
+            assert 0 <= x.bwd_input_s <= x.bwd_s + 1e-15
+
+
+def test_t5_layout():
+    cfg = load_transformer(CATALOG / "t5-3b.toml")
+    assert cfg.is_encoder_decoder and cfg.num_decoder_layers == 24 and cfg.q_dim == 4096
+    s, h, q, f = 512, 1024, 4096, 16384
+    fwd = forward_flops(cfg)
+    enc = 2 * s * h * q * 4 + 4 * s * s * q + 2 * 2 * s * h * f
+    dec = enc + 2 * s * h * q * 4 + 4 * s * s * q  # plus cross-attention
+    assert fwd["block_00"] == pytest.approx(enc, rel=1e-12)
+    assert fwd["block_24"] == pytest.approx(dec, rel=1e-12)
+    prof = layer_table(cfg, device=A100)
+    assert all(x.output_bytes == 2 * (512 + 512) * 1024 for x in prof.layers[:-1])
+    short = layer_table(cfg, device=A100, decoder_seq_len=128)
+    assert short.layers[25].output_bytes == 2 * (512 + 128) * 1024
+
+
+# --------------------------------------------------------------------------- #
+# HuggingFace configs
+
+
+def _write(tmp_path, data, name="config.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return p
+
+
+LLAMA2_7B_HF = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+    "max_position_embeddings": 4096, "tie_word_embeddings": False, "rms_norm_eps": 1e-05,
+    "torch_dtype": "float16",
+}
+
+
+def test_hf_llama_equals_catalog(tmp_path):
+    hf = load_hf_config(_write(tmp_path, LLAMA2_7B_HF))
+    cat = load_transformer(CATALOG / "llama2-7b.toml")
+    assert parameter_count(hf) == parameter_count(cat) == 6_738_415_616
+    for kw in ({}, {"tp": 8, "sequence_parallel": True, "recompute": "selective", "tp_link": NVLINK},
+               {"tp": 4, "recompute": "full", "tp_link": NVLINK}):
+        a = layer_table(hf, device=A100, **kw)
+        b = layer_table(cat, device=A100, **kw)
+        assert a.layers == b.layers
+        assert a.profiled_batch_size == b.profiled_batch_size and a.bytes_per_param == b.bytes_per_param
+    # via the dispatcher, with a sequence length
+    short = load_transformer(_write(tmp_path, LLAMA2_7B_HF, "llama.json"), seq_len=2048)
+    assert short.seq_len == 2048
+
+
+def test_hf_gpt2_small(tmp_path):
+    cfg = load_hf_config(_write(tmp_path, {
+        "model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None,
+        "n_positions": 1024, "n_ctx": 1024, "vocab_size": 50257, "resid_pdrop": 0.1,
+    }))
+    assert cfg.ffn_hidden_size == 3072 and cfg.seq_len == 1024 and cfg.tied_embeddings
+    assert parameter_count(cfg) == 124_439_808  # GPT-2 small as released
+
+
+def test_hf_gpt_neox(tmp_path):
+    cfg = load_hf_config(_write(tmp_path, {  # Pythia-160M
+        "model_type": "gpt_neox", "num_hidden_layers": 12, "hidden_size": 768,
+        "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 50304,
+        "max_position_embeddings": 2048, "tie_word_embeddings": False,
+    }))
+    assert not cfg.gated_mlp and cfg.position_embedding == "rotary"
+    assert parameter_count(cfg) == 162_322_944
+
+
+def test_hf_t5_equals_catalog(tmp_path):
+    hf = load_hf_config(_write(tmp_path, {
+        "model_type": "t5", "d_model": 1024, "d_ff": 16384, "d_kv": 128, "num_heads": 32,
+        "num_layers": 24, "vocab_size": 32128, "n_positions": 512, "dropout_rate": 0.1,
+        "feed_forward_proj": "relu", "relative_attention_num_buckets": 32,
+    }))
+    cat = load_transformer(CATALOG / "t5-3b.toml")
+    assert layer_table(hf, device=A100).layers == layer_table(cat, device=A100).layers
+    gated = load_hf_config(_write(tmp_path, {
+        "model_type": "t5", "d_model": 512, "d_ff": 1024, "d_kv": 64, "num_heads": 6,
+        "num_layers": 8, "num_decoder_layers": 8, "vocab_size": 32128,
+        "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+    }, "t5v11.json"), seq_len=256)
+    assert gated.gated_mlp and not gated.tied_embeddings and gated.seq_len == 256
+
+
+# --------------------------------------------------------------------------- #
+# bad inputs
+
+
+def _toml(tmp_path, body, name="bad.toml"):
+    p = tmp_path / name
+    p.write_text(body)
+    return p
+
+
+GOOD = """[transformer]
+num_layers = 2
+hidden_size = 64
+num_attention_heads = 4
+ffn_hidden_size = 256
+vocab_size = 1000
+seq_len = 32
+"""
+
+
+def test_good_minimal_toml(tmp_path):
+    cfg = load_transformer_toml(_toml(tmp_path, GOOD, "tiny.toml"))
+    assert cfg.name == "tiny" and cfg.num_kv_heads == 4 and cfg.head_dim == 16
+
+
+@pytest.mark.parametrize("edit,key,value", [
+    (("num_layers = 2\n", ""), "num_layers", None),
+    (("hidden_size = 64", "hidden_size = 0"), "hidden_size", "0"),
+    (("seq_len = 32", "seq_len = -5"), "seq_len", "-5"),
+    (("hidden_size = 64", "hidden_size = 66"), "hidden_size", "66"),
+    (("ffn_hidden_size = 256", "ffn_hidden_size = 256\nnum_kv_heads = 3"), "num_kv_heads", "3"),
+    (("vocab_size = 1000", "vocab_size = 1000.5"), "vocab_size", "1000.5"),
+    (("seq_len = 32", "seq_len = 32\nkind = 'encoder'"), "kind", "encoder"),
+    (("seq_len = 32", "seq_len = 32\nhiden = 3"), "hiden", None),
+    (("seq_len = 32", "seq_len = 32\nnorm = 'batchnorm'"), "norm", "batchnorm"),
+    (("seq_len = 32", "seq_len = 32\ntied_embeddings = 1"), "tied_embeddings", "1"),
+])
+def test_bad_toml(tmp_path, edit, key, value):
+    p = _toml(tmp_path, GOOD.replace(*edit))
+    with pytest.raises(InputError) as e:
+        load_transformer(p)
+    msg = str(e.value)
+    assert str(p) in msg and key in msg
+    if value is not None:
+        assert value in msg
+
+
+def test_bad_toml_structure(tmp_path):
+    with pytest.raises(InputError, match=r"no \[transformer\] table"):
+        load_transformer(_toml(tmp_path, "num_layers = 2\n"))
+    with pytest.raises(InputError, match="syntax"):
+        load_transformer(_toml(tmp_path, "[transformer\n"))
+    with pytest.raises(InputError, match="cannot read"):
+        load_transformer(tmp_path / "missing.toml")
+    with pytest.raises(InputError, match="expected a .toml"):
+        load_transformer(tmp_path / "x.yaml")
+    assert not is_transformer_toml(_toml(tmp_path, "a = 1\n", "other.toml"))
+
+
+@pytest.mark.parametrize("change,key,value", [
+    ({"n_head": 7}, "n_head", "7"),
+    ({"n_embd": -768}, "n_embd", "-768"),
+    ({"n_layer": None}, "n_layer", None),
+])
+def test_bad_hf_gpt2(tmp_path, change, key, value):
+    data = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+            "n_positions": 1024, "vocab_size": 50257}
+    data.update(change)
+    p = _write(tmp_path, data)
+    with pytest.raises(InputError) as e:
+        load_hf_config(p)
+    msg = str(e.value)
+    assert str(p) in msg and key in msg
+    if value is not None:
+        assert value in msg
+
+
+def test_bad_hf_llama(tmp_path):
+    data = dict(LLAMA2_7B_HF, num_key_value_heads=5)
+    p = _write(tmp_path, data)
+    with pytest.raises(InputError, match="num_key_value_heads' = 5") as e:
+        load_hf_config(p)
+    assert str(p) in str(e.value)
+    data = dict(LLAMA2_7B_HF)
+    del data["intermediate_size"]
+    with pytest.raises(InputError, match="missing key 'intermediate_size'"):
+        load_hf_config(_write(tmp_path, data))
+    data = dict(LLAMA2_7B_HF)
+    del data["max_position_embeddings"]
+    with pytest.raises(InputError, match="pass seq_len"):
+        load_hf_config(_write(tmp_path, data))
+    assert load_hf_config(_write(tmp_path, data), seq_len=128).seq_len == 128
+    with pytest.raises(InputError, match="mixture-of-experts"):
+        load_hf_config(_write(tmp_path, dict(LLAMA2_7B_HF, num_local_experts=8)))
+    with pytest.raises(InputError, match="unrecognised"):
+        load_hf_config(_write(tmp_path, {"model_type": "resnet"}))
+    with pytest.raises(InputError, match="JSON"):
+        load_hf_config(_toml(tmp_path, "{", "c.json"))
+
+
+def test_bad_layer_table_options():
+    cfg = load_transformer(CATALOG / "llama2-70b.toml")
+    with pytest.raises(InputError, match="tp = 16 does not divide num_kv_heads = 8"):
+        layer_table(cfg, device=A100, tp=16, tp_link=NVLINK)
+    with pytest.raises(InputError, match="tp_link"):
+        layer_table(cfg, device=A100, tp=8)
+    with pytest.raises(InputError, match="recompute"):
+        layer_table(cfg, device=A100, recompute="some")
+    with pytest.raises(InputError, match="divisible by tp"):
+        layer_table(cfg, device=A100, seq_len=4097, tp=8, sequence_parallel=True, tp_link=NVLINK)
+    with pytest.raises(InputError, match="decoder_seq_len"):
+        layer_table(cfg, device=A100, decoder_seq_len=10)
+    gpt3 = load_transformer(CATALOG / "gpt3-1.3b.toml")
+    with pytest.raises(InputError, match="learned position table"):
+        layer_table(gpt3, device=A100, seq_len=4096)
+    with pytest.raises(InputError, match="max_position_embeddings"):
+        load_transformer(CATALOG / "gpt3-1.3b.toml", seq_len=4096)
+    assert load_transformer(CATALOG / "gpt3-1.3b.toml", seq_len=1024).max_position_embeddings == 2048
+    with pytest.raises(InputError, match="heads"):
+        replace(gpt3, num_attention_heads=24)
+
+
+# --------------------------------------------------------------------------- #
+# properties over random shapes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    l=st.integers(1, 4), heads=st.sampled_from([4, 8, 16]), group=st.sampled_from([1, 2, 4]),
+    d=st.sampled_from([16, 32]), ffn_mult=st.integers(1, 5), gated=st.booleans(),
+    tied=st.booleans(), dropout=st.booleans(), s=st.sampled_from([16, 64, 128]),
+    tp=st.sampled_from([1, 2, 4]), recompute=st.sampled_from(["none", "selective", "full"]),
+)
+def test_table_properties(l, heads, group, d, ffn_mult, gated, tied, dropout, s, tp, recompute):
+    h = heads * d
+    cfg = TransformerConfig(
+        name="r", num_layers=l, hidden_size=h, num_attention_heads=heads,
+        num_kv_heads=heads // group, ffn_hidden_size=ffn_mult * 4 * tp, vocab_size=997,
+        seq_len=s, gated_mlp=gated, tied_embeddings=tied, dropout=dropout,
+        position_embedding="rotary", norm="rmsnorm", bias=False,
+    )
+    if (heads // group) % tp:
+        return
+    kw = dict(device=A100, tp=tp, tp_link=NVLINK, recompute=recompute)
+    plain = layer_table(cfg, **kw)
+    sp = layer_table(cfg, sequence_parallel=True, **kw)
+    for x, y in zip(plain.layers, sp.layers):
+        assert 0 <= x.bwd_input_s <= x.bwd_s
+        assert y.saved_bytes <= x.saved_bytes + 1e-9
+        # sp turns each all-reduce into all-gather + reduce-scatter: same time
+        assert y.fwd_s + y.bwd_s == pytest.approx(x.fwd_s + x.bwd_s, rel=1e-12)
+        assert y.flops == x.flops
+        assert x.param_bytes == y.param_bytes
+    if tp == 1:
+        # all parameters on one device
+        assert sum(x.param_bytes for x in plain.layers) == 2 * parameter_count(
+            cfg, vocab_size=padded_vocab_size(cfg, 1))
+        base = sum(forward_flops(cfg, vocab_size=padded_vocab_size(cfg, 1)).values())
+        extra = sum(x.flops for x in plain.layers) - 3 * base
+        assert extra >= -1e-6 * base
+        if recompute == "none":
+            assert extra == pytest.approx(0, abs=1e-9 * base)
+        assert not math.isnan(extra)
