@@ -39,8 +39,9 @@ and back (fill and drain); the second is the bottleneck stage processing the
 other ``m - 1`` micro-batches and then its all-reduce. With equal stages, free
 links and ``dp = 1`` it is GPipe's/1F1B's ``(m + p - 1) * t`` (Huang et al.
 2019; Narayanan et al. SC'21 sec. 2.2). Transfers are assumed not to overlap the
-sender's compute, and the all-reduce not to overlap the backward pass; both
-make it an upper bound that the discrete-event simulator refines.
+sender's compute, and the all-reduce not to overlap the backward pass. The
+discrete-event simulator (:mod:`pipesearch.simulate`) replays the schedule with
+the same stage times and is the judge of the best candidates.
 """
 
 from __future__ import annotations

@@ -138,17 +138,16 @@ def min_max_split(costs: PipelineCosts) -> tuple[float, tuple[int, ...] | None]:
     Returns ``(inf, None)`` when no split fits in memory. Starts from a narrow
     band around the average stage and widens it until the answer is inside it.
     """
-    m, L, P = costs.num_micro_batches, costs.num_layers, costs.pp
+    m, P = costs.num_micro_batches, costs.pp
+    full_width = _band_width(costs, _INF)
     total = float(costs.compute_prefix_s[-1] * np.min(costs.time_scale))
     limit = max((m - 1) * total / P, 1e-12) * 2.0
-    while True:
-        width = _band_width(costs, limit)
+    while _band_width(costs, limit) < full_width:
         value, bounds = _dp(costs, "max", limit=limit)
-        if bounds is not None or width >= L:
-            if bounds is None and np.isfinite(limit):
-                value, bounds = _dp(costs, "max")
+        if bounds is not None:
             return value, bounds
         limit *= 4.0
+    return _dp(costs, "max")
 
 
 def optimal_split(costs: PipelineCosts) -> SplitResult | None:

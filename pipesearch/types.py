@@ -221,7 +221,7 @@ class StagePlan:
 
     ``layers`` is half-open: ``(first, last + 1)``. ``devices`` lists the device
     ids that run this stage, one per data-parallel replica. ``compute_s`` is the
-    forward+backward time of one micro-batch; ``comm_s`` the point-to-point time
+    forward+backward time of one micro-batch (``fwd_s`` of it forward); ``comm_s`` the point-to-point time
     of one micro-batch's activation sent forward plus its gradient received back
     over the stage's outgoing boundary; ``send_bytes`` the activation bytes sent
     forward per micro-batch; ``allreduce_s`` the gradient all-reduce time per
@@ -238,6 +238,7 @@ class StagePlan:
     memory_bytes: float
     send_bytes: float
     device_type: str = ""
+    fwd_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,55 @@
+"""The ``pipesearch`` command line: a click group, one module per command.
+
+Exit status: 0 success; 1 an unexpected internal error (a bug: please report
+it with the traceback shown by ``PIPESEARCH_DEBUG=1``); 2 bad input or an
+impossible request (one line on stderr naming the file, field and value).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..errors import PipesearchError
+
+
+class _Group(click.Group):
+    """Maps pipesearch errors to one line on stderr and exit status 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except PipesearchError as exc:
+            if os.environ.get("PIPESEARCH_DEBUG"):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="pipesearch")
+def main():
+    """pipesearch: exact search for pipeline-parallel training plans.
+
+    \b
+    Quick start (built-in default model and cluster):
+      pipesearch plan
+    Your own model and cluster:
+      pipesearch plan --model profile.csv --cluster cluster.toml -o plans.json
+    """
+
+
+def _register():
+    from . import catalog_cmd, plan_cmd  # noqa: F401  (commands register themselves)
+
+    for optional in ("simulate_cmd", "export_cmd", "plot_cmd", "profile_cmd"):
+        try:
+            __import__(f"{__name__}.{optional}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{optional}":
+                raise
+
+
+_register()

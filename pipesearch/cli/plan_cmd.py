@@ -1,0 +1,168 @@
+"""``pipesearch plan``: search, rank, print the table, write the plan JSON."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from ..errors import InputError
+from ..hardware import describe_cluster, load_cluster
+from ..models import RECOMPUTE_MODES, load_model_source
+from ..plan import PlanFile, dump_plan_file, to_json
+from ..search import ANALYTIC_SCHEDULES, SearchOptions, search
+from ..types import Job
+from ..units import format_bytes, format_seconds, parse_bytes
+from . import main
+
+DEFAULT_MODEL = "vgg16"
+DEFAULT_CLUSTER = "4x4-v100-10gbe"
+DEFAULT_BATCH = 1024
+DEFAULT_OUTPUT = "plans.json"
+
+
+def _split(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        parts = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected layers per stage like 5,3,4") from None
+    return parts
+
+
+def plans_table(plans) -> str:
+    """The ranked plans as a fixed-width text table."""
+    rows = []
+    for p in plans:
+        per_stage = p.layers_per_stage
+        layers = ",".join(map(str, per_stage)) if len(per_stage) <= 8 else f"{','.join(map(str, per_stage[:6]))},..."
+        rows.append({
+            "rank": p.rank,
+            "pp x dp x tp": f"{p.pp} x {p.dp} x {p.tp}",
+            "schedule": p.schedule + ("" if dict(p.extra).get("recompute", "none") == "none"
+                                      else f"+{dict(p.extra)['recompute']}-recompute"),
+            "mbs x m": f"{p.micro_batch_size} x {p.num_micro_batches}",
+            "layers/stage": layers,
+            "iteration": format_seconds(p.predicted.iteration_time_s),
+            "samples/s": f"{p.predicted.samples_per_s:,.1f}",
+            "bubble": f"{100 * p.predicted.bubble_fraction:.1f}%",
+            "peak memory / capacity": f"{format_bytes(p.predicted.peak_memory_bytes)} / "
+                                      f"{format_bytes(p.predicted.memory_capacity_bytes)}",
+        })
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+class _Progress:
+    """A click progress bar on stderr, shown only on a TTY, only once the
+    search has run for a second, never with --quiet."""
+
+    def __init__(self, quiet: bool):
+        self.enabled = not quiet and sys.stderr.isatty()
+        self.start = time.perf_counter()
+        self.bar = None
+
+    def __call__(self, done: int, total: int):
+        if not self.enabled:
+            return
+        if self.bar is None and time.perf_counter() - self.start > 1.0:
+            self.bar = click.progressbar(length=total, label="searching", file=sys.stderr)
+            self.bar.__enter__()
+        if self.bar is not None:
+            self.bar.update(done - self.bar.pos)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+@main.command("plan")
+@click.option("--model", "model", default=DEFAULT_MODEL, show_default=True,
+              help="Catalog name (see `pipesearch catalog models`) or a file: profile CSV, PipeDream graph.txt, "
+                   "transformer TOML or HuggingFace config.json.")
+@click.option("--cluster", "cluster_name", default=DEFAULT_CLUSTER, show_default=True,
+              help="Catalog name (see `pipesearch catalog hardware`) or a cluster TOML file.")
+@click.option("--nodes", type=click.IntRange(min=1), help="Override the node count of the cluster.")
+@click.option("--global-batch-size", "-b", type=click.IntRange(min=1), default=DEFAULT_BATCH, show_default=True,
+              help="Samples per iteration across all data-parallel replicas.")
+@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (transformers; default: the config's).")
+@click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline-parallel degree.")
+@click.option("--dp", type=click.IntRange(min=1), help="Pin the data-parallel degree.")
+@click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor-parallel degree (transformers).")
+@click.option("--micro-batch-size", type=click.IntRange(min=1), help="Pin the micro-batch size.")
+@click.option("--num-micro-batches", type=click.IntRange(min=1), help="Pin the number of micro-batches per replica.")
+@click.option("--schedule", "schedules", multiple=True, type=click.Choice(ANALYTIC_SCHEDULES),
+              help="Schedules to consider (repeatable; default: all).")
+@click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), help="Pin activation recomputation (transformers).")
+@click.option("--split", callback=_split, help="Score this split (layers per stage, e.g. 5,3,4) instead of searching.")
+@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
+@click.option("--simulate-top", type=click.IntRange(min=0), default=8, show_default=True,
+              help="Re-rank this many best analytic plans by simulated iteration time (0: off).")
+@click.option("--memory-reserve", default="1GiB", show_default=True,
+              help="Memory kept free on every device (framework, workspace, fragmentation).")
+@click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0), default=16.0, show_default=True,
+              help="Bytes of weights + gradients + optimizer state per parameter (16: mixed-precision Adam).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+              help=f"Write the plan JSON here (default: ./{DEFAULT_OUTPUT}).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan JSON to stdout instead of the table.")
+@click.option("--all-points", type=click.Path(dir_okay=False, writable=True),
+              help="Write every evaluated point of the search as CSV.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
+def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
+                 num_micro_batches, schedules, recompute, split, top, simulate_top, memory_reserve,
+                 optimizer_bytes_per_param, output, as_json, all_points, quiet):
+    """Search pipeline plans for a model on a cluster and rank them.
+
+    \b
+    Examples:
+      pipesearch plan
+      pipesearch plan --model vgg16 --cluster 4x4-v100-10gbe --global-batch-size 1024 --top 5 -o plans.json
+      pipesearch plan --model gnmt --cluster 1x4-v100-pcie --pp 4 --schedule 1f1b
+      pipesearch plan --model resnet50 --cluster 1x4-v100-pcie --pp 2 --split 20,20
+      pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
+    """
+    cluster = load_cluster(cluster_name, nodes=nodes)
+    source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
+    job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
+              memory_reserve_bytes=parse_bytes(memory_reserve))
+    options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
+                            num_micro_batches=num_micro_batches, schedules=tuple(schedules) or ANALYTIC_SCHEDULES,
+                            split=split, top=top, simulate_top=simulate_top)
+    progress = _Progress(quiet or as_json)
+    try:
+        result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
+                        progress=progress)
+    finally:
+        progress.close()
+    plan_file = PlanFile(
+        inputs={"model": source.info, "cluster": describe_cluster(cluster) | {"name": cluster.name},
+                "job": {"global_batch_size": job.global_batch_size,
+                        "state_bytes_per_param": job.state_bytes_per_param,
+                        "memory_reserve_bytes": job.memory_reserve_bytes,
+                        "schedules": list(options.schedules)},
+                "fingerprint": result.fingerprint},
+        search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
+                "wall_s": round(result.wall_s, 4), "simulated_top": simulate_top},
+        plans=result.plans,
+    )
+    text = to_json(plan_file)
+    if all_points:
+        result.points.to_csv(all_points, index=False)
+    if as_json:
+        if output:
+            dump_plan_file(plan_file, output)
+        click.echo(text, nl=False)
+        return
+    out = Path(output or DEFAULT_OUTPUT)
+    dump_plan_file(plan_file, out)
+    if not quiet:
+        click.echo(f"{source.name} on {cluster.name} ({cluster.num_devices} x {cluster.device_spec(0).name}), "
+                   f"global batch {global_batch_size}")
+    click.echo(plans_table(result.plans))
+    if not quiet:
+        infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
+        click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
+        click.echo(f"wrote {out}")
