@@ -51,6 +51,8 @@ class SearchOptions:
             re-rank by simulated time (0: analytic ranking only).
         placements: device placement orders to try when pp > 1 and dp > 1
             (see :func:`pipesearch.costs.pipeline_placement`).
+        exhaustive: evaluate every point instead of skipping those whose
+            lower bound cannot enter the top plans (for plots of the space).
     """
 
     pp: int | None = None
@@ -62,6 +64,7 @@ class SearchOptions:
     top: int = 5
     simulate_top: int = 8
     placements: tuple[str, ...] = ("pipeline", "data")
+    exhaustive: bool = False
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,7 @@ def search(
         if progress:
             progress(done, len(todo))
         row = rows[idx]
-        if len(heap) >= keep and bound >= -heap[0][0]:
+        if not options.exhaustive and len(heap) >= keep and bound >= -heap[0][0]:
             row["status"] = "pruned"
             continue
         plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -54,6 +55,12 @@ def plans_table(plans) -> str:
                                       f"{format_bytes(p.predicted.memory_capacity_bytes)}",
         })
     return pd.DataFrame(rows).to_string(index=False)
+
+
+def points_table(points: pd.DataFrame) -> dict:
+    """Every evaluated point as a compact column-oriented JSON object
+    (pandas ``orient="split"``: ``columns`` and ``data`` rows; NaN -> null)."""
+    return json.loads(points.to_json(orient="split", index=False))
 
 
 class _Progress:
@@ -110,10 +117,12 @@ class _Progress:
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON to stdout instead of the table.")
 @click.option("--all-points", type=click.Path(dir_okay=False, writable=True),
               help="Write every evaluated point of the search as CSV.")
+@click.option("--exhaustive", is_flag=True,
+              help="Evaluate every point (no pruning by lower bound); slower, fills the space plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, recompute, split, top, simulate_top, memory_reserve,
-                 optimizer_bytes_per_param, output, as_json, all_points, quiet):
+                 optimizer_bytes_per_param, output, as_json, all_points, exhaustive, quiet):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -130,7 +139,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
               memory_reserve_bytes=parse_bytes(memory_reserve))
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules) or ANALYTIC_SCHEDULES,
-                            split=split, top=top, simulate_top=simulate_top)
+                            split=split, top=top, simulate_top=simulate_top,
+                            exhaustive=exhaustive)
     progress = _Progress(quiet or as_json)
     try:
         result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
@@ -145,7 +155,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         "schedules": list(options.schedules)},
                 "fingerprint": result.fingerprint},
         search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
-                "wall_s": round(result.wall_s, 4), "simulated_top": simulate_top},
+                "wall_s": round(result.wall_s, 4), "simulated_top": simulate_top,
+                "points": points_table(result.points)},
         plans=result.plans,
     )
     text = to_json(plan_file)
