@@ -82,41 +82,83 @@ def _band_width(costs: PipelineCosts, limit: float) -> int:
     return max(width, 1)
 
 
-def _dp(costs: PipelineCosts, mode: str, limit: float = _INF, strict: bool = False):
+class _Band:
+    """Stage terms over a band of stage lengths, computed once per distinct
+    stage (same device speed, links and memory) and reused by every DP pass.
+
+    Arrays have shape ``(W, L+1)``: row ``d-1``, column ``j`` is the stage
+    ``[j-d, j)``.
+    """
+
+    def __init__(self, costs: PipelineCosts):
+        self.costs = costs
+        self.width = 0
+
+    def ensure(self, width: int) -> None:
+        if width <= self.width:
+            return
+        c = self.costs
+        self.width = width
+        j = np.arange(c.num_layers + 1)[None, :]
+        i = j - np.arange(1, width + 1)[:, None]
+        self.start_ok = i >= 0
+        self.i = np.where(self.start_ok, i, 0)
+        self.j = np.broadcast_to(j, i.shape)
+        self.static = (c.param_prefix_bytes[j] - c.param_prefix_bytes[self.i]) * c.state_bytes_per_param_byte
+        self.act = c.saved_prefix_bytes[j] - c.saved_prefix_bytes[self.i]
+        self._terms: dict = {}
+        self._fits: dict = {}
+
+    def terms(self, s: int):
+        """``(a, b)`` of stage ``s`` for every range in the band."""
+        c = self.costs
+        key = (c.time_scale[s], c.p2p_bandwidth_bytes_per_s[s], c.p2p_latency_s[s],
+               c.allreduce_s_per_byte[s], c.allreduce_fixed_s[s], s == c.pp - 1)
+        if key not in self._terms:
+            a = c.sum_term(s, self.i, self.j)
+            b = (c.num_micro_batches - 1) * a + c.allreduce_s(s, self.i, self.j)
+            self._terms[key] = (a, b)
+        return self._terms[key]
+
+    def fits(self, s: int):
+        """Whether each range of the band is a valid stage ``s`` in memory."""
+        c = self.costs
+        key = (c.in_flight[s], c.capacity_bytes[s])
+        if key not in self._fits:
+            self._fits[key] = self.start_ok & (self.static + self.act * c.in_flight[s] <= c.capacity_bytes[s])
+        return self._fits[key]
+
+
+def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
     """One DP pass over (stage, end layer).
 
     ``mode="max"``: minimize ``max_k b_k``; ``mode="sum"``: minimize
     ``sum_k a_k`` subject to ``b_k <= limit`` (``< limit`` when ``strict``).
     Both respect memory. Returns ``(value, bounds)`` or ``(inf, None)``.
     """
+    costs = band.costs
     L, P = costs.num_layers, costs.pp
     W = _band_width(costs, limit)
-    d = np.arange(1, W + 1)[:, None]
+    band.ensure(W)
     prev = np.full(L + 1, _INF)
     prev[0] = 0.0 if mode == "sum" else -_INF
     choice = np.zeros((P, L + 1), dtype=np.int64)
     for s in range(P):
-        if s == P - 1:
-            j = np.array([L])
-        else:
-            j = np.arange(s + 1, L - (P - 1 - s) + 1)
-        jj = j[None, :]
-        i = jj - d
-        valid = i >= s
-        ic = np.where(valid, i, 0)
-        a = costs.sum_term(s, ic, jj)
-        b = costs.max_term(s, ic, jj)
-        ok = valid & costs.fits(s, ic, jj)
+        cols = slice(L, L + 1) if s == P - 1 else slice(s + 1, L - (P - 1 - s) + 1)
+        a, b = band.terms(s)
+        a, b = a[:W, cols], b[:W, cols]
+        ok = band.fits(s)[:W, cols]
         if np.isfinite(limit):
-            ok &= (b < limit) if strict else (b <= limit)
+            ok = ok & ((b < limit) if strict else (b <= limit))
+        before = prev[band.i[:W, cols]]
         if mode == "sum":
-            cand = np.where(ok, prev[ic] + a, _INF)
+            cand = np.where(ok, before + a, _INF)
         else:
-            cand = np.where(ok, np.maximum(prev[ic], b), _INF)
+            cand = np.where(ok, np.maximum(before, b), _INF)
         best_d = np.argmin(cand, axis=0)
         cur = np.full(L + 1, _INF)
-        cur[j] = cand[best_d, np.arange(len(j))]
-        choice[s, j] = best_d + 1
+        cur[cols] = cand[best_d, np.arange(cand.shape[1])]
+        choice[s, cols] = best_d + 1
         prev = cur
     value = prev[L]
     if not np.isfinite(value):
@@ -132,22 +174,23 @@ def _bottleneck(costs: PipelineCosts, bounds) -> float:
     return max(float(costs.max_term(s, bounds[s], bounds[s + 1])) for s in range(costs.pp))
 
 
-def min_max_split(costs: PipelineCosts) -> tuple[float, tuple[int, ...] | None]:
+def min_max_split(costs: PipelineCosts, band: _Band | None = None) -> tuple[float, tuple[int, ...] | None]:
     """Smallest achievable ``max_k b_k`` under memory, and a split achieving it.
 
     Returns ``(inf, None)`` when no split fits in memory. Starts from a narrow
     band around the average stage and widens it until the answer is inside it.
     """
+    band = band or _Band(costs)
     m, P = costs.num_micro_batches, costs.pp
     full_width = _band_width(costs, _INF)
     total = float(costs.compute_prefix_s[-1] * np.min(costs.time_scale))
     limit = max((m - 1) * total / P, 1e-12) * 2.0
     while _band_width(costs, limit) < full_width:
-        value, bounds = _dp(costs, "max", limit=limit)
+        value, bounds = _dp(band, "max", limit=limit)
         if bounds is not None:
             return value, bounds
         limit *= 4.0
-    return _dp(costs, "max")
+    return _dp(band, "max")
 
 
 def optimal_split(costs: PipelineCosts) -> SplitResult | None:
@@ -158,7 +201,8 @@ def optimal_split(costs: PipelineCosts) -> SplitResult | None:
     """
     if costs.pp > costs.num_layers:
         return None
-    b_star, bounds0 = min_max_split(costs)
+    band = _Band(costs)
+    b_star, bounds0 = min_max_split(costs, band)
     passes = 1
     if bounds0 is None:
         return None
@@ -167,7 +211,7 @@ def optimal_split(costs: PipelineCosts) -> SplitResult | None:
     s_lb = float(costs.compute_prefix_s[-1] * np.min(costs.time_scale))
     limit, strict = best - s_lb, False
     while True:
-        s_val, bounds = _dp(costs, "sum", limit=limit, strict=strict)
+        s_val, bounds = _dp(band, "sum", limit=limit, strict=strict)
         passes += 1
         if bounds is None:
             break

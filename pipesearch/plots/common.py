@@ -1,0 +1,274 @@
+"""Shared pieces of the plan-file plots: loading, the points table, titles,
+a fixed deterministic style, saving, and :func:`render` / :func:`write_all`.
+
+Figures are drawn on a :class:`matplotlib.figure.Figure` attached to the Agg
+canvas inside each function: no display is needed and the global pyplot
+backend of the caller (a notebook, a GUI) is left alone. Output is
+deterministic: the style is reset to matplotlib's defaults plus the fixed
+values in :data:`STYLE` (ignoring the user's matplotlibrc), figure size and
+dpi are fixed, PNGs carry no software/time metadata and SVGs use a fixed hash
+salt, so rendering the same plan file twice gives identical bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from os import PathLike
+from pathlib import Path
+from typing import Iterator
+
+import pandas as pd
+
+from ..errors import InputError, PlanFormatError
+from ..plan import PlanFile, load_plan_file, select_plan
+from ..types import Plan
+
+KINDS = ("space", "pareto", "stages", "timeline")
+GIB = float(1 << 30)
+DPI = 110
+
+STYLE = {
+    "svg.hashsalt": "pipesearch",
+    "svg.fonttype": "path",
+    "pdf.fonttype": 42,
+    "path.simplify": False,
+    "font.family": "DejaVu Sans",
+    "font.size": 9.0,
+    "axes.titlesize": 10.0,
+    "axes.labelsize": 9.0,
+    "xtick.labelsize": 8.0,
+    "ytick.labelsize": 8.0,
+    "legend.fontsize": 8.0,
+    "figure.titlesize": 11.0,
+    "hatch.linewidth": 0.6,
+    "axes.grid": False,
+    "savefig.dpi": DPI,
+    "savefig.facecolor": "white",
+    "figure.facecolor": "white",
+}
+
+SCHEDULE_COLOURS = {"gpipe": "#4C72B0", "1f1b": "#DD8452"}
+_FALLBACK_COLOURS = ("#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
+
+
+def schedule_colour(name: str, order: int = 0) -> str:
+    """A fixed colour per schedule name (fallback cycle for unknown ones)."""
+    return SCHEDULE_COLOURS.get(name, _FALLBACK_COLOURS[order % len(_FALLBACK_COLOURS)])
+
+
+# --- inputs -----------------------------------------------------------------
+
+
+def load(plan_file: PlanFile | str | PathLike[str]) -> PlanFile:
+    """A :class:`PlanFile` as is, or read and validated from a path.
+
+    Raises:
+        PlanFormatError: not a plan file (see :func:`pipesearch.plan.load_plan_file`).
+    """
+    if isinstance(plan_file, PlanFile):
+        return plan_file
+    return load_plan_file(plan_file)
+
+
+def source_name(plan_file) -> str:
+    return "plan file" if isinstance(plan_file, PlanFile) else str(plan_file)
+
+
+POINT_COLUMNS = ("tp", "recompute", "pp", "dp", "schedule", "micro_batch_size", "num_micro_batches",
+                 "placement", "status", "iteration_time_s", "samples_per_s", "peak_memory_bytes")
+
+
+def points_frame(plan_file: PlanFile, source: str = "plan file") -> pd.DataFrame:
+    """The evaluated points of the search (``search.points``) as a DataFrame.
+
+    Raises:
+        PlanFormatError: the file has no ``search.points`` table (written by an
+            older pipesearch or by another tool), or the table is malformed.
+    """
+    pts = plan_file.search.get("points") if isinstance(plan_file.search, dict) else None
+    if pts is None:
+        raise PlanFormatError(
+            f"{source}: no search.points table (the evaluated points); the space and pareto plots need "
+            "it: re-run `pipesearch plan -o FILE` (add --exhaustive to evaluate every point)")
+    if not isinstance(pts, dict) or "columns" not in pts or "data" not in pts:
+        raise PlanFormatError(f"{source}: search.points must be an object with 'columns' and 'data' "
+                              "(pandas orient='split')")
+    columns = list(pts["columns"])
+    missing = [c for c in POINT_COLUMNS if c not in columns]
+    if missing:
+        raise PlanFormatError(f"{source}: search.points lacks column(s) {', '.join(missing)}")
+    rows = [list(r) for r in pts["data"]]
+    if any(len(r) != len(columns) for r in rows):
+        raise PlanFormatError(f"{source}: search.points rows must have {len(columns)} values (one per column)")
+    df = pd.DataFrame(rows, columns=columns)
+    for col in ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "iteration_time_s",
+                "samples_per_s", "peak_memory_bytes"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    if df.empty:
+        raise PlanFormatError(f"{source}: search.points is empty (no evaluated points to plot)")
+    return df
+
+
+def plan_of_rank(plan_file: PlanFile, rank: int, source: str = "plan file") -> Plan:
+    """The plan of that rank (1-based); PlanFormatError names the ranks present."""
+    if not plan_file.plans:
+        raise PlanFormatError(f"{source}: the file holds no plans")
+    return select_plan(plan_file, rank, source)
+
+
+def title_of(plan_file: PlanFile) -> str:
+    """``"vgg16 on 4x4-v100-10gbe (16 x v100-pcie-16gb), global batch 1024"``
+    from the file's ``inputs`` (missing parts are left out)."""
+    inputs = plan_file.inputs if isinstance(plan_file.inputs, dict) else {}
+    model = inputs.get("model") or {}
+    cluster = inputs.get("cluster") or {}
+    job = inputs.get("job") or {}
+    name = model.get("name", "model")
+    text = str(name)
+    seq = model.get("seq_len")
+    if seq:
+        text += f" (seq {seq})"
+    if cluster.get("name"):
+        text += f" on {cluster['name']}"
+        types = list(cluster.get("device_types") or ())
+        if cluster.get("devices") and types:
+            text += f" ({cluster['devices']} x {' + '.join(types)})"
+    if job.get("global_batch_size"):
+        text += f", global batch {job['global_batch_size']}"
+    return text
+
+
+def plan_label(plan: Plan) -> str:
+    """``"#1: pp 2 x dp 8 x tp 1, gpipe, 1 x 128 micro-batches"`` (+ recompute)."""
+    extra = dict(plan.extra)
+    rec = extra.get("recompute", "none")
+    text = (f"#{plan.rank}: pp {plan.pp} x dp {plan.dp} x tp {plan.tp}"
+            + (f" x vp {plan.vp}" if plan.vp > 1 else "")
+            + f", {plan.schedule}, micro-batch {plan.micro_batch_size} x {plan.num_micro_batches}")
+    if rec and rec != "none":
+        text += f", {rec} recompute"
+    return text
+
+
+def capacities(plan_file: PlanFile, plans=()) -> dict[str, float]:
+    """Device memory capacity in bytes by device type: ``inputs.cluster.
+    memory_bytes_per_device``, else the plans' ``memory_capacity_bytes``."""
+    cluster = (plan_file.inputs or {}).get("cluster") or {}
+    per = cluster.get("memory_bytes_per_device") or {}
+    out = {str(k): float(v) for k, v in per.items() if isinstance(v, (int, float)) and v > 0}
+    if not out:
+        for p in plans or plan_file.plans:
+            types = {st.device_type for st in p.stages}
+            for t in sorted(types):
+                out.setdefault(t, float(p.predicted.memory_capacity_bytes))
+    return out
+
+
+def reserve_bytes(plan_file: PlanFile) -> float:
+    job = (plan_file.inputs or {}).get("job") or {}
+    value = job.get("memory_reserve_bytes", 0.0)
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+
+
+# --- figures ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def figure(width_in: float, height_in: float) -> Iterator[object]:
+    """A fresh Agg-backed :class:`~matplotlib.figure.Figure` under the fixed
+    style; closed afterwards."""
+    import matplotlib
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context():
+        matplotlib.style.use("default")
+        matplotlib.rcParams.update(STYLE)
+        fig = Figure(figsize=(width_in, height_in), dpi=DPI)
+        FigureCanvasAgg(fig)
+        try:
+            yield fig
+        finally:
+            fig.clear()
+
+
+def save(fig, path: str | PathLike[str]) -> Path:
+    """Save deterministically; the format follows the suffix (png, svg, pdf)."""
+    path = Path(path)
+    suffix = path.suffix.lower().lstrip(".") or "png"
+    meta = {"png": {"Software": None},
+            "svg": {"Date": None, "Creator": None},
+            "pdf": {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}}.get(suffix)
+    if meta is None:
+        raise InputError(f"{path}: unsupported figure format {suffix!r}; use .png, .svg or .pdf")
+    if path.parent and not path.parent.exists():
+        raise InputError(f"{path}: directory {path.parent} does not exist")
+    fig.savefig(path, dpi=DPI, metadata=meta, format=suffix)
+    return path
+
+
+# --- entry points -------------------------------------------------------------
+
+
+def render(kind: str, plan_file: PlanFile | str | PathLike[str], path: str | PathLike[str],
+           rank: int = 1) -> Path:
+    """Draw one figure of a plan file (``kind`` in :data:`KINDS`) to ``path``.
+
+    ``rank`` chooses the plan for ``stages`` and ``timeline``.
+
+    Raises:
+        InputError: unknown kind.
+        PlanFormatError: not a plan file, no plan of that rank, no points table
+            (space, pareto).
+    """
+    source = source_name(plan_file)
+    pf = load(plan_file)
+    if kind == "space":
+        from .space import plot_space
+        return plot_space(pf, path, source=source)
+    if kind == "pareto":
+        from .pareto import plot_pareto
+        return plot_pareto(pf, path, source=source)
+    if kind == "stages":
+        from .stages import plot_stages
+        return plot_stages(pf, path, rank=rank, source=source)
+    if kind == "timeline":
+        return plot_plan_timeline(pf, path, rank=rank, source=source)
+    raise InputError(f"unknown plot kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "plan file") -> Path:
+    """Simulate plan ``rank`` (:func:`pipesearch.search.simulate_plan`) and draw
+    its Gantt chart (:func:`pipesearch.plots.timeline.plot_timeline`)."""
+    from ..search import simulate_plan
+    from .timeline import plot_timeline
+
+    plan = plan_of_rank(plan_file, rank, source)
+    total_s, timeline = simulate_plan(plan)
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise InputError(f"{path}: directory {path.parent} does not exist")
+    title = (f"{title_of(plan_file)}\nplan {plan_label(plan)}: simulated iteration "
+             f"{total_s * 1e3:.1f} ms (pipeline {timeline.iteration_time_s * 1e3:.1f} ms + gradient all-reduce)")
+    plot_timeline(timeline, path, title)
+    return path
+
+
+def write_all(plan_file: PlanFile | str | PathLike[str], directory: str | PathLike[str]) -> list[Path]:
+    """Write ``space.png``, ``pareto.png``, ``stages.png`` and ``timeline.png``
+    (rank 1) of a plan file into ``directory`` (created if needed).
+
+    Returns:
+        The paths written, in that order.
+    """
+    source = source_name(plan_file)
+    pf = load(plan_file)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for kind in KINDS:
+        out.append(render(kind, pf if isinstance(plan_file, PlanFile) else pf, directory / f"{kind}.png"))
+    del source
+    return out
