@@ -194,17 +194,27 @@ def figure(width_in: float, height_in: float) -> Iterator[object]:
             fig.clear()
 
 
+_METADATA = {"png": {"Software": None},
+             "svg": {"Date": None, "Creator": None},
+             "pdf": {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}}
+
+
+def check_output(path: str | PathLike[str]) -> tuple[Path, str]:
+    """``(path, format)``; InputError for an unknown suffix or a missing directory."""
+    path = Path(path)
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in _METADATA:
+        raise InputError(f"{path}: unsupported figure format {path.suffix or '(no suffix)'!r}; "
+                         "use .png, .svg or .pdf")
+    if not path.parent.is_dir():
+        raise InputError(f"{path}: directory {path.parent} does not exist")
+    return path, suffix
+
+
 def save(fig, path: str | PathLike[str]) -> Path:
     """Save deterministically; the format follows the suffix (png, svg, pdf)."""
-    path = Path(path)
-    suffix = path.suffix.lower().lstrip(".") or "png"
-    meta = {"png": {"Software": None},
-            "svg": {"Date": None, "Creator": None},
-            "pdf": {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}}.get(suffix)
-    if meta is None:
-        raise InputError(f"{path}: unsupported figure format {suffix!r}; use .png, .svg or .pdf")
-    if path.parent and not path.parent.exists():
-        raise InputError(f"{path}: directory {path.parent} does not exist")
+    path, suffix = check_output(path)
+    meta = _METADATA[suffix]
     fig.savefig(path, dpi=DPI, metadata=meta, format=suffix)
     return path
 
@@ -219,12 +229,16 @@ def render(kind: str, plan_file: PlanFile | str | PathLike[str], path: str | Pat
     ``rank`` chooses the plan for ``stages`` and ``timeline``.
 
     Raises:
-        InputError: unknown kind.
+        InputError: unknown kind, unsupported suffix, missing output directory.
         PlanFormatError: not a plan file, no plan of that rank, no points table
             (space, pareto).
     """
-    source = source_name(plan_file)
-    pf = load(plan_file)
+    if kind not in KINDS:
+        raise InputError(f"unknown plot kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return _render(kind, load(plan_file), path, rank, source_name(plan_file))
+
+
+def _render(kind: str, pf: PlanFile, path, rank: int, source: str) -> Path:
     if kind == "space":
         from .space import plot_space
         return plot_space(pf, path, source=source)
@@ -234,9 +248,7 @@ def render(kind: str, plan_file: PlanFile | str | PathLike[str], path: str | Pat
     if kind == "stages":
         from .stages import plot_stages
         return plot_stages(pf, path, rank=rank, source=source)
-    if kind == "timeline":
-        return plot_plan_timeline(pf, path, rank=rank, source=source)
-    raise InputError(f"unknown plot kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return plot_plan_timeline(pf, path, rank=rank, source=source)
 
 
 def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "plan file") -> Path:
@@ -246,29 +258,27 @@ def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "
     from .timeline import plot_timeline
 
     plan = plan_of_rank(plan_file, rank, source)
+    check_output(path)
     total_s, timeline = simulate_plan(plan)
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise InputError(f"{path}: directory {path.parent} does not exist")
     title = (f"{title_of(plan_file)}\nplan {plan_label(plan)}: simulated iteration "
              f"{total_s * 1e3:.1f} ms (pipeline {timeline.iteration_time_s * 1e3:.1f} ms + gradient all-reduce)")
     plot_timeline(timeline, path, title)
-    return path
+    return Path(path)
 
 
 def write_all(plan_file: PlanFile | str | PathLike[str], directory: str | PathLike[str]) -> list[Path]:
     """Write ``space.png``, ``pareto.png``, ``stages.png`` and ``timeline.png``
-    (rank 1) of a plan file into ``directory`` (created if needed).
+    (the last two for the rank-1 plan) of a plan file into ``directory``
+    (created if needed).
 
     Returns:
         The paths written, in that order.
+
+    Raises:
+        PlanFormatError: see :func:`render`.
     """
     source = source_name(plan_file)
     pf = load(plan_file)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    out = []
-    for kind in KINDS:
-        out.append(render(kind, pf if isinstance(plan_file, PlanFile) else pf, directory / f"{kind}.png"))
-    del source
-    return out
+    return [_render(kind, pf, directory / f"{kind}.png", 1, source) for kind in KINDS]

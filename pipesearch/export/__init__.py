@@ -1,0 +1,301 @@
+"""Export a :class:`~pipesearch.types.Plan` in the terms of the runtime that will run it.
+
+One exporter per runtime, each in its own module:
+
+========================  ======================================================
+format                    runtime (module)
+========================  ======================================================
+``"torch"``               ``torch.distributed.pipelining`` (:mod:`.torch`)
+``"torchtitan"``          torchtitan's ``[parallelism]`` config (:mod:`.torchtitan`)
+``"megatron"``            Megatron-LM command-line arguments (:mod:`.megatron`)
+``"deepspeed"``           DeepSpeed ``PipelineModule`` + config (:mod:`.deepspeed`)
+``"gpipe"``               torchgpipe ``GPipe`` / fairscale ``Pipe`` (:mod:`.gpipe`)
+========================  ======================================================
+
+Every export is a JSON-serializable ``dict`` with ``"runtime"``,
+``"format_version": 1`` and ``"notes"`` (a list of strings, possibly empty)
+plus the runtime's own argument names. An exporter *refuses* (raises
+:class:`~pipesearch.errors.InputError` with the rule and where it comes from)
+rather than emit something the runtime would reject or, worse, silently run
+differently from the plan (a different schedule, a different split, dropped
+stages). Each module also has parse-back helpers that recover the stage
+boundaries (half-open layer index ranges) from the exported form; the tests
+round-trip every exporter through them.
+
+Sources for each runtime's rules are cited in the module that applies them and
+collected in ``docs/exports.md``.
+
+Layer -> module names (``module_names``): pipesearch layers have names from
+the profile. Exporters that name modules (torch, torchtitan) map each layer to
+one or more module FQNs: by default the identity for profiled models (a torch
+``nn.Sequential`` profiled by pipesearch has its child names, ``"0"``,
+``"1"``, ...), and for transformer layer tables (``embedding``,
+``block_00`` .. ``block_{L-1}``, ``head``) torchtitan's Llama names:
+``embedding -> tok_embeddings``, ``block_N -> layers.N``,
+``head -> norm, output``. A ``module_names`` mapping overrides any layer it
+names (value: one FQN or a list of FQNs, in execution order).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..schedules import SCHEDULES
+from ..types import Plan
+
+FORMATS = ("torch", "torchtitan", "megatron", "deepspeed", "gpipe")
+"""Export formats, in the order :func:`export_all` reports them."""
+
+FORMAT_VERSION = 1
+"""Value of every export's ``"format_version"``."""
+
+_MODULES = {
+    "torch": ("torch", "export_torch"),
+    "torchtitan": ("torchtitan", "export_torchtitan"),
+    "megatron": ("megatron", "export_megatron"),
+    "deepspeed": ("deepspeed", "export_deepspeed"),
+    "gpipe": ("gpipe", "export_gpipe"),
+}
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+_BLOCK = re.compile(r"block_(\d+)")
+
+
+# ---------------------------------------------------------------- public API
+
+
+def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
+                **options) -> dict:
+    """Export ``plan`` for runtime ``fmt``.
+
+    Args:
+        plan: the plan (``stages`` in order, ``pp * vp`` of them).
+        fmt: one of :data:`FORMATS`.
+        module_names: optional mapping from pipesearch layer names to the
+            runtime's module FQNs (a string or a list of strings per layer);
+            layers not in it keep the default mapping (see the module doc).
+            Exporters whose runtime does not name modules (megatron, deepspeed,
+            gpipe) accept it and say in a note that it is unused.
+        **options: exporter-specific keyword options (documented on each
+            ``export_<fmt>`` function, e.g. ``allow_layout`` for megatron).
+
+    Returns:
+        A JSON-serializable dict with ``"runtime"``, ``"format_version"``,
+        ``"notes"`` and the runtime's own keys.
+
+    Raises:
+        InputError: unknown ``fmt`` (the message lists :data:`FORMATS`), an
+            unknown option, a malformed plan, or the runtime's refusal with
+            its reason.
+    """
+    if fmt not in _MODULES:
+        raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    mod_name, fn_name = _MODULES[fmt]
+    fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
+    try:
+        return fn(plan, module_names=module_names, **options)
+    except TypeError as exc:
+        if "unexpected keyword argument" in str(exc):
+            raise InputError(f"export {fmt}: {exc}") from exc
+        raise
+
+
+def export_all(plan: Plan) -> dict[str, dict]:
+    """Export ``plan`` in every format of :data:`FORMATS`.
+
+    Returns:
+        ``{fmt: export}`` for every format, where a refused export is
+        ``{"refused": reason}`` (the :class:`InputError` message). Never raises
+        for refusals; other exceptions (bugs) propagate.
+    """
+    out: dict[str, dict] = {}
+    for fmt in FORMATS:
+        try:
+            out[fmt] = export_plan(plan, fmt)
+        except InputError as exc:
+            out[fmt] = {"refused": str(exc)}
+    return out
+
+
+# ---------------------------------------------------------------- shared helpers (used by the exporters)
+
+
+@dataclass(frozen=True)
+class PlanLayers:
+    """The checked layer structure of a plan.
+
+    Attributes:
+        names: all layer names of the model, in order (the concatenation of
+            the stages' ``layer_names``).
+        ranges: per stage (in stage order), its half-open ``(first, last + 1)``
+            layer range.
+    """
+
+    names: tuple[str, ...]
+    ranges: tuple[tuple[int, int], ...]
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self.ranges)
+
+
+def plan_layers(plan: Plan, runtime: str) -> PlanLayers:
+    """Check the plan's structure and return its layers and stage ranges.
+
+    Checks: positive integer ``pp``, ``vp``, ``dp``, ``tp``, micro-batch size
+    and count; a known schedule; ``pp * vp`` stages with indices ``0 ..``;
+    stage ranges contiguous from layer 0, each ``first <= last + 1``, with as
+    many ``layer_names`` as layers; unique layer names.
+
+    Raises:
+        InputError: naming ``runtime``, the field and the value.
+    """
+    for field in ("pp", "vp", "dp", "tp", "micro_batch_size", "num_micro_batches"):
+        val = getattr(plan, field)
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise InputError(f"{runtime}: plan.{field} = {val!r}; expected an integer >= 1")
+    if plan.schedule not in SCHEDULES:
+        raise InputError(f"{runtime}: plan.schedule = {plan.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    want = plan.pp * plan.vp
+    if len(plan.stages) != want:
+        raise InputError(
+            f"{runtime}: plan has {len(plan.stages)} stages; expected pp * vp = {plan.pp} * {plan.vp} = {want}"
+        )
+    names: list[str] = []
+    ranges: list[tuple[int, int]] = []
+    pos = 0
+    for i, st in enumerate(plan.stages):
+        if st.index != i:
+            raise InputError(f"{runtime}: plan.stages[{i}].index = {st.index}; stages must be listed in index order")
+        a, b = st.layers
+        if a != pos or b < a:
+            raise InputError(
+                f"{runtime}: stage {i} has layers {st.layers}; expected a half-open range starting at layer {pos} "
+                f"(stages must cover the layers in order without gaps or overlaps)"
+            )
+        if len(st.layer_names) != b - a:
+            raise InputError(
+                f"{runtime}: stage {i} has layers {st.layers} ({b - a} layers) but {len(st.layer_names)} layer_names"
+            )
+        names.extend(st.layer_names)
+        ranges.append((a, b))
+        pos = b
+    if pos == 0:
+        raise InputError(f"{runtime}: plan has no layers")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(f"{runtime}: layer names must be unique; repeated: {', '.join(dup[:5])}")
+    return PlanLayers(tuple(names), tuple(ranges))
+
+
+def plan_extra(plan: Plan, key: str, default):
+    """Value of ``key`` in ``plan.extra`` (a tuple of ``(key, value)`` pairs), or ``default``."""
+    for k, v in plan.extra or ():
+        if k == key:
+            return v
+    return default
+
+
+def recompute_mode(plan: Plan, runtime: str) -> str:
+    """``plan.extra["recompute"]`` (``"none"`` when missing).
+
+    Raises:
+        InputError: a value outside ``none``, ``selective``, ``full``.
+    """
+    mode = plan_extra(plan, "recompute", "none")
+    if mode is None:
+        mode = "none"
+    if mode not in RECOMPUTE_MODES:
+        raise InputError(f"{runtime}: plan.extra recompute = {mode!r}; expected one of {', '.join(RECOMPUTE_MODES)}")
+    return mode
+
+
+def sequence_parallel(plan: Plan) -> bool:
+    """``plan.extra["sequence_parallel"]`` (``False`` when missing)."""
+    return bool(plan_extra(plan, "sequence_parallel", False))
+
+
+def transformer_shape(names: Sequence[str]) -> tuple[bool, int, bool] | None:
+    """If ``names`` is a transformer layer table, ``(has_embedding, num_blocks, has_head)``.
+
+    A transformer layer table is an optional ``embedding``, then blocks
+    ``block_<i>`` with ``i = 0, 1, ..`` in order (any zero padding), then an
+    optional ``head``; at least one block. Anything else returns ``None``.
+    """
+    n = len(names)
+    lo, hi = 0, n
+    has_emb = n > 0 and names[0] == "embedding"
+    has_head = n > 0 and names[-1] == "head"
+    if has_emb:
+        lo = 1
+    if has_head:
+        hi = n - 1
+    if hi <= lo:
+        return None
+    for i, name in enumerate(names[lo:hi]):
+        mt = _BLOCK.fullmatch(name)
+        if not mt or int(mt.group(1)) != i:
+            return None
+    return has_emb, hi - lo, has_head
+
+
+def layer_modules(names: Sequence[str], module_names: Mapping[str, str | Sequence[str]] | None,
+                  runtime: str) -> list[list[str]]:
+    """Module FQNs of every layer, in execution order (see the module doc).
+
+    Raises:
+        InputError: a ``module_names`` entry for an unknown layer, an empty or
+            non-string FQN, or an FQN used by two layers.
+    """
+    shape = transformer_shape(names)
+    out: list[list[str]] = []
+    for name in names:
+        if shape is not None:
+            if name == "embedding":
+                out.append(["tok_embeddings"])
+            elif name == "head":
+                out.append(["norm", "output"])
+            else:
+                out.append([f"layers.{int(_BLOCK.fullmatch(name).group(1))}"])
+        else:
+            out.append([name])
+    if module_names:
+        index = {n: i for i, n in enumerate(names)}
+        for key, val in module_names.items():
+            if key not in index:
+                raise InputError(f"{runtime}: module_names has an entry for {key!r}, which is not a layer of the plan")
+            fqns = [val] if isinstance(val, str) else list(val)
+            if not fqns or not all(isinstance(f, str) and f.strip() for f in fqns):
+                raise InputError(f"{runtime}: module_names[{key!r}] = {val!r}; expected a non-empty FQN or list of FQNs")
+            out[index[key]] = [f.strip() for f in fqns]
+    seen: dict[str, str] = {}
+    for name, fqns in zip(names, out):
+        for f in fqns:
+            if f in seen:
+                raise InputError(f"{runtime}: module FQN {f!r} is given to layers {seen[f]!r} and {name!r}")
+            seen[f] = name
+    return out
+
+
+def ranges_from_counts(counts: Sequence[int]) -> list[tuple[int, int]]:
+    """Half-open layer ranges of consecutive stages with ``counts`` layers each."""
+    out, pos = [], 0
+    for c in counts:
+        out.append((pos, pos + int(c)))
+        pos += int(c)
+    return out
+
+
+def refuse_empty_stages(layers: PlanLayers, runtime: str, why: str) -> None:
+    """Raise :class:`InputError` naming the first stage with no layers.
+
+    ``why`` says what the runtime does with an empty stage (and the source).
+    """
+    for i, (a, b) in enumerate(layers.ranges):
+        if a == b:
+            raise InputError(f"{runtime}: stage {i} has no layers; {why}")

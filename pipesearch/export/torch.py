@@ -1,0 +1,255 @@
+"""Export a plan for ``torch.distributed.pipelining`` (PyTorch >= 2.4).
+
+What the export holds (all JSON):
+
+* ``split_spec``: ``{module_fqn: "SplitPoint.BEGINNING"}`` for the first module
+  of every stage but the first; pass it as
+  ``pipeline(module, mb_args, split_spec={fqn: SplitPoint.BEGINNING, ...})``
+  and build stage ``s`` with ``pipe.build_stage(s, device, group)``.
+* ``schedule_class``, ``n_microbatches``, ``stages_per_rank``,
+  ``stage_to_rank`` (a list: stage ``s`` runs on ``stage_to_rank[s]``) and
+  ``rank_to_stages``.
+* ``pipeline_order_csv``: pipesearch's own order of the schedule
+  (:func:`pipesearch.schedules.build` + :func:`~pipesearch.schedules.to_torch_csv`),
+  **always** emitted. For the multi-stage classes (``ScheduleInterleaved1F1B``,
+  ``ScheduleLoopedBFS``, ``ScheduleInterleavedZeroBubble``, all
+  ``_PipelineScheduleRuntime`` subclasses) write it to a file and call
+  ``schedule._load_csv(path)`` to run exactly the order pipesearch simulated;
+  for ``ScheduleGPipe`` / ``Schedule1F1B`` it is the order those classes run
+  themselves, given for reference.
+* ``layer_modules``: the FQNs of each pipesearch layer (what the split and the
+  parse-back use).
+
+Rules applied (torch/distributed/pipelining/schedules.py, pytorch/pytorch at
+commit 00722e648b, read through the code corpus):
+
+* ``Schedule1F1B.__init__``: ``if n_microbatches < self._num_stages: raise
+  ValueError("Number of microbatches (..) must be greater than or equal to the
+  number of stages (..)")`` -> refused here.
+* ``ScheduleInterleaved1F1B`` / ``ScheduleInterleavedZeroBubble``:
+  ``number_of_rounds = max(1, n_microbatches // pp_group_size)``; ``if
+  n_microbatches % number_of_rounds != 0: raise ValueError(..)`` -> refused.
+  (Older releases required ``n_microbatches % pp_group_size == 0``;
+  pipesearch's interleaved builder requires that too, Megatron-LM's rule.)
+* ``PipelineScheduleSingle`` subclasses (``ScheduleGPipe``, ``Schedule1F1B``)
+  take one stage per rank: a plan with ``vp > 1`` is refused for them, and
+  interleaved 1F1B with one stage per rank is refused (use ``1f1b``).
+* ``PipelineScheduleMulti`` maps stage ``s`` to rank ``s % pp``
+  (``generate_stage_to_rank_mapping(pp, num_stages)``, "loop" style), the
+  mapping of pipesearch plans. ``ScheduleZBVZeroBubble`` / ``ScheduleDualPipeV``
+  use the "v" mapping and exactly 2 stages per rank; no pipesearch schedule
+  maps to them. pipesearch's ``zb-h1`` (one stage per rank, backward split into
+  I and W) is torch's ``ScheduleInterleavedZeroBubble`` (the ZB1P schedule of
+  Qi et al.) with one stage per rank.
+* ``_load_csv`` -> ``_validate_schedule`` checks every stage has ``m`` forwards
+  and ``m`` backwards (B, or I+W): pipesearch's orders satisfy it
+  (:func:`pipesearch.schedules.validate`).
+* ``pipeline(..., split_spec)`` (torch/distributed/pipelining/_IR.py) splits
+  *before* the module named by a ``SplitPoint.BEGINNING`` key; a stage with no
+  layers cannot be written as a split point, so empty stages are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..errors import InputError
+from ..schedules import build, from_torch_csv, stage_to_rank, to_torch_csv
+from ..types import Plan
+from . import (
+    FORMAT_VERSION,
+    layer_modules,
+    plan_layers,
+    recompute_mode,
+    refuse_empty_stages,
+    sequence_parallel,
+)
+
+RUNTIME = "torch.distributed.pipelining"
+
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zb-h1": "ScheduleInterleavedZeroBubble",
+    "looped-bfs": "ScheduleLoopedBFS",
+}
+"""pipesearch schedule -> torch.distributed.pipelining class name."""
+
+SINGLE_STAGE_CLASSES = frozenset({"ScheduleGPipe", "Schedule1F1B"})
+"""Classes derived from ``PipelineScheduleSingle`` (one stage per rank)."""
+
+SPLIT_POINT = "SplitPoint.BEGINNING"
+
+
+def check_torch_schedule(plan: Plan, runtime: str) -> str:
+    """Check the plan against torch.distributed.pipelining's schedule rules
+    (see the module doc) and return the schedule class name.
+
+    Shared by the torchtitan exporter, which builds the same classes.
+
+    Raises:
+        InputError: the broken rule, with the numbers and the fix.
+    """
+    cls = SCHEDULE_CLASSES[plan.schedule]
+    p, v, m = plan.pp, plan.vp, plan.num_micro_batches
+    stages = p * v
+    if cls in SINGLE_STAGE_CLASSES and v != 1:
+        raise InputError(
+            f"{runtime}: {cls} (schedule {plan.schedule!r}) runs one stage per rank "
+            f"(a PipelineScheduleSingle), but the plan has vp={v} stages per rank; "
+            f"use an interleaved or looped schedule, or vp=1"
+        )
+    if plan.schedule == "interleaved-1f1b" and v < 2:
+        raise InputError(
+            f"{runtime}: interleaved 1F1B needs more than one stage per rank (stages_per_rank > 1), "
+            f"the plan has vp={v}; use schedule '1f1b' for one stage per rank"
+        )
+    if plan.schedule == "zb-h1" and v != 1:
+        raise InputError(
+            f"{runtime}: pipesearch's zb-h1 is ZB-H1 with one stage per rank, the plan has vp={v}"
+        )
+    if cls == "Schedule1F1B" and m < stages:
+        raise InputError(
+            f"{runtime}: Schedule1F1B needs n_microbatches >= number of stages (its __init__ raises "
+            f"'Number of microbatches ({m}) must be greater than or equal to the number of stages "
+            f"({stages})'); use num_micro_batches >= {stages} or schedule 'gpipe'"
+        )
+    if cls in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
+        rounds = max(1, m // p)
+        if m % rounds:
+            raise InputError(
+                f"{runtime}: {cls} needs n_microbatches to be a multiple of its number of rounds "
+                f"max(1, n_microbatches // pp) = {rounds}, got n_microbatches={m} (pp={p}); "
+                f"use a multiple of {p}"
+            )
+    return cls
+
+
+def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None) -> dict:
+    """Export ``plan`` for ``torch.distributed.pipelining``.
+
+    Args:
+        plan: the plan.
+        module_names: layer name -> module FQN(s) (see :mod:`pipesearch.export`).
+
+    Returns:
+        ``{"runtime", "format_version", "split_spec", "num_stages",
+        "schedule_class", "n_microbatches", "microbatch_size",
+        "batch_size_per_step", "pp_group_size", "stages_per_rank",
+        "stage_to_rank", "rank_to_stages", "pipeline_order_csv",
+        "layer_modules", "notes"}``.
+
+    Raises:
+        InputError: a malformed plan, an empty stage, or a schedule rule of
+            torch.distributed.pipelining (see the module doc) the plan breaks.
+    """
+    layers = plan_layers(plan, "torch")
+    refuse_empty_stages(
+        layers, "torch",
+        "torch.distributed.pipelining's pipeline(split_spec=...) splits before a module, so a stage "
+        "without modules cannot be expressed (re-plan without empty stages)",
+    )
+    cls = check_torch_schedule(plan, "torch")
+    mods = layer_modules(layers.names, module_names, "torch")
+    p, v, m = plan.pp, plan.vp, plan.num_micro_batches
+    num_stages = p * v
+    try:
+        order = build(plan.schedule, p, m, v)
+    except InputError as exc:
+        raise InputError(f"torch: cannot build the pipeline order: {exc}") from exc
+    split_spec = {mods[a][0]: SPLIT_POINT for a, _ in layers.ranges[1:]}
+    notes = [
+        "split_spec values are the enum torch.distributed.pipelining.SplitPoint.BEGINNING written as text; "
+        "map them back with getattr(SplitPoint, value.split('.')[1]).",
+        f"pipeline_order_csv is pipesearch's order for {plan.schedule!r}; "
+        + ("load it with schedule._load_csv(path) to run exactly this order."
+           if cls not in SINGLE_STAGE_CLASSES else
+           f"{cls} runs this order itself (given for reference)."),
+    ]
+    if plan.dp > 1 or plan.tp > 1:
+        notes.append(
+            f"the export covers the pipeline dimension only; build the dp={plan.dp} x tp={plan.tp} "
+            f"DeviceMesh and apply data/tensor parallelism to each stage module yourself."
+        )
+    rc = recompute_mode(plan, "torch")
+    if rc != "none":
+        notes.append(
+            f"recompute={rc!r}: torch.distributed.pipelining has no recompute option; wrap the stage's "
+            f"blocks with activation checkpointing (torch.utils.checkpoint)"
+            + (" or use an attention kernel that recomputes (e.g. FlashAttention)" if rc == "selective" else "")
+            + "."
+        )
+    if sequence_parallel(plan):
+        notes.append("sequence_parallel=True: apply it with the tensor-parallel plan (torch.distributed.tensor.parallel).")
+    if cls == "ScheduleInterleavedZeroBubble":
+        notes.append(
+            "ScheduleInterleavedZeroBubble splits backward into input and weight gradients and refuses "
+            "torch.compile'd stage modules (_check_torch_compile_compatibility)."
+        )
+    return {
+        "runtime": RUNTIME,
+        "format_version": FORMAT_VERSION,
+        "split_spec": split_spec,
+        "num_stages": num_stages,
+        "schedule_class": cls,
+        "n_microbatches": m,
+        "microbatch_size": plan.micro_batch_size,
+        "batch_size_per_step": plan.micro_batch_size * m,
+        "pp_group_size": p,
+        "stages_per_rank": v,
+        "stage_to_rank": [s % p for s in range(num_stages)],
+        "rank_to_stages": [[r + c * p for c in range(v)] for r in range(p)],
+        "pipeline_order_csv": to_torch_csv(order),
+        "layer_modules": mods,
+        "notes": notes,
+    }
+
+
+# ---------------------------------------------------------------- parse back
+
+
+def stages_from_split_spec(split_spec: Mapping[str, str], layer_modules: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
+    """Stage boundaries from a ``split_spec`` and the layers' module FQNs.
+
+    Args:
+        split_spec: ``{fqn: "SplitPoint.BEGINNING"}`` (``"BEGINNING"`` and the
+            enum's value ``1`` are accepted too).
+        layer_modules: per layer in execution order, its module FQNs (the
+            export's ``layer_modules``); a split point must be the first FQN of
+            a layer.
+
+    Returns:
+        Half-open layer index ranges, one per stage.
+
+    Raises:
+        InputError: an FQN that starts no layer, an ``END`` split point, or a
+            split before the first layer.
+    """
+    first = {fqns[0]: i for i, fqns in enumerate(layer_modules) if fqns}
+    cuts = set()
+    for fqn, kind in split_spec.items():
+        if kind not in (SPLIT_POINT, "BEGINNING", 1):
+            raise InputError(f"torch split_spec[{fqn!r}] = {kind!r}; only SplitPoint.BEGINNING is supported here")
+        if fqn not in first:
+            raise InputError(f"torch split_spec: {fqn!r} is not the first module of any layer")
+        if first[fqn] == 0:
+            raise InputError(f"torch split_spec: {fqn!r} splits before the first layer (empty first stage)")
+        cuts.add(first[fqn])
+    bounds = [0, *sorted(cuts), len(layer_modules)]
+    return [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def schedule_from_csv(text: str):
+    """The schedule in an exported ``pipeline_order_csv`` and its stage -> rank map.
+
+    Returns:
+        ``(actions, stage_to_rank)``: the per-rank tuples of
+        :class:`~pipesearch.schedules.Action` and ``{stage: rank}``.
+
+    Raises:
+        InputError: a malformed CSV (see :func:`pipesearch.schedules.from_torch_csv`)
+            or a stage on two ranks.
+    """
+    actions = from_torch_csv(text)
+    return actions, stage_to_rank(actions)

@@ -1,0 +1,240 @@
+"""Heatmaps of the search space: predicted throughput over (pipeline stages,
+micro-batches), one panel per schedule and tensor-parallel degree."""
+
+from __future__ import annotations
+
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..plan import PlanFile
+from .common import figure, points_frame, save, title_of
+
+#: Cell statuses of :func:`space_grid`, in order of precedence: a cell with
+#: any ``ok`` point is ``ok``; else one with a ``pruned`` point is ``pruned``
+#: (its best is unknown); else ``out_of_memory``, ``schedule_refused``; else
+#: ``n/a`` (no point of the space has that pp and number of micro-batches,
+#: or only ones whose batch does not divide).
+CELL_STATUSES = ("ok", "pruned", "out_of_memory", "schedule_refused", "n/a")
+
+CELL_TEXT = {"pruned": "bound", "out_of_memory": "OOM", "schedule_refused": "refused", "n/a": "n/a"}
+_CELL_STYLE = {  # face colour, hatch, text colour, legend label
+    "out_of_memory": ("#F4CCCC", "xxx", "#8B1A1A", "OOM: every point out of device memory"),
+    "schedule_refused": ("#E3E3E3", "///", "#404040", "refused: schedule needs more micro-batches (1F1B: m >= pp)"),
+    "pruned": ("#D6E4F2", "...", "#1F4E79", "bound: not evaluated, pruned by lower bound (use --exhaustive)"),
+    "n/a": ("#FFFFFF", None, "#9A9A9A", "n/a: no such point (batch not divisible, too few devices)"),
+}
+BEST_COLOUR = "#E8112D"
+
+_KEY = ["tp", "schedule", "pp", "num_micro_batches"]
+
+
+def space_grid(points: pd.DataFrame) -> pd.DataFrame:
+    """The cells of the space plot, one row per (tp, schedule, pp, m) cell.
+
+    For each tensor-parallel degree, the cells are every combination of the
+    schedules, the pp values and the micro-batch counts that occur in
+    ``points`` for that degree. A cell's value is the best ``ok`` point over
+    the other dimensions (dp, micro-batch size, placement, recompute).
+
+    Args:
+        points: the points table of a search (:attr:`pipesearch.search.
+            SearchResult.points` or ``search.points`` of a plan file).
+
+    Returns:
+        DataFrame with columns ``tp, schedule, pp, num_micro_batches, status``
+        (one of :data:`CELL_STATUSES`), ``samples_per_s, iteration_time_s,
+        peak_memory_bytes, dp, micro_batch_size, placement, recompute`` (of
+        the cell's best ok point; NaN/None otherwise) and ``points`` (points
+        of the space in the cell); sorted by tp, schedule (in order of first
+        appearance), pp, num_micro_batches.
+    """
+    pts = points[points["pp"].notna() & points["num_micro_batches"].notna() & points["schedule"].notna()].copy()
+    pts["pp"] = pts["pp"].astype(int)
+    pts["num_micro_batches"] = pts["num_micro_batches"].astype(int)
+    pts["tp"] = pts["tp"].fillna(1).astype(int)
+    schedules = list(dict.fromkeys(pts["schedule"]))
+    frames = []
+    for tp in sorted(pts["tp"].unique()):
+        sub = pts[pts["tp"] == tp]
+        index = pd.MultiIndex.from_product(
+            [[int(tp)], schedules, sorted(sub["pp"].unique()), sorted(sub["num_micro_batches"].unique())],
+            names=_KEY)
+        frames.append(pd.DataFrame(index=index).reset_index())
+    cols = ["samples_per_s", "iteration_time_s", "peak_memory_bytes", "dp", "micro_batch_size", "placement",
+            "recompute"]
+    if not frames:
+        return pd.DataFrame(columns=_KEY + ["status"] + cols + ["points"])
+    grid = pd.concat(frames, ignore_index=True)
+
+    counts = pts.groupby(_KEY).size().rename("points")
+    flags = pd.DataFrame({s: (pts["status"] == s) for s in ("ok", "pruned", "out_of_memory", "schedule_refused")})
+    flags[_KEY] = pts[_KEY]
+    anyof = flags.groupby(_KEY).any()
+    ok = pts[pts["status"] == "ok"]
+    # First occurrence of the maximum: stable, so ties resolve the same way every run.
+    best_idx = ok.sort_values("samples_per_s", ascending=False, kind="stable").groupby(_KEY, sort=False).head(1)
+    best = best_idx.set_index(_KEY)[cols]
+
+    grid = grid.join(counts, on=_KEY).join(anyof, on=_KEY).join(best, on=_KEY)
+    grid["points"] = grid["points"].fillna(0).astype(int)
+    status = np.full(len(grid), "n/a", dtype=object)
+    for name in reversed(CELL_STATUSES[:-1]):  # highest precedence written last
+        status[grid[name].fillna(False).astype(bool).to_numpy()] = name
+    grid["status"] = status
+    grid.loc[grid["status"] != "ok", cols] = np.nan
+    return grid[_KEY + ["status"] + cols + ["points"]].reset_index(drop=True)
+
+
+def best_cell(grid: pd.DataFrame) -> pd.Series | None:
+    """The ok cell of highest throughput (the first one on ties), or None."""
+    ok = grid[grid["status"] == "ok"]
+    if ok.empty:
+        return None
+    return ok.loc[ok["samples_per_s"].idxmax()]
+
+
+def _fmt_value(v: float, vmax: float) -> str:
+    if vmax >= 100:
+        return f"{v:.0f}"
+    if vmax >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "plan file") -> Path:
+    """Heatmaps of predicted throughput over (pp, micro-batches per replica).
+
+    One panel per schedule (columns) and tensor-parallel degree (rows). A
+    cell's colour and number are the best predicted (analytic) samples/s
+    over dp, micro-batch size, placement and recompute; infeasible cells are
+    hatched and labelled OOM / refused / n/a, cells skipped by the search's
+    lower bound are labelled "bound"; the best cell has a red box and the
+    rank-1 plan's cell (ranked after simulation) a star.
+
+    Raises:
+        PlanFormatError: the plan file has no points table.
+    """
+    from matplotlib.colors import Normalize
+    from matplotlib.patches import Patch, Rectangle
+    import matplotlib
+
+    points = points_frame(plan_file, source)
+    grid = space_grid(points)
+    tps = sorted(grid["tp"].unique())
+    schedules = list(dict.fromkeys(grid["schedule"]))
+    ok = grid[grid["status"] == "ok"]
+    vmin = float(ok["samples_per_s"].min()) if not ok.empty else 0.0
+    vmax = float(ok["samples_per_s"].max()) if not ok.empty else 1.0
+    if vmax <= vmin:
+        vmin, vmax = vmin * 0.9, vmax * 1.1 + 1e-9
+    best = best_cell(grid)
+    top = plan_file.plans[0] if plan_file.plans else None
+
+    shapes = {tp: (grid.loc[grid.tp == tp, "pp"].nunique(), grid.loc[grid.tp == tp, "num_micro_batches"].nunique())
+              for tp in tps}
+    max_cols = max(c for _, c in shapes.values())
+    cell_w, cell_h = 0.52, 0.30
+    panel_w = max(3.2, max_cols * cell_w)
+    heights = [max(1.2, shapes[tp][0] * cell_h) for tp in tps]
+    width = len(schedules) * (panel_w + 0.75) + 1.3
+    height = sum(heights) + 0.55 * len(tps) + 2.3
+    cmap = matplotlib.colormaps["viridis"].copy()
+    cmap.set_bad((0, 0, 0, 0))
+    norm = Normalize(vmin=vmin, vmax=vmax)
+    fs = 7.0 if cell_w * 72 / 4.6 >= len(_fmt_value(vmax, vmax)) else 6.0
+
+    with figure(width, height) as fig:
+        gs = fig.add_gridspec(len(tps), len(schedules), height_ratios=heights, hspace=0.45, wspace=0.18,
+                              left=0.9 / width, right=1 - 1.2 / width, top=1 - 1.25 / height,
+                              bottom=1.05 / height)
+        image = None
+        for r, tp in enumerate(tps):
+            sub_tp = grid[grid.tp == tp]
+            pps = sorted(sub_tp["pp"].unique())
+            ms = sorted(sub_tp["num_micro_batches"].unique())
+            for c, sched in enumerate(schedules):
+                ax = fig.add_subplot(gs[r, c])
+                cells = sub_tp[sub_tp.schedule == sched].set_index(["pp", "num_micro_batches"])
+                values = np.full((len(pps), len(ms)), np.nan)
+                for i, pp in enumerate(pps):
+                    for j, m in enumerate(ms):
+                        cell = cells.loc[(pp, m)]
+                        if cell["status"] == "ok":
+                            values[i, j] = cell["samples_per_s"]
+                            v = float(cell["samples_per_s"])
+                            rgba = cmap(norm(v))
+                            lum = 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2]
+                            ax.text(j, i, _fmt_value(v, vmax), ha="center", va="center", fontsize=fs,
+                                    color="black" if lum > 0.5 else "white", zorder=3)
+                        else:
+                            face, hatch, tcol, _ = _CELL_STYLE[cell["status"]]
+                            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=face, hatch=hatch,
+                                                   edgecolor="white" if hatch is None else tcol,
+                                                   linewidth=0, zorder=1, alpha=1.0 if hatch is None else 0.9))
+                            ax.text(j, i, CELL_TEXT[cell["status"]], ha="center", va="center", fontsize=fs - 0.5,
+                                    color=tcol, zorder=3,
+                                    bbox=None if hatch is None else dict(boxstyle="square,pad=0.08", fc=face,
+                                                                         ec="none"))
+                image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, origin="lower",
+                                  aspect="auto", interpolation="nearest", zorder=0.5,
+                                  extent=(-0.5, len(ms) - 0.5, -0.5, len(pps) - 0.5))
+                # cell separators
+                for j in range(len(ms) + 1):
+                    ax.axvline(j - 0.5, color="white", linewidth=0.8, zorder=2)
+                for i in range(len(pps) + 1):
+                    ax.axhline(i - 0.5, color="white", linewidth=0.8, zorder=2)
+                if best is not None and best["tp"] == tp and best["schedule"] == sched:
+                    i, j = pps.index(best["pp"]), ms.index(best["num_micro_batches"])
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=BEST_COLOUR,
+                                           linewidth=2.6, zorder=4))
+                if (top is not None and top.tp == tp and top.schedule == sched and top.pp in pps
+                        and top.num_micro_batches in ms):
+                    i, j = pps.index(top.pp), ms.index(top.num_micro_batches)
+                    ax.plot([j + 0.33], [i + 0.25], marker="*", markersize=7, color="white",
+                            markeredgecolor="black", markeredgewidth=0.6, zorder=5, linestyle="none")
+                ax.set_xlim(-0.5, len(ms) - 0.5)
+                ax.set_ylim(-0.5, len(pps) - 0.5)
+                ax.set_xticks(range(len(ms)))
+                ax.set_xticklabels([str(m) for m in ms], rotation=0 if len(ms) <= 12 else 90)
+                ax.set_yticks(range(len(pps)))
+                ax.set_yticklabels([str(p) for p in pps])
+                ax.tick_params(length=2)
+                for spine in ax.spines.values():
+                    spine.set_visible(False)
+                name = {"gpipe": "GPipe", "1f1b": "1F1B"}.get(sched, sched)
+                ax.set_title(name if len(tps) == 1 else f"{name}, tensor parallel {tp}", fontsize=9.5)
+                if r == len(tps) - 1:
+                    ax.set_xlabel("micro-batches per replica, m")
+                if c == 0:
+                    ax.set_ylabel("pipeline stages, pp")
+        cax = fig.add_axes((1 - 1.0 / width, 1.05 / height, 0.16 / width, 1 - 2.3 / height))
+        cbar = fig.colorbar(image, cax=cax)
+        cbar.set_label("predicted throughput (samples/s)")
+
+        handles = []
+        if best is not None:
+            handles.append(Patch(fill=False, edgecolor=BEST_COLOUR, linewidth=2.2,
+                                 label=f"best: {best['samples_per_s']:.1f} samples/s "
+                                       f"(pp {best['pp']}, dp {int(best['dp'])}, m {best['num_micro_batches']})"))
+        if top is not None:
+            from matplotlib.lines import Line2D
+            handles.append(Line2D([], [], marker="*", markersize=8, color="white", markeredgecolor="black",
+                                  linestyle="none", label="plan #1 (ranked by simulation)"))
+        present = set(grid["status"])
+        for status in ("out_of_memory", "schedule_refused", "pruned", "n/a"):
+            if status in present:
+                face, hatch, tcol, label = _CELL_STYLE[status]
+                handles.append(Patch(facecolor=face, hatch=hatch, edgecolor=tcol if hatch else "#BBBBBB",
+                                     linewidth=0.5, label=label))
+        fig.legend(handles=handles, loc="lower center", ncol=min(3, len(handles)), frameon=False,
+                   bbox_to_anchor=(0.5, 0.0), handleheight=1.3, columnspacing=1.5)
+        sub = "colour and number: best predicted (analytic) samples/s over dp, micro-batch size, placement" + (
+            ", recompute" if points["recompute"].nunique() > 1 else "")
+        if "pruned" in present:
+            sub += "\nsearch pruned by lower bound: run `pipesearch plan --exhaustive` to evaluate every cell"
+        fig.suptitle(f"{title_of(plan_file)}: search space", y=1 - 0.18 / height, va="top")
+        fig.text(0.5, 1 - 0.52 / height, sub, ha="center", va="top", fontsize=8, color="#333333")
+        return save(fig, path)
