@@ -134,6 +134,7 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> t
             send_bytes=float(costs.output_bytes[j - 1]) if s + 1 < costs.pp else 0.0,
             device_type=cluster.device_spec(devices[0]).name,
             fwd_s=float(costs.time_scale[s] * (costs.fwd_prefix_s[j] - costs.fwd_prefix_s[i])),
+            saved_bytes=float(costs.saved_prefix_bytes[j] - costs.saved_prefix_bytes[i]),
         ))
     return tuple(stages)
 
@@ -164,7 +165,7 @@ def simulate_plan(plan: Plan) -> tuple[float, object]:
     fwd = [st.fwd_s for st in plan.stages]
     bwd = [st.compute_s - st.fwd_s for st in plan.stages]
     p2p = [st.comm_s / 2 for st in plan.stages[:-1]]
-    timeline = simulate(actions, fwd_s=fwd, bwd_s=bwd, p2p_s=p2p)
+    timeline = simulate(actions, fwd_s=fwd, bwd_s=bwd, p2p_s=p2p, act_bytes=[st.saved_bytes for st in plan.stages])
     end = [0.0] * len(plan.stages)
     for rec in timeline.records:
         if rec.kind in ("B", "W"):

@@ -224,7 +224,8 @@ class StagePlan:
     forward+backward time of one micro-batch (``fwd_s`` of it forward); ``comm_s`` the point-to-point time
     of one micro-batch's activation sent forward plus its gradient received back
     over the stage's outgoing boundary; ``send_bytes`` the activation bytes sent
-    forward per micro-batch; ``allreduce_s`` the gradient all-reduce time per
+    forward per micro-batch; ``saved_bytes`` the activation bytes one in-flight
+    micro-batch keeps on the stage; ``allreduce_s`` the gradient all-reduce time per
     iteration; ``memory_bytes`` the peak memory of one of its devices.
     """
 
@@ -239,6 +240,7 @@ class StagePlan:
     send_bytes: float
     device_type: str = ""
     fwd_s: float = 0.0
+    saved_bytes: float = 0.0
 
 
 @dataclass(frozen=True)

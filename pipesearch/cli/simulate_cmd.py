@@ -1,0 +1,79 @@
+"""``pipesearch simulate``: replay a plan's schedule; print the figures; draw the timeline."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import click
+
+from ..plan import load_plan_file, select_plan
+from ..schedules import build, to_torch_csv
+from ..search import simulate_plan
+from ..units import format_bytes, format_seconds
+from . import main
+
+
+def plan_title(plan_file, plan, iteration_time_s: float) -> str:
+    """``model on cluster, pp x dp x tp, schedule, mbs x m: iteration time``."""
+    model = plan_file.inputs.get("model", {}).get("name", "model")
+    cluster = plan_file.inputs.get("cluster", {}).get("name", "cluster")
+    batch = plan_file.inputs.get("job", {}).get("global_batch_size", "?")
+    vp = f", vp {plan.vp}" if plan.vp > 1 else ""
+    return (f"{model} on {cluster}, global batch {batch}: pp {plan.pp} x dp {plan.dp} x tp {plan.tp}{vp}, "
+            f"{plan.schedule}, {plan.micro_batch_size} x {plan.num_micro_batches} micro-batches; "
+            f"iteration {format_seconds(iteration_time_s)}")
+
+
+def write_atomic(path: Path, write) -> None:
+    """Call ``write(tmp_path)`` then rename onto ``path``; nothing is left on failure."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@main.command("simulate")
+@click.argument("plans", type=click.Path(dir_okay=False))
+@click.option("--rank", type=click.IntRange(min=1), default=1, show_default=True, help="Which plan of the file.")
+@click.option("--timeline", type=click.Path(dir_okay=False, writable=True),
+              help="Draw the Gantt chart to this file (.png, .svg or .pdf).")
+@click.option("--torch-csv", type=click.Path(dir_okay=False, writable=True),
+              help="Write the per-rank action order in torch.distributed.pipelining's CSV form.")
+def simulate_command(plans, rank, timeline, torch_csv):
+    """Replay a plan's schedule in the discrete-event simulator.
+
+    Prints the simulated iteration time next to the analytic one, the busy
+    fraction and peak activation memory of every rank.
+
+    \b
+    Examples:
+      pipesearch plan -o plans.json
+      pipesearch simulate plans.json --rank 1 --timeline timeline.png
+      pipesearch simulate plans.json --torch-csv order.csv
+    """
+    plan_file = load_plan_file(plans)
+    plan = select_plan(plan_file, rank, plans)
+    total_s, tl = simulate_plan(plan)
+    analytic = dict(plan.extra).get("analytic_iteration_time_s")
+    click.echo(plan_title(plan_file, plan, total_s))
+    click.echo(f"simulated iteration: {format_seconds(total_s)} (pipeline {format_seconds(tl.iteration_time_s)}"
+               f" + all-reduce tail); analytic: {format_seconds(analytic) if analytic else 'n/a'}")
+    click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")
+    for r in range(tl.num_ranks):
+        click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
+                   f"peak in-flight activations {format_bytes(tl.peak_act_bytes[r])}")
+    if timeline:
+        from ..plots.timeline import plot_timeline
+
+        write_atomic(Path(timeline), lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s)))
+        click.echo(f"wrote {timeline}")
+    if torch_csv:
+        text = to_torch_csv(build(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp))
+        write_atomic(Path(torch_csv), lambda p: p.write_text(text))
+        click.echo(f"wrote {torch_csv}")
