@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from ..errors import InputError
+from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..models import RECOMPUTE_MODES, load_model_source
 from ..plan import PlanFile, dump_plan_file, to_json
@@ -119,10 +119,13 @@ class _Progress:
               help="Write every evaluated point of the search as CSV.")
 @click.option("--exhaustive", is_flag=True,
               help="Evaluate every point (no pruning by lower bound); slower, fills the space plot.")
+@click.option("--plot-dir", type=click.Path(file_okay=False),
+              help="Also draw space.png, pareto.png, stages.png and timeline.png (plan 1) into this directory "
+                   "(see `pipesearch plot`); --exhaustive fills the space plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, recompute, split, top, simulate_top, memory_reserve,
-                 optimizer_bytes_per_param, output, as_json, all_points, exhaustive, quiet):
+                 optimizer_bytes_per_param, output, as_json, all_points, exhaustive, quiet, plot_dir):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -158,6 +161,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 "wall_s": round(result.wall_s, 4), "simulated_top": simulate_top,
                 "points": points_table(result.points)},
         plans=result.plans,
+        exports=tuple(export_all(p) for p in result.plans),
     )
     text = to_json(plan_file)
     if all_points:
@@ -166,6 +170,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         if output:
             dump_plan_file(plan_file, output)
         click.echo(text, nl=False)
+        _write_plots(plot_dir, text, output or "plan JSON", echo=False)
         return
     out = Path(output or DEFAULT_OUTPUT)
     dump_plan_file(plan_file, out)
@@ -177,3 +182,16 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
         click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
         click.echo(f"wrote {out}")
+    _write_plots(plot_dir, text, str(out), echo=not quiet)
+
+
+def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:
+    """``--plot-dir``: the four figures of the plan file just written."""
+    if not plot_dir:
+        return
+    from ..plan import load_plan_text
+    from ..plots.common import write_all
+
+    paths = write_all(load_plan_text(text, source), plot_dir)
+    if echo:
+        click.echo(f"wrote {', '.join(str(p) for p in paths)}")

@@ -1,0 +1,182 @@
+"""Export a plan for DeepSpeed's pipeline engine (``deepspeed.pipe.PipelineModule``).
+
+Rules (read through the code corpus and issue tracker):
+
+* ``PipelineModule(layers, num_stages=None, topology=None, loss_fn=None, ...,
+  partition_method='parameters', activation_checkpoint_interval=0, ...)``
+  (deepspeed/runtime/pipe/module.py). ``_partition_layers`` knows
+  ``'uniform'`` (``ds_utils.partition_uniform`` over the layer count),
+  ``'parameters'`` (balanced by trainable parameter counts), ``'type:<regex>'``
+  (balanced over the layers whose class name matches) and ``'profile'`` (not
+  implemented). There is **no** method that takes exact boundaries: the
+  request for one (deepspeedai/DeepSpeed issue #2974, "Custom partition option
+  for PipelineModule") is open, and users set ``self.parts`` themselves
+  (issue #5379). The export therefore gives the boundary list ``parts``
+  (``len = num_stages + 1``, stage ``s`` holds layers ``parts[s] ..
+  parts[s+1]-1``, the format of ``PipelineModule.parts``) and a small subclass
+  that overrides ``_partition_layers`` to install it and call
+  ``self._set_bounds(start=parts[stage_id], stop=parts[stage_id + 1])``, as
+  the built-in methods do. ``partition_method='uniform'`` is named as an
+  equivalent only when the layers divide evenly (``partition_uniform`` spread
+  a remainder differently across DeepSpeed versions: floor in old releases,
+  extra layers to the first stages in newer ones).
+* The pipeline engine trains with ``TrainSchedule`` (deepspeed/runtime/pipe/
+  schedule.py), synchronous 1F1B ("num_pipe_buffers ... For synchronous 1F1B,
+  this is equivalent to the index difference between this stage and the last
+  stage"); it has no GPipe, interleaved, zero-bubble or looped schedule and no
+  virtual stages. **Decision:** plans with another schedule or ``vp > 1`` are
+  refused (DeepSpeed would run 1F1B instead of what was planned).
+* Micro-batches are gradient-accumulation steps: ``train_batch_size =
+  train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp`` (the
+  config check DeepSpeed applies), ``gradient_accumulation_steps = m``.
+* Activation checkpointing in ``PipelineModule`` is per layer
+  (``activation_checkpoint_interval``: checkpoint every n layers, 0 = off).
+* An empty stage is refused: the rank would hold a partition without layers
+  or parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..errors import InputError
+from ..types import Plan
+from . import FORMAT_VERSION, plan_layers, recompute_mode, refuse_empty_stages, sequence_parallel
+
+RUNTIME = "deepspeed"
+
+PARTITION_RECIPE = '''\
+from deepspeed.pipe import PipelineModule
+
+
+class ExactPartitionPipelineModule(PipelineModule):
+    """PipelineModule with the stage boundaries given as ``parts``
+    (len num_stages + 1, as PipelineModule.parts)."""
+
+    def __init__(self, *args, parts, **kwargs):
+        self._exact_parts = [int(x) for x in parts]
+        super().__init__(*args, **kwargs)
+
+    def _partition_layers(self, method="uniform"):
+        num_stages = self._topo.get_dim("pipe")
+        stage_id = self._topo.get_coord(self.global_rank).pipe
+        parts = self._exact_parts
+        if len(parts) != num_stages + 1 or parts[0] != 0 or parts[-1] != len(self._layer_specs):
+            raise ValueError(f"parts {parts} do not fit {num_stages} stages of {len(self._layer_specs)} layers")
+        self.parts = list(parts)
+        self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+'''
+
+
+def _partition_uniform_new(num_items: int, num_parts: int) -> list[int]:
+    # deepspeed/runtime/utils.py partition_uniform (newer releases)
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    chunk, residual = divmod(num_items, num_parts)
+    return [p * chunk + min(p, residual) for p in range(num_parts + 1)]
+
+
+def _partition_uniform_old(num_items: int, num_parts: int) -> list[int]:
+    # deepspeed/runtime/utils.py partition_uniform (older releases: floor, remainder on the last stage)
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    chunk = num_items // num_parts
+    return [min(chunk * p, num_items) for p in range(num_parts)] + [num_items]
+
+
+def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None) -> dict:
+    """Export ``plan`` for DeepSpeed's pipeline engine.
+
+    Args:
+        plan: the plan; the layer list is the ``layers`` list given to
+            ``PipelineModule`` (one entry per pipesearch layer, in order).
+        module_names: unused (DeepSpeed indexes layers by position); noted if
+            given.
+
+    Returns:
+        ``{"runtime", "format_version", "pipeline_module": {"num_stages",
+        "parts", "partition_method", "activation_checkpoint_interval",
+        "topology"}, "config": {"train_batch_size",
+        "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"},
+        "parts", "num_stages", "partition_recipe": python source, "notes"}``.
+        ``pipeline_module.partition_method`` is ``"uniform"`` when that gives
+        the same split in every DeepSpeed version, else ``None`` (use the
+        recipe with ``parts``).
+
+    Raises:
+        InputError: a malformed plan, an empty stage, ``vp > 1``, or a
+            schedule other than ``1f1b``.
+    """
+    layers = plan_layers(plan, "deepspeed")
+    if plan.schedule != "1f1b":
+        raise InputError(
+            f"deepspeed: the pipeline engine always runs its TrainSchedule (synchronous 1F1B) and has no "
+            f"{plan.schedule!r} schedule, so it would not run this plan as planned; re-plan with schedule '1f1b'"
+        )
+    if plan.vp != 1:
+        raise InputError(f"deepspeed: PipelineModule has one stage per pipeline rank, the plan has vp={plan.vp}")
+    refuse_empty_stages(
+        layers, "deepspeed",
+        "a PipelineModule stage must hold at least one layer (its rank would build no layers and have no "
+        "parameters to train); re-plan without empty stages",
+    )
+    p, m, mbs = plan.pp, plan.num_micro_batches, plan.micro_batch_size
+    n = len(layers.names)
+    parts = [0] + [b for _, b in layers.ranges]
+    same_uniform = parts == _partition_uniform_new(n, p) == _partition_uniform_old(n, p)
+    rc = recompute_mode(plan, "deepspeed")
+    topology = (
+        {"class": "PipeModelDataParallelTopology", "num_pp": p, "num_mp": plan.tp, "num_dp": plan.dp}
+        if plan.tp > 1 else
+        {"class": "PipeDataParallelTopology", "num_pp": p, "num_dp": plan.dp}
+    )
+    notes = [
+        "build the module with ExactPartitionPipelineModule(layers, topology=..., parts=parts, ...) from "
+        "partition_recipe" + (" or PipelineModule(..., partition_method='uniform'), which gives the same split."
+                              if same_uniform else "; no built-in partition_method gives this split."),
+        f"DeepSpeed runs {m} micro-batches per step as gradient accumulation (TrainSchedule, 1F1B).",
+    ]
+    if rc == "selective":
+        notes.append("recompute='selective' (attention core) has no PipelineModule option; it must come from the "
+                     "layers (e.g. a FlashAttention kernel). activation_checkpoint_interval is 0.")
+    if plan.tp > 1:
+        notes.append(f"tp={plan.tp}: the layers must implement tensor parallelism (e.g. Megatron-DeepSpeed); "
+                     f"the topology only lays out the ranks.")
+    if sequence_parallel(plan):
+        notes.append("sequence_parallel must come from the layers' tensor-parallel implementation.")
+    if m < p:
+        notes.append(f"only {m} micro-batches for {p} stages: most of each step is pipeline bubble.")
+    if module_names:
+        notes.append("module_names is unused: DeepSpeed indexes layers by position.")
+    return {
+        "runtime": RUNTIME,
+        "format_version": FORMAT_VERSION,
+        "pipeline_module": {
+            "num_stages": p,
+            "parts": parts,
+            "partition_method": "uniform" if same_uniform else None,
+            "activation_checkpoint_interval": 1 if rc == "full" else 0,
+            "topology": topology,
+        },
+        "config": {
+            "train_batch_size": mbs * m * plan.dp,
+            "train_micro_batch_size_per_gpu": mbs,
+            "gradient_accumulation_steps": m,
+        },
+        "parts": parts,
+        "num_stages": p,
+        "partition_recipe": PARTITION_RECIPE,
+        "notes": notes,
+    }
+
+
+def stages_from_parts(parts: Sequence[int]) -> list[tuple[int, int]]:
+    """Stage boundaries from a DeepSpeed ``parts`` list (``PipelineModule.parts``).
+
+    Raises:
+        InputError: fewer than 2 entries, not starting at 0, or decreasing.
+    """
+    parts = [int(x) for x in parts]
+    if len(parts) < 2 or parts[0] != 0 or any(b < a for a, b in zip(parts, parts[1:])):
+        raise InputError(f"deepspeed parts {parts}: expected 0 = parts[0] <= parts[1] <= ... (len num_stages + 1)")
+    return list(zip(parts[:-1], parts[1:]))

@@ -1,0 +1,118 @@
+"""Export a plan for torchgpipe's ``GPipe`` / fairscale's ``Pipe``.
+
+``GPipe(module: nn.Sequential, balance, devices=None, chunks=1,
+checkpoint='except_last')`` (torchgpipe; fairscale.nn.Pipe has the same
+arguments): ``balance`` lists the number of child layers of each partition,
+``chunks`` the micro-batches per mini-batch, ``checkpoint`` one of
+``'always'``, ``'except_last'``, ``'never'``.
+
+Rules (torchgpipe/gpipe.py ``split_module`` and fairscale/nn/pipe
+``check_balance``, read through the code corpus):
+
+* ``len(module) != sum(balance)`` -> "module and sum of balance have different
+  length"; ``any(x <= 0 for x in balance)`` -> "all balance numbers must be
+  positive integer": empty stages are refused.
+* torchgpipe runs GPipe's fill-drain schedule only, one partition per device:
+  **decision:** plans with another schedule or ``vp > 1`` are refused (it would
+  run GPipe instead of what was planned).
+* The mini-batch is split with ``torch.chunk`` into ``chunks`` pieces, which
+  yields fewer pieces when the batch is not divisible; the export sets the
+  mini-batch to ``micro_batch_size * chunks`` so there are exactly ``chunks``.
+* No tensor parallelism: ``tp > 1`` is refused. Data parallelism is outside
+  GPipe (one GPipe per replica); ``devices`` lists each replica's devices.
+* ``checkpoint``: recompute ``full`` -> ``'always'`` (every micro-batch
+  recomputed, pipesearch's model of full recomputation); ``none`` ->
+  ``'never'``; ``selective`` -> ``'never'`` with a note (torchgpipe
+  checkpoints whole partitions; attention-core recomputation must come from
+  the layers). torchgpipe's default ``'except_last'`` is not pipesearch's model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..errors import InputError
+from ..types import Plan
+from . import FORMAT_VERSION, plan_layers, recompute_mode, refuse_empty_stages, sequence_parallel
+
+RUNTIME = "torchgpipe"
+
+CHECKPOINT = {"none": "never", "selective": "never", "full": "always"}
+
+
+def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None) -> dict:
+    """Export ``plan`` as torchgpipe / fairscale Pipe arguments.
+
+    Args:
+        plan: the plan; the layer list is the ``nn.Sequential``'s children.
+        module_names: unused (GPipe splits by child position); noted if given.
+
+    Returns:
+        ``{"runtime", "format_version", "balance", "chunks", "checkpoint",
+        "batch_size", "devices", "notes"}``; ``devices[r]`` lists replica
+        ``r``'s device ids, one per partition (from the plan's stages).
+
+    Raises:
+        InputError: a malformed plan, a schedule other than ``gpipe``,
+            ``vp > 1``, ``tp > 1`` or an empty stage.
+    """
+    layers = plan_layers(plan, "gpipe")
+    if plan.schedule != "gpipe":
+        raise InputError(
+            f"gpipe: torchgpipe / fairscale Pipe run only GPipe's fill-drain schedule, the plan uses "
+            f"{plan.schedule!r}; re-plan with schedule 'gpipe'"
+        )
+    if plan.vp != 1:
+        raise InputError(f"gpipe: GPipe places one partition per device, the plan has vp={plan.vp}")
+    if plan.tp > 1:
+        raise InputError(f"gpipe: GPipe has no tensor parallelism, the plan has tp={plan.tp}")
+    refuse_empty_stages(
+        layers, "gpipe",
+        "GPipe's balance must be positive ('all balance numbers must be positive integer'); "
+        "re-plan without empty stages",
+    )
+    rc = recompute_mode(plan, "gpipe")
+    balance = list(layers.counts)
+    m = plan.num_micro_batches
+    devices = []
+    for r in range(plan.dp):
+        row = []
+        for st in plan.stages:
+            row.append(int(st.devices[r]) if r < len(st.devices) else None)
+        devices.append(row)
+    notes = [f"pass a mini-batch of micro_batch_size * chunks = {plan.micro_batch_size * m} samples per replica."]
+    if rc == "selective":
+        notes.append("recompute='selective' (attention core) is not a GPipe option; checkpoint='never' and the "
+                     "layers must recompute (e.g. FlashAttention).")
+    if plan.dp > 1:
+        notes.append(f"dp={plan.dp}: run one GPipe per replica (devices[r]) and all-reduce gradients across them.")
+    if sequence_parallel(plan):
+        notes.append("sequence_parallel has no meaning without tensor parallelism; ignored.")
+    if module_names:
+        notes.append("module_names is unused: GPipe splits the nn.Sequential by child position.")
+    return {
+        "runtime": RUNTIME,
+        "format_version": FORMAT_VERSION,
+        "balance": balance,
+        "chunks": m,
+        "checkpoint": CHECKPOINT[rc],
+        "batch_size": plan.micro_batch_size * m,
+        "devices": devices,
+        "notes": notes,
+    }
+
+
+def stages_from_balance(balance: Sequence[int]) -> list[tuple[int, int]]:
+    """Stage boundaries from a GPipe ``balance``.
+
+    Raises:
+        InputError: a non-positive entry (GPipe's own rule).
+    """
+    out, pos = [], 0
+    for x in balance:
+        x = int(x)
+        if x <= 0:
+            raise InputError(f"gpipe balance {list(balance)}: all balance numbers must be positive integer")
+        out.append((pos, pos + x))
+        pos += x
+    return out

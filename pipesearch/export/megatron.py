@@ -1,0 +1,524 @@
+"""Export a plan as Megatron-LM command-line arguments.
+
+Megatron-LM (github.com/NVIDIA/Megatron-LM) builds GPT-style models from
+``--num-layers`` transformer layers plus an embedding (first stage) and the
+output layer + loss (last stage), so only transformer layer tables are
+exported: an optional ``embedding``, ``block_00`` .. ``block_{L-1}``, an
+optional ``head``. Everything else is refused.
+
+Rules (read through the code corpus; megatron/training/arguments.py
+``validate_args``, megatron/core/transformer/transformer_block.py
+``get_num_layers_to_build``, megatron/core/transformer/
+pipeline_parallel_layer_layout.py, megatron/core/pipeline_parallel/
+schedules.py):
+
+* Interleaving: ``--num-layers-per-virtual-pipeline-stage N`` (the long-standing
+  flag) or ``--num-virtual-stages-per-pipeline-rank V`` (newer); upstream has
+  no ``--virtual-pipeline-model-parallel-size`` flag (``args.virtual_pipeline_
+  model_parallel_size`` is derived; only forks add the flag). At most one of
+  these two and ``--pipeline-model-parallel-layout`` may be set.
+* Even split (no split flags): ``num_layers (+1 with
+  --account-for-embedding-in-pipeline-split) (+1 with
+  --account-for-loss-in-pipeline-split)`` must be divisible by the pipeline
+  size; with ``--num-layers-per-virtual-pipeline-stage`` the layers per
+  pipeline rank must be divisible by it; each (virtual) stage builds
+  ``per_rank / vp`` layers, one fewer on the very first stage with the
+  embedding flag and on the very last with the loss flag.
+* Uneven split: ``--decoder-first-pipeline-num-layers`` /
+  ``--decoder-last-pipeline-num-layers`` give the first / last pipeline rank's
+  layers; "the left over layers must be divisible by left over stages"; they
+  cannot be combined with the account-for flags ("Does not support standalone
+  embedding stage and standalone loss stage with uneven pp"), nor with
+  ``--num-layers-per-virtual-pipeline-stage``.
+* ``--pipeline-model-parallel-layout``: stages separated by ``|`` in stage
+  order ``vpp_rank * pp + pp_rank`` (pipesearch's stage ``s`` on rank
+  ``s % pp``); ``E`` embedding, ``t`` transformer layer, ``L`` loss, ``m`` MTP;
+  ``x*n`` and ``(...)*n`` repeat, commas are cosmetic; the number of stages
+  must be divisible by the pipeline size (its quotient is the vp size); ``E``
+  first and ``L`` last, exactly once each; ``t`` count = ``--num-layers``.
+  Example from Megatron: ``"Et*3|(tt|)*29,m|L"``. Requires a Megatron-LM
+  with the layout option (megatron-core 2025 or later).
+* Interleaved schedule (``forward_backward_pipelining_with_interleaving``):
+  "number of microbatches (..) is not divisible by
+  pipeline-model-parallel-size (..) when using interleaved schedule" ->
+  ``m % pp == 0``; "Interleaving is not supported with an encoder and decoder
+  model". ``validate_args``: with interleaving the pipeline size must be > 2
+  unless p2p overlap is on (``--no-overlap-p2p-communication`` turns it off;
+  on by default).
+* Megatron runs 1F1B without interleaving and interleaved 1F1B with it; it has
+  no GPipe, ZB-H1 or looped-BFS schedule, so those plans are refused (it
+  would run 1F1B instead).
+* ``--recompute-granularity {full,selective}``; ``selective`` (core attention)
+  takes no ``--recompute-method``; ``full`` with ``--recompute-method uniform
+  --recompute-num-layers 1`` recomputes every layer from its input.
+* ``validate_args`` sets ``args.sequence_parallel = False`` when
+  ``--tensor-model-parallel-size`` is 1, so ``--sequence-parallel`` is only
+  written with ``tp > 1``.
+* Batch: ``num_microbatches = global_batch_size / (micro_batch_size * dp)``,
+  ``dp = world_size / (tp * pp * cp)``.
+
+Choice of flags: the export uses the simplest flags that reproduce the plan's
+split exactly, in this order: even split; the account-for flags; first/last
+stage layers (``vp = 1``); the layout string (only when the plan has explicit
+``embedding`` and ``head`` layers: a layout must place ``E`` and ``L``, and a
+blocks-only plan does not say where they go). Stages without transformer
+layers go through the layout only; an empty first or last stage is refused
+(Megatron builds the embedding on the first stage and the loss on the last).
+The equivalent layout string is also given under ``"layout"`` whenever it can
+be built.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+from ..errors import InputError
+from ..types import Plan
+from . import (
+    FORMAT_VERSION,
+    plan_layers,
+    recompute_mode,
+    sequence_parallel,
+    transformer_shape,
+)
+
+RUNTIME = "megatron-lm"
+
+_LAYER_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
+_VALUE_FLAGS = frozenset({
+    "--num-layers", "--pipeline-model-parallel-size", "--tensor-model-parallel-size",
+    "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--pipeline-model-parallel-layout", "--micro-batch-size", "--global-batch-size",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+})
+
+
+# ---------------------------------------------------------------- layout grammar
+
+
+def parse_layout(layout: str) -> list[list[str]]:
+    """Parse a ``--pipeline-model-parallel-layout`` string as Megatron does
+    (``PipelineParallelLayerLayout.parse_str_to_list``): drop commas, unroll
+    ``(...)*n`` then ``x*n``, split stages on ``|``.
+
+    Returns:
+        One list of layer characters (``E``, ``t``, ``L``, ``m``) per stage.
+
+    Raises:
+        InputError: a character other than ``E t L m``.
+    """
+    s = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        s = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), s)
+    out = []
+    for stage in s.split("|"):
+        for ch in stage:
+            if ch not in _LAYER_CHARS:
+                raise InputError(
+                    f"megatron layout {layout!r}: invalid layer character {ch!r} (known: {', '.join(_LAYER_CHARS)})"
+                )
+        out.append(list(stage))
+    return out
+
+
+def _stage_text(tokens: Sequence[str]) -> str:
+    out, i = [], 0
+    while i < len(tokens):
+        j = i
+        while j < len(tokens) and tokens[j] == tokens[i]:
+            j += 1
+        n = j - i
+        out.append(tokens[i] if n == 1 else f"{tokens[i]}*{n}")
+        i = j
+    return "".join(out)
+
+
+def format_layout(stages: Sequence[Sequence[str]]) -> str:
+    """A layout string for per-stage layer characters; runs of two or more
+    identical stages (not the last) are written ``(X|)*n,`` as in Megatron's
+    own examples. ``parse_layout(format_layout(s)) == s``."""
+    texts = [_stage_text(t) for t in stages]
+    out, i, n = [], 0, len(texts)
+    while i < n:
+        j = i
+        while j < n - 1 and texts[j] == texts[i]:
+            j += 1
+        run = j - i  # stages i .. j-1 identical, j is the next different one (or the last)
+        if run >= 2 and texts[i]:
+            out.append(f"({texts[i]}|)*{run},")
+            i = j
+        else:
+            out.append(texts[i] + ("|" if i < n - 1 else ""))
+            i += 1
+    return "".join(out)
+
+
+def validate_layout(stages: Sequence[Sequence[str]], pp: int, num_layers: int) -> None:
+    """Megatron's checks of a parsed layout (``PipelineParallelLayerLayout``
+    ``__init__`` and ``validate_layer_layout``, without MTP).
+
+    Raises:
+        InputError: the failed check.
+    """
+    if len(stages) % pp:
+        raise InputError(f"megatron layout: {len(stages)} stages is not divisible by the pipeline size {pp}")
+    flat = [c for st in stages for c in st]
+    if not flat or flat[0] != "E" or flat.count("E") != 1:
+        raise InputError("megatron layout: the first layer must be embedding 'E', exactly once")
+    if flat[-1] != "L" or flat.count("L") != 1:
+        raise InputError("megatron layout: the last layer must be loss 'L', exactly once")
+    if flat.count("t") != num_layers:
+        raise InputError(f"megatron layout: {flat.count('t')} decoder layers 't' must match num_layers {num_layers}")
+
+
+# ---------------------------------------------------------------- Megatron's split rules
+
+
+def megatron_stage_layers(num_layers: int, pp: int, vp: int = 1, *, first: int | None = None,
+                          last: int | None = None, account_embedding: bool = False,
+                          account_loss: bool = False) -> list[int]:
+    """Transformer layers per stage (stage ``s = vpp_rank * pp + pp_rank``) that
+    Megatron builds from the count-based flags (``get_num_layers_to_build``).
+
+    Raises:
+        InputError: where Megatron's asserts fail.
+    """
+    if pp == 1:
+        if vp != 1:
+            raise InputError("megatron: virtual pipeline stages need pipeline-model-parallel-size > 1")
+        return [num_layers]
+    if first is not None or last is not None:
+        if account_embedding or account_loss:
+            raise InputError(
+                "megatron: --decoder-first/last-pipeline-num-layers cannot be combined with the account-for "
+                "flags ('Does not support standalone embedding stage and standalone loss stage with uneven pp')"
+            )
+        left = pp - (first is not None) - (last is not None)
+        rest = num_layers - (first or 0) - (last or 0)
+        if rest < 0 or (left > 0 and rest % left) or (left == 0 and rest != 0):
+            raise InputError(
+                f"megatron: with uneven pipelining the left over layers ({rest}) must be divisible by the "
+                f"left over stages ({left})"
+            )
+        mid = rest // left if left else 0
+        per_rank = [mid] * pp
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+    else:
+        total = num_layers + int(account_embedding) + int(account_loss)
+        if total % pp:
+            raise InputError(
+                f"megatron: number of layers {total} (num_layers {num_layers}"
+                + (" + embedding" if account_embedding else "") + (" + loss" if account_loss else "")
+                + f") should be divisible by the pipeline-model-parallel size {pp}"
+            )
+        per_rank = [total // pp] * pp
+    for r, n in enumerate(per_rank):
+        if n % vp:
+            raise InputError(f"megatron: pipeline rank {r} has {n} layers, not divisible by vp size {vp}")
+    counts = [per_rank[s % pp] // vp for s in range(pp * vp)]
+    if account_embedding:
+        counts[0] -= 1
+    if account_loss:
+        counts[-1] -= 1
+    if min(counts) < 0:
+        raise InputError("megatron: not enough layers in the first/last virtual pipeline stage")
+    return counts
+
+
+def _stage_tokens(counts: Sequence[int], has_emb: bool, has_head: bool) -> list[list[str]]:
+    out = [["t"] * c for c in counts]
+    if has_emb:
+        out[0].insert(0, "E")
+    if has_head:
+        out[-1].append("L")
+    return out
+
+
+# ---------------------------------------------------------------- export
+
+
+def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
+                    allow_layout: bool = True) -> dict:
+    """Export ``plan`` as Megatron-LM arguments.
+
+    Args:
+        plan: the plan; its layers must be a transformer layer table.
+        module_names: unused (Megatron names its own modules); noted if given.
+        allow_layout: ``False`` for a Megatron-LM without
+            ``--pipeline-model-parallel-layout``; splits that only a layout can
+            express are then refused.
+
+    Returns:
+        ``{"runtime", "format_version", "args": [argv items], "command_line":
+        str, "layout": str | None, "num_layers", "world_size",
+        "num_microbatches", "has_embedding", "has_head", "notes"}``
+        (``has_*``: whether the plan's layer list has those layers, which the
+        parse-back needs to index layers).
+
+    Raises:
+        InputError: a plan that is not a transformer, a schedule Megatron does
+            not run, an interleaved plan with ``m % pp != 0``, or a split that
+            no flag (or allowed layout) expresses; each with the rule.
+    """
+    layers = plan_layers(plan, "megatron")
+    shape = transformer_shape(layers.names)
+    if shape is None:
+        sample = ", ".join(layers.names[:4])
+        raise InputError(
+            f"megatron: the plan's layers ({sample}, ...) are not a transformer layer table "
+            f"(embedding, block_00 .. block_<L-1>, head); Megatron-LM builds GPT-style models from "
+            f"--num-layers transformer layers and cannot take this split"
+        )
+    has_emb, L, has_head = shape
+    explicit = has_emb and has_head
+    p, v, m, mbs = plan.pp, plan.vp, plan.num_micro_batches, plan.micro_batch_size
+
+    # schedule rules
+    if plan.schedule == "1f1b":
+        if v != 1:
+            raise InputError(f"megatron: schedule '1f1b' with vp={v}; Megatron runs interleaved 1F1B when vp > 1")
+    elif plan.schedule == "interleaved-1f1b":
+        if v < 2 or p < 2:
+            raise InputError(
+                f"megatron: interleaved 1F1B needs pp > 1 and vp > 1 (got pp={p}, vp={v}); with vp=1 Megatron "
+                f"runs plain 1F1B, use schedule '1f1b'"
+            )
+        if m % p:
+            raise InputError(
+                f"megatron: number of microbatches ({m}) is not divisible by pipeline-model-parallel-size "
+                f"({p}) when using interleaved schedule (Megatron-LM schedules.py); use a multiple of {p}"
+            )
+    else:
+        raise InputError(
+            f"megatron: Megatron-LM has no {plan.schedule!r} schedule (it runs 1F1B, or interleaved 1F1B "
+            f"with virtual stages) and would run 1F1B instead; re-plan with '1f1b' or 'interleaved-1f1b'"
+        )
+
+    # per-stage structure of the plan
+    counts, emb_stage, head_stage = [], None, None
+    for i, (a, b) in enumerate(layers.ranges):
+        names = layers.names[a:b]
+        counts.append(sum(1 for n in names if n.startswith("block_")))
+        if "embedding" in names:
+            emb_stage = i
+        if "head" in names:
+            head_stage = i
+    S = len(counts)
+    plan_tokens = _stage_tokens(counts, False, False)
+    if emb_stage is not None:
+        plan_tokens[emb_stage].insert(0, "E")
+    if head_stage is not None:
+        plan_tokens[head_stage].append("L")
+    # Megatron builds the embedding on the first stage and the loss on the last
+    # (pre_process / post_process); a plan with an empty first or last stage
+    # puts them elsewhere, which no flag or layout can say.
+    first_empty = layers.ranges[0][0] == layers.ranges[0][1]
+    last_empty = layers.ranges[-1][0] == layers.ranges[-1][1]
+    ends_ok = emb_stage in (None, 0) and head_stage in (None, S - 1) and not first_empty and not last_empty
+    layout = format_layout(plan_tokens) if explicit and ends_ok else None
+    if layout is not None:
+        validate_layout(parse_layout(layout), p, L)
+
+    # pick the split flags
+    split_args: list[str] | None = None
+    how = ""
+    cands: list[tuple[str, dict, list[str]]] = []
+    if p > 1 and v == 1:
+        cands.append(("even split", {}, []))
+        for ae, al in ((True, True), (True, False), (False, True)):
+            flags = (["--account-for-embedding-in-pipeline-split"] if ae else []) + (
+                ["--account-for-loss-in-pipeline-split"] if al else [])
+            cands.append(("account-for flags", {"account_embedding": ae, "account_loss": al}, flags))
+        # (stages with zero transformer layers are left to the layout form, which
+        # Megatron documents for them)
+        if min(counts) > 0:
+            cands.append(("first-stage layers", {"first": counts[0]},
+                          ["--decoder-first-pipeline-num-layers", str(counts[0])]))
+            cands.append(("last-stage layers", {"last": counts[-1]},
+                          ["--decoder-last-pipeline-num-layers", str(counts[-1])]))
+        if p >= 3 and min(counts) > 0:
+            cands.append(("first/last-stage layers", {"first": counts[0], "last": counts[-1]},
+                          ["--decoder-first-pipeline-num-layers", str(counts[0]),
+                           "--decoder-last-pipeline-num-layers", str(counts[-1])]))
+    elif p > 1 and L % (p * v) == 0:
+        k = L // (p * v)
+        cands.append(("even split", {}, ["--num-layers-per-virtual-pipeline-stage", str(k)]))
+    elif p == 1:
+        cands.append(("no pipeline", {}, []))
+    if ends_ok:
+        for label, kw, flags in cands:
+            try:
+                got = megatron_stage_layers(L, p, v, **kw)
+            except InputError:
+                continue
+            if got == counts:
+                split_args, how = flags, label
+                break
+    if split_args is None and layout is not None and allow_layout:
+        split_args, how = ["--pipeline-model-parallel-layout", layout], "layout"
+    if split_args is None:
+        reasons = []
+        if v > 1:
+            reasons.append(
+                f"--num-layers-per-virtual-pipeline-stage needs the {L} layers divisible into pp*vp = {p * v} "
+                f"equal virtual stages ({L} % {p * v} = {L % (p * v)})"
+                + ("" if L % (p * v) else f" and the plan's stages are not all {L // (p * v)} layers")
+            )
+        else:
+            reasons.append(
+                f"no even / account-for / first-last flag gives the plan's layers per stage {counts} "
+                f"(even split needs {L} (+1 per account-for flag) divisible by pp={p}; first/last flags need the "
+                f"middle stages equal)"
+            )
+        if not ends_ok:
+            reasons.append("the first or last stage is empty or does not hold the embedding / head "
+                           "(Megatron builds the embedding on the first stage and the loss on the last)")
+        if not explicit:
+            reasons.append(
+                "no --pipeline-model-parallel-layout can be built because the plan has no explicit embedding "
+                "and head layers (a layout must place E and L)"
+            )
+        elif not allow_layout and ends_ok:
+            reasons.append("the layout string was not allowed (allow_layout=False)")
+        raise InputError(
+            f"megatron: cannot express the split (pp={p}, vp={v}, layers per stage {counts}): " + "; ".join(reasons)
+        )
+
+    args = [
+        "--num-layers", str(L),
+        "--pipeline-model-parallel-size", str(p),
+        "--tensor-model-parallel-size", str(plan.tp),
+        *split_args,
+        "--micro-batch-size", str(mbs),
+        "--global-batch-size", str(mbs * m * plan.dp),
+    ]
+    notes = [f"split written with: {how}."]
+    rc = recompute_mode(plan, "megatron")
+    if rc == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif rc == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    sp = sequence_parallel(plan)
+    if sp and plan.tp > 1:
+        args.append("--sequence-parallel")
+    elif sp:
+        notes.append("sequence_parallel has no effect with tp=1 (Megatron turns it off); not written.")
+    if v > 1 and p == 2:
+        notes.append("interleaving with pp=2 needs p2p overlap (Megatron's default; do not pass "
+                     "--no-overlap-p2p-communication).")
+    if v > 1:
+        notes.append("Megatron refuses interleaving for encoder-decoder (T5) models.")
+    if not explicit:
+        notes.append("the plan has no explicit embedding/head layers; Megatron puts the embedding on the "
+                     "first stage and the output layer + loss on the last.")
+    if layout is not None and how != "layout":
+        notes.append("the same split as a layout string is under 'layout' (--pipeline-model-parallel-layout, "
+                     "newer Megatron-LM); pass one form, not both.")
+    if module_names:
+        notes.append("module_names is unused: Megatron-LM names its own modules.")
+    notes.append(f"launch with world size tp*pp*dp = {plan.tp * p * plan.dp}; Megatron derives "
+                 f"dp = {plan.dp} and {m} micro-batches = global / (micro * dp).")
+    return {
+        "runtime": RUNTIME,
+        "format_version": FORMAT_VERSION,
+        "args": args,
+        "command_line": shlex.join(args),
+        "layout": layout,
+        "num_layers": L,
+        "world_size": plan.tp * p * plan.dp,
+        "num_microbatches": m,
+        "has_embedding": has_emb,
+        "has_head": has_head,
+        "notes": notes,
+    }
+
+
+# ---------------------------------------------------------------- parse back
+
+
+def _ranges_from_tokens(stages: Sequence[Sequence[str]], embedding: bool, head: bool) -> list[tuple[int, int]]:
+    out, pos = [], 0
+    for st in stages:
+        n = sum(1 for c in st if c == "t" or (embedding and c == "E") or (head and c == "L"))
+        out.append((pos, pos + n))
+        pos += n
+    return out
+
+
+def stages_from_megatron_layout(layout: str, pp: int, num_layers: int | None = None) -> list[tuple[int, int]]:
+    """Stage boundaries from a layout string, over the layers
+    ``embedding, block_0 .. block_{L-1}, head`` (indices ``0 .. L + 1``).
+
+    Raises:
+        InputError: a malformed layout (Megatron's own checks).
+    """
+    stages = parse_layout(layout)
+    if num_layers is None:
+        num_layers = sum(c == "t" for st in stages for c in st)
+    validate_layout(stages, pp, num_layers)
+    if any(c == "m" for st in stages for c in st):
+        raise InputError("megatron layout: MTP layers 'm' have no pipesearch layer")
+    return _ranges_from_tokens(stages, True, True)
+
+
+def parse_args(args: Sequence[str]) -> dict[str, str | bool]:
+    """The Megatron flags in an argv list: ``{"--flag": value}`` (``True`` for
+    switches)."""
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in _VALUE_FLAGS:
+            if i + 1 >= len(args):
+                raise InputError(f"megatron args: {a} has no value")
+            out[a] = args[i + 1]
+            i += 2
+        else:
+            out[a] = True
+            i += 1
+    return out
+
+
+def stages_from_megatron_args(args: Sequence[str], *, embedding: bool = True,
+                              head: bool = True) -> list[tuple[int, int]]:
+    """Stage boundaries that Megatron derives from an argv list (the export's
+    ``args``), by its rules (see :func:`megatron_stage_layers`).
+
+    Args:
+        args: argv items.
+        embedding, head: whether the plan's layer list has an ``embedding`` /
+            ``head`` layer (the export's ``has_embedding`` / ``has_head``); the
+            ranges index the plan's layers (``embedding?, block.., head?``).
+
+    Returns:
+        Half-open layer index ranges, one per stage.
+    """
+    f = parse_args(args)
+    L = int(f["--num-layers"])
+    p = int(f.get("--pipeline-model-parallel-size", 1))
+    if "--pipeline-model-parallel-layout" in f:
+        stages = parse_layout(str(f["--pipeline-model-parallel-layout"]))
+        validate_layout(stages, p, L)
+        return _ranges_from_tokens(stages, embedding, head)
+    ae = bool(f.get("--account-for-embedding-in-pipeline-split", False))
+    al = bool(f.get("--account-for-loss-in-pipeline-split", False))
+    first = int(f["--decoder-first-pipeline-num-layers"]) if "--decoder-first-pipeline-num-layers" in f else None
+    last = int(f["--decoder-last-pipeline-num-layers"]) if "--decoder-last-pipeline-num-layers" in f else None
+    v = 1
+    if "--num-virtual-stages-per-pipeline-rank" in f:
+        v = int(f["--num-virtual-stages-per-pipeline-rank"])
+    elif "--num-layers-per-virtual-pipeline-stage" in f:
+        per_rank = (L + ae + al) // p
+        k = int(f["--num-layers-per-virtual-pipeline-stage"])
+        if per_rank % k:
+            raise InputError("megatron: number of layers per pipeline stage must be divisible by the number of "
+                             "layers per virtual pipeline stage")
+        v = per_rank // k
+    counts = megatron_stage_layers(L, p, v, first=first, last=last, account_embedding=ae, account_loss=al)
+    return _ranges_from_tokens(_stage_tokens(counts, embedding, head), embedding, head)

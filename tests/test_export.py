@@ -1,0 +1,527 @@
+"""Tests of pipesearch.export: every exporter round-trips the stage boundaries
+through its own parse-back helper, and refuses with a reason what its runtime
+would reject or silently run differently."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipesearch.errors import InputError
+from pipesearch.export import FORMATS, export_all, export_plan
+from pipesearch.export.deepspeed import stages_from_parts
+from pipesearch.export.gpipe import stages_from_balance
+from pipesearch.export.megatron import (
+    format_layout,
+    parse_layout,
+    stages_from_megatron_args,
+    stages_from_megatron_layout,
+)
+from pipesearch.export.torch import schedule_from_csv, stages_from_split_spec
+from pipesearch.export.torchtitan import stages_from_layers_per_stage, stages_from_module_fqns
+from pipesearch.schedules import build
+from pipesearch.types import Plan, Prediction, StagePlan
+
+# ---------------------------------------------------------------- helpers
+
+
+def transformer_names(blocks: int, embedding: bool = True, head: bool = True) -> list[str]:
+    width = max(2, len(str(blocks - 1)))
+    return (["embedding"] if embedding else []) + [f"block_{i:0{width}d}" for i in range(blocks)] + (
+        ["head"] if head else [])
+
+
+def profiled_names(n: int) -> list[str]:
+    return [f"b{i:02d}_Conv2d" for i in range(n)]
+
+
+def make_plan(counts, names=None, *, pp=None, vp=1, schedule="1f1b", m=8, mbs=2, dp=1, tp=1, **extra) -> Plan:
+    """A Plan with ``counts[s]`` layers on stage ``s`` (stage s on rank s % pp);
+    all predicted figures zero. ``names`` default: profiled-style names."""
+    counts = list(counts)
+    if pp is None:
+        pp = len(counts) // vp
+    n = sum(counts)
+    names = list(names) if names is not None else profiled_names(n)
+    assert len(names) == n
+    stages, pos = [], 0
+    for s, c in enumerate(counts):
+        r = s % pp
+        stages.append(StagePlan(
+            index=s, layers=(pos, pos + c), layer_names=tuple(names[pos:pos + c]),
+            devices=tuple(r * dp + d for d in range(dp)), compute_s=0.0, comm_s=0.0,
+            allreduce_s=0.0, memory_bytes=0.0, send_bytes=0.0,
+        ))
+        pos += c
+    return Plan(rank=0, pp=pp, dp=dp, tp=tp, schedule=schedule, micro_batch_size=mbs, num_micro_batches=m,
+                stages=tuple(stages), predicted=Prediction(0.0, 0.0, 0.0, 0.0, 0.0), vp=vp,
+                extra=tuple(extra.items()))
+
+
+def plan_ranges(plan: Plan) -> list[tuple[int, int]]:
+    return [tuple(s.layers) for s in plan.stages]
+
+
+def assert_cover(ranges, n):
+    """Every layer exactly once, in order."""
+    flat = [i for a, b in ranges for i in range(a, b)]
+    assert flat == list(range(n))
+
+
+def roundtrip(plan: Plan, fmt: str, **kw) -> dict:
+    """Export, parse back, compare with the plan's stages; returns the export."""
+    exp = export_plan(plan, fmt, **kw)
+    assert exp["format_version"] == 1 and isinstance(exp["notes"], list) and exp["runtime"]
+    assert json.loads(json.dumps(exp)) == exp  # JSON-serializable, nothing changes on the way
+    n = sum(b - a for a, b in plan_ranges(plan))
+    if fmt == "torch":
+        got = stages_from_split_spec(exp["split_spec"], exp["layer_modules"])
+        actions, s2r = schedule_from_csv(exp["pipeline_order_csv"])
+        assert actions == build(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp)
+        assert [s2r[s] for s in range(exp["num_stages"])] == exp["stage_to_rank"]
+    elif fmt == "torchtitan":
+        got = stages_from_module_fqns(exp["parallelism"]["module_fqns_per_model_part"], exp["layer_modules"])
+        assert tomllib.loads(exp["toml"]) == {
+            "parallelism": exp["parallelism"], "training": exp["training"],
+            "activation_checkpoint": exp["activation_checkpoint"]}
+        alt = exp["layers_per_stage_alternative"]
+        if alt is not None:
+            assert stages_from_layers_per_stage(alt, exp_blocks(plan)) == exp["parallelism"]["module_fqns_per_model_part"]
+    elif fmt == "megatron":
+        got = stages_from_megatron_args(exp["args"], embedding=exp["has_embedding"], head=exp["has_head"])
+        if exp["layout"] is not None:
+            assert stages_from_megatron_layout(exp["layout"], plan.pp) == plan_ranges(plan)
+    elif fmt == "deepspeed":
+        got = stages_from_parts(exp["parts"])
+        assert len(exp["parts"]) == plan.pp + 1
+    elif fmt == "gpipe":
+        got = stages_from_balance(exp["balance"])
+        assert sum(exp["balance"]) == n
+    else:  # pragma: no cover
+        raise AssertionError(fmt)
+    assert got == plan_ranges(plan)
+    assert_cover(got, n)
+    return exp
+
+
+def exp_blocks(plan):
+    return sum(1 for s in plan.stages for n in s.layer_names if n.startswith("block_"))
+
+
+# ---------------------------------------------------------------- API
+
+
+def test_formats():
+    assert FORMATS == ("torch", "torchtitan", "megatron", "deepspeed", "gpipe")
+
+
+def test_unknown_format_lists_formats():
+    plan = make_plan([2, 2], pp=2)
+    with pytest.raises(InputError) as ei:
+        export_plan(plan, "alpa")
+    for fmt in FORMATS:
+        assert fmt in str(ei.value)
+
+
+def test_unknown_option_is_input_error():
+    with pytest.raises(InputError, match="unexpected keyword"):
+        export_plan(make_plan([2, 2], pp=2), "gpipe", allow_layout=False)
+
+
+def test_malformed_plan_refused():
+    plan = make_plan([2, 2], pp=2)
+    bad = Plan(**{**plan.__dict__, "stages": plan.stages[:1]})
+    with pytest.raises(InputError, match="pp \\* vp"):
+        export_plan(bad, "torch")
+
+
+def test_export_all_collects_refusals():
+    plan = make_plan([3, 3, 2, 2], transformer_names(8), schedule="1f1b", m=8)
+    out = export_all(plan)
+    assert list(out) == list(FORMATS)
+    assert "refused" in out["gpipe"] and "gpipe" in out["gpipe"]["refused"]
+    for fmt in ("torch", "torchtitan", "megatron", "deepspeed"):
+        assert "refused" not in out[fmt], out[fmt]
+    json.dumps(out)
+
+
+def test_export_all_never_raises_for_refusals():
+    plan = make_plan([2, 0, 2], pp=3, schedule="gpipe", m=2)  # empty stage
+    out = export_all(plan)
+    for fmt in ("torch", "torchtitan", "gpipe"):
+        assert "stage 1 has no layers" in out[fmt]["refused"]
+    assert "TrainSchedule" in out["deepspeed"]["refused"]
+    assert "not a transformer" in out["megatron"]["refused"]
+
+
+# ---------------------------------------------------------------- torch
+
+
+@pytest.mark.parametrize("schedule,vp,m", [
+    ("gpipe", 1, 3), ("1f1b", 1, 4), ("zb-h1", 1, 6), ("looped-bfs", 1, 2),
+    ("interleaved-1f1b", 2, 8), ("looped-bfs", 3, 5),
+])
+def test_torch_roundtrip(schedule, vp, m):
+    pp = 4
+    counts = [1 + (s % 3) for s in range(pp * vp)]
+    plan = make_plan(counts, pp=pp, vp=vp, schedule=schedule, m=m)
+    exp = roundtrip(plan, "torch")
+    assert exp["stages_per_rank"] == vp
+    assert exp["stage_to_rank"] == [s % pp for s in range(pp * vp)]
+    assert len(exp["split_spec"]) == pp * vp - 1
+    assert set(exp["split_spec"].values()) == {"SplitPoint.BEGINNING"}
+
+
+def test_torch_schedule_classes():
+    cls = {s: export_plan(make_plan([2] * 4 * v, pp=4, vp=v, schedule=s, m=8), "torch")["schedule_class"]
+           for s, v in [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2), ("looped-bfs", 2)]}
+    assert cls == {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "zb-h1": "ScheduleInterleavedZeroBubble",
+                   "interleaved-1f1b": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS"}
+
+
+def test_torch_transformer_split_spec():
+    plan = make_plan([5, 4, 3], transformer_names(10), schedule="gpipe", m=2)
+    exp = export_plan(plan, "torch")
+    # stage 1 starts at block_04, stage 2 at block_08
+    assert exp["split_spec"] == {"layers.4": "SplitPoint.BEGINNING", "layers.8": "SplitPoint.BEGINNING"}
+    assert exp["layer_modules"][0] == ["tok_embeddings"] and exp["layer_modules"][-1] == ["norm", "output"]
+
+
+def test_torch_split_before_head_uses_norm():
+    plan = make_plan([5, 1], transformer_names(4), schedule="gpipe", m=2)
+    exp = roundtrip(plan, "torch")
+    assert exp["split_spec"] == {"norm": "SplitPoint.BEGINNING"}
+
+
+def test_torch_module_names_override():
+    names = ["0", "1", "2", "layer3", "fc"]
+    plan = make_plan([2, 3], names, schedule="gpipe", m=2)
+    exp = roundtrip(plan, "torch", module_names={"layer3": "layer3.0", "fc": ["avgpool", "fc"]})
+    assert exp["split_spec"] == {"2": "SplitPoint.BEGINNING"}
+    assert exp["layer_modules"][-1] == ["avgpool", "fc"]
+    with pytest.raises(InputError, match="not a layer"):
+        export_plan(plan, "torch", module_names={"nope": "x"})
+    with pytest.raises(InputError, match="given to layers"):
+        export_plan(plan, "torch", module_names={"fc": "0"})
+
+
+def test_torch_refuses_1f1b_with_fewer_microbatches_than_stages():
+    plan = make_plan([2, 2, 2, 2], schedule="1f1b", m=3)
+    with pytest.raises(InputError) as ei:
+        export_plan(plan, "torch")
+    msg = str(ei.value)
+    assert "Schedule1F1B" in msg and "Number of microbatches (3)" in msg and "number of stages (4)" in msg
+
+
+def test_torch_refuses_other_rules():
+    with pytest.raises(InputError, match="stage 1 has no layers"):
+        export_plan(make_plan([2, 0, 2], pp=3, schedule="gpipe", m=2), "torch")
+    with pytest.raises(InputError, match="stages_per_rank > 1"):
+        export_plan(make_plan([2, 2], pp=2, schedule="interleaved-1f1b", m=4), "torch")
+    with pytest.raises(InputError, match="one stage per rank"):
+        export_plan(make_plan([1] * 4, pp=2, vp=2, schedule="1f1b", m=4), "torch")
+    with pytest.raises(InputError, match="multiple of its number of rounds"):
+        export_plan(make_plan([1] * 4, pp=4, schedule="zb-h1", m=11), "torch")
+    with pytest.raises(InputError, match="m % p == 0"):  # pipesearch's interleaved builder (Megatron's rule)
+        export_plan(make_plan([1] * 8, pp=4, vp=2, schedule="interleaved-1f1b", m=6), "torch")
+
+
+# ---------------------------------------------------------------- torchtitan
+
+
+def test_torchtitan_roundtrip_and_names():
+    plan = make_plan([2, 4, 4, 2], transformer_names(10), schedule="1f1b", m=4, tp=2, dp=2,
+                     recompute="full", sequence_parallel=True)
+    exp = roundtrip(plan, "torchtitan")
+    par = exp["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "1F1B"
+    assert par["pipeline_parallel_degree"] == 4
+    assert par["pipeline_parallel_microbatch_size"] == 2
+    assert exp["training"] == {"local_batch_size": 8, "global_batch_size": 16}
+    assert par["module_fqns_per_model_part"][0] == ["tok_embeddings", "layers.0"]
+    assert par["module_fqns_per_model_part"][-1] == ["layers.9", "norm", "output"]
+    assert par["tensor_parallel_degree"] == 2 and par["data_parallel_replicate_degree"] == 2
+    assert exp["activation_checkpoint"] == {"mode": "full"}
+
+
+@pytest.mark.parametrize("schedule,vp,name", [
+    ("gpipe", 1, "GPipe"), ("1f1b", 1, "1F1B"), ("zb-h1", 1, "InterleavedZeroBubble"),
+    ("interleaved-1f1b", 2, "Interleaved1F1B"), ("looped-bfs", 2, "LoopedBFS"),
+])
+def test_torchtitan_schedule_names(schedule, vp, name):
+    plan = make_plan([2] * (4 * vp), pp=4, vp=vp, schedule=schedule, m=8)
+    assert roundtrip(plan, "torchtitan")["parallelism"]["pipeline_parallel_schedule"] == name
+
+
+def test_torchtitan_layers_per_stage_alternative():
+    # even split with torchtitan's default weights: 8 effective layers per stage,
+    # the embedding and the head each count as one layer
+    plan = make_plan([8, 8, 8, 8], transformer_names(30), m=8)
+    alt = roundtrip(plan, "torchtitan")["layers_per_stage_alternative"]
+    assert alt == {"pipeline_parallel_layers_per_stage": 8, "pipeline_parallel_first_stage_less_layers": 1,
+                   "pipeline_parallel_last_stage_less_layers": 1}
+    # interleaved, 2 stages per rank, 16 blocks -> 2 blocks per stage with weights 0
+    plan = make_plan([3] + [2] * 6 + [3], transformer_names(16), pp=4, vp=2, schedule="interleaved-1f1b", m=8)
+    alt = roundtrip(plan, "torchtitan")["layers_per_stage_alternative"]
+    assert alt is not None and alt["pipeline_parallel_layers_per_stage"] == 2
+    # a split torchtitan's recipe cannot make
+    plan = make_plan([2, 7, 2, 3], transformer_names(12), m=8)
+    assert roundtrip(plan, "torchtitan")["layers_per_stage_alternative"] is None
+
+
+def test_torchtitan_refusals():
+    with pytest.raises(InputError, match="Schedule1F1B"):
+        export_plan(make_plan([2, 2, 2, 2], m=2), "torchtitan")
+    with pytest.raises(InputError, match="nested"):
+        export_plan(make_plan([1, 1], ["a", "b"], schedule="gpipe", m=1), "torchtitan",
+                    module_names={"a": "model.layers.0"})
+
+
+# ---------------------------------------------------------------- megatron
+
+
+def test_megatron_layout_grammar():
+    # Megatron's own example (PipelineParallelLayerLayout.parse_str_to_list docstring)
+    got = parse_layout("Ettt|(tt|)*29,m|L")
+    assert got == [["E", "t", "t", "t"]] + [["t", "t"]] * 29 + [["m"], ["L"]]
+    stages = [["E", "t"], ["t", "t"], ["t", "t"], ["t"], [], ["t", "L"]]
+    assert parse_layout(format_layout(stages)) == stages
+
+
+def test_megatron_uneven_layout_by_hand():
+    """30 blocks on pp=4 as [embedding + 7 blocks | 8 | 8 | 7 blocks + head]:
+    layers are embedding (0), block_00..block_29 (1..30), head (31); stage
+    ranges (0, 8), (8, 16), (16, 24), (24, 32). Layout: 'E' then 7 't' | 8 't'
+    | 8 't' | 7 't' then 'L' = "Et*7|(t*8|)*2,t*7L". The same split is
+    Megatron's account-for flags: (30 + 1 + 1) / 4 = 8 layers per stage, one
+    fewer transformer layer on the first (embedding) and last (loss) stage."""
+    plan = make_plan([8, 8, 8, 8], transformer_names(30), m=8, mbs=1, dp=2)
+    exp = roundtrip(plan, "megatron")
+    assert exp["layout"] == "Et*7|(t*8|)*2,t*7L"
+    assert parse_layout(exp["layout"]) == [["E"] + ["t"] * 7, ["t"] * 8, ["t"] * 8, ["t"] * 7 + ["L"]]
+    assert stages_from_megatron_layout(exp["layout"], 4) == [(0, 8), (8, 16), (16, 24), (24, 32)]
+    args = exp["args"]
+    assert args[:6] == ["--num-layers", "30", "--pipeline-model-parallel-size", "4",
+                        "--tensor-model-parallel-size", "1"]
+    assert "--account-for-embedding-in-pipeline-split" in args
+    assert "--account-for-loss-in-pipeline-split" in args
+    assert args[args.index("--global-batch-size") + 1] == "16"  # mbs 1 * m 8 * dp 2
+    # the same plan where only the layout string can express it
+    plan = make_plan([7, 10, 8, 7], transformer_names(30), m=8)
+    exp = roundtrip(plan, "megatron")
+    assert exp["args"][exp["args"].index("--pipeline-model-parallel-layout") + 1] == "Et*6|t*10|t*8|t*6L"
+
+
+def test_megatron_first_last_flags():
+    # blocks per stage [7, 8, 8, 6]: only first=7 / last=6 with 16 / 2 = 8 in the middle
+    plan = make_plan([8, 8, 8, 7], transformer_names(29), m=4)
+    exp = roundtrip(plan, "megatron")
+    a = exp["args"]
+    assert a[a.index("--decoder-first-pipeline-num-layers") + 1] == "7"
+    assert a[a.index("--decoder-last-pipeline-num-layers") + 1] == "6"
+
+
+def test_megatron_even_and_interleaved():
+    plan = make_plan([4, 4, 4, 4], transformer_names(16, embedding=False, head=False), m=4)
+    exp = roundtrip(plan, "megatron")
+    assert not any(a.startswith("--decoder") or a.startswith("--account") for a in exp["args"])
+    assert exp["layout"] is None
+    # interleaved, 32 blocks on pp=4, vp=2 -> 4 per virtual stage
+    counts = [5] + [4] * 6 + [5]
+    plan = make_plan(counts, transformer_names(32), pp=4, vp=2, schedule="interleaved-1f1b", m=8)
+    exp = roundtrip(plan, "megatron")
+    a = exp["args"]
+    assert a[a.index("--num-layers-per-virtual-pipeline-stage") + 1] == "4"
+
+
+def test_megatron_refuses_interleaving_without_layout():
+    """40 blocks, pp=8, vp=2: 16 virtual stages cannot hold 40 layers evenly
+    (40 % 16 = 8), and the blocks-only plan gives no place for E and L, so no
+    layout string either."""
+    counts = [3] * 8 + [2] * 8
+    plan = make_plan(counts, transformer_names(40, embedding=False, head=False), pp=8, vp=2,
+                     schedule="interleaved-1f1b", m=16)
+    with pytest.raises(InputError) as ei:
+        export_plan(plan, "megatron")
+    msg = str(ei.value)
+    assert "divisible" in msg and "40 % 16 = 8" in msg and "layout" in msg
+    # with explicit embedding/head a layout exists, unless the Megatron version has none
+    counts = [4] + [3] * 7 + [2] * 7 + [3]
+    plan = make_plan(counts, transformer_names(40), pp=8, vp=2, schedule="interleaved-1f1b", m=16)
+    exp = roundtrip(plan, "megatron")
+    assert "--pipeline-model-parallel-layout" in exp["args"]
+    with pytest.raises(InputError, match="divisible"):
+        export_plan(plan, "megatron", allow_layout=False)
+
+
+def test_megatron_other_refusals():
+    with pytest.raises(InputError, match="not a transformer"):
+        export_plan(make_plan([2, 2]), "megatron")
+    with pytest.raises(InputError, match="not divisible by pipeline-model-parallel-size"):
+        export_plan(make_plan([3] * 8, transformer_names(22), pp=4, vp=2, schedule="interleaved-1f1b", m=6),
+                    "megatron")
+    for sched in ("gpipe", "zb-h1", "looped-bfs"):
+        with pytest.raises(InputError, match="no .* schedule"):
+            export_plan(make_plan([4, 4], transformer_names(6), schedule=sched, m=4), "megatron")
+
+
+def test_megatron_recompute_and_sp():
+    names = transformer_names(8)
+    a = export_plan(make_plan([5, 5], names, tp=2, recompute="full", sequence_parallel=True), "megatron")["args"]
+    assert a[a.index("--recompute-granularity") + 1] == "full"
+    assert a[a.index("--recompute-method") + 1] == "uniform"
+    assert "--sequence-parallel" in a
+    a = export_plan(make_plan([5, 5], names, recompute="selective", sequence_parallel=True), "megatron")["args"]
+    assert a[a.index("--recompute-granularity") + 1] == "selective"
+    assert "--recompute-method" not in a and "--sequence-parallel" not in a  # tp=1: Megatron turns sp off
+
+
+# ---------------------------------------------------------------- deepspeed
+
+
+def test_deepspeed_roundtrip_and_config():
+    plan = make_plan([3, 5, 4], schedule="1f1b", m=6, mbs=4, dp=2, recompute="full")
+    exp = roundtrip(plan, "deepspeed")
+    assert exp["parts"] == [0, 3, 8, 12]
+    assert exp["config"] == {"train_batch_size": 48, "train_micro_batch_size_per_gpu": 4,
+                             "gradient_accumulation_steps": 6}
+    assert exp["pipeline_module"]["activation_checkpoint_interval"] == 1
+    assert exp["pipeline_module"]["partition_method"] is None
+    assert "_set_bounds" in exp["partition_recipe"]
+    compile(exp["partition_recipe"], "<recipe>", "exec")
+    even = roundtrip(make_plan([4, 4, 4], m=6), "deepspeed")
+    assert even["pipeline_module"]["partition_method"] == "uniform"
+
+
+def test_deepspeed_refuses_empty_stage():
+    with pytest.raises(InputError) as ei:
+        export_plan(make_plan([3, 0, 4], schedule="1f1b", m=4), "deepspeed")
+    assert "stage 1 has no layers" in str(ei.value)
+
+
+def test_deepspeed_refuses_other_schedules():
+    for sched in ("gpipe", "zb-h1"):
+        with pytest.raises(InputError, match="TrainSchedule"):
+            export_plan(make_plan([2, 2], schedule=sched, m=4), "deepspeed")
+
+
+# ---------------------------------------------------------------- gpipe
+
+
+def test_gpipe_roundtrip():
+    plan = make_plan([3, 1, 2], schedule="gpipe", m=5, mbs=3, dp=2, recompute="full")
+    exp = roundtrip(plan, "gpipe")
+    assert exp["balance"] == [3, 1, 2] and exp["chunks"] == 5 and exp["checkpoint"] == "always"
+    assert exp["batch_size"] == 15
+    assert exp["devices"] == [[0, 2, 4], [1, 3, 5]]
+    assert roundtrip(make_plan([1, 1], schedule="gpipe", m=1), "gpipe")["checkpoint"] == "never"
+
+
+def test_gpipe_refusals():
+    with pytest.raises(InputError, match="fill-drain"):
+        export_plan(make_plan([2, 2], schedule="1f1b", m=4), "gpipe")
+    with pytest.raises(InputError, match="positive"):
+        export_plan(make_plan([2, 0], schedule="gpipe", m=4), "gpipe")
+    with pytest.raises(InputError, match="tensor parallelism"):
+        export_plan(make_plan([2, 2], schedule="gpipe", m=4, tp=2), "gpipe")
+
+
+# ---------------------------------------------------------------- properties
+
+
+@st.composite
+def plans(draw, transformer: bool):
+    pp = draw(st.integers(1, 4))
+    vp = draw(st.integers(1, 3)) if pp > 1 else 1
+    counts = draw(st.lists(st.integers(1, 4), min_size=pp * vp, max_size=pp * vp))
+    n = sum(counts)
+    if transformer:
+        if n < 3:
+            counts[-1] += 3 - n
+            n = 3
+        names = transformer_names(n - 2)
+    else:
+        names = profiled_names(n)
+    if vp > 1:
+        schedule = draw(st.sampled_from(["interleaved-1f1b", "looped-bfs"]))
+    else:
+        schedule = draw(st.sampled_from(["gpipe", "1f1b", "zb-h1", "looped-bfs"]))
+    m = pp * draw(st.integers(1, 3))
+    return make_plan(counts, names, pp=pp, vp=vp, schedule=schedule, m=m,
+                     recompute=draw(st.sampled_from(["none", "selective", "full"])))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans(transformer=False))
+def test_property_roundtrip_profiled(plan):
+    for fmt in ("torch", "torchtitan"):
+        roundtrip(plan, fmt)
+    if plan.vp == 1 and plan.schedule == "gpipe":
+        roundtrip(plan, "gpipe")
+    if plan.vp == 1 and plan.schedule == "1f1b":
+        roundtrip(plan, "deepspeed")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans(transformer=True))
+def test_property_roundtrip_transformer(plan):
+    for fmt in ("torch", "torchtitan"):
+        roundtrip(plan, fmt)
+    if plan.schedule in ("1f1b", "interleaved-1f1b") and not (plan.vp > 1 and plan.pp < 2):
+        roundtrip(plan, "megatron")  # a layout always exists with explicit embedding and head
+    out = export_all(plan)
+    assert list(out) == list(FORMATS)
+    json.dumps(out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.data())
+def test_property_megatron_blocks_only(pp, vp, data):
+    """Blocks-only plans: either exported (and round-tripped through the flags
+    Megatron reads) or refused with the divisibility reason."""
+    if pp == 1:
+        vp = 1
+    counts = data.draw(st.lists(st.integers(1, 4), min_size=pp * vp, max_size=pp * vp))
+    plan = make_plan(counts, transformer_names(sum(counts), False, False), pp=pp, vp=vp,
+                     schedule="interleaved-1f1b" if vp > 1 else "1f1b", m=2 * pp)
+    try:
+        exp = roundtrip(plan, "megatron")
+    except InputError as exc:
+        assert "cannot express the split" in str(exc) and "divisible" in str(exc)
+    else:
+        assert "--pipeline-model-parallel-layout" not in exp["args"]
+
+
+def test_parse_helpers_reject_malformed_input():
+    mods = [["a"], ["b"], ["c"]]
+    assert stages_from_split_spec({"b": "SplitPoint.BEGINNING"}, mods) == [(0, 1), (1, 3)]
+    with pytest.raises(InputError, match="BEGINNING"):
+        stages_from_split_spec({"b": "SplitPoint.END"}, mods)
+    with pytest.raises(InputError, match="not the first module"):
+        stages_from_split_spec({"z": "SplitPoint.BEGINNING"}, mods)
+    with pytest.raises(InputError, match="expected modules"):
+        stages_from_module_fqns([["a", "c"], ["b"]], mods)
+    with pytest.raises(InputError, match="cover"):
+        stages_from_module_fqns([["a"], ["b"]], mods)
+    with pytest.raises(InputError):
+        stages_from_parts([0, 3, 2])
+    with pytest.raises(InputError, match="positive"):
+        stages_from_balance([2, 0])
+    with pytest.raises(InputError, match="invalid layer character"):
+        parse_layout("Et*3|x|L")
+    with pytest.raises(InputError, match="first layer must be embedding"):
+        stages_from_megatron_layout("t*3|EL", 2)
+
+
+def test_megatron_refuses_empty_end_stage():
+    plan = make_plan([0, 4, 2], transformer_names(4), pp=3, schedule="1f1b", m=3)
+    with pytest.raises(InputError, match="first or last stage is empty"):
+        export_plan(plan, "megatron")
+    # an empty middle stage is fine for a layout ("(empty stage)" in Megatron's pretty_repr)
+    plan = make_plan([3, 0, 3], transformer_names(4), pp=3, schedule="1f1b", m=3)
+    exp = roundtrip(plan, "megatron")
+    assert exp["layout"] == "Et*2||t*2L"
