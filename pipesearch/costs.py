@@ -142,6 +142,18 @@ def allreduce_model(cluster: Cluster, devices: np.ndarray) -> tuple[float, float
     return ring
 
 
+def placement_links(cluster: Cluster, placement: np.ndarray) -> tuple[list[Link], list[tuple[float, float]]]:
+    """Per stage of a ``(P, dp)`` placement: the slowest link its boundary to
+    the next stage crosses (a free link after the last stage), and the
+    all-reduce model of its replicas (:func:`allreduce_model`)."""
+    P = placement.shape[0]
+    p2p = [
+        _worst_link(cluster, zip(placement[s], placement[s + 1])) if s + 1 < P else Link(float("inf"), 0.0)
+        for s in range(P)
+    ]
+    return p2p, [allreduce_model(cluster, placement[s]) for s in range(P)]
+
+
 @dataclass(frozen=True, eq=False)
 class PipelineCosts:
     """Cost terms of one search point, vectorized over layer ranges ``[i, j)``.
@@ -161,6 +173,9 @@ class PipelineCosts:
             each stage's replicas.
         in_flight: ``(P,)`` micro-batches held per stage.
         capacity_bytes: ``(P,)`` usable memory per device of each stage.
+        bwd_input_prefix_s: ``(L+1,)`` prefix sums of the input-gradient part
+            of backward (zero-bubble schedules; half of backward when the
+            profile does not split it).
     """
 
     num_micro_batches: int
@@ -178,6 +193,7 @@ class PipelineCosts:
     capacity_bytes: np.ndarray
     state_bytes_per_param_byte: float
     grad_bytes_per_param_byte: float
+    bwd_input_prefix_s: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -245,6 +261,9 @@ def build_pipeline_costs(
     schedule: str,
     placement: np.ndarray,
     profiled_device: DeviceSpec | None = None,
+    in_flight: np.ndarray | None = None,
+    stages_per_device: int = 1,
+    links: tuple[list[Link], list[tuple[float, float]]] | None = None,
 ) -> PipelineCosts:
     """Assemble the cost terms of one search point.
 
@@ -252,38 +271,44 @@ def build_pipeline_costs(
         placement: ``(pp, dp)`` device ids (see :func:`pipeline_placement`).
         profiled_device: spec of the device the profile was measured on, for
             scaling times to other device types (``None``: no scaling).
+        in_flight: ``(pp,)`` in-flight micro-batches per stage, for schedules
+            other than GPipe and 1F1B (default: :func:`in_flight_micro_batches`).
+        stages_per_device: virtual stages each device holds (interleaved
+            schedules); each stage then gets ``1 / stages_per_device`` of the
+            device's usable memory, so the device's total never exceeds it.
+        links: precomputed :func:`placement_links` of ``placement`` (the
+            search reuses them across points with the same placement).
 
     Raises:
         InputError: placement shape does not match ``(pp, dp)``.
     """
     if placement.shape != (pp, dp):
         raise InputError(f"placement has shape {placement.shape}, expected ({pp}, {dp})")
-    layers = profile.layers
+    arrays = profile.layer_arrays
     ratio = micro_batch_size / profile.profiled_batch_size
-    fwd = np.array([lay.fwd_s for lay in layers], dtype=float) * ratio
-    bwd = np.array([lay.bwd_s for lay in layers], dtype=float) * ratio
+    fwd = arrays["fwd_s"] * ratio
+    bwd = arrays["bwd_s"] * ratio
+    bwd_input = arrays["bwd_input_s"] * ratio
     zero = np.zeros(1)
     specs = [cluster.device_spec(int(placement[s, 0])) for s in range(pp)]
-    p2p = [
-        _worst_link(cluster, zip(placement[s], placement[s + 1])) if s + 1 < pp else Link(float("inf"), 0.0)
-        for s in range(pp)
-    ]
-    ar = [allreduce_model(cluster, placement[s]) for s in range(pp)]
+    p2p, ar = links if links is not None else placement_links(cluster, placement)
     grad_bpp = job.grad_bytes_per_param if job.grad_bytes_per_param is not None else profile.bytes_per_param
     return PipelineCosts(
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
         fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),
-        param_prefix_bytes=np.concatenate([zero, np.cumsum([lay.param_bytes for lay in layers])]),
-        saved_prefix_bytes=np.concatenate([zero, np.cumsum([lay.saved_bytes for lay in layers])]) * ratio,
-        output_bytes=np.array([lay.output_bytes for lay in layers], dtype=float) * ratio,
+        param_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["param_bytes"])]),
+        saved_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["saved_bytes"])]) * ratio,
+        output_bytes=arrays["output_bytes"] * ratio,
         time_scale=np.array([device_time_scale(profiled_device, spec) for spec in specs]),
         p2p_bandwidth_bytes_per_s=np.array([link.bandwidth_bytes_per_s for link in p2p]),
         p2p_latency_s=np.array([link.latency_s for link in p2p]),
         allreduce_s_per_byte=np.array([x[0] for x in ar]),
         allreduce_fixed_s=np.array([x[1] for x in ar]),
-        in_flight=in_flight_micro_batches(schedule, pp, num_micro_batches),
-        capacity_bytes=np.array([spec.memory_bytes - job.memory_reserve_bytes for spec in specs]),
+        in_flight=(np.asarray(in_flight, dtype=np.int64) if in_flight is not None
+                   else in_flight_micro_batches(schedule, pp, num_micro_batches)),
+        capacity_bytes=np.array([spec.memory_bytes - job.memory_reserve_bytes for spec in specs]) / stages_per_device,
+        bwd_input_prefix_s=np.concatenate([zero, np.cumsum(bwd_input)]),
         state_bytes_per_param_byte=job.state_bytes_per_param / profile.bytes_per_param,
         grad_bytes_per_param_byte=grad_bpp / profile.bytes_per_param,
     )

@@ -64,14 +64,18 @@ def _band_width(costs: PipelineCosts, limit: float) -> int:
     L, P, m = costs.num_layers, costs.pp, costs.num_micro_batches
     j = np.arange(L + 1)
     width = 0
+    seen = set()
     for s in range(P):
-        lo = np.zeros(L + 1, dtype=np.int64)
+        key = (costs.in_flight[s], costs.capacity_bytes[s], costs.time_scale[s])
+        if key in seen:
+            continue
+        seen.add(key)
         mem_prefix = (
             costs.param_prefix_bytes * costs.state_bytes_per_param_byte
             + costs.saved_prefix_bytes * costs.in_flight[s]
         )
         slack = 1e-9 * (abs(costs.capacity_bytes[s]) + 1.0)
-        lo = np.maximum(lo, np.searchsorted(mem_prefix, mem_prefix - costs.capacity_bytes[s] - slack, "left"))
+        lo = np.searchsorted(mem_prefix, mem_prefix - costs.capacity_bytes[s] - slack, "left")
         if np.isfinite(limit) and m > 1 and costs.time_scale[s] > 0:
             span = limit / ((m - 1) * costs.time_scale[s]) * (1 + 1e-9) + 1e-15
             cp = costs.compute_prefix_s

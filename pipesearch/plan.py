@@ -11,7 +11,8 @@ Layout (every number carries its unit in its key; ``layers`` is half-open)::
                 "stages": [{"index": 0, "layers": [0, 12], "layer_names": [...],
                             "devices": [...], "device_type": "v100-16gb",
                             "fwd_s": x, "compute_s": x, "comm_s": x, "allreduce_s": x,
-                            "memory_bytes": n, "send_bytes": n, "saved_bytes": n}],
+                            "memory_bytes": n, "send_bytes": n, "saved_bytes": n,
+                            "bwd_input_s": x}],
                 "predicted": {"iteration_time_s": x, "analytic_iteration_time_s": x,
                               "samples_per_s": x, "bubble_fraction": x,
                               "peak_memory_bytes": n, "memory_capacity_bytes": n},
@@ -83,7 +84,8 @@ def plan_to_dict(plan: Plan, exports: dict | None = None) -> dict:
             {"index": s.index, "layers": list(s.layers), "layer_names": list(s.layer_names),
              "devices": list(s.devices), "device_type": s.device_type, "fwd_s": s.fwd_s,
              "compute_s": s.compute_s, "comm_s": s.comm_s, "allreduce_s": s.allreduce_s,
-             "memory_bytes": s.memory_bytes, "send_bytes": s.send_bytes, "saved_bytes": s.saved_bytes}
+             "memory_bytes": s.memory_bytes, "send_bytes": s.send_bytes, "saved_bytes": s.saved_bytes,
+             "bwd_input_s": s.bwd_input_s}
             for s in plan.stages
         ],
         "predicted": {
@@ -178,6 +180,7 @@ def plan_from_dict(obj: dict, where: str = "plan") -> tuple[Plan, dict | None]:
             allreduce_s=_need(st, "allreduce_s", float, w), memory_bytes=_need(st, "memory_bytes", float, w),
             send_bytes=_need(st, "send_bytes", float, w), device_type=_need(st, "device_type", str, w),
             fwd_s=_need(st, "fwd_s", float, w), saved_bytes=_need(st, "saved_bytes", float, w),
+            bwd_input_s=_need(st, "bwd_input_s", float, w),
         ))
     if not stages:
         raise PlanFormatError(f"{where}.stages: empty")

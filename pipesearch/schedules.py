@@ -345,9 +345,19 @@ def in_flight_peak(actions: Sequence[Sequence[Action]], stage: int) -> int:
 
 
 def in_flight_peaks(actions: Sequence[Sequence[Action]]) -> tuple[int, ...]:
-    """:func:`in_flight_peak` for every stage ``0 .. max stage``."""
+    """:func:`in_flight_peak` for every stage ``0 .. max stage``, in one pass."""
     n = 1 + max((a.stage for seq in actions for a in seq), default=-1)
-    return tuple(in_flight_peak(actions, s) for s in range(n))
+    peak = [0] * n
+    cur = [0] * n
+    for seq in actions:
+        for a in seq:
+            if a.kind == "F":
+                cur[a.stage] += 1
+                if cur[a.stage] > peak[a.stage]:
+                    peak[a.stage] = cur[a.stage]
+            elif a.kind in ("B", "W"):
+                cur[a.stage] -= 1
+    return tuple(peak)
 
 
 def format_order(actions: Sequence[Sequence[Action]], limit: int = 40) -> str:

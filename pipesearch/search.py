@@ -1,10 +1,13 @@
 """Enumerate the plan space, split each point exactly, rank, simulate the best.
 
-A *point* is (tp, recompute, pp, dp, micro-batch size, schedule, placement).
-For each point the exact split (:func:`pipesearch.partition.optimal_split`)
-gives the point's best analytic iteration time; points are visited in order of
-a lower bound on that time, and a point whose bound cannot enter the top ``K``
-is skipped (``pruned``) without losing exactness of the ranking. The top
+A *point* is (tp, recompute, pp, dp, micro-batch size, schedule, vp,
+placement). For each point the exact split
+(:func:`pipesearch.partition.optimal_split`) gives the point's best analytic
+iteration time. Points are grouped by (tp, recompute, pp, dp); groups are
+visited in order of a lower bound on any of their points' time, points within
+a group in order of their own bound, and a group or point whose bound cannot
+enter the top ``K`` is skipped (``pruned``) without losing exactness of the
+analytic ranking. The top
 ``simulate_top`` plans are then replayed by the discrete-event simulator
 (:mod:`pipesearch.simulate`) and the final ranking uses the simulated
 iteration time.
@@ -29,13 +32,17 @@ import numpy as np
 import pandas as pd
 
 from . import schedules as schedule_lib
-from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, pipeline_placement
+from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, pipeline_placement, placement_links
 from .errors import InfeasibleError, InputError
 from .partition import SplitResult, optimal_split
 from .simulate import simulate
 from .types import Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
 
 ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
+#: every schedule the search knows; the first two have an exact analytic split
+ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs")
+DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs")
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,9 @@ class SearchOptions:
 
     Attributes:
         pp, dp, micro_batch_size, num_micro_batches: pinned degrees.
-        schedules: schedules to consider.
+        schedules: schedules to consider (see :data:`ALL_SCHEDULES`).
+        vps: virtual stages per device to try for interleaved 1F1B and
+            looped breadth-first.
         split: layers per stage to score instead of searching (implies pp).
         top: number of plans to return.
         simulate_top: how many of the best analytic plans to simulate and
@@ -59,7 +68,8 @@ class SearchOptions:
     dp: int | None = None
     micro_batch_size: int | None = None
     num_micro_batches: int | None = None
-    schedules: tuple[str, ...] = ANALYTIC_SCHEDULES
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
+    vps: tuple[int, ...] = (2,)
     split: tuple[int, ...] | None = None
     top: int = 5
     simulate_top: int = 8
@@ -107,13 +117,16 @@ def fingerprint(*parts) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _lower_bound_s(variant: ModelVariant, cluster: Cluster, pp: int, mbs: int, m: int, fastest: float) -> float:
-    """A valid lower bound on any split's iteration time: total compute on the
-    fastest device, ``T >= W (1 + (m-1)/pp)`` (no stage is faster than the
-    average; links and all-reduce cost >= 0)."""
-    prof = variant.profile
-    work = sum(lay.fwd_s + lay.bwd_s for lay in prof.layers) * mbs / prof.profiled_batch_size * fastest
-    return work * (1 + (m - 1) / pp)
+def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fastest: float) -> float:
+    """A valid lower bound on the analytic iteration time of any split, from
+    the total work ``W`` of one micro-batch on the fastest device: GPipe and
+    1F1B ``T >= W (1 + (m-1)/pp)`` (no stage is faster than the average;
+    links and all-reduce cost >= 0); other schedules ``T >= m W / pp`` (some
+    device does at least ``W / pp`` per micro-batch)."""
+    work = work_s * mbs * fastest
+    if schedule in ANALYTIC_SCHEDULES:
+        return work * (1 + (m - 1) / pp)
+    return work * m / pp
 
 
 def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> tuple[StagePlan, ...]:
@@ -135,14 +148,17 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> t
             device_type=cluster.device_spec(devices[0]).name,
             fwd_s=float(costs.time_scale[s] * (costs.fwd_prefix_s[j] - costs.fwd_prefix_s[i])),
             saved_bytes=float(costs.saved_prefix_bytes[j] - costs.saved_prefix_bytes[i]),
+            bwd_input_s=float(costs.time_scale[s] * (costs.bwd_input_prefix_s[j] - costs.bwd_input_prefix_s[i])),
         ))
     return tuple(stages)
 
 
-def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_batch: int, cluster) -> Prediction:
+def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_batch: int, cluster,
+                pp: int) -> Prediction:
     m = costs.num_micro_batches
-    busiest = max(m * (st.compute_s + st.comm_s) for st in stages)
-    peak = max(st.memory_bytes for st in stages)
+    busy = np.bincount([st.index % pp for st in stages], weights=[m * (st.compute_s + st.comm_s) for st in stages])
+    mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
+    busiest, peak = float(busy.max()), float(mem.max())
     cap = min(cluster.device_spec(st.devices[0]).memory_bytes for st in stages)
     return Prediction(
         iteration_time_s=iteration_time_s,
@@ -165,57 +181,119 @@ def simulate_plan(plan: Plan) -> tuple[float, object]:
     fwd = [st.fwd_s for st in plan.stages]
     bwd = [st.compute_s - st.fwd_s for st in plan.stages]
     p2p = [st.comm_s / 2 for st in plan.stages[:-1]]
-    timeline = simulate(actions, fwd_s=fwd, bwd_s=bwd, p2p_s=p2p, act_bytes=[st.saved_bytes for st in plan.stages])
-    end = [0.0] * len(plan.stages)
+    bwd_input = [st.bwd_input_s if st.bwd_input_s > 0 else b / 2 for st, b in zip(plan.stages, bwd)]
+    timeline = simulate(actions, fwd_s=fwd, bwd_s=bwd, p2p_s=p2p, bwd_input_s=bwd_input,
+                        act_bytes=[st.saved_bytes for st in plan.stages])
+    # each device all-reduces the gradients of all its stages after its last backward
+    end = [0.0] * p
     for rec in timeline.records:
         if rec.kind in ("B", "W"):
-            end[rec.stage] = max(end[rec.stage], rec.end_s)
-    total = max(max(e + st.allreduce_s for e, st in zip(end, plan.stages)), timeline.iteration_time_s)
+            end[rec.rank] = max(end[rec.rank], rec.end_s)
+    allreduce = [0.0] * p
+    for st in plan.stages:
+        allreduce[st.index % p] += st.allreduce_s
+    total = max(max(e + a for e, a in zip(end, allreduce)), timeline.iteration_time_s)
     return total, timeline
 
 
-def enumerate_points(variants: Iterable[ModelVariant], cluster: Cluster, job: Job, options: SearchOptions):
-    """Yield ``(variant, pp, dp, mbs, m, schedule, placement_name, status)``
-    for every point of the space; ``status`` is None for points to evaluate,
-    else the reason the point is refused without evaluation."""
+def enumerate_groups(variants: Iterable[ModelVariant], cluster: Cluster, job: Job, options: SearchOptions):
+    """Yield ``(variant, pp, dp, status)`` for every (layer table, pipeline
+    degree, data-parallel degree) of the space; ``status`` is None for groups
+    to expand with :func:`expand_group`, else why the whole group is refused
+    (``too_many_stages``, ``batch_not_divisible``)."""
     for variant in variants:
         L = variant.profile.num_layers
         slots = cluster.num_devices // variant.tp
         pps = [options.pp] if options.pp else range(1, min(slots, L) + 1)
         for pp in pps:
             if pp > L:
-                yield variant, pp, None, None, None, None, None, "too_many_stages"
-                continue
-            if pp > slots:
+                yield variant, pp, None, "too_many_stages"
                 continue
             dps = [options.dp] if options.dp else range(1, slots // pp + 1)
             for dp in dps:
                 if pp * dp > slots:
                     continue
-                if job.global_batch_size % dp:
-                    yield variant, pp, dp, None, None, None, None, "batch_not_divisible"
-                    continue
-                per_replica = job.global_batch_size // dp
-                if options.num_micro_batches:
-                    if per_replica % options.num_micro_batches:
-                        yield variant, pp, dp, None, options.num_micro_batches, None, None, "batch_not_divisible"
-                        continue
-                    mbss = [per_replica // options.num_micro_batches]
-                elif options.micro_batch_size:
-                    if per_replica % options.micro_batch_size:
-                        yield variant, pp, dp, options.micro_batch_size, None, None, None, "batch_not_divisible"
-                        continue
-                    mbss = [options.micro_batch_size]
-                else:
-                    mbss = divisors(per_replica)
-                placements = options.placements if (pp > 1 and dp > 1) else options.placements[:1]
-                for mbs in mbss:
-                    m = per_replica // mbs
-                    for schedule in options.schedules:
-                        refused = schedule == "1f1b" and m < pp
-                        for placement in placements:
-                            yield variant, pp, dp, mbs, m, schedule, placement, (
-                                "schedule_refused" if refused else None)
+                yield variant, pp, dp, ("batch_not_divisible" if job.global_batch_size % dp else None)
+
+
+def micro_batch_sizes(per_replica: int, options: SearchOptions) -> list[int]:
+    """Micro-batch sizes to try for a replica batch (empty when a pin does not divide it)."""
+    if options.num_micro_batches:
+        return [per_replica // options.num_micro_batches] if per_replica % options.num_micro_batches == 0 else []
+    if options.micro_batch_size:
+        return [options.micro_batch_size] if per_replica % options.micro_batch_size == 0 else []
+    return divisors(per_replica)
+
+
+def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: SearchOptions):
+    """Yield ``(mbs, m, schedule, vp, placement, status)`` for every point of a
+    (variant, pp, dp) group; ``status`` is None for points to evaluate, else
+    the reason the point is refused (``batch_not_divisible``,
+    ``schedule_refused``, ``too_many_stages``)."""
+    L = variant.profile.num_layers
+    per_replica = job.global_batch_size // dp
+    mbss = micro_batch_sizes(per_replica, options)
+    if not mbss:
+        yield options.micro_batch_size, options.num_micro_batches, None, None, None, "batch_not_divisible"
+        return
+    placements = options.placements if (pp > 1 and dp > 1) else options.placements[:1]
+    for mbs in mbss:
+        m = per_replica // mbs
+        for schedule in options.schedules:
+            for vp in (options.vps if schedule in MULTI_STAGE_SCHEDULES and pp > 1 else (1,)):
+                refused = schedule_refusal(schedule, pp, m, vp, L)
+                for placement in (placements if refused is None else (None,)):
+                    yield mbs, m, schedule, vp, placement, refused
+
+
+def _same_links(cluster, variant, row, options, links_cache) -> bool:
+    """Whether this point's placement puts every boundary and every all-reduce
+    on the same links as the first placement (then both score the same and
+    only the first is evaluated)."""
+    pp, dp, vp = row["pp"], row["dp"], row["vp"]
+
+    def links(order):
+        key = (pp, dp, vp, variant.tp, order)
+        if key not in links_cache:
+            slots = (pipeline_placement(pp, dp, order) * variant.tp)[np.arange(pp * vp) % pp]
+            links_cache[key] = placement_links(cluster, slots)
+        return links_cache[key]
+
+    return links(row["placement"]) == links(options.placements[0])
+
+
+def _memory_totals(profile: ModelProfile, job: Job) -> tuple[float, float]:
+    """(weights + gradients + optimizer bytes, saved activation bytes per sample)
+    of the whole model."""
+    params = sum(lay.param_bytes for lay in profile.layers)
+    saved = sum(lay.saved_bytes for lay in profile.layers) / profile.profiled_batch_size
+    return params * job.state_bytes_per_param / profile.bytes_per_param, saved
+
+
+def _surely_out_of_memory(totals: tuple[float, float], row: dict, capacity_bytes: float) -> bool:
+    """True when even a perfectly balanced split cannot fit: some device holds
+    at least ``1/pp`` of the weights and optimizer state plus ``1/pp`` of one
+    micro-batch's activations (every schedule keeps at least one in flight),
+    which exceeds the smallest device's usable memory."""
+    state, saved = totals
+    return (state + saved * row["micro_batch_size"]) / row["pp"] > capacity_bytes
+
+
+def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int) -> str | None:
+    """Why a runtime would refuse this schedule at this point, or None.
+
+    1F1B-style schedules need at least as many micro-batches as stages
+    (torch.distributed.pipelining's Schedule1F1B refuses fewer); Megatron-LM's
+    interleaved schedule needs ``m`` to be a multiple of ``pp``; every virtual
+    stage needs at least one layer.
+    """
+    if schedule in ("1f1b", "zb-h1", "interleaved-1f1b") and m < pp:
+        return "schedule_refused"
+    if schedule == "interleaved-1f1b" and m % pp:
+        return "schedule_refused"
+    if pp * vp > num_layers:
+        return "too_many_stages"
+    return None
 
 
 def search(
@@ -235,7 +313,8 @@ def search(
         cluster, job: where and what.
         options: pins and knobs.
         profiled_device: device the profile was measured on (for time scaling).
-        progress: called as ``progress(done, total)`` while points are evaluated.
+        progress: called as ``progress(done, total)`` over the (variant, pp,
+            dp) groups of the space.
 
     Raises:
         InputError: a pin that cannot hold (e.g. ``--split`` that does not sum
@@ -249,42 +328,75 @@ def search(
         device_time_scale(profiled_device, cluster.device_spec(d)) for d in range(cluster.num_devices)
     )
     rows: list[dict] = []
-    todo = []
-    for variant, pp, dp, mbs, m, schedule, placement, status in enumerate_points(variants, cluster, job, options):
-        row = dict(tp=variant.tp, recompute=variant.recompute, pp=pp, dp=dp, schedule=schedule,
-                   micro_batch_size=mbs, num_micro_batches=m, placement=placement, status=status,
-                   iteration_time_s=np.nan, samples_per_s=np.nan, peak_memory_bytes=np.nan,
-                   bubble_fraction=np.nan, lower_bound_s=np.nan)
-        rows.append(row)
-        if status is None:
-            row["lower_bound_s"] = _lower_bound_s(variant, cluster, pp, mbs, m, fastest)
-            todo.append((row["lower_bound_s"], len(rows) - 1, variant))
-    todo.sort(key=lambda x: (x[0], x[1]))
+    counts: Counter = Counter()
+    work = {id(v): sum(lay.fwd_s + lay.bwd_s for lay in v.profile.layers) / v.profile.profiled_batch_size
+            for v in variants}
+    memory_floor = {id(v): _memory_totals(v.profile, job) for v in variants}
+    capacity = min(cluster.device_spec(d).memory_bytes for d in range(cluster.num_devices)) \
+        - job.memory_reserve_bytes
+    groups = []
+    for variant, pp, dp, status in enumerate_groups(variants, cluster, job, options):
+        if status is not None:
+            counts[status] += 1
+            continue
+        # smallest lower bound of any point of the group (see _lower_bound_s)
+        bound = work[id(variant)] * fastest * (job.global_batch_size // dp) / pp
+        groups.append((bound, len(groups), variant, pp, dp))
+    groups.sort(key=lambda g: (g[0], g[1]))
     keep = max(options.top, options.simulate_top, 1)
     heap: list[tuple[float, int]] = []  # max-heap of the best `keep` times (negated)
     found: dict[int, tuple[Plan, PipelineCosts]] = {}
-    for done, (bound, idx, variant) in enumerate(todo):
+    in_flight_cache: dict = {}
+    links_cache: dict = {}
+
+    def pruned(bound: float) -> bool:
+        return not options.exhaustive and len(heap) >= keep and bound >= -heap[0][0]
+
+    for done, (group_bound, _, variant, pp, dp) in enumerate(groups):
         if progress:
-            progress(done, len(todo))
-        row = rows[idx]
-        if not options.exhaustive and len(heap) >= keep and bound >= -heap[0][0]:
-            row["status"] = "pruned"
+            progress(done, len(groups))
+        if pruned(group_bound):
+            counts["pruned"] += sum(1 for *_, st in expand_group(variant, pp, dp, job, options) if st is None)
             continue
-        plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device)
-        if plan is None:
-            continue
-        t = plan.predicted.iteration_time_s
-        row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
-                   peak_memory_bytes=plan.predicted.peak_memory_bytes,
-                   bubble_fraction=plan.predicted.bubble_fraction)
-        found[idx] = (plan, costs)
-        if len(heap) < keep:
-            heapq.heappush(heap, (-t, idx))
-        elif t < -heap[0][0]:
-            heapq.heapreplace(heap, (-t, idx))
+        todo = []
+        for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options):
+            row = dict(tp=variant.tp, recompute=variant.recompute, pp=pp, dp=dp, schedule=schedule, vp=vp,
+                       micro_batch_size=mbs, num_micro_batches=m, placement=placement, status=status,
+                       iteration_time_s=np.nan, samples_per_s=np.nan, peak_memory_bytes=np.nan,
+                       bubble_fraction=np.nan, lower_bound_s=np.nan)
+            rows.append(row)
+            if status is None:
+                row["lower_bound_s"] = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest)
+                todo.append((row["lower_bound_s"], len(rows) - 1))
+        todo.sort()
+        floor = memory_floor[id(variant)]
+        for bound, idx in todo:
+            row = rows[idx]
+            if pruned(bound):
+                row["status"] = "pruned"
+                continue
+            if _surely_out_of_memory(floor, row, capacity):
+                row["status"] = "out_of_memory"
+                continue
+            if row["placement"] != options.placements[0] and _same_links(cluster, variant, row, options, links_cache):
+                row["status"] = "same_as_other_placement"
+                continue
+            plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
+                                    links_cache)
+            if plan is None:
+                continue
+            t = plan.predicted.iteration_time_s
+            row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
+                       peak_memory_bytes=plan.predicted.peak_memory_bytes,
+                       bubble_fraction=plan.predicted.bubble_fraction)
+            found[idx] = (plan, costs)
+            if len(heap) < keep:
+                heapq.heappush(heap, (-t, idx))
+            elif t < -heap[0][0]:
+                heapq.heapreplace(heap, (-t, idx))
     if progress:
-        progress(len(todo), len(todo))
-    counts = Counter(r["status"] for r in rows if r["status"] not in ("ok",))
+        progress(len(groups), len(groups))
+    counts.update(r["status"] for r in rows if r["status"] != "ok")
     if not found:
         raise InfeasibleError(_no_plan_message(counts, variants, cluster, job))
     best = sorted(((found[i][0].predicted.iteration_time_s, i) for _, i in heap))
@@ -304,17 +416,81 @@ def search(
     )
 
 
-def _evaluate(variant, cluster, job, options, row, profiled_device):
+def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None) -> np.ndarray:
+    """Peak in-flight micro-batches of each of the ``pp * vp`` stages under
+    ``schedule``, read off the schedule's own action lists
+    (:func:`pipesearch.schedules.in_flight_peaks`). For interleaved 1F1B and
+    ZB-H1 the peaks stop growing once ``m >= 2 pp`` (the warm-up depth is
+    bounded), so they are computed at ``min(m, 2 pp)``; looped breadth-first
+    keeps all ``m``; GPipe ``m``; 1F1B ``min(m, pp - s)``."""
+    if schedule in ANALYTIC_SCHEDULES:
+        from .costs import in_flight_micro_batches
+
+        return in_flight_micro_batches(schedule, pp, m)
+    if schedule == "looped-bfs":
+        return np.full(pp * vp, m, dtype=np.int64)
+    m_eff = min(m, 2 * pp)
+    key = (schedule, pp, m_eff, vp)
+    if cache is None or key not in cache:
+        peaks = np.array(schedule_lib.in_flight_peaks(schedule_lib.build(schedule, pp, m_eff, vp)), dtype=np.int64)
+        if cache is None:
+            return peaks
+        cache[key] = peaks
+    return cache[key]
+
+
+def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: int) -> float:
+    """Analytic iteration time of a split under ``schedule``.
+
+    GPipe, 1F1B: :meth:`PipelineCosts.iteration_time_s` (exact objective of the
+    split search). Interleaved 1F1B and looped breadth-first, with device time
+    per micro-batch ``tau_r`` (sum of its virtual stages' ``a``):
+    ``(m + (pp-1)/vp) * max_r tau_r + max_r allreduce_r`` (bubble
+    ``(pp-1)/(vp m)`` of the ideal time, Narayanan et al. SC'21 sec. 2.2.2).
+    ZB-H1: the 1F1B time less ``(pp-1) * min_k w_k``, the weight-gradient work
+    that fills the bubble (Qi et al. 2023, bubble ``(p-1)(T_F + T_B - T_W)``).
+    """
+    m = costs.num_micro_batches
+    if schedule in ANALYTIC_SCHEDULES:
+        return costs.iteration_time_s(bounds)
+    S = costs.pp
+    a = np.array([float(costs.sum_term(s, bounds[s], bounds[s + 1])) for s in range(S)])
+    ar = np.array([float(costs.allreduce_s(s, bounds[s], bounds[s + 1])) for s in range(S)])
+    if schedule == "zb-h1":
+        w = np.array([float(costs.time_scale[s] * (
+            (costs.compute_prefix_s[bounds[s + 1]] - costs.compute_prefix_s[bounds[s]])
+            - (costs.fwd_prefix_s[bounds[s + 1]] - costs.fwd_prefix_s[bounds[s]])
+            - (costs.bwd_input_prefix_s[bounds[s + 1]] - costs.bwd_input_prefix_s[bounds[s]])))
+            for s in range(S)])
+        return costs.iteration_time_s(bounds) - (pp - 1) * float(w.min())
+    tau = np.bincount(np.arange(S) % pp, weights=a, minlength=pp)
+    ar_dev = np.bincount(np.arange(S) % pp, weights=ar, minlength=pp)
+    return float((m + (pp - 1) / vp) * tau.max() + ar_dev.max())
+
+
+def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache=None, links_cache=None):
     pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
-    slots = pipeline_placement(pp, dp, row["placement"]) * variant.tp
+    schedule, vp = row["schedule"], row["vp"]
+    stages = pp * vp
+    device_slots = pipeline_placement(pp, dp, row["placement"]) * variant.tp
+    slots = device_slots[np.arange(stages) % pp]
+    key = (pp, dp, vp, variant.tp, row["placement"])
+    if links_cache is None or key not in links_cache:
+        links = placement_links(cluster, slots)
+        if links_cache is not None:
+            links_cache[key] = links
+    else:
+        links = links_cache[key]
     costs = build_pipeline_costs(
-        variant.profile, cluster, job, pp=pp, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
-        schedule=row["schedule"], placement=slots, profiled_device=profiled_device,
+        variant.profile, cluster, job, pp=stages, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
+        schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
+        profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache),
+        stages_per_device=vp, links=links,
     )
     if options.split:
         bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(options.split)]))
-        if not costs.split_fits(bounds):
-            row["status"] = "out_of_memory"
+        if len(options.split) != stages or not costs.split_fits(bounds):
+            row["status"] = "out_of_memory" if len(options.split) == stages else "split_mismatch"
             return None, costs
         result = SplitResult(bounds, costs.iteration_time_s(bounds))
     else:
@@ -322,13 +498,14 @@ def _evaluate(variant, cluster, job, options, row, profiled_device):
         if result is None:
             row["status"] = "out_of_memory"
             return None, costs
-    stages = _stage_plans(variant, costs, result.bounds, slots, cluster)
+    analytic = analytic_time_s(schedule, costs, result.bounds, pp, vp)
+    stage_plans = _stage_plans(variant, costs, result.bounds, slots, cluster)
     extra = (("placement", row["placement"]), ("recompute", variant.recompute)) + variant.extra + (
-        ("analytic_iteration_time_s", result.iteration_time_s),)
+        ("analytic_iteration_time_s", analytic),)
     plan = Plan(
-        rank=0, pp=pp, dp=dp, tp=variant.tp, schedule=row["schedule"], micro_batch_size=mbs,
-        num_micro_batches=m, stages=stages,
-        predicted=_prediction(costs, stages, result.iteration_time_s, job.global_batch_size, cluster),
+        rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
+        num_micro_batches=m, stages=stage_plans,
+        predicted=_prediction(costs, stage_plans, analytic, job.global_batch_size, cluster, pp),
         extra=extra,
     )
     return plan, costs
@@ -395,9 +572,13 @@ def _check_options(variants, cluster, job, options):
         raise InputError(
             f"global batch size {job.global_batch_size} is not divisible by "
             f"--micro-batch-size {options.micro_batch_size}")
-    unknown = [s for s in options.schedules if s not in ANALYTIC_SCHEDULES]
+    unknown = [s for s in options.schedules if s not in ALL_SCHEDULES]
     if unknown:
-        raise InputError(f"unknown schedule {unknown[0]!r}; expected one of {', '.join(ANALYTIC_SCHEDULES)}")
+        raise InputError(f"unknown schedule {unknown[0]!r}; expected one of {', '.join(ALL_SCHEDULES)}")
+    if any(v < 1 for v in options.vps):
+        raise InputError(f"--vp {min(options.vps)} must be >= 1")
+    if options.split is not None and any(s in MULTI_STAGE_SCHEDULES for s in options.schedules):
+        raise InputError("--split scores one stage per device; choose --schedule gpipe, 1f1b or zb-h1 with it")
 
 
 def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> str:

@@ -14,6 +14,7 @@ Nothing here imports the rest of the package. Conventions:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,21 @@ class ModelProfile:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @cached_property
+    def layer_arrays(self) -> dict:
+        """The layer table as float arrays of shape ``(num_layers,)``: ``fwd_s``,
+        ``bwd_s``, ``bwd_input_s`` (half of ``bwd_s`` where not given),
+        ``param_bytes``, ``output_bytes``, ``saved_bytes``. Computed once."""
+        import numpy as np
+
+        cols = {k: np.array([getattr(lay, k) for lay in self.layers], dtype=float)
+                for k in ("fwd_s", "bwd_s", "param_bytes", "output_bytes", "saved_bytes")}
+        cols["bwd_input_s"] = np.array([lay.bwd_s / 2 if lay.bwd_input_s is None else lay.bwd_input_s
+                                        for lay in self.layers], dtype=float)
+        for v in cols.values():
+            v.flags.writeable = False
+        return cols
 
 
 @dataclass(frozen=True)
@@ -144,7 +160,7 @@ class Cluster:
     inter_group: Link | None = None
     description: str = ""
 
-    @property
+    @cached_property
     def num_devices(self) -> int:
         return sum(g.num_devices for g in self.groups)
 
@@ -158,15 +174,32 @@ class Cluster:
 
     def device_spec(self, device_id: int) -> DeviceSpec:
         """The spec of device ``device_id``; raises IndexError when out of range."""
-        return self.groups[self._locate(device_id)[0]].device
+        return self.groups[self.group_of(device_id)].device
 
     def node_of(self, device_id: int) -> int:
         """Global node index of ``device_id``."""
-        group, node = self._locate(device_id)
-        return sum(g.nodes for g in self.groups[:group]) + node
+        self._check(device_id)
+        return self._node_ids[device_id]
 
     def group_of(self, device_id: int) -> int:
-        return self._locate(device_id)[0]
+        self._check(device_id)
+        return self._group_ids[device_id]
+
+    @cached_property
+    def _group_ids(self) -> tuple[int, ...]:
+        return tuple(self._locate(d)[0] for d in range(self.num_devices))
+
+    @cached_property
+    def _node_ids(self) -> tuple[int, ...]:
+        out = []
+        for d in range(self.num_devices):
+            group, node = self._locate(d)
+            out.append(sum(g.nodes for g in self.groups[:group]) + node)
+        return tuple(out)
+
+    def _check(self, device_id: int) -> None:
+        if not 0 <= device_id < len(self._group_ids):
+            raise IndexError(f"device id {device_id} outside 0 .. {self.num_devices - 1}")
 
     def link(self, a: int, b: int) -> Link:
         """The link class between devices ``a`` and ``b`` (``a != b``)."""
@@ -241,6 +274,7 @@ class StagePlan:
     device_type: str = ""
     fwd_s: float = 0.0
     saved_bytes: float = 0.0
+    bwd_input_s: float = 0.0
 
 
 @dataclass(frozen=True)

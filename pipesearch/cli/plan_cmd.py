@@ -14,7 +14,7 @@ from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..models import RECOMPUTE_MODES, load_model_source
 from ..plan import PlanFile, dump_plan_file, to_json
-from ..search import ANALYTIC_SCHEDULES, SearchOptions, search
+from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
 from ..units import format_bytes, format_seconds, parse_bytes
 from . import main
@@ -44,7 +44,7 @@ def plans_table(plans) -> str:
         rows.append({
             "rank": p.rank,
             "pp x dp x tp": f"{p.pp} x {p.dp} x {p.tp}",
-            "schedule": p.schedule + ("" if dict(p.extra).get("recompute", "none") == "none"
+            "schedule": p.schedule + (f" v{p.vp}" if p.vp > 1 else "") + ("" if dict(p.extra).get("recompute", "none") == "none"
                                       else f"+{dict(p.extra)['recompute']}-recompute"),
             "mbs x m": f"{p.micro_batch_size} x {p.num_micro_batches}",
             "layers/stage": layers,
@@ -101,8 +101,10 @@ class _Progress:
 @click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor-parallel degree (transformers).")
 @click.option("--micro-batch-size", type=click.IntRange(min=1), help="Pin the micro-batch size.")
 @click.option("--num-micro-batches", type=click.IntRange(min=1), help="Pin the number of micro-batches per replica.")
-@click.option("--schedule", "schedules", multiple=True, type=click.Choice(ANALYTIC_SCHEDULES),
-              help="Schedules to consider (repeatable; default: all).")
+@click.option("--schedule", "schedules", multiple=True, type=click.Choice(ALL_SCHEDULES),
+              help=f"Schedules to consider (repeatable; default: {', '.join(DEFAULT_SCHEDULES)}).")
+@click.option("--vp", "vps", multiple=True, type=click.IntRange(min=1),
+              help="Virtual stages per device for interleaved 1F1B / looped BFS (repeatable; default: 2).")
 @click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), help="Pin activation recomputation (transformers).")
 @click.option("--split", callback=_split, help="Score this split (layers per stage, e.g. 5,3,4) instead of searching.")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
@@ -124,7 +126,7 @@ class _Progress:
                    "(see `pipesearch plot`); --exhaustive fills the space plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
-                 num_micro_batches, schedules, recompute, split, top, simulate_top, memory_reserve,
+                 num_micro_batches, schedules, vps, recompute, split, top, simulate_top, memory_reserve,
                  optimizer_bytes_per_param, output, as_json, all_points, exhaustive, quiet, plot_dir):
     """Search pipeline plans for a model on a cluster and rank them.
 
@@ -140,8 +142,11 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=parse_bytes(memory_reserve))
+    if not schedules:
+        schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
+                                                               if x not in MULTI_STAGE_SCHEDULES)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
-                            num_micro_batches=num_micro_batches, schedules=tuple(schedules) or ANALYTIC_SCHEDULES,
+                            num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
                             split=split, top=top, simulate_top=simulate_top,
                             exhaustive=exhaustive)
     progress = _Progress(quiet or as_json)
