@@ -37,6 +37,7 @@ _DEVICE_KEYS = {
     "peak_fp32_TFLOPS": (True, "a positive number of TFLOP/s"),
     "hbm_bandwidth_GBps": (True, "a positive number of GB/s"),
     "achieved_fraction": (False, "a number in (0, 1]"),
+    "gemm_half_efficiency_size": (False, "a number >= 0 (a GEMM dimension)"),
 }
 _CLUSTER_KEYS = ("name", "description", "nodes", "devices_per_node", "device",
                  "groups", "intra_node", "inter_node", "inter_group")
@@ -173,6 +174,8 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
                                                data["hbm_bandwidth_GBps"]),
         achieved_fraction=float(fraction),
         description=_string(path, "description", data.get("description", "")),
+        gemm_half_efficiency_size=_number(path, "gemm_half_efficiency_size",
+                                          data.get("gemm_half_efficiency_size", 0.0), positive=False),
     )
 
 

@@ -104,6 +104,8 @@ class DeviceSpec:
         achieved_fraction: fraction of ``peak_fp16_flops`` that large GEMMs reach
             in training (one calibration per device type, documented in the
             catalog entry).
+        gemm_half_efficiency_size: GEMM inner dimension at which half of
+            ``achieved_fraction`` is reached (see :meth:`achieved_fraction_at`).
     """
 
     name: str
@@ -113,6 +115,17 @@ class DeviceSpec:
     hbm_bandwidth_bytes_per_s: float
     achieved_fraction: float = 0.5
     description: str = ""
+    gemm_half_efficiency_size: float = 0.0
+
+    def achieved_fraction_at(self, gemm_size: float) -> float:
+        """Fraction of ``peak_fp16_flops`` reached by a transformer whose GEMMs
+        have inner dimension ``gemm_size`` (its hidden size):
+        ``achieved_fraction * n / (n + gemm_half_efficiency_size)``, a
+        saturating curve (small GEMMs and the element-wise kernels around them
+        reach less of the peak). With ``gemm_half_efficiency_size = 0`` it is
+        ``achieved_fraction`` for every size."""
+        n = float(gemm_size)
+        return self.achieved_fraction * n / (n + self.gemm_half_efficiency_size)
 
 
 @dataclass(frozen=True)

@@ -983,7 +983,7 @@ def layer_table(
         raise InputError(f"layer_table: sequence_parallel = {sequence_parallel!r}: expected true or false")
     if not (isinstance(dtype_bytes, (int, float)) and not isinstance(dtype_bytes, bool) and dtype_bytes > 0):
         raise InputError(f"layer_table: dtype_bytes = {dtype_bytes!r}: expected a positive number")
-    rate = device.peak_fp16_flops * device.achieved_fraction
+    rate = device.peak_fp16_flops * device.achieved_fraction_at(cfg.hidden_size)
     if not (rate > 0 and math.isfinite(rate)):
         raise InputError(
             f"layer_table: device {device.name!r}: peak_fp16_flops * achieved_fraction = {rate!r}: "
