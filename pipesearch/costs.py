@@ -145,13 +145,27 @@ def allreduce_model(cluster: Cluster, devices: np.ndarray) -> tuple[float, float
 def placement_links(cluster: Cluster, placement: np.ndarray) -> tuple[list[Link], list[tuple[float, float]]]:
     """Per stage of a ``(P, dp)`` placement: the slowest link its boundary to
     the next stage crosses (a free link after the last stage), and the
-    all-reduce model of its replicas (:func:`allreduce_model`)."""
+    all-reduce model of its replicas (:func:`allreduce_model`; stages whose
+    replicas sit alike share one computation)."""
     P = placement.shape[0]
-    p2p = [
-        _worst_link(cluster, zip(placement[s], placement[s + 1])) if s + 1 < P else Link(float("inf"), 0.0)
-        for s in range(P)
-    ]
-    return p2p, [allreduce_model(cluster, placement[s]) for s in range(P)]
+    node = np.asarray(cluster._node_ids)[placement]
+    group = np.asarray(cluster._group_ids)[placement]
+    classes = [cluster.intra_node, cluster.inter_node, cluster.inter_group or cluster.inter_node]
+    free = Link(float("inf"), 0.0)
+    p2p = []
+    for s in range(P - 1):
+        same_dev = placement[s] == placement[s + 1]
+        kind = np.where(group[s] != group[s + 1], 2, np.where(node[s] != node[s + 1], 1, 0))[~same_dev]
+        links = [classes[k] for k in np.unique(kind)]
+        p2p.append(max(links, key=lambda link: link.transfer_s(1e6)) if links else free)
+    p2p.append(free)
+    ar, memo = [], {}
+    for s in range(P):
+        key = (tuple(node[s]), tuple(group[s]))
+        if key not in memo:
+            memo[key] = allreduce_model(cluster, placement[s])
+        ar.append(memo[key])
+    return p2p, ar
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,9 +225,9 @@ class PipelineCosts:
     def p2p_s(self, s: int, j):
         """Activation forward + gradient backward seconds over the boundary at ``j``."""
         j = np.asarray(j)
-        out = self.output_bytes[np.clip(j - 1, 0, self.num_layers - 1)]
+        out = self.output_bytes[np.minimum(np.maximum(j - 1, 0), self.num_layers - 1)]
         t = 2.0 * (self.p2p_latency_s[s] + out / self.p2p_bandwidth_bytes_per_s[s])
-        return np.where((j >= self.num_layers) | (s == self.pp - 1), 0.0, t)
+        return np.where((j >= self.num_layers) | (np.asarray(s) == self.pp - 1), 0.0, t)
 
     def allreduce_s(self, s: int, i, j):
         """Gradient all-reduce seconds per iteration of stage ``s`` holding ``[i, j)``."""
@@ -238,15 +252,22 @@ class PipelineCosts:
         """Whether stage ``s`` holding ``[i, j)`` fits in its devices' memory."""
         return self.memory_bytes(s, i, j) <= self.capacity_bytes[s]
 
+    def stage_terms(self, bounds) -> tuple[np.ndarray, np.ndarray]:
+        """``(a, b)`` of every stage of the split with boundaries ``bounds``
+        (arrays of shape ``(P,)``)."""
+        s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+        a = self.sum_term(s, i, j)
+        return a, (self.num_micro_batches - 1) * a + self.allreduce_s(s, i, j)
+
     def iteration_time_s(self, bounds) -> float:
         """Analytic iteration time of the split with boundaries
         ``0 = bounds[0] < ... < bounds[P] = L``: ``sum a_k + max b_k``."""
-        a = [float(self.sum_term(s, bounds[s], bounds[s + 1])) for s in range(self.pp)]
-        b = [float(self.max_term(s, bounds[s], bounds[s + 1])) for s in range(self.pp)]
-        return sum(a) + max(b)
+        a, b = self.stage_terms(bounds)
+        return float(a.sum() + b.max())
 
     def split_fits(self, bounds) -> bool:
-        return all(bool(self.fits(s, bounds[s], bounds[s + 1])) for s in range(self.pp))
+        s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+        return bool(np.all(self.fits(s, i, j)))
 
 
 def build_pipeline_costs(

@@ -175,7 +175,7 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
 
 
 def _bottleneck(costs: PipelineCosts, bounds) -> float:
-    return max(float(costs.max_term(s, bounds[s], bounds[s + 1])) for s in range(costs.pp))
+    return float(costs.stage_terms(bounds)[1].max())
 
 
 def min_max_split(costs: PipelineCosts, band: _Band | None = None) -> tuple[float, tuple[int, ...] | None]:

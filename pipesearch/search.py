@@ -131,24 +131,25 @@ def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fast
 
 def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> tuple[StagePlan, ...]:
     names = [lay.name for lay in variant.profile.layers]
+    st, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    scale = costs.time_scale
+    cols = {
+        "compute_s": costs.compute_s(st, i, j),
+        "comm_s": costs.p2p_s(st, j),
+        "allreduce_s": costs.allreduce_s(st, i, j),
+        "memory_bytes": costs.memory_bytes(st, i, j),
+        "send_bytes": np.where(st + 1 < costs.pp, costs.output_bytes[j - 1], 0.0),
+        "fwd_s": scale * (costs.fwd_prefix_s[j] - costs.fwd_prefix_s[i]),
+        "saved_bytes": costs.saved_prefix_bytes[j] - costs.saved_prefix_bytes[i],
+        "bwd_input_s": scale * (costs.bwd_input_prefix_s[j] - costs.bwd_input_prefix_s[i]),
+    }
+    cols = {k: v.tolist() for k, v in cols.items()}
     stages = []
     for s in range(costs.pp):
-        i, j = bounds[s], bounds[s + 1]
         devices = tuple(int(d) for d in placement[s])
         stages.append(StagePlan(
-            index=s,
-            layers=(i, j),
-            layer_names=tuple(names[i:j]),
-            devices=devices,
-            compute_s=float(costs.compute_s(s, i, j)),
-            comm_s=float(costs.p2p_s(s, j)),
-            allreduce_s=float(costs.allreduce_s(s, i, j)),
-            memory_bytes=float(costs.memory_bytes(s, i, j)),
-            send_bytes=float(costs.output_bytes[j - 1]) if s + 1 < costs.pp else 0.0,
-            device_type=cluster.device_spec(devices[0]).name,
-            fwd_s=float(costs.time_scale[s] * (costs.fwd_prefix_s[j] - costs.fwd_prefix_s[i])),
-            saved_bytes=float(costs.saved_prefix_bytes[j] - costs.saved_prefix_bytes[i]),
-            bwd_input_s=float(costs.time_scale[s] * (costs.bwd_input_prefix_s[j] - costs.bwd_input_prefix_s[i])),
+            index=s, layers=(int(i[s]), int(j[s])), layer_names=tuple(names[i[s]:j[s]]), devices=devices,
+            device_type=cluster.device_spec(devices[0]).name, **{k: v[s] for k, v in cols.items()},
         ))
     return tuple(stages)
 
@@ -262,21 +263,31 @@ def _same_links(cluster, variant, row, options, links_cache) -> bool:
     return links(row["placement"]) == links(options.placements[0])
 
 
-def _memory_totals(profile: ModelProfile, job: Job) -> tuple[float, float]:
-    """(weights + gradients + optimizer bytes, saved activation bytes per sample)
-    of the whole model."""
-    params = sum(lay.param_bytes for lay in profile.layers)
-    saved = sum(lay.saved_bytes for lay in profile.layers) / profile.profiled_batch_size
-    return params * job.state_bytes_per_param / profile.bytes_per_param, saved
+def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer: weights + gradients + optimizer bytes, and saved activation
+    bytes per sample."""
+    arrays = profile.layer_arrays
+    return (arrays["param_bytes"] * job.state_bytes_per_param / profile.bytes_per_param,
+            arrays["saved_bytes"] / profile.profiled_batch_size)
 
 
-def _surely_out_of_memory(totals: tuple[float, float], row: dict, capacity_bytes: float) -> bool:
-    """True when even a perfectly balanced split cannot fit: some device holds
-    at least ``1/pp`` of the weights and optimizer state plus ``1/pp`` of one
-    micro-batch's activations (every schedule keeps at least one in flight),
-    which exceeds the smallest device's usable memory."""
-    state, saved = totals
-    return (state + saved * row["micro_batch_size"]) / row["pp"] > capacity_bytes
+def _surely_out_of_memory(totals, row: dict, in_flight: np.ndarray, capacity_bytes: float) -> bool:
+    """True when no split can fit, by three lower bounds on the largest
+    stage's memory ``M_k = static_k + f_k act_k`` (``f_k`` in-flight
+    micro-batches of stage ``k``, ``P`` stages, ``S`` and ``A`` the model's
+    totals): ``max M >= (S + min f * A) / P``; ``max M >= (S / max f + A) /
+    sum_k (1 / f_k)`` (from ``sum_k M_k / f_k <= max M * sum_k 1 / f_k``); and
+    the largest single layer with ``min f`` micro-batches. Stages of an
+    interleaved device share its memory, so each has ``capacity / vp``."""
+    static, act = totals
+    act = act * row["micro_batch_size"]
+    f = np.maximum(in_flight, 1)
+    P = len(f)
+    total_s, total_a = float(static.sum()), float(act.sum())
+    bound = max((total_s + f.min() * total_a) / P,
+                (total_s / f.max() + total_a) / float(np.sum(1.0 / f)),
+                float(np.max(static + f.min() * act)))
+    return bound > capacity_bytes / row["vp"]
 
 
 def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int) -> str | None:
@@ -375,7 +386,8 @@ def search(
             if pruned(bound):
                 row["status"] = "pruned"
                 continue
-            if _surely_out_of_memory(floor, row, capacity):
+            inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache)
+            if _surely_out_of_memory(floor, row, inflight, capacity):
                 row["status"] = "out_of_memory"
                 continue
             if row["placement"] != options.placements[0] and _same_links(cluster, variant, row, options, links_cache):
@@ -421,14 +433,18 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
     ``schedule``, read off the schedule's own action lists
     (:func:`pipesearch.schedules.in_flight_peaks`). For interleaved 1F1B and
     ZB-H1 the peaks stop growing once ``m >= 2 pp`` (the warm-up depth is
-    bounded), so they are computed at ``min(m, 2 pp)``; looped breadth-first
-    keeps all ``m``; GPipe ``m``; 1F1B ``min(m, pp - s)``."""
+    bounded), so they are computed at ``min(m, 2 pp)``; ZB-H1 holds
+    ``min(m, pp)`` on every stage (tests/test_search_schedules.py checks both
+    against the builders); looped breadth-first keeps all ``m``; GPipe ``m``;
+    1F1B ``min(m, pp - s)``."""
     if schedule in ANALYTIC_SCHEDULES:
         from .costs import in_flight_micro_batches
 
         return in_flight_micro_batches(schedule, pp, m)
     if schedule == "looped-bfs":
         return np.full(pp * vp, m, dtype=np.int64)
+    if schedule == "zb-h1":  # read off the builder for m in [p, 4p]: every stage min(m, p)
+        return np.full(pp, min(m, pp), dtype=np.int64)
     m_eff = min(m, 2 * pp)
     key = (schedule, pp, m_eff, vp)
     if cache is None or key not in cache:
@@ -454,14 +470,13 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     if schedule in ANALYTIC_SCHEDULES:
         return costs.iteration_time_s(bounds)
     S = costs.pp
-    a = np.array([float(costs.sum_term(s, bounds[s], bounds[s + 1])) for s in range(S)])
-    ar = np.array([float(costs.allreduce_s(s, bounds[s], bounds[s + 1])) for s in range(S)])
+    st, i, j = np.arange(S), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    a = costs.sum_term(st, i, j)
+    ar = costs.allreduce_s(st, i, j)
     if schedule == "zb-h1":
-        w = np.array([float(costs.time_scale[s] * (
-            (costs.compute_prefix_s[bounds[s + 1]] - costs.compute_prefix_s[bounds[s]])
-            - (costs.fwd_prefix_s[bounds[s + 1]] - costs.fwd_prefix_s[bounds[s]])
-            - (costs.bwd_input_prefix_s[bounds[s + 1]] - costs.bwd_input_prefix_s[bounds[s]])))
-            for s in range(S)])
+        w = costs.time_scale * ((costs.compute_prefix_s[j] - costs.compute_prefix_s[i])
+                                - (costs.fwd_prefix_s[j] - costs.fwd_prefix_s[i])
+                                - (costs.bwd_input_prefix_s[j] - costs.bwd_input_prefix_s[i]))
         return costs.iteration_time_s(bounds) - (pp - 1) * float(w.min())
     tau = np.bincount(np.arange(S) % pp, weights=a, minlength=pp)
     ar_dev = np.bincount(np.arange(S) % pp, weights=ar, minlength=pp)
