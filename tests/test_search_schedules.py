@@ -1,0 +1,71 @@
+"""The search's use of schedules other than GPipe and 1F1B: in-flight counts,
+refusals, and plans that replay in the simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipesearch.hardware import load_cluster
+from pipesearch.models import load_model_source
+from pipesearch.schedules import build, in_flight_peaks
+from pipesearch.search import SearchOptions, schedule_in_flight, schedule_refusal, search, simulate_plan
+from pipesearch.types import Job
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6, 8])
+def test_zb_h1_in_flight_closed_form_matches_builder(p):
+    """ZB-H1 keeps min(m, p) micro-batches on every stage (Qi et al. 2023: the
+    same peak as 1F1B's first stage), read off the builder's own lists."""
+    for m in range(p, 4 * p + 1):
+        assert tuple(schedule_in_flight("zb-h1", p, m, 1)) == in_flight_peaks(build("zb-h1", p, m))
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (3, 2), (4, 2), (4, 3), (8, 2)])
+def test_interleaved_in_flight_saturates_at_2p(p, v):
+    """The search computes interleaved peaks at min(m, 2p): beyond that the
+    warm-up depth (v-1)p + 2(p-1-r) no longer grows, so the peaks are equal."""
+    for m in range(p, 6 * p + 1, p):
+        assert tuple(schedule_in_flight("interleaved-1f1b", p, m, v)) == in_flight_peaks(
+            build("interleaved-1f1b", p, m, v))
+
+
+def test_refusals_follow_the_runtimes():
+    assert schedule_refusal("1f1b", 4, 3, 1, 40) == "schedule_refused"  # torch Schedule1F1B: m >= stages
+    assert schedule_refusal("gpipe", 4, 3, 1, 40) is None
+    assert schedule_refusal("interleaved-1f1b", 4, 6, 2, 40) == "schedule_refused"  # Megatron: m % pp
+    assert schedule_refusal("interleaved-1f1b", 4, 8, 2, 40) is None
+    assert schedule_refusal("interleaved-1f1b", 4, 8, 2, 7) == "too_many_stages"  # 8 virtual stages, 7 layers
+
+
+def test_every_schedule_yields_a_plan_that_replays():
+    """Each schedule pinned on a real model gives a plan whose simulated time
+    is positive and whose stages tile the layers (pp*vp stages for
+    interleaved and looped BFS, on ranks s % pp)."""
+    cluster = load_cluster("1x8-a100-80gb")
+    src = load_model_source("gpt3-1.3b", cluster, tp=1, recompute="selective")
+    L = src.variants[0].profile.num_layers
+    for schedule in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs"):
+        res = search(list(src.variants), cluster, Job(64), SearchOptions(
+            pp=4, dp=2, schedules=(schedule,), micro_batch_size=1, top=1, simulate_top=1))
+        plan = res.plans[0]
+        vp = 2 if schedule in ("interleaved-1f1b", "looped-bfs") else 1
+        assert plan.schedule == schedule and plan.vp == vp and len(plan.stages) == 4 * vp
+        assert plan.stages[0].layers[0] == 0 and plan.stages[-1].layers[1] == L
+        assert all(a.layers[1] == b.layers[0] for a, b in zip(plan.stages, plan.stages[1:]))
+        assert all(st.devices == plan.stages[st.index % 4].devices for st in plan.stages)
+        t, timeline = simulate_plan(plan)
+        assert t == pytest.approx(plan.predicted.iteration_time_s)
+        assert timeline.num_ranks == 4
+
+
+def test_interleaving_cuts_the_bubble_on_a_balanced_model():
+    """On uniform blocks with few micro-batches the interleaved schedule's
+    simulated iteration is shorter than 1F1B's: its bubble is (p-1)/(v m) of
+    the ideal time instead of (p-1)/m (Narayanan et al. SC'21)."""
+    cluster = load_cluster("1x8-a100-80gb")
+    src = load_model_source("gpt3-1.3b", cluster, tp=1, recompute="none")
+    opts = dict(pp=4, dp=1, micro_batch_size=1, top=1, simulate_top=1)
+    one = search(list(src.variants), cluster, Job(8), SearchOptions(schedules=("1f1b",), **opts)).plans[0]
+    inter = search(list(src.variants), cluster, Job(8), SearchOptions(schedules=("interleaved-1f1b",), **opts)).plans[0]
+    assert inter.predicted.iteration_time_s < one.predicted.iteration_time_s
