@@ -19,8 +19,8 @@ DataFrame) with its status: ``ok``, ``out_of_memory``, ``batch_not_divisible``,
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-import heapq
 import json
 import math
 import time
@@ -91,6 +91,9 @@ class ModelVariant:
 class SearchResult:
     """Ranked plans plus the bookkeeping of the search.
 
+    ``plans`` holds the best plan of each of the top configurations
+    (:func:`plan_family`), the best ``simulate_top`` of them ranked by
+    simulated iteration time, the rest after them by analytic time.
     ``points`` has one row per visited point (columns: tp, recompute, pp, dp,
     schedule, micro_batch_size, num_micro_batches, placement, status,
     iteration_time_s, samples_per_s, peak_memory_bytes, bubble_fraction,
@@ -238,9 +241,12 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
         yield options.micro_batch_size, options.num_micro_batches, None, None, None, "batch_not_divisible"
         return
     placements = options.placements if (pp > 1 and dp > 1) else options.placements[:1]
+    schedules = options.schedules
+    if pp == 1:  # one stage: every schedule is plain gradient accumulation, 1F1B's order
+        schedules = ("1f1b",) if "1f1b" in schedules else schedules[:1]
     for mbs in mbss:
         m = per_replica // mbs
-        for schedule in options.schedules:
+        for schedule in schedules:
             for vp in (options.vps if schedule in MULTI_STAGE_SCHEDULES and pp > 1 else (1,)):
                 refused = schedule_refusal(schedule, pp, m, vp, L)
                 for placement in (placements if refused is None else (None,)):
@@ -355,13 +361,14 @@ def search(
         groups.append((bound, len(groups), variant, pp, dp))
     groups.sort(key=lambda g: (g[0], g[1]))
     keep = max(options.top, options.simulate_top, 1)
-    heap: list[tuple[float, int]] = []  # max-heap of the best `keep` times (negated)
-    found: dict[int, tuple[Plan, PipelineCosts]] = {}
+    best_of_family: dict[tuple, tuple[float, Plan]] = {}
+    family_times: list[float] = []  # sorted best time of every family seen
     in_flight_cache: dict = {}
     links_cache: dict = {}
 
     def pruned(bound: float) -> bool:
-        return not options.exhaustive and len(heap) >= keep and bound >= -heap[0][0]
+        return (not options.exhaustive and len(family_times) >= keep
+                and bound >= family_times[keep - 1])
 
     for done, (group_bound, _, variant, pp, dp) in enumerate(groups):
         if progress:
@@ -401,20 +408,23 @@ def search(
             row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
                        peak_memory_bytes=plan.predicted.peak_memory_bytes,
                        bubble_fraction=plan.predicted.bubble_fraction)
-            found[idx] = (plan, costs)
-            if len(heap) < keep:
-                heapq.heappush(heap, (-t, idx))
-            elif t < -heap[0][0]:
-                heapq.heapreplace(heap, (-t, idx))
+            key = plan_family(plan)
+            if key not in best_of_family:
+                bisect.insort(family_times, t)
+                best_of_family[key] = (t, plan)
+            elif t < best_of_family[key][0]:
+                family_times.pop(bisect.bisect_left(family_times, best_of_family[key][0]))
+                bisect.insort(family_times, t)
+                best_of_family[key] = (t, plan)
     if progress:
         progress(len(groups), len(groups))
     counts.update(r["status"] for r in rows if r["status"] != "ok")
-    if not found:
+    if not best_of_family:
         raise InfeasibleError(_no_plan_message(counts, variants, cluster, job))
-    best = sorted(((found[i][0].predicted.iteration_time_s, i) for _, i in heap))
-    plans = [found[i][0] for _, i in best]
+    plans = [p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep]
     if options.simulate_top > 0:
-        plans = _rerank_by_simulation(plans[: max(options.simulate_top, options.top)], job)
+        k = options.simulate_top
+        plans = _rerank_by_simulation(plans[:k], job) + plans[k:]
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     points = pd.DataFrame(rows)
     return SearchResult(
@@ -426,6 +436,14 @@ def search(
         fingerprint=fingerprint([v.profile for v in variants], cluster, job, options),
         points=points,
     )
+
+
+def plan_family(plan: Plan) -> tuple:
+    """The configuration a plan stands for in the ranking: (tp, recompute,
+    pp, dp, schedule, vp). The ranked list holds the best plan of each family
+    (its micro-batch size, placement and split chosen inside it), so the top
+    plans are distinct choices rather than near-copies."""
+    return (plan.tp, dict(plan.extra).get("recompute"), plan.pp, plan.dp, plan.schedule, plan.vp)
 
 
 def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None) -> np.ndarray:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import tempfile
 from os import PathLike
 from pathlib import Path
 from typing import Iterator
@@ -48,8 +50,16 @@ STYLE = {
     "figure.facecolor": "white",
 }
 
-SCHEDULE_COLOURS = {"gpipe": "#4C72B0", "1f1b": "#DD8452"}
-_FALLBACK_COLOURS = ("#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
+SCHEDULE_COLOURS = {"gpipe": "#4C72B0", "1f1b": "#DD8452", "interleaved-1f1b": "#55A868", "zb-h1": "#8172B3",
+                    "looped-bfs": "#937860"}
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B", "zb-h1": "ZB-H1",
+                  "looped-bfs": "looped BFS"}
+_FALLBACK_COLOURS = ("#C44E52", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
+
+
+def schedule_title(name: str) -> str:
+    """Display name of a schedule (``"1f1b"`` -> ``"1F1B"``)."""
+    return SCHEDULE_NAMES.get(name, name)
 
 
 def schedule_colour(name: str, order: int = 0) -> str:
@@ -215,7 +225,21 @@ def save(fig, path: str | PathLike[str]) -> Path:
     """Save deterministically; the format follows the suffix (png, svg, pdf)."""
     path, suffix = check_output(path)
     meta = _METADATA[suffix]
-    fig.savefig(path, dpi=DPI, metadata=meta, format=suffix)
+    return _atomic(path, lambda tmp: fig.savefig(tmp, dpi=DPI, metadata=meta, format=suffix))
+
+
+def _atomic(path: Path, write) -> Path:
+    """``write(tmp)`` into a temporary file next to ``path``, then rename it
+    onto ``path``: a failure never leaves a half-written figure."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a figure is for sharing
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -239,6 +263,7 @@ def render(kind: str, plan_file: PlanFile | str | PathLike[str], path: str | Pat
 
 
 def _render(kind: str, pf: PlanFile, path, rank: int, source: str) -> Path:
+    check_output(path)
     if kind == "space":
         from .space import plot_space
         return plot_space(pf, path, source=source)
@@ -255,15 +280,15 @@ def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "
     """Simulate plan ``rank`` (:func:`pipesearch.search.simulate_plan`) and draw
     its Gantt chart (:func:`pipesearch.plots.timeline.plot_timeline`)."""
     from ..search import simulate_plan
+    from ..units import format_seconds
     from .timeline import plot_timeline
 
     plan = plan_of_rank(plan_file, rank, source)
-    check_output(path)
+    path, _ = check_output(path)
     total_s, timeline = simulate_plan(plan)
-    title = (f"{title_of(plan_file)}\nplan {plan_label(plan)}: simulated iteration "
-             f"{total_s * 1e3:.1f} ms (pipeline {timeline.iteration_time_s * 1e3:.1f} ms + gradient all-reduce)")
-    plot_timeline(timeline, path, title)
-    return Path(path)
+    title = (f"{title_of(plan_file)}\nplan {plan_label(plan)}: simulated iteration {format_seconds(total_s)} "
+             f"(pipeline {format_seconds(timeline.iteration_time_s)} shown, then gradient all-reduce)")
+    return _atomic(path, lambda tmp: plot_timeline(timeline, tmp, title))
 
 
 def write_all(plan_file: PlanFile | str | PathLike[str], directory: str | PathLike[str]) -> list[Path]:
@@ -275,10 +300,14 @@ def write_all(plan_file: PlanFile | str | PathLike[str], directory: str | PathLi
         The paths written, in that order.
 
     Raises:
+        InputError: the directory cannot be created.
         PlanFormatError: see :func:`render`.
     """
     source = source_name(plan_file)
     pf = load(plan_file)
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{directory}: cannot create the figure directory ({exc.strerror})") from None
     return [_render(kind, pf, directory / f"{kind}.png", 1, source) for kind in KINDS]

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import PlanFormatError
 from ..plan import PlanFile
-from .common import figure, points_frame, save, title_of
+from .common import figure, points_frame, save, schedule_title, title_of
 
 #: Cell statuses of :func:`space_grid`, in order of precedence: a cell with
 #: any ``ok`` point is ``ok``; else one with a ``pruned`` point is ``pruned``
@@ -21,17 +22,18 @@ CELL_STATUSES = ("ok", "pruned", "out_of_memory", "schedule_refused", "n/a")
 
 CELL_TEXT = {"pruned": "bound", "out_of_memory": "OOM", "schedule_refused": "refused", "n/a": "n/a"}
 _CELL_STYLE = {  # face colour, hatch, text colour, legend label
-    "out_of_memory": ("#F4CCCC", "xxx", "#8B1A1A", "OOM: every point out of device memory"),
-    "schedule_refused": ("#E3E3E3", "///", "#404040", "refused: schedule needs more micro-batches (1F1B: m >= pp)"),
-    "pruned": ("#D6E4F2", "...", "#1F4E79", "bound: not evaluated, pruned by lower bound (use --exhaustive)"),
-    "n/a": ("#FFFFFF", None, "#9A9A9A", "n/a: no such point (batch not divisible, too few devices)"),
+    "out_of_memory": ("#F4CCCC", "xx", "#8B1A1A", "OOM: every point out of device memory"),
+    "schedule_refused": ("#E3E3E3", "//", "#404040", "refused: the schedule cannot run this pp and m "
+                                                     "(1F1B-style: m >= pp; interleaved: m a multiple of pp)"),
+    "pruned": ("#D6E4F2", None, "#1F4E79", "bound: not evaluated, pruned by lower bound (use --exhaustive)"),
+    "n/a": ("#FFFFFF", None, "#9A9A9A", "n/a: no such point (batch not divisible, more stages than layers)"),
 }
 BEST_COLOUR = "#E8112D"
 
 _KEY = ["tp", "schedule", "pp", "num_micro_batches"]
 
 
-def space_grid(points: pd.DataFrame) -> pd.DataFrame:
+def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
     """The cells of the space plot, one row per (tp, schedule, pp, m) cell.
 
     For each tensor-parallel degree, the cells are every combination of the
@@ -42,6 +44,9 @@ def space_grid(points: pd.DataFrame) -> pd.DataFrame:
     Args:
         points: the points table of a search (:attr:`pipesearch.search.
             SearchResult.points` or ``search.points`` of a plan file).
+        missing: status of a cell no point falls in: ``"n/a"``, or
+            ``"pruned"`` for a search that skipped whole groups of points by
+            their lower bound without listing them.
 
     Returns:
         DataFrame with columns ``tp, schedule, pp, num_micro_batches, status``
@@ -80,7 +85,9 @@ def space_grid(points: pd.DataFrame) -> pd.DataFrame:
 
     grid = grid.join(counts, on=_KEY).join(anyof, on=_KEY).join(best, on=_KEY)
     grid["points"] = grid["points"].fillna(0).astype(int)
-    status = np.full(len(grid), "n/a", dtype=object)
+    if missing not in ("n/a", "pruned"):
+        raise ValueError(f"missing must be 'n/a' or 'pruned', got {missing!r}")
+    status = np.where(grid["points"].to_numpy() == 0, missing, "n/a").astype(object)
     for name in reversed(CELL_STATUSES[:-1]):  # highest precedence written last
         status[grid[name].fillna(False).astype(bool).to_numpy()] = name
     grid["status"] = status
@@ -104,27 +111,50 @@ def _fmt_value(v: float, vmax: float) -> str:
     return f"{v:.2f}"
 
 
+def _panels(grid: pd.DataFrame) -> list[tuple[int, str, int, int]]:
+    """``(tp, schedule, row, col)`` of every panel: one row per tp degree and
+    one column per schedule; with a single tp degree and more than two
+    schedules, two columns and as many rows as needed."""
+    tps = sorted(int(t) for t in grid["tp"].unique())
+    schedules = list(dict.fromkeys(grid["schedule"]))
+    if len(tps) == 1 and len(schedules) > 2:
+        return [(tps[0], s, k // 2, k % 2) for k, s in enumerate(schedules)]
+    return [(tp, s, r, c) for r, tp in enumerate(tps) for c, s in enumerate(schedules)]
+
+
 def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "plan file") -> Path:
     """Heatmaps of predicted throughput over (pp, micro-batches per replica).
 
-    One panel per schedule (columns) and tensor-parallel degree (rows). A
-    cell's colour and number are the best predicted (analytic) samples/s
-    over dp, micro-batch size, placement and recompute; infeasible cells are
-    hatched and labelled OOM / refused / n/a, cells skipped by the search's
-    lower bound are labelled "bound"; the best cell has a red box and the
-    rank-1 plan's cell (ranked after simulation) a star.
+    One panel per schedule and tensor-parallel degree (rows: tp, columns:
+    schedules; a single tp wraps the schedules two per row). A cell's colour
+    and number are the best predicted (analytic) samples/s over dp,
+    micro-batch size, placement, virtual stages and recompute; infeasible
+    cells are hatched and labelled OOM / refused, or n/a where no point
+    exists; cells skipped by the search's lower bound are labelled "bound";
+    the best cell has a red box and the rank-1 plan's cell (ranked after
+    simulation) a star. One colour scale for all panels.
 
     Raises:
         PlanFormatError: the plan file has no points table.
     """
-    from matplotlib.colors import Normalize
-    from matplotlib.patches import Patch, Rectangle
     import matplotlib
+    from matplotlib.collections import PatchCollection
+    from matplotlib.colors import Normalize
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
 
     points = points_frame(plan_file, source)
-    grid = space_grid(points)
-    tps = sorted(grid["tp"].unique())
-    schedules = list(dict.fromkeys(grid["schedule"]))
+    infeasible = plan_file.search.get("infeasible") if isinstance(plan_file.search, dict) else None
+    skipped = isinstance(infeasible, dict) and (infeasible.get("pruned") or 0) > 0
+    grid = space_grid(points, missing="pruned" if skipped else "n/a")
+    if grid.empty:
+        raise PlanFormatError(f"{source}: search.points has no point with a pp, a schedule and a number of "
+                              "micro-batches to plot")
+    panels = _panels(grid)
+    n_rows = max(r for *_, r, _ in panels) + 1
+    n_cols = max(c for *_, c in panels) + 1
+    axes_of_tp = {int(tp): (sorted(g["pp"].unique()), sorted(g["num_micro_batches"].unique()))
+                  for tp, g in grid.groupby("tp")}
     ok = grid[grid["status"] == "ok"]
     vmin = float(ok["samples_per_s"].min()) if not ok.empty else 0.0
     vmax = float(ok["samples_per_s"].max()) if not ok.empty else 1.0
@@ -132,85 +162,92 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
         vmin, vmax = vmin * 0.9, vmax * 1.1 + 1e-9
     best = best_cell(grid)
     top = plan_file.plans[0] if plan_file.plans else None
+    vps: dict[str, list[int]] = {}
+    if "vp" in points.columns:
+        for sched, v in points.groupby("schedule")["vp"]:
+            vps[sched] = sorted({int(x) for x in pd.to_numeric(v, errors="coerce").dropna()})
 
-    shapes = {tp: (grid.loc[grid.tp == tp, "pp"].nunique(), grid.loc[grid.tp == tp, "num_micro_batches"].nunique())
-              for tp in tps}
-    max_cols = max(c for _, c in shapes.values())
-    cell_w, cell_h = 0.52, 0.30
-    panel_w = max(3.2, max_cols * cell_w)
-    heights = [max(1.2, shapes[tp][0] * cell_h) for tp in tps]
-    width = len(schedules) * (panel_w + 0.75) + 1.3
-    height = sum(heights) + 0.55 * len(tps) + 2.3
-    cmap = matplotlib.colormaps["viridis"].copy()
-    cmap.set_bad((0, 0, 0, 0))
+    max_m = max(len(ms) for _, ms in axes_of_tp.values())
+    cell_w = min(0.52, max(0.38, 17.0 / (n_cols * max_m)))
+    cell_h = 0.3
+    panel_w = max(3.0, max_m * cell_w)
+    row_pp = [max(len(axes_of_tp[tp][0]) for tp, _, r, _ in panels if r == row) for row in range(n_rows)]
+    heights = [max(1.0, n * cell_h) for n in row_pp]
+    gap_h, top_h, bottom_h = 0.75, 1.25, 1.25
+    width = n_cols * (panel_w + 0.7) + 1.5
+    height = sum(heights) + gap_h * (n_rows - 1) + top_h + bottom_h
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))
     norm = Normalize(vmin=vmin, vmax=vmax)
-    fs = 7.0 if cell_w * 72 / 4.6 >= len(_fmt_value(vmax, vmax)) else 6.0
+    fs = 7.0 if cell_w >= 0.5 else 6.0
 
     with figure(width, height) as fig:
-        gs = fig.add_gridspec(len(tps), len(schedules), height_ratios=heights, hspace=0.45, wspace=0.18,
-                              left=0.9 / width, right=1 - 1.2 / width, top=1 - 1.25 / height,
-                              bottom=1.05 / height)
+        gs = fig.add_gridspec(n_rows, n_cols, height_ratios=heights, hspace=gap_h / (sum(heights) / n_rows),
+                              wspace=0.7 / panel_w, left=0.8 / width, right=1 - 1.35 / width,
+                              top=1 - top_h / height, bottom=bottom_h / height)
         image = None
-        for r, tp in enumerate(tps):
-            sub_tp = grid[grid.tp == tp]
-            pps = sorted(sub_tp["pp"].unique())
-            ms = sorted(sub_tp["num_micro_batches"].unique())
-            for c, sched in enumerate(schedules):
-                ax = fig.add_subplot(gs[r, c])
-                cells = sub_tp[sub_tp.schedule == sched].set_index(["pp", "num_micro_batches"])
-                values = np.full((len(pps), len(ms)), np.nan)
-                for i, pp in enumerate(pps):
-                    for j, m in enumerate(ms):
-                        cell = cells.loc[(pp, m)]
-                        if cell["status"] == "ok":
-                            values[i, j] = cell["samples_per_s"]
-                            v = float(cell["samples_per_s"])
-                            rgba = cmap(norm(v))
-                            lum = 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2]
-                            ax.text(j, i, _fmt_value(v, vmax), ha="center", va="center", fontsize=fs,
-                                    color="black" if lum > 0.5 else "white", zorder=3)
-                        else:
-                            face, hatch, tcol, _ = _CELL_STYLE[cell["status"]]
-                            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=face, hatch=hatch,
-                                                   edgecolor="white" if hatch is None else tcol,
-                                                   linewidth=0, zorder=1, alpha=1.0 if hatch is None else 0.9))
-                            ax.text(j, i, CELL_TEXT[cell["status"]], ha="center", va="center", fontsize=fs - 0.5,
-                                    color=tcol, zorder=3,
-                                    bbox=None if hatch is None else dict(boxstyle="square,pad=0.08", fc=face,
-                                                                         ec="none"))
-                image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, origin="lower",
-                                  aspect="auto", interpolation="nearest", zorder=0.5,
-                                  extent=(-0.5, len(ms) - 0.5, -0.5, len(pps) - 0.5))
-                # cell separators
-                for j in range(len(ms) + 1):
-                    ax.axvline(j - 0.5, color="white", linewidth=0.8, zorder=2)
-                for i in range(len(pps) + 1):
-                    ax.axhline(i - 0.5, color="white", linewidth=0.8, zorder=2)
-                if best is not None and best["tp"] == tp and best["schedule"] == sched:
-                    i, j = pps.index(best["pp"]), ms.index(best["num_micro_batches"])
-                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=BEST_COLOUR,
-                                           linewidth=2.6, zorder=4))
-                if (top is not None and top.tp == tp and top.schedule == sched and top.pp in pps
-                        and top.num_micro_batches in ms):
-                    i, j = pps.index(top.pp), ms.index(top.num_micro_batches)
-                    ax.plot([j + 0.33], [i + 0.25], marker="*", markersize=7, color="white",
-                            markeredgecolor="black", markeredgewidth=0.6, zorder=5, linestyle="none")
-                ax.set_xlim(-0.5, len(ms) - 0.5)
-                ax.set_ylim(-0.5, len(pps) - 0.5)
-                ax.set_xticks(range(len(ms)))
-                ax.set_xticklabels([str(m) for m in ms], rotation=0 if len(ms) <= 12 else 90)
-                ax.set_yticks(range(len(pps)))
-                ax.set_yticklabels([str(p) for p in pps])
-                ax.tick_params(length=2)
-                for spine in ax.spines.values():
-                    spine.set_visible(False)
-                name = {"gpipe": "GPipe", "1f1b": "1F1B"}.get(sched, sched)
-                ax.set_title(name if len(tps) == 1 else f"{name}, tensor parallel {tp}", fontsize=9.5)
-                if r == len(tps) - 1:
-                    ax.set_xlabel("micro-batches per replica, m")
-                if c == 0:
-                    ax.set_ylabel("pipeline stages, pp")
-        cax = fig.add_axes((1 - 1.0 / width, 1.05 / height, 0.16 / width, 1 - 2.3 / height))
+        for tp, sched, r, c in panels:
+            pps, ms = axes_of_tp[tp]
+            ax = fig.add_subplot(gs[r, c])
+            cells = grid[(grid.tp == tp) & (grid.schedule == sched)].set_index(["pp", "num_micro_batches"])
+            values = np.full((len(pps), len(ms)), np.nan)
+            hatched: dict[str, list] = {}
+            for i, pp in enumerate(pps):
+                for j, m in enumerate(ms):
+                    cell = cells.loc[(pp, m)]
+                    if cell["status"] == "ok":
+                        v = float(cell["samples_per_s"])
+                        values[i, j] = v
+                        rgba = cmap(norm(v))
+                        lum = 0.299 * rgba[0] + 0.587 * rgba[1] + 0.114 * rgba[2]
+                        ax.text(j, i, _fmt_value(v, vmax), ha="center", va="center", fontsize=fs,
+                                color="black" if lum > 0.5 else "white", zorder=3)
+                    else:
+                        face, hatch, tcol, _ = _CELL_STYLE[cell["status"]]
+                        hatched.setdefault(cell["status"], []).append(Rectangle((j - 0.5, i - 0.5), 1, 1))
+                        ax.text(j, i, CELL_TEXT[cell["status"]], ha="center", va="center", fontsize=fs - 0.5,
+                                color=tcol, zorder=3,
+                                bbox=None if hatch is None else dict(boxstyle="square,pad=0.08", fc=face,
+                                                                     ec="none"))
+            for status, rects in sorted(hatched.items()):
+                face, hatch, tcol, _ = _CELL_STYLE[status]
+                ax.add_collection(PatchCollection(rects, facecolor=face, hatch=hatch, linewidth=0,
+                                                  edgecolor="white" if hatch is None else tcol, zorder=1,
+                                                  alpha=1.0 if hatch is None else 0.9))
+            image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, origin="lower",
+                              aspect="auto", interpolation="nearest", zorder=0.5,
+                              extent=(-0.5, len(ms) - 0.5, -0.5, len(pps) - 0.5))
+            for j in range(len(ms) + 1):
+                ax.axvline(j - 0.5, color="white", linewidth=0.8, zorder=2)
+            for i in range(len(pps) + 1):
+                ax.axhline(i - 0.5, color="white", linewidth=0.8, zorder=2)
+            if best is not None and best["tp"] == tp and best["schedule"] == sched:
+                i, j = pps.index(best["pp"]), ms.index(best["num_micro_batches"])
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=BEST_COLOUR,
+                                       linewidth=2.6, zorder=4))
+            if (top is not None and top.tp == tp and top.schedule == sched and top.pp in pps
+                    and top.num_micro_batches in ms):
+                i, j = pps.index(top.pp), ms.index(top.num_micro_batches)
+                ax.plot([j + 0.33], [i + 0.25], marker="*", markersize=8, color="white",
+                        markeredgecolor="black", markeredgewidth=0.6, zorder=5, linestyle="none")
+            ax.set_xlim(-0.5, len(ms) - 0.5)
+            ax.set_ylim(-0.5, len(pps) - 0.5)
+            ax.set_xticks(range(len(ms)))
+            ax.set_xticklabels([str(m) for m in ms], rotation=0 if len(ms) * 3.2 <= panel_w * 12 else 90)
+            ax.set_yticks(range(len(pps)))
+            ax.set_yticklabels([str(p) for p in pps])
+            ax.tick_params(length=2)
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+            name = schedule_title(sched)
+            vp = [v for v in vps.get(sched, []) if v > 1]
+            if vp:
+                name += f" (vp {', '.join(map(str, vp))})"
+            ax.set_title(name if len(axes_of_tp) == 1 else f"{name}, tensor parallel {tp}", fontsize=9.5)
+            if r == n_rows - 1 or not any(rr == r + 1 and cc == c for *_, rr, cc in panels):
+                ax.set_xlabel("micro-batches per replica, m")
+            if c == 0:
+                ax.set_ylabel("pipeline stages, pp")
+        cax = fig.add_axes((1 - 1.1 / width, bottom_h / height, 0.16 / width, 1 - (top_h + bottom_h) / height))
         cbar = fig.colorbar(image, cax=cax)
         cbar.set_label("predicted throughput (samples/s)")
 
@@ -218,10 +255,10 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
         if best is not None:
             handles.append(Patch(fill=False, edgecolor=BEST_COLOUR, linewidth=2.2,
                                  label=f"best: {best['samples_per_s']:.1f} samples/s "
-                                       f"(pp {best['pp']}, dp {int(best['dp'])}, m {best['num_micro_batches']})"))
+                                       f"({schedule_title(best['schedule'])}, pp {best['pp']}, dp {int(best['dp'])}, tp {best['tp']}, "
+                                       f"m {best['num_micro_batches']})"))
         if top is not None:
-            from matplotlib.lines import Line2D
-            handles.append(Line2D([], [], marker="*", markersize=8, color="white", markeredgecolor="black",
+            handles.append(Line2D([], [], marker="*", markersize=9, color="white", markeredgecolor="black",
                                   linestyle="none", label="plan #1 (ranked by simulation)"))
         present = set(grid["status"])
         for status in ("out_of_memory", "schedule_refused", "pruned", "n/a"):
@@ -230,9 +267,13 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
                 handles.append(Patch(facecolor=face, hatch=hatch, edgecolor=tcol if hatch else "#BBBBBB",
                                      linewidth=0.5, label=label))
         fig.legend(handles=handles, loc="lower center", ncol=min(3, len(handles)), frameon=False,
-                   bbox_to_anchor=(0.5, 0.0), handleheight=1.3, columnspacing=1.5)
-        sub = "colour and number: best predicted (analytic) samples/s over dp, micro-batch size, placement" + (
-            ", recompute" if points["recompute"].nunique() > 1 else "")
+                   bbox_to_anchor=(0.5, 0.05 / height), handleheight=1.3, columnspacing=1.5)
+        over = ["dp", "micro-batch size", "placement"]
+        if any(len(v) > 1 for v in vps.values()):
+            over.append("virtual stages")
+        if points["recompute"].nunique() > 1:
+            over.append("recompute")
+        sub = f"colour and number: best predicted (analytic) samples/s over {', '.join(over)}"
         if "pruned" in present:
             sub += "\nsearch pruned by lower bound: run `pipesearch plan --exhaustive` to evaluate every cell"
         fig.suptitle(f"{title_of(plan_file)}: search space", y=1 - 0.18 / height, va="top")

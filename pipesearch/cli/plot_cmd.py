@@ -1,0 +1,39 @@
+"""``pipesearch plot``: figures of a plan file (search space, Pareto front,
+per-stage breakdown, simulated timeline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..plots.common import KINDS, render
+from . import main
+
+
+@main.command("plot")
+@click.argument("plan_file", metavar="PLANS.json", type=click.Path(dir_okay=False))
+@click.option("--kind", type=click.Choice(KINDS), default="space", show_default=True,
+              help="space: throughput heatmap over pp x micro-batches (per schedule, tp); pareto: throughput vs "
+                   "peak memory with the Pareto front; stages: per-stage time and memory of one plan; "
+                   "timeline: simulated Gantt chart of one plan.")
+@click.option("--rank", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Plan to draw (stages, timeline).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+              help="Figure file; the format follows the suffix (.png, .svg, .pdf). Default: KIND.png.")
+def plot_command(plan_file, kind, rank, output):
+    """Draw a figure of a plan file written by `pipesearch plan -o`.
+
+    \b
+    Examples:
+      pipesearch plan --exhaustive -o plans.json
+      pipesearch plot plans.json --kind space -o space.png
+      pipesearch plot plans.json --kind pareto -o pareto.png
+      pipesearch plot plans.json --kind stages --rank 2 -o stages.png
+      pipesearch plot plans.json --kind timeline -o timeline.svg
+
+    The space plot shows cells skipped by the search's lower bound as
+    "bound"; `pipesearch plan --exhaustive` evaluates them all.
+    """
+    out = render(kind, plan_file, output or f"{kind}.png", rank=rank)
+    click.echo(f"wrote {Path(out)}")

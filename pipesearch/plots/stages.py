@@ -1,0 +1,188 @@
+"""Per-stage time and memory of one plan: where the time goes, how balanced
+the stages are and how much memory headroom each has."""
+
+from __future__ import annotations
+
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+
+from ..plan import PlanFile
+from ..types import Plan
+from .common import GIB, capacities, figure, plan_label, plan_of_rank, reserve_bytes, save, title_of
+
+PARTS = (  # key, label, colour
+    ("forward", "forward compute", "#4C72B0"),
+    ("backward", "backward compute", "#DD8452"),
+    ("p2p", "point-to-point send/receive", "#55A868"),
+    ("allreduce", "gradient all-reduce", "#8172B3"),
+)
+STATE_COLOUR = "#64B5CD"
+ACT_COLOUR = "#C7E3EC"
+CAPACITY_COLOUR = "#B22222"
+
+
+def stage_breakdown(plan: Plan) -> dict[str, np.ndarray]:
+    """Seconds per iteration spent by each stage's devices, by part:
+    ``forward`` = m fwd_s, ``backward`` = m (compute_s - fwd_s), ``p2p`` =
+    m comm_s, ``allreduce`` = allreduce_s (arrays indexed by stage)."""
+    m = plan.num_micro_batches
+    st = plan.stages
+    return {
+        "forward": np.array([m * s.fwd_s for s in st]),
+        "backward": np.array([m * max(0.0, s.compute_s - s.fwd_s) for s in st]),
+        "p2p": np.array([m * s.comm_s for s in st]),
+        "allreduce": np.array([s.allreduce_s for s in st]),
+    }
+
+
+def memory_breakdown(plan: Plan) -> dict[str, np.ndarray] | None:
+    """Peak bytes per device of each stage split into ``activations``
+    (``saved_bytes`` x micro-batches in flight: GPipe ``m``, 1F1B
+    ``min(m, pp - s)``) and ``state`` (the rest: weights, gradients, optimizer
+    state); None for other schedules, whose in-flight counts the plan file
+    does not record."""
+    from ..costs import in_flight_micro_batches
+
+    if plan.schedule not in ("gpipe", "1f1b") or len(plan.stages) != plan.pp:
+        return None
+    mem = np.array([s.memory_bytes for s in plan.stages], dtype=float)
+    saved = np.array([getattr(s, "saved_bytes", 0.0) or 0.0 for s in plan.stages], dtype=float)
+    flight = in_flight_micro_batches(plan.schedule, plan.pp, plan.num_micro_batches)
+    act = np.clip(saved * flight, 0.0, mem)
+    return {"state": mem - act, "activations": act}
+
+
+def _columns(plan: Plan) -> tuple[np.ndarray, list[str], str]:
+    """Column of each stage in the plot, tick labels, axis label: one column
+    per stage, or per device (pipeline rank) when devices hold several
+    virtual stages (stage ``s`` on rank ``s mod pp``)."""
+    stages = plan.stages
+    if len(stages) <= plan.pp:
+        labels = [f"{s.index}\n{s.layers[0]}" + (f"-{s.layers[1] - 1}" if s.layers[1] - s.layers[0] > 1 else "")
+                  for s in stages]
+        return np.arange(len(stages)), labels, "stage (first-last layer)"
+    col = np.array([s.index % plan.pp for s in stages])
+    labels = [f"{r}\nst " + ",".join(str(s.index) for s in stages if s.index % plan.pp == r) for r in range(plan.pp)]
+    return col, labels, f"pipeline rank (st: its {len(stages) // plan.pp} virtual stages)"
+
+
+def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, source: str = "plan file") -> Path:
+    """Two panels for plan ``rank``: per-stage busy time per iteration
+    stacked by part (forward, backward, point-to-point, all-reduce) against
+    the plan's iteration time, and per-stage peak memory per device
+    (weights + optimizer state and activations, where known) against the
+    device capacity and capacity minus the memory reserve. With virtual
+    stages (interleaved schedules) the bars are per device, summing its stages.
+
+    Raises:
+        PlanFormatError: no plan of that rank.
+    """
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    plan = plan_of_rank(plan_file, rank, source)
+    col, labels, xlabel = _columns(plan)
+    n = len(labels)
+    x = np.arange(n)
+
+    def per_col(values) -> np.ndarray:
+        return np.bincount(col, weights=np.asarray(values, dtype=float), minlength=n)
+
+    parts = {k: per_col(v) for k, v in stage_breakdown(plan).items()}
+    total = sum(parts.values())
+    t_iter = plan.predicted.iteration_time_s
+    t_analytic = dict(plan.extra).get("analytic_iteration_time_s")
+    if not isinstance(t_analytic, (int, float)):
+        t_analytic = None
+    simulated = bool(dict(plan.extra).get("simulated"))
+    scale, unit, prec = (1e3, "ms", 1) if max(t_iter, float(total.max())) < 2.0 else (1.0, "s", 3)
+
+    caps_by_type = capacities(plan_file, [plan])
+    cap = np.zeros(n)
+    for c, st in zip(col, plan.stages):
+        cap[c] = caps_by_type.get(st.device_type, plan.predicted.memory_capacity_bytes)
+    reserve = reserve_bytes(plan_file)
+    mem = per_col([st.memory_bytes for st in plan.stages])
+    mb = memory_breakdown(plan)
+    small = 6.5 if n > 12 else 8
+
+    width = min(16.0, max(11.0, 3.0 + n))
+    with figure(width, 5.0) as fig:
+        gs = fig.add_gridspec(1, 2, left=0.07, right=0.98, top=0.79, bottom=0.3, wspace=0.2)
+        ax_t = fig.add_subplot(gs[0, 0])
+        ax_m = fig.add_subplot(gs[0, 1])
+        bar_w = 0.7
+
+        # time
+        bottom = np.zeros(n)
+        handles = []
+        for key, label, colour in PARTS:
+            vals = parts[key] * scale
+            ax_t.bar(x, vals, bar_w, bottom=bottom, color=colour, edgecolor="white", linewidth=0.5, zorder=2)
+            bottom = bottom + vals
+            handles.append(Patch(facecolor=colour, label=label))
+        ax_t.axhline(t_iter * scale, color="black", linewidth=1.3, zorder=3)
+        handles.append(Line2D([], [], color="black", linewidth=1.3,
+                              label=f"iteration{' (simulated)' if simulated else ''}: "
+                                    f"{t_iter * scale:.{prec}f} {unit}"))
+        if simulated and t_analytic is not None and abs(t_analytic - t_iter) > 1e-3 * t_iter:
+            ax_t.axhline(t_analytic * scale, color="black", linewidth=1.0, linestyle="--", zorder=3)
+            handles.append(Line2D([], [], color="black", linewidth=1.0, linestyle="--",
+                                  label=f"iteration (analytic): {t_analytic * scale:.{prec}f} {unit}"))
+        busiest = int(np.argmax(total))
+        for c in range(n):
+            share = total[c] / t_iter if t_iter > 0 else 0.0
+            ax_t.text(c, total[c] * scale / 2, f"{100 * share:.0f}%", ha="center", va="center", fontsize=small,
+                      color="black", fontweight="bold" if c == busiest else "normal", zorder=4,
+                      bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
+        ax_t.set_ylim(0, max(t_iter, float(total.max()), t_analytic or 0.0) * scale * 1.12)
+        ax_t.set_ylabel(f"time per iteration ({unit})")
+        note = ("\n(over 100%: the simulation overlaps transfers with compute)"
+                if t_iter > 0 and total.max() > t_iter * 1.005 else "")
+        ax_t.set_title(f"time per {'stage' if len(plan.stages) == n else 'device'}: {plan.num_micro_batches} "
+                       f"micro-batches of {plan.micro_batch_size} (% of the iteration){note}", fontsize=9)
+
+        # memory
+        if mb is not None:
+            ax_m.bar(x, mb["state"] / GIB, bar_w, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
+            ax_m.bar(x, mb["activations"] / GIB, bar_w, bottom=mb["state"] / GIB, color=ACT_COLOUR,
+                     edgecolor="white", linewidth=0.5, zorder=2)
+            mem_handles = [Patch(facecolor=STATE_COLOUR, label="weights + gradients + optimizer state"),
+                           Patch(facecolor=ACT_COLOUR, label="activations kept for backward")]
+        else:
+            ax_m.bar(x, mem / GIB, bar_w, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
+            mem_handles = [Patch(facecolor=STATE_COLOUR, label="peak memory (state + activations)")]
+        for c in range(n):
+            ax_m.hlines(cap[c] / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.6, zorder=3)
+            if reserve > 0:
+                ax_m.hlines((cap[c] - reserve) / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.0,
+                            linestyles="--", zorder=3)
+            ax_m.text(c, mem[c] / GIB, f"{(cap[c] - reserve - mem[c]) / GIB:.1f}", ha="center", va="bottom",
+                      fontsize=small - 0.5, color="#333333")
+        ax_m.set_ylim(0, float(max(cap.max(), mem.max())) / GIB * 1.1)
+        ax_m.set_ylabel("peak memory per device (GiB)")
+        ax_m.set_title("memory per device (number: GiB still usable)", fontsize=9)
+        mem_handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.6, label="device memory capacity"))
+        if reserve > 0:
+            mem_handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.0, linestyle="--",
+                                      label=f"usable (capacity - {reserve / GIB:g} GiB reserve)"))
+
+        for ax in (ax_t, ax_m):
+            ax.set_xticks(x)
+            ax.set_xticklabels(labels, fontsize=7 if n > 10 else 8)
+            ax.set_xlim(-0.6, n - 0.4)
+            ax.set_xlabel(xlabel)
+            ax.grid(True, axis="y", color="#E5E5E5", linewidth=0.6, zorder=0)
+            ax.set_axisbelow(True)
+        ax_t.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.24), ncol=2, frameon=False,
+                    borderaxespad=0, columnspacing=1.2)
+        ax_m.legend(handles=mem_handles, loc="upper left", bbox_to_anchor=(0.0, -0.24), ncol=2, frameon=False,
+                    borderaxespad=0, columnspacing=1.2)
+        devices = " + ".join(sorted({st.device_type for st in plan.stages}))
+        fig.suptitle(title_of(plan_file), y=0.975)
+        fig.text(0.5, 0.915, f"plan {plan_label(plan)}: {plan.predicted.samples_per_s:,.1f} samples/s, "
+                 f"bubble {100 * plan.predicted.bubble_fraction:.1f}%; each stage on {plan.dp * plan.tp} "
+                 f"{devices} device(s)", ha="center", va="top", fontsize=8.5, color="#333333")
+        return save(fig, path)

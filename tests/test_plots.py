@@ -1,0 +1,366 @@
+"""Tests of the plan-file plots (pipesearch.plots.space/pareto/stages/common)
+and of `pipesearch plot` / `pipesearch plan --plot-dir`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+from pipesearch.errors import InputError, PlanFormatError
+from pipesearch.plan import load_plan_file
+from pipesearch.plots.common import KINDS, load, points_frame, render, title_of, write_all
+from pipesearch.plots.pareto import pareto_front
+from pipesearch.plots.space import CELL_STATUSES, best_cell, space_grid
+from pipesearch.plots.stages import memory_breakdown, stage_breakdown
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+VGG = ["--model", "vgg16", "--cluster", "4x4-v100-10gbe", "--global-batch-size", "1024"]
+GPT = ["--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "--global-batch-size", "512"]
+
+
+def _plan(path: Path, *args: str) -> Path:
+    result = CliRunner().invoke(main, ["plan", *args, "--quiet", "-o", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("plots")
+
+
+@pytest.fixture(scope="module")
+def vgg_exhaustive(workdir) -> Path:
+    """vgg16 on 4x4-v100-10gbe, batch 1024, every point evaluated."""
+    return _plan(workdir / "vgg_exhaustive.json", *VGG, "--exhaustive")
+
+
+@pytest.fixture(scope="module")
+def vgg_pruned(workdir) -> Path:
+    """The same search with pruning by lower bound (the default)."""
+    return _plan(workdir / "vgg_pruned.json", *VGG)
+
+
+@pytest.fixture(scope="module")
+def vgg_small_memory(workdir) -> Path:
+    """14 GiB of each 16 GiB device reserved: many points out of memory."""
+    return _plan(workdir / "vgg_small_memory.json", *VGG, "--exhaustive", "--memory-reserve", "14GiB")
+
+
+def _check_png(path: Path, min_w: int = 500, min_h: int = 150) -> np.ndarray:
+    import matplotlib.image as mpimg
+
+    assert path.is_file()
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[2] in (3, 4)
+    h, w = img.shape[:2]
+    assert w >= min_w and h >= min_h, (w, h)
+    assert w <= 4000 and h <= 4000, (w, h)
+    assert float(img[..., :3].std()) > 0.01  # not a blank canvas
+    return img
+
+
+# ------------------------------------------------------------------ rendering
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_plot_command_renders_png(kind, vgg_exhaustive, tmp_path):
+    out = tmp_path / f"{kind}.png"
+    result = CliRunner().invoke(main, ["plot", str(vgg_exhaustive), "--kind", kind, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.output
+    _check_png(out)
+
+
+@pytest.mark.parametrize("kind", ["stages", "timeline"])
+def test_rank_option(kind, vgg_exhaustive, tmp_path):
+    out = tmp_path / f"{kind}-3.png"
+    result = CliRunner().invoke(main, ["plot", str(vgg_exhaustive), "--kind", kind, "--rank", "3", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    _check_png(out)
+
+
+@pytest.mark.parametrize("suffix,magic", [(".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_other_formats(suffix, magic, vgg_exhaustive, tmp_path):
+    out = tmp_path / f"stages{suffix}"
+    render("stages", vgg_exhaustive, out)
+    assert out.read_bytes().startswith(magic)
+
+
+def test_space_of_pruned_search_renders(vgg_pruned, tmp_path):
+    _check_png(render("space", vgg_pruned, tmp_path / "space.png"))
+
+
+def test_plan_plot_dir(tmp_path):
+    """`plan --plot-dir` calls write_all on the plan file it wrote."""
+    figs = tmp_path / "figs"
+    result = CliRunner().invoke(main, ["plan", *VGG, "-o", str(tmp_path / "p.json"), "--plot-dir", str(figs)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in figs.iterdir()) == ["pareto.png", "space.png", "stages.png", "timeline.png"]
+    for p in figs.iterdir():
+        _check_png(p)
+    assert f"wrote {figs / 'space.png'}, {figs / 'pareto.png'}" in result.output
+    # write_all on the same file gives the same figures
+    again = write_all(tmp_path / "p.json", tmp_path / "again")
+    assert [p.name for p in again] == ["space.png", "pareto.png", "stages.png", "timeline.png"]
+    for p in again:
+        assert p.read_bytes() == (figs / p.name).read_bytes()
+
+
+def test_plan_plot_dir_with_json_keeps_stdout_json(tmp_path, monkeypatch):
+    import pipesearch.plots.common as common
+
+    calls = []
+    monkeypatch.setattr(common, "write_all", lambda pf, d: calls.append((pf, d)) or [])
+    figs = tmp_path / "figs"
+    result = CliRunner().invoke(main, ["plan", *VGG, "--pp", "2", "--json", "--plot-dir", str(figs)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert len(calls) == 1 and calls[0][1] == str(figs)
+    assert calls[0][0].plans[0].rank == 1 and len(calls[0][0].plans) == len(doc["plans"])
+
+
+def test_plot_dir_that_is_a_file(vgg_pruned, tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(InputError, match="cannot create"):
+        write_all(vgg_pruned, tmp_path / "f")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deterministic_bytes(kind, vgg_exhaustive, tmp_path):
+    a = render(kind, vgg_exhaustive, tmp_path / f"a.png")
+    b = render(kind, vgg_exhaustive, tmp_path / f"b.png")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_deterministic_svg(vgg_exhaustive, tmp_path):
+    a = render("pareto", vgg_exhaustive, tmp_path / "a.svg")
+    b = render("pareto", vgg_exhaustive, tmp_path / "b.svg")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_title_names_model_cluster_batch(vgg_exhaustive):
+    title = title_of(load(vgg_exhaustive))
+    assert "vgg16" in title and "4x4-v100-10gbe" in title and "global batch 1024" in title
+
+
+# ------------------------------------------------------------------ space grid
+
+
+def _expected_cell_best(points: pd.DataFrame) -> pd.Series:
+    ok = points[points.status == "ok"]
+    return ok.groupby(["tp", "schedule", "pp", "num_micro_batches"])["samples_per_s"].max()
+
+
+def test_space_grid_marks_out_of_memory(vgg_small_memory):
+    points = points_frame(load(vgg_small_memory))
+    assert (points.status == "out_of_memory").any()
+    grid = space_grid(points)
+    assert set(grid.status) <= set(CELL_STATUSES)
+    oom = grid[grid.status == "out_of_memory"]
+    assert len(oom) > 0
+    # every point of an OOM cell is out of memory
+    key = ["tp", "schedule", "pp", "num_micro_batches"]
+    cell_points = points.merge(oom[key], on=key)
+    assert "out_of_memory" in set(cell_points.status)
+    assert not {"ok", "pruned"} & set(cell_points.status)
+    assert oom.samples_per_s.isna().all()
+    # best cell == best ok point of the points table
+    best = best_cell(grid)
+    ok = points[points.status == "ok"]
+    top = ok.loc[ok.samples_per_s.idxmax()]
+    assert best["samples_per_s"] == pytest.approx(top.samples_per_s, rel=1e-12)
+    assert best["samples_per_s"] == pytest.approx(ok.samples_per_s.max(), rel=1e-12)
+    assert (best["tp"], best["schedule"], best["pp"], best["num_micro_batches"]) == (
+        top.tp, top.schedule, top.pp, top.num_micro_batches)
+    # every ok cell carries its best point
+    expected = _expected_cell_best(points)
+    got = grid[grid.status == "ok"].set_index(key)["samples_per_s"]
+    pd.testing.assert_series_equal(got.sort_index(), expected.sort_index(), check_names=False,
+                                   check_index_type=False)
+
+
+def test_space_grid_statuses(vgg_exhaustive, vgg_pruned):
+    grid = space_grid(points_frame(load(vgg_exhaustive)))
+    assert "pruned" not in set(grid.status)
+    refused = grid[grid.status == "schedule_refused"]
+    assert len(refused) > 0
+    assert "gpipe" not in set(refused.schedule)  # GPipe runs any m
+    one_f = refused[refused.schedule == "1f1b"]
+    assert len(one_f) > 0 and (one_f.num_micro_batches < one_f.pp).all()  # 1F1B needs m >= pp
+    # one cell per (tp, schedule, pp, m): schedules x 16 pp x 11 micro-batch counts (1..1024)
+    assert len(grid) == grid.schedule.nunique() * 16 * 11
+    assert not grid.duplicated(["tp", "schedule", "pp", "num_micro_batches"]).any()
+
+    pruned = space_grid(points_frame(load(vgg_pruned)))
+    assert (pruned.status == "pruned").any()
+    # the best point is never pruned away, so both grids agree on it
+    assert best_cell(pruned)["samples_per_s"] == pytest.approx(best_cell(grid)["samples_per_s"])
+
+
+def test_space_grid_missing_cells_of_a_pruned_search():
+    pts = pd.DataFrame([(1, "gpipe", 1, 1, "ok", 5.0), (1, "gpipe", 2, 2, "ok", 6.0)],
+                       columns=["tp", "schedule", "pp", "num_micro_batches", "status", "samples_per_s"])
+    for col, value in (("dp", 1), ("micro_batch_size", 1), ("placement", "pipeline"), ("recompute", "none"),
+                       ("iteration_time_s", 1.0), ("peak_memory_bytes", 1.0)):
+        pts[col] = value
+    assert set(space_grid(pts).status) == {"ok", "n/a"}
+    assert set(space_grid(pts, missing="pruned").status) == {"ok", "pruned"}
+    assert (space_grid(pts, missing="pruned").query("status == 'pruned'").points == 0).all()
+
+
+def test_space_grid_precedence():
+    rows = [
+        # tp, schedule, pp, m, status, samples/s
+        (1, "gpipe", 1, 1, "out_of_memory", np.nan),
+        (1, "gpipe", 1, 1, "ok", 10.0),
+        (1, "gpipe", 1, 1, "ok", 12.0),
+        (1, "gpipe", 1, 2, "out_of_memory", np.nan),
+        (1, "gpipe", 1, 2, "pruned", np.nan),
+        (1, "gpipe", 2, 1, "out_of_memory", np.nan),
+        (1, "1f1b", 2, 1, "schedule_refused", np.nan),
+        (1, "gpipe", 2, 3, "batch_not_divisible", np.nan),
+    ]
+    pts = pd.DataFrame(rows, columns=["tp", "schedule", "pp", "num_micro_batches", "status", "samples_per_s"])
+    for col, value in (("dp", 1), ("micro_batch_size", 1), ("placement", "pipeline"), ("recompute", "none"),
+                       ("iteration_time_s", 1.0), ("peak_memory_bytes", 1.0)):
+        pts[col] = value
+    g = space_grid(pts).set_index(["schedule", "pp", "num_micro_batches"])
+    assert g.loc[("gpipe", 1, 1), "status"] == "ok" and g.loc[("gpipe", 1, 1), "samples_per_s"] == 12.0
+    assert g.loc[("gpipe", 1, 2), "status"] == "pruned"
+    assert g.loc[("gpipe", 2, 1), "status"] == "out_of_memory"
+    assert g.loc[("1f1b", 2, 1), "status"] == "schedule_refused"
+    assert g.loc[("gpipe", 2, 3), "status"] == "n/a"
+    assert g.loc[("1f1b", 1, 1), "status"] == "n/a"  # no such point at all
+
+
+# ------------------------------------------------------------------ pareto, stages
+
+
+def test_pareto_front_is_non_dominated(vgg_exhaustive):
+    points = points_frame(load(vgg_exhaustive))
+    front = pareto_front(points)
+    ok = points[points.status == "ok"]
+    assert len(front) >= 2
+    assert front.peak_memory_bytes.is_monotonic_increasing
+    assert front.samples_per_s.is_monotonic_increasing
+    for _, p in front.iterrows():
+        dominated = ok[(ok.samples_per_s >= p.samples_per_s) & (ok.peak_memory_bytes <= p.peak_memory_bytes)
+                       & ((ok.samples_per_s > p.samples_per_s) | (ok.peak_memory_bytes < p.peak_memory_bytes))]
+        assert dominated.empty
+    # the best throughput and the least memory are both on the front
+    assert front.samples_per_s.max() == ok.samples_per_s.max()
+    assert front.peak_memory_bytes.min() == ok.peak_memory_bytes.min()
+
+
+def test_stage_breakdown_adds_up(vgg_exhaustive):
+    plan = load(vgg_exhaustive).plans[0]
+    parts = stage_breakdown(plan)
+    m = plan.num_micro_batches
+    for k, st in enumerate(plan.stages):
+        assert parts["forward"][k] + parts["backward"][k] == pytest.approx(m * st.compute_s)
+        assert parts["p2p"][k] == pytest.approx(m * st.comm_s)
+        assert parts["allreduce"][k] == pytest.approx(st.allreduce_s)
+    mem = memory_breakdown(plan)
+    assert mem["state"] + mem["activations"] == pytest.approx([st.memory_bytes for st in plan.stages])
+    assert (mem["activations"] >= 0).all() and (mem["state"] >= 0).all()
+
+
+def test_stages_with_virtual_stages(workdir, tmp_path):
+    """Interleaved 1F1B: devices hold several stages; bars are per device."""
+    path = _plan(workdir / "interleaved.json", *VGG, "--schedule", "interleaved-1f1b", "--pp", "4")
+    plan = load(path).plans[0]
+    assert plan.vp > 1 and len(plan.stages) == plan.pp * plan.vp
+    assert memory_breakdown(plan) is None  # in-flight counts of interleaving are not in the plan file
+    _check_png(render("stages", path, tmp_path / "stages.png"))
+    _check_png(render("timeline", path, tmp_path / "timeline.png"))
+
+
+# ------------------------------------------------------------------ GPT
+
+
+@pytest.fixture(scope="module")
+def gpt_plans(workdir) -> Path:
+    return _plan(workdir / "gpt.json", *GPT)
+
+
+@pytest.fixture(scope="module")
+def gpt_exhaustive(workdir) -> Path:
+    return _plan(workdir / "gpt_exhaustive.json", *GPT, "--exhaustive")
+
+
+def test_gpt_space_renders_pruned(gpt_plans, tmp_path):
+    _check_png(render("space", gpt_plans, tmp_path / "space.png"))
+
+
+@pytest.mark.slow
+def test_gpt_space_renders(gpt_exhaustive, tmp_path):
+    grid = space_grid(points_frame(load(gpt_exhaustive)))
+    assert sorted(grid.tp.unique()) == [1, 2, 4, 8]  # one panel row per tp degree
+    assert "pruned" not in set(grid.status)
+    _check_png(render("space", gpt_exhaustive, tmp_path / "space.png"), min_h=800)
+
+
+@pytest.mark.parametrize("kind", ["pareto", "stages", "timeline"])
+def test_gpt_other_kinds_render(kind, gpt_plans, tmp_path):
+    _check_png(render(kind, gpt_plans, tmp_path / f"{kind}.png"))
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_not_a_plan_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    with pytest.raises(PlanFormatError, match="schema"):
+        render("space", bad, tmp_path / "x.png")
+    result = CliRunner().invoke(main, ["plot", str(bad), "-o", str(tmp_path / "x.png")])
+    assert result.exit_code == 2
+    assert "error:" in result.output and "bad.json" in result.output
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_missing_file(tmp_path):
+    result = CliRunner().invoke(main, ["plot", str(tmp_path / "none.json"), "-o", str(tmp_path / "x.png")])
+    assert result.exit_code == 2 and "cannot read" in result.output
+
+
+def test_rank_that_does_not_exist(vgg_exhaustive, tmp_path):
+    for kind in ("stages", "timeline"):
+        with pytest.raises(PlanFormatError, match="no plan of rank 9"):
+            render(kind, vgg_exhaustive, tmp_path / "x.png", rank=9)
+    result = CliRunner().invoke(main, ["plot", str(vgg_exhaustive), "--kind", "stages", "--rank", "9",
+                                       "-o", str(tmp_path / "x.png")])
+    assert result.exit_code == 2
+    assert "no plan of rank 9" in result.output and "ranks present: 1, 2, 3, 4, 5" in result.output
+
+
+def test_plan_file_without_points(vgg_exhaustive, tmp_path):
+    doc = json.loads(vgg_exhaustive.read_text())
+    del doc["search"]["points"]
+    nopoints = tmp_path / "nopoints.json"
+    nopoints.write_text(json.dumps(doc))
+    load_plan_file(nopoints)  # still a valid plan file
+    for kind in ("space", "pareto"):
+        with pytest.raises(PlanFormatError, match="search.points"):
+            render(kind, nopoints, tmp_path / f"{kind}.png")
+        result = CliRunner().invoke(main, ["plot", str(nopoints), "--kind", kind, "-o", str(tmp_path / "x.png")])
+        assert result.exit_code == 2 and "search.points" in result.output
+    # the per-plan figures do not need the points
+    _check_png(render("stages", nopoints, tmp_path / "stages.png"))
+
+
+def test_bad_output(vgg_exhaustive, tmp_path):
+    with pytest.raises(InputError, match="unsupported figure format"):
+        render("pareto", vgg_exhaustive, tmp_path / "x.jpg")
+    with pytest.raises(InputError, match="does not exist"):
+        render("pareto", vgg_exhaustive, tmp_path / "no" / "x.png")
+    with pytest.raises(InputError, match="unknown plot kind"):
+        render("pie", vgg_exhaustive, tmp_path / "x.png")
