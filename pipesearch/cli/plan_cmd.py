@@ -44,8 +44,8 @@ def plans_table(plans) -> str:
         rows.append({
             "rank": p.rank,
             "pp x dp x tp": f"{p.pp} x {p.dp} x {p.tp}",
-            "schedule": p.schedule + (f" v{p.vp}" if p.vp > 1 else "") + ("" if dict(p.extra).get("recompute", "none") == "none"
-                                      else f"+{dict(p.extra)['recompute']}-recompute"),
+            "schedule": p.schedule + (f" v{p.vp}" if p.vp > 1 else ""),
+            "recompute": dict(p.extra).get("recompute", "none"),
             "mbs x m": f"{p.micro_batch_size} x {p.num_micro_batches}",
             "layers/stage": layers,
             "iteration": format_seconds(p.predicted.iteration_time_s),
@@ -54,7 +54,10 @@ def plans_table(plans) -> str:
             "peak memory / capacity": f"{format_bytes(p.predicted.peak_memory_bytes)} / "
                                       f"{format_bytes(p.predicted.memory_capacity_bytes)}",
         })
-    return pd.DataFrame(rows).to_string(index=False)
+    table = pd.DataFrame(rows)
+    if (table["recompute"] == "none").all():
+        table = table.drop(columns="recompute")
+    return table.to_string(index=False)
 
 
 def points_table(points: pd.DataFrame) -> dict:
