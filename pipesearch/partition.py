@@ -187,6 +187,10 @@ def min_max_split(costs: PipelineCosts, band: _Band | None = None) -> tuple[floa
     band = band or _Band(costs)
     m, P = costs.num_micro_batches, costs.pp
     full_width = _band_width(costs, _INF)
+    even = even_split(costs.num_layers, P)
+    if costs.split_fits(even):
+        # the even split is feasible, so the optimum is <= its bottleneck: one pass
+        return _dp(band, "max", limit=_bottleneck(costs, even))
     total = float(costs.compute_prefix_s[-1] * np.min(costs.time_scale))
     limit = max((m - 1) * total / P, 1e-12) * 2.0
     while _band_width(costs, limit) < full_width:
