@@ -148,6 +148,8 @@ def _need(obj: Any, key: str, kind, where: str):
     if not ok:
         name = getattr(kind, "__name__", str(kind))
         raise PlanFormatError(f"{where}.{key}: expected {name}, got {value!r}")
+    if kind in (float, int) and isinstance(value, _NUM) and not math.isfinite(value):
+        raise PlanFormatError(f"{where}.{key}: must be a finite number, got {value!r}")
     if kind in (float, int) and isinstance(value, _NUM) and value < 0:
         raise PlanFormatError(f"{where}.{key}: must be >= 0, got {value!r}")
     return value

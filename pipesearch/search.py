@@ -567,6 +567,11 @@ def _check_options(variants, cluster, job, options):
     if job.global_batch_size < 1:
         raise InputError(f"global batch size {job.global_batch_size} must be >= 1")
     L = variants[0].profile.num_layers
+    for variant in variants:
+        if not any(lay.fwd_s + lay.bwd_s > 0 for lay in variant.profile.layers):
+            raise InputError(
+                f"model {variant.profile.name!r}: every layer has zero forward and backward time, so every "
+                "plan would take 0 s; give the profile's measured times")
     if options.split is not None:
         if any(x < 1 for x in options.split):
             raise InputError(f"--split {','.join(map(str, options.split))}: every stage needs >= 1 layer")

@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from dataclasses import dataclass, field
+import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +212,35 @@ def tiny_cluster(nodes: int = 1, devices_per_node: int = 4, *, memory_bytes: flo
     free = Link(math.inf, 0.0)
     return Cluster(name=name, groups=(DeviceGroup(tiny_device(memory_bytes), nodes, devices_per_node),),
                    intra_node=intra or free, inter_node=inter or free)
+
+
+# ----------------------------------------------------------------- guards
+
+
+class TimeLimitExceeded(AssertionError):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str = "call"):
+    """Fail (instead of hanging the test run) when the body runs longer than
+    ``seconds``: the exact split's scan must terminate. POSIX main thread
+    only; elsewhere a no-op."""
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise TimeLimitExceeded(f"{what} ran longer than {seconds} s")
+
+    try:
+        old = signal.signal(signal.SIGALRM, _raise)
+    except ValueError:  # not the main thread
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

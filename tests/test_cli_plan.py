@@ -1,0 +1,204 @@
+"""Tests of `pipesearch plan` as a user runs it: the default run, --json,
+--split, and bad input (one line on stderr, exit status 2, no traceback, no
+file left behind)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import REPO
+from pipesearch.cli import main
+from pipesearch.plan import SCHEMA, load_plan_file
+
+PIPEDREAM = REPO / "tests" / "data" / "pipedream"
+HEADER = "# pipesearch profile v1\n# batch_size: 32\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+
+
+def run(args, cwd: Path):
+    """Invoke the CLI in-process with ``cwd`` as the working directory."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(main, args)
+    finally:
+        os.chdir(old)
+
+
+def csv_profile(tmp_path: Path, rows, name="model.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(HEADER + "".join(r + "\n" for r in rows))
+    return path
+
+
+def good_rows(n):
+    return [f"l{k},{1 + k % 3},{2 + k % 5},{1000 * (k + 1)},{4096 * (1 + k % 4)}" for k in range(n)]
+
+
+# ------------------------------------------------------------------ success
+
+
+def test_no_arguments_prints_a_table_and_writes_plans_json(tmp_path):
+    t = time.perf_counter()
+    result = run(["plan"], tmp_path)
+    elapsed = time.perf_counter() - t
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "rank" in out and "layers/stage" in out and "samples/s" in out
+    assert out.rstrip().splitlines()[-1] == "wrote plans.json"
+    assert "vgg16 on 4x4-v100-10gbe" in out
+    plans = load_plan_file(tmp_path / "plans.json").plans
+    assert [p.rank for p in plans] == [1, 2, 3, 4, 5]
+    assert elapsed < 15  # a few seconds on a laptop; generous for loaded CI machines
+
+
+def test_json_prints_the_plan_and_writes_no_file(tmp_path):
+    result = run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "--json"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == SCHEMA == "pipesearch.plan/1"
+    assert doc["plans"] and doc["plans"][0]["rank"] == 1
+    assert doc["inputs"]["model"]["name"] == "gnmt"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_option_writes_there(tmp_path):
+    result = run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "-q", "-o", "sub.json"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub.json"]
+    assert load_plan_file(tmp_path / "sub.json").plans
+
+
+def test_split_scores_that_split(tmp_path):
+    """A 12-layer profile and --split 5,3,4: every plan has those stages."""
+    path = csv_profile(tmp_path, good_rows(12))
+    result = run(["plan", "--model", str(path), "--cluster", "1x4-v100-pcie", "-b", "64", "--split", "5,3,4",
+                  "--json"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["plans"]
+    for plan in doc["plans"]:
+        assert [st["layers"] for st in plan["stages"]] == [[0, 5], [5, 8], [8, 12]]
+        assert plan["parallelism"]["pp"] == 3
+    table = run(["plan", "--model", str(path), "--cluster", "1x4-v100-pcie", "-b", "64", "--split", "5,3,4",
+                 "-q"], tmp_path)
+    assert table.exit_code == 0 and "5,3,4" in table.stdout
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def expect_input_error(result, tmp_path: Path, *needles, files_before=()):
+    """Exit status 2, exactly one line on stderr starting with 'error:', no
+    traceback, nothing on stdout, no plan file created."""
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    assert result.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files_before)
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize("rows,needles", [
+    (["a,1,2,0,10", "b,1,2,0"], ["line 5", "4 fields, expected 5"]),        # malformed row
+    (["a,1,2,0,10", "b,-1,2,0,5"], ["line 5", "fwd_ms", "negative"]),       # negative time
+    (["a,1,2,0,10", "b,1,nan,0,5"], ["line 5", "bwd_ms", "finite"]),        # NaN time
+    (["a,1,2,0,10", "b,1,2,x,5"], ["line 5", "param_bytes"]),               # not a number
+])
+def test_bad_profile_csv(tmp_path, rows, needles):
+    path = csv_profile(tmp_path, rows, "bad.csv")
+    result = run(["plan", "--model", str(path), "-o", "out.json"], tmp_path)
+    expect_input_error(result, tmp_path, "bad.csv", *needles, files_before=["bad.csv"])
+
+
+def _graph(tmp_path: Path, extra_edge: str) -> Path:
+    text = (PIPEDREAM / "alexnet.graph.txt").read_text()
+    path = tmp_path / "alexnet.graph.txt"
+    path.write_text(text.rstrip("\n") + f"\n\t{extra_edge}\n")
+    return path
+
+
+def test_graph_with_a_cycle(tmp_path):
+    """alexnet's graph has the edge node4 -- node5; adding node5 -- node4 closes a cycle."""
+    assert "\tnode4 -- node5\n" in (PIPEDREAM / "alexnet.graph.txt").read_text()
+    _graph(tmp_path, "node5 -- node4")
+    result = run(["plan", "--model", "alexnet.graph.txt"], tmp_path)
+    expect_input_error(result, tmp_path, "alexnet.graph.txt", "cycle", files_before=["alexnet.graph.txt"])
+
+
+def test_graph_with_a_dangling_edge(tmp_path):
+    _graph(tmp_path, "node5 -- node999")
+    result = run(["plan", "--model", "alexnet.graph.txt"], tmp_path)
+    expect_input_error(result, tmp_path, "alexnet.graph.txt", "node999", files_before=["alexnet.graph.txt"])
+
+
+def test_unknown_model_suggests_close_names(tmp_path):
+    line = expect_input_error(run(["plan", "--model", "vgg61"], tmp_path), tmp_path, "vgg61")
+    assert "did you mean" in line and "vgg16" in line
+
+
+def test_unknown_cluster_suggests_close_names(tmp_path):
+    line = expect_input_error(run(["plan", "--cluster", "4x4-v100-10gb"], tmp_path), tmp_path, "4x4-v100-10gb")
+    assert "did you mean" in line and "4x4-v100-10gbe" in line
+
+
+def test_batch_not_divisible_by_pinned_dp(tmp_path):
+    expect_input_error(run(["plan", "--dp", "3"], tmp_path), tmp_path, "1024", "--dp 3")
+
+
+def test_model_that_fits_on_no_split(tmp_path):
+    """1e15 bytes of fp32 weights per layer: 4e15 bytes of state, > 15 GiB."""
+    path = csv_profile(tmp_path, [f"l{k},1,2,1e15,10" for k in range(4)], "huge.csv")
+    line = expect_input_error(run(["plan", "--model", str(path), "--cluster", "1x4-v100-pcie"], tmp_path),
+                              tmp_path, files_before=["huge.csv"])
+    assert "no plan fits" in line and "huge" in line and "GiB" in line
+
+
+def test_split_must_sum_to_the_layer_count(tmp_path):
+    expect_input_error(run(["plan", "--split", "5,3,4"], tmp_path), tmp_path, "5,3,4", "12", "40")
+
+
+def test_more_stages_than_layers(tmp_path):
+    expect_input_error(run(["plan", "--model", "alexnet", "--pp", "100"], tmp_path), tmp_path,
+                       "--pp 100", "22 layers")
+
+
+def test_zero_time_profile(tmp_path):
+    path = csv_profile(tmp_path, ["a,0,0,0,10", "b,0,0,0,10"], "zero.csv")
+    expect_input_error(run(["plan", "--model", str(path), "--cluster", "1x4-v100-pcie", "-b", "8"], tmp_path),
+                       tmp_path, "zero", files_before=["zero.csv"])
+
+
+# ------------------------------------------------------------------ the real entry point
+
+
+def _python_m(args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PIPESEARCH_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "pipesearch", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_python_m_pipesearch_plan(tmp_path):
+    proc = _python_m(["plan"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote plans.json" in proc.stdout and (tmp_path / "plans.json").is_file()
+
+
+def test_python_m_bad_input_is_one_line_exit_2(tmp_path):
+    proc = _python_m(["plan", "--model", "vgg61"], tmp_path)
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: ")
+    assert "vgg16" in proc.stderr and proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []
