@@ -311,7 +311,8 @@ def build_pipeline_costs(
     bwd = arrays["bwd_s"] * ratio
     bwd_input = arrays["bwd_input_s"] * ratio
     zero = np.zeros(1)
-    specs = [cluster.device_spec(int(placement[s, 0])) for s in range(pp)]
+    # a stage is as slow as its slowest replica and as small as its smallest one
+    stage_specs = [[cluster.device_spec(int(d)) for d in placement[s]] for s in range(pp)]
     p2p, ar = links if links is not None else placement_links(cluster, placement)
     grad_bpp = job.grad_bytes_per_param if job.grad_bytes_per_param is not None else profile.bytes_per_param
     return PipelineCosts(
@@ -321,14 +322,16 @@ def build_pipeline_costs(
         param_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["param_bytes"])]),
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["saved_bytes"])]) * ratio,
         output_bytes=arrays["output_bytes"] * ratio,
-        time_scale=np.array([device_time_scale(profiled_device, spec) for spec in specs]),
+        time_scale=np.array([max(device_time_scale(profiled_device, spec) for spec in specs)
+                             for specs in stage_specs]),
         p2p_bandwidth_bytes_per_s=np.array([link.bandwidth_bytes_per_s for link in p2p]),
         p2p_latency_s=np.array([link.latency_s for link in p2p]),
         allreduce_s_per_byte=np.array([x[0] for x in ar]),
         allreduce_fixed_s=np.array([x[1] for x in ar]),
         in_flight=(np.asarray(in_flight, dtype=np.int64) if in_flight is not None
                    else in_flight_micro_batches(schedule, pp, num_micro_batches)),
-        capacity_bytes=np.array([spec.memory_bytes - job.memory_reserve_bytes for spec in specs]) / stages_per_device,
+        capacity_bytes=np.array([min(spec.memory_bytes for spec in specs) - job.memory_reserve_bytes
+                                 for specs in stage_specs]) / stages_per_device,
         bwd_input_prefix_s=np.concatenate([zero, np.cumsum(bwd_input)]),
         state_bytes_per_param_byte=job.state_bytes_per_param / profile.bytes_per_param,
         grad_bytes_per_param_byte=grad_bpp / profile.bytes_per_param,

@@ -89,7 +89,8 @@ def load_model_source(
         info = {"name": cfg.name, "kind": "transformer", "file": str(path), "num_layers": variants[0].profile.num_layers,
                 "seq_len": seq_len or cfg.seq_len, "hidden_size": cfg.hidden_size,
                 "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size}
-        return ModelSource(cfg.name, tuple(variants), info, None, cfg)
+        # the layer tables are computed for device 0's type; other types scale by FLOP rate
+        return ModelSource(cfg.name, tuple(variants), info, device, cfg)
     if tp not in (None, 1):
         raise InputError(f"--tp {tp}: tensor parallelism needs a transformer config; {path.name} is a layer profile")
     if recompute not in (None, "none"):
@@ -99,6 +100,10 @@ def load_model_source(
         profiled_device = load_device(profile.profiled_device) if profile.profiled_device != "unknown" else None
     except InputError:
         profiled_device = None
+    if profiled_device is None and not cluster.is_homogeneous:
+        # times measured on an unknown device: take them as the first group's, and
+        # scale the other device types by their achieved FLOP rates
+        profiled_device = cluster.device_spec(0)
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
             "profiled_batch_size": profile.profiled_batch_size, "profiled_device": profile.profiled_device,
             "source": profile.source}

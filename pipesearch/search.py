@@ -152,7 +152,8 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> t
         devices = tuple(int(d) for d in placement[s])
         stages.append(StagePlan(
             index=s, layers=(int(i[s]), int(j[s])), layer_names=tuple(names[i[s]:j[s]]), devices=devices,
-            device_type=cluster.device_spec(devices[0]).name, **{k: v[s] for k, v in cols.items()},
+            device_type=",".join(dict.fromkeys(cluster.device_spec(d).name for d in devices)),
+            **{k: v[s] for k, v in cols.items()},
         ))
     return tuple(stages)
 
@@ -163,7 +164,7 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     busy = np.bincount([st.index % pp for st in stages], weights=[m * (st.compute_s + st.comm_s) for st in stages])
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
     busiest, peak = float(busy.max()), float(mem.max())
-    cap = min(cluster.device_spec(st.devices[0]).memory_bytes for st in stages)
+    cap = min(cluster.device_spec(d).memory_bytes for st in stages for d in st.devices)
     return Prediction(
         iteration_time_s=iteration_time_s,
         samples_per_s=global_batch / iteration_time_s if iteration_time_s > 0 else math.inf,

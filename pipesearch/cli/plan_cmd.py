@@ -55,6 +55,9 @@ def plans_table(plans) -> str:
                                       f"{format_bytes(p.predicted.memory_capacity_bytes)}",
         })
     table = pd.DataFrame(rows)
+    types = [",".join(dict.fromkeys(st.device_type for st in p.stages)) for p in plans]
+    if any("," in t for t in types):  # mixed device types: show them, in stage order
+        table.insert(5, "device types", types)
     if (table["recompute"] == "none").all():
         table = table.drop(columns="recompute")
     return table.to_string(index=False)
@@ -183,8 +186,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     out = Path(output or DEFAULT_OUTPUT)
     dump_plan_file(plan_file, out)
     if not quiet:
-        click.echo(f"{source.name} on {cluster.name} ({cluster.num_devices} x {cluster.device_spec(0).name}), "
-                   f"global batch {global_batch_size}")
+        devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)
+        click.echo(f"{source.name} on {cluster.name} ({devices}), global batch {global_batch_size}")
     click.echo(plans_table(result.plans))
     if not quiet:
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
