@@ -23,7 +23,7 @@ optimizes exactly using the terms below. Stage ``s`` covering layers
   ring across nodes, all-gather in the node) when replicas share nodes and that
   is faster, as NCCL chooses;
 * memory of one device: ``params * state_bytes_per_param`` (weights, gradients,
-  optimizer state) ``+ (b / B) * saved_bytes[i, j) * in_flight(s)`` where
+  optimizer state; the optimizer part divided by ``dp`` under ZeRO-1) ``+ (b / B) * saved_bytes[i, j) * in_flight(s)`` where
   ``in_flight`` is the number of micro-batches whose activations the schedule
   keeps on stage ``s`` at its peak (GPipe: ``m``, Huang et al. 2019; 1F1B:
   ``min(m, pp - s)``, Narayanan et al. ICML'21 PipeDream-Flush), which must
@@ -52,6 +52,16 @@ import numpy as np
 
 from .errors import InputError
 from .types import Cluster, DeviceSpec, Job, Link, ModelProfile
+
+
+def state_bytes_per_param(job: Job, dp: int) -> float:
+    """Bytes of weights, gradients and optimizer state one device keeps per
+    parameter: ``state_bytes_per_param``, less ``optimizer_bytes_per_param *
+    (1 - 1/dp)`` under ZeRO-1 (Rajbhandari et al. SC'20, sec. 5.1: the
+    optimizer states are partitioned across the data-parallel replicas)."""
+    if job.zero1 and dp > 1:
+        return job.state_bytes_per_param - job.optimizer_bytes_per_param * (1 - 1 / dp)
+    return job.state_bytes_per_param
 
 
 def in_flight_micro_batches(schedule: str, pp: int, m: int) -> np.ndarray:
@@ -333,6 +343,6 @@ def build_pipeline_costs(
         capacity_bytes=np.array([min(spec.memory_bytes for spec in specs) - job.memory_reserve_bytes
                                  for specs in stage_specs]) / stages_per_device,
         bwd_input_prefix_s=np.concatenate([zero, np.cumsum(bwd_input)]),
-        state_bytes_per_param_byte=job.state_bytes_per_param / profile.bytes_per_param,
+        state_bytes_per_param_byte=state_bytes_per_param(job, dp) / profile.bytes_per_param,
         grad_bytes_per_param_byte=grad_bpp / profile.bytes_per_param,
     )

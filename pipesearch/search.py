@@ -274,7 +274,9 @@ def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndar
     """Per layer: weights + gradients + optimizer bytes, and saved activation
     bytes per sample."""
     arrays = profile.layer_arrays
-    return (arrays["param_bytes"] * job.state_bytes_per_param / profile.bytes_per_param,
+    # ZeRO-1 shards the optimizer part; the floor uses what is left with dp -> infinity
+    floor = job.state_bytes_per_param - (job.optimizer_bytes_per_param if job.zero1 else 0.0)
+    return (arrays["param_bytes"] * floor / profile.bytes_per_param,
             arrays["saved_bytes"] / profile.profiled_batch_size)
 
 

@@ -251,6 +251,13 @@ class Job:
             ``bytes_per_param``.
         memory_reserve_bytes: bytes per device kept free for the framework,
             workspace and fragmentation.
+        zero1: shard the optimizer state across the data-parallel replicas
+            (ZeRO stage 1, Rajbhandari et al. SC'20): each device keeps
+            ``optimizer_bytes_per_param / dp`` of it; the gradient all-reduce
+            becomes a reduce-scatter plus an all-gather of the same volume.
+        optimizer_bytes_per_param: the shardable part of
+            ``state_bytes_per_param`` (12 for mixed-precision Adam: fp32
+            master weights, momentum, variance).
         schedules: schedules the search may choose from.
     """
 
@@ -259,6 +266,8 @@ class Job:
     grad_bytes_per_param: float | None = None
     memory_reserve_bytes: float = 1 << 30
     schedules: tuple[str, ...] = SCHEDULES
+    zero1: bool = False
+    optimizer_bytes_per_param: float = 12.0
 
 
 @dataclass(frozen=True)

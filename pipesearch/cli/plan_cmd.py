@@ -120,6 +120,8 @@ class _Progress:
               help="Memory kept free on every device (framework, workspace, fragmentation).")
 @click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0), default=16.0, show_default=True,
               help="Bytes of weights + gradients + optimizer state per parameter (16: mixed-precision Adam).")
+@click.option("--zero1", is_flag=True,
+              help="Shard the optimizer state across data-parallel replicas (ZeRO stage 1).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help=f"Write the plan JSON here (default: ./{DEFAULT_OUTPUT}).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON to stdout instead of the table.")
@@ -133,7 +135,7 @@ class _Progress:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, simulate_top, memory_reserve,
-                 optimizer_bytes_per_param, output, as_json, all_points, exhaustive, quiet, plot_dir):
+                 optimizer_bytes_per_param, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -147,7 +149,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     cluster = load_cluster(cluster_name, nodes=nodes)
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
-              memory_reserve_bytes=parse_bytes(memory_reserve))
+              memory_reserve_bytes=parse_bytes(memory_reserve), zero1=zero1)
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
@@ -165,7 +167,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         inputs={"model": source.info, "cluster": describe_cluster(cluster) | {"name": cluster.name},
                 "job": {"global_batch_size": job.global_batch_size,
                         "state_bytes_per_param": job.state_bytes_per_param,
-                        "memory_reserve_bytes": job.memory_reserve_bytes,
+                        "memory_reserve_bytes": job.memory_reserve_bytes, "zero1": job.zero1,
                         "schedules": list(options.schedules)},
                 "fingerprint": result.fingerprint},
         search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
