@@ -42,9 +42,14 @@ the all-reduce term of :func:`pipesearch.costs.allreduce_model`.
 :func:`placement_candidates` lists placements (pipeline-major, data-major and,
 on heterogeneous clusters, type-grouped ones); :func:`evaluate_placement`
 scores one exactly with :func:`pipesearch.partition.optimal_split` and the
-per-type times, :func:`best_placement` keeps the fastest. The CP-SAT model
-handles ``dp > 1`` by treating each replica group as one device of a
-:class:`MappingProblem` (its slowest type, smallest capacity).
+per-type times, :func:`best_placement` keeps the fastest. To let CP-SAT choose
+the groups' order too, make each replica group one device of a
+:class:`MappingProblem` (its slowest type, smallest capacity, slowest link to
+each other group); the all-reduce term ``r_k`` is then missing from the model
+(exact for the bottleneck objective, which ignores it) and is added back by
+re-scoring the chosen order with :func:`evaluate_placement`. Adding ``r_k`` to
+the model is linear once the group is fixed (one enforced constraint per
+group class), not done yet.
 
 Layer times per device type
 ---------------------------
@@ -430,8 +435,9 @@ class MappingResult:
         solver_status: the raw CP-SAT status name (empty for other methods).
         scale_error_s: bound on how far the integer-scaled CP-SAT objective of
             any solution is from its exact value (0 for exact methods).
-        candidates: device orders (or orders x splits) examined, for the
-            enumeration methods; CP-SAT's model size otherwise (see ``stats``).
+        candidates: device orders (``"orders+dp"``) or orders x splits
+            (``"exhaustive"``) examined; 1 for CP-SAT (its model size is in
+            ``stats``).
         stats: extra figures as ``(name, value)`` pairs.
     """
 
@@ -499,40 +505,57 @@ class StageTimeCosts(PipelineCosts):
     (device types whose times are not proportional to each other).
 
     ``stage_compute_prefix_s`` is ``(P, L+1)``; ``compute_prefix_s`` must be
-    the prefix of the element-wise minimum over stages and ``time_scale`` ones,
-    so that the DP's band pruning (which uses ``time_scale[s] *
+    the prefix of the element-wise minimum over stages and ``time_scale[s] <=
+    1``, so that the DP's band pruning (which uses ``time_scale[s] *
     (compute_prefix_s[j] - compute_prefix_s[i])`` as a lower bound of a stage's
-    compute) stays valid.
+    compute) stays valid; and stages with different rows must have different
+    ``time_scale`` values (the DP caches a stage's terms by it).
+    :func:`with_stage_times` builds it that way.
     """
 
     stage_compute_prefix_s: np.ndarray = None  # type: ignore[assignment]
 
-    def compute_s(self, s: int, i, j):
-        p = self.stage_compute_prefix_s[s]
-        return p[j] - p[i]
+    def compute_s(self, s, i, j):
+        """Like :meth:`PipelineCosts.compute_s`; ``s`` may be an int or an
+        array broadcastable with ``i`` and ``j``."""
+        p = self.stage_compute_prefix_s
+        return p[s, j] - p[s, i]
 
 
 def with_stage_times(costs: PipelineCosts, stage_layer_time_s: np.ndarray) -> PipelineCosts:
     """``costs`` with stage ``s``'s per-micro-batch layer times replaced by row
     ``s`` of ``stage_layer_time_s`` (``(P, L)``, seconds).
 
-    When every row is a multiple of one reference row the result is a plain
-    :class:`PipelineCosts` (``compute_prefix_s`` of the reference, per-stage
-    ``time_scale``); otherwise a :class:`StageTimeCosts`.
+    When every row is a multiple of ``costs``' own per-layer times the result
+    is ``costs`` with a new ``time_scale``; when every row is a multiple of one
+    of the rows, a plain :class:`PipelineCosts` with that row as
+    ``compute_prefix_s``; otherwise a :class:`StageTimeCosts` (whose
+    ``fwd_prefix_s`` and ``bwd_input_prefix_s`` keep the original times:
+    only ``compute_s`` is per stage).
     """
     t = np.asarray(stage_layer_time_s, dtype=float)
     zero = np.zeros(1)
-    ref = t[int(np.argmax(t.sum(axis=1)))]
-    total = ref.sum()
-    if total > 0:
-        scale = t.sum(axis=1) / total
-        if np.allclose(t, scale[:, None] * ref[None, :], rtol=1e-12, atol=0.0):
-            return replace(costs, compute_prefix_s=np.concatenate([zero, np.cumsum(ref)]), time_scale=scale)
-    else:
-        return replace(costs, compute_prefix_s=np.zeros(t.shape[1] + 1), time_scale=np.ones(len(t)))
+    if not np.any(t):
+        return replace(costs, compute_prefix_s=np.zeros(t.shape[1] + 1), time_scale=np.zeros(len(t)))
+    # multiples of the costs' own per-layer times: keep them (and fwd_prefix_s,
+    # bwd_input_prefix_s stay consistent with time_scale)
+    for ref, keep in ((np.diff(costs.compute_prefix_s), True), (t[int(np.argmax(t.sum(axis=1)))], False)):
+        total = ref.sum()
+        if total > 0:
+            scale = t.sum(axis=1) / total
+            if np.allclose(t, scale[:, None] * ref[None, :], rtol=1e-12, atol=0.0):
+                if keep:
+                    return replace(costs, time_scale=scale)
+                return replace(costs, compute_prefix_s=np.concatenate([zero, np.cumsum(ref)]), time_scale=scale)
     low = t.min(axis=0)
+    # time_scale: one distinct value <= 1 per distinct row. partition's band
+    # cache keys a stage's terms by time_scale[s] (with its links), and its
+    # pruning uses time_scale[s] * (prefix of `low`) as a lower bound of the
+    # stage's compute: both hold with these values.
+    _, row_id = np.unique(t, axis=0, return_inverse=True)
     fields = {f: getattr(costs, f) for f in PipelineCosts.__dataclass_fields__}
-    fields.update(compute_prefix_s=np.concatenate([zero, np.cumsum(low)]), time_scale=np.ones(len(t)))
+    fields.update(compute_prefix_s=np.concatenate([zero, np.cumsum(low)]),
+                  time_scale=1.0 - 1e-6 * np.asarray(row_id, dtype=float).reshape(-1))
     return StageTimeCosts(
         **fields,
         stage_compute_prefix_s=np.concatenate([np.zeros((len(t), 1)), np.cumsum(t, axis=1)], axis=1),
@@ -760,11 +783,18 @@ def greedy_orders(problem: MappingProblem) -> list[tuple[int, ...]]:
     return list(dict.fromkeys(orders))
 
 
-def greedy_mapping(problem: MappingProblem, objective: str = "bottleneck") -> MappingResult | None:
-    """Best of :func:`greedy_orders`, each with its exact split; None when no
-    greedy order fits."""
+def greedy_mapping(problem: MappingProblem, objective: str = "bottleneck", *, enumerate_up_to: int = 200
+                   ) -> MappingResult | None:
+    """Best of :func:`greedy_orders` (or of every order, up to symmetry, when
+    there are at most ``enumerate_up_to``), each with its exact split; None
+    when none fits."""
+    if problem.pp > min(problem.num_layers, problem.num_devices):
+        return None
+    orders: Iterable[tuple[int, ...]] = greedy_orders(problem)
+    if count_orders(problem, problem.pp) <= enumerate_up_to:
+        orders = device_orders(problem, problem.pp)
     best = None
-    for order in greedy_orders(problem):
+    for order in orders:
         res = best_split_for_order(problem, order, objective)
         if res is not None and (best is None or res.objective_s < best.objective_s):
             best = res
