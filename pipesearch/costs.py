@@ -11,8 +11,10 @@ optimizes exactly using the terms below. Stage ``s`` covering layers
 * compute: ``scale_s * (b / B) * sum_{l in [i, j)} (fwd_s[l] + bwd_s[l])`` with
   ``B`` the profiled batch size (times are linear in the batch size, as in
   PipeDream's planner, Narayanan et al. SOSP'19 sec. 3.1) and ``scale_s`` the
-  ratio of the profiled device's achieved FLOP rate to that of stage ``s``'s
-  device (1 when they are the same type or the profiled device is unknown);
+  ratio of the profiled device's FLOP rate to that of stage ``s``'s slowest
+  device (:func:`device_rate_flops`: fp32 peak for fp32 profiles, achieved
+  fp16 rate otherwise; 1 when they are the same type or the profiled device
+  is unknown);
 * p2p: the stage sends layer ``j-1``'s output forward and receives its gradient
   back, both over the link between its devices and the next stage's:
   ``2 * (latency + (b / B) * output_bytes[j-1] / bandwidth)`` (alpha-beta
@@ -81,17 +83,38 @@ def in_flight_micro_batches(schedule: str, pp: int, m: int) -> np.ndarray:
     raise InputError(f"unknown schedule {schedule!r} (expected one of: gpipe, 1f1b)")
 
 
-def device_time_scale(profiled: DeviceSpec | None, target: DeviceSpec) -> float:
-    """Factor that turns a time measured on ``profiled`` into one on ``target``.
+PRECISIONS = ("auto", "fp32", "fp16")
 
-    The ratio of achieved FLOP rates ``(peak_fp16 * achieved_fraction)``;
-    1.0 when the profiled device is unknown or is the target.
-    """
+
+def device_rate_flops(spec: DeviceSpec, precision: str) -> float:
+    """The rate (FLOP/s) layer times are scaled by between device types:
+    ``peak_fp32_flops`` for ``"fp32"`` profiles (measured without tensor
+    cores, e.g. PipeDream's), ``peak_fp16_flops * achieved_fraction`` for
+    ``"fp16"`` (mixed-precision training)."""
+    if precision == "fp32":
+        return spec.peak_fp32_flops
+    if precision == "fp16":
+        return spec.peak_fp16_flops * spec.achieved_fraction
+    raise InputError(f"precision {precision!r}: expected fp32 or fp16")
+
+
+def profile_precision(profile: ModelProfile, precision: str = "auto") -> str:
+    """``"fp32"`` or ``"fp16"``: ``"auto"`` is fp32 for a profile with 4-byte
+    parameters, fp16 otherwise."""
+    if precision not in PRECISIONS:
+        raise InputError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if precision == "auto":
+        return "fp32" if profile.bytes_per_param == 4 else "fp16"
+    return precision
+
+
+def device_time_scale(profiled: DeviceSpec | None, target: DeviceSpec, precision: str = "fp16") -> float:
+    """Factor that turns a time measured on ``profiled`` into one on ``target``:
+    the ratio of their :func:`device_rate_flops`; 1.0 when the profiled device
+    is unknown or is the target."""
     if profiled is None or profiled.name == target.name:
         return 1.0
-    return (profiled.peak_fp16_flops * profiled.achieved_fraction) / (
-        target.peak_fp16_flops * target.achieved_fraction
-    )
+    return device_rate_flops(profiled, precision) / device_rate_flops(target, precision)
 
 
 def pipeline_placement(pp: int, dp: int, order: str = "pipeline") -> np.ndarray:
@@ -332,8 +355,8 @@ def build_pipeline_costs(
         param_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["param_bytes"])]),
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["saved_bytes"])]) * ratio,
         output_bytes=arrays["output_bytes"] * ratio,
-        time_scale=np.array([max(device_time_scale(profiled_device, spec) for spec in specs)
-                             for specs in stage_specs]),
+        time_scale=np.array([max(device_time_scale(profiled_device, spec, profile_precision(profile))
+                                 for spec in specs) for specs in stage_specs]),
         p2p_bandwidth_bytes_per_s=np.array([link.bandwidth_bytes_per_s for link in p2p]),
         p2p_latency_s=np.array([link.latency_s for link in p2p]),
         allreduce_s_per_byte=np.array([x[0] for x in ar]),

@@ -76,39 +76,17 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .costs import PipelineCosts, build_pipeline_costs, in_flight_micro_batches, pipeline_placement
+from .costs import (PRECISIONS, PipelineCosts, build_pipeline_costs, device_rate_flops, in_flight_micro_batches,
+                    pipeline_placement, profile_precision)
+
+
+# --------------------------------------------------------------------------- #
+# layer times per device type
 from .errors import InfeasibleError, InputError
 from .partition import SplitResult, min_max_split, optimal_split
 from .types import Cluster, DeviceSpec, Job, ModelProfile
 
 OBJECTIVES = ("bottleneck", "iteration")
-PRECISIONS = ("auto", "fp32", "fp16")
-
-
-# --------------------------------------------------------------------------- #
-# layer times per device type
-
-
-def device_rate_flops(spec: DeviceSpec, precision: str) -> float:
-    """The rate (FLOP/s) times are scaled by: ``peak_fp32_flops`` for
-    ``"fp32"``, ``peak_fp16_flops * achieved_fraction`` for ``"fp16"``."""
-    if precision == "fp32":
-        return spec.peak_fp32_flops
-    if precision == "fp16":
-        return spec.peak_fp16_flops * spec.achieved_fraction
-    raise InputError(f"precision {precision!r}: expected fp32 or fp16")
-
-
-def profile_precision(profile: ModelProfile, precision: str = "auto") -> str:
-    """``"fp32"`` or ``"fp16"``: ``"auto"`` is fp32 for a profile with 4-byte
-    parameters, fp16 otherwise."""
-    if precision not in PRECISIONS:
-        raise InputError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
-    if precision == "auto":
-        return "fp32" if profile.bytes_per_param == 4 else "fp16"
-    return precision
-
-
 def _reference_device(profile: ModelProfile, profiled_device: DeviceSpec | None) -> DeviceSpec | None:
     if profiled_device is not None:
         return profiled_device

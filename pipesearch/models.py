@@ -100,10 +100,6 @@ def load_model_source(
         profiled_device = load_device(profile.profiled_device) if profile.profiled_device != "unknown" else None
     except InputError:
         profiled_device = None
-    if profiled_device is None and not cluster.is_homogeneous:
-        # times measured on an unknown device: take them as the first group's, and
-        # scale the other device types by their achieved FLOP rates
-        profiled_device = cluster.device_spec(0)
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
             "profiled_batch_size": profile.profiled_batch_size, "profiled_device": profile.profiled_device,
             "source": profile.source}

@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from . import schedules as schedule_lib
-from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, pipeline_placement, placement_links
+from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, pipeline_placement, placement_links,
+                    profile_precision)
 from .errors import InfeasibleError, InputError
 from .partition import SplitResult, optimal_split
 from .simulate import simulate
@@ -62,6 +63,9 @@ class SearchOptions:
             (see :func:`pipesearch.costs.pipeline_placement`).
         exhaustive: evaluate every point instead of skipping those whose
             lower bound cannot enter the top plans (for plots of the space).
+        mapping_time_limit_s: CP-SAT time limit of each device-order search
+            on mixed clusters (used only when there are too many orders to
+            enumerate).
     """
 
     pp: int | None = None
@@ -75,6 +79,7 @@ class SearchOptions:
     simulate_top: int = 8
     placements: tuple[str, ...] = ("pipeline", "data")
     exhaustive: bool = False
+    mapping_time_limit_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -230,9 +235,27 @@ def micro_batch_sizes(per_replica: int, options: SearchOptions) -> list[int]:
     return divisors(per_replica)
 
 
-def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: SearchOptions):
+def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions) -> tuple[str, ...]:
+    """Placements to try for a (pp, dp) group. Homogeneous clusters:
+    ``options.placements`` (``pipeline``, ``data``; one when pp or dp is 1).
+    Mixed clusters: the candidates of
+    :func:`pipesearch.mapping.placement_candidates` (also ordering devices
+    fastest type first) and, for a single pipeline (dp = 1), ``mapped``: the
+    device order chosen by :func:`pipesearch.ilp.map_pipeline` (exact order
+    enumeration, or CP-SAT on large clusters)."""
+    if cluster.is_homogeneous:
+        return options.placements if (pp > 1 and dp > 1) else options.placements[:1]
+    from .mapping import placement_candidates
+
+    names = tuple(name for name, _ in placement_candidates(cluster, pp, dp))
+    return names + (("mapped",) if dp == 1 and pp > 1 else ())
+
+
+def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: SearchOptions,
+                 cluster: Cluster | None = None):
     """Yield ``(mbs, m, schedule, vp, placement, status)`` for every point of a
-    (variant, pp, dp) group; ``status`` is None for points to evaluate, else
+    (variant, pp, dp) group (placements from :func:`placement_names`, or
+    ``options.placements`` when no cluster is given); ``status`` is None for points to evaluate, else
     the reason the point is refused (``batch_not_divisible``,
     ``schedule_refused``, ``too_many_stages``)."""
     L = variant.profile.num_layers
@@ -241,7 +264,8 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
     if not mbss:
         yield options.micro_batch_size, options.num_micro_batches, None, None, None, "batch_not_divisible"
         return
-    placements = options.placements if (pp > 1 and dp > 1) else options.placements[:1]
+    placements = (placement_names(cluster, pp, dp, options) if cluster is not None
+                  else options.placements if (pp > 1 and dp > 1) else options.placements[:1])
     schedules = options.schedules
     if pp == 1:  # one stage: every schedule is plain gradient accumulation, 1F1B's order
         schedules = ("1f1b",) if "1f1b" in schedules else schedules[:1]
@@ -254,10 +278,48 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
                     yield mbs, m, schedule, vp, placement, refused
 
 
-def _same_links(cluster, variant, row, options, links_cache) -> bool:
+def placement_array(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray:
+    """``(pp, dp)`` device ids (the first device of each tensor-parallel
+    group) of a point's placement; ``ctx`` caches across points."""
+    pp, dp, name = row["pp"], row["dp"], row["placement"]
+    if name in ("pipeline", "data"):
+        return pipeline_placement(pp, dp, name) * variant.tp
+    if name == "mapped":
+        return _mapped_order(cluster, variant, row, ctx)
+    from .mapping import placement_candidates
+
+    key = ("candidates", pp, dp)
+    if key not in ctx:
+        ctx[key] = dict(placement_candidates(cluster, pp, dp))
+    return ctx[key][name] * variant.tp
+
+
+def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray:
+    """Device order of one pipeline on a mixed cluster, chosen once per
+    (variant, pp, schedule) by :func:`pipesearch.ilp.map_pipeline` for the
+    iteration-time objective at the first micro-batching evaluated; the
+    solver's status, bound and gap go into the plan's options."""
+    from .ilp import map_pipeline
+
+    key = ("mapped", id(variant), row["pp"], row["schedule"])
+    if key not in ctx:
+        schedule = row["schedule"] if row["schedule"] in ANALYTIC_SCHEDULES else "1f1b"
+        result = map_pipeline(variant.profile, cluster, ctx["job"], pp=row["pp"],
+                              micro_batch_size=row["micro_batch_size"], num_micro_batches=row["num_micro_batches"],
+                              schedule=schedule, objective="iteration", profiled_device=ctx["profiled_device"],
+                              time_limit_s=ctx.get("time_limit_s", 10.0))
+        ctx[key] = (np.array(result.devices, dtype=np.int64)[:, None], {
+            "method": result.method, "status": result.status, "objective_s": result.objective_s,
+            "best_bound_s": result.best_bound_s, "gap": result.gap, "wall_s": round(result.wall_s, 4)})
+    return ctx[key][0]
+
+
+def _same_links(cluster, variant, row, first: str, links_cache) -> bool:
     """Whether this point's placement puts every boundary and every all-reduce
-    on the same links as the first placement (then both score the same and
-    only the first is evaluated)."""
+    on the same devices' links as the group's first placement (then both score
+    the same and only the first is evaluated)."""
+    if not cluster.is_homogeneous:
+        return False
     pp, dp, vp = row["pp"], row["dp"], row["vp"]
 
     def links(order):
@@ -267,7 +329,7 @@ def _same_links(cluster, variant, row, options, links_cache) -> bool:
             links_cache[key] = placement_links(cluster, slots)
         return links_cache[key]
 
-    return links(row["placement"]) == links(options.placements[0])
+    return links(row["placement"]) == links(first)
 
 
 def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndarray]:
@@ -332,7 +394,8 @@ def search(
             profiled model has one).
         cluster, job: where and what.
         options: pins and knobs.
-        profiled_device: device the profile was measured on (for time scaling).
+        profiled_device: device the profile was measured on (for time
+            scaling); on a mixed cluster ``None`` means the first group's type.
         progress: called as ``progress(done, total)`` over the (variant, pp,
             dp) groups of the space.
 
@@ -344,8 +407,13 @@ def search(
     """
     start = time.perf_counter()
     _check_options(variants, cluster, job, options)
+    if profiled_device is None and not cluster.is_homogeneous:
+        # times measured on an unknown device: take them as the first group's and
+        # scale the other device types by their FLOP rates
+        profiled_device = cluster.device_spec(0)
+    precision = profile_precision(variants[0].profile)
     fastest = min(
-        device_time_scale(profiled_device, cluster.device_spec(d)) for d in range(cluster.num_devices)
+        device_time_scale(profiled_device, cluster.device_spec(d), precision) for d in range(cluster.num_devices)
     )
     rows: list[dict] = []
     counts: Counter = Counter()
@@ -368,6 +436,7 @@ def search(
     family_times: list[float] = []  # sorted best time of every family seen
     in_flight_cache: dict = {}
     links_cache: dict = {}
+    placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s}
 
     def pruned(bound: float) -> bool:
         return (not options.exhaustive and len(family_times) >= keep
@@ -377,10 +446,11 @@ def search(
         if progress:
             progress(done, len(groups))
         if pruned(group_bound):
-            counts["pruned"] += sum(1 for *_, st in expand_group(variant, pp, dp, job, options) if st is None)
+            counts["pruned"] += sum(1 for *_, st in expand_group(variant, pp, dp, job, options, cluster)
+                                   if st is None)
             continue
         todo = []
-        for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options):
+        for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
             row = dict(tp=variant.tp, recompute=variant.recompute, pp=pp, dp=dp, schedule=schedule, vp=vp,
                        micro_batch_size=mbs, num_micro_batches=m, placement=placement, status=status,
                        iteration_time_s=np.nan, samples_per_s=np.nan, peak_memory_bytes=np.nan,
@@ -400,11 +470,12 @@ def search(
             if _surely_out_of_memory(floor, row, inflight, capacity):
                 row["status"] = "out_of_memory"
                 continue
-            if row["placement"] != options.placements[0] and _same_links(cluster, variant, row, options, links_cache):
+            if row["placement"] != options.placements[0] and _same_links(cluster, variant, row,
+                                                                         options.placements[0], links_cache):
                 row["status"] = "same_as_other_placement"
                 continue
             plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                                    links_cache)
+                                    links_cache, placement_ctx)
             if plan is None:
                 continue
             t = plan.predicted.iteration_time_s
@@ -504,13 +575,17 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     return float((m + (pp - 1) / vp) * tau.max() + ar_dev.max())
 
 
-def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache=None, links_cache=None):
+def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache=None, links_cache=None,
+              placement_ctx=None):
     pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
     schedule, vp = row["schedule"], row["vp"]
     stages = pp * vp
-    device_slots = pipeline_placement(pp, dp, row["placement"]) * variant.tp
+    if placement_ctx is None:
+        placement_ctx = {"job": job, "profiled_device": profiled_device}
+    device_slots = placement_array(cluster, variant, row, placement_ctx)
     slots = device_slots[np.arange(stages) % pp]
-    key = (pp, dp, vp, variant.tp, row["placement"])
+    key = (pp, dp, vp, variant.tp, row["placement"]) + (
+        (id(variant), schedule) if row["placement"] == "mapped" else ())
     if links_cache is None or key not in links_cache:
         links = placement_links(cluster, slots)
         if links_cache is not None:
@@ -536,7 +611,10 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
             return None, costs
     analytic = analytic_time_s(schedule, costs, result.bounds, pp, vp)
     stage_plans = _stage_plans(variant, costs, result.bounds, slots, cluster)
-    extra = (("placement", row["placement"]), ("recompute", variant.recompute)) + variant.extra + (
+    mapping_info = ()
+    if row["placement"] == "mapped":
+        mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp, schedule)][1]),)
+    extra = (("placement", row["placement"]), ("recompute", variant.recompute)) + variant.extra + mapping_info + (
         ("analytic_iteration_time_s", analytic),)
     plan = Plan(
         rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,

@@ -1,0 +1,78 @@
+"""``pipesearch profile``: measure a PyTorch model layer by layer, write a profile CSV."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from ..errors import InputError
+from ..profiler import CLOCKS, DTYPES, build_model, import_torch, load_factory, profile_module, torch_dtype
+from ..profiles import write_profile_csv
+from . import main
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"64,512"`` (or ``"64x512"``) -> ``(64, 512)``; every entry an integer >= 1."""
+    parts = [p.strip() for p in re.split(r"[,x]", text.strip())]
+    shape = tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else ()
+    if not shape or any(d < 1 for d in shape):
+        raise InputError(f"--input-shape {text!r}: expected the per-sample shape as positive integers "
+                         "separated by commas, e.g. 64,512")
+    return shape
+
+
+@main.command("profile")
+@click.argument("model_spec", metavar="MODULE:FACTORY")
+@click.option("--input-shape", required=True,
+              help="Shape of one sample (without the batch dimension), e.g. 64,512.")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), required=True,
+              help="Samples per batch to profile at (the profile's batch size).")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+              help="Dtype of the model and the input.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Discarded runs per layer.")
+@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed runs per layer (the median is kept).")
+@click.option("--clock", type=click.Choice(CLOCKS), default="auto", show_default=True,
+              help="Timer: cpu = the thread's CPU time (less sensitive to other work on the host), wall = wall clock; "
+                   "auto = cpu with one thread on CPU.")
+@click.option("--name", help="Model name in the profile (default: the factory's module name).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and the model.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="profile.csv",
+              show_default=True, help="Profile CSV to write.")
+def profile_command(model_spec, input_shape, batch_size, dtype, warmup, repeats, clock, name, seed, output):
+    """Profile a PyTorch model on this machine's CPU, one layer at a time.
+
+    MODULE:FACTORY names a function returning the model (an nn.Sequential, a
+    module with a `layers` ModuleList, or a module whose children run in
+    order); MODULE is a module path importable from the current directory or
+    a .py file. The input is random, of shape (batch size, *input shape).
+    Timings use one CPU thread (torch.set_num_threads(1)) and, by default,
+    that thread's CPU time, which other work on the host inflates less;
+    layer names are the module FQNs, ready for torch.distributed.pipelining
+    split points.
+
+    \b
+    Examples:
+      pipesearch profile tests/e2e_model.py:make_model --input-shape 1024 --batch-size 64 -o e2e.csv
+      pipesearch plan --model e2e.csv --cluster 1x2-cpu --pp 2 --num-micro-batches 4 -b 256
+    """
+    torch = import_torch()
+    shape = parse_shape(input_shape)
+    factory = load_factory(model_spec)
+    torch.manual_seed(seed)
+    model = build_model(factory, model_spec)
+    dt = torch_dtype(dtype)
+    model = model.to(dt)
+    x = torch.randn(batch_size, *shape, dtype=dt)
+    module_text = model_spec.rpartition(":")[0]
+    default_name = Path(module_text).stem if module_text.endswith(".py") else module_text.rpartition(".")[2]
+    profile = profile_module(model, x, batch_size=batch_size, warmup=warmup, repeats=repeats, device="cpu", clock=clock,
+                             name=name or default_name,
+                             source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
+                                    f"--batch-size {batch_size} --dtype {dtype}")
+    write_profile_csv(profile, output)
+    total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
+    click.echo(f"{profile.name}: {profile.num_layers} layers, batch {batch_size}, forward+backward "
+               f"{1e3 * total:.2f} ms on 1 CPU thread; wrote {output}")

@@ -1,0 +1,376 @@
+"""Profile a PyTorch model layer by layer into a :class:`~pipesearch.types.ModelProfile`.
+
+``profile_module(model, example_input, batch_size=N)`` measures, for every
+layer of a model that runs as a chain (an ``nn.Sequential``, a module whose
+only child is a ``layers`` ``ModuleList``/``Sequential``, or any module whose
+children run in order), at the batch size of ``example_input``:
+
+* ``fwd_s``: forward time, the median over ``repeats`` runs after ``warmup``
+  runs. Runs are interleaved: each pass times every layer once, in order, so
+  a burst of other work on the host slows a pass (which the median drops)
+  rather than one layer (which would skew the split);
+* ``bwd_s``: backward time, the median of ``torch.autograd.backward`` on the
+  layer's output with a ones-like gradient. The layer's input requires grad,
+  so the time includes the input gradient a pipeline stage sends back -- except
+  for the first layer, whose input is the data (no gradient is computed for it
+  in training either);
+* ``param_bytes``: the bytes of the layer's parameters;
+* ``output_bytes``: the bytes of its output (what a stage boundary after it
+  sends);
+* ``saved_bytes``: the bytes autograd keeps from the forward for the backward,
+  summed through ``torch.autograd.graph.saved_tensors_hooks`` over the
+  distinct storages of the saved tensors, parameters excluded (they are in
+  ``param_bytes``).
+
+Layer names are the children's fully qualified module names (``"0"``,
+``"1"``, ... for an ``nn.Sequential``; ``"layers.0"`` ... for a ``layers``
+list), so a plan's ``layer_names`` are the FQNs that
+``torch.distributed.pipelining`` split points and ``get_submodule`` take.
+
+Measurement runs with ``torch.set_num_threads(1)`` (restored afterwards): one
+intra-op thread gives stable timings on a shared host and is the setting the
+CPU pipeline runtime (:mod:`pipesearch.runtime.torch_pipeline`) trains with,
+one thread per stage process. With one thread on CPU the default clock is the
+thread's CPU time (``time.thread_time``), so the time the thread waits for a
+core on a host busy with other work is not counted (co-runners still slow
+the compute itself through shared caches and memory bandwidth);
+``clock="wall"`` measures wall time instead.
+
+torch is imported lazily; without it the functions raise
+:class:`~pipesearch.errors.InputError` with the install hint.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import InputError
+from .types import Layer, ModelProfile
+
+TORCH_HINT = "pip install torch (CPU wheels: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+def import_torch():
+    """``torch``, or :class:`InputError` with the install hint when it is missing."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise InputError(f"profiling needs PyTorch, which is not importable ({exc}); {TORCH_HINT}") from None
+    return torch
+
+
+# ---------------------------------------------------------------- layers of a model
+
+
+def model_layers(model) -> list[tuple[str, Any]]:
+    """The chain of ``(fqn, module)`` a model runs, in order.
+
+    * ``nn.Sequential``: its children (names ``"0"``, ``"1"``, ...);
+    * a module whose only child is ``layers`` (a ``ModuleList`` or
+      ``Sequential``): that list's entries, named ``"layers.<i>"``;
+    * any other module: its children in registration order, which the caller
+      asserts is the order its ``forward`` runs them, each feeding the next.
+
+    Raises:
+        InputError: not an ``nn.Module``, or a module without children.
+    """
+    torch = import_torch()
+    nn = torch.nn
+    if not isinstance(model, nn.Module):
+        raise InputError(f"cannot profile {type(model).__name__}: expected a torch.nn.Module")
+    children = list(model.named_children())
+    if isinstance(model, nn.Sequential):
+        layers = children
+    elif (len(children) == 1 and children[0][0] == "layers"
+          and isinstance(children[0][1], (nn.ModuleList, nn.Sequential))):
+        layers = [(f"layers.{name}", mod) for name, mod in children[0][1].named_children()]
+    else:
+        layers = children
+    if not layers:
+        raise InputError(f"cannot profile {type(model).__name__}: it has no child modules to use as layers "
+                         "(give an nn.Sequential or a module with a 'layers' ModuleList)")
+    return layers
+
+
+# ---------------------------------------------------------------- measurement helpers
+
+
+def _as_tuple(value) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _tensors(value) -> list:
+    torch = import_torch()
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _storage_key(tensor):
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
+        return id(tensor), tensor.numel() * tensor.element_size()
+
+
+def _sync(torch, device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _prepare_inputs(torch, inputs: tuple, requires_grad: bool) -> tuple:
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            x = x.detach()
+            if requires_grad and x.is_floating_point():
+                x.requires_grad_(True)
+        out.append(x)
+    return tuple(out)
+
+
+def _saved_bytes(torch, layer, inputs: tuple) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one
+    forward of ``layer`` (parameters excluded)."""
+    params = {_storage_key(p)[0] for p in layer.parameters()}
+    seen: dict = {}
+
+    def pack(tensor):
+        key = _storage_key(tensor)
+        if key[0] not in params:
+            seen[key[0]] = max(seen.get(key[0], 0), key[1])
+        return tensor
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = layer(*inputs)
+    del out
+    return sum(seen.values())
+
+
+def _time_once(torch, layer, inputs: tuple, device, clock: Callable[[], float]) -> tuple[float, float, Any]:
+    """One forward and one backward of ``layer``: (forward s, backward s, output)."""
+    _sync(torch, device)
+    t0 = clock()
+    out = layer(*inputs)
+    _sync(torch, device)
+    t1 = clock()
+    outs = [t for t in _tensors(out) if t.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+    _sync(torch, device)
+    t2 = clock()
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            x.grad = None
+    return t1 - t0, t2 - t1, out
+
+
+def _layer_error(torch, fqn, layer, inputs, exc) -> InputError:
+    shapes = ", ".join(str(tuple(x.shape)) for x in inputs if isinstance(x, torch.Tensor))
+    return InputError(f"layer {fqn!r} ({type(layer).__name__}) failed on input of shape "
+                      f"{shapes}: {exc}".replace("\n", " "))
+
+
+# ---------------------------------------------------------------- public API
+
+
+CLOCKS = ("auto", "cpu", "wall")
+
+
+def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, repeats: int = 10,
+                   device: str = "cpu", name: str | None = None, num_threads: int | None = 1,
+                   clock: str = "auto", source: str = "") -> ModelProfile:
+    """Profile ``model`` layer by layer (see the module doc for what is measured).
+
+    Args:
+        model: an ``nn.Module`` that runs as a chain of layers (see
+            :func:`model_layers`).
+        example_input: the input of the first layer (a tensor or a tuple of
+            tensors), batch dimension first, of ``batch_size`` samples.
+        batch_size: samples in ``example_input`` (the profile's batch size).
+        warmup, repeats: runs discarded, then runs whose median is kept.
+        device: where to run (``"cpu"``; ``"cuda"`` synchronizes around each
+            timing). Also recorded as the profile's device.
+        name: the profile's model name (default: the model's class name).
+        num_threads: intra-op threads during measurement (default 1, restored
+            afterwards; ``None`` leaves torch's setting alone).
+        clock: ``"wall"`` (``time.perf_counter``), ``"cpu"`` (the calling
+            thread's CPU time, ``time.thread_time``: with one intra-op thread
+            on CPU, forward and CPU autograd both run in the calling thread,
+            so this is the compute time without the time the thread waited
+            for a core on a busy host) or ``"auto"``: ``"cpu"`` on a CPU
+            device with ``num_threads=1``, else ``"wall"``.
+        source: provenance text stored with the profile.
+
+    Returns:
+        A :class:`ModelProfile` at ``batch_size`` with ``profiled_device =
+        device`` and ``bytes_per_param`` the parameters' element size.
+
+    Raises:
+        InputError: torch missing, not a module, no layers, a batch size or
+            repeat count < 1, or a layer that fails to run on its input.
+    """
+    torch = import_torch()
+    if batch_size < 1:
+        raise InputError(f"batch size {batch_size} must be >= 1")
+    if repeats < 1 or warmup < 0:
+        raise InputError(f"repeats {repeats} must be >= 1 and warmup {warmup} >= 0")
+    if clock not in CLOCKS:
+        raise InputError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
+    layers = model_layers(model)
+    dev = torch.device(device)
+    if clock == "auto":
+        clock = "cpu" if dev.type == "cpu" and num_threads == 1 else "wall"
+    if clock == "cpu" and (dev.type != "cpu" or num_threads != 1):
+        raise InputError("clock 'cpu' measures one thread: it needs device 'cpu' and num_threads=1")
+    timer = time.thread_time if clock == "cpu" else time.perf_counter
+    model = model.to(dev)
+    model.train()
+    inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in _as_tuple(example_input))
+    params = [p for p in model.parameters()]
+    bytes_per_param = float(params[0].element_size()) if params else 4.0
+    old_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    out_layers: list[Layer] = []
+    try:
+        # 1. each layer's input (a no-grad pass down the chain), output and saved bytes
+        layer_inputs, outputs, saved = [], [], []
+        for index, (fqn, layer) in enumerate(layers):
+            args = _prepare_inputs(torch, inputs, requires_grad=index > 0)
+            try:
+                saved.append(_saved_bytes(torch, layer, args))
+                with torch.no_grad():
+                    out = layer(*args)
+            except (RuntimeError, TypeError, ValueError) as exc:
+                raise _layer_error(torch, fqn, layer, args, exc) from None
+            layer_inputs.append(args)
+            outputs.append(float(_nbytes(_tensors(out))))
+            inputs = tuple(t.detach() for t in _as_tuple(out))
+            del out
+        # 2. timing, interleaved: every pass times every layer once, so a burst of
+        #    other work on the host slows one pass (dropped by the median), not one layer
+        fwd: list[list[float]] = [[] for _ in layers]
+        bwd: list[list[float]] = [[] for _ in layers]
+        for k in range(warmup + repeats):
+            for index, (fqn, layer) in enumerate(layers):
+                try:
+                    f, b, out = _time_once(torch, layer, layer_inputs[index], dev, timer)
+                except (RuntimeError, TypeError, ValueError) as exc:
+                    raise _layer_error(torch, fqn, layer, layer_inputs[index], exc) from None
+                del out
+                if k >= warmup:
+                    fwd[index].append(f)
+                    bwd[index].append(b)
+        for index, (fqn, layer) in enumerate(layers):
+            out_layers.append(Layer(
+                name=fqn, fwd_s=statistics.median(fwd[index]), bwd_s=statistics.median(bwd[index]),
+                param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
+                output_bytes=outputs[index],
+                saved_bytes=float(saved[index]),
+            ))
+    finally:
+        for p in model.parameters():
+            p.grad = None
+        if num_threads is not None:
+            torch.set_num_threads(old_threads)
+    threads = f"{num_threads} thread(s)" if num_threads is not None else f"{old_threads} threads"
+    note = (f"pipesearch profile: torch {torch.__version__}, {device}, {threads}, {clock} clock, "
+            f"median of {repeats} runs after {warmup} warm-up")
+    return ModelProfile(
+        name=name or type(model).__name__,
+        layers=tuple(out_layers),
+        profiled_batch_size=int(batch_size),
+        profiled_device=device,
+        bytes_per_param=bytes_per_param,
+        source="\n".join(s for s in (source, note) if s),
+    )
+
+
+def load_factory(spec: str) -> Callable[[], Any]:
+    """The callable named by ``MODULE:FACTORY``.
+
+    ``MODULE`` is a dotted module path importable from the current directory
+    (``mypkg.models``) or a Python file path (``models/small.py``).
+
+    Raises:
+        InputError: malformed spec, module not importable, no such attribute,
+            not callable.
+    """
+    module_text, sep, attr = spec.rpartition(":")
+    if not sep or not module_text or not attr:
+        raise InputError(f"model {spec!r}: expected MODULE:FACTORY, e.g. mypkg.models:make_model "
+                         "or path/to/models.py:make_model")
+    path = Path(module_text)
+    try:
+        if module_text.endswith(".py") or "/" in module_text or path.is_file():
+            if not path.is_file():
+                raise InputError(f"model {spec!r}: file {module_text!r} does not exist")
+            mod_name = f"_pipesearch_user_{abs(hash(str(path.resolve())))}"
+            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise InputError(f"model {spec!r}: cannot load {module_text!r} as a Python file")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[mod_name] = module
+            parent = str(path.resolve().parent)
+            if parent not in sys.path:
+                sys.path.insert(0, parent)
+            loader_spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and "." not in sys.path:
+                sys.path.insert(0, "")
+            module = importlib.import_module(module_text)
+    except InputError:
+        raise
+    except ImportError as exc:
+        raise InputError(f"model {spec!r}: cannot import {module_text!r} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - user code failing at import time
+        raise InputError(f"model {spec!r}: importing {module_text!r} failed: "
+                         f"{type(exc).__name__}: {exc}".replace("\n", " ")) from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise InputError(f"model {spec!r}: module {module_text!r} has no attribute {attr!r}")
+    if not callable(factory):
+        raise InputError(f"model {spec!r}: {attr!r} is a {type(factory).__name__}, not a callable")
+    return factory
+
+
+def build_model(factory: Callable[[], Any], spec: str = "factory"):
+    """``factory()``, checked to be an ``nn.Module``.
+
+    Raises:
+        InputError: torch missing, the factory raising, or returning a non-module.
+    """
+    torch = import_torch()
+    try:
+        model = factory()
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise InputError(f"model {spec!r}: the factory raised {type(exc).__name__}: {exc}".replace("\n", " ")) from None
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model {spec!r}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def torch_dtype(name: str):
+    """The torch dtype named ``name`` (one of :data:`DTYPES`)."""
+    torch = import_torch()
+    if name not in DTYPES:
+        raise InputError(f"dtype {name!r}: expected one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
