@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import PlanFormatError
-from .types import Plan, Prediction, StagePlan
+from .output import write_text
+from .types import MAX_MICRO_BATCHES, SCHEDULES, Plan, Prediction, StagePlan
 
 SCHEMA = "pipesearch.plan/1"
 
@@ -116,18 +115,12 @@ def to_json(plan_file: PlanFile) -> str:
 
 
 def dump_plan_file(plan_file: PlanFile, path: str | Path) -> None:
-    """Write atomically: a temporary file in the same directory, then rename,
-    so a failure never leaves a half-written plan file."""
-    path = Path(path)
-    text = to_json(plan_file)
-    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write the plan file all or nothing (:func:`pipesearch.output.write_text`).
+
+    Raises:
+        InputError: the path cannot be written.
+    """
+    write_text(path, to_json(plan_file), "plan file")
 
 
 # --- validation -------------------------------------------------------------
@@ -202,8 +195,23 @@ def plan_from_dict(obj: dict, where: str = "plan") -> tuple[Plan, dict | None]:
             "memory_capacity_bytes")}),
         extra=extra,
     )
+    for key, value in (("parallelism.pp", plan.pp), ("parallelism.dp", plan.dp), ("parallelism.tp", plan.tp),
+                       ("parallelism.vp", plan.vp), ("schedule.micro_batch_size", plan.micro_batch_size),
+                       ("schedule.num_micro_batches", plan.num_micro_batches)):
+        if value < 1:
+            raise PlanFormatError(f"{where}.{key}: must be >= 1, got {value}")
+    if plan.num_micro_batches > MAX_MICRO_BATCHES:
+        raise PlanFormatError(f"{where}.schedule.num_micro_batches: {plan.num_micro_batches} is more than "
+                              f"{MAX_MICRO_BATCHES}")
+    if plan.schedule not in SCHEDULES:
+        raise PlanFormatError(f"{where}.schedule.name: {plan.schedule!r} is not one of {', '.join(SCHEDULES)}")
     if len(stages) != plan.pp * plan.vp:
         raise PlanFormatError(f"{where}: {len(stages)} stages but pp x vp = {plan.pp * plan.vp}")
+    for st in stages:
+        if len(st.devices) != plan.dp or any(not isinstance(d, int) or isinstance(d, bool) or d < 0
+                                             for d in st.devices):
+            raise PlanFormatError(f"{where}.stages[{st.index}].devices: expected {plan.dp} device ids >= 0 "
+                                  f"(one per data-parallel replica), got {list(st.devices)}")
     return plan, obj.get("exports")
 
 
@@ -234,6 +242,15 @@ def load_plan_text(text: str, source: str = "<text>") -> PlanFile:
     except PlanFormatError as exc:
         msg = str(exc)
         raise PlanFormatError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+    ranks = [p.rank for p, _ in pairs]
+    if len(set(ranks)) != len(ranks):
+        raise PlanFormatError(f"{source}: plan ranks repeat ({', '.join(map(str, ranks))})")
+    batch = inputs.get("job", {}).get("global_batch_size") if isinstance(inputs.get("job"), dict) else None
+    for k, (p, _) in enumerate(pairs):
+        if isinstance(batch, int) and p.micro_batch_size * p.num_micro_batches * p.dp != batch:
+            raise PlanFormatError(
+                f"{source}: plans[{k}]: micro_batch_size {p.micro_batch_size} x num_micro_batches "
+                f"{p.num_micro_batches} x dp {p.dp} != inputs.job.global_batch_size {batch}")
     exports = tuple(_freeze(e) for _, e in pairs if e is not None)
     return PlanFile(inputs=_freeze(inputs), search=_freeze(search), plans=tuple(p for p, _ in pairs),
                     exports=exports if len(exports) == len(pairs) else ())
@@ -243,9 +260,11 @@ def load_plan_file(path: str | Path) -> PlanFile:
     """Read and validate a plan file (see :func:`load_plan_text`)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PlanFormatError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise PlanFormatError(f"{path}: not a plan file (not UTF-8 text)") from None
     return load_plan_text(text, str(path))
 
 

@@ -37,11 +37,11 @@ from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, pipe
 from .errors import InfeasibleError, InputError
 from .partition import SplitResult, optimal_split
 from .simulate import simulate
-from .types import Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
+from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
 
 ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
 #: every schedule the search knows; the first two have an exact analytic split
-ALL_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs")
+ALL_SCHEDULES = SCHEDULES
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs")
 
@@ -366,9 +366,15 @@ def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int) -
 
     1F1B-style schedules need at least as many micro-batches as stages
     (torch.distributed.pipelining's Schedule1F1B refuses fewer); Megatron-LM's
-    interleaved schedule needs ``m`` to be a multiple of ``pp``; every virtual
-    stage needs at least one layer.
+    interleaved schedule needs ``m`` to be a multiple of ``pp`` and at least
+    two virtual stages per device; every virtual stage needs at least one
+    layer; more than :data:`pipesearch.types.MAX_MICRO_BATCHES` micro-batches
+    are refused.
     """
+    if m > MAX_MICRO_BATCHES:
+        return "too_many_micro_batches"
+    if schedule == "interleaved-1f1b" and vp < 2:
+        return "schedule_refused"
     if schedule in ("1f1b", "zb-h1", "interleaved-1f1b") and m < pp:
         return "schedule_refused"
     if schedule == "interleaved-1f1b" and m % pp:
@@ -672,6 +678,16 @@ def _check_options(variants, cluster, job, options):
         value = getattr(options, name)
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} {value} must be >= 1")
+    tp_min = min(v.tp for v in variants)
+    for name, value in (("--pp", options.pp), ("--dp", options.dp)):
+        if value and value * tp_min > cluster.num_devices:
+            raise InputError(f"{name} {value} needs {value * tp_min} devices, cluster {cluster.name} has "
+                             f"{cluster.num_devices}")
+    if tp_min > cluster.num_devices:
+        raise InputError(f"--tp {tp_min} needs {tp_min} devices, cluster {cluster.name} has {cluster.num_devices}")
+    if options.num_micro_batches and options.num_micro_batches > job.global_batch_size:
+        raise InputError(f"--num-micro-batches {options.num_micro_batches} is more than the global batch "
+                         f"{job.global_batch_size}: every micro-batch needs at least one sample")
     if options.pp and options.dp and options.pp * options.dp * variants[0].tp > cluster.num_devices:
         raise InputError(
             f"--pp {options.pp} x --dp {options.dp} needs {options.pp * options.dp} devices, "

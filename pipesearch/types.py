@@ -232,7 +232,12 @@ class Cluster:
         raise IndexError(f"device id {device_id} >= {self.num_devices} devices")
 
 
-SCHEDULES = ("gpipe", "1f1b")
+#: every schedule pipesearch knows (builders in :mod:`pipesearch.schedules`)
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs")
+
+#: more micro-batches per iteration than this are refused: the schedules and
+#: the simulator hold every action, and no runtime accumulates that many
+MAX_MICRO_BATCHES = 16384
 
 
 @dataclass(frozen=True)
@@ -258,14 +263,12 @@ class Job:
         optimizer_bytes_per_param: the shardable part of
             ``state_bytes_per_param`` (12 for mixed-precision Adam: fp32
             master weights, momentum, variance).
-        schedules: schedules the search may choose from.
     """
 
     global_batch_size: int
     state_bytes_per_param: float = 16.0
     grad_bytes_per_param: float | None = None
     memory_reserve_bytes: float = 1 << 30
-    schedules: tuple[str, ...] = SCHEDULES
     zero1: bool = False
     optimizer_bytes_per_param: float = 12.0
 

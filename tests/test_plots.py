@@ -123,7 +123,7 @@ def test_plan_plot_dir_with_json_keeps_stdout_json(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["plan", *VGG, "--pp", "2", "--json", "--plot-dir", str(figs)])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert len(calls) == 1 and calls[0][1] == str(figs)
+    assert len(calls) == 1 and str(calls[0][1]) == str(figs)
     assert calls[0][0].plans[0].rank == 1 and len(calls[0][0].plans) == len(doc["plans"])
 
 

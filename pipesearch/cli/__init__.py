@@ -12,11 +12,31 @@ import sys
 
 import click
 
+from .. import __version__
 from ..errors import PipesearchError
 
 
 class _Group(click.Group):
-    """Maps pipesearch errors to one line on stderr and exit status 2."""
+    """Maps pipesearch errors and command-line usage errors to one line on
+    stderr and exit status 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
+            click.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx):
         try:
@@ -29,7 +49,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="pipesearch")
+@click.version_option(version=__version__, prog_name="pipesearch")
 def main():
     """pipesearch: exact search for pipeline-parallel training plans.
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 from ..export import FORMATS, export_plan
+from ..output import check_writable, write_text
 from ..plan import load_plan_file, select_plan
 from . import main
-from .simulate_cmd import write_atomic
 
 
 @main.command("export")
@@ -33,10 +32,12 @@ def export_command(plans, rank, fmt, output):
       pipesearch export plans.json --rank 2 --format deepspeed -o ds.json
       pipesearch export plans.json --format megatron
     """
+    if output:
+        check_writable(output, "export")
     plan = select_plan(load_plan_file(plans), rank, plans)
     text = json.dumps(export_plan(plan, fmt), indent=2) + "\n"
     if output:
-        write_atomic(Path(output), lambda p: p.write_text(text))
+        write_text(output, text, "export")
         click.echo(f"wrote {output}")
     else:
         click.echo(text, nl=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,9 +12,11 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from ..errors import InputError
 from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..models import RECOMPUTE_MODES, load_model_source
+from ..output import check_writable, write_output
 from ..plan import PlanFile, dump_plan_file, to_json
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
@@ -99,7 +103,7 @@ class _Progress:
 @click.option("--cluster", "cluster_name", default=DEFAULT_CLUSTER, show_default=True,
               help="Catalog name (see `pipesearch catalog hardware`) or a cluster TOML file.")
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the node count of the cluster.")
-@click.option("--global-batch-size", "-b", type=click.IntRange(min=1), default=DEFAULT_BATCH, show_default=True,
+@click.option("--global-batch-size", "-b", type=click.IntRange(min=1, max=2**31 - 1), default=DEFAULT_BATCH, show_default=True,
               help="Samples per iteration across all data-parallel replicas.")
 @click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (transformers; default: the config's).")
 @click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline-parallel degree.")
@@ -146,10 +150,33 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model resnet50 --cluster 1x4-v100-pcie --pp 2 --split 20,20
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
     """
+    # every output is checked before the search, so a bad path costs nothing and leaves nothing
+    out = None if (as_json and not output) else check_writable(output or DEFAULT_OUTPUT, "plan file")
+    if all_points:
+        check_writable(all_points, "--all-points")
+    if plot_dir:
+        plot_dir = Path(plot_dir)
+        if not plot_dir.exists() and plot_dir.parent.is_dir():
+            try:
+                plot_dir.mkdir()
+            except OSError:
+                pass
+        if not plot_dir.is_dir() or not os.access(plot_dir, os.W_OK):
+            raise InputError(f"--plot-dir {plot_dir}: not a writable directory (its parent must exist)")
+    try:
+        reserve = parse_bytes(memory_reserve)
+    except InputError as exc:
+        raise InputError(f"--memory-reserve: {exc}") from None
+    if not math.isfinite(optimizer_bytes_per_param):
+        raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
     cluster = load_cluster(cluster_name, nodes=nodes)
+    smallest = min(g.device.memory_bytes for g in cluster.groups)
+    if reserve >= smallest:
+        raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
+                         f"devices of {cluster.name}; lower it (default 1GiB)")
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
-              memory_reserve_bytes=parse_bytes(memory_reserve), zero1=zero1)
+              memory_reserve_bytes=reserve, zero1=zero1)
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
@@ -178,14 +205,13 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     )
     text = to_json(plan_file)
     if all_points:
-        result.points.to_csv(all_points, index=False)
+        write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")
     if as_json:
-        if output:
-            dump_plan_file(plan_file, output)
+        if out:
+            dump_plan_file(plan_file, out)
         click.echo(text, nl=False)
         _write_plots(plot_dir, text, output or "plan JSON", echo=False)
         return
-    out = Path(output or DEFAULT_OUTPUT)
     dump_plan_file(plan_file, out)
     if not quiet:
         devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)

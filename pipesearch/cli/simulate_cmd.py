@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import click
 
+from ..output import check_writable, write_output, write_text
 from ..plan import load_plan_file, select_plan
 from ..schedules import build, to_torch_csv
 from ..search import simulate_plan
@@ -24,18 +21,6 @@ def plan_title(plan_file, plan, iteration_time_s: float) -> str:
     return (f"{model} on {cluster}, global batch {batch}: pp {plan.pp} x dp {plan.dp} x tp {plan.tp}{vp}, "
             f"{plan.schedule}, {plan.micro_batch_size} x {plan.num_micro_batches} micro-batches; "
             f"iteration {format_seconds(iteration_time_s)}")
-
-
-def write_atomic(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` then rename onto ``path``; nothing is left on failure."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @main.command("simulate")
@@ -57,6 +42,13 @@ def simulate_command(plans, rank, timeline, torch_csv):
       pipesearch simulate plans.json --rank 1 --timeline timeline.png
       pipesearch simulate plans.json --torch-csv order.csv
     """
+    if timeline:
+        from ..plots.common import check_output
+
+        check_output(timeline)
+        check_writable(timeline, "timeline")
+    if torch_csv:
+        check_writable(torch_csv, "torch CSV")
     plan_file = load_plan_file(plans)
     plan = select_plan(plan_file, rank, plans)
     total_s, tl = simulate_plan(plan)
@@ -71,9 +63,9 @@ def simulate_command(plans, rank, timeline, torch_csv):
     if timeline:
         from ..plots.timeline import plot_timeline
 
-        write_atomic(Path(timeline), lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s)))
+        write_output(timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s)), "timeline")
         click.echo(f"wrote {timeline}")
     if torch_csv:
         text = to_torch_csv(build(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp))
-        write_atomic(Path(torch_csv), lambda p: p.write_text(text))
+        write_text(torch_csv, text, "torch CSV")
         click.echo(f"wrote {torch_csv}")

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import tempfile
 from os import PathLike
 from pathlib import Path
 from typing import Iterator
@@ -229,18 +227,10 @@ def save(fig, path: str | PathLike[str]) -> Path:
 
 
 def _atomic(path: Path, write) -> Path:
-    """``write(tmp)`` into a temporary file next to ``path``, then rename it
-    onto ``path``: a failure never leaves a half-written figure."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a figure is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """All-or-nothing write (:func:`pipesearch.output.write_output`)."""
+    from ..output import write_output
+
+    return write_output(path, lambda tmp: write(str(tmp)), "figure")
 
 
 # --- entry points -------------------------------------------------------------

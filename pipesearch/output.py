@@ -1,0 +1,76 @@
+"""Writing output files safely: all or nothing, with a clear error.
+
+A regular file (or a new path) is written to a temporary file in the same
+directory and renamed onto the target, so a failure never leaves a
+half-written file and readers never see one. A path that is a symlink or a
+special file (``/dev/stdout``, a FIFO) is written through, in place, since
+renaming over it would replace the link or the device rather than write to it.
+New files get the usual permissions (``0666`` less the umask).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from .errors import InputError
+
+
+def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
+    """Check before any work is done that ``path`` can be written.
+
+    Raises:
+        InputError: empty path, a directory, a missing or unwritable parent
+            directory.
+    """
+    p = Path(path)
+    if str(path) == "":
+        raise InputError(f"{what}: empty file name")
+    if p.is_dir():
+        raise InputError(f"{what} {p}: is a directory; give a file name")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{what} {p}: directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputError(f"{what} {p}: not writable")
+    return p
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], what: str = "output") -> Path:
+    """Call ``write(file_path)`` so that ``path`` ends up holding its output.
+
+    Raises:
+        InputError: the path cannot be written (see :func:`check_writable`),
+            or the operating system refused the write.
+    """
+    p = check_writable(path, what)
+    try:
+        if p.is_symlink() or (p.exists() and not stat.S_ISREG(p.stat().st_mode)):
+            write(p)
+            return p
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=p.suffix)
+        os.close(fd)
+        try:
+            write(Path(tmp))
+            os.chmod(tmp, stat.S_IMODE(p.stat().st_mode) if p.exists() else _umask_mode())
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise InputError(f"{what} {p}: cannot write ({exc.strerror or exc})") from None
+    return p
+
+
+def write_text(path: str | os.PathLike[str], text: str, what: str = "output") -> Path:
+    """:func:`write_output` of a text."""
+    return write_output(path, lambda f: f.write_text(text), what)
