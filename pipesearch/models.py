@@ -15,7 +15,7 @@ from .catalog import resolve
 from .errors import InputError
 from .hardware import load_device
 from .profiles import load_model
-from .profiles.transformer import TransformerConfig, is_transformer_toml, layer_table, load_transformer
+from .profiles.transformer import TransformerConfig, layer_table, load_transformer
 from .search import ModelVariant
 from .types import Cluster, DeviceSpec
 
@@ -67,7 +67,7 @@ def load_model_source(
             does not apply (e.g. ``--tp 2`` on a profiled CNN).
     """
     path = resolve("model", name_or_path)
-    if path.suffix == ".json" or is_transformer_toml(path):
+    if path.suffix in (".json", ".toml"):  # transformer configs (the loader names a malformed key)
         cfg = load_transformer(path, seq_len=seq_len)
         device = cluster.device_spec(0)
         tps = [tp] if tp else _tp_candidates(cfg, cluster)
@@ -80,6 +80,8 @@ def load_model_source(
                     prof = layer_table(cfg, seq_len=seq_len, device=device, tp=t, sequence_parallel=t > 1,
                                        recompute=mode, tp_link=cluster.intra_node)
                 except InputError as exc:
+                    if tp:  # a pinned degree that does not fit the model: say which option
+                        raise InputError(f"--tp {tp}: {str(exc).removeprefix('layer_table: ')}") from None
                     first_error = first_error or exc
                     continue
                 variants.append(ModelVariant(prof, tp=t, recompute=mode,
@@ -91,6 +93,8 @@ def load_model_source(
                 "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size}
         # the layer tables are computed for device 0's type; other types scale by FLOP rate
         return ModelSource(cfg.name, tuple(variants), info, device, cfg)
+    if seq_len is not None:
+        raise InputError(f"--seq-len {seq_len}: needs a transformer config; {path.name} is a layer profile")
     if tp not in (None, 1):
         raise InputError(f"--tp {tp}: tensor parallelism needs a transformer config; {path.name} is a layer profile")
     if recompute not in (None, "none"):

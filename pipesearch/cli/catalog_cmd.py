@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 
 import click
 import pandas as pd
 
 from ..catalog import list_entries, resolve
+from ..errors import CatalogError
 from ..hardware import describe_cluster, load_cluster, load_device
 from ..units import format_bytes
 from . import main
@@ -27,7 +29,12 @@ def catalog_group():
 
 @catalog_group.command("models")
 def models_command():
-    """List the catalog's models (profiles and transformer configs)."""
+    """List the catalog's models (profiles and transformer configs).
+
+    \b
+    Example:
+      pipesearch catalog models
+    """
     from ..models import load_model_source
 
     rows = []
@@ -43,7 +50,12 @@ def models_command():
 
 @catalog_group.command("hardware")
 def hardware_command():
-    """List the catalog's devices and clusters."""
+    """List the catalog's devices and clusters.
+
+    \b
+    Example:
+      pipesearch catalog hardware
+    """
     rows = []
     for name in list_entries("device"):
         d = load_device(name)
@@ -65,11 +77,24 @@ def hardware_command():
 @catalog_group.command("show")
 @click.argument("name")
 def show_command(name):
-    """Show one catalog entry (device, cluster or model) as JSON."""
+    """Show one catalog entry: a cluster or device as JSON of its key figures,
+    a model as its file (profile CSV or transformer TOML).
+
+    \b
+    Examples:
+      pipesearch catalog show 2x8-a100-80gb
+      pipesearch catalog show a100-80gb
+      pipesearch catalog show vgg16
+    """
     for kind in ("cluster", "device"):
         if name in list_entries(kind):
             obj = describe_cluster(load_cluster(name)) if kind == "cluster" else load_device(name).__dict__
             click.echo(json.dumps(obj, indent=2, default=str))
             return
-    path = resolve("model", name)
-    click.echo(path.read_text())
+    if name in list_entries("model"):
+        click.echo(resolve("model", name).read_text())
+        return
+    every = [n for kind in ("model", "device", "cluster") for n in list_entries(kind)]
+    close = difflib.get_close_matches(name, every, n=4, cutoff=0.4)
+    hint = f"did you mean {', '.join(close)}?" if close else "`pipesearch catalog models` and `... hardware` list them"
+    raise CatalogError(f"no catalog entry {name!r} (models, devices, clusters); {hint}")

@@ -108,7 +108,7 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
             schedule other than ``1f1b``.
     """
     layers = plan_layers(plan, "deepspeed")
-    if plan.schedule != "1f1b":
+    if plan.schedule != "1f1b" and plan.pp > 1:  # one stage: any schedule is plain accumulation
         raise InputError(
             f"deepspeed: the pipeline engine always runs its TrainSchedule (synchronous 1F1B) and has no "
             f"{plan.schedule!r} schedule, so it would not run this plan as planned; re-plan with schedule '1f1b'"

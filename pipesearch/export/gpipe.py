@@ -57,7 +57,7 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             ``vp > 1``, ``tp > 1`` or an empty stage.
     """
     layers = plan_layers(plan, "gpipe")
-    if plan.schedule != "gpipe":
+    if plan.schedule != "gpipe" and plan.pp > 1:  # one stage: any schedule is plain accumulation
         raise InputError(
             f"gpipe: torchgpipe / fairscale Pipe run only GPipe's fill-drain schedule, the plan uses "
             f"{plan.schedule!r}; re-plan with schedule 'gpipe'"

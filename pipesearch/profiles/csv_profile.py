@@ -221,7 +221,7 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not data
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read profile CSV: {exc}") from None
     header, table = _split_lines(path, text)
