@@ -55,8 +55,8 @@ def profile_command(model_spec, input_shape, batch_size, dtype, warmup, repeats,
 
     \b
     Examples:
-      pipesearch profile tests/e2e_model.py:make_model --input-shape 1024 --batch-size 64 -o e2e.csv
-      pipesearch plan --model e2e.csv --cluster 1x2-cpu --pp 2 --num-micro-batches 4 -b 256
+      pipesearch profile tests/e2e_model.py:make_model --input-shape 1024 --batch-size 128 -o e2e.csv
+      pipesearch plan --model e2e.csv --cluster 1x2-cpu --pp 2 --num-micro-batches 4 -b 512
     """
     torch = import_torch()
     shape = parse_shape(input_shape)

@@ -1,0 +1,139 @@
+"""The torch layer profiler (pipesearch.profiler) and ``pipesearch profile``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+from pipesearch.errors import InputError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_missing_torch_is_an_input_error_with_the_install_hint(monkeypatch):
+    from pipesearch import profiler
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
+    with pytest.raises(InputError, match="pip install torch"):
+        profiler.import_torch()
+
+
+# ---------------------------------------------------------------- with torch
+
+try:
+    import torch
+    from torch import nn
+except ImportError:  # the tests below are skipped
+    torch = nn = None
+
+from pipesearch.profiler import model_layers, profile_module  # noqa: E402
+from pipesearch.profiles import load_model  # noqa: E402
+
+needs_torch = pytest.mark.skipif(torch is None, reason="the profiler needs PyTorch: pip install torch==2.13.0")
+
+BATCH = 4
+
+
+def _tiny():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+@needs_torch
+def test_profile_tiny_sequential_sizes_names_times():
+    prof = profile_module(_tiny(), torch.randn(BATCH, 16), batch_size=BATCH, warmup=1, repeats=3)
+    assert [lay.name for lay in prof.layers] == ["0", "1", "2"]
+    assert prof.profiled_batch_size == BATCH and prof.profiled_device == "cpu"
+    assert prof.bytes_per_param == 4
+    # parameters: (in * out + out) * 4 bytes
+    assert [lay.param_bytes for lay in prof.layers] == [(16 * 32 + 32) * 4, 0, (32 * 8 + 8) * 4]
+    # outputs: batch * features * 4 bytes
+    assert [lay.output_bytes for lay in prof.layers] == [BATCH * 32 * 4, BATCH * 32 * 4, BATCH * 8 * 4]
+    # saved for backward: a Linear keeps its input (its weight is a parameter, not counted),
+    # ReLU its output; plausible bounds rather than torch's exact choice
+    in_bytes = [BATCH * 16 * 4, BATCH * 32 * 4, BATCH * 32 * 4]
+    for lay, inp in zip(prof.layers, in_bytes):
+        assert 0 < lay.saved_bytes <= inp + lay.output_bytes
+    assert prof.layers[0].saved_bytes >= in_bytes[0] and prof.layers[2].saved_bytes >= in_bytes[2]
+    for lay in prof.layers:
+        assert lay.fwd_s > 0 and lay.bwd_s > 0
+    assert "1 thread" in prof.source
+
+
+@needs_torch
+def test_profile_restores_threads_and_clears_grads():
+    model = _tiny()
+    threads = torch.get_num_threads()
+    profile_module(model, torch.randn(BATCH, 16), batch_size=BATCH, warmup=0, repeats=1, clock="wall")
+    assert torch.get_num_threads() == threads
+    assert all(p.grad is None for p in model.parameters())
+
+
+@needs_torch
+def test_layers_of_a_module_with_a_layers_list():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Tanh()])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    assert [n for n, _ in model_layers(Net())] == ["layers.0", "layers.1"]
+    prof = profile_module(Net(), torch.randn(2, 8), batch_size=2, warmup=0, repeats=1)
+    assert [lay.name for lay in prof.layers] == ["layers.0", "layers.1"]
+
+
+@needs_torch
+def test_profile_rejects_bad_arguments():
+    with pytest.raises(InputError, match="torch.nn.Module"):
+        profile_module(object(), torch.randn(2, 16), batch_size=2)
+    with pytest.raises(InputError, match="no child modules"):
+        profile_module(nn.Linear(2, 2), torch.randn(2, 2), batch_size=2)
+    with pytest.raises(InputError, match="layer '0'"):
+        profile_module(_tiny(), torch.randn(2, 5), batch_size=2, warmup=0, repeats=1)
+    with pytest.raises(InputError, match="clock"):
+        profile_module(_tiny(), torch.randn(2, 16), batch_size=2, clock="sundial")
+
+
+@needs_torch
+def test_cli_profile_writes_a_csv_that_load_model_reads(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "x.csv"
+    result = CliRunner().invoke(main, ["profile", "tests/e2e_model.py:make_model", "--input-shape", "1024",
+                                       "--batch-size", "8", "--warmup", "1", "--repeats", "2", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    prof = load_model(str(out))
+    assert prof.name == "e2e_model" and prof.profiled_batch_size == 8 and prof.profiled_device == "cpu"
+    assert [lay.name for lay in prof.layers] == [str(i) for i in range(8)]
+    assert prof.layers[0].param_bytes == (1024 * 1024 + 1024) * 4
+    assert prof.layers[-1].output_bytes == 8 * 320 * 4
+    assert all(lay.fwd_s > 0 and lay.bwd_s > 0 for lay in prof.layers)
+
+
+@needs_torch
+def test_cli_profile_errors_exit_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models.py").write_text(
+        "def not_a_model():\n    return 42\n\n\ndef broken():\n    raise ValueError('no')\n")
+    runner = CliRunner()
+    cases = [
+        (["nocolon"], "MODULE:FACTORY"),
+        (["no_such_module_xyz:make"], "cannot import"),
+        (["models.py:missing"], "no attribute"),
+        (["models.py:not_a_model"], "not a torch.nn.Module"),
+        (["models:broken"], "factory raised"),
+        (["missing/file.py:f"], "does not exist"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(main, ["profile", *args, "--input-shape", "4", "--batch-size", "2", "-o", "o.csv"])
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+    result = runner.invoke(main, ["profile", "models.py:not_a_model", "--input-shape", "4,x", "--batch-size", "2"])
+    assert result.exit_code == 2 and "--input-shape" in result.output
