@@ -376,7 +376,7 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
 
 def _add_hint(cm: CpSatModel, problem: MappingProblem, order: Sequence[int], bounds: Sequence[int]) -> None:
     """Hint every variable with the solution (order, bounds)."""
-    md, P, L, D = cm.model, problem.pp, problem.num_layers, problem.num_devices
+    md, P, D = cm.model, problem.pp, problem.num_devices
     md.ClearHints()
     stage = np.repeat(np.arange(P), np.diff(bounds))
     for (l, k), v in cm.x.items():

@@ -76,7 +76,7 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .costs import (PRECISIONS, PipelineCosts, build_pipeline_costs, device_rate_flops, in_flight_micro_batches,
+from .costs import (PipelineCosts, build_pipeline_costs, device_rate_flops, in_flight_micro_batches,
                     pipeline_placement, profile_precision)
 
 

@@ -135,8 +135,8 @@ def test_plot_dir_that_is_a_file(vgg_pruned, tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_deterministic_bytes(kind, vgg_exhaustive, tmp_path):
-    a = render(kind, vgg_exhaustive, tmp_path / f"a.png")
-    b = render(kind, vgg_exhaustive, tmp_path / f"b.png")
+    a = render(kind, vgg_exhaustive, tmp_path / "a.png")
+    b = render(kind, vgg_exhaustive, tmp_path / "b.png")
     assert a.read_bytes() == b.read_bytes()
 
 

@@ -3,7 +3,6 @@ refusals, and plans that replay in the simulator."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from pipesearch.hardware import load_cluster
