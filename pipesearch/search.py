@@ -63,9 +63,10 @@ class SearchOptions:
             (see :func:`pipesearch.costs.pipeline_placement`).
         exhaustive: evaluate every point instead of skipping those whose
             lower bound cannot enter the top plans (for plots of the space).
-        mapping_time_limit_s: CP-SAT time limit of each device-order search
-            on mixed clusters (used only when there are too many orders to
-            enumerate).
+        mapping_time_limit_s: work limit of each CP-SAT device-order search on
+            mixed clusters, in CP-SAT's deterministic time (about seconds; the
+            same limit gives the same answer on every run), used only when
+            there are too many orders to enumerate.
     """
 
     pp: int | None = None
@@ -79,7 +80,7 @@ class SearchOptions:
     simulate_top: int = 8
     placements: tuple[str, ...] = ("pipeline", "data")
     exhaustive: bool = False
-    mapping_time_limit_s: float = 10.0
+    mapping_time_limit_s: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -296,18 +297,18 @@ def placement_array(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dic
 
 def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray:
     """Device order of one pipeline on a mixed cluster, chosen once per
-    (variant, pp, schedule) by :func:`pipesearch.ilp.map_pipeline` for the
-    iteration-time objective at the first micro-batching evaluated; the
-    solver's status, bound and gap go into the plan's options."""
+    (variant, pp) by :func:`pipesearch.ilp.map_pipeline` for the 1F1B
+    iteration-time objective at the first micro-batching evaluated (the
+    schedule changes only the in-flight memory); the solver's status, bound
+    and gap go into the plan's options."""
     from .ilp import map_pipeline
 
-    key = ("mapped", id(variant), row["pp"], row["schedule"])
+    key = ("mapped", id(variant), row["pp"])
     if key not in ctx:
-        schedule = row["schedule"] if row["schedule"] in ANALYTIC_SCHEDULES else "1f1b"
         result = map_pipeline(variant.profile, cluster, ctx["job"], pp=row["pp"],
                               micro_batch_size=row["micro_batch_size"], num_micro_batches=row["num_micro_batches"],
-                              schedule=schedule, objective="iteration", profiled_device=ctx["profiled_device"],
-                              time_limit_s=ctx.get("time_limit_s", 10.0))
+                              schedule="1f1b", objective="iteration", profiled_device=ctx["profiled_device"],
+                              time_limit_s=4 * ctx["time_limit_s"], max_deterministic_time=ctx["time_limit_s"])
         ctx[key] = (np.array(result.devices, dtype=np.int64)[:, None], {
             "method": result.method, "status": result.status, "objective_s": result.objective_s,
             "best_bound_s": result.best_bound_s, "gap": result.gap, "wall_s": round(result.wall_s, 4)})
@@ -590,8 +591,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         placement_ctx = {"job": job, "profiled_device": profiled_device}
     device_slots = placement_array(cluster, variant, row, placement_ctx)
     slots = device_slots[np.arange(stages) % pp]
-    key = (pp, dp, vp, variant.tp, row["placement"]) + (
-        (id(variant), schedule) if row["placement"] == "mapped" else ())
+    key = (pp, dp, vp, variant.tp, row["placement"]) + ((id(variant),) if row["placement"] == "mapped" else ())
     if links_cache is None or key not in links_cache:
         links = placement_links(cluster, slots)
         if links_cache is not None:
@@ -619,7 +619,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     stage_plans = _stage_plans(variant, costs, result.bounds, slots, cluster)
     mapping_info = ()
     if row["placement"] == "mapped":
-        mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp, schedule)][1]),)
+        mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp)][1]),)
     extra = (("placement", row["placement"]), ("recompute", variant.recompute)) + variant.extra + mapping_info + (
         ("analytic_iteration_time_s", analytic),)
     plan = Plan(

@@ -124,6 +124,9 @@ class _Progress:
               help="Memory kept free on every device (framework, workspace, fragmentation).")
 @click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0), default=16.0, show_default=True,
               help="Bytes of weights + gradients + optimizer state per parameter (16: mixed-precision Adam).")
+@click.option("--mapping-time-limit", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
+              help="Mixed clusters: work limit (CP-SAT deterministic seconds) of each device-order search that "
+                   "is too large to enumerate; the plan JSON reports the solver's bound and gap.")
 @click.option("--zero1", is_flag=True,
               help="Shard the optimizer state across data-parallel replicas (ZeRO stage 1).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
@@ -139,7 +142,7 @@ class _Progress:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, simulate_top, memory_reserve,
-                 optimizer_bytes_per_param, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
+                 optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -183,7 +186,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
                             split=split, top=top, simulate_top=simulate_top,
-                            exhaustive=exhaustive)
+                            exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit)
     progress = _Progress(quiet or as_json)
     try:
         result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
