@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from . import schedules as schedule_lib
-from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, pipeline_placement, placement_links,
-                    profile_precision)
+from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches,
+                    pipeline_placement, placement_links, profile_precision)
 from .errors import InfeasibleError, InputError
 from .partition import SplitResult, optimal_split
 from .simulate import simulate
@@ -315,22 +315,26 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
     return ctx[key][0]
 
 
-def _same_links(cluster, variant, row, first: str, links_cache) -> bool:
+def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict, links_cache: dict):
+    """Device slots of every (virtual) stage of a point under ``placement``
+    and their links (:func:`pipesearch.costs.placement_links`), cached per
+    placement."""
+    pp, dp, vp = row["pp"], row["dp"], row["vp"]
+    slots = placement_array(cluster, variant, dict(row, placement=placement), placement_ctx)[np.arange(pp * vp) % pp]
+    key = (pp, dp, vp, variant.tp, placement) + ((id(variant),) if placement == "mapped" else ())
+    if key not in links_cache:
+        links_cache[key] = placement_links(cluster, slots)
+    return slots, links_cache[key]
+
+
+def _same_links(cluster, variant, row, first: str, placement_ctx: dict, links_cache: dict) -> bool:
     """Whether this point's placement puts every boundary and every all-reduce
     on the same devices' links as the group's first placement (then both score
     the same and only the first is evaluated)."""
     if not cluster.is_homogeneous:
         return False
-    pp, dp, vp = row["pp"], row["dp"], row["vp"]
-
-    def links(order):
-        key = (pp, dp, vp, variant.tp, order)
-        if key not in links_cache:
-            slots = (pipeline_placement(pp, dp, order) * variant.tp)[np.arange(pp * vp) % pp]
-            links_cache[key] = placement_links(cluster, slots)
-        return links_cache[key]
-
-    return links(row["placement"]) == links(first)
+    mine = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx, links_cache)[1]
+    return mine == _slots_and_links(cluster, variant, row, first, placement_ctx, links_cache)[1]
 
 
 def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndarray]:
@@ -477,8 +481,8 @@ def search(
             if _surely_out_of_memory(floor, row, inflight, capacity):
                 row["status"] = "out_of_memory"
                 continue
-            if row["placement"] != options.placements[0] and _same_links(cluster, variant, row,
-                                                                         options.placements[0], links_cache):
+            if row["placement"] != options.placements[0] and _same_links(
+                    cluster, variant, row, options.placements[0], placement_ctx, links_cache):
                 row["status"] = "same_as_other_placement"
                 continue
             plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
@@ -537,8 +541,6 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
     against the builders); looped breadth-first keeps all ``m``; GPipe ``m``;
     1F1B ``min(m, pp - s)``."""
     if schedule in ANALYTIC_SCHEDULES:
-        from .costs import in_flight_micro_batches
-
         return in_flight_micro_batches(schedule, pp, m)
     if schedule == "looped-bfs":
         return np.full(pp * vp, m, dtype=np.int64)
@@ -589,15 +591,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     stages = pp * vp
     if placement_ctx is None:
         placement_ctx = {"job": job, "profiled_device": profiled_device}
-    device_slots = placement_array(cluster, variant, row, placement_ctx)
-    slots = device_slots[np.arange(stages) % pp]
-    key = (pp, dp, vp, variant.tp, row["placement"]) + ((id(variant),) if row["placement"] == "mapped" else ())
-    if links_cache is None or key not in links_cache:
-        links = placement_links(cluster, slots)
-        if links_cache is not None:
-            links_cache[key] = links
-    else:
-        links = links_cache[key]
+    slots, links = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
+                                    {} if links_cache is None else links_cache)
     costs = build_pipeline_costs(
         variant.profile, cluster, job, pp=stages, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,

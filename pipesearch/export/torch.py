@@ -82,6 +82,20 @@ SINGLE_STAGE_CLASSES = frozenset({"ScheduleGPipe", "Schedule1F1B"})
 SPLIT_POINT = "SplitPoint.BEGINNING"
 
 
+def torch_stage_modules(plan: Plan, runtime: str, module_names, empty_stage_reason: str):
+    """What the torch-based exporters share: the plan's layers per stage
+    (refusing an empty stage with ``empty_stage_reason``), the torch schedule
+    class (:func:`check_torch_schedule`) and each stage's module FQNs.
+
+    Returns:
+        ``(PlanLayers, schedule class name, module FQNs per stage)``.
+    """
+    layers = plan_layers(plan, runtime)
+    refuse_empty_stages(layers, runtime, empty_stage_reason)
+    cls = check_torch_schedule(plan, runtime)
+    return layers, cls, layer_modules(layers.names, module_names, runtime)
+
+
 def check_torch_schedule(plan: Plan, runtime: str) -> str:
     """Check the plan against torch.distributed.pipelining's schedule rules
     (see the module doc) and return the schedule class name.
@@ -144,14 +158,11 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         InputError: a malformed plan, an empty stage, or a schedule rule of
             torch.distributed.pipelining (see the module doc) the plan breaks.
     """
-    layers = plan_layers(plan, "torch")
-    refuse_empty_stages(
-        layers, "torch",
+    layers, cls, mods = torch_stage_modules(
+        plan, "torch", module_names,
         "torch.distributed.pipelining's pipeline(split_spec=...) splits before a module, so a stage "
         "without modules cannot be expressed (re-plan without empty stages)",
     )
-    cls = check_torch_schedule(plan, "torch")
-    mods = layer_modules(layers.names, module_names, "torch")
     p, v, m = plan.pp, plan.vp, plan.num_micro_batches
     num_stages = p * v
     try:

@@ -58,14 +58,11 @@ from ..errors import InputError
 from ..types import Plan
 from . import (
     FORMAT_VERSION,
-    layer_modules,
-    plan_layers,
     recompute_mode,
-    refuse_empty_stages,
     sequence_parallel,
     transformer_shape,
 )
-from .torch import SINGLE_STAGE_CLASSES, check_torch_schedule
+from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
 
 RUNTIME = "torchtitan"
 
@@ -198,14 +195,11 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             single-stage class it passes only ``stages[0]`` to the schedule, so
             ``vp > 1`` would silently drop stages).
     """
-    layers = plan_layers(plan, "torchtitan")
-    refuse_empty_stages(
-        layers, "torchtitan",
+    layers, cls, mods = torch_stage_modules(
+        plan, "torchtitan", module_names,
         "torchtitan's pipeline_module_split would build a stage module with no layers "
         "(re-plan without empty stages)",
     )
-    cls = check_torch_schedule(plan, "torchtitan")
-    mods = layer_modules(layers.names, module_names, "torchtitan")
     for fqns in mods:
         for f in fqns:
             if f.count(".") > 1:
