@@ -298,6 +298,45 @@ class PipelineCosts:
         a, b = self.stage_terms(bounds)
         return float(a.sum() + b.max())
 
+    # -- the split's terms of the time model (pipesearch.timemodel)
+    def fwd_s(self, s, i, j):
+        """Forward compute seconds of one micro-batch on stage ``s`` for ``[i, j)``."""
+        return self.time_scale[s] * (self.fwd_prefix_s[j] - self.fwd_prefix_s[i])
+
+    def bwd_s(self, s, i, j):
+        """Full backward compute seconds of one micro-batch on stage ``s``."""
+        return self.compute_s(s, i, j) - self.fwd_s(s, i, j)
+
+    def bwd_input_s(self, s, i, j):
+        """Input-gradient part of the backward on stage ``s``."""
+        prefix = self.bwd_input_prefix_s if self.bwd_input_prefix_s is not None else self.compute_prefix_s * 0
+        return self.time_scale[s] * (prefix[j] - prefix[i])
+
+    def send_s(self, s, j):
+        """One transfer over the boundary after stage ``s`` ending at layer
+        ``j`` (alpha-beta: ``latency + output_bytes[j-1] / bandwidth``); zero
+        after the last stage."""
+        s, j = np.asarray(s), np.asarray(j)
+        out = self.output_bytes[np.clip(j - 1, 0, self.num_layers - 1)]
+        last = (s >= self.pp - 1) | (j >= self.num_layers)
+        ss = np.minimum(s, self.pp - 1)
+        t = self.p2p_latency_s[ss] + out / self.p2p_bandwidth_bytes_per_s[ss]
+        return np.where(last, 0.0, t)
+
+    def stage_times(self, bounds):
+        """The :class:`pipesearch.timemodel.StageTimes` of the split with
+        boundaries ``bounds`` (length ``P + 1``)."""
+        from .timemodel import StageTimes
+
+        s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+        return StageTimes(
+            fwd_s=np.asarray(self.fwd_s(s, i, j), dtype=float),
+            bwd_s=np.asarray(self.bwd_s(s, i, j), dtype=float),
+            bwd_input_s=np.asarray(self.bwd_input_s(s, i, j), dtype=float),
+            p2p_s=np.asarray(self.send_s(s[:-1], j[:-1]), dtype=float),
+            allreduce_s=np.asarray(self.allreduce_s(s, i, j), dtype=float),
+        )
+
     def split_fits(self, bounds) -> bool:
         s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
         return bool(np.all(self.fits(s, i, j)))

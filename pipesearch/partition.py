@@ -276,3 +276,300 @@ def balanced_split(weights, pp: int) -> tuple[int, ...]:
     for s in range(pp - 1, -1, -1):
         bounds.append(int(choice[s, bounds[-1]]))
     return tuple(reversed(bounds))
+
+
+# ---------------------------------------------------------------------------
+# The exact split for the time model (pipesearch.timemodel)
+
+
+@dataclass(frozen=True)
+class ExactSplit:
+    """The best split of one search point for the simulated iteration time.
+
+    Attributes:
+        bounds: boundaries of the chosen split (length ``S + 1``).
+        iteration_time_s: its time under :func:`pipesearch.timemodel.iteration_time_s`.
+        lower_bound_s: a proven lower bound on the time of every split of the
+            point; equal to ``best_time_s`` when the search was complete.
+        best_time_s: the smallest time found (``iteration_time_s`` may exceed
+            it by at most the tie tolerance, when a near-tie had less memory).
+        exact: whether every split was either evaluated or excluded by a bound.
+        splits_evaluated: splits whose time was evaluated.
+        nodes: branch-and-bound nodes expanded.
+    """
+
+    bounds: tuple[int, ...]
+    iteration_time_s: float
+    lower_bound_s: float
+    best_time_s: float
+    exact: bool
+    splits_evaluated: int
+    nodes: int
+
+    @property
+    def gap(self) -> float:
+        """``(best - bound) / best``: 0 for a complete search."""
+        return max(0.0, (self.best_time_s - self.lower_bound_s) / self.best_time_s) if self.best_time_s > 0 else 0.0
+
+
+#: deterministic work limits of :func:`exact_split` (never wall-clock)
+MAX_SPLITS_EVALUATED = 2000
+MAX_NODES = 200_000
+TIE_REL = 1e-3
+
+
+def _bound_families(costs: PipelineCosts, schedule: str, pp: int, i, j, s: int):
+    """Per-stage terms of the lower-bound families of ``schedule`` for stage
+    ``s`` over ranges ``[i, j)`` (arrays). Each family is ``(alpha, betas)``
+    and bounds the time of a split by ``sum_k alpha_k + sum_c max_k beta_c,k``;
+    docs/schedules.md derives each as a path of the dependency graph:
+
+    * every schedule: one micro-batch down and back up,
+      ``sum_k (F_k + c_k + G_k + c'_k)`` (``G`` = input-gradient part for
+      zero-bubble, full backward otherwise);
+    * every schedule: each rank does all its work, then its all-reduce,
+      ``max_k m (f_k + b_k) + r_k`` (one stage per rank only);
+    * GPipe: ``sum (f + b) + (m-1) max F + (m-1) max B`` (its closed form at
+      ``s = 0``);
+    * 1F1B: ``sum (f + b) + max_k max((m-1) b_k + (m-S+k) f_k,
+      (m-1) f_k + (m-S+k) b_k)``: the path that waits for stage ``k``'s first
+      backward and then follows rank ``k``, and the one that follows rank
+      ``k`` from its first forward to its last.
+
+    ``f``, ``b`` include the blocking sends of 1F1B.
+    """
+    from .timemodel import send_overlap
+
+    m, S = costs.num_micro_batches, costs.pp
+    F, B = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j)
+    cout, cin = costs.send_s(s, j), (costs.send_s(s - 1, i) if s > 0 else np.zeros_like(F))
+    G = costs.bwd_input_s(s, i, j) if schedule == "zb-h1" else B
+    r = costs.allreduce_s(s, i, j)
+    blocking = not send_overlap(schedule)
+    f = F + cout if blocking else F
+    b = B + cin if blocking else B
+    fams = [(F + cout + G + cin, [])]
+    if S == pp:
+        fams.append((np.zeros_like(F), [m * (f + b) + r]))
+    if schedule == "gpipe":
+        fams.append((F + B + cout + cin, [(m - 1) * F, (m - 1) * B]))
+    elif schedule == "1f1b":
+        w = m - S + s
+        fams.append((f + b, [np.maximum((m - 1) * b + w * f, (m - 1) * f + w * b)]))
+    return fams
+
+
+class _Tables:
+    """Band tables of the bound families: row ``d - 1``, column ``i`` is the
+    stage ``[i, i + d)``; and the suffix minima of each family's sum and
+    maxima over the splits of ``[i, L)`` into stages ``s .. S-1``."""
+
+    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int):
+        L, S = costs.num_layers, costs.pp
+        self.width = W = max(1, min(width, L))
+        i = np.arange(L + 1)[None, :]
+        j = i + np.arange(1, W + 1)[:, None]
+        valid = j <= L
+        jc = np.minimum(j, L)
+        ib = np.broadcast_to(i, jc.shape)
+        self.terms, self.fits = [], []
+        for s in range(S):
+            fams = _bound_families(costs, schedule, pp, ib, jc, s)
+            self.terms.append([(np.where(valid, a, np.inf), [np.where(valid, x, np.inf) for x in bs])
+                               for a, bs in fams])
+            self.fits.append(valid & costs.fits(s, ib, jc))
+        nf = len(self.terms[0])
+        inf = np.full(L + 1, np.inf)
+        # suffix minima: suf[s][f] = (min sum alpha, [min max beta_c]) over splits of [i, L)
+        self.suf = [None] * (S + 1)
+        last = []
+        for f in range(nf):
+            zero = inf.copy()
+            zero[L] = 0.0
+            nb = len(self.terms[0][f][1])
+            mx = [inf.copy() for _ in range(nb)]
+            for x in mx:
+                x[L] = -np.inf
+            last.append((zero, mx))
+        self.suf[S] = last
+        rows = np.arange(W)[:, None]
+        for s in range(S - 1, -1, -1):
+            out = []
+            jj = np.minimum(i + rows + 1, L)
+            ok = self.fits[s]
+            for f in range(nf):
+                a, bs = self.terms[s][f]
+                na, nbs = self.suf[s + 1][f]
+                cand = np.where(ok, a + na[jj], np.inf)
+                sa = cand.min(axis=0)
+                smx = []
+                for bc, nb in zip(bs, nbs):
+                    c = np.where(ok & np.isfinite(na[jj]), np.maximum(bc, nb[jj]), np.inf)
+                    smx.append(c.min(axis=0))
+                out.append((sa, smx))
+            self.suf[s] = out
+
+
+def _width_for(costs: PipelineCosts, limit_s: float) -> int:
+    """Longest stage (layers) whose ``m`` micro-batches of compute fit in ``limit_s``."""
+    L, m = costs.num_layers, costs.num_micro_batches
+    if not np.isfinite(limit_s):
+        return L
+    cp = costs.compute_prefix_s
+    span = limit_s / (m * max(float(np.min(costs.time_scale)), 1e-300)) * (1 + 1e-9) + 1e-15
+    lo = np.searchsorted(cp, cp - span, "left")
+    return int(max(1, np.max(np.arange(L + 1) - lo)))
+
+
+def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *,
+                seeds=(), max_splits: int = MAX_SPLITS_EVALUATED, max_nodes: int = MAX_NODES,
+                tie_rel: float = TIE_REL) -> ExactSplit | None:
+    """The split of ``costs``' layers into ``costs.pp`` stages minimizing the
+    simulated iteration time of ``schedule`` (:func:`pipesearch.timemodel.iteration_time_s`)
+    under memory, by branch and bound.
+
+    Stages are fixed left to right; a partial split is discarded when a lower
+    bound on every completion (the prefix's exact terms plus the suffix
+    minima of each bound family, :func:`_bound_families`) is not below the
+    best time found. Complete splits that survive are evaluated exactly. The
+    first incumbent is the best of ``seeds``, the even split and the
+    closed-form split (:func:`optimal_split`). Among splits within ``tie_rel``
+    of the best time the one with the lowest peak memory, then the least time
+    on links, is returned.
+
+    The search is deterministic: it stops after ``max_splits`` evaluations or
+    ``max_nodes`` expansions (counts, not seconds), and then reports
+    ``exact=False`` with the proven lower bound.
+
+    Returns None when no split fits in memory.
+    """
+    from .timemodel import iteration_time_s
+
+    L, S = costs.num_layers, costs.pp
+    if S > L:
+        return None
+    m = costs.num_micro_batches
+    evaluated: dict[tuple[int, ...], float] = {}
+
+    def evaluate(bounds):
+        bounds = tuple(int(x) for x in bounds)
+        if bounds not in evaluated:
+            evaluated[bounds] = iteration_time_s(schedule, pp, m, vp, costs.stage_times(bounds))
+        return evaluated[bounds]
+
+    starts = [tuple(b) for b in seeds if b is not None and costs.split_fits(b)]
+    even = even_split(L, S)
+    if costs.split_fits(even):
+        starts.append(even)
+    closed = optimal_split(costs)
+    if closed is not None:
+        starts.append(closed.bounds)
+    if not starts:
+        # nothing found by the heuristics: search with no incumbent
+        best_t = np.inf
+    else:
+        best_t = min(evaluate(b) for b in starts)
+    tables = _Tables(costs, schedule, pp, _width_for(costs, best_t * (1 + tie_rel)) if np.isfinite(best_t) else L)
+    W = tables.width
+    nf = len(tables.terms[0])
+    nodes = 0
+    frontier_lb = np.inf
+    stopped = False
+
+    def threshold():
+        return best_t * (1 + tie_rel)
+
+    # iterative DFS; a frame: (s, i, acc, bounds_so_far, children list, position)
+    def children(s, i, acc):
+        d = np.arange(1, W + 1)
+        j = i + d
+        keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
+        keep &= tables.fits[s][:, i]
+        d, j = d[keep], j[keep]
+        if len(d) == 0:
+            return [], []
+        lb = np.zeros(len(d))
+        new_acc = []
+        for f in range(nf):
+            a, bs = tables.terms[s][f]
+            sa, smx = tables.suf[s + 1][f]
+            acc_a, acc_b = acc[f]
+            ca = acc_a + a[d - 1, i]
+            tot = ca + sa[j]
+            cbs = []
+            for c, (bc, sb) in enumerate(zip(bs, smx)):
+                cb = np.maximum(acc_b[c], bc[d - 1, i])
+                cbs.append(cb)
+                tot = tot + np.maximum(cb, sb[j])
+            lb = np.maximum(lb, tot)
+            new_acc.append((ca, cbs))
+        order = np.argsort(lb, kind="stable")
+        kids = [(int(j[o]), float(lb[o]), [(na[o], [cb[o] for cb in nbs]) for na, nbs in new_acc])
+                for o in order if np.isfinite(lb[o])]
+        return kids, lb
+
+    root_acc = [(0.0, [-np.inf] * len(tables.terms[0][f][1])) for f in range(nf)]
+    kids0, _ = children(0, 0, root_acc)
+    stack = [[0, (0,), kids0, 0]]
+    while stack:
+        frame = stack[-1]
+        s, prefix, kids, pos = frame
+        if pos >= len(kids):
+            stack.pop()
+            continue
+        j, lb, acc = kids[pos]
+        frame[3] = pos + 1
+        if lb > threshold() or (lb >= best_t and not tie_rel):
+            # children are sorted by bound: the rest of this frame is excluded too
+            frame[3] = len(kids)
+            continue
+        if nodes >= max_nodes or len(evaluated) >= max_splits:
+            # children are sorted by bound: each frame's next child has its smallest
+            stopped = True
+            frame[3] = pos
+            frontier_lb = min(fr[2][fr[3]][1] for fr in stack if fr[3] < len(fr[2]))
+            break
+        nodes += 1
+        bounds = prefix + (j,)
+        if s == S - 1:
+            t = evaluate(bounds)
+            best_t = min(best_t, t)
+            continue
+        sub, _ = children(s + 1, j, acc)
+        stack.append([s + 1, bounds, sub, 0])
+    if not evaluated:
+        return None
+    best_t = min(evaluated.values())
+    near = [b for b, t in evaluated.items() if t <= best_t * (1 + tie_rel) and costs.split_fits(b)]
+    if not near:
+        return None
+    chosen = min(near, key=lambda b: _tie_key(costs, b, evaluated[b]))
+    lower = min(best_t, frontier_lb) if stopped else best_t
+    return ExactSplit(chosen, evaluated[chosen], float(lower), float(best_t), not stopped, len(evaluated), nodes)
+
+
+def _tie_key(costs: PipelineCosts, bounds, t: float):
+    """Tie-break among near-equal splits: lower peak memory per device, then
+    less time on links, then the time itself, then the boundaries."""
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    mem = float(np.max(costs.memory_bytes(s, i, j)))
+    link = float(np.sum(costs.send_s(s, j)))
+    return (round(mem, 3), round(link, 12), t, tuple(bounds))
+
+
+def exhaustive_simulated_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1):
+    """Reference: evaluate every split that fits with the simulator
+    (:func:`pipesearch.timemodel.simulate_times`); returns ``(time, bounds)``
+    of the best, or None. For tests on small instances."""
+    from .timemodel import simulate_times
+
+    L, S = costs.num_layers, costs.pp
+    best = None
+    for cut in itertools.combinations(range(1, L), S - 1):
+        bounds = (0, *cut, L)
+        if not costs.split_fits(bounds):
+            continue
+        t, _ = simulate_times(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(bounds))
+        if best is None or t < best[0]:
+            best = (t, bounds)
+    return best

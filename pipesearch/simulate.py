@@ -10,11 +10,24 @@ Model (all times in seconds, sizes in bytes):
   ``B``/``I`` of stage ``s < S - 1`` needs the gradient from ``B``/``I`` of
   ``s + 1``. ``W`` needs only its own ``I`` (earlier on the same rank).
 * Sending over boundary ``k`` (between stages ``k`` and ``k + 1``) takes
-  ``p2p_s[k]`` in either direction. Sends are asynchronous: the sender goes on
-  computing. A transfer occupies its directed link (sender rank -> receiver
-  rank) for its whole duration, so transfers on the same link in the same
-  direction queue in the order they were issued; opposite directions do not
-  interfere. Stages on the same rank hand over for free.
+  ``p2p_s[k]`` in either direction. Stages on the same rank hand over for
+  free. Two send models (``p2p_overlap``):
+
+  - ``False`` (default, *blocking sends*): the sender is busy for the whole
+    transfer, right after the action that produced the tensor, and the
+    receiver has it when the transfer ends. This is what
+    torch.distributed.pipelining's ``Schedule1F1B`` / ``ScheduleGPipe`` and
+    Megatron-LM without ``--overlap-p2p-communication`` do: every batched
+    ``isend``/``irecv`` is waited on before the next compute, and an NCCL send
+    completes only once its data has moved. A rank's sends are therefore
+    serial, and an action of a rank is compute plus its send: the iteration
+    is the longest path of the schedule's dependency graph with those node
+    weights (see docs/schedules.md).
+  - ``True`` (*overlapped sends*, Megatron-LM's
+    ``--overlap-p2p-communication``): the sender goes on computing; a
+    transfer occupies its directed link (sender rank -> receiver rank) for its
+    whole duration, so transfers on one link in one direction queue in issue
+    order; opposite directions do not interfere.
 * Activation memory: a stage's micro-batch holds ``act_bytes[stage]`` from the
   start of its ``F`` to the end of its ``B`` (or of its ``W`` when the backward
   is split).
@@ -60,7 +73,7 @@ class Timeline:
         num_microbatches: micro-batches.
         stage_to_rank: rank of each stage, indexed by stage.
         iteration_time_s: end of the last action (the iteration starts at 0).
-        busy_s: per rank, seconds spent computing.
+        busy_s: per rank, seconds spent computing (and in blocking sends).
         busy_fraction: per rank, ``busy_s / iteration_time_s``.
         bubble_fraction: idle share of the bottleneck (busiest) rank,
             ``1 - max(busy_s) / iteration_time_s``: the same definition as
@@ -70,6 +83,7 @@ class Timeline:
         peak_act_bytes: per rank, peak activation bytes held (sum over its
             stages at the worst moment).
         peak_in_flight: per stage, peak micro-batches whose activations are held.
+        rank_end_s: per rank, when it finished its last action and blocking send.
     """
 
     records: tuple[ActionRecord, ...]
@@ -84,6 +98,7 @@ class Timeline:
     mean_bubble_fraction: float
     peak_act_bytes: tuple[float, ...]
     peak_in_flight: tuple[int, ...]
+    rank_end_s: tuple[float, ...] = ()
 
     def rank_records(self, rank: int) -> tuple[ActionRecord, ...]:
         """The records of one rank, in execution order."""
@@ -116,6 +131,7 @@ def simulate(
     bwd_input_s: Sequence[float] | None = None,
     act_bytes: Sequence[float] | None = None,
     stage_to_rank: Sequence[int] | Mapping[int, int] | None = None,
+    p2p_overlap: bool = False,
 ) -> Timeline:
     """Simulate one iteration of schedule ``actions``.
 
@@ -135,6 +151,9 @@ def simulate(
             Default zeros.
         stage_to_rank: optional expected stage -> rank map; checked against the
             ranks the action lists put the stages on.
+        p2p_overlap: ``False``: blocking sends (the sender is busy for the
+            transfer; ``busy_s`` includes it); ``True``: sends overlap the
+            sender's compute and queue on their link (module docstring).
 
     Returns:
         A :class:`Timeline`.
@@ -253,6 +272,10 @@ def simulate(
                     link = fwd_link_of[s]
                     if link is None:
                         f_arr[idx] = t
+                    elif not p2p_overlap:
+                        t += p2p[s]
+                        b_busy += p2p[s]
+                        f_arr[idx] = t
                     else:
                         lf = link_free.get(link, 0.0)
                         arr = (t if t > lf else lf) + p2p[s]
@@ -269,6 +292,10 @@ def simulate(
                 if k != 3 and s:  # B or I sends the gradient back
                     link = bwd_link_of[s]
                     if link is None:
+                        b_arr[idx] = t
+                    elif not p2p_overlap:
+                        t += p2p[s - 1]
+                        b_busy += p2p[s - 1]
                         b_arr[idx] = t
                     else:
                         lf = link_free.get(link, 0.0)
@@ -307,4 +334,5 @@ def simulate(
         mean_bubble_fraction=(1.0 - sum(busy) / P / total) if total > 0 else 0.0,
         peak_act_bytes=tuple(peak_bytes),
         peak_in_flight=tuple(peak_inflight),
+        rank_end_s=tuple(free),
     )
