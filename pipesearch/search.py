@@ -1,16 +1,15 @@
-"""Enumerate the plan space, split each point exactly, rank, simulate the best.
+"""Enumerate the plan space, split each point exactly, rank by simulated time.
 
 A *point* is (tp, recompute, pp, dp, micro-batch size, schedule, vp,
 placement). For each point the exact split
-(:func:`pipesearch.partition.optimal_split`) gives the point's best analytic
-iteration time. Points are grouped by (tp, recompute, pp, dp); groups are
-visited in order of a lower bound on any of their points' time, points within
-a group in order of their own bound, and a group or point whose bound cannot
-enter the top ``K`` is skipped (``pruned``) without losing exactness of the
-analytic ranking. The top
-``simulate_top`` plans are then replayed by the discrete-event simulator
-(:mod:`pipesearch.simulate`) and the final ranking uses the simulated
-iteration time.
+(:func:`pipesearch.partition.exact_split`) gives the point's best iteration
+time under the one time model (:mod:`pipesearch.timemodel`: the simulator's
+makespan of the schedule plus the all-reduce). Points are grouped by (tp,
+recompute, pp, dp); groups are visited in order of a lower bound on any of
+their points' simulated time, points within a group in order of their own
+bound (:func:`_lower_bound_s`), and a group or point whose bound cannot enter
+the top ``K`` is skipped (``pruned``) without losing exactness: the ranked
+plans are the true top ``K`` configurations by simulated time.
 
 Every visited point is a row of :attr:`SearchResult.points` (a pandas
 DataFrame) with its status: ``ok``, ``out_of_memory``, ``batch_not_divisible``,
@@ -35,8 +34,8 @@ from . import schedules as schedule_lib
 from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches,
                     pipeline_placement, placement_links, profile_precision)
 from .errors import InfeasibleError, InputError
-from .partition import SplitResult, optimal_split
-from .simulate import simulate
+from .split_search import exact_split
+from .timemodel import iteration_time_s, send_overlap, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
 
 ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
@@ -57,8 +56,6 @@ class SearchOptions:
             looped breadth-first.
         split: layers per stage to score instead of searching (implies pp).
         top: number of plans to return.
-        simulate_top: how many of the best analytic plans to simulate and
-            re-rank by simulated time (0: analytic ranking only).
         placements: device placement orders to try when pp > 1 and dp > 1
             (see :func:`pipesearch.costs.pipeline_placement`).
         exhaustive: evaluate every point instead of skipping those whose
@@ -77,7 +74,6 @@ class SearchOptions:
     vps: tuple[int, ...] = (2,)
     split: tuple[int, ...] | None = None
     top: int = 5
-    simulate_top: int = 8
     placements: tuple[str, ...] = ("pipeline", "data")
     exhaustive: bool = False
     mapping_time_limit_s: float = 0.5
@@ -98,8 +94,8 @@ class SearchResult:
     """Ranked plans plus the bookkeeping of the search.
 
     ``plans`` holds the best plan of each of the top configurations
-    (:func:`plan_family`), the best ``simulate_top`` of them ranked by
-    simulated iteration time, the rest after them by analytic time.
+    (:func:`plan_family`), ranked by simulated iteration time
+    (:func:`rank_plans`).
     ``points`` has one row per visited point (columns: tp, recompute, pp, dp,
     schedule, micro_batch_size, num_micro_batches, placement, status,
     iteration_time_s, samples_per_s, peak_memory_bytes, bubble_fraction,
@@ -127,15 +123,26 @@ def fingerprint(*parts) -> str:
 
 
 def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fastest: float) -> float:
-    """A valid lower bound on the analytic iteration time of any split, from
-    the total work ``W`` of one micro-batch on the fastest device: GPipe and
-    1F1B ``T >= W (1 + (m-1)/pp)`` (no stage is faster than the average;
-    links and all-reduce cost >= 0); other schedules ``T >= m W / pp`` (some
-    device does at least ``W / pp`` per micro-batch)."""
+    """A valid lower bound on the simulated iteration time
+    (:func:`pipesearch.timemodel.iteration_time_s`) of any split, from the
+    total work ``W`` of one micro-batch on the fastest device (links and
+    all-reduce cost >= 0, and some stage has at least ``W / pp``):
+
+    * every schedule: ``m W / pp`` (the busiest rank does its ``m``
+      micro-batches one after another);
+    * GPipe: ``W (1 + (m-1)/pp)`` (its closed form is ``sum (F+B) + (m-1)(max F
+      + max B)``);
+    * 1F1B: ``W (1 + (2m-1-pp)/(2 pp))`` (the 1F1B bound family of
+      :func:`pipesearch.partition._bound_families`, with
+      ``(m-1) max(f, b) + (m-pp) min(f, b) >= (2m-1-pp)/2 (f + b)``).
+    """
     work = work_s * mbs * fastest
-    if schedule in ANALYTIC_SCHEDULES:
-        return work * (1 + (m - 1) / pp)
-    return work * m / pp
+    bound = work * m / pp
+    if schedule == "gpipe":
+        bound = max(bound, work * (1 + (m - 1) / pp))
+    elif schedule == "1f1b":
+        bound = max(bound, work * (1 + max(0.0, (2 * m - 1 - pp) / 2) / pp))
+    return bound
 
 
 def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> tuple[StagePlan, ...]:
@@ -144,7 +151,7 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> t
     scale = costs.time_scale
     cols = {
         "compute_s": costs.compute_s(st, i, j),
-        "comm_s": costs.p2p_s(st, j),
+        "comm_s": costs.send_s(st, j),
         "allreduce_s": costs.allreduce_s(st, i, j),
         "memory_bytes": costs.memory_bytes(st, i, j),
         "send_bytes": np.where(st + 1 < costs.pp, costs.output_bytes[j - 1], 0.0),
@@ -165,9 +172,9 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> t
 
 
 def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_batch: int, cluster,
-                pp: int) -> Prediction:
+                pp: int, schedule: str) -> Prediction:
     m = costs.num_micro_batches
-    busy = np.bincount([st.index % pp for st in stages], weights=[m * (st.compute_s + st.comm_s) for st in stages])
+    busy = _rank_busy_s(stages, pp, m, schedule)
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
     busiest, peak = float(busy.max()), float(mem.max())
     cap = min(cluster.device_spec(d).memory_bytes for st in stages for d in st.devices)
@@ -180,31 +187,25 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     )
 
 
-def simulate_plan(plan: Plan) -> tuple[float, object]:
-    """Replay a plan's schedule with its stage times; returns (iteration time
-    including each stage's gradient all-reduce after its last backward, Timeline).
+def _rank_busy_s(stages, pp: int, m: int, schedule: str) -> np.ndarray:
+    """Seconds each rank computes (and, for blocking sends, sends) in one
+    iteration: the busy time of :func:`pipesearch.simulate.simulate`."""
+    blocking = not send_overlap(schedule)
+    S = len(stages)
+    work = []
+    for k, st in enumerate(stages):
+        sends = 0.0
+        if blocking:
+            sends = (st.comm_s if k + 1 < S else 0.0) + (stages[k - 1].comm_s if k > 0 else 0.0)
+        work.append(m * (st.compute_s + sends))
+    return np.bincount(np.arange(S) % pp, weights=work, minlength=pp)
 
-    The simulated iteration ends when the last stage finishes its all-reduce:
-    ``max_k (end of stage k's last backward + allreduce_k)``.
-    """
-    p, m = plan.pp, plan.num_micro_batches
-    actions = schedule_lib.build(plan.schedule, p, m, plan.vp)
-    fwd = [st.fwd_s for st in plan.stages]
-    bwd = [st.compute_s - st.fwd_s for st in plan.stages]
-    p2p = [st.comm_s / 2 for st in plan.stages[:-1]]
-    bwd_input = [st.bwd_input_s if st.bwd_input_s > 0 else b / 2 for st, b in zip(plan.stages, bwd)]
-    timeline = simulate(actions, fwd_s=fwd, bwd_s=bwd, p2p_s=p2p, bwd_input_s=bwd_input,
-                        act_bytes=[st.saved_bytes for st in plan.stages])
-    # each device all-reduces the gradients of all its stages after its last backward
-    end = [0.0] * p
-    for rec in timeline.records:
-        if rec.kind in ("B", "W"):
-            end[rec.rank] = max(end[rec.rank], rec.end_s)
-    allreduce = [0.0] * p
-    for st in plan.stages:
-        allreduce[st.index % p] += st.allreduce_s
-    total = max(max(e + a for e, a in zip(end, allreduce)), timeline.iteration_time_s)
-    return total, timeline
+
+def simulate_plan(plan: Plan) -> tuple[float, object]:
+    """Replay a plan's schedule with its stage times in the simulator
+    (:func:`pipesearch.timemodel.simulate_times`): returns (iteration time
+    including each rank's gradient all-reduce after its last action, Timeline)."""
+    return simulate_times(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp, stage_times_of(plan))
 
 
 def enumerate_groups(variants: Iterable[ModelVariant], cluster: Cluster, job: Job, options: SearchOptions):
@@ -442,7 +443,7 @@ def search(
         bound = work[id(variant)] * fastest * (job.global_batch_size // dp) / pp
         groups.append((bound, len(groups), variant, pp, dp))
     groups.sort(key=lambda g: (g[0], g[1]))
-    keep = max(options.top, options.simulate_top, 1)
+    keep = max(options.top, 1)
     best_of_family: dict[tuple, tuple[float, Plan]] = {}
     family_times: list[float] = []  # sorted best time of every family seen
     in_flight_cache: dict = {}
@@ -450,8 +451,9 @@ def search(
     placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s}
 
     def pruned(bound: float) -> bool:
+        # near-ties of the best are kept for the tie-break of rank_plans
         return (not options.exhaustive and len(family_times) >= keep
-                and bound >= family_times[keep - 1])
+                and bound >= max(family_times[keep - 1], family_times[0] * (1 + TIE_REL)))
 
     for done, (group_bound, _, variant, pp, dp) in enumerate(groups):
         if progress:
@@ -485,8 +487,10 @@ def search(
                     cluster, variant, row, options.placements[0], placement_ctx, links_cache):
                 row["status"] = "same_as_other_placement"
                 continue
+            cutoff = (max(family_times[keep - 1], family_times[0] * (1 + TIE_REL))
+                      if len(family_times) >= keep and not options.exhaustive else math.inf)
             plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                                    links_cache, placement_ctx)
+                                    links_cache, placement_ctx, cutoff_s=cutoff)
             if plan is None:
                 continue
             t = plan.predicted.iteration_time_s
@@ -506,10 +510,7 @@ def search(
     counts.update(r["status"] for r in rows if r["status"] != "ok")
     if not best_of_family:
         raise InfeasibleError(_no_plan_message(counts, variants, cluster, job))
-    plans = [p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep]
-    if options.simulate_top > 0:
-        k = options.simulate_top
-        plans = _rerank_by_simulation(plans[:k], job) + plans[k:]
+    plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     points = pd.DataFrame(rows)
     return SearchResult(
@@ -557,15 +558,17 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
 
 
 def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: int) -> float:
-    """Analytic iteration time of a split under ``schedule``.
+    """The textbook closed form of a split's iteration time, reported beside
+    the simulated time as a labelled secondary number (never used to rank).
 
-    GPipe, 1F1B: :meth:`PipelineCosts.iteration_time_s` (exact objective of the
-    split search). Interleaved 1F1B and looped breadth-first, with device time
-    per micro-batch ``tau_r`` (sum of its virtual stages' ``a``):
-    ``(m + (pp-1)/vp) * max_r tau_r + max_r allreduce_r`` (bubble
-    ``(pp-1)/(vp m)`` of the ideal time, Narayanan et al. SC'21 sec. 2.2.2).
-    ZB-H1: the 1F1B time less ``(pp-1) * min_k w_k``, the weight-gradient work
-    that fills the bubble (Qi et al. 2023, bubble ``(p-1)(T_F + T_B - T_W)``).
+    GPipe, 1F1B: ``sum a_k + max_k ((m-1) a_k + allreduce_k)`` with ``a_k``
+    a stage's compute and both transfers (Narayanan et al. SC'21 sec. 2.2).
+    Interleaved 1F1B and looped breadth-first, with device time per
+    micro-batch ``tau_r``: ``(m + (pp-1)/vp) * max_r tau_r + max_r
+    allreduce_r`` (SC'21 sec. 2.2.2). ZB-H1: the 1F1B form less
+    ``2 (pp-1) min_k w_k``: 1F1B's bubble is ``(pp-1)(F+B)`` and ZB-H1's
+    ``(pp-1)(F+B-2W)`` with ``B`` the input-gradient part (Qi et al. 2023,
+    sec. 3.1, bubble ``(p-1)(T_F + T_B - T_W)``).
     """
     m = costs.num_micro_batches
     if schedule in ANALYTIC_SCHEDULES:
@@ -575,17 +578,15 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     a = costs.sum_term(st, i, j)
     ar = costs.allreduce_s(st, i, j)
     if schedule == "zb-h1":
-        w = costs.time_scale * ((costs.compute_prefix_s[j] - costs.compute_prefix_s[i])
-                                - (costs.fwd_prefix_s[j] - costs.fwd_prefix_s[i])
-                                - (costs.bwd_input_prefix_s[j] - costs.bwd_input_prefix_s[i]))
-        return costs.iteration_time_s(bounds) - (pp - 1) * float(w.min())
+        w = costs.bwd_s(st, i, j) - costs.bwd_input_s(st, i, j)
+        return costs.iteration_time_s(bounds) - 2 * (pp - 1) * float(w.min())
     tau = np.bincount(np.arange(S) % pp, weights=a, minlength=pp)
     ar_dev = np.bincount(np.arange(S) % pp, weights=ar, minlength=pp)
     return float((m + (pp - 1) / vp) * tau.max() + ar_dev.max())
 
 
 def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache=None, links_cache=None,
-              placement_ctx=None):
+              placement_ctx=None, cutoff_s: float = math.inf):
     pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
     schedule, vp = row["schedule"], row["vp"]
     stages = pp * vp
@@ -604,45 +605,52 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         if len(options.split) != stages or not costs.split_fits(bounds):
             row["status"] = "out_of_memory" if len(options.split) == stages else "split_mismatch"
             return None, costs
-        result = SplitResult(bounds, costs.iteration_time_s(bounds))
+        t = iteration_time_s(schedule, pp, m, vp, costs.stage_times(bounds))
+        split_info = {"exact": True, "lower_bound_s": t, "gap": 0.0, "splits_evaluated": 1, "pinned": True}
     else:
-        result = optimal_split(costs)
-        if result is None:
+        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s)
+        if found is None:
             row["status"] = "out_of_memory"
             return None, costs
-    analytic = analytic_time_s(schedule, costs, result.bounds, pp, vp)
-    stage_plans = _stage_plans(variant, costs, result.bounds, slots, cluster)
+        if found.exact and found.best_time_s >= cutoff_s:
+            row["status"] = "pruned"  # proven unable to enter the ranked plans
+            return None, costs
+        bounds, t = found.bounds, found.iteration_time_s
+        split_info = {"exact": found.exact, "lower_bound_s": found.lower_bound_s, "gap": found.gap,
+                      "splits_evaluated": found.splits_evaluated}
+    analytic = analytic_time_s(schedule, costs, bounds, pp, vp)
+    stage_plans = _stage_plans(variant, costs, bounds, slots, cluster)
     mapping_info = ()
     if row["placement"] == "mapped":
         mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp)][1]),)
     extra = (("placement", row["placement"]), ("recompute", variant.recompute)) + variant.extra + mapping_info + (
-        ("analytic_iteration_time_s", analytic),)
+        ("split_search", split_info), ("simulated", True), ("analytic_iteration_time_s", analytic))
     plan = Plan(
         rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
         num_micro_batches=m, stages=stage_plans,
-        predicted=_prediction(costs, stage_plans, analytic, job.global_batch_size, cluster, pp),
+        predicted=_prediction(costs, stage_plans, t, job.global_batch_size, cluster, pp, schedule),
         extra=extra,
     )
     return plan, costs
 
 
-def _rerank_by_simulation(plans: list[Plan], job: Job) -> list[Plan]:
-    out = []
-    for plan in plans:
-        t_sim, timeline = simulate_plan(plan)
-        extra = dict(plan.extra)
-        analytic = extra.pop("analytic_iteration_time_s")
-        extra["simulated"] = True
-        extra["analytic_iteration_time_s"] = analytic
-        pred = replace(
-            plan.predicted,
-            iteration_time_s=t_sim,
-            samples_per_s=job.global_batch_size / t_sim if t_sim > 0 else math.inf,
-            bubble_fraction=max(0.0, 1.0 - max(timeline.busy_s) / t_sim) if t_sim > 0 else 0.0,
-        )
-        out.append(replace(plan, predicted=pred, extra=tuple(extra.items())))
-    out.sort(key=lambda p: (p.predicted.iteration_time_s, dict(p.extra)["analytic_iteration_time_s"]))
-    return out
+TIE_REL = 1e-3
+"""Plans within this relative time of the best are ranked by tie-breaks."""
+
+
+def rank_plans(plans: list[Plan]) -> list[Plan]:
+    """Order plans by simulated iteration time; among those within
+    :data:`TIE_REL` of the best, prefer lower peak memory, then less time on
+    links, then fewer stages (the rest follow by time)."""
+    plans = sorted(plans, key=lambda p: (p.predicted.iteration_time_s, p.pp, p.dp))
+    if not plans:
+        return plans
+    best = plans[0].predicted.iteration_time_s
+    near = [p for p in plans if p.predicted.iteration_time_s <= best * (1 + TIE_REL)]
+    rest = plans[len(near):]
+    near.sort(key=lambda p: (round(p.predicted.peak_memory_bytes, 0), sum(st.comm_s for st in p.stages),
+                             p.pp * p.vp, p.predicted.iteration_time_s))
+    return near + rest
 
 
 def _check_options(variants, cluster, job, options):

@@ -208,38 +208,55 @@ def _topological(pred1: np.ndarray, pred2: np.ndarray, N: int) -> list[int]:
 
 
 def _durations(g: _Graph, times: StageTimes) -> np.ndarray:
-    """Node durations: compute (+ the blocking send), transfers their p2p time."""
-    w = times.bwd_s - times.bwd_input_s
-    table = np.stack([times.fwd_s, times.bwd_s, times.bwd_input_s, w])
-    p2p = np.append(np.asarray(times.p2p_s, dtype=float), 0.0)
+    """Node durations, shape ``(n, N + 1)`` for ``n`` splits: compute (+ the
+    blocking send) for actions, the p2p time for transfers, 0 for the sentinel."""
+    fwd, bwd, bin_ = (np.atleast_2d(np.asarray(x, dtype=float)) for x in (times.fwd_s, times.bwd_s, times.bwd_input_s))
+    n, S = fwd.shape
+    p2p = np.concatenate([np.asarray(times.p2p_s, dtype=float).reshape(n, S - 1), np.zeros((n, 1))], axis=1)
+    table = np.concatenate([fwd, bwd, bin_, bwd - bin_, p2p], axis=1)  # (n, 5 S)
     act = g.kind < 4
-    dur = np.empty(len(g.kind) + 1)
-    dur[-1] = 0.0
-    dur[:-1][act] = table[g.kind[act], g.stage[act]] + np.where(g.sends[act] >= 0, p2p[g.sends[act]], 0.0)
-    dur[:-1][~act] = p2p[g.stage[~act]]
+    col = np.where(act, g.kind * S + g.stage, 4 * S + g.stage)
+    dur = np.zeros((n, len(g.kind) + 1))
+    dur[:, :-1] = table[:, col]
+    sends = np.flatnonzero(g.sends >= 0)
+    if len(sends):
+        dur[:, sends] += p2p[:, g.sends[sends]]
     return dur
 
 
-def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes) -> float:
+def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes):
     """``T`` of the module docstring, evaluated as the longest path of the
     schedule's dependency graph (equal to :func:`simulate_times`' value).
+
+    ``times`` holds one split (arrays of shape ``(S,)``; returns a float) or
+    ``n`` splits at once (shape ``(n, S)``; returns an array of ``n``).
 
     Raises:
         InputError: the schedule refuses ``(pp, m, vp)``.
     """
+    single = np.ndim(times.fwd_s) == 1
     if schedule == "gpipe":
         return gpipe_time_s(times, m)
-    g = _graph(schedule, pp, m, vp)
-    dur = _durations(g, times)
-    end = np.zeros(len(dur))
-    p1, p2 = g.pred1, g.pred2
-    for lv in g.levels:
-        end[lv] = np.maximum(end[p1[lv]], end[p2[lv]]) + dur[lv]
-    ar = np.bincount(np.arange(times.num_stages) % pp, weights=times.allreduce_s, minlength=pp)
-    return float(max(end[:-1].max(), np.max(end[g.last_of_rank] + ar)))
+    else:
+        g = _graph(schedule, pp, m, vp)
+        dur = _durations(g, times)
+        end = np.zeros_like(dur)
+        p1, p2 = g.pred1, g.pred2
+        for lv in g.levels:
+            end[:, lv] = np.maximum(end[:, p1[lv]], end[:, p2[lv]]) + dur[:, lv]
+        ar = _rank_allreduce(times, pp)
+        out = np.maximum(end[:, :-1].max(axis=1), np.max(end[:, g.last_of_rank] + ar, axis=1))
+    return float(out[0]) if single else out
 
 
-def gpipe_time_s(times: StageTimes, m: int) -> float:
+def _rank_allreduce(times: StageTimes, pp: int) -> np.ndarray:
+    """``(n, pp)``: each rank's all-reduce seconds (its stages' sum; stage ``s``
+    runs on rank ``s % pp``)."""
+    r = np.atleast_2d(np.asarray(times.allreduce_s, dtype=float))
+    return r.reshape(r.shape[0], -1, pp).sum(axis=1)
+
+
+def gpipe_time_s(times: StageTimes, m: int):
     """Closed form of GPipe's ``T`` with overlapped sends (docs/schedules.md):
 
     ``sum_k F_k + sum_k c_k + (m-1) max(F, c)
@@ -251,19 +268,17 @@ def gpipe_time_s(times: StageTimes, m: int) -> float:
     processes the ``m`` micro-batches in order), so it is the row sums plus
     ``m - 1`` times the slowest row; the backward phase is the same grid run
     upwards from the last stage, and stage ``s``'s all-reduce follows its last
-    backward.
+    backward. Arrays of shape ``(S,)`` give a float, ``(n, S)`` an array.
     """
-    F, B, c, r = (np.asarray(x, dtype=float) for x in
-                  (times.fwd_s, times.bwd_s, times.p2p_s, times.allreduce_s))
-    S = len(F)
-    fwd = F.sum() + c.sum() + (m - 1) * max(F.max(), c.max() if S > 1 else 0.0)
-    best = -np.inf
-    b_sum, b_max = 0.0, 0.0
-    for s in range(S - 1, -1, -1):
-        b_sum += B[s] + (c[s] if s < S - 1 else 0.0)
-        b_max = max(b_max, B[s], c[s] if s < S - 1 else 0.0)
-        best = max(best, b_sum + (m - 1) * b_max + r[s])
-    return float(fwd + best)
+    single = np.ndim(times.fwd_s) == 1
+    F, B, r = (np.atleast_2d(np.asarray(x, dtype=float)) for x in (times.fwd_s, times.bwd_s, times.allreduce_s))
+    n, S = F.shape
+    c = np.concatenate([np.asarray(times.p2p_s, dtype=float).reshape(n, S - 1), np.zeros((n, 1))], axis=1)
+    fwd = F.sum(axis=1) + c.sum(axis=1) + (m - 1) * np.maximum(F.max(axis=1), c.max(axis=1))
+    row_sum = np.cumsum((B + c)[:, ::-1], axis=1)[:, ::-1]
+    row_max = np.maximum.accumulate(np.maximum(B, c)[:, ::-1], axis=1)[:, ::-1]
+    out = fwd + np.max(row_sum + (m - 1) * row_max + r, axis=1)
+    return float(out[0]) if single else out
 
 
 def stage_times_of(plan) -> StageTimes:

@@ -118,8 +118,6 @@ class _Progress:
 @click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), help="Pin activation recomputation (transformers).")
 @click.option("--split", callback=_split, help="Score this split (layers per stage, e.g. 5,3,4) instead of searching.")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
-@click.option("--simulate-top", type=click.IntRange(min=0), default=8, show_default=True,
-              help="Re-rank this many best analytic plans by simulated iteration time (0: off).")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="Memory kept free on every device (framework, workspace, fragmentation).")
 @click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0), default=16.0, show_default=True,
@@ -141,7 +139,7 @@ class _Progress:
                    "(see `pipesearch plot`); --exhaustive fills the space plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
-                 num_micro_batches, schedules, vps, recompute, split, top, simulate_top, memory_reserve,
+                 num_micro_batches, schedules, vps, recompute, split, top, memory_reserve,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
     """Search pipeline plans for a model on a cluster and rank them.
 
@@ -185,7 +183,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                                                if x not in MULTI_STAGE_SCHEDULES)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
-                            split=split, top=top, simulate_top=simulate_top,
+                            split=split, top=top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit)
     progress = _Progress(quiet or as_json)
     try:
@@ -201,7 +199,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         "schedules": list(options.schedules)},
                 "fingerprint": result.fingerprint},
         search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
-                "wall_s": round(result.wall_s, 4), "simulated_top": simulate_top,
+                "wall_s": round(result.wall_s, 4), "time_model": "simulated",
                 "points": points_table(result.points)},
         plans=result.plans,
         exports=tuple(export_all(p) for p in result.plans),

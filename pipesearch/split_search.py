@@ -1,0 +1,508 @@
+"""The exact split of one search point for the one time model.
+
+Given the cost terms of a point (:class:`pipesearch.costs.PipelineCosts`) and
+its schedule, find boundaries ``0 = x_0 < ... < x_S = L`` minimizing the
+simulated iteration time ``T(x)`` (:func:`pipesearch.timemodel.iteration_time_s`)
+subject to every stage fitting in its devices' memory.
+
+``T`` is a longest path through the schedule's dependency graph; it has many
+max terms (a critical path may dwell on several stages), so no single
+min-sum or min-max DP minimizes it. The search is a branch and bound over
+the stages, left to right:
+
+* *Bounds.* Several families of paths through the graph give lower bounds
+  of ``T`` built from per-stage terms (:func:`bound_families`). A family is
+  either ``sum_k alpha_k + sum_c max_k beta_c,k`` ("sum" kind) or
+  ``max_k (sum_{k'<k} alpha_k' + beta_k)`` ("prefix" kind). For a partial
+  split (stages ``0 .. s-1`` fixed, layers ``[i, L)`` left) the fixed part is
+  known exactly and the rest is bounded by suffix minima over all splits of
+  ``[i, L)``, computed once per point by a backward DP over a band of stage
+  lengths (:class:`_Tables`).
+* *Incumbent.* The best of the even split and the closed-form split of
+  :func:`pipesearch.partition.optimal_split`.
+* *Leaves.* Complete splits whose bound is below the incumbent are evaluated
+  exactly, in batches (one vectorized longest-path pass per batch), in bound
+  order.
+
+A split is discarded only when a valid lower bound of its time is not below
+a time already achieved, so the result is optimal for ``T``; the work is
+limited by counts (never seconds) and a search that hits them says so and
+reports its proven bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from . import schedules as schedule_lib
+from .costs import PipelineCosts
+from .partition import even_split, optimal_split
+from .timemodel import iteration_time_s, send_overlap, simulate_times
+
+#: deterministic work limits of :func:`exact_split` (counts, never seconds)
+MAX_SPLITS_EVALUATED = 4_000
+MAX_NODES = 100_000
+#: splits within this relative time of the best (equal up to rounding) are tie-broken
+TIE_REL = 1e-9
+_BATCH = 256
+
+
+@dataclass(frozen=True)
+class ExactSplit:
+    """The best split of one search point for the simulated iteration time.
+
+    Attributes:
+        bounds: boundaries of the chosen split (length ``S + 1``).
+        iteration_time_s: its time under :func:`pipesearch.timemodel.iteration_time_s`.
+        best_time_s: the smallest time found (``iteration_time_s`` exceeds it
+            by at most :data:`TIE_REL` when a near-tie had less memory).
+        lower_bound_s: proven lower bound on the time of every split of the
+            point; ``best_time_s`` when the search was complete.
+        exact: whether every split was evaluated or excluded by a bound.
+        splits_evaluated: splits whose time was evaluated.
+        nodes: branch-and-bound nodes expanded.
+    """
+
+    bounds: tuple[int, ...]
+    iteration_time_s: float
+    best_time_s: float
+    lower_bound_s: float
+    exact: bool
+    splits_evaluated: int
+    nodes: int
+
+    @property
+    def gap(self) -> float:
+        """``(best - bound) / best``; 0 for a complete search."""
+        if self.best_time_s <= 0:
+            return 0.0
+        return max(0.0, (self.best_time_s - self.lower_bound_s) / self.best_time_s)
+
+
+def bound_families(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j):
+    """Per-stage terms of the lower-bound families of ``schedule`` for stage
+    ``s`` over the ranges ``[i, j)`` (broadcastable int arrays).
+
+    A family is a list of components whose bounds add up; each component is
+    ``(kind, alpha, beta)`` over the stages ``k`` of a split:
+
+    * ``("sum", alpha, None)``: ``sum_k alpha_k``;
+    * ``("max", None, beta)``: ``max_k beta_k``;
+    * ``("prefix", alpha, beta)``: ``max_k (sum_{k'<k} alpha_k' + beta_k)``;
+    * ``("suffix", alpha, beta)``: ``max_k (beta_k + sum_{k'>k} alpha_k')``;
+    * ``("device", None, beta)``: ``max_r sum_{k on rank r} beta_k`` (rank
+      ``k % pp``).
+
+    Every family is the length of a path of the schedule's dependency graph
+    (docs/schedules.md), so it never exceeds the simulated time. ``F``, ``B``
+    are a stage's forward and backward compute, ``I`` the input-gradient part,
+    ``W = B - I``, ``c`` / ``c_in`` its transfer to the next / from the
+    previous stage, ``f = F + c`` and ``b = B + c_in`` under 1F1B's blocking
+    sends (``F``, ``B`` otherwise), ``r`` its all-reduce, ``m`` micro-batches,
+    ``S`` stages and ``w = m - S + k`` the forwards rank ``k`` runs after its
+    first backward (1F1B and ZB-H1 warm up with ``S - k`` forwards):
+
+    * all: micro-batch 0 down and back up; each rank's whole work and
+      all-reduce (``device``, ``m (f + b) + r``); with overlapped sends, each
+      directed link's ``m`` transfers per boundary it carries (``device``,
+      ``m c`` and ``m c_in``); rank ``k``'s ``m`` forwards (in micro-batch
+      order in every schedule) or the ``m`` transfers of its boundary, micro-batch ``m-1``
+      down to the last stage and back up to stage ``k'``, then ``k'``'s rank's
+      last backward work and all-reduce; and the same with rank ``r``'s whole
+      work up to its last forward of its first stage (counted from the
+      schedule's action lists, :func:`_work_before_last_forward`) in place of
+      the ``m`` forwards;
+      down to the last stage and back up to stage ``k'``, then ``k'``'s rank's
+      last backward work and all-reduce;
+    * one stage per rank: rank ``k`` starts when micro-batch 0 reaches it,
+      runs all its work and its all-reduce;
+    * GPipe (its closed form, :func:`pipesearch.timemodel.gpipe_time_s`, with
+      the slowest rows chosen): the forward grid, then the backward grid up
+      to stage ``k`` and ``k``'s all-reduce; and the whole backward grid;
+    * 1F1B / ZB-H1: micro-batch 0 to stage ``k``, rank ``k`` up to its last
+      forward, micro-batch ``m-1`` down and back up to stage ``k'`` and
+      ``k'``'s all-reduce; micro-batch 0 down and up to stage ``k``, rank
+      ``k``'s remaining actions and all-reduce; and (1F1B) the two-dwell-free
+      forms ``sum (f + b) + max_k max((m-1) b_k + w f_k, (m-1) f_k + w b_k)``.
+    """
+    m, S = costs.num_micro_batches, costs.pp
+    F, B = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j)
+    c = costs.send_s(s, j)
+    cin = costs.send_s(s - 1, i) if s > 0 else np.zeros_like(F)
+    I = costs.bwd_input_s(s, i, j)
+    r = costs.allreduce_s(s, i, j)
+    blocking = not send_overlap(schedule)
+    f = F + c if blocking else F
+    b = B + cin if blocking else B
+    w = m - S + s
+    G = I if schedule == "zb-h1" else B
+    up = G + cin  # one step of a gradient back up
+    last = (b if schedule == "1f1b" else B) + r  # a rank's last backward work, then its all-reduce
+    fams = [[("sum", F + c + G + cin, None)], [("device", None, m * (f + b) + r)],
+            [("sum", F + c, None), ("max", None, (m - 1) * np.maximum(f, c)), ("suffix", up, last)]]
+    nF, nB, nI, nW = _work_before_last_forward(schedule, pp, m, S // pp)
+    rank_work = nF[s] * f + nB[s] * b + nI[s] * (I + (cin if blocking else 0.0)) + nW[s] * (B - I)
+    fams.append([("device", None, rank_work), ("suffix", up, last)])
+    if not blocking:  # each directed link carries its m transfers one after another
+        fams += [[("device", None, m * c)], [("device", None, m * cin)]]
+    if S == pp:
+        fams.append([("prefix", F + c, m * (f + b) + r)])
+    if schedule == "gpipe":
+        row_f, row_b = np.maximum(F, c), np.maximum(B, c)
+        fams.append([("sum", F + c, None), ("max", None, (m - 1) * row_f),
+                     ("suffix", B + c, B + c + (m - 1) * row_b + r)])
+        fams.append([("sum", F + c + B + c, None), ("max", None, (m - 1) * row_f), ("max", None, (m - 1) * row_b)])
+    elif schedule == "1f1b":
+        fams.append([("sum", f, None), ("max", None, (m - 1) * f + w * b), ("suffix", b, b + r)])
+        fams.append([("sum", f, None), ("suffix", b, m * b + w * f + r)])
+        fams.append([("sum", f + b, None), ("max", None, np.maximum((m - 1) * b + w * f, (m - 1) * f + w * b))])
+        fams.append([("prefix", f + b, m * (f + b))])
+    elif schedule == "zb-h1":
+        # rank k runs W of micro-batch j after I of j + k: w - k of them before its last forward
+        fams.append([("sum", F + c, None),
+                     ("max", None, np.maximum((m - 1) * F + w * I + max(w - s, 0) * (B - I), (m - 1) * c)),
+                     ("suffix", I + cin, B + r)])
+        fams.append([("sum", F + c, None), ("suffix", I + cin, m * B + w * F + r)])
+    return fams
+
+
+@lru_cache(maxsize=512)
+def _work_before_last_forward(schedule: str, pp: int, m: int, vp: int):
+    """Per stage ``k``: how many ``F``, ``B``, ``I``, ``W`` of stage ``k`` its
+    rank ``r = k % pp`` runs up to and including ``F`` of stage ``r``
+    (its first) on micro-batch ``m - 1``. Every schedule starts each rank with
+    that stage's micro-batch 0, so the rank's work up to there is a path."""
+    actions = schedule_lib.build(schedule, pp, m, vp)
+    S = pp * vp if schedule in ("interleaved-1f1b", "looped-bfs") else pp
+    counts = {k: np.zeros(S, dtype=np.int64) for k in "FBIW"}
+    for r, seq in enumerate(actions):
+        for a in seq:
+            counts[a.kind][a.stage] += 1
+            if a.kind == "F" and a.stage == r and a.microbatch == m - 1:
+                break
+    return counts["F"], counts["B"], counts["I"], counts["W"]
+
+
+class _Tables:
+    """Band tables of the bound components and their suffix minima.
+
+    ``comps`` lists ``(family, kind)``; ``terms[s][q] = (alpha, beta)`` holds
+    component ``q``'s per-stage arrays of shape ``(W, L+1)`` (row ``d - 1``,
+    column ``i``: the stage ``[i, i + d)``); ``fits[s]`` whether that stage
+    fits in memory. ``suf[s][q]`` bounds the component over every split of
+    ``[i, L)`` into stages ``s .. S-1``: ``sum``: min sum; ``max``: min max;
+    ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``; ``suffix``:
+    ``(min sum alpha, min max_k (beta_k + sum_{k'>k} alpha))``; ``device``:
+    min sum beta.
+    """
+
+    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int):
+        L, S = costs.num_layers, costs.pp
+        self.pp = pp
+        self.width = W = max(1, min(width, L))
+        i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
+        j = i + np.arange(1, W + 1)[:, None]
+        valid = j <= L
+        jc = np.minimum(j, L)
+
+        def band(x):
+            return None if x is None else np.where(valid, np.broadcast_to(x, valid.shape), np.inf)
+
+        self.terms, self.fits = [], []
+        for s in range(S):
+            fams = bound_families(costs, schedule, pp, s, i, jc)
+            self.comps = [(f, kind) for f, fam in enumerate(fams) for kind, _, _ in fam]
+            self.num_families = len(fams)
+            self.terms.append([(band(a), band(x)) for fam in fams for _, a, x in fam])
+            self.fits.append(valid & costs.fits(s, i, jc))
+        self.suf = [None] * (S + 1)
+        self.suf[S] = [self._end(L, kind) for _, kind in self.comps]
+        with np.errstate(invalid="ignore"):
+            for s in range(S - 1, -1, -1):
+                self.suf[s] = [self._step(s, q, jc) for q in range(len(self.comps))]
+
+    def _step(self, s: int, q: int, jc: np.ndarray):
+        ok = self.fits[s]
+        kind = self.comps[q][1]
+        a, x = self.terms[s][q]
+        nxt = self.suf[s + 1][q]
+
+        def best(v):
+            return np.where(ok & np.isfinite(v), v, np.inf).min(axis=0)
+
+        if kind == "sum":
+            return best(a + nxt[jc])
+        if kind == "max":
+            return best(np.where(nxt[jc] < np.inf, np.maximum(x, nxt[jc]), np.inf))
+        if kind == "prefix":
+            h = nxt[jc]
+            return best(np.where(h < np.inf, np.maximum(x, a + h), np.inf))
+        if kind == "suffix":
+            na, g = nxt
+            return best(a + na[jc]), best(np.where(na[jc] < np.inf, np.maximum(x + na[jc], g[jc]), np.inf))
+        return best(x + nxt[jc])  # device: min total beta
+
+    def root_bound(self) -> float:
+        """The smallest lower bound of any split: each family's suffix minima
+        from stage 0 at layer 0."""
+        fam = [0.0] * self.num_families
+        for q, (f, kind) in enumerate(self.comps):
+            v = self.suf[0][q]
+            if kind == "suffix":
+                v = v[1]
+            elif kind == "device":
+                v = v / self.pp
+            fam[f] += float(v[0])
+        return max(fam)
+
+    @staticmethod
+    def _end(L: int, kind: str):
+        zero = np.full(L + 1, np.inf)
+        zero[L] = 0.0
+        neg = np.full(L + 1, np.inf)
+        neg[L] = -np.inf
+        if kind in ("max", "prefix"):
+            return neg
+        if kind == "suffix":
+            return zero, neg
+        return zero
+
+
+def _width_for(costs: PipelineCosts, limit_s: float) -> int:
+    """Longest stage (layers) whose ``m`` micro-batches of compute take at
+    most ``limit_s`` on the fastest stage (no longer stage can be in a split
+    faster than ``limit_s``: its rank does that work one micro-batch after
+    another)."""
+    L, m = costs.num_layers, costs.num_micro_batches
+    if not np.isfinite(limit_s):
+        return L
+    cp = costs.compute_prefix_s
+    span = limit_s / (m * max(float(np.min(costs.time_scale)), 1e-300)) * (1 + 1e-9) + 1e-15
+    lo = np.searchsorted(cp, cp - span, "left")
+    return int(max(1, np.max(np.arange(L + 1) - lo)))
+
+
+def _stage_times_batch(costs: PipelineCosts, bounds: np.ndarray):
+    """:class:`pipesearch.timemodel.StageTimes` of ``n`` splits at once
+    (``bounds`` of shape ``(n, S+1)``)."""
+    from .timemodel import StageTimes
+
+    S = costs.pp
+    s = np.arange(S)[None, :]
+    i, j = bounds[:, :-1], bounds[:, 1:]
+    return StageTimes(fwd_s=costs.fwd_s(s, i, j), bwd_s=costs.bwd_s(s, i, j),
+                      bwd_input_s=costs.bwd_input_s(s, i, j),
+                      p2p_s=costs.send_s(s[:, :-1], j[:, :-1]),
+                      allreduce_s=np.broadcast_to(costs.allreduce_s(s, i, j), i.shape))
+
+
+class _Evaluator:
+    """Exact times of splits, memoised, evaluated in vectorized batches."""
+
+    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, vp: int):
+        self.costs, self.schedule, self.pp, self.vp = costs, schedule, pp, vp
+        self.times: dict[tuple[int, ...], float] = {}
+
+    def run(self, splits) -> None:
+        todo = list(dict.fromkeys(tuple(b) for b in splits if tuple(b) not in self.times))
+        if not todo:
+            return
+        arr = np.array(todo, dtype=np.int64)
+        t = iteration_time_s(self.schedule, self.pp, self.costs.num_micro_batches, self.vp,
+                             _stage_times_batch(self.costs, arr))
+        self.times.update(zip(todo, (float(x) for x in np.atleast_1d(t))))
+
+
+def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, seeds=(),
+                cutoff_s: float = np.inf, max_splits: int = MAX_SPLITS_EVALUATED, max_nodes: int = MAX_NODES,
+                tie_rel: float = TIE_REL) -> ExactSplit | None:
+    """The split minimizing the simulated iteration time of ``schedule``
+    under memory (module docstring).
+
+    Args:
+        costs: the point's cost terms (``costs.pp`` = stages, ``pp * vp``).
+        schedule, pp, vp: the schedule, pipeline ranks and stages per rank.
+        seeds: extra candidate splits (boundaries) to start from.
+        cutoff_s: only splits faster than this matter (the search's current
+            ``K``-th best plan): the search then proves either the optimum or
+            that no split beats ``cutoff_s`` (``best_time_s >= cutoff_s``).
+        max_splits, max_nodes: work limits (counts).
+        tie_rel: among splits within this relative time of the best, the one
+            with the lowest peak memory, then least time on links, is chosen.
+
+    Returns:
+        An :class:`ExactSplit`, or None when no split fits in memory.
+    """
+    L, S = costs.num_layers, costs.pp
+    if S > L:
+        return None
+    ev = _Evaluator(costs, schedule, pp, vp)
+    if np.isfinite(cutoff_s):
+        # a cheap proof first: no split can beat the cutoff
+        root = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel))).root_bound()
+        if root >= cutoff_s:
+            if not np.isfinite(root) and optimal_split(costs) is None:
+                return None
+            return ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
+    starts = [tuple(b) for b in seeds if b is not None and costs.split_fits(b)]
+    even = even_split(L, S)
+    if costs.split_fits(even):
+        starts.append(even)
+    closed = optimal_split(costs)
+    if closed is not None:
+        starts.append(closed.bounds)
+    ev.run(starts)
+    best = min(ev.times.values(), default=np.inf)
+    incumbent = min(best, cutoff_s)
+    tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
+    state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes)
+    if not ev.times:
+        return None
+    best = min(ev.times.values())
+    near = [b for b, t in ev.times.items() if t <= best * (1 + tie_rel)]
+    chosen = min(near, key=lambda b: _tie_key(costs, b, ev.times[b]))
+    exact, frontier, nodes = state
+    lower = min(best, cutoff_s) if exact else min(best, frontier)
+    return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
+
+
+def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, best: float, tie_rel: float,
+                      max_splits: int, max_nodes: int):
+    """Depth-first over stages, children in bound order; leaves are queued
+    and evaluated in batches. Returns ``(exact, frontier_bound, nodes)``."""
+    W = tables.width
+    pending: list[tuple[float, tuple[int, ...]]] = []
+    nodes = 0
+
+    def limit():
+        return best * (1 + tie_rel)
+
+    def flush():
+        nonlocal best
+        pending.sort()
+        keep = [b for lb, b in pending if lb <= limit()]
+        pending.clear()
+        for k in range(0, len(keep), _BATCH):
+            ev.run(keep[k:k + _BATCH])
+            best = min(best, min(ev.times[b] for b in keep[k:k + _BATCH]))
+
+    comps = tables.comps
+    nfam = tables.num_families
+
+    def children(s, i, acc):
+        d = np.arange(1, W + 1)
+        j = i + d
+        keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
+        keep &= tables.fits[s][:, i]
+        d, j = d[keep], j[keep]
+        if not len(d):
+            return []
+        rows = d - 1
+        rank = s % pp
+        fam_lb = [0.0] * nfam
+        new = []
+        for q, (fam, kind) in enumerate(comps):
+            a, x = tables.terms[s][q]
+            suf = tables.suf[s + 1][q]
+            if kind == "sum":
+                ca = acc[q] + a[rows, i]
+                tot = ca + suf[j]
+                new.append(ca)
+            elif kind == "max":
+                cm = np.maximum(acc[q], x[rows, i])
+                tot = np.maximum(cm, suf[j])
+                new.append(cm)
+            elif kind == "prefix":
+                acc_a, acc_m = acc[q]
+                cm = np.maximum(acc_m, acc_a + x[rows, i])
+                ca = acc_a + a[rows, i]
+                tot = np.maximum(cm, ca + suf[j])
+                new.append((ca, cm))
+            elif kind == "suffix":
+                cm = np.maximum(acc[q] + a[rows, i], x[rows, i])
+                tot = np.maximum(cm + suf[0][j], suf[1][j])
+                new.append(cm)
+            else:  # device: per-rank sums
+                work = acc[q]
+                cw = work[rank] + x[rows, i]
+                others = max(work[:rank] + work[rank + 1:], default=-np.inf)
+                tot = np.maximum(np.maximum(cw, others), (sum(work) - work[rank] + cw + suf[j]) / pp)
+                new.append(cw)
+            fam_lb[fam] = fam_lb[fam] + tot
+        lb = np.max(np.vstack([np.broadcast_to(v, (len(d),)) for v in fam_lb]), axis=0)
+        order = np.argsort(lb, kind="stable")
+        out = []
+        for o in order:
+            if not np.isfinite(lb[o]):
+                break
+            child = []
+            for q, (_, kind) in enumerate(comps):
+                v = new[q]
+                if kind == "prefix":
+                    child.append((v[0][o], v[1][o]))
+                elif kind == "device":
+                    work = list(acc[q])
+                    work[rank] = v[o]
+                    child.append(work)
+                else:
+                    child.append(v[o])
+            out.append((int(j[o]), float(lb[o]), child))
+        return out
+
+    root = []
+    for _, kind in comps:
+        root.append({"sum": 0.0, "max": -np.inf, "prefix": (0.0, -np.inf), "suffix": -np.inf}.get(kind, [0.0] * pp))
+    stack = [[(0,), children(0, 0, root), 0]]
+    while stack:
+        frame = stack[-1]
+        prefix, kids, pos = frame
+        if pos >= len(kids) or kids[pos][1] > limit():
+            stack.pop()  # children are sorted by bound: the rest is excluded too
+            continue
+        if nodes >= max_nodes or len(ev.times) + len(pending) >= max_splits:
+            flush()
+            live = [fr[1][fr[2]][1] for fr in stack if fr[2] < len(fr[1]) and fr[1][fr[2]][1] <= limit()]
+            if live:
+                return False, min(live), nodes
+            return True, np.inf, nodes
+        j, lb, acc = kids[pos]
+        frame[2] = pos + 1
+        nodes += 1
+        bounds = prefix + (j,)
+        if len(bounds) == S + 1:
+            pending.append((lb, bounds))
+            if len(pending) >= _BATCH:
+                flush()
+            continue
+        stack.append([bounds, children(len(bounds) - 1, j, acc), 0])
+    flush()
+    return True, np.inf, nodes
+
+
+def _tie_key(costs: PipelineCosts, bounds, t: float):
+    """Among near-equal splits: lower peak memory per device, then less time
+    on links, then the time, then the boundaries."""
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    mem = float(np.max(costs.memory_bytes(s, i, j)))
+    link = float(np.sum(costs.send_s(s, j)))
+    return (round(mem), round(link, 12), t, tuple(bounds))
+
+
+def exhaustive_simulated_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1):
+    """Reference for tests: simulate every split that fits with the
+    discrete-event simulator (:func:`pipesearch.timemodel.simulate_times`);
+    returns ``(time, bounds)`` of the best, or None."""
+    L, S = costs.num_layers, costs.pp
+    best = None
+    for cut in itertools.combinations(range(1, L), S - 1):
+        bounds = (0, *cut, L)
+        if not costs.split_fits(bounds):
+            continue
+        t, _ = simulate_times(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(bounds))
+        if best is None or t < best[0]:
+            best = (t, bounds)
+    return best
