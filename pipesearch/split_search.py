@@ -40,14 +40,14 @@ import numpy as np
 
 from . import schedules as schedule_lib
 from .costs import PipelineCosts
-from .partition import even_split, optimal_split
+from .partition import balanced_split, even_split, optimal_split
 from .timemodel import iteration_time_s, send_overlap, simulate_times
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
 MAX_SPLITS_EVALUATED = 4_000
 MAX_NODES = 100_000
 #: splits within this relative time of the best (equal up to rounding) are tie-broken
-TIE_REL = 1e-9
+TIE_REL = 1e-12
 _BATCH = 256
 
 
@@ -307,6 +307,11 @@ class _Evaluator:
         self.costs, self.schedule, self.pp, self.vp = costs, schedule, pp, vp
         self.times: dict[tuple[int, ...], float] = {}
 
+    def batch_size(self) -> int:
+        """Splits per vectorized evaluation: about two million graph nodes."""
+        nodes = 4 * self.costs.pp * self.costs.num_micro_batches
+        return int(max(1, min(_BATCH, 2_000_000 // max(nodes, 1))))
+
     def run(self, splits) -> None:
         todo = list(dict.fromkeys(tuple(b) for b in splits if tuple(b) not in self.times))
         if not todo:
@@ -355,6 +360,12 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     closed = optimal_split(costs)
     if closed is not None:
         starts.append(closed.bounds)
+    # equal-time splits are told apart by memory: seed the memory-balanced one
+    mem = np.diff(costs.param_prefix_bytes) * costs.state_bytes_per_param_byte + np.diff(costs.saved_prefix_bytes)
+    if np.any(mem > 0) and S * L <= 4096:  # balanced_split is O(S L^2)
+        balanced = balanced_split(mem, S)
+        if costs.split_fits(balanced):
+            starts.append(balanced)
     ev.run(starts)
     best = min(ev.times.values(), default=np.inf)
     incumbent = min(best, cutoff_s)
@@ -378,17 +389,26 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     pending: list[tuple[float, tuple[int, ...]]] = []
     nodes = 0
 
+    batch = ev.batch_size()
+
     def limit():
-        return best * (1 + tie_rel)
+        # only strictly better splits matter; equal ones were seeded (see exact_split)
+        return best * (1 - tie_rel)
 
     def flush():
         nonlocal best
         pending.sort()
-        keep = [b for lb, b in pending if lb <= limit()]
+        todo = [(lb, b) for lb, b in pending]
         pending.clear()
-        for k in range(0, len(keep), _BATCH):
-            ev.run(keep[k:k + _BATCH])
-            best = min(best, min(ev.times[b] for b in keep[k:k + _BATCH]))
+        step = 1
+        while todo:
+            todo = [(lb, b) for lb, b in todo if lb < limit()]
+            chunk, todo = todo[:step], todo[step:]
+            if not chunk:
+                break
+            ev.run([b for _, b in chunk])
+            best = min(best, min(ev.times[b] for _, b in chunk))
+            step = min(2 * step, batch)
 
     comps = tables.comps
     nfam = tables.num_families
@@ -460,12 +480,12 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     while stack:
         frame = stack[-1]
         prefix, kids, pos = frame
-        if pos >= len(kids) or kids[pos][1] > limit():
+        if pos >= len(kids) or kids[pos][1] >= limit():
             stack.pop()  # children are sorted by bound: the rest is excluded too
             continue
         if nodes >= max_nodes or len(ev.times) + len(pending) >= max_splits:
             flush()
-            live = [fr[1][fr[2]][1] for fr in stack if fr[2] < len(fr[1]) and fr[1][fr[2]][1] <= limit()]
+            live = [fr[1][fr[2]][1] for fr in stack if fr[2] < len(fr[1]) and fr[1][fr[2]][1] < limit()]
             if live:
                 return False, min(live), nodes
             return True, np.inf, nodes
@@ -475,7 +495,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         bounds = prefix + (j,)
         if len(bounds) == S + 1:
             pending.append((lb, bounds))
-            if len(pending) >= _BATCH:
+            if len(pending) >= batch:
                 flush()
             continue
         stack.append([bounds, children(len(bounds) - 1, j, acc), 0])
