@@ -13,7 +13,7 @@ Model (all times in seconds, sizes in bytes):
   ``p2p_s[k]`` in either direction. Stages on the same rank hand over for
   free. Two send models (``p2p_overlap``):
 
-  - ``False`` (default, *blocking sends*): the sender is busy for the whole
+  - ``False`` (*blocking sends*): the sender is busy for the whole
     transfer, right after the action that produced the tensor, and the
     receiver has it when the transfer ends. This is what
     torch.distributed.pipelining's ``Schedule1F1B`` / ``ScheduleGPipe`` and
@@ -23,7 +23,7 @@ Model (all times in seconds, sizes in bytes):
     serial, and an action of a rank is compute plus its send: the iteration
     is the longest path of the schedule's dependency graph with those node
     weights (see docs/schedules.md).
-  - ``True`` (*overlapped sends*, Megatron-LM's
+  - ``True`` (default; *overlapped sends*, Megatron-LM's
     ``--overlap-p2p-communication``): the sender goes on computing; a
     transfer occupies its directed link (sender rank -> receiver rank) for its
     whole duration, so transfers on one link in one direction queue in issue
@@ -131,7 +131,7 @@ def simulate(
     bwd_input_s: Sequence[float] | None = None,
     act_bytes: Sequence[float] | None = None,
     stage_to_rank: Sequence[int] | Mapping[int, int] | None = None,
-    p2p_overlap: bool = False,
+    p2p_overlap: bool = True,
 ) -> Timeline:
     """Simulate one iteration of schedule ``actions``.
 

@@ -44,8 +44,8 @@ from .partition import balanced_split, even_split, optimal_split
 from .timemodel import iteration_time_s, send_overlap, simulate_times
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
-MAX_SPLITS_EVALUATED = 4_000
-MAX_NODES = 100_000
+MAX_SPLITS_EVALUATED = 300
+MAX_NODES = 3_000
 #: splits within this relative time of the best (equal up to rounding) are tie-broken
 TIE_REL = 1e-12
 _BATCH = 256

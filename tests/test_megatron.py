@@ -40,7 +40,7 @@ def pinned(row):
     cl = cluster_for(row)
     prof = layer_table(gpt(row), seq_len=SEQ, device=cl.device_spec(0), tp=tp, sequence_parallel=False,
                        recompute="full", tp_link=cl.intra_node)
-    opts = SearchOptions(pp=pp, dp=n // (tp * pp), schedules=("1f1b", "interleaved-1f1b"), top=1, simulate_top=3)
+    opts = SearchOptions(pp=pp, dp=n // (tp * pp), schedules=("1f1b", "interleaved-1f1b"), top=1)
     return search([ModelVariant(prof, tp=tp, recompute="full")], cl, Job(int(row["global_batch_size"])), opts)
 
 
@@ -88,7 +88,7 @@ def test_unpinned_search_at_least_matches_pinned(row):
             prof = layer_table(gpt(row), seq_len=SEQ, device=cl.device_spec(0), tp=tp, sequence_parallel=tp > 1,
                                recompute=mode, tp_link=cl.intra_node)
             variants.append(ModelVariant(prof, tp=tp, recompute=mode))
-    free = search(variants, cl, Job(int(row["global_batch_size"])), SearchOptions(top=1, simulate_top=3)).plans[0]
+    free = search(variants, cl, Job(int(row["global_batch_size"])), SearchOptions(top=1)).plans[0]
     assert free.predicted.samples_per_s >= base.predicted.samples_per_s * (1 - 1e-9)
     assert free.predicted.peak_memory_bytes <= 80 * 2**30
 
@@ -117,12 +117,12 @@ def test_heavy_head_gets_fewer_blocks_on_last_stage():
     head = prof.layers[-1]
     blk = prof.layers[1]
     assert (head.fwd_s + head.bwd_s) / (blk.fwd_s + blk.bwd_s) == pytest.approx(3.0, rel=0.05)
-    opts = SearchOptions(pp=4, dp=1, micro_batch_size=1, schedules=("1f1b",), simulate_top=0, top=1)
+    opts = SearchOptions(pp=4, dp=1, micro_batch_size=1, schedules=("1f1b",), top=1)
     job = Job(global_batch_size=64)
     best = search([ModelVariant(prof)], cl, job, opts).plans[0]
     blocks_last = sum(1 for n in best.stages[-1].layer_names if n.startswith("block_"))
     assert blocks_last <= 1
     even = (4, 3, 3, 4)  # embedding + 3 blocks | 3 | 3 | 3 blocks + head
     even_plan = search([ModelVariant(prof)], cl, job, SearchOptions(
-        pp=4, dp=1, micro_batch_size=1, schedules=("1f1b",), simulate_top=0, top=1, split=even)).plans[0]
+        pp=4, dp=1, micro_batch_size=1, schedules=("1f1b",), top=1, split=even)).plans[0]
     assert best.predicted.iteration_time_s < even_plan.predicted.iteration_time_s * 0.8

@@ -46,7 +46,7 @@ def test_every_schedule_yields_a_plan_that_replays():
     L = src.variants[0].profile.num_layers
     for schedule in ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs"):
         res = search(list(src.variants), cluster, Job(64), SearchOptions(
-            pp=4, dp=2, schedules=(schedule,), micro_batch_size=1, top=1, simulate_top=1))
+            pp=4, dp=2, schedules=(schedule,), micro_batch_size=1, top=1))
         plan = res.plans[0]
         vp = 2 if schedule in ("interleaved-1f1b", "looped-bfs") else 1
         assert plan.schedule == schedule and plan.vp == vp and len(plan.stages) == 4 * vp
@@ -64,7 +64,7 @@ def test_interleaving_cuts_the_bubble_on_a_balanced_model():
     the ideal time instead of (p-1)/m (Narayanan et al. SC'21)."""
     cluster = load_cluster("1x8-a100-80gb")
     src = load_model_source("gpt3-1.3b", cluster, tp=1, recompute="none")
-    opts = dict(pp=4, dp=1, micro_batch_size=1, top=1, simulate_top=1)
+    opts = dict(pp=4, dp=1, micro_batch_size=1, top=1)
     one = search(list(src.variants), cluster, Job(8), SearchOptions(schedules=("1f1b",), **opts)).plans[0]
     inter = search(list(src.variants), cluster, Job(8), SearchOptions(schedules=("interleaved-1f1b",), **opts)).plans[0]
     assert inter.predicted.iteration_time_s < one.predicted.iteration_time_s
