@@ -488,7 +488,7 @@ def search(
                 row["status"] = "same_as_other_placement"
                 continue
             cutoff = (max(family_times[keep - 1], family_times[0] * (1 + TIE_REL))
-                      if len(family_times) >= keep and not options.exhaustive else math.inf)
+                      if len(family_times) >= keep else math.inf)
             plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
                                     links_cache, placement_ctx, cutoff_s=cutoff)
             if plan is None:
@@ -608,11 +608,11 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         t = iteration_time_s(schedule, pp, m, vp, costs.stage_times(bounds))
         split_info = {"exact": True, "lower_bound_s": t, "gap": 0.0, "splits_evaluated": 1, "pinned": True}
     else:
-        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s)
+        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=options.exhaustive)
         if found is None:
             row["status"] = "out_of_memory"
             return None, costs
-        if found.exact and found.best_time_s >= cutoff_s:
+        if found.exact and found.best_time_s >= cutoff_s and not options.exhaustive:
             row["status"] = "pruned"  # proven unable to enter the ranked plans
             return None, costs
         bounds, t = found.bounds, found.iteration_time_s

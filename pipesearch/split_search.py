@@ -323,7 +323,7 @@ class _Evaluator:
 
 
 def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, seeds=(),
-                cutoff_s: float = np.inf, max_splits: int = MAX_SPLITS_EVALUATED, max_nodes: int = MAX_NODES,
+                cutoff_s: float = np.inf, value_above_cutoff: bool = False, max_splits: int = MAX_SPLITS_EVALUATED, max_nodes: int = MAX_NODES,
                 tie_rel: float = TIE_REL) -> ExactSplit | None:
     """The split minimizing the simulated iteration time of ``schedule``
     under memory (module docstring).
@@ -335,6 +335,9 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         cutoff_s: only splits faster than this matter (the search's current
             ``K``-th best plan): the search then proves either the optimum or
             that no split beats ``cutoff_s`` (``best_time_s >= cutoff_s``).
+        value_above_cutoff: when no split beats ``cutoff_s``, still return the
+            best of the starting splits (for plots of the whole space), with
+            the proven bound ``min(cutoff, root bound)`` and ``exact=False``.
         max_splits, max_nodes: work limits (counts).
         tie_rel: among splits within this relative time of the best, the one
             with the lowest peak memory, then least time on links, is chosen.
@@ -349,7 +352,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if np.isfinite(cutoff_s):
         # a cheap proof first: no split can beat the cutoff
         root = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel))).root_bound()
-        if root >= cutoff_s:
+        if root >= cutoff_s and not value_above_cutoff:
             if not np.isfinite(root) and optimal_split(costs) is None:
                 return None
             return ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
@@ -378,6 +381,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     chosen = min(near, key=lambda b: _tie_key(costs, b, ev.times[b]))
     exact, frontier, nodes = state
     lower = min(best, cutoff_s) if exact else min(best, frontier)
+    if value_above_cutoff and best > cutoff_s:
+        exact = False
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
 
 
