@@ -13,9 +13,14 @@ the cycle is
 Every cycle gives each running sequence one token: output tokens/s ``B / C``,
 time per output token ``C``. With a workload of prompts of ``n`` tokens and
 ``o`` output tokens, ``B / o`` requests finish per cycle and as many start,
-so each micro-batch carries ``b n / o`` prefill tokens beside its ``b``
-decode tokens (the prefill/decode mix of continuous batching with chunked
-prefill); decoding sequences hold ``n + o / 2`` tokens of context on average.
+so micro-batches carry ``b n / o`` prefill tokens on average beside their
+``b`` decode tokens (the prefill/decode mix of continuous batching). The
+engine packs prompts into chunks of up to ``max_num_batched_tokens - b``
+tokens, so a share ``(b n / o) / chunk`` of the micro-batches carries a full
+chunk and the rest decode only; stage times are the mean over the two kinds
+(a chunk step is compute-bound where a decode step is memory-bound, and the
+roofline of the average would hide that). Decoding sequences hold ``n + o / 2``
+tokens of context on average.
 Time to first token: the prompt's ``ceil(n / chunk)`` chunks each wait one
 round trip of their micro-batch, ``chunks * max(R', C)`` with ``R'`` the round
 trip of a micro-batch carrying a chunk.
@@ -65,13 +70,16 @@ class Step:
     """What one micro-batch carries through the stages (floats or arrays):
     ``decode`` tokens at mean context ``context``, ``prefill`` tokens of
     prompts of ``prompt_len``, ``sampled`` tokens that go through the LM
-    head."""
+    head. ``share`` is the fraction of micro-batches that carry the prefill
+    chunk (the others carry only the decode tokens and sample ``decode``);
+    times are the mean over both kinds."""
 
     decode: object
     context: object
     prefill: object
     prompt_len: object
     sampled: object
+    share: object = 1.0
 
     @property
     def tokens(self):
@@ -108,28 +116,48 @@ class ServePipeline:
     def stage_kind(self, s: int) -> tuple[bool, bool]:
         return s == 0, s == self.pp - 1
 
+    @staticmethod
+    def _mean(step: Step, with_chunk, without):
+        share = np.asarray(step.share, dtype=float)
+        if share.ndim == 0 and float(share) == 1.0:
+            return with_chunk
+        return share * with_chunk + (1 - share) * without
+
+    def _layer(self, step: Step):
+        c = self.costs
+        return self._mean(step, c.layer_s(step.decode, step.context, step.prefill, step.prompt_len),
+                          c.layer_s(step.decode, step.context, 0.0, step.prompt_len))
+
+    def _first(self, step: Step):
+        c = self.costs
+        return self._mean(step, c.first_extra_s(step.tokens), c.first_extra_s(step.decode))
+
+    def _last(self, step: Step):
+        c = self.costs
+        return self._mean(step, c.last_extra_s(step.sampled), c.last_extra_s(step.decode))
+
     def stage_s(self, num_blocks, s: int, step: Step):
         """Seconds of stage ``s`` holding ``num_blocks`` decoder blocks."""
         first, last = self.stage_kind(s)
-        c = self.costs
-        out = np.asarray(num_blocks, dtype=float) * c.layer_s(step.decode, step.context, step.prefill, step.prompt_len)
+        out = np.asarray(num_blocks, dtype=float) * self._layer(step)
         if first:
-            out = out + c.first_extra_s(step.tokens)
+            out = out + self._first(step)
         if last:
-            out = out + c.last_extra_s(step.sampled)
+            out = out + self._last(step)
         return out
 
     def p2p_s(self, k: int, step: Step):
         """Seconds boundary ``k`` (after stage ``k``) takes for a micro-batch."""
         link = self.boundary_links[k]
-        return link.latency_s + self.costs.p2p_bytes(step.tokens) / link.bandwidth_bytes_per_s
+        bw = link.bandwidth_bytes_per_s
+        return link.latency_s + self._mean(step, self.costs.p2p_bytes(step.tokens) / bw,
+                                           self.costs.p2p_bytes(step.decode) / bw)
 
     def ring_s(self, step: Step):
         """Round trip of a micro-batch; independent of the split (every block
         costs the same on every stage of a homogeneous pipeline)."""
         c = self.costs
-        total = c.num_layers * c.layer_s(step.decode, step.context, step.prefill, step.prompt_len)
-        total = total + c.first_extra_s(step.tokens) + c.last_extra_s(step.sampled)
+        total = c.num_layers * self._layer(step) + self._first(step) + self._last(step)
         for k in range(self.pp - 1):
             total = total + self.p2p_s(k, step)
         return total + c.engine.step_overhead_s
@@ -150,14 +178,15 @@ class ServePipeline:
         B = np.asarray(batch, dtype=float)
         m = self.micro_batches(self.pp, B)
         b = B / m
-        if workload.prefill_mix:
-            p = b * workload.input_len / workload.output_len
-            sampled = b + p / workload.input_len
-        else:
-            p = np.zeros_like(b)
-            sampled = b
-        return Step(decode=b, context=workload.mean_context, prefill=p,
-                    prompt_len=workload.input_len, sampled=sampled)
+        if not workload.prefill_mix:
+            return Step(decode=b, context=workload.mean_context, prefill=np.zeros_like(b),
+                        prompt_len=workload.input_len, sampled=b)
+        mean_p = b * workload.input_len / workload.output_len
+        chunk = np.maximum(self.costs.engine.max_num_batched_tokens - b, 1.0)
+        share = np.minimum(1.0, mean_p / chunk)
+        p = np.where(share >= 1.0, mean_p, chunk)
+        return Step(decode=b, context=workload.mean_context, prefill=p, prompt_len=workload.input_len,
+                    sampled=b + p / workload.input_len, share=share)
 
     def chunk_step(self, batch, workload: Workload) -> tuple[Step, object]:
         """The micro-batch that carries one prompt chunk beside its decode
@@ -174,9 +203,7 @@ class ServePipeline:
     def _cycle(self, split, step: Step, m):
         """(cycle, ring, bottleneck) arrays of ``split`` for micro-batches ``step``."""
         c = self.costs
-        layer = c.layer_s(step.decode, step.context, step.prefill, step.prompt_len)
-        first = c.first_extra_s(step.tokens)
-        last = c.last_extra_s(step.sampled)
+        layer, first, last = self._layer(step), self._first(step), self._last(step)
         times = []
         for s, n in enumerate(split):
             x = n * layer
