@@ -275,9 +275,13 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                              f"summing to {L} (embedding and head are not counted)")
     N = cluster.num_devices
     per_node = cluster.groups[0].devices_per_node
+    if tp and (tp > per_node or per_node % tp):
+        raise InputError(f"--tp {tp}: a tensor-parallel group must divide the {per_node} devices of a node "
+                         f"of {cluster.name}")
     tps = [tp] if tp else [t for t in range(1, per_node + 1) if per_node % t == 0]
     pps = [pp] if pp else [p for p in range(1, min(L, N) + 1)]
     skipped: dict[str, int] = {}
+    first_refusal = None
     results = []
     evaluated = 0
     for t in tps:
@@ -288,13 +292,8 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                                      f"{N} devices of {cluster.name}")
                 continue
             reason = engine_refusal(cfg, t, p, engine.name)
-            if t > per_node:
-                reason = f"tp {t} exceeds the {per_node} devices of a node"
             if reason:
-                if (tp and t == tp and (pp or p == 1)) or (pp and p == pp and tp):
-                    raise InputError(f"--tp {t} --pp {p}: {reason}")
-                if tp and len(pps) == 1:
-                    raise InputError(f"--tp {t}: {reason}")
+                first_refusal = first_refusal or f"tp {t} x pp {p}: {reason}"
                 skipped["engine_refused"] = skipped.get("engine_refused", 0) + 1
                 continue
             evaluated += 1
@@ -318,6 +317,13 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                 b_max=b_max, steady=st, total=replicas * st.output_tokens_per_s, saturated=saturated,
                 dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
                 dtotal=replicas * dchosen[1].output_tokens_per_s if dchosen else 0.0))
+    if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
+        pins = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v)
+        raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
+    if not results and (tp or pp) and not skipped:
+        pins = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v)
+        raise InputError(f"{pins}: tp x pp must divide the {N} devices of {cluster.name} "
+                         f"(tp at most the {per_node} devices of a node)")
     if not results:
         why = max(skipped.items(), key=lambda kv: kv[1])[0] if skipped else "no_configuration"
         hint = {"out_of_memory": "the weights (or one sequence's KV cache) do not fit; use more devices, "

@@ -78,7 +78,8 @@ def _column(step: Step) -> Step:
     def col(x):
         a = np.asarray(x, dtype=float)
         return a.reshape(-1, 1) if a.ndim else a
-    return Step(col(step.decode), col(step.context), col(step.prefill), col(step.prompt_len), col(step.sampled))
+    return Step(col(step.decode), col(step.context), col(step.prefill), col(step.prompt_len), col(step.sampled),
+                col(step.share))
 
 
 def _max_min(cap: np.ndarray, allowed: np.ndarray):
