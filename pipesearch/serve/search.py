@@ -162,22 +162,24 @@ def _choose(job: ServeJob, replicas: int, cap: int, score_levels):
     return _best_throughput(job, cap, score_levels), False
 
 
-def _best_throughput(job, cap, score_levels, upper=None):
-    batches = np.arange(cap, 0, -1)
-    order = batches if upper is None else batches[np.argsort(-upper(batches), kind="stable")]
-    bound = (lambda b: np.inf) if upper is None else (lambda b: float(upper(np.array([b]))[0]))
+def _best_throughput(job, candidates, score_levels, upper):
+    """The highest-throughput level among ``candidates`` (batch sizes) under
+    the limits, visiting them by decreasing ``upper`` bound, eight at a time,
+    until the bound cannot beat the best found."""
+    if len(candidates) == 0:
+        return None
+    ub = upper(candidates)
+    order = np.argsort(-ub, kind="stable")
     best = None
     for k in range(0, len(order), _CHUNK):
-        chunk = order[k:k + _CHUNK]
-        if best is not None and bound(int(chunk[0])) <= best[1].output_tokens_per_s * (1 + 1e-12):
+        idx = order[k:k + _CHUNK]
+        if best is not None and ub[idx[0]] <= best[1].output_tokens_per_s * (1 + 1e-12):
             break
-        for r in score_levels(chunk):
+        for r in score_levels(candidates[idx]):
             if r is None or not _meets(job, r[1]):
                 continue
             if best is None or r[1].output_tokens_per_s > best[1].output_tokens_per_s * (1 + 1e-12):
                 best = r
-        if upper is None and best is not None:
-            break  # a fixed split: throughput is scored for every level in order
     return best
 
 
@@ -228,7 +230,18 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
         return batches / np.asarray(pipe.ring_s(step), dtype=float)
 
     if job.request_rate is None:
-        return _best_throughput(job, cap, score, upper), b_max, False
+        batches = np.arange(cap, 0, -1)
+        if len(batches) and (job.max_tpot_s is not None or job.max_ttft_s is not None):
+            # the round trip bounds TPOT and TTFT from below for every split
+            ring = np.asarray(pipe.ring_s(pipe.steady_step(batches, w)), dtype=float)
+            ok = np.ones(len(batches), dtype=bool)
+            if job.max_tpot_s is not None:
+                ok &= ring <= job.max_tpot_s * (1 + 1e-12)
+            if job.max_ttft_s is not None:
+                cstep, chunks = pipe.chunk_step(batches, w)
+                ok &= chunks * np.asarray(pipe.ring_s(cstep), dtype=float) <= job.max_ttft_s * (1 + 1e-12)
+            batches = batches[ok]
+        return _best_throughput(job, batches, score, upper), b_max, False
     chosen, saturated = _choose(job, replicas, cap, score)
     return chosen, b_max, saturated
 

@@ -1,0 +1,104 @@
+"""vLLM / SGLang exports of serving plans: the format the engines read
+(``get_pp_indices`` of each engine: p integers summing to the decoder
+layers), refusals, and the command line end to end."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.catalog import resolve
+from pipesearch.cli import main
+from pipesearch.errors import InputError
+from pipesearch.profiles.transformer import load_transformer
+from pipesearch.serve.export import engine_refusal, parse_partition
+
+
+def llama3():
+    return load_transformer(resolve("model", "llama3-70b"))
+
+
+def test_engine_refusals():
+    cfg = llama3()  # 64 query heads, 8 KV heads, FFN 28672, vocabulary 128256
+    assert engine_refusal(cfg, 8, 10) is None
+    assert "num_attention_heads 64" in engine_refusal(cfg, 3, 1)
+    assert "exceeds the 80 decoder layers" in engine_refusal(cfg, 1, 81)
+    gqa = load_transformer(resolve("model", "llama3-8b"))  # 32 heads, 8 KV heads
+    assert engine_refusal(gqa, 16, 1) is None  # 16 ranks, each holding one replicated KV head
+    assert engine_refusal(gqa, 32, 1) is None
+
+
+def test_partition_round_trip_and_the_engines_checks():
+    assert parse_partition("11,13,12,12", 48, 4, "vllm") == (11, 13, 12, 12)
+    with pytest.raises(InputError, match="VLLM_PP_LAYER_PARTITION=11,13,12: 3 entries but pp is 4"):
+        parse_partition("11,13,12", 36, 4, "vllm")
+    with pytest.raises(InputError, match="sums to 47"):
+        parse_partition("11,12,12,12", 48, 4, "sglang")
+    with pytest.raises(InputError, match="invalid partition"):
+        parse_partition("11;13", 24, 2, "vllm")
+
+
+def _run(args, tmp_path):
+    out = tmp_path / "serve.json"
+    r = CliRunner().invoke(main, ["serve", *args, "-o", str(out), "--simulate-top", "1", "--num-requests", "60"])
+    return r, out
+
+
+def test_cli_writes_plans_with_both_engines_commands(tmp_path):
+    r, out = _run(["--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8", "--tp", "1", "--pp", "8",
+                   "--input-len", "1024", "--output-len", "128"], tmp_path)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "pipesearch.serve/1"
+    plan = doc["plans"][0]
+    split = plan["layers_per_stage"]
+    assert sum(split) == 80 and len(split) == 8
+    assert plan["stages"][0]["embedding"] and plan["stages"][-1]["head"]
+    assert plan["kv_pool_tokens"] == min(s["kv_tokens"] for s in plan["stages"])
+    assert plan["kv_pool_tokens"] > plan["engine_default"]["kv_pool_tokens"]
+    assert plan["simulated"]["requests"] == 60
+    v = plan["exports"]["vllm"]
+    assert v["env"]["VLLM_PP_LAYER_PARTITION"] == ",".join(map(str, split))
+    argv = v["argv"]
+    assert argv[:3] == ["vllm", "serve", "llama3-70b"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "8"
+    assert argv[argv.index("--quantization") + 1] == "fp8"
+    assert shlex.split(v["command"])[0] == f"VLLM_PP_LAYER_PARTITION={','.join(map(str, split))}"
+    # the engine's own check of the variable accepts it
+    assert parse_partition(v["env"]["VLLM_PP_LAYER_PARTITION"], 80, 8, "vllm") == tuple(split)
+    s = plan["exports"]["sglang"]
+    assert s["env"]["SGLANG_PP_LAYER_PARTITION"] == ",".join(map(str, split))
+    assert s["argv"][s["argv"].index("--tp-size") + 1] == "1" and s["argv"][s["argv"].index("--pp-size") + 1] == "8"
+    assert "VLLM_PP_LAYER_PARTITION=" in r.output and "vs default" in r.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--tp", "3"], "--tp 3"),
+    (["--concurrency", "4", "--request-rate", "1"], "give one"),
+    (["--model", "vgg16"], "layer profile"),
+    (["--split", "10,10"], "summing to 80"),
+    (["--model", "llama2-70b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1"], "no serving plan"),
+])
+def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle):
+    r, out = _run(args, tmp_path)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.output
+    assert not out.exists()
+
+
+def test_vllm_parser_accepts_the_exported_arguments(tmp_path):
+    cli_args = pytest.importorskip("vllm.entrypoints.openai.cli_args")
+    from vllm.utils import FlexibleArgumentParser
+
+    r, out = _run(["--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8"], tmp_path)
+    assert r.exit_code == 0, r.output
+    argv = json.loads(out.read_text())["plans"][0]["exports"]["vllm"]["argv"]
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser())
+    ns = parser.parse_args(["--model", argv[2], *argv[3:]])
+    assert ns.tensor_parallel_size == int(argv[argv.index("--tensor-parallel-size") + 1])
+    assert ns.pipeline_parallel_size == int(argv[argv.index("--pipeline-parallel-size") + 1])
