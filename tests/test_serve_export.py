@@ -102,3 +102,19 @@ def test_vllm_parser_accepts_the_exported_arguments(tmp_path):
     ns = parser.parse_args(["--model", argv[2], *argv[3:]])
     assert ns.tensor_parallel_size == int(argv[argv.index("--tensor-parallel-size") + 1])
     assert ns.pipeline_parallel_size == int(argv[argv.index("--pipeline-parallel-size") + 1])
+
+
+def test_cli_request_rate_json_and_timeline(tmp_path):
+    png = tmp_path / "tl.png"
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--request-rate", "3",
+                                  "--input-len", "512", "--output-len", "64", "--num-requests", "80",
+                                  "--simulate-top", "1", "--timeline", str(png), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["inputs"]["workload"]["request_rate"] == 3
+    plan = doc["plans"][0]
+    assert not plan["predicted"]["saturated"]
+    # a plan that carries the rate: each replica's share of 3 req/s x 64 tokens
+    per_replica = 3 / plan["parallelism"]["replicas"] * 64
+    assert plan["predicted"]["output_tokens_per_s_per_replica"] >= per_replica
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import click
 import pandas as pd
@@ -204,7 +205,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                                record_events=500_000 if (i == 0 and timeline) else 0)
         if i == 0:
             events = sim.events
-        object.__setattr__(p, "simulated", sim.as_dict())
+        plans[i] = replace(p, simulated=sim.as_dict())
     exports = []
     devices_per_node = cluster.groups[0].devices_per_node
     for p in plans:
