@@ -19,7 +19,7 @@ from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_for
 from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
 from ..serve.pipeline import Workload
-from ..serve.search import ServeJob, pipeline_for, search_serving
+from ..serve.search import ServeJob, pipeline_for, rerank_by_simulation, search_serving
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_bytes
 from . import main
@@ -193,7 +193,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     result = search_serving(cfg, cluster, job, engine=eng, weights=weights, kv_bytes=kv_bytes, tp=tp, pp=pp,
                             split=split, top=top)
     plans = list(result.plans)
-    events = ()
+    events = {}
     for i, p in enumerate(plans[:simulate_top]):
         pipe, replicas = pipeline_for(cfg, cluster, p.tp, p.pp, weights, kv_bytes, eng, reserve)
         per_replica_k = None if concurrency is None else -(-concurrency // replicas)
@@ -202,10 +202,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
             per_replica_k = p.batch
         sim = simulate_serving(pipe, p.split, workload, num_requests=num_requests, pool_tokens=p.pool_tokens,
                                concurrency=per_replica_k, request_rate=rate, seed=seed,
-                               record_events=500_000 if (i == 0 and timeline) else 0)
-        if i == 0:
-            events = sim.events
+                               record_events=500_000 if timeline else 0)
+        events[(p.tp, p.pp, p.split)] = sim.events
         plans[i] = replace(p, simulated=sim.as_dict())
+    plans = rerank_by_simulation(plans, rate_given=request_rate is not None)
     exports = []
     devices_per_node = cluster.groups[0].devices_per_node
     for p in plans:
@@ -247,7 +247,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     if timeline:
         from ..plots.serve_timeline import plot_serve_timeline
 
-        plot_serve_timeline(_window(events, 3 * plans[0].steady.cycle_s), plans[0].pp, timeline,
+        first = events.get((plans[0].tp, plans[0].pp, plans[0].split), ())
+        if not first:
+            raise InputError(f"--timeline {timeline}: needs --simulate-top 1 or more")
+        plot_serve_timeline(_window(first, 3 * plans[0].steady.cycle_s), plans[0].pp, timeline,
                             f"{cfg.name} on {cluster.name}: plan 1 (tp {plans[0].tp} x pp {plans[0].pp}), "
                             f"three cycles of the simulated steady state")
     if as_json:

@@ -37,7 +37,7 @@ from .pipeline import ServePipeline, SteadyState, Workload
 from .split import max_pool_split, optimal_splits, split_metrics, stage_capacities
 
 __all__ = ["ServeJob", "StageReport", "ServePlan", "ServeSearchResult", "search_serving", "evaluate_split",
-           "pipeline_for"]
+           "pipeline_for", "rerank_by_simulation"]
 
 _CHUNK = 8
 
@@ -357,3 +357,19 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                   default_total_output_tokens_per_s=r["dtotal"])
         for i, r in enumerate(results[:top]))
     return ServeSearchResult(plans, evaluated, tuple(sorted(skipped.items())), time.perf_counter() - t0)
+
+
+def rerank_by_simulation(plans, *, rate_given: bool) -> list[ServePlan]:
+    """Re-rank the simulated plans (those with ``simulated``) by the
+    simulation: total output tokens/s, or with a request rate the mean time
+    per output token; the others keep their order after them. Ranks are
+    renumbered from 1."""
+    from dataclasses import replace
+
+    sim = [p for p in plans if p.simulated]
+    rest = [p for p in plans if not p.simulated]
+    if rate_given:
+        sim.sort(key=lambda p: (p.saturated, p.simulated["tpot_mean_s"]))
+    else:
+        sim.sort(key=lambda p: -p.simulated["output_tokens_per_s"] * p.replicas)
+    return [replace(p, rank=i + 1) for i, p in enumerate(sim + rest)]
