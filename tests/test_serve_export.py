@@ -118,3 +118,30 @@ def test_cli_request_rate_json_and_timeline(tmp_path):
     per_replica = 3 / plan["parallelism"]["replicas"] * 64
     assert plan["predicted"]["output_tokens_per_s_per_replica"] >= per_replica
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_multi_node_replica_and_dtype_flags(tmp_path):
+    r, out = _run(["--model", "llama2-70b", "--cluster", "2x8-a100-80gb", "--tp", "8", "--pp", "2",
+                   "--weight-dtype", "int4", "--kv-dtype", "fp8"], tmp_path)
+    assert r.exit_code == 0, r.output
+    plan = json.loads(out.read_text())["plans"][0]
+    assert plan["parallelism"] == {"tp": 8, "pp": 2, "replicas": 1}
+    v, s = plan["exports"]["vllm"], plan["exports"]["sglang"]
+    assert v["nodes_per_replica"] == 2 and "--distributed-executor-backend" in v["argv"]
+    assert v["argv"][v["argv"].index("--kv-cache-dtype") + 1] == "fp8" and "--quantization" not in v["argv"]
+    assert any("4-bit" in n for n in v["notes"])
+    assert s["argv"][s["argv"].index("--nnodes") + 1] == "2"
+    assert s["argv"][s["argv"].index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    # the stage boundary crosses the nodes: 8 x A100 per node, stage 1 on the second node
+    assert plan["stages"][1]["devices"] == list(range(8, 16))
+
+
+def test_simulated_plans_are_reranked_by_the_simulation(tmp_path):
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8",
+                                  "--simulate-top", "3", "--num-requests", "80", "--json"])
+    assert r.exit_code == 0, r.output
+    plans = json.loads(r.output)["plans"]
+    assert [p["rank"] for p in plans] == list(range(1, len(plans) + 1))
+    sim = [p["simulated"]["output_tokens_per_s"] * p["parallelism"]["replicas"] for p in plans[:3]]
+    assert sim == sorted(sim, reverse=True)
+    assert all(p["simulated"] is None for p in plans[3:])

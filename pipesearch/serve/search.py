@@ -184,8 +184,14 @@ def _best_throughput(job, candidates, score_levels, upper):
 
 
 def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, replicas: int):
-    """The best batch level of a fixed split: ``(split, steady, pool, B_max)``
-    or None when the split does not fit one sequence."""
+    """The best batch level of a fixed split.
+
+    Returns:
+        ``(chosen, pool_tokens, max_batch, saturated)``: ``chosen`` is
+        ``(split, SteadyState)`` or None when no batch fits (memory) or meets
+        the latency limits; ``saturated`` when a request rate is more than the
+        split carries.
+    """
     c = pipe.costs
     tps = c.tokens_per_sequence(job.workload.input_len, job.workload.output_len)
     cap_table = stage_capacities(pipe)
