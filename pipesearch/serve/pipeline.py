@@ -146,6 +146,15 @@ class ServePipeline:
             out = out + self._last(step)
         return out
 
+    def stage_times(self, split, step: Step) -> tuple[list[float], list[float]]:
+        """Seconds of every stage of ``split`` and of every boundary for one
+        micro-batch of scalars (the layer terms computed once)."""
+        layer, first, last = float(self._layer(step)), float(self._first(step)), float(self._last(step))
+        times = [n * layer for n in split]
+        times[0] += first
+        times[-1] += last
+        return times, [float(self.p2p_s(k, step)) for k in range(self.pp - 1)]
+
     def p2p_s(self, k: int, step: Step):
         """Seconds boundary ``k`` (after stage ``k``) takes for a micro-batch."""
         link = self.boundary_links[k]

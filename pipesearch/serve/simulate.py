@@ -202,17 +202,16 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
         finishing = [i for i, n in chunks if reqs[i].prefilled + n >= L_ctx]
         step = Step(decode=d, context=ctx, prefill=p, prompt_len=L_ctx, sampled=d + len(finishing))
         clock = t
+        stage_s, p2p_s = pipe.stage_times(split, step)
         for s in range(P):
             start = max(clock, stage_free[s])
-            dur = float(pipe.stage_s(split[s], s, step))
-            end = start + dur
+            end = start + stage_s[s]
             stage_free[s] = end
             if len(events) < record_events:
                 events.append(StageEvent(s, start, end, k, d, p))
             clock = end
             if s < P - 1:
-                ls = max(clock, link_free[s])
-                le = ls + float(pipe.p2p_s(s, step))
+                le = max(clock, link_free[s]) + p2p_s[s]
                 link_free[s] = le
                 clock = le
         clock += e.step_overhead_s
