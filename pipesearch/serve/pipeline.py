@@ -191,7 +191,7 @@ class ServePipeline:
             return Step(decode=b, context=workload.mean_context, prefill=np.zeros_like(b),
                         prompt_len=workload.input_len, sampled=b)
         mean_p = b * workload.input_len / workload.output_len
-        chunk = np.maximum(self.costs.engine.max_num_batched_tokens - b, 1.0)
+        chunk = np.clip(self.costs.engine.max_num_batched_tokens - b, 1.0, workload.input_len)
         share = np.minimum(1.0, mean_p / chunk)
         p = np.where(share >= 1.0, mean_p, chunk)
         return Step(decode=b, context=workload.mean_context, prefill=p, prompt_len=workload.input_len,

@@ -19,9 +19,10 @@ it carries (decode tokens and their current contexts, prompt chunks).
 So TTFT (arrival to the end of the step that finishes the prompt) and TPOT
 (first to last token over ``output_len - 1``) come from the simulation, with
 queueing, uneven micro-batches and prefill interference. Throughput is the
-output tokens emitted between the 10th and 90th percentile of completion
-times, per second (the steady part of the run); for a steady-decode run, all
-tokens over the makespan. TTFT and TPOT statistics are over the requests
+output tokens emitted between the 10th percentile of completion times and
+the earlier of the 90th percentile and the last arrival, per second (the
+steady part of the run: later, the load only drains); for a steady-decode
+run, all tokens over the makespan. TTFT and TPOT statistics are over the requests
 that arrive in that steady part (all of them when fewer than 10 do), so a
 closed loop's start-up burst does not dominate them.
 """
@@ -248,6 +249,7 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
         rate = float(counts.sum()) / makespan
     else:
         lo, hi = np.quantile(finish, [0.1, 0.9])
+        hi = min(hi, float(arrival.max()))  # after the last arrival the load only drains
         sel = (times > lo) & (times <= hi)
         rate = float(counts[sel].sum()) / (hi - lo) if hi > lo else float(counts.sum()) / makespan
         # latencies of the requests that arrive in the steady part (not the start-up burst)
