@@ -139,7 +139,7 @@ def _window(events, span_s: float):
 @click.option("--simulate-top", type=click.IntRange(min=0), default=3, show_default=True,
               help="Simulate this many best plans (TTFT / TPOT p90).")
 @click.option("--num-requests", type=click.IntRange(min=1),
-              help="Requests per simulated run (default: 4 x the plan's batch or concurrency, at least 200).")
+              help="Requests per simulated run (default: 16 x the plan's batch or concurrency, at least 400).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated arrivals.")
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Draw plan 1's simulated timeline here (png/svg/pdf).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
@@ -200,7 +200,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         rate = None if request_rate is None else request_rate / replicas
         if rate is None and per_replica_k is None:
             per_replica_k = p.batch
-        n_req = num_requests or max(200, 4 * (per_replica_k or p.batch))
+        n_req = num_requests or max(400, 16 * (per_replica_k or p.batch))
         sim = simulate_serving(pipe, p.split, workload, num_requests=n_req, pool_tokens=p.pool_tokens,
                                concurrency=per_replica_k, request_rate=rate, seed=seed,
                                record_events=500_000 if timeline else 0)

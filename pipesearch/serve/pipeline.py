@@ -15,9 +15,10 @@ time per output token ``C``. With a workload of prompts of ``n`` tokens and
 ``o`` output tokens, ``B / o`` requests finish per cycle and as many start,
 so micro-batches carry ``b n / o`` prefill tokens on average beside their
 ``b`` decode tokens (the prefill/decode mix of continuous batching). The
-engine packs prompts into chunks of up to ``max_num_batched_tokens - b``
-tokens, so a share ``(b n / o) / chunk`` of the micro-batches carries a full
-chunk and the rest decode only; stage times are the mean over the two kinds
+engine takes a new prompt whole into one micro-batch (in chunks of
+``max_num_batched_tokens - b`` tokens when it is longer), so a share
+``(b n / o) / chunk`` of the micro-batches carries a chunk of
+``chunk = min(n, max_num_batched_tokens - b)`` tokens and the rest decode only; stage times are the mean over the two kinds
 (a chunk step is compute-bound where a decode step is memory-bound, and the
 roofline of the average would hide that). Decoding sequences hold ``n + o / 2``
 tokens of context on average.
@@ -118,23 +119,26 @@ class ServePipeline:
 
     @staticmethod
     def _mean(step: Step, with_chunk, without):
-        share = np.asarray(step.share, dtype=float)
-        if share.ndim == 0 and float(share) == 1.0:
-            return with_chunk
-        return share * with_chunk + (1 - share) * without
+        """``share * with_chunk() + (1 - share) * without()``; only the first
+        when every micro-batch carries the chunk."""
+        share = step.share
+        if (isinstance(share, float) and share == 1.0) or (np.ndim(share) == 0 and float(share) == 1.0):
+            return with_chunk()
+        share = np.asarray(share, dtype=float)
+        return share * with_chunk() + (1 - share) * without()
 
     def _layer(self, step: Step):
         c = self.costs
-        return self._mean(step, c.layer_s(step.decode, step.context, step.prefill, step.prompt_len),
-                          c.layer_s(step.decode, step.context, 0.0, step.prompt_len))
+        return self._mean(step, lambda: c.layer_s(step.decode, step.context, step.prefill, step.prompt_len),
+                          lambda: c.layer_s(step.decode, step.context, 0.0, step.prompt_len))
 
     def _first(self, step: Step):
         c = self.costs
-        return self._mean(step, c.first_extra_s(step.tokens), c.first_extra_s(step.decode))
+        return self._mean(step, lambda: c.first_extra_s(step.tokens), lambda: c.first_extra_s(step.decode))
 
     def _last(self, step: Step):
         c = self.costs
-        return self._mean(step, c.last_extra_s(step.sampled), c.last_extra_s(step.decode))
+        return self._mean(step, lambda: c.last_extra_s(step.sampled), lambda: c.last_extra_s(step.decode))
 
     def stage_s(self, num_blocks, s: int, step: Step):
         """Seconds of stage ``s`` holding ``num_blocks`` decoder blocks."""
@@ -159,8 +163,8 @@ class ServePipeline:
         """Seconds boundary ``k`` (after stage ``k``) takes for a micro-batch."""
         link = self.boundary_links[k]
         bw = link.bandwidth_bytes_per_s
-        return link.latency_s + self._mean(step, self.costs.p2p_bytes(step.tokens) / bw,
-                                           self.costs.p2p_bytes(step.decode) / bw)
+        return link.latency_s + self._mean(step, lambda: self.costs.p2p_bytes(step.tokens) / bw,
+                                           lambda: self.costs.p2p_bytes(step.decode) / bw)
 
     def ring_s(self, step: Step):
         """Round trip of a micro-batch; independent of the split (every block

@@ -147,10 +147,20 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
             pending.append((0.0, i))
     heapq.heapify(pending)
     waiting: list[int] = []  # FIFO of arrived request ids
-    running: list[list[int]] = [[] for _ in range(m)]
+    # per slot: decoding requests, prompts in progress (FIFO), the sum of the
+    # decoding requests' generated tokens, decode steps done, finish heap
+    dec: list[set[int]] = [set() for _ in range(m)]
+    pre: list[list[int]] = [[] for _ in range(m)]
+    gsum = [0] * m
+    nsteps = [0] * m
+    fin: list[list[tuple[int, int]]] = [[] for _ in range(m)]
+    n_out = workload.output_len
     if steady_decode:
         for i, r in enumerate(reqs):
-            running[r.slot].append(i)
+            dec[r.slot].add(i)
+            fin[r.slot].append((n_out, i))
+        for h in fin:
+            heapq.heapify(h)
     free_tokens = pool_tokens - (need * num_requests if steady_decode else 0)
     n_running = num_requests if steady_decode else 0
     stage_free = [0.0] * P
@@ -165,40 +175,48 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
     L_ctx = workload.input_len
     chunk_budget = e.max_num_batched_tokens
 
+    def finish_request(i: int, clock: float) -> None:
+        nonlocal n_running, free_tokens, done
+        reqs[i].finish = clock
+        n_running -= 1
+        free_tokens += need
+        done += 1
+        if concurrency is not None and len(reqs) < num_requests:
+            reqs.append(_Req(clock))
+            heapq.heappush(pending, (clock, len(reqs) - 1))
+
     while slots and (done < len(reqs) or pending):
         t, _, k = heapq.heappop(slots)
         while pending and pending[0][0] <= t:
             waiting.append(heapq.heappop(pending)[1])
-        mine = running[k]
-        decode = [i for i in mine if reqs[i].prefilled >= L_ctx]
-        prefill_jobs = [(i, L_ctx - reqs[i].prefilled) for i in mine if reqs[i].prefilled < L_ctx]
-        budget = chunk_budget - len(decode)
+        d = len(dec[k])
+        budget = chunk_budget - d
         chunks: list[tuple[int, int]] = []
-        for i, left in prefill_jobs:
+        for i in pre[k]:
             if budget <= 0:
                 break
-            n = min(left, budget)
+            n = min(L_ctx - reqs[i].prefilled, budget)
             chunks.append((i, n))
             budget -= n
-        while waiting and budget > 0 and n_running < max_running and len(mine) < per_slot and free_tokens >= need:
+        while (waiting and budget > 0 and n_running < max_running and d + len(pre[k]) < per_slot
+               and free_tokens >= need):
             i = waiting.pop(0)
             reqs[i].slot = k
-            mine.append(i)
+            pre[k].append(i)
             n_running += 1
             free_tokens -= need
             n = min(L_ctx, budget)
             chunks.append((i, n))
             budget -= n
         peak_running = max(peak_running, n_running)
-        if not decode and not chunks:
+        if not d and not chunks:
             # idle: wake at the next arrival or the next busy slot's return
             wakes = [s[0] for s in slots if s[1] == 0] + ([pending[0][0]] if pending else [])
             wake = min(wakes, default=math.inf)
             if math.isfinite(wake):
                 heapq.heappush(slots, (max(wake, t), 1, k))
             continue
-        d = len(decode)
-        ctx = (sum(L_ctx + reqs[i].generated for i in decode) / d) if d else 0.0
+        ctx = (L_ctx + gsum[k] / d) if d else 0.0
         p = sum(n for _, n in chunks)
         finishing = [i for i, n in chunks if reqs[i].prefilled + n >= L_ctx]
         step = Step(decode=d, context=ctx, prefill=p, prompt_len=L_ctx, sampled=d + len(finishing))
@@ -217,25 +235,34 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
                 clock = le
         clock += e.step_overhead_s
         steps += 1
-        tokens = 0
+        # every decoding request of the slot gains a token
+        nsteps[k] += 1
+        gsum[k] += d
+        if steady_decode and nsteps[k] == 1:
+            for i in dec[k]:
+                reqs[i].first = clock
+        h = fin[k]
+        while h and h[0][0] <= nsteps[k]:
+            _, i = heapq.heappop(h)
+            dec[k].discard(i)
+            gsum[k] -= n_out
+            reqs[i].generated = n_out
+            finish_request(i, clock)
+        # prompt chunks; a finished prompt samples its first token
         for i, n in chunks:
             reqs[i].prefilled += n
-        for i in decode + finishing:
+        for i in finishing:
+            pre[k].remove(i)
             r = reqs[i]
-            r.generated += 1
-            tokens += 1
-            if r.generated == 1:
-                r.first = clock
-            if r.generated >= workload.output_len:
-                r.finish = clock
-                mine.remove(i)
-                n_running -= 1
-                free_tokens += need
-                done += 1
-                if concurrency is not None and len(reqs) < num_requests:
-                    reqs.append(_Req(clock))
-                    heapq.heappush(pending, (clock, len(reqs) - 1))
-        emitted.append((clock, tokens))
+            r.first = clock
+            r.generated = 1
+            if n_out == 1:
+                finish_request(i, clock)
+            else:
+                dec[k].add(i)
+                gsum[k] += 1
+                heapq.heappush(h, (nsteps[k] + n_out - 1, i))
+        emitted.append((clock, d + len(finishing)))
         heapq.heappush(slots, (clock, 0, k))
 
     finish = np.array([r.finish for r in reqs])
