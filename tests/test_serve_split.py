@@ -3,6 +3,7 @@ vLLM's default on 8x L4, and the search's pins and speed."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -135,3 +136,35 @@ def test_serve_70b_on_2x8_gpus_under_a_second():
                        weights=weight_format("bf16"), kv_bytes=2.0)
     assert time.perf_counter() - t0 < 1.0
     assert r.evaluated >= 10 and r.plans
+
+
+def test_rate_beyond_capacity_is_marked_saturated():
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    cluster = load_cluster("1x8-l4")
+    r = search_serving(cfg, cluster, ServeJob(Workload(1024, 256), request_rate=1000.0), engine=engine_spec("vllm"),
+                       weights=weight_format("fp8"), kv_bytes=2.0)
+    assert all(p.saturated for p in r.plans)
+    # saturated plans rank by the throughput they do reach
+    totals = [p.total_output_tokens_per_s for p in r.plans]
+    assert totals == sorted(totals, reverse=True)
+
+
+def test_concurrency_caps_the_batch_per_replica():
+    cfg = load_transformer(resolve("model", "llama3-8b"))
+    cluster = load_cluster("1x8-l4")
+    r = search_serving(cfg, cluster, ServeJob(Workload(512, 128), concurrency=20), engine=engine_spec("vllm"),
+                       weights=weight_format("bf16"), kv_bytes=2.0)
+    for p in r.plans:
+        assert p.batch <= -(-20 // p.replicas)
+
+
+def test_huggingface_config_is_served(tmp_path):
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "tie_word_embeddings": False}))
+    cfg = load_transformer(cfg_path)
+    r = search_serving(cfg, load_cluster("1x8-l4"), ServeJob(Workload(512, 128)), engine=engine_spec("sglang"),
+                       weights=weight_format("bf16"), kv_bytes=1.0)
+    assert r.plans and all(sum(p.split) == 32 for p in r.plans)

@@ -142,24 +142,26 @@ def _meets(job: ServeJob, st: SteadyState) -> bool:
             and (job.max_ttft_s is None or st.ttft_s <= job.max_ttft_s))
 
 
-def _choose(job: ServeJob, replicas: int, cap: int, score_levels):
-    """Pick the batch level. ``score_levels(batches) -> [(split, steady) | None]``."""
+def _carrying_rate(job: ServeJob, replicas: int, cap: int, score_levels):
+    """Under a request rate: the smallest batch level whose throughput carries
+    the replica's share of the rate, ``(level, False)``; else the
+    highest-throughput level, ``(level, True)`` (saturated). Levels are
+    ``score_levels(batches) -> [(split, steady) | None]``, visited upwards
+    eight at a time; only levels meeting the latency limits count."""
     if cap < 1:
         return None, False
-    if job.request_rate is not None:
-        demand = job.request_rate / replicas * job.workload.output_len
-        best_any = None
-        for lo in range(1, cap + 1, _CHUNK):
-            batches = np.arange(lo, min(cap, lo + _CHUNK - 1) + 1)
-            for r in score_levels(batches):
-                if r is None or not _meets(job, r[1]):
-                    continue
-                if r[1].output_tokens_per_s >= demand:
-                    return r, False
-                if best_any is None or r[1].output_tokens_per_s > best_any[1].output_tokens_per_s:
-                    best_any = r
-        return best_any, True
-    return _best_throughput(job, cap, score_levels), False
+    demand = job.request_rate / replicas * job.workload.output_len
+    best_any = None
+    for lo in range(1, cap + 1, _CHUNK):
+        batches = np.arange(lo, min(cap, lo + _CHUNK - 1) + 1)
+        for r in score_levels(batches):
+            if r is None or not _meets(job, r[1]):
+                continue
+            if r[1].output_tokens_per_s >= demand:
+                return r, False
+            if best_any is None or r[1].output_tokens_per_s > best_any[1].output_tokens_per_s:
+                best_any = r
+    return best_any, True
 
 
 def _best_throughput(job, candidates, score_levels, upper):
@@ -214,7 +216,7 @@ def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, r
             return None, pool, b_max, False
         k = int(np.argmax(np.where(ok, a["output_tokens_per_s"], -np.inf)))
         return (split, pipe.steady_state(split, int(batches[k]), job.workload)), pool, b_max, False
-    chosen, saturated = _choose(job, replicas, cap, score)
+    chosen, saturated = _carrying_rate(job, replicas, cap, score)
     return chosen, pool, b_max, saturated
 
 
@@ -248,7 +250,7 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
                 ok &= chunks * np.asarray(pipe.ring_s(cstep), dtype=float) <= job.max_ttft_s * (1 + 1e-12)
             batches = batches[ok]
         return _best_throughput(job, batches, score, upper), b_max, False
-    chosen, saturated = _choose(job, replicas, cap, score)
+    chosen, saturated = _carrying_rate(job, replicas, cap, score)
     return chosen, b_max, saturated
 
 
