@@ -57,13 +57,24 @@ BANDWIDTH_FRACTION = 0.8
 LOGIT_BYTES = 4.0
 
 
+def _num(x):
+    """A Python number as a float (the fast scalar path of the simulator),
+    anything else as a float array."""
+    return float(x) if isinstance(x, (int, float)) else np.asarray(x, dtype=float)
+
+
+def _maximum(a, b):
+    return max(a, b) if isinstance(a, float) and isinstance(b, float) else np.maximum(a, b)
+
+
 def allreduce_s(nbytes, t: int, link: Link):
     """Ring all-reduce of ``nbytes`` over ``t`` ranks, ``2 (t-1)/t * nbytes / bw
     + 2 (t-1) * latency`` (Patarasuk & Yuan 2009); 0 for ``t = 1``. Accepts
     arrays."""
+    x = _num(nbytes)
     if t <= 1:
-        return np.zeros_like(np.asarray(nbytes, dtype=float))
-    return 2 * (t - 1) / t * np.asarray(nbytes, dtype=float) / link.bandwidth_bytes_per_s + 2 * (t - 1) * link.latency_s
+        return 0.0 * x
+    return 2 * (t - 1) / t * x / link.bandwidth_bytes_per_s + 2 * (t - 1) * link.latency_s
 
 
 @dataclass(frozen=True)
@@ -212,31 +223,28 @@ class ServeCosts:
         """Seconds of one decoder layer for a micro-batch (arrays broadcast):
         roofline of compute and memory traffic plus two all-reduces."""
         c, t = self.cfg, self.tp
-        d = np.asarray(decode_tokens, dtype=float)
-        p = np.asarray(prefill_tokens, dtype=float)
-        ctx = np.asarray(decode_context, dtype=float)
-        n = np.asarray(prompt_len, dtype=float)
+        d, p, ctx, n = _num(decode_tokens), _num(prefill_tokens), _num(decode_context), _num(prompt_len)
         q = c.q_dim / t
         flops = 2 * (d + p) * self.block_gemm_params / t + 4 * q * (d * ctx + p * n / 2)
         kv = self.kv_bytes_per_token_layer
         nbytes = self.block_weight_bytes + kv * d * ctx + kv * (d + p)
-        step = np.maximum(flops / self.gemm_flops_rate, nbytes / self.bandwidth)
+        step = _maximum(flops / self.gemm_flops_rate, nbytes / self.bandwidth)
         return step + 2 * allreduce_s((d + p) * c.hidden_size * HALF_BYTES, t, self.tp_link)
 
     def first_extra_s(self, tokens):
         """Embedding lookup (rows read) and its all-reduce on the first stage."""
-        x = np.asarray(tokens, dtype=float) * self.cfg.hidden_size * HALF_BYTES
+        x = _num(tokens) * self.cfg.hidden_size * HALF_BYTES
         return x / self.bandwidth + allreduce_s(x, self.tp, self.tp_link)
 
     def last_extra_s(self, sampled_tokens):
         """Final norm + LM head for the tokens that sample, on the last stage:
         roofline of ``2 t h V/tp`` FLOPs against the head matrix read once
         plus the logits written, and the logits gathered to one rank."""
-        s = np.asarray(sampled_tokens, dtype=float)
+        s = _num(sampled_tokens)
         rows = self.vocab_rows_per_rank
         flops = 2 * s * self.cfg.hidden_size * rows
         nbytes = self.head_matrix_bytes + s * rows * LOGIT_BYTES
-        step = np.maximum(flops / self.gemm_flops_rate, nbytes / self.bandwidth)
+        step = _maximum(flops / self.gemm_flops_rate, nbytes / self.bandwidth)
         if self.tp > 1:
             gathered = s * rows * self.tp * LOGIT_BYTES
             step = step + (self.tp - 1) / self.tp * gathered / self.tp_link.bandwidth_bytes_per_s \
@@ -246,5 +254,5 @@ class ServeCosts:
     def p2p_bytes(self, tokens):
         """Bytes one stage boundary sends for a micro-batch: hidden state and
         residual, ``2 * tokens * h`` 16-bit values."""
-        return 2 * np.asarray(tokens, dtype=float) * self.cfg.hidden_size * HALF_BYTES
+        return 2 * _num(tokens) * self.cfg.hidden_size * HALF_BYTES
 

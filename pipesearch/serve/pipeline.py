@@ -84,6 +84,8 @@ class Step:
 
     @property
     def tokens(self):
+        if isinstance(self.decode, (int, float)) and isinstance(self.prefill, (int, float)):
+            return float(self.decode + self.prefill)
         return np.asarray(self.decode, dtype=float) + np.asarray(self.prefill, dtype=float)
 
 
