@@ -82,6 +82,8 @@ def test_cli_writes_plans_with_both_engines_commands(tmp_path):
     (["--model", "vgg16"], "layer profile"),
     (["--split", "10,10"], "summing to 80"),
     (["--model", "llama2-70b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1"], "no serving plan"),
+    (["--cluster", "mixed-a100-v100"], "one device type"),
+    (["--pp", "3"], "--pp 3"),
 ])
 def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle):
     r, out = _run(args, tmp_path)
@@ -89,6 +91,14 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle):
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.output
     assert not out.exists()
+
+
+def test_cli_timeline_needs_a_simulation(tmp_path):
+    out = tmp_path / "serve.json"
+    r = CliRunner().invoke(main, ["serve", "--timeline", str(tmp_path / "t.png"), "--simulate-top", "0",
+                                  "-o", str(out)])
+    assert r.exit_code == 2 and "--simulate-top 1" in r.output
+    assert not out.exists() and not (tmp_path / "t.png").exists()
 
 
 def test_vllm_parser_accepts_the_exported_arguments(tmp_path):

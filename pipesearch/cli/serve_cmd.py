@@ -169,6 +169,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         from ..plots.common import check_output
 
         check_output(timeline)
+        if simulate_top < 1:
+            raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
     try:
         reserve = parse_bytes(memory_reserve)
     except InputError as exc:
@@ -243,17 +245,15 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         "plans": [_plan_json(p, ex) for p, ex in zip(plans, exports)],
     }
     text = json.dumps(doc, indent=2) + "\n"
-    if out:
-        write_text(out, text, "serving plans")
     if timeline:
         from ..plots.serve_timeline import plot_serve_timeline
 
-        first = events.get((plans[0].tp, plans[0].pp, plans[0].split), ())
-        if not first:
-            raise InputError(f"--timeline {timeline}: needs --simulate-top 1 or more")
+        first = events[(plans[0].tp, plans[0].pp, plans[0].split)]
         plot_serve_timeline(_window(first, 3 * plans[0].steady.cycle_s), plans[0].pp, timeline,
                             f"{cfg.name} on {cluster.name}: plan 1 (tp {plans[0].tp} x pp {plans[0].pp}), "
                             f"three cycles of the simulated steady state")
+    if out:
+        write_text(out, text, "serving plans")
     if as_json:
         click.echo(text, nl=False)
         return
