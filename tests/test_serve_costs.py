@@ -160,3 +160,33 @@ def test_default_splits_follow_the_engines_rules():
     # SGLang: the whole remainder on the last stage
     assert default_split("sglang", 63, 4) == (15, 15, 15, 18)
     assert default_split("vllm", 80, 1) == (80,)
+
+
+def test_llama3_70b_bf16_on_catalog_l4_default_pool_vs_planned():
+    """8 x L4 (nvidia-smi: 23034 MiB), vLLM defaults, bf16 weights and KV.
+    Budget 0.9 x 23034 MiB less 1 GiB, the 2048-token activation peak and
+    (last stage) 256 x 128256 fp32 logits; blocks of 16 tokens."""
+    from pipesearch.hardware import load_cluster
+    from pipesearch.serve.pipeline import Workload
+    from pipesearch.serve.search import ServeJob, search_serving
+
+    memory = 23034 * 2**20
+    act = 2048 * 2 * (2 * 8192 + 3 * 28672)
+    mid_budget = 0.9 * memory - GIB - act
+    last_budget = mid_budget - 256 * 128256 * 4
+    block = 855_638_016 * 2 + 2 * 8192 * 2
+    head = 128256 * 8192 * 2 + 8192 * 2
+    kv_token_layer = 2 * 8 * 128 * 2
+    # vLLM's 10 x 8: the last stage (10 blocks + LM head) limits the pool
+    default_last = math.floor((last_budget - 10 * block - head) / (16 * 10 * kv_token_layer)) * 16
+    assert default_last == 21_936
+    # an 11-block middle stage of the planned split
+    eleven = math.floor((mid_budget - 11 * block) / (16 * 11 * kv_token_layer)) * 16
+    assert eleven == 31_504
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    r = search_serving(cfg, load_cluster("1x8-l4"), ServeJob(Workload(1024, 256)), engine=engine_spec("vllm"),
+                       weights=weight_format("bf16"), kv_bytes=2.0, tp=1, pp=8)
+    plan = r.plans[0]
+    assert plan.default_pool_tokens == default_last
+    assert plan.pool_tokens >= eleven > default_last
+    assert plan.total_output_tokens_per_s > plan.default_total_output_tokens_per_s
