@@ -190,3 +190,21 @@ def test_llama3_70b_bf16_on_catalog_l4_default_pool_vs_planned():
     assert plan.default_pool_tokens == default_last
     assert plan.pool_tokens >= eleven > default_last
     assert plan.total_output_tokens_per_s > plan.default_total_output_tokens_per_s
+
+
+def test_fp8_weight_gemms_at_the_fp8_peak_where_there_is_one():
+    from pipesearch.hardware import load_device
+
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    l4, a10 = load_device("l4-24gb"), load_device("a10-24gb")  # FP8 tensor cores: L4 yes (242.5 dense), A10 no
+
+    def layer(dev, weights):
+        c = ServeCosts(cfg, dev, 1, weight_format(weights), 2.0, engine_spec("vllm"), NVLINK, GIB)
+        return c.layer_s(0, 0.0, 2048, 2048)
+
+    # a 2048-token prompt in one step: compute-bound; GEMMs 2 x 2048 x 855,638,016 FLOPs,
+    # attention 4 x 8192 x 2048 x 2048 / 2 FLOPs at the 16-bit rate; achieved fraction 0.5
+    gemm, attn = 2 * 2048 * 855_638_016, 4 * 8192 * 2048 * 2048 / 2
+    assert layer(l4, "fp8") == pytest.approx(gemm / (242.5e12 * 0.5) + attn / (121e12 * 0.5), rel=1e-12)
+    assert layer(l4, "bf16") == pytest.approx((gemm + attn) / (121e12 * 0.5), rel=1e-12)
+    assert layer(a10, "fp8") == pytest.approx((gemm + attn) / (125e12 * 0.5), rel=1e-12)

@@ -21,7 +21,9 @@ are derived in ``docs/serving_costs.md``; in short:
 * A step of a micro-batch with ``d`` decode tokens (mean context ``c``) and
   ``p`` prefill tokens (prompt ``n``) on one decoder layer takes
   ``max(FLOPs / (peak * achieved_fraction), bytes / (bandwidth * 0.8))`` (a
-  roofline; Williams et al. 2009) plus two tensor-parallel all-reduces of
+  roofline; Williams et al. 2009; weight GEMMs at the FP8 peak for fp8
+  weights on devices with FP8 tensor cores, attention at the 16-bit peak)
+  plus two tensor-parallel all-reduces of
   ``(d + p) h`` 16-bit values (Shoeybi et al. 2019): FLOPs ``2 (d + p) G / tp
   + 4 (q / tp) (d c + p n / 2)``, bytes the layer's weights once plus the
   decode tokens' KV read and every token's KV write (Pope et al. 2022,
@@ -213,7 +215,18 @@ class ServeCosts:
     # ------------------------------------------------------------ times
     @cached_property
     def gemm_flops_rate(self) -> float:
+        """16-bit GEMM rate: ``peak_fp16 * achieved_fraction_at(h)``."""
         return self.device.peak_fp16_flops * self.device.achieved_fraction_at(self.cfg.hidden_size)
+
+    @cached_property
+    def weight_gemm_flops_rate(self) -> float:
+        """Rate of the blocks' weight GEMMs: the FP8 peak (same achieved
+        fraction) for fp8 weights on a device with FP8 tensor cores (W8A8,
+        as vLLM and SGLang run FP8 on Ada and Hopper), else the 16-bit rate
+        (weight-only kernels dequantize to 16-bit)."""
+        if self.weights.name == "fp8" and self.device.peak_fp8_flops > 0:
+            return self.device.peak_fp8_flops * self.device.achieved_fraction_at(self.cfg.hidden_size)
+        return self.gemm_flops_rate
 
     @cached_property
     def bandwidth(self) -> float:
@@ -225,10 +238,12 @@ class ServeCosts:
         c, t = self.cfg, self.tp
         d, p, ctx, n = _num(decode_tokens), _num(prefill_tokens), _num(decode_context), _num(prompt_len)
         q = c.q_dim / t
-        flops = 2 * (d + p) * self.block_gemm_params / t + 4 * q * (d * ctx + p * n / 2)
+        gemm = 2 * (d + p) * self.block_gemm_params / t
+        attention = 4 * q * (d * ctx + p * n / 2)
         kv = self.kv_bytes_per_token_layer
         nbytes = self.block_weight_bytes + kv * d * ctx + kv * (d + p)
-        step = _maximum(flops / self.gemm_flops_rate, nbytes / self.bandwidth)
+        compute = gemm / self.weight_gemm_flops_rate + attention / self.gemm_flops_rate
+        step = _maximum(compute, nbytes / self.bandwidth)
         return step + 2 * allreduce_s((d + p) * c.hidden_size * HALF_BYTES, t, self.tp_link)
 
     def first_extra_s(self, tokens):
