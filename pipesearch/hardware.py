@@ -38,6 +38,7 @@ _DEVICE_KEYS = {
     "hbm_bandwidth_GBps": (True, "a positive number of GB/s"),
     "achieved_fraction": (False, "a number in (0, 1]"),
     "gemm_half_efficiency_size": (False, "a number >= 0 (a GEMM dimension)"),
+    "peak_fp8_TFLOPS": (False, "a positive number of TFLOP/s (dense FP8 tensor peak)"),
 }
 _CLUSTER_KEYS = ("name", "description", "nodes", "devices_per_node", "device",
                  "groups", "intra_node", "inter_node", "inter_group")
@@ -137,7 +138,8 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
         A :class:`DeviceSpec` in SI units: ``memory_bytes`` (``memory_GiB`` x
         2**30 or ``memory_GB`` x 1e9), ``peak_fp16_flops`` and
         ``peak_fp32_flops`` (TFLOPS x 1e12), ``hbm_bandwidth_bytes_per_s``
-        (GBps x 1e9), ``achieved_fraction`` (default 0.5).
+        (GBps x 1e9), ``achieved_fraction`` (default 0.5), ``peak_fp8_flops``
+        (``peak_fp8_TFLOPS`` x 1e12; 0 when the key is absent).
 
     Raises:
         CatalogError: neither a file nor a catalog name (close names suggested).
@@ -176,6 +178,8 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
         description=_string(path, "description", data.get("description", "")),
         gemm_half_efficiency_size=_number(path, "gemm_half_efficiency_size",
                                           data.get("gemm_half_efficiency_size", 0.0), positive=False),
+        peak_fp8_flops=TERA * _number(path, "peak_fp8_TFLOPS", data["peak_fp8_TFLOPS"])
+        if "peak_fp8_TFLOPS" in data else 0.0,
     )
 
 

@@ -106,6 +106,8 @@ class DeviceSpec:
             catalog entry).
         gemm_half_efficiency_size: GEMM inner dimension at which half of
             ``achieved_fraction`` is reached (see :meth:`achieved_fraction_at`).
+        peak_fp8_flops: dense FP8 tensor peak, FLOP/s; 0 for devices without
+            FP8 tensor cores (serving times FP8 GEMMs at this rate).
     """
 
     name: str
@@ -116,6 +118,7 @@ class DeviceSpec:
     achieved_fraction: float = 0.5
     description: str = ""
     gemm_half_efficiency_size: float = 0.0
+    peak_fp8_flops: float = 0.0
 
     def achieved_fraction_at(self, gemm_size: float) -> float:
         """Fraction of ``peak_fp16_flops`` reached by a transformer whose GEMMs

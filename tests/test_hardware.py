@@ -260,9 +260,19 @@ def test_achieved_fraction_above_one(tmp_path):
 
 
 def test_device_unknown_key(tmp_path):
-    msg = _bad_device(tmp_path, GOOD_DEVICE + "peak_fp8_TFLOPS = 3\n")
-    assert "unknown key 'peak_fp8_TFLOPS'" in msg and "allowed keys" in msg
+    msg = _bad_device(tmp_path, GOOD_DEVICE + "peak_fp4_TFLOPS = 3\n")
+    assert "unknown key 'peak_fp4_TFLOPS'" in msg and "allowed keys" in msg
     assert "hbm_bandwidth_GBps" in msg
+
+
+def test_device_fp8_peak_optional_and_checked(tmp_path):
+    path = tmp_path / "dev.toml"
+    path.write_text(GOOD_DEVICE + "peak_fp8_TFLOPS = 3\n")
+    assert load_device(path).peak_fp8_flops == 3e12
+    path.write_text(GOOD_DEVICE)
+    assert load_device(path).peak_fp8_flops == 0.0
+    msg = _bad_device(tmp_path, GOOD_DEVICE + "peak_fp8_TFLOPS = 0\n")
+    assert "peak_fp8_TFLOPS" in msg and "positive" in msg
 
 
 def test_unknown_catalog_device_suggests():

@@ -51,20 +51,22 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(version=__version__, prog_name="pipesearch")
 def main():
-    """pipesearch: exact search for pipeline-parallel training plans.
+    """pipesearch: exact search for pipeline-parallel training (and serving) plans.
 
     \b
     Quick start (built-in default model and cluster):
       pipesearch plan
     Your own model and cluster:
       pipesearch plan --model profile.csv --cluster cluster.toml -o plans.json
+    Serving an LLM (tp x pp, layer split, vLLM / SGLang commands):
+      pipesearch serve --model llama3-70b --cluster 1x8-l4 --weight-dtype fp8
     """
 
 
 def _register():
     from . import catalog_cmd, plan_cmd  # noqa: F401  (commands register themselves)
 
-    for optional in ("simulate_cmd", "export_cmd", "plot_cmd", "profile_cmd"):
+    for optional in ("simulate_cmd", "export_cmd", "plot_cmd", "profile_cmd", "serve_cmd"):
         try:
             __import__(f"{__name__}.{optional}")
         except ModuleNotFoundError as exc:

@@ -59,6 +59,8 @@ __all__ = [
     "padded_vocab_size",
     "tied_layers",
     "tied_embedding_param_bytes",
+    "block_parameters",
+    "norm_parameters",
     "forward_flops",
     "megatron_params_eq2",
     "megatron_flops_eq3",
@@ -647,6 +649,22 @@ def parameter_count(cfg: TransformerConfig, *, vocab_size: int | None = None) ->
     total = _embedding_params(cfg, vocab).total + _head_params(cfg, vocab).total
     total += sum(_block_params(cfg, i).total for i in range(cfg.total_blocks))
     return total
+
+
+def block_parameters(cfg: TransformerConfig, index: int = 0) -> tuple[int, int]:
+    """Parameters of block ``index`` as ``(split, replicated)``: ``split`` are
+    the GEMM weights (and column-parallel biases) a tensor-parallel group
+    divides among its ranks, ``replicated`` the norms and row-parallel biases
+    every rank holds whole. ``split / tp + replicated`` is one rank's share.
+    Same counts as :func:`parameter_count`."""
+    p = _block_params(cfg, index)
+    return p.split, p.replicated
+
+
+def norm_parameters(cfg: TransformerConfig) -> int:
+    """Parameters of one norm: ``2h`` (LayerNorm weight and bias) or ``h``
+    (RMSNorm weight)."""
+    return _norm_params(cfg)
 
 
 def tied_layers(cfg: TransformerConfig) -> dict[str, str]:

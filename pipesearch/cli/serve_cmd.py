@@ -1,0 +1,276 @@
+"""``pipesearch serve``: serving plans (tp x pp x replicas, the layer split,
+the batch), simulated, with vLLM / SGLang command lines."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import click
+import pandas as pd
+
+from ..catalog import resolve
+from ..errors import InputError
+from ..hardware import describe_cluster, load_cluster
+from ..output import check_writable, write_text
+from ..profiles.transformer import load_transformer
+from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_format
+from ..serve.engine import ENGINES, engine_spec
+from ..serve.export import export_serving
+from ..serve.pipeline import Workload
+from ..serve.search import ServeJob, pipeline_for, rerank_by_simulation, search_serving
+from ..serve.simulate import simulate_serving
+from ..units import format_bytes, parse_bytes
+from . import main
+
+FORMAT = "pipesearch.serve/1"
+DEFAULT_OUTPUT = "serve.json"
+
+
+def _split(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected decoder layers per stage like 20,21,21,18") from None
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:,.0f} ms" if x >= 0.1 else f"{x * 1e3:.1f} ms"
+
+
+def serve_table(plans) -> str:
+    """The ranked serving plans as a fixed-width text table."""
+    rows = []
+    for p in plans:
+        layers = ",".join(map(str, p.split)) if p.pp <= 8 else f"{','.join(map(str, p.split[:6]))},..."
+        sim = p.simulated or {}
+        gain = (p.total_output_tokens_per_s / p.default_total_output_tokens_per_s
+                if p.default_total_output_tokens_per_s else math.inf)
+        rows.append({
+            "rank": p.rank,
+            "tp x pp x r": f"{p.tp} x {p.pp} x {p.replicas}",
+            "layers/stage": layers,
+            "KV pool": f"{p.pool_tokens:,}",
+            "batch": p.batch,
+            "tok/s": f"{p.total_output_tokens_per_s:,.0f}" + ("*" if p.saturated else ""),
+            "TPOT": _ms(p.steady.tpot_s),
+            "TTFT": _ms(p.steady.ttft_s),
+            "sim tok/s": f"{sim['output_tokens_per_s'] * p.replicas:,.0f}" if sim else "-",
+            "sim TPOT p90": _ms(sim["tpot_p90_s"]) if sim else "-",
+            "sim TTFT p90": _ms(sim["ttft_p90_s"]) if sim else "-",
+            "vs default": f"{gain:.2f}x" if math.isfinite(gain) else "default OOM",
+        })
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def _plan_json(p, exports) -> dict:
+    return {
+        "rank": p.rank,
+        "parallelism": {"tp": p.tp, "pp": p.pp, "replicas": p.replicas},
+        "layers_per_stage": list(p.split),
+        "stages": [{"index": s.index, "layers": [s.start, s.end], "embedding": s.embedding, "head": s.head,
+                    "weight_bytes": s.weight_bytes, "kv_tokens": s.kv_tokens, "step_s": s.step_s,
+                    "devices": list(s.devices)} for s in p.stages],
+        "kv_pool_tokens": p.pool_tokens,
+        "max_batch": p.max_batch,
+        "batch": p.batch,
+        "predicted": {"output_tokens_per_s": p.total_output_tokens_per_s,
+                      "output_tokens_per_s_per_replica": p.steady.output_tokens_per_s,
+                      "tpot_s": p.steady.tpot_s, "ttft_s": p.steady.ttft_s, "cycle_s": p.steady.cycle_s,
+                      "ring_s": p.steady.ring_s, "bottleneck_stage_s": p.steady.bottleneck_s,
+                      "saturated": p.saturated},
+        "engine_default": {"layers_per_stage": list(p.default_split), "kv_pool_tokens": p.default_pool_tokens,
+                           "batch": p.default_batch,
+                           "output_tokens_per_s": p.default_total_output_tokens_per_s},
+        "simulated": p.simulated or None,
+        "exports": exports,
+    }
+
+
+def _window(events, span_s: float):
+    """The events that start in ``span_s`` seconds from the median start (the
+    steady part of the run)."""
+    if not events:
+        return events
+    starts = sorted(ev.start_s for ev in events)
+    t0 = starts[len(starts) // 2]
+    return tuple(ev for ev in events if t0 <= ev.start_s < t0 + span_s) or tuple(events[:1])
+
+
+@main.command("serve")
+@click.option("--model", default="llama3-70b", show_default=True,
+              help="Catalog transformer (see `pipesearch catalog models`), a transformer TOML or a HuggingFace "
+                   "config.json.")
+@click.option("--cluster", "cluster_name", default="1x8-l4", show_default=True,
+              help="Catalog name or cluster TOML (one device type).")
+@click.option("--nodes", type=click.IntRange(min=1), help="Override the node count of the cluster.")
+@click.option("--input-len", type=click.IntRange(min=1), default=1024, show_default=True, help="Prompt tokens.")
+@click.option("--output-len", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Generated tokens per request.")
+@click.option("--concurrency", type=click.IntRange(min=1),
+              help="Closed loop of this many clients in total (default: as many as fit).")
+@click.option("--request-rate", type=click.FloatRange(min=0, min_open=True),
+              help="Poisson arrivals, requests per second in total.")
+@click.option("--weight-dtype", type=click.Choice(tuple(WEIGHT_FORMATS)), default="bf16", show_default=True)
+@click.option("--kv-dtype", type=click.Choice(tuple(KV_DTYPES)), default="bf16", show_default=True)
+@click.option("--max-ttft-ms", type=click.FloatRange(min=0, min_open=True), help="Limit on mean time to first token.")
+@click.option("--max-tpot-ms", type=click.FloatRange(min=0, min_open=True),
+              help="Limit on mean time per output token.")
+@click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True)
+@click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor-parallel degree.")
+@click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline-parallel degree.")
+@click.option("--split", callback=_split,
+              help="Score this split (decoder layers per stage, embedding and head not counted) instead of "
+                   "searching.")
+@click.option("--memory-fraction", type=click.FloatRange(min=0, max=1, min_open=True),
+              help="vLLM --gpu-memory-utilization (default 0.9) or SGLang --mem-fraction-static (default 0.85).")
+@click.option("--memory-reserve", default="1GiB", show_default=True,
+              help="vLLM: memory per device for CUDA context, NCCL buffers and CUDA graphs.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Running sequences per replica (default 256).")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
+              help="Token budget of one step, chunked prefill (default 2048).")
+@click.option("--step-overhead-ms", type=click.FloatRange(min=0),
+              help="Engine time per step outside the kernels (default 2).")
+@click.option("--model-path", help="Checkpoint to put in the exported commands (default: the model name).")
+@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
+@click.option("--simulate-top", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Simulate this many best plans (TTFT / TPOT p90).")
+@click.option("--num-requests", type=click.IntRange(min=1),
+              help="Requests per simulated run (default: 16 x the plan's batch or concurrency, at least 400).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated arrivals.")
+@click.option("--timeline", type=click.Path(dir_okay=False), help="Draw plan 1's simulated timeline here (png/svg/pdf).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help=f"Write the serving plans JSON here (default: ./{DEFAULT_OUTPUT}).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
+@click.option("--quiet", "-q", is_flag=True, help="No summary lines.")
+def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency, request_rate, weight_dtype,
+                  kv_dtype, max_ttft_ms, max_tpot_ms, engine, tp, pp, split, memory_fraction, memory_reserve,
+                  max_num_seqs, max_num_batched_tokens, step_overhead_ms, model_path, top, simulate_top,
+                  num_requests, seed, timeline, output, as_json, quiet):
+    """Plan tensor- and pipeline-parallel LLM serving: ranked plans with the
+    layer split, per-stage weights and KV capacity, the batch that fits, and
+    predicted output tokens/s, TTFT and TPOT; the best are simulated request
+    by request; each plan carries its vLLM and SGLang command.
+
+    \b
+    Examples:
+      pipesearch serve --model llama3-70b --cluster 1x8-l4 --weight-dtype fp8
+      pipesearch serve --model llama2-70b --cluster 2x8-a100-80gb --input-len 2048 --output-len 512 --max-tpot-ms 60
+      pipesearch serve --model llama3-70b --cluster 1x8-l4 --weight-dtype fp8 --tp 1 --pp 8 --engine sglang
+      pipesearch serve --model llama3-8b --cluster 1x8-l4 --request-rate 4 --json
+    """
+    if concurrency is not None and request_rate is not None:
+        raise InputError("--concurrency and --request-rate: give one (a closed loop of clients, or an arrival rate)")
+    out = None if (as_json and not output) else check_writable(output or DEFAULT_OUTPUT, "serving plans")
+    if timeline:
+        from ..plots.common import check_output
+
+        check_output(timeline)
+        if simulate_top < 1:
+            raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
+    try:
+        reserve = parse_bytes(memory_reserve)
+    except InputError as exc:
+        raise InputError(f"--memory-reserve: {exc}") from None
+    cluster = load_cluster(cluster_name, nodes=nodes)
+    path = resolve("model", model)
+    if path.suffix not in (".toml", ".json"):
+        raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
+                         f"config (catalog TOML or HuggingFace config.json)")
+    cfg = load_transformer(path)
+    eng = engine_spec(engine, memory_fraction=memory_fraction, max_num_seqs=max_num_seqs,
+                      max_num_batched_tokens=max_num_batched_tokens,
+                      step_overhead_s=None if step_overhead_ms is None else step_overhead_ms / 1e3)
+    if reserve >= cluster.device_spec(0).memory_bytes * eng.memory_fraction:
+        raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the devices of {cluster.name}")
+    workload = Workload(input_len, output_len)
+    job = ServeJob(workload, concurrency=concurrency, request_rate=request_rate,
+                   max_ttft_s=None if max_ttft_ms is None else max_ttft_ms / 1e3,
+                   max_tpot_s=None if max_tpot_ms is None else max_tpot_ms / 1e3, memory_reserve_bytes=reserve)
+    weights = weight_format(weight_dtype)
+    kv_bytes = kv_dtype_bytes(kv_dtype)
+    result = search_serving(cfg, cluster, job, engine=eng, weights=weights, kv_bytes=kv_bytes, tp=tp, pp=pp,
+                            split=split, top=top)
+    plans = list(result.plans)
+    events = {}
+    for i, p in enumerate(plans[:simulate_top]):
+        pipe, replicas = pipeline_for(cfg, cluster, p.tp, p.pp, weights, kv_bytes, eng, reserve)
+        per_replica_k = None if concurrency is None else -(-concurrency // replicas)
+        rate = None if request_rate is None else request_rate / replicas
+        if rate is None and per_replica_k is None:
+            per_replica_k = p.batch
+        n_req = num_requests or max(400, 16 * (per_replica_k or p.batch))
+        sim = simulate_serving(pipe, p.split, workload, num_requests=n_req, pool_tokens=p.pool_tokens,
+                               concurrency=per_replica_k, request_rate=rate, seed=seed,
+                               record_events=500_000 if timeline else 0)
+        events[(p.tp, p.pp, p.split)] = sim.events
+        plans[i] = replace(p, simulated=sim.as_dict())
+    plans = rerank_by_simulation(plans, rate_given=request_rate is not None)
+    exports = []
+    devices_per_node = cluster.groups[0].devices_per_node
+    for p in plans:
+        ex = {}
+        for name in ENGINES:
+            spec = eng if name == engine else engine_spec(name)
+            try:
+                ex[name] = export_serving(p, cfg, engine=name, model_path=model_path or cfg.name,
+                                          weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                          memory_fraction=spec.memory_fraction,
+                                          max_model_len=input_len + output_len,
+                                          max_num_batched_tokens=spec.max_num_batched_tokens,
+                                          devices_per_node=devices_per_node)
+            except InputError as exc:
+                ex[name] = {"refused": str(exc)}
+        exports.append(ex)
+    doc = {
+        "format": FORMAT,
+        "inputs": {
+            "model": {"name": cfg.name, "file": str(path), "num_layers": cfg.num_layers,
+                      "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+                      "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size},
+            "cluster": describe_cluster(cluster) | {"name": cluster.name},
+            "engine": {"name": eng.name, "memory_fraction": eng.memory_fraction,
+                       "block_size_tokens": eng.block_size_tokens, "max_num_seqs": eng.max_num_seqs,
+                       "max_num_batched_tokens": eng.max_num_batched_tokens, "step_overhead_s": eng.step_overhead_s,
+                       "memory_reserve_bytes": reserve},
+            "workload": {"input_len": input_len, "output_len": output_len, "concurrency": concurrency,
+                         "request_rate": request_rate, "max_ttft_s": job.max_ttft_s, "max_tpot_s": job.max_tpot_s,
+                         "weight_dtype": weight_dtype, "kv_dtype": kv_dtype},
+        },
+        "search": {"configurations_evaluated": result.evaluated, "skipped": dict(result.skipped),
+                   "wall_s": round(result.wall_s, 4)},
+        "plans": [_plan_json(p, ex) for p, ex in zip(plans, exports)],
+    }
+    text = json.dumps(doc, indent=2) + "\n"
+    if timeline:
+        from ..plots.serve_timeline import plot_serve_timeline
+
+        first = events[(plans[0].tp, plans[0].pp, plans[0].split)]
+        plot_serve_timeline(_window(first, 3 * plans[0].steady.cycle_s), plans[0].pp, timeline,
+                            f"{cfg.name} on {cluster.name}: plan 1 (tp {plans[0].tp} x pp {plans[0].pp}), "
+                            f"three cycles of the simulated steady state")
+    if out:
+        write_text(out, text, "serving plans")
+    if as_json:
+        click.echo(text, nl=False)
+        return
+    if not quiet:
+        click.echo(f"{cfg.name} on {cluster.name} ({cluster.num_devices} x {cluster.device_spec(0).name}), "
+                   f"{engine}, weights {weight_dtype}, KV {kv_dtype}, {input_len} in / {output_len} out")
+    click.echo(serve_table(plans))
+    if not quiet:
+        best = plans[0]
+        stage_line = ", ".join(f"{format_bytes(s.weight_bytes)} + {s.kv_tokens:,} tok" for s in best.stages[:8])
+        click.echo(f"plan 1 per stage (weights + KV capacity per device): {stage_line}")
+        click.echo(f"engine default split {','.join(map(str, best.default_split))}: KV pool "
+                   f"{best.default_pool_tokens:,} tokens, {best.default_total_output_tokens_per_s:,.0f} tok/s")
+        ex = exports[0].get(engine, {})
+        if "command" in ex:
+            click.echo(f"{engine}: {ex['command']}")
+        skipped = ", ".join(f"{k} {v}" for k, v in result.skipped) or "none"
+        click.echo(f"{result.evaluated} configurations in {result.wall_s:.2f} s; skipped: {skipped}")
+        if out:
+            click.echo(f"wrote {out}" + (f", {timeline}" if timeline else ""))

@@ -1,0 +1,71 @@
+"""Element sizes of served weights and of the KV cache.
+
+Weight formats (what the engines load; ``docs/serving_costs.md``):
+
+* ``bf16``: 2 bytes per parameter.
+* ``fp8``: 1 byte per GEMM weight (FP8 E4M3, per-tensor or per-channel
+  scales, whose size, 4 bytes per output row at most, is neglected). The
+  embedding, the LM head and the norms stay in 16-bit: vLLM's ``fp8``
+  quantization method applies to linear layers only (``Fp8Config`` returns
+  no method for embeddings and the LM head), as do the published FP8
+  checkpoints (``lm_head`` left unquantized).
+* ``int4``: 4-bit GEMM weights in groups of 128 (GPTQ / AWQ, the layout
+  of vLLM's Marlin kernels and of SGLang): per group one fp16 scale and one
+  4-bit zero point, ``0.5 + (2 + 0.5) / 128`` bytes per weight; embedding, head
+  and norms 16-bit.
+
+KV cache: ``bf16`` 2 bytes per element, ``fp8`` 1 (vLLM ``--kv-cache-dtype
+fp8``, SGLang ``--kv-cache-dtype fp8_e4m3``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+
+__all__ = ["WeightFormat", "WEIGHT_FORMATS", "KV_DTYPES", "weight_format", "kv_dtype_bytes"]
+
+#: bytes of a 16-bit element (embeddings, norms, activations)
+HALF_BYTES = 2.0
+INT4_GROUP_SIZE = 128
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How one weight format stores a model.
+
+    Attributes:
+        name: ``bf16``, ``fp8`` or ``int4``.
+        gemm_bytes_per_param: bytes per GEMM weight, scales included.
+        other_bytes_per_param: bytes per embedding, LM-head and norm parameter.
+    """
+
+    name: str
+    gemm_bytes_per_param: float
+    other_bytes_per_param: float = HALF_BYTES
+
+
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    "bf16": WeightFormat("bf16", 2.0),
+    "fp8": WeightFormat("fp8", 1.0),
+    "int4": WeightFormat("int4", 0.5 + (2.0 + 0.5) / INT4_GROUP_SIZE),
+}
+
+KV_DTYPES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0}
+
+
+def weight_format(name: str) -> WeightFormat:
+    """The format called ``name``; InputError naming ``--weight-dtype`` otherwise."""
+    try:
+        return WEIGHT_FORMATS[name]
+    except KeyError:
+        raise InputError(f"--weight-dtype {name!r}: expected one of {', '.join(WEIGHT_FORMATS)}") from None
+
+
+def kv_dtype_bytes(name: str) -> float:
+    """Bytes per KV-cache element of ``name``; InputError naming ``--kv-dtype`` otherwise."""
+    try:
+        return KV_DTYPES[name]
+    except KeyError:
+        raise InputError(f"--kv-dtype {name!r}: expected one of {', '.join(KV_DTYPES)}") from None

@@ -1,0 +1,137 @@
+"""A serving plan as the engines' own command lines: vLLM and SGLang.
+
+Formats read in the engines' source:
+
+* vLLM: ``vllm serve MODEL --tensor-parallel-size T --pipeline-parallel-size P``
+  (``vllm/engine/arg_utils.py``); the layer split goes in the environment
+  variable ``VLLM_PP_LAYER_PARTITION="11,13,12,12"``: decoder layers per stage
+  (the embedding and the LM head are not counted), which
+  ``vllm/distributed/utils.py::get_pp_indices`` reads and rejects unless it
+  has ``P`` integers summing to the model's ``num_hidden_layers``. More
+  than one node per replica needs a Ray cluster
+  (``--distributed-executor-backend ray``).
+* SGLang: ``python -m sglang.launch_server --model-path MODEL --tp-size T
+  --pp-size P`` (``python/sglang/srt/server_args.py``) with
+  ``SGLANG_PP_LAYER_PARTITION``, checked the same way by SGLang's
+  ``get_pp_indices``; several nodes take ``--nnodes N --node-rank I
+  --dist-init-addr HOST:PORT``, one process per node.
+
+:func:`engine_refusal` says why an engine would reject a tensor / pipeline
+degree (the checks of vLLM ``ModelConfig.verify_with_parallel_config``,
+``QKVParallelLinear``, ``MergedColumnParallelLinear`` and
+``VocabParallelEmbedding``, which SGLang shares); the exporters refuse such a
+plan instead of writing a command that fails at start-up.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..errors import InputError
+from ..profiles.transformer import TransformerConfig
+from .costs import VOCAB_PADDING
+
+__all__ = ["PARTITION_ENV", "engine_refusal", "check_partition", "parse_partition", "export_serving"]
+
+#: the environment variable each engine reads the layer split from
+PARTITION_ENV = {"vllm": "VLLM_PP_LAYER_PARTITION", "sglang": "SGLANG_PP_LAYER_PARTITION"}
+
+
+def engine_refusal(cfg: TransformerConfig, tp: int, pp: int, engine: str = "vllm") -> str | None:
+    """Why ``engine`` would refuse to run ``cfg`` at ``tp`` x ``pp``, or None."""
+    a, g = cfg.num_attention_heads, cfg.num_kv_heads
+    if a % tp:
+        return f"num_attention_heads {a} is not divisible by tp {tp} ({engine} splits query heads evenly)"
+    if tp >= g and tp % g:  # type: ignore[operator]
+        return f"tp {tp} is not a multiple of num_kv_heads {g} (a replicated KV head must serve whole ranks)"
+    if tp < g and g % tp:  # type: ignore[operator]
+        return f"num_kv_heads {g} is not divisible by tp {tp}"
+    if cfg.ffn_hidden_size % tp:
+        return f"ffn_hidden_size {cfg.ffn_hidden_size} is not divisible by tp {tp}"
+    padded = -(-cfg.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    if padded % tp:
+        return f"the vocabulary padded to {padded} rows is not divisible by tp {tp}"
+    if pp > cfg.num_layers:
+        return f"pp {pp} exceeds the {cfg.num_layers} decoder layers"
+    if cfg.is_encoder_decoder:
+        return "encoder-decoder models are not served with pipeline parallelism"
+    return None
+
+
+def check_partition(split, num_layers: int, pp: int, engine: str) -> None:
+    """The engine's check of a layer partition. Raises InputError naming the
+    variable when it has the wrong length, sum or an empty stage."""
+    var = PARTITION_ENV[engine]
+    text = ",".join(map(str, split))
+    if len(split) != pp:
+        raise InputError(f"{var}={text}: {len(split)} entries but pp is {pp}")
+    if sum(split) != num_layers:
+        raise InputError(f"{var}={text}: sums to {sum(split)}, the model has {num_layers} decoder layers")
+    if min(split) < 1:
+        raise InputError(f"{var}={text}: a stage without decoder layers")
+
+
+def parse_partition(value: str, num_layers: int, pp: int, engine: str) -> tuple[int, ...]:
+    """Read a partition variable back as the engine does (comma-separated
+    integers, checked by :func:`check_partition`)."""
+    try:
+        parts = tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise InputError(f"{PARTITION_ENV[engine]}={value!r}: invalid partition string") from None
+    check_partition(parts, num_layers, pp, engine)
+    return parts
+
+
+def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str, weight_dtype: str,
+                   kv_dtype: str, memory_fraction: float, max_model_len: int, max_num_batched_tokens: int,
+                   devices_per_node: int) -> dict:
+    """The engine's command for one replica of ``plan`` (a
+    :class:`~pipesearch.serve.search.ServePlan`).
+
+    Returns:
+        ``{"engine", "env", "argv", "command", "replicas", "nodes_per_replica",
+        "notes"}``; ``command`` is the shell line (environment first).
+
+    Raises:
+        InputError: what the engine would reject (see :func:`engine_refusal`).
+    """
+    reason = engine_refusal(cfg, plan.tp, plan.pp, engine)
+    if reason:
+        raise InputError(f"{engine} export of plan {plan.rank}: {reason}")
+    check_partition(plan.split, cfg.num_layers, plan.pp, engine)
+    devices = plan.tp * plan.pp
+    nodes = -(-devices // devices_per_node)
+    env = {PARTITION_ENV[engine]: ",".join(map(str, plan.split))} if plan.pp > 1 else {}
+    notes = []
+    if engine == "vllm":
+        argv = ["vllm", "serve", model_path, "--tensor-parallel-size", str(plan.tp),
+                "--pipeline-parallel-size", str(plan.pp), "--max-num-seqs", str(plan.batch),
+                "--gpu-memory-utilization", f"{memory_fraction:g}", "--max-model-len", str(max_model_len),
+                "--max-num-batched-tokens", str(max_num_batched_tokens)]
+        if weight_dtype == "fp8":
+            argv += ["--quantization", "fp8"]
+        if kv_dtype == "fp8":
+            argv += ["--kv-cache-dtype", "fp8"]
+        if nodes > 1:
+            argv += ["--distributed-executor-backend", "ray"]
+            notes.append(f"one replica spans {nodes} nodes: start a Ray cluster over them first")
+    else:
+        argv = ["python", "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(plan.tp),
+                "--pp-size", str(plan.pp), "--max-running-requests", str(plan.batch),
+                "--mem-fraction-static", f"{memory_fraction:g}", "--context-length", str(max_model_len),
+                "--chunked-prefill-size", str(max_num_batched_tokens)]
+        if weight_dtype == "fp8":
+            argv += ["--quantization", "fp8"]
+        if kv_dtype == "fp8":
+            argv += ["--kv-cache-dtype", "fp8_e4m3"]
+        if nodes > 1:
+            argv += ["--nnodes", str(nodes), "--node-rank", "0", "--dist-init-addr", "HOST:PORT"]
+            notes.append(f"one replica spans {nodes} nodes: run the command on each with --node-rank 0..{nodes - 1}")
+    if weight_dtype == "int4":
+        notes.append("serve a 4-bit (GPTQ / AWQ, group 128) checkpoint: the engine reads its quantization "
+                     "from the checkpoint's config")
+    if plan.replicas > 1:
+        notes.append(f"run {plan.replicas} replicas ({devices} devices each) behind a load balancer")
+    command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)])
+    return {"engine": engine, "env": env, "argv": argv, "command": command, "replicas": plan.replicas,
+            "nodes_per_replica": nodes, "notes": notes}

@@ -1,0 +1,260 @@
+"""One replica's pipeline of stages and its steady-state closed form.
+
+A replica runs ``pp`` stages of ``tp`` devices each; ``m = min(pp, B)``
+micro-batches of ``B / m`` sequences circulate through the stages (vLLM's
+batch queue and SGLang's ``pp`` micro-batches keep one in flight per stage).
+A micro-batch's round trip is ``R = sum_s t_s + sum_k p2p_k + overhead``;
+each stage and each link serves all ``m`` micro-batches once per cycle, so
+the cycle is
+
+    C = max(R, m * max_s t_s, m * max_k p2p_k)
+
+(the pipeline bubble: with fewer micro-batches than stages, ``R`` rules).
+Every cycle gives each running sequence one token: output tokens/s ``B / C``,
+time per output token ``C``. With a workload of prompts of ``n`` tokens and
+``o`` output tokens, ``B / o`` requests finish per cycle and as many start,
+so micro-batches carry ``b n / o`` prefill tokens on average beside their
+``b`` decode tokens (the prefill/decode mix of continuous batching). The
+engine takes a new prompt whole into one micro-batch (in chunks of
+``max_num_batched_tokens - b`` tokens when it is longer), so a share
+``(b n / o) / chunk`` of the micro-batches carries a chunk of
+``chunk = min(n, max_num_batched_tokens - b)`` tokens and the rest decode only; stage times are the mean over the two kinds
+(a chunk step is compute-bound where a decode step is memory-bound, and the
+roofline of the average would hide that). Decoding sequences hold ``n + o / 2``
+tokens of context on average.
+Time to first token: the prompt's ``ceil(n / chunk)`` chunks each wait one
+round trip of their micro-batch, ``chunks * max(R', C)`` with ``R'`` the round
+trip of a micro-batch carrying a chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from ..types import Link
+from .costs import ServeCosts
+
+__all__ = ["Workload", "Step", "ServePipeline", "SteadyState"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One request class.
+
+    Attributes:
+        input_len: prompt tokens.
+        output_len: generated tokens.
+        prefill_mix: whether steady state includes the prefills of new
+            requests (False: decode only, the sequences already prefilled).
+    """
+
+    input_len: int
+    output_len: int
+    prefill_mix: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("input_len", "output_len"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"--{key.replace('_', '-')} {v!r}: expected an integer >= 1")
+
+    @property
+    def mean_context(self) -> float:
+        return self.input_len + self.output_len / 2
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one micro-batch carries through the stages (floats or arrays):
+    ``decode`` tokens at mean context ``context``, ``prefill`` tokens of
+    prompts of ``prompt_len``, ``sampled`` tokens that go through the LM
+    head. ``share`` is the fraction of micro-batches that carry the prefill
+    chunk (the others carry only the decode tokens and sample ``decode``);
+    times are the mean over both kinds."""
+
+    decode: object
+    context: object
+    prefill: object
+    prompt_len: object
+    sampled: object
+    share: object = 1.0
+
+    @property
+    def tokens(self):
+        if isinstance(self.decode, (int, float)) and isinstance(self.prefill, (int, float)):
+            return float(self.decode + self.prefill)
+        return np.asarray(self.decode, dtype=float) + np.asarray(self.prefill, dtype=float)
+
+
+@dataclass(frozen=True)
+class SteadyState:
+    """Closed-form steady state of one replica at ``B`` running sequences
+    (per-replica figures; seconds, tokens/s)."""
+
+    batch: int
+    cycle_s: float
+    ring_s: float
+    bottleneck_s: float
+    output_tokens_per_s: float
+    tpot_s: float
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class ServePipeline:
+    """``pp`` stages of :class:`ServeCosts` and the link after each stage
+    (``len(boundary_links) == pp - 1``)."""
+
+    costs: ServeCosts
+    pp: int
+    boundary_links: tuple[Link, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.boundary_links) != self.pp - 1:
+            raise ValueError("one boundary link per stage boundary")
+
+    def stage_kind(self, s: int) -> tuple[bool, bool]:
+        return s == 0, s == self.pp - 1
+
+    @staticmethod
+    def _mean(step: Step, with_chunk, without):
+        """``share * with_chunk() + (1 - share) * without()``; only the first
+        when every micro-batch carries the chunk."""
+        share = step.share
+        if (isinstance(share, float) and share == 1.0) or (np.ndim(share) == 0 and float(share) == 1.0):
+            return with_chunk()
+        share = np.asarray(share, dtype=float)
+        return share * with_chunk() + (1 - share) * without()
+
+    def _layer(self, step: Step):
+        c = self.costs
+        return self._mean(step, lambda: c.layer_s(step.decode, step.context, step.prefill, step.prompt_len),
+                          lambda: c.layer_s(step.decode, step.context, 0.0, step.prompt_len))
+
+    def _first(self, step: Step):
+        c = self.costs
+        return self._mean(step, lambda: c.first_extra_s(step.tokens), lambda: c.first_extra_s(step.decode))
+
+    def _last(self, step: Step):
+        c = self.costs
+        return self._mean(step, lambda: c.last_extra_s(step.sampled), lambda: c.last_extra_s(step.decode))
+
+    def stage_s(self, num_blocks, s: int, step: Step):
+        """Seconds of stage ``s`` holding ``num_blocks`` decoder blocks."""
+        first, last = self.stage_kind(s)
+        out = np.asarray(num_blocks, dtype=float) * self._layer(step)
+        if first:
+            out = out + self._first(step)
+        if last:
+            out = out + self._last(step)
+        return out
+
+    def stage_times(self, split, step: Step) -> tuple[list[float], list[float]]:
+        """Seconds of every stage of ``split`` and of every boundary for one
+        micro-batch of scalars (the layer terms computed once)."""
+        layer, first, last = float(self._layer(step)), float(self._first(step)), float(self._last(step))
+        times = [n * layer for n in split]
+        times[0] += first
+        times[-1] += last
+        return times, [float(self.p2p_s(k, step)) for k in range(self.pp - 1)]
+
+    def p2p_s(self, k: int, step: Step):
+        """Seconds boundary ``k`` (after stage ``k``) takes for a micro-batch."""
+        link = self.boundary_links[k]
+        bw = link.bandwidth_bytes_per_s
+        return link.latency_s + self._mean(step, lambda: self.costs.p2p_bytes(step.tokens) / bw,
+                                           lambda: self.costs.p2p_bytes(step.decode) / bw)
+
+    def ring_s(self, step: Step):
+        """Round trip of a micro-batch; independent of the split (every block
+        costs the same on every stage of a homogeneous pipeline)."""
+        c = self.costs
+        total = c.num_layers * self._layer(step) + self._first(step) + self._last(step)
+        for k in range(self.pp - 1):
+            total = total + self.p2p_s(k, step)
+        return total + c.engine.step_overhead_s
+
+    def link_bottleneck_s(self, step: Step):
+        out = np.zeros_like(np.asarray(step.tokens, dtype=float))
+        for k in range(self.pp - 1):
+            out = np.maximum(out, self.p2p_s(k, step))
+        return out
+
+    # ------------------------------------------------------------ steady state
+    @staticmethod
+    def micro_batches(pp: int, batch):
+        return np.minimum(pp, np.asarray(batch))
+
+    def steady_step(self, batch, workload: Workload) -> Step:
+        """The mean micro-batch at ``batch`` running sequences (arrays ok)."""
+        B = np.asarray(batch, dtype=float)
+        m = self.micro_batches(self.pp, B)
+        b = B / m
+        if not workload.prefill_mix:
+            return Step(decode=b, context=workload.mean_context, prefill=np.zeros_like(b),
+                        prompt_len=workload.input_len, sampled=b)
+        mean_p = b * workload.input_len / workload.output_len
+        chunk = np.clip(self.costs.engine.max_num_batched_tokens - b, 1.0, workload.input_len)
+        share = np.minimum(1.0, mean_p / chunk)
+        p = np.where(share >= 1.0, mean_p, chunk)
+        return Step(decode=b, context=workload.mean_context, prefill=p, prompt_len=workload.input_len,
+                    sampled=b + p / workload.input_len, share=share)
+
+    def chunk_step(self, batch, workload: Workload) -> tuple[Step, object]:
+        """The micro-batch that carries one prompt chunk beside its decode
+        tokens, and the number of chunks of a prompt."""
+        B = np.asarray(batch, dtype=float)
+        b = B / self.micro_batches(self.pp, B)
+        budget = self.costs.engine.max_num_batched_tokens
+        chunk = np.clip(budget - b, 1, workload.input_len)
+        chunks = np.ceil(workload.input_len / chunk)
+        step = Step(decode=b, context=workload.mean_context, prefill=chunk,
+                    prompt_len=workload.input_len, sampled=b + 1)
+        return step, chunks
+
+    def _cycle(self, split, step: Step, m):
+        """(cycle, ring, bottleneck) arrays of ``split`` for micro-batches ``step``."""
+        c = self.costs
+        layer, first, last = self._layer(step), self._first(step), self._last(step)
+        times = []
+        for s, n in enumerate(split):
+            x = n * layer
+            if s == 0:
+                x = x + first
+            if s == self.pp - 1:
+                x = x + last
+            times.append(x)
+        bottleneck = np.max(np.stack(np.broadcast_arrays(*times)), axis=0)
+        p2p = [self.p2p_s(k, step) for k in range(self.pp - 1)]
+        ring = c.num_layers * layer + first + last + sum(p2p) + c.engine.step_overhead_s
+        link = np.max(np.stack(np.broadcast_arrays(*p2p)), axis=0) if p2p else 0.0
+        cycle = np.maximum(np.maximum(ring, m * bottleneck), m * link)
+        return cycle, ring, bottleneck
+
+    def steady_arrays(self, split: tuple[int, ...], batches, workload: Workload) -> dict:
+        """Closed form of ``split`` at every batch of ``batches`` (arrays):
+        ``cycle_s``, ``ring_s``, ``bottleneck_s``, ``output_tokens_per_s``,
+        ``tpot_s``, ``ttft_s``."""
+        if len(split) != self.pp or sum(split) != self.costs.num_layers:
+            raise InputError(f"split {','.join(map(str, split))}: needs {self.pp} stages summing to "
+                             f"{self.costs.num_layers} layers")
+        B = np.asarray(batches, dtype=float)
+        m = self.micro_batches(self.pp, B)
+        cycle, ring, bottleneck = self._cycle(split, self.steady_step(B, workload), m)
+        cstep, chunks = self.chunk_step(B, workload)
+        ccycle, _, _ = self._cycle(split, cstep, m)
+        ttft = chunks * np.maximum(ccycle, cycle)
+        return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,
+                "output_tokens_per_s": B / cycle, "tpot_s": cycle, "ttft_s": ttft}
+
+    def steady_state(self, split: tuple[int, ...], batch: int, workload: Workload) -> SteadyState:
+        """Closed form of one replica with ``split`` (decoder blocks per stage)
+        at ``batch`` running sequences (see the module docstring)."""
+        a = self.steady_arrays(split, np.array([batch]), workload)
+        v = {k: float(np.asarray(x).reshape(-1)[0]) for k, x in a.items()}
+        return SteadyState(int(batch), v["cycle_s"], v["ring_s"], v["bottleneck_s"], v["output_tokens_per_s"],
+                           v["tpot_s"], v["ttft_s"])
+

@@ -1,0 +1,383 @@
+"""Search serving plans: tp x pp x replicas, the exact split, the batch.
+
+For every tensor-parallel degree ``tp`` (a divisor of a node's devices the
+engine accepts, :func:`pipesearch.serve.export.engine_refusal`) and pipeline
+degree ``pp`` with ``tp * pp`` dividing the cluster, :func:`search` finds
+
+1. the largest pool any split reaches (:func:`~pipesearch.serve.split.max_pool_split`),
+   hence the largest batch ``B_max`` that fits;
+2. the batch and split to run: without a request rate, the highest
+   throughput ``B / C(B)`` over ``B <= min(B_max, max_num_seqs, concurrency)``
+   under the latency limits; ``B / R(B)`` bounds the throughput of every split
+   at ``B`` (the cycle is at least the round trip), so levels are visited in
+   the order of that bound and the scan stops when the bound cannot beat the
+   best found (exact); with a request rate, the smallest batch whose
+   throughput carries the rate (Little's law), or the saturated maximum;
+3. the engine's default split scored the same way, for comparison.
+
+Plans are ranked by total output tokens/s (replicas x per replica); with a
+request rate, plans that carry it come first, by time per output token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InfeasibleError, InputError
+from ..profiles.transformer import TransformerConfig
+from ..types import Cluster, Link
+from .costs import ServeCosts
+from .dtypes import WeightFormat
+from .engine import EngineSpec, default_split
+from .export import engine_refusal
+from .pipeline import ServePipeline, SteadyState, Workload
+from .split import max_pool_split, optimal_splits, split_metrics, stage_capacities
+
+__all__ = ["ServeJob", "StageReport", "ServePlan", "ServeSearchResult", "search_serving", "evaluate_split",
+           "pipeline_for", "rerank_by_simulation"]
+
+_CHUNK = 8
+
+
+@dataclass(frozen=True)
+class ServeJob:
+    """What to serve and how fast.
+
+    Attributes:
+        workload: the request class.
+        concurrency: closed loop of this many clients in total (None: as many
+            as fit).
+        request_rate: requests per second in total (Poisson), or None.
+        max_ttft_s / max_tpot_s: latency limits (mean), or None.
+        memory_reserve_bytes: kept free per device.
+    """
+
+    workload: Workload
+    concurrency: int | None = None
+    request_rate: float | None = None
+    max_ttft_s: float | None = None
+    max_tpot_s: float | None = None
+    memory_reserve_bytes: float = 2**30
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One stage of a plan: decoder blocks ``[start, end)``, whether it holds
+    the embedding / LM head, weights and KV capacity per device, step time of
+    the steady-state micro-batch, the devices of replica 0."""
+
+    index: int
+    start: int
+    end: int
+    embedding: bool
+    head: bool
+    weight_bytes: float
+    kv_tokens: int
+    step_s: float
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """A ranked serving plan (per-replica figures unless ``total``)."""
+
+    rank: int
+    tp: int
+    pp: int
+    replicas: int
+    split: tuple[int, ...]
+    stages: tuple[StageReport, ...]
+    pool_tokens: int
+    max_batch: int
+    batch: int
+    steady: SteadyState
+    total_output_tokens_per_s: float
+    saturated: bool
+    default_split: tuple[int, ...]
+    default_pool_tokens: int
+    default_batch: int
+    default_total_output_tokens_per_s: float
+    simulated: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class ServeSearchResult:
+    plans: tuple[ServePlan, ...]
+    evaluated: int
+    skipped: tuple[tuple[str, int], ...]
+    wall_s: float
+
+
+def _boundary_links(cluster: Cluster, tp: int, pp: int, replicas: int) -> tuple[Link, ...]:
+    """The slowest link each stage boundary uses over the replicas (stage
+    ``s`` of replica ``r`` on devices ``(r pp + s) tp ...``, node by node)."""
+    links = []
+    for k in range(pp - 1):
+        cross = any(cluster.node_of((r * pp + k) * tp) != cluster.node_of((r * pp + k + 1) * tp)
+                    for r in range(replicas))
+        links.append(cluster.inter_node if cross else cluster.intra_node)
+    return tuple(links)
+
+
+def pipeline_for(cfg: TransformerConfig, cluster: Cluster, tp: int, pp: int, weights: WeightFormat,
+                 kv_bytes: float, engine: EngineSpec, reserve: float) -> tuple[ServePipeline, int]:
+    """The pipeline of one replica and the replica count."""
+    replicas = cluster.num_devices // (tp * pp)
+    costs = ServeCosts(cfg, cluster.device_spec(0), tp, weights, kv_bytes, engine, cluster.intra_node, reserve)
+    return ServePipeline(costs, pp, _boundary_links(cluster, tp, pp, replicas)), replicas
+
+
+def _batch_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int) -> int:
+    cap = min(engine.max_num_seqs, b_max)
+    if job.concurrency is not None:
+        cap = min(cap, -(-job.concurrency // replicas))
+    return cap
+
+
+def _meets(job: ServeJob, st: SteadyState) -> bool:
+    return ((job.max_tpot_s is None or st.tpot_s <= job.max_tpot_s)
+            and (job.max_ttft_s is None or st.ttft_s <= job.max_ttft_s))
+
+
+def _carrying_rate(job: ServeJob, replicas: int, cap: int, score_levels):
+    """Under a request rate: the smallest batch level whose throughput carries
+    the replica's share of the rate, ``(level, False)``; else the
+    highest-throughput level, ``(level, True)`` (saturated). Levels are
+    ``score_levels(batches) -> [(split, steady) | None]``, visited upwards
+    eight at a time; only levels meeting the latency limits count."""
+    if cap < 1:
+        return None, False
+    demand = job.request_rate / replicas * job.workload.output_len
+    best_any = None
+    for lo in range(1, cap + 1, _CHUNK):
+        batches = np.arange(lo, min(cap, lo + _CHUNK - 1) + 1)
+        for r in score_levels(batches):
+            if r is None or not _meets(job, r[1]):
+                continue
+            if r[1].output_tokens_per_s >= demand:
+                return r, False
+            if best_any is None or r[1].output_tokens_per_s > best_any[1].output_tokens_per_s:
+                best_any = r
+    return best_any, True
+
+
+def _best_throughput(job, candidates, score_levels, upper):
+    """The highest-throughput level among ``candidates`` (batch sizes) under
+    the limits, visiting them by decreasing ``upper`` bound, eight at a time,
+    until the bound cannot beat the best found."""
+    if len(candidates) == 0:
+        return None
+    ub = upper(candidates)
+    order = np.argsort(-ub, kind="stable")
+    best = None
+    for k in range(0, len(order), _CHUNK):
+        idx = order[k:k + _CHUNK]
+        if best is not None and ub[idx[0]] <= best[1].output_tokens_per_s * (1 + 1e-12):
+            break
+        for r in score_levels(candidates[idx]):
+            if r is None or not _meets(job, r[1]):
+                continue
+            if best is None or r[1].output_tokens_per_s > best[1].output_tokens_per_s * (1 + 1e-12):
+                best = r
+    return best
+
+
+def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, replicas: int):
+    """The best batch level of a fixed split.
+
+    Returns:
+        ``(chosen, pool_tokens, max_batch, saturated)``: ``chosen`` is
+        ``(split, SteadyState)`` or None when no batch fits (memory) or meets
+        the latency limits; ``saturated`` when a request rate is more than the
+        split carries.
+    """
+    c = pipe.costs
+    tps = c.tokens_per_sequence(job.workload.input_len, job.workload.output_len)
+    cap_table = stage_capacities(pipe)
+    pool = int(min(cap_table[s, n] for s, n in enumerate(split)))
+    b_max = max(pool, 0) // tps
+    cap = _batch_cap(job, c.engine, replicas, b_max)
+
+    def score(batches):
+        return [(split, pipe.steady_state(split, int(b), job.workload)) for b in batches]
+
+    if job.request_rate is None and cap >= 1:
+        batches = np.arange(1, cap + 1)
+        a = pipe.steady_arrays(split, batches, job.workload)
+        ok = np.ones(cap, dtype=bool)
+        if job.max_tpot_s is not None:
+            ok &= a["tpot_s"] <= job.max_tpot_s
+        if job.max_ttft_s is not None:
+            ok &= a["ttft_s"] <= job.max_ttft_s
+        if not ok.any():
+            return None, pool, b_max, False
+        k = int(np.argmax(np.where(ok, a["output_tokens_per_s"], -np.inf)))
+        return (split, pipe.steady_state(split, int(batches[k]), job.workload)), pool, b_max, False
+    chosen, saturated = _carrying_rate(job, replicas, cap, score)
+    return chosen, pool, b_max, saturated
+
+
+def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
+    c = pipe.costs
+    w = job.workload
+    tps = c.tokens_per_sequence(w.input_len, w.output_len)
+    max_pool, _ = max_pool_split(pipe)
+    b_max = max(max_pool, 0) // tps
+    cap = _batch_cap(job, c.engine, replicas, b_max)
+
+    def score(batches):
+        step = pipe.steady_step(batches, w)
+        levels = optimal_splits(pipe, batches, step, batches * tps)
+        return [None if lv is None else (lv.split, pipe.steady_state(lv.split, lv.batch, w)) for lv in levels]
+
+    def upper(batches):
+        step = pipe.steady_step(batches, w)
+        return batches / np.asarray(pipe.ring_s(step), dtype=float)
+
+    if job.request_rate is None:
+        batches = np.arange(cap, 0, -1)
+        if len(batches) and (job.max_tpot_s is not None or job.max_ttft_s is not None):
+            # the round trip bounds TPOT and TTFT from below for every split
+            ring = np.asarray(pipe.ring_s(pipe.steady_step(batches, w)), dtype=float)
+            ok = np.ones(len(batches), dtype=bool)
+            if job.max_tpot_s is not None:
+                ok &= ring <= job.max_tpot_s * (1 + 1e-12)
+            if job.max_ttft_s is not None:
+                cstep, chunks = pipe.chunk_step(batches, w)
+                ok &= chunks * np.asarray(pipe.ring_s(cstep), dtype=float) <= job.max_ttft_s * (1 + 1e-12)
+            batches = batches[ok]
+        return _best_throughput(job, batches, score, upper), b_max, False
+    chosen, saturated = _carrying_rate(job, replicas, cap, score)
+    return chosen, b_max, saturated
+
+
+def _stages(pipe: ServePipeline, split, step, tp: int) -> tuple[StageReport, ...]:
+    cap = stage_capacities(pipe)
+    out, start = [], 0
+    for s, n in enumerate(split):
+        first, last = pipe.stage_kind(s)
+        out.append(StageReport(
+            s, start, start + n, first, last, float(pipe.costs.stage_weight_bytes(n, first, last)),
+            int(cap[s, n]), float(np.asarray(pipe.stage_s(n, s, step)).reshape(-1)[0]),
+            tuple(range(s * tp, (s + 1) * tp))))
+        start += n
+    return tuple(out)
+
+
+def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, engine: EngineSpec,
+                   weights: WeightFormat, kv_bytes: float, tp: int | None = None, pp: int | None = None,
+                   split: tuple[int, ...] | None = None, top: int = 5) -> ServeSearchResult:
+    """Ranked serving plans of ``cfg`` on ``cluster``.
+
+    Args:
+        tp, pp: pins (refused with the engine's reason when it would reject them).
+        split: score these decoder blocks per stage instead of searching
+            (sets ``pp``).
+        top: plans to keep.
+
+    Raises:
+        InputError: a pin the engine or the cluster refuses, a bad split.
+        InfeasibleError: no plan fits (with the most common reason).
+    """
+    t0 = time.perf_counter()
+    if not cluster.is_homogeneous:
+        raise InputError(f"--cluster {cluster.name}: serving plans need one device type "
+                         f"(mixed clusters are planned for training only)")
+    L = cfg.num_layers
+    if split is not None:
+        if pp is not None and pp != len(split):
+            raise InputError(f"--split {','.join(map(str, split))} has {len(split)} stages but --pp is {pp}")
+        pp = len(split)
+        if min(split) < 1 or sum(split) != L:
+            raise InputError(f"--split {','.join(map(str, split))}: needs positive decoder layers per stage "
+                             f"summing to {L} (embedding and head are not counted)")
+    N = cluster.num_devices
+    per_node = cluster.groups[0].devices_per_node
+    if tp and (tp > per_node or per_node % tp):
+        raise InputError(f"--tp {tp}: a tensor-parallel group must divide the {per_node} devices of a node "
+                         f"of {cluster.name}")
+    tps = [tp] if tp else [t for t in range(1, per_node + 1) if per_node % t == 0]
+    pps = [pp] if pp else [p for p in range(1, min(L, N) + 1)]
+    skipped: dict[str, int] = {}
+    first_refusal = None
+    results = []
+    evaluated = 0
+    for t in tps:
+        for p in pps:
+            if N % (t * p):
+                if tp and pp:
+                    raise InputError(f"--tp {t} x --pp {p} = {t * p} devices does not divide the "
+                                     f"{N} devices of {cluster.name}")
+                continue
+            reason = engine_refusal(cfg, t, p, engine.name)
+            if reason:
+                first_refusal = first_refusal or f"tp {t} x pp {p}: {reason}"
+                skipped["engine_refused"] = skipped.get("engine_refused", 0) + 1
+                continue
+            evaluated += 1
+            pipe, replicas = pipeline_for(cfg, cluster, t, p, weights, kv_bytes, engine, job.memory_reserve_bytes)
+            dsplit = default_split(engine.name, L, p)
+            if split is not None:
+                chosen, pool, b_max, saturated = evaluate_split(pipe, split, job, replicas)
+            else:
+                chosen, b_max, saturated = _optimal(pipe, job, replicas)
+            if chosen is None:
+                key = "out_of_memory" if b_max < 1 else "latency_limits"
+                skipped[key] = skipped.get(key, 0) + 1
+                continue
+            sp, st = chosen
+            w = job.workload
+            step = pipe.steady_step(st.batch, w)
+            _, pool, _ = split_metrics(pipe, sp, step)
+            dchosen, dpool, _, _ = evaluate_split(pipe, dsplit, job, replicas)
+            results.append(dict(
+                tp=t, pp=p, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, t), pool=pool,
+                b_max=b_max, steady=st, total=replicas * st.output_tokens_per_s, saturated=saturated,
+                dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
+                dtotal=replicas * dchosen[1].output_tokens_per_s if dchosen else 0.0))
+    if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
+        pins = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v)
+        raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
+    if not results and (tp or pp) and not skipped:
+        pins = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v)
+        raise InputError(f"{pins}: tp x pp must divide the {N} devices of {cluster.name} "
+                         f"(tp at most the {per_node} devices of a node)")
+    if not results:
+        why = max(skipped.items(), key=lambda kv: kv[1])[0] if skipped else "no_configuration"
+        hint = {"out_of_memory": "the weights (or one sequence's KV cache) do not fit; use more devices, "
+                                 "--weight-dtype fp8/int4, --kv-dtype fp8 or shorter sequences",
+                "latency_limits": "no batch meets --max-ttft-ms / --max-tpot-ms; relax them",
+                "engine_refused": "the engine rejects every tp x pp here"}.get(why, why)
+        raise InfeasibleError(f"no serving plan for {cfg.name} on {cluster.name}: {hint} "
+                              f"(skipped: {', '.join(f'{k} {v}' for k, v in skipped.items()) or 'none'})")
+    if job.request_rate is not None:
+        results.sort(key=lambda r: (r["saturated"], r["steady"].tpot_s if not r["saturated"] else -r["total"]))
+    else:
+        results.sort(key=lambda r: (-r["total"], r["steady"].tpot_s))
+    plans = tuple(
+        ServePlan(rank=i + 1, tp=r["tp"], pp=r["pp"], replicas=r["replicas"], split=r["split"],
+                  stages=r["stages"], pool_tokens=r["pool"], max_batch=r["b_max"], batch=r["steady"].batch,
+                  steady=r["steady"], total_output_tokens_per_s=r["total"], saturated=r["saturated"],
+                  default_split=r["dsplit"], default_pool_tokens=r["dpool"], default_batch=r["dbatch"],
+                  default_total_output_tokens_per_s=r["dtotal"])
+        for i, r in enumerate(results[:top]))
+    return ServeSearchResult(plans, evaluated, tuple(sorted(skipped.items())), time.perf_counter() - t0)
+
+
+def rerank_by_simulation(plans, *, rate_given: bool) -> list[ServePlan]:
+    """Re-rank the simulated plans (those with ``simulated``) by the
+    simulation: total output tokens/s, or with a request rate the mean time
+    per output token; the others keep their order after them. Ranks are
+    renumbered from 1."""
+    from dataclasses import replace
+
+    sim = [p for p in plans if p.simulated]
+    rest = [p for p in plans if not p.simulated]
+    if rate_given:
+        sim.sort(key=lambda p: (p.saturated, p.simulated["tpot_mean_s"]))
+    else:
+        sim.sort(key=lambda p: -p.simulated["output_tokens_per_s"] * p.replicas)
+    return [replace(p, rank=i + 1) for i, p in enumerate(sim + rest)]

@@ -1,0 +1,157 @@
+"""vLLM / SGLang exports of serving plans: the format the engines read
+(``get_pp_indices`` of each engine: p integers summing to the decoder
+layers), refusals, and the command line end to end."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.catalog import resolve
+from pipesearch.cli import main
+from pipesearch.errors import InputError
+from pipesearch.profiles.transformer import load_transformer
+from pipesearch.serve.export import engine_refusal, parse_partition
+
+
+def llama3():
+    return load_transformer(resolve("model", "llama3-70b"))
+
+
+def test_engine_refusals():
+    cfg = llama3()  # 64 query heads, 8 KV heads, FFN 28672, vocabulary 128256
+    assert engine_refusal(cfg, 8, 10) is None
+    assert "num_attention_heads 64" in engine_refusal(cfg, 3, 1)
+    assert "exceeds the 80 decoder layers" in engine_refusal(cfg, 1, 81)
+    gqa = load_transformer(resolve("model", "llama3-8b"))  # 32 heads, 8 KV heads
+    assert engine_refusal(gqa, 16, 1) is None  # 16 ranks, each holding one replicated KV head
+    assert engine_refusal(gqa, 32, 1) is None
+
+
+def test_partition_round_trip_and_the_engines_checks():
+    assert parse_partition("11,13,12,12", 48, 4, "vllm") == (11, 13, 12, 12)
+    with pytest.raises(InputError, match="VLLM_PP_LAYER_PARTITION=11,13,12: 3 entries but pp is 4"):
+        parse_partition("11,13,12", 36, 4, "vllm")
+    with pytest.raises(InputError, match="sums to 47"):
+        parse_partition("11,12,12,12", 48, 4, "sglang")
+    with pytest.raises(InputError, match="invalid partition"):
+        parse_partition("11;13", 24, 2, "vllm")
+
+
+def _run(args, tmp_path):
+    out = tmp_path / "serve.json"
+    r = CliRunner().invoke(main, ["serve", *args, "-o", str(out), "--simulate-top", "1", "--num-requests", "60"])
+    return r, out
+
+
+def test_cli_writes_plans_with_both_engines_commands(tmp_path):
+    r, out = _run(["--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8", "--tp", "1", "--pp", "8",
+                   "--input-len", "1024", "--output-len", "128"], tmp_path)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "pipesearch.serve/1"
+    plan = doc["plans"][0]
+    split = plan["layers_per_stage"]
+    assert sum(split) == 80 and len(split) == 8
+    assert plan["stages"][0]["embedding"] and plan["stages"][-1]["head"]
+    assert plan["kv_pool_tokens"] == min(s["kv_tokens"] for s in plan["stages"])
+    assert plan["kv_pool_tokens"] > plan["engine_default"]["kv_pool_tokens"]
+    assert plan["simulated"]["requests"] == 60
+    v = plan["exports"]["vllm"]
+    assert v["env"]["VLLM_PP_LAYER_PARTITION"] == ",".join(map(str, split))
+    argv = v["argv"]
+    assert argv[:3] == ["vllm", "serve", "llama3-70b"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"
+    assert argv[argv.index("--pipeline-parallel-size") + 1] == "8"
+    assert argv[argv.index("--quantization") + 1] == "fp8"
+    assert shlex.split(v["command"])[0] == f"VLLM_PP_LAYER_PARTITION={','.join(map(str, split))}"
+    # the engine's own check of the variable accepts it
+    assert parse_partition(v["env"]["VLLM_PP_LAYER_PARTITION"], 80, 8, "vllm") == tuple(split)
+    s = plan["exports"]["sglang"]
+    assert s["env"]["SGLANG_PP_LAYER_PARTITION"] == ",".join(map(str, split))
+    assert s["argv"][s["argv"].index("--tp-size") + 1] == "1" and s["argv"][s["argv"].index("--pp-size") + 1] == "8"
+    assert "VLLM_PP_LAYER_PARTITION=" in r.output and "vs default" in r.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--tp", "3"], "--tp 3"),
+    (["--concurrency", "4", "--request-rate", "1"], "give one"),
+    (["--model", "vgg16"], "layer profile"),
+    (["--split", "10,10"], "summing to 80"),
+    (["--model", "llama2-70b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1"], "no serving plan"),
+    (["--cluster", "mixed-a100-v100"], "one device type"),
+    (["--pp", "3"], "--pp 3"),
+])
+def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle):
+    r, out = _run(args, tmp_path)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.output
+    assert not out.exists()
+
+
+def test_cli_timeline_needs_a_simulation(tmp_path):
+    out = tmp_path / "serve.json"
+    r = CliRunner().invoke(main, ["serve", "--timeline", str(tmp_path / "t.png"), "--simulate-top", "0",
+                                  "-o", str(out)])
+    assert r.exit_code == 2 and "--simulate-top 1" in r.output
+    assert not out.exists() and not (tmp_path / "t.png").exists()
+
+
+def test_vllm_parser_accepts_the_exported_arguments(tmp_path):
+    cli_args = pytest.importorskip("vllm.entrypoints.openai.cli_args")
+    from vllm.utils import FlexibleArgumentParser
+
+    r, out = _run(["--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8"], tmp_path)
+    assert r.exit_code == 0, r.output
+    argv = json.loads(out.read_text())["plans"][0]["exports"]["vllm"]["argv"]
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser())
+    ns = parser.parse_args(["--model", argv[2], *argv[3:]])
+    assert ns.tensor_parallel_size == int(argv[argv.index("--tensor-parallel-size") + 1])
+    assert ns.pipeline_parallel_size == int(argv[argv.index("--pipeline-parallel-size") + 1])
+
+
+def test_cli_request_rate_json_and_timeline(tmp_path):
+    png = tmp_path / "tl.png"
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--request-rate", "3",
+                                  "--input-len", "512", "--output-len", "64", "--num-requests", "80",
+                                  "--simulate-top", "1", "--timeline", str(png), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["inputs"]["workload"]["request_rate"] == 3
+    plan = doc["plans"][0]
+    assert not plan["predicted"]["saturated"]
+    # a plan that carries the rate: each replica's share of 3 req/s x 64 tokens
+    per_replica = 3 / plan["parallelism"]["replicas"] * 64
+    assert plan["predicted"]["output_tokens_per_s_per_replica"] >= per_replica
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_multi_node_replica_and_dtype_flags(tmp_path):
+    r, out = _run(["--model", "llama2-70b", "--cluster", "2x8-a100-80gb", "--tp", "8", "--pp", "2",
+                   "--weight-dtype", "int4", "--kv-dtype", "fp8"], tmp_path)
+    assert r.exit_code == 0, r.output
+    plan = json.loads(out.read_text())["plans"][0]
+    assert plan["parallelism"] == {"tp": 8, "pp": 2, "replicas": 1}
+    v, s = plan["exports"]["vllm"], plan["exports"]["sglang"]
+    assert v["nodes_per_replica"] == 2 and "--distributed-executor-backend" in v["argv"]
+    assert v["argv"][v["argv"].index("--kv-cache-dtype") + 1] == "fp8" and "--quantization" not in v["argv"]
+    assert any("4-bit" in n for n in v["notes"])
+    assert s["argv"][s["argv"].index("--nnodes") + 1] == "2"
+    assert s["argv"][s["argv"].index("--kv-cache-dtype") + 1] == "fp8_e4m3"
+    # the stage boundary crosses the nodes: 8 x A100 per node, stage 1 on the second node
+    assert plan["stages"][1]["devices"] == list(range(8, 16))
+
+
+def test_simulated_plans_are_reranked_by_the_simulation(tmp_path):
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8",
+                                  "--simulate-top", "3", "--num-requests", "80", "--json"])
+    assert r.exit_code == 0, r.output
+    plans = json.loads(r.output)["plans"]
+    assert [p["rank"] for p in plans] == list(range(1, len(plans) + 1))
+    sim = [p["simulated"]["output_tokens_per_s"] * p["parallelism"]["replicas"] for p in plans[:3]]
+    assert sim == sorted(sim, reverse=True)
+    assert all(p["simulated"] is None for p in plans[3:])

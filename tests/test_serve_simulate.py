@@ -1,0 +1,60 @@
+"""The serving simulation against the closed form on steady decode, and its
+request accounting."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipesearch.catalog import resolve
+from pipesearch.hardware import load_cluster
+from pipesearch.profiles.transformer import load_transformer
+from pipesearch.serve.dtypes import weight_format
+from pipesearch.serve.engine import engine_spec
+from pipesearch.serve.pipeline import Workload
+from pipesearch.serve.search import pipeline_for
+from pipesearch.serve.simulate import simulate_serving
+from pipesearch.serve.split import stage_capacities
+
+GIB = 2**30
+
+
+def l4_pipe(tp=1, pp=8):
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    return pipeline_for(cfg, load_cluster("1x8-l4"), tp, pp, weight_format("fp8"), 2.0, engine_spec("vllm"), GIB)[0]
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64, 180])
+def test_des_matches_closed_form_on_steady_decode(batch):
+    pipe = l4_pipe()
+    split = (9, 10, 10, 10, 10, 11, 11, 9)
+    cap = stage_capacities(pipe)
+    pool = min(int(cap[s, n]) for s, n in enumerate(split))
+    w = Workload(1024, 128, prefill_mix=False)
+    closed = pipe.steady_state(split, batch, w)
+    sim = simulate_serving(pipe, split, w, num_requests=batch, pool_tokens=pool, steady_decode=True)
+    assert sim.output_tokens_per_s == pytest.approx(closed.output_tokens_per_s, rel=0.01)
+    assert sim.tpot_mean_s == pytest.approx(closed.tpot_s, rel=0.01)
+
+
+def test_des_closed_loop_accounting():
+    pipe = l4_pipe(tp=2, pp=4)
+    split = (19, 21, 21, 19)
+    cap = stage_capacities(pipe)
+    pool = min(int(cap[s, n]) for s, n in enumerate(split))
+    w = Workload(512, 64)
+    sim = simulate_serving(pipe, split, w, num_requests=120, pool_tokens=pool, concurrency=16)
+    assert sim.requests == 120
+    assert sim.max_running == 16  # a closed loop of 16 clients never has more in flight
+    assert 0 < sim.ttft_mean_s <= sim.ttft_p90_s
+    assert 0 < sim.tpot_mean_s <= sim.tpot_p90_s
+    # every step's tokens are accounted: 120 requests x 64 tokens over the run
+    assert sim.output_tokens_per_s * sim.makespan_s == pytest.approx(120 * 64, rel=0.5)
+
+
+def test_des_admission_respects_the_pool():
+    pipe = l4_pipe(tp=2, pp=4)
+    split = (19, 21, 21, 19)
+    w = Workload(1000, 100)
+    need = pipe.costs.tokens_per_sequence(1000, 100)
+    sim = simulate_serving(pipe, split, w, num_requests=40, pool_tokens=5 * need, request_rate=50.0)
+    assert sim.max_running == 5  # the pool holds five requests' longest footprint

@@ -1,0 +1,170 @@
+"""The exact serving split against brute force, the planned split against
+vLLM's default on 8x L4, and the search's pins and speed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from pipesearch.catalog import resolve
+from pipesearch.errors import InputError
+from pipesearch.hardware import load_cluster
+from pipesearch.profiles.transformer import TransformerConfig, load_transformer
+from pipesearch.serve.costs import ServeCosts
+from pipesearch.serve.dtypes import weight_format
+from pipesearch.serve.engine import engine_spec
+from pipesearch.serve.pipeline import ServePipeline, Workload
+from pipesearch.serve.search import ServeJob, pipeline_for, search_serving
+from pipesearch.serve.split import brute_force_split, max_pool_split, optimal_splits, stage_capacities
+from pipesearch.types import DeviceSpec, Link
+
+GIB = 2**30
+
+
+def small_pipe(pp, memory_gib, vocab, tied=False):
+    cfg = TransformerConfig(name="tiny", num_layers=12, hidden_size=1024, num_attention_heads=16,
+                            ffn_hidden_size=4096, vocab_size=vocab, seq_len=2048, num_kv_heads=4,
+                            gated_mlp=True, tied_embeddings=tied, position_embedding="rotary", norm="rmsnorm",
+                            bias=False, dropout=False)
+    dev = DeviceSpec("d", memory_gib * GIB, 50e12, 10e12, 200e9, 0.5)
+    c = ServeCosts(cfg, dev, 1, weight_format("bf16"), 2.0, engine_spec("vllm", max_num_seqs=64), Link(20e9, 1e-5),
+                   0.1 * GIB)
+    return ServePipeline(c, pp, (Link(20e9, 1e-5),) * (pp - 1))
+
+
+@pytest.mark.parametrize("pp,memory_gib,vocab", [(2, 1.0, 128_000), (3, 0.9, 256_000), (4, 0.8, 200_000),
+                                                 (4, 2.0, 32_000), (5, 0.7, 300_000), (1, 1.5, 50_000)])
+def test_dp_matches_brute_force(pp, memory_gib, vocab):
+    pipe = small_pipe(pp, memory_gib, vocab)
+    w = Workload(512, 128)
+    tps = pipe.costs.tokens_per_sequence(512, 128)
+    pool, _ = max_pool_split(pipe)
+    # the largest pool is the brute-force maximum of the per-split minimum
+    cap = stage_capacities(pipe)
+    import itertools
+    best_pool = -1
+    for cuts in itertools.combinations(range(1, 12), pp - 1):
+        b = (0, *cuts, 12)
+        best_pool = max(best_pool, min(int(cap[s, y - x]) for s, (x, y) in enumerate(zip(b, b[1:]))))
+    assert pool == best_pool
+    batches = np.array([1, 2, 5, 17, 40, 64])
+    step = pipe.steady_step(batches, w)
+    levels = optimal_splits(pipe, batches, step, batches * tps)
+    for k, B in enumerate(batches):
+        one = pipe.steady_step(np.array([B]), w)
+        ref = brute_force_split(pipe, int(B), one, B * tps)
+        got = levels[k]
+        if ref is None:
+            assert got is None
+            continue
+        assert got is not None
+        assert got.bottleneck_s == pytest.approx(ref.bottleneck_s, rel=1e-9)
+        assert got.pool_tokens == ref.pool_tokens
+
+
+def test_planned_split_beats_vllm_default_llama3_70b_fp8_on_8x_l4():
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    cluster = load_cluster("1x8-l4")
+    job = ServeJob(Workload(1024, 256))
+    r = search_serving(cfg, cluster, job, engine=engine_spec("vllm"), weights=weight_format("fp8"), kv_bytes=2.0,
+                       tp=1, pp=8)
+    plan = r.plans[0]
+    assert plan.default_split == (10,) * 8  # vLLM: 80 // 8, no remainder
+    assert plan.split != plan.default_split
+    assert plan.split[0] < 10 and plan.split[-1] < 10  # the embedding and LM-head stages carry fewer layers
+    assert plan.pool_tokens > plan.default_pool_tokens
+    assert plan.max_batch > plan.default_batch or plan.batch > plan.default_batch
+    assert plan.total_output_tokens_per_s > plan.default_total_output_tokens_per_s
+
+
+def test_split_pin_is_scored_not_searched():
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    cluster = load_cluster("1x8-l4")
+    job = ServeJob(Workload(1024, 256))
+    split = (12, 10, 10, 10, 10, 10, 10, 8)
+    r = search_serving(cfg, cluster, job, engine=engine_spec("vllm"), weights=weight_format("fp8"), kv_bytes=2.0,
+                       split=split)
+    assert [p.split for p in r.plans] == [split] * len(r.plans)
+    with pytest.raises(InputError, match="summing to 80"):
+        search_serving(cfg, cluster, job, engine=engine_spec("vllm"), weights=weight_format("fp8"), kv_bytes=2.0,
+                       split=(10,) * 7)
+
+
+def test_tp_pin_the_engine_refuses():
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    cluster = load_cluster("1x8-l4")
+    with pytest.raises(InputError, match="--tp 3"):
+        search_serving(cfg, cluster, ServeJob(Workload(128, 128)), engine=engine_spec("vllm"),
+                       weights=weight_format("fp8"), kv_bytes=2.0, tp=3)
+
+
+def test_latency_limit_lowers_the_batch():
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    cluster = load_cluster("1x8-l4")
+    free = search_serving(cfg, cluster, ServeJob(Workload(1024, 256)), engine=engine_spec("vllm"),
+                          weights=weight_format("fp8"), kv_bytes=2.0, tp=2, pp=4).plans[0]
+    limit = free.steady.tpot_s / 2
+    tight = search_serving(cfg, cluster, ServeJob(Workload(1024, 256), max_tpot_s=limit), engine=engine_spec("vllm"),
+                           weights=weight_format("fp8"), kv_bytes=2.0, tp=2, pp=4).plans[0]
+    assert tight.steady.tpot_s <= limit < free.steady.tpot_s
+    assert tight.batch < free.batch
+
+
+def test_request_rate_picks_the_smallest_batch_that_carries_it():
+    cfg = load_transformer(resolve("model", "llama3-8b"))
+    cluster = load_cluster("1x8-l4")
+    rate = 2.0
+    r = search_serving(cfg, cluster, ServeJob(Workload(512, 128), request_rate=rate), engine=engine_spec("vllm"),
+                       weights=weight_format("bf16"), kv_bytes=2.0, tp=1, pp=1)
+    p = r.plans[0]
+    assert not p.saturated
+    per_replica = rate / p.replicas * 128
+    pipe, _ = pipeline_for(cfg, cluster, 1, 1, weight_format("bf16"), 2.0, engine_spec("vllm"), GIB)
+    assert p.steady.output_tokens_per_s >= per_replica
+    if p.batch > 1:
+        assert pipe.steady_state(p.split, p.batch - 1, Workload(512, 128)).output_tokens_per_s < per_replica
+
+
+def test_serve_70b_on_2x8_gpus_under_a_second():
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    cluster = load_cluster("2x8-a100-80gb")
+    t0 = time.perf_counter()
+    r = search_serving(cfg, cluster, ServeJob(Workload(2048, 512)), engine=engine_spec("vllm"),
+                       weights=weight_format("bf16"), kv_bytes=2.0)
+    assert time.perf_counter() - t0 < 1.0
+    assert r.evaluated >= 10 and r.plans
+
+
+def test_rate_beyond_capacity_is_marked_saturated():
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    cluster = load_cluster("1x8-l4")
+    r = search_serving(cfg, cluster, ServeJob(Workload(1024, 256), request_rate=1000.0), engine=engine_spec("vllm"),
+                       weights=weight_format("fp8"), kv_bytes=2.0)
+    assert all(p.saturated for p in r.plans)
+    # saturated plans rank by the throughput they do reach
+    totals = [p.total_output_tokens_per_s for p in r.plans]
+    assert totals == sorted(totals, reverse=True)
+
+
+def test_concurrency_caps_the_batch_per_replica():
+    cfg = load_transformer(resolve("model", "llama3-8b"))
+    cluster = load_cluster("1x8-l4")
+    r = search_serving(cfg, cluster, ServeJob(Workload(512, 128), concurrency=20), engine=engine_spec("vllm"),
+                       weights=weight_format("bf16"), kv_bytes=2.0)
+    for p in r.plans:
+        assert p.batch <= -(-20 // p.replicas)
+
+
+def test_huggingface_config_is_served(tmp_path):
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "tie_word_embeddings": False}))
+    cfg = load_transformer(cfg_path)
+    r = search_serving(cfg, load_cluster("1x8-l4"), ServeJob(Workload(512, 128)), engine=engine_spec("sglang"),
+                       weights=weight_format("bf16"), kv_bytes=1.0)
+    assert r.plans and all(sum(p.split) == 32 for p in r.plans)
