@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..input_files import read_input_text
+from ..limits import MAX_COUNT
 from ..types import DeviceSpec, Layer, Link, ModelProfile
 
 __all__ = [
@@ -235,14 +237,14 @@ def _validate(values: dict[str, Any], where: str, keys: dict[str, str]) -> None:
             if not isinstance(v, bool):
                 raise _bad(where, k(name), v, "true or false")
         elif kind == "pos_int":
-            if not _is_int(v) or v <= 0:
-                raise _bad(where, k(name), v, "a positive integer")
+            if not _is_int(v) or not 0 < v <= MAX_COUNT:
+                raise _bad(where, k(name), v, f"a positive integer <= {MAX_COUNT}")
         elif kind == "nonneg_int":
-            if not _is_int(v) or v < 0:
-                raise _bad(where, k(name), v, "a non-negative integer")
+            if not _is_int(v) or not 0 <= v <= MAX_COUNT:
+                raise _bad(where, k(name), v, f"an integer in [0, {MAX_COUNT}]")
         elif kind == "opt_pos_int":
-            if v is not None and (not _is_int(v) or v <= 0):
-                raise _bad(where, k(name), v, "a positive integer")
+            if v is not None and (not _is_int(v) or not 0 < v <= MAX_COUNT):
+                raise _bad(where, k(name), v, f"a positive integer <= {MAX_COUNT}")
         elif v not in kind:
             raise _bad(where, k(name), v, "one of " + ", ".join(repr(c) for c in kind))
 
@@ -294,10 +296,7 @@ def _build(values: dict[str, Any], where: str, keys: dict[str, str]) -> Transfor
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
+    return read_input_text(path, "transformer config")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -312,7 +311,7 @@ def is_transformer_toml(path: str | Path) -> bool:
     catalog format of :func:`load_transformer_toml`); False for unreadable or
     other files, never raises."""
     p = Path(path)
-    if p.suffix != ".toml":
+    if p.suffix != ".toml" or not p.is_file():  # never open a FIFO or a device
         return False
     try:
         with open(p, "rb") as f:
