@@ -86,7 +86,9 @@ def _plan(stages=((0, 3), (3, 5))):
 
 def test_hand_made_plan_round_trips_exactly():
     """Floats such as 1/3 and 0.1 * 2 survive the JSON text bit for bit."""
-    pf = PlanFile(inputs={"model": {"name": "m", "layers": [1, 2]}}, search={"wall_s": 0.5}, plans=(_plan(),))
+    pf = PlanFile(inputs={"model": {"name": "m", "num_layers": 5, "layers": [1, 2]},
+                          "cluster": {"name": "c", "devices": 2}, "job": {"global_batch_size": 16}},
+                  search={"wall_s": 0.5}, plans=(_plan(),))
     back = load_plan_text(to_json(pf))
     assert back.plans == pf.plans
     assert back == normalize(pf) and normalize(back) == back

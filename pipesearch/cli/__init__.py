@@ -62,7 +62,7 @@ def main():
 
 
 def _register():
-    from . import catalog_cmd, plan_cmd  # noqa: F401  (commands register themselves)
+    from . import catalog_cmd, plan_cmd, validate_cmd  # noqa: F401  (commands register themselves)
 
     for optional in ("simulate_cmd", "export_cmd", "plot_cmd", "profile_cmd"):
         try:

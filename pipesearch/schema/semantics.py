@@ -1,0 +1,129 @@
+"""The checks of a plan document that a JSON Schema cannot express.
+
+Run on a document that already follows the schema (:mod:`pipesearch.schema`),
+:func:`semantic_problems` checks every plan against the document's own
+inputs:
+
+* its stages cover exactly the model's layers (``inputs.model.num_layers``),
+  contiguously, each with at least one layer, in index order, with one layer
+  name per layer, and there are ``pp x vp`` of them;
+* every stage lists ``dp`` device ids (one per data-parallel replica); every
+  id, with its tensor-parallel group ``id .. id + tp - 1``, exists in the
+  cluster (``inputs.cluster.devices``); the virtual stages of one pipeline
+  slot (stages ``s``, ``s + pp``, ...) run on the same devices and different
+  slots on different devices, so that ``pp x dp x tp`` devices are used and
+  fit the cluster;
+* ``micro_batch_size x num_micro_batches x dp`` is the global batch
+  (``inputs.job.global_batch_size``);
+* plan ranks do not repeat.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from . import Problem
+
+
+def _coverage(plan: dict, where: str, num_layers: int) -> Iterator[Problem]:
+    stages = plan["stages"]
+    names: list[Problem] = []
+    expect = 0
+    for k, st in enumerate(stages):
+        w = f"{where}.stages[{k}]"
+        if st["index"] != k:
+            yield Problem(f"{w}.index", f"{st['index']}, expected {k} (stages are listed in pipeline order)")
+        first, end = st["layers"]
+        if first != expect:
+            before = "the first stage must start at layer 0" if k == 0 else (
+                f"stages[{k - 1}] ends at layer {expect}, so this stage must start there")
+            yield Problem(f"{w}.layers", f"{[first, end]} starts at layer {first}; {before} "
+                                         "(half-open [first, last + 1], stages cover the layers contiguously)")
+            return
+        if end <= first:
+            yield Problem(f"{w}.layers", f"{[first, end]} holds no layer; a stage needs at least one "
+                                         "(half-open [first, last + 1])")
+            return
+        if len(st["layer_names"]) != end - first:
+            names.append(Problem(f"{w}.layer_names", f"{len(st['layer_names'])} names for the {end - first} layers "
+                                              f"{[first, end]}; give one name per layer"))
+        expect = end
+    if expect != num_layers:
+        yield Problem(f"{where}.stages[{len(stages) - 1}].layers",
+                      f"{stages[-1]['layers']} ends at layer {expect} but the model has {num_layers} layers "
+                      f"(inputs.model.num_layers); the last stage must end at {num_layers}")
+    yield from names
+
+
+def _devices(plan: dict, where: str, num_devices: int) -> Iterator[Problem]:
+    par = plan["parallelism"]
+    pp, dp, tp = par["pp"], par["dp"], par["tp"]
+    if pp * dp * tp > num_devices:
+        yield Problem(f"{where}.parallelism", f"pp {pp} x dp {dp} x tp {tp} = {pp * dp * tp} devices, but the "
+                                              f"cluster (inputs.cluster.devices) has {num_devices}")
+        return
+    owner: dict[int, int] = {}  # device id -> pipeline slot using it
+    for k, st in enumerate(plan["stages"]):
+        w = f"{where}.stages[{k}].devices"
+        devices = st["devices"]
+        if len(devices) != dp:
+            yield Problem(w, f"{devices} lists {len(devices)} device id(s) but parallelism.dp is {dp} "
+                             "(one id per data-parallel replica)")
+            return
+        for d in devices:
+            if d + tp > num_devices:
+                group = f"device {d} does" if tp == 1 else f"devices {d} .. {d + tp - 1} (tp {tp}) do"
+                yield Problem(w, f"{devices}: {group} not exist; the cluster (inputs.cluster.devices) "
+                                 f"has {num_devices} devices, ids 0 .. {num_devices - 1}")
+                return
+        slot = k % pp
+        if k >= pp:
+            base = plan["stages"][slot]["devices"]
+            if devices != base:
+                yield Problem(w, f"{devices} differs from stages[{slot}].devices {base}: virtual stage {k} "
+                                 f"runs on the devices of pipeline slot {slot} (vp {par['vp']})")
+            continue
+        for d in devices:
+            for used in range(d, d + tp):
+                if used in owner:
+                    other = owner[used]
+                    what = "stage" if other == slot else f"stages[{other}]"
+                    yield Problem(w, f"{devices}: device {used} already serves {what}"
+                                     f"{'' if tp == 1 else f' (tp {tp} groups overlap)'}; "
+                                     "each device serves one pipeline stage and one replica")
+                    return
+                owner[used] = slot
+
+
+def _batch(plan: dict, where: str, batch: int) -> Iterator[Problem]:
+    sch, dp = plan["schedule"], plan["parallelism"]["dp"]
+    mbs, m = sch["micro_batch_size"], sch["num_micro_batches"]
+    if mbs * m * dp != batch:
+        yield Problem(f"{where}.schedule", f"micro_batch_size {mbs} x num_micro_batches {m} x dp {dp} = "
+                                           f"{mbs * m * dp}, but inputs.job.global_batch_size is {batch}")
+
+
+def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
+    """What is wrong with one schema-valid plan object, judged against the
+    document's ``inputs`` (at most one problem per kind of check)."""
+    out: list[Problem] = []
+    stages, par = plan["stages"], plan["parallelism"]
+    if len(stages) != par["pp"] * par["vp"]:
+        out.append(Problem(f"{where}.stages", f"{len(stages)} stages but pp x vp = {par['pp']} x {par['vp']} = "
+                                              f"{par['pp'] * par['vp']}"))
+    out += _coverage(plan, where, inputs["model"]["num_layers"])
+    out += _devices(plan, where, inputs["cluster"]["devices"])
+    out += _batch(plan, where, inputs["job"]["global_batch_size"])
+    return out
+
+
+def semantic_problems(doc: dict) -> list[Problem]:
+    """Every problem of a schema-valid plan document beyond the schema (see
+    the module docstring), in document order."""
+    out: list[Problem] = []
+    for k, plan in enumerate(doc["plans"]):
+        out += plan_problems(plan, f"plans[{k}]", doc["inputs"])
+    ranks = [p["rank"] for p in doc["plans"]]
+    if len(set(ranks)) != len(ranks):
+        out.append(Problem("plans", f"plan ranks repeat ({', '.join(map(str, ranks))}); give each plan its own rank"))
+    return out
