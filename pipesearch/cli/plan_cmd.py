@@ -17,6 +17,7 @@ from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..models import RECOMPUTE_MODES, load_model_source
 from ..output import check_writable, write_output
+from ..pins import BatchPins, check_vp_pins, resolve_dp
 from ..plan import PlanFile, dump_plan_file, to_json
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
@@ -154,9 +155,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
     """
     # every output is checked before the search, so a bad path costs nothing and leaves nothing
-    out = None if (as_json and not output) else check_writable(output or DEFAULT_OUTPUT, "plan file")
-    if all_points:
+    out = None if (as_json and output is None) else check_writable(
+        DEFAULT_OUTPUT if output is None else output, "plan file (-o)")
+    if all_points is not None:
         check_writable(all_points, "--all-points")
+    if plot_dir == "":
+        raise InputError("--plot-dir: empty directory name; give a directory")
     if plot_dir:
         plot_dir = Path(plot_dir)
         if not plot_dir.exists() and plot_dir.parent.is_dir():
@@ -183,6 +187,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
+    check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
+    dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
                             split=split, top=top, simulate_top=simulate_top,
@@ -207,7 +213,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         exports=tuple(export_all(p) for p in result.plans),
     )
     text = to_json(plan_file)
-    if all_points:
+    if all_points is not None:
         write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")
     if as_json:
         if out:

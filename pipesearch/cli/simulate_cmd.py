@@ -42,13 +42,13 @@ def simulate_command(plans, rank, timeline, torch_csv):
       pipesearch simulate plans.json --rank 1 --timeline timeline.png
       pipesearch simulate plans.json --torch-csv order.csv
     """
-    if timeline:
+    if timeline is not None:
         from ..plots.common import check_output
 
+        check_writable(timeline, "--timeline")
         check_output(timeline)
-        check_writable(timeline, "timeline")
-    if torch_csv:
-        check_writable(torch_csv, "torch CSV")
+    if torch_csv is not None:
+        check_writable(torch_csv, "--torch-csv")
     plan_file = load_plan_file(plans)
     plan = select_plan(plan_file, rank, plans)
     total_s, tl = simulate_plan(plan)
@@ -60,12 +60,12 @@ def simulate_command(plans, rank, timeline, torch_csv):
     for r in range(tl.num_ranks):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
                    f"peak in-flight activations {format_bytes(tl.peak_act_bytes[r])}")
-    if timeline:
+    if timeline is not None:
         from ..plots.timeline import plot_timeline
 
         write_output(timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s)), "timeline")
         click.echo(f"wrote {timeline}")
-    if torch_csv:
+    if torch_csv is not None:
         text = to_torch_csv(build(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp))
         write_text(torch_csv, text, "torch CSV")
         click.echo(f"wrote {torch_csv}")
