@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from ..budget import check_search_memory
 from ..errors import InputError
 from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
@@ -123,6 +124,9 @@ class _Progress:
               help="Re-rank this many best analytic plans by simulated iteration time (0: off).")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="Memory kept free on every device (framework, workspace, fragmentation).")
+@click.option("--max-search-memory", default="8GiB", show_default=True,
+              help="Host memory the search may use; a model whose exact split would need more is refused "
+                   "before the search starts.")
 @click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0), default=16.0, show_default=True,
               help="Bytes of weights + gradients + optimizer state per parameter (16: mixed-precision Adam).")
 @click.option("--mapping-time-limit", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
@@ -143,7 +147,7 @@ class _Progress:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, simulate_top, memory_reserve,
-                 optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
+                 max_search_memory, optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -174,6 +178,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         reserve = parse_bytes(memory_reserve)
     except InputError as exc:
         raise InputError(f"--memory-reserve: {exc}") from None
+    try:
+        search_budget = parse_bytes(max_search_memory)
+    except InputError as exc:
+        raise InputError(f"--max-search-memory: {exc}") from None
     if not math.isfinite(optimizer_bytes_per_param):
         raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
     cluster = load_cluster(cluster_name, nodes=nodes)
@@ -182,6 +190,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
                          f"devices of {cluster.name}; lower it (default 1GiB)")
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
+    check_search_memory(max(v.profile.num_layers for v in source.variants), search_budget, f"--model {model}")
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=reserve, zero1=zero1)
     if not schedules:
