@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import InputError
 from ..output import check_writable, write_output, write_text
 from ..plan import load_plan_file, select_plan
 from ..schedules import build, to_torch_csv
@@ -51,7 +52,10 @@ def simulate_command(plans, rank, timeline, torch_csv):
         check_writable(torch_csv, "--torch-csv")
     plan_file = load_plan_file(plans)
     plan = select_plan(plan_file, rank, plans)
-    total_s, tl = simulate_plan(plan)
+    try:
+        total_s, tl = simulate_plan(plan)
+    except InputError as exc:  # a valid file whose plan the simulator still refuses: name the file and plan
+        raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     click.echo(f"simulated iteration: {format_seconds(total_s)} (pipeline {format_seconds(tl.iteration_time_s)}"

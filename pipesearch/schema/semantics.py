@@ -15,6 +15,11 @@ inputs:
   fit the cluster;
 * ``micro_batch_size x num_micro_batches x dp`` is the global batch
   (``inputs.job.global_batch_size``);
+* every stage's forward time ``fwd_s`` is part of its ``compute_s`` and its
+  input-gradient time ``bwd_input_s`` part of the backward time
+  ``compute_s - fwd_s``;
+* the schedule's builder (:func:`pipesearch.schedules.build`) accepts
+  ``pp``, ``vp`` and ``num_micro_batches``, so the simulator can replay it;
 * plan ranks do not repeat.
 """
 
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ..errors import InputError
+from ..schedules import build
 from . import Problem
 
 
@@ -103,6 +110,27 @@ def _batch(plan: dict, where: str, batch: int) -> Iterator[Problem]:
                                            f"{mbs * m * dp}, but inputs.job.global_batch_size is {batch}")
 
 
+def _times(plan: dict, where: str) -> Iterator[Problem]:
+    for k, st in enumerate(plan["stages"]):
+        w = f"{where}.stages[{k}]"
+        if st["fwd_s"] > st["compute_s"]:
+            yield Problem(f"{w}.fwd_s", f"{st['fwd_s']!r} is more than compute_s {st['compute_s']!r}; compute_s is "
+                                        "forward plus backward time")
+        elif st["bwd_input_s"] > st["compute_s"] - st["fwd_s"]:
+            yield Problem(f"{w}.bwd_input_s", f"{st['bwd_input_s']!r} is more than the backward time compute_s - "
+                                              f"fwd_s = {st['compute_s'] - st['fwd_s']!r}; it is the input-gradient "
+                                              "part of the backward")
+
+
+def _schedule(plan: dict, where: str) -> Iterator[Problem]:
+    par, sch = plan["parallelism"], plan["schedule"]
+    try:
+        build(sch["name"], par["pp"], sch["num_micro_batches"], par["vp"])
+    except InputError as exc:
+        yield Problem(f"{where}.schedule", f"{sch['name']} cannot run pp {par['pp']} x vp {par['vp']} with "
+                                           f"{sch['num_micro_batches']} micro-batches ({exc})")
+
+
 def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     """What is wrong with one schema-valid plan object, judged against the
     document's ``inputs`` (at most one problem per kind of check)."""
@@ -114,6 +142,8 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _coverage(plan, where, inputs["model"]["num_layers"])
     out += _devices(plan, where, inputs["cluster"]["devices"])
     out += _batch(plan, where, inputs["job"]["global_batch_size"])
+    out += _times(plan, where)
+    out += _schedule(plan, where)
     return out
 
 
