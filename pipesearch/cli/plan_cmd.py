@@ -16,6 +16,7 @@ from ..budget import check_search_memory
 from ..errors import InputError
 from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
+from ..limits import MAX_COUNT
 from ..models import RECOMPUTE_MODES, load_model_source
 from ..output import check_writable, write_output
 from ..pins import BatchPins, check_vp_pins, resolve_dp
@@ -107,7 +108,7 @@ class _Progress:
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the node count of the cluster.")
 @click.option("--global-batch-size", "-b", type=click.IntRange(min=1, max=2**31 - 1), default=DEFAULT_BATCH, show_default=True,
               help="Samples per iteration across all data-parallel replicas.")
-@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (transformers; default: the config's).")
+@click.option("--seq-len", type=click.IntRange(min=1, max=MAX_COUNT), help="Sequence length (transformers; default: the config's).")
 @click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline-parallel degree.")
 @click.option("--dp", type=click.IntRange(min=1), help="Pin the data-parallel degree.")
 @click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor-parallel degree (transformers).")
@@ -127,7 +128,7 @@ class _Progress:
 @click.option("--max-search-memory", default="8GiB", show_default=True,
               help="Host memory the search may use; a model whose exact split would need more is refused "
                    "before the search starts.")
-@click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0), default=16.0, show_default=True,
+@click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0, max=1024), default=16.0, show_default=True,
               help="Bytes of weights + gradients + optimizer state per parameter (16: mixed-precision Adam).")
 @click.option("--mapping-time-limit", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
               help="Mixed clusters: work limit (CP-SAT deterministic seconds) of each device-order search that "
