@@ -160,6 +160,16 @@ def test_100000_layer_profile_stops_with_size_and_knob(tmp_path):
                    "long.csv", "100000 layers", "1.0 TiB", "--max-search-memory 8.0 GiB")
 
 
+def test_transformer_with_two_billion_layers_is_refused_before_building_them(tmp_path):
+    text = (REPO / "cost_models" / "gpt3-1.3b.toml").read_text()
+    lines = [("num_layers = 2000000000" if line.startswith("num_layers =") else line) for line in text.splitlines()]
+    write(tmp_path / "deep.toml", "\n".join(lines) + "\n")
+    # 2e9 blocks + embedding + head, 112 bytes per layer pair: far over 8 GiB
+    assert_refused(tmp_path, ["plan", "--model", "deep.toml", "--cluster", "1x8-a100-80gb", "-b", "64",
+                              "-o", "p.json"], "deep.toml", "2000000002 layers", "--max-search-memory",
+                   subprocess_=True)
+
+
 def test_memory_budget_is_a_knob(tmp_path):
     # vgg16: 40 layers -> 256 MiB + 112 x 1600 bytes = 256.2 MiB > 1 MiB
     assert_refused(tmp_path, ["plan", "--model", "vgg16", "--max-search-memory", "1MiB", "-o", "p.json"],

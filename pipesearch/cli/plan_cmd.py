@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from ..budget import check_search_memory
 from ..errors import InputError
 from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
@@ -190,8 +189,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if reserve >= smallest:
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
                          f"devices of {cluster.name}; lower it (default 1GiB)")
-    source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
-    check_search_memory(max(v.profile.num_layers for v in source.variants), search_budget, f"--model {model}")
+    source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
+                               max_search_memory_bytes=search_budget)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=reserve, zero1=zero1)
     if not schedules:
