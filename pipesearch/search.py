@@ -720,8 +720,10 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> s
     hint = ("the model's weights and optimizer state alone need "
             f"{state / 2**30:.1f} GiB against {mem / 2**30:.1f} GiB usable per device; "
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices else
-            "every schedule asked for refused every point (1F1B and its variants need at least pp "
-            "micro-batches): lower --pp, raise --num-micro-batches (or lower --micro-batch-size), "
-            "or add --schedule gpipe" if counts.get("schedule_refused") and not counts.get("out_of_memory") else
+            "the schedules asked for refused every point (1F1B and its variants need at least pp "
+            "micro-batches; pp x vp stages need a layer each): lower --pp or --vp, raise --num-micro-batches "
+            "(or lower --micro-batch-size), or add --schedule gpipe"
+            if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
+            else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
     return f"no plan fits {prof.name} on {cluster.name} ({reasons}); {hint}"
