@@ -332,6 +332,18 @@ def test_pipedream_huge_value(tmp_path):
                    "forward_compute_time='1e308'")
 
 
+@pytest.mark.parametrize("column,value,expected", [
+    ("iteration_time_s", "x", "a number >= 0"), ("iteration_time_s", -5, "a number >= 0"),
+    ("pp", "two", "an integer >= 1"), ("schedule", "bogus", "one of gpipe")])
+def test_points_table_cells_are_checked(tmp_path, plan_doc, column, value, expected):
+    doc = copy.deepcopy(plan_doc)
+    points = doc["search"]["points"]
+    points["data"][0][points["columns"].index(column)] = value
+    path = write(tmp_path / "points.json", json.dumps(doc))
+    assert_refused(tmp_path, ["plot", path, "--kind", "space", "-o", "space.png"], path, "search.points.data[0]",
+                   f"column {column!r}", expected)
+
+
 def test_export_of_inconsistent_plan_names_the_file(tmp_path, plan_doc):
     path = edited(tmp_path, plan_doc, lambda p: p["stages"][1]["layer_names"].pop())
     assert_refused(tmp_path, ["export", path, "--format", "torch"], path, "stages[1].layer_names",

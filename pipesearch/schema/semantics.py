@@ -20,7 +20,12 @@ inputs:
   ``compute_s - fwd_s``;
 * the schedule's builder (:func:`pipesearch.schedules.build`) accepts
   ``pp``, ``vp`` and ``num_micro_batches``, so the simulator can replay it;
-* plan ranks do not repeat.
+* plan ranks do not repeat;
+* the points table (``search.points``), when present, has one value per
+  column in every row, and its known columns hold what the search writes:
+  degrees and micro-batch figures integers >= 1, times, rates and sizes
+  numbers >= 0, schedules known names, texts strings (any of them may be
+  null for a point that was not evaluated).
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from typing import Iterator
 
 from ..errors import InputError
 from ..schedules import build
-from . import Problem
+from ..types import SCHEDULES
+from . import Problem, show
 
 
 def _coverage(plan: dict, where: str, num_layers: int) -> Iterator[Problem]:
@@ -147,6 +153,35 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     return out
 
 
+#: points-table column -> (check, what is expected)
+_POINT_COLUMNS = {
+    **{c: (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
+       for c in ("tp", "pp", "dp", "vp", "micro_batch_size", "num_micro_batches")},
+    **{c: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0")
+       for c in ("iteration_time_s", "samples_per_s", "peak_memory_bytes", "bubble_fraction", "lower_bound_s")},
+    **{c: (lambda v: isinstance(v, str), "a string") for c in ("recompute", "placement", "status")},
+    "schedule": (lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
+}
+
+
+def _points(doc: dict) -> Iterator[Problem]:
+    table = doc["search"].get("points")
+    if table is None:
+        return
+    columns = table["columns"]
+    for r, row in enumerate(table["data"]):
+        if len(row) != len(columns):
+            yield Problem(f"search.points.data[{r}]", f"{len(row)} values for the {len(columns)} columns; "
+                                                      "give one value per column")
+            return
+        for column, value in zip(columns, row):
+            check = _POINT_COLUMNS.get(column)
+            if check is not None and value is not None and not check[0](value):
+                yield Problem(f"search.points.data[{r}]", f"column {column!r} = {show(value)}: expected {check[1]} "
+                                                          "or null")
+                return
+
+
 def semantic_problems(doc: dict) -> list[Problem]:
     """Every problem of a schema-valid plan document beyond the schema (see
     the module docstring), in document order."""
@@ -156,4 +191,5 @@ def semantic_problems(doc: dict) -> list[Problem]:
     ranks = [p["rank"] for p in doc["plans"]]
     if len(set(ranks)) != len(ranks):
         out.append(Problem("plans", f"plan ranks repeat ({', '.join(map(str, ranks))}); give each plan its own rank"))
+    out += _points(doc)
     return out
