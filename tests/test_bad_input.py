@@ -375,6 +375,14 @@ def test_schedule_refused_advice_does_not_say_raise_pp(tmp_path):
     assert "raise --pp" not in line
 
 
+def test_out_of_memory_split_names_the_stage(tmp_path):
+    # vgg16's 38 middle layers at micro-batch 4096 cannot fit a 16 GiB V100 (1 GiB reserved: 15.0 GiB usable)
+    line = assert_refused(tmp_path, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "4096",
+                                     "--split", "1,38,1", "--micro-batch-size", "4096", "-o", "p.json"],
+                          "out_of_memory", "--split stage 1 (layers 1..38)", "against 15.0 GiB usable")
+    assert "move layers off stage 1" in line
+
+
 def test_validate_lists_every_problem(tmp_path, plan_doc):
     def edit(p):
         p["stages"][1]["layers"] = [4, 7]
