@@ -1,5 +1,6 @@
 """Hypothesis mutates valid plan files (stage bounds dropped or shifted,
-devices, degrees, schedule, numbers set to NaN, inf, negative or huge) and
+devices, degrees, schedule, the inputs' layer, device and batch counts,
+numbers set to NaN, inf, negative or huge) and
 checks that each is either valid, and then simulates and exports, or refused
 by every command with exit status 2 and one line on stderr, never a crash."""
 
@@ -112,7 +113,14 @@ def change_number(plan, data):
         plan["predicted"][data.draw(st.sampled_from(PREDICTED))] = data.draw(st.one_of(BAD_NUMBERS, st.floats(0, 1)))
 
 
-MUTATIONS = [shift_bound, move_boundary, drop_stage, change_devices, change_degree, change_schedule, change_number]
+def change_inputs(plan, data, doc):
+    table, key = data.draw(st.sampled_from([("model", "num_layers"), ("cluster", "devices"),
+                                             ("job", "global_batch_size")]))
+    doc["inputs"][table][key] = data.draw(st.one_of(st.integers(-1, 20), BAD_NUMBERS))
+
+
+MUTATIONS = [shift_bound, move_boundary, drop_stage, change_devices, change_degree, change_schedule, change_number,
+             change_inputs]
 
 
 def one_line_refusal(result) -> bool:
@@ -131,7 +139,7 @@ def test_mutated_plan_is_valid_and_runs_or_refused(base_docs, data):
     for mutate in data.draw(st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=3)):
         if not plan["stages"]:
             break
-        mutate(plan, data)
+        mutate(plan, data, doc) if mutate is change_inputs else mutate(plan, data)
     rank = plan.get("rank", 1) if isinstance(plan.get("rank"), int) and plan.get("rank", 0) >= 1 else 1
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
