@@ -225,6 +225,19 @@ def test_degrees_must_fit_the_cluster(tmp_path, plan_doc):
     assert_refused(tmp_path, ["export", path, "--format", "gpipe"], path, "pp 2 x dp 2 x tp 2 = 8 devices", "has 4")
 
 
+def test_schedule_too_large_to_replay_is_refused_before_building(tmp_path, plan_doc):
+    """pp 2 x vp 4096 x 16384 micro-batches = 2**27 stage micro-batches > 2**24:
+    refused by size (building it would take minutes)."""
+    def edit(p):
+        p["parallelism"]["vp"] = 4096
+        p["schedule"].update(name="interleaved-1f1b", num_micro_batches=16384)
+    path = edited(tmp_path, plan_doc, edit)
+    code, out, err = run(["validate", path], tmp_path)
+    assert code == 2
+    assert f"{path}: plans[0].schedule: pp 2 x vp 4096 x num_micro_batches 16384 = 134217728 stage micro-batches" \
+        in out
+
+
 def test_torch_export_of_a_valid_plan_still_works(tmp_path, plan_doc):
     path = write(tmp_path / "ok.json", json.dumps(plan_doc))
     code, out, err = run(["export", path, "--format", "torch"], tmp_path)

@@ -19,7 +19,9 @@ inputs:
   input-gradient time ``bwd_input_s`` part of the backward time
   ``compute_s - fwd_s``;
 * the schedule's builder (:func:`pipesearch.schedules.build`) accepts
-  ``pp``, ``vp`` and ``num_micro_batches``, so the simulator can replay it;
+  ``pp``, ``vp`` and ``num_micro_batches`` (at most
+  :data:`MAX_STAGE_MICRO_BATCHES` stage micro-batches), so the simulator can
+  replay it;
 * plan ranks do not repeat;
 * the points table (``search.points``), when present, has one value per
   column in every row, and its known columns hold what the search writes:
@@ -128,8 +130,18 @@ def _times(plan: dict, where: str) -> Iterator[Problem]:
                                               "part of the backward")
 
 
+#: (virtual) stages x micro-batches of one plan beyond which it is not replayed (each is a few actions)
+MAX_STAGE_MICRO_BATCHES = 2**24
+
+
 def _schedule(plan: dict, where: str) -> Iterator[Problem]:
     par, sch = plan["parallelism"], plan["schedule"]
+    size = par["pp"] * par["vp"] * sch["num_micro_batches"]
+    if size > MAX_STAGE_MICRO_BATCHES:
+        yield Problem(f"{where}.schedule", f"pp {par['pp']} x vp {par['vp']} x num_micro_batches "
+                                           f"{sch['num_micro_batches']} = {size} stage micro-batches, more than the "
+                                           f"{MAX_STAGE_MICRO_BATCHES} a schedule is built for")
+        return
     try:
         build(sch["name"], par["pp"], sch["num_micro_batches"], par["vp"])
     except InputError as exc:
