@@ -18,6 +18,11 @@ MAX_DEVICES = 2**17
 MAX_BYTES = float(2**60)
 #: one layer's forward or backward time at its profiled batch, seconds (11.6 days)
 MAX_LAYER_S = 1e6
+#: the shortest non-zero layer time, seconds (1 ns: no kernel is faster; shorter
+#: values are unit mistakes and would make throughputs astronomically large)
+MIN_LAYER_S = 1e-9
+#: samples per second of a plan
+MAX_SAMPLES_PER_S = 1e30
 #: any time in a plan file, seconds (about 31,700 years)
 MAX_PLAN_S = 1e12
 #: a link's bandwidth, GB/s: (1 kB/s, 1 PB/s]

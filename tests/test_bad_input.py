@@ -327,6 +327,14 @@ def test_huge_forward_time_names_file_line_and_column(tmp_path):
                    "fwd_ms", "1e308", "1e+09 ms")
 
 
+def test_time_below_a_nanosecond_is_refused(tmp_path):
+    """1e-300 ms would make a plan of 2e303 samples/s, a file the reader refuses."""
+    rows = [f"l{k},1e-300,1e-300,1,1" for k in range(2)]
+    tiny_csv(tmp_path / "fast.csv", rows=rows)
+    assert_refused(tmp_path, ["plan", "--model", "fast.csv", "-b", "8", "-o", "p.json"], "fast.csv", "line 4",
+                   "fwd_ms", "1e-300", "1e-06 ms")
+
+
 def test_huge_parameter_size_is_one_line_without_warnings(tmp_path):
     rows = [f"l{k},1,2,1000,4096" for k in range(4)]
     rows[1] = "l1,1,2,1e308,4096"

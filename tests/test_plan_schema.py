@@ -38,6 +38,7 @@ def test_schema_bounds_are_the_limits():
     assert defs["bytes"]["maximum"] == limits.MAX_BYTES == 2.0**60
     par = defs["plan"]["properties"]["parallelism"]["properties"]
     assert {k: v["maximum"] for k, v in par.items()} == dict.fromkeys(("pp", "dp", "tp", "vp"), limits.MAX_DEVICES)
+    assert defs["plan"]["properties"]["predicted"]["properties"]["samples_per_s"]["maximum"] == limits.MAX_SAMPLES_PER_S
     sch = defs["plan"]["properties"]["schedule"]["properties"]
     assert sch["num_micro_batches"]["maximum"] == MAX_MICRO_BATCHES == 16384
     assert sch["name"]["enum"] == list(SCHEDULES)

@@ -19,7 +19,7 @@ from ..limits import MAX_COUNT
 from ..models import RECOMPUTE_MODES, load_model_source
 from ..output import check_writable, write_output
 from ..pins import BatchPins, check_vp_pins, resolve_dp
-from ..plan import PlanFile, dump_plan_file, to_json
+from ..plan import PlanFile, document_problems, dump_plan_file, to_json
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
 from ..units import format_bytes, format_seconds, parse_bytes
@@ -222,6 +222,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         exports=tuple(export_all(p) for p in result.plans),
     )
     text = to_json(plan_file)
+    problems = document_problems(json.loads(text))
+    if problems:  # the search wrote what its own reader refuses: a bug, never a file to leave behind
+        raise RuntimeError(f"internal error: the plan file to write breaks its format: {problems[0]}")
     if all_points is not None:
         write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")
     if as_json:

@@ -52,7 +52,7 @@ import pandas as pd
 from ..catalog import entry_name
 from ..errors import InputError
 from ..input_files import read_input_text
-from ..limits import MAX_BYTES, MAX_COUNT, MAX_LAYER_S
+from ..limits import MAX_BYTES, MAX_COUNT, MAX_LAYER_S, MIN_LAYER_S
 from ..types import Layer, ModelProfile
 
 MAGIC = "# pipesearch profile v1"
@@ -204,6 +204,9 @@ def _cell_number(path: Path, line: int, column: str, text: str, scale: int) -> f
         raise _fail(path, f"line {line}, column {column!r}", f"value {text!r} is negative; "
                     "times and sizes must be >= 0")
     high, unit = (MAX_LAYER_S * 1e3, "ms") if column.endswith("_ms") else (MAX_BYTES, "bytes")
+    if unit == "ms" and 0 < value < MIN_LAYER_S:
+        raise _fail(path, f"line {line}, column {column!r}", f"value {text.strip()!r} is less than "
+                    f"{MIN_LAYER_S * 1e3:g} ms (1 ns) but not 0; check the unit (times in ms) or write 0")
     if value > (MAX_LAYER_S if unit == "ms" else MAX_BYTES):
         raise _fail(path, f"line {line}, column {column!r}", f"value {text.strip()!r} is more than "
                     f"{high:g} {unit}; check the unit (times in ms, sizes in bytes)")

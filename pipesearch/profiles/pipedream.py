@@ -43,7 +43,7 @@ import networkx as nx
 from ..catalog import entry_name
 from ..errors import InputError
 from ..input_files import read_input_text
-from ..limits import MAX_BYTES, MAX_LAYER_S
+from ..limits import MAX_BYTES, MAX_LAYER_S, MIN_LAYER_S
 from ..types import Layer, ModelProfile
 
 _NODE_RE = re.compile(
@@ -83,6 +83,9 @@ def _value(path: Path, number: int, field: str, text: str) -> float:
         raise InputError(f"{path}: line {number}: {field}={text.strip()!r} is not a finite "
                          "number >= 0; fix or regenerate the profile")
     high, unit = (MAX_LAYER_S * 1e3, "ms") if field.endswith("_time") else (MAX_BYTES, "bytes")
+    if unit == "ms" and 0 < value < Decimal(repr(MIN_LAYER_S * 1e3)):
+        raise InputError(f"{path}: line {number}: {field}={text.strip()!r} is less than {MIN_LAYER_S * 1e3:g} ms "
+                         "(1 ns) but not 0; fix or regenerate the profile")
     if value > Decimal(repr(high)):
         raise InputError(f"{path}: line {number}: {field}={text.strip()!r} is more than {high:g} {unit}; "
                          "fix or regenerate the profile")
