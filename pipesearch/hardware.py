@@ -20,7 +20,7 @@ from typing import Any
 
 from . import catalog, limits
 from .errors import CatalogError, InputError
-from .input_files import read_input_bytes
+from .input_files import parse_failure, read_input_bytes
 from .types import Cluster, DeviceGroup, DeviceSpec, Link
 
 GIB = 2**30
@@ -68,6 +68,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: TOML syntax error: {e}") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a TOML file (not UTF-8 text)") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
+        raise InputError(f"{path}: cannot read TOML: {parse_failure(e)}") from None
 
 
 def _check_keys(where: Path, table: dict, allowed, prefix: str = "") -> None:

@@ -95,3 +95,15 @@ def read_input_bytes(path: str | os.PathLike[str], what: str) -> bytes:
         return p.read_bytes()
     except OSError as exc:
         raise InputError(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
+
+
+def parse_failure(exc: BaseException) -> str:
+    """Why a JSON or TOML parser gave up other than on syntax, in words: an
+    integer too long to convert (Python refuses over 4300 digits) or
+    nesting deeper than the interpreter's recursion limit."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    text = " ".join(str(exc).split())
+    if "integer string conversion" in text:
+        return "an integer with more than 4300 digits"
+    return text or type(exc).__name__

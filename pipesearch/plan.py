@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError, PlanFormatError
-from .input_files import read_input_text
+from .input_files import parse_failure, read_input_text
 from .output import write_text
 from .schema import Problem, schema_problems
 from .schema.semantics import semantic_problems
@@ -176,8 +176,8 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanFormatError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise PlanFormatError(f"{source}: not a plan file (JSON nested too deeply)") from None
+    except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits, nesting too deep
+        raise PlanFormatError(f"{source}: not a plan file ({parse_failure(exc)})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise PlanFormatError(f"{source}: schema is {got!r}, expected {SCHEMA!r} (a file written by `pipesearch plan -o`)")

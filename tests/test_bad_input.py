@@ -186,6 +186,21 @@ def test_an_allocation_failure_is_a_clear_message(tmp_path, monkeypatch):
     assert "float64" in line
 
 
+@pytest.mark.parametrize("name,text,args,needle", [
+    ("plans.json", '{"schema": "pipesearch.plan/1", "x": 1' + "0" * 5000 + "}", ["validate", "plans.json"],
+     "an integer with more than 4300 digits"),
+    ("plans.json", "[" * 200_000, ["simulate", "plans.json"], "nested too deeply"),
+    ("c.toml", 'name = "c"\nnodes = 1' + "0" * 5000 + "\n", ["plan", "--cluster", "c.toml", "-o", "p.json"],
+     "an integer with more than 4300 digits"),
+    ("c.toml", "x = " + "[" * 100_000 + "\n", ["plan", "--cluster", "c.toml", "-o", "p.json"], "nested too deeply"),
+    ("config.json", '{"hidden_size": 1' + "0" * 5000 + "}", ["plan", "--model", "config.json", "-o", "p.json"],
+     "an integer with more than 4300 digits"),
+], ids=["plan-long-int", "plan-deep", "toml-long-int", "toml-deep", "hf-config-long-int"])
+def test_parser_limits_are_bad_input_not_a_crash(tmp_path, name, text, args, needle):
+    write(tmp_path / name, text)
+    assert_refused(tmp_path, args, name, needle)
+
+
 # ------------------------------------------------------------- wrong accepts
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..input_files import read_input_text
+from ..input_files import parse_failure, read_input_text
 from ..limits import MAX_COUNT
 from ..types import DeviceSpec, Layer, Link, ModelProfile
 
@@ -304,6 +304,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(_read_text(path))
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: TOML syntax error: {e}") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
+        raise InputError(f"{path}: cannot read TOML: {parse_failure(e)}") from None
 
 
 def is_transformer_toml(path: str | Path) -> bool:
@@ -316,7 +318,7 @@ def is_transformer_toml(path: str | Path) -> bool:
     try:
         with open(p, "rb") as f:
             return isinstance(tomllib.load(f).get("transformer"), dict)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
         return False
 
 
@@ -410,6 +412,8 @@ def load_hf_config(
         d = json.loads(_read_text(p))
     except json.JSONDecodeError as e:
         raise InputError(f"{p}: JSON syntax error: {e}") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
+        raise InputError(f"{p}: cannot read JSON: {parse_failure(e)}") from None
     if not isinstance(d, dict):
         raise InputError(f"{p}: expected a JSON object (a HuggingFace config.json)")
     where = str(p)
