@@ -253,6 +253,20 @@ def test_schedule_too_large_to_replay_is_refused_before_building(tmp_path, plan_
         in out
 
 
+def test_device_type_must_match_the_cluster(tmp_path):
+    """On mixed-a100-v100 devices 0-3 are a100-40gb and 4-7 v100-32gb
+    (hardware/clusters/mixed-a100-v100.toml): a stage relabelled is refused."""
+    code, out, err = run(["plan", "--model", tiny_csv(tmp_path / "t.csv"), "--cluster", "mixed-a100-v100", "-b", "8",
+                          "--pp", "2", "--dp", "1", "--top", "1", "-q", "-o", "p.json"], tmp_path)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "p.json").read_text())
+    stage = doc["plans"][0]["stages"][0]
+    assert stage["device_type"] == ("a100-40gb" if stage["devices"][0] < 4 else "v100-32gb")
+    stage["device_type"] = "h100-80gb"
+    path = write(tmp_path / "relabelled.json", json.dumps(doc))
+    assert_refused(tmp_path, ["validate", path], path, "stages[0].device_type", "'h100-80gb'")
+
+
 def test_torch_export_of_a_valid_plan_still_works(tmp_path, plan_doc):
     path = write(tmp_path / "ok.json", json.dumps(plan_doc))
     code, out, err = run(["export", path, "--format", "torch"], tmp_path)

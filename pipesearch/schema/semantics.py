@@ -12,7 +12,8 @@ inputs:
   cluster (``inputs.cluster.devices``); the virtual stages of one pipeline
   slot (stages ``s``, ``s + pp``, ...) run on the same devices and different
   slots on different devices, so that ``pp x dp x tp`` devices are used and
-  fit the cluster;
+  fit the cluster; a stage's ``device_type`` names its devices' types where
+  ``inputs.cluster.groups`` says which ids hold which type;
 * ``micro_batch_size x num_micro_batches x dp`` is the global batch
   (``inputs.job.global_batch_size``);
 * every stage's forward time ``fwd_s`` is part of its ``compute_s`` and its
@@ -110,6 +111,27 @@ def _devices(plan: dict, where: str, num_devices: int) -> Iterator[Problem]:
                 owner[used] = slot
 
 
+def _device_types(plan: dict, where: str, cluster: dict) -> Iterator[Problem]:
+    """Each stage's ``device_type`` names the types of its devices, as
+    ``inputs.cluster.groups`` (when given) places them."""
+    groups = cluster.get("groups")
+    if not isinstance(groups, list) or not all(
+            isinstance(g, dict) and isinstance(g.get("device"), str) and isinstance(g.get("first_device"), int)
+            and isinstance(g.get("last_device"), int) for g in groups):
+        return
+    def type_of(d: int) -> str | None:
+        return next((g["device"] for g in groups if g["first_device"] <= d <= g["last_device"]), None)
+    for k, st in enumerate(plan["stages"]):
+        types = [type_of(d) for d in st["devices"]]
+        if None in types:
+            return  # a device outside every group: _devices names it
+        expected = ",".join(dict.fromkeys(types))
+        if st["device_type"] != expected:
+            yield Problem(f"{where}.stages[{k}].device_type", f"{st['device_type']!r}, but devices {st['devices']} "
+                                                              f"are {expected!r} (inputs.cluster.groups)")
+            return
+
+
 def _batch(plan: dict, where: str, batch: int) -> Iterator[Problem]:
     sch, dp = plan["schedule"], plan["parallelism"]["dp"]
     mbs, m = sch["micro_batch_size"], sch["num_micro_batches"]
@@ -159,6 +181,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
                                               f"{par['pp'] * par['vp']}"))
     out += _coverage(plan, where, inputs["model"]["num_layers"])
     out += _devices(plan, where, inputs["cluster"]["devices"])
+    out += _device_types(plan, where, inputs["cluster"])
     out += _batch(plan, where, inputs["job"]["global_batch_size"])
     out += _times(plan, where)
     out += _schedule(plan, where)
