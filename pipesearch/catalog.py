@@ -12,7 +12,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from .errors import CatalogError
+from .errors import CatalogError, InputError
+from .input_files import non_regular_kind
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -62,12 +63,19 @@ def resolve(kind: str, name_or_path: str) -> Path:
     """Path of a catalog entry given its name, or the given path if it is a file.
 
     Raises:
+        InputError: the path exists but is not a regular file (a directory,
+            a FIFO, a device such as ``/dev/null``).
         CatalogError: neither an existing file nor a catalog name; the message
             suggests close catalog names.
     """
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p
+    what = non_regular_kind(p) if str(name_or_path) else None
+    if what is not None:
+        label = f"--{kind}" if kind in ("model", "cluster") else kind
+        raise InputError(f"{label} {name_or_path}: is {what}, not a {kind} file; give the path of a "
+                         f"regular file or a catalog name (`pipesearch catalog`)")
     entries = list_entries(kind)
     key = name_or_path.strip().lower()
     if key in entries:

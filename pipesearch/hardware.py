@@ -18,8 +18,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from . import catalog
+from . import catalog, limits
 from .errors import CatalogError, InputError
+from .input_files import parse_failure, read_input_bytes
 from .types import Cluster, DeviceGroup, DeviceSpec, Link
 
 GIB = 2**30
@@ -61,13 +62,15 @@ def _fail(where: Path, key: str, value: Any, expected: str) -> InputError:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     """Parse a TOML file; InputError on unreadable file or syntax error."""
+    data = read_input_bytes(path, "TOML file")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(data.decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: TOML syntax error: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a TOML file (not UTF-8 text)") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
+        raise InputError(f"{path}: cannot read TOML: {parse_failure(e)}") from None
 
 
 def _check_keys(where: Path, table: dict, allowed, prefix: str = "") -> None:
@@ -97,18 +100,37 @@ def _get(where: Path, table: dict, key: str, prefix: str = "") -> Any:
     return table[key]
 
 
+#: key (last part) -> (low, high, low inclusive, unit): the accepted range of every number
+_RANGES = {
+    "memory_GiB": (0.0, limits.MAX_BYTES / GIB, False, "GiB"),
+    "memory_GB": (0.0, limits.MAX_BYTES / GB, False, "GB"),
+    "peak_fp16_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
+    "peak_fp32_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
+    "hbm_bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
+    "bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
+    "latency_us": (0.0, limits.MAX_LATENCY_US, True, "us"),
+    "gemm_half_efficiency_size": (0.0, float(limits.MAX_COUNT), True, ""),
+}
+
+
 def _number(where: Path, key: str, value: Any, *, positive: bool = True) -> float:
-    """A finite int or float; > 0 when ``positive``, else >= 0."""
+    """A finite int or float in the key's range (:data:`_RANGES`, by the
+    key's last part); without a listed range > 0 when ``positive``, else >= 0."""
+    low, high, inclusive, unit = _RANGES.get(key.rsplit(".", 1)[-1], (0.0, math.inf, not positive, ""))
     ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok_type or not math.isfinite(value) or (value <= 0 if positive else value < 0):
-        raise _fail(where, key, value, "a positive number" if positive else "a number >= 0")
+    if ok_type and math.isfinite(value) and high == math.inf:
+        if value <= 0 if positive else value < 0:
+            raise _fail(where, key, value, "a positive number" if positive else "a number >= 0")
+        return float(value)
+    if limits.out_of_range(value, low, high, low_inclusive=inclusive):
+        raise _fail(where, key, value, limits.range_text(low, high, low_inclusive=inclusive, unit=unit))
     return float(value)
 
 
-def _count(where: Path, key: str, value: Any) -> int:
-    """A positive integer (not a float, not a bool)."""
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise _fail(where, key, value, "a positive integer")
+def _count(where: Path, key: str, value: Any, high: int = limits.MAX_DEVICES) -> int:
+    """A positive integer (not a float, not a bool) up to ``high``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= high:
+        raise _fail(where, key, value, f"a positive integer <= {high}")
     return value
 
 
@@ -292,6 +314,12 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
         groups = (group,)
         inter_group = None
 
+    total = sum(g.num_devices for g in groups)
+    if total > limits.MAX_DEVICES:
+        shape = " + ".join(f"{g.nodes} nodes x {g.devices_per_node}" for g in groups)
+        raise InputError(f"{path}: {shape} = {total} devices is more than the {limits.MAX_DEVICES} a cluster "
+                         f"may hold; check 'nodes' and 'devices_per_node'"
+                         + (f" (node-count override nodes={nodes})" if nodes is not None else ""))
     return Cluster(
         name=name,
         groups=groups,

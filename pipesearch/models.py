@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .budget import check_search_memory
 from .catalog import resolve
 from .errors import InputError
 from .hardware import load_device
@@ -53,6 +54,7 @@ def load_model_source(
     tp: int | None = None,
     recompute: str | None = None,
     seq_len: int | None = None,
+    max_search_memory_bytes: float | None = None,
 ) -> ModelSource:
     """Resolve ``name_or_path`` (catalog name or file) into layer-table variants.
 
@@ -61,14 +63,20 @@ def load_model_source(
             accept only 1).
         recompute: pin the activation recomputation mode (transformers only).
         seq_len: sequence length for a transformer (default: its config's).
+        max_search_memory_bytes: host-memory budget of the search
+            (:func:`pipesearch.budget.check_search_memory`), checked on the
+            layer count before a layer table is built; ``None``: no check.
 
     Raises:
         CatalogError / InputError: unknown name, malformed file, a pin that
-            does not apply (e.g. ``--tp 2`` on a profiled CNN).
+            does not apply (e.g. ``--tp 2`` on a profiled CNN), a model over
+            the memory budget.
     """
     path = resolve("model", name_or_path)
     if path.suffix in (".json", ".toml"):  # transformer configs (the loader names a malformed key)
         cfg = load_transformer(path, seq_len=seq_len)
+        if max_search_memory_bytes is not None:  # the blocks plus embedding and head, before building them
+            check_search_memory(cfg.total_blocks + 2, max_search_memory_bytes, f"--model {name_or_path}")
         device = cluster.device_spec(0)
         tps = [tp] if tp else _tp_candidates(cfg, cluster)
         modes = [recompute] if recompute else list(RECOMPUTE_MODES)
@@ -100,6 +108,8 @@ def load_model_source(
     if recompute not in (None, "none"):
         raise InputError(f"--recompute {recompute}: needs a transformer config; {path.name} is a layer profile")
     profile = load_model(str(path))
+    if max_search_memory_bytes is not None:
+        check_search_memory(profile.num_layers, max_search_memory_bytes, f"--model {name_or_path}")
     try:
         profiled_device = load_device(profile.profiled_device) if profile.profiled_device != "unknown" else None
     except InputError:

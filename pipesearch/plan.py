@@ -22,8 +22,10 @@ Layout (every number carries its unit in its key; ``layers`` is half-open)::
 ``predicted.iteration_time_s`` is the simulated time when the plan was
 simulated (``options.simulated``), else the analytic one; ``bubble_fraction``
 is the share of the iteration the busiest stage's devices are idle.
-:func:`load_plan_file` validates a file and gives back an object equal to the
-one :func:`dump_plan_file` wrote.
+:func:`load_plan_file` validates a file against the JSON Schema shipped in
+the package (``pipesearch/schema/plan-1.schema.json``) and the semantic
+checks of :mod:`pipesearch.schema.semantics`, and gives back an object equal
+to the one :func:`dump_plan_file` wrote.
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import PlanFormatError
+from .errors import InputError, PlanFormatError
+from .input_files import parse_failure, read_input_text
 from .output import write_text
-from .types import MAX_MICRO_BATCHES, SCHEDULES, Plan, Prediction, StagePlan
+from .schema import Problem, schema_problems
+from .schema.semantics import semantic_problems
+from .types import Plan, Prediction, StagePlan
 
 SCHEMA = "pipesearch.plan/1"
 
@@ -123,149 +128,109 @@ def dump_plan_file(plan_file: PlanFile, path: str | Path) -> None:
     write_text(path, to_json(plan_file), "plan file")
 
 
-# --- validation -------------------------------------------------------------
-
-_NUM = (int, float)
+# --- reading ---------------------------------------------------------------
 
 
-def _need(obj: Any, key: str, kind, where: str):
-    if not isinstance(obj, dict) or key not in obj:
-        raise PlanFormatError(f"{where}: missing key {key!r}")
-    value = obj[key]
-    if kind is float:
-        ok = isinstance(value, _NUM) and not isinstance(value, bool)
-    elif kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        name = getattr(kind, "__name__", str(kind))
-        raise PlanFormatError(f"{where}.{key}: expected {name}, got {value!r}")
-    if kind in (float, int) and isinstance(value, _NUM) and not math.isfinite(value):
-        raise PlanFormatError(f"{where}.{key}: must be a finite number, got {value!r}")
-    if kind in (float, int) and isinstance(value, _NUM) and value < 0:
-        raise PlanFormatError(f"{where}.{key}: must be >= 0, got {value!r}")
-    return value
-
-
-def plan_from_dict(obj: dict, where: str = "plan") -> tuple[Plan, dict | None]:
+def plan_from_dict(obj: dict) -> tuple[Plan, dict | None]:
     """A plan (and its exports, if any) from its JSON object.
 
-    Raises:
-        PlanFormatError: a missing key, a wrong type, a negative size or time,
-            stages that do not cover the layers contiguously.
+    The object must already be valid (:func:`document_problems`); this only
+    converts it.
     """
-    par = _need(obj, "parallelism", dict, where)
-    sch = _need(obj, "schedule", dict, where)
-    pred = _need(obj, "predicted", dict, where)
-    stages = []
-    expect_first = 0
-    for k, st in enumerate(_need(obj, "stages", list, where)):
-        w = f"{where}.stages[{k}]"
-        layers = _need(st, "layers", list, w)
-        if len(layers) != 2 or layers[0] != expect_first or layers[1] <= layers[0]:
-            raise PlanFormatError(f"{w}.layers: {layers} does not continue at layer {expect_first} "
-                                  "with at least one layer (half-open [first, last+1])")
-        expect_first = layers[1]
-        stages.append(StagePlan(
-            index=_need(st, "index", int, w), layers=(int(layers[0]), int(layers[1])),
-            layer_names=tuple(_need(st, "layer_names", list, w)),
-            devices=tuple(_need(st, "devices", list, w)),
-            compute_s=_need(st, "compute_s", float, w), comm_s=_need(st, "comm_s", float, w),
-            allreduce_s=_need(st, "allreduce_s", float, w), memory_bytes=_need(st, "memory_bytes", float, w),
-            send_bytes=_need(st, "send_bytes", float, w), device_type=_need(st, "device_type", str, w),
-            fwd_s=_need(st, "fwd_s", float, w), saved_bytes=_need(st, "saved_bytes", float, w),
-            bwd_input_s=_need(st, "bwd_input_s", float, w),
-        ))
-    if not stages:
-        raise PlanFormatError(f"{where}.stages: empty")
+    stages = tuple(
+        StagePlan(index=st["index"], layers=(st["layers"][0], st["layers"][1]),
+                  layer_names=tuple(st["layer_names"]), devices=tuple(st["devices"]),
+                  compute_s=st["compute_s"], comm_s=st["comm_s"], allreduce_s=st["allreduce_s"],
+                  memory_bytes=st["memory_bytes"], send_bytes=st["send_bytes"], device_type=st["device_type"],
+                  fwd_s=st["fwd_s"], saved_bytes=st["saved_bytes"], bwd_input_s=st["bwd_input_s"])
+        for st in obj["stages"])
+    par, sch, pred = obj["parallelism"], obj["schedule"], obj["predicted"]
     options = dict(_freeze(obj.get("options", {})))
-    analytic = _need(pred, "analytic_iteration_time_s", float, f"{where}.predicted")
-    extra = tuple(options.items()) + (("analytic_iteration_time_s", analytic),)
+    extra = tuple(options.items()) + (("analytic_iteration_time_s", pred["analytic_iteration_time_s"]),)
     plan = Plan(
-        rank=_need(obj, "rank", int, where),
-        pp=_need(par, "pp", int, f"{where}.parallelism"), dp=_need(par, "dp", int, f"{where}.parallelism"),
-        tp=_need(par, "tp", int, f"{where}.parallelism"), vp=_need(par, "vp", int, f"{where}.parallelism"),
-        schedule=_need(sch, "name", str, f"{where}.schedule"),
-        micro_batch_size=_need(sch, "micro_batch_size", int, f"{where}.schedule"),
-        num_micro_batches=_need(sch, "num_micro_batches", int, f"{where}.schedule"),
-        stages=tuple(stages),
-        predicted=Prediction(**{k: _need(pred, k, float, f"{where}.predicted") for k in (
-            "iteration_time_s", "samples_per_s", "bubble_fraction", "peak_memory_bytes",
-            "memory_capacity_bytes")}),
+        rank=obj["rank"], pp=par["pp"], dp=par["dp"], tp=par["tp"], vp=par["vp"],
+        schedule=sch["name"], micro_batch_size=sch["micro_batch_size"], num_micro_batches=sch["num_micro_batches"],
+        stages=stages,
+        predicted=Prediction(**{k: pred[k] for k in (
+            "iteration_time_s", "samples_per_s", "bubble_fraction", "peak_memory_bytes", "memory_capacity_bytes")}),
         extra=extra,
     )
-    for key, value in (("parallelism.pp", plan.pp), ("parallelism.dp", plan.dp), ("parallelism.tp", plan.tp),
-                       ("parallelism.vp", plan.vp), ("schedule.micro_batch_size", plan.micro_batch_size),
-                       ("schedule.num_micro_batches", plan.num_micro_batches)):
-        if value < 1:
-            raise PlanFormatError(f"{where}.{key}: must be >= 1, got {value}")
-    if plan.num_micro_batches > MAX_MICRO_BATCHES:
-        raise PlanFormatError(f"{where}.schedule.num_micro_batches: {plan.num_micro_batches} is more than "
-                              f"{MAX_MICRO_BATCHES}")
-    if plan.schedule not in SCHEDULES:
-        raise PlanFormatError(f"{where}.schedule.name: {plan.schedule!r} is not one of {', '.join(SCHEDULES)}")
-    if len(stages) != plan.pp * plan.vp:
-        raise PlanFormatError(f"{where}: {len(stages)} stages but pp x vp = {plan.pp * plan.vp}")
-    for st in stages:
-        if len(st.devices) != plan.dp or any(not isinstance(d, int) or isinstance(d, bool) or d < 0
-                                             for d in st.devices):
-            raise PlanFormatError(f"{where}.stages[{st.index}].devices: expected {plan.dp} device ids >= 0 "
-                                  f"(one per data-parallel replica), got {list(st.devices)}")
     return plan, obj.get("exports")
 
 
-def normalize(plan_file: PlanFile) -> PlanFile:
-    """The plan file as it will read back from JSON (for equality checks)."""
-    return load_plan_text(to_json(plan_file), "<memory>")
+def _from_document(doc: dict) -> PlanFile:
+    pairs = [plan_from_dict(p) for p in doc["plans"]]
+    exports = tuple(_freeze(e) for _, e in pairs if e is not None)
+    return PlanFile(inputs=_freeze(doc["inputs"]), search=_freeze(doc["search"]), plans=tuple(p for p, _ in pairs),
+                    exports=exports if len(exports) == len(pairs) else ())
 
 
-def load_plan_text(text: str, source: str = "<text>") -> PlanFile:
-    """Parse and validate plan JSON text.
+def parse_document(text: str, source: str = "<text>") -> Any:
+    """The JSON value of a plan file's text.
 
     Raises:
-        PlanFormatError: not JSON, wrong schema version, or a malformed plan;
-            the message names ``source`` and the offending key.
+        PlanFormatError: not JSON (with the line), or not a
+            ``pipesearch.plan/1`` document (its ``schema`` key).
     """
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanFormatError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits, nesting too deep
+        raise PlanFormatError(f"{source}: not a plan file ({parse_failure(exc)})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise PlanFormatError(f"{source}: schema is {got!r}, expected {SCHEMA!r} (a file written by `pipesearch plan -o`)")
+    return doc
+
+
+def document_problems(doc: Any) -> list[Problem]:
+    """Everything wrong with a parsed plan document: the JSON Schema
+    (``pipesearch/schema/plan-1.schema.json``, checked with ``jsonschema``),
+    then, when the schema holds, the semantic checks
+    (:mod:`pipesearch.schema.semantics`). Empty when the document is valid."""
+    problems = schema_problems(doc)
+    return problems if problems else semantic_problems(doc)
+
+
+def normalize(plan_file: PlanFile) -> PlanFile:
+    """The plan file as it will read back from JSON (for equality checks).
+    Only converts: ``inputs`` need not be complete (no validation)."""
+    return _from_document(json.loads(to_json(plan_file)))
+
+
+def load_plan_text(text: str, source: str = "<text>") -> PlanFile:
+    """Parse and validate plan JSON text (:func:`document_problems`).
+
+    Raises:
+        PlanFormatError: not JSON, wrong schema version, or a malformed plan;
+            the message names ``source``, the field (a JSON path such as
+            ``plans[0].stages[1].layers``), its value and what was expected.
+    """
+    doc = parse_document(text, source)
+    problems = document_problems(doc)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s); `pipesearch validate {source}` lists them)" \
+            if len(problems) > 1 else ""
+        raise PlanFormatError(f"{source}: {problems[0]}{more}")
+    return _from_document(doc)
+
+
+def read_plan_text(path: str | Path) -> str:
+    """The text of a plan file (a regular file; see :mod:`pipesearch.input_files`).
+
+    Raises:
+        PlanFormatError: missing, not a regular file, unreadable, not UTF-8.
+    """
     try:
-        inputs = _need(doc, "inputs", dict, source)
-        search = _need(doc, "search", dict, source)
-        raw = _need(doc, "plans", list, source)
-        pairs = [plan_from_dict(p, f"{source}: plans[{k}]") for k, p in enumerate(raw)]
-    except PlanFormatError as exc:
-        msg = str(exc)
-        raise PlanFormatError(msg if msg.startswith(source) else f"{source}: {msg}") from None
-    ranks = [p.rank for p, _ in pairs]
-    if len(set(ranks)) != len(ranks):
-        raise PlanFormatError(f"{source}: plan ranks repeat ({', '.join(map(str, ranks))})")
-    batch = inputs.get("job", {}).get("global_batch_size") if isinstance(inputs.get("job"), dict) else None
-    for k, (p, _) in enumerate(pairs):
-        if isinstance(batch, int) and p.micro_batch_size * p.num_micro_batches * p.dp != batch:
-            raise PlanFormatError(
-                f"{source}: plans[{k}]: micro_batch_size {p.micro_batch_size} x num_micro_batches "
-                f"{p.num_micro_batches} x dp {p.dp} != inputs.job.global_batch_size {batch}")
-    exports = tuple(_freeze(e) for _, e in pairs if e is not None)
-    return PlanFile(inputs=_freeze(inputs), search=_freeze(search), plans=tuple(p for p, _ in pairs),
-                    exports=exports if len(exports) == len(pairs) else ())
+        return read_input_text(path, "plan file")
+    except InputError as exc:
+        raise PlanFormatError(str(exc)) from None
 
 
 def load_plan_file(path: str | Path) -> PlanFile:
     """Read and validate a plan file (see :func:`load_plan_text`)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PlanFormatError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise PlanFormatError(f"{path}: not a plan file (not UTF-8 text)") from None
-    return load_plan_text(text, str(path))
+    return load_plan_text(read_plan_text(path), str(path))
 
 
 def select_plan(plan_file: PlanFile, rank: int, source: str = "plan file") -> Plan:

@@ -480,7 +480,7 @@ def search(
                 row["status"] = "pruned"
                 continue
             inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache)
-            if _surely_out_of_memory(floor, row, inflight, capacity):
+            if not options.split and _surely_out_of_memory(floor, row, inflight, capacity):  # a split is cheap to check
                 row["status"] = "out_of_memory"
                 continue
             if row["placement"] != options.placements[0] and _same_links(
@@ -509,7 +509,10 @@ def search(
         progress(len(groups), len(groups))
     counts.update(r["status"] for r in rows if r["status"] != "ok")
     if not best_of_family:
-        raise InfeasibleError(_no_plan_message(counts, variants, cluster, job))
+        message = _no_plan_message(counts, variants, cluster, job)
+        if "split_overflow" in placement_ctx:
+            message += "; " + placement_ctx["split_overflow"][1]
+        raise InfeasibleError(message)
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     points = pd.DataFrame(rows)
@@ -604,6 +607,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(options.split)]))
         if len(options.split) != stages or not costs.split_fits(bounds):
             row["status"] = "out_of_memory" if len(options.split) == stages else "split_mismatch"
+            if len(options.split) == stages:
+                _note_split_overflow(placement_ctx, costs, bounds, row)
             return None, costs
         t = iteration_time_s(schedule, pp, m, vp, costs.stage_times(bounds))
         split_info = {"exact": True, "lower_bound_s": t, "gap": 0.0, "splits_evaluated": 1, "pinned": True}
@@ -719,6 +724,22 @@ def _check_options(variants, cluster, job, options):
         raise InputError("--split scores one stage per device; choose --schedule gpipe, 1f1b or zb-h1 with it")
 
 
+def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:
+    """Keep in ``ctx["split_overflow"]`` the --split point closest to fitting
+    in memory, as (overflow ratio, text naming its fullest stage)."""
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    need = costs.memory_bytes(s, i, j)
+    ratio = need / costs.capacity_bytes
+    k = int(np.argmax(ratio))
+    if "split_overflow" in ctx and ctx["split_overflow"][0] <= ratio[k]:
+        return
+    ctx["split_overflow"] = (float(ratio[k]), (
+        f"closest: --split stage {k} (layers {int(i[k])}..{int(j[k]) - 1}) needs {need[k] / 2**30:.1f} GiB per "
+        f"device against {costs.capacity_bytes[k] / 2**30:.1f} GiB usable, at pp {row['pp']} x dp {row['dp']}, "
+        f"micro-batch size {row['micro_batch_size']}, {row['schedule']}; move layers off stage {k} or lower the "
+        "micro-batch size"))
+
+
 def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
@@ -728,5 +749,10 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> s
     hint = ("the model's weights and optimizer state alone need "
             f"{state / 2**30:.1f} GiB against {mem / 2**30:.1f} GiB usable per device; "
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices else
+            "the schedules asked for refused every point (1F1B and its variants need at least pp "
+            "micro-batches; pp x vp stages need a layer each): lower --pp or --vp, raise --num-micro-batches "
+            "(or lower --micro-batch-size), or add --schedule gpipe"
+            if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
+            else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
     return f"no plan fits {prof.name} on {cluster.name} ({reasons}); {hint}"

@@ -77,7 +77,7 @@ def test_select_plan_by_rank(written):
 def _plan(stages=((0, 3), (3, 5))):
     sts = tuple(StagePlan(index=k, layers=lay, layer_names=tuple(f"l{i}" for i in range(*lay)), devices=(k,),
                           compute_s=0.1 * (k + 1), comm_s=1e-6, allreduce_s=0.0, memory_bytes=2.0**33 + 0.5,
-                          send_bytes=1e7, device_type="x", fwd_s=1 / 3, saved_bytes=123.0)
+                          send_bytes=1e7, device_type="x", fwd_s=1 / 30, saved_bytes=123.0)
                 for k, lay in enumerate(stages))
     return Plan(rank=1, pp=len(stages), dp=1, tp=1, schedule="1f1b", micro_batch_size=2, num_micro_batches=8,
                 stages=sts, predicted=Prediction(0.7, 1e3 / 0.7, 0.125, 2.0**33 + 0.5, 16 * 2.0**30),
@@ -85,8 +85,10 @@ def _plan(stages=((0, 3), (3, 5))):
 
 
 def test_hand_made_plan_round_trips_exactly():
-    """Floats such as 1/3 and 0.1 * 2 survive the JSON text bit for bit."""
-    pf = PlanFile(inputs={"model": {"name": "m", "layers": [1, 2]}}, search={"wall_s": 0.5}, plans=(_plan(),))
+    """Floats such as 1/30 and 0.1 * 2 survive the JSON text bit for bit."""
+    pf = PlanFile(inputs={"model": {"name": "m", "num_layers": 5, "layers": [1, 2]},
+                          "cluster": {"name": "c", "devices": 2}, "job": {"global_batch_size": 16}},
+                  search={"wall_s": 0.5}, plans=(_plan(),))
     back = load_plan_text(to_json(pf))
     assert back.plans == pf.plans
     assert back == normalize(pf) and normalize(back) == back

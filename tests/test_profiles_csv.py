@@ -142,7 +142,8 @@ def test_writer_rejects_unwritable_names(tmp_path):
 _name = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.", min_size=1,
                 max_size=12)
 _size = st.floats(min_value=0, max_value=1e13, allow_nan=False, allow_infinity=False)
-_time = st.floats(min_value=0, max_value=1e4, allow_nan=False, allow_infinity=False)
+# times are 0 or at least 1 ns (pipesearch.limits.MIN_LAYER_S)
+_time = st.one_of(st.just(0.0), st.floats(min_value=1e-9, max_value=1e4, allow_nan=False, allow_infinity=False))
 
 
 @st.composite
@@ -154,7 +155,7 @@ def profiles(draw):
         bwd = draw(_time)
         bwd_input = None
         if with_bwd_input and draw(st.booleans()):
-            bwd_input = draw(st.floats(min_value=0, max_value=bwd, allow_nan=False))
+            bwd_input = 0.0 if bwd == 0 else draw(st.one_of(st.just(0.0), st.floats(min_value=1e-9, max_value=bwd)))
         layers.append(Layer(name, draw(_time), bwd, draw(_size), draw(_size), draw(_size),
                             bwd_input_s=bwd_input))
     source = "\n".join(draw(st.lists(_name, max_size=3)))

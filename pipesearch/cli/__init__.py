@@ -46,6 +46,14 @@ class _Group(click.Group):
                 raise
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except MemoryError as exc:  # a resource limit, not a bug: say how large and what to change
+            if os.environ.get("PIPESEARCH_DEBUG"):
+                raise
+            detail = " ".join(str(exc).split()) or "an allocation failed"
+            click.echo(f"error: out of memory ({detail}); the input is too large for this machine: use a smaller "
+                       "model or cluster, or lower `pipesearch plan --max-search-memory` to refuse it up front",
+                       err=True)
+            sys.exit(2)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -64,7 +72,7 @@ def main():
 
 
 def _register():
-    from . import catalog_cmd, plan_cmd  # noqa: F401  (commands register themselves)
+    from . import catalog_cmd, plan_cmd, validate_cmd  # noqa: F401  (commands register themselves)
 
     for optional in ("simulate_cmd", "export_cmd", "plot_cmd", "profile_cmd", "serve_cmd"):
         try:

@@ -32,11 +32,11 @@ def export_command(plans, rank, fmt, output):
       pipesearch export plans.json --rank 2 --format deepspeed -o ds.json
       pipesearch export plans.json --format megatron
     """
-    if output:
-        check_writable(output, "export")
+    if output is not None:
+        check_writable(output, "export (-o)")
     plan = select_plan(load_plan_file(plans), rank, plans)
     text = json.dumps(export_plan(plan, fmt), indent=2) + "\n"
-    if output:
+    if output is not None:
         write_text(output, text, "export")
         click.echo(f"wrote {output}")
     else:

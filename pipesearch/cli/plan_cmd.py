@@ -15,9 +15,11 @@ import pandas as pd
 from ..errors import InputError
 from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
+from ..limits import MAX_COUNT
 from ..models import RECOMPUTE_MODES, load_model_source
 from ..output import check_writable, write_output
-from ..plan import PlanFile, dump_plan_file, to_json
+from ..pins import BatchPins, check_vp_pins, resolve_dp
+from ..plan import PlanFile, document_problems, dump_plan_file, to_json
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
 from ..units import format_bytes, format_seconds, parse_bytes
@@ -105,7 +107,7 @@ class _Progress:
 @click.option("--nodes", type=click.IntRange(min=1), help="Override the node count of the cluster.")
 @click.option("--global-batch-size", "-b", type=click.IntRange(min=1, max=2**31 - 1), default=DEFAULT_BATCH, show_default=True,
               help="Samples per iteration across all data-parallel replicas.")
-@click.option("--seq-len", type=click.IntRange(min=1), help="Sequence length (transformers; default: the config's).")
+@click.option("--seq-len", type=click.IntRange(min=1, max=MAX_COUNT), help="Sequence length (transformers; default: the config's).")
 @click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline-parallel degree.")
 @click.option("--dp", type=click.IntRange(min=1), help="Pin the data-parallel degree.")
 @click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor-parallel degree (transformers).")
@@ -120,7 +122,10 @@ class _Progress:
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="Memory kept free on every device (framework, workspace, fragmentation).")
-@click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0), default=16.0, show_default=True,
+@click.option("--max-search-memory", default="8GiB", show_default=True,
+              help="Host memory the search may use; a model whose exact split would need more is refused "
+                   "before the search starts.")
+@click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0, max=1024), default=16.0, show_default=True,
               help="Bytes of weights + gradients + optimizer state per parameter (16: mixed-precision Adam).")
 @click.option("--mapping-time-limit", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
               help="Mixed clusters: work limit (CP-SAT deterministic seconds) of each device-order search that "
@@ -140,7 +145,7 @@ class _Progress:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, memory_reserve,
-                 optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
+                 max_search_memory, optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -152,9 +157,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
     """
     # every output is checked before the search, so a bad path costs nothing and leaves nothing
-    out = None if (as_json and not output) else check_writable(output or DEFAULT_OUTPUT, "plan file")
-    if all_points:
+    out = None if (as_json and output is None) else check_writable(
+        DEFAULT_OUTPUT if output is None else output, "plan file (-o)")
+    if all_points is not None:
         check_writable(all_points, "--all-points")
+    if plot_dir == "":
+        raise InputError("--plot-dir: empty directory name; give a directory")
     if plot_dir:
         plot_dir = Path(plot_dir)
         if not plot_dir.exists() and plot_dir.parent.is_dir():
@@ -168,6 +176,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         reserve = parse_bytes(memory_reserve)
     except InputError as exc:
         raise InputError(f"--memory-reserve: {exc}") from None
+    try:
+        search_budget = parse_bytes(max_search_memory)
+    except InputError as exc:
+        raise InputError(f"--max-search-memory: {exc}") from None
     if not math.isfinite(optimizer_bytes_per_param):
         raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
     cluster = load_cluster(cluster_name, nodes=nodes)
@@ -175,12 +187,15 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if reserve >= smallest:
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
                          f"devices of {cluster.name}; lower it (default 1GiB)")
-    source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
+    source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
+                               max_search_memory_bytes=search_budget)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=reserve, zero1=zero1)
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
+    check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
+    dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
                             split=split, top=top,
@@ -205,7 +220,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         exports=tuple(export_all(p) for p in result.plans),
     )
     text = to_json(plan_file)
-    if all_points:
+    problems = document_problems(json.loads(text))
+    if problems:  # the search wrote what its own reader refuses: a bug, never a file to leave behind
+        raise RuntimeError(f"internal error: the plan file to write breaks its format: {problems[0]}")
+    if all_points is not None:
         write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")
     if as_json:
         if out:

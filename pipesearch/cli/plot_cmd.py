@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..output import check_writable
 from ..plots.common import KINDS, render
 from . import main
 
@@ -35,5 +36,7 @@ def plot_command(plan_file, kind, rank, output):
     The space plot shows cells skipped by the search's lower bound as
     "bound"; `pipesearch plan --exhaustive` evaluates them all.
     """
-    out = render(kind, plan_file, output or f"{kind}.png", rank=rank)
+    if output is not None:
+        check_writable(output, "figure (-o)")
+    out = render(kind, plan_file, f"{kind}.png" if output is None else output, rank=rank)
     click.echo(f"wrote {Path(out)}")

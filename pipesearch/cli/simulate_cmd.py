@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import InputError
 from ..output import check_writable, write_output, write_text
 from ..plan import load_plan_file, select_plan
 from ..schedules import build, to_torch_csv
@@ -42,16 +43,19 @@ def simulate_command(plans, rank, timeline, torch_csv):
       pipesearch simulate plans.json --rank 1 --timeline timeline.png
       pipesearch simulate plans.json --torch-csv order.csv
     """
-    if timeline:
+    if timeline is not None:
         from ..plots.common import check_output
 
+        check_writable(timeline, "--timeline")
         check_output(timeline)
-        check_writable(timeline, "timeline")
-    if torch_csv:
-        check_writable(torch_csv, "torch CSV")
+    if torch_csv is not None:
+        check_writable(torch_csv, "--torch-csv")
     plan_file = load_plan_file(plans)
     plan = select_plan(plan_file, rank, plans)
-    total_s, tl = simulate_plan(plan)
+    try:
+        total_s, tl = simulate_plan(plan)
+    except InputError as exc:  # a valid file whose plan the simulator still refuses: name the file and plan
+        raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     click.echo(f"simulated iteration: {format_seconds(total_s)} (pipeline {format_seconds(tl.iteration_time_s)}"
@@ -60,12 +64,12 @@ def simulate_command(plans, rank, timeline, torch_csv):
     for r in range(tl.num_ranks):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
                    f"peak in-flight activations {format_bytes(tl.peak_act_bytes[r])}")
-    if timeline:
+    if timeline is not None:
         from ..plots.timeline import plot_timeline
 
         write_output(timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s)), "timeline")
         click.echo(f"wrote {timeline}")
-    if torch_csv:
+    if torch_csv is not None:
         text = to_torch_csv(build(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp))
         write_text(torch_csv, text, "torch CSV")
         click.echo(f"wrote {torch_csv}")

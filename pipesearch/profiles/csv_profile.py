@@ -51,6 +51,8 @@ import pandas as pd
 
 from ..catalog import entry_name
 from ..errors import InputError
+from ..input_files import read_input_text
+from ..limits import MAX_BYTES, MAX_COUNT, MAX_LAYER_S, MIN_LAYER_S
 from ..types import Layer, ModelProfile
 
 MAGIC = "# pipesearch profile v1"
@@ -133,8 +135,8 @@ def _parse_header(path: Path, header: dict) -> dict:
         batch = parse_number(text)
     except ValueError:
         batch = float("nan")
-    if not (batch > 0 and batch.is_integer()):
-        raise _fail(path, f"line {line}", f"batch_size {text!r} is not a positive integer; "
+    if not (0 < batch <= MAX_COUNT and batch.is_integer()):
+        raise _fail(path, f"line {line}", f"batch_size {text!r} is not a positive integer <= {MAX_COUNT}; "
                     "write the profiled batch size, e.g. '# batch_size: 128'")
     bytes_per_param = 4.0
     found = _header_value(path, header, "bytes_per_param")
@@ -144,8 +146,8 @@ def _parse_header(path: Path, header: dict) -> dict:
             bytes_per_param = parse_number(text)
         except ValueError:
             bytes_per_param = float("nan")
-        if not bytes_per_param > 0:
-            raise _fail(path, f"line {line}", f"bytes_per_param {text!r} is not a positive number; "
+        if not 0 < bytes_per_param <= 64:
+            raise _fail(path, f"line {line}", f"bytes_per_param {text!r} is not a number in (0, 64]; "
                         "write e.g. '# bytes_per_param: 4' (fp32) or 2 (fp16)")
     model = _header_value(path, header, "model")
     device = _header_value(path, header, "device")
@@ -201,6 +203,13 @@ def _cell_number(path: Path, line: int, column: str, text: str, scale: int) -> f
     if value < 0:
         raise _fail(path, f"line {line}, column {column!r}", f"value {text!r} is negative; "
                     "times and sizes must be >= 0")
+    high, unit = (MAX_LAYER_S * 1e3, "ms") if column.endswith("_ms") else (MAX_BYTES, "bytes")
+    if unit == "ms" and 0 < value < MIN_LAYER_S:
+        raise _fail(path, f"line {line}, column {column!r}", f"value {text.strip()!r} is less than "
+                    f"{MIN_LAYER_S * 1e3:g} ms (1 ns) but not 0; check the unit (times in ms) or write 0")
+    if value > (MAX_LAYER_S if unit == "ms" else MAX_BYTES):
+        raise _fail(path, f"line {line}, column {column!r}", f"value {text.strip()!r} is more than "
+                    f"{high:g} {unit}; check the unit (times in ms, sizes in bytes)")
     return value
 
 
@@ -220,10 +229,7 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
             name, ``bwd_input_ms > bwd_ms``.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not data
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read profile CSV: {exc}") from None
+    text = read_input_text(path, "profile CSV", encoding="utf-8-sig")  # a leading byte-order mark is not data
     header, table = _split_lines(path, text)
     meta = _parse_header(path, header)
     frame, line_numbers = _read_table(path, table)

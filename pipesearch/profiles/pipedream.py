@@ -42,6 +42,8 @@ import networkx as nx
 
 from ..catalog import entry_name
 from ..errors import InputError
+from ..input_files import read_input_text
+from ..limits import MAX_BYTES, MAX_LAYER_S, MIN_LAYER_S
 from ..types import Layer, ModelProfile
 
 _NODE_RE = re.compile(
@@ -80,6 +82,13 @@ def _value(path: Path, number: int, field: str, text: str) -> float:
     if value is None or not value.is_finite() or value < 0:
         raise InputError(f"{path}: line {number}: {field}={text.strip()!r} is not a finite "
                          "number >= 0; fix or regenerate the profile")
+    high, unit = (MAX_LAYER_S * 1e3, "ms") if field.endswith("_time") else (MAX_BYTES, "bytes")
+    if unit == "ms" and 0 < value < Decimal(repr(MIN_LAYER_S * 1e3)):
+        raise InputError(f"{path}: line {number}: {field}={text.strip()!r} is less than {MIN_LAYER_S * 1e3:g} ms "
+                         "(1 ns) but not 0; fix or regenerate the profile")
+    if value > Decimal(repr(high)):
+        raise InputError(f"{path}: line {number}: {field}={text.strip()!r} is more than {high:g} {unit}; "
+                         "fix or regenerate the profile")
     return float(value)
 
 
@@ -93,13 +102,11 @@ def parse_graph_txt(path: str | Path) -> nx.DiGraph:
     Raises:
         InputError: unreadable file, malformed line (with its number), negative
             or NaN/inf value, duplicate node, edge naming an unknown node, a
-            cycle (naming its nodes), no nodes.
+            cycle (naming its nodes), no nodes, a graph that is not one
+            connected model (:func:`check_connected`).
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read PipeDream profile: {exc}") from None
+    text = read_input_text(path, "PipeDream profile")
     graph = nx.DiGraph()
     edges: list[tuple[int, str, str]] = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -142,9 +149,48 @@ def parse_graph_txt(path: str | Path) -> nx.DiGraph:
     try:
         cycle = nx.find_cycle(graph)
     except nx.NetworkXNoCycle:
+        check_connected(graph, path)
         return graph
     names = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
     raise InputError(f"{path}: the graph has a cycle {names}; a profile must be a DAG")
+
+
+def _line_of(graph: nx.DiGraph, node_id: str) -> int:
+    return graph.nodes[node_id]["node"].line
+
+
+def check_connected(graph: nx.DiGraph, path: str | Path = "profile") -> None:
+    """Check that a profile DAG is one model: connected (ignoring edge
+    direction), with edges unless it is a single node, and still connected once its inputs
+    (the nodes without predecessors) are removed, so that every op computes
+    from the same stream of data rather than from nothing.
+
+    Raises:
+        InputError: no edges; a node or group of nodes connected to nothing
+            else (named with its line); ops that only share an input.
+    """
+    if graph.number_of_edges() == 0 and graph.number_of_nodes() > 1:
+        raise InputError(f"{path}: {graph.number_of_nodes()} node lines but no edge lines "
+                         "('nodeA -- nodeB'); a profile is a graph of ops, regenerate it with its edges")
+    parts = sorted(nx.weakly_connected_components(graph), key=lambda c: min(map(_line_of_in(graph), c)))
+    if len(parts) > 1:
+        stray = min(parts[1:], key=len)
+        first = min(stray, key=_line_of_in(graph))
+        others = f" and {len(stray) - 1} node(s) linked to it are" if len(stray) > 1 else " is"
+        raise InputError(f"{path}: line {_line_of(graph, first)}: node {first!r}{others} connected to nothing else; the graph has {len(parts)} separate parts, "
+                         "a profile must be one model: add the missing edges or drop the nodes")
+    inputs = [n for n in graph if graph.in_degree(n) == 0]
+    ops = graph.subgraph(n for n in graph if graph.in_degree(n) > 0)
+    pieces = list(nx.weakly_connected_components(ops))
+    if len(pieces) > 1:
+        heads = sorted((min(c, key=_line_of_in(graph)) for c in pieces), key=_line_of_in(graph))
+        raise InputError(f"{path}: once the inputs ({', '.join(inputs)}) are removed the ops form "
+                         f"{len(pieces)} separate graphs (first in the file: {', '.join(heads)}); a profile must be "
+                         "one model whose ops are connected")
+
+
+def _line_of_in(graph: nx.DiGraph):
+    return lambda n: _line_of(graph, n)
 
 
 # ----------------------------------------------------------------- batch size

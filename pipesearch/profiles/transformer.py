@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..input_files import parse_failure, read_input_text
+from ..limits import MAX_COUNT
 from ..types import DeviceSpec, Layer, Link, ModelProfile
 
 __all__ = [
@@ -237,14 +239,14 @@ def _validate(values: dict[str, Any], where: str, keys: dict[str, str]) -> None:
             if not isinstance(v, bool):
                 raise _bad(where, k(name), v, "true or false")
         elif kind == "pos_int":
-            if not _is_int(v) or v <= 0:
-                raise _bad(where, k(name), v, "a positive integer")
+            if not _is_int(v) or not 0 < v <= MAX_COUNT:
+                raise _bad(where, k(name), v, f"a positive integer <= {MAX_COUNT}")
         elif kind == "nonneg_int":
-            if not _is_int(v) or v < 0:
-                raise _bad(where, k(name), v, "a non-negative integer")
+            if not _is_int(v) or not 0 <= v <= MAX_COUNT:
+                raise _bad(where, k(name), v, f"an integer in [0, {MAX_COUNT}]")
         elif kind == "opt_pos_int":
-            if v is not None and (not _is_int(v) or v <= 0):
-                raise _bad(where, k(name), v, "a positive integer")
+            if v is not None and (not _is_int(v) or not 0 < v <= MAX_COUNT):
+                raise _bad(where, k(name), v, f"a positive integer <= {MAX_COUNT}")
         elif v not in kind:
             raise _bad(where, k(name), v, "one of " + ", ".join(repr(c) for c in kind))
 
@@ -296,10 +298,7 @@ def _build(values: dict[str, Any], where: str, keys: dict[str, str]) -> Transfor
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
+    return read_input_text(path, "transformer config")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -307,6 +306,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(_read_text(path))
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: TOML syntax error: {e}") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
+        raise InputError(f"{path}: cannot read TOML: {parse_failure(e)}") from None
 
 
 def is_transformer_toml(path: str | Path) -> bool:
@@ -314,12 +315,12 @@ def is_transformer_toml(path: str | Path) -> bool:
     catalog format of :func:`load_transformer_toml`); False for unreadable or
     other files, never raises."""
     p = Path(path)
-    if p.suffix != ".toml":
+    if p.suffix != ".toml" or not p.is_file():  # never open a FIFO or a device
         return False
     try:
         with open(p, "rb") as f:
             return isinstance(tomllib.load(f).get("transformer"), dict)
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
         return False
 
 
@@ -413,6 +414,8 @@ def load_hf_config(
         d = json.loads(_read_text(p))
     except json.JSONDecodeError as e:
         raise InputError(f"{p}: JSON syntax error: {e}") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
+        raise InputError(f"{p}: cannot read JSON: {parse_failure(e)}") from None
     if not isinstance(d, dict):
         raise InputError(f"{p}: expected a JSON object (a HuggingFace config.json)")
     where = str(p)

@@ -1,0 +1,45 @@
+"""The host-memory guard of a search: refuse, before any work, an input whose
+search would need more memory than the user's budget.
+
+The exact split (:mod:`pipesearch.partition`) keeps tables over (stage
+length, end layer) for every distinct stage: their size grows with the
+square of the layer count. :data:`BYTES_PER_LAYER_PAIR` is the measured
+growth of the peak resident memory of ``pipesearch plan`` on chains of
+1,000, 2,000 and 4,000 layers on four devices (about 0.2, 0.54 and 1.66 GB:
+93 to 112 bytes per additional layer pair; ``/usr/bin/time -f %M``), taken at
+its upper end.
+"""
+
+from __future__ import annotations
+
+from .errors import InputError
+from .units import format_bytes
+
+#: peak host memory of a search per (layer, layer) pair, bytes (see module docstring)
+BYTES_PER_LAYER_PAIR = 112
+#: memory of everything else (interpreter, libraries, the points table), bytes
+BASE_BYTES = 256 * 2**20
+#: default of ``--max-search-memory``
+DEFAULT_BUDGET_BYTES = 8 * 2**30
+
+
+def search_memory_bytes(num_layers: int) -> float:
+    """Estimated peak host memory of a search over a chain of ``num_layers``
+    layers, bytes: ``BASE_BYTES + BYTES_PER_LAYER_PAIR * num_layers**2``."""
+    return BASE_BYTES + BYTES_PER_LAYER_PAIR * float(num_layers) ** 2
+
+
+def check_search_memory(num_layers: int, budget_bytes: float, model: str, knob: str = "--max-search-memory") -> None:
+    """Refuse a search whose estimate (:func:`search_memory_bytes`) exceeds
+    ``budget_bytes``.
+
+    Raises:
+        InputError: the estimate is over budget; the message names the model,
+            its layer count, the estimate, the budget and the knob.
+    """
+    need = search_memory_bytes(num_layers)
+    if need > budget_bytes:
+        raise InputError(
+            f"{model}: {num_layers} layers would need about {format_bytes(need)} of host memory for the exact "
+            f"split's tables (they grow with layers squared), more than {knob} {format_bytes(budget_bytes)}; "
+            f"merge layers into blocks, or raise {knob} if this machine has the memory")

@@ -1,0 +1,61 @@
+"""Bounds on every number pipesearch reads, and the check that applies them.
+
+Each bound is far outside any real hardware or model and far inside the
+range where float64 arithmetic over a whole search stays finite: a value
+beyond it is a typo or a unit mistake (``1e300`` GiB of memory, a node count
+of ``2**63 - 1``), refused with the file, field and value before it can
+overflow to ``inf`` or make a loop run for ever.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: devices in one cluster (the largest training clusters hold about 10**5)
+MAX_DEVICES = 2**17
+#: any size in bytes: memory of a device, a layer's parameters or activations (1 EiB)
+MAX_BYTES = float(2**60)
+#: one layer's forward or backward time at its profiled batch, seconds (11.6 days)
+MAX_LAYER_S = 1e6
+#: the shortest non-zero layer time, seconds (1 ns: no kernel is faster; shorter
+#: values are unit mistakes and would make throughputs astronomically large)
+MIN_LAYER_S = 1e-9
+#: samples per second of a plan
+MAX_SAMPLES_PER_S = 1e30
+#: any time in a plan file, seconds (about 31,700 years)
+MAX_PLAN_S = 1e12
+#: a link's bandwidth, GB/s: (1 kB/s, 1 PB/s]
+MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-6, 1e6
+#: a link's latency, microseconds (1000 s)
+MAX_LATENCY_US = 1e9
+#: a device's peak rate, TFLOP/s: (1 kFLOP/s, 1 EFLOP/s]
+MIN_TFLOPS, MAX_TFLOPS = 1e-9, 1e6
+#: counts such as a batch size, a hidden size or a sequence length (int32)
+MAX_COUNT = 2**31 - 1
+
+
+def out_of_range(value: Any, low: float, high: float, *, low_inclusive: bool = True) -> bool:
+    """Whether ``value`` is not a finite real number in ``[low, high]``
+    (``(low, high]`` when not ``low_inclusive``); booleans and non-numbers are
+    out of range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float range
+        return True
+    if not math.isfinite(v):
+        return True
+    return not ((v >= low if low_inclusive else v > low) and v <= high)
+
+
+def range_text(low: float, high: float, *, low_inclusive: bool = True, unit: str = "") -> str:
+    """The range in words: ``"a positive number <= 1e+06 GB/s"``,
+    ``"a number >= 0 and <= 1e+09 us"``, ``"a positive number in [1e-06, 1e+06] GB/s"``."""
+    unit = f" {unit}" if unit else ""
+    if low == 0 and not low_inclusive:
+        return f"a positive number <= {high:g}{unit}"
+    if low == 0:
+        return f"a number >= 0 and <= {high:g}{unit}"
+    return f"a positive number in {'[' if low_inclusive else '('}{low:g}, {high:g}]{unit}"

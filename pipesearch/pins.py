@@ -1,0 +1,68 @@
+"""Pins of ``pipesearch plan`` checked against each other before a search:
+a pin is honoured or refused with the reason, never silently dropped.
+
+The search takes ``micro_batch_size x num_micro_batches x dp =
+global_batch_size`` as given: when the three are pinned they must multiply
+to the batch; when the micro-batch size and count are pinned they fix the
+data-parallel degree. ``--vp`` only means something for the schedules that
+run several virtual stages per device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class BatchPins:
+    """The batch pins of a request (``None``: not pinned)."""
+
+    global_batch_size: int
+    dp: int | None = None
+    micro_batch_size: int | None = None
+    num_micro_batches: int | None = None
+
+
+def resolve_dp(pins: BatchPins, num_devices: int) -> int | None:
+    """The data-parallel degree the batch pins leave: ``pins.dp``, or the
+    one that ``--micro-batch-size`` and ``--num-micro-batches`` together fix
+    (``global_batch_size / (mbs x m)``), else ``None`` (free).
+
+    Raises:
+        InputError: the pins do not multiply to the global batch, or fix a
+            degree larger than the cluster (``num_devices``).
+    """
+    b, dp, mbs, m = pins.global_batch_size, pins.dp, pins.micro_batch_size, pins.num_micro_batches
+    if mbs is None or m is None:
+        return dp
+    if dp is not None:
+        if mbs * m * dp != b:
+            raise InputError(
+                f"--micro-batch-size {mbs} x --num-micro-batches {m} x --dp {dp} = {mbs * m * dp}, but "
+                f"--global-batch-size is {b}; the three must multiply to the global batch "
+                f"(drop one of the pins to let the search choose it)")
+        return dp
+    if b % (mbs * m):
+        raise InputError(
+            f"--micro-batch-size {mbs} x --num-micro-batches {m} = {mbs * m} samples per replica does not "
+            f"divide --global-batch-size {b}; pick sizes whose product divides the batch, or drop one pin")
+    fixed = b // (mbs * m)
+    if fixed > num_devices:
+        raise InputError(
+            f"--micro-batch-size {mbs} x --num-micro-batches {m} fixes dp = {b} / {mbs * m} = {fixed} replicas, "
+            f"more than the cluster's {num_devices} devices; raise the sizes or drop one pin")
+    return fixed
+
+
+def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage: tuple[str, ...]) -> None:
+    """Refuse ``--vp`` when none of the requested schedules runs virtual stages.
+
+    Raises:
+        InputError: ``--vp`` given with only single-stage schedules.
+    """
+    if vps and not any(s in multi_stage for s in schedules):
+        raise InputError(
+            f"--vp {','.join(map(str, vps))}: virtual stages apply to {' and '.join(multi_stage)} only, and "
+            f"--schedule asks for {', '.join(schedules)}; add --schedule {multi_stage[0]} or drop --vp")

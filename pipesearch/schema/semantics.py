@@ -1,0 +1,230 @@
+"""The checks of a plan document that a JSON Schema cannot express.
+
+Run on a document that already follows the schema (:mod:`pipesearch.schema`),
+:func:`semantic_problems` checks every plan against the document's own
+inputs:
+
+* its stages cover exactly the model's layers (``inputs.model.num_layers``),
+  contiguously, each with at least one layer, in index order, with one layer
+  name per layer, and there are ``pp x vp`` of them;
+* every stage lists ``dp`` device ids (one per data-parallel replica); every
+  id, with its tensor-parallel group ``id .. id + tp - 1``, exists in the
+  cluster (``inputs.cluster.devices``); the virtual stages of one pipeline
+  slot (stages ``s``, ``s + pp``, ...) run on the same devices and different
+  slots on different devices, so that ``pp x dp x tp`` devices are used and
+  fit the cluster; a stage's ``device_type`` names its devices' types where
+  ``inputs.cluster.groups`` says which ids hold which type;
+* ``micro_batch_size x num_micro_batches x dp`` is the global batch
+  (``inputs.job.global_batch_size``);
+* every stage's forward time ``fwd_s`` is part of its ``compute_s`` and its
+  input-gradient time ``bwd_input_s`` part of the backward time
+  ``compute_s - fwd_s``;
+* the schedule's builder (:func:`pipesearch.schedules.build`) accepts
+  ``pp``, ``vp`` and ``num_micro_batches`` (at most
+  :data:`MAX_STAGE_MICRO_BATCHES` stage micro-batches), so the simulator can
+  replay it;
+* plan ranks do not repeat;
+* the points table (``search.points``), when present, has one value per
+  column in every row, and its known columns hold what the search writes:
+  degrees and micro-batch figures integers >= 1, times, rates and sizes
+  numbers >= 0, schedules known names, texts strings (any of them may be
+  null for a point that was not evaluated).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..errors import InputError
+from ..schedules import build
+from ..types import SCHEDULES
+from . import Problem, show
+
+
+def _coverage(plan: dict, where: str, num_layers: int) -> Iterator[Problem]:
+    stages = plan["stages"]
+    names: list[Problem] = []
+    expect = 0
+    for k, st in enumerate(stages):
+        w = f"{where}.stages[{k}]"
+        if st["index"] != k:
+            yield Problem(f"{w}.index", f"{st['index']}, expected {k} (stages are listed in pipeline order)")
+        first, end = st["layers"]
+        if first != expect:
+            before = "the first stage must start at layer 0" if k == 0 else (
+                f"stages[{k - 1}] ends at layer {expect}, so this stage must start there")
+            yield Problem(f"{w}.layers", f"{[first, end]} starts at layer {first}; {before} "
+                                         "(half-open [first, last + 1], stages cover the layers contiguously)")
+            return
+        if end <= first:
+            yield Problem(f"{w}.layers", f"{[first, end]} holds no layer; a stage needs at least one "
+                                         "(half-open [first, last + 1])")
+            return
+        if len(st["layer_names"]) != end - first:
+            names.append(Problem(f"{w}.layer_names", f"{len(st['layer_names'])} names for the {end - first} layers "
+                                              f"{[first, end]}; give one name per layer"))
+        expect = end
+    if expect != num_layers:
+        yield Problem(f"{where}.stages[{len(stages) - 1}].layers",
+                      f"{stages[-1]['layers']} ends at layer {expect} but the model has {num_layers} layers "
+                      f"(inputs.model.num_layers); the last stage must end at {num_layers}")
+    yield from names
+
+
+def _devices(plan: dict, where: str, num_devices: int) -> Iterator[Problem]:
+    par = plan["parallelism"]
+    pp, dp, tp = par["pp"], par["dp"], par["tp"]
+    if pp * dp * tp > num_devices:
+        yield Problem(f"{where}.parallelism", f"pp {pp} x dp {dp} x tp {tp} = {pp * dp * tp} devices, but the "
+                                              f"cluster (inputs.cluster.devices) has {num_devices}")
+        return
+    owner: dict[int, int] = {}  # device id -> pipeline slot using it
+    for k, st in enumerate(plan["stages"]):
+        w = f"{where}.stages[{k}].devices"
+        devices = st["devices"]
+        if len(devices) != dp:
+            yield Problem(w, f"{devices} lists {len(devices)} device id(s) but parallelism.dp is {dp} "
+                             "(one id per data-parallel replica)")
+            return
+        for d in devices:
+            if d + tp > num_devices:
+                group = f"device {d} does" if tp == 1 else f"devices {d} .. {d + tp - 1} (tp {tp}) do"
+                yield Problem(w, f"{devices}: {group} not exist; the cluster (inputs.cluster.devices) "
+                                 f"has {num_devices} devices, ids 0 .. {num_devices - 1}")
+                return
+        slot = k % pp
+        if k >= pp:
+            base = plan["stages"][slot]["devices"]
+            if devices != base:
+                yield Problem(w, f"{devices} differs from stages[{slot}].devices {base}: virtual stage {k} "
+                                 f"runs on the devices of pipeline slot {slot} (vp {par['vp']})")
+            continue
+        for d in devices:
+            for used in range(d, d + tp):
+                if used in owner:
+                    other = owner[used]
+                    what = "stage" if other == slot else f"stages[{other}]"
+                    yield Problem(w, f"{devices}: device {used} already serves {what}"
+                                     f"{'' if tp == 1 else f' (tp {tp} groups overlap)'}; "
+                                     "each device serves one pipeline stage and one replica")
+                    return
+                owner[used] = slot
+
+
+def _device_types(plan: dict, where: str, cluster: dict) -> Iterator[Problem]:
+    """Each stage's ``device_type`` names the types of its devices, as
+    ``inputs.cluster.groups`` (when given) places them."""
+    groups = cluster.get("groups")
+    if not isinstance(groups, list) or not all(
+            isinstance(g, dict) and isinstance(g.get("device"), str) and isinstance(g.get("first_device"), int)
+            and isinstance(g.get("last_device"), int) for g in groups):
+        return
+    def type_of(d: int) -> str | None:
+        return next((g["device"] for g in groups if g["first_device"] <= d <= g["last_device"]), None)
+    for k, st in enumerate(plan["stages"]):
+        types = [type_of(d) for d in st["devices"]]
+        if None in types:
+            return  # a device outside every group: _devices names it
+        expected = ",".join(dict.fromkeys(types))
+        if st["device_type"] != expected:
+            yield Problem(f"{where}.stages[{k}].device_type", f"{st['device_type']!r}, but devices {st['devices']} "
+                                                              f"are {expected!r} (inputs.cluster.groups)")
+            return
+
+
+def _batch(plan: dict, where: str, batch: int) -> Iterator[Problem]:
+    sch, dp = plan["schedule"], plan["parallelism"]["dp"]
+    mbs, m = sch["micro_batch_size"], sch["num_micro_batches"]
+    if mbs * m * dp != batch:
+        yield Problem(f"{where}.schedule", f"micro_batch_size {mbs} x num_micro_batches {m} x dp {dp} = "
+                                           f"{mbs * m * dp}, but inputs.job.global_batch_size is {batch}")
+
+
+def _times(plan: dict, where: str) -> Iterator[Problem]:
+    for k, st in enumerate(plan["stages"]):
+        w = f"{where}.stages[{k}]"
+        if st["fwd_s"] > st["compute_s"]:
+            yield Problem(f"{w}.fwd_s", f"{st['fwd_s']!r} is more than compute_s {st['compute_s']!r}; compute_s is "
+                                        "forward plus backward time")
+        elif st["bwd_input_s"] > st["compute_s"] - st["fwd_s"]:
+            yield Problem(f"{w}.bwd_input_s", f"{st['bwd_input_s']!r} is more than the backward time compute_s - "
+                                              f"fwd_s = {st['compute_s'] - st['fwd_s']!r}; it is the input-gradient "
+                                              "part of the backward")
+
+
+#: (virtual) stages x micro-batches of one plan beyond which it is not replayed (each is a few actions)
+MAX_STAGE_MICRO_BATCHES = 2**24
+
+
+def _schedule(plan: dict, where: str) -> Iterator[Problem]:
+    par, sch = plan["parallelism"], plan["schedule"]
+    size = par["pp"] * par["vp"] * sch["num_micro_batches"]
+    if size > MAX_STAGE_MICRO_BATCHES:
+        yield Problem(f"{where}.schedule", f"pp {par['pp']} x vp {par['vp']} x num_micro_batches "
+                                           f"{sch['num_micro_batches']} = {size} stage micro-batches, more than the "
+                                           f"{MAX_STAGE_MICRO_BATCHES} a schedule is built for")
+        return
+    try:
+        build(sch["name"], par["pp"], sch["num_micro_batches"], par["vp"])
+    except InputError as exc:
+        yield Problem(f"{where}.schedule", f"{sch['name']} cannot run pp {par['pp']} x vp {par['vp']} with "
+                                           f"{sch['num_micro_batches']} micro-batches ({exc})")
+
+
+def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
+    """What is wrong with one schema-valid plan object, judged against the
+    document's ``inputs`` (at most one problem per kind of check)."""
+    out: list[Problem] = []
+    stages, par = plan["stages"], plan["parallelism"]
+    if len(stages) != par["pp"] * par["vp"]:
+        out.append(Problem(f"{where}.stages", f"{len(stages)} stages but pp x vp = {par['pp']} x {par['vp']} = "
+                                              f"{par['pp'] * par['vp']}"))
+    out += _coverage(plan, where, inputs["model"]["num_layers"])
+    out += _devices(plan, where, inputs["cluster"]["devices"])
+    out += _device_types(plan, where, inputs["cluster"])
+    out += _batch(plan, where, inputs["job"]["global_batch_size"])
+    out += _times(plan, where)
+    out += _schedule(plan, where)
+    return out
+
+
+#: points-table column -> (check, what is expected)
+_POINT_COLUMNS = {
+    **{c: (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
+       for c in ("tp", "pp", "dp", "vp", "micro_batch_size", "num_micro_batches")},
+    **{c: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0")
+       for c in ("iteration_time_s", "samples_per_s", "peak_memory_bytes", "bubble_fraction", "lower_bound_s")},
+    **{c: (lambda v: isinstance(v, str), "a string") for c in ("recompute", "placement", "status")},
+    "schedule": (lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
+}
+
+
+def _points(doc: dict) -> Iterator[Problem]:
+    table = doc["search"].get("points")
+    if table is None:
+        return
+    columns = table["columns"]
+    for r, row in enumerate(table["data"]):
+        if len(row) != len(columns):
+            yield Problem(f"search.points.data[{r}]", f"{len(row)} values for the {len(columns)} columns; "
+                                                      "give one value per column")
+            return
+        for column, value in zip(columns, row):
+            check = _POINT_COLUMNS.get(column)
+            if check is not None and value is not None and not check[0](value):
+                yield Problem(f"search.points.data[{r}]", f"column {column!r} = {show(value)}: expected {check[1]} "
+                                                          "or null")
+                return
+
+
+def semantic_problems(doc: dict) -> list[Problem]:
+    """Every problem of a schema-valid plan document beyond the schema (see
+    the module docstring), in document order."""
+    out: list[Problem] = []
+    for k, plan in enumerate(doc["plans"]):
+        out += plan_problems(plan, f"plans[{k}]", doc["inputs"])
+    ranks = [p["rank"] for p in doc["plans"]]
+    if len(set(ranks)) != len(ranks):
+        out.append(Problem("plans", f"plan ranks repeat ({', '.join(map(str, ranks))}); give each plan its own rank"))
+    out += _points(doc)
+    return out

@@ -1,0 +1,479 @@
+"""Bad input never crashes, hangs or slips through.
+
+Every case runs the command as a user does and asserts: exit status 2, one
+line on stderr that names the file, the field and the value, no traceback,
+and no file created or changed in the working directory. Cases that would
+hang without their check (a FIFO, a node count of 2**63 - 1) run in a
+subprocess with a timeout, so a regression fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import pipesearch.cli.plan_cmd as plan_cmd
+from pipesearch.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+GOOD_DEVICE = (REPO / "hardware" / "devices" / "v100-pcie-16gb.toml").read_text()
+LINKS = "[intra_node]\nbandwidth_GBps = 10\nlatency_us = 10\n[inter_node]\nbandwidth_GBps = 1.25\nlatency_us = 50\n"
+CSV_HEADER = "# pipesearch profile v1\n# batch_size: 8\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+#: a PipeDream node line; format with id and op
+NODE = ("{id} -- {op} -- forward_compute_time=1.000, backward_compute_time=2.000, "
+        "activation_size=602112.000, parameter_size={params}.000\n")
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` with its bytes (FIFOs by name only)."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_fifo():
+            out[str(p.relative_to(directory))] = b"<fifo>"
+        elif p.is_file():
+            out[str(p.relative_to(directory))] = p.read_bytes()
+    return out
+
+
+def run(args, cwd: Path):
+    """The CLI in-process, in ``cwd``: ``(exit code, stdout, stderr)``."""
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(main, [str(a) for a in args])
+    finally:
+        os.chdir(old)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def run_subprocess(args, cwd: Path, timeout_s: float = 60):
+    """The CLI in a fresh interpreter (a hang becomes a failed test)."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "pipesearch", *map(str, args)], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout_s, env={**os.environ, "PIPESEARCH_DEBUG": ""})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"pipesearch {' '.join(map(str, args))} hung for {timeout_s} s")
+    return done.returncode, done.stdout, done.stderr
+
+
+def assert_refused(cwd: Path, args, *needles, subprocess_=False) -> str:
+    """Run, then assert exit 2, one stderr line holding every needle, no
+    traceback, nothing in ``cwd`` created or changed. Returns the line."""
+    before = snapshot(cwd)
+    code, out, err = (run_subprocess if subprocess_ else run)(args, cwd)
+    lines = err.strip().splitlines()
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    assert "Traceback" not in out + err
+    for needle in needles:
+        assert str(needle) in lines[0], (needle, lines[0])
+    assert snapshot(cwd) == before, "a refused command created or changed a file"
+    return lines[0]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def fifo(path: Path) -> Path:
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    os.mkfifo(path)
+    return path
+
+
+def tiny_csv(path: Path, layers: int = 8, rows=None) -> Path:
+    rows = rows or [f"l{k},{1 + k % 3},{2 + k % 2},{1000 * (k + 1)},4096" for k in range(layers)]
+    return write(path, CSV_HEADER + "".join(r + "\n" for r in rows))
+
+
+@pytest.fixture(scope="module")
+def plan_doc(tmp_path_factory):
+    """A valid plan file of an 8-layer model on 4 devices (pp 2 x dp 2),
+    as JSON: what the edits below start from."""
+    tmp = tmp_path_factory.mktemp("plan")
+    model = tiny_csv(tmp / "tiny.csv")
+    code, out, err = run(["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "8", "--pp", "2",
+                          "--dp", "2", "--schedule", "gpipe", "-q", "-o", tmp / "plan.json"], tmp)
+    assert code == 0, err
+    doc = json.loads((tmp / "plan.json").read_text())
+    plan = doc["plans"][0]
+    assert plan["parallelism"]["pp"] == 2 and plan["parallelism"]["dp"] == 2
+    assert doc["inputs"]["model"]["num_layers"] == 8 and doc["inputs"]["cluster"]["devices"] == 4
+    return doc
+
+
+def edited(tmp_path: Path, doc: dict, edit, name="edited.json") -> Path:
+    doc = copy.deepcopy(doc)
+    edit(doc["plans"][0])
+    return write(tmp_path / name, json.dumps(doc))
+
+
+# ------------------------------------------------------------- crashes and hangs
+
+
+def test_huge_device_memory_is_refused_not_a_json_crash(tmp_path):
+    write(tmp_path / "dev.toml", GOOD_DEVICE.replace("memory_GiB = 16", "memory_GiB = 1e300"))
+    write(tmp_path / "c.toml", f'name = "c"\nnodes = 1\ndevices_per_node = 4\ndevice = "./dev.toml"\n{LINKS}')
+    assert_refused(tmp_path, ["plan", "--cluster", "c.toml", "-o", "p.json"], "dev.toml", "memory_GiB", "1e+300")
+
+
+def test_node_count_of_int64_max_is_refused_not_a_hang(tmp_path):
+    write(tmp_path / "c.toml", f'name = "c"\nnodes = 9223372036854775807\ndevices_per_node = 4\n'
+                               f'device = "v100-pcie-16gb"\n{LINKS}')
+    assert_refused(tmp_path, ["plan", "--cluster", "c.toml", "-o", "p.json"], "c.toml", "'nodes'",
+                   "9223372036854775807", subprocess_=True)
+
+
+def test_node_override_beyond_the_device_limit(tmp_path):
+    assert_refused(tmp_path, ["plan", "--cluster", "1x4-v100-pcie", "--nodes", "1000000", "-o", "p.json"],
+                   "1x4-v100-pcie.toml", "nodes=1000000", "4000000 devices")
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["export", "--format", "torch"], ["plot"]])
+def test_fifo_as_plan_file_is_refused_not_a_hang(tmp_path, command):
+    fifo(tmp_path / "plans.json")
+    args = [command[0], "plans.json", *command[1:]]
+    assert_refused(tmp_path, args, "plans.json", "FIFO", subprocess_=True)
+
+
+@pytest.mark.parametrize("command", ["simulate", "validate"])
+def test_character_device_as_plan_file(tmp_path, command):
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    assert_refused(tmp_path, [command, "/dev/zero"], "/dev/zero", "character device")
+
+
+def test_100000_layer_profile_stops_with_size_and_knob(tmp_path):
+    tiny_csv(tmp_path / "long.csv", rows=[f"l{k},1,2,1000,1000" for k in range(100_000)])
+    # 112 bytes per layer pair (pipesearch.budget) x 1e10 pairs + 256 MiB: about 1.0 TiB
+    assert_refused(tmp_path, ["plan", "--model", "long.csv", "-b", "8", "-o", "p.json"],
+                   "long.csv", "100000 layers", "1.0 TiB", "--max-search-memory 8.0 GiB")
+
+
+def test_transformer_with_two_billion_layers_is_refused_before_building_them(tmp_path):
+    text = (REPO / "cost_models" / "gpt3-1.3b.toml").read_text()
+    lines = [("num_layers = 2000000000" if line.startswith("num_layers =") else line) for line in text.splitlines()]
+    write(tmp_path / "deep.toml", "\n".join(lines) + "\n")
+    # 2e9 blocks + embedding + head, 112 bytes per layer pair: far over 8 GiB
+    assert_refused(tmp_path, ["plan", "--model", "deep.toml", "--cluster", "1x8-a100-80gb", "-b", "64",
+                              "-o", "p.json"], "deep.toml", "2000000002 layers", "--max-search-memory",
+                   subprocess_=True)
+
+
+def test_memory_budget_is_a_knob(tmp_path):
+    # vgg16: 40 layers -> 256 MiB + 112 x 1600 bytes = 256.2 MiB > 1 MiB
+    assert_refused(tmp_path, ["plan", "--model", "vgg16", "--max-search-memory", "1MiB", "-o", "p.json"],
+                   "vgg16", "40 layers", "256.2 MiB", "--max-search-memory 1.0 MiB")
+    assert_refused(tmp_path, ["plan", "--max-search-memory", "lots", "-o", "p.json"], "--max-search-memory", "'lots'")
+
+
+def test_an_allocation_failure_is_a_clear_message(tmp_path, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 74.5 GiB for an array with shape (100000, 100001) and data type float64")
+
+    monkeypatch.setattr(plan_cmd, "search", no_memory)
+    line = assert_refused(tmp_path, ["plan", "-o", "p.json"], "out of memory", "74.5 GiB", "--max-search-memory")
+    assert "float64" in line
+
+
+@pytest.mark.parametrize("name,text,args,needle", [
+    ("plans.json", '{"schema": "pipesearch.plan/1", "x": 1' + "0" * 5000 + "}", ["validate", "plans.json"],
+     "an integer with more than 4300 digits"),
+    ("plans.json", "[" * 200_000, ["simulate", "plans.json"], "nested too deeply"),
+    ("c.toml", 'name = "c"\nnodes = 1' + "0" * 5000 + "\n", ["plan", "--cluster", "c.toml", "-o", "p.json"],
+     "an integer with more than 4300 digits"),
+    ("c.toml", "x = " + "[" * 100_000 + "\n", ["plan", "--cluster", "c.toml", "-o", "p.json"], "nested too deeply"),
+    ("config.json", '{"hidden_size": 1' + "0" * 5000 + "}", ["plan", "--model", "config.json", "-o", "p.json"],
+     "an integer with more than 4300 digits"),
+], ids=["plan-long-int", "plan-deep", "toml-long-int", "toml-deep", "hf-config-long-int"])
+def test_parser_limits_are_bad_input_not_a_crash(tmp_path, name, text, args, needle):
+    write(tmp_path / name, text)
+    assert_refused(tmp_path, args, name, needle)
+
+
+# ------------------------------------------------------------- wrong accepts
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["export", "--format", "torch"], ["validate"]])
+@pytest.mark.parametrize("edit,needles", [
+    (lambda p: p["stages"][-1].__setitem__("layers", [4, 7]), ["stages[1].layers", "[4, 7]", "8 layers"]),
+    (lambda p: p["stages"][-1].__setitem__("layers", [4, 12]), ["stages[1].layers", "[4, 12]", "8 layers"]),
+    (lambda p: p["stages"][-1].__setitem__("devices", [998, 999]), ["stages[1].devices", "998", "4 devices"]),
+    (lambda p: p["stages"][-1].__setitem__("devices", list(p["stages"][0]["devices"])),
+     ["stages[1].devices", "already serves stages[0]"]),
+], ids=["short-of-the-model", "past-the-model", "devices-that-do-not-exist", "one-device-two-stages"])
+def test_edited_plan_is_refused(tmp_path, plan_doc, command, edit, needles):
+    assert plan_doc["plans"][0]["stages"][1]["layers"] == [4, 8], "the edits assume the split 4,4"
+    path = edited(tmp_path, plan_doc, edit)
+    assert_refused(tmp_path, [command[0], path, *command[1:]], path, *needles)
+
+
+def test_per_stage_device_count_is_checked(tmp_path, plan_doc):
+    """One device id for a stage of a dp-2 plan: only the per-stage count
+    check (``len(devices) == dp``) can say what is wrong."""
+    path = edited(tmp_path, plan_doc, lambda p: p["stages"][0].__setitem__("devices", p["stages"][0]["devices"][:1]))
+    assert_refused(tmp_path, ["simulate", path], path, "stages[0].devices", "1 device id(s)", "parallelism.dp is 2")
+
+
+def test_batch_product_is_checked(tmp_path, plan_doc):
+    """micro_batch_size 1 x num_micro_batches 8 x dp 2 = 16 != the batch 8."""
+    def edit(p):
+        p["schedule"]["micro_batch_size"] = 1
+        p["schedule"]["num_micro_batches"] = 8
+    path = edited(tmp_path, plan_doc, edit)
+    assert_refused(tmp_path, ["simulate", path], path, "micro_batch_size 1 x num_micro_batches 8 x dp 2 = 16",
+                   "global_batch_size is 8")
+
+
+def test_degrees_must_fit_the_cluster(tmp_path, plan_doc):
+    path = edited(tmp_path, plan_doc, lambda p: p["parallelism"].__setitem__("tp", 2))
+    assert_refused(tmp_path, ["export", path, "--format", "gpipe"], path, "pp 2 x dp 2 x tp 2 = 8 devices", "has 4")
+
+
+def test_schedule_too_large_to_replay_is_refused_before_building(tmp_path, plan_doc):
+    """pp 2 x vp 4096 x 16384 micro-batches = 2**27 stage micro-batches > 2**24:
+    refused by size (building it would take minutes)."""
+    def edit(p):
+        p["parallelism"]["vp"] = 4096
+        p["schedule"].update(name="interleaved-1f1b", num_micro_batches=16384)
+    path = edited(tmp_path, plan_doc, edit)
+    code, out, err = run(["validate", path], tmp_path)
+    assert code == 2
+    assert f"{path}: plans[0].schedule: pp 2 x vp 4096 x num_micro_batches 16384 = 134217728 stage micro-batches" \
+        in out
+
+
+def test_device_type_must_match_the_cluster(tmp_path):
+    """On mixed-a100-v100 devices 0-3 are a100-40gb and 4-7 v100-32gb
+    (hardware/clusters/mixed-a100-v100.toml): a stage relabelled is refused."""
+    code, out, err = run(["plan", "--model", tiny_csv(tmp_path / "t.csv"), "--cluster", "mixed-a100-v100", "-b", "8",
+                          "--pp", "2", "--dp", "1", "--top", "1", "-q", "-o", "p.json"], tmp_path)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "p.json").read_text())
+    stage = doc["plans"][0]["stages"][0]
+    assert stage["device_type"] == ("a100-40gb" if stage["devices"][0] < 4 else "v100-32gb")
+    stage["device_type"] = "h100-80gb"
+    path = write(tmp_path / "relabelled.json", json.dumps(doc))
+    assert_refused(tmp_path, ["validate", path], path, "stages[0].device_type", "'h100-80gb'")
+
+
+def test_torch_export_of_a_valid_plan_still_works(tmp_path, plan_doc):
+    path = write(tmp_path / "ok.json", json.dumps(plan_doc))
+    code, out, err = run(["export", path, "--format", "torch"], tmp_path)
+    assert code == 0, err
+    code, out, err = run(["validate", path], tmp_path)
+    assert code == 0 and "valid pipesearch.plan/1 file, " in out, err
+
+
+def test_pipedream_graph_without_edges(tmp_path):
+    text = NODE.format(id="node1", op="Input", params=0) + NODE.format(id="node2", op="Conv2d(3, 64)", params=1792) \
+        + NODE.format(id="node3", op="ReLU()", params=0)
+    write(tmp_path / "flat.graph.txt", text)
+    assert_refused(tmp_path, ["plan", "--model", "flat.graph.txt", "-o", "p.json"], "flat.graph.txt",
+                   "3 node lines but no edge lines")
+
+
+def test_pipedream_node_connected_to_nothing(tmp_path):
+    text = (NODE.format(id="node1", op="Input", params=0) + NODE.format(id="node2", op="Conv2d(3, 64)", params=1792)
+            + NODE.format(id="node3", op="ReLU()", params=0) + NODE.format(id="node4", op="Linear(4, 4)", params=80)
+            + "\tnode1 -- node2\n\tnode2 -- node3\n")
+    write(tmp_path / "stray.graph.txt", text)
+    assert_refused(tmp_path, ["plan", "--model", "stray.graph.txt", "-o", "p.json"], "stray.graph.txt", "line 4",
+                   "'node4'", "connected to nothing")
+
+
+def test_pipedream_ops_that_only_share_an_input(tmp_path):
+    text = (NODE.format(id="node1", op="Input", params=0) + NODE.format(id="node2", op="Conv2d(3, 64)", params=1792)
+            + NODE.format(id="node3", op="Linear(4, 4)", params=80)
+            + "\tnode1 -- node2\n\tnode1 -- node3\n")
+    write(tmp_path / "twins.graph.txt", text)
+    assert_refused(tmp_path, ["plan", "--model", "twins.graph.txt", "-o", "p.json"], "twins.graph.txt",
+                   "inputs (node1)", "2 separate graphs")
+
+
+def test_three_batch_pins_must_make_the_batch(tmp_path):
+    assert_refused(tmp_path, ["plan", "--cluster", "1x4-v100-pcie", "--micro-batch-size", "4", "--num-micro-batches",
+                              "4", "--dp", "2", "-b", "64", "-o", "p.json"],
+                   "--micro-batch-size 4 x --num-micro-batches 4 x --dp 2 = 32", "--global-batch-size is 64")
+
+
+def test_two_batch_pins_fix_dp_and_are_honoured(tmp_path):
+    code, out, err = run(["plan", "--model", tiny_csv(tmp_path / "t.csv"), "--cluster", "1x4-v100-pcie",
+                          "--micro-batch-size", "1", "--num-micro-batches", "4", "-b", "8", "-q", "-o", "p.json"],
+                         tmp_path)
+    assert code == 0, err
+    plans = json.loads((tmp_path / "p.json").read_text())["plans"]
+    # 8 samples / (1 x 4) per replica = dp 2 in every plan
+    assert {(p["schedule"]["micro_batch_size"], p["schedule"]["num_micro_batches"], p["parallelism"]["dp"])
+            for p in plans} == {(1, 4, 2)}
+    assert_refused(tmp_path, ["plan", "--cluster", "1x4-v100-pcie", "--micro-batch-size", "3",
+                              "--num-micro-batches", "4", "-b", "64", "-o", "q.json"], "= 12 samples per replica",
+                   "--global-batch-size 64")
+
+
+def test_vp_without_a_schedule_that_uses_it(tmp_path):
+    assert_refused(tmp_path, ["plan", "--vp", "3", "--schedule", "1f1b", "-o", "p.json"], "--vp 3",
+                   "--schedule asks for 1f1b")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "-o", ""], "-o"),
+    (["plan", "--json", "-o", ""], "-o"),
+    (["plan", "--all-points", ""], "--all-points"),
+    (["plan", "--plot-dir", ""], "--plot-dir"),
+])
+def test_empty_output_name_writes_nothing(tmp_path, args, needle):
+    line = assert_refused(tmp_path, args, needle, "empty")
+    assert not (tmp_path / "plans.json").exists(), line
+
+
+@pytest.mark.parametrize("command,option", [
+    (["simulate"], "--timeline"), (["simulate"], "--torch-csv"), (["export", "--format", "torch"], "-o"),
+    (["plot"], "-o")])
+def test_empty_output_name_of_plan_file_commands(tmp_path, plan_doc, command, option):
+    path = write(tmp_path / "ok.json", json.dumps(plan_doc))
+    assert_refused(tmp_path, [command[0], path, *command[1:], option, ""], option, "empty file name")
+
+
+# ------------------------------------------------------------- unclear messages
+
+
+def test_huge_forward_time_names_file_line_and_column(tmp_path):
+    rows = [f"l{k},1,2,1000,4096" for k in range(4)]
+    rows[2] = "l2,1e308,2,1000,4096"  # line 6: three header lines, then rows 0 and 1
+    tiny_csv(tmp_path / "slow.csv", rows=rows)
+    assert_refused(tmp_path, ["plan", "--model", "slow.csv", "-b", "8", "-o", "p.json"], "slow.csv", "line 6",
+                   "fwd_ms", "1e308", "1e+09 ms")
+
+
+def test_time_below_a_nanosecond_is_refused(tmp_path):
+    """1e-300 ms would make a plan of 2e303 samples/s, a file the reader refuses."""
+    rows = [f"l{k},1e-300,1e-300,1,1" for k in range(2)]
+    tiny_csv(tmp_path / "fast.csv", rows=rows)
+    assert_refused(tmp_path, ["plan", "--model", "fast.csv", "-b", "8", "-o", "p.json"], "fast.csv", "line 4",
+                   "fwd_ms", "1e-300", "1e-06 ms")
+
+
+def test_huge_parameter_size_is_one_line_without_warnings(tmp_path):
+    rows = [f"l{k},1,2,1000,4096" for k in range(4)]
+    rows[1] = "l1,1,2,1e308,4096"
+    tiny_csv(tmp_path / "big.csv", rows=rows)
+    assert_refused(tmp_path, ["plan", "--model", "big.csv", "-b", "8", "-o", "p.json"], "big.csv", "line 5",
+                   "param_bytes", "1e308", subprocess_=True)
+
+
+def test_pipedream_huge_value(tmp_path):
+    text = (NODE.format(id="node1", op="Input", params=0)
+            + NODE.format(id="node2", op="Conv2d(3, 64)", params=1792).replace("forward_compute_time=1.000",
+                                                                                "forward_compute_time=1e308")
+            + "\tnode1 -- node2\n")
+    write(tmp_path / "slow.graph.txt", text)
+    assert_refused(tmp_path, ["plan", "--model", "slow.graph.txt", "-o", "p.json"], "slow.graph.txt", "line 2",
+                   "forward_compute_time='1e308'")
+
+
+@pytest.mark.parametrize("column,value,expected", [
+    ("iteration_time_s", "x", "a number >= 0"), ("iteration_time_s", -5, "a number >= 0"),
+    ("pp", "two", "an integer >= 1"), ("schedule", "bogus", "one of gpipe")])
+def test_points_table_cells_are_checked(tmp_path, plan_doc, column, value, expected):
+    doc = copy.deepcopy(plan_doc)
+    points = doc["search"]["points"]
+    points["data"][0][points["columns"].index(column)] = value
+    path = write(tmp_path / "points.json", json.dumps(doc))
+    assert_refused(tmp_path, ["plot", path, "--kind", "space", "-o", "space.png"], path, "search.points.data[0]",
+                   f"column {column!r}", expected)
+
+
+def test_export_of_inconsistent_plan_names_the_file(tmp_path, plan_doc):
+    path = edited(tmp_path, plan_doc, lambda p: p["stages"][1]["layer_names"].pop())
+    assert_refused(tmp_path, ["export", path, "--format", "torch"], path, "stages[1].layer_names",
+                   "3 names for the 4 layers")
+
+
+@pytest.mark.parametrize("option", ["--model", "--cluster"])
+@pytest.mark.parametrize("kind", ["directory", "/dev/null", "fifo"])
+def test_existing_path_that_is_not_a_file(tmp_path, option, kind):
+    if kind == "directory":
+        (tmp_path / "d").mkdir()
+        target, what = "d", "is a directory"
+    elif kind == "fifo":
+        fifo(tmp_path / "f")
+        target, what = "f", "is a FIFO"
+    else:
+        if not os.path.exists("/dev/null"):
+            pytest.skip("no /dev/null")
+        target, what = "/dev/null", "is a character device"
+    line = assert_refused(tmp_path, ["plan", option, target, "-o", "p.json"], f"{option} {target}", what,
+                          subprocess_=kind == "fifo")
+    assert "no such file" not in line
+
+
+def test_schedule_refused_advice_does_not_say_raise_pp(tmp_path):
+    line = assert_refused(tmp_path, ["plan", "--model", tiny_csv(tmp_path / "t.csv"), "--cluster", "1x4-v100-pcie",
+                                     "-b", "8", "--pp", "4", "--schedule", "1f1b", "--num-micro-batches", "2",
+                                     "-o", "p.json"], "schedule_refused", "lower --pp")
+    assert "raise --pp" not in line
+
+
+def test_out_of_memory_split_names_the_stage(tmp_path):
+    # vgg16's 38 middle layers at micro-batch 4096 cannot fit a 16 GiB V100 (1 GiB reserved: 15.0 GiB usable)
+    line = assert_refused(tmp_path, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "4096",
+                                     "--split", "1,38,1", "--micro-batch-size", "4096", "-o", "p.json"],
+                          "out_of_memory", "--split stage 1 (layers 1..38)", "against 15.0 GiB usable")
+    assert "move layers off stage 1" in line
+
+
+def test_validate_lists_every_problem(tmp_path, plan_doc):
+    def edit(p):
+        p["stages"][1]["layers"] = [4, 7]
+        p["stages"][0]["devices"] = [998, 999]
+    path = edited(tmp_path, plan_doc, edit)
+    before = snapshot(tmp_path)
+    code, out, err = run(["validate", path], tmp_path)
+    # [4, 7] leaves layer 7 out and leaves stage 1 with 4 names for 3 layers
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "3 problem(s)" in err
+    problems = out.strip().splitlines()
+    assert len(problems) == 3 and all(line.startswith(f"{path}: plans[0].stages[") for line in problems)
+    assert "stages[1].layers: [4, 7]" in problems[0]
+    assert "stages[1].layer_names: 4 names for the 3 layers" in problems[1]
+    assert "stages[0].devices: [998, 999]" in problems[2]
+    assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------- the search evaluates every schedule asked for
+
+
+def test_every_requested_schedule_is_evaluated(tmp_path):
+    """8 layers, 4 devices, batch 8, gpipe + 1f1b + zb-h1, --exhaustive: each
+    schedule has one point per (pp > 1, dp, micro-batch size) of the grid,
+    evaluated (``ok``) unless its rule refuses it (1F1B and ZB-H1 need at
+    least pp micro-batches). The grid is written out here, not taken from
+    the search."""
+    code, out, err = run(["plan", "--model", tiny_csv(tmp_path / "t.csv"), "--cluster", "1x4-v100-pcie", "-b", "8",
+                          "--schedule", "gpipe", "--schedule", "1f1b", "--schedule", "zb-h1", "--exhaustive", "-q",
+                          "-o", "p.json"], tmp_path)
+    assert code == 0, err
+    points = json.loads((tmp_path / "p.json").read_text())["search"]["points"]
+    rows = [dict(zip(points["columns"], r)) for r in points["data"]]
+    expected = set()
+    for schedule in ("gpipe", "1f1b", "zb-h1"):
+        for pp in (2, 3, 4):
+            for dp in (d for d in (1, 2, 4) if pp * d <= 4):
+                for mbs in (s for s in (1, 2, 4, 8) if (8 // dp) % s == 0):
+                    m = 8 // dp // mbs
+                    ok = schedule == "gpipe" or m >= pp
+                    expected.add((schedule, pp, dp, mbs, m, "ok" if ok else "schedule_refused"))
+    got = {(r["schedule"], r["pp"], r["dp"], r["micro_batch_size"], r["num_micro_batches"], r["status"])
+           for r in rows if r["pp"] > 1 and r["status"] != "same_as_other_placement"}
+    assert got == expected
+    assert all(r["iteration_time_s"] > 0 for r in rows if r["status"] == "ok")
