@@ -9,7 +9,7 @@ parallelism changes every layer's time, parameters and activations
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from .catalog import resolve
 from .errors import InputError
@@ -90,7 +90,8 @@ def load_model_source(
             raise first_error or InputError(f"{path}: no tensor-parallel degree fits {cluster.name}")
         info = {"name": cfg.name, "kind": "transformer", "file": str(path), "num_layers": variants[0].profile.num_layers,
                 "seq_len": seq_len or cfg.seq_len, "hidden_size": cfg.hidden_size,
-                "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size}
+                "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size,
+                "transformer": {k: v for k, v in asdict(cfg).items() if k != "source"}}
         # the layer tables are computed for device 0's type; other types scale by FLOP rate
         return ModelSource(cfg.name, tuple(variants), info, device, cfg)
     if seq_len is not None:

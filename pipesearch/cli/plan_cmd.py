@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -204,8 +205,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 "wall_s": round(result.wall_s, 4), "simulated_top": simulate_top,
                 "points": points_table(result.points)},
         plans=result.plans,
-        exports=tuple(export_all(p) for p in result.plans),
     )
+    plan_file = replace(plan_file, exports=tuple(export_all(p, plan_file.inputs) for p in result.plans))
     text = to_json(plan_file)
     if all_points:
         write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")

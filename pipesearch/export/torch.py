@@ -58,6 +58,7 @@ from ..schedules import build, from_torch_csv, stage_to_rank, to_torch_csv
 from ..types import Plan
 from . import (
     FORMAT_VERSION,
+    Inputs,
     layer_modules,
     plan_layers,
     recompute_mode,
@@ -140,7 +141,8 @@ def check_torch_schedule(plan: Plan, runtime: str) -> str:
     return cls
 
 
-def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None) -> dict:
+def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
+                 inputs: Inputs | None = None) -> dict:
     """Export ``plan`` for ``torch.distributed.pipelining``.
 
     Args:
