@@ -361,3 +361,48 @@ def stages_from_layers_per_stage(alt: Mapping[str, int], num_blocks: int) -> lis
     lps = alt["pipeline_parallel_layers_per_stage"]
     stages = math.ceil((num_blocks + iw + ow) / lps)
     return generate_llm_fqn_per_model_part(stages, num_blocks, iw, ow)
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
+    """The settings in an export's ``overrides`` (the form torchtitan 0.3.0's
+    tyro parser reads), without torchtitan.
+
+    Returns:
+        ``{"section.key": value}``: a string for a valued option, ``True`` /
+        ``False`` for ``--section.key`` / ``--section.no-key`` switches, a list
+        of FQN lists for ``module_fqns_per_model_part``, and
+        ``{"activation_checkpoint": subcommand}``.
+
+    Raises:
+        InputError: a token that is no option, or an option without a value.
+    """
+    out: dict[str, object] = {}
+    i = 0
+    toks = list(overrides)
+    while i < len(toks):
+        tok = toks[i]
+        if tok.startswith("activation-checkpoint:"):
+            out["activation_checkpoint"] = tok
+            i += 1
+            continue
+        if not tok.startswith("--") or "." not in tok:
+            raise InputError(f"torchtitan overrides: {tok!r} is not a --section.key option")
+        section, key = tok[2:].split(".", 1)
+        vals = []
+        j = i + 1
+        while j < len(toks) and not toks[j].startswith("--") and not toks[j].startswith("activation-checkpoint:"):
+            vals.append(toks[j])
+            j += 1
+        if not vals:
+            if key.startswith("no-"):
+                out[f"{section}.{key[3:]}"] = False
+            else:
+                out[f"{section}.{key}"] = True
+        elif key == "module_fqns_per_model_part":
+            out[f"{section}.{key}"] = [v.split(",") for v in vals]
+        elif len(vals) == 1:
+            out[f"{section}.{key}"] = vals[0]
+        else:
+            raise InputError(f"torchtitan overrides: {tok} has {len(vals)} values")
+        i = j
+    return out
