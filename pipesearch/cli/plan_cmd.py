@@ -17,8 +17,10 @@ from ..errors import InputError
 from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..models import RECOMPUTE_MODES, load_model_source
+from .. import runtimes
 from ..output import check_writable, write_output
 from ..plan import PlanFile, dump_plan_file, to_json
+from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
 from ..units import format_bytes, format_seconds, parse_bytes
@@ -141,9 +143,12 @@ class _Progress:
               help="Also draw space.png, pareto.png, stages.png and timeline.png (plan 1) into this directory "
                    "(see `pipesearch plot`); --exhaustive fills the space plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
+@click.option("--runtime", type=click.Choice(RUNTIMES),
+              help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules).")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, simulate_top, memory_reserve,
-                 optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
+                 optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir,
+                 runtime):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -181,12 +186,17 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=reserve, zero1=zero1)
+    explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
+    if runtime:
+        schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
+        runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
-                            split=split, top=top, simulate_top=simulate_top,
+                            split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
+                            simulate_top=simulate_top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit)
     progress = _Progress(quiet or as_json)
     try:
@@ -206,6 +216,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 "points": points_table(result.points)},
         plans=result.plans,
     )
+    if runtime:
+        kept, refused = runtimes.filter_plans(runtime, result.plans, top, plan_file.inputs)
+        if not kept:
+            raise InputError(runtimes.no_plan_message(runtime, refused))
+        result = replace(result, plans=kept)
+        plan_file = replace(plan_file, plans=kept, inputs=plan_file.inputs | {"runtime": runtime})
     plan_file = replace(plan_file, exports=tuple(export_all(p, plan_file.inputs) for p in result.plans))
     text = to_json(plan_file)
     if all_points:

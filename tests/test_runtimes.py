@@ -1,0 +1,69 @@
+"""``plan --runtime``: only plans the runtime runs as written; pins it cannot
+run are refused with the rule and the nearest valid values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+from pipesearch.errors import InputError
+from pipesearch.runtimes import SCHEDULES, check_pins, schedules_for
+
+LLAMA = ["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "2", "-b", "512", "-q"]
+
+
+def run(args):
+    return CliRunner().invoke(main, args)
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "deepspeed", "torchtitan"])
+def test_every_plan_runs_on_the_runtime(runtime, tmp_path):
+    out = tmp_path / "p.json"
+    res = run(LLAMA + ["--runtime", runtime, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["inputs"]["runtime"] == runtime
+    plans = doc["plans"]
+    assert [p["rank"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) == 5
+    for p in plans:
+        assert p["schedule"]["name"] in SCHEDULES[runtime]
+        assert "refused" not in p["exports"][runtime]
+
+
+def test_default_search_ranks_plans_megatron_cannot_run_and_runtime_drops_them(tmp_path):
+    out = tmp_path / "all.json"
+    assert run(LLAMA + ["-o", str(out)]).exit_code == 0
+    doc = json.loads(out.read_text())
+    assert any("refused" in p["exports"]["megatron"] for p in doc["plans"])  # e.g. a zb-h1 plan
+
+
+def test_megatron_interleaved_m_rule_names_the_nearest_m(tmp_path):
+    out = tmp_path / "p.json"
+    res = run(LLAMA + ["--runtime", "megatron", "--pp", "6", "--schedule", "interleaved-1f1b",
+                       "--num-micro-batches", "3", "-o", str(out)])
+    assert res.exit_code == 2
+    assert "m must be a multiple of 6: try --num-micro-batches 6 or 12" in res.output
+    assert "Traceback" not in res.output and "raise --pp" not in res.output and not out.exists()
+
+
+def test_torch_runs_interleaved_with_m_not_a_multiple_of_pp():
+    # torch's ScheduleInterleaved1F1B: rounds = max(1, 3 // 2) = 1 divides 3; Megatron refuses m % pp != 0
+    check_pins("torch", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=3, tp=None)
+    with pytest.raises(InputError, match="multiple of 2: try --num-micro-batches 2 or 4"):
+        check_pins("megatron", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=3, tp=None)
+    # torch: 5 micro-batches on pp 2 is 2 rounds, 5 % 2 != 0
+    with pytest.raises(InputError, match="rounds max"):
+        check_pins("torch", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=5, tp=None)
+
+
+def test_schedule_requests():
+    assert schedules_for("deepspeed", ("gpipe", "1f1b"), explicit=False) == ("1f1b",)
+    with pytest.raises(InputError, match="deepspeed has no 'gpipe' schedule; it runs 1f1b"):
+        schedules_for("deepspeed", ("gpipe",), explicit=True)
+    with pytest.raises(InputError, match="Schedule1F1B needs at least as many micro-batches"):
+        check_pins("torch", schedules=("1f1b",), pp=4, num_micro_batches=2, tp=None)
+    with pytest.raises(InputError, match="no tensor parallelism"):
+        check_pins("gpipe", schedules=("gpipe",), pp=4, num_micro_batches=8, tp=2)
