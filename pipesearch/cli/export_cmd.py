@@ -51,7 +51,8 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
               help="Write here instead of stdout: .json the whole export (ds_config.json: DeepSpeed's config), "
                    ".sh the launch script, .py DeepSpeed's partition recipe.")
 @click.option("--files", "files_dir", type=click.Path(file_okay=False),
-              help="Also write the runtime's own files (launch script, ds_config.json, ...) into this directory.")
+              help="Write the runtime's own files (launch script, ds_config.json, ...) into this directory "
+                   "(created if its parent exists); without -o nothing else is printed.")
 def export_command(plans, rank, fmt, output, files_dir):
     """Export a plan for torch.distributed.pipelining, torchtitan, Megatron-LM,
     DeepSpeed or GPipe-style runners.
@@ -86,9 +87,9 @@ def export_command(plans, rank, fmt, output, files_dir):
             write_text(path, body, "export --files")
             if name.endswith(".sh"):
                 path.chmod(path.stat().st_mode | 0o111)
-            click.echo(f"wrote {path}", err=bool(not output))
+            click.echo(f"wrote {path}")
     if output:
         write_text(output, text, "export")
         click.echo(f"wrote {output}")
-    else:
+    elif not files_dir:
         click.echo(text, nl=False)
