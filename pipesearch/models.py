@@ -21,6 +21,28 @@ from .types import Cluster, DeviceSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
+HF_SEQ_LEN_WARNING = 8192
+"""A HuggingFace config whose maximum context exceeds this many tokens gets a
+warning when no ``--seq-len`` is given (Qwen2's 131072 would otherwise be
+planned as the training length)."""
+
+
+def describe_layers(names) -> str:
+    """How many layers a layer table has, in the model's terms.
+
+    Returns:
+        ``"32 blocks + embedding + head"`` for a transformer layer table
+        (``embedding``, ``block_*``, ``head``; the embedding and head are
+        layers of pipesearch's table, split like the blocks), else ``"N
+        layers"``.
+    """
+    names = list(names)
+    blocks = sum(1 for n in names if n.startswith("block_"))
+    extra = [n for n in ("embedding", "head") if n in names]
+    if blocks and blocks + len(extra) == len(names):
+        return " + ".join([f"{blocks} blocks", *extra])
+    return f"{len(names)} layers"
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -88,7 +110,16 @@ def load_model_source(
                                              extra=(("sequence_parallel", t > 1),)))
         if not variants:
             raise first_error or InputError(f"{path}: no tensor-parallel degree fits {cluster.name}")
+        names = [lay.name for lay in variants[0].profile.layers]
+        warnings = []
+        if path.suffix == ".json" and seq_len is None and cfg.seq_len > HF_SEQ_LEN_WARNING:
+            warnings.append(
+                f"{path.name}: sequence length {cfg.seq_len} is the config's maximum context (its "
+                f"max_position_embeddings / n_positions), not a training length; pass --seq-len "
+                f"(e.g. --seq-len {HF_SEQ_LEN_WARNING}) for the sequences you train on"
+            )
         info = {"name": cfg.name, "kind": "transformer", "file": str(path), "num_layers": variants[0].profile.num_layers,
+                "layers_description": describe_layers(names), "warnings": warnings,
                 "seq_len": seq_len or cfg.seq_len, "hidden_size": cfg.hidden_size,
                 "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size,
                 "transformer": {k: v for k, v in asdict(cfg).items() if k != "source"}}
@@ -106,6 +137,7 @@ def load_model_source(
     except InputError:
         profiled_device = None
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
+            "layers_description": describe_layers([lay.name for lay in profile.layers]),
             "profiled_batch_size": profile.profiled_batch_size, "profiled_device": profile.profiled_device,
             "source": profile.source}
     return ModelSource(profile.name, (ModelVariant(profile),), info, profiled_device)

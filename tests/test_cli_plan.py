@@ -45,18 +45,39 @@ def good_rows(n):
 # ------------------------------------------------------------------ success
 
 
-def test_no_arguments_prints_a_table_and_writes_plans_json(tmp_path):
+def test_no_arguments_prints_a_table_and_writes_no_file(tmp_path):
     t = time.perf_counter()
     result = run(["plan"], tmp_path)
     elapsed = time.perf_counter() - t
     assert result.exit_code == 0, result.stderr
     out = result.stdout
     assert "rank" in out and "layers/stage" in out and "samples/s" in out
-    assert out.rstrip().splitlines()[-1] == "wrote plans.json"
+    assert out.rstrip().splitlines()[-1] == "no plan file written (-o FILE writes one)"
     assert "vgg16 on 4x4-v100-10gbe" in out
+    assert list(tmp_path.iterdir()) == []  # a plain `plan` leaves the directory as it was
+    result = run(["plan", "-o", "plans.json"], tmp_path)
+    assert result.stdout.rstrip().splitlines()[-1] == "wrote plans.json"
     plans = load_plan_file(tmp_path / "plans.json").plans
     assert [p.rank for p in plans] == [1, 2, 3, 4, 5]
     assert elapsed < 15  # a few seconds on a laptop; generous for loaded CI machines
+
+
+def test_memory_reserve_without_unit_is_refused(tmp_path):
+    result = run(["plan", "--memory-reserve", "2"], tmp_path)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: --memory-reserve 2: no unit; give one, e.g. 2GiB or 2MB"
+
+
+def test_table_shows_full_splits_idle_devices_and_sequence_length(tmp_path):
+    result = run(["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "2", "-b", "480", "--pp", "15",
+                  "--dp", "1", "--tp", "1", "--recompute", "full", "--top", "1"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "global batch 480, sequence length 8192" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("1 "))
+    split = next(tok for tok in row.split() if tok.count(",") == 14)  # 15 stages, none elided
+    assert sum(map(int, split.split(","))) == 34 and "..." not in row
+    assert "plan 1 uses 15 of the 16 devices (pp x dp x tp); 1 stay idle" in out
 
 
 def test_json_prints_the_plan_and_writes_no_file(tmp_path):
@@ -191,7 +212,7 @@ def _python_m(args, cwd):
 
 
 def test_python_m_pipesearch_plan(tmp_path):
-    proc = _python_m(["plan"], tmp_path)
+    proc = _python_m(["plan", "-o", "plans.json"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "wrote plans.json" in proc.stdout and (tmp_path / "plans.json").is_file()
 
@@ -202,3 +223,23 @@ def test_python_m_bad_input_is_one_line_exit_2(tmp_path):
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: ")
     assert "vgg16" in proc.stderr and proc.stdout == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_hf_config_long_context_warns_and_says_so_in_the_json(tmp_path):
+    """A HuggingFace config's max_position_embeddings is a maximum context,
+    not a training length: planning it unasked gets a warning (stderr and
+    inputs.model.warnings); --seq-len silences it."""
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+           "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 4, "num_attention_heads": 14,
+           "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 131072,
+           "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    args = ["plan", "--model", "config.json", "--cluster", "1x8-a100-80gb", "-b", "16", "--top", "1"]
+    result = run(args + ["-o", "p.json"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert "warning: config.json: sequence length 131072 is the config's maximum context" in result.stderr
+    assert "sequence length 131072" in result.stdout
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert any("--seq-len" in w for w in doc["inputs"]["model"]["warnings"])
+    quiet = run(args + ["--seq-len", "4096"], tmp_path)
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr and "sequence length 4096" in quiet.stdout

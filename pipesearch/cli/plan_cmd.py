@@ -29,7 +29,6 @@ from . import main
 DEFAULT_MODEL = "vgg16"
 DEFAULT_CLUSTER = "4x4-v100-10gbe"
 DEFAULT_BATCH = 1024
-DEFAULT_OUTPUT = "plans.json"
 
 
 def _split(ctx, param, value):
@@ -46,8 +45,7 @@ def plans_table(plans) -> str:
     """The ranked plans as a fixed-width text table."""
     rows = []
     for p in plans:
-        per_stage = p.layers_per_stage
-        layers = ",".join(map(str, per_stage)) if len(per_stage) <= 8 else f"{','.join(map(str, per_stage[:6]))},..."
+        layers = ",".join(map(str, p.layers_per_stage))  # every stage: a truncated split cannot be checked
         rows.append({
             "rank": p.rank,
             "pp x dp x tp": f"{p.pp} x {p.dp} x {p.tp}",
@@ -133,7 +131,7 @@ class _Progress:
 @click.option("--zero1", is_flag=True,
               help="Shard the optimizer state across data-parallel replicas (ZeRO stage 1).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
-              help=f"Write the plan JSON here (default: ./{DEFAULT_OUTPUT}).")
+              help="Write the plan JSON here (nothing is written without it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON to stdout instead of the table.")
 @click.option("--all-points", type=click.Path(dir_okay=False, writable=True),
               help="Write every evaluated point of the search as CSV.")
@@ -160,7 +158,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
     """
     # every output is checked before the search, so a bad path costs nothing and leaves nothing
-    out = None if (as_json and not output) else check_writable(output or DEFAULT_OUTPUT, "plan file")
+    out = check_writable(output, "plan file") if output else None  # a file only when asked for
     if all_points:
         check_writable(all_points, "--all-points")
     if plot_dir:
@@ -172,6 +170,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 pass
         if not plot_dir.is_dir() or not os.access(plot_dir, os.W_OK):
             raise InputError(f"--plot-dir {plot_dir}: not a writable directory (its parent must exist)")
+    if memory_reserve.strip().replace(".", "", 1).isdigit():
+        raise InputError(f"--memory-reserve {memory_reserve}: no unit; give one, e.g. {memory_reserve.strip()}GiB "
+                         f"or {memory_reserve.strip()}MB")
     try:
         reserve = parse_bytes(memory_reserve)
     except InputError as exc:
@@ -184,6 +185,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
                          f"devices of {cluster.name}; lower it (default 1GiB)")
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
+    for warning in source.info.get("warnings", ()):
+        click.echo(f"warning: {warning}", err=True)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=reserve, zero1=zero1)
     explicit_schedules = schedules
@@ -232,15 +235,25 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(text, nl=False)
         _write_plots(plot_dir, text, output or "plan JSON", echo=False)
         return
-    dump_plan_file(plan_file, out)
+    if out:
+        dump_plan_file(plan_file, out)
     if not quiet:
         devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)
-        click.echo(f"{source.name} on {cluster.name} ({devices}), global batch {global_batch_size}")
+        seq = f", sequence length {source.info['seq_len']}" if source.info.get("seq_len") else ""
+        click.echo(f"{source.name} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans))
     if not quiet:
+        total = sum(g.num_devices for g in cluster.groups)
+        idle: dict[int, list[str]] = {}
+        for p in result.plans:
+            if p.pp * p.dp * p.tp < total:
+                idle.setdefault(p.pp * p.dp * p.tp, []).append(str(p.rank))
+        for used, ranks in idle.items():
+            click.echo(f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
+                       f"{used} of the {total} devices (pp x dp x tp); {total - used} stay idle")
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
         click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
-        click.echo(f"wrote {out}")
+        click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
     _write_plots(plot_dir, text, str(out), echo=not quiet)
 
 
