@@ -27,6 +27,59 @@ warning when no ``--seq-len`` is given (Qwen2's 131072 would otherwise be
 planned as the training length)."""
 
 
+SIZE_COLUMNS = (("param_bytes", "param_bytes"), ("output_bytes", "output_bytes"), ("saved_bytes", "saved_bytes"))
+RUNNING_SUM_MIN_LAYERS = 5
+SMALL_BYTES = 4096
+
+
+def profile_warnings(profile, cluster: Cluster, source: str) -> list[str]:
+    """Warnings for a measured profile that looks wrong for the plan.
+
+    Args:
+        profile: the :class:`~pipesearch.types.ModelProfile`.
+        cluster: the cluster it will be planned on.
+        source: the file name, for the messages.
+
+    Returns:
+        One line per finding (empty when none):
+
+        * a size column that never decreases over all of at least
+          ``RUNNING_SUM_MIN_LAYERS`` layers and ends at 3x or more of its
+          first nonzero value: it grows like running totals (per-layer sizes
+          ``[6, 5, 4, 3, 2, 1]`` written as ``[6, 11, 15, 18, 20, 21]``);
+        * a size column whose nonzero values are all below ``SMALL_BYTES``
+          bytes: it looks like megabytes written in a byte column;
+        * a profile measured on a device kind the cluster does not have:
+          its times are rescaled by FLOP rate to the cluster's devices (an
+          estimate, not a measurement).
+    """
+    out = []
+    for attr, column in SIZE_COLUMNS:
+        vals = [float(getattr(lay, attr)) for lay in profile.layers]
+        nz = [v for v in vals if v > 0]
+        if len(vals) >= RUNNING_SUM_MIN_LAYERS and nz and all(b >= a for a, b in zip(vals, vals[1:])) \
+                and vals[-1] >= 3 * nz[0] and len(set(vals)) == len(vals):
+            diffs = [vals[0]] + [b - a for a, b in zip(vals, vals[1:])]
+            out.append(f"{source}: column {column} never decreases over the {len(vals)} layers "
+                       f"({_short(vals)}): it looks like running totals; per-layer values are expected "
+                       f"(as differences: {_short(diffs)})")
+        if nz and max(nz) < SMALL_BYTES:
+            out.append(f"{source}: every value of column {column} is below {SMALL_BYTES} bytes (largest "
+                       f"{max(nz):g}): it looks like megabytes in a byte column; byte columns take bytes")
+    names = {g.device.name for g in cluster.groups}
+    dev = profile.profiled_device
+    if dev and dev != "unknown" and dev not in names:
+        out.append(f"{source}: measured on {dev}, planned on {', '.join(sorted(names))}: its times are rescaled "
+                   f"from one device kind to another by FLOP rate (an estimate; profile on the target device "
+                   f"for measured times)")
+    return out
+
+
+def _short(vals) -> str:
+    text = ", ".join(f"{v:g}" for v in vals[:6])
+    return f"[{text}{', ...' if len(vals) > 6 else ''}]"
+
+
 def describe_layers(names) -> str:
     """How many layers a layer table has, in the model's terms.
 
@@ -138,6 +191,7 @@ def load_model_source(
         profiled_device = None
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
             "layers_description": describe_layers([lay.name for lay in profile.layers]),
+            "warnings": profile_warnings(profile, cluster, path.name),
             "profiled_batch_size": profile.profiled_batch_size, "profiled_device": profile.profiled_device,
             "source": profile.source}
     return ModelSource(profile.name, (ModelVariant(profile),), info, profiled_device)

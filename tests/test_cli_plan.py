@@ -243,3 +243,25 @@ def test_hf_config_long_context_warns_and_says_so_in_the_json(tmp_path):
     assert any("--seq-len" in w for w in doc["inputs"]["model"]["warnings"])
     quiet = run(args + ["--seq-len", "4096"], tmp_path)
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr and "sequence length 4096" in quiet.stdout
+
+
+def test_profile_warnings_running_sums_megabytes_and_device_kind(tmp_path):
+    # per-layer parameter sizes [6, 5, 4, 3, 2, 1] MB written as running totals, output sizes in MB
+    sums = [6e6, 11e6, 15e6, 18e6, 20e6, 21e6]
+    mb = [3.2, 3.2, 1.6, 1.6, 0.8, 0.1]
+    rows = [f"l{k},1,2,{int(sums[k])},{mb[k]}" for k in range(6)]
+    path = tmp_path / "m.csv"
+    path.write_text(HEADER.replace("# batch_size: 32\n", "# batch_size: 32\n# device: v100-16gb\n")
+                    + "".join(r + "\n" for r in rows))
+    result = run(["plan", "--model", "m.csv", "--cluster", "1x8-a100-80gb", "-b", "64", "--top", "1",
+                  "-o", "p.json"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    err = result.stderr
+    assert "m.csv: column param_bytes never decreases over the 6 layers" in err
+    assert "(as differences: [6e+06, 5e+06, 4e+06, 3e+06, 2e+06, 1e+06])" in err
+    assert "m.csv: every value of column output_bytes is below 4096 bytes (largest 3.2)" in err
+    assert "m.csv: measured on v100-16gb, planned on a100-80gb: its times are rescaled" in err
+    warnings = json.loads((tmp_path / "p.json").read_text())["inputs"]["model"]["warnings"]
+    assert len(warnings) == 4 and all(w.startswith("m.csv: ") for w in warnings)  # output + saved columns
+    clean = run(["plan", "--model", "vgg16", "--cluster", "4x4-v100-10gbe", "--top", "1"], tmp_path)
+    assert clean.exit_code == 0 and "warning" not in clean.stderr
