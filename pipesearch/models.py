@@ -32,13 +32,15 @@ RUNNING_SUM_MIN_LAYERS = 5
 SMALL_BYTES = 4096
 
 
-def profile_warnings(profile, cluster: Cluster, source: str) -> list[str]:
+def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool = True) -> list[str]:
     """Warnings for a measured profile that looks wrong for the plan.
 
     Args:
         profile: the :class:`~pipesearch.types.ModelProfile`.
         cluster: the cluster it will be planned on.
         source: the file name, for the messages.
+        rescaled: whether the search rescales the profile's times (its
+            device is in the catalog); otherwise they are used as measured.
 
     Returns:
         One line per finding (empty when none):
@@ -69,9 +71,10 @@ def profile_warnings(profile, cluster: Cluster, source: str) -> list[str]:
     names = {g.device.name for g in cluster.groups}
     dev = profile.profiled_device
     if dev and dev != "unknown" and dev not in names:
-        out.append(f"{source}: measured on {dev}, planned on {', '.join(sorted(names))}: its times are rescaled "
-                   f"from one device kind to another by FLOP rate (an estimate; profile on the target device "
-                   f"for measured times)")
+        how = ("its times are rescaled from one device kind to another by FLOP rate (an estimate"
+               if rescaled else f"{dev!r} is no catalog device, so its times are used unscaled (likely wrong")
+        out.append(f"{source}: measured on {dev}, planned on {', '.join(sorted(names))}: {how}; profile on the "
+                   f"target device for measured times)")
     return out
 
 
@@ -191,7 +194,7 @@ def load_model_source(
         profiled_device = None
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
             "layers_description": describe_layers([lay.name for lay in profile.layers]),
-            "warnings": profile_warnings(profile, cluster, path.name),
+            "warnings": profile_warnings(profile, cluster, path.name, rescaled=profiled_device is not None),
             "profiled_batch_size": profile.profiled_batch_size, "profiled_device": profile.profiled_device,
             "source": profile.source}
     return ModelSource(profile.name, (ModelVariant(profile),), info, profiled_device)
