@@ -77,10 +77,15 @@ def model_layers(model) -> list[tuple[str, Any]]:
     * a module whose only child is ``layers`` (a ``ModuleList`` or
       ``Sequential``): that list's entries, named ``"layers.<i>"``;
     * any other module: its children in registration order, which the caller
-      asserts is the order its ``forward`` runs them, each feeding the next.
+      asserts is the order its ``forward`` runs them, each feeding the next;
+      a child that is a ``ModuleList`` / ``ModuleDict`` (no forward of its
+      own) contributes its entries in order, so the usual GPT shape
+      ``embedding, layers = ModuleList([...]), norm, head`` is the chain
+      ``embedding, layers.0 .. layers.N-1, norm, head``.
 
     Raises:
-        InputError: not an ``nn.Module``, or a module without children.
+        InputError: not an ``nn.Module``, a module without children, or a
+            container nested in a container (no single chain).
     """
     torch = import_torch()
     nn = torch.nn
@@ -93,7 +98,17 @@ def model_layers(model) -> list[tuple[str, Any]]:
           and isinstance(children[0][1], (nn.ModuleList, nn.Sequential))):
         layers = [(f"layers.{name}", mod) for name, mod in children[0][1].named_children()]
     else:
-        layers = children
+        layers = []
+        for name, mod in children:
+            if isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
+                for sub, entry in mod.named_children():
+                    if isinstance(entry, (nn.ModuleList, nn.ModuleDict)):
+                        raise InputError(f"cannot profile {type(model).__name__}: {name}.{sub} is a "
+                                         f"{type(entry).__name__} inside a {type(mod).__name__}; give a module "
+                                         f"whose children (or one level of list entries) run as a chain")
+                    layers.append((f"{name}.{sub}", entry))
+            else:
+                layers.append((name, mod))
     if not layers:
         raise InputError(f"cannot profile {type(model).__name__}: it has no child modules to use as layers "
                          "(give an nn.Sequential or a module with a 'layers' ModuleList)")

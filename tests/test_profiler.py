@@ -137,3 +137,43 @@ def test_cli_profile_errors_exit_2(tmp_path, monkeypatch):
         assert message in result.output, (args, result.output)
     result = runner.invoke(main, ["profile", "models.py:not_a_model", "--input-shape", "4,x", "--batch-size", "2"])
     assert result.exit_code == 2 and "--input-shape" in result.output
+
+
+@needs_torch
+def test_profile_gpt_shape_with_token_inputs(tmp_path):
+    """embedding + `layers` ModuleList + head, token-id input: one layer per
+    block, the embedding and head around them; sizes from the shapes."""
+    out = tmp_path / "gpt.csv"
+    res = CliRunner().invoke(main, ["profile", str(REPO / "tests" / "gpt_model.py") + ":make_gpt",
+                                    "--input-shape", "32", "--input-dtype", "long", "--vocab-size", "512",
+                                    "-b", "4", "--warmup", "1", "--repeats", "2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_model(str(out))
+    names = [lay.name for lay in prof.layers]
+    assert names == ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "head"]
+    width, vocab, batch, seq = 64, 512, 4, 32
+    assert prof.layers[0].param_bytes == vocab * width * 4                      # the embedding table
+    assert prof.layers[-1].param_bytes == (2 * width + width * vocab + vocab) * 4  # LayerNorm + Linear
+    assert [lay.output_bytes for lay in prof.layers[:-1]] == [batch * seq * width * 4] * 5
+    assert prof.layers[-1].output_bytes == batch * seq * vocab * 4
+    assert all(lay.fwd_s > 0 and lay.bwd_s > 0 for lay in prof.layers[1:])
+    assert "--input-dtype long --vocab-size 512" in prof.source
+    plan = CliRunner().invoke(main, ["plan", "--model", str(out), "--cluster", "1x2-cpu", "--pp", "2",
+                                     "-b", "8", "--top", "1", "-o", str(tmp_path / "p.json")])
+    assert plan.exit_code == 0, plan.output
+
+
+@needs_torch
+def test_token_input_needs_a_vocabulary(tmp_path):
+    res = CliRunner().invoke(main, ["profile", str(REPO / "tests" / "gpt_model.py") + ":make_gpt",
+                                    "--input-shape", "32", "--input-dtype", "long", "-b", "4"])
+    assert res.exit_code == 2 and "--vocab-size" in res.output
+
+
+@needs_torch
+def test_model_layers_expands_module_lists_between_prefix_and_suffix():
+    sys.path.insert(0, str(REPO / "tests"))
+    from gpt_model import make_gpt
+
+    assert [n for n, _ in model_layers(make_gpt())] == [
+        "tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "head"]

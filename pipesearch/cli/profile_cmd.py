@@ -30,7 +30,11 @@ def parse_shape(text: str) -> tuple[int, ...]:
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), required=True,
               help="Samples per batch to profile at (the profile's batch size).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
-              help="Dtype of the model and the input.")
+              help="Dtype of the model and of a floating-point input.")
+@click.option("--input-dtype", type=click.Choice(("float", "long")), default="float", show_default=True,
+              help="float: random normal input in --dtype; long: random token ids in [0, --vocab-size) "
+                   "(models that start with an embedding).")
+@click.option("--vocab-size", type=click.IntRange(min=1), help="Token ids are drawn below this (with --input-dtype long).")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Discarded runs per layer.")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
               help="Timed runs per layer (the median is kept).")
@@ -41,13 +45,16 @@ def parse_shape(text: str) -> tuple[int, ...]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and the model.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="profile.csv",
               show_default=True, help="Profile CSV to write.")
-def profile_command(model_spec, input_shape, batch_size, dtype, warmup, repeats, clock, name, seed, output):
+def profile_command(model_spec, input_shape, batch_size, dtype, input_dtype, vocab_size, warmup, repeats, clock, name,
+                    seed, output):
     """Profile a PyTorch model on this machine's CPU, one layer at a time.
 
     MODULE:FACTORY names a function returning the model (an nn.Sequential, a
     module with a `layers` ModuleList, or a module whose children run in
-    order); MODULE is a module path importable from the current directory or
-    a .py file. The input is random, of shape (batch size, *input shape).
+    order, a ModuleList child counting as its entries: embedding, layers,
+    head); MODULE is a module path importable from the current directory or
+    a .py file. The input is random, of shape (batch size, *input shape):
+    floats, or token ids with --input-dtype long --vocab-size N.
     Timings use one CPU thread (torch.set_num_threads(1)) and, by default,
     that thread's CPU time, which other work on the host inflates less;
     layer names are the module FQNs, ready for torch.distributed.pipelining
@@ -56,8 +63,13 @@ def profile_command(model_spec, input_shape, batch_size, dtype, warmup, repeats,
     \b
     Examples:
       pipesearch profile tests/e2e_model.py:make_model --input-shape 1024 --batch-size 128 -o e2e.csv
+      pipesearch profile tests/gpt_model.py:make_gpt --input-shape 64 --input-dtype long --vocab-size 512 -b 8 -o gpt.csv
       pipesearch plan --model e2e.csv --cluster 1x2-cpu --pp 2 --num-micro-batches 4 -b 512
     """
+    if input_dtype == "long" and vocab_size is None:
+        raise InputError("--input-dtype long: give --vocab-size N (token ids are drawn from 0 .. N-1)")
+    if input_dtype == "float" and vocab_size is not None:
+        raise InputError(f"--vocab-size {vocab_size}: only used with --input-dtype long")
     torch = import_torch()
     shape = parse_shape(input_shape)
     factory = load_factory(model_spec)
@@ -65,13 +77,17 @@ def profile_command(model_spec, input_shape, batch_size, dtype, warmup, repeats,
     model = build_model(factory, model_spec)
     dt = torch_dtype(dtype)
     model = model.to(dt)
-    x = torch.randn(batch_size, *shape, dtype=dt)
+    if input_dtype == "long":
+        x = torch.randint(0, vocab_size, (batch_size, *shape), dtype=torch.long)
+    else:
+        x = torch.randn(batch_size, *shape, dtype=dt)
     module_text = model_spec.rpartition(":")[0]
     default_name = Path(module_text).stem if module_text.endswith(".py") else module_text.rpartition(".")[2]
     profile = profile_module(model, x, batch_size=batch_size, warmup=warmup, repeats=repeats, device="cpu", clock=clock,
                              name=name or default_name,
                              source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
-                                    f"--batch-size {batch_size} --dtype {dtype}")
+                                    f"--batch-size {batch_size} --dtype {dtype}"
+                                    + (f" --input-dtype long --vocab-size {vocab_size}" if input_dtype == "long" else ""))
     write_profile_csv(profile, output)
     total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
     click.echo(f"{profile.name}: {profile.num_layers} layers, batch {batch_size}, forward+backward "
