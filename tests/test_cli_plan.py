@@ -265,3 +265,14 @@ def test_profile_warnings_running_sums_megabytes_and_device_kind(tmp_path):
     assert len(warnings) == 4 and all(w.startswith("m.csv: ") for w in warnings)  # output + saved columns
     clean = run(["plan", "--model", "vgg16", "--cluster", "4x4-v100-10gbe", "--top", "1"], tmp_path)
     assert clean.exit_code == 0 and "warning" not in clean.stderr
+
+
+def test_simulate_names_the_all_reduce_only_with_data_parallelism(tmp_path):
+    assert run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "--pp", "4", "--dp", "1",
+                "--schedule", "1f1b", "--top", "1", "-o", "one.json"], tmp_path).exit_code == 0
+    out = run(["simulate", "one.json"], tmp_path).stdout
+    assert "no all-reduce: dp = 1" in out and "all-reduce tail" not in out
+    assert run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "--pp", "2", "--dp", "2",
+                "--schedule", "1f1b", "--top", "1", "-o", "two.json"], tmp_path).exit_code == 0
+    out = run(["simulate", "two.json"], tmp_path).stdout
+    assert "gradient all-reduce tail" in out or "all-reduce hidden" in out

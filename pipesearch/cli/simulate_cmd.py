@@ -54,8 +54,12 @@ def simulate_command(plans, rank, timeline, torch_csv):
     total_s, tl = simulate_plan(plan)
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
-    click.echo(f"simulated iteration: {format_seconds(total_s)} (pipeline {format_seconds(tl.iteration_time_s)}"
-               f" + all-reduce tail); analytic: {format_seconds(analytic) if analytic else 'n/a'}")
+    tail = total_s - tl.iteration_time_s
+    how = (f"pipeline {format_seconds(tl.iteration_time_s)} + gradient all-reduce tail {format_seconds(tail)}"
+           if plan.dp > 1 and tail > 0 else f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
+           if plan.dp == 1 else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
+    click.echo(f"simulated iteration: {format_seconds(total_s)} ({how}); "
+               f"analytic: {format_seconds(analytic) if analytic else 'n/a'}")
     click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")
     for r in range(tl.num_ranks):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
