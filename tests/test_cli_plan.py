@@ -276,3 +276,22 @@ def test_simulate_names_the_all_reduce_only_with_data_parallelism(tmp_path):
                 "--schedule", "1f1b", "--top", "1", "-o", "two.json"], tmp_path).exit_code == 0
     out = run(["simulate", "two.json"], tmp_path).stdout
     assert "gradient all-reduce tail" in out or "all-reduce hidden" in out
+
+
+def test_timeline_draws_the_all_reduce_and_zooms(tmp_path):
+    from pipesearch.plan import load_plan_file
+    from pipesearch.plots.timeline import allreduce_spans
+    from pipesearch.search import simulate_plan
+
+    assert run(["plan", "--model", "vgg16", "--pp", "2", "--dp", "8", "--schedule", "gpipe", "--top", "1",
+                "-o", "v.json"], tmp_path).exit_code == 0
+    plan = load_plan_file(tmp_path / "v.json").plans[0]
+    total, tl = simulate_plan(plan)
+    spans = allreduce_spans(plan, tl)
+    # each rank's all-reduce lasts its stages' allreduce_s and ends the iteration at the latest
+    assert [d for _, d in spans] == pytest.approx([st.allreduce_s for st in plan.stages])
+    assert max(a + d for a, d in spans) == pytest.approx(total)
+    res = run(["simulate", "v.json", "--timeline", "z.png", "--window", "0:100"], tmp_path)
+    assert res.exit_code == 0 and (tmp_path / "z.png").stat().st_size > 0
+    bad = run(["simulate", "v.json", "--timeline", "y.png", "--window", "9:3"], tmp_path)
+    assert bad.exit_code == 2 and "FROM_MS:TO_MS" in bad.stderr and not (tmp_path / "y.png").exists()

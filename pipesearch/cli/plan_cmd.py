@@ -185,8 +185,6 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
                          f"devices of {cluster.name}; lower it (default 1GiB)")
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
-    for warning in source.info.get("warnings", ()):
-        click.echo(f"warning: {warning}", err=True)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=reserve, zero1=zero1)
     explicit_schedules = schedules
@@ -207,6 +205,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         progress=progress)
     finally:
         progress.close()
+    for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
+        click.echo(f"warning: {warning}", err=True)
     plan_file = PlanFile(
         inputs={"model": source.info, "cluster": describe_cluster(cluster) | {"name": cluster.name},
                 "job": {"global_batch_size": job.global_batch_size,
