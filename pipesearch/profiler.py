@@ -389,3 +389,78 @@ def torch_dtype(name: str):
     if name not in DTYPES:
         raise InputError(f"dtype {name!r}: expected one of {', '.join(DTYPES)}")
     return getattr(torch, name)
+
+
+# ---------------------------------------------------------------- HuggingFace causal LMs
+
+
+def hf_causal_lm_chain(model):
+    """A HuggingFace ``*ForCausalLM`` (Llama-style: ``model.embed_tokens``,
+    ``model.layers``, ``model.norm``, ``model.rotary_emb``, ``lm_head``) as an
+    ``nn.Sequential`` chain of one-tensor layers, for profiling and for
+    pipeline stages: ``embed_tokens`` (token ids -> hidden states),
+    ``layers_<i>`` (the decoder layer with its rotary position embeddings
+    computed from the sequence length; causal attention, no padding mask),
+    ``lm_head`` (final norm and output projection -> logits). The names are
+    the chain's own children, so a plan's layer names are the FQNs a
+    pipeline stage takes with ``get_submodule``. The chain computes what the model's own
+    forward computes for unpadded token ids (the tests compare the logits).
+
+    Raises:
+        InputError: torch or transformers missing, or a model without those
+            modules.
+    """
+    torch = import_torch()
+    nn = torch.nn
+    inner = getattr(model, "model", None)
+    need = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if inner is None or not all(hasattr(inner, n) for n in need) or not hasattr(model, "lm_head"):
+        raise InputError(f"cannot chain {type(model).__name__}: expected a causal LM with model.embed_tokens, "
+                         f"model.layers, model.norm, model.rotary_emb and lm_head (Llama, Qwen2, Mistral ...)")
+
+    class Block(nn.Module):
+        def __init__(self, layer, rotary):
+            super().__init__()
+            self.layer = layer
+            self._rotary = [rotary]  # shared, not a parameter owner of this block
+
+        def forward(self, h):
+            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            cos_sin = self._rotary[0](h, pos)
+            out = self.layer(h, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
+            return out[0] if isinstance(out, tuple) else out
+
+    chain = nn.Sequential()
+    chain.add_module("embed_tokens", inner.embed_tokens)
+    for i, layer in enumerate(inner.layers):
+        chain.add_module(f"layers_{i:02d}", Block(layer, inner.rotary_emb))
+    chain.add_module("lm_head", nn.Sequential(inner.norm, model.lm_head))
+    return chain
+
+
+def hf_model_from_config(path: str | Path, seed: int = 0):
+    """A randomly initialised ``AutoModelForCausalLM`` built from a HuggingFace
+    ``config.json`` (no weights are downloaded), as :func:`hf_causal_lm_chain`.
+
+    Raises:
+        InputError: transformers missing, an unreadable config, or a model
+            that does not chain.
+    """
+    torch = import_torch()
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:
+        raise InputError(f"--hf-config needs transformers, which is not importable ({exc}); "
+                         f"pip install transformers") from None
+    p = Path(path)
+    try:
+        cfg = AutoConfig.from_pretrained(str(p.parent if p.is_file() else p))
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"--hf-config {path}: {exc}".replace("\n", " ")) from None
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForCausalLM.from_config(cfg)
+    finally:
+        torch.random.set_rng_state(state)
+    return hf_causal_lm_chain(model)

@@ -177,3 +177,39 @@ def test_model_layers_expands_module_lists_between_prefix_and_suffix():
 
     assert [n for n, _ in model_layers(make_gpt())] == [
         "tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "head"]
+
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024, "hidden_size": 128,
+              "intermediate_size": 344, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+              "tie_word_embeddings": False}
+
+
+@needs_torch
+@pytest.mark.slow
+def test_hf_llama_chain_computes_the_models_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import json as _json
+
+    from pipesearch.profiler import hf_causal_lm_chain
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k not in ("architectures", "model_type")})
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    chain = hf_causal_lm_chain(model)
+    assert [n for n, _ in chain.named_children()] == ["embed_tokens", "layers_00", "layers_01", "layers_02",
+                                                      "layers_03", "lm_head"]
+    tokens = torch.randint(0, 1024, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(chain(tokens), model(tokens).logits)
+    # the CLI: built from config.json, token inputs below its vocabulary
+    (tmp_path / "config.json").write_text(_json.dumps(TINY_LLAMA))
+    out = tmp_path / "llama.csv"
+    res = CliRunner().invoke(main, ["profile", "--hf-config", str(tmp_path / "config.json"), "--input-shape", "16",
+                                    "-b", "2", "--warmup", "1", "--repeats", "2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_model(str(out))
+    h, v, f, g = 128, 1024, 344, 2
+    block = (h * h + 2 * (g * h // 4) * h + h * h + 3 * h * f + 2 * h) * 4  # q, k, v, o, gate/up/down, 2 norms
+    assert [lay.param_bytes for lay in prof.layers] == [v * h * 4] + [block] * 4 + [(h + h * v) * 4]
+    assert "--vocab-size 1024" in prof.source

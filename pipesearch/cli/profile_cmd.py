@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -24,7 +25,10 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 @main.command("profile")
-@click.argument("model_spec", metavar="MODULE:FACTORY")
+@click.argument("model_spec", metavar="MODULE:FACTORY", required=False)
+@click.option("--hf-config", type=click.Path(dir_okay=True), help="Profile a HuggingFace causal LM built from this "
+              "config.json (random weights, nothing downloaded; needs transformers) instead of MODULE:FACTORY; "
+              "token-id inputs below its vocabulary.")
 @click.option("--input-shape", required=True,
               help="Shape of one sample (without the batch dimension), e.g. 64,512.")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), required=True,
@@ -45,8 +49,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and the model.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="profile.csv",
               show_default=True, help="Profile CSV to write.")
-def profile_command(model_spec, input_shape, batch_size, dtype, input_dtype, vocab_size, warmup, repeats, clock, name,
-                    seed, output):
+def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input_dtype, vocab_size, warmup, repeats,
+                    clock, name, seed, output):
     """Profile a PyTorch model on this machine's CPU, one layer at a time.
 
     MODULE:FACTORY names a function returning the model (an nn.Sequential, a
@@ -64,17 +68,34 @@ def profile_command(model_spec, input_shape, batch_size, dtype, input_dtype, voc
     Examples:
       pipesearch profile tests/e2e_model.py:make_model --input-shape 1024 --batch-size 128 -o e2e.csv
       pipesearch profile tests/gpt_model.py:make_gpt --input-shape 64 --input-dtype long --vocab-size 512 -b 8 -o gpt.csv
+      pipesearch profile --hf-config tiny-llama/config.json --input-shape 128 -b 4 -o llama.csv
       pipesearch plan --model e2e.csv --cluster 1x2-cpu --pp 2 --num-micro-batches 4 -b 512
     """
+    if (model_spec is None) == (hf_config is None):
+        raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
+    if hf_config is not None:
+        cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
+        try:
+            hf_vocab = json.loads(cfg_path.read_text())["vocab_size"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"--hf-config {hf_config}: cannot read its vocab_size ({exc})") from None
+        if vocab_size is not None and vocab_size > hf_vocab:
+            raise InputError(f"--vocab-size {vocab_size}: above the config's vocab_size {hf_vocab}")
+        input_dtype, vocab_size = "long", vocab_size or hf_vocab
     if input_dtype == "long" and vocab_size is None:
         raise InputError("--input-dtype long: give --vocab-size N (token ids are drawn from 0 .. N-1)")
     if input_dtype == "float" and vocab_size is not None:
         raise InputError(f"--vocab-size {vocab_size}: only used with --input-dtype long")
     torch = import_torch()
     shape = parse_shape(input_shape)
-    factory = load_factory(model_spec)
     torch.manual_seed(seed)
-    model = build_model(factory, model_spec)
+    if hf_config is not None:
+        from ..profiler import hf_model_from_config
+
+        model = hf_model_from_config(cfg_path, seed=seed)
+        model_spec = f"--hf-config {cfg_path}"
+    else:
+        model = build_model(load_factory(model_spec), model_spec)
     dt = torch_dtype(dtype)
     model = model.to(dt)
     if input_dtype == "long":
@@ -83,6 +104,8 @@ def profile_command(model_spec, input_shape, batch_size, dtype, input_dtype, voc
         x = torch.randn(batch_size, *shape, dtype=dt)
     module_text = model_spec.rpartition(":")[0]
     default_name = Path(module_text).stem if module_text.endswith(".py") else module_text.rpartition(".")[2]
+    if hf_config is not None:
+        default_name = cfg_path.parent.name or "hf_model"
     profile = profile_module(model, x, batch_size=batch_size, warmup=warmup, repeats=repeats, device="cpu", clock=clock,
                              name=name or default_name,
                              source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
