@@ -26,7 +26,9 @@ NAMES = [str(i) for i in range(8)]  # children of tests/e2e_model.py's nn.Sequen
 @pytest.mark.parametrize("plan", [
     make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8),
     make_plan([1, 3, 2, 2], NAMES, pp=2, vp=2, schedule="interleaved-1f1b", m=4, mbs=8),
-], ids=["1f1b", "interleaved"])
+    # one stage per rank in ScheduleInterleavedZeroBubble (what torchtitan builds for zb-h1 too)
+    make_plan([2, 6], NAMES, schedule="zb-h1", m=4, mbs=8),
+], ids=["1f1b", "interleaved", "zb-h1"])
 def test_snippet_trains_the_plan(plan, tmp_path):
     exp = export_plan(plan, "torch")
     script = tmp_path / "pipeline_torch.py"
