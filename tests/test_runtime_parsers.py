@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 
 import pytest
@@ -37,16 +36,12 @@ def llama_plan_file(tmp_path_factory):
     return load_plan_file(out)
 
 
-def llama_inputs(plan_file):
-    return plan_file.inputs
-
-
 def stage_blocks(plan, s):
     """Indices of the transformer blocks of stage ``s`` (from the plan's layer names)."""
     return [int(n.split("_")[1]) for n in plan.stages[s].layer_names if n.startswith("block_")]
 
 
-def hand_plans(inputs):
+def hand_plans():
     """Hand-made llama3-8b plans that exercise every split form (1F1B, even /
     account-for / first-last / layout; interleaved; tp 1 and 2)."""
     n = transformer_names(32)
@@ -86,7 +81,7 @@ def _parse_titan(argv):
 
 def _titan_exports(plan_file):
     out = []
-    for plan in list(plan_file.plans) + hand_plans(plan_file.inputs):
+    for plan in list(plan_file.plans) + hand_plans():
         try:
             out.append((plan, export_plan(plan, "torchtitan", inputs=plan_file.inputs)))
         except Exception as exc:  # refusals are tested elsewhere
@@ -223,7 +218,7 @@ def test_torchtitan_splitter_builds_the_plan_stages(counts, vp, schedule):
 
 def _megatron_exports(plan_file):
     out = []
-    for plan in list(plan_file.plans) + hand_plans(plan_file.inputs):
+    for plan in list(plan_file.plans) + hand_plans():
         try:
             out.append((plan, export_plan(plan, "megatron", inputs=plan_file.inputs)))
         except Exception as exc:
@@ -392,7 +387,7 @@ class _Grid:
 
 
 def _deepspeed_exports(plan_file):
-    plans = list(plan_file.plans) + hand_plans(plan_file.inputs) + [
+    plans = list(plan_file.plans) + hand_plans() + [
         make_plan([3, 5, 4], schedule="1f1b", m=6, mbs=4, dp=2), make_plan([4, 4, 4], m=6, mbs=1, dp=1)]
     out = []
     for plan in plans:

@@ -264,10 +264,10 @@ def plan_layers(plan: Plan, runtime: str) -> PlanLayers:
     Raises:
         InputError: naming ``runtime``, the field and the value.
     """
-    for field in ("pp", "vp", "dp", "tp", "micro_batch_size", "num_micro_batches"):
-        val = getattr(plan, field)
+    for name in ("pp", "vp", "dp", "tp", "micro_batch_size", "num_micro_batches"):
+        val = getattr(plan, name)
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            raise InputError(f"{runtime}: plan.{field} = {val!r}; expected an integer >= 1")
+            raise InputError(f"{runtime}: plan.{name} = {val!r}; expected an integer >= 1")
     if plan.schedule not in SCHEDULES:
         raise InputError(f"{runtime}: plan.schedule = {plan.schedule!r}; expected one of {', '.join(SCHEDULES)}")
     want = plan.pp * plan.vp
