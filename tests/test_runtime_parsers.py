@@ -42,13 +42,13 @@ def stage_blocks(plan, s):
 
 
 def hand_plans():
-    """Hand-made llama3-8b plans that exercise every split form (1F1B, even /
-    account-for / first-last / layout; interleaved; tp 1 and 2)."""
+    """Hand-made llama3-8b plans for the split forms (1F1B even,
+    first/last-stage layers, interleaved; GPipe and ZB-H1 for the torch-based runtimes; tp 1 and 2)."""
     n = transformer_names(32)
     out = [
-        make_plan([9, 8, 8, 9], n, schedule="1f1b", m=8, mbs=1, dp=4, tp=1),          # even + account-for
+        make_plan([9, 8, 8, 9], n, schedule="1f1b", m=8, mbs=1, dp=4, tp=1),          # even
         make_plan([11, 8, 8, 7], n, schedule="1f1b", m=16, mbs=2, dp=2, tp=2, sequence_parallel=True,
-                  recompute="selective"),                                             # first/last or layout
+                  recompute="selective"),                                             # first/last-stage layers
         make_plan([5, 4, 4, 4, 4, 4, 4, 5], n, pp=4, vp=2, schedule="interleaved-1f1b", m=8, mbs=1, dp=2,
                   tp=2, sequence_parallel=True, recompute="full"),                    # interleaved
         make_plan([17, 17], n, schedule="gpipe", m=4, mbs=4, dp=8, tp=1),
