@@ -67,3 +67,13 @@ def test_schedule_requests():
         check_pins("torch", schedules=("1f1b",), pp=4, num_micro_batches=2, tp=None)
     with pytest.raises(InputError, match="no tensor parallelism"):
         check_pins("gpipe", schedules=("gpipe",), pp=4, num_micro_batches=8, tp=2)
+
+
+def test_gpipe_runtime_plans_without_tensor_parallelism(tmp_path):
+    out = tmp_path / "g.json"
+    res = run(["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512", "--runtime", "gpipe",
+               "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plans = json.loads(out.read_text())["plans"]
+    assert plans and all(p["parallelism"]["tp"] == 1 and p["schedule"]["name"] == "gpipe" for p in plans)
+    assert all("refused" not in p["exports"]["gpipe"] for p in plans)

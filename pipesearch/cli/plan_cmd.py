@@ -184,6 +184,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if reserve >= smallest:
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
                          f"devices of {cluster.name}; lower it (default 1GiB)")
+    if runtime == "gpipe" and tp is None:
+        tp = 1  # torchgpipe / fairscale Pipe have no tensor parallelism
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=reserve, zero1=zero1)
