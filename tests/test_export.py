@@ -538,3 +538,15 @@ def test_megatron_refuses_empty_end_stage():
     plan = make_plan([3, 0, 3], transformer_names(4), pp=3, schedule="1f1b", m=3)
     exp = roundtrip(plan, "megatron")
     assert exp["layout"] == "Et*2||t*2L"
+
+
+def test_torchrun_prefix_fills_nodes_and_says_what_is_left():
+    from pipesearch.export import Inputs, torchrun_prefix
+
+    nodes_of_8 = Inputs(cluster={"groups": [{"devices_per_node": 8}]})
+    argv, note = torchrun_prefix(16, nodes_of_8)
+    assert argv == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8"] and "each of the 2 nodes" in note
+    argv, note = torchrun_prefix(15, nodes_of_8)  # 15 = 8 + 7: the last node runs 7
+    assert argv[2:] == ["2", "--nproc-per-node", "8"]
+    assert "on the last node pass --nproc-per-node 7" in note and "1 device(s)" in note
+    assert torchrun_prefix(6, Inputs()) == (["torchrun", "--nnodes", "1", "--nproc-per-node", "6"], None)

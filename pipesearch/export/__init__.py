@@ -212,25 +212,28 @@ def torchrun_prefix(world_size: int, inputs: Inputs) -> tuple[list[str], str | N
     Returns:
         ``(argv, note)``: ``["torchrun", "--nnodes", N, "--nproc-per-node",
         G]`` with ``G = min(devices per node, world_size)`` and ``N =
-        world_size / G``; ``note`` says what to add for a multi-node job, or
-        that some devices are left idle, or ``None``. Without the cluster's
-        node size, one node of ``world_size`` processes.
+        ceil(world_size / G)``; when ``G`` does not divide ``world_size`` the
+        last node runs the remainder (torchrun's rendezvous adds up each
+        node's ``--nproc-per-node``), which ``note`` says, as it says what a
+        multi-node job needs and how many devices stay idle; ``None`` when
+        there is nothing to say. Without the cluster's node size, one node
+        of ``world_size`` processes.
     """
     per_node = inputs.devices_per_node or world_size
     g = min(per_node, world_size)
+    n = -(-world_size // g)
     notes = []
-    if world_size % g:
-        # torchrun starts the same number of processes on every node
-        g = next(d for d in range(g, 0, -1) if world_size % d == 0)
-        notes.append(f"{world_size} processes do not fill nodes of {per_node} devices evenly; "
-                     f"the command starts {g} per node")
-    n = world_size // g
+    last = world_size - (n - 1) * g
+    if last != g:
+        notes.append(f"{world_size} processes do not fill nodes of {g}: on the last node pass "
+                     f"--nproc-per-node {last}")
     if n > 1:
         notes.append(f"run the command on each of the {n} nodes with --node-rank set and --rdzv-endpoint "
                      f"(or --master-addr/--master-port) pointing at node 0")
-    idle = (inputs.devices_per_node or g) - g
-    if idle > 0:
-        notes.append(f"{idle} device(s) per node stay idle: the plan uses {world_size} processes")
+    if inputs.devices_per_node:
+        idle = n * per_node - world_size
+        if idle > 0:
+            notes.append(f"{idle} device(s) of the {n} node(s) stay idle: the plan uses {world_size} processes")
     return (["torchrun", "--nnodes", str(n), "--nproc-per-node", str(g)], "; ".join(notes) + "." if notes else None)
 
 
