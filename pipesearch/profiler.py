@@ -180,7 +180,13 @@ def _saved_bytes(torch, layer, inputs: tuple) -> int:
 
 
 def _time_once(torch, layer, inputs: tuple, device, clock: Callable[[], float]) -> tuple[float, float, Any]:
-    """One forward and one backward of ``layer``: (forward s, backward s, output)."""
+    """One forward and one backward of ``layer``: (forward s, backward s, output).
+
+    On a CUDA device the times are CUDA events recorded around the forward
+    and the backward on the current stream (the GPU's own clock, not the
+    host's); elsewhere ``clock`` readings around synchronized calls."""
+    if device.type == "cuda":
+        return _time_once_cuda(torch, layer, inputs)
     _sync(torch, device)
     t0 = clock()
     out = layer(*inputs)
@@ -197,6 +203,22 @@ def _time_once(torch, layer, inputs: tuple, device, clock: Callable[[], float]) 
     return t1 - t0, t2 - t1, out
 
 
+def _time_once_cuda(torch, layer, inputs: tuple) -> tuple[float, float, Any]:
+    start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    out = layer(*inputs)
+    mid.record()
+    outs = [t for t in _tensors(out) if t.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+    end.record()
+    end.synchronize()
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            x.grad = None
+    return start.elapsed_time(mid) / 1e3, mid.elapsed_time(end) / 1e3, out  # elapsed_time is in ms
+
+
 def _layer_error(torch, fqn, layer, inputs, exc) -> InputError:
     shapes = ", ".join(str(tuple(x.shape)) for x in inputs if isinstance(x, torch.Tensor))
     return InputError(f"layer {fqn!r} ({type(layer).__name__}) failed on input of shape "
@@ -211,7 +233,7 @@ CLOCKS = ("auto", "cpu", "wall")
 
 def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, repeats: int = 10,
                    device: str = "cpu", name: str | None = None, num_threads: int | None = 1,
-                   clock: str = "auto", source: str = "") -> ModelProfile:
+                   clock: str = "auto", source: str = "", device_name: str | None = None) -> ModelProfile:
     """Profile ``model`` layer by layer (see the module doc for what is measured).
 
     Args:
@@ -221,8 +243,9 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
             tensors), batch dimension first, of ``batch_size`` samples.
         batch_size: samples in ``example_input`` (the profile's batch size).
         warmup, repeats: runs discarded, then runs whose median is kept.
-        device: where to run (``"cpu"``; ``"cuda"`` synchronizes around each
-            timing). Also recorded as the profile's device.
+        device: where to run (``"cpu"``; ``"cuda"`` or ``"cuda:N"`` times
+            with CUDA events). Also recorded as the profile's device, unless
+            ``device_name`` is given.
         name: the profile's model name (default: the model's class name).
         num_threads: intra-op threads during measurement (default 1, restored
             afterwards; ``None`` leaves torch's setting alone).
@@ -233,6 +256,9 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
             for a core on a busy host) or ``"auto"``: ``"cpu"`` on a CPU
             device with ``num_threads=1``, else ``"wall"``.
         source: provenance text stored with the profile.
+        device_name: the device recorded in the profile (a catalog device
+            name such as ``"h100-80gb"``, so that plans on other device kinds
+            are rescaled and warned about); default ``device``.
 
     Returns:
         A :class:`ModelProfile` at ``batch_size`` with ``profiled_device =
@@ -307,13 +333,14 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
         if num_threads is not None:
             torch.set_num_threads(old_threads)
     threads = f"{num_threads} thread(s)" if num_threads is not None else f"{old_threads} threads"
-    note = (f"pipesearch profile: torch {torch.__version__}, {device}, {threads}, {clock} clock, "
-            f"median of {repeats} runs after {warmup} warm-up")
+    timing = "CUDA events" if dev.type == "cuda" else f"{clock} clock"
+    note = (f"pipesearch profile: torch {torch.__version__}, {device}, {threads}, {timing}, "
+            f"median of {repeats} runs after {warmup} warm-up runs (dropped)")
     return ModelProfile(
         name=name or type(model).__name__,
         layers=tuple(out_layers),
         profiled_batch_size=int(batch_size),
-        profiled_device=device,
+        profiled_device=device_name or device,
         bytes_per_param=bytes_per_param,
         source="\n".join(s for s in (source, note) if s),
     )

@@ -213,3 +213,26 @@ def test_hf_llama_chain_computes_the_models_logits(tmp_path):
     block = (h * h + 2 * (g * h // 4) * h + h * h + 3 * h * f + 2 * h) * 4  # q, k, v, o, gate/up/down, 2 norms
     assert [lay.param_bytes for lay in prof.layers] == [v * h * 4] + [block] * 4 + [(h + h * v) * 4]
     assert "--vocab-size 1024" in prof.source
+
+
+@needs_torch
+def test_device_name_is_recorded_and_cuda_needs_a_gpu(tmp_path):
+    out = tmp_path / "p.csv"
+    args = ["profile", str(REPO / "tests" / "gpt_model.py") + ":make_gpt", "--input-shape", "8",
+            "--input-dtype", "long", "--vocab-size", "512", "-b", "2", "--warmup", "0", "--repeats", "1"]
+    res = CliRunner().invoke(main, args + ["--device-name", "v100-16gb", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_model(str(out))
+    assert prof.profiled_device == "v100-16gb" and "warm-up runs (dropped)" in prof.source
+    if not torch.cuda.is_available():
+        res = CliRunner().invoke(main, args + ["--device", "cuda", "-o", str(tmp_path / "g.csv")])
+        assert res.exit_code == 2 and "torch.cuda.is_available() is False" in res.output
+
+
+@needs_torch
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_profile_uses_events():
+    prof = profile_module(_tiny(), torch.randn(BATCH, 16), batch_size=BATCH, warmup=1, repeats=3, device="cuda",
+                          num_threads=None, clock="wall")
+    assert prof.profiled_device == "cuda" and "CUDA events" in prof.source
+    assert all(lay.fwd_s > 0 for lay in prof.layers)

@@ -45,13 +45,17 @@ def parse_shape(text: str) -> tuple[int, ...]:
 @click.option("--clock", type=click.Choice(CLOCKS), default="auto", show_default=True,
               help="Timer: cpu = the thread's CPU time (less sensitive to other work on the host), wall = wall clock; "
                    "auto = cpu with one thread on CPU.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Where to measure: cpu, or cuda / cuda:N (timed with CUDA events).")
+@click.option("--device-name", help="Catalog device to record in the profile (e.g. h100-80gb; default: --device), "
+                                    "so plans on other device kinds are rescaled and warned about.")
 @click.option("--name", help="Model name in the profile (default: the factory's module name).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and the model.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="profile.csv",
               show_default=True, help="Profile CSV to write.")
 def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input_dtype, vocab_size, warmup, repeats,
-                    clock, name, seed, output):
-    """Profile a PyTorch model on this machine's CPU, one layer at a time.
+                    clock, device, device_name, name, seed, output):
+    """Profile a PyTorch model on this machine (CPU, or a CUDA GPU), one layer at a time.
 
     MODULE:FACTORY names a function returning the model (an nn.Sequential, a
     module with a `layers` ModuleList, or a module whose children run in
@@ -106,12 +110,20 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input
     default_name = Path(module_text).stem if module_text.endswith(".py") else module_text.rpartition(".")[2]
     if hf_config is not None:
         default_name = cfg_path.parent.name or "hf_model"
-    profile = profile_module(model, x, batch_size=batch_size, warmup=warmup, repeats=repeats, device="cpu", clock=clock,
+    if device != "cpu":
+        if not device.startswith("cuda") or not torch.cuda.is_available():
+            raise InputError(f"--device {device}: expected cpu, or cuda / cuda:N on a machine with a CUDA GPU "
+                             f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
+    on_cpu = device == "cpu"
+    profile = profile_module(model, x, batch_size=batch_size, warmup=warmup, repeats=repeats, device=device,
+                             clock=clock if on_cpu else "wall", num_threads=1 if on_cpu else None,
+                             device_name=device_name,
                              name=name or default_name,
                              source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
                                     f"--batch-size {batch_size} --dtype {dtype}"
                                     + (f" --input-dtype long --vocab-size {vocab_size}" if input_dtype == "long" else ""))
     write_profile_csv(profile, output)
     total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
+    where = "1 CPU thread" if on_cpu else device
     click.echo(f"{profile.name}: {profile.num_layers} layers, batch {batch_size}, forward+backward "
-               f"{1e3 * total:.2f} ms on 1 CPU thread; wrote {output}")
+               f"{1e3 * total:.2f} ms on {where}; wrote {output}")
