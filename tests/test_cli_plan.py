@@ -73,6 +73,7 @@ def test_table_shows_full_splits_idle_devices_and_sequence_length(tmp_path):
                   "--dp", "1", "--tp", "1", "--recompute", "full", "--top", "1"], tmp_path)
     assert result.exit_code == 0, result.stderr
     out = result.stdout
+    assert "llama3-8b (32 blocks + embedding + head: layers/stage counts all of them) on 4x8-h100" in out
     assert "global batch 480, sequence length 8192" in out
     row = next(line for line in out.splitlines() if line.strip().startswith("1 "))
     split = next(tok for tok in row.split() if tok.count(",") == 14)  # 15 stages, none elided

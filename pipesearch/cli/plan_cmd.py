@@ -242,7 +242,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if not quiet:
         devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)
         seq = f", sequence length {source.info['seq_len']}" if source.info.get("seq_len") else ""
-        click.echo(f"{source.name} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
+        desc = source.info.get("layers_description", "")
+        layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
+        click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans))
     if not quiet:
         total = sum(g.num_devices for g in cluster.groups)
