@@ -440,3 +440,26 @@ def test_deepspeed_partition_recipe_sets_the_plan_bounds(llama_plan_file):
             assert (mod._local_start, mod._local_stop) == tuple(st.layers)
         if exp["pipeline_module"]["partition_method"] == "uniform":
             assert [int(x) for x in partition_uniform(n, plan.pp)] == exp["parts"]
+
+
+# ---------------------------------------------------------------- torch 2.13's own interleaved order
+
+
+@pytest.mark.parametrize("pp,vp,m", [(2, 2, 4), (4, 2, 8), (4, 2, 12), (2, 3, 6), (4, 2, 4)])
+def test_torch_interleaved_1f1b_order_equals_the_exported_csv(pp, vp, m):
+    """ScheduleInterleaved1F1B's own _calculate_single_rank_operations (what
+    it runs without a CSV) gives, rank by rank, the compute actions of the
+    export's pipeline_order_csv."""
+    import csv
+    import io
+
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    sched = object.__new__(schedules.ScheduleInterleaved1F1B)  # the order needs no process group
+    sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = pp, vp, m
+    sched.number_of_rounds = max(1, m // pp)  # as its __init__ sets them
+    sched.microbatches_per_round = m // sched.number_of_rounds
+    exp = export_plan(make_plan([2] * (pp * vp), pp=pp, vp=vp, schedule="interleaved-1f1b", m=m), "torch")
+    rows = list(csv.reader(io.StringIO(exp["pipeline_order_csv"])))
+    for rank in range(pp):
+        torch_ops = [str(a) for a in sched._calculate_single_rank_operations(rank) if a is not None]
+        assert torch_ops == [c.strip() for c in rows[rank] if c.strip()]
