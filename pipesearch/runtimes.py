@@ -102,6 +102,8 @@ def check_pins(runtime: str, *, schedules: Sequence[str], pp: int | None, num_mi
         InputError: the rule broken and the nearest valid values, e.g.
             Megatron's interleaved schedule with ``--pp 6 --vp 2
             --num-micro-batches 3``: "m must be a multiple of 6: try 6 or 12".
+            Pins are checked only where they decide the question (one
+            schedule pinned); other plans are filtered after the search.
     """
     m = num_micro_batches
     if runtime == "gpipe" and tp not in (None, 1):
@@ -118,22 +120,20 @@ def check_pins(runtime: str, *, schedules: Sequence[str], pp: int | None, num_mi
             f"the pipeline size (Megatron-LM schedules.py: 'number of microbatches is not divisible by "
             f"pipeline-model-parallel-size'): m must be a multiple of {pp}: try --num-micro-batches {try_m}"
         )
+    if runtime in ("torch", "torchtitan") and schedules == ("interleaved-1f1b",) and pp and m and m % pp:
+        try_m = " or ".join(map(str, _multiples(pp, m)))
+        raise InputError(
+            f"--runtime {runtime}: torch's ScheduleInterleaved1F1B would run {m} micro-batches on pp {pp}, but "
+            f"pipesearch's interleaved 1F1B order (the one it simulates and exports) needs the number of "
+            f"micro-batches to be a multiple of the pipeline size: m must be a multiple of {pp}: try "
+            f"--num-micro-batches {try_m}"
+        )
     if runtime in ("torch", "torchtitan") and schedules == ("1f1b",) and pp and m and m < pp:
         raise InputError(
             f"--runtime {runtime}: Schedule1F1B needs at least as many micro-batches as stages ('Number of "
             f"microbatches ({m}) must be greater than or equal to the number of stages ({pp})'): try "
             f"--num-micro-batches {pp}, or --schedule gpipe"
         )
-    if runtime in ("torch", "torchtitan") and pp and m and set(schedules) <= {"interleaved-1f1b"}:
-        rounds = max(1, m // pp)
-        if m % rounds:
-            ok = sorted({x for x in range(max(1, m - 2 * pp), m + 2 * pp + 1)
-                         if x % max(1, x // pp) == 0 and x >= pp}, key=lambda x: (abs(x - m), x))[:2]
-            raise InputError(
-                f"--runtime {runtime}: ScheduleInterleaved1F1B needs the number of micro-batches to be a multiple "
-                f"of its rounds max(1, m // pp) = {rounds}, m = {m} is not: try --num-micro-batches "
-                f"{' or '.join(map(str, sorted(ok)))}"
-            )
 
 
 def filter_plans(runtime: str, plans: Sequence[Plan], top: int,

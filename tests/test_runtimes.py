@@ -49,14 +49,17 @@ def test_megatron_interleaved_m_rule_names_the_nearest_m(tmp_path):
     assert "Traceback" not in res.output and "raise --pp" not in res.output and not out.exists()
 
 
-def test_torch_runs_interleaved_with_m_not_a_multiple_of_pp():
-    # torch's ScheduleInterleaved1F1B: rounds = max(1, 3 // 2) = 1 divides 3; Megatron refuses m % pp != 0
-    check_pins("torch", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=3, tp=None)
-    with pytest.raises(InputError, match="multiple of 2: try --num-micro-batches 2 or 4"):
+def test_interleaved_m_rules_per_runtime():
+    # Megatron refuses m % pp != 0 itself; torch's ScheduleInterleaved1F1B would run m = 3 on pp = 2
+    # (rounds = max(1, 3 // 2) = 1 divides 3) but pipesearch's own interleaved order needs m % pp == 0
+    with pytest.raises(InputError, match="Megatron-LM schedules.py.*multiple of 2: try --num-micro-batches 2 or 4"):
         check_pins("megatron", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=3, tp=None)
-    # torch: 5 micro-batches on pp 2 is 2 rounds, 5 % 2 != 0
-    with pytest.raises(InputError, match="rounds max"):
-        check_pins("torch", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=5, tp=None)
+    with pytest.raises(InputError, match="would run 3 micro-batches on pp 2.*multiple of 2: try --num-micro-batches 2"):
+        check_pins("torch", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=3, tp=None)
+    check_pins("torch", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=4, tp=None)
+    # torch's rounds rule: 10 micro-batches on pp 4 is 2 rounds, 10 % 2 == 0 but 10 % 4 != 0
+    with pytest.raises(InputError, match="try --num-micro-batches 8 or 12"):
+        check_pins("torchtitan", schedules=("interleaved-1f1b",), pp=4, num_micro_batches=10, tp=None)
 
 
 def test_schedule_requests():
