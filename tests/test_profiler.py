@@ -236,3 +236,41 @@ def test_cuda_profile_uses_events():
                           num_threads=None, clock="wall")
     assert prof.profiled_device == "cuda" and "CUDA events" in prof.source
     assert all(lay.fwd_s > 0 for lay in prof.layers)
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["gpt", "llama"])
+def test_profiled_language_model_runs_its_plan_in_the_torch_pipeline(which, tmp_path):
+    """Profile (token inputs), plan pp = 2, run the plan with
+    torch.distributed.pipelining in two gloo processes: the losses are
+    finite and the step is timed."""
+    import functools
+    import json as _json
+
+    from pipesearch.hardware import load_cluster
+    from pipesearch.profiler import hf_model_from_config
+    from pipesearch.profiles import write_profile_csv
+    from pipesearch.runtime import run_plan
+    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.types import Job
+
+    sys.path.insert(0, str(REPO / "tests"))
+    import gpt_model
+
+    if which == "gpt":
+        factory, vocab = gpt_model.make_gpt, gpt_model.VOCAB
+    else:
+        pytest.importorskip("transformers")
+        (tmp_path / "config.json").write_text(_json.dumps(TINY_LLAMA))
+        factory, vocab = functools.partial(hf_model_from_config, tmp_path / "config.json"), TINY_LLAMA["vocab_size"]
+    torch.manual_seed(0)
+    tokens = torch.randint(0, vocab, (4, 16))
+    prof = profile_module(factory(), tokens, batch_size=4, warmup=1, repeats=2, name=which)
+    write_profile_csv(prof, tmp_path / "p.csv")
+    prof = load_model(str(tmp_path / "p.csv"))
+    plan = search([ModelVariant(prof)], load_cluster("1x2-cpu"), Job(global_batch_size=16),
+                  SearchOptions(pp=2, dp=1, num_micro_batches=4, schedules=("1f1b",), top=1)).plans[0]
+    res = run_plan(factory, plan, input_shape=(16,), vocab_size=vocab, steps=2, warmup=1)
+    assert len(res.step_s) == 2 and all(s > 0 for s in res.step_s)
+    assert all(0 < loss < 100 for loss in res.losses)
