@@ -258,7 +258,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
         click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
         click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
-    _write_plots(plot_dir, text, str(out), echo=not quiet)
+    _write_plots(plot_dir, text, str(out) if out else "plan JSON", echo=not quiet)
 
 
 def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:
