@@ -57,3 +57,9 @@ def test_files_dir(plans, tmp_path):
     text = (d / "launch_torchtitan.sh").read_text()
     assert "--module llama3" in text and "norm,lm_head" in text and ",output" not in text
     assert (d / "launch_torchtitan.sh").stat().st_mode & 0o111
+
+
+def test_files_dir_without_files_is_refused(plans, tmp_path):
+    d = tmp_path / "t"
+    res = export(plans, "--format", "torch", "--files", str(d))  # the plan has tp > 1: no pipeline_torch.py
+    assert res.exit_code == 2 and "has no files (no pipeline_torch.py" in res.output and not d.exists()

@@ -78,6 +78,10 @@ def export_command(plans, rank, fmt, output, files_dir):
     plan = select_plan(plan_file, rank, plans)
     export = export_plan(plan, fmt, inputs=plan_file.inputs)
     text = _output_text(export, fmt, output) if output else json.dumps(export, indent=2) + "\n"
+    if files_dir and not export.get("files"):
+        why = next((n for n in export.get("notes", []) if n.startswith("no ")), "this runtime reads no file of ours")
+        raise InputError(f"export --files {files_dir}: the {fmt} export of plan {rank} has no files ({why.rstrip('.')}); "
+                         f"-o FILE.json writes the export")
     # everything is computed before anything is written
     if files_dir:
         d = Path(files_dir)
