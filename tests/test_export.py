@@ -550,3 +550,12 @@ def test_torchrun_prefix_fills_nodes_and_says_what_is_left():
     assert argv[2:] == ["2", "--nproc-per-node", "8"]
     assert "on the last node pass --nproc-per-node 7" in note and "1 device(s)" in note
     assert torchrun_prefix(6, Inputs()) == (["torchrun", "--nnodes", "1", "--nproc-per-node", "6"], None)
+
+
+def test_every_export_has_the_common_keys():
+    plan = make_plan([4, 4], transformer_names(6), schedule="1f1b", m=4)
+    for fmt, exp in export_all(plan).items():
+        if "refused" in exp:
+            continue
+        assert {"runtime", "runtime_version", "format_version", "notes", "files"} <= set(exp), fmt
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in exp["files"].items())

@@ -93,12 +93,14 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         notes.append("module_names is unused: GPipe splits the nn.Sequential by child position.")
     return {
         "runtime": RUNTIME,
+        "runtime_version": None,  # not checked against a release (torchgpipe / fairscale are not installed)
         "format_version": FORMAT_VERSION,
         "balance": balance,
         "chunks": m,
         "checkpoint": CHECKPOINT[rc],
         "batch_size": plan.micro_batch_size * m,
         "devices": devices,
+        "files": {},
         "notes": notes,
     }
 
