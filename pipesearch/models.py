@@ -9,7 +9,7 @@ parallelism changes every layer's time, parameters and activations
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from .budget import check_search_memory
 from .catalog import resolve
@@ -21,6 +21,84 @@ from .search import ModelVariant
 from .types import Cluster, DeviceSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+
+HF_SEQ_LEN_WARNING = 8192
+"""A HuggingFace config whose maximum context exceeds this many tokens gets a
+warning when no ``--seq-len`` is given (Qwen2's 131072 would otherwise be
+planned as the training length)."""
+
+
+SIZE_COLUMNS = (("param_bytes", "param_bytes"), ("output_bytes", "output_bytes"), ("saved_bytes", "saved_bytes"))
+RUNNING_SUM_MIN_LAYERS = 5
+SMALL_BYTES = 4096
+
+
+def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool = True) -> list[str]:
+    """Warnings for a measured profile that looks wrong for the plan.
+
+    Args:
+        profile: the :class:`~pipesearch.types.ModelProfile`.
+        cluster: the cluster it will be planned on.
+        source: the file name, for the messages.
+        rescaled: whether the search rescales the profile's times (its
+            device is in the catalog); otherwise they are used as measured.
+
+    Returns:
+        One line per finding (empty when none):
+
+        * a size column that never decreases over all of at least
+          ``RUNNING_SUM_MIN_LAYERS`` layers and ends at 3x or more of its
+          first nonzero value: it grows like running totals (per-layer sizes
+          ``[6, 5, 4, 3, 2, 1]`` written as ``[6, 11, 15, 18, 20, 21]``);
+        * a size column whose nonzero values are all below ``SMALL_BYTES``
+          bytes: it looks like megabytes written in a byte column;
+        * a profile measured on a device kind the cluster does not have:
+          its times are rescaled by FLOP rate to the cluster's devices (an
+          estimate, not a measurement).
+    """
+    out = []
+    for attr, column in SIZE_COLUMNS:
+        vals = [float(getattr(lay, attr)) for lay in profile.layers]
+        nz = [v for v in vals if v > 0]
+        if len(vals) >= RUNNING_SUM_MIN_LAYERS and nz and all(b >= a for a, b in zip(vals, vals[1:])) \
+                and vals[-1] >= 3 * nz[0] and len(set(vals)) == len(vals):
+            diffs = [vals[0]] + [b - a for a, b in zip(vals, vals[1:])]
+            out.append(f"{source}: column {column} never decreases over the {len(vals)} layers "
+                       f"({_short(vals)}): it looks like running totals; per-layer values are expected "
+                       f"(as differences: {_short(diffs)})")
+        if nz and max(nz) < SMALL_BYTES:
+            out.append(f"{source}: every value of column {column} is below {SMALL_BYTES} bytes (largest "
+                       f"{max(nz):g}): it looks like megabytes in a byte column; byte columns take bytes")
+    names = {g.device.name for g in cluster.groups}
+    dev = profile.profiled_device
+    if dev and dev != "unknown" and dev not in names:
+        how = ("its times are rescaled from one device kind to another by FLOP rate (an estimate"
+               if rescaled else f"{dev!r} is no catalog device, so its times are used unscaled (likely wrong")
+        out.append(f"{source}: measured on {dev}, planned on {', '.join(sorted(names))}: {how}; profile on the "
+                   f"target device for measured times)")
+    return out
+
+
+def _short(vals) -> str:
+    text = ", ".join(f"{v:g}" for v in vals[:6])
+    return f"[{text}{', ...' if len(vals) > 6 else ''}]"
+
+
+def describe_layers(names) -> str:
+    """How many layers a layer table has, in the model's terms.
+
+    Returns:
+        ``"32 blocks + embedding + head"`` for a transformer layer table
+        (``embedding``, ``block_*``, ``head``; the embedding and head are
+        layers of pipesearch's table, split like the blocks), else ``"N
+        layers"``.
+    """
+    names = list(names)
+    blocks = sum(1 for n in names if n.startswith("block_"))
+    extra = [n for n in ("embedding", "head") if n in names]
+    if blocks and blocks + len(extra) == len(names):
+        return " + ".join([f"{blocks} blocks", *extra])
+    return f"{len(names)} layers"
 
 
 @dataclass(frozen=True)
@@ -96,9 +174,19 @@ def load_model_source(
                                              extra=(("sequence_parallel", t > 1),)))
         if not variants:
             raise first_error or InputError(f"{path}: no tensor-parallel degree fits {cluster.name}")
+        names = [lay.name for lay in variants[0].profile.layers]
+        warnings = []
+        if path.suffix == ".json" and seq_len is None and cfg.seq_len > HF_SEQ_LEN_WARNING:
+            warnings.append(
+                f"{path.name}: sequence length {cfg.seq_len} is the config's maximum context (its "
+                f"max_position_embeddings / n_positions), not a training length; pass --seq-len "
+                f"(e.g. --seq-len {HF_SEQ_LEN_WARNING}) for the sequences you train on"
+            )
         info = {"name": cfg.name, "kind": "transformer", "file": str(path), "num_layers": variants[0].profile.num_layers,
+                "layers_description": describe_layers(names), "warnings": warnings,
                 "seq_len": seq_len or cfg.seq_len, "hidden_size": cfg.hidden_size,
-                "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size}
+                "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size,
+                "transformer": {k: v for k, v in asdict(cfg).items() if k != "source"}}
         # the layer tables are computed for device 0's type; other types scale by FLOP rate
         return ModelSource(cfg.name, tuple(variants), info, device, cfg)
     if seq_len is not None:
@@ -115,6 +203,8 @@ def load_model_source(
     except InputError:
         profiled_device = None
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
+            "layers_description": describe_layers([lay.name for lay in profile.layers]),
+            "warnings": profile_warnings(profile, cluster, path.name, rescaled=profiled_device is not None),
             "profiled_batch_size": profile.profiled_batch_size, "profiled_device": profile.profiled_device,
             "source": profile.source}
     return ModelSource(profile.name, (ModelVariant(profile),), info, profiled_device)

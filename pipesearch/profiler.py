@@ -77,10 +77,15 @@ def model_layers(model) -> list[tuple[str, Any]]:
     * a module whose only child is ``layers`` (a ``ModuleList`` or
       ``Sequential``): that list's entries, named ``"layers.<i>"``;
     * any other module: its children in registration order, which the caller
-      asserts is the order its ``forward`` runs them, each feeding the next.
+      asserts is the order its ``forward`` runs them, each feeding the next;
+      a child that is a ``ModuleList`` / ``ModuleDict`` (no forward of its
+      own) contributes its entries in order, so the usual GPT shape
+      ``embedding, layers = ModuleList([...]), norm, head`` is the chain
+      ``embedding, layers.0 .. layers.N-1, norm, head``.
 
     Raises:
-        InputError: not an ``nn.Module``, or a module without children.
+        InputError: not an ``nn.Module``, a module without children, or a
+            container nested in a container (no single chain).
     """
     torch = import_torch()
     nn = torch.nn
@@ -93,7 +98,17 @@ def model_layers(model) -> list[tuple[str, Any]]:
           and isinstance(children[0][1], (nn.ModuleList, nn.Sequential))):
         layers = [(f"layers.{name}", mod) for name, mod in children[0][1].named_children()]
     else:
-        layers = children
+        layers = []
+        for name, mod in children:
+            if isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
+                for sub, entry in mod.named_children():
+                    if isinstance(entry, (nn.ModuleList, nn.ModuleDict)):
+                        raise InputError(f"cannot profile {type(model).__name__}: {name}.{sub} is a "
+                                         f"{type(entry).__name__} inside a {type(mod).__name__}; give a module "
+                                         f"whose children (or one level of list entries) run as a chain")
+                    layers.append((f"{name}.{sub}", entry))
+            else:
+                layers.append((name, mod))
     if not layers:
         raise InputError(f"cannot profile {type(model).__name__}: it has no child modules to use as layers "
                          "(give an nn.Sequential or a module with a 'layers' ModuleList)")
@@ -165,7 +180,13 @@ def _saved_bytes(torch, layer, inputs: tuple) -> int:
 
 
 def _time_once(torch, layer, inputs: tuple, device, clock: Callable[[], float]) -> tuple[float, float, Any]:
-    """One forward and one backward of ``layer``: (forward s, backward s, output)."""
+    """One forward and one backward of ``layer``: (forward s, backward s, output).
+
+    On a CUDA device the times are CUDA events recorded around the forward
+    and the backward on the current stream (the GPU's own clock, not the
+    host's); elsewhere ``clock`` readings around synchronized calls."""
+    if device.type == "cuda":
+        return _time_once_cuda(torch, layer, inputs)
     _sync(torch, device)
     t0 = clock()
     out = layer(*inputs)
@@ -182,6 +203,22 @@ def _time_once(torch, layer, inputs: tuple, device, clock: Callable[[], float]) 
     return t1 - t0, t2 - t1, out
 
 
+def _time_once_cuda(torch, layer, inputs: tuple) -> tuple[float, float, Any]:
+    start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record()
+    out = layer(*inputs)
+    mid.record()
+    outs = [t for t in _tensors(out) if t.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+    end.record()
+    end.synchronize()
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            x.grad = None
+    return start.elapsed_time(mid) / 1e3, mid.elapsed_time(end) / 1e3, out  # elapsed_time is in ms
+
+
 def _layer_error(torch, fqn, layer, inputs, exc) -> InputError:
     shapes = ", ".join(str(tuple(x.shape)) for x in inputs if isinstance(x, torch.Tensor))
     return InputError(f"layer {fqn!r} ({type(layer).__name__}) failed on input of shape "
@@ -196,7 +233,7 @@ CLOCKS = ("auto", "cpu", "wall")
 
 def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, repeats: int = 10,
                    device: str = "cpu", name: str | None = None, num_threads: int | None = 1,
-                   clock: str = "auto", source: str = "") -> ModelProfile:
+                   clock: str = "auto", source: str = "", device_name: str | None = None) -> ModelProfile:
     """Profile ``model`` layer by layer (see the module doc for what is measured).
 
     Args:
@@ -206,8 +243,9 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
             tensors), batch dimension first, of ``batch_size`` samples.
         batch_size: samples in ``example_input`` (the profile's batch size).
         warmup, repeats: runs discarded, then runs whose median is kept.
-        device: where to run (``"cpu"``; ``"cuda"`` synchronizes around each
-            timing). Also recorded as the profile's device.
+        device: where to run (``"cpu"``; ``"cuda"`` or ``"cuda:N"`` times
+            with CUDA events). Also recorded as the profile's device, unless
+            ``device_name`` is given.
         name: the profile's model name (default: the model's class name).
         num_threads: intra-op threads during measurement (default 1, restored
             afterwards; ``None`` leaves torch's setting alone).
@@ -218,6 +256,9 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
             for a core on a busy host) or ``"auto"``: ``"cpu"`` on a CPU
             device with ``num_threads=1``, else ``"wall"``.
         source: provenance text stored with the profile.
+        device_name: the device recorded in the profile (a catalog device
+            name such as ``"h100-80gb"``, so that plans on other device kinds
+            are rescaled and warned about); default ``device``.
 
     Returns:
         A :class:`ModelProfile` at ``batch_size`` with ``profiled_device =
@@ -292,13 +333,14 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
         if num_threads is not None:
             torch.set_num_threads(old_threads)
     threads = f"{num_threads} thread(s)" if num_threads is not None else f"{old_threads} threads"
-    note = (f"pipesearch profile: torch {torch.__version__}, {device}, {threads}, {clock} clock, "
-            f"median of {repeats} runs after {warmup} warm-up")
+    timing = "CUDA events" if dev.type == "cuda" else f"{clock} clock"
+    note = (f"pipesearch profile: torch {torch.__version__}, {device}, {threads}, {timing}, "
+            f"median of {repeats} runs after {warmup} warm-up runs (dropped)")
     return ModelProfile(
         name=name or type(model).__name__,
         layers=tuple(out_layers),
         profiled_batch_size=int(batch_size),
-        profiled_device=device,
+        profiled_device=device_name or device,
         bytes_per_param=bytes_per_param,
         source="\n".join(s for s in (source, note) if s),
     )
@@ -374,3 +416,78 @@ def torch_dtype(name: str):
     if name not in DTYPES:
         raise InputError(f"dtype {name!r}: expected one of {', '.join(DTYPES)}")
     return getattr(torch, name)
+
+
+# ---------------------------------------------------------------- HuggingFace causal LMs
+
+
+def hf_causal_lm_chain(model):
+    """A HuggingFace ``*ForCausalLM`` (Llama-style: ``model.embed_tokens``,
+    ``model.layers``, ``model.norm``, ``model.rotary_emb``, ``lm_head``) as an
+    ``nn.Sequential`` chain of one-tensor layers, for profiling and for
+    pipeline stages: ``embed_tokens`` (token ids -> hidden states),
+    ``layers_<i>`` (the decoder layer with its rotary position embeddings
+    computed from the sequence length; causal attention, no padding mask),
+    ``lm_head`` (final norm and output projection -> logits). The names are
+    the chain's own children, so a plan's layer names are the FQNs a
+    pipeline stage takes with ``get_submodule``. The chain computes what the model's own
+    forward computes for unpadded token ids (the tests compare the logits).
+
+    Raises:
+        InputError: torch or transformers missing, or a model without those
+            modules.
+    """
+    torch = import_torch()
+    nn = torch.nn
+    inner = getattr(model, "model", None)
+    need = ("embed_tokens", "layers", "norm", "rotary_emb")
+    if inner is None or not all(hasattr(inner, n) for n in need) or not hasattr(model, "lm_head"):
+        raise InputError(f"cannot chain {type(model).__name__}: expected a causal LM with model.embed_tokens, "
+                         f"model.layers, model.norm, model.rotary_emb and lm_head (Llama, Qwen2, Mistral ...)")
+
+    class Block(nn.Module):
+        def __init__(self, layer, rotary):
+            super().__init__()
+            self.layer = layer
+            self._rotary = [rotary]  # shared, not a parameter owner of this block
+
+        def forward(self, h):
+            pos = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+            cos_sin = self._rotary[0](h, pos)
+            out = self.layer(h, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
+            return out[0] if isinstance(out, tuple) else out
+
+    chain = nn.Sequential()
+    chain.add_module("embed_tokens", inner.embed_tokens)
+    for i, layer in enumerate(inner.layers):
+        chain.add_module(f"layers_{i:02d}", Block(layer, inner.rotary_emb))
+    chain.add_module("lm_head", nn.Sequential(inner.norm, model.lm_head))
+    return chain
+
+
+def hf_model_from_config(path: str | Path, seed: int = 0):
+    """A randomly initialised ``AutoModelForCausalLM`` built from a HuggingFace
+    ``config.json`` (no weights are downloaded), as :func:`hf_causal_lm_chain`.
+
+    Raises:
+        InputError: transformers missing, an unreadable config, or a model
+            that does not chain.
+    """
+    torch = import_torch()
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:
+        raise InputError(f"--hf-config needs transformers, which is not importable ({exc}); "
+                         f"pip install transformers") from None
+    p = Path(path)
+    try:
+        cfg = AutoConfig.from_pretrained(str(p.parent if p.is_file() else p))
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"--hf-config {path}: {exc}".replace("\n", " ")) from None
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForCausalLM.from_config(cfg)
+    finally:
+        torch.random.set_rng_state(state)
+    return hf_causal_lm_chain(model)

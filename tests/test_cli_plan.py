@@ -45,18 +45,40 @@ def good_rows(n):
 # ------------------------------------------------------------------ success
 
 
-def test_no_arguments_prints_a_table_and_writes_plans_json(tmp_path):
+def test_no_arguments_prints_a_table_and_writes_no_file(tmp_path):
     t = time.perf_counter()
     result = run(["plan"], tmp_path)
     elapsed = time.perf_counter() - t
     assert result.exit_code == 0, result.stderr
     out = result.stdout
     assert "rank" in out and "layers/stage" in out and "samples/s" in out
-    assert out.rstrip().splitlines()[-1] == "wrote plans.json"
+    assert out.rstrip().splitlines()[-1] == "no plan file written (-o FILE writes one)"
     assert "vgg16 on 4x4-v100-10gbe" in out
+    assert list(tmp_path.iterdir()) == []  # a plain `plan` leaves the directory as it was
+    result = run(["plan", "-o", "plans.json"], tmp_path)
+    assert result.stdout.rstrip().splitlines()[-1] == "wrote plans.json"
     plans = load_plan_file(tmp_path / "plans.json").plans
     assert [p.rank for p in plans] == [1, 2, 3, 4, 5]
     assert elapsed < 15  # a few seconds on a laptop; generous for loaded CI machines
+
+
+def test_memory_reserve_without_unit_is_refused(tmp_path):
+    result = run(["plan", "--memory-reserve", "2"], tmp_path)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: --memory-reserve 2: no unit; give one, e.g. 2GiB or 2MB"
+
+
+def test_table_shows_full_splits_idle_devices_and_sequence_length(tmp_path):
+    result = run(["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "2", "-b", "480", "--pp", "15",
+                  "--dp", "1", "--tp", "1", "--recompute", "full", "--top", "1"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "llama3-8b (32 blocks + embedding + head: layers/stage counts all of them) on 4x8-h100" in out
+    assert "global batch 480, sequence length 8192" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("1 "))
+    split = next(tok for tok in row.split() if tok.count(",") == 14)  # 15 stages, none elided
+    assert sum(map(int, split.split(","))) == 34 and "..." not in row
+    assert "plan 1 uses 15 of the 16 devices (pp x dp x tp); 1 stay idle" in out
 
 
 def test_json_prints_the_plan_and_writes_no_file(tmp_path):
@@ -191,7 +213,7 @@ def _python_m(args, cwd):
 
 
 def test_python_m_pipesearch_plan(tmp_path):
-    proc = _python_m(["plan"], tmp_path)
+    proc = _python_m(["plan", "-o", "plans.json"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "wrote plans.json" in proc.stdout and (tmp_path / "plans.json").is_file()
 
@@ -202,3 +224,75 @@ def test_python_m_bad_input_is_one_line_exit_2(tmp_path):
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: ")
     assert "vgg16" in proc.stderr and proc.stdout == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_hf_config_long_context_warns_and_says_so_in_the_json(tmp_path):
+    """A HuggingFace config's max_position_embeddings is a maximum context,
+    not a training length: planning it unasked gets a warning (stderr and
+    inputs.model.warnings); --seq-len silences it."""
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+           "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 4, "num_attention_heads": 14,
+           "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 131072,
+           "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    args = ["plan", "--model", "config.json", "--cluster", "1x8-a100-80gb", "-b", "16", "--top", "1"]
+    result = run(args + ["-o", "p.json"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert "warning: config.json: sequence length 131072 is the config's maximum context" in result.stderr
+    assert "sequence length 131072" in result.stdout
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert any("--seq-len" in w for w in doc["inputs"]["model"]["warnings"])
+    quiet = run(args + ["--seq-len", "4096"], tmp_path)
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr and "sequence length 4096" in quiet.stdout
+
+
+def test_profile_warnings_running_sums_megabytes_and_device_kind(tmp_path):
+    # per-layer parameter sizes [6, 5, 4, 3, 2, 1] MB written as running totals, output sizes in MB
+    sums = [6e6, 11e6, 15e6, 18e6, 20e6, 21e6]
+    mb = [3.2, 3.2, 1.6, 1.6, 0.8, 0.1]
+    rows = [f"l{k},1,2,{int(sums[k])},{mb[k]}" for k in range(6)]
+    path = tmp_path / "m.csv"
+    path.write_text(HEADER.replace("# batch_size: 32\n", "# batch_size: 32\n# device: v100-16gb\n")
+                    + "".join(r + "\n" for r in rows))
+    result = run(["plan", "--model", "m.csv", "--cluster", "1x8-a100-80gb", "-b", "64", "--top", "1",
+                  "-o", "p.json"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+    err = result.stderr
+    assert "m.csv: column param_bytes never decreases over the 6 layers" in err
+    assert "(as differences: [6e+06, 5e+06, 4e+06, 3e+06, 2e+06, 1e+06])" in err
+    assert "m.csv: every value of column output_bytes is below 4096 bytes (largest 3.2)" in err
+    assert "m.csv: measured on v100-16gb, planned on a100-80gb: its times are rescaled" in err
+    warnings = json.loads((tmp_path / "p.json").read_text())["inputs"]["model"]["warnings"]
+    assert len(warnings) == 4 and all(w.startswith("m.csv: ") for w in warnings)  # output + saved columns
+    clean = run(["plan", "--model", "vgg16", "--cluster", "4x4-v100-10gbe", "--top", "1"], tmp_path)
+    assert clean.exit_code == 0 and "warning" not in clean.stderr
+
+
+def test_simulate_names_the_all_reduce_only_with_data_parallelism(tmp_path):
+    assert run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "--pp", "4", "--dp", "1",
+                "--schedule", "1f1b", "--top", "1", "-o", "one.json"], tmp_path).exit_code == 0
+    out = run(["simulate", "one.json"], tmp_path).stdout
+    assert "no all-reduce: dp = 1" in out and "all-reduce tail" not in out
+    assert run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "--pp", "2", "--dp", "2",
+                "--schedule", "1f1b", "--top", "1", "-o", "two.json"], tmp_path).exit_code == 0
+    out = run(["simulate", "two.json"], tmp_path).stdout
+    assert "gradient all-reduce tail" in out or "all-reduce hidden" in out
+
+
+def test_timeline_draws_the_all_reduce_and_zooms(tmp_path):
+    from pipesearch.plan import load_plan_file
+    from pipesearch.plots.timeline import allreduce_spans
+    from pipesearch.search import simulate_plan
+
+    assert run(["plan", "--model", "vgg16", "--pp", "2", "--dp", "8", "--schedule", "gpipe", "--top", "1",
+                "-o", "v.json"], tmp_path).exit_code == 0
+    plan = load_plan_file(tmp_path / "v.json").plans[0]
+    total, tl = simulate_plan(plan)
+    spans = allreduce_spans(plan, tl)
+    # each rank's all-reduce lasts its stages' allreduce_s and ends the iteration at the latest
+    assert [d for _, d in spans] == pytest.approx([st.allreduce_s for st in plan.stages])
+    assert max(a + d for a, d in spans) == pytest.approx(total)
+    res = run(["simulate", "v.json", "--timeline", "z.png", "--window", "0:100"], tmp_path)
+    assert res.exit_code == 0 and (tmp_path / "z.png").stat().st_size > 0
+    bad = run(["simulate", "v.json", "--timeline", "y.png", "--window", "9:3"], tmp_path)
+    assert bad.exit_code == 2 and "FROM_MS:TO_MS" in bad.stderr and not (tmp_path / "y.png").exists()

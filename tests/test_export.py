@@ -5,7 +5,7 @@ would reject or silently run differently."""
 from __future__ import annotations
 
 import json
-import tomllib
+import shlex
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +22,7 @@ from pipesearch.export.megatron import (
     stages_from_megatron_layout,
 )
 from pipesearch.export.torch import schedule_from_csv, stages_from_split_spec
-from pipesearch.export.torchtitan import stages_from_layers_per_stage, stages_from_module_fqns
+from pipesearch.export.torchtitan import parse_overrides, stages_from_layers_per_stage, stages_from_module_fqns
 from pipesearch.schedules import build
 from pipesearch.types import Plan, Prediction, StagePlan
 
@@ -84,10 +84,15 @@ def roundtrip(plan: Plan, fmt: str, **kw) -> dict:
         assert actions == build(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp)
         assert [s2r[s] for s in range(exp["num_stages"])] == exp["stage_to_rank"]
     elif fmt == "torchtitan":
-        got = stages_from_module_fqns(exp["parallelism"]["module_fqns_per_model_part"], exp["layer_modules"])
-        assert tomllib.loads(exp["toml"]) == {
-            "parallelism": exp["parallelism"], "training": exp["training"],
-            "activation_checkpoint": exp["activation_checkpoint"]}
+        over = parse_overrides(exp["overrides"])
+        got = stages_from_module_fqns(over["parallelism.module_fqns_per_model_part"], exp["layer_modules"])
+        assert over["parallelism.module_fqns_per_model_part"] == exp["parallelism"]["module_fqns_per_model_part"]
+        for section in ("parallelism", "training"):
+            for key, val in exp[section].items():
+                want = val if isinstance(val, (bool, list)) else str(val)
+                assert over[f"{section}.{key}"] == want
+        assert over["activation_checkpoint"] == exp["activation_checkpoint"]
+        assert exp["argv"][4:] == exp["overrides"] and exp["command_line"].endswith(shlex.join(exp["argv"]))
         alt = exp["layers_per_stage_alternative"]
         if alt is not None:
             assert stages_from_layers_per_stage(alt, exp_blocks(plan)) == exp["parallelism"]["module_fqns_per_model_part"]
@@ -188,7 +193,7 @@ def test_torch_transformer_split_spec():
     exp = export_plan(plan, "torch")
     # stage 1 starts at block_04, stage 2 at block_08
     assert exp["split_spec"] == {"layers.4": "SplitPoint.BEGINNING", "layers.8": "SplitPoint.BEGINNING"}
-    assert exp["layer_modules"][0] == ["tok_embeddings"] and exp["layer_modules"][-1] == ["norm", "output"]
+    assert exp["layer_modules"][0] == ["tok_embeddings"] and exp["layer_modules"][-1] == ["norm", "lm_head"]
 
 
 def test_torch_split_before_head_uses_norm():
@@ -241,11 +246,16 @@ def test_torchtitan_roundtrip_and_names():
     assert par["pipeline_parallel_schedule"] == "1F1B"
     assert par["pipeline_parallel_degree"] == 4
     assert par["pipeline_parallel_microbatch_size"] == 2
-    assert exp["training"] == {"local_batch_size": 8, "global_batch_size": 16}
+    assert exp["training"] == {"local_batch_size": 8, "global_batch_size": 16, "disable_cuda_graphs": True}
+    assert par["enable_sequence_parallel"] is True
     assert par["module_fqns_per_model_part"][0] == ["tok_embeddings", "layers.0"]
-    assert par["module_fqns_per_model_part"][-1] == ["layers.9", "norm", "output"]
+    assert par["module_fqns_per_model_part"][-1] == ["layers.9", "norm", "lm_head"]
     assert par["tensor_parallel_degree"] == 2 and par["data_parallel_replicate_degree"] == 2
-    assert exp["activation_checkpoint"] == {"mode": "full"}
+    assert exp["activation_checkpoint"] == "activation-checkpoint:full"
+    assert exp["overrides"][-1] == "activation-checkpoint:full"
+    # no model given: placeholders, said in a note
+    assert exp["argv"][:4] == ["--module", "MODULE", "--config", "CONFIG"]
+    assert any("MODULE and CONFIG" in n for n in exp["notes"])
 
 
 @pytest.mark.parametrize("schedule,vp,name", [
@@ -388,7 +398,10 @@ def test_deepspeed_roundtrip_and_config():
     exp = roundtrip(plan, "deepspeed")
     assert exp["parts"] == [0, 3, 8, 12]
     assert exp["config"] == {"train_batch_size": 48, "train_micro_batch_size_per_gpu": 4,
-                             "gradient_accumulation_steps": 6}
+                             "gradient_accumulation_steps": 6, "zero_optimization": {"stage": 0}}
+    assert json.loads(exp["files"]["ds_config.json"]) == exp["config"]
+    zero = export_plan(plan, "deepspeed", inputs={"job": {"zero1": True}, "model": {"kind": "transformer"}})
+    assert zero["config"]["zero_optimization"] == {"stage": 1} and zero["config"]["bf16"] == {"enabled": True}
     assert exp["pipeline_module"]["activation_checkpoint_interval"] == 1
     assert exp["pipeline_module"]["partition_method"] is None
     assert "_set_bounds" in exp["partition_recipe"]
@@ -525,3 +538,24 @@ def test_megatron_refuses_empty_end_stage():
     plan = make_plan([3, 0, 3], transformer_names(4), pp=3, schedule="1f1b", m=3)
     exp = roundtrip(plan, "megatron")
     assert exp["layout"] == "Et*2||t*2L"
+
+
+def test_torchrun_prefix_fills_nodes_and_says_what_is_left():
+    from pipesearch.export import Inputs, torchrun_prefix
+
+    nodes_of_8 = Inputs(cluster={"groups": [{"devices_per_node": 8}]})
+    argv, note = torchrun_prefix(16, nodes_of_8)
+    assert argv == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8"] and "each of the 2 nodes" in note
+    argv, note = torchrun_prefix(15, nodes_of_8)  # 15 = 8 + 7: the last node runs 7
+    assert argv[2:] == ["2", "--nproc-per-node", "8"]
+    assert "on the last node pass --nproc-per-node 7" in note and "1 device(s)" in note
+    assert torchrun_prefix(6, Inputs()) == (["torchrun", "--nnodes", "1", "--nproc-per-node", "6"], None)
+
+
+def test_every_export_has_the_common_keys():
+    plan = make_plan([4, 4], transformer_names(6), schedule="1f1b", m=4)
+    for fmt, exp in export_all(plan).items():
+        if "refused" in exp:
+            continue
+        assert {"runtime", "runtime_version", "format_version", "notes", "files"} <= set(exp), fmt
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in exp["files"].items())

@@ -137,3 +137,140 @@ def test_cli_profile_errors_exit_2(tmp_path, monkeypatch):
         assert message in result.output, (args, result.output)
     result = runner.invoke(main, ["profile", "models.py:not_a_model", "--input-shape", "4,x", "--batch-size", "2"])
     assert result.exit_code == 2 and "--input-shape" in result.output
+
+
+@needs_torch
+def test_profile_gpt_shape_with_token_inputs(tmp_path):
+    """embedding + `layers` ModuleList + head, token-id input: one layer per
+    block, the embedding and head around them; sizes from the shapes."""
+    out = tmp_path / "gpt.csv"
+    res = CliRunner().invoke(main, ["profile", str(REPO / "tests" / "gpt_model.py") + ":make_gpt",
+                                    "--input-shape", "32", "--input-dtype", "long", "--vocab-size", "512",
+                                    "-b", "4", "--warmup", "1", "--repeats", "2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_model(str(out))
+    names = [lay.name for lay in prof.layers]
+    assert names == ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "head"]
+    width, vocab, batch, seq = 64, 512, 4, 32
+    assert prof.layers[0].param_bytes == vocab * width * 4                      # the embedding table
+    assert prof.layers[-1].param_bytes == (2 * width + width * vocab + vocab) * 4  # LayerNorm + Linear
+    assert [lay.output_bytes for lay in prof.layers[:-1]] == [batch * seq * width * 4] * 5
+    assert prof.layers[-1].output_bytes == batch * seq * vocab * 4
+    assert all(lay.fwd_s > 0 and lay.bwd_s > 0 for lay in prof.layers[1:])
+    assert "--input-dtype long --vocab-size 512" in prof.source
+    plan = CliRunner().invoke(main, ["plan", "--model", str(out), "--cluster", "1x2-cpu", "--pp", "2",
+                                     "-b", "8", "--top", "1", "-o", str(tmp_path / "p.json")])
+    assert plan.exit_code == 0, plan.output
+
+
+@needs_torch
+def test_token_input_needs_a_vocabulary(tmp_path):
+    res = CliRunner().invoke(main, ["profile", str(REPO / "tests" / "gpt_model.py") + ":make_gpt",
+                                    "--input-shape", "32", "--input-dtype", "long", "-b", "4"])
+    assert res.exit_code == 2 and "--vocab-size" in res.output
+
+
+@needs_torch
+def test_model_layers_expands_module_lists_between_prefix_and_suffix():
+    sys.path.insert(0, str(REPO / "tests"))
+    from gpt_model import make_gpt
+
+    assert [n for n, _ in model_layers(make_gpt())] == [
+        "tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "head"]
+
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024, "hidden_size": 128,
+              "intermediate_size": 344, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 256, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+              "tie_word_embeddings": False}
+
+
+@needs_torch
+@pytest.mark.slow
+def test_hf_llama_chain_computes_the_models_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import json as _json
+
+    from pipesearch.profiler import hf_causal_lm_chain
+
+    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k not in ("architectures", "model_type")})
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    chain = hf_causal_lm_chain(model)
+    assert [n for n, _ in chain.named_children()] == ["embed_tokens", "layers_00", "layers_01", "layers_02",
+                                                      "layers_03", "lm_head"]
+    tokens = torch.randint(0, 1024, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(chain(tokens), model(tokens).logits)
+    # the CLI: built from config.json, token inputs below its vocabulary
+    (tmp_path / "config.json").write_text(_json.dumps(TINY_LLAMA))
+    out = tmp_path / "llama.csv"
+    res = CliRunner().invoke(main, ["profile", "--hf-config", str(tmp_path / "config.json"), "--input-shape", "16",
+                                    "-b", "2", "--warmup", "1", "--repeats", "2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_model(str(out))
+    h, v, f, g = 128, 1024, 344, 2
+    block = (h * h + 2 * (g * h // 4) * h + h * h + 3 * h * f + 2 * h) * 4  # q, k, v, o, gate/up/down, 2 norms
+    assert [lay.param_bytes for lay in prof.layers] == [v * h * 4] + [block] * 4 + [(h + h * v) * 4]
+    assert "--vocab-size 1024" in prof.source
+
+
+@needs_torch
+def test_device_name_is_recorded_and_cuda_needs_a_gpu(tmp_path):
+    out = tmp_path / "p.csv"
+    args = ["profile", str(REPO / "tests" / "gpt_model.py") + ":make_gpt", "--input-shape", "8",
+            "--input-dtype", "long", "--vocab-size", "512", "-b", "2", "--warmup", "0", "--repeats", "1"]
+    res = CliRunner().invoke(main, args + ["--device-name", "v100-16gb", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    prof = load_model(str(out))
+    assert prof.profiled_device == "v100-16gb" and "warm-up runs (dropped)" in prof.source
+    if not torch.cuda.is_available():
+        res = CliRunner().invoke(main, args + ["--device", "cuda", "-o", str(tmp_path / "g.csv")])
+        assert res.exit_code == 2 and "torch.cuda.is_available() is False" in res.output
+
+
+@needs_torch
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_profile_uses_events():
+    prof = profile_module(_tiny(), torch.randn(BATCH, 16), batch_size=BATCH, warmup=1, repeats=3, device="cuda",
+                          num_threads=None, clock="wall")
+    assert prof.profiled_device == "cuda" and "CUDA events" in prof.source
+    assert all(lay.fwd_s > 0 for lay in prof.layers)
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["gpt", "llama"])
+def test_profiled_language_model_runs_its_plan_in_the_torch_pipeline(which, tmp_path):
+    """Profile (token inputs), plan pp = 2, run the plan with
+    torch.distributed.pipelining in two gloo processes: the losses are
+    finite and the step is timed."""
+    import functools
+    import json as _json
+
+    from pipesearch.hardware import load_cluster
+    from pipesearch.profiler import hf_model_from_config
+    from pipesearch.profiles import write_profile_csv
+    from pipesearch.runtime import run_plan
+    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.types import Job
+
+    sys.path.insert(0, str(REPO / "tests"))
+    import gpt_model
+
+    if which == "gpt":
+        factory, vocab = gpt_model.make_gpt, gpt_model.VOCAB
+    else:
+        pytest.importorskip("transformers")
+        (tmp_path / "config.json").write_text(_json.dumps(TINY_LLAMA))
+        factory, vocab = functools.partial(hf_model_from_config, tmp_path / "config.json"), TINY_LLAMA["vocab_size"]
+    torch.manual_seed(0)
+    tokens = torch.randint(0, vocab, (4, 16))
+    prof = profile_module(factory(), tokens, batch_size=4, warmup=1, repeats=2, name=which)
+    write_profile_csv(prof, tmp_path / "p.csv")
+    prof = load_model(str(tmp_path / "p.csv"))
+    plan = search([ModelVariant(prof)], load_cluster("1x2-cpu"), Job(global_batch_size=16),
+                  SearchOptions(pp=2, dp=1, num_micro_batches=4, schedules=("1f1b",), top=1)).plans[0]
+    res = run_plan(factory, plan, input_shape=(16,), vocab_size=vocab, steps=2, warmup=1)
+    assert len(res.step_s) == 2 and all(s > 0 for s in res.step_s)
+    assert all(0 < loss < 100 for loss in res.losses)

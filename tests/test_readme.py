@@ -43,5 +43,19 @@ def test_readme_set_up_commands_match_ci():
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     test_cmd = re.search(r"\$ (pip install \"\.\[test\]\" && python -m pytest)", text).group(1)
     assert ci[-1].strip() == test_cmd
+    # nothing else is installed or run: the README's command alone sets up everything CI tests
+    commands = [line.strip() for line in ci if line.strip() and not line.lstrip().startswith("#")]
+    assert commands == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', test_cmd]
     assert "$ pip install . && pipesearch plan" in text
+
+
+def test_test_extra_installs_the_runtimes_the_tests_use():
+    """torch pinned to the CPU build's release (a bare requirement pulls a CUDA
+    build) and every runtime whose own code checks the exports."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    names = {re.split(r"[=<>!~ ]", r, maxsplit=1)[0] for r in extra}
+    assert "torch==2.13.0" in extra
+    assert {"pytest", "hypothesis", "torchtitan", "triton", "deepspeed", "megatron-core"} <= names
 

@@ -43,7 +43,7 @@ def models_command():
         src = load_model_source(name, cluster, tp=1, recompute="none")
         prof = src.variants[0].profile
         params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
-        rows.append({"model": name, "kind": src.info["kind"], "layers": prof.num_layers,
+        rows.append({"model": name, "kind": src.info["kind"], "layers": src.info["layers_description"],
                      "parameters": f"{params / 1e6:,.1f} M", "file": path.name})
     click.echo(pd.DataFrame(rows).to_string(index=False))
 

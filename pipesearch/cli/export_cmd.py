@@ -3,13 +3,44 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
+from ..errors import InputError
 from ..export import FORMATS, export_plan
 from ..output import check_writable, write_text
 from ..plan import load_plan_file, select_plan
 from . import main
+
+
+def _output_text(export: dict, fmt: str, output: str) -> str:
+    """What ``-o FILE`` holds, chosen by the file's suffix.
+
+    ``.json``: the whole export. Any other suffix: the one file of the
+    export's ``files`` with that suffix (``.sh``: the launch script of
+    torchtitan or Megatron-LM; ``.py``: DeepSpeed's partition recipe).
+
+    Raises:
+        InputError: a suffix the export has no file for (e.g. ``.toml``:
+            torchtitan 0.3.0 reads no TOML), naming the suffixes it has.
+    """
+    suffix = Path(output).suffix.lower()
+    if suffix == ".json":
+        files = export.get("files") or {}
+        # a file named like the runtime's own JSON file gets that file (ds_config.json), any other the export
+        name = Path(output).name
+        if name in files:
+            return files[name]
+        return json.dumps(export, indent=2) + "\n"
+    matches = [name for name in (export.get("files") or {}) if Path(name).suffix.lower() == suffix]
+    if len(matches) == 1:
+        return export["files"][matches[0]]
+    have = sorted({".json", *(Path(n).suffix for n in (export.get("files") or {}))})
+    why = " (torchtitan 0.3.0 reads no TOML: its jobs are --module/--config plus --section.key overrides)" \
+        if suffix == ".toml" and fmt == "torchtitan" else ""
+    raise InputError(f"export -o {output}: a {fmt} export has no {suffix or 'suffix-less'} file{why}; "
+                     f"use one of {', '.join(have)}, or --files DIR for all of them")
 
 
 @main.command("export")
@@ -17,8 +48,12 @@ from . import main
 @click.option("--rank", type=click.IntRange(min=1), default=1, show_default=True, help="Which plan of the file.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target runtime.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
-              help="Write the export (JSON) here instead of stdout.")
-def export_command(plans, rank, fmt, output):
+              help="Write here instead of stdout: .json the whole export (ds_config.json: DeepSpeed's config), "
+                   ".sh the launch script, .py DeepSpeed's partition recipe.")
+@click.option("--files", "files_dir", type=click.Path(file_okay=False),
+              help="Write the runtime's own files (launch script, ds_config.json, ...) into this directory "
+                   "(created if its parent exists); without -o nothing else is printed.")
+def export_command(plans, rank, fmt, output, files_dir):
     """Export a plan for torch.distributed.pipelining, torchtitan, Megatron-LM,
     DeepSpeed or GPipe-style runners.
 
@@ -29,15 +64,36 @@ def export_command(plans, rank, fmt, output):
     \b
     Examples:
       pipesearch export plans.json --format torch
-      pipesearch export plans.json --rank 2 --format deepspeed -o ds.json
-      pipesearch export plans.json --format megatron
+      pipesearch export plans.json --format torchtitan -o launch.sh
+      pipesearch export plans.json --rank 2 --format deepspeed -o ds_config.json
+      pipesearch export plans.json --format megatron --files megatron/
     """
     if output is not None:
         check_writable(output, "export (-o)")
-    plan = select_plan(load_plan_file(plans), rank, plans)
-    text = json.dumps(export_plan(plan, fmt), indent=2) + "\n"
+    if files_dir:
+        d = Path(files_dir)
+        if not d.is_dir() and not d.parent.is_dir():
+            raise InputError(f"export --files {files_dir}: its parent directory does not exist")
+    plan_file = load_plan_file(plans)
+    plan = select_plan(plan_file, rank, plans)
+    export = export_plan(plan, fmt, inputs=plan_file.inputs)
+    text = _output_text(export, fmt, output) if output is not None else json.dumps(export, indent=2) + "\n"
+    if files_dir and not export.get("files"):
+        why = next((n for n in export.get("notes", []) if n.startswith("no ")), "this runtime reads no file of ours")
+        raise InputError(f"export --files {files_dir}: the {fmt} export of plan {rank} has no files ({why.rstrip('.')}); "
+                         f"-o FILE.json writes the export")
+    # everything is computed before anything is written
+    if files_dir:
+        d = Path(files_dir)
+        d.mkdir(exist_ok=True)
+        for name, body in (export.get("files") or {}).items():
+            path = d / name
+            write_text(path, body, "export --files")
+            if name.endswith(".sh"):
+                path.chmod(path.stat().st_mode | 0o111)
+            click.echo(f"wrote {path}")
     if output is not None:
         write_text(output, text, "export")
         click.echo(f"wrote {output}")
-    else:
+    elif not files_dir:
         click.echo(text, nl=False)

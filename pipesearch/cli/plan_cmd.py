@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -17,9 +18,11 @@ from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_COUNT
 from ..models import RECOMPUTE_MODES, load_model_source
+from .. import runtimes
 from ..output import check_writable, write_output
 from ..pins import BatchPins, check_vp_pins, resolve_dp
 from ..plan import PlanFile, document_problems, dump_plan_file, to_json
+from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
 from ..units import format_bytes, format_seconds, parse_bytes
@@ -28,7 +31,6 @@ from . import main
 DEFAULT_MODEL = "vgg16"
 DEFAULT_CLUSTER = "4x4-v100-10gbe"
 DEFAULT_BATCH = 1024
-DEFAULT_OUTPUT = "plans.json"
 
 
 def _split(ctx, param, value):
@@ -45,8 +47,7 @@ def plans_table(plans) -> str:
     """The ranked plans as a fixed-width text table."""
     rows = []
     for p in plans:
-        per_stage = p.layers_per_stage
-        layers = ",".join(map(str, per_stage)) if len(per_stage) <= 8 else f"{','.join(map(str, per_stage[:6]))},..."
+        layers = ",".join(map(str, p.layers_per_stage))  # every stage: a truncated split cannot be checked
         rows.append({
             "rank": p.rank,
             "pp x dp x tp": f"{p.pp} x {p.dp} x {p.tp}",
@@ -133,7 +134,7 @@ class _Progress:
 @click.option("--zero1", is_flag=True,
               help="Shard the optimizer state across data-parallel replicas (ZeRO stage 1).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
-              help=f"Write the plan JSON here (default: ./{DEFAULT_OUTPUT}).")
+              help="Write the plan JSON here (nothing is written without it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON to stdout instead of the table.")
 @click.option("--all-points", type=click.Path(dir_okay=False, writable=True),
               help="Write every evaluated point of the search as CSV.")
@@ -143,9 +144,12 @@ class _Progress:
               help="Also draw space.png, pareto.png, stages.png and timeline.png (plan 1) into this directory "
                    "(see `pipesearch plot`); --exhaustive fills the space plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
+@click.option("--runtime", type=click.Choice(RUNTIMES),
+              help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules).")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, memory_reserve,
-                 max_search_memory, optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir):
+                 max_search_memory, optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir,
+                 runtime):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -157,8 +161,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
     """
     # every output is checked before the search, so a bad path costs nothing and leaves nothing
-    out = None if (as_json and output is None) else check_writable(
-        DEFAULT_OUTPUT if output is None else output, "plan file (-o)")
+    out = check_writable(output, "plan file (-o)") if output is not None else None  # a file only when asked for
     if all_points is not None:
         check_writable(all_points, "--all-points")
     if plot_dir == "":
@@ -172,6 +175,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 pass
         if not plot_dir.is_dir() or not os.access(plot_dir, os.W_OK):
             raise InputError(f"--plot-dir {plot_dir}: not a writable directory (its parent must exist)")
+    if memory_reserve.strip().replace(".", "", 1).isdigit():
+        raise InputError(f"--memory-reserve {memory_reserve}: no unit; give one, e.g. {memory_reserve.strip()}GiB "
+                         f"or {memory_reserve.strip()}MB")
     try:
         reserve = parse_bytes(memory_reserve)
     except InputError as exc:
@@ -187,18 +193,24 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if reserve >= smallest:
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
                          f"devices of {cluster.name}; lower it (default 1GiB)")
+    if runtime == "gpipe" and tp is None:
+        tp = 1  # torchgpipe / fairscale Pipe have no tensor parallelism
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
                                max_search_memory_bytes=search_budget)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
               memory_reserve_bytes=reserve, zero1=zero1)
+    explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
     check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
+    if runtime:
+        schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
+        runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
-                            split=split, top=top,
+                            split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit)
     progress = _Progress(quiet or as_json)
     try:
@@ -206,6 +218,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         progress=progress)
     finally:
         progress.close()
+    for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
+        click.echo(f"warning: {warning}", err=True)
     plan_file = PlanFile(
         inputs={"model": source.info, "cluster": describe_cluster(cluster) | {"name": cluster.name},
                 "job": {"global_batch_size": job.global_batch_size,
@@ -217,8 +231,14 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 "wall_s": round(result.wall_s, 4), "time_model": "simulated",
                 "points": points_table(result.points)},
         plans=result.plans,
-        exports=tuple(export_all(p) for p in result.plans),
     )
+    if runtime:
+        kept, refused = runtimes.filter_plans(runtime, result.plans, top, plan_file.inputs)
+        if not kept:
+            raise InputError(runtimes.no_plan_message(runtime, refused))
+        result = replace(result, plans=kept)
+        plan_file = replace(plan_file, plans=kept, inputs=plan_file.inputs | {"runtime": runtime})
+    plan_file = replace(plan_file, exports=tuple(export_all(p, plan_file.inputs) for p in result.plans))
     text = to_json(plan_file)
     problems = document_problems(json.loads(text))
     if problems:  # the search wrote what its own reader refuses: a bug, never a file to leave behind
@@ -231,16 +251,28 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(text, nl=False)
         _write_plots(plot_dir, text, output or "plan JSON", echo=False)
         return
-    dump_plan_file(plan_file, out)
+    if out:
+        dump_plan_file(plan_file, out)
     if not quiet:
         devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)
-        click.echo(f"{source.name} on {cluster.name} ({devices}), global batch {global_batch_size}")
+        seq = f", sequence length {source.info['seq_len']}" if source.info.get("seq_len") else ""
+        desc = source.info.get("layers_description", "")
+        layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
+        click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans))
     if not quiet:
+        total = sum(g.num_devices for g in cluster.groups)
+        idle: dict[int, list[str]] = {}
+        for p in result.plans:
+            if p.pp * p.dp * p.tp < total:
+                idle.setdefault(p.pp * p.dp * p.tp, []).append(str(p.rank))
+        for used, ranks in idle.items():
+            click.echo(f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
+                       f"{used} of the {total} devices (pp x dp x tp); {total - used} stay idle")
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
         click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
-        click.echo(f"wrote {out}")
-    _write_plots(plot_dir, text, str(out), echo=not quiet)
+        click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
+    _write_plots(plot_dir, text, str(out) if out else "plan JSON", echo=not quiet)
 
 
 def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:

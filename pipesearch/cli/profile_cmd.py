@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -24,30 +25,44 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 @main.command("profile")
-@click.argument("model_spec", metavar="MODULE:FACTORY")
+@click.argument("model_spec", metavar="MODULE:FACTORY", required=False)
+@click.option("--hf-config", type=click.Path(dir_okay=True), help="Profile a HuggingFace causal LM built from this "
+              "config.json (random weights, nothing downloaded; needs transformers) instead of MODULE:FACTORY; "
+              "token-id inputs below its vocabulary.")
 @click.option("--input-shape", required=True,
               help="Shape of one sample (without the batch dimension), e.g. 64,512.")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), required=True,
               help="Samples per batch to profile at (the profile's batch size).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
-              help="Dtype of the model and the input.")
+              help="Dtype of the model and of a floating-point input.")
+@click.option("--input-dtype", type=click.Choice(("float", "long")), default="float", show_default=True,
+              help="float: random normal input in --dtype; long: random token ids in [0, --vocab-size) "
+                   "(models that start with an embedding).")
+@click.option("--vocab-size", type=click.IntRange(min=1), help="Token ids are drawn below this (with --input-dtype long).")
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Discarded runs per layer.")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
               help="Timed runs per layer (the median is kept).")
 @click.option("--clock", type=click.Choice(CLOCKS), default="auto", show_default=True,
               help="Timer: cpu = the thread's CPU time (less sensitive to other work on the host), wall = wall clock; "
                    "auto = cpu with one thread on CPU.")
+@click.option("--device", default="cpu", show_default=True,
+              help="Where to measure: cpu, or cuda / cuda:N (timed with CUDA events).")
+@click.option("--device-name", help="Catalog device to record in the profile (e.g. h100-80gb; default: --device), "
+                                    "so plans on other device kinds are rescaled and warned about.")
 @click.option("--name", help="Model name in the profile (default: the factory's module name).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and the model.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="profile.csv",
               show_default=True, help="Profile CSV to write.")
-def profile_command(model_spec, input_shape, batch_size, dtype, warmup, repeats, clock, name, seed, output):
-    """Profile a PyTorch model on this machine's CPU, one layer at a time.
+def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input_dtype, vocab_size, warmup, repeats,
+                    clock, device, device_name, name, seed, output):
+    """Profile a PyTorch model on this machine (CPU, or a CUDA GPU), one layer at a time.
 
     MODULE:FACTORY names a function returning the model (an nn.Sequential, a
     module with a `layers` ModuleList, or a module whose children run in
-    order); MODULE is a module path importable from the current directory or
-    a .py file. The input is random, of shape (batch size, *input shape).
+    order, a ModuleList child counting as its entries: embedding, layers,
+    head); MODULE is a module path importable from the current directory or
+    a .py file. The input is random, of shape (batch size, *input shape):
+    floats, or token ids with --input-dtype long --vocab-size N.
     Timings use one CPU thread (torch.set_num_threads(1)) and, by default,
     that thread's CPU time, which other work on the host inflates less;
     layer names are the module FQNs, ready for torch.distributed.pipelining
@@ -56,23 +71,59 @@ def profile_command(model_spec, input_shape, batch_size, dtype, warmup, repeats,
     \b
     Examples:
       pipesearch profile tests/e2e_model.py:make_model --input-shape 1024 --batch-size 128 -o e2e.csv
+      pipesearch profile tests/gpt_model.py:make_gpt --input-shape 64 --input-dtype long --vocab-size 512 -b 8 -o gpt.csv
+      pipesearch profile --hf-config tiny-llama/config.json --input-shape 128 -b 4 -o llama.csv
       pipesearch plan --model e2e.csv --cluster 1x2-cpu --pp 2 --num-micro-batches 4 -b 512
     """
+    if (model_spec is None) == (hf_config is None):
+        raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
+    if hf_config is not None:
+        cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
+        try:
+            hf_vocab = json.loads(cfg_path.read_text())["vocab_size"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"--hf-config {hf_config}: cannot read its vocab_size ({exc})") from None
+        if vocab_size is not None and vocab_size > hf_vocab:
+            raise InputError(f"--vocab-size {vocab_size}: above the config's vocab_size {hf_vocab}")
+        input_dtype, vocab_size = "long", vocab_size or hf_vocab
+    if input_dtype == "long" and vocab_size is None:
+        raise InputError("--input-dtype long: give --vocab-size N (token ids are drawn from 0 .. N-1)")
+    if input_dtype == "float" and vocab_size is not None:
+        raise InputError(f"--vocab-size {vocab_size}: only used with --input-dtype long")
     torch = import_torch()
     shape = parse_shape(input_shape)
-    factory = load_factory(model_spec)
     torch.manual_seed(seed)
-    model = build_model(factory, model_spec)
+    if hf_config is not None:
+        from ..profiler import hf_model_from_config
+
+        model = hf_model_from_config(cfg_path, seed=seed)
+        model_spec = f"--hf-config {cfg_path}"
+    else:
+        model = build_model(load_factory(model_spec), model_spec)
     dt = torch_dtype(dtype)
     model = model.to(dt)
-    x = torch.randn(batch_size, *shape, dtype=dt)
+    if input_dtype == "long":
+        x = torch.randint(0, vocab_size, (batch_size, *shape), dtype=torch.long)
+    else:
+        x = torch.randn(batch_size, *shape, dtype=dt)
     module_text = model_spec.rpartition(":")[0]
     default_name = Path(module_text).stem if module_text.endswith(".py") else module_text.rpartition(".")[2]
-    profile = profile_module(model, x, batch_size=batch_size, warmup=warmup, repeats=repeats, device="cpu", clock=clock,
+    if hf_config is not None:
+        default_name = cfg_path.parent.name or "hf_model"
+    if device != "cpu":
+        if not device.startswith("cuda") or not torch.cuda.is_available():
+            raise InputError(f"--device {device}: expected cpu, or cuda / cuda:N on a machine with a CUDA GPU "
+                             f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
+    on_cpu = device == "cpu"
+    profile = profile_module(model, x, batch_size=batch_size, warmup=warmup, repeats=repeats, device=device,
+                             clock=clock if on_cpu else "wall", num_threads=1 if on_cpu else None,
+                             device_name=device_name,
                              name=name or default_name,
                              source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
-                                    f"--batch-size {batch_size} --dtype {dtype}")
+                                    f"--batch-size {batch_size} --dtype {dtype}"
+                                    + (f" --input-dtype long --vocab-size {vocab_size}" if input_dtype == "long" else ""))
     write_profile_csv(profile, output)
     total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
+    where = "1 CPU thread" if on_cpu else device
     click.echo(f"{profile.name}: {profile.num_layers} layers, batch {batch_size}, forward+backward "
-               f"{1e3 * total:.2f} ms on 1 CPU thread; wrote {output}")
+               f"{1e3 * total:.2f} ms on {where}; wrote {output}")

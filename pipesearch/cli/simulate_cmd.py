@@ -31,7 +31,9 @@ def plan_title(plan_file, plan, iteration_time_s: float) -> str:
               help="Draw the Gantt chart to this file (.png, .svg or .pdf).")
 @click.option("--torch-csv", type=click.Path(dir_okay=False, writable=True),
               help="Write the per-rank action order in torch.distributed.pipelining's CSV form.")
-def simulate_command(plans, rank, timeline, torch_csv):
+@click.option("--window", help="Draw only this part of the timeline, FROM_MS:TO_MS (e.g. 0:200 or 1500:), "
+                               "to read many micro-batches.")
+def simulate_command(plans, rank, timeline, torch_csv, window):
     """Replay a plan's schedule in the discrete-event simulator.
 
     Prints the simulated iteration time next to the analytic one, the busy
@@ -42,7 +44,15 @@ def simulate_command(plans, rank, timeline, torch_csv):
       pipesearch plan -o plans.json
       pipesearch simulate plans.json --rank 1 --timeline timeline.png
       pipesearch simulate plans.json --torch-csv order.csv
+      pipesearch simulate plans.json --timeline zoom.png --window 0:200
     """
+    window_s = None
+    if window is not None:
+        from ..plots.timeline import parse_window
+
+        if timeline is None:
+            raise InputError("--window: needs --timeline FILE")
+        window_s = parse_window(window)
     if timeline is not None:
         from ..plots.common import check_output
 
@@ -58,16 +68,22 @@ def simulate_command(plans, rank, timeline, torch_csv):
         raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
-    click.echo(f"simulated iteration: {format_seconds(total_s)} (pipeline {format_seconds(tl.iteration_time_s)}"
-               f" + all-reduce tail); analytic: {format_seconds(analytic) if analytic else 'n/a'}")
+    tail = total_s - tl.iteration_time_s
+    how = (f"pipeline {format_seconds(tl.iteration_time_s)} + gradient all-reduce tail {format_seconds(tail)}"
+           if plan.dp > 1 and tail > 0 else f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
+           if plan.dp == 1 else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
+    click.echo(f"simulated iteration: {format_seconds(total_s)} ({how}); "
+               f"analytic: {format_seconds(analytic) if analytic else 'n/a'}")
     click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")
     for r in range(tl.num_ranks):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
                    f"peak in-flight activations {format_bytes(tl.peak_act_bytes[r])}")
     if timeline is not None:
-        from ..plots.timeline import plot_timeline
+        from ..plots.timeline import allreduce_spans, plot_timeline
 
-        write_output(timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s)), "timeline")
+        spans = allreduce_spans(plan, tl)
+        write_output(timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s), allreduce=spans,
+                                                       window_s=window_s), "timeline")
         click.echo(f"wrote {timeline}")
     if torch_csv is not None:
         text = to_torch_csv(build(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp))

@@ -6,15 +6,23 @@ One exporter per runtime, each in its own module:
 format                    runtime (module)
 ========================  ======================================================
 ``"torch"``               ``torch.distributed.pipelining`` (:mod:`.torch`)
-``"torchtitan"``          torchtitan's ``[parallelism]`` config (:mod:`.torchtitan`)
-``"megatron"``            Megatron-LM command-line arguments (:mod:`.megatron`)
+``"torchtitan"``          torchtitan 0.3.0 launch command and overrides (:mod:`.torchtitan`)
+``"megatron"``            Megatron-LM launch command (:mod:`.megatron`)
 ``"deepspeed"``           DeepSpeed ``PipelineModule`` + config (:mod:`.deepspeed`)
 ``"gpipe"``               torchgpipe ``GPipe`` / fairscale ``Pipe`` (:mod:`.gpipe`)
 ========================  ======================================================
 
 Every export is a JSON-serializable ``dict`` with ``"runtime"``,
-``"format_version": 1`` and ``"notes"`` (a list of strings, possibly empty)
-plus the runtime's own argument names. An exporter *refuses* (raises
+``"runtime_version"`` (the release whose code the export was checked
+against), ``"format_version": 1``, ``"notes"`` (a list of strings, possibly
+empty), ``"files"`` (``{file name: text}``: what the runtime reads, ready to
+write to disk) plus the runtime's own argument names.
+
+``inputs`` (optional, the plan file's ``"inputs"`` object: ``model``,
+``cluster``, ``job``) gives the exporters what the plan alone does not say:
+the model's shape for Megatron-LM's model flags, the sequence length, the
+node size for launch commands, ZeRO-1. Without it the exports that need it
+say so in a note and leave those flags out. An exporter *refuses* (raises
 :class:`~pipesearch.errors.InputError` with the rule and where it comes from)
 rather than emit something the runtime would reject or, worse, silently run
 differently from the plan (a different schedule, a different split, dropped
@@ -32,7 +40,8 @@ one or more module FQNs: by default the identity for profiled models (a torch
 ``"1"``, ...), and for transformer layer tables (``embedding``,
 ``block_00`` .. ``block_{L-1}``, ``head``) torchtitan's Llama names:
 ``embedding -> tok_embeddings``, ``block_N -> layers.N``,
-``head -> norm, output``. A ``module_names`` mapping overrides any layer it
+``head -> norm, lm_head`` (torchtitan 0.3.0's ``Decoder`` attribute names,
+``torchtitan/models/common/decoder.py``). A ``module_names`` mapping overrides any layer it
 names (value: one FQN or a list of FQNs, in execution order).
 """
 
@@ -40,8 +49,9 @@ from __future__ import annotations
 
 import importlib
 import re
+import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..schedules import SCHEDULES
@@ -70,7 +80,7 @@ _BLOCK = re.compile(r"block_(\d+)")
 
 
 def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
-                **options) -> dict:
+                inputs: Mapping | None = None, **options) -> dict:
     """Export ``plan`` for runtime ``fmt``.
 
     Args:
@@ -81,6 +91,8 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
             layers not in it keep the default mapping (see the module doc).
             Exporters whose runtime does not name modules (megatron, deepspeed,
             gpipe) accept it and say in a note that it is unused.
+        inputs: the plan file's ``inputs`` object (``model``, ``cluster``,
+            ``job``), or ``None``; see the module doc.
         **options: exporter-specific keyword options (documented on each
             ``export_<fmt>`` function, e.g. ``allow_layout`` for megatron).
 
@@ -98,15 +110,16 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:
-        return fn(plan, module_names=module_names, **options)
+        return fn(plan, module_names=module_names, inputs=Inputs.of(inputs), **options)
     except TypeError as exc:
         if "unexpected keyword argument" in str(exc):
             raise InputError(f"export {fmt}: {exc}") from exc
         raise
 
 
-def export_all(plan: Plan) -> dict[str, dict]:
-    """Export ``plan`` in every format of :data:`FORMATS`.
+def export_all(plan: Plan, inputs: Mapping | None = None) -> dict[str, dict]:
+    """Export ``plan`` in every format of :data:`FORMATS` (``inputs``: as for
+    :func:`export_plan`).
 
     Returns:
         ``{fmt: export}`` for every format, where a refused export is
@@ -116,13 +129,112 @@ def export_all(plan: Plan) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for fmt in FORMATS:
         try:
-            out[fmt] = export_plan(plan, fmt)
+            out[fmt] = export_plan(plan, fmt, inputs=inputs)
         except InputError as exc:
             out[fmt] = {"refused": str(exc)}
     return out
 
 
 # ---------------------------------------------------------------- shared helpers (used by the exporters)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the exporters read from a plan file's ``inputs`` object.
+
+    Attributes:
+        model: ``inputs.model`` (``{}`` when not given): ``name``, ``kind``
+            (``"transformer"`` or ``"profile"``), ``seq_len``, and for
+            transformers ``transformer`` (the config's fields, see
+            :class:`pipesearch.profiles.transformer.TransformerConfig`).
+        cluster: ``inputs.cluster`` (``{}`` when not given); the exporters use
+            ``groups[*].devices_per_node`` and ``name``.
+        job: ``inputs.job`` (``{}`` when not given); the exporters use
+            ``zero1``.
+    """
+
+    model: Mapping = field(default_factory=dict)
+    cluster: Mapping = field(default_factory=dict)
+    job: Mapping = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, inputs: Mapping | None) -> "Inputs":
+        if isinstance(inputs, Inputs):
+            return inputs
+        inputs = inputs or {}
+        if not isinstance(inputs, Mapping):
+            raise InputError(f"export: inputs = {inputs!r}; expected the plan file's inputs object")
+        return cls(dict(inputs.get("model") or {}), dict(inputs.get("cluster") or {}), dict(inputs.get("job") or {}))
+
+    @property
+    def transformer(self) -> Mapping | None:
+        """The transformer config fields, or ``None`` (no inputs, or a profiled model)."""
+        t = self.model.get("transformer")
+        return t if isinstance(t, Mapping) else None
+
+    @property
+    def seq_len(self) -> int | None:
+        v = self.model.get("seq_len")
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    @property
+    def devices_per_node(self) -> int | None:
+        """Devices per node of the cluster (the smallest group's), or ``None``."""
+        groups = self.cluster.get("groups") or []
+        sizes = [g.get("devices_per_node") for g in groups if isinstance(g, Mapping)]
+        sizes = [s for s in sizes if isinstance(s, int) and s > 0]
+        return min(sizes) if sizes else None
+
+    @property
+    def zero1(self) -> bool:
+        return bool(self.job.get("zero1", False))
+
+
+def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """``argv`` (after ``env`` assignments) as a shell command, one flag and its values per line."""
+    head = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    groups: list[list[str]] = []
+    for a in argv:
+        if a.startswith("-") or not groups or a.startswith("activation-checkpoint:") or a.endswith(".py"):
+            groups.append([a])
+        else:
+            groups[-1].append(a)
+    # the launcher and the program name stay on the first line
+    lines = []
+    for g in groups:
+        lines.append(" ".join(shlex.quote(x) for x in g))
+    return " \\\n    ".join([" ".join(head + [lines[0]]) if head else lines[0], *lines[1:]])
+
+
+def torchrun_prefix(world_size: int, inputs: Inputs) -> tuple[list[str], str | None]:
+    """``torchrun`` arguments for ``world_size`` processes on the plan's nodes.
+
+    Returns:
+        ``(argv, note)``: ``["torchrun", "--nnodes", N, "--nproc-per-node",
+        G]`` with ``G = min(devices per node, world_size)`` and ``N =
+        ceil(world_size / G)``; when ``G`` does not divide ``world_size`` the
+        last node runs the remainder (torchrun's rendezvous adds up each
+        node's ``--nproc-per-node``), which ``note`` says, as it says what a
+        multi-node job needs and how many devices stay idle; ``None`` when
+        there is nothing to say. Without the cluster's node size, one node
+        of ``world_size`` processes.
+    """
+    per_node = inputs.devices_per_node or world_size
+    g = min(per_node, world_size)
+    n = -(-world_size // g)
+    notes = []
+    last = world_size - (n - 1) * g
+    if last != g:
+        notes.append(f"{world_size} processes do not fill nodes of {g}: on the last node pass "
+                     f"--nproc-per-node {last}")
+    if n > 1:
+        notes.append(f"run the command on each of the {n} nodes with --node-rank set and --rdzv-endpoint "
+                     f"(or --master-addr/--master-port) pointing at node 0")
+    if inputs.devices_per_node:
+        idle = n * per_node - world_size
+        if idle > 0:
+            notes.append(f"{idle} device(s) of the {n} node(s) stay idle: the plan uses {world_size} processes")
+    return (["torchrun", "--nnodes", str(n), "--nproc-per-node", str(g)], "; ".join(notes) + "." if notes else None)
 
 
 @dataclass(frozen=True)
@@ -155,10 +267,10 @@ def plan_layers(plan: Plan, runtime: str) -> PlanLayers:
     Raises:
         InputError: naming ``runtime``, the field and the value.
     """
-    for field in ("pp", "vp", "dp", "tp", "micro_batch_size", "num_micro_batches"):
-        val = getattr(plan, field)
+    for name in ("pp", "vp", "dp", "tp", "micro_batch_size", "num_micro_batches"):
+        val = getattr(plan, name)
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-            raise InputError(f"{runtime}: plan.{field} = {val!r}; expected an integer >= 1")
+            raise InputError(f"{runtime}: plan.{name} = {val!r}; expected an integer >= 1")
     if plan.schedule not in SCHEDULES:
         raise InputError(f"{runtime}: plan.schedule = {plan.schedule!r}; expected one of {', '.join(SCHEDULES)}")
     want = plan.pp * plan.vp
@@ -259,7 +371,7 @@ def layer_modules(names: Sequence[str], module_names: Mapping[str, str | Sequenc
             if name == "embedding":
                 out.append(["tok_embeddings"])
             elif name == "head":
-                out.append(["norm", "output"])
+                out.append(["norm", "lm_head"])
             else:
                 out.append([f"layers.{int(_BLOCK.fullmatch(name).group(1))}"])
         else:

@@ -31,19 +31,29 @@ Rules (read through the code corpus and issue tracker):
   config check DeepSpeed applies), ``gradient_accumulation_steps = m``.
 * Activation checkpointing in ``PipelineModule`` is per layer
   (``activation_checkpoint_interval``: checkpoint every n layers, 0 = off).
+* ``ds_config.json`` (the export's ``files``): the batch keys above,
+  ``zero_optimization.stage`` 1 with ZeRO-1 (the plan's ``job.zero1``), else
+  0 (the pipeline engine refuses stages 2 and 3), and ``bf16.enabled`` for
+  transformer plans (pipesearch's transformer tables assume bf16 mixed
+  precision). Checked by DeepSpeed 0.19.8's ``DeepSpeedConfig`` in the tests.
 * An empty stage is refused: the rank would hold a partition without layers
   or parameters.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
-from . import FORMAT_VERSION, plan_layers, recompute_mode, refuse_empty_stages, sequence_parallel
+from . import FORMAT_VERSION, Inputs, plan_layers, recompute_mode, refuse_empty_stages, sequence_parallel
 
 RUNTIME = "deepspeed"
+
+RUNTIME_VERSION = "0.19.8"
+"""The DeepSpeed release the tests check the config and partition against
+(``DeepSpeedConfig``, ``PipelineModule``)."""
 
 PARTITION_RECIPE = '''\
 from deepspeed.pipe import PipelineModule
@@ -84,7 +94,8 @@ def _partition_uniform_old(num_items: int, num_parts: int) -> list[int]:
     return [min(chunk * p, num_items) for p in range(num_parts)] + [num_items]
 
 
-def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None) -> dict:
+def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
+                     inputs: Inputs | None = None) -> dict:
     """Export ``plan`` for DeepSpeed's pipeline engine.
 
     Args:
@@ -148,8 +159,24 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         notes.append(f"only {m} micro-batches for {p} stages: most of each step is pipeline bubble.")
     if module_names:
         notes.append("module_names is unused: DeepSpeed indexes layers by position.")
+    inputs = inputs or Inputs()
+    config = {
+        "train_batch_size": mbs * m * plan.dp,
+        "train_micro_batch_size_per_gpu": mbs,
+        "gradient_accumulation_steps": m,
+        # the pipeline engine supports ZeRO stage 0 and 1 only (PipelineEngine.__init__)
+        "zero_optimization": {"stage": 1 if inputs.zero1 else 0},
+    }
+    if inputs.model.get("kind") == "transformer":
+        # pipesearch's transformer tables assume bf16 mixed precision (2-byte activations and weights)
+        config["bf16"] = {"enabled": True}
+    files = {
+        "ds_config.json": json.dumps(config, indent=2) + "\n",
+        "partition.py": PARTITION_RECIPE + f"\n\nPARTS = {parts!r}  # layer boundaries, len = num_stages + 1\n",
+    }
     return {
         "runtime": RUNTIME,
+        "runtime_version": RUNTIME_VERSION,
         "format_version": FORMAT_VERSION,
         "pipeline_module": {
             "num_stages": p,
@@ -158,14 +185,11 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
             "activation_checkpoint_interval": 1 if rc == "full" else 0,
             "topology": topology,
         },
-        "config": {
-            "train_batch_size": mbs * m * plan.dp,
-            "train_micro_batch_size_per_gpu": mbs,
-            "gradient_accumulation_steps": m,
-        },
+        "config": config,
         "parts": parts,
         "num_stages": p,
         "partition_recipe": PARTITION_RECIPE,
+        "files": files,
         "notes": notes,
     }
 

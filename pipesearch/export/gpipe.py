@@ -33,14 +33,15 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
-from . import FORMAT_VERSION, plan_layers, recompute_mode, refuse_empty_stages, sequence_parallel
+from . import FORMAT_VERSION, Inputs, plan_layers, recompute_mode, refuse_empty_stages, sequence_parallel
 
 RUNTIME = "torchgpipe"
 
 CHECKPOINT = {"none": "never", "selective": "never", "full": "always"}
 
 
-def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None) -> dict:
+def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
+                 inputs: Inputs | None = None) -> dict:
     """Export ``plan`` as torchgpipe / fairscale Pipe arguments.
 
     Args:
@@ -92,12 +93,14 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         notes.append("module_names is unused: GPipe splits the nn.Sequential by child position.")
     return {
         "runtime": RUNTIME,
+        "runtime_version": None,  # not checked against a release (torchgpipe / fairscale are not installed)
         "format_version": FORMAT_VERSION,
         "balance": balance,
         "chunks": m,
         "checkpoint": CHECKPOINT[rc],
         "batch_size": plan.micro_batch_size * m,
         "devices": devices,
+        "files": {},
         "notes": notes,
     }
 

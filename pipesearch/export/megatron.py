@@ -78,7 +78,10 @@ from ..errors import InputError
 from ..types import Plan
 from . import (
     FORMAT_VERSION,
+    Inputs,
     plan_layers,
+    shell_command,
+    torchrun_prefix,
     recompute_mode,
     sequence_parallel,
     transformer_shape,
@@ -93,6 +96,9 @@ _VALUE_FLAGS = frozenset({
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--pipeline-model-parallel-layout", "--micro-batch-size", "--global-batch-size",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--seq-length", "--max-position-embeddings",
+    "--vocab-size", "--kv-channels", "--num-query-groups", "--normalization", "--position-embedding-type",
+    "--attention-dropout", "--hidden-dropout", "--make-vocab-size-divisible-by", "--tokenizer-type",
 })
 
 
@@ -243,21 +249,117 @@ def _stage_tokens(counts: Sequence[int], has_emb: bool, has_head: bool) -> list[
 # ---------------------------------------------------------------- export
 
 
+RUNTIME_VERSION = "core_v0.16.1"
+"""The Megatron-LM tag whose ``megatron/training/arguments.py`` (``parse_args``,
+``validate_args``) and megatron-core 0.16.1 functions the tests check the
+export against."""
+
+
+def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
+    """Megatron-LM model shape and type flags for a transformer config.
+
+    Args:
+        t: the fields of a :class:`~pipesearch.profiles.transformer.TransformerConfig`
+            (the plan file's ``inputs.model.transformer``).
+        seq_len: the planned sequence length (tokens per sample); ``None``
+            takes ``t["seq_len"]``.
+
+    Returns:
+        ``(argv items, notes)``. Flags: ``--hidden-size``,
+        ``--num-attention-heads``, ``--ffn-hidden-size``, ``--seq-length``,
+        ``--max-position-embeddings`` (at least the sequence length:
+        ``validate_args`` asserts it), ``--vocab-size``, ``--kv-channels``
+        when heads are not ``hidden / heads`` wide, ``--group-query-attention
+        --num-query-groups g`` for GQA, ``--swiglu`` for a gated MLP,
+        ``--normalization RMSNorm``, ``--position-embedding-type rope`` /
+        ``none``, ``--untie-embeddings-and-output-weights``,
+        ``--disable-bias-linear``, ``--attention-dropout 0.0
+        --hidden-dropout 0.0`` without dropout,
+        ``--make-vocab-size-divisible-by`` when not Megatron's 128, ``--bf16``.
+        Megatron's defaults (LayerNorm, learned absolute positions, biases,
+        tied embeddings, dropout 0.1, GELU) are not written.
+
+    Raises:
+        InputError: an encoder-decoder config (Megatron trains those with
+            pretrain_t5.py and other flags) or a field of the wrong type.
+    """
+    def num(key, default=None):
+        v = t.get(key, default)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InputError(f"megatron: inputs.model.transformer.{key} = {v!r}; expected a positive integer")
+        return v
+
+    if t.get("kind", "decoder") != "decoder":
+        raise InputError(
+            f"megatron: model kind {t.get('kind')!r}: only decoder-only models get a pretrain_gpt.py command "
+            f"(encoder-decoder models train with pretrain_t5.py and --encoder/--decoder-num-layers)"
+        )
+    h, a, f, vocab = num("hidden_size"), num("num_attention_heads"), num("ffn_hidden_size"), num("vocab_size")
+    s = seq_len or num("seq_len")
+    pos = t.get("position_embedding", "learned")
+    max_pos = num("max_position_embeddings") or s
+    if pos != "learned":
+        max_pos = max(max_pos, s)
+    args = ["--hidden-size", str(h), "--num-attention-heads", str(a), "--ffn-hidden-size", str(f),
+            "--seq-length", str(s), "--max-position-embeddings", str(max_pos), "--vocab-size", str(vocab)]
+    notes = []
+    d = num("head_dim")
+    if d is not None and d * a != h:
+        args += ["--kv-channels", str(d)]
+    g = num("num_kv_heads")
+    if g is not None and g != a:
+        args += ["--group-query-attention", "--num-query-groups", str(g)]
+    if t.get("gated_mlp"):
+        args.append("--swiglu")
+        notes.append("gated MLP written as --swiglu (SwiGLU); a GEGLU model needs its own activation.")
+    if t.get("norm", "layernorm") == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if pos == "rotary":
+        args += ["--position-embedding-type", "rope"]
+        notes.append("rotary embeddings: Megatron's --rotary-base defaults to 10000; set the model's own base "
+                     "(Llama 3: 500000) and --rotary-percent if not 1.0. pipesearch's costs do not depend on it.")
+    elif pos == "none":
+        args += ["--position-embedding-type", "none"]
+    elif pos != "learned":
+        raise InputError(f"megatron: position_embedding {pos!r} has no pretrain_gpt.py flag")
+    if t.get("tied_embeddings", True) is False:
+        args.append("--untie-embeddings-and-output-weights")
+    if t.get("bias", True) is False:
+        args.append("--disable-bias-linear")
+    if t.get("dropout", True) is False:
+        args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
+    div = num("make_vocab_size_divisible_by", 128)
+    if div != 128:
+        args += ["--make-vocab-size-divisible-by", str(div)]
+    args.append("--bf16")
+    return args, notes
+
+
 def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
-                    allow_layout: bool = True) -> dict:
+                    inputs: Inputs | None = None, allow_layout: bool = True) -> dict:
     """Export ``plan`` as Megatron-LM arguments.
 
     Args:
         plan: the plan; its layers must be a transformer layer table.
         module_names: unused (Megatron names its own modules); noted if given.
+        inputs: the plan file's inputs: the model's shape gives the model
+            flags (:func:`model_args`), ``job.zero1`` the distributed
+            optimizer, the cluster's node size the ``torchrun`` line. Without
+            a transformer config only the parallelism flags are written
+            (noted: Megatron then refuses the command).
         allow_layout: ``False`` for a Megatron-LM without
             ``--pipeline-model-parallel-layout``; splits that only a layout can
             express are then refused.
 
     Returns:
-        ``{"runtime", "format_version", "args": [argv items], "command_line":
-        str, "layout": str | None, "num_layers", "world_size",
-        "num_microbatches", "has_embedding", "has_head", "notes"}``
+        ``{"runtime", "runtime_version", "format_version", "args": [argv
+        items of pretrain_gpt.py], "data_args": [a mock-data stand-in],
+        "env": {name: value}, "command_line": str (env, torchrun,
+        pretrain_gpt.py, args, data_args), "layout": str | None,
+        "num_layers", "world_size", "num_microbatches", "has_embedding",
+        "has_head", "files": {"launch_megatron.sh": text}, "notes"}``
         (``has_*``: whether the plan's layer list has those layers, which the
         parse-back needs to index layers).
 
@@ -390,6 +492,7 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
             f"megatron: cannot express the split (pp={p}, vp={v}, layers per stage {counts}): " + "; ".join(reasons)
         )
 
+    inputs = inputs or Inputs()
     args = [
         "--num-layers", str(L),
         "--pipeline-model-parallel-size", str(p),
@@ -399,6 +502,21 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         "--global-batch-size", str(mbs * m * plan.dp),
     ]
     notes = [f"split written with: {how}."]
+    t = inputs.transformer
+    if t is not None:
+        margs, mnotes = model_args(t, inputs.seq_len)
+        args += margs
+        notes += mnotes
+    else:
+        notes.append("no model shape in the export's inputs (export from a plan file written by pipesearch plan "
+                     "for a transformer config): add --hidden-size, --num-attention-heads, --seq-length, "
+                     "--max-position-embeddings and the model's type flags, or validate_args refuses the command.")
+    if inputs.zero1:
+        args.append("--use-distributed-optimizer")
+    env = {}
+    if plan.tp > 1:
+        # validate_args asserts it for tp > 1 before Blackwell (compute capability < 10)
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     rc = recompute_mode(plan, "megatron")
     if rc == "selective":
         args += ["--recompute-granularity", "selective"]
@@ -422,19 +540,39 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
                      "newer Megatron-LM); pass one form, not both.")
     if module_names:
         notes.append("module_names is unused: Megatron-LM names its own modules.")
-    notes.append(f"launch with world size tp*pp*dp = {plan.tp * p * plan.dp}; Megatron derives "
+    world = plan.tp * p * plan.dp
+    notes.append(f"launch with world size tp*pp*dp = {world}; Megatron derives "
                  f"dp = {plan.dp} and {m} micro-batches = global / (micro * dp).")
+    notes.append("the gradient all-reduce runs after the backward, as pipesearch times it (Megatron's default); "
+                 "--overlap-grad-reduce overlaps it with the backward and can only shorten the step.")
+    if env:
+        notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1: validate_args requires it with tensor parallelism on GPUs "
+                     "before Blackwell.")
+    data_args = ["--mock-data", "--tokenizer-type", "NullTokenizer"]
+    notes.append("data_args (--mock-data --tokenizer-type NullTokenizer) make the command run on synthetic data; "
+                 "replace them with --data-path and the model's tokenizer, and add --train-iters, --lr and the "
+                 "checkpoint options.")
+    launch, launch_note = torchrun_prefix(world, inputs)
+    if launch_note:
+        notes.append(launch_note)
+    command = [*launch, "pretrain_gpt.py", *args, *data_args]
+    script = ("#!/usr/bin/env bash\n# Megatron-LM (" + RUNTIME_VERSION + ") launch for the plan (pipesearch export); "
+              "run from a Megatron-LM checkout\nset -euo pipefail\n" + shell_command(command, env) + "\n")
     return {
         "runtime": RUNTIME,
+        "runtime_version": RUNTIME_VERSION,
         "format_version": FORMAT_VERSION,
         "args": args,
-        "command_line": shlex.join(args),
+        "data_args": data_args,
+        "env": env,
+        "command_line": " ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(command)]),
         "layout": layout,
         "num_layers": L,
         "world_size": plan.tp * p * plan.dp,
         "num_microbatches": m,
         "has_embedding": has_emb,
         "has_head": has_head,
+        "files": {"launch_megatron.sh": script},
         "notes": notes,
     }
 

@@ -58,6 +58,7 @@ from ..schedules import build, from_torch_csv, stage_to_rank, to_torch_csv
 from ..types import Plan
 from . import (
     FORMAT_VERSION,
+    Inputs,
     layer_modules,
     plan_layers,
     recompute_mode,
@@ -80,6 +81,105 @@ SINGLE_STAGE_CLASSES = frozenset({"ScheduleGPipe", "Schedule1F1B"})
 """Classes derived from ``PipelineScheduleSingle`` (one stage per rank)."""
 
 SPLIT_POINT = "SplitPoint.BEGINNING"
+
+RUNTIME_VERSION = "2.13.0"
+"""The torch release whose ``torch.distributed.pipelining`` the tests run the
+exports with."""
+
+SNIPPET = '''"""Run the plan with torch.distributed.pipelining (torch {version}); written by pipesearch export.
+
+    torchrun --nproc-per-node {world} pipeline_torch.py MODULE:FACTORY --sample-shape 1024 [--steps 10]
+
+FACTORY() returns the model that was planned (the same weights on every rank: seed it). Each stage
+runs its modules in a chain, as a model profiled by pipesearch does (one tensor between layers).
+Rank r = replica * {pp} + pipeline rank; the data-parallel replicas all-reduce gradients after each
+step. The loss is the mean squared error against a random target: replace it with the model's own.
+"""
+
+import argparse
+import importlib
+from collections import OrderedDict
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import pipelining
+
+PP, VP, DP = {pp}, {vp}, {dp}
+SCHEDULE_CLASS = "{cls}"
+N_MICROBATCHES, MICROBATCH_SIZE = {m}, {mbs}
+STAGE_MODULES = {stage_modules!r}  # stage s runs on pipeline rank s % PP
+PIPELINE_ORDER_CSV = """{csv}"""
+MULTI_STAGE = {multi}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("factory", help="MODULE:FACTORY returning the model")
+    ap.add_argument("--sample-shape", required=True, help="shape of one input sample, e.g. 3,224,224")
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != PP * DP:
+        raise SystemExit(f"the plan needs {{PP * DP}} processes (pp {{PP}} x dp {{DP}}), got {{world}}")
+    replica, pp_rank = divmod(rank, PP)
+    pp_groups = [dist.new_group(list(range(d * PP, (d + 1) * PP))) for d in range(DP)]
+    dp_groups = [dist.new_group(list(range(r, world, PP))) for r in range(PP)]
+    device = torch.device(f"cuda:{{rank % torch.cuda.device_count()}}") if torch.cuda.is_available() else torch.device("cpu")
+    module, _, name = args.factory.partition(":")
+    model = getattr(importlib.import_module(module), name)()
+    shape = tuple(int(x) for x in args.sample_shape.split(","))
+    local = [s for s in range(PP * VP) if s % PP == pp_rank]
+    stages, params = [], []
+    for s in local:
+        sub = nn.Sequential(OrderedDict((f.replace(".", "_"), model.get_submodule(f)) for f in STAGE_MODULES[s]))
+        sub.to(device)
+        params += list(sub.parameters())
+        stages.append(pipelining.PipelineStage(sub, s, PP * VP, device, group=pp_groups[replica]))
+    last = (PP * VP - 1) in local
+    target = None
+    x = torch.randn(N_MICROBATCHES * MICROBATCH_SIZE, *shape, device=device)
+    if last:
+        with torch.no_grad():
+            out_shape = model.to(device)(x[:1]).shape[1:]
+        target = torch.randn(N_MICROBATCHES * MICROBATCH_SIZE, *out_shape, device=device)
+    del model
+    cls = getattr(pipelining, SCHEDULE_CLASS)
+    loss_fn = nn.MSELoss()  # on every rank: a schedule built without loss_fn runs forward only
+    sched = cls(stages if MULTI_STAGE else stages[0], n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)
+    if MULTI_STAGE and hasattr(sched, "_load_csv"):
+        import os
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+            f.write(PIPELINE_ORDER_CSV)
+        sched._load_csv(f.name)  # exactly the order pipesearch simulated
+        os.unlink(f.name)
+    opt = torch.optim.SGD(params, lr=1e-2)
+    for step in range(args.steps):
+        losses = [] if last else None
+        if 0 in local:
+            sched.step(x, target=target, losses=losses) if last else sched.step(x)
+        elif last:
+            sched.step(target=target, losses=losses)
+        else:
+            sched.step()
+        if DP > 1:
+            for p in params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=dp_groups[pp_rank])
+                    p.grad /= DP
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if last and replica == 0:
+            print(f"step {{step}}: loss {{torch.stack(losses).mean().item():.4f}}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
 
 
 def torch_stage_modules(plan: Plan, runtime: str, module_names, empty_stage_reason: str):
@@ -140,19 +240,24 @@ def check_torch_schedule(plan: Plan, runtime: str) -> str:
     return cls
 
 
-def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None) -> dict:
+def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
+                 inputs: Inputs | None = None) -> dict:
     """Export ``plan`` for ``torch.distributed.pipelining``.
 
     Args:
         plan: the plan.
         module_names: layer name -> module FQN(s) (see :mod:`pipesearch.export`).
+        inputs: unused (the plan has all the torch export needs).
 
     Returns:
         ``{"runtime", "format_version", "split_spec", "num_stages",
         "schedule_class", "n_microbatches", "microbatch_size",
         "batch_size_per_step", "pp_group_size", "stages_per_rank",
         "stage_to_rank", "rank_to_stages", "pipeline_order_csv",
-        "layer_modules", "notes"}``.
+        "layer_modules", "files", "notes"}``; ``files["pipeline_torch.py"]``
+        (plans with tp = 1) is a script for ``torchrun`` that builds the
+        plan's stages from a model factory and trains with the plan's
+        schedule class (and, for multi-stage classes, pipesearch's order).
 
     Raises:
         InputError: a malformed plan, an empty stage, or a schedule rule of
@@ -198,8 +303,17 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             "ScheduleInterleavedZeroBubble splits backward into input and weight gradients and refuses "
             "torch.compile'd stage modules (_check_torch_compile_compatibility)."
         )
+    files = {}
+    if plan.tp == 1:
+        files["pipeline_torch.py"] = SNIPPET.format(
+            version=RUNTIME_VERSION, world=p * plan.dp, pp=p, vp=v, dp=plan.dp, cls=cls, m=m,
+            mbs=plan.micro_batch_size, stage_modules=[[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges],
+            csv=to_torch_csv(order), multi=cls not in SINGLE_STAGE_CLASSES)
+    else:
+        notes.append("no pipeline_torch.py: the snippet has no tensor parallelism (tp > 1).")
     return {
         "runtime": RUNTIME,
+        "runtime_version": RUNTIME_VERSION,
         "format_version": FORMAT_VERSION,
         "split_spec": split_spec,
         "num_stages": num_stages,
@@ -213,6 +327,7 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         "rank_to_stages": [[r + c * p for c in range(v)] for r in range(p)],
         "pipeline_order_csv": to_torch_csv(order),
         "layer_modules": mods,
+        "files": files,
         "notes": notes,
     }
 

@@ -1,64 +1,66 @@
-"""Export a plan as torchtitan job-config settings.
+"""Export a plan as a torchtitan 0.3.0 launch command.
 
 torchtitan (github.com/pytorch/torchtitan) builds torch.distributed.pipelining
 stages from its own config; its schedule classes are torch's, so the torch
 rules (:func:`pipesearch.export.torch.check_torch_schedule`) apply too.
 
-Config keys used (torchtitan/config/job_config.py, ``[parallelism]`` and
-``[training]`` sections, the 2025 version with ``module_fqns_per_model_part``,
-read through the code corpus):
+Target: torchtitan 0.3.0 (checked against that release's own code:
+``torchtitan/config/manager.py`` ``ConfigManager``, ``config/configs.py``,
+``distributed/pipeline_parallel.py``, ``trainer.py``). 0.3.0 reads no TOML:
+a job is ``--module <model module> --config <config_registry function>``
+plus ``--<section>.<key> value`` overrides parsed by tyro, and activation
+checkpointing is a tyro subcommand (``activation-checkpoint:none``,
+``activation-checkpoint:full``, ``activation-checkpoint:selective``).
+Overrides written (all from the plan):
 
-* ``parallelism.pipeline_parallel_degree``: pipeline ranks (not stages).
-* ``parallelism.pipeline_parallel_schedule``: a name
+* ``--parallelism.pipeline_parallel_degree``: pipeline ranks (not stages).
+* ``--parallelism.pipeline_parallel_schedule``: a name
   ``torch.distributed.pipelining.schedules.get_schedule_class`` accepts
-  (case-insensitive): ``"GPipe"``, ``"1F1B"``, ``"Interleaved1F1B"``,
-  ``"InterleavedZeroBubble"``, ``"ZBVZeroBubble"``, ``"LoopedBFS"``, ...
-* ``parallelism.module_fqns_per_model_part``: list of lists of module FQNs,
-  one list per stage ("model part"); torchtitan's ``pipeline_module_split``
-  keeps those modules in a deep copy of the model (top-level children, or
-  ``<ModuleList/ModuleDict>.<key>``; "Does not support nested moduledict and
-  modulelist structures") and gives rank ``r`` stages ``r, r + pp, ..``
-  ("loop" style) except for ZBV/DualPipeV ("v" style).
-* ``parallelism.pipeline_parallel_microbatch_size``: the number of
-  micro-batches is ``training.local_batch_size //
-  pipeline_parallel_microbatch_size`` (``build_pipeline_schedule``), so the
-  export sets ``training.local_batch_size = micro_batch_size * m``.
-* ``parallelism.pipeline_parallel_layers_per_stage`` (+
-  ``pipeline_parallel_first_stage_less_layers`` /
-  ``_last_stage_less_layers``, default 1): an alternative to the explicit
-  FQN lists. ``pipeline_llm`` computes ``num_virtual_stages =
-  ceil((n_layers + first_less + last_less) / layers_per_stage)``, requires it
-  divisible by the pipeline degree, exactly 1 stage per rank for single-stage
-  schedules and at least 2 for multi-stage ones, and
-  ``generate_llm_fqn_per_model_part`` then spreads the layers (extra layers to
-  the first stages). The export offers it (under
-  ``"layers_per_stage_alternative"``) only when that recipe reproduces the
-  plan's split exactly. Recent torchtitan raises if both are set.
-* ``parallelism.tensor_parallel_degree``,
-  ``parallelism.data_parallel_replicate_degree`` /
-  ``data_parallel_shard_degree``: pipesearch's data parallelism is plain
-  replication with a gradient all-reduce, i.e. ``replicate = dp`` and
-  ``shard = 1`` (torchtitan's default ``shard = -1`` is FSDP over the leftover
-  ranks, which changes memory and communication).
-* ``activation_checkpoint.mode``: ``"none"``, ``"selective"`` or ``"full"``
-  (torchtitan's default is ``"selective"``, so ``"none"`` is written out).
+  (``GPipe``, ``1F1B``, ``Interleaved1F1B``, ``InterleavedZeroBubble``,
+  ``LoopedBFS``).
+* ``--parallelism.module_fqns_per_model_part``: one comma-separated FQN list
+  per stage ("model part"), as 0.3.0's ``list_str_rule`` parses them;
+  ``_pipeline_module_split`` keeps those modules in a deep copy of the model
+  (top-level children, or ``<ModuleList/ModuleDict>.<key>``) and sets every
+  other top-level child to ``None``, so the names must be the model's own:
+  0.3.0's ``Decoder`` has ``tok_embeddings``, ``layers``, ``norm``,
+  ``lm_head``. Rank ``r`` builds stages ``r, r + pp, ..`` ("loop" style).
+* ``--parallelism.pipeline_parallel_microbatch_size`` and
+  ``--training.local_batch_size = micro_batch_size * m``:
+  ``_build_pipeline_schedule`` runs ``local_batch_size //
+  pipeline_parallel_microbatch_size`` micro-batches.
+* ``--training.global_batch_size = local * dp``, ``--training.seq_len`` (from
+  the plan's model, when known).
+* ``--training.disable_cuda_graphs`` when ``pp > 1`` (``Trainer.Config``
+  refuses pipeline parallelism with CUDA graphs: "CUDA graphs do not support
+  pipeline parallelism yet").
+* ``--parallelism.tensor_parallel_degree``,
+  ``--parallelism.[no-]enable_sequence_parallel`` (with ``tp > 1``),
+  ``--parallelism.data_parallel_replicate_degree = dp`` and
+  ``--parallelism.data_parallel_shard_degree 1``: pipesearch's data
+  parallelism is plain replication with a gradient all-reduce (torchtitan's
+  default shard degree ``-1`` is FSDP over the leftover ranks).
 
-Renames in newer torchtitan (torchtitan/config/parallelism.py, 2026):
-``pipeline_parallel_module_fqns_per_model_part`` and ``num_pp_microbatches``
-replace ``module_fqns_per_model_part`` and the micro-batch-size route; the
-export notes them.
+``layers_per_stage_alternative``: ``pipeline_parallel_layers_per_stage`` (+
+``pipeline_parallel_first/last_stage_less_layers``) when torchtitan's own
+recipe (``_get_pipeline_metadata`` + ``_generate_llm_fqn_per_model_part``)
+reproduces the plan's split exactly and the stages per rank fit its checks.
 """
 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
 from . import (
     FORMAT_VERSION,
+    Inputs,
     recompute_mode,
+    shell_command,
+    torchrun_prefix,
     sequence_parallel,
     transformer_shape,
 )
@@ -78,9 +80,10 @@ SCHEDULE_NAMES = {
 
 def generate_llm_fqn_per_model_part(num_stages: int, num_layers: int, input_weight: int = 1,
                                     output_weight: int = 1) -> list[list[str]]:
-    """torchtitan's ``generate_llm_fqn_per_model_part`` (torchtitan/distributed/
-    pipeline_parallel.py), reimplemented to check which split
-    ``pipeline_parallel_layers_per_stage`` would produce.
+    """torchtitan 0.3.0's ``_generate_llm_fqn_per_model_part``
+    (torchtitan/distributed/pipeline_parallel.py), reimplemented to check which
+    split ``pipeline_parallel_layers_per_stage`` would produce (the tests
+    compare it with torchtitan's own where torchtitan is installed).
 
     Raises:
         InputError: where torchtitan raises ValueError.
@@ -88,7 +91,7 @@ def generate_llm_fqn_per_model_part(num_stages: int, num_layers: int, input_weig
     if num_stages < 1:
         raise InputError("Number of stages must be at least 1")
     if num_stages == 1:
-        return [["tok_embeddings"] + [f"layers.{i}" for i in range(num_layers)] + ["norm", "output"]]
+        return [["tok_embeddings"] + [f"layers.{i}" for i in range(num_layers)] + ["norm", "lm_head"]]
     eff = num_layers + input_weight + output_weight
     if num_stages > eff:
         raise InputError(f"Number of stages ({num_stages}) cannot be greater than effective layers ({eff})")
@@ -111,7 +114,7 @@ def generate_llm_fqn_per_model_part(num_stages: int, num_layers: int, input_weig
                 mods.append(f"layers.{cur}")
                 cur += 1
         if s == num_stages - 1 and s != 0:
-            mods.extend(["norm", "output"])
+            mods.extend(["norm", "lm_head"])
         out.append(mods)
     return out
 
@@ -149,44 +152,46 @@ def _layers_per_stage_alternative(plan: Plan, parts: list[list[str]], names: Seq
     return None
 
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"no TOML form for {v!r}")
+RUNTIME_VERSION = "0.3.0"
+
+TORCHTITAN_CONFIGS = {
+    "llama3-8b": ("llama3", "llama3_8b"),
+    "llama3-70b": ("llama3", "llama3_70b"),
+}
+"""pipesearch catalog model -> torchtitan 0.3.0 ``(--module, --config)``
+(``torchtitan/models/llama3/config_registry.py``; the tests check that the
+two configs have the same shape)."""
+
+AC_SUBCOMMANDS = {"none": "activation-checkpoint:none", "full": "activation-checkpoint:full",
+                  "selective": "activation-checkpoint:selective"}
+"""pipesearch recompute mode -> torchtitan 0.3.0 activation-checkpoint subcommand."""
 
 
-def to_toml(sections: Mapping[str, Mapping[str, object]]) -> str:
-    """A TOML text of ``{section: {key: value}}`` (ints, bools, strings, nested lists)."""
-    lines = []
-    for sec, kv in sections.items():
-        lines.append(f"[{sec}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in kv.items())
-        lines.append("")
-    return "\n".join(lines)
-
-
-def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None) -> dict:
-    """Export ``plan`` as torchtitan config sections.
+def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
+                      inputs: Inputs | None = None, module: str | None = None, config: str | None = None) -> dict:
+    """Export ``plan`` as a torchtitan 0.3.0 launch command.
 
     Args:
         plan: the plan.
         module_names: layer name -> module FQN(s); the default maps transformer
-            layer tables to torchtitan's Llama names (``tok_embeddings``,
-            ``layers.N``, ``norm`` + ``output``).
+            layer tables to torchtitan's decoder names (``tok_embeddings``,
+            ``layers.N``, ``norm`` + ``lm_head``).
+        inputs: the plan file's inputs (model name and sequence length, node
+            size); optional.
+        module, config: torchtitan's ``--module`` / ``--config``; default from
+            :data:`TORCHTITAN_CONFIGS` for the plan's model, else the
+            placeholders ``MODULE`` / ``CONFIG`` (with a note).
 
     Returns:
-        ``{"runtime", "format_version", "parallelism": {...}, "training":
-        {...}, "activation_checkpoint": {...}, "toml": str,
+        ``{"runtime", "runtime_version", "format_version", "overrides":
+        [argv items after --module/--config], "argv": [the whole argv of
+        torchtitan.train], "command_line": str (torchrun ... -m
+        torchtitan.train ...), "env": {}, "parallelism": {...}, "training":
+        {...}, "activation_checkpoint": subcommand,
         "layers_per_stage_alternative": dict | None, "layer_modules",
-        "notes"}``; the three sections are torchtitan's TOML sections,
-        ``toml`` the same as text; ``layer_modules`` lists each pipesearch
-        layer's FQNs (for :func:`stages_from_module_fqns`).
+        "files": {"launch_torchtitan.sh": text}, "notes"}``; ``parallelism``
+        and ``training`` are the same settings keyed by torchtitan's field
+        names.
 
     Raises:
         InputError: a malformed plan, an empty stage, an FQN nested deeper
@@ -195,9 +200,10 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             single-stage class it passes only ``stages[0]`` to the schedule, so
             ``vp > 1`` would silently drop stages).
     """
+    inputs = inputs or Inputs()
     layers, cls, mods = torch_stage_modules(
         plan, "torchtitan", module_names,
-        "torchtitan's pipeline_module_split would build a stage module with no layers "
+        "torchtitan's _pipeline_module_split would build a stage module with no layers "
         "(re-plan without empty stages)",
     )
     for fqns in mods:
@@ -205,9 +211,12 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             if f.count(".") > 1:
                 raise InputError(
                     f"torchtitan: module FQN {f!r} is nested more than one level; torchtitan's "
-                    f"pipeline_module_split handles top-level modules and '<ModuleList/ModuleDict>.<key>' "
+                    f"_pipeline_module_split handles top-level modules and '<ModuleList/ModuleDict>.<key>' "
                     f"only ('Does not support nested moduledict and modulelist structures')"
                 )
+            if "," in f or not f.strip():
+                raise InputError(f"torchtitan: module FQN {f!r} cannot be written as an override "
+                                 f"(torchtitan splits each stage's list on commas)")
     parts = [[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges]
     m, mbs = plan.num_micro_batches, plan.micro_batch_size
     rc = recompute_mode(plan, "torchtitan")
@@ -220,17 +229,48 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
         "data_parallel_replicate_degree": plan.dp,
         "data_parallel_shard_degree": 1,
     }
+    if plan.tp > 1:
+        parallelism["enable_sequence_parallel"] = sequence_parallel(plan)
     training = {"local_batch_size": mbs * m, "global_batch_size": mbs * m * plan.dp}
-    ac = {"mode": rc}
-    alt = _layers_per_stage_alternative(plan, parts, layers.names, cls in SINGLE_STAGE_CLASSES)
+    if inputs.seq_len:
+        training["seq_len"] = inputs.seq_len
+    if plan.pp > 1:
+        training["disable_cuda_graphs"] = True
+    overrides: list[str] = []
+    for section, kv in (("parallelism", parallelism), ("training", training)):
+        for key, val in kv.items():
+            flag = f"--{section}.{key}"
+            if isinstance(val, bool):
+                overrides.append(flag if val else f"--{section}.no-{key}")
+            elif key == "module_fqns_per_model_part":
+                overrides += [flag, *(",".join(part) for part in val)]
+            else:
+                overrides += [flag, str(val)]
+    overrides.append(AC_SUBCOMMANDS[rc])  # a tyro subcommand: after every top-level option
     notes = [
-        f"number of micro-batches = training.local_batch_size // pipeline_parallel_microbatch_size = {m}.",
-        "newer torchtitan (config/parallelism.py) renames module_fqns_per_model_part to "
-        "pipeline_parallel_module_fqns_per_model_part and takes num_pp_microbatches = "
-        f"{m} instead of the micro-batch size.",
+        f"torchtitan {RUNTIME_VERSION}: {m} micro-batches = training.local_batch_size // "
+        f"pipeline_parallel_microbatch_size.",
         "data_parallel_shard_degree = 1 and replicate = dp reproduce pipesearch's data parallelism "
         "(full replicas, gradient all-reduce); FSDP (shard > 1) changes memory and communication.",
     ]
+    name = str(inputs.model.get("name", ""))
+    if module is None or config is None:
+        known = TORCHTITAN_CONFIGS.get(name)
+        if known:
+            module, config = module or known[0], config or known[1]
+        else:
+            module, config = module or "MODULE", config or "CONFIG"
+            notes.append(
+                f"pipesearch knows no torchtitan config for model {name or '(not given)'!r}: replace MODULE and "
+                f"CONFIG with the --module / --config of a torchtitan config_registry function of the same shape."
+            )
+    argv = ["--module", module, "--config", config, *overrides]
+    world = plan.tp * plan.pp * plan.dp
+    launch, launch_note = torchrun_prefix(world, inputs)
+    command = launch + ["-m", "torchtitan.train", *argv]
+    if launch_note:
+        notes.append(launch_note)
+    alt = _layers_per_stage_alternative(plan, parts, layers.names, cls in SINGLE_STAGE_CLASSES)
     if transformer_shape(layers.names) is None and not module_names:
         notes.append(
             "layer names are used as module FQNs (identity mapping); they must be top-level children "
@@ -238,30 +278,34 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
         )
     if alt is not None:
         notes.append(
-            "layers_per_stage_alternative reproduces the same split from torchtitan's own recipe; use it "
-            "instead of module_fqns_per_model_part, not with it."
-        )
-    if plan.tp > 1 and not sequence_parallel(plan):
-        notes.append(
-            "the plan has tp > 1 without sequence parallelism; torchtitan versions without "
-            "parallelism.enable_sequence_parallel always apply sequence parallelism with TP "
-            "(less activation memory than planned); set enable_sequence_parallel = false where it exists."
+            "layers_per_stage_alternative gives the same split from torchtitan's own recipe "
+            "(--parallelism.pipeline_parallel_layers_per_stage ...); pass it instead of "
+            "module_fqns_per_model_part, not with it."
         )
     if rc == "selective":
         notes.append(
             "pipesearch's 'selective' recomputes the attention core (Korthikanti et al.); torchtitan's "
-            "selective mode is per-op ('op') or every n-th layer ('int'): choose selective_ac_option = 'op'."
+            "activation-checkpoint:selective is per-op (saves matmul and attention outputs, recomputes the "
+            "rest), close but not the same memory."
         )
-    sections = {"parallelism": parallelism, "training": training, "activation_checkpoint": ac}
+    if plan.schedule == "zb-h1":
+        notes.append("zb-h1 runs as torch's ScheduleInterleavedZeroBubble with one stage per rank.")
+    script = "#!/usr/bin/env bash\n# " + f"torchtitan {RUNTIME_VERSION} launch for the plan (pipesearch export)\n" + \
+        "set -euo pipefail\n" + shell_command(command) + "\n"
     return {
         "runtime": RUNTIME,
+        "runtime_version": RUNTIME_VERSION,
         "format_version": FORMAT_VERSION,
+        "overrides": overrides,
+        "argv": argv,
+        "command_line": shlex.join(command),
+        "env": {},
         "parallelism": parallelism,
         "training": training,
-        "activation_checkpoint": ac,
-        "toml": to_toml(sections),
+        "activation_checkpoint": AC_SUBCOMMANDS[rc],
         "layers_per_stage_alternative": alt,
         "layer_modules": mods,
+        "files": {"launch_torchtitan.sh": script},
         "notes": notes,
     }
 
@@ -317,3 +361,48 @@ def stages_from_layers_per_stage(alt: Mapping[str, int], num_blocks: int) -> lis
     lps = alt["pipeline_parallel_layers_per_stage"]
     stages = math.ceil((num_blocks + iw + ow) / lps)
     return generate_llm_fqn_per_model_part(stages, num_blocks, iw, ow)
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, object]:
+    """The settings in an export's ``overrides`` (the form torchtitan 0.3.0's
+    tyro parser reads), without torchtitan.
+
+    Returns:
+        ``{"section.key": value}``: a string for a valued option, ``True`` /
+        ``False`` for ``--section.key`` / ``--section.no-key`` switches, a list
+        of FQN lists for ``module_fqns_per_model_part``, and
+        ``{"activation_checkpoint": subcommand}``.
+
+    Raises:
+        InputError: a token that is no option, or an option without a value.
+    """
+    out: dict[str, object] = {}
+    i = 0
+    toks = list(overrides)
+    while i < len(toks):
+        tok = toks[i]
+        if tok.startswith("activation-checkpoint:"):
+            out["activation_checkpoint"] = tok
+            i += 1
+            continue
+        if not tok.startswith("--") or "." not in tok:
+            raise InputError(f"torchtitan overrides: {tok!r} is not a --section.key option")
+        section, key = tok[2:].split(".", 1)
+        vals = []
+        j = i + 1
+        while j < len(toks) and not toks[j].startswith("--") and not toks[j].startswith("activation-checkpoint:"):
+            vals.append(toks[j])
+            j += 1
+        if not vals:
+            if key.startswith("no-"):
+                out[f"{section}.{key[3:]}"] = False
+            else:
+                out[f"{section}.{key}"] = True
+        elif key == "module_fqns_per_model_part":
+            out[f"{section}.{key}"] = [v.split(",") for v in vals]
+        elif len(vals) == 1:
+            out[f"{section}.{key}"] = vals[0]
+        else:
+            raise InputError(f"torchtitan overrides: {tok} has {len(vals)} values")
+        i = j
+    return out

@@ -271,14 +271,16 @@ def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "
     its Gantt chart (:func:`pipesearch.plots.timeline.plot_timeline`)."""
     from ..search import simulate_plan
     from ..units import format_seconds
-    from .timeline import plot_timeline
+    from .timeline import allreduce_spans, plot_timeline
 
     plan = plan_of_rank(plan_file, rank, source)
     path, _ = check_output(path)
     total_s, timeline = simulate_plan(plan)
     title = (f"{title_of(plan_file)}\nplan {plan_label(plan)}: simulated iteration {format_seconds(total_s)} "
-             f"(pipeline {format_seconds(timeline.iteration_time_s)} shown, then gradient all-reduce)")
-    return _atomic(path, lambda tmp: plot_timeline(timeline, tmp, title))
+             f"(pipeline {format_seconds(timeline.iteration_time_s)}"
+             + (", then gradient all-reduce)" if plan.dp > 1 else ", dp = 1: no all-reduce)"))
+    spans = allreduce_spans(plan, timeline)
+    return _atomic(path, lambda tmp: plot_timeline(timeline, tmp, title, allreduce=spans))
 
 
 def write_all(plan_file: PlanFile | str | PathLike[str], directory: str | PathLike[str]) -> list[Path]:

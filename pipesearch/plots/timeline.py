@@ -8,10 +8,47 @@ from ..simulate import Timeline
 
 KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3"}
 KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad"}
+ALLREDUCE_COLOUR = "#C44E52"
 _IDLE = "#E6E6E6"
 
 
-def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str) -> None:
+def allreduce_spans(plan, timeline: Timeline) -> list[tuple[float, float]]:
+    """Per rank, ``(start_s, duration_s)`` of its gradient all-reduce: after
+    its last backward, as long as the ``allreduce_s`` of its stages (the rule
+    of :func:`pipesearch.search.simulate_plan`); ``(0, 0)`` without one."""
+    p = timeline.num_ranks
+    end = [0.0] * p
+    for rec in timeline.records:
+        if rec.kind in ("B", "W"):
+            end[rec.rank] = max(end[rec.rank], rec.end_s)
+    dur = [0.0] * p
+    for st in plan.stages:
+        dur[st.index % p] += st.allreduce_s
+    return [(e, d) if d > 0 else (0.0, 0.0) for e, d in zip(end, dur)]
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    """``"FROM:TO"`` in milliseconds (either side may be empty) -> seconds.
+
+    Raises:
+        InputError: not two numbers with ``FROM < TO``.
+    """
+    from ..errors import InputError
+
+    a, sep, b = text.partition(":")
+    try:
+        lo = float(a) / 1e3 if a.strip() else 0.0
+        hi = float(b) / 1e3 if b.strip() else float("inf")
+    except ValueError:
+        lo = hi = float("nan")
+    if not sep or not (lo >= 0 and hi > lo):
+        raise InputError(f"--window {text!r}: expected FROM_MS:TO_MS with 0 <= FROM < TO, e.g. 0:50 or 120:")
+    return lo, hi
+
+
+def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
+                  allreduce: list[tuple[float, float]] | None = None,
+                  window_s: tuple[float, float] | None = None) -> None:
     """Draw ``timeline`` as a Gantt chart and save it to ``path``.
 
     One row per rank (rank 0 on top), one bar per action coloured by kind
@@ -25,6 +62,12 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str) -> 
         timeline: result of :func:`pipesearch.simulate.simulate`.
         path: file to write.
         title: figure title.
+        allreduce: per rank ``(start_s, duration_s)`` of its gradient
+            all-reduce (:func:`allreduce_spans`), drawn as "A all-reduce"
+            bars; ``None`` draws none.
+        window_s: ``(from_s, to_s)``: draw only that time window (a zoom, for
+            many micro-batches: bars and micro-batch numbers stay readable);
+            ``None`` the whole iteration.
     """
     import matplotlib
 
@@ -33,7 +76,8 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str) -> 
     from matplotlib.patches import Patch
 
     P = timeline.num_ranks
-    total_ms = timeline.iteration_time_s * 1e3
+    spans_ar = [(a, d) for a, d in (allreduce or []) if d > 0]
+    total_ms = max([timeline.iteration_time_s] + [a + d for a, d in spans_ar]) * 1e3
     width_in = 12.0
     height_in = 1.2 + 0.45 * P
     dpi = 100
@@ -41,7 +85,13 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str) -> 
         fig, ax = plt.subplots(figsize=(width_in, height_in), dpi=dpi)
         try:
             xmax = total_ms if total_ms > 0 else 1.0
-            ax.set_xlim(0.0, xmax)
+            xmin = 0.0
+            if window_s is not None:
+                xmin = min(window_s[0] * 1e3, xmax)
+                xmax = min(window_s[1] * 1e3, xmax)
+                if xmax <= xmin:
+                    xmin, xmax = 0.0, total_ms or 1.0
+            ax.set_xlim(xmin, xmax)
             ax.set_ylim(P - 0.5, -0.5)
             bar_h = 0.8
             for r in range(P):
@@ -52,23 +102,31 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str) -> 
             for (r, kind), spans in sorted(by.items()):
                 ax.broken_barh(spans, (r - bar_h / 2, bar_h), facecolors=KIND_COLOURS[kind],
                                edgecolor="white", linewidth=0.5, zorder=2)
+            for r, (start, dur) in enumerate(allreduce or []):
+                if dur > 0:
+                    ax.broken_barh([(start * 1e3, dur * 1e3)], (r - bar_h / 2, bar_h), facecolors=ALLREDUCE_COLOUR,
+                                   edgecolor="white", linewidth=0.5, zorder=2)
             # Text when the bar is wide enough: ~7 px per digit at 7 pt.
             axes_px = width_in * dpi * 0.8
-            ms_per_px = xmax / axes_px
+            ms_per_px = (xmax - xmin) / axes_px
             n_labels = 0
             for rec in timeline.records:
                 w_ms = (rec.end_s - rec.start_s) * 1e3
                 label = str(rec.microbatch)
-                if w_ms / ms_per_px >= 7 * len(label) + 4 and n_labels < 5000:
+                mid = rec.start_s * 1e3 + w_ms / 2
+                if w_ms / ms_per_px >= 7 * len(label) + 4 and n_labels < 5000 and xmin <= mid <= xmax:
                     ax.text((rec.start_s * 1e3) + w_ms / 2, rec.rank, label, ha="center", va="center",
                             fontsize=7, color="white", zorder=3)
                     n_labels += 1
             ax.set_yticks(range(P))
             ax.set_yticklabels([f"rank {r}" for r in range(P)])
-            ax.set_xlabel("time (ms)")
+            ax.set_xlabel("time (ms)" + (f", window {xmin:g} to {xmax:g} ms of {total_ms:g}"
+                                         if window_s is not None else ""))
             ax.set_title(title)
             present = [k for k in KIND_COLOURS if (k in {rec.kind for rec in timeline.records})]
             handles = [Patch(facecolor=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in present]
+            if spans_ar:
+                handles.append(Patch(facecolor=ALLREDUCE_COLOUR, label="A gradient all-reduce"))
             handles.append(Patch(facecolor=_IDLE, label="idle"))
             fig.tight_layout()
             axes_h_in = ax.get_position().height * height_in

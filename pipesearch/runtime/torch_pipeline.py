@@ -212,7 +212,7 @@ def free_port() -> int:
 def run_plans(model_factory: Callable | str, configs: Sequence[RunConfig], *, batch_size: int | None = None,
               input_shape: Sequence[int], steps: int = 3, rounds: int = 1, warmup: int = 1,
               backend: str = "gloo", lr: float = 1e-2, seed: int = 0, timeout_s: float = 300.0,
-              pin_cpus: bool = False) -> list[RunResult]:
+              pin_cpus: bool = False, vocab_size: int | None = None) -> list[RunResult]:
     """Run several configurations in one process group, alternating them.
 
     Every configuration gets ``warmup`` untimed steps, then ``rounds`` rounds
@@ -231,6 +231,9 @@ def run_plans(model_factory: Callable | str, configs: Sequence[RunConfig], *, ba
         lr: SGD learning rate.
         timeout_s: process-group timeout (a hung peer fails the run).
         pin_cpus: pin rank ``r`` to CPU ``r % os.cpu_count()`` (Linux).
+        vocab_size: ``None`` for random normal float inputs; an integer for
+            token-id inputs drawn uniformly from ``0 .. vocab_size - 1``
+            (models that start with an embedding).
 
     Returns:
         One :class:`RunResult` per configuration, in order.
@@ -273,6 +276,7 @@ def run_plans(model_factory: Callable | str, configs: Sequence[RunConfig], *, ba
             "jobs": jobs, "batch_size": batch, "input_shape": [int(d) for d in input_shape],
             "steps": steps, "rounds": rounds, "warmup": warmup, "backend": backend, "lr": lr,
             "seed": seed, "timeout_s": timeout_s, "out": str(out), "pin_cpus": pin_cpus,
+            "vocab_size": vocab_size,
         }
         for attempt in range(3):
             spec["port"] = free_port()
@@ -361,7 +365,10 @@ def _worker(rank: int, world: int, model_factory, spec: dict) -> None:
         device = torch.device("cpu")
         factory = _factory(model_factory)
         torch.manual_seed(spec["seed"])
-        x = torch.randn(spec["batch_size"], *spec["input_shape"])
+        if spec.get("vocab_size"):
+            x = torch.randint(0, spec["vocab_size"], (spec["batch_size"], *spec["input_shape"]))
+        else:
+            x = torch.randn(spec["batch_size"], *spec["input_shape"])
         last = rank == world - 1
         loss_fn = nn.MSELoss()
         runs = []

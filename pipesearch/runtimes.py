@@ -1,0 +1,175 @@
+"""Which plans each runtime runs as written (``pipesearch plan --runtime``).
+
+A runtime runs a plan *as written* when its exporter
+(:mod:`pipesearch.export`) accepts the plan: the same schedule, the same
+split, every stage kept. The rules, per runtime (sources in each exporter's
+module doc and in docs/exports.md):
+
+==============  ==============================================================
+runtime         rules
+==============  ==============================================================
+``torch``       schedules gpipe, 1f1b, interleaved-1f1b, zb-h1, looped-bfs;
+                single-stage classes (gpipe, 1f1b, zb-h1) with vp = 1,
+                interleaved 1F1B and looped BFS with vp >= 2; Schedule1F1B
+                needs m >= number of stages; interleaved 1F1B / ZB need m a
+                multiple of max(1, m // pp) (torch runs interleaved 1F1B with
+                m not a multiple of pp, e.g. m = 3 on pp = 2); no empty stage
+``torchtitan``  the torch rules (it builds torch's classes) and module names
+                of at most ``<container>.<key>``
+``megatron``    1f1b with vp = 1, interleaved-1f1b with pp >= 2, vp >= 2 and
+                m a multiple of pp; a split that its flags or its layout
+                string express (transformer layer tables only)
+``deepspeed``   1f1b only (its TrainSchedule), vp = 1, no empty stage
+``gpipe``       gpipe only, vp = 1, tp = 1, no empty stage
+==============  ==============================================================
+
+:func:`check_pins` refuses pins (schedules, vp, pp, m) a runtime cannot run
+before the search, naming the rule and the nearest valid values;
+:func:`filter_plans` keeps the plans the runtime's exporter accepts after it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from .errors import InputError
+from .types import Plan
+
+RUNTIMES = ("torch", "torchtitan", "megatron", "deepspeed", "gpipe")
+"""Values of ``plan --runtime`` (the export formats of the same names)."""
+
+SCHEDULES = {
+    "torch": ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs"),
+    "torchtitan": ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs"),
+    "megatron": ("1f1b", "interleaved-1f1b"),
+    "deepspeed": ("1f1b",),
+    "gpipe": ("gpipe",),
+}
+"""Schedules each runtime runs (pipesearch names)."""
+
+SEARCH_MARGIN = 4
+"""The search keeps ``SEARCH_MARGIN`` times ``--top`` configurations, of which
+the runtime's plans are kept."""
+
+
+def _multiples(k: int, near: int) -> list[int]:
+    """Two multiples of ``k`` around ``near`` (``near`` not a multiple): the
+    one below (when positive) and the one above, else the two smallest."""
+    below, above = (near // k) * k, (near // k + 1) * k
+    return [below, above] if below >= k else [above, above + k]
+
+
+def schedules_for(runtime: str, requested: Sequence[str], explicit: bool) -> tuple[str, ...]:
+    """The schedules to search for ``runtime``.
+
+    Args:
+        runtime: one of :data:`RUNTIMES`.
+        requested: the schedules asked for (``--schedule``) or the defaults.
+        explicit: whether ``requested`` was given by the user (``--schedule``).
+
+    Returns:
+        ``requested`` restricted to the runtime's schedules; with no explicit
+        request, all of the runtime's schedules.
+
+    Raises:
+        InputError: an explicit request of which the runtime runs none (names
+            the schedules it runs).
+    """
+    if runtime not in SCHEDULES:
+        raise InputError(f"--runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    runs = SCHEDULES[runtime]
+    if not explicit:
+        return runs
+    bad = [s for s in requested if s not in runs]
+    if bad:
+        raise InputError(f"--runtime {runtime}: {runtime} has no {', '.join(repr(s) for s in bad)} schedule; "
+                         f"it runs {', '.join(runs)}")
+    return tuple(requested)
+
+
+def check_pins(runtime: str, *, schedules: Sequence[str], pp: int | None, num_micro_batches: int | None,
+               tp: int | None) -> None:
+    """Refuse pins that ``runtime`` cannot run, before the search.
+
+    Args:
+        runtime: one of :data:`RUNTIMES`.
+        schedules: the schedules to search (after :func:`schedules_for`).
+        pp, num_micro_batches, tp: the pinned degrees (``None``: searched).
+
+    Raises:
+        InputError: the rule broken and the nearest valid values, e.g.
+            Megatron's interleaved schedule with ``--pp 6 --vp 2
+            --num-micro-batches 3``: "m must be a multiple of 6: try 6 or 12".
+            Pins are checked only where they decide the question (one
+            schedule pinned); other plans are filtered after the search.
+    """
+    m = num_micro_batches
+    if runtime == "gpipe" and tp not in (None, 1):
+        raise InputError(f"--runtime gpipe: torchgpipe / fairscale Pipe have no tensor parallelism; "
+                         f"--tp {tp} cannot run (use --tp 1)")
+    if runtime == "megatron" and schedules == ("interleaved-1f1b",) and pp is not None and pp < 2:
+        raise InputError("--runtime megatron: interleaved 1F1B needs pp >= 2 (Megatron runs plain 1F1B on one "
+                         "pipeline stage); use --schedule 1f1b or --pp 2 or more")
+    if runtime == "megatron" and "interleaved-1f1b" in schedules and schedules == ("interleaved-1f1b",) \
+            and pp and m and m % pp:
+        try_m = " or ".join(map(str, _multiples(pp, m)))
+        raise InputError(
+            f"--runtime megatron: with the interleaved schedule the number of micro-batches must be a multiple of "
+            f"the pipeline size (Megatron-LM schedules.py: 'number of microbatches is not divisible by "
+            f"pipeline-model-parallel-size'): m must be a multiple of {pp}: try --num-micro-batches {try_m}"
+        )
+    if runtime in ("torch", "torchtitan") and schedules == ("interleaved-1f1b",) and pp and m and m % pp:
+        try_m = " or ".join(map(str, _multiples(pp, m)))
+        raise InputError(
+            f"--runtime {runtime}: torch's ScheduleInterleaved1F1B would run {m} micro-batches on pp {pp}, but "
+            f"pipesearch's interleaved 1F1B order (the one it simulates and exports) needs the number of "
+            f"micro-batches to be a multiple of the pipeline size: m must be a multiple of {pp}: try "
+            f"--num-micro-batches {try_m}"
+        )
+    if runtime in ("torch", "torchtitan") and schedules == ("1f1b",) and pp and m and m < pp:
+        raise InputError(
+            f"--runtime {runtime}: Schedule1F1B needs at least as many micro-batches as stages ('Number of "
+            f"microbatches ({m}) must be greater than or equal to the number of stages ({pp})'): try "
+            f"--num-micro-batches {pp}, or --schedule gpipe"
+        )
+
+
+def filter_plans(runtime: str, plans: Sequence[Plan], top: int,
+                 inputs: Mapping | None = None) -> tuple[tuple[Plan, ...], dict[str, int]]:
+    """The plans ``runtime`` runs as written, re-ranked from 1.
+
+    Args:
+        runtime: one of :data:`RUNTIMES`.
+        plans: ranked plans (best first).
+        top: how many to keep.
+        inputs: the plan file's inputs (passed to the exporter).
+
+    Returns:
+        ``(kept plans, {refusal reason: count})``; the reasons are the
+        exporter's messages for the plans left out.
+    """
+    from .export import export_plan
+
+    kept: list[Plan] = []
+    refused: Counter[str] = Counter()
+    for plan in plans:
+        if len(kept) >= top:
+            break
+        try:
+            export_plan(plan, runtime, inputs=inputs)
+        except InputError as exc:
+            refused[str(exc)] += 1
+            continue
+        kept.append(replace(plan, rank=len(kept) + 1))
+    return tuple(kept), dict(refused)
+
+
+def no_plan_message(runtime: str, refused: Mapping[str, int]) -> str:
+    """The error when none of the searched plans runs on ``runtime``."""
+    if not refused:
+        return f"--runtime {runtime}: the search found no feasible plan"
+    reason, n = max(refused.items(), key=lambda kv: kv[1])
+    return (f"--runtime {runtime}: none of the {sum(refused.values())} best plans runs on {runtime} as written; "
+            f"most common reason ({n}): {reason}")

@@ -1,0 +1,65 @@
+"""``pipesearch export -o FILE`` writes what the file's suffix says, and
+never JSON into a .toml."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    out = tmp_path_factory.mktemp("p") / "llama.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "2",
+                                    "-b", "512", "--pp", "2", "--schedule", "1f1b", "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def export(plans, *args):
+    return CliRunner().invoke(main, ["export", str(plans), *args])
+
+
+def test_toml_is_refused_and_nothing_written(plans, tmp_path):
+    out = tmp_path / "tt.toml"
+    res = export(plans, "--format", "torchtitan", "-o", str(out))
+    assert res.exit_code == 2 and not out.exists()
+    assert "reads no TOML" in res.output and "Traceback" not in res.output
+
+
+def test_suffix_picks_the_file(plans, tmp_path):
+    whole = json.loads(export(plans, "--format", "megatron").output)
+    sh = tmp_path / "run.sh"
+    assert export(plans, "--format", "megatron", "-o", str(sh)).exit_code == 0
+    assert sh.read_text() == whole["files"]["launch_megatron.sh"]
+    assert sh.read_text().startswith("#!/usr/bin/env bash")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun" in sh.read_text()  # the plan has tp > 1
+    ds = tmp_path / "ds_config.json"
+    assert export(plans, "--format", "deepspeed", "-o", str(ds)).exit_code == 0
+    cfg = json.loads(ds.read_text())
+    plan = json.loads(plans.read_text())["plans"][0]
+    mbs, m = plan["schedule"]["micro_batch_size"], plan["schedule"]["num_micro_batches"]
+    assert cfg["train_batch_size"] == mbs * m * plan["parallelism"]["dp"] == 512
+    assert cfg["gradient_accumulation_steps"] == m
+    other = tmp_path / "ds.json"  # any other .json: the whole export
+    assert export(plans, "--format", "deepspeed", "-o", str(other)).exit_code == 0
+    assert json.loads(other.read_text())["runtime"] == "deepspeed"
+
+
+def test_files_dir(plans, tmp_path):
+    d = tmp_path / "tt"
+    res = export(plans, "--format", "torchtitan", "--files", str(d))
+    assert res.exit_code == 0 and res.output.strip() == f"wrote {d / 'launch_torchtitan.sh'}"
+    text = (d / "launch_torchtitan.sh").read_text()
+    assert "--module llama3" in text and "norm,lm_head" in text and ",output" not in text
+    assert (d / "launch_torchtitan.sh").stat().st_mode & 0o111
+
+
+def test_files_dir_without_files_is_refused(plans, tmp_path):
+    d = tmp_path / "t"
+    res = export(plans, "--format", "torch", "--files", str(d))  # the plan has tp > 1: no pipeline_torch.py
+    assert res.exit_code == 2 and "has no files (no pipeline_torch.py" in res.output and not d.exists()

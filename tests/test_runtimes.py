@@ -1,0 +1,82 @@
+"""``plan --runtime``: only plans the runtime runs as written; pins it cannot
+run are refused with the rule and the nearest valid values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+from pipesearch.errors import InputError
+from pipesearch.runtimes import SCHEDULES, check_pins, schedules_for
+
+LLAMA = ["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "2", "-b", "512", "-q"]
+
+
+def run(args):
+    return CliRunner().invoke(main, args)
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "deepspeed", "torchtitan"])
+def test_every_plan_runs_on_the_runtime(runtime, tmp_path):
+    out = tmp_path / "p.json"
+    res = run(LLAMA + ["--runtime", runtime, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["inputs"]["runtime"] == runtime
+    plans = doc["plans"]
+    assert [p["rank"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) == 5
+    for p in plans:
+        assert p["schedule"]["name"] in SCHEDULES[runtime]
+        assert "refused" not in p["exports"][runtime]
+
+
+def test_default_search_ranks_plans_megatron_cannot_run_and_runtime_drops_them(tmp_path):
+    out = tmp_path / "all.json"
+    assert run(LLAMA + ["-o", str(out)]).exit_code == 0
+    doc = json.loads(out.read_text())
+    assert any("refused" in p["exports"]["megatron"] for p in doc["plans"])  # e.g. a zb-h1 plan
+
+
+def test_megatron_interleaved_m_rule_names_the_nearest_m(tmp_path):
+    out = tmp_path / "p.json"
+    res = run(LLAMA + ["--runtime", "megatron", "--pp", "6", "--schedule", "interleaved-1f1b",
+                       "--num-micro-batches", "3", "-o", str(out)])
+    assert res.exit_code == 2
+    assert "m must be a multiple of 6: try --num-micro-batches 6 or 12" in res.output
+    assert "Traceback" not in res.output and "raise --pp" not in res.output and not out.exists()
+
+
+def test_interleaved_m_rules_per_runtime():
+    # Megatron refuses m % pp != 0 itself; torch's ScheduleInterleaved1F1B would run m = 3 on pp = 2
+    # (rounds = max(1, 3 // 2) = 1 divides 3) but pipesearch's own interleaved order needs m % pp == 0
+    with pytest.raises(InputError, match="Megatron-LM schedules.py.*multiple of 2: try --num-micro-batches 2 or 4"):
+        check_pins("megatron", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=3, tp=None)
+    with pytest.raises(InputError, match="would run 3 micro-batches on pp 2.*multiple of 2: try --num-micro-batches 2"):
+        check_pins("torch", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=3, tp=None)
+    check_pins("torch", schedules=("interleaved-1f1b",), pp=2, num_micro_batches=4, tp=None)
+    # torch's rounds rule: 10 micro-batches on pp 4 is 2 rounds, 10 % 2 == 0 but 10 % 4 != 0
+    with pytest.raises(InputError, match="try --num-micro-batches 8 or 12"):
+        check_pins("torchtitan", schedules=("interleaved-1f1b",), pp=4, num_micro_batches=10, tp=None)
+
+
+def test_schedule_requests():
+    assert schedules_for("deepspeed", ("gpipe", "1f1b"), explicit=False) == ("1f1b",)
+    with pytest.raises(InputError, match="deepspeed has no 'gpipe' schedule; it runs 1f1b"):
+        schedules_for("deepspeed", ("gpipe",), explicit=True)
+    with pytest.raises(InputError, match="Schedule1F1B needs at least as many micro-batches"):
+        check_pins("torch", schedules=("1f1b",), pp=4, num_micro_batches=2, tp=None)
+    with pytest.raises(InputError, match="no tensor parallelism"):
+        check_pins("gpipe", schedules=("gpipe",), pp=4, num_micro_batches=8, tp=2)
+
+
+def test_gpipe_runtime_plans_without_tensor_parallelism(tmp_path):
+    out = tmp_path / "g.json"
+    res = run(["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512", "--runtime", "gpipe",
+               "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plans = json.loads(out.read_text())["plans"]
+    assert plans and all(p["parallelism"]["tp"] == 1 and p["schedule"]["name"] == "gpipe" for p in plans)
+    assert all("refused" not in p["exports"]["gpipe"] for p in plans)

@@ -1,0 +1,50 @@
+"""The torch export's pipeline_torch.py runs under torchrun on CPU (gloo):
+the plan's stages, schedule class and, for interleaved plans, pipesearch's
+own order loaded from the CSV."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipesearch.export import export_plan
+from pipesearch.runtime.torch_pipeline import free_port
+
+from test_export import make_plan
+
+pytest.importorskip("torch")
+
+TESTS = Path(__file__).resolve().parent
+NAMES = [str(i) for i in range(8)]  # children of tests/e2e_model.py's nn.Sequential
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", [
+    make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8),
+    make_plan([1, 3, 2, 2], NAMES, pp=2, vp=2, schedule="interleaved-1f1b", m=4, mbs=8),
+    # one stage per rank in ScheduleInterleavedZeroBubble (what torchtitan builds for zb-h1 too)
+    make_plan([2, 6], NAMES, schedule="zb-h1", m=4, mbs=8),
+], ids=["1f1b", "interleaved", "zb-h1"])
+def test_snippet_trains_the_plan(plan, tmp_path):
+    exp = export_plan(plan, "torch")
+    script = tmp_path / "pipeline_torch.py"
+    script.write_text(exp["files"]["pipeline_torch.py"])
+    assert f"SCHEDULE_CLASS = \"{exp['schedule_class']}\"" in script.read_text()
+    env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.pp * plan.dp),
+         "--master-port", str(free_port()), str(script), "e2e_model:make_model", "--sample-shape", "1024", "--steps", "2"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = [float(line.split()[-1]) for line in res.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 2 and all(0 < x < 10 for x in losses)
+
+
+def test_no_snippet_with_tensor_parallelism():
+    exp = export_plan(make_plan([4, 4], NAMES, schedule="1f1b", m=4, tp=2), "torch")
+    assert exp["files"] == {} and any("no pipeline_torch.py" in n for n in exp["notes"])
+    assert exp["runtime_version"] == "2.13.0"
