@@ -1,0 +1,78 @@
+"""Search speed of two revisions side by side, in one run.
+
+Usage: python benchmarks/bench_compare_revisions.py --base REV [--case NAME ...]
+
+Checks out ``REV`` into a temporary git worktree, then runs each case's
+``pipesearch plan`` command once with the base revision's package and once
+with this checkout's, each in a fresh interpreter, alternating, and prints the
+CPU seconds (user + system of the child, which load on other cores does not
+inflate) and the rank-1 plan of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CASES = {
+    "vgg16-default": ["plan", "-q", "--json"],
+    "resnet50-4x4": ["plan", "-q", "--json", "--model", "resnet50", "--cluster", "4x4-v100-10gbe",
+                     "--global-batch-size", "256"],
+    "gpt3-1.3b-16gpu": ["plan", "-q", "--json", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb",
+                        "--global-batch-size", "512", "--tp", "1", "--recompute", "none"],
+}
+
+
+def _run(tree: Path, args: list[str]) -> tuple[float, str]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, "-m", "pipesearch", *args], cwd=tree, env=env,
+                         capture_output=True, text=True, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    first = "error: " + out.stderr.strip().splitlines()[-1] if out.returncode else _rank1(out.stdout)
+    return cpu, first
+
+
+def _rank1(text: str) -> str:
+    import json
+
+    try:
+        plan = json.loads(text)["plans"][0]
+    except (ValueError, KeyError, IndexError):
+        return "?"
+    par, sch = plan["parallelism"], plan["schedule"]
+    return (f"pp {par['pp']} dp {par['dp']} tp {par['tp']} {sch['name']} m {sch['num_micro_batches']}: "
+            f"{plan['predicted']['iteration_time_s'] * 1e3:.1f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True, help="git revision to compare with")
+    ap.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base), args.base],
+                       check=True, capture_output=True)
+        try:
+            print(f"| case | base {args.base[:10]} CPU s | this checkout CPU s | ratio | base rank 1 | this rank 1 |")
+            print("|---|---:|---:|---:|---|---|")
+            for name in args.case:
+                b_cpu, b_plan = _run(base, CASES[name])
+                n_cpu, n_plan = _run(REPO, CASES[name])
+                print(f"| {name} | {b_cpu:.2f} | {n_cpu:.2f} | {n_cpu / b_cpu:.2f} | {b_plan} | {n_plan} |")
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False,
+                           capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
