@@ -35,6 +35,7 @@ from . import schedules as schedule_lib
 from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches,
                     pipeline_placement, placement_links, profile_precision)
 from .errors import InfeasibleError, InputError
+from .memory import param_state_of, usable_memory_bytes
 from .partition import SplitResult, optimal_split
 from .simulate import simulate
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
@@ -341,8 +342,8 @@ def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndar
     """Per layer: weights + gradients + optimizer bytes, and saved activation
     bytes per sample."""
     arrays = profile.layer_arrays
-    # ZeRO-1 shards the optimizer part; the floor uses what is left with dp -> infinity
-    floor = job.state_bytes_per_param - (job.optimizer_bytes_per_param if job.zero1 else 0.0)
+    # sharding divides parts of the state by dp; the floor is what is left as dp -> infinity
+    floor = param_state_of(job).floor_bytes_per_param()
     return (arrays["param_bytes"] * floor / profile.bytes_per_param,
             arrays["saved_bytes"] / profile.profiled_batch_size)
 
@@ -354,12 +355,16 @@ def _surely_out_of_memory(totals, row: dict, in_flight: np.ndarray, capacity_byt
     totals): ``max M >= (S + min f * A) / P``; ``max M >= (S / max f + A) /
     sum_k (1 / f_k)`` (from ``sum_k M_k / f_k <= max M * sum_k 1 / f_k``); and
     the largest single layer with ``min f`` micro-batches. Stages of an
-    interleaved device share its memory, so each has ``capacity / vp``."""
+    interleaved device share its memory in shares that depend on the split
+    (:func:`pipesearch.costs.device_memory_shares`), so there only the first
+    bound is used, per device: ``(S + min f * A) / (P / vp)``."""
     static, act = totals
     act = act * row["micro_batch_size"]
     f = np.maximum(in_flight, 1)
     P = len(f)
     total_s, total_a = float(static.sum()), float(act.sum())
+    if row["vp"] > 1:
+        return (total_s + f.min() * total_a) / (P / row["vp"]) > capacity_bytes
     bound = max((total_s + f.min() * total_a) / P,
                 (total_s / f.max() + total_a) / float(np.sum(1.0 / f)),
                 float(np.max(static + f.min() * act)))
@@ -431,8 +436,7 @@ def search(
     work = {id(v): sum(lay.fwd_s + lay.bwd_s for lay in v.profile.layers) / v.profile.profiled_batch_size
             for v in variants}
     memory_floor = {id(v): _memory_totals(v.profile, job) for v in variants}
-    capacity = min(cluster.device_spec(d).memory_bytes for d in range(cluster.num_devices)) \
-        - job.memory_reserve_bytes
+    capacity = usable_memory_bytes(job, min(cluster.device_spec(d).memory_bytes for d in range(cluster.num_devices)))
     groups = []
     for variant, pp, dp, status in enumerate_groups(variants, cluster, job, options):
         if status is not None:
@@ -715,8 +719,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> s
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
     params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
-    state = params * job.state_bytes_per_param
-    mem = cluster.device_spec(0).memory_bytes - job.memory_reserve_bytes
+    state = params * param_state_of(job).floor_bytes_per_param()
+    mem = usable_memory_bytes(job, cluster.device_spec(0).memory_bytes)
     hint = ("the model's weights and optimizer state alone need "
             f"{state / 2**30:.1f} GiB against {mem / 2**30:.1f} GiB usable per device; "
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices else

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only; types imports nothing at run time
+    from .memory import ParamState
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,10 @@ class ModelProfile:
         bytes_per_param: bytes per parameter in ``Layer.param_bytes``
             (4 for fp32 profiles such as PipeDream's).
         source: provenance, free text (file, paper, date).
+        tied_param_bytes: bytes (profile dtype) of parameters the last layer
+            shares with the first (tied input embedding and LM head), counted
+            once, on the first layer; a stage holding the last layer but not
+            the first keeps a copy of them.
     """
 
     name: str
@@ -70,6 +78,7 @@ class ModelProfile:
     profiled_device: str = "unknown"
     bytes_per_param: float = 4.0
     source: str = ""
+    tied_param_bytes: float = 0.0
 
     @property
     def num_layers(self) -> int:
@@ -263,6 +272,14 @@ class Job:
         optimizer_bytes_per_param: the shardable part of
             ``state_bytes_per_param`` (12 for mixed-precision Adam: fp32
             master weights, momentum, variance).
+        param_state: the training state by component with its sharding
+            (:class:`pipesearch.memory.ParamState`); when given it replaces
+            ``state_bytes_per_param``, ``optimizer_bytes_per_param`` and
+            ``zero1`` (:func:`pipesearch.memory.param_state_of`).
+        memory_headroom_fraction: share of each device's capacity left
+            unplanned on top of ``memory_reserve_bytes`` (allocator
+            fragmentation, NCCL buffers, transient peaks the model does not
+            count); usable memory ``= capacity * (1 - headroom) - reserve``.
     """
 
     global_batch_size: int
@@ -271,6 +288,8 @@ class Job:
     memory_reserve_bytes: float = 1 << 30
     zero1: bool = False
     optimizer_bytes_per_param: float = 12.0
+    param_state: ParamState | None = None
+    memory_headroom_fraction: float = 0.0
 
 
 @dataclass(frozen=True)

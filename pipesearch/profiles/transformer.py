@@ -1085,4 +1085,5 @@ def layer_table(
         profiled_device=device.name,
         bytes_per_param=D,
         source=source,
+        tied_param_bytes=tied_embedding_param_bytes(cfg, tp=t, dtype_bytes=D) if cfg.tied_embeddings else 0.0,
     )
