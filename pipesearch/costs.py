@@ -394,7 +394,7 @@ def build_pipeline_costs(
     grad_bpp = job.grad_bytes_per_param if job.grad_bytes_per_param is not None else profile.bytes_per_param
     state = param_state_of(job)
     state_per_byte = state.bytes_per_param(dp) / profile.bytes_per_param
-    inflight = (np.asarray(in_flight, dtype=np.int64) if in_flight is not None
+    inflight = (np.asarray(in_flight, dtype=float) if in_flight is not None
                 else in_flight_micro_batches(schedule, pp, num_micro_batches))
     capacity = usable_memory_bytes(job, np.array([min(spec.memory_bytes for spec in specs)
                                                   for specs in stage_specs]))

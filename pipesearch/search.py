@@ -481,7 +481,8 @@ def search(
             if pruned(bound):
                 row["status"] = "pruned"
                 continue
-            inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache)
+            inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache,
+                                          variant.profile.wgrad_saved_fraction)
             if _surely_out_of_memory(floor, row, inflight, capacity):
                 row["status"] = "out_of_memory"
                 continue
@@ -535,25 +536,29 @@ def plan_family(plan: Plan) -> tuple:
     return (plan.tp, dict(plan.extra).get("recompute"), plan.pp, plan.dp, plan.schedule, plan.vp)
 
 
-def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None) -> np.ndarray:
-    """Peak in-flight micro-batches of each of the ``pp * vp`` stages under
-    ``schedule``, read off the schedule's own action lists
-    (:func:`pipesearch.schedules.in_flight_peaks`). For interleaved 1F1B and
-    ZB-H1 the peaks stop growing once ``m >= 2 pp`` (the warm-up depth is
-    bounded), so they are computed at ``min(m, 2 pp)``; ZB-H1 holds
-    ``min(m, pp)`` on every stage (tests/test_search_schedules.py checks both
-    against the builders); looped breadth-first keeps all ``m``; GPipe ``m``;
-    1F1B ``min(m, pp - s)``."""
+def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None,
+                       held_after_input: float = 1.0) -> np.ndarray:
+    """Micro-batches' worth of activations each of the ``pp * vp`` stages
+    holds at its device's simultaneous peak, read off the schedule's own
+    action lists (:func:`pipesearch.schedules.simultaneous_in_flight`; for
+    interleaved 1F1B the chunks of a device peak at different times, so
+    their counts at the device's peak sum to ``p v + p - 1`` on rank 0
+    rather than the sum of their own peaks). For interleaved 1F1B and ZB-H1
+    the counts stop changing once ``m >= 2 pp`` (the warm-up depth is
+    bounded), so they are computed at ``min(m, 2 pp)``. ZB-H1 stage ``r``
+    holds ``pp - r (1 - h)`` with ``h = held_after_input`` the share of a
+    micro-batch's activations kept between its input- and weight-gradient
+    steps (``pp`` when ``h = 1``); looped breadth-first keeps all ``m``;
+    GPipe ``m``; 1F1B ``min(m, pp - s)``."""
     if schedule in ANALYTIC_SCHEDULES:
         return in_flight_micro_batches(schedule, pp, m)
     if schedule == "looped-bfs":
         return np.full(pp * vp, m, dtype=np.int64)
-    if schedule == "zb-h1":  # read off the builder for m in [p, 4p]: every stage min(m, p)
-        return np.full(pp, min(m, pp), dtype=np.int64)
     m_eff = min(m, 2 * pp)
-    key = (schedule, pp, m_eff, vp)
+    key = (schedule, pp, m_eff, vp, held_after_input)
     if cache is None or key not in cache:
-        peaks = np.array(schedule_lib.in_flight_peaks(schedule_lib.build(schedule, pp, m_eff, vp)), dtype=np.int64)
+        peaks = np.array(schedule_lib.simultaneous_in_flight(schedule_lib.build(schedule, pp, m_eff, vp),
+                                                             held_after_input), dtype=float)
         if cache is None:
             return peaks
         cache[key] = peaks
@@ -600,7 +605,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     costs = build_pipeline_costs(
         variant.profile, cluster, job, pp=stages, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
-        profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache),
+        profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
+                                                                      variant.profile.wgrad_saved_fraction),
         stages_per_device=vp, links=links,
     )
     if options.split:

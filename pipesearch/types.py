@@ -70,6 +70,11 @@ class ModelProfile:
             shares with the first (tied input embedding and LM head), counted
             once, on the first layer; a stage holding the last layer but not
             the first keeps a copy of them.
+        wgrad_saved_fraction: share of the saved activation bytes still held
+            between a micro-batch's input-gradient and weight-gradient steps
+            (zero-bubble schedules; the inputs of the weight-gradient GEMMs,
+            Qi et al. 2023 Table 1). 1 keeps everything until the weight
+            gradient; above 1 when recomputed activations must wait for it.
     """
 
     name: str
@@ -79,6 +84,7 @@ class ModelProfile:
     bytes_per_param: float = 4.0
     source: str = ""
     tied_param_bytes: float = 0.0
+    wgrad_saved_fraction: float = 1.0
 
     @property
     def num_layers(self) -> int:

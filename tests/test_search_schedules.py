@@ -7,7 +7,7 @@ import pytest
 
 from pipesearch.hardware import load_cluster
 from pipesearch.models import load_model_source
-from pipesearch.schedules import build, in_flight_peaks
+from pipesearch.schedules import build, in_flight_peaks, simultaneous_in_flight
 from pipesearch.search import SearchOptions, schedule_in_flight, schedule_refusal, search, simulate_plan
 from pipesearch.types import Job
 
@@ -22,11 +22,38 @@ def test_zb_h1_in_flight_closed_form_matches_builder(p):
 
 @pytest.mark.parametrize("p,v", [(2, 2), (3, 2), (4, 2), (4, 3), (8, 2)])
 def test_interleaved_in_flight_saturates_at_2p(p, v):
-    """The search computes interleaved peaks at min(m, 2p): beyond that the
-    warm-up depth (v-1)p + 2(p-1-r) no longer grows, so the peaks are equal."""
+    """The search computes interleaved simultaneous peaks at min(m, 2p):
+    beyond that the warm-up depth (v-1)p + 2(p-1-r) no longer grows, so the
+    counts are equal."""
     for m in range(p, 6 * p + 1, p):
-        assert tuple(schedule_in_flight("interleaved-1f1b", p, m, v)) == in_flight_peaks(
+        assert tuple(schedule_in_flight("interleaved-1f1b", p, m, v)) == simultaneous_in_flight(
             build("interleaved-1f1b", p, m, v))
+
+
+def test_interleaved_p8_v3_rank0_holds_31_chunk_micro_batches():
+    """Megatron-LM's interleaved order, p = 8, v = 3, m = 16 (by hand): rank 0
+    runs 2(p-1) + (v-1)p = 30 warm-up forwards, micro-batches taken p at a
+    time per chunk (0-7 chunk 0, 8-15 chunk 1, 16-23 chunk 2, 24-29 chunk 0),
+    then one steady-state forward (chunk 0) before its first backward:
+    31 = p v + p - 1 held at once, 15 of chunk 0 and 8 each of chunks 1, 2.
+    The chunks' own peaks (16, 15, 8) happen at different times; their sum
+    39 over-counts by 8."""
+    got = schedule_in_flight("interleaved-1f1b", 8, 16, 3)
+    assert (got[0], got[8], got[16]) == (15, 8, 8)
+    assert got[0] + got[8] + got[16] == 31 == 8 * 3 + 8 - 1
+    own = in_flight_peaks(build("interleaved-1f1b", 8, 16, 3))
+    assert own[0] + own[8] + own[16] == 39
+
+
+def test_zb_h1_after_input_gradient_only_weight_gradient_inputs_remain():
+    """ZB-H1, p = 4, by hand: rank r delays each W by r steps, so at its peak
+    it holds p - r micro-batches whole and r past their input gradient; with
+    h = 1/2 of a micro-batch kept for W that is p - r/2 = 4, 3.5, 3, 2.5
+    (1F1B's stage-0 peak p = 4 on every rank when h = 1)."""
+    assert tuple(schedule_in_flight("zb-h1", 4, 12, 1, held_after_input=0.5)) == (4.0, 3.5, 3.0, 2.5)
+    assert tuple(schedule_in_flight("zb-h1", 4, 12, 1)) == (4.0, 4.0, 4.0, 4.0)
+    # W inputs larger than the saved block input (full recompute): 1 + 2 after rank 0's first I
+    assert schedule_in_flight("zb-h1", 4, 12, 1, held_after_input=2.0)[0] == 4 - 1 + 2
 
 
 def test_refusals_follow_the_runtimes():

@@ -655,6 +655,13 @@ def tied_layers(cfg: TransformerConfig) -> dict[str, str]:
     return {"head": "embedding"} if cfg.tied_embeddings else {}
 
 
+#: share of a GPT block's saved activations outside the attention core that
+#: its weight-gradient step needs: 32 sbh of 34 sbh (Qi et al., "Zero Bubble
+#: Pipeline Parallelism", 2023, Table 1: W needs 32 sbh; the forward keeps
+#: 34 sbh + 5 a s^2 b, Korthikanti et al. 2022 Table 2)
+ZB_WGRAD_SHARE = 32 / 34
+
+
 def tied_embedding_param_bytes(cfg: TransformerConfig, *, tp: int = 1, dtype_bytes: float = 2) -> float:
     """Bytes of the shared word-embedding matrix per device: what the stage
     holding ``head`` must additionally keep (weights, and their gradient and
@@ -1026,6 +1033,7 @@ def layer_table(
         return sum(_gather_s(x, t, link) for x in xs)
 
     layers = []
+    wgrad_held = block_saved = 0.0
     for r in raws:
         fwd_flops = (r.lin_flops + r.core_flops) / t
         fwd_compute = fwd_flops / rate
@@ -1051,6 +1059,10 @@ def layer_table(
                 saved = (a.replicated + a.split + (0.0 if recompute == "selective" else a.core)) / t
             else:
                 saved = a.replicated + (a.split + (0.0 if recompute == "selective" else a.core)) / t
+            # what the weight-gradient step still needs: the GEMM inputs, 32 of
+            # the 34 sbh outside the attention core (Qi et al. 2023, Table 1)
+            wgrad_held += ZB_WGRAD_SHARE * ((a.replicated + a.split) / t if sp else a.replicated + a.split / t)
+            block_saved += saved
         else:
             rep, spl = r.saved_fixed
             saved = (rep / t if sp else rep) + spl / t + r.saved_whole
@@ -1086,4 +1098,5 @@ def layer_table(
         bytes_per_param=D,
         source=source,
         tied_param_bytes=tied_embedding_param_bytes(cfg, tp=t, dtype_bytes=D) if cfg.tied_embeddings else 0.0,
+        wgrad_saved_fraction=wgrad_held / block_saved if block_saved > 0 else 1.0,
     )
