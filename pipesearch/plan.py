@@ -84,7 +84,7 @@ def plan_to_dict(plan: Plan, exports: dict | None = None) -> dict:
              "devices": list(s.devices), "device_type": s.device_type, "fwd_s": s.fwd_s,
              "compute_s": s.compute_s, "comm_s": s.comm_s, "allreduce_s": s.allreduce_s,
              "memory_bytes": s.memory_bytes, "send_bytes": s.send_bytes, "saved_bytes": s.saved_bytes,
-             "bwd_input_s": s.bwd_input_s}
+             "bwd_input_s": s.bwd_input_s, "memory_breakdown_bytes": dict(s.memory_breakdown)}
             for s in plan.stages
         ],
         "predicted": {
@@ -94,6 +94,13 @@ def plan_to_dict(plan: Plan, exports: dict | None = None) -> dict:
             "bubble_fraction": plan.predicted.bubble_fraction,
             "peak_memory_bytes": plan.predicted.peak_memory_bytes,
             "memory_capacity_bytes": plan.predicted.memory_capacity_bytes,
+            "tokens_per_iteration": plan.predicted.tokens_per_iteration,
+            "model_flops_per_iteration": plan.predicted.model_flops_per_iteration,
+            "peak_flops": plan.predicted.peak_flops,
+            "num_devices": plan.predicted.num_devices,
+            "tokens_per_s": plan.predicted.tokens_per_s,
+            "tokens_per_s_per_device": plan.predicted.tokens_per_s_per_device,
+            "mfu": plan.predicted.mfu,
         },
         "options": _thaw(options),
     }
@@ -148,6 +155,27 @@ def _need(obj: Any, key: str, kind, where: str):
     return value
 
 
+def _breakdown(st: dict, where: str) -> tuple[tuple[str, float], ...]:
+    """Optional ``memory_breakdown_bytes`` of a stage: name -> bytes >= 0."""
+    parts = st.get("memory_breakdown_bytes", {})
+    if not isinstance(parts, dict) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            for k, v in parts.items()):
+        raise PlanFormatError(f"{where}.memory_breakdown_bytes: expected an object of name -> bytes >= 0, "
+                              f"got {parts!r}")
+    return tuple((k, float(v)) for k, v in parts.items())
+
+
+def _throughput(pred: dict, where: str) -> dict:
+    """Optional throughput terms of ``predicted`` (absent in older files)."""
+    out = {}
+    for key, kind in (("tokens_per_iteration", float), ("model_flops_per_iteration", float),
+                      ("peak_flops", float), ("num_devices", int)):
+        if key in pred:
+            out[key] = _need(pred, key, kind, where)
+    return out
+
+
 def plan_from_dict(obj: dict, where: str = "plan") -> tuple[Plan, dict | None]:
     """A plan (and its exports, if any) from its JSON object.
 
@@ -176,6 +204,7 @@ def plan_from_dict(obj: dict, where: str = "plan") -> tuple[Plan, dict | None]:
             send_bytes=_need(st, "send_bytes", float, w), device_type=_need(st, "device_type", str, w),
             fwd_s=_need(st, "fwd_s", float, w), saved_bytes=_need(st, "saved_bytes", float, w),
             bwd_input_s=_need(st, "bwd_input_s", float, w),
+            memory_breakdown=_breakdown(st, w),
         ))
     if not stages:
         raise PlanFormatError(f"{where}.stages: empty")
@@ -192,7 +221,7 @@ def plan_from_dict(obj: dict, where: str = "plan") -> tuple[Plan, dict | None]:
         stages=tuple(stages),
         predicted=Prediction(**{k: _need(pred, k, float, f"{where}.predicted") for k in (
             "iteration_time_s", "samples_per_s", "bubble_fraction", "peak_memory_bytes",
-            "memory_capacity_bytes")}),
+            "memory_capacity_bytes")}, **_throughput(pred, f"{where}.predicted")),
         extra=extra,
     )
     for key, value in (("parallelism.pp", plan.pp), ("parallelism.dp", plan.dp), ("parallelism.tp", plan.tp),

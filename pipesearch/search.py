@@ -139,7 +139,8 @@ def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fast
     return work * m / pp
 
 
-def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> tuple[StagePlan, ...]:
+def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
+                 job: Job | None = None) -> tuple[StagePlan, ...]:
     names = [lay.name for lay in variant.profile.layers]
     st, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
     scale = costs.time_scale
@@ -155,18 +156,22 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> t
     }
     cols = {k: v.tolist() for k, v in cols.items()}
     stages = []
+    state = param_state_of(job) if job is not None else None
     for s in range(costs.pp):
         devices = tuple(int(d) for d in placement[s])
+        parts = costs.memory_breakdown(s, int(i[s]), int(j[s]), state, placement.shape[1],
+                                       variant.profile.bytes_per_param)
         stages.append(StagePlan(
             index=s, layers=(int(i[s]), int(j[s])), layer_names=tuple(names[i[s]:j[s]]), devices=devices,
             device_type=",".join(dict.fromkeys(cluster.device_spec(d).name for d in devices)),
+            memory_breakdown=tuple(parts.items()),
             **{k: v[s] for k, v in cols.items()},
         ))
     return tuple(stages)
 
 
 def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_batch: int, cluster,
-                pp: int) -> Prediction:
+                pp: int, profile: ModelProfile | None = None, tp: int = 1) -> Prediction:
     m = costs.num_micro_batches
     busy = np.bincount([st.index % pp for st in stages], weights=[m * (st.compute_s + st.comm_s) for st in stages])
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
@@ -178,7 +183,20 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
         bubble_fraction=max(0.0, 1.0 - busiest / iteration_time_s) if iteration_time_s > 0 else 0.0,
         peak_memory_bytes=peak,
         memory_capacity_bytes=cap,
+        **_throughput_terms(profile, stages, global_batch, cluster, tp),
     )
+
+
+def _throughput_terms(profile: ModelProfile | None, stages, global_batch: int, cluster, tp: int) -> dict:
+    """Tokens and PaLM model FLOPs per iteration, and the fp16 peak of the
+    plan's devices (each stage device heads a group of ``tp``)."""
+    if profile is None or not profile.tokens_per_sample:
+        return {}
+    devices = sorted({d for st in stages for d in st.devices})
+    return {"tokens_per_iteration": float(global_batch * profile.tokens_per_sample),
+            "model_flops_per_iteration": float(global_batch * profile.model_flops_per_sample),
+            "peak_flops": float(tp * sum(cluster.device_spec(d).peak_fp16_flops for d in devices)),
+            "num_devices": tp * len(devices)}
 
 
 def simulate_plan(plan: Plan) -> tuple[float, object]:
@@ -621,7 +639,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
             row["status"] = "out_of_memory"
             return None, costs
     analytic = analytic_time_s(schedule, costs, result.bounds, pp, vp)
-    stage_plans = _stage_plans(variant, costs, result.bounds, slots, cluster)
+    stage_plans = _stage_plans(variant, costs, result.bounds, slots, cluster, job)
     mapping_info = ()
     if row["placement"] == "mapped":
         mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp)][1]),)
@@ -630,7 +648,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     plan = Plan(
         rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
         num_micro_batches=m, stages=stage_plans,
-        predicted=_prediction(costs, stage_plans, analytic, job.global_batch_size, cluster, pp),
+        predicted=_prediction(costs, stage_plans, analytic, job.global_batch_size, cluster, pp,
+                              variant.profile, variant.tp),
         extra=extra,
     )
     return plan, costs

@@ -59,6 +59,7 @@ __all__ = [
     "padded_vocab_size",
     "tied_layers",
     "tied_embedding_param_bytes",
+    "palm_model_flops",
     "forward_flops",
     "megatron_params_eq2",
     "megatron_flops_eq3",
@@ -850,6 +851,18 @@ def forward_flops(cfg: TransformerConfig, seq_len: int | None = None, *,
     return {r.name: r.lin_flops + r.core_flops for r in _raw_layers(cfg, s, sd, 1, 2, V)}
 
 
+def palm_model_flops(cfg: TransformerConfig, seq_len: int | None = None, *,
+                     decoder_seq_len: int | None = None) -> float:
+    """Model FLOPs of one training sample (forward + backward, no
+    recomputation, published vocabulary): ``3 x`` the forward GEMM FLOPs of
+    :func:`forward_flops`. For a GPT model this is PaLM's definition
+    (Chowdhery et al. 2022, Appendix B): ``(6 N + 12 L H Q T)`` per token,
+    ``N`` the parameters in GEMMs (``12 l h^2 + V h``), ``L H Q T = l h s`` the
+    attention scores and context, i.e. ``72 s l h^2 (1 + s/(6h) + V/(12 l h))``
+    per sample, Megatron-LM's model-FLOPs count (the denominator of MFU)."""
+    return 3.0 * sum(forward_flops(cfg, seq_len, decoder_seq_len=decoder_seq_len).values())
+
+
 # --------------------------------------------------------------------------- #
 # the layer table
 
@@ -1099,4 +1112,6 @@ def layer_table(
         source=source,
         tied_param_bytes=tied_embedding_param_bytes(cfg, tp=t, dtype_bytes=D) if cfg.tied_embeddings else 0.0,
         wgrad_saved_fraction=wgrad_held / block_saved if block_saved > 0 else 1.0,
+        tokens_per_sample=s + sd if cfg.is_encoder_decoder else s,
+        model_flops_per_sample=palm_model_flops(cfg, s, decoder_seq_len=sd if cfg.is_encoder_decoder else None),
     )
