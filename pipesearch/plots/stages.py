@@ -42,9 +42,18 @@ def memory_breakdown(plan: Plan) -> dict[str, np.ndarray] | None:
     (``saved_bytes`` x micro-batches in flight: GPipe ``m``, 1F1B
     ``min(m, pp - s)``) and ``state`` (the rest: weights, gradients, optimizer
     state); None for other schedules, whose in-flight counts the plan file
-    does not record."""
+    does not record. Plans whose stages carry ``memory_breakdown`` (any
+    schedule) are split from it, one column per device."""
     from ..costs import in_flight_micro_batches
 
+    if plan.stages and all(st.memory_breakdown for st in plan.stages):
+        cols = plan.pp if len(plan.stages) != plan.pp else len(plan.stages)
+        state, acts = np.zeros(cols), np.zeros(cols)
+        for st in plan.stages:
+            a = dict(st.memory_breakdown).get("activations", 0.0)
+            acts[st.index % cols] += a
+            state[st.index % cols] += st.memory_bytes - a
+        return {"state": state, "activations": acts}
     if plan.schedule not in ("gpipe", "1f1b") or len(plan.stages) != plan.pp:
         return None
     mem = np.array([s.memory_bytes for s in plan.stages], dtype=float)
