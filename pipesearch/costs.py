@@ -439,7 +439,7 @@ def device_memory_shares(profile: ModelProfile, in_flight: np.ndarray, stages_pe
     (``N = sum n_c``): the shares a balanced split of the model needs, so
     balanced interleaved plans that fit are not refused (an equal ``1/v``
     division would refuse them when the chunks' in-flight counts differ,
-    e.g. 15, 9 and 7 for rank 0 of ``p = 8, v = 3``).
+    e.g. 15, 8 and 8 for rank 0 of ``p = 8, v = 3``).
     """
     P = len(in_flight)
     if stages_per_device <= 1:
