@@ -172,3 +172,19 @@ def test_cli_state_options(tmp_path):
     assert bad.exit_code == 2 and "give one" in bad.output
     bad = _cli(*base, "--zero1", "--sharding", "zero3")
     assert bad.exit_code == 2 and "disagree" in bad.output
+
+
+def test_headroom_refuses_what_only_fits_without_it():
+    """4 layers of 1 MiB state each on one 10 MiB device (no reserve), 1F1B
+    with pp 1: 4 MiB state + 1 micro-batch x 4 x 1 MiB activations = 8 MiB.
+    It fits 10 MiB with no headroom, not with 25% (7.5 MiB usable)."""
+    from helpers import tiny_cluster, tiny_profile
+
+    MiB = 2**20
+    prof = tiny_profile([1e-3] * 4, params=[MiB / 4] * 4, saved=[MiB] * 4)
+    opts = SearchOptions(pp=1, dp=1, micro_batch_size=1, schedules=("1f1b",), top=1, simulate_top=0)
+    cl = tiny_cluster(1, 1, memory_bytes=10 * MiB)
+    plan = search([ModelVariant(prof)], cl, Job(1, memory_reserve_bytes=0), opts).plans[0]
+    assert plan.predicted.peak_memory_bytes == pytest.approx(8 * MiB)
+    with pytest.raises(Exception, match="no plan fits"):
+        search([ModelVariant(prof)], cl, Job(1, memory_reserve_bytes=0, memory_headroom_fraction=0.25), opts)

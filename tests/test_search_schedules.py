@@ -95,3 +95,26 @@ def test_interleaving_cuts_the_bubble_on_a_balanced_model():
     one = search(list(src.variants), cluster, Job(8), SearchOptions(schedules=("1f1b",), **opts)).plans[0]
     inter = search(list(src.variants), cluster, Job(8), SearchOptions(schedules=("interleaved-1f1b",), **opts)).plans[0]
     assert inter.predicted.iteration_time_s < one.predicted.iteration_time_s
+
+
+def test_interleaved_plan_that_fits_its_simultaneous_peak_is_accepted():
+    """24 equal layers (state 1 MiB, saved activations 1 MiB per micro-batch
+    each), pp 8, vp 3, m 16, one layer per chunk: a device holds 3 MiB of
+    state and, by hand (see above), 15 + 8 + 8 = 31 chunk-micro-batches of
+    activations at once: 34 MiB. With 36 MiB usable the plan fits; summing
+    the chunks' own peaks (16 + 15 + 8 = 39, 42 MiB) would refuse it. With
+    33 MiB usable nothing fits."""
+    from helpers import tiny_cluster, tiny_profile
+
+    MiB = 2**20
+    prof = tiny_profile([1e-3] * 24, params=[MiB / 16 * 4] * 24, saved=[MiB] * 24, outputs=[MiB] * 24)
+    opts = SearchOptions(pp=8, dp=1, micro_batch_size=1, num_micro_batches=16, schedules=("interleaved-1f1b",),
+                         vps=(3,), top=1, simulate_top=0)
+    from pipesearch.search import ModelVariant
+
+    fits = search([ModelVariant(prof)], tiny_cluster(1, 8, memory_bytes=36 * MiB), Job(16, memory_reserve_bytes=0),
+                  opts).plans[0]
+    assert fits.layers_per_stage == (1,) * 24
+    assert fits.predicted.peak_memory_bytes == pytest.approx(34 * MiB)
+    with pytest.raises(Exception, match="no plan fits"):
+        search([ModelVariant(prof)], tiny_cluster(1, 8, memory_bytes=33 * MiB), Job(16, memory_reserve_bytes=0), opts)
