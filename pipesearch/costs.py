@@ -449,5 +449,6 @@ def device_memory_shares(profile: ModelProfile, in_flight: np.ndarray, stages_pe
     A = float(arrays["saved_bytes"].sum()) * ratio
     n = np.asarray(in_flight, dtype=float)
     dev = np.arange(P) % (P // stages_per_device)
-    total = np.bincount(dev, weights=S + n * A, minlength=P // stages_per_device)
-    return (S + n * A) / total[dev]
+    need = S + n * A
+    total = np.bincount(dev, weights=need, minlength=P // stages_per_device)[dev]
+    return np.where(total > 0, need / np.where(total > 0, total, 1.0), 1.0 / stages_per_device)
