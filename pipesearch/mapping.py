@@ -340,7 +340,8 @@ def problem_from_profile(
     Terms follow :func:`pipesearch.costs.build_pipeline_costs` with ``dp = 1``:
     times and activations scale by ``micro_batch_size / profiled_batch_size``;
     ``static = param_bytes * state_bytes_per_param / bytes_per_param``;
-    capacity ``= memory_bytes - job.memory_reserve_bytes``; links from
+    capacity ``= memory_bytes * (1 - job.memory_headroom_fraction) -
+    job.memory_reserve_bytes`` (:func:`pipesearch.memory.usable_memory_bytes`); links from
     :meth:`Cluster.link`.
 
     Args:
