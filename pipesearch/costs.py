@@ -228,14 +228,20 @@ class PipelineCosts:
         bwd_input_prefix_s: ``(L+1,)`` prefix sums of the input-gradient part
             of backward (zero-bubble schedules; half of backward when the
             profile does not split it).
-        tied_static_bytes: weights + gradients + optimizer state of the
-            parameters the last layer shares with the first (tied
-            embeddings): a stage holding the last layer but not the first
-            keeps its own copy (Megatron-LM's embedding group; Shoeybi et al.
-            2019 sec. 3 for the tied matrix).
-        transient_bytes: bytes every device holds on top of its stage's state
-            and activations (ZeRO-3 / FSDP: the gathered weights of the units
-            computing and prefetched).
+        tied_copy_bytes: ``(P,)`` weights + gradients + optimizer state of
+            the parameters the last layer shares with the first (tied
+            embeddings), on the last stage when there are several: it keeps
+            its own copy (Megatron-LM's embedding group; Shoeybi et al. 2019
+            sec. 3 for the tied matrix); 0 elsewhere.
+        gathered_bytes: ``(P,)`` each stage's part of the bytes its device
+            holds whatever the split (ZeRO-3 / FSDP: the gathered weights of
+            the units computing and prefetched, divided among the device's
+            stages).
+
+    Both are fixed per stage (a split into ``P > 1`` contiguous stages always
+    puts the last layer without the first on the last stage), so
+    ``capacity_bytes`` is given net of them and :meth:`memory_bytes` is the
+    split-dependent part; :meth:`total_memory_bytes` adds them back.
     """
 
     num_micro_batches: int
@@ -254,8 +260,8 @@ class PipelineCosts:
     state_bytes_per_param_byte: float
     grad_bytes_per_param_byte: float
     bwd_input_prefix_s: np.ndarray | None = None
-    tied_static_bytes: float = 0.0
-    transient_bytes: float = 0.0
+    tied_copy_bytes: np.ndarray | None = None
+    gathered_bytes: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -283,17 +289,27 @@ class PipelineCosts:
         return np.where(grad > 0, grad * self.allreduce_s_per_byte[s] + self.allreduce_fixed_s[s], 0.0)
 
     def memory_bytes(self, s: int, i, j):
-        """Peak bytes on one device of stage ``s`` holding ``[i, j)`` (no reserve):
-        the sum of :meth:`memory_breakdown`."""
+        """Split-dependent peak bytes on one device of stage ``s`` holding
+        ``[i, j)``: state + in-flight activations (compared with
+        ``capacity_bytes``, which is net of the fixed parts)."""
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
-        return (params * self.state_bytes_per_param_byte + saved * self.in_flight[s]
-                + self._tied_bytes(i, j) + self.transient_bytes)
+        return params * self.state_bytes_per_param_byte + saved * self.in_flight[s]
 
-    def _tied_bytes(self, i, j):
-        if not self.tied_static_bytes:
-            return 0.0
-        return np.where((np.asarray(j) >= self.num_layers) & (np.asarray(i) > 0), self.tied_static_bytes, 0.0)
+    def fixed_bytes(self, s):
+        """Bytes stage ``s`` holds whatever the split: its tied copy and its
+        part of the gathered ZeRO-3 weights (0 when there are none)."""
+        out = 0.0
+        for arr in (self.tied_copy_bytes, self.gathered_bytes):
+            if arr is not None:
+                out = out + arr[s]
+        return out
+
+    def total_memory_bytes(self, s, i, j):
+        """Peak bytes on one device of stage ``s`` holding ``[i, j)`` (no
+        reserve): :meth:`memory_bytes` + :meth:`fixed_bytes`, the sum of
+        :meth:`memory_breakdown`."""
+        return self.memory_bytes(s, i, j) + self.fixed_bytes(s)
 
     def memory_breakdown(self, s: int, i: int, j: int, param_state=None, dp: int = 1,
                          bytes_per_param: float = 2.0) -> dict[str, float]:
@@ -303,9 +319,10 @@ class PipelineCosts:
         ``tied_copy`` (the last stage's copy of a tied matrix, its gradient
         and optimizer state), ``gathered_weights`` (ZeRO-3 / FSDP transient)
         and ``activations`` (saved bytes times the stage's in-flight
-        micro-batches). The values sum to :meth:`memory_bytes`."""
+        micro-batches). The values sum to :meth:`total_memory_bytes`."""
         params = float(self.param_prefix_bytes[j] - self.param_prefix_bytes[i])
-        tied = float(self._tied_bytes(i, j))
+        tied = float(self.tied_copy_bytes[s]) if self.tied_copy_bytes is not None else 0.0
+        gathered = float(self.gathered_bytes[s]) if self.gathered_bytes is not None else 0.0
         out: dict[str, float] = {}
         if param_state is not None:
             n = params / bytes_per_param
@@ -313,7 +330,7 @@ class PipelineCosts:
         else:
             out["state"] = params * self.state_bytes_per_param_byte
         out["tied_copy"] = tied
-        out["gathered_weights"] = float(self.transient_bytes)
+        out["gathered_weights"] = gathered
         out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s])
         return out
 
@@ -396,11 +413,15 @@ def build_pipeline_costs(
     state_per_byte = state.bytes_per_param(dp) / profile.bytes_per_param
     inflight = (np.asarray(in_flight, dtype=float) if in_flight is not None
                 else in_flight_micro_batches(schedule, pp, num_micro_batches))
-    capacity = usable_memory_bytes(job, np.array([min(spec.memory_bytes for spec in specs)
-                                                  for specs in stage_specs]))
-    capacity = capacity * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio)
-    transient = (FSDP_LIVE_UNITS * float(np.max(arrays["param_bytes"], initial=0.0))
-                 * state.gathered_bytes_per_param() / profile.bytes_per_param)
+    gathered = np.full(pp, FSDP_LIVE_UNITS * float(np.max(arrays["param_bytes"], initial=0.0))
+                       * state.gathered_bytes_per_param() / profile.bytes_per_param / stages_per_device)
+    tied = np.zeros(pp)
+    if pp > 1:
+        tied[-1] = profile.tied_param_bytes * state_per_byte
+    usable = usable_memory_bytes(job, np.array([min(spec.memory_bytes for spec in specs)
+                                                for specs in stage_specs]))
+    capacity = ((usable - gathered * stages_per_device)
+                * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     return PipelineCosts(
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
@@ -419,8 +440,8 @@ def build_pipeline_costs(
         bwd_input_prefix_s=np.concatenate([zero, np.cumsum(bwd_input)]),
         state_bytes_per_param_byte=state_per_byte,
         grad_bytes_per_param_byte=grad_bpp / profile.bytes_per_param,
-        tied_static_bytes=profile.tied_param_bytes * state_per_byte,
-        transient_bytes=transient,
+        tied_copy_bytes=tied,
+        gathered_bytes=gathered,
     )
 
 

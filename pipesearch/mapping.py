@@ -940,7 +940,7 @@ def evaluate_placement(
     rows = np.array([np.max([times[cluster.device_spec(int(d)).name] for d in placement[s]], axis=0)
                      for s in range(pp)]) * ratio
     caps = usable_memory_bytes(job, np.array([min(cluster.device_spec(int(d)).memory_bytes for d in placement[s])
-                                              for s in range(pp)]))
+                                              for s in range(pp)])) - costs.fixed_bytes(np.arange(pp))
     costs = with_stage_times(replace(costs, capacity_bytes=caps), rows)
     return costs, optimal_split(costs)
 

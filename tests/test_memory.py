@@ -188,3 +188,27 @@ def test_headroom_refuses_what_only_fits_without_it():
     assert plan.predicted.peak_memory_bytes == pytest.approx(8 * MiB)
     with pytest.raises(Exception, match="no plan fits"):
         search([ModelVariant(prof)], cl, Job(1, memory_reserve_bytes=0, memory_headroom_fraction=0.25), opts)
+
+
+def test_split_makes_room_for_the_tied_copy_on_the_last_stage():
+    """5 layers of 1 MiB state each, times 2, 1, 1, 1, 1 ms, pp 2, 3.5 MiB per
+    device, no activations. Untied, the best split is (2, 3) (bottleneck 3 ms,
+    3 MiB per stage). With a tied matrix of 1 MiB of state the last stage of
+    (2, 3) would need 4 MiB, so the split must be (3, 2): 3 MiB and 2 + 1 MiB,
+    bottleneck 4 ms."""
+    from dataclasses import replace
+
+    from helpers import tiny_cluster, tiny_profile
+
+    MiB = 2**20
+    prof = tiny_profile([2e-3, 1e-3, 1e-3, 1e-3, 1e-3], params=[MiB / 4] * 5)
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=8, schedules=("1f1b",), top=1,
+                         simulate_top=0)
+    cl = tiny_cluster(1, 2, memory_bytes=3.5 * MiB)
+    job = Job(8, memory_reserve_bytes=0)
+    assert search([ModelVariant(prof)], cl, job, opts).plans[0].layers_per_stage == (2, 3)
+    tied = search([ModelVariant(replace(prof, tied_param_bytes=MiB / 4))], cl, job, opts).plans[0]
+    assert tied.layers_per_stage == (3, 2)
+    last = dict(tied.stages[-1].memory_breakdown)
+    assert last["tied_copy"] == pytest.approx(MiB)
+    assert tied.stages[-1].memory_bytes == pytest.approx(3 * MiB)
