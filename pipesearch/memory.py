@@ -20,12 +20,15 @@ Presets (:data:`PRESETS`):
 * ``mixed-adam`` = 2 + 2 + 0 + 4 + 8 = 16 B: Rajbhandari et al., "ZeRO", SC'20,
   sec. 3.1 ("2Psi + 2Psi + 12Psi"); the pipesearch default (it is also plain fp32
   Adam, 4 + 4 + 4 + 4).
-* ``megatron`` = 2 + 0 + 4 + 4 + 8 = 18 B: Megatron-LM with bf16 weights and
-  fp32 gradient accumulation and reduction (``main_grad``); NVIDIA/Megatron-LM
-  ``docs/source/api-guide/dist_optimizer.md``, table "bf16 param, fp32 grads":
-  18 bytes without, ``6 + 12/d`` with the distributed optimizer. Korthikanti
-  et al. 2022 (Fig. 1) count the same 18 bytes of state per parameter.
-* ``fp32-adam`` = 4 + 4 + 0 + 0 + 8 = 16 B: fp32 training, no master copy.
+* ``megatron`` = 2 + 0 + 4 + 4 + 8 = 18 B: Megatron-LM with 16-bit (bf16)
+  weights and fp32 gradient accumulation and reduction (``main_grad``); the
+  Megatron Core user guide, "Distributed Optimizer", table row "float16
+  param, fp32 grads": 18 bytes without, ``6 + 12/d`` with the distributed
+  optimizer, which distributes the optimizer state but not the gradients or
+  the parameters. Korthikanti et al. 2022 (Fig. 1) count the same 18 bytes
+  of state per parameter.
+* ``fp32-adam`` = 4 + 4 + 0 + 0 + 8 = 16 B: fp32 training, no master copy
+  (the same guide's "fp32 param, fp32 grads": 16, ``8 + 8/d``).
 
 Sharding over ``d`` data-parallel replicas (:data:`SHARDINGS`; Rajbhandari et
 al. SC'20 sec. 5, Fig. 1):
@@ -123,7 +126,7 @@ class ParamState:
 
     def bytes_per_param(self, dp: int) -> float:
         """Total of :meth:`breakdown_per_param`: e.g. ``megatron`` with
-        ``zero1`` keeps ``6 + 12 / dp`` (Megatron-LM dist_optimizer.md)."""
+        ``zero1`` keeps ``6 + 12 / dp`` (Megatron Core user guide, "Distributed Optimizer")."""
         return sum(self.breakdown_per_param(dp).values())
 
     def floor_bytes_per_param(self) -> float:

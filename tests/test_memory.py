@@ -34,8 +34,9 @@ def test_zero_figure_1(sharding, total_GB):
 
 
 def test_megatron_distributed_optimizer_table():
-    """Megatron-LM dist_optimizer.md, "bf16 param, fp32 grads": 18 bytes per
-    parameter without the distributed optimizer, 6 + 12/d with it."""
+    """Megatron Core user guide, "Distributed Optimizer": "float16 param,
+    fp32 grads" 18 bytes per parameter without the distributed optimizer,
+    6 + 12/d with it; "fp32 param, fp32 grads" 16 and 8 + 8/d."""
     meg = preset("megatron")
     assert meg.total_bytes == 18
     assert meg.bytes_per_param(8) == 18
@@ -45,6 +46,8 @@ def test_megatron_distributed_optimizer_table():
     parts = dist.breakdown_per_param(4)
     assert parts == {"weights": 2.0, "grads": 0.0, "main_grads": 4.0, "master_weights": 1.0,
                      "optimizer_moments": 2.0}
+    for d in (1, 4, 64):
+        assert preset("fp32-adam", "zero1").bytes_per_param(d) == pytest.approx(8 + 8 / d)
     # the floor of a sharded state: what no dp removes
     assert dist.floor_bytes_per_param() == 6
     assert preset("megatron", "zero2").floor_bytes_per_param() == 2
