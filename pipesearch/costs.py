@@ -25,11 +25,15 @@ optimizes exactly using the terms below. Stage ``s`` covering layers
   ring across nodes, all-gather in the node) when replicas share nodes and that
   is faster, as NCCL chooses;
 * memory of one device: ``params * state_bytes_per_param`` (weights, gradients,
-  optimizer state; the optimizer part divided by ``dp`` under ZeRO-1) ``+ (b / B) * saved_bytes[i, j) * in_flight(s)`` where
+  optimizer state by component, sharded over ``dp`` as ZeRO-1/2/3 or FSDP
+  say: :mod:`pipesearch.memory`) ``+ (b / B) * saved_bytes[i, j) * in_flight(s)``
+  (plus, on a last stage without the first layer, the copy of a tied
+  embedding, and under ZeRO-3 the gathered weights) where
   ``in_flight`` is the number of micro-batches whose activations the schedule
   keeps on stage ``s`` at its peak (GPipe: ``m``, Huang et al. 2019; 1F1B:
   ``min(m, pp - s)``, Narayanan et al. ICML'21 PipeDream-Flush), which must
-  not exceed ``device memory - memory_reserve_bytes``.
+  not exceed ``device memory * (1 - memory_headroom_fraction) -
+  memory_reserve_bytes`` (:func:`pipesearch.memory.usable_memory_bytes`).
 
 Iteration time of a split into stages ``k = 0..pp-1`` with per-micro-batch time
 ``a_k = compute_k + p2p_k`` and all-reduce ``r_k``::
@@ -53,17 +57,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
+from .memory import FSDP_LIVE_UNITS, param_state_of, usable_memory_bytes
 from .types import Cluster, DeviceSpec, Job, Link, ModelProfile
 
 
 def state_bytes_per_param(job: Job, dp: int) -> float:
     """Bytes of weights, gradients and optimizer state one device keeps per
-    parameter: ``state_bytes_per_param``, less ``optimizer_bytes_per_param *
-    (1 - 1/dp)`` under ZeRO-1 (Rajbhandari et al. SC'20, sec. 5.1: the
-    optimizer states are partitioned across the data-parallel replicas)."""
-    if job.zero1 and dp > 1:
-        return job.state_bytes_per_param - job.optimizer_bytes_per_param * (1 - 1 / dp)
-    return job.state_bytes_per_param
+    parameter, by component and sharding (:mod:`pipesearch.memory`): e.g.
+    ``16 - 12 (1 - 1/dp)`` for mixed-precision Adam under ZeRO-1
+    (Rajbhandari et al. SC'20, sec. 5.1: the optimizer states are partitioned
+    across the data-parallel replicas), ``6 + 12/dp`` for Megatron-LM's
+    distributed optimizer."""
+    return param_state_of(job).bytes_per_param(dp)
 
 
 def in_flight_micro_batches(schedule: str, pp: int, m: int) -> np.ndarray:
@@ -223,6 +228,20 @@ class PipelineCosts:
         bwd_input_prefix_s: ``(L+1,)`` prefix sums of the input-gradient part
             of backward (zero-bubble schedules; half of backward when the
             profile does not split it).
+        tied_copy_bytes: ``(P,)`` weights + gradients + optimizer state of
+            the parameters the last layer shares with the first (tied
+            embeddings), on the last stage when there are several: it keeps
+            its own copy (Megatron-LM's embedding group; Shoeybi et al. 2019
+            sec. 3 for the tied matrix); 0 elsewhere.
+        gathered_bytes: ``(P,)`` each stage's part of the bytes its device
+            holds whatever the split (ZeRO-3 / FSDP: the gathered weights of
+            the units computing and prefetched, divided among the device's
+            stages).
+
+    Both are fixed per stage (a split into ``P > 1`` contiguous stages always
+    puts the last layer without the first on the last stage), so
+    ``capacity_bytes`` is given net of them and :meth:`memory_bytes` is the
+    split-dependent part; :meth:`total_memory_bytes` adds them back.
     """
 
     num_micro_batches: int
@@ -241,6 +260,8 @@ class PipelineCosts:
     state_bytes_per_param_byte: float
     grad_bytes_per_param_byte: float
     bwd_input_prefix_s: np.ndarray | None = None
+    tied_copy_bytes: np.ndarray | None = None
+    gathered_bytes: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -268,10 +289,50 @@ class PipelineCosts:
         return np.where(grad > 0, grad * self.allreduce_s_per_byte[s] + self.allreduce_fixed_s[s], 0.0)
 
     def memory_bytes(self, s: int, i, j):
-        """Peak bytes on one device of stage ``s`` holding ``[i, j)`` (no reserve)."""
+        """Split-dependent peak bytes on one device of stage ``s`` holding
+        ``[i, j)``: state + in-flight activations (compared with
+        ``capacity_bytes``, which is net of the fixed parts)."""
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
         return params * self.state_bytes_per_param_byte + saved * self.in_flight[s]
+
+    def fixed_bytes(self, s):
+        """Bytes stage ``s`` holds whatever the split: its tied copy and its
+        part of the gathered ZeRO-3 weights (0 when there are none)."""
+        out = 0.0
+        for arr in (self.tied_copy_bytes, self.gathered_bytes):
+            if arr is not None:
+                out = out + arr[s]
+        return out
+
+    def total_memory_bytes(self, s, i, j):
+        """Peak bytes on one device of stage ``s`` holding ``[i, j)`` (no
+        reserve): :meth:`memory_bytes` + :meth:`fixed_bytes`, the sum of
+        :meth:`memory_breakdown`."""
+        return self.memory_bytes(s, i, j) + self.fixed_bytes(s)
+
+    def memory_breakdown(self, s: int, i: int, j: int, param_state=None, dp: int = 1,
+                         bytes_per_param: float = 2.0) -> dict[str, float]:
+        """Bytes of stage ``s`` holding ``[i, j)`` by part: the training state
+        by component (:meth:`pipesearch.memory.ParamState.breakdown_per_param`
+        of ``param_state`` at ``dp``, when given; else one ``state`` entry),
+        ``tied_copy`` (the last stage's copy of a tied matrix, its gradient
+        and optimizer state), ``gathered_weights`` (ZeRO-3 / FSDP transient)
+        and ``activations`` (saved bytes times the stage's in-flight
+        micro-batches). The values sum to :meth:`total_memory_bytes`."""
+        params = float(self.param_prefix_bytes[j] - self.param_prefix_bytes[i])
+        tied = float(self.tied_copy_bytes[s]) if self.tied_copy_bytes is not None else 0.0
+        gathered = float(self.gathered_bytes[s]) if self.gathered_bytes is not None else 0.0
+        out: dict[str, float] = {}
+        if param_state is not None:
+            n = params / bytes_per_param
+            out.update({k: n * v for k, v in param_state.breakdown_per_param(dp).items()})
+        else:
+            out["state"] = params * self.state_bytes_per_param_byte
+        out["tied_copy"] = tied
+        out["gathered_weights"] = gathered
+        out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s])
+        return out
 
     def sum_term(self, s: int, i, j):
         """``a_k``: per-micro-batch time of the stage (compute + p2p)."""
@@ -387,6 +448,19 @@ def build_pipeline_costs(
     stage_specs = [[cluster.device_spec(int(d)) for d in placement[s]] for s in range(pp)]
     p2p, ar = links if links is not None else placement_links(cluster, placement)
     grad_bpp = job.grad_bytes_per_param if job.grad_bytes_per_param is not None else profile.bytes_per_param
+    state = param_state_of(job)
+    state_per_byte = state.bytes_per_param(dp) / profile.bytes_per_param
+    inflight = (np.asarray(in_flight, dtype=float) if in_flight is not None
+                else in_flight_micro_batches(schedule, pp, num_micro_batches))
+    gathered = np.full(pp, FSDP_LIVE_UNITS * float(np.max(arrays["param_bytes"], initial=0.0))
+                       * state.gathered_bytes_per_param() / profile.bytes_per_param / stages_per_device)
+    tied = np.zeros(pp)
+    if pp > 1:
+        tied[-1] = profile.tied_param_bytes * state_per_byte
+    usable = usable_memory_bytes(job, np.array([min(spec.memory_bytes for spec in specs)
+                                                for specs in stage_specs]))
+    capacity = ((usable - gathered * stages_per_device)
+                * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     return PipelineCosts(
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
@@ -400,11 +474,41 @@ def build_pipeline_costs(
         p2p_latency_s=np.array([link.latency_s for link in p2p]),
         allreduce_s_per_byte=np.array([x[0] for x in ar]),
         allreduce_fixed_s=np.array([x[1] for x in ar]),
-        in_flight=(np.asarray(in_flight, dtype=np.int64) if in_flight is not None
-                   else in_flight_micro_batches(schedule, pp, num_micro_batches)),
-        capacity_bytes=np.array([min(spec.memory_bytes for spec in specs) - job.memory_reserve_bytes
-                                 for specs in stage_specs]) / stages_per_device,
+        in_flight=inflight,
+        capacity_bytes=capacity,
         bwd_input_prefix_s=np.concatenate([zero, np.cumsum(bwd_input)]),
-        state_bytes_per_param_byte=state_bytes_per_param(job, dp) / profile.bytes_per_param,
+        state_bytes_per_param_byte=state_per_byte,
         grad_bytes_per_param_byte=grad_bpp / profile.bytes_per_param,
+        tied_copy_bytes=tied,
+        gathered_bytes=gathered,
     )
+
+
+def device_memory_shares(profile: ModelProfile, in_flight: np.ndarray, stages_per_device: int,
+                         state_per_param_byte: float, ratio: float) -> np.ndarray:
+    """Share of its device's usable memory each of the ``P`` stages may fill.
+
+    One stage per device: 1. With ``v = stages_per_device > 1`` (stage ``s``
+    on device ``s % (P / v)``) the device's chunks share its memory, and the
+    split is checked stage by stage, so the device's capacity is divided
+    among its chunks; any division whose shares sum to 1 is safe (the
+    device's total never exceeds its capacity). Chunk ``c`` of a device gets
+    ``(S + n_c A) / (v S + N A)``, with ``S`` and ``A`` the model's total
+    state and saved activation bytes per micro-batch and ``n_c`` its
+    in-flight micro-batches at the device's simultaneous peak
+    (``N = sum n_c``): the shares a balanced split of the model needs, so
+    balanced interleaved plans that fit are not refused (an equal ``1/v``
+    division would refuse them when the chunks' in-flight counts differ,
+    e.g. 15, 8 and 8 for rank 0 of ``p = 8, v = 3``).
+    """
+    P = len(in_flight)
+    if stages_per_device <= 1:
+        return np.ones(P)
+    arrays = profile.layer_arrays
+    S = float(arrays["param_bytes"].sum()) * state_per_param_byte
+    A = float(arrays["saved_bytes"].sum()) * ratio
+    n = np.asarray(in_flight, dtype=float)
+    dev = np.arange(P) % (P // stages_per_device)
+    need = S + n * A
+    total = np.bincount(dev, weights=need, minlength=P // stages_per_device)[dev]
+    return np.where(total > 0, need / np.where(total > 0, total, 1.0), 1.0 / stages_per_device)

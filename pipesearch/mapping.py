@@ -77,12 +77,13 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .costs import (PipelineCosts, build_pipeline_costs, device_rate_flops, in_flight_micro_batches,
-                    pipeline_placement, profile_precision)
+                    pipeline_placement, profile_precision, state_bytes_per_param)
 
 
 # --------------------------------------------------------------------------- #
 # layer times per device type
 from .errors import InfeasibleError, InputError
+from .memory import usable_memory_bytes
 from .partition import SplitResult, min_max_split, optimal_split
 from .types import Cluster, DeviceSpec, Job, ModelProfile
 
@@ -339,7 +340,8 @@ def problem_from_profile(
     Terms follow :func:`pipesearch.costs.build_pipeline_costs` with ``dp = 1``:
     times and activations scale by ``micro_batch_size / profiled_batch_size``;
     ``static = param_bytes * state_bytes_per_param / bytes_per_param``;
-    capacity ``= memory_bytes - job.memory_reserve_bytes``; links from
+    capacity ``= memory_bytes * (1 - job.memory_headroom_fraction) -
+    job.memory_reserve_bytes`` (:func:`pipesearch.memory.usable_memory_bytes`); links from
     :meth:`Cluster.link`.
 
     Args:
@@ -372,9 +374,9 @@ def problem_from_profile(
     return MappingProblem(
         layer_time_s=np.array([times[n] for n in names]) * ratio,
         device_type=np.array([names.index(s.name) for s in specs]),
-        capacity_bytes=np.array([s.memory_bytes - job.memory_reserve_bytes for s in specs]),
+        capacity_bytes=usable_memory_bytes(job, np.array([s.memory_bytes for s in specs])),
         static_bytes=np.array([lay.param_bytes for lay in layers], dtype=float)
-        * (job.state_bytes_per_param / profile.bytes_per_param),
+        * (state_bytes_per_param(job, 1) / profile.bytes_per_param),
         act_bytes=np.array([lay.saved_bytes for lay in layers], dtype=float) * ratio,
         in_flight=in_flight_micro_batches(schedule, pp, num_micro_batches),
         output_bytes=np.array([lay.output_bytes for lay in layers], dtype=float) * ratio,
@@ -937,8 +939,8 @@ def evaluate_placement(
     ratio = micro_batch_size / profile.profiled_batch_size
     rows = np.array([np.max([times[cluster.device_spec(int(d)).name] for d in placement[s]], axis=0)
                      for s in range(pp)]) * ratio
-    caps = np.array([min(cluster.device_spec(int(d)).memory_bytes for d in placement[s])
-                     for s in range(pp)]) - job.memory_reserve_bytes
+    caps = usable_memory_bytes(job, np.array([min(cluster.device_spec(int(d)).memory_bytes for d in placement[s])
+                                              for s in range(pp)])) - costs.fixed_bytes(np.arange(pp))
     costs = with_stage_times(replace(costs, capacity_bytes=caps), rows)
     return costs, optimal_split(costs)
 

@@ -133,6 +133,7 @@ def load_model_source(
     recompute: str | None = None,
     seq_len: int | None = None,
     max_search_memory_bytes: float | None = None,
+    sequence_parallel: bool = True,
 ) -> ModelSource:
     """Resolve ``name_or_path`` (catalog name or file) into layer-table variants.
 
@@ -144,6 +145,9 @@ def load_model_source(
         max_search_memory_bytes: host-memory budget of the search
             (:func:`pipesearch.budget.check_search_memory`), checked on the
             layer count before a layer table is built; ``None``: no check.
+        sequence_parallel: use Korthikanti et al.'s sequence parallelism
+            whenever ``tp > 1`` (default); False keeps the non-parallel
+            regions (norms, dropout) replicated on every tensor-parallel rank.
 
     Raises:
         CatalogError / InputError: unknown name, malformed file, a pin that
@@ -163,7 +167,8 @@ def load_model_source(
         for t in tps:
             for mode in modes:
                 try:
-                    prof = layer_table(cfg, seq_len=seq_len, device=device, tp=t, sequence_parallel=t > 1,
+                    sp = sequence_parallel and t > 1
+                    prof = layer_table(cfg, seq_len=seq_len, device=device, tp=t, sequence_parallel=sp,
                                        recompute=mode, tp_link=cluster.intra_node)
                 except InputError as exc:
                     if tp:  # a pinned degree that does not fit the model: say which option
@@ -171,7 +176,7 @@ def load_model_source(
                     first_error = first_error or exc
                     continue
                 variants.append(ModelVariant(prof, tp=t, recompute=mode,
-                                             extra=(("sequence_parallel", t > 1),)))
+                                             extra=(("sequence_parallel", sp),)))
         if not variants:
             raise first_error or InputError(f"{path}: no tensor-parallel degree fits {cluster.name}")
         names = [lay.name for lay in variants[0].profile.layers]

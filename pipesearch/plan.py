@@ -89,7 +89,7 @@ def plan_to_dict(plan: Plan, exports: dict | None = None) -> dict:
              "devices": list(s.devices), "device_type": s.device_type, "fwd_s": s.fwd_s,
              "compute_s": s.compute_s, "comm_s": s.comm_s, "allreduce_s": s.allreduce_s,
              "memory_bytes": s.memory_bytes, "send_bytes": s.send_bytes, "saved_bytes": s.saved_bytes,
-             "bwd_input_s": s.bwd_input_s}
+             "bwd_input_s": s.bwd_input_s, "memory_breakdown_bytes": dict(s.memory_breakdown)}
             for s in plan.stages
         ],
         "predicted": {
@@ -99,6 +99,13 @@ def plan_to_dict(plan: Plan, exports: dict | None = None) -> dict:
             "bubble_fraction": plan.predicted.bubble_fraction,
             "peak_memory_bytes": plan.predicted.peak_memory_bytes,
             "memory_capacity_bytes": plan.predicted.memory_capacity_bytes,
+            "tokens_per_iteration": plan.predicted.tokens_per_iteration,
+            "model_flops_per_iteration": plan.predicted.model_flops_per_iteration,
+            "peak_flops": plan.predicted.peak_flops,
+            "num_devices": plan.predicted.num_devices,
+            "tokens_per_s": plan.predicted.tokens_per_s,
+            "tokens_per_s_per_device": plan.predicted.tokens_per_s_per_device,
+            "mfu": plan.predicted.mfu,
         },
         "options": _thaw(options),
     }
@@ -142,7 +149,8 @@ def plan_from_dict(obj: dict) -> tuple[Plan, dict | None]:
                   layer_names=tuple(st["layer_names"]), devices=tuple(st["devices"]),
                   compute_s=st["compute_s"], comm_s=st["comm_s"], allreduce_s=st["allreduce_s"],
                   memory_bytes=st["memory_bytes"], send_bytes=st["send_bytes"], device_type=st["device_type"],
-                  fwd_s=st["fwd_s"], saved_bytes=st["saved_bytes"], bwd_input_s=st["bwd_input_s"])
+                  fwd_s=st["fwd_s"], saved_bytes=st["saved_bytes"], bwd_input_s=st["bwd_input_s"],
+                  memory_breakdown=tuple((k, float(v)) for k, v in st.get("memory_breakdown_bytes", {}).items()))
         for st in obj["stages"])
     par, sch, pred = obj["parallelism"], obj["schedule"], obj["predicted"]
     options = dict(_freeze(obj.get("options", {})))
@@ -152,7 +160,9 @@ def plan_from_dict(obj: dict) -> tuple[Plan, dict | None]:
         schedule=sch["name"], micro_batch_size=sch["micro_batch_size"], num_micro_batches=sch["num_micro_batches"],
         stages=stages,
         predicted=Prediction(**{k: pred[k] for k in (
-            "iteration_time_s", "samples_per_s", "bubble_fraction", "peak_memory_bytes", "memory_capacity_bytes")}),
+            "iteration_time_s", "samples_per_s", "bubble_fraction", "peak_memory_bytes", "memory_capacity_bytes")},
+            **{k: pred[k] for k in ("tokens_per_iteration", "model_flops_per_iteration", "peak_flops", "num_devices")
+               if k in pred}),
         extra=extra,
     )
     return plan, obj.get("exports")

@@ -360,6 +360,55 @@ def in_flight_peaks(actions: Sequence[Sequence[Action]]) -> tuple[int, ...]:
     return tuple(peak)
 
 
+def simultaneous_in_flight(actions: Sequence[Sequence[Action]], held_after_input: float = 1.0) -> tuple[float, ...]:
+    """Per stage: the micro-batches' worth of activations it holds at the
+    moment its rank holds the most, summed over the rank's stages.
+
+    :func:`in_flight_peaks` gives each stage's own peak; on a rank with several
+    stages (interleaved 1F1B, looped BFS) those peaks happen at different
+    times, so their sum over-counts the rank's memory. Here each rank's list
+    is walked once: a micro-batch counts 1 from the start of its ``F`` until
+    its ``B`` (or ``I``) ends, then ``held_after_input`` until its ``W`` ends
+    (zero-bubble schedules: after the input gradient only the inputs of the
+    weight-gradient GEMMs remain; Qi et al. 2023, Table 1). The returned
+    per-stage counts are those at the first moment the rank's total is
+    largest, so they sum to that rank's simultaneous peak.
+
+    Example: Megatron-LM's interleaved order with ``p = 8``, ``v = 3``: rank 0
+    runs ``2 (p - 1) + (v - 1) p = 30`` warm-up forwards, then one more before
+    its first backward: 31 chunk-micro-batches (15 of chunk 0, 8 each of
+    chunks 1 and 2), where the chunks' own peaks 16 + 15 + 8 sum to 39.
+
+    Args:
+        actions: one ordered action list per rank.
+        held_after_input: share of a micro-batch's activations still held
+            between its ``I`` and ``W`` (1 keeps it all until ``W``).
+
+    Returns:
+        One float per stage ``0 .. max stage``.
+    """
+    n = 1 + max((a.stage for seq in actions for a in seq), default=-1)
+    out = [0.0] * n
+    for seq in actions:
+        cur: dict[int, float] = {}
+        best, at = -1.0, {}
+        for a in seq:
+            if a.kind == "F":
+                cur[a.stage] = cur.get(a.stage, 0.0) + 1.0
+            elif a.kind == "I":
+                cur[a.stage] -= 1.0 - held_after_input
+            elif a.kind == "W":
+                cur[a.stage] -= held_after_input
+            elif a.kind == "B":
+                cur[a.stage] -= 1.0
+            total = sum(cur.values())
+            if total > best + 1e-12:
+                best, at = total, dict(cur)
+        for stage, count in at.items():
+            out[stage] = count
+    return tuple(out)
+
+
 def format_order(actions: Sequence[Sequence[Action]], limit: int = 40) -> str:
     """A short text view: one line per rank, actions in torch's ``0F1`` form."""
     lines = []

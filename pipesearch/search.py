@@ -36,6 +36,7 @@ from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, in_f
 from .errors import InfeasibleError, InputError
 from .split_search import exact_split
 from .timemodel import iteration_time_s, send_overlap, simulate_times, stage_times_of
+from .memory import param_state_of, usable_memory_bytes
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
 
 ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
@@ -145,7 +146,8 @@ def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fast
     return bound
 
 
-def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> tuple[StagePlan, ...]:
+def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
+                 job: Job | None = None) -> tuple[StagePlan, ...]:
     names = [lay.name for lay in variant.profile.layers]
     st, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
     scale = costs.time_scale
@@ -153,7 +155,7 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> t
         "compute_s": costs.compute_s(st, i, j),
         "comm_s": costs.send_s(st, j),
         "allreduce_s": costs.allreduce_s(st, i, j),
-        "memory_bytes": costs.memory_bytes(st, i, j),
+        "memory_bytes": costs.total_memory_bytes(st, i, j),
         "send_bytes": np.where(st + 1 < costs.pp, costs.output_bytes[j - 1], 0.0),
         "fwd_s": scale * (costs.fwd_prefix_s[j] - costs.fwd_prefix_s[i]),
         "saved_bytes": costs.saved_prefix_bytes[j] - costs.saved_prefix_bytes[i],
@@ -161,18 +163,22 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster) -> t
     }
     cols = {k: v.tolist() for k, v in cols.items()}
     stages = []
+    state = param_state_of(job) if job is not None else None
     for s in range(costs.pp):
         devices = tuple(int(d) for d in placement[s])
+        parts = costs.memory_breakdown(s, int(i[s]), int(j[s]), state, placement.shape[1],
+                                       variant.profile.bytes_per_param)
         stages.append(StagePlan(
             index=s, layers=(int(i[s]), int(j[s])), layer_names=tuple(names[i[s]:j[s]]), devices=devices,
             device_type=",".join(dict.fromkeys(cluster.device_spec(d).name for d in devices)),
+            memory_breakdown=tuple(parts.items()),
             **{k: v[s] for k, v in cols.items()},
         ))
     return tuple(stages)
 
 
 def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_batch: int, cluster,
-                pp: int, schedule: str) -> Prediction:
+                pp: int, schedule: str, profile: ModelProfile | None = None, tp: int = 1) -> Prediction:
     m = costs.num_micro_batches
     busy = _rank_busy_s(stages, pp, m, schedule)
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
@@ -184,6 +190,7 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
         bubble_fraction=max(0.0, 1.0 - busiest / iteration_time_s) if iteration_time_s > 0 else 0.0,
         peak_memory_bytes=peak,
         memory_capacity_bytes=cap,
+        **_throughput_terms(profile, stages, global_batch, cluster, tp),
     )
 
 
@@ -199,6 +206,20 @@ def _rank_busy_s(stages, pp: int, m: int, schedule: str) -> np.ndarray:
             sends = (st.comm_s if k + 1 < S else 0.0) + (stages[k - 1].comm_s if k > 0 else 0.0)
         work.append(m * (st.compute_s + sends))
     return np.bincount(np.arange(S) % pp, weights=work, minlength=pp)
+
+
+def _throughput_terms(profile: ModelProfile | None, stages, global_batch: int, cluster, tp: int) -> dict:
+    """Tokens and PaLM model FLOPs per iteration, and the fp16 peak of the
+    plan's devices (each stage device heads a group of ``tp``)."""
+    if profile is None or not profile.tokens_per_sample:
+        return {}
+    devices = sorted({d for st in stages for d in st.devices})
+    return {"tokens_per_iteration": float(global_batch * profile.tokens_per_sample),
+            "model_flops_per_iteration": float(global_batch * profile.model_flops_per_sample),
+            "peak_flops": float(tp * sum(cluster.device_spec(d).peak_fp16_flops for d in devices)),
+            "num_devices": tp * len(devices)}
+
+
 
 
 def simulate_plan(plan: Plan) -> tuple[float, object]:
@@ -342,8 +363,8 @@ def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndar
     """Per layer: weights + gradients + optimizer bytes, and saved activation
     bytes per sample."""
     arrays = profile.layer_arrays
-    # ZeRO-1 shards the optimizer part; the floor uses what is left with dp -> infinity
-    floor = job.state_bytes_per_param - (job.optimizer_bytes_per_param if job.zero1 else 0.0)
+    # sharding divides parts of the state by dp; the floor is what is left as dp -> infinity
+    floor = param_state_of(job).floor_bytes_per_param()
     return (arrays["param_bytes"] * floor / profile.bytes_per_param,
             arrays["saved_bytes"] / profile.profiled_batch_size)
 
@@ -355,12 +376,16 @@ def _surely_out_of_memory(totals, row: dict, in_flight: np.ndarray, capacity_byt
     totals): ``max M >= (S + min f * A) / P``; ``max M >= (S / max f + A) /
     sum_k (1 / f_k)`` (from ``sum_k M_k / f_k <= max M * sum_k 1 / f_k``); and
     the largest single layer with ``min f`` micro-batches. Stages of an
-    interleaved device share its memory, so each has ``capacity / vp``."""
+    interleaved device share its memory in shares that depend on the split
+    (:func:`pipesearch.costs.device_memory_shares`), so there only the first
+    bound is used, per device: ``(S + min f * A) / (P / vp)``."""
     static, act = totals
     act = act * row["micro_batch_size"]
     f = np.maximum(in_flight, 1)
     P = len(f)
     total_s, total_a = float(static.sum()), float(act.sum())
+    if row["vp"] > 1:
+        return (total_s + f.min() * total_a) / (P / row["vp"]) > capacity_bytes
     bound = max((total_s + f.min() * total_a) / P,
                 (total_s / f.max() + total_a) / float(np.sum(1.0 / f)),
                 float(np.max(static + f.min() * act)))
@@ -432,8 +457,7 @@ def search(
     work = {id(v): sum(lay.fwd_s + lay.bwd_s for lay in v.profile.layers) / v.profile.profiled_batch_size
             for v in variants}
     memory_floor = {id(v): _memory_totals(v.profile, job) for v in variants}
-    capacity = min(cluster.device_spec(d).memory_bytes for d in range(cluster.num_devices)) \
-        - job.memory_reserve_bytes
+    capacity = usable_memory_bytes(job, min(cluster.device_spec(d).memory_bytes for d in range(cluster.num_devices)))
     groups = []
     for variant, pp, dp, status in enumerate_groups(variants, cluster, job, options):
         if status is not None:
@@ -479,8 +503,9 @@ def search(
             if pruned(bound):
                 row["status"] = "pruned"
                 continue
-            inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache)
-            if not options.split and _surely_out_of_memory(floor, row, inflight, capacity):  # a split is cheap to check
+            inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache,
+                                          variant.profile.wgrad_saved_fraction)
+            if not options.split and _surely_out_of_memory(floor, row, inflight, capacity):
                 row["status"] = "out_of_memory"
                 continue
             if row["placement"] != options.placements[0] and _same_links(
@@ -535,25 +560,29 @@ def plan_family(plan: Plan) -> tuple:
     return (plan.tp, dict(plan.extra).get("recompute"), plan.pp, plan.dp, plan.schedule, plan.vp)
 
 
-def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None) -> np.ndarray:
-    """Peak in-flight micro-batches of each of the ``pp * vp`` stages under
-    ``schedule``, read off the schedule's own action lists
-    (:func:`pipesearch.schedules.in_flight_peaks`). For interleaved 1F1B and
-    ZB-H1 the peaks stop growing once ``m >= 2 pp`` (the warm-up depth is
-    bounded), so they are computed at ``min(m, 2 pp)``; ZB-H1 holds
-    ``min(m, pp)`` on every stage (tests/test_search_schedules.py checks both
-    against the builders); looped breadth-first keeps all ``m``; GPipe ``m``;
-    1F1B ``min(m, pp - s)``."""
+def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None,
+                       held_after_input: float = 1.0) -> np.ndarray:
+    """Micro-batches' worth of activations each of the ``pp * vp`` stages
+    holds at its device's simultaneous peak, read off the schedule's own
+    action lists (:func:`pipesearch.schedules.simultaneous_in_flight`; for
+    interleaved 1F1B the chunks of a device peak at different times, so
+    their counts at the device's peak sum to ``p v + p - 1`` on rank 0
+    rather than the sum of their own peaks). For interleaved 1F1B and ZB-H1
+    the counts stop changing once ``m >= 2 pp`` (the warm-up depth is
+    bounded), so they are computed at ``min(m, 2 pp)``. ZB-H1 stage ``r``
+    holds ``pp - r (1 - h)`` with ``h = held_after_input`` the share of a
+    micro-batch's activations kept between its input- and weight-gradient
+    steps (``pp`` when ``h = 1``); looped breadth-first keeps all ``m``;
+    GPipe ``m``; 1F1B ``min(m, pp - s)``."""
     if schedule in ANALYTIC_SCHEDULES:
         return in_flight_micro_batches(schedule, pp, m)
     if schedule == "looped-bfs":
         return np.full(pp * vp, m, dtype=np.int64)
-    if schedule == "zb-h1":  # read off the builder for m in [p, 4p]: every stage min(m, p)
-        return np.full(pp, min(m, pp), dtype=np.int64)
     m_eff = min(m, 2 * pp)
-    key = (schedule, pp, m_eff, vp)
+    key = (schedule, pp, m_eff, vp, held_after_input)
     if cache is None or key not in cache:
-        peaks = np.array(schedule_lib.in_flight_peaks(schedule_lib.build(schedule, pp, m_eff, vp)), dtype=np.int64)
+        peaks = np.array(schedule_lib.simultaneous_in_flight(schedule_lib.build(schedule, pp, m_eff, vp),
+                                                             held_after_input), dtype=float)
         if cache is None:
             return peaks
         cache[key] = peaks
@@ -600,7 +629,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     costs = build_pipeline_costs(
         variant.profile, cluster, job, pp=stages, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
-        profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache),
+        profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
+                                                                      variant.profile.wgrad_saved_fraction),
         stages_per_device=vp, links=links,
     )
     if options.split:
@@ -624,7 +654,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         split_info = {"exact": found.exact, "lower_bound_s": found.lower_bound_s, "gap": found.gap,
                       "splits_evaluated": found.splits_evaluated}
     analytic = analytic_time_s(schedule, costs, bounds, pp, vp)
-    stage_plans = _stage_plans(variant, costs, bounds, slots, cluster)
+    stage_plans = _stage_plans(variant, costs, bounds, slots, cluster, job)
     mapping_info = ()
     if row["placement"] == "mapped":
         mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp)][1]),)
@@ -633,7 +663,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     plan = Plan(
         rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
         num_micro_batches=m, stages=stage_plans,
-        predicted=_prediction(costs, stage_plans, t, job.global_batch_size, cluster, pp, schedule),
+        predicted=_prediction(costs, stage_plans, t, job.global_batch_size, cluster, pp, schedule,
+                              variant.profile, variant.tp),
         extra=extra,
     )
     return plan, costs
@@ -744,8 +775,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> s
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
     params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
-    state = params * job.state_bytes_per_param
-    mem = cluster.device_spec(0).memory_bytes - job.memory_reserve_bytes
+    state = params * param_state_of(job).floor_bytes_per_param()
+    mem = usable_memory_bytes(job, cluster.device_spec(0).memory_bytes)
     hint = ("the model's weights and optimizer state alone need "
             f"{state / 2**30:.1f} GiB against {mem / 2**30:.1f} GiB usable per device; "
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices else

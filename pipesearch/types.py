@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only; types imports nothing at run time
+    from .memory import ParamState
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,19 @@ class ModelProfile:
         bytes_per_param: bytes per parameter in ``Layer.param_bytes``
             (4 for fp32 profiles such as PipeDream's).
         source: provenance, free text (file, paper, date).
+        tied_param_bytes: bytes (profile dtype) of parameters the last layer
+            shares with the first (tied input embedding and LM head), counted
+            once, on the first layer; a stage holding the last layer but not
+            the first keeps a copy of them.
+        tokens_per_sample: tokens one sample trains on (sequence length;
+            0 when the model has no tokens).
+        model_flops_per_sample: PaLM's model FLOPs of one sample, forward
+            and backward, without recomputation (0 when unknown).
+        wgrad_saved_fraction: share of the saved activation bytes still held
+            between a micro-batch's input-gradient and weight-gradient steps
+            (zero-bubble schedules; the inputs of the weight-gradient GEMMs,
+            Qi et al. 2023 Table 1). 1 keeps everything until the weight
+            gradient; above 1 when recomputed activations must wait for it.
     """
 
     name: str
@@ -70,6 +87,10 @@ class ModelProfile:
     profiled_device: str = "unknown"
     bytes_per_param: float = 4.0
     source: str = ""
+    tied_param_bytes: float = 0.0
+    wgrad_saved_fraction: float = 1.0
+    tokens_per_sample: int = 0
+    model_flops_per_sample: float = 0.0
 
     @property
     def num_layers(self) -> int:
@@ -266,6 +287,14 @@ class Job:
         optimizer_bytes_per_param: the shardable part of
             ``state_bytes_per_param`` (12 for mixed-precision Adam: fp32
             master weights, momentum, variance).
+        param_state: the training state by component with its sharding
+            (:class:`pipesearch.memory.ParamState`); when given it replaces
+            ``state_bytes_per_param``, ``optimizer_bytes_per_param`` and
+            ``zero1`` (:func:`pipesearch.memory.param_state_of`).
+        memory_headroom_fraction: share of each device's capacity left
+            unplanned on top of ``memory_reserve_bytes`` (allocator
+            fragmentation, NCCL buffers, transient peaks the model does not
+            count); usable memory ``= capacity * (1 - headroom) - reserve``.
     """
 
     global_batch_size: int
@@ -274,6 +303,8 @@ class Job:
     memory_reserve_bytes: float = 1 << 30
     zero1: bool = False
     optimizer_bytes_per_param: float = 12.0
+    param_state: ParamState | None = None
+    memory_headroom_fraction: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -287,7 +318,10 @@ class StagePlan:
     over the stage's outgoing boundary; ``send_bytes`` the activation bytes sent
     forward per micro-batch; ``saved_bytes`` the activation bytes one in-flight
     micro-batch keeps on the stage; ``allreduce_s`` the gradient all-reduce time per
-    iteration; ``memory_bytes`` the peak memory of one of its devices.
+    iteration; ``memory_bytes`` the peak memory of one of its devices, and
+    ``memory_breakdown`` its parts as ``(name, bytes)`` pairs (training state
+    by component, the copy of a tied matrix, gathered ZeRO-3 weights,
+    activations; :meth:`pipesearch.costs.PipelineCosts.memory_breakdown`).
     """
 
     index: int
@@ -303,18 +337,51 @@ class StagePlan:
     fwd_s: float = 0.0
     saved_bytes: float = 0.0
     bwd_input_s: float = 0.0
+    memory_breakdown: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class Prediction:
     """Predicted figures of a plan. ``bubble_fraction`` is the share of the
-    iteration time that the bottleneck stage's devices sit idle."""
+    iteration time that the bottleneck stage's devices sit idle.
+
+    ``tokens_per_iteration``, ``model_flops_per_iteration`` (PaLM's model
+    FLOPs, :attr:`ModelProfile.model_flops_per_sample`), ``peak_flops`` (the
+    dense fp16 peak of all ``num_devices`` devices the plan uses) are 0 when
+    unknown (profiles without tokens); the rates derive from them and
+    ``iteration_time_s``."""
 
     iteration_time_s: float
     samples_per_s: float
     bubble_fraction: float
     peak_memory_bytes: float
     memory_capacity_bytes: float
+    tokens_per_iteration: float = 0.0
+    model_flops_per_iteration: float = 0.0
+    peak_flops: float = 0.0
+    num_devices: int = 0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second of the whole job, or None without tokens."""
+        if not self.tokens_per_iteration or not self.iteration_time_s > 0:
+            return None
+        return self.tokens_per_iteration / self.iteration_time_s
+
+    @property
+    def tokens_per_s_per_device(self) -> float | None:
+        """:attr:`tokens_per_s` divided by the devices the plan uses."""
+        t = self.tokens_per_s
+        return None if t is None or not self.num_devices else t / self.num_devices
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization (Chowdhery et al., "PaLM", 2022, Appendix B):
+        model FLOPs per second (no recomputation counted) over the devices'
+        peak, ``model_flops_per_iteration / (iteration_time_s * peak_flops)``."""
+        if not self.model_flops_per_iteration or not self.peak_flops or not self.iteration_time_s > 0:
+            return None
+        return self.model_flops_per_iteration / (self.iteration_time_s * self.peak_flops)
 
 
 @dataclass(frozen=True)

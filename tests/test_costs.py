@@ -38,3 +38,19 @@ def test_hierarchical_allreduce_across_nodes():
     2 * 1/2 / (4 * 10e9) = 2.5e-11: 4.0e-11 s per byte, which wins."""
     per_byte, _ = allreduce_model(_cluster(2, 4), np.arange(8))
     assert per_byte == pytest.approx(4.0e-11)
+
+
+def test_device_memory_shares_of_interleaved_chunks():
+    """6 stages on 2 devices (vp 3, stage s on device s % 2), model state
+    S = 6 layers x 1 param x 4 B/param = 24 B, activations A = 6 B per
+    micro-batch, in-flight 3, 2, 1, 1, 1, 1: device 0 (stages 0, 2, 4; N = 5)
+    gives its chunks (S + n A) / (3 S + N A) = 42/102, 30/102, 30/102;
+    device 1 (N = 4) 36/96, 30/96, 30/96. Without state or activations: 1/3."""
+    from helpers import tiny_profile
+    from pipesearch.costs import device_memory_shares
+
+    prof = tiny_profile([1e-3] * 6, params=[1.0] * 6, saved=[1.0] * 6)
+    got = device_memory_shares(prof, np.array([3, 2, 1, 1, 1, 1.0]), 3, 4.0, 1.0)
+    assert np.allclose(got, [42 / 102, 36 / 96, 30 / 102, 30 / 96, 30 / 102, 30 / 96])
+    assert np.allclose(device_memory_shares(tiny_profile([1e-3] * 6), np.ones(6), 3, 4.0, 1.0), 1 / 3)
+    assert np.allclose(device_memory_shares(prof, np.ones(2), 1, 4.0, 1.0), 1.0)

@@ -1,5 +1,8 @@
-"""Transformer planning checked against Megatron-LM's published runs
-(Narayanan et al., SC'21, Table 1; rows in tests/data/published/)."""
+"""Transformer planning checked against published runs: Megatron-LM SC'21
+Table 1 (A100), Megatron-Core's H100 weak-scaling table, and Korthikanti et
+al. 2022 Tables 2 and 4 (rows in tests/data/published/, provenance in its
+README). One calibration per device type (hardware/devices/*.toml) serves
+every row; benchmarks/published_rows.py prints the same comparison."""
 
 from __future__ import annotations
 
@@ -9,19 +12,24 @@ from pathlib import Path
 import pytest
 
 from pipesearch.hardware import load_cluster
-from pipesearch.profiles.transformer import TransformerConfig, layer_table, megatron_flops_eq3, megatron_params_eq2
+from pipesearch.memory import preset
+from pipesearch.profiles.transformer import (TransformerConfig, layer_table, megatron_flops_eq3, megatron_params_eq2,
+                                             palm_model_flops)
 from pipesearch.search import ModelVariant, SearchOptions, search
 from pipesearch.types import Job
 
-ROWS = list(csv.DictReader(open(Path(__file__).parent / "data" / "published" / "megatron_sc21_table1_sample.csv")))
+DATA = Path(__file__).parent / "data" / "published"
+ROWS = list(csv.DictReader(open(DATA / "megatron_sc21_table1_sample.csv")))
+H100_ROWS = list(csv.DictReader(open(DATA / "megatron_core_h100_sample.csv")))
 SEQ, VOCAB = 2048, 51200
+HEADROOM = 0.05  # the CLI's default --memory-headroom
 
 
-def gpt(row) -> TransformerConfig:
+def gpt(row, vocab: int = VOCAB, seq: int = SEQ) -> TransformerConfig:
     h = int(row["hidden_size"])
     return TransformerConfig(name=f"gpt-{row['params_billion']}b", num_layers=int(row["num_layers"]), hidden_size=h,
                              num_attention_heads=int(row["attention_heads"]), ffn_hidden_size=4 * h,
-                             vocab_size=VOCAB, seq_len=SEQ)
+                             vocab_size=vocab, seq_len=seq)
 
 
 def cluster_for(row):
@@ -35,13 +43,34 @@ def predicted_tflops(row, plan) -> float:
     return flops / (int(row["num_gpus"]) * plan.predicted.iteration_time_s) / 1e12
 
 
-def pinned(row):
+def pinned(row, job: Job | None = None):
+    """The paper's tp, pp, GPU count and batch, full recompute, no sequence
+    parallelism, the backward's tensor-parallel collectives charged in full
+    (SC'21 describes no overlap of them), Megatron's 18 B/param state."""
     tp, pp, n = int(row["tensor_parallel"]), int(row["pipeline_parallel"]), int(row["num_gpus"])
     cl = cluster_for(row)
     prof = layer_table(gpt(row), seq_len=SEQ, device=cl.device_spec(0), tp=tp, sequence_parallel=False,
-                       recompute="full", tp_link=cl.intra_node)
+                       recompute="full", tp_link=cl.intra_node, overlap_tp_backward=False)
     opts = SearchOptions(pp=pp, dp=n // (tp * pp), schedules=("1f1b", "interleaved-1f1b"), top=1)
-    return search([ModelVariant(prof, tp=tp, recompute="full")], cl, Job(int(row["global_batch_size"])), opts)
+    job = job or Job(int(row["global_batch_size"]), param_state=preset("megatron"),
+                     memory_headroom_fraction=HEADROOM)
+    return search([ModelVariant(prof, tp=tp, recompute="full")], cl, job, opts)
+
+
+def h100_pinned(row):
+    """A Megatron-Core H100 row as a user plans it: published tp, pp, dp and
+    batch; Megatron state with the distributed optimizer (ZeRO-1); sequence
+    parallelism with tp; recompute, micro-batch size and schedule searched."""
+    seq, vocab = int(row["seq_len"]), int(row["vocab"])
+    tp, pp, dp, n = (int(row[k]) for k in ("tensor_parallel", "pipeline_parallel", "data_parallel", "num_gpus"))
+    cl = load_cluster("4x8-h100", nodes=n // 8)
+    variants = [ModelVariant(layer_table(gpt(row, vocab, seq), seq_len=seq, device=cl.device_spec(0), tp=tp,
+                                         sequence_parallel=tp > 1, recompute=mode, tp_link=cl.intra_node),
+                             tp=tp, recompute=mode) for mode in ("none", "selective", "full")]
+    job = Job(int(row["global_batch_size"]), param_state=preset("megatron", "zero1"),
+              memory_headroom_fraction=HEADROOM)
+    schedules = ("1f1b",) if pp == 1 else ("1f1b", "interleaved-1f1b")
+    return search(variants, cl, job, SearchOptions(pp=pp, dp=dp, schedules=schedules, top=1))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["params_billion"] for r in ROWS])
@@ -62,15 +91,70 @@ def test_layer_table_parameters_agree_with_eq2(row):
                                    rel=0.005)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=[r["params_billion"] for r in ROWS])
-def test_pinned_throughput_within_15_percent_of_published(row):
-    """Paper's tp, pp, GPU count, batch, full recompute, A100 80 GB: predicted
-    TFLOP/s per GPU within 15% of the published figure, one A100 calibration
-    (hardware/devices/a100-80gb.toml) for all rows."""
-    result = pinned(row)
-    got = predicted_tflops(row, result.plans[0])
-    assert got == pytest.approx(float(row["achieved_tflops_per_gpu"]), rel=0.15)
+def test_sc21_pinned_throughput_within_5_percent_of_published(row):
+    """SC'21 Table 1 (A100 80 GB): predicted TFLOP/s per GPU (eq. 3 FLOPs)
+    within 5% of the published figure, one A100 calibration for all rows."""
+    got = predicted_tflops(row, pinned(row).plans[0])
+    assert got == pytest.approx(float(row["achieved_tflops_per_gpu"]), rel=0.05)
+
+
+def megatron_model_tflops(row, plan) -> float:
+    """Megatron-LM's model FLOPs (no recompute term),
+    72 B s l h^2 (1 + s/(6h) + V/(12 l h)), per GPU per second."""
+    B, s, l, h, V = (int(row[k]) for k in ("global_batch_size", "seq_len", "num_layers", "hidden_size", "vocab"))
+    flops = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+    return flops / (int(row["num_gpus"]) * plan.predicted.iteration_time_s) / 1e12
+
+
+@pytest.mark.parametrize("row", H100_ROWS, ids=[r["params_billion"] for r in H100_ROWS])
+def test_h100_pinned_throughput_within_5_percent_of_published(row):
+    """Megatron-Core r0.8.0 on H100 80 GB: predicted model TFLOP/s per GPU
+    within 5% of the published figure, one H100 calibration for all rows.
+    Those runs overlapped data-parallel and tensor-parallel communication,
+    which pipesearch charges after compute; the H100 curve absorbs that
+    (hardware/devices/h100-80gb.toml), so this agreement depends on the
+    calibration, not on a model of overlap."""
+    plan = h100_pinned(row).plans[0]
+    assert megatron_model_tflops(row, plan) == pytest.approx(float(row["achieved_tflops_per_gpu"]), rel=0.05)
+    # the plan's MFU (PaLM's model FLOPs over the dense peak) is the same figure over 989.4 TFLOP/s
+    assert plan.predicted.mfu == pytest.approx(megatron_model_tflops(row, plan) / 989.4, rel=1e-9)
+    assert plan.predicted.peak_memory_bytes <= 80 * 2**30 * (1 - HEADROOM) - 2**30
+
+
+def test_palm_model_flops_equal_megatron_count():
+    """PaLM's 6N + 12 L H Q T per token (N = 12 l h^2 + V h GEMM parameters)
+    is Megatron's 72 s l h^2 (1 + s/(6h) + V/(12 l h)) per sample; for the
+    1.7B H100 row (l 24, h 2048, s 4096, V 131072): 6N = 6 (12*24*2048^2 +
+    131072*2048) = 8.858e9 and 12 l h s = 2.416e9 per token."""
+    cfg = gpt(H100_ROWS[0], 131072, 4096)
+    per_token = 6 * (12 * 24 * 2048**2 + 131072 * 2048) + 12 * 24 * 2048 * 4096
+    assert palm_model_flops(cfg, 4096) / 4096 == pytest.approx(per_token, rel=1e-12)
+
+
+#: Korthikanti et al. 2022 Table 4, one layer of the 22B GPT, ms: (sp, recompute) -> (forward, backward)
+TABLE4_MS = {
+    (False, "none"): (7.7, 11.9),
+    (True, "none"): (7.2, 11.8),
+    (False, "full"): (7.7, 19.5),
+    (False, "selective"): (7.7, 13.2),
+    (True, "selective"): (7.2, 13.1),
+}
+
+
+@pytest.mark.parametrize("sp,recompute", list(TABLE4_MS), ids=[f"{r}{'-sp' if sp else ''}" for sp, r in TABLE4_MS])
+def test_22b_layer_times_within_10_percent_of_korthikanti_table4(sp, recompute):
+    """h 6144, a 64, s 2048, micro-batch 4, tp 8 on DGX A100: forward and
+    backward of one block within 10% of Table 4 (backward 1.55x forward, not
+    2x plus collectives: they run under the weight-gradient GEMMs)."""
+    cl = load_cluster("1x8-a100-80gb")
+    cfg = TransformerConfig(name="gpt-22b", num_layers=48, hidden_size=6144, num_attention_heads=64,
+                            ffn_hidden_size=4 * 6144, vocab_size=51200, seq_len=2048)
+    block = layer_table(cfg, device=cl.device_spec(0), tp=8, sequence_parallel=sp, recompute=recompute,
+                        tp_link=cl.intra_node, micro_batch_size=4).layers[1]
+    fwd, bwd = TABLE4_MS[(sp, recompute)]
+    assert block.fwd_s * 1e3 == pytest.approx(fwd, rel=0.10)
+    assert block.bwd_s * 1e3 == pytest.approx(bwd, rel=0.10)
 
 
 @pytest.mark.slow
@@ -86,9 +170,10 @@ def test_unpinned_search_at_least_matches_pinned(row):
     for tp in (1, 2, 4, 8):
         for mode in ("none", "selective", "full"):
             prof = layer_table(gpt(row), seq_len=SEQ, device=cl.device_spec(0), tp=tp, sequence_parallel=tp > 1,
-                               recompute=mode, tp_link=cl.intra_node)
+                               recompute=mode, tp_link=cl.intra_node, overlap_tp_backward=False)
             variants.append(ModelVariant(prof, tp=tp, recompute=mode))
-    free = search(variants, cl, Job(int(row["global_batch_size"])), SearchOptions(top=1)).plans[0]
+    job = Job(int(row["global_batch_size"]), param_state=preset("megatron"), memory_headroom_fraction=HEADROOM)
+    free = search(variants, cl, job, SearchOptions(top=1)).plans[0]
     assert free.predicted.samples_per_s >= base.predicted.samples_per_s * (1 - 1e-9)
     assert free.predicted.peak_memory_bytes <= 80 * 2**30
 

@@ -50,7 +50,8 @@ def vgg_pruned(workdir) -> Path:
 @pytest.fixture(scope="module")
 def vgg_small_memory(workdir) -> Path:
     """14 GiB of each 16 GiB device reserved: many points out of memory."""
-    return _plan(workdir / "vgg_small_memory.json", *VGG, "--exhaustive", "--memory-reserve", "14GiB")
+    return _plan(workdir / "vgg_small_memory.json", *VGG, "--exhaustive", "--memory-reserve", "14GiB",
+                 "--memory-headroom", "0")
 
 
 def _check_png(path: Path, min_w: int = 500, min_h: int = 150) -> np.ndarray:
@@ -278,7 +279,10 @@ def test_stages_with_virtual_stages(workdir, tmp_path):
     path = _plan(workdir / "interleaved.json", *VGG, "--schedule", "interleaved-1f1b", "--pp", "4")
     plan = load(path).plans[0]
     assert plan.vp > 1 and len(plan.stages) == plan.pp * plan.vp
-    assert memory_breakdown(plan) is None  # in-flight counts of interleaving are not in the plan file
+    mb = memory_breakdown(plan)  # from the stages' memory_breakdown: one column per device
+    per_device = np.bincount([st.index % plan.pp for st in plan.stages], weights=[st.memory_bytes for st in plan.stages])
+    assert len(mb["state"]) == plan.pp
+    assert np.allclose(mb["state"] + mb["activations"], per_device)
     _check_png(render("stages", path, tmp_path / "stages.png"))
     _check_png(render("timeline", path, tmp_path / "timeline.png"))
 

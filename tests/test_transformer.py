@@ -224,15 +224,35 @@ def test_tensor_parallel_communication():
     msg = s * h * 2
     allreduce = 2 * (t - 1) / t * msg / bw + 2 * (t - 1) * lat
     block_fwd = (24 * s * h * h + 4 * s * s * h) / t / rate
+    # weight-gradient GEMMs of a block: 24 s h^2 / t FLOPs, 1.49 ms here, more
+    # than the backward's two all-reduces (0.43 ms): hidden when overlapped
+    wgrad = 24 * s * h * h / t / rate
+    assert wgrad > 2 * allreduce
     for sp in (False, True):
-        prof = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, sequence_parallel=sp)
+        prof = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, sequence_parallel=sp,
+                           overlap_tp_backward=False)
         b0 = prof.layers[1]
         assert b0.fwd_s == pytest.approx(block_fwd + 2 * allreduce, rel=1e-12)
         assert b0.bwd_s == pytest.approx(2 * block_fwd + 2 * allreduce, rel=1e-12)
         assert b0.output_bytes == pytest.approx(msg / (t if sp else 1))
         full = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, sequence_parallel=sp,
-                           recompute="full").layers[1]
+                           recompute="full", overlap_tp_backward=False).layers[1]
         assert full.bwd_s == pytest.approx(3 * block_fwd + 4 * allreduce, rel=1e-12)
+        # default: the backward's collectives run under the weight-gradient GEMMs
+        ov = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, sequence_parallel=sp).layers[1]
+        assert ov.fwd_s == b0.fwd_s
+        assert ov.bwd_s == pytest.approx(2 * block_fwd, rel=1e-12)
+        assert ov.bwd_input_s == b0.bwd_input_s  # the zero-bubble I pass cannot hide them
+        ov_full = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, sequence_parallel=sp,
+                              recompute="full").layers[1]
+        assert ov_full.bwd_s == pytest.approx(3 * block_fwd + 2 * allreduce, rel=1e-12)
+    # on a slow link only what the weight-gradient GEMMs cannot cover is exposed
+    from pipesearch.types import Link
+    slow = Link(bw / 20, lat)
+    ar_slow = 2 * (t - 1) / t * msg / slow.bandwidth_bytes_per_s + 2 * (t - 1) * lat
+    b_slow = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=slow).layers[1]
+    assert 2 * ar_slow > wgrad
+    assert b_slow.bwd_s == pytest.approx(2 * block_fwd + 2 * ar_slow - wgrad, rel=1e-12)
     # no sp: the embedding all-reduces its output in forward only
     emb = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK).layers[0]
     assert emb.fwd_s == pytest.approx(allreduce) and emb.bwd_s == 0

@@ -17,6 +17,7 @@ from ..errors import InputError
 from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_COUNT
+from ..memory import PRESETS, SHARDINGS, ParamState, from_totals, preset
 from ..models import RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_writable, write_output
@@ -61,6 +62,11 @@ def plans_table(plans) -> str:
             "peak memory / capacity": f"{format_bytes(p.predicted.peak_memory_bytes)} / "
                                       f"{format_bytes(p.predicted.memory_capacity_bytes)}",
         })
+        if p.predicted.tokens_per_s is not None:
+            rows[-1]["tokens/s"] = f"{p.predicted.tokens_per_s:,.0f}"
+            rows[-1]["tokens/s/device"] = f"{p.predicted.tokens_per_s_per_device:,.0f}"
+        if p.predicted.mfu is not None:
+            rows[-1]["MFU"] = f"{100 * p.predicted.mfu:.1f}%"
     table = pd.DataFrame(rows)
     types = [",".join(dict.fromkeys(st.device_type for st in p.stages)) for p in plans]
     if any("," in t for t in types):  # mixed device types: show them, in stage order
@@ -126,13 +132,26 @@ class _Progress:
 @click.option("--max-search-memory", default="8GiB", show_default=True,
               help="Host memory the search may use; a model whose exact split would need more is refused "
                    "before the search starts.")
-@click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0, max=1024), default=16.0, show_default=True,
-              help="Bytes of weights + gradients + optimizer state per parameter (16: mixed-precision Adam).")
+@click.option("--memory-headroom", type=click.FloatRange(min=0, max=0.9), default=0.05, show_default=True,
+              help="Share of each device's memory left unplanned on top of --memory-reserve (fragmentation, "
+                   "communication buffers, transient peaks).")
+@click.option("--optimizer-state", type=click.Choice(tuple(PRESETS)),
+              help="Training state per parameter by component: mixed-adam (2 weights + 2 grads + 4 master + "
+                   "8 moments = 16 B, the default), megatron (bf16 weights + fp32 main grads + master + moments "
+                   "= 18 B), fp32-adam (16 B).")
+@click.option("--sharding", type=click.Choice(SHARDINGS),
+              help="Shard the state over data-parallel replicas: zero1 (optimizer states; Megatron's distributed "
+                   "optimizer), zero2 (+ gradients), zero3 / fsdp (+ weights). Default none.")
+@click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
+              help="Sequence parallelism with tensor parallelism (transformers, tp > 1).")
+@click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0, max=1024),
+              help="Total bytes of weights + gradients + optimizer state per parameter, of which 12 (the "
+                   "optimizer part) --zero1 shards; instead of --optimizer-state (default 16 = mixed-adam).")
 @click.option("--mapping-time-limit", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
               help="Mixed clusters: work limit (CP-SAT deterministic seconds) of each device-order search that "
                    "is too large to enumerate; the plan JSON reports the solver's bound and gap.")
 @click.option("--zero1", is_flag=True,
-              help="Shard the optimizer state across data-parallel replicas (ZeRO stage 1).")
+              help="Shard the optimizer state across data-parallel replicas (ZeRO stage 1): --sharding zero1.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help="Write the plan JSON here (nothing is written without it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON to stdout instead of the table.")
@@ -148,8 +167,9 @@ class _Progress:
               help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules).")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, memory_reserve,
-                 max_search_memory, optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet, plot_dir,
-                 runtime):
+                 max_search_memory, memory_headroom, optimizer_state, sharding, sequence_parallel,
+                 optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
+                 plot_dir, runtime):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -159,6 +179,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model gnmt --cluster 1x4-v100-pcie --pp 4 --schedule 1f1b
       pipesearch plan --model resnet50 --cluster 1x4-v100-pcie --pp 2 --split 20,20
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
+      pipesearch plan --model llama3-70b --cluster 4x8-h100 -b 256 --optimizer-state megatron --sharding zero1
     """
     # every output is checked before the search, so a bad path costs nothing and leaves nothing
     out = check_writable(output, "plan file (-o)") if output is not None else None  # a file only when asked for
@@ -186,19 +207,22 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         search_budget = parse_bytes(max_search_memory)
     except InputError as exc:
         raise InputError(f"--max-search-memory: {exc}") from None
-    if not math.isfinite(optimizer_bytes_per_param):
+    if optimizer_bytes_per_param is not None and not math.isfinite(optimizer_bytes_per_param):
         raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
+    param_state = _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1)
     cluster = load_cluster(cluster_name, nodes=nodes)
     smallest = min(g.device.memory_bytes for g in cluster.groups)
-    if reserve >= smallest:
-        raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the {format_bytes(smallest)} "
-                         f"devices of {cluster.name}; lower it (default 1GiB)")
+    if reserve >= smallest * (1 - memory_headroom):
+        raise InputError(f"--memory-reserve {memory_reserve} with --memory-headroom {memory_headroom:g} leaves "
+                         f"nothing of the {format_bytes(smallest)} devices of {cluster.name}; lower them "
+                         f"(defaults 1GiB and 0.05)")
     if runtime == "gpipe" and tp is None:
         tp = 1  # torchgpipe / fairscale Pipe have no tensor parallelism
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
-                               max_search_memory_bytes=search_budget)
-    job = Job(global_batch_size=global_batch_size, state_bytes_per_param=optimizer_bytes_per_param,
-              memory_reserve_bytes=reserve, zero1=zero1)
+                               max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel)
+    job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
+              memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
+              memory_headroom_fraction=memory_headroom)
     explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
@@ -224,7 +248,15 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         inputs={"model": source.info, "cluster": describe_cluster(cluster) | {"name": cluster.name},
                 "job": {"global_batch_size": job.global_batch_size,
                         "state_bytes_per_param": job.state_bytes_per_param,
-                        "memory_reserve_bytes": job.memory_reserve_bytes, "zero1": job.zero1,
+                        "optimizer_state": {"name": param_state.name, "sharding": param_state.sharding,
+                                            "bytes_per_param": {"weights": param_state.weight_bytes,
+                                                                "grads": param_state.grad_bytes,
+                                                                "main_grads": param_state.main_grad_bytes,
+                                                                "master_weights": param_state.master_bytes,
+                                                                "optimizer_moments": param_state.moment_bytes}},
+                        "memory_reserve_bytes": job.memory_reserve_bytes,
+                        "memory_headroom_fraction": job.memory_headroom_fraction, "zero1": job.zero1,
+                        "sequence_parallel": sequence_parallel,
                         "schedules": list(options.schedules)},
                 "fingerprint": result.fingerprint},
         search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
@@ -273,6 +305,21 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
         click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
     _write_plots(plot_dir, text, str(out) if out else "plan JSON", echo=not quiet)
+
+
+def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) -> ParamState:
+    """The training state the options ask for. ``--optimizer-bytes-per-param``
+    (a total) and ``--optimizer-state`` (components) exclude each other;
+    ``--zero1`` is ``--sharding zero1`` and conflicts with another sharding."""
+    if optimizer_state and optimizer_bytes_per_param is not None:
+        raise InputError(f"--optimizer-state {optimizer_state} and --optimizer-bytes-per-param "
+                         f"{optimizer_bytes_per_param:g} both set the training state; give one")
+    if zero1 and sharding not in (None, "zero1"):
+        raise InputError(f"--zero1 and --sharding {sharding} disagree; --zero1 is --sharding zero1")
+    shard = sharding or ("zero1" if zero1 else "none")
+    if optimizer_bytes_per_param is not None:
+        return from_totals(optimizer_bytes_per_param, 12.0, shard)
+    return preset(optimizer_state or "mixed-adam", shard)
 
 
 def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:

@@ -179,6 +179,19 @@ def reserve_bytes(plan_file: PlanFile) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
 
 
+def headroom_fraction(plan_file: PlanFile) -> float:
+    """The job's ``memory_headroom_fraction`` (0 in older files)."""
+    job = (plan_file.inputs or {}).get("job") or {}
+    value = job.get("memory_headroom_fraction", 0.0)
+    return float(value) if isinstance(value, (int, float)) and 0 <= value < 1 else 0.0
+
+
+def usable_label(reserve: float, headroom: float) -> str:
+    """Legend text of the usable-memory line."""
+    left = f"{100 * (1 - headroom):g}%" if headroom else "capacity"
+    return f"usable ({left} - {reserve / GIB:g} GiB reserve)"
+
+
 # --- figures ----------------------------------------------------------------
 
 

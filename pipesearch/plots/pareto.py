@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 
 from ..plan import PlanFile
-from .common import (GIB, capacities, figure, points_frame, reserve_bytes, save, schedule_colour, schedule_title,
-                     title_of)
+from .common import (GIB, capacities, figure, headroom_fraction, points_frame, reserve_bytes, save, schedule_colour,
+                     schedule_title, title_of, usable_label)
 
 FRONT_COLOUR = "#222222"
 PLAN_COLOUR = "#E8112D"
@@ -62,7 +62,7 @@ def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "p
     against peak memory per device (GiB), coloured by schedule; the Pareto
     front (most throughput for the memory) as a step line; the ranked plans
     (simulated throughput) labelled with their rank; the device memory
-    capacity (and capacity minus the job's memory reserve) as vertical lines.
+    capacity (and the usable memory: capacity less the headroom and reserve) as vertical lines.
 
     Raises:
         PlanFormatError: no points table in the plan file.
@@ -74,6 +74,7 @@ def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "p
     front = pareto_front(points)
     caps = capacities(plan_file)
     reserve = reserve_bytes(plan_file)
+    keep = 1 - headroom_fraction(plan_file)
     plans = list(plan_file.plans)
 
     n_lines = min(len(plans), 8)
@@ -109,14 +110,14 @@ def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "p
 
         for k, (dev, cap) in enumerate(sorted(caps.items(), key=lambda kv: (kv[1], kv[0]))):
             ax.axvline(cap / GIB, color="#B22222", linewidth=1.5, zorder=1)
-            ax.text((cap - reserve) / GIB, ymax * 0.985, f"{dev}: {cap / GIB:g} GiB ", rotation=90,
+            ax.text((cap * keep - reserve) / GIB, ymax * 0.985, f"{dev}: {cap / GIB:g} GiB ", rotation=90,
                     ha="right", va="top", fontsize=7.5, color="#B22222", zorder=4)
-            if reserve > 0:
-                ax.axvline((cap - reserve) / GIB, color="#B22222", linewidth=1.0, linestyle="--", zorder=1)
+            if reserve > 0 or keep < 1:
+                ax.axvline((cap * keep - reserve) / GIB, color="#B22222", linewidth=1.0, linestyle="--", zorder=1)
         handles.append(Line2D([], [], color="#B22222", linewidth=1.5, label="device memory capacity"))
-        if reserve > 0:
+        if reserve > 0 or keep < 1:
             handles.append(Line2D([], [], color="#B22222", linewidth=1.0, linestyle="--",
-                                  label=f"usable (capacity - {reserve / GIB:g} GiB reserve)"))
+                                  label=usable_label(reserve, 1 - keep)))
 
         if plans:
             moved = []

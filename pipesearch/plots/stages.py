@@ -10,7 +10,8 @@ import numpy as np
 
 from ..plan import PlanFile
 from ..types import Plan
-from .common import GIB, capacities, figure, plan_label, plan_of_rank, reserve_bytes, save, title_of
+from .common import (GIB, capacities, figure, headroom_fraction, plan_label, plan_of_rank, reserve_bytes, save,
+                     title_of, usable_label)
 
 PARTS = (  # key, label, colour
     ("forward", "forward compute", "#4C72B0"),
@@ -42,9 +43,18 @@ def memory_breakdown(plan: Plan) -> dict[str, np.ndarray] | None:
     (``saved_bytes`` x micro-batches in flight: GPipe ``m``, 1F1B
     ``min(m, pp - s)``) and ``state`` (the rest: weights, gradients, optimizer
     state); None for other schedules, whose in-flight counts the plan file
-    does not record."""
+    does not record. Plans whose stages carry ``memory_breakdown`` (any
+    schedule) are split from it, one column per device."""
     from ..costs import in_flight_micro_batches
 
+    if plan.stages and all(st.memory_breakdown for st in plan.stages):
+        cols = plan.pp if len(plan.stages) != plan.pp else len(plan.stages)
+        state, acts = np.zeros(cols), np.zeros(cols)
+        for st in plan.stages:
+            a = dict(st.memory_breakdown).get("activations", 0.0)
+            acts[st.index % cols] += a
+            state[st.index % cols] += st.memory_bytes - a
+        return {"state": state, "activations": acts}
     if plan.schedule not in ("gpipe", "1f1b") or len(plan.stages) != plan.pp:
         return None
     mem = np.array([s.memory_bytes for s in plan.stages], dtype=float)
@@ -73,7 +83,7 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
     stacked by part (forward, backward, point-to-point, all-reduce) against
     the plan's iteration time, and per-stage peak memory per device
     (weights + optimizer state and activations, where known) against the
-    device capacity and capacity minus the memory reserve. With virtual
+    device capacity and the usable memory (capacity less headroom and reserve). With virtual
     stages (interleaved schedules) the bars are per device, summing its stages.
 
     Raises:
@@ -104,6 +114,7 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
     for c, st in zip(col, plan.stages):
         cap[c] = caps_by_type.get(st.device_type, plan.predicted.memory_capacity_bytes)
     reserve = reserve_bytes(plan_file)
+    keep = 1 - headroom_fraction(plan_file)
     mem = per_col([st.memory_bytes for st in plan.stages])
     mb = memory_breakdown(plan)
     small = 6.5 if n > 12 else 8
@@ -156,18 +167,18 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
             mem_handles = [Patch(facecolor=STATE_COLOUR, label="peak memory (state + activations)")]
         for c in range(n):
             ax_m.hlines(cap[c] / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.6, zorder=3)
-            if reserve > 0:
-                ax_m.hlines((cap[c] - reserve) / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.0,
+            if reserve > 0 or keep < 1:
+                ax_m.hlines((cap[c] * keep - reserve) / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.0,
                             linestyles="--", zorder=3)
-            ax_m.text(c, mem[c] / GIB, f"{(cap[c] - reserve - mem[c]) / GIB:.1f}", ha="center", va="bottom",
+            ax_m.text(c, mem[c] / GIB, f"{(cap[c] * keep - reserve - mem[c]) / GIB:.1f}", ha="center", va="bottom",
                       fontsize=small - 0.5, color="#333333")
         ax_m.set_ylim(0, float(max(cap.max(), mem.max())) / GIB * 1.1)
         ax_m.set_ylabel("peak memory per device (GiB)")
         ax_m.set_title("memory per device (number: GiB still usable)", fontsize=9)
         mem_handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.6, label="device memory capacity"))
-        if reserve > 0:
+        if reserve > 0 or keep < 1:
             mem_handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.0, linestyle="--",
-                                      label=f"usable (capacity - {reserve / GIB:g} GiB reserve)"))
+                                      label=usable_label(reserve, 1 - keep)))
 
         for ax in (ax_t, ax_m):
             ax.set_xticks(x)

@@ -63,6 +63,7 @@ __all__ = [
     "tied_embedding_param_bytes",
     "block_parameters",
     "norm_parameters",
+    "palm_model_flops",
     "forward_flops",
     "megatron_params_eq2",
     "megatron_flops_eq3",
@@ -676,6 +677,13 @@ def tied_layers(cfg: TransformerConfig) -> dict[str, str]:
     return {"head": "embedding"} if cfg.tied_embeddings else {}
 
 
+#: share of a GPT block's saved activations outside the attention core that
+#: its weight-gradient step needs: 32 sbh of 34 sbh (Qi et al., "Zero Bubble
+#: Pipeline Parallelism", 2023, Table 1: W needs 32 sbh; the forward keeps
+#: 34 sbh + 5 a s^2 b, Korthikanti et al. 2022 Table 2)
+ZB_WGRAD_SHARE = 32 / 34
+
+
 def tied_embedding_param_bytes(cfg: TransformerConfig, *, tp: int = 1, dtype_bytes: float = 2) -> float:
     """Bytes of the shared word-embedding matrix per device: what the stage
     holding ``head`` must additionally keep (weights, and their gradient and
@@ -864,6 +872,18 @@ def forward_flops(cfg: TransformerConfig, seq_len: int | None = None, *,
     return {r.name: r.lin_flops + r.core_flops for r in _raw_layers(cfg, s, sd, 1, 2, V)}
 
 
+def palm_model_flops(cfg: TransformerConfig, seq_len: int | None = None, *,
+                     decoder_seq_len: int | None = None) -> float:
+    """Model FLOPs of one training sample (forward + backward, no
+    recomputation, published vocabulary): ``3 x`` the forward GEMM FLOPs of
+    :func:`forward_flops`. For a GPT model this is PaLM's definition
+    (Chowdhery et al. 2022, Appendix B): ``(6 N + 12 L H Q T)`` per token,
+    ``N`` the parameters in GEMMs (``12 l h^2 + V h``), ``L H Q T = l h s`` the
+    attention scores and context, i.e. ``72 s l h^2 (1 + s/(6h) + V/(12 l h))``
+    per sample, Megatron-LM's model-FLOPs count (the denominator of MFU)."""
+    return 3.0 * sum(forward_flops(cfg, seq_len, decoder_seq_len=decoder_seq_len).values())
+
+
 # --------------------------------------------------------------------------- #
 # the layer table
 
@@ -902,6 +922,7 @@ def layer_table(
     dtype_bytes: float = 2,
     micro_batch_size: int = 1,
     decoder_seq_len: int | None = None,
+    overlap_tp_backward: bool = True,
 ) -> ModelProfile:
     """Analytic layer table of a transformer on one device type.
 
@@ -973,6 +994,15 @@ def layer_table(
         micro_batch_size: samples per micro-batch of the table (default 1).
         decoder_seq_len: decoder tokens per sample of an encoder-decoder
             model; default ``seq_len``.
+        overlap_tp_backward: a block's backward tensor-parallel collectives
+            (the input-gradient all-reduce, or reduce-scatter with sp) run
+            while its weight-gradient GEMMs compute, as Megatron-LM's
+            ``LinearWithGradAccumulationAndAsyncCommunication`` does
+            (Korthikanti et al. 2022 sec. 5: the measured backward of Table 4
+            is 1.55x the forward, not 2x plus the collectives); only
+            ``max(0, collectives - weight-gradient GEMM time)`` is exposed.
+            The zero-bubble input-gradient pass keeps them whole (its weight
+            gradients run later). False: charged in full.
 
     Returns:
         ModelProfile with ``profiled_batch_size = micro_batch_size``,
@@ -1047,6 +1077,7 @@ def layer_table(
         return sum(_gather_s(x, t, link) for x in xs)
 
     layers = []
+    wgrad_held = block_saved = 0.0
     for r in raws:
         fwd_flops = (r.lin_flops + r.core_flops) / t
         fwd_compute = fwd_flops / rate
@@ -1072,11 +1103,19 @@ def layer_table(
                 saved = (a.replicated + a.split + (0.0 if recompute == "selective" else a.core)) / t
             else:
                 saved = a.replicated + (a.split + (0.0 if recompute == "selective" else a.core)) / t
+            # what the weight-gradient step still needs: the GEMM inputs, 32 of
+            # the 34 sbh outside the attention core (Qi et al. 2023, Table 1)
+            wgrad_held += ZB_WGRAD_SHARE * ((a.replicated + a.split) / t if sp else a.replicated + a.split / t)
+            block_saved += saved
         else:
             rep, spl = r.saved_fixed
             saved = (rep / t if sp else rep) + spl / t + r.saved_whole
-        bwd_s = 2 * fwd_compute + bwd_comm + recompute_s
-        bwd_input_s = r.lin_flops / t / rate + 2 * core_compute + recompute_s + bwd_input_comm
+        bwd_exposed = bwd_comm
+        if overlap_tp_backward and r.acts is not None:
+            bwd_exposed = max(0.0, bwd_comm - r.lin_flops / t / rate)
+        bwd_s = 2 * fwd_compute + bwd_exposed + recompute_s
+        # (with the collectives exposed beyond the weight-gradient GEMMs the W pass is 0: no rounding above bwd)
+        bwd_input_s = min(bwd_s, r.lin_flops / t / rate + 2 * core_compute + recompute_s + bwd_input_comm)
         layers.append(Layer(
             name=r.name,
             fwd_s=fwd_compute + fwd_comm,
@@ -1106,4 +1145,8 @@ def layer_table(
         profiled_device=device.name,
         bytes_per_param=D,
         source=source,
+        tied_param_bytes=tied_embedding_param_bytes(cfg, tp=t, dtype_bytes=D) if cfg.tied_embeddings else 0.0,
+        wgrad_saved_fraction=wgrad_held / block_saved if block_saved > 0 else 1.0,
+        tokens_per_sample=s + sd if cfg.is_encoder_decoder else s,
+        model_flops_per_sample=palm_model_flops(cfg, s, decoder_seq_len=sd if cfg.is_encoder_decoder else None),
     )

@@ -1,0 +1,202 @@
+"""Per-parameter training state by component, and how data parallelism shards it.
+
+A device that trains ``N`` parameters with a mixed-precision Adam optimizer
+keeps, per parameter (bytes):
+
+===================  ===========================================================
+component            meaning
+===================  ===========================================================
+``weight_bytes``     the weights the forward and backward use (bf16/fp16: 2)
+``grad_bytes``       their gradients in the model dtype (fp16/bf16: 2); 0 when
+                     the runtime accumulates straight into fp32 main gradients
+``main_grad_bytes``  fp32 gradient accumulation buffer (Megatron-LM's
+                     ``main_grad``: 4; 0 elsewhere)
+``master_bytes``     fp32 master copy of the weights (4)
+``moment_bytes``     Adam's first and second moments, fp32 (8)
+===================  ===========================================================
+
+Presets (:data:`PRESETS`):
+
+* ``mixed-adam`` = 2 + 2 + 0 + 4 + 8 = 16 B: Rajbhandari et al., "ZeRO", SC'20,
+  sec. 3.1 ("2Psi + 2Psi + 12Psi"); the pipesearch default (it is also plain fp32
+  Adam, 4 + 4 + 4 + 4).
+* ``megatron`` = 2 + 0 + 4 + 4 + 8 = 18 B: Megatron-LM with 16-bit (bf16)
+  weights and fp32 gradient accumulation and reduction (``main_grad``); the
+  Megatron Core user guide, "Distributed Optimizer", table row "float16
+  param, fp32 grads": 18 bytes without, ``6 + 12/d`` with the distributed
+  optimizer, which distributes the optimizer state but not the gradients or
+  the parameters. Korthikanti et al. 2022 (Fig. 1) count the same 18 bytes
+  of state per parameter.
+* ``fp32-adam`` = 4 + 4 + 0 + 0 + 8 = 16 B: fp32 training, no master copy
+  (the same guide's "fp32 param, fp32 grads": 16, ``8 + 8/d``).
+
+Sharding over ``d`` data-parallel replicas (:data:`SHARDINGS`; Rajbhandari et
+al. SC'20 sec. 5, Fig. 1):
+
+* ``none``: every replica keeps everything;
+* ``zero1`` (optimizer states, ``P_os``; Megatron-LM's distributed optimizer
+  is this): master weights and moments divided by ``d``;
+* ``zero2`` (``P_os+g``): also the gradients (``grad_bytes`` and
+  ``main_grad_bytes``) divided by ``d``;
+* ``zero3`` / ``fsdp`` (``P_os+g+p``; PyTorch FSDP ``FULL_SHARD``, torchtitan's
+  default): everything divided by ``d``. The unsharded weights of the units
+  being computed are gathered on the fly; :func:`gathered_bytes_per_param`
+  says how many such copies are live (two: the one computing and the one
+  prefetched).
+
+With ``Psi = 7.5e9`` parameters and ``d = 64`` the ``mixed-adam`` totals are
+120 GB, 31.4 GB, 16.6 GB and 1.9 GB (ZeRO Fig. 1), which the tests check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from .errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .types import Job
+
+SHARDINGS = ("none", "zero1", "zero2", "zero3", "fsdp")
+"""Accepted sharding names; ``fsdp`` is ``zero3``."""
+
+COMPONENTS = ("weights", "grads", "main_grads", "master_weights", "optimizer_moments")
+"""Names of the components in :meth:`ParamState.breakdown_per_param`, in order."""
+
+
+@dataclass(frozen=True)
+class ParamState:
+    """Bytes per parameter of each training-state component, and their sharding.
+
+    Attributes:
+        weight_bytes: model-dtype weights used by forward and backward.
+        grad_bytes: model-dtype gradients.
+        main_grad_bytes: fp32 gradient accumulation buffer (Megatron-LM).
+        master_bytes: fp32 master weights.
+        moment_bytes: optimizer moments (Adam: momentum + variance, fp32).
+        sharding: one of :data:`SHARDINGS`.
+        name: preset name or ``"custom"``.
+    """
+
+    weight_bytes: float = 2.0
+    grad_bytes: float = 2.0
+    main_grad_bytes: float = 0.0
+    master_bytes: float = 4.0
+    moment_bytes: float = 8.0
+    sharding: str = "none"
+    name: str = "mixed-adam"
+
+    def __post_init__(self) -> None:
+        if self.sharding not in SHARDINGS:
+            raise InputError(f"sharding {self.sharding!r}: expected one of {', '.join(SHARDINGS)}")
+        for label in ("weight_bytes", "grad_bytes", "main_grad_bytes", "master_bytes", "moment_bytes"):
+            v = getattr(self, label)
+            if not (isinstance(v, (int, float)) and v >= 0 and v < float("inf")):
+                raise InputError(f"ParamState.{label} = {v!r}: expected a finite number >= 0")
+
+    @property
+    def stage(self) -> int:
+        """ZeRO stage: 0 (none), 1, 2 or 3 (``fsdp``)."""
+        return {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[self.sharding]
+
+    @property
+    def total_bytes(self) -> float:
+        """Unsharded bytes per parameter (the sum of the components)."""
+        return self.weight_bytes + self.grad_bytes + self.main_grad_bytes + self.master_bytes + self.moment_bytes
+
+    def breakdown_per_param(self, dp: int) -> dict[str, float]:
+        """Bytes per parameter one of ``dp`` replicas keeps, by component
+        (:data:`COMPONENTS`), after sharding (ZeRO SC'20 sec. 5.1-5.3: stage 1
+        divides the optimizer states by ``dp``, stage 2 also the gradients,
+        stage 3 also the weights)."""
+        if dp < 1:
+            raise InputError(f"dp = {dp}: expected >= 1")
+        k = self.stage
+        opt = 1 / dp if k >= 1 else 1.0
+        grad = 1 / dp if k >= 2 else 1.0
+        weight = 1 / dp if k >= 3 else 1.0
+        return {
+            "weights": self.weight_bytes * weight,
+            "grads": self.grad_bytes * grad,
+            "main_grads": self.main_grad_bytes * grad,
+            "master_weights": self.master_bytes * opt,
+            "optimizer_moments": self.moment_bytes * opt,
+        }
+
+    def bytes_per_param(self, dp: int) -> float:
+        """Total of :meth:`breakdown_per_param`: e.g. ``megatron`` with
+        ``zero1`` keeps ``6 + 12 / dp`` (Megatron Core user guide, "Distributed Optimizer")."""
+        return sum(self.breakdown_per_param(dp).values())
+
+    def floor_bytes_per_param(self) -> float:
+        """The limit of :meth:`bytes_per_param` as ``dp`` grows: a lower bound
+        for every ``dp`` (what the search's memory pruning may assume)."""
+        return sum(v for v, sharded in zip(self.breakdown_per_param(1).values(), self._sharded()) if not sharded)
+
+    def _sharded(self) -> tuple[bool, ...]:
+        k = self.stage
+        return (k >= 3, k >= 2, k >= 2, k >= 1, k >= 1)
+
+    def gathered_bytes_per_param(self) -> float:
+        """Model-dtype bytes per parameter of the transiently gathered
+        (unsharded) weights under ZeRO-3 / FSDP, per gathered copy; 0 for the
+        other stages (they keep the weights whole)."""
+        return self.weight_bytes if self.stage >= 3 else 0.0
+
+
+PRESETS: dict[str, ParamState] = {
+    "mixed-adam": ParamState(2.0, 2.0, 0.0, 4.0, 8.0, "none", "mixed-adam"),
+    "megatron": ParamState(2.0, 0.0, 4.0, 4.0, 8.0, "none", "megatron"),
+    "fp32-adam": ParamState(4.0, 4.0, 0.0, 0.0, 8.0, "none", "fp32-adam"),
+}
+"""Named component sets (see the module docstring for their sources)."""
+
+#: live gathered weight copies under ZeRO-3 / FSDP: the unit computing and the
+#: one prefetched (PyTorch FSDP ``forward_prefetch`` / ``BACKWARD_PRE``)
+FSDP_LIVE_UNITS = 2
+
+
+def preset(name: str, sharding: str = "none") -> ParamState:
+    """The preset ``name`` (:data:`PRESETS`) with ``sharding``.
+
+    Raises:
+        InputError: unknown preset or sharding.
+    """
+    if name not in PRESETS:
+        raise InputError(f"optimizer state {name!r}: expected one of {', '.join(PRESETS)}")
+    return replace(PRESETS[name], sharding=sharding)
+
+
+def from_totals(state_bytes_per_param: float, optimizer_bytes_per_param: float = 12.0,
+                sharding: str = "none") -> ParamState:
+    """A :class:`ParamState` from the two totals older options give: all
+    state bytes per parameter, and the shardable optimizer part of it. The
+    optimizer part (at most the total) is split 1:2 into master weights and
+    moments (as Adam's 4 + 8); the rest half weights, half gradients. With the
+    defaults 16 and 12 it is the ``mixed-adam`` preset."""
+    if not (state_bytes_per_param >= 0 and optimizer_bytes_per_param >= 0):
+        raise InputError(f"state bytes {state_bytes_per_param!r} / optimizer bytes {optimizer_bytes_per_param!r}: "
+                         f"expected numbers >= 0")
+    opt = min(float(optimizer_bytes_per_param), float(state_bytes_per_param))
+    rest = float(state_bytes_per_param) - opt
+    name = "mixed-adam" if (state_bytes_per_param, opt) == (16.0, 12.0) else "custom"
+    return ParamState(rest / 2, rest / 2, 0.0, opt / 3, 2 * opt / 3, sharding, name)
+
+
+def param_state_of(job: Job) -> ParamState:
+    """The :class:`ParamState` a :class:`~pipesearch.types.Job` asks for:
+    ``job.param_state`` when set, else the one its totals
+    (``state_bytes_per_param``, ``optimizer_bytes_per_param``, ``zero1``)
+    describe (:func:`from_totals`)."""
+    if job.param_state is not None:
+        return job.param_state
+    return from_totals(job.state_bytes_per_param, job.optimizer_bytes_per_param,
+                       "zero1" if job.zero1 else "none")
+
+
+def usable_memory_bytes(job: Job, capacity_bytes):
+    """Memory a plan may fill on a device of ``capacity_bytes``:
+    ``capacity * (1 - memory_headroom_fraction) - memory_reserve_bytes``
+    (works element-wise on arrays)."""
+    return capacity_bytes * (1.0 - job.memory_headroom_fraction) - job.memory_reserve_bytes
