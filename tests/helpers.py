@@ -21,11 +21,24 @@ from pathlib import Path
 
 import numpy as np
 
-from pipesearch.costs import PipelineCosts, in_flight_micro_batches
+from pipesearch.costs import PipelineCosts
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Layer, Link, ModelProfile
 
 REPO = Path(__file__).resolve().parent.parent
 COST_MODELS = REPO / "cost_models"
+
+
+def _in_flight_by_hand(schedule: str, pp: int, m: int) -> list[int]:
+    """Micro-batches whose activations stage ``s`` holds at its peak, stated
+    here rather than taken from the package: GPipe keeps all ``m`` (every
+    forward runs before any backward, Huang et al. 2019); 1F1B's stage ``s``
+    runs ``pp - s`` forwards before its first backward and then one forward
+    per backward, so it holds ``min(m, pp - s)`` (Narayanan et al. ICML'21)."""
+    if schedule == "gpipe":
+        return [m] * pp
+    if schedule == "1f1b":
+        return [min(m, pp - s) for s in range(pp)]
+    raise ValueError(f"no hand formula for {schedule!r}")
 
 
 def _per_stage(value, pp: int, name: str) -> list[float]:
@@ -69,7 +82,7 @@ class CostSpec:
         L, P = self.num_layers, self.pp
         zeros = [0.0] * L
         if isinstance(self.in_flight, str):
-            inflight = [int(x) for x in in_flight_micro_batches(self.in_flight, P, self.m)]
+            inflight = _in_flight_by_hand(self.in_flight, P, self.m)
         else:
             inflight = [int(x) for x in self.in_flight]
         return dict(

@@ -80,8 +80,9 @@ def test_every_schedule_yields_a_plan_that_replays():
         assert plan.stages[0].layers[0] == 0 and plan.stages[-1].layers[1] == L
         assert all(a.layers[1] == b.layers[0] for a, b in zip(plan.stages, plan.stages[1:]))
         assert all(st.devices == plan.stages[st.index % 4].devices for st in plan.stages)
+        # the plan's time (levelled longest-path evaluator) equals the discrete-event replay
         t, timeline = simulate_plan(plan)
-        assert t == pytest.approx(plan.predicted.iteration_time_s)
+        assert t == pytest.approx(plan.predicted.iteration_time_s, rel=1e-9)
         assert timeline.num_ranks == 4
 
 

@@ -7,7 +7,7 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     pretrain_gpt.py \
     --num-layers 32 \
     --pipeline-model-parallel-size 1 \
-    --tensor-model-parallel-size 2 \
+    --tensor-model-parallel-size 4 \
     --micro-batch-size 1 \
     --global-batch-size 512 \
     --hidden-size 4096 \
@@ -26,7 +26,6 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --attention-dropout 0.0 \
     --hidden-dropout 0.0 \
     --bf16 \
-    --recompute-granularity selective \
     --sequence-parallel \
     --mock-data \
     --tokenizer-type NullTokenizer

@@ -7,7 +7,7 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     pretrain_gpt.py \
     --num-layers 32 \
     --pipeline-model-parallel-size 2 \
-    --tensor-model-parallel-size 2 \
+    --tensor-model-parallel-size 4 \
     --pipeline-model-parallel-layout 'Et*8|(t*9|)*2,t*6L' \
     --micro-batch-size 1 \
     --global-batch-size 512 \
@@ -27,7 +27,6 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --attention-dropout 0.0 \
     --hidden-dropout 0.0 \
     --bf16 \
-    --recompute-granularity selective \
     --sequence-parallel \
     --mock-data \
     --tokenizer-type NullTokenizer
