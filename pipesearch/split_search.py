@@ -38,10 +38,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from . import schedules as schedule_lib
 from .costs import PipelineCosts
 from .partition import balanced_split, even_split, optimal_split
-from .timemodel import iteration_time_s, send_overlap, simulate_times
+from .timemodel import iteration_time_s, schedule_actions, send_overlap, simulate_times
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
 MAX_SPLITS_EVALUATED = 300
@@ -176,7 +175,7 @@ def _work_before_last_forward(schedule: str, pp: int, m: int, vp: int):
     rank ``r = k % pp`` runs up to and including ``F`` of stage ``r``
     (its first) on micro-batch ``m - 1``. Every schedule starts each rank with
     that stage's micro-batch 0, so the rank's work up to there is a path."""
-    actions = schedule_lib.build(schedule, pp, m, vp)
+    actions = schedule_actions(schedule, pp, m, vp)
     S = pp * vp if schedule in ("interleaved-1f1b", "looped-bfs") else pp
     counts = {k: np.zeros(S, dtype=np.int64) for k in "FBIW"}
     for r, seq in enumerate(actions):

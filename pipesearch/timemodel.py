@@ -119,9 +119,16 @@ class _Graph:
     rank_of_stage: np.ndarray
 
 
+@lru_cache(maxsize=64)
+def schedule_actions(schedule: str, pp: int, m: int, vp: int):
+    """:func:`pipesearch.schedules.build`, memoised (the action lists are
+    immutable tuples; the graph and the split search's bounds share them)."""
+    return schedule_lib.build(schedule, pp, m, vp)
+
+
 @lru_cache(maxsize=256)
 def _graph(schedule: str, pp: int, m: int, vp: int) -> _Graph:
-    actions = schedule_lib.build(schedule, pp, m, vp)
+    actions = schedule_actions(schedule, pp, m, vp)
     overlap = send_overlap(schedule)
     S = schedule_lib.num_stages_of(schedule, pp, vp)
     code = {"F": 0, "B": 1, "I": 2, "W": 3}
