@@ -386,17 +386,20 @@ class PipelineCosts:
 
     def stage_times(self, bounds):
         """The :class:`pipesearch.timemodel.StageTimes` of the split with
-        boundaries ``bounds`` (length ``P + 1``)."""
+        boundaries ``bounds`` (shape ``(P + 1,)``), or of ``n`` splits at once
+        (shape ``(n, P + 1)``: every array gets a leading axis of ``n``)."""
         from .timemodel import StageTimes
 
-        s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
-        return StageTimes(
-            fwd_s=np.asarray(self.fwd_s(s, i, j), dtype=float),
-            bwd_s=np.asarray(self.bwd_s(s, i, j), dtype=float),
-            bwd_input_s=np.asarray(self.bwd_input_s(s, i, j), dtype=float),
-            p2p_s=np.asarray(self.send_s(s[:-1], j[:-1]), dtype=float),
-            allreduce_s=np.asarray(self.allreduce_s(s, i, j), dtype=float),
-        )
+        bounds = np.asarray(bounds)
+        s, i, j = np.arange(self.pp), bounds[..., :-1], bounds[..., 1:]
+
+        def arr(x):
+            return np.broadcast_to(np.asarray(x, dtype=float), i.shape)
+
+        return StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
+                          bwd_input_s=arr(self.bwd_input_s(s, i, j)),
+                          p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
+                          allreduce_s=arr(self.allreduce_s(s, i, j)))
 
     def split_fits(self, bounds) -> bool:
         s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])

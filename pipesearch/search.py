@@ -2,7 +2,7 @@
 
 A *point* is (tp, recompute, pp, dp, micro-batch size, schedule, vp,
 placement). For each point the exact split
-(:func:`pipesearch.partition.exact_split`) gives the point's best iteration
+(:func:`pipesearch.split_search.exact_split`) gives the point's best iteration
 time under the one time model (:mod:`pipesearch.timemodel`: the simulator's
 makespan of the schedule plus the all-reduce). Points are grouped by (tp,
 recompute, pp, dp); groups are visited in order of a lower bound on any of
@@ -34,9 +34,9 @@ from . import schedules as schedule_lib
 from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches,
                     pipeline_placement, placement_links, profile_precision)
 from .errors import InfeasibleError, InputError
-from .split_search import exact_split
-from .timemodel import iteration_time_s, send_overlap, simulate_times, stage_times_of
 from .memory import param_state_of, usable_memory_bytes
+from .split_search import exact_split
+from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
 
 ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
@@ -134,7 +134,7 @@ def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fast
     * GPipe: ``W (1 + (m-1)/pp)`` (its closed form is ``sum (F+B) + (m-1)(max F
       + max B)``);
     * 1F1B: ``W (1 + (2m-1-pp)/(2 pp))`` (the 1F1B bound family of
-      :func:`pipesearch.partition._bound_families`, with
+      :func:`pipesearch.split_search.bound_families`, with
       ``(m-1) max(f, b) + (m-pp) min(f, b) >= (2m-1-pp)/2 (f + b)``).
     """
     work = work_s * mbs * fastest
@@ -180,7 +180,8 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
 def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_batch: int, cluster,
                 pp: int, schedule: str, profile: ModelProfile | None = None, tp: int = 1) -> Prediction:
     m = costs.num_micro_batches
-    busy = _rank_busy_s(stages, pp, m, schedule)
+    busy = rank_busy_s(schedule, pp, m, costs.stage_times(
+        (stages[0].layers[0],) + tuple(st.layers[1] for st in stages)))
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
     busiest, peak = float(busy.max()), float(mem.max())
     cap = min(cluster.device_spec(d).memory_bytes for st in stages for d in st.devices)
@@ -194,20 +195,6 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     )
 
 
-def _rank_busy_s(stages, pp: int, m: int, schedule: str) -> np.ndarray:
-    """Seconds each rank computes (and, for blocking sends, sends) in one
-    iteration: the busy time of :func:`pipesearch.simulate.simulate`."""
-    blocking = not send_overlap(schedule)
-    S = len(stages)
-    work = []
-    for k, st in enumerate(stages):
-        sends = 0.0
-        if blocking:
-            sends = (st.comm_s if k + 1 < S else 0.0) + (stages[k - 1].comm_s if k > 0 else 0.0)
-        work.append(m * (st.compute_s + sends))
-    return np.bincount(np.arange(S) % pp, weights=work, minlength=pp)
-
-
 def _throughput_terms(profile: ModelProfile | None, stages, global_batch: int, cluster, tp: int) -> dict:
     """Tokens and PaLM model FLOPs per iteration, and the fp16 peak of the
     plan's devices (each stage device heads a group of ``tp``)."""
@@ -218,8 +205,6 @@ def _throughput_terms(profile: ModelProfile | None, stages, global_batch: int, c
             "model_flops_per_iteration": float(global_batch * profile.model_flops_per_sample),
             "peak_flops": float(tp * sum(cluster.device_spec(d).peak_fp16_flops for d in devices)),
             "num_devices": tp * len(devices)}
-
-
 
 
 def simulate_plan(plan: Plan) -> tuple[float, object]:
@@ -474,10 +459,15 @@ def search(
     links_cache: dict = {}
     placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s}
 
+    def cutoff() -> float:
+        """Time a point must beat to enter the ranked plans (near-ties of the
+        best are kept for the tie-break of rank_plans)."""
+        if len(family_times) < keep:
+            return math.inf
+        return max(family_times[keep - 1], family_times[0] * (1 + TIE_REL))
+
     def pruned(bound: float) -> bool:
-        # near-ties of the best are kept for the tie-break of rank_plans
-        return (not options.exhaustive and len(family_times) >= keep
-                and bound >= max(family_times[keep - 1], family_times[0] * (1 + TIE_REL)))
+        return not options.exhaustive and bound >= cutoff()
 
     for done, (group_bound, _, variant, pp, dp) in enumerate(groups):
         if progress:
@@ -512,10 +502,8 @@ def search(
                     cluster, variant, row, options.placements[0], placement_ctx, links_cache):
                 row["status"] = "same_as_other_placement"
                 continue
-            cutoff = (max(family_times[keep - 1], family_times[0] * (1 + TIE_REL))
-                      if len(family_times) >= keep else math.inf)
             plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                                    links_cache, placement_ctx, cutoff_s=cutoff)
+                                    links_cache, placement_ctx, cutoff_s=cutoff())
             if plan is None:
                 continue
             t = plan.predicted.iteration_time_s

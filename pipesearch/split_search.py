@@ -46,7 +46,7 @@ from .timemodel import iteration_time_s, schedule_actions, send_overlap, simulat
 MAX_SPLITS_EVALUATED = 300
 MAX_NODES = 3_000
 #: splits within this relative time of the best (equal up to rounding) are tie-broken
-TIE_REL = 1e-12
+EQUAL_TIME_REL = 1e-12
 _BATCH = 256
 
 
@@ -58,7 +58,7 @@ class ExactSplit:
         bounds: boundaries of the chosen split (length ``S + 1``).
         iteration_time_s: its time under :func:`pipesearch.timemodel.iteration_time_s`.
         best_time_s: the smallest time found (``iteration_time_s`` exceeds it
-            by at most :data:`TIE_REL` when a near-tie had less memory).
+            by at most :data:`EQUAL_TIME_REL` when a near-tie had less memory).
         lower_bound_s: proven lower bound on the time of every split of the
             point; ``best_time_s`` when the search was complete.
         exact: whether every split was evaluated or excluded by a bound.
@@ -285,20 +285,6 @@ def _width_for(costs: PipelineCosts, limit_s: float) -> int:
     return int(max(1, np.max(np.arange(L + 1) - lo)))
 
 
-def _stage_times_batch(costs: PipelineCosts, bounds: np.ndarray):
-    """:class:`pipesearch.timemodel.StageTimes` of ``n`` splits at once
-    (``bounds`` of shape ``(n, S+1)``)."""
-    from .timemodel import StageTimes
-
-    S = costs.pp
-    s = np.arange(S)[None, :]
-    i, j = bounds[:, :-1], bounds[:, 1:]
-    return StageTimes(fwd_s=costs.fwd_s(s, i, j), bwd_s=costs.bwd_s(s, i, j),
-                      bwd_input_s=costs.bwd_input_s(s, i, j),
-                      p2p_s=costs.send_s(s[:, :-1], j[:, :-1]),
-                      allreduce_s=np.broadcast_to(costs.allreduce_s(s, i, j), i.shape))
-
-
 class _Evaluator:
     """Exact times of splits, memoised, evaluated in vectorized batches."""
 
@@ -317,13 +303,13 @@ class _Evaluator:
             return
         arr = np.array(todo, dtype=np.int64)
         t = iteration_time_s(self.schedule, self.pp, self.costs.num_micro_batches, self.vp,
-                             _stage_times_batch(self.costs, arr))
+                             self.costs.stage_times(arr))
         self.times.update(zip(todo, (float(x) for x in np.atleast_1d(t))))
 
 
 def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, seeds=(),
                 cutoff_s: float = np.inf, value_above_cutoff: bool = False, max_splits: int = MAX_SPLITS_EVALUATED, max_nodes: int = MAX_NODES,
-                tie_rel: float = TIE_REL) -> ExactSplit | None:
+                tie_rel: float = EQUAL_TIME_REL) -> ExactSplit | None:
     """The split minimizing the simulated iteration time of ``schedule``
     under memory (module docstring).
 
@@ -348,9 +334,11 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if S > L:
         return None
     ev = _Evaluator(costs, schedule, pp, vp)
+    tables = None
     if np.isfinite(cutoff_s):
         # a cheap proof first: no split can beat the cutoff
-        root = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel))).root_bound()
+        tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
+        root = tables.root_bound()
         if root >= cutoff_s and not value_above_cutoff:
             if not np.isfinite(root) and optimal_split(costs) is None:
                 return None
@@ -371,7 +359,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     ev.run(starts)
     best = min(ev.times.values(), default=np.inf)
     incumbent = min(best, cutoff_s)
-    tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
+    if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
+        tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes)
     if not ev.times:
         return None

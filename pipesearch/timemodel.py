@@ -91,7 +91,7 @@ def simulate_times(schedule: str, pp: int, m: int, vp: int, times: StageTimes) -
     ``end_r`` is when rank ``r`` finished its last action (and blocking send)
     and ``allreduce_r`` the sum of its stages' all-reduce.
     """
-    actions = schedule_lib.build(schedule, pp, m, vp)
+    actions = schedule_actions(schedule, pp, m, vp)
     tl = simulate(actions, fwd_s=times.fwd_s, bwd_s=times.bwd_s, p2p_s=times.p2p_s,
                   bwd_input_s=times.bwd_input_s, p2p_overlap=send_overlap(schedule))
     ar = np.bincount(np.arange(times.num_stages) % pp, weights=times.allreduce_s, minlength=pp)
@@ -286,6 +286,17 @@ def gpipe_time_s(times: StageTimes, m: int):
     row_max = np.maximum.accumulate(np.maximum(B, c)[:, ::-1], axis=1)[:, ::-1]
     out = fwd + np.max(row_sum + (m - 1) * row_max + r, axis=1)
     return float(out[0]) if single else out
+
+
+def rank_busy_s(schedule: str, pp: int, m: int, times: StageTimes) -> np.ndarray:
+    """``(pp,)`` seconds each rank computes in one iteration, plus its sends
+    when they block (1F1B): the ``busy_s`` of the simulator's timeline, in
+    closed form (each stage runs ``m`` forwards and ``m`` backwards)."""
+    work = m * (np.asarray(times.fwd_s, dtype=float) + np.asarray(times.bwd_s, dtype=float))
+    if not send_overlap(schedule):
+        c = np.asarray(times.p2p_s, dtype=float)
+        work = work + m * (np.append(c, 0.0) + np.insert(c, 0, 0.0))  # sends forward and back
+    return np.bincount(np.arange(len(work)) % pp, weights=work, minlength=pp)
 
 
 def stage_times_of(plan) -> StageTimes:
