@@ -221,59 +221,75 @@ class _Tables:
             self.beta[kind] = np.stack([band(x) for _, _, x in comps]) if comps[0][2] is not None else None
         self.kinds = tuple(self.fam)
         self.fits = valid & np.broadcast_to(costs.fits(stages, i[None], jc[None]), shape)
-        self.suf = {kind: [None] * (S + 1) for kind in self.kinds}
-        for kind in self.kinds:
-            self.suf[kind][S] = self._end(L, kind, len(self.fam[kind]))
+        self._suffix_minima(S, L, jc)
+
+    def _suffix_minima(self, S: int, L: int, jc: np.ndarray) -> None:
+        """The backward DP of every component at once, in three stacked
+        groups: min-sum rows (``sum`` alpha, ``device`` beta, ``suffix``
+        alpha), min-max rows (``max`` as ``prefix`` with alpha 0, then
+        ``prefix``) and the ``suffix`` maxima (which read their alpha rows'
+        sums)."""
+        def rows(kind, part):
+            if kind not in self.fam:
+                return []
+            return [getattr(self, part)[kind]]
+
+        add = rows("sum", "alpha") + rows("device", "beta") + rows("suffix", "alpha")
+        mx_x = rows("max", "beta") + rows("prefix", "beta")
+        mx_a = [np.zeros_like(x) for x in rows("max", "beta")] + rows("prefix", "alpha")
+        sizes = {k: len(self.fam.get(k, ())) for k in _KINDS}
+        self._rows = {"sum": ("add", 0, sizes["sum"]),
+                      "device": ("add", sizes["sum"], sizes["sum"] + sizes["device"]),
+                      "max": ("mx", 0, sizes["max"]),
+                      "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
+        na0 = sizes["sum"] + sizes["device"]
+        self._rows["suffix"] = ("add", na0, na0 + sizes["suffix"])
+        empty = np.zeros((0, S) + jc.shape)
+        t_add = np.concatenate(add) if add else empty
+        t_mx = np.concatenate(mx_x) if mx_x else empty
+        a_mx = np.concatenate(mx_a) if mx_a else empty
+        x_sfx = self.beta["suffix"] if "suffix" in self.fam else empty
+
+        def end(q, value):
+            out = np.full((q, L + 1), np.inf)
+            out[:, L] = value
+            return out
+
+        suf = {"add": end(len(t_add), 0.0), "mx": end(len(t_mx), -np.inf), "sfx": end(len(x_sfx), -np.inf)}
+        self._suf = [None] * S + [suf]
         with np.errstate(invalid="ignore"):
             for s in range(S - 1, -1, -1):
-                for kind in self.kinds:
-                    self.suf[kind][s] = self._step(s, kind, jc)
+                ok = self.fits[s]
 
-    def _step(self, s: int, kind: str, jc: np.ndarray):
-        ok = self.fits[s]
-        a = None if self.alpha[kind] is None else self.alpha[kind][:, s]
-        x = None if self.beta[kind] is None else self.beta[kind][:, s]
-        nxt = self.suf[kind][s + 1]
+                def best(v):
+                    return np.where(ok & np.isfinite(v), v, np.inf).min(axis=1)
 
-        def best(v):
-            return np.where(ok & np.isfinite(v), v, np.inf).min(axis=1)
+                h_add, h_mx, h_sfx = suf["add"][:, jc], suf["mx"][:, jc], suf["sfx"][:, jc]
+                na = h_add[na0:na0 + sizes["suffix"]]
+                suf = {"add": best(t_add[:, s] + h_add),
+                       "mx": best(np.where(h_mx < np.inf, np.maximum(t_mx[:, s], a_mx[:, s] + h_mx), np.inf)),
+                       "sfx": best(np.where(na < np.inf, np.maximum(x_sfx[:, s] + na, h_sfx), np.inf))}
+                self._suf[s] = suf
 
-        if kind == "sum":
-            return best(a + nxt[:, jc])
-        if kind == "max":
-            h = nxt[:, jc]
-            return best(np.where(h < np.inf, np.maximum(x, h), np.inf))
-        if kind == "prefix":
-            h = nxt[:, jc]
-            return best(np.where(h < np.inf, np.maximum(x, a + h), np.inf))
+    def suffix_min(self, kind: str, s: int):
+        """The suffix minima of the components of ``kind`` from stage ``s``:
+        ``(Q_K, L+1)``; for ``suffix`` the pair (min sum alpha, min max)."""
+        group, a, b = self._rows[kind]
         if kind == "suffix":
-            na, g = nxt[0][:, jc], nxt[1][:, jc]
-            return np.stack([best(a + na), best(np.where(na < np.inf, np.maximum(x + na, g), np.inf))])
-        return best(x + nxt[:, jc])  # device: min total beta
+            return self._suf[s]["add"][a:b], self._suf[s]["sfx"]
+        return self._suf[s][group][a:b]
 
     def root_bound(self) -> float:
         """The smallest lower bound of any split: each family's suffix minima
         from stage 0 at layer 0."""
         fam = np.zeros(self.num_families)
         for kind in self.kinds:
-            v = self.suf[kind][0]
+            v = self.suffix_min(kind, 0)
             v = v[1][:, 0] if kind == "suffix" else v[:, 0]
             if kind == "device":
                 v = v / self.pp
             np.add.at(fam, self.fam[kind], v)
         return float(fam.max())
-
-    @staticmethod
-    def _end(L: int, kind: str, q: int):
-        zero = np.full((q, L + 1), np.inf)
-        zero[:, L] = 0.0
-        neg = np.full((q, L + 1), np.inf)
-        neg[:, L] = -np.inf
-        if kind in ("max", "prefix"):
-            return neg
-        if kind == "suffix":
-            return np.stack([zero, neg])
-        return zero
 
 
 def _width_for(costs: PipelineCosts, limit_s: float) -> int:
@@ -437,7 +453,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         for kind in tables.kinds:
             a = None if tables.alpha[kind] is None else tables.alpha[kind][:, s, rows, i]
             x = None if tables.beta[kind] is None else tables.beta[kind][:, s, rows, i]
-            suf = tables.suf[kind][s + 1]
+            suf = tables.suffix_min(kind, s + 1)
             v = acc[kind]
             if kind == "sum":
                 new[kind] = v[:, None] + a
