@@ -180,63 +180,99 @@ def _work_before_last_forward(schedule: str, pp: int, m: int, vp: int):
 _KINDS = ("sum", "max", "prefix", "suffix", "device")
 
 
+#: floats the band tables of one block of stages may hold; longer models are
+#: tabled block by block and their terms recomputed per node (memory stays
+#: linear in layers x band width)
+TABLE_FLOATS = 2**23
+_ROWS_PER_STAGE = 32  # an upper bound on the stacked components of a stage
+_COLUMNS_KEPT = 4096  # recomputed columns kept per table (then dropped all at once)
+
+
 class _Tables:
     """Band tables of the bound components and their suffix minima, per kind
     of component (all components of one kind are stacked on a leading axis).
 
-    ``fam[K]`` holds the family of each component of kind ``K``;
-    ``alpha[K]``, ``beta[K]`` its per-stage terms, shape ``(Q_K, S, W, L+1)``
-    (stage ``s``, row ``d - 1``, column ``i``: the stage ``[i, i + d)``);
-    ``fits`` whether that stage fits in memory, ``(S, W, L+1)``.
-    ``suf[K][s]`` bounds each component over every split of ``[i, L)`` into
-    stages ``s .. S-1``, shape ``(Q_K, L+1)``: ``sum``: min sum; ``max``: min
-    max; ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``; ``suffix``:
-    the pair ``(min sum alpha, min max_k (beta_k + sum_{k'>k} alpha))``;
-    ``device``: min sum beta.
+    ``fam[K]`` holds the family of each component of kind ``K``. A stage's
+    terms (:meth:`column`, :meth:`_block`) are ``alpha[K]``, ``beta[K]``
+    of shape ``(Q_K, ..., W, L+1)`` (row ``d - 1``, column ``i``: the stage
+    ``[i, i + d)``) and whether that stage fits in memory. The suffix minima
+    (:meth:`suffix_min`) bound each component over every split of ``[i, L)``
+    into stages ``s .. S-1``, shape ``(Q_K, L+1)``: ``sum``: min sum; ``max``:
+    min max; ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``;
+    ``suffix``: the pair ``(min sum alpha, min max_k (beta_k + sum_{k'>k}
+    alpha))``; ``device``: min sum beta. Stages are tabled in blocks of at
+    most :data:`TABLE_FLOATS` floats; when all stages fit in one block their
+    terms are kept for :meth:`column`, else recomputed there.
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int):
         L, S = costs.num_layers, costs.pp
-        self.pp = pp
+        self.costs, self.schedule, self.pp = costs, schedule, pp
         self.width = W = max(1, min(width, L))
         i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
         j = i + np.arange(1, W + 1)[:, None]
+        block = max(1, TABLE_FLOATS // (_ROWS_PER_STAGE * W * (L + 1)))
+        self._kept = None
+        self._columns: dict = {}
+        self._suf = [None] * (S + 1)
+        for hi in range(S, 0, -block):
+            lo = max(0, hi - block)
+            terms, fits = self._block(np.arange(lo, hi)[:, None, None], i[None], j[None])
+            if lo == 0 and hi == S:
+                self._kept = (terms, fits)
+            self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L))
+
+    def _block(self, stages, i, j):
+        """Stacked terms of ``stages`` (int array broadcast against ``i``,
+        ``j``): ``({kind: (alpha, beta)}, fits)``, invalid ranges (``j > L``)
+        at infinity and not fitting."""
+        L = self.costs.num_layers
         valid = j <= L
         jc = np.minimum(j, L)
-        stages = np.arange(S)[:, None, None]
-        fams = bound_families(costs, schedule, pp, stages, i[None], jc[None])
-        self.num_families = len(fams)
-        shape = (S, W, L + 1)
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc)
+        shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
 
         def band(x):
             return np.where(valid, np.broadcast_to(x, shape), np.inf)
 
-        self.fam, self.alpha, self.beta = {}, {}, {}
+        terms, fam_of = {}, {}
         for kind in _KINDS:
             comps = [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind]
-            if not comps:
-                continue
-            self.fam[kind] = np.array([f for f, _, _ in comps], dtype=np.int64)
-            self.alpha[kind] = np.stack([band(a) for _, a, _ in comps]) if comps[0][1] is not None else None
-            self.beta[kind] = np.stack([band(x) for _, _, x in comps]) if comps[0][2] is not None else None
-        self.kinds = tuple(self.fam)
-        self.fits = valid & np.broadcast_to(costs.fits(stages, i[None], jc[None]), shape)
-        self._suffix_minima(S, L, jc)
+            if comps:
+                fam_of[kind] = np.array([f for f, _, _ in comps], dtype=np.int64)
+                terms[kind] = (np.stack([band(a) for _, a, _ in comps]) if comps[0][1] is not None else None,
+                               np.stack([band(x) for _, _, x in comps]) if comps[0][2] is not None else None)
+        self.fam, self.kinds, self.num_families = fam_of, tuple(fam_of), len(fams)  # the same for every block
+        fits = valid & np.broadcast_to(self.costs.fits(stages, i, jc), shape)
+        return terms, fits
 
-    def _suffix_minima(self, S: int, L: int, jc: np.ndarray) -> None:
-        """The backward DP of every component at once, in three stacked
-        groups: min-sum rows (``sum`` alpha, ``device`` beta, ``suffix``
-        alpha), min-max rows (``max`` as ``prefix`` with alpha 0, then
-        ``prefix``) and the ``suffix`` maxima (which read their alpha rows'
-        sums)."""
-        def rows(kind, part):
-            if kind not in self.fam:
-                return []
-            return [getattr(self, part)[kind]]
+    def column(self, s: int, i: int):
+        """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
+        ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
+        if self._kept is not None:
+            terms, fits = self._kept
+            return {k: tuple(None if x is None else x[:, s, :, i] for x in ab) for k, ab in terms.items()}, fits[s, :, i]
+        if (s, i) not in self._columns:
+            if len(self._columns) >= _COLUMNS_KEPT:
+                self._columns.clear()
+            d = np.arange(1, self.width + 1)
+            self._columns[s, i] = self._block(np.array(s), np.full(len(d), i), i + d)
+        return self._columns[s, i]
 
-        add = rows("sum", "alpha") + rows("device", "beta") + rows("suffix", "alpha")
-        mx_x = rows("max", "beta") + rows("prefix", "beta")
-        mx_a = [np.zeros_like(x) for x in rows("max", "beta")] + rows("prefix", "alpha")
+    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray) -> None:
+        """The backward DP over stages ``hi - 1 .. lo`` of every component at
+        once, in three stacked groups: min-sum rows (``sum`` alpha, ``device``
+        beta, ``suffix`` alpha), min-max rows (``max`` as ``prefix`` with alpha
+        0, then ``prefix``) and the ``suffix`` maxima (which read their alpha
+        rows' sums)."""
+        L = self.costs.num_layers
+
+        def part(kind, which):
+            return [terms[kind][which]] if kind in terms else []
+
+        add = part("sum", 0) + part("device", 1) + part("suffix", 0)
+        mx_x = part("max", 1) + part("prefix", 1)
+        mx_a = [np.zeros_like(x) for x in part("max", 1)] + part("prefix", 0)
         sizes = {k: len(self.fam.get(k, ())) for k in _KINDS}
         self._rows = {"sum": ("add", 0, sizes["sum"]),
                       "device": ("add", sizes["sum"], sizes["sum"] + sizes["device"]),
@@ -244,31 +280,33 @@ class _Tables:
                       "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
         na0 = sizes["sum"] + sizes["device"]
         self._rows["suffix"] = ("add", na0, na0 + sizes["suffix"])
-        empty = np.zeros((0, S) + jc.shape)
+        empty = np.zeros((0, hi - lo) + jc.shape)
         t_add = np.concatenate(add) if add else empty
         t_mx = np.concatenate(mx_x) if mx_x else empty
         a_mx = np.concatenate(mx_a) if mx_a else empty
-        x_sfx = self.beta["suffix"] if "suffix" in self.fam else empty
+        x_sfx = terms["suffix"][1] if "suffix" in terms else empty
 
         def end(q, value):
             out = np.full((q, L + 1), np.inf)
             out[:, L] = value
             return out
 
-        suf = {"add": end(len(t_add), 0.0), "mx": end(len(t_mx), -np.inf), "sfx": end(len(x_sfx), -np.inf)}
-        self._suf = [None] * S + [suf]
+        suf = self._suf[hi]
+        if suf is None:  # the last stage's successor: every layer placed
+            suf = {"add": end(len(t_add), 0.0), "mx": end(len(t_mx), -np.inf), "sfx": end(len(x_sfx), -np.inf)}
+            self._suf[hi] = suf
         with np.errstate(invalid="ignore"):
-            for s in range(S - 1, -1, -1):
-                ok = self.fits[s]
+            for s in range(hi - 1, lo - 1, -1):
+                ok, k = fits[s - lo], s - lo
 
                 def best(v):
                     return np.where(ok & np.isfinite(v), v, np.inf).min(axis=1)
 
                 h_add, h_mx, h_sfx = suf["add"][:, jc], suf["mx"][:, jc], suf["sfx"][:, jc]
                 na = h_add[na0:na0 + sizes["suffix"]]
-                suf = {"add": best(t_add[:, s] + h_add),
-                       "mx": best(np.where(h_mx < np.inf, np.maximum(t_mx[:, s], a_mx[:, s] + h_mx), np.inf)),
-                       "sfx": best(np.where(na < np.inf, np.maximum(x_sfx[:, s] + na, h_sfx), np.inf))}
+                suf = {"add": best(t_add[:, k] + h_add),
+                       "mx": best(np.where(h_mx < np.inf, np.maximum(t_mx[:, k], a_mx[:, k] + h_mx), np.inf)),
+                       "sfx": best(np.where(na < np.inf, np.maximum(x_sfx[:, k] + na, h_sfx), np.inf))}
                 self._suf[s] = suf
 
     def suffix_min(self, kind: str, s: int):
@@ -442,7 +480,8 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         d = np.arange(1, W + 1)
         j = i + d
         keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
-        keep &= tables.fits[s][:, i]
+        terms, fits = tables.column(s, i)
+        keep &= fits
         d, j = d[keep], j[keep]
         if not len(d):
             return []
@@ -451,8 +490,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         fam_lb = np.zeros((nfam, len(d)))
         new = {}
         for kind in tables.kinds:
-            a = None if tables.alpha[kind] is None else tables.alpha[kind][:, s, rows, i]
-            x = None if tables.beta[kind] is None else tables.beta[kind][:, s, rows, i]
+            a, x = (None if t is None else t[:, rows] for t in terms[kind])
             suf = tables.suffix_min(kind, s + 1)
             v = acc[kind]
             if kind == "sum":
