@@ -330,6 +330,27 @@ class _Tables:
         return float(fam.max())
 
 
+def any_split_fits(costs: PipelineCosts) -> bool:
+    """Whether some split of the ``L`` layers into ``S`` stages of at least
+    one layer fits every stage's memory, in ``O(S L)``: each stage in turn
+    takes the longest range that fits from where the previous one ended
+    (leaving a layer for each later stage). Exact because a stage's memory
+    only grows with its range (a sub-range of a fitting range fits), so the
+    greedy end is, stage by stage, at least as far as any split's."""
+    L, S = costs.num_layers, costs.pp
+    i = 0
+    for s in range(S):
+        last = L - (S - 1 - s)
+        if i >= last:
+            return False
+        j = np.arange(i + 1, last + 1)
+        ok = np.flatnonzero(costs.fits(s, i, j))
+        if not len(ok):
+            return False
+        i = int(j[ok[-1]])
+    return i == L
+
+
 def _width_for(costs: PipelineCosts, limit_s: float) -> int:
     """Longest stage (layers) whose ``m`` micro-batches of compute take at
     most ``limit_s`` on the fastest stage (no longer stage can be in a split
@@ -398,7 +419,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         An :class:`ExactSplit`, or None when no split fits in memory.
     """
     L, S = costs.num_layers, costs.pp
-    if S > L:
+    if S > L or not any_split_fits(costs):
         return None
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None

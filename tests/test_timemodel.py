@@ -167,6 +167,21 @@ def test_exact_split_with_tables_in_stage_blocks(seed, monkeypatch):
     assert got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_any_split_fits_equals_enumeration(seed):
+    """The greedy feasibility test agrees with trying every split."""
+    import itertools
+
+    from pipesearch.split_search import any_split_fits
+
+    rng = np.random.default_rng(seed)
+    pp = int(rng.integers(1, 4))
+    L = int(rng.integers(pp, 9))
+    costs = _random_point(rng, L, "1f1b", pp, 1, pp + 1)
+    expected = any(costs.split_fits((0, *cut, L)) for cut in itertools.combinations(range(1, L), pp - 1))
+    assert any_split_fits(costs) == expected
+
+
 def test_equal_time_splits_prefer_lower_memory():
     """Two stages, 1F1B, m = 2, free links, dp = 1. Layers: l0 (1 s), l1 (0 s,
     saves 5 MB), l2 (1 s), l3 (0 s). Splits [1 | 3] and [2 | 2] both take
