@@ -102,6 +102,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
+from .class_dp import class_dp_applies, class_dp_mapping
 from .errors import InfeasibleError, InputError, PipesearchError
 from .mapping import (
     OBJECTIVES,
@@ -557,10 +558,13 @@ def map_pipeline(
     """Split a profiled model and map its stages onto (some of) a cluster.
 
     Builds the problem with :func:`pipesearch.mapping.problem_from_profile`
-    and solves it with ``method``: ``"orders"`` (exact enumeration of device
-    orders + exact split, :func:`pipesearch.mapping.order_enumeration_mapping`),
-    ``"cp-sat"`` (:func:`solve_mapping`, ``solver_options`` passed on), or
-    ``"auto"``: orders when there are at most ``max_orders`` of them up to
+    and solves it with ``method``: ``"class-dp"`` (exact DP over device
+    classes, :func:`pipesearch.class_dp.class_dp_mapping`), ``"orders"``
+    (exact enumeration of device orders + exact split,
+    :func:`pipesearch.mapping.order_enumeration_mapping`), ``"cp-sat"``
+    (:func:`solve_mapping`, ``solver_options`` passed on), or ``"auto"``:
+    the class DP when its size allows (:func:`pipesearch.class_dp.class_dp_applies`),
+    else orders when there are at most ``max_orders`` of them up to
     symmetry, else CP-SAT.
 
     Raises:
@@ -570,11 +574,14 @@ def map_pipeline(
                                    num_micro_batches=num_micro_batches, schedule=schedule, devices=devices,
                                    layer_times=layer_times, profiled_device=profiled_device,
                                    precision=precision)
-    if method not in ("auto", "orders", "cp-sat"):
-        raise InputError(f"method {method!r}: expected auto, orders or cp-sat")
+    if method not in ("auto", "class-dp", "orders", "cp-sat"):
+        raise InputError(f"method {method!r}: expected auto, class-dp, orders or cp-sat")
     if method == "auto":
         problem.check_sizes()
-        method = "orders" if count_orders(problem, pp) <= max_orders else "cp-sat"
+        method = ("class-dp" if class_dp_applies(problem) else
+                  "orders" if count_orders(problem, pp) <= max_orders else "cp-sat")
+    if method == "class-dp":
+        return class_dp_mapping(problem, objective)
     if method == "orders":
         return order_enumeration_mapping(problem, objective, max_orders=max(max_orders, 1))
     return solve_mapping(problem, objective=objective, **solver_options)

@@ -237,3 +237,37 @@ def test_rank1_equals_brute_force_and_group_order_does_not_matter(inst):
     permuted = Cluster("p", tuple(groups[k] for k in perm), *links)
     again = search([ModelVariant(prof, tp=tp)], permuted, job, opts, profiled_device=ref).plans[0]
     assert again.predicted.iteration_time_s == pytest.approx(best.predicted.iteration_time_s, rel=1e-9)
+
+
+# ------------------------------------------------ per-stage memory: A / B / C
+
+
+def test_abc_each_stage_uses_its_own_device_memory():
+    """Devices A (fp32 10 TFLOPS, 36 GB), B (6.7 TFLOPS, 36 GB), C (10
+    TFLOPS, 10 GB); 40 layers of 0.9 GB of weights (state = the weights:
+    4 bytes per 4-byte parameter, no optimizer state), 0.5 GB reserve, no
+    activations or transfers; a layer takes t on A and C, t x 10/6.7 on B.
+
+    By hand: C holds at most 10 layers (9.0 + 0.5 <= 10; 11 need 10.4 GB);
+    with stage times at most 18 t, B holds at most 12 (12 x 1.4925 t =
+    17.91 t; 13 give 19.4 t) and A at most 18, and 18 + 12 + 10 = 40: the
+    only split with bottleneck 18 t, and none reaches below 18 t (A 17 would
+    leave 13 for B or 11 for C). The memory pre-filter must not refuse it
+    (a smallest-device bound would: 36 GB / 3 = 12 GB > 9.5 GB). The
+    reported peak memory is A's 16.2 GB against A's own 36 GB."""
+    from pipesearch.hardware import load_cluster
+
+    cluster = load_cluster(str(DATA / "abc" / "cluster.toml"))
+    t = 1e-3
+    layers = tuple(Layer(f"l{i}", t / 3, 2 * t / 3, 0.9e9, 0.0, 0.0) for i in range(40))
+    prof = ModelProfile("abc", layers, 1, profiled_device="device-a", bytes_per_param=4.0)
+    job = Job(global_batch_size=64, state_bytes_per_param=4.0, optimizer_bytes_per_param=0.0,
+              memory_reserve_bytes=0.5e9)
+    a = cluster.groups[0].device
+    plan = search([ModelVariant(prof)], cluster, job, SearchOptions(micro_batch_size=1, schedules=("1f1b",), top=1),
+                  profiled_device=a).plans[0]
+    per_type = {s.device_type: s.layers[1] - s.layers[0] for s in plan.stages}
+    assert per_type == {"device-a": 18, "device-b": 12, "device-c": 10}
+    assert max(s.compute_s for s in plan.stages) == pytest.approx(18 * t, rel=1e-9)
+    assert plan.predicted.peak_memory_bytes == pytest.approx(18 * 0.9e9)
+    assert plan.predicted.memory_capacity_bytes == 36e9
