@@ -2,7 +2,7 @@
 
 Prints a Markdown table.
 
-Usage: python benchmarks/bench_ilp.py [--time-limit S] [--workers N] [--table] [--nondeterministic]
+Usage: python benchmarks/bench_ilp.py [--deterministic-time T] [--workers N] [--table] [--nondeterministic]
                                       [--only LxDxP ...]
 
 Instance ``synthetic(L, D, P)``: a chain of ``L`` transformer-like layers
@@ -76,7 +76,8 @@ def synthetic(num_layers: int, num_devices: int, pp: int, seed: int = 0):
 
 def run(problem, objective, args, **kw):
     t0 = time.perf_counter()
-    r = solve_mapping(problem, objective=objective, max_deterministic_time=args.deterministic_time, num_workers=args.workers,
+    r = solve_mapping(problem, objective=objective, max_deterministic_time=args.deterministic_time,
+                      num_workers=args.workers,
                       deterministic=not args.nondeterministic, **kw)
     wall = time.perf_counter() - t0
     st = dict(r.stats)

@@ -255,11 +255,13 @@ def stage_devices(heads: np.ndarray, tp: int) -> np.ndarray:
 
 
 def check_layout(cluster: Cluster, heads: np.ndarray, tp: int) -> None:
-    """InputError unless every stage's devices exist and no device serves
-    two (stage, replica) slots, or one slot spans two nodes. Virtual stages
-    of one device (``heads`` rows repeating with period ``P / vp``) are
-    checked on the distinct rows only."""
-    devs = stage_devices(np.unique(np.asarray(heads).reshape(-1)), tp)
+    """InputError unless every stage's devices exist, no device serves two
+    (stage, replica) slots (``heads`` of shape ``(pp, dp)``, one row per
+    device's stage) and no slot spans two nodes."""
+    heads = np.asarray(heads).reshape(-1)
+    if len(np.unique(heads)) != heads.size:
+        raise InputError("layout: a tensor-parallel group serves two stages or replicas")
+    devs = stage_devices(heads, tp)
     if devs.size and (devs.min() < 0 or devs.max() >= cluster.num_devices):
         raise InputError(f"layout uses device {int(devs.max())}: cluster {cluster.name!r} has ids 0 .. "
                          f"{cluster.num_devices - 1}")
@@ -329,12 +331,6 @@ def stage_capacity_bytes(cluster: Cluster, heads: np.ndarray) -> np.ndarray:
     """``(P,)`` memory of each stage's smallest device (a stage's replicas
     run in lock-step, so each holds the same state), bytes."""
     return memory_bytes_of(cluster)[np.asarray(heads)].min(axis=1)
-
-
-def stage_type_names(cluster: Cluster, heads: np.ndarray, tp: int = 1) -> list[tuple[str, ...]]:
-    """Device type names of each stage's devices (distinct, in slot order)."""
-    names = np.array([g.device.name for g in cluster.groups])[group_ids(cluster)]
-    return [tuple(dict.fromkeys(names[np.asarray(row)].tolist())) for row in np.asarray(heads)]
 
 
 def stage_time_scale(cluster: Cluster, heads: np.ndarray, profiled: DeviceSpec | None,

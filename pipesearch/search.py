@@ -32,8 +32,8 @@ import pandas as pd
 
 from . import schedules as schedule_lib
 from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
-from .placement import (count_layouts, layout, layout_names, memory_bytes_of, num_slots, placement_candidates,
-                        placement_links, reference_device, slot_heads)
+from .placement import (check_layout, count_layouts, layout, layout_names, memory_bytes_of, num_slots,
+                        placement_candidates, placement_links, reference_device, slot_heads)
 from .errors import InfeasibleError, InputError
 from .memory import param_state_of, usable_memory_bytes
 from .split_search import exact_split
@@ -315,13 +315,17 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
     slots (:func:`pipesearch.placement.slot_heads`), chosen once per
     (variant, pp) by :func:`pipesearch.ilp.map_pipeline` for the 1F1B
     iteration-time objective at the first micro-batching evaluated (the
-    schedule changes only the in-flight memory); exact (device-type DP or
-    CP-SAT run to optimality under deterministic limits only). The
-    solver's status, bound and gap go into the plan's options. None when no
-    order fits in memory at that micro-batching."""
+    schedule changes only the in-flight memory): exact by the device-class DP
+    when its size allows, else order enumeration or CP-SAT under a
+    deterministic work limit. The solver's status, bound and gap go into the
+    plan's options. None when no order fits in memory at this micro-batching
+    (then the next micro-batching of the same pp tries again)."""
     from .ilp import map_pipeline
 
     key = ("mapped", id(variant), row["pp"])
+    failed = key + (row["micro_batch_size"], row["num_micro_batches"])
+    if failed in ctx:
+        return None
     if key not in ctx:
         heads = slot_heads(cluster, variant.tp, profile_precision(variant.profile))
         try:
@@ -331,7 +335,7 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
                                   objective="iteration", profiled_device=ctx["profiled_device"],
                                   devices=heads, max_deterministic_time=ctx["time_limit_s"])
         except InfeasibleError:
-            ctx[key] = (None, {})
+            ctx[failed] = True
             return None
         ctx[key] = (np.array(result.devices, dtype=np.int64)[:, None], {
             "method": result.method, "status": result.status, "objective_s": result.objective_s,
@@ -350,6 +354,7 @@ def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict,
     slots = heads[np.arange(pp * vp) % pp]
     key = (pp, dp, vp, variant.tp, placement) + ((id(variant),) if placement == "mapped" else ())
     if key not in links_cache:
+        check_layout(cluster, heads, variant.tp)  # distinct devices on the cluster, each group in one node
         links_cache[key] = placement_links(cluster, slots)
     return slots, links_cache[key]
 
@@ -744,10 +749,14 @@ def _check_options(variants, cluster, job, options):
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} {value} must be >= 1")
     tp_min = min(v.tp for v in variants)
+    groups = num_slots(cluster, tp_min)  # tensor-parallel groups inside nodes
     for name, value in (("--pp", options.pp), ("--dp", options.dp)):
         if value and value * tp_min > cluster.num_devices:
             raise InputError(f"{name} {value} needs {value * tp_min} devices, cluster {cluster.name} has "
                              f"{cluster.num_devices}")
+        if value and value > groups:
+            raise InputError(f"{name} {value} needs {value} groups of tp {tp_min} devices inside one node, "
+                             f"cluster {cluster.name} holds {groups}; lower {name} or --tp")
     if tp_min > cluster.num_devices:
         raise InputError(f"--tp {tp_min} needs {tp_min} devices, cluster {cluster.name} has {cluster.num_devices}")
     if options.num_micro_batches and options.num_micro_batches > job.global_batch_size:
@@ -802,7 +811,7 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> s
     prof = variants[0].profile
     params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
     state = params * param_state_of(job).floor_bytes_per_param()
-    mem = usable_memory_bytes(job, cluster.device_spec(0).memory_bytes)
+    mem = usable_memory_bytes(job, float(memory_bytes_of(cluster).max()))
     hint = ("the model's weights and optimizer state alone need "
             f"{state / 2**30:.1f} GiB against {mem / 2**30:.1f} GiB usable per device; "
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices else
