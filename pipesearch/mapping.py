@@ -78,6 +78,7 @@ import numpy as np
 
 from .costs import (PipelineCosts, build_pipeline_costs, device_rate_flops, in_flight_micro_batches,
                     profile_precision, state_bytes_per_param)
+from .placement import class_links, link_class
 from .placement import placement_candidates  # noqa: F401  (layouts have one home: pipesearch.placement)
 
 
@@ -363,14 +364,11 @@ def problem_from_profile(
     times = scale_layer_times(profile, specs, layer_times, profiled_device=profiled_device,
                               precision=precision)
     ratio = micro_batch_size / profile.profiled_batch_size
-    D = len(ids)
-    bw = np.full((D, D), np.inf)
-    lat = np.zeros((D, D))
-    for a in range(D):
-        for b in range(D):
-            if a != b:
-                link = cluster.link(ids[a], ids[b])
-                bw[a, b], lat[a, b] = link.bandwidth_bytes_per_s, link.latency_s
+    arr = np.array(ids, dtype=np.int64)
+    kind = link_class(cluster, arr[:, None], arr[None, :])  # -1 on the diagonal
+    classes = class_links(cluster)
+    bw = np.array([link.bandwidth_bytes_per_s for link in classes] + [np.inf])[kind]
+    lat = np.array([link.latency_s for link in classes] + [0.0])[kind]
     layers = profile.layers
     return MappingProblem(
         layer_time_s=np.array([times[n] for n in names]) * ratio,
