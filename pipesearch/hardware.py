@@ -107,7 +107,6 @@ _RANGES = {
     "peak_fp16_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
     "peak_fp32_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
     "peak_fp8_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
-    "achieved_fraction": (0.0, 1.0, False, ""),
     "hbm_bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
     "bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
     "latency_us": (0.0, limits.MAX_LATENCY_US, True, "us"),
@@ -188,7 +187,8 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
     memory = _number(path, mem_key, data[mem_key]) * (GIB if mem_key == "memory_GiB" else GB)
 
     fraction = data.get("achieved_fraction", 0.5)
-    _number(path, "achieved_fraction", fraction)
+    if limits.out_of_range(fraction, 0.0, 1.0, low_inclusive=False):
+        raise _fail(path, "achieved_fraction", fraction, "a number in (0, 1]")
 
     return DeviceSpec(
         name=_string(path, "name", data["name"]),

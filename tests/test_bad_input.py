@@ -478,7 +478,7 @@ ON_GPT = ["plan", "--model", "m.toml", "--cluster", "1x8-a100-80gb", "-b", "8", 
                                                                       "[1e-09, 1e+06] TFLOP/s"]),
     # the message said "a positive number <= inf"
     ({"dev.toml": _device("achieved_fraction", "nan")}, ON_C, ["dev.toml", "'achieved_fraction'", "nan",
-                                                               "a positive number <= 1"]),
+                                                               "a number in (0, 1]"]),
     ({"dev.toml": GOOD_DEVICE + "memroy_GiB = 3\n"}, ON_C, ["dev.toml", "unknown key 'memroy_GiB'", "memory_GiB"]),
     ({"dev.toml": ""}, ON_C, ["dev.toml", "missing key 'name'"]),
     ({"dev.toml": b"\x00\xff\xfe"}, ON_C, ["dev.toml", "not UTF-8"]),
