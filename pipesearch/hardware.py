@@ -20,7 +20,7 @@ from typing import Any
 
 from . import catalog, limits
 from .errors import CatalogError, InputError
-from .input_files import parse_failure, read_input_bytes
+from .input_files import non_regular_kind, parse_failure, read_input_bytes
 from .types import Cluster, DeviceGroup, DeviceSpec, Link
 
 GIB = 2**30
@@ -106,6 +106,7 @@ _RANGES = {
     "memory_GB": (0.0, limits.MAX_BYTES / GB, False, "GB"),
     "peak_fp16_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
     "peak_fp32_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
+    "peak_fp8_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
     "hbm_bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
     "bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
     "latency_us": (0.0, limits.MAX_LATENCY_US, True, "us"),
@@ -117,10 +118,10 @@ def _number(where: Path, key: str, value: Any, *, positive: bool = True) -> floa
     """A finite int or float in the key's range (:data:`_RANGES`, by the
     key's last part); without a listed range > 0 when ``positive``, else >= 0."""
     low, high, inclusive, unit = _RANGES.get(key.rsplit(".", 1)[-1], (0.0, math.inf, not positive, ""))
-    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok_type and math.isfinite(value) and high == math.inf:
-        if value <= 0 if positive else value < 0:
-            raise _fail(where, key, value, "a positive number" if positive else "a number >= 0")
+    if high == math.inf:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (value <= 0 if positive else value < 0):
+            raise _fail(where, key, value, "a finite positive number" if positive else "a finite number >= 0")
         return float(value)
     if limits.out_of_range(value, low, high, low_inclusive=inclusive):
         raise _fail(where, key, value, limits.range_text(low, high, low_inclusive=inclusive, unit=unit))
@@ -186,7 +187,7 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
     memory = _number(path, mem_key, data[mem_key]) * (GIB if mem_key == "memory_GiB" else GB)
 
     fraction = data.get("achieved_fraction", 0.5)
-    if _number(path, "achieved_fraction", fraction) > 1:
+    if limits.out_of_range(fraction, 0.0, 1.0, low_inclusive=False):
         raise _fail(path, "achieved_fraction", fraction, "a number in (0, 1]")
 
     return DeviceSpec(
@@ -230,6 +231,9 @@ def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:
     ref = _string(where, key, value)
     if "/" in ref or "\\" in ref or ref.endswith(".toml"):
         path = where.parent / Path(ref).expanduser()
+        kind = non_regular_kind(path)
+        if kind is not None:
+            raise _fail(where, key, ref, f"a device file, but {path} is {kind}")
         if not path.is_file():
             raise _fail(where, key, ref, f"an existing device file (no such file: {path})")
         return load_device(path)

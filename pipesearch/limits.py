@@ -31,6 +31,9 @@ MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-6, 1e6
 MAX_LATENCY_US = 1e9
 #: a device's peak rate, TFLOP/s: (1 kFLOP/s, 1 EFLOP/s]
 MIN_TFLOPS, MAX_TFLOPS = 1e-9, 1e6
+#: requests in one simulated serving run (``serve --num-requests``): 10**5 take
+#: seconds per plan; far more would look like a hang
+MAX_SIMULATED_REQUESTS = 100_000
 #: counts such as a batch size, a hidden size or a sequence length (int32)
 MAX_COUNT = 2**31 - 1
 

@@ -188,9 +188,13 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         raise PlanFormatError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
     except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits, nesting too deep
         raise PlanFormatError(f"{source}: not a plan file ({parse_failure(exc)})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise PlanFormatError(f"{source}: schema is {got!r}, expected {SCHEMA!r} (a file written by `pipesearch plan -o`)")
+    if not isinstance(doc, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(doc), "a number")
+        raise PlanFormatError(f"{source}: the top level is {kind}, expected an object with schema {SCHEMA!r} "
+                              "(a file written by `pipesearch plan -o`)")
+    if doc.get("schema") != SCHEMA:
+        raise PlanFormatError(f"{source}: schema is {doc.get('schema')!r}, expected {SCHEMA!r} "
+                              "(a file written by `pipesearch plan -o`)")
     return doc
 
 

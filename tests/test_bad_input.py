@@ -451,6 +451,110 @@ def test_validate_lists_every_problem(tmp_path, plan_doc):
     assert snapshot(tmp_path) == before
 
 
+# ------------------------------------------------------------- further malformed inputs
+
+
+def _device(key, value):
+    return "\n".join((f"{key} = {value}" if line.startswith(f"{key} =") else line)
+                     for line in GOOD_DEVICE.splitlines()) + "\n"
+
+
+def _transformer(key, value):
+    text = (REPO / "cost_models" / "gpt3-1.3b.toml").read_text()
+    return "\n".join((f"{key} = {value}" if line.startswith(f"{key} =") else line) for line in text.splitlines()) + "\n"
+
+
+CLUSTER = f'name = "c"\nnodes = 1\ndevices_per_node = 4\ndevice = "./dev.toml"\n{LINKS}'
+ON_C = ["plan", "--model", "t.csv", "--cluster", "c.toml", "-b", "8", "-o", "p.json"]
+ON_GPT = ["plan", "--model", "m.toml", "--cluster", "1x8-a100-80gb", "-b", "8", "-o", "p.json"]
+
+
+@pytest.mark.parametrize("files,args,needles", [
+    ({"dev.toml": _device("memory_GiB", "nan")}, ON_C, ["dev.toml", "'memory_GiB'", "nan"]),
+    ({"dev.toml": _device("memory_GiB", '"16"')}, ON_C, ["dev.toml", "'memory_GiB'", "'16'"]),
+    ({"dev.toml": _device("peak_fp16_TFLOPS", "-5")}, ON_C, ["dev.toml", "'peak_fp16_TFLOPS'", "-5"]),
+    # no upper bound before: 1e308 TFLOP/s was accepted
+    ({"dev.toml": GOOD_DEVICE + "peak_fp8_TFLOPS = 1e308\n"}, ON_C, ["dev.toml", "'peak_fp8_TFLOPS'", "1e+308",
+                                                                      "[1e-09, 1e+06] TFLOP/s"]),
+    # the message said "a positive number <= inf"
+    ({"dev.toml": _device("achieved_fraction", "nan")}, ON_C, ["dev.toml", "'achieved_fraction'", "nan",
+                                                               "a number in (0, 1]"]),
+    ({"dev.toml": GOOD_DEVICE + "memroy_GiB = 3\n"}, ON_C, ["dev.toml", "unknown key 'memroy_GiB'", "memory_GiB"]),
+    ({"dev.toml": ""}, ON_C, ["dev.toml", "missing key 'name'"]),
+    ({"dev.toml": b"\x00\xff\xfe"}, ON_C, ["dev.toml", "not UTF-8"]),
+    ({"c.toml": CLUSTER.replace("nodes = 1", "nodes = 1.5")}, ON_C, ["c.toml", "'nodes'", "1.5"]),
+    ({"c.toml": CLUSTER.replace("bandwidth_GBps = 10", "bandwidth_GBps = nan")}, ON_C,
+     ["c.toml", "'intra_node.bandwidth_GBps'", "nan"]),
+    ({"c.toml": CLUSTER.replace("latency_us = 10", "latency_us = -1")}, ON_C, ["c.toml", "'intra_node.latency_us'", "-1"]),
+    ({"c.toml": CLUSTER.replace('device = "./dev.toml"', "device = 3")}, ON_C, ["c.toml", "'device'", "3"]),
+    ({"c.toml": "name = \n"}, ON_C, ["c.toml", "TOML syntax error", "line 1"]),
+    ({"t.csv": CSV_HEADER + "l0,1,nan,1,1\n"}, ON_C, ["t.csv", "line 4", "'bwd_ms'", "'nan'"]),
+    ({"t.csv": CSV_HEADER + "l0,1,1,-5,1\n"}, ON_C, ["t.csv", "line 4", "'param_bytes'", "'-5'"]),
+    ({"t.csv": CSV_HEADER + "l0,1\n"}, ON_C, ["t.csv", "line 4", "2 fields, expected 5"]),
+    ({"t.csv": CSV_HEADER.replace("batch_size: 8", "batch_size: 1e30") + "l0,1,1,1,1\n"}, ON_C,
+     ["t.csv", "line 2", "batch_size '1e30'"]),
+    ({"t.csv": CSV_HEADER + "l0,1,1,1,1\nl0,1,1,1,1\n"}, ON_C, ["t.csv", "line 5", "duplicate layer name 'l0'"]),
+    ({"t.csv": b"\x00\x01\xff"}, ON_C, ["t.csv", "not UTF-8"]),
+    ({"m.toml": _transformer("hidden_size", "nan")}, ON_GPT, ["m.toml", "'transformer.hidden_size'", "nan"]),
+    ({"m.toml": _transformer("seq_len", "99999999999")}, ON_GPT, ["m.toml", "'transformer.seq_len'", "99999999999"]),
+    ({"m.toml": _transformer("vocab_size", '"big"')}, ON_GPT, ["m.toml", "'transformer.vocab_size'", "'big'"]),
+    ({"m.toml": _transformer("tied_embeddings", "3")}, ON_GPT, ["m.toml", "'transformer.tied_embeddings'", "3"]),
+    ({"m.toml": "x = 1\n"}, ON_GPT, ["m.toml", "no [transformer] table"]),
+    ({"config.json": "[1, 2]"}, ["plan", "--model", "config.json", "-o", "p.json"], ["config.json", "a JSON object"]),
+    ({"p.json": "[]"}, ["simulate", "p.json"], ["p.json", "the top level is an array", "pipesearch.plan/1"]),
+    ({"p.json": "NaN"}, ["export", "p.json", "--format", "torch"], ["p.json", "the top level is a number",
+                                                                      "pipesearch.plan/1"]),
+    ({"p.json": '{"schema": "x/2"}'}, ["validate", "p.json"], ["p.json", "schema is 'x/2'", "pipesearch.plan/1"]),
+    ({"p.json": ""}, ["plot", "p.json"], ["p.json", "not JSON"]),
+    ({"p.json": b"\x00\xff"}, ["validate", "p.json"], ["p.json", "not UTF-8"]),
+], ids=lambda v: None)
+def test_malformed_input_file(tmp_path, files, args, needles):
+    files = {"dev.toml": GOOD_DEVICE, "c.toml": CLUSTER, "t.csv": CSV_HEADER + "l0,1,2,1000,4096\nl1,1,2,1000,4096\n",
+             **files}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert_refused(tmp_path, args, *needles)
+
+
+def test_device_file_that_is_a_directory(tmp_path):
+    (tmp_path / "dev.toml").mkdir()
+    write(tmp_path / "c.toml", CLUSTER)
+    line = assert_refused(tmp_path, ["plan", "--cluster", "c.toml", "-o", "p.json"], "c.toml", "'device'",
+                          "'./dev.toml'", "is a directory")
+    assert "no such file" not in line
+
+
+@pytest.mark.parametrize("args,option", [
+    (["plan", "--memory-headroom", "nan", "-o", "p.json"], "--memory-headroom"),
+    (["plan", "--optimizer-bytes-per-param", "inf", "-o", "p.json"], "--optimizer-bytes-per-param"),
+    (["serve", "--request-rate", "nan"], "--request-rate"),
+    (["serve", "--step-overhead-ms", "inf"], "--step-overhead-ms"),
+    (["serve", "--max-tpot-ms", "nan"], "--max-tpot-ms"),
+])
+def test_nan_or_inf_option_is_refused(tmp_path, args, option):
+    """click's FloatRange lets nan through (every comparison is false):
+    ``--memory-headroom nan`` searched and ended in "no plan fits"."""
+    value = args[args.index(option) + 1]
+    assert_refused(tmp_path, args, option, f"'{value}' is not a finite number")
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["serve", "--model", "llama3-8b", "-o", ""], ["-o", "empty file name"]),
+    (["serve", "--model", "llama3-8b", "--timeline", ""], ["--timeline", "empty file name"]),
+    (["serve", "--model", "llama3-8b", "--seed", "-1"], ["--seed", "-1"]),
+    # 10**12 simulated requests would run for days
+    (["serve", "--model", "llama3-8b", "--num-requests", "999999999999"], ["--num-requests", "999999999999",
+                                                                          "1<=x<=100000"]),
+    (["profile", "m.py:f", "-b", "2", "--input-shape", "4", "-o", ""], ["profile CSV (-o)", "empty file name"]),
+])
+def test_serve_and_profile_options(tmp_path, args, needles):
+    """``serve -o ''`` wrote ./serve.json and ``--timeline ''`` was dropped;
+    a negative seed and ``profile -o ''`` ended in tracebacks."""
+    write(tmp_path / "m.py", "def f():\n    raise AssertionError('not built')\n")
+    assert_refused(tmp_path, args, *needles)
+    assert not (tmp_path / "serve.json").exists()
+
+
 # ------------------------------------------------------------- the search evaluates every schedule asked for
 
 

@@ -27,6 +27,7 @@ from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
 from ..units import format_bytes, format_seconds, parse_bytes
+from .params import FiniteFloatRange
 from . import main
 
 DEFAULT_MODEL = "vgg16"
@@ -132,7 +133,7 @@ class _Progress:
 @click.option("--max-search-memory", default="8GiB", show_default=True,
               help="Host memory the search may use; a model whose exact split would need more is refused "
                    "before the search starts.")
-@click.option("--memory-headroom", type=click.FloatRange(min=0, max=0.9), default=0.05, show_default=True,
+@click.option("--memory-headroom", type=FiniteFloatRange(min=0, max=0.9), default=0.05, show_default=True,
               help="Share of each device's memory left unplanned on top of --memory-reserve (fragmentation, "
                    "communication buffers, transient peaks).")
 @click.option("--optimizer-state", type=click.Choice(tuple(PRESETS)),
@@ -144,10 +145,10 @@ class _Progress:
                    "optimizer), zero2 (+ gradients), zero3 / fsdp (+ weights). Default none.")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
               help="Sequence parallelism with tensor parallelism (transformers, tp > 1).")
-@click.option("--optimizer-bytes-per-param", type=click.FloatRange(min=0, max=1024),
+@click.option("--optimizer-bytes-per-param", type=FiniteFloatRange(min=0, max=1024),
               help="Total bytes of weights + gradients + optimizer state per parameter, of which 12 (the "
                    "optimizer part) --zero1 shards; instead of --optimizer-state (default 16 = mixed-adam).")
-@click.option("--mapping-time-limit", type=click.FloatRange(min=0.01, max=3600), default=0.5, show_default=True,
+@click.option("--mapping-time-limit", type=FiniteFloatRange(min=0.01, max=3600), default=0.5, show_default=True,
               help="Mixed clusters: work limit (CP-SAT deterministic seconds) of each device-order search that "
                    "is too large to enumerate; the plan JSON reports the solver's bound and gap.")
 @click.option("--zero1", is_flag=True,

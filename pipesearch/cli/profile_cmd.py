@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
+from ..output import check_writable
 from ..profiler import CLOCKS, DTYPES, build_model, import_torch, load_factory, profile_module, torch_dtype
 from ..profiles import write_profile_csv
 from . import main
@@ -77,6 +78,7 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input
     """
     if (model_spec is None) == (hf_config is None):
         raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
+    check_writable(output, "profile CSV (-o)")
     if hf_config is not None:
         cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
         try:

@@ -13,6 +13,7 @@ import pandas as pd
 from ..catalog import resolve
 from ..errors import InputError
 from ..hardware import describe_cluster, load_cluster
+from ..limits import MAX_SIMULATED_REQUESTS
 from ..output import check_writable, write_text
 from ..profiles.transformer import load_transformer
 from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_format
@@ -22,6 +23,7 @@ from ..serve.pipeline import Workload
 from ..serve.search import ServeJob, pipeline_for, rerank_by_simulation, search_serving
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_bytes
+from .params import FiniteFloatRange
 from . import main
 
 FORMAT = "pipesearch.serve/1"
@@ -112,12 +114,12 @@ def _window(events, span_s: float):
               help="Generated tokens per request.")
 @click.option("--concurrency", type=click.IntRange(min=1),
               help="Closed loop of this many clients in total (default: as many as fit).")
-@click.option("--request-rate", type=click.FloatRange(min=0, min_open=True),
+@click.option("--request-rate", type=FiniteFloatRange(min=0, min_open=True),
               help="Poisson arrivals, requests per second in total.")
 @click.option("--weight-dtype", type=click.Choice(tuple(WEIGHT_FORMATS)), default="bf16", show_default=True)
 @click.option("--kv-dtype", type=click.Choice(tuple(KV_DTYPES)), default="bf16", show_default=True)
-@click.option("--max-ttft-ms", type=click.FloatRange(min=0, min_open=True), help="Limit on mean time to first token.")
-@click.option("--max-tpot-ms", type=click.FloatRange(min=0, min_open=True),
+@click.option("--max-ttft-ms", type=FiniteFloatRange(min=0, min_open=True), help="Limit on mean time to first token.")
+@click.option("--max-tpot-ms", type=FiniteFloatRange(min=0, min_open=True),
               help="Limit on mean time per output token.")
 @click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True)
 @click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor-parallel degree.")
@@ -125,22 +127,22 @@ def _window(events, span_s: float):
 @click.option("--split", callback=_split,
               help="Score this split (decoder layers per stage, embedding and head not counted) instead of "
                    "searching.")
-@click.option("--memory-fraction", type=click.FloatRange(min=0, max=1, min_open=True),
+@click.option("--memory-fraction", type=FiniteFloatRange(min=0, max=1, min_open=True),
               help="vLLM --gpu-memory-utilization (default 0.9) or SGLang --mem-fraction-static (default 0.85).")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="vLLM: memory per device for CUDA context, NCCL buffers and CUDA graphs.")
 @click.option("--max-num-seqs", type=click.IntRange(min=1), help="Running sequences per replica (default 256).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
               help="Token budget of one step, chunked prefill (default 2048).")
-@click.option("--step-overhead-ms", type=click.FloatRange(min=0),
+@click.option("--step-overhead-ms", type=FiniteFloatRange(min=0),
               help="Engine time per step outside the kernels (default 2).")
 @click.option("--model-path", help="Checkpoint to put in the exported commands (default: the model name).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
 @click.option("--simulate-top", type=click.IntRange(min=0), default=3, show_default=True,
               help="Simulate this many best plans (TTFT / TPOT p90).")
-@click.option("--num-requests", type=click.IntRange(min=1),
+@click.option("--num-requests", type=click.IntRange(min=1, max=MAX_SIMULATED_REQUESTS),
               help="Requests per simulated run (default: 16 x the plan's batch or concurrency, at least 400).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the simulated arrivals.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the simulated arrivals.")
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Draw plan 1's simulated timeline here (png/svg/pdf).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help=f"Write the serving plans JSON here (default: ./{DEFAULT_OUTPUT}).")
@@ -164,11 +166,12 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     """
     if concurrency is not None and request_rate is not None:
         raise InputError("--concurrency and --request-rate: give one (a closed loop of clients, or an arrival rate)")
-    out = None if (as_json and not output) else check_writable(output or DEFAULT_OUTPUT, "serving plans")
-    if timeline:
+    out = None if (as_json and output is None) else check_writable(
+        DEFAULT_OUTPUT if output is None else output, "serving plans (-o)")
+    if timeline is not None:
         from ..plots.common import check_output
 
-        check_output(timeline)
+        check_output(check_writable(timeline, "--timeline"))
         if simulate_top < 1:
             raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
     try:
