@@ -86,9 +86,12 @@ def _band_width(costs: PipelineCosts, limit: float) -> int:
     return max(width, 1)
 
 
-#: most cells (stage lengths x end layers) of one band array; larger bands are
-#: computed a block of end layers at a time and not kept (memory stays linear in layers)
-MAX_BAND_CELLS = 2**20
+#: bands of at most this many cells (stage lengths x end layers) are kept for
+#: every DP pass; larger ones are computed a block of end layers at a time and
+#: not kept, so the memory of a split is linear in layers x stages
+MAX_BAND_CELLS = 2**22
+#: cells of one such block
+BLOCK_CELLS = 2**18
 
 
 class _Band:
@@ -98,8 +101,7 @@ class _Band:
     When ``W x (L+1)`` is at most :data:`MAX_BAND_CELLS` the arrays are
     computed once per distinct stage (same device speed, links and memory)
     and reused by every DP pass; otherwise :meth:`block` computes each block
-    of columns from the prefix sums when asked, so no array has more than
-    :data:`MAX_BAND_CELLS` cells. Both give the same numbers (the same
+    of :data:`BLOCK_CELLS` cells from the prefix sums when asked. Both give the same numbers (the same
     elementwise formulas on the same prefix sums).
     """
 
@@ -109,7 +111,9 @@ class _Band:
 
     def columns_per_block(self, width: int) -> int:
         """End layers per :meth:`block` for a band of ``width`` rows."""
-        return max(1, MAX_BAND_CELLS // max(width, 1))
+        if width * (self.costs.num_layers + 1) <= MAX_BAND_CELLS:
+            return self.costs.num_layers + 1
+        return max(1, BLOCK_CELLS // max(width, 1))
 
     def block(self, s: int, width: int, lo: int, hi: int):
         """``(a, b, fits, start)`` of stage ``s`` for stage lengths ``1 ..
