@@ -51,15 +51,16 @@ class Run:
     timed_s: float | None = None  # CPU seconds of the timed call itself, when the child reports it
 
 
-def run_child(args: list[str], timeout_s: float) -> Run:
-    """Run ``args`` (a command line) in a child; its wall, CPU and peak RSS."""
+def run_child(args: list[str], timeout_s: float, cwd: Path = ROOT) -> Run:
+    """Run ``args`` (a command line) in a child in ``cwd``; its wall, CPU and peak RSS."""
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
     start = time.perf_counter()
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=err, preexec_fn=limit,
-                                env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        proc = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=err, preexec_fn=limit,
+                                env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                    filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
         deadline = start + timeout_s
         while True:
             pid, code, usage = os.wait4(proc.pid, os.WNOHANG)
