@@ -5,8 +5,9 @@ Usage: python benchmarks/bench_scale.py [--quick] [--timeout S]
 
 Every case runs in its own child process; the table gives its wall time, its
 CPU seconds (user + system, from the child's rusage: stable under load, unlike
-wall time) and its peak resident memory (``ru_maxrss``). Children run with a
-16 GiB address-space limit, so a case that would exhaust the machine fails
+wall time) and its peak resident memory (``ru_maxrss``); cases under a
+second are run three times and the fastest kept. Children run with a
+8 GiB address-space limit, so a case that would exhaust the machine fails
 instead. ``--quick`` skips the slowest rows (16,384 GPUs, the
 100,000-layer profile, the split of 10,000 layers into 128 stages). After
 the table, the growth exponents of CPU time: ``k`` in ``t ~ n^k`` fitted
@@ -39,7 +40,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-MEMORY_LIMIT_BYTES = 16 * 2**30
+MEMORY_LIMIT_BYTES = 8 * 2**30
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,8 @@ def main() -> None:
                 print(f"| {name} | {before} | < {target:g} s | - | - | - | - | skipped (--quick) | - |", flush=True)
                 continue
             r = run_child(cmd, args.timeout)
+            if r.status == "ok" and r.wall_s < 1.0:  # start-up rows: best of 3 (wall time moves with load)
+                r = min([r] + [run_child(cmd, args.timeout) for _ in range(2)], key=lambda x: x.wall_s)
             measured = r.wall_s if r.timed_s is None else r.timed_s  # a split: the call, not the interpreter
             met = "yes" if r.status == "ok" and measured < target else "no"
             timed = "-" if r.timed_s is None else f"{r.timed_s:.3f}"
