@@ -24,12 +24,13 @@ from ..types import ModelProfile
 from .csv_profile import read_profile_csv, write_profile_csv
 
 
-def read_graph_txt(path: Path) -> ModelProfile:
-    """:func:`pipesearch.profiles.pipedream.read_graph_txt`, imported on first
-    use (it needs networkx, which no other input format loads)."""
+def read_graph_txt(path: Path, **options) -> ModelProfile:
+    """:func:`pipesearch.profiles.pipedream.read_graph_txt` (same arguments),
+    imported on first use (it needs networkx, which no other input format
+    loads)."""
     from .pipedream import read_graph_txt as read
 
-    return read(path)
+    return read(path, **options)
 
 
 #: file-name ending -> (reader, description); the longest matching ending wins.
