@@ -27,6 +27,8 @@ CASES = {
                      "--global-batch-size", "256"],
     "gpt3-1.3b-16gpu": ["plan", "-q", "--json", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb",
                         "--global-batch-size", "512", "--tp", "1", "--recompute", "none"],
+    "gpt3-175b-128gpu": ["plan", "-q", "--json", "--model", "gpt3-175b", "--cluster", "2x8-a100-80gb",
+                         "--nodes", "16", "--global-batch-size", "1536"],
 }
 
 

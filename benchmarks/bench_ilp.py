@@ -2,7 +2,7 @@
 
 Prints a Markdown table.
 
-Usage: python benchmarks/bench_ilp.py [--time-limit S] [--workers N] [--table] [--nondeterministic]
+Usage: python benchmarks/bench_ilp.py [--deterministic-time T] [--workers N] [--table] [--nondeterministic]
                                       [--only LxDxP ...]
 
 Instance ``synthetic(L, D, P)``: a chain of ``L`` transformer-like layers
@@ -76,7 +76,8 @@ def synthetic(num_layers: int, num_devices: int, pp: int, seed: int = 0):
 
 def run(problem, objective, args, **kw):
     t0 = time.perf_counter()
-    r = solve_mapping(problem, objective=objective, time_limit_s=args.time_limit, num_workers=args.workers,
+    r = solve_mapping(problem, objective=objective, max_deterministic_time=args.deterministic_time,
+                      num_workers=args.workers,
                       deterministic=not args.nondeterministic, **kw)
     wall = time.perf_counter() - t0
     st = dict(r.stats)
@@ -96,7 +97,7 @@ def row(L, D, P, objective, r, wall, st, orders):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--deterministic-time", type=float, default=30.0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--table", action="store_true", help="also the layers x devices scaling table")
     ap.add_argument("--nondeterministic", action="store_true", help="no interleave_search")
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     import ortools
 
     print(f"python {platform.python_version()} on {platform.machine()}, ortools {ortools.__version__}, "
-          f"{args.workers} workers, time limit {args.time_limit} s, "
+          f"{args.workers} workers, deterministic time {args.deterministic_time}, "
           f"{'non' if args.nondeterministic else ''}deterministic\n")
     print(HEADER)
     cases = [(64, 16, 16), (64, 16, 8)]

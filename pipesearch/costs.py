@@ -58,6 +58,10 @@ import numpy as np
 
 from .errors import InputError
 from .memory import FSDP_LIVE_UNITS, param_state_of, usable_memory_bytes
+# placement is the one home of layouts, links and per-stage device terms; the
+# names below are also reachable from here for callers of the cost model
+from .placement import (allreduce_model, device_rate_flops, pipeline_placement,  # noqa: F401
+                        placement_links, stage_capacity_bytes, stage_time_scale)
 from .types import Cluster, DeviceSpec, Job, Link, ModelProfile
 
 
@@ -91,18 +95,6 @@ def in_flight_micro_batches(schedule: str, pp: int, m: int) -> np.ndarray:
 PRECISIONS = ("auto", "fp32", "fp16")
 
 
-def device_rate_flops(spec: DeviceSpec, precision: str) -> float:
-    """The rate (FLOP/s) layer times are scaled by between device types:
-    ``peak_fp32_flops`` for ``"fp32"`` profiles (measured without tensor
-    cores, e.g. PipeDream's), ``peak_fp16_flops * achieved_fraction`` for
-    ``"fp16"`` (mixed-precision training)."""
-    if precision == "fp32":
-        return spec.peak_fp32_flops
-    if precision == "fp16":
-        return spec.peak_fp16_flops * spec.achieved_fraction
-    raise InputError(f"precision {precision!r}: expected fp32 or fp16")
-
-
 def profile_precision(profile: ModelProfile, precision: str = "auto") -> str:
     """``"fp32"`` or ``"fp16"``: ``"auto"`` is fp32 for a profile with 4-byte
     parameters, fp16 otherwise."""
@@ -120,90 +112,6 @@ def device_time_scale(profiled: DeviceSpec | None, target: DeviceSpec, precision
     if profiled is None or profiled.name == target.name:
         return 1.0
     return device_rate_flops(profiled, precision) / device_rate_flops(target, precision)
-
-
-def pipeline_placement(pp: int, dp: int, order: str = "pipeline") -> np.ndarray:
-    """Device ids of each (stage, replica): int array of shape ``(pp, dp)``.
-
-    ``order="pipeline"``: replica ``r``'s stages sit on consecutive devices
-    ``r*pp .. r*pp+pp-1`` (point-to-point stays inside nodes, all-reduce
-    crosses them); ``order="data"``: the replicas of stage ``s`` sit on
-    consecutive devices ``s*dp .. s*dp+dp-1`` (the reverse).
-    """
-    s = np.arange(pp)[:, None]
-    r = np.arange(dp)[None, :]
-    if order == "pipeline":
-        return r * pp + s
-    if order == "data":
-        return s * dp + r
-    raise InputError(f"unknown placement order {order!r} (expected pipeline or data)")
-
-
-def _worst_link(cluster: Cluster, pairs) -> Link:
-    """Slowest link over device pairs (by time for 1 MB), or a free link if none."""
-    links = [cluster.link(int(a), int(b)) for a, b in pairs if a != b]
-    if not links:
-        return Link(float("inf"), 0.0)
-    return max(links, key=lambda link: link.transfer_s(1e6))
-
-
-def allreduce_model(cluster: Cluster, devices: np.ndarray) -> tuple[float, float]:
-    """All-reduce over ``devices`` as ``(seconds per byte, seconds fixed)``.
-
-    Ring: ``2(d-1)/d * bytes / bw + 2(d-1) * latency`` on the slowest link of
-    the ring. Hierarchical (when every node holds the same number ``k > 1`` of
-    the devices and there are ``n > 1`` nodes): reduce-scatter and all-gather
-    inside nodes ``2(k-1)/k * bytes / bw_intra`` plus a ring across nodes on
-    ``bytes / k``: ``2(n-1)/n * bytes / (k * bw_inter)``. The cheaper of the two
-    for 100 MB is used, as NCCL picks its algorithm by size.
-    """
-    d = len(devices)
-    if d <= 1:
-        return 0.0, 0.0
-    ring_link = _worst_link(cluster, zip(devices, np.roll(devices, -1)))
-    ring = (2 * (d - 1) / d / ring_link.bandwidth_bytes_per_s, 2 * (d - 1) * ring_link.latency_s)
-    nodes: dict[int, list[int]] = {}
-    for dev in devices:
-        nodes.setdefault(cluster.node_of(int(dev)), []).append(int(dev))
-    sizes = {len(v) for v in nodes.values()}
-    n = len(nodes)
-    if n > 1 and len(sizes) == 1 and (k := sizes.pop()) > 1:
-        intra = _worst_link(cluster, [(v[0], w) for v in nodes.values() for w in v[1:]])
-        inter = _worst_link(cluster, [(a[0], b[0]) for a, b in zip(nodes.values(), list(nodes.values())[1:])])
-        hier = (
-            2 * (k - 1) / k / intra.bandwidth_bytes_per_s + 2 * (n - 1) / n / (k * inter.bandwidth_bytes_per_s),
-            2 * (k - 1) * intra.latency_s + 2 * (n - 1) * inter.latency_s,
-        )
-        probe = 1e8
-        if hier[0] * probe + hier[1] < ring[0] * probe + ring[1]:
-            return hier
-    return ring
-
-
-def placement_links(cluster: Cluster, placement: np.ndarray) -> tuple[list[Link], list[tuple[float, float]]]:
-    """Per stage of a ``(P, dp)`` placement: the slowest link its boundary to
-    the next stage crosses (a free link after the last stage), and the
-    all-reduce model of its replicas (:func:`allreduce_model`; stages whose
-    replicas sit alike share one computation)."""
-    P = placement.shape[0]
-    node = np.asarray(cluster._node_ids)[placement]
-    group = np.asarray(cluster._group_ids)[placement]
-    classes = [cluster.intra_node, cluster.inter_node, cluster.inter_group or cluster.inter_node]
-    free = Link(float("inf"), 0.0)
-    p2p = []
-    for s in range(P - 1):
-        same_dev = placement[s] == placement[s + 1]
-        kind = np.where(group[s] != group[s + 1], 2, np.where(node[s] != node[s + 1], 1, 0))[~same_dev]
-        links = [classes[k] for k in np.unique(kind)]
-        p2p.append(max(links, key=lambda link: link.transfer_s(1e6)) if links else free)
-    p2p.append(free)
-    ar, memo = [], {}
-    for s in range(P):
-        key = (tuple(node[s]), tuple(group[s]))
-        if key not in memo:
-            memo[key] = allreduce_model(cluster, placement[s])
-        ar.append(memo[key])
-    return p2p, ar
 
 
 @dataclass(frozen=True, eq=False)
@@ -425,7 +333,9 @@ def build_pipeline_costs(
     """Assemble the cost terms of one search point.
 
     Args:
-        placement: ``(pp, dp)`` device ids (see :func:`pipeline_placement`).
+        placement: ``(pp, dp)`` heads of each stage's tensor-parallel groups
+            (:mod:`pipesearch.placement`); speeds, capacities and links are
+            those of these devices.
         profiled_device: spec of the device the profile was measured on, for
             scaling times to other device types (``None``: no scaling).
         in_flight: ``(pp,)`` in-flight micro-batches per stage, for schedules
@@ -448,7 +358,7 @@ def build_pipeline_costs(
     bwd_input = arrays["bwd_input_s"] * ratio
     zero = np.zeros(1)
     # a stage is as slow as its slowest replica and as small as its smallest one
-    stage_specs = [[cluster.device_spec(int(d)) for d in placement[s]] for s in range(pp)]
+    placement = np.asarray(placement)
     p2p, ar = links if links is not None else placement_links(cluster, placement)
     grad_bpp = job.grad_bytes_per_param if job.grad_bytes_per_param is not None else profile.bytes_per_param
     state = param_state_of(job)
@@ -460,8 +370,7 @@ def build_pipeline_costs(
     tied = np.zeros(pp)
     if pp > 1:
         tied[-1] = profile.tied_param_bytes * state_per_byte
-    usable = usable_memory_bytes(job, np.array([min(spec.memory_bytes for spec in specs)
-                                                for specs in stage_specs]))
+    usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement))
     capacity = ((usable - gathered * stages_per_device)
                 * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     return PipelineCosts(
@@ -471,8 +380,7 @@ def build_pipeline_costs(
         param_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["param_bytes"])]),
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["saved_bytes"])]) * ratio,
         output_bytes=arrays["output_bytes"] * ratio,
-        time_scale=np.array([max(device_time_scale(profiled_device, spec, profile_precision(profile))
-                                 for spec in specs) for specs in stage_specs]),
+        time_scale=stage_time_scale(cluster, placement, profiled_device, profile_precision(profile)),
         p2p_bandwidth_bytes_per_s=np.array([link.bandwidth_bytes_per_s for link in p2p]),
         p2p_latency_s=np.array([link.latency_s for link in p2p]),
         allreduce_s_per_byte=np.array([x[0] for x in ar]),

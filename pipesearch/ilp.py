@@ -77,11 +77,10 @@ depend on thread timing (the ``core`` subsolver is then left out: in that
 mode a task runs to its end, and the core search crawls up the large integer
 objective range in steps of a few units, 24 s instead of 0.1 s on VGG-16;
 measured without interleaving the solver is no faster on the benchmarks of
-docs/heterogeneous.md). A run that stops on ``time_limit_s`` (wall clock) may
-still differ between runs; ``max_deterministic_time`` bounds the work in
-machine-independent units instead. Status and objective of a run that ends
-OPTIMAL are reproducible; which of several optimal solutions comes back may
-change with the OR-Tools version.
+docs/heterogeneous.md). There is no wall-clock limit: ``max_deterministic_time``
+bounds the work in machine-independent units, so a run gives the same status,
+objective, bound and plan on any machine under any load (which of several
+optimal solutions comes back may change with the OR-Tools version).
 
 Solver bug work-around
 ----------------------
@@ -103,6 +102,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
+from .class_dp import class_dp_applies, class_dp_mapping
 from .errors import InfeasibleError, InputError, PipesearchError
 from .mapping import (
     OBJECTIVES,
@@ -122,7 +122,8 @@ from .types import Cluster, DeviceSpec, Job, ModelProfile
 
 __all__ = ["MappingResult", "CpSatModel", "build_model", "fluid_lower_bound_s", "solve_mapping", "map_pipeline"]
 
-DEFAULT_TIME_LIMIT_S = 30.0
+#: CP-SAT work limit (deterministic time units, about seconds of one core)
+DEFAULT_DETERMINISTIC_TIME = 30.0
 DEFAULT_RESOLUTION = 1_000_000
 
 
@@ -407,11 +408,10 @@ def solve_mapping(
     problem: MappingProblem,
     *,
     objective: str = "bottleneck",
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     num_workers: int = 2,
     random_seed: int = 0,
     deterministic: bool = True,
-    max_deterministic_time: float | None = None,
+    max_deterministic_time: float = DEFAULT_DETERMINISTIC_TIME,
     resolution: int = DEFAULT_RESOLUTION,
     hint: bool = True,
     polish: bool = True,
@@ -427,13 +427,14 @@ def solve_mapping(
             or built directly).
         objective: ``"bottleneck"`` (``max_k a_k``) or ``"iteration"``
             (``sum_k a_k + (m-1) max_k a_k``), seconds.
-        time_limit_s: wall-clock limit of the solver (``max_time_in_seconds``).
         num_workers: CP-SAT workers (``num_workers``; ``num_search_workers``
             is its deprecated alias).
         random_seed: CP-SAT ``random_seed``.
         deterministic: set ``interleave_search`` (see the module docstring).
-        max_deterministic_time: optional work limit in CP-SAT's deterministic
-            time units (about seconds).
+        max_deterministic_time: work limit in CP-SAT's deterministic time
+            units (about seconds on one core); there is no wall-clock limit,
+            so the same input gives the same result on any machine under any
+            load.
         resolution: time units per lower bound of the bottleneck.
         hint: seed the search with the best greedy order's exact split
             (:func:`pipesearch.mapping.greedy_mapping`).
@@ -459,8 +460,9 @@ def solve_mapping(
             finds no solution within the limits and no greedy order fits.
     """
     start = time.perf_counter()
-    if time_limit_s <= 0 or num_workers < 1:
-        raise InputError(f"time_limit_s={time_limit_s}, num_workers={num_workers}: expected > 0 and >= 1")
+    if not max_deterministic_time > 0 or num_workers < 1:
+        raise InputError(f"max_deterministic_time={max_deterministic_time}, num_workers={num_workers}: "
+                         "expected > 0 and >= 1")
     cm = build_model(problem, objective, resolution=resolution, symmetry_breaking=symmetry_breaking,
                      min_bottleneck_s=min_bottleneck_s)
     seed = greedy_mapping(problem, objective) if hint else None
@@ -470,7 +472,6 @@ def solve_mapping(
         _add_hint(cm, problem, order, seed.bounds)
     solver = cp_model.CpSolver()
     prm = solver.parameters
-    prm.max_time_in_seconds = float(time_limit_s)
     prm.num_workers = int(num_workers)
     prm.random_seed = int(random_seed)
     prm.log_search_progress = bool(log_search_progress)
@@ -486,8 +487,7 @@ def solve_mapping(
         # linear constraints and still report OPTIMAL (google/or-tools#5293);
         # seen on random instances of this model. Off by default.
         prm.presolve_inclusion_work_limit = 0
-    if max_deterministic_time is not None:
-        prm.max_deterministic_time = float(max_deterministic_time)
+    prm.max_deterministic_time = float(max_deterministic_time)
     solve_start = time.perf_counter()
     status = solver.Solve(cm.model)
     solve_s = time.perf_counter() - solve_start
@@ -520,8 +520,8 @@ def solve_mapping(
         candidates.append(seed)
     if not candidates:
         raise InfeasibleError(
-            f"CP-SAT found no mapping within {time_limit_s} s ({name}) and no greedy order fits; "
-            f"{_no_fit_message(problem)} (or raise time_limit_s)"
+            f"CP-SAT found no mapping within deterministic time {max_deterministic_time} ({name}) and no "
+            f"greedy order fits; {_no_fit_message(problem)} (or raise max_deterministic_time)"
         )
     best = min(candidates, key=lambda r: r.objective_s)
     value = best.objective_s
@@ -558,10 +558,13 @@ def map_pipeline(
     """Split a profiled model and map its stages onto (some of) a cluster.
 
     Builds the problem with :func:`pipesearch.mapping.problem_from_profile`
-    and solves it with ``method``: ``"orders"`` (exact enumeration of device
-    orders + exact split, :func:`pipesearch.mapping.order_enumeration_mapping`),
-    ``"cp-sat"`` (:func:`solve_mapping`, ``solver_options`` passed on), or
-    ``"auto"``: orders when there are at most ``max_orders`` of them up to
+    and solves it with ``method``: ``"class-dp"`` (exact DP over device
+    classes, :func:`pipesearch.class_dp.class_dp_mapping`), ``"orders"``
+    (exact enumeration of device orders + exact split,
+    :func:`pipesearch.mapping.order_enumeration_mapping`), ``"cp-sat"``
+    (:func:`solve_mapping`, ``solver_options`` passed on), or ``"auto"``:
+    the class DP when its size allows (:func:`pipesearch.class_dp.class_dp_applies`),
+    else orders when there are at most ``max_orders`` of them up to
     symmetry, else CP-SAT.
 
     Raises:
@@ -571,11 +574,14 @@ def map_pipeline(
                                    num_micro_batches=num_micro_batches, schedule=schedule, devices=devices,
                                    layer_times=layer_times, profiled_device=profiled_device,
                                    precision=precision)
-    if method not in ("auto", "orders", "cp-sat"):
-        raise InputError(f"method {method!r}: expected auto, orders or cp-sat")
+    if method not in ("auto", "class-dp", "orders", "cp-sat"):
+        raise InputError(f"method {method!r}: expected auto, class-dp, orders or cp-sat")
     if method == "auto":
         problem.check_sizes()
-        method = "orders" if count_orders(problem, pp) <= max_orders else "cp-sat"
+        method = ("class-dp" if class_dp_applies(problem) else
+                  "orders" if count_orders(problem, pp) <= max_orders else "cp-sat")
+    if method == "class-dp":
+        return class_dp_mapping(problem, objective)
     if method == "orders":
         return order_enumeration_mapping(problem, objective, max_orders=max(max_orders, 1))
     return solve_mapping(problem, objective=objective, **solver_options)

@@ -39,8 +39,8 @@ With ``dp`` replicas every stage runs on a *replica group* of ``dp`` devices
 (a row of a ``(pp, dp)`` placement): its time is that of the slowest replica,
 its capacity the smallest replica's, its boundary link the slowest pair, plus
 the all-reduce term of :func:`pipesearch.costs.allreduce_model`.
-:func:`placement_candidates` lists placements (pipeline-major, data-major and,
-on heterogeneous clusters, type-grouped ones); :func:`evaluate_placement`
+:func:`pipesearch.placement.placement_candidates` lists placements
+(pipeline-major and data-major over the slots, fastest type first); :func:`evaluate_placement`
 scores one exactly with :func:`pipesearch.partition.optimal_split` and the
 per-type times, :func:`best_placement` keeps the fastest. To let CP-SAT choose
 the groups' order too, make each replica group one device of a
@@ -77,7 +77,9 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .costs import (PipelineCosts, build_pipeline_costs, device_rate_flops, in_flight_micro_batches,
-                    pipeline_placement, profile_precision, state_bytes_per_param)
+                    profile_precision, state_bytes_per_param)
+from .placement import class_links, link_class
+from .placement import placement_candidates  # noqa: F401  (layouts have one home: pipesearch.placement)
 
 
 # --------------------------------------------------------------------------- #
@@ -362,14 +364,11 @@ def problem_from_profile(
     times = scale_layer_times(profile, specs, layer_times, profiled_device=profiled_device,
                               precision=precision)
     ratio = micro_batch_size / profile.profiled_batch_size
-    D = len(ids)
-    bw = np.full((D, D), np.inf)
-    lat = np.zeros((D, D))
-    for a in range(D):
-        for b in range(D):
-            if a != b:
-                link = cluster.link(ids[a], ids[b])
-                bw[a, b], lat[a, b] = link.bandwidth_bytes_per_s, link.latency_s
+    arr = np.array(ids, dtype=np.int64)
+    kind = link_class(cluster, arr[:, None], arr[None, :])  # -1 on the diagonal
+    classes = class_links(cluster)
+    bw = np.array([link.bandwidth_bytes_per_s for link in classes] + [np.inf])[kind]
+    lat = np.array([link.latency_s for link in classes] + [0.0])[kind]
     layers = profile.layers
     return MappingProblem(
         layer_time_s=np.array([times[n] for n in names]) * ratio,
@@ -862,50 +861,6 @@ def _no_fit_message(problem: MappingProblem) -> str:
 
 # --------------------------------------------------------------------------- #
 # placements of (pp, dp) on a cluster
-
-
-def _rate(spec: DeviceSpec) -> float:
-    return spec.peak_fp16_flops * spec.achieved_fraction
-
-
-def placement_candidates(cluster: Cluster, pp: int, dp: int) -> list[tuple[str, np.ndarray]]:
-    """Named ``(pp, dp)`` device-id placements for the search to loop over.
-
-    * ``"pipeline-major"``: :func:`pipesearch.costs.pipeline_placement`
-      ``(pp, dp, "pipeline")``: replica ``r`` on ids ``r*pp .. r*pp+pp-1``
-      (pipelines inside nodes, all-reduce across them); on a homogeneous
-      cluster a pipeline over consecutive ids crosses node boundaries as few
-      times as possible (:func:`topology_order`).
-    * ``"data-major"``: ``pipeline_placement(pp, dp, "data")``: the replicas
-      of a stage on consecutive ids (all-reduce inside nodes, p2p across).
-    * heterogeneous clusters only: ``"by-type-pipeline-major"`` and
-      ``"by-type-data-major"``: the same two patterns over the device ids
-      sorted fastest type first (by ``peak_fp16_flops * achieved_fraction``),
-      then node, then id, so that the fastest devices are used when
-      ``pp * dp`` is smaller than the cluster and a stage's replicas share a
-      type in the data-major form.
-
-    Duplicates (same array as an earlier candidate) are dropped.
-
-    Raises:
-        InputError: ``pp * dp`` exceeds the cluster.
-    """
-    if pp < 1 or dp < 1 or pp * dp > cluster.num_devices:
-        raise InputError(f"pp={pp} x dp={dp} = {pp * dp} devices: cluster {cluster.name!r} has "
-                         f"{cluster.num_devices}")
-    cands = [("pipeline-major", pipeline_placement(pp, dp, "pipeline")),
-             ("data-major", pipeline_placement(pp, dp, "data"))]
-    if not cluster.is_homogeneous:
-        ids = sorted(range(cluster.num_devices),
-                     key=lambda d: (-_rate(cluster.device_spec(d)), cluster.node_of(d), d))
-        perm = np.array(ids)
-        cands.append(("by-type-pipeline-major", perm[pipeline_placement(pp, dp, "pipeline")]))
-        cands.append(("by-type-data-major", perm[pipeline_placement(pp, dp, "data")]))
-    out: list[tuple[str, np.ndarray]] = []
-    for name, arr in cands:
-        if not any(np.array_equal(arr, other) for _, other in out):
-            out.append((name, arr.astype(np.int64)))
-    return out
 
 
 def evaluate_placement(

@@ -15,6 +15,7 @@ from .budget import check_search_memory
 from .catalog import resolve
 from .errors import InputError
 from .hardware import load_device
+from .placement import reference_device
 from .profiles import load_model
 from .profiles.transformer import TransformerConfig, layer_table, load_transformer
 from .search import ModelVariant
@@ -159,7 +160,7 @@ def load_model_source(
         cfg = load_transformer(path, seq_len=seq_len)
         if max_search_memory_bytes is not None:  # the blocks plus embedding and head, before building them
             check_search_memory(cfg.total_blocks + 2, max_search_memory_bytes, f"--model {name_or_path}")
-        device = cluster.device_spec(0)
+        device = reference_device(cluster)  # the fastest type, whatever the order of the groups
         tps = [tp] if tp else _tp_candidates(cfg, cluster)
         modes = [recompute] if recompute else list(RECOMPUTE_MODES)
         variants = []
@@ -192,7 +193,7 @@ def load_model_source(
                 "seq_len": seq_len or cfg.seq_len, "hidden_size": cfg.hidden_size,
                 "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size,
                 "transformer": {k: v for k, v in asdict(cfg).items() if k != "source"}}
-        # the layer tables are computed for device 0's type; other types scale by FLOP rate
+        # the layer tables are computed for the reference type; other types scale by FLOP rate
         return ModelSource(cfg.name, tuple(variants), info, device, cfg)
     if seq_len is not None:
         raise InputError(f"--seq-len {seq_len}: needs a transformer config; {path.name} is a layer profile")

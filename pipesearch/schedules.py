@@ -117,13 +117,19 @@ def gpipe(p: int, m: int) -> Schedule:
     Raises:
         InputError: ``p < 1`` or ``m < 1``.
     """
+    return _build(p, _gpipe_order(p, m))
+
+
+def _gpipe_order(p: int, m: int):
+    """Rank -> its ``(kind, stage, micro-batch)`` order for :func:`gpipe`
+    (the builder's checks first)."""
     _check_p_m_v("gpipe", p, m)
 
     def order(r: int):
         yield from (("F", r, i) for i in range(m))
         yield from (("B", r, i) for i in range(m))
 
-    return _build(p, order)
+    return order
 
 
 def one_f_one_b(p: int, m: int) -> Schedule:
@@ -141,6 +147,12 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     Raises:
         InputError: ``p < 1``, ``m < 1`` or ``m < p``.
     """
+    return _build(p, _one_f_one_b_order(p, m))
+
+
+def _one_f_one_b_order(p: int, m: int):
+    """Rank -> its ``(kind, stage, micro-batch)`` order for :func:`one_f_one_b`
+    (the builder's checks first)."""
     _check_p_m_v("1f1b", p, m)
     _check_1f1b_style("1f1b", p, m)
 
@@ -152,7 +164,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
             yield ("B", r, j)
         yield from (("B", r, j) for j in range(m - warm, m))
 
-    return _build(p, order)
+    return order
 
 
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
@@ -177,6 +189,12 @@ def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
     Raises:
         InputError: ``p, m, v < 1``, ``m < p`` or ``m % p != 0``.
     """
+    return _build(p, _interleaved_1f1b_order(p, m, v))
+
+
+def _interleaved_1f1b_order(p: int, m: int, v: int):
+    """Rank -> its ``(kind, stage, micro-batch)`` order for :func:`interleaved_1f1b`
+    (the builder's checks first)."""
     _check_p_m_v("interleaved-1f1b", p, m, v)
     _check_1f1b_style("interleaved-1f1b", p, m)
     if m % p:
@@ -203,7 +221,7 @@ def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
             yield ("B", stage(k, r, False), mb(k))
         yield from (("B", stage(k, r, False), mb(k)) for k in range(total - warm, total))
 
-    return _build(p, order)
+    return order
 
 
 def zb_h1(p: int, m: int) -> Schedule:
@@ -226,6 +244,12 @@ def zb_h1(p: int, m: int) -> Schedule:
     Raises:
         InputError: ``p < 1``, ``m < 1`` or ``m < p``.
     """
+    return _build(p, _zb_h1_order(p, m))
+
+
+def _zb_h1_order(p: int, m: int):
+    """Rank -> its ``(kind, stage, micro-batch)`` order for :func:`zb_h1`
+    (the builder's checks first)."""
     _check_p_m_v("zb-h1", p, m)
     _check_1f1b_style("zb-h1", p, m)
 
@@ -242,7 +266,7 @@ def zb_h1(p: int, m: int) -> Schedule:
                 w_next += 1
         yield from (("W", r, i) for i in range(w_next, m))
 
-    return _build(p, order)
+    return order
 
 
 def looped_bfs(p: int, m: int, v: int) -> Schedule:
@@ -260,6 +284,12 @@ def looped_bfs(p: int, m: int, v: int) -> Schedule:
     Raises:
         InputError: ``p, m, v < 1``.
     """
+    return _build(p, _looped_bfs_order(p, m, v))
+
+
+def _looped_bfs_order(p: int, m: int, v: int):
+    """Rank -> its ``(kind, stage, micro-batch)`` order for :func:`looped_bfs`
+    (the builder's checks first)."""
     _check_p_m_v("looped-bfs", p, m, v)
 
     def order(r: int):
@@ -268,7 +298,16 @@ def looped_bfs(p: int, m: int, v: int) -> Schedule:
         for c in reversed(range(v)):
             yield from (("B", c * p + r, i) for i in reversed(range(m)))
 
-    return _build(p, order)
+    return order
+
+
+_ORDERS: dict[str, Callable[..., Callable[[int], Iterable[tuple[str, int, int]]]]] = {
+    "gpipe": _gpipe_order,
+    "1f1b": _one_f_one_b_order,
+    "interleaved-1f1b": _interleaved_1f1b_order,
+    "zb-h1": _zb_h1_order,
+    "looped-bfs": _looped_bfs_order,
+}
 
 
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
@@ -303,9 +342,81 @@ def build(name: str, p: int, m: int, v: int = 1) -> Schedule:
     return SCHEDULES[name](p, m)
 
 
+def build_orders(name: str, p: int, m: int, v: int = 1) -> tuple[list[tuple[str, int, int]], ...]:
+    """The order :func:`build` returns, as plain ``(kind, stage, micro-batch)``
+    tuples per rank (no :class:`Action` objects: for the array form of large
+    schedules).
+
+    Raises:
+        InputError: as :func:`build`.
+    """
+    if name not in SCHEDULES or (v != 1 and name not in _MULTI_STAGE):
+        build(name, p, m, v)  # raises the builder's message
+    order = _ORDERS[name](p, m, v) if name in _MULTI_STAGE else _ORDERS[name](p, m)
+    return tuple(list(order(r)) for r in range(p))
+
+
 def num_stages_of(name: str, p: int, v: int = 1) -> int:
     """Stages a schedule built by :func:`build` has: ``p v`` for looped ones, else ``p``."""
     return p * v if name in _MULTI_STAGE else p
+
+
+def work_until_last_forward(name: str, p: int, m: int, v: int = 1) -> dict[str, tuple[int, ...]]:
+    """Per stage ``k``: how many ``F``, ``B``, ``I`` and ``W`` actions of stage
+    ``k`` its rank ``r = k % p`` runs up to and including the forward of
+    micro-batch ``m - 1`` on stage ``r`` (the rank's first stage), in the order
+    :func:`build` produces; counted from each builder's order in closed form,
+    without building the action lists.
+
+    * GPipe, looped BFS: the ``m`` forwards of the first stage come first.
+    * 1F1B: ``p - 1 - r`` warm-up forwards, then (F, B) pairs: ``m`` F and
+      ``m - p + r`` B.
+    * ZB-H1: ``m`` F, ``m - p + r`` I and, the W of micro-batch ``j`` after the
+      I of ``j + r``, ``max(m - p, 0)`` W.
+    * Interleaved 1F1B: the forward of micro-batch ``m - 1`` on chunk 0 is
+      virtual micro-batch ``k* = (m / p - 1) p v + p - 1``; all forwards
+      ``0 .. k*`` ran, and the backwards ``0 .. k* - warm - 1`` when ``k*`` is
+      past the warm-up (each steady pair runs its F before its B).
+
+    Returns:
+        ``{"F": counts, "B": ..., "I": ..., "W": ...}``, each a tuple of
+        length :func:`num_stages_of`.
+
+    Raises:
+        InputError: what :func:`build` refuses.
+    """
+    if name not in SCHEDULES or (v != 1 and name not in _MULTI_STAGE):
+        build(name, p, m, v)  # raises the builder's message
+    _check_p_m_v(name, p, m, v)
+    if name not in ("gpipe", "looped-bfs"):
+        _check_1f1b_style(name, p, m)
+    if name == "interleaved-1f1b" and m % p:
+        interleaved_1f1b(p, m, v)  # raises the builder's message
+    S = num_stages_of(name, p, v)
+    out = {kind: [0] * S for kind in "FBIW"}
+    if name in ("gpipe", "looped-bfs"):
+        out["F"][:p] = [m] * p
+    elif name in ("1f1b", "zb-h1"):
+        for r in range(p):
+            out["F"][r] = m
+            out["B" if name == "1f1b" else "I"][r] = m - p + r
+            if name == "zb-h1":
+                out["W"][r] = max(m - p, 0)
+    else:  # interleaved-1f1b
+        group, last = p * v, (m // p - 1) * p * v + p - 1
+        for r in range(p):
+            warm = min((v - 1) * p + 2 * (p - 1 - r), m * v)
+            n_bwd = max(last - warm, 0)
+            for c in range(v):
+                out["F"][c * p + r] = _chunk_count(last + 1, c, p, group)
+                out["B"][c * p + r] = _chunk_count(n_bwd, v - 1 - c, p, group)
+    return {kind: tuple(counts) for kind, counts in out.items()}
+
+
+def _chunk_count(n: int, chunk: int, p: int, group: int) -> int:
+    """How many virtual micro-batches ``k < n`` belong to ``chunk``
+    (``(k mod group) // p == chunk``)."""
+    return (n // group) * p + min(max(n % group - chunk * p, 0), p)
 
 
 # ---------------------------------------------------------------- helpers

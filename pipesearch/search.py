@@ -31,8 +31,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from . import schedules as schedule_lib
-from .costs import (PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches,
-                    pipeline_placement, placement_links, profile_precision)
+from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
+from .placement import (check_layout, count_layouts, layout, layout_names, memory_bytes_of, num_slots,
+                        placement_candidates, placement_links, reference_device, slot_heads)
 from .errors import InfeasibleError, InputError
 from .memory import param_state_of, usable_memory_bytes
 from .split_search import exact_split
@@ -63,8 +64,13 @@ class SearchOptions:
             lower bound cannot enter the top plans (for plots of the space).
         mapping_time_limit_s: work limit of each CP-SAT device-order search on
             mixed clusters, in CP-SAT's deterministic time (about seconds; the
-            same limit gives the same answer on every run), used only when
-            there are too many orders to enumerate.
+            same limit gives the same answer on every machine under any
+            load; there is no wall-clock limit), used only when neither order
+            enumeration nor the device-class DP applies.
+        enumerate_layouts_up_to: on mixed clusters, a (pp, dp) group with at
+            most this many layouts (up to swaps inside a node,
+            :func:`pipesearch.placement.count_layouts`) tries every one of
+            them, so its best plan is exact over placements too.
     """
 
     pp: int | None = None
@@ -78,6 +84,7 @@ class SearchOptions:
     placements: tuple[str, ...] = ("pipeline", "data")
     exhaustive: bool = False
     mapping_time_limit_s: float = 0.5
+    enumerate_layouts_up_to: int = 24
 
 
 @dataclass(frozen=True)
@@ -198,8 +205,11 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     busy = rank_busy_s(schedule, pp, m, costs.stage_times(
         (stages[0].layers[0],) + tuple(st.layers[1] for st in stages)))
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
-    busiest, peak = float(busy.max()), float(mem.max())
-    cap = min(cluster.device_spec(d).memory_bytes for st in stages for d in st.devices)
+    # the peak device's own memory (a stage's smallest replica)
+    cap_of = memory_bytes_of(cluster)
+    caps = np.array([min(cap_of[d] for d in st.devices) for st in stages[:pp]])
+    busiest, k = float(busy.max()), int(np.argmax(mem))
+    peak, cap = float(mem[k]), float(caps[k])
     return Prediction(
         iteration_time_s=iteration_time_s,
         samples_per_s=global_batch / iteration_time_s if iteration_time_s > 0 else math.inf,
@@ -240,7 +250,7 @@ def enumerate_groups(variants: Iterable[ModelVariant], cluster: Cluster, job: Jo
     batch_divisors = divisors(job.global_batch_size)
     for variant in variants:
         L = variant.profile.num_layers
-        slots = cluster.num_devices // variant.tp
+        slots = num_slots(cluster, variant.tp)
         pps = [options.pp] if options.pp else range(1, min(slots, L) + 1)
         for pp in pps:
             if pp > L:
@@ -266,19 +276,21 @@ def micro_batch_sizes(per_replica: int, options: SearchOptions) -> list[int]:
     return divisors(per_replica)
 
 
-def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions) -> tuple[str, ...]:
+def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions, tp: int = 1) -> tuple[str, ...]:
     """Placements to try for a (pp, dp) group. Homogeneous clusters:
     ``options.placements`` (``pipeline``, ``data``; one when pp or dp is 1).
-    Mixed clusters: the candidates of
-    :func:`pipesearch.mapping.placement_candidates` (also ordering devices
-    fastest type first) and, for a single pipeline (dp = 1), ``mapped``: the
-    device order chosen by :func:`pipesearch.ilp.map_pipeline` (exact order
-    enumeration, or CP-SAT on large clusters)."""
+    Mixed clusters: every layout up to swaps inside a node
+    (:func:`pipesearch.placement.layout_names`) when there are at most
+    ``options.enumerate_layouts_up_to``, which makes the search exact over
+    placements; else the candidates of
+    :func:`pipesearch.placement.placement_candidates` (patterns over the
+    slots, fastest type first) and, for a single pipeline (dp = 1),
+    ``mapped``: the device order chosen by :func:`pipesearch.ilp.map_pipeline`."""
     if cluster.is_homogeneous:
         return options.placements if (pp > 1 and dp > 1) else options.placements[:1]
-    from .mapping import placement_candidates
-
-    names = tuple(name for name, _ in placement_candidates(cluster, pp, dp))
+    if count_layouts(cluster, pp * dp, tp) <= options.enumerate_layouts_up_to:
+        return tuple(layout_names(cluster, pp, dp, tp))
+    names = tuple(name for name, _ in placement_candidates(cluster, pp, dp, tp))
     return names + (("mapped",) if dp == 1 and pp > 1 else ())
 
 
@@ -295,7 +307,7 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
     if not mbss:
         yield options.micro_batch_size, options.num_micro_batches, None, None, None, "batch_not_divisible"
         return
-    placements = _placements(cluster, pp, dp, options)
+    placements = _placements(cluster, pp, dp, options, variant.tp)
     schedules = options.schedules
     if pp == 1:  # one stage: every schedule is plain gradient accumulation, 1F1B's order
         schedules = ("1f1b",) if "1f1b" in schedules else schedules[:1]
@@ -326,60 +338,73 @@ def count_points(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
                 for vp in (options.vps if schedule in MULTI_STAGE_SCHEDULES and pp > 1 else (1,))
                 for m in ms if schedule_refusal(schedule, pp, m, vp, L) is None)
         if cache is None:
-            return n * len(_placements(cluster, pp, dp, options))
+            return n * len(_placements(cluster, pp, dp, options, variant.tp))
         cache[key] = n
-    return cache[key] * len(_placements(cluster, pp, dp, options))
+    return cache[key] * len(_placements(cluster, pp, dp, options, variant.tp))
 
 
-def _placements(cluster: Cluster | None, pp: int, dp: int, options: SearchOptions) -> tuple[str, ...]:
-    return (placement_names(cluster, pp, dp, options) if cluster is not None
+def _placements(cluster: Cluster | None, pp: int, dp: int, options: SearchOptions, tp: int = 1) -> tuple[str, ...]:
+    return (placement_names(cluster, pp, dp, options, tp) if cluster is not None
             else options.placements if (pp > 1 and dp > 1) else options.placements[:1])
 
 
 def placement_array(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray:
-    """``(pp, dp)`` device ids (the first device of each tensor-parallel
-    group) of a point's placement; ``ctx`` caches across points."""
+    """``(pp, dp)`` heads (first device of each tensor-parallel group,
+    :mod:`pipesearch.placement`) of a point's placement; ``ctx`` caches
+    across points. Named patterns run over the cluster's canonical slots
+    (:func:`pipesearch.placement.layout`); ``mapped`` is the order chosen by
+    :func:`_mapped_order` (None when no order fits in memory)."""
     pp, dp, name = row["pp"], row["dp"], row["placement"]
-    if name in ("pipeline", "data"):
-        return pipeline_placement(pp, dp, name) * variant.tp
     if name == "mapped":
         return _mapped_order(cluster, variant, row, ctx)
-    from .mapping import placement_candidates
-
-    key = ("candidates", pp, dp)
-    if key not in ctx:
-        ctx[key] = dict(placement_candidates(cluster, pp, dp))
-    return ctx[key][name] * variant.tp
+    return layout(cluster, pp, dp, variant.tp, name, profile_precision(variant.profile))
 
 
-def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray:
-    """Device order of one pipeline on a mixed cluster, chosen once per
+def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray | None:
+    """Device order of one pipeline on a mixed cluster over its tensor-parallel
+    slots (:func:`pipesearch.placement.slot_heads`), chosen once per
     (variant, pp) by :func:`pipesearch.ilp.map_pipeline` for the 1F1B
     iteration-time objective at the first micro-batching evaluated (the
-    schedule changes only the in-flight memory); the solver's status, bound
-    and gap go into the plan's options."""
+    schedule changes only the in-flight memory): exact by the device-class DP
+    when its size allows, else order enumeration or CP-SAT under a
+    deterministic work limit. The solver's status, bound and gap go into the
+    plan's options. None when no order fits in memory at this micro-batching
+    (then the next micro-batching of the same pp tries again)."""
     from .ilp import map_pipeline
 
     key = ("mapped", id(variant), row["pp"])
+    failed = key + (row["micro_batch_size"], row["num_micro_batches"])
+    if failed in ctx:
+        return None
     if key not in ctx:
-        result = map_pipeline(variant.profile, cluster, ctx["job"], pp=row["pp"],
-                              micro_batch_size=row["micro_batch_size"], num_micro_batches=row["num_micro_batches"],
-                              schedule="1f1b", objective="iteration", profiled_device=ctx["profiled_device"],
-                              time_limit_s=4 * ctx["time_limit_s"], max_deterministic_time=ctx["time_limit_s"])
+        heads = slot_heads(cluster, variant.tp, profile_precision(variant.profile))
+        try:
+            result = map_pipeline(variant.profile, cluster, ctx["job"], pp=row["pp"],
+                                  micro_batch_size=row["micro_batch_size"],
+                                  num_micro_batches=row["num_micro_batches"], schedule="1f1b",
+                                  objective="iteration", profiled_device=ctx["profiled_device"],
+                                  devices=heads, max_deterministic_time=ctx["time_limit_s"])
+        except InfeasibleError:
+            ctx[failed] = True
+            return None
         ctx[key] = (np.array(result.devices, dtype=np.int64)[:, None], {
             "method": result.method, "status": result.status, "objective_s": result.objective_s,
-            "best_bound_s": result.best_bound_s, "gap": result.gap, "wall_s": round(result.wall_s, 4)})
+            "best_bound_s": result.best_bound_s, "gap": result.gap})
     return ctx[key][0]
 
 
 def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict, links_cache: dict):
-    """Device slots of every (virtual) stage of a point under ``placement``
-    and their links (:func:`pipesearch.costs.placement_links`), cached per
-    placement."""
+    """Heads of every (virtual) stage of a point under ``placement`` and
+    their links (:func:`pipesearch.placement.placement_links`), cached per
+    placement; ``(None, None)`` when a mapped placement found no order."""
     pp, dp, vp = row["pp"], row["dp"], row["vp"]
-    slots = placement_array(cluster, variant, dict(row, placement=placement), placement_ctx)[np.arange(pp * vp) % pp]
+    heads = placement_array(cluster, variant, dict(row, placement=placement), placement_ctx)
+    if heads is None:
+        return None, None
+    slots = heads[np.arange(pp * vp) % pp]
     key = (pp, dp, vp, variant.tp, placement) + ((id(variant),) if placement == "mapped" else ())
     if key not in links_cache:
+        check_layout(cluster, heads, variant.tp)  # distinct devices on the cluster, each group in one node
         links_cache[key] = placement_links(cluster, slots)
     return slots, links_cache[key]
 
@@ -404,27 +429,38 @@ def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndar
             arrays["saved_bytes"] / profile.profiled_batch_size)
 
 
-def _surely_out_of_memory(totals, row: dict, in_flight: np.ndarray, capacity_bytes: float) -> bool:
-    """True when no split can fit, by three lower bounds on the largest
-    stage's memory ``M_k = static_k + f_k act_k`` (``f_k`` in-flight
-    micro-batches of stage ``k``, ``P`` stages, ``S`` and ``A`` the model's
-    totals): ``max M >= (S + min f * A) / P``; ``max M >= (S / max f + A) /
-    sum_k (1 / f_k)`` (from ``sum_k M_k / f_k <= max M * sum_k 1 / f_k``); and
-    the largest single layer with ``min f`` micro-batches. Stages of an
-    interleaved device share its memory in shares that depend on the split
-    (:func:`pipesearch.costs.device_memory_shares`), so there only the first
-    bound is used, per device: ``(S + min f * A) / (P / vp)``."""
+def _surely_out_of_memory(totals, row: dict, in_flight: np.ndarray, slot_capacity_bytes: np.ndarray) -> bool:
+    """True when no split on any placement can fit.
+
+    Stage ``k`` needs ``M_k = static_k + f_k act_k`` (``f_k`` in-flight
+    micro-batches, ``P`` stages, ``S`` and ``A`` the model's totals) within
+    its capacity ``c_k``, the smallest of its ``dp`` replicas' slots. Over any
+    placement on distinct slots, the ``pp`` device capacities are at most
+    ``g_1 >= g_2 >= ...``, ``g_k`` the ``k dp``-th largest slot capacity
+    (``slot_capacity_bytes``, sorted largest first: grouping the slots in
+    that order maximises every sum of group minima). Necessary conditions:
+    ``S + min f A <= sum_k g_k``; ``S / max f + A <= sum_k M_k / f_k <=
+    sum_k c_k / f_k``, at most the largest ``g`` paired with the smallest
+    ``f`` (rearrangement inequality); the largest single layer with ``min f``
+    micro-batches within ``g_1``. Stages of an interleaved device share its
+    memory in shares that sum to 1 (:func:`pipesearch.costs.device_memory_shares`),
+    so there only the first condition is used, over the ``P / vp`` devices.
+    """
     static, act = totals
     act = act * row["micro_batch_size"]
     f = np.maximum(in_flight, 1)
-    P = len(f)
+    P, dp, devices = len(f), row["dp"], len(f) // row["vp"]
+    g = np.asarray(slot_capacity_bytes, dtype=float)[dp - 1::dp][:devices]
+    if len(g) < devices:
+        return True
     total_s, total_a = float(static.sum()), float(act.sum())
+    if total_s + f.min() * total_a > g.sum():
+        return True
     if row["vp"] > 1:
-        return (total_s + f.min() * total_a) / (P / row["vp"]) > capacity_bytes
-    bound = max((total_s + f.min() * total_a) / P,
-                (total_s / f.max() + total_a) / float(np.sum(1.0 / f)),
-                float(np.max(static + f.min() * act)))
-    return bound > capacity_bytes / row["vp"]
+        return False
+    weighted = float(np.sum(g / np.sort(f)))
+    return ((total_s / f.max() + total_a) > weighted
+            or float(np.max(static + f.min() * act)) > g[0])
 
 
 def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int) -> str | None:
@@ -467,7 +503,9 @@ def search(
         cluster, job: where and what.
         options: pins and knobs.
         profiled_device: device the profile was measured on (for time
-            scaling); on a mixed cluster ``None`` means the first group's type.
+            scaling); on a mixed cluster ``None`` means the fastest type
+            (:func:`pipesearch.placement.reference_device`, whatever the
+            order of the cluster's groups).
         progress: called as ``progress(done, total)`` over the (variant, pp,
             dp) groups of the space.
 
@@ -480,9 +518,9 @@ def search(
     start = time.perf_counter()
     _check_options(variants, cluster, job, options)
     if profiled_device is None and not cluster.is_homogeneous:
-        # times measured on an unknown device: take them as the first group's and
-        # scale the other device types by their FLOP rates
-        profiled_device = cluster.device_spec(0)
+        # times measured on an unknown device: take them as the fastest type's (one
+        # choice whatever the order of the groups) and scale the others by FLOP rate
+        profiled_device = reference_device(cluster, profile_precision(variants[0].profile))
     precision = profile_precision(variants[0].profile)
     fastest = min(
         device_time_scale(profiled_device, cluster.device_spec(d), precision) for d in range(cluster.num_devices)
@@ -492,7 +530,9 @@ def search(
     work = {id(v): sum(lay.fwd_s + lay.bwd_s for lay in v.profile.layers) / v.profile.profiled_batch_size
             for v in variants}
     memory_floor = {id(v): _memory_totals(v.profile, job) for v in variants}
-    capacity = usable_memory_bytes(job, min(cluster.device_spec(d).memory_bytes for d in range(cluster.num_devices)))
+    # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
+    capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
+                for tp in {v.tp for v in variants}}
     groups = []
     for variant, pp, dp, status, count in enumerate_groups(variants, cluster, job, options):
         if status is not None:
@@ -545,7 +585,7 @@ def search(
                 continue
             inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache,
                                           variant.profile.wgrad_saved_fraction)
-            if not options.split and _surely_out_of_memory(floor, row, inflight, capacity):
+            if not options.split and _surely_out_of_memory(floor, row, inflight, capacity[variant.tp]):
                 row["status"] = "out_of_memory"
                 continue
             if row["placement"] != options.placements[0] and _same_links(
@@ -663,6 +703,9 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         placement_ctx = {"job": job, "profiled_device": profiled_device}
     slots, links = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
                                     {} if links_cache is None else links_cache)
+    if slots is None:  # a mapped placement with no order that fits
+        row["status"] = "out_of_memory"
+        return None, None
     costs = build_pipeline_costs(
         variant.profile, cluster, job, pp=stages, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
@@ -755,10 +798,14 @@ def _check_options(variants, cluster, job, options):
         if value is not None and value < 1:
             raise InputError(f"--{name.replace('_', '-')} {value} must be >= 1")
     tp_min = min(v.tp for v in variants)
+    groups = num_slots(cluster, tp_min)  # tensor-parallel groups inside nodes
     for name, value in (("--pp", options.pp), ("--dp", options.dp)):
         if value and value * tp_min > cluster.num_devices:
             raise InputError(f"{name} {value} needs {value * tp_min} devices, cluster {cluster.name} has "
                              f"{cluster.num_devices}")
+        if value and value > groups:
+            raise InputError(f"{name} {value} needs {value} groups of tp {tp_min} devices inside one node, "
+                             f"cluster {cluster.name} holds {groups}; lower {name} or --tp")
     if tp_min > cluster.num_devices:
         raise InputError(f"--tp {tp_min} needs {tp_min} devices, cluster {cluster.name} has {cluster.num_devices}")
     if options.num_micro_batches and options.num_micro_batches > job.global_batch_size:
@@ -813,7 +860,7 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> s
     prof = variants[0].profile
     params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
     state = params * param_state_of(job).floor_bytes_per_param()
-    mem = usable_memory_bytes(job, cluster.device_spec(0).memory_bytes)
+    mem = usable_memory_bytes(job, float(memory_bytes_of(cluster).max()))
     hint = ("the model's weights and optimizer state alone need "
             f"{state / 2**30:.1f} GiB against {mem / 2**30:.1f} GiB usable per device; "
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices else

@@ -38,9 +38,10 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import schedules as schedule_lib
 from .costs import PipelineCosts
 from .partition import balanced_split, even_split, optimal_split
-from .timemodel import iteration_time_s, schedule_actions, send_overlap, simulate_times
+from .timemodel import evaluation_cost, iteration_time_s, send_overlap, simulate_times
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
 MAX_SPLITS_EVALUATED = 300
@@ -82,9 +83,10 @@ class ExactSplit:
         return max(0.0, (self.best_time_s - self.lower_bound_s) / self.best_time_s)
 
 
-def bound_families(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j):
+def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j):
     """Per-stage terms of the lower-bound families of ``schedule`` for stage
-    ``s`` over the ranges ``[i, j)`` (broadcastable int arrays).
+    ``s`` over the ranges ``[i, j)`` (``s``, ``i``, ``j`` broadcastable int
+    arrays: one stage or all of them at once).
 
     A family is a list of components whose bounds add up; each component is
     ``(kind, alpha, beta)`` over the stages ``k`` of a split:
@@ -113,10 +115,8 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j):
       down to the last stage and back up to stage ``k'``, then ``k'``'s rank's
       last backward work and all-reduce; and the same with rank ``r``'s whole
       work up to its last forward of its first stage (counted from the
-      schedule's action lists, :func:`_work_before_last_forward`) in place of
-      the ``m`` forwards;
-      down to the last stage and back up to stage ``k'``, then ``k'``'s rank's
-      last backward work and all-reduce;
+      schedule's order, :func:`pipesearch.schedules.work_until_last_forward`)
+      in place of the ``m`` forwards;
     * one stage per rank: rank ``k`` starts when micro-batch 0 reaches it,
       runs all its work and its all-reduce;
     * GPipe (its closed form, :func:`pipesearch.timemodel.gpipe_time_s`, with
@@ -131,7 +131,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j):
     m, S = costs.num_micro_batches, costs.pp
     F, B = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j)
     c = costs.send_s(s, j)
-    cin = costs.send_s(s - 1, i) if s > 0 else np.zeros_like(F)
+    cin = np.where(np.asarray(s) > 0, costs.send_s(np.maximum(np.asarray(s) - 1, 0), i), 0.0)
     I = costs.bwd_input_s(s, i, j)
     r = costs.allreduce_s(s, i, j)
     blocking = not send_overlap(schedule)
@@ -163,7 +163,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j):
     elif schedule == "zb-h1":
         # rank k runs W of micro-batch j after I of j + k: w - k of them before its last forward
         fams.append([("sum", F + c, None),
-                     ("max", None, np.maximum((m - 1) * F + w * I + max(w - s, 0) * (B - I), (m - 1) * c)),
+                     ("max", None, np.maximum((m - 1) * F + w * I + max(m - S, 0) * (B - I), (m - 1) * c)),
                      ("suffix", I + cin, B + r)])
         fams.append([("sum", F + c, None), ("suffix", I + cin, m * B + w * F + r)])
     return fams
@@ -171,104 +171,184 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j):
 
 @lru_cache(maxsize=512)
 def _work_before_last_forward(schedule: str, pp: int, m: int, vp: int):
-    """Per stage ``k``: how many ``F``, ``B``, ``I``, ``W`` of stage ``k`` its
-    rank ``r = k % pp`` runs up to and including ``F`` of stage ``r``
-    (its first) on micro-batch ``m - 1``. Every schedule starts each rank with
-    that stage's micro-batch 0, so the rank's work up to there is a path."""
-    actions = schedule_actions(schedule, pp, m, vp)
-    S = pp * vp if schedule in ("interleaved-1f1b", "looped-bfs") else pp
-    counts = {k: np.zeros(S, dtype=np.int64) for k in "FBIW"}
-    for r, seq in enumerate(actions):
-        for a in seq:
-            counts[a.kind][a.stage] += 1
-            if a.kind == "F" and a.stage == r and a.microbatch == m - 1:
-                break
-    return counts["F"], counts["B"], counts["I"], counts["W"]
+    """Per stage: the ``F``, ``B``, ``I``, ``W`` counts of
+    :func:`pipesearch.schedules.work_until_last_forward` as int arrays."""
+    counts = schedule_lib.work_until_last_forward(schedule, pp, m, vp)
+    return tuple(np.array(counts[k], dtype=np.int64) for k in "FBIW")
+
+
+_KINDS = ("sum", "max", "prefix", "suffix", "device")
+
+
+#: floats the band tables of one block of stages may hold; longer models are
+#: tabled block by block and their terms recomputed per node (memory stays
+#: linear in layers x band width)
+TABLE_FLOATS = 2**23
+_ROWS_PER_STAGE = 32  # an upper bound on the stacked components of a stage
+_COLUMNS_KEPT = 4096  # recomputed columns kept per table (then dropped all at once)
 
 
 class _Tables:
-    """Band tables of the bound components and their suffix minima.
+    """Band tables of the bound components and their suffix minima, per kind
+    of component (all components of one kind are stacked on a leading axis).
 
-    ``comps`` lists ``(family, kind)``; ``terms[s][q] = (alpha, beta)`` holds
-    component ``q``'s per-stage arrays of shape ``(W, L+1)`` (row ``d - 1``,
-    column ``i``: the stage ``[i, i + d)``); ``fits[s]`` whether that stage
-    fits in memory. ``suf[s][q]`` bounds the component over every split of
-    ``[i, L)`` into stages ``s .. S-1``: ``sum``: min sum; ``max``: min max;
-    ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``; ``suffix``:
-    ``(min sum alpha, min max_k (beta_k + sum_{k'>k} alpha))``; ``device``:
-    min sum beta.
+    ``fam[K]`` holds the family of each component of kind ``K``. A stage's
+    terms (:meth:`column`, :meth:`_block`) are ``alpha[K]``, ``beta[K]``
+    of shape ``(Q_K, ..., W, L+1)`` (row ``d - 1``, column ``i``: the stage
+    ``[i, i + d)``) and whether that stage fits in memory. The suffix minima
+    (:meth:`suffix_min`) bound each component over every split of ``[i, L)``
+    into stages ``s .. S-1``, shape ``(Q_K, L+1)``: ``sum``: min sum; ``max``:
+    min max; ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``;
+    ``suffix``: the pair ``(min sum alpha, min max_k (beta_k + sum_{k'>k}
+    alpha))``; ``device``: min sum beta. Stages are tabled in blocks of at
+    most :data:`TABLE_FLOATS` floats; when all stages fit in one block their
+    terms are kept for :meth:`column`, else recomputed there.
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int):
         L, S = costs.num_layers, costs.pp
-        self.pp = pp
+        self.costs, self.schedule, self.pp = costs, schedule, pp
         self.width = W = max(1, min(width, L))
         i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
         j = i + np.arange(1, W + 1)[:, None]
+        block = max(1, TABLE_FLOATS // (_ROWS_PER_STAGE * W * (L + 1)))
+        self._kept = None
+        self._columns: dict = {}
+        self._suf = [None] * (S + 1)
+        for hi in range(S, 0, -block):
+            lo = max(0, hi - block)
+            terms, fits = self._block(np.arange(lo, hi)[:, None, None], i[None], j[None])
+            if lo == 0 and hi == S:
+                self._kept = (terms, fits)
+            self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L))
+
+    def _block(self, stages, i, j):
+        """Stacked terms of ``stages`` (int array broadcast against ``i``,
+        ``j``): ``({kind: (alpha, beta)}, fits)``, invalid ranges (``j > L``)
+        at infinity and not fitting."""
+        L = self.costs.num_layers
         valid = j <= L
         jc = np.minimum(j, L)
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc)
+        shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
 
         def band(x):
-            return None if x is None else np.where(valid, np.broadcast_to(x, valid.shape), np.inf)
+            return np.where(valid, np.broadcast_to(x, shape), np.inf)
 
-        self.terms, self.fits = [], []
-        for s in range(S):
-            fams = bound_families(costs, schedule, pp, s, i, jc)
-            self.comps = [(f, kind) for f, fam in enumerate(fams) for kind, _, _ in fam]
-            self.num_families = len(fams)
-            self.terms.append([(band(a), band(x)) for fam in fams for _, a, x in fam])
-            self.fits.append(valid & costs.fits(s, i, jc))
-        self.suf = [None] * (S + 1)
-        self.suf[S] = [self._end(L, kind) for _, kind in self.comps]
+        terms, fam_of = {}, {}
+        for kind in _KINDS:
+            comps = [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind]
+            if comps:
+                fam_of[kind] = np.array([f for f, _, _ in comps], dtype=np.int64)
+                terms[kind] = (np.stack([band(a) for _, a, _ in comps]) if comps[0][1] is not None else None,
+                               np.stack([band(x) for _, _, x in comps]) if comps[0][2] is not None else None)
+        self.fam, self.kinds, self.num_families = fam_of, tuple(fam_of), len(fams)  # the same for every block
+        fits = valid & np.broadcast_to(self.costs.fits(stages, i, jc), shape)
+        return terms, fits
+
+    def column(self, s: int, i: int):
+        """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
+        ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
+        if self._kept is not None:
+            terms, fits = self._kept
+            return {k: tuple(None if x is None else x[:, s, :, i] for x in ab) for k, ab in terms.items()}, fits[s, :, i]
+        if (s, i) not in self._columns:
+            if len(self._columns) >= _COLUMNS_KEPT:
+                self._columns.clear()
+            d = np.arange(1, self.width + 1)
+            self._columns[s, i] = self._block(np.array(s), np.full(len(d), i), i + d)
+        return self._columns[s, i]
+
+    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray) -> None:
+        """The backward DP over stages ``hi - 1 .. lo`` of every component at
+        once, in three stacked groups: min-sum rows (``sum`` alpha, ``device``
+        beta, ``suffix`` alpha), min-max rows (``max`` as ``prefix`` with alpha
+        0, then ``prefix``) and the ``suffix`` maxima (which read their alpha
+        rows' sums)."""
+        L = self.costs.num_layers
+
+        def part(kind, which):
+            return [terms[kind][which]] if kind in terms else []
+
+        add = part("sum", 0) + part("device", 1) + part("suffix", 0)
+        mx_x = part("max", 1) + part("prefix", 1)
+        mx_a = [np.zeros_like(x) for x in part("max", 1)] + part("prefix", 0)
+        sizes = {k: len(self.fam.get(k, ())) for k in _KINDS}
+        self._rows = {"sum": ("add", 0, sizes["sum"]),
+                      "device": ("add", sizes["sum"], sizes["sum"] + sizes["device"]),
+                      "max": ("mx", 0, sizes["max"]),
+                      "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
+        na0 = sizes["sum"] + sizes["device"]
+        self._rows["suffix"] = ("add", na0, na0 + sizes["suffix"])
+        empty = np.zeros((0, hi - lo) + jc.shape)
+        t_add = np.concatenate(add) if add else empty
+        t_mx = np.concatenate(mx_x) if mx_x else empty
+        a_mx = np.concatenate(mx_a) if mx_a else empty
+        x_sfx = terms["suffix"][1] if "suffix" in terms else empty
+
+        def end(q, value):
+            out = np.full((q, L + 1), np.inf)
+            out[:, L] = value
+            return out
+
+        suf = self._suf[hi]
+        if suf is None:  # the last stage's successor: every layer placed
+            suf = {"add": end(len(t_add), 0.0), "mx": end(len(t_mx), -np.inf), "sfx": end(len(x_sfx), -np.inf)}
+            self._suf[hi] = suf
         with np.errstate(invalid="ignore"):
-            for s in range(S - 1, -1, -1):
-                self.suf[s] = [self._step(s, q, jc) for q in range(len(self.comps))]
+            for s in range(hi - 1, lo - 1, -1):
+                ok, k = fits[s - lo], s - lo
 
-    def _step(self, s: int, q: int, jc: np.ndarray):
-        ok = self.fits[s]
-        kind = self.comps[q][1]
-        a, x = self.terms[s][q]
-        nxt = self.suf[s + 1][q]
+                def best(v):
+                    return np.where(ok & np.isfinite(v), v, np.inf).min(axis=1)
 
-        def best(v):
-            return np.where(ok & np.isfinite(v), v, np.inf).min(axis=0)
+                h_add, h_mx, h_sfx = suf["add"][:, jc], suf["mx"][:, jc], suf["sfx"][:, jc]
+                na = h_add[na0:na0 + sizes["suffix"]]
+                suf = {"add": best(t_add[:, k] + h_add),
+                       "mx": best(np.where(h_mx < np.inf, np.maximum(t_mx[:, k], a_mx[:, k] + h_mx), np.inf)),
+                       "sfx": best(np.where(na < np.inf, np.maximum(x_sfx[:, k] + na, h_sfx), np.inf))}
+                self._suf[s] = suf
 
-        if kind == "sum":
-            return best(a + nxt[jc])
-        if kind == "max":
-            return best(np.where(nxt[jc] < np.inf, np.maximum(x, nxt[jc]), np.inf))
-        if kind == "prefix":
-            h = nxt[jc]
-            return best(np.where(h < np.inf, np.maximum(x, a + h), np.inf))
+    def suffix_min(self, kind: str, s: int):
+        """The suffix minima of the components of ``kind`` from stage ``s``:
+        ``(Q_K, L+1)``; for ``suffix`` the pair (min sum alpha, min max)."""
+        group, a, b = self._rows[kind]
         if kind == "suffix":
-            na, g = nxt
-            return best(a + na[jc]), best(np.where(na[jc] < np.inf, np.maximum(x + na[jc], g[jc]), np.inf))
-        return best(x + nxt[jc])  # device: min total beta
+            return self._suf[s]["add"][a:b], self._suf[s]["sfx"]
+        return self._suf[s][group][a:b]
 
     def root_bound(self) -> float:
         """The smallest lower bound of any split: each family's suffix minima
         from stage 0 at layer 0."""
-        fam = [0.0] * self.num_families
-        for q, (f, kind) in enumerate(self.comps):
-            v = self.suf[0][q]
-            if kind == "suffix":
-                v = v[1]
-            elif kind == "device":
+        fam = np.zeros(self.num_families)
+        for kind in self.kinds:
+            v = self.suffix_min(kind, 0)
+            v = v[1][:, 0] if kind == "suffix" else v[:, 0]
+            if kind == "device":
                 v = v / self.pp
-            fam[f] += float(v[0])
-        return max(fam)
+            np.add.at(fam, self.fam[kind], v)
+        return float(fam.max())
 
-    @staticmethod
-    def _end(L: int, kind: str):
-        zero = np.full(L + 1, np.inf)
-        zero[L] = 0.0
-        neg = np.full(L + 1, np.inf)
-        neg[L] = -np.inf
-        if kind in ("max", "prefix"):
-            return neg
-        if kind == "suffix":
-            return zero, neg
-        return zero
+
+def any_split_fits(costs: PipelineCosts) -> bool:
+    """Whether some split of the ``L`` layers into ``S`` stages of at least
+    one layer fits every stage's memory, in ``O(S L)``: each stage in turn
+    takes the longest range that fits from where the previous one ended
+    (leaving a layer for each later stage). Exact because a stage's memory
+    only grows with its range (a sub-range of a fitting range fits), so the
+    greedy end is, stage by stage, at least as far as any split's."""
+    L, S = costs.num_layers, costs.pp
+    i = 0
+    for s in range(S):
+        last = L - (S - 1 - s)
+        if i >= last:
+            return False
+        j = np.arange(i + 1, last + 1)
+        ok = np.flatnonzero(costs.fits(s, i, j))
+        if not len(ok):
+            return False
+        i = int(j[ok[-1]])
+    return i == L
 
 
 def _width_for(costs: PipelineCosts, limit_s: float) -> int:
@@ -296,6 +376,14 @@ class _Evaluator:
         """Splits per vectorized evaluation: about two million graph nodes."""
         nodes = 4 * self.costs.pp * self.costs.num_micro_batches
         return int(max(1, min(_BATCH, 2_000_000 // max(nodes, 1))))
+
+    def first_chunk(self) -> int:
+        """Splits in the first evaluation of a batch of leaves (later ones
+        double): about as many as cost one graph pass on their own
+        (:func:`pipesearch.timemodel.evaluation_cost`), so a pass is never
+        spent on one split while larger chunks cost little more."""
+        fixed, per_split = evaluation_cost(self.schedule, self.pp, self.costs.num_micro_batches, self.vp)
+        return int(min(self.batch_size(), max(1, fixed // max(per_split, 1))))
 
     def run(self, splits) -> None:
         todo = list(dict.fromkeys(tuple(b) for b in splits if tuple(b) not in self.times))
@@ -331,7 +419,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         An :class:`ExactSplit`, or None when no split fits in memory.
     """
     L, S = costs.num_layers, costs.pp
-    if S > L:
+    if S > L or not any_split_fits(costs):
         return None
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None
@@ -383,6 +471,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     nodes = 0
 
     batch = ev.batch_size()
+    first = ev.first_chunk()
 
     def limit():
         # only strictly better splits matter; equal ones were seeded (see exact_split)
@@ -393,7 +482,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         pending.sort()
         todo = [(lb, b) for lb, b in pending]
         pending.clear()
-        step = 1
+        step = first
         while todo:
             todo = [(lb, b) for lb, b in todo if lb < limit()]
             chunk, todo = todo[:step], todo[step:]
@@ -403,72 +492,72 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             best = min(best, min(ev.times[b] for _, b in chunk))
             step = min(2 * step, batch)
 
-    comps = tables.comps
     nfam = tables.num_families
 
     def children(s, i, acc):
+        """The children of a node at stage ``s`` starting at layer ``i``
+        whose accumulated component values are ``acc`` (per kind), sorted by
+        lower bound: ``[(j, bound, acc of the child), ...]``."""
         d = np.arange(1, W + 1)
         j = i + d
         keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
-        keep &= tables.fits[s][:, i]
+        terms, fits = tables.column(s, i)
+        keep &= fits
         d, j = d[keep], j[keep]
         if not len(d):
             return []
         rows = d - 1
         rank = s % pp
-        fam_lb = [0.0] * nfam
-        new = []
-        for q, (fam, kind) in enumerate(comps):
-            a, x = tables.terms[s][q]
-            suf = tables.suf[s + 1][q]
+        fam_lb = np.zeros((nfam, len(d)))
+        new = {}
+        for kind in tables.kinds:
+            a, x = (None if t is None else t[:, rows] for t in terms[kind])
+            suf = tables.suffix_min(kind, s + 1)
+            v = acc[kind]
             if kind == "sum":
-                ca = acc[q] + a[rows, i]
-                tot = ca + suf[j]
-                new.append(ca)
+                new[kind] = v[:, None] + a
+                tot = new[kind] + suf[:, j]
             elif kind == "max":
-                cm = np.maximum(acc[q], x[rows, i])
-                tot = np.maximum(cm, suf[j])
-                new.append(cm)
+                new[kind] = np.maximum(v[:, None], x)
+                tot = np.maximum(new[kind], suf[:, j])
             elif kind == "prefix":
-                acc_a, acc_m = acc[q]
-                cm = np.maximum(acc_m, acc_a + x[rows, i])
-                ca = acc_a + a[rows, i]
-                tot = np.maximum(cm, ca + suf[j])
-                new.append((ca, cm))
+                cm = np.maximum(v[1][:, None], v[0][:, None] + x)
+                ca = v[0][:, None] + a
+                tot = np.maximum(cm, ca + suf[:, j])
+                new[kind] = np.stack([ca, cm])
             elif kind == "suffix":
-                cm = np.maximum(acc[q] + a[rows, i], x[rows, i])
-                tot = np.maximum(cm + suf[0][j], suf[1][j])
-                new.append(cm)
-            else:  # device: per-rank sums
-                work = acc[q]
-                cw = work[rank] + x[rows, i]
-                others = max(work[:rank] + work[rank + 1:], default=-np.inf)
-                tot = np.maximum(np.maximum(cw, others), (sum(work) - work[rank] + cw + suf[j]) / pp)
-                new.append(cw)
-            fam_lb[fam] = fam_lb[fam] + tot
-        lb = np.max(np.vstack([np.broadcast_to(v, (len(d),)) for v in fam_lb]), axis=0)
-        order = np.argsort(lb, kind="stable")
+                new[kind] = np.maximum(v[:, None] + a, x)
+                tot = np.maximum(new[kind] + suf[0][:, j], suf[1][:, j])
+            else:  # device: per-rank sums, shape (Q, pp)
+                cw = v[:, rank][:, None] + x
+                others = np.delete(v, rank, axis=1).max(axis=1, initial=-np.inf)[:, None]
+                rest = (v.sum(axis=1) - v[:, rank])[:, None]
+                tot = np.maximum(np.maximum(cw, others), (rest + cw + suf[:, j]) / pp)
+                new[kind] = cw
+            np.add.at(fam_lb, tables.fam[kind], tot)
+        lb = fam_lb.max(axis=0)
         out = []
-        for o in order:
+        for o in np.argsort(lb, kind="stable"):
             if not np.isfinite(lb[o]):
                 break
-            child = []
-            for q, (_, kind) in enumerate(comps):
-                v = new[q]
-                if kind == "prefix":
-                    child.append((v[0][o], v[1][o]))
-                elif kind == "device":
-                    work = list(acc[q])
-                    work[rank] = v[o]
-                    child.append(work)
-                else:
-                    child.append(v[o])
+            child = {kind: val[..., o] for kind, val in new.items()}
+            if "device" in child:
+                work = acc["device"].copy()
+                work[:, rank] = child["device"]
+                child["device"] = work
             out.append((int(j[o]), float(lb[o]), child))
         return out
 
-    root = []
-    for _, kind in comps:
-        root.append({"sum": 0.0, "max": -np.inf, "prefix": (0.0, -np.inf), "suffix": -np.inf}.get(kind, [0.0] * pp))
+    start = {"sum": 0.0, "max": -np.inf, "suffix": -np.inf}
+    root = {}
+    for kind in tables.kinds:
+        q = len(tables.fam[kind])
+        if kind == "prefix":
+            root[kind] = np.array([np.zeros(q), np.full(q, -np.inf)])
+        elif kind == "device":
+            root[kind] = np.zeros((q, pp))
+        else:
+            root[kind] = np.full(q, start[kind])
     stack = [[(0,), children(0, 0, root), 0]]
     while stack:
         frame = stack[-1]

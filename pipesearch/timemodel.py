@@ -104,19 +104,24 @@ class _Graph:
     """The dependency graph of one (schedule, pp, m, vp), levelled.
 
     Nodes are the actions (and, with overlapped sends, the transfers). Node
-    ``n``'s end is ``max(end[pred1[n]], end[pred2[n]]) + dur[n]``; index
-    ``N`` is a sentinel that ends at 0. ``levels`` list node ids so that every
-    predecessor of a level lies in an earlier one.
+    ``n``'s end is ``max(end[pred1[n]], end[pred2[n]]) + dur[n]``: ``pred1``
+    is the node before it on its chain (its rank's previous action, or its
+    link's previous transfer), ``pred2`` the one it waits for on another
+    chain (the transfer it receives, or its producer); index ``N`` is a
+    sentinel that ends at 0. Nodes are numbered level by level, every
+    predecessor of a level lying in an earlier one.
     """
 
-    kind: np.ndarray      # per node: 0 F, 1 B, 2 I, 3 W, 4 transfer
-    stage: np.ndarray     # per node: stage (for transfers: boundary k)
-    sends: np.ndarray     # per action node: boundary it sends over blocking (-1 none)
+    col: np.ndarray       # per node: column of the duration table (_durations)
+    sends: np.ndarray     # per node: boundary whose transfer a blocking send adds (-1 none)
     pred1: np.ndarray
     pred2: np.ndarray
-    levels: tuple[np.ndarray, ...]
+    level_starts: tuple[int, ...]  # nodes are numbered level by level: level k is [starts[k], starts[k+1])
     last_of_rank: np.ndarray  # per rank: its last action node
-    rank_of_stage: np.ndarray
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.level_starts) - 1
 
 
 @lru_cache(maxsize=64)
@@ -126,108 +131,123 @@ def schedule_actions(schedule: str, pp: int, m: int, vp: int):
     return schedule_lib.build(schedule, pp, m, vp)
 
 
+_KIND_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
 @lru_cache(maxsize=256)
 def _graph(schedule: str, pp: int, m: int, vp: int) -> _Graph:
-    actions = schedule_actions(schedule, pp, m, vp)
-    overlap = send_overlap(schedule)
+    """Build the levelled graph with array operations: nodes sit on a grid
+    of chains (one row per rank, then one per directed link with overlapped
+    sends), in order along each row."""
+    orders = schedule_lib.build_orders(schedule, pp, m, vp)
     S = schedule_lib.num_stages_of(schedule, pp, vp)
-    code = {"F": 0, "B": 1, "I": 2, "W": 3}
-    rank_of = np.arange(S) % pp
-    nid = {}
-    kind, stage, sends, p1, p2 = [], [], [], [], []
-    for r, seq in enumerate(actions):
-        for a in seq:
-            nid[(a.kind, a.stage, a.microbatch)] = len(kind)
-            kind.append(code[a.kind])
-            stage.append(a.stage)
-            sends.append(-1)
-            p1.append(-1)
-            p2.append(-1)
-    for r, seq in enumerate(actions):
-        prev = -1
-        for a in seq:
-            n = nid[(a.kind, a.stage, a.microbatch)]
-            p1[n] = prev
-            prev = n
-    link_last: dict = {}
-    # producers in rank order so transfers on a link chain in issue order
-    for r, seq in enumerate(actions):
-        for a in seq:
-            n = nid[(a.kind, a.stage, a.microbatch)]
-            if a.kind == "F" and a.stage + 1 < S:
-                dst, k, consumer = a.stage + 1, a.stage, nid[("F", a.stage + 1, a.microbatch)]
-            elif a.kind in "BI" and a.stage > 0:
-                dst, k = a.stage - 1, a.stage - 1
-                consumer = nid.get(("B", dst, a.microbatch), nid.get(("I", dst, a.microbatch)))
-            else:
-                continue
-            if rank_of[dst] == r:  # same rank: free hand-over
-                p2[consumer] = n
-                continue
-            if not overlap:
-                sends[n] = k
-                p2[consumer] = n
-                continue
-            t = len(kind)
-            key = (r, int(rank_of[dst]))
-            kind.append(4)
-            stage.append(k)
-            sends.append(-1)
-            p1.append(n)
-            p2.append(link_last.get(key, -1))
-            link_last[key] = t
-            p2[consumer] = t
-    N = len(kind)
-    pred1 = np.array([x if x >= 0 else N for x in p1], dtype=np.int64)
-    pred2 = np.array([x if x >= 0 else N for x in p2], dtype=np.int64)
-    # level = longest unit-weight path from a source; nodes were appended so
-    # that a topological order exists; compute it by repeated relaxation
-    depth = np.zeros(N + 1, dtype=np.int64)
-    order = _topological(pred1[:N], pred2[:N], N)
-    for n in order:
-        depth[n] = 1 + max(depth[pred1[n]] if pred1[n] < N else -1, depth[pred2[n]] if pred2[n] < N else -1)
-    depth = depth[:N]
-    idx = np.argsort(depth, kind="stable")
-    cuts = np.flatnonzero(np.diff(depth[idx])) + 1
-    levels = tuple(np.split(idx, cuts))
-    last = np.array([nid[(seq[-1].kind, seq[-1].stage, seq[-1].microbatch)] for seq in actions], dtype=np.int64)
-    return _Graph(np.array(kind), np.array(stage), np.array(sends), pred1, pred2, levels, last, rank_of)
+    lens = np.array([len(seq) for seq in orders], dtype=np.int64)
+    flat = np.array([(_KIND_CODE[k], st, j) for seq in orders for k, st, j in seq], dtype=np.int64).reshape(-1, 3)
+    kind, stage, mb = flat.T
+    rank = np.repeat(np.arange(pp), lens)
+    pos = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
+    width = int(lens.max())
+    slot = rank * width + pos  # grid slot of each action
+    where = np.full((4, S, m), -1, dtype=np.int64)
+    where[kind, stage, mb] = slot
+    # every forward below the last stage and every input gradient above the
+    # first sends to its neighbour stage's matching action
+    down = (kind == 0) & (stage < S - 1)
+    up = ((kind == 1) | (kind == 2)) & (stage > 0)
+    prod = np.flatnonzero(down | up)
+    dst = np.where(down[prod], stage[prod] + 1, stage[prod] - 1)
+    boundary = np.where(down[prod], stage[prod], stage[prod] - 1)
+    full_b = where[1, dst, mb[prod]]
+    consumer = np.where(down[prod], where[0, dst, mb[prod]], np.where(full_b >= 0, full_b, where[2, dst, mb[prod]]))
+    src_rank, dst_rank = rank[prod], dst % pp
+    remote = src_rank != dst_rank
+    overlap = send_overlap(schedule)
+    links = np.unique(src_rank[remote] * pp + dst_rank[remote], return_inverse=True)[1] if overlap \
+        else np.zeros(0, dtype=np.int64)
+    rows = pp + (int(links.max()) + 1 if len(links) else 0)
+    size = rows * width
+    col = np.full(size, -1, dtype=np.int64)
+    sends = np.full(size, -1, dtype=np.int64)
+    cross = np.full(size, -1, dtype=np.int64)
+    col[slot] = kind * S + stage
+    ps = slot[prod]
+    cross[consumer[~remote]] = ps[~remote]  # same rank: free hand-over
+    if not overlap:
+        sends[ps[remote]] = boundary[remote]
+        cross[consumer[remote]] = ps[remote]
+    elif len(links):
+        order = np.lexsort((pos[prod][remote], links))  # on each link, in the sender's issue order
+        lk = links[order]
+        at = np.arange(len(order)) - np.searchsorted(lk, lk)
+        tslot = (pp + lk) * width + at
+        col[tslot] = 4 * S + boundary[remote][order]
+        cross[tslot] = ps[remote][order]
+        cross[consumer[remote][order]] = tslot
+    return _levelled(col, sends, cross, rows, width, np.arange(pp) * width + lens - 1)
 
 
-def _topological(pred1: np.ndarray, pred2: np.ndarray, N: int) -> list[int]:
-    """Kahn's algorithm over the two predecessor arrays (``N`` = none)."""
-    succ: list[list[int]] = [[] for _ in range(N)]
-    indeg = [0] * N
-    for n in range(N):
-        for p in (pred1[n], pred2[n]):
-            if p < N:
-                succ[p].append(n)
-                indeg[n] += 1
-    out = [n for n in range(N) if indeg[n] == 0]
-    for n in out:
-        for q in succ[n]:
+def _levelled(col, sends, cross, rows: int, width: int, last_slots) -> _Graph:
+    """Compact the grid to its nodes and level them by the longest
+    unit-weight path from a source (:func:`_depth`)."""
+    real = np.flatnonzero(col >= 0)
+    N = len(real)
+    node_of = np.full(rows * width + 1, N, dtype=np.int64)
+    node_of[real] = np.arange(N)
+    pred1 = np.where(real % width > 0, node_of[real - 1], N)
+    pred2 = node_of[np.where(cross[real] >= 0, cross[real], rows * width)]
+    depth = _depth(pred1, pred2)
+    # renumber the nodes level by level, so each level is one slice
+    order = np.argsort(depth, kind="stable")
+    new_id = np.full(N + 1, N, dtype=np.int64)
+    new_id[order] = np.arange(N)
+    starts = np.flatnonzero(np.diff(depth[order], prepend=-1, append=depth.max(initial=0) + 1))
+    return _Graph(col[real][order], sends[real][order], new_id[pred1[order]], new_id[pred2[order]],
+                  tuple(int(x) for x in starts), new_id[node_of[last_slots]])
+
+
+def _depth(pred1: np.ndarray, pred2: np.ndarray) -> np.ndarray:
+    """Longest unit-weight path ending at each node (sources 0), by Kahn's
+    algorithm over the two predecessor arrays (``N`` = none).
+
+    Raises:
+        InputError: the graph has a cycle.
+    """
+    N = len(pred1)
+    src = np.concatenate([pred1, pred2])
+    dst = np.concatenate([np.arange(N), np.arange(N)])
+    has = src < N
+    src, dst = src[has], dst[has]
+    order = np.argsort(src, kind="stable")
+    succ, start = dst[order].tolist(), np.searchsorted(src[order], np.arange(N + 1)).tolist()
+    indeg = np.bincount(dst, minlength=N).tolist()
+    depth = [0] * N
+    queue = [n for n in range(N) if indeg[n] == 0]
+    for n in queue:
+        d = depth[n] + 1
+        for q in succ[start[n]:start[n + 1]]:
+            if depth[q] < d:
+                depth[q] = d
             indeg[q] -= 1
             if indeg[q] == 0:
-                out.append(q)
-    if len(out) != N:
+                queue.append(q)
+    if len(queue) != N:
         raise InputError("schedule dependency graph has a cycle")
-    return out
+    return np.array(depth, dtype=np.int64)
 
 
 def _durations(g: _Graph, times: StageTimes) -> np.ndarray:
-    """Node durations, shape ``(n, N + 1)`` for ``n`` splits: compute (+ the
-    blocking send) for actions, the p2p time for transfers, 0 for the sentinel."""
+    """Node durations, shape ``(N + 1, n)`` for ``n`` splits (node-major, so
+    a level is a contiguous block): compute (+ the blocking send) for
+    actions, the p2p time for transfers, 0 for the sentinel."""
     fwd, bwd, bin_ = (np.atleast_2d(np.asarray(x, dtype=float)) for x in (times.fwd_s, times.bwd_s, times.bwd_input_s))
     n, S = fwd.shape
     p2p = np.concatenate([np.asarray(times.p2p_s, dtype=float).reshape(n, S - 1), np.zeros((n, 1))], axis=1)
-    table = np.concatenate([fwd, bwd, bin_, bwd - bin_, p2p], axis=1)  # (n, 5 S)
-    act = g.kind < 4
-    col = np.where(act, g.kind * S + g.stage, 4 * S + g.stage)
-    dur = np.zeros((n, len(g.kind) + 1))
-    dur[:, :-1] = table[:, col]
+    table = np.concatenate([fwd, bwd, bin_, bwd - bin_, p2p], axis=1).T  # (5 S, n)
+    dur = np.zeros((len(g.col) + 1, n))
+    dur[:-1] = table[g.col]
     sends = np.flatnonzero(g.sends >= 0)
     if len(sends):
-        dur[:, sends] += p2p[:, g.sends[sends]]
+        dur[sends] += p2p.T[g.sends[sends]]
     return dur
 
 
@@ -246,14 +266,24 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
         return gpipe_time_s(times, m)
     else:
         g = _graph(schedule, pp, m, vp)
-        dur = _durations(g, times)
-        end = np.zeros_like(dur)
-        p1, p2 = g.pred1, g.pred2
-        for lv in g.levels:
-            end[:, lv] = np.maximum(end[:, p1[lv]], end[:, p2[lv]]) + dur[:, lv]
+        end = _durations(g, times)  # becomes each node's end, level by level
+        p1, p2, starts = g.pred1, g.pred2, g.level_starts
+        for a, b in zip(starts[:-1], starts[1:]):
+            end[a:b] += np.maximum(end[p1[a:b]], end[p2[a:b]])
         ar = _rank_allreduce(times, pp)
-        out = np.maximum(end[:, :-1].max(axis=1), np.max(end[:, g.last_of_rank] + ar, axis=1))
+        out = np.maximum(end[:-1].max(axis=0), np.max(end[g.last_of_rank].T + ar, axis=1))
     return float(out[0]) if single else out
+
+
+def evaluation_cost(schedule: str, pp: int, m: int, vp: int) -> tuple[int, int]:
+    """``(fixed, per_split)``: the work of one :func:`iteration_time_s` call
+    in comparable units: a fixed part per graph level (one vector operation
+    each costs about as much as 300 node updates) and a part per split and
+    node (GPipe's closed form: about ten vector operations over the stages)."""
+    if schedule == "gpipe":
+        return 300 * 10, schedule_lib.num_stages_of(schedule, pp, vp)
+    g = _graph(schedule, pp, m, vp)
+    return 300 * g.num_levels, len(g.col)
 
 
 def _rank_allreduce(times: StageTimes, pp: int) -> np.ndarray:

@@ -92,10 +92,10 @@ def _titan_exports(plan_file):
 
 @pytest.mark.slow
 def test_torchtitan_config_manager_parses_every_export(llama_plan_file):
+    _torchtitan()  # skips where torchtitan (and torch) are not installed
     from torch.distributed.pipelining.schedules import get_schedule_class
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
-    _torchtitan()
     for plan, exp in _titan_exports(llama_plan_file):
         cfg = _parse_titan(exp["argv"])
         par, tr = cfg.parallelism, cfg.training

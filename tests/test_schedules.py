@@ -11,6 +11,7 @@ from pipesearch.schedules import (
     SCHEDULES,
     Action,
     build,
+    build_orders,
     format_order,
     from_torch_csv,
     gpipe,
@@ -23,6 +24,7 @@ from pipesearch.schedules import (
     stage_to_rank,
     to_torch_csv,
     validate,
+    work_until_last_forward,
     zb_h1,
 )
 
@@ -291,3 +293,53 @@ def test_every_builder_validates_or_refuses_as_documented(p, m, v, name):
     per_mb = 3 if name == "zb-h1" else 2
     assert sum(len(r) for r in a) == per_mb * S * m
     assert stage_to_rank(a) == {s: s % p for s in range(S)}
+
+
+def _counted_until_last_forward(name, p, m, v):
+    """Walk the built action lists: each rank's actions up to and including
+    the forward of micro-batch m - 1 on its first stage."""
+    actions = build(name, p, m, v)
+    counts = {k: [0] * num_stages_of(name, p, v) for k in "FBIW"}
+    for r, seq in enumerate(actions):
+        for a in seq:
+            counts[a.kind][a.stage] += 1
+            if a.kind == "F" and a.stage == r and a.microbatch == m - 1:
+                break
+    return {k: tuple(c) for k, c in counts.items()}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_work_until_last_forward_counts_the_built_order(name):
+    vs = (1, 2, 3) if name in ("interleaved-1f1b", "looped-bfs") else (1,)
+    checked = 0
+    for p in range(1, 6):
+        for m in range(1, 17):
+            for v in vs:
+                try:
+                    expected = _counted_until_last_forward(name, p, m, v)
+                except InputError:
+                    with pytest.raises(InputError):
+                        work_until_last_forward(name, p, m, v)
+                    continue
+                assert work_until_last_forward(name, p, m, v) == expected, (p, m, v)
+                checked += 1
+    assert checked > 20
+
+
+def test_work_until_last_forward_by_hand():
+    # 1F1B p=4, m=6, rank 1: 2 warm-up F, then (F, B) pairs; F of mb 5 is the
+    # 4th pair's F, after 3 B: F 6, B 3 = m - p + r
+    assert work_until_last_forward("1f1b", 4, 6)["B"] == (2, 3, 4, 5)
+    # ZB-H1 p=3, m=5: I m-p+r; W of mb j after I of j+r: max(m-p, 0) = 2 before the last F
+    counts = work_until_last_forward("zb-h1", 3, 5)
+    assert counts["I"] == (2, 3, 4) and counts["W"] == (2, 2, 2) and counts["B"] == (0, 0, 0)
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_build_orders_are_the_built_actions(name):
+    v = 2 if name in ("interleaved-1f1b", "looped-bfs") else 1
+    for p, m in [(1, 1), (2, 4), (3, 6), (4, 8)]:
+        actions = build(name, p, m, v)
+        assert build_orders(name, p, m, v) == tuple([(a.kind, a.stage, a.microbatch) for a in seq] for seq in actions)
+    with pytest.raises(InputError):
+        build_orders(name, 0, 4, v)

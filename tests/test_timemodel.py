@@ -144,6 +144,44 @@ def test_exact_split_equals_brute_force_over_the_simulator(seed):
     assert got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(40, 52))
+def test_exact_split_with_tables_in_stage_blocks(seed, monkeypatch):
+    """Tables too large for one block are built stage by stage and the
+    per-node terms recomputed: the same optimum as brute force."""
+    import pipesearch.split_search as split_search
+
+    monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
+    rng = np.random.default_rng(seed)
+    schedule = SCHEDULES[seed % len(SCHEDULES)]
+    pp = int(rng.integers(2, 4))
+    vp = 2 if schedule in ("interleaved-1f1b", "looped-bfs") else 1
+    L = int(rng.integers(pp * vp, 9))
+    m = pp * int(rng.integers(1, 3)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 4))
+    costs = _random_point(rng, L, schedule, pp, vp, m)
+    ref = exhaustive_simulated_split(costs, schedule, pp, vp)
+    got = exact_split(costs, schedule, pp, vp)
+    if ref is None:
+        assert got is None
+        return
+    assert got is not None and got.exact
+    assert got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_any_split_fits_equals_enumeration(seed):
+    """The greedy feasibility test agrees with trying every split."""
+    import itertools
+
+    from pipesearch.split_search import any_split_fits
+
+    rng = np.random.default_rng(seed)
+    pp = int(rng.integers(1, 4))
+    L = int(rng.integers(pp, 9))
+    costs = _random_point(rng, L, "1f1b", pp, 1, pp + 1)
+    expected = any(costs.split_fits((0, *cut, L)) for cut in itertools.combinations(range(1, L), pp - 1))
+    assert any_split_fits(costs) == expected
+
+
 def test_equal_time_splits_prefer_lower_memory():
     """Two stages, 1F1B, m = 2, free links, dp = 1. Layers: l0 (1 s), l1 (0 s,
     saves 5 MB), l2 (1 s), l3 (0 s). Splits [1 | 3] and [2 | 2] both take

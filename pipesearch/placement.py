@@ -1,0 +1,369 @@
+"""Where every stage runs: tensor-parallel slots, stage layouts, and the
+links, capacities and speeds those devices give each stage.
+
+A *slot* is one tensor-parallel group: ``tp`` consecutive devices of one
+node (a node of ``n`` devices holds ``n // tp`` slots; the rest stay idle),
+named by its first device, the *head*. A *layout* is an int array
+``heads`` of shape ``(P, dp)``: the head of replica ``r`` of stage ``s``.
+Every device of the stage is then ``heads[s, r] + t`` for ``t < tp``
+(:func:`stage_devices`); distinct slots never share a device.
+
+Slots are listed in one canonical order (:func:`slot_heads`): fastest
+device type first (by :func:`device_rate_flops`), then larger memory, type
+name, and the cluster's own group / node / id order. Every layout the search
+builds is a pattern over this order, so swapping the ``[[groups]]`` of
+different device types in a cluster file changes no result.
+
+Link classes (alpha-beta, :class:`pipesearch.types.Link`): 0 = two devices
+of one node (``intra_node``), 1 = two nodes of one group (``inter_node``),
+2 = two groups (``inter_group``, ``inter_node`` when absent), as
+:meth:`pipesearch.types.Cluster.link` defines them; every function here
+works on arrays of node and group ids (no loop over devices).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InputError
+from .types import Cluster, DeviceSpec, Link
+
+FREE_LINK = Link(float("inf"), 0.0)
+#: message size by which the "slowest" of several links is chosen (1 MB)
+PROBE_BYTES = 1e6
+#: message size at which ring and hierarchical all-reduce are compared (100 MB)
+ALLREDUCE_PROBE_BYTES = 1e8
+
+
+def device_rate_flops(spec: DeviceSpec, precision: str) -> float:
+    """The rate (FLOP/s) layer times are scaled by between device types:
+    ``peak_fp32_flops`` for ``"fp32"`` profiles (measured without tensor
+    cores, e.g. PipeDream's), ``peak_fp16_flops * achieved_fraction`` for
+    ``"fp16"`` (mixed-precision training).
+
+    Raises:
+        InputError: another precision.
+    """
+    if precision == "fp32":
+        return spec.peak_fp32_flops
+    if precision == "fp16":
+        return spec.peak_fp16_flops * spec.achieved_fraction
+    raise InputError(f"precision {precision!r}: expected fp32 or fp16")
+
+
+def node_ids(cluster: Cluster) -> np.ndarray:
+    """``(D,)`` global node index of every device id."""
+    return np.asarray(cluster._node_ids, dtype=np.int64)
+
+
+def group_ids(cluster: Cluster) -> np.ndarray:
+    """``(D,)`` group index of every device id."""
+    return np.asarray(cluster._group_ids, dtype=np.int64)
+
+
+def memory_bytes_of(cluster: Cluster) -> np.ndarray:
+    """``(D,)`` memory of every device id, bytes."""
+    return np.array([g.device.memory_bytes for g in cluster.groups], dtype=float)[group_ids(cluster)]
+
+
+def class_links(cluster: Cluster) -> tuple[Link, Link, Link]:
+    """The three link classes (intra-node, inter-node, inter-group)."""
+    return cluster.intra_node, cluster.inter_node, cluster.inter_group or cluster.inter_node
+
+
+def link_class(cluster: Cluster, a, b) -> np.ndarray:
+    """Link class between devices ``a`` and ``b`` (broadcastable int arrays
+    of device ids): 0, 1 or 2 (see the module docstring); -1 where ``a ==
+    b`` (no transfer)."""
+    a, b = np.asarray(a), np.asarray(b)
+    node, group = node_ids(cluster), group_ids(cluster)
+    kind = np.where(group[a] != group[b], 2, np.where(node[a] != node[b], 1, 0))
+    return np.where(a == b, -1, kind)
+
+
+def _worst(cluster: Cluster, kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Bandwidth and latency of the slowest class (by time for
+    :data:`PROBE_BYTES`) along the last axis of ``kinds`` (-1 entries are
+    ignored; a free link where none is left)."""
+    links = class_links(cluster)
+    probe = np.array([link.transfer_s(PROBE_BYTES) for link in links] + [-1.0])
+    bw = np.array([link.bandwidth_bytes_per_s for link in links] + [np.inf])
+    lat = np.array([link.latency_s for link in links] + [0.0])
+    k = np.where(kinds < 0, 3, kinds)
+    pick = np.take_along_axis(k, np.argmax(probe[k], axis=-1)[..., None], axis=-1)[..., 0]
+    return bw[pick], lat[pick]
+
+
+def slot_heads(cluster: Cluster, tp: int = 1, precision: str = "fp16") -> np.ndarray:
+    """First device of every tensor-parallel slot, in canonical order.
+
+    Returns an int array of shape ``(S,)``, ``S = sum over nodes of
+    devices_per_node // tp``. Order: faster type first (:func:`device_rate_flops`
+    at ``precision``), larger memory, type name, then group, node and id.
+
+    Raises:
+        InputError: ``tp < 1``.
+    """
+    if tp < 1:
+        raise InputError(f"tp = {tp}: expected >= 1")
+    keys, heads, first = [], [], 0
+    for gi, g in enumerate(cluster.groups):
+        per_node = g.devices_per_node - g.devices_per_node % tp
+        local = np.arange(g.nodes)[:, None] * g.devices_per_node + np.arange(0, per_node, tp)[None, :]
+        ids = first + local.ravel()
+        heads.append(ids)
+        keys.append(np.full(len(ids), gi))
+        first += g.num_devices
+    ids = np.concatenate(heads) if heads else np.zeros(0, np.int64)
+    rate = {g.device.name: device_rate_flops(g.device, precision) for g in cluster.groups}
+    names = sorted(rate, key=lambda n: (-rate[n], -_memory_of(cluster, n), n))
+    group_rank = np.array([names.index(g.device.name) for g in cluster.groups])[group_ids(cluster)[ids]]
+    order = np.lexsort((ids, group_rank))  # ids already run group, node, id
+    return ids[order].astype(np.int64)
+
+
+def _memory_of(cluster: Cluster, name: str) -> float:
+    return next(g.device.memory_bytes for g in cluster.groups if g.device.name == name)
+
+
+def num_slots(cluster: Cluster, tp: int) -> int:
+    """How many disjoint tensor-parallel groups of ``tp`` the cluster holds."""
+    return sum(g.nodes * (g.devices_per_node // tp) for g in cluster.groups)
+
+
+def pipeline_placement(pp: int, dp: int, order: str = "pipeline") -> np.ndarray:
+    """Slot indices of each (stage, replica): int array of shape ``(pp, dp)``.
+
+    ``order="pipeline"``: replica ``r``'s stages on consecutive slots
+    ``r*pp .. r*pp+pp-1`` (point-to-point stays inside nodes, all-reduce
+    crosses them); ``order="data"``: the replicas of stage ``s`` on
+    consecutive slots ``s*dp .. s*dp+dp-1`` (the reverse).
+
+    Raises:
+        InputError: another order.
+    """
+    s = np.arange(pp)[:, None]
+    r = np.arange(dp)[None, :]
+    if order == "pipeline":
+        return r * pp + s
+    if order == "data":
+        return s * dp + r
+    raise InputError(f"unknown placement order {order!r} (expected pipeline or data)")
+
+
+PLACEMENT_PATTERNS = {"pipeline": "pipeline", "data": "data", "pipeline-major": "pipeline", "data-major": "data"}
+
+
+SLOTS_PREFIX = "slots:"
+
+
+def layout(cluster: Cluster, pp: int, dp: int, tp: int, pattern: str, precision: str = "fp16") -> np.ndarray:
+    """Heads ``(pp, dp)`` of a named layout over the canonical slots
+    (:func:`slot_heads`): a pattern (``pipeline`` / ``pipeline-major`` or
+    ``data`` / ``data-major``, :func:`pipeline_placement`), or
+    ``slots:i,j,...``: the slot indices of stage 0's replicas, then stage
+    1's, ... (:func:`layout_names`).
+
+    Raises:
+        InputError: unknown pattern, a slot list of the wrong length or with
+            repeats, or ``pp * dp`` more slots than the cluster has.
+    """
+    heads = slot_heads(cluster, tp, precision)
+    if pp < 1 or dp < 1 or pp * dp > len(heads):
+        raise InputError(f"pp={pp} x dp={dp} = {pp * dp} groups of tp {tp}: cluster {cluster.name!r} holds "
+                         f"{len(heads)}")
+    if pattern.startswith(SLOTS_PREFIX):
+        idx = np.array([int(x) for x in pattern[len(SLOTS_PREFIX):].split(",")], dtype=np.int64)
+        if len(idx) != pp * dp or len(set(idx.tolist())) != len(idx) or idx.min() < 0 or idx.max() >= len(heads):
+            raise InputError(f"placement {pattern!r}: expected {pp * dp} distinct slots of 0 .. {len(heads) - 1}")
+        return heads[idx].reshape(pp, dp)
+    if pattern not in PLACEMENT_PATTERNS:
+        raise InputError(f"unknown placement {pattern!r} (expected one of {', '.join(PLACEMENT_PATTERNS)})")
+    return heads[pipeline_placement(pp, dp, PLACEMENT_PATTERNS[pattern])]
+
+
+def slot_classes(cluster: Cluster, tp: int, precision: str = "fp16") -> list[list[int]]:
+    """Canonical slot indices grouped by node: slots of one node are
+    interchangeable (one type, and :meth:`Cluster.link` depends only on
+    node and group), so layouts that differ by a swap inside a node score
+    the same."""
+    node = node_ids(cluster)[slot_heads(cluster, tp, precision)]
+    return [np.flatnonzero(node == n).tolist() for n in dict.fromkeys(node.tolist())]
+
+
+def count_layouts(cluster: Cluster, n: int, tp: int) -> int:
+    """How many slot sequences of length ``n`` :func:`layout_names` yields:
+    ``n! [x^n] prod_c sum_{i <= s_c} x^i / i!`` over the node sizes ``s_c``
+    (exact integer arithmetic)."""
+    from fractions import Fraction
+    from math import factorial
+
+    poly = [Fraction(1)]
+    for cls in slot_classes(cluster, tp):
+        new = [Fraction(0)] * min(len(poly) + len(cls), n + 1)
+        for a, pa in enumerate(poly):
+            for b in range(len(cls) + 1):
+                if a + b <= n:
+                    new[a + b] += pa / factorial(b)
+        poly = new
+    return int(poly[n] * factorial(n)) if n < len(poly) else 0
+
+
+def layout_names(cluster: Cluster, pp: int, dp: int, tp: int, precision: str = "fp16") -> list[str]:
+    """Every ``(pp, dp)`` layout up to swaps of slots inside a node, as
+    ``slots:`` names (:func:`layout`): sequences of ``pp * dp`` distinct
+    slots in which each node's slots appear in increasing order."""
+    classes = slot_classes(cluster, tp, precision)
+    n, used, seq, out = pp * dp, [0] * len(classes), [], []
+
+    def rec():
+        if len(seq) == n:
+            out.append(SLOTS_PREFIX + ",".join(map(str, seq)))
+            return
+        for c, members in enumerate(classes):
+            if used[c] < len(members):
+                seq.append(members[used[c]])
+                used[c] += 1
+                rec()
+                used[c] -= 1
+                seq.pop()
+
+    rec()
+    return out
+
+
+def placement_candidates(cluster: Cluster, pp: int, dp: int, tp: int = 1,
+                         precision: str = "fp16") -> list[tuple[str, np.ndarray]]:
+    """Named ``(pp, dp)`` layouts (heads) for the search to loop over:
+    ``pipeline-major`` and ``data-major`` over the canonical slots
+    (:func:`layout`); one when they coincide (pp or dp is 1).
+
+    Raises:
+        InputError: ``pp * dp`` exceeds the cluster's slots.
+    """
+    out: list[tuple[str, np.ndarray]] = []
+    for name in ("pipeline-major", "data-major"):
+        arr = layout(cluster, pp, dp, tp, name, precision)
+        if not any(np.array_equal(arr, other) for _, other in out):
+            out.append((name, arr))
+    return out
+
+
+def stage_devices(heads: np.ndarray, tp: int) -> np.ndarray:
+    """Every device of every stage: ``(P, dp, tp)`` ids ``heads[..., None] + t``."""
+    return np.asarray(heads)[..., None] + np.arange(tp)
+
+
+def check_layout(cluster: Cluster, heads: np.ndarray, tp: int) -> None:
+    """InputError unless every stage's devices exist, no device serves two
+    (stage, replica) slots (``heads`` of shape ``(pp, dp)``, one row per
+    device's stage) and no slot spans two nodes."""
+    heads = np.asarray(heads).reshape(-1)
+    if len(np.unique(heads)) != heads.size:
+        raise InputError("layout: a tensor-parallel group serves two stages or replicas")
+    devs = stage_devices(heads, tp)
+    if devs.size and (devs.min() < 0 or devs.max() >= cluster.num_devices):
+        raise InputError(f"layout uses device {int(devs.max())}: cluster {cluster.name!r} has ids 0 .. "
+                         f"{cluster.num_devices - 1}")
+    if len(np.unique(devs)) != devs.size:
+        raise InputError("layout: two tensor-parallel groups share a device")
+    node = node_ids(cluster)[devs]
+    if np.any(node != node[:, :1]):
+        raise InputError("layout: a tensor-parallel group spans two nodes")
+
+
+def boundary_links(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per stage of a ``(P, dp)`` layout: bandwidth (bytes/s) and latency (s)
+    of the slowest link its boundary to the next stage crosses (replica ``r``
+    sends to replica ``r``; a free link after the last stage). Shapes ``(P,)``."""
+    heads = np.asarray(heads)
+    P = heads.shape[0]
+    kinds = np.concatenate([link_class(cluster, heads[:-1], heads[1:]),
+                            np.full((1, heads.shape[1]), -1)], axis=0) if P > 1 else np.full(heads.shape, -1)
+    return _worst(cluster, kinds)
+
+
+def allreduce_terms(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All-reduce over each stage's ``dp`` replicas as ``(seconds per byte,
+    seconds fixed)``, arrays of shape ``(P,)``.
+
+    Ring: ``2(d-1)/d * bytes / bw + 2(d-1) * latency`` on the slowest link of
+    the ring (Patarasuk & Yuan 2009; Thakur et al. 2005). Hierarchical (every
+    node holds the same number ``k > 1`` of the replicas, ``n > 1`` nodes):
+    reduce-scatter and all-gather inside nodes ``2(k-1)/k * bytes / bw_intra``
+    plus a ring across nodes on ``bytes / k``: ``2(n-1)/n * bytes / (k *
+    bw_inter)``, ``bw_inter`` the slowest link between consecutive nodes (by
+    node id). The cheaper of the two for :data:`ALLREDUCE_PROBE_BYTES` is
+    used, as NCCL picks its algorithm by size.
+    """
+    heads = np.asarray(heads)
+    P, d = heads.shape
+    if d <= 1:
+        return np.zeros(P), np.zeros(P)
+    bw, lat = _worst(cluster, link_class(cluster, heads, np.roll(heads, -1, axis=1)))
+    per_byte, fixed = 2 * (d - 1) / d / bw, 2 * (d - 1) * lat
+    sn = np.sort(node_ids(cluster)[heads], axis=1)
+    n = 1 + np.sum(sn[:, 1:] != sn[:, :-1], axis=1)
+    intra = cluster.intra_node
+    node_group = np.zeros(cluster.num_nodes, dtype=np.int64)
+    node_group[node_ids(cluster)] = group_ids(cluster)
+    for nn in np.unique(n):
+        k = d // int(nn)
+        if nn < 2 or k < 2 or d % nn:
+            continue
+        rows = np.flatnonzero(n == nn)
+        blocks = sn[rows].reshape(len(rows), int(nn), k)
+        rows = rows[np.all(blocks == blocks[:, :, :1], axis=2).all(axis=1)]
+        if not len(rows):
+            continue
+        reps = node_group[sn[rows, ::k]]
+        kinds = np.where(reps[:, 1:] != reps[:, :-1], 2, 1)
+        ibw, ilat = _worst(cluster, kinds)
+        hier_b = 2 * (k - 1) / k / intra.bandwidth_bytes_per_s + 2 * (nn - 1) / nn / (k * ibw)
+        hier_f = 2 * (k - 1) * intra.latency_s + 2 * (nn - 1) * ilat
+        probe = ALLREDUCE_PROBE_BYTES
+        better = hier_b * probe + hier_f < per_byte[rows] * probe + fixed[rows]
+        per_byte[rows[better]], fixed[rows[better]] = hier_b[better], hier_f[better]
+    return per_byte, fixed
+
+
+def stage_capacity_bytes(cluster: Cluster, heads: np.ndarray) -> np.ndarray:
+    """``(P,)`` memory of each stage's smallest device (a stage's replicas
+    run in lock-step, so each holds the same state), bytes."""
+    return memory_bytes_of(cluster)[np.asarray(heads)].min(axis=1)
+
+
+def stage_time_scale(cluster: Cluster, heads: np.ndarray, profiled: DeviceSpec | None,
+                     precision: str) -> np.ndarray:
+    """``(P,)`` factor turning a time measured on ``profiled`` into one on
+    each stage's slowest device: ``rate(profiled) / rate(device)``
+    (:func:`device_rate_flops`); 1 for devices of the profiled type or when
+    it is unknown."""
+    specs = {g.device.name: g.device for g in cluster.groups}
+    scale = {n: (1.0 if profiled is None or profiled.name == n
+                 else device_rate_flops(profiled, precision) / device_rate_flops(s, precision))
+             for n, s in specs.items()}
+    per_group = np.array([scale[g.device.name] for g in cluster.groups])
+    return per_group[group_ids(cluster)[np.asarray(heads)]].max(axis=1)
+
+
+def placement_links(cluster: Cluster, heads: np.ndarray) -> tuple[list[Link], list[tuple[float, float]]]:
+    """:func:`boundary_links` and :func:`allreduce_terms` of a ``(P, dp)``
+    layout as lists of :class:`Link` and ``(s/byte, s)`` pairs."""
+    bw, lat = boundary_links(cluster, heads)
+    per_byte, fixed = allreduce_terms(cluster, heads)
+    return ([Link(float(b), float(t)) for b, t in zip(bw, lat)],
+            [(float(a), float(b)) for a, b in zip(per_byte, fixed)])
+
+
+def allreduce_model(cluster: Cluster, devices: np.ndarray) -> tuple[float, float]:
+    """:func:`allreduce_terms` of one group of ``devices`` (shape ``(d,)``)."""
+    per_byte, fixed = allreduce_terms(cluster, np.asarray(devices).reshape(1, -1))
+    return float(per_byte[0]), float(fixed[0])
+
+
+def reference_device(cluster: Cluster, precision: str = "fp16") -> DeviceSpec:
+    """The device type layer tables are computed for when the profile names
+    none: the first of the canonical order (:func:`slot_heads`: the fastest
+    type), whatever order the cluster file lists its groups in."""
+    return cluster.device_spec(int(slot_heads(cluster, 1, precision)[0]))
