@@ -1,9 +1,10 @@
 """The host-memory guard of a search: refuse, before any work, an input whose
 search would need more memory than the user's budget.
 
-The exact split (:mod:`pipesearch.partition`) keeps tables over (stage
-length, end layer) for every distinct stage: their size grows with the
-square of the layer count. :data:`BYTES_PER_LAYER_PAIR` is the measured
+The exact split for the simulated time (:mod:`pipesearch.split_search`)
+keeps suffix tables over (stage length, end layer): their size grows with
+the square of the layer count (the closed-form split of
+:mod:`pipesearch.partition` is linear in layers x stages). :data:`BYTES_PER_LAYER_PAIR` is the measured
 growth of the peak resident memory of ``pipesearch plan`` on chains of
 1,000, 2,000 and 4,000 layers on four devices (about 0.2, 0.54 and 1.66 GB:
 93 to 112 bytes per additional layer pair; ``/usr/bin/time -f %M``), taken at

@@ -86,51 +86,97 @@ def _band_width(costs: PipelineCosts, limit: float) -> int:
     return max(width, 1)
 
 
-class _Band:
-    """Stage terms over a band of stage lengths, computed once per distinct
-    stage (same device speed, links and memory) and reused by every DP pass.
+#: bands of at most this many cells (stage lengths x end layers) are kept for
+#: every DP pass; larger ones are computed a block of end layers at a time and
+#: not kept, so the memory of a split is linear in layers x stages
+MAX_BAND_CELLS = 2**22
+#: cells of one such block
+BLOCK_CELLS = 2**18
 
-    Arrays have shape ``(W, L+1)``: row ``d-1``, column ``j`` is the stage
-    ``[j-d, j)``.
+
+class _Band:
+    """Stage terms over a band of stage lengths ``d = 1 .. W`` and end layers
+    ``j``: row ``d-1``, column ``j`` is the stage ``[j-d, j)``.
+
+    When ``W x (L+1)`` is at most :data:`MAX_BAND_CELLS` the arrays are
+    computed once per distinct stage (same device speed, links and memory)
+    and reused by every DP pass; otherwise :meth:`block` computes each block
+    of :data:`BLOCK_CELLS` cells from the prefix sums when asked. Both give the same numbers (the same
+    elementwise formulas on the same prefix sums).
     """
 
     def __init__(self, costs: PipelineCosts):
         self.costs = costs
         self.width = 0
 
-    def ensure(self, width: int) -> None:
+    def columns_per_block(self, width: int) -> int:
+        """End layers per :meth:`block` for a band of ``width`` rows."""
+        if width * (self.costs.num_layers + 1) <= MAX_BAND_CELLS:
+            return self.costs.num_layers + 1
+        return max(1, BLOCK_CELLS // max(width, 1))
+
+    def block(self, s: int, width: int, lo: int, hi: int):
+        """``(a, b, fits, start)`` of stage ``s`` for stage lengths ``1 ..
+        width`` ending at layers ``lo .. hi-1``: arrays of shape ``(width,
+        hi - lo)``; ``start`` is each range's first layer (0 where it would
+        be negative, then ``fits`` is False)."""
+        L = self.costs.num_layers
+        if width * (L + 1) <= MAX_BAND_CELLS:
+            self._ensure(width)
+            a, b = self._cached_terms(s)
+            cols = slice(lo, hi)
+            return a[:width, cols], b[:width, cols], self._cached_fits(s)[:width, cols], self.i[:width, cols]
+        start_ok, i, j, static, act = _ranges(self.costs, width, lo, hi)
+        a, b = _terms(self.costs, s, i, j)
+        return a, b, _fits(self.costs, s, start_ok, static, act), i
+
+    def _ensure(self, width: int) -> None:
         if width <= self.width:
             return
-        c = self.costs
         self.width = width
-        j = np.arange(c.num_layers + 1)[None, :]
-        i = j - np.arange(1, width + 1)[:, None]
-        self.start_ok = i >= 0
-        self.i = np.where(self.start_ok, i, 0)
-        self.j = np.broadcast_to(j, i.shape)
-        self.static = (c.param_prefix_bytes[j] - c.param_prefix_bytes[self.i]) * c.state_bytes_per_param_byte
-        self.act = c.saved_prefix_bytes[j] - c.saved_prefix_bytes[self.i]
+        self.start_ok, self.i, self.j, self.static, self.act = _ranges(self.costs, width, 0, self.costs.num_layers + 1)
         self._terms: dict = {}
         self._fits: dict = {}
 
-    def terms(self, s: int):
-        """``(a, b)`` of stage ``s`` for every range in the band."""
+    def _cached_terms(self, s: int):
         c = self.costs
         key = (c.time_scale[s], c.p2p_bandwidth_bytes_per_s[s], c.p2p_latency_s[s],
                c.allreduce_s_per_byte[s], c.allreduce_fixed_s[s], s == c.pp - 1)
         if key not in self._terms:
-            a = c.sum_term(s, self.i, self.j)
-            b = (c.num_micro_batches - 1) * a + c.allreduce_s(s, self.i, self.j)
-            self._terms[key] = (a, b)
+            self._terms[key] = _terms(c, s, self.i, self.j)
         return self._terms[key]
 
-    def fits(self, s: int):
-        """Whether each range of the band is a valid stage ``s`` in memory."""
+    def _cached_fits(self, s: int):
         c = self.costs
         key = (c.in_flight[s], c.capacity_bytes[s])
         if key not in self._fits:
-            self._fits[key] = self.start_ok & (self.static + self.act * c.in_flight[s] <= c.capacity_bytes[s])
+            self._fits[key] = _fits(c, s, self.start_ok, self.static, self.act)
         return self._fits[key]
+
+
+def _ranges(c: PipelineCosts, width: int, lo: int, hi: int):
+    """The ranges ``[j-d, j)`` for ``d = 1 .. width`` (rows) and ``j = lo ..
+    hi-1`` (columns): whether each starts at a layer, its start (0 if not),
+    end, training-state bytes and saved-activation bytes per micro-batch."""
+    j = np.arange(lo, hi)[None, :]
+    i = j - np.arange(1, width + 1)[:, None]
+    start_ok = i >= 0
+    i = np.where(start_ok, i, 0)
+    j = np.broadcast_to(j, i.shape)
+    static = (c.param_prefix_bytes[j] - c.param_prefix_bytes[i]) * c.state_bytes_per_param_byte
+    act = c.saved_prefix_bytes[j] - c.saved_prefix_bytes[i]
+    return start_ok, i, j, static, act
+
+
+def _terms(c: PipelineCosts, s: int, i, j):
+    """``(a, b)`` of stage ``s`` over the ranges ``[i, j)``."""
+    a = c.sum_term(s, i, j)
+    return a, (c.num_micro_batches - 1) * a + c.allreduce_s(s, i, j)
+
+
+def _fits(c: PipelineCosts, s: int, start_ok, static, act):
+    """Whether each range is a valid stage ``s`` in memory."""
+    return start_ok & (static + act * c.in_flight[s] <= c.capacity_bytes[s])
 
 
 def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
@@ -139,30 +185,31 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
     ``mode="max"``: minimize ``max_k b_k``; ``mode="sum"``: minimize
     ``sum_k a_k`` subject to ``b_k <= limit`` (``< limit`` when ``strict``).
     Both respect memory. Returns ``(value, bounds)`` or ``(inf, None)``.
+    Memory: the ``(P, L+1)`` table of choices plus one band block.
     """
     costs = band.costs
     L, P = costs.num_layers, costs.pp
     W = _band_width(costs, limit)
-    band.ensure(W)
+    step = band.columns_per_block(W)
     prev = np.full(L + 1, _INF)
     prev[0] = 0.0 if mode == "sum" else -_INF
     choice = np.zeros((P, L + 1), dtype=np.int64)
     for s in range(P):
-        cols = slice(L, L + 1) if s == P - 1 else slice(s + 1, L - (P - 1 - s) + 1)
-        a, b = band.terms(s)
-        a, b = a[:W, cols], b[:W, cols]
-        ok = band.fits(s)[:W, cols]
-        if np.isfinite(limit):
-            ok = ok & ((b < limit) if strict else (b <= limit))
-        before = prev[band.i[:W, cols]]
-        if mode == "sum":
-            cand = np.where(ok, before + a, _INF)
-        else:
-            cand = np.where(ok, np.maximum(before, b), _INF)
-        best_d = np.argmin(cand, axis=0)
+        first, end = (L, L + 1) if s == P - 1 else (s + 1, L - (P - 1 - s) + 1)
         cur = np.full(L + 1, _INF)
-        cur[cols] = cand[best_d, np.arange(cand.shape[1])]
-        choice[s, cols] = best_d + 1
+        for lo in range(first, end, step):
+            hi = min(end, lo + step)
+            a, b, ok, start = band.block(s, W, lo, hi)
+            if np.isfinite(limit):
+                ok = ok & ((b < limit) if strict else (b <= limit))
+            before = prev[start]
+            if mode == "sum":
+                cand = np.where(ok, before + a, _INF)
+            else:
+                cand = np.where(ok, np.maximum(before, b), _INF)
+            best_d = np.argmin(cand, axis=0)
+            cur[lo:hi] = cand[best_d, np.arange(cand.shape[1])]
+            choice[s, lo:hi] = best_d + 1
         prev = cur
     value = prev[L]
     if not np.isfinite(value):

@@ -4,7 +4,8 @@ Layout (every number carries its unit in its key; ``layers`` is half-open)::
 
     {"schema": "pipesearch.plan/1",
      "inputs": {"model": {...}, "cluster": {...}, "job": {...}, "fingerprint": "sha256:..."},
-     "search": {"points_evaluated": N, "infeasible": {"out_of_memory": N, ...}, "wall_s": x},
+     "search": {"points_evaluated": N, "infeasible": {"out_of_memory": N, ...}, "wall_s": x,
+                "points": {"columns": ["tp", ...], "values": [[...one list per column...], ...]}},
      "plans": [{"rank": 1,
                 "parallelism": {"pp": 4, "dp": 2, "tp": 1, "vp": 1},
                 "schedule": {"name": "1f1b", "micro_batch_size": 4, "num_micro_batches": 16},
@@ -26,6 +27,12 @@ is the share of the iteration the busiest stage's devices are idle.
 the package (``pipesearch/schema/plan-1.schema.json``) and the semantic
 checks of :mod:`pipesearch.schema.semantics`, and gives back an object equal
 to the one :func:`dump_plan_file` wrote.
+
+``search.points``, the table of every visited point, is written by column
+(:func:`points_block`: ``columns`` names them, ``values[k]`` holds column
+``k``, one line of the file per column); files with the table by row
+(``data``: one list per point, pandas ``orient="split"``, written before the
+columnar form) still load, and :func:`points_columns` reads both.
 """
 
 from __future__ import annotations
@@ -114,25 +121,72 @@ def plan_to_dict(plan: Plan, exports: dict | None = None) -> dict:
     return out
 
 
+def _cell(value):
+    """One points-table value as JSON: NaN -> null, numpy scalars -> Python."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, float) or hasattr(value, "dtype") and value.dtype.kind == "f":
+        return None if value != value else float(value)
+    return int(value) if hasattr(value, "dtype") else value
+
+
+def points_block(columns: dict) -> dict:
+    """The ``search.points`` object of a table given by column (``{name:
+    sequence}``, sequences of one length): ``{"columns": [names], "values":
+    [column, ...]}``, NaN as null."""
+    return {"columns": list(columns), "values": [[_cell(v) for v in col] for col in columns.values()]}
+
+
+def points_columns(block: dict) -> tuple[list[str], list[list]]:
+    """Column names and column values of a ``search.points`` object in either
+    layout: by column (``values``) or by row (``data``, older files). The
+    object must be schema-valid."""
+    names = list(block["columns"])
+    if "values" in block:
+        return names, [list(col) for col in block["values"]]
+    rows = block["data"]
+    return names, [[row[k] for row in rows] for k in range(len(names))]
+
+
+_POINTS_MARK = "\u0000points\u0000"
+
+
 def to_json(plan_file: PlanFile) -> str:
-    """The plan file as pretty-printed JSON text."""
+    """The plan file as pretty-printed JSON text; a by-column points table is
+    written one line per column (a 16,384-device search visits ~10^5 points)."""
     exports = list(plan_file.exports) + [None] * (len(plan_file.plans) - len(plan_file.exports))
+    search = _thaw(plan_file.search)
+    points = search.get("points")
+    compact = isinstance(points, dict) and "values" in points
+    if compact:
+        search["points"] = _POINTS_MARK
     doc = {
         "schema": SCHEMA,
         "inputs": _thaw(plan_file.inputs),
-        "search": _thaw(plan_file.search),
+        "search": search,
         "plans": [plan_to_dict(p, e) for p, e in zip(plan_file.plans, exports)],
     }
-    return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    if not compact:
+        return text
+    inner = ",\n".join("        " + json.dumps(col, allow_nan=False, separators=(",", ":")) for col in points["values"])
+    block = (f'{{\n      "columns": {json.dumps(points["columns"])},\n      "values": [\n{inner}\n      ]\n    }}'
+             if points["values"] else f'{{"columns": {json.dumps(points["columns"])}, "values": []}}')
+    mark = '"points": ' + json.dumps(_POINTS_MARK)  # quotes inside strings are escaped: only the key matches
+    if text.count(mark) != 1:
+        raise RuntimeError("internal error: the points table's place in the plan JSON is ambiguous")
+    return text.replace(mark, '"points": ' + block)
 
 
-def dump_plan_file(plan_file: PlanFile, path: str | Path) -> None:
+def dump_plan_file(plan_file: PlanFile, path: str | Path, text: str | None = None) -> None:
     """Write the plan file all or nothing (:func:`pipesearch.output.write_text`).
+    ``text``: its JSON from :func:`to_json`, when the caller already has it
+    (so it is not serialised twice).
 
     Raises:
         InputError: the path cannot be written.
     """
-    write_text(path, to_json(plan_file), "plan file")
+    write_text(path, to_json(plan_file) if text is None else text, "plan file")
 
 
 # --- reading ---------------------------------------------------------------

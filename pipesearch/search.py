@@ -12,7 +12,7 @@ the top ``K`` is skipped (``pruned``) without losing exactness: the ranked
 plans are the true top ``K`` configurations by simulated time.
 
 Every visited point is a row of :attr:`SearchResult.points` (a pandas
-DataFrame) with its status: ``ok``, ``out_of_memory``, ``batch_not_divisible``,
+DataFrame, built on first use from :attr:`SearchResult.point_columns`) with its status: ``ok``, ``out_of_memory``, ``batch_not_divisible``,
 ``schedule_refused``, ``too_many_stages`` or ``pruned``.
 """
 
@@ -25,10 +25,10 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable, Iterable
 
 import numpy as np
-import pandas as pd
 
 from . import schedules as schedule_lib
 from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
@@ -104,10 +104,12 @@ class SearchResult:
     ``plans`` holds the best plan of each of the top configurations
     (:func:`plan_family`), ranked by simulated iteration time
     (:func:`rank_plans`).
-    ``points`` has one row per visited point (columns: tp, recompute, pp, dp,
-    schedule, micro_batch_size, num_micro_batches, placement, status,
-    iteration_time_s, samples_per_s, peak_memory_bytes, bubble_fraction,
-    lower_bound_s).
+    ``point_columns`` holds one list per column (:data:`POINT_COLUMNS`:
+    tp, recompute, pp, dp, schedule, vp, micro_batch_size,
+    num_micro_batches, placement, status, iteration_time_s, samples_per_s,
+    peak_memory_bytes, bubble_fraction, lower_bound_s; NaN where a point was
+    not evaluated), one value per visited point; ``points`` is the same table
+    as a pandas DataFrame.
     """
 
     plans: tuple[Plan, ...]
@@ -115,7 +117,20 @@ class SearchResult:
     infeasible: tuple[tuple[str, int], ...]
     wall_s: float
     fingerprint: str
-    points: pd.DataFrame = field(repr=False)
+    point_columns: dict = field(repr=False)
+
+    @cached_property
+    def points(self):
+        """The visited points as a pandas DataFrame (one row per point)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.point_columns, columns=list(POINT_COLUMNS))
+
+
+#: the columns of the points table, in order
+POINT_COLUMNS = ("tp", "recompute", "pp", "dp", "schedule", "vp", "micro_batch_size", "num_micro_batches",
+                 "placement", "status", "iteration_time_s", "samples_per_s", "peak_memory_bytes",
+                 "bubble_fraction", "lower_bound_s")
 
 
 def divisors(n: int) -> list[int]:
@@ -225,23 +240,31 @@ def simulate_plan(plan: Plan) -> tuple[float, object]:
 
 
 def enumerate_groups(variants: Iterable[ModelVariant], cluster: Cluster, job: Job, options: SearchOptions):
-    """Yield ``(variant, pp, dp, status)`` for every (layer table, pipeline
-    degree, data-parallel degree) of the space; ``status`` is None for groups
-    to expand with :func:`expand_group`, else why the whole group is refused
-    (``too_many_stages``, ``batch_not_divisible``)."""
+    """Yield ``(variant, pp, dp, status, count)`` over the (layer table,
+    pipeline degree, data-parallel degree) groups of the space: ``status``
+    None for one group to expand with :func:`expand_group` (``count`` 1), else
+    ``count`` groups refused for that reason: ``too_many_stages``, or
+    ``batch_not_divisible`` for the ``dp`` values of a ``pp`` that do not
+    divide the global batch (counted, never enumerated: only divisors of the
+    batch are visited; ``dp`` is then None)."""
+    batch_divisors = divisors(job.global_batch_size)
     for variant in variants:
         L = variant.profile.num_layers
         slots = num_slots(cluster, variant.tp)
         pps = [options.pp] if options.pp else range(1, min(slots, L) + 1)
         for pp in pps:
             if pp > L:
-                yield variant, pp, None, "too_many_stages"
+                yield variant, pp, None, "too_many_stages", 1
                 continue
-            dps = [options.dp] if options.dp else range(1, slots // pp + 1)
-            for dp in dps:
-                if pp * dp > slots:
-                    continue
-                yield variant, pp, dp, ("batch_not_divisible" if job.global_batch_size % dp else None)
+            if options.dp:
+                if pp * options.dp <= slots:
+                    refused = job.global_batch_size % options.dp != 0
+                    yield variant, pp, options.dp, ("batch_not_divisible" if refused else None), 1
+                continue
+            dps = batch_divisors[:bisect.bisect_right(batch_divisors, slots // pp)]
+            yield from ((variant, pp, dp, None, 1) for dp in dps)
+            if slots // pp > len(dps):
+                yield variant, pp, None, "batch_not_divisible", slots // pp - len(dps)
 
 
 def micro_batch_sizes(per_replica: int, options: SearchOptions) -> list[int]:
@@ -284,8 +307,7 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
     if not mbss:
         yield options.micro_batch_size, options.num_micro_batches, None, None, None, "batch_not_divisible"
         return
-    placements = (placement_names(cluster, pp, dp, options, variant.tp) if cluster is not None
-                  else options.placements if (pp > 1 and dp > 1) else options.placements[:1])
+    placements = _placements(cluster, pp, dp, options, variant.tp)
     schedules = options.schedules
     if pp == 1:  # one stage: every schedule is plain gradient accumulation, 1F1B's order
         schedules = ("1f1b",) if "1f1b" in schedules else schedules[:1]
@@ -296,6 +318,34 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
                 refused = schedule_refusal(schedule, pp, m, vp, L)
                 for placement in (placements if refused is None else (None,)):
                     yield mbs, m, schedule, vp, placement, refused
+
+
+def count_points(variant: ModelVariant, pp: int, dp: int, job: Job, options: SearchOptions,
+                 cluster: Cluster | None = None, cache: dict | None = None) -> int:
+    """How many points of a group :func:`expand_group` yields with status
+    None (the points a pruned group stands for), without building them:
+    ``len(placements) x`` the (micro-batch size, schedule, vp) choices that
+    :func:`schedule_refusal` accepts. ``cache`` (a dict) keeps the second
+    factor per (layers, pp, replica batch) across groups."""
+    L, per_replica = variant.profile.num_layers, job.global_batch_size // dp
+    key = (L, pp, per_replica)
+    if cache is None or key not in cache:
+        ms = [per_replica // mbs for mbs in micro_batch_sizes(per_replica, options)]
+        schedules = options.schedules
+        if pp == 1:
+            schedules = ("1f1b",) if "1f1b" in schedules else schedules[:1]
+        n = sum(1 for schedule in schedules
+                for vp in (options.vps if schedule in MULTI_STAGE_SCHEDULES and pp > 1 else (1,))
+                for m in ms if schedule_refusal(schedule, pp, m, vp, L) is None)
+        if cache is None:
+            return n * len(_placements(cluster, pp, dp, options, variant.tp))
+        cache[key] = n
+    return cache[key] * len(_placements(cluster, pp, dp, options, variant.tp))
+
+
+def _placements(cluster: Cluster | None, pp: int, dp: int, options: SearchOptions, tp: int = 1) -> tuple[str, ...]:
+    return (placement_names(cluster, pp, dp, options, tp) if cluster is not None
+            else options.placements if (pp > 1 and dp > 1) else options.placements[:1])
 
 
 def placement_array(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray:
@@ -484,9 +534,9 @@ def search(
     capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
                 for tp in {v.tp for v in variants}}
     groups = []
-    for variant, pp, dp, status in enumerate_groups(variants, cluster, job, options):
+    for variant, pp, dp, status, count in enumerate_groups(variants, cluster, job, options):
         if status is not None:
-            counts[status] += 1
+            counts[status] += count
             continue
         # smallest lower bound of any point of the group (see _lower_bound_s)
         bound = work[id(variant)] * fastest * (job.global_batch_size // dp) / pp
@@ -497,6 +547,7 @@ def search(
     family_times: list[float] = []  # sorted best time of every family seen
     in_flight_cache: dict = {}
     links_cache: dict = {}
+    count_cache: dict = {}
     placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s}
 
     def cutoff() -> float:
@@ -513,8 +564,7 @@ def search(
         if progress:
             progress(done, len(groups))
         if pruned(group_bound):
-            counts["pruned"] += sum(1 for *_, st in expand_group(variant, pp, dp, job, options, cluster)
-                                   if st is None)
+            counts["pruned"] += count_points(variant, pp, dp, job, options, cluster, count_cache)
             continue
         todo = []
         for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
@@ -568,7 +618,6 @@ def search(
         raise InfeasibleError(message)
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
-    points = pd.DataFrame(rows)
     return SearchResult(
         plans=tuple(plans),
         points_evaluated=sum(1 for r in rows if r["status"] in ("ok", "out_of_memory")),
@@ -576,7 +625,7 @@ def search(
         + ((("pruned", counts["pruned"]),) if counts.get("pruned") else ()),
         wall_s=time.perf_counter() - start,
         fingerprint=fingerprint([v.profile for v in variants], cluster, job, options),
-        points=points,
+        point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
     )
 
 

@@ -388,10 +388,33 @@ def test_pipedream_huge_value(tmp_path):
 def test_points_table_cells_are_checked(tmp_path, plan_doc, column, value, expected):
     doc = copy.deepcopy(plan_doc)
     points = doc["search"]["points"]
-    points["data"][0][points["columns"].index(column)] = value
+    k = points["columns"].index(column)
+    points["values"][k][0] = value
+    path = write(tmp_path / "points.json", json.dumps(doc))
+    assert_refused(tmp_path, ["plot", path, "--kind", "space", "-o", "space.png"], path,
+                   f"search.points.values[{k}][0]", f"column {column!r}", expected)
+
+
+@pytest.mark.parametrize("column,value,expected", [("pp", "two", "an integer >= 1"),
+                                                   ("schedule", "bogus", "one of gpipe")])
+def test_points_table_by_row_cells_are_checked(tmp_path, plan_doc, column, value, expected):
+    """Files with the table by row (``data``, the older layout) are checked the same way."""
+    doc = copy.deepcopy(plan_doc)
+    points = doc["search"]["points"]
+    rows = [list(r) for r in zip(*points.pop("values"))]
+    rows[0][points["columns"].index(column)] = value
+    points["data"] = rows
     path = write(tmp_path / "points.json", json.dumps(doc))
     assert_refused(tmp_path, ["plot", path, "--kind", "space", "-o", "space.png"], path, "search.points.data[0]",
                    f"column {column!r}", expected)
+
+
+def test_points_table_columns_of_different_lengths(tmp_path, plan_doc):
+    doc = copy.deepcopy(plan_doc)
+    doc["search"]["points"]["values"][2].pop()
+    path = write(tmp_path / "points.json", json.dumps(doc))
+    assert_refused(tmp_path, ["plot", path, "--kind", "space", "-o", "space.png"], path, "search.points.values",
+                   "columns of different lengths")
 
 
 def test_export_of_inconsistent_plan_names_the_file(tmp_path, plan_doc):
@@ -569,7 +592,7 @@ def test_every_requested_schedule_is_evaluated(tmp_path):
                           "-o", "p.json"], tmp_path)
     assert code == 0, err
     points = json.loads((tmp_path / "p.json").read_text())["search"]["points"]
-    rows = [dict(zip(points["columns"], r)) for r in points["data"]]
+    rows = [dict(zip(points["columns"], r)) for r in zip(*points["values"])]
     expected = set()
     for schedule in ("gpipe", "1f1b", "zb-h1"):
         for pp in (2, 3, 4):

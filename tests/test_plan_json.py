@@ -28,9 +28,9 @@ def written(tmp_path_factory):
     captured = []
     real_dump = plan_cmd.dump_plan_file
 
-    def spy(plan_file, path):
+    def spy(plan_file, path, **kw):
         captured.append(plan_file)
-        return real_dump(plan_file, path)
+        return real_dump(plan_file, path, **kw)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(plan_cmd, "dump_plan_file", spy)

@@ -7,6 +7,7 @@ impossible request (one line on stderr naming the file, field and value).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -16,9 +17,68 @@ from .. import __version__
 from ..errors import PipesearchError
 
 
+#: command -> (module under pipesearch.cli that registers it, its one-line help). A command's module
+#: (and what it imports: numpy, pandas, the search) loads only when that command runs or shows its help, so
+#: ``pipesearch --help`` costs click and nothing else; tests/test_cli_startup.py checks that each line
+#: equals the command's own docstring.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "catalog": ("catalog_cmd", "List and show the built-in models and hardware."),
+    "export": ("export_cmd", "Export a plan for torch.distributed.pipelining, torchtitan, Megatron-LM, DeepSpeed "
+                             "or GPipe-style runners."),
+    "plan": ("plan_cmd", "Search pipeline plans for a model on a cluster and rank them."),
+    "plot": ("plot_cmd", "Draw a figure of a plan file written by `pipesearch plan -o`."),
+    "profile": ("profile_cmd", "Profile a PyTorch model on this machine (CPU, or a CUDA GPU), one layer at a time."),
+    "serve": ("serve_cmd", "Plan tensor- and pipeline-parallel LLM serving: ranked plans with the layer split, "
+                           "per-stage weights and KV capacity, the batch that fits, and predicted output tokens/s, "
+                           "TTFT and TPOT; the best are simulated request by request; each plan carries its vLLM "
+                           "and SGLang command."),
+    "simulate": ("simulate_cmd", "Replay a plan's schedule in the discrete-event simulator."),
+    "validate": ("validate_cmd", "Check a plan file: the JSON Schema of pipesearch.plan/1 (shipped in the package) "
+                                 "and the rules a schema cannot express (stages cover exactly the model's layers, "
+                                 "devices exist and serve one pipeline slot, pp x dp x tp fits the cluster, "
+                                 "micro-batch size x count x dp is the global batch)."),
+}
+
+
 class _Group(click.Group):
-    """Maps pipesearch errors and command-line usage errors to one line on
-    stderr and exit status 2."""
+    """Loads each command's module on first use (:data:`COMMANDS`); maps
+    pipesearch errors and command-line usage errors to one line on stderr and
+    exit status 2."""
+
+    def list_commands(self, ctx):
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in COMMANDS:
+            try:
+                importlib.import_module(f"{__name__}.{COMMANDS[name][0]}")  # registers itself on ``main``
+            except ModuleNotFoundError as exc:  # an optional command whose module is absent
+                if exc.name != f"{__name__}.{COMMANDS[name][0]}":
+                    raise
+        return self.commands.get(name)
+
+    def resolve_command(self, ctx, args):
+        name = click.utils.make_str(args[0]) if args else ""
+        if args and self.get_command(ctx, name) is None and not ctx.resilient_parsing and not name.startswith("-"):
+            # click suggests close names from the commands loaded so far; offer every command
+            raise click.exceptions.NoSuchCommand(name, possibilities=self.list_commands(ctx), ctx=ctx)
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx, formatter):
+        """The command list from :data:`COMMANDS`, as click writes it, without importing the commands."""
+        limit = formatter.width - 6 - max(len(name) for name in self.list_commands(ctx))
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.commands:
+                if self.commands[name].hidden:
+                    continue
+                text = self.commands[name].get_short_help_str(limit)
+            else:
+                text = click.utils.make_default_short_help(COMMANDS[name][1], limit)
+            rows.append((name, text))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -70,16 +130,3 @@ def main():
       pipesearch serve --model llama3-70b --cluster 1x8-l4 --weight-dtype fp8
     """
 
-
-def _register():
-    from . import catalog_cmd, plan_cmd, validate_cmd  # noqa: F401  (commands register themselves)
-
-    for optional in ("simulate_cmd", "export_cmd", "plot_cmd", "profile_cmd", "serve_cmd"):
-        try:
-            __import__(f"{__name__}.{optional}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{optional}":
-                raise
-
-
-_register()

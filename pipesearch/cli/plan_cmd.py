@@ -22,7 +22,7 @@ from ..models import RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_writable, write_output
 from ..pins import BatchPins, check_vp_pins, resolve_dp
-from ..plan import PlanFile, document_problems, dump_plan_file, to_json
+from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
 from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
@@ -75,12 +75,6 @@ def plans_table(plans) -> str:
     if (table["recompute"] == "none").all():
         table = table.drop(columns="recompute")
     return table.to_string(index=False)
-
-
-def points_table(points: pd.DataFrame) -> dict:
-    """Every evaluated point as a compact column-oriented JSON object
-    (pandas ``orient="split"``: ``columns`` and ``data`` rows; NaN -> null)."""
-    return json.loads(points.to_json(orient="split", index=False))
 
 
 class _Progress:
@@ -262,7 +256,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 "fingerprint": result.fingerprint},
         search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
                 "wall_s": round(result.wall_s, 4), "time_model": "simulated",
-                "points": points_table(result.points)},
+                "points": points_block(result.point_columns)},
         plans=result.plans,
     )
     if runtime:
@@ -280,12 +274,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")
     if as_json:
         if out:
-            dump_plan_file(plan_file, out)
+            dump_plan_file(plan_file, out, text=text)
         click.echo(text, nl=False)
         _write_plots(plot_dir, text, output or "plan JSON", echo=False)
         return
     if out:
-        dump_plan_file(plan_file, out)
+        dump_plan_file(plan_file, out, text=text)
     if not quiet:
         devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)
         seq = f", sequence length {source.info['seq_len']}" if source.info.get("seq_len") else ""

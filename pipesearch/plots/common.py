@@ -21,7 +21,7 @@ from typing import Iterator
 import pandas as pd
 
 from ..errors import InputError, PlanFormatError
-from ..plan import PlanFile, load_plan_file, select_plan
+from ..plan import PlanFile, load_plan_file, points_columns, select_plan
 from ..types import Plan
 
 KINDS = ("space", "pareto", "stages", "timeline")
@@ -99,17 +99,16 @@ def points_frame(plan_file: PlanFile, source: str = "plan file") -> pd.DataFrame
         raise PlanFormatError(
             f"{source}: no search.points table (the evaluated points); the space and pareto plots need "
             "it: re-run `pipesearch plan -o FILE` (add --exhaustive to evaluate every point)")
-    if not isinstance(pts, dict) or "columns" not in pts or "data" not in pts:
-        raise PlanFormatError(f"{source}: search.points must be an object with 'columns' and 'data' "
-                              "(pandas orient='split')")
-    columns = list(pts["columns"])
+    if not isinstance(pts, dict) or "columns" not in pts or ("data" not in pts and "values" not in pts):
+        raise PlanFormatError(f"{source}: search.points must be an object with 'columns' and 'values' (one list "
+                              "per column) or 'data' (one list per point)")
+    columns, values = points_columns(pts)
     missing = [c for c in POINT_COLUMNS if c not in columns]
     if missing:
         raise PlanFormatError(f"{source}: search.points lacks column(s) {', '.join(missing)}")
-    rows = [list(r) for r in pts["data"]]
-    if any(len(r) != len(columns) for r in rows):
-        raise PlanFormatError(f"{source}: search.points rows must have {len(columns)} values (one per column)")
-    df = pd.DataFrame(rows, columns=columns)
+    if len(values) != len(columns) or len({len(v) for v in values}) > 1:
+        raise PlanFormatError(f"{source}: search.points must have one value per column for every point")
+    df = pd.DataFrame(dict(zip(columns, values)), columns=columns)
     for col in ("tp", "pp", "dp", "micro_batch_size", "num_micro_batches", "iteration_time_s",
                 "samples_per_s", "peak_memory_bytes"):
         df[col] = pd.to_numeric(df[col], errors="coerce")

@@ -22,7 +22,16 @@ from ..catalog import resolve
 from ..errors import InputError
 from ..types import ModelProfile
 from .csv_profile import read_profile_csv, write_profile_csv
-from .pipedream import read_graph_txt
+
+
+def read_graph_txt(path: Path, **options) -> ModelProfile:
+    """:func:`pipesearch.profiles.pipedream.read_graph_txt` (same arguments),
+    imported on first use (it needs networkx, which no other input format
+    loads)."""
+    from .pipedream import read_graph_txt as read
+
+    return read(path, **options)
+
 
 #: file-name ending -> (reader, description); the longest matching ending wins.
 READERS: dict[str, tuple[Callable[[Path], ModelProfile], str]] = {

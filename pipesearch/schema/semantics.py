@@ -25,7 +25,8 @@ inputs:
   replay it;
 * plan ranks do not repeat;
 * the points table (``search.points``), when present, has one value per
-  column in every row, and its known columns hold what the search writes:
+  column in every row (by-row ``data``) or one list per column, all of one
+  length (by-column ``values``, not both), and its known columns hold what the search writes:
   degrees and micro-batch figures integers >= 1, times, rates and sizes
   numbers >= 0, schedules known names, texts strings (any of them may be
   null for a point that was not evaluated).
@@ -204,6 +205,12 @@ def _points(doc: dict) -> Iterator[Problem]:
     if table is None:
         return
     columns = table["columns"]
+    if "values" in table and "data" in table:
+        yield Problem("search.points", "has both 'values' (by column) and 'data' (by row); give one")
+        return
+    if "values" in table:
+        yield from _point_columns(columns, table["values"])
+        return
     for r, row in enumerate(table["data"]):
         if len(row) != len(columns):
             yield Problem(f"search.points.data[{r}]", f"{len(row)} values for the {len(columns)} columns; "
@@ -214,6 +221,28 @@ def _points(doc: dict) -> Iterator[Problem]:
             if check is not None and value is not None and not check[0](value):
                 yield Problem(f"search.points.data[{r}]", f"column {column!r} = {show(value)}: expected {check[1]} "
                                                           "or null")
+                return
+
+
+def _point_columns(columns: list, values: list) -> Iterator[Problem]:
+    """The by-column layout: one list per column, all of one length, cells as in the by-row one."""
+    if len(values) != len(columns):
+        yield Problem("search.points.values", f"{len(values)} columns of values for the {len(columns)} names "
+                                              "in search.points.columns; give one list per column")
+        return
+    lengths = {len(col) for col in values}
+    if len(lengths) > 1:
+        yield Problem("search.points.values", f"columns of different lengths ({', '.join(map(str, sorted(lengths)))}); "
+                                              "give every column one value per point")
+        return
+    for k, (column, col) in enumerate(zip(columns, values)):
+        check = _POINT_COLUMNS.get(column)
+        if check is None:
+            continue
+        for r, value in enumerate(col):
+            if value is not None and not check[0](value):
+                yield Problem(f"search.points.values[{k}][{r}]", f"column {column!r} = {show(value)}: expected "
+                                                                  f"{check[1]} or null")
                 return
 
 
