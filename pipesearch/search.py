@@ -550,12 +550,48 @@ def search(
     count_cache: dict = {}
     placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s}
 
+    def seed_cutoff() -> float:
+        """A cutoff from achievable plans, before any exact split: the best
+        starting split of one point (its lowest bound) of each family of the
+        first groups in bound order, until SEED_FAMILIES x K families have
+        one; their K-th best (with the tie window), raised by 2 TIE_REL so
+        those plans stay strictly below it and are found exactly later."""
+        if options.exhaustive or options.split:
+            return math.inf
+        seen: dict[tuple, float] = {}
+        for _, _, variant, pp, dp in groups:
+            if len(seen) >= SEED_FAMILIES * keep:
+                break
+            first: dict[tuple, tuple[float, dict]] = {}
+            for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
+                key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
+                bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest)
+                if status is None and (key not in first or bound < first[key][0]):
+                    first[key] = (bound, dict(tp=variant.tp, recompute=variant.recompute, pp=pp, dp=dp,
+                                              schedule=schedule, vp=vp, micro_batch_size=mbs, num_micro_batches=m,
+                                              placement=placement, status=None))
+            for key, (_, row) in first.items():
+                inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"],
+                                              in_flight_cache, variant.profile.wgrad_saved_fraction)
+                if _surely_out_of_memory(memory_floor[id(variant)], row, inflight, capacity[variant.tp]):
+                    continue
+                t = _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
+                                 placement_ctx)
+                if t < math.inf:
+                    seen[key] = min(seen.get(key, math.inf), t)
+        times = sorted(seen.values())
+        if len(times) < keep:
+            return math.inf
+        return max(times[keep - 1], times[0] * (1 + TIE_REL)) * (1 + 2 * TIE_REL)
+
+    initial_cutoff = seed_cutoff()
+
     def cutoff() -> float:
         """Time a point must beat to enter the ranked plans (near-ties of the
-        best are kept for the tie-break of rank_plans)."""
+        best are kept for the tie-break of rank_plans); at most the seeds'."""
         if len(family_times) < keep:
-            return math.inf
-        return max(family_times[keep - 1], family_times[0] * (1 + TIE_REL))
+            return initial_cutoff
+        return min(initial_cutoff, max(family_times[keep - 1], family_times[0] * (1 + TIE_REL)))
 
     def pruned(bound: float) -> bool:
         return not options.exhaustive and bound >= cutoff()
@@ -694,6 +730,35 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     return float((m + (pp - 1) / vp) * tau.max() + ar_dev.max())
 
 
+def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx):
+    """``(slots, costs)`` of one search point (its placement's devices per
+    stage and its :class:`pipesearch.costs.PipelineCosts`), or ``(None,
+    None)`` when a mapped placement has no device order that fits."""
+    pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
+    schedule, vp = row["schedule"], row["vp"]
+    slots, links = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
+                                    {} if links_cache is None else links_cache)
+    if slots is None:
+        return None, None
+    costs = build_pipeline_costs(
+        variant.profile, cluster, job, pp=pp * vp, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
+        schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
+        profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
+                                                                      variant.profile.wgrad_saved_fraction),
+        stages_per_device=vp, links=links,
+    )
+    return slots, costs
+
+
+def _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx) -> float:
+    """An achievable simulated time of one point: its best starting split
+    (:func:`pipesearch.split_search.exact_split` with ``seeds_only``), or
+    inf when none fits."""
+    _, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx)
+    found = None if costs is None else exact_split(costs, row["schedule"], row["pp"], row["vp"], seeds_only=True)
+    return math.inf if found is None else found.iteration_time_s
+
+
 def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache=None, links_cache=None,
               placement_ctx=None, cutoff_s: float = math.inf):
     pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
@@ -701,18 +766,11 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     stages = pp * vp
     if placement_ctx is None:
         placement_ctx = {"job": job, "profiled_device": profiled_device}
-    slots, links = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
-                                    {} if links_cache is None else links_cache)
+    slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
+                                placement_ctx)
     if slots is None:  # a mapped placement with no order that fits
         row["status"] = "out_of_memory"
         return None, None
-    costs = build_pipeline_costs(
-        variant.profile, cluster, job, pp=stages, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
-        schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
-        profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
-                                                                      variant.profile.wgrad_saved_fraction),
-        stages_per_device=vp, links=links,
-    )
     if options.split:
         bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(options.split)]))
         if len(options.split) != stages or not costs.split_fits(bounds):
@@ -752,6 +810,10 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
 
 TIE_REL = 1e-3
 """Plans within this relative time of the best are ranked by tie-breaks."""
+
+SEED_FAMILIES = 2
+"""The search's first cutoff comes from the starting splits of this many
+times ``top`` families (``search.seed_cutoff``)."""
 
 
 def rank_plans(plans: list[Plan]) -> list[Plan]:

@@ -397,7 +397,7 @@ class _Evaluator:
 
 def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, seeds=(),
                 cutoff_s: float = np.inf, value_above_cutoff: bool = False, max_splits: int = MAX_SPLITS_EVALUATED, max_nodes: int = MAX_NODES,
-                tie_rel: float = EQUAL_TIME_REL) -> ExactSplit | None:
+                tie_rel: float = EQUAL_TIME_REL, seeds_only: bool = False) -> ExactSplit | None:
     """The split minimizing the simulated iteration time of ``schedule``
     under memory (module docstring).
 
@@ -414,6 +414,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         max_splits, max_nodes: work limits (counts).
         tie_rel: among splits within this relative time of the best, the one
             with the lowest peak memory, then least time on links, is chosen.
+        seeds_only: only evaluate the starting splits (an achievable time,
+            ``exact=False``, lower bound 0; no tables, no branch and bound).
 
     Returns:
         An :class:`ExactSplit`, or None when no split fits in memory.
@@ -421,6 +423,9 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     L, S = costs.num_layers, costs.pp
     if S > L or not any_split_fits(costs):
         return None
+    if S == 1:  # the only split
+        t = float(iteration_time_s(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.array([0, L]))))
+        return ExactSplit((0, L), t, t, t, True, 1, 0)
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None
     if np.isfinite(cutoff_s):
@@ -446,6 +451,11 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
             starts.append(balanced)
     ev.run(starts)
     best = min(ev.times.values(), default=np.inf)
+    if seeds_only:
+        if not ev.times:
+            return None
+        chosen = min(ev.times, key=lambda b: (ev.times[b], b))
+        return ExactSplit(chosen, ev.times[chosen], ev.times[chosen], 0.0, False, len(ev.times), 0)
     incumbent = min(best, cutoff_s)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
