@@ -9,14 +9,18 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from helpers import REPO
+from helpers import REPO, tiny_cluster, tiny_profile
 from pipesearch.cli import main
+from pipesearch.cli.plan_cmd import split_notes
 from pipesearch.plan import SCHEMA, load_plan_file
+from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.types import Job
 
 PIPEDREAM = REPO / "tests" / "data" / "pipedream"
 HEADER = "# pipesearch profile v1\n# batch_size: 32\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
@@ -297,3 +301,19 @@ def test_timeline_draws_the_all_reduce_and_zooms(tmp_path):
     assert res.exit_code == 0 and (tmp_path / "z.png").stat().st_size > 0
     bad = run(["simulate", "v.json", "--timeline", "y.png", "--window", "9:3"], tmp_path)
     assert bad.exit_code == 2 and "FROM_MS:TO_MS" in bad.stderr and not (tmp_path / "y.png").exists()
+
+
+def test_split_notes_name_plans_whose_split_is_not_proven():
+    """A plan whose split search stopped at its work limit gets one line with
+    its best time, bound and gap (200 ms found, 150 ms bound: gap 25.0%); a
+    proven one gets none."""
+    res = search([ModelVariant(tiny_profile([1e-3] * 4, [2e-3] * 4))], tiny_cluster(1, 2), Job(4),
+                 SearchOptions(schedules=("1f1b",), top=1))
+    proven = res.plans[0]
+    assert split_notes([proven]) == []
+    info = {"exact": False, "lower_bound_s": 0.150, "gap": 0.25, "splits_evaluated": 300}
+    pred = replace(proven.predicted, iteration_time_s=0.200)
+    stopped = replace(proven, rank=3, predicted=pred,
+                      extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
+    assert split_notes([stopped]) == ["plan 3: split not proven optimal within the search's work limits "
+                                      "(best found 200.00 ms, lower bound 150.00 ms, gap 25.0%)"]

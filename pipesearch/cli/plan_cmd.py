@@ -45,6 +45,20 @@ def _split(ctx, param, value):
     return parts
 
 
+def split_notes(plans) -> list[str]:
+    """One line per plan whose split the exact search could not prove
+    optimal within its work limits: the best time found, the proven lower
+    bound and the gap (from the plan's ``split_search`` record)."""
+    out = []
+    for p in plans:
+        info = dict(p.extra).get("split_search") or {}
+        if info and not info.get("exact", True):
+            out.append(f"plan {p.rank}: split not proven optimal within the search's work limits (best found "
+                       f"{format_seconds(p.predicted.iteration_time_s)}, lower bound "
+                       f"{format_seconds(info['lower_bound_s'])}, gap {100 * info['gap']:.1f}%)")
+    return out
+
+
 def plans_table(plans) -> str:
     """The ranked plans as a fixed-width text table."""
     rows = []
@@ -287,6 +301,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans))
+    for line in split_notes(result.plans):
+        click.echo(line)
     if not quiet:
         total = sum(g.num_devices for g in cluster.groups)
         idle: dict[int, list[str]] = {}
