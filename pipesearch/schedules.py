@@ -330,16 +330,7 @@ def build(name: str, p: int, m: int, v: int = 1) -> Schedule:
         InputError: unknown name; ``v != 1`` for a single-stage-per-rank
             schedule; or the builder's own refusals.
     """
-    if name not in SCHEDULES:
-        raise InputError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}")
-    if name in _MULTI_STAGE:
-        return SCHEDULES[name](p, m, v)
-    if v != 1:
-        raise InputError(
-            f"{name}: runs one stage per rank, got v={v}; use v=1 or one of "
-            f"{', '.join(sorted(_MULTI_STAGE))}"
-        )
-    return SCHEDULES[name](p, m)
+    return _build(p, _order_of(name, p, m, v))
 
 
 def build_orders(name: str, p: int, m: int, v: int = 1) -> tuple[list[tuple[str, int, int]], ...]:
@@ -350,10 +341,23 @@ def build_orders(name: str, p: int, m: int, v: int = 1) -> tuple[list[tuple[str,
     Raises:
         InputError: as :func:`build`.
     """
-    if name not in SCHEDULES or (v != 1 and name not in _MULTI_STAGE):
-        build(name, p, m, v)  # raises the builder's message
-    order = _ORDERS[name](p, m, v) if name in _MULTI_STAGE else _ORDERS[name](p, m)
+    order = _order_of(name, p, m, v)
     return tuple(list(order(r)) for r in range(p))
+
+
+def _order_of(name: str, p: int, m: int, v: int):
+    """The per-rank order generator of schedule ``name`` after every check
+    :func:`build` makes (name, ``v``, then the builder's own)."""
+    if name not in SCHEDULES:
+        raise InputError(f"unknown schedule {name!r}; expected one of {', '.join(SCHEDULES)}")
+    if name in _MULTI_STAGE:
+        return _ORDERS[name](p, m, v)
+    if v != 1:
+        raise InputError(
+            f"{name}: runs one stage per rank, got v={v}; use v=1 or one of "
+            f"{', '.join(sorted(_MULTI_STAGE))}"
+        )
+    return _ORDERS[name](p, m)
 
 
 def num_stages_of(name: str, p: int, v: int = 1) -> int:
@@ -385,13 +389,7 @@ def work_until_last_forward(name: str, p: int, m: int, v: int = 1) -> dict[str, 
     Raises:
         InputError: what :func:`build` refuses.
     """
-    if name not in SCHEDULES or (v != 1 and name not in _MULTI_STAGE):
-        build(name, p, m, v)  # raises the builder's message
-    _check_p_m_v(name, p, m, v)
-    if name not in ("gpipe", "looped-bfs"):
-        _check_1f1b_style(name, p, m)
-    if name == "interleaved-1f1b" and m % p:
-        interleaved_1f1b(p, m, v)  # raises the builder's message
+    _order_of(name, p, m, v)  # the builder's refusals; nothing is generated
     S = num_stages_of(name, p, v)
     out = {kind: [0] * S for kind in "FBIW"}
     if name in ("gpipe", "looped-bfs"):

@@ -567,9 +567,7 @@ def search(
                 key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
                 bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest)
                 if status is None and (key not in first or bound < first[key][0]):
-                    first[key] = (bound, dict(tp=variant.tp, recompute=variant.recompute, pp=pp, dp=dp,
-                                              schedule=schedule, vp=vp, micro_batch_size=mbs, num_micro_batches=m,
-                                              placement=placement, status=None))
+                    first[key] = (bound, _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
             for key, (_, row) in first.items():
                 inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"],
                                               in_flight_cache, variant.profile.wgrad_saved_fraction)
@@ -579,19 +577,14 @@ def search(
                                  placement_ctx)
                 if t < math.inf:
                     seen[key] = min(seen.get(key, math.inf), t)
-        times = sorted(seen.values())
-        if len(times) < keep:
-            return math.inf
-        return max(times[keep - 1], times[0] * (1 + TIE_REL)) * (1 + 2 * TIE_REL)
+        return _kth_best(sorted(seen.values()), keep) * (1 + 2 * TIE_REL)
 
     initial_cutoff = seed_cutoff()
 
     def cutoff() -> float:
         """Time a point must beat to enter the ranked plans (near-ties of the
         best are kept for the tie-break of rank_plans); at most the seeds'."""
-        if len(family_times) < keep:
-            return initial_cutoff
-        return min(initial_cutoff, max(family_times[keep - 1], family_times[0] * (1 + TIE_REL)))
+        return min(initial_cutoff, _kth_best(family_times, keep))
 
     def pruned(bound: float) -> bool:
         return not options.exhaustive and bound >= cutoff()
@@ -604,10 +597,7 @@ def search(
             continue
         todo = []
         for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
-            row = dict(tp=variant.tp, recompute=variant.recompute, pp=pp, dp=dp, schedule=schedule, vp=vp,
-                       micro_batch_size=mbs, num_micro_batches=m, placement=placement, status=status,
-                       iteration_time_s=np.nan, samples_per_s=np.nan, peak_memory_bytes=np.nan,
-                       bubble_fraction=np.nan, lower_bound_s=np.nan)
+            row = _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, status)
             rows.append(row)
             if status is None:
                 row["lower_bound_s"] = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest)
@@ -728,6 +718,23 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     tau = np.bincount(np.arange(S) % pp, weights=a, minlength=pp)
     ar_dev = np.bincount(np.arange(S) % pp, weights=ar, minlength=pp)
     return float((m + (pp - 1) / vp) * tau.max() + ar_dev.max())
+
+
+def _kth_best(times: list[float], keep: int) -> float:
+    """The time a point must beat to enter the ``keep`` best of the sorted
+    family ``times``, near-ties of the best kept (:data:`TIE_REL`); inf while
+    fewer than ``keep`` are known."""
+    if len(times) < keep:
+        return math.inf
+    return max(times[keep - 1], times[0] * (1 + TIE_REL))
+
+
+def _point_row(variant, pp: int, dp: int, mbs: int, m: int, schedule: str, vp: int, placement, status) -> dict:
+    """One row of the points table, before evaluation (times unknown)."""
+    return dict(tp=variant.tp, recompute=variant.recompute, pp=pp, dp=dp, schedule=schedule, vp=vp,
+                micro_batch_size=mbs, num_micro_batches=m, placement=placement, status=status,
+                iteration_time_s=np.nan, samples_per_s=np.nan, peak_memory_bytes=np.nan,
+                bubble_fraction=np.nan, lower_bound_s=np.nan)
 
 
 def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx):

@@ -251,7 +251,8 @@ class _Tables:
         ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
         if self._kept is not None:
             terms, fits = self._kept
-            return {k: tuple(None if x is None else x[:, s, :, i] for x in ab) for k, ab in terms.items()}, fits[s, :, i]
+            cols = {k: tuple(None if x is None else x[:, s, :, i] for x in ab) for k, ab in terms.items()}
+            return cols, fits[s, :, i]
         if (s, i) not in self._columns:
             if len(self._columns) >= _COLUMNS_KEPT:
                 self._columns.clear()

@@ -127,11 +127,11 @@ class _Graph:
 @lru_cache(maxsize=64)
 def schedule_actions(schedule: str, pp: int, m: int, vp: int):
     """:func:`pipesearch.schedules.build`, memoised (the action lists are
-    immutable tuples; the graph and the split search's bounds share them)."""
+    immutable tuples; the simulator replays them)."""
     return schedule_lib.build(schedule, pp, m, vp)
 
 
-_KIND_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
+_KIND_CODE = {kind: code for code, kind in enumerate(schedule_lib.KINDS)}  # F 0, B 1, I 2, W 3
 
 
 @lru_cache(maxsize=256)
@@ -150,16 +150,8 @@ def _graph(schedule: str, pp: int, m: int, vp: int) -> _Graph:
     slot = rank * width + pos  # grid slot of each action
     where = np.full((4, S, m), -1, dtype=np.int64)
     where[kind, stage, mb] = slot
-    # every forward below the last stage and every input gradient above the
-    # first sends to its neighbour stage's matching action
-    down = (kind == 0) & (stage < S - 1)
-    up = ((kind == 1) | (kind == 2)) & (stage > 0)
-    prod = np.flatnonzero(down | up)
-    dst = np.where(down[prod], stage[prod] + 1, stage[prod] - 1)
-    boundary = np.where(down[prod], stage[prod], stage[prod] - 1)
-    full_b = where[1, dst, mb[prod]]
-    consumer = np.where(down[prod], where[0, dst, mb[prod]], np.where(full_b >= 0, full_b, where[2, dst, mb[prod]]))
-    src_rank, dst_rank = rank[prod], dst % pp
+    prod, consumer, boundary, dst_rank = _transfers(kind, stage, mb, where, pp)
+    src_rank = rank[prod]
     remote = src_rank != dst_rank
     overlap = send_overlap(schedule)
     links = np.unique(src_rank[remote] * pp + dst_rank[remote], return_inverse=True)[1] if overlap \
@@ -184,6 +176,23 @@ def _graph(schedule: str, pp: int, m: int, vp: int) -> _Graph:
         cross[tslot] = ps[remote][order]
         cross[consumer[remote][order]] = tslot
     return _levelled(col, sends, cross, rows, width, np.arange(pp) * width + lens - 1)
+
+
+def _transfers(kind, stage, mb, where, pp: int):
+    """The hand-overs between stages: every forward below the last stage and
+    every input gradient above the first feeds its neighbour stage's matching
+    action. Returns ``(producers, consumers, boundary, consumer_rank)``:
+    producer action indices, consumer grid slots, the boundary crossed and
+    the consumer's rank."""
+    S = where.shape[1]
+    down = (kind == 0) & (stage < S - 1)
+    up = ((kind == 1) | (kind == 2)) & (stage > 0)
+    prod = np.flatnonzero(down | up)
+    dst = np.where(down[prod], stage[prod] + 1, stage[prod] - 1)
+    boundary = np.where(down[prod], stage[prod], stage[prod] - 1)
+    full_b = where[1, dst, mb[prod]]
+    consumer = np.where(down[prod], where[0, dst, mb[prod]], np.where(full_b >= 0, full_b, where[2, dst, mb[prod]]))
+    return prod, consumer, boundary, dst % pp
 
 
 def _levelled(col, sends, cross, rows: int, width: int, last_slots) -> _Graph:

@@ -18,11 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import tiny_cluster, tiny_profile
+from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
 from pipesearch.search import ModelVariant, SearchOptions, search
 from pipesearch.simulate import simulate
-from pipesearch.split_search import exact_split, exhaustive_simulated_split
+from pipesearch.split_search import any_split_fits, exact_split, exhaustive_simulated_split
 from pipesearch.timemodel import StageTimes, gpipe_time_s, iteration_time_s, send_overlap, simulate_times
 from pipesearch.types import Job, Link
 
@@ -124,16 +125,19 @@ def _random_point(rng, L, schedule, pp, vp, m):
                                 in_flight=np.array(in_flight_peaks(actions)), stages_per_device=vp)
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_exact_split_equals_brute_force_over_the_simulator(seed):
-    """Random instances up to 8 layers, every schedule: the branch and bound's
-    time equals the best simulated time over every split that fits."""
+def _assert_exact_split_is_brute_force_optimum(seed: int, pp_low: int, m_steps: int) -> None:
+    """A random instance (seeded; up to 8 layers, the seed's schedule): the
+    branch and bound's time equals the best simulated time over every split
+    that fits, and it proves it (or both find no split)."""
     rng = np.random.default_rng(seed)
     schedule = SCHEDULES[seed % len(SCHEDULES)]
-    pp = int(rng.integers(1, 4))
+    pp = int(rng.integers(pp_low, 4))
     vp = 2 if schedule in ("interleaved-1f1b", "looped-bfs") and pp > 1 else 1
     L = int(rng.integers(pp * vp, 9))
-    m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
+    if schedule == "interleaved-1f1b":
+        m = pp * int(rng.integers(1, m_steps))
+    else:
+        m = int(rng.integers(pp, pp + m_steps + 1))
     costs = _random_point(rng, L, schedule, pp, vp, m)
     ref = exhaustive_simulated_split(costs, schedule, pp, vp)
     got = exact_split(costs, schedule, pp, vp)
@@ -142,38 +146,26 @@ def test_exact_split_equals_brute_force_over_the_simulator(seed):
         return
     assert got is not None and got.exact
     assert got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_exact_split_equals_brute_force_over_the_simulator(seed):
+    """Random instances up to 8 layers, every schedule: the branch and bound's
+    time equals the best simulated time over every split that fits."""
+    _assert_exact_split_is_brute_force_optimum(seed, pp_low=1, m_steps=4)
 
 
 @pytest.mark.parametrize("seed", range(40, 52))
 def test_exact_split_with_tables_in_stage_blocks(seed, monkeypatch):
     """Tables too large for one block are built stage by stage and the
     per-node terms recomputed: the same optimum as brute force."""
-    import pipesearch.split_search as split_search
-
     monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
-    rng = np.random.default_rng(seed)
-    schedule = SCHEDULES[seed % len(SCHEDULES)]
-    pp = int(rng.integers(2, 4))
-    vp = 2 if schedule in ("interleaved-1f1b", "looped-bfs") else 1
-    L = int(rng.integers(pp * vp, 9))
-    m = pp * int(rng.integers(1, 3)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 4))
-    costs = _random_point(rng, L, schedule, pp, vp, m)
-    ref = exhaustive_simulated_split(costs, schedule, pp, vp)
-    got = exact_split(costs, schedule, pp, vp)
-    if ref is None:
-        assert got is None
-        return
-    assert got is not None and got.exact
-    assert got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
+    _assert_exact_split_is_brute_force_optimum(seed, pp_low=2, m_steps=3)
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_any_split_fits_equals_enumeration(seed):
     """The greedy feasibility test agrees with trying every split."""
-    import itertools
-
-    from pipesearch.split_search import any_split_fits
-
     rng = np.random.default_rng(seed)
     pp = int(rng.integers(1, 4))
     L = int(rng.integers(pp, 9))
