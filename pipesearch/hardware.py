@@ -21,7 +21,7 @@ from typing import Any
 from . import catalog, limits
 from .errors import CatalogError, InputError
 from .input_files import non_regular_kind, parse_failure, read_input_bytes
-from .types import Cluster, DeviceGroup, DeviceSpec, Link
+from .types import Cluster, DeviceGroup, DeviceSpec, HostSpec, Link
 
 GIB = 2**30
 GB = 1e9
@@ -40,9 +40,21 @@ _DEVICE_KEYS = {
     "achieved_fraction": (False, "a number in (0, 1]"),
     "gemm_half_efficiency_size": (False, "a number >= 0 (a GEMM dimension)"),
     "peak_fp8_TFLOPS": (False, "a positive number of TFLOP/s (dense FP8 tensor peak)"),
+    "tensor_accumulate": (False, '"fp16" or "fp32" (the accumulate type of peak_fp16_TFLOPS)'),
+    "nvlink": (False, "true or false (whether the device has NVLink to its peers)"),
 }
 _CLUSTER_KEYS = ("name", "description", "nodes", "devices_per_node", "device",
-                 "groups", "intra_node", "inter_node", "inter_group")
+                 "groups", "intra_node", "inter_node", "inter_group", "host")
+#: [host] key -> description of the expected value (all required)
+_HOST_KEYS = {
+    "memory_GB": "a positive number of GB (1e9 bytes) of host memory per node",
+    "pcie_generation": "3, 4 or 5",
+    "pcie_lanes_per_gpu": "one of 1, 2, 4, 8, 16",
+    "host_to_device_GBps": "a positive number of GB/s (pinned copies, one GPU alone)",
+    "switch_uplink_GBps": "a positive number of GB/s (one PCIe switch's uplink)",
+    "pcie_switches": "an array of arrays of node-local GPU indices that partition 0 .. devices_per_node - 1",
+    "cpu_adam_params_per_s": "a positive number of parameters per second",
+}
 _GROUP_KEYS = ("nodes", "devices_per_node", "device")
 _LINK_KEYS = ("bandwidth_GBps", "latency_us")
 
@@ -111,6 +123,9 @@ _RANGES = {
     "bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
     "latency_us": (0.0, limits.MAX_LATENCY_US, True, "us"),
     "gemm_half_efficiency_size": (0.0, float(limits.MAX_COUNT), True, ""),
+    "host_to_device_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
+    "switch_uplink_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
+    "cpu_adam_params_per_s": (0.0, limits.MAX_PARAMS_PER_S, False, "parameters/s"),
 }
 
 
@@ -190,7 +205,14 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
     if limits.out_of_range(fraction, 0.0, 1.0, low_inclusive=False):
         raise _fail(path, "achieved_fraction", fraction, "a number in (0, 1]")
 
+    accumulate = data.get("tensor_accumulate", "fp32")
+    if accumulate not in ("fp16", "fp32"):
+        raise _fail(path, "tensor_accumulate", accumulate, _DEVICE_KEYS["tensor_accumulate"][1])
+    nvlink = data.get("nvlink")
+    if nvlink is not None and not isinstance(nvlink, bool):
+        raise _fail(path, "nvlink", nvlink, _DEVICE_KEYS["nvlink"][1])
     return DeviceSpec(
+        tensor_accumulate=accumulate, nvlink=nvlink,
         name=_string(path, "name", data["name"]),
         memory_bytes=memory,
         peak_fp16_flops=TERA * _number(path, "peak_fp16_TFLOPS", data["peak_fp16_TFLOPS"]),
@@ -220,6 +242,45 @@ def _link(where: Path, data: dict, key: str) -> Link:
     latency = _number(where, prefix + "latency_us", _get(where, table, "latency_us", prefix),
                       positive=False)
     return Link(bandwidth_bytes_per_s=bandwidth * GB, latency_s=latency / MICROS_PER_S)
+
+
+def _host(where: Path, data: dict, groups: tuple[DeviceGroup, ...]) -> HostSpec:
+    """The ``[host]`` table as a :class:`HostSpec` (GB -> bytes, GBps ->
+    bytes/s); ``pcie_switches`` must partition the GPUs of every node."""
+    table = _table(where, "host", data["host"])
+    _check_keys(where, table, _HOST_KEYS, prefix="host.")
+    for key, expected in _HOST_KEYS.items():
+        if key not in table:
+            raise InputError(f"{where}: missing key 'host.{key}' (expected {expected})")
+    gen, lanes = table["pcie_generation"], table["pcie_lanes_per_gpu"]
+    if isinstance(gen, bool) or gen not in (3, 4, 5) or not isinstance(gen, int):
+        raise _fail(where, "host.pcie_generation", gen, _HOST_KEYS["pcie_generation"])
+    if isinstance(lanes, bool) or lanes not in (1, 2, 4, 8, 16) or not isinstance(lanes, int):
+        raise _fail(where, "host.pcie_lanes_per_gpu", lanes, _HOST_KEYS["pcie_lanes_per_gpu"])
+    switches = table["pcie_switches"]
+    per_node = {g.devices_per_node for g in groups}
+    ok = (isinstance(switches, list) and switches and len(per_node) == 1
+          and all(isinstance(sw, list) and sw and all(isinstance(x, int) and not isinstance(x, bool)
+                                                      for x in sw) for sw in switches))
+    if ok:
+        flat = sorted(x for sw in switches for x in sw)
+        ok = flat == list(range(per_node.pop()))
+    if not ok:
+        sizes = "/".join(str(g.devices_per_node) for g in groups)
+        raise _fail(where, "host.pcie_switches", switches,
+                    f"{_HOST_KEYS['pcie_switches']} (devices_per_node = {sizes}; every group "
+                    f"must have the same count), each GPU under exactly one switch")
+    return HostSpec(
+        memory_bytes=GB * _number(where, "host.memory_GB", table["memory_GB"]),
+        pcie_generation=gen, pcie_lanes_per_gpu=lanes,
+        host_to_device_bytes_per_s=GB * _number(where, "host.host_to_device_GBps",
+                                                table["host_to_device_GBps"]),
+        switch_uplink_bytes_per_s=GB * _number(where, "host.switch_uplink_GBps",
+                                               table["switch_uplink_GBps"]),
+        pcie_switches=tuple(tuple(sw) for sw in switches),
+        cpu_adam_params_per_s=_number(where, "host.cpu_adam_params_per_s",
+                                      table["cpu_adam_params_per_s"]),
+    )
 
 
 def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:
@@ -331,6 +392,7 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
         inter_node=_link(path, data, "inter_node"),
         inter_group=inter_group,
         description=_string(path, "description", data.get("description", "")),
+        host=_host(path, data, groups) if "host" in data else None,
     )
 
 
@@ -362,7 +424,9 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
         ``groups`` (per group: device, nodes, devices_per_node, first and last
         device id, memory_bytes, peak_fp16_flops, achieved_fraction) and
         ``links`` (``intra_node``, ``inter_node`` and, for more than one
-        group, ``inter_group``; each bandwidth_bytes_per_s and latency_s).
+        group, ``inter_group``; each bandwidth_bytes_per_s and latency_s)
+        and, when the file has a ``[host]`` table, ``host`` (its
+        :class:`HostSpec` fields, SI units).
     """
     groups, first = [], 0
     for g in cluster.groups:
@@ -393,4 +457,14 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
         "total_memory_bytes": sum(g.device.memory_bytes * g.num_devices for g in cluster.groups),
         "groups": groups,
         "links": links,
+        **({"host": _host_dict(cluster.host)} if cluster.host is not None else {}),
     }
+
+
+def _host_dict(host: HostSpec) -> dict[str, Any]:
+    return {"memory_bytes": host.memory_bytes, "pcie_generation": host.pcie_generation,
+            "pcie_lanes_per_gpu": host.pcie_lanes_per_gpu,
+            "host_to_device_bytes_per_s": host.host_to_device_bytes_per_s,
+            "switch_uplink_bytes_per_s": host.switch_uplink_bytes_per_s,
+            "pcie_switches": [list(sw) for sw in host.pcie_switches],
+            "cpu_adam_params_per_s": host.cpu_adam_params_per_s}

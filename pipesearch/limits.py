@@ -34,6 +34,8 @@ MIN_TFLOPS, MAX_TFLOPS = 1e-9, 1e6
 #: requests in one simulated serving run (``serve --num-requests``): 10**5 take
 #: seconds per plan; far more would look like a hang
 MAX_SIMULATED_REQUESTS = 100_000
+#: a host CPU's optimizer throughput, parameters per second (far above any CPU)
+MAX_PARAMS_PER_S = 1e15
 #: counts such as a batch size, a hidden size or a sequence length (int32)
 MAX_COUNT = 2**31 - 1
 

@@ -129,6 +129,10 @@ class DeviceSpec:
             ``achieved_fraction`` is reached (see :meth:`achieved_fraction_at`).
         peak_fp8_flops: dense FP8 tensor peak, FLOP/s; 0 for devices without
             FP8 tensor cores (serving times FP8 GEMMs at this rate).
+        tensor_accumulate: accumulate type at which ``peak_fp16_flops`` holds
+            (``"fp16"`` or ``"fp32"``; GeForce cards run fp32 accumulate at
+            half their fp16-accumulate rate).
+        nvlink: whether the device has NVLink to its peers (``None``: not stated).
     """
 
     name: str
@@ -140,6 +144,8 @@ class DeviceSpec:
     description: str = ""
     gemm_half_efficiency_size: float = 0.0
     peak_fp8_flops: float = 0.0
+    tensor_accumulate: str = "fp32"
+    nvlink: bool | None = None
 
     def achieved_fraction_at(self, gemm_size: float) -> float:
         """Fraction of ``peak_fp16_flops`` reached by a transformer whose GEMMs
@@ -180,6 +186,44 @@ class DeviceGroup:
 
 
 @dataclass(frozen=True)
+class HostSpec:
+    """The host side of every node of a cluster: host memory and the PCIe
+    tree between the host and the node's GPUs (the same for each node).
+
+    Attributes:
+        memory_bytes: host (CPU) memory of one node usable for offloaded
+            training state, bytes.
+        pcie_generation: PCIe generation of the GPU links (3, 4 or 5).
+        pcie_lanes_per_gpu: lanes of each GPU's link (x16 usually).
+        host_to_device_bytes_per_s: effective pinned host-to-device copy
+            bandwidth of one GPU transferring alone, bytes/s (about 12.4 GB/s
+            Gen3, 25 GB/s Gen4, 55 GB/s Gen5 for x16).
+        switch_uplink_bytes_per_s: bandwidth of the uplink from one PCIe
+            switch to its root complex, shared by every GPU under the switch
+            that transfers at the same time, bytes/s.
+        pcie_switches: the node-local GPU indices under each switch; the
+            lists partition ``0 .. devices_per_node - 1``.
+        cpu_adam_params_per_s: parameters per second the host's CPU Adam
+            (fp32 master weights and moments) updates.
+    """
+
+    memory_bytes: float
+    pcie_generation: int
+    pcie_lanes_per_gpu: int
+    host_to_device_bytes_per_s: float
+    switch_uplink_bytes_per_s: float
+    pcie_switches: tuple[tuple[int, ...], ...]
+    cpu_adam_params_per_s: float
+
+    def switch_of(self, local_gpu: int) -> int:
+        """Index of the switch that node-local GPU ``local_gpu`` sits under."""
+        for k, members in enumerate(self.pcie_switches):
+            if local_gpu in members:
+                return k
+        raise IndexError(f"GPU {local_gpu} is under no PCIe switch of the host")
+
+
+@dataclass(frozen=True)
 class Cluster:
     """A cluster of one or more device groups.
 
@@ -187,7 +231,8 @@ class Cluster:
     ``0 .. devices_per_node-1``, and so on. Two devices on the same node talk
     over ``intra_node``; on different nodes of the same group over
     ``inter_node``; in different groups over ``inter_group`` (``inter_node``
-    when not given).
+    when not given). ``host`` describes each node's host memory and PCIe
+    tree (``None``: not given; nothing can be offloaded).
     """
 
     name: str
@@ -196,6 +241,7 @@ class Cluster:
     inter_node: Link
     inter_group: Link | None = None
     description: str = ""
+    host: HostSpec | None = None
 
     @cached_property
     def num_devices(self) -> int:
