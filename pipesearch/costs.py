@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
-from .memory import FSDP_LIVE_UNITS, param_state_of, usable_memory_bytes
+from .memory import FSDP_LIVE_UNITS, OFFLOAD_KEPT_COMPONENTS, param_state_of, usable_memory_bytes
 # placement is the one home of layouts, links and per-stage device terms; the
 # names below are also reachable from here for callers of the cost model
 from .placement import (allreduce_model, device_rate_flops, pipeline_placement,  # noqa: F401
@@ -112,6 +112,84 @@ def device_time_scale(profiled: DeviceSpec | None, target: DeviceSpec, precision
     if profiled is None or profiled.name == target.name:
         return 1.0
     return device_rate_flops(profiled, precision) / device_rate_flops(target, precision)
+
+
+def range_max_table(values: np.ndarray) -> np.ndarray:
+    """Sparse table for range maxima: ``(levels, L)`` with row ``q`` holding
+    ``max(values[x : x + 2**q])`` (clipped at ``L``); :func:`range_max`
+    reads it. ``values`` has shape ``(L,)``, ``levels = floor(log2 L) + 1``."""
+    rows = [np.asarray(values, dtype=float)]
+    width = 1
+    while 2 * width <= len(values):
+        prev = rows[-1]
+        rows.append(np.maximum(prev, np.concatenate([prev[width:], np.full(width, -np.inf)])))
+        width *= 2
+    return np.stack(rows) if len(values) else np.zeros((1, 0))
+
+
+def range_max(table: np.ndarray, i, j):
+    """``max(values[i:j])`` from :func:`range_max_table`, vectorised over
+    broadcastable int arrays ``i``, ``j``; 0 where ``j <= i``."""
+    i, j = np.broadcast_arrays(np.asarray(i), np.asarray(j))
+    n = np.maximum(j - i, 1)
+    q = np.minimum(np.floor(np.log2(n)).astype(np.int64), table.shape[0] - 1)
+    L = table.shape[1]
+    a = table[q, np.clip(i, 0, max(L - 1, 0))]
+    b = table[q, np.clip(j - (1 << q), 0, max(L - 1, 0))]
+    return np.where(j > i, np.maximum(a, b), 0.0)
+
+
+@dataclass(frozen=True, eq=False)
+class StageOptions:
+    """Per-stage memory options of a search point, ordered fastest first,
+    stacked on a leading axis of ``K`` options (option 0 is the plain one).
+
+    Each stage runs the first option whose memory fits (on the device and,
+    for offloading options, in the host's share): the options form a chain
+    in which every layer's forward, backward and input-gradient times and
+    every stage's host step are non-decreasing from one option to the next
+    (checked on construction), and the simulated makespan is monotone
+    non-decreasing in every stage's times (a longest path with non-negative
+    weights), so for a fixed split the first fitting option of each stage
+    is the best choice of all stages together; memory is checked stage by
+    stage, so the choices are independent.
+
+    Arrays (``L`` layers, ``P`` stages; times at the micro-batch size on the
+    profiled device, bytes at the micro-batch size):
+        names: ``(K,)`` option names (``"none"``, ``"full"``, ``"none+offload"``...).
+        fwd_prefix_s, compute_prefix_s, bwd_input_prefix_s, saved_prefix_bytes:
+            ``(K, L+1)`` prefix sums as in :class:`PipelineCosts` under each option.
+        transient_table_bytes: ``(K, levels, L)`` :func:`range_max_table` of
+            the bytes one layer's backward re-creates (a recomputed layer's
+            full saved activations; Chen et al. 2016 sec. 3: checkpoints plus
+            the largest recomputed segment).
+        state_bytes_per_param_byte: ``(K,)`` device training state per
+            parameter byte (the optimizer state leaves it when offloaded).
+        host_bytes_per_param_byte: ``(K,)`` host memory per parameter byte.
+        host_step_s_per_param_byte: ``(K, P)`` seconds after the stage's last
+            backward per parameter byte (offloaded optimizer step,
+            :func:`pipesearch.host.offload_step_s_per_param`).
+        host_capacity_bytes: ``(P,)`` host memory each stage may fill.
+    """
+
+    names: tuple[str, ...]
+    fwd_prefix_s: np.ndarray
+    compute_prefix_s: np.ndarray
+    bwd_input_prefix_s: np.ndarray
+    saved_prefix_bytes: np.ndarray
+    transient_table_bytes: np.ndarray
+    state_bytes_per_param_byte: np.ndarray
+    host_bytes_per_param_byte: np.ndarray
+    host_step_s_per_param_byte: np.ndarray
+    host_capacity_bytes: np.ndarray
+
+    def __post_init__(self):
+        for name in ("fwd_prefix_s", "compute_prefix_s", "bwd_input_prefix_s", "host_step_s_per_param_byte"):
+            arr = getattr(self, name)
+            steps = np.diff(arr, axis=-1) if name != "host_step_s_per_param_byte" else arr
+            if np.any(np.diff(steps, axis=0) < -1e-12 * np.maximum(1.0, np.abs(steps[1:]))):
+                raise ValueError(f"stage options {self.names}: {name} decreases from one option to the "
+                                 "next; options must be ordered fastest first, layer by layer")
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,6 +248,7 @@ class PipelineCosts:
     bwd_input_prefix_s: np.ndarray | None = None
     tied_copy_bytes: np.ndarray | None = None
     gathered_bytes: np.ndarray | None = None
+    options: StageOptions | None = None
 
     @property
     def num_layers(self) -> int:
@@ -179,9 +258,67 @@ class PipelineCosts:
     def pp(self) -> int:
         return len(self.time_scale)
 
+    # -- per-stage options (StageOptions): every term below is that of the chosen option
+    def _option_memory(self, s, i, j):
+        """``(device bytes, host bytes)`` of every option, shape ``(K,) +
+        broadcast(s, i, j)``."""
+        o = self.options
+        s, i, j = np.broadcast_arrays(np.asarray(s), np.asarray(i), np.asarray(j))
+        K = len(o.names)
+        col = (slice(None),) + (None,) * i.ndim
+        params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
+        saved = o.saved_prefix_bytes[:, j] - o.saved_prefix_bytes[:, i]
+        transient = np.stack([range_max(o.transient_table_bytes[k], i, j) for k in range(K)])
+        device = params * o.state_bytes_per_param_byte[col] + saved * self.in_flight[s] + transient
+        return device, params * o.host_bytes_per_param_byte[col]
+
+    def option_index(self, s, i, j):
+        """Index of the option stage ``s`` holding ``[i, j)`` runs: the first
+        (fastest) that fits its device and host memory; 0 when none fits or
+        there are no options. Shape: ``broadcast(s, i, j)``."""
+        if self.options is None:
+            return np.zeros(np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape, dtype=np.int64)
+        device, host = self._option_memory(s, i, j)
+        s_b = np.broadcast_to(np.asarray(s), device.shape[1:])
+        ok = (device <= self.capacity_bytes[s_b]) & (host <= self.options.host_capacity_bytes[s_b])
+        return np.argmax(ok, axis=0)
+
+    def option_name(self, s: int, i: int, j: int) -> str:
+        """Name of the option stage ``s`` holding ``[i, j)`` runs (``""``
+        without options)."""
+        if self.options is None:
+            return ""
+        return self.options.names[int(self.option_index(s, i, j))]
+
+    def _range(self, name: str, s, i, j):
+        """``prefix[j] - prefix[i]`` of the chosen option's ``name`` array."""
+        if self.options is None:
+            prefix = getattr(self, name)
+            return prefix[j] - prefix[i]
+        k = self.option_index(s, i, j)
+        k, i, j = np.broadcast_arrays(k, np.asarray(i), np.asarray(j))
+        prefix = getattr(self.options, name)
+        return prefix[k, j] - prefix[k, i]
+
+    def host_step_s(self, s, i, j):
+        """Seconds after stage ``s``'s last backward for its host-side work
+        (an offloaded optimizer step); 0 without offloading options."""
+        if self.options is None:
+            return np.zeros(np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape)
+        k = self.option_index(s, i, j)
+        params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
+        return params * self.options.host_step_s_per_param_byte[k, np.asarray(s)]
+
+    def saved_bytes(self, s, i, j):
+        """Saved activation bytes of one micro-batch of stage ``s`` holding
+        ``[i, j)`` under its option (checkpoints only for recomputed layers)."""
+        return self._range("saved_prefix_bytes", s, i, j)
+
     # -- per-stage terms, vectorized: s is an int, i and j broadcastable int arrays
     def compute_s(self, s: int, i, j):
         """Forward+backward seconds of one micro-batch on stage ``s`` for ``[i, j)``."""
+        if self.options is not None:
+            return self.time_scale[s] * self._range("compute_prefix_s", s, i, j)
         return self.time_scale[s] * (self.compute_prefix_s[j] - self.compute_prefix_s[i])
 
     def p2p_s(self, s: int, j):
@@ -199,7 +336,12 @@ class PipelineCosts:
     def memory_bytes(self, s: int, i, j):
         """Split-dependent peak bytes on one device of stage ``s`` holding
         ``[i, j)``: state + in-flight activations (compared with
-        ``capacity_bytes``, which is net of the fixed parts)."""
+        ``capacity_bytes``, which is net of the fixed parts); with options,
+        those of the chosen option (:meth:`option_index`)."""
+        if self.options is not None:
+            device, _ = self._option_memory(s, i, j)
+            k = self.option_index(s, i, j)
+            return np.take_along_axis(device, k[None], axis=0)[0]
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
         return params * self.state_bytes_per_param_byte + saved * self.in_flight[s]
@@ -232,14 +374,25 @@ class PipelineCosts:
         tied = float(self.tied_copy_bytes[s]) if self.tied_copy_bytes is not None else 0.0
         gathered = float(self.gathered_bytes[s]) if self.gathered_bytes is not None else 0.0
         out: dict[str, float] = {}
+        offloaded = "offload" in self.option_name(s, i, j)
         if param_state is not None:
             n = params / bytes_per_param
-            out.update({k: n * v for k, v in param_state.breakdown_per_param(dp).items()})
+            parts = param_state.breakdown_per_param(dp)
+            if offloaded:
+                parts = {k: v for k, v in parts.items() if k in OFFLOAD_KEPT_COMPONENTS}
+            out.update({k: n * v for k, v in parts.items()})
         else:
-            out["state"] = params * self.state_bytes_per_param_byte
+            k = int(self.option_index(s, i, j))
+            state = (self.options.state_bytes_per_param_byte[k] if self.options is not None
+                     else self.state_bytes_per_param_byte)
+            out["state"] = params * state
         out["tied_copy"] = tied
         out["gathered_weights"] = gathered
-        out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s])
+        if self.options is None:
+            out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s])
+        else:
+            out["activations"] = float(self.memory_bytes(s, i, j)) - sum(
+                v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
         return out
 
     def sum_term(self, s: int, i, j):
@@ -248,10 +401,16 @@ class PipelineCosts:
 
     def max_term(self, s: int, i, j):
         """``b_k = (m - 1) * a_k + allreduce_k``: the stage as the bottleneck."""
-        return (self.num_micro_batches - 1) * self.sum_term(s, i, j) + self.allreduce_s(s, i, j)
+        return (self.num_micro_batches - 1) * self.sum_term(s, i, j) + self.after_backward_s(s, i, j)
 
     def fits(self, s: int, i, j):
-        """Whether stage ``s`` holding ``[i, j)`` fits in its devices' memory."""
+        """Whether stage ``s`` holding ``[i, j)`` fits in its devices' memory
+        (with options: whether one of them fits, device and host)."""
+        if self.options is not None:
+            device, host = self._option_memory(s, i, j)
+            s_b = np.broadcast_to(np.asarray(s), device.shape[1:])
+            return np.any((device <= self.capacity_bytes[s_b])
+                          & (host <= self.options.host_capacity_bytes[s_b]), axis=0)
         return self.memory_bytes(s, i, j) <= self.capacity_bytes[s]
 
     def stage_terms(self, bounds) -> tuple[np.ndarray, np.ndarray]:
@@ -259,7 +418,7 @@ class PipelineCosts:
         (arrays of shape ``(P,)``)."""
         s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
         a = self.sum_term(s, i, j)
-        return a, (self.num_micro_batches - 1) * a + self.allreduce_s(s, i, j)
+        return a, (self.num_micro_batches - 1) * a + self.after_backward_s(s, i, j)
 
     def iteration_time_s(self, bounds) -> float:
         """Analytic iteration time of the split with boundaries
@@ -270,6 +429,8 @@ class PipelineCosts:
     # -- the split's terms of the time model (pipesearch.timemodel)
     def fwd_s(self, s, i, j):
         """Forward compute seconds of one micro-batch on stage ``s`` for ``[i, j)``."""
+        if self.options is not None:
+            return self.time_scale[s] * self._range("fwd_prefix_s", s, i, j)
         return self.time_scale[s] * (self.fwd_prefix_s[j] - self.fwd_prefix_s[i])
 
     def bwd_s(self, s, i, j):
@@ -278,6 +439,8 @@ class PipelineCosts:
 
     def bwd_input_s(self, s, i, j):
         """Input-gradient part of the backward on stage ``s``."""
+        if self.options is not None:
+            return self.time_scale[s] * self._range("bwd_input_prefix_s", s, i, j)
         prefix = self.bwd_input_prefix_s if self.bwd_input_prefix_s is not None else self.compute_prefix_s * 0
         return self.time_scale[s] * (prefix[j] - prefix[i])
 
@@ -307,7 +470,15 @@ class PipelineCosts:
         return StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
                           bwd_input_s=arr(self.bwd_input_s(s, i, j)),
                           p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
-                          allreduce_s=arr(self.allreduce_s(s, i, j)))
+                          allreduce_s=arr(self.after_backward_s(s, i, j)))
+
+    def after_backward_s(self, s, i, j):
+        """What stage ``s`` adds after its last backward: :meth:`allreduce_s`
+        plus its :meth:`host_step_s` (not overlapped: the offloaded optimizer
+        step starts when the stage's gradients are complete)."""
+        if self.options is None:
+            return self.allreduce_s(s, i, j)
+        return self.allreduce_s(s, i, j) + self.host_step_s(s, i, j)
 
     def split_fits(self, bounds) -> bool:
         s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
@@ -329,6 +500,8 @@ def build_pipeline_costs(
     in_flight: np.ndarray | None = None,
     stages_per_device: int = 1,
     links: tuple[list[Link], list[tuple[float, float]]] | None = None,
+    tp: int = 1,
+    optimizer_offload: bool = False,
 ) -> PipelineCosts:
     """Assemble the cost terms of one search point.
 
@@ -345,6 +518,10 @@ def build_pipeline_costs(
             device's usable memory, so the device's total never exceeds it.
         links: precomputed :func:`placement_links` of ``placement`` (the
             search reuses them across points with the same placement).
+        tp: tensor-parallel degree of the slots (their devices are the
+            ``tp`` consecutive ids from each head; for PCIe sharing).
+        optimizer_offload: also offer stages the optimizer in host memory
+            (:func:`stage_options`; the cluster needs a ``[host]`` table).
 
     Raises:
         InputError: placement shape does not match ``(pp, dp)``.
@@ -373,7 +550,10 @@ def build_pipeline_costs(
     usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement))
     capacity = ((usable - gathered * stages_per_device)
                 * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
+    options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
+                            offload=optimizer_offload, stages_per_device=stages_per_device)
     return PipelineCosts(
+        options=options,
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
         fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),
@@ -423,3 +603,87 @@ def device_memory_shares(profile: ModelProfile, in_flight: np.ndarray, stages_pe
     need = S + n * A
     total = np.bincount(dev, weights=need, minlength=P // stages_per_device)[dev]
     return np.where(total > 0, need / np.where(total > 0, total, 1.0), 1.0 / stages_per_device)
+
+
+RECOMPUTE_OPTIONS = ("none", "full")
+"""Per-stage recompute options of a profile with ``recompute_saved_bytes``."""
+
+
+def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
+                  placement: np.ndarray, tp: int = 1, offload: bool = False,
+                  stages_per_device: int = 1) -> StageOptions | None:
+    """The per-stage memory options of a search point, fastest first, or
+    ``None`` when a stage has only its plain one.
+
+    * Recompute (profiles whose layers have ``recompute_saved_bytes``):
+      ``full`` keeps only each recomputable layer's checkpoint per in-flight
+      micro-batch and re-runs its forward in backward: the layer's backward
+      and its input-gradient part each grow by its forward time (Chen et al.
+      2016 sec. 3; Korthikanti et al. 2022 sec. 4), and the layer whose
+      backward runs holds its full saved activations once more (the
+      transient term).
+    * Optimizer offload (``offload`` and a cluster with ``[host]``):
+      ``+offload`` keeps the optimizer state in host memory
+      (:func:`pipesearch.memory.offload_bytes_per_param`) and adds its step
+      after the stage's last backward
+      (:func:`pipesearch.host.offload_step_s_per_param`, worst-case PCIe
+      sharing); host memory is divided among the node's GPUs
+      (:func:`pipesearch.host.host_memory_share_bytes`).
+
+    The chain: ``none, full`` without offload; ``none, none+offload,
+    full+offload`` with it (``none, none+offload`` for a profile without
+    recompute columns). Every option's times are at least the previous
+    one's, layer by layer (:class:`StageOptions`).
+    """
+    from . import host as host_lib
+    from .memory import offload_bytes_per_param
+
+    arrays = profile.layer_arrays
+    recompute = bool(arrays["recomputable"].any())
+    offload = offload and cluster.host is not None
+    if not recompute and not offload:
+        return None
+    names = (("none", "none+offload", "full+offload") if recompute else ("none", "none+offload")) if offload \
+        else RECOMPUTE_OPTIONS
+    fwd, bwd, bin_ = (arrays[k] * ratio for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    rc = arrays["recomputable"]
+    saved, ckpt = arrays["saved_bytes"] * ratio, arrays["recompute_saved_bytes"] * ratio
+    state = param_state_of(job)
+    on_device = state.bytes_per_param(dp) / profile.bytes_per_param
+    off_device, off_host = (x / profile.bytes_per_param for x in offload_bytes_per_param(state, dp))
+    P = len(placement)
+    step = np.zeros(P)
+    host_cap = np.zeros(P)
+    if offload:
+        share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+        step = host_lib.offload_step_s_per_param(
+            cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp),
+            host_lib.node_sharing(cluster, placement, tp), grad_bytes=profile.bytes_per_param,
+            weight_bytes=profile.bytes_per_param, share=share) / profile.bytes_per_param
+        host_cap = host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device)
+    zero = np.zeros(1)
+
+    def prefix(x):
+        return np.concatenate([zero, np.cumsum(x)])
+
+    rows = {"fwd": [], "compute": [], "bin": [], "saved": [], "transient": [], "state": [], "host": [], "step": []}
+    for name in names:
+        full = name.startswith("full")
+        extra = rc * fwd if full else 0 * fwd
+        rows["fwd"].append(prefix(fwd))
+        rows["compute"].append(prefix(fwd + bwd + extra))
+        rows["bin"].append(prefix(bin_ + extra))
+        rows["saved"].append(prefix(np.where(rc > 0, ckpt, saved) if full else saved))
+        rows["transient"].append(range_max_table(np.where(rc > 0, saved, 0.0) if full else 0 * saved))
+        off = name.endswith("+offload")
+        rows["state"].append(off_device if off else on_device)
+        rows["host"].append(off_host if off else 0.0)
+        rows["step"].append(step if off else np.zeros(P))
+    return StageOptions(
+        names=names, fwd_prefix_s=np.stack(rows["fwd"]), compute_prefix_s=np.stack(rows["compute"]),
+        bwd_input_prefix_s=np.stack(rows["bin"]), saved_prefix_bytes=np.stack(rows["saved"]),
+        transient_table_bytes=np.stack(rows["transient"]),
+        state_bytes_per_param_byte=np.array(rows["state"], dtype=float),
+        host_bytes_per_param_byte=np.array(rows["host"], dtype=float),
+        host_step_s_per_param_byte=np.stack(rows["step"]), host_capacity_bytes=host_cap,
+    )

@@ -145,6 +145,32 @@ class ParamState:
         return self.weight_bytes if self.stage >= 3 else 0.0
 
 
+OFFLOAD_KEPT_COMPONENTS = ("weights", "grads", "main_grads")
+"""Components a device keeps when its optimizer is offloaded to the host
+(ZeRO-Offload, Ren et al. USENIX ATC'21, sec. 4.1 and Fig. 2: the
+forward-backward super-node keeps the 16-bit weights and gradients on the
+GPU; the update super-node, fp32 weights, gradients, momentum and variance,
+lives on the CPU)."""
+
+#: fp32 gradient copy on the host per parameter (ZeRO-Offload's update super-node)
+OFFLOAD_HOST_GRAD_BYTES = 4.0
+
+
+def offload_bytes_per_param(state: ParamState, dp: int) -> tuple[float, float]:
+    """``(device, host)`` bytes per parameter of one of ``dp`` replicas with
+    the optimizer offloaded: the device keeps :data:`OFFLOAD_KEPT_COMPONENTS`
+    (sharded as ``state`` says), the host the master weights and moments
+    (sharded likewise) plus a fp32 gradient copy of the same share, e.g.
+    ``(4, 16)`` for ``mixed-adam`` without sharding (ZeRO-Offload Fig. 2:
+    ``2M + 2M`` on the GPU, ``4 x 4M`` on the CPU)."""
+    parts = state.breakdown_per_param(dp)
+    device = sum(v for k, v in parts.items() if k in OFFLOAD_KEPT_COMPONENTS)
+    opt_share = parts["master_weights"] / state.master_bytes if state.master_bytes else (
+        parts["optimizer_moments"] / state.moment_bytes if state.moment_bytes else 1.0)
+    host = parts["master_weights"] + parts["optimizer_moments"] + OFFLOAD_HOST_GRAD_BYTES * opt_share
+    return device, host
+
+
 PRESETS: dict[str, ParamState] = {
     "mixed-adam": ParamState(2.0, 2.0, 0.0, 4.0, 8.0, "none", "mixed-adam"),
     "megatron": ParamState(2.0, 0.0, 4.0, 4.0, 8.0, "none", "megatron"),

@@ -35,7 +35,7 @@ from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_fl
 from .placement import (check_layout, count_layouts, layout, layout_names, memory_bytes_of, num_slots,
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .errors import InfeasibleError, InputError
-from .memory import param_state_of, usable_memory_bytes
+from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .split_search import exact_split
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
@@ -176,12 +176,13 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
     cols = {
         "compute_s": costs.compute_s(st, i, j),
         "comm_s": costs.send_s(st, j),
-        "allreduce_s": costs.allreduce_s(st, i, j),
         "memory_bytes": costs.total_memory_bytes(st, i, j),
         "send_bytes": np.where(st + 1 < costs.pp, costs.output_bytes[j - 1], 0.0),
-        "fwd_s": scale * (costs.fwd_prefix_s[j] - costs.fwd_prefix_s[i]),
-        "saved_bytes": costs.saved_prefix_bytes[j] - costs.saved_prefix_bytes[i],
-        "bwd_input_s": scale * (costs.bwd_input_prefix_s[j] - costs.bwd_input_prefix_s[i]),
+        "fwd_s": costs.fwd_s(st, i, j),
+        "saved_bytes": costs.saved_bytes(st, i, j),
+        "bwd_input_s": costs.bwd_input_s(st, i, j),
+        "allreduce_s": costs.after_backward_s(st, i, j),
+        "host_step_s": costs.host_step_s(st, i, j),
     }
     cols = {k: v.tolist() for k, v in cols.items()}
     stages = []
@@ -193,7 +194,7 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
         stages.append(StagePlan(
             index=s, layers=(int(i[s]), int(j[s])), layer_names=tuple(names[i[s]:j[s]]), devices=devices,
             device_type=",".join(dict.fromkeys(cluster.device_spec(d).name for d in devices)),
-            memory_breakdown=tuple(parts.items()),
+            memory_breakdown=tuple(parts.items()), memory_option=costs.option_name(s, int(i[s]), int(j[s])),
             **{k: v[s] for k, v in cols.items()},
         ))
     return tuple(stages)
@@ -425,8 +426,12 @@ def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndar
     arrays = profile.layer_arrays
     # sharding divides parts of the state by dp; the floor is what is left as dp -> infinity
     floor = param_state_of(job).floor_bytes_per_param()
+    # per-stage recompute keeps at least the checkpoints (costs.stage_options)
+    saved = np.minimum(arrays["saved_bytes"], arrays["recompute_saved_bytes"])
+    if job.optimizer_offload:  # the optimizer state may leave the device (memory.offload_bytes_per_param)
+        floor = min(floor, offload_bytes_per_param(param_state_of(job), 1 << 30)[0])
     return (arrays["param_bytes"] * floor / profile.bytes_per_param,
-            arrays["saved_bytes"] / profile.profiled_batch_size)
+            saved / profile.profiled_batch_size)
 
 
 def _surely_out_of_memory(totals, row: dict, in_flight: np.ndarray, slot_capacity_bytes: np.ndarray) -> bool:
@@ -752,7 +757,7 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
         profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
                                                                       variant.profile.wgrad_saved_fraction),
-        stages_per_device=vp, links=links,
+        stages_per_device=vp, links=links, tp=variant.tp, optimizer_offload=job.optimizer_offload,
     )
     return slots, costs
 

@@ -40,6 +40,10 @@ class Layer:
         bwd_input_s: optional share of ``bwd_s`` that computes the input
             gradient (zero-bubble schedules split backward into I and W).
         flops: optional forward+backward FLOPs at the profile's batch size.
+        recompute_saved_bytes: optional bytes the layer keeps per batch when
+            its activations are recomputed in backward (full recompute: its
+            input, the checkpoint; Chen et al. 2016 sec. 3); ``None``: the
+            layer is never recomputed.
     """
 
     name: str
@@ -50,6 +54,7 @@ class Layer:
     saved_bytes: float
     bwd_input_s: float | None = None
     flops: float | None = None
+    recompute_saved_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,13 +105,19 @@ class ModelProfile:
     def layer_arrays(self) -> dict:
         """The layer table as float arrays of shape ``(num_layers,)``: ``fwd_s``,
         ``bwd_s``, ``bwd_input_s`` (half of ``bwd_s`` where not given),
-        ``param_bytes``, ``output_bytes``, ``saved_bytes``. Computed once."""
+        ``param_bytes``, ``output_bytes``, ``saved_bytes``, ``recomputable``
+        (1.0 where the layer has ``recompute_saved_bytes``, else 0.0) and
+        ``recompute_saved_bytes`` (``saved_bytes`` where not recomputable).
+        Computed once."""
         import numpy as np
 
         cols = {k: np.array([getattr(lay, k) for lay in self.layers], dtype=float)
                 for k in ("fwd_s", "bwd_s", "param_bytes", "output_bytes", "saved_bytes")}
         cols["bwd_input_s"] = np.array([lay.bwd_s / 2 if lay.bwd_input_s is None else lay.bwd_input_s
                                         for lay in self.layers], dtype=float)
+        cols["recomputable"] = np.array([lay.recompute_saved_bytes is not None for lay in self.layers], dtype=float)
+        cols["recompute_saved_bytes"] = np.array([lay.saved_bytes if lay.recompute_saved_bytes is None
+                                                  else lay.recompute_saved_bytes for lay in self.layers], dtype=float)
         for v in cols.values():
             v.flags.writeable = False
         return cols
@@ -341,6 +352,9 @@ class Job:
             unplanned on top of ``memory_reserve_bytes`` (allocator
             fragmentation, NCCL buffers, transient peaks the model does not
             count); usable memory ``= capacity * (1 - headroom) - reserve``.
+        optimizer_offload: let stages keep their optimizer state in host
+            memory (ZeRO-Offload style; the cluster needs a ``[host]`` table;
+            :func:`pipesearch.costs.stage_options`).
     """
 
     global_batch_size: int
@@ -351,6 +365,7 @@ class Job:
     optimizer_bytes_per_param: float = 12.0
     param_state: ParamState | None = None
     memory_headroom_fraction: float = 0.0
+    optimizer_offload: bool = False
 
 
 @dataclass(frozen=True)
@@ -364,7 +379,12 @@ class StagePlan:
     over the stage's outgoing boundary; ``send_bytes`` the activation bytes sent
     forward per micro-batch; ``saved_bytes`` the activation bytes one in-flight
     micro-batch keeps on the stage; ``allreduce_s`` the gradient all-reduce time per
-    iteration; ``memory_bytes`` the peak memory of one of its devices, and
+    iteration plus ``host_step_s`` (the stage's offloaded optimizer step, 0
+    when the optimizer stays on the device): what follows its last backward;
+    ``memory_option`` the stage's per-stage memory option (``"full"``:
+    recomputed, ``"none+offload"``: optimizer in host memory;
+    :func:`pipesearch.costs.stage_options`; empty when there were none);
+    ``memory_bytes`` the peak memory of one of its devices, and
     ``memory_breakdown`` its parts as ``(name, bytes)`` pairs (training state
     by component, the copy of a tied matrix, gathered ZeRO-3 weights,
     activations; :meth:`pipesearch.costs.PipelineCosts.memory_breakdown`).
@@ -384,6 +404,8 @@ class StagePlan:
     saved_bytes: float = 0.0
     bwd_input_s: float = 0.0
     memory_breakdown: tuple[tuple[str, float], ...] = ()
+    memory_option: str = ""
+    host_step_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ def plans_table(plans) -> str:
             "rank": p.rank,
             "pp x dp x tp": f"{p.pp} x {p.dp} x {p.tp}",
             "schedule": p.schedule + (f" v{p.vp}" if p.vp > 1 else ""),
-            "recompute": dict(p.extra).get("recompute", "none"),
+            "recompute": (",".join(st.memory_option for st in p.stages)
+                          if any(st.memory_option for st in p.stages) else dict(p.extra).get("recompute", "none")),
             "mbs x m": f"{p.micro_batch_size} x {p.num_micro_batches}",
             "layers/stage": layers,
             "iteration": format_seconds(p.predicted.iteration_time_s),

@@ -26,7 +26,14 @@ Format::
   output, what a stage boundary after it sends), optional ``saved_bytes``
   (bytes kept for backward; default ``output_bytes``) and optional
   ``bwd_input_ms`` (the input-gradient part of ``bwd_ms``, for zero-bubble
-  schedules; an empty cell means unknown). Byte counts are at ``batch_size``.
+  schedules; an empty cell means unknown) and optional
+  ``recompute_saved_bytes`` (bytes the layer keeps when it is recomputed in
+  backward, usually its input, the checkpoint; an empty cell: the layer is
+  never recomputed). Byte counts are at ``batch_size``. A recomputed layer
+  costs one extra forward in its backward (Chen et al. 2016, "Training Deep
+  Nets with Sublinear Memory Cost", sec. 3; Korthikanti et al. 2022 sec. 4:
+  full recompute re-runs the forward), so the search may recompute the
+  layers of any stage (``docs/offload.md``).
 * Every number must be finite and >= 0; ``bwd_input_ms <= bwd_ms``.
 
 On load times become seconds (``Layer.fwd_s`` ...). Millisecond values are
@@ -57,7 +64,7 @@ from ..types import Layer, ModelProfile
 
 MAGIC = "# pipesearch profile v1"
 REQUIRED_COLUMNS = ("name", "fwd_ms", "bwd_ms", "param_bytes", "output_bytes")
-OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms")
+OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms", "recompute_saved_bytes")
 HEADER_KEYS = ("model", "batch_size", "device", "bytes_per_param", "source")
 _HEADER_RE = re.compile(r"#\s*([A-Za-z_]+)\s*:(.*)$")
 
@@ -259,8 +266,12 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
                 raise _fail(path, f"line {line}, column 'bwd_input_ms'", f"value "
                             f"{row['bwd_input_ms'].strip()!r} exceeds bwd_ms {row['bwd_ms'].strip()!r}; "
                             "the input-gradient time is part of the backward time")
+        recompute_saved = None
+        if "recompute_saved_bytes" in frame.columns and row["recompute_saved_bytes"].strip():
+            recompute_saved = _cell_number(path, line, "recompute_saved_bytes", row["recompute_saved_bytes"], 0)
         layers.append(Layer(name=name, fwd_s=fwd, bwd_s=bwd, param_bytes=params,
-                            output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input))
+                            output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input,
+                            recompute_saved_bytes=recompute_saved))
     return ModelProfile(layers=tuple(layers), **meta)
 
 
@@ -271,7 +282,8 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
     """Write ``profile`` as a profile CSV (format in the module docstring).
 
     ``saved_bytes`` is always written; ``bwd_input_ms`` only when some layer
-    has ``bwd_input_s`` (empty cells for the others). ``Layer.flops`` is not
+    has ``bwd_input_s`` and ``recompute_saved_bytes`` only when some layer
+    has one (empty cells for the others). ``Layer.flops`` is not
     stored. Reading the file back gives an equal profile.
 
     Raises:
@@ -297,7 +309,9 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
     if profile.source:
         lines += [f"# source: {part.strip()}" for part in profile.source.split("\n")]
     with_bwd_input = any(layer.bwd_input_s is not None for layer in profile.layers)
-    columns = list(REQUIRED_COLUMNS) + ["saved_bytes"] + (["bwd_input_ms"] if with_bwd_input else [])
+    with_recompute = any(layer.recompute_saved_bytes is not None for layer in profile.layers)
+    columns = (list(REQUIRED_COLUMNS) + ["saved_bytes"] + (["bwd_input_ms"] if with_bwd_input else [])
+               + (["recompute_saved_bytes"] if with_recompute else []))
     rows = []
     for layer in profile.layers:
         row = {
@@ -310,6 +324,9 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
         }
         if with_bwd_input:
             row["bwd_input_ms"] = "" if layer.bwd_input_s is None else format_number(layer.bwd_input_s, 3)
+        if with_recompute:
+            row["recompute_saved_bytes"] = ("" if layer.recompute_saved_bytes is None
+                                            else format_number(layer.recompute_saved_bytes))
         rows.append(row)
     table = pd.DataFrame(rows, columns=columns).to_csv(index=False, lineterminator="\n")
     path.write_text("\n".join(lines) + "\n" + table, encoding="utf-8")

@@ -1,0 +1,127 @@
+"""The host side of a node: PCIe transfers between host memory and GPUs, with
+the sharing of a switch's uplink, and the offloaded optimizer step.
+
+The one home of host and PCIe link logic (the cluster's ``[host]`` table,
+:class:`pipesearch.types.HostSpec`). Model:
+
+* a GPU copying to or from pinned host memory alone gets
+  ``host_to_device_bytes_per_s`` (about 12.4 / 25 / 55 GB/s for PCIe 3.0 /
+  4.0 / 5.0 x16: ``hardware/README.md``);
+* ``n`` GPUs under one PCIe switch copying at the same time share the
+  switch's uplink: each gets ``min(host_to_device_bytes_per_s,
+  switch_uplink_bytes_per_s / n)`` (a fair share of a shared link; two Gen4
+  GPUs behind one x16 uplink get about 12.5 GB/s each, half of one alone);
+* GPUs under different switches do not slow each other (each switch has its
+  own uplink to its root complex).
+
+Which GPUs copy at the same time depends on the schedule; the cost model
+takes the worst case, every GPU of the plan under the switch at once, so a
+predicted offload time is an upper bound that is exact when all of them do
+(as in an optimizer step that ends every stage's iteration).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .types import Cluster, HostSpec
+
+
+def shared_bandwidth_bytes_per_s(host: HostSpec, sharing: int | np.ndarray):
+    """Bandwidth each of ``sharing`` GPUs under one switch gets when they all
+    copy to or from host memory at once, bytes/s (same shape as ``sharing``).
+
+    Raises:
+        ValueError: ``sharing < 1``.
+    """
+    n = np.asarray(sharing)
+    if np.any(n < 1):
+        raise ValueError(f"sharing = {sharing!r}: at least the GPU itself copies")
+    return np.minimum(host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s / n)
+
+
+def concurrent_transfers_s(cluster: Cluster, bytes_by_device: dict[int, float]) -> dict[int, float]:
+    """Seconds each GPU's copy of ``bytes_by_device[d]`` bytes (to or from
+    host memory) takes when all the listed GPUs copy at once: the GPUs under
+    one switch of one node share its uplink (module docstring), so two GPUs
+    under one switch take twice as long as one alone when the uplink is the
+    bottleneck, and GPUs under different switches take as long as alone.
+
+    Raises:
+        ValueError: the cluster has no ``[host]`` table.
+    """
+    host = _host(cluster)
+    sharing = switch_sharing(cluster, list(bytes_by_device))
+    return {d: float(b / shared_bandwidth_bytes_per_s(host, sharing[d])) for d, b in bytes_by_device.items()}
+
+
+def switch_sharing(cluster: Cluster, devices) -> dict[int, int]:
+    """For each device of ``devices`` (global ids), how many of ``devices``
+    sit under its PCIe switch (in its node), itself included."""
+    host = _host(cluster)
+    key = {d: (cluster.node_of(d), host.switch_of(_local(cluster, d))) for d in devices}
+    counts: dict[tuple[int, int], int] = {}
+    for k in key.values():
+        counts[k] = counts.get(k, 0) + 1
+    return {d: counts[k] for d, k in key.items()}
+
+
+def stage_switch_sharing(cluster: Cluster, placement: np.ndarray, tp: int = 1) -> np.ndarray:
+    """``(P,)`` for each stage of ``placement`` (``(P, dp)`` heads of
+    tensor-parallel groups of ``tp`` consecutive devices): the most GPUs of
+    the plan under one switch with one of the stage's GPUs (the worst-case
+    sharing of the module docstring)."""
+    placement = np.asarray(placement)
+    used = sorted({int(h) + t for h in placement.ravel() for t in range(tp)})
+    share = switch_sharing(cluster, used)
+    return np.array([max(share[int(h) + t] for h in row for t in range(tp)) for row in placement],
+                    dtype=np.int64)
+
+
+def node_sharing(cluster: Cluster, placement: np.ndarray, tp: int = 1) -> np.ndarray:
+    """``(P,)`` the most GPUs of the plan on one node with one of stage
+    ``s``'s GPUs (they share the node's CPU and host memory)."""
+    placement = np.asarray(placement)
+    used = sorted({int(h) + t for h in placement.ravel() for t in range(tp)})
+    nodes = np.bincount([cluster.node_of(d) for d in used], minlength=cluster.num_nodes)
+    return np.array([max(nodes[cluster.node_of(int(h) + t)] for h in row for t in range(tp)) for row in placement],
+                    dtype=np.int64)
+
+
+def offload_step_s_per_param(host: HostSpec, switch_share: np.ndarray, node_share: np.ndarray,
+                             grad_bytes: float, weight_bytes: float, share: float = 1.0) -> np.ndarray:
+    """Seconds per parameter of a stage's offloaded optimizer step (ZeRO-Offload,
+    Ren et al. USENIX ATC'21, sec. 4.1): its gradients to the host
+    (``grad_bytes`` per parameter), Adam on the CPU at the host's
+    ``cpu_adam_params_per_s`` divided among the ``node_share`` GPUs that
+    offload to it, and the updated ``weight_bytes`` per parameter back, one
+    after the other, each copy at the switch's shared bandwidth
+    (:func:`shared_bandwidth_bytes_per_s` with ``switch_share``); ``share`` is
+    the part of the parameters the device updates (``1 / dp`` when the
+    optimizer state is sharded). Shape of ``switch_share``."""
+    bw = shared_bandwidth_bytes_per_s(host, switch_share)
+    adam = np.asarray(node_share, dtype=float) / host.cpu_adam_params_per_s
+    return share * ((grad_bytes + weight_bytes) / bw + adam)
+
+
+def host_memory_share_bytes(cluster: Cluster, placement: np.ndarray, tp: int = 1,
+                            stages_per_device: int = 1) -> np.ndarray:
+    """``(P,)`` host memory each stage may fill: its node's host memory
+    divided equally among the plan's GPUs on that node (and among a device's
+    ``stages_per_device`` stages), so the node's total never exceeds it
+    whatever each stage stores. Zeros without a ``[host]`` table."""
+    if cluster.host is None:
+        return np.zeros(len(placement))
+    return cluster.host.memory_bytes / node_sharing(cluster, placement, tp) / stages_per_device
+
+
+def _local(cluster: Cluster, device: int) -> int:
+    group = cluster.group_of(device)
+    first = sum(g.num_devices for g in cluster.groups[:group])
+    return (device - first) % cluster.groups[group].devices_per_node
+
+
+def _host(cluster: Cluster) -> HostSpec:
+    if cluster.host is None:
+        raise ValueError(f"cluster {cluster.name!r} has no [host] table (host memory and PCIe links)")
+    return cluster.host
