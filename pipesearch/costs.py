@@ -631,8 +631,11 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
       (:func:`pipesearch.host.host_memory_share_bytes`).
 
     The chain: ``none, full`` without offload; ``none, none+offload,
-    full+offload`` with it (``none, none+offload`` for a profile without
-    recompute columns). Every option's times are at least the previous
+    full+offload`` with it (``on-device, offload`` for a layer table without
+    recompute columns, e.g. a transformer variant, whose recompute mode is
+    the variant's). With offload a profile's stage cannot recompute without
+    also offloading (``full`` and ``none+offload`` are not ordered: one adds
+    backward time, the other time after backward). Every option's times are at least the previous
     one's, layer by layer (:class:`StageOptions`).
     """
     from . import host as host_lib
@@ -643,7 +646,7 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
     offload = offload and cluster.host is not None
     if not recompute and not offload:
         return None
-    names = (("none", "none+offload", "full+offload") if recompute else ("none", "none+offload")) if offload \
+    names = (("none", "none+offload", "full+offload") if recompute else ("on-device", "offload")) if offload \
         else RECOMPUTE_OPTIONS
     fwd, bwd, bin_ = (arrays[k] * ratio for k in ("fwd_s", "bwd_s", "bwd_input_s"))
     rc = arrays["recomputable"]
@@ -675,7 +678,7 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
         rows["bin"].append(prefix(bin_ + extra))
         rows["saved"].append(prefix(np.where(rc > 0, ckpt, saved) if full else saved))
         rows["transient"].append(range_max_table(np.where(rc > 0, saved, 0.0) if full else 0 * saved))
-        off = name.endswith("+offload")
+        off = name.endswith("offload")
         rows["state"].append(off_device if off else on_device)
         rows["host"].append(off_host if off else 0.0)
         rows["step"].append(step if off else np.zeros(P))

@@ -59,6 +59,15 @@ def split_notes(plans) -> list[str]:
     return out
 
 
+def _recompute_label(plan) -> str:
+    """The plan's recompute mode, or each stage's when the search chose it
+    per stage (memory options ``none`` / ``full``, ``+offload`` aside)."""
+    per_stage = [st.memory_option.split("+")[0] for st in plan.stages]
+    if any(x in ("none", "full") for x in per_stage):
+        return ",".join(per_stage)
+    return dict(plan.extra).get("recompute", "none")
+
+
 def plans_table(plans) -> str:
     """The ranked plans as a fixed-width text table."""
     rows = []
@@ -68,8 +77,7 @@ def plans_table(plans) -> str:
             "rank": p.rank,
             "pp x dp x tp": f"{p.pp} x {p.dp} x {p.tp}",
             "schedule": p.schedule + (f" v{p.vp}" if p.vp > 1 else ""),
-            "recompute": (",".join(st.memory_option for st in p.stages)
-                          if any(st.memory_option for st in p.stages) else dict(p.extra).get("recompute", "none")),
+            "recompute": _recompute_label(p),
             "mbs x m": f"{p.micro_batch_size} x {p.num_micro_batches}",
             "layers/stage": layers,
             "iteration": format_seconds(p.predicted.iteration_time_s),
@@ -89,6 +97,9 @@ def plans_table(plans) -> str:
         table.insert(5, "device types", types)
     if (table["recompute"] == "none").all():
         table = table.drop(columns="recompute")
+    offloaded = [sum("offload" in st.memory_option for st in p.stages) for p in plans]
+    if any(offloaded):
+        table["optimizer offload"] = [f"{n}/{len(p.stages)} stages" for n, p in zip(offloaded, plans)]
     return table.to_string(index=False)
 
 
@@ -173,13 +184,16 @@ class _Progress:
               help="Also draw space.png, pareto.png, stages.png and timeline.png (plan 1) into this directory "
                    "(see `pipesearch plot`); --exhaustive fills the space plot.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary lines.")
+@click.option("--optimizer-offload", is_flag=True,
+              help="Let stages keep their optimizer state in host memory when it does not fit on the GPU "
+                   "(ZeRO-Offload style; needs a cluster with a [host] table, docs/offload.md).")
 @click.option("--runtime", type=click.Choice(RUNTIMES),
               help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules).")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, memory_reserve,
                  max_search_memory, memory_headroom, optimizer_state, sharding, sequence_parallel,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
-                 plot_dir, runtime):
+                 plot_dir, runtime, optimizer_offload=False):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -221,6 +235,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
     param_state = _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1)
     cluster = load_cluster(cluster_name, nodes=nodes)
+    if optimizer_offload and cluster.host is None:
+        raise InputError(f"--optimizer-offload: cluster {cluster.name!r} has no [host] table (host memory, "
+                         "PCIe links, CPU Adam rate); add one (hardware/README.md) or drop the flag")
     smallest = min(g.device.memory_bytes for g in cluster.groups)
     if reserve >= smallest * (1 - memory_headroom):
         raise InputError(f"--memory-reserve {memory_reserve} with --memory-headroom {memory_headroom:g} leaves "
@@ -232,7 +249,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
-              memory_headroom_fraction=memory_headroom)
+              memory_headroom_fraction=memory_headroom, optimizer_offload=optimizer_offload)
     explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
@@ -266,6 +283,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                                                 "optimizer_moments": param_state.moment_bytes}},
                         "memory_reserve_bytes": job.memory_reserve_bytes,
                         "memory_headroom_fraction": job.memory_headroom_fraction, "zero1": job.zero1,
+                        **({"optimizer_offload": True} if optimizer_offload else {}),
                         "sequence_parallel": sequence_parallel,
                         "schedules": list(options.schedules)},
                 "fingerprint": result.fingerprint},
