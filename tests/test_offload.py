@@ -1,0 +1,179 @@
+"""Optimizer offload as a per-stage memory option, and PCIe sharing
+(pipesearch.host, pipesearch.costs.stage_options).
+
+Oracles: bandwidths and times written out by hand from the host table
+(fair share of a switch's uplink), ZeRO-Offload's byte counts (Ren et al.
+ATC'21 Fig. 2: 2 + 2 B per parameter on the GPU, 4 x 4 B on the CPU), and
+the discrete-event simulator replaying every split x every per-stage option.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from helpers import all_splits, tiny_cluster
+from pipesearch import host as host_lib
+from pipesearch.costs import build_pipeline_costs
+from pipesearch.errors import InfeasibleError
+from pipesearch.hardware import load_cluster
+from pipesearch.memory import offload_bytes_per_param, preset
+from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.timemodel import StageTimes, simulate_times
+from pipesearch.types import HostSpec, Job, Layer, ModelProfile
+
+GB = 1e9
+
+
+def _host(**kw) -> HostSpec:
+    base = dict(memory_bytes=800 * GB, pcie_generation=4, pcie_lanes_per_gpu=16,
+                host_to_device_bytes_per_s=25 * GB, switch_uplink_bytes_per_s=25 * GB,
+                pcie_switches=((0, 1, 2, 3), (4, 5, 6, 7)), cpu_adam_params_per_s=1e9)
+    base.update(kw)
+    return HostSpec(**base)
+
+
+def _cluster(device_bytes: float, **kw):
+    return replace(tiny_cluster(1, 8, memory_bytes=device_bytes), host=_host(**kw))
+
+
+# ------------------------------------------------------------- PCIe sharing
+
+
+def test_two_gpus_under_one_switch_take_twice_as_long_as_one():
+    """1 GB to the host: alone 1 / 25 = 0.04 s; GPUs 0 and 1 share switch
+    0's 25 GB/s uplink, 12.5 GB/s each: 0.08 s, twice as long; GPUs 0 and 4
+    sit under different switches: 0.04 s each."""
+    cluster = load_cluster("1x8-rtx4090-pcie4")
+    alone = host_lib.concurrent_transfers_s(cluster, {0: GB})
+    assert alone[0] == pytest.approx(0.04)
+    shared = host_lib.concurrent_transfers_s(cluster, {0: GB, 1: GB})
+    assert shared[0] == pytest.approx(2 * alone[0]) and shared[1] == pytest.approx(0.08)
+    apart = host_lib.concurrent_transfers_s(cluster, {0: GB, 4: GB})
+    assert apart == pytest.approx({0: 0.04, 4: 0.04})
+    four = host_lib.concurrent_transfers_s(cluster, {d: GB for d in range(4)})
+    assert four[3] == pytest.approx(0.16)  # 25 / 4 = 6.25 GB/s each
+
+
+def test_uplink_wider_than_a_gpu_link_caps_at_the_gpu_link():
+    """A 50 GB/s uplink: two GPUs get min(25, 50 / 2) = 25 GB/s each."""
+    host = _host(switch_uplink_bytes_per_s=50 * GB)
+    assert host_lib.shared_bandwidth_bytes_per_s(host, 2) == pytest.approx(25 * GB)
+    assert host_lib.shared_bandwidth_bytes_per_s(host, 4) == pytest.approx(12.5 * GB)
+
+
+def test_contention_reaches_the_offload_step_of_the_cost_model():
+    """Two stages that must offload (1e9 parameters of 2 bytes each, 2
+    layers): each step moves 2 B of gradient down and 2 B of weights up per
+    parameter and runs Adam at 1e12 / 2 params/s (two GPUs share the CPU).
+    Under one switch: 1e9 x (4 / 12.5e9 + 2 / 1e12) = 0.322 s; under two
+    switches: 1e9 x (4 / 25e9 + 2 / 1e12) = 0.162 s."""
+    prof = ModelProfile(name="p", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=1.0, bwd_s=2.0, param_bytes=2e9, output_bytes=0.0, saved_bytes=0.0)
+        for k in range(2)), profiled_batch_size=1, bytes_per_param=2.0)
+    cluster = _cluster(12 * GB, cpu_adam_params_per_s=1e12)  # 16 GB of state per stage on the GPU: too much
+    job = Job(global_batch_size=2, memory_reserve_bytes=0, optimizer_offload=True)
+    for devices, want in (((0, 1), 0.322), ((0, 4), 0.162)):
+        costs = build_pipeline_costs(prof, cluster, job, pp=2, dp=1, micro_batch_size=1, num_micro_batches=2,
+                                     schedule="1f1b", placement=np.array([[d] for d in devices]),
+                                     optimizer_offload=True)
+        assert [costs.option_name(s, s, s + 1) for s in range(2)] == ["offload", "offload"]
+        assert costs.host_step_s(0, 0, 1) == pytest.approx(want)
+        assert costs.memory_bytes(0, 0, 1) == pytest.approx(4 * 1e9)  # 2 + 2 B on the GPU
+        times = costs.stage_times(np.array([0, 1, 2]))
+        assert times.allreduce_s == pytest.approx([want, want])
+
+
+# ------------------------------------------------------------- memory
+
+
+def test_offload_bytes_follow_zero_offload():
+    """mixed-adam: GPU 2 + 2, host 4 + 8 + 4 = 16 (ZeRO-Offload Fig. 2);
+    zero1 over 4 replicas: the host part is a quarter, 4 B."""
+    assert offload_bytes_per_param(preset("mixed-adam"), 1) == (4.0, 16.0)
+    assert offload_bytes_per_param(preset("mixed-adam", "zero1"), 4) == (4.0, 4.0)
+
+
+def test_host_memory_is_checked_per_stage_share():
+    """Two layers of 1e9 parameters on 2 of 8 GPUs (pp 2): 16 GB of host
+    state per stage. A host of 40 GB gives each of the 2 GPUs of the plan
+    20 GB: fits; a host of 30 GB gives 15 GB: no plan."""
+    prof = ModelProfile(name="p", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=1.0, bwd_s=2.0, param_bytes=2e9, output_bytes=0.0, saved_bytes=0.0)
+        for k in range(2)), profiled_batch_size=1, bytes_per_param=2.0)
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=2, schedules=("1f1b",), top=1)
+    job = Job(global_batch_size=2, memory_reserve_bytes=0, optimizer_offload=True)
+    plan = search([ModelVariant(prof)], _cluster(10 * GB, memory_bytes=40 * GB), job, opts).plans[0]
+    assert [st.memory_option for st in plan.stages] == ["offload", "offload"]
+    with pytest.raises(InfeasibleError):
+        search([ModelVariant(prof)], _cluster(10 * GB, memory_bytes=30 * GB), job, opts)
+    # without the option nothing fits on the 10 GB GPUs (16 GB of state per stage)
+    with pytest.raises(InfeasibleError):
+        search([ModelVariant(prof)], _cluster(10 * GB, memory_bytes=40 * GB),
+               replace(job, optimizer_offload=False), opts)
+
+
+# ------------------------------------------------------------- brute force
+
+
+def _hand(prof, bounds, options, in_flight, capacity, host_share, step_per_param):
+    fwd, bwd, after, ok = [], [], [], True
+    for s, (i, j) in enumerate(zip(bounds[:-1], bounds[1:])):
+        lay = prof.layers[i:j]
+        params = sum(x.param_bytes for x in lay) / 2  # 2 bytes per parameter
+        off = options[s] == "offload"
+        dev = params * (4 if off else 16) + sum(x.saved_bytes for x in lay) * in_flight[s]
+        ok &= dev <= capacity and (params * 16 <= host_share if off else True)
+        fwd.append(sum(x.fwd_s for x in lay))
+        bwd.append(sum(x.bwd_s for x in lay))
+        after.append(params * step_per_param if off else 0.0)
+    S = len(fwd)
+    return ok, StageTimes(fwd_s=np.array(fwd), bwd_s=np.array(bwd), bwd_input_s=np.array(bwd) / 2,
+                          p2p_s=np.zeros(S - 1), allreduce_s=np.array(after))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_search_equals_brute_force_with_offload_options(seed):
+    """Random layers on 3 GPUs under one switch: every split x every
+    per-stage choice (on device / offloaded), times by hand (step = 4 B per
+    parameter over 25 / 3 GB/s + 3 / 1e9 s of CPU Adam per parameter),
+    simulated; the search's best equals the least."""
+    rng = np.random.default_rng(seed)
+    L, pp, m = 6, 3, 4
+    params = (rng.uniform(0.1, 0.6, L) * 1e9 * 2).tolist()  # bytes
+    saved = (rng.uniform(0.2, 1.0, L) * GB).tolist()
+    prof = ModelProfile(name="p", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=float(rng.uniform(0.5, 2)), bwd_s=float(rng.uniform(1, 4)),
+              param_bytes=params[k], output_bytes=0.0, saved_bytes=saved[k]) for k in range(L)),
+        profiled_batch_size=1, bytes_per_param=2.0)
+    capacity = 12 * GB
+    cluster = replace(tiny_cluster(1, 3, memory_bytes=capacity),
+                      host=_host(pcie_switches=((0, 1, 2),), memory_bytes=60 * GB))
+    step = 4 / (25 * GB / 3) + 3 / 1e9
+    in_flight = [min(m, pp - s) for s in range(pp)]
+    best, arg = np.inf, []
+    for bounds in all_splits(L, pp):
+        for options in itertools.product(("on-device", "offload"), repeat=pp):
+            ok, times = _hand(prof, bounds, options, in_flight, capacity, 20 * GB, step)
+            if ok:
+                t = simulate_times("1f1b", pp, m, 1, times)[0]
+                if t < best:
+                    best, arg = t, [(bounds, options)]
+    job = Job(global_batch_size=m, memory_reserve_bytes=0, optimizer_offload=True)
+    opts = SearchOptions(pp=pp, dp=1, micro_batch_size=1, num_micro_batches=m, schedules=("1f1b",), top=1)
+    plan = search([ModelVariant(prof)], cluster, job, opts).plans[0]
+    assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)
+    assert any("offload" in o for o in arg[0][1])  # the case needs offloading somewhere
+
+
+def test_offload_flag_needs_a_host_table(tmp_path):
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    r = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--optimizer-offload"])
+    assert r.exit_code == 2
+    assert "--optimizer-offload" in r.output and "[host]" in r.output
