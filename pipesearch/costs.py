@@ -502,6 +502,7 @@ def build_pipeline_costs(
     links: tuple[list[Link], list[tuple[float, float]]] | None = None,
     tp: int = 1,
     optimizer_offload: bool = False,
+    option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None,
 ) -> PipelineCosts:
     """Assemble the cost terms of one search point.
 
@@ -522,6 +523,9 @@ def build_pipeline_costs(
             ``tp`` consecutive ids from each head; for PCIe sharing).
         optimizer_offload: also offer stages the optimizer in host memory
             (:func:`stage_options`; the cluster needs a ``[host]`` table).
+        option_profiles: per-stage recompute modes as ``(name, layer
+            table)`` pairs, fastest first (the same layers and parameters
+            as ``profile``; :func:`stage_options`).
 
     Raises:
         InputError: placement shape does not match ``(pp, dp)``.
@@ -551,7 +555,8 @@ def build_pipeline_costs(
     capacity = ((usable - gathered * stages_per_device)
                 * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
-                            offload=optimizer_offload, stages_per_device=stages_per_device)
+                            offload=optimizer_offload, stages_per_device=stages_per_device,
+                            option_profiles=option_profiles)
     return PipelineCosts(
         options=options,
         num_micro_batches=num_micro_batches,
@@ -611,7 +616,8 @@ RECOMPUTE_OPTIONS = ("none", "full")
 
 def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
                   placement: np.ndarray, tp: int = 1, offload: bool = False,
-                  stages_per_device: int = 1) -> StageOptions | None:
+                  stages_per_device: int = 1,
+                  option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None) -> StageOptions | None:
     """The per-stage memory options of a search point, fastest first, or
     ``None`` when a stage has only its plain one.
 
@@ -630,6 +636,12 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
       sharing); host memory is divided among the node's GPUs
       (:func:`pipesearch.host.host_memory_share_bytes`).
 
+    * Recompute modes of a transformer (``option_profiles``: the
+      ``none``, ``selective`` and ``full`` layer tables of one tensor-parallel
+      degree, :func:`pipesearch.profiles.transformer.layer_table`): each
+      table's own times and saved bytes; with offload the chain is the first
+      mode, then every mode with ``+offload``.
+
     The chain: ``none, full`` without offload; ``none, none+offload,
     full+offload`` with it (``on-device, offload`` for a layer table without
     recompute columns, e.g. a transformer variant, whose recompute mode is
@@ -638,12 +650,12 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
     backward time, the other time after backward). Every option's times are at least the previous
     one's, layer by layer (:class:`StageOptions`).
     """
-    from . import host as host_lib
-    from .memory import offload_bytes_per_param
-
     arrays = profile.layer_arrays
     recompute = bool(arrays["recomputable"].any())
     offload = offload and cluster.host is not None
+    if option_profiles:
+        return _table_options(option_profiles, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
+                              offload=offload, stages_per_device=stages_per_device)
     if not recompute and not offload:
         return None
     names = (("none", "none+offload", "full+offload") if recompute else ("on-device", "offload")) if offload \
@@ -651,19 +663,8 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
     fwd, bwd, bin_ = (arrays[k] * ratio for k in ("fwd_s", "bwd_s", "bwd_input_s"))
     rc = arrays["recomputable"]
     saved, ckpt = arrays["saved_bytes"] * ratio, arrays["recompute_saved_bytes"] * ratio
-    state = param_state_of(job)
-    on_device = state.bytes_per_param(dp) / profile.bytes_per_param
-    off_device, off_host = (x / profile.bytes_per_param for x in offload_bytes_per_param(state, dp))
-    P = len(placement)
-    step = np.zeros(P)
-    host_cap = np.zeros(P)
-    if offload:
-        share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
-        step = host_lib.offload_step_s_per_param(
-            cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp),
-            host_lib.node_sharing(cluster, placement, tp), grad_bytes=profile.bytes_per_param,
-            weight_bytes=profile.bytes_per_param, share=share) / profile.bytes_per_param
-        host_cap = host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device)
+    on_device, off_device, off_host, step, host_cap = _offload_terms(profile, cluster, job, dp, placement, tp,
+                                                                     offload, stages_per_device)
     zero = np.zeros(1)
 
     def prefix(x):
@@ -681,12 +682,64 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
         off = name.endswith("offload")
         rows["state"].append(off_device if off else on_device)
         rows["host"].append(off_host if off else 0.0)
-        rows["step"].append(step if off else np.zeros(P))
+        rows["step"].append(step if off else np.zeros(len(placement)))
+    return _stack_options(names, rows, host_cap)
+
+
+def _stack_options(names, rows: dict, host_cap: np.ndarray) -> StageOptions:
     return StageOptions(
-        names=names, fwd_prefix_s=np.stack(rows["fwd"]), compute_prefix_s=np.stack(rows["compute"]),
+        names=tuple(names), fwd_prefix_s=np.stack(rows["fwd"]), compute_prefix_s=np.stack(rows["compute"]),
         bwd_input_prefix_s=np.stack(rows["bin"]), saved_prefix_bytes=np.stack(rows["saved"]),
         transient_table_bytes=np.stack(rows["transient"]),
         state_bytes_per_param_byte=np.array(rows["state"], dtype=float),
         host_bytes_per_param_byte=np.array(rows["host"], dtype=float),
         host_step_s_per_param_byte=np.stack(rows["step"]), host_capacity_bytes=host_cap,
     )
+
+
+def _offload_terms(profile: ModelProfile, cluster: Cluster, job: Job, dp: int, placement: np.ndarray, tp: int,
+                   offload: bool, stages_per_device: int):
+    """Per parameter byte: device state on the device and offloaded, host
+    state offloaded; per stage: the offloaded step (s per parameter byte)
+    and the host memory share (:mod:`pipesearch.host`)."""
+    from . import host as host_lib
+    from .memory import offload_bytes_per_param
+
+    state = param_state_of(job)
+    on_device = state.bytes_per_param(dp) / profile.bytes_per_param
+    off_device, off_host = (x / profile.bytes_per_param for x in offload_bytes_per_param(state, dp))
+    P = len(placement)
+    step, host_cap = np.zeros(P), np.zeros(P)
+    if offload:
+        share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+        step = host_lib.offload_step_s_per_param(
+            cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp),
+            host_lib.node_sharing(cluster, placement, tp), grad_bytes=profile.bytes_per_param,
+            weight_bytes=profile.bytes_per_param, share=share) / profile.bytes_per_param
+        host_cap = host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device)
+    return on_device, off_device, off_host, step, host_cap
+
+
+def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float, dp: int, placement: np.ndarray,
+                   tp: int, offload: bool, stages_per_device: int) -> StageOptions:
+    """:func:`stage_options` from one layer table per recompute mode."""
+    first = option_profiles[0][1]
+    on_device, off_device, off_host, step, host_cap = _offload_terms(first, cluster, job, dp, placement, tp,
+                                                                     offload, stages_per_device)
+    chain = ([(n, p, False) for n, p in option_profiles] if not offload
+             else [(option_profiles[0][0], option_profiles[0][1], False)]
+             + [(f"{n}+offload", p, True) for n, p in option_profiles])
+    zero = np.zeros(1)
+    rows = {"fwd": [], "compute": [], "bin": [], "saved": [], "transient": [], "state": [], "host": [], "step": []}
+    for _, prof, off in chain:
+        a = prof.layer_arrays
+        fwd, bwd, bin_ = (a[k] * ratio for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+        rows["fwd"].append(np.concatenate([zero, np.cumsum(fwd)]))
+        rows["compute"].append(np.concatenate([zero, np.cumsum(fwd + bwd)]))
+        rows["bin"].append(np.concatenate([zero, np.cumsum(bin_)]))
+        rows["saved"].append(np.concatenate([zero, np.cumsum(a["saved_bytes"] * ratio)]))
+        rows["transient"].append(range_max_table(np.zeros(prof.num_layers)))
+        rows["state"].append(off_device if off else on_device)
+        rows["host"].append(off_host if off else 0.0)
+        rows["step"].append(step if off else np.zeros(len(placement)))
+    return _stack_options([n for n, _, _ in chain], rows, host_cap)

@@ -9,7 +9,7 @@ parallelism changes every layer's time, parameters and activations
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .budget import check_search_memory
 from .catalog import resolve
@@ -22,6 +22,9 @@ from .search import ModelVariant
 from .types import Cluster, DeviceSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+#: ``--recompute per-stage``: each stage of a transformer takes the first of
+#: the modes above that fits its memory (:func:`pipesearch.costs.stage_options`)
+PER_STAGE = "per-stage"
 
 HF_SEQ_LEN_WARNING = 8192
 """A HuggingFace config whose maximum context exceeds this many tokens gets a
@@ -141,7 +144,9 @@ def load_model_source(
     Args:
         tp: pin the tensor-parallel degree (transformers only; profiled models
             accept only 1).
-        recompute: pin the activation recomputation mode (transformers only).
+        recompute: pin the activation recomputation mode (transformers only);
+            ``"per-stage"``: one variant per tensor-parallel degree whose
+            stages each take the first of none / selective / full that fits.
         seq_len: sequence length for a transformer (default: its config's).
         max_search_memory_bytes: host-memory budget of the search
             (:func:`pipesearch.budget.check_search_memory`), checked on the
@@ -162,7 +167,8 @@ def load_model_source(
             check_search_memory(cfg.total_blocks + 2, max_search_memory_bytes, f"--model {name_or_path}")
         device = reference_device(cluster)  # the fastest type, whatever the order of the groups
         tps = [tp] if tp else _tp_candidates(cfg, cluster)
-        modes = [recompute] if recompute else list(RECOMPUTE_MODES)
+        per_stage = recompute == PER_STAGE
+        modes = list(RECOMPUTE_MODES) if per_stage or not recompute else [recompute]
         variants = []
         first_error = None
         for t in tps:
@@ -178,6 +184,10 @@ def load_model_source(
                     continue
                 variants.append(ModelVariant(prof, tp=t, recompute=mode,
                                              extra=(("sequence_parallel", sp),)))
+        if per_stage:  # one variant per tp: every stage takes the first mode that fits
+            variants = [replace(group[0], recompute=PER_STAGE,
+                                stage_tables=tuple((v.recompute, v.profile) for v in group))
+                        for t in tps if (group := [v for v in variants if v.tp == t])]
         if not variants:
             raise first_error or InputError(f"{path}: no tensor-parallel degree fits {cluster.name}")
         names = [lay.name for lay in variants[0].profile.layers]
@@ -199,9 +209,14 @@ def load_model_source(
         raise InputError(f"--seq-len {seq_len}: needs a transformer config; {path.name} is a layer profile")
     if tp not in (None, 1):
         raise InputError(f"--tp {tp}: tensor parallelism needs a transformer config; {path.name} is a layer profile")
-    if recompute not in (None, "none"):
-        raise InputError(f"--recompute {recompute}: needs a transformer config; {path.name} is a layer profile")
+    if recompute not in (None, "none", PER_STAGE):
+        raise InputError(f"--recompute {recompute}: needs a transformer config; {path.name} is a layer profile "
+                         f"(a profile's own recompute_saved_bytes column gives it per-stage recompute)")
     profile = load_model(str(path))
+    recomputable = any(lay.recompute_saved_bytes is not None for lay in profile.layers)
+    if recomputable and recompute == "none":  # the pin: no layer is recomputed
+        profile = replace(profile, layers=tuple(replace(lay, recompute_saved_bytes=None) for lay in profile.layers))
+    mode = PER_STAGE if recomputable and recompute != "none" else "none"
     if max_search_memory_bytes is not None:
         check_search_memory(profile.num_layers, max_search_memory_bytes, f"--model {name_or_path}")
     try:
@@ -213,4 +228,4 @@ def load_model_source(
             "warnings": profile_warnings(profile, cluster, path.name, rescaled=profiled_device is not None),
             "profiled_batch_size": profile.profiled_batch_size, "profiled_device": profile.profiled_device,
             "source": profile.source}
-    return ModelSource(profile.name, (ModelVariant(profile),), info, profiled_device)
+    return ModelSource(profile.name, (ModelVariant(profile, recompute=mode),), info, profiled_device)

@@ -95,6 +95,12 @@ class ModelVariant:
     tp: int = 1
     recompute: str = "none"
     extra: tuple[tuple[str, object], ...] = ()
+    #: per-stage recompute: ``(mode, layer table)`` pairs, fastest first, from
+    #: which each stage takes the first that fits (``recompute = "per-stage"``;
+    #: :func:`pipesearch.costs.stage_options`); empty: ``profile`` alone
+    stage_tables: tuple[tuple[str, ModelProfile], ...] = ()
+    #: offer stages the optimizer state in host memory (``Job.optimizer_offload``)
+    offload: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -420,14 +426,16 @@ def _same_links(cluster, variant, row, first: str, placement_ctx: dict, links_ca
     return mine == _slots_and_links(cluster, variant, row, first, placement_ctx, links_cache)[1]
 
 
-def _memory_totals(profile: ModelProfile, job: Job) -> tuple[np.ndarray, np.ndarray]:
+def _memory_totals(profile: ModelProfile, job: Job, stage_tables=()) -> tuple[np.ndarray, np.ndarray]:
     """Per layer: weights + gradients + optimizer bytes, and saved activation
-    bytes per sample."""
+    bytes per sample (the least over the per-stage options' tables)."""
     arrays = profile.layer_arrays
     # sharding divides parts of the state by dp; the floor is what is left as dp -> infinity
     floor = param_state_of(job).floor_bytes_per_param()
     # per-stage recompute keeps at least the checkpoints (costs.stage_options)
     saved = np.minimum(arrays["saved_bytes"], arrays["recompute_saved_bytes"])
+    for _, table in stage_tables:
+        saved = np.minimum(saved, table.layer_arrays["saved_bytes"])
     if job.optimizer_offload:  # the optimizer state may leave the device (memory.offload_bytes_per_param)
         floor = min(floor, offload_bytes_per_param(param_state_of(job), 1 << 30)[0])
     return (arrays["param_bytes"] * floor / profile.bytes_per_param,
@@ -522,6 +530,8 @@ def search(
     """
     start = time.perf_counter()
     _check_options(variants, cluster, job, options)
+    if job.optimizer_offload:  # each layer table also with the optimizer allowed in host memory
+        variants = list(variants) + [replace(v, offload=True) for v in variants if not v.offload]
     if profiled_device is None and not cluster.is_homogeneous:
         # times measured on an unknown device: take them as the fastest type's (one
         # choice whatever the order of the groups) and scale the others by FLOP rate
@@ -534,7 +544,7 @@ def search(
     counts: Counter = Counter()
     work = {id(v): sum(lay.fwd_s + lay.bwd_s for lay in v.profile.layers) / v.profile.profiled_batch_size
             for v in variants}
-    memory_floor = {id(v): _memory_totals(v.profile, job) for v in variants}
+    memory_floor = {id(v): _memory_totals(v.profile, job, v.stage_tables) for v in variants}
     # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
     capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
                 for tp in {v.tp for v in variants}}
@@ -757,7 +767,8 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
         profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
                                                                       variant.profile.wgrad_saved_fraction),
-        stages_per_device=vp, links=links, tp=variant.tp, optimizer_offload=job.optimizer_offload,
+        stages_per_device=vp, links=links, tp=variant.tp, optimizer_offload=variant.offload,
+        option_profiles=variant.stage_tables or None,
     )
     return slots, costs
 

@@ -214,3 +214,65 @@ def test_costs_choose_the_first_fitting_option_per_range():
                 assert costs.bwd_s(s, i, j)[a, b] == pytest.approx(2.0 * (b - a) + rc_f)
                 assert costs.fwd_s(s, i, j)[a, b] == pytest.approx(1.0 * (b - a))
                 assert costs.memory_bytes(s, i, j)[a, b] == pytest.approx(opts[kk])
+
+
+TINY = """[transformer]
+kind = "decoder"
+num_layers = 6
+hidden_size = 512
+num_attention_heads = 8
+ffn_hidden_size = 2048
+vocab_size = 4096
+seq_len = 1024
+tied_embeddings = false
+"""
+
+
+def _transformer_brute_force(tables, pp, m, capacity):
+    """Every split x every per-stage mode of the none / selective / full
+    tables: stage times and memory summed from each table's layers (16 B of
+    state per parameter, the table's saved bytes per in-flight micro-batch),
+    simulated."""
+    in_flight = [min(m, pp - s) for s in range(pp)]
+    L = tables[0][1].num_layers
+    best, arg = np.inf, []
+    for bounds in all_splits(L, pp):
+        for choice in itertools.product(range(len(tables)), repeat=pp):
+            fwd, bwd, bin_, ok = [], [], [], True
+            for s, (i, j) in enumerate(zip(bounds[:-1], bounds[1:])):
+                lay = tables[choice[s]][1].layers[i:j]
+                fwd.append(sum(x.fwd_s for x in lay))
+                bwd.append(sum(x.bwd_s for x in lay))
+                bin_.append(sum(x.bwd_s / 2 if x.bwd_input_s is None else x.bwd_input_s for x in lay))
+                mem = sum(x.param_bytes for x in lay) / 2 * 16 + sum(x.saved_bytes for x in lay) * in_flight[s]
+                ok &= mem <= capacity
+            if not ok:
+                continue
+            t, _ = simulate_times("1f1b", pp, m, 1, StageTimes(np.array(fwd), np.array(bwd), np.array(bin_),
+                                                               np.zeros(pp - 1), np.zeros(pp)))
+            if t < best * (1 - 1e-12):
+                best, arg = t, [(bounds, tuple(tables[c][0] for c in choice))]
+    return best, arg
+
+
+@pytest.mark.parametrize("capacity_mib", [180, 200, 300, 400])
+def test_transformer_per_stage_recompute_equals_brute_force(tmp_path, capacity_mib):
+    """A 6-block decoder (8 layers with embedding and head), pp 3, m 6, 1F1B,
+    micro-batch 1: --recompute per-stage takes per stage the first of the
+    none / selective / full tables that fits; its best time is the least
+    over every split x every per-stage mode (enumerated, simulated)."""
+    from pipesearch.models import load_model_source
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    cluster = tiny_cluster(1, 3, memory_bytes=capacity_mib * 2**20)
+    src = load_model_source(str(path), cluster, tp=1, recompute="per-stage")
+    (variant,) = src.variants
+    assert [n for n, _ in variant.stage_tables] == ["none", "selective", "full"]
+    best, arg = _transformer_brute_force(variant.stage_tables, 3, 6, capacity_mib * 2**20)
+    assert np.isfinite(best) and any(len(set(o)) > 1 for _, o in arg)
+    job = Job(global_batch_size=6, memory_reserve_bytes=0)
+    opts = SearchOptions(pp=3, dp=1, micro_batch_size=1, num_micro_batches=6, schedules=("1f1b",), top=1)
+    plan = search(list(src.variants), cluster, job, opts, profiled_device=src.profiled_device).plans[0]
+    assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)
+    assert dict(plan.extra)["recompute"] == "per-stage"

@@ -18,7 +18,7 @@ from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_totals, preset
-from ..models import RECOMPUTE_MODES, load_model_source
+from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_writable, write_output
 from ..pins import BatchPins, check_vp_pins, resolve_dp
@@ -145,7 +145,9 @@ class _Progress:
               help=f"Schedules to consider (repeatable; default: {', '.join(DEFAULT_SCHEDULES)}).")
 @click.option("--vp", "vps", multiple=True, type=click.IntRange(min=1),
               help="Virtual stages per device for interleaved 1F1B / looped BFS (repeatable; default: 2).")
-@click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), help="Pin activation recomputation (transformers).")
+@click.option("--recompute", type=click.Choice(RECOMPUTE_MODES + (PER_STAGE,)),
+              help="Pin activation recomputation (transformers); per-stage: each stage takes the first of "
+                   "none / selective / full that fits (docs/offload.md).")
 @click.option("--split", callback=_split, help="Score this split (layers per stage, e.g. 5,3,4) instead of searching.")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
