@@ -819,7 +819,11 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     mapping_info = ()
     if row["placement"] == "mapped":
         mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp)][1]),)
-    extra = (("placement", row["placement"]), ("recompute", variant.recompute)) + variant.extra + mapping_info + (
+    recompute = variant.recompute
+    if recompute == "none" and costs.options is not None and any(
+            n.split("+")[0] in ("full", "selective") for n in costs.options.names):
+        recompute = "per-stage"  # the stages chose (StagePlan.memory_option)
+    extra = (("placement", row["placement"]), ("recompute", recompute)) + variant.extra + mapping_info + (
         ("split_search", split_info), ("simulated", True), ("analytic_iteration_time_s", analytic))
     plan = Plan(
         rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,

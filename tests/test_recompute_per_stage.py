@@ -98,6 +98,7 @@ def test_recompute_on_stage_zero_only_hand_checked():
     plan = _search(prof, 4, 8, 8 * UNIT)
     assert plan.layers_per_stage == (2, 2, 2, 2)
     assert [st.memory_option for st in plan.stages] == ["full", "none", "none", "none"]
+    assert dict(plan.extra)["recompute"] == "per-stage"  # exporters refuse what they cannot express
     assert [st.fwd_s for st in plan.stages] == [2.0, 2.0, 2.0, 2.0]
     assert [st.compute_s - st.fwd_s for st in plan.stages] == [6.0, 4.0, 4.0, 4.0]
     assert plan.stages[0].memory_bytes == pytest.approx(3.25 * UNIT)
@@ -276,3 +277,26 @@ def test_transformer_per_stage_recompute_equals_brute_force(tmp_path, capacity_m
     plan = search(list(src.variants), cluster, job, opts, profiled_device=src.profiled_device).plans[0]
     assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)
     assert dict(plan.extra)["recompute"] == "per-stage"
+
+
+def test_recompute_pin_none_turns_the_column_off(tmp_path):
+    """--recompute none on a profile with the column: the pin is honoured
+    (no layer recomputed, so the hand case puts one layer on stage 0);
+    --recompute full is refused for a profile."""
+    from pipesearch.errors import InputError
+    from pipesearch.models import load_model_source
+
+    prof = _profile([1.0] * 8, [2.0] * 8, [1.25 * UNIT] * 8, [0.25 * UNIT] * 8)
+    path = tmp_path / "rc.csv"
+    write_profile_csv(prof, path)
+    cluster = tiny_cluster(1, 4, memory_bytes=8 * UNIT)
+    (free,) = load_model_source(str(path), cluster).variants
+    (pinned,) = load_model_source(str(path), cluster, recompute="none").variants
+    assert free.recompute == "per-stage" and pinned.recompute == "none"
+    job = Job(global_batch_size=8, memory_reserve_bytes=0)
+    opts = SearchOptions(pp=4, dp=1, micro_batch_size=1, num_micro_batches=8, schedules=("1f1b",), top=1)
+    assert search([free], cluster, job, opts).plans[0].layers_per_stage == (2, 2, 2, 2)
+    plan = search([pinned], cluster, job, opts).plans[0]
+    assert plan.layers_per_stage[0] == 1 and all(st.memory_option == "" for st in plan.stages)
+    with pytest.raises(InputError, match="--recompute full: needs a transformer config"):
+        load_model_source(str(path), cluster, recompute="full")
