@@ -177,3 +177,28 @@ def test_offload_flag_needs_a_host_table(tmp_path):
     r = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--optimizer-offload"])
     assert r.exit_code == 2
     assert "--optimizer-offload" in r.output and "[host]" in r.output
+
+
+def test_offload_plan_file_round_trip_and_replay(tmp_path):
+    """The plan file of an offloaded Qwen3-32B plan: valid, each stage's
+    memory_option and host_step_s kept, and replaying its stages in the
+    simulator (the host step is part of each stage's after-backward term)
+    gives the predicted time."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+    from pipesearch.plan import load_plan_file
+    from pipesearch.search import simulate_plan
+
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["plan", "--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4", "-b", "64",
+                                  "--pp", "8", "--tp", "1", "--dp", "1", "--schedule", "1f1b", "--recompute", "full",
+                                  "--micro-batch-size", "1", "--optimizer-offload", "--top", "1", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "optimizer offload" in r.output and "8/8 stages" in r.output
+    plan = load_plan_file(out).plans[0]
+    assert all(st.memory_option == "offload" and st.host_step_s > 0 for st in plan.stages)
+    assert all(st.allreduce_s >= st.host_step_s for st in plan.stages)
+    assert simulate_plan(plan)[0] == pytest.approx(plan.predicted.iteration_time_s, rel=1e-9)
+    # 32.76e9 parameters x 16 B = 524e9 of host state within 800e9
+    assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
