@@ -200,3 +200,32 @@ def test_best_plans_with_offload():
         with_offload = _tokens_per_s(model, offload=True).predicted.tokens_per_s
         assert with_offload <= rate / (6 * n)
         assert with_offload >= _tokens_per_s(model).predicted.tokens_per_s * (1 - 1e-9)
+
+
+def test_cli_bad_host_table_exits_2_with_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text(BASE + HOST.replace("pcie_generation = 4", "pcie_generation = 4.0"))
+    r = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", str(path)])
+    assert r.exit_code == 2
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "host.pcie_generation" in lines[0] and "4.0" in lines[0] and str(path) in lines[0]
+
+
+def test_table_shows_each_stages_recompute_and_offload():
+    """--recompute per-stage on Llama-3.1-8B: the table lists each stage's
+    mode (e.g. selective,none,none,none), not one mode for the plan."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    r = CliRunner().invoke(main, ["plan", "--model", "llama3.1-8b", "--cluster", "1x8-rtx4090-pcie4", "-b", "512",
+                                  "--pp", "4", "--tp", "2", "--schedule", "1f1b", "--recompute", "per-stage",
+                                  "--top", "1"])
+    assert r.exit_code == 0, r.output
+    row = r.output.splitlines()[2]
+    modes = next(tok for tok in row.split() if "," in tok and tok.split(",")[0] in ("none", "selective", "full"))
+    assert len(modes.split(",")) == 4 and set(modes.split(",")) <= {"none", "selective", "full"}

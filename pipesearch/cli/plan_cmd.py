@@ -61,9 +61,9 @@ def split_notes(plans) -> list[str]:
 
 def _recompute_label(plan) -> str:
     """The plan's recompute mode, or each stage's when the search chose it
-    per stage (memory options ``none`` / ``full``, ``+offload`` aside)."""
+    per stage (memory options ``none`` / ``selective`` / ``full``, ``+offload`` aside)."""
     per_stage = [st.memory_option.split("+")[0] for st in plan.stages]
-    if any(x in ("none", "full") for x in per_stage):
+    if any(x in ("none", "selective", "full") for x in per_stage):
         return ",".join(per_stage)
     return dict(plan.extra).get("recompute", "none")
 
