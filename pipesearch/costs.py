@@ -158,7 +158,9 @@ class StageOptions:
     profiled device, bytes at the micro-batch size):
         names: ``(K,)`` option names (``"none"``, ``"full"``, ``"none+offload"``...).
         fwd_prefix_s, compute_prefix_s, bwd_input_prefix_s, saved_prefix_bytes:
-            ``(K, L+1)`` prefix sums as in :class:`PipelineCosts` under each option.
+            ``(K, L+1)`` prefix sums as in :class:`PipelineCosts` under each
+            option (the three times may be ``(K, P, L+1)``: per stage, for
+            streamed weights, whose copies depend on the stage's PCIe share).
         transient_table_bytes: ``(K, levels, L)`` :func:`range_max_table` of
             the bytes one layer's backward re-creates (a recomputed layer's
             full saved activations; Chen et al. 2016 sec. 3: checkpoints plus
@@ -296,8 +298,10 @@ class PipelineCosts:
             prefix = getattr(self, name)
             return prefix[j] - prefix[i]
         k = self.option_index(s, i, j)
-        k, i, j = np.broadcast_arrays(k, np.asarray(i), np.asarray(j))
+        k, s, i, j = np.broadcast_arrays(k, np.asarray(s), np.asarray(i), np.asarray(j))
         prefix = getattr(self.options, name)
+        if prefix.ndim == 3:  # per-stage prefix sums (streamed weights: the stage's PCIe share)
+            return prefix[k, s, j] - prefix[k, s, i]
         return prefix[k, j] - prefix[k, i]
 
     def host_step_s(self, s, i, j):
@@ -374,12 +378,13 @@ class PipelineCosts:
         tied = float(self.tied_copy_bytes[s]) if self.tied_copy_bytes is not None else 0.0
         gathered = float(self.gathered_bytes[s]) if self.gathered_bytes is not None else 0.0
         out: dict[str, float] = {}
-        offloaded = "offload" in self.option_name(s, i, j)
+        option = self.option_name(s, i, j)
+        offloaded, streamed = "offload" in option, "stream" in option
         if param_state is not None:
             n = params / bytes_per_param
             parts = param_state.breakdown_per_param(dp)
-            if offloaded:
-                parts = {k: v for k, v in parts.items() if k in OFFLOAD_KEPT_COMPONENTS}
+            if offloaded or streamed:
+                parts = {k: v for k, v in parts.items() if k in OFFLOAD_KEPT_COMPONENTS and not streamed}
             out.update({k: n * v for k, v in parts.items()})
         else:
             k = int(self.option_index(s, i, j))
@@ -391,8 +396,13 @@ class PipelineCosts:
         if self.options is None:
             out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s])
         else:
-            out["activations"] = float(self.memory_bytes(s, i, j)) - sum(
+            rest = float(self.memory_bytes(s, i, j)) - sum(
                 v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
+            if streamed:  # the double buffer of streamed layers (weights + gradients)
+                k = int(self.option_index(s, i, j))
+                out["streamed_buffers"] = float(range_max(self.options.transient_table_bytes[k], i, j))
+                rest -= out["streamed_buffers"]
+            out["activations"] = rest
         return out
 
     def sum_term(self, s: int, i, j):
@@ -503,6 +513,7 @@ def build_pipeline_costs(
     tp: int = 1,
     optimizer_offload: bool = False,
     option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None,
+    weight_streaming: bool = False,
 ) -> PipelineCosts:
     """Assemble the cost terms of one search point.
 
@@ -526,6 +537,9 @@ def build_pipeline_costs(
         option_profiles: per-stage recompute modes as ``(name, layer
             table)`` pairs, fastest first (the same layers and parameters
             as ``profile``; :func:`stage_options`).
+        weight_streaming: offer stages their weights, gradients and
+            optimizer state in host memory, the weights streamed in layer by
+            layer (:func:`stream_options`; the cluster needs ``[host]``).
 
     Raises:
         InputError: placement shape does not match ``(pp, dp)``.
@@ -554,9 +568,15 @@ def build_pipeline_costs(
     usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement))
     capacity = ((usable - gathered * stages_per_device)
                 * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
-    options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
-                            offload=optimizer_offload, stages_per_device=stages_per_device,
-                            option_profiles=option_profiles)
+    time_scale = stage_time_scale(cluster, placement, profiled_device, profile_precision(profile))
+    if weight_streaming and cluster.host is not None:
+        options = stream_options(option_profiles[0][1] if option_profiles else profile, cluster, job, ratio=ratio,
+                                 dp=dp, placement=placement, tp=tp, time_scale=time_scale,
+                                 stages_per_device=stages_per_device)
+    else:
+        options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
+                                offload=optimizer_offload, stages_per_device=stages_per_device,
+                                option_profiles=option_profiles)
     return PipelineCosts(
         options=options,
         num_micro_batches=num_micro_batches,
@@ -565,7 +585,7 @@ def build_pipeline_costs(
         param_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["param_bytes"])]),
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["saved_bytes"])]) * ratio,
         output_bytes=arrays["output_bytes"] * ratio,
-        time_scale=stage_time_scale(cluster, placement, profiled_device, profile_precision(profile)),
+        time_scale=time_scale,
         p2p_bandwidth_bytes_per_s=np.array([link.bandwidth_bytes_per_s for link in p2p]),
         p2p_latency_s=np.array([link.latency_s for link in p2p]),
         allreduce_s_per_byte=np.array([x[0] for x in ar]),
@@ -743,3 +763,65 @@ def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float,
         rows["host"].append(off_host if off else 0.0)
         rows["step"].append(step if off else np.zeros(len(placement)))
     return _stack_options([n for n, _, _ in chain], rows, host_cap)
+
+
+#: weight copies live on a streaming GPU: the layer computing and the one prefetched
+STREAM_BUFFERS = 2
+
+
+def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
+                   placement: np.ndarray, tp: int, time_scale: np.ndarray,
+                   stages_per_device: int = 1) -> StageOptions:
+    """Options ``on-device, stream``: a streaming stage keeps its 16-bit
+    weights, its gradients and its optimizer state in host memory and copies
+    each layer's weights in before the layer runs, prefetching the next
+    layer while one computes (ZeRO-Infinity, Rajbhandari et al. SC'21, sec.
+    5-6, parameters offloaded to the CPU and prefetched layer by layer;
+    Mobius, Feng et al. ASPLOS'23, sec. 4, prefetch overlapped with compute).
+
+    Per micro-batch, layer ``l`` of stage ``s`` takes ``max(fwd_l, w_l /
+    bw_s)`` forward and ``max(bwd_l, (w_l + g_l) / bw_s)`` backward (its
+    weights in again, its gradients out to be accumulated on the host; both
+    directions share the GPU's PCIe share ``bw_s``, :mod:`pipesearch.host`
+    with worst-case switch sharing), the input-gradient part scaled with
+    the backward; after the last backward the CPU runs Adam (node-shared
+    rate). The device holds ``STREAM_BUFFERS`` layers' weights and
+    gradients (the largest of the stage) and the activations; the host
+    ``2 + 16`` B per parameter (the streamed copy and ZeRO-Offload's fp32
+    weights, gradients and moments), checked against its share.
+    """
+    from . import host as host_lib
+    from .memory import offload_bytes_per_param
+
+    a = profile.layer_arrays
+    fwd, bwd, bin_ = (a[k] * ratio for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    bpp = profile.bytes_per_param
+    state = param_state_of(job)
+    bw = host_lib.shared_bandwidth_bytes_per_s(cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp))
+    scaled = (bw * np.asarray(time_scale, dtype=float))[:, None]  # copy times in profiled-device seconds
+    w = a["param_bytes"][None, :]
+    sfwd = np.maximum(fwd[None, :], w / scaled)
+    sbwd = np.maximum(bwd[None, :], 2 * w / scaled)
+    sbin = np.where(bwd > 0, bin_ * sbwd / np.where(bwd > 0, bwd, 1.0), bin_)
+    P = len(placement)
+
+    def prefix(x):
+        return np.concatenate([np.zeros(x.shape[:-1] + (1,)), np.cumsum(x, axis=-1)], axis=-1)
+
+    base = np.broadcast_to
+    shape = (P, len(fwd))
+    node = host_lib.node_sharing(cluster, placement, tp)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    return StageOptions(
+        names=("on-device", "stream"),
+        fwd_prefix_s=np.stack([prefix(base(fwd, shape)), prefix(sfwd)]),
+        compute_prefix_s=np.stack([prefix(base(fwd + bwd, shape)), prefix(sfwd + sbwd)]),
+        bwd_input_prefix_s=np.stack([prefix(base(bin_, shape)), prefix(sbin)]),
+        saved_prefix_bytes=np.stack([prefix(a["saved_bytes"] * ratio)] * 2),
+        transient_table_bytes=np.stack([range_max_table(0 * fwd),
+                                        range_max_table(STREAM_BUFFERS * 2 * a["param_bytes"])]),
+        state_bytes_per_param_byte=np.array([state.bytes_per_param(dp) / bpp, 0.0]),
+        host_bytes_per_param_byte=np.array([0.0, (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp]),
+        host_step_s_per_param_byte=np.stack([np.zeros(P), share * node / cluster.host.cpu_adam_params_per_s / bpp]),
+        host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device),
+    )

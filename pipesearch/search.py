@@ -101,6 +101,8 @@ class ModelVariant:
     stage_tables: tuple[tuple[str, ModelProfile], ...] = ()
     #: offer stages the optimizer state in host memory (``Job.optimizer_offload``)
     offload: bool = False
+    #: offer stages their weights streamed from host memory (``Job.weight_streaming``)
+    stream: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -438,6 +440,8 @@ def _memory_totals(profile: ModelProfile, job: Job, stage_tables=()) -> tuple[np
         saved = np.minimum(saved, table.layer_arrays["saved_bytes"])
     if job.optimizer_offload:  # the optimizer state may leave the device (memory.offload_bytes_per_param)
         floor = min(floor, offload_bytes_per_param(param_state_of(job), 1 << 30)[0])
+    if job.weight_streaming:  # all of it may (costs.stream_options)
+        floor = 0.0
     return (arrays["param_bytes"] * floor / profile.bytes_per_param,
             saved / profile.profiled_batch_size)
 
@@ -531,7 +535,10 @@ def search(
     start = time.perf_counter()
     _check_options(variants, cluster, job, options)
     if job.optimizer_offload:  # each layer table also with the optimizer allowed in host memory
-        variants = list(variants) + [replace(v, offload=True) for v in variants if not v.offload]
+        variants = list(variants) + [replace(v, offload=True) for v in variants if not v.offload and not v.stream]
+    if job.weight_streaming:  # and with the weights streamed from host memory
+        variants = list(variants) + [replace(v, stream=True, offload=False) for v in variants
+                                     if not v.offload and not v.stream]
     if profiled_device is None and not cluster.is_homogeneous:
         # times measured on an unknown device: take them as the fastest type's (one
         # choice whatever the order of the groups) and scale the others by FLOP rate
@@ -768,7 +775,7 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
         profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
                                                                       variant.profile.wgrad_saved_fraction),
         stages_per_device=vp, links=links, tp=variant.tp, optimizer_offload=variant.offload,
-        option_profiles=variant.stage_tables or None,
+        option_profiles=variant.stage_tables or None, weight_streaming=variant.stream,
     )
     return slots, costs
 

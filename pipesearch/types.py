@@ -355,6 +355,9 @@ class Job:
         optimizer_offload: let stages keep their optimizer state in host
             memory (ZeRO-Offload style; the cluster needs a ``[host]`` table;
             :func:`pipesearch.costs.stage_options`).
+        weight_streaming: let stages keep weights, gradients and optimizer
+            state in host memory and stream each layer's weights in while the
+            previous one computes (:func:`pipesearch.costs.stream_options`).
     """
 
     global_batch_size: int
@@ -366,6 +369,7 @@ class Job:
     param_state: ParamState | None = None
     memory_headroom_fraction: float = 0.0
     optimizer_offload: bool = False
+    weight_streaming: bool = False
 
 
 @dataclass(frozen=True)

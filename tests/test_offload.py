@@ -202,3 +202,80 @@ def test_offload_plan_file_round_trip_and_replay(tmp_path):
     assert simulate_plan(plan)[0] == pytest.approx(plan.predicted.iteration_time_s, rel=1e-9)
     # 32.76e9 parameters x 16 B = 524e9 of host state within 800e9
     assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
+
+
+# ------------------------------------------------------------- streamed weights
+
+
+def _stream_profile(fwd, bwd, param_bytes, saved):
+    return ModelProfile(name="s", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=fwd[k], bwd_s=bwd[k], param_bytes=param_bytes[k], output_bytes=0.0,
+              saved_bytes=saved[k]) for k in range(len(fwd))), profiled_batch_size=1, bytes_per_param=2.0)
+
+
+def test_streamed_layer_times_by_hand():
+    """Two GPUs under one switch (12.5 GB/s each), a stage of two layers of
+    2.5e9 weight bytes (1.25e9 parameters): forward max(1 s, 2.5e9 / 12.5e9
+    = 0.2 s) = 1 s and max(0.1 s, 0.2 s) = 0.2 s; backward max(2 s, 0.4 s)
+    and max(0.2 s, 0.4 s) = 0.4 s. The device keeps 2 layers x (weights +
+    gradients) = 2 x 5e9 = 10e9 bytes of buffers; Adam on the CPU: 2.5e9
+    parameters x 2 GPUs / 1e10 params/s = 0.5 s after the last backward."""
+    prof = _stream_profile([1.0, 0.1, 1.0, 1.0], [2.0, 0.2, 2.0, 2.0], [2.5e9] * 4, [0.0] * 4)
+    cluster = _cluster(12 * GB, cpu_adam_params_per_s=1e10)  # 2 layers x 16 B x 1.25e9 = 40e9 do not fit
+    job = Job(global_batch_size=2, memory_reserve_bytes=0, weight_streaming=True)
+    costs = build_pipeline_costs(prof, cluster, job, pp=2, dp=1, micro_batch_size=1, num_micro_batches=2,
+                                 schedule="1f1b", placement=np.array([[0], [1]]), weight_streaming=True)
+    assert costs.option_name(0, 0, 2) == "stream"
+    assert costs.fwd_s(0, 0, 2) == pytest.approx(1.2)
+    assert costs.bwd_s(0, 0, 2) == pytest.approx(2.4)
+    assert costs.memory_bytes(0, 0, 2) == pytest.approx(10e9)
+    assert costs.host_step_s(0, 0, 2) == pytest.approx(0.5)
+    # under different switches each GPU copies at 25 GB/s: the short layer's forward is max(0.1, 0.1)
+    apart = build_pipeline_costs(prof, cluster, job, pp=2, dp=1, micro_batch_size=1, num_micro_batches=2,
+                                 schedule="1f1b", placement=np.array([[0], [4]]), weight_streaming=True)
+    assert apart.fwd_s(0, 0, 2) == pytest.approx(1.1)
+    assert apart.bwd_s(0, 0, 2) == pytest.approx(2.2)
+
+
+@pytest.mark.parametrize("seed,capacity_gb", [(0, 18), (1, 12), (2, 14)])
+def test_search_equals_brute_force_with_streamed_weights(seed, capacity_gb):
+    """Every split x every per-stage choice (on device / streamed) on 3
+    GPUs under one switch (25 / 3 GB/s each), times by hand, simulated;
+    the search (with --stream-weights) finds the least."""
+    rng = np.random.default_rng(10 + seed)
+    L, pp, m = 6, 3, 4
+    params = (rng.uniform(0.2, 0.8, L) * 1e9 * 2).tolist()
+    saved = (rng.uniform(0.2, 1.0, L) * GB).tolist()
+    fwd, bwd = rng.uniform(0.1, 0.4, L).tolist(), rng.uniform(0.2, 0.8, L).tolist()
+    prof = _stream_profile(fwd, bwd, params, saved)
+    capacity = capacity_gb * GB
+    host = _host(pcie_switches=((0, 1, 2),), memory_bytes=300 * GB, cpu_adam_params_per_s=1e10)
+    cluster = replace(tiny_cluster(1, 3, memory_bytes=capacity), host=host)
+    bw = 25 * GB / 3
+    in_flight = [min(m, pp - s) for s in range(pp)]
+    best, arg = np.inf, []
+    for bounds in all_splits(L, pp):
+        for options in itertools.product(("on-device", "stream"), repeat=pp):
+            F, B, I, R, ok = [], [], [], [], True
+            for s, (i, j) in enumerate(zip(bounds[:-1], bounds[1:])):
+                st = options[s] == "stream"
+                f = [max(fwd[x], params[x] / bw) if st else fwd[x] for x in range(i, j)]
+                b = [max(bwd[x], 2 * params[x] / bw) if st else bwd[x] for x in range(i, j)]
+                F.append(sum(f))
+                B.append(sum(b))
+                I.append(sum(b) / 2)
+                n = sum(params[i:j]) / 2
+                R.append(n * 3 / 1e10 if st else 0.0)
+                act = sum(saved[i:j]) * in_flight[s]
+                dev = act + (2 * 2 * max(params[i:j]) if st else 16 * n)
+                ok &= dev <= capacity and (n * 18 <= 100 * GB if st else True)
+            if ok:
+                t = simulate_times("1f1b", pp, m, 1, StageTimes(np.array(F), np.array(B), np.array(I),
+                                                               np.zeros(pp - 1), np.array(R)))[0]
+                if t < best:
+                    best, arg = t, [(bounds, options)]
+    job = Job(global_batch_size=m, memory_reserve_bytes=0, weight_streaming=True)
+    opts = SearchOptions(pp=pp, dp=1, micro_batch_size=1, num_micro_batches=m, schedules=("1f1b",), top=1)
+    plan = search([ModelVariant(prof)], cluster, job, opts).plans[0]
+    assert np.isfinite(best) and any("stream" in o for o in arg[0][1])
+    assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)

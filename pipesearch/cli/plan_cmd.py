@@ -97,9 +97,10 @@ def plans_table(plans) -> str:
         table.insert(5, "device types", types)
     if (table["recompute"] == "none").all():
         table = table.drop(columns="recompute")
-    offloaded = [sum("offload" in st.memory_option for st in p.stages) for p in plans]
-    if any(offloaded):
-        table["optimizer offload"] = [f"{n}/{len(p.stages)} stages" for n, p in zip(offloaded, plans)]
+    for word, column in (("offload", "optimizer offload"), ("stream", "weights streamed")):
+        counts = [sum(word in st.memory_option for st in p.stages) for p in plans]
+        if any(counts):
+            table[column] = [f"{n}/{len(p.stages)} stages" for n, p in zip(counts, plans)]
     return table.to_string(index=False)
 
 
@@ -189,13 +190,16 @@ class _Progress:
 @click.option("--optimizer-offload", is_flag=True,
               help="Let stages keep their optimizer state in host memory when it does not fit on the GPU "
                    "(ZeRO-Offload style; needs a cluster with a [host] table, docs/offload.md).")
+@click.option("--stream-weights", is_flag=True,
+              help="Let stages keep all their training state in host memory and stream each layer's weights "
+                   "in while the previous layer computes (needs a cluster with a [host] table, docs/offload.md).")
 @click.option("--runtime", type=click.Choice(RUNTIMES),
               help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules).")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, memory_reserve,
                  max_search_memory, memory_headroom, optimizer_state, sharding, sequence_parallel,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
-                 plot_dir, runtime, optimizer_offload=False):
+                 plot_dir, runtime, optimizer_offload=False, stream_weights=False):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -237,9 +241,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
     param_state = _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1)
     cluster = load_cluster(cluster_name, nodes=nodes)
-    if optimizer_offload and cluster.host is None:
-        raise InputError(f"--optimizer-offload: cluster {cluster.name!r} has no [host] table (host memory, "
-                         "PCIe links, CPU Adam rate); add one (hardware/README.md) or drop the flag")
+    for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights)):
+        if on and cluster.host is None:
+            raise InputError(f"{flag}: cluster {cluster.name!r} has no [host] table (host memory, "
+                             "PCIe links, CPU Adam rate); add one (hardware/README.md) or drop the flag")
     smallest = min(g.device.memory_bytes for g in cluster.groups)
     if reserve >= smallest * (1 - memory_headroom):
         raise InputError(f"--memory-reserve {memory_reserve} with --memory-headroom {memory_headroom:g} leaves "
@@ -251,7 +256,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
-              memory_headroom_fraction=memory_headroom, optimizer_offload=optimizer_offload)
+              memory_headroom_fraction=memory_headroom, optimizer_offload=optimizer_offload,
+              weight_streaming=stream_weights)
     explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
@@ -286,6 +292,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         "memory_reserve_bytes": job.memory_reserve_bytes,
                         "memory_headroom_fraction": job.memory_headroom_fraction, "zero1": job.zero1,
                         **({"optimizer_offload": True} if optimizer_offload else {}),
+                        **({"weight_streaming": True} if stream_weights else {}),
                         "sequence_parallel": sequence_parallel,
                         "schedules": list(options.schedules)},
                 "fingerprint": result.fingerprint},
