@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only; types imports nothing at run time
     from .memory import ParamState
+    from .overlap import CommOverlap
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,9 @@ class Job:
             unplanned on top of ``memory_reserve_bytes`` (allocator
             fragmentation, NCCL buffers, transient peaks the model does not
             count); usable memory ``= capacity * (1 - headroom) - reserve``.
+        comm_overlap: which data-parallel communication overlaps compute
+            (:class:`pipesearch.overlap.CommOverlap`); ``None``: none, every
+            collective after the rank's last action.
     """
 
     global_batch_size: int
@@ -305,6 +309,7 @@ class Job:
     optimizer_bytes_per_param: float = 12.0
     param_state: ParamState | None = None
     memory_headroom_fraction: float = 0.0
+    comm_overlap: CommOverlap | None = None
 
 
 @dataclass(frozen=True)
