@@ -388,6 +388,7 @@ def build_pipeline_costs(
     in_flight: np.ndarray | None = None,
     stages_per_device: int = 1,
     links: tuple[list[Link], list[tuple[float, float]]] | None = None,
+    wgrad_window: bool | None = None,
 ) -> PipelineCosts:
     """Assemble the cost terms of one search point.
 
@@ -404,6 +405,9 @@ def build_pipeline_costs(
             device's usable memory, so the device's total never exceeds it.
         links: precomputed :func:`placement_links` of ``placement`` (the
             search reuses them across points with the same placement).
+        wgrad_window: the data-parallel reduce hides only under the
+            weight-gradient part of the last backward (zero-bubble
+            schedules); default: ``schedule == "zb-h1"``.
 
     Raises:
         InputError: placement shape does not match ``(pp, dp)``.
@@ -453,7 +457,7 @@ def build_pipeline_costs(
         gathered_bytes=gathered,
         gather_bytes_per_param_byte=1.0 if state.stage >= 1 else 0.0,
         overlap=job.comm_overlap,
-        wgrad_window=schedule == "zb-h1",
+        wgrad_window=schedule == "zb-h1" if wgrad_window is None else wgrad_window,
         params_per_param_byte=1.0 / profile.bytes_per_param if profile.bytes_per_param > 0 else 0.0,
         param_layer_prefix=np.concatenate([[0], np.cumsum(arrays["param_bytes"] > 0)]),
     )

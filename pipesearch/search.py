@@ -752,7 +752,7 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
         profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
                                                                       variant.profile.wgrad_saved_fraction),
-        stages_per_device=vp, links=links,
+        stages_per_device=vp, links=links, wgrad_window=schedule == "zb-h1",
     )
     return slots, costs
 
