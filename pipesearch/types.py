@@ -322,8 +322,10 @@ class StagePlan:
     of one micro-batch's activation sent forward plus its gradient received back
     over the stage's outgoing boundary; ``send_bytes`` the activation bytes sent
     forward per micro-batch; ``saved_bytes`` the activation bytes one in-flight
-    micro-batch keeps on the stage; ``allreduce_s`` the gradient all-reduce time per
-    iteration; ``memory_bytes`` the peak memory of one of its devices, and
+    micro-batch keeps on the stage; ``allreduce_s`` the data-parallel
+    communication per iteration left after the stage's last backward (all of
+    it without overlap: :mod:`pipesearch.overlap`), ``dp_comm_s`` all of it
+    (gradient all-reduce, or reduce-scatter + all-gather); ``memory_bytes`` the peak memory of one of its devices, and
     ``memory_breakdown`` its parts as ``(name, bytes)`` pairs (training state
     by component, the copy of a tied matrix, gathered ZeRO-3 weights,
     activations; :meth:`pipesearch.costs.PipelineCosts.memory_breakdown`).
@@ -343,6 +345,7 @@ class StagePlan:
     saved_bytes: float = 0.0
     bwd_input_s: float = 0.0
     memory_breakdown: tuple[tuple[str, float], ...] = ()
+    dp_comm_s: float = 0.0
 
 
 @dataclass(frozen=True)

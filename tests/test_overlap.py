@@ -115,6 +115,7 @@ def test_zero_bubble_hides_the_reduce_under_the_weight_gradient_only():
     plain, over = plan(None), plan(CommOverlap(grad_reduce=True, bucket_params=1))
     assert [st.allreduce_s for st in plain.stages] == pytest.approx([1.0, 1.0])
     assert [st.allreduce_s for st in over.stages] == pytest.approx([0.5 + 1e-11] * 2, rel=1e-9)
+    assert [st.dp_comm_s for st in over.stages] == pytest.approx([1.0, 1.0])  # all of it, before overlap
     assert over.predicted.iteration_time_s == pytest.approx(plain.predicted.iteration_time_s - 0.5, rel=1e-9)
 
 
