@@ -191,3 +191,12 @@ def test_tp_comm_overlap_shortens_the_forward():
     b = _plan_json("--split", "14,12", "--tp-comm-overlap")
     fa, fb = (sum(st["fwd_s"] for st in p["plans"][0]["stages"]) for p in (a, b))
     assert fb < fa
+
+
+def test_megatron_refuses_sharding_its_distributed_optimizer_does_not_do():
+    """Megatron-LM's distributed optimizer is ZeRO-1; a plan whose memory
+    assumes sharded gradients or weights is refused, with the reason."""
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
+                                    "--pp", "2", "--tp", "2", "--runtime", "megatron", "--sharding", "zero3", "-q"])
+    assert res.exit_code == 2
+    assert "sharding 'zero3'" in res.output and "--sharding zero1" in res.output

@@ -494,6 +494,12 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         )
 
     inputs = inputs or Inputs()
+    if inputs.sharding not in ("none", "zero1"):
+        raise InputError(
+            f"megatron: sharding {inputs.sharding!r}: Megatron-LM's distributed optimizer shards the optimizer "
+            f"state only (ZeRO-1: --use-distributed-optimizer), so the plan's memory would not be what runs; "
+            f"re-plan with --sharding zero1 or none"
+        )
     args = [
         "--num-layers", str(L),
         "--pipeline-model-parallel-size", str(p),
