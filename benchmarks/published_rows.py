@@ -44,12 +44,20 @@ sys.path.insert(0, str(ROOT))
 
 from pipesearch.hardware import load_cluster  # noqa: E402
 from pipesearch.memory import preset  # noqa: E402
+from pipesearch.overlap import CommOverlap  # noqa: E402
 from pipesearch.profiles.transformer import TransformerConfig, layer_table, megatron_flops_eq3  # noqa: E402
 from pipesearch.search import ModelVariant, SearchOptions, search  # noqa: E402
 from pipesearch.types import Job  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "published"
 HEADROOM = 0.05  # the CLI's default --memory-headroom
+#: SC'21 trained in fp16, where Megatron-LM all-reduces the fp16 gradients
+#: (its --accumulate-allreduce-grads-in-fp32 is forced on for bf16 only)
+SC21_GRAD_BYTES = 2.0
+#: the Megatron-Core H100 runs: data-parallel reduce-scatter and all-gather and
+#: tensor-parallel communication overlapped (--overlap-grad-reduce,
+#: --overlap-param-gather, --tp-comm-overlap)
+H100_RUN_OVERLAP = CommOverlap(grad_reduce=True, param_gather=True, tp_forward=True)
 
 #: Korthikanti et al. 2022 Table 4, ms: (sequence parallel, recompute) -> (forward, backward)
 K22_TABLE4_MS = {
@@ -84,7 +92,8 @@ def predict_sc21(row, device=None) -> tuple[float, object]:
     cl = _with_device(load_cluster("2x8-a100-80gb", nodes=n // 8), device)
     prof = layer_table(_gpt(row, vocab, seq), seq_len=seq, device=cl.device_spec(0), tp=tp,
                        sequence_parallel=False, recompute="full", tp_link=cl.intra_node, overlap_tp_backward=False)
-    job = Job(int(row["global_batch_size"]), param_state=preset("megatron"), memory_headroom_fraction=HEADROOM)
+    job = Job(int(row["global_batch_size"]), param_state=preset("megatron"), memory_headroom_fraction=HEADROOM,
+              grad_bytes_per_param=SC21_GRAD_BYTES)
     opts = SearchOptions(pp=pp, dp=n // (tp * pp), schedules=("1f1b", "interleaved-1f1b"), top=1)
     plan = search([ModelVariant(prof, tp=tp, recompute="full")], cl, job, opts).plans[0]
     flops = megatron_flops_eq3(int(row["global_batch_size"]), seq, int(row["num_layers"]), int(row["hidden_size"]),
@@ -105,10 +114,11 @@ def predict_h100(row, device=None) -> tuple[float, object]:
     n = int(row["num_gpus"])
     cl = _with_device(load_cluster("4x8-h100", nodes=n // 8), device)
     variants = [ModelVariant(layer_table(_gpt(row, vocab, seq), seq_len=seq, device=cl.device_spec(0), tp=tp,
-                                         sequence_parallel=tp > 1, recompute=mode, tp_link=cl.intra_node),
+                                         sequence_parallel=tp > 1, recompute=mode, tp_link=cl.intra_node,
+                                         overlap_tp_forward=True),
                              tp=tp, recompute=mode) for mode in ("none", "selective", "full")]
     job = Job(int(row["global_batch_size"]), param_state=preset("megatron", "zero1"),
-              memory_headroom_fraction=HEADROOM)
+              memory_headroom_fraction=HEADROOM, comm_overlap=H100_RUN_OVERLAP)
     schedules = ("1f1b",) if pp == 1 else ("1f1b", "interleaved-1f1b")
     plan = search(variants, cl, job, SearchOptions(pp=pp, dp=dp, schedules=schedules, top=1)).plans[0]
     flops = megatron_model_flops(int(row["global_batch_size"]), seq, int(row["num_layers"]),

@@ -58,6 +58,7 @@ import numpy as np
 
 from .errors import InputError
 from .memory import FSDP_LIVE_UNITS, OFFLOAD_KEPT_COMPONENTS, param_state_of, usable_memory_bytes
+from .overlap import CommOverlap, exposed_s
 # placement is the one home of layouts, links and per-stage device terms; the
 # names below are also reachable from here for callers of the cost model
 from .placement import (allreduce_model, device_rate_flops, pipeline_placement,  # noqa: F401
@@ -225,6 +226,17 @@ class PipelineCosts:
             holds whatever the split (ZeRO-3 / FSDP: the gathered weights of
             the units computing and prefetched, divided among the device's
             stages).
+        gather_bytes_per_param_byte: bytes the data-parallel all-gather of
+            a sharded optimizer moves per profiled parameter byte (0: not
+            sharded; the reduce is then an all-reduce).
+        overlap: the job's :class:`pipesearch.overlap.CommOverlap` (``None``:
+            none).
+        wgrad_window: the gradient reduce hides under the weight-gradient
+            part of the last backward only (zero-bubble schedules).
+        params_per_param_byte: parameters per profiled parameter byte (for
+            the bucket count).
+        param_layer_prefix: ``(L+1,)`` prefix counts of layers with
+            parameters (one bucket per layer).
 
     Both are fixed per stage (a split into ``P > 1`` contiguous stages always
     puts the last layer without the first on the last stage), so
@@ -251,6 +263,11 @@ class PipelineCosts:
     tied_copy_bytes: np.ndarray | None = None
     gathered_bytes: np.ndarray | None = None
     options: StageOptions | None = None
+    gather_bytes_per_param_byte: float = 0.0
+    overlap: CommOverlap | None = None
+    wgrad_window: bool = False
+    params_per_param_byte: float = 0.0
+    param_layer_prefix: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -332,10 +349,52 @@ class PipelineCosts:
         t = 2.0 * (self.p2p_latency_s[s] + out / self.p2p_bandwidth_bytes_per_s[s])
         return np.where((j >= self.num_layers) | (np.asarray(s) == self.pp - 1), 0.0, t)
 
-    def allreduce_s(self, s: int, i, j):
-        """Gradient all-reduce seconds per iteration of stage ``s`` holding ``[i, j)``."""
-        grad = (self.param_prefix_bytes[j] - self.param_prefix_bytes[i]) * self.grad_bytes_per_param_byte
-        return np.where(grad > 0, grad * self.allreduce_s_per_byte[s] + self.allreduce_fixed_s[s], 0.0)
+    def dp_comm_s(self, s, i, j):
+        """``(reduce_s, gather_s)``: the data-parallel communication of stage
+        ``s`` holding ``[i, j)`` per iteration, before any overlap. Without a
+        sharded optimizer, the gradient all-reduce and no gather; with one
+        (ZeRO-1/2/3, FSDP, Megatron's distributed optimizer) a reduce-scatter
+        of the gradients and an all-gather of the updated weights, each half
+        of an all-reduce of its bytes (a ring all-reduce is a reduce-scatter
+        followed by an all-gather; Patarasuk & Yuan 2009)."""
+        params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
+        per, fixed = self.allreduce_s_per_byte[s], self.allreduce_fixed_s[s]
+        grad = params * self.grad_bytes_per_param_byte
+        reduce = np.where(grad > 0, grad * per + fixed, 0.0)
+        if self.gather_bytes_per_param_byte <= 0:
+            return reduce, np.zeros_like(reduce)
+        gather = params * self.gather_bytes_per_param_byte
+        return 0.5 * reduce, np.where(gather > 0, 0.5 * (gather * per + fixed), 0.0)
+
+    def allreduce_s(self, s, i, j):
+        """The time model's data-parallel term of stage ``s`` holding
+        ``[i, j)``: the seconds of :meth:`dp_comm_s` left after the rank's
+        last action (:func:`pipesearch.overlap.exposed_s`; all of it without
+        overlap). The gradient reduce hides under the last backward (its
+        weight-gradient part under zero-bubble schedules), the all-gather
+        under the first forward, each in the stage's buckets."""
+        reduce, gather = self.dp_comm_s(s, i, j)
+        ov = self.overlap
+        if ov is None or not (ov.grad_reduce or ov.param_gather):
+            return reduce + gather
+        buckets = self.num_buckets(i, j)
+        if ov.grad_reduce:
+            window = self.bwd_s(s, i, j) - (self.bwd_input_s(s, i, j) if self.wgrad_window else 0.0)
+            reduce = exposed_s(reduce, window, buckets)
+        if ov.param_gather:
+            gather = exposed_s(gather, self.fwd_s(s, i, j), buckets)
+        return reduce + gather
+
+    def num_buckets(self, i, j):
+        """Gradient buckets of the layers ``[i, j)``: ``ceil(parameters /
+        bucket_params)``, or one per layer with parameters when the overlap
+        settings say so (FSDP units)."""
+        ov = self.overlap
+        if ov is None or ov.bucket_params is None or self.params_per_param_byte <= 0:
+            layers = self.param_layer_prefix if self.param_layer_prefix is not None else np.arange(self.num_layers + 1)
+            return np.maximum(layers[j] - layers[i], 1)
+        params = (self.param_prefix_bytes[j] - self.param_prefix_bytes[i]) * self.params_per_param_byte
+        return np.maximum(np.ceil(params / ov.bucket_params), 1)
 
     def memory_bytes(self, s: int, i, j):
         """Split-dependent peak bytes on one device of stage ``s`` holding
@@ -514,6 +573,7 @@ def build_pipeline_costs(
     optimizer_offload: bool = False,
     option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None,
     weight_streaming: bool = False,
+    wgrad_window: bool | None = None,
 ) -> PipelineCosts:
     """Assemble the cost terms of one search point.
 
@@ -540,6 +600,9 @@ def build_pipeline_costs(
         weight_streaming: offer stages their weights, gradients and
             optimizer state in host memory, the weights streamed in layer by
             layer (:func:`stream_options`; the cluster needs ``[host]``).
+        wgrad_window: the data-parallel reduce hides only under the
+            weight-gradient part of the last backward (zero-bubble
+            schedules); default: ``schedule == "zb-h1"``.
 
     Raises:
         InputError: placement shape does not match ``(pp, dp)``.
@@ -555,8 +618,8 @@ def build_pipeline_costs(
     # a stage is as slow as its slowest replica and as small as its smallest one
     placement = np.asarray(placement)
     p2p, ar = links if links is not None else placement_links(cluster, placement)
-    grad_bpp = job.grad_bytes_per_param if job.grad_bytes_per_param is not None else profile.bytes_per_param
     state = param_state_of(job)
+    grad_bpp = dp_reduce_bytes_per_param(job, state, profile.bytes_per_param)
     state_per_byte = state.bytes_per_param(dp) / profile.bytes_per_param
     inflight = (np.asarray(in_flight, dtype=float) if in_flight is not None
                 else in_flight_micro_batches(schedule, pp, num_micro_batches))
@@ -597,7 +660,25 @@ def build_pipeline_costs(
         grad_bytes_per_param_byte=grad_bpp / profile.bytes_per_param,
         tied_copy_bytes=tied,
         gathered_bytes=gathered,
+        gather_bytes_per_param_byte=1.0 if state.stage >= 1 else 0.0,
+        overlap=job.comm_overlap,
+        wgrad_window=schedule == "zb-h1" if wgrad_window is None else wgrad_window,
+        params_per_param_byte=1.0 / profile.bytes_per_param if profile.bytes_per_param > 0 else 0.0,
+        param_layer_prefix=np.concatenate([[0], np.cumsum(arrays["param_bytes"] > 0)]),
     )
+
+
+def dp_reduce_bytes_per_param(job: Job, state, model_bytes_per_param: float) -> float:
+    """Bytes per parameter the data-parallel gradient reduce moves:
+    ``job.grad_bytes_per_param`` when given; else the fp32 main gradients
+    when the state keeps them (Megatron-LM reduces ``main_grad``, fp32 for
+    bf16 training: its ``--accumulate-allreduce-grads-in-fp32``); else the
+    model dtype's ``model_bytes_per_param``."""
+    if job.grad_bytes_per_param is not None:
+        return job.grad_bytes_per_param
+    if state.main_grad_bytes > 0:
+        return state.main_grad_bytes
+    return model_bytes_per_param
 
 
 def device_memory_shares(profile: ModelProfile, in_flight: np.ndarray, stages_per_device: int,

@@ -138,6 +138,7 @@ def load_model_source(
     seq_len: int | None = None,
     max_search_memory_bytes: float | None = None,
     sequence_parallel: bool = True,
+    overlap_tp_forward: bool = False,
 ) -> ModelSource:
     """Resolve ``name_or_path`` (catalog name or file) into layer-table variants.
 
@@ -154,6 +155,8 @@ def load_model_source(
         sequence_parallel: use Korthikanti et al.'s sequence parallelism
             whenever ``tp > 1`` (default); False keeps the non-parallel
             regions (norms, dropout) replicated on every tensor-parallel rank.
+        overlap_tp_forward: forward tensor-parallel collectives under the
+            GEMMs (:func:`pipesearch.profiles.transformer.layer_table`).
 
     Raises:
         CatalogError / InputError: unknown name, malformed file, a pin that
@@ -176,7 +179,8 @@ def load_model_source(
                 try:
                     sp = sequence_parallel and t > 1
                     prof = layer_table(cfg, seq_len=seq_len, device=device, tp=t, sequence_parallel=sp,
-                                       recompute=mode, tp_link=cluster.intra_node)
+                                       recompute=mode, tp_link=cluster.intra_node,
+                                       overlap_tp_forward=overlap_tp_forward)
                 except InputError as exc:
                     if tp:  # a pinned degree that does not fit the model: say which option
                         raise InputError(f"--tp {tp}: {str(exc).removeprefix('layer_table: ')}") from None

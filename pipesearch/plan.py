@@ -11,7 +11,7 @@ Layout (every number carries its unit in its key; ``layers`` is half-open)::
                 "schedule": {"name": "1f1b", "micro_batch_size": 4, "num_micro_batches": 16},
                 "stages": [{"index": 0, "layers": [0, 12], "layer_names": [...],
                             "devices": [...], "device_type": "v100-16gb",
-                            "fwd_s": x, "compute_s": x, "comm_s": x, "allreduce_s": x,
+                            "fwd_s": x, "compute_s": x, "comm_s": x, "allreduce_s": x, "dp_comm_s": x,
                             "memory_bytes": n, "send_bytes": n, "saved_bytes": n,
                             "bwd_input_s": x}],
                 "predicted": {"iteration_time_s": x, "analytic_iteration_time_s": x,
@@ -94,7 +94,7 @@ def plan_to_dict(plan: Plan, exports: dict | None = None) -> dict:
         "stages": [
             {"index": s.index, "layers": list(s.layers), "layer_names": list(s.layer_names),
              "devices": list(s.devices), "device_type": s.device_type, "fwd_s": s.fwd_s,
-             "compute_s": s.compute_s, "comm_s": s.comm_s, "allreduce_s": s.allreduce_s,
+             "compute_s": s.compute_s, "comm_s": s.comm_s, "allreduce_s": s.allreduce_s, "dp_comm_s": s.dp_comm_s,
              "memory_bytes": s.memory_bytes, "send_bytes": s.send_bytes, "saved_bytes": s.saved_bytes,
              "bwd_input_s": s.bwd_input_s, "memory_breakdown_bytes": dict(s.memory_breakdown),
              **({"memory_option": s.memory_option, "host_step_s": s.host_step_s} if s.memory_option else {})}
@@ -206,7 +206,8 @@ def plan_from_dict(obj: dict) -> tuple[Plan, dict | None]:
                   memory_bytes=st["memory_bytes"], send_bytes=st["send_bytes"], device_type=st["device_type"],
                   fwd_s=st["fwd_s"], saved_bytes=st["saved_bytes"], bwd_input_s=st["bwd_input_s"],
                   memory_breakdown=tuple((k, float(v)) for k, v in st.get("memory_breakdown_bytes", {}).items()),
-                  memory_option=st.get("memory_option", ""), host_step_s=st.get("host_step_s", 0.0))
+                  memory_option=st.get("memory_option", ""), host_step_s=st.get("host_step_s", 0.0),
+                  dp_comm_s=st.get("dp_comm_s", 0.0))
         for st in obj["stages"])
     par, sch, pred = obj["parallelism"], obj["schedule"], obj["predicted"]
     options = dict(_freeze(obj.get("options", {})))

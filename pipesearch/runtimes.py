@@ -49,6 +49,35 @@ SCHEDULES = {
 }
 """Schedules each runtime runs (pipesearch names)."""
 
+STATE_DEFAULTS = {
+    "megatron": ("megatron", "zero1"),
+    "torchtitan": ("mixed-adam", "fsdp"),
+}
+"""``(optimizer state preset, sharding)`` a runtime trains with by default in
+the configuration pipesearch exports for it, where that differs from
+pipesearch's own default (``mixed-adam``, no sharding): Megatron-LM's bf16
+weights with fp32 main gradients and its distributed optimizer (the export
+writes ``--use-distributed-optimizer``); torchtitan's FSDP2 over the
+data-parallel ranks (its ``data_parallel_shard_degree = -1`` default).
+DeepSpeed's pipeline engine and torch.distributed.pipelining with DDP keep
+the whole state on every replica."""
+
+
+def runtime_defaults(runtime: str | None):
+    """``(CommOverlap, state preset name, sharding)`` of ``runtime``
+    (:data:`pipesearch.overlap.RUNTIME_OVERLAP`, :data:`STATE_DEFAULTS`);
+    pipesearch's own defaults (no overlap, ``mixed-adam``, no sharding) for
+    ``None``. Each can be overridden by its own option."""
+    from .overlap import NO_OVERLAP, RUNTIME_OVERLAP
+
+    if runtime is None:
+        return NO_OVERLAP, "mixed-adam", "none"
+    if runtime not in SCHEDULES:
+        raise InputError(f"--runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    state, sharding = STATE_DEFAULTS.get(runtime, ("mixed-adam", "none"))
+    return RUNTIME_OVERLAP[runtime], state, sharding
+
+
 SEARCH_MARGIN = 4
 """The search keeps ``SEARCH_MARGIN`` times ``--top`` configurations, of which
 the runtime's plans are kept."""
@@ -134,6 +163,38 @@ def check_pins(runtime: str, *, schedules: Sequence[str], pp: int | None, num_mi
             f"microbatches ({m}) must be greater than or equal to the number of stages ({pp})'): try "
             f"--num-micro-batches {pp}, or --schedule gpipe"
         )
+
+
+#: overlap each runtime can run: option -> runtimes that have it
+OVERLAP_SUPPORT = {
+    "grad_reduce": ("megatron", "torch", "torchtitan"),
+    "param_gather": ("megatron", "torchtitan"),
+    "tp_forward": ("megatron", "torchtitan"),
+}
+_OVERLAP_FLAG = {"grad_reduce": "--overlap-grad-reduce", "param_gather": "--overlap-param-gather",
+                 "tp_forward": "--tp-comm-overlap"}
+_NO_OVERLAP_REASON = {
+    "deepspeed": "its pipeline engine reduces the gradients after the last micro-batch",
+    "gpipe": "torchgpipe / fairscale Pipe synchronise gradients after the pipeline",
+    "torch": "torch.distributed.pipelining with DDP keeps whole weights and has no asynchronous tensor parallelism",
+}
+
+
+def check_overlap(runtime: str | None, overlap) -> None:
+    """Refuse communication overlap ``runtime`` does not have
+    (:data:`OVERLAP_SUPPORT`; torchtitan's tensor-parallel overlap is its
+    asynchronous tensor parallelism, Megatron-LM's ``--tp-comm-overlap``).
+
+    Raises:
+        InputError: names the option, the runtime and why.
+    """
+    if runtime is None:
+        return
+    for key, runs in OVERLAP_SUPPORT.items():
+        if getattr(overlap, key) and runtime not in runs:
+            raise InputError(f"--runtime {runtime} with {_OVERLAP_FLAG[key]}: {runtime} cannot overlap it "
+                             f"({_NO_OVERLAP_REASON.get(runtime, 'not supported')}); drop the option or choose "
+                             f"--runtime {' / '.join(runs)}")
 
 
 def filter_plans(runtime: str, plans: Sequence[Plan], top: int,

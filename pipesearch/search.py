@@ -184,6 +184,7 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
     cols = {
         "compute_s": costs.compute_s(st, i, j),
         "comm_s": costs.send_s(st, j),
+        "dp_comm_s": sum(costs.dp_comm_s(st, i, j)),
         "memory_bytes": costs.total_memory_bytes(st, i, j),
         "send_bytes": np.where(st + 1 < costs.pp, costs.output_bytes[j - 1], 0.0),
         "fwd_s": costs.fwd_s(st, i, j),
@@ -774,8 +775,9 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
         profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
                                                                       variant.profile.wgrad_saved_fraction),
-        stages_per_device=vp, links=links, tp=variant.tp, optimizer_offload=variant.offload,
-        option_profiles=variant.stage_tables or None, weight_streaming=variant.stream,
+        stages_per_device=vp, links=links, wgrad_window=schedule == "zb-h1", tp=variant.tp,
+        optimizer_offload=variant.offload, option_profiles=variant.stage_tables or None,
+        weight_streaming=variant.stream,
     )
     return slots, costs
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only; types imports nothing at run time
     from .memory import ParamState
+    from .overlap import CommOverlap
 
 
 @dataclass(frozen=True)
@@ -358,6 +359,9 @@ class Job:
         weight_streaming: let stages keep weights, gradients and optimizer
             state in host memory and stream each layer's weights in while the
             previous one computes (:func:`pipesearch.costs.stream_options`).
+        comm_overlap: which data-parallel communication overlaps compute
+            (:class:`pipesearch.overlap.CommOverlap`); ``None``: none, every
+            collective after the rank's last action.
     """
 
     global_batch_size: int
@@ -370,6 +374,7 @@ class Job:
     memory_headroom_fraction: float = 0.0
     optimizer_offload: bool = False
     weight_streaming: bool = False
+    comm_overlap: CommOverlap | None = None
 
 
 @dataclass(frozen=True)
@@ -382,11 +387,14 @@ class StagePlan:
     of one micro-batch's activation sent forward plus its gradient received back
     over the stage's outgoing boundary; ``send_bytes`` the activation bytes sent
     forward per micro-batch; ``saved_bytes`` the activation bytes one in-flight
-    micro-batch keeps on the stage; ``allreduce_s`` the gradient all-reduce time per
-    iteration plus ``host_step_s`` (the stage's offloaded optimizer step, 0
-    when the optimizer stays on the device): what follows its last backward;
-    ``memory_option`` the stage's per-stage memory option (``"full"``:
-    recomputed, ``"none+offload"``: optimizer in host memory;
+    micro-batch keeps on the stage; ``allreduce_s`` the data-parallel
+    communication per iteration left after the stage's last backward (all of
+    it without overlap: :mod:`pipesearch.overlap`) plus ``host_step_s`` (the
+    stage's offloaded optimizer step, 0 when the optimizer stays on the
+    device): what follows its last backward; ``dp_comm_s`` all of the
+    data-parallel communication (gradient all-reduce, or reduce-scatter +
+    all-gather); ``memory_option`` the stage's per-stage memory option
+    (``"full"``: recomputed, ``"none+offload"``: optimizer in host memory;
     :func:`pipesearch.costs.stage_options`; empty when there were none);
     ``memory_bytes`` the peak memory of one of its devices, and
     ``memory_breakdown`` its parts as ``(name, bytes)`` pairs (training state
@@ -410,6 +418,7 @@ class StagePlan:
     memory_breakdown: tuple[tuple[str, float], ...] = ()
     memory_option: str = ""
     host_step_s: float = 0.0
+    dp_comm_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -281,7 +281,7 @@ def test_simulate_names_the_all_reduce_only_with_data_parallelism(tmp_path):
     assert run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "--pp", "2", "--dp", "2",
                 "--schedule", "1f1b", "--top", "1", "-o", "two.json"], tmp_path).exit_code == 0
     out = run(["simulate", "two.json"], tmp_path).stdout
-    assert "gradient all-reduce tail" in out or "all-reduce hidden" in out
+    assert "data-parallel communication left after the last backward" in out or "all-reduce hidden" in out
 
 
 def test_timeline_draws_the_all_reduce_and_zooms(tmp_path):

@@ -45,6 +45,30 @@ def _split(ctx, param, value):
     return parts
 
 
+def _bucket(ctx, param, value):
+    if value is None or value.strip().lower() == "layer":
+        return value and "layer"
+    try:
+        n = float(value)
+    except ValueError:
+        n = float("nan")
+    if not (1 <= n < float("inf")):
+        raise click.BadParameter(f"{value!r}: expected a number of parameters >= 1 (e.g. 40000000) or 'layer'")
+    return n
+
+
+def comm_overlap_of(runtime, grad_reduce, param_gather, tp_forward, bucket_params):
+    """The :class:`pipesearch.overlap.CommOverlap` the options ask for: the
+    ``--runtime``'s defaults (:func:`pipesearch.runtimes.runtime_defaults`),
+    each overridden by its own option when given."""
+    base = runtimes.runtime_defaults(runtime)[0]
+    changes = {k: v for k, v in (("grad_reduce", grad_reduce), ("param_gather", param_gather),
+                                 ("tp_forward", tp_forward)) if v is not None}
+    if bucket_params is not None:
+        changes["bucket_params"] = None if bucket_params == "layer" else bucket_params
+    return replace(base, **changes)
+
+
 def split_notes(plans) -> list[str]:
     """One line per plan whose split the exact search could not prove
     optimal within its work limits: the best time found, the proven lower
@@ -194,12 +218,29 @@ class _Progress:
               help="Let stages keep all their training state in host memory and stream each layer's weights "
                    "in while the previous layer computes (needs a cluster with a [host] table, docs/offload.md).")
 @click.option("--runtime", type=click.Choice(RUNTIMES),
-              help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules).")
+              help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules), "
+                   "and take its defaults for the training state and communication overlap (megatron: "
+                   "--optimizer-state megatron --sharding zero1, gradient reduce and parameter gather "
+                   "overlapped; torchtitan: --sharding fsdp, both overlapped per block; torch: gradient "
+                   "all-reduce overlapped (DDP); deepspeed, gpipe: no overlap).")
+@click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=None,
+              help="Data-parallel gradient reduce overlapped with the last backward, in buckets (default: "
+                   "the --runtime's, else off).")
+@click.option("--overlap-param-gather/--no-overlap-param-gather", default=None,
+              help="With a sharded optimizer, the parameter all-gather overlapped with the first forward "
+                   "(default: the --runtime's, else off).")
+@click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=None,
+              help="Forward tensor-parallel collectives under the GEMMs (Megatron-LM --tp-comm-overlap; "
+                   "transformers; default off).")
+@click.option("--grad-bucket-params", callback=_bucket,
+              help="Parameters per gradient bucket of the overlapped reduce, or 'layer' for one bucket per "
+                   "layer (default: the --runtime's; 40000000, Megatron-LM's).")
 def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp, tp, micro_batch_size,
                  num_micro_batches, schedules, vps, recompute, split, top, memory_reserve,
                  max_search_memory, memory_headroom, optimizer_state, sharding, sequence_parallel,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
-                 plot_dir, runtime, optimizer_offload=False, stream_weights=False):
+                 plot_dir, runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, grad_bucket_params,
+                 optimizer_offload=False, stream_weights=False):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -239,7 +280,14 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--max-search-memory: {exc}") from None
     if optimizer_bytes_per_param is not None and not math.isfinite(optimizer_bytes_per_param):
         raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
+    if optimizer_bytes_per_param is None and not zero1:  # the runtime's state, where none is asked for
+        _, state_default, sharding_default = runtimes.runtime_defaults(runtime)
+        optimizer_state = optimizer_state or (state_default if state_default != "mixed-adam" else None)
+        sharding = sharding or (sharding_default if sharding_default != "none" else None)
     param_state = _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1)
+    comm_overlap = comm_overlap_of(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
+                                   grad_bucket_params)
+    runtimes.check_overlap(runtime, comm_overlap)
     cluster = load_cluster(cluster_name, nodes=nodes)
     for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights)):
         if on and cluster.host is None:
@@ -253,11 +301,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if runtime == "gpipe" and tp is None:
         tp = 1  # torchgpipe / fairscale Pipe have no tensor parallelism
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
-                               max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel)
+                               max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel,
+                               overlap_tp_forward=comm_overlap.tp_forward)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
-              memory_headroom_fraction=memory_headroom, optimizer_offload=optimizer_offload,
-              weight_streaming=stream_weights)
+              memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
+              optimizer_offload=optimizer_offload, weight_streaming=stream_weights)
     explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
@@ -294,6 +343,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         **({"optimizer_offload": True} if optimizer_offload else {}),
                         **({"weight_streaming": True} if stream_weights else {}),
                         "sequence_parallel": sequence_parallel,
+                        "comm_overlap": comm_overlap.as_dict(),
                         "schedules": list(options.schedules)},
                 "fingerprint": result.fingerprint},
         search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),

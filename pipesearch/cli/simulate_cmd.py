@@ -69,7 +69,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s
-    how = (f"pipeline {format_seconds(tl.iteration_time_s)} + gradient all-reduce tail {format_seconds(tail)}"
+    how = (f"pipeline {format_seconds(tl.iteration_time_s)} + data-parallel communication left after the last backward {format_seconds(tail)}"
            if plan.dp > 1 and tail > 0 else f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
            if plan.dp == 1 else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
     click.echo(f"simulated iteration: {format_seconds(total_s)} ({how}); "

@@ -150,7 +150,7 @@ class Inputs:
         cluster: ``inputs.cluster`` (``{}`` when not given); the exporters use
             ``groups[*].devices_per_node`` and ``name``.
         job: ``inputs.job`` (``{}`` when not given); the exporters use
-            ``zero1``.
+            ``zero1``, ``optimizer_state.sharding`` and ``comm_overlap``.
     """
 
     model: Mapping = field(default_factory=dict)
@@ -188,6 +188,20 @@ class Inputs:
     @property
     def zero1(self) -> bool:
         return bool(self.job.get("zero1", False))
+
+    @property
+    def sharding(self) -> str:
+        """``inputs.job.optimizer_state.sharding``; without it ``zero1`` or
+        ``none`` from ``inputs.job.zero1``."""
+        state = self.job.get("optimizer_state")
+        v = state.get("sharding") if isinstance(state, Mapping) else None
+        return v if isinstance(v, str) else ("zero1" if self.zero1 else "none")
+
+    @property
+    def comm_overlap(self) -> Mapping:
+        """``inputs.job.comm_overlap`` (:meth:`pipesearch.overlap.CommOverlap.as_dict`), ``{}`` when absent."""
+        v = self.job.get("comm_overlap")
+        return v if isinstance(v, Mapping) else {}
 
 
 def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:

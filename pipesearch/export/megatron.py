@@ -75,6 +75,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
+from ..overlap import MEGATRON_BUCKET_PARAMS
 from ..types import Plan
 from . import (
     FORMAT_VERSION,
@@ -493,6 +494,12 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         )
 
     inputs = inputs or Inputs()
+    if inputs.sharding not in ("none", "zero1"):
+        raise InputError(
+            f"megatron: sharding {inputs.sharding!r}: Megatron-LM's distributed optimizer shards the optimizer "
+            f"state only (ZeRO-1: --use-distributed-optimizer), so the plan's memory would not be what runs; "
+            f"re-plan with --sharding zero1 or none"
+        )
     args = [
         "--num-layers", str(L),
         "--pipeline-model-parallel-size", str(p),
@@ -513,6 +520,16 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
                      "--max-position-embeddings and the model's type flags, or validate_args refuses the command.")
     if inputs.zero1:
         args.append("--use-distributed-optimizer")
+    overlap = inputs.comm_overlap
+    if overlap.get("grad_reduce"):
+        args.append("--overlap-grad-reduce")
+    if overlap.get("param_gather") and inputs.zero1:
+        args.append("--overlap-param-gather")
+    if overlap.get("tp_forward") and plan.tp > 1:
+        args.append("--tp-comm-overlap")
+    bucket = overlap.get("bucket_params")
+    if overlap.get("grad_reduce") and isinstance(bucket, (int, float)) and bucket != MEGATRON_BUCKET_PARAMS:
+        args += ["--ddp-bucket-size", str(int(bucket))]
     env = {}
     if plan.tp > 1:
         # validate_args asserts it for tp > 1 before Blackwell (compute capability < 10)
@@ -543,8 +560,12 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
     world = plan.tp * p * plan.dp
     notes.append(f"launch with world size tp*pp*dp = {world}; Megatron derives "
                  f"dp = {plan.dp} and {m} micro-batches = global / (micro * dp).")
-    notes.append("the gradient all-reduce runs after the backward, as pipesearch times it (Megatron's default); "
-                 "--overlap-grad-reduce overlaps it with the backward and can only shorten the step.")
+    if not overlap.get("grad_reduce"):
+        notes.append("the gradient all-reduce runs after the backward, as pipesearch timed it (Megatron's default); "
+                     "--overlap-grad-reduce overlaps it with the backward and can only shorten the step.")
+    if overlap.get("tp_forward") and plan.tp > 1:
+        notes.append("--tp-comm-overlap needs Transformer Engine with userbuffers (--transformer-impl "
+                     "transformer_engine, the default) and sequence parallelism.")
     if env:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1: validate_args requires it with tensor parallelism on GPUs "
                      "before Blackwell.")

@@ -923,6 +923,7 @@ def layer_table(
     micro_batch_size: int = 1,
     decoder_seq_len: int | None = None,
     overlap_tp_backward: bool = True,
+    overlap_tp_forward: bool = False,
 ) -> ModelProfile:
     """Analytic layer table of a transformer on one device type.
 
@@ -1003,6 +1004,15 @@ def layer_table(
             ``max(0, collectives - weight-gradient GEMM time)`` is exposed.
             The zero-bubble input-gradient pass keeps them whole (its weight
             gradients run later). False: charged in full.
+        overlap_tp_forward: a block's forward tensor-parallel collectives
+            run under its weight GEMMs (Megatron-LM ``--tp-comm-overlap``:
+            Transformer Engine's userbuffers split each all-gather /
+            reduce-scatter into chunks pipelined with the column- and
+            row-parallel GEMM that consumes or produces them; Wang et al.,
+            "Overlap communication with dependent computation via
+            decomposition", ASPLOS'23); only ``max(0, collectives - forward
+            weight-GEMM time)`` is exposed, also in a full recomputation.
+            Default False (charged in full).
 
     Returns:
         ModelProfile with ``profiled_batch_size = micro_batch_size``,
@@ -1083,6 +1093,8 @@ def layer_table(
         fwd_compute = fwd_flops / rate
         core_compute = r.core_flops / t / rate
         fwd_comm = ar(r.fwd_pairs) + ar(r.fwd_ar_only) + (half(r.fwd_single) if sp else ar(r.fwd_ar_nosp))
+        if overlap_tp_forward and r.acts is not None:
+            fwd_comm = max(0.0, fwd_comm - r.lin_flops / t / rate)
         bwd_comm = ar(r.bwd_pairs) + (half(r.bwd_single) if sp else ar(r.bwd_ar_nosp))
         if r.name == "embedding":
             # the embedding has no input gradient; its backward collective

@@ -26,6 +26,9 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --attention-dropout 0.0 \
     --hidden-dropout 0.0 \
     --bf16 \
+    --use-distributed-optimizer \
+    --overlap-grad-reduce \
+    --overlap-param-gather \
     --sequence-parallel \
     --mock-data \
     --tokenizer-type NullTokenizer

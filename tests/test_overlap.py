@@ -1,0 +1,202 @@
+"""Communication overlap (pipesearch.overlap): the exposed part of a
+bucketed collective, its place in the time model, the exact split with it,
+and the runtime presets."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from helpers import tiny_cluster, tiny_profile
+from pipesearch.cli import main
+from pipesearch.costs import build_pipeline_costs
+from pipesearch.memory import ParamState
+from pipesearch.overlap import CommOverlap, exposed_s
+from pipesearch.placement import pipeline_placement
+from pipesearch.schedules import build, in_flight_peaks
+from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.split_search import exact_split, exhaustive_simulated_split
+from pipesearch.types import Job, Link
+
+
+def _bucket_queue_s(comm_s: float, window_s: float, k: int) -> float:
+    """The definition, replayed event by event: bucket ``q = 1..k`` is ready
+    at ``q W / k``; the network runs one bucket's collective (``C / k``) at a
+    time, in order. Returns how long the last one ends after the window."""
+    free = 0.0
+    for q in range(1, k + 1):
+        free = max(free, q * window_s / k) + comm_s / k
+    return free - window_s
+
+
+def test_exposed_by_hand():
+    """C = 6, W = 4, K = 2: buckets ready at 2 and 4, each reduce 3 s:
+    2 -> 5, then 5 -> 8, 4 s after the window. K = 1: all 6 s. C = 3, W = 6,
+    K = 3: ready at 2, 4, 6, each 1 s: the last ends at 7, 1 s after."""
+    assert exposed_s(6.0, 4.0, 2) == pytest.approx(4.0)
+    assert exposed_s(6.0, 4.0, 1) == pytest.approx(6.0)
+    assert exposed_s(3.0, 6.0, 3) == pytest.approx(1.0)
+    assert exposed_s(0.0, 6.0, 3) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_exposed_equals_the_bucket_queue(seed):
+    rng = np.random.default_rng(seed)
+    c, w, k = float(rng.exponential(1.0)), float(rng.exponential(1.0)), int(rng.integers(1, 50))
+    assert exposed_s(c, w, k) == pytest.approx(_bucket_queue_s(c, w, k), rel=1e-12, abs=1e-12)
+
+
+def _one_stage_time(state: ParamState, overlap: CommOverlap | None) -> float:
+    """One layer (forward 10 ms, backward 20 ms, 1 GB of parameters at 2
+    bytes each = 0.5e9 parameters), pp 1, dp 2 on one node at 100 GB/s with
+    no latency, one micro-batch per replica."""
+    prof = tiny_profile([0.010], [0.020], params=[1e9], bytes_per_param=2.0)
+    cluster = tiny_cluster(1, 2, intra=Link(100e9, 0.0))
+    job = Job(global_batch_size=2, memory_reserve_bytes=0, param_state=state, comm_overlap=overlap)
+    res = search([ModelVariant(prof)], cluster, job, SearchOptions(pp=1, dp=2, micro_batch_size=1,
+                                                                   schedules=("1f1b",)))
+    return res.plans[0].predicted.iteration_time_s
+
+
+MIXED = ParamState(2, 2, 0, 4, 8, "none")
+MIXED_ZERO1 = ParamState(2, 2, 0, 4, 8, "zero1")
+MEGATRON_ZERO1 = ParamState(2, 0, 4, 4, 8, "zero1")
+
+
+def test_overlap_in_the_time_model_by_hand():
+    """The one-layer job of :func:`_one_stage_time`. Ring all-reduce of the
+    1 GB of 16-bit gradients over 2 ranks: 2 (1/2) 1e9 / 100e9 = 10 ms; 40 M
+    parameters per bucket: K = ceil(0.5e9 / 40e6) = 13.
+
+    * no overlap: 10 + 20 + 10 = 40 ms;
+    * gradient reduce under the 20 ms backward: max(10/13, 10 - 20 (12/13))
+      = 10/13 ms exposed;
+    * ZeRO-1: reduce-scatter 5 ms and all-gather 5 ms. Reduce overlapped
+      only: 5/13 + 5; both: the all-gather under the 10 ms forward,
+      max(5/13, 5 - 10 (12/13)) = 5/13, so 10/13 in all;
+    * Megatron's state reduces its fp32 main gradients (4 B/param): a 2 GB
+      reduce-scatter, 10 ms, and the 1 GB bf16 all-gather, 5 ms; no overlap:
+      45 ms; both overlapped: max(10/13, 10 - 20 (12/13)) + 5/13 = 15/13."""
+    ms = 1e-3
+    assert _one_stage_time(MIXED, None) == pytest.approx(40 * ms, rel=1e-9)
+    assert _one_stage_time(MIXED, CommOverlap(grad_reduce=True)) == pytest.approx((30 + 10 / 13) * ms, rel=1e-9)
+    assert _one_stage_time(MIXED_ZERO1, CommOverlap(grad_reduce=True)) == pytest.approx((30 + 5 / 13 + 5) * ms,
+                                                                                        rel=1e-9)
+    both = CommOverlap(grad_reduce=True, param_gather=True)
+    assert _one_stage_time(MIXED_ZERO1, both) == pytest.approx((30 + 10 / 13) * ms, rel=1e-9)
+    assert _one_stage_time(MEGATRON_ZERO1, None) == pytest.approx(45 * ms, rel=1e-9)
+    assert _one_stage_time(MEGATRON_ZERO1, both) == pytest.approx((30 + 15 / 13) * ms, rel=1e-9)
+    # one bucket per layer: K = 1, nothing hides
+    assert _one_stage_time(MIXED, CommOverlap(grad_reduce=True, bucket_params=None)) == pytest.approx(40 * ms)
+
+
+def test_zero_bubble_hides_the_reduce_under_the_weight_gradient_only():
+    """Two identical stages of one layer, ZB-H1, m = 2, dp = 2, one node of
+    4 devices at 100 GB/s (the layers send nothing): forward 1 s, backward 2 s of which
+    the input gradient is 1.5 s, so the weight gradient (the window the
+    reduce can hide in: zero-bubble schedules accumulate weight gradients in
+    W) is 0.5 s. 100 GB of 16-bit parameters per stage: ring all-reduce
+    2 (1/2) 100e9 / 100e9 = 1 s. One bucket per parameter (K = 5e10): exposed
+    max(1/K, 1 - (1 - 1/K) 0.5) = 0.5 s + 1e-11 per stage (under the whole
+    2 s backward it would be 1/K), so the step is 0.5 s shorter."""
+    prof = tiny_profile([1.0, 1.0], [2.0, 2.0], params=[100e9, 100e9], bytes_per_param=2.0)
+    prof = type(prof)(**{**prof.__dict__, "layers": tuple(
+        type(lay)(**{**lay.__dict__, "bwd_input_s": 1.5}) for lay in prof.layers)})
+    cluster = tiny_cluster(1, 4, memory_bytes=1e15, intra=Link(100e9, 0.0))
+    opts = SearchOptions(pp=2, dp=2, micro_batch_size=1, schedules=("zb-h1",), split=(1, 1))
+
+    def plan(overlap):
+        job = Job(4, memory_reserve_bytes=0, param_state=MIXED, comm_overlap=overlap)
+        return search([ModelVariant(prof)], cluster, job, opts).plans[0]
+
+    plain, over = plan(None), plan(CommOverlap(grad_reduce=True, bucket_params=1))
+    assert [st.allreduce_s for st in plain.stages] == pytest.approx([1.0, 1.0])
+    assert [st.allreduce_s for st in over.stages] == pytest.approx([0.5 + 1e-11] * 2, rel=1e-9)
+    assert [st.dp_comm_s for st in over.stages] == pytest.approx([1.0, 1.0])  # all of it, before overlap
+    assert over.predicted.iteration_time_s == pytest.approx(plain.predicted.iteration_time_s - 0.5, rel=1e-9)
+
+
+def _random_costs(seed: int):
+    rng = np.random.default_rng(seed)
+    schedule = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")[seed % 4]
+    pp = int(rng.integers(2, 4))
+    vp = 2 if schedule == "interleaved-1f1b" else 1
+    L = int(rng.integers(pp * vp, 9))
+    m = pp * int(rng.integers(1, 3)) if vp > 1 else int(rng.integers(pp, pp + 4))
+    prof = tiny_profile(rng.exponential(1e-3, L), rng.exponential(2e-3, L), params=rng.exponential(1e7, L),
+                        outputs=rng.exponential(1e6, L), bytes_per_param=2.0)
+    cluster = tiny_cluster(2, pp, intra=Link(1e10, 1e-5), inter=Link(float(rng.choice([1e8, 1e9])), 1e-4))
+    state = ParamState(2, 2, 0, 4, 8, str(rng.choice(["none", "zero1"])))
+    overlap = CommOverlap(grad_reduce=bool(rng.random() < 0.8), param_gather=bool(rng.random() < 0.5),
+                          bucket_params=float(rng.choice([1e5, 1e6, 1e7])) if rng.random() < 0.7 else None)
+    job = Job(global_batch_size=2 * m, memory_reserve_bytes=0, param_state=state, comm_overlap=overlap)
+    peaks = np.array(in_flight_peaks(build(schedule, pp, m, vp)))
+    costs = build_pipeline_costs(prof, cluster, job, pp=pp * vp, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                 schedule=schedule, placement=pipeline_placement(pp, 2)[np.arange(pp * vp) % pp],
+                                 in_flight=peaks, stages_per_device=vp)
+    return costs, schedule, pp, vp
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_exact_split_with_overlap_equals_brute_force(seed):
+    """The exposed all-reduce depends on the stage's backward and forward,
+    so the split search's bound families see a different per-stage term:
+    with random overlap settings the branch and bound still equals the best
+    simulated split over every split."""
+    costs, schedule, pp, vp = _random_costs(seed)
+    ref = exhaustive_simulated_split(costs, schedule, pp, vp)
+    got = exact_split(costs, schedule, pp, vp)
+    assert got is not None and got.exact
+    assert got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
+
+
+def _plan_json(*args):
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
+                                    "--pp", "2", "--tp", "2", "--json", "--top", "1", *args])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_runtime_presets_and_their_overrides():
+    """--runtime megatron trains with Megatron's state sharded (the
+    distributed optimizer) and both data-parallel collectives overlapped, and
+    the export writes the flags that turn them on; --no-overlap-grad-reduce
+    overrides the preset; with overlap the step is shorter."""
+    meg = _plan_json("--runtime", "megatron")
+    job = meg["inputs"]["job"]
+    assert job["optimizer_state"]["name"] == "megatron" and job["optimizer_state"]["sharding"] == "zero1"
+    assert job["comm_overlap"]["grad_reduce"] and job["comm_overlap"]["param_gather"]
+    args = meg["plans"][0]["exports"]["megatron"]["args"]
+    assert {"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"} <= set(args)
+    off = _plan_json("--runtime", "megatron", "--no-overlap-grad-reduce", "--no-overlap-param-gather")
+    assert not off["inputs"]["job"]["comm_overlap"]["grad_reduce"]
+    assert "--overlap-grad-reduce" not in off["plans"][0]["exports"]["megatron"]["args"]
+    assert meg["plans"][0]["predicted"]["iteration_time_s"] < off["plans"][0]["predicted"]["iteration_time_s"]
+
+
+def test_runtime_refuses_overlap_it_does_not_have():
+    res = CliRunner().invoke(main, ["plan", "--runtime", "deepspeed", "--overlap-grad-reduce", "-q"])
+    assert res.exit_code == 2
+    assert "deepspeed cannot overlap it" in res.output and "Traceback" not in res.output
+
+
+def test_tp_comm_overlap_shortens_the_forward():
+    """--tp-comm-overlap hides a block's forward collectives under its GEMMs:
+    with tp 2 every block's forward is shorter, and by at most its
+    collectives (the table of a plan does not show them: compare plans)."""
+    a = _plan_json("--split", "14,12")
+    b = _plan_json("--split", "14,12", "--tp-comm-overlap")
+    fa, fb = (sum(st["fwd_s"] for st in p["plans"][0]["stages"]) for p in (a, b))
+    assert fb < fa
+
+
+def test_megatron_refuses_sharding_its_distributed_optimizer_does_not_do():
+    """Megatron-LM's distributed optimizer is ZeRO-1; a plan whose memory
+    assumes sharded gradients or weights is refused, with the reason."""
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
+                                    "--pp", "2", "--tp", "2", "--runtime", "megatron", "--sharding", "zero3", "-q"])
+    assert res.exit_code == 2
+    assert "sharding 'zero3'" in res.output and "--sharding zero1" in res.output
