@@ -22,6 +22,14 @@ children run in order), at the batch size of ``example_input``:
   distinct storages of the saved tensors, parameters excluded (they are in
   ``param_bytes``).
 
+``profile_module_at_sizes(model, make_input, [1, 2, 4])`` measures at every
+size (warm-up runs dropped at each) and fits each layer's forward and
+backward times as ``fixed + per_sample * b`` by least squares with both parts
+>= 0 (:func:`fit_fixed_per_sample`); the profile is at the largest size with
+``Layer.fwd_fixed_s`` / ``bwd_fixed_s``, so the cost model charges small
+micro-batches their fixed part (:meth:`ModelProfile.layer_times_at`) instead
+of scaling the time down in proportion.
+
 Layer names are the children's fully qualified module names (``"0"``,
 ``"1"``, ... for an ``nn.Sequential``; ``"layers.0"`` ... for a ``layers``
 list), so a plan's ``layer_names`` are the FQNs that
