@@ -415,10 +415,9 @@ def build_pipeline_costs(
     if placement.shape != (pp, dp):
         raise InputError(f"placement has shape {placement.shape}, expected ({pp}, {dp})")
     arrays = profile.layer_arrays
-    ratio = micro_batch_size / profile.profiled_batch_size
-    fwd = arrays["fwd_s"] * ratio
-    bwd = arrays["bwd_s"] * ratio
-    bwd_input = arrays["bwd_input_s"] * ratio
+    ratio = micro_batch_size / profile.profiled_batch_size  # activation bytes scale linearly
+    times = profile.layer_times_at(micro_batch_size)  # fixed + per-sample where profiled so
+    fwd, bwd, bwd_input = times["fwd_s"], times["bwd_s"], times["bwd_input_s"]
     zero = np.zeros(1)
     # a stage is as slow as its slowest replica and as small as its smallest one
     placement = np.asarray(placement)

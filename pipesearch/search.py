@@ -528,8 +528,7 @@ def search(
     )
     rows: list[dict] = []
     counts: Counter = Counter()
-    work = {id(v): sum(lay.fwd_s + lay.bwd_s for lay in v.profile.layers) / v.profile.profiled_batch_size
-            for v in variants}
+    work = {id(v): v.profile.compute_per_sample_s for v in variants}
     memory_floor = {id(v): _memory_totals(v.profile, job) for v in variants}
     # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
     capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]

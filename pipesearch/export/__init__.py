@@ -7,6 +7,7 @@ format                    runtime (module)
 ========================  ======================================================
 ``"torch"``               ``torch.distributed.pipelining`` (:mod:`.torch`)
 ``"torchtitan"``          torchtitan 0.3.0 launch command and overrides (:mod:`.torchtitan`)
+                          (``torchtitan_version="0.2"``: 0.2.x's job TOML, :mod:`.torchtitan_toml`)
 ``"megatron"``            Megatron-LM launch command (:mod:`.megatron`)
 ``"deepspeed"``           DeepSpeed ``PipelineModule`` + config (:mod:`.deepspeed`)
 ``"gpipe"``               torchgpipe ``GPipe`` / fairscale ``Pipe`` (:mod:`.gpipe`)
