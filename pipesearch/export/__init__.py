@@ -205,6 +205,27 @@ class Inputs:
         return v if isinstance(v, Mapping) else {}
 
 
+def torchtitan_dp_degrees(plan: Plan, inputs: "Inputs", release: str) -> tuple[int, int, str]:
+    """``(data_parallel_replicate_degree, data_parallel_shard_degree, note)``
+    of torchtitan for the plan's data parallelism: full replicas with a
+    gradient all-reduce (``replicate = dp``, ``shard = 1``) when the plan
+    shards nothing; FSDP2 over the replicas (``replicate = 1``, ``shard =
+    dp``) for ``zero3`` / ``fsdp``.
+
+    Raises:
+        InputError: ZeRO-1 or ZeRO-2 (torchtitan shards with FSDP2 only).
+    """
+    sharding = inputs.sharding
+    if sharding in ("zero3", "fsdp"):
+        return 1, plan.dp, (f"data_parallel_shard_degree = {plan.dp}: FSDP2 over the data-parallel ranks (the "
+                            f"plan's --sharding {sharding}: weights, gradients and optimizer state sharded).")
+    if sharding != "none":
+        raise InputError(f"torchtitan {release}: sharding {sharding!r}: torchtitan shards with FSDP2 only (all of "
+                         f"weights, gradients and optimizer state); re-plan with --sharding fsdp or none")
+    return plan.dp, 1, ("data_parallel_shard_degree = 1 and replicate = dp reproduce the plan's data parallelism "
+                        "(full replicas, gradient all-reduce); FSDP needs a plan with --sharding fsdp.")
+
+
 def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
     """``argv`` (after ``env`` assignments) as a shell command, one flag and its values per line."""
     head = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]

@@ -37,9 +37,11 @@ Overrides written (all from the plan):
 * ``--parallelism.tensor_parallel_degree``,
   ``--parallelism.[no-]enable_sequence_parallel`` (with ``tp > 1``),
   ``--parallelism.data_parallel_replicate_degree = dp`` and
-  ``--parallelism.data_parallel_shard_degree 1``: pipesearch's data
-  parallelism is plain replication with a gradient all-reduce (torchtitan's
-  default shard degree ``-1`` is FSDP over the leftover ranks).
+  ``--parallelism.data_parallel_shard_degree 1`` for a plan that shards
+  nothing (replicas with a gradient all-reduce; torchtitan's default shard
+  degree ``-1`` is FSDP over the leftover ranks), ``replicate 1`` and
+  ``shard = dp`` for ``--sharding fsdp`` (FSDP2); ZeRO-1/2 refused
+  (:func:`pipesearch.export.torchtitan_dp_degrees`).
 
 ``layers_per_stage_alternative``: ``pipeline_parallel_layers_per_stage`` (+
 ``pipeline_parallel_first/last_stage_less_layers``) when torchtitan's own
@@ -60,6 +62,7 @@ from . import (
     Inputs,
     recompute_mode,
     shell_command,
+    torchtitan_dp_degrees,
     torchrun_prefix,
     sequence_parallel,
     transformer_shape,
@@ -241,14 +244,15 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     parts = [[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges]
     m, mbs = plan.num_micro_batches, plan.micro_batch_size
     rc = recompute_mode(plan, "torchtitan")
+    replicate, shard, dp_note = torchtitan_dp_degrees(plan, inputs, RUNTIME_VERSION)
     parallelism = {
         "pipeline_parallel_degree": plan.pp,
         "pipeline_parallel_schedule": SCHEDULE_NAMES[plan.schedule],
         "pipeline_parallel_microbatch_size": mbs,
         "module_fqns_per_model_part": parts,
         "tensor_parallel_degree": plan.tp,
-        "data_parallel_replicate_degree": plan.dp,
-        "data_parallel_shard_degree": 1,
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
     }
     if plan.tp > 1:
         parallelism["enable_sequence_parallel"] = sequence_parallel(plan)
@@ -271,8 +275,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     notes = [
         f"torchtitan {RUNTIME_VERSION}: {m} micro-batches = training.local_batch_size // "
         f"pipeline_parallel_microbatch_size.",
-        "data_parallel_shard_degree = 1 and replicate = dp reproduce pipesearch's data parallelism "
-        "(full replicas, gradient all-reduce); FSDP (shard > 1) changes memory and communication.",
+        dp_note,
     ]
     name = str(inputs.model.get("name", ""))
     if module is None or config is None:

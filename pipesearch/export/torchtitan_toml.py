@@ -56,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from ..errors import InputError
 from ..types import Plan
 from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, sequence_parallel, shell_command, torchrun_prefix,
-               transformer_shape)
+               torchtitan_dp_degrees, transformer_shape)
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
 from .torchtitan import RUNTIME, SCHEDULE_NAMES, layers_per_stage_alternative
 
@@ -143,14 +143,15 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
     parts = [[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges]
     m, mbs = plan.num_micro_batches, plan.micro_batch_size
     rc = recompute_mode(plan, "torchtitan")
+    replicate, shard, dp_note = torchtitan_dp_degrees(plan, inputs, TOML_RUNTIME_VERSION)
     parallelism = {
         "pipeline_parallel_degree": plan.pp,
         "pipeline_parallel_schedule": SCHEDULE_NAMES[plan.schedule],
         "pipeline_parallel_microbatch_size": mbs,
         "module_fqns_per_model_part": parts,
         "tensor_parallel_degree": plan.tp,
-        "data_parallel_replicate_degree": plan.dp,
-        "data_parallel_shard_degree": 1,
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
     }
     training = {"local_batch_size": mbs * m, "global_batch_size": mbs * m * plan.dp}
     if inputs.seq_len:
@@ -160,8 +161,7 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
         f"torchtitan {TOML_RUNTIME_VERSION} (0.2.x): {m} micro-batches = training.local_batch_size // "
         "pipeline_parallel_microbatch_size; the TOML holds only what the plan decides: merge it into your job "
         "file (dataset, steps, optimizer ...) or pass those as --section.key overrides.",
-        "data_parallel_shard_degree = 1 and replicate = dp reproduce pipesearch's data parallelism "
-        "(full replicas, gradient all-reduce); FSDP (shard > 1) changes memory and communication.",
+        dp_note,
     ]
     name = str(inputs.model.get("name", ""))
     model_name, flavor = TORCHTITAN_FLAVORS.get(name, ("MODEL", "FLAVOR"))
