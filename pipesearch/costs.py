@@ -145,6 +145,11 @@ class PipelineCosts:
             holds whatever the split (ZeRO-3 / FSDP: the gathered weights of
             the units computing and prefetched, divided among the device's
             stages).
+        activation_share: ``(P,)`` the share of a micro-batch's saved
+            activations one device of each stage keeps (per-stage
+            replication, :mod:`pipesearch.replication`: ``ceil(b / r_k) / b``
+            when ``r_k`` replicas split each micro-batch of ``b``); ``None``
+            means 1 on every stage.
 
     Both are fixed per stage (a split into ``P > 1`` contiguous stages always
     puts the last layer without the first on the last stage), so
@@ -170,6 +175,7 @@ class PipelineCosts:
     bwd_input_prefix_s: np.ndarray | None = None
     tied_copy_bytes: np.ndarray | None = None
     gathered_bytes: np.ndarray | None = None
+    activation_share: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -202,7 +208,12 @@ class PipelineCosts:
         ``capacity_bytes``, which is net of the fixed parts)."""
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
-        return params * self.state_bytes_per_param_byte + saved * self.in_flight[s]
+        return (params * self.state_bytes_per_param_byte
+                + saved * self.in_flight[s] * self.activation_share_at(s))
+
+    def activation_share_at(self, s):
+        """:attr:`activation_share` of stage(s) ``s`` (1 when unset)."""
+        return 1.0 if self.activation_share is None else self.activation_share[s]
 
     def fixed_bytes(self, s):
         """Bytes stage ``s`` holds whatever the split: its tied copy and its
@@ -239,7 +250,8 @@ class PipelineCosts:
             out["state"] = params * self.state_bytes_per_param_byte
         out["tied_copy"] = tied
         out["gathered_weights"] = gathered
-        out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s])
+        out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s]
+                                   * self.activation_share_at(s))
         return out
 
     def sum_term(self, s: int, i, j):
