@@ -544,7 +544,8 @@ def search(
     capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
                 for tp in {v.tp for v in variants}}
     groups = []
-    for variant, pp, dp, status, count in enumerate_groups(variants, cluster, job, options):
+    uniform = [] if options.split_replicas else enumerate_groups(variants, cluster, job, options)
+    for variant, pp, dp, status, count in uniform:  # a pinned replicated split: that point only
         if status is not None:
             counts[status] += count
             continue
@@ -552,8 +553,6 @@ def search(
         bound = work[id(variant)] * fastest * (job.global_batch_size // dp) / pp
         groups.append((bound, len(groups), variant, pp, dp))
     groups.sort(key=lambda g: (g[0], g[1]))
-    if options.split_replicas:  # a pinned replicated split: that point only
-        groups = []
     keep = max(options.top, 1)
     best_of_family: dict[tuple, tuple[float, Plan]] = {}
     family_times: list[float] = []  # sorted best time of every family seen

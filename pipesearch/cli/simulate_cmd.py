@@ -70,8 +70,9 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s
     how = (f"pipeline {format_seconds(tl.iteration_time_s)} + gradient all-reduce tail {format_seconds(tail)}"
-           if plan.dp > 1 and tail > 0 else f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
-           if plan.dp == 1 else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
+           if (plan.dp > 1 or plan.stage_replicas) and tail > 0 else
+           f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
+           if plan.dp == 1 and not plan.stage_replicas else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
     click.echo(f"simulated iteration: {format_seconds(total_s)} ({how}); "
                f"analytic: {format_seconds(analytic) if analytic else 'n/a'}")
     click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")
