@@ -1,6 +1,7 @@
 """Per-stage replication (PipeDream / DAPPLE style) against uniform data parallelism.
 
-Usage: python benchmarks/bench_replication.py [--cluster 4x4-v100-10gbe] [--batch 1024] [MODEL ...]
+Usage: python benchmarks/bench_replication.py [--cluster 4x4-v100-10gbe] [--batch 1024]
+       [--inter-node-gbps X] [--top 20] [MODEL ...]
 
 For each model (default: vgg16 and resnet50, the PipeDream profiles of
 ``cost_models/``) it runs the search twice on the same cluster and batch:
@@ -21,6 +22,7 @@ import argparse
 import resource
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipesearch.hardware import load_cluster  # noqa: E402
 from pipesearch.models import load_model_source  # noqa: E402
 from pipesearch.search import SearchOptions, search  # noqa: E402
-from pipesearch.types import Job  # noqa: E402
+from pipesearch.types import Job, Link  # noqa: E402
 
 
 def cpu_s() -> float:
@@ -48,11 +50,16 @@ def main() -> int:
     parser.add_argument("models", nargs="*", default=["vgg16", "resnet50"])
     parser.add_argument("--cluster", default="4x4-v100-10gbe")
     parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--inter-node-gbps", type=float,
+                        help="replace the cluster's inter-node bandwidth (GB/s; latency kept)")
     parser.add_argument("--top", type=int, default=20, help="plans the replicated search keeps (default 20)")
     args = parser.parse_args()
     cluster = load_cluster(args.cluster)
+    if args.inter_node_gbps:
+        link = Link(args.inter_node_gbps * 1e9, cluster.inter_node.latency_s)
+        cluster = replace(cluster, name=f"{cluster.name} at {args.inter_node_gbps:g} GB/s", inter_node=link)
     job = Job(global_batch_size=args.batch)
-    print(f"{time.strftime('%Y-%m-%d')}, cluster {args.cluster}, global batch {args.batch}, default job "
+    print(f"{time.strftime('%Y-%m-%d')}, cluster {cluster.name}, global batch {args.batch}, default job "
           "(mixed-precision Adam state, 1 GiB reserve)\n")
     print("| model | search | iteration | samples/s | pp x dp x tp | replicas | layers/stage | schedule | "
           "mbs x m | search CPU s |")
