@@ -196,6 +196,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model vgg16 --cluster 4x4-v100-10gbe --global-batch-size 1024 --top 5 -o plans.json
       pipesearch plan --model gnmt --cluster 1x4-v100-pcie --pp 4 --schedule 1f1b
       pipesearch plan --model resnet50 --cluster 1x4-v100-pcie --pp 2 --split 20,20
+      pipesearch plan --model vgg16 --split 18x12,22x4 --schedule gpipe
+      pipesearch plan --model vgg16 --replicate-stages
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
       pipesearch plan --model llama3-70b --cluster 4x8-h100 -b 256 --optimizer-state megatron --sharding zero1
     """
