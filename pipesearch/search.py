@@ -991,7 +991,7 @@ def _check_replication_options(variants, cluster: Cluster, job: Job, options: Se
             if options.split_replicas else "--replicate-stages")
     if not any(v.tp == 1 for v in variants):
         raise InputError(f"{what}: replicated stages run with tp 1, and the model's layer tables are for tp "
-                         f"{', '.join(str(v.tp) for v in variants)}; pin --tp 1")
+                         f"{', '.join(str(tp) for tp in sorted({v.tp for v in variants}))}; pin --tp 1")
     if options.dp is not None:
         raise InputError(f"{what} with dp pinned to {options.dp} (--dp, or --micro-batch-size x "
                          "--num-micro-batches): per-stage replicas replace the data-parallel degree; drop the pin")

@@ -30,7 +30,7 @@ from pipesearch.pins import parse_split
 from pipesearch.placement import allreduce_model
 from pipesearch.plan import document_problems, load_plan_file
 from pipesearch.search import SearchOptions, search
-from pipesearch.search import ModelVariant
+from pipesearch.search import ModelVariant, simulate_plan
 from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Link
 
@@ -256,6 +256,10 @@ def test_split_with_replicas_plan_json_and_table(replicated_plan_file):
     assert sorted(d for st in plan["stages"] for d in st["devices"]) == list(range(16))
     loaded = load_plan_file(path).plans[0]
     assert loaded.stage_replicas == (12, 4)
+    # the plan's per-replica stage times replay to its own time in the simulator
+    assert simulate_plan(loaded)[0] == pytest.approx(loaded.predicted.iteration_time_s, rel=1e-9)
+    code, out, err = _run("simulate", str(path))
+    assert code == 0 and "replicas 12,4" in out and "gradient all-reduce tail" in out, err
     bad = json.loads(path.read_text())
     bad["plans"][0]["stages"][0]["replicas"] = 11
     assert any("replicas is 11" in str(p) for p in document_problems(bad))
@@ -298,3 +302,6 @@ def test_split_parser_and_refusals():
     assert code == 2 and len(err.strip().splitlines()) == 1 and "one data-parallel degree" in err
     code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--dp", "2")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "drop the pin" in err
+    code, _, err = _run("plan", "--model", "llama2-7b", "--cluster", "1x8-a100-80gb", "-b", "64", "--tp", "2",
+                        "--replicate-stages")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "pin --tp 1" in err

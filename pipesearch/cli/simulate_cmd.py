@@ -19,6 +19,8 @@ def plan_title(plan_file, plan, iteration_time_s: float) -> str:
     cluster = plan_file.inputs.get("cluster", {}).get("name", "cluster")
     batch = plan_file.inputs.get("job", {}).get("global_batch_size", "?")
     vp = f", vp {plan.vp}" if plan.vp > 1 else ""
+    if plan.stage_replicas is not None:
+        vp += f", replicas {','.join(map(str, plan.stage_replicas))}"
     return (f"{model} on {cluster}, global batch {batch}: pp {plan.pp} x dp {plan.dp} x tp {plan.tp}{vp}, "
             f"{plan.schedule}, {plan.micro_batch_size} x {plan.num_micro_batches} micro-batches; "
             f"iteration {format_seconds(iteration_time_s)}")
