@@ -374,8 +374,8 @@ def replicated_stage_devices(cluster: Cluster, replicas, precision: str = "fp16"
     ``k`` holds ``replicas[k]`` devices, the stages taking consecutive runs
     of the canonical device order (:func:`slot_heads` at tp 1, fastest type
     first): stage 0 the first ``replicas[0]`` devices, stage 1 the next
-    ``replicas[1]``, and so on (as PipeDream's planner assigns a stage's
-    replicas to neighbouring workers, Narayanan et al. SOSP'19 sec. 3.1).
+    ``replicas[1]``, and so on, so a stage's replicas fill servers one after
+    another and its all-reduce crosses as few servers as its count allows.
 
     Returns a list of ``P`` int arrays, array ``k`` of shape ``(replicas[k],)``.
 
@@ -399,7 +399,7 @@ def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray]
     over ``n = min(r_k, r_{k+1})`` device pairs in parallel: replica ``a``
     of the larger side exchanges with replica ``a mod n`` of the smaller
     one, so the smaller side's ``n`` devices each take one ``1 / n`` share
-    (DAPPLE, Fan et al. PPoPP'21 sec. 4, splitting and concatenating a
+    (DAPPLE, Fan et al. PPoPP'21, stage replication: splitting and concatenating a
     micro-batch between stages of different replication; PipeDream,
     Narayanan et al. SOSP'19 sec. 3.1, round-robin between replicated
     stages). ``bandwidth`` and ``latency`` are those of the slowest of

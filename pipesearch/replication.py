@@ -7,7 +7,7 @@ no further data parallelism over the whole pipeline), the stages on
 consecutive runs of the canonical device order
 (:func:`pipesearch.placement.replicated_stage_devices`), ``sum_k r_k``
 devices in all. Schedule semantics are DAPPLE's synchronous ones (Fan et
-al., PPoPP'21, sec. 4, stage replication): the pipeline runs the schedule of
+al., PPoPP'21, the planner's stage replication): the pipeline runs the schedule of
 ``pp`` ranks on ``m`` micro-batches of ``b`` samples, and every micro-batch
 is split over the replicas of each stage it passes, so
 
