@@ -374,8 +374,8 @@ def replicated_stage_devices(cluster: Cluster, replicas, precision: str = "fp16"
     ``k`` holds ``replicas[k]`` devices, the stages taking consecutive runs
     of the canonical device order (:func:`slot_heads` at tp 1, fastest type
     first): stage 0 the first ``replicas[0]`` devices, stage 1 the next
-    ``replicas[1]``, and so on, so a stage's replicas fill servers one after
-    another and its all-reduce crosses as few servers as its count allows.
+    ``replicas[1]``, and so on (a stage's replicas fill the servers in
+    order, one placement per vector).
 
     Returns a list of ``P`` int arrays, array ``k`` of shape ``(replicas[k],)``.
 
