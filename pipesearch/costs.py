@@ -157,6 +157,11 @@ class PipelineCosts:
             the bucket count).
         param_layer_prefix: ``(L+1,)`` prefix counts of layers with
             parameters (one bucket per layer).
+        activation_share: ``(P,)`` the share of a micro-batch's saved
+            activations one device of each stage keeps (per-stage
+            replication, :mod:`pipesearch.replication`: ``ceil(b / r_k) / b``
+            when ``r_k`` replicas split each micro-batch of ``b``); ``None``
+            means 1 on every stage.
 
     Both are fixed per stage (a split into ``P > 1`` contiguous stages always
     puts the last layer without the first on the last stage), so
@@ -187,6 +192,7 @@ class PipelineCosts:
     wgrad_window: bool = False
     params_per_param_byte: float = 0.0
     param_layer_prefix: np.ndarray | None = None
+    activation_share: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -261,7 +267,12 @@ class PipelineCosts:
         ``capacity_bytes``, which is net of the fixed parts)."""
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
-        return params * self.state_bytes_per_param_byte + saved * self.in_flight[s]
+        return (params * self.state_bytes_per_param_byte
+                + saved * self.in_flight[s] * self.activation_share_at(s))
+
+    def activation_share_at(self, s):
+        """:attr:`activation_share` of stage(s) ``s`` (1 when unset)."""
+        return 1.0 if self.activation_share is None else self.activation_share[s]
 
     def fixed_bytes(self, s):
         """Bytes stage ``s`` holds whatever the split: its tied copy and its
@@ -298,7 +309,8 @@ class PipelineCosts:
             out["state"] = params * self.state_bytes_per_param_byte
         out["tied_copy"] = tied
         out["gathered_weights"] = gathered
-        out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s])
+        out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s]
+                                   * self.activation_share_at(s))
         return out
 
     def sum_term(self, s: int, i, j):

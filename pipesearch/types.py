@@ -415,6 +415,10 @@ class StagePlan:
     ``memory_breakdown`` its parts as ``(name, bytes)`` pairs (training state
     by component, the copy of a tied matrix, gathered ZeRO-3 weights,
     activations; :meth:`pipesearch.costs.PipelineCosts.memory_breakdown`).
+    ``replicas`` is set on every stage of a plan with per-stage replication
+    (:mod:`pipesearch.replication`; the plan's ``dp`` is then 1 and
+    ``devices`` lists the stage's ``replicas`` devices), None otherwise
+    (every stage has the plan's ``dp`` replicas).
     """
 
     index: int
@@ -432,6 +436,7 @@ class StagePlan:
     bwd_input_s: float = 0.0
     memory_breakdown: tuple[tuple[str, float], ...] = ()
     dp_comm_s: float = 0.0
+    replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -497,3 +502,11 @@ class Plan:
     @property
     def layers_per_stage(self) -> tuple[int, ...]:
         return tuple(s.layers[1] - s.layers[0] for s in self.stages)
+
+    @property
+    def stage_replicas(self) -> tuple[int, ...] | None:
+        """Replicas of each stage under per-stage replication, or None (one
+        ``dp`` for all stages)."""
+        if not any(st.replicas is not None for st in self.stages):
+            return None
+        return tuple(st.replicas if st.replicas is not None else self.dp for st in self.stages)

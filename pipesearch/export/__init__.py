@@ -79,6 +79,31 @@ _BLOCK = re.compile(r"block_(\d+)")
 
 # ---------------------------------------------------------------- public API
 
+#: each runtime's name, for the refusal of per-stage replication
+RUNTIME_NAMES = {"torch": "torch.distributed.pipelining", "torchtitan": "torchtitan", "megatron": "Megatron-LM",
+                 "deepspeed": "DeepSpeed", "gpipe": "torchgpipe / fairscale Pipe"}
+
+
+def refuse_stage_replicas(plan: Plan, fmt: str) -> None:
+    """Refuse a plan with per-stage replication (stages replicated unequally,
+    PipeDream / DAPPLE style): every runtime exported here runs one
+    data-parallel degree for all stages (torch.distributed.pipelining and
+    torchtitan replicate the whole pipeline with DDP / FSDP over a data-
+    parallel mesh dimension, Megatron-LM and DeepSpeed build one
+    data-parallel group size from world size / (pp x tp), torchgpipe and
+    fairscale Pipe run one pipeline in one process).
+
+    Raises:
+        InputError: the plan has per-stage replicas.
+    """
+    replicas = plan.stage_replicas
+    if replicas is not None:
+        raise InputError(
+            f"export {fmt}: {RUNTIME_NAMES.get(fmt, fmt)} runs one data-parallel degree for all stages, and this "
+            f"plan replicates its stages {','.join(map(str, replicas))} times (per-stage replication); no "
+            "runtime exported here can run it as planned")
+
+
 
 def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                 inputs: Mapping | None = None, **options) -> dict:
@@ -108,6 +133,7 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
     """
     if fmt not in _MODULES:
         raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    refuse_stage_replicas(plan, fmt)
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:
