@@ -237,6 +237,11 @@ class PipelineCosts:
             the bucket count).
         param_layer_prefix: ``(L+1,)`` prefix counts of layers with
             parameters (one bucket per layer).
+        activation_share: ``(P,)`` the share of a micro-batch's saved
+            activations one device of each stage keeps (per-stage
+            replication, :mod:`pipesearch.replication`: ``ceil(b / r_k) / b``
+            when ``r_k`` replicas split each micro-batch of ``b``); ``None``
+            means 1 on every stage.
 
     Both are fixed per stage (a split into ``P > 1`` contiguous stages always
     puts the last layer without the first on the last stage), so
@@ -268,6 +273,7 @@ class PipelineCosts:
     wgrad_window: bool = False
     params_per_param_byte: float = 0.0
     param_layer_prefix: np.ndarray | None = None
+    activation_share: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -288,7 +294,8 @@ class PipelineCosts:
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = o.saved_prefix_bytes[:, j] - o.saved_prefix_bytes[:, i]
         transient = np.stack([range_max(o.transient_table_bytes[k], i, j) for k in range(K)])
-        device = params * o.state_bytes_per_param_byte[col] + saved * self.in_flight[s] + transient
+        share = self.activation_share_at(s)  # replicated stages hold their share of a micro-batch
+        device = params * o.state_bytes_per_param_byte[col] + (saved * self.in_flight[s] + transient) * share
         return device, params * o.host_bytes_per_param_byte[col]
 
     def option_index(self, s, i, j):
@@ -333,7 +340,7 @@ class PipelineCosts:
     def saved_bytes(self, s, i, j):
         """Saved activation bytes of one micro-batch of stage ``s`` holding
         ``[i, j)`` under its option (checkpoints only for recomputed layers)."""
-        return self._range("saved_prefix_bytes", s, i, j)
+        return self._range("saved_prefix_bytes", s, i, j) * self.activation_share_at(s)
 
     # -- per-stage terms, vectorized: s is an int, i and j broadcastable int arrays
     def compute_s(self, s: int, i, j):
@@ -407,7 +414,12 @@ class PipelineCosts:
             return np.take_along_axis(device, k[None], axis=0)[0]
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
-        return params * self.state_bytes_per_param_byte + saved * self.in_flight[s]
+        return (params * self.state_bytes_per_param_byte
+                + saved * self.in_flight[s] * self.activation_share_at(s))
+
+    def activation_share_at(self, s):
+        """:attr:`activation_share` of stage(s) ``s`` (1 when unset)."""
+        return 1.0 if self.activation_share is None else self.activation_share[s]
 
     def fixed_bytes(self, s):
         """Bytes stage ``s`` holds whatever the split: its tied copy and its
@@ -453,7 +465,8 @@ class PipelineCosts:
         out["tied_copy"] = tied
         out["gathered_weights"] = gathered
         if self.options is None:
-            out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s])
+            out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s]
+                                       * self.activation_share_at(s))
         else:
             rest = float(self.memory_bytes(s, i, j)) - sum(
                 v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
@@ -610,10 +623,9 @@ def build_pipeline_costs(
     if placement.shape != (pp, dp):
         raise InputError(f"placement has shape {placement.shape}, expected ({pp}, {dp})")
     arrays = profile.layer_arrays
-    ratio = micro_batch_size / profile.profiled_batch_size
-    fwd = arrays["fwd_s"] * ratio
-    bwd = arrays["bwd_s"] * ratio
-    bwd_input = arrays["bwd_input_s"] * ratio
+    ratio = micro_batch_size / profile.profiled_batch_size  # activation bytes scale linearly
+    times = profile.layer_times_at(micro_batch_size)  # fixed + per-sample where profiled so
+    fwd, bwd, bwd_input = times["fwd_s"], times["bwd_s"], times["bwd_input_s"]
     zero = np.zeros(1)
     # a stage is as slow as its slowest replica and as small as its smallest one
     placement = np.asarray(placement)
@@ -761,7 +773,8 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
         return None
     names = (("none", "none+offload", "full+offload") if recompute else ("on-device", "offload")) if offload \
         else RECOMPUTE_OPTIONS
-    fwd, bwd, bin_ = (arrays[k] * ratio for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    times = profile.layer_times_at(ratio * profile.profiled_batch_size)
+    fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
     rc = arrays["recomputable"]
     saved, ckpt = arrays["saved_bytes"] * ratio, arrays["recompute_saved_bytes"] * ratio
     on_device, off_device, off_host, step, host_cap = _offload_terms(profile, cluster, job, dp, placement, tp,
@@ -834,7 +847,8 @@ def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float,
     rows = {"fwd": [], "compute": [], "bin": [], "saved": [], "transient": [], "state": [], "host": [], "step": []}
     for _, prof, off in chain:
         a = prof.layer_arrays
-        fwd, bwd, bin_ = (a[k] * ratio for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+        times = prof.layer_times_at(ratio * prof.profiled_batch_size)
+        fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
         rows["fwd"].append(np.concatenate([zero, np.cumsum(fwd)]))
         rows["compute"].append(np.concatenate([zero, np.cumsum(fwd + bwd)]))
         rows["bin"].append(np.concatenate([zero, np.cumsum(bin_)]))
@@ -875,7 +889,8 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
     from .memory import offload_bytes_per_param
 
     a = profile.layer_arrays
-    fwd, bwd, bin_ = (a[k] * ratio for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    times = profile.layer_times_at(ratio * profile.profiled_batch_size)
+    fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
     bpp = profile.bytes_per_param
     state = param_state_of(job)
     bw = host_lib.shared_bandwidth_bytes_per_s(cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp))

@@ -340,7 +340,8 @@ def problem_from_profile(
     """The :class:`MappingProblem` of a profiled model on (some of) a cluster.
 
     Terms follow :func:`pipesearch.costs.build_pipeline_costs` with ``dp = 1``:
-    times and activations scale by ``micro_batch_size / profiled_batch_size``;
+    activations scale by ``micro_batch_size / profiled_batch_size``, times by
+    :meth:`ModelProfile.time_ratio_at` (fixed + per-sample where profiled);
     ``static = param_bytes * state_bytes_per_param / bytes_per_param``;
     capacity ``= memory_bytes * (1 - job.memory_headroom_fraction) -
     job.memory_reserve_bytes`` (:func:`pipesearch.memory.usable_memory_bytes`); links from
@@ -371,7 +372,7 @@ def problem_from_profile(
     lat = np.array([link.latency_s for link in classes] + [0.0])[kind]
     layers = profile.layers
     return MappingProblem(
-        layer_time_s=np.array([times[n] for n in names]) * ratio,
+        layer_time_s=np.array([times[n] for n in names]) * profile.time_ratio_at(micro_batch_size),
         device_type=np.array([names.index(s.name) for s in specs]),
         capacity_bytes=usable_memory_bytes(job, np.array([s.memory_bytes for s in specs])),
         static_bytes=np.array([lay.param_bytes for lay in layers], dtype=float)
@@ -891,9 +892,8 @@ def evaluate_placement(
     specs = {cluster.device_spec(int(d)).name: cluster.device_spec(int(d)) for d in np.ravel(placement)}
     times = scale_layer_times(profile, specs.values(), layer_times, profiled_device=profiled_device,
                               precision=precision)
-    ratio = micro_batch_size / profile.profiled_batch_size
     rows = np.array([np.max([times[cluster.device_spec(int(d)).name] for d in placement[s]], axis=0)
-                     for s in range(pp)]) * ratio
+                     for s in range(pp)]) * profile.time_ratio_at(micro_batch_size)
     caps = usable_memory_bytes(job, np.array([min(cluster.device_spec(int(d)).memory_bytes for d in placement[s])
                                               for s in range(pp)])) - costs.fixed_bytes(np.arange(pp))
     costs = with_stage_times(replace(costs, capacity_bytes=caps), rows)

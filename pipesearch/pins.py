@@ -66,3 +66,31 @@ def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage:
         raise InputError(
             f"--vp {','.join(map(str, vps))}: virtual stages apply to {' and '.join(multi_stage)} only, and "
             f"--schedule asks for {', '.join(schedules)}; add --schedule {multi_stage[0]} or drop --vp")
+
+
+def parse_split(text: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """``--split``: layers per stage, e.g. ``5,3,4``, or layers and
+    replicas per stage (per-stage replication), e.g. ``17x15,6x1`` (17
+    layers on 15 replicas, then 6 layers on 1). Returns ``(layers,
+    replicas)``, ``replicas`` None without replicas.
+
+    Raises:
+        InputError: a part that is not ``N`` or ``NxR`` with positive
+            integers, or replicas given for some stages only.
+    """
+    parts = [p.strip() for p in text.split(",")]
+    layers, replicas = [], []
+    for part in parts:
+        fields = part.lower().split("x")
+        if len(fields) > 2 or not all(f.isdigit() for f in fields):
+            raise InputError(f"--split {text!r}: part {part!r} is not N or NxR (layers, or layers x replicas); "
+                             "expected e.g. 5,3,4 or 17x15,6x1")
+        if int(fields[-1]) < 1 or int(fields[0]) < 1:
+            raise InputError(f"--split {text!r}: part {part!r} needs >= 1 layer and >= 1 replica")
+        layers.append(int(fields[0]))
+        if len(fields) == 2:
+            replicas.append(int(fields[1]))
+    if replicas and len(replicas) != len(layers):
+        raise InputError(f"--split {text!r}: replicas given for {len(replicas)} of {len(layers)} stages; give NxR "
+                         "for every stage or for none")
+    return tuple(layers), (tuple(replicas) if replicas else None)

@@ -367,3 +367,50 @@ def reference_device(cluster: Cluster, precision: str = "fp16") -> DeviceSpec:
     none: the first of the canonical order (:func:`slot_heads`: the fastest
     type), whatever order the cluster file lists its groups in."""
     return cluster.device_spec(int(slot_heads(cluster, 1, precision)[0]))
+
+
+def replicated_stage_devices(cluster: Cluster, replicas, precision: str = "fp16") -> list[np.ndarray]:
+    """Devices of each stage under per-stage replication (tp = 1): stage
+    ``k`` holds ``replicas[k]`` devices, the stages taking consecutive runs
+    of the canonical device order (:func:`slot_heads` at tp 1, fastest type
+    first): stage 0 the first ``replicas[0]`` devices, stage 1 the next
+    ``replicas[1]``, and so on (a stage's replicas fill the servers in
+    order, one placement per vector).
+
+    Returns a list of ``P`` int arrays, array ``k`` of shape ``(replicas[k],)``.
+
+    Raises:
+        InputError: a count below 1, or more devices than the cluster has.
+    """
+    replicas = [int(r) for r in replicas]
+    order = slot_heads(cluster, 1, precision)
+    if not replicas or min(replicas) < 1 or sum(replicas) > len(order):
+        raise InputError(f"replicas {','.join(map(str, replicas))}: every stage needs >= 1 device and they must "
+                         f"sum to at most the {len(order)} devices of cluster {cluster.name!r}")
+    ends = np.cumsum(replicas)
+    return [order[e - r:e] for r, e in zip(replicas, ends)]
+
+
+def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray]
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per stage of a replicated layout (:func:`replicated_stage_devices`):
+    the boundary to the next stage as ``(bandwidth bytes/s, latency s,
+    pairs)``, arrays of shape ``(P,)``. The micro-batch's activation moves
+    over ``n = min(r_k, r_{k+1})`` device pairs in parallel: replica ``a``
+    of the larger side exchanges with replica ``a mod n`` of the smaller
+    one, so the smaller side's ``n`` devices each take one ``1 / n`` share
+    (DAPPLE, Fan et al. PPoPP'21, stage replication: splitting and concatenating a
+    micro-batch between stages of different replication; PipeDream,
+    Narayanan et al. SOSP'19 sec. 3.1, round-robin between replicated
+    stages). ``bandwidth`` and ``latency`` are those of the slowest of
+    those pairs' links (by time for :data:`PROBE_BYTES`), ``pairs`` is
+    ``n``; a free link and 1 pair after the last stage."""
+    P = len(stage_devs)
+    bw, lat, pairs = np.full(P, np.inf), np.zeros(P), np.ones(P, dtype=np.int64)
+    for k in range(P - 1):
+        a, b = np.asarray(stage_devs[k]), np.asarray(stage_devs[k + 1])
+        n = min(len(a), len(b))
+        big, small = (a, b) if len(a) >= len(b) else (b, a)
+        wb, wl = _worst(cluster, link_class(cluster, big, small[np.arange(len(big)) % n])[None, :])
+        bw[k], lat[k], pairs[k] = float(wb[0]), float(wl[0]), n
+    return bw, lat, pairs

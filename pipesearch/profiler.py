@@ -22,6 +22,14 @@ children run in order), at the batch size of ``example_input``:
   distinct storages of the saved tensors, parameters excluded (they are in
   ``param_bytes``).
 
+``profile_module_at_sizes(model, make_input, [1, 2, 4])`` measures at every
+size (warm-up runs dropped at each) and fits each layer's forward and
+backward times as ``fixed + per_sample * b`` by least squares with both parts
+>= 0 (:func:`fit_fixed_per_sample`); the profile is at the largest size with
+``Layer.fwd_fixed_s`` / ``bwd_fixed_s``, so the cost model charges small
+micro-batches their fixed part (:meth:`ModelProfile.layer_times_at`) instead
+of scaling the time down in proportion.
+
 Layer names are the children's fully qualified module names (``"0"``,
 ``"1"``, ... for an ``nn.Sequential``; ``"layers.0"`` ... for a ``layers``
 list), so a plan's ``layer_names`` are the FQNs that
@@ -47,10 +55,12 @@ import importlib.util
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from .errors import InputError
+from .limits import MIN_LAYER_S
 from .types import Layer, ModelProfile
 
 TORCH_HINT = "pip install torch (CPU wheels: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
@@ -233,7 +243,8 @@ CLOCKS = ("auto", "cpu", "wall")
 
 def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, repeats: int = 10,
                    device: str = "cpu", name: str | None = None, num_threads: int | None = 1,
-                   clock: str = "auto", source: str = "", device_name: str | None = None) -> ModelProfile:
+                   clock: str = "auto", source: str = "", device_name: str | None = None,
+                   timer: Callable[[], float] | None = None) -> ModelProfile:
     """Profile ``model`` layer by layer (see the module doc for what is measured).
 
     Args:
@@ -259,6 +270,8 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
         device_name: the device recorded in the profile (a catalog device
             name such as ``"h100-80gb"``, so that plans on other device kinds
             are rescaled and warned about); default ``device``.
+        timer: a clock function (seconds) that replaces ``clock`` on a
+            non-CUDA device (tests inject a fake one); default none.
 
     Returns:
         A :class:`ModelProfile` at ``batch_size`` with ``profiled_device =
@@ -281,7 +294,8 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
         clock = "cpu" if dev.type == "cpu" and num_threads == 1 else "wall"
     if clock == "cpu" and (dev.type != "cpu" or num_threads != 1):
         raise InputError("clock 'cpu' measures one thread: it needs device 'cpu' and num_threads=1")
-    timer = time.thread_time if clock == "cpu" else time.perf_counter
+    if timer is None:
+        timer = time.thread_time if clock == "cpu" else time.perf_counter
     model = model.to(dev)
     model.train()
     inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in _as_tuple(example_input))
@@ -344,6 +358,110 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
         bytes_per_param=bytes_per_param,
         source="\n".join(s for s in (source, note) if s),
     )
+
+
+# ---------------------------------------------------------------- several batch sizes
+
+
+def fit_fixed_per_sample(batch_sizes, times_s) -> tuple[float, float]:
+    """Least-squares fit ``t(b) = fixed + per_sample * b`` with both parts >= 0.
+
+    Args:
+        batch_sizes: ``(n,)`` batch sizes, at least two distinct values.
+        times_s: ``(n,)`` measured seconds at those sizes.
+
+    Returns:
+        ``(fixed_s, per_sample_s)``: the unconstrained least-squares line
+        (``numpy.linalg.lstsq`` on the columns ``1, b``) when both parts are
+        >= 0, else the better of the two one-parameter fits on the boundary
+        (``fixed = 0``: ``per_sample = sum(b t) / sum(b^2)``; ``per_sample =
+        0``: ``fixed = mean(t)``), which is the non-negative least-squares
+        optimum of two unknowns (the objective is convex; its minimum over
+        the quadrant lies inside or on an edge).
+
+    Raises:
+        InputError: fewer than two distinct batch sizes, a size < 1, or
+            lengths that differ.
+    """
+    import numpy as np
+
+    b = np.asarray(batch_sizes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if b.shape != t.shape or b.ndim != 1:
+        raise InputError(f"fit: {b.size} batch sizes but {t.size} times; give one time per batch size")
+    if np.any(b < 1) or len(set(b.tolist())) < 2:
+        raise InputError(f"batch sizes {','.join(f'{x:g}' for x in b)}: a fixed + per-sample fit needs at least "
+                         "two distinct sizes >= 1, e.g. --batch-sizes 1,2,4")
+    (fixed, per_sample), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(b), b]), t, rcond=None)
+    if fixed >= 0 and per_sample >= 0:
+        return float(fixed), float(per_sample)
+    slope = max(0.0, float(b @ t / (b @ b)))
+    level = max(0.0, float(t.mean()))
+    through_origin = float(np.sum((t - slope * b) ** 2))
+    flat = float(np.sum((t - level) ** 2))
+    return (0.0, slope) if through_origin <= flat else (level, 0.0)
+
+
+def fit_profiles(profiles: list[ModelProfile], note: str = "") -> ModelProfile:
+    """One profile with fixed + per-sample layer times from profiles of the
+    same model at two or more batch sizes.
+
+    Per layer and direction (forward, backward), :func:`fit_fixed_per_sample`
+    over the profiles' batch sizes; the result is at the largest batch size
+    ``B``: ``fwd_s = fixed + per_sample * B`` (the fit's value there, so
+    :meth:`ModelProfile.layer_times_at` gives the fit at every size),
+    ``fwd_fixed_s = fixed`` (the same for backward); bytes are those measured
+    at ``B``. A fixed part below 1 ns (``limits.MIN_LAYER_S``) is taken as 0.
+
+    Raises:
+        InputError: fewer than two distinct batch sizes, or profiles whose
+            layer names differ.
+    """
+    if len({p.profiled_batch_size for p in profiles}) < 2:
+        sizes = ",".join(str(p.profiled_batch_size) for p in profiles)
+        raise InputError(f"batch sizes {sizes or '(none)'}: a fixed + per-sample fit needs at least two "
+                         "distinct sizes, e.g. --batch-sizes 1,2,4")
+    names = [lay.name for lay in profiles[0].layers]
+    if any([lay.name for lay in p.layers] != names for p in profiles):
+        raise InputError("fit: the profiles have different layers; profile one model at every batch size")
+    top = max(profiles, key=lambda p: p.profiled_batch_size)
+    sizes = [p.profiled_batch_size for p in profiles]
+    layers = []
+    for index, layer in enumerate(top.layers):
+        parts = {}
+        for key in ("fwd_s", "bwd_s"):
+            fixed, per_sample = fit_fixed_per_sample(sizes, [getattr(p.layers[index], key) for p in profiles])
+            fixed = 0.0 if fixed < MIN_LAYER_S else fixed  # below 1 ns: noise (and not a profile CSV time)
+            parts[key], parts[key[:-2] + "_fixed_s"] = fixed + per_sample * top.profiled_batch_size, fixed
+        layers.append(replace(layer, **parts))
+    return replace(top, layers=tuple(layers), source="\n".join(x for x in (top.source, note) if x))
+
+
+def profile_module_at_sizes(model, make_input: Callable[[int], Any], batch_sizes, **kwargs) -> ModelProfile:
+    """:func:`profile_module` at every size of ``batch_sizes`` (warm-up runs
+    dropped at each), fitted by :func:`fit_profiles`.
+
+    Args:
+        make_input: batch size -> the first layer's input of that many samples.
+        batch_sizes: two or more distinct sizes >= 1.
+        kwargs: passed to :func:`profile_module` (not ``batch_size``).
+
+    Returns:
+        A :class:`ModelProfile` at the largest size with ``fwd_fixed_s`` and
+        ``bwd_fixed_s`` on every layer.
+
+    Raises:
+        InputError: fewer than two distinct sizes, a size < 1, or any error
+            of :func:`profile_module`.
+    """
+    sizes = sorted(set(int(b) for b in batch_sizes))
+    if len(sizes) < 2 or sizes[0] < 1:
+        raise InputError(f"batch sizes {','.join(str(b) for b in batch_sizes)}: a fixed + per-sample fit needs "
+                         "at least two distinct sizes >= 1, e.g. --batch-sizes 1,2,4")
+    profiles = [profile_module(model, make_input(b), batch_size=b, **kwargs) for b in sizes]
+    note = (f"pipesearch profile: per-layer times fitted as fixed + per_sample * batch over batch sizes "
+            f"{','.join(map(str, sizes))} (least squares, both parts >= 0)")
+    return fit_profiles(profiles, note)
 
 
 def load_factory(spec: str) -> Callable[[], Any]:

@@ -36,6 +36,8 @@ from .placement import (check_layout, count_layouts, layout, layout_names, memor
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .errors import InfeasibleError, InputError
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
+from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
+                          replica_vectors, replicas_name, replicated_costs, replicated_lower_bound_s)
 from .split_search import exact_split
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
@@ -71,6 +73,12 @@ class SearchOptions:
             most this many layouts (up to swaps inside a node,
             :func:`pipesearch.placement.count_layouts`) tries every one of
             them, so its best plan is exact over placements too.
+        replicate_stages: also search per-stage replication (PipeDream /
+            DAPPLE: stage ``k`` on its own ``r_k`` devices,
+            :mod:`pipesearch.replication`), every replica vector of ``pp``
+            up to :data:`pipesearch.replication.MAX_REPLICATED_PP` stages.
+        split_replicas: replicas per stage of ``split`` (``--split
+            17x15,6x1``): score that replicated point only.
     """
 
     pp: int | None = None
@@ -85,6 +93,8 @@ class SearchOptions:
     exhaustive: bool = False
     mapping_time_limit_s: float = 0.5
     enumerate_layouts_up_to: int = 24
+    replicate_stages: bool = False
+    split_replicas: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -177,10 +187,9 @@ def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fast
 
 
 def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
-                 job: Job | None = None) -> tuple[StagePlan, ...]:
+                 job: Job | None = None, replicated: bool = False) -> tuple[StagePlan, ...]:
     names = [lay.name for lay in variant.profile.layers]
     st, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
-    scale = costs.time_scale
     cols = {
         "compute_s": costs.compute_s(st, i, j),
         "comm_s": costs.send_s(st, j),
@@ -198,12 +207,13 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
     state = param_state_of(job) if job is not None else None
     for s in range(costs.pp):
         devices = tuple(int(d) for d in placement[s])
-        parts = costs.memory_breakdown(s, int(i[s]), int(j[s]), state, placement.shape[1],
+        parts = costs.memory_breakdown(s, int(i[s]), int(j[s]), state, len(placement[s]),
                                        variant.profile.bytes_per_param)
         stages.append(StagePlan(
             index=s, layers=(int(i[s]), int(j[s])), layer_names=tuple(names[i[s]:j[s]]), devices=devices,
             device_type=",".join(dict.fromkeys(cluster.device_spec(d).name for d in devices)),
-            memory_breakdown=tuple(parts.items()), memory_option=costs.option_name(s, int(i[s]), int(j[s])),
+            memory_breakdown=tuple(parts.items()), replicas=len(devices) if replicated else None,
+            memory_option=costs.option_name(s, int(i[s]), int(j[s])),
             **{k: v[s] for k, v in cols.items()},
         ))
     return tuple(stages)
@@ -550,14 +560,14 @@ def search(
     )
     rows: list[dict] = []
     counts: Counter = Counter()
-    work = {id(v): sum(lay.fwd_s + lay.bwd_s for lay in v.profile.layers) / v.profile.profiled_batch_size
-            for v in variants}
+    work = {id(v): v.profile.compute_per_sample_s for v in variants}
     memory_floor = {id(v): _memory_totals(v.profile, job, v.stage_tables) for v in variants}
     # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
     capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
                 for tp in {v.tp for v in variants}}
     groups = []
-    for variant, pp, dp, status, count in enumerate_groups(variants, cluster, job, options):
+    uniform = [] if options.split_replicas else enumerate_groups(variants, cluster, job, options)
+    for variant, pp, dp, status, count in uniform:  # a pinned replicated split: that point only
         if status is not None:
             counts[status] += count
             continue
@@ -612,6 +622,21 @@ def search(
     def pruned(bound: float) -> bool:
         return not options.exhaustive and bound >= cutoff()
 
+    def keep_plan(plan: Plan, row: dict) -> None:
+        """Record an evaluated point's plan in its row and its family."""
+        t = plan.predicted.iteration_time_s
+        row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
+                   peak_memory_bytes=plan.predicted.peak_memory_bytes,
+                   bubble_fraction=plan.predicted.bubble_fraction)
+        key = plan_family(plan)
+        if key not in best_of_family:
+            bisect.insort(family_times, t)
+            best_of_family[key] = (t, plan)
+        elif t < best_of_family[key][0]:
+            family_times.pop(bisect.bisect_left(family_times, best_of_family[key][0]))
+            bisect.insort(family_times, t)
+            best_of_family[key] = (t, plan)
+
     for done, (group_bound, _, variant, pp, dp) in enumerate(groups):
         if progress:
             progress(done, len(groups))
@@ -643,20 +668,20 @@ def search(
                 continue
             plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
                                     links_cache, placement_ctx, cutoff_s=cutoff())
-            if plan is None:
-                continue
-            t = plan.predicted.iteration_time_s
-            row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
-                       peak_memory_bytes=plan.predicted.peak_memory_bytes,
-                       bubble_fraction=plan.predicted.bubble_fraction)
-            key = plan_family(plan)
-            if key not in best_of_family:
-                bisect.insort(family_times, t)
-                best_of_family[key] = (t, plan)
-            elif t < best_of_family[key][0]:
-                family_times.pop(bisect.bisect_left(family_times, best_of_family[key][0]))
-                bisect.insort(family_times, t)
-                best_of_family[key] = (t, plan)
+            if plan is not None:
+                keep_plan(plan, row)
+    if options.replicate_stages or options.split_replicas:
+        candidates = replicated_candidates(variants, cluster, job, options, work, fastest)
+        for n, (bound, _, variant, row) in enumerate(candidates):
+            if pruned(bound):  # sorted by bound: every later point is pruned too
+                counts["pruned"] += len(candidates) - n
+                break
+            rows.append(row)
+            row["lower_bound_s"] = bound
+            plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
+                                links_cache, placement_ctx, cutoff_s=cutoff())
+            if plan is not None:
+                keep_plan(plan, row)
     if progress:
         progress(len(groups), len(groups))
     counts.update(r["status"] for r in rows if r["status"] != "ok")
@@ -678,12 +703,51 @@ def search(
     )
 
 
+def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchOptions, work: dict,
+                          fastest: float) -> list[tuple[float, int, ModelVariant, dict]]:
+    """The points of per-stage replication (:mod:`pipesearch.replication`)
+    as ``(lower bound, order, variant, row)``, sorted by bound: tp-1
+    variants, ``2 <= pp <= MAX_REPLICATED_PP`` (or the pinned pp), every
+    replica vector on the cluster's devices
+    (:func:`pipesearch.replication.replica_vectors`) but those that are a
+    uniform data-parallel point, every micro-batch size dividing the global
+    batch (no further data parallelism: ``m = batch / b``), the schedules
+    with one stage per device; ``options.split_replicas`` alone when given.
+    ``work`` maps ``id(variant)`` to its fwd+bwd seconds per sample."""
+    out = []
+    devices = num_slots(cluster, 1)
+    schedules = tuple(s for s in options.schedules if s not in MULTI_STAGE_SCHEDULES)
+    for variant in variants:
+        L = variant.profile.num_layers
+        if variant.tp != 1:
+            continue
+        if options.split_replicas:
+            vectors = [tuple(options.split_replicas)]
+        else:
+            pps = [options.pp] if options.pp else range(2, min(MAX_REPLICATED_PP, L, devices) + 1)
+            vectors = [v for pp in pps if 2 <= pp <= L for v in replica_vectors(devices, pp)]
+        for reps in vectors:
+            for mbs in micro_batch_sizes(job.global_batch_size, options):
+                if not options.split_replicas and is_uniform_point(reps, mbs):
+                    continue
+                m = job.global_batch_size // mbs
+                for schedule in schedules:
+                    if schedule_refusal(schedule, len(reps), m, 1, L) is None:
+                        out.append((replicated_lower_bound_s(work[id(variant)], reps, mbs, m, schedule, fastest),
+                                    len(out), variant,
+                                    _point_row(variant, len(reps), 1, mbs, m, schedule, 1, replicas_name(reps), None)))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return out
+
+
 def plan_family(plan: Plan) -> tuple:
     """The configuration a plan stands for in the ranking: (tp, recompute,
     pp, dp, schedule, vp). The ranked list holds the best plan of each family
     (its micro-batch size, placement and split chosen inside it), so the top
-    plans are distinct choices rather than near-copies."""
-    return (plan.tp, dict(plan.extra).get("recompute"), plan.pp, plan.dp, plan.schedule, plan.vp)
+    plans are distinct choices rather than near-copies. A plan with
+    per-stage replication adds its replica vector."""
+    family = (plan.tp, dict(plan.extra).get("recompute"), plan.pp, plan.dp, plan.schedule, plan.vp)
+    return family + ((plan.stage_replicas,) if plan.stage_replicas is not None else ())
 
 
 def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None,
@@ -766,6 +830,13 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
     None)`` when a mapped placement has no device order that fits."""
     pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
     schedule, vp = row["schedule"], row["vp"]
+    replicas = parse_replicas_name(row["placement"])
+    if replicas is not None:  # per-stage replication (pipesearch.replication)
+        return replicated_costs(variant.profile, cluster, job, replicas, micro_batch_size=mbs, num_micro_batches=m,
+                                schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe",
+                                in_flight=schedule_in_flight(schedule, pp, m, 1, in_flight_cache,
+                                                             variant.profile.wgrad_saved_fraction),
+                                profiled_device=profiled_device, cache=links_cache)
     slots, links = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
                                     {} if links_cache is None else links_cache)
     if slots is None:
@@ -824,7 +895,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         split_info = {"exact": found.exact, "lower_bound_s": found.lower_bound_s, "gap": found.gap,
                       "splits_evaluated": found.splits_evaluated}
     analytic = analytic_time_s(schedule, costs, bounds, pp, vp)
-    stage_plans = _stage_plans(variant, costs, bounds, slots, cluster, job)
+    stage_plans = _stage_plans(variant, costs, bounds, slots, cluster, job,
+                               replicated=parse_replicas_name(row["placement"]) is not None)
     mapping_info = ()
     if row["placement"] == "mapped":
         mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp)][1]),)
@@ -935,6 +1007,30 @@ def _check_options(variants, cluster, job, options):
         raise InputError(f"--vp {min(options.vps)} must be >= 1")
     if options.split is not None and any(s in MULTI_STAGE_SCHEDULES for s in options.schedules):
         raise InputError("--split scores one stage per device; choose --schedule gpipe, 1f1b or zb-h1 with it")
+    if options.replicate_stages or options.split_replicas:
+        _check_replication_options(variants, cluster, job, options)
+
+
+def _check_replication_options(variants, cluster: Cluster, job: Job, options: SearchOptions) -> None:
+    """Refuse pins per-stage replication cannot honour: no tp-1 layer
+    table, a pinned dp, a sharded state, a replicated split whose replicas
+    exceed the cluster's devices or do not match its stages."""
+    what = ("--split " + ",".join(f"{n}x{r}" for n, r in zip(options.split or (), options.split_replicas))
+            if options.split_replicas else "--replicate-stages")
+    if not any(v.tp == 1 for v in variants):
+        raise InputError(f"{what}: replicated stages run with tp 1, and the model's layer tables are for tp "
+                         f"{', '.join(str(tp) for tp in sorted({v.tp for v in variants}))}; pin --tp 1")
+    if options.dp is not None:
+        raise InputError(f"{what} with dp pinned to {options.dp} (--dp, or --micro-batch-size x "
+                         "--num-micro-batches): per-stage replicas replace the data-parallel degree; drop the pin")
+    check_replication_job(job)
+    if options.split_replicas:
+        devices = num_slots(cluster, 1)
+        if options.split is None or len(options.split) != len(options.split_replicas):
+            raise InputError(f"{what}: give replicas for every stage")
+        if sum(options.split_replicas) > devices:
+            raise InputError(f"{what} needs {sum(options.split_replicas)} devices (the sum of the replicas), "
+                             f"cluster {cluster.name} has {devices}; lower the replicas")
 
 
 def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:

@@ -5,8 +5,10 @@ Nothing here imports the rest of the package. Conventions:
 * times are seconds (``*_s``), sizes bytes (``*_bytes``), bandwidths bytes per
   second (``*_bytes_per_s``), rates FLOP per second (``*_flops``);
 * a :class:`Layer`'s times and activation sizes are those measured (or
-  computed) at its profile's ``profiled_batch_size``; the cost model scales them
-  linearly to the micro-batch size it is asked about;
+  computed) at its profile's ``profiled_batch_size``; the cost model scales
+  activation sizes linearly to the micro-batch size it is asked about, and
+  times through :meth:`ModelProfile.layer_times_at` (a fixed part plus a
+  per-sample part where the profile has one, else linearly);
 * device ids are integers ``0 .. cluster.num_devices - 1``, numbered node by
   node, group by group (see :class:`Cluster`).
 """
@@ -45,6 +47,12 @@ class Layer:
             its activations are recomputed in backward (full recompute: its
             input, the checkpoint; Chen et al. 2016 sec. 3); ``None``: the
             layer is never recomputed.
+        fwd_fixed_s, bwd_fixed_s, bwd_input_fixed_s: optional parts of
+            ``fwd_s``, ``bwd_s``, ``bwd_input_s`` that do not depend on the
+            batch size (kernel launches, weight reads), seconds: the
+            intercepts of ``t(b) = fixed + per_sample * b`` fitted over two or
+            more batch sizes (:func:`pipesearch.profiler.fit_fixed_per_sample`).
+            ``None``: the time is proportional to the batch size.
     """
 
     name: str
@@ -56,6 +64,19 @@ class Layer:
     bwd_input_s: float | None = None
     flops: float | None = None
     recompute_saved_bytes: float | None = None
+    fwd_fixed_s: float | None = None
+    bwd_fixed_s: float | None = None
+    bwd_input_fixed_s: float | None = None
+
+    def __repr__(self) -> str:
+        """The dataclass repr, the fixed-time fields and the recompute
+        checkpoint only when given (so the
+        plan fingerprint of a profile without them is what it was before
+        they existed)."""
+        names = ("name", "fwd_s", "bwd_s", "param_bytes", "output_bytes", "saved_bytes", "bwd_input_s", "flops")
+        names += tuple(n for n in ("fwd_fixed_s", "bwd_fixed_s", "bwd_input_fixed_s", "recompute_saved_bytes")
+                       if getattr(self, n) is not None)
+        return f"Layer({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
 
 @dataclass(frozen=True)
@@ -122,6 +143,73 @@ class ModelProfile:
         for v in cols.values():
             v.flags.writeable = False
         return cols
+
+    def layer_times_at(self, batch_size: float) -> dict:
+        """Per-layer compute seconds at ``batch_size`` samples per micro-batch.
+
+        The one rule for a layer's time at another batch size: with ``B =
+        profiled_batch_size``, ``t`` the time at ``B`` and ``f`` its fixed part
+        (``Layer.fwd_fixed_s`` ...), ``t(b) = f + (t - f) b / B`` (the affine
+        fit ``fixed + per_sample * b`` through the profiled point); without a
+        fixed part ``t(b) = t b / B``.
+
+        Returns:
+            ``{"fwd_s", "bwd_s", "bwd_input_s"}``: float arrays ``(num_layers,)``;
+            ``bwd_input_s`` defaults to half of ``bwd_s`` as in
+            :attr:`layer_arrays`.
+        """
+        import numpy as np
+
+        arrays, ratio = self.layer_arrays, batch_size / self.profiled_batch_size
+        out = {}
+        for key, (has, fixed) in self.fixed_time_arrays.items():
+            t = arrays[key]
+            out[key] = np.where(has, fixed + (t - fixed) * ratio, t * ratio) if has.any() else t * ratio
+        return out
+
+    @cached_property
+    def fixed_time_arrays(self) -> dict:
+        """``{"fwd_s", "bwd_s", "bwd_input_s"}: (has, fixed_s)``, a bool and a
+        float array ``(num_layers,)``: which layers have a fixed part and its
+        seconds (0 where not). A missing input-gradient time is half of
+        ``bwd_s``, and so is its fixed part. Computed once."""
+        import numpy as np
+
+        values = {"fwd_s": [lay.fwd_fixed_s for lay in self.layers],
+                  "bwd_s": [lay.bwd_fixed_s for lay in self.layers],
+                  "bwd_input_s": [(None if lay.bwd_fixed_s is None else lay.bwd_fixed_s / 2)
+                                  if lay.bwd_input_s is None else lay.bwd_input_fixed_s for lay in self.layers]}
+        out = {}
+        for key, column in values.items():
+            has = np.array([v is not None for v in column], dtype=bool)
+            fixed = np.array([0.0 if v is None else v for v in column], dtype=float)
+            has.flags.writeable = fixed.flags.writeable = False
+            out[key] = (has, fixed)
+        return out
+
+    @property
+    def compute_per_sample_s(self) -> float:
+        """Sum over layers of the per-sample part of ``fwd_s + bwd_s``,
+        seconds per sample: ``sum (t - f) / B`` (``f = 0`` without a fixed
+        part). Since ``f >= 0``, ``b`` times it is at most the model's
+        compute at any batch size ``b`` (a lower bound for pruning)."""
+        return sum(lay.fwd_s + lay.bwd_s - ((lay.fwd_fixed_s or 0.0) + (lay.bwd_fixed_s or 0.0))
+                   for lay in self.layers) / self.profiled_batch_size
+
+    def time_ratio_at(self, batch_size: float):
+        """Per layer, ``fwd + bwd`` at ``batch_size`` over ``fwd + bwd`` at
+        ``profiled_batch_size`` (:meth:`layer_times_at`): the factor that
+        takes a layer's time at the profiled batch size (on any device type)
+        to ``batch_size``. ``batch_size / B`` for layers without a fixed part
+        or with zero time. Float array ``(num_layers,)``."""
+        import numpy as np
+
+        arrays, at = self.layer_arrays, self.layer_times_at(batch_size)
+        base = arrays["fwd_s"] + arrays["bwd_s"]
+        affine = self.fixed_time_arrays["fwd_s"][0] | self.fixed_time_arrays["bwd_s"][0]
+        safe = np.where(base > 0, base, 1.0)
+        return np.where(affine & (base > 0), (at["fwd_s"] + at["bwd_s"]) / safe,
+                        batch_size / self.profiled_batch_size)
 
 
 @dataclass(frozen=True)
@@ -400,6 +488,10 @@ class StagePlan:
     ``memory_breakdown`` its parts as ``(name, bytes)`` pairs (training state
     by component, the copy of a tied matrix, gathered ZeRO-3 weights,
     activations; :meth:`pipesearch.costs.PipelineCosts.memory_breakdown`).
+    ``replicas`` is set on every stage of a plan with per-stage replication
+    (:mod:`pipesearch.replication`; the plan's ``dp`` is then 1 and
+    ``devices`` lists the stage's ``replicas`` devices), None otherwise
+    (every stage has the plan's ``dp`` replicas).
     """
 
     index: int
@@ -419,6 +511,7 @@ class StagePlan:
     memory_option: str = ""
     host_step_s: float = 0.0
     dp_comm_s: float = 0.0
+    replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -484,3 +577,11 @@ class Plan:
     @property
     def layers_per_stage(self) -> tuple[int, ...]:
         return tuple(s.layers[1] - s.layers[0] for s in self.stages)
+
+    @property
+    def stage_replicas(self) -> tuple[int, ...] | None:
+        """Replicas of each stage under per-stage replication, or None (one
+        ``dp`` for all stages)."""
+        if not any(st.replicas is not None for st in self.stages):
+            return None
+        return tuple(st.replicas if st.replicas is not None else self.dp for st in self.stages)

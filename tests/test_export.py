@@ -291,6 +291,101 @@ def test_torchtitan_refusals():
                     module_names={"a": "model.layers.0"})
 
 
+# ---------------------------------------------------------------- torchtitan 0.2 (job TOML)
+
+#: every field of the sections pipesearch writes, in torchtitan tag v0.2.2
+#: torchtitan/config/job_config.py (class Job, Model, Training, Parallelism,
+#: ActivationCheckpoint), copied by hand: a key outside these makes 0.2.x's
+#: ConfigManager._dict_to_dataclass raise ValueError
+TT02_FIELDS = {
+    "job": {"config_file", "dump_folder", "description", "print_config", "save_config_file", "custom_config_module"},
+    "model": {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion"},
+    "training": {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps",
+                 "enable_cpu_offload", "dtype", "mixed_precision_param", "mixed_precision_reduce", "gc_freq",
+                 "gc_debug", "dataloader"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "disable_loss_parallel", "enable_async_tensor_parallel",
+                    "pipeline_parallel_degree", "module_fqns_per_model_part",
+                    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+                    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_expert_parallel_overlap", "context_parallel_degree",
+                    "context_parallel_load_balancer", "context_parallel_rotate_method", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree", "expert_parallel_comm_backend"},
+    "activation_checkpoint": {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
+                              "early_stop", "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state",
+                              "determinism_check", "debug"},
+}
+
+
+def _toml_of(exp: dict) -> dict:
+    import tomllib
+
+    return tomllib.loads(exp["files"]["torchtitan.toml"])
+
+
+@pytest.mark.parametrize("version", ["0.2", "0.2.0", "0.2.1", "0.2.2"])
+def test_torchtitan_02_toml_numbers_and_keys(version):
+    """pp 4 x dp 2 x tp 2, micro-batch 2 x 4 micro-batches, 1F1B, 10 blocks
+    split [embedding, block 0 | 4 | 4 | block 9, head], full recompute,
+    sequence length 4096: local batch 2 x 4 = 8, global 8 x 2 = 16; the head
+    is 0.2.x's norm + output."""
+    plan = make_plan([2, 4, 4, 2], transformer_names(10), schedule="1f1b", m=4, tp=2, dp=2,
+                     recompute="full", sequence_parallel=True)
+    exp = export_plan(plan, "torchtitan", torchtitan_version=version,
+                      inputs={"model": {"name": "llama3-8b", "seq_len": 4096}})
+    assert exp["runtime_version"] == "0.2.2" and json.loads(json.dumps(exp)) == exp
+    toml = _toml_of(exp)
+    assert toml == exp["config"]
+    for section, table in toml.items():
+        assert set(table) <= TT02_FIELDS[section], (section, set(table) - TT02_FIELDS[section])
+    par, train = toml["parallelism"], toml["training"]
+    assert (par["pipeline_parallel_degree"], par["tensor_parallel_degree"]) == (4, 2)
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (2, 1)
+    assert par["pipeline_parallel_microbatch_size"] == 2 and par["pipeline_parallel_schedule"] == "1F1B"
+    assert train == {"local_batch_size": 8, "global_batch_size": 16, "seq_len": 4096}
+    assert toml["activation_checkpoint"] == {"mode": "full"}
+    assert toml["model"] == {"name": "llama3", "flavor": "8B"}
+    parts = par["module_fqns_per_model_part"]
+    assert parts[0] == ["tok_embeddings", "layers.0"] and parts[-1] == ["layers.9", "norm", "output"]
+    assert [len(p) for p in parts] == [2, 4, 4, 3]
+    assert stages_from_module_fqns(parts, exp["layer_modules"]) == plan_ranges(plan)
+    assert exp["argv"] == ["--job.config_file", "torchtitan.toml"]
+    script = exp["files"]["launch_torchtitan.sh"]
+    assert "-m torchtitan.train" in script and '--job.config_file "$CONFIG_FILE"' in script
+
+
+def test_torchtitan_02_selective_interleaved_and_placeholders():
+    plan = make_plan([3] + [2] * 6 + [3], transformer_names(16), pp=4, vp=2, schedule="interleaved-1f1b", m=8,
+                     recompute="selective")
+    exp = export_plan(plan, "torchtitan", torchtitan_version="0.2")
+    toml = _toml_of(exp)
+    assert toml["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert toml["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert len(toml["parallelism"]["module_fqns_per_model_part"]) == 8
+    assert "seq_len" not in toml["training"]
+    assert toml["model"] == {"name": "MODEL", "flavor": "FLAVOR"} and any("flavor" in n for n in exp["notes"])
+    # torchtitan's own recipe with the 0.2 names gives the same parts (2 blocks per stage, weights 0)
+    from pipesearch.export.torchtitan import generate_llm_fqn_per_model_part
+
+    alt = exp["layers_per_stage_alternative"]
+    assert alt is not None
+    assert generate_llm_fqn_per_model_part(8, 16, alt["pipeline_parallel_first_stage_less_layers"],
+                                           alt["pipeline_parallel_last_stage_less_layers"],
+                                           ("norm", "output")) == toml["parallelism"]["module_fqns_per_model_part"]
+
+
+def test_torchtitan_version_refusals():
+    plan = make_plan([2, 2], schedule="gpipe", m=2)
+    with pytest.raises(InputError, match="'0.1'"):
+        export_plan(plan, "torchtitan", torchtitan_version="0.1")
+    with pytest.raises(InputError, match="--module/--config"):
+        export_plan(plan, "torchtitan", torchtitan_version="0.2", module="llama3")
+    with pytest.raises(InputError, match="Schedule1F1B"):  # the torch rules hold for 0.2 too
+        export_plan(make_plan([2, 2, 2, 2], m=2), "torchtitan", torchtitan_version="0.2")
+    assert export_plan(plan, "torchtitan", torchtitan_version="0.3.0") == export_plan(plan, "torchtitan")
+
+
 # ---------------------------------------------------------------- megatron
 
 

@@ -29,6 +29,31 @@ def test_toml_is_refused_and_nothing_written(plans, tmp_path):
     res = export(plans, "--format", "torchtitan", "-o", str(out))
     assert res.exit_code == 2 and not out.exists()
     assert "reads no TOML" in res.output and "Traceback" not in res.output
+    assert "--torchtitan-version 0.2" in res.output
+
+
+def test_torchtitan_02_writes_its_job_toml(plans, tmp_path):
+    import tomllib
+
+    out = tmp_path / "job.toml"
+    res = export(plans, "--format", "torchtitan", "--torchtitan-version", "0.2", "-o", str(out))
+    assert res.exit_code == 0, res.output
+    plan = json.loads(plans.read_text())["plans"][0]
+    job = tomllib.loads(out.read_text())
+    deg = plan["parallelism"]
+    assert job["parallelism"]["pipeline_parallel_degree"] == deg["pp"] == 2
+    assert job["parallelism"]["data_parallel_replicate_degree"] == deg["dp"]
+    assert job["parallelism"]["tensor_parallel_degree"] == deg["tp"]
+    assert job["training"]["local_batch_size"] * deg["dp"] == 512
+    sch = plan["schedule"]
+    assert job["parallelism"]["pipeline_parallel_microbatch_size"] == sch["micro_batch_size"]
+    assert job["training"]["local_batch_size"] == sch["micro_batch_size"] * sch["num_micro_batches"]
+    assert job["training"]["global_batch_size"] == 512
+    assert len(job["parallelism"]["module_fqns_per_model_part"]) == 2
+    res = export(plans, "--format", "megatron", "--torchtitan-version", "0.2")
+    assert res.exit_code == 2 and "only with --format torchtitan" in res.output
+    res = export(plans, "--format", "torchtitan", "--torchtitan-version", "9.9")
+    assert res.exit_code == 2 and "'9.9'" in res.output and "Traceback" not in res.output
 
 
 def test_suffix_picks_the_file(plans, tmp_path):

@@ -200,3 +200,20 @@ def test_megatron_refuses_sharding_its_distributed_optimizer_does_not_do():
                                     "--pp", "2", "--tp", "2", "--runtime", "megatron", "--sharding", "zero3", "-q"])
     assert res.exit_code == 2
     assert "sharding 'zero3'" in res.output and "--sharding zero1" in res.output
+
+
+def test_torchtitan_runs_fsdp_and_exports_its_shard_degree():
+    """--runtime torchtitan plans with FSDP (its default) and the export
+    shards over all data-parallel ranks; ZeRO-1 it cannot run."""
+    tt = _plan_json("--runtime", "torchtitan")
+    assert tt["inputs"]["job"]["optimizer_state"]["sharding"] == "fsdp"
+    plan = tt["plans"][0]
+    ov = plan["exports"]["torchtitan"]["overrides"]
+    dp = plan["parallelism"]["dp"]
+    assert ov[ov.index("--parallelism.data_parallel_shard_degree") + 1] == str(dp)
+    assert ov[ov.index("--parallelism.data_parallel_replicate_degree") + 1] == "1"
+    for runtime, sharding in (("torchtitan", "zero1"), ("deepspeed", "zero2")):
+        res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
+                                        "--pp", "2", "--tp", "2", "--runtime", runtime, "--sharding", sharding, "-q"])
+        assert res.exit_code == 2, (runtime, res.output)
+        assert f"sharding '{sharding}'" in res.output

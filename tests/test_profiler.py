@@ -274,3 +274,117 @@ def test_profiled_language_model_runs_its_plan_in_the_torch_pipeline(which, tmp_
     res = run_plan(factory, plan, input_shape=(16,), vocab_size=vocab, steps=2, warmup=1)
     assert len(res.step_s) == 2 and all(s > 0 for s in res.step_s)
     assert all(0 < loss < 100 for loss in res.losses)
+
+
+# ---------------------------------------------------------------- fixed + per-sample fit
+
+from pipesearch.profiler import fit_fixed_per_sample, fit_profiles, profile_module_at_sizes  # noqa: E402
+from pipesearch.types import Layer, ModelProfile  # noqa: E402
+
+
+def test_fit_recovers_an_exact_line_and_keeps_both_parts_non_negative():
+    # t = 0.5 + 0.25 b exactly
+    fixed, per_sample = fit_fixed_per_sample([1, 2, 4, 8], [0.75, 1.0, 1.5, 2.5])
+    assert fixed == pytest.approx(0.5, rel=1e-12) and per_sample == pytest.approx(0.25, rel=1e-12)
+    # times 0, 2, 6 at b = 1, 2, 3: the free line is 3b - 10/3 (intercept < 0); on the edge fixed = 0
+    # the slope is sum(b t) / sum(b^2) = (0 + 4 + 18) / (1 + 4 + 9) = 11/7 (squared error 3.43), better
+    # than the flat fit t = 8/3 (squared error 18.67)
+    fixed, per_sample = fit_fixed_per_sample([1, 2, 3], [0.0, 2.0, 6.0])
+    assert fixed == 0.0 and per_sample == pytest.approx(11 / 7, rel=1e-12)
+    # times falling with the batch (noise): per_sample = 0, fixed = the mean
+    fixed, per_sample = fit_fixed_per_sample([1, 2], [3.0, 1.0])
+    assert (fixed, per_sample) == (pytest.approx(2.0), 0.0)
+
+
+def test_fit_needs_two_distinct_batch_sizes():
+    with pytest.raises(InputError, match="two distinct"):
+        fit_fixed_per_sample([4, 4], [1.0, 1.1])
+    one = ModelProfile("m", (Layer("a", 1e-3, 2e-3, 0, 0, 0),), 4)
+    with pytest.raises(InputError, match="two distinct"):
+        fit_profiles([one, one])
+
+
+def _fake_clock_chain(clock: dict, costs):
+    """Layers whose forward and backward advance ``clock["now"]`` by
+    ``a + c * batch`` seconds (exact binary fractions, so sums are exact)."""
+
+    class Tick(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, seconds):
+            ctx.seconds = seconds
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            clock["now"] += ctx.seconds
+            return grad, None
+
+    class Timed(nn.Module):
+        def __init__(self, fa, fc, ba, bc):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+            self.parts = (fa, fc, ba, bc)
+
+        def forward(self, x):
+            fa, fc, ba, bc = self.parts
+            clock["now"] += fa + fc * x.shape[0]
+            return Tick.apply(x * self.w, ba + bc * x.shape[0])
+
+    return nn.Sequential(*[Timed(*c) for c in costs])
+
+
+@needs_torch
+def test_profiler_fits_layers_whose_time_is_fixed_plus_per_sample():
+    """Two layers timed by a fake clock: forward 2^-6 + 2^-9 b and backward
+    2^-5 + 2^-8 b seconds (first), forward 0 + 2^-7 b and backward 2^-4 + 0 b
+    (second). Profiled at b = 1, 2, 4 the fit gives those parts back, the
+    profile is at b = 4, and the times at b = 3 are the lines' values."""
+    clock = {"now": 0.0}
+    costs = [(2 ** -6, 2 ** -9, 2 ** -5, 2 ** -8), (0.0, 2 ** -7, 2 ** -4, 0.0)]
+    model = _fake_clock_chain(clock, costs)
+    prof = profile_module_at_sizes(model, lambda b: torch.ones(b, 4), [4, 1, 2], warmup=1, repeats=3,
+                                   clock="wall", timer=lambda: clock["now"])
+    assert prof.profiled_batch_size == 4
+    for lay, (fa, fc, ba, bc) in zip(prof.layers, costs):
+        assert lay.fwd_fixed_s == pytest.approx(fa, abs=1e-12) and lay.bwd_fixed_s == pytest.approx(ba, abs=1e-12)
+        assert lay.fwd_s == pytest.approx(fa + 4 * fc, rel=1e-12) and lay.bwd_s == pytest.approx(ba + 4 * bc, rel=1e-12)
+    at3 = prof.layer_times_at(3)
+    assert list(at3["fwd_s"]) == pytest.approx([fa + 3 * fc for fa, fc, _, _ in costs], rel=1e-12)
+    assert list(at3["bwd_s"]) == pytest.approx([ba + 3 * bc for _, _, ba, bc in costs], rel=1e-12)
+    assert "batch sizes 1,2,4" in prof.source
+
+
+@needs_torch
+def test_cli_profile_batch_sizes_writes_fixed_columns(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "fit.csv"
+    result = CliRunner().invoke(main, ["profile", "tests/e2e_model.py:make_model", "--input-shape", "1024",
+                                       "--batch-sizes", "2,1", "--warmup", "1", "--repeats", "2", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "fitted over batch sizes 1,2" in result.output
+    header = [line for line in out.read_text().splitlines() if not line.startswith("#")][0]
+    assert header.split(",")[-2:] == ["fwd_fixed_ms", "bwd_fixed_ms"]
+    prof = load_model(str(out))
+    assert prof.profiled_batch_size == 2 and prof.layers[-1].output_bytes == 2 * 320 * 4
+    for lay in prof.layers:
+        assert 0 <= lay.fwd_fixed_s <= lay.fwd_s and 0 <= lay.bwd_fixed_s <= lay.bwd_s
+
+
+@needs_torch
+def test_cli_profile_batch_sizes_bad_input_exit_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    base = ["profile", "tests/e2e_model.py:make_model", "--input-shape", "1024", "-o", str(tmp_path / "o.csv")]
+    cases = [
+        (["--batch-sizes", "4"], "--batch-sizes '4'"),
+        (["--batch-sizes", "4,4"], "two distinct"),
+        (["--batch-sizes", "1,x"], "--batch-sizes '1,x'"),
+        (["--batch-sizes", "0,2"], "--batch-sizes '0,2'"),
+        (["--batch-sizes", "1,2", "--batch-size", "2"], "one of them"),
+        ([], "one of them"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(main, base + args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "o.csv").exists()

@@ -72,6 +72,7 @@ def test_whitespace_comments_and_blank_lines_are_ignored(tmp_path):
 
 HEAD = "# batch_size: 16\n"
 COLS = "name,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+FIXED = "name,fwd_ms,bwd_ms,param_bytes,output_bytes,fwd_fixed_ms,bwd_fixed_ms\n"
 
 
 @pytest.mark.parametrize(
@@ -99,6 +100,19 @@ COLS = "name,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
          ["line 3", "'bwd_input_ms'", "'2.5'", "'2'"]),
         (HEAD + "name,fwd_ms,bwd_ms,param_bytes,output_bytes,flops\nx,1,2,3,4,5\n", ["line 2", "'flops'"]),
         (HEAD + COLS + "x,1,2,3,4,5\n", ["line 3", "6 fields", "expected 5"]),
+        # fixed + per-sample columns
+        (HEAD + FIXED + "x,1,2,3,4,-0.5,1\n", ["line 3", "'fwd_fixed_ms'", "'-0.5'", "negative"]),
+        (HEAD + FIXED + "x,1,2,3,4,0.5,1\ny,1,2,3,4,,1\n", ["line 4", "'fwd_fixed_ms'", "every row"]),
+        (HEAD + FIXED + "x,1,2,3,4,1.5,1\n", ["line 3", "'fwd_fixed_ms'", "'1.5'", "exceeds fwd_ms '1'"]),
+        (HEAD + FIXED + "x,1,2,3,4,0.5,2.5\n", ["line 3", "'bwd_fixed_ms'", "'2.5'", "exceeds bwd_ms '2'"]),
+        (HEAD + COLS.strip() + ",fwd_fixed_ms\nx,1,2,3,4,0.5\n", ["line 2", "'fwd_fixed_ms'", "'bwd_fixed_ms'"]),
+        (HEAD + FIXED.strip() + ",bwd_input_fixed_ms\nx,1,2,3,4,0.5,1,0.5\n",
+         ["line 2", "'bwd_input_fixed_ms'", "'bwd_input_ms'"]),
+        (HEAD + FIXED.strip() + ",bwd_input_ms,bwd_input_fixed_ms\nx,1,2,3,4,0.5,1,1,\n",
+         ["line 3", "'bwd_input_fixed_ms'", "every row"]),
+        # input gradient: fixed 1 <= 1 but per-sample 1.5 - 1 = 0.5 > bwd's 2 - 1.75 = 0.25
+        (HEAD + FIXED.strip() + ",bwd_input_ms,bwd_input_fixed_ms\nx,1,2,3,4,0.5,1.75,1.5,1\n",
+         ["line 3", "'bwd_input_fixed_ms'", "'1'", "exceed the backward"]),
     ],
 )
 def test_bad_input_names_file_line_and_value(tmp_path, text, needles):
@@ -196,3 +210,125 @@ def test_load_model_dispatch(tmp_path):
             load_model(str(other))
         assert f"model{suffix}" in str(info.value)
         assert "*.csv" in str(info.value) and "graph.txt" in str(info.value)
+
+
+# -------------------------------------------------------------- fixed + per-sample times
+
+FIXED_PROFILE = """\
+# pipesearch profile v1
+# model: fit3
+# batch_size: 4
+# device: cpu
+name,fwd_ms,bwd_ms,param_bytes,output_bytes,fwd_fixed_ms,bwd_fixed_ms
+a,5,9,1000000,4096000,1,1
+b,6,10,1000000,4096000,2,2
+c,3,7,1000000,4096000,0,3
+"""
+
+
+def _drop_fixed(text: str) -> str:
+    return "\n".join(",".join(line.split(",")[:5]) if not line.startswith("#") else line
+                     for line in text.splitlines()) + "\n"
+
+
+def test_fixed_columns_read_and_round_trip(tmp_path):
+    profile = read_profile_csv(write(tmp_path, FIXED_PROFILE))
+    assert profile.layers[0] == Layer("a", 0.005, 0.009, 1e6, 4.096e6, 4.096e6, fwd_fixed_s=0.001, bwd_fixed_s=0.001)
+    assert profile.layers[2].fwd_fixed_s == 0.0 and profile.layers[2].bwd_fixed_s == 0.003
+    write_profile_csv(profile, tmp_path / "again.csv")
+    assert read_profile_csv(tmp_path / "again.csv") == profile
+    with_input = ModelProfile("m", (Layer("x", 1e-3, 2e-3, 0, 0, 0, bwd_input_s=1e-3, fwd_fixed_s=0.0,
+                                          bwd_fixed_s=1e-3, bwd_input_fixed_s=5e-4),
+                                    Layer("y", 1e-3, 2e-3, 0, 0, 0, fwd_fixed_s=0.0, bwd_fixed_s=0.0)), 8)
+    write_profile_csv(with_input, tmp_path / "input.csv")
+    assert read_profile_csv(tmp_path / "input.csv") == with_input
+    partial = ModelProfile("m", (Layer("x", 1e-3, 2e-3, 0, 0, 0, fwd_fixed_s=0.0, bwd_fixed_s=0.0),
+                                 Layer("y", 1e-3, 2e-3, 0, 0, 0)), 8)
+    with pytest.raises(InputError, match="every layer or on none"):
+        write_profile_csv(partial, tmp_path / "partial.csv")
+
+
+def _plan_stages(path: Path, micro_batch_size: int) -> list[dict]:
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    result = CliRunner().invoke(main, [
+        "plan", "--model", str(path), "--cluster", "1x2-cpu", "--pp", "2", "--dp", "1", "--split", "2,1",
+        "--schedule", "gpipe", "--micro-batch-size", str(micro_batch_size), "--num-micro-batches", "4",
+        "-b", str(4 * micro_batch_size), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["plans"][0]["stages"]
+
+
+@pytest.mark.parametrize("mbs", [1, 8])
+def test_fixed_columns_give_fixed_plus_per_sample_stage_times(tmp_path, mbs):
+    """Stage times of the split [a, b | c] by hand, profiled at B = 4: layer
+    time at micro-batch b is fixed + (t - fixed) * b / 4.
+    b = 1: forward a 1 + 4/4 = 2, b 2 + 4/4 = 3 -> stage 0 forward 5 ms;
+    backward a 1 + 8/4 = 3, b 2 + 8/4 = 4 -> compute 5 + 7 = 12 ms; stage 1
+    forward 0 + 3/4 = 0.75, backward 3 + 4/4 = 4 -> compute 4.75 ms.
+    b = 8: forward 1 + 8 = 9 and 2 + 8 = 10 -> 19; backward 1 + 16 and 2 + 16
+    -> compute 19 + 35 = 54; stage 1 forward 6, backward 3 + 8 = 11 -> 17.
+    The same file without the fixed columns scales linearly: stage 0
+    forward (5 + 6) * b / 4, compute (5 + 6 + 9 + 10) * b / 4."""
+    fixed = _plan_stages(write(tmp_path, FIXED_PROFILE, "fit3.csv"), mbs)
+    want = {1: [(5.0, 12.0), (0.75, 4.75)], 8: [(19.0, 54.0), (6.0, 17.0)]}[mbs]
+    for stage, (fwd_ms, compute_ms) in zip(fixed, want):
+        assert stage["fwd_s"] == pytest.approx(fwd_ms / 1e3, rel=1e-12)
+        assert stage["compute_s"] == pytest.approx(compute_ms / 1e3, rel=1e-12)
+    linear = _plan_stages(write(tmp_path, _drop_fixed(FIXED_PROFILE), "lin3.csv"), mbs)
+    assert linear[0]["fwd_s"] == pytest.approx(11e-3 * mbs / 4, rel=1e-12)
+    assert linear[0]["compute_s"] == pytest.approx(30e-3 * mbs / 4, rel=1e-12)
+    assert linear[1]["compute_s"] == pytest.approx(10e-3 * mbs / 4, rel=1e-12)
+
+
+def test_profile_without_fixed_parts_scales_linearly_bit_for_bit():
+    """Old profiles keep the linear rule exactly: t * b / B, the same floats."""
+    import numpy as np
+
+    profile = load_model("vgg16")
+    ratio = 3 / profile.profiled_batch_size
+    times = profile.layer_times_at(3)
+    for key in ("fwd_s", "bwd_s", "bwd_input_s"):
+        assert np.array_equal(times[key], profile.layer_arrays[key] * ratio)
+    assert np.array_equal(profile.time_ratio_at(3), np.full(profile.num_layers, ratio))
+    assert profile.compute_per_sample_s == sum(lay.fwd_s + lay.bwd_s for lay in profile.layers) / 128
+
+
+def test_bad_fixed_column_on_the_command_line_exits_2(tmp_path):
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    path = write(tmp_path, FIXED_PROFILE.replace("a,5,9,1000000,4096000,1,1", "a,5,9,1000000,4096000,-1,1"),
+                 "neg.csv")
+    result = CliRunner().invoke(main, ["plan", "--model", str(path), "--cluster", "1x2-cpu", "-b", "4"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "neg.csv" in lines[0] and "'fwd_fixed_ms'" in lines[0] and "'-1'" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_search_with_fixed_times_is_not_pruned_by_a_linear_bound():
+    """Four layers, forward 1 ms + 1 ms per sample and backward 2 ms + 2 ms
+    per sample (profiled at batch 1), batch 16 on 4 free-link devices. pp 1 x
+    dp 4 with one micro-batch of 4: 4 layers x (1 + 4 + 2 + 8) ms = 60 ms;
+    two micro-batches of 2 would take 2 x 4 x (1 + 2 + 2 + 4) = 72 ms. The
+    pruned search must find what the exhaustive one finds (a bound that
+    scaled the batch-1 time linearly, 9 ms x 4 per layer, would exceed 60 ms
+    and prune the best point)."""
+    from helpers import tiny_cluster
+
+    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.types import Job
+
+    layers = tuple(Layer(f"l{k}", 2e-3, 4e-3, 0, 0, 0, fwd_fixed_s=1e-3, bwd_fixed_s=2e-3) for k in range(4))
+    variants, cluster, job = [ModelVariant(ModelProfile("fixed", layers, 1))], tiny_cluster(1, 4), Job(16)
+    pruned = search(variants, cluster, job, SearchOptions(top=1)).plans[0]
+    exhaustive = search(variants, cluster, job, SearchOptions(top=1, exhaustive=True)).plans[0]
+    assert exhaustive.predicted.iteration_time_s == pytest.approx(0.060, rel=1e-12)
+    assert pruned.predicted.iteration_time_s == pytest.approx(0.060, rel=1e-12)
+    assert (pruned.pp, pruned.dp, pruned.micro_batch_size) == (1, 4, 4)

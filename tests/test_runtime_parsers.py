@@ -442,6 +442,101 @@ def test_deepspeed_partition_recipe_sets_the_plan_bounds(llama_plan_file):
             assert [int(x) for x in partition_uniform(n, plan.pp)] == exp["parts"]
 
 
+# ---------------------------------------------------------------- DeepSpeed PipelineModule, two processes
+
+DS_WORKER = r"""
+import json, os, sys
+try:
+    import torch
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+except Exception as exc:  # DeepSpeed cannot initialise on this CPU host
+    open(sys.argv[2], "w").write(json.dumps({"init_failed": f"{type(exc).__name__}: {exc}"}))
+    raise SystemExit(0)
+cases, out = json.loads(open(sys.argv[1]).read()), []
+for case in cases:
+    layers = [torch.nn.Linear(4, 4) for _ in range(case["num_layers"])]
+    topo = PipeDataParallelTopology(num_pp=case["num_stages"], num_dp=1)
+    if case["partition_method"] is None:  # the export's recipe, exact bounds
+        ns = {}
+        exec(compile(case["recipe"], "partition.py", "exec"), ns)
+        mod = ns["ExactPartitionPipelineModule"](layers=layers, topology=topo, parts=ns["PARTS"])
+    else:  # the built-in method the export names as equivalent
+        mod = PipelineModule(layers=layers, topology=topo, partition_method=case["partition_method"])
+    out.append({"stage_id": mod.stage_id, "start": mod._local_start, "stop": mod._local_stop,
+                "parts": [int(x) for x in mod.parts], "local_layers": len(mod.forward_funcs),
+                "local_params": sum(p.numel() for p in mod.parameters())})
+open(sys.argv[2], "w").write(json.dumps({"rank": int(os.environ["RANK"]), "cases": out}))
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_deepspeed_pipeline_module_in_two_processes_holds_the_plan_split(tmp_path):
+    """Two CPU processes (gloo) build DeepSpeed's own PipelineModule from the
+    export of two 2-stage plans of 5 layers: an uneven split [1 | 4] (no
+    built-in method gives it: the export's recipe with ``parts``) and an even
+    one [3 | 3] of 6 layers (``partition_method='uniform'``). Each rank's
+    ``_local_start .. _local_stop`` must be its stage's layers in the plan,
+    ``parts`` the plan's boundaries, and the rank must hold exactly those
+    layers (each Linear(4, 4) has 20 parameters)."""
+    pytest.importorskip("deepspeed")
+    import os
+    import subprocess
+
+    plans = [make_plan([1, 4], schedule="1f1b", m=4, mbs=1), make_plan([3, 3], schedule="1f1b", m=4, mbs=1)]
+    cases = []
+    for plan in plans:
+        exp = export_plan(plan, "deepspeed")
+        cases.append({"num_layers": sum(b - a for a, b in (st.layers for st in plan.stages)), "num_stages": plan.pp,
+                      "partition_method": exp["pipeline_module"]["partition_method"],
+                      "recipe": exp["files"]["partition.py"]})
+    assert [c["partition_method"] for c in cases] == [None, "uniform"]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    (tmp_path / "worker.py").write_text(DS_WORKER)
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+               "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(tmp_path / "cases.json"),
+                                       str(tmp_path / f"rank{rank}.json")], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=420)[0])
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail("DeepSpeed's two CPU processes did not finish within 420 s")
+    results = []
+    for rank, (proc, log) in enumerate(zip(procs, logs)):
+        path = tmp_path / f"rank{rank}.json"
+        assert proc.returncode == 0 and path.exists(), log[-3000:]
+        results.append(json.loads(path.read_text()))
+    failed = [r["init_failed"] for r in results if "init_failed" in r]
+    if failed:
+        pytest.skip(f"DeepSpeed cannot initialise a gloo process group on this CPU host: {failed[0]}")
+    for rank, res in enumerate(results):
+        assert res["rank"] == rank
+        for plan, got in zip(plans, res["cases"]):
+            a, b = plan.stages[rank].layers
+            assert got["stage_id"] == rank
+            assert (got["start"], got["stop"]) == (a, b)
+            assert got["parts"] == [0] + [st.layers[1] for st in plan.stages]
+            assert got["local_layers"] == b - a and got["local_params"] == 20 * (b - a)
+
+
 # ---------------------------------------------------------------- torch 2.13's own interleaved order
 
 

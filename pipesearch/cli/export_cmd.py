@@ -23,7 +23,8 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
 
     Raises:
         InputError: a suffix the export has no file for (e.g. ``.toml``:
-            torchtitan 0.3.0 reads no TOML), naming the suffixes it has.
+            torchtitan 0.3.0 reads no TOML; 0.2.x exports have one), naming
+            the suffixes it has.
     """
     suffix = Path(output).suffix.lower()
     if suffix == ".json":
@@ -37,7 +38,8 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
     if len(matches) == 1:
         return export["files"][matches[0]]
     have = sorted({".json", *(Path(n).suffix for n in (export.get("files") or {}))})
-    why = " (torchtitan 0.3.0 reads no TOML: its jobs are --module/--config plus --section.key overrides)" \
+    why = (" (torchtitan 0.3.0 reads no TOML: its jobs are --module/--config plus --section.key overrides; "
+           "--torchtitan-version 0.2 writes the job TOML of the releases that read one)") \
         if suffix == ".toml" and fmt == "torchtitan" else ""
     raise InputError(f"export -o {output}: a {fmt} export has no {suffix or 'suffix-less'} file{why}; "
                      f"use one of {', '.join(have)}, or --files DIR for all of them")
@@ -49,11 +51,13 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target runtime.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help="Write here instead of stdout: .json the whole export (ds_config.json: DeepSpeed's config), "
-                   ".sh the launch script, .py DeepSpeed's partition recipe.")
+                   ".sh the launch script, .py DeepSpeed's partition recipe, .toml torchtitan 0.2's job file.")
+@click.option("--torchtitan-version", help="torchtitan release to target (with --format torchtitan): 0.3.0 "
+              "(default: --module/--config plus overrides) or 0.2 / 0.2.0 .. 0.2.2 (a job TOML, -o job.toml).")
 @click.option("--files", "files_dir", type=click.Path(file_okay=False),
               help="Write the runtime's own files (launch script, ds_config.json, ...) into this directory "
                    "(created if its parent exists); without -o nothing else is printed.")
-def export_command(plans, rank, fmt, output, files_dir):
+def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
     """Export a plan for torch.distributed.pipelining, torchtitan, Megatron-LM,
     DeepSpeed or GPipe-style runners.
 
@@ -65,6 +69,7 @@ def export_command(plans, rank, fmt, output, files_dir):
     Examples:
       pipesearch export plans.json --format torch
       pipesearch export plans.json --format torchtitan -o launch.sh
+      pipesearch export plans.json --format torchtitan --torchtitan-version 0.2 -o job.toml
       pipesearch export plans.json --rank 2 --format deepspeed -o ds_config.json
       pipesearch export plans.json --format megatron --files megatron/
     """
@@ -74,9 +79,13 @@ def export_command(plans, rank, fmt, output, files_dir):
         d = Path(files_dir)
         if not d.is_dir() and not d.parent.is_dir():
             raise InputError(f"export --files {files_dir}: its parent directory does not exist")
+    if torchtitan_version is not None and fmt != "torchtitan":
+        raise InputError(f"export --torchtitan-version {torchtitan_version}: only with --format torchtitan "
+                         f"(not {fmt})")
     plan_file = load_plan_file(plans)
     plan = select_plan(plan_file, rank, plans)
-    export = export_plan(plan, fmt, inputs=plan_file.inputs)
+    options = {"torchtitan_version": torchtitan_version} if torchtitan_version is not None else {}
+    export = export_plan(plan, fmt, inputs=plan_file.inputs, **options)
     text = _output_text(export, fmt, output) if output is not None else json.dumps(export, indent=2) + "\n"
     if files_dir and not export.get("files"):
         why = next((n for n in export.get("notes", []) if n.startswith("no ")), "this runtime reads no file of ours")

@@ -21,7 +21,7 @@ from ..memory import PRESETS, SHARDINGS, ParamState, from_totals, preset
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_writable, write_output
-from ..pins import BatchPins, check_vp_pins, resolve_dp
+from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp
 from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
 from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
@@ -36,13 +36,13 @@ DEFAULT_BATCH = 1024
 
 
 def _split(ctx, param, value):
+    """``(layers per stage, replicas per stage or None)`` (:func:`pipesearch.pins.parse_split`)."""
     if value is None:
         return None
     try:
-        parts = tuple(int(x) for x in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected layers per stage like 5,3,4") from None
-    return parts
+        return parse_split(value)
+    except InputError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _bucket(ctx, param, value):
@@ -116,6 +116,10 @@ def plans_table(plans) -> str:
         if p.predicted.mfu is not None:
             rows[-1]["MFU"] = f"{100 * p.predicted.mfu:.1f}%"
     table = pd.DataFrame(rows)
+    replicas = [p.stage_replicas for p in plans]
+    if any(r is not None for r in replicas):  # per-stage replication: replicas of each stage
+        table.insert(2, "replicas", [",".join(map(str, r)) if r is not None else f"{p.dp} each"
+                                     for r, p in zip(replicas, plans)])
     types = [",".join(dict.fromkeys(st.device_type for st in p.stages)) for p in plans]
     if any("," in t for t in types):  # mixed device types: show them, in stage order
         table.insert(5, "device types", types)
@@ -173,7 +177,12 @@ class _Progress:
 @click.option("--recompute", type=click.Choice(RECOMPUTE_MODES + (PER_STAGE,)),
               help="Pin activation recomputation (transformers); per-stage: each stage takes the first of "
                    "none / selective / full that fits (docs/offload.md).")
-@click.option("--split", callback=_split, help="Score this split (layers per stage, e.g. 5,3,4) instead of searching.")
+@click.option("--split", callback=_split,
+              help="Score this split (layers per stage, e.g. 5,3,4; with per-stage replicas NxR, e.g. 17x15,6x1: "
+                   "17 layers on 15 replicas, then 6 on 1) instead of searching.")
+@click.option("--replicate-stages", is_flag=True,
+              help="Also search per-stage data-parallel replication (PipeDream / DAPPLE: each stage on its own "
+                   "number of devices, tp 1, pp 2 to 4 unless --pp pins it).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="Memory kept free on every device (framework, workspace, fragmentation).")
@@ -240,7 +249,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                  max_search_memory, memory_headroom, optimizer_state, sharding, sequence_parallel,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
                  plot_dir, runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, grad_bucket_params,
-                 optimizer_offload=False, stream_weights=False):
+                 replicate_stages, optimizer_offload=False, stream_weights=False):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -249,6 +258,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model vgg16 --cluster 4x4-v100-10gbe --global-batch-size 1024 --top 5 -o plans.json
       pipesearch plan --model gnmt --cluster 1x4-v100-pcie --pp 4 --schedule 1f1b
       pipesearch plan --model resnet50 --cluster 1x4-v100-pcie --pp 2 --split 20,20
+      pipesearch plan --model vgg16 --split 18x12,22x4 --schedule gpipe
+      pipesearch plan --model vgg16 --replicate-stages
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
       pipesearch plan --model llama3-70b --cluster 4x8-h100 -b 256 --optimizer-state megatron --sharding zero1
     """
@@ -307,6 +318,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
               memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
               optimizer_offload=optimizer_offload, weight_streaming=stream_weights)
+    split, split_replicas = split if split else (None, None)
+    if runtime and (replicate_stages or split_replicas):
+        raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
+                         f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
     explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
@@ -319,7 +334,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
                             split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
-                            exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit)
+                            exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit,
+                            replicate_stages=replicate_stages, split_replicas=split_replicas)
     progress = _Progress(quiet or as_json)
     try:
         result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
@@ -385,8 +401,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         total = sum(g.num_devices for g in cluster.groups)
         idle: dict[int, list[str]] = {}
         for p in result.plans:
-            if p.pp * p.dp * p.tp < total:
-                idle.setdefault(p.pp * p.dp * p.tp, []).append(str(p.rank))
+            used = p.pp * p.dp * p.tp if p.stage_replicas is None else sum(p.stage_replicas) * p.tp
+            if used < total:
+                idle.setdefault(used, []).append(str(p.rank))
         for used, ranks in idle.items():
             click.echo(f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
                        f"{used} of the {total} devices (pp x dp x tp); {total - used} stay idle")

@@ -10,7 +10,8 @@ import click
 
 from ..errors import InputError
 from ..output import check_writable
-from ..profiler import CLOCKS, DTYPES, build_model, import_torch, load_factory, profile_module, torch_dtype
+from ..profiler import (CLOCKS, DTYPES, build_model, import_torch, load_factory, profile_module,
+                        profile_module_at_sizes, torch_dtype)
 from ..profiles import write_profile_csv
 from . import main
 
@@ -32,8 +33,11 @@ def parse_shape(text: str) -> tuple[int, ...]:
               "token-id inputs below its vocabulary.")
 @click.option("--input-shape", required=True,
               help="Shape of one sample (without the batch dimension), e.g. 64,512.")
-@click.option("--batch-size", "-b", type=click.IntRange(min=1), required=True,
-              help="Samples per batch to profile at (the profile's batch size).")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1),
+              help="Samples per batch to profile at (the profile's batch size); times scale linearly to other sizes.")
+@click.option("--batch-sizes", help="Profile at each of these batch sizes (e.g. 1,2,4; two or more) and fit every "
+              "layer's times as fixed + per-sample * batch; the profile is at the largest, with fixed-time columns. "
+              "Instead of --batch-size.")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
               help="Dtype of the model and of a floating-point input.")
 @click.option("--input-dtype", type=click.Choice(("float", "long")), default="float", show_default=True,
@@ -54,7 +58,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and the model.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="profile.csv",
               show_default=True, help="Profile CSV to write.")
-def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input_dtype, vocab_size, warmup, repeats,
+def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes, dtype, input_dtype, vocab_size, warmup, repeats,
                     clock, device, device_name, name, seed, output):
     """Profile a PyTorch model on this machine (CPU, or a CUDA GPU), one layer at a time.
 
@@ -73,11 +77,13 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input
     Examples:
       pipesearch profile tests/e2e_model.py:make_model --input-shape 1024 --batch-size 128 -o e2e.csv
       pipesearch profile tests/gpt_model.py:make_gpt --input-shape 64 --input-dtype long --vocab-size 512 -b 8 -o gpt.csv
+      pipesearch profile tests/gpt_model.py:make_gpt --input-shape 64 --input-dtype long --vocab-size 512 --batch-sizes 1,2,4,8 -o gpt.csv
       pipesearch profile --hf-config tiny-llama/config.json --input-shape 128 -b 4 -o llama.csv
       pipesearch plan --model e2e.csv --cluster 1x2-cpu --pp 2 --num-micro-batches 4 -b 512
     """
     if (model_spec is None) == (hf_config is None):
         raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
+    sizes = parse_batch_sizes(batch_size, batch_sizes)
     check_writable(output, "profile CSV (-o)")
     if hf_config is not None:
         cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
@@ -104,10 +110,12 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input
         model = build_model(load_factory(model_spec), model_spec)
     dt = torch_dtype(dtype)
     model = model.to(dt)
-    if input_dtype == "long":
-        x = torch.randint(0, vocab_size, (batch_size, *shape), dtype=torch.long)
-    else:
-        x = torch.randn(batch_size, *shape, dtype=dt)
+
+    def make_input(batch: int):
+        if input_dtype == "long":
+            return torch.randint(0, vocab_size, (batch, *shape), dtype=torch.long)
+        return torch.randn(batch, *shape, dtype=dt)
+
     module_text = model_spec.rpartition(":")[0]
     default_name = Path(module_text).stem if module_text.endswith(".py") else module_text.rpartition(".")[2]
     if hf_config is not None:
@@ -117,15 +125,44 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, dtype, input
             raise InputError(f"--device {device}: expected cpu, or cuda / cuda:N on a machine with a CUDA GPU "
                              f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
     on_cpu = device == "cpu"
-    profile = profile_module(model, x, batch_size=batch_size, warmup=warmup, repeats=repeats, device=device,
-                             clock=clock if on_cpu else "wall", num_threads=1 if on_cpu else None,
-                             device_name=device_name,
-                             name=name or default_name,
-                             source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
-                                    f"--batch-size {batch_size} --dtype {dtype}"
-                                    + (f" --input-dtype long --vocab-size {vocab_size}" if input_dtype == "long" else ""))
+    size_option = f"--batch-sizes {','.join(map(str, sizes))}" if len(sizes) > 1 else f"--batch-size {sizes[0]}"
+    options = dict(warmup=warmup, repeats=repeats, device=device, clock=clock if on_cpu else "wall",
+                   num_threads=1 if on_cpu else None, device_name=device_name, name=name or default_name,
+                   source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
+                          f"{size_option} --dtype {dtype}"
+                          + (f" --input-dtype long --vocab-size {vocab_size}" if input_dtype == "long" else ""))
+    if len(sizes) > 1:
+        profile = profile_module_at_sizes(model, make_input, sizes, **options)
+    else:
+        profile = profile_module(model, make_input(sizes[0]), batch_size=sizes[0], **options)
     write_profile_csv(profile, output)
     total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
     where = "1 CPU thread" if on_cpu else device
-    click.echo(f"{profile.name}: {profile.num_layers} layers, batch {batch_size}, forward+backward "
-               f"{1e3 * total:.2f} ms on {where}; wrote {output}")
+    fit = ""
+    if len(sizes) > 1:
+        fixed = sum((lay.fwd_fixed_s or 0.0) + (lay.bwd_fixed_s or 0.0) for lay in profile.layers)
+        fit = f" (fitted over batch sizes {','.join(map(str, sizes))}: fixed {1e3 * fixed:.2f} ms)"
+    click.echo(f"{profile.name}: {profile.num_layers} layers, batch {profile.profiled_batch_size}, forward+backward "
+               f"{1e3 * total:.2f} ms{fit} on {where}; wrote {output}")
+
+
+def parse_batch_sizes(batch_size: int | None, batch_sizes: str | None) -> list[int]:
+    """The batch sizes to profile at: ``[--batch-size]``, or the distinct
+    ``--batch-sizes`` in increasing order (two or more, each >= 1).
+
+    Raises:
+        InputError: neither or both options, a malformed list, or fewer than
+            two distinct sizes.
+    """
+    if (batch_size is None) == (batch_sizes is None):
+        raise InputError("profile: give --batch-size N or --batch-sizes N1,N2,... (one of them)")
+    if batch_sizes is None:
+        return [batch_size]
+    parts = [p.strip() for p in batch_sizes.split(",")]
+    if not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise InputError(f"--batch-sizes {batch_sizes!r}: expected integers >= 1 separated by commas, e.g. 1,2,4")
+    sizes = sorted({int(p) for p in parts})
+    if len(sizes) < 2:
+        raise InputError(f"--batch-sizes {batch_sizes!r}: a fixed + per-sample fit needs at least two distinct "
+                         "sizes, e.g. 1,2,4 (or use --batch-size N for one)")
+    return sizes

@@ -19,6 +19,8 @@ def plan_title(plan_file, plan, iteration_time_s: float) -> str:
     cluster = plan_file.inputs.get("cluster", {}).get("name", "cluster")
     batch = plan_file.inputs.get("job", {}).get("global_batch_size", "?")
     vp = f", vp {plan.vp}" if plan.vp > 1 else ""
+    if plan.stage_replicas is not None:
+        vp += f", replicas {','.join(map(str, plan.stage_replicas))}"
     return (f"{model} on {cluster}, global batch {batch}: pp {plan.pp} x dp {plan.dp} x tp {plan.tp}{vp}, "
             f"{plan.schedule}, {plan.micro_batch_size} x {plan.num_micro_batches} micro-batches; "
             f"iteration {format_seconds(iteration_time_s)}")
@@ -69,9 +71,11 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s
-    how = (f"pipeline {format_seconds(tl.iteration_time_s)} + data-parallel communication left after the last backward {format_seconds(tail)}"
-           if plan.dp > 1 and tail > 0 else f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
-           if plan.dp == 1 else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
+    how = (f"pipeline {format_seconds(tl.iteration_time_s)} + data-parallel communication left after the last "
+           f"backward {format_seconds(tail)}"
+           if (plan.dp > 1 or plan.stage_replicas) and tail > 0 else
+           f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
+           if plan.dp == 1 and not plan.stage_replicas else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
     click.echo(f"simulated iteration: {format_seconds(total_s)} ({how}); "
                f"analytic: {format_seconds(analytic) if analytic else 'n/a'}")
     click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")

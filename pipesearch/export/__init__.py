@@ -7,6 +7,7 @@ format                    runtime (module)
 ========================  ======================================================
 ``"torch"``               ``torch.distributed.pipelining`` (:mod:`.torch`)
 ``"torchtitan"``          torchtitan 0.3.0 launch command and overrides (:mod:`.torchtitan`)
+                          (``torchtitan_version="0.2"``: 0.2.x's job TOML, :mod:`.torchtitan_toml`)
 ``"megatron"``            Megatron-LM launch command (:mod:`.megatron`)
 ``"deepspeed"``           DeepSpeed ``PipelineModule`` + config (:mod:`.deepspeed`)
 ``"gpipe"``               torchgpipe ``GPipe`` / fairscale ``Pipe`` (:mod:`.gpipe`)
@@ -78,6 +79,31 @@ _BLOCK = re.compile(r"block_(\d+)")
 
 # ---------------------------------------------------------------- public API
 
+#: each runtime's name, for the refusal of per-stage replication
+RUNTIME_NAMES = {"torch": "torch.distributed.pipelining", "torchtitan": "torchtitan", "megatron": "Megatron-LM",
+                 "deepspeed": "DeepSpeed", "gpipe": "torchgpipe / fairscale Pipe"}
+
+
+def refuse_stage_replicas(plan: Plan, fmt: str) -> None:
+    """Refuse a plan with per-stage replication (stages replicated unequally,
+    PipeDream / DAPPLE style): every runtime exported here runs one
+    data-parallel degree for all stages (torch.distributed.pipelining and
+    torchtitan replicate the whole pipeline with DDP / FSDP over a data-
+    parallel mesh dimension, Megatron-LM and DeepSpeed build one
+    data-parallel group size from world size / (pp x tp), torchgpipe and
+    fairscale Pipe run one pipeline in one process).
+
+    Raises:
+        InputError: the plan has per-stage replicas.
+    """
+    replicas = plan.stage_replicas
+    if replicas is not None:
+        raise InputError(
+            f"export {fmt}: {RUNTIME_NAMES.get(fmt, fmt)} runs one data-parallel degree for all stages, and this "
+            f"plan replicates its stages {','.join(map(str, replicas))} times (per-stage replication); no "
+            "runtime exported here can run it as planned")
+
+
 
 def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                 inputs: Mapping | None = None, **options) -> dict:
@@ -107,6 +133,7 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
     """
     if fmt not in _MODULES:
         raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    refuse_stage_replicas(plan, fmt)
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:
@@ -202,6 +229,27 @@ class Inputs:
         """``inputs.job.comm_overlap`` (:meth:`pipesearch.overlap.CommOverlap.as_dict`), ``{}`` when absent."""
         v = self.job.get("comm_overlap")
         return v if isinstance(v, Mapping) else {}
+
+
+def torchtitan_dp_degrees(plan: Plan, inputs: "Inputs", release: str) -> tuple[int, int, str]:
+    """``(data_parallel_replicate_degree, data_parallel_shard_degree, note)``
+    of torchtitan for the plan's data parallelism: full replicas with a
+    gradient all-reduce (``replicate = dp``, ``shard = 1``) when the plan
+    shards nothing; FSDP2 over the replicas (``replicate = 1``, ``shard =
+    dp``) for ``zero3`` / ``fsdp``.
+
+    Raises:
+        InputError: ZeRO-1 or ZeRO-2 (torchtitan shards with FSDP2 only).
+    """
+    sharding = inputs.sharding
+    if sharding in ("zero3", "fsdp"):
+        return 1, plan.dp, (f"data_parallel_shard_degree = {plan.dp}: FSDP2 over the data-parallel ranks (the "
+                            f"plan's --sharding {sharding}: weights, gradients and optimizer state sharded).")
+    if sharding != "none":
+        raise InputError(f"torchtitan {release}: sharding {sharding!r}: torchtitan shards with FSDP2 only (all of "
+                         f"weights, gradients and optimizer state); re-plan with --sharding fsdp or none")
+    return plan.dp, 1, ("data_parallel_shard_degree = 1 and replicate = dp reproduce the plan's data parallelism "
+                        "(full replicas, gradient all-reduce); FSDP needs a plan with --sharding fsdp.")
 
 
 def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:

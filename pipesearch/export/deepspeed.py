@@ -160,6 +160,10 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
     if module_names:
         notes.append("module_names is unused: DeepSpeed indexes layers by position.")
     inputs = inputs or Inputs()
+    if inputs.sharding not in ("none", "zero1"):
+        raise InputError(f"deepspeed: sharding {inputs.sharding!r}: the pipeline engine runs ZeRO stage 0 or 1 only "
+                         f"(ZeRO-2 and -3 are incompatible with pipeline parallelism); re-plan with --sharding "
+                         f"zero1 or none")
     config = {
         "train_batch_size": mbs * m * plan.dp,
         "train_micro_batch_size_per_gpu": mbs,

@@ -37,9 +37,11 @@ Overrides written (all from the plan):
 * ``--parallelism.tensor_parallel_degree``,
   ``--parallelism.[no-]enable_sequence_parallel`` (with ``tp > 1``),
   ``--parallelism.data_parallel_replicate_degree = dp`` and
-  ``--parallelism.data_parallel_shard_degree 1``: pipesearch's data
-  parallelism is plain replication with a gradient all-reduce (torchtitan's
-  default shard degree ``-1`` is FSDP over the leftover ranks).
+  ``--parallelism.data_parallel_shard_degree 1`` for a plan that shards
+  nothing (replicas with a gradient all-reduce; torchtitan's default shard
+  degree ``-1`` is FSDP over the leftover ranks), ``replicate 1`` and
+  ``shard = dp`` for ``--sharding fsdp`` (FSDP2); ZeRO-1/2 refused
+  (:func:`pipesearch.export.torchtitan_dp_degrees`).
 
 ``layers_per_stage_alternative``: ``pipeline_parallel_layers_per_stage`` (+
 ``pipeline_parallel_first/last_stage_less_layers``) when torchtitan's own
@@ -60,6 +62,7 @@ from . import (
     Inputs,
     recompute_mode,
     shell_command,
+    torchtitan_dp_degrees,
     torchrun_prefix,
     sequence_parallel,
     transformer_shape,
@@ -79,11 +82,14 @@ SCHEDULE_NAMES = {
 
 
 def generate_llm_fqn_per_model_part(num_stages: int, num_layers: int, input_weight: int = 1,
-                                    output_weight: int = 1) -> list[list[str]]:
+                                    output_weight: int = 1,
+                                    head: Sequence[str] = ("norm", "lm_head")) -> list[list[str]]:
     """torchtitan 0.3.0's ``_generate_llm_fqn_per_model_part``
     (torchtitan/distributed/pipeline_parallel.py), reimplemented to check which
     split ``pipeline_parallel_layers_per_stage`` would produce (the tests
-    compare it with torchtitan's own where torchtitan is installed).
+    compare it with torchtitan's own where torchtitan is installed). 0.2.x's
+    ``generate_llm_fqn_per_model_part`` is the same recipe with the head
+    modules ``head = ("norm", "output")``.
 
     Raises:
         InputError: where torchtitan raises ValueError.
@@ -91,7 +97,7 @@ def generate_llm_fqn_per_model_part(num_stages: int, num_layers: int, input_weig
     if num_stages < 1:
         raise InputError("Number of stages must be at least 1")
     if num_stages == 1:
-        return [["tok_embeddings"] + [f"layers.{i}" for i in range(num_layers)] + ["norm", "lm_head"]]
+        return [["tok_embeddings"] + [f"layers.{i}" for i in range(num_layers)] + list(head)]
     eff = num_layers + input_weight + output_weight
     if num_stages > eff:
         raise InputError(f"Number of stages ({num_stages}) cannot be greater than effective layers ({eff})")
@@ -114,13 +120,13 @@ def generate_llm_fqn_per_model_part(num_stages: int, num_layers: int, input_weig
                 mods.append(f"layers.{cur}")
                 cur += 1
         if s == num_stages - 1 and s != 0:
-            mods.extend(["norm", "lm_head"])
+            mods.extend(head)
         out.append(mods)
     return out
 
 
-def _layers_per_stage_alternative(plan: Plan, parts: list[list[str]], names: Sequence[str],
-                                  single: bool) -> dict | None:
+def layers_per_stage_alternative(plan: Plan, parts: list[list[str]], names: Sequence[str],
+                                 single: bool, head: Sequence[str] = ("norm", "lm_head")) -> dict | None:
     """The ``pipeline_parallel_layers_per_stage`` settings that reproduce
     ``parts`` exactly, or ``None``."""
     shape = transformer_shape(names)
@@ -140,7 +146,7 @@ def _layers_per_stage_alternative(plan: Plan, parts: list[list[str]], names: Seq
         if lps < 1 or math.ceil(eff / lps) != S:
             continue
         try:
-            gen = generate_llm_fqn_per_model_part(S, nblocks, iw, ow)
+            gen = generate_llm_fqn_per_model_part(S, nblocks, iw, ow, head)
         except InputError:
             continue
         if gen == parts:
@@ -168,8 +174,11 @@ AC_SUBCOMMANDS = {"none": "activation-checkpoint:none", "full": "activation-chec
 
 
 def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
-                      inputs: Inputs | None = None, module: str | None = None, config: str | None = None) -> dict:
-    """Export ``plan`` as a torchtitan 0.3.0 launch command.
+                      inputs: Inputs | None = None, module: str | None = None, config: str | None = None,
+                      torchtitan_version: str | None = None) -> dict:
+    """Export ``plan`` as a torchtitan 0.3.0 launch command, or for an
+    older release that reads a job TOML (``torchtitan_version`` ``"0.2"`` ..
+    ``"0.2.2"``: :func:`pipesearch.export.torchtitan_toml.export_torchtitan_toml`).
 
     Args:
         plan: the plan.
@@ -181,6 +190,9 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
         module, config: torchtitan's ``--module`` / ``--config``; default from
             :data:`TORCHTITAN_CONFIGS` for the plan's model, else the
             placeholders ``MODULE`` / ``CONFIG`` (with a note).
+        torchtitan_version: the release to target: ``None``, ``"0.3"`` or
+            ``"0.3.0"`` (this function), or one of
+            :data:`pipesearch.export.torchtitan_toml.TOML_VERSIONS`.
 
     Returns:
         ``{"runtime", "runtime_version", "format_version", "overrides":
@@ -198,8 +210,20 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             than ``<container>.<key>``, or a torch schedule rule the plan
             breaks (torchtitan builds torch's schedule classes; with a
             single-stage class it passes only ``stages[0]`` to the schedule, so
-            ``vp > 1`` would silently drop stages).
+            ``vp > 1`` would silently drop stages); an unknown
+            ``torchtitan_version``.
     """
+    if torchtitan_version is not None and torchtitan_version not in ("0.3", RUNTIME_VERSION):
+        from .torchtitan_toml import TOML_VERSIONS, export_torchtitan_toml
+
+        if torchtitan_version not in TOML_VERSIONS:
+            raise InputError(f"torchtitan version {torchtitan_version!r}: expected one of "
+                             f"{', '.join(('0.3', RUNTIME_VERSION) + TOML_VERSIONS)} (0.3.0 reads --module/--config "
+                             "overrides; 0.2.x reads a job TOML)")
+        if module is not None or config is not None:
+            raise InputError(f"torchtitan {torchtitan_version}: --module/--config are 0.3.0's; a 0.2.x job TOML "
+                             "names its model by [model] name and flavor")
+        return export_torchtitan_toml(plan, module_names=module_names, inputs=inputs)
     inputs = inputs or Inputs()
     layers, cls, mods = torch_stage_modules(
         plan, "torchtitan", module_names,
@@ -220,14 +244,15 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     parts = [[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges]
     m, mbs = plan.num_micro_batches, plan.micro_batch_size
     rc = recompute_mode(plan, "torchtitan")
+    replicate, shard, dp_note = torchtitan_dp_degrees(plan, inputs, RUNTIME_VERSION)
     parallelism = {
         "pipeline_parallel_degree": plan.pp,
         "pipeline_parallel_schedule": SCHEDULE_NAMES[plan.schedule],
         "pipeline_parallel_microbatch_size": mbs,
         "module_fqns_per_model_part": parts,
         "tensor_parallel_degree": plan.tp,
-        "data_parallel_replicate_degree": plan.dp,
-        "data_parallel_shard_degree": 1,
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
     }
     if plan.tp > 1:
         parallelism["enable_sequence_parallel"] = sequence_parallel(plan)
@@ -250,8 +275,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     notes = [
         f"torchtitan {RUNTIME_VERSION}: {m} micro-batches = training.local_batch_size // "
         f"pipeline_parallel_microbatch_size.",
-        "data_parallel_shard_degree = 1 and replicate = dp reproduce pipesearch's data parallelism "
-        "(full replicas, gradient all-reduce); FSDP (shard > 1) changes memory and communication.",
+        dp_note,
     ]
     name = str(inputs.model.get("name", ""))
     if module is None or config is None:
@@ -270,7 +294,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     command = launch + ["-m", "torchtitan.train", *argv]
     if launch_note:
         notes.append(launch_note)
-    alt = _layers_per_stage_alternative(plan, parts, layers.names, cls in SINGLE_STAGE_CLASSES)
+    alt = layers_per_stage_alternative(plan, parts, layers.names, cls in SINGLE_STAGE_CLASSES)
     if transformer_shape(layers.names) is None and not module_names:
         notes.append(
             "layer names are used as module FQNs (identity mapping); they must be top-level children "

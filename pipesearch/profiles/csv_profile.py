@@ -34,6 +34,15 @@ Format::
   Nets with Sublinear Memory Cost", sec. 3; Korthikanti et al. 2022 sec. 4:
   full recompute re-runs the forward), so the search may recompute the
   layers of any stage (``docs/offload.md``).
+* Optional ``fwd_fixed_ms``, ``bwd_fixed_ms`` (together) and
+  ``bwd_input_fixed_ms`` (with ``bwd_input_ms``): the parts of ``fwd_ms``,
+  ``bwd_ms``, ``bwd_input_ms`` that do not grow with the batch size, from a fit
+  ``t(b) = fixed + per_sample * b`` over two or more batch sizes
+  (``pipesearch profile --batch-sizes``); the time at batch size ``b`` is then
+  ``fixed + (t - fixed) * b / batch_size``
+  (:meth:`~pipesearch.types.ModelProfile.layer_times_at`), without them
+  ``t * b / batch_size``. When present, given on every row (where the time
+  they split is given), each at most its time.
 * Every number must be finite and >= 0; ``bwd_input_ms <= bwd_ms``.
 
 On load times become seconds (``Layer.fwd_s`` ...). Millisecond values are
@@ -64,7 +73,9 @@ from ..types import Layer, ModelProfile
 
 MAGIC = "# pipesearch profile v1"
 REQUIRED_COLUMNS = ("name", "fwd_ms", "bwd_ms", "param_bytes", "output_bytes")
-OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms", "recompute_saved_bytes")
+OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms", "fwd_fixed_ms", "bwd_fixed_ms", "bwd_input_fixed_ms",
+                    "recompute_saved_bytes")
+FIXED_COLUMNS = {"fwd_fixed_ms": "fwd_ms", "bwd_fixed_ms": "bwd_ms", "bwd_input_fixed_ms": "bwd_input_ms"}
 HEADER_KEYS = ("model", "batch_size", "device", "bytes_per_param", "source")
 _HEADER_RE = re.compile(r"#\s*([A-Za-z_]+)\s*:(.*)$")
 
@@ -178,6 +189,7 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[pd.DataFrame,
         if col not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS:
             raise _fail(path, f"line {header_line}", f"unknown column {col!r} (allowed: "
                         f"{', '.join(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)}); rename or drop it")
+    _check_fixed_columns(path, header_line, columns)
     if len(set(columns)) != len(columns):
         dup = next(c for c in columns if columns.count(c) > 1)
         raise _fail(path, f"line {header_line}", f"column {dup!r} appears twice; keep one")
@@ -220,6 +232,55 @@ def _cell_number(path: Path, line: int, column: str, text: str, scale: int) -> f
     return value
 
 
+def _check_fixed_columns(path: Path, header_line: int, columns) -> None:
+    """The fixed-time columns come as ``fwd_fixed_ms`` with ``bwd_fixed_ms``;
+    ``bwd_input_fixed_ms`` only with them and with ``bwd_input_ms``."""
+    given = [c for c in FIXED_COLUMNS if c in columns]
+    if not given:
+        return
+    needs = {"fwd_fixed_ms": "bwd_fixed_ms", "bwd_fixed_ms": "fwd_fixed_ms", "bwd_input_fixed_ms": "bwd_input_ms"}
+    for col in given:
+        if needs[col] not in columns:
+            raise _fail(path, f"line {header_line}", f"column {col!r} needs column {needs[col]!r} too "
+                        "(fixed times come for forward and backward, the input-gradient one with "
+                        "bwd_input_ms); add it or drop the fixed columns")
+    if "bwd_input_fixed_ms" in given and "fwd_fixed_ms" not in columns:
+        raise _fail(path, f"line {header_line}", "column 'bwd_input_fixed_ms' needs columns 'fwd_fixed_ms' and "
+                    "'bwd_fixed_ms' too; add them or drop the fixed columns")
+
+
+def _fixed_parts(path: Path, line: int, row: dict, times_s: dict) -> dict:
+    """``fwd_fixed_s`` ... of one row: empty when the file has no fixed
+    columns, else every applicable cell given, each within its time at the
+    batch size, the input-gradient part within the backward's."""
+    out: dict = {}
+    for col, time_col in FIXED_COLUMNS.items():
+        if col not in row:
+            continue
+        text = row[col].strip()
+        applies = times_s[time_col] is not None
+        if not text and applies:
+            raise _fail(path, f"line {line}, column {col!r}", "empty, but the column is there: fixed times must be "
+                        "given on every row (0 for a time proportional to the batch size) or the column dropped")
+        if text and not applies:
+            raise _fail(path, f"line {line}, column {col!r}", f"value {text!r} without a {time_col} on the row; "
+                        f"give {time_col} or leave {col} empty")
+        if not text:
+            continue
+        value = _cell_number(path, line, col, text, -3)
+        if value > times_s[time_col]:
+            raise _fail(path, f"line {line}, column {col!r}", f"value {text!r} exceeds {time_col} "
+                        f"{row[time_col].strip()!r}; the fixed part is part of the time at batch_size")
+        out[col[:-3] + "_s"] = value
+    if "bwd_input_fixed_s" in out:
+        b, bf, i, if_ = times_s["bwd_ms"], out["bwd_fixed_s"], times_s["bwd_input_ms"], out["bwd_input_fixed_s"]
+        if if_ > bf or i - if_ > b - bf:
+            raise _fail(path, f"line {line}, column 'bwd_input_fixed_ms'", f"value {row['bwd_input_fixed_ms'].strip()!r}"
+                        f" with bwd_input_ms {row['bwd_input_ms'].strip()!r} makes the input gradient exceed the "
+                        "backward at some batch size; its fixed and per-sample parts must each be at most bwd's")
+    return out
+
+
 def read_profile_csv(path: str | Path) -> ModelProfile:
     """Read a profile CSV (format in the module docstring).
 
@@ -233,7 +294,9 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
         InputError: unreadable file, missing/duplicate header field, bad batch
             size, missing or unknown column, wrong field count, empty table,
             non-numeric, NaN/inf or negative value, duplicate or empty layer
-            name, ``bwd_input_ms > bwd_ms``.
+            name, ``bwd_input_ms > bwd_ms``; fixed columns (``fwd_fixed_ms``
+            ...) without their partner, empty on some rows, or above their
+            time.
     """
     path = Path(path)
     text = read_input_text(path, "profile CSV", encoding="utf-8-sig")  # a leading byte-order mark is not data
@@ -266,24 +329,46 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
                 raise _fail(path, f"line {line}, column 'bwd_input_ms'", f"value "
                             f"{row['bwd_input_ms'].strip()!r} exceeds bwd_ms {row['bwd_ms'].strip()!r}; "
                             "the input-gradient time is part of the backward time")
+        fixed = _fixed_parts(path, line, row, {"fwd_ms": fwd, "bwd_ms": bwd, "bwd_input_ms": bwd_input})
         recompute_saved = None
         if "recompute_saved_bytes" in frame.columns and row["recompute_saved_bytes"].strip():
             recompute_saved = _cell_number(path, line, "recompute_saved_bytes", row["recompute_saved_bytes"], 0)
         layers.append(Layer(name=name, fwd_s=fwd, bwd_s=bwd, param_bytes=params,
                             output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input,
-                            recompute_saved_bytes=recompute_saved))
+                            recompute_saved_bytes=recompute_saved, **fixed))
     return ModelProfile(layers=tuple(layers), **meta)
 
 
 # ----------------------------------------------------------------- writing
 
 
+def _with_fixed(path: Path, profile: ModelProfile) -> bool:
+    """Whether the profile has fixed times; raises when only some layers (or
+    directions) have them, which the format cannot hold."""
+    def complete(lay):
+        return (lay.fwd_fixed_s is not None and lay.bwd_fixed_s is not None
+                and (lay.bwd_input_s is None) == (lay.bwd_input_fixed_s is None))
+
+    def none(lay):
+        return lay.fwd_fixed_s is None and lay.bwd_fixed_s is None and lay.bwd_input_fixed_s is None
+
+    if all(none(lay) for lay in profile.layers):
+        return False
+    bad = next((lay for lay in profile.layers if not complete(lay)), None)
+    if bad is not None:
+        raise InputError(f"{path}: cannot write layer {bad.name!r}: fixed times must be given for forward and "
+                         "backward (and the input gradient where it is given) on every layer or on none")
+    return True
+
+
 def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
     """Write ``profile`` as a profile CSV (format in the module docstring).
 
     ``saved_bytes`` is always written; ``bwd_input_ms`` only when some layer
-    has ``bwd_input_s`` and ``recompute_saved_bytes`` only when some layer
-    has one (empty cells for the others). ``Layer.flops`` is not
+    has ``bwd_input_s`` (empty cells for the others); ``fwd_fixed_ms``,
+    ``bwd_fixed_ms`` (and ``bwd_input_fixed_ms`` with ``bwd_input_ms``) when
+    the layers have fixed times; ``recompute_saved_bytes`` only when some
+    layer has one (empty cells for the others). ``Layer.flops`` is not
     stored. Reading the file back gives an equal profile.
 
     Raises:
@@ -309,8 +394,11 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
     if profile.source:
         lines += [f"# source: {part.strip()}" for part in profile.source.split("\n")]
     with_bwd_input = any(layer.bwd_input_s is not None for layer in profile.layers)
+    with_fixed = _with_fixed(path, profile)
     with_recompute = any(layer.recompute_saved_bytes is not None for layer in profile.layers)
     columns = (list(REQUIRED_COLUMNS) + ["saved_bytes"] + (["bwd_input_ms"] if with_bwd_input else [])
+               + (["fwd_fixed_ms", "bwd_fixed_ms"] if with_fixed else [])
+               + (["bwd_input_fixed_ms"] if with_fixed and with_bwd_input else [])
                + (["recompute_saved_bytes"] if with_recompute else []))
     rows = []
     for layer in profile.layers:
@@ -324,6 +412,12 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
         }
         if with_bwd_input:
             row["bwd_input_ms"] = "" if layer.bwd_input_s is None else format_number(layer.bwd_input_s, 3)
+        if with_fixed:
+            row["fwd_fixed_ms"] = format_number(layer.fwd_fixed_s, 3)
+            row["bwd_fixed_ms"] = format_number(layer.bwd_fixed_s, 3)
+            if with_bwd_input:
+                row["bwd_input_fixed_ms"] = ("" if layer.bwd_input_s is None
+                                             else format_number(layer.bwd_input_fixed_s, 3))
         if with_recompute:
             row["recompute_saved_bytes"] = ("" if layer.recompute_saved_bytes is None
                                             else format_number(layer.recompute_saved_bytes))

@@ -7,7 +7,10 @@ inputs:
 * its stages cover exactly the model's layers (``inputs.model.num_layers``),
   contiguously, each with at least one layer, in index order, with one layer
   name per layer, and there are ``pp x vp`` of them;
-* every stage lists ``dp`` device ids (one per data-parallel replica); every
+* every stage lists ``dp`` device ids (one per data-parallel replica), or,
+  under per-stage replication (every stage has ``replicas``; ``dp`` and
+  ``vp`` are 1), its ``replicas`` device ids, so that the sum of the
+  replicas times ``tp`` devices are used; every
   id, with its tensor-parallel group ``id .. id + tp - 1``, exists in the
   cluster (``inputs.cluster.devices``); the virtual stages of one pipeline
   slot (stages ``s``, ``s + pp``, ...) run on the same devices and different
@@ -79,11 +82,21 @@ def _devices(plan: dict, where: str, num_devices: int) -> Iterator[Problem]:
         yield Problem(f"{where}.parallelism", f"pp {pp} x dp {dp} x tp {tp} = {pp * dp * tp} devices, but the "
                                               f"cluster (inputs.cluster.devices) has {num_devices}")
         return
+    replicated = [st.get("replicas") for st in plan["stages"]]
+    if any(r is not None for r in replicated):
+        problem = _replicas(plan, where, replicated, num_devices)
+        if problem is not None:
+            yield problem
+            return
     owner: dict[int, int] = {}  # device id -> pipeline slot using it
     for k, st in enumerate(plan["stages"]):
         w = f"{where}.stages[{k}].devices"
         devices = st["devices"]
-        if len(devices) != dp:
+        if replicated[k] is not None and len(devices) != replicated[k]:
+            yield Problem(w, f"{devices} lists {len(devices)} device id(s) but the stage's replicas is "
+                             f"{replicated[k]} (one id per replica)")
+            return
+        if replicated[k] is None and len(devices) != dp:
             yield Problem(w, f"{devices} lists {len(devices)} device id(s) but parallelism.dp is {dp} "
                              "(one id per data-parallel replica)")
             return
@@ -110,6 +123,24 @@ def _devices(plan: dict, where: str, num_devices: int) -> Iterator[Problem]:
                                      "each device serves one pipeline stage and one replica")
                     return
                 owner[used] = slot
+
+
+def _replicas(plan: dict, where: str, replicas: list, num_devices: int) -> Problem | None:
+    """Per-stage replication: every stage has ``replicas``, ``dp`` and
+    ``vp`` are 1, and the sum of the replicas times ``tp`` fits the cluster."""
+    par = plan["parallelism"]
+    if None in replicas:
+        k = replicas.index(None)
+        return Problem(f"{where}.stages[{k}]", "has no replicas but other stages have; under per-stage "
+                                               "replication give every stage its replicas")
+    if par["dp"] != 1 or par["vp"] != 1:
+        return Problem(f"{where}.parallelism", f"dp {par['dp']}, vp {par['vp']} with per-stage replicas; "
+                                               "replicated stages take dp 1 and vp 1")
+    used = sum(replicas) * par["tp"]
+    if used > num_devices:
+        return Problem(f"{where}.stages", f"replicas {','.join(map(str, replicas))} x tp {par['tp']} = {used} "
+                                          f"devices, but the cluster (inputs.cluster.devices) has {num_devices}")
+    return None
 
 
 def _device_types(plan: dict, where: str, cluster: dict) -> Iterator[Problem]:

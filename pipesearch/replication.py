@@ -1,0 +1,187 @@
+"""Per-stage data-parallel replication (PipeDream / DAPPLE style): the
+replica vectors the search visits, their cost terms and lower bounds.
+
+A replicated point fixes ``pp`` stages and a replica vector ``r = (r_0 ..
+r_{P-1})``: stage ``k`` runs on ``r_k`` devices (tensor-parallel degree 1,
+no further data parallelism over the whole pipeline), the stages on
+consecutive runs of the canonical device order
+(:func:`pipesearch.placement.replicated_stage_devices`), ``sum_k r_k``
+devices in all. Schedule semantics are DAPPLE's synchronous ones (Fan et
+al., PPoPP'21, the planner's stage replication): the pipeline runs the schedule of
+``pp`` ranks on ``m`` micro-batches of ``b`` samples, and every micro-batch
+is split over the replicas of each stage it passes, so
+
+* stage ``k``'s forward and backward of one micro-batch take the time of
+  ``ceil(b / r_k)`` samples (its replicas run in lock-step and the one with
+  the most samples decides; times are linear in the batch, PipeDream,
+  Narayanan et al. SOSP'19 sec. 3.1): ``time_scale_k`` is the device factor
+  times ``ceil(b / r_k) / b``;
+* one device of stage ``k`` keeps the saved activations of ``ceil(b / r_k)``
+  samples per in-flight micro-batch (``activation_share``), and the whole
+  training state of its layers (no sharding: PipeDream and DAPPLE replicate
+  it, so a sharded optimizer is refused);
+* the boundary after stage ``k`` moves the micro-batch's activation (and
+  its gradient back) over ``n = min(r_k, r_{k+1})`` device pairs in
+  parallel, each carrying ``ceil(b / n)`` samples' worth
+  (:func:`pipesearch.placement.replicated_boundary_links`): the effective
+  bandwidth is the slowest pair's times ``b / ceil(b / n)``;
+* stage ``k``'s gradients are all-reduced over its own ``r_k`` replicas
+  once per iteration (:func:`pipesearch.placement.allreduce_model` of its
+  devices; none for ``r_k = 1``).
+
+The point is then an ordinary :class:`pipesearch.costs.PipelineCosts` with
+per-stage arrays, and :func:`pipesearch.split_search.exact_split` finds its
+best split under the one time model (:mod:`pipesearch.timemodel`) unchanged.
+A vector with all ``r_k = r`` and ``r`` dividing ``b`` is the uniform
+data-parallel point ``dp = r`` at micro-batch ``b / r`` with the data-major
+placement, which the search already visits; :func:`replica_vectors` leaves
+those out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from itertools import combinations
+
+import numpy as np
+
+from .costs import build_pipeline_costs, profile_precision, PipelineCosts
+from .errors import InputError
+from .memory import param_state_of, usable_memory_bytes
+from .placement import (allreduce_model, memory_bytes_of, replicated_boundary_links, replicated_stage_devices,
+                        stage_time_scale)
+from .types import Cluster, DeviceSpec, Job, ModelProfile
+
+#: the largest pipeline degree whose replica vectors the search enumerates
+#: when pp is not pinned (all compositions: C(D, pp) vectors for D devices)
+MAX_REPLICATED_PP = 4
+
+#: prefix of a replicated point's placement name in the points table
+REPLICAS_PREFIX = "replicas:"
+
+
+def replicas_name(replicas) -> str:
+    """``replicas:15,1``: the placement name of a replica vector."""
+    return REPLICAS_PREFIX + ",".join(map(str, replicas))
+
+
+def parse_replicas_name(name: str) -> tuple[int, ...] | None:
+    """The replica vector of a :func:`replicas_name`, or None for another placement."""
+    if not isinstance(name, str) or not name.startswith(REPLICAS_PREFIX):
+        return None
+    return tuple(int(x) for x in name[len(REPLICAS_PREFIX):].split(","))
+
+
+def replica_vectors(num_devices: int, pp: int) -> list[tuple[int, ...]]:
+    """Every replica vector of ``pp`` stages on at most ``num_devices``
+    devices: all compositions ``r_0 + ... + r_{pp-1} = n`` with ``r_k >= 1``
+    for ``pp <= n <= num_devices`` (``C(num_devices, pp)`` vectors, by
+    stars and bars), in lexicographic order."""
+    out = []
+    for n in range(pp, num_devices + 1):
+        for cuts in combinations(range(1, n), pp - 1):
+            edges = (0,) + cuts + (n,)
+            out.append(tuple(edges[k + 1] - edges[k] for k in range(pp)))
+    return sorted(out)
+
+
+def is_uniform_point(replicas, micro_batch_size: int) -> bool:
+    """Whether the replicated point is the uniform data-parallel point
+    ``dp = r`` (every ``r_k = r`` and ``r`` divides the micro-batch size)."""
+    r = set(replicas)
+    return len(r) == 1 and micro_batch_size % next(iter(r)) == 0
+
+
+def activation_share(replicas, micro_batch_size: int) -> np.ndarray:
+    """``(P,)`` ``ceil(b / r_k) / b``: the share of a micro-batch one
+    replica of stage ``k`` computes and keeps."""
+    r = np.asarray(replicas, dtype=np.int64)
+    return -(-micro_batch_size // r) / micro_batch_size
+
+
+def check_replication_job(job: Job) -> None:
+    """Refuse a job whose training state is sharded: per-stage replication
+    keeps each stage's whole state on every replica (PipeDream, DAPPLE).
+
+    Raises:
+        InputError: the job shards its state (ZeRO / FSDP).
+    """
+    state = param_state_of(job)
+    if state.stage >= 1:
+        raise InputError(f"per-stage replication with --sharding {state.sharding}: replicated stages keep their "
+                         "whole training state (PipeDream, DAPPLE); drop --sharding/--zero1 or --replicate-stages")
+
+
+def replicated_lower_bound_s(work_per_sample_s: float, replicas, micro_batch_size: int, m: int, schedule: str,
+                             fastest: float) -> float:
+    """A valid lower bound on the simulated iteration time of any split of
+    a replicated point, from the model's fwd+bwd work ``W`` per sample on
+    the fastest device (factor ``fastest``). Stage ``k`` takes ``W_k c_k``
+    per micro-batch with ``c_k = ceil(b / r_k) * fastest``; over any split
+    ``max_k W_k c_k >= W / H`` with ``H = sum_k 1 / c_k`` (equality when
+    ``W_k`` is proportional to ``1 / c_k``), and links and all-reduce cost
+    >= 0, so: the busiest rank ``m W / H`` for every schedule; GPipe also
+    ``W min_k c_k + (m - 1) W / H`` (its closed form ``sum (F+B) + (m-1)
+    (max F + max B)``, Huang et al. 2019)."""
+    c = -(-micro_batch_size // np.asarray(replicas, dtype=np.int64)) * fastest
+    per_stage = work_per_sample_s / float(np.sum(1.0 / c))
+    bound = m * per_stage
+    if schedule == "gpipe":
+        bound = max(bound, work_per_sample_s * float(c.min()) + (m - 1) * per_stage)
+    return bound
+
+
+def replicated_stage_terms(cluster: Cluster, replicas, precision: str, profiled_device: DeviceSpec | None,
+                           cache: dict | None = None) -> dict:
+    """The terms of a replica vector that do not depend on the micro-batch:
+    ``devices`` (per stage), ``device_scale``, boundary ``bw`` / ``lat`` /
+    ``pairs``, all-reduce ``ar_per_byte`` / ``ar_fixed`` and the
+    ``smallest`` device memory of each stage (arrays of shape ``(P,)``);
+    ``cache`` (a dict) keeps them per vector."""
+    key = ("replicated", tuple(int(r) for r in replicas), precision,
+           None if profiled_device is None else profiled_device.name)
+    if cache is not None and key in cache:
+        return cache[key]
+    devs = replicated_stage_devices(cluster, replicas, precision)
+    bw, lat, pairs = replicated_boundary_links(cluster, devs)
+    ar = [allreduce_model(cluster, d) if len(d) > 1 else (0.0, 0.0) for d in devs]
+    terms = {"devices": devs, "bw": bw, "lat": lat, "pairs": pairs,
+             "device_scale": np.array([stage_time_scale(cluster, d[None, :], profiled_device, precision)[0]
+                                       for d in devs]),
+             "ar_per_byte": np.array([x[0] for x in ar]), "ar_fixed": np.array([x[1] for x in ar]),
+             "smallest": np.array([memory_bytes_of(cluster)[d].min() for d in devs])}
+    if cache is not None:
+        cache[key] = terms
+    return terms
+
+
+def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas, *, micro_batch_size: int,
+                     num_micro_batches: int, schedule: str, in_flight: np.ndarray | None = None,
+                     profiled_device: DeviceSpec | None = None,
+                     cache: dict | None = None) -> tuple[list[np.ndarray], PipelineCosts]:
+    """Devices per stage and the :class:`pipesearch.costs.PipelineCosts`
+    of a replicated point (the rules of the module docstring).
+
+    Args:
+        replicas: ``(P,)`` replicas per stage.
+        in_flight: ``(P,)`` in-flight micro-batches per stage (default:
+            GPipe's / 1F1B's, :func:`pipesearch.costs.in_flight_micro_batches`).
+        cache: a dict keeping :func:`replicated_stage_terms` across points.
+
+    Raises:
+        InputError: a sharded job, or more devices than the cluster has.
+    """
+    check_replication_job(job)
+    terms = replicated_stage_terms(cluster, replicas, profile_precision(profile), profiled_device, cache)
+    devs, b = terms["devices"], micro_batch_size
+    heads = np.array([d[0] for d in devs], dtype=np.int64)[:, None]
+    base = build_pipeline_costs(profile, cluster, job, pp=len(devs), dp=1, micro_batch_size=b,
+                                num_micro_batches=num_micro_batches, schedule=schedule, placement=heads,
+                                profiled_device=profiled_device, in_flight=in_flight)
+    share = activation_share(replicas, b)
+    capacity = usable_memory_bytes(job, terms["smallest"]) - base.gathered_bytes - base.tied_copy_bytes
+    return devs, replace(
+        base, time_scale=terms["device_scale"] * share,
+        p2p_bandwidth_bytes_per_s=terms["bw"] * b / -(-b // terms["pairs"]), p2p_latency_s=terms["lat"],
+        allreduce_s_per_byte=terms["ar_per_byte"], allreduce_fixed_s=terms["ar_fixed"],
+        capacity_bytes=capacity, activation_share=share)

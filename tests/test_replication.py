@@ -1,0 +1,307 @@
+"""Per-stage data-parallel replication (PipeDream / DAPPLE style).
+
+The brute force below states the time model of a replicated point from the
+profile by the rules of :mod:`pipesearch.replication` (DAPPLE's synchronous
+semantics), without calling the cost builder: stage ``k`` on ``r_k``
+consecutive devices of the canonical order (fastest type first), compute of
+``ceil(b / r_k)`` samples on its slowest device, saved activations of that
+many samples per in-flight micro-batch, the boundary over ``min(r_k,
+r_{k+1})`` device pairs each carrying ``ceil(b / n)`` samples on the slowest
+pair link, and the all-reduce of the stage's gradients over its own
+devices; then :func:`pipesearch.timemodel.iteration_time_s` (and the
+simulator for the optimum) on those terms.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import tiny_profile
+from pipesearch.errors import InputError
+from pipesearch.export import FORMATS, RUNTIME_NAMES, export_plan
+from pipesearch.pins import parse_split
+from pipesearch.placement import allreduce_model
+from pipesearch.plan import document_problems, load_plan_file
+from pipesearch.search import SearchOptions, search
+from pipesearch.search import ModelVariant, simulate_plan
+from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
+from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Link
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def _device(name: str, fp32_flops: float, memory_bytes: float) -> DeviceSpec:
+    return DeviceSpec(name=name, memory_bytes=memory_bytes, peak_fp16_flops=8 * fp32_flops,
+                      peak_fp32_flops=fp32_flops, hbm_bandwidth_bytes_per_s=1e12, achieved_fraction=0.5)
+
+
+def _random_instance(rng):
+    """A profile of 3..8 layers (fp32, profiled at batch 1) and a cluster of
+    at most 6 devices on 1-2 nodes, homogeneous or with a slow type listed
+    first (so the canonical order, fastest first, is not the id order)."""
+    L = int(rng.integers(3, 9))
+    fwd = rng.uniform(0.2, 2.0, L)
+    params = rng.choice([0.0, 1.0, 5.0, 40.0], L) * 1e6
+    outputs = rng.uniform(0.1, 4.0, L) * 1e6
+    saved = rng.uniform(0.5, 3.0, L) * 1e6
+    profile = tiny_profile(fwd, 2 * fwd, params=params, outputs=outputs, saved=saved, batch_size=1)
+    memory = float(rng.choice([2.5e9, 0.4e9, 0.25e9]))
+    fast = _device("fast", 10e12, memory)
+    slow = _device("slow", 5e12, memory)
+    intra, inter = Link(float(rng.choice([50e9, 5e9])), 1e-5), Link(float(rng.choice([1e9, 0.2e9])), 5e-5)
+    kind = int(rng.integers(0, 3))
+    if kind == 0:
+        groups = (DeviceGroup(fast, 1, int(rng.integers(3, 6))),)
+    elif kind == 1:
+        groups = (DeviceGroup(fast, 2, 3),)
+    else:
+        groups = (DeviceGroup(slow, 1, int(rng.integers(2, 4))), DeviceGroup(fast, 1, 3))
+    cluster = Cluster("rand", groups, intra_node=intra, inter_node=inter)
+    return profile, cluster, fast
+
+
+def _canonical_order(cluster: Cluster) -> list[int]:
+    """Fastest type first, then by id (the test's clusters have one group per type)."""
+    ids = list(range(cluster.num_devices))
+    return sorted(ids, key=lambda d: (-cluster.device_spec(d).peak_fp32_flops, d))
+
+
+def _compositions(num_devices: int, pp: int):
+    for n in range(pp, num_devices + 1):
+        for cuts in itertools.combinations(range(1, n), pp - 1):
+            e = (0,) + cuts + (n,)
+            yield tuple(e[k + 1] - e[k] for k in range(pp))
+
+
+def _splits(L: int, pp: int):
+    for cuts in itertools.combinations(range(1, L), pp - 1):
+        yield (0,) + cuts + (L,)
+
+
+def _slowest_link(cluster, pairs) -> Link:
+    links = [cluster.link(int(a), int(b)) for a, b in pairs]
+    return max(links, key=lambda link: link.transfer_s(1e6))
+
+
+def _replicated_terms(profile, cluster, profiled, reps, b, m, schedule, job):
+    """Per-stage factors of one replicated point, by the stated rules."""
+    order = _canonical_order(cluster)
+    ends = np.cumsum(reps)
+    devs = [order[e - r:e] for r, e in zip(reps, ends)]
+    per_sample = [math.ceil(b / r) for r in reps]
+    scale = [max(profiled.peak_fp32_flops / cluster.device_spec(d).peak_fp32_flops for d in ds) for ds in devs]
+    links = []
+    for k in range(len(reps) - 1):
+        a, c = devs[k], devs[k + 1]
+        n = min(len(a), len(c))
+        big, small = (a, c) if len(a) >= len(c) else (c, a)
+        links.append((_slowest_link(cluster, [(big[i], small[i % n]) for i in range(len(big))]),
+                      math.ceil(b / n)))
+    ar = [allreduce_model(cluster, np.array(ds)) if len(ds) > 1 else (0.0, 0.0) for ds in devs]
+    pp = len(reps)
+    in_flight = [m] * pp if schedule == "gpipe" else [min(m, pp - k) for k in range(pp)]
+    capacity = [min(cluster.device_spec(d).memory_bytes for d in ds) for ds in devs]
+    return per_sample, scale, links, ar, in_flight, capacity
+
+
+def _brute_force_replicated(profile, cluster, profiled, job):
+    """min over (pp in 2..4, replica vector, micro-batch size, schedule,
+    split) of the simulated time of every split that fits, by the stated rules."""
+    lay = profile.layers
+    fwd = np.array([x.fwd_s for x in lay])
+    bwd = np.array([x.bwd_s for x in lay])
+    params = np.array([x.param_bytes for x in lay])
+    outputs = np.array([x.output_bytes for x in lay])
+    saved = np.array([x.saved_bytes for x in lay])
+    state_per_param_byte = job.state_bytes_per_param / profile.bytes_per_param
+    L, D, G = len(lay), cluster.num_devices, job.global_batch_size
+    best = (math.inf, None)
+    for pp in range(2, min(4, L, D) + 1):
+        bounds = np.array(list(_splits(L, pp)))
+        for reps in _compositions(D, pp):
+            for b in [d for d in range(1, G + 1) if G % d == 0]:
+                m = G // b
+                for schedule in SCHEDULES:
+                    if schedule == "1f1b" and m < pp:
+                        continue
+                    per_sample, scale, links, ar, in_flight, capacity = _replicated_terms(
+                        profile, cluster, profiled, reps, b, m, schedule, job)
+                    f = np.zeros((len(bounds), pp))
+                    bw_ = np.zeros((len(bounds), pp))
+                    ar_s = np.zeros((len(bounds), pp))
+                    p2p = np.zeros((len(bounds), pp - 1))
+                    fits = np.ones(len(bounds), bool)
+                    for n, bd in enumerate(bounds):
+                        for k in range(pp):
+                            i, j = bd[k], bd[k + 1]
+                            c = scale[k] * per_sample[k]
+                            f[n, k], bw_[n, k] = c * fwd[i:j].sum(), c * bwd[i:j].sum()
+                            grad = params[i:j].sum()  # gradients in the profile's dtype
+                            ar_s[n, k] = grad * ar[k][0] + ar[k][1] if grad > 0 else 0.0
+                            need = (params[i:j].sum() * state_per_param_byte
+                                    + saved[i:j].sum() * per_sample[k] * in_flight[k])
+                            fits[n] &= need <= capacity[k]
+                            if k < pp - 1:
+                                link, share = links[k]
+                                p2p[n, k] = link.latency_s + outputs[j - 1] * share / link.bandwidth_bytes_per_s
+                    if not fits.any():
+                        continue
+                    t = iteration_time_s(schedule, pp, m, 1, StageTimes(
+                        fwd_s=f, bwd_s=bw_, bwd_input_s=bw_ / 2, p2p_s=p2p, allreduce_s=ar_s))
+                    t = np.where(fits, t, np.inf)
+                    n = int(np.argmin(t))
+                    if t[n] < best[0]:
+                        one = StageTimes(fwd_s=f[n], bwd_s=bw_[n], bwd_input_s=bw_[n] / 2, p2p_s=p2p[n],
+                                         allreduce_s=ar_s[n])
+                        best = (float(t[n]), (reps, b, schedule, tuple(bounds[n])), schedule, pp, m, one)
+    if best[1] is not None:  # the levelled evaluator is the simulator's longest path
+        _, _, schedule, pp, m, one = best
+        assert simulate_times(schedule, pp, m, 1, one)[0] == pytest.approx(best[0], rel=1e-9)
+    return best[0], best[1]
+
+
+def test_rank_one_equals_brute_force_over_splits_placements_and_replicas():
+    """Random instances (<= 8 layers, <= 6 devices, 1-2 nodes, one or two
+    device types): the search's rank 1 with per-stage replication equals the
+    minimum of the brute force over every replicated point (pp 2..4, every
+    replica vector, micro-batch size, schedule and split) and the uniform
+    data-parallel search's rank 1 (whose exactness tests/test_search.py and
+    tests/test_search_mixed.py establish); where a replicated point is
+    strictly best, rank 1 is that point. Fails on a wrong compute share
+    (b / r instead of ceil), a wrong boundary rule, a wrong all-reduce
+    group, a wrong device order, a missed vector or an unsound bound."""
+    rng = np.random.default_rng(12)
+    replicated_wins = 0
+    for _ in range(14):
+        profile, cluster, fast = _random_instance(rng)
+        job = Job(global_batch_size=int(rng.choice([4, 6, 8])), memory_reserve_bytes=0.0)
+        variants = [ModelVariant(profile)]
+        uniform = search(variants, cluster, job, SearchOptions(schedules=SCHEDULES, top=1),
+                         profiled_device=fast).plans[0]
+        res = search(variants, cluster, job, SearchOptions(schedules=SCHEDULES, top=1, replicate_stages=True),
+                     profiled_device=fast)
+        brute_t, brute_point = _brute_force_replicated(profile, cluster, fast, job)
+        expect = min(brute_t, uniform.predicted.iteration_time_s)
+        got = res.plans[0]
+        assert got.predicted.iteration_time_s == pytest.approx(expect, rel=1e-9), (brute_point, got.stage_replicas)
+        if brute_t < uniform.predicted.iteration_time_s * (1 - 1e-6):
+            replicated_wins += 1
+            assert got.stage_replicas is not None and got.dp == 1
+            assert [len(st.devices) for st in got.stages] == list(got.stage_replicas)
+            assert sum(got.stage_replicas) <= cluster.num_devices
+    assert replicated_wins >= 3  # the instances exercise replication, not only the uniform family
+
+
+def test_hand_derived_three_to_one():
+    """Two layers, the first 3x the work of the second (per sample: forward
+    1 s and 1/3 s, backward twice that), free links, no parameters, 4
+    devices, global batch 6, micro-batch 3, GPipe, pp 2. GPipe's time is
+    ``sum_k (F_k + B_k) + (m - 1)(max F + max B)`` (Huang et al. 2019).
+    Replicas (3, 1), m = 2: stage 0 computes ceil(3/3) = 1 sample (F 1, B 2),
+    stage 1 all 3 (F 1, B 2): T = 6 + 1 x 3 = 9 s. The others: (2, 2)
+    F = 2, 2/3: 8 + 6 = 14; (2, 1): F = 2, 1: 9 + 6 = 15; (1, 3): F = 3,
+    1/3: 10 + 9 = 19; uniform dp 2 (m = 1): F = 3, 1: 12; dp 1 (m = 2): 21."""
+    profile = tiny_profile([1.0, 1.0 / 3.0], [2.0, 2.0 / 3.0], batch_size=1)
+    dev = _device("dev", 10e12, 16e9)
+    cluster = Cluster("four", (DeviceGroup(dev, 1, 4),), intra_node=Link(math.inf, 0.0),
+                      inter_node=Link(math.inf, 0.0))
+    job = Job(global_batch_size=6, memory_reserve_bytes=0.0)
+    res = search([ModelVariant(profile)], cluster, job, SearchOptions(
+        pp=2, micro_batch_size=3, schedules=("gpipe",), top=10, replicate_stages=True), profiled_device=dev)
+    best = res.plans[0]
+    assert best.stage_replicas == (3, 1)
+    assert best.predicted.iteration_time_s == pytest.approx(9.0, rel=1e-12)
+    assert [st.devices for st in best.stages] == [(0, 1, 2), (3,)]
+    times = {p.stage_replicas or ("dp", p.dp): p.predicted.iteration_time_s for p in res.plans}
+    assert times[(2, 2)] == pytest.approx(14.0) and times[(2, 1)] == pytest.approx(15.0)
+    assert times[(1, 3)] == pytest.approx(19.0) and times[("dp", 2)] == pytest.approx(12.0)
+    assert times[("dp", 1)] == pytest.approx(21.0)
+    pinned = search([ModelVariant(profile)], cluster, job, SearchOptions(
+        pp=2, micro_batch_size=3, schedules=("gpipe",), split=(1, 1), split_replicas=(2, 2)),
+        profiled_device=dev).plans
+    assert len(pinned) == 1 and pinned[0].stage_replicas == (2, 2)
+    assert pinned[0].predicted.iteration_time_s == pytest.approx(14.0)
+
+
+def _run(*args):
+    proc = subprocess.run([sys.executable, "-m", "pipesearch", *args], capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def replicated_plan_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep") / "plan.json"
+    code, stdout, err = _run("plan", "--model", "vgg16", "--cluster", "4x4-v100-10gbe", "-b", "1024",
+                             "--split", "18x12,22x4", "--micro-batch-size", "32", "--schedule", "gpipe",
+                             "-o", str(out))
+    assert code == 0, err
+    return out, stdout
+
+
+def test_split_with_replicas_plan_json_and_table(replicated_plan_file):
+    path, stdout = replicated_plan_file
+    assert "replicas" in stdout.splitlines()[1] and "12,4" in stdout
+    doc = json.loads(path.read_text())
+    plan = doc["plans"][0]
+    assert [st["replicas"] for st in plan["stages"]] == [12, 4]
+    assert plan["parallelism"]["dp"] == 1
+    assert [len(st["devices"]) for st in plan["stages"]] == [12, 4]
+    assert sorted(d for st in plan["stages"] for d in st["devices"]) == list(range(16))
+    loaded = load_plan_file(path).plans[0]
+    assert loaded.stage_replicas == (12, 4)
+    # the plan's per-replica stage times replay to its own time in the simulator
+    assert simulate_plan(loaded)[0] == pytest.approx(loaded.predicted.iteration_time_s, rel=1e-9)
+    code, out, err = _run("simulate", str(path))
+    assert code == 0 and "replicas 12,4" in out and "data-parallel communication left after the last" in out, err
+    bad = json.loads(path.read_text())
+    bad["plans"][0]["stages"][0]["replicas"] = 11
+    assert any("replicas is 11" in str(p) for p in document_problems(bad))
+    bad = json.loads(path.read_text())
+    del bad["plans"][0]["stages"][1]["replicas"]
+    assert any("has no replicas" in str(p) for p in document_problems(bad))
+    bad = json.loads(path.read_text())
+    bad["plans"][0]["stages"][0]["devices"] += [16, 17]
+    bad["plans"][0]["stages"][0]["replicas"] = 14
+    assert any("= 18 devices" in str(p) for p in document_problems(bad))
+
+
+def test_exporters_refuse_per_stage_replicas(replicated_plan_file):
+    path, _ = replicated_plan_file
+    plan = load_plan_file(path).plans[0]
+    for fmt in FORMATS:
+        with pytest.raises(InputError) as exc:
+            export_plan(plan, fmt)
+        assert RUNTIME_NAMES[fmt] in str(exc.value) and "12,4" in str(exc.value)
+    doc = json.loads(path.read_text())
+    assert all("refused" in e for e in doc["plans"][0]["exports"].values())
+    code, _, err = _run("export", str(path), "--format", "megatron")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Megatron-LM runs one data-parallel" in err
+
+
+@pytest.mark.parametrize("value", ["3x", "x2", "3x2x1", "3x0", "0x2", "20x2,20", "a,b", "20x-1,20x1"])
+def test_split_parse_errors(value):
+    code, _, err = _run("plan", "--model", "vgg16", "--split", value)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--split" in err, err
+
+
+def test_split_parser_and_refusals():
+    assert parse_split("5,3,4") == ((5, 3, 4), None)
+    assert parse_split("17x15,6x1") == ((17, 6), (15, 1))
+    code, _, err = _run("plan", "--model", "vgg16", "--split", "20x10,20x7")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "needs 17 devices" in err
+    code, _, err = _run("plan", "--model", "vgg16", "--replicate-stages", "--sharding", "zero1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "sharding zero1" in err
+    code, _, err = _run("plan", "--model", "vgg16", "--replicate-stages", "--runtime", "megatron")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "one data-parallel degree" in err
+    code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--dp", "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "drop the pin" in err
+    code, _, err = _run("plan", "--model", "llama2-7b", "--cluster", "1x8-a100-80gb", "-b", "64", "--tp", "2",
+                        "--replicate-stages")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "pin --tp 1" in err
