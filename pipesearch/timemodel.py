@@ -84,16 +84,19 @@ class StageTimes:
 # ------------------------------------------------------------ the definition
 
 
-def simulate_times(schedule: str, pp: int, m: int, vp: int, times: StageTimes) -> tuple[float, Timeline]:
+def simulate_times(schedule: str, pp: int, m: int, vp: int, times: StageTimes,
+                   act_bytes=None) -> tuple[float, Timeline]:
     """The definition: replay the schedule in the discrete-event simulator.
 
     Returns ``(T, timeline)`` with ``T = max_r (end_r + allreduce_r)``, where
     ``end_r`` is when rank ``r`` finished its last action (and blocking send)
-    and ``allreduce_r`` the sum of its stages' all-reduce.
+    and ``allreduce_r`` the sum of its stages' all-reduce. ``act_bytes``
+    (per stage, the activation bytes one in-flight micro-batch holds) gives
+    the timeline's peak activation memory per rank (zeros without it).
     """
     actions = schedule_actions(schedule, pp, m, vp)
     tl = simulate(actions, fwd_s=times.fwd_s, bwd_s=times.bwd_s, p2p_s=times.p2p_s,
-                  bwd_input_s=times.bwd_input_s, p2p_overlap=send_overlap(schedule))
+                  bwd_input_s=times.bwd_input_s, p2p_overlap=send_overlap(schedule), act_bytes=act_bytes)
     ar = np.bincount(np.arange(times.num_stages) % pp, weights=times.allreduce_s, minlength=pp)
     total = max(tl.iteration_time_s, float(np.max(np.asarray(tl.rank_end_s) + ar)))
     return total, tl

@@ -270,3 +270,19 @@ def test_plot_timeline_deterministic(tmp_path):
     plot_timeline(tl, s2, "t")
     assert s1.read_bytes() == s2.read_bytes()
     assert b"time (ms)" in s1.read_bytes()
+
+
+def test_simulate_plan_reports_peak_activations():
+    """A plan's replay carries its stages' saved bytes: 1F1B, pp 2, m 4, one
+    layer per stage saving 1 MB per micro-batch. Stage 0 runs two forwards
+    before its first backward (pp - 0 = 2 in flight), stage 1 one: peaks
+    2 MB and 1 MB."""
+    from helpers import tiny_cluster, tiny_profile
+    from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+    from pipesearch.types import Job
+
+    prof = tiny_profile([1e-3, 1e-3], saved=[1e6, 1e6])
+    plan = search([ModelVariant(prof)], tiny_cluster(1, 2), Job(4, memory_reserve_bytes=0),
+                  SearchOptions(pp=2, dp=1, micro_batch_size=1, schedules=("1f1b",))).plans[0]
+    _, tl = simulate_plan(plan)
+    assert list(tl.peak_act_bytes) == [2e6, 1e6]
