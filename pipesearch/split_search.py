@@ -699,24 +699,35 @@ class _RankCount:
         self.left = np.stack([np.bincount(ranks[later[s]], minlength=pp) for s in range(S)])
         self.left[:, (S - 1) % pp] -= 1  # the last layer is placed on the last stage
         self.root = np.zeros((4, pp))
+        self._columns: dict = {}
 
     def advance(self, state, s: int, i: int, j):
         """The states ``(n, 4, pp)`` (work, all-reduce, fill, drain per rank)
         of the children ``[i, j)`` of a node at stage ``s`` with ``state``."""
-        c = self.costs
-        F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.allreduce_s(s, i, j)
-        send = c.send_s(s, j)
-        cin = c.send_s(s - 1, i) if s > 0 else 0.0
-        up = (B + cin) if self.blocking else ((c.bwd_input_s(s, i, j) if self.zb else B) + send)
-        work = self.m * (F + B + ((send + cin) if self.blocking else 0.0))
+        work, r, fill, up = self._column(s, i)
+        d = j - i - 1
         q = s % self.pp
         out = np.repeat(state[None], len(j), axis=0)
-        out[:, 0, q] += work
-        out[:, 1, q] += r
+        out[:, 0, q] += work[d]
+        out[:, 1, q] += r[d]
         after = np.arange(self.pp) > s
-        out[:, 2, after] += (F + send)[:, None]
-        out[:, 3, after] += np.broadcast_to(up, np.shape(j))[:, None]
+        out[:, 2, after] += fill[d][:, None]
+        out[:, 3, after] += up[d][:, None]
         return out
+
+    def _column(self, s: int, i: int):
+        """Stage ``s`` from layer ``i``, every end ``i + 1 .. L``: its rank's
+        work ``m (f + b)``, its all-reduce, one forward step down (``F + c``)
+        and one gradient step back up (memoised per ``(s, i)``)."""
+        if (s, i) not in self._columns:
+            c, j = self.costs, np.arange(i + 1, self.L + 1)
+            F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.allreduce_s(s, i, j)
+            send = c.send_s(s, j)
+            cin = c.send_s(s - 1, i) if s > 0 else 0.0
+            up = (B + cin) if self.blocking else ((c.bwd_input_s(s, i, j) if self.zb else B) + send)
+            work = self.m * (F + B + ((send + cin) if self.blocking else 0.0))
+            self._columns[s, i] = (work, r, F + send, np.broadcast_to(up, j.shape))
+        return self._columns[s, i]
 
     def bound(self, states, s: int, j):
         """Lower bounds ``(n,)`` for the children at stage ``s`` ending at
@@ -826,10 +837,11 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
                 new[kind] = cw
             np.add.at(fam_lb, tables.fam[kind], tot)
         lb = fam_lb.max(axis=0)
-        if counter is not None:
-            states = counter.advance(acc["count"], s, i, j)
-            live = np.flatnonzero(lb < limit()) if s < S - 1 else []
+        if counter is not None and s < S - 1:  # only children that may still be expanded
+            live = np.flatnonzero(lb < limit())
+            states = np.zeros((len(j), 4, pp))
             if len(live):
+                states[live] = counter.advance(acc["count"], s, i, j[live])
                 lb[live] = np.maximum(lb[live], counter.bound(states[live], s, j[live]))
             new["count"] = np.moveaxis(states, 0, -1)
         out = []
