@@ -83,7 +83,7 @@ class ExactSplit:
         return max(0.0, (self.best_time_s - self.lower_bound_s) / self.best_time_s)
 
 
-def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None):
+def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False):
     """Per-stage terms of the lower-bound families of ``schedule`` for stage
     ``s`` over the ranges ``[i, j)`` (``s``, ``i``, ``j`` broadcastable int
     arrays: one stage or all of them at once).
@@ -127,7 +127,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
       ``k'``'s all-reduce; micro-batch 0 down and up to stage ``k``, rank
       ``k``'s remaining actions and all-reduce; and (1F1B) the two-dwell-free
       forms ``sum (f + b) + max_k max((m-1) b_k + w f_k, (m-1) f_k + w b_k)``;
-    * interleaved 1F1B / ZB-H1: the chain families of :func:`_chain_terms`
+    * with ``chains``, interleaved 1F1B / ZB-H1: the chain families of :func:`_chain_terms`
       (micro-batch 0 down to stage ``k``, ``k``'s rank from there to its
       backward of micro-batch ``m - 1``, that gradient back up, rank 0's
       rest and all-reduce);
@@ -175,7 +175,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
                      ("max", None, np.maximum((m - 1) * F + w * I + max(m - S, 0) * (B - I), (m - 1) * c)),
                      ("suffix", I + cin, B + r)])
         fams.append([("sum", F + c, None), ("suffix", I + cin, m * B + w * F + r)])
-    if schedule in CHAIN_SCHEDULES:
+    if chains and schedule in CHAIN_SCHEDULES:
         per_action = (f, b, I + (cin if blocking else 0.0), B - I)
         drain = b if blocking else G + c  # one step of micro-batch m-1's gradient back up to stage s
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r)]
@@ -233,34 +233,64 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
 
 @lru_cache(maxsize=256)
 def _chain_counts(schedule: str, pp: int, m: int, vp: int):
-    """The chain families of :func:`_chain_terms` from the schedule's order
-    (:func:`pipesearch.schedules.build_orders`): ``(stages, counts)`` with
+    """The chain families of :func:`_chain_terms` in closed form from the
+    builders' orders (:mod:`pipesearch.schedules`): ``(stages, counts)`` with
     ``counts[f][s, kind]`` the number of actions of ``kind`` (``F B I W``) on
     stage ``s`` that family ``f``'s path runs on its ranks: rank ``k % pp``
-    from ``F`` of micro-batch 0 on ``k`` to the backward of micro-batch
-    ``m - 1`` on ``k`` (inclusive), and rank 0 after the backward of
-    micro-batch ``m - 1`` on stage 0. A stage whose order does not have that
-    forward before that backward has no family; with more than
-    :data:`MAX_CHAIN_FAMILIES` stages only the last ones are kept."""
+    from ``F`` of micro-batch 0 on ``k`` to the backward (ZB-H1: ``I``) of
+    micro-batch ``m - 1`` on ``k`` (inclusive), and rank 0 after that
+    backward on stage 0. With more than :data:`MAX_CHAIN_FAMILIES` stages
+    only the last ones are kept.
+
+    * ZB-H1 (``k = r``): ``F`` of micro-batch 0 is the rank's first action and
+      all ``m`` forwards and ``m`` input gradients run by ``I`` of ``m - 1``,
+      with the ``W`` of the steps ``j = r .. m - 2`` (``m - 1 - r``); rank 0
+      then runs one more ``W``.
+    * Interleaved 1F1B: in virtual micro-batches (``F`` of chunk ``c``,
+      micro-batch 0 is ``a0 = c p``; the backward of chunk ``c``, micro-batch
+      ``m - 1`` is ``b* = (m/p - 1) p v + (v - 1 - c) p + p - 1``), forward
+      ``a`` sits at position ``a`` in the warm-up and ``warm + 2 (a - warm)``
+      after it, backward ``b`` at ``warm + 2 b + 1`` in the steady phase and
+      ``m v + b`` in the cool-down; the path holds the forwards
+      ``a0 .. a_hi`` and backwards ``b_lo .. b*`` between the two positions.
+      Rank 0's backward of micro-batch ``m - 1`` on stage 0 is its last action.
+    """
     S = pp * vp
-    orders = schedule_lib.build_orders(schedule, pp, m, vp)
-    code = {kind: c for c, kind in enumerate(schedule_lib.KINDS)}
-    back = "I" if schedule == "zb-h1" else "B"
-    seqs = [np.array([st * 4 + code[kind] for kind, st, _ in seq], dtype=np.int64) for seq in orders]
-    where = [{a: n for n, a in enumerate(seq)} for seq in orders]
+    ks = range(max(0, S - MAX_CHAIN_FAMILIES), S)
+    counts = []
+    for k in ks:
+        n = np.zeros((S, 4), dtype=np.int64)
+        q, c = k % pp, k // pp
+        if schedule == "zb-h1":
+            n[q] = (m, 0, m, m - 1 - q)
+            n[0, 3] += 1
+        else:
+            total, group = m * vp, pp * vp
+            warm = min((vp - 1) * pp + 2 * (pp - 1 - q), total)
+            steady = total - warm
 
-    def count(rank, lo, hi):
-        return np.bincount(seqs[rank][lo:hi], minlength=4 * S).reshape(S, 4)
+            def pos_f(a):
+                return a if a < warm else warm + 2 * (a - warm)
 
-    tail = count(0, where[0][(back, 0, m - 1)] + 1, len(seqs[0]))
-    ks, counts = [], []
-    for k in range(max(0, S - MAX_CHAIN_FAMILIES), S):
-        q = k % pp
-        lo, hi = where[q][("F", k, 0)], where[q][(back, k, m - 1)]
-        if lo <= hi:
-            ks.append(k)
-            counts.append(count(q, lo, hi + 1) + tail)
+            a0, b_end = c * pp, (m // pp - 1) * group + (vp - 1 - c) * pp + pp - 1
+            lo = pos_f(a0)
+            hi = warm + 2 * b_end + 1 if b_end < steady else total + b_end
+            a_hi = min(hi if hi < warm else warm + (hi - warm) // 2, total - 1)
+            b_lo = max(0, -(-(lo - warm - 1) // 2))
+            if b_lo >= steady:
+                b_lo = max(steady, lo - total)
+            for chunk in range(vp):
+                n[chunk * pp + q, 0] = _in_chunk(a_hi + 1, chunk, pp, group) - _in_chunk(a0, chunk, pp, group)
+                back = vp - 1 - chunk
+                n[chunk * pp + q, 1] = _in_chunk(b_end + 1, back, pp, group) - _in_chunk(b_lo, back, pp, group)
+        counts.append(n)
     return tuple(ks), tuple(counts)
+
+
+def _in_chunk(n: int, chunk: int, p: int, group: int) -> int:
+    """How many virtual micro-batches ``k < n`` have ``(k mod group) // p ==
+    chunk``."""
+    return (n // group) * p + min(max(n % group - chunk * p, 0), p)
 
 
 #: steps of the weights' ascent in :func:`lagrange_weights` (counts, never seconds)
@@ -292,7 +322,7 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     stages = np.arange(S)[:, None, None]
     jc = np.minimum(j, L)
     ok = (j <= L)[None] & np.broadcast_to(costs.fits(stages, i[None], jc[None]), (S, W, L + 1))
-    terms = separable_terms(bound_families(costs, schedule, pp, stages, i[None], jc[None]), stages, pp)
+    terms = separable_terms(bound_families(costs, schedule, pp, stages, i[None], jc[None], chains=True), stages, pp)
     if not terms or len(terms) * ok.size > TABLE_FLOATS:
         return None, 0.0
     G = np.stack([np.broadcast_to(a, ok.shape)[ok] for a in terms])  # (H, valid stage ranges)
@@ -378,18 +408,18 @@ class _Tables:
     terms are kept for :meth:`column`, else recomputed there.
     """
 
-    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None):
+    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
         L, S = costs.num_layers, costs.pp
         self.costs, self.schedule, self.pp = costs, schedule, pp
         self.width = W = max(1, min(width, L))
         i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
         j = i + np.arange(1, W + 1)[:, None]
-        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if schedule in CHAIN_SCHEDULES else 0)
+        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
         block = max(1, TABLE_FLOATS // (rows * W * (L + 1)))
         self._kept = None
         self._columns: dict = {}
         self._suf = [None] * (S + 1)
-        self.weights = weights
+        self.weights, self.chains = weights, chains
         for hi in range(S, 0, -block):
             lo = max(0, hi - block)
             terms, fits = self._block(np.arange(lo, hi)[:, None, None], i[None], j[None])
@@ -404,7 +434,7 @@ class _Tables:
         L = self.costs.num_layers
         valid = j <= L
         jc = np.minimum(j, L)
-        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights)
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
         shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
 
         def band(x):
@@ -635,10 +665,9 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     incumbent = min(best, cutoff_s)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
-    if schedule in CHAIN_SCHEDULES:  # the cheap bounds left work: tabulate the combined family too
+    if schedule in CHAIN_SCHEDULES:  # the cheap bounds left work: add the chain families and their combination
         weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel))
-        if weights is not None:
-            tables = _Tables(costs, schedule, pp, tables.width, weights)
+        tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
     counter = _RankCount(costs, schedule, pp)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not ev.times:
@@ -684,7 +713,7 @@ class _RankCount:
         self.costs, self.pp, self.S, self.L, self.m = costs, pp, S, L, m
         self.blocking = not send_overlap(schedule)
         self.zb = schedule == "zb-h1"
-        self.fill_ok, self.drain_ok = _rank_path_ends(schedule, pp, m, S // pp)
+        self.fill_ok, self.drain_ok = _rank_path_ends(schedule, pp)
         ranks = np.arange(S) % pp
         self.sigma = np.array([costs.time_scale[ranks == q].min() for q in range(pp)]) * m
         layer = np.diff(costs.compute_prefix_s)
@@ -751,16 +780,16 @@ class _RankCount:
         return out
 
 
-@lru_cache(maxsize=256)
-def _rank_path_ends(schedule: str, pp: int, m: int, vp: int):
-    """Per rank, from the schedule's order: whether its first action is
-    ``F`` of micro-batch 0 on its first stage, and whether its last action
-    (and rank 0's) is the backward of micro-batch ``m - 1`` on its first
-    stage (:class:`_RankCount`)."""
-    orders = schedule_lib.build_orders(schedule, pp, m, vp)
-    first = np.array([seq[0] == ("F", q, 0) for q, seq in enumerate(orders)])
-    last = np.array([seq[-1] == ("B", q, m - 1) for q, seq in enumerate(orders)])
-    return first, last & last[0]
+def _rank_path_ends(schedule: str, pp: int):
+    """Per rank, from the builders' orders (:mod:`pipesearch.schedules`):
+    whether its first action is ``F`` of micro-batch 0 on its first stage
+    (every schedule: each warms up with micro-batch 0 on its first stage),
+    and whether its last action and rank 0's are the backward of micro-batch
+    ``m - 1`` on the first stage (GPipe, 1F1B, interleaved 1F1B; ZB-H1 ends
+    with a ``W``, looped BFS with micro-batch 0) (:class:`_RankCount`)."""
+    first = np.ones(pp, dtype=bool)
+    last = np.full(pp, schedule in ("gpipe", "1f1b", "interleaved-1f1b"))
+    return first, last
 
 
 def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, best: float, tie_rel: float,

@@ -100,8 +100,8 @@ def test_every_family_is_at_most_the_simulated_time(seed):
     rng = np.random.default_rng(seed)
     for bounds in _splits(L, S):
         i, j = np.array(bounds[:-1]), np.array(bounds[1:])
-        n_sep = len(separable_terms(bound_families(costs, schedule, pp, s, i, j), s, pp))
-        fams = bound_families(costs, schedule, pp, s, i, j, weights=rng.dirichlet(np.ones(n_sep)))
+        n_sep = len(separable_terms(bound_families(costs, schedule, pp, s, i, j, chains=True), s, pp))
+        fams = bound_families(costs, schedule, pp, s, i, j, weights=rng.dirichlet(np.ones(n_sep)), chains=True)
         t = _simulated(costs, schedule, pp, vp, bounds)
         for fam in fams:
             assert _family_value(fam, S, pp) <= t * (1 + 1e-9) + 1e-15
@@ -126,7 +126,8 @@ def test_chain_family_is_tight_on_even_uniform_interleaved():
     bounds = tuple(range(0, L + 1, 2))
     assert _simulated(costs, "interleaved-1f1b", pp, vp, bounds) == pytest.approx(0.114)
     s, i, j = np.arange(pp * vp), np.array(bounds[:-1]), np.array(bounds[1:])
-    values = [_family_value(f, pp * vp, pp) for f in bound_families(costs, "interleaved-1f1b", pp, s, i, j)]
+    fams = bound_families(costs, "interleaved-1f1b", pp, s, i, j, chains=True)
+    values = [_family_value(f, pp * vp, pp) for f in fams]
     assert max(values) == pytest.approx(0.114)
 
 
@@ -178,3 +179,63 @@ def test_stage_times_have_the_rank_count_layout():
     st: StageTimes = costs.stage_times(np.array(bounds))
     q = (S - 1) % pp
     assert state[0, q] == pytest.approx(m * (st.fwd_s[q::pp] + st.bwd_s[q::pp]).sum())
+
+
+def _counted_from_the_order(schedule, pp, m, vp):
+    """The chain counts by walking the built order (the reference for the
+    closed form): rank ``k % pp`` from ``F`` of micro-batch 0 on ``k`` to the
+    backward of ``m - 1`` on ``k``, plus rank 0 after its backward of ``m - 1``
+    on stage 0."""
+    from pipesearch.schedules import build_orders
+    S = pp * vp
+    orders = build_orders(schedule, pp, m, vp)
+    back = "I" if schedule == "zb-h1" else "B"
+    kinds = "FBIW"
+
+    def count(seq):
+        n = np.zeros((S, 4), dtype=np.int64)
+        for kind, st, _ in seq:
+            n[st, kinds.index(kind)] += 1
+        return n
+
+    tail = count(orders[0][orders[0].index((back, 0, m - 1)) + 1:])
+    out = []
+    for k in range(S):
+        seq = orders[k % pp]
+        out.append(count(seq[seq.index(("F", k, 0)):seq.index((back, k, m - 1)) + 1]) + tail)
+    return out
+
+
+@pytest.mark.parametrize("schedule,vp", [("interleaved-1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3),
+                                         ("interleaved-1f1b", 4), ("zb-h1", 1)])
+def test_chain_counts_closed_form_equals_the_order(schedule, vp):
+    """The closed-form chain counts equal a walk over the built order, for
+    every rank and stage, over ``p = 1 .. 5`` and several ``m``."""
+    for pp in range(1, 6):
+        for m in (pp, 2 * pp, 3 * pp, 5 * pp, pp + 1, pp + 3):
+            if schedule == "interleaved-1f1b" and m % pp:
+                continue
+            ks, counts = split_search._chain_counts(schedule, pp, m, vp)
+            ref = _counted_from_the_order(schedule, pp, m, vp)
+            assert list(ks) == list(range(max(0, pp * vp - split_search.MAX_CHAIN_FAMILIES), pp * vp))
+            for k, n in zip(ks, counts):
+                assert np.array_equal(n, ref[k]), (pp, m, k)
+
+
+@pytest.mark.parametrize("schedule,vp", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2),
+                                         ("interleaved-1f1b", 3), ("looped-bfs", 2)])
+def test_rank_path_ends_match_the_order(schedule, vp):
+    """Which ranks start with micro-batch 0 on their first stage and end
+    (with rank 0) on the backward of micro-batch ``m - 1`` there: as the built
+    order says (a wrong ``True`` would add a drain that is not a path)."""
+    from pipesearch.schedules import build_orders
+    for pp in range(1, 5):
+        for m in (pp, 2 * pp, 4 * pp):
+            orders = build_orders(schedule, pp, m, vp)
+            first, last = split_search._rank_path_ends(schedule, pp)
+            ends = [seq[-1] == ("B", q, m - 1) for q, seq in enumerate(orders)]
+            assert list(first) == [seq[0] == ("F", q, 0) for q, seq in enumerate(orders)]
+            ref = [e and ends[0] for e in ends]
+            assert all(r for got, r in zip(last, ref) if got)  # never a drain the order does not have
+            if schedule != "looped-bfs":  # (its m = 1 ends on micro-batch 0 = m - 1: left unused)
+                assert list(last) == ref
