@@ -296,6 +296,7 @@ def _in_chunk(n: int, chunk: int, p: int, group: int) -> int:
 #: steps of the weights' ascent in :func:`lagrange_weights` (counts, never seconds)
 LAGRANGE_STEPS = 40
 LAGRANGE_PATIENCE = 8  # steps without a better bound before it stops
+LAGRANGE_WORK = 2**24  # family-times-stage-range products over all steps (fewer steps for large bands)
 
 
 def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, target_s: float = np.inf,
@@ -309,9 +310,10 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     min-sum DP finds. Every ``w`` of the simplex gives a valid lower bound
     ``phi(w)`` of every split's time; the best one seen is returned.
 
-    Stops after ``steps`` steps, after :data:`LAGRANGE_PATIENCE` steps
-    without a better bound, or once the bound reaches ``target_s`` (counts,
-    never seconds). Returns ``(weights, phi)``, or ``(None, 0.0)`` when the
+    Stops after ``steps`` steps (fewer when the band is large: at most
+    :data:`LAGRANGE_WORK` products in all), after :data:`LAGRANGE_PATIENCE`
+    steps without a better bound, or once the bound reaches ``target_s``
+    (counts, never seconds). Returns ``(weights, phi)``, or ``(None, 0.0)`` when the
     band of all stages holds more than :data:`TABLE_FLOATS` floats or no
     split fits.
     """
@@ -326,6 +328,7 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     if not terms or len(terms) * ok.size > TABLE_FLOATS:
         return None, 0.0
     G = np.stack([np.broadcast_to(a, ok.shape)[ok] for a in terms])  # (H, valid stage ranges)
+    steps = min(steps, max(1, LAGRANGE_WORK // max(G.size, 1)))
     w = np.full(len(terms), 1.0 / len(terms))
     best, best_w, since = -np.inf, w, 0
     alpha = np.full(ok.shape, np.inf)
@@ -827,7 +830,8 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     def children(s, i, acc):
         """The children of a node at stage ``s`` starting at layer ``i``
         whose accumulated component values are ``acc`` (per kind), sorted by
-        lower bound: ``[(j, bound, acc of the child), ...]``."""
+        lower bound, those below the current limit only: ``[(j, bound, ref),
+        ...]`` (:func:`child_acc` of ``ref`` gives the child's values)."""
         d = np.arange(1, W + 1)
         j = i + d
         keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
@@ -873,17 +877,20 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
                 states[live] = counter.advance(acc["count"], s, i, j[live])
                 lb[live] = np.maximum(lb[live], counter.bound(states[live], s, j[live]))
             new["count"] = np.moveaxis(states, 0, -1)
-        out = []
-        for o in np.argsort(lb, kind="stable"):
-            if not np.isfinite(lb[o]):
-                break
-            child = {kind: val[..., o] for kind, val in new.items()}
-            if "device" in child:
-                work = acc["device"].copy()
-                work[:, rank] = child["device"]
-                child["device"] = work
-            out.append((int(j[o]), float(lb[o]), child))
-        return out
+        order = np.argsort(lb, kind="stable")
+        order = order[:np.searchsorted(lb[order], limit())]  # the rest can never be expanded
+        parent = acc.get("device")
+        return [(int(j[o]), float(lb[o]), (new, o, parent, rank)) for o in order]
+
+    def child_acc(ref):
+        """The accumulated component values of a child from :func:`children`."""
+        new, o, parent, rank = ref
+        child = {kind: val[..., o] for kind, val in new.items()}
+        if "device" in child:
+            work = parent.copy()
+            work[:, rank] = child["device"]
+            child["device"] = work
+        return child
 
     start = {"sum": 0.0, "max": -np.inf, "suffix": -np.inf}
     root = {}
@@ -910,7 +917,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             if live:
                 return False, min(live), nodes
             return True, np.inf, nodes
-        j, lb, acc = kids[pos]
+        j, lb, ref = kids[pos]
         frame[2] = pos + 1
         nodes += 1
         bounds = prefix + (j,)
@@ -919,7 +926,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             if len(pending) >= batch:
                 flush()
             continue
-        stack.append([bounds, children(len(bounds) - 1, j, acc), 0])
+        stack.append([bounds, children(len(bounds) - 1, j, child_acc(ref)), 0])
     flush()
     return True, np.inf, nodes
 
