@@ -297,6 +297,7 @@ def _in_chunk(n: int, chunk: int, p: int, group: int) -> int:
 LAGRANGE_STEPS = 40
 LAGRANGE_PATIENCE = 8  # steps without a better bound before it stops
 LAGRANGE_WORK = 2**24  # family-times-stage-range products over all steps (fewer steps for large bands)
+LAGRANGE_RANGES = 2**15  # stage ranges (stages x band) above which no weights are sought
 
 
 def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, target_s: float = np.inf,
@@ -313,19 +314,21 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     Stops after ``steps`` steps (fewer when the band is large: at most
     :data:`LAGRANGE_WORK` products in all), after :data:`LAGRANGE_PATIENCE`
     steps without a better bound, or once the bound reaches ``target_s``
-    (counts, never seconds). Returns ``(weights, phi)``, or ``(None, 0.0)`` when the
-    band of all stages holds more than :data:`TABLE_FLOATS` floats or no
-    split fits.
+    (counts, never seconds). Returns ``(weights, phi)``, or ``(None, 0.0)``
+    when the band of all stages holds more than :data:`LAGRANGE_RANGES` stage
+    ranges or no split fits.
     """
     L, S = costs.num_layers, costs.pp
     W = max(1, min(width, L))
+    if S * W * (L + 1) > LAGRANGE_RANGES:
+        return None, 0.0
     i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
     j = i + np.arange(1, W + 1)[:, None]
     stages = np.arange(S)[:, None, None]
     jc = np.minimum(j, L)
     ok = (j <= L)[None] & np.broadcast_to(costs.fits(stages, i[None], jc[None]), (S, W, L + 1))
     terms = separable_terms(bound_families(costs, schedule, pp, stages, i[None], jc[None], chains=True), stages, pp)
-    if not terms or len(terms) * ok.size > TABLE_FLOATS:
+    if not terms:
         return None, 0.0
     G = np.stack([np.broadcast_to(a, ok.shape)[ok] for a in terms])  # (H, valid stage ranges)
     steps = min(steps, max(1, LAGRANGE_WORK // max(G.size, 1)))
