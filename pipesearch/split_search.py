@@ -18,6 +18,18 @@ the stages, left to right:
   known exactly and the rest is bounded by suffix minima over all splits of
   ``[i, L)``, computed once per point by a backward DP over a band of stage
   lengths (:class:`_Tables`).
+* *Stronger bounds where the cheap ones leave work* (interleaved 1F1B and
+  ZB-H1, whose identical-layer models leave many splits within the cheap
+  bounds' reach): chain families (micro-batch 0 down to a stage, that
+  stage's rank up to its last backward there, the gradient back up; the
+  longest path of an even split of identical layers) and one weighted sum
+  of the one-sum families, weights from a few steps of a subgradient
+  ascent of their Lagrangian relaxation (:func:`lagrange_weights`); both are
+  tabulated only for points that run the branch and bound. For every
+  schedule, children that survive the tables get the rank-counting bound of
+  :class:`_RankCount` (each rank's fill, whole work and drain, with the
+  layers still to place counted onto the ranks; catches the imbalance that
+  whole layers force on identical-layer models).
 * *Incumbent.* The best of the even split and the closed-form split of
   :func:`pipesearch.partition.optimal_split`.
 * *Leaves.* Complete splits whose bound is below the incumbent are evaluated
@@ -259,32 +271,38 @@ def _chain_counts(schedule: str, pp: int, m: int, vp: int):
     ks = range(max(0, S - MAX_CHAIN_FAMILIES), S)
     counts = []
     for k in ks:
-        n = np.zeros((S, 4), dtype=np.int64)
-        q, c = k % pp, k // pp
         if schedule == "zb-h1":
-            n[q] = (m, 0, m, m - 1 - q)
+            n = np.zeros((S, 4), dtype=np.int64)
+            n[k] = (m, 0, m, m - 1 - k)
             n[0, 3] += 1
         else:
-            total, group = m * vp, pp * vp
-            warm = min((vp - 1) * pp + 2 * (pp - 1 - q), total)
-            steady = total - warm
-
-            def pos_f(a):
-                return a if a < warm else warm + 2 * (a - warm)
-
-            a0, b_end = c * pp, (m // pp - 1) * group + (vp - 1 - c) * pp + pp - 1
-            lo = pos_f(a0)
-            hi = warm + 2 * b_end + 1 if b_end < steady else total + b_end
-            a_hi = min(hi if hi < warm else warm + (hi - warm) // 2, total - 1)
-            b_lo = max(0, -(-(lo - warm - 1) // 2))
-            if b_lo >= steady:
-                b_lo = max(steady, lo - total)
-            for chunk in range(vp):
-                n[chunk * pp + q, 0] = _in_chunk(a_hi + 1, chunk, pp, group) - _in_chunk(a0, chunk, pp, group)
-                back = vp - 1 - chunk
-                n[chunk * pp + q, 1] = _in_chunk(b_end + 1, back, pp, group) - _in_chunk(b_lo, back, pp, group)
+            n = _interleaved_chain(pp, m, vp, k)
         counts.append(n)
     return tuple(ks), tuple(counts)
+
+
+def _interleaved_chain(pp: int, m: int, vp: int, k: int) -> np.ndarray:
+    """``(S, 4)`` counts of the interleaved 1F1B chain of stage ``k``
+    (:func:`_chain_counts`): the forwards ``a0 .. a_hi`` and backwards
+    ``b_lo .. b*`` (virtual micro-batches) of rank ``k % pp`` between the
+    positions of ``F`` of micro-batch 0 and ``B`` of ``m - 1`` on ``k``."""
+    n = np.zeros((pp * vp, 4), dtype=np.int64)
+    q, c = k % pp, k // pp
+    total, group = m * vp, pp * vp
+    warm = min((vp - 1) * pp + 2 * (pp - 1 - q), total)
+    steady = total - warm
+    a0, b_end = c * pp, (m // pp - 1) * group + (vp - 1 - c) * pp + pp - 1
+    lo = a0 if a0 < warm else warm + 2 * (a0 - warm)
+    hi = warm + 2 * b_end + 1 if b_end < steady else total + b_end
+    a_hi = min(hi if hi < warm else warm + (hi - warm) // 2, total - 1)
+    b_lo = max(0, -(-(lo - warm - 1) // 2))
+    if b_lo >= steady:
+        b_lo = max(steady, lo - total)
+    for chunk in range(vp):
+        n[chunk * pp + q, 0] = _in_chunk(a_hi + 1, chunk, pp, group) - _in_chunk(a0, chunk, pp, group)
+        back = vp - 1 - chunk
+        n[chunk * pp + q, 1] = _in_chunk(b_end + 1, back, pp, group) - _in_chunk(b_lo, back, pp, group)
+    return n
 
 
 def _in_chunk(n: int, chunk: int, p: int, group: int) -> int:
@@ -336,7 +354,7 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     best, best_w, since = -np.inf, w, 0
     alpha = np.full(ok.shape, np.inf)
     for t in range(steps):
-        alpha[ok] = w @ G
+        alpha[ok] = np.einsum("h,hn->n", w, G)  # (not BLAS: its threads stall on a loaded machine)
         picked = _min_sum_path(alpha, jc, ok)
         if picked is None:
             return None, 0.0
@@ -772,11 +790,9 @@ class _RankCount:
         v = work + tail + np.where(self.fill_ok, fill, 0.0)
         v[:, (self.S - 1) % self.pp] += self.last
         c = self.left[s]  # (pp,)
-        n_items = self.L - 1 - j
-        P = self.P[j]  # (n, L+1)
-        base = v + self.sigma * P[:, c]
-        out = base.max(axis=1)
-        extra = n_items - c.sum()
+        extra = self.L - 1 - j - c.sum()  # layers beyond one per remaining stage
+        P = self.P[j, :int(c.max() + max(extra.max(), 0)) + 1]  # a rank takes at most c + extra layers
+        out = (v + self.sigma * P[:, c]).max(axis=1)
         if np.any(extra > 0):
             n = np.arange(P.shape[1])
             levels = v[:, :, None] + self.sigma[None, :, None] * P[:, None, :]
