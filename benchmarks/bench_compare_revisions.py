@@ -49,7 +49,8 @@ def _run(tree: Path, args: list[str]) -> tuple[float, str]:
 
 def _rank1(text: str) -> str:
     """The rank-1 plan, then each ranked plan whose split was not proven
-    optimal with its gap (``plan 5 gap 28.3%``; none: ``all proven``)."""
+    optimal with its gap (``plan 5 gap 28.3%``; none: ``all proven``; a
+    revision whose plans carry no ``split_search``: ``no split report``)."""
     import json
 
     try:
@@ -58,10 +59,12 @@ def _rank1(text: str) -> str:
     except (ValueError, KeyError, IndexError):
         return "?"
     par, sch = plan["parallelism"], plan["schedule"]
-    open_ = [f"plan {k} gap {100 * info['gap']:.1f}%" for k, p in enumerate(plans, 1)
-             if not (info := p.get("options", {}).get("split_search", {})).get("exact", True)]
+    infos = [p.get("options", {}).get("split_search") for p in plans]
+    open_ = [f"plan {k} gap {100 * info['gap']:.1f}%" for k, info in enumerate(infos, 1)
+             if info and not info.get("exact", True)]
+    proofs = (", ".join(open_) or "all proven") if any(infos) else "no split report"
     return (f"pp {par['pp']} dp {par['dp']} tp {par['tp']} {sch['name']} m {sch['num_micro_batches']}: "
-            f"{plan['predicted']['iteration_time_s'] * 1e3:.1f} ms; {', '.join(open_) or 'all proven'}")
+            f"{plan['predicted']['iteration_time_s'] * 1e3:.1f} ms; {proofs}")
 
 
 def main() -> None:
