@@ -18,6 +18,18 @@ the stages, left to right:
   known exactly and the rest is bounded by suffix minima over all splits of
   ``[i, L)``, computed once per point by a backward DP over a band of stage
   lengths (:class:`_Tables`).
+* *Stronger bounds where the cheap ones leave work* (interleaved 1F1B and
+  ZB-H1, whose identical-layer models leave many splits within the cheap
+  bounds' reach): chain families (micro-batch 0 down to a stage, that
+  stage's rank up to its last backward there, the gradient back up; the
+  longest path of an even split of identical layers) and one weighted sum
+  of the one-sum families, weights from a few steps of a subgradient
+  ascent of their Lagrangian relaxation (:func:`lagrange_weights`); both are
+  tabulated only for points that run the branch and bound. For every
+  schedule, children that survive the tables get the rank-counting bound of
+  :class:`_RankCount` (each rank's fill, whole work and drain, with the
+  layers still to place counted onto the ranks; catches the imbalance that
+  whole layers force on identical-layer models).
 * *Incumbent.* The best of the even split and the closed-form split of
   :func:`pipesearch.partition.optimal_split`.
 * *Leaves.* Complete splits whose bound is below the incumbent are evaluated
@@ -83,7 +95,7 @@ class ExactSplit:
         return max(0.0, (self.best_time_s - self.lower_bound_s) / self.best_time_s)
 
 
-def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j):
+def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False):
     """Per-stage terms of the lower-bound families of ``schedule`` for stage
     ``s`` over the ranges ``[i, j)`` (``s``, ``i``, ``j`` broadcastable int
     arrays: one stage or all of them at once).
@@ -126,7 +138,16 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j):
       forward, micro-batch ``m-1`` down and back up to stage ``k'`` and
       ``k'``'s all-reduce; micro-batch 0 down and up to stage ``k``, rank
       ``k``'s remaining actions and all-reduce; and (1F1B) the two-dwell-free
-      forms ``sum (f + b) + max_k max((m-1) b_k + w f_k, (m-1) f_k + w b_k)``.
+      forms ``sum (f + b) + max_k max((m-1) b_k + w f_k, (m-1) f_k + w b_k)``;
+    * with ``chains``, interleaved 1F1B / ZB-H1: the chain families of :func:`_chain_terms`
+      (micro-batch 0 down to stage ``k``, ``k``'s rank from there to its
+      backward of micro-batch ``m - 1``, that gradient back up, rank 0's
+      rest and all-reduce);
+    * with ``weights`` (one per family of :func:`separable_terms`, summing to
+      at most 1): ``sum_h weights_h G_h``, a convex combination of lower bounds
+      that are each one sum over the stages (Lagrangian relaxation of their
+      maximum, Fisher 1981, Management Science 27(1)), so it is one ``sum``
+      whose minimum over splits a min-sum DP finds.
     """
     m, S = costs.num_micro_batches, costs.pp
     F, B = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j)
@@ -166,7 +187,213 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j):
                      ("max", None, np.maximum((m - 1) * F + w * I + max(m - S, 0) * (B - I), (m - 1) * c)),
                      ("suffix", I + cin, B + r)])
         fams.append([("sum", F + c, None), ("suffix", I + cin, m * B + w * F + r)])
+    if chains and schedule in CHAIN_SCHEDULES:
+        per_action = (f, b, I + (cin if blocking else 0.0), B - I)
+        drain = b if blocking else G + c  # one step of micro-batch m-1's gradient back up to stage s
+        fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r)]
+    if weights is not None:
+        terms = separable_terms(fams, s, pp)
+        fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
     return fams
+
+
+def separable_terms(fams, s, pp: int):
+    """The lower bounds among ``fams`` (:func:`bound_families`) that are one
+    sum over the stages, as per-stage terms: each single-``sum`` family, and
+    each single-``device`` family split by rank (``beta_s [s % pp = q]`` for
+    ``q = 0 .. pp-1``: every rank's sum is a lower bound)."""
+    out = []
+    for fam in fams:
+        if len(fam) == 1 and fam[0][0] == "sum":
+            out.append(fam[0][1])
+        elif len(fam) == 1 and fam[0][0] == "device":
+            out += [np.where(np.asarray(s) % pp == q, fam[0][2], 0.0) for q in range(pp)]
+    return out
+
+
+#: schedules whose bounds include the chain families of :func:`_chain_terms`
+CHAIN_SCHEDULES = ("interleaved-1f1b", "zb-h1")
+#: at most this many chain families (the stages of the last chunks when more)
+MAX_CHAIN_FAMILIES = 16
+
+
+def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_action, r):
+    """Per-stage terms of the chain families: for a stage ``k`` on rank
+    ``q = k % pp``, the path micro-batch 0's forward down to stage ``k``,
+    rank ``q``'s actions from the forward of micro-batch 0 on ``k`` to the
+    backward (ZB-H1: input gradient) of micro-batch ``m - 1`` on ``k``
+    (counted from the schedule's order, :func:`_chain_counts`), that
+    gradient back up to stage 0, rank 0's remaining actions and rank 0's
+    all-reduce (the sum over its stages). Its length is ``sum_s alpha_s``
+    with ``alpha_s = [s < k] (F_s + c_s + drain_s) + sum_kind n_kind(k, s)
+    d_kind(s) + [s % pp = 0] r_s``; it is a path of the dependency graph
+    (docs/schedules.md), so the sum never exceeds the simulated time.
+
+    ``fill_drain`` is ``F + c`` plus one step of the gradient back up
+    (``G + c`` with overlapped sends, ``b`` with blocking ones);
+    ``per_action`` the durations of an ``F``, ``B``, ``I`` and ``W`` action
+    of the stage. Returns one array per chain family."""
+    ks, counts = _chain_counts(schedule, pp, m, S // pp)
+    s = np.asarray(s)
+    own = np.where(s % pp == 0, r, 0.0)
+    out = []
+    for k, n in zip(ks, counts):
+        work = sum(n[:, kind][s] * d for kind, d in enumerate(per_action))
+        out.append(np.where(s < k, fill_drain, 0.0) + work + own)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _chain_counts(schedule: str, pp: int, m: int, vp: int):
+    """The chain families of :func:`_chain_terms` in closed form from the
+    builders' orders (:mod:`pipesearch.schedules`): ``(stages, counts)`` with
+    ``counts[f][s, kind]`` the number of actions of ``kind`` (``F B I W``) on
+    stage ``s`` that family ``f``'s path runs on its ranks: rank ``k % pp``
+    from ``F`` of micro-batch 0 on ``k`` to the backward (ZB-H1: ``I``) of
+    micro-batch ``m - 1`` on ``k`` (inclusive), and rank 0 after that
+    backward on stage 0. With more than :data:`MAX_CHAIN_FAMILIES` stages
+    only the last ones are kept.
+
+    * ZB-H1 (``k = r``): ``F`` of micro-batch 0 is the rank's first action and
+      all ``m`` forwards and ``m`` input gradients run by ``I`` of ``m - 1``,
+      with the ``W`` of the steps ``j = r .. m - 2`` (``m - 1 - r``); rank 0
+      then runs one more ``W``.
+    * Interleaved 1F1B: in virtual micro-batches (``F`` of chunk ``c``,
+      micro-batch 0 is ``a0 = c p``; the backward of chunk ``c``, micro-batch
+      ``m - 1`` is ``b* = (m/p - 1) p v + (v - 1 - c) p + p - 1``), forward
+      ``a`` sits at position ``a`` in the warm-up and ``warm + 2 (a - warm)``
+      after it, backward ``b`` at ``warm + 2 b + 1`` in the steady phase and
+      ``m v + b`` in the cool-down; the path holds the forwards
+      ``a0 .. a_hi`` and backwards ``b_lo .. b*`` between the two positions.
+      Rank 0's backward of micro-batch ``m - 1`` on stage 0 is its last action.
+    """
+    S = pp * vp
+    ks = range(max(0, S - MAX_CHAIN_FAMILIES), S)
+    counts = []
+    for k in ks:
+        if schedule == "zb-h1":
+            n = np.zeros((S, 4), dtype=np.int64)
+            n[k] = (m, 0, m, m - 1 - k)
+            n[0, 3] += 1
+        else:
+            n = _interleaved_chain(pp, m, vp, k)
+        counts.append(n)
+    return tuple(ks), tuple(counts)
+
+
+def _interleaved_chain(pp: int, m: int, vp: int, k: int) -> np.ndarray:
+    """``(S, 4)`` counts of the interleaved 1F1B chain of stage ``k``
+    (:func:`_chain_counts`): the forwards ``a0 .. a_hi`` and backwards
+    ``b_lo .. b*`` (virtual micro-batches) of rank ``k % pp`` between the
+    positions of ``F`` of micro-batch 0 and ``B`` of ``m - 1`` on ``k``."""
+    n = np.zeros((pp * vp, 4), dtype=np.int64)
+    q, c = k % pp, k // pp
+    total, group = m * vp, pp * vp
+    warm = min((vp - 1) * pp + 2 * (pp - 1 - q), total)
+    steady = total - warm
+    a0, b_end = c * pp, (m // pp - 1) * group + (vp - 1 - c) * pp + pp - 1
+    lo = a0 if a0 < warm else warm + 2 * (a0 - warm)
+    hi = warm + 2 * b_end + 1 if b_end < steady else total + b_end
+    a_hi = min(hi if hi < warm else warm + (hi - warm) // 2, total - 1)
+    b_lo = max(0, -(-(lo - warm - 1) // 2))
+    if b_lo >= steady:
+        b_lo = max(steady, lo - total)
+    for chunk in range(vp):
+        n[chunk * pp + q, 0] = _in_chunk(a_hi + 1, chunk, pp, group) - _in_chunk(a0, chunk, pp, group)
+        back = vp - 1 - chunk
+        n[chunk * pp + q, 1] = _in_chunk(b_end + 1, back, pp, group) - _in_chunk(b_lo, back, pp, group)
+    return n
+
+
+def _in_chunk(n: int, chunk: int, p: int, group: int) -> int:
+    """How many virtual micro-batches ``k < n`` have ``(k mod group) // p ==
+    chunk``."""
+    return (n // group) * p + min(max(n % group - chunk * p, 0), p)
+
+
+#: steps of the weights' ascent in :func:`lagrange_weights` (counts, never seconds)
+LAGRANGE_STEPS = 40
+LAGRANGE_PATIENCE = 8  # steps without a better bound before it stops
+LAGRANGE_WORK = 2**24  # family-times-stage-range products over all steps (fewer steps for large bands)
+LAGRANGE_RANGES = 2**15  # stage ranges (stages x band) above which no weights are sought
+
+
+def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, target_s: float = np.inf,
+                     steps: int = LAGRANGE_STEPS):
+    """Weights for the combined family of :func:`bound_families`: an
+    approximate maximizer of ``phi(w) = min_x sum_h w_h G_h(x)`` over the
+    simplex (``G_h`` the families of :func:`separable_terms`, ``x`` the splits
+    that fit with stages of at most ``width`` layers), by exponentiated
+    subgradient ascent (Kivinen and Warmuth 1997, Information and Computation
+    132(1)): the subgradient at ``w`` is ``G(x_w)`` for the split ``x_w`` a
+    min-sum DP finds. Every ``w`` of the simplex gives a valid lower bound
+    ``phi(w)`` of every split's time; the best one seen is returned.
+
+    Stops after ``steps`` steps (fewer when the band is large: at most
+    :data:`LAGRANGE_WORK` products in all), after :data:`LAGRANGE_PATIENCE`
+    steps without a better bound, or once the bound reaches ``target_s``
+    (counts, never seconds). Returns ``(weights, phi)``, or ``(None, 0.0)``
+    when the band of all stages holds more than :data:`LAGRANGE_RANGES` stage
+    ranges or no split fits.
+    """
+    L, S = costs.num_layers, costs.pp
+    W = max(1, min(width, L))
+    if S * W * (L + 1) > LAGRANGE_RANGES:
+        return None, 0.0
+    i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
+    j = i + np.arange(1, W + 1)[:, None]
+    stages = np.arange(S)[:, None, None]
+    jc = np.minimum(j, L)
+    ok = (j <= L)[None] & np.broadcast_to(costs.fits(stages, i[None], jc[None]), (S, W, L + 1))
+    terms = separable_terms(bound_families(costs, schedule, pp, stages, i[None], jc[None], chains=True), stages, pp)
+    if not terms:
+        return None, 0.0
+    G = np.stack([np.broadcast_to(a, ok.shape)[ok] for a in terms])  # (H, valid stage ranges)
+    steps = min(steps, max(1, LAGRANGE_WORK // max(G.size, 1)))
+    w = np.full(len(terms), 1.0 / len(terms))
+    best, best_w, since = -np.inf, w, 0
+    alpha = np.full(ok.shape, np.inf)
+    for t in range(steps):
+        alpha[ok] = np.einsum("h,hn->n", w, G)  # (not BLAS: its threads stall on a loaded machine)
+        picked = _min_sum_path(alpha, jc, ok)
+        if picked is None:
+            return None, 0.0
+        g = G[:, picked].sum(axis=1)
+        since += 1
+        if w @ g > best:
+            best, best_w, since = float(w @ g), w, 0
+        spread = float(g.max() - g.min())
+        if best >= target_s or since > LAGRANGE_PATIENCE or spread <= 0:
+            break
+        w = w * np.exp(2.0 / np.sqrt(t + 1) * (g - g.max()) / spread)
+        w = w / w.sum()
+    return best_w, best
+
+
+def _min_sum_path(alpha: np.ndarray, jc: np.ndarray, ok: np.ndarray):
+    """The split minimizing ``sum_s alpha[s, d - 1, x_s]`` (``alpha``: ``(S,
+    W, L+1)``, infinite where a stage may not go; ``jc[d - 1, i]`` the end of
+    the stage ``[i, i + d)``): the positions of its stages among the ``True``
+    entries of ``ok`` (row-major), or None when every split is infinite."""
+    S, W, L1 = alpha.shape
+    value = np.full(L1, np.inf)
+    value[L1 - 1] = 0.0
+    cols = np.arange(L1)
+    choice = []
+    for s in range(S - 1, -1, -1):
+        tot = alpha[s] + value[jc]
+        arg = np.argmin(tot, axis=0)
+        value = tot[arg, cols]
+        choice.append(arg)
+    if not np.isfinite(value[0]):
+        return None
+    flat, at = [], 0
+    for s in range(S):
+        d = int(choice[S - 1 - s][at])
+        flat.append((s * W + d) * L1 + at)
+        at = int(jc[d, at])
+    rank = np.cumsum(ok.ravel()) - 1
+    return rank[np.array(flat)]
 
 
 @lru_cache(maxsize=512)
@@ -205,16 +432,18 @@ class _Tables:
     terms are kept for :meth:`column`, else recomputed there.
     """
 
-    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int):
+    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
         L, S = costs.num_layers, costs.pp
         self.costs, self.schedule, self.pp = costs, schedule, pp
         self.width = W = max(1, min(width, L))
         i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
         j = i + np.arange(1, W + 1)[:, None]
-        block = max(1, TABLE_FLOATS // (_ROWS_PER_STAGE * W * (L + 1)))
+        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
+        block = max(1, TABLE_FLOATS // (rows * W * (L + 1)))
         self._kept = None
         self._columns: dict = {}
         self._suf = [None] * (S + 1)
+        self.weights, self.chains = weights, chains
         for hi in range(S, 0, -block):
             lo = max(0, hi - block)
             terms, fits = self._block(np.arange(lo, hi)[:, None, None], i[None], j[None])
@@ -229,7 +458,7 @@ class _Tables:
         L = self.costs.num_layers
         valid = j <= L
         jc = np.minimum(j, L)
-        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc)
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
         shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
 
         def band(x):
@@ -460,7 +689,11 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     incumbent = min(best, cutoff_s)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
-    state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes)
+    if schedule in CHAIN_SCHEDULES:  # the cheap bounds left work: add the chain families and their combination
+        weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel))
+        tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
+    counter = _RankCount(costs, schedule, pp)
+    state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not ev.times:
         return None
     best = min(ev.times.values())
@@ -473,8 +706,116 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
 
 
+class _RankCount:
+    """The rank-counting bound of a node, for children that survive the
+    tabled bounds.
+
+    Every rank ``q`` runs all its actions one after another, so ``T`` is at
+    least the path: micro-batch 0's forward down to stage ``q`` (when the
+    rank's first action is ``F`` of micro-batch 0 on stage ``q``), the rank's
+    whole work ``m (f + b)`` over its stages, then either its all-reduce or
+    (when its last action and rank 0's are the backward of micro-batch
+    ``m - 1`` on their first stage) that gradient back up to stage 0 and rank
+    0's all-reduce. For a node with stages ``0 .. s`` fixed, the fixed part of
+    each rank's path is known (``v_q``; unknown fill and drain terms count 0);
+    each layer ``l`` still to place adds at least ``m sigma_q (F + B)_l`` to
+    the rank that gets it (``sigma_q`` the rank's slowest-free time scale, the
+    smallest over its stages), the last layer goes to the last stage's rank,
+    and rank ``q`` gets at least one layer per stage it still has (``c_q``).
+    With ``P_j(n)`` the sum of the ``n`` cheapest layers left after layer
+    ``j`` (each rank may take the cheapest: a relaxation), the smallest
+    achievable maximum over ranks is, since every ``P_j`` is convex,
+    ``max(max_q (v_q + P_j(c_q)), the E-th smallest of the levels
+    v_q + P_j(n), n > c_q)`` with ``E`` the layers beyond the ``c_q``
+    (greedy assignment of unit increments; e.g. Graham 1969, SIAM J. Appl.
+    Math. 17(2), for the makespan of identical items). It never exceeds the
+    simulated time of any completion of the node.
+    """
+
+    def __init__(self, costs: PipelineCosts, schedule: str, pp: int):
+        L, S, m = costs.num_layers, costs.pp, costs.num_micro_batches
+        self.costs, self.pp, self.S, self.L, self.m = costs, pp, S, L, m
+        self.blocking = not send_overlap(schedule)
+        self.zb = schedule == "zb-h1"
+        self.fill_ok, self.drain_ok = _rank_path_ends(schedule, pp)
+        ranks = np.arange(S) % pp
+        self.sigma = np.array([costs.time_scale[ranks == q].min() for q in range(pp)]) * m
+        layer = np.diff(costs.compute_prefix_s)
+        self.last = self.sigma[(S - 1) % pp] * layer[L - 1]
+        # P[j, n]: sum of the n cheapest of layers j .. L-2 (inf past their count)
+        P = np.full((L + 1, L + 1), np.inf)
+        for j in range(L):
+            cheap = np.sort(layer[j:L - 1])
+            P[j, :len(cheap) + 1] = np.concatenate([[0.0], np.cumsum(cheap)])
+        self.P = P
+        later = np.arange(S)[None, :] > np.arange(S)[:, None]  # later[s, k]: k after s
+        self.left = np.stack([np.bincount(ranks[later[s]], minlength=pp) for s in range(S)])
+        self.left[:, (S - 1) % pp] -= 1  # the last layer is placed on the last stage
+        self.root = np.zeros((4, pp))
+        self._columns: dict = {}
+
+    def advance(self, state, s: int, i: int, j):
+        """The states ``(n, 4, pp)`` (work, all-reduce, fill, drain per rank)
+        of the children ``[i, j)`` of a node at stage ``s`` with ``state``."""
+        work, r, fill, up = self._column(s, i)
+        d = j - i - 1
+        q = s % self.pp
+        out = np.repeat(state[None], len(j), axis=0)
+        out[:, 0, q] += work[d]
+        out[:, 1, q] += r[d]
+        after = np.arange(self.pp) > s
+        out[:, 2, after] += fill[d][:, None]
+        out[:, 3, after] += up[d][:, None]
+        return out
+
+    def _column(self, s: int, i: int):
+        """Stage ``s`` from layer ``i``, every end ``i + 1 .. L``: its rank's
+        work ``m (f + b)``, its all-reduce, one forward step down (``F + c``)
+        and one gradient step back up (memoised per ``(s, i)``)."""
+        if (s, i) not in self._columns:
+            c, j = self.costs, np.arange(i + 1, self.L + 1)
+            F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.allreduce_s(s, i, j)
+            send = c.send_s(s, j)
+            cin = c.send_s(s - 1, i) if s > 0 else 0.0
+            up = (B + cin) if self.blocking else ((c.bwd_input_s(s, i, j) if self.zb else B) + send)
+            work = self.m * (F + B + ((send + cin) if self.blocking else 0.0))
+            self._columns[s, i] = (work, r, F + send, np.broadcast_to(up, j.shape))
+        return self._columns[s, i]
+
+    def bound(self, states, s: int, j):
+        """Lower bounds ``(n,)`` for the children at stage ``s`` ending at
+        ``j`` (not the last stage) with ``states`` from :meth:`advance`."""
+        work, ar, fill, drain = (states[:, k] for k in range(4))
+        tail = np.maximum(ar, np.where(self.drain_ok, drain + ar[:, :1], -np.inf))
+        v = work + tail + np.where(self.fill_ok, fill, 0.0)
+        v[:, (self.S - 1) % self.pp] += self.last
+        c = self.left[s]  # (pp,)
+        extra = self.L - 1 - j - c.sum()  # layers beyond one per remaining stage
+        P = self.P[j, :int(c.max() + max(extra.max(), 0)) + 1]  # a rank takes at most c + extra layers
+        out = (v + self.sigma * P[:, c]).max(axis=1)
+        if np.any(extra > 0):
+            n = np.arange(P.shape[1])
+            levels = v[:, :, None] + self.sigma[None, :, None] * P[:, None, :]
+            levels = np.where(n[None, None, :] > c[None, :, None], levels, np.inf).reshape(len(j), -1)
+            kth = np.sort(levels, axis=1)[np.arange(len(j)), np.maximum(extra, 1) - 1]
+            out = np.where(extra > 0, np.maximum(out, kth), out)
+        return out
+
+
+def _rank_path_ends(schedule: str, pp: int):
+    """Per rank, from the builders' orders (:mod:`pipesearch.schedules`):
+    whether its first action is ``F`` of micro-batch 0 on its first stage
+    (every schedule: each warms up with micro-batch 0 on its first stage),
+    and whether its last action and rank 0's are the backward of micro-batch
+    ``m - 1`` on the first stage (GPipe, 1F1B, interleaved 1F1B; ZB-H1 ends
+    with a ``W``, looped BFS with micro-batch 0) (:class:`_RankCount`)."""
+    first = np.ones(pp, dtype=bool)
+    last = np.full(pp, schedule in ("gpipe", "1f1b", "interleaved-1f1b"))
+    return first, last
+
+
 def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, best: float, tie_rel: float,
-                      max_splits: int, max_nodes: int):
+                      max_splits: int, max_nodes: int, counter: _RankCount | None = None):
     """Depth-first over stages, children in bound order; leaves are queued
     and evaluated in batches. Returns ``(exact, frontier_bound, nodes)``."""
     W = tables.width
@@ -508,7 +849,8 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     def children(s, i, acc):
         """The children of a node at stage ``s`` starting at layer ``i``
         whose accumulated component values are ``acc`` (per kind), sorted by
-        lower bound: ``[(j, bound, acc of the child), ...]``."""
+        lower bound, those below the current limit only: ``[(j, bound, ref),
+        ...]`` (:func:`child_acc` of ``ref`` gives the child's values)."""
         d = np.arange(1, W + 1)
         j = i + d
         keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
@@ -547,17 +889,27 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
                 new[kind] = cw
             np.add.at(fam_lb, tables.fam[kind], tot)
         lb = fam_lb.max(axis=0)
-        out = []
-        for o in np.argsort(lb, kind="stable"):
-            if not np.isfinite(lb[o]):
-                break
-            child = {kind: val[..., o] for kind, val in new.items()}
-            if "device" in child:
-                work = acc["device"].copy()
-                work[:, rank] = child["device"]
-                child["device"] = work
-            out.append((int(j[o]), float(lb[o]), child))
-        return out
+        if counter is not None and s < S - 1:  # only children that may still be expanded
+            live = np.flatnonzero(lb < limit())
+            states = np.zeros((len(j), 4, pp))
+            if len(live):
+                states[live] = counter.advance(acc["count"], s, i, j[live])
+                lb[live] = np.maximum(lb[live], counter.bound(states[live], s, j[live]))
+            new["count"] = np.moveaxis(states, 0, -1)
+        order = np.argsort(lb, kind="stable")
+        order = order[:np.searchsorted(lb[order], limit())]  # the rest can never be expanded
+        parent = acc.get("device")
+        return [(int(j[o]), float(lb[o]), (new, o, parent, rank)) for o in order]
+
+    def child_acc(ref):
+        """The accumulated component values of a child from :func:`children`."""
+        new, o, parent, rank = ref
+        child = {kind: val[..., o] for kind, val in new.items()}
+        if "device" in child:
+            work = parent.copy()
+            work[:, rank] = child["device"]
+            child["device"] = work
+        return child
 
     start = {"sum": 0.0, "max": -np.inf, "suffix": -np.inf}
     root = {}
@@ -569,6 +921,8 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             root[kind] = np.zeros((q, pp))
         else:
             root[kind] = np.full(q, start[kind])
+    if counter is not None:
+        root["count"] = counter.root
     stack = [[(0,), children(0, 0, root), 0]]
     while stack:
         frame = stack[-1]
@@ -582,7 +936,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             if live:
                 return False, min(live), nodes
             return True, np.inf, nodes
-        j, lb, acc = kids[pos]
+        j, lb, ref = kids[pos]
         frame[2] = pos + 1
         nodes += 1
         bounds = prefix + (j,)
@@ -591,7 +945,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             if len(pending) >= batch:
                 flush()
             continue
-        stack.append([bounds, children(len(bounds) - 1, j, acc), 0])
+        stack.append([bounds, children(len(bounds) - 1, j, child_acc(ref)), 0])
     flush()
     return True, np.inf, nodes
 

@@ -107,11 +107,19 @@ def test_blocking_sends_of_1f1b_cost_the_sender():
 # ------------------------------------------------------------ exact split
 
 
-def _random_point(rng, L, schedule, pp, vp, m):
-    """PipelineCosts of a random profile on a random 1-2 node cluster."""
-    prof = tiny_profile(rng.exponential(1e-3, L), rng.exponential(2e-3, L),
-                        params=rng.exponential(1e6, L) * (rng.random(L) < 0.7),
-                        outputs=rng.exponential(1e6, L), saved=rng.exponential(1e6, L))
+def _random_point(rng, L, schedule, pp, vp, m, identical=False):
+    """PipelineCosts of a random profile on a random 1-2 node cluster; with
+    ``identical``, every layer but a random last one (a model head) is the
+    same (a transformer's blocks)."""
+    if identical:
+        one = [rng.exponential(1e-3), rng.exponential(2e-3), rng.exponential(1e6), rng.exponential(1e6)]
+        head = [x * float(rng.choice([1.0, rng.uniform(0.2, 3.0)])) for x in one]
+        fwd, bwd, params, outputs = (np.array([a] * (L - 1) + [h]) for a, h in zip(one, head))
+        prof = tiny_profile(fwd, bwd, params=params, outputs=outputs, saved=outputs)
+    else:
+        prof = tiny_profile(rng.exponential(1e-3, L), rng.exponential(2e-3, L),
+                            params=rng.exponential(1e6, L) * (rng.random(L) < 0.7),
+                            outputs=rng.exponential(1e6, L), saved=rng.exponential(1e6, L))
     per_node = int(rng.integers(1, pp * 2 + 1))
     nodes = -(-pp * 2 // per_node)
     cluster = tiny_cluster(nodes, per_node, memory_bytes=float(rng.choice([6e6, 1e9])),
@@ -153,6 +161,30 @@ def test_exact_split_equals_brute_force_over_the_simulator(seed):
     """Random instances up to 8 layers, every schedule: the branch and bound's
     time equals the best simulated time over every split that fits."""
     _assert_exact_split_is_brute_force_optimum(seed, pp_low=1, m_steps=4)
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_exact_split_on_identical_layers_equals_brute_force(seed):
+    """Identical layers (and a random head), interleaved 1F1B with 2-3
+    stages per rank, ZB-H1 and 1F1B: the branch and bound's time equals the
+    best simulated time over every split that fits, and it proves it. Ties
+    abound here, so a bound that overshoots by a hair prunes the optimum."""
+    rng = np.random.default_rng(1000 + seed)
+    schedule = ("interleaved-1f1b", "zb-h1", "1f1b")[seed % 3]
+    pp = int(rng.integers(2, 4))
+    vp = int(rng.integers(2, 4)) if schedule == "interleaved-1f1b" else 1
+    if pp * vp > 6:
+        pp = 2
+    L = int(rng.integers(pp * vp, pp * vp + 4))
+    m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
+    costs = _random_point(rng, L, schedule, pp, vp, m, identical=True)
+    ref = exhaustive_simulated_split(costs, schedule, pp, vp)
+    got = exact_split(costs, schedule, pp, vp)
+    if ref is None:
+        assert got is None
+        return
+    assert got is not None and got.exact
+    assert got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", range(40, 52))

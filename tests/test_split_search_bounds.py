@@ -1,0 +1,241 @@
+"""Every lower bound of the exact split is at most the simulated time of every
+split it covers, checked by enumerating the splits of small instances and
+replaying each in the discrete-event simulator.
+
+* the families of :func:`pipesearch.split_search.bound_families` (chain
+  families and the weighted combination included), each evaluated on a
+  complete split from its definition in that docstring;
+* the Lagrangian bound of :func:`pipesearch.split_search.lagrange_weights`;
+* the rank-counting bound of a partial split (``_RankCount``), against every
+  completion of that partial split.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from helpers import tiny_cluster, tiny_profile
+from pipesearch import split_search
+from pipesearch.costs import build_pipeline_costs, pipeline_placement
+from pipesearch.schedules import build, in_flight_peaks, num_stages_of
+from pipesearch.split_search import bound_families, lagrange_weights, separable_terms
+from pipesearch.timemodel import StageTimes, simulate_times
+from pipesearch.types import Job, Link
+
+CASES = (("interleaved-1f1b", 2), ("interleaved-1f1b", 3), ("zb-h1", 1), ("1f1b", 1), ("gpipe", 1),
+         ("looped-bfs", 2))
+
+
+def _point(seed: int):
+    """A seeded instance: schedule, ``pp``, ``vp``, ``m`` and PipelineCosts
+    with identical layers (and a random head) for even seeds, random layers
+    for odd ones; random links, all-reduce and memory (memory never refuses:
+    a bound must hold for every split)."""
+    rng = np.random.default_rng(seed)
+    schedule, vp = CASES[seed % len(CASES)]
+    pp = int(rng.integers(2, 4)) if vp < 3 else 2
+    S = num_stages_of(schedule, pp, vp)
+    L = int(rng.integers(S, min(S + 4, 9) + 1))
+    m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
+    if seed % 2 == 0:
+        one = rng.exponential(1.0, 4)
+        head = one * rng.uniform(0.2, 3.0, 4)
+        fwd, bwd, params, outputs = (np.array([a] * (L - 1) + [h]) for a, h in zip(one, head))
+        fwd, bwd, params, outputs = fwd * 1e-3, bwd * 2e-3, params * 1e6, outputs * 1e6
+    else:
+        fwd, bwd = rng.exponential(1e-3, L), rng.exponential(2e-3, L)
+        params, outputs = rng.exponential(1e6, L) * (rng.random(L) < 0.7), rng.exponential(1e6, L)
+    prof = tiny_profile(fwd, bwd, params=params, outputs=outputs, saved=outputs)
+    link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
+    cluster = tiny_cluster(1, 2 * pp, memory_bytes=1e12, intra=link, inter=link)
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
+                                 stages_per_device=vp)
+    return schedule, pp, vp, m, costs
+
+
+def _splits(L: int, S: int):
+    return [(0, *cut, L) for cut in itertools.combinations(range(1, L), S - 1)]
+
+
+def _simulated(costs, schedule, pp, vp, bounds) -> float:
+    return simulate_times(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.array(bounds)))[0]
+
+
+def _family_value(fam, S: int, pp: int) -> float:
+    """One family on one complete split, from the definitions of
+    :func:`bound_families`' docstring (each component over the ``S`` stages)."""
+    total = 0.0
+    for kind, alpha, beta in fam:
+        a = None if alpha is None else np.broadcast_to(alpha, (S,)).astype(float)
+        b = None if beta is None else np.broadcast_to(beta, (S,)).astype(float)
+        if kind == "sum":
+            total += a.sum()
+        elif kind == "max":
+            total += b.max()
+        elif kind == "prefix":
+            total += max(a[:k].sum() + b[k] for k in range(S))
+        elif kind == "suffix":
+            total += max(b[k] + a[k + 1:].sum() for k in range(S))
+        else:
+            total += max(b[q::pp].sum() for q in range(pp))
+    return total
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_every_family_is_at_most_the_simulated_time(seed):
+    """Every family (the chain families and a random convex combination of
+    the one-sum families included) on every split: at most the simulated
+    time. A chain count off by one action, a drain through the wrong kind of
+    backward (``B`` for ZB-H1's ``I``) or a fill credited to a rank that does
+    not start with micro-batch 0 overshoots on some split here."""
+    schedule, pp, vp, m, costs = _point(seed)
+    S, L = costs.pp, costs.num_layers
+    s = np.arange(S)
+    rng = np.random.default_rng(seed)
+    for bounds in _splits(L, S):
+        i, j = np.array(bounds[:-1]), np.array(bounds[1:])
+        n_sep = len(separable_terms(bound_families(costs, schedule, pp, s, i, j, chains=True), s, pp))
+        fams = bound_families(costs, schedule, pp, s, i, j, weights=rng.dirichlet(np.ones(n_sep)), chains=True)
+        t = _simulated(costs, schedule, pp, vp, bounds)
+        for fam in fams:
+            assert _family_value(fam, S, pp) <= t * (1 + 1e-9) + 1e-15
+
+
+def test_chain_family_is_tight_on_even_uniform_interleaved():
+    """Interleaved 1F1B, p = 4 ranks, v = 2 chunks, m = 8, 16 identical layers
+    of F = 1 ms, B = 2 ms (chunks of 2 layers: f = 2, b = 4 ms), free links,
+    no all-reduce: T = (m v + p - 1)(f + b) = 19 * 6 = 114 ms (Narayanan et
+    al. SC'21: bubble (p - 1)(f + b) per chunk; the simulator agrees). The
+    chain family of the last stage (micro-batch 0 down 7 stages, rank 3 from
+    there, micro-batch 7 back up) is this longest path, so the largest family
+    equals T."""
+    L, pp, vp, m = 16, 4, 2, 8
+    prof = tiny_profile([1e-3] * L, [2e-3] * L)
+    cluster = tiny_cluster(1, pp)
+    costs = build_pipeline_costs(prof, cluster, Job(global_batch_size=m, memory_reserve_bytes=0), pp=pp * vp, dp=1,
+                                 micro_batch_size=1, num_micro_batches=m, schedule="gpipe",
+                                 placement=pipeline_placement(pp, 1)[np.arange(pp * vp) % pp],
+                                 in_flight=np.array(in_flight_peaks(build("interleaved-1f1b", pp, m, vp))),
+                                 stages_per_device=vp)
+    bounds = tuple(range(0, L + 1, 2))
+    assert _simulated(costs, "interleaved-1f1b", pp, vp, bounds) == pytest.approx(0.114)
+    s, i, j = np.arange(pp * vp), np.array(bounds[:-1]), np.array(bounds[1:])
+    fams = bound_families(costs, "interleaved-1f1b", pp, s, i, j, chains=True)
+    values = [_family_value(f, pp * vp, pp) for f in fams]
+    assert max(values) == pytest.approx(0.114)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lagrange_bound_is_at_most_every_split(seed):
+    """The bound the weights' ascent reports is at most the simulated time of
+    every split, and its weights lie on the simplex."""
+    schedule, pp, vp, m, costs = _point(seed)
+    weights, phi = lagrange_weights(costs, schedule, pp, costs.num_layers)
+    assert weights is not None
+    assert np.all(weights >= 0) and weights.sum() == pytest.approx(1.0)
+    best = min(_simulated(costs, schedule, pp, vp, b) for b in _splits(costs.num_layers, costs.pp))
+    assert phi <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_rank_count_bound_is_at_most_every_completion(seed):
+    """For every partial split (stages ``0 .. s`` fixed, ``s < S - 1``), the
+    rank-counting bound is at most the simulated time of each of its
+    completions. Pinning the last layer to the wrong rank, counting a rank's
+    fill when its first action is not micro-batch 0 on its first stage, or
+    adding the drain to a rank that does not end with the last backward
+    overshoots here."""
+    schedule, pp, vp, m, costs = _point(seed)
+    S, L = costs.pp, costs.num_layers
+    count = split_search._RankCount(costs, schedule, pp)
+    times = {b: _simulated(costs, schedule, pp, vp, b) for b in _splits(L, S)}
+    for s in range(S - 1):
+        for prefix in {b[:s + 2] for b in times}:
+            state = count.root
+            for k in range(s + 1):
+                state = count.advance(state, k, prefix[k], np.array([prefix[k + 1]]))[0]
+            lb = count.bound(state[None], s, np.array([prefix[-1]]))[0]
+            best = min(t for b, t in times.items() if b[:s + 2] == prefix)
+            assert lb <= best * (1 + 1e-9) + 1e-15, (s, prefix)
+
+
+def test_stage_times_have_the_rank_count_layout():
+    """The rank-counting bound reads a stage's work from the cost terms: its
+    work on the last stage's rank at the full split equals m (F + B) over that
+    rank's stages (the sum the simulator's busy time of that rank shows)."""
+    schedule, pp, vp, m, costs = _point(0)
+    S, L = costs.pp, costs.num_layers
+    bounds = split_search.even_split(L, S)
+    count = split_search._RankCount(costs, schedule, pp)
+    state = count.root
+    for k in range(S):
+        state = count.advance(state, k, bounds[k], np.array([bounds[k + 1]]))[0]
+    st: StageTimes = costs.stage_times(np.array(bounds))
+    q = (S - 1) % pp
+    assert state[0, q] == pytest.approx(m * (st.fwd_s[q::pp] + st.bwd_s[q::pp]).sum())
+
+
+def _counted_from_the_order(schedule, pp, m, vp):
+    """The chain counts by walking the built order (the reference for the
+    closed form): rank ``k % pp`` from ``F`` of micro-batch 0 on ``k`` to the
+    backward of ``m - 1`` on ``k``, plus rank 0 after its backward of ``m - 1``
+    on stage 0."""
+    from pipesearch.schedules import build_orders
+    S = pp * vp
+    orders = build_orders(schedule, pp, m, vp)
+    back = "I" if schedule == "zb-h1" else "B"
+    kinds = "FBIW"
+
+    def count(seq):
+        n = np.zeros((S, 4), dtype=np.int64)
+        for kind, st, _ in seq:
+            n[st, kinds.index(kind)] += 1
+        return n
+
+    tail = count(orders[0][orders[0].index((back, 0, m - 1)) + 1:])
+    out = []
+    for k in range(S):
+        seq = orders[k % pp]
+        out.append(count(seq[seq.index(("F", k, 0)):seq.index((back, k, m - 1)) + 1]) + tail)
+    return out
+
+
+@pytest.mark.parametrize("schedule,vp", [("interleaved-1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3),
+                                         ("interleaved-1f1b", 4), ("zb-h1", 1)])
+def test_chain_counts_closed_form_equals_the_order(schedule, vp):
+    """The closed-form chain counts equal a walk over the built order, for
+    every rank and stage, over ``p = 1 .. 5`` and several ``m``."""
+    for pp in range(1, 6):
+        for m in (pp, 2 * pp, 3 * pp, 5 * pp, pp + 1, pp + 3):
+            if schedule == "interleaved-1f1b" and m % pp:
+                continue
+            ks, counts = split_search._chain_counts(schedule, pp, m, vp)
+            ref = _counted_from_the_order(schedule, pp, m, vp)
+            assert list(ks) == list(range(max(0, pp * vp - split_search.MAX_CHAIN_FAMILIES), pp * vp))
+            for k, n in zip(ks, counts):
+                assert np.array_equal(n, ref[k]), (pp, m, k)
+
+
+@pytest.mark.parametrize("schedule,vp", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2),
+                                         ("interleaved-1f1b", 3), ("looped-bfs", 2)])
+def test_rank_path_ends_match_the_order(schedule, vp):
+    """Which ranks start with micro-batch 0 on their first stage and end
+    (with rank 0) on the backward of micro-batch ``m - 1`` there: as the built
+    order says (a wrong ``True`` would add a drain that is not a path)."""
+    from pipesearch.schedules import build_orders
+    for pp in range(1, 5):
+        for m in (pp, 2 * pp, 4 * pp):
+            orders = build_orders(schedule, pp, m, vp)
+            first, last = split_search._rank_path_ends(schedule, pp)
+            ends = [seq[-1] == ("B", q, m - 1) for q, seq in enumerate(orders)]
+            assert list(first) == [seq[0] == ("F", q, 0) for q, seq in enumerate(orders)]
+            ref = [e and ends[0] for e in ends]
+            assert all(r for got, r in zip(last, ref) if got)  # never a drain the order does not have
+            if schedule != "looped-bfs":  # (its m = 1 ends on micro-batch 0 = m - 1: left unused)
+                assert list(last) == ref
