@@ -171,7 +171,7 @@ def _ranges(c: PipelineCosts, width: int, lo: int, hi: int):
 def _terms(c: PipelineCosts, s: int, i, j):
     """``(a, b)`` of stage ``s`` over the ranges ``[i, j)``."""
     a = c.sum_term(s, i, j)
-    return a, (c.num_micro_batches - 1) * a + c.allreduce_s(s, i, j)
+    return a, (c.num_micro_batches - 1) * a + c.after_backward_s(s, i, j)
 
 
 def _fits(c: PipelineCosts, s: int, start_ok, static, act):

@@ -799,7 +799,7 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     S = costs.pp
     st, i, j = np.arange(S), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
     a = costs.sum_term(st, i, j)
-    ar = costs.allreduce_s(st, i, j)
+    ar = costs.after_backward_s(st, i, j)
     if schedule == "zb-h1":
         w = costs.bwd_s(st, i, j) - costs.bwd_input_s(st, i, j)
         return costs.iteration_time_s(bounds) - 2 * (pp - 1) * float(w.min())

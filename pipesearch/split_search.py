@@ -154,7 +154,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     c = costs.send_s(s, j)
     cin = np.where(np.asarray(s) > 0, costs.send_s(np.maximum(np.asarray(s) - 1, 0), i), 0.0)
     I = costs.bwd_input_s(s, i, j)
-    r = costs.allreduce_s(s, i, j)
+    r = costs.after_backward_s(s, i, j)
     blocking = not send_overlap(schedule)
     f = F + c if blocking else F
     b = B + cin if blocking else B
@@ -774,7 +774,7 @@ class _RankCount:
         and one gradient step back up (memoised per ``(s, i)``)."""
         if (s, i) not in self._columns:
             c, j = self.costs, np.arange(i + 1, self.L + 1)
-            F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.allreduce_s(s, i, j)
+            F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.after_backward_s(s, i, j)
             send = c.send_s(s, j)
             cin = c.send_s(s - 1, i) if s > 0 else 0.0
             up = (B + cin) if self.blocking else ((c.bwd_input_s(s, i, j) if self.zb else B) + send)
