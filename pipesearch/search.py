@@ -956,8 +956,12 @@ def _check_options(variants, cluster, job, options):
             raise InputError(
                 f"--split {','.join(map(str, options.split))} covers {sum(options.split)} layers, "
                 f"the model has {L}: the counts must sum to {L}")
-        if options.pp and options.pp != len(options.split):
-            raise InputError(f"--split has {len(options.split)} stages but --pp is {options.pp}")
+        n = len(options.split)
+        chunked = any(sch in MULTI_STAGE_SCHEDULES for sch in options.schedules) and options.pp and any(
+            n == options.pp * v for v in options.vps)
+        if options.pp and options.pp != n and not chunked:
+            raise InputError(f"--split has {n} stages but --pp is {options.pp} (a split of pp x vp stages needs a "
+                             f"multi-stage --schedule and --vp {n // options.pp if n % options.pp == 0 else 'V'})")
     if options.pp is not None:
         if options.pp < 1:
             raise InputError(f"--pp {options.pp} must be >= 1")
@@ -1006,8 +1010,10 @@ def _check_options(variants, cluster, job, options):
         raise InputError(f"unknown schedule {unknown[0]!r}; expected one of {', '.join(ALL_SCHEDULES)}")
     if any(v < 1 for v in options.vps):
         raise InputError(f"--vp {min(options.vps)} must be >= 1")
-    if options.split is not None and any(s in MULTI_STAGE_SCHEDULES for s in options.schedules):
-        raise InputError("--split scores one stage per device; choose --schedule gpipe, 1f1b or zb-h1 with it")
+    if options.split is not None and any(s in MULTI_STAGE_SCHEDULES for s in options.schedules) and not (
+            options.pp and any(len(options.split) == options.pp * v for v in options.vps)):
+        raise InputError(f"--split of {len(options.split)} stages with a multi-stage schedule needs --pp and --vp "
+                         f"with pp x vp = {len(options.split)} (or choose --schedule gpipe, 1f1b or zb-h1)")
     if options.replicate_stages or options.split_replicas:
         _check_replication_options(variants, cluster, job, options)
 

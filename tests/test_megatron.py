@@ -11,24 +11,22 @@ from pathlib import Path
 
 import pytest
 
+import sys
+
 from pipesearch.hardware import load_cluster
 from pipesearch.memory import preset
-from pipesearch.overlap import CommOverlap
 from pipesearch.profiles.transformer import (TransformerConfig, layer_table, megatron_flops_eq3, megatron_params_eq2,
                                              palm_model_flops)
 from pipesearch.search import ModelVariant, SearchOptions, search
 from pipesearch.types import Job
 
 DATA = Path(__file__).parent / "data" / "published"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import published_rows  # noqa: E402  (the rows' planning, shared with the benchmark table)
 ROWS = list(csv.DictReader(open(DATA / "megatron_sc21_table1_sample.csv")))
 H100_ROWS = list(csv.DictReader(open(DATA / "megatron_core_h100_sample.csv")))
 SEQ, VOCAB = 2048, 51200
 HEADROOM = 0.05  # the CLI's default --memory-headroom
-#: SC'21 trained in fp16, where Megatron-LM all-reduces the fp16 gradients
-#: (its --accumulate-allreduce-grads-in-fp32 is forced on for bf16 only)
-SC21_GRAD_BYTES = 2.0
-#: Megatron-Core's H100 runs overlapped data-parallel and tensor-parallel communication
-H100_RUN_OVERLAP = CommOverlap(grad_reduce=True, param_gather=True, tp_forward=True)
 
 
 def gpt(row, vocab: int = VOCAB, seq: int = SEQ) -> TransformerConfig:
@@ -49,36 +47,30 @@ def predicted_tflops(row, plan) -> float:
     return flops / (int(row["num_gpus"]) * plan.predicted.iteration_time_s) / 1e12
 
 
-def pinned(row, job: Job | None = None):
-    """The paper's tp, pp, GPU count and batch, full recompute, no sequence
-    parallelism, the backward's tensor-parallel collectives charged in full
-    (SC'21 describes no overlap of them), Megatron's 18 B/param state, its
-    fp16 gradient all-reduce after the backward."""
-    tp, pp, n = int(row["tensor_parallel"]), int(row["pipeline_parallel"]), int(row["num_gpus"])
-    cl = cluster_for(row)
-    prof = layer_table(gpt(row), seq_len=SEQ, device=cl.device_spec(0), tp=tp, sequence_parallel=False,
-                       recompute="full", tp_link=cl.intra_node, overlap_tp_backward=False)
-    opts = SearchOptions(pp=pp, dp=n // (tp * pp), schedules=("1f1b", "interleaved-1f1b"), top=1)
-    job = job or Job(int(row["global_batch_size"]), param_state=preset("megatron"),
-                     memory_headroom_fraction=HEADROOM, grad_bytes_per_param=SC21_GRAD_BYTES)
-    return search([ModelVariant(prof, tp=tp, recompute="full")], cl, job, opts)
+def pinned(row):
+    """The paper's tp, pp, GPU count and batch, Megatron's even split, full
+    recompute, no sequence parallelism, the backward's tensor-parallel
+    collectives charged in full (SC'21 describes no overlap of them),
+    Megatron's 18 B/param state, its fp16 gradient all-reduce after the
+    backward (benchmarks/published_rows.py, the same rows' table)."""
+    return published_rows.predict_sc21(row)[1]
 
 
 def h100_pinned(row):
-    """A Megatron-Core H100 row as a user plans it: published tp, pp, dp and
-    batch; Megatron state with the distributed optimizer (ZeRO-1); sequence
-    parallelism with tp; recompute, micro-batch size and schedule searched."""
-    seq, vocab = int(row["seq_len"]), int(row["vocab"])
-    tp, pp, dp, n = (int(row[k]) for k in ("tensor_parallel", "pipeline_parallel", "data_parallel", "num_gpus"))
-    cl = load_cluster("4x8-h100", nodes=n // 8)
-    variants = [ModelVariant(layer_table(gpt(row, vocab, seq), seq_len=seq, device=cl.device_spec(0), tp=tp,
-                                         sequence_parallel=tp > 1, recompute=mode, tp_link=cl.intra_node,
-                                         overlap_tp_forward=True),
-                             tp=tp, recompute=mode) for mode in ("none", "selective", "full")]
-    job = Job(int(row["global_batch_size"]), param_state=preset("megatron", "zero1"),
-              memory_headroom_fraction=HEADROOM, comm_overlap=H100_RUN_OVERLAP)
-    schedules = ("1f1b",) if pp == 1 else ("1f1b", "interleaved-1f1b")
-    return search(variants, cl, job, SearchOptions(pp=pp, dp=dp, schedules=schedules, top=1))
+    """A Megatron-Core H100 row as it ran: published tp, pp, dp and batch,
+    Megatron's even split; Megatron state with the distributed optimizer
+    (ZeRO-1), the overlap those runs had on; sequence parallelism with tp;
+    recompute, micro-batch size and schedule searched."""
+    return published_rows.predict_h100(row)[1]
+
+
+def test_megatron_even_split_by_hand():
+    """84 blocks in 2 x 2 chunks: 21 each, the embedding on the first and
+    the head on the last; 128 blocks in 64 x 2 chunks: one each; 26 blocks
+    do not divide into 4."""
+    assert published_rows.megatron_even_split(84, 4) == (22, 21, 21, 22)
+    assert published_rows.megatron_even_split(128, 128) == (2,) + (1,) * 126 + (2,)
+    assert published_rows.megatron_even_split(26, 4) is None
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["params_billion"] for r in ROWS])
@@ -103,7 +95,7 @@ def test_layer_table_parameters_agree_with_eq2(row):
 def test_sc21_pinned_throughput_within_5_percent_of_published(row):
     """SC'21 Table 1 (A100 80 GB): predicted TFLOP/s per GPU (eq. 3 FLOPs)
     within 5% of the published figure, one A100 calibration for all rows."""
-    got = predicted_tflops(row, pinned(row).plans[0])
+    got = predicted_tflops(row, pinned(row))
     assert got == pytest.approx(float(row["achieved_tflops_per_gpu"]), rel=0.05)
 
 
@@ -123,7 +115,7 @@ def test_h100_pinned_throughput_within_5_percent_of_published(row):
     backward, the parameter all-gather with the first forward and the
     tensor-parallel collectives with the GEMMs; the plans model that overlap
     (pipesearch.overlap) and the H100 curve was fitted with it on."""
-    plan = h100_pinned(row).plans[0]
+    plan = h100_pinned(row)
     assert megatron_model_tflops(row, plan) == pytest.approx(float(row["achieved_tflops_per_gpu"]), rel=0.05)
     # the plan's MFU (PaLM's model FLOPs over the dense peak) is the same figure over 989.4 TFLOP/s
     assert plan.predicted.mfu == pytest.approx(megatron_model_tflops(row, plan) / 989.4, rel=1e-9)
@@ -173,7 +165,7 @@ def test_unpinned_search_at_least_matches_pinned(row):
     80 GB per GPU. (The 1T row is checked pinned only: its free search is the
     benchmark's job.)"""
     cl = cluster_for(row)
-    base = pinned(row).plans[0]
+    base = pinned(row)
     variants = []
     for tp in (1, 2, 4, 8):
         for mode in ("none", "selective", "full"):
@@ -181,7 +173,7 @@ def test_unpinned_search_at_least_matches_pinned(row):
                                recompute=mode, tp_link=cl.intra_node, overlap_tp_backward=False)
             variants.append(ModelVariant(prof, tp=tp, recompute=mode))
     job = Job(int(row["global_batch_size"]), param_state=preset("megatron"), memory_headroom_fraction=HEADROOM,
-              grad_bytes_per_param=SC21_GRAD_BYTES)
+              grad_bytes_per_param=published_rows.SC21_GRAD_BYTES)
     free = search(variants, cl, job, SearchOptions(top=1)).plans[0]
     assert free.predicted.samples_per_s >= base.predicted.samples_per_s * (1 - 1e-9)
     assert free.predicted.peak_memory_bytes <= 80 * 2**30
