@@ -317,3 +317,22 @@ def test_split_notes_name_plans_whose_split_is_not_proven():
                       extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
     assert split_notes([stopped]) == ["plan 3: split not proven optimal within the search's work limits "
                                       "(best found 200.00 ms, lower bound 150.00 ms, gap 25.0%)"]
+
+
+def test_split_of_interleaved_chunks_is_scored():
+    """--split with pp x vp stages and the interleaved schedule scores that
+    split (Megatron's even division of GPT-3 1.3B's 24 blocks into 2 x 2
+    chunks: 6 each, the embedding with the first, the head with the last);
+    a count that is not pp x vp is refused in one line."""
+    from click.testing import CliRunner
+    from pipesearch.cli import main as cli
+
+    args = ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512", "--pp", "2", "--vp", "2",
+            "--schedule", "interleaved-1f1b", "--json", "--top", "1"]
+    res = CliRunner().invoke(cli, [*args, "--split", "7,6,6,7"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)["plans"][0]
+    assert [st["layers"][1] - st["layers"][0] for st in plan["stages"]] == [7, 6, 6, 7]
+    assert plan["parallelism"]["vp"] == 2
+    bad = CliRunner().invoke(cli, [*args, "--split", "9,9,8"])
+    assert bad.exit_code == 2 and "pp x vp" in bad.output

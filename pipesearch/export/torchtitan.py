@@ -173,6 +173,30 @@ AC_SUBCOMMANDS = {"none": "activation-checkpoint:none", "full": "activation-chec
 """pipesearch recompute mode -> torchtitan 0.3.0 activation-checkpoint subcommand."""
 
 
+def pipeline_sections(plan: Plan, parts, inputs: Inputs, release: str) -> tuple[dict, dict, str]:
+    """The ``parallelism`` and ``training`` keys both torchtitan releases
+    share (0.3.0 overrides, 0.2.x TOML: the same names), from the plan:
+    pipeline degree, schedule class, micro-batch size, modules per stage
+    (``parts``), tensor and data-parallel degrees
+    (:func:`pipesearch.export.torchtitan_dp_degrees`, whose note is
+    returned third), local and global batch, sequence length."""
+    replicate, shard, dp_note = torchtitan_dp_degrees(plan, inputs, release)
+    m, mbs = plan.num_micro_batches, plan.micro_batch_size
+    parallelism = {
+        "pipeline_parallel_degree": plan.pp,
+        "pipeline_parallel_schedule": SCHEDULE_NAMES[plan.schedule],
+        "pipeline_parallel_microbatch_size": mbs,
+        "module_fqns_per_model_part": parts,
+        "tensor_parallel_degree": plan.tp,
+        "data_parallel_replicate_degree": replicate,
+        "data_parallel_shard_degree": shard,
+    }
+    training = {"local_batch_size": mbs * m, "global_batch_size": mbs * m * plan.dp}
+    if inputs.seq_len:
+        training["seq_len"] = inputs.seq_len
+    return parallelism, training, dp_note
+
+
 def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                       inputs: Inputs | None = None, module: str | None = None, config: str | None = None,
                       torchtitan_version: str | None = None) -> dict:
@@ -242,23 +266,11 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
                 raise InputError(f"torchtitan: module FQN {f!r} cannot be written as an override "
                                  f"(torchtitan splits each stage's list on commas)")
     parts = [[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges]
-    m, mbs = plan.num_micro_batches, plan.micro_batch_size
+    m = plan.num_micro_batches
     rc = recompute_mode(plan, "torchtitan")
-    replicate, shard, dp_note = torchtitan_dp_degrees(plan, inputs, RUNTIME_VERSION)
-    parallelism = {
-        "pipeline_parallel_degree": plan.pp,
-        "pipeline_parallel_schedule": SCHEDULE_NAMES[plan.schedule],
-        "pipeline_parallel_microbatch_size": mbs,
-        "module_fqns_per_model_part": parts,
-        "tensor_parallel_degree": plan.tp,
-        "data_parallel_replicate_degree": replicate,
-        "data_parallel_shard_degree": shard,
-    }
+    parallelism, training, dp_note = pipeline_sections(plan, parts, inputs, RUNTIME_VERSION)
     if plan.tp > 1:
         parallelism["enable_sequence_parallel"] = sequence_parallel(plan)
-    training = {"local_batch_size": mbs * m, "global_batch_size": mbs * m * plan.dp}
-    if inputs.seq_len:
-        training["seq_len"] = inputs.seq_len
     if plan.pp > 1:
         training["disable_cuda_graphs"] = True
     overrides: list[str] = []

@@ -56,9 +56,9 @@ from collections.abc import Mapping, Sequence
 from ..errors import InputError
 from ..types import Plan
 from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, sequence_parallel, shell_command, torchrun_prefix,
-               torchtitan_dp_degrees, transformer_shape)
+               transformer_shape)
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
-from .torchtitan import RUNTIME, SCHEDULE_NAMES, layers_per_stage_alternative
+from .torchtitan import RUNTIME, layers_per_stage_alternative, pipeline_sections
 
 TOML_VERSIONS = ("0.2", "0.2.0", "0.2.1", "0.2.2")
 """Releases whose job TOML this module writes (same keys in all)."""
@@ -141,21 +141,9 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
                                  "level; pipeline_module_split handles top-level modules and "
                                  "'<ModuleList/ModuleDict>.<key>' only")
     parts = [[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges]
-    m, mbs = plan.num_micro_batches, plan.micro_batch_size
+    m = plan.num_micro_batches
     rc = recompute_mode(plan, "torchtitan")
-    replicate, shard, dp_note = torchtitan_dp_degrees(plan, inputs, TOML_RUNTIME_VERSION)
-    parallelism = {
-        "pipeline_parallel_degree": plan.pp,
-        "pipeline_parallel_schedule": SCHEDULE_NAMES[plan.schedule],
-        "pipeline_parallel_microbatch_size": mbs,
-        "module_fqns_per_model_part": parts,
-        "tensor_parallel_degree": plan.tp,
-        "data_parallel_replicate_degree": replicate,
-        "data_parallel_shard_degree": shard,
-    }
-    training = {"local_batch_size": mbs * m, "global_batch_size": mbs * m * plan.dp}
-    if inputs.seq_len:
-        training["seq_len"] = inputs.seq_len
+    parallelism, training, dp_note = pipeline_sections(plan, parts, inputs, TOML_RUNTIME_VERSION)
     checkpoint = {"mode": rc, **({"selective_ac_option": "op"} if rc == "selective" else {})}
     notes = [
         f"torchtitan {TOML_RUNTIME_VERSION} (0.2.x): {m} micro-batches = training.local_batch_size // "
