@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipesearch.cli import main
+from pipesearch.errors import InputError
 from pipesearch.export import export_plan
 from pipesearch.plan import load_plan_file
 
@@ -558,3 +559,28 @@ def test_torch_interleaved_1f1b_order_equals_the_exported_csv(pp, vp, m):
     for rank in range(pp):
         torch_ops = [str(a) for a in sched._calculate_single_rank_operations(rank) if a is not None]
         assert torch_ops == [c.strip() for c in rows[rank] if c.strip()]
+
+
+def test_deepspeed_config_class_reads_the_optimizer_offload(monkeypatch, tmp_path):
+    """A plan whose every stage keeps its optimizer state in host memory
+    (Qwen3-32B on 8x RTX 4090, which does not fit without it) exports
+    DeepSpeed's ZeRO-Offload (stage 1, optimizer on the CPU), and DeepSpeed's
+    own config class reads it so; other runtimes refuse the plan."""
+    pytest.importorskip("deepspeed")
+    import deepspeed.runtime.config as ds_config
+    from deepspeed.runtime.config import DeepSpeedConfig
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    out = tmp_path / "q32.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4", "-b", "512",
+                                    "--optimizer-offload", "--schedule", "1f1b", "--top", "1", "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    pf = load_plan_file(out)
+    plan = pf.plans[0]
+    assert all("offload" in st.memory_option for st in plan.stages)
+    exp = export_plan(plan, "deepspeed", inputs=pf.inputs)
+    cfg = DeepSpeedConfig(json.loads(exp["files"]["ds_config.json"]), mpu=_Grid(plan.pp, plan.dp, plan.tp))
+    assert cfg.zero_optimization_stage == 1
+    assert cfg.zero_config.offload_optimizer is not None and cfg.zero_config.offload_optimizer.device == "cpu"
+    for fmt in ("megatron", "torch", "torchtitan"):
+        with pytest.raises(InputError, match="optimizer state in host memory"):
+            export_plan(plan, fmt, inputs=pf.inputs)

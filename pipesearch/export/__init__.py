@@ -105,6 +105,39 @@ def refuse_stage_replicas(plan: Plan, fmt: str) -> None:
 
 
 
+def host_memory_stages(plan: Plan) -> tuple[list[int], list[int]]:
+    """``(offloaded, streamed)``: the stages whose memory option keeps the
+    optimizer state (``+offload``) or the weights (``stream``) in host
+    memory (:attr:`pipesearch.types.StagePlan.memory_option`)."""
+    offloaded = [st.index for st in plan.stages if "offload" in st.memory_option]
+    streamed = [st.index for st in plan.stages if "stream" in st.memory_option]
+    return offloaded, streamed
+
+
+def refuse_host_memory(plan: Plan, fmt: str) -> None:
+    """Refuse a plan that keeps state in host memory where the runtime's
+    export cannot say so: every runtime but DeepSpeed (whose ZeRO-Offload the
+    DeepSpeed export writes when *every* stage offloads its optimizer
+    state), and streamed weights everywhere (no runtime exported here
+    streams a pipeline stage's weights from host memory).
+
+    Raises:
+        InputError: names the stages and what they keep on the host.
+    """
+    offloaded, streamed = host_memory_stages(plan)
+    runtime = RUNTIME_NAMES.get(fmt, fmt)
+    if streamed:
+        raise InputError(f"export {fmt}: stages {','.join(map(str, streamed))} stream their weights from host "
+                         f"memory (--stream-weights); {runtime} keeps a stage's weights on its GPU, so the plan would "
+                         "not fit as written; re-plan without --stream-weights")
+    if offloaded and (fmt != "deepspeed" or len(offloaded) != len(plan.stages)):
+        why = ("DeepSpeed's offload_optimizer applies to every stage alike" if fmt == "deepspeed"
+               else f"{runtime}'s export has no optimizer offload")
+        raise InputError(f"export {fmt}: stages {','.join(map(str, offloaded))} of {len(plan.stages)} keep their "
+                         f"optimizer state in host memory (--optimizer-offload) and {why}; re-plan without "
+                         "--optimizer-offload" + ("" if fmt == "deepspeed" else " or export --format deepspeed"))
+
+
 def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                 inputs: Mapping | None = None, **options) -> dict:
     """Export ``plan`` for runtime ``fmt``.
@@ -134,6 +167,7 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
     if fmt not in _MODULES:
         raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     refuse_stage_replicas(plan, fmt)
+    refuse_host_memory(plan, fmt)
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:

@@ -171,6 +171,13 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         # the pipeline engine supports ZeRO stage 0 and 1 only (PipelineEngine.__init__)
         "zero_optimization": {"stage": 1 if inputs.zero1 else 0},
     }
+    if plan.stages and all("offload" in st.memory_option for st in plan.stages):
+        # ZeRO-Offload (Ren et al. ATC'21): the optimizer state and step on the CPU; DeepSpeed offloads
+        # from ZeRO stage 1 on (the pipeline engine runs stage 0 or 1)
+        config["zero_optimization"] = {"stage": 1, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+        notes.append("every stage keeps its optimizer state in host memory, as planned (--optimizer-offload): "
+                     "zero_optimization.offload_optimizer = cpu, ZeRO stage 1; the CPU Adam step is DeepSpeed's "
+                     "DeepSpeedCPUAdam.")
     if inputs.model.get("kind") == "transformer":
         # pipesearch's transformer tables assume bf16 mixed precision (2-byte activations and weights)
         config["bf16"] = {"enabled": True}
