@@ -379,17 +379,21 @@ class PipelineCosts:
         last action (:func:`pipesearch.overlap.exposed_s`; all of it without
         overlap). The gradient reduce hides under the last backward (its
         weight-gradient part under zero-bubble schedules), the all-gather
-        under the first forward, each in the stage's buckets."""
+        under the first forward, each in the stage's buckets, every bucket's
+        collective paying the all-reduce model's latency term."""
         reduce, gather = self.dp_comm_s(s, i, j)
         ov = self.overlap
         if ov is None or not (ov.grad_reduce or ov.param_gather):
             return reduce + gather
         buckets = self.num_buckets(i, j)
+        # every bucket's collective pays the latency term (dp_comm_s counts it once)
+        latency = self.allreduce_fixed_s[s] * (0.5 if self.gather_bytes_per_param_byte > 0 else 1.0)
         if ov.grad_reduce:
             window = self.bwd_s(s, i, j) - (self.bwd_input_s(s, i, j) if self.wgrad_window else 0.0)
-            reduce = exposed_s(reduce, window, buckets)
+            reduce = exposed_s(np.where(reduce > 0, reduce + (buckets - 1) * latency, 0.0), window, buckets)
         if ov.param_gather:
-            gather = exposed_s(gather, self.fwd_s(s, i, j), buckets)
+            gather = exposed_s(np.where(gather > 0, gather + (buckets - 1) * latency, 0.0), self.fwd_s(s, i, j),
+                               buckets)
         return reduce + gather
 
     def num_buckets(self, i, j):

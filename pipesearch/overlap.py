@@ -31,7 +31,10 @@ starts; the expression is linear in ``k``, so its maximum is at ``k = 1`` or
     exposed = max(C / K, C - (1 - 1 / K) W)
 
 (``K = 1``: the whole collective; ``K -> inf``: ``max(0, C - W)``, the
-classic "communication hidden up to the compute time"). Megatron-LM's bucket
+classic "communication hidden up to the compute time"). Every bucket's
+collective pays the latency term ``alpha`` of the all-reduce model, so
+``C = bytes term + K alpha`` (:meth:`pipesearch.costs.PipelineCosts.allreduce_s`):
+tiny buckets cost their latencies. Megatron-LM's bucket
 size is 40 M parameters (``DistributedDataParallelConfig.bucket_size``
 default; Megatron Core user guide, "Distributed Data Parallel"), PyTorch
 DDP's 25 MiB (``bucket_cap_mb``), FSDP's one unit (a transformer block in

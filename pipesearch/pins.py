@@ -36,6 +36,10 @@ def resolve_dp(pins: BatchPins, num_devices: int) -> int | None:
     """
     b, dp, mbs, m = pins.global_batch_size, pins.dp, pins.micro_batch_size, pins.num_micro_batches
     if mbs is None or m is None:
+        for flag, v in (("--num-micro-batches", m), ("--micro-batch-size", mbs), ("--dp", dp)):
+            if v is not None and b % v:
+                raise InputError(f"{flag} {v} does not divide --global-batch-size {b} (the global batch is dp x "
+                                 f"micro-batch size x micro-batches); pick a divisor of {b} or drop {flag}")
         return dp
     if dp is not None:
         if mbs * m * dp != b:

@@ -180,10 +180,24 @@ _NO_OVERLAP_REASON = {
 }
 
 
-def check_overlap(runtime: str | None, overlap) -> None:
-    """Refuse communication overlap ``runtime`` does not have
-    (:data:`OVERLAP_SUPPORT`; torchtitan's tensor-parallel overlap is its
-    asynchronous tensor parallelism, Megatron-LM's ``--tp-comm-overlap``).
+#: shardings each runtime's export runs as planned
+SHARDING_SUPPORT = {
+    "megatron": ("none", "zero1"),        # --use-distributed-optimizer is ZeRO-1
+    "torchtitan": ("none", "zero3", "fsdp"),  # FSDP2 only
+    "deepspeed": ("none", "zero1"),       # the pipeline engine: ZeRO stage 0 or 1
+    "torch": ("none",),                   # the exported script replicates with DDP
+    "gpipe": ("none",),
+}
+
+
+def check_overlap(runtime: str | None, overlap, sharding: str = "none", sequence_parallel: bool = True) -> None:
+    """Refuse, before the search, communication overlap and sharding that
+    ``runtime`` does not run as planned (:data:`OVERLAP_SUPPORT`,
+    :data:`SHARDING_SUPPORT`; torchtitan's tensor-parallel overlap is its
+    asynchronous tensor parallelism, Megatron-LM's ``--tp-comm-overlap``),
+    and Megatron-LM's own rules (``validate_args``): the parameter gather
+    overlapped only with the gradient reduce, ``--tp-comm-overlap`` only with
+    sequence parallelism, buckets sized in parameters.
 
     Raises:
         InputError: names the option, the runtime and why.
@@ -195,6 +209,19 @@ def check_overlap(runtime: str | None, overlap) -> None:
             raise InputError(f"--runtime {runtime} with {_OVERLAP_FLAG[key]}: {runtime} cannot overlap it "
                              f"({_NO_OVERLAP_REASON.get(runtime, 'not supported')}); drop the option or choose "
                              f"--runtime {' / '.join(runs)}")
+    if sharding not in SHARDING_SUPPORT[runtime]:
+        raise InputError(f"--runtime {runtime} with --sharding {sharding}: {runtime} runs "
+                         f"{' / '.join(SHARDING_SUPPORT[runtime])} as planned; choose one of those")
+    if runtime == "megatron":
+        if overlap.param_gather and not overlap.grad_reduce:
+            raise InputError("--runtime megatron: --overlap-param-gather needs --overlap-grad-reduce (Megatron-LM's "
+                             "validate_args); add --no-overlap-param-gather or keep the gradient reduce overlapped")
+        if overlap.tp_forward and not sequence_parallel:
+            raise InputError("--runtime megatron: --tp-comm-overlap needs sequence parallelism (Megatron-LM's "
+                             "validate_args); drop --no-sequence-parallel or --tp-comm-overlap")
+        if overlap.grad_reduce and overlap.bucket_params is None:
+            raise InputError("--runtime megatron: --grad-bucket-params layer: Megatron-LM sizes its gradient "
+                             "buckets in parameters (--ddp-bucket-size); give a number, e.g. 40000000")
 
 
 def filter_plans(runtime: str, plans: Sequence[Plan], top: int,

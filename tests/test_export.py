@@ -654,3 +654,24 @@ def test_every_export_has_the_common_keys():
             continue
         assert {"runtime", "runtime_version", "format_version", "notes", "files"} <= set(exp), fmt
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in exp["files"].items())
+
+
+def test_per_stage_recompute_exports_when_the_stages_agree():
+    """A plan whose stages each chose their recompute (recompute =
+    per-stage) exports with that one setting when every stage chose the same
+    (here all 'none', or all 'full'); stages that differ are refused,
+    naming them, because every runtime applies one setting to all stages."""
+    from dataclasses import replace as dc_replace
+
+    from pipesearch.export import recompute_mode
+
+    base = make_plan([2, 2], recompute="per-stage")
+
+    def with_options(*opts):
+        return dc_replace(base, stages=tuple(dc_replace(st, memory_option=o) for st, o in zip(base.stages, opts)))
+
+    assert recompute_mode(with_options("none", "none"), "torch") == "none"
+    assert recompute_mode(with_options("on-device", "on-device"), "torch") == "none"
+    assert recompute_mode(with_options("full", "full"), "megatron") == "full"
+    with pytest.raises(InputError, match="stage 0 full, stage 1 none"):
+        recompute_mode(with_options("full", "none"), "megatron")

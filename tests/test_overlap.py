@@ -93,6 +93,28 @@ def test_overlap_in_the_time_model_by_hand():
     assert _one_stage_time(MIXED, CommOverlap(grad_reduce=True, bucket_params=None)) == pytest.approx(40 * ms)
 
 
+def test_every_bucket_pays_the_latency():
+    """The one-layer job with 100 us links: ring all-reduce over 2 ranks
+    2 (1/2) 1e9 / 100e9 + 2 (1) 1e-4 = 10.2 ms without overlap (T = 40.2 ms).
+    Overlapped in buckets of 1e8 parameters (K = 5): each bucket pays the
+    0.2 ms latency, C = 10 + 5 (0.2) = 11 ms, exposed max(11/5, 11 - 20 (4/5))
+    = 2.2 ms: T = 32.2 ms. One-parameter buckets (K = 5e8) pay 5e8 latencies:
+    far slower than no overlap."""
+    prof = tiny_profile([0.010], [0.020], params=[1e9], bytes_per_param=2.0)
+    cluster = tiny_cluster(1, 2, intra=Link(100e9, 1e-4))
+
+    def t(overlap):
+        job = Job(global_batch_size=2, memory_reserve_bytes=0, param_state=MIXED, comm_overlap=overlap)
+        return search([ModelVariant(prof)], cluster, job, SearchOptions(pp=1, dp=2, micro_batch_size=1,
+                                                                        schedules=("1f1b",))).plans[0]
+
+    ms = 1e-3
+    assert t(None).predicted.iteration_time_s == pytest.approx(40.2 * ms, rel=1e-9)
+    assert t(CommOverlap(grad_reduce=True, bucket_params=1e8)).predicted.iteration_time_s == pytest.approx(
+        32.2 * ms, rel=1e-9)
+    assert t(CommOverlap(grad_reduce=True, bucket_params=1)).predicted.iteration_time_s > 1000.0
+
+
 def test_zero_bubble_hides_the_reduce_under_the_weight_gradient_only():
     """Two identical stages of one layer, ZB-H1, m = 2, dp = 2, one node of
     4 devices at 100 GB/s (the layers send nothing): forward 1 s, backward 2 s of which
@@ -199,7 +221,7 @@ def test_megatron_refuses_sharding_its_distributed_optimizer_does_not_do():
     res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
                                     "--pp", "2", "--tp", "2", "--runtime", "megatron", "--sharding", "zero3", "-q"])
     assert res.exit_code == 2
-    assert "sharding 'zero3'" in res.output and "--sharding zero1" in res.output
+    assert "--sharding zero3" in res.output and "none / zero1" in res.output
 
 
 def test_torchtitan_runs_fsdp_and_exports_its_shard_degree():
@@ -216,4 +238,25 @@ def test_torchtitan_runs_fsdp_and_exports_its_shard_degree():
         res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
                                         "--pp", "2", "--tp", "2", "--runtime", runtime, "--sharding", sharding, "-q"])
         assert res.exit_code == 2, (runtime, res.output)
-        assert f"sharding '{sharding}'" in res.output
+        assert f"--sharding {sharding}" in res.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--runtime", "megatron", "--no-overlap-grad-reduce"], "--overlap-param-gather needs --overlap-grad-reduce"),
+    (["--runtime", "megatron", "--tp-comm-overlap", "--no-sequence-parallel"], "needs sequence parallelism"),
+    (["--runtime", "megatron", "--grad-bucket-params", "layer"], "sizes its gradient buckets in parameters"),
+    (["--runtime", "torchtitan", "--sharding", "zero1"], "--sharding zero1"),
+    (["--overlap-param-gather"], "no parameter all-gather"),
+    (["--grad-bucket-params", "1000"], "add --overlap-grad-reduce"),
+    (["--grad-bucket-params", "1.5"], "number of parameters"),
+    (["--tp-comm-overlap", "--tp", "1"], "no tensor-parallel collectives"),
+    (["--num-micro-batches", "3"], "--num-micro-batches 3 does not divide --global-batch-size 512"),
+])
+def test_settings_that_would_not_run_as_planned_are_refused(args, needle):
+    """Each of these was accepted (or crashed) and would have planned what
+    the runtime does not run, or an option with no effect: one line, exit 2,
+    before the search."""
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
+                                    "--top", "1", "-q", *args])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output

@@ -52,7 +52,7 @@ def _bucket(ctx, param, value):
         n = float(value)
     except ValueError:
         n = float("nan")
-    if not (1 <= n < float("inf")):
+    if not (1 <= n < float("inf")) or n != int(n):
         raise click.BadParameter(f"{value!r}: expected a number of parameters >= 1 (e.g. 40000000) or 'layer'")
     return n
 
@@ -298,7 +298,19 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     param_state = _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1)
     comm_overlap = comm_overlap_of(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
                                    grad_bucket_params)
-    runtimes.check_overlap(runtime, comm_overlap)
+    if overlap_param_gather and param_state.stage == 0:
+        raise InputError("--overlap-param-gather: without a sharded optimizer there is no parameter all-gather; add "
+                         "--sharding zero1 (or zero2 / zero3 / fsdp) or drop it")
+    if comm_overlap.param_gather and param_state.stage == 0:  # a runtime's default, with nothing to gather
+        comm_overlap = replace(comm_overlap, param_gather=False)
+    if grad_bucket_params is not None and not comm_overlap.grad_reduce:
+        raise InputError(f"--grad-bucket-params {grad_bucket_params if grad_bucket_params == 'layer' else int(grad_bucket_params)}: "
+                         f"buckets size the overlapped gradient reduce; add --overlap-grad-reduce (or a --runtime "
+                         f"that overlaps it) or drop it")
+    if tp_comm_overlap and tp == 1:
+        raise InputError("--tp-comm-overlap with --tp 1: there are no tensor-parallel collectives to overlap; "
+                         "drop one of them")
+    runtimes.check_overlap(runtime, comm_overlap, param_state.sharding, sequence_parallel)
     cluster = load_cluster(cluster_name, nodes=nodes)
     for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights)):
         if on and cluster.host is None:
@@ -314,6 +326,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
                                max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel,
                                overlap_tp_forward=comm_overlap.tp_forward)
+    if tp_comm_overlap and source.info.get("kind") != "transformer":
+        raise InputError(f"--tp-comm-overlap: needs a transformer config (tensor parallelism); {model} is a layer "
+                         f"profile; drop it")
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
               memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
@@ -327,10 +342,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
     check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
-    dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
-    if runtime:
+    if runtime:  # the runtime's own rules first: their message names the runtime's fix
         schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
+    dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
                             split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,

@@ -131,10 +131,17 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
                    source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
                           f"{size_option} --dtype {dtype}"
                           + (f" --input-dtype long --vocab-size {vocab_size}" if input_dtype == "long" else ""))
-    if len(sizes) > 1:
-        profile = profile_module_at_sizes(model, make_input, sizes, **options)
-    else:
-        profile = profile_module(model, make_input(sizes[0]), batch_size=sizes[0], **options)
+    try:
+        if len(sizes) > 1:
+            profile = profile_module_at_sizes(model, make_input, sizes, **options)
+        else:
+            profile = profile_module(model, make_input(sizes[0]), batch_size=sizes[0], **options)
+    except (MemoryError, RuntimeError) as exc:  # torch reports a failed allocation as RuntimeError
+        if not isinstance(exc, MemoryError) and "alloc" not in str(exc).lower() and "out of memory" not in str(exc):
+            raise
+        raise InputError(f"{size_option}: the model's inputs or activations at batch {max(sizes)} do not fit "
+                         f"in {device} memory ({str(exc).splitlines()[0][:160]}); profile at a smaller batch size "
+                         f"(the planner scales to others)") from None
     write_profile_csv(profile, output)
     total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
     where = "1 CPU thread" if on_cpu else device

@@ -418,6 +418,14 @@ def recompute_mode(plan: Plan, runtime: str) -> str:
     mode = plan_extra(plan, "recompute", "none")
     if mode is None:
         mode = "none"
+    if mode == "per-stage":  # the stages chose (StagePlan.memory_option): one setting when they agree
+        chosen = {("none" if st.memory_option in ("", "on-device") else st.memory_option.split("+")[0])
+                  for st in plan.stages}
+        if len(chosen) == 1 and next(iter(chosen)) in RECOMPUTE_MODES:
+            return next(iter(chosen))
+        per = ", ".join(f"stage {st.index} {st.memory_option or 'none'}" for st in plan.stages)
+        raise InputError(f"{runtime}: the plan recomputes its stages differently ({per}) and {runtime} applies one "
+                         f"recompute setting to every stage; re-plan with --recompute none, selective or full")
     if mode not in RECOMPUTE_MODES:
         raise InputError(f"{runtime}: plan.extra recompute = {mode!r}; expected one of {', '.join(RECOMPUTE_MODES)}")
     return mode
