@@ -598,9 +598,11 @@ def search(
                 break
             first: dict[tuple, tuple[float, dict]] = {}
             for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
+                if status is not None:  # e.g. batch_not_divisible: no micro-batch count to bound
+                    continue
                 key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
                 bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest)
-                if status is None and (key not in first or bound < first[key][0]):
+                if key not in first or bound < first[key][0]:
                     first[key] = (bound, _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
             for key, (_, row) in first.items():
                 inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"],
@@ -687,7 +689,7 @@ def search(
         progress(len(groups), len(groups))
     counts.update(r["status"] for r in rows if r["status"] != "ok")
     if not best_of_family:
-        message = _no_plan_message(counts, variants, cluster, job)
+        message = _no_plan_message(counts, variants, cluster, job, options)
         if "split_overflow" in placement_ctx:
             message += "; " + placement_ctx["split_overflow"][1]
         raise InfeasibleError(message)
@@ -1052,11 +1054,12 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
     ctx["split_overflow"] = (float(ratio[k]), (
         f"closest: --split stage {k} (layers {int(i[k])}..{int(j[k]) - 1}) needs {need[k] / 2**30:.1f} GiB per "
         f"device against {costs.capacity_bytes[k] / 2**30:.1f} GiB usable, at pp {row['pp']} x dp {row['dp']}, "
-        f"micro-batch size {row['micro_batch_size']}, {row['schedule']}; move layers off stage {k} or lower the "
-        "micro-batch size"))
+        f"micro-batch size {row['micro_batch_size']}, {row['schedule']}; move layers off stage {k} or "
+        + ("change the micro-batch size (with replicas a device keeps ceil(b / r) samples of each of its in-flight "
+           "micro-batches)" if parse_replicas_name(row.get("placement")) else "lower the micro-batch size")))
 
 
-def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> str:
+def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
     params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
@@ -1069,6 +1072,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job) -> s
             "micro-batches; pp x vp stages need a layer each): lower --pp or --vp, raise --num-micro-batches "
             "(or lower --micro-batch-size), or add --schedule gpipe"
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
+            else
+            "lower --micro-batch-size or use a larger cluster" if options is not None and (options.pp or options.split)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
     return f"no plan fits {prof.name} on {cluster.name} ({reasons}); {hint}"

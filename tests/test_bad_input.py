@@ -605,3 +605,13 @@ def test_every_requested_schedule_is_evaluated(tmp_path):
            for r in rows if r["pp"] > 1 and r["status"] != "same_as_other_placement"}
     assert got == expected
     assert all(r["iteration_time_s"] > 0 for r in rows if r["status"] == "ok")
+
+
+def test_a_micro_batch_no_replica_count_divides_is_refused_not_a_crash(tmp_path):
+    """vgg16's batch 1024 at micro-batch size 1024 leaves dp 1 only (every
+    other dp does not divide the batch): those points are counted, never
+    bounded (bounding them raised a TypeError); the dp 1 point runs out of
+    memory, and with --pp pinned the hint does not say to raise it."""
+    out = assert_refused(tmp_path, ["plan", "--pp", "2", "--micro-batch-size", "1024", "--schedule", "gpipe",
+                                    "-o", "p.json"], "no plan fits vgg16", "batch_not_divisible")
+    assert "raise --pp" not in out
