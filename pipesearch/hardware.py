@@ -268,8 +268,9 @@ def _host(where: Path, data: dict, groups: tuple[DeviceGroup, ...]) -> HostSpec:
     if not ok:
         sizes = "/".join(str(g.devices_per_node) for g in groups)
         raise _fail(where, "host.pcie_switches", switches,
-                    f"{_HOST_KEYS['pcie_switches']} (devices_per_node = {sizes}; every group "
-                    f"must have the same count), each GPU under exactly one switch")
+                    f"{_HOST_KEYS['pcie_switches']} (devices_per_node = {sizes}; every [[groups]] entry "
+                    f"must have the same devices_per_node), each GPU under exactly one switch (switches may "
+                    f"hold different numbers of GPUs)")
     return HostSpec(
         memory_bytes=GB * _number(where, "host.memory_GB", table["memory_GB"]),
         pcie_generation=gen, pcie_lanes_per_gpu=lanes,

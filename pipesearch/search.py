@@ -952,12 +952,13 @@ def _check_options(variants, cluster, job, options):
                 f"model {variant.profile.name!r}: every layer has zero forward and backward time, so every "
                 "plan would take 0 s; give the profile's measured times")
     if options.split is not None:
+        reps = options.split_replicas
+        text = ",".join(f"{x}x{r}" for x, r in zip(options.split, reps)) if reps else ",".join(map(str, options.split))
         if any(x < 1 for x in options.split):
-            raise InputError(f"--split {','.join(map(str, options.split))}: every stage needs >= 1 layer")
+            raise InputError(f"--split {text}: every stage needs >= 1 layer")
         if sum(options.split) != L:
             raise InputError(
-                f"--split {','.join(map(str, options.split))} covers {sum(options.split)} layers, "
-                f"the model has {L}: the counts must sum to {L}")
+                f"--split {text} covers {sum(options.split)} layers, the model has {L}: the counts must sum to {L}")
         n = len(options.split)
         chunked = any(sch in MULTI_STAGE_SCHEDULES for sch in options.schedules) and options.pp and any(
             n == options.pp * v for v in options.vps)
