@@ -146,7 +146,10 @@ def _assert_exact_split_is_brute_force_optimum(seed: int, pp_low: int, m_steps: 
         m = pp * int(rng.integers(1, m_steps))
     else:
         m = int(rng.integers(pp, pp + m_steps + 1))
-    costs = _random_point(rng, L, schedule, pp, vp, m)
+    _assert_exact_equals_brute_force(_random_point(rng, L, schedule, pp, vp, m), schedule, pp, vp)
+
+
+def _assert_exact_equals_brute_force(costs, schedule: str, pp: int, vp: int) -> None:
     ref = exhaustive_simulated_split(costs, schedule, pp, vp)
     got = exact_split(costs, schedule, pp, vp)
     if ref is None:
@@ -177,14 +180,7 @@ def test_exact_split_on_identical_layers_equals_brute_force(seed):
         pp = 2
     L = int(rng.integers(pp * vp, pp * vp + 4))
     m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
-    costs = _random_point(rng, L, schedule, pp, vp, m, identical=True)
-    ref = exhaustive_simulated_split(costs, schedule, pp, vp)
-    got = exact_split(costs, schedule, pp, vp)
-    if ref is None:
-        assert got is None
-        return
-    assert got is not None and got.exact
-    assert got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
+    _assert_exact_equals_brute_force(_random_point(rng, L, schedule, pp, vp, m, identical=True), schedule, pp, vp)
 
 
 @pytest.mark.parametrize("seed", range(40, 52))
