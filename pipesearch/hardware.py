@@ -244,6 +244,11 @@ def _link(where: Path, data: dict, key: str) -> Link:
     return Link(bandwidth_bytes_per_s=bandwidth * GB, latency_s=latency / MICROS_PER_S)
 
 
+#: PCIe per-lane data rate per direction, GB/s, after line coding (PCI-SIG:
+#: Gen3 8 GT/s and Gen4 16 GT/s, Gen5 32 GT/s, all 128b/130b)
+PCIE_LANE_GBPS = {3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
+
+
 def _host(where: Path, data: dict, groups: tuple[DeviceGroup, ...]) -> HostSpec:
     """The ``[host]`` table as a :class:`HostSpec` (GB -> bytes, GBps ->
     bytes/s); ``pcie_switches`` must partition the GPUs of every node."""
@@ -271,6 +276,12 @@ def _host(where: Path, data: dict, groups: tuple[DeviceGroup, ...]) -> HostSpec:
                     f"{_HOST_KEYS['pcie_switches']} (devices_per_node = {sizes}; every [[groups]] entry "
                     f"must have the same devices_per_node), each GPU under exactly one switch (switches may "
                     f"hold different numbers of GPUs)")
+    h2d = _number(where, "host.host_to_device_GBps", table["host_to_device_GBps"])
+    link_GBps = PCIE_LANE_GBPS[gen] * lanes
+    if h2d > link_GBps:
+        raise _fail(where, "host.host_to_device_GBps", table["host_to_device_GBps"],
+                    f"at most the PCIe Gen{gen} x{lanes} link's {link_GBps:.1f} GB/s per direction (pinned copies "
+                    f"reach about 80% of it)")
     return HostSpec(
         memory_bytes=GB * _number(where, "host.memory_GB", table["memory_GB"]),
         pcie_generation=gen, pcie_lanes_per_gpu=lanes,

@@ -82,6 +82,8 @@ latency_us = 20
     (("[[0, 1], [2, 3]]", "[[0, 1]]"), r"key 'host.pcie_switches'"),
     (("memory_GB = 800", "memory_GB = 1e300"), r"key 'host.memory_GB' = 1e\+300"),
     (("host_to_device_GBps = 25", "host_to_device_GBps = -1"), r"key 'host.host_to_device_GBps' = -1"),
+    # Gen4 x16: 16 GT/s x 16 lanes x 128/130 / 8 = 31.5 GB/s per direction
+    (("host_to_device_GBps = 25", "host_to_device_GBps = 5000"), r"host_to_device_GBps' = 5000.*31\.5 GB/s"),
     (("cpu_adam_params_per_s = 1e9", "cpu_adam_params_per_s = 0"), r"key 'host.cpu_adam_params_per_s' = 0"),
     (("cpu_adam_params_per_s = 1e9", ""), r"missing key 'host.cpu_adam_params_per_s'"),
     (("switch_uplink_GBps", "switch_uplnk_GBps"), r"unknown key 'host.switch_uplnk_GBps' \(did you mean"),

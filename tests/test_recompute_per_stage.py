@@ -178,6 +178,11 @@ def test_csv_bad_recompute_saved_bytes(tmp_path):
                     "a,1,2,0,10,-3\n")
     with pytest.raises(InputError, match=r"line 3, column 'recompute_saved_bytes'.*negative"):
         read_profile_csv(path)
+    # more than the layer saves (saved_bytes defaults to output_bytes, 10)
+    path.write_text("# batch_size: 1\nname,fwd_ms,bwd_ms,param_bytes,output_bytes,recompute_saved_bytes\n"
+                    "a,1,2,0,10,100\n")
+    with pytest.raises(InputError, match=r"line 3, column 'recompute_saved_bytes'.*exceeds the layer's saved"):
+        read_profile_csv(path)
 
 
 def test_range_max_matches_python_max():

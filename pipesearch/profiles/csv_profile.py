@@ -333,6 +333,10 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
         recompute_saved = None
         if "recompute_saved_bytes" in frame.columns and row["recompute_saved_bytes"].strip():
             recompute_saved = _cell_number(path, line, "recompute_saved_bytes", row["recompute_saved_bytes"], 0)
+            if recompute_saved > saved:
+                raise _fail(path, f"line {line}, column 'recompute_saved_bytes'", f"value "
+                            f"{row['recompute_saved_bytes'].strip()!r} exceeds the layer's saved bytes ({saved:g}); "
+                            "a recomputed layer keeps part of what it saves (usually its input), never more")
         layers.append(Layer(name=name, fwd_s=fwd, bwd_s=bwd, param_bytes=params,
                             output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input,
                             recompute_saved_bytes=recompute_saved, **fixed))
