@@ -222,6 +222,11 @@ class PipelineCosts:
             embeddings), on the last stage when there are several: it keeps
             its own copy (Megatron-LM's embedding group; Shoeybi et al. 2019
             sec. 3 for the tied matrix); 0 elsewhere.
+        gathered_table: :func:`range_max_table` of each layer's gathered
+            ZeRO-3 / FSDP bytes (its unit's weights, times the live copies),
+            when each device holds one stage: a stage then holds the two
+            largest-unit copies of its own layers (``gathered_bytes`` is 0);
+            ``None`` otherwise.
         gathered_bytes: ``(P,)`` each stage's part of the bytes its device
             holds whatever the split (ZeRO-3 / FSDP: the gathered weights of
             the units computing and prefetched, divided among the device's
@@ -267,6 +272,7 @@ class PipelineCosts:
     bwd_input_prefix_s: np.ndarray | None = None
     tied_copy_bytes: np.ndarray | None = None
     gathered_bytes: np.ndarray | None = None
+    gathered_table: np.ndarray | None = None
     options: StageOptions | None = None
     gather_bytes_per_param_byte: float = 0.0
     overlap: CommOverlap | None = None
@@ -295,7 +301,8 @@ class PipelineCosts:
         saved = o.saved_prefix_bytes[:, j] - o.saved_prefix_bytes[:, i]
         transient = np.stack([range_max(o.transient_table_bytes[k], i, j) for k in range(K)])
         share = self.activation_share_at(s)  # replicated stages hold their share of a micro-batch
-        device = params * o.state_bytes_per_param_byte[col] + (saved * self.in_flight[s] + transient) * share
+        device = (params * o.state_bytes_per_param_byte[col] + (saved * self.in_flight[s] + transient) * share
+                  + self.gathered_at(i, j))
         return device, params * o.host_bytes_per_param_byte[col]
 
     def option_index(self, s, i, j):
@@ -419,7 +426,14 @@ class PipelineCosts:
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
         return (params * self.state_bytes_per_param_byte
-                + saved * self.in_flight[s] * self.activation_share_at(s))
+                + saved * self.in_flight[s] * self.activation_share_at(s) + self.gathered_at(i, j))
+
+    def gathered_at(self, i, j):
+        """Gathered ZeRO-3 / FSDP weights a stage holding ``[i, j)`` keeps
+        while it computes (:attr:`gathered_table`; 0 without one)."""
+        if self.gathered_table is None:
+            return 0.0
+        return range_max(self.gathered_table, i, j)
 
     def activation_share_at(self, s):
         """:attr:`activation_share` of stage(s) ``s`` (1 when unset)."""
@@ -451,7 +465,8 @@ class PipelineCosts:
         micro-batches). The values sum to :meth:`total_memory_bytes`."""
         params = float(self.param_prefix_bytes[j] - self.param_prefix_bytes[i])
         tied = float(self.tied_copy_bytes[s]) if self.tied_copy_bytes is not None else 0.0
-        gathered = float(self.gathered_bytes[s]) if self.gathered_bytes is not None else 0.0
+        gathered = (float(self.gathered_bytes[s]) if self.gathered_bytes is not None else 0.0) + float(
+            self.gathered_at(i, j))
         out: dict[str, float] = {}
         option = self.option_name(s, i, j)
         offloaded, streamed = "offload" in option, "stream" in option
@@ -472,7 +487,7 @@ class PipelineCosts:
             out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s]
                                        * self.activation_share_at(s))
         else:
-            rest = float(self.memory_bytes(s, i, j)) - sum(
+            rest = float(self.memory_bytes(s, i, j)) - float(self.gathered_at(i, j)) - sum(
                 v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
             if streamed:  # the double buffer of streamed layers (weights + gradients)
                 k = int(self.option_index(s, i, j))
@@ -639,8 +654,12 @@ def build_pipeline_costs(
     state_per_byte = state.bytes_per_param(dp) / profile.bytes_per_param
     inflight = (np.asarray(in_flight, dtype=float) if in_flight is not None
                 else in_flight_micro_batches(schedule, pp, num_micro_batches))
-    gathered = np.full(pp, FSDP_LIVE_UNITS * float(np.max(arrays["param_bytes"], initial=0.0))
-                       * state.gathered_bytes_per_param() / profile.bytes_per_param / stages_per_device)
+    # FSDP keeps the unit computing and the one prefetched gathered: with one stage per device, the two
+    # largest of the stage's own layers (a range maximum); with chunks, the model's largest, shared out
+    unit_gathered = FSDP_LIVE_UNITS * arrays["param_bytes"] * state.gathered_bytes_per_param() / profile.bytes_per_param
+    per_stage = stages_per_device == 1 and state.gathered_bytes_per_param() > 0
+    gathered_table = range_max_table(unit_gathered) if per_stage else None
+    gathered = np.full(pp, 0.0 if per_stage else float(np.max(unit_gathered, initial=0.0)) / stages_per_device)
     tied = np.zeros(pp)
     if pp > 1:
         tied[-1] = profile.tied_param_bytes * state_per_byte
@@ -676,6 +695,7 @@ def build_pipeline_costs(
         grad_bytes_per_param_byte=grad_bpp / profile.bytes_per_param,
         tied_copy_bytes=tied,
         gathered_bytes=gathered,
+        gathered_table=gathered_table,
         gather_bytes_per_param_byte=1.0 if state.stage >= 1 else 0.0,
         overlap=job.comm_overlap,
         wgrad_window=schedule == "zb-h1" if wgrad_window is None else wgrad_window,

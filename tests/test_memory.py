@@ -214,3 +214,26 @@ def test_split_makes_room_for_the_tied_copy_on_the_last_stage():
     last = dict(tied.stages[-1].memory_breakdown)
     assert last["tied_copy"] == pytest.approx(MiB)
     assert tied.stages[-1].memory_bytes == pytest.approx(3 * MiB)
+
+
+def test_zero3_gathers_the_stages_own_largest_layer():
+    """Two layers of 1 MB and 100 MB of 16-bit weights, pp 2 x dp 2,
+    mixed-precision Adam sharded ZeRO-3: each stage keeps its weights,
+    gradients and optimizer state / 2 (16 B / 2 per parameter) plus two
+    gathered copies of its own largest unit (FSDP's computing and prefetched
+    units): stage 0 2 x 1 MB, stage 1 2 x 100 MB (not the model's 100 MB
+    layer on both)."""
+    from helpers import tiny_cluster, tiny_profile
+    from pipesearch.memory import preset
+    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.types import Job
+
+    prof = tiny_profile([1e-3, 1e-3], params=[1e6, 100e6], bytes_per_param=2.0)
+    job = Job(4, memory_reserve_bytes=0, param_state=preset("mixed-adam", "zero3"))
+    plan = search([ModelVariant(prof)], tiny_cluster(1, 4), job,
+                  SearchOptions(pp=2, dp=2, micro_batch_size=1, schedules=("1f1b",), split=(1, 1))).plans[0]
+    gathered = [dict(st.memory_breakdown)["gathered_weights"] for st in plan.stages]
+    assert gathered == pytest.approx([2e6, 200e6])
+    state = [sum(v for k, v in st.memory_breakdown if k not in ("gathered_weights", "tied_copy", "activations"))
+             for st in plan.stages]
+    assert state == pytest.approx([0.5e6 * 16 / 2, 50e6 * 16 / 2])

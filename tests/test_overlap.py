@@ -151,7 +151,7 @@ def _random_costs(seed: int):
     prof = tiny_profile(rng.exponential(1e-3, L), rng.exponential(2e-3, L), params=rng.exponential(1e7, L),
                         outputs=rng.exponential(1e6, L), bytes_per_param=2.0)
     cluster = tiny_cluster(2, pp, intra=Link(1e10, 1e-5), inter=Link(float(rng.choice([1e8, 1e9])), 1e-4))
-    state = ParamState(2, 2, 0, 4, 8, str(rng.choice(["none", "zero1"])))
+    state = ParamState(2, 2, 0, 4, 8, str(rng.choice(["none", "zero1", "zero3"])))
     overlap = CommOverlap(grad_reduce=bool(rng.random() < 0.8), param_gather=bool(rng.random() < 0.5),
                           bucket_params=float(rng.choice([1e5, 1e6, 1e7])) if rng.random() < 0.7 else None)
     job = Job(global_batch_size=2 * m, memory_reserve_bytes=0, param_state=state, comm_overlap=overlap)
