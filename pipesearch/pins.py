@@ -70,6 +70,9 @@ def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage:
         raise InputError(
             f"--vp {','.join(map(str, vps))}: virtual stages apply to {' and '.join(multi_stage)} only, and "
             f"--schedule asks for {', '.join(schedules)}; add --schedule {multi_stage[0]} or drop --vp")
+    if vps and max(vps) < 2 and schedules and all(s == "interleaved-1f1b" for s in schedules):
+        raise InputError(f"--vp {','.join(map(str, vps))} with --schedule interleaved-1f1b: interleaving needs at "
+                         f"least 2 virtual stages per device; use --vp 2 or more, or --schedule 1f1b")
 
 
 def parse_split(text: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:

@@ -1034,6 +1034,10 @@ def _check_replication_options(variants, cluster: Cluster, job: Job, options: Se
         raise InputError(f"{what} with dp pinned to {options.dp} (--dp, or --micro-batch-size x "
                          "--num-micro-batches): per-stage replicas replace the data-parallel degree; drop the pin")
     check_replication_job(job)
+    multi = [sch for sch in options.schedules if sch in MULTI_STAGE_SCHEDULES]
+    if multi and len(multi) == len(options.schedules):
+        raise InputError(f"{what}: replicated stages run one stage per device (gpipe, 1f1b or zb-h1), and "
+                         f"--schedule asks for {', '.join(multi)} only; add one of those")
     if options.split_replicas:
         devices = num_slots(cluster, 1)
         if options.split is None or len(options.split) != len(options.split_replicas):

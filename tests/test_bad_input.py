@@ -615,3 +615,15 @@ def test_a_micro_batch_no_replica_count_divides_is_refused_not_a_crash(tmp_path)
     out = assert_refused(tmp_path, ["plan", "--pp", "2", "--micro-batch-size", "1024", "--schedule", "gpipe",
                                     "-o", "p.json"], "no plan fits vgg16", "batch_not_divisible")
     assert "raise --pp" not in out
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--pp", "4", "--vp", "1", "--schedule", "interleaved-1f1b"], ("--vp 1", "at least 2 virtual stages")),
+    (["--split", "10x4,10x4,10x4,10x4", "--schedule", "interleaved-1f1b", "--pp", "2", "--vp", "2"],
+     ("--split 10x4,10x4,10x4,10x4", "one stage per device")),
+])
+def test_interleaving_pins_that_cannot_hold_name_the_rule(tmp_path, args, needles):
+    """An interleaved schedule with one virtual stage per device, or with
+    per-stage replicas, was refused only as "no points; lower
+    --micro-batch-size, raise --pp"; now the rule is named up front."""
+    assert_refused(tmp_path, ["plan", *args, "-o", "p.json"], *needles)
