@@ -59,6 +59,7 @@ import numpy as np
 from .errors import InputError
 from .memory import FSDP_LIVE_UNITS, OFFLOAD_KEPT_COMPONENTS, param_state_of, usable_memory_bytes
 from .overlap import CommOverlap, exposed_s
+from .stage_options import StageOptions, range_max, range_max_table, stage_options, stream_options
 # placement is the one home of layouts, links and per-stage device terms; the
 # names below are also reachable from here for callers of the cost model
 from .placement import (allreduce_model, device_rate_flops, pipeline_placement,  # noqa: F401
@@ -113,86 +114,6 @@ def device_time_scale(profiled: DeviceSpec | None, target: DeviceSpec, precision
     if profiled is None or profiled.name == target.name:
         return 1.0
     return device_rate_flops(profiled, precision) / device_rate_flops(target, precision)
-
-
-def range_max_table(values: np.ndarray) -> np.ndarray:
-    """Sparse table for range maxima: ``(levels, L)`` with row ``q`` holding
-    ``max(values[x : x + 2**q])`` (clipped at ``L``); :func:`range_max`
-    reads it. ``values`` has shape ``(L,)``, ``levels = floor(log2 L) + 1``."""
-    rows = [np.asarray(values, dtype=float)]
-    width = 1
-    while 2 * width <= len(values):
-        prev = rows[-1]
-        rows.append(np.maximum(prev, np.concatenate([prev[width:], np.full(width, -np.inf)])))
-        width *= 2
-    return np.stack(rows) if len(values) else np.zeros((1, 0))
-
-
-def range_max(table: np.ndarray, i, j):
-    """``max(values[i:j])`` from :func:`range_max_table`, vectorised over
-    broadcastable int arrays ``i``, ``j``; 0 where ``j <= i``."""
-    i, j = np.broadcast_arrays(np.asarray(i), np.asarray(j))
-    n = np.maximum(j - i, 1)
-    q = np.minimum(np.floor(np.log2(n)).astype(np.int64), table.shape[0] - 1)
-    L = table.shape[1]
-    a = table[q, np.clip(i, 0, max(L - 1, 0))]
-    b = table[q, np.clip(j - (1 << q), 0, max(L - 1, 0))]
-    return np.where(j > i, np.maximum(a, b), 0.0)
-
-
-@dataclass(frozen=True, eq=False)
-class StageOptions:
-    """Per-stage memory options of a search point, ordered fastest first,
-    stacked on a leading axis of ``K`` options (option 0 is the plain one).
-
-    Each stage runs the first option whose memory fits (on the device and,
-    for offloading options, in the host's share): the options form a chain
-    in which every layer's forward, backward and input-gradient times and
-    every stage's host step are non-decreasing from one option to the next
-    (checked on construction), and the simulated makespan is monotone
-    non-decreasing in every stage's times (a longest path with non-negative
-    weights), so for a fixed split the first fitting option of each stage
-    is the best choice of all stages together; memory is checked stage by
-    stage, so the choices are independent.
-
-    Arrays (``L`` layers, ``P`` stages; times at the micro-batch size on the
-    profiled device, bytes at the micro-batch size):
-        names: ``(K,)`` option names (``"none"``, ``"full"``, ``"none+offload"``...).
-        fwd_prefix_s, compute_prefix_s, bwd_input_prefix_s, saved_prefix_bytes:
-            ``(K, L+1)`` prefix sums as in :class:`PipelineCosts` under each
-            option (the three times may be ``(K, P, L+1)``: per stage, for
-            streamed weights, whose copies depend on the stage's PCIe share).
-        transient_table_bytes: ``(K, levels, L)`` :func:`range_max_table` of
-            the bytes one layer's backward re-creates (a recomputed layer's
-            full saved activations; Chen et al. 2016 sec. 3: checkpoints plus
-            the largest recomputed segment).
-        state_bytes_per_param_byte: ``(K,)`` device training state per
-            parameter byte (the optimizer state leaves it when offloaded).
-        host_bytes_per_param_byte: ``(K,)`` host memory per parameter byte.
-        host_step_s_per_param_byte: ``(K, P)`` seconds after the stage's last
-            backward per parameter byte (offloaded optimizer step,
-            :func:`pipesearch.host.offload_step_s_per_param`).
-        host_capacity_bytes: ``(P,)`` host memory each stage may fill.
-    """
-
-    names: tuple[str, ...]
-    fwd_prefix_s: np.ndarray
-    compute_prefix_s: np.ndarray
-    bwd_input_prefix_s: np.ndarray
-    saved_prefix_bytes: np.ndarray
-    transient_table_bytes: np.ndarray
-    state_bytes_per_param_byte: np.ndarray
-    host_bytes_per_param_byte: np.ndarray
-    host_step_s_per_param_byte: np.ndarray
-    host_capacity_bytes: np.ndarray
-
-    def __post_init__(self):
-        for name in ("fwd_prefix_s", "compute_prefix_s", "bwd_input_prefix_s", "host_step_s_per_param_byte"):
-            arr = getattr(self, name)
-            steps = np.diff(arr, axis=-1) if name != "host_step_s_per_param_byte" else arr
-            if np.any(np.diff(steps, axis=0) < -1e-12 * np.maximum(1.0, np.abs(steps[1:]))):
-                raise ValueError(f"stage options {self.names}: {name} decreases from one option to the "
-                                 "next; options must be ordered fastest first, layer by layer")
 
 
 @dataclass(frozen=True, eq=False)
@@ -352,9 +273,7 @@ class PipelineCosts:
     # -- per-stage terms, vectorized: s is an int, i and j broadcastable int arrays
     def compute_s(self, s: int, i, j):
         """Forward+backward seconds of one micro-batch on stage ``s`` for ``[i, j)``."""
-        if self.options is not None:
-            return self.time_scale[s] * self._range("compute_prefix_s", s, i, j)
-        return self.time_scale[s] * (self.compute_prefix_s[j] - self.compute_prefix_s[i])
+        return self.time_scale[s] * self._range("compute_prefix_s", s, i, j)
 
     def p2p_s(self, s: int, j):
         """Activation forward + gradient backward seconds over the boundary at ``j``."""
@@ -530,9 +449,7 @@ class PipelineCosts:
     # -- the split's terms of the time model (pipesearch.timemodel)
     def fwd_s(self, s, i, j):
         """Forward compute seconds of one micro-batch on stage ``s`` for ``[i, j)``."""
-        if self.options is not None:
-            return self.time_scale[s] * self._range("fwd_prefix_s", s, i, j)
-        return self.time_scale[s] * (self.fwd_prefix_s[j] - self.fwd_prefix_s[i])
+        return self.time_scale[s] * self._range("fwd_prefix_s", s, i, j)
 
     def bwd_s(self, s, i, j):
         """Full backward compute seconds of one micro-batch on stage ``s``."""
@@ -745,203 +662,3 @@ def device_memory_shares(profile: ModelProfile, in_flight: np.ndarray, stages_pe
     need = S + n * A
     total = np.bincount(dev, weights=need, minlength=P // stages_per_device)[dev]
     return np.where(total > 0, need / np.where(total > 0, total, 1.0), 1.0 / stages_per_device)
-
-
-RECOMPUTE_OPTIONS = ("none", "full")
-"""Per-stage recompute options of a profile with ``recompute_saved_bytes``."""
-
-
-def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
-                  placement: np.ndarray, tp: int = 1, offload: bool = False,
-                  stages_per_device: int = 1,
-                  option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None) -> StageOptions | None:
-    """The per-stage memory options of a search point, fastest first, or
-    ``None`` when a stage has only its plain one.
-
-    * Recompute (profiles whose layers have ``recompute_saved_bytes``):
-      ``full`` keeps only each recomputable layer's checkpoint per in-flight
-      micro-batch and re-runs its forward in backward: the layer's backward
-      and its input-gradient part each grow by its forward time (Chen et al.
-      2016 sec. 3; Korthikanti et al. 2022 sec. 4), and the layer whose
-      backward runs holds its full saved activations once more (the
-      transient term).
-    * Optimizer offload (``offload`` and a cluster with ``[host]``):
-      ``+offload`` keeps the optimizer state in host memory
-      (:func:`pipesearch.memory.offload_bytes_per_param`) and adds its step
-      after the stage's last backward
-      (:func:`pipesearch.host.offload_step_s_per_param`, worst-case PCIe
-      sharing); host memory is divided among the node's GPUs
-      (:func:`pipesearch.host.host_memory_share_bytes`).
-
-    * Recompute modes of a transformer (``option_profiles``: the
-      ``none``, ``selective`` and ``full`` layer tables of one tensor-parallel
-      degree, :func:`pipesearch.profiles.transformer.layer_table`): each
-      table's own times and saved bytes; with offload the chain is the first
-      mode, then every mode with ``+offload``.
-
-    The chain: ``none, full`` without offload; ``none, none+offload,
-    full+offload`` with it (``on-device, offload`` for a layer table without
-    recompute columns, e.g. a transformer variant, whose recompute mode is
-    the variant's). With offload a profile's stage cannot recompute without
-    also offloading (``full`` and ``none+offload`` are not ordered: one adds
-    backward time, the other time after backward). Every option's times are at least the previous
-    one's, layer by layer (:class:`StageOptions`).
-    """
-    arrays = profile.layer_arrays
-    recompute = bool(arrays["recomputable"].any())
-    offload = offload and cluster.host is not None
-    if option_profiles:
-        return _table_options(option_profiles, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
-                              offload=offload, stages_per_device=stages_per_device)
-    if not recompute and not offload:
-        return None
-    names = (("none", "none+offload", "full+offload") if recompute else ("on-device", "offload")) if offload \
-        else RECOMPUTE_OPTIONS
-    times = profile.layer_times_at(ratio * profile.profiled_batch_size)
-    fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
-    rc = arrays["recomputable"]
-    saved, ckpt = arrays["saved_bytes"] * ratio, arrays["recompute_saved_bytes"] * ratio
-    on_device, off_device, off_host, step, host_cap = _offload_terms(profile, cluster, job, dp, placement, tp,
-                                                                     offload, stages_per_device)
-    zero = np.zeros(1)
-
-    def prefix(x):
-        return np.concatenate([zero, np.cumsum(x)])
-
-    rows = {"fwd": [], "compute": [], "bin": [], "saved": [], "transient": [], "state": [], "host": [], "step": []}
-    for name in names:
-        full = name.startswith("full")
-        extra = rc * fwd if full else 0 * fwd
-        rows["fwd"].append(prefix(fwd))
-        rows["compute"].append(prefix(fwd + bwd + extra))
-        rows["bin"].append(prefix(bin_ + extra))
-        rows["saved"].append(prefix(np.where(rc > 0, ckpt, saved) if full else saved))
-        rows["transient"].append(range_max_table(np.where(rc > 0, saved, 0.0) if full else 0 * saved))
-        off = name.endswith("offload")
-        rows["state"].append(off_device if off else on_device)
-        rows["host"].append(off_host if off else 0.0)
-        rows["step"].append(step if off else np.zeros(len(placement)))
-    return _stack_options(names, rows, host_cap)
-
-
-def _stack_options(names, rows: dict, host_cap: np.ndarray) -> StageOptions:
-    return StageOptions(
-        names=tuple(names), fwd_prefix_s=np.stack(rows["fwd"]), compute_prefix_s=np.stack(rows["compute"]),
-        bwd_input_prefix_s=np.stack(rows["bin"]), saved_prefix_bytes=np.stack(rows["saved"]),
-        transient_table_bytes=np.stack(rows["transient"]),
-        state_bytes_per_param_byte=np.array(rows["state"], dtype=float),
-        host_bytes_per_param_byte=np.array(rows["host"], dtype=float),
-        host_step_s_per_param_byte=np.stack(rows["step"]), host_capacity_bytes=host_cap,
-    )
-
-
-def _offload_terms(profile: ModelProfile, cluster: Cluster, job: Job, dp: int, placement: np.ndarray, tp: int,
-                   offload: bool, stages_per_device: int):
-    """Per parameter byte: device state on the device and offloaded, host
-    state offloaded; per stage: the offloaded step (s per parameter byte)
-    and the host memory share (:mod:`pipesearch.host`)."""
-    from . import host as host_lib
-    from .memory import offload_bytes_per_param
-
-    state = param_state_of(job)
-    on_device = state.bytes_per_param(dp) / profile.bytes_per_param
-    off_device, off_host = (x / profile.bytes_per_param for x in offload_bytes_per_param(state, dp))
-    P = len(placement)
-    step, host_cap = np.zeros(P), np.zeros(P)
-    if offload:
-        share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
-        step = host_lib.offload_step_s_per_param(
-            cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp),
-            host_lib.node_sharing(cluster, placement, tp), grad_bytes=profile.bytes_per_param,
-            weight_bytes=profile.bytes_per_param, share=share) / profile.bytes_per_param
-        host_cap = host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device)
-    return on_device, off_device, off_host, step, host_cap
-
-
-def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float, dp: int, placement: np.ndarray,
-                   tp: int, offload: bool, stages_per_device: int) -> StageOptions:
-    """:func:`stage_options` from one layer table per recompute mode."""
-    first = option_profiles[0][1]
-    on_device, off_device, off_host, step, host_cap = _offload_terms(first, cluster, job, dp, placement, tp,
-                                                                     offload, stages_per_device)
-    chain = ([(n, p, False) for n, p in option_profiles] if not offload
-             else [(option_profiles[0][0], option_profiles[0][1], False)]
-             + [(f"{n}+offload", p, True) for n, p in option_profiles])
-    zero = np.zeros(1)
-    rows = {"fwd": [], "compute": [], "bin": [], "saved": [], "transient": [], "state": [], "host": [], "step": []}
-    for _, prof, off in chain:
-        a = prof.layer_arrays
-        times = prof.layer_times_at(ratio * prof.profiled_batch_size)
-        fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
-        rows["fwd"].append(np.concatenate([zero, np.cumsum(fwd)]))
-        rows["compute"].append(np.concatenate([zero, np.cumsum(fwd + bwd)]))
-        rows["bin"].append(np.concatenate([zero, np.cumsum(bin_)]))
-        rows["saved"].append(np.concatenate([zero, np.cumsum(a["saved_bytes"] * ratio)]))
-        rows["transient"].append(range_max_table(np.zeros(prof.num_layers)))
-        rows["state"].append(off_device if off else on_device)
-        rows["host"].append(off_host if off else 0.0)
-        rows["step"].append(step if off else np.zeros(len(placement)))
-    return _stack_options([n for n, _, _ in chain], rows, host_cap)
-
-
-#: weight copies live on a streaming GPU: the layer computing and the one prefetched
-STREAM_BUFFERS = 2
-
-
-def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
-                   placement: np.ndarray, tp: int, time_scale: np.ndarray,
-                   stages_per_device: int = 1) -> StageOptions:
-    """Options ``on-device, stream``: a streaming stage keeps its 16-bit
-    weights, its gradients and its optimizer state in host memory and copies
-    each layer's weights in before the layer runs, prefetching the next
-    layer while one computes (ZeRO-Infinity, Rajbhandari et al. SC'21, sec.
-    5-6, parameters offloaded to the CPU and prefetched layer by layer;
-    Mobius, Feng et al. ASPLOS'23, sec. 4, prefetch overlapped with compute).
-
-    Per micro-batch, layer ``l`` of stage ``s`` takes ``max(fwd_l, w_l /
-    bw_s)`` forward and ``max(bwd_l, (w_l + g_l) / bw_s)`` backward (its
-    weights in again, its gradients out to be accumulated on the host; both
-    directions share the GPU's PCIe share ``bw_s``, :mod:`pipesearch.host`
-    with worst-case switch sharing), the input-gradient part scaled with
-    the backward; after the last backward the CPU runs Adam (node-shared
-    rate). The device holds ``STREAM_BUFFERS`` layers' weights and
-    gradients (the largest of the stage) and the activations; the host
-    ``2 + 16`` B per parameter (the streamed copy and ZeRO-Offload's fp32
-    weights, gradients and moments), checked against its share.
-    """
-    from . import host as host_lib
-    from .memory import offload_bytes_per_param
-
-    a = profile.layer_arrays
-    times = profile.layer_times_at(ratio * profile.profiled_batch_size)
-    fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
-    bpp = profile.bytes_per_param
-    state = param_state_of(job)
-    bw = host_lib.shared_bandwidth_bytes_per_s(cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp))
-    scaled = (bw * np.asarray(time_scale, dtype=float))[:, None]  # copy times in profiled-device seconds
-    w = a["param_bytes"][None, :]
-    sfwd = np.maximum(fwd[None, :], w / scaled)
-    sbwd = np.maximum(bwd[None, :], 2 * w / scaled)
-    sbin = np.where(bwd > 0, bin_ * sbwd / np.where(bwd > 0, bwd, 1.0), bin_)
-    P = len(placement)
-
-    def prefix(x):
-        return np.concatenate([np.zeros(x.shape[:-1] + (1,)), np.cumsum(x, axis=-1)], axis=-1)
-
-    base = np.broadcast_to
-    shape = (P, len(fwd))
-    node = host_lib.node_sharing(cluster, placement, tp)
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
-    return StageOptions(
-        names=("on-device", "stream"),
-        fwd_prefix_s=np.stack([prefix(base(fwd, shape)), prefix(sfwd)]),
-        compute_prefix_s=np.stack([prefix(base(fwd + bwd, shape)), prefix(sfwd + sbwd)]),
-        bwd_input_prefix_s=np.stack([prefix(base(bin_, shape)), prefix(sbin)]),
-        saved_prefix_bytes=np.stack([prefix(a["saved_bytes"] * ratio)] * 2),
-        transient_table_bytes=np.stack([range_max_table(0 * fwd),
-                                        range_max_table(STREAM_BUFFERS * 2 * a["param_bytes"])]),
-        state_bytes_per_param_byte=np.array([state.bytes_per_param(dp) / bpp, 0.0]),
-        host_bytes_per_param_byte=np.array([0.0, (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp]),
-        host_step_s_per_param_byte=np.stack([np.zeros(P), share * node / cluster.host.cpu_adam_params_per_s / bpp]),
-        host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device),
-    )

@@ -23,7 +23,7 @@ from .types import Cluster, DeviceSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 #: ``--recompute per-stage``: each stage of a transformer takes the first of
-#: the modes above that fits its memory (:func:`pipesearch.costs.stage_options`)
+#: the modes above that fits its memory (:func:`pipesearch.stage_options.stage_options`)
 PER_STAGE = "per-stage"
 
 HF_SEQ_LEN_WARNING = 8192

@@ -107,7 +107,7 @@ class ModelVariant:
     extra: tuple[tuple[str, object], ...] = ()
     #: per-stage recompute: ``(mode, layer table)`` pairs, fastest first, from
     #: which each stage takes the first that fits (``recompute = "per-stage"``;
-    #: :func:`pipesearch.costs.stage_options`); empty: ``profile`` alone
+    #: :func:`pipesearch.stage_options.stage_options`); empty: ``profile`` alone
     stage_tables: tuple[tuple[str, ModelProfile], ...] = ()
     #: offer stages the optimizer state in host memory (``Job.optimizer_offload``)
     offload: bool = False
@@ -446,13 +446,13 @@ def _memory_totals(profile: ModelProfile, job: Job, stage_tables=()) -> tuple[np
     arrays = profile.layer_arrays
     # sharding divides parts of the state by dp; the floor is what is left as dp -> infinity
     floor = param_state_of(job).floor_bytes_per_param()
-    # per-stage recompute keeps at least the checkpoints (costs.stage_options)
+    # per-stage recompute keeps at least the checkpoints (stage_options.stage_options)
     saved = np.minimum(arrays["saved_bytes"], arrays["recompute_saved_bytes"])
     for _, table in stage_tables:
         saved = np.minimum(saved, table.layer_arrays["saved_bytes"])
     if job.optimizer_offload:  # the optimizer state may leave the device (memory.offload_bytes_per_param)
         floor = min(floor, offload_bytes_per_param(param_state_of(job), 1 << 30)[0])
-    if job.weight_streaming:  # all of it may (costs.stream_options)
+    if job.weight_streaming:  # all of it may (stage_options.stream_options)
         floor = 0.0
     return (arrays["param_bytes"] * floor / profile.bytes_per_param,
             saved / profile.profiled_batch_size)

@@ -443,10 +443,10 @@ class Job:
             count); usable memory ``= capacity * (1 - headroom) - reserve``.
         optimizer_offload: let stages keep their optimizer state in host
             memory (ZeRO-Offload style; the cluster needs a ``[host]`` table;
-            :func:`pipesearch.costs.stage_options`).
+            :func:`pipesearch.stage_options.stage_options`).
         weight_streaming: let stages keep weights, gradients and optimizer
             state in host memory and stream each layer's weights in while the
-            previous one computes (:func:`pipesearch.costs.stream_options`).
+            previous one computes (:func:`pipesearch.stage_options.stream_options`).
         comm_overlap: which data-parallel communication overlaps compute
             (:class:`pipesearch.overlap.CommOverlap`); ``None``: none, every
             collective after the rank's last action.
@@ -483,7 +483,7 @@ class StagePlan:
     data-parallel communication (gradient all-reduce, or reduce-scatter +
     all-gather); ``memory_option`` the stage's per-stage memory option
     (``"full"``: recomputed, ``"none+offload"``: optimizer in host memory;
-    :func:`pipesearch.costs.stage_options`; empty when there were none);
+    :func:`pipesearch.stage_options.stage_options`; empty when there were none);
     ``memory_bytes`` the peak memory of one of its devices, and
     ``memory_breakdown`` its parts as ``(name, bytes)`` pairs (training state
     by component, the copy of a tied matrix, gathered ZeRO-3 weights,

@@ -1,5 +1,5 @@
 """Optimizer offload as a per-stage memory option, and PCIe sharing
-(pipesearch.host, pipesearch.costs.stage_options).
+(pipesearch.host, pipesearch.stage_options.stage_options).
 
 Oracles: bandwidths and times written out by hand from the host table
 (fair share of a switch's uplink), ZeRO-Offload's byte counts (Ren et al.

@@ -1,4 +1,4 @@
-"""Per-stage recompute chosen by the search (pipesearch.costs.StageOptions).
+"""Per-stage recompute chosen by the search (pipesearch.stage_options.StageOptions).
 
 Oracles: memory and stage times written out by hand from the layer table
 (recompute = one extra forward in backward, Chen et al. 2016 sec. 3; a
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from helpers import all_splits, tiny_cluster
-from pipesearch.costs import build_pipeline_costs, range_max, range_max_table
+from pipesearch.costs import build_pipeline_costs
+from pipesearch.stage_options import range_max, range_max_table
 from pipesearch.profiles.csv_profile import read_profile_csv, write_profile_csv
 from pipesearch.search import ModelVariant, SearchOptions, search
 from pipesearch.timemodel import StageTimes, simulate_times
