@@ -3,7 +3,8 @@
 Data-parallel gradient synchronisation is the one collective of a training
 step that does not sit between two computations of the same micro-batch:
 it runs once per iteration, after the gradients of the last micro-batch are
-ready. Runtimes hide it in different amounts (:data:`RUNTIME_OVERLAP`):
+ready. Runtimes hide it in different amounts
+(:data:`pipesearch.runtimes.OVERLAP_DEFAULTS`):
 
 * **Gradient reduce overlapped with the last backward** (Megatron-LM
   ``--overlap-grad-reduce``, PyTorch DDP, FSDP). Gradients are grouped into
@@ -101,23 +102,6 @@ class CommOverlap:
 
 NO_OVERLAP = CommOverlap()
 """Everything after compute (pipesearch's default without ``--runtime``)."""
-
-RUNTIME_OVERLAP: dict[str, CommOverlap] = {
-    # the flags pipesearch's Megatron-LM export writes: --overlap-grad-reduce
-    # --overlap-param-gather (the Megatron-Core performance runs' settings);
-    # --tp-comm-overlap needs Transformer Engine's userbuffers: opt in
-    "megatron": CommOverlap(grad_reduce=True, param_gather=True),
-    # DDP's reducer fires on the last micro-batch's backward (the pipeline
-    # stage runs the others under no_sync); 25 MiB buckets of 16-bit gradients
-    "torch": CommOverlap(grad_reduce=True, bucket_params=TORCH_DDP_BUCKET_BYTES / 2),
-    # FSDP2: reduce-scatter per block during the last backward, all-gather
-    # prefetched per block in the first forward
-    "torchtitan": CommOverlap(grad_reduce=True, param_gather=True, bucket_params=None),
-    # the pipeline engine reduces gradients after the last micro-batch
-    "deepspeed": NO_OVERLAP,
-    "gpipe": NO_OVERLAP,
-}
-"""Overlap each runtime has with the configuration pipesearch exports for it."""
 
 
 def exposed_s(comm_s, window_s, num_buckets):

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from .errors import InputError
+from .overlap import NO_OVERLAP, TORCH_DDP_BUCKET_BYTES, CommOverlap
 from .types import Plan
 
 RUNTIMES = ("torch", "torchtitan", "megatron", "deepspeed", "gpipe")
@@ -63,19 +64,35 @@ DeepSpeed's pipeline engine and torch.distributed.pipelining with DDP keep
 the whole state on every replica."""
 
 
+OVERLAP_DEFAULTS: dict[str, CommOverlap] = {
+    # the flags pipesearch's Megatron-LM export writes: --overlap-grad-reduce
+    # --overlap-param-gather (the Megatron-Core performance runs' settings);
+    # --tp-comm-overlap needs Transformer Engine's userbuffers: opt in
+    "megatron": CommOverlap(grad_reduce=True, param_gather=True),
+    # DDP's reducer fires on the last micro-batch's backward (the pipeline
+    # stage runs the others under no_sync); 25 MiB buckets of 16-bit gradients
+    "torch": CommOverlap(grad_reduce=True, bucket_params=TORCH_DDP_BUCKET_BYTES / 2),
+    # FSDP2: reduce-scatter per block during the last backward, all-gather
+    # prefetched per block in the first forward
+    "torchtitan": CommOverlap(grad_reduce=True, param_gather=True, bucket_params=None),
+    # the pipeline engine reduces gradients after the last micro-batch
+    "deepspeed": NO_OVERLAP,
+    "gpipe": NO_OVERLAP,
+}
+"""Overlap each runtime has with the configuration pipesearch exports for it."""
+
+
 def runtime_defaults(runtime: str | None):
     """``(CommOverlap, state preset name, sharding)`` of ``runtime``
-    (:data:`pipesearch.overlap.RUNTIME_OVERLAP`, :data:`STATE_DEFAULTS`);
+    (:data:`OVERLAP_DEFAULTS`, :data:`STATE_DEFAULTS`);
     pipesearch's own defaults (no overlap, ``mixed-adam``, no sharding) for
     ``None``. Each can be overridden by its own option."""
-    from .overlap import NO_OVERLAP, RUNTIME_OVERLAP
-
     if runtime is None:
         return NO_OVERLAP, "mixed-adam", "none"
     if runtime not in SCHEDULES:
         raise InputError(f"--runtime {runtime!r}: expected one of {', '.join(RUNTIMES)}")
     state, sharding = STATE_DEFAULTS.get(runtime, ("mixed-adam", "none"))
-    return RUNTIME_OVERLAP[runtime], state, sharding
+    return OVERLAP_DEFAULTS[runtime], state, sharding
 
 
 SEARCH_MARGIN = 4

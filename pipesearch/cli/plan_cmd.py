@@ -69,6 +69,35 @@ def comm_overlap_of(runtime, grad_reduce, param_gather, tp_forward, bucket_param
     return replace(base, **changes)
 
 
+def overlap_settings(runtime, grad_reduce, param_gather, tp_forward, bucket_params, param_state, tp,
+                     sequence_parallel):
+    """:func:`comm_overlap_of`, checked: an explicit option without effect
+    is refused (a parameter gather without a sharded optimizer, buckets
+    without the overlapped reduce, tensor-parallel overlap with ``--tp 1``),
+    a runtime's default parameter gather is dropped when nothing is
+    sharded, and the runtime's own rules are applied
+    (:func:`pipesearch.runtimes.check_overlap`).
+
+    Raises:
+        InputError: the option and why.
+    """
+    overlap = comm_overlap_of(runtime, grad_reduce, param_gather, tp_forward, bucket_params)
+    if param_gather and param_state.stage == 0:
+        raise InputError("--overlap-param-gather: without a sharded optimizer there is no parameter all-gather; add "
+                         "--sharding zero1 (or zero2 / zero3 / fsdp) or drop it")
+    if overlap.param_gather and param_state.stage == 0:  # a runtime's default, with nothing to gather
+        overlap = replace(overlap, param_gather=False)
+    if bucket_params is not None and not overlap.grad_reduce:
+        shown = bucket_params if bucket_params == "layer" else int(bucket_params)
+        raise InputError(f"--grad-bucket-params {shown}: buckets size the overlapped gradient reduce; add "
+                         f"--overlap-grad-reduce (or a --runtime that overlaps it) or drop it")
+    if tp_forward and tp == 1:
+        raise InputError("--tp-comm-overlap with --tp 1: there are no tensor-parallel collectives to overlap; "
+                         "drop one of them")
+    runtimes.check_overlap(runtime, overlap, param_state.sharding, sequence_parallel)
+    return overlap
+
+
 def split_notes(plans) -> list[str]:
     """One line per plan whose split the exact search could not prove
     optimal within its work limits: the best time found, the proven lower
@@ -296,21 +325,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         optimizer_state = optimizer_state or (state_default if state_default != "mixed-adam" else None)
         sharding = sharding or (sharding_default if sharding_default != "none" else None)
     param_state = _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1)
-    comm_overlap = comm_overlap_of(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
-                                   grad_bucket_params)
-    if overlap_param_gather and param_state.stage == 0:
-        raise InputError("--overlap-param-gather: without a sharded optimizer there is no parameter all-gather; add "
-                         "--sharding zero1 (or zero2 / zero3 / fsdp) or drop it")
-    if comm_overlap.param_gather and param_state.stage == 0:  # a runtime's default, with nothing to gather
-        comm_overlap = replace(comm_overlap, param_gather=False)
-    if grad_bucket_params is not None and not comm_overlap.grad_reduce:
-        raise InputError(f"--grad-bucket-params {grad_bucket_params if grad_bucket_params == 'layer' else int(grad_bucket_params)}: "
-                         f"buckets size the overlapped gradient reduce; add --overlap-grad-reduce (or a --runtime "
-                         f"that overlaps it) or drop it")
-    if tp_comm_overlap and tp == 1:
-        raise InputError("--tp-comm-overlap with --tp 1: there are no tensor-parallel collectives to overlap; "
-                         "drop one of them")
-    runtimes.check_overlap(runtime, comm_overlap, param_state.sharding, sequence_parallel)
+    comm_overlap = overlap_settings(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
+                                    grad_bucket_params, param_state, tp, sequence_parallel)
     cluster = load_cluster(cluster_name, nodes=nodes)
     for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights)):
         if on and cluster.host is None:
