@@ -207,7 +207,7 @@ SHARDING_SUPPORT = {
 }
 
 
-def check_overlap(runtime: str | None, overlap, sharding: str = "none", sequence_parallel: bool = True) -> None:
+def check_runtime_settings(runtime: str | None, overlap, sharding: str = "none", sequence_parallel: bool = True) -> None:
     """Refuse, before the search, communication overlap and sharding that
     ``runtime`` does not run as planned (:data:`OVERLAP_SUPPORT`,
     :data:`SHARDING_SUPPORT`; torchtitan's tensor-parallel overlap is its

@@ -478,7 +478,7 @@ def _surely_out_of_memory(totals, row: dict, in_flight: np.ndarray, slot_capacit
     static, act = totals
     act = act * row["micro_batch_size"]
     f = np.maximum(in_flight, 1)
-    P, dp, devices = len(f), row["dp"], len(f) // row["vp"]
+    dp, devices = row["dp"], len(f) // row["vp"]
     g = np.asarray(slot_capacity_bytes, dtype=float)[dp - 1::dp][:devices]
     if len(g) < devices:
         return True

@@ -25,7 +25,7 @@ from pipesearch import partition
 from pipesearch.cli import COMMANDS, main
 from pipesearch.partition import exhaustive_split, optimal_split
 from pipesearch.plan import load_plan_file, points_columns
-from pipesearch.search import (ModelVariant, SearchOptions, count_points, enumerate_groups, expand_group, search)
+from pipesearch.search import (ModelVariant, SearchOptions, count_points, enumerate_groups, expand_group)
 from pipesearch.types import Job
 
 HEAVY = ("pandas", "numpy", "networkx", "matplotlib", "ortools", "torch", "jsonschema")

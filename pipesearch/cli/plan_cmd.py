@@ -76,7 +76,7 @@ def overlap_settings(runtime, grad_reduce, param_gather, tp_forward, bucket_para
     without the overlapped reduce, tensor-parallel overlap with ``--tp 1``),
     a runtime's default parameter gather is dropped when nothing is
     sharded, and the runtime's own rules are applied
-    (:func:`pipesearch.runtimes.check_overlap`).
+    (:func:`pipesearch.runtimes.check_runtime_settings`).
 
     Raises:
         InputError: the option and why.
@@ -94,7 +94,7 @@ def overlap_settings(runtime, grad_reduce, param_gather, tp_forward, bucket_para
     if tp_forward and tp == 1:
         raise InputError("--tp-comm-overlap with --tp 1: there are no tensor-parallel collectives to overlap; "
                          "drop one of them")
-    runtimes.check_overlap(runtime, overlap, param_state.sharding, sequence_parallel)
+    runtimes.check_runtime_settings(runtime, overlap, param_state.sharding, sequence_parallel)
     return overlap
 
 
