@@ -344,10 +344,12 @@ def rank_busy_s(schedule: str, pp: int, m: int, times: StageTimes) -> np.ndarray
 def stage_times_of(plan) -> StageTimes:
     """The :class:`StageTimes` a :class:`pipesearch.types.Plan` records."""
     st = plan.stages
+    bwd_s = np.array([s.compute_s - s.fwd_s for s in st])
     return StageTimes(
         fwd_s=np.array([s.fwd_s for s in st]),
-        bwd_s=np.array([s.compute_s - s.fwd_s for s in st]),
-        bwd_input_s=np.array([s.bwd_input_s for s in st]),
+        bwd_s=bwd_s,
+        # a file's input-gradient part may pass the backward by rounding (the loader allows 1e-9)
+        bwd_input_s=np.minimum(np.array([s.bwd_input_s for s in st]), bwd_s),
         p2p_s=np.array([s.comm_s for s in st[:-1]]),
         allreduce_s=np.array([s.allreduce_s for s in st]),
     )

@@ -80,7 +80,7 @@ def _plan(stages=((0, 3), (3, 5))):
                           send_bytes=1e7, device_type="x", fwd_s=1 / 30, saved_bytes=123.0)
                 for k, lay in enumerate(stages))
     return Plan(rank=1, pp=len(stages), dp=1, tp=1, schedule="1f1b", micro_batch_size=2, num_micro_batches=8,
-                stages=sts, predicted=Prediction(0.7, 1e3 / 0.7, 0.125, 2.0**33 + 0.5, 16 * 2.0**30),
+                stages=sts, predicted=Prediction(0.7, 16 / 0.7, 0.125, 2.0**33 + 0.5, 16 * 2.0**30),
                 extra=(("placement", "pipeline"), ("recompute", "none"), ("analytic_iteration_time_s", 0.6)))
 
 

@@ -5,9 +5,39 @@ from __future__ import annotations
 
 import click
 
-from ..errors import PlanFormatError
-from ..plan import document_problems, parse_document, read_plan_text
+from ..errors import InputError, PlanFormatError
+from ..plan import _from_document, document_problems, parse_document, read_plan_text
 from . import main
+
+#: relative difference between a plan's predicted iteration time and its
+#: replay beyond which ``validate`` reports it (both are the same longest path)
+REPLAY_REL_TOL = 1e-6
+
+#: stage micro-batches (pp x vp x num_micro_batches) up to which ``validate``
+#: replays a plan; larger plans are checked by ``pipesearch simulate``
+MAX_REPLAYED_STAGE_MICRO_BATCHES = 200_000
+
+
+def replay_problems(doc: dict) -> list[str]:
+    """Plans whose ``predicted.iteration_time_s`` is not the simulated time
+    of their own stage terms (:func:`pipesearch.search.simulate_plan`), one
+    line each."""
+    from ..search import simulate_plan
+
+    out = []
+    for k, plan in enumerate(_from_document(doc).plans):
+        if plan.pp * plan.vp * plan.num_micro_batches > MAX_REPLAYED_STAGE_MICRO_BATCHES:
+            continue
+        try:
+            replay_s = simulate_plan(plan)[0]
+        except InputError as exc:
+            out.append(f"plans[{k}]: the simulator refuses the plan ({exc})")
+            continue
+        predicted = plan.predicted.iteration_time_s
+        if abs(replay_s - predicted) > REPLAY_REL_TOL * max(replay_s, predicted):
+            out.append(f"plans[{k}].predicted.iteration_time_s: {predicted!r} s, but its stages replay in "
+                       f"{replay_s!r} s (pipesearch simulate); the prediction is the replayed time")
+    return out
 
 
 @main.command("validate")
@@ -16,7 +46,10 @@ def validate_command(plans):
     """Check a plan file: the JSON Schema of pipesearch.plan/1 (shipped in the
     package) and the rules a schema cannot express (stages cover exactly the
     model's layers, devices exist and serve one pipeline slot, pp x dp x tp
-    fits the cluster, micro-batch size x count x dp is the global batch).
+    fits the cluster, micro-batch size x count x dp is the global batch,
+    stages fit their devices' memory, ranks follow the iteration time), and
+    that each plan's predicted iteration time is the simulated time of its
+    own stage terms.
 
     Prints one line per problem on stdout and exits with status 2 when there
     is any; prints a summary and exits 0 when the file is valid.
@@ -28,6 +61,8 @@ def validate_command(plans):
     """
     doc = parse_document(read_plan_text(plans), plans)
     problems = document_problems(doc)
+    if not problems:
+        problems = replay_problems(doc)
     if problems:
         for problem in problems:
             click.echo(f"{plans}: {problem}")

@@ -26,7 +26,12 @@ inputs:
   ``pp``, ``vp`` and ``num_micro_batches`` (at most
   :data:`MAX_STAGE_MICRO_BATCHES` stage micro-batches), so the simulator can
   replay it;
-* plan ranks do not repeat;
+* every stage's ``memory_bytes`` fits its device type's usable memory,
+  ``predicted.peak_memory_bytes`` lies between the largest of them and the
+  largest sum of one device's (virtual) stages, and
+  ``predicted.samples_per_s`` the global batch over the iteration time;
+* plan ranks do not repeat, follow the iteration time (up to the 0.1 % tie
+  window of the ranking) and agree on every layer's name;
 * the points table (``search.points``), when present, has one value per
   column in every row (by-row ``data``) or one list per column, all of one
   length (by-column ``values``, not both), and its known columns hold what the search writes:
@@ -172,13 +177,23 @@ def _batch(plan: dict, where: str, batch: int) -> Iterator[Problem]:
                                            f"{mbs * m * dp}, but inputs.job.global_batch_size is {batch}")
 
 
+#: relative slack of the consistency checks between a plan's own numbers
+#: (they are sums and quotients of the same floats, written to 17 digits)
+REL_TOL = 1e-9
+
+
+def _above(value: float, limit: float) -> bool:
+    """``value > limit`` beyond rounding (:data:`REL_TOL`)."""
+    return value > limit + REL_TOL * abs(limit) + 1e-300
+
+
 def _times(plan: dict, where: str) -> Iterator[Problem]:
     for k, st in enumerate(plan["stages"]):
         w = f"{where}.stages[{k}]"
-        if st["fwd_s"] > st["compute_s"]:
+        if _above(st["fwd_s"], st["compute_s"]):
             yield Problem(f"{w}.fwd_s", f"{st['fwd_s']!r} is more than compute_s {st['compute_s']!r}; compute_s is "
                                         "forward plus backward time")
-        elif st["bwd_input_s"] > st["compute_s"] - st["fwd_s"]:
+        elif _above(st["bwd_input_s"], st["compute_s"] - st["fwd_s"]):
             yield Problem(f"{w}.bwd_input_s", f"{st['bwd_input_s']!r} is more than the backward time compute_s - "
                                               f"fwd_s = {st['compute_s'] - st['fwd_s']!r}; it is the input-gradient "
                                               "part of the backward")
@@ -216,8 +231,79 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _device_types(plan, where, inputs["cluster"])
     out += _batch(plan, where, inputs["job"]["global_batch_size"])
     out += _times(plan, where)
+    out += _memory(plan, where, inputs)
+    out += _predicted(plan, where, inputs["job"]["global_batch_size"])
     out += _schedule(plan, where)
     return out
+
+
+def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
+    """Every stage's ``memory_bytes`` fits its device type's usable memory,
+    ``capacity x (1 - memory_headroom_fraction) - memory_reserve_bytes``
+    (:func:`pipesearch.memory.usable_memory_bytes`), where the inputs give
+    the capacity; ``predicted.peak_memory_bytes`` lies between the largest of
+    them and the largest sum of the (virtual) stages one device runs (the
+    simultaneous peak of interleaved schedules)."""
+    capacity = inputs["cluster"].get("memory_bytes_per_device")
+    job = inputs["job"]
+    headroom, reserve = job.get("memory_headroom_fraction", 0.0), job.get("memory_reserve_bytes", 0.0)
+    stages = plan["stages"]
+    if isinstance(capacity, dict) and all(isinstance(v, (int, float)) for v in capacity.values()):
+        for k, st in enumerate(stages):
+            cap = capacity.get(st["device_type"].split(",")[0])
+            if not isinstance(cap, (int, float)):
+                continue
+            usable = cap * (1.0 - headroom) - reserve
+            if _above(st["memory_bytes"], usable):
+                yield Problem(f"{where}.stages[{k}].memory_bytes",
+                              f"{st['memory_bytes']!r} B is more than the {usable:.6g} B a {st['device_type']} "
+                              f"device offers (capacity {cap:.6g} B, headroom {headroom:g}, reserve {reserve:.6g} B); "
+                              "the stage does not fit")
+                return
+    pp = plan["parallelism"]["pp"]
+    peak, largest = plan["predicted"]["peak_memory_bytes"], max(st["memory_bytes"] for st in stages)
+    per_rank = max(sum(st["memory_bytes"] for st in stages[r::pp]) for r in range(pp))
+    if _above(largest, peak) or _above(peak, per_rank):
+        yield Problem(f"{where}.predicted.peak_memory_bytes",
+                      f"{peak!r}, but the stages' memory_bytes put a device's peak between {largest!r} (the largest "
+                      f"stage) and {per_rank!r} (the largest sum of the stages one device runs)")
+
+
+def _predicted(plan: dict, where: str, batch: int) -> Iterator[Problem]:
+    """``predicted.samples_per_s`` is the global batch over the iteration time."""
+    pred = plan["predicted"]
+    t = pred["iteration_time_s"]
+    if t > 0 and _above(abs(pred["samples_per_s"] - batch / t), REL_TOL * batch / t):
+        yield Problem(f"{where}.predicted.samples_per_s", f"{pred['samples_per_s']!r}, but global batch {batch} / "
+                                                          f"iteration_time_s {t!r} = {batch / t!r}")
+
+
+#: ranks may leave time order only inside this window: among plans within
+#: 0.1 % of each other the search prefers lower peak memory, then fewer bytes
+#: over slow links, then fewer stages
+RANK_TIE_WINDOW = 1e-3
+
+
+def _rank_order(plans: list) -> Iterator[Problem]:
+    """Plans in rank order take non-decreasing iteration times (up to the
+    tie window), and agree on every layer's name."""
+    ordered = sorted(plans, key=lambda p: p["rank"])
+    for a, b in zip(ordered, ordered[1:]):
+        ta, tb = a["predicted"]["iteration_time_s"], b["predicted"]["iteration_time_s"]
+        if tb < ta * (1.0 - RANK_TIE_WINDOW):
+            yield Problem("plans", f"rank {b['rank']} ({tb!r} s) is faster than rank {a['rank']} ({ta!r} s); "
+                                   "ranks follow the iteration time")
+            return
+    names: dict[int, tuple[str, int]] = {}
+    for plan in ordered:
+        for st in plan["stages"]:
+            first = st["layers"][0]
+            for layer, name in enumerate(st["layer_names"], start=first):
+                seen = names.setdefault(layer, (name, plan["rank"]))
+                if seen[0] != name:
+                    yield Problem("plans", f"layer {layer} is {seen[0]!r} in the plan of rank {seen[1]} but "
+                                           f"{name!r} in the plan of rank {plan['rank']}; the plans share one model")
+                    return
 
 
 #: points-table column -> (check, what is expected)
@@ -286,5 +372,7 @@ def semantic_problems(doc: dict) -> list[Problem]:
     ranks = [p["rank"] for p in doc["plans"]]
     if len(set(ranks)) != len(ranks):
         out.append(Problem("plans", f"plan ranks repeat ({', '.join(map(str, ranks))}); give each plan its own rank"))
+    else:
+        out += _rank_order(doc["plans"])
     out += _points(doc)
     return out

@@ -1,0 +1,102 @@
+"""`pipesearch validate` (and every plan load) refuses plans whose own numbers
+contradict each other: memory over the device, a peak that is no stage's, a
+throughput that is not batch / time, ranks out of time order, layer names
+that differ between plans, and (validate only) a predicted time that is not
+the replay of the plan's stage terms."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+
+CSV = "# pipesearch profile v1\n# batch_size: 8\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n" + "".join(
+    f"l{k},{1 + k % 3},{2 + k % 2},{1_000_000 * (1 + k % 3)},409600\n" for k in range(8))
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("v")
+    (tmp / "t.csv").write_text(CSV)
+    res = CliRunner().invoke(main, ["plan", "--model", str(tmp / "t.csv"), "--cluster", "1x4-v100-pcie", "-b", "8",
+                                    "--top", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert len(out["plans"]) == 3
+    return out
+
+
+def _validate(tmp_path, doc, edit):
+    d = copy.deepcopy(doc)
+    edit(d)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    res = CliRunner().invoke(main, ["validate", str(path)])
+    return res.exit_code, res.output
+
+
+def test_the_search_writes_a_consistent_file(tmp_path, doc):
+    code, out = _validate(tmp_path, doc, lambda d: None)
+    assert code == 0 and "valid" in out
+
+
+def _usable(d):
+    job, cap = d["inputs"]["job"], d["inputs"]["cluster"]["memory_bytes_per_device"]["v100-pcie-16gb"]
+    return cap * (1 - job["memory_headroom_fraction"]) - job["memory_reserve_bytes"]
+
+
+@pytest.mark.parametrize("what,edit,words", [
+    ("memory above the usable 14.2 GiB of a 16 GiB V100",
+     lambda d: d["plans"][0]["stages"][0].update(memory_bytes=_usable(d) * 1.001),
+     ["plans[0].stages[0].memory_bytes", "does not fit"]),
+    ("a peak below the largest stage",
+     lambda d: d["plans"][0]["predicted"].update(peak_memory_bytes=1),
+     ["plans[0].predicted.peak_memory_bytes", "largest stage"]),
+    ("a throughput that is not batch / time",
+     lambda d: d["plans"][0]["predicted"].update(samples_per_s=1e9),
+     ["plans[0].predicted.samples_per_s", "global batch 8"]),
+    ("rank 1 and rank 3 swapped",
+     lambda d: (d["plans"][0].update(rank=3), d["plans"][2].update(rank=1)),
+     ["ranks follow the iteration time"]),
+    ("a layer renamed in one plan",
+     lambda d: d["plans"][0]["stages"][0]["layer_names"].__setitem__(0, "zzz"),
+     ["layer 0 is 'zzz'", "'l0'"]),
+    ("a predicted time that is not the replay",
+     lambda d: d["plans"][0]["predicted"].update(iteration_time_s=d["plans"][0]["predicted"]["iteration_time_s"] / 2,
+                                                 samples_per_s=d["plans"][0]["predicted"]["samples_per_s"] * 2),
+     ["plans[0].predicted.iteration_time_s", "replay"]),
+])
+def test_contradictions_are_refused(tmp_path, doc, what, edit, words):
+    code, out = _validate(tmp_path, doc, edit)
+    assert code == 2, what
+    for w in words:
+        assert w in out, (what, out)
+
+
+def test_a_rounding_excess_of_the_input_gradient_is_accepted_and_replays(tmp_path, doc):
+    """bwd_input_s one ulp above compute_s - fwd_s (sums written to 17
+    digits) is rounding, not a contradiction: the file loads and replays."""
+    # schedules that never split the backward into I and W: their time does not depend on bwd_input_s
+    whole = [p for p in doc["plans"] if p["schedule"]["name"] in ("gpipe", "1f1b", "interleaved-1f1b")]
+    assert whole
+
+    def edit(d):
+        for p in d["plans"]:
+            if p["rank"] == whole[0]["rank"]:
+                for st in p["stages"]:
+                    st["bwd_input_s"] = (st["compute_s"] - st["fwd_s"]) * (1 + 2e-16)
+    code, out = _validate(tmp_path, doc, edit)
+    assert code == 0, out
+    path = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["simulate", str(path), "--rank", str(whole[0]["rank"])])
+    assert res.exit_code == 0, res.output
+
+
+def test_memory_exactly_at_the_usable_limit_fits(tmp_path, doc):
+    code, out = _validate(tmp_path, doc, lambda d: (d["plans"][0]["stages"][0].update(memory_bytes=_usable(d)),
+                                                    d["plans"][0]["predicted"].update(peak_memory_bytes=_usable(d))))
+    assert code == 0, out
