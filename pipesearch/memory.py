@@ -210,6 +210,35 @@ def from_totals(state_bytes_per_param: float, optimizer_bytes_per_param: float =
     return ParamState(rest / 2, rest / 2, 0.0, opt / 3, 2 * opt / 3, sharding, name)
 
 
+#: bytes per parameter of fp16 / bf16 weights and of their gradients in
+#: mixed-precision training (Micikevicius et al. 2018): what a total of
+#: training-state bytes holds before any optimizer state
+MODEL_DTYPE_BYTES = 2.0
+
+
+def from_total_bytes(total_bytes_per_param: float, sharding: str = "none") -> ParamState:
+    """A :class:`ParamState` from one total of bytes per parameter (the
+    ``--optimizer-bytes-per-param`` option): the first
+    :data:`MODEL_DTYPE_BYTES` are weights, the next as many gradients, the
+    rest, at most 12, optimizer state (1:2 master weights and moments, as
+    Adam's 4 + 8); bytes beyond 16 go half to weights, half to gradients.
+    16 is the ``mixed-adam`` preset; 4 is weights and gradients only (nothing
+    for ZeRO to shard); 2 is weights only (a frozen model).
+
+    Raises:
+        InputError: a total below 0.
+    """
+    total = float(total_bytes_per_param)
+    if not total >= 0:
+        raise InputError(f"state bytes {total_bytes_per_param!r}: expected a number >= 0")
+    weights = min(total, MODEL_DTYPE_BYTES)
+    grads = min(total - weights, MODEL_DTYPE_BYTES)
+    opt = min(12.0, total - weights - grads)
+    extra = total - weights - grads - opt
+    name = "mixed-adam" if total == 16.0 else "custom"
+    return ParamState(weights + extra / 2, grads + extra / 2, 0.0, opt / 3, 2 * opt / 3, sharding, name)
+
+
 def param_state_of(job: Job) -> ParamState:
     """The :class:`ParamState` a :class:`~pipesearch.types.Job` asks for:
     ``job.param_state`` when set, else the one its totals

@@ -181,23 +181,24 @@ def test_cli_state_options(tmp_path):
 
 @pytest.mark.parametrize("total,dp,expected", [
     # total B/param -> (weights, grads, master, moments) per parameter on one rank
-    (2.0, 1, (1.0, 1.0, 0.0, 0.0)),     # below 4 B: weights and gradients only
+    (2.0, 1, (2.0, 0.0, 0.0, 0.0)),     # a frozen model: weights only
+    (3.0, 1, (2.0, 1.0, 0.0, 0.0)),     # weights first, then gradients
     (4.0, 2, (2.0, 2.0, 0.0, 0.0)),     # fp16 weights + grads, nothing for --zero1 to shard
     (8.0, 2, (2.0, 2.0, 2 / 3, 4 / 3)),  # 4 B optimizer state, halved by --zero1 over dp 2
     (20.0, 2, (4.0, 4.0, 2.0, 4.0)),    # 12 B optimizer (at most), the other 8 half and half
 ])
 def test_optimizer_bytes_total_puts_weights_and_grads_first(total, dp, expected):
-    """--optimizer-bytes-per-param T: the first 4 B are fp16 weights and
-    gradients (2 + 2), the rest, at most 12, optimizer state (1:2 master and
-    moments, as Adam's 4 + 8), which --zero1 divides by dp. A 2 B total is
-    weights and gradients, never master weights."""
+    """--optimizer-bytes-per-param T: the first 2 B are fp16 weights, the
+    next 2 gradients, the rest, at most 12, optimizer state (1:2 master and
+    moments, as Adam's 4 + 8), which --zero1 divides by dp; beyond 16 half
+    weights, half gradients. A 2 B total is weights, never master weights."""
     args = ["--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "32", "--pp", "1", "--tp", "1",
             "--dp", str(dp), "--top", "1", "--optimizer-bytes-per-param", str(total), "--zero1"]
     res = _cli(*args)
     assert res.exit_code == 0, res.output
     stage = json.loads(res.output)["plans"][0]["stages"][0]
     parts = stage["memory_breakdown_bytes"]
-    params = parts["weights"] / expected[0]
+    params = parts["weights"] / expected[0]  # every case has weights
     assert params == pytest.approx(1.3e9, rel=0.1)  # the model's parameter count, about 1.3B
     got = (parts["weights"], parts["grads"], parts["master_weights"], parts["optimizer_moments"])
     assert got == pytest.approx(tuple(params * e for e in expected))

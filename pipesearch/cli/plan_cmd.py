@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_COUNT
-from ..memory import PRESETS, SHARDINGS, ParamState, from_totals, preset
+from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_writable, write_output
@@ -231,8 +231,9 @@ class _Progress:
 @click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
               help="Sequence parallelism with tensor parallelism (transformers, tp > 1).")
 @click.option("--optimizer-bytes-per-param", type=FiniteFloatRange(min=0, max=1024),
-              help="Total bytes of weights + gradients + optimizer state per parameter: the first 4 are "
-                   "weights and gradients (2 + 2), the rest (at most 12) optimizer state, which --zero1 shards; "
+              help="Total bytes of weights + gradients + optimizer state per parameter: the first 2 are "
+                   "weights, the next 2 gradients, the rest (at most 12) optimizer state, which --zero1 shards "
+                   "(2 = a frozen model's weights only); "
                    "instead of --optimizer-state (default 16 = mixed-adam).")
 @click.option("--mapping-time-limit", type=FiniteFloatRange(min=0.01, max=3600), default=0.5, show_default=True,
               help="Mixed clusters: work limit (CP-SAT deterministic seconds) of each device-order search that "
@@ -445,20 +446,6 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     _write_plots(plot_dir, text, str(out) if out else "plan JSON", echo=not quiet)
 
 
-#: bytes per parameter of weights + gradients that a total of
-#: ``--optimizer-bytes-per-param`` holds before any optimizer state (fp16 / bf16
-#: weights and gradients of mixed-precision training, Micikevicius et al. 2018)
-WEIGHT_AND_GRAD_BYTES = 4.0
-
-
-def optimizer_part_bytes(total_bytes_per_param: float) -> float:
-    """The optimizer-state part of a ``--optimizer-bytes-per-param`` total:
-    what is left after :data:`WEIGHT_AND_GRAD_BYTES`, at most 12 (Adam's fp32
-    master copy and two moments). 16 gives 12 (mixed-adam), 4 gives 0 (state
-    is weights and gradients only), 2 gives 0."""
-    return min(12.0, max(0.0, total_bytes_per_param - WEIGHT_AND_GRAD_BYTES))
-
-
 def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) -> ParamState:
     """The training state the options ask for. ``--optimizer-bytes-per-param``
     (a total) and ``--optimizer-state`` (components) exclude each other;
@@ -470,7 +457,7 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
         raise InputError(f"--zero1 and --sharding {sharding} disagree; --zero1 is --sharding zero1")
     shard = sharding or ("zero1" if zero1 else "none")
     if optimizer_bytes_per_param is not None:
-        return from_totals(optimizer_bytes_per_param, optimizer_part_bytes(optimizer_bytes_per_param), shard)
+        return from_total_bytes(optimizer_bytes_per_param, shard)
     return preset(optimizer_state or "mixed-adam", shard)
 
 
