@@ -68,7 +68,7 @@ import pandas as pd
 from ..catalog import entry_name
 from ..errors import InputError
 from ..input_files import read_input_text
-from ..limits import MAX_BYTES, MAX_COUNT, MAX_LAYER_S, MIN_LAYER_S
+from ..limits import MAX_BYTES, MAX_COUNT, MAX_LAYER_S, MIN_LAYER_S, MIN_SAMPLE_S
 from ..types import Layer, ModelProfile
 
 MAGIC = "# pipesearch profile v1"
@@ -340,7 +340,20 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
         layers.append(Layer(name=name, fwd_s=fwd, bwd_s=bwd, param_bytes=params,
                             output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input,
                             recompute_saved_bytes=recompute_saved, **fixed))
+    _check_per_sample(path, line_numbers, layers, meta["profiled_batch_size"])
     return ModelProfile(layers=tuple(layers), **meta)
+
+
+def _check_per_sample(path: Path, line_numbers, layers, batch: int) -> None:
+    """Every non-zero time's per-sample part, ``(t - fixed) / batch_size``,
+    is at least :data:`pipesearch.limits.MIN_SAMPLE_S`."""
+    for line, lay in zip(line_numbers, layers):
+        for column, t, fixed in (("fwd_ms", lay.fwd_s, lay.fwd_fixed_s), ("bwd_ms", lay.bwd_s, lay.bwd_fixed_s)):
+            per_sample = (t - (fixed or 0.0)) / batch
+            if 0 < per_sample < MIN_SAMPLE_S:
+                raise _fail(path, f"line {line}, column {column!r}", f"{t * 1e3:g} ms at batch_size {batch} is "
+                            f"{per_sample:.3g} s per sample, under {MIN_SAMPLE_S:g} s; check '# batch_size' (the "
+                            "samples the times were measured at)")
 
 
 # ----------------------------------------------------------------- writing
