@@ -417,6 +417,15 @@ def test_points_table_columns_of_different_lengths(tmp_path, plan_doc):
                    "columns of different lengths")
 
 
+def test_export_files_into_a_directory_that_cannot_be_made(tmp_path, plan_doc):
+    """/proc exists but no directory can be made in it (even as root)."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    path = edited(tmp_path, plan_doc, lambda p: None)
+    assert_refused(tmp_path, ["export", path, "--format", "torch", "--files", "/proc/pipesearch-out"],
+                   "--files /proc/pipesearch-out", "cannot create it")
+
+
 def test_export_of_inconsistent_plan_names_the_file(tmp_path, plan_doc):
     path = edited(tmp_path, plan_doc, lambda p: p["stages"][1]["layer_names"].pop())
     assert_refused(tmp_path, ["export", path, "--format", "torch"], path, "stages[1].layer_names",

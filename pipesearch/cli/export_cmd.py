@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -79,6 +80,9 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
         d = Path(files_dir)
         if not d.is_dir() and not d.parent.is_dir():
             raise InputError(f"export --files {files_dir}: its parent directory does not exist")
+        writable = d if d.is_dir() else d.parent
+        if not os.access(writable, os.W_OK | os.X_OK):
+            raise InputError(f"export --files {files_dir}: directory {writable} is not writable")
     if torchtitan_version is not None and fmt != "torchtitan":
         raise InputError(f"export --torchtitan-version {torchtitan_version}: only with --format torchtitan "
                          f"(not {fmt})")
@@ -94,7 +98,10 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
     # everything is computed before anything is written
     if files_dir:
         d = Path(files_dir)
-        d.mkdir(exist_ok=True)
+        try:
+            d.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"export --files {files_dir}: cannot create it ({exc.strerror or exc})") from None
         for name, body in (export.get("files") or {}).items():
             path = d / name
             write_text(path, body, "export --files")
