@@ -990,9 +990,10 @@ def _check_options(variants, cluster, job, options):
     if options.num_micro_batches and options.num_micro_batches > job.global_batch_size:
         raise InputError(f"--num-micro-batches {options.num_micro_batches} is more than the global batch "
                          f"{job.global_batch_size}: every micro-batch needs at least one sample")
-    if options.pp and options.dp and options.pp * options.dp * variants[0].tp > cluster.num_devices:
+    if options.pp and options.dp and options.pp * options.dp * tp_min > cluster.num_devices:
+        tp_part = f" x --tp {tp_min}" if tp_min > 1 else ""
         raise InputError(
-            f"--pp {options.pp} x --dp {options.dp} needs {options.pp * options.dp} devices, "
+            f"--pp {options.pp} x --dp {options.dp}{tp_part} needs {options.pp * options.dp * tp_min} devices, "
             f"cluster {cluster.name} has {cluster.num_devices}")
     if options.dp and job.global_batch_size % options.dp:
         raise InputError(

@@ -417,6 +417,13 @@ def test_points_table_columns_of_different_lengths(tmp_path, plan_doc):
                    "columns of different lengths")
 
 
+def test_pinned_degrees_count_tensor_parallel_devices(tmp_path):
+    """pp 2 x dp 8 x tp 2 = 32 devices, not the 16 of pp x dp."""
+    assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "256", "--pp", "2",
+                              "--dp", "8", "--tp", "2", "-o", "p.json"],
+                   "--pp 2 x --dp 8 x --tp 2 needs 32 devices", "has 16")
+
+
 def test_export_files_into_a_directory_that_cannot_be_made(tmp_path, plan_doc):
     """/proc exists but no directory can be made in it (even as root)."""
     if not os.path.isdir("/proc/self"):
