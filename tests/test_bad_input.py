@@ -417,6 +417,12 @@ def test_points_table_columns_of_different_lengths(tmp_path, plan_doc):
                    "columns of different lengths")
 
 
+def test_serving_requests_longer_than_the_context_are_refused(tmp_path):
+    """Llama 3 8B's context is 8192 tokens (Llama Team 2024, Table 3): 100,000 + 256 cannot be served."""
+    assert_refused(tmp_path, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--input-len", "100000",
+                              "-o", "s.json"], "100256 tokens", "context of 8192")
+
+
 def test_pinned_degrees_count_tensor_parallel_devices(tmp_path):
     """pp 2 x dp 8 x tp 2 = 32 devices, not the 16 of pp x dp."""
     assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "256", "--pp", "2",

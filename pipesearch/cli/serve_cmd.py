@@ -189,6 +189,11 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                       step_overhead_s=None if step_overhead_ms is None else step_overhead_ms / 1e3)
     if reserve >= cluster.device_spec(0).memory_bytes * eng.memory_fraction:
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the devices of {cluster.name}")
+    context = cfg.max_position_embeddings
+    if context is not None and input_len + output_len > context:
+        raise InputError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens is "
+                         f"more than {cfg.name}'s context of {context} (max_position_embeddings); an engine refuses "
+                         f"such a max-model-len: lower them to a sum of {context} or less")
     workload = Workload(input_len, output_len)
     job = ServeJob(workload, concurrency=concurrency, request_rate=request_rate,
                    max_ttft_s=None if max_ttft_ms is None else max_ttft_ms / 1e3,
