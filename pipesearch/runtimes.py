@@ -188,7 +188,7 @@ OVERLAP_SUPPORT = {
     "param_gather": ("megatron", "torchtitan"),
     "tp_forward": ("megatron", "torchtitan"),
 }
-_OVERLAP_FLAG = {"grad_reduce": "--overlap-grad-reduce", "param_gather": "--overlap-param-gather",
+OVERLAP_FLAGS = {"grad_reduce": "--overlap-grad-reduce", "param_gather": "--overlap-param-gather",
                  "tp_forward": "--tp-comm-overlap"}
 _NO_OVERLAP_REASON = {
     "deepspeed": "its pipeline engine reduces the gradients after the last micro-batch",
@@ -223,7 +223,7 @@ def check_runtime_settings(runtime: str | None, overlap, sharding: str = "none",
         return
     for key, runs in OVERLAP_SUPPORT.items():
         if getattr(overlap, key) and runtime not in runs:
-            raise InputError(f"--runtime {runtime} with {_OVERLAP_FLAG[key]}: {runtime} cannot overlap it "
+            raise InputError(f"--runtime {runtime} with {OVERLAP_FLAGS[key]}: {runtime} cannot overlap it "
                              f"({_NO_OVERLAP_REASON.get(runtime, 'not supported')}); drop the option or choose "
                              f"--runtime {' / '.join(runs)}")
     if sharding not in SHARDING_SUPPORT[runtime]:

@@ -80,3 +80,23 @@ def test_gpipe_runtime_plans_without_tensor_parallelism(tmp_path):
     plans = json.loads(out.read_text())["plans"]
     assert plans and all(p["parallelism"]["tp"] == 1 and p["schedule"]["name"] == "gpipe" for p in plans)
     assert all("refused" not in p["exports"]["gpipe"] for p in plans)
+
+
+def test_exports_refuse_overlap_their_runtime_does_not_run():
+    """A plan timed with --overlap-grad-reduce charged the gradient reduce
+    as hidden; DeepSpeed's pipeline engine and torchgpipe reduce after the
+    pipeline, so their exports refuse it, while Megatron-LM, torch (DDP's
+    reducer) and torchtitan (FSDP2) run it. --overlap-param-gather is
+    Megatron-LM's and torchtitan's only."""
+    from pipesearch.export import refuse_unplanned_overlap, Inputs
+
+    grad = Inputs.of({"job": {"comm_overlap": {"grad_reduce": True}}})
+    for fmt in ("deepspeed", "gpipe"):
+        with pytest.raises(InputError, match=f"export {fmt}: .*--overlap-grad-reduce"):
+            refuse_unplanned_overlap(fmt, grad)
+    for fmt in ("megatron", "torch", "torchtitan"):
+        refuse_unplanned_overlap(fmt, grad)
+    gather = Inputs.of({"job": {"comm_overlap": {"param_gather": True}}})
+    with pytest.raises(InputError, match="--overlap-param-gather"):
+        refuse_unplanned_overlap("torch", gather)
+    refuse_unplanned_overlap("deepspeed", Inputs.of({"job": {"comm_overlap": {}}}))

@@ -138,6 +138,25 @@ def refuse_host_memory(plan: Plan, fmt: str) -> None:
                          "--optimizer-offload" + ("" if fmt == "deepspeed" else " or export --format deepspeed"))
 
 
+def refuse_unplanned_overlap(fmt: str, inputs: "Inputs") -> None:
+    """Refuse a plan timed with a communication overlap that ``fmt``'s
+    runtime does not run (:data:`pipesearch.runtimes.OVERLAP_SUPPORT`, read
+    from ``inputs.job.comm_overlap``): the runtime would be slower than the
+    plan says (its exposed communication was charged as hidden).
+
+    Raises:
+        InputError: names the overlap, the runtime and the re-plan option.
+    """
+    from ..runtimes import OVERLAP_FLAGS, OVERLAP_SUPPORT
+
+    overlap = inputs.comm_overlap
+    for key, runs in OVERLAP_SUPPORT.items():
+        if fmt in _MODULES and overlap.get(key) and fmt not in runs:
+            raise InputError(f"export {fmt}: the plan was timed with {OVERLAP_FLAGS[key]}, which "
+                             f"{RUNTIME_NAMES.get(fmt, fmt)} does not run, so it would be slower than planned; "
+                             f"re-plan with --runtime {fmt} (or without {OVERLAP_FLAGS[key]})")
+
+
 def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                 inputs: Mapping | None = None, **options) -> dict:
     """Export ``plan`` for runtime ``fmt``.
@@ -168,6 +187,7 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
         raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     refuse_stage_replicas(plan, fmt)
     refuse_host_memory(plan, fmt)
+    refuse_unplanned_overlap(fmt, Inputs.of(inputs))
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:
