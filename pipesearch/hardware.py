@@ -57,6 +57,8 @@ _HOST_KEYS = {
 }
 _GROUP_KEYS = ("nodes", "devices_per_node", "device")
 _LINK_KEYS = ("bandwidth_GBps", "latency_us")
+#: the keys of the links between nodes (``inter_node``, ``inter_group``)
+_NODE_LINK_KEYS = _LINK_KEYS + ("nics_per_node",)
 
 
 # --------------------------------------------------------------------------- #
@@ -235,13 +237,18 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
 def _link(where: Path, data: dict, key: str) -> Link:
     """The ``[key]`` table as a :class:`Link` (GBps -> bytes/s, us -> s)."""
     table = _table(where, key, _get(where, data, key))
-    _check_keys(where, table, _LINK_KEYS, prefix=f"{key}.")
+    between_nodes = key != "intra_node"
+    _check_keys(where, table, _NODE_LINK_KEYS if between_nodes else _LINK_KEYS, prefix=f"{key}.")
     prefix = f"{key}."
     bandwidth = _number(where, prefix + "bandwidth_GBps",
                         _get(where, table, "bandwidth_GBps", prefix))
     latency = _number(where, prefix + "latency_us", _get(where, table, "latency_us", prefix),
                       positive=False)
-    return Link(bandwidth_bytes_per_s=bandwidth * GB, latency_s=latency / MICROS_PER_S)
+    nics = table.get("nics_per_node")
+    if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int) or not 1 <= nics <= limits.MAX_DEVICES):
+        raise InputError(f"{where}: key '{prefix}nics_per_node' = {nics!r}: expected an integer from 1 to "
+                         f"{limits.MAX_DEVICES} (the transfers a node sends at once; omit it for one NIC per device)")
+    return Link(bandwidth_bytes_per_s=bandwidth * GB, latency_s=latency / MICROS_PER_S, nics_per_node=nics)
 
 
 #: PCIe per-lane data rate per direction, GB/s, after line coding (PCI-SIG:
@@ -423,7 +430,10 @@ def list_clusters() -> list[str]:
 
 
 def _link_dict(link: Link) -> dict[str, float]:
-    return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s}
+    out = {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s}
+    if link.nics_per_node is not None:
+        out["nics_per_node"] = link.nics_per_node
+    return out
 
 
 def describe_cluster(cluster: Cluster) -> dict[str, Any]:

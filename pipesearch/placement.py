@@ -81,17 +81,49 @@ def link_class(cluster: Cluster, a, b) -> np.ndarray:
     return np.where(a == b, -1, kind)
 
 
-def _worst(cluster: Cluster, kinds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _worst(cluster: Cluster, kinds: np.ndarray, share: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Bandwidth and latency of the slowest class (by time for
     :data:`PROBE_BYTES`) along the last axis of ``kinds`` (-1 entries are
-    ignored; a free link where none is left)."""
+    ignored; a free link where none is left). ``share`` (the shape of
+    ``kinds`` without its last axis, from :func:`nic_share`) scales the
+    bandwidth of the links between nodes (classes 1 and 2) of each row."""
     links = class_links(cluster)
-    probe = np.array([link.transfer_s(PROBE_BYTES) for link in links] + [-1.0])
     bw = np.array([link.bandwidth_bytes_per_s for link in links] + [np.inf])
     lat = np.array([link.latency_s for link in links] + [0.0])
     k = np.where(kinds < 0, 3, kinds)
-    pick = np.take_along_axis(k, np.argmax(probe[k], axis=-1)[..., None], axis=-1)[..., 0]
-    return bw[pick], lat[pick]
+    kbw = bw[k]
+    if share is not None:
+        kbw = np.where((k == 1) | (k == 2), kbw * np.asarray(share)[..., None], kbw)
+    probe = np.where(k == 3, -1.0, lat[k] + PROBE_BYTES / kbw)
+    pick = np.argmax(probe, axis=-1)[..., None]
+    return np.take_along_axis(kbw, pick, axis=-1)[..., 0], np.take_along_axis(lat[k], pick, axis=-1)[..., 0]
+
+
+def nic_share(cluster: Cluster, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Share of a link's bandwidth each of a row's simultaneous transfers
+    ``src[..., i] -> dst[..., i]`` gets between nodes: with ``c`` of them
+    leaving one node for other nodes (or entering it: ports are full duplex)
+    and that node sending at most ``nics_per_node`` transfers at full rate
+    (:class:`pipesearch.types.Link`), each gets ``min(1, nics_per_node / c)``
+    (the node's ports split evenly; the worst node of the row counts). 1 where the link has a NIC per device.
+    Shape: ``src`` without its last axis."""
+    src, dst = np.asarray(src), np.asarray(dst)
+    rows_shape, flows = src.shape[:-1], src.shape[-1]
+    src2, dst2 = src.reshape(-1, flows), dst.reshape(-1, flows)
+    node = node_ids(cluster)
+    row = np.repeat(np.arange(src2.shape[0]), flows)
+    out = np.ones(src2.shape[0])
+    for cls, link in ((1, cluster.inter_node), (2, cluster.inter_group or cluster.inter_node)):
+        if link.nics_per_node is None:
+            continue
+        crossing = (link_class(cluster, src2, dst2) == cls).reshape(-1)
+        worst = np.zeros(src2.shape[0], dtype=np.int64)
+        for end in (src2, dst2):  # full duplex: a node's sends share its ports, and so do its receives
+            counts = np.zeros((src2.shape[0], cluster.num_nodes), dtype=np.int64)
+            np.add.at(counts, (row[crossing], node[end.reshape(-1)[crossing]]), 1)
+            worst = np.maximum(worst, counts.max(axis=1))
+        out = np.minimum(out, np.minimum(1.0, link.nics_per_node / np.maximum(worst, 1)))
+    return out.reshape(rows_shape)
 
 
 def slot_heads(cluster: Cluster, tp: int = 1, precision: str = "fp16") -> np.ndarray:
@@ -278,9 +310,11 @@ def boundary_links(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np.
     sends to replica ``r``; a free link after the last stage). Shapes ``(P,)``."""
     heads = np.asarray(heads)
     P = heads.shape[0]
-    kinds = np.concatenate([link_class(cluster, heads[:-1], heads[1:]),
-                            np.full((1, heads.shape[1]), -1)], axis=0) if P > 1 else np.full(heads.shape, -1)
-    return _worst(cluster, kinds)
+    if P == 1:
+        return _worst(cluster, np.full(heads.shape, -1))
+    kinds = np.concatenate([link_class(cluster, heads[:-1], heads[1:]), np.full((1, heads.shape[1]), -1)], axis=0)
+    share = np.append(nic_share(cluster, heads[:-1], heads[1:]), 1.0)
+    return _worst(cluster, kinds, share)
 
 
 def allreduce_terms(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -291,16 +325,21 @@ def allreduce_terms(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np
     the ring (Patarasuk & Yuan 2009; Thakur et al. 2005). Hierarchical (every
     node holds the same number ``k > 1`` of the replicas, ``n > 1`` nodes):
     reduce-scatter and all-gather inside nodes ``2(k-1)/k * bytes / bw_intra``
-    plus a ring across nodes on ``bytes / k``: ``2(n-1)/n * bytes / (k *
-    bw_inter)``, ``bw_inter`` the slowest link between consecutive nodes (by
-    node id). The cheaper of the two for :data:`ALLREDUCE_PROBE_BYTES` is
-    used, as NCCL picks its algorithm by size.
+    plus ``k`` rings across nodes on ``bytes / k`` each: ``2(n-1)/n * bytes /
+    (min(k, nics) * bw_inter)``, ``bw_inter`` the slowest link between
+    consecutive nodes (by node id) and ``nics`` its ``nics_per_node`` (``k``
+    when each device has its own): the ``k`` rings share the node's ports.
+    The flat ring's hops that leave one node share its ports likewise
+    (:func:`nic_share`). The cheaper of the two for
+    :data:`ALLREDUCE_PROBE_BYTES` is used, as NCCL picks its algorithm by
+    size.
     """
     heads = np.asarray(heads)
     P, d = heads.shape
     if d <= 1:
         return np.zeros(P), np.zeros(P)
-    bw, lat = _worst(cluster, link_class(cluster, heads, np.roll(heads, -1, axis=1)))
+    ring_next = np.roll(heads, -1, axis=1)
+    bw, lat = _worst(cluster, link_class(cluster, heads, ring_next), nic_share(cluster, heads, ring_next))
     per_byte, fixed = 2 * (d - 1) / d / bw, 2 * (d - 1) * lat
     sn = np.sort(node_ids(cluster)[heads], axis=1)
     n = 1 + np.sum(sn[:, 1:] != sn[:, :-1], axis=1)
@@ -319,7 +358,11 @@ def allreduce_terms(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np
         reps = node_group[sn[rows, ::k]]
         kinds = np.where(reps[:, 1:] != reps[:, :-1], 2, 1)
         ibw, ilat = _worst(cluster, kinds)
-        hier_b = 2 * (k - 1) / k / intra.bandwidth_bytes_per_s + 2 * (nn - 1) / nn / (k * ibw)
+        # the k per-device rings across nodes share each node's ports: k flows at min(1, nics / k) each
+        nics = np.array([cluster.inter_node.nics_per_node or k,
+                         (cluster.inter_group or cluster.inter_node).nics_per_node or k])
+        ports = np.minimum(k, nics[np.max(kinds, axis=1) - 1])
+        hier_b = 2 * (k - 1) / k / intra.bandwidth_bytes_per_s + 2 * (nn - 1) / nn / (ports * ibw)
         hier_f = 2 * (k - 1) * intra.latency_s + 2 * (nn - 1) * ilat
         probe = ALLREDUCE_PROBE_BYTES
         better = hier_b * probe + hier_f < per_byte[rows] * probe + fixed[rows]
@@ -411,6 +454,7 @@ def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray]
         a, b = np.asarray(stage_devs[k]), np.asarray(stage_devs[k + 1])
         n = min(len(a), len(b))
         big, small = (a, b) if len(a) >= len(b) else (b, a)
-        wb, wl = _worst(cluster, link_class(cluster, big, small[np.arange(len(big)) % n])[None, :])
+        peer = small[np.arange(len(big)) % n]
+        wb, wl = _worst(cluster, link_class(cluster, big, peer)[None, :], nic_share(cluster, big[None, :], peer[None, :]))
         bw[k], lat[k], pairs[k] = float(wb[0]), float(wl[0]), n
     return bw, lat, pairs

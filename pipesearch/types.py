@@ -260,10 +260,17 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class Link:
-    """A point-to-point link class: ``time(bytes) = latency_s + bytes / bandwidth``."""
+    """A point-to-point link class: ``time(bytes) = latency_s + bytes / bandwidth``.
+
+    ``nics_per_node`` (links between nodes only): how many transfers of
+    ``bandwidth_bytes_per_s`` each a node can send at once (its network
+    ports); ``None`` for one per device (a NIC per GPU, as DGX servers have).
+    Flows leaving one node beyond it share the ports
+    (:func:`pipesearch.placement.nic_share`)."""
 
     bandwidth_bytes_per_s: float
     latency_s: float
+    nics_per_node: int | None = None
 
     def transfer_s(self, num_bytes: float) -> float:
         """Seconds to move ``num_bytes`` over this link (alpha-beta model)."""
