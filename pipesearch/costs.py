@@ -53,6 +53,7 @@ the same stage times and is the judge of the best candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -173,6 +174,15 @@ class PipelineCosts:
     puts the last layer without the first on the last stage), so
     ``capacity_bytes`` is given net of them and :meth:`memory_bytes` is the
     split-dependent part; :meth:`total_memory_bytes` adds them back.
+        held_prefix_bytes, wgrad_counts: zero-bubble schedules (one stage
+            per device): ``(L+1,)`` prefix sums of the bytes a micro-batch
+            still holds between its ``I`` and ``W``
+            (``Layer.wgrad_saved_bytes`` x micro-batch share), and ``(A, B)``
+            of shape ``(P, Q)``: the count states of
+            :func:`pipesearch.schedules.wgrad_states`, padded with zeros.
+            Stage ``s`` then holds ``max_q (A[s, q] saved + B[s, q] held)``
+            of activations instead of ``in_flight[s] saved``
+            (:meth:`activation_bytes`).
     """
 
     num_micro_batches: int
@@ -201,6 +211,8 @@ class PipelineCosts:
     params_per_param_byte: float = 0.0
     param_layer_prefix: np.ndarray | None = None
     activation_share: np.ndarray | None = None
+    held_prefix_bytes: np.ndarray | None = None
+    wgrad_counts: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -222,8 +234,8 @@ class PipelineCosts:
         saved = o.saved_prefix_bytes[:, j] - o.saved_prefix_bytes[:, i]
         transient = np.stack([range_max(o.transient_table_bytes[k], i, j) for k in range(K)])
         share = self.activation_share_at(s)  # replicated stages hold their share of a micro-batch
-        device = (params * o.state_bytes_per_param_byte[col] + (saved * self.in_flight[s] + transient) * share
-                  + self.gathered_at(i, j))
+        device = (params * o.state_bytes_per_param_byte[col] + self.activation_bytes(s, saved, i, j)
+                  + transient * share + self.gathered_at(i, j))
         return device, params * o.host_bytes_per_param_byte[col]
 
     def option_index(self, s, i, j):
@@ -345,7 +357,7 @@ class PipelineCosts:
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
         return (params * self.state_bytes_per_param_byte
-                + saved * self.in_flight[s] * self.activation_share_at(s) + self.gathered_at(i, j))
+                + self.activation_bytes(s, saved, i, j) + self.gathered_at(i, j))
 
     def gathered_at(self, i, j):
         """Gathered ZeRO-3 / FSDP weights a stage holding ``[i, j)`` keeps
@@ -353,6 +365,20 @@ class PipelineCosts:
         if self.gathered_table is None:
             return 0.0
         return range_max(self.gathered_table, i, j)
+
+    def activation_bytes(self, s, saved, i, j):
+        """In-flight activation bytes of stage(s) ``s`` holding ``[i, j)``
+        whose micro-batch saves ``saved`` (shape ``broadcast(s, i, j)``, or
+        ``(K,)`` + that for per-stage options): ``saved x in_flight[s]``, or
+        under a zero-bubble schedule the exact peak ``max_q (A saved + B
+        held)`` (:attr:`wgrad_counts`); times :meth:`activation_share_at`."""
+        share = self.activation_share_at(s)
+        if self.wgrad_counts is None:
+            return saved * self.in_flight[s] * share
+        A, B = self.wgrad_counts
+        held = self.held_prefix_bytes[j] - self.held_prefix_bytes[i]
+        peak = np.max(A[s] * np.asarray(saved)[..., None] + B[s] * np.asarray(held)[..., None], axis=-1)
+        return peak * share
 
     def activation_share_at(self, s):
         """:attr:`activation_share` of stage(s) ``s`` (1 when unset)."""
@@ -403,8 +429,8 @@ class PipelineCosts:
         out["tied_copy"] = tied
         out["gathered_weights"] = gathered
         if self.options is None:
-            out["activations"] = float((self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) * self.in_flight[s]
-                                       * self.activation_share_at(s))
+            out["activations"] = float(self.activation_bytes(s, self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i],
+                                                             i, j))
         else:
             rest = float(self.memory_bytes(s, i, j)) - float(self.gathered_at(i, j)) - sum(
                 v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
@@ -571,6 +597,8 @@ def build_pipeline_costs(
     state_per_byte = state.bytes_per_param(dp) / profile.bytes_per_param
     inflight = (np.asarray(in_flight, dtype=float) if in_flight is not None
                 else in_flight_micro_batches(schedule, pp, num_micro_batches))
+    wgrad = schedule == "zb-h1" if wgrad_window is None else wgrad_window
+    counts = zero_bubble_counts(pp, num_micro_batches) if wgrad and stages_per_device == 1 and pp > 1 else None
     # FSDP keeps the unit computing and the one prefetched gathered: with one stage per device, the two
     # largest of the stage's own layers (a range maximum); with chunks, the model's largest, shared out
     unit_gathered = FSDP_LIVE_UNITS * arrays["param_bytes"] * state.gathered_bytes_per_param() / profile.bytes_per_param
@@ -615,10 +643,31 @@ def build_pipeline_costs(
         gathered_table=gathered_table,
         gather_bytes_per_param_byte=1.0 if state.stage >= 1 else 0.0,
         overlap=job.comm_overlap,
-        wgrad_window=schedule == "zb-h1" if wgrad_window is None else wgrad_window,
+        wgrad_window=wgrad,
+        held_prefix_bytes=(np.concatenate([zero, np.cumsum(arrays["wgrad_saved_bytes"])]) * ratio
+                           if counts is not None else None),
+        wgrad_counts=counts,
         params_per_param_byte=1.0 / profile.bytes_per_param if profile.bytes_per_param > 0 else 0.0,
         param_layer_prefix=np.concatenate([[0], np.cumsum(arrays["param_bytes"] > 0)]),
     )
+
+
+@lru_cache(maxsize=256)
+def zero_bubble_counts(pp: int, num_micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(A, B)``, each ``(pp, Q)``: the ZB-H1 count states of every stage
+    (:func:`pipesearch.schedules.wgrad_states`, padded with ``(0, 0)``),
+    read at ``min(m, 2 pp)`` micro-batches (the warm-up depth is bounded:
+    the states stop changing there)."""
+    from .schedules import build, wgrad_states
+
+    states = wgrad_states(build("zb-h1", pp, min(num_micro_batches, 2 * pp), 1))
+    Q = max(len(x) for x in states)
+    A, B = np.zeros((pp, Q)), np.zeros((pp, Q))
+    for k, xs in enumerate(states):
+        for q, (a, b) in enumerate(xs):
+            A[k, q], B[k, q] = a, b
+    A.flags.writeable = B.flags.writeable = False
+    return A, B
 
 
 def dp_reduce_bytes_per_param(job: Job, state, model_bytes_per_param: float) -> float:

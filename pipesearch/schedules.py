@@ -469,6 +469,42 @@ def in_flight_peaks(actions: Sequence[Sequence[Action]]) -> tuple[int, ...]:
     return tuple(peak)
 
 
+def wgrad_states(actions: Sequence[Sequence[Action]]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per stage of a schedule with one stage per rank: the micro-batch
+    counts ``(a, b)`` it can hold at once, ``a`` between the start of a
+    micro-batch's ``F`` and the end of its ``B`` or ``I``, ``b`` between the
+    end of its ``I`` and the end of its ``W`` (the accounting of
+    :func:`simultaneous_in_flight`), reduced to the states no other state
+    exceeds in both counts. A stage holding ``S`` bytes per micro-batch
+    before ``I`` and ``H`` after it peaks at ``max (a S + b H)`` over them,
+    exactly, whatever ``S`` and ``H`` are.
+
+    Raises:
+        InputError: a rank runs more than one stage.
+    """
+    out = {}
+    for seq in actions:
+        stages = {a.stage for a in seq}
+        if len(stages) > 1:
+            raise InputError(f"wgrad_states: rank runs stages {sorted(stages)}; one stage per rank only")
+        a = b = 0
+        states = {(0, 0)}
+        for act in seq:
+            if act.kind == "F":
+                a += 1
+            elif act.kind == "I":
+                a, b = a - 1, b + 1
+            elif act.kind == "W":
+                b -= 1
+            elif act.kind == "B":
+                a -= 1
+            states.add((a, b))
+        for stage in stages:
+            out[stage] = tuple(sorted(x for x in states if not any(
+                y != x and y[0] >= x[0] and y[1] >= x[1] for y in states)))
+    return tuple(out[k] for k in range(len(out)))
+
+
 def simultaneous_in_flight(actions: Sequence[Sequence[Action]], held_after_input: float = 1.0) -> tuple[float, ...]:
     """Per stage: the micro-batches' worth of activations it holds at the
     moment its rank holds the most, summed over the rank's stages.

@@ -53,6 +53,11 @@ class Layer:
             intercepts of ``t(b) = fixed + per_sample * b`` fitted over two or
             more batch sizes (:func:`pipesearch.profiler.fit_fixed_per_sample`).
             ``None``: the time is proportional to the batch size.
+        wgrad_saved_bytes: optional bytes the layer still holds per batch
+            between a micro-batch's input-gradient and weight-gradient steps
+            (zero-bubble schedules: the inputs of its weight-gradient GEMMs,
+            Qi et al. 2023 Table 1; recomputed ones included); ``None``:
+            ``saved_bytes x ModelProfile.wgrad_saved_fraction``.
     """
 
     name: str
@@ -67,6 +72,7 @@ class Layer:
     fwd_fixed_s: float | None = None
     bwd_fixed_s: float | None = None
     bwd_input_fixed_s: float | None = None
+    wgrad_saved_bytes: float | None = None
 
     def __repr__(self) -> str:
         """The dataclass repr, the fixed-time fields and the recompute
@@ -74,7 +80,8 @@ class Layer:
         plan fingerprint of a profile without them is what it was before
         they existed)."""
         names = ("name", "fwd_s", "bwd_s", "param_bytes", "output_bytes", "saved_bytes", "bwd_input_s", "flops")
-        names += tuple(n for n in ("fwd_fixed_s", "bwd_fixed_s", "bwd_input_fixed_s", "recompute_saved_bytes")
+        names += tuple(n for n in ("fwd_fixed_s", "bwd_fixed_s", "bwd_input_fixed_s", "recompute_saved_bytes",
+                                   "wgrad_saved_bytes")
                        if getattr(self, n) is not None)
         return f"Layer({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
@@ -104,8 +111,11 @@ class ModelProfile:
         wgrad_saved_fraction: share of the saved activation bytes still held
             between a micro-batch's input-gradient and weight-gradient steps
             (zero-bubble schedules; the inputs of the weight-gradient GEMMs,
-            Qi et al. 2023 Table 1). 1 keeps everything until the weight
-            gradient; above 1 when recomputed activations must wait for it.
+            Qi et al. 2023 Table 1) by layers without their own
+            ``Layer.wgrad_saved_bytes``; 1 keeps everything until the weight
+            gradient. Where every layer has its own, the smallest of their
+            shares (what the search's memory pre-filter, a lower bound,
+            reads).
     """
 
     name: str
@@ -129,8 +139,9 @@ class ModelProfile:
         ``bwd_s``, ``bwd_input_s`` (half of ``bwd_s`` where not given),
         ``param_bytes``, ``output_bytes``, ``saved_bytes``, ``recomputable``
         (1.0 where the layer has ``recompute_saved_bytes``, else 0.0) and
-        ``recompute_saved_bytes`` (``saved_bytes`` where not recomputable).
-        Computed once."""
+        ``recompute_saved_bytes`` (``saved_bytes`` where not recomputable),
+        ``wgrad_saved_bytes`` (``saved_bytes x wgrad_saved_fraction`` where
+        not given). Computed once."""
         import numpy as np
 
         cols = {k: np.array([getattr(lay, k) for lay in self.layers], dtype=float)
@@ -140,6 +151,8 @@ class ModelProfile:
         cols["recomputable"] = np.array([lay.recompute_saved_bytes is not None for lay in self.layers], dtype=float)
         cols["recompute_saved_bytes"] = np.array([lay.saved_bytes if lay.recompute_saved_bytes is None
                                                   else lay.recompute_saved_bytes for lay in self.layers], dtype=float)
+        cols["wgrad_saved_bytes"] = np.array([lay.saved_bytes * self.wgrad_saved_fraction if lay.wgrad_saved_bytes
+                                              is None else lay.wgrad_saved_bytes for lay in self.layers], dtype=float)
         for v in cols.values():
             v.flags.writeable = False
         return cols

@@ -1087,7 +1087,6 @@ def layer_table(
         return sum(_gather_s(x, t, link) for x in xs)
 
     layers = []
-    wgrad_held = block_saved = 0.0
     for r in raws:
         fwd_flops = (r.lin_flops + r.core_flops) / t
         fwd_compute = fwd_flops / rate
@@ -1116,12 +1115,13 @@ def layer_table(
             else:
                 saved = a.replicated + (a.split + (0.0 if recompute == "selective" else a.core)) / t
             # what the weight-gradient step still needs: the GEMM inputs, 32 of
-            # the 34 sbh outside the attention core (Qi et al. 2023, Table 1)
-            wgrad_held += ZB_WGRAD_SHARE * ((a.replicated + a.split) / t if sp else a.replicated + a.split / t)
-            block_saved += saved
+            # the 34 sbh outside the attention core (Qi et al. 2023, Table 1),
+            # recomputed ones too (full recompute recreates them before I)
+            wgrad_held = ZB_WGRAD_SHARE * ((a.replicated + a.split) / t if sp else a.replicated + a.split / t)
         else:
             rep, spl = r.saved_fixed
             saved = (rep / t if sp else rep) + spl / t + r.saved_whole
+            wgrad_held = saved  # embedding and head: all they saved, at most (never recomputed)
         bwd_exposed = bwd_comm
         if overlap_tp_backward and r.acts is not None:
             bwd_exposed = max(0.0, bwd_comm - r.lin_flops / t / rate)
@@ -1137,6 +1137,7 @@ def layer_table(
             saved_bytes=saved,
             bwd_input_s=bwd_input_s,
             flops=3 * fwd_flops + recompute_flops,
+            wgrad_saved_bytes=wgrad_held,
         ))
 
     parts = [f"seq_len={s}"]
@@ -1158,7 +1159,8 @@ def layer_table(
         bytes_per_param=D,
         source=source,
         tied_param_bytes=tied_embedding_param_bytes(cfg, tp=t, dtype_bytes=D) if cfg.tied_embeddings else 0.0,
-        wgrad_saved_fraction=wgrad_held / block_saved if block_saved > 0 else 1.0,
+        wgrad_saved_fraction=min((lay.wgrad_saved_bytes / lay.saved_bytes for lay in layers if lay.saved_bytes > 0),
+                                 default=1.0),
         tokens_per_sample=s + sd if cfg.is_encoder_decoder else s,
         model_flops_per_sample=palm_model_flops(cfg, s, decoder_seq_len=sd if cfg.is_encoder_decoder else None),
     )

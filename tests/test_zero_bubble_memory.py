@@ -1,0 +1,80 @@
+"""ZB-H1 activation memory: what a micro-batch holds between its input- and
+weight-gradient steps is per layer (Layer.wgrad_saved_bytes), so each stage
+peaks at its own mix of saved and held bytes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from helpers import tiny_cluster
+from pipesearch.cli import main
+from pipesearch.costs import build_pipeline_costs, pipeline_placement
+from pipesearch.schedules import build, simultaneous_in_flight, wgrad_states
+from pipesearch.types import Job, Layer, ModelProfile
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_states_give_the_walked_peak_for_any_held_share(p):
+    """For every held share h = H / S (below and above 1), the peak
+    max_q (a S + b H) over a stage's states equals the walk of its action
+    list with h (schedules.simultaneous_in_flight) times S."""
+    rng = np.random.default_rng(p)
+    for m in range(p, 2 * p + 3):
+        actions = build("zb-h1", p, m, 1)
+        states = wgrad_states(actions)
+        for _ in range(5):
+            S, H = rng.exponential(1.0), rng.exponential(3.0)
+            walked = simultaneous_in_flight(actions, H / S)
+            for k in range(p):
+                assert max(a * S + b * H for a, b in states[k]) == pytest.approx(walked[k] * S, rel=1e-12)
+
+
+def test_wgrad_states_refuse_ranks_with_several_stages():
+    with pytest.raises(Exception, match="one stage per rank"):
+        wgrad_states(build("interleaved-1f1b", 2, 4, 2))
+
+
+def _profile():
+    """Four layers: 'blocks' saving 1 MB and holding 16 MB until W (full
+    recompute: the recomputed GEMM inputs wait for the weight gradient), and
+    a 'head' saving 50 MB that holds those 50 MB (its output gradient)."""
+    mb = 1e6
+    layers = [Layer(f"b{k}", 1e-3, 2e-3, 1e6, mb, mb, bwd_input_s=1e-3, wgrad_saved_bytes=16 * mb) for k in range(3)]
+    layers.append(Layer("head", 1e-3, 2e-3, 1e6, mb, 50 * mb, bwd_input_s=1e-3, wgrad_saved_bytes=50 * mb))
+    return ModelProfile("zb", tuple(layers), profiled_batch_size=1, wgrad_saved_fraction=1.0)
+
+
+def test_each_stage_peaks_at_its_own_held_share():
+    """Split [3 | 1] on 2 stages, ZB-H1, m = 4: stage 0 (blocks) holds 3 MB
+    before I and 48 MB after it per micro-batch, share 16; stage 1 (head)
+    50 and 50, share 1. Each stage's activation memory is the walk of its
+    own list with its own share: a model-wide share (16 or 1) is wrong for
+    one of them."""
+    prof = _profile()
+    costs = build_pipeline_costs(prof, tiny_cluster(1, 2), Job(4, memory_reserve_bytes=0), pp=2, dp=1,
+                                 micro_batch_size=1, num_micro_batches=4, schedule="gpipe",
+                                 placement=pipeline_placement(2, 1), wgrad_window=True,
+                                 in_flight=np.array(simultaneous_in_flight(build("zb-h1", 2, 4, 1))))
+    walked0 = simultaneous_in_flight(build("zb-h1", 2, 4, 1), 16.0)[0] * 3e6
+    walked1 = simultaneous_in_flight(build("zb-h1", 2, 4, 1), 1.0)[1] * 50e6
+    assert costs.activation_bytes(0, 3e6, 0, 3) == pytest.approx(walked0)
+    assert costs.activation_bytes(1, 50e6, 3, 4) == pytest.approx(walked1)
+    wrong = simultaneous_in_flight(build("zb-h1", 2, 4, 1), 16.0)[1] * 50e6
+    assert wrong > walked1  # what a model-wide share of 16 would charge the head
+
+
+def test_full_recompute_needs_no_more_than_selective_or_none_under_zb_h1():
+    """GPT-3 1.3B on 2 A100, split 13,13, micro-batch 4, ZB-H1: recomputing
+    more never raises a stage's peak (the head is never recomputed)."""
+    peaks = {}
+    for rc in ("none", "selective", "full"):
+        res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                        "--pp", "2", "--dp", "1", "--tp", "1", "--split", "13,13",
+                                        "--micro-batch-size", "4", "--schedule", "zb-h1", "--recompute", rc, "--json"])
+        assert res.exit_code == 0, res.output
+        peaks[rc] = json.loads(res.output)["plans"][0]["predicted"]["peak_memory_bytes"]
+    assert peaks["full"] <= peaks["selective"] <= peaks["none"]
