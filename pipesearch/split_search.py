@@ -435,7 +435,9 @@ class _Tables:
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
         L, S = costs.num_layers, costs.pp
         self.costs, self.schedule, self.pp = costs, schedule, pp
-        self.width = W = max(1, min(width, L))
+        self.width = max(1, min(width, L))
+        # no stage of a split is longer than L - S + 1 (every other stage has a layer)
+        self.rows = W = max(1, min(self.width, L - S + 1))
         i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
         j = i + np.arange(1, W + 1)[:, None]
         rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
@@ -461,16 +463,20 @@ class _Tables:
         fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
         shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
 
-        def band(x):
-            return np.where(valid, np.broadcast_to(x, shape), np.inf)
+        def band(xs):  # the components stacked, invalid ranges at infinity
+            out = np.empty((len(xs),) + shape)
+            for row, x in zip(out, xs):
+                row[...] = x
+            out[:, ~np.broadcast_to(valid, shape)] = np.inf
+            return out
 
         terms, fam_of = {}, {}
         for kind in _KINDS:
             comps = [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind]
             if comps:
                 fam_of[kind] = np.array([f for f, _, _ in comps], dtype=np.int64)
-                terms[kind] = (np.stack([band(a) for _, a, _ in comps]) if comps[0][1] is not None else None,
-                               np.stack([band(x) for _, _, x in comps]) if comps[0][2] is not None else None)
+                terms[kind] = (band([a for _, a, _ in comps]) if comps[0][1] is not None else None,
+                               band([x for _, _, x in comps]) if comps[0][2] is not None else None)
         self.fam, self.kinds, self.num_families = fam_of, tuple(fam_of), len(fams)  # the same for every block
         fits = valid & np.broadcast_to(self.costs.fits(stages, i, jc), shape)
         return terms, fits
@@ -485,7 +491,7 @@ class _Tables:
         if (s, i) not in self._columns:
             if len(self._columns) >= _COLUMNS_KEPT:
                 self._columns.clear()
-            d = np.arange(1, self.width + 1)
+            d = np.arange(1, self.rows + 1)
             self._columns[s, i] = self._block(np.array(s), np.full(len(d), i), i + d)
         return self._columns[s, i]
 
@@ -525,19 +531,23 @@ class _Tables:
         if suf is None:  # the last stage's successor: every layer placed
             suf = {"add": end(len(t_add), 0.0), "mx": end(len(t_mx), -np.inf), "sfx": end(len(x_sfx), -np.inf)}
             self._suf[hi] = suf
-        with np.errstate(invalid="ignore"):
-            for s in range(hi - 1, lo - 1, -1):
-                ok, k = fits[s - lo], s - lo
-
-                def best(v):
-                    return np.where(ok & np.isfinite(v), v, np.inf).min(axis=1)
-
-                h_add, h_mx, h_sfx = suf["add"][:, jc], suf["mx"][:, jc], suf["sfx"][:, jc]
-                na = h_add[na0:na0 + sizes["suffix"]]
-                suf = {"add": best(t_add[:, k] + h_add),
-                       "mx": best(np.where(h_mx < np.inf, np.maximum(t_mx[:, k], a_mx[:, k] + h_mx), np.inf)),
-                       "sfx": best(np.where(na < np.inf, np.maximum(x_sfx[:, k] + na, h_sfx), np.inf))}
-                self._suf[s] = suf
+        # ranges that do not fit (or run past L) at +inf in the terms added or
+        # maximised, at 0 in the alphas added to a maximum: every candidate of
+        # such a range is then +inf (never nan: the finite terms plus a suffix
+        # value in [-inf, inf]), so each stage is three gathers, three
+        # elementwise steps and three minima
+        t_add = np.where(fits, t_add, np.inf)
+        t_mx = np.where(fits, t_mx, np.inf)
+        a_mx = np.where(fits, a_mx, 0.0)
+        x_sfx = np.where(fits, x_sfx, np.inf)
+        ns = sizes["suffix"]
+        for s in range(hi - 1, lo - 1, -1):
+            k = s - lo
+            h_add = suf["add"][:, jc]
+            suf = {"add": (t_add[:, k] + h_add).min(axis=1),
+                   "mx": np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jc]).min(axis=1),
+                   "sfx": np.maximum(x_sfx[:, k] + h_add[na0:na0 + ns], suf["sfx"][:, jc]).min(axis=1)}
+            self._suf[s] = suf
 
     def suffix_min(self, kind: str, s: int):
         """The suffix minima of the components of ``kind`` from stage ``s``:
@@ -818,7 +828,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
                       max_splits: int, max_nodes: int, counter: _RankCount | None = None):
     """Depth-first over stages, children in bound order; leaves are queued
     and evaluated in batches. Returns ``(exact, frontier_bound, nodes)``."""
-    W = tables.width
+    W = tables.rows
     pending: list[tuple[float, tuple[int, ...]]] = []
     nodes = 0
 
@@ -845,49 +855,78 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             step = min(2 * step, batch)
 
     nfam = tables.num_families
+    # per kind: the family of each component, and whether no family has two of them
+    # (then a fancy-indexed add, in the same order as np.add.at, is exact)
+    scatter = {kind: (idx, len(np.unique(idx)) == len(idx)) for kind, idx in tables.fam.items()}
+    others_of = [np.delete(np.arange(pp), r) for r in range(pp)]
+    columns: dict = {}
+    held = [0]
+
+    def column(s, i):
+        """The children's ends ``j`` of a node at stage ``s`` from layer
+        ``i`` (those that fit and leave a layer per later stage) and, per
+        kind, their terms and the suffix minima at ``j`` (memoised per ``(s,
+        i)``; at most :data:`TABLE_FLOATS` floats held, then dropped)."""
+        if (s, i) in columns:
+            return columns[s, i]
+        d = np.arange(1, W + 1)
+        j = i + d
+        keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
+        terms, fits = tables.column(s, i)
+        keep &= fits
+        rows, j = d[keep] - 1, j[keep]
+        per = {}
+        for kind in tables.kinds:
+            a, x = (None if t is None else t[:, rows] for t in terms[kind])
+            suf = tables.suffix_min(kind, s + 1)
+            per[kind] = (a, x, (suf[0][:, j], suf[1][:, j]) if kind == "suffix" else suf[:, j])
+        if held[0] > TABLE_FLOATS:
+            columns.clear()
+            held[0] = 0
+        held[0] += 3 * len(j) * sum(len(tables.fam[k]) for k in tables.kinds)
+        columns[s, i] = j, per
+        return j, per
 
     def children(s, i, acc):
         """The children of a node at stage ``s`` starting at layer ``i``
         whose accumulated component values are ``acc`` (per kind), sorted by
         lower bound, those below the current limit only: ``[(j, bound, ref),
         ...]`` (:func:`child_acc` of ``ref`` gives the child's values)."""
-        d = np.arange(1, W + 1)
-        j = i + d
-        keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
-        terms, fits = tables.column(s, i)
-        keep &= fits
-        d, j = d[keep], j[keep]
-        if not len(d):
+        j, per = column(s, i)
+        if not len(j):
             return []
-        rows = d - 1
         rank = s % pp
-        fam_lb = np.zeros((nfam, len(d)))
+        fam_lb = np.zeros((nfam, len(j)))
         new = {}
         for kind in tables.kinds:
-            a, x = (None if t is None else t[:, rows] for t in terms[kind])
-            suf = tables.suffix_min(kind, s + 1)
+            a, x, suf = per[kind]
             v = acc[kind]
             if kind == "sum":
                 new[kind] = v[:, None] + a
-                tot = new[kind] + suf[:, j]
+                tot = new[kind] + suf
             elif kind == "max":
                 new[kind] = np.maximum(v[:, None], x)
-                tot = np.maximum(new[kind], suf[:, j])
+                tot = np.maximum(new[kind], suf)
             elif kind == "prefix":
                 cm = np.maximum(v[1][:, None], v[0][:, None] + x)
                 ca = v[0][:, None] + a
-                tot = np.maximum(cm, ca + suf[:, j])
+                tot = np.maximum(cm, ca + suf)
                 new[kind] = np.stack([ca, cm])
             elif kind == "suffix":
                 new[kind] = np.maximum(v[:, None] + a, x)
-                tot = np.maximum(new[kind] + suf[0][:, j], suf[1][:, j])
+                tot = np.maximum(new[kind] + suf[0], suf[1])
             else:  # device: per-rank sums, shape (Q, pp)
-                cw = v[:, rank][:, None] + x
-                others = np.delete(v, rank, axis=1).max(axis=1, initial=-np.inf)[:, None]
-                rest = (v.sum(axis=1) - v[:, rank])[:, None]
-                tot = np.maximum(np.maximum(cw, others), (rest + cw + suf[:, j]) / pp)
+                mine = v[:, rank]
+                cw = mine[:, None] + x
+                others = v[:, others_of[rank]].max(axis=1, initial=-np.inf)[:, None]
+                rest = (v.sum(axis=1) - mine)[:, None]
+                tot = np.maximum(np.maximum(cw, others), (rest + cw + suf) / pp)
                 new[kind] = cw
-            np.add.at(fam_lb, tables.fam[kind], tot)
+            idx, unique = scatter[kind]
+            if unique:
+                fam_lb[idx] += tot
+            else:
+                np.add.at(fam_lb, idx, tot)
         lb = fam_lb.max(axis=0)
         if counter is not None and s < S - 1:  # only children that may still be expanded
             live = np.flatnonzero(lb < limit())
