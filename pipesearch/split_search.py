@@ -438,27 +438,38 @@ class _Tables:
         self.width = max(1, min(width, L))
         # no stage of a split is longer than L - S + 1 (every other stage has a layer)
         self.rows = W = max(1, min(self.width, L - S + 1))
+        self._kept: dict = {}
+        self._columns: dict = {}
+        self._suf = [None] * (S + 1)
+        self.weights, self.chains = weights, chains
+        # the last stage ends at L: one range per start
+        i = np.arange(L + 1)[None, :]
+        terms, fits = self._block(np.array([[[S - 1]]]), i[None], np.full_like(i, L)[None])
+        self._kept[S - 1] = ("last", terms, fits)
+        self._suffix_minima(terms, fits, S - 1, S, np.full_like(i, L), np.arange(L + 1))
+        # the middle stages: every start, every length
         i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
         j = i + np.arange(1, W + 1)[:, None]
         rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
         block = max(1, TABLE_FLOATS // (rows * W * (L + 1)))
-        self._kept = None
-        self._columns: dict = {}
-        self._suf = [None] * (S + 1)
-        self.weights, self.chains = weights, chains
-        for hi in range(S, 0, -block):
-            lo = max(0, hi - block)
+        for hi in range(S - 1, 1, -block):
+            lo = max(1, hi - block)
             terms, fits = self._block(np.arange(lo, hi)[:, None, None], i[None], j[None])
-            if lo == 0 and hi == S:
-                self._kept = (terms, fits)
-            self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L))
+            if lo == 1 and hi == S - 1:
+                self._kept.update({k: ("middle", terms, fits) for k in range(1, S - 1)})
+            self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), np.arange(L + 1))
+        # the first stage starts at 0
+        i, j = np.zeros((W, 1), dtype=np.int64), np.arange(1, W + 1)[:, None]
+        terms, fits = self._block(np.array([[[0]]]), i[None], j[None])
+        self._kept[0] = ("first", terms, fits)
+        self._suffix_minima(terms, fits, 0, 1, np.minimum(j, L), np.array([0]))
 
     def _block(self, stages, i, j):
         """Stacked terms of ``stages`` (int array broadcast against ``i``,
         ``j``): ``({kind: (alpha, beta)}, fits)``, invalid ranges (``j > L``)
         at infinity and not fitting."""
         L = self.costs.num_layers
-        valid = j <= L
+        valid = (j <= L) & (j > i) & (j - i <= self.rows)
         jc = np.minimum(j, L)
         fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
         shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
@@ -484,10 +495,27 @@ class _Tables:
     def column(self, s: int, i: int):
         """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
         ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
-        if self._kept is not None:
-            terms, fits = self._kept
-            cols = {k: tuple(None if x is None else x[:, s, :, i] for x in ab) for k, ab in terms.items()}
-            return cols, fits[s, :, i]
+        where, terms, fits = self._kept.get(s, (None, None, None))
+        if where == "middle":
+            k = s - 1
+            cols = {kind: tuple(None if x is None else x[:, k, :, i] for x in ab) for kind, ab in terms.items()}
+            return cols, fits[k, :, i]
+        if where == "first" and i == 0:
+            cols = {kind: tuple(None if x is None else x[:, 0, :, 0] for x in ab) for kind, ab in terms.items()}
+            return cols, fits[0, :, 0]
+        if where == "last":  # the one length that ends at L
+            d, W = self.costs.num_layers - i, self.rows
+            ok = np.zeros(W, dtype=bool)
+            cols = {}
+            for kind, ab in terms.items():
+                cols[kind] = tuple(None if x is None else np.full((len(x), W), np.inf) for x in ab)
+            if 1 <= d <= W:
+                ok[d - 1] = fits[0, 0, i]
+                for kind, ab in terms.items():
+                    for out, x in zip(cols[kind], ab):
+                        if x is not None:
+                            out[:, d - 1] = x[:, 0, 0, i]
+            return cols, ok
         if (s, i) not in self._columns:
             if len(self._columns) >= _COLUMNS_KEPT:
                 self._columns.clear()
@@ -495,12 +523,14 @@ class _Tables:
             self._columns[s, i] = self._block(np.array(s), np.full(len(d), i), i + d)
         return self._columns[s, i]
 
-    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray) -> None:
+    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray, starts: np.ndarray) -> None:
         """The backward DP over stages ``hi - 1 .. lo`` of every component at
         once, in three stacked groups: min-sum rows (``sum`` alpha, ``device``
         beta, ``suffix`` alpha), min-max rows (``max`` as ``prefix`` with alpha
         0, then ``prefix``) and the ``suffix`` maxima (which read their alpha
-        rows' sums)."""
+        rows' sums). ``terms`` and ``fits`` cover the ranges from the layers
+        ``starts`` (last axis) to ``jc``; the minima from other layers are
+        infinite."""
         L = self.costs.num_layers
 
         def part(kind, which):
@@ -541,12 +571,21 @@ class _Tables:
         a_mx = np.where(fits, a_mx, 0.0)
         x_sfx = np.where(fits, x_sfx, np.inf)
         ns = sizes["suffix"]
+        every = len(starts) == L + 1
+
+        def placed(v):
+            if every:
+                return v
+            out = np.full((len(v), L + 1), np.inf)
+            out[:, starts] = v
+            return out
+
         for s in range(hi - 1, lo - 1, -1):
             k = s - lo
             h_add = suf["add"][:, jc]
-            suf = {"add": (t_add[:, k] + h_add).min(axis=1),
-                   "mx": np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jc]).min(axis=1),
-                   "sfx": np.maximum(x_sfx[:, k] + h_add[na0:na0 + ns], suf["sfx"][:, jc]).min(axis=1)}
+            suf = {"add": placed((t_add[:, k] + h_add).min(axis=1)),
+                   "mx": placed(np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jc]).min(axis=1)),
+                   "sfx": placed(np.maximum(x_sfx[:, k] + h_add[na0:na0 + ns], suf["sfx"][:, jc]).min(axis=1))}
             self._suf[s] = suf
 
     def suffix_min(self, kind: str, s: int):
