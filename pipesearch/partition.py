@@ -22,15 +22,19 @@ sec. 5.2, made output-sensitive):
    limit.
 3. Every split with bottleneck ``v`` has ``T >= v + S(v)``, and
    ``T >= B* + S(v)``. Scan the distinct values of ``S`` from the largest useful
-   limit ``best - S_lb`` downwards: evaluate ``S`` strictly below the current
-   bottleneck, take the split found, and stop once ``B* + S`` reaches the best
-   ``T`` seen. Each step moves to a strictly smaller bottleneck, so the scan
+   limit ``best - S_lb`` downwards: evaluate ``S`` strictly below the smaller
+   of the current bottleneck and ``best - S`` (a split whose sum is at least
+   the ``S`` just found beats ``best`` only with a bottleneck below
+   ``best - S``), take the split found, and stop once ``B* + S`` reaches the
+   best ``T`` seen. Each step moves to a strictly smaller limit, so the scan
    visits each level of ``S`` at most once; in practice a handful of DPs.
 
 Each DP only looks at stage lengths that can satisfy the current limit and the
 memory cap (prefix sums are monotone, so ``searchsorted`` gives each end
-layer's earliest start): the work is ``O(P * L * W)`` for a band of width ``W``
-rather than ``O(P * L^2)``.
+layer's earliest start, and a binary search the exact one), and at stage
+``s`` only at the end layers a split of stages no longer than the band can
+reach (``L - (P-1-s) W <= j <= (s+1) W``): the work is at most
+``O(P * L * W)`` for a band of width ``W`` rather than ``O(P * L^2)``.
 """
 
 from __future__ import annotations

@@ -427,9 +427,12 @@ class _Tables:
     into stages ``s .. S-1``, shape ``(Q_K, L+1)``: ``sum``: min sum; ``max``:
     min max; ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``;
     ``suffix``: the pair ``(min sum alpha, min max_k (beta_k + sum_{k'>k}
-    alpha))``; ``device``: min sum beta. Stages are tabled in blocks of at
-    most :data:`TABLE_FLOATS` floats; when all stages fit in one block their
-    terms are kept for :meth:`column`, else recomputed there.
+    alpha))``; ``device``: min sum beta. The first stage is tabled from layer
+    0 only and the last one only up to layer ``L`` (one range per start: the
+    tables of two stages are ``O(W + L)``); the middle stages are tabled in
+    blocks of at most :data:`TABLE_FLOATS` floats; when they fit in one block
+    their terms are kept for :meth:`column`, else recomputed there. Band rows
+    stop at ``L - S + 1`` layers (every other stage holds one).
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
