@@ -450,17 +450,21 @@ class _Tables:
         terms, fits = self._block(np.array([[[S - 1]]]), i[None], np.full_like(i, L)[None])
         self._kept[S - 1] = ("last", terms, fits)
         self._suffix_minima(terms, fits, S - 1, S, np.full_like(i, L), np.arange(L + 1))
-        # the middle stages: every start, every length
-        i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
-        j = i + np.arange(1, W + 1)[:, None]
+        # the middle stages: stage s from every layer s + u it can start at
+        # (u < U = L - S + 1: every other stage holds a layer), every length
+        U = L - S + 1
         rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
-        block = max(1, TABLE_FLOATS // (rows * W * (L + 1)))
+        block = max(1, TABLE_FLOATS // (rows * W * U))
+        d, u = np.arange(1, W + 1)[:, None], np.arange(U)[None, :]
         for hi in range(S - 1, 1, -block):
             lo = max(1, hi - block)
-            terms, fits = self._block(np.arange(lo, hi)[:, None, None], i[None], j[None])
+            stages = np.arange(lo, hi)[:, None, None]
+            i = np.broadcast_to(stages + u[None], (hi - lo, W, U))
+            j = i + d[None]
+            terms, fits = self._block(stages, i, j)
             if lo == 1 and hi == S - 1:
                 self._kept.update({k: ("middle", terms, fits) for k in range(1, S - 1)})
-            self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), np.arange(L + 1))
+            self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), i[:, 0, :])
         # the first stage starts at 0
         i, j = np.zeros((W, 1), dtype=np.int64), np.arange(1, W + 1)[:, None]
         terms, fits = self._block(np.array([[[0]]]), i[None], j[None])
@@ -499,10 +503,10 @@ class _Tables:
         """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
         ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
         where, terms, fits = self._kept.get(s, (None, None, None))
-        if where == "middle":
-            k = s - 1
-            cols = {kind: tuple(None if x is None else x[:, k, :, i] for x in ab) for kind, ab in terms.items()}
-            return cols, fits[k, :, i]
+        if where == "middle" and 0 <= i - s < fits.shape[-1]:
+            k, u = s - 1, i - s
+            cols = {kind: tuple(None if x is None else x[:, k, :, u] for x in ab) for kind, ab in terms.items()}
+            return cols, fits[k, :, u]
         if where == "first" and i == 0:
             cols = {kind: tuple(None if x is None else x[:, 0, :, 0] for x in ab) for kind, ab in terms.items()}
             return cols, fits[0, :, 0]
@@ -532,8 +536,8 @@ class _Tables:
         beta, ``suffix`` alpha), min-max rows (``max`` as ``prefix`` with alpha
         0, then ``prefix``) and the ``suffix`` maxima (which read their alpha
         rows' sums). ``terms`` and ``fits`` cover the ranges from the layers
-        ``starts`` (last axis) to ``jc``; the minima from other layers are
-        infinite."""
+        ``starts`` (last axis; per stage when ``jc`` has a stage axis) to
+        ``jc``; the minima from other layers are infinite."""
         L = self.costs.num_layers
 
         def part(kind, which):
@@ -549,7 +553,7 @@ class _Tables:
                       "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
         na0 = sizes["sum"] + sizes["device"]
         self._rows["suffix"] = ("add", na0, na0 + sizes["suffix"])
-        empty = np.zeros((0, hi - lo) + jc.shape)
+        empty = np.zeros((0,) + fits.shape)
         t_add = np.concatenate(add) if add else empty
         t_mx = np.concatenate(mx_x) if mx_x else empty
         a_mx = np.concatenate(mx_a) if mx_a else empty
@@ -574,21 +578,22 @@ class _Tables:
         a_mx = np.where(fits, a_mx, 0.0)
         x_sfx = np.where(fits, x_sfx, np.inf)
         ns = sizes["suffix"]
-        every = len(starts) == L + 1
+        per_stage = jc.ndim == 3
 
-        def placed(v):
-            if every:
+        def placed(v, at):
+            if len(at) == L + 1:
                 return v
             out = np.full((len(v), L + 1), np.inf)
-            out[:, starts] = v
+            out[:, at] = v
             return out
 
         for s in range(hi - 1, lo - 1, -1):
             k = s - lo
-            h_add = suf["add"][:, jc]
-            suf = {"add": placed((t_add[:, k] + h_add).min(axis=1)),
-                   "mx": placed(np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jc]).min(axis=1)),
-                   "sfx": placed(np.maximum(x_sfx[:, k] + h_add[na0:na0 + ns], suf["sfx"][:, jc]).min(axis=1))}
+            at, jk = (starts[k], jc[k]) if per_stage else (starts, jc)
+            h_add = suf["add"][:, jk]
+            suf = {"add": placed((t_add[:, k] + h_add).min(axis=1), at),
+                   "mx": placed(np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jk]).min(axis=1), at),
+                   "sfx": placed(np.maximum(x_sfx[:, k] + h_add[na0:na0 + ns], suf["sfx"][:, jk]).min(axis=1), at)}
             self._suf[s] = suf
 
     def suffix_min(self, kind: str, s: int):

@@ -281,16 +281,17 @@ def _component_minimum(kind, q, fams, costs, s0: int, i0: int, S: int, pp: int, 
 def test_suffix_minima_equal_enumeration(seed, monkeypatch):
     """Every suffix minimum of the tables (``_Tables.suffix_min``) equals the
     minimum over every split of the layers left (enumerated) of its
-    component: from layer 0 at the first stage, from every layer at the
-    others (the first stage is tabled from layer 0 only, the last only to
-    layer L). Odd seeds build the middle stages one block at a time."""
+    component: from layer 0 at the first stage, from every layer a split
+    can start stage ``s`` at (``s .. L - S + s``) at the others (the first
+    stage is tabled from layer 0 only, the last only to layer L). Odd seeds
+    build the middle stages one block at a time."""
     if seed % 2:
         monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
     schedule, pp, vp, m, costs = _point(seed)
     L, S = costs.num_layers, costs.pp
     tables = split_search._Tables(costs, schedule, pp, L)
     for s in range(S):
-        for i in ([0] if s == 0 else range(L + 1)):
+        for i in ([0] if s == 0 else range(s, L - S + s + 1)):
             for kind in tables.kinds:
                 got = tables.suffix_min(kind, s)
                 for q in range(len(tables.fam[kind])):
