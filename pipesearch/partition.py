@@ -149,7 +149,7 @@ class _Band:
         be negative, then ``fits`` is False)."""
         L = self.costs.num_layers
         # [j - d, j) fits iff it starts at or after the earliest fitting start of j
-        room = np.arange(lo, hi) - self.fit_starts(s)[lo:hi]
+        room = np.arange(lo, hi) - self.fit_starts(s, width)[lo:hi]
         fits = np.arange(1, width + 1)[:, None] <= room[None, :]
         if width * (L + 1) <= MAX_BAND_CELLS:
             self._ensure(width)
@@ -175,13 +175,14 @@ class _Band:
             self._terms[key] = _terms(c, s, self.i, self.j)
         return self._terms[key]
 
-    def fit_starts(self, s: int) -> np.ndarray:
-        """:func:`_fit_starts` of stage ``s``, once per distinct memory."""
+    def fit_starts(self, s: int, width: int) -> np.ndarray:
+        """:func:`_fit_starts` of stage ``s`` for stages of at most ``width``
+        layers, once per distinct memory (again only for a wider band)."""
         c = self.costs
         key = (c.in_flight[s], c.capacity_bytes[s])
-        if key not in self._starts:
-            self._starts[key] = _fit_starts(c, s)
-        return self._starts[key]
+        if key not in self._starts or self._starts[key][0] < width:
+            self._starts[key] = (width, _fit_starts(c, s, width))
+        return self._starts[key][1]
 
 
 def _ranges(width: int, lo: int, hi: int):
@@ -206,17 +207,19 @@ def _stage_fits(c: PipelineCosts, s: int, i, j):
     return static + act * c.in_flight[s] <= c.capacity_bytes[s]
 
 
-def _fit_starts(c: PipelineCosts, s: int) -> np.ndarray:
+def _fit_starts(c: PipelineCosts, s: int, width: int | None = None) -> np.ndarray:
     """``(L+1,)``: for every end layer ``j``, the smallest ``i <= j`` with
     ``[i, j)`` fitting stage ``s`` (:func:`_stage_fits`), ``j + 1`` when none
-    does. The memory of ``[i, j)`` is a sum of prefix-sum differences scaled
-    by non-negative factors, each non-increasing in ``i`` also in floating
-    point (rounding is monotone), so ``[i, j)`` fits exactly when ``i`` is at
-    least this start; a vectorized binary search over ``i`` finds it in
-    ``O(L log L)``."""
+    does; with ``width``, the smallest such ``i >= j - width`` (enough for
+    stages of at most ``width`` layers). The memory of ``[i, j)`` is a sum of
+    prefix-sum differences scaled by non-negative factors, each
+    non-increasing in ``i`` also in floating point (rounding is monotone), so
+    ``[i, j)`` fits exactly when ``i`` is at least this start; a vectorized
+    binary search over ``i`` finds it in ``O(L log width)``."""
     L = c.num_layers
     j = np.arange(L + 1)
-    lo, hi = np.zeros(L + 1, dtype=np.int64), j + 1  # the answer lies in [lo, hi]
+    lo = np.zeros(L + 1, dtype=np.int64) if width is None else np.maximum(j - width, 0)
+    hi = j + 1  # the answer lies in [lo, hi]
     while True:
         open_ = lo < hi
         if not open_.any():

@@ -400,6 +400,9 @@ def test_fit_starts_are_the_first_fitting_start(spec, stage):
     costs = spec.costs()
     s = min(stage, costs.pp - 1)
     starts = _fit_starts(costs, s)
+    width = int(stage) + 1  # a narrow search finds the same starts within its width
+    narrow = _fit_starts(costs, s, width)
+    assert all(narrow[j] == max(starts[j], j - width) for j in range(costs.num_layers + 1))
     L = costs.num_layers
     for j in range(L + 1):
         for i in range(j + 1):
