@@ -149,7 +149,7 @@ class _Band:
         be negative, then ``fits`` is False)."""
         L = self.costs.num_layers
         # [j - d, j) fits iff it starts at or after the earliest fitting start of j
-        room = np.arange(lo, hi) - self.fit_starts(s, width)[lo:hi]
+        room = np.arange(lo, hi) - self.fit_starts(s, width, lo, hi)
         fits = np.arange(1, width + 1)[:, None] <= room[None, :]
         if width * (L + 1) <= MAX_BAND_CELLS:
             self._ensure(width)
@@ -175,14 +175,18 @@ class _Band:
             self._terms[key] = _terms(c, s, self.i, self.j)
         return self._terms[key]
 
-    def fit_starts(self, s: int, width: int) -> np.ndarray:
+    def fit_starts(self, s: int, width: int, lo: int, hi: int) -> np.ndarray:
         """:func:`_fit_starts` of stage ``s`` for stages of at most ``width``
-        layers, once per distinct memory (again only for a wider band)."""
+        layers ending at ``lo .. hi-1``, kept per distinct memory (searched
+        again only for a wider band or more end layers)."""
         c = self.costs
         key = (c.in_flight[s], c.capacity_bytes[s])
-        if key not in self._starts or self._starts[key][0] < width:
-            self._starts[key] = (width, _fit_starts(c, s, width))
-        return self._starts[key][1]
+        w0, lo0, hi0, starts = self._starts.get(key, (0, lo, lo, None))
+        if w0 < width or lo < lo0 or hi > hi0:
+            w0, lo0, hi0 = max(w0, width), min(lo0, lo), max(hi0, hi)
+            starts = _fit_starts(c, s, w0, lo0, hi0)
+            self._starts[key] = (w0, lo0, hi0, starts)
+        return starts[lo - lo0:hi - lo0]
 
 
 def _ranges(width: int, lo: int, hi: int):
@@ -207,18 +211,18 @@ def _stage_fits(c: PipelineCosts, s: int, i, j):
     return static + act * c.in_flight[s] <= c.capacity_bytes[s]
 
 
-def _fit_starts(c: PipelineCosts, s: int, width: int | None = None) -> np.ndarray:
-    """``(L+1,)``: for every end layer ``j``, the smallest ``i <= j`` with
-    ``[i, j)`` fitting stage ``s`` (:func:`_stage_fits`), ``j + 1`` when none
-    does; with ``width``, the smallest such ``i >= j - width`` (enough for
-    stages of at most ``width`` layers). The memory of ``[i, j)`` is a sum of
+def _fit_starts(c: PipelineCosts, s: int, width: int | None = None, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """``(hi - lo,)``: for every end layer ``j = lo .. hi-1`` (default all,
+    ``0 .. L``), the smallest ``i <= j`` with ``[i, j)`` fitting stage ``s``
+    (:func:`_stage_fits`), ``j + 1`` when none does; with ``width``, the
+    smallest such ``i >= j - width`` (enough for stages of at most ``width``
+    layers). The memory of ``[i, j)`` is a sum of
     prefix-sum differences scaled by non-negative factors, each
     non-increasing in ``i`` also in floating point (rounding is monotone), so
     ``[i, j)`` fits exactly when ``i`` is at least this start; a vectorized
     binary search over ``i`` finds it in ``O(L log width)``."""
-    L = c.num_layers
-    j = np.arange(L + 1)
-    lo = np.zeros(L + 1, dtype=np.int64) if width is None else np.maximum(j - width, 0)
+    j = np.arange(lo, c.num_layers + 1 if hi is None else hi)
+    lo = np.zeros(len(j), dtype=np.int64) if width is None else np.maximum(j - width, 0)
     hi = j + 1  # the answer lies in [lo, hi]
     while True:
         open_ = lo < hi
