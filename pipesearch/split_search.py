@@ -445,31 +445,39 @@ class _Tables:
         self._columns: dict = {}
         self._suf = [None] * (S + 1)
         self.weights, self.chains = weights, chains
-        # the last stage ends at L: one range per start
-        i = np.arange(L + 1)[None, :]
-        terms, fits = self._block(np.array([[[S - 1]]]), i[None], np.full_like(i, L)[None])
-        self._kept[S - 1] = ("last", terms, fits)
-        self._suffix_minima(terms, fits, S - 1, S, np.full_like(i, L), np.arange(L + 1))
-        # the middle stages: stage s from every layer s + u it can start at
-        # (u < U = L - S + 1: every other stage holds a layer), every length
+        # stage s from every layer s + u it can start at (u < U = L - S + 1:
+        # every other stage holds a layer), every length
         U = L - S + 1
         rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
+        if rows * S * W * U <= TABLE_FLOATS:  # small: every stage in one block
+            self._stages(0, S, U)
+            return
+        # else the last stage only up to L (one range per start), the middle
+        # ones in blocks, the first one only from layer 0
+        i = np.arange(L + 1)[None, :]
+        terms, fits = self._block(np.array([[[S - 1]]]), i[None], np.full_like(i, L)[None])
+        self._kept[S - 1] = ("last", 0, terms, fits)
+        self._suffix_minima(terms, fits, S - 1, S, np.full_like(i, L), np.zeros(1, dtype=np.int64))
         block = max(1, TABLE_FLOATS // (rows * W * U))
-        d, u = np.arange(1, W + 1)[:, None], np.arange(U)[None, :]
         for hi in range(S - 1, 1, -block):
-            lo = max(1, hi - block)
-            stages = np.arange(lo, hi)[:, None, None]
-            i = np.broadcast_to(stages + u[None], (hi - lo, W, U))
-            j = i + d[None]
-            terms, fits = self._block(stages, i, j)
-            if lo == 1 and hi == S - 1:
-                self._kept.update({k: ("middle", terms, fits) for k in range(1, S - 1)})
-            self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), i[:, 0, :])
-        # the first stage starts at 0
+            self._stages(max(1, hi - block), hi, U, keep=block >= S - 2)
         i, j = np.zeros((W, 1), dtype=np.int64), np.arange(1, W + 1)[:, None]
         terms, fits = self._block(np.array([[[0]]]), i[None], j[None])
-        self._kept[0] = ("first", terms, fits)
-        self._suffix_minima(terms, fits, 0, 1, np.minimum(j, L), np.array([0]))
+        self._kept[0] = ("first", 0, terms, fits)
+        self._suffix_minima(terms, fits, 0, 1, np.minimum(j, L), np.zeros(1, dtype=np.int64))
+
+    def _stages(self, lo: int, hi: int, U: int, keep: bool = True) -> None:
+        """Table stages ``lo .. hi-1`` from the layers ``s .. s + U - 1`` with
+        every length, and their suffix minima; keep their terms for
+        :meth:`column` when ``keep``."""
+        L, W = self.costs.num_layers, self.rows
+        stages = np.arange(lo, hi)[:, None, None]
+        i = np.broadcast_to(stages + np.arange(U)[None, None, :], (hi - lo, W, U))
+        j = i + np.arange(1, W + 1)[None, :, None]
+        terms, fits = self._block(stages, i, j)
+        if keep:
+            self._kept.update({k: ("banded", lo, terms, fits) for k in range(lo, hi)})
+        self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), np.arange(lo, hi))
 
     def _block(self, stages, i, j):
         """Stacked terms of ``stages`` (int array broadcast against ``i``,
@@ -502,9 +510,9 @@ class _Tables:
     def column(self, s: int, i: int):
         """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
         ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
-        where, terms, fits = self._kept.get(s, (None, None, None))
-        if where == "middle" and 0 <= i - s < fits.shape[-1]:
-            k, u = s - 1, i - s
+        where, lo, terms, fits = self._kept.get(s, (None, 0, None, None))
+        if where == "banded" and 0 <= i - s < fits.shape[-1]:
+            k, u = s - lo, i - s
             cols = {kind: tuple(None if x is None else x[:, k, :, u] for x in ab) for kind, ab in terms.items()}
             return cols, fits[k, :, u]
         if where == "first" and i == 0:
@@ -530,14 +538,15 @@ class _Tables:
             self._columns[s, i] = self._block(np.array(s), np.full(len(d), i), i + d)
         return self._columns[s, i]
 
-    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray, starts: np.ndarray) -> None:
+    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray, first: np.ndarray) -> None:
         """The backward DP over stages ``hi - 1 .. lo`` of every component at
         once, in three stacked groups: min-sum rows (``sum`` alpha, ``device``
         beta, ``suffix`` alpha), min-max rows (``max`` as ``prefix`` with alpha
         0, then ``prefix``) and the ``suffix`` maxima (which read their alpha
         rows' sums). ``terms`` and ``fits`` cover the ranges from the layers
-        ``starts`` (last axis; per stage when ``jc`` has a stage axis) to
-        ``jc``; the minima from other layers are infinite."""
+        ``first[k] + c`` (``c`` the last axis, ``k`` the stage in the block)
+        to ``jc`` (per stage when it has a stage axis); the minima from other
+        layers are infinite."""
         L = self.costs.num_layers
 
         def part(kind, which):
@@ -581,15 +590,15 @@ class _Tables:
         per_stage = jc.ndim == 3
 
         def placed(v, at):
-            if len(at) == L + 1:
+            if v.shape[1] == L + 1:
                 return v
             out = np.full((len(v), L + 1), np.inf)
-            out[:, at] = v
+            out[:, at:at + v.shape[1]] = v
             return out
 
         for s in range(hi - 1, lo - 1, -1):
             k = s - lo
-            at, jk = (starts[k], jc[k]) if per_stage else (starts, jc)
+            at, jk = first[k], (jc[k] if per_stage else jc)
             h_add = suf["add"][:, jk]
             suf = {"add": placed((t_add[:, k] + h_add).min(axis=1), at),
                    "mx": placed(np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jk]).min(axis=1), at),

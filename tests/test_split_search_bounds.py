@@ -277,18 +277,23 @@ def _component_minimum(kind, q, fams, costs, s0: int, i0: int, S: int, pp: int, 
     return best
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(18))
 def test_suffix_minima_equal_enumeration(seed, monkeypatch):
     """Every suffix minimum of the tables (``_Tables.suffix_min``) equals the
     minimum over every split of the layers left (enumerated) of its
     component: from layer 0 at the first stage, from every layer a split
     can start stage ``s`` at (``s .. L - S + s``) at the others (the first
-    stage is tabled from layer 0 only, the last only to layer L). Odd seeds
-    build the middle stages one block at a time."""
-    if seed % 2:
-        monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
+    stage is tabled from layer 0 only, the last only to layer L). Seeds
+    ``3k`` table every stage in one block; ``3k + 1`` the first and the
+    last stage on their own and the middle ones one at a time; ``3k + 2``
+    the same with the middle ones in one block."""
     schedule, pp, vp, m, costs = _point(seed)
     L, S = costs.num_layers, costs.pp
+    if seed % 3 == 1:
+        monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
+    elif seed % 3 == 2:  # too large for one block of all stages, one of the middle ones fits
+        W = L - S + 1
+        monkeypatch.setattr(split_search, "TABLE_FLOATS", split_search._ROWS_PER_STAGE * W * W * max(S - 2, 1))
     tables = split_search._Tables(costs, schedule, pp, L)
     for s in range(S):
         for i in ([0] if s == 0 else range(s, L - S + s + 1)):
