@@ -427,12 +427,15 @@ class _Tables:
     into stages ``s .. S-1``, shape ``(Q_K, L+1)``: ``sum``: min sum; ``max``:
     min max; ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``;
     ``suffix``: the pair ``(min sum alpha, min max_k (beta_k + sum_{k'>k}
-    alpha))``; ``device``: min sum beta. The first stage is tabled from layer
-    0 only and the last one only up to layer ``L`` (one range per start: the
-    tables of two stages are ``O(W + L)``); the middle stages are tabled in
-    blocks of at most :data:`TABLE_FLOATS` floats; when they fit in one block
-    their terms are kept for :meth:`column`, else recomputed there. Band rows
-    stop at ``L - S + 1`` layers (every other stage holds one).
+    alpha))``; ``device``: min sum beta. Only the ranges a split can hold are
+    tabled: stage ``s`` from the layers ``s .. L - S + s``, stages of at most
+    ``L - S + 1`` layers (every other stage holds one), so the minima from
+    other layers are infinite. When all stages fit in :data:`TABLE_FLOATS`
+    floats they are tabled in one block; else the first stage only from layer
+    0 and the last one only up to layer ``L`` (one range per start: two
+    stages cost ``O(W + L)``), the middle ones in blocks of at most
+    :data:`TABLE_FLOATS` floats. Terms of the stages of one block are kept for
+    :meth:`column`, else recomputed there.
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
