@@ -22,15 +22,19 @@ sec. 5.2, made output-sensitive):
    limit.
 3. Every split with bottleneck ``v`` has ``T >= v + S(v)``, and
    ``T >= B* + S(v)``. Scan the distinct values of ``S`` from the largest useful
-   limit ``best - S_lb`` downwards: evaluate ``S`` strictly below the current
-   bottleneck, take the split found, and stop once ``B* + S`` reaches the best
-   ``T`` seen. Each step moves to a strictly smaller bottleneck, so the scan
+   limit ``best - S_lb`` downwards: evaluate ``S`` strictly below the smaller
+   of the current bottleneck and ``best - S`` (a split whose sum is at least
+   the ``S`` just found beats ``best`` only with a bottleneck below
+   ``best - S``), take the split found, and stop once ``B* + S`` reaches the
+   best ``T`` seen. Each step moves to a strictly smaller limit, so the scan
    visits each level of ``S`` at most once; in practice a handful of DPs.
 
 Each DP only looks at stage lengths that can satisfy the current limit and the
 memory cap (prefix sums are monotone, so ``searchsorted`` gives each end
-layer's earliest start): the work is ``O(P * L * W)`` for a band of width ``W``
-rather than ``O(P * L^2)``.
+layer's earliest start, and a binary search the exact one), and at stage
+``s`` only at the end layers a split of stages no longer than the band can
+reach (``L - (P-1-s) W <= j <= (s+1) W``): the work is at most
+``O(P * L * W)`` for a band of width ``W`` rather than ``O(P * L^2)``.
 """
 
 from __future__ import annotations
@@ -59,13 +63,34 @@ class SplitResult:
         return tuple(b - a for a, b in zip(self.bounds, self.bounds[1:]))
 
 
-def _band_width(costs: PipelineCosts, limit: float) -> int:
-    """Longest stage (in layers) any stage can have under ``limit`` and memory."""
-    L, P, m = costs.num_layers, costs.pp, costs.num_micro_batches
+def _band_width(costs: PipelineCosts, limit: float, memory_starts=None) -> int:
+    """Longest stage (in layers) any stage can have under ``limit`` and memory.
+
+    ``memory_starts`` (:func:`_memory_starts`, when the caller keeps it)
+    saves recomputing the memory part, which does not depend on ``limit``."""
+    L, m = costs.num_layers, costs.num_micro_batches
     j = np.arange(L + 1)
     width = 0
-    seen = set()
-    for s in range(P):
+    cp = costs.compute_prefix_s
+    time_starts: dict = {}  # per time scale: each end layer's earliest start under the limit
+    for scale, lo in (memory_starts if memory_starts is not None else _memory_starts(costs)):
+        if np.isfinite(limit) and m > 1 and scale > 0:
+            if scale not in time_starts:
+                span = limit / ((m - 1) * scale) * (1 + 1e-9) + 1e-15
+                time_starts[scale] = np.searchsorted(cp, cp - span, "left")
+            lo = np.maximum(lo, time_starts[scale])
+        width = max(width, int(np.max(j - lo)))
+        if width >= L:
+            return L
+    return max(width, 1)
+
+
+def _memory_starts(costs: PipelineCosts):
+    """Per distinct stage (in-flight micro-batches, capacity, speed): its
+    time scale and, for every end layer ``j``, the earliest start whose range
+    fits in memory (prefix sums are monotone: ``searchsorted``)."""
+    out, seen = [], set()
+    for s in range(costs.pp):
         key = (costs.in_flight[s], costs.capacity_bytes[s], costs.time_scale[s])
         if key in seen:
             continue
@@ -75,15 +100,9 @@ def _band_width(costs: PipelineCosts, limit: float) -> int:
             + costs.saved_prefix_bytes * costs.in_flight[s]
         )
         slack = 1e-9 * (abs(costs.capacity_bytes[s]) + 1.0)
-        lo = np.searchsorted(mem_prefix, mem_prefix - costs.capacity_bytes[s] - slack, "left")
-        if np.isfinite(limit) and m > 1 and costs.time_scale[s] > 0:
-            span = limit / ((m - 1) * costs.time_scale[s]) * (1 + 1e-9) + 1e-15
-            cp = costs.compute_prefix_s
-            lo = np.maximum(lo, np.searchsorted(cp, cp - span, "left"))
-        width = max(width, int(np.max(j - lo)))
-        if width >= L:
-            return L
-    return max(width, 1)
+        out.append((costs.time_scale[s], np.searchsorted(mem_prefix, mem_prefix - costs.capacity_bytes[s] - slack,
+                                                         "left")))
+    return out
 
 
 #: bands of at most this many cells (stage lengths x end layers) are kept for
@@ -108,6 +127,14 @@ class _Band:
     def __init__(self, costs: PipelineCosts):
         self.costs = costs
         self.width = 0
+        self._memory_starts = None
+        self._starts: dict = {}
+
+    def band_width(self, limit: float) -> int:
+        """:func:`_band_width` of the costs, the memory part computed once."""
+        if self._memory_starts is None:
+            self._memory_starts = _memory_starts(self.costs)
+        return _band_width(self.costs, limit, self._memory_starts)
 
     def columns_per_block(self, width: int) -> int:
         """End layers per :meth:`block` for a band of ``width`` rows."""
@@ -121,22 +148,24 @@ class _Band:
         hi - lo)``; ``start`` is each range's first layer (0 where it would
         be negative, then ``fits`` is False)."""
         L = self.costs.num_layers
+        # [j - d, j) fits iff it starts at or after the earliest fitting start of j
+        room = np.arange(lo, hi) - self.fit_starts(s, width, lo, hi)
+        fits = np.arange(1, width + 1)[:, None] <= room[None, :]
         if width * (L + 1) <= MAX_BAND_CELLS:
             self._ensure(width)
             a, b = self._cached_terms(s)
             cols = slice(lo, hi)
-            return a[:width, cols], b[:width, cols], self._cached_fits(s)[:width, cols], self.i[:width, cols]
-        start_ok, i, j, static, act = _ranges(self.costs, width, lo, hi)
+            return a[:width, cols], b[:width, cols], fits, self.i[:width, cols]
+        i, j = _ranges(width, lo, hi)
         a, b = _terms(self.costs, s, i, j)
-        return a, b, _fits(self.costs, s, start_ok, static, act), i
+        return a, b, fits, i
 
     def _ensure(self, width: int) -> None:
         if width <= self.width:
             return
         self.width = width
-        self.start_ok, self.i, self.j, self.static, self.act = _ranges(self.costs, width, 0, self.costs.num_layers + 1)
+        self.i, self.j = _ranges(width, 0, self.costs.num_layers + 1)
         self._terms: dict = {}
-        self._fits: dict = {}
 
     def _cached_terms(self, s: int):
         c = self.costs
@@ -146,26 +175,26 @@ class _Band:
             self._terms[key] = _terms(c, s, self.i, self.j)
         return self._terms[key]
 
-    def _cached_fits(self, s: int):
+    def fit_starts(self, s: int, width: int, lo: int, hi: int) -> np.ndarray:
+        """:func:`_fit_starts` of stage ``s`` for stages of at most ``width``
+        layers ending at ``lo .. hi-1``, kept per distinct memory (searched
+        again only for a wider band or more end layers)."""
         c = self.costs
         key = (c.in_flight[s], c.capacity_bytes[s])
-        if key not in self._fits:
-            self._fits[key] = _fits(c, s, self.start_ok, self.static, self.act)
-        return self._fits[key]
+        w0, lo0, hi0, starts = self._starts.get(key, (0, lo, lo, None))
+        if w0 < width or lo < lo0 or hi > hi0:
+            w0, lo0, hi0 = max(w0, width), min(lo0, lo), max(hi0, hi)
+            starts = _fit_starts(c, s, w0, lo0, hi0)
+            self._starts[key] = (w0, lo0, hi0, starts)
+        return starts[lo - lo0:hi - lo0]
 
 
-def _ranges(c: PipelineCosts, width: int, lo: int, hi: int):
+def _ranges(width: int, lo: int, hi: int):
     """The ranges ``[j-d, j)`` for ``d = 1 .. width`` (rows) and ``j = lo ..
-    hi-1`` (columns): whether each starts at a layer, its start (0 if not),
-    end, training-state bytes and saved-activation bytes per micro-batch."""
+    hi-1`` (columns): their starts (0 where negative) and ends."""
     j = np.arange(lo, hi)[None, :]
-    i = j - np.arange(1, width + 1)[:, None]
-    start_ok = i >= 0
-    i = np.where(start_ok, i, 0)
-    j = np.broadcast_to(j, i.shape)
-    static = (c.param_prefix_bytes[j] - c.param_prefix_bytes[i]) * c.state_bytes_per_param_byte
-    act = c.saved_prefix_bytes[j] - c.saved_prefix_bytes[i]
-    return start_ok, i, j, static, act
+    i = np.maximum(j - np.arange(1, width + 1)[:, None], 0)
+    return i, np.broadcast_to(j, i.shape)
 
 
 def _terms(c: PipelineCosts, s: int, i, j):
@@ -174,9 +203,34 @@ def _terms(c: PipelineCosts, s: int, i, j):
     return a, (c.num_micro_batches - 1) * a + c.after_backward_s(s, i, j)
 
 
-def _fits(c: PipelineCosts, s: int, start_ok, static, act):
-    """Whether each range is a valid stage ``s`` in memory."""
-    return start_ok & (static + act * c.in_flight[s] <= c.capacity_bytes[s])
+def _stage_fits(c: PipelineCosts, s: int, i, j):
+    """Whether the ranges ``[i, j)`` fit stage ``s``'s memory: training
+    state plus ``in_flight`` micro-batches of saved activations."""
+    static = (c.param_prefix_bytes[j] - c.param_prefix_bytes[i]) * c.state_bytes_per_param_byte
+    act = c.saved_prefix_bytes[j] - c.saved_prefix_bytes[i]
+    return static + act * c.in_flight[s] <= c.capacity_bytes[s]
+
+
+def _fit_starts(c: PipelineCosts, s: int, width: int | None = None, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """``(hi - lo,)``: for every end layer ``j = lo .. hi-1`` (default all,
+    ``0 .. L``), the smallest ``i <= j`` with ``[i, j)`` fitting stage ``s``
+    (:func:`_stage_fits`), ``j + 1`` when none does; with ``width``, the
+    smallest such ``i >= j - width`` (enough for stages of at most ``width``
+    layers). The memory of ``[i, j)`` is a sum of
+    prefix-sum differences scaled by non-negative factors, each
+    non-increasing in ``i`` also in floating point (rounding is monotone), so
+    ``[i, j)`` fits exactly when ``i`` is at least this start; a vectorized
+    binary search over ``i`` finds it in ``O(L log width)``."""
+    j = np.arange(lo, c.num_layers + 1 if hi is None else hi)
+    lo = np.zeros(len(j), dtype=np.int64) if width is None else np.maximum(j - width, 0)
+    hi = j + 1  # the answer lies in [lo, hi]
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = (lo + hi) // 2  # < hi <= j + 1 where open
+        ok = _stage_fits(c, s, np.minimum(mid, j), j)
+        hi, lo = np.where(open_ & ok, mid, hi), np.where(open_ & ~ok, mid + 1, lo)
 
 
 def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
@@ -189,13 +243,15 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
     """
     costs = band.costs
     L, P = costs.num_layers, costs.pp
-    W = _band_width(costs, limit)
+    W = band.band_width(limit)
     step = band.columns_per_block(W)
     prev = np.full(L + 1, _INF)
     prev[0] = 0.0 if mode == "sum" else -_INF
     choice = np.zeros((P, L + 1), dtype=np.int64)
     for s in range(P):
         first, end = (L, L + 1) if s == P - 1 else (s + 1, L - (P - 1 - s) + 1)
+        # no stage is longer than W: stages 0 .. s end by (s + 1) W, the rest cover at most (P - 1 - s) W
+        first, end = max(first, L - (P - 1 - s) * W), min(end, (s + 1) * W + 1)
         cur = np.full(L + 1, _INF)
         for lo in range(first, end, step):
             hi = min(end, lo + step)
@@ -233,14 +289,14 @@ def min_max_split(costs: PipelineCosts, band: _Band | None = None) -> tuple[floa
     """
     band = band or _Band(costs)
     m, P = costs.num_micro_batches, costs.pp
-    full_width = _band_width(costs, _INF)
+    full_width = band.band_width(_INF)
     even = even_split(costs.num_layers, P)
     if costs.split_fits(even):
         # the even split is feasible, so the optimum is <= its bottleneck: one pass
         return _dp(band, "max", limit=_bottleneck(costs, even))
     total = float(costs.compute_prefix_s[-1] * np.min(costs.time_scale))
     limit = max((m - 1) * total / P, 1e-12) * 2.0
-    while _band_width(costs, limit) < full_width:
+    while band.band_width(limit) < full_width:
         value, bounds = _dp(band, "max", limit=limit)
         if bounds is not None:
             return value, bounds
@@ -275,7 +331,8 @@ def optimal_split(costs: PipelineCosts) -> SplitResult | None:
             best, best_bounds = value, bounds
         if b_star + s_val >= best:
             break
-        limit, strict = _bottleneck(costs, bounds), True
+        # a split of sum >= s_val beats best only with a bottleneck below best - s_val
+        limit, strict = min(_bottleneck(costs, bounds), best - s_val), True
     return SplitResult(tuple(best_bounds), best, passes)
 
 

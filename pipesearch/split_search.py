@@ -427,50 +427,85 @@ class _Tables:
     into stages ``s .. S-1``, shape ``(Q_K, L+1)``: ``sum``: min sum; ``max``:
     min max; ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``;
     ``suffix``: the pair ``(min sum alpha, min max_k (beta_k + sum_{k'>k}
-    alpha))``; ``device``: min sum beta. Stages are tabled in blocks of at
-    most :data:`TABLE_FLOATS` floats; when all stages fit in one block their
-    terms are kept for :meth:`column`, else recomputed there.
+    alpha))``; ``device``: min sum beta. Only the ranges a split can hold are
+    tabled: stage ``s`` from the layers ``s .. L - S + s``, stages of at most
+    ``L - S + 1`` layers (every other stage holds one), so the minima from
+    other layers are infinite. When all stages fit in :data:`TABLE_FLOATS`
+    floats they are tabled in one block; else the first stage only from layer
+    0 and the last one only up to layer ``L`` (one range per start: two
+    stages cost ``O(W + L)``), the middle ones in blocks of at most
+    :data:`TABLE_FLOATS` floats. Terms of the stages of one block are kept for
+    :meth:`column`, else recomputed there.
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
         L, S = costs.num_layers, costs.pp
         self.costs, self.schedule, self.pp = costs, schedule, pp
-        self.width = W = max(1, min(width, L))
-        i = np.broadcast_to(np.arange(L + 1)[None, :], (W, L + 1))
-        j = i + np.arange(1, W + 1)[:, None]
-        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
-        block = max(1, TABLE_FLOATS // (rows * W * (L + 1)))
-        self._kept = None
+        self.width = max(1, min(width, L))
+        # no stage of a split is longer than L - S + 1 (every other stage has a layer)
+        self.rows = W = max(1, min(self.width, L - S + 1))
+        self._kept: dict = {}
         self._columns: dict = {}
         self._suf = [None] * (S + 1)
         self.weights, self.chains = weights, chains
-        for hi in range(S, 0, -block):
-            lo = max(0, hi - block)
-            terms, fits = self._block(np.arange(lo, hi)[:, None, None], i[None], j[None])
-            if lo == 0 and hi == S:
-                self._kept = (terms, fits)
-            self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L))
+        # stage s from every layer s + u it can start at (u < U = L - S + 1:
+        # every other stage holds a layer), every length
+        U = L - S + 1
+        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
+        if rows * S * W * U <= TABLE_FLOATS:  # small: every stage in one block
+            self._stages(0, S, U)
+            return
+        # else the last stage only up to L (one range per start), the middle
+        # ones in blocks, the first one only from layer 0
+        i = np.arange(L + 1)[None, :]
+        terms, fits = self._block(np.array([[[S - 1]]]), i[None], np.full_like(i, L)[None])
+        self._kept[S - 1] = ("last", 0, terms, fits)
+        self._suffix_minima(terms, fits, S - 1, S, np.full_like(i, L), np.zeros(1, dtype=np.int64))
+        block = max(1, TABLE_FLOATS // (rows * W * U))
+        for hi in range(S - 1, 1, -block):
+            self._stages(max(1, hi - block), hi, U, keep=block >= S - 2)
+        i, j = np.zeros((W, 1), dtype=np.int64), np.arange(1, W + 1)[:, None]
+        terms, fits = self._block(np.array([[[0]]]), i[None], j[None])
+        self._kept[0] = ("first", 0, terms, fits)
+        self._suffix_minima(terms, fits, 0, 1, np.minimum(j, L), np.zeros(1, dtype=np.int64))
+
+    def _stages(self, lo: int, hi: int, U: int, keep: bool = True) -> None:
+        """Table stages ``lo .. hi-1`` from the layers ``s .. s + U - 1`` with
+        every length, and their suffix minima; keep their terms for
+        :meth:`column` when ``keep``."""
+        L, W = self.costs.num_layers, self.rows
+        stages = np.arange(lo, hi)[:, None, None]
+        i = np.broadcast_to(stages + np.arange(U)[None, None, :], (hi - lo, W, U))
+        j = i + np.arange(1, W + 1)[None, :, None]
+        terms, fits = self._block(stages, i, j)
+        if keep:
+            self._kept.update({k: ("banded", lo, terms, fits) for k in range(lo, hi)})
+        self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), np.arange(lo, hi))
 
     def _block(self, stages, i, j):
         """Stacked terms of ``stages`` (int array broadcast against ``i``,
         ``j``): ``({kind: (alpha, beta)}, fits)``, invalid ranges (``j > L``)
         at infinity and not fitting."""
         L = self.costs.num_layers
-        valid = j <= L
+        valid = (j <= L) & (j > i) & (j - i <= self.rows)
         jc = np.minimum(j, L)
         fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
         shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
 
-        def band(x):
-            return np.where(valid, np.broadcast_to(x, shape), np.inf)
+        def band(xs):  # the components stacked, invalid ranges at infinity
+            out = np.empty((len(xs),) + shape)
+            for row, x in zip(out, xs):
+                row[...] = x
+            out[:, ~np.broadcast_to(valid, shape)] = np.inf
+            return out
 
         terms, fam_of = {}, {}
         for kind in _KINDS:
             comps = [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind]
             if comps:
                 fam_of[kind] = np.array([f for f, _, _ in comps], dtype=np.int64)
-                terms[kind] = (np.stack([band(a) for _, a, _ in comps]) if comps[0][1] is not None else None,
-                               np.stack([band(x) for _, _, x in comps]) if comps[0][2] is not None else None)
+                terms[kind] = (band([a for _, a, _ in comps]) if comps[0][1] is not None else None,
+                               band([x for _, _, x in comps]) if comps[0][2] is not None else None)
         self.fam, self.kinds, self.num_families = fam_of, tuple(fam_of), len(fams)  # the same for every block
         fits = valid & np.broadcast_to(self.costs.fits(stages, i, jc), shape)
         return terms, fits
@@ -478,23 +513,43 @@ class _Tables:
     def column(self, s: int, i: int):
         """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
         ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
-        if self._kept is not None:
-            terms, fits = self._kept
-            cols = {k: tuple(None if x is None else x[:, s, :, i] for x in ab) for k, ab in terms.items()}
-            return cols, fits[s, :, i]
+        where, lo, terms, fits = self._kept.get(s, (None, 0, None, None))
+        if where == "banded" and 0 <= i - s < fits.shape[-1]:
+            k, u = s - lo, i - s
+            cols = {kind: tuple(None if x is None else x[:, k, :, u] for x in ab) for kind, ab in terms.items()}
+            return cols, fits[k, :, u]
+        if where == "first" and i == 0:
+            cols = {kind: tuple(None if x is None else x[:, 0, :, 0] for x in ab) for kind, ab in terms.items()}
+            return cols, fits[0, :, 0]
+        if where == "last":  # the one length that ends at L
+            d, W = self.costs.num_layers - i, self.rows
+            ok = np.zeros(W, dtype=bool)
+            cols = {}
+            for kind, ab in terms.items():
+                cols[kind] = tuple(None if x is None else np.full((len(x), W), np.inf) for x in ab)
+            if 1 <= d <= W:
+                ok[d - 1] = fits[0, 0, i]
+                for kind, ab in terms.items():
+                    for out, x in zip(cols[kind], ab):
+                        if x is not None:
+                            out[:, d - 1] = x[:, 0, 0, i]
+            return cols, ok
         if (s, i) not in self._columns:
             if len(self._columns) >= _COLUMNS_KEPT:
                 self._columns.clear()
-            d = np.arange(1, self.width + 1)
+            d = np.arange(1, self.rows + 1)
             self._columns[s, i] = self._block(np.array(s), np.full(len(d), i), i + d)
         return self._columns[s, i]
 
-    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray) -> None:
+    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray, first: np.ndarray) -> None:
         """The backward DP over stages ``hi - 1 .. lo`` of every component at
         once, in three stacked groups: min-sum rows (``sum`` alpha, ``device``
         beta, ``suffix`` alpha), min-max rows (``max`` as ``prefix`` with alpha
         0, then ``prefix``) and the ``suffix`` maxima (which read their alpha
-        rows' sums)."""
+        rows' sums). ``terms`` and ``fits`` cover the ranges from the layers
+        ``first[k] + c`` (``c`` the last axis, ``k`` the stage in the block)
+        to ``jc`` (per stage when it has a stage axis); the minima from other
+        layers are infinite."""
         L = self.costs.num_layers
 
         def part(kind, which):
@@ -510,7 +565,7 @@ class _Tables:
                       "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
         na0 = sizes["sum"] + sizes["device"]
         self._rows["suffix"] = ("add", na0, na0 + sizes["suffix"])
-        empty = np.zeros((0, hi - lo) + jc.shape)
+        empty = np.zeros((0,) + fits.shape)
         t_add = np.concatenate(add) if add else empty
         t_mx = np.concatenate(mx_x) if mx_x else empty
         a_mx = np.concatenate(mx_a) if mx_a else empty
@@ -525,19 +580,33 @@ class _Tables:
         if suf is None:  # the last stage's successor: every layer placed
             suf = {"add": end(len(t_add), 0.0), "mx": end(len(t_mx), -np.inf), "sfx": end(len(x_sfx), -np.inf)}
             self._suf[hi] = suf
-        with np.errstate(invalid="ignore"):
-            for s in range(hi - 1, lo - 1, -1):
-                ok, k = fits[s - lo], s - lo
+        # ranges that do not fit (or run past L) at +inf in the terms added or
+        # maximised, at 0 in the alphas added to a maximum: every candidate of
+        # such a range is then +inf (never nan: the finite terms plus a suffix
+        # value in [-inf, inf]), so each stage is three gathers, three
+        # elementwise steps and three minima
+        t_add = np.where(fits, t_add, np.inf)
+        t_mx = np.where(fits, t_mx, np.inf)
+        a_mx = np.where(fits, a_mx, 0.0)
+        x_sfx = np.where(fits, x_sfx, np.inf)
+        ns = sizes["suffix"]
+        per_stage = jc.ndim == 3
 
-                def best(v):
-                    return np.where(ok & np.isfinite(v), v, np.inf).min(axis=1)
+        def placed(v, at):
+            if v.shape[1] == L + 1:
+                return v
+            out = np.full((len(v), L + 1), np.inf)
+            out[:, at:at + v.shape[1]] = v
+            return out
 
-                h_add, h_mx, h_sfx = suf["add"][:, jc], suf["mx"][:, jc], suf["sfx"][:, jc]
-                na = h_add[na0:na0 + sizes["suffix"]]
-                suf = {"add": best(t_add[:, k] + h_add),
-                       "mx": best(np.where(h_mx < np.inf, np.maximum(t_mx[:, k], a_mx[:, k] + h_mx), np.inf)),
-                       "sfx": best(np.where(na < np.inf, np.maximum(x_sfx[:, k] + na, h_sfx), np.inf))}
-                self._suf[s] = suf
+        for s in range(hi - 1, lo - 1, -1):
+            k = s - lo
+            at, jk = first[k], (jc[k] if per_stage else jc)
+            h_add = suf["add"][:, jk]
+            suf = {"add": placed((t_add[:, k] + h_add).min(axis=1), at),
+                   "mx": placed(np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jk]).min(axis=1), at),
+                   "sfx": placed(np.maximum(x_sfx[:, k] + h_add[na0:na0 + ns], suf["sfx"][:, jk]).min(axis=1), at)}
+            self._suf[s] = suf
 
     def suffix_min(self, kind: str, s: int):
         """The suffix minima of the components of ``kind`` from stage ``s``:
@@ -818,7 +887,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
                       max_splits: int, max_nodes: int, counter: _RankCount | None = None):
     """Depth-first over stages, children in bound order; leaves are queued
     and evaluated in batches. Returns ``(exact, frontier_bound, nodes)``."""
-    W = tables.width
+    W = tables.rows
     pending: list[tuple[float, tuple[int, ...]]] = []
     nodes = 0
 
@@ -845,49 +914,78 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             step = min(2 * step, batch)
 
     nfam = tables.num_families
+    # per kind: the family of each component, and whether no family has two of them
+    # (then a fancy-indexed add, in the same order as np.add.at, is exact)
+    scatter = {kind: (idx, len(np.unique(idx)) == len(idx)) for kind, idx in tables.fam.items()}
+    others_of = [np.delete(np.arange(pp), r) for r in range(pp)]
+    columns: dict = {}
+    held = [0]
+
+    def column(s, i):
+        """The children's ends ``j`` of a node at stage ``s`` from layer
+        ``i`` (those that fit and leave a layer per later stage) and, per
+        kind, their terms and the suffix minima at ``j`` (memoised per ``(s,
+        i)``; at most :data:`TABLE_FLOATS` floats held, then dropped)."""
+        if (s, i) in columns:
+            return columns[s, i]
+        d = np.arange(1, W + 1)
+        j = i + d
+        keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
+        terms, fits = tables.column(s, i)
+        keep &= fits
+        rows, j = d[keep] - 1, j[keep]
+        per = {}
+        for kind in tables.kinds:
+            a, x = (None if t is None else t[:, rows] for t in terms[kind])
+            suf = tables.suffix_min(kind, s + 1)
+            per[kind] = (a, x, (suf[0][:, j], suf[1][:, j]) if kind == "suffix" else suf[:, j])
+        if held[0] > TABLE_FLOATS:
+            columns.clear()
+            held[0] = 0
+        held[0] += 3 * len(j) * sum(len(tables.fam[k]) for k in tables.kinds)
+        columns[s, i] = j, per
+        return j, per
 
     def children(s, i, acc):
         """The children of a node at stage ``s`` starting at layer ``i``
         whose accumulated component values are ``acc`` (per kind), sorted by
         lower bound, those below the current limit only: ``[(j, bound, ref),
         ...]`` (:func:`child_acc` of ``ref`` gives the child's values)."""
-        d = np.arange(1, W + 1)
-        j = i + d
-        keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
-        terms, fits = tables.column(s, i)
-        keep &= fits
-        d, j = d[keep], j[keep]
-        if not len(d):
+        j, per = column(s, i)
+        if not len(j):
             return []
-        rows = d - 1
         rank = s % pp
-        fam_lb = np.zeros((nfam, len(d)))
+        fam_lb = np.zeros((nfam, len(j)))
         new = {}
         for kind in tables.kinds:
-            a, x = (None if t is None else t[:, rows] for t in terms[kind])
-            suf = tables.suffix_min(kind, s + 1)
+            a, x, suf = per[kind]
             v = acc[kind]
             if kind == "sum":
                 new[kind] = v[:, None] + a
-                tot = new[kind] + suf[:, j]
+                tot = new[kind] + suf
             elif kind == "max":
                 new[kind] = np.maximum(v[:, None], x)
-                tot = np.maximum(new[kind], suf[:, j])
+                tot = np.maximum(new[kind], suf)
             elif kind == "prefix":
                 cm = np.maximum(v[1][:, None], v[0][:, None] + x)
                 ca = v[0][:, None] + a
-                tot = np.maximum(cm, ca + suf[:, j])
+                tot = np.maximum(cm, ca + suf)
                 new[kind] = np.stack([ca, cm])
             elif kind == "suffix":
                 new[kind] = np.maximum(v[:, None] + a, x)
-                tot = np.maximum(new[kind] + suf[0][:, j], suf[1][:, j])
+                tot = np.maximum(new[kind] + suf[0], suf[1])
             else:  # device: per-rank sums, shape (Q, pp)
-                cw = v[:, rank][:, None] + x
-                others = np.delete(v, rank, axis=1).max(axis=1, initial=-np.inf)[:, None]
-                rest = (v.sum(axis=1) - v[:, rank])[:, None]
-                tot = np.maximum(np.maximum(cw, others), (rest + cw + suf[:, j]) / pp)
+                mine = v[:, rank]
+                cw = mine[:, None] + x
+                others = v[:, others_of[rank]].max(axis=1, initial=-np.inf)[:, None]
+                rest = (v.sum(axis=1) - mine)[:, None]
+                tot = np.maximum(np.maximum(cw, others), (rest + cw + suf) / pp)
                 new[kind] = cw
-            np.add.at(fam_lb, tables.fam[kind], tot)
+            idx, unique = scatter[kind]
+            if unique:
+                fam_lb[idx] += tot
+            else:
+                np.add.at(fam_lb, idx, tot)
         lb = fam_lb.max(axis=0)
         if counter is not None and s < S - 1:  # only children that may still be expanded
             live = np.flatnonzero(lb < limit())

@@ -385,3 +385,27 @@ def test_min_max_split_matches_brute_force_on_a_long_chain():
               for s in all_splits(30, 4))
     assert value == ref
     assert optimal_split(costs).iteration_time_s == exhaustive_split(costs).iteration_time_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(dyadic_specs(memory=True), st.integers(0, 3))
+def test_fit_starts_are_the_first_fitting_start(spec, stage):
+    """The earliest fitting start of every end layer (found by binary search)
+    separates exactly the ranges that fit stage ``s``'s memory from those
+    that do not, checked on every range ``[i, j)`` against the memory the
+    docstring of ``pipesearch/costs.py`` states (state + in-flight saved
+    activations, written out here)."""
+    from pipesearch.partition import _fit_starts
+
+    costs = spec.costs()
+    s = min(stage, costs.pp - 1)
+    starts = _fit_starts(costs, s)
+    width = int(stage) + 1  # a narrow search finds the same starts within its width
+    narrow = _fit_starts(costs, s, width)
+    assert all(narrow[j] == max(starts[j], j - width) for j in range(costs.num_layers + 1))
+    L = costs.num_layers
+    for j in range(L + 1):
+        for i in range(j + 1):
+            state = sum(spec.params[i:j]) * costs.state_bytes_per_param_byte
+            memory = state + sum(spec.saved[i:j]) * costs.in_flight[s]
+            assert (i >= starts[j]) == (memory <= costs.capacity_bytes[s]), (i, j, starts[j])
