@@ -46,10 +46,11 @@ def validate_command(plans):
     """Check a plan file: the JSON Schema of pipesearch.plan/1 (shipped in the
     package) and the rules a schema cannot express (stages cover exactly the
     model's layers, devices exist and serve one pipeline slot, pp x dp x tp
-    fits the cluster, micro-batch size x count x dp is the global batch,
-    stages fit their devices' memory, ranks follow the iteration time), and
-    that each plan's predicted iteration time is the simulated time of its
-    own stage terms.
+    fits the cluster, micro-batch size x count x dp is the global batch).
+
+    Also: stages fit their devices' memory, ranks follow the iteration time,
+    and each plan's predicted iteration time is the simulated time of its own
+    stage terms (a replay).
 
     Prints one line per problem on stdout and exits with status 2 when there
     is any; prints a summary and exits 0 when the file is valid.
