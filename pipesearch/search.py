@@ -33,7 +33,7 @@ import numpy as np
 
 from . import schedules as schedule_lib
 from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
-from .placement import (check_layout, count_layouts, layout, layout_names, memory_bytes_of, num_slots,
+from .placement import (check_layout, count_layouts, group_ids, layout, layout_names, memory_bytes_of, num_slots,
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .errors import InfeasibleError, InputError
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
@@ -306,13 +306,17 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
     cols = {k: v.tolist() for k, v in cols.items()}
     stages = []
     state = param_state_of(job) if job is not None else None
+    group_names = [g.device.name for g in cluster.groups]
+    of_group = group_ids(cluster)
     for s in range(costs.pp):
-        devices = tuple(int(d) for d in placement[s])
+        devices = tuple(np.asarray(placement[s], dtype=np.int64).tolist())
+        gids = of_group[np.asarray(devices, dtype=np.int64)]
+        firsts = gids[np.sort(np.unique(gids, return_index=True)[1])]  # groups in order of first appearance
         parts = costs.memory_breakdown(s, int(i[s]), int(j[s]), state, len(placement[s]),
                                        variant.profile.bytes_per_param)
         stages.append(StagePlan(
             index=s, layers=(int(i[s]), int(j[s])), layer_names=tuple(names[i[s]:j[s]]), devices=devices,
-            device_type=",".join(dict.fromkeys(cluster.device_spec(d).name for d in devices)),
+            device_type=",".join(dict.fromkeys(group_names[g] for g in firsts.tolist())),
             memory_breakdown=tuple(parts.items()), replicas=len(devices) if replicated else None,
             memory_option=costs.option_name(s, int(i[s]), int(j[s])),
             **{k: v[s] for k, v in cols.items()},
@@ -328,7 +332,7 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
     # the peak device's own memory (a stage's smallest replica)
     cap_of = memory_bytes_of(cluster)
-    caps = np.array([min(cap_of[d] for d in st.devices) for st in stages[:pp]])
+    caps = np.array([cap_of[np.asarray(st.devices, dtype=np.int64)].min() for st in stages[:pp]])
     busiest, k = float(busy.max()), int(np.argmax(mem))
     peak, cap = float(mem[k]), float(caps[k])
     return Prediction(
@@ -346,10 +350,11 @@ def _throughput_terms(profile: ModelProfile | None, stages, global_batch: int, c
     plan's devices (each stage device heads a group of ``tp``)."""
     if profile is None or not profile.tokens_per_sample:
         return {}
-    devices = sorted({d for st in stages for d in st.devices})
+    devices = np.unique(np.concatenate([np.asarray(st.devices, dtype=np.int64) for st in stages]))
+    flops = np.array([g.device.peak_fp16_flops for g in cluster.groups], dtype=float)[group_ids(cluster)[devices]]
     return {"tokens_per_iteration": float(global_batch * profile.tokens_per_sample),
             "model_flops_per_iteration": float(global_batch * profile.model_flops_per_sample),
-            "peak_flops": float(tp * sum(cluster.device_spec(d).peak_fp16_flops for d in devices)),
+            "peak_flops": float(tp * sum(flops.tolist())),  # summed in device order, as a Python sum
             "num_devices": tp * len(devices)}
 
 
@@ -693,9 +698,7 @@ def search(
         # choice whatever the order of the groups) and scale the others by FLOP rate
         profiled_device = reference_device(cluster, profile_precision(variants[0].profile))
     precision = profile_precision(variants[0].profile)
-    fastest = min(
-        device_time_scale(profiled_device, cluster.device_spec(d), precision) for d in range(cluster.num_devices)
-    )
+    fastest = min(device_time_scale(profiled_device, g.device, precision) for g in cluster.groups)
     rows: list[dict] = []
     counts: Counter = Counter()
     work = {id(v): v.profile.compute_per_sample_s for v in variants}
