@@ -165,7 +165,7 @@ def fingerprint(*parts) -> str:
 
 
 def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fastest: float,
-                   busiest_s: float = 0.0) -> float:
+                   busiest_s: float = 0.0, forward_share: float = 0.0) -> float:
     """A valid lower bound on the simulated iteration time
     (:func:`pipesearch.timemodel.iteration_time_s`) of any split, from the
     total work ``W`` of one micro-batch on the fastest device and ``A``, a
@@ -180,16 +180,44 @@ def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fast
       + max B)``);
     * 1F1B: ``W + (2m-1-pp)/2 A`` (the 1F1B bound family of
       :func:`pipesearch.split_search.bound_families` at the busiest stage,
-      with ``(m-1) max(f, b) + (m-pp) min(f, b) >= (2m-1-pp)/2 (f + b)``).
+      with ``(m-1) max(f, b) + (m-pp) min(f, b) >= (2m-1-pp)/2 (f + b)``);
+    * GPipe, 1F1B and ZB-H1: ``W x`` :func:`fill_drain_factor` (rank ``k``
+      starts after the forwards of stages ``< k``, runs its ``m``
+      micro-batches, and under GPipe and 1F1B its last backward is followed
+      by the backwards of stages ``< k``; ``forward_share`` is the least
+      share of a layer's time that is forward, used for ZB-H1 whose last
+      action may be a weight gradient).
     """
     work = work_s * mbs * fastest
     busiest = max(work / pp, busiest_s * mbs * fastest)
     bound = busiest * m
     if schedule == "gpipe":
-        bound = max(bound, work + (m - 1) * busiest)
+        bound = max(bound, work + (m - 1) * busiest, work * fill_drain_factor(pp, m, 1.0))
     elif schedule == "1f1b":
-        bound = max(bound, work + max(0.0, (2 * m - 1 - pp) / 2) * busiest)
+        bound = max(bound, work + max(0.0, (2 * m - 1 - pp) / 2) * busiest, work * fill_drain_factor(pp, m, 1.0))
+    elif schedule == "zb-h1":
+        bound = max(bound, work * fill_drain_factor(pp, m, forward_share))
     return bound
+
+
+def fill_drain_factor(pp: int, m: int, share: float) -> float:
+    """``c`` with ``T >= c W`` for one stage per rank, ``W = sum_k a_k`` the
+    compute of one micro-batch over the ``pp`` stages (``a_k = F_k + B_k``).
+
+    Rank ``k`` cannot start before some micro-batch's forward has passed
+    the stages before it, then runs ``m a_k``; under GPipe and 1F1B its last
+    action is a backward whose gradient must then pass back through those
+    stages: ``T >= sum_{j<k} a_j + m a_k`` (``share = 1``). With only the
+    forward part known to precede (ZB-H1, and ``share = min F / (F + B)``
+    over layers): ``T >= share sum_{j<k} a_j + m a_k``. Averaging these
+    ``pp`` inequalities with weights ``w_k >= 0`` that sum to 1 and give
+    every stage the same coefficient ``m w_k + share sum_{k'>k} w_k' = c``
+    (a split-free bound: every layer weighs ``c``) gives ``c = share / (1 -
+    (1 - share / m)^pp)``; ``m / pp`` (the average) when ``share = 0``.
+    """
+    if share <= 0 or m <= 0:
+        return m / pp
+    return share / (1.0 - (1.0 - share / m) ** pp) * (1 - 1e-12)  # lowered against rounding
 
 
 BUSIEST_REL_TOL = 1e-6
@@ -266,6 +294,16 @@ def busiest_device_per_sample_s(profile: ModelProfile, pp: int, stages: int, cac
     also the packing bound (:func:`packed_busiest_per_sample_s`)."""
     bound = busiest_stage_per_sample_s(profile, stages, cache)
     return bound if stages <= pp else max(bound, packed_busiest_per_sample_s(profile, pp, cache))
+
+
+def forward_share_of(profile: ModelProfile) -> float:
+    """The least share of a layer's per-sample compute that is forward,
+    ``min F / (F + B)`` over layers with compute (per-sample parts, as
+    :func:`_per_sample_s`; 1 when no layer has any)."""
+    fwd = np.array([lay.fwd_s - (lay.fwd_fixed_s or 0.0) for lay in profile.layers]) / profile.profiled_batch_size
+    total = _per_sample_s(profile)
+    busy = total > 0
+    return float(np.min(fwd[busy] / total[busy])) if busy.any() else 1.0
 
 
 def _per_sample_s(profile: ModelProfile) -> np.ndarray:
@@ -718,6 +756,8 @@ def search(
     groups.sort(key=lambda g: (g[0], g[1]))
     busiest_cache: dict = {}
 
+    share = {id(v): forward_share_of(v.profile) for v in variants}
+
     def busiest_s(variant, pp: int, stages: int) -> float:
         return busiest_device_per_sample_s(variant.profile, pp, stages, busiest_cache)
 
@@ -753,7 +793,7 @@ def search(
                     continue
                 key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
                 bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
-                                       busiest_s(variant, pp, pp * vp))
+                                       busiest_s(variant, pp, pp * vp), share[id(variant)])
                 if key not in first or bound < first[key][0]:
                     first[key] = (bound, _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
             for key, (_, row) in first.items():
@@ -805,7 +845,7 @@ def search(
             rows.append(row)
             if status is None:
                 row["lower_bound_s"] = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
-                                                      busiest_s(variant, pp, pp * vp))
+                                                      busiest_s(variant, pp, pp * vp), share[id(variant)])
                 todo.append((row["lower_bound_s"], len(rows) - 1))
         todo.sort()
         floor = memory_floor[id(variant)]

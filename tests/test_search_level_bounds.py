@@ -23,8 +23,8 @@ from pipesearch import schedules as schedule_lib
 from pipesearch.output_table import format_table
 from pipesearch.search import (ModelVariant, SearchOptions, _lower_bound_s, _point_costs, _point_row,
                                busiest_device_per_sample_s, busiest_stage_per_sample_s, expand_group,
-                               group_lower_bound_s, group_stages, in_bound_order, packed_busiest_per_sample_s,
-                               schedule_in_flight)
+                               fill_drain_factor, forward_share_of, group_lower_bound_s, group_stages,
+                               in_bound_order, packed_busiest_per_sample_s, schedule_in_flight)
 from pipesearch.timemodel import iteration_time_s
 from pipesearch.types import Job, Layer, Link, ModelProfile
 
@@ -57,18 +57,20 @@ def _profile(seed: int, num_layers: int, fixed: bool) -> ModelProfile:
 def test_point_and_group_bounds_are_at_most_every_split(seed, fixed):
     """On 8 devices (two nodes of 4, finite links) and global batch 16,
     every point of every (pp, dp) group, every schedule (interleaved and
-    looped BFS with vp 2): the point's bound with integral layers is at most
+    looped BFS with vp 2): the point's bound (integral layers, fill and
+    drain) is at most
     the simulated time of every split of the point (memory ignored), and the
     group's bound at most every point's. A bound that took ``B*`` over
     ``pp`` stages for an interleaved point (it has ``pp vp``), used the full
-    time where only the per-sample part is safe, or packed ``k`` instead of
-    ``k + 1`` layers would exceed some split here."""
+    time where only the per-sample part is safe, packed ``k`` instead of
+    ``k + 1`` layers, or gave ZB-H1 the backward in its fill and drain
+    (share 1) would exceed some split here."""
     prof = _profile(seed, 7, fixed)
     cluster = tiny_cluster(2, 4, intra=Link(50e9, 5e-6), inter=Link(2e9, 2e-5))
     job = Job(global_batch_size=16)
     options = SearchOptions(schedules=SCHEDULES, vps=(2,))
     variant = ModelVariant(prof)
-    work, cache, checked = prof.compute_per_sample_s, {}, 0
+    work, cache, checked, share = prof.compute_per_sample_s, {}, 0, forward_share_of(prof)
     for pp in range(1, 8):
         for dp in (d for d in (1, 2, 4, 8) if pp * d <= 8):
             group = group_lower_bound_s(work, pp, 16 // dp, 1.0,
@@ -79,12 +81,25 @@ def test_point_and_group_bounds_are_at_most_every_split(seed, fixed):
                 row = _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
                 _, costs = _point_costs(variant, cluster, job, row, None, {}, {}, {"job": job, "profiled_device": None})
                 bound = _lower_bound_s(work, pp, mbs, m, schedule, 1.0,
-                                       busiest_device_per_sample_s(prof, pp, pp * vp, cache))
+                                       busiest_device_per_sample_s(prof, pp, pp * vp, cache), share)
                 best = min(iteration_time_s(schedule, pp, m, vp, costs.stage_times(b)) for b in _splits(7, pp * vp))
                 assert bound <= best * (1 + 1e-12), (pp, dp, mbs, schedule, vp, bound, best)
                 assert group <= bound * (1 + 1e-12), (pp, dp, mbs, schedule, vp, group, bound)
                 checked += 1
     assert checked > 150
+
+
+def test_fill_drain_factor_by_hand():
+    """Two stages, two micro-batches, backward after forward (share 1):
+    ``T >= 2 a0`` and ``T >= a0 + 2 a1``; the least max of the two over
+    ``a0 + a1 = W`` is at ``a0 = 2 a1``: ``4 W / 3``. One stage: ``m W``.
+    Forward share 0: the average ``m / pp``."""
+    assert fill_drain_factor(2, 2, 1.0) == pytest.approx(4 / 3, rel=1e-11)
+    assert fill_drain_factor(2, 2, 1.0) <= 4 / 3
+    assert fill_drain_factor(1, 7, 1.0) == pytest.approx(7.0, rel=1e-11)
+    assert fill_drain_factor(4, 8, 0.0) == 2.0
+    # share 1/2, pp 2, m 1: T >= a0 and T >= a0 / 2 + a1, least max at a0 = 2 a1: 2 W / 3
+    assert fill_drain_factor(2, 1, 0.5) == pytest.approx(2 / 3, rel=1e-11)
 
 
 @pytest.mark.parametrize("seed", range(6))
