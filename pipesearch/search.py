@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
 import json
 import math
 import time
@@ -32,7 +33,7 @@ import numpy as np
 
 from . import schedules as schedule_lib
 from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
-from .placement import (check_layout, count_layouts, layout, layout_names, memory_bytes_of, num_slots,
+from .placement import (check_layout, count_layouts, group_ids, layout, layout_names, memory_bytes_of, num_slots,
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .errors import InfeasibleError, InputError
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
@@ -163,27 +164,165 @@ def fingerprint(*parts) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fastest: float) -> float:
+def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fastest: float,
+                   busiest_s: float = 0.0, forward_share: float = 0.0) -> float:
     """A valid lower bound on the simulated iteration time
     (:func:`pipesearch.timemodel.iteration_time_s`) of any split, from the
-    total work ``W`` of one micro-batch on the fastest device (links and
-    all-reduce cost >= 0, and some stage has at least ``W / pp``):
+    total work ``W`` of one micro-batch on the fastest device and ``A``, a
+    lower bound on the compute of the busiest device per micro-batch: ``A =
+    max(W / pp, mbs x fastest x busiest_s)`` (some device has at least the
+    average; ``busiest_s`` from :func:`busiest_device_per_sample_s`, 0 when
+    unknown). Links and all-reduce cost >= 0.
 
-    * every schedule: ``m W / pp`` (the busiest rank does its ``m``
-      micro-batches one after another);
-    * GPipe: ``W (1 + (m-1)/pp)`` (its closed form is ``sum (F+B) + (m-1)(max F
+    * every schedule: ``m A`` (the busiest rank does its ``m`` micro-batches
+      one after another);
+    * GPipe: ``W + (m-1) A`` (its closed form is ``sum (F+B) + (m-1)(max F
       + max B)``);
-    * 1F1B: ``W (1 + (2m-1-pp)/(2 pp))`` (the 1F1B bound family of
-      :func:`pipesearch.split_search.bound_families`, with
-      ``(m-1) max(f, b) + (m-pp) min(f, b) >= (2m-1-pp)/2 (f + b)``).
+    * 1F1B: ``W + (2m-1-pp)/2 A`` (the 1F1B bound family of
+      :func:`pipesearch.split_search.bound_families` at the busiest stage,
+      with ``(m-1) max(f, b) + (m-pp) min(f, b) >= (2m-1-pp)/2 (f + b)``);
+    * GPipe, 1F1B and ZB-H1: ``W x`` :func:`fill_drain_factor` (rank ``k``
+      starts after the forwards of stages ``< k``, runs its ``m``
+      micro-batches, and under GPipe and 1F1B its last backward is followed
+      by the backwards of stages ``< k``; ``forward_share`` is the least
+      share of a layer's time that is forward, used for ZB-H1 whose last
+      action may be a weight gradient).
     """
     work = work_s * mbs * fastest
-    bound = work * m / pp
+    busiest = max(work / pp, busiest_s * mbs * fastest)
+    bound = busiest * m
     if schedule == "gpipe":
-        bound = max(bound, work * (1 + (m - 1) / pp))
+        bound = max(bound, work + (m - 1) * busiest, work * fill_drain_factor(pp, m, 1.0))
     elif schedule == "1f1b":
-        bound = max(bound, work * (1 + max(0.0, (2 * m - 1 - pp) / 2) / pp))
+        bound = max(bound, work + max(0.0, (2 * m - 1 - pp) / 2) * busiest, work * fill_drain_factor(pp, m, 1.0))
+    elif schedule == "zb-h1":
+        bound = max(bound, work * fill_drain_factor(pp, m, forward_share))
     return bound
+
+
+def fill_drain_factor(pp: int, m: int, share: float) -> float:
+    """``c`` with ``T >= c W`` for one stage per rank, ``W = sum_k a_k`` the
+    compute of one micro-batch over the ``pp`` stages (``a_k = F_k + B_k``).
+
+    Rank ``k`` cannot start before some micro-batch's forward has passed
+    the stages before it, then runs ``m a_k``; under GPipe and 1F1B its last
+    action is a backward whose gradient must then pass back through those
+    stages: ``T >= sum_{j<k} a_j + m a_k`` (``share = 1``). With only the
+    forward part known to precede (ZB-H1, and ``share = min F / (F + B)``
+    over layers): ``T >= share sum_{j<k} a_j + m a_k``. Averaging these
+    ``pp`` inequalities with weights ``w_k >= 0`` that sum to 1 and give
+    every stage the same coefficient ``m w_k + share sum_{k'>k} w_k' = c``
+    (a split-free bound: every layer weighs ``c``) gives ``c = share / (1 -
+    (1 - share / m)^pp)``; ``m / pp`` (the average) when ``share = 0``.
+    """
+    if share <= 0 or m <= 0:
+        return m / pp
+    return share / (1.0 - (1.0 - share / m) ** pp) * (1 - 1e-12)  # lowered against rounding
+
+
+BUSIEST_REL_TOL = 1e-6
+"""Relative width at which :func:`busiest_stage_per_sample_s` stops bisecting."""
+
+
+def busiest_stage_per_sample_s(profile: ModelProfile, stages: int, cache: dict | None = None) -> float:
+    """A lower bound on the largest stage, in per-sample compute seconds
+    (the part of ``fwd_s + bwd_s`` that grows with the batch, as in
+    :attr:`pipesearch.types.ModelProfile.compute_per_sample_s`), of every
+    split of the layers into ``stages`` contiguous stages: the min-max
+    partition value ``B*``, bracketed by bisection on the greedy test "cut
+    each stage as late as it stays within ``c``" (which uses the fewest
+    stages for a cap ``c``, so it decides ``B* <= c`` exactly). Returns the
+    lower end of the bracket (within :data:`BUSIEST_REL_TOL` of ``B*``),
+    lowered by ``1e-9`` relative against rounding; ``B* >= max(total /
+    stages, largest layer)`` starts it. ``cache`` (a dict) keeps results per
+    (profile, stages) and the prefix sums per profile.
+
+    Integral layers are what this adds over ``total / stages``: GPT-3's 96
+    blocks plus embedding and head on 16 stages leave some stage 7 blocks'
+    worth where the average is 6.1.
+    """
+    cache = {} if cache is None else cache
+    key = (id(profile), stages)
+    if key in cache:
+        return cache[key]
+    if (id(profile),) not in cache:
+        per_sample = _per_sample_s(profile)
+        cache[(id(profile),)] = (np.concatenate([[0.0], np.cumsum(per_sample)]).tolist(),
+                                 float(per_sample.max()))
+    prefix, largest = cache[(id(profile),)]
+    lo = max(prefix[-1] / stages, largest)
+    if not _fits_in_stages(prefix, stages, lo):  # else B* = lo
+        hi = lo + largest  # a greedy split within total / stages + largest layer always exists
+        if not _fits_in_stages(prefix, stages, hi):
+            hi = prefix[-1]
+        while hi - lo > BUSIEST_REL_TOL * hi:
+            mid = 0.5 * (lo + hi)
+            if _fits_in_stages(prefix, stages, mid):
+                hi = mid
+            else:
+                lo = mid
+    cache[key] = lo * (1 - 1e-9)
+    return cache[key]
+
+
+def packed_busiest_per_sample_s(profile: ModelProfile, devices: int, cache: dict | None = None) -> float:
+    """A lower bound on the busiest of ``devices`` devices, in per-sample
+    compute seconds, whatever layers each device holds (contiguous or not:
+    interleaved chunks too). With the per-sample layer times sorted
+    largest first, ``a_1 >= a_2 >= ...``: among the ``t = k devices + 1``
+    largest layers some device holds ``k + 1`` (pigeonhole), at least the
+    ``k + 1`` smallest of them, ``a_{t-k} + ... + a_t``; the bound is the
+    largest of these over ``k`` (bin packing's counting bound, Martello and
+    Toth 1990, "Knapsack Problems", sec. 8.3), lowered by ``1e-9`` relative
+    against rounding. ``cache`` keeps the sorted prefix sums per profile."""
+    cache = {} if cache is None else cache
+    key = ("sorted", id(profile))
+    if key not in cache:
+        per_sample = _per_sample_s(profile)
+        cache[key] = np.concatenate([[0.0], np.cumsum(np.sort(per_sample)[::-1])])
+    prefix = cache[key]
+    k = np.arange((len(prefix) - 2) // devices + 1)
+    t = k * devices + 1
+    return float(np.max(prefix[t] - prefix[t - k - 1])) * (1 - 1e-9)
+
+
+def busiest_device_per_sample_s(profile: ModelProfile, pp: int, stages: int, cache: dict | None = None) -> float:
+    """A lower bound on the busiest device's per-sample compute seconds over
+    every split of the layers into ``stages`` contiguous stages on ``pp``
+    devices (stage ``s`` on device ``s % pp``): the largest stage
+    (:func:`busiest_stage_per_sample_s`) and, with several stages per device,
+    also the packing bound (:func:`packed_busiest_per_sample_s`)."""
+    bound = busiest_stage_per_sample_s(profile, stages, cache)
+    return bound if stages <= pp else max(bound, packed_busiest_per_sample_s(profile, pp, cache))
+
+
+def forward_share_of(profile: ModelProfile) -> float:
+    """The least share of a layer's per-sample compute that is forward,
+    ``min F / (F + B)`` over layers with compute (per-sample parts, as
+    :func:`_per_sample_s`; 1 when no layer has any)."""
+    fwd = np.array([lay.fwd_s - (lay.fwd_fixed_s or 0.0) for lay in profile.layers]) / profile.profiled_batch_size
+    total = _per_sample_s(profile)
+    busy = total > 0
+    return float(np.min(fwd[busy] / total[busy])) if busy.any() else 1.0
+
+
+def _per_sample_s(profile: ModelProfile) -> np.ndarray:
+    """Per layer, the part of ``fwd_s + bwd_s`` that grows with the batch,
+    per sample (:attr:`pipesearch.types.ModelProfile.compute_per_sample_s`)."""
+    return np.array([lay.fwd_s + lay.bwd_s - ((lay.fwd_fixed_s or 0.0) + (lay.bwd_fixed_s or 0.0))
+                     for lay in profile.layers]) / profile.profiled_batch_size
+
+
+def _fits_in_stages(prefix: list[float], stages: int, cap: float) -> bool:
+    """Whether the layers of ``prefix`` (prefix sums) split into at most
+    ``stages`` contiguous stages of at most ``cap`` each (greedy: each stage
+    ends at the last layer that keeps it within ``cap``)."""
+    pos, last = 0, len(prefix) - 1
+    for _ in range(stages):
+        pos = bisect.bisect_right(prefix, prefix[pos] + cap, pos) - 1
+        if pos >= last:
+            return True
+    return False
 
 
 def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
@@ -206,13 +345,17 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
     cols = {k: v.tolist() for k, v in cols.items()}
     stages = []
     state = param_state_of(job) if job is not None else None
+    group_names = [g.device.name for g in cluster.groups]
+    of_group = group_ids(cluster)
     for s in range(costs.pp):
-        devices = tuple(int(d) for d in placement[s])
+        devices = tuple(np.asarray(placement[s], dtype=np.int64).tolist())
+        gids = of_group[np.asarray(devices, dtype=np.int64)]
+        firsts = gids[np.sort(np.unique(gids, return_index=True)[1])]  # groups in order of first appearance
         parts = costs.memory_breakdown(s, int(i[s]), int(j[s]), state, len(placement[s]),
                                        variant.profile.bytes_per_param)
         stages.append(StagePlan(
             index=s, layers=(int(i[s]), int(j[s])), layer_names=tuple(names[i[s]:j[s]]), devices=devices,
-            device_type=",".join(dict.fromkeys(cluster.device_spec(d).name for d in devices)),
+            device_type=",".join(dict.fromkeys(group_names[g] for g in firsts.tolist())),
             memory_breakdown=tuple(parts.items()), replicas=len(devices) if replicated else None,
             memory_option=costs.option_name(s, int(i[s]), int(j[s])),
             **{k: v[s] for k, v in cols.items()},
@@ -228,7 +371,7 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
     # the peak device's own memory (a stage's smallest replica)
     cap_of = memory_bytes_of(cluster)
-    caps = np.array([min(cap_of[d] for d in st.devices) for st in stages[:pp]])
+    caps = np.array([cap_of[np.asarray(st.devices, dtype=np.int64)].min() for st in stages[:pp]])
     busiest, k = float(busy.max()), int(np.argmax(mem))
     peak, cap = float(mem[k]), float(caps[k])
     return Prediction(
@@ -246,10 +389,11 @@ def _throughput_terms(profile: ModelProfile | None, stages, global_batch: int, c
     plan's devices (each stage device heads a group of ``tp``)."""
     if profile is None or not profile.tokens_per_sample:
         return {}
-    devices = sorted({d for st in stages for d in st.devices})
+    devices = np.unique(np.concatenate([np.asarray(st.devices, dtype=np.int64) for st in stages]))
+    flops = np.array([g.device.peak_fp16_flops for g in cluster.groups], dtype=float)[group_ids(cluster)[devices]]
     return {"tokens_per_iteration": float(global_batch * profile.tokens_per_sample),
             "model_flops_per_iteration": float(global_batch * profile.model_flops_per_sample),
-            "peak_flops": float(tp * sum(cluster.device_spec(d).peak_fp16_flops for d in devices)),
+            "peak_flops": float(tp * sum(flops.tolist())),  # summed in device order, as a Python sum
             "num_devices": tp * len(devices)}
 
 
@@ -516,6 +660,42 @@ def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int) -
     return None
 
 
+def group_stages(pp: int, options: SearchOptions) -> int:
+    """The most stages a point of a ``pp`` group may have: ``pp`` times the
+    largest vp when a multi-stage schedule is searched (and pp > 1), else
+    ``pp``; the fewer stages, the larger the busiest one must be."""
+    if pp > 1 and any(sch in MULTI_STAGE_SCHEDULES for sch in options.schedules):
+        return pp * max(options.vps)
+    return pp
+
+
+def group_lower_bound_s(work_s: float, pp: int, per_replica: int, fastest: float, busiest_s: float) -> float:
+    """The least :func:`_lower_bound_s` of any point of a (pp, dp) group:
+    its replica batch ``m x mbs = per_replica`` on the busiest device, which
+    does at least ``max(W / pp, busiest_s)`` per sample (``busiest_s`` from
+    :func:`busiest_device_per_sample_s` over :func:`group_stages` stages, the
+    most a point of the group can have), times ``fastest``."""
+    return fastest * per_replica * max(work_s / pp, busiest_s)
+
+
+def in_bound_order(groups: list, strengthen: Callable, skip: Callable[[float], bool] | None = None):
+    """Yield ``(bound, group)`` for every group of ``groups`` (sorted by a
+    first, weaker bound ``group[0]``) in order of its strengthened bound
+    ``strengthen(group) >= group[0]``, computed only for a group about to be
+    yielded: a lazy priority queue (heapq) whose entries carry either bound,
+    so every strengthened bound yielded is at most every other group's.
+    ``skip(first_bound)`` True yields the group with its first bound without
+    strengthening it (a caller about to prune it anyway)."""
+    heap = [(g[0], 0, g[1], g) for g in groups]
+    heapq.heapify(heap)
+    while heap:
+        bound, strong, order, group = heapq.heappop(heap)
+        if strong or (skip is not None and skip(bound)):
+            yield bound, group
+            continue
+        heapq.heappush(heap, (max(bound, strengthen(group)), 1, order, group))
+
+
 def search(
     variants: list[ModelVariant],
     cluster: Cluster,
@@ -557,9 +737,7 @@ def search(
         # choice whatever the order of the groups) and scale the others by FLOP rate
         profiled_device = reference_device(cluster, profile_precision(variants[0].profile))
     precision = profile_precision(variants[0].profile)
-    fastest = min(
-        device_time_scale(profiled_device, cluster.device_spec(d), precision) for d in range(cluster.num_devices)
-    )
+    fastest = min(device_time_scale(profiled_device, g.device, precision) for g in cluster.groups)
     rows: list[dict] = []
     counts: Counter = Counter()
     work = {id(v): v.profile.compute_per_sample_s for v in variants}
@@ -577,6 +755,19 @@ def search(
         bound = work[id(variant)] * fastest * (job.global_batch_size // dp) / pp
         groups.append((bound, len(groups), variant, pp, dp))
     groups.sort(key=lambda g: (g[0], g[1]))
+    busiest_cache: dict = {}
+
+    share = {id(v): forward_share_of(v.profile) for v in variants}
+
+    def busiest_s(variant, pp: int, stages: int) -> float:
+        return busiest_device_per_sample_s(variant.profile, pp, stages, busiest_cache)
+
+    def strong_group_bound(group) -> float:
+        """The group's bound with integral layers (:func:`group_lower_bound_s`)."""
+        _, _, variant, pp, dp = group
+        return group_lower_bound_s(work[id(variant)], pp, job.global_batch_size // dp, fastest,
+                                   busiest_s(variant, pp, group_stages(pp, options)))
+
     keep = max(options.top, 1)
     best_of_family: dict[tuple, tuple[float, Plan]] = {}
     family_times: list[float] = []  # sorted best time of every family seen
@@ -594,7 +785,7 @@ def search(
         if options.exhaustive or options.split:
             return math.inf
         seen: dict[tuple, float] = {}
-        for _, _, variant, pp, dp in groups:
+        for _, (_, _, variant, pp, dp) in in_bound_order(groups, strong_group_bound):
             if len(seen) >= SEED_FAMILIES * keep:
                 break
             first: dict[tuple, tuple[float, dict]] = {}
@@ -602,7 +793,8 @@ def search(
                 if status is not None:  # e.g. batch_not_divisible: no micro-batch count to bound
                     continue
                 key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
-                bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest)
+                bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
+                                       busiest_s(variant, pp, pp * vp), share[id(variant)])
                 if key not in first or bound < first[key][0]:
                     first[key] = (bound, _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
             for key, (_, row) in first.items():
@@ -641,7 +833,8 @@ def search(
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
 
-    for done, (group_bound, _, variant, pp, dp) in enumerate(groups):
+    for done, (group_bound, (_, _, variant, pp, dp)) in enumerate(
+            in_bound_order(groups, strong_group_bound, pruned)):
         if progress:
             progress(done, len(groups))
         if pruned(group_bound):
@@ -652,7 +845,8 @@ def search(
             row = _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, status)
             rows.append(row)
             if status is None:
-                row["lower_bound_s"] = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest)
+                row["lower_bound_s"] = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
+                                                      busiest_s(variant, pp, pp * vp), share[id(variant)])
                 todo.append((row["lower_bound_s"], len(rows) - 1))
         todo.sort()
         floor = memory_floor[id(variant)]
@@ -763,7 +957,8 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
     their counts at the device's peak sum to ``p v + p - 1`` on rank 0
     rather than the sum of their own peaks). For interleaved 1F1B and ZB-H1
     the counts stop changing once ``m >= 2 pp`` (the warm-up depth is
-    bounded), so they are computed at ``min(m, 2 pp)``. ZB-H1 stage ``r``
+    bounded), so they are computed at ``min(m, 2 pp)`` (ZB-H1: ``min(m, pp)``,
+    the same counts bit for bit). ZB-H1 stage ``r``
     holds ``pp - r (1 - h)`` with ``h = held_after_input`` the share of a
     micro-batch's activations kept between its input- and weight-gradient
     steps (``pp`` when ``h = 1``); looped breadth-first keeps all ``m``;
@@ -772,7 +967,9 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
         return in_flight_micro_batches(schedule, pp, m)
     if schedule == "looped-bfs":
         return np.full(pp * vp, m, dtype=np.int64)
-    m_eff = min(m, 2 * pp)
+    # ZB-H1's counts are those of m = pp once m >= pp (its warm-up is pp - r
+    # forwards deep; tests/test_search.py compares them bit for bit)
+    m_eff = min(m, pp) if schedule == "zb-h1" else min(m, 2 * pp)
     key = (schedule, pp, m_eff, vp, held_after_input)
     if cache is None or key not in cache:
         peaks = np.array(schedule_lib.simultaneous_in_flight(schedule_lib.build(schedule, pp, m_eff, vp),

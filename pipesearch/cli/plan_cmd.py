@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import click
-import pandas as pd
 
 from ..errors import InputError
 from ..export import export_all
@@ -21,6 +20,7 @@ from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_writable, write_output
+from ..output_table import format_table
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp
 from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
 from ..runtimes import RUNTIMES
@@ -122,7 +122,7 @@ def _recompute_label(plan) -> str:
 
 
 def plans_table(plans) -> str:
-    """The ranked plans as a fixed-width text table."""
+    """The ranked plans as a fixed-width text table (:func:`pipesearch.output_table.format_table`)."""
     rows = []
     for p in plans:
         layers = ",".join(map(str, p.layers_per_stage))  # every stage: a truncated split cannot be checked
@@ -144,21 +144,22 @@ def plans_table(plans) -> str:
             rows[-1]["tokens/s/device"] = f"{p.predicted.tokens_per_s_per_device:,.0f}"
         if p.predicted.mfu is not None:
             rows[-1]["MFU"] = f"{100 * p.predicted.mfu:.1f}%"
-    table = pd.DataFrame(rows)
+    names = list(dict.fromkeys(k for row in rows for k in row))  # every key, in order of first appearance
+    columns = [(k, [row.get(k) for row in rows]) for k in names]
     replicas = [p.stage_replicas for p in plans]
     if any(r is not None for r in replicas):  # per-stage replication: replicas of each stage
-        table.insert(2, "replicas", [",".join(map(str, r)) if r is not None else f"{p.dp} each"
-                                     for r, p in zip(replicas, plans)])
+        columns.insert(2, ("replicas", [",".join(map(str, r)) if r is not None else f"{p.dp} each"
+                                        for r, p in zip(replicas, plans)]))
     types = [",".join(dict.fromkeys(st.device_type for st in p.stages)) for p in plans]
     if any("," in t for t in types):  # mixed device types: show them, in stage order
-        table.insert(5, "device types", types)
-    if (table["recompute"] == "none").all():
-        table = table.drop(columns="recompute")
+        columns.insert(5, ("device types", types))
+    if all(label == "none" for label in dict(columns).get("recompute", [])):
+        columns = [(k, v) for k, v in columns if k != "recompute"]
     for word, column in (("offload", "optimizer offload"), ("stream", "weights streamed")):
         counts = [sum(word in st.memory_option for st in p.stages) for p in plans]
         if any(counts):
-            table[column] = [f"{n}/{len(p.stages)} stages" for n, p in zip(counts, plans)]
-    return table.to_string(index=False)
+            columns.append((column, [f"{n}/{len(p.stages)} stages" for n, p in zip(counts, plans)]))
+    return format_table(dict(columns))
 
 
 class _Progress:

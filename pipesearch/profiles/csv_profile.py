@@ -63,8 +63,6 @@ import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-import pandas as pd
-
 from ..catalog import entry_name
 from ..errors import InputError
 from ..input_files import read_input_text
@@ -178,8 +176,9 @@ def _parse_header(path: Path, header: dict) -> dict:
     }
 
 
-def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[pd.DataFrame, list[int]]:
-    """The table as strings (pandas, no NA conversion) and each row's file line number."""
+def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str, str]], list[int]]:
+    """The table's rows as ``{column: cell text}`` (the csv module, blanks
+    after a comma skipped, no NA conversion) and each row's file line number."""
     if not table:
         raise _fail(path, "table", "no header row and no layers; add 'name,fwd_ms,bwd_ms,"
                     "param_bytes,output_bytes' and one row per layer")
@@ -201,15 +200,15 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[pd.DataFrame,
     rows = table[1:]
     if not rows:
         raise _fail(path, f"line {header_line}", "the table has no layers; add one row per layer")
+    records = []
     for number, line in rows:
         fields = next(csv.reader([line]))
-        if len(fields) != len(columns):
+        cells = next(csv.reader([line], skipinitialspace=True))
+        if len(fields) != len(columns) or len(cells) != len(columns):
             raise _fail(path, f"line {number}", f"{len(fields)} fields, expected {len(columns)} "
                         f"({','.join(columns)}); fix the row {line.strip()!r}")
-    text = "\n".join(line for _, line in table)
-    frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, skipinitialspace=True)
-    frame.columns = columns
-    return frame, [number for number, _ in rows]
+        records.append(dict(zip(columns, cells)))
+    return records, [number for number, _ in rows]
 
 
 def _cell_number(path: Path, line: int, column: str, text: str, scale: int) -> float:
@@ -302,12 +301,12 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
     text = read_input_text(path, "profile CSV", encoding="utf-8-sig")  # a leading byte-order mark is not data
     header, table = _split_lines(path, text)
     meta = _parse_header(path, header)
-    frame, line_numbers = _read_table(path, table)
+    records, line_numbers = _read_table(path, table)
     layers = []
     seen: dict[str, int] = {}
-    has_saved = "saved_bytes" in frame.columns
-    has_bwd_input = "bwd_input_ms" in frame.columns
-    for line, row in zip(line_numbers, frame.to_dict("records")):
+    has_saved = "saved_bytes" in records[0]
+    has_bwd_input = "bwd_input_ms" in records[0]
+    for line, row in zip(line_numbers, records):
         name = row["name"].strip()
         if not name:
             raise _fail(path, f"line {line}, column 'name'", "empty layer name; give every layer a name")
@@ -331,7 +330,7 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
                             "the input-gradient time is part of the backward time")
         fixed = _fixed_parts(path, line, row, {"fwd_ms": fwd, "bwd_ms": bwd, "bwd_input_ms": bwd_input})
         recompute_saved = None
-        if "recompute_saved_bytes" in frame.columns and row["recompute_saved_bytes"].strip():
+        if "recompute_saved_bytes" in row and row["recompute_saved_bytes"].strip():
             recompute_saved = _cell_number(path, line, "recompute_saved_bytes", row["recompute_saved_bytes"], 0)
             if recompute_saved > saved:
                 raise _fail(path, f"line {line}, column 'recompute_saved_bytes'", f"value "
@@ -439,5 +438,9 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
             row["recompute_saved_bytes"] = ("" if layer.recompute_saved_bytes is None
                                             else format_number(layer.recompute_saved_bytes))
         rows.append(row)
-    table = pd.DataFrame(rows, columns=columns).to_csv(index=False, lineterminator="\n")
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    table = out.getvalue()
     path.write_text("\n".join(lines) + "\n" + table, encoding="utf-8")
