@@ -34,6 +34,7 @@ from . import schedules as schedule_lib
 from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
 from .placement import (check_layout, count_layouts, layout, layout_names, memory_bytes_of, num_slots,
                         placement_candidates, placement_links, reference_device, slot_heads)
+from .placement import SLOTS_PREFIX, slot_classes
 from .errors import InfeasibleError, InputError
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
@@ -383,35 +384,35 @@ def placement_array(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dic
 
 def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray | None:
     """Device order of one pipeline on a mixed cluster over its tensor-parallel
-    slots (:func:`pipesearch.placement.slot_heads`), chosen once per
-    (variant, pp) by :func:`pipesearch.ilp.map_pipeline` for the 1F1B
-    iteration-time objective at the first micro-batching evaluated (the
-    schedule changes only the in-flight memory): exact by the device-class DP
-    when its size allows, else order enumeration or CP-SAT under a
-    deterministic work limit. The solver's status, bound and gap go into the
-    plan's options. None when no order fits in memory at this micro-batching
-    (then the next micro-batching of the same pp tries again)."""
-    from .ilp import map_pipeline
+    slots: :func:`pipesearch.order_search.best_order`, the order and split of
+    least simulated time over every order of slots up to swaps inside a node
+    (OPTIMAL, or bound and gap under its deterministic count of orders), per
+    point (micro-batching, schedule, vp). The status, bound and gap go into
+    the plan's options. None when no order fits in memory."""
+    from .order_search import best_order
 
-    key = ("mapped", id(variant), row["pp"])
-    failed = key + (row["micro_batch_size"], row["num_micro_batches"])
-    if failed in ctx:
-        return None
+    key = _mapped_key(variant, row)
     if key not in ctx:
-        heads = slot_heads(cluster, variant.tp, profile_precision(variant.profile))
-        try:
-            result = map_pipeline(variant.profile, cluster, ctx["job"], pp=row["pp"],
-                                  micro_batch_size=row["micro_batch_size"],
-                                  num_micro_batches=row["num_micro_batches"], schedule="1f1b",
-                                  objective="iteration", profiled_device=ctx["profiled_device"],
-                                  devices=heads, max_deterministic_time=ctx["time_limit_s"])
-        except InfeasibleError:
-            ctx[failed] = True
-            return None
-        ctx[key] = (np.array(result.devices, dtype=np.int64)[:, None], {
-            "method": result.method, "status": result.status, "objective_s": result.objective_s,
-            "best_bound_s": result.best_bound_s, "gap": result.gap})
+        precision = profile_precision(variant.profile)
+
+        def costs_of(order):
+            named = dict(row, placement=SLOTS_PREFIX + ",".join(map(str, order)))
+            return _point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"], None, None, ctx)[1]
+
+        found = best_order(slot_classes(cluster, variant.tp, precision), costs_of, row["schedule"], row["pp"],
+                           row["vp"])
+        heads = None if found is None else layout(cluster, row["pp"], 1, variant.tp, SLOTS_PREFIX + ",".join(
+            map(str, found.order)), precision)
+        ctx[key] = (heads, None if found is None else {
+            "method": "orders+exact-split", "status": found.status, "objective_s": found.iteration_time_s,
+            "best_bound_s": found.best_bound_s, "gap": found.gap, "orders_evaluated": found.orders_evaluated,
+            "orders_total": found.orders_total})
     return ctx[key][0]
+
+
+def _mapped_key(variant: ModelVariant, row: dict) -> tuple:
+    return ("mapped", id(variant), row["pp"], row["micro_batch_size"], row["num_micro_batches"], row["schedule"],
+            row["vp"])
 
 
 def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict, links_cache: dict):
@@ -423,7 +424,7 @@ def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict,
     if heads is None:
         return None, None
     slots = heads[np.arange(pp * vp) % pp]
-    key = (pp, dp, vp, variant.tp, placement) + ((id(variant),) if placement == "mapped" else ())
+    key = (pp, dp, vp, variant.tp, placement) + ((tuple(heads.ravel()),) if placement == "mapped" else ())
     if key not in links_cache:
         check_layout(cluster, heads, variant.tp)  # distinct devices on the cluster, each group in one node
         links_cache[key] = placement_links(cluster, slots)
@@ -902,7 +903,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
                                replicated=parse_replicas_name(row["placement"]) is not None)
     mapping_info = ()
     if row["placement"] == "mapped":
-        mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp)][1]),)
+        mapping_info = (("mapping", placement_ctx[_mapped_key(variant, row)][1]),)
     recompute = variant.recompute
     if recompute == "none" and costs.options is not None and any(
             n.split("+")[0] in ("full", "selective") for n in costs.options.names):
