@@ -40,7 +40,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .costs import PipelineCosts
-from .split_search import ExactSplit, exact_split
+from .split_search import ExactSplit, any_split_fits, exact_split
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
 MAX_ORDERS = 2_000
@@ -52,9 +52,11 @@ class OrderSearch:
 
     Attributes:
         order: slot of each rank (members of the given classes).
-        split: its :class:`pipesearch.split_search.ExactSplit`.
-        status: ``"OPTIMAL"`` (no order and split is faster) or ``"FEASIBLE"``
-            (stopped by ``max_orders`` or by a split search's count limits).
+        split: its :class:`pipesearch.split_search.ExactSplit` (None for an
+            ``"ABOVE_CUTOFF"`` order whose split search did not run).
+        status: ``"OPTIMAL"`` (no order and split is faster), ``"FEASIBLE"``
+            (stopped by ``max_orders`` or by a split search's count limits)
+            or ``"ABOVE_CUTOFF"`` (no order beats the cutoff given).
         best_bound_s: proven lower bound of the time of every order and split.
         gap: ``(time - bound) / time``; 0 when OPTIMAL.
         orders_evaluated: orders whose exact split ran.
@@ -62,7 +64,7 @@ class OrderSearch:
     """
 
     order: tuple[int, ...]
-    split: ExactSplit
+    split: ExactSplit | None
     status: str
     best_bound_s: float
     gap: float
@@ -71,7 +73,7 @@ class OrderSearch:
 
     @property
     def iteration_time_s(self) -> float:
-        return self.split.iteration_time_s
+        return self.split.iteration_time_s if self.split is not None else math.inf
 
 
 def count_vectors(class_sizes: Sequence[int], pp: int) -> list[tuple[int, ...]]:
@@ -128,7 +130,8 @@ def rank_work_bound_s(costs: PipelineCosts, pp: int) -> float:
 
 
 def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
-               schedule: str, pp: int, vp: int = 1, *, max_orders: int = MAX_ORDERS) -> OrderSearch | None:
+               schedule: str, pp: int, vp: int = 1, *, max_orders: int = MAX_ORDERS,
+               cutoff_s: float = math.inf) -> OrderSearch | None:
     """The order of ``pp`` ranks over the slots of ``classes`` and its split
     with the least simulated time (module docstring).
 
@@ -139,37 +142,53 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
             (``pp * vp`` stages, stage ``s`` on rank ``s % pp``).
         schedule, pp, vp: as :func:`pipesearch.split_search.exact_split`.
         max_orders: orders whose exact split may run (deterministic).
+        cutoff_s: only orders faster than this matter (a search's current
+            best plans): every order's split search starts from it.
 
     Returns:
-        An :class:`OrderSearch`, or None when no order has a split that fits.
+        An :class:`OrderSearch`, or None when no order has a split that fits
+        (of the first ``max_orders``). When none beats ``cutoff_s`` its status is
+        ``"ABOVE_CUTOFF"``: ``order`` is the first that fits, ``split`` its
+        split search's answer, ``best_bound_s`` the proven bound (at least
+        ``cutoff_s`` when the search was complete).
     """
     vectors = count_vectors([len(c) for c in classes], pp)
     total = sum(count_orders(n) for n in vectors)
     bounds = sorted((rank_work_bound_s(costs_of(next(orders_of_vector(classes, n))), pp), n) for n in vectors)
     best: tuple[float, tuple[int, ...], ExactSplit] | None = None
-    unproven, evaluated, stopped_at = math.inf, 0, None
+    fitting: tuple[tuple[int, ...], ExactSplit] | None = None  # the first order that fits
+    unproven, evaluated, stopped_at, cut_short = math.inf, 0, None, False
     for bound, n in bounds:
-        if best is not None and bound >= best[0]:
+        if bound >= (best[0] if best is not None else cutoff_s):
+            cut_short = True
             break
         for order in orders_of_vector(classes, n):
             if evaluated >= max_orders:
                 stopped_at = bound
                 break
             evaluated += 1
-            cutoff = best[0] if best is not None else math.inf
+            cutoff = best[0] if best is not None else cutoff_s
             found = exact_split(costs_of(order), schedule, pp, vp, cutoff_s=cutoff)
             if found is None:
                 continue
+            fitting = fitting or (order, found)
             if not found.exact:
                 unproven = min(unproven, found.lower_bound_s)
             if found.best_time_s < cutoff:
                 best = (found.best_time_s, order, found)
         if stopped_at is not None:
             break
+    lower = min(best[0] if best is not None else cutoff_s, unproven,
+                stopped_at if stopped_at is not None else math.inf)
+    if best is None and fitting is None and cut_short:  # the cutoff stopped it: an order that fits
+        every = itertools.chain.from_iterable(orders_of_vector(classes, n) for _, n in bounds)
+        fitting = next(((o, None) for o in itertools.islice(every, max_orders) if any_split_fits(costs_of(o))), None)
     if best is None:
-        return None
+        if fitting is None:
+            return None
+        return OrderSearch(order=fitting[0], split=fitting[1], status="ABOVE_CUTOFF", best_bound_s=float(lower),
+                           gap=0.0, orders_evaluated=evaluated, orders_total=total)
     value, order, split = best
-    lower = min(value, unproven, stopped_at if stopped_at is not None else math.inf)
     optimal = lower >= value
     gap = 0.0 if optimal or value <= 0 else max(0.0, (value - lower) / value)
     return OrderSearch(order=order, split=split, status="OPTIMAL" if optimal else "FEASIBLE",

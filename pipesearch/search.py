@@ -387,8 +387,10 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
     slots: :func:`pipesearch.order_search.best_order`, the order and split of
     least simulated time over every order of slots up to swaps inside a node
     (OPTIMAL, or bound and gap under its deterministic count of orders), per
-    point (micro-batching, schedule, vp). The status, bound and gap go into
-    the plan's options. None when no order fits in memory."""
+    point (micro-batching, schedule, vp), from the search's cutoff
+    (``ctx["cutoff_s"]``; when no order beats it, the first that fits, which
+    the exact split then prunes). The status, bound and gap go into the
+    plan's options. None when no order fits in memory."""
     from .order_search import best_order
 
     key = _mapped_key(variant, row)
@@ -400,7 +402,7 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
             return _point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"], None, None, ctx)[1]
 
         found = best_order(slot_classes(cluster, variant.tp, precision), costs_of, row["schedule"], row["pp"],
-                           row["vp"])
+                           row["vp"], cutoff_s=ctx.get("cutoff_s", math.inf))
         heads = None if found is None else layout(cluster, row["pp"], 1, variant.tp, SLOTS_PREFIX + ",".join(
             map(str, found.order)), precision)
         ctx[key] = (heads, None if found is None else {
@@ -873,6 +875,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     stages = pp * vp
     if placement_ctx is None:
         placement_ctx = {"job": job, "profiled_device": profiled_device}
+    placement_ctx["cutoff_s"] = cutoff_s  # a mapped placement's order search starts from it
     slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
                                 placement_ctx)
     if slots is None:  # a mapped placement with no order that fits
