@@ -265,45 +265,26 @@ class MappingProblem:
     def pp(self) -> int:
         return len(self.in_flight)
 
-    # -- exact evaluation of one solution (floating point)
-    def compute_s(self, device: int, i: int, j: int) -> float:
-        """Fwd+bwd seconds of layers ``[i, j)`` on candidate ``device``."""
-        p = self._time_prefix[self.device_type[device]]
-        return float(p[j] - p[i])
-
-    def p2p_s(self, a: int, b: int, j: int) -> float:
-        """Forward activation + backward gradient seconds over the boundary
-        after layer ``j - 1`` from candidate ``a`` to ``b``."""
-        bw = self.link_bandwidth_bytes_per_s[a, b]
-        return 2.0 * (float(self.link_latency_s[a, b]) + float(self.output_bytes[j - 1]) / bw)
-
-    def memory_bytes(self, k: int, i: int, j: int) -> float:
-        """Peak bytes of stage ``k`` holding ``[i, j)``."""
-        return float(self._static_prefix[j] - self._static_prefix[i]
-                     + self.in_flight[k] * (self._act_prefix[j] - self._act_prefix[i]))
+    # -- exact evaluation of one solution: through the PipelineCosts of its
+    #    order (costs_for_order), the one definition of compute, p2p, memory
+    #    and fits (pipesearch.costs)
+    def costs(self, order: Sequence[int]) -> PipelineCosts:
+        """The :class:`pipesearch.costs.PipelineCosts` of stage ``k`` on
+        candidate ``order[k]`` (:func:`costs_for_order`)."""
+        return costs_for_order(self, order)
 
     def stage_times_s(self, order: Sequence[int], bounds: Sequence[int]) -> np.ndarray:
-        """``a_k`` (compute + outgoing p2p) of every stage, seconds."""
-        P = self.pp
-        a = np.empty(P)
-        for k in range(P):
-            i, j = bounds[k], bounds[k + 1]
-            a[k] = self.compute_s(order[k], i, j)
-            if k < P - 1:
-                a[k] += self.p2p_s(order[k], order[k + 1], j)
-        return a
+        """``a_k`` (compute + outgoing p2p) of every stage, seconds:
+        :meth:`PipelineCosts.sum_term` of the order's costs."""
+        s, b = np.arange(self.pp), np.asarray(bounds)
+        return np.asarray(self.costs(order).sum_term(s, b[:-1], b[1:]), dtype=float)
 
     def fits(self, order: Sequence[int], bounds: Sequence[int]) -> bool:
-        return all(self.memory_bytes(k, bounds[k], bounds[k + 1]) <= self.capacity_bytes[order[k]]
-                   for k in range(self.pp))
+        """:meth:`PipelineCosts.split_fits` of the order's costs."""
+        return self.costs(order).split_fits(bounds)
 
     def objective_s(self, order: Sequence[int], bounds: Sequence[int], objective: str) -> float:
-        a = self.stage_times_s(order, bounds)
-        if objective == "bottleneck":
-            return float(a.max())
-        if objective == "iteration":
-            return float(a.sum() + (self.num_micro_batches - 1) * a.max())
-        raise InputError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+        return objective_value_s(self.stage_times_s(order, bounds), self.num_micro_batches, objective)
 
     def check_sizes(self) -> None:
         """InputError unless ``1 <= P <= min(L, D)``."""
@@ -316,6 +297,16 @@ class MappingProblem:
     def type_speed_rank(self) -> np.ndarray:
         """Candidate devices' total model time on their type (smaller = faster)."""
         return self._time_prefix[self.device_type, -1]
+
+
+def objective_value_s(a: np.ndarray, m: int, objective: str) -> float:
+    """``max_k a_k`` (``"bottleneck"``) or ``sum_k a_k + (m-1) max_k a_k``
+    (``"iteration"``) of the stage times ``a`` (module docstring)."""
+    if objective == "bottleneck":
+        return float(a.max())
+    if objective == "iteration":
+        return float(a.sum() + (m - 1) * a.max())
+    raise InputError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
 
 
 def _check_objective(objective: str) -> None:
@@ -452,8 +443,8 @@ def make_result(problem: MappingProblem, order: Sequence[int], bounds: Sequence[
     """A :class:`MappingResult` of candidate indices ``order`` and ``bounds``,
     with every time re-evaluated exactly; ``kw`` fills the solver fields."""
     a = problem.stage_times_s(order, bounds)
-    bottleneck = float(a.max())
-    iteration = float(a.sum() + (problem.num_micro_batches - 1) * a.max())
+    bottleneck = objective_value_s(a, problem.num_micro_batches, "bottleneck")
+    iteration = objective_value_s(a, problem.num_micro_batches, "iteration")
     value = bottleneck if objective == "bottleneck" else iteration
     kw.setdefault("status", "OPTIMAL")
     kw.setdefault("best_bound_s", value)
@@ -832,15 +823,18 @@ def exhaustive_mapping(problem: MappingProblem, objective: str = "bottleneck") -
     L, P = problem.num_layers, problem.pp
     best = None
     seen = 0
+    s = np.arange(P)
     for order in itertools.permutations(range(problem.num_devices), P):
+        costs = problem.costs(order)
         for cut in itertools.combinations(range(1, L), P - 1):
             seen += 1
-            bounds = (0, *cut, L)
-            if not problem.fits(order, bounds):
+            bounds = np.array((0, *cut, L))
+            if not costs.split_fits(bounds):
                 continue
-            value = problem.objective_s(order, bounds, objective)
+            a = np.asarray(costs.sum_term(s, bounds[:-1], bounds[1:]), dtype=float)
+            value = objective_value_s(a, problem.num_micro_batches, objective)
             if best is None or value < best[0]:
-                best = (value, order, bounds)
+                best = (value, order, tuple(int(x) for x in bounds))
     if best is None:
         raise InfeasibleError(_no_fit_message(problem))
     return make_result(problem, best[1], best[2], objective, method="exhaustive", candidates=seen,
