@@ -21,9 +21,8 @@ scale_r)`` (the work spread over the ranks in proportion to their speed).
 Vectors are visited in increasing order of that bound; each order of a
 vector gets the exact split with the best time so far as its cutoff (a
 proof that it cannot beat it is usually the split search's root bound
-alone; the orders of a vector are split in order of the time of their
-starting splits, so the likely best come first), and the search stops when
-the next vector's bound is at least the best time: the result is then OPTIMAL over all orders and splits. A
+alone), and the search stops when the next vector's bound is at least the
+best time: the result is then OPTIMAL over all orders and splits. A
 deterministic count of orders (``max_orders``, never seconds) may stop it
 earlier; the result then says FEASIBLE with a proven lower bound: the least
 of the best time, the bound of the vector being visited (every order not yet
@@ -130,23 +129,6 @@ def rank_work_bound_s(costs: PipelineCosts, pp: int) -> float:
     return costs.num_micro_batches * work / float(np.sum(1.0 / scale))
 
 
-def _by_seed_time(classes, counts, costs_of, schedule: str, pp: int, vp: int, limit: int) -> list[tuple[int, ...]]:
-    """The first ``limit`` orders of a vector (plus one, to tell that more
-    are left), the ``limit`` sorted by the time of their best starting split
-    (:func:`pipesearch.split_search.exact_split` with ``seeds_only``; orders
-    with none that fits last, ties in enumeration order): the likely best
-    orders come first and give later split searches a tight cutoff."""
-    orders = list(itertools.islice(orders_of_vector(classes, counts), max(limit, 0) + 1))
-    head, rest = orders[:limit], orders[limit:]
-
-    def seed_time(order):
-        found = exact_split(costs_of(order), schedule, pp, vp, seeds_only=True)
-        return math.inf if found is None else found.iteration_time_s
-
-    times = [seed_time(o) for o in head] if len(head) > 1 else [0.0] * len(head)
-    return [o for _, _, o in sorted(zip(times, range(len(head)), head))] + rest
-
-
 def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
                schedule: str, pp: int, vp: int = 1, *, max_orders: int = MAX_ORDERS,
                cutoff_s: float = math.inf) -> OrderSearch | None:
@@ -180,7 +162,7 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
         if bound >= (best[0] if best is not None else cutoff_s):
             cut_short = True
             break
-        for order in _by_seed_time(classes, n, costs_of, schedule, pp, vp, max_orders - evaluated):
+        for order in orders_of_vector(classes, n):
             if evaluated >= max_orders:
                 stopped_at = bound
                 break
