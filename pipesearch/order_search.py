@@ -43,7 +43,7 @@ from .costs import PipelineCosts
 from .split_search import ExactSplit, any_split_fits, exact_split
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
-MAX_ORDERS = 2_000
+MAX_ORDERS = 200
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,26 @@ def rank_work_bound_s(costs: PipelineCosts, pp: int) -> float:
     return costs.num_micro_batches * work / float(np.sum(1.0 / scale))
 
 
+def canonical(order: Sequence[int], classes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """``order`` with the slots it uses of each class reassigned in
+    increasing order of rank (the representative :func:`orders_of_vector`
+    yields; same costs, since members of a class are interchangeable)."""
+    out = list(order)
+    for members in classes:
+        ranks = [r for r, x in enumerate(order) if x in set(members)]
+        for r, x in zip(ranks, members):
+            out[r] = x
+    return tuple(out)
+
+
+def total_orders(classes: Sequence[Sequence[int]], pp: int) -> int:
+    """Orders of ``pp`` ranks up to swaps inside a class."""
+    return sum(count_orders(n) for n in count_vectors([len(c) for c in classes], pp))
+
+
 def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
                schedule: str, pp: int, vp: int = 1, *, max_orders: int = MAX_ORDERS,
-               cutoff_s: float = math.inf) -> OrderSearch | None:
+               cutoff_s: float = math.inf, first: Sequence[Sequence[int]] = ()) -> OrderSearch | None:
     """The order of ``pp`` ranks over the slots of ``classes`` and its split
     with the least simulated time (module docstring).
 
@@ -144,6 +161,10 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
         max_orders: orders whose exact split may run (deterministic).
         cutoff_s: only orders faster than this matter (a search's current
             best plans): every order's split search starts from it.
+        first: orders to split before the enumeration (e.g. the closed-form
+            optimum of :mod:`pipesearch.class_dp`), counted in
+            ``max_orders``: a good first incumbent when the orders are too
+            many to visit; the result is never slower than these.
 
     Returns:
         An :class:`OrderSearch`, or None when no order has a split that fits
@@ -158,11 +179,14 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     best: tuple[float, tuple[int, ...], ExactSplit] | None = None
     fitting: tuple[tuple[int, ...], ExactSplit] | None = None  # the first order that fits
     unproven, evaluated, stopped_at, cut_short = math.inf, 0, None, False
-    for bound, n in bounds:
-        if bound >= (best[0] if best is not None else cutoff_s):
+    tried = list(dict.fromkeys(canonical(o, classes) for o in first))[:max_orders]
+    for bound, n in [(None, None)] + bounds:
+        if bound is not None and bound >= (best[0] if best is not None else cutoff_s):
             cut_short = True
             break
-        for order in orders_of_vector(classes, n):
+        for order in (tried if n is None else orders_of_vector(classes, n)):
+            if n is not None and order in tried:
+                continue
             if evaluated >= max_orders:
                 stopped_at = bound
                 break

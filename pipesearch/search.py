@@ -389,9 +389,11 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
     (OPTIMAL, or bound and gap under its deterministic count of orders), per
     point (micro-batching, schedule, vp), from the search's cutoff
     (``ctx["cutoff_s"]``; when no order beats it, the first that fits, which
-    the exact split then prunes). The status, bound and gap go into the
-    plan's options. None when no order fits in memory."""
-    from .order_search import best_order
+    the exact split then prunes); when the orders exceed its count, the
+    closed-form optimum of :func:`_closed_form_order` is split first, so the
+    result is never slower than that order's exact split. The status, bound
+    and gap go into the plan's options. None when no order fits in memory."""
+    from .order_search import MAX_ORDERS, best_order, total_orders
 
     key = _mapped_key(variant, row)
     if key not in ctx:
@@ -401,8 +403,10 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
             named = dict(row, placement=SLOTS_PREFIX + ",".join(map(str, order)))
             return _point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"], None, None, ctx)[1]
 
-        found = best_order(slot_classes(cluster, variant.tp, precision), costs_of, row["schedule"], row["pp"],
-                           row["vp"], cutoff_s=ctx.get("cutoff_s", math.inf))
+        classes = slot_classes(cluster, variant.tp, precision)
+        first = _closed_form_order(cluster, variant, row, ctx) if total_orders(classes, row["pp"]) > MAX_ORDERS else ()
+        found = best_order(classes, costs_of, row["schedule"], row["pp"], row["vp"],
+                           cutoff_s=ctx.get("cutoff_s", math.inf), first=first)
         heads = None if found is None else layout(cluster, row["pp"], 1, variant.tp, SLOTS_PREFIX + ",".join(
             map(str, found.order)), precision)
         ctx[key] = (heads, None if found is None else {
@@ -410,6 +414,29 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
             "best_bound_s": found.best_bound_s, "gap": found.gap, "orders_evaluated": found.orders_evaluated,
             "orders_total": found.orders_total})
     return ctx[key][0]
+
+
+def _closed_form_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> tuple:
+    """The slots of the order :func:`pipesearch.ilp.map_pipeline` chooses for
+    the closed-form 1F1B objective (once per variant and pp, at the first
+    micro-batching asked), as the order search's first order when its orders
+    are too many to visit; empty when none fits."""
+    from .ilp import map_pipeline
+
+    key = ("closed-form", id(variant), row["pp"])
+    if key not in ctx:
+        heads = slot_heads(cluster, variant.tp, profile_precision(variant.profile))
+        try:
+            result = map_pipeline(variant.profile, cluster, ctx["job"], pp=row["pp"],
+                                  micro_batch_size=row["micro_batch_size"],
+                                  num_micro_batches=row["num_micro_batches"], schedule="1f1b",
+                                  objective="iteration", profiled_device=ctx["profiled_device"],
+                                  devices=heads, max_deterministic_time=ctx["time_limit_s"])
+            pos = {int(h): k for k, h in enumerate(heads)}
+            ctx[key] = (tuple(pos[d] for d in result.devices),)
+        except InfeasibleError:
+            ctx[key] = ()
+    return ctx[key]
 
 
 def _mapped_key(variant: ModelVariant, row: dict) -> tuple:

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pipesearch.costs import build_pipeline_costs
-from pipesearch.order_search import best_order, count_orders, count_vectors, orders_of_vector, rank_work_bound_s
+from pipesearch.order_search import (best_order, canonical, count_orders, count_vectors, orders_of_vector,
+                                     rank_work_bound_s)
 from pipesearch.placement import slot_classes, slot_heads
 from pipesearch.search import ModelVariant, SearchOptions, schedule_in_flight, search
 from pipesearch.split_search import any_split_fits
@@ -226,3 +227,27 @@ def test_any_split_fits_misses_a_fitting_split():
                        in_flight=[1, 1, 1])
     assert costs.split_fits((0, 1, 2, 4))
     assert any_split_fits(costs)
+
+
+def test_first_orders_are_split_first_and_kept():
+    """The instance of test_count_limit_reports_a_valid_bound: with the
+    brute-force optimum's order given first and max_orders = 1, that order
+    is the one split, so the result has the optimum's time; an order given
+    with its slots of one class swapped is the same order (canonical)."""
+    specs = [_spec("a", 300, 1000), _spec("b", 100, 1000), _spec("c", 60, 1000)]
+    cluster = Cluster("r", tuple(DeviceGroup(s, 1, 1) for s in specs), *LINKS)
+    prof = _profile([1e-3, 3e-3, 2e-3, 1e-3, 2e-3, 4e-3], [1e8] * 6, [0.0] * 6, [0.0] * 6)
+    job = Job(global_batch_size=4, memory_reserve_bytes=0)
+    costs_of = _point(prof, cluster, job, 1, 3, 4, "1f1b", 1)
+    times = {order: min(simulate_times("1f1b", 3, 4, 1, costs_of(order).stage_times((0, *cut, 6)))[0]
+                        for cut in itertools.combinations(range(1, 6), 2))
+             for order in itertools.permutations(range(3))}
+    best = min(times, key=times.get)
+    worst = max(times, key=times.get)
+    found = best_order(slot_classes(cluster, 1), costs_of, "1f1b", 3, max_orders=1, first=[best])
+    assert found.order == best and found.iteration_time_s == pytest.approx(times[best], rel=1e-12)
+    assert found.orders_evaluated == 1
+    slow = best_order(slot_classes(cluster, 1), costs_of, "1f1b", 3, max_orders=1, first=[worst])
+    assert slow.order == worst and slow.status == "FEASIBLE"
+    assert canonical((3, 0, 1), [[0, 1], [3]]) == (3, 0, 1)
+    assert canonical((1, 3, 0), [[0, 1], [3]]) == (0, 3, 1)
