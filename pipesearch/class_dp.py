@@ -1,6 +1,6 @@
 """Exact split + device mapping by dynamic programming over device classes.
 
-Devices of one class (:func:`pipesearch.mapping.device_classes`: same type,
+Devices of one class (:func:`pipesearch.device_orders.device_classes`: same type,
 capacity and links; on a cluster, the devices of one node) are
 interchangeable, so a mapping is fixed by the *class* of every stage and the
 split. The DP runs over states ``(n, c, j)``: ``n`` the devices used of each
@@ -43,7 +43,8 @@ import time
 import numpy as np
 
 from .errors import InfeasibleError, InputError, PipesearchError
-from .mapping import MappingProblem, MappingResult, _check_objective, _no_fit_message, device_classes, make_result
+from .device_orders import device_classes
+from .mapping import MappingProblem, MappingResult, _check_objective, _no_fit_message, make_result
 
 #: count vectors above which :func:`class_dp_applies` declines (the DP's size)
 MAX_COUNT_VECTORS = 20_000
