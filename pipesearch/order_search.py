@@ -43,7 +43,7 @@ from .costs import PipelineCosts
 from .split_search import ExactSplit, any_split_fits, exact_split
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
-MAX_ORDERS = 64
+MAX_ORDERS = 100
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,8 @@ def _point(prof, cluster, job, tp, pp, m, schedule, vp):
 def _brute_force(costs_of, num_slots: int, L: int, pp: int, m: int, schedule: str, vp: int):
     """Least simulated time over every ordered choice of pp distinct slots
     (no symmetry reduction) and every split that fits; None when none fits.
+    Checks on the way that the rank-work bound of every order is at most
+    the simulated time of every split of it.
     Skips (hypothesis.assume) instances where split_search.any_split_fits
     refuses an order that has a fitting split (see
     test_any_split_fits_misses_a_fitting_split)."""
@@ -63,12 +65,14 @@ def _brute_force(costs_of, num_slots: int, L: int, pp: int, m: int, schedule: st
     for order in itertools.permutations(range(num_slots), pp):
         costs = costs_of(order)
         fitting = False
+        bound = rank_work_bound_s(costs, pp)
         for cut in itertools.combinations(range(1, L), S - 1):
             bounds = (0, *cut, L)
+            t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(bounds))
+            assert bound <= t * (1 + 1e-12), (order, bounds)  # the vector bound holds for every split
             if not costs.split_fits(bounds):
                 continue
             fitting = True
-            t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(bounds))
             if best is None or t < best:
                 best = t
         assume(any_split_fits(costs) == fitting)
