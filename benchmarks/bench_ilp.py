@@ -36,7 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from pipesearch.ilp import solve_mapping  # noqa: E402
-from pipesearch.mapping import count_orders, problem_from_profile  # noqa: E402
+from pipesearch.device_orders import count_orders  # noqa: E402
+from pipesearch.mapping import problem_from_profile  # noqa: E402
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Layer, Link, ModelProfile  # noqa: E402
 
 GB = 1e9

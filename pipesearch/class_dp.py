@@ -1,6 +1,6 @@
 """Exact split + device mapping by dynamic programming over device classes.
 
-Devices of one class (:func:`pipesearch.mapping.device_classes`: same type,
+Devices of one class (:func:`pipesearch.device_orders.device_classes`: same type,
 capacity and links; on a cluster, the devices of one node) are
 interchangeable, so a mapping is fixed by the *class* of every stage and the
 split. The DP runs over states ``(n, c, j)``: ``n`` the devices used of each
@@ -43,7 +43,8 @@ import time
 import numpy as np
 
 from .errors import InfeasibleError, InputError, PipesearchError
-from .mapping import MappingProblem, MappingResult, _check_objective, _no_fit_message, device_classes, make_result
+from .device_orders import device_classes
+from .mapping import MappingProblem, MappingResult, _check_objective, _no_fit_message, make_result
 
 #: count vectors above which :func:`class_dp_applies` declines (the DP's size)
 MAX_COUNT_VECTORS = 20_000
@@ -84,6 +85,15 @@ class _Tables:
         self.act = a[None, :] - a[:, None]
         self.cap = problem.capacity_bytes[rep]
         self.in_flight = problem.in_flight
+
+    def times_of(self, seq: list[int], bounds) -> np.ndarray:
+        """``a_k`` of a solution (classes ``seq``, boundaries ``bounds``) in
+        the tables' own arithmetic, which the passes' limits compare with
+        (the result is re-evaluated by :meth:`MappingProblem.stage_times_s`)."""
+        C, P = len(self.classes), len(seq)
+        nxt = list(seq[1:]) + [C]
+        return np.array([self.comp[seq[k], bounds[k], bounds[k + 1]] + self.p2p[seq[k], nxt[k], bounds[k + 1]]
+                         for k in range(P)])
 
     def stage_times(self, k: int, limit: float) -> np.ndarray:
         """``(C, C+1, L+1, L+1)``: ``a`` of stage ``k`` on class ``c`` over
@@ -195,7 +205,7 @@ def class_dp_mapping(problem: MappingProblem, objective: str = "iteration") -> M
         best = None
         for seed in (first, bott):  # both are solutions: start from the better one
             order = _devices(tab, seed[1])
-            a = problem.stage_times_s(order, seed[2])
+            a = tab.times_of(seed[1], seed[2])
             value = float(a.sum() + (m - 1) * a.max())
             if best is None or value < best[0]:
                 best = (value, order, seed[2])
@@ -206,7 +216,7 @@ def class_dp_mapping(problem: MappingProblem, objective: str = "iteration") -> M
                 break  # every solution left has sum >= found[0] and max >= m_star
             passes += 1
             order = _devices(tab, found[1])
-            a = problem.stage_times_s(order, found[2])
+            a = tab.times_of(found[1], found[2])
             if not a.max() <= limit:  # pragma: no cover - the DP's tables disagree with the problem
                 raise PipesearchError(f"class DP: stage time {a.max()} above the pass limit {limit}")
             value = float(a.sum() + (m - 1) * a.max())

@@ -38,7 +38,7 @@ Model (``T`` types, ``Q`` link classes = distinct (bandwidth, latency) pairs)
   static[l] + in_flight[k] * act[l]`` (bytes; the in-flight count of stage
   ``k``, e.g. 1F1B's ``min(m, P-k)``; ``act = 0`` for a per-layer constant).
 * symmetry breaking: inside a class of interchangeable devices
-  (:func:`pipesearch.mapping.device_classes`: same type, capacity and links)
+  (:func:`pipesearch.device_orders.device_classes`: same type, capacity and links)
   a device is used only if the previous one is, and on a later stage.
 * ``B``'s domain starts at the fluid bound (:func:`fluid_lower_bound_s`: the
   work spread over the ``P`` fastest devices as if layers were divisible),
@@ -104,15 +104,13 @@ from ortools.sat.python import cp_model
 
 from .class_dp import class_dp_applies, class_dp_mapping
 from .errors import InfeasibleError, InputError, PipesearchError
+from .device_orders import canonical_order, count_orders, device_classes
 from .mapping import (
     OBJECTIVES,
     MappingProblem,
     MappingResult,
     _no_fit_message,
     best_split_for_order,
-    canonical_order,
-    count_orders,
-    device_classes,
     greedy_mapping,
     make_result,
     order_enumeration_mapping,

@@ -25,9 +25,13 @@ Two objectives:
 * ``"iteration"``: pipesearch's analytic iteration time (:mod:`pipesearch.costs`)
   ``sum_k a_k + (m-1) max_k a_k`` (``dp = 1``: no all-reduce term).
 
-This module solves it exactly by enumerating device orders (up to device
-symmetry) and running the exact split DP of :mod:`pipesearch.partition` on each
-order (:func:`order_enumeration_mapping`), or by brute force over orders and
+A solution is evaluated through the :class:`pipesearch.costs.PipelineCosts`
+of its order (:func:`costs_for_order`, :meth:`MappingProblem.costs`): the
+one definition of these terms. This module solves it exactly by
+enumerating device orders (up to device symmetry,
+:mod:`pipesearch.device_orders`) and running the exact split DP of
+:mod:`pipesearch.partition` on each order (:func:`order_enumeration_mapping`),
+or by brute force over orders and
 splits (:func:`exhaustive_mapping`, the test reference). Both are exponential
 in ``P``; :func:`pipesearch.ilp.solve_mapping` is the CP-SAT model for large
 instances. Metis (Um et al., ATC'24) and AMP (Li et al., NeurIPS'22) search
@@ -40,14 +44,15 @@ With ``dp`` replicas every stage runs on a *replica group* of ``dp`` devices
 its capacity the smallest replica's, its boundary link the slowest pair, plus
 the all-reduce term of :func:`pipesearch.costs.allreduce_model`.
 :func:`pipesearch.placement.placement_candidates` lists placements
-(pipeline-major and data-major over the slots, fastest type first); :func:`evaluate_placement`
+(pipeline-major and data-major over the slots, fastest type first);
+:func:`pipesearch.placement_scores.evaluate_placement`
 scores one exactly with :func:`pipesearch.partition.optimal_split` and the
-per-type times, :func:`best_placement` keeps the fastest. To let CP-SAT choose
+per-type times, :func:`pipesearch.placement_scores.best_placement` keeps the fastest. To let CP-SAT choose
 the groups' order too, make each replica group one device of a
 :class:`MappingProblem` (its slowest type, smallest capacity, slowest link to
 each other group); the all-reduce term ``r_k`` is then missing from the model
 (exact for the bottleneck objective, which ignores it) and is added back by
-re-scoring the chosen order with :func:`evaluate_placement`. Adding ``r_k`` to
+re-scoring the chosen order with :func:`pipesearch.placement_scores.evaluate_placement`. Adding ``r_k`` to
 the model is linear once the group is fixed (one enforced constraint per
 group class), not done yet.
 
@@ -70,26 +75,26 @@ precision and the profile's times are from a mixed-precision run.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .costs import (PipelineCosts, build_pipeline_costs, device_rate_flops, in_flight_micro_batches,
-                    profile_precision, state_bytes_per_param)
+from .costs import PipelineCosts, device_rate_flops, in_flight_micro_batches, profile_precision, state_bytes_per_param
+from .device_orders import count_orders, device_orders
+from .errors import InfeasibleError, InputError
+from .memory import usable_memory_bytes
+from .partition import min_max_split, optimal_split
 from .placement import class_links, link_class
-from .placement import placement_candidates  # noqa: F401  (layouts have one home: pipesearch.placement)
+from .types import Cluster, DeviceSpec, Job, ModelProfile
+
+OBJECTIVES = ("bottleneck", "iteration")
 
 
 # --------------------------------------------------------------------------- #
 # layer times per device type
-from .errors import InfeasibleError, InputError
-from .memory import usable_memory_bytes
-from .partition import SplitResult, min_max_split, optimal_split
-from .types import Cluster, DeviceSpec, Job, ModelProfile
 
-OBJECTIVES = ("bottleneck", "iteration")
+
 def _reference_device(profile: ModelProfile, profiled_device: DeviceSpec | None) -> DeviceSpec | None:
     if profiled_device is not None:
         return profiled_device
@@ -265,45 +270,26 @@ class MappingProblem:
     def pp(self) -> int:
         return len(self.in_flight)
 
-    # -- exact evaluation of one solution (floating point)
-    def compute_s(self, device: int, i: int, j: int) -> float:
-        """Fwd+bwd seconds of layers ``[i, j)`` on candidate ``device``."""
-        p = self._time_prefix[self.device_type[device]]
-        return float(p[j] - p[i])
-
-    def p2p_s(self, a: int, b: int, j: int) -> float:
-        """Forward activation + backward gradient seconds over the boundary
-        after layer ``j - 1`` from candidate ``a`` to ``b``."""
-        bw = self.link_bandwidth_bytes_per_s[a, b]
-        return 2.0 * (float(self.link_latency_s[a, b]) + float(self.output_bytes[j - 1]) / bw)
-
-    def memory_bytes(self, k: int, i: int, j: int) -> float:
-        """Peak bytes of stage ``k`` holding ``[i, j)``."""
-        return float(self._static_prefix[j] - self._static_prefix[i]
-                     + self.in_flight[k] * (self._act_prefix[j] - self._act_prefix[i]))
+    # -- exact evaluation of one solution: through the PipelineCosts of its
+    #    order (costs_for_order), the one definition of compute, p2p, memory
+    #    and fits (pipesearch.costs)
+    def costs(self, order: Sequence[int]) -> PipelineCosts:
+        """The :class:`pipesearch.costs.PipelineCosts` of stage ``k`` on
+        candidate ``order[k]`` (:func:`costs_for_order`)."""
+        return costs_for_order(self, order)
 
     def stage_times_s(self, order: Sequence[int], bounds: Sequence[int]) -> np.ndarray:
-        """``a_k`` (compute + outgoing p2p) of every stage, seconds."""
-        P = self.pp
-        a = np.empty(P)
-        for k in range(P):
-            i, j = bounds[k], bounds[k + 1]
-            a[k] = self.compute_s(order[k], i, j)
-            if k < P - 1:
-                a[k] += self.p2p_s(order[k], order[k + 1], j)
-        return a
+        """``a_k`` (compute + outgoing p2p) of every stage, seconds:
+        :meth:`PipelineCosts.sum_term` of the order's costs."""
+        s, b = np.arange(self.pp), np.asarray(bounds)
+        return np.asarray(self.costs(order).sum_term(s, b[:-1], b[1:]), dtype=float)
 
     def fits(self, order: Sequence[int], bounds: Sequence[int]) -> bool:
-        return all(self.memory_bytes(k, bounds[k], bounds[k + 1]) <= self.capacity_bytes[order[k]]
-                   for k in range(self.pp))
+        """:meth:`PipelineCosts.split_fits` of the order's costs."""
+        return self.costs(order).split_fits(bounds)
 
     def objective_s(self, order: Sequence[int], bounds: Sequence[int], objective: str) -> float:
-        a = self.stage_times_s(order, bounds)
-        if objective == "bottleneck":
-            return float(a.max())
-        if objective == "iteration":
-            return float(a.sum() + (self.num_micro_batches - 1) * a.max())
-        raise InputError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+        return objective_value_s(self.stage_times_s(order, bounds), self.num_micro_batches, objective)
 
     def check_sizes(self) -> None:
         """InputError unless ``1 <= P <= min(L, D)``."""
@@ -316,6 +302,16 @@ class MappingProblem:
     def type_speed_rank(self) -> np.ndarray:
         """Candidate devices' total model time on their type (smaller = faster)."""
         return self._time_prefix[self.device_type, -1]
+
+
+def objective_value_s(a: np.ndarray, m: int, objective: str) -> float:
+    """``max_k a_k`` (``"bottleneck"``) or ``sum_k a_k + (m-1) max_k a_k``
+    (``"iteration"``) of the stage times ``a`` (module docstring)."""
+    if objective == "bottleneck":
+        return float(a.max())
+    if objective == "iteration":
+        return float(a.sum() + (m - 1) * a.max())
+    raise InputError(f"objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
 
 
 def _check_objective(objective: str) -> None:
@@ -452,8 +448,8 @@ def make_result(problem: MappingProblem, order: Sequence[int], bounds: Sequence[
     """A :class:`MappingResult` of candidate indices ``order`` and ``bounds``,
     with every time re-evaluated exactly; ``kw`` fills the solver fields."""
     a = problem.stage_times_s(order, bounds)
-    bottleneck = float(a.max())
-    iteration = float(a.sum() + (problem.num_micro_batches - 1) * a.max())
+    bottleneck = objective_value_s(a, problem.num_micro_batches, "bottleneck")
+    iteration = objective_value_s(a, problem.num_micro_batches, "iteration")
     value = bottleneck if objective == "bottleneck" else iteration
     kw.setdefault("status", "OPTIMAL")
     kw.setdefault("best_bound_s", value)
@@ -600,148 +596,7 @@ def best_split_for_order(problem: MappingProblem, order: Sequence[int], objectiv
 
 
 # --------------------------------------------------------------------------- #
-# device orders
-
-
-def device_classes(problem: MappingProblem, devices: Sequence[int] | None = None) -> list[list[int]]:
-    """Groups of interchangeable candidates, each sorted.
-
-    ``a`` and ``b`` are interchangeable when swapping them maps the problem to
-    itself: same type and capacity, the same links to and from every other
-    device, and a symmetric link between them. Swaps compose, so the classes
-    are exact symmetry classes of the problem.
-    """
-    devs = list(range(problem.num_devices)) if devices is None else list(devices)
-    bw, lat = problem.link_bandwidth_bytes_per_s, problem.link_latency_s
-
-    def same(a: int, b: int) -> bool:
-        if problem.device_type[a] != problem.device_type[b] or problem.capacity_bytes[a] != problem.capacity_bytes[b]:
-            return False
-        if bw[a, b] != bw[b, a] or lat[a, b] != lat[b, a]:
-            return False
-        others = [c for c in range(problem.num_devices) if c not in (a, b)]
-        return (np.array_equal(bw[a, others], bw[b, others]) and np.array_equal(bw[others, a], bw[others, b])
-                and np.array_equal(lat[a, others], lat[b, others])
-                and np.array_equal(lat[others, a], lat[others, b]))
-
-    classes: list[list[int]] = []
-    for d in devs:
-        for cls in classes:
-            if same(cls[0], d):
-                cls.append(d)
-                break
-        else:
-            classes.append([d])
-    return [sorted(c) for c in classes]
-
-
-def _cluster_classes(cluster: Cluster, devices: Sequence[int]) -> list[list[int]]:
-    """Devices of a cluster grouped by (group, node): interchangeable, since
-    :meth:`Cluster.link` depends only on group and node equality."""
-    classes: dict[tuple[int, int], list[int]] = {}
-    for d in devices:
-        classes.setdefault((cluster.group_of(d), cluster.node_of(d)), []).append(int(d))
-    return [sorted(v) for v in classes.values()]
-
-
-def device_orders(
-    source: Cluster | MappingProblem,
-    pp: int,
-    devices: Sequence[int] | None = None,
-    *,
-    reduce_symmetry: bool = True,
-) -> Iterator[tuple[int, ...]]:
-    """All ordered choices of ``pp`` distinct devices.
-
-    Args:
-        source: a :class:`Cluster` (orders of cluster ids) or a
-            :class:`MappingProblem` (orders of candidate indices).
-        devices: the devices to choose from (default: all).
-        reduce_symmetry: yield one order per class of equivalent orders: within
-            a class of interchangeable devices (:func:`device_classes`; for a
-            cluster, the devices of one node) devices are used in increasing
-            order. Exact for any objective of :mod:`pipesearch.mapping`.
-
-    Yields:
-        tuples of ``pp`` device ids.
-    """
-    if isinstance(source, Cluster):
-        devs = list(range(source.num_devices)) if devices is None else [int(d) for d in devices]
-        classes = _cluster_classes(source, devs) if reduce_symmetry else [[d] for d in devs]
-    else:
-        devs = list(range(source.num_devices)) if devices is None else [int(d) for d in devices]
-        classes = device_classes(source, devs) if reduce_symmetry else [[d] for d in devs]
-    if pp > len(devs):
-        return
-    used = [0] * len(classes)
-    seq: list[int] = []
-
-    def rec():
-        if len(seq) == pp:
-            yield tuple(seq)
-            return
-        for c, members in enumerate(classes):
-            if used[c] < len(members):
-                seq.append(members[used[c]])
-                used[c] += 1
-                yield from rec()
-                used[c] -= 1
-                seq.pop()
-
-    yield from rec()
-
-
-def count_orders(source: Cluster | MappingProblem, pp: int, devices: Sequence[int] | None = None) -> int:
-    """Number of orders :func:`device_orders` yields with symmetry reduction
-    (a multinomial sum over class counts; no enumeration)."""
-    if isinstance(source, Cluster):
-        devs = list(range(source.num_devices)) if devices is None else list(devices)
-        sizes = [len(c) for c in _cluster_classes(source, devs)]
-    else:
-        sizes = [len(c) for c in device_classes(source, devices)]
-    # number of sequences of length pp using class c at most sizes[c] times:
-    # pp! * [x^pp] prod_c sum_{i<=s_c} x^i / i!
-    poly = [1.0]
-    for s in sizes:
-        term = [1.0 / math.factorial(i) for i in range(s + 1)]
-        new = [0.0] * min(len(poly) + s, pp + 1)
-        for a, pa in enumerate(poly):
-            for b, tb in enumerate(term):
-                if a + b <= pp:
-                    new[a + b] += pa * tb
-        poly = new
-    return int(round(poly[pp] * math.factorial(pp))) if pp < len(poly) else 0
-
-
-def canonical_order(problem: MappingProblem, order: Sequence[int]) -> tuple[int, ...]:
-    """The representative of ``order`` under device symmetry: within each class
-    of :func:`device_classes`, the used devices are reassigned in increasing
-    order of stage. Same objective and feasibility as ``order``."""
-    out = list(order)
-    for cls in device_classes(problem):
-        members = set(cls)
-        stages = [k for k, d in enumerate(order) if d in members]
-        for k, d in zip(stages, cls):
-            out[k] = d
-    return tuple(out)
-
-
-def node_crossings(problem_or_cluster, order: Sequence[int]) -> int:
-    """How many consecutive stages sit on different nodes (``order`` holds
-    cluster ids for a cluster, candidate indices for a problem)."""
-    if isinstance(problem_or_cluster, Cluster):
-        node = problem_or_cluster.node_of
-    else:
-        node = problem_or_cluster.node_of.__getitem__
-    return sum(1 for a, b in zip(order, order[1:]) if node(a) != node(b))
-
-
-def topology_order(cluster: Cluster, devices: Sequence[int] | None = None) -> tuple[int, ...]:
-    """Devices sorted so that each node's devices are consecutive (by group,
-    node, id). On a homogeneous cluster a pipeline over this order crosses
-    the inter-node link ``(#nodes it spans) - 1`` times, the fewest possible."""
-    devs = list(range(cluster.num_devices)) if devices is None else [int(d) for d in devices]
-    return tuple(sorted(devs, key=lambda d: (cluster.group_of(d), cluster.node_of(d), d)))
+# heuristic orders
 
 
 def greedy_orders(problem: MappingProblem) -> list[tuple[int, ...]]:
@@ -832,15 +687,18 @@ def exhaustive_mapping(problem: MappingProblem, objective: str = "bottleneck") -
     L, P = problem.num_layers, problem.pp
     best = None
     seen = 0
+    s = np.arange(P)
     for order in itertools.permutations(range(problem.num_devices), P):
+        costs = problem.costs(order)
         for cut in itertools.combinations(range(1, L), P - 1):
             seen += 1
-            bounds = (0, *cut, L)
-            if not problem.fits(order, bounds):
+            bounds = np.array((0, *cut, L))
+            if not costs.split_fits(bounds):
                 continue
-            value = problem.objective_s(order, bounds, objective)
+            a = np.asarray(costs.sum_term(s, bounds[:-1], bounds[1:]), dtype=float)
+            value = objective_value_s(a, problem.num_micro_batches, objective)
             if best is None or value < best[0]:
-                best = (value, order, bounds)
+                best = (value, order, tuple(int(x) for x in bounds))
     if best is None:
         raise InfeasibleError(_no_fit_message(problem))
     return make_result(problem, best[1], best[2], objective, method="exhaustive", candidates=seen,
@@ -858,78 +716,3 @@ def _no_fit_message(problem: MappingProblem) -> str:
         f"{problem.pp} largest devices hold {caps.sum() / 2**30:.2f} GiB in all; use more stages, "
         f"smaller micro-batches, recomputation or larger devices"
     )
-
-
-# --------------------------------------------------------------------------- #
-# placements of (pp, dp) on a cluster
-
-
-def evaluate_placement(
-    profile: ModelProfile,
-    cluster: Cluster,
-    job: Job,
-    placement: np.ndarray,
-    *,
-    micro_batch_size: int,
-    num_micro_batches: int,
-    schedule: str = "1f1b",
-    layer_times: Mapping[str, Sequence[float]] | None = None,
-    profiled_device: DeviceSpec | None = None,
-    precision: str = "auto",
-) -> tuple[PipelineCosts, SplitResult | None]:
-    """Cost terms and exact split of one ``(pp, dp)`` placement.
-
-    :func:`pipesearch.costs.build_pipeline_costs` with per-type layer times
-    (:func:`scale_layer_times`): a stage's time per layer is the slowest of its
-    replicas' types and its capacity the smallest replica's (synchronous data
-    parallelism waits for the slowest replica). Returns ``(costs, split)``;
-    split is None when nothing fits.
-    """
-    pp, dp = placement.shape
-    costs = build_pipeline_costs(profile, cluster, job, pp=pp, dp=dp, micro_batch_size=micro_batch_size,
-                                 num_micro_batches=num_micro_batches, schedule=schedule,
-                                 placement=np.asarray(placement), profiled_device=None)
-    specs = {cluster.device_spec(int(d)).name: cluster.device_spec(int(d)) for d in np.ravel(placement)}
-    times = scale_layer_times(profile, specs.values(), layer_times, profiled_device=profiled_device,
-                              precision=precision)
-    rows = np.array([np.max([times[cluster.device_spec(int(d)).name] for d in placement[s]], axis=0)
-                     for s in range(pp)]) * profile.time_ratio_at(micro_batch_size)
-    caps = usable_memory_bytes(job, np.array([min(cluster.device_spec(int(d)).memory_bytes for d in placement[s])
-                                              for s in range(pp)])) - costs.fixed_bytes(np.arange(pp))
-    costs = with_stage_times(replace(costs, capacity_bytes=caps), rows)
-    return costs, optimal_split(costs)
-
-
-def best_placement(
-    profile: ModelProfile,
-    cluster: Cluster,
-    job: Job,
-    *,
-    pp: int,
-    dp: int,
-    micro_batch_size: int,
-    num_micro_batches: int,
-    schedule: str = "1f1b",
-    layer_times: Mapping[str, Sequence[float]] | None = None,
-    profiled_device: DeviceSpec | None = None,
-    precision: str = "auto",
-) -> list[tuple[str, np.ndarray, float]]:
-    """Every candidate of :func:`placement_candidates` scored by the cost model
-    (:func:`evaluate_placement`), fastest first: ``(name, placement,
-    iteration_time_s)``; ``inf`` for a placement where nothing fits.
-
-    Raises:
-        InfeasibleError: no placement fits.
-    """
-    scored = []
-    for name, placement in placement_candidates(cluster, pp, dp):
-        _, split = evaluate_placement(profile, cluster, job, placement, micro_batch_size=micro_batch_size,
-                                      num_micro_batches=num_micro_batches, schedule=schedule,
-                                      layer_times=layer_times, profiled_device=profiled_device,
-                                      precision=precision)
-        scored.append((name, placement, split.iteration_time_s if split else float("inf")))
-    scored.sort(key=lambda x: x[2])
-    if not np.isfinite(scored[0][2]):
-        raise InfeasibleError(f"{profile.name!r} with pp={pp}, dp={dp}, micro-batch {micro_batch_size}: no "
-                              f"placement on {cluster.name!r} fits in memory")
-    return scored

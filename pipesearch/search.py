@@ -35,6 +35,7 @@ from . import schedules as schedule_lib
 from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
 from .placement import (check_layout, count_layouts, group_ids, layout, layout_names, memory_bytes_of, num_slots,
                         placement_candidates, placement_links, reference_device, slot_heads)
+from .placement import SLOTS_PREFIX, slot_classes
 from .errors import InfeasibleError, InputError
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
@@ -528,20 +529,46 @@ def placement_array(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dic
 
 def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray | None:
     """Device order of one pipeline on a mixed cluster over its tensor-parallel
-    slots (:func:`pipesearch.placement.slot_heads`), chosen once per
-    (variant, pp) by :func:`pipesearch.ilp.map_pipeline` for the 1F1B
-    iteration-time objective at the first micro-batching evaluated (the
-    schedule changes only the in-flight memory): exact by the device-class DP
-    when its size allows, else order enumeration or CP-SAT under a
-    deterministic work limit. The solver's status, bound and gap go into the
-    plan's options. None when no order fits in memory at this micro-batching
-    (then the next micro-batching of the same pp tries again)."""
+    slots: :func:`pipesearch.order_search.best_order`, the order and split of
+    least simulated time over every order of slots up to swaps inside a node
+    (OPTIMAL, or bound and gap under its deterministic count of orders), per
+    point (micro-batching, schedule, vp), from the search's cutoff
+    (``ctx["cutoff_s"]``; when no order beats it, the first that fits, which
+    the exact split then prunes); when the orders exceed its count, the
+    closed-form optimum of :func:`_closed_form_order` is split first, so the
+    result is never slower than that order's exact split. The status, bound
+    and gap go into the plan's options. None when no order fits in memory."""
+    from .order_search import MAX_ORDERS, best_order, total_orders
+
+    key = _mapped_key(variant, row)
+    if key not in ctx:
+        precision = profile_precision(variant.profile)
+
+        def costs_of(order):
+            named = dict(row, placement=SLOTS_PREFIX + ",".join(map(str, order)))
+            return _point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"], None, None, ctx)[1]
+
+        classes = slot_classes(cluster, variant.tp, precision)
+        first = _closed_form_order(cluster, variant, row, ctx) if total_orders(classes, row["pp"]) > MAX_ORDERS else ()
+        found = best_order(classes, costs_of, row["schedule"], row["pp"], row["vp"],
+                           cutoff_s=ctx.get("cutoff_s", math.inf), first=first)
+        heads = None if found is None else layout(cluster, row["pp"], 1, variant.tp, SLOTS_PREFIX + ",".join(
+            map(str, found.order)), precision)
+        ctx[key] = (heads, None if found is None else {
+            "method": "orders+exact-split", "status": found.status, "objective_s": found.iteration_time_s,
+            "best_bound_s": found.best_bound_s, "gap": found.gap, "orders_evaluated": found.orders_evaluated,
+            "orders_total": found.orders_total})
+    return ctx[key][0]
+
+
+def _closed_form_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> tuple:
+    """The slots of the order :func:`pipesearch.ilp.map_pipeline` chooses for
+    the closed-form 1F1B objective (once per variant and pp, at the first
+    micro-batching asked), as the order search's first order when its orders
+    are too many to visit; empty when none fits."""
     from .ilp import map_pipeline
 
-    key = ("mapped", id(variant), row["pp"])
-    failed = key + (row["micro_batch_size"], row["num_micro_batches"])
-    if failed in ctx:
-        return None
+    key = ("closed-form", id(variant), row["pp"])
     if key not in ctx:
         heads = slot_heads(cluster, variant.tp, profile_precision(variant.profile))
         try:
@@ -550,13 +577,16 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
                                   num_micro_batches=row["num_micro_batches"], schedule="1f1b",
                                   objective="iteration", profiled_device=ctx["profiled_device"],
                                   devices=heads, max_deterministic_time=ctx["time_limit_s"])
+            pos = {int(h): k for k, h in enumerate(heads)}
+            ctx[key] = (tuple(pos[d] for d in result.devices),)
         except InfeasibleError:
-            ctx[failed] = True
-            return None
-        ctx[key] = (np.array(result.devices, dtype=np.int64)[:, None], {
-            "method": result.method, "status": result.status, "objective_s": result.objective_s,
-            "best_bound_s": result.best_bound_s, "gap": result.gap})
-    return ctx[key][0]
+            ctx[key] = ()
+    return ctx[key]
+
+
+def _mapped_key(variant: ModelVariant, row: dict) -> tuple:
+    return ("mapped", id(variant), row["pp"], row["micro_batch_size"], row["num_micro_batches"], row["schedule"],
+            row["vp"])
 
 
 def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict, links_cache: dict):
@@ -568,7 +598,7 @@ def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict,
     if heads is None:
         return None, None
     slots = heads[np.arange(pp * vp) % pp]
-    key = (pp, dp, vp, variant.tp, placement) + ((id(variant),) if placement == "mapped" else ())
+    key = (pp, dp, vp, variant.tp, placement) + ((tuple(heads.ravel()),) if placement == "mapped" else ())
     if key not in links_cache:
         check_layout(cluster, heads, variant.tp)  # distinct devices on the cluster, each group in one node
         links_cache[key] = placement_links(cluster, slots)
@@ -1070,6 +1100,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     stages = pp * vp
     if placement_ctx is None:
         placement_ctx = {"job": job, "profiled_device": profiled_device}
+    placement_ctx["cutoff_s"] = cutoff_s  # a mapped placement's order search starts from it
     slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
                                 placement_ctx)
     if slots is None:  # a mapped placement with no order that fits
@@ -1100,7 +1131,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
                                replicated=parse_replicas_name(row["placement"]) is not None)
     mapping_info = ()
     if row["placement"] == "mapped":
-        mapping_info = (("mapping", placement_ctx[("mapped", id(variant), pp)][1]),)
+        mapping_info = (("mapping", placement_ctx[_mapped_key(variant, row)][1]),)
     recompute = variant.recompute
     if recompute == "none" and costs.options is not None and any(
             n.split("+")[0] in ("full", "selective") for n in costs.options.names):

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from pipesearch.class_dp import class_dp_mapping, count_vectors
 from pipesearch.errors import InfeasibleError
-from pipesearch.mapping import device_classes, device_indices
+from pipesearch.device_orders import device_classes
+from pipesearch.mapping import device_indices
 from test_ilp import problem, reference_optimum, small_instances
 
 

@@ -21,22 +21,18 @@ from hypothesis import strategies as st
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.errors import InfeasibleError, InputError
 from pipesearch.ilp import build_model, fluid_lower_bound_s, solve_mapping
+from pipesearch.device_orders import count_orders, device_orders, node_crossings, topology_order
 from pipesearch.mapping import (
     MappingProblem,
-    best_placement,
     best_split_for_order,
-    count_orders,
     device_indices,
-    device_orders,
-    evaluate_placement,
     exhaustive_mapping,
-    node_crossings,
     order_enumeration_mapping,
-    placement_candidates,
     problem_from_profile,
     scale_layer_times,
-    topology_order,
 )
+from pipesearch.placement import placement_candidates
+from pipesearch.placement_scores import best_placement, evaluate_placement
 from pipesearch.partition import balanced_split, even_split, min_max_split, optimal_split
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Layer, Link, ModelProfile
 
