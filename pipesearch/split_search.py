@@ -631,23 +631,48 @@ class _Tables:
 
 def any_split_fits(costs: PipelineCosts) -> bool:
     """Whether some split of the ``L`` layers into ``S`` stages of at least
-    one layer fits every stage's memory, in ``O(S L)``: each stage in turn
-    takes the longest range that fits from where the previous one ended
-    (leaving a layer for each later stage). Exact because a stage's memory
-    only grows with its range (a sub-range of a fitting range fits), so the
-    greedy end is, stage by stage, at least as far as any split's."""
+    one layer fits every stage's memory, in ``O(S L log L)`` vectorised
+    work. A stage's memory only grows with its range (a sub-range of a
+    fitting range fits), so from a start ``i`` stage ``s`` fits exactly the
+    ends ``i < j <= e_s(i)``, ``e_s(i)`` found by bisection for every ``i``
+    at once; the ends stage ``s`` can reach are the union of those
+    intervals over the starts stage ``s - 1`` reached (a difference array).
+    Stages may differ in capacity, so no greedy choice of one end is safe
+    (the longest range for stage ``s`` can force stage ``s + 1`` onto a
+    layer it cannot hold)."""
     L, S = costs.num_layers, costs.pp
-    i = 0
+    if S > L:
+        return False
+    reach = np.zeros(L + 1, dtype=bool)
+    reach[0] = True
     for s in range(S):
-        last = L - (S - 1 - s)
-        if i >= last:
+        last = L - (S - 1 - s)  # leave a layer for every later stage
+        starts = np.flatnonzero(reach[:last])
+        if not len(starts):
             return False
-        j = np.arange(i + 1, last + 1)
-        ok = np.flatnonzero(costs.fits(s, i, j))
-        if not len(ok):
-            return False
-        i = int(j[ok[-1]])
-    return i == L
+        ends = _longest_fit(costs, s, starts, last)
+        mark = np.zeros(L + 2, dtype=np.int64)
+        ok = ends > starts
+        np.add.at(mark, starts[ok] + 1, 1)
+        np.add.at(mark, ends[ok] + 1, -1)
+        reach = np.cumsum(mark)[:L + 1] > 0
+    return bool(reach[L])
+
+
+def _longest_fit(costs: PipelineCosts, s: int, starts: np.ndarray, last: int) -> np.ndarray:
+    """For each start ``i``, the largest end ``j <= last`` with ``[i, j)``
+    fitting stage ``s`` (``i`` itself when not even one layer fits), by
+    bisection over ``j`` for all starts at once."""
+    lo = starts.copy()                       # fits (or is the empty range)
+    hi = np.full(len(starts), last + 1)      # does not fit, or beyond last
+    while np.any(hi - lo > 1):
+        mid = (lo + hi) // 2
+        active = hi - lo > 1
+        fit = np.zeros(len(starts), dtype=bool)
+        fit[active] = costs.fits(s, starts[active], mid[active])
+        lo = np.where(active & fit, mid, lo)
+        hi = np.where(active & ~fit, mid, hi)
+    return lo
 
 
 def _width_for(costs: PipelineCosts, limit_s: float) -> int:
@@ -727,7 +752,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         return ExactSplit((0, L), t, t, t, True, 1, 0)
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None
-    if np.isfinite(cutoff_s):
+    tabled = tables_fit(costs, _width_for(costs, cutoff_s * (1 + tie_rel)))
+    if np.isfinite(cutoff_s) and tabled:
         # a cheap proof first: no split can beat the cutoff
         tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
         root = tables.root_bound()
@@ -756,6 +782,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         chosen = min(ev.times, key=lambda b: (ev.times[b], b))
         return ExactSplit(chosen, ev.times[chosen], ev.times[chosen], 0.0, False, len(ev.times), 0)
     incumbent = min(best, cutoff_s)
+    if not tabled or not tables_fit(costs, _width_for(costs, incumbent * (1 + tie_rel))):
+        return _untabled(costs, ev, pp, tie_rel)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
     if schedule in CHAIN_SCHEDULES:  # the cheap bounds left work: add the chain families and their combination
@@ -773,6 +801,44 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if value_above_cutoff and best > cutoff_s:
         exact = False
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
+
+
+#: floats the bound tables of one exact split may hold (1 GiB of float64);
+#: above it the split is the best of the starting splits, reported with a
+#: table-free lower bound and its gap (:func:`tables_fit`)
+MAX_TABLED_FLOATS = 2**27
+
+
+def tables_fit(costs: PipelineCosts, width: int) -> bool:
+    """Whether the branch and bound's tables fit :data:`MAX_TABLED_FLOATS`:
+    the suffix tables of the middle stages, ``(S - 2)`` of shape ``(width,
+    L + 1)``, and the rank-counting bound's ``(L + 1, L + 1)``
+    (:class:`_RankCount`). A count of the input, never of the machine."""
+    L, S = costs.num_layers, costs.pp
+    return max(S - 2, 0) * min(width, L) * (L + 1) + (L + 1) ** 2 <= MAX_TABLED_FLOATS
+
+
+def untabled_bound_s(costs: PipelineCosts, pp: int) -> float:
+    """A lower bound on the simulated time of every split that needs no
+    table: each of the ``pp`` ranks runs its micro-batches' forwards and
+    backwards one after another, and together they run all ``m`` of every
+    layer, so the busiest runs at least the average, ``m sum_l (F + B)_l /
+    pp``, on the fastest stage's device (the smallest time scale; the layer
+    table's own option, the fastest)."""
+    total = float(costs.compute_prefix_s[-1]) * float(np.min(costs.time_scale))
+    return costs.num_micro_batches * total / pp
+
+
+def _untabled(costs: PipelineCosts, ev: "_Evaluator", pp: int, tie_rel: float) -> "ExactSplit | None":
+    """The best of the starting splits ``ev`` has evaluated, with
+    :func:`untabled_bound_s` as its proven bound (exact only if it meets it)."""
+    if not ev.times:
+        return None
+    best = min(ev.times.values())
+    near = [b for b, t in ev.times.items() if t <= best * (1 + tie_rel)]
+    chosen = min(near, key=lambda b: _tie_key(costs, b, ev.times[b]))
+    lower = min(best, untabled_bound_s(costs, pp))
+    return ExactSplit(chosen, ev.times[chosen], best, float(lower), lower >= best, len(ev.times), 0)
 
 
 class _RankCount:

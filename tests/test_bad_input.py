@@ -153,27 +153,27 @@ def test_character_device_as_plan_file(tmp_path, command):
     assert_refused(tmp_path, [command, "/dev/zero"], "/dev/zero", "character device")
 
 
-def test_100000_layer_profile_stops_with_size_and_knob(tmp_path):
-    tiny_csv(tmp_path / "long.csv", rows=[f"l{k},1,2,1000,1000" for k in range(100_000)])
-    # 112 bytes per layer pair (pipesearch.budget) x 1e10 pairs + 256 MiB: about 1.0 TiB
-    assert_refused(tmp_path, ["plan", "--model", "long.csv", "-b", "8", "-o", "p.json"],
-                   "long.csv", "100000 layers", "1.0 TiB", "--max-search-memory 8.0 GiB")
+def test_100000_layer_profile_over_a_small_budget_stops_with_size_and_knob(tmp_path):
+    tiny_csv(tmp_path / "long.csv", rows=[f"l{k},1,2,1000000,1000000" for k in range(100_000)])
+    # pipesearch.budget: 256 MiB + the split tables' cap 2 GiB + 4 KiB x 1e5 layers (390.6 MiB): about 2.6 GiB
+    assert_refused(tmp_path, ["plan", "--model", "long.csv", "-b", "8", "--max-search-memory", "1GiB", "-o", "p.json"],
+                   "long.csv", "100000 layers", "2.6 GiB", "--max-search-memory 1.0 GiB")
 
 
 def test_transformer_with_two_billion_layers_is_refused_before_building_them(tmp_path):
     text = (REPO / "cost_models" / "gpt3-1.3b.toml").read_text()
     lines = [("num_layers = 2000000000" if line.startswith("num_layers =") else line) for line in text.splitlines()]
     write(tmp_path / "deep.toml", "\n".join(lines) + "\n")
-    # 2e9 blocks + embedding + head, 112 bytes per layer pair: far over 8 GiB
+    # 2e9 blocks + embedding + head, 4 KiB per layer: far over 8 GiB
     assert_refused(tmp_path, ["plan", "--model", "deep.toml", "--cluster", "1x8-a100-80gb", "-b", "64",
                               "-o", "p.json"], "deep.toml", "2000000002 layers", "--max-search-memory",
                    subprocess_=True)
 
 
 def test_memory_budget_is_a_knob(tmp_path):
-    # vgg16: 40 layers -> 256 MiB + 112 x 1600 bytes = 256.2 MiB > 1 MiB
+    # vgg16: 40 layers -> 256 MiB + 112 x 1600 bytes + 4096 x 40 bytes = 256.3 MiB > 1 MiB
     assert_refused(tmp_path, ["plan", "--model", "vgg16", "--max-search-memory", "1MiB", "-o", "p.json"],
-                   "vgg16", "40 layers", "256.2 MiB", "--max-search-memory 1.0 MiB")
+                   "vgg16", "40 layers", "256.3 MiB", "--max-search-memory 1.0 MiB")
     assert_refused(tmp_path, ["plan", "--max-search-memory", "lots", "-o", "p.json"], "--max-search-memory", "'lots'")
 
 

@@ -214,10 +214,6 @@ def _limit_memory():  # runs in the child: 4 GiB of address space, so a table ov
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="the exact split for the simulated time keeps suffix tables of shape "
-                                        "(band width, L+1) for its middle stages (split_search._Tables) and an "
-                                        "(L+1, L+1) table for its rank-counting bound (_RankCount): at 20,000 "
-                                        "layers into 4 stages the band is thousands of layers wide, multi-GiB")
 def test_twenty_thousand_layer_profile_plans():
     """A 20,000-layer chain of tiny layers (1 to 3 us forward, 1 KB of
     weights each) on 4 devices plans within 4 GiB of address space: ranked

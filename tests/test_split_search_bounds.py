@@ -17,12 +17,12 @@ import itertools
 import numpy as np
 import pytest
 
-from helpers import tiny_cluster, tiny_profile
+from helpers import make_costs, tiny_cluster, tiny_profile
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
 from pipesearch.split_search import bound_families, lagrange_weights, separable_terms
-from pipesearch.timemodel import StageTimes, simulate_times
+from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
 from pipesearch.types import Job, Link
 
 CASES = (("interleaved-1f1b", 2), ("interleaved-1f1b", 3), ("zb-h1", 1), ("1f1b", 1), ("gpipe", 1),
@@ -309,3 +309,29 @@ def test_suffix_minima_equal_enumeration(seed, monkeypatch):
                         assert have[1] <= want[1] * (1 + 1e-12), (s, i, kind, q)
                     else:
                         assert have[0] == pytest.approx(want[0], rel=1e-12), (s, i, kind, q)
+
+
+# ------------------------------------------------------------- splits too long to table
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_untabled_split_is_achievable_and_its_bound_valid(seed, monkeypatch):
+    """With the table budget at 0 every split is the best of the starting
+    splits: its time is its own simulated time, and the table-free bound
+    (the busiest rank runs at least the average of all work) is at most the
+    brute-force optimum over every split; exact only when the two meet."""
+    rng = np.random.default_rng(500 + seed)
+    L, pp = int(rng.integers(3, 8)), int(rng.integers(2, 4))
+    schedule = str(rng.choice(["gpipe", "1f1b", "zb-h1"]))
+    m = int(rng.integers(pp, 2 * pp + 2))
+    costs = make_costs(times=tuple(rng.exponential(1.0, L)), pp=pp, m=m)
+    monkeypatch.setattr(split_search, "MAX_TABLED_FLOATS", 0)
+    found = split_search.exact_split(costs, schedule, pp)
+    best = min(iteration_time_s(schedule, pp, m, 1, costs.stage_times(np.array((0, *cut, L))))
+               for cut in itertools.combinations(range(1, L), pp - 1))
+    assert found.iteration_time_s == pytest.approx(
+        iteration_time_s(schedule, pp, m, 1, costs.stage_times(np.array(found.bounds))), rel=1e-12)
+    assert found.lower_bound_s <= best * (1 + 1e-12)
+    assert found.best_time_s >= best * (1 - 1e-12)
+    assert found.exact == (found.lower_bound_s >= found.best_time_s)
+    assert found.nodes == 0  # no branch and bound ran

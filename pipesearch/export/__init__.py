@@ -49,6 +49,7 @@ names (value: one FQN or a list of FQNs, in execution order).
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -415,7 +416,7 @@ def plan_layers(plan: Plan, runtime: str) -> PlanLayers:
         pos = b
     if pos == 0:
         raise InputError(f"{runtime}: plan has no layers")
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = sorted(n for n, k in Counter(names).items() if k > 1)
     if dup:
         raise InputError(f"{runtime}: layer names must be unique; repeated: {', '.join(dup[:5])}")
     return PlanLayers(tuple(names), tuple(ranges))
