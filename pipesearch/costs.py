@@ -235,6 +235,8 @@ class PipelineCosts:
         device, host = self._option_memory(s, i, j)
         s_b = np.broadcast_to(np.asarray(s), device.shape[1:])
         ok = (device <= self.capacity_bytes[s_b]) & (host <= self.options.host_capacity_bytes[s_b])
+        if self.options.allowed is not None:  # each stage's own chain (StageOptions.allowed)
+            ok &= self.options.allowed[:, s_b]
         return np.argmax(ok, axis=0)
 
     def option_name(self, s: int, i: int, j: int) -> str:
@@ -429,8 +431,10 @@ class PipelineCosts:
         if self.options is not None:
             device, host = self._option_memory(s, i, j)
             s_b = np.broadcast_to(np.asarray(s), device.shape[1:])
-            return np.any((device <= self.capacity_bytes[s_b])
-                          & (host <= self.options.host_capacity_bytes[s_b]), axis=0)
+            ok = (device <= self.capacity_bytes[s_b]) & (host <= self.options.host_capacity_bytes[s_b])
+            if self.options.allowed is not None:
+                ok &= self.options.allowed[:, s_b]
+            return np.any(ok, axis=0)
         return self.memory_bytes(s, i, j) <= self.capacity_bytes[s]
 
     def stage_terms(self, bounds) -> tuple[np.ndarray, np.ndarray]:

@@ -36,6 +36,7 @@ from .placement import (check_layout, count_layouts, layout, layout_names, memor
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .errors import InfeasibleError, InputError
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
+from .option_search import best_policies_for_split, exact_split_over_policies
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           replica_vectors, replicas_name, replicated_costs, replicated_lower_bound_s)
 from .split_search import exact_split
@@ -879,6 +880,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         return None, None
     if options.split:
         bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(options.split)]))
+        if len(options.split) == stages:  # the stages' chains of options for this split (option_search)
+            costs = best_policies_for_split(costs, bounds, schedule, pp, vp)
         if len(options.split) != stages or not costs.split_fits(bounds):
             row["status"] = "out_of_memory" if len(options.split) == stages else "split_mismatch"
             if len(options.split) == stages:
@@ -887,7 +890,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         t = iteration_time_s(schedule, pp, m, vp, costs.stage_times(bounds))
         split_info = {"exact": True, "lower_bound_s": t, "gap": 0.0, "splits_evaluated": 1, "pinned": True}
     else:
-        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=options.exhaustive)
+        found, costs = exact_split_over_policies(costs, schedule, pp, vp, cutoff_s=cutoff_s,
+                                                 value_above_cutoff=options.exhaustive)
         if found is None:
             row["status"] = "out_of_memory"
             return None, costs

@@ -1,0 +1,127 @@
+"""The exact split when stages choose among chains of memory options.
+
+With every recompute level x optimizer offload (:func:`pipesearch.stage_options.
+mixed_offload_options`) each stage takes one of two chains, offload-first or
+device-first, and within it the first option that fits. For fixed chains the
+split search (:func:`pipesearch.split_search.exact_split`) is exact; over the
+``2^S`` choices of chains this module runs a branch and bound whose nodes fix
+the chains of a prefix of the stages and leave the others on the relaxed
+chain (:data:`pipesearch.stage_options.RELAXED`: the least recompute level
+that fits either way, without the host step), whose exact split is a lower
+bound on every completion of the node (docs/offload.md). A node whose relaxed
+optimum runs only on-device options on its free stages is solved: those
+stages' device-first chains give the same times. The result is exact whenever
+every split search it ran was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .costs import PipelineCosts
+from .split_search import ExactSplit, exact_split
+from .stage_options import DEVICE_FIRST, OFFLOAD_FIRST, RELAXED
+from .timemodel import iteration_time_s
+
+
+def has_policies(costs: PipelineCosts | None) -> bool:
+    """Whether the stages of ``costs`` choose among chains of options."""
+    return costs is not None and costs.options is not None and costs.options.policy_chains is not None
+
+
+def with_policies(costs: PipelineCosts, policies) -> PipelineCosts:
+    """``costs`` with stage ``s`` on chain ``policies[s]`` (``(S,)`` ints of
+    :data:`pipesearch.stage_options.POLICIES`)."""
+    return replace(costs, options=costs.options.with_policies(policies))
+
+
+def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *,
+                              cutoff_s: float = np.inf, value_above_cutoff: bool = False
+                              ) -> tuple[ExactSplit | None, PipelineCosts]:
+    """The best split and chains of ``costs``: ``(found, costs of the chosen
+    chains)``, as :func:`pipesearch.split_search.exact_split` returns for one
+    chain per stage (``found`` None when no split fits; ``best_time_s >=
+    cutoff_s`` when none beats the cutoff). ``costs`` without chains is
+    passed through to ``exact_split``.
+
+    ``lower_bound_s`` is the least bound of the nodes left open by an
+    inexact split search (the optimum when all were exact); ``exact`` says
+    whether all were.
+    """
+    if not has_policies(costs):
+        return exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff), costs
+    S = costs.pp
+    best: list = [None, costs, cutoff_s]  # found, its costs, its time (the cutoff until one is found)
+    stats = {"exact": True, "open_bound": np.inf, "splits": 0, "nodes": 0}
+
+    def visit(fixed: tuple[int, ...]) -> None:
+        policies = fixed + (RELAXED,) * (S - len(fixed))
+        node = with_policies(costs, policies)
+        found = exact_split(node, schedule, pp, vp, cutoff_s=best[2])
+        if found is None:
+            return
+        stats["splits"] += found.splits_evaluated
+        stats["nodes"] += found.nodes
+        if not found.exact:
+            stats["exact"] = False
+            stats["open_bound"] = min(stats["open_bound"], found.lower_bound_s)
+        if not np.isfinite(found.best_time_s) or found.best_time_s >= best[2]:
+            return
+        if len(fixed) < S and _free_stages_on_device(node, found.bounds, len(fixed)):
+            fixed = fixed + (DEVICE_FIRST,) * (S - len(fixed))  # same times: the node's bound is reached
+            node = with_policies(costs, fixed)
+        if len(fixed) == S:
+            best[:] = [found, node, found.best_time_s]
+            return
+        for policy in (OFFLOAD_FIRST, DEVICE_FIRST):
+            visit(fixed + (policy,))
+
+    visit(())
+    found, chosen, _ = best
+    if found is None:  # nothing beats the cutoff: the plain chains' answer says so
+        default = with_policies(costs, (OFFLOAD_FIRST,) * S)
+        return exact_split(default, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff), \
+            default
+    bound = min(found.best_time_s, stats["open_bound"])
+    return replace(found, lower_bound_s=bound, exact=stats["exact"], splits_evaluated=stats["splits"],
+                   nodes=stats["nodes"]), chosen
+
+
+def _free_stages_on_device(node: PipelineCosts, bounds, first_free: int) -> bool:
+    """Whether every stage from ``first_free`` runs an on-device option
+    (no offload, relaxed or not) on the split ``bounds``."""
+    names = node.options.names
+    return all("offload" not in names[int(node.option_index(s, bounds[s], bounds[s + 1]))]
+               for s in range(first_free, node.pp))
+
+
+def best_policies_for_split(costs: PipelineCosts, bounds, schedule: str, pp: int, vp: int = 1) -> PipelineCosts:
+    """``costs`` on the chains that make the fixed split ``bounds`` fastest
+    (a pinned ``--split``): every combination of the two chains over the
+    stages where their first fitting options differ, each simulated
+    (:func:`pipesearch.timemodel.iteration_time_s`); ties keep the earlier
+    (offload-first) combination. ``costs`` without chains is returned as is.
+    """
+    if not has_policies(costs):
+        return costs
+    S = costs.pp
+    s, i, j = np.arange(S), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    first = [with_policies(costs, (p,) * S) for p in (OFFLOAD_FIRST, DEVICE_FIRST)]
+    chosen = [c.option_index(s, i, j) for c in first]
+    fits = [c.fits(s, i, j) for c in first]
+    differ = [k for k in range(S) if fits[0][k] and fits[1][k] and chosen[0][k] != chosen[1][k]]
+    base = [OFFLOAD_FIRST if fits[0][k] else DEVICE_FIRST for k in range(S)]
+    best, best_t = with_policies(costs, base), np.inf
+    for mask in range(1 << len(differ)):
+        policies = list(base)
+        for bit, k in enumerate(differ):
+            policies[k] = DEVICE_FIRST if mask >> bit & 1 else OFFLOAD_FIRST
+        cand = with_policies(costs, policies)
+        if not cand.split_fits(bounds):
+            continue
+        t = float(iteration_time_s(schedule, pp, costs.num_micro_batches, vp, cand.stage_times(np.asarray(bounds))))
+        if t < best_t:
+            best, best_t = cand, t
+    return best
