@@ -51,7 +51,10 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
     whether all were.
     """
     if not has_policies(costs):
-        return exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff), costs
+        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff)
+        if found is not None and not np.isfinite(found.best_time_s) and not np.isfinite(cutoff_s):
+            found = None  # every split fails a whole-device check (Mobius, stage_options.swap_device_bytes)
+        return found, costs
     S = costs.pp
     best: list = [None, costs, cutoff_s]  # found, its costs, its time (the cutoff until one is found)
     stats = {"exact": True, "open_bound": np.inf, "splits": 0, "nodes": 0}
@@ -125,3 +128,25 @@ def best_policies_for_split(costs: PipelineCosts, bounds, schedule: str, pp: int
         if t < best_t:
             best, best_t = cand, t
     return best
+
+
+def swap_plan_info(costs: PipelineCosts, bounds) -> tuple:
+    """``(("mobius", {...}),)`` for a plan whose stages are swapped over
+    PCIe (:func:`pipesearch.stage_options.swap_options`), else ``()``: per
+    stage its weights-in and gradients-out copy seconds, each rank's PCIe
+    queue, and each GPU's peak bytes (:func:`pipesearch.stage_options.
+    swap_device_bytes`), so that the plan file replays
+    (:func:`pipesearch.timemodel.stage_times_of`)."""
+    o = costs.options
+    if o is None or o.swap_in_s_per_param_byte is None:
+        return ()
+    times = costs.stage_times(np.asarray(bounds))
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
+    own = costs.memory_bytes(s, i, j) - params * o.state_bytes_per_param_byte[0]
+    from .stage_options import swap_device_bytes
+
+    return (("mobius", {"swap_in_s": [float(x) for x in times.swap_in_s],
+                        "swap_out_s": [float(x) for x in times.swap_out_s],
+                        "pcie_queue": [int(q) for q in o.swap_queue],
+                        "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, len(o.swap_queue))]}),)

@@ -102,6 +102,12 @@ class StageOptions:
     #: ``(3, K)`` bool: the chains of :data:`POLICIES` (mixed options only,
     #: :func:`mixed_offload_options`); ``allowed`` is one row per stage
     policy_chains: np.ndarray | None = None
+    #: Mobius (:func:`swap_options`): ``(K, P)`` seconds per parameter byte of
+    #: a stage's weights copied in and of its gradients copied out, and each
+    #: rank's PCIe queue (:func:`pipesearch.host.swap_queues`)
+    swap_in_s_per_param_byte: np.ndarray | None = None
+    swap_out_s_per_param_byte: np.ndarray | None = None
+    swap_queue: tuple[int, ...] | None = None
 
     def __post_init__(self):
         P = self.host_step_s_per_param_byte.shape[1]
@@ -413,3 +419,85 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
         host_step_s_per_param_byte=np.stack([np.zeros(P), share * node / cluster.host.cpu_adam_params_per_s / bpp]),
         host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device),
     )
+
+
+def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
+                 placement: np.ndarray, tp: int, pp: int) -> StageOptions:
+    """The one option of a Mobius stage, ``swap`` (Feng et al., ASPLOS'23,
+    sec. 3): its 16-bit weights, gradients and optimizer state live in host
+    memory; the GPU holds the stage computing and the one prefetched, each
+    with its weights and gradients (2 + 2 B per parameter for 16-bit
+    training), and the activations of all its stages: the device check is
+    :func:`swap_device_bytes` (whole splits, in
+    :meth:`pipesearch.costs.PipelineCosts.stage_times`: a split over it
+    takes forever). Per stage, the options' memory is a necessary part of
+    it, checked against the whole device: the stage's activations and
+    ``1 / (vp - 1)`` of its own weights and gradients (each stage is in a
+    pair of consecutive stays, so the largest pair is at least their sum
+    over ``vp - 1``; all of them when ``vp = 1``). Each
+    stay of the stage on its GPU copies its weights in, each stay with
+    backwards its gradients out (:func:`pipesearch.timemodel.mobius_graph`),
+    one copy at a time per PCIe switch at the link's rate
+    (``min(host_to_device, switch_uplink)``), times the rank's GPUs under
+    one switch (:func:`pipesearch.host.swap_queues`). After its gradients
+    are out, the CPU runs Adam on the stage (node-shared rate, as for
+    :func:`stream_options`). The host keeps ``2 + 16`` B per parameter
+    (the 16-bit copy and ZeRO-Offload's fp32 weights, gradients and moments).
+
+    ``placement`` holds the ``(P, dp)`` heads of all ``P = pp * vp`` stages
+    (stage ``s`` on rank ``s % pp``).
+
+    Raises:
+        InputError: the cluster has no ``[host]`` table.
+    """
+    from . import host as host_lib
+    from .errors import InputError
+    from .memory import offload_bytes_per_param
+
+    if cluster.host is None:
+        raise InputError(f"schedule mobius: cluster {cluster.name!r} has no [host] table (host memory and PCIe "
+                         "switches); add one (docs/offload.md) or choose another schedule")
+    a = profile.layer_arrays
+    bpp = profile.bytes_per_param
+    state = param_state_of(job)
+    P = len(placement)
+    queue, copies = host_lib.swap_queues(cluster, np.asarray(placement)[:pp], tp)
+    link = min(cluster.host.host_to_device_bytes_per_s, cluster.host.switch_uplink_bytes_per_s)
+    per_byte = (copies / link)[np.arange(P) % pp][None, :]
+    node = host_lib.node_sharing(cluster, placement, tp)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    times = profile.layer_times_at(ratio * profile.profiled_batch_size)
+    fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    return StageOptions(
+        names=("swap",), fwd_prefix_s=_prefix(fwd)[None], compute_prefix_s=_prefix(fwd + bwd)[None],
+        bwd_input_prefix_s=_prefix(bin_)[None], saved_prefix_bytes=_prefix(a["saved_bytes"] * ratio)[None],
+        transient_table_bytes=range_max_table(0 * fwd)[None],
+        state_bytes_per_param_byte=np.array([2.0 / max(P // pp - 1, 1)]),
+        host_bytes_per_param_byte=np.array([(2.0 + offload_bytes_per_param(state, dp)[1]) / bpp]),
+        host_step_s_per_param_byte=(share * node / cluster.host.cpu_adam_params_per_s / bpp)[None, :],
+        host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, P // pp),
+        swap_in_s_per_param_byte=per_byte, swap_out_s_per_param_byte=per_byte.copy(), swap_queue=queue,
+    )
+
+
+def swap_device_bytes(param_bytes: np.ndarray, own_bytes: np.ndarray, pp: int) -> np.ndarray:
+    """Peak bytes of each Mobius GPU (:func:`swap_options`): the activations
+    (and other per-stage bytes) ``own_bytes`` of all its stages, plus the
+    largest weights + gradients of two stays in a row
+    (:func:`pipesearch.timemodel.mobius_residencies`: stages ``c`` and
+    ``c + 1`` of the rank while one computes and the next is prefetched;
+    the one stage alone when ``vp = 1``), at 2 bytes of weight and gradient
+    per parameter byte.
+
+    ``param_bytes`` and ``own_bytes`` are ``(..., S)`` with stage ``s`` on
+    rank ``s % pp``; returns ``(..., pp)`` with the rank's peak repeated
+    over its stages' positions' first ``pp`` entries (rank ``r`` at ``r``).
+    """
+    wg = 2.0 * np.asarray(param_bytes, dtype=float)
+    own = np.asarray(own_bytes, dtype=float)
+    S = wg.shape[-1]
+    v = S // pp
+    wg = wg.reshape(wg.shape[:-1] + (v, pp))
+    own = own.reshape(own.shape[:-1] + (v, pp)).sum(axis=-2)
+    pairs = wg[..., :-1, :] + wg[..., 1:, :] if v > 1 else wg
+    return own + pairs.max(axis=-2)

@@ -126,6 +126,13 @@ def refuse_host_memory(plan: Plan, fmt: str) -> None:
     """
     offloaded, streamed = host_memory_stages(plan)
     runtime = RUNTIME_NAMES.get(fmt, fmt)
+    swapped = [st.index for st in plan.stages if st.memory_option == "swap"]
+    if swapped or plan.schedule == "mobius":
+        first = swapped[0] if swapped else 0
+        raise InputError(f"export {fmt}: stage {first} has option swap (schedule mobius: its weights, gradients "
+                         f"and optimizer state are copied between host memory and its GPU); {runtime} keeps every "
+                         "stage on its GPU; export --format stages-json for a per-stage description, or re-plan "
+                         "without --schedule mobius")
     if streamed:
         raise InputError(f"export {fmt}: stages {','.join(map(str, streamed))} stream their weights from host "
                          f"memory (--stream-weights); {runtime} keeps a stage's weights on its GPU, so the plan would "
