@@ -202,6 +202,9 @@ class PipelineCosts:
     params_per_param_byte: float = 0.0
     param_layer_prefix: np.ndarray | None = None
     activation_share: np.ndarray | None = None
+    #: the host step runs beside the next iteration (Job.delayed_optimizer_step;
+    #: timemodel.delayed_host_time_s), not after the stage's last backward
+    delayed_host_step: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -506,13 +509,14 @@ class PipelineCosts:
         return StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
                           bwd_input_s=arr(self.bwd_input_s(s, i, j)),
                           p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
-                          allreduce_s=arr(self.after_backward_s(s, i, j)) + over, **swaps)
+                          allreduce_s=arr(self.after_backward_s(s, i, j)) + over, **swaps,
+                          **({"delayed_host_s": arr(self.host_step_s(s, i, j))} if self.delayed_host_step else {}))
 
     def after_backward_s(self, s, i, j):
         """What stage ``s`` adds after its last backward: :meth:`allreduce_s`
         plus its :meth:`host_step_s` (not overlapped: the offloaded optimizer
         step starts when the stage's gradients are complete)."""
-        if self.options is None:
+        if self.options is None or self.delayed_host_step:
             return self.allreduce_s(s, i, j)
         return self.allreduce_s(s, i, j) + self.host_step_s(s, i, j)
 
@@ -619,7 +623,7 @@ def build_pipeline_costs(
                                 offload=optimizer_offload, stages_per_device=stages_per_device,
                                 option_profiles=option_profiles)
     return PipelineCosts(
-        options=options,
+        options=options, delayed_host_step=job.delayed_optimizer_step and options is not None,
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
         fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),

@@ -130,23 +130,57 @@ def best_policies_for_split(costs: PipelineCosts, bounds, schedule: str, pp: int
     return best
 
 
-def swap_plan_info(costs: PipelineCosts, bounds) -> tuple:
-    """``(("mobius", {...}),)`` for a plan whose stages are swapped over
-    PCIe (:func:`pipesearch.stage_options.swap_options`), else ``()``: per
-    stage its weights-in and gradients-out copy seconds, each rank's PCIe
-    queue, and each GPU's peak bytes (:func:`pipesearch.stage_options.
-    swap_device_bytes`), so that the plan file replays
-    (:func:`pipesearch.timemodel.stage_times_of`)."""
-    o = costs.options
-    if o is None or o.swap_in_s_per_param_byte is None:
-        return ()
-    times = costs.stage_times(np.asarray(bounds))
-    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
-    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
-    own = costs.memory_bytes(s, i, j) - params * o.state_bytes_per_param_byte[0]
+def host_plan_info(costs: PipelineCosts, bounds, job, dp: int) -> tuple:
+    """What a plan keeps in host memory and moves over PCIe, as plan-file
+    options (``()`` when no stage uses the host):
+
+    * ``("host", {...})``: per stage, ``host_memory_bytes`` (its option's
+      host bytes per parameter byte x its parameter bytes) and
+      ``pcie_bytes_per_iteration``: an offloaded optimizer moves the 16-bit
+      gradients out and weights back for the parameters the device updates
+      (ZeRO-Offload, Ren et al. ATC'21 Fig. 2); streamed weights come in for
+      every micro-batch's forward and backward and the gradients go out
+      (:func:`pipesearch.stage_options.stream_options`); a Mobius stage comes
+      in once per stay (twice, unless it is its rank's last stage) and its
+      gradients go out once (:func:`pipesearch.timemodel.mobius_residencies`);
+      and their sums;
+    * ``("optimizer_step", "delayed")`` and ``("optimizer_staleness_steps", 1)``
+      with ``job.delayed_optimizer_step``;
+    * ``("mobius", {...})`` for Mobius: per stage its copy seconds, each
+      rank's PCIe queue and each GPU's peak bytes
+      (:func:`pipesearch.stage_options.swap_device_bytes`), so that the plan
+      file replays (:func:`pipesearch.timemodel.stage_times_of`).
+    """
+    from .memory import param_state_of
     from .stage_options import swap_device_bytes
 
-    return (("mobius", {"swap_in_s": [float(x) for x in times.swap_in_s],
-                        "swap_out_s": [float(x) for x in times.swap_out_s],
-                        "pcie_queue": [int(q) for q in o.swap_queue],
-                        "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, len(o.swap_queue))]}),)
+    o = costs.options
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    if o is None:
+        return ()
+    names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
+    if not any(("offload" in n or "stream" in n or n == "swap") for n in names):
+        return ()
+    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
+    state = param_state_of(job)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    ranks = len(o.swap_queue) if o.swap_queue is not None else costs.pp
+    last_local = s >= costs.pp - ranks
+    moved = np.select([np.array(["stream" in n for n in names]), np.array([n == "swap" for n in names]),
+                       np.array(["offload" in n for n in names])],
+                      [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
+                       2.0 * share * params], 0.0)
+    host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)]
+    out: tuple = (("host", {"host_memory_bytes": [float(x) for x in host], "pcie_bytes_per_iteration": [
+        float(x) for x in moved], "total_host_memory_bytes": float(host.sum()),
+        "total_pcie_bytes_per_iteration": float(moved.sum())}),)
+    if costs.delayed_host_step:
+        out += (("optimizer_step", "delayed"), ("optimizer_staleness_steps", 1))
+    if o.swap_in_s_per_param_byte is not None:
+        times = costs.stage_times(np.asarray(bounds))
+        own = costs.memory_bytes(s, i, j) - params * o.state_bytes_per_param_byte[0]
+        out += (("mobius", {"swap_in_s": [float(x) for x in times.swap_in_s],
+                            "swap_out_s": [float(x) for x in times.swap_out_s],
+                            "pcie_queue": [int(q) for q in o.swap_queue],
+                            "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)]}),)
+    return out

@@ -37,7 +37,7 @@ from .placement import (check_layout, count_layouts, layout, layout_names, memor
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
-from .option_search import best_policies_for_split, exact_split_over_policies, swap_plan_info
+from .option_search import best_policies_for_split, exact_split_over_policies, host_plan_info
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           replica_vectors, replicas_name, replicated_costs, replicated_lower_bound_s)
 from .split_search import exact_split
@@ -918,7 +918,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         recompute = "per-stage"  # the stages chose (StagePlan.memory_option)
     extra = (("placement", row["placement"]), ("recompute", recompute)) + variant.extra + mapping_info + (
         ("split_search", split_info), ("simulated", True), ("analytic_iteration_time_s", analytic)) + (
-        swap_plan_info(costs, bounds))
+        host_plan_info(costs, bounds, job, dp))
     plan = Plan(
         rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
         num_micro_batches=m, stages=stage_plans,

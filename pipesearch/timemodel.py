@@ -82,6 +82,9 @@ class StageTimes:
     swap_in_s: np.ndarray | None = None
     swap_out_s: np.ndarray | None = None
     swap_queue: tuple[int, ...] | None = None
+    #: per stage, host work of the iteration that runs beside the next one
+    #: (a one-step delayed optimizer step on the CPU, :func:`delayed_host_time_s`)
+    delayed_host_s: np.ndarray | None = None
 
     @property
     def num_stages(self) -> int:
@@ -108,6 +111,8 @@ def simulate_times(schedule: str, pp: int, m: int, vp: int, times: StageTimes,
                   bwd_input_s=times.bwd_input_s, p2p_overlap=send_overlap(schedule), act_bytes=act_bytes)
     ar = np.bincount(np.arange(times.num_stages) % pp, weights=times.allreduce_s, minlength=pp)
     total = max(tl.iteration_time_s, float(np.max(np.asarray(tl.rank_end_s) + ar)))
+    if times.delayed_host_s is not None:
+        total = max(total, float(delayed_host_time_s(times, pp)[0]))
     return total, tl
 
 
@@ -296,6 +301,8 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
             end[a:b] += np.maximum(end[p1[a:b]], end[p2[a:b]])
         ar = _rank_allreduce(times, pp)
         out = np.maximum(end[:-1].max(axis=0), np.max(end[g.last_of_rank].T + ar, axis=1))
+    if times.delayed_host_s is not None:  # steady state: max(GPU iteration, host work beside it)
+        out = np.maximum(out, delayed_host_time_s(times, pp))
     return float(out[0]) if single else out
 
 
@@ -315,6 +322,19 @@ def _rank_allreduce(times: StageTimes, pp: int) -> np.ndarray:
     runs on rank ``s % pp``)."""
     r = np.atleast_2d(np.asarray(times.allreduce_s, dtype=float))
     return r.reshape(r.shape[0], -1, pp).sum(axis=1)
+
+
+def delayed_host_time_s(times: StageTimes, pp: int):
+    """The host side of a steady-state iteration with a one-step delayed
+    optimizer step (ZeRO-Offload's delayed parameter update, Ren et al.
+    USENIX ATC'21; RoundPipe's CPU step of iteration ``t`` beside iteration
+    ``t + 1``'s compute): each rank's stages' host work in a row
+    (``delayed_host_s``: gradients out, CPU Adam, weights back), its largest
+    over the ranks; ``T = max(GPU iteration, this)`` (docs/offload.md).
+    Shape: a float per split (``(n,)`` for ``n`` splits)."""
+    h = np.atleast_2d(np.asarray(times.delayed_host_s, dtype=float))
+    out = h.reshape(h.shape[0], -1, pp).sum(axis=1).max(axis=1)
+    return out
 
 
 def gpipe_time_s(times: StageTimes, m: int):
@@ -339,6 +359,8 @@ def gpipe_time_s(times: StageTimes, m: int):
     row_sum = np.cumsum((B + c)[:, ::-1], axis=1)[:, ::-1]
     row_max = np.maximum.accumulate(np.maximum(B, c)[:, ::-1], axis=1)[:, ::-1]
     out = fwd + np.max(row_sum + (m - 1) * row_max + r, axis=1)
+    if times.delayed_host_s is not None:
+        out = np.maximum(out, delayed_host_time_s(times, S))
     return float(out[0]) if single else out
 
 
@@ -356,10 +378,13 @@ def rank_busy_s(schedule: str, pp: int, m: int, times: StageTimes) -> np.ndarray
 def stage_times_of(plan) -> StageTimes:
     """The :class:`StageTimes` a :class:`pipesearch.types.Plan` records."""
     st = plan.stages
+    delayed = dict(plan.extra or ()).get("optimizer_step") == "delayed"
     swap = dict(plan.extra or ()).get("mobius") if plan.schedule == "mobius" else None
     swaps = {} if not swap else dict(swap_in_s=np.array(swap["swap_in_s"], dtype=float),
                                       swap_out_s=np.array(swap["swap_out_s"], dtype=float),
                                       swap_queue=tuple(int(q) for q in swap["pcie_queue"]))
+    if delayed:  # the host step runs beside the next iteration (delayed_host_time_s)
+        swaps["delayed_host_s"] = np.array([s.host_step_s for s in st])
     return StageTimes(
         fwd_s=np.array([s.fwd_s for s in st]),
         bwd_s=np.array([s.compute_s - s.fwd_s for s in st]),
@@ -510,6 +535,8 @@ def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None
     for a, b in zip(g.level_starts[:-1], g.level_starts[1:]):
         end[a:b] += np.maximum(end[g.pred1[a:b]], end[g.pred2[a:b]])
     T = float(max(end[:-1].max(), np.max(end[g.last_of_rank] + _rank_allreduce(times, pp)[0])))
+    if times.delayed_host_s is not None:
+        T = max(T, float(delayed_host_time_s(times, pp)[0]))
     S = pp * vp
     orders = schedule_lib.build_orders("looped-bfs", pp, m, vp)
     records = [ActionRecord(r, k, st, j, float(end[n] - dur[n]), float(end[n]))

@@ -450,6 +450,9 @@ class Job:
         comm_overlap: which data-parallel communication overlaps compute
             (:class:`pipesearch.overlap.CommOverlap`); ``None``: none, every
             collective after the rank's last action.
+        delayed_optimizer_step: run each stage's host step (offloaded or
+            streamed optimizer, Mobius) beside the next iteration's compute,
+            the weights one step stale (docs/offload.md).
     """
 
     global_batch_size: int
@@ -463,6 +466,7 @@ class Job:
     optimizer_offload: bool = False
     weight_streaming: bool = False
     comm_overlap: CommOverlap | None = None
+    delayed_optimizer_step: bool = False
 
 
 @dataclass(frozen=True)
