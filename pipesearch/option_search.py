@@ -130,12 +130,13 @@ def best_policies_for_split(costs: PipelineCosts, bounds, schedule: str, pp: int
     return best
 
 
-def host_plan_info(costs: PipelineCosts, bounds, job, dp: int) -> tuple:
+def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> tuple:
     """What a plan keeps in host memory and moves over PCIe, as plan-file
     options (``()`` when no stage uses the host):
 
-    * ``("host", {...})``: per stage, ``host_memory_bytes`` (its option's
-      host bytes per parameter byte x its parameter bytes) and
+    * ``("host", {...})``: per stage, over its ``dp x tp`` GPUs (each
+      holding its shard), ``host_memory_bytes`` (its option's host bytes per
+      parameter byte x its parameter bytes) and
       ``pcie_bytes_per_iteration``: an offloaded optimizer moves the 16-bit
       gradients out and weights back for the parameters the device updates
       (ZeRO-Offload, Ren et al. ATC'21 Fig. 2); streamed weights come in for
@@ -170,7 +171,8 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int) -> tuple:
                        np.array(["offload" in n for n in names])],
                       [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
                        2.0 * share * params], 0.0)
-    host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)]
+    host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)] * dp * tp
+    moved = moved * dp * tp
     out: tuple = (("host", {"host_memory_bytes": [float(x) for x in host], "pcie_bytes_per_iteration": [
         float(x) for x in moved], "total_host_memory_bytes": float(host.sum()),
         "total_pcie_bytes_per_iteration": float(moved.sum())}),)

@@ -918,7 +918,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         recompute = "per-stage"  # the stages chose (StagePlan.memory_option)
     extra = (("placement", row["placement"]), ("recompute", recompute)) + variant.extra + mapping_info + (
         ("split_search", split_info), ("simulated", True), ("analytic_iteration_time_s", analytic)) + (
-        host_plan_info(costs, bounds, job, dp))
+        host_plan_info(costs, bounds, job, dp, variant.tp))
     plan = Plan(
         rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
         num_micro_batches=m, stages=stage_plans,

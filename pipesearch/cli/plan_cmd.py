@@ -158,6 +158,13 @@ def plans_table(plans) -> str:
         counts = [sum(word in st.memory_option for st in p.stages) for p in plans]
         if any(counts):
             table[column] = [f"{n}/{len(p.stages)} stages" for n, p in zip(counts, plans)]
+    hosts = [dict(p.extra).get("host") or {} for p in plans]  # option_search.host_plan_info
+    if any(hosts):
+        table["host memory"] = [format_bytes(h.get("total_host_memory_bytes", 0.0)) for h in hosts]
+        table["PCIe / iteration"] = [format_bytes(h.get("total_pcie_bytes_per_iteration", 0.0)) for h in hosts]
+    if any(dict(p.extra).get("optimizer_step") == "delayed" for p in plans):
+        table["optimizer step"] = ["delayed 1" if dict(p.extra).get("optimizer_step") == "delayed" else "in step"
+                                   for p in plans]
     return table.to_string(index=False)
 
 

@@ -11,6 +11,8 @@ format                    runtime (module)
 ``"megatron"``            Megatron-LM launch command (:mod:`.megatron`)
 ``"deepspeed"``           DeepSpeed ``PipelineModule`` + config (:mod:`.deepspeed`)
 ``"gpipe"``               torchgpipe ``GPipe`` / fairscale ``Pipe`` (:mod:`.gpipe`)
+``"stages-json"``         no runtime: each stage's layers, devices, recompute, optimizer
+                          and weight placement, prefetch (:mod:`.stages_json`)
 ========================  ======================================================
 
 Every export is a JSON-serializable ``dict`` with ``"runtime"``,
@@ -70,7 +72,13 @@ _MODULES = {
     "megatron": ("megatron", "export_megatron"),
     "deepspeed": ("deepspeed", "export_deepspeed"),
     "gpipe": ("gpipe", "export_gpipe"),
+    "stages-json": ("stages_json", "export_stages_json"),
 }
+
+DESCRIPTION_FORMATS = ("stages-json",)
+"""Formats no runtime reads as is (``pipesearch export --format``; not in
+:data:`FORMATS`, which :func:`export_all` writes into plan files): the
+per-stage description of :mod:`.stages_json`."""
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -172,9 +180,10 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
             its reason.
     """
     if fmt not in _MODULES:
-        raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    refuse_stage_replicas(plan, fmt)
-    refuse_host_memory(plan, fmt)
+        raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS + DESCRIPTION_FORMATS)}")
+    if fmt not in DESCRIPTION_FORMATS:  # a description says what the stages keep where
+        refuse_stage_replicas(plan, fmt)
+        refuse_host_memory(plan, fmt)
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:
