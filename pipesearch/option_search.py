@@ -10,8 +10,11 @@ chain (:data:`pipesearch.stage_options.RELAXED`: the least recompute level
 that fits either way, without the host step), whose exact split is a lower
 bound on every completion of the node (docs/offload.md). A node whose relaxed
 optimum runs only on-device options on its free stages is solved: those
-stages' device-first chains give the same times. The result is exact whenever
-every split search it ran was.
+stages' device-first chains give the same times. Every other node completes
+its chains three ways on its relaxed optimum's split (the chains that
+optimum points to, all offload-first, all device-first): achievable plans
+that tighten the cutoff. The result is exact whenever every split search it
+ran was.
 """
 
 from __future__ import annotations
@@ -78,7 +81,10 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
         if len(fixed) == S:
             best[:] = [found, node, found.best_time_s]
             return
-        for policy in (OFFLOAD_FIRST, DEVICE_FIRST):
+        hint = _relaxed_hint(node, found.bounds, len(fixed))
+        _try_incumbent(costs, fixed, hint, found.bounds, schedule, pp, vp, best)
+        first = hint[0]
+        for policy in (first, DEVICE_FIRST if first == OFFLOAD_FIRST else OFFLOAD_FIRST):
             visit(fixed + (policy,))
 
     visit(())
@@ -90,6 +96,30 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
     bound = min(found.best_time_s, stats["open_bound"])
     return replace(found, lower_bound_s=bound, exact=stats["exact"], splits_evaluated=stats["splits"],
                    nodes=stats["nodes"]), chosen
+
+
+def _relaxed_hint(node: PipelineCosts, bounds, first_free: int) -> tuple[int, ...]:
+    """For the free stages of a node, the chain its relaxed optimum points
+    to on ``bounds``: device-first where the relaxed option is on the
+    device, offload-first where it is an offload (bound) option."""
+    names = node.options.names
+    return tuple(OFFLOAD_FIRST if "offload" in names[int(node.option_index(s, bounds[s], bounds[s + 1]))]
+                 else DEVICE_FIRST for s in range(first_free, node.pp))
+
+
+def _try_incumbent(costs: PipelineCosts, fixed, hint, bounds, schedule: str, pp: int, vp: int, best: list) -> None:
+    """Complete the node's chains three ways on its relaxed optimum's split
+    (the hint, all offload-first, all device-first) and keep the fastest
+    that fits if it beats ``best`` (an achievable plan: a tighter cutoff for
+    the rest of the branch and bound)."""
+    n = len(hint)
+    for free in (hint, (OFFLOAD_FIRST,) * n, (DEVICE_FIRST,) * n):
+        cand = with_policies(costs, tuple(fixed) + tuple(free))
+        if not cand.split_fits(bounds):
+            continue
+        t = float(iteration_time_s(schedule, pp, costs.num_micro_batches, vp, cand.stage_times(np.asarray(bounds))))
+        if t < best[2]:
+            best[:] = [ExactSplit(tuple(int(x) for x in bounds), t, t, t, True, 1, 0), cand, t]
 
 
 def _free_stages_on_device(node: PipelineCosts, bounds, first_free: int) -> bool:
