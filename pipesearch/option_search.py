@@ -13,8 +13,10 @@ optimum runs only on-device options on its free stages is solved: those
 stages' device-first chains give the same times. Every other node completes
 its chains three ways on its relaxed optimum's split (the chains that
 optimum points to, all offload-first, all device-first): achievable plans
-that tighten the cutoff. The result is exact whenever every split search it
-ran was.
+that tighten the cutoff. A stage whose one chain is nowhere slower on the
+ranges that could still beat the best plan found is not branched on
+(:func:`dominant_chains`). The result is exact whenever every split search
+it ran was.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
     S = costs.pp
     best: list = [None, costs, cutoff_s]  # found, its costs, its time (the cutoff until one is found)
     stats = {"exact": True, "open_bound": np.inf, "splits": 0, "nodes": 0}
+    forced: list = []  # per stage, its chain when one dominates on every range that can still win (else None)
 
     def visit(fixed: tuple[int, ...]) -> None:
         policies = fixed + (RELAXED,) * (S - len(fixed))
@@ -83,8 +86,12 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
             return
         hint = _relaxed_hint(node, found.bounds, len(fixed))
         _try_incumbent(costs, fixed, hint, found.bounds, schedule, pp, vp, best)
+        if not forced:  # once, at the root: later incumbents only shrink the ranges that can win
+            forced.extend(dominant_chains(costs, best[2]))
         first = hint[0]
-        for policy in (first, DEVICE_FIRST if first == OFFLOAD_FIRST else OFFLOAD_FIRST):
+        choices = (forced[len(fixed)],) if forced[len(fixed)] is not None else (
+            first, DEVICE_FIRST if first == OFFLOAD_FIRST else OFFLOAD_FIRST)
+        for policy in choices:
             visit(fixed + (policy,))
 
     visit(())
@@ -96,6 +103,41 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
     bound = min(found.best_time_s, stats["open_bound"])
     return replace(found, lower_bound_s=bound, exact=stats["exact"], splits_evaluated=stats["splits"],
                    nodes=stats["nodes"]), chosen
+
+
+def dominant_chains(costs: PipelineCosts, below_s: float) -> list[int | None]:
+    """Per stage, the chain that is at least as fast on every range the
+    stage could hold in a plan faster than ``below_s``, or None when the
+    chains trade places there.
+
+    A range can only be in such a plan when the stage's own work on it,
+    ``m`` forwards and backwards at the relaxed chain's times (at most
+    either chain's), is below ``below_s`` (its rank runs at least that).
+    On such a range the two chains' first fitting options are compared
+    term by term (forward, backward, input-gradient, host step): a chain
+    whose option is nowhere slower there can be fixed for the stage, as the
+    time model is monotone in every stage's terms.
+    """
+    S, L, m = costs.pp, costs.num_layers, costs.num_micro_batches
+    both = [with_policies(costs, (p,) * S) for p in (OFFLOAD_FIRST, DEVICE_FIRST)]
+    relaxed = with_policies(costs, (RELAXED,) * S)
+    out: list[int | None] = []
+    for s in range(S):
+        i, j = np.meshgrid(np.arange(s, L - S + s + 1), np.arange(s + 1, L - S + s + 2), indexing="ij")
+        keep = j > i
+        i, j = i[keep], j[keep]
+        useful = relaxed.fits(s, i, j) & (m * relaxed.compute_s(s, i, j) < below_s)
+        i, j = i[useful], j[useful]
+        terms = [np.stack([c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.bwd_input_s(s, i, j), c.host_step_s(s, i, j)])
+                 for c in both]
+        tol = 1e-12 * np.maximum(1.0, np.abs(terms[0]))
+        if np.all(terms[1] <= terms[0] + tol):
+            out.append(DEVICE_FIRST)
+        elif np.all(terms[0] <= terms[1] + tol):
+            out.append(OFFLOAD_FIRST)
+        else:
+            out.append(None)
+    return out
 
 
 def _relaxed_hint(node: PipelineCosts, bounds, first_free: int) -> tuple[int, ...]:
