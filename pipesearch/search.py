@@ -707,7 +707,8 @@ def search(
         infeasible=tuple(sorted((k, v) for k, v in counts.items() if k != "pruned"))
         + ((("pruned", counts["pruned"]),) if counts.get("pruned") else ()),
         wall_s=time.perf_counter() - start,
-        fingerprint=fingerprint([v.profile for v in variants], cluster, job, options),
+        fingerprint=fingerprint([v.profile for v in variants], cluster, job, options,
+                                *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ())),
         point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
     )
 

@@ -466,7 +466,9 @@ class Job:
     optimizer_offload: bool = False
     weight_streaming: bool = False
     comm_overlap: CommOverlap | None = None
-    delayed_optimizer_step: bool = False
+    #: not in the repr, so that search fingerprints without it stay as they were
+    #: (the search adds it to the fingerprint when set)
+    delayed_optimizer_step: bool = field(default=False, repr=False)
 
 
 @dataclass(frozen=True)
