@@ -16,7 +16,9 @@ optimum points to, all offload-first, all device-first): achievable plans
 that tighten the cutoff. A stage whose one chain is nowhere slower on the
 ranges that could still beat the best plan found is not branched on
 (:func:`dominant_chains`). The result is exact whenever every split search
-it ran was.
+it ran was and the nodes stayed within :data:`MAX_POLICY_NODES`; otherwise
+its lower bound is the least bound of the nodes left open (the plan's
+``split_search`` reports it and the gap).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ from .costs import PipelineCosts
 from .split_search import ExactSplit, exact_split
 from .stage_options import DEVICE_FIRST, OFFLOAD_FIRST, RELAXED
 from .timemodel import iteration_time_s
+
+
+MAX_POLICY_NODES = 24
+"""Branch-and-bound nodes (split searches) over the stages' chains per
+point; past it the open nodes' bounds become the reported lower bound
+(a deterministic count: the same answer on any machine)."""
 
 
 def has_policies(costs: PipelineCosts | None) -> bool:
@@ -62,13 +70,14 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
         return found, costs
     S = costs.pp
     best: list = [None, costs, cutoff_s]  # found, its costs, its time (the cutoff until one is found)
-    stats = {"exact": True, "open_bound": np.inf, "splits": 0, "nodes": 0}
+    stats = {"exact": True, "open_bound": np.inf, "splits": 0, "nodes": 0, "calls": 0}
     forced: list = []  # per stage, its chain when one dominates on every range that can still win (else None)
 
     def visit(fixed: tuple[int, ...]) -> None:
         policies = fixed + (RELAXED,) * (S - len(fixed))
         node = with_policies(costs, policies)
         found = exact_split(node, schedule, pp, vp, cutoff_s=best[2])
+        stats["calls"] += 1
         if found is None:
             return
         stats["splits"] += found.splits_evaluated
@@ -91,6 +100,10 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
         first = hint[0]
         choices = (forced[len(fixed)],) if forced[len(fixed)] is not None else (
             first, DEVICE_FIRST if first == OFFLOAD_FIRST else OFFLOAD_FIRST)
+        if len(choices) > 1 and stats["calls"] >= MAX_POLICY_NODES:  # the work limit: this node stays open
+            stats["exact"] = False
+            stats["open_bound"] = min(stats["open_bound"], found.lower_bound_s)
+            return
         for policy in choices:
             visit(fixed + (policy,))
 
