@@ -182,3 +182,19 @@ def test_some_case_needs_both_chains():
         opts = [st.memory_option for st in _search(prof, pp, m, cap * GB, host, schedule).stages]
         found |= "full" in opts and any(o.endswith("offload") for o in opts)
     assert found
+
+
+def test_node_limit_reports_a_bound_not_a_false_optimum(monkeypatch):
+    """With the branch and bound over chains cut after one node, the hand
+    case's answer is an achievable plan (never below the true optimum, 18
+    s, derived above) whose reported lower bound is at most the optimum,
+    and it says whether it is proven."""
+    import pipesearch.option_search as option_search
+
+    monkeypatch.setattr(option_search, "MAX_POLICY_NODES", 1)
+    prof, cap, host = _hand_case()
+    plan = _search(prof, 2, 4, cap, host)
+    info = dict(plan.extra)["split_search"]
+    assert plan.predicted.iteration_time_s >= 18.0 - 1e-9
+    assert info["lower_bound_s"] <= 18.0 + 1e-9
+    assert info["exact"] == (info["gap"] == 0)
