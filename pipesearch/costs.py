@@ -60,7 +60,8 @@ import numpy as np
 from .errors import InputError
 from .memory import FSDP_LIVE_UNITS, OFFLOAD_KEPT_COMPONENTS, param_state_of, usable_memory_bytes
 from .overlap import CommOverlap, exposed_s
-from .stage_options import StageOptions, range_max, range_max_table, stage_options, stream_options
+from .stage_options import (StageOptions, range_max, range_max_table, stage_options, stream_options,
+                            swap_device_bytes, swap_options)
 # placement is the one home of layouts, links and per-stage device terms; the
 # names below are also reachable from here for callers of the cost model
 from .placement import (allreduce_model, device_rate_flops, pipeline_placement,  # noqa: F401
@@ -213,6 +214,9 @@ class PipelineCosts:
     activation_share: np.ndarray | None = None
     held_prefix_bytes: np.ndarray | None = None
     wgrad_counts: tuple[np.ndarray, np.ndarray] | None = None
+    #: the host step runs beside the next iteration (Job.delayed_optimizer_step;
+    #: timemodel.delayed_host_time_s), not after the stage's last backward
+    delayed_host_step: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -247,6 +251,8 @@ class PipelineCosts:
         device, host = self._option_memory(s, i, j)
         s_b = np.broadcast_to(np.asarray(s), device.shape[1:])
         ok = (device <= self.capacity_bytes[s_b]) & (host <= self.options.host_capacity_bytes[s_b])
+        if self.options.allowed is not None:  # each stage's own chain (StageOptions.allowed)
+            ok &= self.options.allowed[:, s_b]
         return np.argmax(ok, axis=0)
 
     def option_name(self, s: int, i: int, j: int) -> str:
@@ -414,7 +420,7 @@ class PipelineCosts:
             self.gathered_at(i, j))
         out: dict[str, float] = {}
         option = self.option_name(s, i, j)
-        offloaded, streamed = "offload" in option, "stream" in option
+        offloaded, streamed = "offload" in option, "stream" in option or option == "swap"
         if param_state is not None:
             n = params / bytes_per_param
             parts = param_state.breakdown_per_param(dp)
@@ -434,7 +440,10 @@ class PipelineCosts:
         else:
             rest = float(self.memory_bytes(s, i, j)) - float(self.gathered_at(i, j)) - sum(
                 v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
-            if streamed:  # the double buffer of streamed layers (weights + gradients)
+            if option == "swap":  # Mobius: the stage computing and the one prefetched (stage_options.swap_options)
+                out["swapped_buffers"] = params * float(self.options.state_bytes_per_param_byte[0])
+                rest -= out["swapped_buffers"]
+            elif streamed:  # the double buffer of streamed layers (weights + gradients)
                 k = int(self.option_index(s, i, j))
                 out["streamed_buffers"] = float(range_max(self.options.transient_table_bytes[k], i, j))
                 rest -= out["streamed_buffers"]
@@ -455,8 +464,10 @@ class PipelineCosts:
         if self.options is not None:
             device, host = self._option_memory(s, i, j)
             s_b = np.broadcast_to(np.asarray(s), device.shape[1:])
-            return np.any((device <= self.capacity_bytes[s_b])
-                          & (host <= self.options.host_capacity_bytes[s_b]), axis=0)
+            ok = (device <= self.capacity_bytes[s_b]) & (host <= self.options.host_capacity_bytes[s_b])
+            if self.options.allowed is not None:
+                ok &= self.options.allowed[:, s_b]
+            return np.any(ok, axis=0)
         return self.memory_bytes(s, i, j) <= self.capacity_bytes[s]
 
     def stage_terms(self, bounds) -> tuple[np.ndarray, np.ndarray]:
@@ -511,16 +522,27 @@ class PipelineCosts:
         def arr(x):
             return np.broadcast_to(np.asarray(x, dtype=float), i.shape)
 
+        swaps, over = {}, 0.0
+        if self.options is not None and self.options.swap_in_s_per_param_byte is not None:  # Mobius' copies
+            k, params = self.option_index(s, i, j), self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
+            swaps = dict(swap_in_s=arr(params * self.options.swap_in_s_per_param_byte[k, s]),
+                         swap_out_s=arr(params * self.options.swap_out_s_per_param_byte[k, s]),
+                         swap_queue=self.options.swap_queue)
+            own = self.memory_bytes(s, i, j) - params * self.options.state_bytes_per_param_byte[k]
+            device = swap_device_bytes(arr(params), arr(own), len(self.options.swap_queue))
+            ranks = device.shape[-1]
+            over = np.where(device > self.capacity_bytes[:ranks], np.inf, 0.0)[..., np.arange(self.pp) % ranks]
         return StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
                           bwd_input_s=arr(self.bwd_input_s(s, i, j)),
                           p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
-                          allreduce_s=arr(self.after_backward_s(s, i, j)))
+                          allreduce_s=arr(self.after_backward_s(s, i, j)) + over, **swaps,
+                          **({"delayed_host_s": arr(self.host_step_s(s, i, j))} if self.delayed_host_step else {}))
 
     def after_backward_s(self, s, i, j):
         """What stage ``s`` adds after its last backward: :meth:`allreduce_s`
         plus its :meth:`host_step_s` (not overlapped: the offloaded optimizer
         step starts when the stage's gradients are complete)."""
-        if self.options is None:
+        if self.options is None or self.delayed_host_step:
             return self.allreduce_s(s, i, j)
         return self.allreduce_s(s, i, j) + self.host_step_s(s, i, j)
 
@@ -548,6 +570,7 @@ def build_pipeline_costs(
     optimizer_offload: bool = False,
     option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None,
     weight_streaming: bool = False,
+    weight_swapping: bool = False,
     wgrad_window: bool | None = None,
 ) -> PipelineCosts:
     """Assemble the cost terms of one search point.
@@ -575,6 +598,9 @@ def build_pipeline_costs(
         weight_streaming: offer stages their weights, gradients and
             optimizer state in host memory, the weights streamed in layer by
             layer (:func:`stream_options`; the cluster needs ``[host]``).
+        weight_swapping: Mobius: every stage in host memory, copied in
+            and out whole (:func:`swap_options`; ``pp`` counts all stages,
+            ``placement`` their heads).
         wgrad_window: the data-parallel reduce hides only under the
             weight-gradient part of the last backward (zero-bubble
             schedules); default: ``schedule == "zb-h1"``.
@@ -612,7 +638,11 @@ def build_pipeline_costs(
     capacity = ((usable - gathered * stages_per_device)
                 * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     time_scale = stage_time_scale(cluster, placement, profiled_device, profile_precision(profile))
-    if weight_streaming and cluster.host is not None:
+    if weight_swapping:  # Mobius: every stage swapped in and out over PCIe; each checked against the whole device
+        capacity = usable - gathered * stages_per_device - tied
+        options = swap_options(option_profiles[0][1] if option_profiles else profile, cluster, job, ratio=ratio,
+                               dp=dp, placement=placement, tp=tp, pp=pp // stages_per_device)
+    elif weight_streaming and cluster.host is not None:
         options = stream_options(option_profiles[0][1] if option_profiles else profile, cluster, job, ratio=ratio,
                                  dp=dp, placement=placement, tp=tp, time_scale=time_scale,
                                  stages_per_device=stages_per_device)
@@ -621,7 +651,7 @@ def build_pipeline_costs(
                                 offload=optimizer_offload, stages_per_device=stages_per_device,
                                 option_profiles=option_profiles)
     return PipelineCosts(
-        options=options,
+        options=options, delayed_host_step=job.delayed_optimizer_step and options is not None,
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
         fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),

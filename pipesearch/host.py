@@ -115,6 +115,60 @@ def host_memory_share_bytes(cluster: Cluster, placement: np.ndarray, tp: int = 1
     return cluster.host.memory_bytes / node_sharing(cluster, placement, tp) / stages_per_device
 
 
+def cross_mapping(cluster: Cluster, heads: np.ndarray, tp: int = 1) -> np.ndarray:
+    """Mobius' cross mapping (Feng et al., ASPLOS'23, sec. 4.3): ``heads``
+    (``(P, dp)`` heads of the pipeline's ranks) re-placed so that ranks next
+    to each other sit under different PCIe switches where the node allows.
+    Per node, the plan takes as many GPUs as before, chosen round robin over
+    the node's switches (switch by switch in order, each switch's GPUs in id
+    order), and gives them to the ranks in order, replica by replica.
+    Adjacent stages prefetch at nearly the same time, so they then do not
+    share an uplink. With ``tp > 1`` (groups of consecutive GPUs) the same
+    heads are only reordered that way; without ``[host]``, ``heads``
+    unchanged."""
+    heads = np.asarray(heads)
+    if cluster.host is None:
+        return heads
+    cells = [(r, c) for c in range(heads.shape[1]) for r in range(heads.shape[0])]
+    by_node: dict[int, list[tuple[int, int]]] = {}
+    for r, c in cells:
+        by_node.setdefault(cluster.node_of(int(heads[r, c])), []).append((r, c))
+    out = heads.copy()
+    for node, where in by_node.items():
+        pool = (sorted(int(heads[r, c]) for r, c in where) if tp > 1
+                else [d for d in range(cluster.num_devices) if cluster.node_of(d) == node])
+        lanes: dict[int, list[int]] = {}
+        for d in pool:
+            lanes.setdefault(cluster.host.switch_of(_local(cluster, d)), []).append(d)
+        rows = [lanes[k] for k in sorted(lanes)]
+        order = [lane[i] for i in range(max(map(len, rows))) for lane in rows if i < len(lane)]
+        for (r, c), d in zip(where, order):
+            out[r, c] = d
+    return out
+
+
+def swap_queues(cluster: Cluster, heads: np.ndarray, tp: int = 1) -> tuple[tuple[int, ...], np.ndarray]:
+    """``(queue, copies)`` of a Mobius pipeline with ``heads`` (``(P, dp)``
+    heads of ``tp``-GPU groups): per rank, the PCIe switch (a queue id,
+    unique over the cluster's nodes) of its first replica's head, whose
+    uplink its copies take turns on (:func:`pipesearch.timemodel.mobius_graph`);
+    and ``(P,)`` how many of the rank's GPUs (replicas and tensor-parallel
+    shards, each copying its own shard at the same time) sit under one
+    switch at most: each of the rank's copies takes that many times as long.
+
+    Raises:
+        ValueError: no ``[host]`` table.
+    """
+    host = _host(cluster)
+    heads = np.asarray(heads)
+    per_node = len(host.pcie_switches)
+    queue = tuple(cluster.node_of(int(row[0])) * per_node + host.switch_of(_local(cluster, int(row[0])))
+                  for row in heads)
+    copies = np.array([max(switch_sharing(cluster, [int(h) + t for h in row for t in range(tp)]).values())
+                       for row in heads], dtype=np.int64)
+    return queue, copies
+
+
 def _local(cluster: Cluster, device: int) -> int:
     group = cluster.group_of(device)
     first = sum(g.num_devices for g in cluster.groups[:group])

@@ -27,6 +27,8 @@ Builders and their sources:
   (arXiv:2401.10241), handcrafted schedule ZB-H1.
 * :func:`looped_bfs`: Lamy-Poirier, "Breadth-First Pipeline Parallelism",
   2022 (arXiv:2211.05953).
+* :func:`mobius`: Feng et al., "Mobius", ASPLOS 2023 (looped BFS' compute
+  order; its host-to-GPU copies are in the time model).
 
 Refusals follow torch.distributed.pipelining's runtime: ``Schedule1F1B``
 raises when ``n_microbatches < num_stages``; we refuse ``m < p`` for every
@@ -301,12 +303,33 @@ def _looped_bfs_order(p: int, m: int, v: int):
     return order
 
 
+def mobius(p: int, m: int, v: int) -> Schedule:
+    """Mobius (Feng et al., "Mobius: Fine Tuning Large-Scale Models on
+    Commodity GPU Servers", ASPLOS'23, sec. 3): ``p v`` stages, stage ``s`` on
+    rank ``s % p``, each rank running its stages in turn with all ``m``
+    micro-batches per stage, the compute order of :func:`looped_bfs`. The
+    stages live in host memory: each is copied to its GPU while the previous
+    one computes (:func:`pipesearch.timemodel.mobius_graph` adds the copies).
+
+    Raises:
+        InputError: ``p, m, v < 1``.
+    """
+    return _build(p, _mobius_order(p, m, v))
+
+
+def _mobius_order(p: int, m: int, v: int):
+    """Rank -> its order for :func:`mobius` (looped BFS' order)."""
+    _check_p_m_v("mobius", p, m, v)
+    return _looped_bfs_order(p, m, v)
+
+
 _ORDERS: dict[str, Callable[..., Callable[[int], Iterable[tuple[str, int, int]]]]] = {
     "gpipe": _gpipe_order,
     "1f1b": _one_f_one_b_order,
     "interleaved-1f1b": _interleaved_1f1b_order,
     "zb-h1": _zb_h1_order,
     "looped-bfs": _looped_bfs_order,
+    "mobius": _mobius_order,
 }
 
 
@@ -316,10 +339,11 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "interleaved-1f1b": interleaved_1f1b,
     "zb-h1": zb_h1,
     "looped-bfs": looped_bfs,
+    "mobius": mobius,
 }
 """Registry: schedule name -> builder."""
 
-_MULTI_STAGE = frozenset({"interleaved-1f1b", "looped-bfs"})
+_MULTI_STAGE = frozenset({"interleaved-1f1b", "looped-bfs", "mobius"})
 
 
 def build(name: str, p: int, m: int, v: int = 1) -> Schedule:
@@ -392,7 +416,7 @@ def work_until_last_forward(name: str, p: int, m: int, v: int = 1) -> dict[str, 
     _order_of(name, p, m, v)  # the builder's refusals; nothing is generated
     S = num_stages_of(name, p, v)
     out = {kind: [0] * S for kind in "FBIW"}
-    if name in ("gpipe", "looped-bfs"):
+    if name in ("gpipe", "looped-bfs", "mobius"):
         out["F"][:p] = [m] * p
     elif name in ("1f1b", "zb-h1"):
         for r in range(p):

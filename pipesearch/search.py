@@ -37,7 +37,9 @@ from .placement import (check_layout, count_layouts, group_ids, layout, layout_n
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .placement import SLOTS_PREFIX, slot_classes
 from .errors import InfeasibleError, InputError
+from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
+from .option_search import best_policies_for_split, exact_split_over_policies, host_plan_info
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           replica_vectors, replicas_name, replicated_costs, replicated_lower_bound_s)
 from .split_search import exact_split
@@ -48,7 +50,7 @@ ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
 #: every schedule the search knows; the first two have an exact analytic split
 ALL_SCHEDULES = SCHEDULES
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs")
+MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "mobius")
 
 
 @dataclass(frozen=True)
@@ -597,8 +599,11 @@ def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict,
     heads = placement_array(cluster, variant, dict(row, placement=placement), placement_ctx)
     if heads is None:
         return None, None
+    if row["schedule"] == "mobius":  # adjacent stages under different PCIe switches (host.cross_mapping)
+        heads = cross_mapping(cluster, heads, variant.tp)
     slots = heads[np.arange(pp * vp) % pp]
-    key = (pp, dp, vp, variant.tp, placement) + ((tuple(heads.ravel()),) if placement == "mapped" else ())
+    key = (pp, dp, vp, variant.tp, placement, row["schedule"] == "mobius") + (
+        (tuple(heads.ravel()),) if placement == "mapped" else ())
     if key not in links_cache:
         check_layout(cluster, heads, variant.tp)  # distinct devices on the cluster, each group in one node
         links_cache[key] = placement_links(cluster, slots)
@@ -771,7 +776,8 @@ def search(
     rows: list[dict] = []
     counts: Counter = Counter()
     work = {id(v): v.profile.compute_per_sample_s for v in variants}
-    memory_floor = {id(v): _memory_totals(v.profile, job, v.stage_tables) for v in variants}
+    floor_job = replace(job, weight_streaming=True) if "mobius" in options.schedules else job  # Mobius swaps all
+    memory_floor = {id(v): _memory_totals(v.profile, floor_job, v.stage_tables) for v in variants}
     # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
     capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
                 for tp in {v.tp for v in variants}}
@@ -926,7 +932,8 @@ def search(
         infeasible=tuple(sorted((k, v) for k, v in counts.items() if k != "pruned"))
         + ((("pruned", counts["pruned"]),) if counts.get("pruned") else ()),
         wall_s=time.perf_counter() - start,
-        fingerprint=fingerprint([v.profile for v in variants], cluster, job, options),
+        fingerprint=fingerprint([v.profile for v in variants], cluster, job, options,
+                                *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ())),
         point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
     )
 
@@ -995,7 +1002,7 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
     GPipe ``m``; 1F1B ``min(m, pp - s)``."""
     if schedule in ANALYTIC_SCHEDULES:
         return in_flight_micro_batches(schedule, pp, m)
-    if schedule == "looped-bfs":
+    if schedule in ("looped-bfs", "mobius"):
         return np.full(pp * vp, m, dtype=np.int64)
     # ZB-H1's counts are those of m = pp once m >= pp (its warm-up is pp - r
     # forwards deep; tests/test_search.py compares them bit for bit)
@@ -1079,7 +1086,7 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
                                                                       variant.profile.wgrad_saved_fraction),
         stages_per_device=vp, links=links, wgrad_window=schedule == "zb-h1", tp=variant.tp,
         optimizer_offload=variant.offload, option_profiles=variant.stage_tables or None,
-        weight_streaming=variant.stream,
+        weight_streaming=variant.stream, weight_swapping=schedule == "mobius",
     )
     return slots, costs
 
@@ -1108,6 +1115,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         return None, None
     if options.split:
         bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(options.split)]))
+        if len(options.split) == stages:  # the stages' chains of options for this split (option_search)
+            costs = best_policies_for_split(costs, bounds, schedule, pp, vp)
         if len(options.split) != stages or not costs.split_fits(bounds):
             row["status"] = "out_of_memory" if len(options.split) == stages else "split_mismatch"
             if len(options.split) == stages:
@@ -1116,7 +1125,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         t = iteration_time_s(schedule, pp, m, vp, costs.stage_times(bounds))
         split_info = {"exact": True, "lower_bound_s": t, "gap": 0.0, "splits_evaluated": 1, "pinned": True}
     else:
-        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=options.exhaustive)
+        found, costs = exact_split_over_policies(costs, schedule, pp, vp, cutoff_s=cutoff_s,
+                                                 value_above_cutoff=options.exhaustive)
         if found is None:
             row["status"] = "out_of_memory"
             return None, costs
@@ -1137,7 +1147,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
             n.split("+")[0] in ("full", "selective") for n in costs.options.names):
         recompute = "per-stage"  # the stages chose (StagePlan.memory_option)
     extra = (("placement", row["placement"]), ("recompute", recompute)) + variant.extra + mapping_info + (
-        ("split_search", split_info), ("simulated", True), ("analytic_iteration_time_s", analytic))
+        ("split_search", split_info), ("simulated", True), ("analytic_iteration_time_s", analytic)) + (
+        host_plan_info(costs, bounds, job, dp, variant.tp))
     plan = Plan(
         rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
         num_micro_batches=m, stages=stage_plans,

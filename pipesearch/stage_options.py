@@ -12,7 +12,7 @@ largest transient buffer, a ZeRO-3 stage's largest gathered unit).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -96,14 +96,39 @@ class StageOptions:
     host_bytes_per_param_byte: np.ndarray
     host_step_s_per_param_byte: np.ndarray
     host_capacity_bytes: np.ndarray
+    #: ``(K, P)`` bool: the options stage ``s`` may run (``None``: all); each
+    #: stage's allowed options, in index order, form its chain
+    allowed: np.ndarray | None = None
+    #: ``(3, K)`` bool: the chains of :data:`POLICIES` (mixed options only,
+    #: :func:`mixed_offload_options`); ``allowed`` is one row per stage
+    policy_chains: np.ndarray | None = None
+    #: Mobius (:func:`swap_options`): ``(K, P)`` seconds per parameter byte of
+    #: a stage's weights copied in and of its gradients copied out, and each
+    #: rank's PCIe queue (:func:`pipesearch.host.swap_queues`)
+    swap_in_s_per_param_byte: np.ndarray | None = None
+    swap_out_s_per_param_byte: np.ndarray | None = None
+    swap_queue: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        for name in ("fwd_prefix_s", "compute_prefix_s", "bwd_input_prefix_s", "host_step_s_per_param_byte"):
-            arr = getattr(self, name)
-            steps = np.diff(arr, axis=-1) if name != "host_step_s_per_param_byte" else arr
-            if np.any(np.diff(steps, axis=0) < -1e-12 * np.maximum(1.0, np.abs(steps[1:]))):
-                raise ValueError(f"stage options {self.names}: {name} decreases from one option to the "
-                                 "next; options must be ordered fastest first, layer by layer")
+        P = self.host_step_s_per_param_byte.shape[1]
+        masks = np.ones((len(self.names), P), dtype=bool) if self.allowed is None else self.allowed
+        for s in {tuple(col) for col in masks.T}:
+            keep = np.flatnonzero(s)
+            for name in ("fwd_prefix_s", "compute_prefix_s", "bwd_input_prefix_s", "host_step_s_per_param_byte"):
+                arr = getattr(self, name)[keep]
+                steps = np.diff(arr, axis=-1) if name != "host_step_s_per_param_byte" else arr
+                if np.any(np.diff(steps, axis=0) < -1e-12 * np.maximum(1.0, np.abs(steps[1:]))):
+                    raise ValueError(f"stage options {tuple(self.names[k] for k in keep)}: {name} decreases "
+                                     "from one option to the next; options must be ordered fastest first, "
+                                     "layer by layer")
+
+    def with_policies(self, policies) -> StageOptions:
+        """These options with stage ``s`` restricted to the chain
+        ``policies[s]`` (an index into :data:`POLICIES`; ``(P,)`` ints).
+        Raises ValueError without :attr:`policy_chains`."""
+        if self.policy_chains is None:
+            raise ValueError(f"stage options {self.names} have no per-stage chains to choose from")
+        return replace(self, allowed=self.policy_chains[np.asarray(policies, dtype=np.int64)].T.copy())
 
 
 RECOMPUTE_OPTIONS = ("none", "full")
@@ -154,6 +179,10 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
                               offload=offload, stages_per_device=stages_per_device)
     if not recompute and not offload:
         return None
+    if offload and recompute:  # every recompute level with and without offload (docs/offload.md)
+        return mixed_offload_options(_profile_levels(profile, ratio),
+                                     *_offload_terms(profile, cluster, job, dp, placement, tp, offload,
+                                                     stages_per_device))
     names = (("none", "none+offload", "full+offload") if recompute else ("on-device", "offload")) if offload \
         else RECOMPUTE_OPTIONS
     times = profile.layer_times_at(ratio * profile.profiled_batch_size)
@@ -183,14 +212,16 @@ def _empty_rows() -> dict[str, list]:
     return {key: [] for key in ("fwd", "compute", "bin", "saved", "transient", "state", "host", "step")}
 
 
-def _stack_options(names, rows: dict, host_cap: np.ndarray) -> StageOptions:
+def _stack_options(names, rows: dict, host_cap: np.ndarray, **chains) -> StageOptions:
+    """:class:`StageOptions` from rows filled option by option (``chains``:
+    its ``allowed`` and ``policy_chains``, when given)."""
     return StageOptions(
         names=tuple(names), fwd_prefix_s=np.stack(rows["fwd"]), compute_prefix_s=np.stack(rows["compute"]),
         bwd_input_prefix_s=np.stack(rows["bin"]), saved_prefix_bytes=np.stack(rows["saved"]),
         transient_table_bytes=np.stack(rows["transient"]),
         state_bytes_per_param_byte=np.array(rows["state"], dtype=float),
         host_bytes_per_param_byte=np.array(rows["host"], dtype=float),
-        host_step_s_per_param_byte=np.stack(rows["step"]), host_capacity_bytes=host_cap,
+        host_step_s_per_param_byte=np.stack(rows["step"]), host_capacity_bytes=host_cap, **chains,
     )
 
 
@@ -223,6 +254,9 @@ def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float,
     first = option_profiles[0][1]
     on_device, off_device, off_host, step, host_cap = _offload_terms(first, cluster, job, dp, placement, tp,
                                                                      offload, stages_per_device)
+    if offload and len(option_profiles) > 1:  # every mode with and without offload (docs/offload.md)
+        return mixed_offload_options(_table_levels(option_profiles, ratio), on_device, off_device, off_host,
+                                     step, host_cap)
     chain = ([(n, p, False) for n, p in option_profiles] if not offload
              else [(option_profiles[0][0], option_profiles[0][1], False)]
              + [(f"{n}+offload", p, True) for n, p in option_profiles])
@@ -240,6 +274,91 @@ def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float,
         rows["host"].append(off_host if off else 0.0)
         rows["step"].append(step if off else np.zeros(len(placement)))
     return _stack_options([n for n, _, _ in chain], rows, host_cap)
+
+
+POLICIES = ("offload-first", "device-first", "relaxed")
+"""The per-stage chains of :func:`mixed_offload_options`, by index: the
+recompute levels offloaded (after the plain option), the levels on the
+device (then the last one offloaded), and the relaxation every level (on
+the device, then offloaded with its host step left out) that bounds both
+from below (:mod:`pipesearch.option_search`)."""
+OFFLOAD_FIRST, DEVICE_FIRST, RELAXED = range(3)
+
+
+def mixed_offload_options(levels, on_device: float, off_device: float, off_host: float, step: np.ndarray,
+                          host_cap: np.ndarray) -> StageOptions:
+    """Every recompute level x {on device, optimizer offloaded}: options
+    ``(level)``, ``(level)+offload (bound)`` and ``(level)+offload`` per
+    level, with three chains (:data:`POLICIES`) from which each stage takes
+    one (:meth:`StageOptions.with_policies`; default: all offload-first).
+
+    The options of a stage form a grid: recompute level ``r`` (times
+    non-decreasing in ``r``, memory non-increasing) x offload (the same
+    times, less device memory, a host step). ``full`` and ``none+offload``
+    are not ordered, so no single chain holds the grid; its two chains
+    offload-first (``(0), (0)+offload, (1)+offload, ...``) and device-first
+    (``(0), (1), ..., (R), (R)+offload``) cover it (the grid has width 2:
+    Dilworth). For any choice of options, the stage's option lies on one of
+    them, and the first fitting option of that chain is at most as slow, so
+    the best plan takes, per stage, one chain and its first fitting option.
+    The relaxed chain (times of the least level that fits either way, no
+    host step) is at most as slow as both, per stage and range: a lower
+    bound for every choice of chains.
+
+    Args:
+        levels: ``(name, rows)`` per recompute level, fastest first; ``rows``
+            holds ``fwd``, ``compute``, ``bin``, ``saved`` (``(L+1,)`` prefix
+            sums) and ``transient`` (:func:`range_max_table`).
+        on_device, off_device, off_host: state bytes per parameter byte on
+            the device, and on the device and host when offloaded.
+        step: ``(P,)`` offloaded step seconds per parameter byte.
+        host_cap: ``(P,)`` host bytes each stage may fill.
+    """
+    rows, names, chains = _empty_rows(), [], [[], [], []]
+    R = len(levels) - 1
+    for r, (name, lv) in enumerate(levels):
+        for kind in ("device", "bound", "offload"):
+            for key in ("fwd", "compute", "bin", "saved", "transient"):
+                rows[key].append(lv[key])
+            off = kind != "device"
+            rows["state"].append(off_device if off else on_device)
+            rows["host"].append(off_host if off else 0.0)
+            rows["step"].append(step if kind == "offload" else np.zeros(len(step)))
+            names.append(name if kind == "device" else f"{name}+offload" + (" (bound)" if kind == "bound" else ""))
+            chains[OFFLOAD_FIRST].append(kind == "offload" or (kind == "device" and r == 0))
+            chains[DEVICE_FIRST].append(kind == "device" or (kind == "offload" and r == R))
+            chains[RELAXED].append(kind != "offload")
+    policy_chains = np.array(chains, dtype=bool)
+    return _stack_options(names, rows, host_cap, policy_chains=policy_chains,
+                          allowed=np.repeat(policy_chains[OFFLOAD_FIRST][:, None], len(step), axis=1))
+
+
+def _profile_levels(profile: ModelProfile, ratio: float):
+    """``(name, rows)`` of ``none`` and ``full`` recompute of a profile with
+    ``recompute_saved_bytes`` (:func:`stage_options`' terms)."""
+    arrays = profile.layer_arrays
+    times = profile.layer_times_at(ratio * profile.profiled_batch_size)
+    fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    rc = arrays["recomputable"]
+    saved, ckpt = arrays["saved_bytes"] * ratio, arrays["recompute_saved_bytes"] * ratio
+    extra = rc * fwd
+    return [("none", dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd), bin=_prefix(bin_), saved=_prefix(saved),
+                          transient=range_max_table(0 * saved))),
+            ("full", dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd + extra), bin=_prefix(bin_ + extra),
+                          saved=_prefix(np.where(rc > 0, ckpt, saved)),
+                          transient=range_max_table(np.where(rc > 0, saved, 0.0))))]
+
+
+def _table_levels(option_profiles, ratio: float):
+    """``(name, rows)`` of one layer table per recompute mode."""
+    out = []
+    for name, prof in option_profiles:
+        times = prof.layer_times_at(ratio * prof.profiled_batch_size)
+        fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+        out.append((name, dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd), bin=_prefix(bin_),
+                               saved=_prefix(prof.layer_arrays["saved_bytes"] * ratio),
+                               transient=range_max_table(np.zeros(prof.num_layers)))))
+    return out
 
 
 #: weight copies live on a streaming GPU: the layer computing and the one prefetched
@@ -300,3 +419,85 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
         host_step_s_per_param_byte=np.stack([np.zeros(P), share * node / cluster.host.cpu_adam_params_per_s / bpp]),
         host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device),
     )
+
+
+def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
+                 placement: np.ndarray, tp: int, pp: int) -> StageOptions:
+    """The one option of a Mobius stage, ``swap`` (Feng et al., ASPLOS'23,
+    sec. 3): its 16-bit weights, gradients and optimizer state live in host
+    memory; the GPU holds the stage computing and the one prefetched, each
+    with its weights and gradients (2 + 2 B per parameter for 16-bit
+    training), and the activations of all its stages: the device check is
+    :func:`swap_device_bytes` (whole splits, in
+    :meth:`pipesearch.costs.PipelineCosts.stage_times`: a split over it
+    takes forever). Per stage, the options' memory is a necessary part of
+    it, checked against the whole device: the stage's activations and
+    ``1 / (vp - 1)`` of its own weights and gradients (each stage is in a
+    pair of consecutive stays, so the largest pair is at least their sum
+    over ``vp - 1``; all of them when ``vp = 1``). Each
+    stay of the stage on its GPU copies its weights in, each stay with
+    backwards its gradients out (:func:`pipesearch.timemodel.mobius_graph`),
+    one copy at a time per PCIe switch at the link's rate
+    (``min(host_to_device, switch_uplink)``), times the rank's GPUs under
+    one switch (:func:`pipesearch.host.swap_queues`). After its gradients
+    are out, the CPU runs Adam on the stage (node-shared rate, as for
+    :func:`stream_options`). The host keeps ``2 + 16`` B per parameter
+    (the 16-bit copy and ZeRO-Offload's fp32 weights, gradients and moments).
+
+    ``placement`` holds the ``(P, dp)`` heads of all ``P = pp * vp`` stages
+    (stage ``s`` on rank ``s % pp``).
+
+    Raises:
+        InputError: the cluster has no ``[host]`` table.
+    """
+    from . import host as host_lib
+    from .errors import InputError
+    from .memory import offload_bytes_per_param
+
+    if cluster.host is None:
+        raise InputError(f"schedule mobius: cluster {cluster.name!r} has no [host] table (host memory and PCIe "
+                         "switches); add one (docs/offload.md) or choose another schedule")
+    a = profile.layer_arrays
+    bpp = profile.bytes_per_param
+    state = param_state_of(job)
+    P = len(placement)
+    queue, copies = host_lib.swap_queues(cluster, np.asarray(placement)[:pp], tp)
+    link = min(cluster.host.host_to_device_bytes_per_s, cluster.host.switch_uplink_bytes_per_s)
+    per_byte = (copies / link)[np.arange(P) % pp][None, :]
+    node = host_lib.node_sharing(cluster, placement, tp)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    times = profile.layer_times_at(ratio * profile.profiled_batch_size)
+    fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    return StageOptions(
+        names=("swap",), fwd_prefix_s=_prefix(fwd)[None], compute_prefix_s=_prefix(fwd + bwd)[None],
+        bwd_input_prefix_s=_prefix(bin_)[None], saved_prefix_bytes=_prefix(a["saved_bytes"] * ratio)[None],
+        transient_table_bytes=range_max_table(0 * fwd)[None],
+        state_bytes_per_param_byte=np.array([2.0 / max(P // pp - 1, 1)]),
+        host_bytes_per_param_byte=np.array([(2.0 + offload_bytes_per_param(state, dp)[1]) / bpp]),
+        host_step_s_per_param_byte=(share * node / cluster.host.cpu_adam_params_per_s / bpp)[None, :],
+        host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, P // pp),
+        swap_in_s_per_param_byte=per_byte, swap_out_s_per_param_byte=per_byte.copy(), swap_queue=queue,
+    )
+
+
+def swap_device_bytes(param_bytes: np.ndarray, own_bytes: np.ndarray, pp: int) -> np.ndarray:
+    """Peak bytes of each Mobius GPU (:func:`swap_options`): the activations
+    (and other per-stage bytes) ``own_bytes`` of all its stages, plus the
+    largest weights + gradients of two stays in a row
+    (:func:`pipesearch.timemodel.mobius_residencies`: stages ``c`` and
+    ``c + 1`` of the rank while one computes and the next is prefetched;
+    the one stage alone when ``vp = 1``), at 2 bytes of weight and gradient
+    per parameter byte.
+
+    ``param_bytes`` and ``own_bytes`` are ``(..., S)`` with stage ``s`` on
+    rank ``s % pp``; returns ``(..., pp)`` with the rank's peak repeated
+    over its stages' positions' first ``pp`` entries (rank ``r`` at ``r``).
+    """
+    wg = 2.0 * np.asarray(param_bytes, dtype=float)
+    own = np.asarray(own_bytes, dtype=float)
+    S = wg.shape[-1]
+    v = S // pp
+    wg = wg.reshape(wg.shape[:-1] + (v, pp))
+    own = own.reshape(own.shape[:-1] + (v, pp)).sum(axis=-2)
+    pairs = wg[..., :-1, :] + wg[..., 1:, :] if v > 1 else wg
+    return own + pairs.max(axis=-2)

@@ -45,7 +45,7 @@ from .errors import InputError
 from .simulate import Timeline, simulate
 
 #: schedules whose sends overlap the sender's compute (module docstring)
-OVERLAPPED_SEND_SCHEDULES = ("gpipe", "interleaved-1f1b", "zb-h1", "looped-bfs")
+OVERLAPPED_SEND_SCHEDULES = ("gpipe", "interleaved-1f1b", "zb-h1", "looped-bfs", "mobius")
 
 
 def send_overlap(schedule: str) -> bool:
@@ -75,6 +75,16 @@ class StageTimes:
     bwd_input_s: np.ndarray
     p2p_s: np.ndarray
     allreduce_s: np.ndarray
+    #: Mobius (``schedule="mobius"``, :func:`mobius_graph`): per stage, its
+    #: weights copied from host memory before each stay on its GPU, and its
+    #: gradients copied back after its backward (``(S,)`` or ``(n, S)``);
+    #: ``swap_queue`` the PCIe queue (switch) of each rank, ``(pp,)`` ints
+    swap_in_s: np.ndarray | None = None
+    swap_out_s: np.ndarray | None = None
+    swap_queue: tuple[int, ...] | None = None
+    #: per stage, host work of the iteration that runs beside the next one
+    #: (a one-step delayed optimizer step on the CPU, :func:`delayed_host_time_s`)
+    delayed_host_s: np.ndarray | None = None
 
     @property
     def num_stages(self) -> int:
@@ -94,11 +104,15 @@ def simulate_times(schedule: str, pp: int, m: int, vp: int, times: StageTimes,
     (per stage, the activation bytes one in-flight micro-batch holds) gives
     the timeline's peak activation memory per rank (zeros without it).
     """
+    if schedule == "mobius":  # its copies are nodes of the graph: the timeline comes from it
+        return _mobius_simulate(pp, m, vp, times, act_bytes)
     actions = schedule_actions(schedule, pp, m, vp)
     tl = simulate(actions, fwd_s=times.fwd_s, bwd_s=times.bwd_s, p2p_s=times.p2p_s,
                   bwd_input_s=times.bwd_input_s, p2p_overlap=send_overlap(schedule), act_bytes=act_bytes)
     ar = np.bincount(np.arange(times.num_stages) % pp, weights=times.allreduce_s, minlength=pp)
     total = max(tl.iteration_time_s, float(np.max(np.asarray(tl.rank_end_s) + ar)))
+    if times.delayed_host_s is not None:
+        total = max(total, float(delayed_host_time_s(times, pp)[0]))
     return total, tl
 
 
@@ -254,7 +268,10 @@ def _durations(g: _Graph, times: StageTimes) -> np.ndarray:
     fwd, bwd, bin_ = (np.atleast_2d(np.asarray(x, dtype=float)) for x in (times.fwd_s, times.bwd_s, times.bwd_input_s))
     n, S = fwd.shape
     p2p = np.concatenate([np.asarray(times.p2p_s, dtype=float).reshape(n, S - 1), np.zeros((n, 1))], axis=1)
-    table = np.concatenate([fwd, bwd, bin_, bwd - bin_, p2p], axis=1).T  # (5 S, n)
+    cols = [fwd, bwd, bin_, bwd - bin_, p2p]
+    if times.swap_in_s is not None:  # Mobius' copies (mobius_graph): columns 5 S .. 7 S
+        cols += [np.broadcast_to(np.asarray(x, dtype=float), fwd.shape) for x in (times.swap_in_s, times.swap_out_s)]
+    table = np.concatenate(cols, axis=1).T  # (5 S, n), (7 S, n) with copies
     dur = np.zeros((len(g.col) + 1, n))
     dur[:-1] = table[g.col]
     sends = np.flatnonzero(g.sends >= 0)
@@ -277,13 +294,15 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
     if schedule == "gpipe":
         return gpipe_time_s(times, m)
     else:
-        g = _graph(schedule, pp, m, vp)
+        g = _graph(schedule, pp, m, vp) if schedule != "mobius" else mobius_graph(pp, m, vp, _queues(times, pp))
         end = _durations(g, times)  # becomes each node's end, level by level
         p1, p2, starts = g.pred1, g.pred2, g.level_starts
         for a, b in zip(starts[:-1], starts[1:]):
             end[a:b] += np.maximum(end[p1[a:b]], end[p2[a:b]])
         ar = _rank_allreduce(times, pp)
         out = np.maximum(end[:-1].max(axis=0), np.max(end[g.last_of_rank].T + ar, axis=1))
+    if times.delayed_host_s is not None:  # steady state: max(GPU iteration, host work beside it)
+        out = np.maximum(out, delayed_host_time_s(times, pp))
     return float(out[0]) if single else out
 
 
@@ -294,7 +313,7 @@ def evaluation_cost(schedule: str, pp: int, m: int, vp: int) -> tuple[int, int]:
     node (GPipe's closed form: about ten vector operations over the stages)."""
     if schedule == "gpipe":
         return 300 * 10, schedule_lib.num_stages_of(schedule, pp, vp)
-    g = _graph(schedule, pp, m, vp)
+    g = _graph(schedule, pp, m, vp) if schedule != "mobius" else mobius_graph(pp, m, vp, tuple(range(pp)))
     return 300 * g.num_levels, len(g.col)
 
 
@@ -303,6 +322,19 @@ def _rank_allreduce(times: StageTimes, pp: int) -> np.ndarray:
     runs on rank ``s % pp``)."""
     r = np.atleast_2d(np.asarray(times.allreduce_s, dtype=float))
     return r.reshape(r.shape[0], -1, pp).sum(axis=1)
+
+
+def delayed_host_time_s(times: StageTimes, pp: int):
+    """The host side of a steady-state iteration with a one-step delayed
+    optimizer step (ZeRO-Offload's delayed parameter update, Ren et al.
+    USENIX ATC'21; RoundPipe's CPU step of iteration ``t`` beside iteration
+    ``t + 1``'s compute): each rank's stages' host work in a row
+    (``delayed_host_s``: gradients out, CPU Adam, weights back), its largest
+    over the ranks; ``T = max(GPU iteration, this)`` (docs/offload.md).
+    Shape: a float per split (``(n,)`` for ``n`` splits)."""
+    h = np.atleast_2d(np.asarray(times.delayed_host_s, dtype=float))
+    out = h.reshape(h.shape[0], -1, pp).sum(axis=1).max(axis=1)
+    return out
 
 
 def gpipe_time_s(times: StageTimes, m: int):
@@ -327,6 +359,8 @@ def gpipe_time_s(times: StageTimes, m: int):
     row_sum = np.cumsum((B + c)[:, ::-1], axis=1)[:, ::-1]
     row_max = np.maximum.accumulate(np.maximum(B, c)[:, ::-1], axis=1)[:, ::-1]
     out = fwd + np.max(row_sum + (m - 1) * row_max + r, axis=1)
+    if times.delayed_host_s is not None:
+        out = np.maximum(out, delayed_host_time_s(times, S))
     return float(out[0]) if single else out
 
 
@@ -345,6 +379,13 @@ def stage_times_of(plan) -> StageTimes:
     """The :class:`StageTimes` a :class:`pipesearch.types.Plan` records."""
     st = plan.stages
     bwd_s = np.array([s.compute_s - s.fwd_s for s in st])
+    delayed = dict(plan.extra or ()).get("optimizer_step") == "delayed"
+    swap = dict(plan.extra or ()).get("mobius") if plan.schedule == "mobius" else None
+    swaps = {} if not swap else dict(swap_in_s=np.array(swap["swap_in_s"], dtype=float),
+                                      swap_out_s=np.array(swap["swap_out_s"], dtype=float),
+                                      swap_queue=tuple(int(q) for q in swap["pcie_queue"]))
+    if delayed:  # the host step runs beside the next iteration (delayed_host_time_s)
+        swaps["delayed_host_s"] = np.array([s.host_step_s for s in st])
     return StageTimes(
         fwd_s=np.array([s.fwd_s for s in st]),
         bwd_s=bwd_s,
@@ -352,4 +393,178 @@ def stage_times_of(plan) -> StageTimes:
         bwd_input_s=np.minimum(np.array([s.bwd_input_s for s in st]), bwd_s),
         p2p_s=np.array([s.comm_s for s in st[:-1]]),
         allreduce_s=np.array([s.allreduce_s for s in st]),
+        **swaps,
     )
+
+
+# ------------------------------------------------------------ Mobius: stages swapped over PCIe
+
+
+def _queues(times: StageTimes, pp: int) -> tuple[int, ...]:
+    """Each rank's PCIe queue (``StageTimes.swap_queue``; own queue each when unset)."""
+    return tuple(int(q) for q in times.swap_queue) if times.swap_queue is not None else tuple(range(pp))
+
+
+def mobius_residencies(pp: int, vp: int, rank: int) -> list[tuple[int, bool]]:
+    """The stays of rank ``rank``'s stages on its GPU under Mobius, in order:
+    ``(stage, with_backward)``. Stage ``c pp + r`` runs its ``m`` forwards
+    (looped BFS order, :func:`pipesearch.schedules.looped_bfs`); the last one
+    stays for its backwards, then the others come back in reverse for
+    theirs: ``2 vp - 1`` stays (Feng et al., ASPLOS'23, sec. 3.2)."""
+    fwd = [(c * pp + rank, c == vp - 1) for c in range(vp)]
+    return fwd + [(c * pp + rank, True) for c in reversed(range(vp - 1))]
+
+
+def mobius_graph(pp: int, m: int, vp: int, queues: tuple[int, ...]) -> _Graph:
+    """The dependency graph of Mobius (Feng et al., ASPLOS'23, "Mobius: Fine
+    Tuning Large-Scale Models on Commodity GPU Servers", sec. 3): the looped
+    BFS action lists of ``pp * vp`` stages with overlapped sends, plus, per
+    stay of a stage on its GPU (:func:`mobius_residencies`):
+
+    * a copy of its weights in (``swap_in_s``) on the host-to-device queue of
+      its rank's PCIe switch (``queues[rank]``); it starts when the stay two
+      before has ended and its gradients are out (the GPU holds the stage
+      computing and the one prefetched), and the stay's first action waits
+      for it;
+    * after a stay with backwards, its gradients out (``swap_out_s``) on the
+      device-to-host queue of that switch.
+
+    Each queue runs its copies one after another at the link's bandwidth,
+    stay by stay, and within a stay in the order the ranks reach it (rank
+    0 first for copies that follow forwards, the last rank first for those
+    that follow backwards, which run from the last stage down): ranks under
+    one switch share it (copies that would overlap take turns, so two GPUs
+    prefetching at once under one switch finish the second copy at twice
+    the time of one alone), ranks under different switches do not. A rank's all-reduce and host step
+    follow its last gradient copy. ``queues`` has one entry per rank.
+    """
+    return _mobius_build(pp, m, vp, tuple(queues))[0]
+
+
+@lru_cache(maxsize=64)
+def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...]):
+    """``(graph, action node ids)``: :func:`mobius_graph` and, per rank, the
+    node of each action of the looped BFS order."""
+    S, NONE = pp * vp, -1
+    orders = schedule_lib.build_orders("looped-bfs", pp, m, vp)
+    col: list[int] = []
+    p1: list[int] = []
+    p2: list[int] = []
+
+    def node(c: int) -> int:
+        col.append(c)
+        p1.append(NONE)
+        p2.append(NONE)
+        return len(col) - 1
+
+    zero = 4 * S + S - 1  # the p2p column past the last stage: always 0
+    act = {(k, st, j): node(_KIND_CODE[k] * S + st) for seq in orders for k, st, j in seq}
+    for seq in orders:  # each rank's chain
+        for a, b in zip(seq[:-1], seq[1:]):
+            p1[act[b]] = act[a]
+    links: dict[tuple[int, int], int] = {}
+    for r, seq in enumerate(orders):  # hand-overs, each link in its sender's issue order
+        for k, st, j in seq:
+            dst = st + 1 if k == "F" else st - 1
+            if not 0 <= dst < S:
+                continue
+            consumer = act[(k, dst, j)]
+            if dst % pp == r:
+                p2[consumer] = act[(k, st, j)]
+                continue
+            t = node(4 * S + min(st, dst))
+            p2[t], p1[t] = act[(k, st, j)], links.get((r, dst % pp), NONE)
+            links[(r, dst % pp)] = t
+            p2[consumer] = t
+    stays = [mobius_residencies(pp, vp, r) for r in range(pp)]
+    first = {(r, n): act[("F" if n < vp else "B", st, 0 if n < vp else m - 1)]
+             for r in range(pp) for n, (st, _) in enumerate(stays[r])}
+    last = {(r, n): act[("B", st, 0)] if bwd else act[("F", st, m - 1)]
+            for r in range(pp) for n, (st, bwd) in enumerate(stays[r])}
+    out: dict[tuple[int, int], int] = {}
+    tail_in: dict[int, int] = {}
+    tail_out: dict[int, int] = {}
+    for n in range(2 * vp - 1):  # gradients out, in the order the ranks finish their backwards
+        for r in reversed(range(pp)):
+            st, bwd = stays[r][n]
+            if bwd:
+                o = node(6 * S + st)
+                p1[o], p2[o] = tail_out.get(queues[r], NONE), last[(r, n)]
+                tail_out[queues[r]] = o
+                out[(r, n)] = o
+    for n in range(2 * vp - 1):  # weights in, in the order the ranks free a buffer
+        freed_by_backward = n >= 2 and stays[0][n - 2][1]
+        for r in (reversed(range(pp)) if freed_by_backward else range(pp)):
+            st, _ = stays[r][n]
+            load = node(5 * S + st)
+            p1[load] = tail_in.get(queues[r], NONE)
+            tail_in[queues[r]] = load
+            if n >= 2:
+                p2[load] = out.get((r, n - 2), last[(r, n - 2)])
+            wait = node(zero)
+            p1[wait], p2[wait] = (last[(r, n - 1)] if n else NONE), load
+            p1[first[(r, n)]] = wait
+    N = len(col)
+    pred1 = np.array([x if x >= 0 else N for x in p1], dtype=np.int64)
+    pred2 = np.array([x if x >= 0 else N for x in p2], dtype=np.int64)
+    ends = np.array([out[(r, 2 * vp - 2)] for r in range(pp)], dtype=np.int64)
+    g, new_id = _renumbered(np.array(col, dtype=np.int64), pred1, pred2, ends)
+    return g, tuple(tuple(int(new_id[act[a]]) for a in seq) for seq in orders)
+
+
+def _renumbered(col: np.ndarray, pred1: np.ndarray, pred2: np.ndarray, last_nodes: np.ndarray) -> _Graph:
+    """``(graph, new ids)``: a :class:`_Graph` of nodes given with
+    predecessors (``N``: none), numbered level by level (:func:`_depth`); no
+    blocking sends."""
+    N = len(col)
+    depth = _depth(pred1, pred2)
+    order = np.argsort(depth, kind="stable")
+    new_id = np.full(N + 1, N, dtype=np.int64)
+    new_id[order] = np.arange(N)
+    starts = np.flatnonzero(np.diff(depth[order], prepend=-1, append=depth.max(initial=0) + 1))
+    return _Graph(col[order], np.full(N, -1, dtype=np.int64), new_id[pred1[order]], new_id[pred2[order]],
+                  tuple(int(x) for x in starts), new_id[last_nodes]), new_id
+
+
+def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None) -> tuple[float, Timeline]:
+    """:func:`simulate_times` for Mobius: ``T`` and a :class:`Timeline` of
+    the compute actions read from :func:`mobius_graph`'s node ends."""
+    from .simulate import ActionRecord
+
+    g, ids = _mobius_build(pp, m, vp, _queues(times, pp))
+    dur = _durations(g, times)[:, 0]
+    end = dur.copy()
+    for a, b in zip(g.level_starts[:-1], g.level_starts[1:]):
+        end[a:b] += np.maximum(end[g.pred1[a:b]], end[g.pred2[a:b]])
+    T = float(max(end[:-1].max(), np.max(end[g.last_of_rank] + _rank_allreduce(times, pp)[0])))
+    if times.delayed_host_s is not None:
+        T = max(T, float(delayed_host_time_s(times, pp)[0]))
+    S = pp * vp
+    orders = schedule_lib.build_orders("looped-bfs", pp, m, vp)
+    records = [ActionRecord(r, k, st, j, float(end[n] - dur[n]), float(end[n]))
+               for r, seq in enumerate(orders) for (k, st, j), n in zip(seq, ids[r])]
+    busy = [float(sum(dur[n] for n in ids[r])) for r in range(pp)]
+    act = np.zeros(S) if act_bytes is None else np.asarray(act_bytes, dtype=float)
+    return T, _timeline(records, pp, S, m, busy, act)
+
+
+def _timeline(records, pp: int, S: int, m: int, busy, act) -> Timeline:
+    """A :class:`Timeline` from action records (activations held from a
+    forward's start to its backward's end)."""
+    total = max((rec.end_s for rec in records), default=0.0)
+    events = sorted([(rec.start_s, 1, rec.stage) for rec in records if rec.kind == "F"]
+                    + [(rec.end_s, -1, rec.stage) for rec in records if rec.kind == "B"], key=lambda e: (e[0], e[1]))
+    held, peak_bytes, inflight, peak_in = [0.0] * pp, [0.0] * pp, [0] * S, [0] * S
+    for _, step, st in events:
+        r = st % pp
+        inflight[st] += step
+        held[r] += step * act[st]
+        peak_in[st] = max(peak_in[st], inflight[st])
+        peak_bytes[r] = max(peak_bytes[r], held[r])
+    ends = [max((rec.end_s for rec in records if rec.rank == r), default=0.0) for r in range(pp)]
+    return Timeline(records=tuple(records), num_ranks=pp, num_stages=S, num_microbatches=m,
+                    stage_to_rank=tuple(st % pp for st in range(S)), iteration_time_s=total, busy_s=tuple(busy),
+                    busy_fraction=tuple(b / total if total > 0 else 0.0 for b in busy),
+                    bubble_fraction=(1.0 - max(busy) / total) if total > 0 else 0.0,
+                    mean_bubble_fraction=(1.0 - sum(busy) / pp / total) if total > 0 else 0.0,
+                    peak_act_bytes=tuple(peak_bytes), peak_in_flight=tuple(peak_in), rank_end_s=tuple(ends))

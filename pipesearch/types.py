@@ -423,7 +423,7 @@ class Cluster:
 
 
 #: every schedule pipesearch knows (builders in :mod:`pipesearch.schedules`)
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs", "mobius")
 
 #: more micro-batches per iteration than this are refused: the schedules and
 #: the simulator hold every action, and no runtime accumulates that many
@@ -470,6 +470,9 @@ class Job:
         comm_overlap: which data-parallel communication overlaps compute
             (:class:`pipesearch.overlap.CommOverlap`); ``None``: none, every
             collective after the rank's last action.
+        delayed_optimizer_step: run each stage's host step (offloaded or
+            streamed optimizer, Mobius) beside the next iteration's compute,
+            the weights one step stale (docs/offload.md).
     """
 
     global_batch_size: int
@@ -483,6 +486,9 @@ class Job:
     optimizer_offload: bool = False
     weight_streaming: bool = False
     comm_overlap: CommOverlap | None = None
+    #: not in the repr, so that search fingerprints without it stay as they were
+    #: (the search adds it to the fingerprint when set)
+    delayed_optimizer_step: bool = field(default=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ def _order(actions, rank):
 
 
 def test_registry_names():
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs"}
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs", "mobius"}
 
 
 def test_action_str_is_torch_form():

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
-from ..export import FORMATS, export_plan
+from ..export import DESCRIPTION_FORMATS, FORMATS, export_plan
 from ..output import check_writable, write_text
 from ..plan import load_plan_file, select_plan
 from . import main
@@ -49,7 +49,8 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
 @main.command("export")
 @click.argument("plans", type=click.Path(dir_okay=False))
 @click.option("--rank", type=click.IntRange(min=1), default=1, show_default=True, help="Which plan of the file.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Target runtime.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS + DESCRIPTION_FORMATS), required=True,
+              help="Target runtime (stages-json: a runtime-neutral per-stage description).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help="Write here instead of stdout: .json the whole export (ds_config.json: DeepSpeed's config), "
                    ".sh the launch script, .py DeepSpeed's partition recipe, .toml torchtitan 0.2's job file.")

@@ -159,6 +159,14 @@ def plans_table(plans) -> str:
         counts = [sum(word in st.memory_option for st in p.stages) for p in plans]
         if any(counts):
             columns.append((column, [f"{n}/{len(p.stages)} stages" for n, p in zip(counts, plans)]))
+    hosts = [dict(p.extra).get("host") or {} for p in plans]  # option_search.host_plan_info
+    if any(hosts):
+        columns.append(("host memory", [format_bytes(h.get("total_host_memory_bytes", 0.0)) for h in hosts]))
+        columns.append(("PCIe / iteration", [format_bytes(h.get("total_pcie_bytes_per_iteration", 0.0))
+                                             for h in hosts]))
+    if any(dict(p.extra).get("optimizer_step") == "delayed" for p in plans):
+        columns.append(("optimizer step", ["delayed 1" if dict(p.extra).get("optimizer_step") == "delayed"
+                                           else "in step" for p in plans]))
     return format_table(dict(columns))
 
 
@@ -258,6 +266,10 @@ class _Progress:
 @click.option("--stream-weights", is_flag=True,
               help="Let stages keep all their training state in host memory and stream each layer's weights "
                    "in while the previous layer computes (needs a cluster with a [host] table, docs/offload.md).")
+@click.option("--delayed-optimizer-step", is_flag=True,
+              help="Run the host's optimizer step of each iteration beside the next iteration's compute (one step "
+                   "stale weights, RoundPipe / ZeRO-Offload's delayed update); with --optimizer-offload, "
+                   "--stream-weights or --schedule mobius (docs/offload.md).")
 @click.option("--runtime", type=click.Choice(RUNTIMES),
               help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules), "
                    "and take its defaults for the training state and communication overlap (megatron: "
@@ -281,7 +293,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                  max_search_memory, memory_headroom, optimizer_state, sharding, sequence_parallel,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
                  plot_dir, runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, grad_bucket_params,
-                 replicate_stages, optimizer_offload=False, stream_weights=False):
+                 replicate_stages, optimizer_offload=False, stream_weights=False, delayed_optimizer_step=False):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -351,7 +363,11 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
               memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
-              optimizer_offload=optimizer_offload, weight_streaming=stream_weights)
+              optimizer_offload=optimizer_offload, weight_streaming=stream_weights,
+              delayed_optimizer_step=delayed_optimizer_step)
+    if delayed_optimizer_step and not (optimizer_offload or stream_weights or "mobius" in (schedules or ())):
+        raise InputError("--delayed-optimizer-step: no stage keeps its optimizer on the host; add "
+                         "--optimizer-offload, --stream-weights or --schedule mobius, or drop the flag")
     split, split_replicas = split if split else (None, None)
     if runtime and (replicate_stages or split_replicas):
         raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
@@ -392,6 +408,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         "memory_headroom_fraction": job.memory_headroom_fraction, "zero1": job.zero1,
                         **({"optimizer_offload": True} if optimizer_offload else {}),
                         **({"weight_streaming": True} if stream_weights else {}),
+                        **({"delayed_optimizer_step": True} if delayed_optimizer_step else {}),
                         "sequence_parallel": sequence_parallel,
                         "comm_overlap": comm_overlap.as_dict(),
                         "schedules": list(options.schedules)},

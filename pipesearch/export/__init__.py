@@ -11,6 +11,8 @@ format                    runtime (module)
 ``"megatron"``            Megatron-LM launch command (:mod:`.megatron`)
 ``"deepspeed"``           DeepSpeed ``PipelineModule`` + config (:mod:`.deepspeed`)
 ``"gpipe"``               torchgpipe ``GPipe`` / fairscale ``Pipe`` (:mod:`.gpipe`)
+``"stages-json"``         no runtime: each stage's layers, devices, recompute, optimizer
+                          and weight placement, prefetch (:mod:`.stages_json`)
 ========================  ======================================================
 
 Every export is a JSON-serializable ``dict`` with ``"runtime"``,
@@ -71,7 +73,13 @@ _MODULES = {
     "megatron": ("megatron", "export_megatron"),
     "deepspeed": ("deepspeed", "export_deepspeed"),
     "gpipe": ("gpipe", "export_gpipe"),
+    "stages-json": ("stages_json", "export_stages_json"),
 }
+
+DESCRIPTION_FORMATS = ("stages-json",)
+"""Formats no runtime reads as is (``pipesearch export --format``; not in
+:data:`FORMATS`, which :func:`export_all` writes into plan files): the
+per-stage description of :mod:`.stages_json`."""
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -127,6 +135,13 @@ def refuse_host_memory(plan: Plan, fmt: str) -> None:
     """
     offloaded, streamed = host_memory_stages(plan)
     runtime = RUNTIME_NAMES.get(fmt, fmt)
+    swapped = [st.index for st in plan.stages if st.memory_option == "swap"]
+    if swapped or plan.schedule == "mobius":
+        first = swapped[0] if swapped else 0
+        raise InputError(f"export {fmt}: stage {first} has option swap (schedule mobius: its weights, gradients "
+                         f"and optimizer state are copied between host memory and its GPU); {runtime} keeps every "
+                         "stage on its GPU; export --format stages-json for a per-stage description, or re-plan "
+                         "without --schedule mobius")
     if streamed:
         raise InputError(f"export {fmt}: stages {','.join(map(str, streamed))} stream their weights from host "
                          f"memory (--stream-weights); {runtime} keeps a stage's weights on its GPU, so the plan would "
@@ -185,10 +200,11 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
             its reason.
     """
     if fmt not in _MODULES:
-        raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    refuse_stage_replicas(plan, fmt)
-    refuse_host_memory(plan, fmt)
-    refuse_unplanned_overlap(fmt, Inputs.of(inputs))
+        raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS + DESCRIPTION_FORMATS)}")
+    if fmt not in DESCRIPTION_FORMATS:  # a description says what the stages keep where
+        refuse_stage_replicas(plan, fmt)
+        refuse_host_memory(plan, fmt)
+        refuse_unplanned_overlap(fmt, Inputs.of(inputs))
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:

@@ -49,9 +49,9 @@ STYLE = {
 }
 
 SCHEDULE_COLOURS = {"gpipe": "#4C72B0", "1f1b": "#DD8452", "interleaved-1f1b": "#55A868", "zb-h1": "#8172B3",
-                    "looped-bfs": "#937860"}
+                    "looped-bfs": "#937860", "mobius": "#B07AA1"}
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B", "zb-h1": "ZB-H1",
-                  "looped-bfs": "looped BFS"}
+                  "looped-bfs": "looped BFS", "mobius": "Mobius"}
 _FALLBACK_COLOURS = ("#C44E52", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD")
 
 

@@ -18,6 +18,7 @@ PARTS = (  # key, label, colour
     ("backward", "backward compute", "#DD8452"),
     ("p2p", "point-to-point send/receive", "#55A868"),
     ("allreduce", "gradient all-reduce", "#8172B3"),
+    ("host", "optimizer step on the host (after the last backward)", "#937860"),
 )
 STATE_COLOUR = "#64B5CD"
 ACT_COLOUR = "#C7E3EC"
@@ -27,14 +28,20 @@ CAPACITY_COLOUR = "#B22222"
 def stage_breakdown(plan: Plan) -> dict[str, np.ndarray]:
     """Seconds per iteration spent by each stage's devices, by part:
     ``forward`` = m fwd_s, ``backward`` = m (compute_s - fwd_s), ``p2p`` =
-    m comm_s, ``allreduce`` = allreduce_s (arrays indexed by stage)."""
+    m comm_s, ``allreduce`` = allreduce_s less the host step it includes,
+    ``host`` = host_step_s (the offloaded optimizer step after the last
+    backward; 0 when the plan delays it beside the next iteration: it then
+    takes no device time) (arrays indexed by stage)."""
     m = plan.num_micro_batches
     st = plan.stages
+    delayed = dict(plan.extra or ()).get("optimizer_step") == "delayed"
+    host = np.array([0.0 if delayed else s.host_step_s for s in st])
     return {
         "forward": np.array([m * s.fwd_s for s in st]),
         "backward": np.array([m * max(0.0, s.compute_s - s.fwd_s) for s in st]),
         "p2p": np.array([m * s.comm_s for s in st]),
-        "allreduce": np.array([s.allreduce_s for s in st]),
+        "allreduce": np.maximum(np.array([s.allreduce_s for s in st]) - host, 0.0),
+        "host": host,
     }
 
 
@@ -69,13 +76,17 @@ def _columns(plan: Plan) -> tuple[np.ndarray, list[str], str]:
     per stage, or per device (pipeline rank) when devices hold several
     virtual stages (stage ``s`` on rank ``s mod pp``)."""
     stages = plan.stages
+    shown = any(s.memory_option not in ("", "none") for s in stages)  # per-stage memory options (stage_options)
     if len(stages) <= plan.pp:
         labels = [f"{s.index}\n{s.layers[0]}" + (f"-{s.layers[1] - 1}" if s.layers[1] - s.layers[0] > 1 else "")
-                  for s in stages]
-        return np.arange(len(stages)), labels, "stage (first-last layer)"
+                  + (f"\n{s.memory_option}" if shown else "") for s in stages]
+        return np.arange(len(stages)), labels, "stage (first-last layer)" + ("; memory option" if shown else "")
     col = np.array([s.index % plan.pp for s in stages])
-    labels = [f"{r}\nst " + ",".join(str(s.index) for s in stages if s.index % plan.pp == r) for r in range(plan.pp)]
-    return col, labels, f"pipeline rank (st: its {len(stages) // plan.pp} virtual stages)"
+    labels = [f"{r}\nst " + ",".join(str(s.index) for s in stages if s.index % plan.pp == r)
+              + ("\n" + ",".join(dict.fromkeys(s.memory_option for s in stages if s.index % plan.pp == r))
+                 if shown else "") for r in range(plan.pp)]
+    return col, labels, (f"pipeline rank (st: its {len(stages) // plan.pp} virtual stages)"
+                         + ("; memory options" if shown else ""))
 
 
 def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, source: str = "plan file") -> Path:
@@ -121,7 +132,8 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
 
     width = min(16.0, max(11.0, 3.0 + n))
     with figure(width, 5.0) as fig:
-        gs = fig.add_gridspec(1, 2, left=0.07, right=0.98, top=0.79, bottom=0.3, wspace=0.2)
+        deep = any(label.count("\n") >= 2 for label in labels)  # a third tick line: the memory options
+        gs = fig.add_gridspec(1, 2, left=0.07, right=0.98, top=0.79, bottom=0.34 if deep else 0.3, wspace=0.2)
         ax_t = fig.add_subplot(gs[0, 0])
         ax_m = fig.add_subplot(gs[0, 1])
         bar_w = 0.7
@@ -187,11 +199,19 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
             ax.set_xlabel(xlabel)
             ax.grid(True, axis="y", color="#E5E5E5", linewidth=0.6, zorder=0)
             ax.set_axisbelow(True)
-        ax_t.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.24), ncol=2, frameon=False,
+        below = -0.32 if deep else -0.24
+        ax_t.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, below), ncol=2, frameon=False,
                     borderaxespad=0, columnspacing=1.2)
-        ax_m.legend(handles=mem_handles, loc="upper left", bbox_to_anchor=(0.0, -0.24), ncol=2, frameon=False,
+        ax_m.legend(handles=mem_handles, loc="upper left", bbox_to_anchor=(0.0, below), ncol=2, frameon=False,
                     borderaxespad=0, columnspacing=1.2)
         devices = " + ".join(sorted({st.device_type for st in plan.stages}))
+        host = dict(plan.extra or ()).get("host") or {}  # option_search.host_plan_info
+        host_text = (f"host memory {host['total_host_memory_bytes'] / GIB:,.1f} GiB, PCIe "
+                     f"{host['total_pcie_bytes_per_iteration'] / GIB:,.1f} GiB per iteration" if host else "")
+        if dict(plan.extra or ()).get("optimizer_step") == "delayed":
+            host_text += "; optimizer step delayed one iteration (weights one step stale)"
+        if host_text:
+            fig.text(0.5, 0.875, host_text, ha="center", va="top", fontsize=8.5, color="#333333")
         fig.suptitle(title_of(plan_file), y=0.975)
         fig.text(0.5, 0.915, f"plan {plan_label(plan)}: {plan.predicted.samples_per_s:,.1f} samples/s, "
                  f"bubble {100 * plan.predicted.bubble_fraction:.1f}%; each stage on {plan.dp * plan.tp} "

@@ -218,6 +218,24 @@ def _schedule(plan: dict, where: str) -> Iterator[Problem]:
                                            f"{sch['num_micro_batches']} micro-batches ({exc})")
 
 
+def _mobius(plan: dict, where: str) -> Iterator[Problem]:
+    """A Mobius plan records its copies (``options.mobius``: per stage its
+    ``swap_in_s`` and ``swap_out_s``, per rank its ``pcie_queue``), which
+    its replay needs (:func:`pipesearch.timemodel.stage_times_of`)."""
+    if plan["schedule"]["name"] != "mobius":
+        return
+    info = (plan.get("options") or {}).get("mobius")
+    S, pp = len(plan["stages"]), plan["parallelism"]["pp"]
+    ok = isinstance(info, dict) and all(
+        isinstance(info.get(key), list) and len(info[key]) == n
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in info[key])
+        for key, n in (("swap_in_s", S), ("swap_out_s", S), ("pcie_queue", pp)))
+    if not ok:
+        yield Problem(f"{where}.options.mobius", "a mobius plan needs its copies: swap_in_s and swap_out_s (one "
+                                                 f"number >= 0 per stage, {S}) and pcie_queue (one per rank, {pp}); "
+                                                 "re-plan with --schedule mobius")
+
+
 def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     """What is wrong with one schema-valid plan object, judged against the
     document's ``inputs`` (at most one problem per kind of check)."""
@@ -234,6 +252,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _memory(plan, where, inputs)
     out += _predicted(plan, where, inputs["job"]["global_batch_size"])
     out += _schedule(plan, where)
+    out += _mobius(plan, where)
     return out
 
 

@@ -1,0 +1,111 @@
+"""A runtime-neutral description of a plan's stages (``pipesearch.stages/1``):
+for runtimes that cannot express per-stage memory choices, each stage's
+layers, devices, recompute, optimizer-state and weight placement and
+prefetch, the host memory it fills and the bytes it moves over PCIe, checked
+against ``pipesearch/schema/stages-1.schema.json`` with ``jsonschema``.
+
+Sources of the fields: the plan's per-stage ``memory_option``
+(:mod:`pipesearch.stage_options`: ``none`` / ``selective`` / ``full``
+recompute, ``+offload`` / ``offload``: ZeRO-Offload's optimizer on the host,
+``stream``: weights streamed layer by layer, ``swap``: Mobius' stage swapped
+whole) and the plan options written by :func:`pipesearch.option_search.host_plan_info`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+import jsonschema
+
+from ..errors import InputError
+from ..types import Plan
+from . import Inputs, plan_extra, plan_layers
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@lru_cache(maxsize=1)
+def stages_schema() -> dict:
+    """The JSON Schema of ``pipesearch.stages/1`` (parsed once; do not modify)."""
+    text = resources.files("pipesearch.schema").joinpath("stages-1.schema.json").read_text(encoding="utf-8")
+    schema = json.loads(text)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return schema
+
+
+def stages_problems(doc) -> list[str]:
+    """Every place where ``doc`` breaks the ``pipesearch.stages/1`` schema
+    (``path: message``), empty when it conforms."""
+    validator = jsonschema.Draft202012Validator(stages_schema())
+    return [f"{'.'.join(map(str, e.absolute_path)) or '(document)'}: {e.message}"
+            for e in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))]
+
+
+def stage_placement(option: str, plan_recompute: str) -> dict:
+    """``recompute``, ``optimizer_state``, ``weights`` and ``prefetch`` of
+    one stage from its ``memory_option`` (``plan_recompute``: the plan's
+    recompute mode, for options that do not name one).
+
+    Raises:
+        InputError: an option this format does not know.
+    """
+    head, _, tail = option.partition("+")
+    if head in RECOMPUTE:
+        recompute, rest = head, tail
+    else:
+        recompute, rest = (plan_recompute if plan_recompute in RECOMPUTE else "none"), option
+    if rest not in ("", "on-device", "offload", "stream", "swap"):
+        raise InputError(f"export stages-json: stage memory_option {option!r} is not one of pipesearch's options "
+                         "(none / selective / full, +offload, on-device, offload, stream, swap)")
+    return {"recompute": recompute,
+            "optimizer_state": "host" if rest in ("offload", "stream", "swap") else "device",
+            "weights": {"stream": "streamed", "swap": "swapped"}.get(rest, "device"),
+            "prefetch": {"stream": "next-layer", "swap": "next-stage"}.get(rest, "none")}
+
+
+def export_stages_json(plan: Plan, *, module_names=None, inputs: Inputs | None = None) -> dict:
+    """The ``pipesearch.stages/1`` document of ``plan`` (a dict; ``files``
+    holds it as ``stages.json``). ``module_names`` is unused (noted).
+
+    Raises:
+        InputError: a malformed plan, or (a bug) a document the schema refuses.
+    """
+    plan_layers(plan, "stages-json")
+    recompute = plan_extra(plan, "recompute", "none") or "none"
+    host = plan_extra(plan, "host", {}) or {}
+    mobius = plan_extra(plan, "mobius", {}) or {}
+    delayed = plan_extra(plan, "optimizer_step", "") == "delayed"
+    stages = []
+    for st in plan.stages:
+        k = st.index
+        row = {"index": k, "rank": k % plan.pp, "layers": list(st.layers), "layer_names": list(st.layer_names),
+               "devices": list(st.devices), **stage_placement(st.memory_option, recompute),
+               "memory_option": st.memory_option, "device_memory_bytes": float(st.memory_bytes),
+               "host_memory_bytes": float(host.get("host_memory_bytes", [0.0] * len(plan.stages))[k]),
+               "pcie_bytes_per_iteration": float(host.get("pcie_bytes_per_iteration", [0.0] * len(plan.stages))[k]),
+               "host_step_s": float(st.host_step_s)}
+        if mobius:
+            row.update(pcie_queue=int(mobius["pcie_queue"][k % plan.pp]), swap_in_s=float(mobius["swap_in_s"][k]),
+                       swap_out_s=float(mobius["swap_out_s"][k]))
+        stages.append(row)
+    notes = ["a runtime-neutral description: no runtime reads it as is; each stage's recompute, optimizer-state "
+             "and weight placement are what the plan's time and memory assume"]
+    if delayed:
+        notes.append("the optimizer step of iteration t runs on the CPU beside iteration t+1: the weights a stage "
+                     "uses are one step stale")
+    if module_names:
+        notes.append("module_names is unused: stages are named by the plan's layer names")
+    doc = {"format": "pipesearch.stages/1", "format_version": 1, "runtime": "stages-json", "notes": notes,
+           "pipeline": {"schedule": plan.schedule, "pp": plan.pp, "vp": plan.vp, "dp": plan.dp, "tp": plan.tp,
+                        "micro_batch_size": plan.micro_batch_size, "num_micro_batches": plan.num_micro_batches,
+                        "iteration_time_s": float(plan.predicted.iteration_time_s)},
+           "optimizer_step": {"when": "delayed" if delayed else "after-backward", "staleness_steps": int(delayed)},
+           "stages": stages,
+           "totals": {"host_memory_bytes": float(sum(s["host_memory_bytes"] for s in stages)),
+                      "pcie_bytes_per_iteration": float(sum(s["pcie_bytes_per_iteration"] for s in stages))}}
+    problems = stages_problems(doc)
+    if problems:
+        raise InputError(f"export stages-json: the description breaks its schema: {problems[0]}")
+    return doc | {"files": {"stages.json": json.dumps(doc, indent=2) + "\n"}}

@@ -1,0 +1,273 @@
+"""The exact split when stages choose among chains of memory options.
+
+With every recompute level x optimizer offload (:func:`pipesearch.stage_options.
+mixed_offload_options`) each stage takes one of two chains, offload-first or
+device-first, and within it the first option that fits. For fixed chains the
+split search (:func:`pipesearch.split_search.exact_split`) is exact; over the
+``2^S`` choices of chains this module runs a branch and bound whose nodes fix
+the chains of a prefix of the stages and leave the others on the relaxed
+chain (:data:`pipesearch.stage_options.RELAXED`: the least recompute level
+that fits either way, without the host step), whose exact split is a lower
+bound on every completion of the node (docs/offload.md). A node whose relaxed
+optimum runs only on-device options on its free stages is solved: those
+stages' device-first chains give the same times. Every other node completes
+its chains three ways on its relaxed optimum's split (the chains that
+optimum points to, all offload-first, all device-first): achievable plans
+that tighten the cutoff. A stage whose one chain is nowhere slower on the
+ranges that could still beat the best plan found is not branched on
+(:func:`dominant_chains`). The result is exact whenever every split search
+it ran was and the nodes stayed within :data:`MAX_POLICY_NODES`; otherwise
+its lower bound is the least bound of the nodes left open (the plan's
+``split_search`` reports it and the gap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .costs import PipelineCosts
+from .split_search import ExactSplit, exact_split
+from .stage_options import DEVICE_FIRST, OFFLOAD_FIRST, RELAXED
+from .timemodel import iteration_time_s
+
+
+MAX_POLICY_NODES = 24
+"""Branch-and-bound nodes (split searches) over the stages' chains per
+point; past it the open nodes' bounds become the reported lower bound
+(a deterministic count: the same answer on any machine)."""
+
+
+def has_policies(costs: PipelineCosts | None) -> bool:
+    """Whether the stages of ``costs`` choose among chains of options."""
+    return costs is not None and costs.options is not None and costs.options.policy_chains is not None
+
+
+def with_policies(costs: PipelineCosts, policies) -> PipelineCosts:
+    """``costs`` with stage ``s`` on chain ``policies[s]`` (``(S,)`` ints of
+    :data:`pipesearch.stage_options.POLICIES`)."""
+    return replace(costs, options=costs.options.with_policies(policies))
+
+
+def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *,
+                              cutoff_s: float = np.inf, value_above_cutoff: bool = False
+                              ) -> tuple[ExactSplit | None, PipelineCosts]:
+    """The best split and chains of ``costs``: ``(found, costs of the chosen
+    chains)``, as :func:`pipesearch.split_search.exact_split` returns for one
+    chain per stage (``found`` None when no split fits; ``best_time_s >=
+    cutoff_s`` when none beats the cutoff). ``costs`` without chains is
+    passed through to ``exact_split``.
+
+    ``lower_bound_s`` is the least bound of the nodes left open by an
+    inexact split search (the optimum when all were exact); ``exact`` says
+    whether all were.
+    """
+    if not has_policies(costs):
+        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff)
+        if found is not None and not np.isfinite(found.best_time_s) and not np.isfinite(cutoff_s):
+            found = None  # every split fails a whole-device check (Mobius, stage_options.swap_device_bytes)
+        return found, costs
+    S = costs.pp
+    best: list = [None, costs, cutoff_s]  # found, its costs, its time (the cutoff until one is found)
+    stats = {"exact": True, "open_bound": np.inf, "splits": 0, "nodes": 0, "calls": 0}
+    forced: list = []  # per stage, its chain when one dominates on every range that can still win (else None)
+
+    def visit(fixed: tuple[int, ...]) -> None:
+        policies = fixed + (RELAXED,) * (S - len(fixed))
+        node = with_policies(costs, policies)
+        found = exact_split(node, schedule, pp, vp, cutoff_s=best[2])
+        stats["calls"] += 1
+        if found is None:
+            return
+        stats["splits"] += found.splits_evaluated
+        stats["nodes"] += found.nodes
+        if not found.exact:
+            stats["exact"] = False
+            stats["open_bound"] = min(stats["open_bound"], found.lower_bound_s)
+        if not np.isfinite(found.best_time_s) or found.best_time_s >= best[2]:
+            return
+        if len(fixed) < S and _free_stages_on_device(node, found.bounds, len(fixed)):
+            fixed = fixed + (DEVICE_FIRST,) * (S - len(fixed))  # same times: the node's bound is reached
+            node = with_policies(costs, fixed)
+        if len(fixed) == S:
+            best[:] = [found, node, found.best_time_s]
+            return
+        hint = _relaxed_hint(node, found.bounds, len(fixed))
+        _try_incumbent(costs, fixed, hint, found.bounds, schedule, pp, vp, best)
+        if not forced:  # once, at the root: later incumbents only shrink the ranges that can win
+            forced.extend(dominant_chains(costs, best[2]))
+        first = hint[0]
+        choices = (forced[len(fixed)],) if forced[len(fixed)] is not None else (
+            first, DEVICE_FIRST if first == OFFLOAD_FIRST else OFFLOAD_FIRST)
+        if len(choices) > 1 and stats["calls"] >= MAX_POLICY_NODES:  # the work limit: this node stays open
+            stats["exact"] = False
+            stats["open_bound"] = min(stats["open_bound"], found.lower_bound_s)
+            return
+        for policy in choices:
+            visit(fixed + (policy,))
+
+    visit(())
+    found, chosen, _ = best
+    if found is None:  # nothing beats the cutoff: the plain chains' answer says so
+        default = with_policies(costs, (OFFLOAD_FIRST,) * S)
+        return exact_split(default, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff), \
+            default
+    bound = min(found.best_time_s, stats["open_bound"])
+    return replace(found, lower_bound_s=bound, exact=stats["exact"], splits_evaluated=stats["splits"],
+                   nodes=stats["nodes"]), chosen
+
+
+def dominant_chains(costs: PipelineCosts, below_s: float) -> list[int | None]:
+    """Per stage, the chain that is at least as fast on every range the
+    stage could hold in a plan faster than ``below_s``, or None when the
+    chains trade places there.
+
+    A range can only be in such a plan when the stage's own work on it,
+    ``m`` forwards and backwards at the relaxed chain's times (at most
+    either chain's), is below ``below_s`` (its rank runs at least that).
+    On such a range the two chains' first fitting options are compared
+    term by term (forward, backward, input-gradient, host step): a chain
+    whose option is nowhere slower there can be fixed for the stage, as the
+    time model is monotone in every stage's terms.
+    """
+    S, L, m = costs.pp, costs.num_layers, costs.num_micro_batches
+    both = [with_policies(costs, (p,) * S) for p in (OFFLOAD_FIRST, DEVICE_FIRST)]
+    relaxed = with_policies(costs, (RELAXED,) * S)
+    out: list[int | None] = []
+    for s in range(S):
+        i, j = np.meshgrid(np.arange(s, L - S + s + 1), np.arange(s + 1, L - S + s + 2), indexing="ij")
+        keep = j > i
+        i, j = i[keep], j[keep]
+        useful = relaxed.fits(s, i, j) & (m * relaxed.compute_s(s, i, j) < below_s)
+        i, j = i[useful], j[useful]
+        terms = [np.stack([c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.bwd_input_s(s, i, j), c.host_step_s(s, i, j)])
+                 for c in both]
+        tol = 1e-12 * np.maximum(1.0, np.abs(terms[0]))
+        if np.all(terms[1] <= terms[0] + tol):
+            out.append(DEVICE_FIRST)
+        elif np.all(terms[0] <= terms[1] + tol):
+            out.append(OFFLOAD_FIRST)
+        else:
+            out.append(None)
+    return out
+
+
+def _relaxed_hint(node: PipelineCosts, bounds, first_free: int) -> tuple[int, ...]:
+    """For the free stages of a node, the chain its relaxed optimum points
+    to on ``bounds``: device-first where the relaxed option is on the
+    device, offload-first where it is an offload (bound) option."""
+    names = node.options.names
+    return tuple(OFFLOAD_FIRST if "offload" in names[int(node.option_index(s, bounds[s], bounds[s + 1]))]
+                 else DEVICE_FIRST for s in range(first_free, node.pp))
+
+
+def _try_incumbent(costs: PipelineCosts, fixed, hint, bounds, schedule: str, pp: int, vp: int, best: list) -> None:
+    """Complete the node's chains three ways on its relaxed optimum's split
+    (the hint, all offload-first, all device-first) and keep the fastest
+    that fits if it beats ``best`` (an achievable plan: a tighter cutoff for
+    the rest of the branch and bound)."""
+    n = len(hint)
+    for free in (hint, (OFFLOAD_FIRST,) * n, (DEVICE_FIRST,) * n):
+        cand = with_policies(costs, tuple(fixed) + tuple(free))
+        if not cand.split_fits(bounds):
+            continue
+        t = float(iteration_time_s(schedule, pp, costs.num_micro_batches, vp, cand.stage_times(np.asarray(bounds))))
+        if t < best[2]:
+            best[:] = [ExactSplit(tuple(int(x) for x in bounds), t, t, t, True, 1, 0), cand, t]
+
+
+def _free_stages_on_device(node: PipelineCosts, bounds, first_free: int) -> bool:
+    """Whether every stage from ``first_free`` runs an on-device option
+    (no offload, relaxed or not) on the split ``bounds``."""
+    names = node.options.names
+    return all("offload" not in names[int(node.option_index(s, bounds[s], bounds[s + 1]))]
+               for s in range(first_free, node.pp))
+
+
+def best_policies_for_split(costs: PipelineCosts, bounds, schedule: str, pp: int, vp: int = 1) -> PipelineCosts:
+    """``costs`` on the chains that make the fixed split ``bounds`` fastest
+    (a pinned ``--split``): every combination of the two chains over the
+    stages where their first fitting options differ, each simulated
+    (:func:`pipesearch.timemodel.iteration_time_s`); ties keep the earlier
+    (offload-first) combination. ``costs`` without chains is returned as is.
+    """
+    if not has_policies(costs):
+        return costs
+    S = costs.pp
+    s, i, j = np.arange(S), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    first = [with_policies(costs, (p,) * S) for p in (OFFLOAD_FIRST, DEVICE_FIRST)]
+    chosen = [c.option_index(s, i, j) for c in first]
+    fits = [c.fits(s, i, j) for c in first]
+    differ = [k for k in range(S) if fits[0][k] and fits[1][k] and chosen[0][k] != chosen[1][k]]
+    base = [OFFLOAD_FIRST if fits[0][k] else DEVICE_FIRST for k in range(S)]
+    best, best_t = with_policies(costs, base), np.inf
+    for mask in range(1 << len(differ)):
+        policies = list(base)
+        for bit, k in enumerate(differ):
+            policies[k] = DEVICE_FIRST if mask >> bit & 1 else OFFLOAD_FIRST
+        cand = with_policies(costs, policies)
+        if not cand.split_fits(bounds):
+            continue
+        t = float(iteration_time_s(schedule, pp, costs.num_micro_batches, vp, cand.stage_times(np.asarray(bounds))))
+        if t < best_t:
+            best, best_t = cand, t
+    return best
+
+
+def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> tuple:
+    """What a plan keeps in host memory and moves over PCIe, as plan-file
+    options (``()`` when no stage uses the host):
+
+    * ``("host", {...})``: per stage, over its ``dp x tp`` GPUs (each
+      holding its shard), ``host_memory_bytes`` (its option's host bytes per
+      parameter byte x its parameter bytes) and
+      ``pcie_bytes_per_iteration``: an offloaded optimizer moves the 16-bit
+      gradients out and weights back for the parameters the device updates
+      (ZeRO-Offload, Ren et al. ATC'21 Fig. 2); streamed weights come in for
+      every micro-batch's forward and backward and the gradients go out
+      (:func:`pipesearch.stage_options.stream_options`); a Mobius stage comes
+      in once per stay (twice, unless it is its rank's last stage) and its
+      gradients go out once (:func:`pipesearch.timemodel.mobius_residencies`);
+      and their sums;
+    * ``("optimizer_step", "delayed")`` and ``("optimizer_staleness_steps", 1)``
+      with ``job.delayed_optimizer_step``;
+    * ``("mobius", {...})`` for Mobius: per stage its copy seconds, each
+      rank's PCIe queue and each GPU's peak bytes
+      (:func:`pipesearch.stage_options.swap_device_bytes`), so that the plan
+      file replays (:func:`pipesearch.timemodel.stage_times_of`).
+    """
+    from .memory import param_state_of
+    from .stage_options import swap_device_bytes
+
+    o = costs.options
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    if o is None:
+        return ()
+    names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
+    if not any(("offload" in n or "stream" in n or n == "swap") for n in names):
+        return ()
+    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
+    state = param_state_of(job)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    ranks = len(o.swap_queue) if o.swap_queue is not None else costs.pp
+    last_local = s >= costs.pp - ranks
+    moved = np.select([np.array(["stream" in n for n in names]), np.array([n == "swap" for n in names]),
+                       np.array(["offload" in n for n in names])],
+                      [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
+                       2.0 * share * params], 0.0)
+    host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)] * dp * tp
+    moved = moved * dp * tp
+    out: tuple = (("host", {"host_memory_bytes": [float(x) for x in host], "pcie_bytes_per_iteration": [
+        float(x) for x in moved], "total_host_memory_bytes": float(host.sum()),
+        "total_pcie_bytes_per_iteration": float(moved.sum())}),)
+    if costs.delayed_host_step:
+        out += (("optimizer_step", "delayed"), ("optimizer_staleness_steps", 1))
+    if o.swap_in_s_per_param_byte is not None:
+        times = costs.stage_times(np.asarray(bounds))
+        own = costs.memory_bytes(s, i, j) - params * o.state_bytes_per_param_byte[0]
+        out += (("mobius", {"swap_in_s": [float(x) for x in times.swap_in_s],
+                            "swap_out_s": [float(x) for x in times.swap_out_s],
+                            "pcie_queue": [int(q) for q in o.swap_queue],
+                            "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)]}),)
+    return out
