@@ -766,7 +766,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if costs.split_fits(even):
         starts.append(even)
     closed = optimal_split(costs)
-    if closed is not None:
+    if closed is not None and costs.split_fits(closed.bounds):  # its memory rule is 1F1B's in-flight count
         starts.append(closed.bounds)
     # equal-time splits are told apart by memory: seed the memory-balanced one
     mem = np.diff(costs.param_prefix_bytes) * costs.state_bytes_per_param_byte + np.diff(costs.saved_prefix_bytes)
