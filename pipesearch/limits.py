@@ -21,10 +21,11 @@ MAX_LAYER_S = 1e6
 #: the shortest non-zero layer time, seconds (1 ns: no kernel is faster; shorter
 #: values are unit mistakes and would make throughputs astronomically large)
 MIN_LAYER_S = 1e-9
-#: the shortest non-zero per-sample part of a layer time, seconds (1 ps: a
-#: time at the profiled batch divided by the batch size below this is a
-#: batch-size mistake; planned at a small micro-batch it would vanish)
-MIN_SAMPLE_S = 1e-12
+#: the shortest non-zero per-sample part of a layer time, seconds (0.1 ns,
+#: ten billion samples a second through one layer: a time at the profiled
+#: batch divided by the batch size below this is a batch-size mistake;
+#: planned at a small micro-batch it would vanish)
+MIN_SAMPLE_S = 1e-10
 #: samples per second of a plan
 MAX_SAMPLES_PER_S = 1e30
 #: any time in a plan file, seconds (about 31,700 years)

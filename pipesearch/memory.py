@@ -223,7 +223,8 @@ def from_total_bytes(total_bytes_per_param: float, sharding: str = "none") -> Pa
     rest, at most 12, optimizer state (1:2 master weights and moments, as
     Adam's 4 + 8); bytes beyond 16 go half to weights, half to gradients.
     16 is the ``mixed-adam`` preset; 4 is weights and gradients only (nothing
-    for ZeRO to shard); 2 is weights only (a frozen model).
+    for ZeRO to shard). The plan command takes totals from 4 to 16, where
+    the gradients are the model dtype's 2 bytes the reduce moves.
 
     Raises:
         InputError: a total below 0.

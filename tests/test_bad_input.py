@@ -430,6 +430,14 @@ def test_pinned_degrees_count_tensor_parallel_devices(tmp_path):
                    "--pp 2 x --dp 8 x --tp 2 needs 32 devices", "has 16")
 
 
+def test_export_files_empty_or_under_a_file_is_refused(tmp_path, plan_doc):
+    path = edited(tmp_path, plan_doc, lambda p: None)
+    write(tmp_path / "afile", "x")
+    assert_refused(tmp_path, ["export", path, "--format", "torch", "--files", ""], "--files", "empty")
+    assert_refused(tmp_path, ["export", path, "--format", "torch", "--files", "afile/sub"], "afile is not a directory")
+    assert_refused(tmp_path, ["export", path, "--format", "torch", "--files", "afile"], "afile", "is a file")
+
+
 def test_export_files_into_a_directory_that_cannot_be_made(tmp_path, plan_doc):
     """/proc exists but no directory can be made in it (even as root)."""
     if not os.path.isdir("/proc/self"):
@@ -537,6 +545,9 @@ ON_GPT = ["plan", "--model", "m.toml", "--cluster", "1x8-a100-80gb", "-b", "8", 
     # 1 ms over 2**31 - 1 samples is 4.7e-13 s a sample: planned at micro-batch 1 the layer would take no time
     ({"t.csv": "# batch_size: 2147483647\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\nl0,1,2,3000000,400000\n"},
      ON_C, ["t.csv", "line 3", "'fwd_ms'", "per sample", "batch_size"]),
+    # 1 ms over 1e9 samples: 1e-12 s a sample, under 0.1 ns
+    ({"t.csv": "# batch_size: 1e9\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\nl0,1,2,3000000,400000\n"},
+     ON_C, ["t.csv", "line 3", "'fwd_ms'", "per sample"]),
     ({"t.csv": CSV_HEADER + "l0,1,1,-5,1\n"}, ON_C, ["t.csv", "line 4", "'param_bytes'", "'-5'"]),
     ({"t.csv": CSV_HEADER + "l0,1\n"}, ON_C, ["t.csv", "line 4", "2 fields, expected 5"]),
     ({"t.csv": CSV_HEADER.replace("batch_size: 8", "batch_size: 1e30") + "l0,1,1,1,1\n"}, ON_C,

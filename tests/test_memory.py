@@ -173,7 +173,7 @@ def test_cli_state_options(tmp_path):
     off = json.loads(_cli(*base, "--optimizer-state", "megatron", "--no-sequence-parallel").output)
     assert off["plans"][0]["options"]["sequence_parallel"] is False
     assert off["plans"][0]["stages"][0]["saved_bytes"] > on
-    bad = _cli(*base, "--optimizer-state", "megatron", "--optimizer-bytes-per-param", "18")
+    bad = _cli(*base, "--optimizer-state", "megatron", "--optimizer-bytes-per-param", "16")
     assert bad.exit_code == 2 and "give one" in bad.output
     bad = _cli(*base, "--zero1", "--sharding", "zero3")
     assert bad.exit_code == 2 and "disagree" in bad.output
@@ -181,17 +181,17 @@ def test_cli_state_options(tmp_path):
 
 @pytest.mark.parametrize("total,dp,expected", [
     # total B/param -> (weights, grads, master, moments) per parameter on one rank
-    (2.0, 1, (2.0, 0.0, 0.0, 0.0)),     # a frozen model: weights only
-    (3.0, 1, (2.0, 1.0, 0.0, 0.0)),     # weights first, then gradients
     (4.0, 2, (2.0, 2.0, 0.0, 0.0)),     # fp16 weights + grads, nothing for --zero1 to shard
     (8.0, 2, (2.0, 2.0, 2 / 3, 4 / 3)),  # 4 B optimizer state, halved by --zero1 over dp 2
-    (20.0, 2, (4.0, 4.0, 2.0, 4.0)),    # 12 B optimizer (at most), the other 8 half and half
+    (16.0, 2, (2.0, 2.0, 2.0, 4.0)),    # mixed-precision Adam: 12 B optimizer, halved
 ])
 def test_optimizer_bytes_total_puts_weights_and_grads_first(total, dp, expected):
     """--optimizer-bytes-per-param T: the first 2 B are fp16 weights, the
     next 2 gradients, the rest, at most 12, optimizer state (1:2 master and
     moments, as Adam's 4 + 8), which --zero1 divides by dp; beyond 16 half
-    weights, half gradients. A 2 B total is weights, never master weights."""
+    weights, half gradients. Totals outside 4 to 16 are refused (below 4
+    there are no gradients to reduce; above 16 the reduce's bytes would not
+    follow)."""
     args = ["--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "32", "--pp", "1", "--tp", "1",
             "--dp", str(dp), "--top", "1", "--optimizer-bytes-per-param", str(total), "--zero1"]
     res = _cli(*args)
@@ -202,6 +202,12 @@ def test_optimizer_bytes_total_puts_weights_and_grads_first(total, dp, expected)
     assert params == pytest.approx(1.3e9, rel=0.1)  # the model's parameter count, about 1.3B
     got = (parts["weights"], parts["grads"], parts["master_weights"], parts["optimizer_moments"])
     assert got == pytest.approx(tuple(params * e for e in expected))
+
+
+@pytest.mark.parametrize("total", ["0", "2", "3.5", "17", "20"])
+def test_optimizer_bytes_total_outside_4_to_16_is_refused(total):
+    res = _cli("--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "32", "--optimizer-bytes-per-param", total)
+    assert res.exit_code == 2 and "--optimizer-bytes-per-param" in res.output and "4<=x<=16" in res.output
 
 
 def test_headroom_refuses_what_only_fits_without_it():

@@ -44,6 +44,13 @@ def test_the_search_writes_a_consistent_file(tmp_path, doc):
     assert code == 0 and "valid" in out
 
 
+def _set_memory(stage, value):
+    """Set a stage's memory, its breakdown's activations taking the difference."""
+    parts = stage["memory_breakdown_bytes"]
+    parts["activations"] += value - stage["memory_bytes"]
+    stage["memory_bytes"] = value
+
+
 def _usable(d):
     job, cap = d["inputs"]["job"], d["inputs"]["cluster"]["memory_bytes_per_device"]["v100-pcie-16gb"]
     return cap * (1 - job["memory_headroom_fraction"]) - job["memory_reserve_bytes"]
@@ -51,8 +58,11 @@ def _usable(d):
 
 @pytest.mark.parametrize("what,edit,words", [
     ("memory above the usable 14.2 GiB of a 16 GiB V100",
-     lambda d: d["plans"][0]["stages"][0].update(memory_bytes=_usable(d) * 1.001),
+     lambda d: _set_memory(d["plans"][0]["stages"][0], _usable(d) * 1.001),
      ["plans[0].stages[0].memory_bytes", "does not fit"]),
+    ("memory that is not the sum of its breakdown",
+     lambda d: d["plans"][0]["stages"][0].update(memory_bytes=1e3),
+     ["plans[0].stages[0].memory_bytes", "add up to"]),
     ("a peak below the largest stage",
      lambda d: d["plans"][0]["predicted"].update(peak_memory_bytes=1),
      ["plans[0].predicted.peak_memory_bytes", "largest stage"]),
@@ -97,6 +107,33 @@ def test_a_rounding_excess_of_the_input_gradient_is_accepted_and_replays(tmp_pat
 
 
 def test_memory_exactly_at_the_usable_limit_fits(tmp_path, doc):
-    code, out = _validate(tmp_path, doc, lambda d: (d["plans"][0]["stages"][0].update(memory_bytes=_usable(d)),
-                                                    d["plans"][0]["predicted"].update(peak_memory_bytes=_usable(d))))
+    one = next(p for p in doc["plans"] if p["parallelism"]["pp"] == 1) if any(
+        p["parallelism"]["pp"] == 1 for p in doc["plans"]) else None
+    if one is None:
+        pytest.skip("no single-stage plan in the fixture")
+    k = doc["plans"].index(one)
+    code, out = _validate(tmp_path, doc, lambda d: (_set_memory(d["plans"][k]["stages"][0], _usable(d)),
+                                                    d["plans"][k]["predicted"].update(peak_memory_bytes=_usable(d))))
     assert code == 0, out
+
+
+def test_interleaved_stages_of_one_device_fit_together(tmp_path):
+    """GPT-3 1.3B interleaved (pp 2, vp 2): stages 0 and 2 share devices.
+    Each alone at 0.6 of the usable memory fits; together (1.2) they do not."""
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                    "--schedule", "interleaved-1f1b", "--pp", "2", "--vp", "2", "--top", "1",
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    cap = d["inputs"]["cluster"]["memory_bytes_per_device"]["a100-80gb"]
+    job = d["inputs"]["job"]
+    usable = cap * (1 - job["memory_headroom_fraction"]) - job["memory_reserve_bytes"]
+
+    def edit(doc):
+        plan = doc["plans"][0]
+        for k in (0, 2):
+            _set_memory(plan["stages"][k], 0.6 * usable)
+        plan["predicted"]["peak_memory_bytes"] = max(
+            sum(st["memory_bytes"] for st in plan["stages"][r::2]) for r in range(2))
+    code, out = _validate(tmp_path, d, edit)
+    assert code == 2 and "stages 0,2 of devices" in out, out

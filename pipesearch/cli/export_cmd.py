@@ -77,8 +77,14 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
     """
     if output is not None:
         check_writable(output, "export (-o)")
+    if files_dir is not None and not str(files_dir).strip():
+        raise InputError("export --files: empty directory name; give the directory to write the files into")
     if files_dir:
         d = Path(files_dir)
+        if d.exists() and not d.is_dir():
+            raise InputError(f"export --files {files_dir}: is not a directory")
+        if not d.is_dir() and d.parent.exists() and not d.parent.is_dir():
+            raise InputError(f"export --files {files_dir}: {d.parent} is not a directory")
         if not d.is_dir() and not d.parent.is_dir():
             raise InputError(f"export --files {files_dir}: its parent directory does not exist")
         writable = d if d.is_dir() else d.parent

@@ -239,10 +239,10 @@ class _Progress:
                    "optimizer), zero2 (+ gradients), zero3 / fsdp (+ weights). Default none.")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
               help="Sequence parallelism with tensor parallelism (transformers, tp > 1).")
-@click.option("--optimizer-bytes-per-param", type=FiniteFloatRange(min=0, max=1024),
-              help="Total bytes of weights + gradients + optimizer state per parameter: the first 2 are "
-                   "weights, the next 2 gradients, the rest (at most 12) optimizer state, which --zero1 shards "
-                   "(2 = a frozen model's weights only); "
+@click.option("--optimizer-bytes-per-param", type=FiniteFloatRange(min=4, max=16),
+              help="Total bytes of weights + gradients + optimizer state per parameter, 4 to 16: the first 2 "
+                   "are fp16 weights, the next 2 their gradients (what the data-parallel reduce moves), the rest "
+                   "optimizer state, which --zero1 shards; for other layouts use --optimizer-state; "
                    "instead of --optimizer-state (default 16 = mixed-adam).")
 @click.option("--mapping-time-limit", type=FiniteFloatRange(min=0.01, max=3600), default=0.5, show_default=True,
               help="Mixed clusters: work limit (CP-SAT deterministic seconds) of each device-order search that "

@@ -26,7 +26,8 @@ inputs:
   ``pp``, ``vp`` and ``num_micro_batches`` (at most
   :data:`MAX_STAGE_MICRO_BATCHES` stage micro-batches), so the simulator can
   replay it;
-* every stage's ``memory_bytes`` fits its device type's usable memory,
+* every stage's ``memory_bytes`` is the sum of its breakdown, and the
+  stages one device runs fit its device type's usable memory together,
   ``predicted.peak_memory_bytes`` lies between the largest of them and the
   largest sum of one device's (virtual) stages, and
   ``predicted.samples_per_s`` the global batch over the iteration time;
@@ -257,29 +258,45 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
 
 
 def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
-    """Every stage's ``memory_bytes`` fits its device type's usable memory,
-    ``capacity x (1 - memory_headroom_fraction) - memory_reserve_bytes``
-    (:func:`pipesearch.memory.usable_memory_bytes`), where the inputs give
-    the capacity; ``predicted.peak_memory_bytes`` lies between the largest of
-    them and the largest sum of the (virtual) stages one device runs (the
+    """Every stage's ``memory_bytes`` is the sum of its
+    ``memory_breakdown_bytes`` (when given); the stages one device runs fit
+    its usable memory together, ``capacity x (1 - memory_headroom_fraction)
+    - memory_reserve_bytes`` (:func:`pipesearch.memory.usable_memory_bytes`;
+    a Mobius plan swaps its stages in and out, so each alone), where the
+    inputs give the capacity; ``predicted.peak_memory_bytes`` lies between
+    the largest stage and the largest sum of one device's stages (the
     simultaneous peak of interleaved schedules)."""
+    stages = plan["stages"]
+    for k, st in enumerate(stages):
+        parts = st.get("memory_breakdown_bytes")
+        if isinstance(parts, dict) and parts and all(isinstance(v, (int, float)) for v in parts.values()):
+            total = sum(parts.values())
+            if _above(abs(total - st["memory_bytes"]), 1e-6 * max(total, st["memory_bytes"])):
+                yield Problem(f"{where}.stages[{k}].memory_bytes", f"{st['memory_bytes']!r}, but its "
+                                                                   f"memory_breakdown_bytes add up to {total!r}")
+                return
+    pp = plan["parallelism"]["pp"]
+    swapped = plan["schedule"]["name"] == "mobius"
+    groups = [[k] for k in range(len(stages))] if swapped else [list(range(r, len(stages), pp)) for r in range(pp)]
     capacity = inputs["cluster"].get("memory_bytes_per_device")
     job = inputs["job"]
     headroom, reserve = job.get("memory_headroom_fraction", 0.0), job.get("memory_reserve_bytes", 0.0)
-    stages = plan["stages"]
     if isinstance(capacity, dict) and all(isinstance(v, (int, float)) for v in capacity.values()):
-        for k, st in enumerate(stages):
-            cap = capacity.get(st["device_type"].split(",")[0])
+        for group in groups:
+            first = stages[group[0]]
+            cap = capacity.get(first["device_type"].split(",")[0])
             if not isinstance(cap, (int, float)):
                 continue
             usable = cap * (1.0 - headroom) - reserve
-            if _above(st["memory_bytes"], usable):
-                yield Problem(f"{where}.stages[{k}].memory_bytes",
-                              f"{st['memory_bytes']!r} B is more than the {usable:.6g} B a {st['device_type']} "
+            total = sum(stages[k]["memory_bytes"] for k in group)
+            if _above(total, usable):
+                which = (f"stages {','.join(map(str, group))} of devices {first['devices']}" if len(group) > 1
+                         else f"stage {group[0]}")
+                yield Problem(f"{where}.stages[{group[0]}].memory_bytes",
+                              f"{which} hold {total!r} B, more than the {usable:.6g} B a {first['device_type']} "
                               f"device offers (capacity {cap:.6g} B, headroom {headroom:g}, reserve {reserve:.6g} B); "
-                              "the stage does not fit")
+                              "the plan does not fit")
                 return
-    pp = plan["parallelism"]["pp"]
     peak, largest = plan["predicted"]["peak_memory_bytes"], max(st["memory_bytes"] for st in stages)
     per_rank = max(sum(st["memory_bytes"] for st in stages[r::pp]) for r in range(pp))
     if _above(largest, peak) or _above(peak, per_rank):
