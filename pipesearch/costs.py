@@ -617,7 +617,7 @@ def build_pipeline_costs(
     zero = np.zeros(1)
     # a stage is as slow as its slowest replica and as small as its smallest one
     placement = np.asarray(placement)
-    p2p, ar = links if links is not None else placement_links(cluster, placement)
+    p2p, ar = links if links is not None else placement_links(cluster, placement, tp)
     state = param_state_of(job)
     grad_bpp = dp_reduce_bytes_per_param(job, state, profile.bytes_per_param)
     state_per_byte = state.bytes_per_param(dp) / profile.bytes_per_param

@@ -99,14 +99,17 @@ def _worst(cluster: Cluster, kinds: np.ndarray, share: np.ndarray | None = None)
     return np.take_along_axis(kbw, pick, axis=-1)[..., 0], np.take_along_axis(lat[k], pick, axis=-1)[..., 0]
 
 
-def nic_share(cluster: Cluster, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def nic_share(cluster: Cluster, src: np.ndarray, dst: np.ndarray, tp: int = 1) -> np.ndarray:
     """Share of a link's bandwidth each of a row's simultaneous transfers
     ``src[..., i] -> dst[..., i]`` gets between nodes: with ``c`` of them
     leaving one node for other nodes (or entering it: ports are full duplex)
     and that node sending at most ``nics_per_node`` transfers at full rate
     (:class:`pipesearch.types.Link`), each gets ``min(1, nics_per_node / c)``
-    (the node's ports split evenly; the worst node of the row counts). 1 where the link has a NIC per device.
-    Shape: ``src`` without its last axis."""
+    (the node's ports split evenly; the worst node of the row counts). With
+    ``tp > 1`` the ids are slot heads and each pair stands for ``tp``
+    transfers at once (device ``t`` of one slot to device ``t`` of the
+    other). 1 where the link has a NIC per device. Shape: ``src`` without
+    its last axis."""
     src, dst = np.asarray(src), np.asarray(dst)
     rows_shape, flows = src.shape[:-1], src.shape[-1]
     src2, dst2 = src.reshape(-1, flows), dst.reshape(-1, flows)
@@ -122,7 +125,7 @@ def nic_share(cluster: Cluster, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
             counts = np.zeros((src2.shape[0], cluster.num_nodes), dtype=np.int64)
             np.add.at(counts, (row[crossing], node[end.reshape(-1)[crossing]]), 1)
             worst = np.maximum(worst, counts.max(axis=1))
-        out = np.minimum(out, np.minimum(1.0, link.nics_per_node / np.maximum(worst, 1)))
+        out = np.minimum(out, np.minimum(1.0, link.nics_per_node / np.maximum(tp * worst, 1)))
     return out.reshape(rows_shape)
 
 
@@ -304,7 +307,7 @@ def check_layout(cluster: Cluster, heads: np.ndarray, tp: int) -> None:
         raise InputError("layout: a tensor-parallel group spans two nodes")
 
 
-def boundary_links(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def boundary_links(cluster: Cluster, heads: np.ndarray, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Per stage of a ``(P, dp)`` layout: bandwidth (bytes/s) and latency (s)
     of the slowest link its boundary to the next stage crosses (replica ``r``
     sends to replica ``r``; a free link after the last stage). Shapes ``(P,)``."""
@@ -313,11 +316,11 @@ def boundary_links(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np.
     if P == 1:
         return _worst(cluster, np.full(heads.shape, -1))
     kinds = np.concatenate([link_class(cluster, heads[:-1], heads[1:]), np.full((1, heads.shape[1]), -1)], axis=0)
-    share = np.append(nic_share(cluster, heads[:-1], heads[1:]), 1.0)
+    share = np.append(nic_share(cluster, heads[:-1], heads[1:], tp), 1.0)
     return _worst(cluster, kinds, share)
 
 
-def allreduce_terms(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def allreduce_terms(cluster: Cluster, heads: np.ndarray, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """All-reduce over each stage's ``dp`` replicas as ``(seconds per byte,
     seconds fixed)``, arrays of shape ``(P,)``.
 
@@ -326,9 +329,11 @@ def allreduce_terms(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np
     node holds the same number ``k > 1`` of the replicas, ``n > 1`` nodes):
     reduce-scatter and all-gather inside nodes ``2(k-1)/k * bytes / bw_intra``
     plus ``k`` rings across nodes on ``bytes / k`` each: ``2(n-1)/n * bytes /
-    (min(k, nics) * bw_inter)``, ``bw_inter`` the slowest link between
-    consecutive nodes (by node id) and ``nics`` its ``nics_per_node`` (``k``
-    when each device has its own): the ``k`` rings share the node's ports.
+    (k * share * bw_inter)``, ``bw_inter`` the slowest link between
+    consecutive nodes (by node id) and ``share = min(1, nics / (k tp))``
+    with ``nics`` its ``nics_per_node`` (1 when each device has its own):
+    the ``k`` rings of each of the ``tp`` ranks of a slot (each reducing its
+    own shard) share the node's ports.
     The flat ring's hops that leave one node share its ports likewise
     (:func:`nic_share`). The cheaper of the two for
     :data:`ALLREDUCE_PROBE_BYTES` is used, as NCCL picks its algorithm by
@@ -339,7 +344,7 @@ def allreduce_terms(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np
     if d <= 1:
         return np.zeros(P), np.zeros(P)
     ring_next = np.roll(heads, -1, axis=1)
-    bw, lat = _worst(cluster, link_class(cluster, heads, ring_next), nic_share(cluster, heads, ring_next))
+    bw, lat = _worst(cluster, link_class(cluster, heads, ring_next), nic_share(cluster, heads, ring_next, tp))
     per_byte, fixed = 2 * (d - 1) / d / bw, 2 * (d - 1) * lat
     sn = np.sort(node_ids(cluster)[heads], axis=1)
     n = 1 + np.sum(sn[:, 1:] != sn[:, :-1], axis=1)
@@ -358,11 +363,13 @@ def allreduce_terms(cluster: Cluster, heads: np.ndarray) -> tuple[np.ndarray, np
         reps = node_group[sn[rows, ::k]]
         kinds = np.where(reps[:, 1:] != reps[:, :-1], 2, 1)
         ibw, ilat = _worst(cluster, kinds)
-        # the k per-device rings across nodes share each node's ports: k flows at min(1, nics / k) each
-        nics = np.array([cluster.inter_node.nics_per_node or k,
-                         (cluster.inter_group or cluster.inter_node).nics_per_node or k])
-        ports = np.minimum(k, nics[np.max(kinds, axis=1) - 1])
-        hier_b = 2 * (k - 1) / k / intra.bandwidth_bytes_per_s + 2 * (nn - 1) / nn / (ports * ibw)
+        # the k per-device rings across nodes (k tp of them with tp ranks per slot, each ring of its
+        # shard) share each node's ports: f = k tp flows at min(1, nics / f) each
+        f = k * tp
+        nics = np.array([cluster.inter_node.nics_per_node or f,
+                         (cluster.inter_group or cluster.inter_node).nics_per_node or f])
+        share = np.minimum(1.0, nics[np.max(kinds, axis=1) - 1] / f)
+        hier_b = 2 * (k - 1) / k / intra.bandwidth_bytes_per_s + 2 * (nn - 1) / nn / (k * share * ibw)
         hier_f = 2 * (k - 1) * intra.latency_s + 2 * (nn - 1) * ilat
         probe = ALLREDUCE_PROBE_BYTES
         better = hier_b * probe + hier_f < per_byte[rows] * probe + fixed[rows]
@@ -390,11 +397,13 @@ def stage_time_scale(cluster: Cluster, heads: np.ndarray, profiled: DeviceSpec |
     return per_group[group_ids(cluster)[np.asarray(heads)]].max(axis=1)
 
 
-def placement_links(cluster: Cluster, heads: np.ndarray) -> tuple[list[Link], list[tuple[float, float]]]:
+def placement_links(cluster: Cluster, heads: np.ndarray, tp: int = 1
+                    ) -> tuple[list[Link], list[tuple[float, float]]]:
     """:func:`boundary_links` and :func:`allreduce_terms` of a ``(P, dp)``
-    layout as lists of :class:`Link` and ``(s/byte, s)`` pairs."""
-    bw, lat = boundary_links(cluster, heads)
-    per_byte, fixed = allreduce_terms(cluster, heads)
+    layout of tp-``tp`` slot heads as lists of :class:`Link` and ``(s/byte,
+    s)`` pairs."""
+    bw, lat = boundary_links(cluster, heads, tp)
+    per_byte, fixed = allreduce_terms(cluster, heads, tp)
     return ([Link(float(b), float(t)) for b, t in zip(bw, lat)],
             [(float(a), float(b)) for a, b in zip(per_byte, fixed)])
 

@@ -606,7 +606,7 @@ def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict,
         (tuple(heads.ravel()),) if placement == "mapped" else ())
     if key not in links_cache:
         check_layout(cluster, heads, variant.tp)  # distinct devices on the cluster, each group in one node
-        links_cache[key] = placement_links(cluster, slots)
+        links_cache[key] = placement_links(cluster, slots, variant.tp)
     return slots, links_cache[key]
 
 

@@ -76,3 +76,18 @@ def test_nics_per_node_is_not_a_key_of_the_link_inside_a_node(tmp_path):
                                      "[inter_node]\nbandwidth_GBps = 1.25\nlatency_us = 50\n")
     with pytest.raises(InputError, match="intra_node"):
         load_cluster(str(tmp_path / "c.toml"))
+
+
+def test_tensor_parallel_ranks_share_the_nic_too():
+    """tp 2 slots (heads 0, 2 on node 0; 4, 6 on node 1), dp 4: each of the
+    2 tp ranks of a slot reduces its own shard, so 2 slots x 2 ranks = 4
+    rings leave each node through its one NIC: INTER / 4 each, as for 4
+    tp-1 replicas. Hierarchical: 2 (1/2) / (2 x INTER x 1/4) per byte of a
+    rank's shard across nodes; a boundary of 2 slots x 2 ranks: INTER / 4."""
+    heads = np.array([[0, 2, 4, 6]])
+    per_byte, _ = allreduce_terms(_cluster(1), heads, tp=2)
+    assert per_byte[0] == pytest.approx(2 * 1 / 2 / INTRA + 2 * 1 / 2 / (2 * INTER / 4))
+    own, _ = allreduce_terms(_cluster(None), heads, tp=2)
+    assert own[0] == pytest.approx(2 * 1 / 2 / INTRA + 2 * 1 / 2 / (2 * INTER))
+    bw, _ = boundary_links(_cluster(1), np.array([[0, 2], [4, 6]]), tp=2)
+    assert bw[0] == pytest.approx(INTER / 4)
