@@ -643,6 +643,8 @@ def any_split_fits(costs: PipelineCosts) -> bool:
     L, S = costs.num_layers, costs.pp
     if S > L:
         return False
+    if _greedy_split_fits(costs):  # a split it builds fits: the common case, one fits call per stage
+        return True
     reach = np.zeros(L + 1, dtype=bool)
     reach[0] = True
     for s in range(S):
@@ -657,6 +659,24 @@ def any_split_fits(costs: PipelineCosts) -> bool:
         np.add.at(mark, ends[ok] + 1, -1)
         reach = np.cumsum(mark)[:L + 1] > 0
     return bool(reach[L])
+
+
+def _greedy_split_fits(costs: PipelineCosts) -> bool:
+    """Whether the split that gives each stage in turn the longest range that
+    fits (leaving a layer for each later stage) fits: sufficient for
+    :func:`any_split_fits`, not necessary when capacities differ."""
+    L, S = costs.num_layers, costs.pp
+    i = 0
+    for s in range(S):
+        last = L - (S - 1 - s)
+        if i >= last:
+            return False
+        j = np.arange(i + 1, last + 1)
+        ok = np.flatnonzero(costs.fits(s, i, j))
+        if not len(ok):
+            return False
+        i = int(j[ok[-1]])
+    return i == L
 
 
 def _longest_fit(costs: PipelineCosts, s: int, starts: np.ndarray, last: int) -> np.ndarray:
