@@ -276,6 +276,8 @@ def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
                                                                    f"memory_breakdown_bytes add up to {total!r}")
                 return
     pp = plan["parallelism"]["pp"]
+    if not stages or len(stages) != pp * plan["parallelism"]["vp"]:
+        return  # the stage count is reported on its own
     swapped = plan["schedule"]["name"] == "mobius"
     groups = [[k] for k in range(len(stages))] if swapped else [list(range(r, len(stages), pp)) for r in range(pp)]
     capacity = inputs["cluster"].get("memory_bytes_per_device")
