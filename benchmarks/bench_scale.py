@@ -89,12 +89,15 @@ def plan_args(*extra: str) -> list[str]:
     return [PY, "-m", "pipesearch", "plan", "-q", *extra]
 
 
-def write_profile(path: Path, num_layers: int, seed: int = 0) -> Path:
-    """A synthetic profile CSV (see the module docstring)."""
+def write_profile(path: Path, num_layers: int, seed: int = 0, tiny: bool = False) -> Path:
+    """A synthetic profile CSV (see the module docstring); ``tiny``: layers
+    1000 times smaller in time and bytes (a model of that many layers that
+    fits four 16 GB devices)."""
     rng = np.random.default_rng(seed)
-    fwd = rng.uniform(0.05, 0.15, num_layers)
-    params = rng.integers(1_000_000, 4_000_000, num_layers)
-    out = rng.integers(500_000, 2_000_000, num_layers)
+    scale = 1e-3 if tiny else 1.0
+    fwd = rng.uniform(0.05, 0.15, num_layers) * scale
+    params = (rng.integers(1_000_000, 4_000_000, num_layers) * scale).astype(np.int64)
+    out = (rng.integers(500_000, 2_000_000, num_layers) * scale * 8).astype(np.int64)  # above 4 KB: bytes, not MB
     rows = "".join(f"l{k},{fwd[k]:.6f},{2 * fwd[k]:.6f},{params[k]},{out[k]}\n" for k in range(num_layers))
     path.write_text("# batch_size: 1\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n" + rows)
     return path
@@ -143,7 +146,7 @@ def cases(tmp: Path, quick: bool):
     yield ("1,500-layer profile CSV on 64 A100, -b 512", "41.7 s, 333 MiB", 2.0,
            plan_args("--model", str(csv1500), "--cluster", "2x8-a100-80gb", "--nodes", "8", "-b", "512"), True)
     if not quick:
-        csv100k = write_profile(tmp / "l100000.csv", 100_000)
+        csv100k = write_profile(tmp / "l100000.csv", 100_000, tiny=True)
         yield ("100,000-layer profile on 1x4-v100-pcie", "exit 1 after 2.8 s (74.5 GiB array)", 30.0,
                plan_args("--model", str(csv100k), "--cluster", "1x4-v100-pcie"), True)
 
