@@ -68,11 +68,13 @@ class SearchOptions:
             (see :func:`pipesearch.costs.pipeline_placement`).
         exhaustive: evaluate every point instead of skipping those whose
             lower bound cannot enter the top plans (for plots of the space).
-        mapping_time_limit_s: work limit of each CP-SAT device-order search on
+        mapping_time_limit_s: work limit of the CP-SAT device-order search on
             mixed clusters, in CP-SAT's deterministic time (about seconds; the
             same limit gives the same answer on every machine under any
-            load; there is no wall-clock limit), used only when neither order
-            enumeration nor the device-class DP applies.
+            load; there is no wall-clock limit): the closed-form order that
+            the order search (:mod:`pipesearch.order_search`) splits first
+            when a cluster has more orders than it visits, used only when
+            neither order enumeration nor the device-class DP applies.
         enumerate_layouts_up_to: on mixed clusters, a (pp, dp) group with at
             most this many layouts (up to swaps inside a node,
             :func:`pipesearch.placement.count_layouts`) tries every one of

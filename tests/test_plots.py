@@ -368,3 +368,20 @@ def test_bad_output(vgg_exhaustive, tmp_path):
         render("pareto", vgg_exhaustive, tmp_path / "no" / "x.png")
     with pytest.raises(InputError, match="unknown plot kind"):
         render("pie", vgg_exhaustive, tmp_path / "x.png")
+
+
+def test_timeline_legend_names_the_host_step_when_a_stage_offloads():
+    """StagePlan.allreduce_s holds the all-reduce plus an offloaded stage's
+    host optimizer step; the legend says so only when there is one."""
+    from dataclasses import replace as _replace
+
+    from pipesearch.plots.timeline import allreduce_label
+    from pipesearch.types import Plan, Prediction, StagePlan
+
+    st = StagePlan(index=0, layers=(0, 1), layer_names=("l0",), devices=(0,), compute_s=1.0, comm_s=0.0,
+                   allreduce_s=0.5, memory_bytes=1.0, send_bytes=0.0)
+    plan = Plan(rank=1, pp=1, dp=1, tp=1, schedule="1f1b", micro_batch_size=1, num_micro_batches=1, stages=(st,),
+                predicted=Prediction(1.5, 1.0, 0.0, 1.0, 2.0))
+    assert allreduce_label(plan) == "A gradient all-reduce"
+    host = _replace(plan, stages=(_replace(st, host_step_s=0.2),))
+    assert "host optimizer step" in allreduce_label(host)

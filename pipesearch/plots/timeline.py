@@ -27,6 +27,16 @@ def allreduce_spans(plan, timeline: Timeline) -> list[tuple[float, float]]:
     return [(e, d) if d > 0 else (0.0, 0.0) for e, d in zip(end, dur)]
 
 
+def allreduce_label(plan) -> str:
+    """Legend of the bars :func:`allreduce_spans` draws: the gradient
+    all-reduce, and the host optimizer step with it where a stage offloads
+    its optimizer (both follow the last backward: ``StagePlan.allreduce_s``
+    holds their sum)."""
+    if any(st.host_step_s > 0 for st in plan.stages):
+        return "A all-reduce + host optimizer step"
+    return "A gradient all-reduce"
+
+
 def parse_window(text: str) -> tuple[float, float]:
     """``"FROM:TO"`` in milliseconds (either side may be empty) -> seconds.
 
@@ -48,7 +58,8 @@ def parse_window(text: str) -> tuple[float, float]:
 
 def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                   allreduce: list[tuple[float, float]] | None = None,
-                  window_s: tuple[float, float] | None = None) -> None:
+                  window_s: tuple[float, float] | None = None,
+                  allreduce_label_text: str = "A gradient all-reduce") -> None:
     """Draw ``timeline`` as a Gantt chart and save it to ``path``.
 
     One row per rank (rank 0 on top), one bar per action coloured by kind
@@ -68,6 +79,8 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
         window_s: ``(from_s, to_s)``: draw only that time window (a zoom, for
             many micro-batches: bars and micro-batch numbers stay readable);
             ``None`` the whole iteration.
+        allreduce_label_text: the legend of the ``allreduce`` bars
+            (:func:`allreduce_label`).
     """
     import matplotlib
 
@@ -126,7 +139,7 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
             present = [k for k in KIND_COLOURS if (k in {rec.kind for rec in timeline.records})]
             handles = [Patch(facecolor=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in present]
             if spans_ar:
-                handles.append(Patch(facecolor=ALLREDUCE_COLOUR, label="A gradient all-reduce"))
+                handles.append(Patch(facecolor=ALLREDUCE_COLOUR, label=allreduce_label_text))
             handles.append(Patch(facecolor=_IDLE, label="idle"))
             fig.tight_layout()
             axes_h_in = ax.get_position().height * height_in
