@@ -119,7 +119,9 @@ def test_best_order_equals_brute_force(inst):
     job = Job(global_batch_size=m, memory_reserve_bytes=0)
     costs_of = _point(prof, cluster, job, tp, pp, m, schedule, vp)
     oracle = _brute_force(costs_of, len(slot_heads(cluster, tp)), prof.num_layers, pp, m, schedule, vp)
-    found = best_order(slot_classes(cluster, tp), costs_of, schedule, pp, vp)
+    # no count limit here (up to 6 slots: a few hundred orders at most); test_count_limit_reports_a_valid_bound
+    # covers the limit
+    found = best_order(slot_classes(cluster, tp), costs_of, schedule, pp, vp, max_orders=10**6)
     if oracle is None:
         assert found is None
         return
@@ -151,7 +153,11 @@ def test_search_mapped_rank1_equals_brute_force(inst):
         return
     assert oracle is not None
     best = res.plans[0]
-    assert best.predicted.iteration_time_s == pytest.approx(oracle, rel=1e-9)
+    mapping = dict(best.extra).get("mapping") or {}
+    if mapping.get("status") == "FEASIBLE":  # the search's count of orders ran out: its bound and time bracket the optimum
+        assert mapping["best_bound_s"] <= oracle * (1 + 1e-9) <= best.predicted.iteration_time_s * (1 + 2e-9)
+    else:
+        assert best.predicted.iteration_time_s == pytest.approx(oracle, rel=1e-9)
     used = [d + k for s in best.stages[:pp] for d in s.devices for k in range(tp)]  # rank r: stages r, r + pp, ...
     assert len(set(used)) == len(used) and max(used) < cluster.num_devices
     assert all(s.devices == best.stages[k % pp].devices for k, s in enumerate(best.stages))
