@@ -342,11 +342,12 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
         "send_bytes": np.where(st + 1 < costs.pp, costs.output_bytes[j - 1], 0.0),
         "fwd_s": costs.fwd_s(st, i, j),
         "saved_bytes": costs.saved_bytes(st, i, j),
-        # the recorded backward is compute_s - fwd_s: keep the input-gradient part inside it after rounding
-        "bwd_input_s": np.minimum(costs.bwd_input_s(st, i, j), costs.compute_s(st, i, j) - costs.fwd_s(st, i, j)),
+        "bwd_input_s": costs.bwd_input_s(st, i, j),
         "allreduce_s": costs.after_backward_s(st, i, j),
         "host_step_s": costs.host_step_s(st, i, j),
     }
+    # the recorded backward is compute_s - fwd_s: keep the input-gradient part inside it after rounding
+    cols["bwd_input_s"] = np.minimum(cols["bwd_input_s"], cols["compute_s"] - cols["fwd_s"])
     cols = {k: v.tolist() for k, v in cols.items()}
     stages = []
     state = param_state_of(job) if job is not None else None

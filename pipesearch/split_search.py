@@ -813,9 +813,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not ev.times:
         return None
-    best = min(ev.times.values())
-    near = [b for b, t in ev.times.items() if t <= best * (1 + tie_rel)]
-    chosen = min(near, key=lambda b: _tie_key(costs, b, ev.times[b]))
+    chosen, best = _chosen(costs, ev, tie_rel)
     exact, frontier, nodes = state
     lower = min(best, cutoff_s) if exact else min(best, frontier)
     if value_above_cutoff and best > cutoff_s:
@@ -849,14 +847,20 @@ def untabled_bound_s(costs: PipelineCosts, pp: int) -> float:
     return costs.num_micro_batches * total / pp
 
 
+def _chosen(costs: PipelineCosts, ev: "_Evaluator", tie_rel: float) -> tuple[tuple[int, ...], float]:
+    """``(split, best time)`` of the evaluated splits: among those within
+    ``tie_rel`` of the best, the one :func:`_tie_key` ranks first."""
+    best = min(ev.times.values())
+    near = [b for b, t in ev.times.items() if t <= best * (1 + tie_rel)]
+    return min(near, key=lambda b: _tie_key(costs, b, ev.times[b])), best
+
+
 def _untabled(costs: PipelineCosts, ev: "_Evaluator", pp: int, tie_rel: float) -> "ExactSplit | None":
     """The best of the starting splits ``ev`` has evaluated, with
     :func:`untabled_bound_s` as its proven bound (exact only if it meets it)."""
     if not ev.times:
         return None
-    best = min(ev.times.values())
-    near = [b for b, t in ev.times.items() if t <= best * (1 + tie_rel)]
-    chosen = min(near, key=lambda b: _tie_key(costs, b, ev.times[b]))
+    chosen, best = _chosen(costs, ev, tie_rel)
     lower = min(best, untabled_bound_s(costs, pp))
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), lower >= best, len(ev.times), 0)
 
