@@ -448,8 +448,13 @@ class _Tables:
         self._columns: dict = {}
         self._suf = [None] * (S + 1)
         self.weights, self.chains = weights, chains
-        # stage s from every layer s + u it can start at (u < U = L - S + 1:
-        # every other stage holds a layer), every length
+        # stage s from every layer it can start at in a split of stages of at
+        # most W layers: from max(s, L - (S - s) W) (the later stages cover
+        # the rest) to min(s W, L - S + s) (every other stage holds a layer);
+        # the suffix minima from other layers are infinite
+        st = np.arange(S)
+        self._start = np.maximum(st, L - (S - st) * W)
+        self._stop = np.minimum(st * W, L - S + st)
         U = L - S + 1
         rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
         if rows * S * W * U <= TABLE_FLOATS:  # small: every stage in one block
@@ -470,17 +475,22 @@ class _Tables:
         self._suffix_minima(terms, fits, 0, 1, np.minimum(j, L), np.zeros(1, dtype=np.int64))
 
     def _stages(self, lo: int, hi: int, U: int, keep: bool = True) -> None:
-        """Table stages ``lo .. hi-1`` from the layers ``s .. s + U - 1`` with
-        every length, and their suffix minima; keep their terms for
-        :meth:`column` when ``keep``."""
+        """Table stages ``lo .. hi-1`` from each one's first possible start
+        (``_start``) on, at most ``U`` starts (those past its last start,
+        ``_stop``, masked as not fitting), with every length, and their
+        suffix minima; keep their terms for :meth:`column` when ``keep``."""
         L, W = self.costs.num_layers, self.rows
+        first, stop = self._start[lo:hi], self._stop[lo:hi]
+        U = int(max(1, min(U, np.max(stop - first) + 1)))
         stages = np.arange(lo, hi)[:, None, None]
-        i = np.broadcast_to(stages + np.arange(U)[None, None, :], (hi - lo, W, U))
+        at = np.broadcast_to(first[:, None, None] + np.arange(U)[None, None, :], (hi - lo, W, U))
+        i = np.minimum(at, L - 1)  # past a stage's last start: masked below
         j = i + np.arange(1, W + 1)[None, :, None]
         terms, fits = self._block(stages, i, j)
+        fits &= at <= stop[:, None, None]
         if keep:
             self._kept.update({k: ("banded", lo, terms, fits) for k in range(lo, hi)})
-        self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), np.arange(lo, hi))
+        self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), first)
 
     def _block(self, stages, i, j):
         """Stacked terms of ``stages`` (int array broadcast against ``i``,
@@ -514,8 +524,8 @@ class _Tables:
         """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
         ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
         where, lo, terms, fits = self._kept.get(s, (None, 0, None, None))
-        if where == "banded" and 0 <= i - s < fits.shape[-1]:
-            k, u = s - lo, i - s
+        if where == "banded" and 0 <= i - self._start[s] < fits.shape[-1]:
+            k, u = s - lo, i - self._start[s]
             cols = {kind: tuple(None if x is None else x[:, k, :, u] for x in ab) for kind, ab in terms.items()}
             return cols, fits[k, :, u]
         if where == "first" and i == 0:
@@ -596,7 +606,8 @@ class _Tables:
             if v.shape[1] == L + 1:
                 return v
             out = np.full((len(v), L + 1), np.inf)
-            out[:, at:at + v.shape[1]] = v
+            n = min(v.shape[1], L + 1 - at)  # positions past L (masked starts) dropped
+            out[:, at:at + n] = v[:, :n]
             return out
 
         for s in range(hi - 1, lo - 1, -1):
@@ -941,9 +952,11 @@ class _RankCount:
             self._columns[s, i] = (work, r, F + send, np.broadcast_to(up, j.shape))
         return self._columns[s, i]
 
-    def bound(self, states, s: int, j):
+    def bound(self, states, s: int, j, limit: float = np.inf):
         """Lower bounds ``(n,)`` for the children at stage ``s`` ending at
-        ``j`` (not the last stage) with ``states`` from :meth:`advance`."""
+        ``j`` (not the last stage) with ``states`` from :meth:`advance`; the
+        order-statistic part only for children whose first part is below
+        ``limit`` (the others are excluded already)."""
         work, ar, fill, drain = (states[:, k] for k in range(4))
         tail = np.maximum(ar, np.where(self.drain_ok, drain + ar[:, :1], -np.inf))
         v = work + tail + np.where(self.fill_ok, fill, 0.0)
@@ -952,13 +965,22 @@ class _RankCount:
         extra = self.L - 1 - j - c.sum()  # layers beyond one per remaining stage
         P = self.P[j, :int(c.max() + max(extra.max(), 0)) + 1]  # a rank takes at most c + extra layers
         out = (v + self.sigma * P[:, c]).max(axis=1)
-        if np.any(extra > 0):
+        rows = np.flatnonzero((extra > 0) & (out < limit))
+        if len(rows):
             n = np.arange(P.shape[1])
-            levels = v[:, :, None] + self.sigma[None, :, None] * P[:, None, :]
-            levels = np.where(n[None, None, :] > c[None, :, None], levels, np.inf).reshape(len(j), -1)
-            kth = np.sort(levels, axis=1)[np.arange(len(j)), np.maximum(extra, 1) - 1]
-            out = np.where(extra > 0, np.maximum(out, kth), out)
+            levels = v[rows, :, None] + self.sigma[None, :, None] * P[rows][:, None, :]
+            levels = np.where(n[None, None, :] > c[None, :, None], levels, np.inf).reshape(len(rows), -1)
+            out[rows] = np.maximum(out[rows], _kth_smallest(levels, extra[rows] - 1))
         return out
+
+
+def _kth_smallest(values: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``values[r]``'s ``k[r]``-th smallest (0-based) for every row ``r``: one
+    sort of all rows when they are short, else a selection per row (linear
+    in the row's length instead of ``n log n``)."""
+    if values.shape[1] <= 256:
+        return np.sort(values, axis=1)[np.arange(len(values)), k]
+    return np.array([np.partition(row, kk)[kk] for row, kk in zip(values, k.tolist())])
 
 
 def _rank_path_ends(schedule: str, pp: int):
@@ -1082,7 +1104,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             states = np.zeros((len(j), 4, pp))
             if len(live):
                 states[live] = counter.advance(acc["count"], s, i, j[live])
-                lb[live] = np.maximum(lb[live], counter.bound(states[live], s, j[live]))
+                lb[live] = np.maximum(lb[live], counter.bound(states[live], s, j[live], limit()))
             new["count"] = np.moveaxis(states, 0, -1)
         order = np.argsort(lb, kind="stable")
         order = order[:np.searchsorted(lb[order], limit())]  # the rest can never be expanded
