@@ -58,6 +58,9 @@ from .timemodel import evaluation_cost, iteration_time_s, send_overlap, simulate
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
 MAX_SPLITS_EVALUATED = 300
 MAX_NODES = 3_000
+#: nodes of a first branch and bound against the cutoff alone, before any
+#: starting split is evaluated (most points of a search are excluded there)
+FIRST_NODES = 8
 #: splits within this relative time of the best (equal up to rounding) are tie-broken
 EQUAL_TIME_REL = 1e-12
 _BATCH = 256
@@ -787,11 +790,22 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if np.isfinite(cutoff_s) and tabled:
         # a cheap proof first: no split can beat the cutoff
         tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
-        root = tables.root_bound()
-        if root >= cutoff_s and not value_above_cutoff:
-            if not np.isfinite(root) and optimal_split(costs) is None:
-                return None
-            return ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
+        for stronger in (False, True):
+            if stronger:  # before any split is evaluated: the chain families and their combination
+                if schedule not in CHAIN_SCHEDULES:
+                    break
+                weights, _ = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
+                tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
+            root = tables.root_bound()
+            if root >= cutoff_s and not value_above_cutoff:
+                if not np.isfinite(root) and optimal_split(costs) is None:
+                    return None
+                return ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
+        if not value_above_cutoff and np.isfinite(root):  # the first nodes, with the rank-counting bound
+            excluded, _, _ = _branch_and_bound(tables, ev, S, L, pp, cutoff_s / (1 - tie_rel), tie_rel, max_splits,
+                                               min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))
+            if excluded and min(ev.times.values(), default=np.inf) >= cutoff_s:  # no split beats the cutoff
+                return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     starts = [tuple(b) for b in seeds if b is not None and costs.split_fits(b)]
     even = even_split(L, S)
     if costs.split_fits(even):
@@ -817,7 +831,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         return _untabled(costs, ev, pp, tie_rel)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
-    if schedule in CHAIN_SCHEDULES:  # the cheap bounds left work: add the chain families and their combination
+    if schedule in CHAIN_SCHEDULES and not tables.chains:  # the cheap bounds left work: add the chain families
         weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel))
         tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
     counter = _RankCount(costs, schedule, pp)
