@@ -146,6 +146,25 @@ def total_orders(classes: Sequence[Sequence[int]], pp: int) -> int:
     return sum(count_orders(n) for n in count_vectors([len(c) for c in classes], pp))
 
 
+def _seed_order(orders: Iterator[tuple[int, ...]], costs_of, schedule: str, pp: int, vp: int, budget: int) -> list:
+    """The first ``budget`` of ``orders`` sorted by the time of their best
+    starting split (:func:`pipesearch.split_search.exact_split` with
+    ``seeds_only``; orders with no fitting start last, ties in enumeration
+    order), then the next one if any (it marks the budget as exhausted): the
+    likely best order is split first, so its time excludes the others early."""
+    orders = list(orders)
+    head, tail = orders[:budget], orders[budget:]
+    if len(head) < 2:
+        return head + tail
+
+    def seed_time(order) -> float:
+        found = exact_split(costs_of(order), schedule, pp, vp, seeds_only=True)
+        return math.inf if found is None else found.best_time_s
+
+    times = [seed_time(o) for o in head]
+    return [head[k] for k in sorted(range(len(head)), key=lambda k: (times[k], k))] + tail
+
+
 def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
                schedule: str, pp: int, vp: int = 1, *, max_orders: int = MAX_ORDERS,
                cutoff_s: float = math.inf, first: Sequence[Sequence[int]] = ()) -> OrderSearch | None:
@@ -184,9 +203,10 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
         if bound is not None and bound >= (best[0] if best is not None else cutoff_s):
             cut_short = True
             break
-        for order in (tried if n is None else orders_of_vector(classes, n)):
-            if n is not None and order in tried:
-                continue
+        visit = tried if n is None else _seed_order(
+            itertools.islice((o for o in orders_of_vector(classes, n) if o not in tried), max_orders - evaluated + 1),
+            costs_of, schedule, pp, vp, max_orders - evaluated)
+        for order in visit:
             if evaluated >= max_orders:
                 stopped_at = bound
                 break
