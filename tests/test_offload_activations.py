@@ -273,3 +273,27 @@ def test_search_equals_brute_force_over_splits_and_option_combinations(seed, L, 
     got = ((0,) + tuple(int(x) for x in np.cumsum(plan.layers_per_stage)),
            tuple(st.memory_option for st in plan.stages))
     assert got in arg
+
+
+def test_zero_bubble_input_and_weight_gradients_each_wait_for_a_copy():
+    """ZB-H1, pp 4 on GPUs 0-3 under one 25 GB/s switch (6.25 GB/s each):
+    stage 0's 6 GB take 0.96 s each way. Its backward is two actions, the
+    input gradient (0.2 s, half the backward) and the weight gradient (0.2
+    s), each carrying at most one copy: F = I = W = 0.96 s, the backward
+    1.92 s. Memory: stage 0's ZB-H1 count states are (3 whole, 1 waiting
+    for its weight gradient) and (4, 0); with 2 GB held for the weight
+    gradient, on the device max(3 x 6 + 2, 4 x 6) = 24 GB + 4 GB of state =
+    28 GB; offloaded at most 3 whole ones, max(3 x 6 + 2, 3 x 6) + 4 = 24
+    GB, within 25 GB."""
+    prof = _profile([0.2] * 4, [0.4] * 4, [0.5e9] * 4, [6 * GB] + [0.1 * GB] * 3)
+    prof = replace(prof, layers=(replace(prof.layers[0], wgrad_saved_bytes=2 * GB),) + prof.layers[1:])
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=25 * GB), host=_host())
+    job = Job(global_batch_size=8, memory_reserve_bytes=0, activation_offload=True)
+    costs = build_pipeline_costs(prof, cluster, job, pp=4, dp=1, micro_batch_size=1, num_micro_batches=8,
+                                 schedule="gpipe", placement=np.arange(4)[:, None], wgrad_window=True)
+    assert costs.option_name(0, 0, 1) == "act-host" and costs.option_name(1, 1, 2) == "on-device"
+    assert costs.fwd_s(0, 0, 1) == pytest.approx(0.96)
+    assert costs.bwd_input_s(0, 0, 1) == pytest.approx(0.96)
+    assert costs.bwd_s(0, 0, 1) == pytest.approx(1.92)
+    assert costs.bwd_s(1, 1, 2) == pytest.approx(0.4) and costs.bwd_input_s(1, 1, 2) == pytest.approx(0.2)
+    assert costs.memory_bytes(0, 0, 1) == pytest.approx(24 * GB)
