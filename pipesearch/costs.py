@@ -238,9 +238,13 @@ class PipelineCosts:
         saved = o.saved_prefix_bytes[:, j] - o.saved_prefix_bytes[:, i]
         transient = np.stack([range_max(o.transient_table_bytes[k], i, j) for k in range(K)])
         share = self.activation_share_at(s)  # replicated stages hold their share of a micro-batch
-        device = (params * o.state_bytes_per_param_byte[col] + self.activation_bytes(s, saved, i, j)
+        resident = None if o.act_resident_micro_batches is None else o.act_resident_micro_batches[col]
+        device = (params * o.state_bytes_per_param_byte[col] + self.activation_bytes(s, saved, i, j, resident)
                   + transient * share + self.gathered_at(i, j))
-        return device, params * o.host_bytes_per_param_byte[col]
+        host = params * o.host_bytes_per_param_byte[col]
+        if resident is not None:  # offloaded activations: every in-flight micro-batch's kept bytes on the host
+            host = host + np.where(np.isfinite(resident), self.activation_bytes(s, saved, i, j), 0.0)
+        return device, host
 
     def option_index(self, s, i, j):
         """Index of the option stage ``s`` holding ``[i, j)`` runs: the first
@@ -283,6 +287,21 @@ class PipelineCosts:
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         return params * self.options.host_step_s_per_param_byte[k, np.asarray(s)]
 
+    def activation_offload_bytes(self, s, i, j):
+        """``(copied, host)``: bytes one device of stage ``s`` holding ``[i,
+        j)`` copies per micro-batch in each direction, and keeps in host
+        memory, when its option offloads activations (0 otherwise; shape
+        ``broadcast(s, i, j)``)."""
+        zero = np.zeros(np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape)
+        o = self.options
+        if o is None or o.act_resident_micro_batches is None:
+            return zero, zero
+        k = self.option_index(s, i, j)
+        on = np.isfinite(o.act_resident_micro_batches[k])
+        saved = self.saved_bytes(s, i, j)
+        return np.where(on, saved, 0.0), np.where(on, self.activation_bytes(s, saved / self.activation_share_at(s),
+                                                                            i, j), 0.0)
+
     def saved_bytes(self, s, i, j):
         """Saved activation bytes of one micro-batch of stage ``s`` holding
         ``[i, j)`` under its option (checkpoints only for recomputed layers)."""
@@ -290,8 +309,34 @@ class PipelineCosts:
 
     # -- per-stage terms, vectorized: s is an int, i and j broadcastable int arrays
     def compute_s(self, s: int, i, j):
-        """Forward+backward seconds of one micro-batch on stage ``s`` for ``[i, j)``."""
-        return self.time_scale[s] * self._range("compute_prefix_s", s, i, j)
+        """Forward+backward seconds of one micro-batch on stage ``s`` for ``[i, j)``
+        (with offloaded activations each action waits for its copies:
+        :meth:`fwd_s`, :meth:`bwd_s`)."""
+        total = self._range("compute_prefix_s", s, i, j)
+        x = self._copy_s(s, i, j)
+        if x is not None:
+            fwd = self._range("fwd_prefix_s", s, i, j)
+            total = np.maximum(fwd, x) + self._backward_with_copies(total - fwd, s, i, j, x)
+        return self.time_scale[s] * total
+
+    def _copy_s(self, s, i, j):
+        """Profiled-device seconds of one direction of the chosen option's
+        activation copy (:attr:`pipesearch.stage_options.StageOptions.act_copy_prefix_s`),
+        or None when no option copies activations."""
+        if self.options is None or self.options.act_copy_prefix_s is None:
+            return None
+        return self._range("act_copy_prefix_s", s, i, j)
+
+    def _backward_with_copies(self, bwd, s, i, j, x):
+        """Backward under activation offload: ``max(bwd, x)``, or under a
+        zero-bubble schedule (separate input- and weight-gradient actions,
+        :attr:`wgrad_window`) ``max(I, x) + max(W, x)``: every action
+        carries at most one copy each way
+        (:func:`pipesearch.stage_options.activation_host_level`)."""
+        if not self.wgrad_window:
+            return np.maximum(bwd, x)
+        bin_ = self._range("bwd_input_prefix_s", s, i, j)
+        return np.maximum(bin_, x) + np.maximum(bwd - bin_, x)
 
     def p2p_s(self, s: int, j):
         """Activation forward + gradient backward seconds over the boundary at ``j``."""
@@ -372,18 +417,24 @@ class PipelineCosts:
             return 0.0
         return range_max(self.gathered_table, i, j)
 
-    def activation_bytes(self, s, saved, i, j):
+    def activation_bytes(self, s, saved, i, j, resident=None):
         """In-flight activation bytes of stage(s) ``s`` holding ``[i, j)``
         whose micro-batch saves ``saved`` (shape ``broadcast(s, i, j)``, or
         ``(K,)`` + that for per-stage options): ``saved x in_flight[s]``, or
         under a zero-bubble schedule the exact peak ``max_q (A saved + B
-        held)`` (:attr:`wgrad_counts`); times :meth:`activation_share_at`."""
+        held)`` (:attr:`wgrad_counts`); times :meth:`activation_share_at`.
+        ``resident`` (broadcastable to ``saved``; activation offload) caps
+        the micro-batches kept whole (``in_flight`` and ``A``) at that many
+        (:data:`pipesearch.stage_options.ACT_HOST_RESIDENT`); the bytes a
+        zero-bubble micro-batch holds for its weight gradient stay."""
         share = self.activation_share_at(s)
         if self.wgrad_counts is None:
-            return saved * self.in_flight[s] * share
+            n = self.in_flight[s] if resident is None else np.minimum(self.in_flight[s], resident)
+            return saved * n * share
         A, B = self.wgrad_counts
+        A = A[s] if resident is None else np.minimum(A[s], np.asarray(resident)[..., None])
         held = self.held_prefix_bytes[j] - self.held_prefix_bytes[i]
-        peak = np.max(A[s] * np.asarray(saved)[..., None] + B[s] * np.asarray(held)[..., None], axis=-1)
+        peak = np.max(A * np.asarray(saved)[..., None] + B[s] * np.asarray(held)[..., None], axis=-1)
         return peak * share
 
     def activation_share_at(self, s):
@@ -485,8 +536,12 @@ class PipelineCosts:
 
     # -- the split's terms of the time model (pipesearch.timemodel)
     def fwd_s(self, s, i, j):
-        """Forward compute seconds of one micro-batch on stage ``s`` for ``[i, j)``."""
-        return self.time_scale[s] * self._range("fwd_prefix_s", s, i, j)
+        """Forward compute seconds of one micro-batch on stage ``s`` for ``[i, j)``
+        (``max(forward, x)`` when its option offloads activations, ``x`` one
+        copy of a micro-batch's kept activations: :meth:`_copy_s`)."""
+        fwd = self._range("fwd_prefix_s", s, i, j)
+        x = self._copy_s(s, i, j)
+        return self.time_scale[s] * (fwd if x is None else np.maximum(fwd, x))
 
     def bwd_s(self, s, i, j):
         """Full backward compute seconds of one micro-batch on stage ``s``."""
@@ -495,7 +550,14 @@ class PipelineCosts:
     def bwd_input_s(self, s, i, j):
         """Input-gradient part of the backward on stage ``s``."""
         if self.options is not None:
-            return self.time_scale[s] * self._range("bwd_input_prefix_s", s, i, j)
+            bin_ = self._range("bwd_input_prefix_s", s, i, j)
+            x = self._copy_s(s, i, j)
+            if x is not None:  # the input-gradient action waits for its copies (zero-bubble); else its share
+                bwd = self._range("compute_prefix_s", s, i, j) - self._range("fwd_prefix_s", s, i, j)
+                full = self._backward_with_copies(bwd, s, i, j, x)
+                bin_ = np.maximum(bin_, x) if self.wgrad_window else np.where(
+                    bwd > 0, bin_ * full / np.where(bwd > 0, bwd, 1.0), bin_)
+            return self.time_scale[s] * bin_
         prefix = self.bwd_input_prefix_s if self.bwd_input_prefix_s is not None else self.compute_prefix_s * 0
         return self.time_scale[s] * (prefix[j] - prefix[i])
 
@@ -649,7 +711,7 @@ def build_pipeline_costs(
     else:
         options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
                                 offload=optimizer_offload, stages_per_device=stages_per_device,
-                                option_profiles=option_profiles)
+                                option_profiles=option_profiles, time_scale=time_scale)
     return PipelineCosts(
         options=options, delayed_host_step=job.delayed_optimizer_step and options is not None,
         num_micro_batches=num_micro_batches,

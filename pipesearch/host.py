@@ -89,7 +89,8 @@ def node_sharing(cluster: Cluster, placement: np.ndarray, tp: int = 1) -> np.nda
 
 
 def offload_step_s_per_param(host: HostSpec, switch_share: np.ndarray, node_share: np.ndarray,
-                             grad_bytes: float, weight_bytes: float, share: float = 1.0) -> np.ndarray:
+                             grad_bytes: float, weight_bytes: float, share: float = 1.0,
+                             flows: int = 1) -> np.ndarray:
     """Seconds per parameter of a stage's offloaded optimizer step (ZeRO-Offload,
     Ren et al. USENIX ATC'21, sec. 4.1): its gradients to the host
     (``grad_bytes`` per parameter), Adam on the CPU at the host's
@@ -98,10 +99,27 @@ def offload_step_s_per_param(host: HostSpec, switch_share: np.ndarray, node_shar
     after the other, each copy at the switch's shared bandwidth
     (:func:`shared_bandwidth_bytes_per_s` with ``switch_share``); ``share`` is
     the part of the parameters the device updates (``1 / dp`` when the
-    optimizer state is sharded). Shape of ``switch_share``."""
-    bw = shared_bandwidth_bytes_per_s(host, switch_share)
+    optimizer state is sharded); ``flows``: copies of the same GPU running
+    at once in each direction (a fair share: each gets ``1 / flows`` of the
+    bandwidth). Shape of ``switch_share``."""
+    bw = shared_bandwidth_bytes_per_s(host, switch_share) / flows
     adam = np.asarray(node_share, dtype=float) / host.cpu_adam_params_per_s
     return share * ((grad_bytes + weight_bytes) / bw + adam)
+
+
+def activation_copy_s_per_byte(cluster: Cluster, placement: np.ndarray, tp: int = 1) -> np.ndarray:
+    """``(P,)`` seconds per byte of one stage's activation copy to or from
+    host memory (one direction; PCIe is full duplex), every GPU of the plan
+    under the stage's switch copying at once (:func:`stage_switch_sharing`,
+    the module docstring's worst case): ``1 / min(host_to_device,
+    switch_uplink / n)``. Each GPU of a tensor-parallel group copies its own
+    shard at that rate.
+
+    Raises:
+        ValueError: the cluster has no ``[host]`` table.
+    """
+    host = _host(cluster)
+    return 1.0 / shared_bandwidth_bytes_per_s(host, stage_switch_sharing(cluster, placement, tp))
 
 
 def host_memory_share_bytes(cluster: Cluster, placement: np.ndarray, tp: int = 1,

@@ -229,7 +229,11 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
       (:func:`pipesearch.stage_options.stream_options`); a Mobius stage comes
       in once per stay (twice, unless it is its rank's last stage) and its
       gradients go out once (:func:`pipesearch.timemodel.mobius_residencies`);
-      and their sums;
+      offloaded activations (``act-host`` options) add, per stage,
+      ``activation_host_memory_bytes`` (every in-flight micro-batch's kept
+      bytes) and ``activation_pcie_bytes_per_iteration`` (``2 m`` copies of
+      a micro-batch's kept bytes: out after its forward, back before its
+      backward), included in the two lists above; and their sums;
     * ``("optimizer_step", "delayed")`` and ``("optimizer_staleness_steps", 1)``
       with ``job.delayed_optimizer_step``;
     * ``("mobius", {...})`` for Mobius: per stage its copy seconds, each
@@ -245,7 +249,7 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     if o is None:
         return ()
     names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
-    if not any(("offload" in n or "stream" in n or n == "swap") for n in names):
+    if not any(("offload" in n or "stream" in n or n == "swap" or "act-host" in n) for n in names):
         return ()
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
     state = param_state_of(job)
@@ -256,11 +260,17 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
                        np.array(["offload" in n for n in names])],
                       [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
                        2.0 * share * params], 0.0)
-    host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)] * dp * tp
-    moved = moved * dp * tp
-    out: tuple = (("host", {"host_memory_bytes": [float(x) for x in host], "pcie_bytes_per_iteration": [
+    copied, act_host = costs.activation_offload_bytes(s, i, j)
+    act_host, act_moved = act_host * dp * tp, 2.0 * costs.num_micro_batches * copied * dp * tp
+    host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)] * dp * tp + act_host
+    moved = moved * dp * tp + act_moved
+    info = {"host_memory_bytes": [float(x) for x in host], "pcie_bytes_per_iteration": [
         float(x) for x in moved], "total_host_memory_bytes": float(host.sum()),
-        "total_pcie_bytes_per_iteration": float(moved.sum())}),)
+        "total_pcie_bytes_per_iteration": float(moved.sum())}
+    if np.any(act_moved > 0):
+        info.update(activation_host_memory_bytes=[float(x) for x in act_host],
+                    activation_pcie_bytes_per_iteration=[float(x) for x in act_moved])
+    out: tuple = (("host", info),)
     if costs.delayed_host_step:
         out += (("optimizer_step", "delayed"), ("optimizer_staleness_steps", 1))
     if o.swap_in_s_per_param_byte is not None:
@@ -271,3 +281,32 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
                             "pcie_queue": [int(q) for q in o.swap_queue],
                             "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)]}),)
     return out
+
+
+def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1) -> str | None:
+    """Why a point with host-memory options has no plan when host memory is
+    the reason: the best split with the host unlimited, its first stage
+    whose option needs more host memory than its share
+    (:func:`pipesearch.host.host_memory_share_bytes`), as one line; None
+    when no split fits even then or the host is not what refuses it."""
+    o = costs.options
+    if o is None or not np.any(o.host_bytes_per_param_byte > 0) and o.act_resident_micro_batches is None:
+        return None
+    free = replace(costs, options=replace(o, host_capacity_bytes=np.full_like(o.host_capacity_bytes, np.inf)))
+    found, chosen = exact_split_over_policies(free, schedule, pp, vp)
+    if found is None or not np.isfinite(found.best_time_s):
+        return None
+    bounds = np.asarray(found.bounds)
+    s, i, j = np.arange(costs.pp), bounds[:-1], bounds[1:]
+    k = chosen.option_index(s, i, j)
+    host = np.take_along_axis(chosen._option_memory(s, i, j)[1], k[None], axis=0)[0]
+    act = chosen.activation_offload_bytes(s, i, j)[1]
+    over = np.flatnonzero(host > o.host_capacity_bytes)
+    if not len(over):
+        return None
+    q = int(over[0])
+    gib = 2.0 ** 30
+    return (f"host memory: stage {q} (layers {int(i[q])}..{int(j[q]) - 1}, option {o.names[int(k[q])]}) would keep "
+            f"{host[q] / gib:.1f} GiB in host memory per GPU (offloaded activations {act[q] / gib:.1f} GiB) against "
+            f"its {o.host_capacity_bytes[q] / gib:.1f} GiB share (the node's host memory over the plan's GPUs on "
+            "it); use a host with more memory ([host] memory_GB) or fewer micro-batches in flight")

@@ -39,10 +39,11 @@ from .placement import SLOTS_PREFIX, slot_classes
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
-from .option_search import best_policies_for_split, exact_split_over_policies, host_plan_info
+from .option_search import best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           replica_vectors, replicas_name, replicated_costs, replicated_lower_bound_s)
 from .split_search import exact_split
+from .stage_options import ACT_HOST_RESIDENT
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
 
@@ -896,6 +897,8 @@ def search(
                 continue
             inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache,
                                           variant.profile.wgrad_saved_fraction)
+            if job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
+                inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
             if not options.split and _surely_out_of_memory(floor, row, inflight, capacity[variant.tp]):
                 row["status"] = "out_of_memory"
                 continue
@@ -926,6 +929,8 @@ def search(
         message = _no_plan_message(counts, variants, cluster, job, options)
         if "split_overflow" in placement_ctx:
             message += "; " + placement_ctx["split_overflow"][1]
+        if placement_ctx.get("host_overflow"):
+            message += "; " + placement_ctx["host_overflow"]
         raise InfeasibleError(message)
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
@@ -936,7 +941,8 @@ def search(
         + ((("pruned", counts["pruned"]),) if counts.get("pruned") else ()),
         wall_s=time.perf_counter() - start,
         fingerprint=fingerprint([v.profile for v in variants], cluster, job, options,
-                                *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ())),
+                                *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ()),
+                                *(("activation_offload",) if job.activation_offload else ())),
         point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
     )
 
@@ -1132,6 +1138,10 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
                                                  value_above_cutoff=options.exhaustive)
         if found is None:
             row["status"] = "out_of_memory"
+            checks = placement_ctx.get("host_checks", 0)  # host memory the reason? (option_search.host_overflow_note)
+            if not placement_ctx.get("host_overflow") and checks < 8:
+                placement_ctx["host_checks"] = checks + 1
+                placement_ctx["host_overflow"] = host_overflow_note(costs, schedule, pp, vp)
             return None, costs
         if found.exact and found.best_time_s >= cutoff_s and not options.exhaustive:
             row["status"] = "pruned"  # proven unable to enter the ranked plans

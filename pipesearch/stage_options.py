@@ -108,13 +108,23 @@ class StageOptions:
     swap_in_s_per_param_byte: np.ndarray | None = None
     swap_out_s_per_param_byte: np.ndarray | None = None
     swap_queue: tuple[int, ...] | None = None
+    #: activation offload (:func:`activation_host_level`): ``(K, P, L+1)``
+    #: prefix sums of the seconds (profiled-device seconds, as the times)
+    #: one micro-batch's kept activations take over the stage's PCIe share
+    #: in one direction (0 for options that keep them on the device), and
+    #: ``(K,)`` the micro-batches whose activations stay on the device
+    #: (``inf``: all in flight; :data:`ACT_HOST_RESIDENT` when offloaded)
+    act_copy_prefix_s: np.ndarray | None = None
+    act_resident_micro_batches: np.ndarray | None = None
 
     def __post_init__(self):
         P = self.host_step_s_per_param_byte.shape[1]
         masks = np.ones((len(self.names), P), dtype=bool) if self.allowed is None else self.allowed
+        checked = ("fwd_prefix_s", "compute_prefix_s", "bwd_input_prefix_s", "host_step_s_per_param_byte") + (
+            ("act_copy_prefix_s",) if self.act_copy_prefix_s is not None else ())
         for s in {tuple(col) for col in masks.T}:
             keep = np.flatnonzero(s)
-            for name in ("fwd_prefix_s", "compute_prefix_s", "bwd_input_prefix_s", "host_step_s_per_param_byte"):
+            for name in checked:
                 arr = getattr(self, name)[keep]
                 steps = np.diff(arr, axis=-1) if name != "host_step_s_per_param_byte" else arr
                 if np.any(np.diff(steps, axis=0) < -1e-12 * np.maximum(1.0, np.abs(steps[1:]))):
@@ -138,7 +148,8 @@ RECOMPUTE_OPTIONS = ("none", "full")
 def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
                   placement: np.ndarray, tp: int = 1, offload: bool = False,
                   stages_per_device: int = 1,
-                  option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None) -> StageOptions | None:
+                  option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None,
+                  time_scale: np.ndarray | None = None) -> StageOptions | None:
     """The per-stage memory options of a search point, fastest first, or
     ``None`` when a stage has only its plain one.
 
@@ -170,10 +181,19 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
     also offloading (``full`` and ``none+offload`` are not ordered: one adds
     backward time, the other time after backward). Every option's times are at least the previous
     one's, layer by layer (:class:`StageOptions`).
+
+    * Activation offload (``job.activation_offload``, a cluster with
+      ``[host]``, one stage per device): :func:`activation_host_options`
+      (``time_scale``: ``(P,)`` the stages' device speed factors, for the
+      copies' profiled-device seconds).
     """
     arrays = profile.layer_arrays
     recompute = bool(arrays["recomputable"].any())
     offload = offload and cluster.host is not None
+    if getattr(job, "activation_offload", False) and cluster.host is not None and stages_per_device == 1:
+        return activation_host_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
+                                       offload=offload, option_profiles=option_profiles,
+                                       time_scale=np.ones(len(placement)) if time_scale is None else time_scale)
     if option_profiles:
         return _table_options(option_profiles, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
                               offload=offload, stages_per_device=stages_per_device)
@@ -208,8 +228,11 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
 
 
 def _empty_rows() -> dict[str, list]:
-    """One list per :class:`StageOptions` array, filled option by option."""
-    return {key: [] for key in ("fwd", "compute", "bin", "saved", "transient", "state", "host", "step")}
+    """One list per :class:`StageOptions` array, filled option by option
+    (``copy`` and ``resident`` only by activation offload: left empty,
+    :class:`StageOptions` gets no activation copies)."""
+    return {key: [] for key in ("fwd", "compute", "bin", "saved", "transient", "state", "host", "step", "copy",
+                                "resident")}
 
 
 def _stack_options(names, rows: dict, host_cap: np.ndarray, **chains) -> StageOptions:
@@ -222,14 +245,17 @@ def _stack_options(names, rows: dict, host_cap: np.ndarray, **chains) -> StageOp
         state_bytes_per_param_byte=np.array(rows["state"], dtype=float),
         host_bytes_per_param_byte=np.array(rows["host"], dtype=float),
         host_step_s_per_param_byte=np.stack(rows["step"]), host_capacity_bytes=host_cap, **chains,
+        **({"act_copy_prefix_s": np.stack(rows["copy"]),
+            "act_resident_micro_batches": np.array(rows["resident"], dtype=float)} if rows["copy"] else {}),
     )
 
 
 def _offload_terms(profile: ModelProfile, cluster: Cluster, job: Job, dp: int, placement: np.ndarray, tp: int,
-                   offload: bool, stages_per_device: int):
+                   offload: bool, stages_per_device: int, flows: int = 1):
     """Per parameter byte: device state on the device and offloaded, host
-    state offloaded; per stage: the offloaded step (s per parameter byte)
-    and the host memory share (:mod:`pipesearch.host`)."""
+    state offloaded; per stage: the offloaded step (s per parameter byte;
+    its copies at ``1 / flows`` of the GPU's PCIe share) and the host
+    memory share (:mod:`pipesearch.host`)."""
     from . import host as host_lib
     from .memory import offload_bytes_per_param
 
@@ -243,7 +269,7 @@ def _offload_terms(profile: ModelProfile, cluster: Cluster, job: Job, dp: int, p
         step = host_lib.offload_step_s_per_param(
             cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp),
             host_lib.node_sharing(cluster, placement, tp), grad_bytes=profile.bytes_per_param,
-            weight_bytes=profile.bytes_per_param, share=share) / profile.bytes_per_param
+            weight_bytes=profile.bytes_per_param, share=share, flows=flows) / profile.bytes_per_param
         host_cap = host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device)
     return on_device, off_device, off_host, step, host_cap
 
@@ -274,6 +300,100 @@ def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float,
         rows["host"].append(off_host if off else 0.0)
         rows["step"].append(step if off else np.zeros(len(placement)))
     return _stack_options([n for n, _, _ in chain], rows, host_cap)
+
+
+ACT_HOST_RESIDENT = 3
+"""Micro-batches whose activations an activation-offloading stage keeps on
+its GPU: the one its action computes, the one whose copy to the host is
+leaving and the one being prefetched for the next backward (reached by the
+last warm-up forward, which produces one while the previous one leaves and
+the first backward's comes back; :func:`activation_host_options`)."""
+
+ACT_HOST = "act-host"
+"""Name part of the options whose saved activations live in host memory."""
+
+
+def activation_host_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
+                            placement: np.ndarray, tp: int, offload: bool,
+                            option_profiles: tuple[tuple[str, ModelProfile], ...] | None,
+                            time_scale: np.ndarray) -> StageOptions:
+    """The chain of recompute levels with, after the last, that level's
+    activations (its checkpoints when it recomputes) offloaded to host
+    memory (``<level>+act-host``; ``act-host`` for a table without recompute
+    levels), and with ``offload`` every level also with the optimizer
+    offloaded (:func:`mixed_offload_options`: the offloaded activations are
+    one more level, the slowest).
+
+    Activation offload is ZeRO-Infinity's / DeepSpeed's activation
+    checkpoint offload (Rajbhandari et al. SC'21, sec. 5; DeepSpeed's
+    ``activation_checkpointing.cpu_checkpointing``) and Mobius' and
+    RoundPipe's checkpoints in host memory: after its forward a micro-batch's
+    kept activations go to the host, before its backward they come back
+    (:func:`activation_host_level`; memory and host bytes in
+    :meth:`pipesearch.costs.PipelineCosts.activation_bytes`). It is offered
+    after the last recompute level only: ``none+act-host`` and ``full`` are
+    not ordered (one waits for copies, the other recomputes), and the chain
+    must be ordered for the first fitting option to be the fastest
+    (:class:`StageOptions`); offloading the checkpoints is what those
+    runtimes do. One stage per device (the copies of a stage wait in its own
+    actions; interleaved chunks of a GPU would share its link unmodelled).
+    """
+    levels = (_table_levels(option_profiles, ratio) if option_profiles
+              else _profile_levels(profile, ratio) if profile.layer_arrays["recomputable"].any()
+              else [("on-device", _profile_levels(profile, ratio)[0][1])])
+    first = option_profiles[0][1] if option_profiles else profile
+    on_device, off_device, off_host, step, host_cap = _offload_terms(first, cluster, job, dp, placement, tp, True, 1)
+    # the delayed step's copies run beside the next iteration's activation copies: two flows on one link
+    flows = 2 if offload and job.delayed_optimizer_step else 1
+    step_shared = _offload_terms(first, cluster, job, dp, placement, tp, True, 1, flows)[3]
+    levels = levels + [activation_host_level(levels[-1], cluster, placement, tp, time_scale, flows, step_shared)]
+    if offload:
+        return mixed_offload_options(levels, on_device, off_device, off_host, step, host_cap)
+    rows = _empty_rows()
+    for _, lv in levels:
+        for key in ("fwd", "compute", "bin", "saved", "transient"):
+            rows[key].append(lv[key])
+        rows["state"].append(on_device)
+        rows["host"].append(0.0)
+        rows["step"].append(np.zeros(len(placement)))
+        rows["copy"].append(lv.get("copy", np.zeros((len(placement), lv["fwd"].shape[-1]))))
+        rows["resident"].append(lv.get("resident", np.inf))
+    return _stack_options([n for n, _ in levels], rows, host_cap)
+
+
+def activation_host_level(level, cluster: Cluster, placement: np.ndarray, tp: int, time_scale: np.ndarray,
+                          flows: int = 1, step_shared: np.ndarray | None = None):
+    """``(name, rows)`` of recompute level ``level`` (``(name, rows)`` as
+    :func:`mixed_offload_options` takes) with its kept activations in host
+    memory.
+
+    Per micro-batch the stage copies the activations it keeps of every layer
+    (``saved`` of the level: all of them, or the checkpoints under
+    recompute), ``x = kept / bw`` seconds, out after its forward and back
+    before its backward, with ``bw`` the GPU's PCIe share with every GPU of
+    the plan under its switch copying at once
+    (:func:`pipesearch.host.activation_copy_s_per_byte`; PCIe is full duplex,
+    each direction its own share). The copy out runs during the stage's next
+    action, the copy in during the action before the backward, so an action
+    carries at most one copy each way and lasts ``max(compute, x)``
+    (:meth:`pipesearch.costs.PipelineCosts.fwd_s`; ZB-H1's input- and
+    weight-gradient parts each). ``copy``: ``(P, L+1)`` prefix sums of ``x``
+    per layer in profiled-device seconds (divided by the stage's
+    ``time_scale``); ``resident``: :data:`ACT_HOST_RESIDENT`. With the
+    optimizer offloaded and its step delayed (``flows = 2``) the step's
+    copies share the link with the activations' (each gets half:
+    ``copy_offload``, ``step_offload`` = ``step_shared``).
+    """
+    from . import host as host_lib
+
+    name, lv = level
+    kept = np.diff(lv["saved"])
+    per_byte = host_lib.activation_copy_s_per_byte(cluster, placement, tp) / np.asarray(time_scale, dtype=float)
+    copy = _prefix(kept[None, :] * per_byte[:, None])
+    out = dict(lv, copy=copy, resident=float(ACT_HOST_RESIDENT))
+    if flows > 1:
+        out.update(copy_offload=copy * flows, step_offload=step_shared)
+    return (ACT_HOST if name == "on-device" else f"{name}+{ACT_HOST}"), out
 
 
 POLICIES = ("offload-first", "device-first", "relaxed")
@@ -316,6 +436,7 @@ def mixed_offload_options(levels, on_device: float, off_device: float, off_host:
     """
     rows, names, chains = _empty_rows(), [], [[], [], []]
     R = len(levels) - 1
+    copies = any("copy" in lv for _, lv in levels)  # activation offload (activation_host_level)
     for r, (name, lv) in enumerate(levels):
         for kind in ("device", "bound", "offload"):
             for key in ("fwd", "compute", "bin", "saved", "transient"):
@@ -323,7 +444,11 @@ def mixed_offload_options(levels, on_device: float, off_device: float, off_host:
             off = kind != "device"
             rows["state"].append(off_device if off else on_device)
             rows["host"].append(off_host if off else 0.0)
-            rows["step"].append(step if kind == "offload" else np.zeros(len(step)))
+            rows["step"].append(lv.get("step_offload", step) if kind == "offload" else np.zeros(len(step)))
+            if copies:
+                none = np.zeros((len(step), lv["fwd"].shape[-1]))
+                rows["copy"].append(lv.get("copy_offload" if off else "copy", lv.get("copy", none)))
+                rows["resident"].append(lv.get("resident", np.inf))
             names.append(name if kind == "device" else f"{name}+offload" + (" (bound)" if kind == "bound" else ""))
             chains[OFFLOAD_FIRST].append(kind == "offload" or (kind == "device" and r == 0))
             chains[DEVICE_FIRST].append(kind == "device" or (kind == "offload" and r == R))

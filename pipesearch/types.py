@@ -489,6 +489,10 @@ class Job:
     #: not in the repr, so that search fingerprints without it stay as they were
     #: (the search adds it to the fingerprint when set)
     delayed_optimizer_step: bool = field(default=False, repr=False)
+    #: let stages keep their saved activations in host memory, copied over
+    #: PCIe (:func:`pipesearch.stage_options.activation_host_options`); not in
+    #: the repr, as ``delayed_optimizer_step``
+    activation_offload: bool = field(default=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,8 @@ def plans_table(plans) -> str:
         columns.insert(5, ("device types", types))
     if all(label == "none" for label in dict(columns).get("recompute", [])):
         columns = [(k, v) for k, v in columns if k != "recompute"]
-    for word, column in (("offload", "optimizer offload"), ("stream", "weights streamed")):
+    for word, column in (("offload", "optimizer offload"), ("stream", "weights streamed"),
+                         ("act-host", "activations on host")):
         counts = [sum(word in st.memory_option for st in p.stages) for p in plans]
         if any(counts):
             columns.append((column, [f"{n}/{len(p.stages)} stages" for n, p in zip(counts, plans)]))
@@ -267,6 +268,10 @@ class _Progress:
 @click.option("--stream-weights", is_flag=True,
               help="Let stages keep all their training state in host memory and stream each layer's weights "
                    "in while the previous layer computes (needs a cluster with a [host] table, docs/offload.md).")
+@click.option("--activation-offload", is_flag=True,
+              help="Let stages that do not fit otherwise keep their saved activations (their checkpoints, with "
+                   "recompute) in host memory, copied over PCIe after each forward and back before each backward "
+                   "(needs a cluster with a [host] table, docs/offload.md).")
 @click.option("--delayed-optimizer-step", is_flag=True,
               help="Run the host's optimizer step of each iteration beside the next iteration's compute (one step "
                    "stale weights, RoundPipe / ZeRO-Offload's delayed update); with --optimizer-offload, "
@@ -294,7 +299,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                  max_search_memory, memory_headroom, optimizer_state, sharding, sequence_parallel,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
                  plot_dir, runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, grad_bucket_params,
-                 replicate_stages, optimizer_offload=False, stream_weights=False, delayed_optimizer_step=False):
+                 replicate_stages, optimizer_offload=False, stream_weights=False, delayed_optimizer_step=False,
+                 activation_offload=False):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -344,7 +350,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     comm_overlap = overlap_settings(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
                                     grad_bucket_params, param_state, tp, sequence_parallel)
     cluster = load_cluster(cluster_name, nodes=nodes)
-    for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights)):
+    for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights),
+                     ("--activation-offload", activation_offload)):
         if on and cluster.host is None:
             raise InputError(f"{flag}: cluster {cluster.name!r} has no [host] table (host memory, "
                              "PCIe links, CPU Adam rate); add one (hardware/README.md) or drop the flag")
@@ -365,7 +372,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
               memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
               optimizer_offload=optimizer_offload, weight_streaming=stream_weights,
-              delayed_optimizer_step=delayed_optimizer_step)
+              delayed_optimizer_step=delayed_optimizer_step, activation_offload=activation_offload)
     if delayed_optimizer_step and not (optimizer_offload or stream_weights or "mobius" in (schedules or ())):
         raise InputError("--delayed-optimizer-step: no stage keeps its optimizer on the host; add "
                          "--optimizer-offload, --stream-weights or --schedule mobius, or drop the flag")
@@ -410,6 +417,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         **({"optimizer_offload": True} if optimizer_offload else {}),
                         **({"weight_streaming": True} if stream_weights else {}),
                         **({"delayed_optimizer_step": True} if delayed_optimizer_step else {}),
+                        **({"activation_offload": True} if activation_offload else {}),
                         "sequence_parallel": sequence_parallel,
                         "comm_overlap": comm_overlap.as_dict(),
                         "schedules": list(options.schedules)},

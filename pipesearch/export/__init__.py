@@ -146,12 +146,52 @@ def refuse_host_memory(plan: Plan, fmt: str) -> None:
         raise InputError(f"export {fmt}: stages {','.join(map(str, streamed))} stream their weights from host "
                          f"memory (--stream-weights); {runtime} keeps a stage's weights on its GPU, so the plan would "
                          "not fit as written; re-plan without --stream-weights")
+    refuse_activation_offload(plan, fmt)
     if offloaded and (fmt != "deepspeed" or len(offloaded) != len(plan.stages)):
         why = ("DeepSpeed's offload_optimizer applies to every stage alike" if fmt == "deepspeed"
                else f"{runtime}'s export has no optimizer offload")
         raise InputError(f"export {fmt}: stages {','.join(map(str, offloaded))} of {len(plan.stages)} keep their "
                          f"optimizer state in host memory (--optimizer-offload) and {why}; re-plan without "
                          "--optimizer-offload" + ("" if fmt == "deepspeed" else " or export --format deepspeed"))
+
+
+def activation_offload_stages(plan: Plan) -> list[int]:
+    """The stages whose memory option keeps their saved activations in host
+    memory (``act-host``, :func:`pipesearch.stage_options.activation_host_options`)."""
+    return [st.index for st in plan.stages if "act-host" in st.memory_option]
+
+
+def deepspeed_cpu_checkpointing(plan: Plan) -> bool:
+    """Whether DeepSpeed's ``activation_checkpointing.cpu_checkpointing``
+    runs the plan's activation offload: every stage offloads, and what it
+    offloads are full recompute's checkpoints (DeepSpeed moves the inputs of
+    its checkpointed layers to the CPU, one setting for all stages;
+    deepspeed/runtime/activation_checkpointing/checkpointing.py)."""
+    act = activation_offload_stages(plan)
+    if not plan.stages or len(act) != len(plan.stages):
+        return False
+    plan_rc = plan_extra(plan, "recompute", "none")
+    return all(st.memory_option.split("+")[0] == "full" or (st.memory_option.startswith("act-host")
+                                                             and plan_rc == "full") for st in plan.stages)
+
+
+def refuse_activation_offload(plan: Plan, fmt: str) -> None:
+    """Refuse a plan whose stages keep their activations in host memory
+    where the runtime's export cannot say so: every runtime but DeepSpeed,
+    and DeepSpeed unless :func:`deepspeed_cpu_checkpointing`.
+
+    Raises:
+        InputError: names the first such stage and its option.
+    """
+    act = activation_offload_stages(plan)
+    if not act or (fmt == "deepspeed" and deepspeed_cpu_checkpointing(plan)):
+        return
+    k = act[0]
+    why = ("DeepSpeed's cpu_checkpointing offloads full recompute's checkpoints of every stage alike"
+           if fmt == "deepspeed" else f"{RUNTIME_NAMES.get(fmt, fmt)}'s export has no activation offload")
+    raise InputError(f"export {fmt}: stage {k} has option {plan.stages[k].memory_option} (its saved activations in "
+                     f"host memory, --activation-offload; stages {','.join(map(str, act))} of {len(plan.stages)}) "
+                     f"and {why}; re-plan without --activation-offload or export --format stages-json")
 
 
 def refuse_unplanned_overlap(fmt: str, inputs: "Inputs") -> None:
@@ -456,7 +496,7 @@ def recompute_mode(plan: Plan, runtime: str) -> str:
     if mode is None:
         mode = "none"
     if mode == "per-stage":  # the stages chose (StagePlan.memory_option): one setting when they agree
-        chosen = {("none" if st.memory_option in ("", "on-device") else st.memory_option.split("+")[0])
+        chosen = {("none" if st.memory_option in ("", "on-device", "act-host") else st.memory_option.split("+")[0])
                   for st in plan.stages}
         if len(chosen) == 1 and next(iter(chosen)) in RECOMPUTE_MODES:
             return next(iter(chosen))

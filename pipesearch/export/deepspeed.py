@@ -47,7 +47,8 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
-from . import FORMAT_VERSION, Inputs, plan_layers, recompute_mode, refuse_empty_stages, sequence_parallel
+from . import (FORMAT_VERSION, Inputs, deepspeed_cpu_checkpointing, plan_layers, recompute_mode, refuse_empty_stages,
+               sequence_parallel)
 
 RUNTIME = "deepspeed"
 
@@ -178,6 +179,14 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         notes.append("every stage keeps its optimizer state in host memory, as planned (--optimizer-offload): "
                      "zero_optimization.offload_optimizer = cpu, ZeRO stage 1; the CPU Adam step is DeepSpeed's "
                      "DeepSpeedCPUAdam.")
+    if deepspeed_cpu_checkpointing(plan):
+        # activation checkpoint offload (ZeRO-Infinity, Rajbhandari et al. SC'21 sec. 5): the checkpoints
+        # of PipelineModule's checkpointed layers (activation_checkpoint_interval 1) live in host memory
+        config["activation_checkpointing"] = {"cpu_checkpointing": True}
+        notes.append("every stage keeps its activation checkpoints in host memory, as planned "
+                     "(--activation-offload): activation_checkpointing.cpu_checkpointing = true with "
+                     "activation_checkpoint_interval 1; call deepspeed.checkpointing.configure(None, "
+                     "deepspeed_config=...) before building the module.")
     if inputs.model.get("kind") == "transformer":
         # pipesearch's transformer tables assume bf16 mixed precision (2-byte activations and weights)
         config["bf16"] = {"enabled": True}

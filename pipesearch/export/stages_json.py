@@ -8,7 +8,8 @@ Sources of the fields: the plan's per-stage ``memory_option``
 (:mod:`pipesearch.stage_options`: ``none`` / ``selective`` / ``full``
 recompute, ``+offload`` / ``offload``: ZeRO-Offload's optimizer on the host,
 ``stream``: weights streamed layer by layer, ``swap``: Mobius' stage swapped
-whole) and the plan options written by :func:`pipesearch.option_search.host_plan_info`.
+whole, ``act-host``: saved activations in host memory, copied out after each
+forward and back before each backward) and the plan options written by :func:`pipesearch.option_search.host_plan_info`.
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ def stages_problems(doc) -> list[str]:
 
 
 def stage_placement(option: str, plan_recompute: str) -> dict:
-    """``recompute``, ``optimizer_state``, ``weights`` and ``prefetch`` of
-    one stage from its ``memory_option`` (``plan_recompute``: the plan's
-    recompute mode, for options that do not name one).
+    """``recompute``, ``activations``, ``optimizer_state``, ``weights`` and
+    ``prefetch`` of one stage from its ``memory_option`` (``plan_recompute``:
+    the plan's recompute mode, for options that do not name one).
 
     Raises:
         InputError: an option this format does not know.
@@ -56,10 +57,13 @@ def stage_placement(option: str, plan_recompute: str) -> dict:
         recompute, rest = head, tail
     else:
         recompute, rest = (plan_recompute if plan_recompute in RECOMPUTE else "none"), option
-    if rest not in ("", "on-device", "offload", "stream", "swap"):
+    on_host = rest == "act-host" or rest.startswith("act-host+")
+    if on_host:
+        rest = rest[len("act-host"):].lstrip("+")
+    if rest not in ("", "on-device", "offload", "stream", "swap") or (on_host and rest not in ("", "offload")):
         raise InputError(f"export stages-json: stage memory_option {option!r} is not one of pipesearch's options "
-                         "(none / selective / full, +offload, on-device, offload, stream, swap)")
-    return {"recompute": recompute,
+                         "(none / selective / full, +act-host, +offload, on-device, offload, stream, swap)")
+    return {"recompute": recompute, "activations": "host" if on_host else "device",
             "optimizer_state": "host" if rest in ("offload", "stream", "swap") else "device",
             "weights": {"stream": "streamed", "swap": "swapped"}.get(rest, "device"),
             "prefetch": {"stream": "next-layer", "swap": "next-stage"}.get(rest, "none")}
@@ -85,6 +89,10 @@ def export_stages_json(plan: Plan, *, module_names=None, inputs: Inputs | None =
                "memory_option": st.memory_option, "device_memory_bytes": float(st.memory_bytes),
                "host_memory_bytes": float(host.get("host_memory_bytes", [0.0] * len(plan.stages))[k]),
                "pcie_bytes_per_iteration": float(host.get("pcie_bytes_per_iteration", [0.0] * len(plan.stages))[k]),
+               "activation_host_memory_bytes": float(host.get("activation_host_memory_bytes",
+                                                              [0.0] * len(plan.stages))[k]),
+               "activation_pcie_bytes_per_iteration": float(host.get("activation_pcie_bytes_per_iteration",
+                                                                     [0.0] * len(plan.stages))[k]),
                "host_step_s": float(st.host_step_s)}
         if mobius:
             row.update(pcie_queue=int(mobius["pcie_queue"][k % plan.pp]), swap_in_s=float(mobius["swap_in_s"][k]),

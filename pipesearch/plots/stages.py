@@ -208,6 +208,12 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
         host = dict(plan.extra or ()).get("host") or {}  # option_search.host_plan_info
         host_text = (f"host memory {host['total_host_memory_bytes'] / GIB:,.1f} GiB, PCIe "
                      f"{host['total_pcie_bytes_per_iteration'] / GIB:,.1f} GiB per iteration" if host else "")
+        act = [k for k, x in enumerate(host.get("activation_pcie_bytes_per_iteration") or []) if x > 0]
+        if act:  # offloaded activations (stage_options.activation_host_options)
+            host_text += (f"; activations of stage{'s' if len(act) > 1 else ''} {','.join(map(str, act))} on the "
+                          "host (their copies' exposed time in forward and backward): "
+                          f"{sum(host['activation_host_memory_bytes']) / GIB:,.1f} GiB, "
+                          f"{sum(host['activation_pcie_bytes_per_iteration']) / GIB:,.1f} GiB over PCIe")
         if dict(plan.extra or ()).get("optimizer_step") == "delayed":
             host_text += "; optimizer step delayed one iteration (weights one step stale)"
         if host_text:

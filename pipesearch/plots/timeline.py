@@ -37,6 +37,61 @@ def allreduce_label(plan) -> str:
     return "A gradient all-reduce"
 
 
+PCIE_COLOURS = {"in": "#2CA02C", "out": "#9467BD"}
+PCIE_LABELS = {"in": "weights in (host to GPU)", "out": "gradients out (GPU to host)"}
+
+
+def mobius_copy_spans(plan) -> list[tuple[int, str, int, float, float]]:
+    """Mobius' PCIe copies of ``plan`` as ``(queue, direction, stage,
+    start_s, end_s)``, direction ``"in"`` (weights) or ``"out"``
+    (gradients), read from the time model's graph
+    (:func:`pipesearch.timemodel.mobius_graph`, its copy nodes: columns
+    ``5 S + s`` and ``6 S + s``) evaluated with the plan's stage times
+    (:func:`pipesearch.timemodel.stage_times_of`) as
+    :func:`pipesearch.timemodel.simulate_times` evaluates it: a node ends
+    ``dur`` after the later of its two predecessors. Empty for other
+    schedules."""
+    from ..timemodel import stage_times_of
+
+    if plan.schedule != "mobius":
+        return []
+    return mobius_copy_spans_of(stage_times_of(plan), plan.pp, plan.num_micro_batches, plan.vp)
+
+
+def mobius_copy_spans_of(times, pp: int, m: int, vp: int) -> list[tuple[int, str, int, float, float]]:
+    """:func:`mobius_copy_spans` of stage times ``times``
+    (:class:`pipesearch.timemodel.StageTimes` with ``swap_in_s``,
+    ``swap_out_s`` and ``swap_queue``) of a Mobius pipeline of ``pp`` ranks,
+    ``m`` micro-batches and ``vp`` stages per rank."""
+    import numpy as np
+
+    from ..timemodel import _durations, _mobius_build, _queues
+
+    S = pp * vp
+    queues = _queues(times, pp)
+    g, _ = _mobius_build(pp, m, vp, queues)
+    dur = _durations(g, times)[:, 0]
+    end = dur.copy()
+    for a, b in zip(g.level_starts[:-1], g.level_starts[1:]):
+        end[a:b] += np.maximum(end[g.pred1[a:b]], end[g.pred2[a:b]])
+    out = []
+    for n in np.flatnonzero((g.col >= 5 * S) & (g.col < 7 * S)):
+        direction, stage = ("in", int(g.col[n]) - 5 * S) if g.col[n] < 6 * S else ("out", int(g.col[n]) - 6 * S)
+        out.append((int(queues[stage % pp]), direction, stage, float(end[n] - dur[n]), float(end[n])))
+    return sorted(out, key=lambda c: (c[0], c[1], c[3]))
+
+
+def pcie_rows(copies) -> list[tuple[str, str, list[tuple[float, float]]]]:
+    """The timeline's PCIe rows from :func:`mobius_copy_spans`: per queue
+    and direction (queue order, ``in`` first), ``(label, direction, [(start_s,
+    duration_s), ...])``."""
+    rows: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for q, direction, _, start, end in copies:
+        rows.setdefault((q, direction), []).append((start, end - start))
+    return [(f"PCIe {q} {'in' if d == 'in' else 'out'}", d, spans)
+            for (q, d), spans in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1] != "in"))]
+
+
 def parse_window(text: str) -> tuple[float, float]:
     """``"FROM:TO"`` in milliseconds (either side may be empty) -> seconds.
 
@@ -59,7 +114,8 @@ def parse_window(text: str) -> tuple[float, float]:
 def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                   allreduce: list[tuple[float, float]] | None = None,
                   window_s: tuple[float, float] | None = None,
-                  allreduce_label_text: str = "A gradient all-reduce") -> None:
+                  allreduce_label_text: str = "A gradient all-reduce",
+                  pcie: list[tuple[str, str, list[tuple[float, float]]]] | None = None) -> None:
     """Draw ``timeline`` as a Gantt chart and save it to ``path``.
 
     One row per rank (rank 0 on top), one bar per action coloured by kind
@@ -81,6 +137,9 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
             ``None`` the whole iteration.
         allreduce_label_text: the legend of the ``allreduce`` bars
             (:func:`allreduce_label`).
+        pcie: rows drawn below the ranks, one per PCIe queue and direction
+            (:func:`pcie_rows` of :func:`mobius_copy_spans`: Mobius' weights
+            in and gradients out), each copy a bar from its start to its end.
     """
     import matplotlib
 
@@ -89,10 +148,13 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
     from matplotlib.patches import Patch
 
     P = timeline.num_ranks
+    pcie = pcie or []
+    rows = P + len(pcie)
     spans_ar = [(a, d) for a, d in (allreduce or []) if d > 0]
-    total_ms = max([timeline.iteration_time_s] + [a + d for a, d in spans_ar]) * 1e3
+    total_ms = max([timeline.iteration_time_s] + [a + d for a, d in spans_ar]
+                   + [a + d for _, _, spans in pcie for a, d in spans]) * 1e3
     width_in = 12.0
-    height_in = 1.2 + 0.45 * P
+    height_in = 1.2 + 0.45 * rows
     dpi = 100
     with matplotlib.rc_context({"svg.hashsalt": "pipesearch", "path.simplify": False}):
         fig, ax = plt.subplots(figsize=(width_in, height_in), dpi=dpi)
@@ -105,9 +167,9 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                 if xmax <= xmin:
                     xmin, xmax = 0.0, total_ms or 1.0
             ax.set_xlim(xmin, xmax)
-            ax.set_ylim(P - 0.5, -0.5)
+            ax.set_ylim(rows - 0.5, -0.5)
             bar_h = 0.8
-            for r in range(P):
+            for r in range(rows):
                 ax.broken_barh([(0.0, xmax)], (r - bar_h / 2, bar_h), facecolors=_IDLE, edgecolor="none", zorder=1)
             by = {}
             for rec in timeline.records:
@@ -119,6 +181,9 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                 if dur > 0:
                     ax.broken_barh([(start * 1e3, dur * 1e3)], (r - bar_h / 2, bar_h), facecolors=ALLREDUCE_COLOUR,
                                    edgecolor="white", linewidth=0.5, zorder=2)
+            for k, (_, direction, spans) in enumerate(pcie):
+                ax.broken_barh([(a * 1e3, d * 1e3) for a, d in spans], (P + k - bar_h / 2, bar_h),
+                               facecolors=PCIE_COLOURS[direction], edgecolor="white", linewidth=0.5, zorder=2)
             # Text when the bar is wide enough: ~7 px per digit at 7 pt.
             axes_px = width_in * dpi * 0.8
             ms_per_px = (xmax - xmin) / axes_px
@@ -131,8 +196,8 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                     ax.text((rec.start_s * 1e3) + w_ms / 2, rec.rank, label, ha="center", va="center",
                             fontsize=7, color="white", zorder=3)
                     n_labels += 1
-            ax.set_yticks(range(P))
-            ax.set_yticklabels([f"rank {r}" for r in range(P)])
+            ax.set_yticks(range(rows))
+            ax.set_yticklabels([f"rank {r}" for r in range(P)] + [label for label, _, _ in pcie])
             ax.set_xlabel("time (ms)" + (f", window {xmin:g} to {xmax:g} ms of {total_ms:g}"
                                          if window_s is not None else ""))
             ax.set_title(title)
@@ -140,6 +205,8 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
             handles = [Patch(facecolor=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in present]
             if spans_ar:
                 handles.append(Patch(facecolor=ALLREDUCE_COLOUR, label=allreduce_label_text))
+            for d in dict.fromkeys(direction for _, direction, _ in pcie):
+                handles.append(Patch(facecolor=PCIE_COLOURS[d], label=PCIE_LABELS[d]))
             handles.append(Patch(facecolor=_IDLE, label="idle"))
             fig.tight_layout()
             axes_h_in = ax.get_position().height * height_in

@@ -237,6 +237,35 @@ def _mobius(plan: dict, where: str) -> Iterator[Problem]:
                                                  "re-plan with --schedule mobius")
 
 
+def _activation_offload(plan: dict, where: str) -> Iterator[Problem]:
+    """A stage whose ``memory_option`` keeps its activations in host memory
+    (``act-host``) has them in ``options.host``: a positive
+    ``activation_pcie_bytes_per_iteration`` and
+    ``activation_host_memory_bytes`` within its ``host_memory_bytes``
+    (:func:`pipesearch.option_search.host_plan_info`); other stages move
+    none."""
+    stages = plan["stages"]
+    offloading = [k for k, st in enumerate(stages) if "act-host" in st.get("memory_option", "")]
+    info = (plan.get("options") or {}).get("host") or {}
+    moved, held = info.get("activation_pcie_bytes_per_iteration"), info.get("activation_host_memory_bytes")
+    if not offloading and moved is None:
+        return
+    total = info.get("host_memory_bytes")
+    if not all(isinstance(x, list) and len(x) == len(stages) for x in (moved, held, total)):
+        yield Problem(f"{where}.options.host", f"stages {','.join(map(str, offloading))} keep their activations "
+                                               "in host memory but options.host lacks activation_pcie_bytes_per_"
+                                               f"iteration, activation_host_memory_bytes or host_memory_bytes (one "
+                                               f"per stage, {len(stages)}); re-plan with --activation-offload")
+        return
+    for k in range(len(stages)):
+        if (moved[k] > 0) != (k in offloading) or _above(held[k], total[k] * (1 + 1e-9)):
+            yield Problem(f"{where}.options.host.activation_pcie_bytes_per_iteration[{k}]",
+                          f"{moved[k]!r} B moved and {held[k]!r} B held for stage {k} with memory_option "
+                          f"{stages[k].get('memory_option', '')!r} (host memory {total[k]!r} B): an act-host stage "
+                          "moves activations and holds at most its host memory, other stages move none")
+            return
+
+
 def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     """What is wrong with one schema-valid plan object, judged against the
     document's ``inputs`` (at most one problem per kind of check)."""
@@ -254,6 +283,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _predicted(plan, where, inputs["job"]["global_batch_size"])
     out += _schedule(plan, where)
     out += _mobius(plan, where)
+    out += _activation_offload(plan, where)
     return out
 
 
