@@ -280,6 +280,16 @@ def _durations(g: _Graph, times: StageTimes) -> np.ndarray:
     return dur
 
 
+def _node_ends(g: _Graph, dur: np.ndarray) -> np.ndarray:
+    """Each node's end (same shape as ``dur``, :func:`_durations`): its
+    duration after the later of its two predecessors, level by level."""
+    end = dur.copy()
+    p1, p2, starts = g.pred1, g.pred2, g.level_starts
+    for a, b in zip(starts[:-1], starts[1:]):
+        end[a:b] += np.maximum(end[p1[a:b]], end[p2[a:b]])
+    return end
+
+
 def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes):
     """``T`` of the module docstring, evaluated as the longest path of the
     schedule's dependency graph (equal to :func:`simulate_times`' value).
@@ -295,10 +305,7 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
         return gpipe_time_s(times, m)
     else:
         g = _graph(schedule, pp, m, vp) if schedule != "mobius" else mobius_graph(pp, m, vp, _queues(times, pp))
-        end = _durations(g, times)  # becomes each node's end, level by level
-        p1, p2, starts = g.pred1, g.pred2, g.level_starts
-        for a, b in zip(starts[:-1], starts[1:]):
-            end[a:b] += np.maximum(end[p1[a:b]], end[p2[a:b]])
+        end = _node_ends(g, _durations(g, times))
         ar = _rank_allreduce(times, pp)
         out = np.maximum(end[:-1].max(axis=0), np.max(end[g.last_of_rank].T + ar, axis=1))
     if times.delayed_host_s is not None:  # steady state: max(GPU iteration, host work beside it)
@@ -533,9 +540,7 @@ def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None
 
     g, ids = _mobius_build(pp, m, vp, _queues(times, pp))
     dur = _durations(g, times)[:, 0]
-    end = dur.copy()
-    for a, b in zip(g.level_starts[:-1], g.level_starts[1:]):
-        end[a:b] += np.maximum(end[g.pred1[a:b]], end[g.pred2[a:b]])
+    end = _node_ends(g, dur)
     T = float(max(end[:-1].max(), np.max(end[g.last_of_rank] + _rank_allreduce(times, pp)[0])))
     if times.delayed_host_s is not None:
         T = max(T, float(delayed_host_time_s(times, pp)[0]))
@@ -546,6 +551,24 @@ def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None
     busy = [float(sum(dur[n] for n in ids[r])) for r in range(pp)]
     act = np.zeros(S) if act_bytes is None else np.asarray(act_bytes, dtype=float)
     return T, _timeline(records, pp, S, m, busy, act)
+
+
+def mobius_copy_spans(times: StageTimes, pp: int, m: int, vp: int) -> list[tuple[int, str, int, float, float]]:
+    """Mobius' PCIe copies under ``times`` (with ``swap_in_s``,
+    ``swap_out_s`` and ``swap_queue``) of ``pp`` ranks, ``m`` micro-batches
+    and ``vp`` stages per rank, read from :func:`mobius_graph`'s copy nodes
+    (columns ``5 S + s``: weights in, ``6 S + s``: gradients out): ``(queue,
+    direction, stage, start_s, end_s)`` sorted by queue, direction and start."""
+    S = pp * vp
+    queues = _queues(times, pp)
+    g, _ = _mobius_build(pp, m, vp, queues)
+    dur = _durations(g, times)[:, 0]
+    end = _node_ends(g, dur)
+    out = []
+    for n in np.flatnonzero((g.col >= 5 * S) & (g.col < 7 * S)):
+        direction, stage = ("in", int(g.col[n]) - 5 * S) if g.col[n] < 6 * S else ("out", int(g.col[n]) - 6 * S)
+        out.append((int(queues[stage % pp]), direction, stage, float(end[n] - dur[n]), float(end[n])))
+    return sorted(out, key=lambda c: (c[0], c[1], c[3]))
 
 
 def _timeline(records, pp: int, S: int, m: int, busy, act) -> Timeline:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipesearch.plots import timeline as tl_plot
-from pipesearch.timemodel import StageTimes, simulate_times
+from pipesearch.timemodel import StageTimes, mobius_copy_spans, simulate_times
 
 
 def _times(S, queue, fwd=1.0, bwd=2.0, swap_in=3.0, swap_out=1.0):
@@ -24,7 +24,7 @@ def test_copies_of_two_gpus_under_one_switch():
     F1 [6, 7], B1 [7, 9], its gradients out [9, 10]; B0 [9, 11], out [11,
     12] (T = 12)."""
     times = _times(2, (0, 0))
-    got = tl_plot.mobius_copy_spans_of(times, 2, 1, 1)
+    got = mobius_copy_spans(times, 2, 1, 1)
     assert got == [(0, "in", 0, 0.0, 3.0), (0, "in", 1, 3.0, 6.0), (0, "out", 1, 9.0, 10.0),
                    (0, "out", 0, 11.0, 12.0)]
     assert simulate_times("mobius", 2, 1, 1, times)[0] == pytest.approx(max(c[4] for c in got))
@@ -34,7 +34,7 @@ def test_prefetch_of_the_next_stage_and_the_second_stay():
     """One GPU, vp 2 (tests/test_offload_mobius.py): in stage 0 [0, 3],
     stage 1 [3, 6], stage 0 again [6, 9]; out stage 1 [9, 10], stage 0
     [11, 12]."""
-    got = tl_plot.mobius_copy_spans_of(_times(2, (0,)), 1, 1, 2)
+    got = mobius_copy_spans(_times(2, (0,)), 1, 1, 2)
     assert [(d, s, a, b) for _, d, s, a, b in got] == [("in", 0, 0.0, 3.0), ("in", 1, 3.0, 6.0),
                                                         ("in", 0, 6.0, 9.0), ("out", 1, 9.0, 10.0),
                                                         ("out", 0, 11.0, 12.0)]
@@ -57,7 +57,7 @@ def test_the_drawn_bars_are_the_copy_nodes(monkeypatch, tmp_path):
     monkeypatch.setattr(matplotlib.axes.Axes, "broken_barh", record)
     times = _times(2, (0, 1))
     total, timeline = simulate_times("mobius", 2, 1, 1, times)
-    rows = tl_plot.pcie_rows(tl_plot.mobius_copy_spans_of(times, 2, 1, 1))
+    rows = tl_plot.pcie_rows(mobius_copy_spans(times, 2, 1, 1))
     assert [r[0] for r in rows] == ["PCIe 0 in", "PCIe 0 out", "PCIe 1 in", "PCIe 1 out"]
     tl_plot.plot_timeline(timeline, tmp_path / "t.png", "t", pcie=rows)
     pcie = {round(y + h / 2): (x, c) for x, (y, h), c in drawn if c in tl_plot.PCIE_COLOURS.values()}

@@ -51,34 +51,11 @@ def mobius_copy_spans(plan) -> list[tuple[int, str, int, float, float]]:
     :func:`pipesearch.timemodel.simulate_times` evaluates it: a node ends
     ``dur`` after the later of its two predecessors. Empty for other
     schedules."""
-    from ..timemodel import stage_times_of
+    from ..timemodel import mobius_copy_spans as spans, stage_times_of
 
     if plan.schedule != "mobius":
         return []
-    return mobius_copy_spans_of(stage_times_of(plan), plan.pp, plan.num_micro_batches, plan.vp)
-
-
-def mobius_copy_spans_of(times, pp: int, m: int, vp: int) -> list[tuple[int, str, int, float, float]]:
-    """:func:`mobius_copy_spans` of stage times ``times``
-    (:class:`pipesearch.timemodel.StageTimes` with ``swap_in_s``,
-    ``swap_out_s`` and ``swap_queue``) of a Mobius pipeline of ``pp`` ranks,
-    ``m`` micro-batches and ``vp`` stages per rank."""
-    import numpy as np
-
-    from ..timemodel import _durations, _mobius_build, _queues
-
-    S = pp * vp
-    queues = _queues(times, pp)
-    g, _ = _mobius_build(pp, m, vp, queues)
-    dur = _durations(g, times)[:, 0]
-    end = dur.copy()
-    for a, b in zip(g.level_starts[:-1], g.level_starts[1:]):
-        end[a:b] += np.maximum(end[g.pred1[a:b]], end[g.pred2[a:b]])
-    out = []
-    for n in np.flatnonzero((g.col >= 5 * S) & (g.col < 7 * S)):
-        direction, stage = ("in", int(g.col[n]) - 5 * S) if g.col[n] < 6 * S else ("out", int(g.col[n]) - 6 * S)
-        out.append((int(queues[stage % pp]), direction, stage, float(end[n] - dur[n]), float(end[n])))
-    return sorted(out, key=lambda c: (c[0], c[1], c[3]))
+    return spans(stage_times_of(plan), plan.pp, plan.num_micro_batches, plan.vp)
 
 
 def pcie_rows(copies) -> list[tuple[str, str, list[tuple[float, float]]]]:
