@@ -52,7 +52,7 @@ the same stage times and is the judge of the best candidates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -116,6 +116,10 @@ def device_time_scale(profiled: DeviceSpec | None, target: DeviceSpec, precision
     if profiled is None or profiled.name == target.name:
         return 1.0
     return device_rate_flops(profiled, precision) / device_rate_flops(target, precision)
+
+
+_MEMO_SIZE = 4096  # ranges per option_index call worth remembering
+_MEMO_ENTRIES = 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -217,6 +221,9 @@ class PipelineCosts:
     #: the host step runs beside the next iteration (Job.delayed_optimizer_step;
     #: timemodel.delayed_host_time_s), not after the stage's last backward
     delayed_host_step: bool = False
+    #: the last few option_index results (the terms of one range ask for it
+    #: several times in a row); not an input: replace() starts it empty
+    _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:
@@ -252,6 +259,22 @@ class PipelineCosts:
         there are no options. Shape: ``broadcast(s, i, j)``."""
         if self.options is None:
             return np.zeros(np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape, dtype=np.int64)
+        key = None
+        s_, i_, j_ = np.broadcast_arrays(np.asarray(s), np.asarray(i), np.asarray(j))
+        if s_.size <= _MEMO_SIZE:
+            key = (s_.shape, s_.dtype.str, i_.dtype.str, j_.dtype.str, s_.tobytes(), i_.tobytes(), j_.tobytes())
+            if key in self._option_memo:
+                return self._option_memo[key]
+        out = np.asarray(self._first_fitting_option(s, i, j))
+        out.flags.writeable = False  # shared with later calls
+        if key is not None:
+            if len(self._option_memo) >= _MEMO_ENTRIES:
+                self._option_memo.clear()
+            self._option_memo[key] = out
+        return out
+
+    def _first_fitting_option(self, s, i, j):
+        """:meth:`option_index` computed."""
         device, host = self._option_memory(s, i, j)
         s_b = np.broadcast_to(np.asarray(s), device.shape[1:])
         ok = (device <= self.capacity_bytes[s_b]) & (host <= self.options.host_capacity_bytes[s_b])
