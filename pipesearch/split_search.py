@@ -787,25 +787,10 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None
     tabled = tables_fit(costs, _width_for(costs, cutoff_s * (1 + tie_rel)))
-    if np.isfinite(cutoff_s) and tabled:
-        # a cheap proof first: no split can beat the cutoff
-        tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
-        for stronger in (False, True):
-            if stronger:  # before any split is evaluated: the chain families and their combination
-                if schedule not in CHAIN_SCHEDULES:
-                    break
-                weights, _ = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
-                tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
-            root = tables.root_bound()
-            if root >= cutoff_s and not value_above_cutoff:
-                if not np.isfinite(root) and optimal_split(costs) is None:
-                    return None
-                return ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
-        if not value_above_cutoff and np.isfinite(root):  # the first nodes, with the rank-counting bound
-            excluded, _, _ = _branch_and_bound(tables, ev, S, L, pp, cutoff_s / (1 - tie_rel), tie_rel, max_splits,
-                                               min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))
-            if excluded and min(ev.times.values(), default=np.inf) >= cutoff_s:  # no split beats the cutoff
-                return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
+    if np.isfinite(cutoff_s) and tabled and not value_above_cutoff:
+        tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes)
+        if proof is not None:
+            return None if isinstance(proof, str) else proof
     starts = [tuple(b) for b in seeds if b is not None and costs.split_fits(b)]
     even = even_split(L, S)
     if costs.split_fits(even):
@@ -844,6 +829,35 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if value_above_cutoff and best > cutoff_s:
         exact = False
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
+
+
+def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator", cutoff_s: float, tie_rel: float,
+                  max_splits: int, max_nodes: int):
+    """Before any starting split is evaluated, try to prove that no split
+    beats ``cutoff_s``: the root bound of the cheap families, then (chain
+    schedules) of the chain families and their Lagrangian combination, then
+    the first :data:`FIRST_NODES` nodes of the branch and bound with the
+    rank-counting bound (a split it meets below the cutoff is evaluated and
+    kept in ``ev``). Returns ``(tables, proof)``: the last tables built and
+    an :class:`ExactSplit` saying no split beats the cutoff, ``"infeasible"``
+    when no split fits, or None."""
+    tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
+    for chains in (False, True):
+        if chains:
+            if schedule not in CHAIN_SCHEDULES:
+                break
+            weights, _ = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
+            tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
+        root = tables.root_bound()
+        if root >= cutoff_s:
+            if not np.isfinite(root) and optimal_split(costs) is None:
+                return tables, "infeasible"
+            return tables, ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
+    excluded, _, _ = _branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, cutoff_s / (1 - tie_rel), tie_rel,
+                                       max_splits, min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))
+    if excluded and min(ev.times.values(), default=np.inf) >= cutoff_s:
+        return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
+    return tables, None
 
 
 #: floats the bound tables of one exact split may hold (1 GiB of float64);
