@@ -36,12 +36,14 @@ from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_fl
 from .placement import (check_layout, count_layouts, group_ids, layout, layout_names, memory_bytes_of, num_slots,
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .placement import SLOTS_PREFIX, slot_classes
+from .placement import node_ids, replicated_stage_devices
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .option_search import best_policies_for_split, exact_split_over_policies, host_plan_info
-from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
-                          replica_vectors, replicas_name, replicated_costs, replicated_lower_bound_s)
+from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point,
+                          parse_replicas_name, parse_replicas_slots, replica_vectors, replicated_costs,
+                          replicated_lower_bound_s, replicated_placements)
 from .split_search import exact_split
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
@@ -944,38 +946,67 @@ def search(
 def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchOptions, work: dict,
                           fastest: float) -> list[tuple[float, int, ModelVariant, dict]]:
     """The points of per-stage replication (:mod:`pipesearch.replication`)
-    as ``(lower bound, order, variant, row)``, sorted by bound: tp-1
-    variants, ``2 <= pp <= MAX_REPLICATED_PP`` (or the pinned pp), every
-    replica vector on the cluster's devices
-    (:func:`pipesearch.replication.replica_vectors`) but those that are a
-    uniform data-parallel point, every micro-batch size dividing the global
-    batch (no further data parallelism: ``m = batch / b``), the schedules
-    with one stage per device; ``options.split_replicas`` alone when given.
-    ``work`` maps ``id(variant)`` to its fwd+bwd seconds per sample."""
-    out = []
-    devices = num_slots(cluster, 1)
+    as ``(lower bound, order, variant, row)``, sorted by bound: every
+    variant (each replica one slot of its tp), ``2 <= pp <=
+    MAX_REPLICATED_PP`` (or the pinned pp), every replica vector on the
+    cluster's slots (:func:`pipesearch.replication.replica_vectors`) on
+    each of its placements
+    (:func:`pipesearch.replication.replicated_placements`, up to
+    ``options.enumerate_layouts_up_to``) but those the uniform search visits
+    as a data-parallel point (:func:`_visited_as_uniform`),
+    every micro-batch size dividing the global batch (no further data
+    parallelism: ``m = batch / b``), the schedules with one stage per
+    device; ``options.split_replicas`` alone when given. ``work`` maps
+    ``id(variant)`` to its fwd+bwd seconds per sample."""
+    out, covered = [], {}
     schedules = tuple(s for s in options.schedules if s not in MULTI_STAGE_SCHEDULES)
     for variant in variants:
-        L = variant.profile.num_layers
-        if variant.tp != 1:
-            continue
+        L, devices = variant.profile.num_layers, num_slots(cluster, variant.tp)
         if options.split_replicas:
-            vectors = [tuple(options.split_replicas)]
+            vectors = [tuple(options.split_replicas)] if sum(options.split_replicas) <= devices else []
         else:
             pps = [options.pp] if options.pp else range(2, min(MAX_REPLICATED_PP, L, devices) + 1)
             vectors = [v for pp in pps if 2 <= pp <= L for v in replica_vectors(devices, pp)]
         for reps in vectors:
+            names = replicated_placements(cluster, reps, variant.tp, options.enumerate_layouts_up_to,
+                                          profile_precision(variant.profile))
             for mbs in micro_batch_sizes(job.global_batch_size, options):
-                if not options.split_replicas and is_uniform_point(reps, mbs):
-                    continue
                 m = job.global_batch_size // mbs
-                for schedule in schedules:
-                    if schedule_refusal(schedule, len(reps), m, 1, L) is None:
-                        out.append((replicated_lower_bound_s(work[id(variant)], reps, mbs, m, schedule, fastest),
-                                    len(out), variant,
-                                    _point_row(variant, len(reps), 1, mbs, m, schedule, 1, replicas_name(reps), None)))
+                for name in names:
+                    if (not options.split_replicas and is_uniform_point(reps, mbs)
+                            and _visited_as_uniform(cluster, variant, reps, name, options, covered)):
+                        continue
+                    for schedule in schedules:
+                        if schedule_refusal(schedule, len(reps), m, 1, L) is None:
+                            out.append((replicated_lower_bound_s(work[id(variant)], reps, mbs, m, schedule,
+                                                                 fastest),
+                                        len(out), variant,
+                                        _point_row(variant, len(reps), 1, mbs, m, schedule, 1, name, None)))
     out.sort(key=lambda x: (x[0], x[1]))
     return out
+
+
+def _visited_as_uniform(cluster: Cluster, variant: ModelVariant, reps, name: str, options: SearchOptions,
+                        cache: dict) -> bool:
+    """Whether the uniform search visits this placement of a uniform
+    replica vector ``(r, .., r)`` as the data-parallel point ``dp = r``: one
+    of its ``(pp, r)`` layouts (:func:`placement_names`) puts every replica
+    on a slot of the same node, position by position (each stage's slots in
+    canonical order), or ``mapped`` chooses the order of a single pipeline
+    (``r = 1``). ``cache`` keeps the layouts' node patterns."""
+    pp, r, precision = len(reps), reps[0], profile_precision(variant.profile)
+    key = (variant.tp, pp, r)
+    if key not in cache:
+        names = placement_names(cluster, pp, r, options, variant.tp)
+        node = node_ids(cluster)
+        cache[key] = ("mapped" in names and r == 1, {
+            tuple(map(tuple, node[layout(cluster, pp, r, variant.tp, n, precision)].tolist()))
+            for n in names if n != "mapped"})
+    every, patterns = cache[key]
+    if every:
+        return True
+    devs = replicated_stage_devices(cluster, reps, precision, variant.tp, parse_replicas_slots(name))
+    return tuple(tuple(node_ids(cluster)[d].tolist()) for d in devs) in patterns
 
 
 def plan_family(plan: Plan) -> tuple:
@@ -1077,7 +1108,8 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
                                 schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe",
                                 in_flight=schedule_in_flight(schedule, pp, m, 1, in_flight_cache,
                                                              variant.profile.wgrad_saved_fraction),
-                                profiled_device=profiled_device, cache=links_cache)
+                                profiled_device=profiled_device, cache=links_cache, tp=variant.tp,
+                                slots=parse_replicas_slots(row["placement"]))
     slots, links = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
                                     {} if links_cache is None else links_cache)
     if slots is None:
@@ -1266,14 +1298,11 @@ def _check_options(variants, cluster, job, options):
 
 
 def _check_replication_options(variants, cluster: Cluster, job: Job, options: SearchOptions) -> None:
-    """Refuse pins per-stage replication cannot honour: no tp-1 layer
-    table, a pinned dp, a sharded state, a replicated split whose replicas
-    exceed the cluster's devices or do not match its stages."""
+    """Refuse pins per-stage replication cannot honour: a pinned dp, a
+    sharded state, a replicated split whose replicas (tensor-parallel groups
+    of the smallest tp) exceed the cluster's or do not match its stages."""
     what = ("--split " + ",".join(f"{n}x{r}" for n, r in zip(options.split or (), options.split_replicas))
             if options.split_replicas else "--replicate-stages")
-    if not any(v.tp == 1 for v in variants):
-        raise InputError(f"{what}: replicated stages run with tp 1, and the model's layer tables are for tp "
-                         f"{', '.join(str(tp) for tp in sorted({v.tp for v in variants}))}; pin --tp 1")
     if options.dp is not None:
         raise InputError(f"{what} with dp pinned to {options.dp} (--dp, or --micro-batch-size x "
                          "--num-micro-batches): per-stage replicas replace the data-parallel degree; drop the pin")
@@ -1283,12 +1312,13 @@ def _check_replication_options(variants, cluster: Cluster, job: Job, options: Se
         raise InputError(f"{what}: replicated stages run one stage per device (gpipe, 1f1b or zb-h1), and "
                          f"--schedule asks for {', '.join(multi)} only; add one of those")
     if options.split_replicas:
-        devices = num_slots(cluster, 1)
         if options.split is None or len(options.split) != len(options.split_replicas):
             raise InputError(f"{what}: give replicas for every stage")
-        if sum(options.split_replicas) > devices:
-            raise InputError(f"{what} needs {sum(options.split_replicas)} devices (the sum of the replicas), "
-                             f"cluster {cluster.name} has {devices}; lower the replicas")
+        tp = min(v.tp for v in variants)
+        if sum(options.split_replicas) > num_slots(cluster, tp):
+            raise InputError(f"{what} needs {sum(options.split_replicas) * tp} devices (the sum of the replicas"
+                             f"{'' if tp == 1 else f' x tp {tp}'}, one node per tensor-parallel group), cluster "
+                             f"{cluster.name} has {num_slots(cluster, tp) * tp} such; lower the replicas")
 
 
 def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:
