@@ -989,24 +989,34 @@ def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchO
 def _visited_as_uniform(cluster: Cluster, variant: ModelVariant, reps, name: str, options: SearchOptions,
                         cache: dict) -> bool:
     """Whether the uniform search visits this placement of a uniform
-    replica vector ``(r, .., r)`` as the data-parallel point ``dp = r``: one
-    of its ``(pp, r)`` layouts (:func:`placement_names`) puts every replica
-    on a slot of the same node, position by position (each stage's slots in
-    canonical order), or ``mapped`` chooses the order of a single pipeline
-    (``r = 1``). ``cache`` keeps the layouts' node patterns."""
+    replica vector ``(r, .., r)`` as the data-parallel point ``dp = r``
+    (replica ``i`` of a stage sends to replica ``i`` of the next either
+    way): one of its ``(pp, r)`` layouts (:func:`placement_names`) puts
+    every replica on a slot of the same node, position by position (each
+    stage's slots in canonical order), up to a renaming of the nodes of one
+    group (same type and links), or ``mapped`` chooses the order of a
+    single pipeline (``r = 1``). ``cache`` keeps the layouts' patterns."""
     pp, r, precision = len(reps), reps[0], profile_precision(variant.profile)
     key = (variant.tp, pp, r)
     if key not in cache:
         names = placement_names(cluster, pp, r, options, variant.tp)
-        node = node_ids(cluster)
         cache[key] = ("mapped" in names and r == 1, {
-            tuple(map(tuple, node[layout(cluster, pp, r, variant.tp, n, precision)].tolist()))
-            for n in names if n != "mapped"})
+            _node_pattern(cluster, layout(cluster, pp, r, variant.tp, n, precision)) for n in names if n != "mapped"})
     every, patterns = cache[key]
     if every:
         return True
     devs = replicated_stage_devices(cluster, reps, precision, variant.tp, parse_replicas_slots(name))
-    return tuple(tuple(node_ids(cluster)[d].tolist()) for d in devs) in patterns
+    return _node_pattern(cluster, np.array(devs)) in patterns
+
+
+def _node_pattern(cluster: Cluster, heads: np.ndarray) -> tuple:
+    """The nodes of a ``(P, d)`` layout position by position, each group's
+    nodes renamed in order of first appearance (a canonical form under
+    permutations of the nodes of one group)."""
+    node, group = node_ids(cluster)[heads].ravel().tolist(), group_ids(cluster)[heads].ravel().tolist()
+    names: dict = {}
+    seq = tuple((g, names.setdefault((g, n), sum(1 for k in names if k[0] == g))) for n, g in zip(node, group))
+    return heads.shape, seq
 
 
 def plan_family(plan: Plan) -> tuple:
