@@ -82,9 +82,12 @@ class SearchOptions:
             :func:`pipesearch.placement.count_layouts`) tries every one of
             them, so its best plan is exact over placements too.
         replicate_stages: also search per-stage replication (PipeDream /
-            DAPPLE: stage ``k`` on its own ``r_k`` devices,
-            :mod:`pipesearch.replication`), every replica vector of ``pp``
-            up to :data:`pipesearch.replication.MAX_REPLICATED_PP` stages.
+            DAPPLE: stage ``k`` on its own ``r_k`` replicas, each one
+            tensor-parallel slot, :mod:`pipesearch.replication`), every
+            replica vector of ``pp`` up to
+            :data:`pipesearch.replication.MAX_REPLICATED_PP` stages, on
+            every placement when there are at most
+            ``enumerate_layouts_up_to`` of them.
         split_replicas: replicas per stage of ``split`` (``--split
             17x15,6x1``): score that replicated point only.
     """
