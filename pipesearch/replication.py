@@ -145,22 +145,33 @@ def check_replication_job(job: Job) -> None:
 
 
 def replicated_lower_bound_s(work_per_sample_s: float, replicas, micro_batch_size: int, m: int, schedule: str,
-                             fastest: float) -> float:
+                             fastest) -> float:
     """A valid lower bound on the simulated iteration time of any split of
     a replicated point, from the model's fwd+bwd work ``W`` per sample on
-    the fastest device (factor ``fastest``). Stage ``k`` takes ``W_k c_k``
-    per micro-batch with ``c_k = ceil(b / r_k) * fastest``; over any split
+    the fastest device (factor ``fastest``, a float; or ``(P,)``: each
+    stage's own slowest device on a placement,
+    :func:`placement_time_scale`). Stage ``k`` takes ``W_k c_k``
+    per micro-batch with ``c_k = ceil(b / r_k) * fastest_k``; over any split
     ``max_k W_k c_k >= W / H`` with ``H = sum_k 1 / c_k`` (equality when
     ``W_k`` is proportional to ``1 / c_k``), and links and all-reduce cost
     >= 0, so: the busiest rank ``m W / H`` for every schedule; GPipe also
     ``W min_k c_k + (m - 1) W / H`` (its closed form ``sum (F+B) + (m-1)
     (max F + max B)``, Huang et al. 2019)."""
-    c = -(-micro_batch_size // np.asarray(replicas, dtype=np.int64)) * fastest
+    c = -(-micro_batch_size // np.asarray(replicas, dtype=np.int64)) * np.asarray(fastest, dtype=float)
     per_stage = work_per_sample_s / float(np.sum(1.0 / c))
     bound = m * per_stage
     if schedule == "gpipe":
         bound = max(bound, work_per_sample_s * float(c.min()) + (m - 1) * per_stage)
     return bound
+
+
+def placement_time_scale(cluster: Cluster, name: str, tp: int, profiled_device: DeviceSpec | None,
+                         precision: str) -> np.ndarray:
+    """``(P,)`` each stage's time factor on a replicated placement (its
+    slowest device against ``profiled_device``,
+    :func:`pipesearch.placement.stage_time_scale`), for the lower bound."""
+    devs = replicated_stage_devices(cluster, parse_replicas_name(name), precision, tp, parse_replicas_slots(name))
+    return np.array([stage_time_scale(cluster, d[None, :], profiled_device, precision)[0] for d in devs])
 
 
 def replicated_stage_terms(cluster: Cluster, replicas, precision: str, profiled_device: DeviceSpec | None,

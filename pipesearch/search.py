@@ -43,7 +43,7 @@ from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .option_search import best_policies_for_split, exact_split_over_policies, host_plan_info
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point,
                           parse_replicas_name, parse_replicas_slots, replica_vectors, replicated_costs,
-                          replicated_lower_bound_s, replicated_placements)
+                          placement_time_scale, replicated_lower_bound_s, replicated_placements)
 from .split_search import exact_split
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
@@ -913,7 +913,7 @@ def search(
             if plan is not None:
                 keep_plan(plan, row)
     if options.replicate_stages or options.split_replicas:
-        candidates = replicated_candidates(variants, cluster, job, options, work, fastest)
+        candidates = replicated_candidates(variants, cluster, job, options, work, fastest, profiled_device)
         for n, (bound, _, variant, row) in enumerate(candidates):
             if pruned(bound):  # sorted by bound: every later point is pruned too
                 counts["pruned"] += len(candidates) - n
@@ -947,7 +947,8 @@ def search(
 
 
 def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchOptions, work: dict,
-                          fastest: float) -> list[tuple[float, int, ModelVariant, dict]]:
+                          fastest: float, profiled_device: DeviceSpec | None = None
+                          ) -> list[tuple[float, int, ModelVariant, dict]]:
     """The points of per-stage replication (:mod:`pipesearch.replication`)
     as ``(lower bound, order, variant, row)``, sorted by bound: every
     variant (each replica one slot of its tp), ``2 <= pp <=
@@ -960,11 +961,12 @@ def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchO
     every micro-batch size dividing the global batch (no further data
     parallelism: ``m = batch / b``), the schedules with one stage per
     device; ``options.split_replicas`` alone when given. ``work`` maps
-    ``id(variant)`` to its fwd+bwd seconds per sample."""
+    ``id(variant)`` to its fwd+bwd seconds per sample; the bound takes each
+    stage's devices on its placement (``profiled_device`` scales them)."""
     out, covered = [], {}
     schedules = tuple(s for s in options.schedules if s not in MULTI_STAGE_SCHEDULES)
     for variant in variants:
-        L, devices = variant.profile.num_layers, num_slots(cluster, variant.tp)
+        L, devices, scales = variant.profile.num_layers, num_slots(cluster, variant.tp), {}
         if options.split_replicas:
             vectors = [tuple(options.split_replicas)] if sum(options.split_replicas) <= devices else []
         else:
@@ -979,10 +981,13 @@ def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchO
                     if (not options.split_replicas and is_uniform_point(reps, mbs)
                             and _visited_as_uniform(cluster, variant, reps, name, options, covered)):
                         continue
+                    if name not in scales:
+                        scales[name] = (fastest if cluster.is_homogeneous else placement_time_scale(
+                            cluster, name, variant.tp, profiled_device, profile_precision(variant.profile)))
                     for schedule in schedules:
                         if schedule_refusal(schedule, len(reps), m, 1, L) is None:
                             out.append((replicated_lower_bound_s(work[id(variant)], reps, mbs, m, schedule,
-                                                                 fastest),
+                                                                 scales[name]),
                                         len(out), variant,
                                         _point_row(variant, len(reps), 1, mbs, m, schedule, 1, name, None)))
     out.sort(key=lambda x: (x[0], x[1]))

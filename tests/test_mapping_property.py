@@ -2,7 +2,8 @@
 replication and tensor parallelism (hypothesis).
 
 Random instances: up to 8 layers, up to 3 device types (one ``[[groups]]``
-entry each, one or two nodes), up to 6 devices, layer tables for tp 1 and
+entry each, one or two nodes; a single type in one node, where the uniform
+search's two layout patterns cover every placement), up to 6 devices, layer tables for tp 1 and
 (when the nodes allow) tp 2, per-stage replication on, GPipe and 1F1B. The
 brute force enumerates, in this file, every legal assignment of devices:
 
@@ -83,6 +84,8 @@ def instances(draw, max_devices: int = 6, max_layers: int = 8):
             break
         groups.append(DeviceGroup(_device(f"t{k}", speeds[k], memories[k]), nodes, per_node))
         total += nodes * per_node
+    if len(groups) == 1:  # one type: one node (the uniform search tries two patterns there, exact in one node)
+        groups = [DeviceGroup(groups[0].device, 1, groups[0].num_devices)]
     intra = Link(draw(st.sampled_from([50e9, 5e9])), 1e-5)
     inter = Link(draw(st.sampled_from([1e9, 0.2e9])), 5e-5)
     cluster = Cluster("rand", tuple(groups), intra_node=intra, inter_node=inter,
@@ -230,6 +233,10 @@ def _check_devices(plan, cluster: Cluster) -> None:
     replicas = plan.stage_replicas
     count = plan.pp * plan.dp if replicas is None else sum(replicas)
     assert len(used) == count * plan.tp
+    for stage in plan.stages:  # each stage within the memory and named by the types of its own devices
+        specs = [cluster.device_spec(d + t) for d in stage.devices for t in range(plan.tp)]
+        assert stage.memory_bytes <= min(s.memory_bytes for s in specs) * (1 + 1e-12)
+        assert set(stage.device_type.split(",")) == {s.name for s in specs}
 
 
 def _footprint(plan, cluster: Cluster) -> tuple:
