@@ -64,7 +64,6 @@ MAX_REPLICATED_PP = 4
 #: prefix of a replicated point's placement name in the points table
 REPLICAS_PREFIX = "replicas:"
 
-
 #: separates a replica vector from its slots in a placement name
 SLOTS_SEPARATOR = ";"
 
