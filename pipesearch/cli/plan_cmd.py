@@ -221,7 +221,7 @@ class _Progress:
                    "17 layers on 15 replicas, then 6 on 1) instead of searching.")
 @click.option("--replicate-stages", is_flag=True,
               help="Also search per-stage data-parallel replication (PipeDream / DAPPLE: each stage on its own "
-                   "number of devices, tp 1, pp 2 to 4 unless --pp pins it).")
+                   "number of replicas, each one tensor-parallel group, pp 2 to 4 unless --pp pins it).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="Memory kept free on every device (framework, workspace, fragmentation).")
