@@ -37,13 +37,13 @@ from .placement import (check_layout, count_layouts, group_ids, layout, layout_n
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .placement import SLOTS_PREFIX, slot_classes
 from .placement import node_ids, replicated_stage_devices
-from .replication import parse_replicas_slots, placement_time_scale, replicated_placements
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .option_search import best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
-                          replica_vectors, replicas_name, replicated_costs, replicated_lower_bound_s)
+                          parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
+                          replicated_lower_bound_s, replicated_placements)
 from .split_search import exact_split
 from .stage_options import ACT_HOST_RESIDENT
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
