@@ -336,3 +336,15 @@ def test_split_of_interleaved_chunks_is_scored():
     assert plan["parallelism"]["vp"] == 2
     bad = CliRunner().invoke(cli, [*args, "--split", "9,9,8"])
     assert bad.exit_code == 2 and "pp x vp" in bad.output
+
+
+def test_a_pinned_vp_without_schedule_is_honoured(tmp_path):
+    """``--vp 2`` alone keeps the default schedules that run virtual stages:
+    every ranked plan has two stages per device (before, the single-stage
+    schedules were searched too and ranked first with vp 1)."""
+    out = tmp_path / "p.json"
+    res = run(["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--vp", "2", "-q",
+               "-o", str(out)], tmp_path)
+    assert res.exit_code == 0, res.output
+    plans = json.loads(out.read_text())["plans"]
+    assert plans and all(p["parallelism"]["vp"] == 2 and p["schedule"]["name"] == "interleaved-1f1b" for p in plans)

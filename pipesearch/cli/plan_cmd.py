@@ -384,6 +384,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
+        if vps and min(vps) > 1:  # a pinned vp > 1: only the default schedules with virtual stages honour it
+            schedules = tuple(x for x in DEFAULT_SCHEDULES if x in MULTI_STAGE_SCHEDULES)
     check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
         schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
