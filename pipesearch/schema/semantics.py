@@ -440,7 +440,7 @@ def semantic_problems(doc: dict) -> list[Problem]:
     ranks = [p["rank"] for p in doc["plans"]]
     if len(set(ranks)) != len(ranks):
         out.append(Problem("plans", f"plan ranks repeat ({', '.join(map(str, ranks))}); give each plan its own rank"))
-    else:
+    elif not out:  # across plans only once each plan is consistent (a broken stage would be named twice)
         out += _rank_order(doc["plans"])
     out += _points(doc)
     return out
