@@ -1317,6 +1317,9 @@ def _check_options(variants, cluster, job, options):
         raise InputError(f"unknown schedule {unknown[0]!r}; expected one of {', '.join(ALL_SCHEDULES)}")
     if any(v < 1 for v in options.vps):
         raise InputError(f"--vp {min(options.vps)} must be >= 1")
+    if options.pp == 1 and options.schedules and set(options.schedules) == {"interleaved-1f1b"}:
+        raise InputError("--pp 1 with --schedule interleaved-1f1b: virtual stages interleave over at least 2 "
+                         "pipeline ranks (one rank runs its stages as one); use --pp 2 or more, or --schedule 1f1b")
     if options.split is not None and any(s in MULTI_STAGE_SCHEDULES for s in options.schedules) and not (
             options.pp and any(len(options.split) == options.pp * v for v in options.vps)):
         raise InputError(f"--split of {len(options.split)} stages with a multi-stage schedule needs --pp and --vp "

@@ -142,6 +142,7 @@ def expect_input_error(result, tmp_path: Path, *needles, files_before=()):
     (["a,1,2,0,10", "b,-1,2,0,5"], ["line 5", "fwd_ms", "negative"]),       # negative time
     (["a,1,2,0,10", "b,1,nan,0,5"], ["line 5", "bwd_ms", "finite"]),        # NaN time
     (["a,1,2,0,10", "b,1,2,x,5"], ["line 5", "param_bytes"]),               # not a number
+    (["a,1,2,0,10", "b,1_0,2,0,5"], ["line 5", "fwd_ms", "'1_0'"]),         # digit groups: not a plain decimal
 ])
 def test_bad_profile_csv(tmp_path, rows, needles):
     path = csv_profile(tmp_path, rows, "bad.csv")

@@ -322,10 +322,10 @@ def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
             usable = cap * (1.0 - headroom) - reserve
             total = sum(stages[k]["memory_bytes"] for k in group)
             if _above(total, usable):
-                which = (f"stages {','.join(map(str, group))} of devices {first['devices']}" if len(group) > 1
-                         else f"stage {group[0]}")
+                which = (f"stages {','.join(map(str, group))} of devices {first['devices']} hold" if len(group) > 1
+                         else f"stage {group[0]} holds")
                 yield Problem(f"{where}.stages[{group[0]}].memory_bytes",
-                              f"{which} hold {total!r} B, more than the {usable:.6g} B a {first['device_type']} "
+                              f"{which} {total!r} B, more than the {usable:.6g} B one {first['device_type']} "
                               f"device offers (capacity {cap:.6g} B, headroom {headroom:g}, reserve {reserve:.6g} B); "
                               "the plan does not fit")
                 return
