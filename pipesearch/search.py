@@ -148,6 +148,11 @@ class SearchResult:
     wall_s: float
     fingerprint: str
     point_columns: dict = field(repr=False)
+    #: evaluated points outside the ranked plans whose split search stopped at
+    #: its work limits, and the least of their proven lower bounds (inf: none):
+    #: a plan of theirs could be faster than the ranked plans slower than it
+    unproven_points: int = 0
+    unproven_bound_s: float = math.inf
 
     @cached_property
     def points(self):
@@ -863,8 +868,13 @@ def search(
     def pruned(bound: float) -> bool:
         return not options.exhaustive and bound >= cutoff()
 
+    unproven: list[tuple[Plan, float]] = []  # plans whose split search stopped at its limits, and their bounds
+
     def keep_plan(plan: Plan, row: dict) -> None:
         """Record an evaluated point's plan in its row and its family."""
+        info = dict(plan.extra).get("split_search") or {}
+        if not info.get("exact", True):
+            unproven.append((plan, float(info["lower_bound_s"])))
         t = plan.predicted.iteration_time_s
         row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
                    peak_memory_bytes=plan.predicted.peak_memory_bytes,
@@ -938,8 +948,12 @@ def search(
             message += "; " + placement_ctx["host_overflow"]
         raise InfeasibleError(message)
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
+    shown = {id(p) for p in plans[: options.top]}
+    outside = [lb for p, lb in unproven if id(p) not in shown]  # the ranked ones report their own gap
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     return SearchResult(
+        unproven_points=len(outside),
+        unproven_bound_s=min(outside, default=math.inf),
         plans=tuple(plans),
         points_evaluated=sum(1 for r in rows if r["status"] in ("ok", "out_of_memory")),
         infeasible=tuple(sorted((k, v) for k, v in counts.items() if k != "pruned"))

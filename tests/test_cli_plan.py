@@ -349,3 +349,21 @@ def test_a_pinned_vp_without_schedule_is_honoured(tmp_path):
     assert res.exit_code == 0, res.output
     plans = json.loads(out.read_text())["plans"]
     assert plans and all(p["parallelism"]["vp"] == 2 and p["schedule"]["name"] == "interleaved-1f1b" for p in plans)
+
+
+def test_unproven_note_names_the_ranks_that_hold():
+    """Ranked plans at 1, 2 and 3 s and unproven points bounded from 2.5 s:
+    ranks 1-2 hold over the whole space, rank 3 only over the points searched
+    to the end; with the bound at 3 s or more, or no unproven point, no line."""
+    from types import SimpleNamespace
+
+    from pipesearch.cli.plan_cmd import unproven_note
+
+    plans = [SimpleNamespace(rank=r, predicted=SimpleNamespace(iteration_time_s=float(r))) for r in (1, 2, 3)]
+    (line,) = unproven_note(SimpleNamespace(plans=plans, unproven_points=4, unproven_bound_s=2.5))
+    assert line.startswith("4 points outside the table") and "2.500 s" in line
+    assert "ranks 1-2 hold over the whole space, rank 3 over the points searched to the end" in line
+    (line,) = unproven_note(SimpleNamespace(plans=plans, unproven_points=1, unproven_bound_s=0.5))
+    assert line.startswith("1 point outside") and "ranks 1-3 over the points searched" in line and "hold" not in line
+    assert unproven_note(SimpleNamespace(plans=plans, unproven_points=2, unproven_bound_s=3.0)) == []
+    assert unproven_note(SimpleNamespace(plans=plans, unproven_points=0, unproven_bound_s=float("inf"))) == []
