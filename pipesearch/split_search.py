@@ -39,7 +39,10 @@ the stages, left to right:
 A split is discarded only when a valid lower bound of its time is not below
 a time already achieved, so the result is optimal for ``T``; the work is
 limited by counts (never seconds) and a search that hits them says so and
-reports its proven bound.
+reports its proven bound, unless the splits are few enough to simulate every
+one (:func:`_enumerate_all`). Before any split is evaluated, the root bounds
+and a first few nodes try to exclude the point against the cutoff
+(:func:`_cutoff_proof`).
 """
 
 from __future__ import annotations
