@@ -5,6 +5,7 @@ own order loaded from the CSV."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,10 +72,7 @@ def test_snippet_places_each_process_where_the_plan_does(devices, tmp_path):
          str(script), "e2e_model:make_model", "--sample-shape", "1024", "--steps", "1"],
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    placed = {}
-    for line in res.stdout.splitlines():
-        if line.startswith("process "):
-            words = line.replace(",", "").split()
-            placed[int(words[1].rstrip(":"))] = (int(words[4]), int(words[6]))
+    found = re.findall(r"process (\d+): pipeline rank (\d+), replica (\d+)", res.stdout)  # lines may interleave
+    placed = {int(p): (int(r), int(k)) for p, r, k in found}
     expected = {d: (r, k) for r, devs in enumerate(devices) for k, d in enumerate(devs)}
     assert placed == expected
