@@ -819,6 +819,11 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         chosen = min(ev.times, key=lambda b: (ev.times[b], b))
         return ExactSplit(chosen, ev.times[chosen], ev.times[chosen], 0.0, False, len(ev.times), 0)
     incumbent = min(best, cutoff_s)
+    if schedule == "interleaved-1f1b" and _enumerate_all(costs, schedule, pp, vp, ev):
+        # its bounds are the weakest (a branch and bound stops at its limits): few splits are all simulated
+        chosen, best = _chosen(costs, ev, tie_rel)
+        exact = not (value_above_cutoff and best > cutoff_s)
+        return ExactSplit(chosen, ev.times[chosen], best, float(min(best, cutoff_s)), exact, len(ev.times), 0)
     if not tabled or not tables_fit(costs, _width_for(costs, incumbent * (1 + tie_rel))):
         return _untabled(costs, ev, pp, tie_rel)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
@@ -861,7 +866,8 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     cuts = np.array(list(itertools.combinations(range(1, L), S - 1)), dtype=np.int64).reshape(count, S - 1)
     splits = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts, np.full((count, 1), L)], axis=1)
     fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
-    batch = ev.batch_size()
+    # large batches: the graph's levels are walked once per batch (about 4 million node values each)
+    batch = int(max(ev.batch_size(), min(count, 4_000_000 // max(per_split, 1))))
     todo = splits[fit]
     for lo in range(0, len(todo), batch):
         ev.run([tuple(int(x) for x in row) for row in todo[lo:lo + batch]])
