@@ -248,6 +248,8 @@ class PipelineCosts:
         resident = None if o.act_resident_micro_batches is None else o.act_resident_micro_batches[col]
         device = (params * o.state_bytes_per_param_byte[col] + self.activation_bytes(s, saved, i, j, resident)
                   + transient * share + self.gathered_at(i, j))
+        if o.buffer_table_bytes is not None:  # streamed layers' weights and gradients (stage_options.mixed_stream_options)
+            device = device + np.stack([range_max(o.buffer_table_bytes[k], i, j) for k in range(K)])
         host = params * o.host_bytes_per_param_byte[col]
         if resident is not None:  # offloaded activations: every in-flight micro-batch's kept bytes on the host
             host = host + np.where(np.isfinite(resident), self.activation_bytes(s, saved, i, j), 0.0)
@@ -519,7 +521,9 @@ class PipelineCosts:
                 rest -= out["swapped_buffers"]
             elif streamed:  # the double buffer of streamed layers (weights + gradients)
                 k = int(self.option_index(s, i, j))
-                out["streamed_buffers"] = float(range_max(self.options.transient_table_bytes[k], i, j))
+                out["streamed_buffers"] = float(range_max(self.options.transient_table_bytes[k], i, j)
+                                                if self.options.buffer_table_bytes is None
+                                                else range_max(self.options.buffer_table_bytes[k], i, j))
                 rest -= out["streamed_buffers"]
             out["activations"] = rest
         return out
@@ -720,8 +724,11 @@ def build_pipeline_costs(
     if pp > 1:
         tied[-1] = profile.tied_param_bytes * state_per_byte
     usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement))
+    # streamed stages keep little besides their activations: their chunks share a device as the least-memory
+    # recompute table's balanced split needs (the table a streamed plan runs without per-stage levels)
+    share_profile = option_profiles[-1][1] if weight_streaming and option_profiles else profile
     capacity = ((usable - gathered * stages_per_device)
-                * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
+                * device_memory_shares(share_profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     time_scale = stage_time_scale(cluster, placement, profiled_device, profile_precision(profile))
     if weight_swapping:  # Mobius: every stage swapped in and out over PCIe; each checked against the whole device
         capacity = usable - gathered * stages_per_device - tied
@@ -730,7 +737,7 @@ def build_pipeline_costs(
     elif weight_streaming and cluster.host is not None:
         options = stream_options(option_profiles[0][1] if option_profiles else profile, cluster, job, ratio=ratio,
                                  dp=dp, placement=placement, tp=tp, time_scale=time_scale,
-                                 stages_per_device=stages_per_device)
+                                 stages_per_device=stages_per_device, option_profiles=option_profiles)
     else:
         options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
                                 offload=optimizer_offload, stages_per_device=stages_per_device,

@@ -158,7 +158,7 @@ def _relaxed_hint(node: PipelineCosts, bounds, first_free: int) -> tuple[int, ..
     to on ``bounds``: device-first where the relaxed option is on the
     device, offload-first where it is an offload (bound) option."""
     names = node.options.names
-    return tuple(OFFLOAD_FIRST if "offload" in names[int(node.option_index(s, bounds[s], bounds[s + 1]))]
+    return tuple(OFFLOAD_FIRST if _off_device(names[int(node.option_index(s, bounds[s], bounds[s + 1]))])
                  else DEVICE_FIRST for s in range(first_free, node.pp))
 
 
@@ -177,11 +177,19 @@ def _try_incumbent(costs: PipelineCosts, fixed, hint, bounds, schedule: str, pp:
             best[:] = [ExactSplit(tuple(int(x) for x in bounds), t, t, t, True, 1, 0), cand, t]
 
 
+def _off_device(name: str) -> bool:
+    """Whether option ``name`` is on a chain's off-device side: its
+    optimizer offloaded or its weights streamed, relaxed or not
+    (:func:`pipesearch.stage_options.mixed_offload_options`,
+    :func:`pipesearch.stage_options.mixed_stream_options`)."""
+    return "offload" in name or "stream" in name
+
+
 def _free_stages_on_device(node: PipelineCosts, bounds, first_free: int) -> bool:
     """Whether every stage from ``first_free`` runs an on-device option
     (no offload, relaxed or not) on the split ``bounds``."""
     names = node.options.names
-    return all("offload" not in names[int(node.option_index(s, bounds[s], bounds[s + 1]))]
+    return all(not _off_device(names[int(node.option_index(s, bounds[s], bounds[s + 1]))])
                for s in range(first_free, node.pp))
 
 
