@@ -1,5 +1,6 @@
-"""Per-stage memory options of a search point: recompute, optimizer offload
-and streamed weights, each stage taking the fastest option that fits.
+"""Per-stage memory options of a search point: recompute, optimizer offload,
+activations in host memory and streamed weights (with recompute levels),
+each stage taking the fastest option that fits.
 
 :class:`StageOptions` stacks the options' per-layer terms; the cost model
 (:class:`pipesearch.costs.PipelineCosts`) reads the chosen option's terms
@@ -405,7 +406,8 @@ POLICIES = ("offload-first", "device-first", "relaxed")
 recompute levels offloaded (after the plain option), the levels on the
 device (then the last one offloaded), and the relaxation every level (on
 the device, then offloaded with its host step left out) that bounds both
-from below (:mod:`pipesearch.option_search`)."""
+from below (:mod:`pipesearch.option_search`). :func:`mixed_stream_options`
+uses the same indices with the levels streamed in place of offloaded."""
 OFFLOAD_FIRST, DEVICE_FIRST, RELAXED = range(3)
 
 

@@ -212,3 +212,67 @@ def test_recompute_column_profile_streamed_equals_brute_force(seed, capacity_gb)
     opts = SearchOptions(pp=pp, dp=1, micro_batch_size=1, num_micro_batches=m, schedules=("1f1b",), top=1)
     plan = search([ModelVariant(_profile(fwd, bwd, params, saved, ckpt))], cluster, job, opts).plans[0]
     assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)
+
+
+def _transformer_stream_brute_force(tables, pp, m, capacity, bw, adam_rate):
+    """Every split x every per-stage option of the none / selective / full
+    transformer tables, each on the device or streamed (times and bytes
+    from each table's layers as in :func:`_stream_brute_force`, the
+    input-gradient part the table's, scaled with the streamed backward)."""
+    in_flight = [min(m, pp - s) for s in range(pp)]
+    L = tables[0][1].num_layers
+    options = [(r, st) for r in range(len(tables)) for st in (False, True)]
+    best, arg = np.inf, []
+    for bounds in all_splits(L, pp):
+        for choice in itertools.product(options, repeat=pp):
+            F, B, I, R, ok = [], [], [], [], True
+            for s, (i, j) in enumerate(zip(bounds[:-1], bounds[1:])):
+                r, st = choice[s]
+                lay = tables[r][1].layers[i:j]
+                c = [x.param_bytes / bw if st else 0.0 for x in lay]
+                f = [max(x.fwd_s, cx) for x, cx in zip(lay, c)]
+                b = [max(x.bwd_s, 2 * cx) for x, cx in zip(lay, c)]
+                bi = [(x.bwd_s / 2 if x.bwd_input_s is None else x.bwd_input_s) * (bx / x.bwd_s if x.bwd_s else 1.0)
+                      for x, bx in zip(lay, b)]
+                F.append(sum(f))
+                B.append(sum(b))
+                I.append(sum(bi))
+                n = sum(x.param_bytes for x in lay) / 2
+                R.append(n * pp / adam_rate if st else 0.0)
+                act = sum(x.saved_bytes for x in lay) * in_flight[s]
+                ok &= act + (4 * max(x.param_bytes for x in lay) if st else 16 * n) <= capacity
+            if ok:
+                t = simulate_times("1f1b", pp, m, 1, StageTimes(np.array(F), np.array(B), np.array(I),
+                                                               np.zeros(pp - 1), np.array(R)))[0]
+                if t < best * (1 - 1e-12):
+                    best, arg = t, [(bounds, tuple(tables[r][0] + ("+stream" if st else "") for r, st in choice))]
+    return best, arg
+
+
+@pytest.mark.parametrize("capacity_mib", [40, 90, 150, 250])
+def test_transformer_tables_streamed_equal_brute_force(tmp_path, capacity_mib):
+    """A 6-block decoder's none / selective / full tables
+    (``--recompute per-stage``), each on the device or streamed, per stage,
+    on 3 GPUs under one switch whose share copies a block's weights in
+    about its forward time: the search's best equals the brute force."""
+    from test_recompute_per_stage import TINY
+
+    from pipesearch.models import load_model_source
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    plain = tiny_cluster(1, 3, memory_bytes=capacity_mib * 2**20)
+    src = load_model_source(str(path), plain, tp=1, recompute="per-stage")
+    (variant,) = src.variants
+    tables = variant.stage_tables
+    blocks = [x for x in tables[0][1].layers if x.fwd_s > 0]
+    bw = float(np.mean([x.param_bytes for x in blocks]) / np.mean([x.fwd_s for x in blocks]))
+    host = _host(pcie_switches=((0, 1, 2),), memory_bytes=300 * GB, host_to_device_bytes_per_s=3 * bw,
+                 switch_uplink_bytes_per_s=3 * bw, cpu_adam_params_per_s=1e12)
+    cluster = replace(plain, host=host)
+    best, arg = _transformer_stream_brute_force(tables, 3, 6, capacity_mib * 2**20, bw, 1e12)
+    assert np.isfinite(best) and any("+stream" in o for o in arg[0][1])
+    job = Job(global_batch_size=6, memory_reserve_bytes=0, weight_streaming=True)
+    opts = SearchOptions(pp=3, dp=1, micro_batch_size=1, num_micro_batches=6, schedules=("1f1b",), top=1)
+    plan = search(list(src.variants), cluster, job, opts, profiled_device=src.profiled_device).plans[0]
+    assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)
