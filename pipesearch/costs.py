@@ -496,7 +496,7 @@ class PipelineCosts:
             self.gathered_at(i, j))
         out: dict[str, float] = {}
         option = self.option_name(s, i, j)
-        offloaded, streamed = "offload" in option, "stream" in option or option == "swap"
+        offloaded, streamed = "offload" in option, "stream" in option or option.startswith("swap")
         if param_state is not None:
             n = params / bytes_per_param
             parts = param_state.breakdown_per_param(dp)
@@ -516,7 +516,7 @@ class PipelineCosts:
         else:
             rest = float(self.memory_bytes(s, i, j)) - float(self.gathered_at(i, j)) - sum(
                 v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
-            if option == "swap":  # Mobius: the stage computing and the one prefetched (stage_options.swap_options)
+            if option.startswith("swap"):  # Mobius: the stage computing and the one prefetched (stage_options.swap_options)
                 out["swapped_buffers"] = params * float(self.options.state_bytes_per_param_byte[0])
                 rest -= out["swapped_buffers"]
             elif streamed:  # the double buffer of streamed layers (weights + gradients)
@@ -617,6 +617,8 @@ class PipelineCosts:
             swaps = dict(swap_in_s=arr(params * self.options.swap_in_s_per_param_byte[k, s]),
                          swap_out_s=arr(params * self.options.swap_out_s_per_param_byte[k, s]),
                          swap_queue=self.options.swap_queue)
+            if self.options.swap_act_copy_prefix_s is not None:  # activations in host memory: copy nodes
+                swaps["act_copy_s"] = arr(self._range("swap_act_copy_prefix_s", s, i, j))
             own = self.memory_bytes(s, i, j) - params * self.options.state_bytes_per_param_byte[k]
             device = swap_device_bytes(arr(params), arr(own), len(self.options.swap_queue))
             ranks = device.shape[-1]

@@ -257,14 +257,14 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     if o is None:
         return ()
     names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
-    if not any(("offload" in n or "stream" in n or n == "swap" or "act-host" in n) for n in names):
+    if not any(("offload" in n or "stream" in n or n.startswith("swap") or "act-host" in n) for n in names):
         return ()
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
     state = param_state_of(job)
     share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
     ranks = len(o.swap_queue) if o.swap_queue is not None else costs.pp
     last_local = s >= costs.pp - ranks
-    moved = np.select([np.array(["stream" in n for n in names]), np.array([n == "swap" for n in names]),
+    moved = np.select([np.array(["stream" in n for n in names]), np.array([n.startswith("swap") for n in names]),
                        np.array(["offload" in n for n in names])],
                       [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
                        2.0 * share * params], 0.0)
@@ -287,7 +287,9 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
         out += (("mobius", {"swap_in_s": [float(x) for x in times.swap_in_s],
                             "swap_out_s": [float(x) for x in times.swap_out_s],
                             "pcie_queue": [int(q) for q in o.swap_queue],
-                            "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)]}),)
+                            "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)],
+                            **({"act_copy_s": [float(x) for x in times.act_copy_s]}
+                               if times.act_copy_s is not None else {})}),)
     return out
 
 

@@ -121,6 +121,11 @@ class StageOptions:
     #: ``(K, levels, L)`` :func:`range_max_table` of a streamed layer's weight
     #: and gradient buffers, added to the transient term (0 on the device)
     buffer_table_bytes: np.ndarray | None = None
+    #: Mobius with activations in host memory (:func:`swap_options`):
+    #: ``(K, P, L+1)`` prefix sums of the seconds one micro-batch's kept
+    #: activations take on the stage's PCIe queue (each direction), copy
+    #: nodes of :func:`pipesearch.timemodel.mobius_graph`, not in the times
+    swap_act_copy_prefix_s: np.ndarray | None = None
 
     def __post_init__(self):
         P = self.host_step_s_per_param_byte.shape[1]
@@ -703,6 +708,17 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     ``placement`` holds the ``(P, dp)`` heads of all ``P = pp * vp`` stages
     (stage ``s`` on rank ``s % pp``).
 
+    With ``job.activation_offload`` the one option is ``swap+act-host``:
+    every micro-batch's saved activations go to host memory after its
+    forward and come back before its backward, copies on the same queues
+    at the same rate (:func:`pipesearch.timemodel.mobius_graph` with
+    ``act``; ``swap_act_copy_prefix_s``), and at most
+    :data:`ACT_HOST_RESIDENT` micro-batches of a stage are counted on the
+    device (all ``m`` in host memory). All stages of the point offload: the
+    copies are one graph's nodes, so the choice is the point's, not the
+    stage's (``pipesearch plan`` without the flag gives the plans that keep
+    them).
+
     Raises:
         InputError: the cluster has no ``[host]`` table.
     """
@@ -724,8 +740,13 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
     times = profile.layer_times_at(ratio * profile.profiled_batch_size)
     fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    act = bool(getattr(job, "activation_offload", False))
+    act_terms = {} if not act else dict(
+        act_resident_micro_batches=np.array([float(ACT_HOST_RESIDENT)]),
+        swap_act_copy_prefix_s=_prefix(a["saved_bytes"][None, :] * ratio * per_byte[0][:, None])[None])
     return StageOptions(
-        names=("swap",), fwd_prefix_s=_prefix(fwd)[None], compute_prefix_s=_prefix(fwd + bwd)[None],
+        names=(f"swap+{ACT_HOST}" if act else "swap",), fwd_prefix_s=_prefix(fwd)[None],
+        compute_prefix_s=_prefix(fwd + bwd)[None],
         bwd_input_prefix_s=_prefix(bin_)[None], saved_prefix_bytes=_prefix(a["saved_bytes"] * ratio)[None],
         transient_table_bytes=range_max_table(0 * fwd)[None],
         state_bytes_per_param_byte=np.array([2.0 / max(P // pp - 1, 1)]),
@@ -733,6 +754,7 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
         host_step_s_per_param_byte=(share * node / cluster.host.cpu_adam_params_per_s / bpp)[None, :],
         host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, P // pp),
         swap_in_s_per_param_byte=per_byte, swap_out_s_per_param_byte=per_byte.copy(), swap_queue=queue,
+        **act_terms,
     )
 
 
