@@ -728,7 +728,8 @@ def build_pipeline_costs(
     usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement))
     # streamed stages keep little besides their activations: their chunks share a device as the least-memory
     # recompute table's balanced split needs (the table a streamed plan runs without per-stage levels)
-    share_profile = option_profiles[-1][1] if weight_streaming and option_profiles else profile
+    streamed = weight_streaming and cluster.host is not None and not weight_swapping
+    share_profile = option_profiles[-1][1] if streamed and option_profiles else profile
     capacity = ((usable - gathered * stages_per_device)
                 * device_memory_shares(share_profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     time_scale = stage_time_scale(cluster, placement, profiled_device, profile_precision(profile))
