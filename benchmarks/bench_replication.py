@@ -1,7 +1,11 @@
 """Per-stage replication (PipeDream / DAPPLE style) against uniform data parallelism.
 
 Usage: python benchmarks/bench_replication.py [--cluster 4x4-v100-10gbe] [--batch 1024]
-       [--inter-node-gbps X] [--top 20] [MODEL ...]
+       [--inter-node-gbps X] [--top 20] [--tp N] [MODEL ...]
+
+The tensor-parallel row: python benchmarks/bench_replication.py --cluster
+2x8-a100-80gb --batch 64 --tp 2 gpt3-1.3b (a catalog transformer, its tp-2
+layer tables; each replica of a stage is then one tp-2 group of a node).
 
 For each model (default: vgg16 and resnet50, the PipeDream profiles of
 ``cost_models/``) it runs the search twice on the same cluster and batch:
@@ -53,19 +57,21 @@ def main() -> int:
     parser.add_argument("--inter-node-gbps", type=float,
                         help="replace the cluster's inter-node bandwidth (GB/s; latency kept)")
     parser.add_argument("--top", type=int, default=20, help="plans the replicated search keeps (default 20)")
+    parser.add_argument("--tp", type=int, help="pin the tensor-parallel degree (catalog transformers)")
     args = parser.parse_args()
     cluster = load_cluster(args.cluster)
     if args.inter_node_gbps:
         link = Link(args.inter_node_gbps * 1e9, cluster.inter_node.latency_s)
         cluster = replace(cluster, name=f"{cluster.name} at {args.inter_node_gbps:g} GB/s", inter_node=link)
     job = Job(global_batch_size=args.batch)
-    print(f"{time.strftime('%Y-%m-%d')}, cluster {cluster.name}, global batch {args.batch}, default job "
+    print(f"{time.strftime('%Y-%m-%d')}, cluster {cluster.name}, global batch {args.batch}"
+          f"{'' if args.tp is None else f', tp {args.tp}'}, default job "
           "(mixed-precision Adam state, 1 GiB reserve)\n")
     print("| model | search | iteration | samples/s | pp x dp x tp | replicas | layers/stage | schedule | "
           "mbs x m | search CPU s |")
     print("|---|---|---:|---:|---|---|---|---|---|---:|")
     for name in args.models:
-        source = load_model_source(name, cluster)
+        source = load_model_source(name, cluster, tp=args.tp)
         best = {}
         for label, replicate in (("uniform dp", False), ("--replicate-stages", True)):
             start = cpu_s()

@@ -782,10 +782,15 @@ def zero_bubble_counts(pp: int, num_micro_batches: int) -> tuple[np.ndarray, np.
     """``(A, B)``, each ``(pp, Q)``: the ZB-H1 count states of every stage
     (:func:`pipesearch.schedules.wgrad_states`, padded with ``(0, 0)``),
     read at ``min(m, 2 pp)`` micro-batches (the warm-up depth is bounded:
-    the states stop changing there)."""
+    the states stop changing there). Read-only arrays, memoised."""
+    return _zero_bubble_counts(pp, min(num_micro_batches, 2 * pp))
+
+
+@lru_cache(maxsize=64)
+def _zero_bubble_counts(pp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     from .schedules import build, wgrad_states
 
-    states = wgrad_states(build("zb-h1", pp, min(num_micro_batches, 2 * pp), 1))
+    states = wgrad_states(build("zb-h1", pp, m, 1))
     Q = max(len(x) for x in states)
     A, B = np.zeros((pp, Q)), np.zeros((pp, Q))
     for k, xs in enumerate(states):

@@ -75,7 +75,7 @@ precision and the profile's times are from a mixed-precision run.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields as dataclass_fields, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -529,7 +529,7 @@ def with_stage_times(costs: PipelineCosts, stage_layer_time_s: np.ndarray) -> Pi
     # pruning uses time_scale[s] * (prefix of `low`) as a lower bound of the
     # stage's compute: both hold with these values.
     _, row_id = np.unique(t, axis=0, return_inverse=True)
-    fields = {f: getattr(costs, f) for f in PipelineCosts.__dataclass_fields__}
+    fields = {f.name: getattr(costs, f.name) for f in dataclass_fields(PipelineCosts) if f.init}
     fields.update(compute_prefix_s=np.concatenate([zero, np.cumsum(low)]),
                   time_scale=1.0 - 1e-6 * np.asarray(row_id, dtype=float).reshape(-1))
     return StageTimeCosts(

@@ -408,9 +408,10 @@ def placement_links(cluster: Cluster, heads: np.ndarray, tp: int = 1
             [(float(a), float(b)) for a, b in zip(per_byte, fixed)])
 
 
-def allreduce_model(cluster: Cluster, devices: np.ndarray) -> tuple[float, float]:
-    """:func:`allreduce_terms` of one group of ``devices`` (shape ``(d,)``)."""
-    per_byte, fixed = allreduce_terms(cluster, np.asarray(devices).reshape(1, -1))
+def allreduce_model(cluster: Cluster, devices: np.ndarray, tp: int = 1) -> tuple[float, float]:
+    """:func:`allreduce_terms` of one group of ``devices`` (shape ``(d,)``;
+    slot heads of ``tp`` devices each, every shard reduced over the group)."""
+    per_byte, fixed = allreduce_terms(cluster, np.asarray(devices).reshape(1, -1), tp)
     return float(per_byte[0]), float(fixed[0])
 
 
@@ -421,29 +422,82 @@ def reference_device(cluster: Cluster, precision: str = "fp16") -> DeviceSpec:
     return cluster.device_spec(int(slot_heads(cluster, 1, precision)[0]))
 
 
-def replicated_stage_devices(cluster: Cluster, replicas, precision: str = "fp16") -> list[np.ndarray]:
-    """Devices of each stage under per-stage replication (tp = 1): stage
-    ``k`` holds ``replicas[k]`` devices, the stages taking consecutive runs
-    of the canonical device order (:func:`slot_heads` at tp 1, fastest type
-    first): stage 0 the first ``replicas[0]`` devices, stage 1 the next
-    ``replicas[1]``, and so on (a stage's replicas fill the servers in
-    order, one placement per vector).
+def replicated_stage_devices(cluster: Cluster, replicas, precision: str = "fp16", tp: int = 1,
+                             slots=None) -> list[np.ndarray]:
+    """Slot heads of each stage under per-stage replication: stage ``k``
+    holds ``replicas[k]`` tensor-parallel slots of ``tp`` devices (one node
+    each, :func:`slot_heads`; every device of a slot is ``head + t``,
+    :func:`stage_devices`). Without ``slots`` the stages take consecutive
+    runs of the canonical slot order (fastest type first): stage 0 the first
+    ``replicas[0]`` slots, stage 1 the next ``replicas[1]``, and so on.
+    ``slots`` (canonical slot indices, stage 0's then stage 1's, ...) names
+    another placement (:func:`replicated_layout_names`); each stage's slots
+    are kept in canonical order, the order the boundary pairs and the
+    all-reduce ring follow (:func:`replicated_boundary_links`).
 
     Returns a list of ``P`` int arrays, array ``k`` of shape ``(replicas[k],)``.
 
     Raises:
-        InputError: a count below 1, or more devices than the cluster has.
+        InputError: a count below 1, more slots than the cluster has, or
+            ``slots`` of the wrong length, repeated or out of range.
     """
     replicas = [int(r) for r in replicas]
-    order = slot_heads(cluster, 1, precision)
+    order = slot_heads(cluster, tp, precision)
     if not replicas or min(replicas) < 1 or sum(replicas) > len(order):
-        raise InputError(f"replicas {','.join(map(str, replicas))}: every stage needs >= 1 device and they must "
-                         f"sum to at most the {len(order)} devices of cluster {cluster.name!r}")
+        raise InputError(f"replicas {','.join(map(str, replicas))}: every stage needs >= 1 group of tp {tp} and "
+                         f"they must sum to at most the {len(order)} such groups of cluster {cluster.name!r}")
+    idx = np.arange(sum(replicas)) if slots is None else np.asarray(slots, dtype=np.int64)
+    if len(idx) != sum(replicas) or len(np.unique(idx)) != len(idx) or (len(idx) and (
+            idx.min() < 0 or idx.max() >= len(order))):
+        raise InputError(f"replicated placement {list(idx.tolist())}: expected {sum(replicas)} distinct slots of "
+                         f"0 .. {len(order) - 1}")
     ends = np.cumsum(replicas)
-    return [order[e - r:e] for r, e in zip(replicas, ends)]
+    return [order[np.sort(idx[e - r:e])] for r, e in zip(replicas, ends)]
 
 
-def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray]
+def replicated_layout_names(cluster: Cluster, replicas, tp: int = 1, precision: str = "fp16",
+                            limit: int | None = None) -> list[str]:
+    """Every placement of a replica vector up to swaps of slots inside a
+    node, as ``slots:`` names of canonical slot indices (stage 0's, then
+    stage 1's, ...; :func:`replicated_stage_devices`): a stage's devices
+    are a set, so a placement is how many slots of each node every stage
+    takes, each node's slots dealt to the stages in stage order (slots of
+    one node are interchangeable, :func:`slot_classes`, and the canonical
+    order within a stage keeps its node sequence under such swaps). At most
+    ``limit + 1`` names when ``limit`` is given (enough to tell that there
+    are more)."""
+    classes = slot_classes(cluster, tp, precision)
+    reps = [int(r) for r in replicas]
+    used, stages, out = [0] * len(classes), [], []
+
+    def take(k: int, c: int, need: int, chosen: list[int]) -> None:
+        if limit is not None and len(out) > limit:
+            return
+        if need == 0:
+            stages.append(sorted(chosen))
+            stage(k + 1)
+            stages.pop()
+            return
+        for cc in range(c, len(classes)):
+            free = len(classes[cc]) - used[cc]
+            for n in range(min(free, need), 0, -1):
+                got = classes[cc][used[cc]:used[cc] + n]
+                used[cc] += n
+                take(k, cc + 1, need - n, chosen + got)
+                used[cc] -= n
+
+    def stage(k: int) -> None:
+        if k == len(reps):
+            out.append(SLOTS_PREFIX + ",".join(str(i) for st in stages for i in st))
+            return
+        take(k, 0, reps[k], [])
+
+    if reps and min(reps) >= 1 and sum(reps) <= sum(len(c) for c in classes):
+        stage(0)
+    return out
+
+
+def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray], tp: int = 1
                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per stage of a replicated layout (:func:`replicated_stage_devices`):
     the boundary to the next stage as ``(bandwidth bytes/s, latency s,
@@ -456,7 +510,9 @@ def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray]
     Narayanan et al. SOSP'19 sec. 3.1, round-robin between replicated
     stages). ``bandwidth`` and ``latency`` are those of the slowest of
     those pairs' links (by time for :data:`PROBE_BYTES`), ``pairs`` is
-    ``n``; a free link and 1 pair after the last stage."""
+    ``n``; a free link and 1 pair after the last stage. With ``tp > 1``
+    the ids are slot heads and each pair stands for ``tp`` transfers (shard
+    ``t`` to shard ``t``) sharing the nodes' ports (:func:`nic_share`)."""
     P = len(stage_devs)
     bw, lat, pairs = np.full(P, np.inf), np.zeros(P), np.ones(P, dtype=np.int64)
     for k in range(P - 1):
@@ -464,6 +520,7 @@ def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray]
         n = min(len(a), len(b))
         big, small = (a, b) if len(a) >= len(b) else (b, a)
         peer = small[np.arange(len(big)) % n]
-        wb, wl = _worst(cluster, link_class(cluster, big, peer)[None, :], nic_share(cluster, big[None, :], peer[None, :]))
+        wb, wl = _worst(cluster, link_class(cluster, big, peer)[None, :],
+                        nic_share(cluster, big[None, :], peer[None, :], tp))
         bw[k], lat[k], pairs[k] = float(wb[0]), float(wl[0]), n
     return bw, lat, pairs

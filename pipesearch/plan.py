@@ -252,6 +252,9 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         raise PlanFormatError(f"{source}: the top level is {kind}, expected an object with schema {SCHEMA!r} "
                               "(a file written by `pipesearch plan -o`)")
     if doc.get("schema") != SCHEMA:
+        if "schema" not in doc and str(doc.get("format", "")).startswith("pipesearch.serve/"):
+            raise PlanFormatError(f"{source}: a serving plan ({doc['format']!r}, written by `pipesearch serve`); "
+                                  f"this command reads training plans (schema {SCHEMA!r}, `pipesearch plan -o`)")
         raise PlanFormatError(f"{source}: schema is {doc.get('schema')!r}, expected {SCHEMA!r} "
                               "(a file written by `pipesearch plan -o`)")
     return doc

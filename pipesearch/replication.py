@@ -1,12 +1,15 @@
 """Per-stage data-parallel replication (PipeDream / DAPPLE style): the
 replica vectors the search visits, their cost terms and lower bounds.
 
-A replicated point fixes ``pp`` stages and a replica vector ``r = (r_0 ..
-r_{P-1})``: stage ``k`` runs on ``r_k`` devices (tensor-parallel degree 1,
-no further data parallelism over the whole pipeline), the stages on
-consecutive runs of the canonical device order
-(:func:`pipesearch.placement.replicated_stage_devices`), ``sum_k r_k``
-devices in all. Schedule semantics are DAPPLE's synchronous ones (Fan et
+A replicated point fixes ``pp`` stages, a tensor-parallel degree ``tp``
+and a replica vector ``r = (r_0 .. r_{P-1})``: stage ``k`` runs on ``r_k``
+replicas, each one tensor-parallel slot of ``tp`` devices inside one node
+(no further data parallelism over the whole pipeline), ``tp sum_k r_k``
+devices in all, never one twice. The stages take consecutive runs of the
+canonical slot order (:func:`pipesearch.placement.replicated_stage_devices`)
+or, where a vector has few enough placements, every placement up to swaps
+inside a node (:func:`replicated_placements`), so on a mixed cluster each
+stage's speed and capacity are those of its own devices. Schedule semantics are DAPPLE's synchronous ones (Fan et
 al., PPoPP'21, the planner's stage replication): the pipeline runs the schedule of
 ``pp`` ranks on ``m`` micro-batches of ``b`` samples, and every micro-batch
 is split over the replicas of each stage it passes, so
@@ -26,8 +29,10 @@ is split over the replicas of each stage it passes, so
   (:func:`pipesearch.placement.replicated_boundary_links`): the effective
   bandwidth is the slowest pair's times ``b / ceil(b / n)``;
 * stage ``k``'s gradients are all-reduced over its own ``r_k`` replicas
-  once per iteration (:func:`pipesearch.placement.allreduce_model` of its
-  devices; none for ``r_k = 1``).
+  once per iteration, each of the ``tp`` shards over its ``r_k`` copies
+  (:func:`pipesearch.placement.allreduce_model` of its slot heads; none for
+  ``r_k = 1``); with ``tp > 1`` the layer table is the tensor-parallel one
+  (per-device times and bytes of one shard, the uniform path's).
 
 The point is then an ordinary :class:`pipesearch.costs.PipelineCosts` with
 per-stage arrays, and :func:`pipesearch.split_search.exact_split` finds its
@@ -48,8 +53,8 @@ import numpy as np
 from .costs import build_pipeline_costs, profile_precision, PipelineCosts
 from .errors import InputError
 from .memory import param_state_of, usable_memory_bytes
-from .placement import (allreduce_model, memory_bytes_of, replicated_boundary_links, replicated_stage_devices,
-                        stage_time_scale)
+from .placement import (SLOTS_PREFIX, allreduce_model, memory_bytes_of, replicated_boundary_links,
+                        replicated_layout_names, replicated_stage_devices, stage_time_scale)
 from .types import Cluster, DeviceSpec, Job, ModelProfile
 
 #: the largest pipeline degree whose replica vectors the search enumerates
@@ -59,17 +64,43 @@ MAX_REPLICATED_PP = 4
 #: prefix of a replicated point's placement name in the points table
 REPLICAS_PREFIX = "replicas:"
 
+#: separates a replica vector from its slots in a placement name
+SLOTS_SEPARATOR = ";"
 
-def replicas_name(replicas) -> str:
-    """``replicas:15,1``: the placement name of a replica vector."""
-    return REPLICAS_PREFIX + ",".join(map(str, replicas))
+
+def replicas_name(replicas, slots: str | None = None) -> str:
+    """``replicas:15,1``: the placement name of a replica vector on the
+    consecutive canonical slots; ``replicas:2,1;slots:0,2,1`` on the
+    slots of a ``slots:`` name
+    (:func:`pipesearch.placement.replicated_layout_names`)."""
+    return REPLICAS_PREFIX + ",".join(map(str, replicas)) + ("" if slots is None else SLOTS_SEPARATOR + slots)
 
 
 def parse_replicas_name(name: str) -> tuple[int, ...] | None:
     """The replica vector of a :func:`replicas_name`, or None for another placement."""
     if not isinstance(name, str) or not name.startswith(REPLICAS_PREFIX):
         return None
-    return tuple(int(x) for x in name[len(REPLICAS_PREFIX):].split(","))
+    return tuple(int(x) for x in name[len(REPLICAS_PREFIX):].split(SLOTS_SEPARATOR)[0].split(","))
+
+
+def parse_replicas_slots(name: str) -> tuple[int, ...] | None:
+    """The canonical slot indices of a :func:`replicas_name` with slots,
+    or None (consecutive slots, or another placement)."""
+    if parse_replicas_name(name) is None or SLOTS_SEPARATOR not in name:
+        return None
+    return tuple(int(x) for x in name.split(SLOTS_SEPARATOR, 1)[1][len(SLOTS_PREFIX):].split(","))
+
+
+def replicated_placements(cluster: Cluster, replicas, tp: int, up_to: int, precision: str = "fp16") -> list[str]:
+    """The placement names the search scores for one replica vector: every
+    placement up to swaps inside a node
+    (:func:`pipesearch.placement.replicated_layout_names`) when there are
+    at most ``up_to`` (and more than one), so the search is exact over
+    placements; else the consecutive canonical slots alone."""
+    names = replicated_layout_names(cluster, replicas, tp, precision, limit=up_to)
+    if 1 < len(names) <= up_to:
+        return [replicas_name(replicas, n) for n in names]
+    return [replicas_name(replicas)]
 
 
 def replica_vectors(num_devices: int, pp: int) -> list[tuple[int, ...]]:
@@ -113,17 +144,19 @@ def check_replication_job(job: Job) -> None:
 
 
 def replicated_lower_bound_s(work_per_sample_s: float, replicas, micro_batch_size: int, m: int, schedule: str,
-                             fastest: float) -> float:
+                             fastest) -> float:
     """A valid lower bound on the simulated iteration time of any split of
     a replicated point, from the model's fwd+bwd work ``W`` per sample on
-    the fastest device (factor ``fastest``). Stage ``k`` takes ``W_k c_k``
-    per micro-batch with ``c_k = ceil(b / r_k) * fastest``; over any split
+    the fastest device (factor ``fastest``, a float; or ``(P,)``: each
+    stage's own slowest device on a placement,
+    :func:`placement_time_scale`). Stage ``k`` takes ``W_k c_k``
+    per micro-batch with ``c_k = ceil(b / r_k) * fastest_k``; over any split
     ``max_k W_k c_k >= W / H`` with ``H = sum_k 1 / c_k`` (equality when
     ``W_k`` is proportional to ``1 / c_k``), and links and all-reduce cost
     >= 0, so: the busiest rank ``m W / H`` for every schedule; GPipe also
     ``W min_k c_k + (m - 1) W / H`` (its closed form ``sum (F+B) + (m-1)
     (max F + max B)``, Huang et al. 2019)."""
-    c = -(-micro_batch_size // np.asarray(replicas, dtype=np.int64)) * fastest
+    c = -(-micro_batch_size // np.asarray(replicas, dtype=np.int64)) * np.asarray(fastest, dtype=float)
     per_stage = work_per_sample_s / float(np.sum(1.0 / c))
     bound = m * per_stage
     if schedule == "gpipe":
@@ -131,20 +164,32 @@ def replicated_lower_bound_s(work_per_sample_s: float, replicas, micro_batch_siz
     return bound
 
 
+def placement_time_scale(cluster: Cluster, name: str, tp: int, profiled_device: DeviceSpec | None,
+                         precision: str) -> np.ndarray:
+    """``(P,)`` each stage's time factor on a replicated placement (its
+    slowest device against ``profiled_device``,
+    :func:`pipesearch.placement.stage_time_scale`), for the lower bound."""
+    devs = replicated_stage_devices(cluster, parse_replicas_name(name), precision, tp, parse_replicas_slots(name))
+    return np.array([stage_time_scale(cluster, d[None, :], profiled_device, precision)[0] for d in devs])
+
+
 def replicated_stage_terms(cluster: Cluster, replicas, precision: str, profiled_device: DeviceSpec | None,
-                           cache: dict | None = None) -> dict:
-    """The terms of a replica vector that do not depend on the micro-batch:
-    ``devices`` (per stage), ``device_scale``, boundary ``bw`` / ``lat`` /
-    ``pairs``, all-reduce ``ar_per_byte`` / ``ar_fixed`` and the
-    ``smallest`` device memory of each stage (arrays of shape ``(P,)``);
-    ``cache`` (a dict) keeps them per vector."""
+                           cache: dict | None = None, tp: int = 1, slots=None) -> dict:
+    """The terms of a replica vector on its slots (``tp`` devices each;
+    ``slots`` as :func:`pipesearch.placement.replicated_stage_devices`)
+    that do not depend on the micro-batch: ``devices`` (slot heads per
+    stage), ``device_scale``, boundary ``bw`` / ``lat`` / ``pairs``,
+    all-reduce ``ar_per_byte`` / ``ar_fixed`` and the ``smallest`` device
+    memory of each stage (arrays of shape ``(P,)``); ``cache`` (a dict)
+    keeps them per vector and placement."""
     key = ("replicated", tuple(int(r) for r in replicas), precision,
-           None if profiled_device is None else profiled_device.name)
+           None if profiled_device is None else profiled_device.name, tp,
+           None if slots is None else tuple(int(x) for x in slots))
     if cache is not None and key in cache:
         return cache[key]
-    devs = replicated_stage_devices(cluster, replicas, precision)
-    bw, lat, pairs = replicated_boundary_links(cluster, devs)
-    ar = [allreduce_model(cluster, d) if len(d) > 1 else (0.0, 0.0) for d in devs]
+    devs = replicated_stage_devices(cluster, replicas, precision, tp, slots)
+    bw, lat, pairs = replicated_boundary_links(cluster, devs, tp)
+    ar = [allreduce_model(cluster, d, tp) if len(d) > 1 else (0.0, 0.0) for d in devs]
     terms = {"devices": devs, "bw": bw, "lat": lat, "pairs": pairs,
              "device_scale": np.array([stage_time_scale(cluster, d[None, :], profiled_device, precision)[0]
                                        for d in devs]),
@@ -157,13 +202,18 @@ def replicated_stage_terms(cluster: Cluster, replicas, precision: str, profiled_
 
 def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas, *, micro_batch_size: int,
                      num_micro_batches: int, schedule: str, in_flight: np.ndarray | None = None,
-                     profiled_device: DeviceSpec | None = None,
-                     cache: dict | None = None) -> tuple[list[np.ndarray], PipelineCosts]:
-    """Devices per stage and the :class:`pipesearch.costs.PipelineCosts`
+                     profiled_device: DeviceSpec | None = None, cache: dict | None = None, tp: int = 1,
+                     slots=None) -> tuple[list[np.ndarray], PipelineCosts]:
+    """Slot heads per stage and the :class:`pipesearch.costs.PipelineCosts`
     of a replicated point (the rules of the module docstring).
 
     Args:
         replicas: ``(P,)`` replicas per stage.
+        tp: devices per replica (``profile`` is the layer table at that
+            tensor-parallel degree).
+        slots: canonical slot indices of the stages
+            (:func:`pipesearch.placement.replicated_stage_devices`; None:
+            consecutive).
         in_flight: ``(P,)`` in-flight micro-batches per stage (default:
             GPipe's / 1F1B's, :func:`pipesearch.costs.in_flight_micro_batches`).
         cache: a dict keeping :func:`replicated_stage_terms` across points.
@@ -172,12 +222,12 @@ def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas
         InputError: a sharded job, or more devices than the cluster has.
     """
     check_replication_job(job)
-    terms = replicated_stage_terms(cluster, replicas, profile_precision(profile), profiled_device, cache)
+    terms = replicated_stage_terms(cluster, replicas, profile_precision(profile), profiled_device, cache, tp, slots)
     devs, b = terms["devices"], micro_batch_size
     heads = np.array([d[0] for d in devs], dtype=np.int64)[:, None]
     base = build_pipeline_costs(profile, cluster, job, pp=len(devs), dp=1, micro_batch_size=b,
                                 num_micro_batches=num_micro_batches, schedule=schedule, placement=heads,
-                                profiled_device=profiled_device, in_flight=in_flight)
+                                profiled_device=profiled_device, in_flight=in_flight, tp=tp)
     share = activation_share(replicas, b)
     capacity = usable_memory_bytes(job, terms["smallest"]) - base.gathered_bytes - base.tied_copy_bytes
     return devs, replace(

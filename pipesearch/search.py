@@ -36,12 +36,14 @@ from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_fl
 from .placement import (check_layout, count_layouts, group_ids, layout, layout_names, memory_bytes_of, num_slots,
                         placement_candidates, placement_links, reference_device, slot_heads)
 from .placement import SLOTS_PREFIX, slot_classes
+from .placement import node_ids, replicated_stage_devices
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .option_search import best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
-                          replica_vectors, replicas_name, replicated_costs, replicated_lower_bound_s)
+                          parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
+                          replicated_lower_bound_s, replicated_placements)
 from .split_search import exact_split
 from .stage_options import ACT_HOST_RESIDENT
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
@@ -81,9 +83,12 @@ class SearchOptions:
             :func:`pipesearch.placement.count_layouts`) tries every one of
             them, so its best plan is exact over placements too.
         replicate_stages: also search per-stage replication (PipeDream /
-            DAPPLE: stage ``k`` on its own ``r_k`` devices,
-            :mod:`pipesearch.replication`), every replica vector of ``pp``
-            up to :data:`pipesearch.replication.MAX_REPLICATED_PP` stages.
+            DAPPLE: stage ``k`` on its own ``r_k`` replicas, each one
+            tensor-parallel slot, :mod:`pipesearch.replication`), every
+            replica vector of ``pp`` up to
+            :data:`pipesearch.replication.MAX_REPLICATED_PP` stages, on
+            every placement when there are at most
+            ``enumerate_layouts_up_to`` of them.
         split_replicas: replicas per stage of ``split`` (``--split
             17x15,6x1``): score that replicated point only.
     """
@@ -143,6 +148,11 @@ class SearchResult:
     wall_s: float
     fingerprint: str
     point_columns: dict = field(repr=False)
+    #: evaluated points outside the ranked plans whose split search stopped at
+    #: its work limits, and the least of their proven lower bounds (inf: none):
+    #: a plan of theirs could be faster than the ranked plans slower than it
+    unproven_points: int = 0
+    unproven_bound_s: float = math.inf
 
     @cached_property
     def points(self):
@@ -858,8 +868,13 @@ def search(
     def pruned(bound: float) -> bool:
         return not options.exhaustive and bound >= cutoff()
 
+    unproven: list[tuple[Plan, float]] = []  # plans whose split search stopped at its limits, and their bounds
+
     def keep_plan(plan: Plan, row: dict) -> None:
         """Record an evaluated point's plan in its row and its family."""
+        info = dict(plan.extra).get("split_search") or {}
+        if not info.get("exact", True):
+            unproven.append((plan, float(info["lower_bound_s"])))
         t = plan.predicted.iteration_time_s
         row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
                    peak_memory_bytes=plan.predicted.peak_memory_bytes,
@@ -911,7 +926,7 @@ def search(
             if plan is not None:
                 keep_plan(plan, row)
     if options.replicate_stages or options.split_replicas:
-        candidates = replicated_candidates(variants, cluster, job, options, work, fastest)
+        candidates = replicated_candidates(variants, cluster, job, options, work, fastest, profiled_device)
         for n, (bound, _, variant, row) in enumerate(candidates):
             if pruned(bound):  # sorted by bound: every later point is pruned too
                 counts["pruned"] += len(candidates) - n
@@ -933,8 +948,12 @@ def search(
             message += "; " + placement_ctx["host_overflow"]
         raise InfeasibleError(message)
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
+    shown = {id(p) for p in plans[: options.top]}
+    outside = [lb for p, lb in unproven if id(p) not in shown]  # the ranked ones report their own gap
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     return SearchResult(
+        unproven_points=len(outside),
+        unproven_bound_s=min(outside, default=math.inf),
         plans=tuple(plans),
         points_evaluated=sum(1 for r in rows if r["status"] in ("ok", "out_of_memory")),
         infeasible=tuple(sorted((k, v) for k, v in counts.items() if k != "pruned"))
@@ -948,40 +967,84 @@ def search(
 
 
 def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchOptions, work: dict,
-                          fastest: float) -> list[tuple[float, int, ModelVariant, dict]]:
+                          fastest: float, profiled_device: DeviceSpec | None = None
+                          ) -> list[tuple[float, int, ModelVariant, dict]]:
     """The points of per-stage replication (:mod:`pipesearch.replication`)
-    as ``(lower bound, order, variant, row)``, sorted by bound: tp-1
-    variants, ``2 <= pp <= MAX_REPLICATED_PP`` (or the pinned pp), every
-    replica vector on the cluster's devices
-    (:func:`pipesearch.replication.replica_vectors`) but those that are a
-    uniform data-parallel point, every micro-batch size dividing the global
-    batch (no further data parallelism: ``m = batch / b``), the schedules
-    with one stage per device; ``options.split_replicas`` alone when given.
-    ``work`` maps ``id(variant)`` to its fwd+bwd seconds per sample."""
-    out = []
-    devices = num_slots(cluster, 1)
+    as ``(lower bound, order, variant, row)``, sorted by bound: every
+    variant (each replica one slot of its tp), ``2 <= pp <=
+    MAX_REPLICATED_PP`` (or the pinned pp), every replica vector on the
+    cluster's slots (:func:`pipesearch.replication.replica_vectors`) on
+    each of its placements
+    (:func:`pipesearch.replication.replicated_placements`, up to
+    ``options.enumerate_layouts_up_to``) but those the uniform search visits
+    as a data-parallel point (:func:`_visited_as_uniform`),
+    every micro-batch size dividing the global batch (no further data
+    parallelism: ``m = batch / b``), the schedules with one stage per
+    device; ``options.split_replicas`` alone when given. ``work`` maps
+    ``id(variant)`` to its fwd+bwd seconds per sample; the bound takes each
+    stage's devices on its placement (``profiled_device`` scales them)."""
+    out, covered = [], {}
     schedules = tuple(s for s in options.schedules if s not in MULTI_STAGE_SCHEDULES)
     for variant in variants:
-        L = variant.profile.num_layers
-        if variant.tp != 1:
-            continue
+        L, devices, scales = variant.profile.num_layers, num_slots(cluster, variant.tp), {}
         if options.split_replicas:
-            vectors = [tuple(options.split_replicas)]
+            vectors = [tuple(options.split_replicas)] if sum(options.split_replicas) <= devices else []
         else:
             pps = [options.pp] if options.pp else range(2, min(MAX_REPLICATED_PP, L, devices) + 1)
             vectors = [v for pp in pps if 2 <= pp <= L for v in replica_vectors(devices, pp)]
         for reps in vectors:
+            names = replicated_placements(cluster, reps, variant.tp, options.enumerate_layouts_up_to,
+                                          profile_precision(variant.profile))
             for mbs in micro_batch_sizes(job.global_batch_size, options):
-                if not options.split_replicas and is_uniform_point(reps, mbs):
-                    continue
                 m = job.global_batch_size // mbs
-                for schedule in schedules:
-                    if schedule_refusal(schedule, len(reps), m, 1, L) is None:
-                        out.append((replicated_lower_bound_s(work[id(variant)], reps, mbs, m, schedule, fastest),
-                                    len(out), variant,
-                                    _point_row(variant, len(reps), 1, mbs, m, schedule, 1, replicas_name(reps), None)))
+                for name in names:
+                    if (not options.split_replicas and is_uniform_point(reps, mbs)
+                            and _visited_as_uniform(cluster, variant, reps, name, options, covered)):
+                        continue
+                    if name not in scales:
+                        scales[name] = (fastest if cluster.is_homogeneous else placement_time_scale(
+                            cluster, name, variant.tp, profiled_device, profile_precision(variant.profile)))
+                    for schedule in schedules:
+                        if schedule_refusal(schedule, len(reps), m, 1, L) is None:
+                            out.append((replicated_lower_bound_s(work[id(variant)], reps, mbs, m, schedule,
+                                                                 scales[name]),
+                                        len(out), variant,
+                                        _point_row(variant, len(reps), 1, mbs, m, schedule, 1, name, None)))
     out.sort(key=lambda x: (x[0], x[1]))
     return out
+
+
+def _visited_as_uniform(cluster: Cluster, variant: ModelVariant, reps, name: str, options: SearchOptions,
+                        cache: dict) -> bool:
+    """Whether the uniform search visits this placement of a uniform
+    replica vector ``(r, .., r)`` as the data-parallel point ``dp = r``
+    (replica ``i`` of a stage sends to replica ``i`` of the next either
+    way): one of its ``(pp, r)`` layouts (:func:`placement_names`) puts
+    every replica on a slot of the same node, position by position (each
+    stage's slots in canonical order), up to a renaming of the nodes of one
+    group (same type and links), or ``mapped`` chooses the order of a
+    single pipeline (``r = 1``). ``cache`` keeps the layouts' patterns."""
+    pp, r, precision = len(reps), reps[0], profile_precision(variant.profile)
+    key = (variant.tp, pp, r)
+    if key not in cache:
+        names = placement_names(cluster, pp, r, options, variant.tp)
+        cache[key] = ("mapped" in names and r == 1, {
+            _node_pattern(cluster, layout(cluster, pp, r, variant.tp, n, precision)) for n in names if n != "mapped"})
+    every, patterns = cache[key]
+    if every:
+        return True
+    devs = replicated_stage_devices(cluster, reps, precision, variant.tp, parse_replicas_slots(name))
+    return _node_pattern(cluster, np.array(devs)) in patterns
+
+
+def _node_pattern(cluster: Cluster, heads: np.ndarray) -> tuple:
+    """The nodes of a ``(P, d)`` layout position by position, each group's
+    nodes renamed in order of first appearance (a canonical form under
+    permutations of the nodes of one group)."""
+    node, group = node_ids(cluster)[heads].ravel().tolist(), group_ids(cluster)[heads].ravel().tolist()
+    names: dict = {}
+    seq = tuple((g, names.setdefault((g, n), sum(1 for k in names if k[0] == g))) for n, g in zip(node, group))
+    return heads.shape, seq
 
 
 def plan_family(plan: Plan) -> tuple:
@@ -1083,7 +1146,8 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
                                 schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe",
                                 in_flight=schedule_in_flight(schedule, pp, m, 1, in_flight_cache,
                                                              variant.profile.wgrad_saved_fraction),
-                                profiled_device=profiled_device, cache=links_cache)
+                                profiled_device=profiled_device, cache=links_cache, tp=variant.tp,
+                                slots=parse_replicas_slots(row["placement"]))
     slots, links = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
                                     {} if links_cache is None else links_cache)
     if slots is None:
@@ -1267,6 +1331,9 @@ def _check_options(variants, cluster, job, options):
         raise InputError(f"unknown schedule {unknown[0]!r}; expected one of {', '.join(ALL_SCHEDULES)}")
     if any(v < 1 for v in options.vps):
         raise InputError(f"--vp {min(options.vps)} must be >= 1")
+    if options.pp == 1 and options.schedules and set(options.schedules) == {"interleaved-1f1b"}:
+        raise InputError("--pp 1 with --schedule interleaved-1f1b: virtual stages interleave over at least 2 "
+                         "pipeline ranks (one rank runs its stages as one); use --pp 2 or more, or --schedule 1f1b")
     if options.split is not None and any(s in MULTI_STAGE_SCHEDULES for s in options.schedules) and not (
             options.pp and any(len(options.split) == options.pp * v for v in options.vps)):
         raise InputError(f"--split of {len(options.split)} stages with a multi-stage schedule needs --pp and --vp "
@@ -1276,14 +1343,11 @@ def _check_options(variants, cluster, job, options):
 
 
 def _check_replication_options(variants, cluster: Cluster, job: Job, options: SearchOptions) -> None:
-    """Refuse pins per-stage replication cannot honour: no tp-1 layer
-    table, a pinned dp, a sharded state, a replicated split whose replicas
-    exceed the cluster's devices or do not match its stages."""
+    """Refuse pins per-stage replication cannot honour: a pinned dp, a
+    sharded state, a replicated split whose replicas (tensor-parallel groups
+    of the smallest tp) exceed the cluster's or do not match its stages."""
     what = ("--split " + ",".join(f"{n}x{r}" for n, r in zip(options.split or (), options.split_replicas))
             if options.split_replicas else "--replicate-stages")
-    if not any(v.tp == 1 for v in variants):
-        raise InputError(f"{what}: replicated stages run with tp 1, and the model's layer tables are for tp "
-                         f"{', '.join(str(tp) for tp in sorted({v.tp for v in variants}))}; pin --tp 1")
     if options.dp is not None:
         raise InputError(f"{what} with dp pinned to {options.dp} (--dp, or --micro-batch-size x "
                          "--num-micro-batches): per-stage replicas replace the data-parallel degree; drop the pin")
@@ -1293,12 +1357,13 @@ def _check_replication_options(variants, cluster: Cluster, job: Job, options: Se
         raise InputError(f"{what}: replicated stages run one stage per device (gpipe, 1f1b or zb-h1), and "
                          f"--schedule asks for {', '.join(multi)} only; add one of those")
     if options.split_replicas:
-        devices = num_slots(cluster, 1)
         if options.split is None or len(options.split) != len(options.split_replicas):
             raise InputError(f"{what}: give replicas for every stage")
-        if sum(options.split_replicas) > devices:
-            raise InputError(f"{what} needs {sum(options.split_replicas)} devices (the sum of the replicas), "
-                             f"cluster {cluster.name} has {devices}; lower the replicas")
+        tp = min(v.tp for v in variants)
+        if sum(options.split_replicas) > num_slots(cluster, tp):
+            raise InputError(f"{what} needs {sum(options.split_replicas) * tp} devices (the sum of the replicas"
+                             f"{'' if tp == 1 else f' x tp {tp}'}, one node per tensor-parallel group), cluster "
+                             f"{cluster.name} has {num_slots(cluster, tp) * tp} such; lower the replicas")
 
 
 def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:

@@ -39,12 +39,16 @@ the stages, left to right:
 A split is discarded only when a valid lower bound of its time is not below
 a time already achieved, so the result is optimal for ``T``; the work is
 limited by counts (never seconds) and a search that hits them says so and
-reports its proven bound.
+reports its proven bound, unless the splits are few enough to simulate every
+one (:func:`_enumerate_all`). Before any split is evaluated, the root bounds
+and a first few nodes try to exclude the point against the cutoff
+(:func:`_cutoff_proof`).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -754,8 +758,8 @@ class _Evaluator:
 
 
 def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, seeds=(),
-                cutoff_s: float = np.inf, value_above_cutoff: bool = False, max_splits: int = MAX_SPLITS_EVALUATED, max_nodes: int = MAX_NODES,
-                tie_rel: float = EQUAL_TIME_REL, seeds_only: bool = False) -> ExactSplit | None:
+                cutoff_s: float = np.inf, value_above_cutoff: bool = False, max_splits: int | None = None,
+                max_nodes: int | None = None, tie_rel: float = EQUAL_TIME_REL, seeds_only: bool = False) -> ExactSplit | None:
     """The split minimizing the simulated iteration time of ``schedule``
     under memory (module docstring).
 
@@ -769,7 +773,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         value_above_cutoff: when no split beats ``cutoff_s``, still return the
             best of the starting splits (for plots of the whole space), with
             the proven bound ``min(cutoff, root bound)`` and ``exact=False``.
-        max_splits, max_nodes: work limits (counts).
+        max_splits, max_nodes: work limits (counts; default :data:`MAX_SPLITS_EVALUATED`,
+            :data:`MAX_NODES`).
         tie_rel: among splits within this relative time of the best, the one
             with the lowest peak memory, then least time on links, is chosen.
         seeds_only: only evaluate the starting splits (an achievable time,
@@ -779,6 +784,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         An :class:`ExactSplit`, or None when no split fits in memory.
     """
     L, S = costs.num_layers, costs.pp
+    max_splits = MAX_SPLITS_EVALUATED if max_splits is None else max_splits
+    max_nodes = MAX_NODES if max_nodes is None else max_nodes
     if S > L or not any_split_fits(costs):
         return None
     if S == 1:  # the only split
@@ -821,6 +828,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
     counter = _RankCount(costs, schedule, pp)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
+    if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev):  # stopped, but few splits: all simulated
+        state = (True, np.inf, state[2])
     if not ev.times:
         return None
     chosen, best = _chosen(costs, ev, tie_rel)
@@ -829,6 +838,34 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if value_above_cutoff and best > cutoff_s:
         exact = False
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
+
+
+#: at most this many splits, and this much evaluation work (splits times
+#: graph nodes, :func:`pipesearch.timemodel.evaluation_cost`), are simulated
+#: one and all instead of searched (counts, never seconds)
+ENUMERATE_SPLITS = 20_000
+ENUMERATE_WORK = 2**24
+
+
+def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator") -> bool:
+    """When the splits of ``L`` layers into ``S`` stages are few
+    (``C(L-1, S-1)`` within :data:`ENUMERATE_SPLITS` and their evaluation
+    within :data:`ENUMERATE_WORK`), evaluate every one that fits into ``ev``
+    (in batches) and return True: the best of them is the optimum, by
+    enumeration. Else False, nothing evaluated."""
+    L, S = costs.num_layers, costs.pp
+    count = math.comb(L - 1, S - 1)
+    _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
+    if count > ENUMERATE_SPLITS or count * per_split > ENUMERATE_WORK:
+        return False
+    cuts = np.array(list(itertools.combinations(range(1, L), S - 1)), dtype=np.int64).reshape(count, S - 1)
+    splits = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts, np.full((count, 1), L)], axis=1)
+    fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
+    batch = ev.batch_size()
+    todo = splits[fit]
+    for lo in range(0, len(todo), batch):
+        ev.run([tuple(int(x) for x in row) for row in todo[lo:lo + batch]])
+    return bool(ev.times)
 
 
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator", cutoff_s: float, tie_rel: float,

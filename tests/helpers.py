@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from pipesearch.costs import PipelineCosts
-from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Layer, Link, ModelProfile
+from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, HostSpec, Layer, Link, ModelProfile
 
 REPO = Path(__file__).resolve().parent.parent
 COST_MODELS = REPO / "cost_models"
@@ -257,3 +257,14 @@ def time_limit(seconds: float, what: str = "call"):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def pcie_host(**kw) -> HostSpec:
+    """A host table like 1x8-rtx4090-pcie4's (800 GB, PCIe 4.0 x16 at 25 GB/s
+    per GPU, two switches of four GPUs, CPU Adam at 1e9 parameters/s), with
+    ``kw`` overriding its fields."""
+    base = dict(memory_bytes=800e9, pcie_generation=4, pcie_lanes_per_gpu=16,
+                host_to_device_bytes_per_s=25e9, switch_uplink_bytes_per_s=25e9,
+                pcie_switches=((0, 1, 2, 3), (4, 5, 6, 7)), cpu_adam_params_per_s=1e9)
+    base.update(kw)
+    return HostSpec(**base)

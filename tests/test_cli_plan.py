@@ -142,6 +142,7 @@ def expect_input_error(result, tmp_path: Path, *needles, files_before=()):
     (["a,1,2,0,10", "b,-1,2,0,5"], ["line 5", "fwd_ms", "negative"]),       # negative time
     (["a,1,2,0,10", "b,1,nan,0,5"], ["line 5", "bwd_ms", "finite"]),        # NaN time
     (["a,1,2,0,10", "b,1,2,x,5"], ["line 5", "param_bytes"]),               # not a number
+    (["a,1,2,0,10", "b,1_0,2,0,5"], ["line 5", "fwd_ms", "'1_0'"]),         # digit groups: not a plain decimal
 ])
 def test_bad_profile_csv(tmp_path, rows, needles):
     path = csv_profile(tmp_path, rows, "bad.csv")
@@ -336,3 +337,33 @@ def test_split_of_interleaved_chunks_is_scored():
     assert plan["parallelism"]["vp"] == 2
     bad = CliRunner().invoke(cli, [*args, "--split", "9,9,8"])
     assert bad.exit_code == 2 and "pp x vp" in bad.output
+
+
+def test_a_pinned_vp_without_schedule_is_honoured(tmp_path):
+    """``--vp 2`` alone keeps the default schedules that run virtual stages:
+    every ranked plan has two stages per device (before, the single-stage
+    schedules were searched too and ranked first with vp 1)."""
+    out = tmp_path / "p.json"
+    res = run(["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--vp", "2", "-q",
+               "-o", str(out)], tmp_path)
+    assert res.exit_code == 0, res.output
+    plans = json.loads(out.read_text())["plans"]
+    assert plans and all(p["parallelism"]["vp"] == 2 and p["schedule"]["name"] == "interleaved-1f1b" for p in plans)
+
+
+def test_unproven_note_names_the_ranks_that_hold():
+    """Ranked plans at 1, 2 and 3 s and unproven points bounded from 2.5 s:
+    ranks 1-2 hold over the whole space, rank 3 only over the points searched
+    to the end; with the bound at 3 s or more, or no unproven point, no line."""
+    from types import SimpleNamespace
+
+    from pipesearch.cli.plan_cmd import unproven_note
+
+    plans = [SimpleNamespace(rank=r, predicted=SimpleNamespace(iteration_time_s=float(r))) for r in (1, 2, 3)]
+    (line,) = unproven_note(SimpleNamespace(plans=plans, unproven_points=4, unproven_bound_s=2.5))
+    assert line.startswith("4 points outside the table") and "2.500 s" in line
+    assert "ranks 1-2 hold over the whole space, rank 3 over the points searched to the end" in line
+    (line,) = unproven_note(SimpleNamespace(plans=plans, unproven_points=1, unproven_bound_s=0.5))
+    assert line.startswith("1 point outside") and "ranks 1-3 over the points searched" in line and "hold" not in line
+    assert unproven_note(SimpleNamespace(plans=plans, unproven_points=2, unproven_bound_s=3.0)) == []
+    assert unproven_note(SimpleNamespace(plans=plans, unproven_points=0, unproven_bound_s=float("inf"))) == []

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers import all_splits, tiny_cluster
+from helpers import all_splits, pcie_host, tiny_cluster
 from pipesearch import host as host_lib
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InfeasibleError
@@ -23,21 +23,13 @@ from pipesearch.hardware import load_cluster
 from pipesearch.memory import offload_bytes_per_param, preset
 from pipesearch.search import ModelVariant, SearchOptions, search
 from pipesearch.timemodel import StageTimes, simulate_times
-from pipesearch.types import HostSpec, Job, Layer, ModelProfile
+from pipesearch.types import Job, Layer, ModelProfile
 
 GB = 1e9
 
 
-def _host(**kw) -> HostSpec:
-    base = dict(memory_bytes=800 * GB, pcie_generation=4, pcie_lanes_per_gpu=16,
-                host_to_device_bytes_per_s=25 * GB, switch_uplink_bytes_per_s=25 * GB,
-                pcie_switches=((0, 1, 2, 3), (4, 5, 6, 7)), cpu_adam_params_per_s=1e9)
-    base.update(kw)
-    return HostSpec(**base)
-
-
 def _cluster(device_bytes: float, **kw):
-    return replace(tiny_cluster(1, 8, memory_bytes=device_bytes), host=_host(**kw))
+    return replace(tiny_cluster(1, 8, memory_bytes=device_bytes), host=pcie_host(**kw))
 
 
 # ------------------------------------------------------------- PCIe sharing
@@ -60,7 +52,7 @@ def test_two_gpus_under_one_switch_take_twice_as_long_as_one():
 
 def test_uplink_wider_than_a_gpu_link_caps_at_the_gpu_link():
     """A 50 GB/s uplink: two GPUs get min(25, 50 / 2) = 25 GB/s each."""
-    host = _host(switch_uplink_bytes_per_s=50 * GB)
+    host = pcie_host(switch_uplink_bytes_per_s=50 * GB)
     assert host_lib.shared_bandwidth_bytes_per_s(host, 2) == pytest.approx(25 * GB)
     assert host_lib.shared_bandwidth_bytes_per_s(host, 4) == pytest.approx(12.5 * GB)
 
@@ -151,7 +143,7 @@ def test_search_equals_brute_force_with_offload_options(seed):
         profiled_batch_size=1, bytes_per_param=2.0)
     capacity = 12 * GB
     cluster = replace(tiny_cluster(1, 3, memory_bytes=capacity),
-                      host=_host(pcie_switches=((0, 1, 2),), memory_bytes=60 * GB))
+                      host=pcie_host(pcie_switches=((0, 1, 2),), memory_bytes=60 * GB))
     step = 4 / (25 * GB / 3) + 3 / 1e9
     in_flight = [min(m, pp - s) for s in range(pp)]
     best, arg = np.inf, []
@@ -249,7 +241,7 @@ def test_search_equals_brute_force_with_streamed_weights(seed, capacity_gb):
     fwd, bwd = rng.uniform(0.1, 0.4, L).tolist(), rng.uniform(0.2, 0.8, L).tolist()
     prof = _stream_profile(fwd, bwd, params, saved)
     capacity = capacity_gb * GB
-    host = _host(pcie_switches=((0, 1, 2),), memory_bytes=300 * GB, cpu_adam_params_per_s=1e10)
+    host = pcie_host(pcie_switches=((0, 1, 2),), memory_bytes=300 * GB, cpu_adam_params_per_s=1e10)
     cluster = replace(tiny_cluster(1, 3, memory_bytes=capacity), host=host)
     bw = 25 * GB / 3
     in_flight = [min(m, pp - s) for s in range(pp)]

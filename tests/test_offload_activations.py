@@ -16,22 +16,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers import all_splits, tiny_cluster
+from helpers import all_splits, pcie_host, tiny_cluster
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InfeasibleError
 from pipesearch.search import ModelVariant, SearchOptions, search
 from pipesearch.timemodel import StageTimes, iteration_time_s
-from pipesearch.types import HostSpec, Job, Layer, ModelProfile
+from pipesearch.types import Job, Layer, ModelProfile
 
 GB = 1e9
-
-
-def _host(**kw) -> HostSpec:
-    base = dict(memory_bytes=800 * GB, pcie_generation=4, pcie_lanes_per_gpu=16,
-                host_to_device_bytes_per_s=25 * GB, switch_uplink_bytes_per_s=25 * GB,
-                pcie_switches=((0, 1, 2, 3), (4, 5, 6, 7)), cpu_adam_params_per_s=1e9)
-    base.update(kw)
-    return HostSpec(**base)
 
 
 def _profile(fwd, bwd, params, saved, ckpt=None) -> ModelProfile:
@@ -73,7 +65,7 @@ def test_a_stage_that_fits_only_with_its_activations_on_the_host():
     than stage 1's 0.4 s), start at 3.48 and run back to back: 3.48 + 6 x
     0.48 = 6.36 s. Host: 6 micro-batches x 6 GB = 36 GB; PCIe 2 x 6 x 6 GB =
     72 GB per iteration."""
-    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=_host())
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host())
     plan = _search(_hand_profile(), cluster, 2, 6, "gpipe")
     assert [st.memory_option for st in plan.stages] == ["act-host", "on-device"]
     assert plan.predicted.iteration_time_s == pytest.approx(6.36)
@@ -100,7 +92,7 @@ def test_copies_shorter_than_compute_cost_nothing():
     min(20, 100 / 2) = 20 GB/s, 6 / 20 = 0.3 s: exposed in the forward
     (0.3 > 0.2), hidden in the backward (0.4 > 0.3)."""
     cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB),
-                      host=_host(host_to_device_bytes_per_s=20 * GB, switch_uplink_bytes_per_s=100 * GB))
+                      host=pcie_host(host_to_device_bytes_per_s=20 * GB, switch_uplink_bytes_per_s=100 * GB))
     plan = _search(_hand_profile(), cluster, 2, 6, "gpipe")
     assert plan.stages[0].fwd_s == pytest.approx(0.3)
     assert plan.stages[0].compute_s - plan.stages[0].fwd_s == pytest.approx(0.4)
@@ -113,14 +105,14 @@ def test_host_memory_overflow_is_refused_with_its_reason():
     """The hand case on a host of 60 GB: each of the plan's 2 GPUs may fill
     30 GB (27.9 GiB), stage 0 needs 36 GB (33.5 GiB): no plan, and the
     message says that host memory is why."""
-    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=_host(memory_bytes=60 * GB))
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host(memory_bytes=60 * GB))
     with pytest.raises(InfeasibleError) as err:
         _search(_hand_profile(), cluster, 2, 6, "gpipe")
     text = str(err.value)
     assert "host memory: stage 0" in text and "act-host" in text
     assert "33.5 GiB" in text and "27.9 GiB share" in text and "\n" not in text
     # 72 GB of host memory (36 GB each) is enough
-    cluster = replace(cluster, host=_host(memory_bytes=72 * GB))
+    cluster = replace(cluster, host=pcie_host(memory_bytes=72 * GB))
     assert _search(_hand_profile(), cluster, 2, 6, "gpipe").stages[0].memory_option == "act-host"
 
 
@@ -140,7 +132,7 @@ def test_cli_flag_needs_a_host_table_and_records_the_job():
 def _two_offloading_stages(devices):
     """Both layers save 6 GB: each stage needs 4 + 36 GB on the device, so
     both offload, on GPUs ``devices``."""
-    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=_host())
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host())
     job = Job(global_batch_size=6, memory_reserve_bytes=0, activation_offload=True)
     costs = build_pipeline_costs(_hand_profile(6 * GB), cluster, job, pp=2, dp=1, micro_batch_size=1,
                                  num_micro_batches=6, schedule="gpipe", placement=np.array([[d] for d in devices]))
@@ -171,7 +163,7 @@ def test_delayed_optimizer_step_shares_the_link_with_the_activations():
     GPUs stage 0 fits only as act-host+offload: on the device 4 + 36 GB,
     act-host 4 + 18 = 22 GB, on-device+offload 1 + 36 GB, act-host+offload
     1 + 18 = 19 GB."""
-    cluster = replace(tiny_cluster(1, 8, memory_bytes=20 * GB), host=_host())
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=20 * GB), host=pcie_host())
     job = Job(global_batch_size=6, memory_reserve_bytes=0, activation_offload=True, optimizer_offload=True,
               delayed_optimizer_step=True)
     costs = build_pipeline_costs(_hand_profile(), cluster, job, pp=2, dp=1, micro_batch_size=1,
@@ -249,7 +241,7 @@ def test_search_equals_brute_force_over_splits_and_option_combinations(seed, L, 
     ckpt = [None if rng.random() < 0.3 else float(rng.uniform(0.3, 0.7)) * s for s in saved]
     prof = _profile(fwd, bwd, params, saved, ckpt)
     adam = 1e9
-    host = _host(cpu_adam_params_per_s=adam, pcie_switches=((0, 1, 2, 3, 4, 5, 6, 7),))
+    host = pcie_host(cpu_adam_params_per_s=adam, pcie_switches=((0, 1, 2, 3, 4, 5, 6, 7),))
     bw = 25 * GB / pp
     step = 4 / bw + pp / adam
     in_flight = [min(m, pp - s) for s in range(pp)] if schedule == "1f1b" else [m] * pp
@@ -287,7 +279,7 @@ def test_zero_bubble_input_and_weight_gradients_each_wait_for_a_copy():
     GB, within 25 GB."""
     prof = _profile([0.2] * 4, [0.4] * 4, [0.5e9] * 4, [6 * GB] + [0.1 * GB] * 3)
     prof = replace(prof, layers=(replace(prof.layers[0], wgrad_saved_bytes=2 * GB),) + prof.layers[1:])
-    cluster = replace(tiny_cluster(1, 8, memory_bytes=25 * GB), host=_host())
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=25 * GB), host=pcie_host())
     job = Job(global_batch_size=8, memory_reserve_bytes=0, activation_offload=True)
     costs = build_pipeline_costs(prof, cluster, job, pp=4, dp=1, micro_batch_size=1, num_micro_batches=8,
                                  schedule="gpipe", placement=np.arange(4)[:, None], wgrad_window=True)

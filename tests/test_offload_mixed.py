@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers import all_splits, tiny_cluster
+from helpers import all_splits, pcie_host, tiny_cluster
 from pipesearch.search import ModelVariant, SearchOptions, search
 from pipesearch.timemodel import StageTimes, simulate_times
 from pipesearch.types import HostSpec, Job, Layer, ModelProfile
@@ -28,11 +28,7 @@ OPTIONS = ("none", "full", "none+offload", "full+offload")
 
 
 def _host(**kw) -> HostSpec:
-    base = dict(memory_bytes=800 * GB, pcie_generation=4, pcie_lanes_per_gpu=16,
-                host_to_device_bytes_per_s=25 * GB, switch_uplink_bytes_per_s=25 * GB,
-                pcie_switches=((0, 1, 2, 3), (4, 5, 6, 7)), cpu_adam_params_per_s=2.5e8)
-    base.update(kw)
-    return HostSpec(**base)
+    return pcie_host(**{"cpu_adam_params_per_s": 2.5e8, **kw})
 
 
 def _profile(fwd, bwd, params, saved, ckpt) -> ModelProfile:

@@ -183,10 +183,12 @@ def test_rank_one_equals_brute_force_over_splits_placements_and_replicas():
         profile, cluster, fast = _random_instance(rng)
         job = Job(global_batch_size=int(rng.choice([4, 6, 8])), memory_reserve_bytes=0.0)
         variants = [ModelVariant(profile)]
-        uniform = search(variants, cluster, job, SearchOptions(schedules=SCHEDULES, top=1),
+        # one placement per replica vector, the consecutive one (the enumeration of every placement is
+        # tests/test_mapping_property.py's)
+        uniform = search(variants, cluster, job, SearchOptions(schedules=SCHEDULES, top=1, enumerate_layouts_up_to=1),
                          profiled_device=fast).plans[0]
-        res = search(variants, cluster, job, SearchOptions(schedules=SCHEDULES, top=1, replicate_stages=True),
-                     profiled_device=fast)
+        res = search(variants, cluster, job, SearchOptions(schedules=SCHEDULES, top=1, replicate_stages=True,
+                                                           enumerate_layouts_up_to=1), profiled_device=fast)
         brute_t, brute_point = _brute_force_replicated(profile, cluster, fast, job)
         expect = min(brute_t, uniform.predicted.iteration_time_s)
         got = res.plans[0]
@@ -302,6 +304,105 @@ def test_split_parser_and_refusals():
     assert code == 2 and len(err.strip().splitlines()) == 1 and "one data-parallel degree" in err
     code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--dp", "2")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "drop the pin" in err
-    code, _, err = _run("plan", "--model", "llama2-7b", "--cluster", "1x8-a100-80gb", "-b", "64", "--tp", "2",
-                        "--replicate-stages")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "pin --tp 1" in err
+    code, _, err = _run("plan", "--model", "gpt3-2.7b", "--cluster", "2x8-a100-80gb", "-b", "64", "--tp", "2",
+                        "--split", "10x5,24x4")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "needs 18 devices" in err and "x tp 2" in err
+
+
+def test_hand_derived_tp2_replicas_on_their_own_type():
+    """Tensor parallelism 2 on a mixed cluster listed slow type first: 4
+    slow devices (ids 0-3, half the fast rate, so each layer takes twice as
+    long) and 2 fast ones (ids 4-5) in two nodes, so the tp-2 groups are
+    heads 0, 2 (slow) and 4 (fast). Two layers of forward 1 s and 3 s per
+    sample on the fast type (backward twice that), free links, no
+    parameters; global batch 2, micro-batch 2 (m = 1: GPipe's time is the
+    sum of the stages' forward + backward), the split pinned to 1 layer x 2
+    replicas, then 1 layer x 1. Stage 0 on both slow groups computes 1
+    sample at factor 2: 2 + 4 = 6 s; stage 1 on the fast group 2 samples of
+    3 s: 6 + 12 = 18 s; T = 24 s. The consecutive placement (fastest first:
+    heads 4, 0 for stage 0, 2 for stage 1) takes 6 + (12 + 24) = 42 s, and
+    stage 0 on a slow and the fast group 6 + 36 = 42 s."""
+    profile = tiny_profile([1.0, 3.0], [2.0, 6.0], batch_size=1)
+    fast, slow = _device("fast", 10e12, 16e9), _device("slow", 5e12, 16e9)
+    free = Link(math.inf, 0.0)
+    groups = (DeviceGroup(slow, 1, 4), DeviceGroup(fast, 1, 2))
+    for order in (groups, groups[::-1]):
+        cluster = Cluster("mixed", order, intra_node=free, inter_node=free)
+        plans = search([ModelVariant(profile, tp=2)], cluster, Job(global_batch_size=2, memory_reserve_bytes=0.0),
+                       SearchOptions(schedules=("gpipe",), micro_batch_size=2, split=(1, 1), split_replicas=(2, 1)),
+                       profiled_device=fast).plans
+        best = plans[0]
+        assert best.stage_replicas == (2, 1) and best.tp == 2
+        assert best.predicted.iteration_time_s == pytest.approx(24.0, rel=1e-12)
+        slow_heads = (0, 2) if order == groups else (2, 4)
+        assert [st.devices for st in best.stages] == [slow_heads, (4,) if order == groups else (0,)]
+        assert [st.device_type for st in best.stages] == ["slow", "fast"]
+
+
+@pytest.fixture(scope="module")
+def tp2_plan_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reptp") / "plan.json"
+    code, stdout, err = _run("plan", "--model", "gpt3-2.7b", "--cluster", "2x8-a100-80gb", "-b", "64", "--tp", "2",
+                             "--split", "10x3,24x1", "--schedule", "1f1b", "-o", str(out))
+    assert code == 0, err
+    return out, stdout
+
+
+def test_split_with_replicas_and_tp2(tp2_plan_file):
+    """--split 10x3,24x1 --tp 2: stage 0 on 3 tensor-parallel pairs, stage
+    1 on one; the plan names each pair by its first device, 8 devices in
+    all, each in one node; the table and JSON show replicas and tp; the
+    plan replays to its own time; exporters refuse it in one line."""
+    path, stdout = tp2_plan_file
+    header, row = stdout.splitlines()[1], stdout.splitlines()[2]
+    assert "replicas" in header and " 2 x 1 x 2 " in row and "3,1" in row
+    doc = json.loads(path.read_text())
+    plan = doc["plans"][0]
+    assert plan["parallelism"]["tp"] == 2 and plan["parallelism"]["dp"] == 1
+    assert [st["replicas"] for st in plan["stages"]] == [3, 1]
+    used = [d + t for st in plan["stages"] for d in st["devices"] for t in range(2)]
+    assert len(used) == 8 == len(set(used)) and all(0 <= d < 16 for d in used)
+    assert all(d % 2 == 0 and (d // 8) == ((d + 1) // 8) for st in plan["stages"] for d in st["devices"])
+    assert document_problems(doc) == []
+    loaded = load_plan_file(path).plans[0]
+    assert simulate_plan(loaded)[0] == pytest.approx(loaded.predicted.iteration_time_s, rel=1e-9)
+    assert all("refused" in e for e in plan["exports"].values())
+    code, _, err = _run("export", str(path), "--format", "torch")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "3,1" in err and "tp 2" in err
+    bad = json.loads(path.read_text())
+    bad["plans"][0]["stages"][1]["devices"] = [plan["stages"][0]["devices"][0] + 1]
+    assert any("already serves" in str(p) for p in document_problems(bad))
+
+
+@pytest.mark.parametrize("tp,reps", [(1, (1, 1)), (1, (2, 1)), (1, (2, 2, 1)), (2, (1, 2)), (1, (3, 3))])
+def test_replicated_layouts_are_every_node_pattern_once(tp, reps):
+    """replicated_layout_names against every choice of disjoint sets of
+    tp groups (tp consecutive devices of one node from a multiple of tp),
+    told apart by the nodes each stage takes: one name per pattern, every
+    pattern named, no group twice, no device off the cluster; on 2 + 4
+    devices of two types in three nodes (ids 0-1 slow, 2-5 fast)."""
+    from pipesearch.placement import node_ids, replicated_layout_names, replicated_stage_devices
+    from pipesearch.replication import parse_replicas_slots, replicated_placements
+
+    slow, fast = _device("slow", 5e12, 16e9), _device("fast", 10e12, 16e9)
+    cluster = Cluster("m", (DeviceGroup(slow, 1, 2), DeviceGroup(fast, 2, 2)), intra_node=Link(1e9, 0.0),
+                      inter_node=Link(1e8, 0.0))
+    groups = [(d // 2, d) for d in range(0, 6, tp)]  # (node, head): nodes of 2 devices
+    ends, want = np.cumsum(reps), set()
+    for combo in itertools.permutations(range(len(groups)), sum(reps)):  # every assignment of groups
+        want.add(tuple(tuple(sorted(groups[c][0] for c in combo[e - r:e])) for r, e in zip(reps, ends)))
+    names = replicated_layout_names(cluster, reps, tp, "fp32")
+    node = node_ids(cluster)
+    got = []
+    for name in names:
+        devs = replicated_stage_devices(cluster, reps, "fp32", tp, [int(x) for x in name[6:].split(",")])
+        used = [int(h) + t for d in devs for h in d for t in range(tp)]
+        assert len(used) == len(set(used)) == sum(reps) * tp and max(used) < 6
+        assert all(node[int(h)] == node[int(h) + tp - 1] for d in devs for h in d)
+        got.append(tuple(tuple(sorted(node[d].tolist())) for d in devs))
+    assert len(got) == len(set(got)) and set(got) == want
+    chosen = replicated_placements(cluster, reps, tp, 10**6, "fp32")
+    assert len(chosen) == len(want) and all(parse_replicas_slots(c) is not None for c in chosen)
+    # over the limit: the consecutive slots alone
+    assert replicated_placements(cluster, reps, tp, len(want) - 1, "fp32") == [
+        "replicas:" + ",".join(map(str, reps))]

@@ -105,8 +105,12 @@ def test_torchtitan_config_manager_parses_every_export(llama_plan_file):
         assert par.pipeline_parallel_degree == plan.pp
         assert get_schedule_class(par.pipeline_parallel_schedule).__name__ == TORCH_CLASS[plan.schedule]
         assert par.pipeline_parallel_microbatch_size == mbs
-        assert tr.local_batch_size // par.pipeline_parallel_microbatch_size == m  # _build_pipeline_schedule
         assert tr.global_batch_size == mbs * m * plan.dp
+        if plan.pp > 1:  # _build_pipeline_schedule: local // microbatch size micro-batches
+            assert tr.local_batch_size // par.pipeline_parallel_microbatch_size == m
+        else:  # no pipeline: each forward is local_batch_size samples, m accumulation steps (Trainer.__init__)
+            assert tr.local_batch_size == mbs
+            assert tr.global_batch_size // (tr.local_batch_size * plan.dp) == m
         assert (par.data_parallel_replicate_degree, par.data_parallel_shard_degree) == (plan.dp, 1)
         assert par.tensor_parallel_degree == plan.tp
         assert tr.seq_len == 8192

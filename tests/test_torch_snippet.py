@@ -5,11 +5,14 @@ own order loaded from the CSV."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from dataclasses import replace
 
 from pipesearch.export import export_plan
 from pipesearch.runtime.torch_pipeline import free_port
@@ -48,3 +51,28 @@ def test_no_snippet_with_tensor_parallelism():
     exp = export_plan(make_plan([4, 4], NAMES, schedule="1f1b", m=4, tp=2), "torch")
     assert exp["files"] == {} and any("no pipeline_torch.py" in n for n in exp["notes"])
     assert exp["runtime_version"] == "2.13.0"
+
+
+def _with_devices(plan, devices):
+    return replace(plan, stages=tuple(replace(st, devices=tuple(d)) for st, d in zip(plan.stages, devices)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [[(0, 1), (2, 3)], [(0, 2), (1, 3)]], ids=["stage-major", "replica-major"])
+def test_snippet_places_each_process_where_the_plan_does(devices, tmp_path):
+    """pp 2 x dp 2: process r runs the pipeline rank and replica whose device
+    is the plan's r-th; the two layouts a plan can have (its ``data`` and
+    ``pipeline`` placements) give different processes the same stage."""
+    plan = _with_devices(make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8, dp=2), devices)
+    script = tmp_path / "pipeline_torch.py"
+    script.write_text(export_plan(plan, "torch")["files"]["pipeline_torch.py"])
+    env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
+         str(script), "e2e_model:make_model", "--sample-shape", "1024", "--steps", "1"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = re.findall(r"process (\d+): pipeline rank (\d+), replica (\d+)", res.stdout)  # lines may interleave
+    placed = {int(p): (int(r), int(k)) for p, r, k in found}
+    expected = {d: (r, k) for r, devs in enumerate(devices) for k, d in enumerate(devs)}
+    assert placed == expected

@@ -112,6 +112,27 @@ def split_notes(plans) -> list[str]:
     return out
 
 
+def unproven_note(result) -> list[str]:
+    """A line when points outside the table stopped at the split search's
+    work limits with a lower bound below some ranked plan's time: which ranks
+    hold over the whole space and which only over the points searched to
+    the end (nothing when every ranked plan is at most that bound)."""
+    bound = result.unproven_bound_s
+    held = [p.rank for p in result.plans if p.predicted.iteration_time_s <= bound]
+    open_ = [p.rank for p in result.plans if p.predicted.iteration_time_s > bound]
+    if not result.unproven_points or not open_:
+        return []
+
+    def ranks(r):
+        return f"rank {r[0]}" if len(r) == 1 else f"ranks {r[0]}-{r[-1]}"
+
+    n = result.unproven_points
+    return [f"{n} point{'s' if n > 1 else ''} outside the table stopped at the split search's work limits, the least "
+            f"lower bound {format_seconds(bound)}: "
+            + (f"{ranks(held)} hold{'s' if len(held) == 1 else ''} over the whole space, " if held else "")
+            + f"{ranks(open_)} over the points searched to the end (a faster plan may exist among those {n})"]
+
+
 def _recompute_label(plan) -> str:
     """The plan's recompute mode, or each stage's when the search chose it
     per stage (memory options ``none`` / ``selective`` / ``full``, ``+offload`` aside)."""
@@ -221,7 +242,7 @@ class _Progress:
                    "17 layers on 15 replicas, then 6 on 1) instead of searching.")
 @click.option("--replicate-stages", is_flag=True,
               help="Also search per-stage data-parallel replication (PipeDream / DAPPLE: each stage on its own "
-                   "number of devices, tp 1, pp 2 to 4 unless --pp pins it).")
+                   "number of replicas, each one tensor-parallel group, pp 2 to 4 unless --pp pins it).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="Memory kept free on every device (framework, workspace, fragmentation).")
@@ -384,6 +405,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
                                                                if x not in MULTI_STAGE_SCHEDULES)
+        if vps and min(vps) > 1:  # a pinned vp > 1: only the default schedules with virtual stages honour it
+            schedules = tuple(x for x in DEFAULT_SCHEDULES if x in MULTI_STAGE_SCHEDULES)
     check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
         schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
@@ -424,6 +447,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 "fingerprint": result.fingerprint},
         search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
                 "wall_s": round(result.wall_s, 4), "time_model": "simulated",
+                **({"unproven_points": {"count": result.unproven_points,
+                                        "least_lower_bound_s": result.unproven_bound_s}}
+                   if result.unproven_points else {}),
                 "points": points_block(result.point_columns)},
         plans=result.plans,
     )
@@ -455,7 +481,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans))
-    for line in split_notes(result.plans):
+    for line in split_notes(result.plans) + unproven_note(result):
         click.echo(line)
     if not quiet:
         total = sum(g.num_devices for g in cluster.groups)

@@ -109,7 +109,8 @@ def refuse_stage_replicas(plan: Plan, fmt: str) -> None:
     if replicas is not None:
         raise InputError(
             f"export {fmt}: {RUNTIME_NAMES.get(fmt, fmt)} runs one data-parallel degree for all stages, and this "
-            f"plan replicates its stages {','.join(map(str, replicas))} times (per-stage replication); no "
+            f"plan replicates its stages {','.join(map(str, replicas))} times (per-stage replication"
+            f"{'' if plan.tp == 1 else f', each replica a group of tp {plan.tp}'}); no "
             "runtime exported here can run it as planned")
 
 

@@ -88,12 +88,16 @@ exports with."""
 
 SNIPPET = '''"""Run the plan with torch.distributed.pipelining (torch {version}); written by pipesearch export.
 
-    torchrun --nproc-per-node {world} pipeline_torch.py MODULE:FACTORY --sample-shape 1024 [--steps 10]
+    torchrun [--nnodes N --node-rank K ...] --nproc-per-node G pipeline_torch.py MODULE:FACTORY \
+        --sample-shape SHAPE [--steps 10]
 
-FACTORY() returns the model that was planned (the same weights on every rank: seed it). Each stage
-runs its modules in a chain, as a model profiled by pipesearch does (one tensor between layers).
-Rank r = replica * {pp} + pipeline rank; the data-parallel replicas all-reduce gradients after each
-step. The loss is the mean squared error against a random target: replace it with the model's own.
+with one process per device of the plan ({world} in all; G of them per node) and SHAPE the shape of
+one input sample (e.g. 3,224,224). FACTORY() returns the model that was planned (the same weights on
+every rank: seed it). Each stage runs its modules in a chain, as a model profiled by pipesearch does
+(one tensor between layers). Process r runs on the plan's r-th device in device order (node by
+node, as torchrun numbers them): GRID says which pipeline rank and replica the plan puts there. The
+data-parallel replicas all-reduce gradients after each step. The loss is the mean squared error
+against a random target: replace it with the model's own.
 """
 
 import argparse
@@ -106,6 +110,7 @@ from torch import nn
 from torch.distributed import pipelining
 
 PP, VP, DP = {pp}, {vp}, {dp}
+GRID = {grid!r}  # GRID[pipeline rank][replica]: the process (device, in the plan's device order) it runs on
 SCHEDULE_CLASS = "{cls}"
 N_MICROBATCHES, MICROBATCH_SIZE = {m}, {mbs}
 STAGE_MODULES = {stage_modules!r}  # stage s runs on pipeline rank s % PP
@@ -123,14 +128,15 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != PP * DP:
         raise SystemExit(f"the plan needs {{PP * DP}} processes (pp {{PP}} x dp {{DP}}), got {{world}}")
-    replica, pp_rank = divmod(rank, PP)
-    pp_groups = [dist.new_group(list(range(d * PP, (d + 1) * PP))) for d in range(DP)]
-    dp_groups = [dist.new_group(list(range(r, world, PP))) for r in range(PP)]
+    pp_rank, replica = next((r, k) for r, row in enumerate(GRID) for k, x in enumerate(row) if x == rank)
+    pp_groups = [dist.new_group([GRID[r][k] for r in range(PP)]) for k in range(DP)]
+    dp_groups = [dist.new_group([GRID[r][k] for k in range(DP)]) for r in range(PP)]
     device = torch.device(f"cuda:{{rank % torch.cuda.device_count()}}") if torch.cuda.is_available() else torch.device("cpu")
     module, _, name = args.factory.partition(":")
     model = getattr(importlib.import_module(module), name)()
     shape = tuple(int(x) for x in args.sample_shape.split(","))
     local = [s for s in range(PP * VP) if s % PP == pp_rank]
+    print(f"process {{rank}}: pipeline rank {{pp_rank}}, replica {{replica}}, stages {{local}}", flush=True)
     stages, params = [], []
     for s in local:
         sub = nn.Sequential(OrderedDict((f.replace(".", "_"), model.get_submodule(f)) for f in STAGE_MODULES[s]))
@@ -180,6 +186,16 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 '''
+
+
+def process_grid(plan: Plan) -> list[list[int]]:
+    """``grid[r][k]``: the process (torchrun rank) that runs pipeline rank
+    ``r`` of replica ``k``: the position of the plan's device for it (stage
+    ``r``'s ``k``-th device) among all the plan's devices in id order (ids
+    are numbered node by node, as torchrun numbers ranks)."""
+    used = sorted({d for st in plan.stages for d in st.devices})
+    pos = {d: n for n, d in enumerate(used)}
+    return [[pos[d] for d in plan.stages[r].devices] for r in range(plan.pp)]
 
 
 def torch_stage_modules(plan: Plan, runtime: str, module_names, empty_stage_reason: str):
@@ -306,7 +322,8 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
     files = {}
     if plan.tp == 1:
         files["pipeline_torch.py"] = SNIPPET.format(
-            version=RUNTIME_VERSION, world=p * plan.dp, pp=p, vp=v, dp=plan.dp, cls=cls, m=m,
+            version=RUNTIME_VERSION, world=p * plan.dp, pp=p, vp=v, dp=plan.dp, grid=process_grid(plan),
+            cls=cls, m=m,
             mbs=plan.micro_batch_size, stage_modules=[[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges],
             csv=to_torch_csv(order), multi=cls not in SINGLE_STAGE_CLASSES)
     else:

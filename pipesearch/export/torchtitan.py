@@ -28,7 +28,11 @@ Overrides written (all from the plan):
 * ``--parallelism.pipeline_parallel_microbatch_size`` and
   ``--training.local_batch_size = micro_batch_size * m``:
   ``_build_pipeline_schedule`` runs ``local_batch_size //
-  pipeline_parallel_microbatch_size`` micro-batches.
+  pipeline_parallel_microbatch_size`` micro-batches. Without pipeline
+  parallelism (``pp = 1``) the dataloader batch is ``local_batch_size``
+  itself, so it is the micro-batch size and the ``m`` micro-batches are the
+  trainer's gradient accumulation steps, ``global_batch_size //
+  (local_batch_size * dp)``.
 * ``--training.global_batch_size = local * dp``, ``--training.seq_len`` (from
   the plan's model, when known).
 * ``--training.disable_cuda_graphs`` when ``pp > 1`` (``Trainer.Config``
@@ -191,7 +195,12 @@ def pipeline_sections(plan: Plan, parts, inputs: Inputs, release: str) -> tuple[
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
     }
-    training = {"local_batch_size": mbs * m, "global_batch_size": mbs * m * plan.dp}
+    # with pipeline parallelism the trainer splits local_batch_size into
+    # micro-batches of pipeline_parallel_microbatch_size; without it each
+    # forward takes local_batch_size samples and the m micro-batches are
+    # gradient accumulation steps, global // (local * dp) (Trainer.__init__)
+    local = mbs * m if plan.pp > 1 else mbs
+    training = {"local_batch_size": local, "global_batch_size": mbs * m * plan.dp}
     if inputs.seq_len:
         training["seq_len"] = inputs.seq_len
     return parallelism, training, dp_note

@@ -34,7 +34,8 @@ Fields written (all from the plan):
   ``tensor_parallel_degree``, ``data_parallel_replicate_degree = dp`` and
   ``data_parallel_shard_degree = 1`` (plain replication, as the plan
   assumes; torchtitan's default ``-1`` is FSDP);
-* ``[training]``: ``local_batch_size = micro_batch_size * m``,
+* ``[training]``: ``local_batch_size = micro_batch_size * m`` (``pp = 1``:
+  the micro-batch size, the ``m`` micro-batches being gradient accumulation steps),
   ``global_batch_size = local * dp``, ``seq_len`` when the plan's model has one;
 * ``[activation_checkpoint]``: ``mode`` ``none`` / ``full`` / ``selective``,
   with ``selective_ac_option = "op"`` (per-op; the default ``"2"`` would

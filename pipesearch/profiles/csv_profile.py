@@ -76,6 +76,7 @@ OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms", "fwd_fixed_ms", "bwd_fixed_ms
 FIXED_COLUMNS = {"fwd_fixed_ms": "fwd_ms", "bwd_fixed_ms": "bwd_ms", "bwd_input_fixed_ms": "bwd_input_ms"}
 HEADER_KEYS = ("model", "batch_size", "device", "bytes_per_param", "source")
 _HEADER_RE = re.compile(r"#\s*([A-Za-z_]+)\s*:(.*)$")
+_PLAIN_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # 12.5, 5e6 (docs/formats.md)
 
 
 # ----------------------------------------------------------------- numbers
@@ -93,6 +94,8 @@ def parse_number(text: str, scale: int = 0) -> float:
         raise ValueError(f"not a number: {text!r}") from None
     if not value.is_finite():
         raise ValueError(f"not finite: {text!r}")
+    if not _PLAIN_DECIMAL.fullmatch(text.strip()):  # Decimal also takes digit groups such as "1_0"
+        raise ValueError(f"not a plain decimal number: {text!r} (e.g. 12.5 or 5e6)")
     return float(value.scaleb(scale))
 
 

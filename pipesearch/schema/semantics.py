@@ -322,10 +322,10 @@ def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
             usable = cap * (1.0 - headroom) - reserve
             total = sum(stages[k]["memory_bytes"] for k in group)
             if _above(total, usable):
-                which = (f"stages {','.join(map(str, group))} of devices {first['devices']}" if len(group) > 1
-                         else f"stage {group[0]}")
+                which = (f"stages {','.join(map(str, group))} of devices {first['devices']} hold" if len(group) > 1
+                         else f"stage {group[0]} holds")
                 yield Problem(f"{where}.stages[{group[0]}].memory_bytes",
-                              f"{which} hold {total!r} B, more than the {usable:.6g} B a {first['device_type']} "
+                              f"{which} {total!r} B, more than the {usable:.6g} B one {first['device_type']} "
                               f"device offers (capacity {cap:.6g} B, headroom {headroom:g}, reserve {reserve:.6g} B); "
                               "the plan does not fit")
                 return
@@ -440,7 +440,7 @@ def semantic_problems(doc: dict) -> list[Problem]:
     ranks = [p["rank"] for p in doc["plans"]]
     if len(set(ranks)) != len(ranks):
         out.append(Problem("plans", f"plan ranks repeat ({', '.join(map(str, ranks))}); give each plan its own rank"))
-    else:
+    elif not out:  # across plans only once each plan is consistent (a broken stage would be named twice)
         out += _rank_order(doc["plans"])
     out += _points(doc)
     return out

@@ -15,7 +15,7 @@ torchrun \
     --parallelism.data_parallel_replicate_degree 1 \
     --parallelism.data_parallel_shard_degree 4 \
     --parallelism.enable_sequence_parallel \
-    --training.local_batch_size 128 \
+    --training.local_batch_size 1 \
     --training.global_batch_size 512 \
     --training.seq_len 8192 \
     activation-checkpoint:none
