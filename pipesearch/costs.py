@@ -248,6 +248,8 @@ class PipelineCosts:
         resident = None if o.act_resident_micro_batches is None else o.act_resident_micro_batches[col]
         device = (params * o.state_bytes_per_param_byte[col] + self.activation_bytes(s, saved, i, j, resident)
                   + transient * share + self.gathered_at(i, j))
+        if o.buffer_table_bytes is not None:  # streamed layers' weights and gradients (stage_options.mixed_stream_options)
+            device = device + np.stack([range_max(o.buffer_table_bytes[k], i, j) for k in range(K)])
         host = params * o.host_bytes_per_param_byte[col]
         if resident is not None:  # offloaded activations: every in-flight micro-batch's kept bytes on the host
             host = host + np.where(np.isfinite(resident), self.activation_bytes(s, saved, i, j), 0.0)
@@ -494,7 +496,7 @@ class PipelineCosts:
             self.gathered_at(i, j))
         out: dict[str, float] = {}
         option = self.option_name(s, i, j)
-        offloaded, streamed = "offload" in option, "stream" in option or option == "swap"
+        offloaded, streamed = "offload" in option, "stream" in option or option.startswith("swap")
         if param_state is not None:
             n = params / bytes_per_param
             parts = param_state.breakdown_per_param(dp)
@@ -514,12 +516,14 @@ class PipelineCosts:
         else:
             rest = float(self.memory_bytes(s, i, j)) - float(self.gathered_at(i, j)) - sum(
                 v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
-            if option == "swap":  # Mobius: the stage computing and the one prefetched (stage_options.swap_options)
+            if option.startswith("swap"):  # Mobius: the stage computing and the one prefetched (stage_options.swap_options)
                 out["swapped_buffers"] = params * float(self.options.state_bytes_per_param_byte[0])
                 rest -= out["swapped_buffers"]
             elif streamed:  # the double buffer of streamed layers (weights + gradients)
                 k = int(self.option_index(s, i, j))
-                out["streamed_buffers"] = float(range_max(self.options.transient_table_bytes[k], i, j))
+                out["streamed_buffers"] = float(range_max(self.options.transient_table_bytes[k], i, j)
+                                                if self.options.buffer_table_bytes is None
+                                                else range_max(self.options.buffer_table_bytes[k], i, j))
                 rest -= out["streamed_buffers"]
             out["activations"] = rest
         return out
@@ -613,6 +617,8 @@ class PipelineCosts:
             swaps = dict(swap_in_s=arr(params * self.options.swap_in_s_per_param_byte[k, s]),
                          swap_out_s=arr(params * self.options.swap_out_s_per_param_byte[k, s]),
                          swap_queue=self.options.swap_queue)
+            if self.options.swap_act_copy_prefix_s is not None:  # activations in host memory: copy nodes
+                swaps["act_copy_s"] = arr(self._range("swap_act_copy_prefix_s", s, i, j))
             own = self.memory_bytes(s, i, j) - params * self.options.state_bytes_per_param_byte[k]
             device = swap_device_bytes(arr(params), arr(own), len(self.options.swap_queue))
             ranks = device.shape[-1]
@@ -720,8 +726,12 @@ def build_pipeline_costs(
     if pp > 1:
         tied[-1] = profile.tied_param_bytes * state_per_byte
     usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement))
+    # streamed stages keep little besides their activations: their chunks share a device as the least-memory
+    # recompute table's balanced split needs (the table a streamed plan runs without per-stage levels)
+    streamed = weight_streaming and cluster.host is not None and not weight_swapping
+    share_profile = option_profiles[-1][1] if streamed and option_profiles else profile
     capacity = ((usable - gathered * stages_per_device)
-                * device_memory_shares(profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
+                * device_memory_shares(share_profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     time_scale = stage_time_scale(cluster, placement, profiled_device, profile_precision(profile))
     if weight_swapping:  # Mobius: every stage swapped in and out over PCIe; each checked against the whole device
         capacity = usable - gathered * stages_per_device - tied
@@ -730,7 +740,7 @@ def build_pipeline_costs(
     elif weight_streaming and cluster.host is not None:
         options = stream_options(option_profiles[0][1] if option_profiles else profile, cluster, job, ratio=ratio,
                                  dp=dp, placement=placement, tp=tp, time_scale=time_scale,
-                                 stages_per_device=stages_per_device)
+                                 stages_per_device=stages_per_device, option_profiles=option_profiles)
     else:
         options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
                                 offload=optimizer_offload, stages_per_device=stages_per_device,

@@ -158,7 +158,7 @@ def _relaxed_hint(node: PipelineCosts, bounds, first_free: int) -> tuple[int, ..
     to on ``bounds``: device-first where the relaxed option is on the
     device, offload-first where it is an offload (bound) option."""
     names = node.options.names
-    return tuple(OFFLOAD_FIRST if "offload" in names[int(node.option_index(s, bounds[s], bounds[s + 1]))]
+    return tuple(OFFLOAD_FIRST if _off_device(names[int(node.option_index(s, bounds[s], bounds[s + 1]))])
                  else DEVICE_FIRST for s in range(first_free, node.pp))
 
 
@@ -177,11 +177,19 @@ def _try_incumbent(costs: PipelineCosts, fixed, hint, bounds, schedule: str, pp:
             best[:] = [ExactSplit(tuple(int(x) for x in bounds), t, t, t, True, 1, 0), cand, t]
 
 
+def _off_device(name: str) -> bool:
+    """Whether option ``name`` is on a chain's off-device side: its
+    optimizer offloaded or its weights streamed, relaxed or not
+    (:func:`pipesearch.stage_options.mixed_offload_options`,
+    :func:`pipesearch.stage_options.mixed_stream_options`)."""
+    return "offload" in name or "stream" in name
+
+
 def _free_stages_on_device(node: PipelineCosts, bounds, first_free: int) -> bool:
     """Whether every stage from ``first_free`` runs an on-device option
     (no offload, relaxed or not) on the split ``bounds``."""
     names = node.options.names
-    return all("offload" not in names[int(node.option_index(s, bounds[s], bounds[s + 1]))]
+    return all(not _off_device(names[int(node.option_index(s, bounds[s], bounds[s + 1]))])
                for s in range(first_free, node.pp))
 
 
@@ -249,14 +257,14 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     if o is None:
         return ()
     names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
-    if not any(("offload" in n or "stream" in n or n == "swap" or "act-host" in n) for n in names):
+    if not any(("offload" in n or "stream" in n or n.startswith("swap") or "act-host" in n) for n in names):
         return ()
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
     state = param_state_of(job)
     share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
     ranks = len(o.swap_queue) if o.swap_queue is not None else costs.pp
     last_local = s >= costs.pp - ranks
-    moved = np.select([np.array(["stream" in n for n in names]), np.array([n == "swap" for n in names]),
+    moved = np.select([np.array(["stream" in n for n in names]), np.array([n.startswith("swap") for n in names]),
                        np.array(["offload" in n for n in names])],
                       [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
                        2.0 * share * params], 0.0)
@@ -279,7 +287,9 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
         out += (("mobius", {"swap_in_s": [float(x) for x in times.swap_in_s],
                             "swap_out_s": [float(x) for x in times.swap_out_s],
                             "pcie_queue": [int(q) for q in o.swap_queue],
-                            "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)]}),)
+                            "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)],
+                            **({"act_copy_s": [float(x) for x in times.act_copy_s]}
+                               if times.act_copy_s is not None else {})}),)
     return out
 
 

@@ -1,5 +1,6 @@
-"""Per-stage memory options of a search point: recompute, optimizer offload
-and streamed weights, each stage taking the fastest option that fits.
+"""Per-stage memory options of a search point: recompute, optimizer offload,
+activations in host memory and streamed weights (with recompute levels),
+each stage taking the fastest option that fits.
 
 :class:`StageOptions` stacks the options' per-layer terms; the cost model
 (:class:`pipesearch.costs.PipelineCosts`) reads the chosen option's terms
@@ -116,6 +117,15 @@ class StageOptions:
     #: (``inf``: all in flight; :data:`ACT_HOST_RESIDENT` when offloaded)
     act_copy_prefix_s: np.ndarray | None = None
     act_resident_micro_batches: np.ndarray | None = None
+    #: streamed weights with recompute levels (:func:`mixed_stream_options`):
+    #: ``(K, levels, L)`` :func:`range_max_table` of a streamed layer's weight
+    #: and gradient buffers, added to the transient term (0 on the device)
+    buffer_table_bytes: np.ndarray | None = None
+    #: Mobius with activations in host memory (:func:`swap_options`):
+    #: ``(K, P, L+1)`` prefix sums of the seconds one micro-batch's kept
+    #: activations take on the stage's PCIe queue (each direction), copy
+    #: nodes of :func:`pipesearch.timemodel.mobius_graph`, not in the times
+    swap_act_copy_prefix_s: np.ndarray | None = None
 
     def __post_init__(self):
         P = self.host_step_s_per_param_byte.shape[1]
@@ -401,7 +411,8 @@ POLICIES = ("offload-first", "device-first", "relaxed")
 recompute levels offloaded (after the plain option), the levels on the
 device (then the last one offloaded), and the relaxation every level (on
 the device, then offloaded with its host step left out) that bounds both
-from below (:mod:`pipesearch.option_search`)."""
+from below (:mod:`pipesearch.option_search`). :func:`mixed_stream_options`
+uses the same indices with the levels streamed in place of offloaded."""
 OFFLOAD_FIRST, DEVICE_FIRST, RELAXED = range(3)
 
 
@@ -492,13 +503,14 @@ STREAM_BUFFERS = 2
 
 def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
                    placement: np.ndarray, tp: int, time_scale: np.ndarray,
-                   stages_per_device: int = 1) -> StageOptions:
-    """Options ``on-device, stream``: a streaming stage keeps its 16-bit
-    weights, its gradients and its optimizer state in host memory and copies
-    each layer's weights in before the layer runs, prefetching the next
-    layer while one computes (ZeRO-Infinity, Rajbhandari et al. SC'21, sec.
-    5-6, parameters offloaded to the CPU and prefetched layer by layer;
-    Mobius, Feng et al. ASPLOS'23, sec. 4, prefetch overlapped with compute).
+                   stages_per_device: int = 1,
+                   option_profiles: tuple[tuple[str, ModelProfile], ...] | None = None) -> StageOptions:
+    """Streamed weights: a streaming stage keeps its 16-bit weights, its
+    gradients and its optimizer state in host memory and copies each
+    layer's weights in before the layer runs, prefetching the next layer
+    while one computes (ZeRO-Infinity, Rajbhandari et al. SC'21, sec. 5-6,
+    parameters offloaded to the CPU and prefetched layer by layer; Mobius,
+    Feng et al. ASPLOS'23, sec. 4, prefetch overlapped with compute).
 
     Per micro-batch, layer ``l`` of stage ``s`` takes ``max(fwd_l, w_l /
     bw_s)`` forward and ``max(bwd_l, (w_l + g_l) / bw_s)`` backward (its
@@ -510,40 +522,164 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
     gradients (the largest of the stage) and the activations; the host
     ``2 + 16`` B per parameter (the streamed copy and ZeRO-Offload's fp32
     weights, gradients and moments), checked against its share.
+
+    Recompute levels (``option_profiles``, the transformer's ``none``,
+    ``selective`` and ``full`` tables of one tensor-parallel degree, or a
+    profile with ``recompute_saved_bytes``: ``none`` and ``full``): every
+    level on the device and streamed, ``(level)+stream``
+    (:func:`mixed_stream_options`: two chains per stage, as for the
+    optimizer offload); a recomputed streamed layer re-runs its forward in
+    its backward, ``max(bwd_l + fwd_l, 2 w_l / bw_s)``, and holds its full
+    activations once besides the two layers' buffers. Without levels the
+    chain is ``on-device, stream``. ``time_scale``: ``(P,)`` the stages'
+    device speed factors (the copies in profiled-device seconds).
     """
     from . import host as host_lib
-    from .memory import offload_bytes_per_param
 
-    a = profile.layer_arrays
-    times = profile.layer_times_at(ratio * profile.profiled_batch_size)
-    fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
-    bpp = profile.bytes_per_param
+    levels = (_table_levels(option_profiles, ratio) if option_profiles and len(option_profiles) > 1
+              else _profile_levels(profile, ratio) if profile.layer_arrays["recomputable"].any() else None)
+    first = option_profiles[0][1] if option_profiles else profile
+    a = first.layer_arrays
+    bpp = first.bytes_per_param
     state = param_state_of(job)
     bw = host_lib.shared_bandwidth_bytes_per_s(cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp))
-    scaled = (bw * np.asarray(time_scale, dtype=float))[:, None]  # copy times in profiled-device seconds
-    w = a["param_bytes"][None, :]
-    sfwd = np.maximum(fwd[None, :], w / scaled)
-    sbwd = np.maximum(bwd[None, :], 2 * w / scaled)
-    sbin = np.where(bwd > 0, bin_ * sbwd / np.where(bwd > 0, bwd, 1.0), bin_)
+    per_byte = 1.0 / (bw * np.asarray(time_scale, dtype=float))  # copy seconds per byte, profiled-device seconds
     P = len(placement)
-
-    base = np.broadcast_to
-    shape = (P, len(fwd))
     node = host_lib.node_sharing(cluster, placement, tp)
     share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    step = share * node / cluster.host.cpu_adam_params_per_s / bpp
+    host_cap = host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device)
+    buffers = range_max_table(STREAM_BUFFERS * 2 * a["param_bytes"])
+    if levels is not None:
+        return mixed_stream_options(levels, [streamed_level(lv, a["param_bytes"], per_byte) for _, lv in levels],
+                                    buffers, state.bytes_per_param(dp) / bpp, stream_host_bytes_per_param_byte(
+                                        state, dp, bpp), step, host_cap)
+    plain = _profile_levels(first, ratio)[0][1]
+    streamed = streamed_level(plain, a["param_bytes"], per_byte)
+    base = {key: np.broadcast_to(plain[key], (P,) + plain[key].shape) for key in ("fwd", "compute", "bin")}
     return StageOptions(
         names=("on-device", "stream"),
-        fwd_prefix_s=np.stack([_prefix(base(fwd, shape)), _prefix(sfwd)]),
-        compute_prefix_s=np.stack([_prefix(base(fwd + bwd, shape)), _prefix(sfwd + sbwd)]),
-        bwd_input_prefix_s=np.stack([_prefix(base(bin_, shape)), _prefix(sbin)]),
-        saved_prefix_bytes=np.stack([_prefix(a["saved_bytes"] * ratio)] * 2),
-        transient_table_bytes=np.stack([range_max_table(0 * fwd),
-                                        range_max_table(STREAM_BUFFERS * 2 * a["param_bytes"])]),
+        fwd_prefix_s=np.stack([base["fwd"], streamed["fwd"]]),
+        compute_prefix_s=np.stack([base["compute"], streamed["compute"]]),
+        bwd_input_prefix_s=np.stack([base["bin"], streamed["bin"]]),
+        saved_prefix_bytes=np.stack([plain["saved"]] * 2),
+        transient_table_bytes=np.stack([plain["transient"], buffers]),
         state_bytes_per_param_byte=np.array([state.bytes_per_param(dp) / bpp, 0.0]),
-        host_bytes_per_param_byte=np.array([0.0, (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp]),
-        host_step_s_per_param_byte=np.stack([np.zeros(P), share * node / cluster.host.cpu_adam_params_per_s / bpp]),
-        host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device),
+        host_bytes_per_param_byte=np.array([0.0, stream_host_bytes_per_param_byte(state, dp, bpp)]),
+        host_step_s_per_param_byte=np.stack([np.zeros(P), step]),
+        host_capacity_bytes=host_cap,
     )
+
+
+def stream_host_bytes_per_param_byte(state, dp: int, bytes_per_param: float) -> float:
+    """Host bytes of a streamed (or Mobius-swapped) stage per parameter
+    byte: its 16-bit copy (2 B per parameter) and ZeRO-Offload's fp32
+    weights, gradients and moments (:func:`pipesearch.memory.offload_bytes_per_param`)."""
+    from .memory import offload_bytes_per_param
+
+    return (2.0 + offload_bytes_per_param(state, dp)[1]) / bytes_per_param
+
+
+def streamed_level(level: dict, param_bytes: np.ndarray, per_byte: np.ndarray) -> dict:
+    """The rows of one recompute level (``fwd``, ``compute``, ``bin`` as
+    ``(L+1,)`` prefix sums, as :func:`mixed_offload_options` takes) with
+    the weights streamed: per stage ``s`` (``per_byte``: ``(P,)`` copy
+    seconds per byte) and layer ``l``, forward ``max(fwd_l, w_l x
+    per_byte_s)`` and backward ``max(bwd_l, 2 w_l x per_byte_s)``, ``bwd_l``
+    the level's backward (with its recomputed forward), the input-gradient
+    part scaled with the backward; returns ``(P, L+1)`` prefix sums (the
+    other rows as given).
+
+    Along the recompute levels the streamed times stay ordered: the
+    forward and backward are maxima of the level's (non-decreasing) times
+    and a fixed copy, and the input-gradient part ``I x max(1, c / B)``
+    does not decrease when a level adds the same recomputed forward ``e``
+    to ``I <= B`` and ``B`` (:class:`StageOptions` checks it).
+    """
+    fwd, bwd_input = np.diff(level["fwd"]), np.diff(level["bin"])
+    bwd = np.diff(level["compute"]) - fwd
+    w = np.asarray(param_bytes, dtype=float)[None, :] * np.asarray(per_byte, dtype=float)[:, None]
+    sfwd = np.maximum(fwd[None, :], w)
+    sbwd = np.maximum(bwd[None, :], 2 * w)
+    sbin = np.where(bwd > 0, bwd_input * sbwd / np.where(bwd > 0, bwd, 1.0), bwd_input)
+    return dict(level, fwd=_prefix(sfwd), compute=_prefix(sfwd + sbwd), bin=_prefix(sbin))
+
+
+def _layerwise_min(a: dict, b: dict) -> dict:
+    """Rows whose per-layer forward, backward and input-gradient times are
+    the least of ``a``'s and ``b``'s (prefix sums, broadcast to the larger
+    shape); the other rows ``a``'s."""
+    fa, fb = np.diff(a["fwd"]), np.diff(b["fwd"])
+    ba, bb = np.diff(a["compute"]) - fa, np.diff(b["compute"]) - fb
+    fwd, bwd = np.minimum(fa, fb), np.minimum(ba, bb)
+    return dict(a, fwd=_prefix(fwd), compute=_prefix(fwd + bwd),
+                bin=_prefix(np.minimum(np.diff(a["bin"]), np.diff(b["bin"]))))
+
+
+def mixed_stream_options(levels, streamed, buffers: np.ndarray, on_device: float, host_bytes: float,
+                         step: np.ndarray, host_cap: np.ndarray) -> StageOptions:
+    """Every recompute level on the device and streamed: options
+    ``(level)``, ``(level)+stream (bound)`` and ``(level)+stream`` per
+    level, with the chains of :data:`POLICIES` (the off-device option of
+    a level is its streamed one).
+
+    The grid is ordered as the optimizer offload's
+    (:func:`mixed_offload_options`): recompute level ``r`` (times
+    non-decreasing in ``r``, device memory non-increasing) x {on device,
+    streamed} (times at least the level's: each is a maximum with the
+    copy; device memory of the weights down to two layers' buffers). A
+    streamed level and a higher level on the device are not ordered, so the
+    two chains are **stream-first** ``(none), none+stream, selective+stream,
+    full+stream`` and **device-first** ``none, selective, full,
+    full+stream``; each stage takes one (:func:`pipesearch.option_search.
+    exact_split_over_policies`) and its first fitting option. The relaxed
+    chain's ``(level)+stream (bound)`` has the streamed memory; a stage
+    that takes it fits neither a lower level nor this level on the device,
+    so stream-first runs this level streamed (or a later one) and
+    device-first a higher level on the device or the last level streamed:
+    its times are, layer by layer, the least of this level streamed and the
+    next level on the device, without the host step (at the last level
+    both chains run it streamed: its times and step). Per stage and range
+    at most as slow as both chains' first fitting options, and still a
+    chain (``level r <= bound r <= level r+1``).
+
+    Args:
+        levels: ``(name, rows)`` per recompute level, fastest first
+            (:func:`_profile_levels`, :func:`_table_levels`).
+        streamed: per level, its rows streamed (:func:`streamed_level`).
+        buffers: :func:`range_max_table` of a layer's two streamed buffers
+            (``STREAM_BUFFERS`` x weights + gradients), added to a streamed
+            option's transient: the recomputed layer's activations and the
+            largest layer's buffers may coincide, so their range maxima add.
+        on_device: device state bytes per parameter byte on the device.
+        host_bytes: host bytes per parameter byte streamed
+            (:func:`stream_host_bytes_per_param_byte`).
+        step: ``(P,)`` CPU Adam seconds per parameter byte.
+        host_cap: ``(P,)`` host bytes each stage may fill.
+    """
+    P = len(step)
+    rows, names, chains, buffer_rows = _empty_rows(), [], [[], [], []], []
+    R = len(levels) - 1
+    for r, ((name, lv), st) in enumerate(zip(levels, streamed)):
+        bound = st if r == R else _layerwise_min(st, levels[r + 1][1])
+        for kind in ("device", "bound", "stream"):
+            src = {"device": lv, "bound": bound, "stream": st}[kind]
+            for key in ("fwd", "compute", "bin"):
+                rows[key].append(np.broadcast_to(src[key], (P, src[key].shape[-1])))
+            rows["saved"].append(lv["saved"])
+            rows["transient"].append(lv["transient"])
+            buffer_rows.append(buffers if kind != "device" else 0 * buffers)
+            rows["state"].append(on_device if kind == "device" else 0.0)
+            rows["host"].append(0.0 if kind == "device" else host_bytes)
+            rows["step"].append(step if kind == "stream" or (kind == "bound" and r == R) else np.zeros(P))
+            names.append(name if kind == "device" else f"{name}+stream" + (" (bound)" if kind == "bound" else ""))
+            chains[OFFLOAD_FIRST].append(kind == "stream" or (kind == "device" and r == 0))
+            chains[DEVICE_FIRST].append(kind == "device" or (kind == "stream" and r == R))
+            chains[RELAXED].append(kind != "stream")
+    policy_chains = np.array(chains, dtype=bool)
+    return _stack_options(names, rows, host_cap, policy_chains=policy_chains,
+                          allowed=np.repeat(policy_chains[OFFLOAD_FIRST][:, None], P, axis=1),
+                          buffer_table_bytes=np.stack(buffer_rows))
 
 
 def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
@@ -572,6 +708,17 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     ``placement`` holds the ``(P, dp)`` heads of all ``P = pp * vp`` stages
     (stage ``s`` on rank ``s % pp``).
 
+    With ``job.activation_offload`` the one option is ``swap+act-host``:
+    every micro-batch's saved activations go to host memory after its
+    forward and come back before its backward, copies on the same queues
+    at the same rate (:func:`pipesearch.timemodel.mobius_graph` with
+    ``act``; ``swap_act_copy_prefix_s``), and at most
+    :data:`ACT_HOST_RESIDENT` micro-batches of a stage are counted on the
+    device (all ``m`` in host memory). All stages of the point offload: the
+    copies are one graph's nodes, so the choice is the point's, not the
+    stage's (``pipesearch plan`` without the flag gives the plans that keep
+    them).
+
     Raises:
         InputError: the cluster has no ``[host]`` table.
     """
@@ -593,8 +740,13 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
     times = profile.layer_times_at(ratio * profile.profiled_batch_size)
     fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    act = bool(getattr(job, "activation_offload", False))
+    act_terms = {} if not act else dict(
+        act_resident_micro_batches=np.array([float(ACT_HOST_RESIDENT)]),
+        swap_act_copy_prefix_s=_prefix(a["saved_bytes"][None, :] * ratio * per_byte[0][:, None])[None])
     return StageOptions(
-        names=("swap",), fwd_prefix_s=_prefix(fwd)[None], compute_prefix_s=_prefix(fwd + bwd)[None],
+        names=(f"swap+{ACT_HOST}" if act else "swap",), fwd_prefix_s=_prefix(fwd)[None],
+        compute_prefix_s=_prefix(fwd + bwd)[None],
         bwd_input_prefix_s=_prefix(bin_)[None], saved_prefix_bytes=_prefix(a["saved_bytes"] * ratio)[None],
         transient_table_bytes=range_max_table(0 * fwd)[None],
         state_bytes_per_param_byte=np.array([2.0 / max(P // pp - 1, 1)]),
@@ -602,6 +754,7 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
         host_step_s_per_param_byte=(share * node / cluster.host.cpu_adam_params_per_s / bpp)[None, :],
         host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, P // pp),
         swap_in_s_per_param_byte=per_byte, swap_out_s_per_param_byte=per_byte.copy(), swap_queue=queue,
+        **act_terms,
     )
 
 

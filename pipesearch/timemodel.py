@@ -82,6 +82,10 @@ class StageTimes:
     swap_in_s: np.ndarray | None = None
     swap_out_s: np.ndarray | None = None
     swap_queue: tuple[int, ...] | None = None
+    #: Mobius with activations in host memory (:func:`mobius_graph` with
+    #: ``act``): per stage, one micro-batch's kept activations copied out
+    #: after its forward or back before its backward (``(S,)`` or ``(n, S)``)
+    act_copy_s: np.ndarray | None = None
     #: per stage, host work of the iteration that runs beside the next one
     #: (a one-step delayed optimizer step on the CPU, :func:`delayed_host_time_s`)
     delayed_host_s: np.ndarray | None = None
@@ -271,6 +275,8 @@ def _durations(g: _Graph, times: StageTimes) -> np.ndarray:
     cols = [fwd, bwd, bin_, bwd - bin_, p2p]
     if times.swap_in_s is not None:  # Mobius' copies (mobius_graph): columns 5 S .. 7 S
         cols += [np.broadcast_to(np.asarray(x, dtype=float), fwd.shape) for x in (times.swap_in_s, times.swap_out_s)]
+    if times.act_copy_s is not None:  # Mobius' activation copies: columns 7 S .. 8 S
+        cols.append(np.broadcast_to(np.asarray(times.act_copy_s, dtype=float), fwd.shape))
     table = np.concatenate(cols, axis=1).T  # (5 S, n), (7 S, n) with copies
     dur = np.zeros((len(g.col) + 1, n))
     dur[:-1] = table[g.col]
@@ -304,7 +310,7 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
     if schedule == "gpipe":
         return gpipe_time_s(times, m)
     else:
-        g = _graph(schedule, pp, m, vp) if schedule != "mobius" else mobius_graph(pp, m, vp, _queues(times, pp))
+        g = _graph(schedule, pp, m, vp) if schedule != "mobius" else _mobius_graph_of(times, pp, m, vp)
         end = _node_ends(g, _durations(g, times))
         ar = _rank_allreduce(times, pp)
         out = np.maximum(end[:-1].max(axis=0), np.max(end[g.last_of_rank].T + ar, axis=1))
@@ -391,6 +397,8 @@ def stage_times_of(plan) -> StageTimes:
     swaps = {} if not swap else dict(swap_in_s=np.array(swap["swap_in_s"], dtype=float),
                                       swap_out_s=np.array(swap["swap_out_s"], dtype=float),
                                       swap_queue=tuple(int(q) for q in swap["pcie_queue"]))
+    if swap and "act_copy_s" in swap:  # activations in host memory (mobius_graph with act)
+        swaps["act_copy_s"] = np.array(swap["act_copy_s"], dtype=float)
     if delayed:  # the host step runs beside the next iteration (delayed_host_time_s)
         swaps["delayed_host_s"] = np.array([s.host_step_s for s in st])
     return StageTimes(
@@ -412,6 +420,12 @@ def _queues(times: StageTimes, pp: int) -> tuple[int, ...]:
     return tuple(int(q) for q in times.swap_queue) if times.swap_queue is not None else tuple(range(pp))
 
 
+def _mobius_graph_of(times: StageTimes, pp: int, m: int, vp: int) -> _Graph:
+    """:func:`mobius_graph` of ``times``: its queues, and activation copies
+    when ``times.act_copy_s`` is set."""
+    return mobius_graph(pp, m, vp, _queues(times, pp), act=times.act_copy_s is not None)
+
+
 def mobius_residencies(pp: int, vp: int, rank: int) -> list[tuple[int, bool]]:
     """The stays of rank ``rank``'s stages on its GPU under Mobius, in order:
     ``(stage, with_backward)``. Stage ``c pp + r`` runs its ``m`` forwards
@@ -422,7 +436,7 @@ def mobius_residencies(pp: int, vp: int, rank: int) -> list[tuple[int, bool]]:
     return fwd + [(c * pp + rank, True) for c in reversed(range(vp - 1))]
 
 
-def mobius_graph(pp: int, m: int, vp: int, queues: tuple[int, ...]) -> _Graph:
+def mobius_graph(pp: int, m: int, vp: int, queues: tuple[int, ...], act: bool = False) -> _Graph:
     """The dependency graph of Mobius (Feng et al., ASPLOS'23, "Mobius: Fine
     Tuning Large-Scale Models on Commodity GPU Servers", sec. 3): the looped
     BFS action lists of ``pp * vp`` stages with overlapped sends, plus, per
@@ -444,14 +458,21 @@ def mobius_graph(pp: int, m: int, vp: int, queues: tuple[int, ...]) -> _Graph:
     prefetching at once under one switch finish the second copy at twice
     the time of one alone), ranks under different switches do not. A rank's all-reduce and host step
     follow its last gradient copy. ``queues`` has one entry per rank.
+
+    With ``act`` (activations in host memory, ``act_copy_s``; Mobius sec.
+    3 and ZeRO-Infinity sec. 5 keep activation checkpoints on the CPU),
+    every micro-batch's kept activations go out after its forward and come
+    back before its backward, copies on the same queues
+    (:func:`_mobius_act_waits`).
     """
-    return _mobius_build(pp, m, vp, tuple(queues))[0]
+    return _mobius_build(pp, m, vp, tuple(queues), act)[0]
 
 
 @lru_cache(maxsize=64)
-def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...]):
+def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies: bool = False):
     """``(graph, action node ids)``: :func:`mobius_graph` and, per rank, the
-    node of each action of the looped BFS order."""
+    node of each action of the looped BFS order (``act_copies``: with the
+    activation copies of :func:`_mobius_act_waits`)."""
     S, NONE = pp * vp, -1
     orders = schedule_lib.build_orders("looped-bfs", pp, m, vp)
     col: list[int] = []
@@ -491,7 +512,33 @@ def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...]):
     out: dict[tuple[int, int], int] = {}
     tail_in: dict[int, int] = {}
     tail_out: dict[int, int] = {}
+    act_out: dict[tuple[int, int], int] = {}
+    act_in: dict[tuple[int, int], int] = {}
+
+    def queued(c: int, tails: dict, r: int, after: int) -> int:  # a copy node on rank r's queue
+        x = node(c)
+        p1[x], p2[x] = tails.get(queues[r], NONE), after
+        tails[queues[r]] = x
+        return x
+
+    def copies_in(n: int, js) -> None:  # stay n's activations back, last rank first (backward order)
+        if not act_copies or not stays[0][n][1]:
+            return
+        for j in js:
+            for r in reversed(range(pp)):
+                st = stays[r][n][0]
+                after = act_out[(st, j)]
+                if j + 2 < m:  # room: the backward two before it is done
+                    after = node(zero)
+                    p1[after], p2[after] = act[("B", st, j + 2)], act_out[(st, j)]
+                act_in[(st, j)] = queued(7 * S + st, tail_in, r, after)
+
     for n in range(2 * vp - 1):  # gradients out, in the order the ranks finish their backwards
+        if act_copies and n < vp:  # the stay's forwards' activations out, rank 0 first
+            for j in range(m):
+                for r in range(pp):
+                    st = stays[r][n][0]
+                    act_out[(st, j)] = queued(7 * S + st, tail_out, r, act[("F", st, j)])
         for r in reversed(range(pp)):
             st, bwd = stays[r][n]
             if bwd:
@@ -511,12 +558,60 @@ def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...]):
             wait = node(zero)
             p1[wait], p2[wait] = (last[(r, n - 1)] if n else NONE), load
             p1[first[(r, n)]] = wait
+        if n:
+            copies_in(n - 1, range(m - 3, -1, -1))
+        copies_in(n, [j for j in (m - 1, m - 2) if j >= 0])
+    copies_in(2 * vp - 2, range(m - 3, -1, -1))
+    if act_copies:
+        _mobius_act_waits(orders, act, act_out, act_in, p1, p2, node, zero)
     N = len(col)
     pred1 = np.array([x if x >= 0 else N for x in p1], dtype=np.int64)
     pred2 = np.array([x if x >= 0 else N for x in p2], dtype=np.int64)
     ends = np.array([out[(r, 2 * vp - 2)] for r in range(pp)], dtype=np.int64)
     g, new_id = _renumbered(np.array(col, dtype=np.int64), pred1, pred2, ends)
     return g, tuple(tuple(int(new_id[act[a]]) for a in seq) for seq in orders)
+
+
+def _mobius_act_waits(orders, act, act_out, act_in, p1, p2, node, zero) -> None:
+    """The compute actions' waits for their activation copies: ``F(s, j)``
+    for the copy out of ``j - 2``, ``B(s, j)`` for its copy in; each a
+    zero-time node between the action and its chain predecessor.
+
+    Mobius with activations in host memory (:func:`mobius_graph` with
+    ``act``; the copies are nodes of :func:`_mobius_build`, column ``7 S +
+    s``, duration ``act_copy_s[s]``):
+
+    * **out**: after ``F(s, j)``, stage ``s``'s kept activations of
+      micro-batch ``j`` go to the host on the device-to-host queue of the
+      rank's switch, queued per forward stay micro-batch by micro-batch
+      (ranks in order, rank 0 first), before the stay's gradients;
+      ``F(s, j)`` waits for the copy out of ``j - 2`` (the GPU holds the
+      micro-batch computing and the one leaving);
+    * **in**: before ``B(s, j)``, they come back on the host-to-device
+      queue once ``B(s, j + 2)`` is done (backwards run ``m - 1`` down to
+      0: the one computing and the one arriving) and their copy out is
+      over; ``B(s, j)`` waits for it. A backward stay's first two copies
+      in follow its weights on the queue, then the next stay's weights,
+      then its other copies in (last rank first): the prefetch of the next
+      stage is not held behind the whole stay.
+
+    So a GPU holds at most two micro-batches' kept activations of each of
+    the two stays around a stay boundary, at most ``min(m, 3)`` per stage
+    summed over its stages (the device check of
+    :func:`pipesearch.stage_options.swap_device_bytes` with
+    :data:`pipesearch.stage_options.ACT_HOST_RESIDENT`). The queues are
+    FIFO links as for the weights: copies take turns, so activation and
+    weight copies of GPUs under one switch share its bandwidth.
+    """
+    for seq in orders:
+        for k, st, j in seq:
+            copy = act_out.get((st, j - 2)) if k == "F" else act_in.get((st, j))
+            if copy is None:
+                continue
+            a = act[(k, st, j)]
+            w = node(zero)
+            p1[w], p2[w] = p1[a], copy
+            p1[a] = w
 
 
 def _renumbered(col: np.ndarray, pred1: np.ndarray, pred2: np.ndarray, last_nodes: np.ndarray) -> _Graph:
@@ -538,7 +633,7 @@ def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None
     the compute actions read from :func:`mobius_graph`'s node ends."""
     from .simulate import ActionRecord
 
-    g, ids = _mobius_build(pp, m, vp, _queues(times, pp))
+    g, ids = _mobius_build(pp, m, vp, _queues(times, pp), times.act_copy_s is not None)
     dur = _durations(g, times)[:, 0]
     end = _node_ends(g, dur)
     T = float(max(end[:-1].max(), np.max(end[g.last_of_rank] + _rank_allreduce(times, pp)[0])))
@@ -561,7 +656,7 @@ def mobius_copy_spans(times: StageTimes, pp: int, m: int, vp: int) -> list[tuple
     direction, stage, start_s, end_s)`` sorted by queue, direction and start."""
     S = pp * vp
     queues = _queues(times, pp)
-    g, _ = _mobius_build(pp, m, vp, queues)
+    g, _ = _mobius_build(pp, m, vp, queues, times.act_copy_s is not None)
     dur = _durations(g, times)[:, 0]
     end = _node_ends(g, dur)
     out = []

@@ -16,19 +16,19 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import tiny_cluster
+from helpers import pcie_host, tiny_cluster
 from pipesearch.errors import InputError
 from pipesearch.export import FORMATS, export_plan
 from pipesearch.export.stages_json import stage_placement, stages_problems
 from pipesearch.plan import PlanFile, document_problems, to_json
 from pipesearch.search import ModelVariant, SearchOptions, search
 from pipesearch.types import Job
-from test_offload_activations import GB, _hand_profile, _host, _profile, _search
+from test_offload_activations import GB, _hand_profile, _profile, _search
 
 
 @pytest.fixture(scope="module")
 def act_plan():
-    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=_host())
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host())
     return _search(_hand_profile(), cluster, 2, 6, "gpipe")
 
 
@@ -120,7 +120,7 @@ def _all_offloaded_plan():
     offloaded 8 + 3 x 2.5 + 6 = 21.5 GB: 24 GB GPUs leave only
     full+act-host."""
     prof = _profile([0.2, 0.2], [0.4, 0.4], [0.5e9, 0.5e9], [6 * GB, 1 * GB], [2 * GB, 0.5 * GB])
-    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=_host())
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host())
     job = Job(global_batch_size=6, memory_reserve_bytes=0, activation_offload=True)
     opts = SearchOptions(pp=1, dp=1, micro_batch_size=1, num_micro_batches=6, schedules=("gpipe",), top=1)
     return search([ModelVariant(prof)], cluster, job, opts).plans[0]
@@ -142,6 +142,6 @@ def test_deepspeed_writes_cpu_checkpointing_and_its_parser_reads_it(monkeypatch)
     assert cfg.activation_checkpointing_config.cpu_checkpointing is True
     assert any("cpu_checkpointing" in n for n in exp["notes"])
     # the hand case (one stage offloads, one does not) is refused by DeepSpeed too
-    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=_host())
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host())
     with pytest.raises(InputError, match="cpu_checkpointing"):
         export_plan(_search(_hand_profile(), cluster, 2, 6, "gpipe"), "deepspeed")

@@ -1,0 +1,181 @@
+"""Mobius with activations in host memory: every micro-batch's kept
+activations copied out after its forward and back before its backward, on
+the PCIe queues the weight swaps use (pipesearch.timemodel.mobius_graph
+with act, pipesearch.stage_options.swap_options).
+
+Oracles: a timeline traced by hand (copies as link occupancy, one FIFO
+queue per switch and direction), copy times derived by hand from the bytes
+and the link, and every split of a small model replayed in the time model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from helpers import all_splits, tiny_cluster
+from pipesearch.errors import InfeasibleError
+from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
+from pipesearch.types import HostSpec, Job, Layer, ModelProfile
+
+GB = 1e9
+
+
+def _times(act=None, allreduce=(0.0, 0.0)):
+    return StageTimes(fwd_s=np.ones(2), bwd_s=np.full(2, 2.0), bwd_input_s=np.ones(2), p2p_s=np.zeros(1),
+                      allreduce_s=np.array(allreduce), swap_in_s=np.full(2, 0.5), swap_out_s=np.full(2, 0.5),
+                      swap_queue=(0, 0), act_copy_s=None if act is None else np.full(2, act))
+
+
+def test_two_gpus_one_switch_traced_by_hand():
+    """pp 2, vp 1, m 2, both GPUs under one switch (one queue each way): F
+    1 s, B 2 s, weights in and gradients out 0.5 s, activation copies 0.4 s.
+
+    Weights in: stage 0 [0, .5], stage 1 [.5, 1] (one queue). F(0,0) [.5,
+    1.5], F(0,1) [1.5, 2.5]; F(1,0) [1.5, 2.5], F(1,1) [2.5, 3.5].
+    Out (device to host, micro-batch by micro-batch, rank 0 first): (0,0)
+    [1.5, 1.9], (1,0) [2.5, 2.9], (0,1) [2.9, 3.3], (1,1) [3.5, 3.9].
+    In (host to device, after the weights, last rank first, backwards from
+    m - 1): (1,1) [3.9, 4.3], (0,1) [4.3, 4.7], (1,0) [4.7, 5.1], (0,0)
+    [5.1, 5.5]. B(1,1) [4.3, 6.3], B(1,0) [6.3, 8.3]; B(0,1) [6.3, 8.3],
+    B(0,0) [8.3, 10.3]. Gradients out: stage 1 [8.3, 8.8], stage 0 [10.3,
+    10.8]: T = 10.8 s, against 10 s without the copies (B(1,1) at 3.5)."""
+    assert iteration_time_s("mobius", 2, 2, 1, _times()) == pytest.approx(10.0)
+    assert iteration_time_s("mobius", 2, 2, 1, _times(0.4)) == pytest.approx(10.8)
+    t, tl = simulate_times("mobius", 2, 2, 1, _times(0.4))
+    assert t == pytest.approx(10.8)
+    start = {(r.kind, r.stage, r.microbatch): r.start_s for r in tl.records}
+    assert start[("B", 1, 1)] == pytest.approx(4.3) and start[("B", 0, 1)] == pytest.approx(6.3)
+    assert start[("B", 0, 0)] == pytest.approx(8.3)
+    # zero-time copies leave this case as it was
+    assert iteration_time_s("mobius", 2, 2, 1, _times(0.0)) == pytest.approx(10.0)
+
+
+def test_forwards_wait_for_the_copy_out_two_before():
+    """One GPU (pp 1, vp 1), m 3, F 1 s, copies out 3 s: F(0) [.5, 1.5],
+    F(1) [1.5, 2.5], out(0) [1.5, 4.5], so F(2) waits for it: [4.5, 5.5]
+    (the GPU holds the micro-batch computing and the one leaving); out(1)
+    [4.5, 7.5], out(2) [7.5, 10.5]. Ins: (2) [10.5, 13.5], (1) [13.5,
+    16.5]; B(2) [13.5, 15.5]; (0) needs B(2) done and the queue: [16.5,
+    19.5]; B(1) [16.5, 18.5], B(0) [19.5, 21.5], gradients out [21.5, 22]."""
+    one = StageTimes(fwd_s=np.ones(1), bwd_s=np.full(1, 2.0), bwd_input_s=np.ones(1), p2p_s=np.zeros(0),
+                     allreduce_s=np.zeros(1), swap_in_s=np.full(1, 0.5), swap_out_s=np.full(1, 0.5),
+                     swap_queue=(0,), act_copy_s=np.full(1, 3.0))
+    t, tl = simulate_times("mobius", 1, 3, 1, one)
+    assert t == pytest.approx(22.0)
+    start = {(r.kind, r.microbatch): r.start_s for r in tl.records}
+    assert start[("F", 2)] == pytest.approx(4.5) and start[("B", 0)] == pytest.approx(19.5)
+
+
+# ------------------------------------------------------------- through the search
+
+
+def _host(**kw) -> HostSpec:
+    base = dict(memory_bytes=800 * GB, pcie_generation=4, pcie_lanes_per_gpu=16,
+                host_to_device_bytes_per_s=25 * GB, switch_uplink_bytes_per_s=25 * GB,
+                pcie_switches=((0, 1),), cpu_adam_params_per_s=1e10)
+    base.update(kw)
+    return HostSpec(**base)
+
+
+def _two_layers():
+    """Each layer: F 1 s, B 2 s, 12.5e9 weight bytes, 10 GB saved per micro-batch."""
+    return ModelProfile(name="mob", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=1.0, bwd_s=2.0, bwd_input_s=1.0, param_bytes=12.5 * GB, output_bytes=0.0,
+              saved_bytes=10 * GB) for k in range(2)), profiled_batch_size=1, bytes_per_param=2.0)
+
+
+def _plan(m, capacity_gb, act=True):
+    cluster = replace(tiny_cluster(1, 2, memory_bytes=capacity_gb * GB), host=_host())
+    job = Job(global_batch_size=m, memory_reserve_bytes=0, activation_offload=act)
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=m, schedules=("mobius",), vps=(1,),
+                         top=1)
+    return search([ModelVariant(_two_layers())], cluster, job, opts).plans[0]
+
+
+def test_copy_times_and_bytes_by_hand():
+    """The hand-traced case from a layer table: both GPUs under one 25 GB/s
+    switch; weights in 12.5e9 / 25e9 = 0.5 s, activations 10e9 / 25e9 = 0.4
+    s each way; CPU Adam 6.25e9 parameters x 2 GPUs / 1e10 = 1.25 s after
+    each rank's gradients are out: max(10.8, 8.8) + 1.25 = 12.05 s. Host:
+    every micro-batch's activations, 2 x 10 GB per stage, 4 x 10 GB over
+    PCIe per iteration (out and back); GPU: min(2, 3) x 10 GB + the stage's
+    weights and gradients 25 GB = 45 GB."""
+    plan = _plan(2, 50)
+    assert [st.memory_option for st in plan.stages] == ["swap+act-host"] * 2
+    info = dict(plan.extra)
+    assert info["mobius"]["act_copy_s"] == pytest.approx([0.4, 0.4])
+    assert info["mobius"]["swap_in_s"] == pytest.approx([0.5, 0.5])
+    assert info["mobius"]["device_peak_bytes"] == pytest.approx([45 * GB, 45 * GB])
+    assert info["host"]["activation_host_memory_bytes"] == pytest.approx([20 * GB, 20 * GB])
+    assert info["host"]["activation_pcie_bytes_per_iteration"] == pytest.approx([40 * GB, 40 * GB])
+    assert plan.predicted.iteration_time_s == pytest.approx(12.05)
+    assert simulate_plan(plan)[0] == pytest.approx(12.05)
+
+
+def test_offloaded_activations_let_more_micro_batches_fit():
+    """m = 6 on 60 GB GPUs: keeping every micro-batch needs 6 x 10 + 25 =
+    85 GB, so Mobius has no plan; with the activations in host memory 3 x
+    10 + 25 = 55 GB fits."""
+    with pytest.raises(InfeasibleError):
+        _plan(6, 60, act=False)
+    plan = _plan(6, 60)
+    assert dict(plan.extra)["mobius"]["device_peak_bytes"] == pytest.approx([55 * GB, 55 * GB])
+
+
+def _profile(rng, L):
+    return ModelProfile(name="mob", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=float(rng.uniform(0.5, 2)), bwd_s=float(rng.uniform(1, 4)),
+              param_bytes=float(rng.uniform(1, 8)) * GB, output_bytes=0.0, saved_bytes=float(rng.uniform(2, 6)) * GB)
+        for k in range(L)), profiled_batch_size=1, bytes_per_param=2.0)
+
+
+@pytest.mark.parametrize("seed,L,pp,vp,m,cap", [(0, 6, 2, 2, 4, 68), (1, 7, 2, 2, 5, 85), (2, 6, 2, 1, 4, 80),
+                                                 (3, 8, 2, 3, 4, 85)])
+def test_search_equals_brute_force_over_splits(seed, L, pp, vp, m, cap):
+    """Every split of ``pp * vp`` stages with the activations in host
+    memory: copy times by hand (weights and gradients 2 B per parameter,
+    each micro-batch's saved bytes, over the 25 GB/s link; cross mapping
+    puts the two ranks under different switches), the GPU's peak by hand
+    (min(m, 3) micro-batches of each of its stages + the largest pair of
+    consecutive stays' weights and gradients; on the host 2 + 16 B per
+    parameter and all ``m`` micro-batches within the stage's share of the
+    node's 800 GB), replayed in the time model; the search's best equals
+    the least."""
+    rng = np.random.default_rng(seed)
+    prof = _profile(rng, L)
+    host = _host(pcie_switches=((0, 1), (2, 3)))
+    cluster = replace(tiny_cluster(1, 4, memory_bytes=cap * GB), host=host)
+    job = Job(global_batch_size=m, memory_reserve_bytes=0, activation_offload=True)
+    S = pp * vp
+    best, refused = np.inf, 0
+    for bounds in all_splits(L, S):
+        lay = [prof.layers[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        w = np.array([sum(x.param_bytes for x in ls) for ls in lay])
+        kept = np.array([sum(x.saved_bytes for x in ls) for ls in lay])
+        fits = True
+        for r in range(pp):
+            mine = list(range(r, S, pp))
+            pairs = [2 * (w[a] + w[b]) for a, b in zip(mine[:-1], mine[1:])] or [2 * w[mine[0]]]
+            fits &= min(m, 3) * kept[mine].sum() + max(pairs) <= cap * GB
+        # host: 2 + 16 B per parameter and every micro-batch's activations, within the stage's share of 800 GB
+        fits &= bool(np.all(w / 2 * 18 + m * kept <= 800 * GB / pp / vp))
+        if not fits:
+            refused += 1
+            continue
+        times = StageTimes(
+            fwd_s=np.array([sum(x.fwd_s for x in ls) for ls in lay]),
+            bwd_s=np.array([sum(x.bwd_s for x in ls) for ls in lay]), bwd_input_s=np.zeros(S), p2p_s=np.zeros(S - 1),
+            allreduce_s=w / 2 * pp / 1e10, swap_in_s=w / (25 * GB), swap_out_s=w / (25 * GB), swap_queue=(0, 1),
+            act_copy_s=kept / (25 * GB))
+        best = min(best, iteration_time_s("mobius", pp, m, vp, times))
+    assert np.isfinite(best) and refused > 0  # memory decides some splits
+    opts = SearchOptions(pp=pp, dp=1, micro_batch_size=1, num_micro_batches=m, schedules=("mobius",), vps=(vp,),
+                         top=1)
+    plan = search([ModelVariant(prof)], cluster, job, opts).plans[0]
+    assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)
+    assert all(st.memory_option == "swap+act-host" for st in plan.stages)
+    assert simulate_plan(plan)[0] == pytest.approx(best, rel=1e-9)
