@@ -145,3 +145,17 @@ def test_deepspeed_writes_cpu_checkpointing_and_its_parser_reads_it(monkeypatch)
     cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host())
     with pytest.raises(InputError, match="cpu_checkpointing"):
         export_plan(_search(_hand_profile(), cluster, 2, 6, "gpipe"), "deepspeed")
+
+
+@pytest.mark.parametrize("option,plan_recompute,want", [
+    # Mobius with its activations in host memory: weights swapped per stay, checkpoints on the host
+    ("swap+act-host", "full", {"recompute": "full", "activations": "host", "optimizer_state": "host",
+                               "weights": "swapped", "prefetch": "next-stage"}),
+    # streamed weights with a recompute level of its own
+    ("full+stream", "none", {"recompute": "full", "activations": "device", "optimizer_state": "host",
+                             "weights": "streamed", "prefetch": "next-layer"}),
+    ("none+stream", "full", {"recompute": "none", "activations": "device", "optimizer_state": "host",
+                             "weights": "streamed", "prefetch": "next-layer"}),
+])
+def test_stage_placement_of_swapped_and_streamed_options(option, plan_recompute, want):
+    assert stage_placement(option, plan_recompute) == want

@@ -57,12 +57,12 @@ def stage_placement(option: str, plan_recompute: str) -> dict:
         recompute, rest = head, tail
     else:
         recompute, rest = (plan_recompute if plan_recompute in RECOMPUTE else "none"), option
-    on_host = rest == "act-host" or rest.startswith("act-host+")
-    if on_host:
-        rest = rest[len("act-host"):].lstrip("+")
-    if rest not in ("", "on-device", "offload", "stream", "swap") or (on_host and rest not in ("", "offload")):
+    parts = rest.split("+") if rest else []
+    on_host = "act-host" in parts
+    rest = "+".join(x for x in parts if x != "act-host")
+    if rest not in ("", "on-device", "offload", "stream", "swap") or (on_host and rest not in ("", "offload", "swap")):
         raise InputError(f"export stages-json: stage memory_option {option!r} is not one of pipesearch's options "
-                         "(none / selective / full, +act-host, +offload, on-device, offload, stream, swap)")
+                         "(none / selective / full, +act-host, +offload, +stream, on-device, offload, stream, swap, swap+act-host)")
     return {"recompute": recompute, "activations": "host" if on_host else "device",
             "optimizer_state": "host" if rest in ("offload", "stream", "swap") else "device",
             "weights": {"stream": "streamed", "swap": "swapped"}.get(rest, "device"),
