@@ -416,6 +416,18 @@ uses the same indices with the levels streamed in place of offloaded."""
 OFFLOAD_FIRST, DEVICE_FIRST, RELAXED = range(3)
 
 
+
+def _mark_chains(chains, kind: str, r: int, R: int, other: str) -> None:
+    """The chains one option of a width-2 grid belongs to (recompute level
+    ``r`` of ``0 .. R``, ``kind`` ``"device"``, ``other`` (the host-side
+    variant: ``"offload"``, ``"stream"``) or ``"bound"``): the other-first
+    chain (the plain level 0, then every ``other`` option), the device-first
+    chain (every device option, then the last level's ``other``) and the
+    relaxed one (all but the ``other`` options)."""
+    chains[OFFLOAD_FIRST].append(kind == other or (kind == "device" and r == 0))
+    chains[DEVICE_FIRST].append(kind == "device" or (kind == other and r == R))
+    chains[RELAXED].append(kind != other)
+
 def mixed_offload_options(levels, on_device: float, off_device: float, off_host: float, step: np.ndarray,
                           host_cap: np.ndarray) -> StageOptions:
     """Every recompute level x {on device, optimizer offloaded}: options
@@ -461,9 +473,7 @@ def mixed_offload_options(levels, on_device: float, off_device: float, off_host:
                 rows["copy"].append(lv.get("copy_offload" if off else "copy", lv.get("copy", none)))
                 rows["resident"].append(lv.get("resident", np.inf))
             names.append(name if kind == "device" else f"{name}+offload" + (" (bound)" if kind == "bound" else ""))
-            chains[OFFLOAD_FIRST].append(kind == "offload" or (kind == "device" and r == 0))
-            chains[DEVICE_FIRST].append(kind == "device" or (kind == "offload" and r == R))
-            chains[RELAXED].append(kind != "offload")
+            _mark_chains(chains, kind, r, R, "offload")
     policy_chains = np.array(chains, dtype=bool)
     return _stack_options(names, rows, host_cap, policy_chains=policy_chains,
                           allowed=np.repeat(policy_chains[OFFLOAD_FIRST][:, None], len(step), axis=1))
@@ -673,9 +683,7 @@ def mixed_stream_options(levels, streamed, buffers: np.ndarray, on_device: float
             rows["host"].append(0.0 if kind == "device" else host_bytes)
             rows["step"].append(step if kind == "stream" or (kind == "bound" and r == R) else np.zeros(P))
             names.append(name if kind == "device" else f"{name}+stream" + (" (bound)" if kind == "bound" else ""))
-            chains[OFFLOAD_FIRST].append(kind == "stream" or (kind == "device" and r == 0))
-            chains[DEVICE_FIRST].append(kind == "device" or (kind == "stream" and r == R))
-            chains[RELAXED].append(kind != "stream")
+            _mark_chains(chains, kind, r, R, "stream")
     policy_chains = np.array(chains, dtype=bool)
     return _stack_options(names, rows, host_cap, policy_chains=policy_chains,
                           allowed=np.repeat(policy_chains[OFFLOAD_FIRST][:, None], P, axis=1),
