@@ -418,8 +418,9 @@ def simulate_plan(plan: Plan) -> tuple[float, object]:
     """Replay a plan's schedule with its stage times in the simulator
     (:func:`pipesearch.timemodel.simulate_times`): returns (iteration time
     including each rank's gradient all-reduce after its last action, Timeline)."""
+    resident = [ACT_HOST_RESIDENT if "act-host" in st.memory_option.split("+") else math.inf for st in plan.stages]
     return simulate_times(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp, stage_times_of(plan),
-                          act_bytes=[st.saved_bytes for st in plan.stages])
+                          act_bytes=[st.saved_bytes for st in plan.stages], act_resident=resident)
 
 
 def enumerate_groups(variants: Iterable[ModelVariant], cluster: Cluster, job: Job, options: SearchOptions):

@@ -39,6 +39,8 @@ simulation is a single ready-queue sweep over the ranks, O(actions).
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -132,6 +134,7 @@ def simulate(
     act_bytes: Sequence[float] | None = None,
     stage_to_rank: Sequence[int] | Mapping[int, int] | None = None,
     p2p_overlap: bool = True,
+    act_resident: Sequence[float] | None = None,
 ) -> Timeline:
     """Simulate one iteration of schedule ``actions``.
 
@@ -154,6 +157,11 @@ def simulate(
         p2p_overlap: ``False``: blocking sends (the sender is busy for the
             transfer; ``busy_s`` includes it); ``True``: sends overlap the
             sender's compute and queue on their link (module docstring).
+        act_resident: per stage, the most in-flight micro-batches whose
+            activations stay on the device (a stage offloading them to host
+            memory keeps a few, :data:`pipesearch.stage_options.ACT_HOST_RESIDENT`);
+            ``peak_act_bytes`` counts ``min(in flight, act_resident) * act_bytes``.
+            Default: all of them.
 
     Returns:
         A :class:`Timeline`.
@@ -181,6 +189,7 @@ def simulate(
     p2p = _floats("p2p_s", p2p_s, S - 1)
     bin_ = _floats("bwd_input_s", bwd_input_s, S, allow_none=True)
     act = _floats("act_bytes", act_bytes, S, allow_none=True) or [0.0] * S
+    cap = [math.inf] * S if act_resident is None else [float(x) for x in act_resident]
     has_split = any(a.kind == "I" for seq in actions for a in seq)
     if has_split and bin_ is None:
         raise InputError("simulate: the schedule splits backward into I and W; give bwd_input_s (seconds of I per stage)")
@@ -248,7 +257,8 @@ def simulate(
                 inflight[s] += 1
                 if inflight[s] > peak_inflight[s]:
                     peak_inflight[s] = inflight[s]
-                b_held += act[s]
+                if inflight[s] <= cap[s]:  # min(in flight, resident) micro-batches on the device
+                    b_held += act[s]
                 if b_held > b_peak:
                     b_peak = b_held
             elif k == 3:  # W
@@ -287,8 +297,9 @@ def simulate(
                         f_wait[idx] = -1
             else:
                 if k != 2:  # B or W releases the activations
+                    if inflight[s] <= cap[s]:
+                        b_held -= act[s]
                     inflight[s] -= 1
-                    b_held -= act[s]
                 if k != 3 and s:  # B or I sends the gradient back
                     link = bwd_link_of[s]
                     if link is None:

@@ -99,20 +99,23 @@ class StageTimes:
 
 
 def simulate_times(schedule: str, pp: int, m: int, vp: int, times: StageTimes,
-                   act_bytes=None) -> tuple[float, Timeline]:
+                   act_bytes=None, act_resident=None) -> tuple[float, Timeline]:
     """The definition: replay the schedule in the discrete-event simulator.
 
     Returns ``(T, timeline)`` with ``T = max_r (end_r + allreduce_r)``, where
     ``end_r`` is when rank ``r`` finished its last action (and blocking send)
     and ``allreduce_r`` the sum of its stages' all-reduce. ``act_bytes``
     (per stage, the activation bytes one in-flight micro-batch holds) gives
-    the timeline's peak activation memory per rank (zeros without it).
+    the timeline's peak activation memory per rank (zeros without it);
+    ``act_resident`` (per stage, inf for all) caps the micro-batches a stage
+    that offloads its activations keeps on the device.
     """
     if schedule == "mobius":  # its copies are nodes of the graph: the timeline comes from it
-        return _mobius_simulate(pp, m, vp, times, act_bytes)
+        return _mobius_simulate(pp, m, vp, times, act_bytes, act_resident)
     actions = schedule_actions(schedule, pp, m, vp)
     tl = simulate(actions, fwd_s=times.fwd_s, bwd_s=times.bwd_s, p2p_s=times.p2p_s,
-                  bwd_input_s=times.bwd_input_s, p2p_overlap=send_overlap(schedule), act_bytes=act_bytes)
+                  bwd_input_s=times.bwd_input_s, p2p_overlap=send_overlap(schedule), act_bytes=act_bytes,
+                  act_resident=act_resident)
     ar = np.bincount(np.arange(times.num_stages) % pp, weights=times.allreduce_s, minlength=pp)
     total = max(tl.iteration_time_s, float(np.max(np.asarray(tl.rank_end_s) + ar)))
     if times.delayed_host_s is not None:
@@ -628,7 +631,8 @@ def _renumbered(col: np.ndarray, pred1: np.ndarray, pred2: np.ndarray, last_node
                   tuple(int(x) for x in starts), new_id[last_nodes]), new_id
 
 
-def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None) -> tuple[float, Timeline]:
+def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None,
+                     act_resident=None) -> tuple[float, Timeline]:
     """:func:`simulate_times` for Mobius: ``T`` and a :class:`Timeline` of
     the compute actions read from :func:`mobius_graph`'s node ends."""
     from .simulate import ActionRecord
@@ -645,7 +649,8 @@ def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None
                for r, seq in enumerate(orders) for (k, st, j), n in zip(seq, ids[r])]
     busy = [float(sum(dur[n] for n in ids[r])) for r in range(pp)]
     act = np.zeros(S) if act_bytes is None else np.asarray(act_bytes, dtype=float)
-    return T, _timeline(records, pp, S, m, busy, act)
+    cap = np.full(S, np.inf) if act_resident is None else np.asarray(act_resident, dtype=float)
+    return T, _timeline(records, pp, S, m, busy, act, cap)
 
 
 def mobius_copy_spans(times: StageTimes, pp: int, m: int, vp: int) -> list[tuple[int, str, int, float, float]]:
@@ -666,17 +671,19 @@ def mobius_copy_spans(times: StageTimes, pp: int, m: int, vp: int) -> list[tuple
     return sorted(out, key=lambda c: (c[0], c[1], c[3]))
 
 
-def _timeline(records, pp: int, S: int, m: int, busy, act) -> Timeline:
+def _timeline(records, pp: int, S: int, m: int, busy, act, cap) -> Timeline:
     """A :class:`Timeline` from action records (activations held from a
-    forward's start to its backward's end)."""
+    forward's start to its backward's end; on the device at most ``cap[s]``
+    micro-batches' worth of stage ``s``)."""
     total = max((rec.end_s for rec in records), default=0.0)
     events = sorted([(rec.start_s, 1, rec.stage) for rec in records if rec.kind == "F"]
                     + [(rec.end_s, -1, rec.stage) for rec in records if rec.kind == "B"], key=lambda e: (e[0], e[1]))
     held, peak_bytes, inflight, peak_in = [0.0] * pp, [0.0] * pp, [0] * S, [0] * S
     for _, step, st in events:
         r = st % pp
+        on_device = min(inflight[st], cap[st])
         inflight[st] += step
-        held[r] += step * act[st]
+        held[r] += (min(inflight[st], cap[st]) - on_device) * act[st]
         peak_in[st] = max(peak_in[st], inflight[st])
         peak_bytes[r] = max(peak_bytes[r], held[r])
     ends = [max((rec.end_s for rec in records if rec.rank == r), default=0.0) for r in range(pp)]

@@ -19,7 +19,7 @@ import pytest
 from helpers import all_splits, pcie_host, tiny_cluster
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InfeasibleError
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
 from pipesearch.timemodel import StageTimes, iteration_time_s
 from pipesearch.types import Job, Layer, ModelProfile
 
@@ -85,6 +85,18 @@ def test_a_stage_that_fits_only_with_its_activations_on_the_host():
     with pytest.raises(InfeasibleError):
         opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=6, schedules=("gpipe",), top=1)
         search([ModelVariant(_hand_profile())], cluster, Job(global_batch_size=6, memory_reserve_bytes=0), opts)
+
+
+def test_simulate_counts_only_the_resident_micro_batches_of_an_offloading_stage():
+    """The hand case's plan replayed by ``pipesearch simulate``'s path: GPipe
+    holds all 6 micro-batches of stage 0 at its peak, but an offloading stage
+    keeps 3 of them on the GPU: 3 x 6 GB = 18 GB of activations on rank 0
+    (the plan's 22 GB less its 4 GB of state); stage 1 keeps its 6 x 1 GB."""
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host())
+    plan = _search(_hand_profile(), cluster, 2, 6, "gpipe")
+    _, tl = simulate_plan(plan)
+    assert tl.peak_in_flight == (6, 6)
+    assert tl.peak_act_bytes == pytest.approx((18 * GB, 6 * GB))
 
 
 def test_copies_shorter_than_compute_cost_nothing():

@@ -39,7 +39,8 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     """Replay a plan's schedule in the discrete-event simulator.
 
     Prints the simulated iteration time next to the analytic one, the busy
-    fraction and peak activation memory of every rank.
+    fraction and peak activation memory on the device of every rank (an
+    offloading stage counts its resident micro-batches only).
 
     \b
     Examples:
@@ -81,7 +82,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")
     for r in range(tl.num_ranks):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
-                   f"peak in-flight activations {format_bytes(tl.peak_act_bytes[r])}")
+                   f"peak activations on the device {format_bytes(tl.peak_act_bytes[r])}")
     if timeline is not None:
         from ..plots.timeline import allreduce_label, allreduce_spans, mobius_copy_spans, pcie_rows, plot_timeline
 
