@@ -33,10 +33,9 @@ import numpy as np
 
 from . import schedules as schedule_lib
 from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
-from .placement import (check_layout, count_layouts, group_ids, layout, layout_names, memory_bytes_of, num_slots,
-                        placement_candidates, placement_links, reference_device, slot_heads)
-from .placement import SLOTS_PREFIX, slot_classes
-from .placement import node_ids, replicated_stage_devices
+from .placement import (SLOTS_PREFIX, check_layout, count_layouts, group_ids, layout, layout_names, memory_bytes_of,
+                        node_ids, num_slots, placement_candidates, placement_links, reference_device,
+                        replicated_stage_devices, slot_classes, slot_heads)
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
@@ -45,7 +44,7 @@ from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_p
                           parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
                           replicated_lower_bound_s, replicated_placements)
 from .split_search import exact_split
-from .stage_options import ACT_HOST_RESIDENT
+from .stage_options import ACT_HOST_RESIDENT, offloads_activations
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
 
@@ -418,7 +417,7 @@ def simulate_plan(plan: Plan) -> tuple[float, object]:
     """Replay a plan's schedule with its stage times in the simulator
     (:func:`pipesearch.timemodel.simulate_times`): returns (iteration time
     including each rank's gradient all-reduce after its last action, Timeline)."""
-    resident = [ACT_HOST_RESIDENT if "act-host" in st.memory_option.split("+") else math.inf for st in plan.stages]
+    resident = [ACT_HOST_RESIDENT if offloads_activations(st.memory_option) else math.inf for st in plan.stages]
     return simulate_times(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp, stage_times_of(plan),
                           act_bytes=[st.saved_bytes for st in plan.stages], act_resident=resident)
 

@@ -323,6 +323,13 @@ ACT_HOST = "act-host"
 """Name part of the options whose saved activations live in host memory."""
 
 
+def offloads_activations(option: str) -> bool:
+    """Whether the per-stage memory option named ``option`` (e.g.
+    ``full+act-host``, ``swap+act-host``) keeps its saved activations in host
+    memory (:data:`ACT_HOST` is one of its ``+`` parts)."""
+    return ACT_HOST in option.split("+")
+
+
 def activation_host_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int,
                             placement: np.ndarray, tp: int, offload: bool,
                             option_profiles: tuple[tuple[str, ModelProfile], ...] | None,

@@ -268,3 +268,13 @@ def pcie_host(**kw) -> HostSpec:
                 pcie_switches=((0, 1, 2, 3), (4, 5, 6, 7)), cpu_adam_params_per_s=1e9)
     base.update(kw)
     return HostSpec(**base)
+
+
+def mobius_profile(rng, num_layers: int, saved_gb: tuple[float, float]) -> ModelProfile:
+    """Random layers for the Mobius brute-force tests: forward 0.5-2 s,
+    backward 1-4 s, 1-8 GB of weights, ``saved_gb`` GB saved per micro-batch."""
+    return ModelProfile(name="mob", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=float(rng.uniform(0.5, 2)), bwd_s=float(rng.uniform(1, 4)),
+              param_bytes=float(rng.uniform(1, 8)) * 1e9, output_bytes=0.0,
+              saved_bytes=float(rng.uniform(*saved_gb)) * 1e9)
+        for k in range(num_layers)), profiled_batch_size=1, bytes_per_param=2.0)

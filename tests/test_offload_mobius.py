@@ -14,14 +14,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers import all_splits, tiny_cluster
+from helpers import all_splits, mobius_profile, pcie_host, tiny_cluster
 from pipesearch import host as host_lib
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InputError
 from pipesearch.hardware import load_cluster
 from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
 from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
-from pipesearch.types import HostSpec, Job, Layer, ModelProfile
+from pipesearch.types import HostSpec, Job
 
 GB = 1e9
 
@@ -112,18 +112,11 @@ def test_cross_mapping_alternates_switches():
 
 
 def _host(**kw) -> HostSpec:
-    base = dict(memory_bytes=800 * GB, pcie_generation=4, pcie_lanes_per_gpu=16,
-                host_to_device_bytes_per_s=25 * GB, switch_uplink_bytes_per_s=25 * GB,
-                pcie_switches=((0, 1), (2, 3)), cpu_adam_params_per_s=1e10)
-    base.update(kw)
-    return HostSpec(**base)
+    return pcie_host(**{"pcie_switches": ((0, 1), (2, 3)), "cpu_adam_params_per_s": 1e10, **kw})
 
 
 def _profile(rng, L):
-    return ModelProfile(name="mob", layers=tuple(
-        Layer(name=f"l{k}", fwd_s=float(rng.uniform(0.5, 2)), bwd_s=float(rng.uniform(1, 4)),
-              param_bytes=float(rng.uniform(1, 8)) * GB, output_bytes=0.0, saved_bytes=float(rng.uniform(0.5, 2)) * GB)
-        for k in range(L)), profiled_batch_size=1, bytes_per_param=2.0)
+    return mobius_profile(rng, L, saved_gb=(0.5, 2))
 
 
 @pytest.mark.parametrize("seed,L,pp,vp,m,cap", [(0, 6, 2, 2, 2, 42), (1, 7, 2, 2, 3, 55), (2, 6, 2, 1, 2, 48),

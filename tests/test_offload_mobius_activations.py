@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers import all_splits, tiny_cluster
+from helpers import all_splits, mobius_profile, pcie_host, tiny_cluster
 from pipesearch.errors import InfeasibleError
 from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
 from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
@@ -74,11 +74,7 @@ def test_forwards_wait_for_the_copy_out_two_before():
 
 
 def _host(**kw) -> HostSpec:
-    base = dict(memory_bytes=800 * GB, pcie_generation=4, pcie_lanes_per_gpu=16,
-                host_to_device_bytes_per_s=25 * GB, switch_uplink_bytes_per_s=25 * GB,
-                pcie_switches=((0, 1),), cpu_adam_params_per_s=1e10)
-    base.update(kw)
-    return HostSpec(**base)
+    return pcie_host(**{"pcie_switches": ((0, 1),), "cpu_adam_params_per_s": 1e10, **kw})
 
 
 def _two_layers():
@@ -127,10 +123,7 @@ def test_offloaded_activations_let_more_micro_batches_fit():
 
 
 def _profile(rng, L):
-    return ModelProfile(name="mob", layers=tuple(
-        Layer(name=f"l{k}", fwd_s=float(rng.uniform(0.5, 2)), bwd_s=float(rng.uniform(1, 4)),
-              param_bytes=float(rng.uniform(1, 8)) * GB, output_bytes=0.0, saved_bytes=float(rng.uniform(2, 6)) * GB)
-        for k in range(L)), profiled_batch_size=1, bytes_per_param=2.0)
+    return mobius_profile(rng, L, saved_gb=(2, 6))
 
 
 @pytest.mark.parametrize("seed,L,pp,vp,m,cap", [(0, 6, 2, 2, 4, 68), (1, 7, 2, 2, 5, 85), (2, 6, 2, 1, 4, 80),

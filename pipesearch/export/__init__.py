@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..schedules import SCHEDULES
+from ..stage_options import ACT_HOST, offloads_activations
 from ..types import Plan
 
 FORMATS = ("torch", "torchtitan", "megatron", "deepspeed", "gpipe")
@@ -159,7 +160,7 @@ def refuse_host_memory(plan: Plan, fmt: str) -> None:
 def activation_offload_stages(plan: Plan) -> list[int]:
     """The stages whose memory option keeps their saved activations in host
     memory (``act-host``, :func:`pipesearch.stage_options.activation_host_options`)."""
-    return [st.index for st in plan.stages if "act-host" in st.memory_option]
+    return [st.index for st in plan.stages if offloads_activations(st.memory_option)]
 
 
 def deepspeed_cpu_checkpointing(plan: Plan) -> bool:
@@ -172,7 +173,7 @@ def deepspeed_cpu_checkpointing(plan: Plan) -> bool:
     if not plan.stages or len(act) != len(plan.stages):
         return False
     plan_rc = plan_extra(plan, "recompute", "none")
-    return all(st.memory_option.split("+")[0] == "full" or (st.memory_option.startswith("act-host")
+    return all(st.memory_option.split("+")[0] == "full" or (st.memory_option.startswith(ACT_HOST)
                                                              and plan_rc == "full") for st in plan.stages)
 
 

@@ -21,6 +21,7 @@ from importlib import resources
 import jsonschema
 
 from ..errors import InputError
+from ..stage_options import ACT_HOST, offloads_activations
 from ..types import Plan
 from . import Inputs, plan_extra, plan_layers
 
@@ -57,9 +58,8 @@ def stage_placement(option: str, plan_recompute: str) -> dict:
         recompute, rest = head, tail
     else:
         recompute, rest = (plan_recompute if plan_recompute in RECOMPUTE else "none"), option
-    parts = rest.split("+") if rest else []
-    on_host = "act-host" in parts
-    rest = "+".join(x for x in parts if x != "act-host")
+    on_host = offloads_activations(rest)
+    rest = "+".join(x for x in rest.split("+") if x and x != ACT_HOST)
     if rest not in ("", "on-device", "offload", "stream", "swap") or (on_host and rest not in ("", "offload", "swap")):
         raise InputError(f"export stages-json: stage memory_option {option!r} is not one of pipesearch's options "
                          "(none / selective / full, +act-host, +offload, +stream, on-device, offload, stream, swap, swap+act-host)")

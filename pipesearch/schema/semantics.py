@@ -47,6 +47,7 @@ from typing import Iterator
 
 from ..errors import InputError
 from ..schedules import build
+from ..stage_options import offloads_activations
 from ..types import SCHEDULES
 from . import Problem, show
 
@@ -245,7 +246,7 @@ def _activation_offload(plan: dict, where: str) -> Iterator[Problem]:
     (:func:`pipesearch.option_search.host_plan_info`); other stages move
     none."""
     stages = plan["stages"]
-    offloading = [k for k, st in enumerate(stages) if "act-host" in st.get("memory_option", "")]
+    offloading = [k for k, st in enumerate(stages) if offloads_activations(st.get("memory_option", ""))]
     info = (plan.get("options") or {}).get("host") or {}
     moved, held = info.get("activation_pcie_bytes_per_iteration"), info.get("activation_host_memory_bytes")
     if not offloading and moved is None:
