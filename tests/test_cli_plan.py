@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -50,9 +49,7 @@ def good_rows(n):
 
 
 def test_no_arguments_prints_a_table_and_writes_no_file(tmp_path):
-    t = time.perf_counter()
     result = run(["plan"], tmp_path)
-    elapsed = time.perf_counter() - t
     assert result.exit_code == 0, result.stderr
     out = result.stdout
     assert "rank" in out and "layers/stage" in out and "samples/s" in out
@@ -63,7 +60,6 @@ def test_no_arguments_prints_a_table_and_writes_no_file(tmp_path):
     assert result.stdout.rstrip().splitlines()[-1] == "wrote plans.json"
     plans = load_plan_file(tmp_path / "plans.json").plans
     assert [p.rank for p in plans] == [1, 2, 3, 4, 5]
-    assert elapsed < 15  # a few seconds on a laptop; generous for loaded CI machines
 
 
 def test_memory_reserve_without_unit_is_refused(tmp_path):

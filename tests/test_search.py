@@ -9,7 +9,6 @@ search, compared with what the pruned search returns.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -335,12 +334,15 @@ def test_real_profile_split_is_exact(model, cluster_name, pp, dp, mbs, schedule)
         assert opt.iteration_time_s >= ex.iteration_time_s
 
 
-def test_default_search_is_fast():
-    """The default CLI search (vgg16 on 4x4-v100-10gbe, batch 1024) takes
-    well under the few seconds a user waits for `pipesearch plan`."""
+def test_default_search_ranks_five_plans_in_time_order():
+    """The default CLI search (vgg16 on 4x4-v100-10gbe, batch 1024) returns
+    the five plans the table shows, in nondecreasing simulated time, each
+    on the cluster's 16 devices or fewer. Its speed is measured in
+    benchmarks/ (bench_scale.py), not here: a timed test fails under load."""
     cluster = load_cluster("4x4-v100-10gbe")
     src = load_model_source("vgg16", cluster)
-    t = time.perf_counter()
     res = search(list(src.variants), cluster, Job(1024), SearchOptions(), profiled_device=src.profiled_device)
-    assert time.perf_counter() - t < 10
     assert len(res.plans) == 5
+    times = [p.predicted.iteration_time_s for p in res.plans]
+    assert times == sorted(times)
+    assert all(p.pp * p.dp * p.tp <= 16 for p in res.plans)

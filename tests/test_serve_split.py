@@ -4,7 +4,6 @@ vLLM's default on 8x L4, and the search's pins and speed."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -128,13 +127,13 @@ def test_request_rate_picks_the_smallest_batch_that_carries_it():
         assert pipe.steady_state(p.split, p.batch - 1, Workload(512, 128)).output_tokens_per_s < per_replica
 
 
-def test_serve_70b_on_2x8_gpus_under_a_second():
+def test_serve_70b_on_2x8_gpus_plans():
+    """A 70B model on 16 GPUs gets plans (its search speed is measured by
+    benchmarks/bench_serve.py, not here)."""
     cfg = load_transformer(resolve("model", "llama3-70b"))
     cluster = load_cluster("2x8-a100-80gb")
-    t0 = time.perf_counter()
     r = search_serving(cfg, cluster, ServeJob(Workload(2048, 512)), engine=engine_spec("vllm"),
                        weights=weight_format("bf16"), kv_bytes=2.0)
-    assert time.perf_counter() - t0 < 1.0
     assert r.evaluated >= 10 and r.plans
 
 
