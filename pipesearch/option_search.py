@@ -249,7 +249,6 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
       (:func:`pipesearch.stage_options.swap_device_bytes`), so that the plan
       file replays (:func:`pipesearch.timemodel.stage_times_of`).
     """
-    from .memory import param_state_of
     from .stage_options import swap_device_bytes
 
     o = costs.options
@@ -260,18 +259,10 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     if not any(("offload" in n or "stream" in n or n.startswith("swap") or "act-host" in n) for n in names):
         return ()
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
-    state = param_state_of(job)
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
     ranks = len(o.swap_queue) if o.swap_queue is not None else costs.pp
-    last_local = s >= costs.pp - ranks
-    moved = np.select([np.array(["stream" in n for n in names]), np.array([n.startswith("swap") for n in names]),
-                       np.array(["offload" in n for n in names])],
-                      [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
-                       2.0 * share * params], 0.0)
-    copied, act_host = costs.activation_offload_bytes(s, i, j)
-    act_host, act_moved = act_host * dp * tp, 2.0 * costs.num_micro_batches * copied * dp * tp
+    moved, act_moved = stage_pcie_bytes(costs, bounds, job, dp, tp)
+    act_host = costs.activation_offload_bytes(s, i, j)[1] * dp * tp
     host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)] * dp * tp + act_host
-    moved = moved * dp * tp + act_moved
     info = {"host_memory_bytes": [float(x) for x in host], "pcie_bytes_per_iteration": [
         float(x) for x in moved], "total_host_memory_bytes": float(host.sum()),
         "total_pcie_bytes_per_iteration": float(moved.sum())}
@@ -291,6 +282,85 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
                             **({"act_copy_s": [float(x) for x in times.act_copy_s]}
                                if times.act_copy_s is not None else {})}),)
     return out
+
+
+def stage_pcie_bytes(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``(total, activations)``: bytes each stage of the split ``bounds``
+    moves over PCIe per iteration under its option, over its ``dp x tp``
+    GPUs (``(S,)`` each; :func:`host_plan_info` states the terms: an
+    offloaded optimizer's 16-bit gradients out and weights back, ZeRO-Offload
+    Fig. 2; streamed weights 3 copies per micro-batch; a Mobius stage once
+    per stay in and its gradients out once; offloaded activations ``2 m``
+    copies of a micro-batch's kept bytes, included in ``total``). Zeros
+    without options."""
+    from .memory import param_state_of
+
+    S = costs.pp
+    s, i, j = np.arange(S), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    o = costs.options
+    if o is None:
+        return np.zeros(S), np.zeros(S)
+    names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
+    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
+    state = param_state_of(job)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    ranks = len(o.swap_queue) if o.swap_queue is not None else S
+    last_local = s >= S - ranks
+    moved = np.select([np.array(["stream" in n for n in names]), np.array([n.startswith("swap") for n in names]),
+                       np.array(["offload" in n for n in names])],
+                      [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
+                       2.0 * share * params], 0.0)
+    act_moved = 2.0 * costs.num_micro_batches * costs.activation_offload_bytes(s, i, j)[0] * dp * tp
+    return moved * dp * tp + act_moved, act_moved
+
+
+TERM_TIE_REL = 1e-9
+"""Relative tolerance under which two options' stage terms count as equal
+(floating-point rounding of the same sums): the tie rule of
+:func:`prefer_device_state` never makes a plan slower than this."""
+
+
+def prefer_device_state(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> PipelineCosts:
+    """``costs`` with, stage by stage, the other chain where that keeps
+    more state on the GPU at no cost in time: on the split ``bounds``, a
+    stage moves to the other chain (:data:`pipesearch.stage_options.
+    OFFLOAD_FIRST` / ``DEVICE_FIRST``) when that chain's first fitting
+    option fits, none of its forward, backward, input-gradient, after-
+    backward and host-step times exceeds the current option's (relative
+    :data:`TERM_TIE_REL`), and it moves fewer bytes over PCIe per iteration
+    (:func:`stage_pcie_bytes`), or as many with less device memory.
+
+    Exact for time: the makespan is a longest path with non-negative
+    weights (:mod:`pipesearch.timemodel`), so no stage term growing means no
+    path growing, and the choice of one stage changes no other stage's
+    terms. So an offloading option is kept only where no option without
+    that offload fits, or where the offload is faster (docs/offload.md, "Only
+    where memory requires it"). ``costs`` without chains is returned as is.
+    """
+    if not has_policies(costs):
+        return costs
+    o = costs.options
+    S = costs.pp
+    rows = [OFFLOAD_FIRST, DEVICE_FIRST]
+    policies = [next((p for p in rows if np.array_equal(o.policy_chains[p], o.allowed[:, k])), None)
+                for k in range(S)]
+    if any(p is None for p in policies):
+        return costs  # a stage on the relaxed chain: not a plan
+    i, j = np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    for k in range(S):
+        cand = with_policies(costs, policies[:k] + [rows[1 - rows.index(policies[k])]] + policies[k + 1:])
+        if not bool(cand.fits(k, i[k], j[k])):
+            continue
+        now, alt = (np.array([float(c.fwd_s(k, i[k], j[k])), float(c.bwd_s(k, i[k], j[k])),
+                              float(c.bwd_input_s(k, i[k], j[k])), float(c.after_backward_s(k, i[k], j[k])),
+                              float(c.host_step_s(k, i[k], j[k]))]) for c in (costs, cand))
+        if np.any(alt > now * (1 + TERM_TIE_REL) + 1e-15):
+            continue
+        bytes_now, bytes_alt = (float(stage_pcie_bytes(c, bounds, job, dp, tp)[0][k]) for c in (costs, cand))
+        mem_now, mem_alt = (float(c.memory_bytes(k, i[k], j[k])) for c in (costs, cand))
+        if bytes_alt < bytes_now or (bytes_alt == bytes_now and mem_alt < mem_now):
+            costs, policies = cand, policies[:k] + [rows[1 - rows.index(policies[k])]] + policies[k + 1:]
+    return costs
 
 
 def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1) -> str | None:
