@@ -279,7 +279,8 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
                             "swap_out_s": [float(x) for x in times.swap_out_s],
                             "pcie_queue": [int(q) for q in o.swap_queue],
                             "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)],
-                            **({"act_copy_s": [float(x) for x in times.act_copy_s]}
+                            **({"act_copy_s": [float(x) for x in times.act_copy_s],
+                                "act_host": [bool(x) for x in times.act_host]}
                                if times.act_copy_s is not None else {})}),)
     return out
 
@@ -361,6 +362,22 @@ def prefer_device_state(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1)
         if bytes_alt < bytes_now or (bytes_alt == bytes_now and mem_alt < mem_now):
             costs, policies = cand, policies[:k] + [rows[1 - rows.index(policies[k])]] + policies[k + 1:]
     return costs
+
+
+def pin_mobius_activations(costs: PipelineCosts, bounds) -> PipelineCosts:
+    """``costs`` with each Mobius stage held to the option the split
+    ``bounds`` gives it (:func:`pipesearch.stage_options.mobius_activation_choice`:
+    activations in host memory where its GPU requires it), so that the
+    plan's per-stage options, memory and host bytes name that choice;
+    ``costs`` itself without Mobius' activation options."""
+    o = costs.options
+    if o is None or o.swap_act_copy_prefix_s is None:
+        return costs
+    act = np.asarray(costs.stage_times(np.asarray(bounds)).act_host, dtype=bool)
+    allowed = np.stack([~act, act])
+    if o.allowed is not None and np.array_equal(o.allowed, allowed):
+        return costs
+    return replace(costs, options=replace(o, allowed=allowed))
 
 
 def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1) -> str | None:

@@ -40,7 +40,7 @@ from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .option_search import (best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info,
-                            prefer_device_state)
+                            pin_mobius_activations, prefer_device_state)
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
                           replicated_lower_bound_s, replicated_placements)
@@ -1214,7 +1214,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         bounds, t = found.bounds, found.iteration_time_s
         split_info = {"exact": found.exact, "lower_bound_s": found.lower_bound_s, "gap": found.gap,
                       "splits_evaluated": found.splits_evaluated}
-    tied = prefer_device_state(costs, bounds, job, dp, variant.tp)  # equal times: state kept on the GPU
+    # equal times: state kept on the GPU; Mobius' stages held to their activation choice
+    tied = pin_mobius_activations(prefer_device_state(costs, bounds, job, dp, variant.tp), bounds)
     if tied is not costs:
         costs, t = tied, float(iteration_time_s(schedule, pp, m, vp, tied.stage_times(np.asarray(bounds))))
     analytic = analytic_time_s(schedule, costs, bounds, pp, vp)
