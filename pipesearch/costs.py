@@ -654,10 +654,10 @@ class PipelineCosts:
         ranks = len(o.swap_queue)
         pairs = swap_device_bytes(params, np.zeros_like(params), ranks)
         copy = o.swap_act_copy_prefix_s[1, s, j] - o.swap_act_copy_prefix_s[1, s, i]
-        base = np.atleast_2d(times.allreduce_s)
+        after = np.broadcast_to(np.asarray(self.after_backward_s(s, i, j), dtype=float), i.shape)  # no GPU check
         plain = with_fields(times, **{f: np.atleast_2d(getattr(times, f)) for f in (
             "fwd_s", "bwd_s", "bwd_input_s", "swap_in_s", "swap_out_s")}, p2p_s=np.asarray(times.p2p_s).reshape(n, -1),
-            allreduce_s=np.where(np.isinf(base), 0.0, base), **({} if times.delayed_host_s is None else {
+            allreduce_s=after, **({} if times.delayed_host_s is None else {
                 "delayed_host_s": np.atleast_2d(times.delayed_host_s)}))
 
         def time_of(idx, sets):

@@ -843,11 +843,11 @@ def mobius_activation_choice(first: np.ndarray, can_keep: np.ndarray, can_offloa
     n, S = first.shape
     rank = np.arange(S) % pp
 
-    def device(act):
-        own = np.where(act, own_bytes[1], own_bytes[0])
-        return np.stack([own[..., rank == r].sum(axis=-1) for r in range(pp)], axis=-1) + pair_bytes
+    def device(act, rows):  # (len(rows), pp) peak bytes of the splits ``rows`` under ``act``
+        own = np.where(act, own_bytes[1][rows], own_bytes[0][rows])
+        return np.stack([own[..., rank == r].sum(axis=-1) for r in range(pp)], axis=-1) + pair_bytes[rows]
 
-    over = device(first) > capacity_bytes
+    over = device(first, np.arange(n)) > capacity_bytes
     act, fits = first.copy(), ~over.any(axis=1)
     cand_split, cand_sets = [], []
     for x in np.flatnonzero(~fits):
@@ -864,7 +864,7 @@ def mobius_activation_choice(first: np.ndarray, can_keep: np.ndarray, can_offloa
                         continue
                     trial = first[x].copy()
                     trial[list(extra)] = True
-                    if device(trial[None])[0, r] <= capacity_bytes[r]:
+                    if device(trial[None], [x])[0, r] <= capacity_bytes[r]:
                         minimal.append(extra)
             per_gpu.append([_with(first[x], e) for e in minimal])
         for combo in itertools.product(*per_gpu):

@@ -250,3 +250,26 @@ def test_search_equals_brute_force_over_splits(seed, L, pp, vp, m, cap):
     chosen = tuple(st.memory_option == "swap+act-host" for st in plan.stages)
     assert sum(chosen) == min(sum(a) for a in offloads)  # a fastest choice, ties keeping fewer offloading stages
     assert simulate_plan(plan)[0] == pytest.approx(best, rel=1e-9)
+
+
+def test_a_gpu_over_its_memory_tries_the_minimal_sets_of_its_stages():
+    """One GPU, two stages of 10 GB each on the device (4 GB offloaded),
+    the two stays' weights 5 GB, 20 GB capacity: keeping both needs 25 GB;
+    offloading either one 19 GB fits, both are not tried (a superset is
+    never faster). The chooser times {0} and {1} (here 7 s and 5 s, given)
+    and takes {1}; a 12 GB GPU fits no choice (4 + 4 + 5 = 13 GB)."""
+    from pipesearch.stage_options import mobius_activation_choice
+
+    tried = []
+
+    def time_of(idx, sets):
+        tried.extend(tuple(bool(x) for x in row) for row in sets)
+        return np.where(sets[:, 0], 7.0, 5.0)
+
+    own = np.array([[[10.0, 10.0]], [[4.0, 4.0]]])
+    no = np.zeros((1, 2), dtype=bool)
+    act, fits = mobius_activation_choice(no, ~no, ~no, own, np.array([[5.0]]), np.array([20.0]), 1, time_of)
+    assert tried == [(True, False), (False, True)]
+    assert act.tolist() == [[False, True]] and fits.tolist() == [True]
+    act, fits = mobius_activation_choice(no, ~no, ~no, own, np.array([[5.0]]), np.array([12.0]), 1, time_of)
+    assert fits.tolist() == [False]
