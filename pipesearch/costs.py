@@ -221,6 +221,10 @@ class PipelineCosts:
     #: the host step runs beside the next iteration (Job.delayed_optimizer_step;
     #: timemodel.delayed_host_time_s), not after the stage's last backward
     delayed_host_step: bool = False
+    #: ``(P,)`` bytes per second of each stage's GPU to or from host memory
+    #: with every GPU of the plan under its switch copying at once
+    #: (:func:`pipesearch.host.shared_bandwidth_bytes_per_s`); None without ``[host]``
+    pcie_bandwidth_bytes_per_s: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -343,6 +347,17 @@ class PipelineCosts:
             fwd = self._range("fwd_prefix_s", s, i, j)
             total = np.maximum(fwd, x) + self._backward_with_copies(total - fwd, s, i, j, x)
         return self.time_scale[s] * total
+
+    def activation_copy_s(self, s, i, j):
+        """Seconds of one copy of a micro-batch's kept activations of stage
+        ``s`` holding ``[i, j)`` to or from host memory (each direction, on
+        its device: the ``x`` of :meth:`fwd_s`), 0 where its option keeps
+        them on the device."""
+        x = self._copy_s(s, i, j)
+        copied = self.activation_offload_bytes(s, i, j)[0]
+        if x is None:
+            return np.zeros(np.shape(copied))
+        return np.where(copied > 0, self.time_scale[s] * x, 0.0)
 
     def _copy_s(self, s, i, j):
         """Profiled-device seconds of one direction of the chosen option's
@@ -795,8 +810,15 @@ def build_pipeline_costs(
         options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
                                 offload=optimizer_offload, stages_per_device=stages_per_device,
                                 option_profiles=option_profiles, time_scale=time_scale)
+    pcie = None
+    if cluster.host is not None:
+        from . import host as host_lib
+
+        pcie = host_lib.shared_bandwidth_bytes_per_s(cluster.host,
+                                                     host_lib.stage_switch_sharing(cluster, placement, tp))
     return PipelineCosts(
         options=options, delayed_host_step=job.delayed_optimizer_step and options is not None,
+        pcie_bandwidth_bytes_per_s=None if pcie is None else np.asarray(pcie, dtype=float),
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
         fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),

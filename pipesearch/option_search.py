@@ -269,6 +269,7 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     if np.any(act_moved > 0):
         info.update(activation_host_memory_bytes=[float(x) for x in act_host],
                     activation_pcie_bytes_per_iteration=[float(x) for x in act_moved])
+    info.update(_copy_seconds(costs, bounds, names, job, dp))
     out: tuple = (("host", info),)
     if costs.delayed_host_step:
         out += (("optimizer_step", "delayed"), ("optimizer_staleness_steps", 1))
@@ -283,6 +284,34 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
                                 "act_host": [bool(x) for x in times.act_host]}
                                if times.act_copy_s is not None else {})}),)
     return out
+
+
+def _copy_seconds(costs: PipelineCosts, bounds, names, job, dp: int) -> dict:
+    """Per stage, the seconds of one GPU's copies the time model counts
+    inside its stage times (plan ``options.host``; the timeline draws them,
+    :func:`pipesearch.timemodel.host_copy_spans`): ``activation_copy_s`` one
+    micro-batch's kept activations each way (``act-host``),
+    ``weight_copy_s`` a streamed stage's weights (``w / bw`` per forward;
+    its backward copies them in and the gradients out, ``2 w / bw``) and
+    ``optimizer_copy_s`` an offloaded optimizer step's gradients out (and
+    as long, its weights back; ZeRO-Offload, Ren et al. ATC'21 Fig. 2),
+    not with a delayed step. Only the keys some stage uses; none for Mobius
+    (its copies are graph nodes, ``options.mobius``)."""
+    from .memory import param_state_of
+
+    o, bw = costs.options, costs.pcie_bandwidth_bytes_per_s
+    if o.swap_in_s_per_param_byte is not None or bw is None:
+        return {}
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
+    state = param_state_of(job)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    streamed = np.array(["stream" in n for n in names])
+    offloaded = np.array(["offload" in n for n in names]) & ~streamed & (not costs.delayed_host_step)
+    out = {"activation_copy_s": costs.activation_copy_s(s, i, j),
+           "weight_copy_s": np.where(streamed, params / bw, 0.0),
+           "optimizer_copy_s": np.where(offloaded, share * params / bw, 0.0)}
+    return {k: [float(x) for x in v] for k, v in out.items() if np.any(np.asarray(v) > 0)}
 
 
 def stage_pcie_bytes(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:

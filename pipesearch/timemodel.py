@@ -775,3 +775,61 @@ def _timeline(records, pp: int, S: int, m: int, busy, act, cap) -> Timeline:
                     bubble_fraction=(1.0 - max(busy) / total) if total > 0 else 0.0,
                     mean_bubble_fraction=(1.0 - sum(busy) / pp / total) if total > 0 else 0.0,
                     peak_act_bytes=tuple(peak_bytes), peak_in_flight=tuple(peak_in), rank_end_s=tuple(ends))
+
+
+def host_copy_spans(timeline: Timeline, allreduce_s, host_step_s, *, activation_copy_s=None, weight_copy_s=None,
+                    optimizer_copy_s=None) -> list[tuple[int, str, str, int, float, float]]:
+    """The PCIe copies that the stage times of the other schedules hold
+    (docs/offload.md), placed on the simulated ``timeline`` as the time
+    model counts them: ``(rank, direction, what, stage, start_s, end_s)``,
+    ``direction`` ``"in"`` (host to GPU) or ``"out"``, sorted by rank,
+    direction and start. Per stage (``(S,)`` seconds of one GPU's copy, 0
+    or None where it has none):
+
+    * ``activation_copy_s`` (activations in host memory): micro-batch
+      ``k``'s kept activations go out during the stage's action after
+      ``F(k)``, and come back during the action before its backward (``B``,
+      or ``I`` under ZB-H1); each action lasts at least the copy
+      (:meth:`pipesearch.costs.PipelineCosts.fwd_s`), so a copy starts with
+      its action;
+    * ``weight_copy_s`` (streamed weights): the stage's weights in during
+      each forward, in and then its gradients out during each backward
+      (ZB-H1: weights in during ``I``, gradients out during ``W``), from the
+      action's start, the link busy that long (layer by layer, each layer's
+      copy overlapping the previous layer's compute);
+    * ``optimizer_copy_s`` (offloaded optimizer step, not delayed): after
+      the rank's last action and the stage's gradient all-reduce, the
+      gradients out, then the CPU's Adam, then the weights in, ending with
+      the stage's ``host_step_s`` (``allreduce_s`` holds both; a rank's
+      stages take their turn in stage order, as its all-reduce bar).
+    """
+    S, pp = timeline.num_stages, timeline.num_ranks
+    act, wts, opt = (np.zeros(S) if x is None else np.asarray(x, dtype=float)
+                     for x in (activation_copy_s, weight_copy_s, optimizer_copy_s))
+    by_rank: dict[int, list] = {}
+    for rec in sorted(timeline.records, key=lambda r: (r.rank, r.start_s, r.end_s)):
+        by_rank.setdefault(rec.rank, []).append(rec)
+    out = []
+    for r, seq in by_rank.items():
+        for p, rec in enumerate(seq):
+            s, a = rec.stage, rec.start_s
+            if act[s] > 0 and rec.kind == "F" and p + 1 < len(seq):
+                out.append((r, "out", "activations", s, seq[p + 1].start_s, seq[p + 1].start_s + act[s]))
+            if act[s] > 0 and rec.kind in ("B", "I") and p > 0:
+                out.append((r, "in", "activations", s, seq[p - 1].start_s, seq[p - 1].start_s + act[s]))
+            if wts[s] > 0 and rec.kind in ("F", "B", "I"):
+                out.append((r, "in", "weights", s, a, a + wts[s]))
+            if wts[s] > 0 and rec.kind in ("B", "W"):
+                start = a + wts[s] if rec.kind == "B" else a
+                out.append((r, "out", "gradients", s, start, start + wts[s]))
+    ends = dict(enumerate(timeline.rank_end_s))
+    clock = {r: ends.get(r, 0.0) for r in range(pp)}
+    for s in range(S):
+        r = s % pp
+        step = float(np.asarray(host_step_s, dtype=float)[s])
+        start = clock[r] + float(np.asarray(allreduce_s, dtype=float)[s]) - step  # after the all-reduce
+        if opt[s] > 0:
+            out.append((r, "out", "gradients", s, start, start + opt[s]))
+            out.append((r, "in", "weights", s, start + step - opt[s], start + step))
+        clock[r] = start + step
+    return sorted(out, key=lambda c: (c[0], c[1], c[4], c[3]))
