@@ -273,3 +273,22 @@ def test_a_gpu_over_its_memory_tries_the_minimal_sets_of_its_stages():
     assert act.tolist() == [[False, True]] and fits.tolist() == [True]
     act, fits = mobius_activation_choice(no, ~no, ~no, own, np.array([[5.0]]), np.array([12.0]), 1, time_of)
     assert fits.tolist() == [False]
+
+
+def test_a_plan_file_whose_act_host_contradicts_the_stages_is_refused():
+    """The plan file records per stage whether its activations are in host
+    memory (options.mobius.act_host, read by the replay); one that
+    contradicts the stages' memory_option is refused in one line."""
+    from pipesearch.plan import plan_to_dict
+    from pipesearch.schema.semantics import _mobius
+
+    cluster = replace(tiny_cluster(1, 2, memory_bytes=60 * GB), host=_host())
+    job = Job(global_batch_size=6, memory_reserve_bytes=0, activation_offload=True)
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=6, schedules=("mobius",), vps=(1,),
+                         top=1)
+    doc = plan_to_dict(search([ModelVariant(_uneven_layers())], cluster, job, opts).plans[0])
+    assert doc["options"]["mobius"]["act_host"] == [True, False]
+    assert list(_mobius(doc, "plans[0]")) == []
+    doc["options"]["mobius"]["act_host"] = [False, True]
+    (problem,) = list(_mobius(doc, "plans[0]"))
+    assert "act_host" in str(problem) and "memory_option" in str(problem)
