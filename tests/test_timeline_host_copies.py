@@ -106,3 +106,30 @@ def test_optimizer_step_copies_after_the_last_backward(monkeypatch, tmp_path):
     bars = {round(y + h / 2): [tuple(round(float(v), 6) for v in x) for x in xr] for xr, (y, h), c in drawn
             if c in tl_plot.PCIE_COLOURS.values()}
     assert bars == {1: [(4680.0, 80.0)], 2: [(3600.0, 80.0)]}
+
+
+def test_streamed_weights_copies_inside_their_actions():
+    """tests/test_offload.py's streamed stages (1F1B, pp 2, m = 2, two
+    layers of 2.5e9 weight bytes per stage, 12.5 GB/s per GPU): a stage's
+    weights take 5e9 / 12.5e9 = 0.4 s. Each rank: weights in during its 2
+    forwards and 2 backwards (4 copies, 1.6 s), gradients out during its 2
+    backwards after their weights (2 copies, 0.8 s); every copy inside its
+    action (forward 1.2 s, backward 2.4 s)."""
+    from test_offload import _cluster, _stream_profile
+
+    prof = _stream_profile([1.0, 0.1, 1.0, 1.0], [2.0, 0.2, 2.0, 2.0], [2.5e9] * 4, [0.0] * 4)
+    job = Job(global_batch_size=2, memory_reserve_bytes=0, weight_streaming=True)
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=2, schedules=("1f1b",), top=1,
+                         split=(2, 2))
+    plan = search([ModelVariant(prof)], _cluster(12 * GB, cpu_adam_params_per_s=1e10), job, opts).plans[0]
+    assert [st.memory_option for st in plan.stages] == ["stream", "stream"]
+    assert dict(plan.extra)["host"]["weight_copy_s"] == pytest.approx([0.4, 0.4])
+    total, timeline = simulate_plan(plan)
+    spans = tl_plot.pcie_copy_spans(plan, timeline)
+    counts = _by(spans)
+    for r in (0, 1):
+        assert counts[(r, "in", "weights")][0] == 4 and counts[(r, "in", "weights")][1] == pytest.approx(1.6)
+        assert counts[(r, "out", "gradients")][0] == 2 and counts[(r, "out", "gradients")][1] == pytest.approx(0.8)
+    for r, _, _, s, a, b in spans:
+        assert any(rec.rank == r and rec.stage == s and rec.start_s - 1e-9 <= a and b <= rec.end_s + 1e-9
+                   for rec in timeline.records)
