@@ -424,6 +424,7 @@ def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1
         return None
     bounds = np.asarray(found.bounds)
     s, i, j = np.arange(costs.pp), bounds[:-1], bounds[1:]
+    chosen = pin_mobius_activations(chosen, bounds)  # Mobius: the stages' activation choice on this split
     k = chosen.option_index(s, i, j)
     host = np.take_along_axis(chosen._option_memory(s, i, j)[1], k[None], axis=0)[0]
     act = chosen.activation_offload_bytes(s, i, j)[1]
