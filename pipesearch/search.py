@@ -1261,8 +1261,8 @@ def rank_plans(plans: list[Plan]) -> list[Plan]:
     best = plans[0].predicted.iteration_time_s
     near = [p for p in plans if p.predicted.iteration_time_s <= best * (1 + TIE_REL)]
     rest = plans[len(near):]
-    near.sort(key=lambda p: (round(_pcie_bytes(p), 0), round(p.predicted.peak_memory_bytes, 0), sum(st.comm_s for st in p.stages),
-                             p.pp * p.vp, p.predicted.iteration_time_s))
+    near.sort(key=lambda p: (round(_pcie_bytes(p), 0), round(p.predicted.peak_memory_bytes, 0),
+                             sum(st.comm_s for st in p.stages), p.pp * p.vp, p.predicted.iteration_time_s))
     return near + rest
 
 
