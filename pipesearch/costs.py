@@ -221,6 +221,10 @@ class PipelineCosts:
     #: the host step runs beside the next iteration (Job.delayed_optimizer_step;
     #: timemodel.delayed_host_time_s), not after the stage's last backward
     delayed_host_step: bool = False
+    #: ``(P,)`` bytes per second of each stage's GPU to or from host memory
+    #: with every GPU of the plan under its switch copying at once
+    #: (:func:`pipesearch.host.shared_bandwidth_bytes_per_s`); None without ``[host]``
+    pcie_bandwidth_bytes_per_s: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -343,6 +347,17 @@ class PipelineCosts:
             fwd = self._range("fwd_prefix_s", s, i, j)
             total = np.maximum(fwd, x) + self._backward_with_copies(total - fwd, s, i, j, x)
         return self.time_scale[s] * total
+
+    def activation_copy_s(self, s, i, j):
+        """Seconds of one copy of a micro-batch's kept activations of stage
+        ``s`` holding ``[i, j)`` to or from host memory (each direction, on
+        its device: the ``x`` of :meth:`fwd_s`), 0 where its option keeps
+        them on the device."""
+        x = self._copy_s(s, i, j)
+        copied = self.activation_offload_bytes(s, i, j)[0]
+        if x is None:
+            return np.zeros(np.shape(copied))
+        return np.where(copied > 0, self.time_scale[s] * x, 0.0)
 
     def _copy_s(self, s, i, j):
         """Profiled-device seconds of one direction of the chosen option's
@@ -617,17 +632,67 @@ class PipelineCosts:
             swaps = dict(swap_in_s=arr(params * self.options.swap_in_s_per_param_byte[k, s]),
                          swap_out_s=arr(params * self.options.swap_out_s_per_param_byte[k, s]),
                          swap_queue=self.options.swap_queue)
-            if self.options.swap_act_copy_prefix_s is not None:  # activations in host memory: copy nodes
-                swaps["act_copy_s"] = arr(self._range("swap_act_copy_prefix_s", s, i, j))
             own = self.memory_bytes(s, i, j) - params * self.options.state_bytes_per_param_byte[k]
             device = swap_device_bytes(arr(params), arr(own), len(self.options.swap_queue))
             ranks = device.shape[-1]
             over = np.where(device > self.capacity_bytes[:ranks], np.inf, 0.0)[..., np.arange(self.pp) % ranks]
-        return StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
-                          bwd_input_s=arr(self.bwd_input_s(s, i, j)),
-                          p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
-                          allreduce_s=arr(self.after_backward_s(s, i, j)) + over, **swaps,
-                          **({"delayed_host_s": arr(self.host_step_s(s, i, j))} if self.delayed_host_step else {}))
+        times = StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
+                           bwd_input_s=arr(self.bwd_input_s(s, i, j)),
+                           p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
+                           allreduce_s=arr(self.after_backward_s(s, i, j)) + over, **swaps,
+                           **({"delayed_host_s": arr(self.host_step_s(s, i, j))} if self.delayed_host_step else {}))
+        if swaps and self.options.swap_act_copy_prefix_s is not None:  # activations in host memory: copy nodes
+            times = self._mobius_activations(times, bounds)
+        return times
+
+    def _mobius_activations(self, times, bounds):
+        """``times`` of Mobius splits with each stage's activations in host
+        memory where its GPU requires it
+        (:func:`pipesearch.stage_options.mobius_activation_choice`):
+        ``act_copy_s`` (one copy, the offloading option's) and ``act_host``
+        set, and an infinite after-backward time where no choice fits."""
+        from dataclasses import replace as with_fields
+
+        from .stage_options import mobius_activation_choice
+        from .timemodel import iteration_time_s
+
+        o = self.options
+        b = np.atleast_2d(bounds)
+        n, S = b.shape[0], self.pp
+        s, i, j = np.arange(S), b[:, :-1], b[:, 1:]
+        params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
+        dev, host = self._option_memory(s, i, j)
+        ok = (dev <= self.capacity_bytes[s]) & (host <= o.host_capacity_bytes[s])
+        if o.allowed is not None:
+            ok &= o.allowed[:, None, :]
+        own = dev - params * o.state_bytes_per_param_byte[:, None, None]
+        ranks = len(o.swap_queue)
+        pairs = swap_device_bytes(params, np.zeros_like(params), ranks)
+        copy = o.swap_act_copy_prefix_s[1, s, j] - o.swap_act_copy_prefix_s[1, s, i]
+        after = np.broadcast_to(np.asarray(self.after_backward_s(s, i, j), dtype=float), i.shape)  # no GPU check
+        plain = with_fields(times, **{f: np.atleast_2d(getattr(times, f)) for f in (
+            "fwd_s", "bwd_s", "bwd_input_s", "swap_in_s", "swap_out_s")}, p2p_s=np.asarray(times.p2p_s).reshape(n, -1),
+            allreduce_s=after, **({} if times.delayed_host_s is None else {
+                "delayed_host_s": np.atleast_2d(times.delayed_host_s)}))
+
+        def time_of(idx, sets):
+            rows = {f: getattr(plain, f)[idx] for f in ("fwd_s", "bwd_s", "bwd_input_s", "p2p_s", "allreduce_s",
+                                                         "swap_in_s", "swap_out_s")}
+            if plain.delayed_host_s is not None:
+                rows["delayed_host_s"] = plain.delayed_host_s[idx]
+            return iteration_time_s("mobius", ranks, self.num_micro_batches, S // ranks,
+                                    with_fields(plain, **rows, act_copy_s=copy[idx] * sets, act_host=sets))
+
+        first = self.option_index(s, i, j) == 1
+        act, fits = mobius_activation_choice(first, ok[0], ok[1], own, pairs, self.capacity_bytes[:ranks], ranks,
+                                             time_of)
+        allreduce = plain.allreduce_s + np.where(fits, 0.0, np.inf)[:, None]
+        single = np.ndim(bounds) == 1
+        pick = (lambda x: x[0]) if single else (lambda x: x)
+        return with_fields(plain, **{f: pick(getattr(plain, f)) for f in (
+            "fwd_s", "bwd_s", "bwd_input_s", "p2p_s", "swap_in_s", "swap_out_s")},
+            allreduce_s=pick(allreduce), act_copy_s=pick(copy * act), act_host=pick(act),
+            **({} if plain.delayed_host_s is None else {"delayed_host_s": pick(plain.delayed_host_s)}))
 
     def after_backward_s(self, s, i, j):
         """What stage ``s`` adds after its last backward: :meth:`allreduce_s`
@@ -745,8 +810,15 @@ def build_pipeline_costs(
         options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
                                 offload=optimizer_offload, stages_per_device=stages_per_device,
                                 option_profiles=option_profiles, time_scale=time_scale)
+    pcie = None
+    if cluster.host is not None:
+        from . import host as host_lib
+
+        pcie = host_lib.shared_bandwidth_bytes_per_s(cluster.host,
+                                                     host_lib.stage_switch_sharing(cluster, placement, tp))
     return PipelineCosts(
         options=options, delayed_host_step=job.delayed_optimizer_step and options is not None,
+        pcie_bandwidth_bytes_per_s=None if pcie is None else np.asarray(pcie, dtype=float),
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),
         fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),

@@ -249,7 +249,6 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
       (:func:`pipesearch.stage_options.swap_device_bytes`), so that the plan
       file replays (:func:`pipesearch.timemodel.stage_times_of`).
     """
-    from .memory import param_state_of
     from .stage_options import swap_device_bytes
 
     o = costs.options
@@ -260,24 +259,17 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     if not any(("offload" in n or "stream" in n or n.startswith("swap") or "act-host" in n) for n in names):
         return ()
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
-    state = param_state_of(job)
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
     ranks = len(o.swap_queue) if o.swap_queue is not None else costs.pp
-    last_local = s >= costs.pp - ranks
-    moved = np.select([np.array(["stream" in n for n in names]), np.array([n.startswith("swap") for n in names]),
-                       np.array(["offload" in n for n in names])],
-                      [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
-                       2.0 * share * params], 0.0)
-    copied, act_host = costs.activation_offload_bytes(s, i, j)
-    act_host, act_moved = act_host * dp * tp, 2.0 * costs.num_micro_batches * copied * dp * tp
+    moved, act_moved = stage_pcie_bytes(costs, bounds, job, dp, tp)
+    act_host = costs.activation_offload_bytes(s, i, j)[1] * dp * tp
     host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)] * dp * tp + act_host
-    moved = moved * dp * tp + act_moved
     info = {"host_memory_bytes": [float(x) for x in host], "pcie_bytes_per_iteration": [
         float(x) for x in moved], "total_host_memory_bytes": float(host.sum()),
         "total_pcie_bytes_per_iteration": float(moved.sum())}
     if np.any(act_moved > 0):
         info.update(activation_host_memory_bytes=[float(x) for x in act_host],
                     activation_pcie_bytes_per_iteration=[float(x) for x in act_moved])
+    info.update(_copy_seconds(costs, bounds, names, job, dp))
     out: tuple = (("host", info),)
     if costs.delayed_host_step:
         out += (("optimizer_step", "delayed"), ("optimizer_staleness_steps", 1))
@@ -288,9 +280,133 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
                             "swap_out_s": [float(x) for x in times.swap_out_s],
                             "pcie_queue": [int(q) for q in o.swap_queue],
                             "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)],
-                            **({"act_copy_s": [float(x) for x in times.act_copy_s]}
+                            **({"act_copy_s": [float(x) for x in times.act_copy_s],
+                                "act_host": [bool(x) for x in times.act_host]}
                                if times.act_copy_s is not None else {})}),)
     return out
+
+
+def _copy_seconds(costs: PipelineCosts, bounds, names, job, dp: int) -> dict:
+    """Per stage, the seconds of one GPU's copies the time model counts
+    inside its stage times (plan ``options.host``; the timeline draws them,
+    :func:`pipesearch.timemodel.host_copy_spans`): ``activation_copy_s`` one
+    micro-batch's kept activations each way (``act-host``),
+    ``weight_copy_s`` a streamed stage's weights (``w / bw`` per forward;
+    its backward copies them in and the gradients out, ``2 w / bw``) and
+    ``optimizer_copy_s`` an offloaded optimizer step's gradients out (and
+    as long, its weights back; ZeRO-Offload, Ren et al. ATC'21 Fig. 2),
+    not with a delayed step. Only the keys some stage uses; none for Mobius
+    (its copies are graph nodes, ``options.mobius``)."""
+    from .memory import param_state_of
+
+    o, bw = costs.options, costs.pcie_bandwidth_bytes_per_s
+    if o.swap_in_s_per_param_byte is not None or bw is None:
+        return {}
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
+    state = param_state_of(job)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    streamed = np.array(["stream" in n for n in names])
+    offloaded = np.array(["offload" in n for n in names]) & ~streamed & (not costs.delayed_host_step)
+    out = {"activation_copy_s": costs.activation_copy_s(s, i, j),
+           "weight_copy_s": np.where(streamed, params / bw, 0.0),
+           "optimizer_copy_s": np.where(offloaded, share * params / bw, 0.0)}
+    return {k: [float(x) for x in v] for k, v in out.items() if np.any(np.asarray(v) > 0)}
+
+
+def stage_pcie_bytes(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """``(total, activations)``: bytes each stage of the split ``bounds``
+    moves over PCIe per iteration under its option, over its ``dp x tp``
+    GPUs (``(S,)`` each; :func:`host_plan_info` states the terms: an
+    offloaded optimizer's 16-bit gradients out and weights back, ZeRO-Offload
+    Fig. 2; streamed weights 3 copies per micro-batch; a Mobius stage once
+    per stay in and its gradients out once; offloaded activations ``2 m``
+    copies of a micro-batch's kept bytes, included in ``total``). Zeros
+    without options."""
+    from .memory import param_state_of
+
+    S = costs.pp
+    s, i, j = np.arange(S), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    o = costs.options
+    if o is None:
+        return np.zeros(S), np.zeros(S)
+    names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
+    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
+    state = param_state_of(job)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    ranks = len(o.swap_queue) if o.swap_queue is not None else S
+    last_local = s >= S - ranks
+    moved = np.select([np.array(["stream" in n for n in names]), np.array([n.startswith("swap") for n in names]),
+                       np.array(["offload" in n for n in names])],
+                      [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
+                       2.0 * share * params], 0.0)
+    act_moved = 2.0 * costs.num_micro_batches * costs.activation_offload_bytes(s, i, j)[0] * dp * tp
+    return moved * dp * tp + act_moved, act_moved
+
+
+TERM_TIE_REL = 1e-9
+"""Relative tolerance under which two options' stage terms count as equal
+(floating-point rounding of the same sums): the tie rule of
+:func:`prefer_device_state` never makes a plan slower than this."""
+
+
+def prefer_device_state(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> PipelineCosts:
+    """``costs`` with, stage by stage, the other chain where that keeps
+    more state on the GPU at no cost in time: on the split ``bounds``, a
+    stage moves to the other chain (:data:`pipesearch.stage_options.
+    OFFLOAD_FIRST` / ``DEVICE_FIRST``) when that chain's first fitting
+    option fits, none of its forward, backward, input-gradient, after-
+    backward and host-step times exceeds the current option's (relative
+    :data:`TERM_TIE_REL`), and it moves fewer bytes over PCIe per iteration
+    (:func:`stage_pcie_bytes`), or as many with less device memory.
+
+    Exact for time: the makespan is a longest path with non-negative
+    weights (:mod:`pipesearch.timemodel`), so no stage term growing means no
+    path growing, and the choice of one stage changes no other stage's
+    terms. So an offloading option is kept only where no option without
+    that offload fits, or where the offload is faster (docs/offload.md, "Only
+    where memory requires it"). ``costs`` without chains is returned as is.
+    """
+    if not has_policies(costs):
+        return costs
+    o = costs.options
+    S = costs.pp
+    rows = [OFFLOAD_FIRST, DEVICE_FIRST]
+    policies = [next((p for p in rows if np.array_equal(o.policy_chains[p], o.allowed[:, k])), None)
+                for k in range(S)]
+    if any(p is None for p in policies):
+        return costs  # a stage on the relaxed chain: not a plan
+    i, j = np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    for k in range(S):
+        cand = with_policies(costs, policies[:k] + [rows[1 - rows.index(policies[k])]] + policies[k + 1:])
+        if not bool(cand.fits(k, i[k], j[k])):
+            continue
+        now, alt = (np.array([float(c.fwd_s(k, i[k], j[k])), float(c.bwd_s(k, i[k], j[k])),
+                              float(c.bwd_input_s(k, i[k], j[k])), float(c.after_backward_s(k, i[k], j[k])),
+                              float(c.host_step_s(k, i[k], j[k]))]) for c in (costs, cand))
+        if np.any(alt > now * (1 + TERM_TIE_REL) + 1e-15):
+            continue
+        bytes_now, bytes_alt = (float(stage_pcie_bytes(c, bounds, job, dp, tp)[0][k]) for c in (costs, cand))
+        mem_now, mem_alt = (float(c.memory_bytes(k, i[k], j[k])) for c in (costs, cand))
+        if bytes_alt < bytes_now or (bytes_alt == bytes_now and mem_alt < mem_now):
+            costs, policies = cand, policies[:k] + [rows[1 - rows.index(policies[k])]] + policies[k + 1:]
+    return costs
+
+
+def pin_mobius_activations(costs: PipelineCosts, bounds) -> PipelineCosts:
+    """``costs`` with each Mobius stage held to the option the split
+    ``bounds`` gives it (:func:`pipesearch.stage_options.mobius_activation_choice`:
+    activations in host memory where its GPU requires it), so that the
+    plan's per-stage options, memory and host bytes name that choice;
+    ``costs`` itself without Mobius' activation options."""
+    o = costs.options
+    if o is None or o.swap_act_copy_prefix_s is None:
+        return costs
+    act = np.asarray(costs.stage_times(np.asarray(bounds)).act_host, dtype=bool)
+    allowed = np.stack([~act, act])
+    if o.allowed is not None and np.array_equal(o.allowed, allowed):
+        return costs
+    return replace(costs, options=replace(o, allowed=allowed))
 
 
 def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1) -> str | None:
@@ -308,6 +424,7 @@ def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1
         return None
     bounds = np.asarray(found.bounds)
     s, i, j = np.arange(costs.pp), bounds[:-1], bounds[1:]
+    chosen = pin_mobius_activations(chosen, bounds)  # Mobius: the stages' activation choice on this split
     k = chosen.option_index(s, i, j)
     host = np.take_along_axis(chosen._option_memory(s, i, j)[1], k[None], axis=0)[0]
     act = chosen.activation_offload_bytes(s, i, j)[1]

@@ -39,7 +39,8 @@ from .placement import (SLOTS_PREFIX, check_layout, count_layouts, group_ids, la
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
-from .option_search import best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info
+from .option_search import (best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info,
+                            pin_mobius_activations, prefer_device_state)
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
                           replicated_lower_bound_s, replicated_placements)
@@ -1213,6 +1214,10 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         bounds, t = found.bounds, found.iteration_time_s
         split_info = {"exact": found.exact, "lower_bound_s": found.lower_bound_s, "gap": found.gap,
                       "splits_evaluated": found.splits_evaluated}
+    # equal times: state kept on the GPU; Mobius' stages held to their activation choice
+    tied = pin_mobius_activations(prefer_device_state(costs, bounds, job, dp, variant.tp), bounds)
+    if tied is not costs:
+        costs, t = tied, float(iteration_time_s(schedule, pp, m, vp, tied.stage_times(np.asarray(bounds))))
     analytic = analytic_time_s(schedule, costs, bounds, pp, vp)
     stage_plans = _stage_plans(variant, costs, bounds, slots, cluster, job,
                                replicated=parse_replicas_name(row["placement"]) is not None)
@@ -1246,7 +1251,9 @@ times ``top`` families (``search.seed_cutoff``)."""
 
 def rank_plans(plans: list[Plan]) -> list[Plan]:
     """Order plans by simulated iteration time; among those within
-    :data:`TIE_REL` of the best, prefer lower peak memory, then less time on
+    :data:`TIE_REL` of the best, prefer fewer bytes over PCIe per iteration
+    (state kept on the GPU: ``options.host.total_pcie_bytes_per_iteration``,
+    0 without host options), then lower peak memory, then less time on
     links, then fewer stages (the rest follow by time)."""
     plans = sorted(plans, key=lambda p: (p.predicted.iteration_time_s, p.pp, p.dp))
     if not plans:
@@ -1254,9 +1261,14 @@ def rank_plans(plans: list[Plan]) -> list[Plan]:
     best = plans[0].predicted.iteration_time_s
     near = [p for p in plans if p.predicted.iteration_time_s <= best * (1 + TIE_REL)]
     rest = plans[len(near):]
-    near.sort(key=lambda p: (round(p.predicted.peak_memory_bytes, 0), sum(st.comm_s for st in p.stages),
-                             p.pp * p.vp, p.predicted.iteration_time_s))
+    near.sort(key=lambda p: (round(_pcie_bytes(p), 0), round(p.predicted.peak_memory_bytes, 0),
+                             sum(st.comm_s for st in p.stages), p.pp * p.vp, p.predicted.iteration_time_s))
     return near + rest
+
+
+def _pcie_bytes(plan: Plan) -> float:
+    """Bytes ``plan`` moves over PCIe per iteration (its ``host`` option, 0 without)."""
+    return float(dict(plan.extra or ()).get("host", {}).get("total_pcie_bytes_per_iteration", 0.0))
 
 
 def _check_options(variants, cluster, job, options):

@@ -723,16 +723,16 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     ``placement`` holds the ``(P, dp)`` heads of all ``P = pp * vp`` stages
     (stage ``s`` on rank ``s % pp``).
 
-    With ``job.activation_offload`` the one option is ``swap+act-host``:
+    With ``job.activation_offload`` a second option, ``swap+act-host``:
     every micro-batch's saved activations go to host memory after its
     forward and come back before its backward, copies on the same queues
     at the same rate (:func:`pipesearch.timemodel.mobius_graph` with
-    ``act``; ``swap_act_copy_prefix_s``), and at most
+    ``act``; ``swap_act_copy_prefix_s``, zero for ``swap``), and at most
     :data:`ACT_HOST_RESIDENT` micro-batches of a stage are counted on the
-    device (all ``m`` in host memory). All stages of the point offload: the
-    copies are one graph's nodes, so the choice is the point's, not the
-    stage's (``pipesearch plan`` without the flag gives the plans that keep
-    them).
+    device (all ``m`` in host memory). The choice is per stage, only where
+    the GPU's memory requires it (:func:`mobius_activation_choice`): the
+    per-stage times of the two options are equal, the copies are nodes of
+    the graph.
 
     Raises:
         InputError: the cluster has no ``[host]`` table.
@@ -756,19 +756,25 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     times = profile.layer_times_at(ratio * profile.profiled_batch_size)
     fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
     act = bool(getattr(job, "activation_offload", False))
+    K = 2 if act else 1
+    copy = _prefix(a["saved_bytes"][None, :] * ratio * per_byte[0][:, None])
     act_terms = {} if not act else dict(
-        act_resident_micro_batches=np.array([float(ACT_HOST_RESIDENT)]),
-        swap_act_copy_prefix_s=_prefix(a["saved_bytes"][None, :] * ratio * per_byte[0][:, None])[None])
+        act_resident_micro_batches=np.array([np.inf, float(ACT_HOST_RESIDENT)]),
+        swap_act_copy_prefix_s=np.stack([0 * copy, copy]))
+
+    def rows(x):
+        return np.repeat(np.asarray(x, dtype=float)[None], K, axis=0)
+
     return StageOptions(
-        names=(f"swap+{ACT_HOST}" if act else "swap",), fwd_prefix_s=_prefix(fwd)[None],
-        compute_prefix_s=_prefix(fwd + bwd)[None],
-        bwd_input_prefix_s=_prefix(bin_)[None], saved_prefix_bytes=_prefix(a["saved_bytes"] * ratio)[None],
-        transient_table_bytes=range_max_table(0 * fwd)[None],
-        state_bytes_per_param_byte=np.array([2.0 / max(P // pp - 1, 1)]),
-        host_bytes_per_param_byte=np.array([(2.0 + offload_bytes_per_param(state, dp)[1]) / bpp]),
-        host_step_s_per_param_byte=(share * node / cluster.host.cpu_adam_params_per_s / bpp)[None, :],
+        names=("swap", f"swap+{ACT_HOST}")[:K], fwd_prefix_s=rows(_prefix(fwd)),
+        compute_prefix_s=rows(_prefix(fwd + bwd)),
+        bwd_input_prefix_s=rows(_prefix(bin_)), saved_prefix_bytes=rows(_prefix(a["saved_bytes"] * ratio)),
+        transient_table_bytes=rows(range_max_table(0 * fwd)),
+        state_bytes_per_param_byte=np.full(K, 2.0 / max(P // pp - 1, 1)),
+        host_bytes_per_param_byte=np.full(K, (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp),
+        host_step_s_per_param_byte=rows(share * node / cluster.host.cpu_adam_params_per_s / bpp),
         host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, P // pp),
-        swap_in_s_per_param_byte=per_byte, swap_out_s_per_param_byte=per_byte.copy(), swap_queue=queue,
+        swap_in_s_per_param_byte=rows(per_byte[0]), swap_out_s_per_param_byte=rows(per_byte[0]), swap_queue=queue,
         **act_terms,
     )
 
@@ -794,3 +800,91 @@ def swap_device_bytes(param_bytes: np.ndarray, own_bytes: np.ndarray, pp: int) -
     own = own.reshape(own.shape[:-1] + (v, pp)).sum(axis=-2)
     pairs = wg[..., :-1, :] + wg[..., 1:, :] if v > 1 else wg
     return own + pairs.max(axis=-2)
+
+
+def mobius_activation_choice(first: np.ndarray, can_keep: np.ndarray, can_offload: np.ndarray,
+                             own_bytes: np.ndarray, pair_bytes: np.ndarray, capacity_bytes: np.ndarray,
+                             pp: int, time_of) -> tuple[np.ndarray, np.ndarray]:
+    """Which Mobius stages keep their activations in host memory, per split:
+    the fastest choice that fits every GPU (docs/offload.md, "Mobius with
+    activations in host memory").
+
+    A GPU holds the activations of all its stages plus two stays' weights
+    (:func:`swap_device_bytes`), so the choice is per GPU, not per stage.
+    Each stage offloads where its own check requires it (``first``, its
+    first fitting option); a GPU still over its capacity tries every
+    set of its other stages that can offload, smallest first, keeping the
+    minimal sets that fit; the sets of all such GPUs are crossed and each
+    combination is timed (``time_of``). Exact: the graph of a set of
+    offloading stages holds every path of the graph of a subset
+    (:func:`pipesearch.timemodel.mobius_graph`), so the makespan never
+    drops when a stage offloads, and every choice that fits contains one of
+    the combinations tried. Ties keep the fewer offloading stages, then the
+    earlier combination.
+
+    Args (``n`` splits, ``S`` stages, stage ``s`` on GPU ``s % pp``):
+        first: ``(n, S)`` bool, the stage's first fitting option offloads.
+        can_keep, can_offload: ``(n, S)`` bool, each option fits the
+            stage's own device and host checks.
+        own_bytes: ``(2, n, S)`` the stage's own device bytes keeping and
+            offloading (:func:`swap_device_bytes`' ``own_bytes``).
+        pair_bytes: ``(n, pp)`` each GPU's largest two stays' weights and
+            gradients.
+        capacity_bytes: ``(pp,)`` the GPUs' capacities.
+        time_of: ``(n_c,)`` split indices, ``(n_c, S)`` bool sets -> ``(n_c,)``
+            makespans.
+
+    Returns ``(act, fits)``: ``(n, S)`` bool offloading stages, ``(n,)``
+    bool whether some choice fits (``act`` is ``first`` where none does).
+    """
+    import itertools
+
+    first = np.asarray(first, dtype=bool)
+    n, S = first.shape
+    rank = np.arange(S) % pp
+
+    def device(act, rows):  # (len(rows), pp) peak bytes of the splits ``rows`` under ``act``
+        own = np.where(act, own_bytes[1][rows], own_bytes[0][rows])
+        return np.stack([own[..., rank == r].sum(axis=-1) for r in range(pp)], axis=-1) + pair_bytes[rows]
+
+    over = device(first, np.arange(n)) > capacity_bytes
+    act, fits = first.copy(), ~over.any(axis=1)
+    cand_split, cand_sets = [], []
+    for x in np.flatnonzero(~fits):
+        per_gpu = []
+        for r in range(pp):
+            if not over[x, r]:
+                per_gpu.append([first[x]])
+                continue
+            free = [s for s in range(S) if rank[s] == r and not first[x, s] and can_keep[x, s] and can_offload[x, s]]
+            minimal: list = []
+            for size in range(1, len(free) + 1):
+                for extra in itertools.combinations(free, size):
+                    if any(set(e) <= set(extra) for e in minimal):
+                        continue
+                    trial = first[x].copy()
+                    trial[list(extra)] = True
+                    if device(trial[None], [x])[0, r] <= capacity_bytes[r]:
+                        minimal.append(extra)
+            per_gpu.append([_with(first[x], e) for e in minimal])
+        for combo in itertools.product(*per_gpu):
+            cand_split.append(x)
+            cand_sets.append(np.any(np.stack(combo), axis=0))
+    if cand_split:
+        idx, sets = np.asarray(cand_split), np.stack(cand_sets)
+        t = np.asarray(time_of(idx, sets), dtype=float)
+        best: dict = {}
+        for k in range(len(idx)):
+            key = (t[k], int(sets[k].sum()))
+            if idx[k] not in best or key < best[idx[k]][0]:
+                best[idx[k]] = (key, sets[k])
+        for x, (_, chosen) in best.items():
+            act[x], fits[x] = chosen, True
+    return act, fits
+
+
+def _with(base: np.ndarray, extra) -> np.ndarray:
+    """``base`` (bools) with the positions ``extra`` set."""
+    out = base.copy()
+    out[list(extra)] = True
+    return out

@@ -86,6 +86,10 @@ class StageTimes:
     #: ``act``): per stage, one micro-batch's kept activations copied out
     #: after its forward or back before its backward (``(S,)`` or ``(n, S)``)
     act_copy_s: np.ndarray | None = None
+    #: which stages keep their activations in host memory (``(S,)`` or
+    #: ``(n, S)`` bools; ``None`` with ``act_copy_s``: all of them): only
+    #: their copies are nodes of :func:`mobius_graph`
+    act_host: np.ndarray | None = None
     #: per stage, host work of the iteration that runs beside the next one
     #: (a one-step delayed optimizer step on the CPU, :func:`delayed_host_time_s`)
     delayed_host_s: np.ndarray | None = None
@@ -278,8 +282,8 @@ def _durations(g: _Graph, times: StageTimes) -> np.ndarray:
     cols = [fwd, bwd, bin_, bwd - bin_, p2p]
     if times.swap_in_s is not None:  # Mobius' copies (mobius_graph): columns 5 S .. 7 S
         cols += [np.broadcast_to(np.asarray(x, dtype=float), fwd.shape) for x in (times.swap_in_s, times.swap_out_s)]
-    if times.act_copy_s is not None:  # Mobius' activation copies: columns 7 S .. 8 S
-        cols.append(np.broadcast_to(np.asarray(times.act_copy_s, dtype=float), fwd.shape))
+    if times.act_copy_s is not None:  # Mobius' activation copies: columns 7 S .. 8 S out, 8 S .. 9 S in
+        cols += [np.broadcast_to(np.asarray(times.act_copy_s, dtype=float), fwd.shape)] * 2
     table = np.concatenate(cols, axis=1).T  # (5 S, n), (7 S, n) with copies
     dur = np.zeros((len(g.col) + 1, n))
     dur[:-1] = table[g.col]
@@ -310,6 +314,8 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
         InputError: the schedule refuses ``(pp, m, vp)``.
     """
     single = np.ndim(times.fwd_s) == 1
+    if schedule == "mobius" and len(_act_patterns(times)) > 1:  # one graph per set of offloading stages
+        return _mobius_grouped_time_s(times, pp, m, vp)
     if schedule == "gpipe":
         return gpipe_time_s(times, m)
     else:
@@ -402,6 +408,8 @@ def stage_times_of(plan) -> StageTimes:
                                       swap_queue=tuple(int(q) for q in swap["pcie_queue"]))
     if swap and "act_copy_s" in swap:  # activations in host memory (mobius_graph with act)
         swaps["act_copy_s"] = np.array(swap["act_copy_s"], dtype=float)
+        if "act_host" in swap:  # the stages that offload (all of them in files without it)
+            swaps["act_host"] = np.array(swap["act_host"], dtype=bool)
     if delayed:  # the host step runs beside the next iteration (delayed_host_time_s)
         swaps["delayed_host_s"] = np.array([s.host_step_s for s in st])
     return StageTimes(
@@ -423,10 +431,52 @@ def _queues(times: StageTimes, pp: int) -> tuple[int, ...]:
     return tuple(int(q) for q in times.swap_queue) if times.swap_queue is not None else tuple(range(pp))
 
 
+def _act_stages(times: StageTimes) -> bool | tuple[bool, ...]:
+    """The stages whose activation copies are nodes of :func:`mobius_graph`
+    for ``times`` of one split: ``False`` (none), ``True`` (all: ``act_copy_s``
+    without ``act_host``) or a tuple of ``S`` bools."""
+    if times.act_copy_s is None:
+        return False
+    if times.act_host is None:
+        return True
+    return tuple(bool(x) for x in np.asarray(times.act_host).reshape(-1, times.fwd_s.shape[-1])[0])
+
+
+def _act_patterns(times: StageTimes) -> dict:
+    """Rows of ``times`` by their set of offloading stages
+    (``StageTimes.act_host``): ``{pattern: row indices}``, one entry when
+    all rows share it."""
+    if times.act_copy_s is None or times.act_host is None or np.ndim(times.act_host) == 1:
+        return {None: None}
+    rows: dict = {}
+    for n, row in enumerate(np.asarray(times.act_host, dtype=bool)):
+        rows.setdefault(tuple(bool(x) for x in row), []).append(n)
+    return rows
+
+
+def _mobius_grouped_time_s(times: StageTimes, pp: int, m: int, vp: int) -> np.ndarray:
+    """:func:`iteration_time_s` of Mobius splits whose stages keep their
+    activations in host memory in different sets: each set's rows with its
+    own graph (:func:`mobius_graph` with ``act`` a tuple of stages)."""
+    from dataclasses import fields
+
+    n = np.shape(times.fwd_s)[0]
+    out = np.zeros(n)
+    for pattern, rows in _act_patterns(times).items():
+        idx = np.asarray(rows)
+        part = {}
+        for f in fields(times):
+            v = getattr(times, f.name)
+            part[f.name] = v if v is None or f.name == "swap_queue" or np.ndim(v) < 2 else np.asarray(v)[idx]
+        part["p2p_s"] = np.asarray(times.p2p_s).reshape(n, -1)[idx]
+        out[idx] = iteration_time_s("mobius", pp, m, vp, StageTimes(**part))
+    return out
+
+
 def _mobius_graph_of(times: StageTimes, pp: int, m: int, vp: int) -> _Graph:
     """:func:`mobius_graph` of ``times``: its queues, and activation copies
-    when ``times.act_copy_s`` is set."""
-    return mobius_graph(pp, m, vp, _queues(times, pp), act=times.act_copy_s is not None)
+    of the stages :func:`_act_stages` names."""
+    return mobius_graph(pp, m, vp, _queues(times, pp), act=_act_stages(times))
 
 
 def mobius_residencies(pp: int, vp: int, rank: int) -> list[tuple[int, bool]]:
@@ -439,7 +489,7 @@ def mobius_residencies(pp: int, vp: int, rank: int) -> list[tuple[int, bool]]:
     return fwd + [(c * pp + rank, True) for c in reversed(range(vp - 1))]
 
 
-def mobius_graph(pp: int, m: int, vp: int, queues: tuple[int, ...], act: bool = False) -> _Graph:
+def mobius_graph(pp: int, m: int, vp: int, queues: tuple[int, ...], act: bool | tuple[bool, ...] = False) -> _Graph:
     """The dependency graph of Mobius (Feng et al., ASPLOS'23, "Mobius: Fine
     Tuning Large-Scale Models on Commodity GPU Servers", sec. 3): the looped
     BFS action lists of ``pp * vp`` stages with overlapped sends, plus, per
@@ -466,17 +516,30 @@ def mobius_graph(pp: int, m: int, vp: int, queues: tuple[int, ...], act: bool = 
     3 and ZeRO-Infinity sec. 5 keep activation checkpoints on the CPU),
     every micro-batch's kept activations go out after its forward and come
     back before its backward, copies on the same queues
-    (:func:`_mobius_act_waits`).
+    (:func:`_mobius_act_waits`); ``act`` a tuple of ``pp * vp`` bools: only
+    those stages' activations (docs/offload.md: per stage, where the GPU's
+    memory requires it). Each stage's copies are inserted into the queues
+    and waits of the graph without them, so the graph of a set of stages
+    holds every path of the graph of any subset.
     """
-    return _mobius_build(pp, m, vp, tuple(queues), act)[0]
+    return _mobius_build(pp, m, vp, tuple(queues), _act_tuple(act, pp * vp))[0]
+
+
+def _act_tuple(act, S: int) -> tuple[bool, ...]:
+    """``act`` of :func:`mobius_graph` as ``S`` bools."""
+    if isinstance(act, (bool, np.bool_)):
+        return (bool(act),) * S
+    return tuple(bool(x) for x in act)
 
 
 @lru_cache(maxsize=64)
-def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies: bool = False):
+def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies: tuple[bool, ...] = ()):
     """``(graph, action node ids)``: :func:`mobius_graph` and, per rank, the
-    node of each action of the looped BFS order (``act_copies``: with the
-    activation copies of :func:`_mobius_act_waits`)."""
+    node of each action of the looped BFS order (``act_copies``: per stage,
+    whether its activation copies of :func:`_mobius_act_waits` are nodes;
+    ``()`` none)."""
     S, NONE = pp * vp, -1
+    act_copies = act_copies or (False,) * S
     orders = schedule_lib.build_orders("looped-bfs", pp, m, vp)
     col: list[int] = []
     p1: list[int] = []
@@ -525,22 +588,26 @@ def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies:
         return x
 
     def copies_in(n: int, js) -> None:  # stay n's activations back, last rank first (backward order)
-        if not act_copies or not stays[0][n][1]:
+        if not any(act_copies) or not stays[0][n][1]:
             return
         for j in js:
             for r in reversed(range(pp)):
                 st = stays[r][n][0]
+                if not act_copies[st]:
+                    continue
                 after = act_out[(st, j)]
                 if j + 2 < m:  # room: the backward two before it is done
                     after = node(zero)
                     p1[after], p2[after] = act[("B", st, j + 2)], act_out[(st, j)]
-                act_in[(st, j)] = queued(7 * S + st, tail_in, r, after)
+                act_in[(st, j)] = queued(8 * S + st, tail_in, r, after)
 
     for n in range(2 * vp - 1):  # gradients out, in the order the ranks finish their backwards
-        if act_copies and n < vp:  # the stay's forwards' activations out, rank 0 first
+        if n < vp:  # the stay's forwards' activations out, rank 0 first
             for j in range(m):
                 for r in range(pp):
                     st = stays[r][n][0]
+                    if not act_copies[st]:
+                        continue
                     act_out[(st, j)] = queued(7 * S + st, tail_out, r, act[("F", st, j)])
         for r in reversed(range(pp)):
             st, bwd = stays[r][n]
@@ -565,7 +632,7 @@ def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies:
             copies_in(n - 1, range(m - 3, -1, -1))
         copies_in(n, [j for j in (m - 1, m - 2) if j >= 0])
     copies_in(2 * vp - 2, range(m - 3, -1, -1))
-    if act_copies:
+    if any(act_copies):
         _mobius_act_waits(orders, act, act_out, act_in, p1, p2, node, zero)
     N = len(col)
     pred1 = np.array([x if x >= 0 else N for x in p1], dtype=np.int64)
@@ -582,7 +649,7 @@ def _mobius_act_waits(orders, act, act_out, act_in, p1, p2, node, zero) -> None:
 
     Mobius with activations in host memory (:func:`mobius_graph` with
     ``act``; the copies are nodes of :func:`_mobius_build`, column ``7 S +
-    s``, duration ``act_copy_s[s]``):
+    s`` out and ``8 S + s`` in, duration ``act_copy_s[s]``):
 
     * **out**: after ``F(s, j)``, stage ``s``'s kept activations of
       micro-batch ``j`` go to the host on the device-to-host queue of the
@@ -637,7 +704,7 @@ def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None
     the compute actions read from :func:`mobius_graph`'s node ends."""
     from .simulate import ActionRecord
 
-    g, ids = _mobius_build(pp, m, vp, _queues(times, pp), times.act_copy_s is not None)
+    g, ids = _mobius_build(pp, m, vp, _queues(times, pp), _act_tuple(_act_stages(times), pp * vp))
     dur = _durations(g, times)[:, 0]
     end = _node_ends(g, dur)
     T = float(max(end[:-1].max(), np.max(end[g.last_of_rank] + _rank_allreduce(times, pp)[0])))
@@ -654,21 +721,36 @@ def _mobius_simulate(pp: int, m: int, vp: int, times: StageTimes, act_bytes=None
 
 
 def mobius_copy_spans(times: StageTimes, pp: int, m: int, vp: int) -> list[tuple[int, str, int, float, float]]:
-    """Mobius' PCIe copies under ``times`` (with ``swap_in_s``,
+    """Mobius' weight and gradient copies under ``times`` (with ``swap_in_s``,
     ``swap_out_s`` and ``swap_queue``) of ``pp`` ranks, ``m`` micro-batches
-    and ``vp`` stages per rank, read from :func:`mobius_graph`'s copy nodes
-    (columns ``5 S + s``: weights in, ``6 S + s``: gradients out): ``(queue,
-    direction, stage, start_s, end_s)`` sorted by queue, direction and start."""
+    and ``vp`` stages per rank: :func:`mobius_pcie_spans` without the
+    activation copies, as ``(queue, direction, stage, start_s, end_s)``
+    (direction ``"in"``: weights, ``"out"``: gradients) sorted by queue,
+    direction and start."""
+    return [(q, d, st, a, b) for q, d, what, st, a, b in mobius_pcie_spans(times, pp, m, vp) if what != "activations"]
+
+
+def mobius_pcie_spans(times: StageTimes, pp: int, m: int, vp: int) -> list[tuple[int, str, str, int, float, float]]:
+    """Every PCIe copy of Mobius under ``times``, read from
+    :func:`mobius_graph`'s copy nodes evaluated as :func:`simulate_times`
+    evaluates them (a node ends its duration after the later of its two
+    predecessors): ``(queue, direction, what, stage, start_s, end_s)`` with
+    ``direction`` ``"in"`` (host to GPU) or ``"out"``, ``what``
+    ``"weights"`` (column ``5 S + s``), ``"gradients"`` (``6 S + s``) or
+    ``"activations"`` (one micro-batch's kept activations: out ``7 S + s``,
+    in ``8 S + s``), sorted by queue, direction and start."""
     S = pp * vp
     queues = _queues(times, pp)
-    g, _ = _mobius_build(pp, m, vp, queues, times.act_copy_s is not None)
+    g, _ = _mobius_build(pp, m, vp, queues, _act_tuple(_act_stages(times), S))
     dur = _durations(g, times)[:, 0]
     end = _node_ends(g, dur)
+    kinds = (("in", "weights"), ("out", "gradients"), ("out", "activations"), ("in", "activations"))
     out = []
-    for n in np.flatnonzero((g.col >= 5 * S) & (g.col < 7 * S)):
-        direction, stage = ("in", int(g.col[n]) - 5 * S) if g.col[n] < 6 * S else ("out", int(g.col[n]) - 6 * S)
-        out.append((int(queues[stage % pp]), direction, stage, float(end[n] - dur[n]), float(end[n])))
-    return sorted(out, key=lambda c: (c[0], c[1], c[3]))
+    for n in np.flatnonzero((g.col >= 5 * S) & (g.col < 9 * S)):
+        block, stage = divmod(int(g.col[n]) - 5 * S, S)
+        direction, what = kinds[block]
+        out.append((int(queues[stage % pp]), direction, what, stage, float(end[n] - dur[n]), float(end[n])))
+    return sorted(out, key=lambda c: (c[0], c[1], c[4], c[3]))
 
 
 def _timeline(records, pp: int, S: int, m: int, busy, act, cap) -> Timeline:
@@ -693,3 +775,61 @@ def _timeline(records, pp: int, S: int, m: int, busy, act, cap) -> Timeline:
                     bubble_fraction=(1.0 - max(busy) / total) if total > 0 else 0.0,
                     mean_bubble_fraction=(1.0 - sum(busy) / pp / total) if total > 0 else 0.0,
                     peak_act_bytes=tuple(peak_bytes), peak_in_flight=tuple(peak_in), rank_end_s=tuple(ends))
+
+
+def host_copy_spans(timeline: Timeline, allreduce_s, host_step_s, *, activation_copy_s=None, weight_copy_s=None,
+                    optimizer_copy_s=None) -> list[tuple[int, str, str, int, float, float]]:
+    """The PCIe copies that the stage times of the other schedules hold
+    (docs/offload.md), placed on the simulated ``timeline`` as the time
+    model counts them: ``(rank, direction, what, stage, start_s, end_s)``,
+    ``direction`` ``"in"`` (host to GPU) or ``"out"``, sorted by rank,
+    direction and start. Per stage (``(S,)`` seconds of one GPU's copy, 0
+    or None where it has none):
+
+    * ``activation_copy_s`` (activations in host memory): micro-batch
+      ``k``'s kept activations go out during the stage's action after
+      ``F(k)``, and come back during the action before its backward (``B``,
+      or ``I`` under ZB-H1); each action lasts at least the copy
+      (:meth:`pipesearch.costs.PipelineCosts.fwd_s`), so a copy starts with
+      its action;
+    * ``weight_copy_s`` (streamed weights): the stage's weights in during
+      each forward, in and then its gradients out during each backward
+      (ZB-H1: weights in during ``I``, gradients out during ``W``), from the
+      action's start, the link busy that long (layer by layer, each layer's
+      copy overlapping the previous layer's compute);
+    * ``optimizer_copy_s`` (offloaded optimizer step, not delayed): after
+      the rank's last action and the stage's gradient all-reduce, the
+      gradients out, then the CPU's Adam, then the weights in, ending with
+      the stage's ``host_step_s`` (``allreduce_s`` holds both; a rank's
+      stages take their turn in stage order, as its all-reduce bar).
+    """
+    S, pp = timeline.num_stages, timeline.num_ranks
+    act, wts, opt = (np.zeros(S) if x is None else np.asarray(x, dtype=float)
+                     for x in (activation_copy_s, weight_copy_s, optimizer_copy_s))
+    by_rank: dict[int, list] = {}
+    for rec in sorted(timeline.records, key=lambda r: (r.rank, r.start_s, r.end_s)):
+        by_rank.setdefault(rec.rank, []).append(rec)
+    out = []
+    for r, seq in by_rank.items():
+        for p, rec in enumerate(seq):
+            s, a = rec.stage, rec.start_s
+            if act[s] > 0 and rec.kind == "F" and p + 1 < len(seq):
+                out.append((r, "out", "activations", s, seq[p + 1].start_s, seq[p + 1].start_s + act[s]))
+            if act[s] > 0 and rec.kind in ("B", "I") and p > 0:
+                out.append((r, "in", "activations", s, seq[p - 1].start_s, seq[p - 1].start_s + act[s]))
+            if wts[s] > 0 and rec.kind in ("F", "B", "I"):
+                out.append((r, "in", "weights", s, a, a + wts[s]))
+            if wts[s] > 0 and rec.kind in ("B", "W"):
+                start = a + wts[s] if rec.kind == "B" else a
+                out.append((r, "out", "gradients", s, start, start + wts[s]))
+    ends = dict(enumerate(timeline.rank_end_s))
+    clock = {r: ends.get(r, 0.0) for r in range(pp)}
+    for s in range(S):
+        r = s % pp
+        step = float(np.asarray(host_step_s, dtype=float)[s])
+        start = clock[r] + float(np.asarray(allreduce_s, dtype=float)[s]) - step  # after the all-reduce
+        if opt[s] > 0:
+            out.append((r, "out", "gradients", s, start, start + opt[s]))
+            out.append((r, "in", "weights", s, start + step - opt[s], start + step))
+        clock[r] = start + step
+    return sorted(out, key=lambda c: (c[0], c[1], c[4], c[3]))

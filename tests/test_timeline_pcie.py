@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipesearch.plots import timeline as tl_plot
-from pipesearch.timemodel import StageTimes, mobius_copy_spans, simulate_times
+from pipesearch.timemodel import StageTimes, mobius_copy_spans, mobius_pcie_spans, simulate_times
 
 
 def _times(S, queue, fwd=1.0, bwd=2.0, swap_in=3.0, swap_out=1.0):
@@ -57,18 +57,20 @@ def test_the_drawn_bars_are_the_copy_nodes(monkeypatch, tmp_path):
     monkeypatch.setattr(matplotlib.axes.Axes, "broken_barh", record)
     times = _times(2, (0, 1))
     total, timeline = simulate_times("mobius", 2, 1, 1, times)
-    rows = tl_plot.pcie_rows(mobius_copy_spans(times, 2, 1, 1))
+    rows = tl_plot.pcie_rows(mobius_pcie_spans(times, 2, 1, 1), mobius=True)
     assert [r[0] for r in rows] == ["PCIe 0 in", "PCIe 0 out", "PCIe 1 in", "PCIe 1 out"]
     tl_plot.plot_timeline(timeline, tmp_path / "t.png", "t", pcie=rows)
     pcie = {round(y + h / 2): (x, c) for x, (y, h), c in drawn if c in tl_plot.PCIE_COLOURS.values()}
     want = {2: [(0.0, 3000.0)], 3: [(9000.0, 1000.0)], 4: [(0.0, 3000.0)], 5: [(7000.0, 1000.0)]}
     assert {k: [tuple(round(float(x), 6) for x in s) for s in v[0]] for k, v in pcie.items()} == want
-    assert pcie[2][1] == tl_plot.PCIE_COLOURS["in"] and pcie[3][1] == tl_plot.PCIE_COLOURS["out"]
+    assert pcie[2][1] == tl_plot.PCIE_COLOURS[("in", "weights")]
+    assert pcie[3][1] == tl_plot.PCIE_COLOURS[("out", "gradients")]
     assert total == pytest.approx(10.0)
 
 
-def test_other_schedules_draw_no_pcie_rows():
+def test_a_plan_without_host_copies_draws_no_pcie_rows():
     class _Plan:
         schedule = "1f1b"
+        extra = ()
 
-    assert tl_plot.mobius_copy_spans(_Plan()) == []
+    assert tl_plot.pcie_copy_spans(_Plan()) == []

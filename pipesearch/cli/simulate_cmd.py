@@ -84,10 +84,10 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
                    f"peak activations on the device {format_bytes(tl.peak_act_bytes[r])}")
     if timeline is not None:
-        from ..plots.timeline import allreduce_label, allreduce_spans, mobius_copy_spans, pcie_rows, plot_timeline
+        from ..plots.timeline import allreduce_label, allreduce_spans, plan_pcie_rows, plot_timeline
 
         spans = allreduce_spans(plan, tl)
-        pcie = pcie_rows(mobius_copy_spans(plan))  # Mobius' copies on their PCIe queues
+        pcie = plan_pcie_rows(plan, tl)  # every copy to or from host memory, on its PCIe lane
         write_output(timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s), allreduce=spans,
                                                        allreduce_label_text=allreduce_label(plan),
                                                        window_s=window_s, pcie=pcie), "timeline")

@@ -283,7 +283,7 @@ def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "
     its Gantt chart (:func:`pipesearch.plots.timeline.plot_timeline`)."""
     from ..search import simulate_plan
     from ..units import format_seconds
-    from .timeline import allreduce_label, allreduce_spans, mobius_copy_spans, pcie_rows, plot_timeline
+    from .timeline import allreduce_label, allreduce_spans, plan_pcie_rows, plot_timeline
 
     plan = plan_of_rank(plan_file, rank, source)
     path, _ = check_output(path)
@@ -292,7 +292,7 @@ def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "
              f"(pipeline {format_seconds(timeline.iteration_time_s)}"
              + (", then gradient all-reduce)" if plan.dp > 1 else ", dp = 1: no all-reduce)"))
     spans = allreduce_spans(plan, timeline)
-    pcie = pcie_rows(mobius_copy_spans(plan))
+    pcie = plan_pcie_rows(plan, timeline)
     return _atomic(path, lambda tmp: plot_timeline(timeline, tmp, title, allreduce=spans,
                                                    allreduce_label_text=allreduce_label(plan), pcie=pcie))
 

@@ -37,36 +37,60 @@ def allreduce_label(plan) -> str:
     return "A gradient all-reduce"
 
 
-PCIE_COLOURS = {"in": "#2CA02C", "out": "#9467BD"}
-PCIE_LABELS = {"in": "weights in (host to GPU)", "out": "gradients out (GPU to host)"}
+PCIE_COLOURS = {("in", "weights"): "#2CA02C", ("out", "gradients"): "#9467BD",
+                ("out", "activations"): "#17BECF", ("in", "activations"): "#BCBD22"}
+PCIE_LABELS = {("in", "weights"): "weights in (host to GPU)", ("out", "gradients"): "gradients out (GPU to host)",
+               ("out", "activations"): "activations out (GPU to host)",
+               ("in", "activations"): "activations in (host to GPU)"}
 
 
-def mobius_copy_spans(plan) -> list[tuple[int, str, int, float, float]]:
-    """Mobius' PCIe copies of ``plan`` as ``(queue, direction, stage,
-    start_s, end_s)``, direction ``"in"`` (weights) or ``"out"``
-    (gradients), read from the time model's graph
-    (:func:`pipesearch.timemodel.mobius_graph`, its copy nodes: columns
-    ``5 S + s`` and ``6 S + s``) evaluated with the plan's stage times
-    (:func:`pipesearch.timemodel.stage_times_of`) as
-    :func:`pipesearch.timemodel.simulate_times` evaluates it: a node ends
-    ``dur`` after the later of its two predecessors. Empty for other
-    schedules."""
-    from ..timemodel import mobius_copy_spans as spans, stage_times_of
+def pcie_copy_spans(plan, timeline: Timeline | None = None) -> list[tuple[int, str, str, int, float, float]]:
+    """Every PCIe copy of ``plan`` as ``(lane, direction, what, stage,
+    start_s, end_s)`` (:func:`pipesearch.timemodel.mobius_pcie_spans`'
+    fields), at the times the time model gives it:
 
-    if plan.schedule != "mobius":
+    * Mobius: the copy nodes of its graph (weights in, gradients out,
+      activations out and in; ``lane`` its PCIe switch's queue), evaluated
+      with the plan's stage times (:func:`pipesearch.timemodel.stage_times_of`);
+    * other schedules: the activation, streamed-weight and optimizer-step
+      copies that their stage times hold (plan ``options.host``'s
+      ``activation_copy_s``, ``weight_copy_s``, ``optimizer_copy_s``), placed
+      on the simulated ``timeline`` (:func:`pipesearch.timemodel.host_copy_spans`;
+      ``lane`` the rank's GPU). ``timeline`` None: the plan simulated here.
+
+    Empty for a plan without host copies."""
+    from ..timemodel import host_copy_spans, mobius_pcie_spans, stage_times_of
+
+    if plan.schedule == "mobius":
+        return mobius_pcie_spans(stage_times_of(plan), plan.pp, plan.num_micro_batches, plan.vp)
+    host = dict(plan.extra or ()).get("host", {})
+    keys = ("activation_copy_s", "weight_copy_s", "optimizer_copy_s")
+    if not any(k in host for k in keys):
         return []
-    return spans(stage_times_of(plan), plan.pp, plan.num_micro_batches, plan.vp)
+    if timeline is None:
+        from ..search import simulate_plan
+
+        timeline = simulate_plan(plan)[1]
+    return host_copy_spans(timeline, [st.allreduce_s for st in plan.stages], [st.host_step_s for st in plan.stages],
+                           **{k: host.get(k) for k in keys})
 
 
-def pcie_rows(copies) -> list[tuple[str, str, list[tuple[float, float]]]]:
-    """The timeline's PCIe rows from :func:`mobius_copy_spans`: per queue
-    and direction (queue order, ``in`` first), ``(label, direction, [(start_s,
-    duration_s), ...])``."""
-    rows: dict[tuple[int, str], list[tuple[float, float]]] = {}
-    for q, direction, _, start, end in copies:
-        rows.setdefault((q, direction), []).append((start, end - start))
-    return [(f"PCIe {q} {'in' if d == 'in' else 'out'}", d, spans)
+def pcie_rows(copies, mobius: bool = False) -> list[tuple[str, list[tuple[tuple[str, str], float, float]]]]:
+    """The timeline's PCIe rows from :func:`pcie_copy_spans`: per lane and
+    direction (lane order, ``in`` first), ``(label, [((direction, what),
+    start_s, duration_s), ...])``; ``mobius``: lanes are PCIe switch queues
+    (``PCIe q in``), else GPUs (``rank r PCIe in``)."""
+    rows: dict[tuple[int, str], list] = {}
+    for lane, direction, what, _, start, end in copies:
+        rows.setdefault((lane, direction), []).append(((direction, what), start, end - start))
+    return [(f"PCIe {q} {d}" if mobius else f"rank {q} PCIe {d}", spans)
             for (q, d), spans in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1] != "in"))]
+
+
+def plan_pcie_rows(plan, timeline: Timeline | None = None):
+    """:func:`pcie_rows` of :func:`pcie_copy_spans`: the rows the timeline
+    draws below the ranks for ``plan``."""
+    return pcie_rows(pcie_copy_spans(plan, timeline), mobius=plan.schedule == "mobius")
 
 
 def parse_window(text: str) -> tuple[float, float]:
@@ -92,7 +116,7 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                   allreduce: list[tuple[float, float]] | None = None,
                   window_s: tuple[float, float] | None = None,
                   allreduce_label_text: str = "A gradient all-reduce",
-                  pcie: list[tuple[str, str, list[tuple[float, float]]]] | None = None) -> None:
+                  pcie: list[tuple[str, list]] | None = None) -> None:
     """Draw ``timeline`` as a Gantt chart and save it to ``path``.
 
     One row per rank (rank 0 on top), one bar per action coloured by kind
@@ -114,9 +138,9 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
             ``None`` the whole iteration.
         allreduce_label_text: the legend of the ``allreduce`` bars
             (:func:`allreduce_label`).
-        pcie: rows drawn below the ranks, one per PCIe queue and direction
-            (:func:`pcie_rows` of :func:`mobius_copy_spans`: Mobius' weights
-            in and gradients out), each copy a bar from its start to its end.
+        pcie: rows drawn below the ranks, one per PCIe lane and direction
+            (:func:`plan_pcie_rows`: every copy to or from host memory), each
+            copy a bar from its start to its end, coloured by what it moves.
     """
     import matplotlib
 
@@ -129,7 +153,7 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
     rows = P + len(pcie)
     spans_ar = [(a, d) for a, d in (allreduce or []) if d > 0]
     total_ms = max([timeline.iteration_time_s] + [a + d for a, d in spans_ar]
-                   + [a + d for _, _, spans in pcie for a, d in spans]) * 1e3
+                   + [a + d for _, spans in pcie for _, a, d in spans]) * 1e3
     width_in = 12.0
     height_in = 1.2 + 0.45 * rows
     dpi = 100
@@ -158,9 +182,11 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                 if dur > 0:
                     ax.broken_barh([(start * 1e3, dur * 1e3)], (r - bar_h / 2, bar_h), facecolors=ALLREDUCE_COLOUR,
                                    edgecolor="white", linewidth=0.5, zorder=2)
-            for k, (_, direction, spans) in enumerate(pcie):
-                ax.broken_barh([(a * 1e3, d * 1e3) for a, d in spans], (P + k - bar_h / 2, bar_h),
-                               facecolors=PCIE_COLOURS[direction], edgecolor="white", linewidth=0.5, zorder=2)
+            for k, (_, spans) in enumerate(pcie):
+                for key in dict.fromkeys(key for key, _, _ in spans):
+                    ax.broken_barh([(a * 1e3, d * 1e3) for kk, a, d in spans if kk == key],
+                                   (P + k - bar_h / 2, bar_h), facecolors=PCIE_COLOURS[key], edgecolor="white",
+                                   linewidth=0.5, zorder=2)
             # Text when the bar is wide enough: ~7 px per digit at 7 pt.
             axes_px = width_in * dpi * 0.8
             ms_per_px = (xmax - xmin) / axes_px
@@ -174,7 +200,7 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                             fontsize=7, color="white", zorder=3)
                     n_labels += 1
             ax.set_yticks(range(rows))
-            ax.set_yticklabels([f"rank {r}" for r in range(P)] + [label for label, _, _ in pcie])
+            ax.set_yticklabels([f"rank {r}" for r in range(P)] + [label for label, _ in pcie])
             ax.set_xlabel("time (ms)" + (f", window {xmin:g} to {xmax:g} ms of {total_ms:g}"
                                          if window_s is not None else ""))
             ax.set_title(title)
@@ -182,8 +208,8 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
             handles = [Patch(facecolor=KIND_COLOURS[k], label=KIND_LABELS[k]) for k in present]
             if spans_ar:
                 handles.append(Patch(facecolor=ALLREDUCE_COLOUR, label=allreduce_label_text))
-            for d in dict.fromkeys(direction for _, direction, _ in pcie):
-                handles.append(Patch(facecolor=PCIE_COLOURS[d], label=PCIE_LABELS[d]))
+            for key in [k for k in PCIE_COLOURS if any(kk == k for _, spans in pcie for kk, _, _ in spans)]:
+                handles.append(Patch(facecolor=PCIE_COLOURS[key], label=PCIE_LABELS[key]))
             handles.append(Patch(facecolor=_IDLE, label="idle"))
             fig.tight_layout()
             axes_h_in = ax.get_position().height * height_in

@@ -236,6 +236,17 @@ def _mobius(plan: dict, where: str) -> Iterator[Problem]:
         yield Problem(f"{where}.options.mobius", "a mobius plan needs its copies: swap_in_s and swap_out_s (one "
                                                  f"number >= 0 per stage, {S}) and pcie_queue (one per rank, {pp}); "
                                                  "re-plan with --schedule mobius")
+        return
+    if "act_host" in info:  # the stages whose activations are in host memory (per stage, docs/offload.md)
+        act = info["act_host"]
+        named = [("act-host" in str(st.get("memory_option", "")).split("+")) for st in plan["stages"]]
+        if not (isinstance(act, list) and len(act) == S and all(isinstance(x, bool) for x in act)
+                and "act_copy_s" in info):
+            yield Problem(f"{where}.options.mobius.act_host", f"expected one true/false per stage ({S}) beside "
+                                                              "act_copy_s; re-plan with --schedule mobius")
+        elif act != named:
+            yield Problem(f"{where}.options.mobius.act_host", f"{act} does not match the stages' memory_option "
+                                                              f"(swap+act-host on {named}); re-plan or fix the file")
 
 
 def _activation_offload(plan: dict, where: str) -> Iterator[Problem]:
