@@ -414,6 +414,11 @@ def stage_times_of(plan) -> StageTimes:
                                       swap_queue=tuple(int(q) for q in swap["pcie_queue"]))
     if swap and "act_copy_s" in swap:  # activations in host memory (mobius_graph with act)
         swaps["act_copy_s"] = np.array(swap["act_copy_s"], dtype=float)
+    rp = dict(plan.extra or ()).get("roundpipe") if plan.schedule == schedule_lib.ROUNDPIPE else None
+    if rp:  # RoundPipe's copies (roundpipe_graph): per boundary, per group, per GPU
+        swaps.update(swap_in_s=np.array(rp["weights_in_s"], dtype=float),
+                     swap_out_s=np.array(rp["grads_out_s"], dtype=float),
+                     pcie_scale=np.array(rp["pcie_scale"], dtype=float))
     if delayed:  # the host step runs beside the next iteration (delayed_host_time_s)
         swaps["delayed_host_s"] = np.array([s.host_step_s for s in st])
     return StageTimes(
@@ -421,7 +426,7 @@ def stage_times_of(plan) -> StageTimes:
         bwd_s=bwd_s,
         # a file's input-gradient part may pass the backward by rounding (the loader allows 1e-9)
         bwd_input_s=np.minimum(np.array([s.bwd_input_s for s in st]), bwd_s),
-        p2p_s=np.array([s.comm_s for s in st[:-1]]),
+        p2p_s=np.array(rp["act_copy_s"], dtype=float) if rp else np.array([s.comm_s for s in st[:-1]]),
         allreduce_s=np.array([s.allreduce_s for s in st]),
         **swaps,
     )
