@@ -191,15 +191,17 @@ class RoundPipeCosts:
         weights in for its forward and its backward task (once for the
         last, fused, group), its gradients out, and per micro-batch its
         forward's input and output, its backward's saved input, output
-        gradient in and input gradient out."""
+        gradient in and input gradient out (the last group: its input in and
+        its input gradient out)."""
         i, j = self._ranges(bounds)
         weights = WEIGHT_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i])
         bnd = self.boundary_bytes(bounds)
         zero = np.zeros((bnd.shape[0], 1))
         inp, out = np.concatenate([zero, bnd], axis=1), np.concatenate([bnd, zero], axis=1)
         uploads = np.full(weights.shape, 2.0)
-        uploads[:, -1] = 1.0
-        return (uploads + 1.0) * weights + self.num_micro_batches * (3.0 * inp + 2.0 * out)
+        uploads[:, -1] = 1.0  # the last group's fused task: its input in, its input gradient out
+        act = np.where(uploads == 2.0, 3.0 * inp + 2.0 * out, 2.0 * inp)
+        return (uploads + 1.0) * weights + self.num_micro_batches * act
 
     def fits(self, bounds) -> np.ndarray:
         """``(k,)`` bools: every GPU's peak within its usable memory and the
