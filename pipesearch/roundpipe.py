@@ -23,8 +23,8 @@ weights and gradients, 2 B each, as RoundPipe's ``param_dtype``):
   ``output_bytes[k] / bw`` with ``bw = min(host_to_device,
   switch_uplink)``, scaled per GPU by the number of the pool's GPUs under
   its switch when the uplink is the limit (``pcie_scale``,
-  :func:`pipesearch.host.activation_copy_s_per_byte`: every GPU of the plan
-  under the switch copying at once, the cost model's worst case);
+  :func:`pipesearch.host.shared_bandwidth_bytes_per_s`: every GPU of the
+  plan under the switch copying at once, the cost model's worst case);
 * weights in ``2 P_g / bw`` per task, gradients out ``2 P_g / bw`` after a
   backward task (accumulated on the GPU over the micro-batches);
 * the CPU's Adam over all parameters after the iteration (``P /
@@ -234,7 +234,7 @@ def build_roundpipe_costs(profile: ModelProfile, cluster: Cluster, job: Job, *, 
     zero = np.zeros(1)
     h = cluster.host
     link = min(h.host_to_device_bytes_per_s, h.switch_uplink_bytes_per_s)
-    per_gpu = host_lib.activation_copy_s_per_byte(cluster, heads)
+    shared = host_lib.shared_bandwidth_bytes_per_s(h, host_lib.stage_switch_sharing(cluster, heads))
     return RoundPipeCosts(
         num_groups=groups, num_gpus=len(heads), num_micro_batches=num_micro_batches,
         fwd_prefix_s=np.concatenate([zero, np.cumsum(times["fwd_s"])]) * scale,
@@ -242,7 +242,7 @@ def build_roundpipe_costs(profile: ModelProfile, cluster: Cluster, job: Job, *, 
         param_prefix=np.concatenate([zero, np.cumsum(a["param_bytes"])]) / profile.bytes_per_param,
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(a["saved_bytes"])]) * ratio,
         output_bytes=a["output_bytes"] * ratio,
-        s_per_byte=1.0 / link, pcie_scale=np.asarray(per_gpu * link, dtype=float),
+        s_per_byte=1.0 / link, pcie_scale=np.asarray(link / shared, dtype=float),
         capacity_bytes=float(usable_memory_bytes(job, stage_capacity_bytes(cluster, heads)).min()),
         host_capacity_bytes=float(h.memory_bytes),
         adam_s_per_param=1.0 / h.cpu_adam_params_per_s,
