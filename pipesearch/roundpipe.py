@@ -575,7 +575,8 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
         busy[d] += m * (times.fwd_s[g] + (times.bwd_s[g] if kind != "F" else 0.0))
     predicted = Prediction(iteration_time_s=t, samples_per_s=job.global_batch_size / t if t > 0 else math.inf,
                            bubble_fraction=max(0.0, 1.0 - float(busy.max()) / t) if t > 0 else 0.0,
-                           peak_memory_bytes=float(peaks.max()), memory_capacity_bytes=costs.capacity_bytes,
+                           peak_memory_bytes=float(peaks.max()),
+                           memory_capacity_bytes=float(stage_capacity_bytes(cluster, devices.reshape(-1, 1)).min()),
                            **_throughput_terms(variant.profile, stages, job.global_batch_size, cluster, 1))
     moved = costs.pcie_bytes(b)[0]
     held = costs.host_bytes(b)[0]

@@ -219,3 +219,69 @@ def test_a_point_out_of_work_reports_its_bound_and_gap(monkeypatch):
                                   gpus=np.array([0, 1, 2]), groups=6, micro_batch_size=1, num_micro_batches=4)
     found = roundpipe_split(costs)
     assert not found.exact and 0 < found.lower_bound_s < found.iteration_time_s and found.gap > 0
+
+
+def test_cli_llama_8b_on_8_rtx4090_against_mobius(tmp_path):
+    """Llama-3.1-8B on 1x8-rtx4090-pcie4, -b 128 at sequence 2048, pp 8,
+    16 groups (vp 2), one sequence per micro-batch. Mobius (looped BFS)
+    keeps all 128 micro-batches' activations of each stage on its GPU and
+    finds no plan; with them in host memory it does. RoundPipe's GPUs hold
+    one micro-batch of one group each, so it fits without offloading, and:
+    the CPU's Adam after the iteration covers Llama-3.1-8B's 8,030,261,248
+    parameters (Meta's published count) at the box's CPU Adam rate; the plan
+    file validates, replays to its time (`pipesearch simulate`), and every
+    runtime exporter but stages-json refuses it in one line."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+    from pipesearch.hardware import load_cluster
+    from pipesearch.plan import load_plan_file
+
+    common = ["plan", "--model", "llama3.1-8b", "--cluster", "1x8-rtx4090-pcie4", "-b", "128", "--seq-len", "2048",
+              "--pp", "8", "--vp", "2", "--micro-batch-size", "1", "--top", "1"]
+    out = tmp_path / "rp.json"
+    r = CliRunner().invoke(main, common + ["--schedule", "roundpipe", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = load_plan_file(out).plans[0]
+    assert plan.schedule == "roundpipe" and len(plan.stages) == 16 and plan.num_micro_batches == 128
+    rate = load_cluster("1x8-rtx4090-pcie4").host.cpu_adam_params_per_s
+    assert sum(st.host_step_s for st in plan.stages) == pytest.approx(8_030_261_248 / rate, rel=1e-9)
+    info = dict(plan.extra)["roundpipe"]
+    assert max(info["device_peak_bytes"]) <= 24e9 and list(info["pcie_scale"]) == [4.0] * 8  # four GPUs a switch
+    assert simulate_plan(plan)[0] == pytest.approx(plan.predicted.iteration_time_s, rel=1e-9)
+    assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
+    r = CliRunner().invoke(main, ["export", str(out), "--format", "torch"])
+    assert r.exit_code == 2 and "schedule roundpipe dispatches" in r.output
+    r = CliRunner().invoke(main, ["export", str(out), "--format", "stages-json", "-o", str(tmp_path / "s.json")])
+    assert r.exit_code == 0, r.output
+    mobius = common[:-8] + ["--top", "1", "--schedule", "mobius"]
+    r = CliRunner().invoke(main, mobius)
+    assert r.exit_code != 0 and "no plan" in r.output
+    r = CliRunner().invoke(main, mobius + ["--activation-offload", "-o", str(tmp_path / "m.json")])
+    assert r.exit_code == 0, r.output
+    other = load_plan_file(tmp_path / "m.json").plans[0]
+    assert other.schedule == "mobius" and other.predicted.iteration_time_s > 0
+
+
+@pytest.mark.parametrize("flags,needle", [(["--tp", "2"], "--tp 2"), (["--recompute", "full"], "--recompute full"),
+                                          (["--optimizer-offload"], "--optimizer-offload"),
+                                          (["--stream-weights"], "--stream-weights")])
+def test_cli_refuses_what_roundpipe_cannot_run_in_one_line(flags, needle):
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    r = CliRunner().invoke(main, ["plan", "--model", "llama3.1-8b", "--cluster", "1x8-rtx4090-pcie4", "-b", "128",
+                                  "--seq-len", "2048", "--schedule", "roundpipe"] + flags)
+    assert r.exit_code == 2 and needle in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_cli_refuses_roundpipe_on_a_cluster_without_host_table():
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    r = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "4x4-v100-10gbe", "--schedule",
+                                  "roundpipe"])
+    assert r.exit_code == 2 and "[host]" in r.output and len(r.output.strip().splitlines()) == 1
