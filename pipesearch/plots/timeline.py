@@ -15,8 +15,13 @@ _IDLE = "#E6E6E6"
 def allreduce_spans(plan, timeline: Timeline) -> list[tuple[float, float]]:
     """Per rank, ``(start_s, duration_s)`` of its gradient all-reduce: after
     its last backward, as long as the ``allreduce_s`` of its stages (the rule
-    of :func:`pipesearch.search.simulate_plan`); ``(0, 0)`` without one."""
+    of :func:`pipesearch.search.simulate_plan`); ``(0, 0)`` without one.
+    RoundPipe (no all-reduce; the CPU's step after the last GPU, over all
+    groups): that step on every rank, from the GPUs' makespan."""
     p = timeline.num_ranks
+    if plan.schedule == "roundpipe":
+        step = sum(st.allreduce_s for st in plan.stages)
+        return [(timeline.iteration_time_s, step) if step > 0 else (0.0, 0.0)] * p
     end = [0.0] * p
     for rec in timeline.records:
         if rec.kind in ("B", "W"):
