@@ -251,9 +251,8 @@ def test_cli_llama_8b_on_8_rtx4090_against_mobius(tmp_path):
     total, tl = simulate_plan(plan)
     assert total == pytest.approx(plan.predicted.iteration_time_s, rel=1e-9)
     from pipesearch.plots.timeline import allreduce_spans  # the CPU's step after the last GPU, drawn on each
-    assert all(s == pytest.approx(tl.iteration_time_s) and d == pytest.approx(8_030_261_248 / rate)
-               for s, d in allreduce_spans(plan, tl))
-    assert total == pytest.approx(tl.iteration_time_s + 8_030_261_248 / rate, rel=1e-9)
+    assert all(s >= tl.iteration_time_s and d == pytest.approx(8_030_261_248 / rate)  # after the last gradients
+               and s + d == pytest.approx(total) for s, d in allreduce_spans(plan, tl))
     assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
     r = CliRunner().invoke(main, ["export", str(out), "--format", "torch"])
     assert r.exit_code == 2 and "schedule roundpipe dispatches" in r.output

@@ -16,12 +16,13 @@ def allreduce_spans(plan, timeline: Timeline) -> list[tuple[float, float]]:
     """Per rank, ``(start_s, duration_s)`` of its gradient all-reduce: after
     its last backward, as long as the ``allreduce_s`` of its stages (the rule
     of :func:`pipesearch.search.simulate_plan`); ``(0, 0)`` without one.
-    RoundPipe (no all-reduce; the CPU's step after the last GPU, over all
-    groups): that step on every rank, from the GPUs' makespan."""
+    RoundPipe (no all-reduce; the CPU's step over all groups once the last
+    gradients are on the host): that step on every rank, ending at the
+    plan's time."""
     p = timeline.num_ranks
     if plan.schedule == "roundpipe":
         step = sum(st.allreduce_s for st in plan.stages)
-        return [(timeline.iteration_time_s, step) if step > 0 else (0.0, 0.0)] * p
+        return [(plan.predicted.iteration_time_s - step, step) if step > 0 else (0.0, 0.0)] * p
     end = [0.0] * p
     for rec in timeline.records:
         if rec.kind in ("B", "W"):
