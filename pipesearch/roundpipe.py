@@ -203,6 +203,25 @@ class RoundPipeCosts:
         act = np.where(uploads == 2.0, 3.0 * inp + 2.0 * out, 2.0 * inp)
         return (uploads + 1.0) * weights + self.num_micro_batches * act
 
+    def least_host_bytes(self) -> float:
+        """The least host bytes of any split: every parameter's state and
+        ``m`` micro-batches of the ``G - 1`` smallest layer outputs (some
+        ``G - 1`` boundaries are cut)."""
+        cuts = np.sort(self.output_bytes[:-1])[:self.num_groups - 1]
+        return float(HOST_BYTES_PER_PARAM * self.param_prefix[-1] + self.num_micro_batches * cuts.sum())
+
+    def group_alone_fits(self, i, j) -> np.ndarray:
+        """Whether a group over layers ``[i, j)`` (arrays) fits its backward
+        task alone: weights, gradients, one micro-batch's saved bytes and
+        two micro-batches' boundaries (a necessary part of every GPU peak,
+        :meth:`device_peak_bytes`)."""
+        i, j = np.asarray(i), np.asarray(j)
+        weights = WEIGHT_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i])
+        edge = (np.where(i > 0, self.output_bytes[np.maximum(i - 1, 0)], 0.0)
+                + np.where(j < self.num_layers, self.output_bytes[np.minimum(j, self.num_layers) - 1], 0.0))
+        saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
+        return 2 * weights + saved + 2 * edge <= self.capacity_bytes
+
     def fits(self, bounds) -> np.ndarray:
         """``(k,)`` bools: every GPU's peak within its usable memory and the
         host's bytes within its memory."""
@@ -334,7 +353,7 @@ def roundpipe_split(costs: RoundPipeCosts, cutoff_s: float = math.inf) -> ExactS
     reports its proven lower bound and gap (``exact`` False).
     """
     L, G, m, n = costs.num_layers, costs.num_groups, costs.num_micro_batches, costs.num_gpus
-    if G > L:
+    if G > L or costs.least_host_bytes() > costs.host_capacity_bytes:
         return None
     bound = lower_bound_s(costs)
     if bound >= cutoff_s:
@@ -359,7 +378,9 @@ def _branch_and_bound(costs: RoundPipeCosts, cutoff_s: float) -> ExactSplit | No
     ``[0, i)``); its bound is the largest family of
     :func:`bound_coefficients` with the fixed groups' exact terms and the
     least completion of the rest (:func:`_suffix_tables`), then the host's
-    step. Complete splits are simulated in batches; a node whose bound is
+    step. A group that does not fit its backward task alone
+    (:meth:`RoundPipeCosts.group_alone_fits`) is not branched on. Complete
+    splits are simulated in batches; a node whose bound is
     not below the best time found (or ``cutoff_s``) is discarded, so when
     the queue empties the best is optimal. Stops at :data:`MAX_NODES`
     nodes or :data:`MAX_SPLITS_EVALUATED` splits: the least open bound is
@@ -412,7 +433,8 @@ def _branch_and_bound(costs: RoundPipeCosts, cutoff_s: float) -> ExactSplit | No
         if g == G:
             pending.append(cut)
             continue
-        for j in range(i + 1, L - (G - g - 1) + 1):
+        js = np.arange(i + 1, L - (G - g - 1) + 1)
+        for j in js[costs.group_alone_fits(np.full(len(js), i), js)].tolist():
             p = pref + alpha[:, g] * (F[j] - F[i]) + beta[:, g] * (B[j] - B[i])
             b = float(_with_host(costs, (p + tab[:, g + 1, j]).max()))
             if b < target():
@@ -517,7 +539,7 @@ def plan_extra(costs: RoundPipeCosts, bounds) -> dict:
 
 
 def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray, profiled_device,
-               cutoff_s: float = math.inf, exhaustive: bool = False, split=None):
+               cutoff_s: float = math.inf, exhaustive: bool = False, split=None, notes: dict | None = None):
     """The :class:`pipesearch.types.Plan` of one RoundPipe search point (a
     pool of ``pp = len(gpus)`` GPUs, ``G = pp vp`` groups), or None with
     ``row["status"]`` set: ``schedule_refused`` for ``dp`` or ``tp`` above 1
@@ -525,7 +547,8 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
     table with recompute or offload options (RoundPipe re-runs each group's
     forward in its backward: the plain table) or GPUs of different types;
     ``out_of_memory``; ``pruned`` (its bound reaches ``cutoff_s``).
-    ``split`` pins the layers per group."""
+    ``split`` pins the layers per group; ``notes["host_overflow"]`` gets
+    :func:`host_overflow_note` when host memory refuses the point."""
     from .search import _throughput_terms
     from .types import Plan, Prediction, StagePlan
 
@@ -550,6 +573,9 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
         found = roundpipe_split(costs, math.inf if exhaustive else cutoff_s)
         if found is None:
             row["status"] = "pruned" if lower_bound_s(costs) >= cutoff_s and not exhaustive else "out_of_memory"
+            if notes is not None and not notes.get("host_overflow") and costs.least_host_bytes() > \
+                    costs.host_capacity_bytes:
+                notes["host_overflow"] = host_overflow_note(costs)
             return None
     b = np.asarray(found.bounds, dtype=np.int64)
     t = found.iteration_time_s
@@ -604,3 +630,16 @@ def _group_of(cluster: Cluster) -> np.ndarray:
 def _precision(profile: ModelProfile) -> str:
     from .costs import profile_precision
     return profile_precision(profile)
+
+
+def host_overflow_note(costs: RoundPipeCosts) -> str:
+    """One line: the least host bytes of any split of the point
+    (:meth:`RoundPipeCosts.least_host_bytes`) against the node's host memory."""
+    from .units import format_bytes
+
+    state = HOST_BYTES_PER_PARAM * costs.param_prefix[-1]
+    return (f"host memory: schedule roundpipe keeps {format_bytes(costs.least_host_bytes())} in host memory (parameters' "
+            f"state {format_bytes(state)}, the group inputs of {costs.num_micro_batches} micro-batches the rest) "
+            f"against the node's {format_bytes(costs.host_capacity_bytes)}; use fewer micro-batches or groups, or a "
+            "host with more memory ([host] memory_GB)")
+

@@ -1194,7 +1194,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         slots, _ = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
                                     {} if links_cache is None else links_cache)
         return roundpipe_plan_point(variant, cluster, job, row, np.asarray(slots)[:pp, 0], profiled_device, cutoff_s,
-                                    options.exhaustive, options.split), None
+                                    options.exhaustive, options.split, placement_ctx), None
     slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
                                 placement_ctx)
     if slots is None:  # a mapped placement with no order that fits
