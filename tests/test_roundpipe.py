@@ -254,10 +254,21 @@ def test_cli_llama_8b_on_8_rtx4090_against_mobius(tmp_path):
     assert all(s >= tl.iteration_time_s and d == pytest.approx(8_030_261_248 / rate)  # after the last gradients
                and s + d == pytest.approx(total) for s, d in allreduce_spans(plan, tl))
     assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
+    import json
+    doc = json.loads(out.read_text())  # a task moved off the round robin: refused
+    doc["plans"][0]["options"]["roundpipe"]["tasks"][0][2] = 1
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["validate", str(tmp_path / "bad.json")])
+    assert r.exit_code == 2 and "options.roundpipe" in r.output
     r = CliRunner().invoke(main, ["export", str(out), "--format", "torch"])
     assert r.exit_code == 2 and "schedule roundpipe dispatches" in r.output
     r = CliRunner().invoke(main, ["export", str(out), "--format", "stages-json", "-o", str(tmp_path / "s.json")])
     assert r.exit_code == 0, r.output
+    rows = json.loads((tmp_path / "s.json").read_text())["stages"]
+    # group g's forward is task g (GPU g mod 8), its backward task 30 - g (group 15's fused task is task 15)
+    assert [(x["forward_gpu"], x["backward_gpu"]) for x in rows] == [
+        (g % 8, (30 - g) % 8 if g < 15 else 7) for g in range(16)]
+    assert all(x["weights"] == "dispatched" and x["optimizer_state"] == "host" for x in rows)
     mobius = common[:-8] + ["--top", "1", "--schedule", "mobius"]
     r = CliRunner().invoke(main, mobius)
     assert r.exit_code != 0 and "no plan" in r.output
@@ -289,3 +300,17 @@ def test_cli_refuses_roundpipe_on_a_cluster_without_host_table():
     r = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "4x4-v100-10gbe", "--schedule",
                                   "roundpipe"])
     assert r.exit_code == 2 and "[host]" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_host_memory_refusal_is_named():
+    """Two layers of 10 GB of weights each (5e9 parameters each at 2 B): 20
+    B per parameter on the host is 200 GB = 186.3 GiB against a host of 50
+    GB, whatever the split: no plan, and the message says host memory."""
+    from pipesearch.errors import InfeasibleError
+
+    prof = tiny_profile([1.0, 1.0], params=[10e9, 10e9], bytes_per_param=2.0)
+    cluster = replace(tiny_cluster(1, 4, memory_bytes=80 * GB), host=_host_table(memory_bytes=50e9))
+    opts = SearchOptions(pp=1, dp=1, micro_batch_size=1, num_micro_batches=2, schedules=("roundpipe",), vps=(2,),
+                         top=1)
+    with pytest.raises(InfeasibleError, match="host memory: schedule roundpipe keeps 186.3 GiB"):
+        search([ModelVariant(prof)], cluster, Job(global_batch_size=2, memory_reserve_bytes=0), opts)
