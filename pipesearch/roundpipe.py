@@ -67,7 +67,7 @@ WEIGHT_BYTES_PER_PARAM = 2.0
 HOST_BYTES_PER_PARAM = 2.0 + 2.0 + 16.0
 #: splits enumerated one and all (and splits x graph nodes), counts never seconds
 ENUMERATE_SPLITS = 5_000
-ENUMERATE_WORK = 2**25
+ENUMERATE_WORK = 2**28
 #: steps of the boundary-moving descent that finds the branch and bound's first split
 DESCENT_STEPS = 40
 #: work limits of the branch and bound (counts, never seconds)
