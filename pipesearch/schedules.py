@@ -29,6 +29,9 @@ Builders and their sources:
   2022 (arXiv:2211.05953).
 * :func:`mobius`: Feng et al., "Mobius", ASPLOS 2023 (looped BFS' compute
   order; its host-to-GPU copies are in the time model).
+* :func:`roundpipe_tasks`: RoundPipe (arXiv 2604.27085): layer-group tasks
+  dispatched round-robin over a stateless pool of GPUs (its graph, with the
+  PCIe copies, is :func:`pipesearch.timemodel.roundpipe_graph`).
 
 Refusals follow torch.distributed.pipelining's runtime: ``Schedule1F1B``
 raises when ``n_microbatches < num_stages``; we refuse ``m < p`` for every
@@ -345,6 +348,34 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
 
 _MULTI_STAGE = frozenset({"interleaved-1f1b", "looped-bfs", "mobius"})
 
+ROUNDPIPE = "roundpipe"
+"""RoundPipe's dispatch (:func:`roundpipe_tasks`): not a per-rank action list
+(a layer group's forward and backward run on different GPUs), so not in
+:data:`SCHEDULES`; its ``p v`` layer groups count as stages."""
+
+
+def roundpipe_tasks(groups: int, gpus: int) -> tuple[tuple[str, int, int], ...]:
+    """RoundPipe's tasks of one training iteration in dispatch order, as
+    ``(kind, group, gpu)``.
+
+    RoundPipe (arXiv 2604.27085; ``RoundPipe.forward_backward`` in
+    RoundPipe/RoundPipe.py of the ITcarrot/RoundPipe repository) runs the
+    layer groups' forwards ``0 .. G-2`` (kind ``"F"``), then the last group's
+    fused forward, loss and backward (``"FB"``), then the backwards of
+    groups ``G-2 .. 0`` (``"B"``, each re-running its group's forward
+    first); each task is handed to the next GPU of a global round-robin
+    counter (``device.get_next_device``), so task ``t`` runs on GPU ``t mod
+    gpus`` and a group's backward usually runs on another GPU than its
+    forward. Each task runs all the micro-batches, in order, on its GPU.
+
+    Raises:
+        InputError: ``groups`` or ``gpus`` below 1.
+    """
+    _check_p_m_v(ROUNDPIPE, gpus, 1, groups)
+    kinds = [("F", g) for g in range(groups - 1)] + [("FB", groups - 1)]
+    kinds += [("B", g) for g in reversed(range(groups - 1))]
+    return tuple((kind, g, t % gpus) for t, (kind, g) in enumerate(kinds))
+
 
 def build(name: str, p: int, m: int, v: int = 1) -> Schedule:
     """Build schedule ``name`` for ``p`` ranks, ``m`` micro-batches, ``v``
@@ -385,8 +416,9 @@ def _order_of(name: str, p: int, m: int, v: int):
 
 
 def num_stages_of(name: str, p: int, v: int = 1) -> int:
-    """Stages a schedule built by :func:`build` has: ``p v`` for looped ones, else ``p``."""
-    return p * v if name in _MULTI_STAGE else p
+    """Stages a schedule built by :func:`build` has: ``p v`` for looped ones
+    (and RoundPipe's layer groups), else ``p``."""
+    return p * v if name in _MULTI_STAGE or name == ROUNDPIPE else p
 
 
 def work_until_last_forward(name: str, p: int, m: int, v: int = 1) -> dict[str, tuple[int, ...]]:

@@ -41,6 +41,7 @@ from .host import cross_mapping
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .option_search import (best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info,
                             pin_mobius_activations, prefer_device_state)
+from .roundpipe import plan_point as roundpipe_plan_point
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
                           replicated_lower_bound_s, replicated_placements)
@@ -53,7 +54,7 @@ ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
 #: every schedule the search knows; the first two have an exact analytic split
 ALL_SCHEDULES = SCHEDULES
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "mobius")
+MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "mobius", "roundpipe")
 
 
 @dataclass(frozen=True)
@@ -791,7 +792,7 @@ def search(
     rows: list[dict] = []
     counts: Counter = Counter()
     work = {id(v): v.profile.compute_per_sample_s for v in variants}
-    floor_job = replace(job, weight_streaming=True) if "mobius" in options.schedules else job  # Mobius swaps all
+    floor_job = replace(job, weight_streaming=True) if {"mobius", "roundpipe"} & set(options.schedules) else job  # swap all
     memory_floor = {id(v): _memory_totals(v.profile, floor_job, v.stage_tables) for v in variants}
     # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
     capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
@@ -811,6 +812,8 @@ def search(
     share = {id(v): forward_share_of(v.profile) for v in variants}
 
     def busiest_s(variant, pp: int, stages: int) -> float:
+        if "roundpipe" in options.schedules:  # its tasks move between GPUs: only the average device holds
+            return 0.0
         return busiest_device_per_sample_s(variant.profile, pp, stages, busiest_cache)
 
     def strong_group_bound(group) -> float:
@@ -851,7 +854,8 @@ def search(
             for key, (_, row) in first.items():
                 inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"],
                                               in_flight_cache, variant.profile.wgrad_saved_fraction)
-                if _surely_out_of_memory(memory_floor[id(variant)], row, inflight, capacity[variant.tp]):
+                if row["schedule"] != "roundpipe" and _surely_out_of_memory(memory_floor[id(variant)], row, inflight,
+                                                                            capacity[variant.tp]):
                     continue
                 t = _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
                                  placement_ctx)
@@ -915,7 +919,8 @@ def search(
                                           variant.profile.wgrad_saved_fraction)
             if job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
                 inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
-            if not options.split and _surely_out_of_memory(floor, row, inflight, capacity[variant.tp]):
+            if not options.split and row["schedule"] != "roundpipe" and _surely_out_of_memory(
+                    floor, row, inflight, capacity[variant.tp]):
                 row["status"] = "out_of_memory"
                 continue
             if row["placement"] != options.placements[0] and _same_links(
@@ -1077,6 +1082,8 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
         return in_flight_micro_batches(schedule, pp, m)
     if schedule in ("looped-bfs", "mobius"):
         return np.full(pp * vp, m, dtype=np.int64)
+    if schedule == "roundpipe":  # a GPU computes one micro-batch of a group at a time (pipesearch.roundpipe)
+        return np.ones(pp * vp, dtype=np.int64)
     # ZB-H1's counts are those of m = pp once m >= pp (its warm-up is pp - r
     # forwards deep; tests/test_search.py compares them bit for bit)
     m_eff = min(m, pp) if schedule == "zb-h1" else min(m, 2 * pp)
@@ -1169,6 +1176,8 @@ def _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, l
     """An achievable simulated time of one point: its best starting split
     (:func:`pipesearch.split_search.exact_split` with ``seeds_only``), or
     inf when none fits."""
+    if row["schedule"] == "roundpipe":  # no cheap start: its split search runs in _evaluate
+        return math.inf
     _, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx)
     found = None if costs is None else exact_split(costs, row["schedule"], row["pp"], row["vp"], seeds_only=True)
     return math.inf if found is None else found.iteration_time_s
@@ -1182,6 +1191,11 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     if placement_ctx is None:
         placement_ctx = {"job": job, "profiled_device": profiled_device}
     placement_ctx["cutoff_s"] = cutoff_s  # a mapped placement's order search starts from it
+    if schedule == "roundpipe":  # its own costs and split: pipesearch.roundpipe
+        slots, _ = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
+                                    {} if links_cache is None else links_cache)
+        return roundpipe_plan_point(variant, cluster, job, row, np.asarray(slots)[:pp, 0], profiled_device, cutoff_s,
+                                    options.exhaustive, options.split, placement_ctx), None
     slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
                                 placement_ctx)
     if slots is None:  # a mapped placement with no order that fits

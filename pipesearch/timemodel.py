@@ -93,6 +93,11 @@ class StageTimes:
     #: per stage, host work of the iteration that runs beside the next one
     #: (a one-step delayed optimizer step on the CPU, :func:`delayed_host_time_s`)
     delayed_host_s: np.ndarray | None = None
+    #: RoundPipe (``schedule="roundpipe"``, :func:`roundpipe_graph`): per GPU
+    #: of the pool, how many times longer its PCIe copies take than at the
+    #: rate ``p2p_s``, ``swap_in_s`` and ``swap_out_s`` are given in (``(n,)``:
+    #: the GPUs under its switch sharing the uplink, :mod:`pipesearch.host`)
+    pcie_scale: np.ndarray | None = None
 
     @property
     def num_stages(self) -> int:
@@ -116,6 +121,8 @@ def simulate_times(schedule: str, pp: int, m: int, vp: int, times: StageTimes,
     """
     if schedule == "mobius":  # its copies are nodes of the graph: the timeline comes from it
         return _mobius_simulate(pp, m, vp, times, act_bytes, act_resident)
+    if schedule == schedule_lib.ROUNDPIPE:  # tasks move between GPUs: the timeline comes from its graph
+        return roundpipe_simulate(pp, m, vp, times, act_bytes)
     actions = schedule_actions(schedule, pp, m, vp)
     tl = simulate(actions, fwd_s=times.fwd_s, bwd_s=times.bwd_s, p2p_s=times.p2p_s,
                   bwd_input_s=times.bwd_input_s, p2p_overlap=send_overlap(schedule), act_bytes=act_bytes,
@@ -316,6 +323,8 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
     single = np.ndim(times.fwd_s) == 1
     if schedule == "mobius" and len(_act_patterns(times)) > 1:  # one graph per set of offloading stages
         return _mobius_grouped_time_s(times, pp, m, vp)
+    if schedule == schedule_lib.ROUNDPIPE:
+        return roundpipe_time_s(times, pp, m, vp)
     if schedule == "gpipe":
         return gpipe_time_s(times, m)
     else:
@@ -335,6 +344,9 @@ def evaluation_cost(schedule: str, pp: int, m: int, vp: int) -> tuple[int, int]:
     node (GPipe's closed form: about ten vector operations over the stages)."""
     if schedule == "gpipe":
         return 300 * 10, schedule_lib.num_stages_of(schedule, pp, vp)
+    if schedule == schedule_lib.ROUNDPIPE:  # the search's G = pp vp groups
+        g = roundpipe_graph(pp, m, pp * vp)[0]
+        return 300 * g.num_levels, len(g.col)
     g = _graph(schedule, pp, m, vp) if schedule != "mobius" else mobius_graph(pp, m, vp, tuple(range(pp)))
     return 300 * g.num_levels, len(g.col)
 
@@ -410,6 +422,11 @@ def stage_times_of(plan) -> StageTimes:
         swaps["act_copy_s"] = np.array(swap["act_copy_s"], dtype=float)
         if "act_host" in swap:  # the stages that offload (all of them in files without it)
             swaps["act_host"] = np.array(swap["act_host"], dtype=bool)
+    rp = dict(plan.extra or ()).get("roundpipe") if plan.schedule == schedule_lib.ROUNDPIPE else None
+    if rp:  # RoundPipe's copies (roundpipe_graph): per boundary, per group, per GPU
+        swaps.update(swap_in_s=np.array(rp["weights_in_s"], dtype=float),
+                     swap_out_s=np.array(rp["grads_out_s"], dtype=float),
+                     pcie_scale=np.array(rp["pcie_scale"], dtype=float))
     if delayed:  # the host step runs beside the next iteration (delayed_host_time_s)
         swaps["delayed_host_s"] = np.array([s.host_step_s for s in st])
     return StageTimes(
@@ -417,7 +434,7 @@ def stage_times_of(plan) -> StageTimes:
         bwd_s=bwd_s,
         # a file's input-gradient part may pass the backward by rounding (the loader allows 1e-9)
         bwd_input_s=np.minimum(np.array([s.bwd_input_s for s in st]), bwd_s),
-        p2p_s=np.array([s.comm_s for s in st[:-1]]),
+        p2p_s=np.array(rp["act_copy_s"], dtype=float) if rp else np.array([s.comm_s for s in st[:-1]]),
         allreduce_s=np.array([s.allreduce_s for s in st]),
         **swaps,
     )
@@ -833,3 +850,221 @@ def host_copy_spans(timeline: Timeline, allreduce_s, host_step_s, *, activation_
             out.append((r, "in", "weights", s, start + step - opt[s], start + step))
         clock[r] = start + step
     return sorted(out, key=lambda c: (c[0], c[1], c[4], c[3]))
+
+
+# ------------------------------------------------------------ RoundPipe: tasks dispatched round-robin over GPUs
+
+#: node kinds of :func:`roundpipe_graph` (column ``kind * G n + group * n + gpu`` of its table)
+RP_FWD, RP_FWD_BWD, RP_ACT, RP_WEIGHTS, RP_GRADS, RP_WAIT, RP_CHUNK, RP_ACT_OUT = range(8)
+
+
+@lru_cache(maxsize=32)
+def roundpipe_graph(n: int, m: int, G: int):
+    """The dependency graph of one RoundPipe iteration (arXiv 2604.27085;
+    the ITcarrot/RoundPipe runtime: RoundPipe/RoundPipe.py
+    ``forward_backward``, run.py ``run_forward`` / ``run_backward`` /
+    ``run_forward_backward``, transfer.py ``async_h2d`` / ``async_d2h`` /
+    ``upload_layers`` / ``download_layer``, device.py ``get_next_device``):
+    ``G`` layer groups, ``n`` GPUs, ``m`` micro-batches, the tasks of
+    :func:`pipesearch.schedules.roundpipe_tasks` (task ``t`` on GPU ``t mod
+    n``, each running all micro-batches in order). Per GPU three chains:
+    compute, host-to-device link, device-to-host link (PCIe is full duplex).
+
+    * compute of micro-batch ``j`` of a task: ``fwd_s`` (``"F"``) or
+      ``fwd_s + bwd_s`` (``"FB"``, and ``"B"``, which re-runs the group's
+      forward from its input before the backward); it waits for its input
+      copies (and so the task's weights, ahead of them on the link) and for
+      the copy out of the GPU's previous micro-batch (``async_d2h`` makes the
+      compute stream wait for the download stream);
+    * copies in (``p2p_s`` of the boundary, on the GPU's host-to-device
+      link): a forward's input (the previous group's output, after that
+      copy out is over; none for group 0, whose input is the batch itself),
+      a backward's saved input (the group boundary, kept in host memory
+      since its forward) and its output gradient (after the next group's
+      backward copied it out); the first copy of the GPU's ``k``-th
+      micro-batch waits for its ``(k-2)``-th compute (the upload stream
+      waits for the compute issued before: the GPU holds the micro-batch
+      computing and the one arriving);
+    * copies out (``p2p_s``, device-to-host link): a forward's output, a
+      backward's input gradient (none for group 0); after a backward task's
+      last micro-batch, its gradients (``swap_out_s``, accumulated on the GPU
+      over the micro-batches);
+    * weights in (``swap_in_s``): a GPU's first task copies them whole; a
+      later task's weights are prefetched in ``m`` chunks, chunk ``j`` after
+      the copies in of micro-batch ``j`` of the GPU's previous task
+      (``upload_layers`` spreads them over the pending activation uploads),
+      once the task two before on the GPU is done and its gradients are out
+      (two groups' weights on the GPU).
+
+    Copies on a GPU's link run one after another in this order; their
+    durations are scaled per GPU by ``pcie_scale`` (its share of the switch
+    uplink). Returns ``(graph, node kinds, groups, gpus, tasks,
+    micro-batches)``, the last five ``(N,)`` arrays (-1 where not applicable).
+    """
+    NONE = -1
+    tasks = schedule_lib.roundpipe_tasks(G, n)
+    col: list[int] = []
+    p1: list[int] = []
+    p2: list[int] = []
+    info: list[tuple[int, int, int]] = []
+
+    def node(kind: int, g: int, d: int, a: int = NONE, b: int = NONE, task: int = NONE, mb: int = NONE) -> int:
+        col.append((kind * G + max(g, 0)) * n + d)
+        p1.append(a)
+        p2.append(b)
+        info.append((task, mb, kind))
+        return len(col) - 1
+
+    comp: list[list[int]] = [[] for _ in range(n)]
+    outs: list[list[int]] = [[] for _ in range(n)]
+    h2d = [NONE] * n
+    d2h = [NONE] * n
+    chunks: dict[int, list[int]] = {}
+    end_of: dict[int, int] = {}
+    out_of: dict[tuple[int, int], int] = {}
+    for t, (kind, g, d) in enumerate(tasks):
+        if t < n:  # the GPU's first task: its weights whole
+            h2d[d] = node(RP_WEIGHTS, g, d, h2d[d], task=t)
+            weights = h2d[d]
+        else:
+            weights = chunks[t][-1]
+        nxt = t + n if t + n < len(tasks) else None
+        freed = end_of.get(t - n, NONE)  # the buffer the next task's weights take
+        for j in range(m):
+            k = len(comp[d])
+            room = comp[d][k - 2] if k >= 2 else NONE
+            last_in = NONE
+            if kind == "B" and g > 0:  # its saved input, from host memory
+                h2d[d] = last_in = node(RP_ACT, g - 1, d, h2d[d], room, t, j)
+                room = NONE
+            boundary = {"F": g - 1, "FB": G - 2, "B": g}[kind]
+            if 0 <= boundary < G - 1:  # the input (forward) or output gradient (backward) another task copied out
+                dep = out_of[(t - 1, j)]
+                if room != NONE:
+                    dep = node(RP_WAIT, 0, d, room, dep)
+                h2d[d] = last_in = node(RP_ACT, boundary, d, h2d[d], dep, t, j)
+            ready = weights if last_in == NONE else last_in
+            wait = node(RP_WAIT, 0, d, ready, outs[d][k - 1] if k else NONE)
+            c = node(RP_FWD if kind == "F" else RP_FWD_BWD, g, d, comp[d][-1] if k else NONE, wait, t, j)
+            comp[d].append(c)
+            out_boundary = {"F": g, "FB": G - 2, "B": g - 1}[kind]
+            if 0 <= out_boundary < G - 1:
+                d2h[d] = node(RP_ACT_OUT, out_boundary, d, d2h[d], c, t, j)
+            else:  # nothing to copy out (the first group's input gradient; one group)
+                d2h[d] = node(RP_WAIT, 0, d, d2h[d], c, t, j)
+            outs[d].append(d2h[d])
+            out_of[(t, j)] = d2h[d]
+            if nxt is not None:
+                h2d[d] = node(RP_CHUNK, tasks[nxt][1], d, h2d[d], freed, nxt, j)
+                chunks.setdefault(nxt, []).append(h2d[d])
+        if kind != "F":  # the gradients accumulated over the micro-batches go to host memory
+            d2h[d] = node(RP_GRADS, g, d, d2h[d], comp[d][-1], t)
+            end_of[t] = d2h[d]
+        else:
+            end_of[t] = comp[d][-1]
+    N = len(col)
+    pred1 = np.array([x if x >= 0 else N for x in p1], dtype=np.int64)
+    pred2 = np.array([x if x >= 0 else N for x in p2], dtype=np.int64)
+    last = np.array([comp[d][-1] if comp[d] else 0 for d in range(n)], dtype=np.int64)
+    g, new_id = _renumbered(np.array(col, dtype=np.int64), pred1, pred2, last)
+    order = np.argsort(new_id[:N])
+    arr = np.array(info, dtype=np.int64).reshape(-1, 3)[order]
+    kinds = g.col // (G * n)
+    return g, kinds, (g.col // n) % G, g.col % n, arr[:, 0], arr[:, 1]
+
+
+def _roundpipe_durations(g: _Graph, times: StageTimes, n: int, m: int, G: int) -> np.ndarray:
+    """Node durations of :func:`roundpipe_graph`, ``(N + 1, k)`` for ``k``
+    splits: a table of its eight node kinds per (group, GPU), copies scaled
+    by the GPU's ``pcie_scale``, a weight chunk ``swap_in_s / m``."""
+    fwd, bwd = (np.atleast_2d(np.asarray(x, dtype=float)) for x in (times.fwd_s, times.bwd_s))
+    k = fwd.shape[0]
+    act = np.concatenate([np.asarray(times.p2p_s, dtype=float).reshape(k, G - 1), np.zeros((k, 1))], axis=1)
+    w_in = np.broadcast_to(np.asarray(times.swap_in_s, dtype=float), fwd.shape)
+    g_out = np.broadcast_to(np.asarray(times.swap_out_s, dtype=float), fwd.shape)
+    scale = np.ones(n) if times.pcie_scale is None else np.asarray(times.pcie_scale, dtype=float)
+    ones = np.ones(n)
+    per_kind = [(fwd, ones), (fwd + bwd, ones), (act, scale), (w_in, scale), (g_out, scale),
+                (np.zeros_like(fwd), ones), (w_in / m, scale), (act, scale)]  # in the order RP_FWD .. RP_ACT_OUT
+    table = np.concatenate([(x[:, :, None] * f[None, None, :]).reshape(k, G * n) for x, f in per_kind], axis=1).T
+    dur = np.zeros((len(g.col) + 1, k))
+    dur[:-1] = table[g.col]
+    return dur
+
+
+def _roundpipe_total(end_gpu, times: StageTimes):
+    """``T`` from the GPU makespan: the CPU's optimizer step over all groups
+    after it (``allreduce_s`` summed: RoundPipe's ``step(is_async=False)``
+    waits for every gradient), or with ``delayed_host_s`` beside the next
+    iteration (:func:`delayed_host_time_s` over one host)."""
+    if times.delayed_host_s is not None:
+        return np.maximum(end_gpu, delayed_host_time_s(times, 1))
+    return end_gpu + np.atleast_2d(np.asarray(times.allreduce_s, dtype=float)).sum(axis=1)
+
+
+def roundpipe_time_s(times: StageTimes, n: int, m: int, vp: int | None = None):
+    """RoundPipe's ``T`` (:func:`roundpipe_graph` of the ``G`` layer groups
+    of ``times`` on ``n`` GPUs; the search takes ``G = n vp``): the longest
+    path of its graph, then the host's optimizer step
+    (:func:`_roundpipe_total`). ``times`` of one split (``(G,)``: a float)
+    or of ``k`` (``(k, G)``: an array)."""
+    G = int(np.shape(times.fwd_s)[-1])
+    single = np.ndim(times.fwd_s) == 1
+    g = roundpipe_graph(n, m, G)[0]
+    end = _node_ends(g, _roundpipe_durations(g, times, n, m, G))
+    out = _roundpipe_total(end[:-1].max(axis=0), times)
+    return float(out[0]) if single else out
+
+
+def roundpipe_simulate(n: int, m: int, vp: int | None, times: StageTimes, act_bytes=None) -> tuple[float, Timeline]:
+    """:func:`simulate_times` for RoundPipe: ``T`` and a :class:`Timeline`
+    of its compute nodes (rank = GPU; a fused or backward task's nodes as
+    ``B``). Each GPU holds one micro-batch's activations of the group it
+    computes (the backward re-runs the forward): ``peak_act_bytes`` is the
+    largest ``act_bytes`` of a group that GPU runs a backward of (a forward
+    keeps none: its saved input is the host's copy)."""
+    from .simulate import ActionRecord
+
+    G = int(np.shape(times.fwd_s)[-1])
+    g, kinds, groups, gpus, tasks, mbs = roundpipe_graph(n, m, G)
+    dur = _roundpipe_durations(g, times, n, m, G)[:, 0]
+    end = _node_ends(g, dur)
+    T = float(_roundpipe_total(end[:-1].max(keepdims=True), times)[0])
+    comp = np.flatnonzero((kinds == RP_FWD) | (kinds == RP_FWD_BWD))
+    comp = comp[np.lexsort((end[comp], gpus[comp]))]
+    records = tuple(ActionRecord(int(gpus[x]), "F" if kinds[x] == RP_FWD else "B", int(groups[x]), int(mbs[x]),
+                                 float(end[x] - dur[x]), float(end[x])) for x in comp)
+    busy = [float(dur[comp[gpus[comp] == d]].sum()) for d in range(n)]
+    act = np.zeros(G) if act_bytes is None else np.asarray(act_bytes, dtype=float)
+    peak = [max([float(act[r.stage]) for r in records if r.rank == d and r.kind == "B"], default=0.0)
+            for d in range(n)]
+    ends = [max((r.end_s for r in records if r.rank == d), default=0.0) for d in range(n)]
+    total = max(ends, default=0.0)
+    tasks_of = schedule_lib.roundpipe_tasks(G, n)
+    return T, Timeline(records=records, num_ranks=n, num_stages=G, num_microbatches=m,
+                       stage_to_rank=tuple(next(d for kind, gg, d in tasks_of if gg == s) for s in range(G)),
+                       iteration_time_s=total, busy_s=tuple(busy),
+                       busy_fraction=tuple(b / total if total > 0 else 0.0 for b in busy),
+                       bubble_fraction=(1.0 - max(busy) / total) if total > 0 else 0.0,
+                       mean_bubble_fraction=(1.0 - sum(busy) / n / total) if total > 0 else 0.0,
+                       peak_act_bytes=tuple(peak), peak_in_flight=tuple([1] * G), rank_end_s=tuple(ends))
+
+
+def roundpipe_copy_spans(times: StageTimes, n: int, m: int, vp: int | None = None
+                         ) -> list[tuple[int, str, str, int, float, float]]:
+    """RoundPipe's PCIe copies under ``times``, from :func:`roundpipe_graph`'s
+    copy nodes: ``(gpu, direction, what, group, start_s, end_s)`` with
+    direction ``"in"`` / ``"out"`` and what ``"weights"``, ``"grads"`` or
+    ``"act"`` (``group`` is the boundary for ``"act"``), sorted by GPU,
+    direction and start; a prefetch's chunks are listed one by one."""
+    G = int(np.shape(times.fwd_s)[-1])
+    g, kinds, groups, gpus, tasks, mbs = roundpipe_graph(n, m, G)
+    dur = _roundpipe_durations(g, times, n, m, G)[:, 0]
+    end = _node_ends(g, dur)
+    out = []
+    names = {RP_ACT: ("in", "act"), RP_WEIGHTS: ("in", "weights"), RP_CHUNK: ("in", "weights"),
+             RP_GRADS: ("out", "grads"), RP_ACT_OUT: ("out", "act")}
+    for x in np.flatnonzero(np.isin(kinds, list(names))):
+        direction, what = names[int(kinds[x])]
+        out.append((int(gpus[x]), direction, what, int(groups[x]), float(end[x] - dur[x]), float(end[x])))
+    return sorted(out, key=lambda c: (c[0], c[1], c[4]))

@@ -423,7 +423,7 @@ class Cluster:
 
 
 #: every schedule pipesearch knows (builders in :mod:`pipesearch.schedules`)
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs", "mobius")
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs", "mobius", "roundpipe")
 
 #: more micro-batches per iteration than this are refused: the schedules and
 #: the simulator hold every action, and no runtime accumulates that many

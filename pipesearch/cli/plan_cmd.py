@@ -394,9 +394,14 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
               memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
               optimizer_offload=optimizer_offload, weight_streaming=stream_weights,
               delayed_optimizer_step=delayed_optimizer_step, activation_offload=activation_offload)
-    if delayed_optimizer_step and not (optimizer_offload or stream_weights or "mobius" in (schedules or ())):
+    if delayed_optimizer_step and not (optimizer_offload or stream_weights
+                                       or {"mobius", "roundpipe"} & set(schedules or ())):
         raise InputError("--delayed-optimizer-step: no stage keeps its optimizer on the host; add "
-                         "--optimizer-offload, --stream-weights or --schedule mobius, or drop the flag")
+                         "--optimizer-offload, --stream-weights, --schedule mobius or --schedule roundpipe, or drop "
+                         "the flag")
+    if "roundpipe" in (schedules or ()):
+        check_roundpipe_flags(cluster, tp=tp, dp=dp, recompute=recompute, optimizer_offload=optimizer_offload,
+                              stream_weights=stream_weights, activation_offload=activation_offload)
     split, split_replicas = split if split else (None, None)
     if runtime and (replicate_stages or split_replicas):
         raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
@@ -524,3 +529,33 @@ def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:
     paths = write_all(load_plan_text(text, source), plot_dir)
     if echo:
         click.echo(f"wrote {', '.join(str(p) for p in paths)}")
+
+
+def check_roundpipe_flags(cluster, *, tp, dp, recompute, optimizer_offload, stream_weights,
+                          activation_offload) -> None:
+    """``--schedule roundpipe`` runs one model copy on a pool of GPUs with
+    every parameter and its optimizer in host memory and each group's
+    forward re-run in its backward (:mod:`pipesearch.roundpipe`): refuse, in
+    one line, the flags that contradict it.
+
+    Raises:
+        InputError: a cluster without ``[host]``, ``--tp`` or ``--dp``
+            above 1, ``--recompute`` other than ``none``, or an offload or
+            streaming flag.
+    """
+    if cluster.host is None:
+        raise InputError(f"--schedule roundpipe: cluster {cluster.name!r} has no [host] table (host memory and PCIe "
+                         "switches); add one (docs/offload.md) or choose another schedule")
+    for flag, value in (("--tp", tp), ("--dp", dp)):
+        if value is not None and value > 1:
+            raise InputError(f"--schedule roundpipe with {flag} {value}: RoundPipe runs one model copy without "
+                             f"tensor parallelism on its pool of GPUs; drop {flag} or choose another schedule")
+    if recompute not in (None, "none"):
+        raise InputError(f"--schedule roundpipe with --recompute {recompute}: RoundPipe already re-runs each layer "
+                         "group's forward in its backward (checkpoints at the group boundaries); drop --recompute")
+    for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights),
+                     ("--activation-offload", activation_offload)):
+        if on:
+            raise InputError(f"--schedule roundpipe with {flag}: RoundPipe keeps every parameter, its optimizer and "
+                             "the group boundaries' activations in host memory already; drop the flag")
+

@@ -137,6 +137,11 @@ def refuse_host_memory(plan: Plan, fmt: str) -> None:
     """
     offloaded, streamed = host_memory_stages(plan)
     runtime = RUNTIME_NAMES.get(fmt, fmt)
+    if plan.schedule == "roundpipe":
+        raise InputError(f"export {fmt}: schedule roundpipe dispatches each layer group's forward and backward to "
+                         f"the next GPU of a pool (weights and optimizer in host memory); {runtime} binds every "
+                         "stage to its GPUs; export --format stages-json for a description, or re-plan without "
+                         "--schedule roundpipe")
     swapped = [st.index for st in plan.stages if st.memory_option == "swap"]
     if swapped or plan.schedule == "mobius":
         first = swapped[0] if swapped else 0
@@ -446,7 +451,7 @@ def plan_layers(plan: Plan, runtime: str) -> PlanLayers:
         val = getattr(plan, name)
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise InputError(f"{runtime}: plan.{name} = {val!r}; expected an integer >= 1")
-    if plan.schedule not in SCHEDULES:
+    if plan.schedule not in SCHEDULES and plan.schedule != "roundpipe":  # RoundPipe: tasks, not action lists
         raise InputError(f"{runtime}: plan.schedule = {plan.schedule!r}; expected one of {', '.join(SCHEDULES)}")
     want = plan.pp * plan.vp
     if len(plan.stages) != want:

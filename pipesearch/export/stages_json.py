@@ -9,7 +9,12 @@ Sources of the fields: the plan's per-stage ``memory_option``
 recompute, ``+offload`` / ``offload``: ZeRO-Offload's optimizer on the host,
 ``stream``: weights streamed layer by layer, ``swap``: Mobius' stage swapped
 whole, ``act-host``: saved activations in host memory, copied out after each
-forward and back before each backward) and the plan options written by :func:`pipesearch.option_search.host_plan_info`.
+forward and back before each backward, ``roundpipe``: RoundPipe's layer group,
+its weights copied to whichever GPU runs its task and its gradients back, its
+boundary activations kept in host memory and its forward re-run in its
+backward) and the plan options written by :func:`pipesearch.option_search.host_plan_info`
+(RoundPipe's: :func:`pipesearch.roundpipe.plan_point`, with ``options.roundpipe``:
+each group's ``forward_gpu`` and ``backward_gpu`` and its copy times).
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ def stage_placement(option: str, plan_recompute: str) -> dict:
         recompute, rest = head, tail
     else:
         recompute, rest = (plan_recompute if plan_recompute in RECOMPUTE else "none"), option
+    if option == "roundpipe":  # pipesearch.roundpipe: every group's state in host memory, dispatched per task
+        return {"recompute": "full", "activations": "host", "optimizer_state": "host", "weights": "dispatched",
+                "prefetch": "next-task"}
     on_host = offloads_activations(rest)
     rest = "+".join(x for x in rest.split("+") if x and x != ACT_HOST)
     if rest not in ("", "on-device", "offload", "stream", "swap") or (on_host and rest not in ("", "offload", "swap")):
@@ -80,6 +88,7 @@ def export_stages_json(plan: Plan, *, module_names=None, inputs: Inputs | None =
     recompute = plan_extra(plan, "recompute", "none") or "none"
     host = plan_extra(plan, "host", {}) or {}
     mobius = plan_extra(plan, "mobius", {}) or {}
+    roundpipe = plan_extra(plan, "roundpipe", {}) or {}
     delayed = plan_extra(plan, "optimizer_step", "") == "delayed"
     stages = []
     for st in plan.stages:
@@ -94,12 +103,26 @@ def export_stages_json(plan: Plan, *, module_names=None, inputs: Inputs | None =
                "activation_pcie_bytes_per_iteration": float(host.get("activation_pcie_bytes_per_iteration",
                                                                      [0.0] * len(plan.stages))[k]),
                "host_step_s": float(st.host_step_s)}
+        if roundpipe:  # the GPUs its forward and its backward task run on (schedules.roundpipe_tasks)
+            gpus = {(kind != "F", g): d for kind, g, d in roundpipe["tasks"]}
+            row.update(forward_gpu=int(gpus.get((False, k), gpus[(True, k)])), backward_gpu=int(gpus[(True, k)]),
+                       swap_in_s=float(roundpipe["weights_in_s"][k]), swap_out_s=float(roundpipe["grads_out_s"][k]))
+            into = plan.stages[k - 1].send_bytes if k else 0.0  # the group's input, kept per micro-batch
+            row.update(activation_host_memory_bytes=float(plan.num_micro_batches * into),
+                       activation_pcie_bytes_per_iteration=float(plan.num_micro_batches * (
+                           3 * into + 2 * st.send_bytes if k + 1 < len(plan.stages) else 2 * into)))
         if mobius:
             row.update(pcie_queue=int(mobius["pcie_queue"][k % plan.pp]), swap_in_s=float(mobius["swap_in_s"][k]),
                        swap_out_s=float(mobius["swap_out_s"][k]))
         stages.append(row)
     notes = ["a runtime-neutral description: no runtime reads it as is; each stage's recompute, optimizer-state "
              "and weight placement are what the plan's time and memory assume"]
+    if roundpipe:
+        notes.append("schedule roundpipe: task t of the dispatch order (forwards of groups 0..G-2, the last group's "
+                     "fused forward and backward, backwards G-2..0) runs all micro-batches on GPU t mod pp; a "
+                     "stage's devices are its forward's GPU, backward_gpu its backward's; weights come from host "
+                     "memory for each task (the next task's prefetched), gradients go back after the backward, "
+                     "activations cross group boundaries through host memory")
     if delayed:
         notes.append("the optimizer step of iteration t runs on the CPU beside iteration t+1: the weights a stage "
                      "uses are one step stale")

@@ -15,8 +15,14 @@ _IDLE = "#E6E6E6"
 def allreduce_spans(plan, timeline: Timeline) -> list[tuple[float, float]]:
     """Per rank, ``(start_s, duration_s)`` of its gradient all-reduce: after
     its last backward, as long as the ``allreduce_s`` of its stages (the rule
-    of :func:`pipesearch.search.simulate_plan`); ``(0, 0)`` without one."""
+    of :func:`pipesearch.search.simulate_plan`); ``(0, 0)`` without one.
+    RoundPipe (no all-reduce; the CPU's step over all groups once the last
+    gradients are on the host): that step on every rank, ending at the
+    plan's time."""
     p = timeline.num_ranks
+    if plan.schedule == "roundpipe":
+        step = sum(st.allreduce_s for st in plan.stages)
+        return [(plan.predicted.iteration_time_s - step, step) if step > 0 else (0.0, 0.0)] * p
     end = [0.0] * p
     for rec in timeline.records:
         if rec.kind in ("B", "W"):
@@ -52,6 +58,9 @@ def pcie_copy_spans(plan, timeline: Timeline | None = None) -> list[tuple[int, s
     * Mobius: the copy nodes of its graph (weights in, gradients out,
       activations out and in; ``lane`` its PCIe switch's queue), evaluated
       with the plan's stage times (:func:`pipesearch.timemodel.stage_times_of`);
+    * RoundPipe: its graph's copy nodes
+      (:func:`pipesearch.timemodel.roundpipe_copy_spans`; ``lane`` the GPU,
+      ``stage`` the layer group, or the boundary for activations);
     * other schedules: the activation, streamed-weight and optimizer-step
       copies that their stage times hold (plan ``options.host``'s
       ``activation_copy_s``, ``weight_copy_s``, ``optimizer_copy_s``), placed
@@ -59,10 +68,14 @@ def pcie_copy_spans(plan, timeline: Timeline | None = None) -> list[tuple[int, s
       ``lane`` the rank's GPU). ``timeline`` None: the plan simulated here.
 
     Empty for a plan without host copies."""
-    from ..timemodel import host_copy_spans, mobius_pcie_spans, stage_times_of
+    from ..timemodel import host_copy_spans, mobius_pcie_spans, roundpipe_copy_spans, stage_times_of
 
     if plan.schedule == "mobius":
         return mobius_pcie_spans(stage_times_of(plan), plan.pp, plan.num_micro_batches, plan.vp)
+    if plan.schedule == "roundpipe":  # lane: the GPU; the graph's copy nodes named as the other schedules' copies
+        names = {"weights": "weights", "grads": "gradients", "act": "activations"}
+        return [(gpu, d, names[what], group, a, b) for gpu, d, what, group, a, b
+                in roundpipe_copy_spans(stage_times_of(plan), plan.pp, plan.num_micro_batches, plan.vp)]
     host = dict(plan.extra or ()).get("host", {})
     keys = ("activation_copy_s", "weight_copy_s", "optimizer_copy_s")
     if not any(k in host for k in keys):

@@ -213,6 +213,8 @@ def _schedule(plan: dict, where: str) -> Iterator[Problem]:
                                            f"{sch['num_micro_batches']} = {size} stage micro-batches, more than the "
                                            f"{MAX_STAGE_MICRO_BATCHES} a schedule is built for")
         return
+    if sch["name"] == "roundpipe":  # not an action list: its tasks are checked by _roundpipe
+        return
     try:
         build(sch["name"], par["pp"], sch["num_micro_batches"], par["vp"])
     except InputError as exc:
@@ -247,6 +249,34 @@ def _mobius(plan: dict, where: str) -> Iterator[Problem]:
         elif act != named:
             yield Problem(f"{where}.options.mobius.act_host", f"{act} does not match the stages' memory_option "
                                                               f"(swap+act-host on {named}); re-plan or fix the file")
+
+
+def _roundpipe(plan: dict, where: str) -> Iterator[Problem]:
+    """A RoundPipe plan records its tasks and copies (``options.roundpipe``:
+    ``tasks``, ``[kind, group, gpu]`` for each of the ``2G - 1`` tasks in
+    dispatch order; ``act_copy_s`` per boundary, ``weights_in_s`` and
+    ``grads_out_s`` per group, ``pcie_scale`` per GPU), which its replay
+    needs (:func:`pipesearch.timemodel.stage_times_of`)."""
+    if plan["schedule"]["name"] != "roundpipe":
+        return
+    info = (plan.get("options") or {}).get("roundpipe")
+    G, pp = len(plan["stages"]), plan["parallelism"]["pp"]
+
+    def numbers(key: str, n: int) -> bool:
+        x = info.get(key)
+        return isinstance(x, list) and len(x) == n and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in x)
+
+    ok = isinstance(info, dict) and all(numbers(k, n) for k, n in (
+        ("act_copy_s", G - 1), ("weights_in_s", G), ("grads_out_s", G), ("pcie_scale", pp)))
+    if ok:
+        from ..schedules import roundpipe_tasks
+        ok = info.get("tasks") == [list(t) for t in roundpipe_tasks(G, pp)]
+    if not ok:
+        yield Problem(f"{where}.options.roundpipe", f"a roundpipe plan needs its tasks ({2 * G - 1}, [kind, group, "
+                                                    f"gpu] round robin over {pp} GPUs) and copies: act_copy_s ("
+                                                    f"{G - 1}), weights_in_s and grads_out_s ({G}), pcie_scale "
+                                                    f"({pp}), numbers >= 0; re-plan with --schedule roundpipe")
 
 
 def _activation_offload(plan: dict, where: str) -> Iterator[Problem]:
@@ -295,6 +325,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _predicted(plan, where, inputs["job"]["global_batch_size"])
     out += _schedule(plan, where)
     out += _mobius(plan, where)
+    out += _roundpipe(plan, where)
     out += _activation_offload(plan, where)
     return out
 
@@ -320,7 +351,7 @@ def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     pp = plan["parallelism"]["pp"]
     if not stages or len(stages) != pp * plan["parallelism"]["vp"]:
         return  # the stage count is reported on its own
-    swapped = plan["schedule"]["name"] == "mobius"
+    swapped = plan["schedule"]["name"] in ("mobius", "roundpipe")
     groups = [[k] for k in range(len(stages))] if swapped else [list(range(r, len(stages), pp)) for r in range(pp)]
     capacity = inputs["cluster"].get("memory_bytes_per_device")
     job = inputs["job"]
@@ -343,6 +374,8 @@ def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
                 return
     peak, largest = plan["predicted"]["peak_memory_bytes"], max(st["memory_bytes"] for st in stages)
     per_rank = max(sum(st["memory_bytes"] for st in stages[r::pp]) for r in range(pp))
+    if plan["schedule"]["name"] == "roundpipe":  # a GPU holds the group computing and the next one's weights
+        per_rank = sum(sorted(st["memory_bytes"] for st in stages)[-2:])
     if _above(largest, peak) or _above(peak, per_rank):
         yield Problem(f"{where}.predicted.peak_memory_bytes",
                       f"{peak!r}, but the stages' memory_bytes put a device's peak between {largest!r} (the largest "
