@@ -253,6 +253,10 @@ def test_cli_llama_8b_on_8_rtx4090_against_mobius(tmp_path):
     from pipesearch.plots.timeline import allreduce_spans  # the CPU's step after the last GPU, drawn on each
     assert all(s >= tl.iteration_time_s and d == pytest.approx(8_030_261_248 / rate)  # after the last gradients
                and s + d == pytest.approx(total) for s, d in allreduce_spans(plan, tl))
+    from pipesearch.plots.timeline import pcie_copy_spans  # the timeline's PCIe rows: each group's gradients
+    grads = sorted((lane, g) for lane, d, what, g, a, b in pcie_copy_spans(plan) if what == "gradients")
+    assert grads == sorted(((30 - g) % 8 if g < 15 else 7, g) for g in range(16))  # out once, from its backward's GPU
+    assert {d for _, d, what, *_ in pcie_copy_spans(plan) if what == "gradients"} == {"out"}
     assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
     import json
     doc = json.loads(out.read_text())  # a task moved off the round robin: refused
