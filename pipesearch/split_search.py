@@ -870,7 +870,7 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     batch = int(max(ev.batch_size(), min(count, 4_000_000 // max(per_split, 1))))
     todo = splits[fit]
     for lo in range(0, len(todo), batch):
-        ev.run([tuple(int(x) for x in row) for row in todo[lo:lo + batch]])
+        ev.run([tuple(row) for row in todo[lo:lo + batch].tolist()])
     return bool(ev.times)
 
 
@@ -1019,14 +1019,20 @@ class _RankCount:
         work ``m (f + b)``, its all-reduce, one forward step down (``F + c``)
         and one gradient step back up (memoised per ``(s, i)``)."""
         if (s, i) not in self._columns:
-            c, j = self.costs, np.arange(i + 1, self.L + 1)
-            F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.after_backward_s(s, i, j)
-            send = c.send_s(s, j)
-            cin = c.send_s(s - 1, i) if s > 0 else 0.0
-            up = (B + cin) if self.blocking else ((c.bwd_input_s(s, i, j) if self.zb else B) + send)
-            work = self.m * (F + B + ((send + cin) if self.blocking else 0.0))
-            self._columns[s, i] = (work, r, F + send, np.broadcast_to(up, j.shape))
+            self._columns[s, i] = self.terms(s, i, np.arange(i + 1, self.L + 1))
         return self._columns[s, i]
+
+    def terms(self, s: int, i, j):
+        """The terms of :meth:`_column` for stage ``s`` over the ranges
+        ``[i, j)`` (int arrays broadcast together: many starts at once)."""
+        c = self.costs
+        F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.after_backward_s(s, i, j)
+        send = c.send_s(s, j)
+        cin = c.send_s(s - 1, i) if s > 0 else 0.0
+        up = (B + cin) if self.blocking else ((c.bwd_input_s(s, i, j) if self.zb else B) + send)
+        work = self.m * (F + B + ((send + cin) if self.blocking else 0.0))
+        shape = np.broadcast_shapes(np.shape(i), np.shape(j))
+        return tuple(np.broadcast_to(x, shape) for x in (work, r, F + send, up))
 
     def bound(self, states, s: int, j, limit: float = np.inf):
         """Lower bounds ``(n,)`` for the children at stage ``s`` ending at
@@ -1133,35 +1139,48 @@ class _Expander:
         self._columns: dict = {}
         self._held = 0
 
-    def column(self, s: int, i: int):
-        """The children's ends ``j`` of a node at stage ``s`` from layer
-        ``i`` (those that fit and leave a layer per later stage), per kind
-        their terms and the suffix minima at ``j``, and the rank-counting
-        terms of :meth:`_RankCount.step` (memoised per ``(s, i)``; at most
-        :data:`TABLE_FLOATS` floats held, then dropped)."""
-        if (s, i) in self._columns:
-            return self._columns[s, i]
+    def columns(self, s: int, starts: list[int]) -> list:
+        """Per start ``i``: the children's ends ``j`` of a node at stage
+        ``s`` from layer ``i`` (those that fit and leave a layer per later
+        stage), per kind their terms and the suffix minima at ``j``, and the
+        rank-counting terms of :meth:`_RankCount.step` (memoised per ``(s,
+        i)``, the missing ones found together; at most :data:`TABLE_FLOATS`
+        floats held, then dropped)."""
+        have = {i: self._columns[s, i] for i in starts if (s, i) in self._columns}
+        missing = [i for i in dict.fromkeys(starts) if i not in have]
+        if missing:
+            have.update(zip(missing, self._new_columns(s, missing)))
+        return [have[i] for i in starts]
+
+    def _new_columns(self, s: int, starts: list[int]) -> list:
+        """The entries of :meth:`columns` for ``starts`` (none memoised yet)."""
         tables, S, L, W = self.tables, self.S, self.L, self.tables.rows
         d = np.arange(1, W + 1)
-        j = i + d
-        keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
-        terms, fits = tables.column(s, i)
-        keep &= fits
-        rows, j = d[keep] - 1, j[keep]
-        per = {}
-        for kind in self.kinds:
-            a, x = (None if t is None else t[:, rows] for t in terms[kind])
-            suf = tables.suffix_min(kind, s + 1)
-            per[kind] = (a, x) + ((suf[0][:, j], suf[1][:, j]) if kind == "suffix" else (suf[:, j],))
-        count = None
-        if self.counter is not None and s < S - 1:
-            count = tuple(t[j - i - 1] for t in self.counter._column(s, i))
-        if self._held > TABLE_FLOATS:
-            self._columns.clear()
-            self._held = 0
-        self._held += 3 * len(j) * sum(len(tables.fam[k]) for k in self.kinds)
-        self._columns[s, i] = j, per, count
-        return self._columns[s, i]
+        out = []
+        for i in starts:
+            j = i + d
+            keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
+            terms, fits = tables.column(s, i)
+            keep &= fits
+            rows, j = d[keep] - 1, j[keep]
+            per = {}
+            for kind in self.kinds:
+                a, x = (None if t is None else t[:, rows] for t in terms[kind])
+                suf = tables.suffix_min(kind, s + 1)
+                per[kind] = (a, x) + ((suf[0][:, j], suf[1][:, j]) if kind == "suffix" else (suf[:, j],))
+            out.append([j, per, None])
+        if self.counter is not None and s < S - 1:  # every start's terms in one pass
+            at = np.array(starts)[:, None]
+            count = self.counter.terms(s, at, np.minimum(at + d, L))
+            for k, entry in enumerate(out):
+                entry[2] = tuple(t[k, entry[0] - starts[k] - 1] for t in count)
+        for i, entry in zip(starts, out):
+            if self._held > TABLE_FLOATS:
+                self._columns.clear()
+                self._held = 0
+            self._held += 3 * len(entry[0]) * sum(len(tables.fam[k]) for k in self.kinds)
+            self._columns[s, i] = tuple(entry)
+        return [tuple(e) for e in out]
 
     def root(self) -> _Kids:
         """The root (no stage placed, every layer left) as the one child of
@@ -1225,7 +1244,7 @@ class _Expander:
         of the rest, the largest over families, then (not the last stage)
         the rank-counting bound for those below ``limit``; only the children
         below ``limit``."""
-        cols = [self.column(s, i) for i in starts]
+        cols = self.columns(s, starts)
         N = len(cols)
         par = np.repeat(np.arange(N), [len(c[0]) for c in cols])
         T = len(par)
