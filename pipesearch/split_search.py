@@ -1049,10 +1049,12 @@ class _RankCount:
         out = (v + self.sigma * P[:, c]).max(axis=1)
         rows = np.flatnonzero((extra > 0) & (out < limit))
         if len(rows):
-            n = np.arange(P.shape[1])
-            levels = v[rows, :, None] + self.sigma[None, :, None] * P[rows][:, None, :]
-            levels = np.where(n[None, None, :] > c[None, :, None], levels, np.inf).reshape(len(rows), -1)
-            out[rows] = np.maximum(out[rows], _kth_smallest(levels, extra[rows] - 1))
+            # rank q's levels v_q + P_j(n) for n = c_q + 1 .. c_q + E: they grow with n, so the
+            # extra - 1 smallest of all ranks' levels are among each rank's first extra <= E
+            E = int(extra[rows].max())
+            n = c[:, None] + 1 + np.arange(E)[None, :]  # (pp, E)
+            levels = v[rows, :, None] + self.sigma[None, :, None] * P[rows][:, n]
+            out[rows] = np.maximum(out[rows], _kth_smallest(levels.reshape(len(rows), -1), extra[rows] - 1))
         return out
 
 
