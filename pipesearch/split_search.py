@@ -1139,7 +1139,9 @@ class _Expander:
         self.others_of = [np.delete(np.arange(pp), r) for r in range(pp)]
         self.width = max(1, min(LOOKAHEAD_WIDTH, LOOKAHEAD_FLOATS // (tables.rows * pp * (L + 1))))
         self._columns: dict = {}
+        self._suffix: dict = {}
         self._held = 0
+        self.layout = self._rows(tables.column(0, 0)[0])
 
     def columns(self, s: int, starts: list[int]) -> list:
         """Per start ``i``: the children's ends ``j`` of a node at stage
@@ -1155,9 +1157,13 @@ class _Expander:
         return [have[i] for i in starts]
 
     def _new_columns(self, s: int, starts: list[int]) -> list:
-        """The entries of :meth:`columns` for ``starts`` (none memoised yet)."""
+        """The entries of :meth:`columns` for ``starts`` (none memoised yet):
+        ``(j, block, count)``, ``block`` the children's terms of every kind
+        and their suffix minima stacked as rows (:meth:`_rows` says which),
+        ``count`` the ``(4, n)`` rank-counting terms or None."""
         tables, S, L, W = self.tables, self.S, self.L, self.tables.rows
         d = np.arange(1, W + 1)
+        suf = self._suffix_rows(s + 1)
         out = []
         for i in starts:
             j = i + d
@@ -1165,24 +1171,44 @@ class _Expander:
             terms, fits = tables.column(s, i)
             keep &= fits
             rows, j = d[keep] - 1, j[keep]
-            per = {}
-            for kind in self.kinds:
-                a, x = (None if t is None else t[:, rows] for t in terms[kind])
-                suf = tables.suffix_min(kind, s + 1)
-                per[kind] = (a, x) + ((suf[0][:, j], suf[1][:, j]) if kind == "suffix" else (suf[:, j],))
-            out.append([j, per, None])
+            own = np.concatenate([t for kind in self.kinds for t in terms[kind] if t is not None])
+            out.append([j, np.concatenate([own[:, rows], suf[:, j]]), None])
         if self.counter is not None and s < S - 1:  # every start's terms in one pass
             at = np.array(starts)[:, None]
-            count = self.counter.terms(s, at, np.minimum(at + d, L))
+            count = np.stack(self.counter.terms(s, at, np.minimum(at + d, L)), axis=1)  # (n, 4, W)
             for k, entry in enumerate(out):
-                entry[2] = tuple(t[k, entry[0] - starts[k] - 1] for t in count)
+                entry[2] = count[k][:, entry[0] - starts[k] - 1]
         for i, entry in zip(starts, out):
             if self._held > TABLE_FLOATS:
                 self._columns.clear()
                 self._held = 0
-            self._held += 3 * len(entry[0]) * sum(len(tables.fam[k]) for k in self.kinds)
+            self._held += entry[1].size
             self._columns[s, i] = tuple(entry)
         return [tuple(e) for e in out]
+
+    def _suffix_rows(self, s: int) -> np.ndarray:
+        """The suffix minima from stage ``s`` of every kind stacked as rows
+        (``(R, L + 1)``, in the order of :meth:`_rows`; memoised per stage)."""
+        if s not in self._suffix:
+            parts = [self.tables.suffix_min(kind, s) for kind in self.kinds]
+            self._suffix[s] = np.concatenate([x for p in parts for x in (p if isinstance(p, tuple) else (p,))])
+        return self._suffix[s]
+
+    def _rows(self, column) -> dict:
+        """Per kind, the slices of a column block's rows (:meth:`_new_columns`)
+        holding its alpha and beta (None where the kind has none), then its
+        suffix minima (two for ``suffix``: the min sum and the min max)."""
+        sizes = {kind: len(self.tables.fam[kind]) for kind in self.kinds}
+        own = [(kind, k) for kind in self.kinds for k, t in enumerate(column[kind]) if t is not None]
+        out, at = {kind: [None, None] for kind in self.kinds}, 0
+        for kind, k in own:
+            out[kind][k] = slice(at, at + sizes[kind])
+            at += sizes[kind]
+        for kind in self.kinds:
+            for _ in range(2 if kind == "suffix" else 1):
+                out[kind].append(slice(at, at + sizes[kind]))
+                at += sizes[kind]
+        return out
 
     def root(self) -> _Kids:
         """The root (no stage placed, every layer left) as the one child of
@@ -1254,17 +1280,13 @@ class _Expander:
         def cat(xs):
             return xs[0] if N == 1 else np.concatenate(xs, axis=-1)
 
-        def terms(kind):  # alpha, beta and the suffix minima of the children (None where the kind has none)
-            first = cols[0][1][kind]
-            return [None if first[k] is None else cat([c[1][kind][k] for c in cols]) for k in range(len(first))]
-
         if T == 0:
             return _Kids(s, [], [], [0] * N, [0] * N, par, par, {}, None)
-        j = cat([c[0] for c in cols])
+        j, block = cat([c[0] for c in cols]), cat([c[1] for c in cols])
         fam_lb = np.zeros((self.nfam, T))
         new, own, rank = {}, None, s % self.pp
         for kind in self.kinds:
-            a, x, *suf = terms(kind)
+            a, x, *suf = (None if r is None else block[r] for r in self.layout[kind])
             if kind == "device":
                 dev = acc[kind]  # (N, Q, pp)
                 mine = dev[:, :, rank]
@@ -1299,7 +1321,7 @@ class _Expander:
             live = np.flatnonzero(lb < limit)
             states = np.zeros((T, 4, self.pp))
             if len(live):
-                count = (cat([c[2][k] for c in cols])[live] for k in range(4))
+                count = cat([c[2] for c in cols])[:, live]
                 states[live] = self.counter.step(acc["count"][par[live]], s, *count)
                 lb[live] = np.maximum(lb[live], self.counter.bound(states[live], s, j[live], limit))
             new["count"] = states
