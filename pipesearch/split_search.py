@@ -1045,15 +1045,15 @@ class _RankCount:
         v[:, (self.S - 1) % self.pp] += self.last
         c = self.left[s]  # (pp,)
         extra = self.L - 1 - j - c.sum()  # layers beyond one per remaining stage
-        P = self.P[j, :int(c.max() + max(extra.max(), 0)) + 1]  # a rank takes at most c + extra layers
-        out = (v + self.sigma * P[:, c]).max(axis=1)
+        out = (v + self.sigma * self.P[j[:, None], c[None, :]]).max(axis=1)
         rows = np.flatnonzero((extra > 0) & (out < limit))
         if len(rows):
             # rank q's levels v_q + P_j(n) for n = c_q + 1 .. c_q + E: they grow with n, so the
             # extra - 1 smallest of all ranks' levels are among each rank's first extra <= E
+            # (a rank takes at most c_q + extra layers)
             E = int(extra[rows].max())
             n = c[:, None] + 1 + np.arange(E)[None, :]  # (pp, E)
-            levels = v[rows, :, None] + self.sigma[None, :, None] * P[rows][:, n]
+            levels = v[rows, :, None] + self.sigma[None, :, None] * self.P[j[rows][:, None, None], n[None]]
             out[rows] = np.maximum(out[rows], _kth_smallest(levels.reshape(len(rows), -1), extra[rows] - 1))
         return out
 
