@@ -1343,7 +1343,6 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     nodes = 0
 
     batch = ev.batch_size()
-    first = ev.first_chunk()
 
     def limit():
         # only strictly better splits matter; equal ones were seeded (see exact_split)
@@ -1351,10 +1350,12 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
 
     def flush():
         nonlocal best
+        if not pending:
+            return
         pending.sort()
         todo = [(lb, b) for lb, b in pending]
         pending.clear()
-        step = first
+        step = ev.first_chunk()
         while todo:
             todo = [(lb, b) for lb, b in todo if lb < limit()]
             chunk, todo = todo[:step], todo[step:]
