@@ -1047,14 +1047,14 @@ class _RankCount:
         extra = self.L - 1 - j - c.sum()  # layers beyond one per remaining stage
         out = (v + self.sigma * self.P[j[:, None], c[None, :]]).max(axis=1)
         rows = np.flatnonzero((extra > 0) & (out < limit))
-        if len(rows):
-            # rank q's levels v_q + P_j(n) for n = c_q + 1 .. c_q + E: they grow with n, so the
-            # extra - 1 smallest of all ranks' levels are among each rank's first extra <= E
-            # (a rank takes at most c_q + extra layers)
-            E = int(extra[rows].max())
-            n = c[:, None] + 1 + np.arange(E)[None, :]  # (pp, E)
-            levels = v[rows, :, None] + self.sigma[None, :, None] * self.P[j[rows][:, None, None], n[None]]
-            out[rows] = np.maximum(out[rows], _kth_smallest(levels.reshape(len(rows), -1), extra[rows] - 1))
+        # rank q's levels v_q + P_j(n) for n = c_q + 1 .. c_q + extra (a rank takes at most c_q +
+        # extra layers): they grow with n, so the extra-th smallest of all ranks' levels is among
+        # each rank's first extra; the rows with the same extra at once
+        for e in np.unique(extra[rows]).tolist():
+            sub = rows[extra[rows] == e]
+            n = c[:, None] + 1 + np.arange(e)[None, :]  # (pp, e)
+            levels = v[sub, :, None] + self.sigma[None, :, None] * self.P[j[sub][:, None, None], n[None]]
+            out[sub] = np.maximum(out[sub], _kth_smallest(levels.reshape(len(sub), -1), np.full(len(sub), e - 1)))
         return out
 
 
