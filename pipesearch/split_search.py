@@ -1052,8 +1052,11 @@ class _RankCount:
         # each rank's first extra; the rows with the same extra at once
         for e in np.unique(extra[rows]).tolist():
             sub = rows[extra[rows] == e]
-            n = c[:, None] + 1 + np.arange(e)[None, :]  # (pp, e)
-            levels = v[sub, :, None] + self.sigma[None, :, None] * self.P[j[sub][:, None, None], n[None]]
+            levels = np.empty((len(sub), self.pp, e))
+            for cq in np.unique(c).tolist():  # the ranks with the same c_q read the same columns
+                qs = np.flatnonzero(c == cq)
+                cols = self.P[j[sub], cq + 1:cq + 1 + e][:, None]
+                levels[:, qs] = v[sub][:, qs, None] + self.sigma[None, qs, None] * cols
             out[sub] = np.maximum(out[sub], _kth_smallest(levels.reshape(len(sub), -1), np.full(len(sub), e - 1)))
         return out
 
