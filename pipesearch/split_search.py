@@ -870,7 +870,7 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     batch = int(max(ev.batch_size(), min(count, 4_000_000 // max(per_split, 1))))
     todo = splits[fit]
     for lo in range(0, len(todo), batch):
-        ev.run([tuple(int(x) for x in row) for row in todo[lo:lo + batch]])
+        ev.run([tuple(row) for row in todo[lo:lo + batch].tolist()])
     return bool(ev.times)
 
 
@@ -998,15 +998,20 @@ class _RankCount:
     def advance(self, state, s: int, i: int, j):
         """The states ``(n, 4, pp)`` (work, all-reduce, fill, drain per rank)
         of the children ``[i, j)`` of a node at stage ``s`` with ``state``."""
-        work, r, fill, up = self._column(s, i)
         d = j - i - 1
+        return self.step(np.repeat(state[None], len(j), axis=0), s, *(t[d] for t in self._column(s, i)))
+
+    def step(self, out, s: int, work, r, fill, up):
+        """Add stage ``s``'s terms (per row: its rank's work and all-reduce,
+        one forward step down, one gradient step up; ``(n,)`` each, from
+        :meth:`_column`) to the states ``out`` ``(n, 4, pp)`` in place and
+        return them."""
         q = s % self.pp
-        out = np.repeat(state[None], len(j), axis=0)
-        out[:, 0, q] += work[d]
-        out[:, 1, q] += r[d]
+        out[:, 0, q] += work
+        out[:, 1, q] += r
         after = np.arange(self.pp) > s
-        out[:, 2, after] += fill[d][:, None]
-        out[:, 3, after] += up[d][:, None]
+        out[:, 2, after] += fill[:, None]
+        out[:, 3, after] += up[:, None]
         return out
 
     def _column(self, s: int, i: int):
@@ -1014,14 +1019,20 @@ class _RankCount:
         work ``m (f + b)``, its all-reduce, one forward step down (``F + c``)
         and one gradient step back up (memoised per ``(s, i)``)."""
         if (s, i) not in self._columns:
-            c, j = self.costs, np.arange(i + 1, self.L + 1)
-            F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.after_backward_s(s, i, j)
-            send = c.send_s(s, j)
-            cin = c.send_s(s - 1, i) if s > 0 else 0.0
-            up = (B + cin) if self.blocking else ((c.bwd_input_s(s, i, j) if self.zb else B) + send)
-            work = self.m * (F + B + ((send + cin) if self.blocking else 0.0))
-            self._columns[s, i] = (work, r, F + send, np.broadcast_to(up, j.shape))
+            self._columns[s, i] = self.terms(s, i, np.arange(i + 1, self.L + 1))
         return self._columns[s, i]
+
+    def terms(self, s: int, i, j):
+        """The terms of :meth:`_column` for stage ``s`` over the ranges
+        ``[i, j)`` (int arrays broadcast together: many starts at once)."""
+        c = self.costs
+        F, B, r = c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.after_backward_s(s, i, j)
+        send = c.send_s(s, j)
+        cin = c.send_s(s - 1, i) if s > 0 else 0.0
+        up = (B + cin) if self.blocking else ((c.bwd_input_s(s, i, j) if self.zb else B) + send)
+        work = self.m * (F + B + ((send + cin) if self.blocking else 0.0))
+        shape = np.broadcast_shapes(np.shape(i), np.shape(j))
+        return tuple(np.broadcast_to(x, shape) for x in (work, r, F + send, up))
 
     def bound(self, states, s: int, j, limit: float = np.inf):
         """Lower bounds ``(n,)`` for the children at stage ``s`` ending at
@@ -1034,24 +1045,34 @@ class _RankCount:
         v[:, (self.S - 1) % self.pp] += self.last
         c = self.left[s]  # (pp,)
         extra = self.L - 1 - j - c.sum()  # layers beyond one per remaining stage
-        P = self.P[j, :int(c.max() + max(extra.max(), 0)) + 1]  # a rank takes at most c + extra layers
-        out = (v + self.sigma * P[:, c]).max(axis=1)
+        out = (v + self.sigma * self.P[j[:, None], c[None, :]]).max(axis=1)
         rows = np.flatnonzero((extra > 0) & (out < limit))
-        if len(rows):
-            n = np.arange(P.shape[1])
-            levels = v[rows, :, None] + self.sigma[None, :, None] * P[rows][:, None, :]
-            levels = np.where(n[None, None, :] > c[None, :, None], levels, np.inf).reshape(len(rows), -1)
-            out[rows] = np.maximum(out[rows], _kth_smallest(levels, extra[rows] - 1))
+        # rank q's levels v_q + P_j(n) for n = c_q + 1 .. c_q + extra (a rank takes at most c_q +
+        # extra layers): they grow with n, so the extra-th smallest of all ranks' levels is among
+        # each rank's first extra; the rows with the same extra at once
+        for e in np.unique(extra[rows]).tolist():
+            sub = rows[extra[rows] == e]
+            levels = np.empty((len(sub), self.pp, e))
+            for cq in np.unique(c).tolist():  # the ranks with the same c_q read the same columns
+                qs = np.flatnonzero(c == cq)
+                cols = self.P[j[sub], cq + 1:cq + 1 + e][:, None]
+                levels[:, qs] = v[sub][:, qs, None] + self.sigma[None, qs, None] * cols
+            out[sub] = np.maximum(out[sub], _kth_smallest(levels.reshape(len(sub), -1), np.full(len(sub), e - 1)))
         return out
 
 
 def _kth_smallest(values: np.ndarray, k: np.ndarray) -> np.ndarray:
     """``values[r]``'s ``k[r]``-th smallest (0-based) for every row ``r``: one
-    sort of all rows when they are short, else a selection per row (linear
-    in the row's length instead of ``n log n``)."""
+    sort of all rows when they are short, else one selection per distinct
+    ``k`` over the rows that share it (linear in the rows' length instead of
+    ``n log n``)."""
     if values.shape[1] <= 256:
         return np.sort(values, axis=1)[np.arange(len(values)), k]
-    return np.array([np.partition(row, kk)[kk] for row, kk in zip(values, k.tolist())])
+    out = np.empty(len(values))
+    for kk in np.unique(k):
+        rows = np.flatnonzero(k == kk)
+        out[rows] = np.partition(values[rows], kk, axis=1)[:, kk]
+    return out
 
 
 def _rank_path_ends(schedule: str, pp: int):
@@ -1066,16 +1087,265 @@ def _rank_path_ends(schedule: str, pp: int):
     return first, last
 
 
+#: nodes of one level of a look-ahead expansion (:class:`_Expander`), at
+#: most; fewer where the children's rank-counting terms would pass
+#: :data:`LOOKAHEAD_FLOATS` floats, or the node limit is near (counts)
+LOOKAHEAD_WIDTH = 128
+LOOKAHEAD_FLOATS = 2**22
+
+
+class _Kids:
+    """The children of a batch of nodes of one stage (:meth:`_Expander.expand`).
+
+    ``stage``: the stage the children end (they are nodes of stage ``stage +
+    1``; leaves when it is the last one). ``j``, ``lb``: their ends and
+    lower bounds (lists), the children of parent ``p`` at positions
+    ``lo[p] .. hi[p] - 1`` in bound order (ties in end order), only those
+    below the limit of the expansion. ``rows[pos]``: the column of child
+    ``pos`` in ``acc`` (per kind the accumulated component values, the
+    children on the last axis; ``count`` the rank-counting states on the
+    first; ``device`` the parents' per-rank sums ``(N, Q, pp)`` with the
+    children's own rank's sums in ``own`` ``(Q, T)``). ``child[pos]``: the
+    ``(kids, parent index)`` of child ``pos``'s children once expanded.
+    """
+
+    __slots__ = ("stage", "j", "lb", "lo", "hi", "rows", "par", "acc", "own", "child")
+
+    def __init__(self, stage, j, lb, lo, hi, rows, par, acc, own):
+        self.stage, self.j, self.lb, self.lo, self.hi = stage, j, lb, lo, hi
+        self.rows, self.par, self.acc, self.own, self.child = rows, par, acc, own, {}
+
+
+class _Expander:
+    """Node expansion of :func:`_branch_and_bound`, vectorised over all the
+    nodes of one stage that a look-ahead expands together.
+
+    A node's children and their bounds depend only on the node and on the
+    limit (the incumbent), which only falls. Children found under a limit
+    are those below it, with the same bounds (the rank-counting bound is
+    only skipped for children already excluded), so a list found under an
+    earlier, higher limit and cut at the current one is the list a fresh
+    expansion would give. :meth:`lookahead` therefore expands a node and,
+    level by level, the first children in depth-first order (at most
+    :attr:`width` per level and the node limit in all), each level one
+    numpy pass; the depth-first search then takes each node's children from
+    there, visiting the same nodes in the same order, with the same bounds
+    (elementwise the same floating-point operations as one node at a time).
+    """
+
+    def __init__(self, tables: _Tables, counter: _RankCount | None, S: int, L: int, pp: int):
+        self.tables, self.counter, self.S, self.L, self.pp = tables, counter, S, L, pp
+        self.nfam, self.kinds = tables.num_families, tables.kinds
+        # per kind: the family of each component, and whether no family has two of them
+        # (then a fancy-indexed add, in the same order as np.add.at, is exact)
+        self.scatter = {kind: (idx, len(np.unique(idx)) == len(idx)) for kind, idx in tables.fam.items()}
+        self.others_of = [np.delete(np.arange(pp), r) for r in range(pp)]
+        self.width = max(1, min(LOOKAHEAD_WIDTH, LOOKAHEAD_FLOATS // (tables.rows * pp * (L + 1))))
+        self._columns: dict = {}
+        self._suffix: dict = {}
+        self._held = 0
+        self.layout = self._rows(tables.column(0, 0)[0])
+
+    def columns(self, s: int, starts: list[int]) -> list:
+        """Per start ``i``: the children's ends ``j`` of a node at stage
+        ``s`` from layer ``i`` (those that fit and leave a layer per later
+        stage), per kind their terms and the suffix minima at ``j``, and the
+        rank-counting terms of :meth:`_RankCount.step` (memoised per ``(s,
+        i)``, the missing ones found together; at most :data:`TABLE_FLOATS`
+        floats held, then dropped)."""
+        have = {i: self._columns[s, i] for i in starts if (s, i) in self._columns}
+        missing = [i for i in dict.fromkeys(starts) if i not in have]
+        if missing:
+            have.update(zip(missing, self._new_columns(s, missing)))
+        return [have[i] for i in starts]
+
+    def _new_columns(self, s: int, starts: list[int]) -> list:
+        """The entries of :meth:`columns` for ``starts`` (none memoised yet):
+        ``(j, block, count)``, ``block`` the children's terms of every kind
+        and their suffix minima stacked as rows (:meth:`_rows` says which),
+        ``count`` the ``(4, n)`` rank-counting terms or None."""
+        tables, S, L, W = self.tables, self.S, self.L, self.tables.rows
+        d = np.arange(1, W + 1)
+        suf = self._suffix_rows(s + 1)
+        out = []
+        for i in starts:
+            j = i + d
+            keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
+            terms, fits = tables.column(s, i)
+            keep &= fits
+            rows, j = d[keep] - 1, j[keep]
+            own = np.concatenate([t for kind in self.kinds for t in terms[kind] if t is not None])
+            out.append([j, np.concatenate([own[:, rows], suf[:, j]]), None])
+        if self.counter is not None and s < S - 1:  # every start's terms in one pass
+            at = np.array(starts)[:, None]
+            count = np.stack(self.counter.terms(s, at, np.minimum(at + d, L)), axis=1)  # (n, 4, W)
+            for k, entry in enumerate(out):
+                entry[2] = count[k][:, entry[0] - starts[k] - 1]
+        for i, entry in zip(starts, out):
+            if self._held > TABLE_FLOATS:
+                self._columns.clear()
+                self._held = 0
+            self._held += entry[1].size
+            self._columns[s, i] = tuple(entry)
+        return [tuple(e) for e in out]
+
+    def _suffix_rows(self, s: int) -> np.ndarray:
+        """The suffix minima from stage ``s`` of every kind stacked as rows
+        (``(R, L + 1)``, in the order of :meth:`_rows`; memoised per stage)."""
+        if s not in self._suffix:
+            parts = [self.tables.suffix_min(kind, s) for kind in self.kinds]
+            self._suffix[s] = np.concatenate([x for p in parts for x in (p if isinstance(p, tuple) else (p,))])
+        return self._suffix[s]
+
+    def _rows(self, column) -> dict:
+        """Per kind, the slices of a column block's rows (:meth:`_new_columns`)
+        holding its alpha and beta (None where the kind has none), then its
+        suffix minima (two for ``suffix``: the min sum and the min max)."""
+        sizes = {kind: len(self.tables.fam[kind]) for kind in self.kinds}
+        own = [(kind, k) for kind in self.kinds for k, t in enumerate(column[kind]) if t is not None]
+        out, at = {kind: [None, None] for kind in self.kinds}, 0
+        for kind, k in own:
+            out[kind][k] = slice(at, at + sizes[kind])
+            at += sizes[kind]
+        for kind in self.kinds:
+            for _ in range(2 if kind == "suffix" else 1):
+                out[kind].append(slice(at, at + sizes[kind]))
+                at += sizes[kind]
+        return out
+
+    def root(self) -> _Kids:
+        """The root (no stage placed, every layer left) as the one child of
+        stage ``-1``."""
+        acc = {}
+        for kind in self.kinds:
+            q = len(self.tables.fam[kind])
+            if kind == "prefix":
+                acc[kind] = np.array([np.zeros((q, 1)), np.full((q, 1), -np.inf)])
+            elif kind == "sum":
+                acc[kind] = np.zeros((q, 1))
+            elif kind != "device":
+                acc[kind] = np.full((q, 1), -np.inf)
+        if "device" in self.kinds:
+            q = len(self.tables.fam["device"])
+            acc["device"] = np.zeros((1, q, self.pp))
+        if self.counter is not None:
+            acc["count"] = self.counter.root[None].copy()
+        own = np.zeros((len(self.tables.fam.get("device", ())), 1))
+        return _Kids(-1, [0], [-np.inf], [0], [1], np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), acc, own)
+
+    def gather(self, kids: _Kids, pos: list[int]) -> dict:
+        """The accumulated values of the children ``pos`` of ``kids`` (the
+        nodes on the last axis; ``device`` and ``count`` on the first)."""
+        cols = kids.rows[pos]
+        out = {}
+        for kind, val in kids.acc.items():
+            if kind == "device":
+                dev = val[kids.par[cols]]
+                dev[:, :, kids.stage % self.pp] = kids.own[:, cols].T
+                out[kind] = dev
+            elif kind == "count":
+                out[kind] = val[cols]
+            else:
+                out[kind] = val[..., cols]
+        return out
+
+    def lookahead(self, kids: _Kids, pos: int, limit: float, budget: int):
+        """Expand child ``pos`` of ``kids`` with the children after it not
+        yet expanded (the search visits them next), then, level by level,
+        the first of the new children in depth-first order (at most
+        :attr:`width` per level, ``budget`` nodes in all: the search pops at
+        most that many more). Returns ``(kids, parent index)`` of child
+        ``pos``'s children."""
+        ahead = range(pos, min(len(kids.j), pos + max(1, min(self.width, budget))))
+        level, rows = kids, [r for r in ahead if r not in kids.child and kids.lb[r] < limit]
+        while True:
+            s = level.stage + 1
+            out = self.expand(s, [level.j[r] for r in rows], self.gather(level, rows), limit)
+            for p, r in enumerate(rows):
+                level.child[r] = (out, p)
+            n = min(len(out.j), self.width, budget)
+            if s >= self.S - 1 or n <= 0:  # its children are leaves, or the search stops first
+                return kids.child[pos]
+            level, rows, budget = out, list(range(n)), budget - n
+
+    def expand(self, s: int, starts: list[int], acc: dict, limit: float) -> _Kids:
+        """The children of the nodes of stage ``s`` starting at the layers
+        ``starts`` with the accumulated values ``acc`` (:meth:`gather`), with
+        their lower bounds: per family the fixed part plus the suffix minima
+        of the rest, the largest over families, then (not the last stage)
+        the rank-counting bound for those below ``limit``; only the children
+        below ``limit``."""
+        cols = self.columns(s, starts)
+        N = len(cols)
+        par = np.repeat(np.arange(N), [len(c[0]) for c in cols])
+        T = len(par)
+
+        def cat(xs):
+            return xs[0] if N == 1 else np.concatenate(xs, axis=-1)
+
+        if T == 0:
+            return _Kids(s, [], [], [0] * N, [0] * N, par, par, {}, None)
+        j, block = cat([c[0] for c in cols]), cat([c[1] for c in cols])
+        fam_lb = np.zeros((self.nfam, T))
+        new, own, rank = {}, None, s % self.pp
+        for kind in self.kinds:
+            a, x, *suf = (None if r is None else block[r] for r in self.layout[kind])
+            if kind == "device":
+                dev = acc[kind]  # (N, Q, pp)
+                mine = dev[:, :, rank]
+                own = mine.T[:, par] + x
+                others = dev[:, :, self.others_of[rank]].max(axis=2, initial=-np.inf).T[:, par]
+                rest = (dev.sum(axis=2) - mine).T[:, par]
+                tot = np.maximum(np.maximum(own, others), (rest + own + suf[0]) / self.pp)
+                new[kind] = dev
+            else:
+                v = acc[kind][..., par]
+                if kind == "sum":
+                    new[kind] = v + a
+                    tot = new[kind] + suf[0]
+                elif kind == "max":
+                    new[kind] = np.maximum(v, x)
+                    tot = np.maximum(new[kind], suf[0])
+                elif kind == "prefix":
+                    cm = np.maximum(v[1], v[0] + x)
+                    ca = v[0] + a
+                    tot = np.maximum(cm, ca + suf[0])
+                    new[kind] = np.stack([ca, cm])
+                else:  # suffix
+                    new[kind] = np.maximum(v + a, x)
+                    tot = np.maximum(new[kind] + suf[0], suf[1])
+            idx, unique = self.scatter[kind]
+            if unique:
+                fam_lb[idx] += tot
+            else:
+                np.add.at(fam_lb, idx, tot)
+        lb = fam_lb.max(axis=0)
+        if self.counter is not None and s < self.S - 1:  # only children that may still be expanded
+            live = np.flatnonzero(lb < limit)
+            states = np.zeros((T, 4, self.pp))
+            if len(live):
+                count = cat([c[2] for c in cols])[:, live]
+                states[live] = self.counter.step(acc["count"][par[live]], s, *count)
+                lb[live] = np.maximum(lb[live], self.counter.bound(states[live], s, j[live], limit))
+            new["count"] = states
+        order = np.lexsort((lb, par))  # per parent in bound order, ties in end order
+        order = order[lb[order] < limit]  # the rest can never be expanded
+        per_parent = np.bincount(par[order], minlength=N)
+        hi = np.cumsum(per_parent)
+        lo = hi - per_parent
+        return _Kids(s, j[order].tolist(), lb[order].tolist(), lo.tolist(), hi.tolist(), order, par, new, own)
+
+
 def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, best: float, tie_rel: float,
                       max_splits: int, max_nodes: int, counter: _RankCount | None = None):
-    """Depth-first over stages, children in bound order; leaves are queued
-    and evaluated in batches. Returns ``(exact, frontier_bound, nodes)``."""
-    W = tables.rows
+    """Depth-first over stages, children in bound order (their bounds found
+    level by level for many nodes at once, :class:`_Expander`); leaves are
+    queued and evaluated in batches. Returns ``(exact, frontier_bound,
+    nodes)``."""
     pending: list[tuple[float, tuple[int, ...]]] = []
     nodes = 0
 
     batch = ev.batch_size()
-    first = ev.first_chunk()
 
     def limit():
         # only strictly better splits matter; equal ones were seeded (see exact_split)
@@ -1083,10 +1353,12 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
 
     def flush():
         nonlocal best
+        if not pending:
+            return
         pending.sort()
         todo = [(lb, b) for lb, b in pending]
         pending.clear()
-        step = first
+        step = ev.first_chunk()
         while todo:
             todo = [(lb, b) for lb, b in todo if lb < limit()]
             chunk, todo = todo[:step], todo[step:]
@@ -1096,137 +1368,32 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
             best = min(best, min(ev.times[b] for _, b in chunk))
             step = min(2 * step, batch)
 
-    nfam = tables.num_families
-    # per kind: the family of each component, and whether no family has two of them
-    # (then a fancy-indexed add, in the same order as np.add.at, is exact)
-    scatter = {kind: (idx, len(np.unique(idx)) == len(idx)) for kind, idx in tables.fam.items()}
-    others_of = [np.delete(np.arange(pp), r) for r in range(pp)]
-    columns: dict = {}
-    held = [0]
-
-    def column(s, i):
-        """The children's ends ``j`` of a node at stage ``s`` from layer
-        ``i`` (those that fit and leave a layer per later stage) and, per
-        kind, their terms and the suffix minima at ``j`` (memoised per ``(s,
-        i)``; at most :data:`TABLE_FLOATS` floats held, then dropped)."""
-        if (s, i) in columns:
-            return columns[s, i]
-        d = np.arange(1, W + 1)
-        j = i + d
-        keep = (j <= L - (S - 1 - s)) if s < S - 1 else (j == L)
-        terms, fits = tables.column(s, i)
-        keep &= fits
-        rows, j = d[keep] - 1, j[keep]
-        per = {}
-        for kind in tables.kinds:
-            a, x = (None if t is None else t[:, rows] for t in terms[kind])
-            suf = tables.suffix_min(kind, s + 1)
-            per[kind] = (a, x, (suf[0][:, j], suf[1][:, j]) if kind == "suffix" else suf[:, j])
-        if held[0] > TABLE_FLOATS:
-            columns.clear()
-            held[0] = 0
-        held[0] += 3 * len(j) * sum(len(tables.fam[k]) for k in tables.kinds)
-        columns[s, i] = j, per
-        return j, per
-
-    def children(s, i, acc):
-        """The children of a node at stage ``s`` starting at layer ``i``
-        whose accumulated component values are ``acc`` (per kind), sorted by
-        lower bound, those below the current limit only: ``[(j, bound, ref),
-        ...]`` (:func:`child_acc` of ``ref`` gives the child's values)."""
-        j, per = column(s, i)
-        if not len(j):
-            return []
-        rank = s % pp
-        fam_lb = np.zeros((nfam, len(j)))
-        new = {}
-        for kind in tables.kinds:
-            a, x, suf = per[kind]
-            v = acc[kind]
-            if kind == "sum":
-                new[kind] = v[:, None] + a
-                tot = new[kind] + suf
-            elif kind == "max":
-                new[kind] = np.maximum(v[:, None], x)
-                tot = np.maximum(new[kind], suf)
-            elif kind == "prefix":
-                cm = np.maximum(v[1][:, None], v[0][:, None] + x)
-                ca = v[0][:, None] + a
-                tot = np.maximum(cm, ca + suf)
-                new[kind] = np.stack([ca, cm])
-            elif kind == "suffix":
-                new[kind] = np.maximum(v[:, None] + a, x)
-                tot = np.maximum(new[kind] + suf[0], suf[1])
-            else:  # device: per-rank sums, shape (Q, pp)
-                mine = v[:, rank]
-                cw = mine[:, None] + x
-                others = v[:, others_of[rank]].max(axis=1, initial=-np.inf)[:, None]
-                rest = (v.sum(axis=1) - mine)[:, None]
-                tot = np.maximum(np.maximum(cw, others), (rest + cw + suf) / pp)
-                new[kind] = cw
-            idx, unique = scatter[kind]
-            if unique:
-                fam_lb[idx] += tot
-            else:
-                np.add.at(fam_lb, idx, tot)
-        lb = fam_lb.max(axis=0)
-        if counter is not None and s < S - 1:  # only children that may still be expanded
-            live = np.flatnonzero(lb < limit())
-            states = np.zeros((len(j), 4, pp))
-            if len(live):
-                states[live] = counter.advance(acc["count"], s, i, j[live])
-                lb[live] = np.maximum(lb[live], counter.bound(states[live], s, j[live], limit()))
-            new["count"] = np.moveaxis(states, 0, -1)
-        order = np.argsort(lb, kind="stable")
-        order = order[:np.searchsorted(lb[order], limit())]  # the rest can never be expanded
-        parent = acc.get("device")
-        return [(int(j[o]), float(lb[o]), (new, o, parent, rank)) for o in order]
-
-    def child_acc(ref):
-        """The accumulated component values of a child from :func:`children`."""
-        new, o, parent, rank = ref
-        child = {kind: val[..., o] for kind, val in new.items()}
-        if "device" in child:
-            work = parent.copy()
-            work[:, rank] = child["device"]
-            child["device"] = work
-        return child
-
-    start = {"sum": 0.0, "max": -np.inf, "suffix": -np.inf}
-    root = {}
-    for kind in tables.kinds:
-        q = len(tables.fam[kind])
-        if kind == "prefix":
-            root[kind] = np.array([np.zeros(q), np.full(q, -np.inf)])
-        elif kind == "device":
-            root[kind] = np.zeros((q, pp))
-        else:
-            root[kind] = np.full(q, start[kind])
-    if counter is not None:
-        root["count"] = counter.root
-    stack = [[(0,), children(0, 0, root), 0]]
+    expander = _Expander(tables, counter, S, L, pp)
+    kids, p = expander.lookahead(expander.root(), 0, limit(), max_nodes)
+    # a frame: the node's boundaries, its children (kids, next position, end)
+    stack = [[(0,), kids, kids.lo[p], kids.hi[p]]]
     while stack:
         frame = stack[-1]
-        prefix, kids, pos = frame
-        if pos >= len(kids) or kids[pos][1] >= limit():
+        prefix, kids, pos, end = frame
+        if pos >= end or kids.lb[pos] >= limit():
             stack.pop()  # children are sorted by bound: the rest is excluded too
             continue
         if nodes >= max_nodes or len(ev.times) + len(pending) >= max_splits:
             flush()
-            live = [fr[1][fr[2]][1] for fr in stack if fr[2] < len(fr[1]) and fr[1][fr[2]][1] < limit()]
+            live = [fr[1].lb[fr[2]] for fr in stack if fr[2] < fr[3] and fr[1].lb[fr[2]] < limit()]
             if live:
                 return False, min(live), nodes
             return True, np.inf, nodes
-        j, lb, ref = kids[pos]
         frame[2] = pos + 1
         nodes += 1
-        bounds = prefix + (j,)
+        bounds = prefix + (kids.j[pos],)
         if len(bounds) == S + 1:
-            pending.append((lb, bounds))
+            pending.append((kids.lb[pos], bounds))
             if len(pending) >= batch:
                 flush()
             continue
-        stack.append([bounds, children(len(bounds) - 1, j, child_acc(ref)), 0])
+        sub, p = kids.child.get(pos) or expander.lookahead(kids, pos, limit(), max_nodes - nodes)
+        stack.append([bounds, sub, sub.lo[p], sub.hi[p]])
     flush()
     return True, np.inf, nodes
 

@@ -1,0 +1,168 @@
+"""The branch and bound's vectorised node expansion (``_Expander``) and the
+rank-counting bound's order statistic.
+
+* Expanding many nodes of a stage at once, ahead of the depth-first order,
+  visits the same nodes with the same bounds as expanding one node at a
+  time: the whole :class:`pipesearch.split_search.ExactSplit` (split, time,
+  bound, nodes, splits evaluated) is the same for every look-ahead width,
+  with and without a cutoff, at a node limit that stops the search and at
+  one that lets it finish.
+* ``_kth_smallest`` equals sorting each row.
+* The rank-counting bound's order-statistic part equals the smallest
+  maximum over every way of giving the layers still to place to the ranks
+  (enumerated), so reading only each rank's first levels keeps it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from helpers import tiny_cluster, tiny_profile
+from pipesearch import split_search
+from pipesearch.costs import build_pipeline_costs, pipeline_placement
+from pipesearch.schedules import build, in_flight_peaks, num_stages_of
+from pipesearch.split_search import exact_split, exhaustive_simulated_split
+from pipesearch.types import Job, Link
+
+SCHEDULES = (("1f1b", 1), ("zb-h1", 1), ("gpipe", 1), ("interleaved-1f1b", 2))
+
+
+def _instance(seed: int, L_low: int, L_high: int):
+    """A seeded point: the seed's schedule, 2-3 ranks, identical layers with
+    a random head (ties everywhere) for even seeds, random layers for odd
+    ones, memory that refuses some splits for every third seed."""
+    rng = np.random.default_rng(seed)
+    schedule, vp = SCHEDULES[seed % len(SCHEDULES)]
+    pp = int(rng.integers(3, 5)) if vp == 1 else 2
+    S = num_stages_of(schedule, pp, vp)
+    L = int(rng.integers(max(L_low, S + 1), L_high + 1))
+    m = pp * int(rng.integers(1, 3)) if vp > 1 else int(rng.integers(pp, pp + 5))
+    if seed % 2 == 0:
+        one = rng.exponential(1.0, 4)
+        head = one * rng.uniform(0.2, 3.0, 4)
+        fwd, bwd, params, outputs = (np.array([a] * (L - 1) + [h]) for a, h in zip(one, head))
+        fwd, bwd, params, outputs = fwd * 1e-3, bwd * 2e-3, params * 1e6, outputs * 1e6
+    else:
+        fwd, bwd = rng.exponential(1e-3, L), rng.exponential(2e-3, L)
+        params, outputs = rng.exponential(1e6, L) * (rng.random(L) < 0.7), rng.exponential(1e6, L)
+    prof = tiny_profile(fwd, bwd, params=params, outputs=outputs, saved=outputs)
+    link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
+    memory = 1e12 if seed % 3 else float(params.sum()) * 2.0 * 3.0 / S + float(outputs.max()) * 2 * m
+    cluster = tiny_cluster(1, 2 * pp, memory_bytes=memory, intra=link, inter=link)
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
+                                 stages_per_device=vp)
+    return schedule, pp, vp, costs
+
+
+def _search(costs, schedule: str, pp: int, vp: int, max_nodes: int, max_splits: int):
+    """The branch and bound alone from no incumbent: ``(exact, frontier
+    bound, nodes)`` and every split it evaluated with its time."""
+    ev = split_search._Evaluator(costs, schedule, pp, vp)
+    tables = split_search._Tables(costs, schedule, pp, costs.num_layers)
+    counter = split_search._RankCount(costs, schedule, pp)
+    state = split_search._branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, np.inf,
+                                           split_search.EQUAL_TIME_REL, max_splits, max_nodes, counter)
+    return state, ev.times
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_look_ahead_keeps_every_node_and_bound(seed, monkeypatch):
+    """Look-ahead widths 1 (one node at a time), 3 and the default give the
+    same result: the branch and bound from no incumbent at node limits 5,
+    50 and 3000 and split limits 3 and 300 (the same frontier bound, nodes
+    and evaluated splits), and the whole :func:`exact_split` without a
+    cutoff and with one just above the optimum (the cutoff proof's first
+    nodes run). A child kept or dropped by a limit other than the current
+    one, a child given another parent's values, or children ordered
+    differently among equal bounds changes the nodes, the evaluated splits
+    or the bound."""
+    schedule, pp, vp, costs = _instance(seed, 10, 14)
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)  # interleaved points searched, not enumerated
+    full = exact_split(costs, schedule, pp, vp)
+    if full is None:
+        pytest.skip("no split fits")
+    runs = {}
+    for width in (1, 3, split_search.LOOKAHEAD_WIDTH):
+        monkeypatch.setattr(split_search, "LOOKAHEAD_WIDTH", width)
+        runs[width] = ([_search(costs, schedule, pp, vp, n, k) for n in (5, 50, 3000) for k in (3, 300)],
+                       [exact_split(costs, schedule, pp, vp, cutoff_s=c) for c in (np.inf, full.best_time_s * 1.02)])
+    first, *rest = runs.values()
+    for other in rest:
+        assert other == first
+    if seed % 3:  # memory refuses no split: the unlimited search left the first path
+        assert first[0][-1][0][2] > costs.pp
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_look_ahead_search_is_the_brute_force_optimum(seed, monkeypatch):
+    """With the branch and bound forced (no enumeration) and a look-ahead of
+    3 nodes per level, the time is the best simulated time over every split
+    that fits, proven."""
+    schedule, pp, vp, costs = _instance(100 + seed, 6, 9)
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
+    monkeypatch.setattr(split_search, "LOOKAHEAD_WIDTH", 3)
+    ref = exhaustive_simulated_split(costs, schedule, pp, vp)
+    got = exact_split(costs, schedule, pp, vp)
+    if ref is None:
+        assert got is None
+        return
+    assert got.exact and got.iteration_time_s == pytest.approx(ref[0], rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kth_smallest_equals_sorting(seed):
+    """Short rows (one sort) and long ones (a selection per distinct k), with
+    ties and infinities: each row's k-th smallest is its sorted row at k."""
+    rng = np.random.default_rng(seed)
+    for width in (7, 300, 1000):
+        values = rng.integers(0, 50, (40, width)).astype(float)
+        values[rng.random(values.shape) < 0.1] = np.inf
+        k = rng.integers(0, width, 40)
+        assert np.array_equal(split_search._kth_smallest(values, k), np.sort(values, axis=1)[np.arange(40), k])
+
+
+def _best_assignment(v, sigma, layers, c, extra):
+    """The smallest ``max_q (v_q + sigma_q * (sum of the n_q cheapest
+    layers))`` over every ``n_q >= c_q`` with ``sum n_q = sum c + extra``
+    (each rank may take the cheapest: the relaxation of ``_RankCount``)."""
+    cheap = np.concatenate([[0.0], np.cumsum(np.sort(layers))])
+    best = np.inf
+    total = int(c.sum()) + extra
+    for n in itertools.product(*(range(cq, total + 1) for cq in c)):
+        if sum(n) != total or max(n) >= len(cheap):
+            continue
+        best = min(best, max(v[q] + sigma[q] * cheap[n[q]] for q in range(len(c))))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_rank_count_order_statistic_is_the_best_assignment(seed):
+    """For states with only rank work (no fill, drain or all-reduce), the
+    rank-counting bound of a child ending at ``j`` equals the smallest
+    achievable maximum over ranks found by enumerating how many of the
+    layers still to place (those after ``j`` but the last) each rank takes.
+    Too few levels per rank, or levels read from the wrong offset, give a
+    smaller or larger value."""
+    schedule, pp, vp, costs = _instance(200 + seed, 9, 12)
+    count = split_search._RankCount(costs, schedule, pp)
+    S, L = costs.pp, costs.num_layers
+    rng = np.random.default_rng(seed)
+    layer = np.diff(costs.compute_prefix_s)
+    for s in range(S - 1):
+        j = np.arange(s + 1, L - (S - 1 - s) + 1)
+        states = np.zeros((len(j), 4, pp))
+        states[:, 0] = rng.exponential(1e-2, (len(j), pp))
+        got = count.bound(states, s, j)
+        for row, jj in enumerate(j):
+            v = states[row, 0].copy()
+            v[(S - 1) % pp] += count.last
+            c = count.left[s]
+            extra = L - 1 - int(jj) - int(c.sum())
+            ref = _best_assignment(v, count.sigma, layer[jj:L - 1], c, extra)
+            assert got[row] == pytest.approx(ref, rel=1e-12), (s, jj)
