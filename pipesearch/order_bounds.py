@@ -21,6 +21,11 @@ stage's own outgoing transfer:
   (:func:`pipesearch.schedules.work_until_last_forward`), then micro-batch
   ``m - 1``'s gradient up to stage ``k`` and ``k``'s last backward and
   all-reduce: ``max_q work_q + max_k (B_k + r_k + c_k + sum_{k'>k} (G + c)_k')``;
+* ``T6`` rank ``q``'s work up to its last forward, micro-batch ``m - 1``
+  down to the last stage, its gradient back up to stage 0, then rank 0's
+  last weight gradient (ZB-H1) and all-reduce: ``sum_k (F + G + 2 c)_k +
+  W_0 + r_0 + max_q (work_q - f_q)`` (the last forward and its transfer
+  counted once);
 * ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 3:
   the ``W`` of a micro-batch may wait until after the ``I`` of later ones):
   ``sum_k (F + c)_k + max_k ((m-1) F + w I + max(m-S, 0) W)_k + max_k (B_k +
@@ -72,7 +77,8 @@ NEG = -1e300
 def families(schedule: str, pp: int, m: int):
     """The families of the module docstring as lists of ``(kind, name)``
     component names; :func:`stage_terms` gives their per-stage terms."""
-    fams = [[("sum", "f0")], [("prefix", "f1")], [("max", "f2w"), ("suffix", "f2s")]]
+    fams = [[("sum", "f0")], [("prefix", "f1")], [("max", "f2w"), ("suffix", "f2s")],
+            [("sum", "t6s"), ("max", "t6m")]]
     if schedule == "zb-h1" and m >= pp:
         fams += [[("sum", "fc"), ("max", "z3m"), ("suffix", "z3s")], [("sum", "fc"), ("suffix", "z4s")]]
     if schedule == "1f1b" and m >= pp:
@@ -97,7 +103,9 @@ def stage_terms(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j) -> d
     out = {"f0": (F + G, 2.0, None, 0.0),
            "f1": (F, 1.0, m * (F + B) + r, float(m) if blocking else 0.0),
            "f2w": (None, 0.0, nF * F + nB * B + nI * I + nW * (B - I), float(nF) if blocking else 0.0),
-           "f2s": (G, 1.0, B + r, 1.0)}
+           "f2s": (G, 1.0, B + r, 1.0),
+           "t6s": (F + G + ((B - I if schedule == "zb-h1" else 0.0) + r if s == 0 else 0.0), 2.0, None, 0.0),
+           "t6m": (None, 0.0, nF * F + nB * B + nI * I + nW * (B - I) - F, float(nF - 1) if blocking else 0.0)}
     if schedule == "zb-h1" and m >= S:
         out["fc"] = (F, 1.0, None, 0.0)
         out["z3m"] = (None, 0.0, (m - 1) * F + w * I + max(m - S, 0) * (B - I), 0.0)

@@ -9,7 +9,21 @@ time is :func:`pipesearch.timemodel.iteration_time_s` of the point's
 :class:`pipesearch.costs.PipelineCosts` under the best split of that order
 (:func:`pipesearch.split_search.exact_split`).
 
-Search. The orders are grouped by their class-count vector ``n`` (slots used
+Search by classes (one stage per rank: GPipe, 1F1B, ZB-H1, no per-stage
+memory options; :func:`class_bounds_apply`). A best-first branch and bound
+fixes the class of rank 0, 1, ... in turn; the bound of a prefix
+(:meth:`pipesearch.order_bounds.ClassBounds.extend`: path families of the
+schedule, a forward DP over the prefix's splits joined with suffix minima
+over every sequence of the classes left) holds for every order that starts
+with it and every split. A complete order whose bound is below the best
+time so far is split exactly from that time; the search is OPTIMAL when the
+least open bound reaches the best time, else, after ``max_orders`` splits
+or ``max_nodes`` expanded prefixes (counts), FEASIBLE with the least open
+bound (every order not split is at least that). Two nodes with the same
+slots, terms and links (two A100 nodes of one group) are opened in order
+only: swapping them maps every order to one of the same time.
+
+Search by vectors (the other schedules). The orders are grouped by their class-count vector ``n`` (slots used
 of each class). Every order of ``n`` has the same multiset of stage speeds,
 so one lower bound serves them all (:func:`rank_work_bound_s`): rank ``r``
 runs the forward and backward of all ``m`` micro-batches of its stages one
@@ -46,6 +60,9 @@ from .split_search import ExactSplit, any_split_fits, exact_split
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
 MAX_ORDERS = 100
+#: orders the branch and bound over classes splits before it stops (a count): its
+#: orders come in bound order, so the first few hold the best ones
+MAX_CLASS_ORDERS = 24
 #: prefixes of ranks the branch and bound over classes expands before it stops (a count)
 MAX_NODES = 20_000
 
@@ -65,6 +82,9 @@ class OrderSearch:
         gap: ``(time - bound) / time``; 0 when OPTIMAL.
         orders_evaluated: orders whose exact split ran.
         orders_total: orders up to symmetry (:func:`count_orders`).
+        method: ``"class-bounds"`` (the branch and bound over classes) or
+            ``"orders"`` (orders grouped by class-count vector).
+        prefixes_expanded: prefixes of ranks the class branch and bound expanded.
     """
 
     order: tuple[int, ...]
@@ -74,6 +94,8 @@ class OrderSearch:
     gap: float
     orders_evaluated: int
     orders_total: int
+    method: str = "orders"
+    prefixes_expanded: int = 0
 
     @property
     def iteration_time_s(self) -> float:
@@ -170,7 +192,7 @@ def _seed_order(orders: Iterator[tuple[int, ...]], costs_of, schedule: str, pp: 
 
 
 def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
-               schedule: str, pp: int, vp: int = 1, *, max_orders: int = MAX_ORDERS,
+               schedule: str, pp: int, vp: int = 1, *, max_orders: int | None = None,
                cutoff_s: float = math.inf, first: Sequence[Sequence[int]] = (),
                max_nodes: int = MAX_NODES) -> OrderSearch | None:
     """The order of ``pp`` ranks over the slots of ``classes`` and its split
@@ -182,7 +204,10 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
         costs_of: the point's cost terms with rank ``r`` on slot ``order[r]``
             (``pp * vp`` stages, stage ``s`` on rank ``s % pp``).
         schedule, pp, vp: as :func:`pipesearch.split_search.exact_split`.
-        max_orders: orders whose exact split may run (deterministic).
+        max_orders: orders whose exact split may run (deterministic; default
+            :data:`MAX_CLASS_ORDERS` for the search by classes, else
+            :data:`MAX_ORDERS`).
+        max_nodes: prefixes the search by classes may expand (deterministic).
         cutoff_s: only orders faster than this matter (a search's current
             best plans): every order's split search starts from it.
         first: orders to split before the enumeration (e.g. the closed-form
@@ -200,8 +225,10 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     vectors = count_vectors([len(c) for c in classes], pp)
     total = sum(count_orders(n) for n in vectors)
     if class_bounds_apply(classes, costs_of, schedule, pp, vp):
-        return _by_class_bounds(classes, costs_of, schedule, pp, max_orders=max_orders, max_nodes=max_nodes,
-                                cutoff_s=cutoff_s, first=first, total=total)
+        return _by_class_bounds(classes, costs_of, schedule, pp, max_nodes=max_nodes, cutoff_s=cutoff_s,
+                                first=first, total=total,
+                                max_orders=MAX_CLASS_ORDERS if max_orders is None else max_orders)
+    max_orders = MAX_ORDERS if max_orders is None else max_orders
     bounds = sorted((rank_work_bound_s(costs_of(next(orders_of_vector(classes, n))), pp), n) for n in vectors)
     best: tuple[float, tuple[int, ...], ExactSplit] | None = None
     fitting: tuple[tuple[int, ...], ExactSplit] | None = None  # the first order that fits
@@ -329,12 +356,14 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
         if fitting is None:
             return None
         return OrderSearch(order=fitting[0], split=fitting[1], status="ABOVE_CUTOFF", best_bound_s=float(lower),
-                           gap=0.0, orders_evaluated=evaluated, orders_total=total)
+                           gap=0.0, orders_evaluated=evaluated, orders_total=total, method="class-bounds",
+                           prefixes_expanded=expanded)
     value, order, found = best
     optimal = lower >= value
     gap = 0.0 if optimal or value <= 0 else max(0.0, (value - lower) / value)
     return OrderSearch(order=order, split=found, status="OPTIMAL" if optimal else "FEASIBLE",
-                       best_bound_s=float(lower), gap=float(gap), orders_evaluated=evaluated, orders_total=total)
+                       best_bound_s=float(lower), gap=float(gap), orders_evaluated=evaluated, orders_total=total,
+                       method="class-bounds", prefixes_expanded=expanded)
 
 
 def _slots_of(seq: Sequence[int], classes: Sequence[Sequence[int]]) -> tuple[int, ...]:
