@@ -31,7 +31,10 @@ stage's own outgoing transfer:
   ``sum_k (F + c)_k + max_k ((m-1) F + w I + max(m-S, 0) W)_k + max_k (B_k +
   r_k + c_k + sum_{k'>k} (I + c)_k')`` and ``sum_k (F + c)_k + max_k (m B +
   w F + r + c)_k + ...`` (``w = m - S + k``);
-* 1F1B: ``max_k (sum_{k'<k} (f + b)_k' + m (f + b)_k)``.
+* 1F1B: ``max_k (sum_{k'<k} (f + b)_k' + m (f + b)_k)``; ``sum_k f_k +
+  max_k ((m-1) f + w b)_k + max_k (b_k + r_k + c_k + sum_{k'>k} (B + c)_k')``;
+  ``sum_k f_k + max_k (m b + w f + r + c)_k + ...``; and ``sum_k (f + b +
+  c)_k`` plus either term of ``max_k max((m-1) b + w f, (m-1) f + w b)``.
 
 ``f = F + c`` and ``b = B`` under 1F1B's blocking sends, ``f = F``, ``b =
 B`` otherwise; a stage's incoming transfer where the split search's family
@@ -82,7 +85,8 @@ def families(schedule: str, pp: int, m: int):
     if schedule == "zb-h1" and m >= pp:
         fams += [[("sum", "fc"), ("max", "z3m"), ("suffix", "z3s")], [("sum", "fc"), ("suffix", "z4s")]]
     if schedule == "1f1b" and m >= pp:
-        fams.append([("prefix", "o5")])
+        fams += [[("prefix", "o5")], [("sum", "fc"), ("max", "o1m"), ("suffix", "o1s")],
+                 [("sum", "fc"), ("suffix", "o2s")], [("sum", "o3"), ("max", "o3x")], [("sum", "o3"), ("max", "o3y")]]
     return fams
 
 
@@ -113,6 +117,13 @@ def stage_terms(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j) -> d
         out["z4s"] = (I, 1.0, m * B + w * F + r, 1.0)
     if schedule == "1f1b" and m >= S:
         out["o5"] = (F + B, 1.0, m * (F + B), float(m))
+        out["fc"] = (F, 1.0, None, 0.0)
+        out["o1m"] = (None, 0.0, (m - 1) * F + w * B, float(m - 1))
+        out["o1s"] = (B, 1.0, B + r, 1.0)
+        out["o2s"] = (B, 1.0, m * B + w * F + r, float(w + 1))
+        out["o3"] = (F + B, 2.0, None, 0.0)
+        out["o3x"] = (None, 0.0, (m - 1) * B + w * F, float(w))
+        out["o3y"] = (None, 0.0, (m - 1) * F + w * B, float(m - 1))
     return out
 
 
