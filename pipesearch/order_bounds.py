@@ -162,15 +162,19 @@ class ClassBounds:
         sizes: slots per class; ``schedule``, ``pp``: the point's.
         cutoff_s: stages whose own work alone (``m (F + B)``) reaches it are
             left out (no split faster than the cutoff has one).
+        only: the families to use, by component names (default: all of
+            :func:`families`); fewer make a quicker, weaker bound.
     """
 
     def __init__(self, class_costs: Sequence[Sequence[PipelineCosts]], send: Callable[[int, int], np.ndarray],
-                 sizes: Sequence[int], schedule: str, pp: int, cutoff_s: float = np.inf):
+                 sizes: Sequence[int], schedule: str, pp: int, cutoff_s: float = np.inf,
+                 only: Sequence[str] | None = None):
         costs0 = class_costs[0][0]
         L, S, m = costs0.num_layers, pp, costs0.num_micro_batches
         self.L, self.S, self.C, self.sizes = L, S, len(sizes), tuple(int(z) for z in sizes)
         self.extra = sum(self.sizes) - S  # slots that stay unused
-        self.fams = families(schedule, pp, m)
+        self.fams = [fam for fam in families(schedule, pp, m) if only is None or all(n in only for _, n in fam)]
+        self._stages: dict = {}
         names = list(dict.fromkeys(n for fam in self.fams for _, n in fam))
         self.kind = {n: k for fam in self.fams for k, n in fam}
         self.names = names
@@ -278,29 +282,35 @@ class ClassBounds:
                     nexts = [(c2, self.V[rest][c2]) for c2 in range(C) if rest[c2] > 0]
                 best = None
                 for c2, nxt in nexts:
-                    cand = self._combine(c, s, self.send[c, c2], nxt)
+                    cand = self._combine(c, s, c2, nxt)
                     best = cand if best is None else np.minimum(best, cand)
                 out[c] = best
             self.V[left] = out
 
-    def _stage(self, c: int, s: int, send: np.ndarray):
-        """Terms of stage ``s`` on class ``c`` with its outgoing transfer
-        ``send`` (per end layer): ``alpha``, ``beta`` of shape ``(R, L+1,
-        W)`` (first layer, length - 1), ``+inf`` where the stage cannot be."""
+    def _stage(self, c: int, s: int, c2: int):
+        """Terms of stage ``s`` on class ``c`` with its outgoing transfer to
+        class ``c2`` (``C``: none): ``alpha``, ``beta`` of shape ``(R, L+1,
+        W)`` (first layer, length - 1), ``+inf`` where the stage cannot be;
+        kept while they fit in :data:`MAX_TABLE_FLOATS`."""
+        key = (c, s, c2)
+        if key in self._stages:
+            return self._stages[key]
         ok = self.ok[c, s]
-        sj = send[self.J][None]
+        sj = self.send[c, c2][self.J][None]
         a = self.a0[c, s] + self.ka[s][:, None, None] * sj
         b = self.b0[c, s] + self.kb[s][:, None, None] * sj
         a = np.where(ok[None], a, np.inf)
         b = np.where(ok[None], b, np.inf)
+        if (len(self._stages) + 1) * 2 * a.size <= MAX_TABLE_FLOATS:
+            self._stages[key] = (a, b)
         return a, b
 
-    def _combine(self, c: int, s: int, send: np.ndarray, nxt) -> np.ndarray:
+    def _combine(self, c: int, s: int, c2: int, nxt) -> np.ndarray:
         """``(R, 2, L+1)`` over the first layer ``i`` of stage ``s``: its
         terms over ``[i, j)`` combined with the next state's values at ``j``
         (``nxt`` ``(R, 2, L+1)``; None for the last stage), least over ``j``."""
         L, R = self.L, len(self.names)
-        a, b = self._stage(c, s, send)
+        a, b = self._stage(c, s, c2)
         if nxt is None:
             na = np.full((R, L + 1), np.inf)
             na[:, L] = 0.0
@@ -345,14 +355,14 @@ class ClassBounds:
         left = tuple(x - (k == c) for k, x in enumerate(node.left))
         fwd = node.fwd
         if r > 0:
-            fwd = self._forward(node.classes[-1], r - 1, self.send[node.classes[-1], c], fwd)
+            fwd = self._forward(node.classes[-1], r - 1, c, fwd)
         V = self.V[node.left][c]
         return Prefix(node.classes + (c,), left, fwd, self._bound(fwd, V))
 
-    def _forward(self, c: int, s: int, send: np.ndarray, fwd: np.ndarray) -> np.ndarray:
-        """The forward DP through stage ``s`` on class ``c``: ``(R, 2, L+1)``
-        over the stage's end layer."""
-        a, b = self._stage(c, s, send)
+    def _forward(self, c: int, s: int, c2: int, fwd: np.ndarray) -> np.ndarray:
+        """The forward DP through stage ``s`` on class ``c`` (next class
+        ``c2``): ``(R, 2, L+1)`` over the stage's end layer."""
+        a, b = self._stage(c, s, c2)
         pa, pm = fwd[:, 0][:, :, None], fwd[:, 1][:, :, None]  # (R, L+1, 1) at the first layer
         cand = np.empty((2,) + a.shape)
         cand[0] = pa + a
@@ -447,7 +457,7 @@ def class_of(classes: Sequence[Sequence[int]]) -> dict[int, int]:
 
 
 def class_bounds(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
-                 schedule: str, pp: int, cutoff_s: float = np.inf) -> ClassBounds:
+                 schedule: str, pp: int, cutoff_s: float = np.inf, only: Sequence[str] | None = None) -> ClassBounds:
     """The :class:`ClassBounds` of a point from the cost terms of a few
     orders (:func:`covering_orders`): stage ``s``'s terms on class ``c``
     from an order with a slot of ``c`` on rank ``s``, the transfer between
@@ -469,4 +479,4 @@ def class_bounds(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int
     def send(c, c2):
         return np.asarray(pair[c, c2].send_s(0, np.maximum(j, 1)), dtype=float)
 
-    return ClassBounds(class_costs, send, [len(c) for c in classes], schedule, pp, cutoff_s)
+    return ClassBounds(class_costs, send, [len(c) for c in classes], schedule, pp, cutoff_s, only)

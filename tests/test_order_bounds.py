@@ -119,3 +119,9 @@ def test_twin_nodes_are_branched_once_and_donors_cover_every_rank():
     times = _order_times(costs_of, classes, 5, pp, m, "zb-h1")
     found = best_order(classes, costs_of, "zb-h1", pp, max_orders=10**6)
     assert found.status == "OPTIMAL" and found.iteration_time_s == pytest.approx(min(times.values()), rel=1e-9)
+    # a cutoff below the optimum: nothing beats it (the one-family check or the full search proves it);
+    # just above it: the optimum
+    low = best_order(classes, costs_of, "zb-h1", pp, cutoff_s=min(times.values()) * 0.999)
+    assert low.status == "ABOVE_CUTOFF" and low.best_bound_s >= min(times.values()) * 0.999
+    high = best_order(classes, costs_of, "zb-h1", pp, cutoff_s=min(times.values()) * 1.001)
+    assert high.status == "OPTIMAL" and high.iteration_time_s == pytest.approx(min(times.values()), rel=1e-9)
