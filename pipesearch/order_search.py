@@ -19,7 +19,9 @@ with it and every split. A complete order whose bound is below the best
 time so far is split exactly from that time; the search is OPTIMAL when the
 least open bound reaches the best time, else, after ``max_orders`` splits
 or ``max_nodes`` expanded prefixes (counts), FEASIBLE with the least open
-bound (every order not split is at least that). Two nodes with the same
+bound (every order not split is at least that). With a finite cutoff the
+DP runs first with :data:`QUICK_FAMILY` alone (a tenth of the work): when
+its least bound reaches the cutoff no order can beat it. Two nodes with the same
 slots, terms and links (two A100 nodes of one group) are opened in order
 only: swapping them maps every order to one of the same time.
 
