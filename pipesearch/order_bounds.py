@@ -183,7 +183,6 @@ class ClassBounds:
         ii, jj = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
         valid = jj > ii
         ic, jc = np.where(valid, ii, 0), np.where(valid, jj, 1)
-        st = np.arange(S)
         ok = np.zeros((self.C, S, L + 1, L + 1), dtype=bool)
         full = []
         for c in range(self.C):

@@ -57,7 +57,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .costs import PipelineCosts
-from .order_bounds import CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, class_of, families
+from .order_bounds import CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, families
 from .split_search import ExactSplit, any_split_fits, exact_split
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
