@@ -9,7 +9,23 @@ time is :func:`pipesearch.timemodel.iteration_time_s` of the point's
 :class:`pipesearch.costs.PipelineCosts` under the best split of that order
 (:func:`pipesearch.split_search.exact_split`).
 
-Search. The orders are grouped by their class-count vector ``n`` (slots used
+Search by classes (one stage per rank: GPipe, 1F1B, ZB-H1, no per-stage
+memory options; :func:`class_bounds_apply`). A best-first branch and bound
+fixes the class of rank 0, 1, ... in turn; the bound of a prefix
+(:meth:`pipesearch.order_bounds.ClassBounds.extend`: path families of the
+schedule, a forward DP over the prefix's splits joined with suffix minima
+over every sequence of the classes left) holds for every order that starts
+with it and every split. A complete order whose bound is below the best
+time so far is split exactly from that time; the search is OPTIMAL when the
+least open bound reaches the best time, else, after ``max_orders`` splits
+or ``max_nodes`` expanded prefixes (counts), FEASIBLE with the least open
+bound (every order not split is at least that). With a finite cutoff the
+DP runs first with :data:`QUICK_FAMILY` alone (a tenth of the work): when
+its least bound reaches the cutoff no order can beat it. Two nodes with the same
+slots, terms and links (two A100 nodes of one group) are opened in order
+only: swapping them maps every order to one of the same time.
+
+Search by vectors (the other schedules). The orders are grouped by their class-count vector ``n`` (slots used
 of each class). Every order of ``n`` has the same multiset of stage speeds,
 so one lower bound serves them all (:func:`rank_work_bound_s`): rank ``r``
 runs the forward and backward of all ``m`` micro-batches of its stages one
@@ -32,6 +48,7 @@ its own count limits.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from dataclasses import dataclass
@@ -40,10 +57,18 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .costs import PipelineCosts
+from .order_bounds import CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, families
 from .split_search import ExactSplit, any_split_fits, exact_split
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
 MAX_ORDERS = 100
+#: orders the branch and bound over classes splits before it stops (a count): its
+#: orders come in bound order, so the first few hold the best ones
+MAX_CLASS_ORDERS = 24
+#: prefixes of ranks the branch and bound over classes expands before it stops (a count)
+MAX_NODES = 20_000
+#: the family tried alone before the others (rank k from micro-batch 0's arrival through its whole work)
+QUICK_FAMILY = ("f1",)
 
 
 @dataclass(frozen=True)
@@ -61,6 +86,9 @@ class OrderSearch:
         gap: ``(time - bound) / time``; 0 when OPTIMAL.
         orders_evaluated: orders whose exact split ran.
         orders_total: orders up to symmetry (:func:`count_orders`).
+        method: ``"class-bounds"`` (the branch and bound over classes) or
+            ``"orders"`` (orders grouped by class-count vector).
+        prefixes_expanded: prefixes of ranks the class branch and bound expanded.
     """
 
     order: tuple[int, ...]
@@ -70,6 +98,8 @@ class OrderSearch:
     gap: float
     orders_evaluated: int
     orders_total: int
+    method: str = "orders"
+    prefixes_expanded: int = 0
 
     @property
     def iteration_time_s(self) -> float:
@@ -166,8 +196,9 @@ def _seed_order(orders: Iterator[tuple[int, ...]], costs_of, schedule: str, pp: 
 
 
 def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
-               schedule: str, pp: int, vp: int = 1, *, max_orders: int = MAX_ORDERS,
-               cutoff_s: float = math.inf, first: Sequence[Sequence[int]] = ()) -> OrderSearch | None:
+               schedule: str, pp: int, vp: int = 1, *, max_orders: int | None = None,
+               cutoff_s: float = math.inf, first: Sequence[Sequence[int]] = (),
+               max_nodes: int = MAX_NODES) -> OrderSearch | None:
     """The order of ``pp`` ranks over the slots of ``classes`` and its split
     with the least simulated time (module docstring).
 
@@ -177,7 +208,10 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
         costs_of: the point's cost terms with rank ``r`` on slot ``order[r]``
             (``pp * vp`` stages, stage ``s`` on rank ``s % pp``).
         schedule, pp, vp: as :func:`pipesearch.split_search.exact_split`.
-        max_orders: orders whose exact split may run (deterministic).
+        max_orders: orders whose exact split may run (deterministic; default
+            :data:`MAX_CLASS_ORDERS` for the search by classes, else
+            :data:`MAX_ORDERS`).
+        max_nodes: prefixes the search by classes may expand (deterministic).
         cutoff_s: only orders faster than this matter (a search's current
             best plans): every order's split search starts from it.
         first: orders to split before the enumeration (e.g. the closed-form
@@ -194,6 +228,11 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     """
     vectors = count_vectors([len(c) for c in classes], pp)
     total = sum(count_orders(n) for n in vectors)
+    if class_bounds_apply(classes, costs_of, schedule, pp, vp):
+        return _by_class_bounds(classes, costs_of, schedule, pp, max_nodes=max_nodes, cutoff_s=cutoff_s,
+                                first=first, total=total,
+                                max_orders=MAX_CLASS_ORDERS if max_orders is None else max_orders)
+    max_orders = MAX_ORDERS if max_orders is None else max_orders
     bounds = sorted((rank_work_bound_s(costs_of(next(orders_of_vector(classes, n))), pp), n) for n in vectors)
     best: tuple[float, tuple[int, ...], ExactSplit] | None = None
     fitting: tuple[tuple[int, ...], ExactSplit] | None = None  # the first order that fits
@@ -237,3 +276,124 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     gap = 0.0 if optimal or value <= 0 else max(0.0, (value - lower) / value)
     return OrderSearch(order=order, split=split, status="OPTIMAL" if optimal else "FEASIBLE",
                        best_bound_s=float(lower), gap=float(gap), orders_evaluated=evaluated, orders_total=total)
+
+
+def class_bounds_apply(classes: Sequence[Sequence[int]], costs_of, schedule: str, pp: int, vp: int) -> bool:
+    """Whether :func:`best_order` branches on classes with the bounds of
+    :mod:`pipesearch.order_bounds`: one stage per rank, GPipe / 1F1B /
+    ZB-H1, no per-stage memory options, tables within
+    :data:`pipesearch.order_bounds.MAX_TABLE_FLOATS`."""
+    if vp != 1 or schedule not in CLASS_BOUND_SCHEDULES or pp < 2:
+        return False
+    costs = costs_of(tuple(x for members in classes for x in members)[:pp])
+    if costs.options is not None or costs.pp != pp:
+        return False
+    rows = 2 * len(families(schedule, pp, costs.num_micro_batches)) + 2
+    return len(classes) * pp * rows * (costs.num_layers + 1) ** 2 <= MAX_TABLE_FLOATS
+
+
+def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: int, max_nodes: int,
+                     cutoff_s: float, first, total: int) -> OrderSearch | None:
+    """Best-first branch and bound over the class of each rank, left to
+    right: a prefix's bound (:meth:`pipesearch.order_bounds.ClassBounds.extend`)
+    holds for every order that starts with it and every split; a complete
+    order whose bound is below the best time is split by
+    :func:`pipesearch.split_search.exact_split` from that time. The ``first``
+    orders are split before (their best time is the first cutoff). Stops
+    OPTIMAL when the least open bound reaches the best time; after
+    ``max_orders`` splits or ``max_nodes`` expanded prefixes FEASIBLE with
+    the least open bound."""
+    best: tuple[float, tuple[int, ...], ExactSplit] | None = None
+    fitting = None
+    unproven, evaluated, stopped_at = math.inf, 0, None
+    done: set[tuple[int, ...]] = set()
+
+    def split(order):
+        nonlocal best, fitting, unproven, evaluated
+        evaluated += 1
+        done.add(order)
+        limit = best[0] if best is not None else cutoff_s
+        found = exact_split(costs_of(order), schedule, pp, 1, cutoff_s=limit)
+        if found is None:
+            return
+        fitting = fitting or (order, found)
+        if not found.exact:
+            unproven = min(unproven, found.lower_bound_s)
+        if found.best_time_s < limit:
+            best = (found.best_time_s, order, found)
+
+    for order in list(dict.fromkeys(canonical(o, classes) for o in first))[:max_orders]:
+        split(order)
+    limit = best[0] if best is not None else cutoff_s
+    memo: dict = {}
+    costs_memo = lambda order: memo[order] if order in memo else memo.setdefault(order, costs_of(order))  # noqa: E731
+    heap = []
+    quick = None
+    if math.isfinite(limit):  # one family first: most points of a search end here, above their cutoff
+        quick = class_bounds(classes, costs_memo, schedule, pp, cutoff_s=limit * (1 + 1e-9), only=QUICK_FAMILY)
+        root = quick.root()
+        if min((quick.extend(root, c).bound_s for c in range(len(classes)) if quick.allowed(root, c)),
+               default=math.inf) < limit:
+            quick = None
+    if quick is None:
+        cb = class_bounds(classes, costs_memo, schedule, pp, cutoff_s=limit * (1 + 1e-9))
+        heap = [(0.0, (), cb.root())]
+    expanded = 0
+    while heap:
+        bound, key, node = heapq.heappop(heap)
+        limit = best[0] if best is not None else cutoff_s
+        if bound >= limit:
+            heap.append((bound, key, node))  # the least open bound
+            break
+        if len(key) == pp:
+            order = _slots_of(key, classes)
+            if order in done:
+                continue
+            if evaluated >= max_orders:
+                stopped_at = bound
+                break
+            split(order)
+            continue
+        if expanded >= max_nodes:
+            stopped_at = bound
+            break
+        expanded += 1
+        for c in range(len(classes)):
+            if cb.allowed(node, c):
+                child = cb.extend(node, c)
+                if child.bound_s < limit:
+                    heapq.heappush(heap, (child.bound_s, child.classes, child))
+    lower = min(best[0] if best is not None else cutoff_s, unproven,
+                stopped_at if stopped_at is not None else math.inf)
+    if best is None:
+        if fitting is None:
+            fitting = _first_fitting(classes, costs_of, pp, max_orders)
+        if fitting is None:
+            return None
+        return OrderSearch(order=fitting[0], split=fitting[1], status="ABOVE_CUTOFF", best_bound_s=float(lower),
+                           gap=0.0, orders_evaluated=evaluated, orders_total=total, method="class-bounds",
+                           prefixes_expanded=expanded)
+    value, order, found = best
+    optimal = lower >= value
+    gap = 0.0 if optimal or value <= 0 else max(0.0, (value - lower) / value)
+    return OrderSearch(order=order, split=found, status="OPTIMAL" if optimal else "FEASIBLE",
+                       best_bound_s=float(lower), gap=float(gap), orders_evaluated=evaluated, orders_total=total,
+                       method="class-bounds", prefixes_expanded=expanded)
+
+
+def _slots_of(seq: Sequence[int], classes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The order of a class sequence: each class's slots in increasing rank order."""
+    used = [0] * len(classes)
+    out = []
+    for c in seq:
+        out.append(classes[c][used[c]])
+        used[c] += 1
+    return tuple(out)
+
+
+def _first_fitting(classes, costs_of, pp: int, max_orders: int):
+    """The first order (in :func:`orders_of_vector`'s order over the
+    vectors) with a split that fits, of the first ``max_orders``; None when none."""
+    every = itertools.chain.from_iterable(orders_of_vector(classes, n)
+                                          for n in count_vectors([len(c) for c in classes], pp))
+    return next(((o, None) for o in itertools.islice(every, max_orders) if any_split_fits(costs_of(o))), None)

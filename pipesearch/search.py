@@ -573,7 +573,7 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
         heads = None if found is None else layout(cluster, row["pp"], 1, variant.tp, SLOTS_PREFIX + ",".join(
             map(str, found.order)), precision)
         ctx[key] = (heads, None if found is None else {
-            "method": "orders+exact-split", "status": found.status, "objective_s": found.iteration_time_s,
+            "method": found.method + "+exact-split", "status": found.status, "objective_s": found.iteration_time_s,
             "best_bound_s": found.best_bound_s, "gap": found.gap, "orders_evaluated": found.orders_evaluated,
             "orders_total": found.orders_total})
     return ctx[key][0]

@@ -1,0 +1,481 @@
+"""Lower bounds of the simulated time over every device order and split at
+once, by dynamic programming over device classes.
+
+One pipeline (``dp = 1``, one stage per rank: GPipe, 1F1B, ZB-H1) runs rank
+``k`` on a slot of class ``c_k`` (:func:`pipesearch.placement.slot_classes`:
+the slots of one node are interchangeable). A stage's cost terms depend only
+on its index ``k``, its layers ``[i, j)``, its class ``c_k`` and, through
+the transfer after it, the next class ``c_{k+1}``. Every family below is a
+path of the schedule's dependency graph (the families of
+:func:`pipesearch.split_search.bound_families`, docs/schedules.md), written
+with per-stage terms ``alpha0 + ka * c`` and ``beta0 + kb * c``, ``c`` the
+stage's own outgoing transfer:
+
+* ``F0`` micro-batch 0 down and its gradient back up: ``sum_k (F_k + G_k +
+  2 c_k)`` (``G = I`` for ZB-H1, else ``B``; the gradient of boundary ``k``
+  crosses the same link with the same bytes as the activation, so the
+  incoming transfer ``c_in`` of stage ``k + 1`` is counted as ``c_k``);
+* ``F1`` rank ``k`` starts when micro-batch 0 reaches it and then runs its
+  whole work: ``max_k (sum_{k'<k} (F + c)_k' + m (f_k + b_k) + r_k)``;
+* ``F2`` rank ``q``'s work up to its last forward
+  (:func:`pipesearch.schedules.work_until_last_forward`), then micro-batch
+  ``m - 1``'s gradient up to stage ``k`` and ``k``'s last backward and
+  all-reduce: ``max_q work_q + max_k (B_k + r_k + c_k + sum_{k'>k} (G + c)_k')``;
+* ``T6`` rank ``q``'s work up to its last forward, micro-batch ``m - 1``
+  down to the last stage, its gradient back up to stage 0, then rank 0's
+  last weight gradient (ZB-H1) and all-reduce: ``sum_k (F + G + 2 c)_k +
+  W_0 + r_0 + max_q (work_q - f_q)`` (the last forward and its transfer
+  counted once);
+* ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, sec. 3:
+  the ``W`` of a micro-batch may wait until after the ``I`` of later ones):
+  ``sum_k (F + c)_k + max_k ((m-1) F + w I + max(m-S, 0) W)_k + max_k (B_k +
+  r_k + c_k + sum_{k'>k} (I + c)_k')`` and ``sum_k (F + c)_k + max_k (m B +
+  w F + r + c)_k + ...`` (``w = m - S + k``);
+* 1F1B: ``max_k (sum_{k'<k} (f + b)_k' + m (f + b)_k)``; ``sum_k f_k +
+  max_k ((m-1) f + w b)_k + max_k (b_k + r_k + c_k + sum_{k'>k} (B + c)_k')``;
+  ``sum_k f_k + max_k (m b + w f + r + c)_k + ...``; and ``sum_k (f + b +
+  c)_k`` plus either term of ``max_k max((m-1) b + w f, (m-1) f + w b)``.
+
+``f = F + c`` and ``b = B`` under 1F1B's blocking sends, ``f = F``, ``b =
+B`` otherwise; a stage's incoming transfer where the split search's family
+has one inside a maximum is left out (every term is non-decreasing in it,
+``m >= S``), so each family here is at most its split-search counterpart,
+which is at most the simulated time.
+
+:class:`ClassBounds` holds these terms for every (stage, class, range) and
+the suffix minima of every component over the classes still free
+(:meth:`ClassBounds.suffix`, a backward DP over ``(slots left per class,
+class of the stage, first layer)``, the states of :mod:`pipesearch.class_dp`);
+:meth:`ClassBounds.extend` appends one class to a prefix of ranks and
+bounds every order and split that starts with it (the prefix's stages by a
+forward DP over their splits, the rest by the suffix minima), so that
+:func:`pipesearch.order_search.best_order` can branch on the class of each
+rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import schedules as schedule_lib
+from .costs import PipelineCosts
+from .timemodel import send_overlap
+
+#: schedules the class bounds cover (one stage per rank)
+CLASS_BOUND_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+#: floats of the term tables (classes x stages x components x layer ranges) above which they are not built
+MAX_TABLE_FLOATS = 2**24
+
+# component kinds: "sum" sum_k alpha; "max" max_k beta; "prefix" max_k (sum_{k'<k} alpha + beta_k);
+# "suffix" max_k (beta_k + sum_{k'>k} alpha)
+_KINDS = ("sum", "max", "prefix", "suffix")
+#: the max part of an empty set of stages (finite, so that it plus an infinite sum stays infinite, never nan)
+NEG = -1e300
+
+
+def families(schedule: str, pp: int, m: int):
+    """The families of the module docstring as lists of ``(kind, name)``
+    component names; :func:`stage_terms` gives their per-stage terms."""
+    fams = [[("sum", "f0")], [("prefix", "f1")], [("max", "f2w"), ("suffix", "f2s")],
+            [("sum", "t6s"), ("max", "t6m")]]
+    if schedule == "zb-h1" and m >= pp:
+        fams += [[("sum", "fc"), ("max", "z3m"), ("suffix", "z3s")], [("sum", "fc"), ("suffix", "z4s")]]
+    if schedule == "1f1b" and m >= pp:
+        fams += [[("prefix", "o5")], [("sum", "fc"), ("max", "o1m"), ("suffix", "o1s")],
+                 [("sum", "fc"), ("suffix", "o2s")], [("sum", "o3"), ("max", "o3x")], [("sum", "o3"), ("max", "o3y")]]
+    return fams
+
+
+def stage_terms(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j) -> dict:
+    """Per-stage terms of stage ``s`` over the ranges ``[i, j)``: ``{name:
+    (alpha0, ka, beta0, kb)}`` (``alpha0``, ``beta0`` arrays shaped like
+    ``i``, ``j`` or None; ``ka``, ``kb`` the coefficients of the stage's own
+    outgoing transfer). ``costs`` must have stage ``s`` on the class whose
+    terms are wanted (its speed, capacity, all-reduce)."""
+    m, S = costs.num_micro_batches, costs.pp
+    F, B, I = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j), costs.bwd_input_s(s, i, j)
+    r = costs.after_backward_s(s, i, j)
+    blocking = not send_overlap(schedule)
+    G = I if schedule == "zb-h1" else B
+    w = m - S + s
+    counts = _until_last_forward(schedule, pp, m)
+    nF, nB, nI, nW = (counts[k][s] for k in "FBIW")
+    out = {"f0": (F + G, 2.0, None, 0.0),
+           "f1": (F, 1.0, m * (F + B) + r, float(m) if blocking else 0.0),
+           "f2w": (None, 0.0, nF * F + nB * B + nI * I + nW * (B - I), float(nF) if blocking else 0.0),
+           "f2s": (G, 1.0, B + r, 1.0),
+           "t6s": (F + G + ((B - I if schedule == "zb-h1" else 0.0) + r if s == 0 else 0.0), 2.0, None, 0.0),
+           "t6m": (None, 0.0, nF * F + nB * B + nI * I + nW * (B - I) - F, float(nF - 1) if blocking else 0.0)}
+    if schedule == "zb-h1" and m >= S:
+        out["fc"] = (F, 1.0, None, 0.0)
+        out["z3m"] = (None, 0.0, (m - 1) * F + w * I + max(m - S, 0) * (B - I), 0.0)
+        out["z3s"] = (I, 1.0, B + r, 1.0)
+        out["z4s"] = (I, 1.0, m * B + w * F + r, 1.0)
+    if schedule == "1f1b" and m >= S:
+        out["o5"] = (F + B, 1.0, m * (F + B), float(m))
+        out["fc"] = (F, 1.0, None, 0.0)
+        out["o1m"] = (None, 0.0, (m - 1) * F + w * B, float(m - 1))
+        out["o1s"] = (B, 1.0, B + r, 1.0)
+        out["o2s"] = (B, 1.0, m * B + w * F + r, float(w + 1))
+        out["o3"] = (F + B, 2.0, None, 0.0)
+        out["o3x"] = (None, 0.0, (m - 1) * B + w * F, float(w))
+        out["o3y"] = (None, 0.0, (m - 1) * F + w * B, float(m - 1))
+    return out
+
+
+def _until_last_forward(schedule: str, pp: int, m: int):
+    return schedule_lib.work_until_last_forward(schedule, pp, m, 1)
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A prefix of ranks with fixed classes: the forward DP over its splits.
+
+    ``classes``: class of ranks ``0 .. r-1``; ``left``: slots left per class;
+    ``fwd``: per component row, arrays ``(L+1,)`` over the first layer of rank
+    ``r - 1`` for the stages ``0 .. r-2`` (``sum``: least sum of alpha;
+    ``max``: least max of beta; ``prefix``: least alpha sum and least max;
+    ``suffix``: least alpha sum and least ``max_k (beta_k + sum_{k<k'} alpha)``).
+    """
+
+    classes: tuple[int, ...]
+    left: tuple[int, ...]
+    fwd: np.ndarray  # (R, 2, L+1): row per component, [0] alpha sum, [1] max part
+    bound_s: float
+
+
+class ClassBounds:
+    """Term tables per (class, stage) and the suffix minima over the classes
+    left (module docstring).
+
+    Args:
+        class_costs: for each class ``c`` and stage ``s``, a
+            :class:`PipelineCosts` with stage ``s`` on a slot of class ``c``
+            (a list per class, indexed by stage).
+        send: ``send(c, c2)``: per boundary layer ``j`` (shape ``(L+1,)``) the
+            transfer after a stage on class ``c`` ending at ``j`` when the
+            next stage is on class ``c2`` (0 at ``j = L``).
+        sizes: slots per class; ``schedule``, ``pp``: the point's.
+        cutoff_s: stages whose own work alone (``m (F + B)``) reaches it are
+            left out (no split faster than the cutoff has one).
+        only: the families to use, by component names (default: all of
+            :func:`families`); fewer make a quicker, weaker bound.
+    """
+
+    def __init__(self, class_costs: Sequence[Sequence[PipelineCosts]], send: Callable[[int, int], np.ndarray],
+                 sizes: Sequence[int], schedule: str, pp: int, cutoff_s: float = np.inf,
+                 only: Sequence[str] | None = None):
+        costs0 = class_costs[0][0]
+        L, S, m = costs0.num_layers, pp, costs0.num_micro_batches
+        self.L, self.S, self.C, self.sizes = L, S, len(sizes), tuple(int(z) for z in sizes)
+        self.extra = sum(self.sizes) - S  # slots that stay unused
+        self.fams = [fam for fam in families(schedule, pp, m) if only is None or all(n in only for _, n in fam)]
+        self._stages: dict = {}
+        names = list(dict.fromkeys(n for fam in self.fams for _, n in fam))
+        self.kind = {n: k for fam in self.fams for k, n in fam}
+        self.names = names
+        self.row = {n: q for q, n in enumerate(names)}
+        R = len(names)
+        ii, jj = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+        valid = jj > ii
+        ic, jc = np.where(valid, ii, 0), np.where(valid, jj, 1)
+        ok = np.zeros((self.C, S, L + 1, L + 1), dtype=bool)
+        full = []
+        for c in range(self.C):
+            for s in range(S):
+                cs = class_costs[c][s]
+                fits = valid & np.asarray(cs.fits(s, ic, jc), dtype=bool)
+                # stage s starts at a layer in [s, L - S + s] and leaves a layer to each later stage
+                fits &= (ii >= s) & (ii <= L - S + s) & ((jj == L) if s == S - 1 else (jj <= L - S + s + 1))
+                fits &= m * (cs.fwd_s(s, ic, jc) + cs.bwd_s(s, ic, jc)) < cutoff_s
+                ok[c, s] = fits
+                full.append(stage_terms(cs, schedule, pp, s, ic, jc))
+        # band: the longest stage any (class, stage) can hold; arrays (.., L+1 starts, W lengths)
+        lengths = np.where(ok, (jj - ii)[None, None], 0)
+        self.W = W = max(1, int(lengths.max()))
+        d = np.arange(1, W + 1)
+        self.J = J = np.minimum(np.arange(L + 1)[:, None] + d[None, :], L)  # (L+1, W) end layer
+        inband = (np.arange(L + 1)[:, None] + d[None, :]) <= L
+        self.ok = ok[:, :, np.arange(L + 1)[:, None], J] & inband[None, None]
+        self.a0 = np.zeros((self.C, S, R, L + 1, W))
+        self.b0 = np.full((self.C, S, R, L + 1, W), NEG)
+        self.ka = np.zeros((S, R))
+        self.kb = np.zeros((S, R))
+        rows_i = np.arange(L + 1)[:, None]
+        for c in range(self.C):
+            for s in range(S):
+                for n, (a0, ka, b0, kb) in full[c * S + s].items():
+                    if n not in self.row:
+                        continue
+                    q = self.row[n]
+                    if a0 is not None:
+                        self.a0[c, s, q] = np.broadcast_to(a0, (L + 1, L + 1))[rows_i, J]
+                    if b0 is not None:
+                        self.b0[c, s, q] = np.broadcast_to(b0, (L + 1, L + 1))[rows_i, J]
+                    self.ka[s, q], self.kb[s, q] = ka, kb
+        self.send = np.zeros((self.C, self.C + 1, L + 1))  # index C: no next stage
+        for c, c2 in itertools.product(range(self.C), range(self.C)):
+            if c != c2 or self.sizes[c] > 1:
+                self.send[c, c2] = send(c, c2)
+        self.twin_before = self._twins()
+        self._suffix_minima()
+
+    def _twins(self) -> tuple[int | None, ...]:
+        """Per class the previous class interchangeable with it (same
+        slots, terms and transfers to and from every other class; two A100
+        nodes of one group), else None: swapping two such classes maps
+        every order to one of the same time, so :meth:`allowed` lets a
+        class start only after its twin has."""
+        def same(a: int, b: int) -> bool:
+            if self.sizes[a] != self.sizes[b] or not (np.array_equal(self.ok[a], self.ok[b])
+                                                    and np.array_equal(self.a0[a], self.a0[b])
+                                                    and np.array_equal(self.b0[a], self.b0[b])):
+                return False
+            others = [x for x in range(self.C) if x not in (a, b)]
+            return (np.array_equal(self.send[a, others], self.send[b, others])
+                    and np.array_equal(self.send[others, a], self.send[others, b])
+                    and np.array_equal(self.send[a, a], self.send[b, b])
+                    and np.array_equal(self.send[a, b], self.send[b, a]))
+        out: list[int | None] = [None] * self.C
+        for b in range(self.C):
+            out[b] = next((a for a in range(b - 1, -1, -1) if same(a, b)), None)
+        return tuple(out)
+
+    def allowed(self, node: "Prefix", c: int) -> bool:
+        """Whether rank ``len(node.classes)`` may take class ``c``: a slot
+        left, and its twin (:meth:`_twins`) already used if ``c`` is not."""
+        if node.left[c] == 0:
+            return False
+        a = self.twin_before[c]
+        return a is None or node.left[c] < self.sizes[c] or node.left[a] < self.sizes[a]
+
+    # -- the backward DP over (slots left, class, first layer) ---------------------------------------------
+
+    def _suffix_minima(self) -> None:
+        """``self.V[left]``: array ``(C, R, 2, L+1)``: for the stages from
+        ``S - (|left| - extra)`` on, the first on class ``c`` starting at
+        layer ``i``, with ``left`` slots per class available to them (the
+        first's included), per component row the least alpha sum ``[0]`` and
+        the least max part ``[1]`` over every class sequence and split
+        (``+inf`` where none)."""
+        L, S, C, R = self.L, self.S, self.C, len(self.names)
+        self.V: dict[tuple[int, ...], np.ndarray] = {}
+        vectors = [n for n in itertools.product(*(range(z + 1) for z in self.sizes))
+                   if 1 <= sum(n) - self.extra <= S]
+        vectors.sort(key=sum)
+        for left in vectors:
+            stages = sum(left) - self.extra
+            s = S - stages
+            out = np.full((C, R, 2, L + 1), np.inf)
+            for c in range(C):
+                if left[c] == 0:
+                    continue
+                rest = tuple(x - (k == c) for k, x in enumerate(left))
+                if stages == 1:
+                    nexts = [(C, None)]
+                else:
+                    nexts = [(c2, self.V[rest][c2]) for c2 in range(C) if rest[c2] > 0]
+                best = None
+                for c2, nxt in nexts:
+                    cand = self._combine(c, s, c2, nxt)
+                    best = cand if best is None else np.minimum(best, cand)
+                out[c] = best
+            self.V[left] = out
+
+    def _stage(self, c: int, s: int, c2: int):
+        """Terms of stage ``s`` on class ``c`` with its outgoing transfer to
+        class ``c2`` (``C``: none): ``alpha``, ``beta`` of shape ``(R, L+1,
+        W)`` (first layer, length - 1), ``+inf`` where the stage cannot be;
+        kept while they fit in :data:`MAX_TABLE_FLOATS`."""
+        key = (c, s, c2)
+        if key in self._stages:
+            return self._stages[key]
+        ok = self.ok[c, s]
+        sj = self.send[c, c2][self.J][None]
+        a = self.a0[c, s] + self.ka[s][:, None, None] * sj
+        b = self.b0[c, s] + self.kb[s][:, None, None] * sj
+        a = np.where(ok[None], a, np.inf)
+        b = np.where(ok[None], b, np.inf)
+        if (len(self._stages) + 1) * 2 * a.size <= MAX_TABLE_FLOATS:
+            self._stages[key] = (a, b)
+        return a, b
+
+    def _combine(self, c: int, s: int, c2: int, nxt) -> np.ndarray:
+        """``(R, 2, L+1)`` over the first layer ``i`` of stage ``s``: its
+        terms over ``[i, j)`` combined with the next state's values at ``j``
+        (``nxt`` ``(R, 2, L+1)``; None for the last stage), least over ``j``."""
+        L, R = self.L, len(self.names)
+        a, b = self._stage(c, s, c2)
+        if nxt is None:
+            na = np.full((R, L + 1), np.inf)
+            na[:, L] = 0.0
+            nm = np.full((R, L + 1), np.inf)
+            nm[:, L] = NEG
+        else:
+            na, nm = nxt[:, 0], nxt[:, 1]
+        out = np.empty((R, 2, L + 1))
+        na, nm = na[:, self.J], nm[:, self.J]  # (R, L+1, W) at each stage's end layer
+        out[:, 0] = (a + na).min(axis=2)
+        for q, n in enumerate(self.names):
+            kind = self.kind[n]
+            if kind == "sum":
+                out[q, 1] = out[q, 0]
+            elif kind == "max":
+                out[q, 1] = np.maximum(b[q], nm[q]).min(axis=1)
+            elif kind == "prefix":
+                out[q, 1] = np.maximum(b[q], a[q] + nm[q]).min(axis=1)
+            else:  # suffix: beta_k plus the least alpha sum after k, or the rest's maximum
+                out[q, 1] = np.maximum(b[q] + na[q], nm[q]).min(axis=1)
+        out[~np.isfinite(out[:, 0])[:, None, :].repeat(2, axis=1)] = np.inf
+        return out
+
+    # -- prefixes -------------------------------------------------------------------------------------------
+
+    def root(self) -> Prefix:
+        """The empty prefix (every order), bound the least over every first class."""
+        R, L = len(self.names), self.L
+        fwd = np.full((R, 2, L + 1), np.inf)
+        fwd[:, 0, 0] = 0.0
+        fwd[:, 1, 0] = NEG
+        return Prefix((), self.sizes, fwd, 0.0)
+
+    def extend(self, node: Prefix, c: int) -> Prefix:
+        """``node`` with class ``c`` for its next rank: the last rank's stage
+        joins the forward DP (its transfer to ``c`` now known) and the bound
+        is the least, over the first layer ``i`` of rank ``r`` (= ``len``),
+        of each family's prefix part at ``i`` combined with the suffix
+        minima of the classes left from ``(c, i)``; the max over families.
+        ``+inf`` when no split fits."""
+        r = len(node.classes)
+        left = tuple(x - (k == c) for k, x in enumerate(node.left))
+        fwd = node.fwd
+        if r > 0:
+            fwd = self._forward(node.classes[-1], r - 1, c, fwd)
+        V = self.V[node.left][c]
+        return Prefix(node.classes + (c,), left, fwd, self._bound(fwd, V))
+
+    def _forward(self, c: int, s: int, c2: int, fwd: np.ndarray) -> np.ndarray:
+        """The forward DP through stage ``s`` on class ``c`` (next class
+        ``c2``): ``(R, 2, L+1)`` over the stage's end layer."""
+        a, b = self._stage(c, s, c2)
+        pa, pm = fwd[:, 0][:, :, None], fwd[:, 1][:, :, None]  # (R, L+1, 1) at the first layer
+        cand = np.empty((2,) + a.shape)
+        cand[0] = pa + a
+        for q, n in enumerate(self.names):
+            kind = self.kind[n]
+            if kind == "sum":
+                cand[1, q] = cand[0, q]
+            elif kind == "max":
+                cand[1, q] = np.maximum(pm[q], b[q])
+            elif kind == "prefix":
+                cand[1, q] = np.maximum(pm[q], pa[q] + b[q])
+            else:
+                cand[1, q] = np.maximum(pm[q] + a[q], b[q])
+        L = self.L
+        out = np.full((2,) + fwd[:, 0].shape, np.inf)  # (2, R, L+1) over the end layer
+        for d in range(1, self.W + 1):  # ranges [i, i + d) end at i + d
+            np.minimum(out[:, :, d:], cand[:, :, :L + 1 - d, d - 1], out=out[:, :, d:])
+        out = out.transpose(1, 0, 2).copy()
+        out[~np.isfinite(out[:, 0])[:, None, :].repeat(2, axis=1)] = np.inf
+        return out
+
+    def _bound(self, fwd: np.ndarray, V: np.ndarray) -> float:
+        """The max over families of the least over the boundary layer of the
+        sum of their components, each the prefix part ``fwd`` joined with
+        the suffix part ``V`` (both ``(R, 2, L+1)``)."""
+        pa, pm, va, vm = fwd[:, 0], fwd[:, 1], V[:, 0], V[:, 1]
+        comp = np.empty_like(pa)
+        for q, n in enumerate(self.names):
+            kind = self.kind[n]
+            if kind == "sum":
+                comp[q] = pa[q] + va[q]
+            elif kind == "max":
+                comp[q] = np.maximum(pm[q], vm[q])
+            elif kind == "prefix":
+                comp[q] = np.maximum(pm[q], pa[q] + vm[q])
+            else:
+                comp[q] = np.maximum(pm[q] + va[q], vm[q])
+        feasible = np.isfinite(pa[0]) & np.isfinite(va[0])
+        best = NEG
+        for fam in self.fams:
+            total = sum(comp[self.row[n]] for _, n in fam)
+            total = np.where(feasible, total, np.inf)
+            best = max(best, float(total.min()))
+        return best
+
+
+def order_with(classes: Sequence[Sequence[int]], fixed: dict[int, int], pp: int) -> tuple[int, ...]:
+    """An order of ``pp`` slots with rank ``k`` on class ``fixed[k]`` for the
+    ranks given, the other ranks on the remaining slots in class order."""
+    used = [0] * len(classes)
+    seq: list[int | None] = [None] * pp
+    for k in sorted(fixed):
+        c = fixed[k]
+        seq[k] = classes[c][used[c]]
+        used[c] += 1
+    rest = iter(x for c, members in enumerate(classes) for x in members[used[c]:])
+    return tuple(x if x is not None else next(rest) for x in seq)
+
+
+def covering_orders(classes: Sequence[Sequence[int]], pp: int) -> list[tuple[int, ...]]:
+    """Orders that together put every class on every rank and every pair of
+    classes (twice the same class where it has two slots) on ranks 0, 1:
+    the donors of :func:`class_bounds`' terms. Deterministic."""
+    C = len(classes)
+    sizes = [len(c) for c in classes]
+    need = {(s, c) for s in range(pp) for c in range(C)}
+    orders = []
+    while need:
+        s0, c0 = min(need)
+        fixed, count = {s0: c0}, [0] * C
+        count[c0] = 1
+        for s in range(pp):
+            if s in fixed:
+                continue
+            for c in range(C):
+                if (s, c) in need and count[c] < sizes[c] and sum(sizes) - sum(count) > 0:
+                    fixed[s], count[c] = c, count[c] + 1
+                    break
+        order = order_with(classes, fixed, pp)
+        orders.append(order)
+        cls = class_of(classes)
+        need -= {(s, cls[x]) for s, x in enumerate(order)}
+    for c, c2 in itertools.product(range(C), range(C)):
+        if c != c2 or sizes[c] > 1:
+            orders.append(order_with(classes, {0: c, 1: c2}, pp))
+    return orders
+
+
+def class_of(classes: Sequence[Sequence[int]]) -> dict[int, int]:
+    """Slot -> its class index."""
+    return {x: c for c, members in enumerate(classes) for x in members}
+
+
+def class_bounds(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
+                 schedule: str, pp: int, cutoff_s: float = np.inf, only: Sequence[str] | None = None) -> ClassBounds:
+    """The :class:`ClassBounds` of a point from the cost terms of a few
+    orders (:func:`covering_orders`): stage ``s``'s terms on class ``c``
+    from an order with a slot of ``c`` on rank ``s``, the transfer between
+    two classes from an order with them on ranks 0 and 1 (a link depends
+    only on the two slots' nodes and groups)."""
+    cls = class_of(classes)
+    C = len(classes)
+    donors = [(o, costs_of(o)) for o in covering_orders(classes, pp)]
+    class_costs = [[None] * pp for _ in range(C)]
+    pair = {}
+    for order, costs in donors:
+        for s, x in enumerate(order):
+            if class_costs[cls[x]][s] is None:
+                class_costs[cls[x]][s] = costs
+        pair.setdefault((cls[order[0]], cls[order[1]]), costs)
+    L = donors[0][1].num_layers
+    j = np.arange(L + 1)
+
+    def send(c, c2):
+        return np.asarray(pair[c, c2].send_s(0, np.maximum(j, 1)), dtype=float)
+
+    return ClassBounds(class_costs, send, [len(c) for c in classes], schedule, pp, cutoff_s, only)

@@ -1,0 +1,127 @@
+"""The class bounds of pipesearch.order_bounds against brute force: every
+prefix of ranks' classes gets a bound at most the least simulated time
+(pipesearch.timemodel.simulate_times) over every order that starts with it
+and every split that fits; and one instance by hand."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import test_order_search as tos
+from pipesearch.order_bounds import class_bounds, covering_orders
+from pipesearch.order_search import best_order, count_vectors, orders_of_vector
+from pipesearch.placement import slot_classes, slot_heads
+from pipesearch.timemodel import simulate_times
+from pipesearch.types import Cluster, DeviceGroup, Job
+
+
+def _order_times(costs_of, classes, L: int, pp: int, m: int, schedule: str) -> dict:
+    """Least simulated time of every order up to swaps inside a class (inf
+    when no split fits), keyed by its class sequence."""
+    cls = {x: c for c, members in enumerate(classes) for x in members}
+    out = {}
+    for n in count_vectors([len(c) for c in classes], pp):
+        for order in orders_of_vector(classes, n):
+            costs = costs_of(order)
+            best = math.inf
+            for cut in itertools.combinations(range(1, L), pp - 1):
+                bounds = (0, *cut, L)
+                if costs.split_fits(bounds):
+                    best = min(best, simulate_times(schedule, pp, m, 1, costs.stage_times(bounds))[0])
+            out[tuple(cls[x] for x in order)] = best
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tos.instances())
+def test_every_prefix_bound_is_at_most_its_orders_optimum(inst):
+    """Random mixed clusters (2-3 types, 1-2 nodes each, memory often
+    binding, transfers up to 100 MB), GPipe / 1F1B / ZB-H1: for every
+    prefix of every class sequence, the bound of
+    ClassBounds.extend is at most the least simulated time of the orders
+    that start with it; with the cutoff at the optimum, the optimum's
+    prefixes stay below it. A wrong family (a path the schedule does not
+    have), a transfer counted on the wrong boundary, a suffix minimum that
+    skipped a class sequence, or a forward DP that lost a split would put a
+    bound above an order's time here."""
+    cluster, tp, pp, m, schedule, vp, prof = inst
+    L = prof.num_layers
+    if vp != 1 or pp > L or len(slot_heads(cluster, tp)) < pp:
+        return
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, tp, pp, m, schedule, 1)
+    classes = slot_classes(cluster, tp)
+    times = _order_times(costs_of, classes, L, pp, m, schedule)
+    oracle = min(times.values())
+    for cutoff in (math.inf, oracle * (1 + 1e-9)):
+        cb = class_bounds(classes, costs_of, schedule, pp, cutoff_s=cutoff)
+        nodes = {(): cb.root()}
+        for seq in sorted(times):
+            for r in range(1, pp + 1):
+                if seq[:r] not in nodes:
+                    nodes[seq[:r]] = cb.extend(nodes[seq[:r - 1]], seq[r - 1])
+        for prefix, node in nodes.items():
+            below = min(t for seq, t in times.items() if seq[:len(prefix)] == prefix)
+            if math.isfinite(below) and below < cutoff:
+                assert node.bound_s <= below * (1 + 1e-9), (prefix, node.bound_s, below)
+
+
+def test_bounds_by_hand():
+    """Two single-slot classes, a (scale 1) and b (half as fast, scale 2),
+    two layers of F = 1 s, B = 2 s on a, GPipe, m = 2, no bytes on the
+    link (latency 30 us). One layer per stage. Families at their least:
+    micro-batch 0 down and up 3 + 6 = 9 s; each rank from micro-batch 0's
+    arrival through its whole work: (a, b) max(6, 1 + 12) = 13 s, (b, a)
+    max(12, 2 + 6) = 12 s; so the bound of prefix (a) is 13 s, of (b) 12 s,
+    and best_order returns (b, a) (the slow rank first starts at once)."""
+    fast, slow = tos._spec("a", 300, 1000), tos._spec("b", 150, 1000)
+    cluster = Cluster("r", (DeviceGroup(fast, 1, 1), DeviceGroup(slow, 1, 1)), *tos.LINKS)
+    prof = tos._profile([3.0, 3.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0])
+    job = Job(global_batch_size=2, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, 1, 2, 2, "gpipe", 1)
+    classes = slot_classes(cluster, 1)
+    assert classes == [[0], [1]]
+    cb = class_bounds(classes, costs_of, "gpipe", 2)
+    lat = tos.LINKS[2].latency_s
+    assert cb.extend(cb.root(), 0).bound_s == pytest.approx(13.0 + lat, abs=1e-9)
+    assert cb.extend(cb.root(), 1).bound_s == pytest.approx(12.0, abs=1e-9)
+    found = best_order(classes, costs_of, "gpipe", 2)
+    times = _order_times(costs_of, classes, 2, 2, 2, "gpipe")
+    assert found.status == "OPTIMAL" and found.order == (1, 0)
+    assert found.iteration_time_s == pytest.approx(times[(1, 0)], rel=1e-12) == pytest.approx(min(times.values()))
+
+
+def test_twin_nodes_are_branched_once_and_donors_cover_every_rank():
+    """Two nodes of 2 b slots (one group) and one node of a: the two b
+    classes are twins (same slots, terms and links to a), so a prefix may
+    open the second b node only after the first; the covering orders put
+    every class on every rank. best_order equals brute force."""
+    a, b = tos._spec("a", 300, 1000), tos._spec("b", 100, 1000)
+    cluster = Cluster("r", (DeviceGroup(a, 1, 1), DeviceGroup(b, 2, 2)), *tos.LINKS)
+    prof = tos._profile([1e-3, 3e-3, 2e-3, 1e-3, 2e-3], [1e8] * 5, [0.0] * 5, [0.0] * 5)
+    job = Job(global_batch_size=4, memory_reserve_bytes=0)
+    pp, m = 4, 4
+    costs_of = tos._point(prof, cluster, job, 1, pp, m, "zb-h1", 1)
+    classes = slot_classes(cluster, 1)
+    assert [len(c) for c in classes] == [1, 2, 2]
+    cb = class_bounds(classes, costs_of, "zb-h1", pp)
+    assert cb.twin_before == (None, None, 1)
+    root = cb.root()
+    assert cb.allowed(root, 1) and not cb.allowed(root, 2)
+    assert cb.allowed(cb.extend(root, 1), 2)
+    cls = {x: c for c, members in enumerate(classes) for x in members}
+    covered = {(s, cls[x]) for o in covering_orders(classes, pp) for s, x in enumerate(o)}
+    assert covered == {(s, c) for s in range(pp) for c in range(3)}
+    times = _order_times(costs_of, classes, 5, pp, m, "zb-h1")
+    found = best_order(classes, costs_of, "zb-h1", pp, max_orders=10**6)
+    assert found.status == "OPTIMAL" and found.iteration_time_s == pytest.approx(min(times.values()), rel=1e-9)
+    # a cutoff below the optimum: nothing beats it (the one-family check or the full search proves it);
+    # just above it: the optimum
+    low = best_order(classes, costs_of, "zb-h1", pp, cutoff_s=min(times.values()) * 0.999)
+    assert low.status == "ABOVE_CUTOFF" and low.best_bound_s >= min(times.values()) * 0.999
+    high = best_order(classes, costs_of, "zb-h1", pp, cutoff_s=min(times.values()) * 1.001)
+    assert high.status == "OPTIMAL" and high.iteration_time_s == pytest.approx(min(times.values()), rel=1e-9)
