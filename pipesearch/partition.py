@@ -244,6 +244,8 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
     costs = band.costs
     L, P = costs.num_layers, costs.pp
     W = band.band_width(limit)
+    if W * (L + 1) > MAX_BAND_CELLS and _monotone_in_start(costs):
+        return _dp_crossing(band, mode, limit, strict)
     step = band.columns_per_block(W)
     prev = np.full(L + 1, _INF)
     prev[0] = 0.0 if mode == "sum" else -_INF
@@ -275,6 +277,223 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
         bounds.append(bounds[-1] - int(choice[s, bounds[-1]]))
     bounds.reverse()
     return float(value), tuple(bounds)
+
+
+# -- long chains: the same DP passes without a band (stage terms monotone in the start)
+#: values per block of :class:`_RangeArgmin` (its in-block scans take this many steps)
+ARGMIN_BLOCK = 16
+
+
+def _monotone_in_start(costs: PipelineCosts) -> bool:
+    """Whether every stage's ``a`` and ``b`` are nonincreasing in the start
+    ``i`` of ``[i, j)`` for a fixed end ``j``, also in floating point.
+
+    True without per-stage options and without overlapped data-parallel
+    communication, when the prefix sums are nondecreasing and every factor is
+    non-negative: ``a = scale (C[j] - C[i]) + p2p(j)`` and the all-reduce is
+    ``where(g > 0, g per + fixed, 0)`` of ``g = grad (P[j] - P[i])``; a
+    difference ``x - y`` rounds nonincreasing in ``y`` and products and sums
+    of non-negative numbers keep the order (IEEE rounding is monotone).
+    (With overlap the exposed part ``max(C / K, C - (1 - 1/K) W)`` can grow
+    as the stage shrinks; option choices change with the range.)"""
+    ov = costs.overlap
+    if costs.options is not None or (ov is not None and (ov.grad_reduce or ov.param_gather)):
+        return False
+    rising = all(bool(np.all(np.diff(p) >= 0)) for p in (costs.compute_prefix_s, costs.param_prefix_bytes))
+    factors = (costs.time_scale, costs.allreduce_s_per_byte, costs.allreduce_fixed_s,
+               np.array([costs.grad_bytes_per_param_byte, costs.gather_bytes_per_param_byte]))
+    return rising and costs.num_micro_batches >= 1 and all(bool(np.all(f >= 0)) for f in factors)
+
+
+class _RangeArgmin:
+    """Index of the smallest of ``values[lo:hi]``, the largest such index
+    among ties, for arrays of ranges at once; ``O(n)`` memory.
+
+    Blocks of :data:`ARGMIN_BLOCK` values keep each position's minimum up to
+    the end (suffix) and from the start (prefix) of its block; a sparse table
+    over the blocks' minima (``log2(n / B)`` levels) answers the whole blocks
+    between; a range inside one block is read whole. Preferring the later
+    index on ties in every part gives the largest minimizing index."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = v = np.asarray(values, dtype=float)
+        n, B = len(v), ARGMIN_BLOCK
+        nb = -(-n // B)
+        grid = np.full((nb, B), _INF)
+        grid.reshape(-1)[:n] = v
+        base = (np.arange(nb) * B)[:, None]
+        pre, suf = np.zeros((nb, B), dtype=np.int64), np.zeros((nb, B), dtype=np.int64)
+        best = grid[:, 0].copy()
+        for t in range(1, B):  # prefix: ties go to the later index
+            take = grid[:, t] <= best
+            pre[:, t] = np.where(take, t, pre[:, t - 1])
+            best = np.where(take, grid[:, t], best)
+        suf[:, B - 1] = B - 1
+        best = grid[:, B - 1].copy()
+        for t in range(B - 2, -1, -1):  # suffix: ties keep the later index
+            take = grid[:, t] < best
+            suf[:, t] = np.where(take, t, suf[:, t + 1])
+            best = np.where(take, grid[:, t], best)
+        last = n - 1  # padding is +inf: it wins only where every value is, and n - 1 is then as good
+        self.prefix = np.minimum((pre + base).reshape(-1)[:n], last)
+        self.suffix = np.minimum((suf + base).reshape(-1)[:n], last)
+        levels = [np.minimum(suf[:, 0] + base[:, 0], last)]  # each block's minimum
+        k = 1
+        while 2**k <= nb:  # levels[k][b]: the minimum of blocks [b, b + 2^k)
+            half, prev, size = 2 ** (k - 1), levels[-1], nb - 2**k + 1
+            a, b = prev[:size], prev[half:half + size]
+            levels.append(np.where(v[b] <= v[a], b, a))
+            k += 1
+        self.table = np.zeros((len(levels), nb), dtype=np.int64)
+        for k, level in enumerate(levels):
+            self.table[k, :len(level)] = level
+
+    def query(self, lo, hi) -> np.ndarray:
+        """Index of the minimum of ``values[lo:hi]`` (arrays, ``hi > lo``)."""
+        v, B = self.values, ARGMIN_BLOCK
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        bl, bh = lo // B, (hi - 1) // B
+        out = np.empty(len(lo), dtype=np.int64)
+        same = np.flatnonzero(bl == bh)
+        if len(same):  # read the block's part whole: the last smallest offset
+            l0, n0 = lo[same], hi[same] - lo[same]
+            offs = np.arange(B)
+            vals = v[np.minimum(l0[:, None] + offs, len(v) - 1)]
+            vals = np.where(offs < n0[:, None], vals, _INF)
+            pick = B - 1 - np.argmin(vals[:, ::-1], axis=1)
+            out[same] = l0 + np.minimum(pick, n0 - 1)
+        far = np.flatnonzero(bl != bh)
+        if len(far):
+            b1, b2 = bl[far] + 1, bh[far]  # whole blocks [b1, b2) between
+            span = np.maximum(b2 - b1, 1)
+            k = np.frexp(span)[1] - 1
+            mid = b2 > b1
+            best = self.suffix[lo[far]]
+            value = v[best]
+            for cand, use in ((self.table[k, np.minimum(b1, b2 - 1)], mid),
+                              (self.table[k, np.maximum(b2 - 2**k, 0)], mid),
+                              (self.prefix[hi[far] - 1], None)):
+                cv = v[cand]
+                take = cv <= value if use is None else (cv <= value) & use
+                best, value = np.where(take, cand, best), np.where(take, cv, value)
+            out[far] = best
+        return out
+
+
+def _first_true(pred, lo, hi):
+    """Smallest ``t`` in ``[lo, hi)`` with ``pred(t, sel)`` true, ``hi``
+    where none is (arrays; ``pred`` nondecreasing in ``t``, evaluated on the
+    entries ``sel`` still open)."""
+    lo, hi = lo.copy(), hi.copy()
+    while True:
+        sel = np.flatnonzero(lo < hi)
+        if not len(sel):
+            return lo
+        mid = (lo[sel] + hi[sel]) // 2
+        ok = pred(mid, sel)
+        hi[sel] = np.where(ok, mid, hi[sel])
+        lo[sel] = np.where(ok, lo[sel], mid + 1)
+
+
+def _dp_crossing(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
+    """:func:`_dp` without a band, for stage terms nonincreasing in the start
+    (:func:`_monotone_in_start`); the same value and, among equal values,
+    the same choice (the largest start).
+
+    Stage ``s`` ending at ``j`` may start at ``i`` in ``[f_j, j)``, ``f_j``
+    its first fitting start (:func:`_fit_starts`). ``mode="max"``: with
+    ``g(t)`` the minimum of ``dp_{s-1}`` over ``[t, j)`` (nondecreasing in
+    ``t``) and ``b(t, j)`` nonincreasing in ``t``, ``min_i max(dp_{s-1}(i),
+    b(i, j)) = min_t max(g(t), b(t, j))`` is taken at the crossing ``t*``
+    (the first ``t`` with ``g(t) >= b(t, j)``) or just before it: a binary
+    search over ``t``; the split goes back through the largest ``i`` with
+    ``dp_{s-1}(i)`` at most the value. ``mode="sum"``: ``b <= limit`` holds
+    on a suffix ``[t_j, j)`` of starts (a binary search), and there
+    ``dp_{s-1}(i) + a(i, j)`` is ``dp_{s-1}(i) - scale C[i]`` plus terms of
+    ``j``: a range minimum (:class:`_RangeArgmin`; the sum of the chosen
+    start is then evaluated as :func:`_dp` does). In real arithmetic both
+    equal :func:`_dp`; the sum's choice among starts whose sums differ only
+    by rounding may differ. Work ``O(P L log L)``, memory ``O(P L)``."""
+    costs = band.costs
+    L, P = costs.num_layers, costs.pp
+    prev = np.full(L + 1, _INF)
+    prev[0] = 0.0 if mode == "sum" else -_INF
+    table = np.full((P + 1, L + 1), _INF)
+    table[0] = prev
+    choice = np.zeros((P, L + 1), dtype=np.int64) if mode == "sum" else None
+    for s in range(P):
+        first, end = (L, L + 1) if s == P - 1 else (s + 1, L - (P - 1 - s) + 1)
+        j = np.arange(first, end)
+        f = np.maximum(band.fit_starts(s, L, first, end), s)  # stage s starts at s or later
+        cur = np.full(L + 1, _INF)
+        if mode == "max":
+            values = _max_stage(costs, s, prev, j, f)
+            value_ok = (values < limit) if strict else (values <= limit)
+            cur[j] = np.where(value_ok, values, _INF)
+        else:
+            lo = _limit_starts(costs, s, j, f, limit, strict)
+            live = np.flatnonzero(lo < j)
+            if len(live):
+                jj = j[live]
+                i = _RangeArgmin(prev - costs.time_scale[s] * costs.compute_prefix_s).query(lo[live], jj)
+                a, _ = _terms(costs, s, i, jj)
+                cur[jj] = prev[i] + a
+                choice[s, jj] = jj - i
+        prev = cur
+        table[s + 1] = cur
+    value = prev[L]
+    if not np.isfinite(value):
+        return _INF, None
+    bounds = [L]
+    for s in range(P - 1, -1, -1):
+        end = bounds[-1]
+        if mode == "sum":
+            bounds.append(end - int(choice[s, end]))
+        else:  # the largest start whose prefix is within the value (every term then is)
+            bounds.append(int(np.flatnonzero(table[s, :end] <= table[s + 1, end])[-1]))
+    bounds.reverse()
+    return float(value), tuple(bounds)
+
+
+def _max_stage(costs: PipelineCosts, s: int, prev, j, f):
+    """``min_{f <= i < j} max(prev[i], b_s(i, j))`` for every end ``j``
+    (:func:`_dp_crossing`); ``inf`` where ``f >= j``."""
+    out = np.full(len(j), _INF)
+    live = np.flatnonzero(f < j)
+    if not len(live):
+        return out
+    jl, fl = j[live], f[live]
+    rmq = _RangeArgmin(prev)
+
+    def crossed(t, sel):
+        g = prev[rmq.query(t, jl[sel])]
+        return g >= _terms(costs, s, t, jl[sel])[1]
+
+    t = _first_true(crossed, fl, jl)
+    best = np.full(len(jl), _INF)
+    at = np.flatnonzero(t < jl)  # at the crossing: the range minimum
+    if len(at):
+        best[at] = np.maximum(prev[rmq.query(t[at], jl[at])], _terms(costs, s, t[at], jl[at])[1])
+    before = np.flatnonzero(t > fl)  # just before it: the stage's own term
+    if len(before):
+        tb = t[before] - 1
+        cand = np.maximum(prev[rmq.query(tb, jl[before])], _terms(costs, s, tb, jl[before])[1])
+        best[before] = np.minimum(best[before], cand)
+    out[live] = best
+    return out
+
+
+def _limit_starts(costs: PipelineCosts, s: int, j, f, limit: float, strict: bool):
+    """For every end ``j``, the first start ``t >= f`` with ``b_s(t, j)``
+    within ``limit`` (``< limit`` when ``strict``), ``j`` where none is."""
+    if not np.isfinite(limit) and not strict:
+        return np.minimum(f, j)
+
+    def within(t, sel):
+        b = _terms(costs, s, t, j[sel])[1]
+        return (b < limit) if strict else (b <= limit)
+
+    return _first_true(within, np.minimum(f, j), j)
 
 
 def _bottleneck(costs: PipelineCosts, bounds) -> float:
