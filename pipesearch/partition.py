@@ -380,17 +380,51 @@ class _RangeArgmin:
         return out
 
 
+#: entries apart of the ones :func:`_first_true` searches first
+SEARCH_STRIDE = 64
+
+
 def _first_true(pred, lo, hi):
     """Smallest ``t`` in ``[lo, hi)`` with ``pred(t, sel)`` true, ``hi``
-    where none is (arrays; ``pred`` nondecreasing in ``t``, evaluated on the
-    entries ``sel`` still open)."""
+    where none is (arrays over entries ordered by stage end; ``pred``
+    nondecreasing in ``t``, evaluated on the entries ``sel``).
+
+    Every :data:`SEARCH_STRIDE`-th entry is searched over its whole range
+    first; each entry then starts from the range between its two searched
+    neighbours' answers, when ``pred`` is true at its top and false just
+    below its bottom (so the answer is inside), else from its whole range:
+    the same answers, with ``log`` of a neighbourhood's spread in place of
+    ``log`` of the range for most entries."""
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    n = len(lo)
+    if n <= 4 * SEARCH_STRIDE:  # few entries: bisect them all
+        return _bisect(pred, lo, hi, np.arange(n))
+    sample = np.unique(np.append(np.arange(0, n, SEARCH_STRIDE), n - 1))
+    found = _bisect(pred, lo[sample], hi[sample], sample)
+    k = np.searchsorted(sample, np.arange(n), "right") - 1
+    nxt = np.minimum(k + 1, len(sample) - 1)
+    a, b = np.minimum(found[k], found[nxt]), np.maximum(found[k], found[nxt])
+    blo, bhi = np.clip(a, lo, hi), np.clip(b, lo, hi)
+    ok = np.ones(n, dtype=bool)
+    top = np.flatnonzero(bhi < hi)  # the answer is at or below bhi when pred(bhi) holds
+    if len(top):
+        ok[top] &= pred(bhi[top], top)
+    bottom = np.flatnonzero((blo > lo) & ok)  # and at or above blo when pred(blo - 1) does not
+    if len(bottom):
+        ok[bottom] &= ~pred(blo[bottom] - 1, bottom)
+    return _bisect(pred, np.where(ok, blo, lo), np.where(ok, bhi, hi), np.arange(n))
+
+
+def _bisect(pred, lo, hi, entries):
+    """:func:`_first_true` by plain bisection; ``entries`` names the
+    entries of ``lo`` / ``hi`` for ``pred``."""
     lo, hi = lo.copy(), hi.copy()
     while True:
         sel = np.flatnonzero(lo < hi)
         if not len(sel):
             return lo
         mid = (lo[sel] + hi[sel]) // 2
-        ok = pred(mid, sel)
+        ok = pred(mid, entries[sel])
         hi[sel] = np.where(ok, mid, hi[sel])
         lo[sel] = np.where(ok, lo[sel], mid + 1)
 

@@ -35,6 +35,16 @@ def crossing(monkeypatch):
 
 
 @contextlib.contextmanager
+def _stride(stride):
+    old = partition.SEARCH_STRIDE
+    partition.SEARCH_STRIDE = stride
+    try:
+        yield
+    finally:
+        partition.SEARCH_STRIDE = old
+
+
+@contextlib.contextmanager
 def _band_free():
     """:func:`crossing` for hypothesis tests (no function-scoped fixture)."""
     old = partition.MAX_BAND_CELLS
@@ -67,8 +77,11 @@ def test_crossing_equals_banded_dp_exactly_with_ties(spec):
     costs = spec.costs()
     assert _monotone_in_start(costs)
     for mode, limit, strict in _passes(costs):
-        assert _dp_crossing(_Band(costs), mode, limit, strict) == _dp(_Band(costs), mode, limit, strict), (
-            mode, limit, strict)
+        want = _dp(_Band(costs), mode, limit, strict)
+        assert _dp_crossing(_Band(costs), mode, limit, strict) == want, (mode, limit, strict)
+        for stride in (1, 2):  # entries start from their neighbours' answers
+            with _stride(stride):
+                assert _dp_crossing(_Band(costs), mode, limit, strict) == want, (mode, limit, strict, stride)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -120,11 +133,14 @@ def test_long_chain_without_band_equals_exhaustive(crossing, seed):
                        capacity=float(params.sum()) * 4 / P * 1.6, link_bandwidth=tuple(rng.uniform(1e9, 1e10, P)),
                        allreduce_per_byte=tuple(rng.uniform(0, 3e-9, P)), allreduce_fixed=1e-4,
                        time_scale=tuple(rng.choice([1.0, 0.5, 2.0], P)))
-    got, want = optimal_split(costs), exhaustive_split(costs)
-    assert (got is None) == (want is None)
-    if want is not None:
-        assert got.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
-        assert got.iteration_time_s >= want.iteration_time_s
+    want = exhaustive_split(costs)
+    for stride in (64, 2, 1):
+        with _stride(stride):
+            got = optimal_split(costs)
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
+            assert got.iteration_time_s >= want.iteration_time_s
 
 
 def test_two_thousand_layers_band_free_equals_banded():
