@@ -220,17 +220,11 @@ def _fit_starts(c: PipelineCosts, s: int, width: int | None = None, lo: int = 0,
     prefix-sum differences scaled by non-negative factors, each
     non-increasing in ``i`` also in floating point (rounding is monotone), so
     ``[i, j)`` fits exactly when ``i`` is at least this start; a vectorized
-    binary search over ``i`` finds it in ``O(L log width)``."""
+    search over ``i`` (:func:`_first_true`) finds it in ``O(L log width)``."""
     j = np.arange(lo, c.num_layers + 1 if hi is None else hi)
     lo = np.zeros(len(j), dtype=np.int64) if width is None else np.maximum(j - width, 0)
-    hi = j + 1  # the answer lies in [lo, hi]
-    while True:
-        open_ = lo < hi
-        if not open_.any():
-            return lo
-        mid = (lo + hi) // 2  # < hi <= j + 1 where open
-        ok = _stage_fits(c, s, np.minimum(mid, j), j)
-        hi, lo = np.where(open_ & ok, mid, hi), np.where(open_ & ~ok, mid + 1, lo)
+    # the answer lies in [lo, j + 1]; every start searched is at most j
+    return _first_true(lambda i, sel: _stage_fits(c, s, i, j[sel]), lo, j + 1)
 
 
 def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
@@ -390,29 +384,48 @@ def _first_true(pred, lo, hi):
     nondecreasing in ``t``, evaluated on the entries ``sel``).
 
     Every :data:`SEARCH_STRIDE`-th entry is searched over its whole range
-    first; each entry then starts from the range between its two searched
-    neighbours' answers, when ``pred`` is true at its top and false just
-    below its bottom (so the answer is inside), else from its whole range:
-    the same answers, with ``log`` of a neighbourhood's spread in place of
-    ``log`` of the range for most entries."""
+    first. Each other entry then starts from a few places around the value
+    interpolated between its two searched neighbours' answers, else from
+    the range between those answers, else from its whole range: the first
+    of these with ``pred`` true at its top and false just below its bottom
+    (so the answer is inside). The same answers, with a few steps in place
+    of ``log`` of the range for most entries."""
     lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
     n = len(lo)
     if n <= 4 * SEARCH_STRIDE:  # few entries: bisect them all
         return _bisect(pred, lo, hi, np.arange(n))
     sample = np.unique(np.append(np.arange(0, n, SEARCH_STRIDE), n - 1))
     found = _bisect(pred, lo[sample], hi[sample], sample)
-    k = np.searchsorted(sample, np.arange(n), "right") - 1
+    e = np.arange(n)
+    k = np.searchsorted(sample, e, "right") - 1
     nxt = np.minimum(k + 1, len(sample) - 1)
-    a, b = np.minimum(found[k], found[nxt]), np.maximum(found[k], found[nxt])
-    blo, bhi = np.clip(a, lo, hi), np.clip(b, lo, hi)
-    ok = np.ones(n, dtype=bool)
-    top = np.flatnonzero(bhi < hi)  # the answer is at or below bhi when pred(bhi) holds
+    a, b = found[k], found[nxt]
+    gap = np.maximum(sample[nxt] - sample[k], 1)
+    guess = a + ((b - a) * (e - sample[k])) // gap
+    blo, bhi = lo.copy(), hi.copy()
+    todo = e
+    for low, high in ((guess - 2, guess + 2), (np.minimum(a, b), np.maximum(a, b))):
+        low, high = np.clip(low[todo], lo[todo], hi[todo]), np.clip(high[todo], lo[todo], hi[todo])
+        ok = _brackets(pred, todo, lo[todo], hi[todo], low, high)
+        blo[todo[ok]], bhi[todo[ok]] = low[ok], high[ok]
+        todo = todo[~ok]
+        if not len(todo):
+            break
+    return _bisect(pred, blo, bhi, e)
+
+
+def _brackets(pred, entries, lo, hi, low, high):
+    """Whether the answer of each entry lies in ``[low, high]``: ``pred``
+    true at ``high`` (or ``high`` is ``hi``) and false at ``low - 1`` (or
+    ``low`` is ``lo``)."""
+    ok = np.ones(len(entries), dtype=bool)
+    top = np.flatnonzero(high < hi)
     if len(top):
-        ok[top] &= pred(bhi[top], top)
-    bottom = np.flatnonzero((blo > lo) & ok)  # and at or above blo when pred(blo - 1) does not
+        ok[top] = pred(high[top], entries[top])
+    bottom = np.flatnonzero((low > lo) & ok)
     if len(bottom):
-        ok[bottom] &= ~pred(blo[bottom] - 1, bottom)
-    return _bisect(pred, np.where(ok, blo, lo), np.where(ok, bhi, hi), np.arange(n))
+        ok[bottom] = ~pred(low[bottom] - 1, entries[bottom])
+    return ok
 
 
 def _bisect(pred, lo, hi, entries):
