@@ -636,11 +636,14 @@ def balanced_split(weights, pp: int) -> tuple[int, ...]:
     choice = np.zeros((pp, L + 1), dtype=np.int64)
     for s in range(pp):
         cur = np.full(L + 1, _INF)
-        for j in range(s + 1, L - (pp - 1 - s) + 1):
-            i = np.arange(s, j)
-            cand = np.maximum(prev[i], prefix[j] - prefix[i])
-            k = int(np.argmin(cand))
-            cur[j], choice[s, j] = cand[k], i[k]
+        ends = np.arange(s + 1, L - (pp - 1 - s) + 1)
+        i = np.arange(s, L)
+        step = max(1, 2**20 // max(len(i), 1))  # end layers per block of (end, start) cells
+        for lo in range(0, len(ends), step):
+            j = ends[lo:lo + step, None]
+            cand = np.where(i[None, :] < j, np.maximum(prev[i][None, :], prefix[j] - prefix[i][None, :]), _INF)
+            k = np.argmin(cand, axis=1)  # the first (smallest start) among ties, as a scan over starts
+            cur[j[:, 0]], choice[s, j[:, 0]] = cand[np.arange(len(k)), k], i[k]
         prev = cur
     bounds = [L]
     for s in range(pp - 1, -1, -1):

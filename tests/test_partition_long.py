@@ -198,3 +198,39 @@ def test_range_argmin_is_the_last_smallest(values, block):
         partition.ARGMIN_BLOCK = old
     want = [b - 1 - int(np.argmin(v[a:b][::-1])) for a, b in zip(lo, hi)]
     assert got.tolist() == want
+
+
+def _balanced_by_scan(weights, pp):
+    """The min-max DP written as a scan over every start of every stage end
+    (the smallest start among ties)."""
+    w = [float(x) for x in weights]
+    L = len(w)
+    prefix = [0.0]
+    for x in w:
+        prefix.append(prefix[-1] + x)
+    prev = [math.inf] * (L + 1)
+    prev[0] = -math.inf
+    choice = [[0] * (L + 1) for _ in range(pp)]
+    for s in range(pp):
+        cur = [math.inf] * (L + 1)
+        for j in range(s + 1, L - (pp - 1 - s) + 1):
+            best, arg = math.inf, None
+            for i in range(s, j):
+                c = max(prev[i], prefix[j] - prefix[i])
+                if arg is None or c < best:
+                    best, arg = c, i
+            cur[j], choice[s][j] = best, arg
+        prev = cur
+    bounds = [L]
+    for s in range(pp - 1, -1, -1):
+        bounds.append(choice[s][bounds[-1]])
+    return tuple(reversed(bounds))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0, 2.0, 0.5, 3.0]), min_size=1, max_size=24), st.integers(1, 6))
+def test_balanced_split_is_the_scan_with_its_ties(weights, pp):
+    from pipesearch.partition import balanced_split
+
+    pp = min(pp, len(weights))
+    assert balanced_split(weights, pp) == _balanced_by_scan(weights, pp)
