@@ -35,6 +35,16 @@ layer's earliest start, and a binary search the exact one), and at stage
 ``s`` only at the end layers a split of stages no longer than the band can
 reach (``L - (P-1-s) W <= j <= (s+1) W``): the work is at most
 ``O(P * L * W)`` for a band of width ``W`` rather than ``O(P * L^2)``.
+
+Long chains (a band over :data:`MAX_BAND_CELLS` cells) whose stage terms are
+nonincreasing in the stage's start (:func:`_monotone_in_start`) run each
+pass without a band (:func:`_dp_crossing`): the min-max value at an end
+layer is where the best prefix over a range of starts (nondecreasing in the
+range's first start) crosses the stage's own term (nonincreasing in it), a
+binary search; the min-sum over the starts a limit allows is a range
+minimum, since a stage's sum term is a prefix-sum difference plus a term of
+its end. ``O(P L log L)`` work, ``O(P L)`` memory, the banded passes'
+values and choices (tests/test_partition_long.py).
 """
 
 from __future__ import annotations
