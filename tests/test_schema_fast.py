@@ -63,7 +63,7 @@ def test_fast_check_reports_what_the_plain_check_reports(doc, data):
         plan = data.draw(st.sampled_from(mutated["plans"]))
         stage = data.draw(st.sampled_from(plan["stages"]))
         what = data.draw(st.sampled_from(["name", "number", "names_type"]))
-        if what == "name" and stage["layer_names"]:
+        if what == "name" and isinstance(stage["layer_names"], list) and stage["layer_names"]:
             k = data.draw(st.integers(0, len(stage["layer_names"]) - 1))
             stage["layer_names"][k] = data.draw(st.sampled_from(_BAD))
         elif what == "number":
