@@ -351,6 +351,31 @@ class _RangeArgmin:
         self.table = np.zeros((len(levels), nb), dtype=np.int64)
         for k, level in enumerate(levels):
             self.table[k, :len(level)] = level
+        self.log2 = np.frexp(np.arange(nb + 1))[1] - 1  # floor(log2(x)) of block counts
+        # the values at those indices, for range minima without the index (min_of)
+        self.suffix_values, self.prefix_values = v[self.suffix], v[self.prefix]
+        self.table_values = v[self.table].reshape(-1)
+
+    def min_of(self, lo, hi) -> np.ndarray:
+        """``values[lo:hi].min()`` for arrays of ranges (``hi > lo``): the
+        value at :meth:`query`'s index, without tracking the index."""
+        v, B, nb = self.values, ARGMIN_BLOCK, self.table.shape[1]
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        bl, bh = lo // B, (hi - 1) // B
+        b1, b2 = bl + 1, bh
+        mid = b2 > b1
+        k = self.log2[np.maximum(b2 - b1, 1)]
+        whole = np.minimum(self.table_values[k * nb + np.minimum(b1, nb - 1)],
+                           self.table_values[k * nb + np.maximum(b2 - 2**k, 0)])
+        out = np.minimum(np.minimum(self.suffix_values[lo], self.prefix_values[hi - 1]),
+                         np.where(mid, whole, _INF))
+        same = np.flatnonzero(bl == bh)
+        if len(same):  # one block: its part read whole
+            l0, n0 = lo[same], hi[same] - lo[same]
+            offs = np.arange(B)
+            vals = np.where(offs < n0[:, None], v[np.minimum(l0[:, None] + offs, len(v) - 1)], _INF)
+            out[same] = vals.min(axis=1)
+        return out
 
     def query(self, lo, hi) -> np.ndarray:
         """Index of the minimum of ``values[lo:hi]`` (arrays, ``hi > lo``)."""
@@ -523,18 +548,17 @@ def _max_stage(costs: PipelineCosts, s: int, prev, j, f):
     rmq = _RangeArgmin(prev)
 
     def crossed(t, sel):
-        g = prev[rmq.query(t, jl[sel])]
-        return g >= _terms(costs, s, t, jl[sel])[1]
+        return rmq.min_of(t, jl[sel]) >= _terms(costs, s, t, jl[sel])[1]
 
     t = _first_true(crossed, fl, jl)
     best = np.full(len(jl), _INF)
     at = np.flatnonzero(t < jl)  # at the crossing: the range minimum
     if len(at):
-        best[at] = np.maximum(prev[rmq.query(t[at], jl[at])], _terms(costs, s, t[at], jl[at])[1])
+        best[at] = np.maximum(rmq.min_of(t[at], jl[at]), _terms(costs, s, t[at], jl[at])[1])
     before = np.flatnonzero(t > fl)  # just before it: the stage's own term
     if len(before):
         tb = t[before] - 1
-        cand = np.maximum(prev[rmq.query(tb, jl[before])], _terms(costs, s, tb, jl[before])[1])
+        cand = np.maximum(rmq.min_of(tb, jl[before]), _terms(costs, s, tb, jl[before])[1])
         best[before] = np.minimum(best[before], cand)
     out[live] = best
     return out

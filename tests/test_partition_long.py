@@ -193,11 +193,13 @@ def test_range_argmin_is_the_last_smallest(values, block):
         v = np.asarray(values)
         n = len(v)
         lo, hi = np.array([(a, b) for a in range(n) for b in range(a + 1, n + 1)]).T
-        got = _RangeArgmin(v).query(lo, hi)
+        rmq = _RangeArgmin(v)
+        got, got_min = rmq.query(lo, hi), rmq.min_of(lo, hi)
     finally:
         partition.ARGMIN_BLOCK = old
     want = [b - 1 - int(np.argmin(v[a:b][::-1])) for a, b in zip(lo, hi)]
     assert got.tolist() == want
+    assert got_min.tolist() == [float(v[a:b].min()) for a, b in zip(lo, hi)]
 
 
 def _balanced_by_scan(weights, pp):
