@@ -577,6 +577,9 @@ def _simultaneous_in_flight(ranks, held_after_input: float) -> tuple[float, ...]
     n = 1 + max((s for seq in ranks for _, s in seq), default=-1)
     out = [0.0] * n
     for seq in ranks:
+        if seq and seq[0][0] == "F" and all(s == seq[0][1] for _, s in seq):
+            out[seq[0][1]] = _one_stage_peak([k for k, _ in seq], held_after_input)
+            continue
         cur: dict[int, float] = {}
         best, at = -1.0, {}
         for kind, stage in seq:
@@ -594,6 +597,25 @@ def _simultaneous_in_flight(ranks, held_after_input: float) -> tuple[float, ...]
         for stage, count in at.items():
             out[stage] = count
     return tuple(out)
+
+
+def _one_stage_peak(kinds, held_after_input: float) -> float:
+    """:func:`_simultaneous_in_flight` of a rank running one stage, its
+    first action an ``F``: the same float operations on one count (the
+    rank's total is that count) without the per-action dictionary."""
+    x, best, at = 0.0, -1.0, 0.0
+    for kind in kinds:
+        if kind == "F":
+            x = x + 1.0
+        elif kind == "I":
+            x -= 1.0 - held_after_input
+        elif kind == "W":
+            x -= held_after_input
+        elif kind == "B":
+            x -= 1.0
+        if x > best + 1e-12:
+            best, at = x, x
+    return at
 
 
 def format_order(actions: Sequence[Sequence[Action]], limit: int = 40) -> str:
