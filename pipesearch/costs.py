@@ -860,8 +860,24 @@ def zero_bubble_counts(pp: int, num_micro_batches: int) -> tuple[np.ndarray, np.
 
 @lru_cache(maxsize=64)
 def _zero_bubble_counts(pp: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The count states in closed form (``m >= pp``; else the schedule's
+    own walk, which refuses it). Rank ``r`` of ZB-H1 (:func:`pipesearch.
+    schedules.zb_h1`) runs ``w = pp - 1 - r`` warm-up forwards; at the start
+    of step ``j`` it has run ``w + j`` forwards (while ``w + j < m``), ``j``
+    input gradients and ``max(0, j - r)`` weight gradients, so it holds
+    ``(w, min(j, r))``; the step's ``F`` makes it ``(w + 1, min(j, r))`` and
+    its ``I`` ``(w, min(j, r) + 1)``. Step ``j = r`` (it has an ``F``: ``w +
+    r < m``) reaches ``(pp - r, r)`` and ``(pp - r - 1, r + 1)``; every other
+    state (warm-up, other steps, the steps without ``F`` after ``m - w``
+    where ``a <= w - 1``, the closing ``W``) lies below one of them in both
+    counts. tests/test_costs_zero_bubble.py checks this against the walk."""
     from .schedules import build, wgrad_states
 
+    if m >= pp >= 1:
+        r = np.arange(pp, dtype=float)
+        A, B = np.stack([pp - r - 1, pp - r], axis=1), np.stack([r + 1, r], axis=1)
+        A.flags.writeable = B.flags.writeable = False
+        return A, B
     states = wgrad_states(build("zb-h1", pp, m, 1))
     Q = max(len(x) for x in states)
     A, B = np.zeros((pp, Q)), np.zeros((pp, Q))

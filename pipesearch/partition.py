@@ -35,6 +35,16 @@ layer's earliest start, and a binary search the exact one), and at stage
 ``s`` only at the end layers a split of stages no longer than the band can
 reach (``L - (P-1-s) W <= j <= (s+1) W``): the work is at most
 ``O(P * L * W)`` for a band of width ``W`` rather than ``O(P * L^2)``.
+
+Long chains (a band over :data:`MAX_BAND_CELLS` cells) whose stage terms are
+nonincreasing in the stage's start (:func:`_monotone_in_start`) run each
+pass without a band (:func:`_dp_crossing`): the min-max value at an end
+layer is where the best prefix over a range of starts (nondecreasing in the
+range's first start) crosses the stage's own term (nonincreasing in it), a
+binary search; the min-sum over the starts a limit allows is a range
+minimum, since a stage's sum term is a prefix-sum difference plus a term of
+its end. ``O(P L log L)`` work, ``O(P L)`` memory, the banded passes'
+values and choices (tests/test_partition_long.py).
 """
 
 from __future__ import annotations
@@ -220,17 +230,11 @@ def _fit_starts(c: PipelineCosts, s: int, width: int | None = None, lo: int = 0,
     prefix-sum differences scaled by non-negative factors, each
     non-increasing in ``i`` also in floating point (rounding is monotone), so
     ``[i, j)`` fits exactly when ``i`` is at least this start; a vectorized
-    binary search over ``i`` finds it in ``O(L log width)``."""
+    search over ``i`` (:func:`_first_true`) finds it in ``O(L log width)``."""
     j = np.arange(lo, c.num_layers + 1 if hi is None else hi)
     lo = np.zeros(len(j), dtype=np.int64) if width is None else np.maximum(j - width, 0)
-    hi = j + 1  # the answer lies in [lo, hi]
-    while True:
-        open_ = lo < hi
-        if not open_.any():
-            return lo
-        mid = (lo + hi) // 2  # < hi <= j + 1 where open
-        ok = _stage_fits(c, s, np.minimum(mid, j), j)
-        hi, lo = np.where(open_ & ok, mid, hi), np.where(open_ & ~ok, mid + 1, lo)
+    # the answer lies in [lo, j + 1]; every start searched is at most j
+    return _first_true(lambda i, sel: _stage_fits(c, s, i, j[sel]), lo, j + 1)
 
 
 def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
@@ -244,6 +248,8 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
     costs = band.costs
     L, P = costs.num_layers, costs.pp
     W = band.band_width(limit)
+    if W * (L + 1) > MAX_BAND_CELLS and _monotone_in_start(costs):
+        return _dp_crossing(band, mode, limit, strict)
     step = band.columns_per_block(W)
     prev = np.full(L + 1, _INF)
     prev[0] = 0.0 if mode == "sum" else -_INF
@@ -275,6 +281,300 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
         bounds.append(bounds[-1] - int(choice[s, bounds[-1]]))
     bounds.reverse()
     return float(value), tuple(bounds)
+
+
+# -- long chains: the same DP passes without a band (stage terms monotone in the start)
+#: values per block of :class:`_RangeArgmin` (its in-block scans take this many steps)
+ARGMIN_BLOCK = 16
+
+
+def _monotone_in_start(costs: PipelineCosts) -> bool:
+    """Whether every stage's ``a`` and ``b`` are nonincreasing in the start
+    ``i`` of ``[i, j)`` for a fixed end ``j``, also in floating point.
+
+    True without per-stage options and without overlapped data-parallel
+    communication, when the prefix sums are nondecreasing and every factor is
+    non-negative: ``a = scale (C[j] - C[i]) + p2p(j)`` and the all-reduce is
+    ``where(g > 0, g per + fixed, 0)`` of ``g = grad (P[j] - P[i])``; a
+    difference ``x - y`` rounds nonincreasing in ``y`` and products and sums
+    of non-negative numbers keep the order (IEEE rounding is monotone).
+    (With overlap the exposed part ``max(C / K, C - (1 - 1/K) W)`` can grow
+    as the stage shrinks; option choices change with the range.)"""
+    ov = costs.overlap
+    if costs.options is not None or (ov is not None and (ov.grad_reduce or ov.param_gather)):
+        return False
+    rising = all(bool(np.all(np.diff(p) >= 0)) for p in (costs.compute_prefix_s, costs.param_prefix_bytes))
+    factors = (costs.time_scale, costs.allreduce_s_per_byte, costs.allreduce_fixed_s,
+               np.array([costs.grad_bytes_per_param_byte, costs.gather_bytes_per_param_byte]))
+    return rising and costs.num_micro_batches >= 1 and all(bool(np.all(f >= 0)) for f in factors)
+
+
+class _RangeArgmin:
+    """Index of the smallest of ``values[lo:hi]``, the largest such index
+    among ties, for arrays of ranges at once; ``O(n)`` memory.
+
+    Blocks of :data:`ARGMIN_BLOCK` values keep each position's minimum up to
+    the end (suffix) and from the start (prefix) of its block; a sparse table
+    over the blocks' minima (``log2(n / B)`` levels) answers the whole blocks
+    between; a range inside one block is read whole. Preferring the later
+    index on ties in every part gives the largest minimizing index."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = v = np.asarray(values, dtype=float)
+        n, B = len(v), ARGMIN_BLOCK
+        nb = -(-n // B)
+        grid = np.full((nb, B), _INF)
+        grid.reshape(-1)[:n] = v
+        base = (np.arange(nb) * B)[:, None]
+        pre, suf = np.zeros((nb, B), dtype=np.int64), np.zeros((nb, B), dtype=np.int64)
+        best = grid[:, 0].copy()
+        for t in range(1, B):  # prefix: ties go to the later index
+            take = grid[:, t] <= best
+            pre[:, t] = np.where(take, t, pre[:, t - 1])
+            best = np.where(take, grid[:, t], best)
+        suf[:, B - 1] = B - 1
+        best = grid[:, B - 1].copy()
+        for t in range(B - 2, -1, -1):  # suffix: ties keep the later index
+            take = grid[:, t] < best
+            suf[:, t] = np.where(take, t, suf[:, t + 1])
+            best = np.where(take, grid[:, t], best)
+        last = n - 1  # padding is +inf: it wins only where every value is, and n - 1 is then as good
+        self.prefix = np.minimum((pre + base).reshape(-1)[:n], last)
+        self.suffix = np.minimum((suf + base).reshape(-1)[:n], last)
+        levels = [np.minimum(suf[:, 0] + base[:, 0], last)]  # each block's minimum
+        k = 1
+        while 2**k <= nb:  # levels[k][b]: the minimum of blocks [b, b + 2^k)
+            half, prev, size = 2 ** (k - 1), levels[-1], nb - 2**k + 1
+            a, b = prev[:size], prev[half:half + size]
+            levels.append(np.where(v[b] <= v[a], b, a))
+            k += 1
+        self.table = np.zeros((len(levels), nb), dtype=np.int64)
+        for k, level in enumerate(levels):
+            self.table[k, :len(level)] = level
+        self.log2 = np.frexp(np.arange(nb + 1))[1] - 1  # floor(log2(x)) of block counts
+        # the values at those indices, for range minima without the index (min_of)
+        self.suffix_values, self.prefix_values = v[self.suffix], v[self.prefix]
+        self.table_values = v[self.table].reshape(-1)
+
+    def min_of(self, lo, hi) -> np.ndarray:
+        """``values[lo:hi].min()`` for arrays of ranges (``hi > lo``): the
+        value at :meth:`query`'s index, without tracking the index."""
+        v, B, nb = self.values, ARGMIN_BLOCK, self.table.shape[1]
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        bl, bh = lo // B, (hi - 1) // B
+        b1, b2 = bl + 1, bh
+        mid = b2 > b1
+        k = self.log2[np.maximum(b2 - b1, 1)]
+        whole = np.minimum(self.table_values[k * nb + np.minimum(b1, nb - 1)],
+                           self.table_values[k * nb + np.maximum(b2 - 2**k, 0)])
+        out = np.minimum(np.minimum(self.suffix_values[lo], self.prefix_values[hi - 1]),
+                         np.where(mid, whole, _INF))
+        same = np.flatnonzero(bl == bh)
+        if len(same):  # one block: its part read whole
+            l0, n0 = lo[same], hi[same] - lo[same]
+            offs = np.arange(B)
+            vals = np.where(offs < n0[:, None], v[np.minimum(l0[:, None] + offs, len(v) - 1)], _INF)
+            out[same] = vals.min(axis=1)
+        return out
+
+    def query(self, lo, hi) -> np.ndarray:
+        """Index of the minimum of ``values[lo:hi]`` (arrays, ``hi > lo``)."""
+        v, B = self.values, ARGMIN_BLOCK
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        bl, bh = lo // B, (hi - 1) // B
+        out = np.empty(len(lo), dtype=np.int64)
+        same = np.flatnonzero(bl == bh)
+        if len(same):  # read the block's part whole: the last smallest offset
+            l0, n0 = lo[same], hi[same] - lo[same]
+            offs = np.arange(B)
+            vals = v[np.minimum(l0[:, None] + offs, len(v) - 1)]
+            vals = np.where(offs < n0[:, None], vals, _INF)
+            pick = B - 1 - np.argmin(vals[:, ::-1], axis=1)
+            out[same] = l0 + np.minimum(pick, n0 - 1)
+        far = np.flatnonzero(bl != bh)
+        if len(far):
+            b1, b2 = bl[far] + 1, bh[far]  # whole blocks [b1, b2) between
+            span = np.maximum(b2 - b1, 1)
+            k = np.frexp(span)[1] - 1
+            mid = b2 > b1
+            best = self.suffix[lo[far]]
+            value = v[best]
+            for cand, use in ((self.table[k, np.minimum(b1, b2 - 1)], mid),
+                              (self.table[k, np.maximum(b2 - 2**k, 0)], mid),
+                              (self.prefix[hi[far] - 1], None)):
+                cv = v[cand]
+                take = cv <= value if use is None else (cv <= value) & use
+                best, value = np.where(take, cand, best), np.where(take, cv, value)
+            out[far] = best
+        return out
+
+
+#: entries apart of the ones :func:`_first_true` searches first
+SEARCH_STRIDE = 64
+
+
+def _first_true(pred, lo, hi):
+    """Smallest ``t`` in ``[lo, hi)`` with ``pred(t, sel)`` true, ``hi``
+    where none is (arrays over entries ordered by stage end; ``pred``
+    nondecreasing in ``t``, evaluated on the entries ``sel``).
+
+    Every :data:`SEARCH_STRIDE`-th entry is searched over its whole range
+    first. Each other entry then starts from a few places around the value
+    interpolated between its two searched neighbours' answers, else from
+    the range between those answers, else from its whole range: the first
+    of these with ``pred`` true at its top and false just below its bottom
+    (so the answer is inside). The same answers, with a few steps in place
+    of ``log`` of the range for most entries."""
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    n = len(lo)
+    if n <= 4 * SEARCH_STRIDE:  # few entries: bisect them all
+        return _bisect(pred, lo, hi, np.arange(n))
+    sample = np.unique(np.append(np.arange(0, n, SEARCH_STRIDE), n - 1))
+    found = _bisect(pred, lo[sample], hi[sample], sample)
+    e = np.arange(n)
+    k = np.searchsorted(sample, e, "right") - 1
+    nxt = np.minimum(k + 1, len(sample) - 1)
+    a, b = found[k], found[nxt]
+    gap = np.maximum(sample[nxt] - sample[k], 1)
+    guess = a + ((b - a) * (e - sample[k])) // gap
+    blo, bhi = lo.copy(), hi.copy()
+    todo = e
+    for low, high in ((guess - 2, guess + 2), (np.minimum(a, b), np.maximum(a, b))):
+        low, high = np.clip(low[todo], lo[todo], hi[todo]), np.clip(high[todo], lo[todo], hi[todo])
+        ok = _brackets(pred, todo, lo[todo], hi[todo], low, high)
+        blo[todo[ok]], bhi[todo[ok]] = low[ok], high[ok]
+        todo = todo[~ok]
+        if not len(todo):
+            break
+    return _bisect(pred, blo, bhi, e)
+
+
+def _brackets(pred, entries, lo, hi, low, high):
+    """Whether the answer of each entry lies in ``[low, high]``: ``pred``
+    true at ``high`` (or ``high`` is ``hi``) and false at ``low - 1`` (or
+    ``low`` is ``lo``)."""
+    ok = np.ones(len(entries), dtype=bool)
+    top = np.flatnonzero(high < hi)
+    if len(top):
+        ok[top] = pred(high[top], entries[top])
+    bottom = np.flatnonzero((low > lo) & ok)
+    if len(bottom):
+        ok[bottom] = ~pred(low[bottom] - 1, entries[bottom])
+    return ok
+
+
+def _bisect(pred, lo, hi, entries):
+    """:func:`_first_true` by plain bisection; ``entries`` names the
+    entries of ``lo`` / ``hi`` for ``pred``."""
+    lo, hi = lo.copy(), hi.copy()
+    while True:
+        sel = np.flatnonzero(lo < hi)
+        if not len(sel):
+            return lo
+        mid = (lo[sel] + hi[sel]) // 2
+        ok = pred(mid, entries[sel])
+        hi[sel] = np.where(ok, mid, hi[sel])
+        lo[sel] = np.where(ok, lo[sel], mid + 1)
+
+
+def _dp_crossing(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
+    """:func:`_dp` without a band, for stage terms nonincreasing in the start
+    (:func:`_monotone_in_start`); the same value and, among equal values,
+    the same choice (the largest start).
+
+    Stage ``s`` ending at ``j`` may start at ``i`` in ``[f_j, j)``, ``f_j``
+    its first fitting start (:func:`_fit_starts`). ``mode="max"``: with
+    ``g(t)`` the minimum of ``dp_{s-1}`` over ``[t, j)`` (nondecreasing in
+    ``t``) and ``b(t, j)`` nonincreasing in ``t``, ``min_i max(dp_{s-1}(i),
+    b(i, j)) = min_t max(g(t), b(t, j))`` is taken at the crossing ``t*``
+    (the first ``t`` with ``g(t) >= b(t, j)``) or just before it: a binary
+    search over ``t``; the split goes back through the largest ``i`` with
+    ``dp_{s-1}(i)`` at most the value. ``mode="sum"``: ``b <= limit`` holds
+    on a suffix ``[t_j, j)`` of starts (a binary search), and there
+    ``dp_{s-1}(i) + a(i, j)`` is ``dp_{s-1}(i) - scale C[i]`` plus terms of
+    ``j``: a range minimum (:class:`_RangeArgmin`; the sum of the chosen
+    start is then evaluated as :func:`_dp` does). In real arithmetic both
+    equal :func:`_dp`; the sum's choice among starts whose sums differ only
+    by rounding may differ. Work ``O(P L log L)``, memory ``O(P L)``."""
+    costs = band.costs
+    L, P = costs.num_layers, costs.pp
+    prev = np.full(L + 1, _INF)
+    prev[0] = 0.0 if mode == "sum" else -_INF
+    table = np.full((P + 1, L + 1), _INF)
+    table[0] = prev
+    choice = np.zeros((P, L + 1), dtype=np.int64) if mode == "sum" else None
+    for s in range(P):
+        first, end = (L, L + 1) if s == P - 1 else (s + 1, L - (P - 1 - s) + 1)
+        j = np.arange(first, end)
+        f = np.maximum(band.fit_starts(s, L, first, end), s)  # stage s starts at s or later
+        cur = np.full(L + 1, _INF)
+        if mode == "max":
+            values = _max_stage(costs, s, prev, j, f)
+            value_ok = (values < limit) if strict else (values <= limit)
+            cur[j] = np.where(value_ok, values, _INF)
+        else:
+            lo = _limit_starts(costs, s, j, f, limit, strict)
+            live = np.flatnonzero(lo < j)
+            if len(live):
+                jj = j[live]
+                i = _RangeArgmin(prev - costs.time_scale[s] * costs.compute_prefix_s).query(lo[live], jj)
+                a, _ = _terms(costs, s, i, jj)
+                cur[jj] = prev[i] + a
+                choice[s, jj] = jj - i
+        prev = cur
+        table[s + 1] = cur
+    value = prev[L]
+    if not np.isfinite(value):
+        return _INF, None
+    bounds = [L]
+    for s in range(P - 1, -1, -1):
+        end = bounds[-1]
+        if mode == "sum":
+            bounds.append(end - int(choice[s, end]))
+        else:  # the largest start whose prefix is within the value (every term then is)
+            bounds.append(int(np.flatnonzero(table[s, :end] <= table[s + 1, end])[-1]))
+    bounds.reverse()
+    return float(value), tuple(bounds)
+
+
+def _max_stage(costs: PipelineCosts, s: int, prev, j, f):
+    """``min_{f <= i < j} max(prev[i], b_s(i, j))`` for every end ``j``
+    (:func:`_dp_crossing`); ``inf`` where ``f >= j``."""
+    out = np.full(len(j), _INF)
+    live = np.flatnonzero(f < j)
+    if not len(live):
+        return out
+    jl, fl = j[live], f[live]
+    rmq = _RangeArgmin(prev)
+
+    def crossed(t, sel):
+        return rmq.min_of(t, jl[sel]) >= _terms(costs, s, t, jl[sel])[1]
+
+    t = _first_true(crossed, fl, jl)
+    best = np.full(len(jl), _INF)
+    at = np.flatnonzero(t < jl)  # at the crossing: the range minimum
+    if len(at):
+        best[at] = np.maximum(rmq.min_of(t[at], jl[at]), _terms(costs, s, t[at], jl[at])[1])
+    before = np.flatnonzero(t > fl)  # just before it: the stage's own term
+    if len(before):
+        tb = t[before] - 1
+        cand = np.maximum(rmq.min_of(tb, jl[before]), _terms(costs, s, tb, jl[before])[1])
+        best[before] = np.minimum(best[before], cand)
+    out[live] = best
+    return out
+
+
+def _limit_starts(costs: PipelineCosts, s: int, j, f, limit: float, strict: bool):
+    """For every end ``j``, the first start ``t >= f`` with ``b_s(t, j)``
+    within ``limit`` (``< limit`` when ``strict``), ``j`` where none is."""
+    if not np.isfinite(limit) and not strict:
+        return np.minimum(f, j)
+
+    def within(t, sel):
+        b = _terms(costs, s, t, j[sel])[1]
+        return (b < limit) if strict else (b <= limit)
+
+    return _first_true(within, np.minimum(f, j), j)
 
 
 def _bottleneck(costs: PipelineCosts, bounds) -> float:
@@ -370,11 +670,14 @@ def balanced_split(weights, pp: int) -> tuple[int, ...]:
     choice = np.zeros((pp, L + 1), dtype=np.int64)
     for s in range(pp):
         cur = np.full(L + 1, _INF)
-        for j in range(s + 1, L - (pp - 1 - s) + 1):
-            i = np.arange(s, j)
-            cand = np.maximum(prev[i], prefix[j] - prefix[i])
-            k = int(np.argmin(cand))
-            cur[j], choice[s, j] = cand[k], i[k]
+        ends = np.arange(s + 1, L - (pp - 1 - s) + 1)
+        i = np.arange(s, L)
+        step = max(1, 2**20 // max(len(i), 1))  # end layers per block of (end, start) cells
+        for lo in range(0, len(ends), step):
+            j = ends[lo:lo + step, None]
+            cand = np.where(i[None, :] < j, np.maximum(prev[i][None, :], prefix[j] - prefix[i][None, :]), _INF)
+            k = np.argmin(cand, axis=1)  # the first (smallest start) among ties, as a scan over starts
+            cur[j[:, 0]], choice[s, j[:, 0]] = cand[np.arange(len(k)), k], i[k]
         prev = cur
     bounds = [L]
     for s in range(pp - 1, -1, -1):

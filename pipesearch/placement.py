@@ -52,13 +52,15 @@ def device_rate_flops(spec: DeviceSpec, precision: str) -> float:
 
 
 def node_ids(cluster: Cluster) -> np.ndarray:
-    """``(D,)`` global node index of every device id."""
-    return np.asarray(cluster._node_ids, dtype=np.int64)
+    """``(D,)`` global node index of every device id (read-only, made once
+    per cluster)."""
+    return cluster._id_arrays[0]
 
 
 def group_ids(cluster: Cluster) -> np.ndarray:
-    """``(D,)`` group index of every device id."""
-    return np.asarray(cluster._group_ids, dtype=np.int64)
+    """``(D,)`` group index of every device id (read-only, made once per
+    cluster)."""
+    return cluster._id_arrays[1]
 
 
 def memory_bytes_of(cluster: Cluster) -> np.ndarray:

@@ -74,6 +74,8 @@ def _freeze(value):
 
 def _thaw(value):
     if isinstance(value, (tuple, list)):
+        if all(type(v) is str for v in value):  # names (~10^5 for long chains): nothing to convert
+            return list(value)
         return [_thaw(v) for v in value]
     if isinstance(value, dict):
         return {k: _thaw(v) for k, v in value.items()}

@@ -588,26 +588,66 @@ def simultaneous_in_flight(actions: Sequence[Sequence[Action]], held_after_input
     Returns:
         One float per stage ``0 .. max stage``.
     """
-    n = 1 + max((a.stage for seq in actions for a in seq), default=-1)
+    return _simultaneous_in_flight([[(a.kind, a.stage) for a in seq] for seq in actions], held_after_input)
+
+
+def simultaneous_in_flight_of(name: str, p: int, m: int, v: int = 1,
+                              held_after_input: float = 1.0) -> tuple[float, ...]:
+    """:func:`simultaneous_in_flight` of ``build(name, p, m, v)``, the same
+    numbers, walked on :func:`build_orders`' plain tuples (no
+    :class:`Action` objects: ``O(p m v)`` of them for large pipelines).
+
+    Raises:
+        InputError: as :func:`build`.
+    """
+    orders = build_orders(name, p, m, v)
+    return _simultaneous_in_flight([[(k, s) for k, s, _ in seq] for seq in orders], held_after_input)
+
+
+def _simultaneous_in_flight(ranks, held_after_input: float) -> tuple[float, ...]:
+    """:func:`simultaneous_in_flight` over ``(kind, stage)`` pairs per rank."""
+    n = 1 + max((s for seq in ranks for _, s in seq), default=-1)
     out = [0.0] * n
-    for seq in actions:
+    for seq in ranks:
+        if seq and seq[0][0] == "F" and all(s == seq[0][1] for _, s in seq):
+            out[seq[0][1]] = _one_stage_peak([k for k, _ in seq], held_after_input)
+            continue
         cur: dict[int, float] = {}
         best, at = -1.0, {}
-        for a in seq:
-            if a.kind == "F":
-                cur[a.stage] = cur.get(a.stage, 0.0) + 1.0
-            elif a.kind == "I":
-                cur[a.stage] -= 1.0 - held_after_input
-            elif a.kind == "W":
-                cur[a.stage] -= held_after_input
-            elif a.kind == "B":
-                cur[a.stage] -= 1.0
+        for kind, stage in seq:
+            if kind == "F":
+                cur[stage] = cur.get(stage, 0.0) + 1.0
+            elif kind == "I":
+                cur[stage] -= 1.0 - held_after_input
+            elif kind == "W":
+                cur[stage] -= held_after_input
+            elif kind == "B":
+                cur[stage] -= 1.0
             total = sum(cur.values())
             if total > best + 1e-12:
                 best, at = total, dict(cur)
         for stage, count in at.items():
             out[stage] = count
     return tuple(out)
+
+
+def _one_stage_peak(kinds, held_after_input: float) -> float:
+    """:func:`_simultaneous_in_flight` of a rank running one stage, its
+    first action an ``F``: the same float operations on one count (the
+    rank's total is that count) without the per-action dictionary."""
+    x, best, at = 0.0, -1.0, 0.0
+    for kind in kinds:
+        if kind == "F":
+            x = x + 1.0
+        elif kind == "I":
+            x -= 1.0 - held_after_input
+        elif kind == "W":
+            x -= held_after_input
+        elif kind == "B":
+            x -= 1.0
+        if x > best + 1e-12:
+            best, at = x, x
+    return at
 
 
 def format_order(actions: Sequence[Sequence[Action]], limit: int = 40) -> str:

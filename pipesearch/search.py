@@ -1089,8 +1089,8 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
     m_eff = min(m, pp) if schedule == "zb-h1" else min(m, 2 * pp)
     key = (schedule, pp, m_eff, vp, held_after_input)
     if cache is None or key not in cache:
-        peaks = np.array(schedule_lib.simultaneous_in_flight(schedule_lib.build(schedule, pp, m_eff, vp),
-                                                             held_after_input), dtype=float)
+        peaks = np.array(schedule_lib.simultaneous_in_flight_of(schedule, pp, m_eff, vp, held_after_input),
+                         dtype=float)
         if cache is None:
             return peaks
         cache[key] = peaks

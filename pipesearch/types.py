@@ -400,6 +400,17 @@ class Cluster:
             out.append(sum(g.nodes for g in self.groups[:group]) + node)
         return tuple(out)
 
+    @cached_property
+    def _id_arrays(self):
+        """``(node ids, group ids)`` of every device as read-only int64
+        numpy arrays, made once per cluster (vectorised link terms)."""
+        import numpy as np
+
+        out = np.array(self._node_ids, dtype=np.int64), np.array(self._group_ids, dtype=np.int64)
+        for a in out:
+            a.flags.writeable = False
+        return out
+
     def _check(self, device_id: int) -> None:
         if not 0 <= device_id < len(self._group_ids):
             raise IndexError(f"device id {device_id} outside 0 .. {self.num_devices - 1}")

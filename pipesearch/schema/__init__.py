@@ -132,12 +132,55 @@ def non_finite_problems(doc: Any, path: tuple = ()) -> Iterator[Problem]:
             yield from non_finite_problems(v, path + (k,))
 
 
+def _all_finite(doc: Any) -> bool:
+    """True when the document surely holds no NaN or infinite number: the
+    json module's C encoder refuses them (``allow_nan=False``), one pass in C
+    where :func:`non_finite_problems` walks every value in Python. False
+    also for anything else it refuses (the walk then decides)."""
+    try:
+        json.dumps(doc, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return True
+
+
+_NAMES_SCHEMA = {"type": "array", "items": {"type": "string"}}
+
+
+def _compact_names(doc: Any) -> Any:
+    """The document with every stage's ``layer_names`` that holds only
+    strings cut to its first name, for the schema check alone (a long chain
+    has ~10^5 names, each a step of ``jsonschema``). Exact: while the
+    schema's ``layer_names`` is an array of strings and nothing else
+    (checked here), such a list and its first name are valid alike, and a
+    list holding anything else is kept whole, so the errors are the same;
+    the input is not modified."""
+    stage_props = plan_schema().get("$defs", {}).get("stage", {}).get("properties", {})
+    plans = doc.get("plans") if isinstance(doc, dict) else None
+    if stage_props.get("layer_names") != _NAMES_SCHEMA or not isinstance(plans, list):
+        return doc
+    out_plans = []
+    for plan in plans:
+        stages = plan.get("stages") if isinstance(plan, dict) else None
+        if not isinstance(stages, list):
+            out_plans.append(plan)
+            continue
+        cut = []
+        for stage in stages:
+            names = stage.get("layer_names") if isinstance(stage, dict) else None
+            if isinstance(names, list) and len(names) > 1 and all(isinstance(x, str) for x in names):
+                stage = {**stage, "layer_names": names[:1]}
+            cut.append(stage)
+        out_plans.append({**plan, "stages": cut})
+    return {**doc, "plans": out_plans}
+
+
 def schema_problems(doc: Any) -> list[Problem]:
     """Everything that breaks the plan file schema: non-finite numbers
     first, then the schema's errors in a fixed order (by place in the
     document)."""
-    problems = list(non_finite_problems(doc))
-    errors = sorted(_validator().iter_errors(doc),
+    problems = [] if _all_finite(doc) else list(non_finite_problems(doc))
+    errors = sorted(_validator().iter_errors(_compact_names(doc)),
                     key=lambda e: (tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in e.absolute_path),
                                    e.validator))
     seen = {p.where for p in problems}
