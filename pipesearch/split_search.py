@@ -243,10 +243,18 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
     ks, counts = _chain_counts(schedule, pp, m, S // pp)
     s = np.asarray(s)
     own = np.where(s % pp == 0, r, 0.0)
-    out = []
+    out, no_work = [], {}
     for k, n in zip(ks, counts):
-        work = sum(n[:, kind][s] * d for kind, d in enumerate(per_action))
-        out.append(np.where(s < k, fill_drain, 0.0) + work + own)
+        # kinds with no action on the stages of s add nothing (x + 0 = x): skipped
+        work = [n[:, kind][s] * d for kind, d in enumerate(per_action) if np.any(n[:, kind][s])]
+        before = s < k
+        if work:
+            out.append(np.where(before, fill_drain, 0.0) + sum(work) + own)
+            continue
+        key = before.tobytes()  # the same fill and own terms for every such family
+        if key not in no_work:
+            no_work[key] = np.where(before, fill_drain, 0.0) + own
+        out.append(no_work[key])
     return out
 
 
@@ -427,22 +435,32 @@ class _Tables:
     of component (all components of one kind are stacked on a leading axis).
 
     ``fam[K]`` holds the family of each component of kind ``K``. A stage's
-    terms (:meth:`column`, :meth:`_block`) are ``alpha[K]``, ``beta[K]``
-    of shape ``(Q_K, ..., W, L+1)`` (row ``d - 1``, column ``i``: the stage
-    ``[i, i + d)``) and whether that stage fits in memory. The suffix minima
-    (:meth:`suffix_min`) bound each component over every split of ``[i, L)``
-    into stages ``s .. S-1``, shape ``(Q_K, L+1)``: ``sum``: min sum; ``max``:
-    min max; ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``;
-    ``suffix``: the pair ``(min sum alpha, min max_k (beta_k + sum_{k'>k}
-    alpha))``; ``device``: min sum beta. Only the ranges a split can hold are
-    tabled: stage ``s`` from the layers ``s .. L - S + s``, stages of at most
-    ``L - S + 1`` layers (every other stage holds one), so the minima from
-    other layers are infinite. When all stages fit in :data:`TABLE_FLOATS`
-    floats they are tabled in one block; else the first stage only from layer
-    0 and the last one only up to layer ``L`` (one range per start: two
-    stages cost ``O(W + L)``), the middle ones in blocks of at most
-    :data:`TABLE_FLOATS` floats. Terms of the stages of one block are kept for
-    :meth:`column`, else recomputed there.
+    terms (:meth:`column`) are ``alpha[K]``, ``beta[K]`` of shape ``(Q_K,
+    W)`` (row ``d - 1``: the stage ``[i, i + d)``) and whether that stage
+    fits in memory. The suffix minima (:meth:`suffix_min`) bound each
+    component over every split of ``[i, L)`` into stages ``s .. S-1``, shape
+    ``(Q_K, L+1)``: ``sum``: min sum; ``max``: min max; ``prefix``: ``min
+    max_k (sum_{s<=k'<k} alpha + beta_k)``; ``suffix``: the pair ``(min sum
+    alpha, min max_k (beta_k + sum_{k'>k} alpha))``; ``device``: min sum
+    beta.
+
+    Only the ranges a split can hold are tabled: stage ``s`` from the layers
+    ``max(s, L - (S - s) W) .. min(s W, L - S + s)`` (``_start``, ``_stop``),
+    stages of at most ``W = min(width, L - S + 1)`` layers, the first stage
+    only from layer 0 and the last one only up to layer ``L`` (one range per
+    start); the minima from other layers are infinite. Within a block of
+    middle stages the band is cut to the longest range that fits in memory
+    (longer ones are +inf). The components are stacked by how the backward
+    DP combines them (:meth:`_block`): ``add`` (``sum`` alpha, ``device``
+    beta, ``suffix`` alpha: min-sum), ``mx`` (``max`` and ``prefix`` beta:
+    min-max, with the ``prefix`` alpha in ``mxa``) and ``sfx`` (``suffix``
+    beta). The middle stages are tabled in blocks of at most
+    :data:`TABLE_FLOATS` floats, laid out ``(Q, stage, start, length)``, so
+    that stage ``s``'s DP step reads the minima of stage ``s + 1`` at ``i +
+    d`` as a sliding window (no gather) and takes one minimum over the
+    contiguous last axis per component. Memory is ``O(Q S L)`` for the
+    minima plus one block. The terms of the middle stages are kept for
+    :meth:`column` when they fit in one block, else recomputed there.
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
@@ -462,169 +480,211 @@ class _Tables:
         st = np.arange(S)
         self._start = np.maximum(st, L - (S - st) * W)
         self._stop = np.minimum(st * W, L - S + st)
-        U = L - S + 1
-        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
-        if rows * S * W * U <= TABLE_FLOATS:  # small: every stage in one block
-            self._stages(0, S, U)
+        self._last_stage()
+        if S == 1:
             return
-        # else the last stage only up to L (one range per start), the middle
-        # ones in blocks, the first one only from layer 0
-        i = np.arange(L + 1)[None, :]
-        terms, fits = self._block(np.array([[[S - 1]]]), i[None], np.full_like(i, L)[None])
-        self._kept[S - 1] = ("last", 0, terms, fits)
-        self._suffix_minima(terms, fits, S - 1, S, np.full_like(i, L), np.zeros(1, dtype=np.int64))
+        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
+        U = int(max(1, np.max(self._stop[1:S - 1] - self._start[1:S - 1] + 1, initial=1)))
         block = max(1, TABLE_FLOATS // (rows * W * U))
         for hi in range(S - 1, 1, -block):
-            self._stages(max(1, hi - block), hi, U, keep=block >= S - 2)
-        i, j = np.zeros((W, 1), dtype=np.int64), np.arange(1, W + 1)[:, None]
-        terms, fits = self._block(np.array([[[0]]]), i[None], j[None])
-        self._kept[0] = ("first", 0, terms, fits)
-        self._suffix_minima(terms, fits, 0, 1, np.minimum(j, L), np.zeros(1, dtype=np.int64))
+            self._stages(max(1, hi - block), hi, keep=block >= S - 2)
+        self._stages(0, 1, keep=True)  # one start: layer 0
 
-    def _stages(self, lo: int, hi: int, U: int, keep: bool = True) -> None:
-        """Table stages ``lo .. hi-1`` from each one's first possible start
-        (``_start``) on, at most ``U`` starts (those past its last start,
-        ``_stop``, masked as not fitting), with every length, and their
-        suffix minima; keep their terms for :meth:`column` when ``keep``."""
-        L, W = self.costs.num_layers, self.rows
-        first, stop = self._start[lo:hi], self._stop[lo:hi]
-        U = int(max(1, min(U, np.max(stop - first) + 1)))
-        stages = np.arange(lo, hi)[:, None, None]
-        at = np.broadcast_to(first[:, None, None] + np.arange(U)[None, None, :], (hi - lo, W, U))
-        i = np.minimum(at, L - 1)  # past a stage's last start: masked below
-        j = i + np.arange(1, W + 1)[None, :, None]
-        terms, fits = self._block(stages, i, j)
-        fits &= at <= stop[:, None, None]
-        if keep:
-            self._kept.update({k: ("banded", lo, terms, fits) for k in range(lo, hi)})
-        self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), first)
-
-    def _block(self, stages, i, j):
-        """Stacked terms of ``stages`` (int array broadcast against ``i``,
-        ``j``): ``({kind: (alpha, beta)}, fits)``, invalid ranges (``j > L``)
-        at infinity and not fitting."""
-        L = self.costs.num_layers
-        valid = (j <= L) & (j > i) & (j - i <= self.rows)
-        jc = np.minimum(j, L)
-        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
-        shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
-
-        def band(xs):  # the components stacked, invalid ranges at infinity
-            out = np.empty((len(xs),) + shape)
-            for row, x in zip(out, xs):
-                row[...] = x
-            out[:, ~np.broadcast_to(valid, shape)] = np.inf
-            return out
-
-        terms, fam_of = {}, {}
-        for kind in _KINDS:
-            comps = [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind]
-            if comps:
-                fam_of[kind] = np.array([f for f, _, _ in comps], dtype=np.int64)
-                terms[kind] = (band([a for _, a, _ in comps]) if comps[0][1] is not None else None,
-                               band([x for _, _, x in comps]) if comps[0][2] is not None else None)
-        self.fam, self.kinds, self.num_families = fam_of, tuple(fam_of), len(fams)  # the same for every block
-        fits = valid & np.broadcast_to(self.costs.fits(stages, i, jc), shape)
-        return terms, fits
-
-    def column(self, s: int, i: int):
-        """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
-        ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
-        where, lo, terms, fits = self._kept.get(s, (None, 0, None, None))
-        if where == "banded" and 0 <= i - self._start[s] < fits.shape[-1]:
-            k, u = s - lo, i - self._start[s]
-            cols = {kind: tuple(None if x is None else x[:, k, :, u] for x in ab) for kind, ab in terms.items()}
-            return cols, fits[k, :, u]
-        if where == "first" and i == 0:
-            cols = {kind: tuple(None if x is None else x[:, 0, :, 0] for x in ab) for kind, ab in terms.items()}
-            return cols, fits[0, :, 0]
-        if where == "last":  # the one length that ends at L
-            d, W = self.costs.num_layers - i, self.rows
-            ok = np.zeros(W, dtype=bool)
-            cols = {}
-            for kind, ab in terms.items():
-                cols[kind] = tuple(None if x is None else np.full((len(x), W), np.inf) for x in ab)
-            if 1 <= d <= W:
-                ok[d - 1] = fits[0, 0, i]
-                for kind, ab in terms.items():
-                    for out, x in zip(cols[kind], ab):
-                        if x is not None:
-                            out[:, d - 1] = x[:, 0, 0, i]
-            return cols, ok
-        if (s, i) not in self._columns:
-            if len(self._columns) >= _COLUMNS_KEPT:
-                self._columns.clear()
-            d = np.arange(1, self.rows + 1)
-            self._columns[s, i] = self._block(np.array(s), np.full(len(d), i), i + d)
-        return self._columns[s, i]
-
-    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray, first: np.ndarray) -> None:
-        """The backward DP over stages ``hi - 1 .. lo`` of every component at
-        once, in three stacked groups: min-sum rows (``sum`` alpha, ``device``
-        beta, ``suffix`` alpha), min-max rows (``max`` as ``prefix`` with alpha
-        0, then ``prefix``) and the ``suffix`` maxima (which read their alpha
-        rows' sums). ``terms`` and ``fits`` cover the ranges from the layers
-        ``first[k] + c`` (``c`` the last axis, ``k`` the stage in the block)
-        to ``jc`` (per stage when it has a stage axis); the minima from other
-        layers are infinite."""
-        L = self.costs.num_layers
-
-        def part(kind, which):
-            return [terms[kind][which]] if kind in terms else []
-
-        add = part("sum", 0) + part("device", 1) + part("suffix", 0)
-        mx_x = part("max", 1) + part("prefix", 1)
-        mx_a = [np.zeros_like(x) for x in part("max", 1)] + part("prefix", 0)
-        sizes = {k: len(self.fam.get(k, ())) for k in _KINDS}
-        self._rows = {"sum": ("add", 0, sizes["sum"]),
-                      "device": ("add", sizes["sum"], sizes["sum"] + sizes["device"]),
-                      "max": ("mx", 0, sizes["max"]),
-                      "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
-        na0 = sizes["sum"] + sizes["device"]
-        self._rows["suffix"] = ("add", na0, na0 + sizes["suffix"])
-        empty = np.zeros((0,) + fits.shape)
-        t_add = np.concatenate(add) if add else empty
-        t_mx = np.concatenate(mx_x) if mx_x else empty
-        a_mx = np.concatenate(mx_a) if mx_a else empty
-        x_sfx = terms["suffix"][1] if "suffix" in terms else empty
+    def _last_stage(self) -> None:
+        """The last stage from each start it can have to layer ``L`` (one
+        range per start), and its suffix minima: its own terms (every layer
+        is then placed)."""
+        L, S, W = self.costs.num_layers, self.costs.pp, self.rows
+        s, first, stop = S - 1, int(self._start[S - 1]), int(self._stop[S - 1])
+        i = np.arange(first, max(first, stop) + 1)  # (one masked start when none is possible)
+        j = np.full_like(i, L)
+        ok = (i >= first) & (i <= stop) & (j - i <= W) & (j > i)
+        ok = ok & np.broadcast_to(self.costs.fits(np.array(s), i, j), ok.shape)
+        groups, ok = self._block(np.array(s), i, j, ok)
+        self._kept[s] = ("last", int(i[0]), groups, ok)
 
         def end(q, value):
             out = np.full((q, L + 1), np.inf)
             out[:, L] = value
             return out
 
-        suf = self._suf[hi]
-        if suf is None:  # the last stage's successor: every layer placed
-            suf = {"add": end(len(t_add), 0.0), "mx": end(len(t_mx), -np.inf), "sfx": end(len(x_sfx), -np.inf)}
-            self._suf[hi] = suf
-        # ranges that do not fit (or run past L) at +inf in the terms added or
-        # maximised, at 0 in the alphas added to a maximum: every candidate of
-        # such a range is then +inf (never nan: the finite terms plus a suffix
-        # value in [-inf, inf]), so each stage is three gathers, three
-        # elementwise steps and three minima
-        t_add = np.where(fits, t_add, np.inf)
-        t_mx = np.where(fits, t_mx, np.inf)
-        a_mx = np.where(fits, a_mx, 0.0)
-        x_sfx = np.where(fits, x_sfx, np.inf)
-        ns = sizes["suffix"]
-        per_stage = jc.ndim == 3
+        g, nmax = groups, self._sizes["max"]
+        self._suf[S] = nxt = {"add": end(len(g["add"]), 0.0), "mx": end(len(g["mx"]), -np.inf),
+                              "sfx": end(len(g["sfx"]), -np.inf)}
+        h_add, h_mx, h_sfx = nxt["add"][:, L:], nxt["mx"][:, L:], nxt["sfx"][:, L:]
+        na0, ns = self._rows["suffix"][1], self._sizes["suffix"]
+        mx = np.concatenate([np.maximum(g["mx"][:nmax], h_mx[:nmax]),
+                             np.maximum(g["mx"][nmax:], g["mxa"] + h_mx[nmax:])])
+        self._suf[s] = {kind: self._placed(v, int(i[0])) for kind, v in
+                        (("add", g["add"] + h_add), ("mx", mx),
+                         ("sfx", np.maximum(g["sfx"] + h_add[na0:na0 + ns], h_sfx)))}
 
-        def placed(v, at):
-            if v.shape[1] == L + 1:
-                return v
-            out = np.full((len(v), L + 1), np.inf)
-            n = min(v.shape[1], L + 1 - at)  # positions past L (masked starts) dropped
-            out[:, at:at + n] = v[:, :n]
+    def _placed(self, v: np.ndarray, at: int) -> np.ndarray:
+        """``v`` (``(Q, U)``: starts ``at .. at + U - 1``) in a ``(Q, L+1)``
+        row of +inf (starts past ``L`` dropped)."""
+        L = self.costs.num_layers
+        out = np.full((len(v), L + 1), np.inf)
+        n = max(0, min(v.shape[1], L + 1 - at))
+        out[:, at:at + n] = v[:, :n]
+        return out
+
+    def _stages(self, lo: int, hi: int, keep: bool = True) -> None:
+        """Table stages ``lo .. hi-1`` (not the last) from each one's first
+        possible start (``_start``) on, those past its last start
+        (``_stop``) masked as not fitting, with every length up to the
+        longest that fits, and their suffix minima (:meth:`_banded_minima`);
+        keep their terms for :meth:`column` when ``keep``."""
+        L, W = self.costs.num_layers, self.rows
+        first, stop = self._start[lo:hi], self._stop[lo:hi]
+        U = int(max(1, np.max(stop - first) + 1))
+        stages = np.arange(lo, hi)[:, None, None]
+        at = first[:, None, None] + np.arange(U)[None, :, None]  # (n, U, 1)
+        i = np.minimum(at, L - 1)  # past a stage's last start: masked
+        j = i + np.arange(1, W + 1)  # (n, U, W)
+        ok = (j <= L) & (at <= stop[:, None, None])
+        ok = ok & self.costs.fits(stages, i, np.minimum(j, L))
+        rows = np.flatnonzero(ok.any(axis=(0, 1)))
+        Wb = int(rows[-1]) + 1 if len(rows) else 1  # longer ranges fit nowhere in the block: +inf
+        groups, ok = self._block(stages, i, j[..., :Wb], ok[..., :Wb])
+        if keep:
+            self._kept.update({k: ("banded", lo, groups, ok) for k in range(lo, hi)})
+        self._banded_minima(groups, ok, lo, hi, first)
+
+    def _block(self, stages, i, j, ok=None):
+        """Stacked terms of ``stages`` (int array broadcast against ``i``,
+        ``j``) over the ranges ``[i, j)``: ``(groups, ok)`` with ``groups``
+        the ``add``, ``mx``, ``mxa`` and ``sfx`` stacks (class docstring),
+        each ``(Q,) + shape``, and ``ok`` whether the range is valid and fits
+        (computed when None). Ranges that are not ``ok`` are +inf in every
+        stack but ``mxa`` (0 there), so that each of their DP candidates is
+        +inf (never nan: finite terms plus a suffix value in ``[-inf,
+        inf]``)."""
+        L = self.costs.num_layers
+        jc = np.minimum(j, L)
+        shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
+        if ok is None:
+            ok = (j <= L) & (j > i) & (j - i <= self.rows)
+            ok = ok & self.costs.fits(stages, i, jc)
+        ok = np.broadcast_to(ok, shape)
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
+        comps = {kind: [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind] for kind in _KINDS}
+        self.fam = {kind: np.array([f for f, _, _ in c], dtype=np.int64) for kind, c in comps.items() if c}
+        self.kinds, self.num_families = tuple(self.fam), len(fams)  # the same for every block
+        self._sizes = sizes = {k: len(c) for k, c in comps.items()}
+        na0 = sizes["sum"] + sizes["device"]
+        self._rows = {"sum": ("add", 0, sizes["sum"]), "device": ("add", sizes["sum"], na0),
+                      "suffix": ("add", na0, na0 + sizes["suffix"]),
+                      "max": ("mx", 0, sizes["max"]), "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
+
+        off = ~ok
+
+        def stack(xs, fill):
+            out = np.empty((len(xs),) + shape)
+            for row, x in zip(out, xs):
+                row[...] = x
+            np.copyto(out, fill, where=off)
             return out
 
+        alphas = {k: [a for _, a, _ in c] for k, c in comps.items()}
+        betas = {k: [x for _, _, x in c] for k, c in comps.items()}
+        groups = {"add": stack(alphas["sum"] + betas["device"] + alphas["suffix"], np.inf),
+                  "mx": stack(betas["max"] + betas["prefix"], np.inf),
+                  "mxa": stack(alphas["prefix"], 0.0), "sfx": stack(betas["suffix"], np.inf)}
+        return groups, ok
+
+    def _views(self, groups, pick):
+        """Per kind ``(alpha, beta)`` (None where the kind has none) of the
+        stacks ``groups``, each indexed by ``pick`` after the component axis."""
+        out = {}
+        for kind in self.kinds:
+            group, a, b = self._rows[kind]
+            rows = groups[group][a:b][pick]
+            alpha = {"sum": rows, "suffix": rows, "prefix": groups["mxa"][pick]}.get(kind)
+            beta = None if kind == "sum" else groups["sfx"][pick] if kind == "suffix" else rows
+            out[kind] = (alpha, beta)
+        return out
+
+    def column(self, s: int, i: int):
+        """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
+        ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and
+        ``(W,)``; terms of the ranges that do not fit are arbitrary."""
+        where, lo, groups, ok = self._kept.get(s, (None, 0, None, None))
+        W = self.rows
+        if where == "banded" and 0 <= i - self._start[s] < ok.shape[1]:
+            k, u = s - lo, i - self._start[s]
+            return self._padded(self._views(groups, (slice(None), k, u)), ok[k, u], W)
+        if where == "last":  # the one length that ends at L
+            d, u = self.costs.num_layers - i, i - lo
+            fits = np.zeros(W, dtype=bool)
+            cols = {kind: tuple(None if x is None else np.full((len(x), W), np.inf) for x in ab)
+                    for kind, ab in self._views(groups, (slice(None), slice(0, 0))).items()}
+            if 1 <= d <= W and 0 <= u < len(ok):
+                fits[d - 1] = ok[u]
+                for kind, ab in self._views(groups, (slice(None), u)).items():
+                    for out, x in zip(cols[kind], ab):
+                        if x is not None:
+                            out[:, d - 1] = x
+            return cols, fits
+        if (s, i) not in self._columns:
+            if len(self._columns) >= _COLUMNS_KEPT:
+                self._columns.clear()
+            d = np.arange(1, W + 1)
+            groups, ok = self._block(np.array(s), np.full(W, i), i + d)
+            self._columns[s, i] = self._views(groups, (slice(None),)), ok
+        return self._columns[s, i]
+
+    @staticmethod
+    def _padded(cols, ok, W: int):
+        """Columns of a band cut to ``len(ok) <= W`` lengths, padded to ``W``
+        (the longer ranges do not fit)."""
+        if len(ok) == W:
+            return cols, ok
+        fits = np.zeros(W, dtype=bool)
+        fits[:len(ok)] = ok
+        out = {}
+        for kind, ab in cols.items():
+            out[kind] = tuple(None if x is None else np.concatenate(
+                [x, np.full((len(x), W - len(ok)), np.inf)], axis=1) for x in ab)
+        return out, fits
+
+    def _banded_minima(self, groups, ok, lo: int, hi: int, first: np.ndarray) -> None:
+        """The backward DP over stages ``hi - 1 .. lo`` of every component at
+        once, from the minima of stage ``hi``: stage ``s`` from ``i = first +
+        u`` takes, per component, the minimum over the lengths ``d`` of its
+        term combined with the next stage's minimum at ``i + d`` (``add``:
+        sum; ``mx``: ``max(beta, alpha + next)``; ``sfx``: ``max(beta + next
+        add, next sfx)``), read as a sliding window over that row padded
+        with +inf (``groups``: ``(Q, n, U, Wb)`` from :meth:`_stages`)."""
+        L = self.costs.num_layers
+        _, _, U, Wb = groups["add"].shape
+        nmax, ns = self._sizes["max"], self._sizes["suffix"]
+        na0 = self._rows["suffix"][1]
+        t_add, t_mx, a_mx, x_sfx = groups["add"], groups["mx"], groups["mxa"], groups["sfx"]
+        buf = np.empty((max(len(t_add), len(t_mx), 1), U, Wb))
         for s in range(hi - 1, lo - 1, -1):
-            k = s - lo
-            at, jk = first[k], (jc[k] if per_stage else jc)
-            h_add = suf["add"][:, jk]
-            suf = {"add": placed((t_add[:, k] + h_add).min(axis=1), at),
-                   "mx": placed(np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jk]).min(axis=1), at),
-                   "sfx": placed(np.maximum(x_sfx[:, k] + h_add[na0:na0 + ns], suf["sfx"][:, jk]).min(axis=1), at)}
-            self._suf[s] = suf
+            k, at = s - lo, int(first[s - lo])
+            nxt = self._suf[s + 1]
+            width = max(L + 1, at + U + Wb + 1)
+
+            def window(v):  # v[:, at + u + d] for u < U, d = 1 .. Wb: (Q, U, Wb), a view
+                pad = np.full((len(v), width), np.inf)
+                pad[:, :L + 1] = v
+                return np.lib.stride_tricks.sliding_window_view(pad, Wb, axis=1)[:, at + 1:at + 1 + U]
+
+            h_add, h_mx, h_sfx = window(nxt["add"]), window(nxt["mx"]), window(nxt["sfx"])
+            b = buf[:len(t_add)]
+            np.add(t_add[:, k], h_add, out=b)
+            add = b.min(axis=2)
+            b = buf[:len(t_mx)]
+            np.maximum(t_mx[:nmax, k], h_mx[:nmax], out=b[:nmax])
+            np.add(a_mx[:, k], h_mx[nmax:], out=b[nmax:])
+            np.maximum(b[nmax:], t_mx[nmax:, k], out=b[nmax:])
+            mx = b.min(axis=2)
+            b = buf[:ns]
+            np.add(x_sfx[:, k], h_add[na0:na0 + ns], out=b)
+            np.maximum(b, h_sfx, out=b)
+            sfx = b.min(axis=2)
+            self._suf[s] = {"add": self._placed(add, at), "mx": self._placed(mx, at), "sfx": self._placed(sfx, at)}
 
     def suffix_min(self, kind: str, s: int):
         """The suffix minima of the components of ``kind`` from stage ``s``:
