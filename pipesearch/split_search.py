@@ -427,7 +427,7 @@ _KINDS = ("sum", "max", "prefix", "suffix", "device")
 #: linear in layers x band width)
 TABLE_FLOATS = 2**23
 _ROWS_PER_STAGE = 32  # an upper bound on the stacked components of a stage
-_COLUMNS_KEPT = 4096  # recomputed columns kept per table (then dropped all at once)
+_COLUMN_CHUNK = 16  # starts of one stage whose terms are recomputed together (kept up to TABLE_FLOATS floats)
 
 
 class _Tables:
@@ -471,6 +471,7 @@ class _Tables:
         self.rows = W = max(1, min(self.width, L - S + 1))
         self._kept: dict = {}
         self._columns: dict = {}
+        self._held = 0  # floats in _columns
         self._suf = [None] * (S + 1)
         self.weights, self.chains = weights, chains
         # stage s from every layer it can start at in a split of stages of at
@@ -625,13 +626,21 @@ class _Tables:
                         if x is not None:
                             out[:, d - 1] = x
             return cols, fits
-        if (s, i) not in self._columns:
-            if len(self._columns) >= _COLUMNS_KEPT:
+        key = (s, i // _COLUMN_CHUNK)  # the starts of one chunk in one pass (a node's children start close by)
+        if key not in self._columns:
+            if self._held > TABLE_FLOATS:
                 self._columns.clear()
-            d = np.arange(1, W + 1)
-            groups, ok = self._block(np.array(s), np.full(W, i), i + d)
-            self._columns[s, i] = self._views(groups, (slice(None),)), ok
-        return self._columns[s, i]
+                self._held = 0
+            L = self.costs.num_layers
+            at = key[1] * _COLUMN_CHUNK + np.arange(_COLUMN_CHUNK)[:, None]
+            start = np.minimum(at, L - 1)
+            j = start + np.arange(1, W + 1)
+            ok = (j <= L) & (at < L) & self.costs.fits(np.array(s), start, np.minimum(j, L))
+            self._columns[key] = self._block(np.array(s), start, j, ok)
+            self._held += sum(g.size for g in self._columns[key][0].values())
+        groups, ok = self._columns[key]
+        u = i % _COLUMN_CHUNK
+        return self._views(groups, (slice(None), u)), ok[u]
 
     @staticmethod
     def _padded(cols, ok, W: int):
