@@ -484,12 +484,100 @@ class _Tables:
         self._last_stage()
         if S == 1:
             return
-        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
-        U = int(max(1, np.max(self._stop[1:S - 1] - self._start[1:S - 1] + 1, initial=1)))
-        block = max(1, TABLE_FLOATS // (rows * W * U))
+        block = self._block_size(_ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0))
         for hi in range(S - 1, 1, -block):
             self._stages(max(1, hi - block), hi, keep=block >= S - 2)
         self._stages(0, 1, keep=True)  # one start: layer 0
+
+    def _block_size(self, rows: int) -> int:
+        """Middle stages per block: ``rows`` stacked components of the band
+        of each within :data:`TABLE_FLOATS` floats (at least one stage)."""
+        S = self.costs.pp
+        U = int(max(1, np.max(self._stop[1:S - 1] - self._start[1:S - 1] + 1, initial=1)))
+        return max(1, TABLE_FLOATS // (rows * self.rows * U))
+
+    def with_chains(self, weights) -> "_Tables":
+        """``_Tables(costs, schedule, pp, width, weights, chains=True)`` of
+        this table's point and width, equal to it entry for entry, built
+        from this table (without chains): the families it has come first
+        and each component's DP row is independent of the others, so only
+        the added ``sum`` rows (the chain families and the combined one of
+        ``weights``) are tabled for the middle stages; the first and the
+        last stage (one range per start) are tabled whole. Built from
+        scratch when this table has chains or keeps its middle terms."""
+        costs, S = self.costs, self.costs.pp
+        new = _Tables.__new__(_Tables)
+        if self.chains or self.weights is not None or S <= 2 or any(
+                where == "banded" and 0 < k < S - 1 for k, (where, *_) in self._kept.items()):
+            new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True)
+            return new
+        new.costs, new.schedule, new.pp, new.width, new.rows = costs, self.schedule, self.pp, self.width, self.rows
+        new.weights, new.chains = weights, True
+        new._kept, new._columns, new._held, new._suf = {}, {}, 0, [None] * (S + 1)
+        new._start, new._stop = self._start, self._stop
+        new._last_stage()
+        block = new._block_size(MAX_CHAIN_FAMILIES + 1)
+        for hi in range(S - 1, 1, -block):
+            new._added_rows(max(1, hi - block), hi, self)
+        new._stages(0, 1, keep=True)
+        return new
+
+    def _band(self, lo: int, hi: int):
+        """The band of stages ``lo .. hi-1``: ``(stages, i, j, ok, first)``
+        with ``i`` ``(n, U, 1)`` the starts from each stage's first
+        (``first``; clipped below ``L``), ``j`` ``(n, U, Wb)`` the ends and
+        ``ok`` whether each range ends by ``L``, starts by the stage's last
+        start (``_stop``) and fits in memory; ``Wb`` the longest length that
+        is ``ok`` somewhere (longer ones are +inf everywhere)."""
+        L, W = self.costs.num_layers, self.rows
+        first, stop = self._start[lo:hi], self._stop[lo:hi]
+        U = int(max(1, np.max(stop - first) + 1))
+        stages = np.arange(lo, hi)[:, None, None]
+        at = first[:, None, None] + np.arange(U)[None, :, None]  # (n, U, 1)
+        i = np.minimum(at, L - 1)  # past a stage's last start: masked
+        j = i + np.arange(1, W + 1)  # (n, U, W)
+        ok = (j <= L) & (at <= stop[:, None, None])
+        ok = ok & self.costs.fits(stages, i, np.minimum(j, L))
+        rows = np.flatnonzero(ok.any(axis=(0, 1)))
+        Wb = int(rows[-1]) + 1 if len(rows) else 1
+        return stages, i, j[..., :Wb], ok[..., :Wb], first
+
+    def _added_rows(self, lo: int, hi: int, cheap: "_Tables") -> None:
+        """Stages ``lo .. hi-1`` of :meth:`with_chains`: the DP of the ``sum``
+        rows past those of ``cheap`` (same point and width), every other row
+        of the minima taken from ``cheap``."""
+        stages, i, j, ok, first = self._band(lo, hi)
+        L = self.costs.num_layers
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, np.minimum(j, L), self.weights, True)
+        n0 = cheap._sizes["sum"]
+        sums = [a for fam in fams for kind, a, _ in fam if kind == "sum"][n0:]
+        t = self._stack(sums, np.inf, ok)
+        U, Wb = t.shape[2:]
+        buf = np.empty((len(t), U, Wb))
+        for s in range(hi - 1, lo - 1, -1):
+            k, at = s - lo, int(first[s - lo])
+            np.add(t[:, k], self._window(self._suf[s + 1]["add"][n0:n0 + len(t)], at, U, Wb), out=buf)
+            c = cheap._suf[s]
+            self._suf[s] = {"add": np.concatenate([c["add"][:n0], self._placed(buf.min(axis=2), at), c["add"][n0:]]),
+                            "mx": c["mx"], "sfx": c["sfx"]}
+
+    def _window(self, v: np.ndarray, at: int, U: int, Wb: int) -> np.ndarray:
+        """``v[:, at + u + d]`` for ``u < U``, ``d = 1 .. Wb`` (``v``: ``(Q,
+        L+1)``, +inf past ``L``): a ``(Q, U, Wb)`` sliding-window view."""
+        L = self.costs.num_layers
+        pad = np.full((len(v), max(L + 1, at + U + Wb + 1)), np.inf)
+        pad[:, :L + 1] = v
+        return np.lib.stride_tricks.sliding_window_view(pad, Wb, axis=1)[:, at + 1:at + 1 + U]
+
+    @staticmethod
+    def _stack(xs, fill: float, ok: np.ndarray) -> np.ndarray:
+        """The arrays ``xs`` (each broadcast to ``ok``'s shape) stacked on a
+        leading axis, ``fill`` where not ``ok``."""
+        out = np.empty((len(xs),) + ok.shape)
+        for row, x in zip(out, xs):
+            row[...] = x
+        np.copyto(out, fill, where=~ok)
+        return out
 
     def _last_stage(self) -> None:
         """The last stage from each start it can have to layer ``L`` (one
@@ -535,18 +623,8 @@ class _Tables:
         (``_stop``) masked as not fitting, with every length up to the
         longest that fits, and their suffix minima (:meth:`_banded_minima`);
         keep their terms for :meth:`column` when ``keep``."""
-        L, W = self.costs.num_layers, self.rows
-        first, stop = self._start[lo:hi], self._stop[lo:hi]
-        U = int(max(1, np.max(stop - first) + 1))
-        stages = np.arange(lo, hi)[:, None, None]
-        at = first[:, None, None] + np.arange(U)[None, :, None]  # (n, U, 1)
-        i = np.minimum(at, L - 1)  # past a stage's last start: masked
-        j = i + np.arange(1, W + 1)  # (n, U, W)
-        ok = (j <= L) & (at <= stop[:, None, None])
-        ok = ok & self.costs.fits(stages, i, np.minimum(j, L))
-        rows = np.flatnonzero(ok.any(axis=(0, 1)))
-        Wb = int(rows[-1]) + 1 if len(rows) else 1  # longer ranges fit nowhere in the block: +inf
-        groups, ok = self._block(stages, i, j[..., :Wb], ok[..., :Wb])
+        stages, i, j, ok, first = self._band(lo, hi)
+        groups, ok = self._block(stages, i, j, ok)
         if keep:
             self._kept.update({k: ("banded", lo, groups, ok) for k in range(lo, hi)})
         self._banded_minima(groups, ok, lo, hi, first)
@@ -577,14 +655,8 @@ class _Tables:
                       "suffix": ("add", na0, na0 + sizes["suffix"]),
                       "max": ("mx", 0, sizes["max"]), "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
 
-        off = ~ok
-
         def stack(xs, fill):
-            out = np.empty((len(xs),) + shape)
-            for row, x in zip(out, xs):
-                row[...] = x
-            np.copyto(out, fill, where=off)
-            return out
+            return self._stack(xs, fill, ok)
 
         alphas = {k: [a for _, a, _ in c] for k, c in comps.items()}
         betas = {k: [x for _, _, x in c] for k, c in comps.items()}
@@ -664,7 +736,6 @@ class _Tables:
         sum; ``mx``: ``max(beta, alpha + next)``; ``sfx``: ``max(beta + next
         add, next sfx)``), read as a sliding window over that row padded
         with +inf (``groups``: ``(Q, n, U, Wb)`` from :meth:`_stages`)."""
-        L = self.costs.num_layers
         _, _, U, Wb = groups["add"].shape
         nmax, ns = self._sizes["max"], self._sizes["suffix"]
         na0 = self._rows["suffix"][1]
@@ -673,14 +744,7 @@ class _Tables:
         for s in range(hi - 1, lo - 1, -1):
             k, at = s - lo, int(first[s - lo])
             nxt = self._suf[s + 1]
-            width = max(L + 1, at + U + Wb + 1)
-
-            def window(v):  # v[:, at + u + d] for u < U, d = 1 .. Wb: (Q, U, Wb), a view
-                pad = np.full((len(v), width), np.inf)
-                pad[:, :L + 1] = v
-                return np.lib.stride_tricks.sliding_window_view(pad, Wb, axis=1)[:, at + 1:at + 1 + U]
-
-            h_add, h_mx, h_sfx = window(nxt["add"]), window(nxt["mx"]), window(nxt["sfx"])
+            h_add, h_mx, h_sfx = (self._window(nxt[g], at, U, Wb) for g in ("add", "mx", "sfx"))
             b = buf[:len(t_add)]
             np.add(t_add[:, k], h_add, out=b)
             add = b.min(axis=2)
@@ -899,7 +963,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
     if schedule in CHAIN_SCHEDULES and not tables.chains:  # the cheap bounds left work: add the chain families
         weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel))
-        tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
+        tables = tables.with_chains(weights)
     counter = _RankCount(costs, schedule, pp)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev):  # stopped, but few splits: all simulated
@@ -959,7 +1023,7 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
             if schedule not in CHAIN_SCHEDULES:
                 break
             weights, _ = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
-            tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
+            tables = tables.with_chains(weights)
         root = tables.root_bound()
         if root >= cutoff_s:
             if not np.isfinite(root) and optimal_split(costs) is None:
