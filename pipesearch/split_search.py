@@ -243,10 +243,18 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
     ks, counts = _chain_counts(schedule, pp, m, S // pp)
     s = np.asarray(s)
     own = np.where(s % pp == 0, r, 0.0)
-    out = []
+    out, no_work = [], {}
     for k, n in zip(ks, counts):
-        work = sum(n[:, kind][s] * d for kind, d in enumerate(per_action))
-        out.append(np.where(s < k, fill_drain, 0.0) + work + own)
+        # kinds with no action on the stages of s add nothing (x + 0 = x): skipped
+        work = [n[:, kind][s] * d for kind, d in enumerate(per_action) if np.any(n[:, kind][s])]
+        before = s < k
+        if work:
+            out.append(np.where(before, fill_drain, 0.0) + sum(work) + own)
+            continue
+        key = before.tobytes()  # the same fill and own terms for every such family
+        if key not in no_work:
+            no_work[key] = np.where(before, fill_drain, 0.0) + own
+        out.append(no_work[key])
     return out
 
 
@@ -419,7 +427,7 @@ _KINDS = ("sum", "max", "prefix", "suffix", "device")
 #: linear in layers x band width)
 TABLE_FLOATS = 2**23
 _ROWS_PER_STAGE = 32  # an upper bound on the stacked components of a stage
-_COLUMNS_KEPT = 4096  # recomputed columns kept per table (then dropped all at once)
+_COLUMN_CHUNK = 16  # starts of one stage whose terms are recomputed together (kept up to TABLE_FLOATS floats)
 
 
 class _Tables:
@@ -427,22 +435,32 @@ class _Tables:
     of component (all components of one kind are stacked on a leading axis).
 
     ``fam[K]`` holds the family of each component of kind ``K``. A stage's
-    terms (:meth:`column`, :meth:`_block`) are ``alpha[K]``, ``beta[K]``
-    of shape ``(Q_K, ..., W, L+1)`` (row ``d - 1``, column ``i``: the stage
-    ``[i, i + d)``) and whether that stage fits in memory. The suffix minima
-    (:meth:`suffix_min`) bound each component over every split of ``[i, L)``
-    into stages ``s .. S-1``, shape ``(Q_K, L+1)``: ``sum``: min sum; ``max``:
-    min max; ``prefix``: ``min max_k (sum_{s<=k'<k} alpha + beta_k)``;
-    ``suffix``: the pair ``(min sum alpha, min max_k (beta_k + sum_{k'>k}
-    alpha))``; ``device``: min sum beta. Only the ranges a split can hold are
-    tabled: stage ``s`` from the layers ``s .. L - S + s``, stages of at most
-    ``L - S + 1`` layers (every other stage holds one), so the minima from
-    other layers are infinite. When all stages fit in :data:`TABLE_FLOATS`
-    floats they are tabled in one block; else the first stage only from layer
-    0 and the last one only up to layer ``L`` (one range per start: two
-    stages cost ``O(W + L)``), the middle ones in blocks of at most
-    :data:`TABLE_FLOATS` floats. Terms of the stages of one block are kept for
-    :meth:`column`, else recomputed there.
+    terms (:meth:`column`) are ``alpha[K]``, ``beta[K]`` of shape ``(Q_K,
+    W)`` (row ``d - 1``: the stage ``[i, i + d)``) and whether that stage
+    fits in memory. The suffix minima (:meth:`suffix_min`) bound each
+    component over every split of ``[i, L)`` into stages ``s .. S-1``, shape
+    ``(Q_K, L+1)``: ``sum``: min sum; ``max``: min max; ``prefix``: ``min
+    max_k (sum_{s<=k'<k} alpha + beta_k)``; ``suffix``: the pair ``(min sum
+    alpha, min max_k (beta_k + sum_{k'>k} alpha))``; ``device``: min sum
+    beta.
+
+    Only the ranges a split can hold are tabled: stage ``s`` from the layers
+    ``max(s, L - (S - s) W) .. min(s W, L - S + s)`` (``_start``, ``_stop``),
+    stages of at most ``W = min(width, L - S + 1)`` layers, the first stage
+    only from layer 0 and the last one only up to layer ``L`` (one range per
+    start); the minima from other layers are infinite. Within a block of
+    middle stages the band is cut to the longest range that fits in memory
+    (longer ones are +inf). The components are stacked by how the backward
+    DP combines them (:meth:`_block`): ``add`` (``sum`` alpha, ``device``
+    beta, ``suffix`` alpha: min-sum), ``mx`` (``max`` and ``prefix`` beta:
+    min-max, with the ``prefix`` alpha in ``mxa``) and ``sfx`` (``suffix``
+    beta). The middle stages are tabled in blocks of at most
+    :data:`TABLE_FLOATS` floats, laid out ``(Q, stage, start, length)``, so
+    that stage ``s``'s DP step reads the minima of stage ``s + 1`` at ``i +
+    d`` as a sliding window (no gather) and takes one minimum over the
+    contiguous last axis per component. Memory is ``O(Q S L)`` for the
+    minima plus one block. The terms of the middle stages are kept for
+    :meth:`column` when they fit in one block, else recomputed there.
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
@@ -453,6 +471,7 @@ class _Tables:
         self.rows = W = max(1, min(self.width, L - S + 1))
         self._kept: dict = {}
         self._columns: dict = {}
+        self._held = 0  # floats in _columns
         self._suf = [None] * (S + 1)
         self.weights, self.chains = weights, chains
         # stage s from every layer it can start at in a split of stages of at
@@ -462,169 +481,283 @@ class _Tables:
         st = np.arange(S)
         self._start = np.maximum(st, L - (S - st) * W)
         self._stop = np.minimum(st * W, L - S + st)
-        U = L - S + 1
-        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0)
-        if rows * S * W * U <= TABLE_FLOATS:  # small: every stage in one block
-            self._stages(0, S, U)
+        self._last_stage()
+        if S == 1:
             return
-        # else the last stage only up to L (one range per start), the middle
-        # ones in blocks, the first one only from layer 0
-        i = np.arange(L + 1)[None, :]
-        terms, fits = self._block(np.array([[[S - 1]]]), i[None], np.full_like(i, L)[None])
-        self._kept[S - 1] = ("last", 0, terms, fits)
-        self._suffix_minima(terms, fits, S - 1, S, np.full_like(i, L), np.zeros(1, dtype=np.int64))
-        block = max(1, TABLE_FLOATS // (rows * W * U))
+        block = self._block_size(_ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0))
         for hi in range(S - 1, 1, -block):
-            self._stages(max(1, hi - block), hi, U, keep=block >= S - 2)
-        i, j = np.zeros((W, 1), dtype=np.int64), np.arange(1, W + 1)[:, None]
-        terms, fits = self._block(np.array([[[0]]]), i[None], j[None])
-        self._kept[0] = ("first", 0, terms, fits)
-        self._suffix_minima(terms, fits, 0, 1, np.minimum(j, L), np.zeros(1, dtype=np.int64))
+            self._stages(max(1, hi - block), hi, keep=block >= S - 2)
+        self._stages(0, 1, keep=True)  # one start: layer 0
 
-    def _stages(self, lo: int, hi: int, U: int, keep: bool = True) -> None:
-        """Table stages ``lo .. hi-1`` from each one's first possible start
-        (``_start``) on, at most ``U`` starts (those past its last start,
-        ``_stop``, masked as not fitting), with every length, and their
-        suffix minima; keep their terms for :meth:`column` when ``keep``."""
+    def _block_size(self, rows: int) -> int:
+        """Middle stages per block: ``rows`` stacked components of the band
+        of each within :data:`TABLE_FLOATS` floats (at least one stage)."""
+        S = self.costs.pp
+        U = int(max(1, np.max(self._stop[1:S - 1] - self._start[1:S - 1] + 1, initial=1)))
+        return max(1, TABLE_FLOATS // (rows * self.rows * U))
+
+    def with_chains(self, weights) -> "_Tables":
+        """``_Tables(costs, schedule, pp, width, weights, chains=True)`` of
+        this table's point and width, equal to it entry for entry, built
+        from this table (without chains): the families it has come first
+        and each component's DP row is independent of the others, so only
+        the added ``sum`` rows (the chain families and the combined one of
+        ``weights``) are tabled for the middle stages; the first and the
+        last stage (one range per start) are tabled whole. Built from
+        scratch when this table has chains or keeps its middle terms."""
+        costs, S = self.costs, self.costs.pp
+        new = _Tables.__new__(_Tables)
+        if self.chains or self.weights is not None or S <= 2 or any(
+                where == "banded" and 0 < k < S - 1 for k, (where, *_) in self._kept.items()):
+            new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True)
+            return new
+        new.costs, new.schedule, new.pp, new.width, new.rows = costs, self.schedule, self.pp, self.width, self.rows
+        new.weights, new.chains = weights, True
+        new._kept, new._columns, new._held, new._suf = {}, {}, 0, [None] * (S + 1)
+        new._start, new._stop = self._start, self._stop
+        new._last_stage()
+        block = new._block_size(MAX_CHAIN_FAMILIES + 1)
+        for hi in range(S - 1, 1, -block):
+            new._added_rows(max(1, hi - block), hi, self)
+        new._stages(0, 1, keep=True)
+        return new
+
+    def _band(self, lo: int, hi: int):
+        """The band of stages ``lo .. hi-1``: ``(stages, i, j, ok, first)``
+        with ``i`` ``(n, U, 1)`` the starts from each stage's first
+        (``first``; clipped below ``L``), ``j`` ``(n, U, Wb)`` the ends and
+        ``ok`` whether each range ends by ``L``, starts by the stage's last
+        start (``_stop``) and fits in memory; ``Wb`` the longest length that
+        is ``ok`` somewhere (longer ones are +inf everywhere)."""
         L, W = self.costs.num_layers, self.rows
         first, stop = self._start[lo:hi], self._stop[lo:hi]
-        U = int(max(1, min(U, np.max(stop - first) + 1)))
+        U = int(max(1, np.max(stop - first) + 1))
         stages = np.arange(lo, hi)[:, None, None]
-        at = np.broadcast_to(first[:, None, None] + np.arange(U)[None, None, :], (hi - lo, W, U))
-        i = np.minimum(at, L - 1)  # past a stage's last start: masked below
-        j = i + np.arange(1, W + 1)[None, :, None]
-        terms, fits = self._block(stages, i, j)
-        fits &= at <= stop[:, None, None]
-        if keep:
-            self._kept.update({k: ("banded", lo, terms, fits) for k in range(lo, hi)})
-        self._suffix_minima(terms, fits, lo, hi, np.minimum(j, L), first)
+        at = first[:, None, None] + np.arange(U)[None, :, None]  # (n, U, 1)
+        i = np.minimum(at, L - 1)  # past a stage's last start: masked
+        j = i + np.arange(1, W + 1)  # (n, U, W)
+        ok = (j <= L) & (at <= stop[:, None, None])
+        ok = ok & self.costs.fits(stages, i, np.minimum(j, L))
+        rows = np.flatnonzero(ok.any(axis=(0, 1)))
+        Wb = int(rows[-1]) + 1 if len(rows) else 1
+        return stages, i, j[..., :Wb], ok[..., :Wb], first
 
-    def _block(self, stages, i, j):
-        """Stacked terms of ``stages`` (int array broadcast against ``i``,
-        ``j``): ``({kind: (alpha, beta)}, fits)``, invalid ranges (``j > L``)
-        at infinity and not fitting."""
+    def _added_rows(self, lo: int, hi: int, cheap: "_Tables") -> None:
+        """Stages ``lo .. hi-1`` of :meth:`with_chains`: the DP of the ``sum``
+        rows past those of ``cheap`` (same point and width), every other row
+        of the minima taken from ``cheap``."""
+        stages, i, j, ok, first = self._band(lo, hi)
         L = self.costs.num_layers
-        valid = (j <= L) & (j > i) & (j - i <= self.rows)
-        jc = np.minimum(j, L)
-        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
-        shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, np.minimum(j, L), self.weights, True)
+        n0 = cheap._sizes["sum"]
+        sums = [a for fam in fams for kind, a, _ in fam if kind == "sum"][n0:]
+        t = self._stack(sums, np.inf, ok)
+        U, Wb = t.shape[2:]
+        buf = np.empty((len(t), U, Wb))
+        for s in range(hi - 1, lo - 1, -1):
+            k, at = s - lo, int(first[s - lo])
+            np.add(t[:, k], self._window(self._suf[s + 1]["add"][n0:n0 + len(t)], at, U, Wb), out=buf)
+            c = cheap._suf[s]
+            self._suf[s] = {"add": np.concatenate([c["add"][:n0], self._placed(buf.min(axis=2), at), c["add"][n0:]]),
+                            "mx": c["mx"], "sfx": c["sfx"]}
 
-        def band(xs):  # the components stacked, invalid ranges at infinity
-            out = np.empty((len(xs),) + shape)
-            for row, x in zip(out, xs):
-                row[...] = x
-            out[:, ~np.broadcast_to(valid, shape)] = np.inf
-            return out
-
-        terms, fam_of = {}, {}
-        for kind in _KINDS:
-            comps = [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind]
-            if comps:
-                fam_of[kind] = np.array([f for f, _, _ in comps], dtype=np.int64)
-                terms[kind] = (band([a for _, a, _ in comps]) if comps[0][1] is not None else None,
-                               band([x for _, _, x in comps]) if comps[0][2] is not None else None)
-        self.fam, self.kinds, self.num_families = fam_of, tuple(fam_of), len(fams)  # the same for every block
-        fits = valid & np.broadcast_to(self.costs.fits(stages, i, jc), shape)
-        return terms, fits
-
-    def column(self, s: int, i: int):
-        """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
-        ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and ``(W,)``."""
-        where, lo, terms, fits = self._kept.get(s, (None, 0, None, None))
-        if where == "banded" and 0 <= i - self._start[s] < fits.shape[-1]:
-            k, u = s - lo, i - self._start[s]
-            cols = {kind: tuple(None if x is None else x[:, k, :, u] for x in ab) for kind, ab in terms.items()}
-            return cols, fits[k, :, u]
-        if where == "first" and i == 0:
-            cols = {kind: tuple(None if x is None else x[:, 0, :, 0] for x in ab) for kind, ab in terms.items()}
-            return cols, fits[0, :, 0]
-        if where == "last":  # the one length that ends at L
-            d, W = self.costs.num_layers - i, self.rows
-            ok = np.zeros(W, dtype=bool)
-            cols = {}
-            for kind, ab in terms.items():
-                cols[kind] = tuple(None if x is None else np.full((len(x), W), np.inf) for x in ab)
-            if 1 <= d <= W:
-                ok[d - 1] = fits[0, 0, i]
-                for kind, ab in terms.items():
-                    for out, x in zip(cols[kind], ab):
-                        if x is not None:
-                            out[:, d - 1] = x[:, 0, 0, i]
-            return cols, ok
-        if (s, i) not in self._columns:
-            if len(self._columns) >= _COLUMNS_KEPT:
-                self._columns.clear()
-            d = np.arange(1, self.rows + 1)
-            self._columns[s, i] = self._block(np.array(s), np.full(len(d), i), i + d)
-        return self._columns[s, i]
-
-    def _suffix_minima(self, terms, fits, lo: int, hi: int, jc: np.ndarray, first: np.ndarray) -> None:
-        """The backward DP over stages ``hi - 1 .. lo`` of every component at
-        once, in three stacked groups: min-sum rows (``sum`` alpha, ``device``
-        beta, ``suffix`` alpha), min-max rows (``max`` as ``prefix`` with alpha
-        0, then ``prefix``) and the ``suffix`` maxima (which read their alpha
-        rows' sums). ``terms`` and ``fits`` cover the ranges from the layers
-        ``first[k] + c`` (``c`` the last axis, ``k`` the stage in the block)
-        to ``jc`` (per stage when it has a stage axis); the minima from other
-        layers are infinite."""
+    def _window(self, v: np.ndarray, at: int, U: int, Wb: int) -> np.ndarray:
+        """``v[:, at + u + d]`` for ``u < U``, ``d = 1 .. Wb`` (``v``: ``(Q,
+        L+1)``, +inf past ``L``): a ``(Q, U, Wb)`` sliding-window view."""
         L = self.costs.num_layers
+        pad = np.full((len(v), max(L + 1, at + U + Wb + 1)), np.inf)
+        pad[:, :L + 1] = v
+        return np.lib.stride_tricks.sliding_window_view(pad, Wb, axis=1)[:, at + 1:at + 1 + U]
 
-        def part(kind, which):
-            return [terms[kind][which]] if kind in terms else []
+    @staticmethod
+    def _stack(xs, fill: float, ok: np.ndarray) -> np.ndarray:
+        """The arrays ``xs`` (each broadcast to ``ok``'s shape) stacked on a
+        leading axis, ``fill`` where not ``ok``."""
+        out = np.empty((len(xs),) + ok.shape)
+        for row, x in zip(out, xs):
+            row[...] = x
+        np.copyto(out, fill, where=~ok)
+        return out
 
-        add = part("sum", 0) + part("device", 1) + part("suffix", 0)
-        mx_x = part("max", 1) + part("prefix", 1)
-        mx_a = [np.zeros_like(x) for x in part("max", 1)] + part("prefix", 0)
-        sizes = {k: len(self.fam.get(k, ())) for k in _KINDS}
-        self._rows = {"sum": ("add", 0, sizes["sum"]),
-                      "device": ("add", sizes["sum"], sizes["sum"] + sizes["device"]),
-                      "max": ("mx", 0, sizes["max"]),
-                      "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
-        na0 = sizes["sum"] + sizes["device"]
-        self._rows["suffix"] = ("add", na0, na0 + sizes["suffix"])
-        empty = np.zeros((0,) + fits.shape)
-        t_add = np.concatenate(add) if add else empty
-        t_mx = np.concatenate(mx_x) if mx_x else empty
-        a_mx = np.concatenate(mx_a) if mx_a else empty
-        x_sfx = terms["suffix"][1] if "suffix" in terms else empty
+    def _last_stage(self) -> None:
+        """The last stage from each start it can have to layer ``L`` (one
+        range per start), and its suffix minima: its own terms (every layer
+        is then placed)."""
+        L, S, W = self.costs.num_layers, self.costs.pp, self.rows
+        s, first, stop = S - 1, int(self._start[S - 1]), int(self._stop[S - 1])
+        i = np.arange(first, max(first, stop) + 1)  # (one masked start when none is possible)
+        j = np.full_like(i, L)
+        ok = (i >= first) & (i <= stop) & (j - i <= W) & (j > i)
+        ok = ok & np.broadcast_to(self.costs.fits(np.array(s), i, j), ok.shape)
+        groups, ok = self._block(np.array(s), i, j, ok)
+        self._kept[s] = ("last", int(i[0]), groups, ok)
 
         def end(q, value):
             out = np.full((q, L + 1), np.inf)
             out[:, L] = value
             return out
 
-        suf = self._suf[hi]
-        if suf is None:  # the last stage's successor: every layer placed
-            suf = {"add": end(len(t_add), 0.0), "mx": end(len(t_mx), -np.inf), "sfx": end(len(x_sfx), -np.inf)}
-            self._suf[hi] = suf
-        # ranges that do not fit (or run past L) at +inf in the terms added or
-        # maximised, at 0 in the alphas added to a maximum: every candidate of
-        # such a range is then +inf (never nan: the finite terms plus a suffix
-        # value in [-inf, inf]), so each stage is three gathers, three
-        # elementwise steps and three minima
-        t_add = np.where(fits, t_add, np.inf)
-        t_mx = np.where(fits, t_mx, np.inf)
-        a_mx = np.where(fits, a_mx, 0.0)
-        x_sfx = np.where(fits, x_sfx, np.inf)
-        ns = sizes["suffix"]
-        per_stage = jc.ndim == 3
+        g, nmax = groups, self._sizes["max"]
+        self._suf[S] = nxt = {"add": end(len(g["add"]), 0.0), "mx": end(len(g["mx"]), -np.inf),
+                              "sfx": end(len(g["sfx"]), -np.inf)}
+        h_add, h_mx, h_sfx = nxt["add"][:, L:], nxt["mx"][:, L:], nxt["sfx"][:, L:]
+        na0, ns = self._rows["suffix"][1], self._sizes["suffix"]
+        mx = np.concatenate([np.maximum(g["mx"][:nmax], h_mx[:nmax]),
+                             np.maximum(g["mx"][nmax:], g["mxa"] + h_mx[nmax:])])
+        self._suf[s] = {kind: self._placed(v, int(i[0])) for kind, v in
+                        (("add", g["add"] + h_add), ("mx", mx),
+                         ("sfx", np.maximum(g["sfx"] + h_add[na0:na0 + ns], h_sfx)))}
 
-        def placed(v, at):
-            if v.shape[1] == L + 1:
-                return v
-            out = np.full((len(v), L + 1), np.inf)
-            n = min(v.shape[1], L + 1 - at)  # positions past L (masked starts) dropped
-            out[:, at:at + n] = v[:, :n]
-            return out
+    def _placed(self, v: np.ndarray, at: int) -> np.ndarray:
+        """``v`` (``(Q, U)``: starts ``at .. at + U - 1``) in a ``(Q, L+1)``
+        row of +inf (starts past ``L`` dropped)."""
+        L = self.costs.num_layers
+        out = np.full((len(v), L + 1), np.inf)
+        n = max(0, min(v.shape[1], L + 1 - at))
+        out[:, at:at + n] = v[:, :n]
+        return out
 
+    def _stages(self, lo: int, hi: int, keep: bool = True) -> None:
+        """Table stages ``lo .. hi-1`` (not the last) from each one's first
+        possible start (``_start``) on, those past its last start
+        (``_stop``) masked as not fitting, with every length up to the
+        longest that fits, and their suffix minima (:meth:`_banded_minima`);
+        keep their terms for :meth:`column` when ``keep``."""
+        stages, i, j, ok, first = self._band(lo, hi)
+        groups, ok = self._block(stages, i, j, ok)
+        if keep:
+            self._kept.update({k: ("banded", lo, groups, ok) for k in range(lo, hi)})
+        self._banded_minima(groups, ok, lo, hi, first)
+
+    def _block(self, stages, i, j, ok=None):
+        """Stacked terms of ``stages`` (int array broadcast against ``i``,
+        ``j``) over the ranges ``[i, j)``: ``(groups, ok)`` with ``groups``
+        the ``add``, ``mx``, ``mxa`` and ``sfx`` stacks (class docstring),
+        each ``(Q,) + shape``, and ``ok`` whether the range is valid and fits
+        (computed when None). Ranges that are not ``ok`` are +inf in every
+        stack but ``mxa`` (0 there), so that each of their DP candidates is
+        +inf (never nan: finite terms plus a suffix value in ``[-inf,
+        inf]``)."""
+        L = self.costs.num_layers
+        jc = np.minimum(j, L)
+        shape = np.broadcast_shapes(np.shape(stages), np.shape(i), np.shape(j))
+        if ok is None:
+            ok = (j <= L) & (j > i) & (j - i <= self.rows)
+            ok = ok & self.costs.fits(stages, i, jc)
+        ok = np.broadcast_to(ok, shape)
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
+        comps = {kind: [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind] for kind in _KINDS}
+        self.fam = {kind: np.array([f for f, _, _ in c], dtype=np.int64) for kind, c in comps.items() if c}
+        self.kinds, self.num_families = tuple(self.fam), len(fams)  # the same for every block
+        self._sizes = sizes = {k: len(c) for k, c in comps.items()}
+        na0 = sizes["sum"] + sizes["device"]
+        self._rows = {"sum": ("add", 0, sizes["sum"]), "device": ("add", sizes["sum"], na0),
+                      "suffix": ("add", na0, na0 + sizes["suffix"]),
+                      "max": ("mx", 0, sizes["max"]), "prefix": ("mx", sizes["max"], sizes["max"] + sizes["prefix"])}
+
+        def stack(xs, fill):
+            return self._stack(xs, fill, ok)
+
+        alphas = {k: [a for _, a, _ in c] for k, c in comps.items()}
+        betas = {k: [x for _, _, x in c] for k, c in comps.items()}
+        groups = {"add": stack(alphas["sum"] + betas["device"] + alphas["suffix"], np.inf),
+                  "mx": stack(betas["max"] + betas["prefix"], np.inf),
+                  "mxa": stack(alphas["prefix"], 0.0), "sfx": stack(betas["suffix"], np.inf)}
+        return groups, ok
+
+    def _views(self, groups, pick):
+        """Per kind ``(alpha, beta)`` (None where the kind has none) of the
+        stacks ``groups``, each indexed by ``pick`` after the component axis."""
+        out = {}
+        for kind in self.kinds:
+            group, a, b = self._rows[kind]
+            rows = groups[group][a:b][pick]
+            alpha = {"sum": rows, "suffix": rows, "prefix": groups["mxa"][pick]}.get(kind)
+            beta = None if kind == "sum" else groups["sfx"][pick] if kind == "suffix" else rows
+            out[kind] = (alpha, beta)
+        return out
+
+    def column(self, s: int, i: int):
+        """Stage ``s`` starting at layer ``i``, every length ``d = 1 .. W``:
+        ``({kind: (alpha, beta)}, fits)`` with arrays ``(Q_K, W)`` and
+        ``(W,)``; terms of the ranges that do not fit are arbitrary."""
+        where, lo, groups, ok = self._kept.get(s, (None, 0, None, None))
+        W = self.rows
+        if where == "banded" and 0 <= i - self._start[s] < ok.shape[1]:
+            k, u = s - lo, i - self._start[s]
+            return self._padded(self._views(groups, (slice(None), k, u)), ok[k, u], W)
+        if where == "last":  # the one length that ends at L
+            d, u = self.costs.num_layers - i, i - lo
+            fits = np.zeros(W, dtype=bool)
+            cols = {kind: tuple(None if x is None else np.full((len(x), W), np.inf) for x in ab)
+                    for kind, ab in self._views(groups, (slice(None), slice(0, 0))).items()}
+            if 1 <= d <= W and 0 <= u < len(ok):
+                fits[d - 1] = ok[u]
+                for kind, ab in self._views(groups, (slice(None), u)).items():
+                    for out, x in zip(cols[kind], ab):
+                        if x is not None:
+                            out[:, d - 1] = x
+            return cols, fits
+        key = (s, i // _COLUMN_CHUNK)  # the starts of one chunk in one pass (a node's children start close by)
+        if key not in self._columns:
+            if self._held > TABLE_FLOATS:
+                self._columns.clear()
+                self._held = 0
+            L = self.costs.num_layers
+            at = key[1] * _COLUMN_CHUNK + np.arange(_COLUMN_CHUNK)[:, None]
+            start = np.minimum(at, L - 1)
+            j = start + np.arange(1, W + 1)
+            ok = (j <= L) & (at < L) & self.costs.fits(np.array(s), start, np.minimum(j, L))
+            self._columns[key] = self._block(np.array(s), start, j, ok)
+            self._held += sum(g.size for g in self._columns[key][0].values())
+        groups, ok = self._columns[key]
+        u = i % _COLUMN_CHUNK
+        return self._views(groups, (slice(None), u)), ok[u]
+
+    @staticmethod
+    def _padded(cols, ok, W: int):
+        """Columns of a band cut to ``len(ok) <= W`` lengths, padded to ``W``
+        (the longer ranges do not fit)."""
+        if len(ok) == W:
+            return cols, ok
+        fits = np.zeros(W, dtype=bool)
+        fits[:len(ok)] = ok
+        out = {}
+        for kind, ab in cols.items():
+            out[kind] = tuple(None if x is None else np.concatenate(
+                [x, np.full((len(x), W - len(ok)), np.inf)], axis=1) for x in ab)
+        return out, fits
+
+    def _banded_minima(self, groups, ok, lo: int, hi: int, first: np.ndarray) -> None:
+        """The backward DP over stages ``hi - 1 .. lo`` of every component at
+        once, from the minima of stage ``hi``: stage ``s`` from ``i = first +
+        u`` takes, per component, the minimum over the lengths ``d`` of its
+        term combined with the next stage's minimum at ``i + d`` (``add``:
+        sum; ``mx``: ``max(beta, alpha + next)``; ``sfx``: ``max(beta + next
+        add, next sfx)``), read as a sliding window over that row padded
+        with +inf (``groups``: ``(Q, n, U, Wb)`` from :meth:`_stages`)."""
+        _, _, U, Wb = groups["add"].shape
+        nmax, ns = self._sizes["max"], self._sizes["suffix"]
+        na0 = self._rows["suffix"][1]
+        t_add, t_mx, a_mx, x_sfx = groups["add"], groups["mx"], groups["mxa"], groups["sfx"]
+        buf = np.empty((max(len(t_add), len(t_mx), 1), U, Wb))
         for s in range(hi - 1, lo - 1, -1):
-            k = s - lo
-            at, jk = first[k], (jc[k] if per_stage else jc)
-            h_add = suf["add"][:, jk]
-            suf = {"add": placed((t_add[:, k] + h_add).min(axis=1), at),
-                   "mx": placed(np.maximum(t_mx[:, k], a_mx[:, k] + suf["mx"][:, jk]).min(axis=1), at),
-                   "sfx": placed(np.maximum(x_sfx[:, k] + h_add[na0:na0 + ns], suf["sfx"][:, jk]).min(axis=1), at)}
-            self._suf[s] = suf
+            k, at = s - lo, int(first[s - lo])
+            nxt = self._suf[s + 1]
+            h_add, h_mx, h_sfx = (self._window(nxt[g], at, U, Wb) for g in ("add", "mx", "sfx"))
+            b = buf[:len(t_add)]
+            np.add(t_add[:, k], h_add, out=b)
+            add = b.min(axis=2)
+            b = buf[:len(t_mx)]
+            np.maximum(t_mx[:nmax, k], h_mx[:nmax], out=b[:nmax])
+            np.add(a_mx[:, k], h_mx[nmax:], out=b[nmax:])
+            np.maximum(b[nmax:], t_mx[nmax:, k], out=b[nmax:])
+            mx = b.min(axis=2)
+            b = buf[:ns]
+            np.add(x_sfx[:, k], h_add[na0:na0 + ns], out=b)
+            np.maximum(b, h_sfx, out=b)
+            sfx = b.min(axis=2)
+            self._suf[s] = {"add": self._placed(add, at), "mx": self._placed(mx, at), "sfx": self._placed(sfx, at)}
 
     def suffix_min(self, kind: str, s: int):
         """The suffix minima of the components of ``kind`` from stage ``s``:
@@ -830,7 +963,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
     if schedule in CHAIN_SCHEDULES and not tables.chains:  # the cheap bounds left work: add the chain families
         weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel))
-        tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
+        tables = tables.with_chains(weights)
     counter = _RankCount(costs, schedule, pp)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev):  # stopped, but few splits: all simulated
@@ -890,7 +1023,7 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
             if schedule not in CHAIN_SCHEDULES:
                 break
             weights, _ = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
-            tables = _Tables(costs, schedule, pp, tables.width, weights, chains=True)
+            tables = tables.with_chains(weights)
         root = tables.root_bound()
         if root >= cutoff_s:
             if not np.isfinite(root) and optimal_split(costs) is None:

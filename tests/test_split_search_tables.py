@@ -1,0 +1,115 @@
+"""The exact split's tables (``split_search._Tables``) on small seeded points:
+suffix minima against enumeration when memory cuts the band short, and
+every stage's column (kept, recomputed in chunks, the last stage's one
+range) against :func:`pipesearch.split_search.bound_families` evaluated on
+that range alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import test_split_search_bounds as bounds_tests
+from pipesearch import split_search
+from pipesearch.split_search import bound_families
+
+
+def _tight(costs):
+    """``costs`` with each stage's memory capped at its largest two-layer
+    range: every range of up to two layers fits, longer ones only some."""
+    L, S = costs.num_layers, costs.pp
+    i = np.arange(L - 1)
+    cap = np.array([float(np.max(costs.memory_bytes(s, i, i + 2))) for s in range(S)])
+    return dataclasses.replace(costs, capacity_bytes=cap)
+
+
+def _table_modes(monkeypatch, mode: str, costs):
+    """``kept``: every stage in one block, terms kept; ``chunked``: one stage
+    per block, middle terms recomputed per chunk of starts."""
+    if mode == "chunked":
+        monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("mode", ["kept", "chunked"])
+def test_suffix_minima_under_tight_memory_equal_enumeration(seed, mode, monkeypatch):
+    """With memory that refuses long stages, every suffix minimum equals the
+    minimum over the splits of the layers left whose stages all fit
+    (enumerated): the band cut to the longest fitting range loses nothing."""
+    schedule, pp, vp, m, costs = bounds_tests._point(seed)
+    costs = _tight(costs)
+    if not split_search.any_split_fits(costs):
+        pytest.skip("no split fits")
+    _table_modes(monkeypatch, mode, costs)
+    L, S = costs.num_layers, costs.pp
+    tables = split_search._Tables(costs, schedule, pp, L)
+    for s in range(S):
+        for i in ([0] if s == 0 else range(s, L - S + s + 1)):
+            for kind in tables.kinds:
+                got = tables.suffix_min(kind, s)
+                for q in range(len(tables.fam[kind])):
+                    want = bounds_tests._component_minimum(kind, q, (schedule, pp), costs, s, i, S, pp, True)
+                    have = (got[0][q, i], got[1][q, i]) if kind == "suffix" else (got[q, i],)
+                    if want is None:
+                        assert all(np.isinf(x) for x in have), (s, i, kind, q)
+                    elif kind == "suffix":  # the pair's parts are minimised one after the other
+                        assert have[0] == pytest.approx(want[0], rel=1e-12), (s, i, kind, q)
+                        assert have[1] <= want[1] * (1 + 1e-12), (s, i, kind, q)
+                    else:
+                        assert have[0] == pytest.approx(want[0], rel=1e-12), (s, i, kind, q)
+
+
+def test_tight_memory_cuts_some_band():
+    """The seeds above do exercise the cut: some block is tabled with fewer
+    lengths than the table's rows."""
+    cut = 0
+    for seed in range(12):
+        schedule, pp, _, _, costs = bounds_tests._point(seed)
+        costs = _tight(costs)
+        if split_search.any_split_fits(costs):
+            tables = split_search._Tables(costs, schedule, pp, costs.num_layers)
+            cut += any(kept[3].shape[-1] < tables.rows for kept in tables._kept.values() if kept[0] == "banded")
+    assert cut > 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("mode", ["kept", "chunked"])
+@pytest.mark.parametrize("tight", [False, True])
+def test_columns_equal_bound_families_of_each_range(seed, mode, tight, monkeypatch):
+    """``column(s, i)`` says which lengths ``d`` fit (the range ends by
+    ``L`` and fits memory; the last stage only ``d = L - i``) and, for those,
+    holds each component's terms as :func:`bound_families` gives them for
+    the range ``[i, i + d)`` alone (with chain families and weights)."""
+    schedule, pp, vp, m, costs = bounds_tests._point(seed)
+    if tight:
+        costs = _tight(costs)
+    _table_modes(monkeypatch, mode, costs)
+    L, S = costs.num_layers, costs.pp
+    chains = schedule in split_search.CHAIN_SCHEDULES
+    weights = None
+    if chains:
+        terms = split_search.separable_terms(bound_families(costs, schedule, pp, 0, 0, 1, chains=True), 0, pp)
+        weights = np.full(len(terms), 1.0 / len(terms))
+    tables = split_search._Tables(costs, schedule, pp, L, weights, chains)
+    W = tables.rows
+    for s in range(S):
+        for i in ([0] if s == 0 else range(s, L - S + s + 1)):
+            cols, fits = tables.column(s, i)
+            for d in range(1, W + 1):
+                j = i + d
+                want_fit = j <= L and bool(costs.fits(s, i, min(j, L))) and (s < S - 1 or j == L)
+                assert bool(fits[d - 1]) == want_fit, (s, i, d)
+                if not want_fit:
+                    continue
+                comps = {}
+                for fam in bound_families(costs, schedule, pp, np.array(s), np.array(i), np.array(j), weights, chains):
+                    for kind, a, x in fam:
+                        comps.setdefault(kind, []).append((a, x))
+                for kind, (alpha, beta) in cols.items():
+                    for q, (a, x) in enumerate(comps[kind]):
+                        for got, want in ((alpha, a), (beta, x)):
+                            assert (got is None) == (want is None), (s, i, d, kind)
+                            if got is not None:
+                                assert got[q, d - 1] == pytest.approx(float(want), rel=1e-12, abs=0), (s, i, d, kind, q)
