@@ -252,13 +252,7 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
             evaluated += 1
             cutoff = best[0] if best is not None else cutoff_s
             found = exact_split(costs_of(order), schedule, pp, vp, cutoff_s=cutoff)
-            if found is None:
-                continue
-            fitting = fitting or (order, found)
-            if not found.exact:
-                unproven = min(unproven, found.lower_bound_s)
-            if found.best_time_s < cutoff:
-                best = (found.best_time_s, order, found)
+            best, fitting, unproven = _offer(order, found, cutoff, best, fitting, unproven)
         if stopped_at is not None:
             break
     lower = min(best[0] if best is not None else cutoff_s, unproven,
@@ -276,6 +270,20 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     gap = 0.0 if optimal or value <= 0 else max(0.0, (value - lower) / value)
     return OrderSearch(order=order, split=split, status="OPTIMAL" if optimal else "FEASIBLE",
                        best_bound_s=float(lower), gap=float(gap), orders_evaluated=evaluated, orders_total=total)
+
+
+def _offer(order, found: ExactSplit | None, limit_s: float, best, fitting, unproven: float):
+    """``(best, fitting, unproven)`` after ``order``'s split search ``found``
+    (None: no split fits) ran with cutoff ``limit_s``: the best ``(time,
+    order, split)`` below the cutoff, the first ``(order, split)`` that fits,
+    the least bound of the split searches stopped at their limits."""
+    if found is None:
+        return best, fitting, unproven
+    if not found.exact:
+        unproven = min(unproven, found.lower_bound_s)
+    if found.best_time_s < limit_s:
+        best = (found.best_time_s, order, found)
+    return best, fitting or (order, found), unproven
 
 
 def class_bounds_apply(classes: Sequence[Sequence[int]], costs_of, schedule: str, pp: int, vp: int) -> bool:
@@ -314,13 +322,7 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
         done.add(order)
         limit = best[0] if best is not None else cutoff_s
         found = exact_split(costs_of(order), schedule, pp, 1, cutoff_s=limit)
-        if found is None:
-            return
-        fitting = fitting or (order, found)
-        if not found.exact:
-            unproven = min(unproven, found.lower_bound_s)
-        if found.best_time_s < limit:
-            best = (found.best_time_s, order, found)
+        best, fitting, unproven = _offer(order, found, limit, best, fitting, unproven)
 
     for order in list(dict.fromkeys(canonical(o, classes) for o in first))[:max_orders]:
         split(order)

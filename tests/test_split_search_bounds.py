@@ -17,7 +17,7 @@ import itertools
 import numpy as np
 import pytest
 
-from helpers import make_costs, tiny_cluster, tiny_profile
+from helpers import make_costs, tied_or_random_profile, tiny_cluster, tiny_profile
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
@@ -40,15 +40,7 @@ def _point(seed: int):
     S = num_stages_of(schedule, pp, vp)
     L = int(rng.integers(S, min(S + 4, 9) + 1))
     m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
-    if seed % 2 == 0:
-        one = rng.exponential(1.0, 4)
-        head = one * rng.uniform(0.2, 3.0, 4)
-        fwd, bwd, params, outputs = (np.array([a] * (L - 1) + [h]) for a, h in zip(one, head))
-        fwd, bwd, params, outputs = fwd * 1e-3, bwd * 2e-3, params * 1e6, outputs * 1e6
-    else:
-        fwd, bwd = rng.exponential(1e-3, L), rng.exponential(2e-3, L)
-        params, outputs = rng.exponential(1e6, L) * (rng.random(L) < 0.7), rng.exponential(1e6, L)
-    prof = tiny_profile(fwd, bwd, params=params, outputs=outputs, saved=outputs)
+    prof, params, outputs = tied_or_random_profile(rng, L, seed % 2 == 0)
     link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
     cluster = tiny_cluster(1, 2 * pp, memory_bytes=1e12, intra=link, inter=link)
     job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
@@ -294,13 +286,22 @@ def test_suffix_minima_equal_enumeration(seed, monkeypatch):
     elif seed % 3 == 2:  # too large for one block of all stages, one of the middle ones fits
         W = L - S + 1
         monkeypatch.setattr(split_search, "TABLE_FLOATS", split_search._ROWS_PER_STAGE * W * W * max(S - 2, 1))
-    tables = split_search._Tables(costs, schedule, pp, L)
+    assert_suffix_minima_enumerated(split_search._Tables(costs, schedule, pp, L), schedule, pp, costs, False)
+
+
+def assert_suffix_minima_enumerated(tables, schedule: str, pp: int, costs, fits_only: bool) -> None:
+    """Every start ``i`` a split can give stage ``s``: each family
+    component's suffix minimum in ``tables`` equals the minimum over the
+    enumerated splits of the layers left (:func:`_component_minimum`;
+    ``fits_only``: over the splits whose stages all fit), infinite where
+    there is none."""
+    L, S = costs.num_layers, costs.pp
     for s in range(S):
         for i in ([0] if s == 0 else range(s, L - S + s + 1)):
             for kind in tables.kinds:
                 got = tables.suffix_min(kind, s)
                 for q in range(len(tables.fam[kind])):
-                    want = _component_minimum(kind, q, (schedule, pp), costs, s, i, S, pp, False)
+                    want = _component_minimum(kind, q, (schedule, pp), costs, s, i, S, pp, fits_only)
                     have = (got[0][q, i], got[1][q, i]) if kind == "suffix" else (got[q, i],)
                     if want is None:
                         assert all(np.isinf(x) for x in have), (s, i, kind, q)

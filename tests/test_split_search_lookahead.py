@@ -20,7 +20,7 @@ import itertools
 import numpy as np
 import pytest
 
-from helpers import tiny_cluster, tiny_profile
+from helpers import tied_or_random_profile, tiny_cluster
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
@@ -40,15 +40,7 @@ def _instance(seed: int, L_low: int, L_high: int):
     S = num_stages_of(schedule, pp, vp)
     L = int(rng.integers(max(L_low, S + 1), L_high + 1))
     m = pp * int(rng.integers(1, 3)) if vp > 1 else int(rng.integers(pp, pp + 5))
-    if seed % 2 == 0:
-        one = rng.exponential(1.0, 4)
-        head = one * rng.uniform(0.2, 3.0, 4)
-        fwd, bwd, params, outputs = (np.array([a] * (L - 1) + [h]) for a, h in zip(one, head))
-        fwd, bwd, params, outputs = fwd * 1e-3, bwd * 2e-3, params * 1e6, outputs * 1e6
-    else:
-        fwd, bwd = rng.exponential(1e-3, L), rng.exponential(2e-3, L)
-        params, outputs = rng.exponential(1e6, L) * (rng.random(L) < 0.7), rng.exponential(1e6, L)
-    prof = tiny_profile(fwd, bwd, params=params, outputs=outputs, saved=outputs)
+    prof, params, outputs = tied_or_random_profile(rng, L, seed % 2 == 0)
     link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
     memory = 1e12 if seed % 3 else float(params.sum()) * 2.0 * 3.0 / S + float(outputs.max()) * 2 * m
     cluster = tiny_cluster(1, 2 * pp, memory_bytes=memory, intra=link, inter=link)

@@ -43,22 +43,8 @@ def test_suffix_minima_under_tight_memory_equal_enumeration(seed, mode, monkeypa
     if not split_search.any_split_fits(costs):
         pytest.skip("no split fits")
     _table_modes(monkeypatch, mode, costs)
-    L, S = costs.num_layers, costs.pp
-    tables = split_search._Tables(costs, schedule, pp, L)
-    for s in range(S):
-        for i in ([0] if s == 0 else range(s, L - S + s + 1)):
-            for kind in tables.kinds:
-                got = tables.suffix_min(kind, s)
-                for q in range(len(tables.fam[kind])):
-                    want = bounds_tests._component_minimum(kind, q, (schedule, pp), costs, s, i, S, pp, True)
-                    have = (got[0][q, i], got[1][q, i]) if kind == "suffix" else (got[q, i],)
-                    if want is None:
-                        assert all(np.isinf(x) for x in have), (s, i, kind, q)
-                    elif kind == "suffix":  # the pair's parts are minimised one after the other
-                        assert have[0] == pytest.approx(want[0], rel=1e-12), (s, i, kind, q)
-                        assert have[1] <= want[1] * (1 + 1e-12), (s, i, kind, q)
-                    else:
-                        assert have[0] == pytest.approx(want[0], rel=1e-12), (s, i, kind, q)
+    tables = split_search._Tables(costs, schedule, pp, costs.num_layers)
+    bounds_tests.assert_suffix_minima_enumerated(tables, schedule, pp, costs, True)
 
 
 def test_tight_memory_cuts_some_band():

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import pcie_host, tiny_cluster
+from helpers import pcie_host, record_broken_barh, tiny_cluster
 from pipesearch.plots import timeline as tl_plot
 from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
 from pipesearch.timemodel import StageTimes, mobius_pcie_spans, simulate_times
@@ -85,21 +85,13 @@ def test_optimizer_step_copies_after_the_last_backward(monkeypatch, tmp_path):
     (2e9 B / 25 GB/s = 0.08 s: [3.6, 3.68]), the CPU runs Adam (1 s), the
     weights come back [4.68, 4.76], the end of the iteration; the timeline
     draws the two bars on rank 0's PCIe rows."""
-    import matplotlib.axes
-
+    pytest.importorskip("matplotlib")
     plan = tie_plan(20)
     spans = tl_plot.pcie_copy_spans(plan)
     assert [(d, what, round(a, 9), round(b, 9)) for _, d, what, _, a, b in spans] == [
         ("in", "weights", 4.68, 4.76), ("out", "gradients", 3.6, 3.68)]
     assert 3.6 + STEP_S == pytest.approx(4.76) == simulate_plan(plan)[0]
-    drawn = []
-    real = matplotlib.axes.Axes.broken_barh
-
-    def record(self, xranges, yrange, **kw):
-        drawn.append((list(xranges), tuple(yrange), kw.get("facecolors")))
-        return real(self, xranges, yrange, **kw)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "broken_barh", record)
+    drawn = record_broken_barh(monkeypatch)
     rows = tl_plot.plan_pcie_rows(plan)
     assert [r[0] for r in rows] == ["rank 0 PCIe in", "rank 0 PCIe out"]
     tl_plot.plot_timeline(simulate_plan(plan)[1], tmp_path / "t.png", "t", pcie=rows)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import record_broken_barh
 from pipesearch.plots import timeline as tl_plot
 from pipesearch.timemodel import StageTimes, mobius_copy_spans, mobius_pcie_spans, simulate_times
 
@@ -45,16 +46,8 @@ def test_the_drawn_bars_are_the_copy_nodes(monkeypatch, tmp_path):
     'PCIe 1 in', 'PCIe 1 out' below the two ranks, each bar (in ms) one
     copy: both weights in [0, 3] s, stage 1 out [7, 8], stage 0 out [9,
     10] (tests/test_offload_mobius.py's trace)."""
-    import matplotlib.axes
-
-    drawn = []
-    real = matplotlib.axes.Axes.broken_barh
-
-    def record(self, xranges, yrange, **kw):
-        drawn.append((list(xranges), tuple(yrange), kw.get("facecolors")))
-        return real(self, xranges, yrange, **kw)
-
-    monkeypatch.setattr(matplotlib.axes.Axes, "broken_barh", record)
+    pytest.importorskip("matplotlib")
+    drawn = record_broken_barh(monkeypatch)
     times = _times(2, (0, 1))
     total, timeline = simulate_times("mobius", 2, 1, 1, times)
     rows = tl_plot.pcie_rows(mobius_pcie_spans(times, 2, 1, 1), mobius=True)
