@@ -545,7 +545,9 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
     ``row["status"]`` set: ``schedule_refused`` for ``dp`` or ``tp`` above 1
     (RoundPipe's pool runs one model copy, no tensor parallelism), a layer
     table with recompute or offload options (RoundPipe re-runs each group's
-    forward in its backward: the plain table) or GPUs of different types;
+    forward in its backward: the plain table), GPUs of different types or
+    of more than one node (the pool shares one host's memory, optimizer and
+    PCIe switches);
     ``out_of_memory``; ``pruned`` (its bound reaches ``cutoff_s``).
     ``split`` pins the layers per group; ``notes["host_overflow"]`` gets
     :func:`host_overflow_note` when host memory refuses the point."""
@@ -555,8 +557,9 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
     pp, vp, m, mbs = row["pp"], row["vp"], row["num_micro_batches"], row["micro_batch_size"]
     devices = np.asarray(gpus, dtype=np.int64)
     kinds = {cluster.groups[int(k)].device.name for k in _group_of(cluster)[devices]}
+    nodes = {cluster.node_of(int(d)) for d in devices}  # one host: its memory, optimizer and PCIe switches
     if row["dp"] > 1 or variant.tp > 1 or variant.offload or variant.stream or variant.recompute not in (
-            "none", None) or len(kinds) > 1:
+            "none", None) or len(kinds) > 1 or len(nodes) > 1:
         row["status"] = "schedule_refused"
         return None
     costs = build_roundpipe_costs(variant.profile, cluster, job, gpus=devices, groups=pp * vp, micro_batch_size=mbs,

@@ -284,7 +284,10 @@ def test_cli_llama_8b_on_8_rtx4090_against_mobius(tmp_path):
 
 @pytest.mark.parametrize("flags,needle", [(["--tp", "2"], "--tp 2"), (["--recompute", "full"], "--recompute full"),
                                           (["--optimizer-offload"], "--optimizer-offload"),
-                                          (["--stream-weights"], "--stream-weights")])
+                                          (["--stream-weights"], "--stream-weights"),
+                                          (["--dp", "2"], "without data parallelism"),
+                                          (["--pp", "1", "--vp", "30"], "--vp 30 with --pp 1"),
+                                          (["--nodes", "2", "--pp", "12"], "a node of 1x8-rtx4090-pcie4@2nodes has 8")])
 def test_cli_refuses_what_roundpipe_cannot_run_in_one_line(flags, needle):
     from click.testing import CliRunner
 
@@ -318,3 +321,34 @@ def test_host_memory_refusal_is_named():
                          top=1)
     with pytest.raises(InfeasibleError, match="host memory: schedule roundpipe keeps 186.3 GiB"):
         search([ModelVariant(prof)], cluster, Job(global_batch_size=2, memory_reserve_bytes=0), opts)
+
+
+def test_a_pool_never_spans_two_nodes():
+    """RoundPipe's pool shares one host (memory, CPU optimizer, PCIe
+    switches): on two 8-GPU boxes every RoundPipe plan's GPUs lie in one
+    box, and a pinned pool larger than a box is refused (above)."""
+    from pipesearch.hardware import load_cluster
+    from pipesearch.models import load_model_source
+    from pipesearch.search import SearchOptions, search
+    from pipesearch.types import Job
+
+    cluster = load_cluster("1x8-rtx4090-pcie4", nodes=2)
+    src = load_model_source("qwen3-1.7b", cluster, seq_len=2048)
+    res = search(list(src.variants), cluster, Job(16, memory_headroom_fraction=0.05),
+                 SearchOptions(schedules=("roundpipe",), top=3), profiled_device=src.profiled_device)
+    assert res.plans
+    for plan in res.plans:
+        devices = {d for st in plan.stages for d in st.devices}
+        assert len({cluster.node_of(d) for d in devices}) == 1, devices
+
+
+def test_mobius_refuses_optimizer_offload_it_already_does():
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    r = CliRunner().invoke(main, ["plan", "--model", "qwen3-1.7b", "--cluster", "1x8-rtx4090-pcie4", "-b", "32",
+                                  "--seq-len", "2048", "--schedule", "mobius", "--optimizer-offload"])
+    assert r.exit_code == 2 and "Mobius keeps every stage's weights" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+

@@ -402,6 +402,11 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if "roundpipe" in (schedules or ()):
         check_roundpipe_flags(cluster, tp=tp, dp=dp, recompute=recompute, optimizer_offload=optimizer_offload,
                               stream_weights=stream_weights, activation_offload=activation_offload)
+        per_node = max(g.devices_per_node for g in cluster.groups)
+        if pp and pp > per_node:
+            raise InputError(f"--schedule roundpipe with --pp {pp}: RoundPipe's pool of GPUs shares one host (its "
+                             f"memory, CPU optimizer and PCIe switches), and a node of {cluster.name} has {per_node} "
+                             f"GPUs; use --pp {per_node} or less")
     split, split_replicas = split if split else (None, None)
     if runtime and (replicate_stages or split_replicas):
         raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
@@ -413,6 +418,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         if vps and min(vps) > 1:  # a pinned vp > 1: only the default schedules with virtual stages honour it
             schedules = tuple(x for x in DEFAULT_SCHEDULES if x in MULTI_STAGE_SCHEDULES)
     check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
+    if vps and max(vps) > 1 and (pp == 1 or (split and len(split) == 1)):
+        raise InputError(f"--vp {max(vps)} with --pp 1: one pipeline rank runs all its stages as one (plain "
+                         "gradient accumulation, vp 1); use --pp 2 or more, or drop --vp")
+    if optimizer_offload and schedules and set(schedules) == {"mobius"}:
+        raise InputError("--schedule mobius with --optimizer-offload: Mobius keeps every stage's weights and "
+                         "optimizer state in host memory already (its step runs on the CPU); drop the flag")
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
         schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
@@ -548,8 +559,9 @@ def check_roundpipe_flags(cluster, *, tp, dp, recompute, optimizer_offload, stre
                          "switches); add one (docs/offload.md) or choose another schedule")
     for flag, value in (("--tp", tp), ("--dp", dp)):
         if value is not None and value > 1:
+            what = "tensor" if flag == "--tp" else "data"
             raise InputError(f"--schedule roundpipe with {flag} {value}: RoundPipe runs one model copy without "
-                             f"tensor parallelism on its pool of GPUs; drop {flag} or choose another schedule")
+                             f"{what} parallelism on its pool of GPUs; drop {flag} or choose another schedule")
     if recompute not in (None, "none"):
         raise InputError(f"--schedule roundpipe with --recompute {recompute}: RoundPipe already re-runs each layer "
                          "group's forward in its backward (checkpoints at the group boundaries); drop --recompute")
