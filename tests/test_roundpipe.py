@@ -352,3 +352,28 @@ def test_mobius_refuses_optimizer_offload_it_already_does():
     assert r.exit_code == 2 and "Mobius keeps every stage's weights" in r.output
     assert len(r.output.strip().splitlines()) == 1
 
+
+
+@pytest.mark.parametrize("schedule,flags,bad", [("roundpipe", ["--pp", "2", "-b", "16"], "none"),
+                                                ("mobius", ["--pp", "2", "--vp", "2", "-b", "32"], "roundpipe"),
+                                                ("1f1b", ["--pp", "2", "-b", "32"], "swap")])
+def test_validate_refuses_a_memory_option_of_another_schedule(tmp_path, schedule, flags, bad):
+    """RoundPipe stages are all ``roundpipe``, Mobius stages ``swap`` (or
+    ``swap+act-host``), and no other schedule's stage takes either: a file
+    whose stage 0 says otherwise is refused, naming the stage's field."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "qwen3-1.7b", "--cluster", "1x8-rtx4090-pcie4",
+                                  "--seq-len", "2048", "--schedule", schedule, "--top", "1", "-o", str(out)] + flags)
+    assert r.exit_code == 0, r.output
+    assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
+    doc = json.loads(out.read_text())
+    doc["plans"][0]["stages"][0]["memory_option"] = bad
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["validate", str(tmp_path / "bad.json")])
+    assert r.exit_code == 2 and "stages[0].memory_option" in r.output and repr(bad) in r.output, r.output

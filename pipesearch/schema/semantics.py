@@ -279,6 +279,24 @@ def _roundpipe(plan: dict, where: str) -> Iterator[Problem]:
                                                     f"({pp}), numbers >= 0; re-plan with --schedule roundpipe")
 
 
+def _memory_options(plan: dict, where: str) -> Iterator[Problem]:
+    """Each stage's ``memory_option`` belongs to its schedule: every stage of
+    a RoundPipe plan is ``roundpipe`` (:mod:`pipesearch.roundpipe`), every
+    stage of a Mobius plan ``swap`` or ``swap+act-host``
+    (:func:`pipesearch.stage_options.swap_options`), and no other
+    schedule's stage takes either (docs/offload.md)."""
+    schedule = plan["schedule"]["name"]
+    allowed = {"roundpipe": ("roundpipe",), "mobius": ("swap", "swap+act-host")}.get(schedule)
+    for k, st in enumerate(plan["stages"]):
+        option = str(st.get("memory_option", ""))
+        foreign = option == "roundpipe" or option.split("+")[0] == "swap"
+        if (option not in allowed) if allowed else foreign:
+            want = " or ".join(repr(x) for x in allowed) if allowed else "an option of its own schedule"
+            yield Problem(f"{where}.stages[{k}].memory_option",
+                          f"{option!r} under schedule {schedule}: expected {want}; re-plan or fix the file")
+            return
+
+
 def _activation_offload(plan: dict, where: str) -> Iterator[Problem]:
     """A stage whose ``memory_option`` keeps its activations in host memory
     (``act-host``) has them in ``options.host``: a positive
@@ -327,6 +345,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _mobius(plan, where)
     out += _roundpipe(plan, where)
     out += _activation_offload(plan, where)
+    out += _memory_options(plan, where)
     return out
 
 
