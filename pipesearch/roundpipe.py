@@ -551,13 +551,14 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
     ``out_of_memory``; ``pruned`` (its bound reaches ``cutoff_s``).
     ``split`` pins the layers per group; ``notes["host_overflow"]`` gets
     :func:`host_overflow_note` when host memory refuses the point."""
+    from .placement import group_ids, node_ids
     from .search import _throughput_terms
     from .types import Plan, Prediction, StagePlan
 
     pp, vp, m, mbs = row["pp"], row["vp"], row["num_micro_batches"], row["micro_batch_size"]
     devices = np.asarray(gpus, dtype=np.int64)
-    kinds = {cluster.groups[int(k)].device.name for k in _group_of(cluster)[devices]}
-    nodes = {cluster.node_of(int(d)) for d in devices}  # one host: its memory, optimizer and PCIe switches
+    kinds = {cluster.groups[int(k)].device.name for k in group_ids(cluster)[devices]}
+    nodes = np.unique(node_ids(cluster)[devices])  # one host: its memory, optimizer and PCIe switches
     if row["dp"] > 1 or variant.tp > 1 or variant.offload or variant.stream or variant.recompute not in (
             "none", None) or len(kinds) > 1 or len(nodes) > 1:
         row["status"] = "schedule_refused"
@@ -623,11 +624,6 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
     extra += (("roundpipe", plan_extra(costs, b)),)
     return Plan(rank=0, pp=pp, dp=1, tp=1, vp=vp, schedule="roundpipe", micro_batch_size=mbs, num_micro_batches=m,
                 stages=stages, predicted=predicted, extra=extra)
-
-
-def _group_of(cluster: Cluster) -> np.ndarray:
-    from .placement import group_ids
-    return group_ids(cluster)
 
 
 def _precision(profile: ModelProfile) -> str:

@@ -311,3 +311,19 @@ def record_broken_barh(monkeypatch) -> list:
 
     monkeypatch.setattr(matplotlib.axes.Axes, "broken_barh", record)
     return drawn
+
+
+def mobius_gpus_fit(weight_bytes, held_bytes, pp: int, capacity_bytes: float) -> bool:
+    """Mobius' device check written out (Feng et al., ASPLOS'23, sec. 3):
+    every GPU ``r`` (stages ``r, r + pp, ...``) holds its stages'
+    ``held_bytes`` plus the 16-bit weights and gradients (2 x the weight
+    bytes) of its largest two consecutive stays (one stay alone when it has
+    one stage), within ``capacity_bytes``."""
+    S = len(weight_bytes)
+    for r in range(pp):
+        mine = list(range(r, S, pp))
+        pairs = [2 * (weight_bytes[a] + weight_bytes[b]) for a, b in zip(mine[:-1], mine[1:])] or [
+            2 * weight_bytes[mine[0]]]
+        if held_bytes[mine].sum() + max(pairs) > capacity_bytes:
+            return False
+    return True

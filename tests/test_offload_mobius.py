@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers import all_splits, mobius_profile, pcie_host, tiny_cluster
+from helpers import all_splits, mobius_gpus_fit, mobius_profile, pcie_host, tiny_cluster
 from pipesearch import host as host_lib
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InputError
@@ -139,11 +139,7 @@ def test_search_equals_brute_force_over_splits(seed, L, pp, vp, m, cap):
         lay = [prof.layers[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         w = np.array([sum(x.param_bytes for x in ls) for ls in lay])
         act = np.array([sum(x.saved_bytes for x in ls) for ls in lay]) * m
-        fits = True
-        for r in range(pp):
-            mine = list(range(r, S, pp))
-            pairs = [2 * (w[a] + w[b]) for a, b in zip(mine[:-1], mine[1:])] or [2 * w[mine[0]]]
-            fits &= act[mine].sum() + max(pairs) <= cap * GB
+        fits = mobius_gpus_fit(w, act, pp, cap * GB)
         if not fits:
             refused += 1
             continue

@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from helpers import all_splits, mobius_profile, pcie_host, tiny_cluster
+from helpers import all_splits, mobius_gpus_fit, mobius_profile, pcie_host, tiny_cluster
 from pipesearch.errors import InfeasibleError
 from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
 from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
@@ -222,11 +222,7 @@ def test_search_equals_brute_force_over_splits(seed, L, pp, vp, m, cap):
         w = np.array([sum(x.param_bytes for x in ls) for ls in lay])
         kept = np.array([sum(x.saved_bytes for x in ls) for ls in lay])
         held = np.where(act, min(m, 3), m) * kept  # on the GPU: all m micro-batches, or 3 when offloaded
-        fits = True
-        for r in range(pp):
-            mine = list(range(r, S, pp))
-            pairs = [2 * (w[a] + w[b]) for a, b in zip(mine[:-1], mine[1:])] or [2 * w[mine[0]]]
-            fits &= held[mine].sum() + max(pairs) <= cap * GB
+        fits = mobius_gpus_fit(w, held, pp, cap * GB)
         # host: 2 + 16 B per parameter and, offloaded, every micro-batch's activations, within the stage's share
         fits &= bool(np.all(w / 2 * 18 + act * m * kept <= 800 * GB / pp / vp))
         if not fits:
