@@ -387,6 +387,8 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     busy = rank_busy_s(schedule, pp, m, costs.stage_times(
         (stages[0].layers[0],) + tuple(st.layers[1] for st in stages)))
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
+    if schedule == "mobius":  # each GPU's peak over its stays, the figure its memory check uses
+        mem = costs.mobius_device_peak_bytes((stages[0].layers[0],) + tuple(st.layers[1] for st in stages))
     # the peak device's own memory (a stage's smallest replica)
     cap_of = memory_bytes_of(cluster)
     caps = np.array([cap_of[np.asarray(st.devices, dtype=np.int64)].min() for st in stages[:pp]])

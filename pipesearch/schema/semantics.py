@@ -50,6 +50,7 @@ from ..schedules import build
 from ..stage_options import offloads_activations
 from ..types import SCHEDULES
 from . import Problem, show
+from .gpu_peaks import gpu_peak_problems
 
 
 def _coverage(plan: dict, where: str, num_layers: int) -> Iterator[Problem]:
@@ -346,6 +347,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _roundpipe(plan, where)
     out += _activation_offload(plan, where)
     out += _memory_options(plan, where)
+    out += gpu_peak_problems(plan, where, inputs)
     return out
 
 
