@@ -730,8 +730,15 @@ class PipelineCosts:
         return self.allreduce_s(s, i, j) + self.host_step_s(s, i, j)
 
     def split_fits(self, bounds) -> bool:
+        """Whether every stage of the split ``bounds`` fits (:meth:`fits`)
+        and, for Mobius, every GPU (:meth:`mobius_device_peak_bytes` with the
+        stages' activation choice: a finite :meth:`stage_times`)."""
         s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
-        return bool(np.all(self.fits(s, i, j)))
+        if not np.all(self.fits(s, i, j)):
+            return False
+        if self.options is not None and self.options.swap_in_s_per_param_byte is not None:
+            return bool(np.all(np.isfinite(self.stage_times(np.asarray(bounds)).allreduce_s)))
+        return True
 
 
 def build_pipeline_costs(

@@ -256,3 +256,18 @@ def test_validate_refuses_roundpipe_memory(roundpipe_run, tmp_path, what):
     assert r.exit_code == 2 and f"plans[0].{field}" in r.output, r.output
     if what == "host_capacity":
         assert "does not fit" in r.output
+
+
+def test_a_pinned_mobius_split_over_a_gpu_is_refused_naming_the_gpu(capsys):
+    """The tied case pinned to its only split on 12 GB GPUs: every stage
+    fits alone (at most 7 GB), GPU 1 needs 13 GB: refused (no plan with an
+    infinite time), the message naming GPU 1 (stages 1,3) and 13 GB, i.e.
+    12.1 GiB, against 12 GB = 11.2 GiB usable."""
+    cluster = replace(tiny_cluster(1, 2, memory_bytes=12 * GB),
+                      host=pcie_host(pcie_switches=((0, 1),), cpu_adam_params_per_s=1e10))
+    job = Job(global_batch_size=2, memory_reserve_bytes=0)
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=2, schedules=("mobius",), vps=(2,),
+                         top=1, split=(1, 1, 1, 1))
+    with pytest.raises(InfeasibleError) as err:
+        search([ModelVariant(TIED)], cluster, job, opts)
+    assert "GPU 1 (stages 1,3) needs 12.1 GiB" in str(err.value) and "11.2 GiB usable" in str(err.value)
