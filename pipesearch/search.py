@@ -1422,7 +1422,8 @@ def _note_mobius_gpu_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict
     o = costs.options
     least = costs
     if o.swap_act_copy_prefix_s is not None:
-        least = replace(costs, options=replace(o, allowed=np.stack([np.zeros(costs.pp, bool), np.ones(costs.pp, bool)])))
+        every = np.stack([np.zeros(costs.pp, bool), np.ones(costs.pp, bool)])  # swap+act-host on every stage
+        least = replace(costs, options=replace(o, allowed=every))
     peaks, caps = least.mobius_device_peak_bytes(np.asarray(bounds)), costs.mobius_gpu_capacity_bytes()
     ratio = peaks / caps
     r = int(np.argmax(ratio))

@@ -110,7 +110,8 @@ def test_stages_plot_draws_each_gpus_peak(tmp_path):
     assert got["activations"] == pytest.approx([6 * GB, 4 * GB])
     vp3 = _mobius(_profile([1, 1, 2, 1, 3, 1], [1] * 6), 2, 3, 2, 20)
     assert gpu_peaks(vp3)["peak"] == pytest.approx([16 * GB, 10 * GB])
-    assert plot_stages(PlanFile(inputs={"model": {"name": "peaks"}}, search={}, plans=(vp3,)), tmp_path / "s.png").exists()
+    figure = PlanFile(inputs={"model": {"name": "peaks"}}, search={}, plans=(vp3,))
+    assert plot_stages(figure, tmp_path / "s.png").exists()
 
 
 def test_roundpipe_peak_over_task_pairs_by_hand():
@@ -271,3 +272,14 @@ def test_a_pinned_mobius_split_over_a_gpu_is_refused_naming_the_gpu(capsys):
     with pytest.raises(InfeasibleError) as err:
         search([ModelVariant(TIED)], cluster, job, opts)
     assert "GPU 1 (stages 1,3) needs 12.1 GiB" in str(err.value) and "11.2 GiB usable" in str(err.value)
+
+
+def test_validate_refuses_a_mobius_plan_without_its_stage_bytes(mobius_run, tmp_path):
+    """A stage's ``memory_breakdown_bytes`` removed: the GPU peaks cannot be
+    rechecked, and the file is refused naming the stages, not passed."""
+    _, doc = mobius_run
+    doc = json.loads(json.dumps(doc))
+    del doc["plans"][0]["stages"][1]["memory_breakdown_bytes"]
+    r = _validate(tmp_path, doc)
+    assert r.exit_code == 2 and "plans[0].stages: every stage of a mobius plan needs memory_breakdown_bytes" in \
+        r.output, r.output

@@ -55,12 +55,13 @@ def _breakdown(plan: dict, keys: tuple[str, ...]) -> list[dict] | None:
     return out if ok else None
 
 
-def recomputed_peaks(plan: dict) -> tuple[str, np.ndarray] | None:
+def recomputed_peaks(plan: dict) -> tuple[str, np.ndarray | None] | None:
     """``(field, peaks)``: the option holding the plan's per-GPU peaks
     (``options.mobius.device_peak_bytes`` or
     ``options.roundpipe.device_peak_bytes``) and the ``(pp,)`` bytes
-    recomputed from its stages; None for other schedules or stages without
-    the bytes needed.
+    recomputed from its stages, or ``(field, None)`` when a stage lacks the
+    bytes needed; None for other schedules or a stage count that is not
+    ``pp x vp`` (reported on its own).
 
     Mobius (stage ``s`` on GPU ``s % pp``): a stage's weights and gradients
     are its breakdown's ``swapped_buffers``, at
@@ -73,21 +74,21 @@ def recomputed_peaks(plan: dict) -> tuple[str, np.ndarray] | None:
     from ..stage_options import SWAP_DEVICE_BYTES_PER_PARAM_BYTE, swap_device_bytes
 
     name, pp = plan["schedule"]["name"], plan["parallelism"]["pp"]
+    if name not in ("mobius", "roundpipe") or len(plan["stages"]) != pp * plan["parallelism"]["vp"]:
+        return None
     if name == "mobius":
         parts = _breakdown(plan, ("swapped_buffers",))
         if parts is None:
-            return None
+            return "options.mobius.device_peak_bytes", None
         wg = np.array([b["swapped_buffers"] for b in parts])
         own = np.array([st["memory_bytes"] for st in plan["stages"]]) - wg
         return "options.mobius.device_peak_bytes", swap_device_bytes(wg / SWAP_DEVICE_BYTES_PER_PARAM_BYTE, own, pp)
-    if name == "roundpipe":
-        parts = _breakdown(plan, ("weights", "activations"))
-        if parts is None:
-            return None
-        weights = np.array([[b["weights"] for b in parts]])
-        transient = np.array([[b["activations"] for b in parts]])
-        return "options.roundpipe.device_peak_bytes", device_peak_bytes(weights, transient, pp)[0]
-    return None
+    parts = _breakdown(plan, ("weights", "activations"))
+    if parts is None:
+        return "options.roundpipe.device_peak_bytes", None
+    weights = np.array([[b["weights"] for b in parts]])
+    transient = np.array([[b["activations"] for b in parts]])
+    return "options.roundpipe.device_peak_bytes", device_peak_bytes(weights, transient, pp)[0]
 
 
 def gpu_peak_problems(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
@@ -101,6 +102,11 @@ def gpu_peak_problems(plan: dict, where: str, inputs: dict) -> Iterator[Problem]
         return
     field, peaks = found
     option = field.split(".")[1]
+    if peaks is None:
+        need = "swapped_buffers" if option == "mobius" else "weights and activations"
+        yield Problem(f"{where}.stages", f"every stage of a {option} plan needs memory_breakdown_bytes with {need} "
+                                         f"so that {field} can be rechecked; re-plan with --schedule {option}")
+        return
     recorded = ((plan.get("options") or {}).get(option) or {}).get("device_peak_bytes")
     if not (isinstance(recorded, list) and len(recorded) == len(peaks)
             and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in recorded)):
