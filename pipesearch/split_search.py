@@ -57,6 +57,7 @@ import numpy as np
 from . import schedules as schedule_lib
 from .costs import PipelineCosts
 from .partition import balanced_split, even_split, optimal_split
+from .timemodel import _durations, _graph, _node_ends, _rank_allreduce  # the graph T is the longest path of
 from .timemodel import evaluation_cost, iteration_time_s, send_overlap, simulate_times
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
@@ -102,7 +103,8 @@ class ExactSplit:
         return max(0.0, (self.best_time_s - self.lower_bound_s) / self.best_time_s)
 
 
-def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False):
+def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False,
+                   paths=()):
     """Per-stage terms of the lower-bound families of ``schedule`` for stage
     ``s`` over the ranges ``[i, j)`` (``s``, ``i``, ``j`` broadcastable int
     arrays: one stage or all of them at once).
@@ -150,6 +152,10 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
       (micro-batch 0 down to stage ``k``, ``k``'s rank from there to its
       backward of micro-batch ``m - 1``, that gradient back up, rank 0's
       rest and all-reduce);
+    * each of ``paths`` (:func:`critical_path`: counts of a path of the
+      schedule's dependency graph and the rank whose all-reduce ends it):
+      the length of that path, ``sum_s (n_F F + n_B B + n_I I + n_W W +
+      n_c c)_s`` plus the rank's all-reduce, ``sum_{s on the rank} r_s``;
     * with ``weights`` (one per family of :func:`separable_terms`, summing to
       at most 1): ``sum_h weights_h G_h``, a convex combination of lower bounds
       that are each one sum over the stages (Lagrangian relaxation of their
@@ -198,6 +204,10 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         per_action = (f, b, I + (cin if blocking else 0.0), B - I)
         drain = b if blocking else G + c  # one step of micro-batch m-1's gradient back up to stage s
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r)]
+    for counts, rank in paths:
+        n = counts[np.asarray(s)]  # (..., 5): F, B, I, W and boundary-transfer counts per stage
+        alpha = n[..., 0] * F + n[..., 1] * B + n[..., 2] * I + n[..., 3] * (B - I) + n[..., 4] * c
+        fams.append([("sum", alpha + np.where(np.asarray(s) % pp == rank, r, 0.0) if rank >= 0 else alpha, None)])
     if weights is not None:
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
@@ -256,6 +266,49 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
             no_work[key] = np.where(before, fill_drain, 0.0) + own
         out.append(no_work[key])
     return out
+
+
+#: schedules whose time is the longest path of :func:`pipesearch.timemodel`'s
+#: dependency graph with the stages' own terms (no host copies), whose
+#: critical paths give the path families (:func:`critical_path`)
+PATH_SCHEDULES = ("interleaved-1f1b", "zb-h1")
+
+
+def critical_path(costs: PipelineCosts, schedule: str, pp: int, vp: int, bounds):
+    """A longest path of the dependency graph of ``schedule`` for the split
+    ``bounds`` (its length is the split's time ``T``), as counts: ``(counts,
+    rank)`` with ``counts`` ``(S, 5)`` ints, per stage how many of the path's
+    nodes are its ``F``, ``B``, ``I`` and ``W`` actions and transfers over
+    its outgoing boundary (a blocking send counted with the transfers), and
+    ``rank`` the rank whose all-reduce ends the path (-1: the path ends at an
+    action). The graph does not depend on the split, so the same path, with
+    another split's terms (:func:`bound_families`' ``paths``), is a lower
+    bound of that split's time: ``T`` is the longest of all paths (Kelley's
+    cutting planes, J. SIAM 8(4) 1960, with the simulated time's own
+    subgradients). Backtracks from the node that sets ``T`` to a source,
+    each step to the predecessor that ends last."""
+    g = _graph(schedule, pp, costs.num_micro_batches, vp)
+    times = costs.stage_times(np.asarray(bounds))
+    dur = _durations(g, times)
+    end = _node_ends(g, dur)[:, 0]
+    tail = end[np.asarray(g.last_of_rank)] + _rank_allreduce(times, pp)[0]
+    N, S = len(g.col), costs.pp
+    rank = int(np.argmax(tail))
+    node = int(g.last_of_rank[rank]) if tail[rank] >= end[:-1].max() else int(np.argmax(end[:-1]))
+    if tail[rank] < end[:-1].max():
+        rank = -1
+    counts = np.zeros((S, 5), dtype=np.int64)
+    while node != N:
+        col = int(g.col[node])
+        if col < 4 * S:  # an action: kind * S + stage
+            counts[col % S, col // S] += 1
+        else:  # a transfer over boundary col - 4 S
+            counts[col - 4 * S, 4] += 1
+        if g.sends[node] >= 0:
+            counts[g.sends[node], 4] += 1
+        p1, p2 = int(g.pred1[node]), int(g.pred2[node])
+        node = p1 if end[p1] >= end[p2] else p2
+    return counts, rank
 
 
 @lru_cache(maxsize=256)
@@ -952,8 +1005,12 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         chosen = min(ev.times, key=lambda b: (ev.times[b], b))
         return ExactSplit(chosen, ev.times[chosen], ev.times[chosen], 0.0, False, len(ev.times), 0)
     incumbent = min(best, cutoff_s)
-    if schedule == "interleaved-1f1b" and _enumerate_all(costs, schedule, pp, vp, ev):
-        # its bounds are the weakest (a branch and bound stops at its limits): few splits are all simulated
+    enum_cutoff = np.inf if value_above_cutoff else cutoff_s
+    if schedule == "interleaved-1f1b" and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
+        # its bounds are the weakest (a branch and bound stops at its limits): few splits, each
+        # simulated unless its bound excludes it
+        if not ev.times:  # a split fits (checked above), but none beats the cutoff
+            return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
         chosen, best = _chosen(costs, ev, tie_rel)
         exact = not (value_above_cutoff and best > cutoff_s)
         return ExactSplit(chosen, ev.times[chosen], best, float(min(best, cutoff_s)), exact, len(ev.times), 0)
@@ -966,8 +1023,10 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         tables = tables.with_chains(weights)
     counter = _RankCount(costs, schedule, pp)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
-    if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev):  # stopped, but few splits: all simulated
-        state = (True, np.inf, state[2])
+    if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
+        state = (True, np.inf, state[2])  # stopped, but few splits: settled by enumeration
+        if not ev.times:  # a split fits (checked above), but none beats the cutoff
+            return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, state[2])
     if not ev.times:
         return None
     chosen, best = _chosen(costs, ev, tie_rel)
@@ -985,12 +1044,21 @@ ENUMERATE_SPLITS = 20_000
 ENUMERATE_WORK = 2**24
 
 
-def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator") -> bool:
+def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator",
+                   cutoff_s: float = np.inf, tie_rel: float = EQUAL_TIME_REL) -> bool:
     """When the splits of ``L`` layers into ``S`` stages are few
     (``C(L-1, S-1)`` within :data:`ENUMERATE_SPLITS` and their evaluation
-    within :data:`ENUMERATE_WORK`), evaluate every one that fits into ``ev``
-    (in batches) and return True: the best of them is the optimum, by
-    enumeration. Else False, nothing evaluated."""
+    within :data:`ENUMERATE_WORK`), settle the point by enumeration and
+    return True; else False, nothing evaluated.
+
+    Every split that fits gets its lower bound (:func:`split_lower_bounds`)
+    and they are evaluated into ``ev`` in bound order, in batches, until the
+    next bound exceeds ``min(best, cutoff_s) (1 + tie_rel)`` (``best`` the
+    least time in ``ev``): a split left out has a time of at least its
+    bound, so it neither beats the best nor comes within ``tie_rel`` of it
+    (the tie-break of :func:`_chosen` sees every near-tie), nor beats the
+    cutoff. When no split beats ``cutoff_s`` the least time in ``ev`` is at
+    least ``cutoff_s`` (not necessarily the point's optimum)."""
     L, S = costs.num_layers, costs.pp
     count = math.comb(L - 1, S - 1)
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
@@ -999,12 +1067,52 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     cuts = np.array(list(itertools.combinations(range(1, L), S - 1)), dtype=np.int64).reshape(count, S - 1)
     splits = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts, np.full((count, 1), L)], axis=1)
     fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
+    todo = splits[fit]
+    lower = split_lower_bounds(costs, schedule, pp, todo)
+    order = np.argsort(lower, kind="stable")
+    todo, lower = todo[order], lower[order]
     # large batches: the graph's levels are walked once per batch (about 4 million node values each)
     batch = int(max(ev.batch_size(), min(count, 4_000_000 // max(per_split, 1))))
-    todo = splits[fit]
-    for lo in range(0, len(todo), batch):
-        ev.run([tuple(row) for row in todo[lo:lo + batch].tolist()])
-    return bool(ev.times)
+    step, at = ev.first_chunk(), 0
+    while at < len(todo):
+        limit = min(min(ev.times.values(), default=np.inf), cutoff_s) * (1 + tie_rel)
+        hi = min(at + step, int(np.searchsorted(lower, limit, "right")))
+        if hi <= at:
+            break
+        ev.run([tuple(row) for row in todo[at:hi].tolist()])
+        at, step = hi, min(2 * step, batch)
+    return True
+
+
+def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.ndarray) -> np.ndarray:
+    """Lower bounds ``(n,)`` of the simulated time of the complete splits
+    ``splits`` (``(n, S + 1)`` boundaries): the largest over the families of
+    :func:`bound_families` (with the chain families) of its value on the
+    split, each component evaluated as its formula states (``sum``,
+    ``max``, ``prefix``, ``suffix`` and, per rank, ``device``). Each family
+    is the length of a path of the dependency graph, so every bound is at
+    most the split's time."""
+    S = costs.pp
+    s, i, j = np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]
+    shape = i.shape
+    out = np.full(len(splits), -np.inf)
+    for fam in bound_families(costs, schedule, pp, s, i, j, chains=True):
+        total = np.zeros(len(splits))
+        for kind, alpha, beta in fam:
+            a = None if alpha is None else np.broadcast_to(alpha, shape)
+            b = None if beta is None else np.broadcast_to(beta, shape)
+            if kind == "sum":
+                total += a.sum(axis=1)
+            elif kind == "max":
+                total += b.max(axis=1)
+            elif kind == "prefix":
+                total += (np.cumsum(a, axis=1) - a + b).max(axis=1)
+            elif kind == "suffix":
+                total += (b + a.sum(axis=1, keepdims=True) - np.cumsum(a, axis=1)).max(axis=1)
+            else:  # device: the busiest rank
+                total += np.stack([b[:, q::pp].sum(axis=1) for q in range(pp)], axis=1).max(axis=1)
+        np.maximum(out, total, out=out)
+    return out
 
 
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator", cutoff_s: float, tie_rel: float,
