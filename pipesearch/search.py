@@ -893,6 +893,30 @@ def search(
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
 
+    def visit(bound: float, idx: int, variant) -> None:
+        """Evaluate the point of ``rows[idx]`` unless pruned or surely out of memory."""
+        row = rows[idx]
+        if pruned(bound):
+            row["status"] = "pruned"
+            return
+        inflight = schedule_in_flight(row["schedule"], row["pp"], row["num_micro_batches"], row["vp"],
+                                      in_flight_cache, variant.profile.wgrad_saved_fraction)
+        if job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
+            inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
+        if not options.split and row["schedule"] != "roundpipe" and _surely_out_of_memory(
+                memory_floor[id(variant)], row, inflight, capacity[variant.tp]):
+            row["status"] = "out_of_memory"
+            return
+        if row["placement"] != options.placements[0] and _same_links(
+                cluster, variant, row, options.placements[0], placement_ctx, links_cache):
+            row["status"] = "same_as_other_placement"
+            return
+        plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
+                            links_cache, placement_ctx, cutoff_s=cutoff())
+        if plan is not None:
+            keep_plan(plan, row)
+
+    deferred: list = []  # points of DEFERRED_SCHEDULES, evaluated after all others
     for done, (group_bound, (_, _, variant, pp, dp)) in enumerate(
             in_bound_order(groups, strong_group_bound, pruned)):
         if progress:
@@ -909,28 +933,13 @@ def search(
                                                       busiest_s(variant, pp, pp * vp), share[id(variant)])
                 todo.append((row["lower_bound_s"], len(rows) - 1))
         todo.sort()
-        floor = memory_floor[id(variant)]
         for bound, idx in todo:
-            row = rows[idx]
-            if pruned(bound):
-                row["status"] = "pruned"
-                continue
-            inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache,
-                                          variant.profile.wgrad_saved_fraction)
-            if job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
-                inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
-            if not options.split and row["schedule"] != "roundpipe" and _surely_out_of_memory(
-                    floor, row, inflight, capacity[variant.tp]):
-                row["status"] = "out_of_memory"
-                continue
-            if row["placement"] != options.placements[0] and _same_links(
-                    cluster, variant, row, options.placements[0], placement_ctx, links_cache):
-                row["status"] = "same_as_other_placement"
-                continue
-            plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                                    links_cache, placement_ctx, cutoff_s=cutoff())
-            if plan is not None:
-                keep_plan(plan, row)
+            if rows[idx]["schedule"] in DEFERRED_SCHEDULES and not options.exhaustive:
+                deferred.append((bound, idx, variant))  # after the others: against a lower cutoff
+            else:
+                visit(bound, idx, variant)
+    for bound, idx, variant in deferred:
+        visit(bound, idx, variant)
     if options.replicate_stages or options.split_replicas:
         candidates = replicated_candidates(variants, cluster, job, options, work, fastest, profiled_device)
         for n, (bound, _, variant, row) in enumerate(candidates):
@@ -1254,6 +1263,13 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     )
     return plan, costs
 
+
+#: schedules whose points are evaluated after every other point (in the same
+#: order among themselves): their split search is the dearest (interleaved
+#: 1F1B's bounds are the weakest), and a cutoff lowered by the other
+#: schedules' plans first excludes more of them; the ranked plans do not
+#: depend on the order (every point that can enter them is searched exactly)
+DEFERRED_SCHEDULES = ("interleaved-1f1b",)
 
 TIE_REL = 1e-3
 """Plans within this relative time of the best are ranked by tie-breaks."""

@@ -980,7 +980,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None
     tabled = tables_fit(costs, _width_for(costs, cutoff_s * (1 + tie_rel)))
-    if np.isfinite(cutoff_s) and tabled and not value_above_cutoff:
+    enumerated = schedule == "interleaved-1f1b" and _enumerable(costs, schedule, pp, vp)
+    if np.isfinite(cutoff_s) and tabled and not value_above_cutoff and not enumerated:
         tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes)
         if proof is not None:
             return None if isinstance(proof, str) else proof
@@ -1006,7 +1007,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         return ExactSplit(chosen, ev.times[chosen], ev.times[chosen], 0.0, False, len(ev.times), 0)
     incumbent = min(best, cutoff_s)
     enum_cutoff = np.inf if value_above_cutoff else cutoff_s
-    if schedule == "interleaved-1f1b" and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
+    if enumerated and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
         # its bounds are the weakest (a branch and bound stops at its limits): few splits, each
         # simulated unless its bound excludes it
         if not ev.times:  # a split fits (checked above), but none beats the cutoff
@@ -1060,15 +1061,18 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     cutoff. When no split beats ``cutoff_s`` the least time in ``ev`` is at
     least ``cutoff_s`` (not necessarily the point's optimum)."""
     L, S = costs.num_layers, costs.pp
+    if not _enumerable(costs, schedule, pp, vp):
+        return False
     count = math.comb(L - 1, S - 1)
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
-    if count > ENUMERATE_SPLITS or count * per_split > ENUMERATE_WORK:
-        return False
-    cuts = np.array(list(itertools.combinations(range(1, L), S - 1)), dtype=np.int64).reshape(count, S - 1)
-    splits = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts, np.full((count, 1), L)], axis=1)
+    splits = _all_splits(L, S)
     fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
     todo = splits[fit]
-    lower = split_lower_bounds(costs, schedule, pp, todo)
+    # the cheap families first: a split they put above the best or the cutoff is never evaluated
+    lower = split_lower_bounds(costs, schedule, pp, todo, chains=False)
+    keep = lower <= min(min(ev.times.values(), default=np.inf), cutoff_s) * (1 + tie_rel)
+    todo = todo[keep]
+    lower = split_lower_bounds(costs, schedule, pp, todo) if schedule in CHAIN_SCHEDULES else lower[keep]
     order = np.argsort(lower, kind="stable")
     todo, lower = todo[order], lower[order]
     # large batches: the graph's levels are walked once per batch (about 4 million node values each)
@@ -1084,35 +1088,60 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     return True
 
 
-def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.ndarray) -> np.ndarray:
+def _enumerable(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> bool:
+    """Whether the splits are few enough for :func:`_enumerate_all`:
+    ``C(L-1, S-1)`` within :data:`ENUMERATE_SPLITS` and their evaluation
+    (:func:`pipesearch.timemodel.evaluation_cost`) within
+    :data:`ENUMERATE_WORK`."""
+    count = math.comb(costs.num_layers - 1, costs.pp - 1)
+    _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
+    return count <= ENUMERATE_SPLITS and count * per_split <= ENUMERATE_WORK
+
+
+@lru_cache(maxsize=16)
+def _all_splits(L: int, S: int) -> np.ndarray:
+    """Every split of ``L`` layers into ``S`` non-empty stages, ``(C(L-1,
+    S-1), S + 1)`` boundaries in lexicographic order (read-only)."""
+    count = math.comb(L - 1, S - 1)
+    cuts = np.array(list(itertools.combinations(range(1, L), S - 1)), dtype=np.int64).reshape(count, S - 1)
+    out = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts, np.full((count, 1), L)], axis=1)
+    out.flags.writeable = False
+    return out
+
+
+def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.ndarray,
+                       chains: bool = True) -> np.ndarray:
     """Lower bounds ``(n,)`` of the simulated time of the complete splits
     ``splits`` (``(n, S + 1)`` boundaries): the largest over the families of
-    :func:`bound_families` (with the chain families) of its value on the
+    :func:`bound_families` (with the chain families when ``chains``) of its value on the
     split, each component evaluated as its formula states (``sum``,
     ``max``, ``prefix``, ``suffix`` and, per rank, ``device``). Each family
     is the length of a path of the dependency graph, so every bound is at
     most the split's time."""
-    S = costs.pp
-    s, i, j = np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]
-    shape = i.shape
-    out = np.full(len(splits), -np.inf)
-    for fam in bound_families(costs, schedule, pp, s, i, j, chains=True):
-        total = np.zeros(len(splits))
-        for kind, alpha, beta in fam:
-            a = None if alpha is None else np.broadcast_to(alpha, shape)
-            b = None if beta is None else np.broadcast_to(beta, shape)
-            if kind == "sum":
-                total += a.sum(axis=1)
-            elif kind == "max":
-                total += b.max(axis=1)
-            elif kind == "prefix":
-                total += (np.cumsum(a, axis=1) - a + b).max(axis=1)
-            elif kind == "suffix":
-                total += (b + a.sum(axis=1, keepdims=True) - np.cumsum(a, axis=1)).max(axis=1)
-            else:  # device: the busiest rank
-                total += np.stack([b[:, q::pp].sum(axis=1) for q in range(pp)], axis=1).max(axis=1)
-        np.maximum(out, total, out=out)
-    return out
+    S, n = costs.pp, len(splits)
+    # stage-major (S, n): each reduction over the stages adds whole rows
+    s, i, j = np.arange(S)[:, None], np.ascontiguousarray(splits[:, :-1].T), np.ascontiguousarray(splits[:, 1:].T)
+    fams = bound_families(costs, schedule, pp, s, i, j, chains=chains)
+    total = np.zeros((len(fams), n))
+    for kind in _KINDS:  # every component of one kind in one pass, stacked (family, stage, split)
+        comps = [(f, a, b) for f, fam in enumerate(fams) for k, a, b in fam if k == kind]
+        if not comps:
+            continue
+        idx = np.array([f for f, _, _ in comps])
+        a = None if comps[0][1] is None else np.stack([np.broadcast_to(x, i.shape) for _, x, _ in comps])
+        b = None if comps[0][2] is None else np.stack([np.broadcast_to(x, i.shape) for _, _, x in comps])
+        if kind == "sum":
+            v = a.sum(axis=1)
+        elif kind == "max":
+            v = b.max(axis=1)
+        elif kind == "prefix":
+            v = (np.cumsum(a, axis=1) - a + b).max(axis=1)
+        elif kind == "suffix":
+            v = (b + a.sum(axis=1, keepdims=True) - np.cumsum(a, axis=1)).max(axis=1)
+        else:  # device: the busiest rank (stage c pp + q on rank q)
+            v = b.reshape(len(comps), S // pp, pp, n).sum(axis=1).max(axis=1)
+        np.add.at(total, idx, v)
+    return total.max(axis=0, initial=-np.inf)
 
 
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator", cutoff_s: float, tie_rel: float,
