@@ -57,7 +57,6 @@ import numpy as np
 from . import schedules as schedule_lib
 from .costs import PipelineCosts
 from .partition import balanced_split, even_split, optimal_split
-from .timemodel import _durations, _graph, _node_ends, _rank_allreduce  # the graph T is the longest path of
 from .timemodel import evaluation_cost, iteration_time_s, send_overlap, simulate_times
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
@@ -103,8 +102,7 @@ class ExactSplit:
         return max(0.0, (self.best_time_s - self.lower_bound_s) / self.best_time_s)
 
 
-def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False,
-                   paths=()):
+def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False):
     """Per-stage terms of the lower-bound families of ``schedule`` for stage
     ``s`` over the ranges ``[i, j)`` (``s``, ``i``, ``j`` broadcastable int
     arrays: one stage or all of them at once).
@@ -152,10 +150,6 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
       (micro-batch 0 down to stage ``k``, ``k``'s rank from there to its
       backward of micro-batch ``m - 1``, that gradient back up, rank 0's
       rest and all-reduce);
-    * each of ``paths`` (:func:`critical_path`: counts of a path of the
-      schedule's dependency graph and the rank whose all-reduce ends it):
-      the length of that path, ``sum_s (n_F F + n_B B + n_I I + n_W W +
-      n_c c)_s`` plus the rank's all-reduce, ``sum_{s on the rank} r_s``;
     * with ``weights`` (one per family of :func:`separable_terms`, summing to
       at most 1): ``sum_h weights_h G_h``, a convex combination of lower bounds
       that are each one sum over the stages (Lagrangian relaxation of their
@@ -204,10 +198,6 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         per_action = (f, b, I + (cin if blocking else 0.0), B - I)
         drain = b if blocking else G + c  # one step of micro-batch m-1's gradient back up to stage s
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r)]
-    for counts, rank in paths:
-        n = counts[np.asarray(s)]  # (..., 5): F, B, I, W and boundary-transfer counts per stage
-        alpha = n[..., 0] * F + n[..., 1] * B + n[..., 2] * I + n[..., 3] * (B - I) + n[..., 4] * c
-        fams.append([("sum", alpha + np.where(np.asarray(s) % pp == rank, r, 0.0) if rank >= 0 else alpha, None)])
     if weights is not None:
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
@@ -266,49 +256,6 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
             no_work[key] = np.where(before, fill_drain, 0.0) + own
         out.append(no_work[key])
     return out
-
-
-#: schedules whose time is the longest path of :func:`pipesearch.timemodel`'s
-#: dependency graph with the stages' own terms (no host copies), whose
-#: critical paths give the path families (:func:`critical_path`)
-PATH_SCHEDULES = ("interleaved-1f1b", "zb-h1")
-
-
-def critical_path(costs: PipelineCosts, schedule: str, pp: int, vp: int, bounds):
-    """A longest path of the dependency graph of ``schedule`` for the split
-    ``bounds`` (its length is the split's time ``T``), as counts: ``(counts,
-    rank)`` with ``counts`` ``(S, 5)`` ints, per stage how many of the path's
-    nodes are its ``F``, ``B``, ``I`` and ``W`` actions and transfers over
-    its outgoing boundary (a blocking send counted with the transfers), and
-    ``rank`` the rank whose all-reduce ends the path (-1: the path ends at an
-    action). The graph does not depend on the split, so the same path, with
-    another split's terms (:func:`bound_families`' ``paths``), is a lower
-    bound of that split's time: ``T`` is the longest of all paths (Kelley's
-    cutting planes, J. SIAM 8(4) 1960, with the simulated time's own
-    subgradients). Backtracks from the node that sets ``T`` to a source,
-    each step to the predecessor that ends last."""
-    g = _graph(schedule, pp, costs.num_micro_batches, vp)
-    times = costs.stage_times(np.asarray(bounds))
-    dur = _durations(g, times)
-    end = _node_ends(g, dur)[:, 0]
-    tail = end[np.asarray(g.last_of_rank)] + _rank_allreduce(times, pp)[0]
-    N, S = len(g.col), costs.pp
-    rank = int(np.argmax(tail))
-    node = int(g.last_of_rank[rank]) if tail[rank] >= end[:-1].max() else int(np.argmax(end[:-1]))
-    if tail[rank] < end[:-1].max():
-        rank = -1
-    counts = np.zeros((S, 5), dtype=np.int64)
-    while node != N:
-        col = int(g.col[node])
-        if col < 4 * S:  # an action: kind * S + stage
-            counts[col % S, col // S] += 1
-        else:  # a transfer over boundary col - 4 S
-            counts[col - 4 * S, 4] += 1
-        if g.sends[node] >= 0:
-            counts[g.sends[node], 4] += 1
-        p1, p2 = int(g.pred1[node]), int(g.pred2[node])
-        node = p1 if end[p1] >= end[p2] else p2
-    return counts, rank
 
 
 @lru_cache(maxsize=256)
