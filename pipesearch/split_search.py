@@ -1041,8 +1041,10 @@ def _enumerable(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> bool:
     (:func:`pipesearch.timemodel.evaluation_cost`) within
     :data:`ENUMERATE_WORK`."""
     count = math.comb(costs.num_layers - 1, costs.pp - 1)
+    if count > ENUMERATE_SPLITS:  # (before the evaluation cost, which builds the schedule's graph)
+        return False
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
-    return count <= ENUMERATE_SPLITS and count * per_split <= ENUMERATE_WORK
+    return count * per_split <= ENUMERATE_WORK
 
 
 @lru_cache(maxsize=16)
@@ -1095,7 +1097,10 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
                   max_splits: int, max_nodes: int):
     """Before any starting split is evaluated, try to prove that no split
     beats ``cutoff_s``: the root bound of the cheap families, then (chain
-    schedules) of the chain families and their Lagrangian combination, then
+    schedules) the Lagrangian bound of :func:`lagrange_weights` (the
+    minimum of the combined family, which the chain tables' root bound is
+    at least: those tables are then not built), then the root bound of the
+    chain families and their Lagrangian combination, then
     the first :data:`FIRST_NODES` nodes of the branch and bound with the
     rank-counting bound (a split it meets below the cutoff is evaluated and
     kept in ``ev``). Returns ``(tables, proof)``: the last tables built and
@@ -1106,7 +1111,9 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
         if chains:
             if schedule not in CHAIN_SCHEDULES:
                 break
-            weights, _ = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
+            weights, phi = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
+            if weights is not None and phi >= cutoff_s:  # the combined family's minimum (at most the root
+                return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # bound): no table
             tables = tables.with_chains(weights)
         root = tables.root_bound()
         if root >= cutoff_s:
