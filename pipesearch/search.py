@@ -45,7 +45,7 @@ from .roundpipe import plan_point as roundpipe_plan_point
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
                           replicated_lower_bound_s, replicated_placements)
-from .split_search import exact_split
+from .split_search import CHAIN_SCHEDULES, exact_split
 from .stage_options import ACT_HOST_RESIDENT, offloads_activations
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
@@ -1265,11 +1265,14 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
 
 
 #: schedules whose points are evaluated after every other point (in the same
-#: order among themselves): their split search is the dearest (interleaved
-#: 1F1B's bounds are the weakest), and a cutoff lowered by the other
-#: schedules' plans first excludes more of them; the ranked plans do not
-#: depend on the order (every point that can enter them is searched exactly)
-DEFERRED_SCHEDULES = ("interleaved-1f1b",)
+#: order among themselves): those whose split search needs the chain
+#: families (split_search.CHAIN_SCHEDULES; interleaved 1F1B's bounds are the
+#: weakest), the dearest to search, so a cutoff lowered by the other
+#: schedules' plans first excludes more of them. The ranked plans do not
+#: depend on the order: every point that can enter them is searched exactly
+#: against a cutoff that only falls, and the points of one family keep
+#: their order (the first of equal times stays its best)
+DEFERRED_SCHEDULES = CHAIN_SCHEDULES
 
 TIE_REL = 1e-3
 """Plans within this relative time of the best are ranked by tie-breaks."""

@@ -11,9 +11,9 @@ sorts by, checked by brute force on small instances.
   enumeration picks: the least time, and among the splits within the tie
   window the one of the tie-break; with a cutoff below the optimum it says
   that no split beats the cutoff, with one above it the same split.
-* The search evaluates interleaved 1F1B points after the others; the
-  ranked plans are those of the search that evaluates every point in bound
-  order.
+* The search evaluates the points of the chain schedules (interleaved 1F1B,
+  ZB-H1) after the others; the ranked plans are those of the search that
+  evaluates every point in bound order.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def test_deferred_interleaved_points_keep_the_ranked_plans(seed, monkeypatch):
     """A 12-layer model on 2 x 4 devices with slow links between nodes and
     weights worth all-reducing, every schedule: the ranked plans (family,
     split, time) are those of the search that evaluates the points in bound
-    order without deferring interleaved 1F1B (the order only moves the
+    order without deferring the chain schedules (the order only moves the
     cutoff); an interleaved plan ranks among them. A deferred point never
     evaluated, or evaluated against a cutoff it cannot be held to, changes
     the table."""
