@@ -567,7 +567,9 @@ class _Tables:
         L = self.costs.num_layers
         pad = np.full((len(v), max(L + 1, at + U + Wb + 1)), np.inf)
         pad[:, :L + 1] = v
-        return np.lib.stride_tricks.sliding_window_view(pad, Wb, axis=1)[:, at + 1:at + 1 + U]
+        step = pad.strides[1]  # [q, u, d] -> pad[q, at + 1 + u + d]: a strided view, in bounds by the width
+        return np.lib.stride_tricks.as_strided(pad[:, at + 1:], shape=(len(v), U, Wb),
+                                               strides=(pad.strides[0], step, step), writeable=False)
 
     @staticmethod
     def _stack(xs, fill: float, ok: np.ndarray) -> np.ndarray:
@@ -1093,10 +1095,17 @@ def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.
     return total.max(axis=0, initial=-np.inf)
 
 
+#: at most this many splits are bounded one by one in the cutoff proof
+#: (:func:`split_lower_bounds`) before any table is built (a count)
+PROOF_SPLITS = 2048
+
+
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator", cutoff_s: float, tie_rel: float,
                   max_splits: int, max_nodes: int):
     """Before any starting split is evaluated, try to prove that no split
-    beats ``cutoff_s``: the root bound of the cheap families, then (chain
+    beats ``cutoff_s``: with at most :data:`PROOF_SPLITS` splits, the least
+    bound of a split that fits (:func:`split_lower_bounds`, no table); the
+    root bound of the cheap families, then (chain
     schedules) the Lagrangian bound of :func:`lagrange_weights` (the
     minimum of the combined family, which the chain tables' root bound is
     at least: those tables are then not built), then the root bound of the
@@ -1106,6 +1115,13 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     kept in ``ev``). Returns ``(tables, proof)``: the last tables built and
     an :class:`ExactSplit` saying no split beats the cutoff, ``"infeasible"``
     when no split fits, or None."""
+    L, S = costs.num_layers, costs.pp
+    if math.comb(L - 1, S - 1) <= PROOF_SPLITS:  # each split's own bound: at least the tables' root bound
+        splits = _all_splits(L, S)
+        fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
+        lower = split_lower_bounds(costs, schedule, pp, splits[fit], chains=schedule in CHAIN_SCHEDULES)
+        if len(lower) and lower.min() >= cutoff_s:
+            return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
     for chains in (False, True):
         if chains:
@@ -1207,11 +1223,14 @@ class _RankCount:
         self.sigma = np.array([costs.time_scale[ranks == q].min() for q in range(pp)]) * m
         layer = np.diff(costs.compute_prefix_s)
         self.last = self.sigma[(S - 1) % pp] * layer[L - 1]
-        # P[j, n]: sum of the n cheapest of layers j .. L-2 (inf past their count)
+        # P[j, n]: sum of the n cheapest of layers j .. L-2 (inf past their count), rows sorted in blocks
         P = np.full((L + 1, L + 1), np.inf)
-        for j in range(L):
-            cheap = np.sort(layer[j:L - 1])
-            P[j, :len(cheap) + 1] = np.concatenate([[0.0], np.cumsum(cheap)])
+        P[:L, 0] = 0.0
+        cols = np.arange(max(L - 1, 0))
+        for lo in range(0, L, _P_ROWS):
+            rows = np.arange(lo, min(L, lo + _P_ROWS))
+            block = np.where(cols[None, :] >= rows[:, None], layer[:L - 1][None, :], np.inf)
+            P[lo:lo + len(rows), 1:L] = np.cumsum(np.sort(block, axis=1), axis=1)
         self.P = P
         later = np.arange(S)[None, :] > np.arange(S)[:, None]  # later[s, k]: k after s
         self.left = np.stack([np.bincount(ranks[later[s]], minlength=pp) for s in range(S)])
@@ -1283,6 +1302,9 @@ class _RankCount:
                 levels[:, qs] = v[sub][:, qs, None] + self.sigma[None, qs, None] * cols
             out[sub] = np.maximum(out[sub], _kth_smallest(levels.reshape(len(sub), -1), np.full(len(sub), e - 1)))
         return out
+
+
+_P_ROWS = 256  # rows of the rank-counting bound's cheapest-layer sums sorted together (memory: rows x L floats)
 
 
 def _kth_smallest(values: np.ndarray, k: np.ndarray) -> np.ndarray:

@@ -181,3 +181,30 @@ def test_deferred_interleaved_points_keep_the_ranked_plans(seed, monkeypatch):
     assert any(plan[3] == "interleaved-1f1b" for plan in deferred)  # it competes for the table
     monkeypatch.setattr(search_lib, "DEFERRED_SCHEDULES", ())
     assert ranked() == deferred
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 6, 7, 8, 11, 12, 13])
+@pytest.mark.parametrize("memory_cap", [False, True])
+def test_cutoff_proof_by_per_split_bounds(seed, memory_cap, monkeypatch):
+    """Points of at most :data:`PROOF_SPLITS` splits (1F1B, ZB-H1, GPipe):
+    with a cutoff just below the simulated optimum (every split simulated)
+    the search proves that nothing beats it; with one just above it finds
+    the optimum, and the answers equal those without the per-split proof.
+    A proof from a split's bound instead of the least one over the splits
+    that fit excludes a point that holds the optimum."""
+    schedule, pp, vp, costs = _point(seed, memory_cap)
+    assert schedule != "interleaved-1f1b"
+    if not any(costs.split_fits(b) for b in _splits(costs.num_layers, costs.pp)):
+        pytest.skip("no split fits")
+    _, best = _enumerated_choice(costs, schedule, pp, vp)
+    for cutoff in (best * (1 - 1e-6), best * (1 + 1e-6)):
+        with_proof = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff)
+        monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
+        without = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff)
+        monkeypatch.undo()
+        assert with_proof.exact and without.exact
+        if cutoff < best:
+            assert with_proof.best_time_s >= cutoff and without.best_time_s >= cutoff
+        else:
+            assert with_proof.best_time_s == pytest.approx(best, rel=1e-12)
+            assert with_proof.bounds == without.bounds
