@@ -360,11 +360,20 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     stages = np.arange(S)[:, None, None]
     jc = np.minimum(j, L)
     ok = (j <= L)[None] & np.broadcast_to(costs.fits(stages, i[None], jc[None]), (S, W, L + 1))
-    terms = separable_terms(bound_families(costs, schedule, pp, stages, i[None], jc[None], chains=True), stages, pp)
+    fitting = int(ok.sum())  # the step budget counts these (the ranges below only drop infinite candidates)
+    # only the ranges some split can hold (stage s from the starts the tables use, ending at a start of
+    # stage s + 1): the others never lie on a finite path of the min-sum DP, so every pick is the same
+    st = np.arange(S)
+    first, last = np.maximum(st, L - (S - st) * W), np.minimum(st * W, L - S + st)
+    then_first, then_last = np.append(first[1:], L), np.append(last[1:], L)
+    ok &= (i[None] >= first[:, None, None]) & (i[None] <= last[:, None, None])
+    ok &= (jc[None] >= then_first[:, None, None]) & (jc[None] <= then_last[:, None, None])
+    ks, rows, at = np.nonzero(ok)  # row-major, the order of ok's True entries
+    terms = separable_terms(bound_families(costs, schedule, pp, ks, at, at + rows + 1, chains=True), ks, pp)
     if not terms:
         return None, 0.0
-    G = np.stack([np.broadcast_to(a, ok.shape)[ok] for a in terms])  # (H, valid stage ranges)
-    steps = min(steps, max(1, LAGRANGE_WORK // max(G.size, 1)))
+    G = np.stack([np.broadcast_to(a, ks.shape) for a in terms]).astype(float)  # (H, ranges a split can hold)
+    steps = min(steps, max(1, LAGRANGE_WORK // max(len(terms) * fitting, 1)))
     w = np.full(len(terms), 1.0 / len(terms))
     best, best_w, since = -np.inf, w, 0
     alpha = np.full(ok.shape, np.inf)
