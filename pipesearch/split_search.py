@@ -39,8 +39,11 @@ the stages, left to right:
 A split is discarded only when a valid lower bound of its time is not below
 a time already achieved, so the result is optimal for ``T``; the work is
 limited by counts (never seconds) and a search that hits them says so and
-reports its proven bound, unless the splits are few enough to simulate every
-one (:func:`_enumerate_all`). Before any split is evaluated, the root bounds
+reports its proven bound, unless the splits are few enough to enumerate
+(:func:`_enumerate_all`: each split's bound, :func:`split_lower_bounds`, and
+the splits simulated in bound order while one can still beat the best or the
+cutoff; interleaved 1F1B's points with few splits go there directly). Before
+any split is evaluated, the per-split bounds (few splits), the root bounds
 and a first few nodes try to exclude the point against the cutoff
 (:func:`_cutoff_proof`).
 """
