@@ -45,7 +45,7 @@ from .roundpipe import plan_point as roundpipe_plan_point
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
                           replicated_lower_bound_s, replicated_placements)
-from .split_search import exact_split
+from .split_search import CHAIN_SCHEDULES, exact_split
 from .stage_options import ACT_HOST_RESIDENT, offloads_activations
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
@@ -895,6 +895,30 @@ def search(
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
 
+    def visit(bound: float, idx: int, variant) -> None:
+        """Evaluate the point of ``rows[idx]`` unless pruned or surely out of memory."""
+        row = rows[idx]
+        if pruned(bound):
+            row["status"] = "pruned"
+            return
+        inflight = schedule_in_flight(row["schedule"], row["pp"], row["num_micro_batches"], row["vp"],
+                                      in_flight_cache, variant.profile.wgrad_saved_fraction)
+        if job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
+            inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
+        if not options.split and row["schedule"] != "roundpipe" and _surely_out_of_memory(
+                memory_floor[id(variant)], row, inflight, capacity[variant.tp]):
+            row["status"] = "out_of_memory"
+            return
+        if row["placement"] != options.placements[0] and _same_links(
+                cluster, variant, row, options.placements[0], placement_ctx, links_cache):
+            row["status"] = "same_as_other_placement"
+            return
+        plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
+                            links_cache, placement_ctx, cutoff_s=cutoff())
+        if plan is not None:
+            keep_plan(plan, row)
+
+    deferred: list = []  # points of DEFERRED_SCHEDULES, evaluated after all others
     for done, (group_bound, (_, _, variant, pp, dp)) in enumerate(
             in_bound_order(groups, strong_group_bound, pruned)):
         if progress:
@@ -911,28 +935,13 @@ def search(
                                                       busiest_s(variant, pp, pp * vp), share[id(variant)])
                 todo.append((row["lower_bound_s"], len(rows) - 1))
         todo.sort()
-        floor = memory_floor[id(variant)]
         for bound, idx in todo:
-            row = rows[idx]
-            if pruned(bound):
-                row["status"] = "pruned"
-                continue
-            inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"], in_flight_cache,
-                                          variant.profile.wgrad_saved_fraction)
-            if job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
-                inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
-            if not options.split and row["schedule"] != "roundpipe" and _surely_out_of_memory(
-                    floor, row, inflight, capacity[variant.tp]):
-                row["status"] = "out_of_memory"
-                continue
-            if row["placement"] != options.placements[0] and _same_links(
-                    cluster, variant, row, options.placements[0], placement_ctx, links_cache):
-                row["status"] = "same_as_other_placement"
-                continue
-            plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                                    links_cache, placement_ctx, cutoff_s=cutoff())
-            if plan is not None:
-                keep_plan(plan, row)
+            if rows[idx]["schedule"] in DEFERRED_SCHEDULES and not options.exhaustive:
+                deferred.append((bound, idx, variant))  # after the others: against a lower cutoff
+            else:
+                visit(bound, idx, variant)
+    for bound, idx, variant in deferred:
+        visit(bound, idx, variant)
     if options.replicate_stages or options.split_replicas:
         candidates = replicated_candidates(variants, cluster, job, options, work, fastest, profiled_device)
         for n, (bound, _, variant, row) in enumerate(candidates):
@@ -1256,6 +1265,16 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     )
     return plan, costs
 
+
+#: schedules whose points are evaluated after every other point (in the same
+#: order among themselves): those whose split search needs the chain
+#: families (split_search.CHAIN_SCHEDULES; interleaved 1F1B's bounds are the
+#: weakest), the dearest to search, so a cutoff lowered by the other
+#: schedules' plans first excludes more of them. The ranked plans do not
+#: depend on the order: every point that can enter them is searched exactly
+#: against a cutoff that only falls, and the points of one family keep
+#: their order (the first of equal times stays its best)
+DEFERRED_SCHEDULES = CHAIN_SCHEDULES
 
 TIE_REL = 1e-3
 """Plans within this relative time of the best are ranked by tie-breaks."""

@@ -39,8 +39,11 @@ the stages, left to right:
 A split is discarded only when a valid lower bound of its time is not below
 a time already achieved, so the result is optimal for ``T``; the work is
 limited by counts (never seconds) and a search that hits them says so and
-reports its proven bound, unless the splits are few enough to simulate every
-one (:func:`_enumerate_all`). Before any split is evaluated, the root bounds
+reports its proven bound, unless the splits are few enough to enumerate
+(:func:`_enumerate_all`: each split's bound, :func:`split_lower_bounds`, and
+the splits simulated in bound order while one can still beat the best or the
+cutoff; interleaved 1F1B's points with few splits go there directly). Before
+any split is evaluated, the per-split bounds (few splits), the root bounds
 and a first few nodes try to exclude the point against the cutoff
 (:func:`_cutoff_proof`).
 """
@@ -360,11 +363,20 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     stages = np.arange(S)[:, None, None]
     jc = np.minimum(j, L)
     ok = (j <= L)[None] & np.broadcast_to(costs.fits(stages, i[None], jc[None]), (S, W, L + 1))
-    terms = separable_terms(bound_families(costs, schedule, pp, stages, i[None], jc[None], chains=True), stages, pp)
+    fitting = int(ok.sum())  # the step budget counts these (the ranges below only drop infinite candidates)
+    # only the ranges some split can hold (stage s from the starts the tables use, ending at a start of
+    # stage s + 1): the others never lie on a finite path of the min-sum DP, so every pick is the same
+    st = np.arange(S)
+    first, last = np.maximum(st, L - (S - st) * W), np.minimum(st * W, L - S + st)
+    then_first, then_last = np.append(first[1:], L), np.append(last[1:], L)
+    ok &= (i[None] >= first[:, None, None]) & (i[None] <= last[:, None, None])
+    ok &= (jc[None] >= then_first[:, None, None]) & (jc[None] <= then_last[:, None, None])
+    ks, rows, at = np.nonzero(ok)  # row-major, the order of ok's True entries
+    terms = separable_terms(bound_families(costs, schedule, pp, ks, at, at + rows + 1, chains=True), ks, pp)
     if not terms:
         return None, 0.0
-    G = np.stack([np.broadcast_to(a, ok.shape)[ok] for a in terms])  # (H, valid stage ranges)
-    steps = min(steps, max(1, LAGRANGE_WORK // max(G.size, 1)))
+    G = np.stack([np.broadcast_to(a, ks.shape) for a in terms]).astype(float)  # (H, ranges a split can hold)
+    steps = min(steps, max(1, LAGRANGE_WORK // max(len(terms) * fitting, 1)))
     w = np.full(len(terms), 1.0 / len(terms))
     best, best_w, since = -np.inf, w, 0
     alpha = np.full(ok.shape, np.inf)
@@ -567,7 +579,9 @@ class _Tables:
         L = self.costs.num_layers
         pad = np.full((len(v), max(L + 1, at + U + Wb + 1)), np.inf)
         pad[:, :L + 1] = v
-        return np.lib.stride_tricks.sliding_window_view(pad, Wb, axis=1)[:, at + 1:at + 1 + U]
+        step = pad.strides[1]  # [q, u, d] -> pad[q, at + 1 + u + d]: a strided view, in bounds by the width
+        return np.lib.stride_tricks.as_strided(pad[:, at + 1:], shape=(len(v), U, Wb),
+                                               strides=(pad.strides[0], step, step), writeable=False)
 
     @staticmethod
     def _stack(xs, fill: float, ok: np.ndarray) -> np.ndarray:
@@ -927,7 +941,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None
     tabled = tables_fit(costs, _width_for(costs, cutoff_s * (1 + tie_rel)))
-    if np.isfinite(cutoff_s) and tabled and not value_above_cutoff:
+    enumerated = schedule == "interleaved-1f1b" and _enumerable(costs, schedule, pp, vp)
+    if np.isfinite(cutoff_s) and tabled and not value_above_cutoff and not enumerated:
         tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes)
         if proof is not None:
             return None if isinstance(proof, str) else proof
@@ -952,8 +967,12 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         chosen = min(ev.times, key=lambda b: (ev.times[b], b))
         return ExactSplit(chosen, ev.times[chosen], ev.times[chosen], 0.0, False, len(ev.times), 0)
     incumbent = min(best, cutoff_s)
-    if schedule == "interleaved-1f1b" and _enumerate_all(costs, schedule, pp, vp, ev):
-        # its bounds are the weakest (a branch and bound stops at its limits): few splits are all simulated
+    enum_cutoff = np.inf if value_above_cutoff else cutoff_s
+    if enumerated and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
+        # its bounds are the weakest (a branch and bound stops at its limits): few splits, each
+        # simulated unless its bound excludes it
+        if not ev.times:  # a split fits (checked above), but none beats the cutoff
+            return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
         chosen, best = _chosen(costs, ev, tie_rel)
         exact = not (value_above_cutoff and best > cutoff_s)
         return ExactSplit(chosen, ev.times[chosen], best, float(min(best, cutoff_s)), exact, len(ev.times), 0)
@@ -966,8 +985,10 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         tables = tables.with_chains(weights)
     counter = _RankCount(costs, schedule, pp)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
-    if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev):  # stopped, but few splits: all simulated
-        state = (True, np.inf, state[2])
+    if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
+        state = (True, np.inf, state[2])  # stopped, but few splits: settled by enumeration
+        if not ev.times:  # a split fits (checked above), but none beats the cutoff
+            return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, state[2])
     if not ev.times:
         return None
     chosen, best = _chosen(costs, ev, tie_rel)
@@ -985,44 +1006,142 @@ ENUMERATE_SPLITS = 20_000
 ENUMERATE_WORK = 2**24
 
 
-def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator") -> bool:
+def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator",
+                   cutoff_s: float = np.inf, tie_rel: float = EQUAL_TIME_REL) -> bool:
     """When the splits of ``L`` layers into ``S`` stages are few
     (``C(L-1, S-1)`` within :data:`ENUMERATE_SPLITS` and their evaluation
-    within :data:`ENUMERATE_WORK`), evaluate every one that fits into ``ev``
-    (in batches) and return True: the best of them is the optimum, by
-    enumeration. Else False, nothing evaluated."""
+    within :data:`ENUMERATE_WORK`), settle the point by enumeration and
+    return True; else False, nothing evaluated.
+
+    Every split that fits gets its lower bound (:func:`split_lower_bounds`)
+    and they are evaluated into ``ev`` in bound order, in batches, until the
+    next bound exceeds ``min(best, cutoff_s) (1 + tie_rel)`` (``best`` the
+    least time in ``ev``): a split left out has a time of at least its
+    bound, so it neither beats the best nor comes within ``tie_rel`` of it
+    (the tie-break of :func:`_chosen` sees every near-tie), nor beats the
+    cutoff. When no split beats ``cutoff_s`` the least time in ``ev`` is at
+    least ``cutoff_s`` (not necessarily the point's optimum)."""
     L, S = costs.num_layers, costs.pp
+    if not _enumerable(costs, schedule, pp, vp):
+        return False
     count = math.comb(L - 1, S - 1)
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
-    if count > ENUMERATE_SPLITS or count * per_split > ENUMERATE_WORK:
-        return False
-    cuts = np.array(list(itertools.combinations(range(1, L), S - 1)), dtype=np.int64).reshape(count, S - 1)
-    splits = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts, np.full((count, 1), L)], axis=1)
+    splits = _all_splits(L, S)
     fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
+    todo = splits[fit]
+    # the cheap families first: a split they put above the best or the cutoff is never evaluated
+    lower = split_lower_bounds(costs, schedule, pp, todo, chains=False)
+    keep = lower <= min(min(ev.times.values(), default=np.inf), cutoff_s) * (1 + tie_rel)
+    todo = todo[keep]
+    lower = split_lower_bounds(costs, schedule, pp, todo) if schedule in CHAIN_SCHEDULES else lower[keep]
+    order = np.argsort(lower, kind="stable")
+    todo, lower = todo[order], lower[order]
     # large batches: the graph's levels are walked once per batch (about 4 million node values each)
     batch = int(max(ev.batch_size(), min(count, 4_000_000 // max(per_split, 1))))
-    todo = splits[fit]
-    for lo in range(0, len(todo), batch):
-        ev.run([tuple(row) for row in todo[lo:lo + batch].tolist()])
-    return bool(ev.times)
+    step, at = ev.first_chunk(), 0
+    while at < len(todo):
+        limit = min(min(ev.times.values(), default=np.inf), cutoff_s) * (1 + tie_rel)
+        hi = min(at + step, int(np.searchsorted(lower, limit, "right")))
+        if hi <= at:
+            break
+        ev.run([tuple(row) for row in todo[at:hi].tolist()])
+        at, step = hi, min(2 * step, batch)
+    return True
+
+
+def _enumerable(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> bool:
+    """Whether the splits are few enough for :func:`_enumerate_all`:
+    ``C(L-1, S-1)`` within :data:`ENUMERATE_SPLITS` and their evaluation
+    (:func:`pipesearch.timemodel.evaluation_cost`) within
+    :data:`ENUMERATE_WORK`."""
+    count = math.comb(costs.num_layers - 1, costs.pp - 1)
+    if count > ENUMERATE_SPLITS:  # (before the evaluation cost, which builds the schedule's graph)
+        return False
+    _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
+    return count * per_split <= ENUMERATE_WORK
+
+
+@lru_cache(maxsize=16)
+def _all_splits(L: int, S: int) -> np.ndarray:
+    """Every split of ``L`` layers into ``S`` non-empty stages, ``(C(L-1,
+    S-1), S + 1)`` boundaries in lexicographic order (read-only)."""
+    count = math.comb(L - 1, S - 1)
+    cuts = np.array(list(itertools.combinations(range(1, L), S - 1)), dtype=np.int64).reshape(count, S - 1)
+    out = np.concatenate([np.zeros((count, 1), dtype=np.int64), cuts, np.full((count, 1), L)], axis=1)
+    out.flags.writeable = False
+    return out
+
+
+def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.ndarray,
+                       chains: bool = True) -> np.ndarray:
+    """Lower bounds ``(n,)`` of the simulated time of the complete splits
+    ``splits`` (``(n, S + 1)`` boundaries): the largest over the families of
+    :func:`bound_families` (with the chain families when ``chains``) of its value on the
+    split, each component evaluated as its formula states (``sum``,
+    ``max``, ``prefix``, ``suffix`` and, per rank, ``device``). Each family
+    is the length of a path of the dependency graph, so every bound is at
+    most the split's time."""
+    S, n = costs.pp, len(splits)
+    # stage-major (S, n): each reduction over the stages adds whole rows
+    s, i, j = np.arange(S)[:, None], np.ascontiguousarray(splits[:, :-1].T), np.ascontiguousarray(splits[:, 1:].T)
+    fams = bound_families(costs, schedule, pp, s, i, j, chains=chains)
+    total = np.zeros((len(fams), n))
+    for kind in _KINDS:  # every component of one kind in one pass, stacked (family, stage, split)
+        comps = [(f, a, b) for f, fam in enumerate(fams) for k, a, b in fam if k == kind]
+        if not comps:
+            continue
+        idx = np.array([f for f, _, _ in comps])
+        a = None if comps[0][1] is None else np.stack([np.broadcast_to(x, i.shape) for _, x, _ in comps])
+        b = None if comps[0][2] is None else np.stack([np.broadcast_to(x, i.shape) for _, _, x in comps])
+        if kind == "sum":
+            v = a.sum(axis=1)
+        elif kind == "max":
+            v = b.max(axis=1)
+        elif kind == "prefix":
+            v = (np.cumsum(a, axis=1) - a + b).max(axis=1)
+        elif kind == "suffix":
+            v = (b + a.sum(axis=1, keepdims=True) - np.cumsum(a, axis=1)).max(axis=1)
+        else:  # device: the busiest rank (stage c pp + q on rank q)
+            v = b.reshape(len(comps), S // pp, pp, n).sum(axis=1).max(axis=1)
+        np.add.at(total, idx, v)
+    return total.max(axis=0, initial=-np.inf)
+
+
+#: at most this many splits are bounded one by one in the cutoff proof
+#: (:func:`split_lower_bounds`) before any table is built (a count)
+PROOF_SPLITS = 2048
 
 
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator", cutoff_s: float, tie_rel: float,
                   max_splits: int, max_nodes: int):
     """Before any starting split is evaluated, try to prove that no split
-    beats ``cutoff_s``: the root bound of the cheap families, then (chain
-    schedules) of the chain families and their Lagrangian combination, then
+    beats ``cutoff_s``: with at most :data:`PROOF_SPLITS` splits, the least
+    bound of a split that fits (:func:`split_lower_bounds`, no table); the
+    root bound of the cheap families, then (chain
+    schedules) the Lagrangian bound of :func:`lagrange_weights` (the
+    minimum of the combined family, which the chain tables' root bound is
+    at least: those tables are then not built), then the root bound of the
+    chain families and their Lagrangian combination, then
     the first :data:`FIRST_NODES` nodes of the branch and bound with the
     rank-counting bound (a split it meets below the cutoff is evaluated and
     kept in ``ev``). Returns ``(tables, proof)``: the last tables built and
     an :class:`ExactSplit` saying no split beats the cutoff, ``"infeasible"``
     when no split fits, or None."""
+    L, S = costs.num_layers, costs.pp
+    if math.comb(L - 1, S - 1) <= PROOF_SPLITS:  # each split's own bound: at least the tables' root bound
+        splits = _all_splits(L, S)
+        fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
+        lower = split_lower_bounds(costs, schedule, pp, splits[fit], chains=schedule in CHAIN_SCHEDULES)
+        if len(lower) and lower.min() >= cutoff_s:
+            return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
     for chains in (False, True):
         if chains:
             if schedule not in CHAIN_SCHEDULES:
                 break
-            weights, _ = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
+            weights, phi = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
+            if weights is not None and phi >= cutoff_s:  # the combined family's minimum (at most the root
+                return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # bound): no table
             tables = tables.with_chains(weights)
         root = tables.root_bound()
         if root >= cutoff_s:
@@ -1116,11 +1235,14 @@ class _RankCount:
         self.sigma = np.array([costs.time_scale[ranks == q].min() for q in range(pp)]) * m
         layer = np.diff(costs.compute_prefix_s)
         self.last = self.sigma[(S - 1) % pp] * layer[L - 1]
-        # P[j, n]: sum of the n cheapest of layers j .. L-2 (inf past their count)
+        # P[j, n]: sum of the n cheapest of layers j .. L-2 (inf past their count), rows sorted in blocks
         P = np.full((L + 1, L + 1), np.inf)
-        for j in range(L):
-            cheap = np.sort(layer[j:L - 1])
-            P[j, :len(cheap) + 1] = np.concatenate([[0.0], np.cumsum(cheap)])
+        P[:L, 0] = 0.0
+        cols = np.arange(max(L - 1, 0))
+        for lo in range(0, L, _P_ROWS):
+            rows = np.arange(lo, min(L, lo + _P_ROWS))
+            block = np.where(cols[None, :] >= rows[:, None], layer[:L - 1][None, :], np.inf)
+            P[lo:lo + len(rows), 1:L] = np.cumsum(np.sort(block, axis=1), axis=1)
         self.P = P
         later = np.arange(S)[None, :] > np.arange(S)[:, None]  # later[s, k]: k after s
         self.left = np.stack([np.bincount(ranks[later[s]], minlength=pp) for s in range(S)])
@@ -1192,6 +1314,9 @@ class _RankCount:
                 levels[:, qs] = v[sub][:, qs, None] + self.sigma[None, qs, None] * cols
             out[sub] = np.maximum(out[sub], _kth_smallest(levels.reshape(len(sub), -1), np.full(len(sub), e - 1)))
         return out
+
+
+_P_ROWS = 256  # rows of the rank-counting bound's cheapest-layer sums sorted together (memory: rows x L floats)
 
 
 def _kth_smallest(values: np.ndarray, k: np.ndarray) -> np.ndarray:

@@ -1,0 +1,210 @@
+"""The enumeration of few splits in bound order and the per-split bounds it
+sorts by, checked by brute force on small instances.
+
+* :func:`pipesearch.split_search.split_lower_bounds` equals, split by split,
+  the largest family of :func:`pipesearch.split_search.bound_families`
+  evaluated from the definitions of its docstring (a loop over the stages),
+  and is at most the split's time replayed in the discrete-event simulator.
+* :func:`pipesearch.split_search.exact_split` on interleaved 1F1B points
+  with few splits (settled by enumeration, only the splits whose bound is
+  below the best or the cutoff simulated) returns the split a full
+  enumeration picks: the least time, and among the splits within the tie
+  window the one of the tie-break; with a cutoff below the optimum it says
+  that no split beats the cutoff, with one above it the same split.
+* The search evaluates the points of the chain schedules (interleaved 1F1B,
+  ZB-H1) after the others; the ranked plans are those of the search that
+  evaluates every point in bound order.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from helpers import tied_or_random_profile, tiny_cluster, tiny_profile
+from pipesearch import search as search_lib
+from pipesearch import split_search
+from pipesearch.costs import build_pipeline_costs, pipeline_placement
+from pipesearch.schedules import build, in_flight_peaks, num_stages_of
+from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.split_search import bound_families, exact_split, split_lower_bounds
+from pipesearch.timemodel import iteration_time_s, simulate_times
+from pipesearch.types import Job, Link
+
+CASES = (("interleaved-1f1b", 2), ("zb-h1", 1), ("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 3))
+GIB = 2**30
+
+
+def _point(seed: int, memory_cap: bool = False):
+    """A seeded instance: schedule, ``pp``, ``vp`` and PipelineCosts, with
+    identical layers (and a random head: ties everywhere) for even seeds and
+    random layers for odd ones; random links and all-reduce; with
+    ``memory_cap`` a device memory that refuses some splits."""
+    rng = np.random.default_rng(seed)
+    schedule, vp = CASES[seed % len(CASES)]
+    pp = int(rng.integers(2, 4)) if vp < 3 else 2
+    S = num_stages_of(schedule, pp, vp)
+    L = int(rng.integers(S + 1, min(S + 5, 10) + 1))
+    m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
+    prof, params, outputs = tied_or_random_profile(rng, L, seed % 2 == 0)
+    link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
+    memory = float(params.sum()) * 2.0 * 3.0 / S + float(outputs.max()) * 2 * m if memory_cap else 1e12
+    cluster = tiny_cluster(1, 2 * pp, memory_bytes=memory, intra=link, inter=link)
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
+                                 stages_per_device=vp)
+    return schedule, pp, vp, costs
+
+
+def _splits(L: int, S: int) -> np.ndarray:
+    return np.array([(0, *cut, L) for cut in itertools.combinations(range(1, L), S - 1)], dtype=np.int64)
+
+
+def _family_value(fam, S: int, pp: int) -> float:
+    """One family on one complete split, each component from its definition
+    in :func:`bound_families` (a loop over the ``S`` stages)."""
+    total = 0.0
+    for kind, alpha, beta in fam:
+        a = None if alpha is None else np.broadcast_to(alpha, (S,)).astype(float)
+        b = None if beta is None else np.broadcast_to(beta, (S,)).astype(float)
+        if kind == "sum":
+            total += sum(a[k] for k in range(S))
+        elif kind == "max":
+            total += max(b[k] for k in range(S))
+        elif kind == "prefix":
+            total += max(sum(a[:k]) + b[k] for k in range(S))
+        elif kind == "suffix":
+            total += max(b[k] + sum(a[k + 1:]) for k in range(S))
+        else:  # device: stage k on rank k % pp
+            total += max(sum(b[k] for k in range(q, S, pp)) for q in range(pp))
+    return total
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_split_lower_bounds_are_the_families_and_at_most_the_time(seed):
+    """Every split of the instance: the vectorised bound equals the largest
+    family evaluated one split and one stage at a time (with and without the
+    chain families), and it is at most the simulated time. A component
+    reduced over the wrong axis, a rank's stages gathered wrongly (the
+    ``device`` reshape) or a prefix / suffix off by one stage breaks the
+    equality; a family that is not a path of the schedule's graph breaks the
+    inequality."""
+    schedule, pp, vp, costs = _point(seed)
+    S, L, m = costs.pp, costs.num_layers, costs.num_micro_batches
+    splits = _splits(L, S)
+    for chains in (False, True):
+        got = split_lower_bounds(costs, schedule, pp, splits, chains=chains)
+        for bounds, lb in zip(splits, got):
+            s, i, j = np.arange(S), bounds[:-1], bounds[1:]
+            fams = bound_families(costs, schedule, pp, s, i, j, chains=chains)
+            want = max(_family_value(fam, S, pp) for fam in fams)
+            assert lb == pytest.approx(want, rel=1e-12, abs=1e-15)
+            if chains:
+                t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(bounds))
+                assert lb <= t * (1 + 1e-9) + 1e-15
+
+
+def _enumerated_choice(costs, schedule: str, pp: int, vp: int):
+    """``(split, time)`` picked from every split that fits, each simulated
+    by the vectorised time model: the least time, and among those within the
+    tie window the tie-break's first (``_tie_key``: peak memory, link time)."""
+    S, L, m = costs.pp, costs.num_layers, costs.num_micro_batches
+    splits = [tuple(int(x) for x in b) for b in _splits(L, S) if costs.split_fits(b)]
+    times = iteration_time_s(schedule, pp, m, vp, costs.stage_times(np.array(splits)))
+    best = float(np.min(times))
+    near = [b for b, t in zip(splits, times) if t <= best * (1 + split_search.EQUAL_TIME_REL)]
+    chosen = min(near, key=lambda b: split_search._tie_key(costs, b, float(times[splits.index(b)])))
+    return chosen, best
+
+
+@pytest.mark.parametrize("seed", [0, 4, 5, 9, 10, 14, 15, 19, 20, 24, 25, 29])
+@pytest.mark.parametrize("memory_cap", [False, True])
+def test_enumeration_in_bound_order_is_the_full_enumeration(seed, memory_cap):
+    """Interleaved 1F1B points with few splits: the split and time equal
+    those of simulating every split; a cutoff just above the optimum gives
+    the same split, one just below it a proof that nothing beats it (time at
+    least the cutoff, exact). Stopping before a split within the tie window
+    changes the split on tied instances (even seeds); stopping at a bound
+    above the cutoff instead of the best, or sorting the wrong way, misses
+    the optimum."""
+    schedule, pp, vp, costs = _point(seed, memory_cap)
+    assert schedule == "interleaved-1f1b"
+    if not any(costs.split_fits(b) for b in _splits(costs.num_layers, costs.pp)):
+        pytest.skip("no split fits")
+    chosen, best = _enumerated_choice(costs, schedule, pp, vp)
+    for cutoff in (np.inf, best * (1 + 1e-6)):
+        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff)
+        assert found.exact
+        assert found.bounds == chosen
+        assert found.best_time_s == pytest.approx(best, rel=1e-12)
+    below = exact_split(costs, schedule, pp, vp, cutoff_s=best * (1 - 1e-6))
+    assert below.exact and below.best_time_s >= best * (1 - 1e-6)
+    assert below.lower_bound_s == pytest.approx(best * (1 - 1e-6), rel=1e-12)
+
+
+def test_enumeration_simulates_only_splits_below_the_best():
+    """On random layers the bound excludes most splits: fewer splits are
+    simulated than fit (an enumeration that simulates every split fails)."""
+    schedule, pp, vp, costs = _point(5)
+    fitting = sum(costs.split_fits(b) for b in _splits(costs.num_layers, costs.pp))
+    found = exact_split(costs, schedule, pp, vp)
+    assert found.exact and found.splits_evaluated < fitting
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_deferred_interleaved_points_keep_the_ranked_plans(seed, monkeypatch):
+    """A 12-layer model on 2 x 4 devices with slow links between nodes and
+    weights worth all-reducing, every schedule: the ranked plans (family,
+    split, time) are those of the search that evaluates the points in bound
+    order without deferring the chain schedules (the order only moves the
+    cutoff); an interleaved plan ranks among them. A deferred point never
+    evaluated, or evaluated against a cutoff it cannot be held to, changes
+    the table."""
+    rng = np.random.default_rng(seed)
+    L = 12
+    prof = tiny_profile(list(rng.uniform(1e-3, 8e-3, L)), params=list(rng.uniform(0, 4e8, L)),
+                        outputs=list(rng.uniform(1e6, 4e7, L)), saved=list(rng.uniform(1e8, 6e8, L)), batch_size=8)
+    cluster = tiny_cluster(2, 4, memory_bytes=24 * GIB, intra=Link(1e10, 1e-5), inter=Link(1.25e9, 5e-5))
+    job = Job(64, memory_reserve_bytes=GIB)
+    options = SearchOptions(schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), top=6)
+
+    def ranked():
+        res = search([ModelVariant(prof)], cluster, job, options)
+        return [(p.pp, p.dp, p.vp, p.schedule, p.num_micro_batches, tuple(s.layers for s in p.stages),
+                 p.predicted.iteration_time_s) for p in res.plans]
+
+    deferred = ranked()
+    assert any(plan[3] == "interleaved-1f1b" for plan in deferred)  # it competes for the table
+    monkeypatch.setattr(search_lib, "DEFERRED_SCHEDULES", ())
+    assert ranked() == deferred
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 6, 7, 8, 11, 12, 13])
+@pytest.mark.parametrize("memory_cap", [False, True])
+def test_cutoff_proof_by_per_split_bounds(seed, memory_cap, monkeypatch):
+    """Points of at most :data:`PROOF_SPLITS` splits (1F1B, ZB-H1, GPipe):
+    with a cutoff just below the simulated optimum (every split simulated)
+    the search proves that nothing beats it; with one just above it finds
+    the optimum, and the answers equal those without the per-split proof.
+    A proof from a split's bound instead of the least one over the splits
+    that fit excludes a point that holds the optimum."""
+    schedule, pp, vp, costs = _point(seed, memory_cap)
+    assert schedule != "interleaved-1f1b"
+    if not any(costs.split_fits(b) for b in _splits(costs.num_layers, costs.pp)):
+        pytest.skip("no split fits")
+    _, best = _enumerated_choice(costs, schedule, pp, vp)
+    for cutoff in (best * (1 - 1e-6), best * (1 + 1e-6)):
+        with_proof = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff)
+        monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
+        without = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff)
+        monkeypatch.undo()
+        assert with_proof.exact and without.exact
+        if cutoff < best:
+            assert with_proof.best_time_s >= cutoff and without.best_time_s >= cutoff
+        else:
+            assert with_proof.best_time_s == pytest.approx(best, rel=1e-12)
+            assert with_proof.bounds == without.bounds
