@@ -430,6 +430,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
+                            vp_pinned=bool(vps),
                             split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit,
                             replicate_stages=replicate_stages, split_replicas=split_replicas)
