@@ -1439,7 +1439,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices else
             "the schedules asked for refused every point (1F1B and its variants need at least pp "
             "micro-batches; pp x vp stages need a layer each): lower --pp or --vp, raise --num-micro-batches "
-            "(or lower --micro-batch-size), or add --schedule gpipe"
+            "(or lower --micro-batch-size), or "
+            + ("drop --vp" if options is not None and options.vp_pinned else "add --schedule gpipe")
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
             else
             "lower --micro-batch-size or use a larger cluster" if options is not None and (options.pp or options.split)
