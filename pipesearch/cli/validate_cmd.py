@@ -36,8 +36,9 @@ def replay_problems(doc: dict) -> list[str]:
             continue
         predicted = plan.predicted.iteration_time_s
         if abs(replay_s - predicted) > REPLAY_REL_TOL * max(replay_s, predicted):
+            fields = _replayed_fields(plan.schedule)
             out.append(f"plans[{k}].predicted.iteration_time_s: {predicted!r} s found, {replay_s!r} s expected "
-                       f"(the simulated time of plans[{k}]'s own stage times{_replayed_fields(plan.schedule)}, "
+                       f"(the replay, the simulated time of plans[{k}]'s own stage times{fields}: "
                        "pipesearch simulate); re-plan, or restore the edited field")
     return out
 
