@@ -275,10 +275,10 @@ def _roundpipe(plan: dict, where: str) -> Iterator[Problem]:
                                                           "--schedule roundpipe")
     elif tasks != want:
         t = next(n for n, (a, b) in enumerate(zip(tasks, want)) if a != b)
-        yield Problem(f"{where}.options.roundpipe.tasks[{t}]", f"{show(tasks[t])} found, {show(want[t])} expected (forwards "
-                                                               f"of the {G} groups, the last group's fused task, "
-                                                               f"then backwards, round robin over {pp} GPUs); "
-                                                               "re-plan with --schedule roundpipe")
+        yield Problem(f"{where}.options.roundpipe.tasks[{t}]",
+                      f"{show(tasks[t])} found, {show(want[t])} expected (forwards of the {G} groups, the last "
+                      f"group's fused task, then backwards, round robin over {pp} GPUs); re-plan with --schedule "
+                      "roundpipe")
 
 
 def _length(x) -> str:
