@@ -130,3 +130,25 @@ def test_cli_vp_1_with_a_single_stage_schedule_is_honoured():
     assert r.exit_code == 0, r.output
     plans = json.loads(r.output)["plans"]
     assert plans and all(p["parallelism"]["vp"] == 1 for p in plans)
+
+
+def test_cli_vp_1_beside_interleaving_is_refused():
+    """Interleaved 1F1B needs vp >= 2: with vp 1 the only pin, asking for it
+    beside looped BFS is refused naming it (before, its points were all
+    refused one by one and the plans came from looped BFS alone)."""
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--vp", "1",
+                                  "--schedule", "interleaved-1f1b", "--schedule", "looped-bfs"])
+    _one_line_refusal(r, "--vp 1 with --schedule interleaved-1f1b", "at least 2 virtual stages")
+
+
+def test_cli_vp_1_alone_keeps_the_single_stage_defaults():
+    """--vp 1 without --schedule: the default schedules that run vp 1
+    (gpipe, 1f1b, zb-h1); every plan has vp 1."""
+    import json
+
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64",
+                                  "--vp", "1", "--top", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert set(doc["inputs"]["job"]["schedules"]) == {"gpipe", "1f1b", "zb-h1"}
+    assert all(p["parallelism"]["vp"] == 1 for p in doc["plans"])

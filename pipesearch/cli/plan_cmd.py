@@ -428,6 +428,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                                                if x not in MULTI_STAGE_SCHEDULES)
         if vps and min(vps) > 1:  # a pinned vp > 1: only the default schedules with virtual stages honour it
             schedules = tuple(x for x in DEFAULT_SCHEDULES if x in MULTI_STAGE_SCHEDULES)
+        elif vps and max(vps) < 2:  # vp 1 pinned: interleaving needs 2 or more (pins.check_vp_pins)
+            schedules = tuple(x for x in schedules if x != "interleaved-1f1b")
     check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
     if vps and max(vps) > 1 and (pp == 1 or (split and len(split) == 1)):
         raise InputError(f"--vp {max(vps)} with --pp 1: one pipeline rank runs all its stages as one (plain "
