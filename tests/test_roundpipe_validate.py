@@ -351,3 +351,15 @@ def test_mobius_memory_option(tmp_path, mobius_doc):
     line = _refusal(tmp_path, mobius_doc, _set(["plans", 0, "stages", 0, "memory_option"], "roundpipe"),
                     "plans[0].stages[0].memory_option")
     assert "'roundpipe' under schedule mobius" in line
+
+
+@pytest.mark.parametrize("host", [None, {"memory_bytes": 1.0}, [1]])
+def test_roundpipe_without_a_readable_host_table(tmp_path, roundpipe_doc, host):
+    def edit(doc):
+        if host is None:
+            doc["inputs"]["cluster"].pop("host")
+        else:
+            doc["inputs"]["cluster"]["host"] = host
+
+    line = _refusal(tmp_path, roundpipe_doc, edit, "inputs.cluster.host")
+    assert f"{json.dumps(host) if host is not None else 'None'} found" in line and "[host] table expected" in line

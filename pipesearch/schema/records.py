@@ -45,7 +45,7 @@ from ..host import shared_bandwidth_bytes_per_s
 from ..roundpipe import WEIGHT_BYTES_PER_PARAM
 from ..schedules import roundpipe_tasks
 from ..types import HostSpec
-from . import Problem
+from . import Problem, show
 
 #: relative difference beyond which a recorded value disagrees with its formula
 REL_TOL = 1e-9
@@ -58,21 +58,31 @@ def _differs(found, expected: float) -> bool:
 
 
 def _host(inputs: dict) -> HostSpec | None:
-    h = (inputs.get("cluster") or {}).get("host")
+    cluster = inputs.get("cluster")
+    h = cluster.get("host") if isinstance(cluster, dict) else None
     try:
-        return HostSpec(**{**h, "pcie_switches": tuple(tuple(int(x) for x in sw) for sw in h["pcie_switches"])})
+        host = HostSpec(**{**h, "pcie_switches": tuple(tuple(int(x) for x in sw) for sw in h["pcie_switches"])})
     except (TypeError, KeyError, ValueError):
         return None
+    rates = (host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s, host.cpu_adam_params_per_s)
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in rates):
+        return None
+    return host
 
 
 def _node_and_local(device: int, cluster: dict) -> tuple[int, int] | None:
     """(node, id inside the node) of a global device id from ``inputs.cluster.groups``."""
     node = 0
-    for g in cluster.get("groups") or ():
-        first, per = g.get("first_device"), g.get("devices_per_node")
-        if isinstance(first, int) and isinstance(per, int) and per > 0 and first <= device <= g.get("last_device", -1):
+    groups = cluster.get("groups") if isinstance(cluster, dict) else None
+    for g in groups if isinstance(groups, list) else ():
+        if not isinstance(g, dict):
+            return None
+        first, last, per, nodes = (g.get(k) for k in ("first_device", "last_device", "devices_per_node", "nodes"))
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, per, nodes)) or per < 1:
+            return None
+        if first <= device <= last:
             return node + (device - first) // per, (device - first) % per
-        node += int(g.get("nodes", 0))
+        node += nodes
     return None
 
 
@@ -93,8 +103,10 @@ def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     info, stages = plan["options"]["roundpipe"], plan["stages"]
     host = _host(inputs)
     if host is None:
-        yield Problem("inputs.cluster.host", "missing or incomplete; a roundpipe plan's copies are derived from the "
-                                             "cluster's [host] table; re-plan with --schedule roundpipe")
+        found = (inputs.get("cluster") or {}).get("host") if isinstance(inputs.get("cluster"), dict) else None
+        yield Problem("inputs.cluster.host", f"{show(found)} found, the cluster's [host] table expected (positive "
+                                             "rates, pcie_switches of device ids), from which a roundpipe plan's "
+                                             "copies are derived; re-plan with --schedule roundpipe")
         return
     bw = min(host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s)
     rp = f"{where}.options.roundpipe"
