@@ -100,6 +100,7 @@ def _check(where: str, found, expected: float, why: str) -> Iterator[Problem]:
 
 
 def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
+    """A RoundPipe plan's records against the ``[host]`` table (module docstring)."""
     info, stages = plan["options"]["roundpipe"], plan["stages"]
     host = _host(inputs)
     if host is None:
@@ -109,16 +110,22 @@ def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
                                              "copies are derived; re-plan with --schedule roundpipe")
         return
     bw = min(host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s)
-    rp = f"{where}.options.roundpipe"
-    pp, G = plan["parallelism"]["pp"], len(stages)
-    pool = [st["devices"][0] for st in stages[:pp]]
+    pool = [st["devices"][0] for st in stages[:plan["parallelism"]["pp"]]]
     keys = [_switch_key(d, inputs["cluster"], host) for d in pool]
     for d, key in enumerate(keys):
         if key is not None:
             n = sum(k == key for k in keys)
-            yield from _check(f"{rp}.pcie_scale[{d}]", info["pcie_scale"][d],
+            yield from _check(f"{where}.options.roundpipe.pcie_scale[{d}]", info["pcie_scale"][d],
                               float(bw / shared_bandwidth_bytes_per_s(host, n)),
                               f"{n} of the pool's GPUs share GPU {pool[d]}'s PCIe switch")
+    yield from _roundpipe_groups(plan, where, host, bw)
+    yield from _roundpipe_prediction(plan, where)
+
+
+def _roundpipe_groups(plan: dict, where: str, host: HostSpec, bw: float) -> Iterator[Problem]:
+    """Each group's copies, ``comm_s``, CPU step and ``allreduce_s`` (module docstring)."""
+    info, stages = plan["options"]["roundpipe"], plan["stages"]
+    rp, G = f"{where}.options.roundpipe", len(stages)
     delayed = (plan.get("options") or {}).get("optimizer_step") == "delayed"
     for g, st in enumerate(stages):
         parts = st.get("memory_breakdown_bytes") or {}
@@ -139,6 +146,12 @@ def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
         yield from _check(f"{w}.allreduce_s", st["allreduce_s"], 0.0 if delayed else st.get("host_step_s", 0.0),
                           "the delayed step runs beside the next iteration" if delayed else
                           f"{w}.host_step_s: the CPU's step after the iteration")
+
+
+def _roundpipe_prediction(plan: dict, where: str) -> Iterator[Problem]:
+    """The analytic time and the bubble of a RoundPipe plan (module docstring)."""
+    stages, pp = plan["stages"], plan["parallelism"]["pp"]
+    G = len(stages)
     pred = plan["predicted"]
     t = pred["iteration_time_s"]
     if "analytic_iteration_time_s" in pred:
@@ -157,6 +170,7 @@ def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
 
 
 def _mobius(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
+    """A Mobius plan's copies out, CPU step at dp 1 and queues (module docstring)."""
     info, stages = plan["options"]["mobius"], plan["stages"]
     mb = f"{where}.options.mobius"
     delayed = (plan.get("options") or {}).get("optimizer_step") == "delayed"
