@@ -111,7 +111,7 @@ class SearchOptions:
     enumerate_layouts_up_to: int = 24
     replicate_stages: bool = False
     split_replicas: tuple[int, ...] | None = None
-    vp_pinned: bool = False
+    vp_pinned: bool = field(default=False, repr=False)  # in the fingerprint only when set (search)
 
 
 def vp_choices(schedule: str, pp: int, options: SearchOptions) -> tuple[int, ...]:
@@ -986,7 +986,8 @@ def search(
         wall_s=time.perf_counter() - start,
         fingerprint=fingerprint([v.profile for v in variants], cluster, job, options,
                                 *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ()),
-                                *(("activation_offload",) if job.activation_offload else ())),
+                                *(("activation_offload",) if job.activation_offload else ()),
+                                *(("vp_pinned",) if options.vp_pinned else ())),
         point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
     )
 

@@ -152,3 +152,15 @@ def test_cli_vp_1_alone_keeps_the_single_stage_defaults():
     doc = json.loads(r.output)
     assert set(doc["inputs"]["job"]["schedules"]) == {"gpipe", "1f1b", "zb-h1"}
     assert all(p["parallelism"]["vp"] == 1 for p in doc["plans"])
+
+
+def test_the_pin_is_part_of_the_fingerprint():
+    """Same inputs, vp pinned or not: different answers, so different
+    fingerprints (the plan file says which search produced it)."""
+    prof, cluster = _world(8)
+    job = Job(global_batch_size=4, memory_reserve_bytes=0)
+    base = SearchOptions(schedules=("looped-bfs",), vps=(2,), top=2)
+    free = search([ModelVariant(prof)], cluster, job, base)
+    pinned = search([ModelVariant(prof)], cluster, job, replace(base, vp_pinned=True))
+    assert free.fingerprint != pinned.fingerprint
+    assert search([ModelVariant(prof)], cluster, job, base).fingerprint == free.fingerprint
