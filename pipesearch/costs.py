@@ -632,10 +632,9 @@ class PipelineCosts:
             swaps = dict(swap_in_s=arr(params * self.options.swap_in_s_per_param_byte[k, s]),
                          swap_out_s=arr(params * self.options.swap_out_s_per_param_byte[k, s]),
                          swap_queue=self.options.swap_queue)
-            own = self.memory_bytes(s, i, j) - params * self.options.state_bytes_per_param_byte[k]
-            device = swap_device_bytes(arr(params), arr(own), len(self.options.swap_queue))
+            device = self.mobius_device_peak_bytes(bounds)
             ranks = device.shape[-1]
-            over = np.where(device > self.capacity_bytes[:ranks], np.inf, 0.0)[..., np.arange(self.pp) % ranks]
+            over = np.where(device > self.mobius_gpu_capacity_bytes(), np.inf, 0.0)[..., np.arange(self.pp) % ranks]
         times = StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
                            bwd_input_s=arr(self.bwd_input_s(s, i, j)),
                            p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
@@ -644,6 +643,34 @@ class PipelineCosts:
         if swaps and self.options.swap_act_copy_prefix_s is not None:  # activations in host memory: copy nodes
             times = self._mobius_activations(times, bounds)
         return times
+
+    def mobius_device_peak_bytes(self, bounds) -> np.ndarray:
+        """Mobius: each GPU's peak bytes over its stays under the split
+        ``bounds`` (``(P + 1,)`` or ``(n, P + 1)``), each stage in its chosen
+        option (:meth:`option_index`): :func:`pipesearch.stage_options.swap_device_bytes`
+        of the stages' parameter bytes and of what each holds besides its
+        weights and gradients (its :meth:`memory_bytes` less them, plus its
+        :meth:`fixed_bytes`: the tied copy, the gathered weights). Returns
+        ``(ranks,)`` or ``(n, ranks)`` bytes, checked against
+        :meth:`mobius_gpu_capacity_bytes`; every stage's
+        :meth:`total_memory_bytes` is at most its GPU's peak."""
+        bounds = np.asarray(bounds)
+        s, i, j = np.arange(self.pp), bounds[..., :-1], bounds[..., 1:]
+        params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
+        state = self.options.state_bytes_per_param_byte[self.option_index(s, i, j)]
+        own = self.memory_bytes(s, i, j) - params * state + self.fixed_bytes(s)
+        return swap_device_bytes(params, np.broadcast_to(own, params.shape), len(self.options.swap_queue))
+
+    def mobius_gpu_capacity_bytes(self) -> np.ndarray:
+        """Mobius: ``(ranks,)`` each GPU's usable memory (bytes), the bound
+        of :meth:`mobius_device_peak_bytes`: its first stage's
+        ``capacity_bytes`` with the fixed parts that capacity is net of
+        (tied copy, ``stages_per_device`` shares of the gathered weights)
+        added back, since the peak counts them."""
+        ranks = len(self.options.swap_queue)
+        tied = 0.0 if self.tied_copy_bytes is None else self.tied_copy_bytes[:ranks]
+        gathered = 0.0 if self.gathered_bytes is None else self.gathered_bytes[:ranks]
+        return self.capacity_bytes[:ranks] + (self.pp // ranks) * gathered + tied
 
     def _mobius_activations(self, times, bounds):
         """``times`` of Mobius splits with each stage's activations in host
@@ -665,7 +692,7 @@ class PipelineCosts:
         ok = (dev <= self.capacity_bytes[s]) & (host <= o.host_capacity_bytes[s])
         if o.allowed is not None:
             ok &= o.allowed[:, None, :]
-        own = dev - params * o.state_bytes_per_param_byte[:, None, None]
+        own = dev - params * o.state_bytes_per_param_byte[:, None, None] + self.fixed_bytes(s)
         ranks = len(o.swap_queue)
         pairs = swap_device_bytes(params, np.zeros_like(params), ranks)
         copy = o.swap_act_copy_prefix_s[1, s, j] - o.swap_act_copy_prefix_s[1, s, i]
@@ -684,7 +711,7 @@ class PipelineCosts:
                                     with_fields(plain, **rows, act_copy_s=copy[idx] * sets, act_host=sets))
 
         first = self.option_index(s, i, j) == 1
-        act, fits = mobius_activation_choice(first, ok[0], ok[1], own, pairs, self.capacity_bytes[:ranks], ranks,
+        act, fits = mobius_activation_choice(first, ok[0], ok[1], own, pairs, self.mobius_gpu_capacity_bytes(), ranks,
                                              time_of)
         allreduce = plain.allreduce_s + np.where(fits, 0.0, np.inf)[:, None]
         single = np.ndim(bounds) == 1
@@ -703,8 +730,15 @@ class PipelineCosts:
         return self.allreduce_s(s, i, j) + self.host_step_s(s, i, j)
 
     def split_fits(self, bounds) -> bool:
+        """Whether every stage of the split ``bounds`` fits (:meth:`fits`)
+        and, for Mobius, every GPU (:meth:`mobius_device_peak_bytes` with the
+        stages' activation choice: a finite :meth:`stage_times`)."""
         s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
-        return bool(np.all(self.fits(s, i, j)))
+        if not np.all(self.fits(s, i, j)):
+            return False
+        if self.options is not None and self.options.swap_in_s_per_param_byte is not None:
+            return bool(np.all(np.isfinite(self.stage_times(np.asarray(bounds)).allreduce_s)))
+        return True
 
 
 def build_pipeline_costs(

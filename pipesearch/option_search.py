@@ -245,12 +245,11 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     * ``("optimizer_step", "delayed")`` and ``("optimizer_staleness_steps", 1)``
       with ``job.delayed_optimizer_step``;
     * ``("mobius", {...})`` for Mobius: per stage its copy seconds, each
-      rank's PCIe queue and each GPU's peak bytes
-      (:func:`pipesearch.stage_options.swap_device_bytes`), so that the plan
-      file replays (:func:`pipesearch.timemodel.stage_times_of`).
+      rank's PCIe queue and each GPU's peak bytes over its stays
+      (:meth:`pipesearch.costs.PipelineCosts.mobius_device_peak_bytes`, the
+      figure the memory check uses), so that the plan file replays
+      (:func:`pipesearch.timemodel.stage_times_of`).
     """
-    from .stage_options import swap_device_bytes
-
     o = costs.options
     s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
     if o is None:
@@ -259,7 +258,6 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     if not any(("offload" in n or "stream" in n or n.startswith("swap") or "act-host" in n) for n in names):
         return ()
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
-    ranks = len(o.swap_queue) if o.swap_queue is not None else costs.pp
     moved, act_moved = stage_pcie_bytes(costs, bounds, job, dp, tp)
     act_host = costs.activation_offload_bytes(s, i, j)[1] * dp * tp
     host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)] * dp * tp + act_host
@@ -275,11 +273,10 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
         out += (("optimizer_step", "delayed"), ("optimizer_staleness_steps", 1))
     if o.swap_in_s_per_param_byte is not None:
         times = costs.stage_times(np.asarray(bounds))
-        own = costs.memory_bytes(s, i, j) - params * o.state_bytes_per_param_byte[0]
         out += (("mobius", {"swap_in_s": [float(x) for x in times.swap_in_s],
                             "swap_out_s": [float(x) for x in times.swap_out_s],
                             "pcie_queue": [int(q) for q in o.swap_queue],
-                            "device_peak_bytes": [float(x) for x in swap_device_bytes(params, own, ranks)],
+                            "device_peak_bytes": [float(x) for x in costs.mobius_device_peak_bytes(bounds)],
                             **({"act_copy_s": [float(x) for x in times.act_copy_s],
                                 "act_host": [bool(x) for x in times.act_host]}
                                if times.act_copy_s is not None else {})}),)

@@ -160,31 +160,16 @@ class RoundPipeCosts:
         return weights, (self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) + 2.0 * edges
 
     def device_peak_bytes(self, bounds) -> np.ndarray:
-        """``(k, n)``: each GPU's peak bytes (module docstring): over its
-        tasks in order, the one computing (weights, gradients if a backward,
-        transient) plus the next one's weights (and gradients) arriving."""
+        """``(k, n)``: each GPU's peak bytes (:func:`device_peak_bytes` of
+        :meth:`group_bytes`)."""
         weights, transient = self.group_bytes(bounds)
-        k = weights.shape[0]
-        tasks = roundpipe_tasks(self.num_groups, self.num_gpus)
-        peak = np.zeros((k, self.num_gpus))
-        for d in range(self.num_gpus):
-            mine = [(kind, g) for kind, g, dd in tasks if dd == d]
-            for a, (kind, g) in enumerate(mine):
-                held = weights[:, g] * (1 if kind == "F" else 2) + transient[:, g]
-                if a + 1 < len(mine):
-                    kn, gn = mine[a + 1]
-                    held = held + weights[:, gn] * (1 if kn == "F" else 2)
-                peak[:, d] = np.maximum(peak[:, d], held)
-        return peak
+        return device_peak_bytes(weights, transient, self.num_gpus)
 
     def host_bytes(self, bounds) -> np.ndarray:
-        """``(k, G)``: each group's host bytes: its parameters' state
-        (:data:`HOST_BYTES_PER_PARAM`) and its saved input for all ``m``
-        micro-batches."""
+        """``(k, G)``: each group's host bytes (:func:`group_host_bytes`)."""
         i, j = self._ranges(bounds)
-        bnd = self.boundary_bytes(bounds)
-        inputs = np.concatenate([np.zeros((bnd.shape[0], 1)), bnd], axis=1)
-        return HOST_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i]) + self.num_micro_batches * inputs
+        return group_host_bytes(self.param_prefix[j] - self.param_prefix[i], self.boundary_bytes(bounds),
+                                self.num_micro_batches)
 
     def pcie_bytes(self, bounds) -> np.ndarray:
         """``(k, G)``: bytes each group moves over PCIe per iteration: its
@@ -231,6 +216,54 @@ class RoundPipeCosts:
     def time_s(self, bounds):
         """:func:`pipesearch.timemodel.roundpipe_time_s` of the splits."""
         return roundpipe_time_s(self.stage_times(bounds), self.num_gpus, self.num_micro_batches)
+
+
+def device_peak_bytes(weights, transient, num_gpus: int) -> np.ndarray:
+    """Each GPU's peak bytes under RoundPipe's dispatch (module docstring;
+    :func:`pipesearch.schedules.roundpipe_tasks`): over its tasks in order,
+    the one computing (its group's 16-bit weights, gradients too for a
+    backward or the fused last task, and its ``transient`` bytes) plus the
+    next task's on that GPU weights (and gradients) arriving.
+
+    Args:
+        weights, transient: ``(k, G)`` bytes of each group's weights and
+            of what its computing task holds besides weights and gradients
+            (:meth:`RoundPipeCosts.group_bytes`), for ``k`` splits.
+        num_gpus: the pool's GPUs ``n``.
+
+    Returns ``(k, n)`` bytes."""
+    weights, transient = np.atleast_2d(np.asarray(weights, dtype=float)), np.atleast_2d(np.asarray(transient, float))
+    tasks = roundpipe_tasks(weights.shape[1], num_gpus)
+    peak = np.zeros((weights.shape[0], num_gpus))
+    for d in range(num_gpus):
+        mine = [(kind, g) for kind, g, dd in tasks if dd == d]
+        for a, (kind, g) in enumerate(mine):
+            held = weights[:, g] * (1 if kind == "F" else 2) + transient[:, g]
+            if a + 1 < len(mine):
+                kn, gn = mine[a + 1]
+                held = held + weights[:, gn] * (1 if kn == "F" else 2)
+            peak[:, d] = np.maximum(peak[:, d], held)
+    return peak
+
+
+def group_host_bytes(params, boundary_bytes, num_micro_batches: int) -> np.ndarray:
+    """Each group's host bytes (module docstring): its parameters' state
+    (:data:`HOST_BYTES_PER_PARAM` per parameter) and its saved input, one
+    micro-batch's bytes over the boundary before it, for all ``m``
+    micro-batches (none for group 0).
+
+    Args:
+        params: ``(k, G)`` parameters of each group.
+        boundary_bytes: ``(k, G - 1)`` one micro-batch's bytes over each
+            boundary (:meth:`RoundPipeCosts.boundary_bytes`).
+        num_micro_batches: ``m``.
+
+    Returns ``(k, G)`` bytes; their sum is checked against the node's host
+    memory (:meth:`RoundPipeCosts.fits`)."""
+    params = np.atleast_2d(np.asarray(params, dtype=float))
+    bnd = np.asarray(boundary_bytes, dtype=float).reshape(params.shape[0], -1)
+    inputs = np.concatenate([np.zeros((bnd.shape[0], 1)), bnd], axis=1)
+    return HOST_BYTES_PER_PARAM * params + num_micro_batches * inputs
 
 
 def build_roundpipe_costs(profile: ModelProfile, cluster: Cluster, job: Job, *, gpus: np.ndarray, groups: int,

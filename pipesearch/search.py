@@ -401,6 +401,8 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     busy = rank_busy_s(schedule, pp, m, costs.stage_times(
         (stages[0].layers[0],) + tuple(st.layers[1] for st in stages)))
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
+    if schedule == "mobius":  # each GPU's peak over its stays, the figure its memory check uses
+        mem = costs.mobius_device_peak_bytes((stages[0].layers[0],) + tuple(st.layers[1] for st in stages))
     # the peak device's own memory (a stage's smallest replica)
     cap_of = memory_bytes_of(cluster)
     caps = np.array([cap_of[np.asarray(st.devices, dtype=np.int64)].min() for st in stages[:pp]])
@@ -1416,6 +1418,9 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
     """Keep in ``ctx["split_overflow"]`` the --split point closest to fitting
     in memory, as (overflow ratio, text naming its fullest stage)."""
     s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    if costs.options is not None and costs.options.swap_queue is not None and np.all(costs.fits(s, i, j)):
+        _note_mobius_gpu_overflow(ctx, costs, bounds, row)
+        return
     need = costs.memory_bytes(s, i, j)
     ratio = need / costs.capacity_bytes
     k = int(np.argmax(ratio))
@@ -1427,6 +1432,29 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
         f"micro-batch size {row['micro_batch_size']}, {row['schedule']}; move layers off stage {k} or "
         + ("change the micro-batch size (with replicas a device keeps ceil(b / r) samples of each of its in-flight "
            "micro-batches)" if parse_replicas_name(row.get("placement")) else "lower the micro-batch size")))
+
+
+def _note_mobius_gpu_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:
+    """:func:`_note_split_overflow` of a Mobius --split whose stages fit
+    alone but whose GPU does not: the GPU of the largest peak over its
+    usable memory (:meth:`PipelineCosts.mobius_device_peak_bytes`, every
+    stage that can keeping its activations in host memory: the least peak)."""
+    o = costs.options
+    least = costs
+    if o.swap_act_copy_prefix_s is not None:
+        every = np.stack([np.zeros(costs.pp, bool), np.ones(costs.pp, bool)])  # swap+act-host on every stage
+        least = replace(costs, options=replace(o, allowed=every))
+    peaks, caps = least.mobius_device_peak_bytes(np.asarray(bounds)), costs.mobius_gpu_capacity_bytes()
+    ratio = peaks / caps
+    r = int(np.argmax(ratio))
+    if "split_overflow" in ctx and ctx["split_overflow"][0] <= ratio[r]:
+        return
+    mine = ",".join(str(x) for x in range(r, costs.pp, len(peaks)))
+    ctx["split_overflow"] = (float(ratio[r]), (
+        f"closest: --split GPU {r} (stages {mine}) needs {peaks[r] / 2**30:.1f} GiB at its peak (its stages' "
+        f"activations and fixed bytes, two stays' weights and gradients) against {caps[r] / 2**30:.1f} GiB usable, "
+        f"at pp {row['pp']} x dp {row['dp']}, micro-batch size {row['micro_batch_size']}, mobius; move layers off "
+        f"its stages or lower the micro-batch size"))
 
 
 def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None) -> str:

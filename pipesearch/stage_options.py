@@ -706,11 +706,11 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     training), and the activations of all its stages: the device check is
     :func:`swap_device_bytes` (whole splits, in
     :meth:`pipesearch.costs.PipelineCosts.stage_times`: a split over it
-    takes forever). Per stage, the options' memory is a necessary part of
-    it, checked against the whole device: the stage's activations and
-    ``1 / (vp - 1)`` of its own weights and gradients (each stage is in a
-    pair of consecutive stays, so the largest pair is at least their sum
-    over ``vp - 1``; all of them when ``vp = 1``). Each
+    takes forever). Per stage, the options' memory is what the stage holds
+    on its GPU while it runs: its activations and its own weights and
+    gradients (2 B per parameter byte), checked against the whole device, a
+    necessary part of the GPU's peak (the stage is in some stay pair, whose
+    weights and gradients are at least its own). Each
     stay of the stage on its GPU copies its weights in, each stay with
     backwards its gradients out (:func:`pipesearch.timemodel.mobius_graph`),
     one copy at a time per PCIe switch at the link's rate
@@ -770,7 +770,7 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
         compute_prefix_s=rows(_prefix(fwd + bwd)),
         bwd_input_prefix_s=rows(_prefix(bin_)), saved_prefix_bytes=rows(_prefix(a["saved_bytes"] * ratio)),
         transient_table_bytes=rows(range_max_table(0 * fwd)),
-        state_bytes_per_param_byte=np.full(K, 2.0 / max(P // pp - 1, 1)),
+        state_bytes_per_param_byte=np.full(K, SWAP_DEVICE_BYTES_PER_PARAM_BYTE),
         host_bytes_per_param_byte=np.full(K, (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp),
         host_step_s_per_param_byte=rows(share * node / cluster.host.cpu_adam_params_per_s / bpp),
         host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, P // pp),
@@ -779,20 +779,28 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     )
 
 
+#: Mobius: device bytes of a resident stage's 16-bit weights and gradients per parameter byte
+#: (2 B + 2 B per parameter of 2 B: Feng et al., ASPLOS'23, sec. 3)
+SWAP_DEVICE_BYTES_PER_PARAM_BYTE = 2.0
+
+
 def swap_device_bytes(param_bytes: np.ndarray, own_bytes: np.ndarray, pp: int) -> np.ndarray:
-    """Peak bytes of each Mobius GPU (:func:`swap_options`): the activations
-    (and other per-stage bytes) ``own_bytes`` of all its stages, plus the
-    largest weights + gradients of two stays in a row
-    (:func:`pipesearch.timemodel.mobius_residencies`: stages ``c`` and
-    ``c + 1`` of the rank while one computes and the next is prefetched;
-    the one stage alone when ``vp = 1``), at 2 bytes of weight and gradient
-    per parameter byte.
+    """Peak bytes of each Mobius GPU (:func:`swap_options`): what all its
+    stages hold besides their weights and gradients, ``own_bytes``
+    (activations, and the bytes a stage holds whatever the split: the tied
+    copy, gathered weights), plus the largest weights + gradients of two
+    stays in a row (:func:`pipesearch.timemodel.mobius_residencies`: stages
+    ``c`` and ``c + 1`` of the rank while one computes and the next is
+    prefetched; the one stage alone when ``vp = 1``), at
+    :data:`SWAP_DEVICE_BYTES_PER_PARAM_BYTE` bytes of weight and gradient per
+    parameter byte. A stage's own device bytes (``own`` + its weights and
+    gradients) are at most its GPU's peak.
 
     ``param_bytes`` and ``own_bytes`` are ``(..., S)`` with stage ``s`` on
     rank ``s % pp``; returns ``(..., pp)`` with the rank's peak repeated
     over its stages' positions' first ``pp`` entries (rank ``r`` at ``r``).
     """
-    wg = 2.0 * np.asarray(param_bytes, dtype=float)
+    wg = SWAP_DEVICE_BYTES_PER_PARAM_BYTE * np.asarray(param_bytes, dtype=float)
     own = np.asarray(own_bytes, dtype=float)
     S = wg.shape[-1]
     v = S // pp

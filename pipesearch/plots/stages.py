@@ -71,6 +71,27 @@ def memory_breakdown(plan: Plan) -> dict[str, np.ndarray] | None:
     return {"state": mem - act, "activations": act}
 
 
+def gpu_peaks(plan: Plan) -> dict[str, np.ndarray] | None:
+    """Mobius and RoundPipe plans (more stages than GPUs, memory checked per
+    GPU): ``peak``, each GPU's recorded peak bytes, the figure the search's
+    memory check used (``options.mobius.device_peak_bytes``,
+    :meth:`pipesearch.costs.PipelineCosts.mobius_device_peak_bytes`;
+    ``options.roundpipe.device_peak_bytes``,
+    :func:`pipesearch.roundpipe.device_peak_bytes`), and ``activations``, the
+    part of it that is its stages' activations (Mobius: a GPU holds every
+    stage's at once; RoundPipe: zeros, its peak is one task pair's), each
+    ``(pp,)``; None for other schedules or a plan without the figures."""
+    option = {"mobius": "mobius", "roundpipe": "roundpipe"}.get(plan.schedule)
+    peaks = (dict(plan.extra or ()).get(option) or {}).get("device_peak_bytes") if option else None
+    if not isinstance(peaks, (list, tuple)) or len(peaks) != plan.pp:
+        return None
+    acts = np.zeros(plan.pp)
+    if option == "mobius":
+        for st in plan.stages:
+            acts[st.index % plan.pp] += dict(st.memory_breakdown).get("activations", 0.0)
+    return {"peak": np.asarray(peaks, dtype=float), "activations": acts}
+
+
 def _columns(plan: Plan) -> tuple[np.ndarray, list[str], str]:
     """Column of each stage in the plot, tick labels, axis label: one column
     per stage, or per device (pipeline rank) when devices hold several
@@ -95,7 +116,8 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
     the plan's iteration time, and per-stage peak memory per device
     (weights + optimizer state and activations, where known) against the
     device capacity and the usable memory (capacity less headroom and reserve). With virtual
-    stages (interleaved schedules) the bars are per device, summing its stages.
+    stages (interleaved schedules) the bars are per device, summing its stages;
+    Mobius and RoundPipe plans draw each GPU's peak instead (:func:`gpu_peaks`).
 
     Raises:
         PlanFormatError: no plan of that rank.
@@ -128,6 +150,10 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
     keep = 1 - headroom_fraction(plan_file)
     mem = per_col([st.memory_bytes for st in plan.stages])
     mb = memory_breakdown(plan)
+    per_gpu = gpu_peaks(plan)  # Mobius, RoundPipe: each GPU's peak over its stays or tasks, not a sum of stages
+    if per_gpu is not None:
+        mem = per_gpu["peak"]
+        mb = {"state": mem - per_gpu["activations"], "activations": per_gpu["activations"]}
     small = 6.5 if n > 12 else 8
 
     width = min(16.0, max(11.0, 3.0 + n))
@@ -174,6 +200,12 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
                      edgecolor="white", linewidth=0.5, zorder=2)
             mem_handles = [Patch(facecolor=STATE_COLOUR, label="weights + gradients + optimizer state"),
                            Patch(facecolor=ACT_COLOUR, label="activations kept for backward")]
+            if per_gpu is not None:
+                mem_handles = [Patch(facecolor=STATE_COLOUR, label=(
+                    "weights + gradients of two stays (+ tied copy)" if plan.schedule == "mobius"
+                    else "peak over its tasks (one task + the next's weights)")),
+                               Patch(facecolor=ACT_COLOUR, label="activations of its stages")][
+                    :1 if plan.schedule == "roundpipe" else 2]
         else:
             ax_m.bar(x, mem / GIB, bar_w, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
             mem_handles = [Patch(facecolor=STATE_COLOUR, label="peak memory (state + activations)")]
@@ -186,7 +218,8 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
                       fontsize=small - 0.5, color="#333333")
         ax_m.set_ylim(0, float(max(cap.max(), mem.max())) / GIB * 1.1)
         ax_m.set_ylabel("peak memory per device (GiB)")
-        ax_m.set_title("memory per device (number: GiB still usable)", fontsize=9)
+        ax_m.set_title(("peak memory per GPU, as checked" if per_gpu is not None else "memory per device")
+                       + " (number: GiB still usable)", fontsize=9)
         mem_handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.6, label="device memory capacity"))
         if reserve > 0 or keep < 1:
             mem_handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.0, linestyle="--",

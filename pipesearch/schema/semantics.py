@@ -31,6 +31,9 @@ inputs:
   ``predicted.peak_memory_bytes`` lies between the largest of them and the
   largest sum of one device's (virtual) stages, and
   ``predicted.samples_per_s`` the global batch over the iteration time;
+* a Mobius or RoundPipe plan's per-GPU peaks (and RoundPipe's host memory)
+  are those its stages give, within capacity, and its predicted peak is
+  their largest (:mod:`pipesearch.schema.gpu_peaks`);
 * plan ranks do not repeat, follow the iteration time (up to the 0.1 % tie
   window of the ranking) and agree on every layer's name;
 * the points table (``search.points``), when present, has one value per
@@ -50,6 +53,7 @@ from ..schedules import build
 from ..stage_options import offloads_activations
 from ..types import SCHEDULES
 from . import Problem, show
+from .gpu_peaks import gpu_peak_problems
 
 
 def _coverage(plan: dict, where: str, num_layers: int) -> Iterator[Problem]:
@@ -371,6 +375,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _roundpipe(plan, where)
     out += _activation_offload(plan, where)
     out += _memory_options(plan, where)
+    out += gpu_peak_problems(plan, where, inputs)
     return out
 
 
