@@ -146,11 +146,16 @@ def test_roundpipe_activation_copy(tmp_path, roundpipe_doc):
     assert f"0.5 found, {st['send_bytes'] / BW!r} expected" in line and "stages[1].send_bytes" in line
 
 
-def test_roundpipe_send_bytes_edited_names_the_copy_and_the_bytes(tmp_path, roundpipe_doc):
-    st = roundpipe_doc["plans"][0]["stages"][0]
+def test_roundpipe_send_bytes_edited_names_the_host_memory_it_changes(tmp_path, roundpipe_doc):
+    """Stage 0's output is group 1's saved input, m micro-batches of it in
+    host memory: doubling send_bytes is refused at group 1's host bytes
+    (the memory recheck runs before the copies' check)."""
+    p = roundpipe_doc["plans"][0]
+    st, m = p["stages"][0], p["schedule"]["num_micro_batches"]
+    held = p["options"]["host"]["host_memory_bytes"][1]
     line = _refusal(tmp_path, roundpipe_doc, _set(["plans", 0, "stages", 0, "send_bytes"], 2 * st["send_bytes"]),
-                    "plans[0].options.roundpipe.act_copy_s[0]")
-    assert f"{2 * st['send_bytes'] / BW!r} expected" in line and f"send_bytes {2 * st['send_bytes']!r} B" in line
+                    "plans[0].options.host.host_memory_bytes[1]")
+    assert f"{held!r} B" in line and f"{held + m * st['send_bytes']!r} B" in line
 
 
 @pytest.mark.parametrize("key,part", [("weights_in_s", "weights"), ("grads_out_s", "gradients")])
@@ -353,7 +358,7 @@ def test_mobius_memory_option(tmp_path, mobius_doc):
     assert "'roundpipe' under schedule mobius" in line
 
 
-@pytest.mark.parametrize("host", [None, {"memory_bytes": 1.0}, [1]])
+@pytest.mark.parametrize("host", [None, {"memory_bytes": 1e15}, [1]])
 def test_roundpipe_without_a_readable_host_table(tmp_path, roundpipe_doc, host):
     def edit(doc):
         if host is None:
