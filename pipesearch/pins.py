@@ -61,18 +61,27 @@ def resolve_dp(pins: BatchPins, num_devices: int) -> int | None:
 
 
 def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage: tuple[str, ...]) -> None:
-    """Refuse ``--vp`` when none of the requested schedules runs virtual stages.
+    """Refuse ``--vp`` when a requested schedule cannot honour it: a vp
+    above 1 and none of them runs virtual stages (vp 1 alone: one stage per
+    device, what they run), interleaved 1F1B with vp 1 the only pin (it
+    needs 2 or more), or a single-stage schedule (vp 1) among them while 1
+    is not pinned.
 
     Raises:
-        InputError: ``--vp`` given with only single-stage schedules.
+        InputError: the pin and the schedule that cannot take it.
     """
-    if vps and not any(s in multi_stage for s in schedules):
+    if vps and max(vps) > 1 and not any(s in multi_stage for s in schedules):
         raise InputError(
             f"--vp {','.join(map(str, vps))}: virtual stages apply to {' and '.join(multi_stage)} only, and "
             f"--schedule asks for {', '.join(schedules)}; add --schedule {multi_stage[0]} or drop --vp")
-    if vps and max(vps) < 2 and schedules and all(s == "interleaved-1f1b" for s in schedules):
+    if vps and max(vps) < 2 and "interleaved-1f1b" in schedules:
         raise InputError(f"--vp {','.join(map(str, vps))} with --schedule interleaved-1f1b: interleaving needs at "
                          f"least 2 virtual stages per device; use --vp 2 or more, or --schedule 1f1b")
+    single = [s for s in schedules if s not in multi_stage]
+    if vps and 1 not in vps and single:
+        raise InputError(f"--vp {','.join(map(str, vps))} with --schedule {single[0]}: {single[0]} runs one stage per "
+                         f"device (vp 1), so its plans could not honour the pin; drop --schedule {single[0]}, or "
+                         "add --vp 1")
 
 
 def parse_split(text: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:

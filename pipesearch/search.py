@@ -92,6 +92,9 @@ class SearchOptions:
             ``enumerate_layouts_up_to`` of them.
         split_replicas: replicas per stage of ``split`` (``--split
             17x15,6x1``): score that replicated point only.
+        vp_pinned: ``vps`` was pinned (``--vp``): every plan has one of
+            them, so a single-stage schedule or ``pp`` 1 (both vp 1) is
+            searched only when 1 is among them (:func:`vp_choices`).
     """
 
     pp: int | None = None
@@ -108,6 +111,17 @@ class SearchOptions:
     enumerate_layouts_up_to: int = 24
     replicate_stages: bool = False
     split_replicas: tuple[int, ...] | None = None
+    vp_pinned: bool = field(default=False, repr=False)  # in the fingerprint only when set (search)
+
+
+def vp_choices(schedule: str, pp: int, options: SearchOptions) -> tuple[int, ...]:
+    """The virtual stages per device a point of ``schedule`` at ``pp``
+    takes: ``options.vps`` for a multi-stage schedule over ``pp > 1`` ranks,
+    else vp 1 (one rank runs all its stages as one; a single-stage schedule
+    runs one), or none when ``options.vp_pinned`` excludes 1."""
+    if schedule in MULTI_STAGE_SCHEDULES and pp > 1:
+        return tuple(options.vps)
+    return (1,) if not options.vp_pinned or 1 in options.vps else ()
 
 
 @dataclass(frozen=True)
@@ -440,6 +454,8 @@ def enumerate_groups(variants: Iterable[ModelVariant], cluster: Cluster, job: Jo
         slots = num_slots(cluster, variant.tp)
         pps = [options.pp] if options.pp else range(1, min(slots, L) + 1)
         for pp in pps:
+            if not options.pp and not any(vp_choices(s, pp, options) for s in options.schedules):
+                continue  # a pinned vp above 1: not pp 1 (vp_choices)
             if pp > L:
                 yield variant, pp, None, "too_many_stages", 1
                 continue
@@ -501,7 +517,7 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
     for mbs in mbss:
         m = per_replica // mbs
         for schedule in schedules:
-            for vp in (options.vps if schedule in MULTI_STAGE_SCHEDULES and pp > 1 else (1,)):
+            for vp in vp_choices(schedule, pp, options):
                 refused = schedule_refusal(schedule, pp, m, vp, L)
                 for placement in (placements if refused is None else (None,)):
                     yield mbs, m, schedule, vp, placement, refused
@@ -522,7 +538,7 @@ def count_points(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
         if pp == 1:
             schedules = ("1f1b",) if "1f1b" in schedules else schedules[:1]
         n = sum(1 for schedule in schedules
-                for vp in (options.vps if schedule in MULTI_STAGE_SCHEDULES and pp > 1 else (1,))
+                for vp in vp_choices(schedule, pp, options)
                 for m in ms if schedule_refusal(schedule, pp, m, vp, L) is None)
         if cache is None:
             return n * len(_placements(cluster, pp, dp, options, variant.tp))
@@ -963,6 +979,9 @@ def search(
             message += "; " + placement_ctx["split_overflow"][1]
         if placement_ctx.get("host_overflow"):
             message += "; " + placement_ctx["host_overflow"]
+        if options.vp_pinned and 1 not in options.vps and not options.pp:
+            message = (f"--vp {','.join(map(str, options.vps))} needs pp >= 2 (one pipeline rank runs all its "
+                       f"stages as one, vp 1); no plan with pp >= 2 fits: {message}")
         raise InfeasibleError(message)
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
     shown = {id(p) for p in plans[: options.top]}
@@ -978,7 +997,8 @@ def search(
         wall_s=time.perf_counter() - start,
         fingerprint=fingerprint([v.profile for v in variants], cluster, job, options,
                                 *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ()),
-                                *(("activation_offload",) if job.activation_offload else ())),
+                                *(("activation_offload",) if job.activation_offload else ()),
+                                *(("vp_pinned",) if options.vp_pinned else ())),
         point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
     )
 
@@ -1001,7 +1021,7 @@ def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchO
     ``id(variant)`` to its fwd+bwd seconds per sample; the bound takes each
     stage's devices on its placement (``profiled_device`` scales them)."""
     out, covered = [], {}
-    schedules = tuple(s for s in options.schedules if s not in MULTI_STAGE_SCHEDULES)
+    schedules = tuple(s for s in options.schedules if s not in MULTI_STAGE_SCHEDULES and vp_choices(s, 2, options))
     for variant in variants:
         L, devices, scales = variant.profile.num_layers, num_slots(cluster, variant.tp), {}
         if options.split_replicas:
@@ -1467,7 +1487,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices else
             "the schedules asked for refused every point (1F1B and its variants need at least pp "
             "micro-batches; pp x vp stages need a layer each): lower --pp or --vp, raise --num-micro-batches "
-            "(or lower --micro-batch-size), or add --schedule gpipe"
+            "(or lower --micro-batch-size), or "
+            + ("drop --vp" if options is not None and options.vp_pinned else "add --schedule gpipe")
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
             else
             "lower --micro-batch-size or use a larger cluster" if options is not None and (options.pp or options.split)

@@ -399,9 +399,20 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError("--delayed-optimizer-step: no stage keeps its optimizer on the host; add "
                          "--optimizer-offload, --stream-weights, --schedule mobius or --schedule roundpipe, or drop "
                          "the flag")
+    if "mobius" in (schedules or ()) and cluster.host is None:
+        raise InputError(f"--schedule mobius: cluster {cluster.name!r} has no [host] table (host memory, PCIe "
+                         "switches, CPU Adam rate) to swap its stages through; add one (hardware/README.md) or "
+                         "choose another schedule")
+    if set(schedules or ()) == {"mobius"} and stream_weights:
+        raise InputError("--schedule mobius with --stream-weights: Mobius keeps every stage's weights in host memory "
+                         "and copies each stage in before it runs already; drop the flag")
     if "roundpipe" in (schedules or ()):
         check_roundpipe_flags(cluster, tp=tp, dp=dp, recompute=recompute, optimizer_offload=optimizer_offload,
                               stream_weights=stream_weights, activation_offload=activation_offload)
+        if runtime is None:  # a runtime's own defaults are refused with the runtime, below
+            check_roundpipe_state_flags(optimizer_state=optimizer_state, sharding=sharding, zero1=zero1,
+                                        optimizer_bytes_per_param=optimizer_bytes_per_param,
+                                        overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap)
         per_node = max(g.devices_per_node for g in cluster.groups)
         if pp and pp > per_node:
             raise InputError(f"--schedule roundpipe with --pp {pp}: RoundPipe's pool of GPUs shares one host (its "
@@ -417,6 +428,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                                                if x not in MULTI_STAGE_SCHEDULES)
         if vps and min(vps) > 1:  # a pinned vp > 1: only the default schedules with virtual stages honour it
             schedules = tuple(x for x in DEFAULT_SCHEDULES if x in MULTI_STAGE_SCHEDULES)
+        elif vps and max(vps) < 2:  # vp 1 pinned: interleaving needs 2 or more (pins.check_vp_pins)
+            schedules = tuple(x for x in schedules if x != "interleaved-1f1b")
     check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
     if vps and max(vps) > 1 and (pp == 1 or (split and len(split) == 1)):
         raise InputError(f"--vp {max(vps)} with --pp 1: one pipeline rank runs all its stages as one (plain "
@@ -430,6 +443,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
+                            vp_pinned=bool(vps),
                             split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit,
                             replicate_stages=replicate_stages, split_replicas=split_replicas)
@@ -571,3 +585,37 @@ def check_roundpipe_flags(cluster, *, tp, dp, recompute, optimizer_offload, stre
             raise InputError(f"--schedule roundpipe with {flag}: RoundPipe keeps every parameter, its optimizer and "
                              "the group boundaries' activations in host memory already; drop the flag")
 
+
+
+def check_roundpipe_state_flags(*, optimizer_state, sharding, zero1, optimizer_bytes_per_param, overlap_grad_reduce,
+                                tp_comm_overlap) -> None:
+    """``--schedule roundpipe`` holds its own training state (16-bit weights
+    and gradients, fp32 master weights, gradients and Adam moments in host
+    memory, :data:`pipesearch.roundpipe.HOST_BYTES_PER_PARAM` bytes per
+    parameter) on one model copy without tensor parallelism: refuse, in one
+    line, the flags that would change a state or a collective it does not
+    have, instead of dropping them.
+
+    Raises:
+        InputError: ``--optimizer-state``, ``--optimizer-bytes-per-param``,
+            a ``--sharding`` other than none (or ``--zero1``),
+            ``--overlap-grad-reduce`` or ``--tp-comm-overlap``.
+    """
+    from ..roundpipe import HOST_BYTES_PER_PARAM
+
+    state = (("--optimizer-state", optimizer_state), ("--optimizer-bytes-per-param", optimizer_bytes_per_param))
+    for flag, value in state:
+        if value is not None:
+            shown = value if isinstance(value, str) else f"{value:g}"
+            raise InputError(f"--schedule roundpipe with {flag} {shown}: RoundPipe keeps its own state in host memory "
+                             f"(16-bit weights and gradients, fp32 master weights, gradients and moments: "
+                             f"{HOST_BYTES_PER_PARAM:g} B per parameter); drop {flag} or choose another schedule")
+    if (sharding not in (None, "none")) or zero1:
+        flag = "--zero1" if zero1 and sharding in (None, "zero1") else f"--sharding {sharding}"
+        raise InputError(f"--schedule roundpipe with {flag}: RoundPipe runs one model copy (dp 1), so there are no "
+                         "data-parallel replicas to shard over; drop it or choose another schedule")
+    for flag, on, what in (("--overlap-grad-reduce", overlap_grad_reduce, "data-parallel gradient reduce (dp 1)"),
+                           ("--tp-comm-overlap", tp_comm_overlap, "tensor-parallel collective (tp 1)")):
+        if on:
+            raise InputError(f"--schedule roundpipe with {flag}: RoundPipe has no {what} to overlap; drop it or "
+                             "choose another schedule")

@@ -12,6 +12,23 @@ from ..search import simulate_plan
 from ..units import format_bytes, format_seconds
 from . import main
 
+#: relative difference between the replayed and the file's iteration time
+#: beyond which ``simulate`` warns (both are the same longest path; they agree
+#: to about 1e-14 for every plan the search writes)
+TIME_REL_TOL = 1e-9
+
+
+def time_disagreement(path: str, rank: int, replayed_s: float, recorded_s: float) -> str | None:
+    """One warning line when a plan's replay ``replayed_s`` differs from
+    its file's ``predicted.iteration_time_s`` ``recorded_s`` beyond
+    :data:`TIME_REL_TOL` relative, naming the file and both times; None when
+    they agree."""
+    if abs(replayed_s - recorded_s) <= TIME_REL_TOL * max(abs(replayed_s), abs(recorded_s)):
+        return None
+    return (f"{path}: plan of rank {rank}: the replay takes {replayed_s!r} s, the file's "
+            f"predicted.iteration_time_s is {recorded_s!r} s; the file's stage times, copies or prediction were "
+            f"edited (pipesearch validate {path} names the field); the figures below are the replay's")
+
 
 def plan_title(plan_file, plan, iteration_time_s: float) -> str:
     """``model on cluster, pp x dp x tp, schedule, mbs x m: iteration time``."""
@@ -40,7 +57,9 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
 
     Prints the simulated iteration time next to the analytic one, the busy
     fraction and peak activation memory on the device of every rank (an
-    offloading stage counts its resident micro-batches only).
+    offloading stage counts its resident micro-batches only). When the
+    replayed time differs from the file's predicted iteration time (an
+    edited file), one warning line on stderr names the file and both times.
 
     \b
     Examples:
@@ -69,6 +88,9 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
         total_s, tl = simulate_plan(plan)
     except InputError as exc:  # a valid file whose plan the simulator still refuses: name the file and plan
         raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
+    disagreement = time_disagreement(plans, rank, total_s, plan.predicted.iteration_time_s)
+    if disagreement:
+        click.echo(f"warning: {disagreement}", err=True)
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s

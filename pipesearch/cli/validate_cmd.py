@@ -7,6 +7,7 @@ import click
 
 from ..errors import InputError, PlanFormatError
 from ..plan import _from_document, document_problems, parse_document, read_plan_text
+from ..schema.records import record_problems
 from . import main
 
 #: relative difference between a plan's predicted iteration time and its
@@ -35,9 +36,17 @@ def replay_problems(doc: dict) -> list[str]:
             continue
         predicted = plan.predicted.iteration_time_s
         if abs(replay_s - predicted) > REPLAY_REL_TOL * max(replay_s, predicted):
-            out.append(f"plans[{k}].predicted.iteration_time_s: {predicted!r} s, but its stages replay in "
-                       f"{replay_s!r} s (pipesearch simulate); the prediction is the replayed time")
+            fields = _replayed_fields(plan.schedule)
+            out.append(f"plans[{k}].predicted.iteration_time_s: {predicted!r} s found, {replay_s!r} s expected "
+                       f"(the replay, the simulated time of plans[{k}]'s own stage times{fields}: "
+                       "pipesearch simulate); re-plan, or restore the edited field")
     return out
+
+
+def _replayed_fields(schedule: str) -> str:
+    """The fields besides the stages' times that a schedule's replay reads."""
+    return {"roundpipe": " and copies in options.roundpipe", "mobius": " and copies in options.mobius"}.get(
+        schedule, "")
 
 
 @main.command("validate")
@@ -49,8 +58,9 @@ def validate_command(plans):
     fits the cluster, micro-batch size x count x dp is the global batch).
 
     Also: stages fit their devices' memory, ranks follow the iteration time,
-    and each plan's predicted iteration time is the simulated time of its own
-    stage terms (a replay).
+    a RoundPipe or Mobius plan's recorded copies and host terms follow from
+    its stage bytes and the cluster's [host] table, and each plan's predicted
+    iteration time is the simulated time of its own stage terms (a replay).
 
     Prints one line per problem on stdout and exits with status 2 when there
     is any; prints a summary and exits 0 when the file is valid.
@@ -62,8 +72,8 @@ def validate_command(plans):
     """
     doc = parse_document(read_plan_text(plans), plans)
     problems = document_problems(doc)
-    if not problems:
-        problems = replay_problems(doc)
+    if not problems:  # the recorded copies against their formulas, then the replay of what is recorded
+        problems = record_problems(doc) or replay_problems(doc)
     if problems:
         for problem in problems:
             click.echo(f"{plans}: {problem}")

@@ -164,7 +164,8 @@ def _roundpipe_host(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
                       f"{total!r} B, but the groups' parameters and saved inputs take {float(groups.sum())!r} B; "
                       "re-plan or fix the file")
         return
-    host = (inputs["cluster"].get("host") or {}).get("memory_bytes")
+    table = inputs["cluster"].get("host")
+    host = table.get("memory_bytes") if isinstance(table, dict) else None  # a hand-edited table may be anything
     if isinstance(host, (int, float)) and not isinstance(host, bool) and float(total) > host * (1 + PEAK_REL_TOL):
         yield Problem(f"{where}.options.roundpipe.host_memory_bytes",
                       f"{float(total)!r} B, more than the node's {host:.6g} B of host memory "

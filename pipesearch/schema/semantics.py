@@ -234,25 +234,25 @@ def _mobius(plan: dict, where: str) -> Iterator[Problem]:
         return
     info = (plan.get("options") or {}).get("mobius")
     S, pp = len(plan["stages"]), plan["parallelism"]["pp"]
-    ok = isinstance(info, dict) and all(
-        isinstance(info.get(key), list) and len(info[key]) == n
-        and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in info[key])
-        for key, n in (("swap_in_s", S), ("swap_out_s", S), ("pcie_queue", pp)))
-    if not ok:
-        yield Problem(f"{where}.options.mobius", "a mobius plan needs its copies: swap_in_s and swap_out_s (one "
-                                                 f"number >= 0 per stage, {S}) and pcie_queue (one per rank, {pp}); "
-                                                 "re-plan with --schedule mobius")
+    bad = _list_problem(info, f"{where}.options.mobius", (("swap_in_s", S, "stage"), ("swap_out_s", S, "stage"),
+                                                          ("pcie_queue", pp, "rank")), "mobius")
+    if bad is not None:
+        yield bad
         return
     if "act_host" in info:  # the stages whose activations are in host memory (per stage, docs/offload.md)
         act = info["act_host"]
         named = [("act-host" in str(st.get("memory_option", "")).split("+")) for st in plan["stages"]]
         if not (isinstance(act, list) and len(act) == S and all(isinstance(x, bool) for x in act)
                 and "act_copy_s" in info):
-            yield Problem(f"{where}.options.mobius.act_host", f"expected one true/false per stage ({S}) beside "
-                                                              "act_copy_s; re-plan with --schedule mobius")
+            yield Problem(f"{where}.options.mobius.act_host", f"{show(act)} found, one true/false per stage ({S}) "
+                                                              "beside act_copy_s expected; re-plan with --schedule "
+                                                              "mobius")
         elif act != named:
-            yield Problem(f"{where}.options.mobius.act_host", f"{act} does not match the stages' memory_option "
-                                                              f"(swap+act-host on {named}); re-plan or fix the file")
+            k = next(n for n, (a, b) in enumerate(zip(act, named)) if a != b)
+            yield Problem(f"{where}.options.mobius.act_host[{k}]",
+                          f"{act[k]} found, {named[k]} expected (stages[{k}].memory_option is "
+                          f"{plan['stages'][k].get('memory_option')!r}; swap+act-host keeps activations in host "
+                          "memory); re-plan or fix the file")
 
 
 def _roundpipe(plan: dict, where: str) -> Iterator[Problem]:
@@ -265,22 +265,47 @@ def _roundpipe(plan: dict, where: str) -> Iterator[Problem]:
         return
     info = (plan.get("options") or {}).get("roundpipe")
     G, pp = len(plan["stages"]), plan["parallelism"]["pp"]
+    bad = _list_problem(info, f"{where}.options.roundpipe", (
+        ("act_copy_s", G - 1, "boundary"), ("weights_in_s", G, "group"), ("grads_out_s", G, "group"),
+        ("pcie_scale", pp, "GPU")), "roundpipe")
+    if bad is not None:
+        yield bad
+        return
+    from ..schedules import roundpipe_tasks
+    tasks, want = info.get("tasks"), [list(t) for t in roundpipe_tasks(G, pp)]
+    if not isinstance(tasks, list) or len(tasks) != len(want):
+        yield Problem(f"{where}.options.roundpipe.tasks", f"{_length(tasks)} found, {len(want)} tasks ([kind, "
+                                                          f"group, gpu], 2 x {G} groups - 1) expected; re-plan with "
+                                                          "--schedule roundpipe")
+    elif tasks != want:
+        t = next(n for n, (a, b) in enumerate(zip(tasks, want)) if a != b)
+        yield Problem(f"{where}.options.roundpipe.tasks[{t}]",
+                      f"{show(tasks[t])} found, {show(want[t])} expected (forwards of the {G} groups, the last "
+                      f"group's fused task, then backwards, round robin over {pp} GPUs); re-plan with --schedule "
+                      "roundpipe")
 
-    def numbers(key: str, n: int) -> bool:
+
+def _length(x) -> str:
+    return f"{len(x)} entries" if isinstance(x, list) else show(x)
+
+
+def _list_problem(info, where: str, keys, schedule: str) -> Problem | None:
+    """The first of ``keys`` (``(key, length, per what)``) of ``info`` that is
+    not a list of that many numbers >= 0, as a problem naming the key (or the
+    entry), what was found and what was expected."""
+    if not isinstance(info, dict):
+        return Problem(where, f"{show(info)} found, an object with "
+                              f"{', '.join(k for k, _, _ in keys)} expected; re-plan with --schedule {schedule}")
+    for key, n, per in keys:
         x = info.get(key)
-        return isinstance(x, list) and len(x) == n and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in x)
-
-    ok = isinstance(info, dict) and all(numbers(k, n) for k, n in (
-        ("act_copy_s", G - 1), ("weights_in_s", G), ("grads_out_s", G), ("pcie_scale", pp)))
-    if ok:
-        from ..schedules import roundpipe_tasks
-        ok = info.get("tasks") == [list(t) for t in roundpipe_tasks(G, pp)]
-    if not ok:
-        yield Problem(f"{where}.options.roundpipe", f"a roundpipe plan needs its tasks ({2 * G - 1}, [kind, group, "
-                                                    f"gpu] round robin over {pp} GPUs) and copies: act_copy_s ("
-                                                    f"{G - 1}), weights_in_s and grads_out_s ({G}), pcie_scale "
-                                                    f"({pp}), numbers >= 0; re-plan with --schedule roundpipe")
+        if not isinstance(x, list) or len(x) != n:
+            return Problem(f"{where}.{key}", f"{_length(x)} found, {n} numbers >= 0 (one per {per}) expected; "
+                                             f"re-plan with --schedule {schedule}")
+        for k, v in enumerate(x):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+                return Problem(f"{where}.{key}[{k}]", f"{show(v)} found, a number >= 0 expected; re-plan with "
+                                                      f"--schedule {schedule}")
+    return None
 
 
 def _memory_options(plan: dict, where: str) -> Iterator[Problem]:

@@ -1,0 +1,62 @@
+"""``pipesearch simulate`` of a hand-edited plan file replays what the file
+records and says, in one stderr line, that the replay disagrees with the
+file's ``predicted.iteration_time_s`` (naming the file and both times), the
+same for every schedule; an unedited file gets no warning.
+
+Oracle: a stage's ``compute_s`` raised by 50 % lengthens the replay (every
+stage's compute lies on some rank's chain of m micro-batches), so the
+replayed time is above the file's; the file's time is the one written
+before the edit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+from pipesearch.cli.simulate_cmd import time_disagreement
+
+PLANS = {
+    "1f1b": ["--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64", "--pp", "2", "--schedule", "1f1b"],
+    "interleaved-1f1b": ["--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--pp", "2", "--vp", "2",
+                         "--schedule", "interleaved-1f1b"],
+    "roundpipe": ["--model", "qwen3-1.7b", "--cluster", "1x8-rtx4090-pcie4", "--seq-len", "2048", "-b", "16",
+                  "--pp", "2", "--schedule", "roundpipe"],
+    "mobius": ["--model", "qwen3-1.7b", "--cluster", "1x8-rtx4090-pcie4", "--seq-len", "2048", "-b", "32",
+               "--pp", "2", "--vp", "2", "--schedule", "mobius"],
+}
+
+
+@pytest.mark.parametrize("schedule", sorted(PLANS))
+def test_simulate_warns_once_when_the_replay_disagrees_with_the_file(tmp_path, schedule):
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["plan", "-q", "--top", "1", "-o", str(out)] + PLANS[schedule])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["plans"][0]["schedule"]["name"] == schedule
+    clean = CliRunner().invoke(main, ["simulate", str(out)])
+    assert clean.exit_code == 0 and clean.stderr == "", clean.stderr
+    recorded = doc["plans"][0]["predicted"]["iteration_time_s"]
+    doc["plans"][0]["stages"][0]["compute_s"] *= 1.5
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["simulate", str(bad)])
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: {bad}: plan of rank 1:"), r.stderr
+    assert f"predicted.iteration_time_s is {recorded!r} s" in lines[0]
+    replayed = float(re.search(r"the replay takes ([0-9.e+-]+) s", lines[0]).group(1))
+    assert replayed > recorded * (1 + 1e-6)
+    shown = re.search(r"simulated iteration: ([0-9.]+) (m?s)", r.stdout)  # the figures printed are the replay's
+    assert float(shown.group(1)) * (1e-3 if shown.group(2) == "ms" else 1) == pytest.approx(replayed, rel=2e-3)
+
+
+def test_time_disagreement_tolerance():
+    """1e-9 relative: 1 + 1e-10 agrees, 1 + 1e-8 does not."""
+    assert time_disagreement("f.json", 1, 1.0 + 1e-10, 1.0) is None
+    line = time_disagreement("f.json", 2, 1.0 + 1e-8, 1.0)
+    assert line.startswith("f.json: plan of rank 2:") and "1.00000001 s" in line and "is 1.0 s" in line
