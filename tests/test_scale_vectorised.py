@@ -24,6 +24,7 @@ from pipesearch import plan as planlib
 from pipesearch.errors import InputError
 from pipesearch.placement import all_distinct, check_layout
 from pipesearch.plan import PlanFile, _cell, _column_cells, points_block, to_json
+from pipesearch.profiles import csv_profile
 from pipesearch.search import packed_busiest_per_sample_s
 
 
@@ -169,3 +170,79 @@ def test_packing_bound_cached_per_devices_matches_its_formula(seed):
                 got = packed_busiest_per_sample_s(prof, devices, cache)
                 assert got == pytest.approx(_packed_loop(per_sample, devices), rel=1e-12)
                 assert got == packed_busiest_per_sample_s(prof, devices)
+
+
+def _parse_number_by_decimal(text: str, scale: int = 0) -> float:
+    """The profile reader's number rule through :class:`decimal.Decimal`
+    alone (the reader before its float fast path): the oracle."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise ValueError(f"not a number: {text!r}") from None
+    if not value.is_finite():
+        raise ValueError(f"not finite: {text!r}")
+    if not csv_profile._PLAIN_DECIMAL.fullmatch(text.strip()):
+        raise ValueError(f"not a plain decimal number: {text!r} (e.g. 12.5 or 5e6)")
+    return float(value.scaleb(scale))
+
+
+def _outcome(fn, *args):
+    try:
+        return ("value", fn(*args))
+    except Exception as exc:  # noqa: BLE001 - the oracle's failures are compared, type and message
+        return ("error", type(exc).__name__, str(exc))
+
+
+def _random_number_text(rng: random.Random) -> str:
+    pick = rng.random()
+    if pick < 0.5:  # well-formed: digits, a point, an exponent, signs, spaces around
+        mant = "".join(rng.choice("0123456789") for _ in range(rng.randint(0, 35)))
+        if rng.random() < 0.6:
+            k = rng.randint(0, len(mant))
+            mant = mant[:k] + "." + mant[k:]
+        exp = rng.choice(["", f"e{rng.randint(-330, 330)}", f"E+{rng.randint(0, 20)}", f"e-{rng.randint(0, 400)}",
+                          f"e{rng.randint(9_990, 10_010)}", "e0001"])
+        return rng.choice(["", " ", "+", "-"]) + mant + exp + rng.choice(["", " ", "\t"])
+    if pick < 0.6:
+        return rng.choice(["inf", "-Infinity", "nan", "1_0", "0x10", "1e", "e5", ".", "+-1", "１２", "1.2.3", ""])
+    return "".join(rng.choice("0123456789.eE+-_ x") for _ in range(rng.randint(0, 12)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_parse_number_matches_the_decimal_rule(seed):
+    rng = random.Random(seed)
+    for _ in range(400):
+        text, scale = _random_number_text(rng), rng.choice([0, -3, 3, -9])
+        got, want = _outcome(csv_profile.parse_number, text, scale), _outcome(_parse_number_by_decimal, text, scale)
+        if got[0] == want[0] == "value" and got[1] == want[1] == 0.0:  # the sign of a zero too
+            assert math.copysign(1, got[1]) == math.copysign(1, want[1]), text
+        assert got == want, (text, scale)
+
+
+def test_parse_number_hard_roundings():
+    """Halfway and near-halfway decimals, subnormals and overflow, each
+    scaled: the float path rounds once, as the decimal one."""
+    texts = ["0.1", "2.5e-3", "9007199254740993", "1.00000000000000011102230246251565404236316680908203125",
+             "4.9406564584124654e-324", "2.4703282292062327e-324", "1.7976931348623158e308", "1e309",
+             "123456789012345678901234567", "0.30000000000000004", "5e-324", "1e-400", "-0.000"]
+    for text in texts:
+        for scale in (0, -3, 3):
+            assert _outcome(csv_profile.parse_number, text, scale) == _outcome(_parse_number_by_decimal, text, scale)
+
+
+def _csv_fields(line: str):
+    import csv
+
+    return next(csv.reader([line])), next(csv.reader([line], skipinitialspace=True))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_row_fields_match_the_csv_module(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        line = "".join(rng.choice(['a', '1', ',', ' ', ' ', '\t', '"', 'x y', '.', '\x00'] if rng.random() < 0.2
+                                  else ['a', '1', ',', ' ', '\t', '.', 'e'])
+                       for _ in range(rng.randint(1, 30)))
+        assert _outcome(csv_profile._row_fields, line) == _outcome(_csv_fields, line), repr(line)
