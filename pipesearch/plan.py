@@ -39,12 +39,14 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import chain
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError, PlanFormatError
 from .input_files import parse_failure, read_input_text
+from .json_layout import dumps_indented
 from .output import write_text
 from .schema import Problem, schema_problems
 from .schema.semantics import semantic_problems
@@ -72,13 +74,20 @@ def _freeze(value):
     return value
 
 
-def _thaw(value):
+def _thaw(value, copy_strings: bool = True):
+    """``value`` as JSON data: tuples as lists, dicts copied, non-finite
+    floats as None. ``copy_strings`` False (for JSON text alone) leaves
+    sequences of strings, and sequences of them, as they are (``json``
+    writes a tuple as a list): nothing in them to convert."""
     if isinstance(value, (tuple, list)):
-        if all(type(v) is str for v in value):  # names (~10^5 for long chains): nothing to convert
-            return list(value)
-        return [_thaw(v) for v in value]
+        kinds = set(map(type, value))
+        if kinds <= {str}:  # names (~10^5 for long chains): nothing to convert
+            return list(value) if copy_strings else value
+        if kinds <= {tuple, list} and set(map(type, chain.from_iterable(value))) <= {str}:  # modules per layer
+            return list(map(list, value)) if copy_strings else value
+        return [_thaw(v, copy_strings) for v in value]
     if isinstance(value, dict):
-        return {k: _thaw(v) for k, v in value.items()}
+        return {k: _thaw(v, copy_strings) for k, v in value.items()}
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -186,9 +195,10 @@ def to_json(plan_file: PlanFile) -> str:
         "schema": SCHEMA,
         "inputs": _thaw(plan_file.inputs),
         "search": search,
-        "plans": [plan_to_dict(p, e) for p, e in zip(plan_file.plans, exports)],
+        "plans": [plan_to_dict(p) | ({} if e is None else {"exports": _thaw(e, copy_strings=False)})
+                  for p, e in zip(plan_file.plans, exports)],
     }
-    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    text = dumps_indented(doc, allow_nan=False) + "\n"
     if not compact:
         return text
     inner = ",\n".join("        " + _column_json(col) for col in points["values"])

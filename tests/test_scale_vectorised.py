@@ -23,6 +23,7 @@ from helpers import tiny_cluster, tiny_profile
 from pipesearch import plan as planlib
 from pipesearch.errors import InputError
 from pipesearch.placement import all_distinct, check_layout
+from pipesearch.json_layout import dumps_indented
 from pipesearch.plan import PlanFile, _cell, _column_cells, points_block, to_json
 from pipesearch.profiles import csv_profile
 from pipesearch.search import packed_busiest_per_sample_s
@@ -246,3 +247,105 @@ def test_row_fields_match_the_csv_module(seed):
                                   else ['a', '1', ',', ' ', '\t', '.', 'e'])
                        for _ in range(rng.randint(1, 30)))
         assert _outcome(csv_profile._row_fields, line) == _outcome(_csv_fields, line), repr(line)
+
+
+# ------------------------------------------------------- JSON text of long lists
+
+
+def _random_json(rng: random.Random, depth: int = 0):
+    """Nested JSON-able data with long lists of strings (flat, one string per
+    item, of mixed lengths, as tuples), short lists, placeholders' look-alikes,
+    non-ASCII text, numbers."""
+    pick = rng.random()
+    names = ["l0", "ü", "a\"b", "\x00L0\x00", "\x00L1\x00x", "", "tab\t", "\u2028"]
+    if depth >= 3 or pick < 0.25:
+        return rng.choice([rng.random(), rng.randint(-9, 10**12), True, None, rng.choice(names), -0.0])
+    if pick < 0.45:
+        n = rng.choice([1, 63, 64, 65, 200])
+        flat = [rng.choice(names[:3] + [f"m{k}" for k in range(5)]) for _ in range(n)]
+        return tuple(flat) if rng.random() < 0.3 else flat
+    if pick < 0.6:
+        n = rng.choice([10, 64, 150])
+        if rng.random() < 0.5:
+            return [[f"layers.{k}"] for k in range(n)]
+        return [tuple(f"x{k}" for k in range(rng.randint(0, 3))) for _ in range(n)]
+    if pick < 0.75:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    return {f"k{k}": _random_json(rng, depth + 1) for k in range(rng.randint(0, 4))}
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_dumps_indented_writes_the_bytes_of_json_dumps(seed):
+    rng = random.Random(seed)
+    value = {"a": _random_json(rng), "b": [_random_json(rng), {"c": _random_json(rng)}]} if seed % 4 else \
+        _random_json(rng)
+    if seed % 7 == 0:  # a document holding a placeholder's text as a string of its own
+        value = {"x": ["\x00L0\x00"] + [f"n{k}" for k in range(70)], "y": "\x00L0\x00"}
+    assert dumps_indented(value) == json.dumps(value, indent=2, allow_nan=False)
+
+
+def test_dumps_indented_refuses_what_json_dumps_refuses():
+    for bad in ({"a": [f"n{k}" for k in range(70)], "b": math.nan}, {"a": [f"n{k}" for k in range(70)], "b": {1, 2}}):
+        with pytest.raises((ValueError, TypeError)) as ours:
+            dumps_indented(bad)
+        with pytest.raises((ValueError, TypeError)) as theirs:
+            json.dumps(bad, indent=2, allow_nan=False)
+        assert type(ours.value) is type(theirs.value)
+
+
+def _thaw_loop(value):
+    """The plan writer's conversion as first written: the oracle of ``_thaw``."""
+    if isinstance(value, (tuple, list)):
+        if all(type(v) is str for v in value):
+            return list(value)
+        return [_thaw_loop(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _thaw_loop(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _same_data(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same_data, a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same_data(a[k], b[k]) for k in a)
+    return a == b or a != a and b != b
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_thaw_matches_the_recursive_rule(seed):
+    rng = random.Random(seed)
+    value = planlib._freeze({"v": _random_json(rng), "w": [math.inf, (1.5, math.nan), ("a", "b")]})
+    assert _same_data(planlib._thaw(value), _thaw_loop(value))
+    text = json.dumps(planlib._thaw(value, copy_strings=False), allow_nan=False)
+    assert text == json.dumps(_thaw_loop(value), allow_nan=False)
+
+
+def _hand_plan(names: int):
+    from pipesearch.types import Plan, Prediction, StagePlan
+
+    bounds = ((0, names // 2), (names // 2, names))
+    stages = tuple(StagePlan(index=k, layers=lay, layer_names=tuple(f"l{i}" for i in range(*lay)), devices=(k,),
+                             compute_s=0.1 * (k + 1), comm_s=1e-6, allreduce_s=0.0, memory_bytes=2.0**33,
+                             send_bytes=1e7, device_type="x", fwd_s=1 / 30, saved_bytes=123.0)
+                   for k, lay in enumerate(bounds))
+    return Plan(rank=1, pp=2, dp=1, tp=1, schedule="1f1b", micro_batch_size=2, num_micro_batches=8, stages=stages,
+                predicted=Prediction(0.7, 16 / 0.7, 0.125, 2.0**33, 16 * 2.0**30),
+                extra=(("placement", "pipeline"), ("recompute", "none"), ("analytic_iteration_time_s", 0.6)))
+
+
+@pytest.mark.parametrize("names", [3, 200])
+def test_plan_text_with_exports_matches_the_whole_block_thaw(names):
+    """Plans whose stages and exports hold long name lists (frozen, as read
+    back; and as the exporters make them), beside a by-column points table."""
+    modules = [[f"layers.{k}"] for k in range(names)]
+    exports = ({"torch": {"layer_modules": modules, "argv": ["--a", "1"], "x": math.inf}},
+               planlib._freeze({"titan": {"layer_modules": modules, "per_stage": [modules[:5], []]}}))
+    pf = PlanFile(inputs={"model": {"name": "m"}},
+                  search={"points": points_block({"t": [1.0, math.nan]}), "wall_s": 0.1},
+                  plans=(_hand_plan(names), _hand_plan(names)), exports=exports)
+    assert to_json(pf) == _old_to_json(pf)
