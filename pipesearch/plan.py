@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import json
 import math
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 

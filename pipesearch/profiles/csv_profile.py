@@ -92,7 +92,9 @@ def parse_number(text: str, scale: int = 0) -> float:
     A plain decimal of at most 28 digits with an exponent under 10^4 is
     read by ``float`` from the same digits with the exponent moved by
     ``scale``: ``float`` of a decimal string rounds its exact value once
-    (IEEE 754 sec. 5.12), as does ``float(Decimal)``, and ``scaleb`` is
+    (IEEE 754-2008 sec. 5.12; CPython's ``float`` is Gay's correctly
+    rounded ``strtod``), as does ``float(Decimal)`` (which reads
+    ``str(Decimal)`` the same way), and ``scaleb`` is
     exact there (the decimal context's 28 digits), so both give the same
     float; anything else goes through :class:`decimal.Decimal`.
 
