@@ -291,18 +291,33 @@ def stage_devices(heads: np.ndarray, tp: int) -> np.ndarray:
     return np.asarray(heads)[..., None] + np.arange(tp)
 
 
+def all_distinct(ids: np.ndarray) -> bool:
+    """Whether no integer of ``ids`` (any shape) occurs twice: one
+    ``np.bincount`` over its range when that range is at most a few times
+    its size (device ids, O(n)), else ``np.unique`` (a sort)."""
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size < 2:
+        return True
+    if ids.dtype.kind not in "iu":
+        return len(np.unique(ids)) == ids.size
+    lo, hi = int(ids.min()), int(ids.max())
+    if hi - lo >= 4 * ids.size + 64:
+        return len(np.unique(ids)) == ids.size
+    return int(np.bincount(ids - lo).max()) <= 1
+
+
 def check_layout(cluster: Cluster, heads: np.ndarray, tp: int) -> None:
     """InputError unless every stage's devices exist, no device serves two
     (stage, replica) slots (``heads`` of shape ``(pp, dp)``, one row per
     device's stage) and no slot spans two nodes."""
     heads = np.asarray(heads).reshape(-1)
-    if len(np.unique(heads)) != heads.size:
+    if not all_distinct(heads):
         raise InputError("layout: a tensor-parallel group serves two stages or replicas")
     devs = stage_devices(heads, tp)
     if devs.size and (devs.min() < 0 or devs.max() >= cluster.num_devices):
         raise InputError(f"layout uses device {int(devs.max())}: cluster {cluster.name!r} has ids 0 .. "
                          f"{cluster.num_devices - 1}")
-    if len(np.unique(devs)) != devs.size:
+    if not all_distinct(devs):
         raise InputError("layout: two tensor-parallel groups share a device")
     node = node_ids(cluster)[devs]
     if np.any(node != node[:, :1]):

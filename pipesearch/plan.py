@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +73,20 @@ def _freeze(value):
     return value
 
 
-def _thaw(value):
+def _thaw(value, copy_strings: bool = True):
+    """``value`` as JSON data: tuples as lists, dicts copied, non-finite
+    floats as None. ``copy_strings`` False (for JSON text alone) leaves
+    sequences of strings, and sequences of them, as they are (``json``
+    writes a tuple as a list): nothing in them to convert."""
     if isinstance(value, (tuple, list)):
-        if all(type(v) is str for v in value):  # names (~10^5 for long chains): nothing to convert
-            return list(value)
-        return [_thaw(v) for v in value]
+        kinds = set(map(type, value))
+        if kinds <= {str}:  # names (~10^5 for long chains): nothing to convert
+            return list(value) if copy_strings else value
+        if kinds <= {tuple, list} and set(map(type, chain.from_iterable(value))) <= {str}:  # modules per layer
+            return list(map(list, value)) if copy_strings else value
+        return [_thaw(v, copy_strings) for v in value]
     if isinstance(value, dict):
-        return {k: _thaw(v) for k, v in value.items()}
+        return {k: _thaw(v, copy_strings) for k, v in value.items()}
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -138,7 +146,23 @@ def points_block(columns: dict) -> dict:
     """The ``search.points`` object of a table given by column (``{name:
     sequence}``, sequences of one length): ``{"columns": [names], "values":
     [column, ...]}``, NaN as null."""
-    return {"columns": list(columns), "values": [[_cell(v) for v in col] for col in columns.values()]}
+    return {"columns": list(columns), "values": [_column_cells(col) for col in columns.values()]}
+
+
+_PLAIN_CELLS = frozenset({str, bool, int, type(None)})
+
+
+def _column_cells(col) -> list:
+    """``[_cell(v) for v in col]`` with one type test per column: a column
+    of Python ``str`` / ``bool`` / ``int`` / None is copied as it is, one of
+    Python floats has only its NaNs replaced; any other mix goes cell by
+    cell (the same values either way)."""
+    kinds = set(map(type, col))
+    if kinds <= _PLAIN_CELLS:
+        return list(col)
+    if kinds == {float}:
+        return [None if v != v else v for v in col]
+    return [_cell(v) for v in col]
 
 
 def points_columns(block: dict) -> tuple[list[str], list[list]]:
@@ -159,27 +183,40 @@ def to_json(plan_file: PlanFile) -> str:
     """The plan file as pretty-printed JSON text; a by-column points table is
     written one line per column (a 16,384-device search visits ~10^5 points)."""
     exports = list(plan_file.exports) + [None] * (len(plan_file.plans) - len(plan_file.exports))
-    search = _thaw(plan_file.search)
-    points = search.get("points")
+    points = plan_file.search.get("points")
     compact = isinstance(points, dict) and "values" in points
-    if compact:
-        search["points"] = _POINTS_MARK
+    if compact:  # the table is thawed column by column below (most are JSON-ready already)
+        search = {k: _POINTS_MARK if k == "points" else _thaw(v) for k, v in plan_file.search.items()}
+    else:
+        search = _thaw(plan_file.search)
+        points = search.get("points")
     doc = {
         "schema": SCHEMA,
         "inputs": _thaw(plan_file.inputs),
         "search": search,
-        "plans": [plan_to_dict(p, e) for p, e in zip(plan_file.plans, exports)],
+        "plans": [plan_to_dict(p) | ({} if e is None else {"exports": _thaw(e, copy_strings=False)})
+                  for p, e in zip(plan_file.plans, exports)],
     }
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     if not compact:
         return text
-    inner = ",\n".join("        " + json.dumps(col, allow_nan=False, separators=(",", ":")) for col in points["values"])
-    block = (f'{{\n      "columns": {json.dumps(points["columns"])},\n      "values": [\n{inner}\n      ]\n    }}'
-             if points["values"] else f'{{"columns": {json.dumps(points["columns"])}, "values": []}}')
+    inner = ",\n".join("        " + _column_json(col) for col in points["values"])
+    names = json.dumps(_thaw(points["columns"]))
+    block = (f'{{\n      "columns": {names},\n      "values": [\n{inner}\n      ]\n    }}'
+             if points["values"] else f'{{"columns": {names}, "values": []}}')
     mark = '"points": ' + json.dumps(_POINTS_MARK)  # quotes inside strings are escaped: only the key matches
     if text.count(mark) != 1:
         raise RuntimeError("internal error: the points table's place in the plan JSON is ambiguous")
     return text.replace(mark, '"points": ' + block)
+
+
+def _column_json(col) -> str:
+    """One points-table column as compact JSON: as written, or, when it
+    holds a non-finite float, as :func:`_thaw` makes it (null)."""
+    try:
+        return json.dumps(col, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        return json.dumps(_thaw(col), allow_nan=False, separators=(",", ":"))
 
 
 def dump_plan_file(plan_file: PlanFile, path: str | Path, text: str | None = None) -> None:

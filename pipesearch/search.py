@@ -305,8 +305,11 @@ def packed_busiest_per_sample_s(profile: ModelProfile, devices: int, cache: dict
     ``k + 1`` smallest of them, ``a_{t-k} + ... + a_t``; the bound is the
     largest of these over ``k`` (bin packing's counting bound, Martello and
     Toth 1990, "Knapsack Problems", sec. 8.3), lowered by ``1e-9`` relative
-    against rounding. ``cache`` keeps the sorted prefix sums per profile."""
+    against rounding. ``cache`` keeps the sorted prefix sums per profile and
+    the result per (profile, devices)."""
     cache = {} if cache is None else cache
+    if ("packed", id(profile), devices) in cache:
+        return cache[("packed", id(profile), devices)]
     key = ("sorted", id(profile))
     if key not in cache:
         per_sample = _per_sample_s(profile)
@@ -314,7 +317,8 @@ def packed_busiest_per_sample_s(profile: ModelProfile, devices: int, cache: dict
     prefix = cache[key]
     k = np.arange((len(prefix) - 2) // devices + 1)
     t = k * devices + 1
-    return float(np.max(prefix[t] - prefix[t - k - 1])) * (1 - 1e-9)
+    cache[("packed", id(profile), devices)] = float(np.max(prefix[t] - prefix[t - k - 1])) * (1 - 1e-9)
+    return cache[("packed", id(profile), devices)]
 
 
 def busiest_device_per_sample_s(profile: ModelProfile, pp: int, stages: int, cache: dict | None = None) -> float:

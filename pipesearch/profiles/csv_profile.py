@@ -82,12 +82,30 @@ _PLAIN_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]
 # ----------------------------------------------------------------- numbers
 
 
+_PLAIN_PARTS = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?:[eE]([+-]?[0-9]+))?")
+"""A plain decimal (:data:`_PLAIN_DECIMAL`) as its mantissa and exponent."""
+
+
 def parse_number(text: str, scale: int = 0) -> float:
     """Decimal string -> float, times ``10**scale``, correctly rounded once.
+
+    A plain decimal of at most 28 digits with an exponent under 10^4 is
+    read by ``float`` from the same digits with the exponent moved by
+    ``scale``: ``float`` of a decimal string rounds its exact value once
+    (IEEE 754-2008 sec. 5.12; CPython's ``float`` is Gay's correctly
+    rounded ``strtod``), as does ``float(Decimal)`` (which reads
+    ``str(Decimal)`` the same way), and ``scaleb`` is
+    exact there (the decimal context's 28 digits), so both give the same
+    float; anything else goes through :class:`decimal.Decimal`.
 
     Raises:
         ValueError: not a number, or not finite.
     """
+    plain = _PLAIN_PARTS.fullmatch(text.strip())
+    if plain is not None:
+        mantissa, exponent = plain.group(1), int(plain.group(2) or 0)
+        if len(mantissa) <= 28 and abs(exponent) < 10_000:
+            return float(f"{mantissa}e{exponent + scale}") if scale else float(plain.group(0))
     try:
         value = Decimal(text.strip())
     except InvalidOperation:
@@ -205,13 +223,24 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str
         raise _fail(path, f"line {header_line}", "the table has no layers; add one row per layer")
     records = []
     for number, line in rows:
-        fields = next(csv.reader([line]))
-        cells = next(csv.reader([line], skipinitialspace=True))
+        fields, cells = _row_fields(line)
         if len(fields) != len(columns) or len(cells) != len(columns):
             raise _fail(path, f"line {number}", f"{len(fields)} fields, expected {len(columns)} "
                         f"({','.join(columns)}); fix the row {line.strip()!r}")
         records.append(dict(zip(columns, cells)))
     return records, [number for number, _ in rows]
+
+
+def _row_fields(line: str) -> tuple[list[str], list[str]]:
+    """A table line's fields as the csv module reads it, as they are and
+    with the spaces after each comma skipped (``skipinitialspace``). A line
+    with no quote and no NUL has no csv syntax but its commas (the lines
+    come from ``str.splitlines``: no line breaks): split there, else the
+    csv module itself."""
+    if '"' in line or "\x00" in line:
+        return next(csv.reader([line])), next(csv.reader([line], skipinitialspace=True))
+    fields = line.split(",")
+    return fields, [f.lstrip(" ") for f in fields]
 
 
 def _cell_number(path: Path, line: int, column: str, text: str, scale: int) -> float:
