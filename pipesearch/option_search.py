@@ -65,7 +65,7 @@ def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: 
     """
     if not has_policies(costs):
         found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff)
-        if found is not None and not np.isfinite(found.best_time_s) and not np.isfinite(cutoff_s):
+        if found is not None and found.exact and not np.isfinite(found.best_time_s) and not np.isfinite(cutoff_s):
             found = None  # every split fails a whole-device check (Mobius, stage_options.swap_device_bytes)
         return found, costs
     S = costs.pp

@@ -937,6 +937,8 @@ def search(
                             links_cache, placement_ctx, cutoff_s=cutoff())
         if plan is not None:
             keep_plan(plan, row)
+        elif row["status"] == STOPPED:
+            unproven.append((None, row["split_lower_bound_s"]))
 
     deferred: list = []  # points of DEFERRED_SCHEDULES, evaluated after all others
     for done, (group_bound, (_, _, variant, pp, dp)) in enumerate(
@@ -974,6 +976,8 @@ def search(
                                 links_cache, placement_ctx, cutoff_s=cutoff())
             if plan is not None:
                 keep_plan(plan, row)
+            elif row["status"] == STOPPED:
+                unproven.append((None, row["split_lower_bound_s"]))
     if progress:
         progress(len(groups), len(groups))
     counts.update(r["status"] for r in rows if r["status"] != "ok")
@@ -995,7 +999,7 @@ def search(
         unproven_points=len(outside),
         unproven_bound_s=min(outside, default=math.inf),
         plans=tuple(plans),
-        points_evaluated=sum(1 for r in rows if r["status"] in ("ok", "out_of_memory")),
+        points_evaluated=sum(1 for r in rows if r["status"] in ("ok", "out_of_memory", STOPPED)),
         infeasible=tuple(sorted((k, v) for k, v in counts.items() if k != "pruned"))
         + ((("pruned", counts["pruned"]),) if counts.get("pruned") else ()),
         wall_s=time.perf_counter() - start,
@@ -1260,6 +1264,10 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         if found.exact and found.best_time_s >= cutoff_s and not options.exhaustive:
             row["status"] = "pruned"  # proven unable to enter the ranked plans
             return None, costs
+        if not np.isfinite(found.best_time_s):  # stopped at its work limits before any split fit (every GPU)
+            row["status"] = STOPPED
+            row["split_lower_bound_s"] = found.lower_bound_s
+            return None, costs
         bounds, t = found.bounds, found.iteration_time_s
         split_info = {"exact": found.exact, "lower_bound_s": found.lower_bound_s, "gap": found.gap,
                       "splits_evaluated": found.splits_evaluated}
@@ -1289,6 +1297,11 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
     )
     return plan, costs
 
+
+#: a point's status when its split search stopped at its work limits before
+#: it met a split that fits every GPU (Mobius' whole-GPU check): neither a
+#: plan nor proven out of memory; counted with the unproven points
+STOPPED = "stopped_at_work_limits"
 
 #: schedules whose points are evaluated after every other point (in the same
 #: order among themselves): those whose split search needs the chain

@@ -880,6 +880,7 @@ class _Evaluator:
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, vp: int):
         self.costs, self.schedule, self.pp, self.vp = costs, schedule, pp, vp
         self.times: dict[tuple[int, ...], float] = {}
+        self.feasible = 0  # finite times: a split over a whole GPU's memory (Mobius) is no work limit's split
 
     def batch_size(self) -> int:
         """Splits per vectorized evaluation: about two million graph nodes."""
@@ -901,7 +902,9 @@ class _Evaluator:
         arr = np.array(todo, dtype=np.int64)
         t = iteration_time_s(self.schedule, self.pp, self.costs.num_micro_batches, self.vp,
                              self.costs.stage_times(arr))
-        self.times.update(zip(todo, (float(x) for x in np.atleast_1d(t))))
+        t = [float(x) for x in np.atleast_1d(t)]
+        self.times.update(zip(todo, t))
+        self.feasible += sum(1 for x in t if math.isfinite(x))
 
 
 def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, seeds=(),
@@ -989,10 +992,13 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         state = (True, np.inf, state[2])  # stopped, but few splits: settled by enumeration
         if not ev.times:  # a split fits (checked above), but none beats the cutoff
             return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, state[2])
-    if not ev.times:
-        return None
-    chosen, best = _chosen(costs, ev, tie_rel)
     exact, frontier, nodes = state
+    if not ev.feasible:  # no split met fits every GPU, or none beat the cutoff
+        if exact and not np.isfinite(cutoff_s):
+            return None  # proven: no split fits (a whole-GPU check, Mobius)
+        lower = min(cutoff_s, frontier) if not exact else cutoff_s
+        return ExactSplit((), np.inf, np.inf, float(lower), exact, len(ev.times), nodes)
+    chosen, best = _chosen(costs, ev, tie_rel)
     lower = min(best, cutoff_s) if exact else min(best, frontier)
     if value_above_cutoff and best > cutoff_s:
         exact = False
@@ -1636,7 +1642,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         if pos >= end or kids.lb[pos] >= limit():
             stack.pop()  # children are sorted by bound: the rest is excluded too
             continue
-        if nodes >= max_nodes or len(ev.times) + len(pending) >= max_splits:
+        if nodes >= max_nodes or ev.feasible + len(pending) >= max_splits:
             flush()
             live = [fr[1].lb[fr[2]] for fr in stack if fr[2] < fr[3] and fr[1].lb[fr[2]] < limit()]
             if live:

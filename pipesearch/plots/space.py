@@ -15,17 +15,21 @@ from .common import figure, points_frame, save, schedule_title, title_of
 
 #: Cell statuses of :func:`space_grid`, in order of precedence: a cell with
 #: any ``ok`` point is ``ok``; else one with a ``pruned`` point is ``pruned``
-#: (its best is unknown); else ``out_of_memory``, ``schedule_refused``; else
+#: (its best is unknown); else ``stopped_at_work_limits`` (a split search
+#: stopped before it met a split that fits every GPU); else
+#: ``out_of_memory``, ``schedule_refused``; else
 #: ``n/a`` (no point of the space has that pp and number of micro-batches,
 #: or only ones whose batch does not divide).
-CELL_STATUSES = ("ok", "pruned", "out_of_memory", "schedule_refused", "n/a")
+CELL_STATUSES = ("ok", "pruned", "stopped_at_work_limits", "out_of_memory", "schedule_refused", "n/a")
 
-CELL_TEXT = {"pruned": "bound", "out_of_memory": "OOM", "schedule_refused": "refused", "n/a": "n/a"}
+CELL_TEXT = {"pruned": "bound", "stopped_at_work_limits": "open", "out_of_memory": "OOM", "schedule_refused": "refused", "n/a": "n/a"}
 _CELL_STYLE = {  # face colour, hatch, text colour, legend label
     "out_of_memory": ("#F4CCCC", "xx", "#8B1A1A", "OOM: every point out of device memory"),
     "schedule_refused": ("#E3E3E3", "//", "#404040", "refused: the schedule cannot run this pp and m "
                                                      "(1F1B-style: m >= pp; interleaved: m a multiple of pp)"),
     "pruned": ("#D6E4F2", None, "#1F4E79", "bound: not evaluated, pruned by lower bound (use --exhaustive)"),
+    "stopped_at_work_limits": ("#FFF2CC", None, "#7F6000", "open: split search stopped at its work limits "
+                                                           "before a split fit every GPU"),
     "n/a": ("#FFFFFF", None, "#9A9A9A", "n/a: no such point (batch not divisible, more stages than layers)"),
 }
 BEST_COLOUR = "#E8112D"
@@ -75,7 +79,7 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
     grid = pd.concat(frames, ignore_index=True)
 
     counts = pts.groupby(_KEY).size().rename("points")
-    flags = pd.DataFrame({s: (pts["status"] == s) for s in ("ok", "pruned", "out_of_memory", "schedule_refused")})
+    flags = pd.DataFrame({s: (pts["status"] == s) for s in CELL_STATUSES[:-1]})
     flags[_KEY] = pts[_KEY]
     anyof = flags.groupby(_KEY).any()
     ok = pts[pts["status"] == "ok"]
@@ -261,7 +265,7 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
             handles.append(Line2D([], [], marker="*", markersize=9, color="white", markeredgecolor="black",
                                   linestyle="none", label="plan #1 (ranked by simulation)"))
         present = set(grid["status"])
-        for status in ("out_of_memory", "schedule_refused", "pruned", "n/a"):
+        for status in ("out_of_memory", "schedule_refused", "pruned", "stopped_at_work_limits", "n/a"):
             if status in present:
                 face, hatch, tcol, label = _CELL_STYLE[status]
                 handles.append(Patch(facecolor=face, hatch=hatch, edgecolor=tcol if hatch else "#BBBBBB",

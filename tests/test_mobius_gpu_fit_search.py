@@ -1,0 +1,83 @@
+"""Mobius' whole-GPU memory check inside the split search.
+
+A Mobius GPU holds all its stages' activations plus two stays' weights
+(``options.mobius.device_peak_bytes``), a check that is not a per-stage one,
+so the branch and bound meets leaves that fit every stage but not every GPU.
+Such a leaf is no candidate and must not use up the work limit on evaluated
+splits; and a point whose search stops before it meets a split that fits
+every GPU is not proven out of memory: it is an open point, counted with the
+points stopped at the work limits, never reported as ``out_of_memory``.
+
+Oracles: a split of Qwen3-32B typed with ``--split`` (it fits, the search
+times it), and the search with ``--top 1`` against ``--top 3`` (rank 1 of a
+longer table cannot be slower).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch import split_search
+from pipesearch.cli import main
+
+QWEN = ["--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4", "-b", "16", "--seq-len", "2048",
+        "--schedule", "mobius"]
+POINT = ["--pp", "2", "--tp", "4", "--vp", "2", "--recompute", "full"]
+
+
+def _plan(tmp_path, name, flags):
+    out = tmp_path / f"{name}.json"
+    r = CliRunner().invoke(main, ["plan"] + QWEN + flags + ["-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text()), r.output
+
+
+def test_a_split_that_fits_every_gpu_is_found_without_a_cutoff(tmp_path):
+    """pp 2 x tp 4, vp 2, micro-batches of 1: the split 13,16,22,15 fits
+    every GPU (pinned, it is timed); so the search of that point, with no
+    cutoff from other points, must return a plan no slower, not call the
+    point out of memory (it did when 300 leaves over a GPU's memory used up
+    the split limit)."""
+    pinned, _ = _plan(tmp_path, "pinned", POINT + ["--micro-batch-size", "1", "--split", "13,16,22,15"])
+    searched, _ = _plan(tmp_path, "searched", POINT + ["--micro-batch-size", "1"])
+    t_pinned = pinned["plans"][0]["predicted"]["iteration_time_s"]
+    best = searched["plans"][0]
+    assert best["schedule"]["micro_batch_size"] == 1
+    assert best["predicted"]["iteration_time_s"] <= t_pinned * (1 + 1e-12)
+
+
+def test_rank_1_does_not_depend_on_the_table_length(tmp_path):
+    """The best plan with ``--top 1`` and with ``--top 3`` is one plan (the
+    cutoff of a longer table is higher, which must never lose a point)."""
+    one, _ = _plan(tmp_path, "one", ["--top", "1"])
+    three, _ = _plan(tmp_path, "three", ["--top", "3"])
+    a, b = one["plans"][0], three["plans"][0]
+    assert a["predicted"]["iteration_time_s"] == pytest.approx(b["predicted"]["iteration_time_s"], rel=1e-12)
+    assert [s["layers"] for s in a["stages"]] == [s["layers"] for s in b["stages"]]
+
+
+def test_a_point_stopped_before_any_split_fits_is_open_not_out_of_memory(tmp_path, monkeypatch):
+    """With the work limits cut to 20 nodes, the points whose branch and
+    bound stops before meeting a split that fits every GPU are listed as
+    ``stopped_at_work_limits`` and counted in the note on unproven points;
+    the same points with the default limits all have plans or proofs, so
+    none of them may read ``out_of_memory`` with the small limits unless it
+    does with the default ones."""
+    full, _ = _plan(tmp_path, "full", POINT + ["--top", "3"])
+    monkeypatch.setattr(split_search, "MAX_NODES", 20)
+    small, text = _plan(tmp_path, "small", POINT + ["--top", "3"])
+
+    def statuses(doc):
+        cols = doc["search"]["points"]["columns"]
+        rows = [dict(zip(cols, r)) for r in zip(*doc["search"]["points"]["values"])]
+        return {(r["micro_batch_size"], r["placement"]): r["status"] for r in rows}
+
+    before, after = statuses(full), statuses(small)
+    assert "stopped_at_work_limits" in after.values()
+    for key, status in after.items():
+        if status == "out_of_memory":
+            assert before[key] == "out_of_memory", key
+    assert "stopped at the split search's work limits" in text
