@@ -57,8 +57,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .costs import PipelineCosts
-from .order_bounds import CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, families
+from .order_bounds import (CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, families, rank_capacity_bound_s,
+                           rank_capacity_tables, rank_covering_orders, link_bound_s, link_send_minima)
 from .split_search import ExactSplit, any_split_fits, exact_split
+from .timemodel import send_overlap
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
 MAX_ORDERS = 100
@@ -69,6 +71,8 @@ MAX_CLASS_ORDERS = 24
 MAX_NODES = 20_000
 #: the family tried alone before the others (rank k from micro-batch 0's arrival through its whole work)
 QUICK_FAMILY = ("f1",)
+#: schedules whose ranks run every forward and backward of their stages one after another (the rank-capacity bound)
+RANK_BUSY_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs")
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,9 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     """
     vectors = count_vectors([len(c) for c in classes], pp)
     total = sum(count_orders(n) for n in vectors)
+    excluded = _capacity_exclusion(classes, costs_of, schedule, pp, vp, cutoff_s, total)
+    if excluded is not None:
+        return excluded if excluded.best_bound_s < math.inf else None
     if class_bounds_apply(classes, costs_of, schedule, pp, vp):
         return _by_class_bounds(classes, costs_of, schedule, pp, max_nodes=max_nodes, cutoff_s=cutoff_s,
                                 first=first, total=total,
@@ -270,6 +277,31 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     gap = 0.0 if optimal or value <= 0 else max(0.0, (value - lower) / value)
     return OrderSearch(order=order, split=split, status="OPTIMAL" if optimal else "FEASIBLE",
                        best_bound_s=float(lower), gap=float(gap), orders_evaluated=evaluated, orders_total=total)
+
+
+def _capacity_exclusion(classes, costs_of, schedule: str, pp: int, vp: int, cutoff_s: float,
+                        total: int) -> OrderSearch | None:
+    """The point's answer when the rank-capacity bound
+    (:func:`pipesearch.order_bounds.rank_capacity_bound_s`) settles it
+    before any order is split: ``"ABOVE_CUTOFF"`` with that bound (at
+    least ``cutoff_s``) and the first order of :func:`rank_covering_orders`
+    as its order, or a bound of ``inf`` when no order's ranks can hold the
+    model (no split fits). None when it does not (or does not apply)."""
+    if schedule not in RANK_BUSY_SCHEDULES:
+        return None
+    tables = rank_capacity_tables(classes, costs_of, pp, vp)
+    if tables is None:
+        return None
+    m = costs_of(rank_covering_orders(classes, pp)[0]).num_micro_batches
+    sizes = [len(c) for c in classes]
+    bound = rank_capacity_bound_s(tables, sizes, m, cutoff_s)
+    if bound < cutoff_s and send_overlap(schedule) and math.isfinite(cutoff_s):
+        bound = max(bound, link_bound_s(link_send_minima(classes, costs_of, pp), sizes, pp, vp, m))
+    if bound < cutoff_s:
+        return None
+    return OrderSearch(order=rank_covering_orders(classes, pp)[0], split=None, status="ABOVE_CUTOFF",
+                       best_bound_s=float(bound), gap=0.0, orders_evaluated=0, orders_total=total,
+                       method="rank-capacity")
 
 
 def _offer(order, found: ExactSplit | None, limit_s: float, best, fitting, unproven: float):
