@@ -186,3 +186,54 @@ def test_rank_covering_orders_put_every_class_on_every_rank():
         seen = {(r, c) for o in rank_covering_orders(classes, pp) for r, x in enumerate(o)
                 for c, members in enumerate(classes) if x in members}
         assert seen == {(r, c) for r in range(pp) for c in range(3)}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tos.instances())
+def test_tie_window_keeps_the_bound_and_the_time_within_it(inst):
+    """best_order with a tie window of 5% (the search passes 0.1%): its
+    bound is at most the optimum over every order and split, its time at
+    most 5% above the optimum, and OPTIMAL only when its time is the
+    optimum; OPTIMAL_WITHIN_TIES only with a gap of at most 5%. A stop rule
+    that dropped the window's edge or a bound that forgot the prefixes left
+    closed under the window would fail here."""
+    cluster, tp, pp, m, schedule, vp, prof = inst
+    L = prof.num_layers
+    slots = len(slot_heads(cluster, tp))
+    if vp != 1 or pp > L or slots < pp:
+        return
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, tp, pp, m, schedule, 1)
+    oracle = _oracle(costs_of, slots, L, pp, m, schedule, 1)
+    found = best_order(slot_classes(cluster, tp), costs_of, schedule, pp, 1, max_orders=10**6, tie_rel=0.05)
+    if oracle is None:
+        assert found is None
+        return
+    assert found.best_bound_s <= oracle * (1 + 1e-9)
+    assert found.iteration_time_s <= oracle * (1 + 1e-9) / (1 - 0.05)
+    assert found.status in ("OPTIMAL", "OPTIMAL_WITHIN_TIES")
+    if found.status == "OPTIMAL":
+        assert math.isclose(found.iteration_time_s, oracle, rel_tol=1e-9)
+    else:
+        assert found.gap <= 0.05 + 1e-12
+
+
+def test_first_orders_are_not_built_for_a_point_the_bound_excludes():
+    """The two-class point of _two_class_point (every order at least 8/3 s,
+    its best 5.00006 s): with a cutoff of 2.9 s the rank-capacity bound
+    settles it, so the callable giving the first orders (the closed-form
+    mapping, costly) is never called; with a cutoff of 6 s it is, and the
+    answer is the optimum."""
+    cluster, costs_of = _two_class_point()
+    classes = slot_classes(cluster, 1)
+    calls = []
+
+    def first():
+        calls.append(1)
+        return [(0, 1)]
+
+    low = best_order(classes, costs_of, "gpipe", 2, cutoff_s=2.9, first=first)
+    assert low.status == "ABOVE_CUTOFF" and low.method == "rank-capacity" and low.best_bound_s == 2.9
+    assert not calls
+    high = best_order(classes, costs_of, "gpipe", 2, cutoff_s=6.0, first=first)
+    assert calls and high.status == "OPTIMAL" and math.isclose(high.iteration_time_s, 5.00006, rel_tol=1e-9)
