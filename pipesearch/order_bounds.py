@@ -572,21 +572,36 @@ def rank_capacity_tables(classes: Sequence[Sequence[int]], costs_of: Callable[[t
                         works=tuple(tuple(row) for row in works))
 
 
-def _integral_capacity(tables: RankCapacity, T: float, m: int) -> np.ndarray:
+def _integral_capacity(tables: RankCapacity, T: float, m: int, sends_s: np.ndarray) -> np.ndarray:
     """``(C, pp)``: the most work a rank of class ``c`` at position ``r``
-    can hold when it is busy at most ``T`` (``m scale_c w <= T``): each of
-    its stages the largest fitting range work at most ``T / (m scale_c)``,
-    their sum capped there too; ``-inf`` where a stage has no such range."""
+    can hold when it is busy at most ``T`` (``m scale_c w + sends_s[c, r]
+    <= T``): each of its stages the largest fitting range work at most
+    that, their sum capped there too; ``-inf`` where a stage has no such
+    range."""
     C, pp = tables.cap.shape
-    vp = len(tables.works[0]) // pp
     out = np.zeros((C, pp))
     for c in range(C):
-        x = T / (m * tables.scale[c]) if tables.scale[c] > 0 else np.inf
+        x = (T - sends_s[c]) / (m * tables.scale[c]) if tables.scale[c] > 0 else np.full(pp, np.inf)
         for s, w in enumerate(tables.works[c]):
-            k = int(np.searchsorted(w, x * (1 + 1e-12), side="right"))
+            k = int(np.searchsorted(w, x[s % pp] * (1 + 1e-12), side="right"))
             out[c, s % pp] += w[k - 1] if k > 0 else -np.inf
         out[c] = np.minimum(out[c], x)
     return out
+
+
+def blocking_send_floor_s(sigma: np.ndarray, pp: int, m: int) -> np.ndarray:
+    """``(C, pp)`` seconds a rank of class ``c`` at position ``r`` spends in
+    its own sends under blocking sends (1F1B, :func:`pipesearch.timemodel.send_overlap`
+    false: each action whose consumer is on another rank lasts its compute
+    plus the transfer): ``m`` forward sends to rank ``r + 1`` (``r < pp -
+    1``) and ``m`` gradient sends to rank ``r - 1`` (``r > 0``, the same
+    bytes over the same link as boundary ``r - 1``'s activation), each at
+    least the least transfer from (or to) class ``c`` over every class and
+    boundary layer (``sigma`` from :func:`link_send_minima`)."""
+    out_min = np.min(sigma, axis=1)  # from c to any class
+    in_min = np.min(sigma, axis=0)  # from any class to c
+    r = np.arange(pp)
+    return m * (np.where(r < pp - 1, out_min[:, None], 0.0) + np.where(r > 0, in_min[:, None], 0.0))
 
 
 def _assignment_value(values: np.ndarray, sizes: Sequence[int]) -> float:
@@ -614,14 +629,17 @@ def _assignment_value(values: np.ndarray, sizes: Sequence[int]) -> float:
     return float(V.max())
 
 
-def rank_capacity_bound_s(tables: RankCapacity, sizes: Sequence[int], m: int, cutoff_s: float = np.inf) -> float:
+def rank_capacity_bound_s(tables: RankCapacity, sizes: Sequence[int], m: int, cutoff_s: float = np.inf,
+                          sends_s: np.ndarray | None = None) -> float:
     """A lower bound of the simulated time of every order and split of a
     point whose ranks each run all their stages' forward and backward
     actions of the ``m`` micro-batches one after another (every schedule of
     :mod:`pipesearch.schedules` with the point's stages on ranks; the
     all-reduce after them only adds): rank ``r`` on class ``c`` holds work
     ``floor[c, r] <= w_r <= cap[c, r]`` (:class:`RankCapacity`), is busy
-    ``m scale_c w_r <= T``, and the ranks' work adds up to ``W``.
+    ``m scale_c w_r + sends_s[c, r] <= T`` (``sends_s``: seconds of its
+    own blocking sends, :func:`blocking_send_floor_s`; default none), and
+    the ranks' work adds up to ``W``.
 
     The value is the least ``T`` (bisection, a fixed count of steps) at
     which the relaxation that lets every slot of a class take the class's
@@ -635,13 +653,16 @@ def rank_capacity_bound_s(tables: RankCapacity, sizes: Sequence[int], m: int, cu
     can hold the model at all (no split fits). Seconds."""
     cap, floor, scale, work_s = tables.cap, tables.floor, tables.scale, tables.work_s
     C, pp = cap.shape
+    sends_s = np.zeros((C, pp)) if sends_s is None else np.asarray(sends_s, dtype=float)
     safe = np.where(scale > 0, scale, np.inf)
     slot_cap = np.repeat(cap.max(axis=1), sizes)
-    slot_floor_s = np.repeat(m * safe * floor.min(axis=1), sizes)  # the least busy time a slot can have
+    slot_sends_s = np.repeat(sends_s.min(axis=1), sizes)
+    # the least busy time a slot can have
+    slot_floor_s = np.repeat((m * safe[:, None] * floor + sends_s).min(axis=1), sizes)
     slot_rate = np.repeat(1.0 / (m * safe), sizes)
 
     def relaxed(T: float) -> float:
-        held = np.where(slot_floor_s <= T, np.minimum(T * slot_rate, slot_cap), -np.inf)
+        held = np.where(slot_floor_s <= T, np.minimum((T - slot_sends_s) * slot_rate, slot_cap), -np.inf)
         return float(np.sort(held)[::-1][:pp].sum())
 
     if _assignment_value(np.where(np.isfinite(floor), cap, -np.inf), sizes) < work_s:
@@ -654,7 +675,8 @@ def rank_capacity_bound_s(tables: RankCapacity, sizes: Sequence[int], m: int, cu
         lo, hi = (mid, hi) if relaxed(mid) < work_s else (lo, mid)
     bound = lo
     if bound < cutoff_s < np.inf:
-        values = np.where(m * safe[:, None] * floor <= cutoff_s, _integral_capacity(tables, cutoff_s, m), -np.inf)
+        values = np.where(m * safe[:, None] * floor + sends_s <= cutoff_s,
+                          _integral_capacity(tables, cutoff_s, m, sends_s), -np.inf)
         if _assignment_value(values, sizes) < work_s * (1 - 1e-12):
             bound = cutoff_s
     return float(bound)

@@ -58,7 +58,8 @@ import numpy as np
 
 from .costs import PipelineCosts
 from .order_bounds import (CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, families, rank_capacity_bound_s,
-                           rank_capacity_tables, rank_covering_orders, link_bound_s, link_send_minima)
+                           rank_capacity_tables, rank_covering_orders, link_bound_s, link_send_minima,
+                           blocking_send_floor_s)
 from .split_search import ExactSplit, any_split_fits, exact_split
 from .timemodel import send_overlap
 
@@ -243,7 +244,7 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     if excluded is not None:
         if excluded.best_bound_s == math.inf:
             return None
-        fitting = _fitting_order(classes, costs_of, pp, first, MAX_ORDERS if max_orders is None else max_orders,
+        fitting = _fitting_order(classes, costs_of, pp, (), MAX_ORDERS if max_orders is None else max_orders,
                                  rank_covering_orders(classes, pp))
         return None if fitting is None else replace(excluded, order=fitting[0])
     if class_bounds_apply(classes, costs_of, schedule, pp, vp):
@@ -308,8 +309,12 @@ def _capacity_exclusion(classes, costs_of, schedule: str, pp: int, vp: int, cuto
     m = costs_of(rank_covering_orders(classes, pp)[0]).num_micro_batches
     sizes = [len(c) for c in classes]
     bound = rank_capacity_bound_s(tables, sizes, m, cutoff_s)
-    if bound < cutoff_s and send_overlap(schedule) and math.isfinite(cutoff_s):
-        bound = max(bound, link_bound_s(link_send_minima(classes, costs_of, pp), sizes, pp, vp, m))
+    if bound < cutoff_s and math.isfinite(cutoff_s):  # the transfers too (C^2 orders' costs)
+        sigma = link_send_minima(classes, costs_of, pp)
+        if send_overlap(schedule):
+            bound = max(bound, link_bound_s(sigma, sizes, pp, vp, m))
+        else:
+            bound = max(bound, rank_capacity_bound_s(tables, sizes, m, cutoff_s, blocking_send_floor_s(sigma, pp, m)))
     if bound < cutoff_s:
         return None
     return OrderSearch(order=rank_covering_orders(classes, pp)[0], split=None, status="ABOVE_CUTOFF",

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 import test_order_search as tos
-from pipesearch.order_bounds import (link_bound_s, link_send_minima, rank_capacity_bound_s, rank_capacity_tables,
+from pipesearch.order_bounds import (blocking_send_floor_s, link_bound_s, link_send_minima, rank_capacity_bound_s, rank_capacity_tables,
                                      rank_covering_orders)
 from pipesearch.order_search import best_order
 from pipesearch.placement import slot_classes, slot_heads
@@ -45,7 +45,8 @@ def test_capacity_and_link_bounds_hold_for_every_order_and_split(inst):
     fitting range, a floor above a range that fits, an assignment DP that
     lost a class sequence, a link bound that counted boundaries the link
     does not carry, or a cutoff test that excluded a feasible order would
-    fail here."""
+    fail here; under 1F1B the bound with each rank's blocking sends too
+    (a send counted on a rank that does not make it would fail)."""
     cluster, tp, pp, m, schedule, vp, prof = inst
     L = prof.num_layers
     slots = len(slot_heads(cluster, tp))
@@ -64,8 +65,13 @@ def test_capacity_and_link_bounds_hold_for_every_order_and_split(inst):
     assert plain <= oracle * (1 + 1e-9), (plain, oracle)
     for cutoff in (oracle, oracle * (1 + 1e-9), oracle * 1.5):
         assert rank_capacity_bound_s(tables, sizes, m, cutoff) <= oracle * (1 + 1e-9), cutoff
+    sigma = link_send_minima(classes, costs_of, pp)
     if send_overlap(schedule):
-        assert link_bound_s(link_send_minima(classes, costs_of, pp), sizes, pp, vp, m) <= oracle * (1 + 1e-9)
+        assert link_bound_s(sigma, sizes, pp, vp, m) <= oracle * (1 + 1e-9)
+    else:  # 1F1B: each rank's own blocking sends are part of its busy time
+        sends = blocking_send_floor_s(sigma, pp, m)
+        for cutoff in (math.inf, oracle, oracle * (1 + 1e-9), oracle * 1.5):
+            assert rank_capacity_bound_s(tables, sizes, m, cutoff, sends) <= oracle * (1 + 1e-9), cutoff
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -237,3 +243,23 @@ def test_first_orders_are_not_built_for_a_point_the_bound_excludes():
     assert not calls
     high = best_order(classes, costs_of, "gpipe", 2, cutoff_s=6.0, first=first)
     assert calls and high.status == "OPTIMAL" and math.isclose(high.iteration_time_s, 5.00006, rel_tol=1e-9)
+
+
+def test_blocking_sends_by_hand():
+    """The two-class point of _two_class_point under 1F1B with m = 2 and
+    40 MB out of every layer over the 10 GB/s, 30 us inter-group link: one
+    transfer at least 40e6 / 10e9 + 30e-6 = 4.03 ms; rank 0 sends m = 2
+    activations, rank 1 m = 2 gradients: 8.06 ms each. The divisible bound
+    becomes T with (T - 8.06 ms) / 2 of a's work plus (T - 8.06 ms) / 4 of
+    b's >= 4 s (per micro-batch, m = 2): T = 16/3 s + 8.06 ms."""
+    specs = [tos._spec("a", 300, 1000.0), tos._spec("b", 150, 1000.0)]
+    cluster = Cluster("two", tuple(DeviceGroup(s, 1, 1) for s in specs), *tos.LINKS)
+    prof = tos._profile([1.0] * 4, [4e7] * 4, [0.0] * 4, [0.0] * 4)
+    job = Job(global_batch_size=2, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, 1, 2, 2, "1f1b", 1)
+    classes = slot_classes(cluster, 1)
+    sends = blocking_send_floor_s(link_send_minima(classes, costs_of, 2), 2, 2)
+    np.testing.assert_allclose(sends, np.full((2, 2), 2 * (4e7 / 10e9 + 30e-6)))
+    tables = rank_capacity_tables(classes, costs_of, 2)
+    assert math.isclose(rank_capacity_bound_s(tables, [1, 1], 2, sends_s=sends), 16 / 3 + 8.06e-3, rel_tol=1e-9)
+    assert rank_capacity_bound_s(tables, [1, 1], 2, sends_s=sends) <= _oracle(costs_of, 2, 4, 2, 2, "1f1b", 1)
