@@ -9,6 +9,15 @@ time is :func:`pipesearch.timemodel.iteration_time_s` of the point's
 :class:`pipesearch.costs.PipelineCosts` under the best split of that order
 (:func:`pipesearch.split_search.exact_split`).
 
+Before either search, with a cutoff known, the point-level bounds of
+:mod:`pipesearch.order_bounds` that hold for every order and split at
+once: each rank busy with all its stages' work, within its class's memory
+(:func:`pipesearch.order_bounds.rank_capacity_bound_s`; with 1F1B's
+blocking sends each rank's own transfers too), and each link's chain of
+transfers under overlapped sends (:func:`pipesearch.order_bounds.link_bound_s`).
+When they reach the cutoff the point is ``"ABOVE_CUTOFF"`` without any
+order split; when no order's ranks can hold the model, None.
+
 Search by classes (one stage per rank: GPipe, 1F1B, ZB-H1, no per-stage
 memory options; :func:`class_bounds_apply`). A best-first branch and bound
 fixes the class of rank 0, 1, ... in turn; the bound of a prefix
@@ -17,9 +26,10 @@ schedule, a forward DP over the prefix's splits joined with suffix minima
 over every sequence of the classes left) holds for every order that starts
 with it and every split. A complete order whose bound is below the best
 time so far is split exactly from that time; the search is OPTIMAL when the
-least open bound reaches the best time, else, after ``max_orders`` splits
-or ``max_nodes`` expanded prefixes (counts), FEASIBLE with the least open
-bound (every order not split is at least that). With a finite cutoff the
+least open bound reaches the best time (OPTIMAL_WITHIN_TIES when it
+reaches ``1 - tie_rel`` times it, the search's tie window), else, after
+``max_orders`` splits or ``max_nodes`` expanded prefixes (counts), FEASIBLE
+with the least open bound (every order not split is at least that). With a finite cutoff the
 DP runs first with :data:`QUICK_FAMILY` alone (a tenth of the work): when
 its least bound reaches the cutoff no order can beat it. Two nodes with the same
 slots, terms and links (two A100 nodes of one group) are opened in order
@@ -84,15 +94,20 @@ class OrderSearch:
         order: slot of each rank (members of the given classes).
         split: its :class:`pipesearch.split_search.ExactSplit` (None for an
             ``"ABOVE_CUTOFF"`` order whose split search did not run).
-        status: ``"OPTIMAL"`` (no order and split is faster), ``"FEASIBLE"``
+        status: ``"OPTIMAL"`` (no order and split is faster),
+            ``"OPTIMAL_WITHIN_TIES"`` (none is more than the ``tie_rel`` of
+            :func:`best_order` faster: ``gap`` at most that), ``"FEASIBLE"``
             (stopped by ``max_orders`` or by a split search's count limits)
             or ``"ABOVE_CUTOFF"`` (no order beats the cutoff given).
         best_bound_s: proven lower bound of the time of every order and split.
         gap: ``(time - bound) / time``; 0 when OPTIMAL.
         orders_evaluated: orders whose exact split ran.
         orders_total: orders up to symmetry (:func:`count_orders`).
-        method: ``"class-bounds"`` (the branch and bound over classes) or
-            ``"orders"`` (orders grouped by class-count vector).
+        method: ``"class-bounds"`` (the branch and bound over classes),
+            ``"orders"`` (orders grouped by class-count vector) or
+            ``"rank-capacity"`` (settled by
+            :func:`pipesearch.order_bounds.rank_capacity_bound_s` before any
+            order was split).
         prefixes_expanded: prefixes of ranks the class branch and bound expanded.
     """
 
