@@ -259,8 +259,10 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     if excluded is not None:
         if excluded.best_bound_s == math.inf:
             return None
-        fitting = _fitting_order(classes, costs_of, pp, (), MAX_ORDERS if max_orders is None else max_orders,
-                                 rank_covering_orders(classes, pp))
+        # the first orders (the closed-form mapping of one stage per rank) only where no other fits
+        fitting = _fitting_order(classes, costs_of, pp, first if vp == 1 else (),
+                                 MAX_ORDERS if max_orders is None else max_orders,
+                                 [excluded.order] + rank_covering_orders(classes, pp))
         return None if fitting is None else replace(excluded, order=fitting[0])
     if class_bounds_apply(classes, costs_of, schedule, pp, vp):
         return _by_class_bounds(classes, costs_of, schedule, pp, max_nodes=max_nodes, cutoff_s=cutoff_s,
@@ -312,8 +314,8 @@ def _capacity_exclusion(classes, costs_of, schedule: str, pp: int, vp: int, cuto
     """The point's answer when the rank-capacity bound
     (:func:`pipesearch.order_bounds.rank_capacity_bound_s`) settles it
     before any order is split: ``"ABOVE_CUTOFF"`` with that bound (at
-    least ``cutoff_s``) and the first order of :func:`rank_covering_orders`
-    as its order (:func:`best_order` puts one that fits there), or a bound
+    least ``cutoff_s``) and :func:`_roomiest_first` as its order
+    (:func:`best_order` puts one that fits there), or a bound
     of ``inf`` when no order's ranks can hold the model (no split fits).
     None when it does not settle it (or does not apply)."""
     if schedule not in RANK_BUSY_SCHEDULES:
@@ -332,9 +334,19 @@ def _capacity_exclusion(classes, costs_of, schedule: str, pp: int, vp: int, cuto
             bound = max(bound, rank_capacity_bound_s(tables, sizes, m, cutoff_s, blocking_send_floor_s(sigma, pp, m)))
     if bound < cutoff_s:
         return None
-    return OrderSearch(order=rank_covering_orders(classes, pp)[0], split=None, status="ABOVE_CUTOFF",
+    return OrderSearch(order=_roomiest_first(classes, pp, tables), split=None, status="ABOVE_CUTOFF",
                        best_bound_s=float(bound), gap=0.0, orders_evaluated=0, orders_total=total,
                        method="rank-capacity")
+
+
+def _roomiest_first(classes, pp: int, tables) -> tuple[int, ...]:
+    """The order that gives the first ranks (those holding the most
+    micro-batches) the classes that can hold the most work there
+    (``RankCapacity.cap`` at rank 0), then the rest in that order: a likely
+    order that fits, for an excluded point that needs one."""
+    rank = sorted(range(len(classes)), key=lambda c: (-tables.cap[c, 0], c))
+    seq = [c for c in rank for _ in classes[c]][:pp]
+    return _slots_of(seq, classes)
 
 
 def _offer(order, found: ExactSplit | None, limit_s: float, best, fitting, unproven: float):

@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 import test_order_search as tos
-from pipesearch.order_bounds import (blocking_send_floor_s, link_bound_s, link_send_minima, rank_capacity_bound_s, rank_capacity_tables,
-                                     rank_covering_orders)
+from pipesearch.order_bounds import (blocking_send_floor_s, link_bound_s, link_send_minima, rank_capacity_bound_s,
+                                     rank_capacity_tables, rank_covering_orders)
 from pipesearch.order_search import best_order
 from pipesearch.placement import slot_classes, slot_heads
 from pipesearch.timemodel import iteration_time_s, send_overlap
