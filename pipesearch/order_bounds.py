@@ -650,7 +650,9 @@ def rank_capacity_bound_s(tables: RankCapacity, sizes: Sequence[int], m: int, cu
     ranks assigned to classes by :func:`_assignment_value`; if even there
     no order holds ``W``, every order and split is slower than ``cutoff_s``
     and the bound returned is ``cutoff_s``. ``inf`` when no order's ranks
-    can hold the model at all (no split fits). Seconds."""
+    can hold the model at all (no split fits). ``W`` is taken ``1e-9``
+    smaller (the ranks' works are summed in another order than the layer
+    prefix: a rounding margin, on the safe side). Seconds."""
     cap, floor, scale, work_s = tables.cap, tables.floor, tables.scale, tables.work_s
     C, pp = cap.shape
     sends_s = np.zeros((C, pp)) if sends_s is None else np.asarray(sends_s, dtype=float)
@@ -665,19 +667,20 @@ def rank_capacity_bound_s(tables: RankCapacity, sizes: Sequence[int], m: int, cu
         held = np.where(slot_floor_s <= T, np.minimum((T - slot_sends_s) * slot_rate, slot_cap), -np.inf)
         return float(np.sort(held)[::-1][:pp].sum())
 
-    if _assignment_value(np.where(np.isfinite(floor), cap, -np.inf), sizes) < work_s:
+    need = work_s * (1 - 1e-9)  # sums in another order than the prefix's: a rounding margin
+    if _assignment_value(np.where(np.isfinite(floor), cap, -np.inf), sizes) < need:
         return np.inf
     lo, hi = 0.0, 1.0
-    while relaxed(hi) < work_s:
+    while relaxed(hi) < need:
         hi *= 2.0
     for _ in range(60):  # a fixed count: the same bound on any machine
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if relaxed(mid) < work_s else (lo, mid)
+        lo, hi = (mid, hi) if relaxed(mid) < need else (lo, mid)
     bound = lo
     if bound < cutoff_s < np.inf:
         values = np.where(m * safe[:, None] * floor + sends_s <= cutoff_s,
                           _integral_capacity(tables, cutoff_s, m, sends_s), -np.inf)
-        if _assignment_value(values, sizes) < work_s * (1 - 1e-12):
+        if _assignment_value(values, sizes) < need:
             bound = cutoff_s
     return float(bound)
 
