@@ -479,3 +479,253 @@ def class_bounds(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int
         return np.asarray(pair[c, c2].send_s(0, np.maximum(j, 1)), dtype=float)
 
     return ClassBounds(class_costs, send, [len(c) for c in classes], schedule, pp, cutoff_s, only)
+
+
+def rank_covering_orders(classes: Sequence[Sequence[int]], pp: int) -> list[tuple[int, ...]]:
+    """Orders that together put every class on every rank (the first part
+    of :func:`covering_orders`, without its pairs on ranks 0, 1). Deterministic."""
+    cls = class_of(classes)
+    need = {(s, c) for s in range(pp) for c in range(len(classes))}
+    orders = []
+    while need:
+        s0, c0 = min(need)
+        fixed, count = {s0: c0}, [0] * len(classes)
+        count[c0] = 1
+        for s in range(pp):
+            if s in fixed:
+                continue
+            for c in range(len(classes)):
+                if (s, c) in need and count[c] < len(classes[c]):
+                    fixed[s], count[c] = c, count[c] + 1
+                    break
+        order = order_with(classes, fixed, pp)
+        orders.append(order)
+        need -= {(s, cls[x]) for s, x in enumerate(order)}
+    return orders
+
+
+@dataclass(frozen=True)
+class RankCapacity:
+    """What a rank of each class can hold, per rank position
+    (:func:`rank_capacity_tables`).
+
+    Attributes:
+        cap: ``(C, pp)`` seconds, the sum over the rank's ``vp`` stages ``r,
+            r + pp, ...`` of the largest profiled-device work of one
+            micro-batch (forward + backward, ``compute_prefix_s``) of a layer
+            range that fits the stage's memory (``PipelineCosts.fits``) and
+            leaves a layer to every other stage; ``-inf`` where no range fits
+            (no order puts class ``c`` on rank ``r``).
+        floor: ``(C, pp)`` the same sum of the least such work (every stage
+            holds at least one layer); ``inf`` where none fits.
+        scale: ``(C,)`` the ``time_scale`` of a slot of each class.
+        work_s: ``W``, the model's work of one micro-batch (seconds).
+        works: per class, per stage ``(C, pp * vp)``: the sorted distinct
+            works of the ranges that fit (the integral choices).
+    """
+
+    cap: np.ndarray
+    floor: np.ndarray
+    scale: np.ndarray
+    work_s: float
+    works: tuple
+
+
+def rank_capacity_tables(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
+                         pp: int, vp: int = 1) -> RankCapacity | None:
+    """The :class:`RankCapacity` of a point from the cost terms of the
+    orders of :func:`rank_covering_orders` (stage ``s`` on class ``c`` from
+    an order with a slot of ``c`` on rank ``s % pp``). None when the
+    point's stages have per-stage memory options (their work is not one
+    table)."""
+    cls = class_of(classes)
+    C, S = len(classes), pp * vp
+    works: list[list] = [[np.zeros(0)] * S for _ in range(C)]
+    scale = np.zeros(C)
+    seen = np.zeros((C, S), dtype=bool)
+    work_total = None
+    for order in rank_covering_orders(classes, pp):
+        costs = costs_of(order)
+        if costs.options is not None or costs.pp != S:
+            return None
+        if work_total is None:
+            L = costs.num_layers
+            ii, jj = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+            prefix = np.asarray(costs.compute_prefix_s, dtype=float)
+            work = prefix[jj] - prefix[ii]
+            work_total = float(prefix[-1] - prefix[0])
+        for s in range(S):
+            c = cls[order[s % pp]]
+            if seen[c, s]:
+                continue
+            seen[c, s] = True
+            scale[c] = float(costs.time_scale[s])
+            # stage s starts at a layer in [s, L - S + s] and leaves a layer to each later stage
+            valid = (jj > ii) & (ii >= s) & ((jj == L) if s == S - 1 else (jj <= L - S + s + 1))
+            if s == 0:
+                valid &= ii == 0
+            ok = valid & np.asarray(costs.fits(s, np.where(valid, ii, 0), np.where(valid, jj, 1)), dtype=bool)
+            works[c][s] = np.unique(work[ok])
+    best = np.array([[w[-1] if len(w) else -np.inf for w in row] for row in works]).reshape(C, vp, pp)
+    least = np.array([[w[0] if len(w) else np.inf for w in row] for row in works]).reshape(C, vp, pp)
+    return RankCapacity(cap=best.sum(axis=1), floor=least.sum(axis=1), scale=scale, work_s=work_total,
+                        works=tuple(tuple(row) for row in works))
+
+
+def _integral_capacity(tables: RankCapacity, T: float, m: int, sends_s: np.ndarray) -> np.ndarray:
+    """``(C, pp)``: the most work a rank of class ``c`` at position ``r``
+    can hold when it is busy at most ``T`` (``m scale_c w + sends_s[c, r]
+    <= T``): each of its stages the largest fitting range work at most
+    that, their sum capped there too; ``-inf`` where a stage has no such
+    range."""
+    C, pp = tables.cap.shape
+    out = np.zeros((C, pp))
+    for c in range(C):
+        x = (T - sends_s[c]) / (m * tables.scale[c]) if tables.scale[c] > 0 else np.full(pp, np.inf)
+        for s, w in enumerate(tables.works[c]):
+            k = int(np.searchsorted(w, x[s % pp] * (1 + 1e-12), side="right"))
+            out[c, s % pp] += w[k - 1] if k > 0 else -np.inf
+        out[c] = np.minimum(out[c], x)
+    return out
+
+
+def blocking_send_floor_s(sigma: np.ndarray, pp: int, m: int) -> np.ndarray:
+    """``(C, pp)`` seconds a rank of class ``c`` at position ``r`` spends in
+    its own sends under blocking sends (1F1B, :func:`pipesearch.timemodel.send_overlap`
+    false: each action whose consumer is on another rank lasts its compute
+    plus the transfer): ``m`` forward sends to rank ``r + 1`` (``r < pp -
+    1``) and ``m`` gradient sends to rank ``r - 1`` (``r > 0``, the same
+    bytes over the same link as boundary ``r - 1``'s activation), each at
+    least the least transfer from (or to) class ``c`` over every class and
+    boundary layer (``sigma`` from :func:`link_send_minima`)."""
+    out_min = np.min(sigma, axis=1)  # from c to any class
+    in_min = np.min(sigma, axis=0)  # from any class to c
+    r = np.arange(pp)
+    return m * (np.where(r < pp - 1, out_min[:, None], 0.0) + np.where(r > 0, in_min[:, None], 0.0))
+
+
+def _assignment_value(values: np.ndarray, sizes: Sequence[int]) -> float:
+    """``max sum_r values[c_r, r]`` over class sequences ``c`` with at most
+    ``sizes[c]`` ranks of class ``c`` (``values`` ``(C, pp)``, ``-inf``
+    where a class cannot take a rank): a DP over the slots used per class,
+    one numpy pass per rank."""
+    C, pp = values.shape
+    shape = tuple(int(z) + 1 for z in sizes)
+    level = np.zeros(shape, dtype=int)
+    for c in range(C):
+        level = level + np.arange(shape[c]).reshape([-1 if k == c else 1 for k in range(C)])
+    V = np.full(shape, -np.inf)
+    V[(0,) * C] = 0.0
+    for r in range(pp):
+        new = np.full(shape, -np.inf)
+        for c in range(C):
+            if shape[c] < 2:
+                continue
+            src = [slice(None)] * C
+            dst = [slice(None)] * C
+            src[c], dst[c] = slice(0, shape[c] - 1), slice(1, shape[c])
+            np.maximum(new[tuple(dst)], V[tuple(src)] + values[c, r], out=new[tuple(dst)])
+        V = np.where(level == r + 1, new, -np.inf)
+    return float(V.max())
+
+
+def rank_capacity_bound_s(tables: RankCapacity, sizes: Sequence[int], m: int, cutoff_s: float = np.inf,
+                          sends_s: np.ndarray | None = None) -> float:
+    """A lower bound of the simulated time of every order and split of a
+    point whose ranks each run all their stages' forward and backward
+    actions of the ``m`` micro-batches one after another (every schedule of
+    :mod:`pipesearch.schedules` with the point's stages on ranks; the
+    all-reduce after them only adds): rank ``r`` on class ``c`` holds work
+    ``floor[c, r] <= w_r <= cap[c, r]`` (:class:`RankCapacity`), is busy
+    ``m scale_c w_r + sends_s[c, r] <= T`` (``sends_s``: seconds of its
+    own blocking sends, :func:`blocking_send_floor_s`; default none), and
+    the ranks' work adds up to ``W``.
+
+    The value is the least ``T`` (bisection, a fixed count of steps) at
+    which the relaxation that lets every slot of a class take the class's
+    largest capacity and least floor over the ranks holds ``W`` (a
+    top-``pp`` choice over the slots, work taken as divisible). When that is
+    below ``cutoff_s``, the exact test at ``cutoff_s``: each rank's work a
+    sum of its stages' fitting range works (:func:`_integral_capacity`),
+    ranks assigned to classes by :func:`_assignment_value`; if even there
+    no order holds ``W``, every order and split is slower than ``cutoff_s``
+    and the bound returned is ``cutoff_s``. ``inf`` when no order's ranks
+    can hold the model at all (no split fits). ``W`` is taken ``1e-9``
+    smaller (the ranks' works are summed in another order than the layer
+    prefix: a rounding margin, on the safe side). Seconds."""
+    cap, floor, scale, work_s = tables.cap, tables.floor, tables.scale, tables.work_s
+    C, pp = cap.shape
+    sends_s = np.zeros((C, pp)) if sends_s is None else np.asarray(sends_s, dtype=float)
+    safe = np.where(scale > 0, scale, np.inf)
+    slot_cap = np.repeat(cap.max(axis=1), sizes)
+    slot_sends_s = np.repeat(sends_s.min(axis=1), sizes)
+    # the least busy time a slot can have
+    slot_floor_s = np.repeat((m * safe[:, None] * floor + sends_s).min(axis=1), sizes)
+    slot_rate = np.repeat(1.0 / (m * safe), sizes)
+
+    def relaxed(T: float) -> float:
+        held = np.where(slot_floor_s <= T, np.minimum((T - slot_sends_s) * slot_rate, slot_cap), -np.inf)
+        return float(np.sort(held)[::-1][:pp].sum())
+
+    need = work_s * (1 - 1e-9)  # sums in another order than the prefix's: a rounding margin
+    if _assignment_value(np.where(np.isfinite(floor), cap, -np.inf), sizes) < need:
+        return np.inf
+    lo, hi = 0.0, 1.0
+    while relaxed(hi) < need:
+        hi *= 2.0
+    for _ in range(60):  # a fixed count: the same bound on any machine
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if relaxed(mid) < need else (lo, mid)
+    bound = lo
+    if bound < cutoff_s < np.inf:
+        values = np.where(m * safe[:, None] * floor + sends_s <= cutoff_s,
+                          _integral_capacity(tables, cutoff_s, m, sends_s), -np.inf)
+        if _assignment_value(values, sizes) < need:
+            bound = cutoff_s
+    return float(bound)
+
+
+def link_send_minima(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
+                     pp: int) -> np.ndarray:
+    """``(C, C)`` seconds: the least time of one transfer over a boundary
+    from a stage on class ``c`` to the next on class ``c2``, over every
+    boundary layer ``1 .. L-1`` (``PipelineCosts.send_s`` of stage 0 of an
+    order with ``c`` on rank 0 and ``c2`` on rank 1; a link depends only on
+    the two slots' nodes and groups); ``inf`` for ``c == c2`` when the
+    class has one slot."""
+    C = len(classes)
+    out = np.full((C, C), np.inf)
+    for c, c2 in itertools.product(range(C), range(C)):
+        if c != c2 or len(classes[c]) > 1:
+            costs = costs_of(order_with(classes, {0: c, 1: c2}, pp))
+            j = np.arange(1, costs.num_layers)
+            if len(j):
+                out[c, c2] = float(np.min(costs.send_s(0, j)))
+    return out
+
+
+def link_bound_s(sigma: np.ndarray, sizes: Sequence[int], pp: int, vp: int, m: int) -> float:
+    """A lower bound of the simulated time of every order and split under
+    overlapped sends (:func:`pipesearch.timemodel.send_overlap`: each
+    directed link between two ranks is one chain of transfers in the time
+    model's graph): the link from rank ``r`` to ``r + 1`` (``r < pp - 1``)
+    carries the ``m`` forward transfers of each of its ``vp`` boundaries
+    ``r, r + pp, ...`` one after another, so ``T >= m vp sigma[c_r,
+    c_{r+1}]`` (``sigma`` from :func:`link_send_minima`). The bound is
+    ``m vp`` times the least, over every class sequence of ``pp`` ranks with
+    at most ``sizes[c]`` of class ``c``, of the largest ``sigma`` between
+    consecutive ranks (a bottleneck path: the least threshold whose allowed
+    pairs admit a sequence, by a DP over (slots used per class, last
+    class)). Seconds; 0 for ``pp < 2``."""
+    if pp < 2:
+        return 0.0
+    C = len(sizes)
+    for tau in np.unique(sigma[np.isfinite(sigma)]):
+        allowed = sigma <= tau
+        states = {(tuple(int(k == c) for k in range(C)), c) for c in range(C) if sizes[c] > 0}
+        for _ in range(pp - 1):
+            states = {(tuple(x + (k == c2) for k, x in enumerate(n)), c2) for n, c in states
+                      for c2 in range(C) if allowed[c, c2] and n[c2] < sizes[c2]}
+        if states:
+            return float(m * vp * tau)
+    return np.inf

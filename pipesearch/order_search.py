@@ -9,6 +9,15 @@ time is :func:`pipesearch.timemodel.iteration_time_s` of the point's
 :class:`pipesearch.costs.PipelineCosts` under the best split of that order
 (:func:`pipesearch.split_search.exact_split`).
 
+Before either search, with a cutoff known, the point-level bounds of
+:mod:`pipesearch.order_bounds` that hold for every order and split at
+once: each rank busy with all its stages' work, within its class's memory
+(:func:`pipesearch.order_bounds.rank_capacity_bound_s`; with 1F1B's
+blocking sends each rank's own transfers too), and each link's chain of
+transfers under overlapped sends (:func:`pipesearch.order_bounds.link_bound_s`).
+When they reach the cutoff the point is ``"ABOVE_CUTOFF"`` without any
+order split; when no order's ranks can hold the model, None.
+
 Search by classes (one stage per rank: GPipe, 1F1B, ZB-H1, no per-stage
 memory options; :func:`class_bounds_apply`). A best-first branch and bound
 fixes the class of rank 0, 1, ... in turn; the bound of a prefix
@@ -17,9 +26,10 @@ schedule, a forward DP over the prefix's splits joined with suffix minima
 over every sequence of the classes left) holds for every order that starts
 with it and every split. A complete order whose bound is below the best
 time so far is split exactly from that time; the search is OPTIMAL when the
-least open bound reaches the best time, else, after ``max_orders`` splits
-or ``max_nodes`` expanded prefixes (counts), FEASIBLE with the least open
-bound (every order not split is at least that). With a finite cutoff the
+least open bound reaches the best time (OPTIMAL_WITHIN_TIES when it
+reaches ``1 - tie_rel`` times it, the search's tie window), else, after
+``max_orders`` splits or ``max_nodes`` expanded prefixes (counts), FEASIBLE
+with the least open bound (every order not split is at least that). With a finite cutoff the
 DP runs first with :data:`QUICK_FAMILY` alone (a tenth of the work): when
 its least bound reaches the cutoff no order can beat it. Two nodes with the same
 slots, terms and links (two A100 nodes of one group) are opened in order
@@ -51,14 +61,17 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from .costs import PipelineCosts
-from .order_bounds import CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, families
+from .order_bounds import (CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, families, rank_capacity_bound_s,
+                           rank_capacity_tables, rank_covering_orders, link_bound_s, link_send_minima,
+                           blocking_send_floor_s)
 from .split_search import ExactSplit, any_split_fits, exact_split
+from .timemodel import send_overlap
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
 MAX_ORDERS = 100
@@ -69,6 +82,8 @@ MAX_CLASS_ORDERS = 24
 MAX_NODES = 20_000
 #: the family tried alone before the others (rank k from micro-batch 0's arrival through its whole work)
 QUICK_FAMILY = ("f1",)
+#: schedules whose ranks run every forward and backward of their stages one after another (the rank-capacity bound)
+RANK_BUSY_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs")
 
 
 @dataclass(frozen=True)
@@ -79,15 +94,20 @@ class OrderSearch:
         order: slot of each rank (members of the given classes).
         split: its :class:`pipesearch.split_search.ExactSplit` (None for an
             ``"ABOVE_CUTOFF"`` order whose split search did not run).
-        status: ``"OPTIMAL"`` (no order and split is faster), ``"FEASIBLE"``
+        status: ``"OPTIMAL"`` (no order and split is faster),
+            ``"OPTIMAL_WITHIN_TIES"`` (none is more than the ``tie_rel`` of
+            :func:`best_order` faster: ``gap`` at most that), ``"FEASIBLE"``
             (stopped by ``max_orders`` or by a split search's count limits)
             or ``"ABOVE_CUTOFF"`` (no order beats the cutoff given).
         best_bound_s: proven lower bound of the time of every order and split.
         gap: ``(time - bound) / time``; 0 when OPTIMAL.
         orders_evaluated: orders whose exact split ran.
         orders_total: orders up to symmetry (:func:`count_orders`).
-        method: ``"class-bounds"`` (the branch and bound over classes) or
-            ``"orders"`` (orders grouped by class-count vector).
+        method: ``"class-bounds"`` (the branch and bound over classes),
+            ``"orders"`` (orders grouped by class-count vector) or
+            ``"rank-capacity"`` (settled by
+            :func:`pipesearch.order_bounds.rank_capacity_bound_s` before any
+            order was split).
         prefixes_expanded: prefixes of ranks the class branch and bound expanded.
     """
 
@@ -197,8 +217,8 @@ def _seed_order(orders: Iterator[tuple[int, ...]], costs_of, schedule: str, pp: 
 
 def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
                schedule: str, pp: int, vp: int = 1, *, max_orders: int | None = None,
-               cutoff_s: float = math.inf, first: Sequence[Sequence[int]] = (),
-               max_nodes: int = MAX_NODES) -> OrderSearch | None:
+               cutoff_s: float = math.inf, first: Sequence[Sequence[int]] | Callable[[], Sequence] = (),
+               max_nodes: int = MAX_NODES, tie_rel: float = 0.0) -> OrderSearch | None:
     """The order of ``pp`` ranks over the slots of ``classes`` and its split
     with the least simulated time (module docstring).
 
@@ -217,7 +237,14 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
         first: orders to split before the enumeration (e.g. the closed-form
             optimum of :mod:`pipesearch.class_dp`), counted in
             ``max_orders``: a good first incumbent when the orders are too
-            many to visit; the result is never slower than these.
+            many to visit; the result is never slower than these. A
+            callable is called (once) only when the point is not settled by
+            the rank-capacity bound first.
+        tie_rel: the search by classes may stop once no open prefix can be
+            more than this share faster than the best order (the search's
+            tie window between plans, ``search.TIE_REL``): status
+            ``"OPTIMAL_WITHIN_TIES"``, bound and gap (at most ``tie_rel``)
+            reported. 0 (the default): only ``"OPTIMAL"`` proofs.
 
     Returns:
         An :class:`OrderSearch`, or None when no order has a split that fits
@@ -228,11 +255,21 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     """
     vectors = count_vectors([len(c) for c in classes], pp)
     total = sum(count_orders(n) for n in vectors)
+    excluded = _capacity_exclusion(classes, costs_of, schedule, pp, vp, cutoff_s, total)
+    if excluded is not None:
+        if excluded.best_bound_s == math.inf:
+            return None
+        # the first orders (the closed-form mapping of one stage per rank) only where no other fits
+        fitting = _fitting_order(classes, costs_of, pp, first if vp == 1 else (),
+                                 MAX_ORDERS if max_orders is None else max_orders,
+                                 [excluded.order] + rank_covering_orders(classes, pp))
+        return None if fitting is None else replace(excluded, order=fitting[0])
     if class_bounds_apply(classes, costs_of, schedule, pp, vp):
         return _by_class_bounds(classes, costs_of, schedule, pp, max_nodes=max_nodes, cutoff_s=cutoff_s,
-                                first=first, total=total,
+                                first=first, total=total, tie_rel=tie_rel,
                                 max_orders=MAX_CLASS_ORDERS if max_orders is None else max_orders)
     max_orders = MAX_ORDERS if max_orders is None else max_orders
+    first = first() if callable(first) else first
     bounds = sorted((rank_work_bound_s(costs_of(next(orders_of_vector(classes, n))), pp), n) for n in vectors)
     best: tuple[float, tuple[int, ...], ExactSplit] | None = None
     fitting: tuple[tuple[int, ...], ExactSplit] | None = None  # the first order that fits
@@ -272,6 +309,46 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
                        best_bound_s=float(lower), gap=float(gap), orders_evaluated=evaluated, orders_total=total)
 
 
+def _capacity_exclusion(classes, costs_of, schedule: str, pp: int, vp: int, cutoff_s: float,
+                        total: int) -> OrderSearch | None:
+    """The point's answer when the rank-capacity bound
+    (:func:`pipesearch.order_bounds.rank_capacity_bound_s`) settles it
+    before any order is split: ``"ABOVE_CUTOFF"`` with that bound (at
+    least ``cutoff_s``) and :func:`_roomiest_first` as its order
+    (:func:`best_order` puts one that fits there), or a bound
+    of ``inf`` when no order's ranks can hold the model (no split fits).
+    None when it does not settle it (or does not apply)."""
+    if schedule not in RANK_BUSY_SCHEDULES:
+        return None
+    tables = rank_capacity_tables(classes, costs_of, pp, vp)
+    if tables is None:
+        return None
+    m = costs_of(rank_covering_orders(classes, pp)[0]).num_micro_batches
+    sizes = [len(c) for c in classes]
+    bound = rank_capacity_bound_s(tables, sizes, m, cutoff_s)
+    if bound < cutoff_s and math.isfinite(cutoff_s):  # the transfers too (C^2 orders' costs)
+        sigma = link_send_minima(classes, costs_of, pp)
+        if send_overlap(schedule):
+            bound = max(bound, link_bound_s(sigma, sizes, pp, vp, m))
+        else:
+            bound = max(bound, rank_capacity_bound_s(tables, sizes, m, cutoff_s, blocking_send_floor_s(sigma, pp, m)))
+    if bound < cutoff_s:
+        return None
+    return OrderSearch(order=_roomiest_first(classes, pp, tables), split=None, status="ABOVE_CUTOFF",
+                       best_bound_s=float(bound), gap=0.0, orders_evaluated=0, orders_total=total,
+                       method="rank-capacity")
+
+
+def _roomiest_first(classes, pp: int, tables) -> tuple[int, ...]:
+    """The order that gives the first ranks (those holding the most
+    micro-batches) the classes that can hold the most work there
+    (``RankCapacity.cap`` at rank 0), then the rest in that order: a likely
+    order that fits, for an excluded point that needs one."""
+    rank = sorted(range(len(classes)), key=lambda c: (-tables.cap[c, 0], c))
+    seq = [c for c in rank for _ in classes[c]][:pp]
+    return _slots_of(seq, classes)
+
+
 def _offer(order, found: ExactSplit | None, limit_s: float, best, fitting, unproven: float):
     """``(best, fitting, unproven)`` after ``order``'s split search ``found``
     (None: no split fits) ran with cutoff ``limit_s``: the best ``(time,
@@ -301,16 +378,17 @@ def class_bounds_apply(classes: Sequence[Sequence[int]], costs_of, schedule: str
 
 
 def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: int, max_nodes: int,
-                     cutoff_s: float, first, total: int) -> OrderSearch | None:
+                     cutoff_s: float, first, total: int, tie_rel: float = 0.0) -> OrderSearch | None:
     """Best-first branch and bound over the class of each rank, left to
     right: a prefix's bound (:meth:`pipesearch.order_bounds.ClassBounds.extend`)
     holds for every order that starts with it and every split; a complete
     order whose bound is below the best time is split by
     :func:`pipesearch.split_search.exact_split` from that time. The ``first``
     orders are split before (their best time is the first cutoff). Stops
-    OPTIMAL when the least open bound reaches the best time; after
-    ``max_orders`` splits or ``max_nodes`` expanded prefixes FEASIBLE with
-    the least open bound."""
+    OPTIMAL when the least open bound reaches the best time (OPTIMAL_WITHIN_TIES
+    when it reaches ``(1 - tie_rel)`` times it: no order is more than
+    ``tie_rel`` faster); after ``max_orders`` splits or ``max_nodes``
+    expanded prefixes FEASIBLE with the least open bound."""
     best: tuple[float, tuple[int, ...], ExactSplit] | None = None
     fitting = None
     unproven, evaluated, stopped_at = math.inf, 0, None
@@ -324,28 +402,36 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
         found = exact_split(costs_of(order), schedule, pp, 1, cutoff_s=limit)
         best, fitting, unproven = _offer(order, found, limit, best, fitting, unproven)
 
-    for order in list(dict.fromkeys(canonical(o, classes) for o in first))[:max_orders]:
-        split(order)
-    limit = best[0] if best is not None else cutoff_s
     memo: dict = {}
     costs_memo = lambda order: memo[order] if order in memo else memo.setdefault(order, costs_of(order))  # noqa: E731
-    heap = []
-    quick = None
-    if math.isfinite(limit):  # one family first: most points of a search end here, above their cutoff
+
+    def quick_excludes(limit: float) -> bool:  # one family: most points of a search end here, above their cutoff
         quick = class_bounds(classes, costs_memo, schedule, pp, cutoff_s=limit * (1 + 1e-9), only=QUICK_FAMILY)
         root = quick.root()
-        if min((quick.extend(root, c).bound_s for c in range(len(classes)) if quick.allowed(root, c)),
-               default=math.inf) < limit:
-            quick = None
-    if quick is None:
+        return min((quick.extend(root, c).bound_s for c in range(len(classes)) if quick.allowed(root, c)),
+                   default=math.inf) >= limit
+
+    if math.isfinite(cutoff_s) and quick_excludes(cutoff_s):  # no order beats the cutoff: none is split
+        fitting = _fitting_order(classes, costs_of, pp, first, max_orders)
+        return None if fitting is None else OrderSearch(
+            order=fitting[0], split=None, status="ABOVE_CUTOFF", best_bound_s=float(cutoff_s), gap=0.0,
+            orders_evaluated=0, orders_total=total, method="class-bounds")
+    for order in list(dict.fromkeys(canonical(o, classes) for o in (first() if callable(first) else first)))[
+            :max_orders]:
+        split(order)
+    limit = best[0] if best is not None else cutoff_s
+    heap = []
+    quick = best is not None and quick_excludes(limit)  # the first orders' best may already be optimal
+    if not quick:
         cb = class_bounds(classes, costs_memo, schedule, pp, cutoff_s=limit * (1 + 1e-9))
         heap = [(0.0, (), cb.root())]
     expanded = 0
+    closed = math.inf  # the least bound of a prefix left unexpanded (tie_rel > 0: may be below the best time)
     while heap:
         bound, key, node = heapq.heappop(heap)
-        limit = best[0] if best is not None else cutoff_s
+        limit = best[0] * (1 - tie_rel) if best is not None else cutoff_s
         if bound >= limit:
-            heap.append((bound, key, node))  # the least open bound
+            closed = min(closed, bound)  # the least open bound
             break
         if len(key) == pp:
             order = _slots_of(key, classes)
@@ -365,7 +451,9 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
                 child = cb.extend(node, c)
                 if child.bound_s < limit:
                     heapq.heappush(heap, (child.bound_s, child.classes, child))
-    lower = min(best[0] if best is not None else cutoff_s, unproven,
+                else:
+                    closed = min(closed, child.bound_s)
+    lower = min(best[0] if best is not None else cutoff_s, unproven, closed,
                 stopped_at if stopped_at is not None else math.inf)
     if best is None:
         if fitting is None:
@@ -378,7 +466,9 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
     value, order, found = best
     optimal = lower >= value
     gap = 0.0 if optimal or value <= 0 else max(0.0, (value - lower) / value)
-    return OrderSearch(order=order, split=found, status="OPTIMAL" if optimal else "FEASIBLE",
+    status = "OPTIMAL" if optimal else "OPTIMAL_WITHIN_TIES" if (
+        stopped_at is None and lower >= value * (1 - tie_rel)) else "FEASIBLE"
+    return OrderSearch(order=order, split=found, status=status,
                        best_bound_s=float(lower), gap=float(gap), orders_evaluated=evaluated, orders_total=total,
                        method="class-bounds", prefixes_expanded=expanded)
 
@@ -391,6 +481,21 @@ def _slots_of(seq: Sequence[int], classes: Sequence[Sequence[int]]) -> tuple[int
         out.append(classes[c][used[c]])
         used[c] += 1
     return tuple(out)
+
+
+def _fitting_order(classes, costs_of, pp: int, first, max_orders: int, candidates=()):
+    """``(order, None)`` for an order with a split that fits, for a point
+    no order of which beats the cutoff (the search then proves it with its
+    exact split): the first of ``candidates``, then of ``first`` (called
+    when callable), then :func:`_first_fitting`'s; None when none fits."""
+    def later():  # called only when no candidate fits
+        yield from first() if callable(first) else first
+
+    for order in itertools.chain(candidates, later()):
+        order = canonical(order, classes)
+        if any_split_fits(costs_of(order)):
+            return order, None
+    return _first_fitting(classes, costs_of, pp, max_orders)
 
 
 def _first_fitting(classes, costs_of, pp: int, max_orders: int):
