@@ -1500,9 +1500,10 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
     params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
     state = params * param_state_of(job).floor_bytes_per_param()
     mem = usable_memory_bytes(job, float(memory_bytes_of(cluster).max()))
+    on_host = options is not None and set(options.schedules) <= {"mobius", "roundpipe"}  # the state lives on the host
     hint = ("the model's weights and optimizer state alone need "
             f"{state / 2**30:.1f} GiB against {mem / 2**30:.1f} GiB usable per device; "
-            "use a cluster with more or larger devices" if state > mem * cluster.num_devices else
+            "use a cluster with more or larger devices" if state > mem * cluster.num_devices and not on_host else
             "the schedules asked for refused every point (1F1B and its variants need at least pp "
             "micro-batches; pp x vp stages need a layer each): lower --pp or --vp, raise --num-micro-batches "
             "(or lower --micro-batch-size), or "
@@ -1512,4 +1513,7 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             "lower --micro-batch-size or use a larger cluster" if options is not None and (options.pp or options.split)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
+    if counts.get(STOPPED):
+        hint = (f"{counts[STOPPED]} points are not proven out of memory: their split search stopped at its work "
+                f"limits before it met a split that fits every GPU; pin one with --split, or {hint}")
     return f"no plan fits {prof.name} on {cluster.name} ({reasons}); {hint}"

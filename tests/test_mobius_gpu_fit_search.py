@@ -81,3 +81,18 @@ def test_a_point_stopped_before_any_split_fits_is_open_not_out_of_memory(tmp_pat
         if status == "out_of_memory":
             assert before[key] == "out_of_memory", key
     assert "stopped at the split search's work limits" in text
+
+
+def test_no_plan_message_says_which_points_are_not_proven():
+    """Qwen3-32B at 32 sequences under Mobius: when no point yields a plan
+    but some stopped before any split fit every GPU, the refusal says the
+    space is not proven out of memory (exit 2, one line), and does not
+    blame the weights' and optimizer state's size, which Mobius keeps in
+    host memory."""
+    r = CliRunner().invoke(main, ["plan", "--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4", "-b", "32",
+                                  "--seq-len", "2048", "--schedule", "mobius"])
+    assert r.exit_code == 2
+    line = r.output.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "not proven out of memory" in line and "stopped_at_work_limits" in line
+    assert "optimizer state alone" not in line
