@@ -186,7 +186,8 @@ class RoundPipeCosts:
         besides weights and gradients (one micro-batch's saved activations,
         two micro-batches' input and output boundaries)."""
         i, j = self._ranges(bounds)
-        weights = WEIGHT_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i] + self.group_tied_params(bounds))
+        params = self.param_prefix[j] - self.param_prefix[i] + self.group_tied_params(bounds)
+        weights = WEIGHT_BYTES_PER_PARAM * params
         bnd = self.boundary_bytes(bounds)
         k = bnd.shape[0]
         zero = np.zeros((k, 1))

@@ -147,7 +147,8 @@ def _roundpipe_host(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
 
     stages = plan["stages"]
     params = np.array([[st["memory_breakdown_bytes"]["weights"] / WEIGHT_BYTES_PER_PARAM for st in stages]])
-    tied = np.array([[st["memory_breakdown_bytes"].get("tied_copy", 0.0) / (2 * WEIGHT_BYTES_PER_PARAM) for st in stages]])
+    tied = np.array([[st["memory_breakdown_bytes"].get("tied_copy", 0.0) / (2 * WEIGHT_BYTES_PER_PARAM)
+                      for st in stages]])  # its 16-bit weights and gradients
     sends = [st.get("send_bytes", 0.0) for st in stages[:-1]]
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in sends):
         return
