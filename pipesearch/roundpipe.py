@@ -32,6 +32,23 @@ weights and gradients, 2 B each, as RoundPipe's ``param_dtype``):
   iteration with ``--delayed-optimizer-step`` (RoundPipe's default
   ``step(is_async=True)``: one step stale).
 
+A tied input embedding and LM head (``P_t`` parameters,
+``ModelProfile.tied_param_bytes``; the layer table counts them once, on the
+first layer) is one parameter of the host model, used by the first group
+and by the last. RoundPipe's ``upload_layers`` (roundpipe/transfer.py)
+copies every parameter of a task's layers to its GPU, so the last group
+(when it does not hold the first layer, ``G > 1``) uploads the matrix
+with its own weights, holds it and its gradient, and downloads that
+gradient (``download_layer``) into a host buffer of its own: a shared
+parameter's host gradients are kept per layer (``ParamAttribute.grad_cpu``,
+keyed by layer, roundpipe/attribute.py) and summed before the optimizer
+step (``param.grad = sum(grads)``, roundpipe/roundpipe.py). So the last
+group's weights, gradients and both copies count ``P_g + P_t`` parameters;
+the host keeps the matrix's weights, master weights and moments once (on
+group 0) and one more 16-bit gradient (2 B per parameter,
+:data:`TIED_HOST_BYTES_PER_PARAM`, on the last group); the CPU's Adam
+covers it once.
+
 Memory (exact for the graph's buffers): while a GPU computes task ``t`` it
 holds ``t``'s weights (and gradients for a backward), the next task's on
 that GPU arriving, one micro-batch's saved activations of ``t``'s group
@@ -65,6 +82,8 @@ from .types import Cluster, DeviceSpec, Job, ModelProfile
 WEIGHT_BYTES_PER_PARAM = 2.0
 #: host bytes per parameter: 16-bit weights and gradients, fp32 master weights, gradients and Adam moments
 HOST_BYTES_PER_PARAM = 2.0 + 2.0 + 16.0
+#: host bytes per parameter of a tied matrix's second use: its own 16-bit gradient buffer (``grad_cpu``)
+TIED_HOST_BYTES_PER_PARAM = 2.0
 #: splits enumerated one and all (and splits x graph nodes), counts never seconds
 ENUMERATE_SPLITS = 5_000
 ENUMERATE_WORK = 2**28
@@ -95,6 +114,10 @@ class RoundPipeCosts:
         host_capacity_bytes: host memory of the node.
         adam_s_per_param: the CPU's Adam seconds per parameter.
         delayed: the optimizer step runs beside the next iteration.
+        tied_params: parameters of a tied input embedding and LM head
+            (counted in ``param_prefix`` on the first layer); the last
+            group uploads, holds and downloads them too when it does not
+            hold the first layer (module docstring).
     """
 
     num_groups: int
@@ -111,6 +134,7 @@ class RoundPipeCosts:
     host_capacity_bytes: float
     adam_s_per_param: float
     delayed: bool
+    tied_params: float = 0.0
 
     @property
     def num_layers(self) -> int:
@@ -119,6 +143,15 @@ class RoundPipeCosts:
     def _ranges(self, bounds):
         b = np.atleast_2d(np.asarray(bounds, dtype=np.int64))
         return b[:, :-1], b[:, 1:]
+
+    def group_tied_params(self, bounds) -> np.ndarray:
+        """``(k, G)``: the tied matrix's parameters each group uses besides
+        its own (``tied_params`` on the last group when it does not start at
+        layer 0, else 0)."""
+        b = np.atleast_2d(np.asarray(bounds, dtype=np.int64))
+        out = np.zeros((b.shape[0], b.shape[1] - 1))
+        out[:, -1] = np.where(b[:, -2] > 0, self.tied_params, 0.0)
+        return out
 
     def boundary_bytes(self, bounds) -> np.ndarray:
         """``(k, G-1)``: one micro-batch's activation bytes over each boundary."""
@@ -131,7 +164,7 @@ class RoundPipeCosts:
         :func:`pipesearch.timemodel.roundpipe_time_s`."""
         i, j = self._ranges(bounds)
         params = self.param_prefix[j] - self.param_prefix[i]
-        copy = WEIGHT_BYTES_PER_PARAM * params * self.s_per_byte
+        copy = WEIGHT_BYTES_PER_PARAM * (params + self.group_tied_params(bounds)) * self.s_per_byte
         host = params * self.adam_s_per_param
         one = np.ndim(bounds) == 1
         arr = (lambda x: x[0]) if one else (lambda x: x)
@@ -148,11 +181,13 @@ class RoundPipeCosts:
 
     def group_bytes(self, bounds) -> tuple[np.ndarray, np.ndarray]:
         """``(weights, transient)``, each ``(k, G)``: a group's 16-bit weight
-        bytes, and the bytes its computing task holds besides weights and
-        gradients (one micro-batch's saved activations, two micro-batches'
-        input and output boundaries)."""
+        bytes (the last group's with the tied matrix,
+        :meth:`group_tied_params`), and the bytes its computing task holds
+        besides weights and gradients (one micro-batch's saved activations,
+        two micro-batches' input and output boundaries)."""
         i, j = self._ranges(bounds)
-        weights = WEIGHT_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i])
+        params = self.param_prefix[j] - self.param_prefix[i] + self.group_tied_params(bounds)
+        weights = WEIGHT_BYTES_PER_PARAM * params
         bnd = self.boundary_bytes(bounds)
         k = bnd.shape[0]
         zero = np.zeros((k, 1))
@@ -169,17 +204,17 @@ class RoundPipeCosts:
         """``(k, G)``: each group's host bytes (:func:`group_host_bytes`)."""
         i, j = self._ranges(bounds)
         return group_host_bytes(self.param_prefix[j] - self.param_prefix[i], self.boundary_bytes(bounds),
-                                self.num_micro_batches)
+                                self.num_micro_batches, self.group_tied_params(bounds))
 
     def pcie_bytes(self, bounds) -> np.ndarray:
         """``(k, G)``: bytes each group moves over PCIe per iteration: its
         weights in for its forward and its backward task (once for the
-        last, fused, group), its gradients out, and per micro-batch its
+        last, fused, group, with the tied matrix, :meth:`group_tied_params`),
+        its gradients out, and per micro-batch its
         forward's input and output, its backward's saved input, output
         gradient in and input gradient out (the last group: its input in and
         its input gradient out)."""
-        i, j = self._ranges(bounds)
-        weights = WEIGHT_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i])
+        weights = self.group_bytes(bounds)[0]
         bnd = self.boundary_bytes(bounds)
         zero = np.zeros((bnd.shape[0], 1))
         inp, out = np.concatenate([zero, bnd], axis=1), np.concatenate([bnd, zero], axis=1)
@@ -189,19 +224,23 @@ class RoundPipeCosts:
         return (uploads + 1.0) * weights + self.num_micro_batches * act
 
     def least_host_bytes(self) -> float:
-        """The least host bytes of any split: every parameter's state and
-        ``m`` micro-batches of the ``G - 1`` smallest layer outputs (some
+        """The least host bytes of any split: every parameter's state,
+        the tied matrix's second gradient when ``G > 1`` and ``m``
+        micro-batches of the ``G - 1`` smallest layer outputs (some
         ``G - 1`` boundaries are cut)."""
         cuts = np.sort(self.output_bytes[:-1])[:self.num_groups - 1]
-        return float(HOST_BYTES_PER_PARAM * self.param_prefix[-1] + self.num_micro_batches * cuts.sum())
+        tied = TIED_HOST_BYTES_PER_PARAM * self.tied_params if self.num_groups > 1 else 0.0
+        return float(HOST_BYTES_PER_PARAM * self.param_prefix[-1] + tied + self.num_micro_batches * cuts.sum())
 
     def group_alone_fits(self, i, j) -> np.ndarray:
         """Whether a group over layers ``[i, j)`` (arrays) fits its backward
         task alone: weights, gradients, one micro-batch's saved bytes and
         two micro-batches' boundaries (a necessary part of every GPU peak,
-        :meth:`device_peak_bytes`)."""
+        :meth:`device_peak_bytes`); a last group not starting at layer 0
+        with the tied matrix."""
         i, j = np.asarray(i), np.asarray(j)
-        weights = WEIGHT_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i])
+        tied = np.where((j == self.num_layers) & (i > 0), self.tied_params, 0.0)
+        weights = WEIGHT_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i] + tied)
         edge = (np.where(i > 0, self.output_bytes[np.maximum(i - 1, 0)], 0.0)
                 + np.where(j < self.num_layers, self.output_bytes[np.minimum(j, self.num_layers) - 1], 0.0))
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
@@ -246,24 +285,30 @@ def device_peak_bytes(weights, transient, num_gpus: int) -> np.ndarray:
     return peak
 
 
-def group_host_bytes(params, boundary_bytes, num_micro_batches: int) -> np.ndarray:
+def group_host_bytes(params, boundary_bytes, num_micro_batches: int, tied_params=0.0) -> np.ndarray:
     """Each group's host bytes (module docstring): its parameters' state
-    (:data:`HOST_BYTES_PER_PARAM` per parameter) and its saved input, one
-    micro-batch's bytes over the boundary before it, for all ``m``
-    micro-batches (none for group 0).
+    (:data:`HOST_BYTES_PER_PARAM` per parameter), the host gradient buffer
+    of a tied matrix it uses a second time (:data:`TIED_HOST_BYTES_PER_PARAM`
+    per parameter) and its saved input, one micro-batch's bytes over the
+    boundary before it, for all ``m`` micro-batches (none for group 0).
 
     Args:
-        params: ``(k, G)`` parameters of each group.
+        params: ``(k, G)`` parameters of each group (a tied matrix counted
+            once, in the group holding the first layer).
         boundary_bytes: ``(k, G - 1)`` one micro-batch's bytes over each
             boundary (:meth:`RoundPipeCosts.boundary_bytes`).
         num_micro_batches: ``m``.
+        tied_params: ``(k, G)`` (or a scalar) parameters of the tied matrix
+            each group uses besides its own
+            (:meth:`RoundPipeCosts.group_tied_params`); 0 when untied.
 
     Returns ``(k, G)`` bytes; their sum is checked against the node's host
     memory (:meth:`RoundPipeCosts.fits`)."""
     params = np.atleast_2d(np.asarray(params, dtype=float))
     bnd = np.asarray(boundary_bytes, dtype=float).reshape(params.shape[0], -1)
     inputs = np.concatenate([np.zeros((bnd.shape[0], 1)), bnd], axis=1)
-    return HOST_BYTES_PER_PARAM * params + num_micro_batches * inputs
+    return HOST_BYTES_PER_PARAM * params + TIED_HOST_BYTES_PER_PARAM * np.asarray(tied_params, dtype=float) \
+        + num_micro_batches * inputs
 
 
 def build_roundpipe_costs(profile: ModelProfile, cluster: Cluster, job: Job, *, gpus: np.ndarray, groups: int,
@@ -299,6 +344,7 @@ def build_roundpipe_costs(profile: ModelProfile, cluster: Cluster, job: Job, *, 
         host_capacity_bytes=float(h.memory_bytes),
         adam_s_per_param=1.0 / h.cpu_adam_params_per_s,
         delayed=bool(job.delayed_optimizer_step),
+        tied_params=float(profile.tied_param_bytes) / profile.bytes_per_param,
     )
 
 
@@ -618,6 +664,7 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
     t = found.iteration_time_s
     times = costs.stage_times(b)
     weights, transient = (x[0] for x in costs.group_bytes(b))
+    tied = WEIGHT_BYTES_PER_PARAM * costs.group_tied_params(b)[0]  # in ``weights``; recorded as ``tied_copy``
     host = times.delayed_host_s if times.delayed_host_s is not None else times.allreduce_s
     names = [lay.name for lay in variant.profile.layers]
     peaks = costs.device_peak_bytes(b)[0]
@@ -628,8 +675,9 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
         comm_s=float(times.p2p_s[g]) if g + 1 < len(b) - 1 else 0.0,
         allreduce_s=float(times.allreduce_s[g]), host_step_s=float(host[g]),
         memory_bytes=float(2 * weights[g] + transient[g]),
-        memory_breakdown=(("weights", float(weights[g])), ("gradients", float(weights[g])),
-                          ("activations", float(transient[g]))),
+        memory_breakdown=(("weights", float(weights[g] - tied[g])), ("gradients", float(weights[g] - tied[g])),
+                          ("activations", float(transient[g])))
+        + ((("tied_copy", float(2 * tied[g])),) if tied[g] > 0 else ()),
         send_bytes=float(costs.boundary_bytes(b)[0][g]) if g + 1 < len(b) - 1 else 0.0,
         saved_bytes=float(costs.saved_prefix_bytes[b[g + 1]] - costs.saved_prefix_bytes[b[g]]),
         memory_option="roundpipe") for g in range(len(b) - 1))
@@ -669,7 +717,8 @@ def host_overflow_note(costs: RoundPipeCosts) -> str:
     (:meth:`RoundPipeCosts.least_host_bytes`) against the node's host memory."""
     from .units import format_bytes
 
-    state = HOST_BYTES_PER_PARAM * costs.param_prefix[-1]
+    state = HOST_BYTES_PER_PARAM * costs.param_prefix[-1] + (
+        TIED_HOST_BYTES_PER_PARAM * costs.tied_params if costs.num_groups > 1 else 0.0)
     return (f"host memory: schedule roundpipe keeps {format_bytes(costs.least_host_bytes())} in host memory (parameters' "
             f"state {format_bytes(state)}, the group inputs of {costs.num_micro_batches} micro-batches the rest) "
             f"against the node's {format_bytes(costs.host_capacity_bytes)}; use fewer micro-batches or groups, or a "

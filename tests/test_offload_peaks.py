@@ -218,18 +218,23 @@ def roundpipe_run(tmp_path_factory):
 
 def test_roundpipe_peaks_and_host_recomputed(roundpipe_run, tmp_path):
     """Each GPU's recorded peak is :func:`device_peak_bytes` of the groups'
-    recorded weights and transient bytes; the host memory 20 B per
-    parameter (weights / 2 B) plus m saved inputs of each group after the
-    first (the boundary's ``send_bytes``), summed; the table shows the
-    largest peak; the file validates."""
+    recorded weights (the last group's with its tied copy's 16-bit
+    weights, half its ``tied_copy``: Qwen3-1.7B ties its embedding) and
+    transient bytes; the host memory 20 B per parameter (weights / 2 B),
+    2 B per tied parameter (``tied_copy`` / 4 B) for the second use's
+    gradient, plus m saved inputs of each group after the first (the
+    boundary's ``send_bytes``), summed; the table shows the largest peak;
+    the file validates."""
     output, doc = roundpipe_run
     plan = doc["plans"][0]
     stages, m = plan["stages"], plan["schedule"]["num_micro_batches"]
-    w = [[st["memory_breakdown_bytes"]["weights"] for st in stages]]
+    tied = [st["memory_breakdown_bytes"].get("tied_copy", 0.0) for st in stages]
+    assert tied[:-1] == [0.0] * (len(stages) - 1) and tied[-1] == pytest.approx(4 * 151936 * 2048)  # V h, 4 B each
+    w = [[st["memory_breakdown_bytes"]["weights"] + x / 2 for st, x in zip(stages, tied)]]
     t = [[st["memory_breakdown_bytes"]["activations"] for st in stages]]
     peaks = plan["options"]["roundpipe"]["device_peak_bytes"]
     assert peaks == pytest.approx(device_peak_bytes(w, t, 4)[0])
-    host = sum(20 * st["memory_breakdown_bytes"]["weights"] / 2 for st in stages) + m * sum(
+    host = sum(20 * st["memory_breakdown_bytes"]["weights"] / 2 for st in stages) + 2 * tied[-1] / 4 + m * sum(
         st["send_bytes"] for st in stages[:-1])
     assert plan["options"]["roundpipe"]["host_memory_bytes"] == pytest.approx(host)
     assert f"{max(peaks) / GIB:.1f} GiB / 24.0 GiB" in output.splitlines()[2], output

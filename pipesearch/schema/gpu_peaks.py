@@ -68,8 +68,9 @@ def recomputed_peaks(plan: dict) -> tuple[str, np.ndarray | None] | None:
     :data:`pipesearch.stage_options.SWAP_DEVICE_BYTES_PER_PARAM_BYTE` per
     parameter byte; the rest of its ``memory_bytes`` (activations, tied
     copy, gathered weights) is held whatever the stay. RoundPipe: a group's
-    ``weights`` and ``activations`` (its computing task's transient bytes)
-    over the plan's dispatch."""
+    ``weights`` (and half its ``tied_copy``, the tied matrix's 16-bit
+    weights, on the last group) and ``activations`` (its computing task's
+    transient bytes) over the plan's dispatch."""
     from ..roundpipe import device_peak_bytes
     from ..stage_options import SWAP_DEVICE_BYTES_PER_PARAM_BYTE, swap_device_bytes
 
@@ -86,7 +87,7 @@ def recomputed_peaks(plan: dict) -> tuple[str, np.ndarray | None] | None:
     parts = _breakdown(plan, ("weights", "activations"))
     if parts is None:
         return "options.roundpipe.device_peak_bytes", None
-    weights = np.array([[b["weights"] for b in parts]])
+    weights = np.array([[b["weights"] + b.get("tied_copy", 0.0) / 2 for b in parts]])  # the last group's tied matrix
     transient = np.array([[b["activations"] for b in parts]])
     return "options.roundpipe.device_peak_bytes", device_peak_bytes(weights, transient, pp)[0]
 
@@ -138,17 +139,20 @@ def _roundpipe_host(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     """RoundPipe: ``options.roundpipe.host_memory_bytes`` and each group's
     ``options.host.host_memory_bytes`` are :func:`pipesearch.roundpipe.group_host_bytes`
     of its parameters (its ``weights`` over
-    :data:`pipesearch.roundpipe.WEIGHT_BYTES_PER_PARAM`) and of the
-    boundaries' ``send_bytes``, and their sum is within the node's host
+    :data:`pipesearch.roundpipe.WEIGHT_BYTES_PER_PARAM`), of its
+    ``tied_copy``'s parameters (its 16-bit weights and gradients, 4 B a
+    parameter) and of the boundaries' ``send_bytes``, and their sum is within the node's host
     memory (``inputs.cluster.host.memory_bytes``)."""
     from ..roundpipe import WEIGHT_BYTES_PER_PARAM, group_host_bytes
 
     stages = plan["stages"]
     params = np.array([[st["memory_breakdown_bytes"]["weights"] / WEIGHT_BYTES_PER_PARAM for st in stages]])
+    tied = np.array([[st["memory_breakdown_bytes"].get("tied_copy", 0.0) / (2 * WEIGHT_BYTES_PER_PARAM)
+                      for st in stages]])  # its 16-bit weights and gradients
     sends = [st.get("send_bytes", 0.0) for st in stages[:-1]]
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in sends):
         return
-    groups = group_host_bytes(params, np.array([sends]), plan["schedule"]["num_micro_batches"])[0]
+    groups = group_host_bytes(params, np.array([sends]), plan["schedule"]["num_micro_batches"], tied)[0]
     options = plan.get("options") or {}
     per_group = (options.get("host") or {}).get("host_memory_bytes")
     if isinstance(per_group, list) and len(per_group) == len(groups):
