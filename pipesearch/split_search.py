@@ -43,9 +43,9 @@ reports its proven bound, unless the splits are few enough to enumerate
 (:func:`_enumerate_all`: each split's bound, :func:`split_lower_bounds`, and
 the splits simulated in bound order while one can still beat the best or the
 cutoff; interleaved 1F1B's points with few splits go there directly). Before
-any split is evaluated, the per-split bounds (few splits), the root bounds
-and a first few nodes try to exclude the point against the cutoff
-(:func:`_cutoff_proof`).
+any split is evaluated, the per-split bounds (few splits), the root bounds,
+the whole-layers-per-rank bound (:func:`rank_layer_bound_s`) and a first few
+nodes try to exclude the point against the cutoff (:func:`_cutoff_proof`).
 """
 
 from __future__ import annotations
