@@ -1214,9 +1214,9 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     """Before any starting split is evaluated, try to prove that no split
     beats ``cutoff_s``: with at most :data:`PROOF_SPLITS` splits, the least
     bound of a split that fits (:func:`split_lower_bounds`, no table); the
-    root bound of the cheap families, then the whole-layers-per-rank bound
-    of :func:`rank_layer_bound_s`, then (chain
-    schedules) the Lagrangian bound of :func:`lagrange_weights` (the
+    root bound of the cheap families, then (chain schedules) the
+    whole-layers-per-rank bound of :func:`rank_layer_bound_s` and the
+    Lagrangian bound of :func:`lagrange_weights` (the
     minimum of the combined family, which the chain tables' root bound is
     at least: those tables are then not built), then the root bound of the
     chain families and their Lagrangian combination, then
@@ -1235,10 +1235,10 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
     for chains in (False, True):
         if chains:
+            if schedule not in CHAIN_SCHEDULES:  # (their one-sum families: micro-batch 0 down and up alone)
+                break
             if rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:  # whole layers per rank
                 return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
-            if schedule not in CHAIN_SCHEDULES:
-                break
             weights, phi = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
             if weights is not None and phi >= cutoff_s:  # the combined family's minimum (at most the root
                 return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # bound): no table
