@@ -1112,6 +1112,11 @@ def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.
     return total.max(axis=0, initial=-np.inf)
 
 
+#: at most this many (stage range, family) terms in :func:`rank_layer_bound_s`
+#: (about ``S W L (S + 8)``; 64 MiB of float64), else no bound is sought (a count)
+RANK_LAYER_TERMS = 2**23
+
+
 def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int, cutoff_s: float) -> float:
     """A lower bound ``B`` with ``T(x) >= min(B, cutoff_s)`` for every split
     ``x`` that fits and whose stages hold at most ``width`` layers (a split
@@ -1132,9 +1137,12 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     sum_q g_h[q, R_q]``. On identical layers the counts are nearly forced
     (whole layers: one layer more on a rank is ``m (F + B)`` more work), which
     the suffix minima of :class:`_Tables` relax away. Cost ``O(H S W L)``
-    for ``H`` families, ``S`` stages, ``W = width``, ``L`` layers."""
+    for ``H`` families, ``S`` stages, ``W = width``, ``L`` layers; 0 (no
+    bound) above :data:`RANK_LAYER_TERMS` terms."""
     L, S = costs.num_layers, costs.pp
     W = max(1, min(width, L - S + 1))
+    if S * W * L * (S + 8) > RANK_LAYER_TERMS:
+        return 0.0
     ks, d, i = _stage_ranges(costs, W)
     if not len(ks):
         return np.inf

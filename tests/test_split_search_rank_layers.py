@@ -171,3 +171,15 @@ def test_identical_layers_bound_lies_between_root_and_optimum(pp, vp, m, middle)
     assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12)
     below = exact_split(costs, "interleaved-1f1b", pp, vp, cutoff_s=cutoff)
     assert below is None or below.best_time_s >= cutoff
+
+
+def test_no_bound_above_the_term_limit(monkeypatch):
+    """Above :data:`RANK_LAYER_TERMS` the bound is 0 (valid, proves nothing)
+    and the exact split still finds the brute-force optimum."""
+    costs = _gpt_like(2, 2, 8, 8, seed=1)
+    best = min(t for _, t in _times(costs, "interleaved-1f1b", 2, 2))
+    assert rank_layer_bound_s(costs, "interleaved-1f1b", 2, 10, best * 0.5) > 0
+    monkeypatch.setattr(split_search, "RANK_LAYER_TERMS", 10)
+    assert rank_layer_bound_s(costs, "interleaved-1f1b", 2, 10, best * 0.5) == 0.0
+    found = exact_split(costs, "interleaved-1f1b", 2, 2, cutoff_s=best * (1 + 1e-9))
+    assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12)
