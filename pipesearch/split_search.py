@@ -43,9 +43,9 @@ reports its proven bound, unless the splits are few enough to enumerate
 (:func:`_enumerate_all`: each split's bound, :func:`split_lower_bounds`, and
 the splits simulated in bound order while one can still beat the best or the
 cutoff; interleaved 1F1B's points with few splits go there directly). Before
-any split is evaluated, the per-split bounds (few splits), the root bounds
-and a first few nodes try to exclude the point against the cutoff
-(:func:`_cutoff_proof`).
+any split is evaluated, the per-split bounds (few splits), the root bounds,
+the whole-layers-per-rank bound (:func:`rank_layer_bound_s`) and a first few
+nodes try to exclude the point against the cutoff (:func:`_cutoff_proof`).
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class ExactSplit:
         return max(0.0, (self.best_time_s - self.lower_bound_s) / self.best_time_s)
 
 
-def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False):
+def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False,
+                   chain_families: int = 0):
     """Per-stage terms of the lower-bound families of ``schedule`` for stage
     ``s`` over the ranges ``[i, j)`` (``s``, ``i``, ``j`` broadcastable int
     arrays: one stage or all of them at once).
@@ -152,7 +153,8 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     * with ``chains``, interleaved 1F1B / ZB-H1: the chain families of :func:`_chain_terms`
       (micro-batch 0 down to stage ``k``, ``k``'s rank from there to its
       backward of micro-batch ``m - 1``, that gradient back up, rank 0's
-      rest and all-reduce);
+      rest and all-reduce), one for each of the last ``chain_families``
+      stages (0: :data:`MAX_CHAIN_FAMILIES`);
     * with ``weights`` (one per family of :func:`separable_terms`, summing to
       at most 1): ``sum_h weights_h G_h``, a convex combination of lower bounds
       that are each one sum over the stages (Lagrangian relaxation of their
@@ -200,7 +202,8 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     if chains and schedule in CHAIN_SCHEDULES:
         per_action = (f, b, I + (cin if blocking else 0.0), B - I)
         drain = b if blocking else G + c  # one step of micro-batch m-1's gradient back up to stage s
-        fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r)]
+        fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r,
+                                                                 chain_families or MAX_CHAIN_FAMILIES)]
     if weights is not None:
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
@@ -227,7 +230,8 @@ CHAIN_SCHEDULES = ("interleaved-1f1b", "zb-h1")
 MAX_CHAIN_FAMILIES = 16
 
 
-def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_action, r):
+def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_action, r,
+                 families: int = MAX_CHAIN_FAMILIES):
     """Per-stage terms of the chain families: for a stage ``k`` on rank
     ``q = k % pp``, the path micro-batch 0's forward down to stage ``k``,
     rank ``q``'s actions from the forward of micro-batch 0 on ``k`` to the
@@ -242,8 +246,9 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
     ``fill_drain`` is ``F + c`` plus one step of the gradient back up
     (``G + c`` with overlapped sends, ``b`` with blocking ones);
     ``per_action`` the durations of an ``F``, ``B``, ``I`` and ``W`` action
-    of the stage. Returns one array per chain family."""
-    ks, counts = _chain_counts(schedule, pp, m, S // pp)
+    of the stage; ``families`` how many (the last stages). Returns one
+    array per chain family."""
+    ks, counts = _chain_counts(schedule, pp, m, S // pp, families)
     s = np.asarray(s)
     own = np.where(s % pp == 0, r, 0.0)
     out, no_work = [], {}
@@ -262,15 +267,15 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
 
 
 @lru_cache(maxsize=256)
-def _chain_counts(schedule: str, pp: int, m: int, vp: int):
+def _chain_counts(schedule: str, pp: int, m: int, vp: int, families: int = MAX_CHAIN_FAMILIES):
     """The chain families of :func:`_chain_terms` in closed form from the
     builders' orders (:mod:`pipesearch.schedules`): ``(stages, counts)`` with
     ``counts[f][s, kind]`` the number of actions of ``kind`` (``F B I W``) on
     stage ``s`` that family ``f``'s path runs on its ranks: rank ``k % pp``
     from ``F`` of micro-batch 0 on ``k`` to the backward (ZB-H1: ``I``) of
     micro-batch ``m - 1`` on ``k`` (inclusive), and rank 0 after that
-    backward on stage 0. With more than :data:`MAX_CHAIN_FAMILIES` stages
-    only the last ones are kept.
+    backward on stage 0. With more than ``families`` stages only the last
+    ``families`` are kept.
 
     * ZB-H1 (``k = r``): ``F`` of micro-batch 0 is the rank's first action and
       all ``m`` forwards and ``m`` input gradients run by ``I`` of ``m - 1``,
@@ -286,7 +291,7 @@ def _chain_counts(schedule: str, pp: int, m: int, vp: int):
       Rank 0's backward of micro-batch ``m - 1`` on stage 0 is its last action.
     """
     S = pp * vp
-    ks = range(max(0, S - MAX_CHAIN_FAMILIES), S)
+    ks = range(max(0, S - families), S)
     counts = []
     for k in ks:
         if schedule == "zb-h1":
@@ -1113,6 +1118,106 @@ def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.
     return total.max(axis=0, initial=-np.inf)
 
 
+#: at most this many (stage range, family) terms in :func:`rank_layer_bound_s`
+#: (about ``S W L (S + 8)``; 64 MiB of float64), else no bound is sought (a count)
+RANK_LAYER_TERMS = 2**23
+
+
+def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int, cutoff_s: float) -> float:
+    """A lower bound ``B`` with ``T(x) >= min(B, cutoff_s)`` for every split
+    ``x`` that fits and whose stages hold at most ``width`` layers (a split
+    with a longer stage must be at least ``cutoff_s`` slow, e.g. ``width =
+    _width_for(costs, cutoff_s)``); ``inf`` when no such split has every
+    rank below the cutoff.
+
+    It counts whole layers per rank. Each one-sum family ``G_h`` of
+    :func:`bound_families` (chain families for every stage) and each rank's
+    ``device`` sums are sums over the stages of a term of ``(stage, start,
+    length)``; with the term's minimum over the starts, ``a_h[s, d]``, and
+    its minimum over the lengths of one rank's stages with ``R`` layers in
+    all (min-plus convolution), ``g_h[q, R]``, every split with ``R_q``
+    layers on rank ``q`` has ``G_h >= sum_q g_h[q, R_q]`` and rank ``q``'s
+    device sum at least ``g_dev[q, R_q]``. A rank whose ``g_dev[q, R_q]`` is
+    not below ``cutoff_s`` makes the split at least that slow; over the
+    other layer counts (``sum_q R_q = L``, a knapsack DP) ``B = max_h min_R
+    sum_q g_h[q, R_q]``. On identical layers the counts are nearly forced
+    (whole layers: one layer more on a rank is ``m (F + B)`` more work), which
+    the suffix minima of :class:`_Tables` relax away. Cost ``O(H S W L)``
+    for ``H`` families, ``S`` stages, ``W = width``, ``L`` layers; 0 (no
+    bound) above :data:`RANK_LAYER_TERMS` terms."""
+    L, S = costs.num_layers, costs.pp
+    W = max(1, min(width, L - S + 1))
+    if S * W * L * (S + 8) > RANK_LAYER_TERMS:
+        return 0.0
+    ks, d, i = _stage_ranges(costs, W)
+    if not len(ks):
+        return np.inf
+    fams = bound_families(costs, schedule, pp, ks, i, i + d, chains=schedule in CHAIN_SCHEDULES, chain_families=S)
+    sums = [fam[0][1] for fam in fams if len(fam) == 1 and fam[0][0] == "sum"]
+    devices = [fam[0][2] for fam in fams if len(fam) == 1 and fam[0][0] == "device"]
+    per_rank = [_rank_minima(_stage_minima(terms, ks, d, S, W), pp) for terms in (sums, devices)]
+    allowed = np.all(per_rank[1] < cutoff_s, axis=0)  # (pp, R): layer counts a rank below the cutoff can hold
+    return float(_rank_knapsack(per_rank[0], allowed, L).max())
+
+
+def _stage_ranges(costs: PipelineCosts, W: int):
+    """Every range ``(stage, length, start)`` some split can give a stage
+    (lengths ``1 .. W``; stage ``s`` starts at ``s`` or later and leaves a
+    layer to each later stage; stage 0 starts at 0, the last ends at ``L``)
+    that fits in memory, ordered by stage, then length: ``(ks, d, i)``."""
+    L, S = costs.num_layers, costs.pp
+    s, d, i = np.arange(S)[:, None, None], np.arange(1, W + 1)[None, :, None], np.arange(L)[None, None, :]
+    ok = (i >= s) & (i + d <= L - (S - 1 - s)) & ((s > 0) | (i == 0)) & ((s < S - 1) | (i + d == L))
+    ks, dd, ii = np.nonzero(np.broadcast_to(ok, (S, W, L)))
+    d = dd + 1
+    fit = costs.fits(ks, ii, ii + d)
+    return ks[fit], d[fit], ii[fit]
+
+
+def _stage_minima(terms, ks, d, S: int, W: int) -> np.ndarray:
+    """``(H, S, W)``: each term's minimum over the starts of every ``(stage,
+    length)`` (``inf`` where none fits); ``ks``, ``d`` grouped as
+    :func:`_stage_ranges` orders them."""
+    vals = np.stack([np.broadcast_to(t, ks.shape) for t in terms]).astype(float)
+    key = ks * W + (d - 1)
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    out = np.full((len(terms), S * W), np.inf)
+    out[:, key[first]] = np.minimum.reduceat(vals, first, axis=1)
+    return out.reshape(len(terms), S, W)
+
+
+def _rank_minima(a: np.ndarray, pp: int) -> np.ndarray:
+    """``(H, pp, vp W + 1)``: ``g[h, q, R]``, the least sum of ``a[h, s,
+    d_s - 1]`` over rank ``q``'s stages ``s = c pp + q`` with lengths ``d_s``
+    adding up to ``R`` (``inf`` where none does)."""
+    H, S, W = a.shape
+    vp = S // pp
+    by_chunk = a.reshape(H, vp, pp, W)
+    cur = np.full((H, pp, vp * W + 1), np.inf)
+    cur[:, :, 0] = 0.0
+    for c in range(vp):
+        nxt = np.full_like(cur, np.inf)
+        for dl in range(1, W + 1):
+            np.minimum(nxt[:, :, dl:], cur[:, :, :-dl] + by_chunk[:, c, :, dl - 1, None], out=nxt[:, :, dl:])
+        cur = nxt
+    return cur
+
+
+def _rank_knapsack(g: np.ndarray, allowed: np.ndarray, L: int) -> np.ndarray:
+    """``(H,)``: ``min sum_q g[h, q, R_q]`` over the layer counts with
+    ``allowed[q, R_q]`` and ``sum_q R_q = L`` (``inf`` when none)."""
+    H, pp, R1 = g.shape
+    best = np.full((H, L + 1), np.inf)
+    best[:, 0] = 0.0
+    for q in range(pp):
+        nxt = np.full_like(best, np.inf)
+        for R in np.flatnonzero(allowed[q, :L + 1]).tolist():
+            if R > 0:
+                np.minimum(nxt[:, R:], best[:, :L + 1 - R] + g[:, q, R, None], out=nxt[:, R:])
+        best = nxt
+    return best[:, L]
+
+
 #: at most this many splits are bounded one by one in the cutoff proof
 #: (:func:`split_lower_bounds`) before any table is built (a count)
 PROOF_SPLITS = 2048
@@ -1123,8 +1228,9 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     """Before any starting split is evaluated, try to prove that no split
     beats ``cutoff_s``: with at most :data:`PROOF_SPLITS` splits, the least
     bound of a split that fits (:func:`split_lower_bounds`, no table); the
-    root bound of the cheap families, then (chain
-    schedules) the Lagrangian bound of :func:`lagrange_weights` (the
+    root bound of the cheap families, then (chain schedules) the
+    whole-layers-per-rank bound of :func:`rank_layer_bound_s` and the
+    Lagrangian bound of :func:`lagrange_weights` (the
     minimum of the combined family, which the chain tables' root bound is
     at least: those tables are then not built), then the root bound of the
     chain families and their Lagrangian combination, then
@@ -1143,8 +1249,10 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
     for chains in (False, True):
         if chains:
-            if schedule not in CHAIN_SCHEDULES:
+            if schedule not in CHAIN_SCHEDULES:  # (their one-sum families: micro-batch 0 down and up alone)
                 break
+            if rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:  # whole layers per rank
+                return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
             weights, phi = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
             if weights is not None and phi >= cutoff_s:  # the combined family's minimum (at most the root
                 return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # bound): no table

@@ -1,0 +1,185 @@
+"""The whole-layers-per-rank bound of the exact split
+(:func:`pipesearch.split_search.rank_layer_bound_s`), checked by enumerating
+every split of small instances and replaying each in the simulator:
+
+* the bound ``B`` satisfies ``T(x) >= min(B, cutoff)`` for every split that
+  fits (and every cutoff, with the band of stage lengths it allows);
+* its two dynamic programs equal brute force over their choices (rank
+  lengths for the min-plus convolution, layer counts for the knapsack);
+* on identical layers it excludes points that the suffix-minima root bound
+  leaves open, and the exact split with it still finds the optimum.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from helpers import tiny_cluster, tiny_profile
+from pipesearch import split_search
+from pipesearch.costs import build_pipeline_costs, pipeline_placement
+from pipesearch.partition import even_split
+from pipesearch.schedules import build, in_flight_peaks, num_stages_of
+from pipesearch.split_search import _Tables, _width_for, exact_split, rank_layer_bound_s
+from pipesearch.timemodel import simulate_times
+from pipesearch.types import Job, Link
+
+CASES = (("interleaved-1f1b", 2), ("zb-h1", 1), ("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 3),
+         ("looped-bfs", 2))
+
+
+def _costs(schedule, pp, vp, m, L, rng, uniform: bool, memory_bytes: float = 1e12):
+    """PipelineCosts of ``L`` layers: ``uniform``: identical middle layers
+    with a random first (embedding) and last (head) layer; else random
+    layers; random links and all-reduce."""
+    S = num_stages_of(schedule, pp, vp)
+    if uniform:
+        one, first, last = rng.exponential(1.0, 4), rng.exponential(1.0, 4), rng.exponential(1.0, 4)
+        fwd, bwd, params, outputs = (np.array([a] + [o] * (L - 2) + [z]) for a, o, z in zip(first, one, last))
+    else:
+        fwd, bwd, params, outputs = (rng.exponential(1.0, L) for _ in range(4))
+    prof = tiny_profile(fwd * 1e-3, bwd * 2e-3, params=params * 1e6, outputs=outputs * 1e6, saved=outputs * 1e6)
+    link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
+    cluster = tiny_cluster(1, 2 * pp, memory_bytes=memory_bytes, intra=link, inter=link)
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    return build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
+                                stages_per_device=vp)
+
+
+def _point(seed: int):
+    rng = np.random.default_rng(seed)
+    schedule, vp = CASES[seed % len(CASES)]
+    pp = int(rng.integers(2, 4)) if vp < 3 else 2
+    S = num_stages_of(schedule, pp, vp)
+    L = int(rng.integers(S + 1, min(S + 5, 10) + 1))
+    m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
+    state = rng.bit_generator.state
+    costs = _costs(schedule, pp, vp, m, L, rng, uniform=seed % 3 != 2)
+    if seed % 4 == 3:  # the same instance with a memory that refuses the longer first stages
+        even = even_split(L, S)
+        cap = 1.05 * max(float(costs.memory_bytes(k, even[k], even[k + 1])) for k in range(S))
+        rng.bit_generator.state = state
+        costs = _costs(schedule, pp, vp, m, L, rng, uniform=seed % 3 != 2, memory_bytes=cap)
+    return schedule, pp, vp, costs
+
+
+def _times(costs, schedule, pp, vp):
+    """Every split that fits and its simulated time."""
+    L, S = costs.num_layers, costs.pp
+    out = []
+    for cut in itertools.combinations(range(1, L), S - 1):
+        b = (0, *cut, L)
+        if costs.split_fits(b):
+            out.append((b, simulate_times(schedule, pp, costs.num_micro_batches, vp,
+                                          costs.stage_times(np.array(b)))[0]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_bound_is_at_most_every_split_below_the_cutoff(seed):
+    """For cutoffs across the splits' times (and none), ``B`` never exceeds
+    the time of a split faster than the cutoff. A minimum over starts taken
+    as a maximum, a rank allowed one layer too few, a knapsack that drops a
+    rank or a chain family of an early stage counting an action its path
+    does not hold overshoots on some split here."""
+    schedule, pp, vp, costs = _point(seed)
+    times = _times(costs, schedule, pp, vp)
+    if not times:
+        pytest.skip("no split fits")
+    values = sorted(t for _, t in times)
+    for cutoff in (np.inf, values[0] * (1 + 1e-6), values[len(values) // 3], values[-1] * (1 + 1e-6)):
+        for width in (_width_for(costs, cutoff), costs.num_layers):
+            B = rank_layer_bound_s(costs, schedule, pp, width, cutoff)
+            for b, t in times:
+                if t < cutoff:
+                    assert B <= t * (1 + 1e-9) + 1e-15, (b, t, B, cutoff)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rank_minima_equal_enumeration(seed):
+    """``g[h, q, R]`` is the least sum over rank ``q``'s stage lengths adding
+    up to ``R`` (stage ``c pp + q`` for chunk ``c``), by enumeration."""
+    rng = np.random.default_rng(seed)
+    pp, vp, W, H = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 5)), 2
+    a = rng.exponential(1.0, (H, pp * vp, W))
+    a[rng.random(a.shape) < 0.2] = np.inf
+    g = split_search._rank_minima(a, pp)
+    assert g.shape == (H, pp, vp * W + 1)
+    for h, q in itertools.product(range(H), range(pp)):
+        want = np.full(vp * W + 1, np.inf)
+        for lengths in itertools.product(range(1, W + 1), repeat=vp):
+            total = sum(a[h, c * pp + q, d - 1] for c, d in enumerate(lengths))
+            want[sum(lengths)] = min(want[sum(lengths)], total)
+        np.testing.assert_array_equal(g[h, q], want)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rank_knapsack_equals_enumeration(seed):
+    """The knapsack's value is the least ``sum_q g[h, q, R_q]`` over the
+    allowed layer counts adding up to ``L``, by enumeration of the counts."""
+    rng = np.random.default_rng(seed)
+    pp, R1, H = int(rng.integers(1, 4)), int(rng.integers(2, 6)), 3
+    L = int(rng.integers(pp, pp * (R1 - 1) + 2))
+    g = rng.exponential(1.0, (H, pp, R1))
+    allowed = rng.random((pp, R1)) < 0.7
+    got = split_search._rank_knapsack(g, allowed, L)
+    want = np.full(H, np.inf)
+    for counts in itertools.product(range(1, R1), repeat=pp):
+        if sum(counts) == L and all(allowed[q, R] for q, R in enumerate(counts)):
+            want = np.minimum(want, sum(g[:, q, R] for q, R in enumerate(counts)))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def _gpt_like(pp: int, vp: int, m: int, middle: int, seed: int):
+    """Interleaved 1F1B costs shaped like GPT-3's layer table: ``middle``
+    identical transformer layers between a light embedding (2% of a layer's
+    compute) and head (35%), fast links, free memory."""
+    scale = np.random.default_rng(seed).uniform(0.5, 2.0) * 1e-3
+    fwd = np.array([0.02] + [1.0] * middle + [0.35]) * scale
+    params = np.array([0.5] + [1.0] * middle + [0.5]) * 1e6
+    out = np.full(middle + 2, 1e5)
+    prof = tiny_profile(fwd, 2 * fwd, params=params, outputs=out, saved=out)
+    cluster = tiny_cluster(1, 2 * pp, memory_bytes=1e12, intra=Link(1e10, 1e-5), inter=Link(1e10, 1e-5))
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    S = pp * vp
+    return build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                in_flight=np.array(in_flight_peaks(build("interleaved-1f1b", pp, m, vp))),
+                                stages_per_device=vp)
+
+
+@pytest.mark.parametrize("pp, vp, m, middle", [(2, 2, 8, 8), (2, 2, 16, 8), (3, 2, 12, 12), (2, 3, 8, 12),
+                                                (4, 2, 16, 8)])
+def test_identical_layers_bound_lies_between_root_and_optimum(pp, vp, m, middle):
+    """GPT-like identical layers: the bound is above the suffix-minima root
+    bound (which lets every stage take its own best split of the rest, and
+    so fractions of a rank's layers) and at most the brute-force optimum; the
+    exact split, which tries it in its cutoff proof, returns that optimum
+    with a cutoff just above it and excludes the point with one just below."""
+    costs = _gpt_like(pp, vp, m, middle, seed=pp * vp + m)
+    best = min(t for _, t in _times(costs, "interleaved-1f1b", pp, vp))
+    cutoff = best * (1 - 1e-9)
+    width = _width_for(costs, cutoff)
+    B = rank_layer_bound_s(costs, "interleaved-1f1b", pp, width, cutoff)
+    root = _Tables(costs, "interleaved-1f1b", pp, width).root_bound()
+    assert root < B <= best * (1 + 1e-9)
+    found = exact_split(costs, "interleaved-1f1b", pp, vp, cutoff_s=best * (1 + 1e-9))
+    assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12)
+    below = exact_split(costs, "interleaved-1f1b", pp, vp, cutoff_s=cutoff)
+    assert below is None or below.best_time_s >= cutoff
+
+
+def test_no_bound_above_the_term_limit(monkeypatch):
+    """Above :data:`RANK_LAYER_TERMS` the bound is 0 (valid, proves nothing)
+    and the exact split still finds the brute-force optimum."""
+    costs = _gpt_like(2, 2, 8, 8, seed=1)
+    best = min(t for _, t in _times(costs, "interleaved-1f1b", 2, 2))
+    assert rank_layer_bound_s(costs, "interleaved-1f1b", 2, 10, best * 0.5) > 0
+    monkeypatch.setattr(split_search, "RANK_LAYER_TERMS", 10)
+    assert rank_layer_bound_s(costs, "interleaved-1f1b", 2, 10, best * 0.5) == 0.0
+    found = exact_split(costs, "interleaved-1f1b", 2, 2, cutoff_s=best * (1 + 1e-9))
+    assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12)
