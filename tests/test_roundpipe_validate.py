@@ -90,12 +90,17 @@ def _set(path, value):
 def test_roundpipe_file_validates_and_its_copies_follow_the_host_table(roundpipe_doc):
     """The oracle of the checks below, on the unedited file: each copy is
     bytes over 25 GB/s, two pool GPUs under one switch double it, the CPU
-    step is weights / 2 B / 1e9 per second."""
+    step is weights / 2 B / 1e9 per second. The last group also uploads
+    the tied matrix (Qwen3-1.7B ties its embedding and head): half its
+    ``tied_copy`` (weights and gradient), 2 B x 151,936 x 2,048 = 622.3 MB."""
     p = roundpipe_doc["plans"][0]
     info, st = p["options"]["roundpipe"], p["stages"]
     assert info["pcie_scale"] == [2.0, 2.0]
+    assert st[-1]["memory_breakdown_bytes"]["tied_copy"] / 2 == 2 * 151_936 * 2_048
     for g, s in enumerate(st):
-        assert info["weights_in_s"][g] == pytest.approx(s["memory_breakdown_bytes"]["weights"] / BW, rel=1e-12)
+        tied = s["memory_breakdown_bytes"].get("tied_copy", 0.0) / 2
+        assert info["weights_in_s"][g] == pytest.approx((s["memory_breakdown_bytes"]["weights"] + tied) / BW,
+                                                        rel=1e-12)
         assert s["host_step_s"] == pytest.approx(s["memory_breakdown_bytes"]["weights"] / 2 / ADAM, rel=1e-12)
         if g + 1 < len(st):
             assert info["act_copy_s"][g] == pytest.approx(s["send_bytes"] / BW, rel=1e-12)

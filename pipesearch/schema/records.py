@@ -10,8 +10,9 @@ share; each is a formula of the plan's own stage bytes and the cluster's
 * ``options.roundpipe.act_copy_s[g] = stages[g].send_bytes / bw`` (one
   micro-batch's boundary activation, ``g < G - 1``);
 * ``options.roundpipe.weights_in_s[g]`` and ``grads_out_s[g]`` are the
-  stage's 16-bit ``weights`` and ``gradients`` (``memory_breakdown_bytes``)
-  over ``bw``;
+  stage's 16-bit ``weights`` and ``gradients`` (``memory_breakdown_bytes``,
+  plus half the last group's ``tied_copy``: the tied matrix's weights, and
+  its gradient) over ``bw``;
 * ``options.roundpipe.pcie_scale[d] = bw / min(host_to_device,
   switch_uplink / n_d)``, ``n_d`` the pool's GPUs under GPU ``d``'s switch
   (:func:`pipesearch.host.shared_bandwidth_bytes_per_s`);
@@ -135,10 +136,12 @@ def _roundpipe_groups(plan: dict, where: str, host: HostSpec, bw: float) -> Iter
                               f"{w}.send_bytes {st['send_bytes']!r} B over {bw:.6g} B/s")
         yield from _check(f"{w}.comm_s", st["comm_s"], info["act_copy_s"][g] if g + 1 < G else 0.0,
                           f"{rp}.act_copy_s[{g}]" if g + 1 < G else "the last group sends nothing")
+        tied = parts.get("tied_copy", 0.0) / 2 if isinstance(parts.get("tied_copy", 0.0), (int, float)) else 0.0
         for key, part in (("weights_in_s", "weights"), ("grads_out_s", "gradients")):
-            if isinstance(parts.get(part), (int, float)):
-                yield from _check(f"{rp}.{key}[{g}]", info[key][g], parts[part] / bw,
-                                  f"{w}.memory_breakdown_bytes.{part} {parts[part]!r} B over {bw:.6g} B/s")
+            if isinstance(parts.get(part), (int, float)):  # the last group's tied matrix travels with it
+                yield from _check(f"{rp}.{key}[{g}]", info[key][g], (parts[part] + tied) / bw,
+                                  f"{w}.memory_breakdown_bytes.{part} {parts[part]!r} B"
+                                  + (f" and half its tied_copy, {tied!r} B," if tied else "") + f" over {bw:.6g} B/s")
         if isinstance(parts.get("weights"), (int, float)) and "host_step_s" in st:
             params = parts["weights"] / WEIGHT_BYTES_PER_PARAM
             yield from _check(f"{w}.host_step_s", st["host_step_s"], params / host.cpu_adam_params_per_s,
