@@ -403,6 +403,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--schedule mobius: cluster {cluster.name!r} has no [host] table (host memory, PCIe "
                          "switches, CPU Adam rate) to swap its stages through; add one (hardware/README.md) or "
                          "choose another schedule")
+    if "mobius" in (schedules or ()) and recompute == PER_STAGE:
+        raise InputError("--schedule mobius with --recompute per-stage: a Mobius GPU holds the activations of all "
+                         "its stages, so its stages' recompute levels are not chosen one by one; use --recompute "
+                         "none, selective or full (docs/offload.md)")
     if set(schedules or ()) == {"mobius"} and stream_weights:
         raise InputError("--schedule mobius with --stream-weights: Mobius keeps every stage's weights in host memory "
                          "and copies each stage in before it runs already; drop the flag")
