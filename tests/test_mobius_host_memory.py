@@ -1,0 +1,63 @@
+"""Mobius' host-memory check: all stages of a node together against its host memory.
+
+Four layers of 20, 5, 5 and 20 GB of 16-bit weights (10, 2.5, 2.5 and 10e9
+parameters), one layer per stage, pp 2 x vp 2 on two GPUs of one node. The
+host keeps 2 + 16 B per parameter (the 16-bit copy and ZeRO-Offload's fp32
+weights, gradients and Adam moments; Feng et al., ASPLOS'23, sec. 3): 180,
+45, 45 and 180 GB, 450 GB in all, whatever the split. The GPUs (120 GB):
+GPU 0 holds stages 0 and 2, 2 micro-batches x 10 GB of activations each
+plus both stays' weights and gradients 2 x (20 + 5) GB = 90 GB; GPU 1 the
+same; so only the host decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from helpers import pcie_host, tiny_cluster
+from pipesearch.errors import InfeasibleError
+from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.types import Job, Layer, ModelProfile
+
+GB = 1e9
+GIB = 2.0 ** 30
+
+
+def _profile():
+    return ModelProfile(name="mob", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=1.0, bwd_s=2.0, bwd_input_s=1.0, param_bytes=w * GB, output_bytes=0.0,
+              saved_bytes=10 * GB) for k, w in enumerate((20, 5, 5, 20))), profiled_batch_size=1, bytes_per_param=2.0)
+
+
+def _search(host_gb, split=None):
+    cluster = replace(tiny_cluster(1, 2, memory_bytes=120 * GB),
+                      host=pcie_host(memory_bytes=host_gb * GB, pcie_switches=((0, 1),), cpu_adam_params_per_s=1e10))
+    job = Job(global_batch_size=2, memory_reserve_bytes=0)
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=2, schedules=("mobius",), vps=(2,),
+                         top=1, split=split)
+    return search([ModelVariant(_profile())], cluster, job, opts)
+
+
+def test_a_node_that_holds_all_its_stages_runs_the_plan():
+    """Catches the check of each stage against the node's memory over its
+    GPUs and over vp (460 / 2 / 2 = 115 GB < 180 GB: refused) instead of
+    all stages together: 450 GB <= 460 GB fits."""
+    plan = _search(460).plans[0]
+    info = dict(plan.extra)["host"]
+    assert info["host_memory_bytes"] == pytest.approx([180 * GB, 45 * GB, 45 * GB, 180 * GB])
+    assert info["total_host_memory_bytes"] == pytest.approx(450 * GB)
+
+
+@pytest.mark.parametrize("split", [None, (1, 1, 1, 1)])
+def test_a_node_short_of_host_memory_is_refused_naming_it(split):
+    """Catches a host check that passes each stage alone (180 GB <= 440 GB)
+    but not the node's sum (450 GB > 440 GB), and a refusal that blames
+    the GPU: the message names host memory, 450e9 B = 419.1 GiB against
+    440e9 B = 409.8 GiB."""
+    with pytest.raises(InfeasibleError) as err:
+        _search(440, split)
+    text = str(err.value)
+    assert "host memory" in text and "419.1 GiB" in text and "409.8 GiB" in text
+    assert "per device" not in text and "at its peak" not in text
