@@ -1515,6 +1515,13 @@ def _note_mobius_gpu_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict
     ctx["split_overflow"] = (ratio, text)
 
 
+def _micro_batch_size_can_drop(options) -> bool:
+    """Whether a smaller micro-batch is a fix the search has not tried: a
+    pinned size above 1 or a pinned micro-batch count (unpinned, every
+    divisor down to 1 was searched: :func:`micro_batch_sizes`)."""
+    return bool(options.num_micro_batches) or (options.micro_batch_size or 1) > 1
+
+
 def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
@@ -1531,7 +1538,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             + ("drop --vp" if options is not None and options.vp_pinned else "add --schedule gpipe")
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
             else
-            "lower --micro-batch-size or use a larger cluster" if options is not None and (options.pp or options.split)
+            ("lower --micro-batch-size or " if _micro_batch_size_can_drop(options) else "") + "use a larger cluster"
+            if options is not None and (options.pp or options.split)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
     if counts.get(STOPPED):

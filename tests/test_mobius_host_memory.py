@@ -61,3 +61,25 @@ def test_a_node_short_of_host_memory_is_refused_naming_it(split):
     text = str(err.value)
     assert "host memory" in text and "419.1 GiB" in text and "409.8 GiB" in text
     assert "per device" not in text and "at its peak" not in text
+
+
+def test_pinned_split_names_the_gpu_peak_that_does_not_fit():
+    """Qwen3-32B, -b 32, pp 2 x tp 4 x vp 2, --split 10,23,23,10: every
+    stage fits alone, the GPUs do not. Catches the note that named a stage
+    at 15.8 GiB against 21.8 GiB usable (a figure that fits) and suggested
+    a smaller micro-batch when every size down to 1 was searched: the note
+    must name a GPU's peak above its usable memory, and no micro-batch fix."""
+    import re
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    r = CliRunner().invoke(main, ["plan", "--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4", "-b", "32",
+                                  "--seq-len", "2048", "--schedule", "mobius", "--pp", "2", "--tp", "4", "--vp", "2",
+                                  "--split", "10,23,23,10"])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    found = re.search(r"needs ([0-9.]+) GiB at its peak .* against ([0-9.]+) GiB usable", line)
+    assert found and float(found.group(1)) > float(found.group(2)), line
+    assert "lower the micro-batch size" not in line and "lower --micro-batch-size" not in line
