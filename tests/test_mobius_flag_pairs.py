@@ -19,3 +19,16 @@ def test_mobius_refuses_per_stage_recompute():
     line = r.output.strip()
     assert "\n" not in line and "Traceback" not in r.output
     assert "--recompute per-stage" in line and "--schedule mobius" in line
+
+
+def test_stream_weights_with_activation_offload_is_refused():
+    """Catches ``--activation-offload`` silently dropped with
+    ``--stream-weights`` (Qwen3-32B ``-b 32`` planned streamed stages with
+    no activations in host memory and no refusal): the pair is not
+    modelled, so it is refused naming both flags, exit status 2."""
+    r = CliRunner().invoke(main, ["plan", "--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4", "--seq-len",
+                                  "2048", "-b", "32", "--stream-weights", "--activation-offload"])
+    assert r.exit_code == 2, r.output
+    line = r.output.strip()
+    assert "\n" not in line and "Traceback" not in r.output
+    assert "--stream-weights" in line and "--activation-offload" in line

@@ -410,6 +410,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if set(schedules or ()) == {"mobius"} and stream_weights:
         raise InputError("--schedule mobius with --stream-weights: Mobius keeps every stage's weights in host memory "
                          "and copies each stage in before it runs already; drop the flag")
+    if stream_weights and activation_offload and set(schedules or ()) != {"roundpipe"}:
+        raise InputError("--stream-weights with --activation-offload: a streamed stage's activations in host memory "
+                         "are not modelled (docs/offload.md); drop one of the two flags")
     if "roundpipe" in (schedules or ()):
         check_roundpipe_flags(cluster, tp=tp, dp=dp, recompute=recompute, optimizer_offload=optimizer_offload,
                               stream_weights=stream_weights, activation_offload=activation_offload)
