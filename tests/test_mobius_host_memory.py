@@ -83,3 +83,32 @@ def test_pinned_split_names_the_gpu_peak_that_does_not_fit():
     found = re.search(r"needs ([0-9.]+) GiB at its peak .* against ([0-9.]+) GiB usable", line)
     assert found and float(found.group(1)) > float(found.group(2)), line
     assert "lower the micro-batch size" not in line and "lower --micro-batch-size" not in line
+
+
+def test_activation_choice_drops_what_the_host_refuses():
+    """One GPU, two stages, 80 GB: keeping both stages' activations needs
+    50 + 50 = 100 GB, offloading either one 20 + 50 = 70 GB. Offloading
+    stage 0 is faster (1 s against 2 s) but the host cannot hold it; the
+    choice must be stage 1 (catches a host check applied after the fastest
+    choice, which would refuse the split, or not at all). A host that
+    refuses even the forced choice (nothing offloaded) leaves no fit."""
+    import numpy as np
+
+    from pipesearch.stage_options import mobius_activation_choice
+
+    first = np.zeros((1, 2), bool)
+    yes = np.ones((1, 2), bool)
+    own = np.array([[[50e9, 50e9]], [[20e9, 20e9]]])
+    pairs = np.zeros((1, 1))
+
+    def time_of(idx, sets):
+        return np.where(sets[:, 0], 1.0, 2.0)
+
+    act, fits = mobius_activation_choice(first, yes, yes, own, pairs, np.array([80e9]), 1, time_of,
+                                         lambda idx, sets: ~sets[:, 0])
+    assert fits.tolist() == [True] and act.tolist() == [[False, True]]
+    act, fits = mobius_activation_choice(first, yes, yes, own, pairs, np.array([80e9]), 1, time_of)
+    assert act.tolist() == [[True, False]]  # without a host limit, the faster one
+    _, fits = mobius_activation_choice(first, yes, yes, own, pairs, np.array([80e9]), 1, time_of,
+                                       lambda idx, sets: np.zeros(len(idx), bool))
+    assert fits.tolist() == [False]
