@@ -635,6 +635,8 @@ class PipelineCosts:
             device = self.mobius_device_peak_bytes(bounds)
             ranks = device.shape[-1]
             over = np.where(device > self.mobius_gpu_capacity_bytes(), np.inf, 0.0)[..., np.arange(self.pp) % ranks]
+            host_over = np.any(self.mobius_node_host_bytes(bounds) > self.options.node_host_memory_bytes, axis=-1)
+            over = over + np.where(host_over, np.inf, 0.0)[..., None]
         times = StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
                            bwd_input_s=arr(self.bwd_input_s(s, i, j)),
                            p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
@@ -660,6 +662,27 @@ class PipelineCosts:
         state = self.options.state_bytes_per_param_byte[self.option_index(s, i, j)]
         own = self.memory_bytes(s, i, j) - params * state + self.fixed_bytes(s)
         return swap_device_bytes(params, np.broadcast_to(own, params.shape), len(self.options.swap_queue))
+
+    def mobius_node_host_bytes(self, bounds, act=None) -> np.ndarray:
+        """Mobius: the host memory each node holds under the split
+        ``bounds`` (``(P + 1,)`` or ``(n, P + 1)``): every stage's host bytes
+        in its chosen option (:meth:`option_index`; with ``act``, ``(S,)``
+        or ``(n, S)`` bools, ``swap+act-host`` where set), summed over its
+        rank's stages (one GPU keeps all of them: Feng et al., ASPLOS'23,
+        sec. 3) and over the rank's GPUs on the node
+        (``StageOptions.swap_node_gpus``). Returns ``(N,)`` or ``(n, N)``
+        bytes, checked against ``StageOptions.node_host_memory_bytes``."""
+        o = self.options
+        bounds = np.asarray(bounds)
+        s, i, j = np.arange(self.pp), bounds[..., :-1], bounds[..., 1:]
+        host = self._option_memory(s, i, j)[1]
+        if act is None:
+            per_stage = np.take_along_axis(host, self.option_index(s, i, j)[None], axis=0)[0]
+        else:
+            per_stage = np.where(act, host[-1], host[0])
+        ranks = len(o.swap_queue)
+        per_gpu = per_stage.reshape(per_stage.shape[:-1] + (self.pp // ranks, ranks)).sum(axis=-2)
+        return per_gpu @ o.swap_node_gpus
 
     def mobius_gpu_capacity_bytes(self) -> np.ndarray:
         """Mobius: ``(ranks,)`` each GPU's usable memory (bytes), the bound
@@ -710,9 +733,12 @@ class PipelineCosts:
             return iteration_time_s("mobius", ranks, self.num_micro_batches, S // ranks,
                                     with_fields(plain, **rows, act_copy_s=copy[idx] * sets, act_host=sets))
 
+        def host_fits(idx, sets):  # every node's host memory holds the choice (more offloading stages: more bytes)
+            return np.all(self.mobius_node_host_bytes(b[idx], sets) <= o.node_host_memory_bytes, axis=-1)
+
         first = self.option_index(s, i, j) == 1
         act, fits = mobius_activation_choice(first, ok[0], ok[1], own, pairs, self.mobius_gpu_capacity_bytes(), ranks,
-                                             time_of)
+                                             time_of, host_fits)
         allreduce = plain.allreduce_s + np.where(fits, 0.0, np.inf)[:, None]
         single = np.ndim(bounds) == 1
         pick = (lambda x: x[0]) if single else (lambda x: x)

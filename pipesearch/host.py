@@ -133,6 +133,21 @@ def host_memory_share_bytes(cluster: Cluster, placement: np.ndarray, tp: int = 1
     return cluster.host.memory_bytes / node_sharing(cluster, placement, tp) / stages_per_device
 
 
+def rank_gpus_per_node(cluster: Cluster, heads: np.ndarray, tp: int = 1) -> np.ndarray:
+    """``(R, N)`` how many of rank ``r``'s GPUs sit on node ``n``: its
+    ``dp`` replicas' heads ``heads[r]`` (``(R, dp)``) and each head's ``tp``
+    consecutive GPUs. Each of them keeps the rank's per-GPU host bytes, so
+    ``per_gpu_bytes @ rank_gpus_per_node(...)`` is what each node's host
+    memory holds (:func:`pipesearch.stage_options.swap_options`)."""
+    heads = np.asarray(heads)
+    out = np.zeros((heads.shape[0], cluster.num_nodes), dtype=np.int64)
+    for r, row in enumerate(heads):
+        for h in row:
+            for t in range(tp):
+                out[r, cluster.node_of(int(h) + t)] += 1
+    return out
+
+
 def cross_mapping(cluster: Cluster, heads: np.ndarray, tp: int = 1) -> np.ndarray:
     """Mobius' cross mapping (Feng et al., ASPLOS'23, sec. 4.3): ``heads``
     (``(P, dp)`` heads of the pipeline's ranks) re-placed so that ranks next

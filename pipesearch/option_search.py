@@ -415,7 +415,10 @@ def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1
     o = costs.options
     if o is None or not np.any(o.host_bytes_per_param_byte > 0) and o.act_resident_micro_batches is None:
         return None
-    free = replace(costs, options=replace(o, host_capacity_bytes=np.full_like(o.host_capacity_bytes, np.inf)))
+    free = replace(costs, options=replace(o, host_capacity_bytes=np.full_like(o.host_capacity_bytes, np.inf),
+                                          **({} if o.node_host_memory_bytes is None else {
+                                              "node_host_memory_bytes": np.full_like(o.node_host_memory_bytes,
+                                                                                     np.inf)})))
     found, chosen = exact_split_over_policies(free, schedule, pp, vp)
     if found is None or not np.isfinite(found.best_time_s):
         return None
@@ -425,11 +428,20 @@ def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1
     k = chosen.option_index(s, i, j)
     host = np.take_along_axis(chosen._option_memory(s, i, j)[1], k[None], axis=0)[0]
     act = chosen.activation_offload_bytes(s, i, j)[1]
+    gib = 2.0 ** 30
+    if o.node_host_memory_bytes is not None:  # Mobius: all stages of a node together (costs.mobius_node_host_bytes)
+        node = chosen.mobius_node_host_bytes(bounds)
+        n = int(np.argmax(node / o.node_host_memory_bytes))
+        if node[n] <= o.node_host_memory_bytes[n]:
+            return None
+        return (f"host memory: the best split with the host unlimited ({','.join(str(int(x)) for x in j - i)}) "
+                f"would keep {node[n] / gib:.1f} GiB in the host memory of node {n} (its GPUs' stages' 16-bit "
+                f"weights, optimizer state and offloaded activations) against its {o.node_host_memory_bytes[n] / gib:.1f} GiB; use a host with more memory "
+                "([host] memory_GB) or fewer micro-batches in flight")
     over = np.flatnonzero(host > o.host_capacity_bytes)
     if not len(over):
         return None
     q = int(over[0])
-    gib = 2.0 ** 30
     return (f"host memory: stage {q} (layers {int(i[q])}..{int(j[q]) - 1}, option {o.names[int(k[q])]}) would keep "
             f"{host[q] / gib:.1f} GiB in host memory per GPU (offloaded activations {act[q] / gib:.1f} GiB) against "
             f"its {o.host_capacity_bytes[q] / gib:.1f} GiB share (the node's host memory over the plan's GPUs on "

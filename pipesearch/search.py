@@ -1455,7 +1455,7 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
     """Keep in ``ctx["split_overflow"]`` the --split point closest to fitting
     in memory, as (overflow ratio, text naming its fullest stage)."""
     s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
-    if costs.options is not None and costs.options.swap_queue is not None and np.all(costs.fits(s, i, j)):
+    if costs.options is not None and costs.options.swap_queue is not None:
         _note_mobius_gpu_overflow(ctx, costs, bounds, row)
         return
     need = costs.memory_bytes(s, i, j)
@@ -1472,26 +1472,54 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
 
 
 def _note_mobius_gpu_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:
-    """:func:`_note_split_overflow` of a Mobius --split whose stages fit
-    alone but whose GPU does not: the GPU of the largest peak over its
-    usable memory (:meth:`PipelineCosts.mobius_device_peak_bytes`, every
-    stage that can keeping its activations in host memory: the least peak)."""
+    """:func:`_note_split_overflow` of a Mobius --split: what refuses it,
+    the host memory of a node (every stage keeping its activations on the
+    GPU, the least host bytes: :meth:`PipelineCosts.mobius_node_host_bytes`)
+    or else a GPU's peak over its usable memory
+    (:meth:`PipelineCosts.mobius_device_peak_bytes`, every stage that can
+    keeping its activations in host memory: the least peak), or, when each
+    fits alone, the host memory under that least peak; the fixes named are
+    the ones that can change the figure."""
     o = costs.options
-    least = costs
+    bounds = np.asarray(bounds)
+    least = keep = costs
     if o.swap_act_copy_prefix_s is not None:
         every = np.stack([np.zeros(costs.pp, bool), np.ones(costs.pp, bool)])  # swap+act-host on every stage
         least = replace(costs, options=replace(o, allowed=every))
-    peaks, caps = least.mobius_device_peak_bytes(np.asarray(bounds)), costs.mobius_gpu_capacity_bytes()
-    ratio = peaks / caps
-    r = int(np.argmax(ratio))
-    if "split_overflow" in ctx and ctx["split_overflow"][0] <= ratio[r]:
+        keep = replace(costs, options=replace(o, allowed=~every))
+    gib = 2.0 ** 30
+    where = f"at pp {row['pp']} x dp {row['dp']}, micro-batch size {row['micro_batch_size']}, mobius"
+    host, cap = keep.mobius_node_host_bytes(bounds), o.node_host_memory_bytes
+    peaks, caps = least.mobius_device_peak_bytes(bounds), costs.mobius_gpu_capacity_bytes()
+    if np.all(host <= cap) and np.all(peaks <= caps):  # each fits alone: the GPUs fit only with more on the host
+        host = least.mobius_node_host_bytes(bounds)
+    if np.any(host > cap):
+        n = int(np.argmax(host / cap))
+        ratio = float(host[n] / cap[n])
+        acts = " and offloaded activations" if np.any(host != keep.mobius_node_host_bytes(bounds)) else ""
+        text = (f"closest: --split needs {host[n] / gib:.1f} GiB of host memory on node {n} (its GPUs' stages' "
+                f"16-bit weights and optimizer state{acts}) against its {cap[n] / gib:.1f} GiB, {where}; use a "
+                "host with more memory ([host] memory_GB)" + (" or fewer micro-batches in flight" if acts else ""))
+    else:
+        r = int(np.argmax(peaks / caps))
+        ratio = float(peaks[r] / caps[r])
+        mine = ",".join(str(x) for x in range(r, costs.pp, len(peaks)))
+        fixes = ["move layers off its stages"] + (["lower the micro-batch size"] if row["micro_batch_size"] > 1
+                                                    else []) + (["add --activation-offload"]
+                                                                if o.swap_act_copy_prefix_s is None else [])
+        text = (f"closest: --split GPU {r} (stages {mine}) needs {peaks[r] / gib:.1f} GiB at its peak (its stages' "
+                f"activations and fixed bytes, two stays' weights and gradients) against {caps[r] / gib:.1f} GiB "
+                f"usable, {where}; " + ", ".join(fixes[:-1]) + (" or " if len(fixes) > 1 else "") + fixes[-1])
+    if "split_overflow" in ctx and ctx["split_overflow"][0] <= ratio:
         return
-    mine = ",".join(str(x) for x in range(r, costs.pp, len(peaks)))
-    ctx["split_overflow"] = (float(ratio[r]), (
-        f"closest: --split GPU {r} (stages {mine}) needs {peaks[r] / 2**30:.1f} GiB at its peak (its stages' "
-        f"activations and fixed bytes, two stays' weights and gradients) against {caps[r] / 2**30:.1f} GiB usable, "
-        f"at pp {row['pp']} x dp {row['dp']}, micro-batch size {row['micro_batch_size']}, mobius; move layers off "
-        f"its stages or lower the micro-batch size"))
+    ctx["split_overflow"] = (ratio, text)
+
+
+def _micro_batch_size_can_drop(options) -> bool:
+    """Whether a smaller micro-batch is a fix the search has not tried: a
+    pinned size above 1 or a pinned micro-batch count (unpinned, every
+    divisor down to 1 was searched: :func:`micro_batch_sizes`)."""
+    return bool(options.num_micro_batches) or (options.micro_batch_size or 1) > 1
 
 
 def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None) -> str:
@@ -1510,7 +1538,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             + ("drop --vp" if options is not None and options.vp_pinned else "add --schedule gpipe")
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
             else
-            "lower --micro-batch-size or use a larger cluster" if options is not None and (options.pp or options.split)
+            ("lower --micro-batch-size or " if _micro_batch_size_can_drop(options) else "") + "use a larger cluster"
+            if options is not None and (options.pp or options.split)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
     if counts.get(STOPPED):

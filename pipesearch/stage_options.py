@@ -126,6 +126,12 @@ class StageOptions:
     #: activations take on the stage's PCIe queue (each direction), copy
     #: nodes of :func:`pipesearch.timemodel.mobius_graph`, not in the times
     swap_act_copy_prefix_s: np.ndarray | None = None
+    #: Mobius (:func:`swap_options`): ``(R, N)`` GPUs of rank ``r`` on node
+    #: ``n`` (:func:`pipesearch.host.rank_gpus_per_node`) and ``(N,)`` each
+    #: node's host memory: the whole split's host check, all stages of a
+    #: node together (:meth:`pipesearch.costs.PipelineCosts.mobius_node_host_bytes`)
+    swap_node_gpus: np.ndarray | None = None
+    node_host_memory_bytes: np.ndarray | None = None
 
     def __post_init__(self):
         P = self.host_step_s_per_param_byte.shape[1]
@@ -719,6 +725,11 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     are out, the CPU runs Adam on the stage (node-shared rate, as for
     :func:`stream_options`). The host keeps ``2 + 16`` B per parameter
     (the 16-bit copy and ZeRO-Offload's fp32 weights, gradients and moments).
+    Host memory is one pool per node: each stage alone is checked against
+    its node's memory over its rank's GPUs there (``host_capacity_bytes``),
+    and the whole split, all stages of a node together, in
+    :meth:`pipesearch.costs.PipelineCosts.stage_times`
+    (:meth:`~pipesearch.costs.PipelineCosts.mobius_node_host_bytes`).
 
     ``placement`` holds the ``(P, dp)`` heads of all ``P = pp * vp`` stages
     (stage ``s`` on rank ``s % pp``).
@@ -765,6 +776,8 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     def rows(x):
         return np.repeat(np.asarray(x, dtype=float)[None], K, axis=0)
 
+    gpus = host_lib.rank_gpus_per_node(cluster, np.asarray(placement)[:pp], tp)
+
     return StageOptions(
         names=("swap", f"swap+{ACT_HOST}")[:K], fwd_prefix_s=rows(_prefix(fwd)),
         compute_prefix_s=rows(_prefix(fwd + bwd)),
@@ -773,8 +786,9 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
         state_bytes_per_param_byte=np.full(K, SWAP_DEVICE_BYTES_PER_PARAM_BYTE),
         host_bytes_per_param_byte=np.full(K, (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp),
         host_step_s_per_param_byte=rows(share * node / cluster.host.cpu_adam_params_per_s / bpp),
-        host_capacity_bytes=host_lib.host_memory_share_bytes(cluster, placement, tp, P // pp),
+        host_capacity_bytes=cluster.host.memory_bytes / gpus.max(axis=1)[np.arange(P) % pp],
         swap_in_s_per_param_byte=rows(per_byte[0]), swap_out_s_per_param_byte=rows(per_byte[0]), swap_queue=queue,
+        swap_node_gpus=gpus, node_host_memory_bytes=np.full(cluster.num_nodes, float(cluster.host.memory_bytes)),
         **act_terms,
     )
 
@@ -812,7 +826,7 @@ def swap_device_bytes(param_bytes: np.ndarray, own_bytes: np.ndarray, pp: int) -
 
 def mobius_activation_choice(first: np.ndarray, can_keep: np.ndarray, can_offload: np.ndarray,
                              own_bytes: np.ndarray, pair_bytes: np.ndarray, capacity_bytes: np.ndarray,
-                             pp: int, time_of) -> tuple[np.ndarray, np.ndarray]:
+                             pp: int, time_of, host_fits=None) -> tuple[np.ndarray, np.ndarray]:
     """Which Mobius stages keep their activations in host memory, per split:
     the fastest choice that fits every GPU (docs/offload.md, "Mobius with
     activations in host memory").
@@ -841,6 +855,10 @@ def mobius_activation_choice(first: np.ndarray, can_keep: np.ndarray, can_offloa
         capacity_bytes: ``(pp,)`` the GPUs' capacities.
         time_of: ``(n_c,)`` split indices, ``(n_c, S)`` bool sets -> ``(n_c,)``
             makespans.
+        host_fits: the same arguments -> ``(n_c,)`` bool, whether the host
+            memory holds the choice (None: always). Offloading more stages
+            only adds host bytes, so a choice the host refuses has no
+            fitting superset: filtering the combinations keeps it exact.
 
     Returns ``(act, fits)``: ``(n, S)`` bool offloading stages, ``(n,)``
     bool whether some choice fits (``act`` is ``first`` where none does).
@@ -857,8 +875,11 @@ def mobius_activation_choice(first: np.ndarray, can_keep: np.ndarray, can_offloa
 
     over = device(first, np.arange(n)) > capacity_bytes
     act, fits = first.copy(), ~over.any(axis=1)
+    host_ok = np.ones(n, dtype=bool) if host_fits is None else np.asarray(host_fits(np.arange(n), first), dtype=bool)
+    searched = ~fits & host_ok  # the forced offloads alone overflowing the host: no superset fits
+    fits &= host_ok
     cand_split, cand_sets = [], []
-    for x in np.flatnonzero(~fits):
+    for x in np.flatnonzero(searched):
         per_gpu = []
         for r in range(pp):
             if not over[x, r]:
@@ -878,6 +899,10 @@ def mobius_activation_choice(first: np.ndarray, can_keep: np.ndarray, can_offloa
         for combo in itertools.product(*per_gpu):
             cand_split.append(x)
             cand_sets.append(np.any(np.stack(combo), axis=0))
+    if cand_split and host_fits is not None:
+        keep = np.asarray(host_fits(np.asarray(cand_split), np.stack(cand_sets)), dtype=bool)
+        cand_split = [x for x, k in zip(cand_split, keep) if k]
+        cand_sets = [c for c, k in zip(cand_sets, keep) if k]
     if cand_split:
         idx, sets = np.asarray(cand_split), np.stack(cand_sets)
         t = np.asarray(time_of(idx, sets), dtype=float)

@@ -205,7 +205,7 @@ def test_search_equals_brute_force_over_splits(seed, L, pp, vp, m, cap):
     puts the two ranks under different switches), the GPU's peak by hand
     (min(m, 3) micro-batches of each of its stages + the largest pair of
     consecutive stays' weights and gradients; on the host 2 + 16 B per
-    parameter and all ``m`` micro-batches within the stage's share of the
+    parameter and all ``m`` micro-batches, all stages together within the
     node's 800 GB), replayed in the time model; the search's best equals
     the least. Every stage either keeps its activations or offloads them
     (the brute force tries all 2^S choices of each split)."""
@@ -223,8 +223,9 @@ def test_search_equals_brute_force_over_splits(seed, L, pp, vp, m, cap):
         kept = np.array([sum(x.saved_bytes for x in ls) for ls in lay])
         held = np.where(act, min(m, 3), m) * kept  # on the GPU: all m micro-batches, or 3 when offloaded
         fits = mobius_gpus_fit(w, held, pp, cap * GB)
-        # host: 2 + 16 B per parameter and, offloaded, every micro-batch's activations, within the stage's share
-        fits &= bool(np.all(w / 2 * 18 + act * m * kept <= 800 * GB / pp / vp))
+        # host: 2 + 16 B per parameter and, offloaded, every micro-batch's activations, all stages of the
+        # node (one GPU per rank, all on one node) together within its 800 GB
+        fits &= bool(np.sum(w / 2 * 18 + act * m * kept) <= 800 * GB)
         if not fits:
             refused += 1
             continue

@@ -403,9 +403,16 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--schedule mobius: cluster {cluster.name!r} has no [host] table (host memory, PCIe "
                          "switches, CPU Adam rate) to swap its stages through; add one (hardware/README.md) or "
                          "choose another schedule")
+    if "mobius" in (schedules or ()) and recompute == PER_STAGE:
+        raise InputError("--schedule mobius with --recompute per-stage: a Mobius GPU holds the activations of all "
+                         "its stages, so its stages' recompute levels are not chosen one by one; use --recompute "
+                         "none, selective or full (docs/offload.md)")
     if set(schedules or ()) == {"mobius"} and stream_weights:
         raise InputError("--schedule mobius with --stream-weights: Mobius keeps every stage's weights in host memory "
                          "and copies each stage in before it runs already; drop the flag")
+    if stream_weights and activation_offload and set(schedules or ()) != {"roundpipe"}:
+        raise InputError("--stream-weights with --activation-offload: a streamed stage's activations in host memory "
+                         "are not modelled (docs/offload.md); drop one of the two flags")
     if "roundpipe" in (schedules or ()):
         check_roundpipe_flags(cluster, tp=tp, dp=dp, recompute=recompute, optimizer_offload=optimizer_offload,
                               stream_weights=stream_weights, activation_offload=activation_offload)
