@@ -35,7 +35,7 @@ def test_host_step_is_named_with_its_rank_and_time():
     assert total_s == pytest.approx(14.0) and tl.iteration_time_s == pytest.approx(6.0)
     text = host_step_terms(plan, tl, total_s)
     assert text == ("pipeline 6.000 s + 8.000 s after it: rank 1's host optimizer step (CPU Adam and its copies) "
-                    "10.000 s after its last action at 4.000 s")
+                    "10.000 s from 4.000 s, after its last action and copies")
 
 
 def test_data_parallel_part_is_separate():

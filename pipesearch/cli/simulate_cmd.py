@@ -54,7 +54,8 @@ def host_step_terms(plan, tl, total_s: float) -> str | None:
     holding its stages' host steps; the rank that sets it is named, with its
     host step and the rest of its data-parallel communication (which may
     start before the pipeline's end: rank ``r`` ends its last action at
-    ``end_r``). RoundPipe steps every group on one CPU after the GPUs finish
+    ``end_r``; Mobius' ``end_r`` includes its last gradient copy, hence the
+    start shown is ``T - allreduce_r``). RoundPipe steps every group on one CPU after the GPUs finish
     (:func:`pipesearch.timemodel._roundpipe_total`); a delayed step runs beside
     the next iteration (:func:`pipesearch.timemodel.delayed_host_time_s`).
     """
@@ -79,10 +80,11 @@ def host_step_terms(plan, tl, total_s: float) -> str | None:
     if ends[r] + ar_r[r] <= tl.iteration_time_s:
         return f"{pipe}, {word} hidden: the longest, rank {r}'s, {format_seconds(float(h_r.max()))}"
     comm = ar_r[r] - h_r[r]
+    start = max(float(ends[r]), total_s - float(ar_r[r]))  # Mobius: its last gradient copy may end after its last action
     return (f"{pipe} + {format_seconds(total_s - tl.iteration_time_s)} after it: rank {r}'s {word} "
             f"{format_seconds(float(h_r[r]))}"
             + (f" and data-parallel communication {format_seconds(float(comm))}" if comm > 0 else "")
-            + f" after its last action at {format_seconds(float(ends[r]))}")
+            + f" from {format_seconds(start)}, after its last action and copies")
 
 
 def delayed_host_note(plan) -> str | None:
