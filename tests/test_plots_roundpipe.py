@@ -68,3 +68,20 @@ def test_other_schedules_have_no_task_breakdown():
     from dataclasses import replace
 
     assert roundpipe_gpu_breakdown(replace(_plan(), schedule="gpipe")) is None
+
+
+def test_state_legend_says_what_is_on_the_device():
+    """Catches: "weights + gradients + optimizer state" on stages whose optimizer
+    state is in host memory (memory_option offload)."""
+    from dataclasses import replace
+
+    from pipesearch.plots.stages import state_label
+
+    base = _plan()
+    on_device = replace(base, schedule="1f1b", stages=tuple(replace(s, memory_option="none") for s in base.stages))
+    assert state_label(on_device) == "weights + gradients + optimizer state"
+    offloaded = replace(on_device, stages=tuple(replace(s, memory_option="offload") for s in base.stages))
+    assert state_label(offloaded) == "weights + gradients (optimizer state in host memory)"
+    mixed = replace(on_device, stages=(replace(base.stages[0], memory_option="full"),) + tuple(
+        replace(s, memory_option="none+offload") for s in base.stages[1:]))
+    assert "on the stages that keep it on the device" in state_label(mixed)

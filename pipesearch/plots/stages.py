@@ -137,6 +137,32 @@ def gpu_peaks(plan: Plan) -> dict[str, np.ndarray] | None:
     return {"peak": np.asarray(peaks, dtype=float), "activations": acts}
 
 
+def state_label(plan: Plan) -> str:
+    """Legend of the memory panel's training-state bar: what the stages keep
+    on the device (:func:`pipesearch.export.stages_json.stage_placement` of
+    each stage's ``memory_option``): weights (or, streamed, their layer
+    buffers), gradients, and the optimizer state unless it is in host memory
+    (ZeRO-Offload, ``--optimizer-offload``)."""
+    from ..errors import InputError
+    from ..export.stages_json import stage_placement
+
+    def parts(option: str) -> tuple[str, ...]:
+        try:
+            where = stage_placement(option or "none", "none")
+        except InputError:  # an option this reader does not know: say nothing about it
+            return ("weights", "gradients", "optimizer state")
+        weights = "weights" if where["weights"] == "device" else "weight buffers"
+        return (weights, "gradients") + (("optimizer state",) if where["optimizer_state"] == "device" else ())
+
+    kinds = list(dict.fromkeys(parts(st.memory_option) for st in plan.stages)) or [("weights", "gradients",
+                                                                                    "optimizer state")]
+    if len(kinds) == 1:
+        text = " + ".join(kinds[0])
+        return text + ("" if "optimizer state" in kinds[0] else " (optimizer state in host memory)")
+    return ("weights + gradients, + optimizer state on the stages that keep it on the device (the others: in "
+            "host memory)")
+
+
 def _columns(plan: Plan) -> tuple[np.ndarray, list[str], str]:
     """Column of each stage in the plot, tick labels, axis label: one column
     per stage, or per device (pipeline rank) when devices hold several
@@ -249,7 +275,7 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
             ax_m.bar(x, mb["state"] / GIB, bar_w, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
             ax_m.bar(x, mb["activations"] / GIB, bar_w, bottom=mb["state"] / GIB, color=ACT_COLOUR,
                      edgecolor="white", linewidth=0.5, zorder=2)
-            mem_handles = [Patch(facecolor=STATE_COLOUR, label="weights + gradients + optimizer state"),
+            mem_handles = [Patch(facecolor=STATE_COLOUR, label=state_label(plan)),
                            Patch(facecolor=ACT_COLOUR, label="activations kept for backward")]
             if per_gpu is not None:
                 mem_handles = [Patch(facecolor=STATE_COLOUR, label=(
