@@ -255,6 +255,10 @@ def _link(where: Path, data: dict, key: str) -> Link:
 #: Gen3 8 GT/s and Gen4 16 GT/s, Gen5 32 GT/s, all 128b/130b)
 PCIE_LANE_GBPS = {3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
 
+#: lanes of the widest switch uplink (x16: the widest link of PCIe switches
+#: and root ports in practice; PCI Express Base Specification link widths)
+PCIE_MAX_UPLINK_LANES = 16
+
 
 def _host(where: Path, data: dict, groups: tuple[DeviceGroup, ...]) -> HostSpec:
     """The ``[host]`` table as a :class:`HostSpec` (GB -> bytes, GBps ->
@@ -289,6 +293,11 @@ def _host(where: Path, data: dict, groups: tuple[DeviceGroup, ...]) -> HostSpec:
         raise _fail(where, "host.host_to_device_GBps", table["host_to_device_GBps"],
                     f"at most the PCIe Gen{gen} x{lanes} link's {link_GBps:.1f} GB/s per direction (pinned copies "
                     f"reach about 80% of it)")
+    uplink_GBps = PCIE_LANE_GBPS[gen] * PCIE_MAX_UPLINK_LANES
+    if _number(where, "host.switch_uplink_GBps", table["switch_uplink_GBps"]) > uplink_GBps:
+        raise _fail(where, "host.switch_uplink_GBps", table["switch_uplink_GBps"],
+                    f"at most a PCIe Gen{gen} x{PCIE_MAX_UPLINK_LANES} uplink's {uplink_GBps:.1f} GB/s per direction "
+                    f"(pcie_generation = {gen}; a switch's uplink is at most x{PCIE_MAX_UPLINK_LANES})")
     return HostSpec(
         memory_bytes=GB * _number(where, "host.memory_GB", table["memory_GB"]),
         pcie_generation=gen, pcie_lanes_per_gpu=lanes,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+import numpy as np
 
 from ..errors import InputError
 from ..output import check_writable, write_output, write_text
@@ -41,6 +42,67 @@ def plan_title(plan_file, plan, iteration_time_s: float) -> str:
     return (f"{model} on {cluster}, global batch {batch}: pp {plan.pp} x dp {plan.dp} x tp {plan.tp}{vp}, "
             f"{plan.schedule}, {plan.micro_batch_size} x {plan.num_micro_batches} micro-batches; "
             f"iteration {format_seconds(iteration_time_s)}")
+
+
+def host_step_terms(plan, tl, total_s: float) -> str | None:
+    """The summary's terms after the pipeline when stages step their
+    optimizer on the host (``host_step_s > 0``: ZeRO-Offload's CPU Adam with
+    its gradient and weight copies, Ren et al. ATC'21), None otherwise.
+
+    The time model (:func:`pipesearch.timemodel.simulate_times`) ends the
+    iteration at ``max_r (end_r + allreduce_r)``, each rank's ``allreduce_r``
+    holding its stages' host steps; the rank that sets it is named, with its
+    host step and the rest of its data-parallel communication (which may
+    start before the pipeline's end: rank ``r`` ends its last action at
+    ``end_r``; Mobius' ``end_r`` includes its last gradient copy, hence the
+    start shown is ``T - allreduce_r``). RoundPipe steps every group on one CPU after the GPUs finish
+    (:func:`pipesearch.timemodel._roundpipe_total`); a delayed step runs beside
+    the next iteration (:func:`pipesearch.timemodel.delayed_host_time_s`).
+    """
+    st = plan.stages
+    host = np.array([s.host_step_s for s in st], dtype=float)
+    if not st or host.max() <= 0:
+        return None
+    pipe = f"pipeline {format_seconds(tl.iteration_time_s)}"
+    word = "host optimizer step (CPU Adam and its copies)"
+    if dict(plan.extra or ()).get("optimizer_step") == "delayed":
+        return None  # beside the next iteration: delayed_host_note
+    ar = np.array([s.allreduce_s for s in st], dtype=float)
+    if plan.schedule == "roundpipe":
+        return (f"{pipe} + {format_seconds(total_s - tl.iteration_time_s)} after it, of which the {word} of every "
+                f"group on the CPU {format_seconds(float(host.sum()))}")
+    ranks = np.arange(len(st)) % plan.pp
+    h_r = np.bincount(ranks, weights=host, minlength=plan.pp)
+    ar_r = np.bincount(ranks, weights=ar, minlength=plan.pp)
+    ends = np.asarray(tl.rank_end_s, dtype=float) if len(tl.rank_end_s) == plan.pp else np.full(plan.pp,
+                                                                                                 tl.iteration_time_s)
+    r = int(np.argmax(ends + ar_r))
+    if ends[r] + ar_r[r] <= tl.iteration_time_s:
+        return f"{pipe}, {word} hidden: the longest, rank {r}'s, {format_seconds(float(h_r.max()))}"
+    comm = ar_r[r] - h_r[r]
+    start = max(float(ends[r]), total_s - float(ar_r[r]))  # Mobius: its last gradient copy may end after its last action
+    return (f"{pipe} + {format_seconds(total_s - tl.iteration_time_s)} after it: rank {r}'s {word} "
+            f"{format_seconds(float(h_r[r]))}"
+            + (f" and data-parallel communication {format_seconds(float(comm))}" if comm > 0 else "")
+            + f" from {format_seconds(start)}, after its last action and copies")
+
+
+def delayed_host_note(plan) -> str | None:
+    """For a plan that delays its host optimizer step one iteration, the
+    host's work per iteration (:func:`pipesearch.timemodel.delayed_host_time_s`:
+    each rank's stages' steps in a row, the longest; RoundPipe: every group
+    on one CPU), which runs beside the next iteration's pipeline; None
+    otherwise."""
+    host = np.array([s.host_step_s for s in plan.stages], dtype=float)
+    if dict(plan.extra or ()).get("optimizer_step") != "delayed" or not len(host) or host.max() <= 0:
+        return None
+    if plan.schedule == "roundpipe":
+        return (f"host optimizer step (CPU Adam and its copies) of every group {format_seconds(float(host.sum()))}, "
+                f"delayed beside the next iteration")
+    per_rank = np.bincount(np.arange(len(host)) % plan.pp, weights=host, minlength=plan.pp)
+    r = int(np.argmax(per_rank))
+    return (f"host optimizer step (CPU Adam and its copies) of rank {r} {format_seconds(float(per_rank[r]))} "
+            f"(the longest), delayed beside the next iteration")
 
 
 @main.command("simulate")
@@ -94,11 +156,15 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s
-    how = (f"pipeline {format_seconds(tl.iteration_time_s)} + data-parallel communication left after the last "
+    how = host_step_terms(plan, tl, total_s) or (
+           f"pipeline {format_seconds(tl.iteration_time_s)} + data-parallel communication left after the last "
            f"backward {format_seconds(tail)}"
            if (plan.dp > 1 or plan.stage_replicas) and tail > 0 else
            f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
            if plan.dp == 1 and not plan.stage_replicas else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
+    delayed = delayed_host_note(plan)
+    if delayed:
+        how += f"; {delayed}"
     click.echo(f"simulated iteration: {format_seconds(total_s)} ({how}); "
                f"analytic: {format_seconds(analytic) if analytic else 'n/a'}")
     click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")

@@ -38,6 +38,16 @@ Rules (read through the code corpus and issue tracker):
   precision). Checked by DeepSpeed 0.19.8's ``DeepSpeedConfig`` in the tests.
 * An empty stage is refused: the rank would hold a partition without layers
   or parameters.
+* ZeRO-Offload (``--optimizer-offload``): ``offload_optimizer`` is "Valid
+  with stage 1, 2, and 3" (deepspeed/runtime/zero/offload_config.py), so the
+  export writes ZeRO stage 1, which shards the optimizer state and the CPU
+  step over the dp replicas: a plan with ``dp > 1`` that shards nothing is
+  refused (re-plan with ``--sharding zero1``). DeepSpeed has no one-step
+  delayed parameter update (Ren et al. ATC'21 sec. 5; the offload config's
+  keys are ``device``, ``nvme_path``, ``buffer_count``, ``pin_memory``,
+  ``pipeline_read/write``, ``fast_init``, ``ratio`` and ``super_offload``,
+  the last two ZeRO-3 only), so ``--delayed-optimizer-step`` plans are
+  refused: DeepSpeed would step synchronously.
 """
 
 from __future__ import annotations
@@ -47,8 +57,8 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
-from . import (FORMAT_VERSION, Inputs, deepspeed_cpu_checkpointing, plan_layers, recompute_mode, refuse_empty_stages,
-               sequence_parallel)
+from . import (FORMAT_VERSION, Inputs, deepspeed_cpu_checkpointing, plan_extra, plan_layers, recompute_mode,
+               refuse_empty_stages, sequence_parallel)
 
 RUNTIME = "deepspeed"
 
@@ -116,8 +126,9 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         recipe with ``parts``).
 
     Raises:
-        InputError: a malformed plan, an empty stage, ``vp > 1``, or a
-            schedule other than ``1f1b``.
+        InputError: a malformed plan, an empty stage, ``vp > 1``, a
+            schedule other than ``1f1b``, a delayed optimizer step, or an
+            offloaded optimizer with ``dp > 1`` and no ZeRO-1 sharding.
     """
     layers = plan_layers(plan, "deepspeed")
     if plan.schedule != "1f1b" and plan.pp > 1:  # one stage: any schedule is plain accumulation
@@ -172,7 +183,21 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         # the pipeline engine supports ZeRO stage 0 and 1 only (PipelineEngine.__init__)
         "zero_optimization": {"stage": 1 if inputs.zero1 else 0},
     }
-    if plan.stages and all("offload" in st.memory_option for st in plan.stages):
+    if plan_extra(plan, "optimizer_step", "") == "delayed":
+        raise InputError(
+            "deepspeed: the plan runs each host optimizer step one iteration late (--delayed-optimizer-step, "
+            f"ZeRO-Offload's delayed parameter update); DeepSpeed {RUNTIME_VERSION}'s offload_optimizer has no such "
+            "option (DeepSpeedZeroOffloadOptimizerConfig) and steps the CPU optimizer synchronously, so the planned "
+            "time would not hold; re-plan without --delayed-optimizer-step"
+        )
+    offload = bool(plan.stages) and all("offload" in st.memory_option for st in plan.stages)
+    if offload and plan.dp > 1 and inputs.sharding == "none":
+        raise InputError(
+            f"deepspeed: DeepSpeed offloads the optimizer to the CPU from ZeRO stage 1 on, and stage 1 shards the "
+            f"optimizer state and the CPU step across the dp={plan.dp} replicas, while the plan keeps the whole "
+            f"state on every replica's host (--sharding none); re-plan with --sharding zero1 (or dp 1)"
+        )
+    if offload:
         # ZeRO-Offload (Ren et al. ATC'21): the optimizer state and step on the CPU; DeepSpeed offloads
         # from ZeRO stage 1 on (the pipeline engine runs stage 0 or 1)
         config["zero_optimization"] = {"stage": 1, "offload_optimizer": {"device": "cpu", "pin_memory": True}}

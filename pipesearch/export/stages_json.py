@@ -77,6 +77,16 @@ def stage_placement(option: str, plan_recompute: str) -> dict:
             "prefetch": {"stream": "next-layer", "swap": "next-stage"}.get(rest, "none")}
 
 
+def stage_gpus(heads, tp: int) -> list[int]:
+    """Every GPU of a stage: for each data-parallel replica (the plan's
+    ``devices``, one head per replica) its tensor-parallel group, ``tp``
+    consecutive ids from the head (:func:`pipesearch.placement.stage_devices`),
+    replica by replica."""
+    from ..placement import stage_devices
+
+    return [int(d) for d in stage_devices(list(heads), tp).reshape(-1)]
+
+
 def export_stages_json(plan: Plan, *, module_names=None, inputs: Inputs | None = None) -> dict:
     """The ``pipesearch.stages/1`` document of ``plan`` (a dict; ``files``
     holds it as ``stages.json``). ``module_names`` is unused (noted).
@@ -94,7 +104,8 @@ def export_stages_json(plan: Plan, *, module_names=None, inputs: Inputs | None =
     for st in plan.stages:
         k = st.index
         row = {"index": k, "rank": k % plan.pp, "layers": list(st.layers), "layer_names": list(st.layer_names),
-               "devices": list(st.devices), **stage_placement(st.memory_option, recompute),
+               "devices": stage_gpus(st.devices, plan.tp), "tp_group_heads": [int(h) for h in st.devices],
+               **stage_placement(st.memory_option, recompute),
                "memory_option": st.memory_option, "device_memory_bytes": float(st.memory_bytes),
                "host_memory_bytes": float(host.get("host_memory_bytes", [0.0] * len(plan.stages))[k]),
                "pcie_bytes_per_iteration": float(host.get("pcie_bytes_per_iteration", [0.0] * len(plan.stages))[k]),

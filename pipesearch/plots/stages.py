@@ -20,6 +20,7 @@ PARTS = (  # key, label, colour
     ("allreduce", "gradient all-reduce", "#8172B3"),
     ("host", "optimizer step on the host (after the last backward)", "#937860"),
 )
+RECOMPUTE_PART = ("recompute", "forward re-run in the backward task", "#DA8BC3")
 STATE_COLOUR = "#64B5CD"
 ACT_COLOUR = "#C7E3EC"
 CAPACITY_COLOUR = "#B22222"
@@ -43,6 +44,50 @@ def stage_breakdown(plan: Plan) -> dict[str, np.ndarray]:
         "allreduce": np.maximum(np.array([s.allreduce_s for s in st]) - host, 0.0),
         "host": host,
     }
+
+
+def roundpipe_tasks_of(plan: Plan) -> list[tuple[str, int, int]] | None:
+    """A RoundPipe plan's ``(kind, group, gpu)`` tasks as it records them
+    (``options.roundpipe.tasks``, :func:`pipesearch.schedules.roundpipe_tasks`),
+    or None for other plans or a plan without them."""
+    rp = dict(plan.extra or ()).get("roundpipe") if plan.schedule == "roundpipe" else None
+    tasks = (rp or {}).get("tasks")
+    if not isinstance(tasks, (list, tuple)) or not tasks:
+        return None
+    return [(str(k), int(g), int(d)) for k, g, d in tasks]
+
+
+def roundpipe_gpu_breakdown(plan: Plan) -> dict[str, np.ndarray] | None:
+    """Seconds per iteration of each GPU of a RoundPipe plan, by part, from
+    its task list (:func:`roundpipe_tasks_of`): a group's forward task (``F``)
+    adds ``m fwd_s`` to ``forward`` and ``m comm_s`` (its boundary
+    activations to host memory) to ``p2p`` on the GPU it runs on; its
+    backward task (``B``) adds ``m (compute_s - fwd_s)`` to ``backward`` and
+    the forward it re-runs first, ``m fwd_s``, to ``recompute``, on *its*
+    GPU (usually another than the forward's); the last group's fused task
+    (``FB``) adds its forward and backward once, without a re-run. The host
+    step (CPU Adam after every gradient is back, 0 when delayed) goes to the
+    GPU of the group's backward. The compute parts are the per-GPU busy time
+    of :func:`pipesearch.roundpipe.plan_point` and of ``simulate``. Arrays
+    ``(pp,)``; None for other plans."""
+    tasks = roundpipe_tasks_of(plan)
+    if tasks is None:
+        return None
+    m, st = plan.num_micro_batches, plan.stages
+    delayed = dict(plan.extra or ()).get("optimizer_step") == "delayed"
+    out = {k: np.zeros(plan.pp) for k in ("forward", "backward", "recompute", "p2p", "allreduce", "host")}
+    for kind, g, d in tasks:
+        s = st[g]
+        if kind in ("F", "FB"):
+            out["forward"][d] += m * s.fwd_s
+            out["p2p"][d] += m * s.comm_s
+        if kind in ("B", "FB"):
+            out["backward"][d] += m * max(0.0, s.compute_s - s.fwd_s)
+            out["recompute"][d] += m * s.fwd_s if kind == "B" else 0.0
+            host = 0.0 if delayed else s.host_step_s
+            out["host"][d] += host
+            out["allreduce"][d] += max(0.0, s.allreduce_s - host)
+    return out
 
 
 def memory_breakdown(plan: Plan) -> dict[str, np.ndarray] | None:
@@ -92,11 +137,42 @@ def gpu_peaks(plan: Plan) -> dict[str, np.ndarray] | None:
     return {"peak": np.asarray(peaks, dtype=float), "activations": acts}
 
 
+def state_label(plan: Plan) -> str:
+    """Legend of the memory panel's training-state bar: what the stages keep
+    on the device (:func:`pipesearch.export.stages_json.stage_placement` of
+    each stage's ``memory_option``): weights (or, streamed, their layer
+    buffers), gradients, and the optimizer state unless it is in host memory
+    (ZeRO-Offload, ``--optimizer-offload``)."""
+    from ..errors import InputError
+    from ..export.stages_json import stage_placement
+
+    def parts(option: str) -> tuple[str, ...]:
+        try:
+            where = stage_placement(option or "none", "none")
+        except InputError:  # an option this reader does not know: say nothing about it
+            return ("weights", "gradients", "optimizer state")
+        weights = "weights" if where["weights"] == "device" else "weight buffers"
+        return (weights, "gradients") + (("optimizer state",) if where["optimizer_state"] == "device" else ())
+
+    kinds = list(dict.fromkeys(parts(st.memory_option) for st in plan.stages)) or [("weights", "gradients",
+                                                                                    "optimizer state")]
+    if len(kinds) == 1:
+        text = " + ".join(kinds[0])
+        return text + ("" if "optimizer state" in kinds[0] else " (optimizer state in host memory)")
+    return ("weights + gradients, + optimizer state on the stages that keep it on the device (the others: in "
+            "host memory)")
+
+
 def _columns(plan: Plan) -> tuple[np.ndarray, list[str], str]:
     """Column of each stage in the plot, tick labels, axis label: one column
     per stage, or per device (pipeline rank) when devices hold several
     virtual stages (stage ``s`` on rank ``s mod pp``)."""
     stages = plan.stages
+    tasks = roundpipe_tasks_of(plan)
+    if tasks is not None:  # RoundPipe: per GPU, the groups whose forward (F) and backward (B) tasks it runs
+        labels = [f"{r}\nF " + ",".join(str(g) for k, g, d in tasks if d == r and "F" in k)
+                  + "\nB " + ",".join(str(g) for k, g, d in tasks if d == r and "B" in k) for r in range(plan.pp)]
+        return np.array([s.index % plan.pp for s in stages]), labels, "GPU (F, B: the groups of its tasks)"
     shown = any(s.memory_option not in ("", "none") for s in stages)  # per-stage memory options (stage_options)
     if len(stages) <= plan.pp:
         labels = [f"{s.index}\n{s.layers[0]}" + (f"-{s.layers[1] - 1}" if s.layers[1] - s.layers[0] > 1 else "")
@@ -133,7 +209,8 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
     def per_col(values) -> np.ndarray:
         return np.bincount(col, weights=np.asarray(values, dtype=float), minlength=n)
 
-    parts = {k: per_col(v) for k, v in stage_breakdown(plan).items()}
+    parts = roundpipe_gpu_breakdown(plan)  # RoundPipe: per GPU from its task list, not per stage
+    parts = {k: per_col(v) for k, v in stage_breakdown(plan).items()} if parts is None else parts
     total = sum(parts.values())
     t_iter = plan.predicted.iteration_time_s
     t_analytic = dict(plan.extra).get("analytic_iteration_time_s")
@@ -167,7 +244,7 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
         # time
         bottom = np.zeros(n)
         handles = []
-        for key, label, colour in PARTS:
+        for key, label, colour in PARTS + ((RECOMPUTE_PART,) if "recompute" in parts else ()):
             vals = parts[key] * scale
             ax_t.bar(x, vals, bar_w, bottom=bottom, color=colour, edgecolor="white", linewidth=0.5, zorder=2)
             bottom = bottom + vals
@@ -198,7 +275,7 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
             ax_m.bar(x, mb["state"] / GIB, bar_w, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
             ax_m.bar(x, mb["activations"] / GIB, bar_w, bottom=mb["state"] / GIB, color=ACT_COLOUR,
                      edgecolor="white", linewidth=0.5, zorder=2)
-            mem_handles = [Patch(facecolor=STATE_COLOUR, label="weights + gradients + optimizer state"),
+            mem_handles = [Patch(facecolor=STATE_COLOUR, label=state_label(plan)),
                            Patch(facecolor=ACT_COLOUR, label="activations kept for backward")]
             if per_gpu is not None:
                 mem_handles = [Patch(facecolor=STATE_COLOUR, label=(

@@ -1,0 +1,67 @@
+"""``simulate``'s summary names the host optimizer step (CPU Adam and its
+copies) as its own term (pipesearch.cli.simulate_cmd.host_step_terms,
+delayed_host_note) instead of folding it into "no all-reduce: dp = 1".
+
+Hand case: GPipe, pp 2, m 1, each stage forward 1 s, backward 2 s, no
+transfers; stage 1 steps its optimizer on the host for 10 s (its
+allreduce_s, dp 1). Timeline: F0 0-1, F1 1-2, B1 2-4, B0 4-6: the pipeline
+ends at 6 s, rank 1's last action at 4 s, so T = 4 + 10 = 14 s, 8 s after
+the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pipesearch.cli.simulate_cmd import delayed_host_note, host_step_terms
+from pipesearch.search import simulate_plan
+from pipesearch.types import Plan, Prediction, StagePlan
+
+
+def _plan(host_s=(0.0, 10.0), schedule="gpipe", extra=()) -> Plan:
+    stages = tuple(StagePlan(index=k, layers=(k, k + 1), layer_names=(f"l{k}",), devices=(k,), compute_s=3.0,
+                             fwd_s=1.0, comm_s=0.0, allreduce_s=host_s[k], host_step_s=host_s[k], memory_bytes=0.0,
+                             send_bytes=0.0) for k in range(2))
+    return Plan(rank=0, pp=2, dp=1, tp=1, schedule=schedule, micro_batch_size=1, num_micro_batches=1, stages=stages,
+                predicted=Prediction(14.0, 0.0, 0.0, 0.0, 0.0), vp=1, extra=tuple(extra))
+
+
+def test_host_step_is_named_with_its_rank_and_time():
+    """Catches: the 8 s after the pipeline left unexplained ("no all-reduce: dp = 1")."""
+    plan = _plan()
+    total_s, tl = simulate_plan(plan)
+    assert total_s == pytest.approx(14.0) and tl.iteration_time_s == pytest.approx(6.0)
+    text = host_step_terms(plan, tl, total_s)
+    assert text == ("pipeline 6.000 s + 8.000 s after it: rank 1's host optimizer step (CPU Adam and its copies) "
+                    "10.000 s from 4.000 s, after its last action and copies")
+
+
+def test_data_parallel_part_is_separate():
+    """Catches: an all-reduce beside the host step reported as host time.
+    Stage 1's allreduce_s 10.5 = host step 10 + 0.5 s of gradient all-reduce: T = 4 + 10.5."""
+    plan = _plan()
+    plan = replace(plan, stages=(plan.stages[0], replace(plan.stages[1], allreduce_s=10.5)))
+    total_s, tl = simulate_plan(plan)
+    assert total_s == pytest.approx(14.5)
+    text = host_step_terms(plan, tl, total_s)
+    assert "host optimizer step (CPU Adam and its copies) 10.000 s" in text
+    assert "data-parallel communication 500.00 ms" in text and "8.500 s after it" in text
+
+
+def test_no_host_step_keeps_the_old_summary():
+    """Catches: a host-step term printed for plans that step on the GPU."""
+    plan = _plan(host_s=(0.0, 0.0))
+    total_s, tl = simulate_plan(plan)
+    assert host_step_terms(plan, tl, total_s) is None and delayed_host_note(plan) is None
+
+
+def test_delayed_step_is_named_beside_the_next_iteration():
+    """Catches: a delayed host step dropped from the summary. Rank 1's step 10 s, rank 0's 4 s."""
+    plan = _plan(host_s=(4.0, 10.0), extra=(("optimizer_step", "delayed"),))
+    plan = replace(plan, stages=tuple(replace(s, allreduce_s=0.0) for s in plan.stages))
+    assert delayed_host_note(plan) == ("host optimizer step (CPU Adam and its copies) of rank 1 10.000 s (the "
+                                       "longest), delayed beside the next iteration")
+    total_s, tl = simulate_plan(plan)
+    assert host_step_terms(plan, tl, total_s) is None  # not after the pipeline
