@@ -10,7 +10,9 @@ share; each is a formula of the plan's own stage bytes and the cluster's
 * ``options.roundpipe.act_copy_s[g] = stages[g].send_bytes / bw`` (one
   micro-batch's boundary activation, ``g < G - 1``);
 * ``options.roundpipe.weights_in_s[g]`` and ``grads_out_s[g]`` are the
-  stage's 16-bit ``weights`` and ``gradients`` (``memory_breakdown_bytes``)
+  stage's 16-bit ``weights`` and ``gradients`` (``memory_breakdown_bytes``;
+  the last group's plus half its ``tied_copy``, a tied LM head it uploads and
+  downloads, :meth:`pipesearch.roundpipe.RoundPipeCosts.group_tied_params`)
   over ``bw``;
 * ``options.roundpipe.pcie_scale[d] = bw / min(host_to_device,
   switch_uplink / n_d)``, ``n_d`` the pool's GPUs under GPU ``d``'s switch
@@ -135,10 +137,13 @@ def _roundpipe_groups(plan: dict, where: str, host: HostSpec, bw: float) -> Iter
                               f"{w}.send_bytes {st['send_bytes']!r} B over {bw:.6g} B/s")
         yield from _check(f"{w}.comm_s", st["comm_s"], info["act_copy_s"][g] if g + 1 < G else 0.0,
                           f"{rp}.act_copy_s[{g}]" if g + 1 < G else "the last group sends nothing")
+        # the tied copy's weights and gradient, half each (pipesearch.roundpipe.plan_point)
+        tied = parts["tied_copy"] / 2 if isinstance(parts.get("tied_copy"), (int, float)) else 0.0
         for key, part in (("weights_in_s", "weights"), ("grads_out_s", "gradients")):
             if isinstance(parts.get(part), (int, float)):
-                yield from _check(f"{rp}.{key}[{g}]", info[key][g], parts[part] / bw,
-                                  f"{w}.memory_breakdown_bytes.{part} {parts[part]!r} B over {bw:.6g} B/s")
+                plus = f" + tied_copy / 2 {tied!r} B" if tied else ""
+                yield from _check(f"{rp}.{key}[{g}]", info[key][g], (parts[part] + tied) / bw,
+                                  f"{w}.memory_breakdown_bytes.{part} {parts[part]!r} B{plus} over {bw:.6g} B/s")
         if isinstance(parts.get("weights"), (int, float)) and "host_step_s" in st:
             params = parts["weights"] / WEIGHT_BYTES_PER_PARAM
             yield from _check(f"{w}.host_step_s", st["host_step_s"], params / host.cpu_adam_params_per_s,
