@@ -48,6 +48,7 @@ from ..roundpipe import WEIGHT_BYTES_PER_PARAM
 from ..schedules import roundpipe_tasks
 from ..types import HostSpec
 from . import Problem, show
+from .host_records import host_problems
 
 #: relative difference beyond which a recorded value disagrees with its formula
 REL_TOL = 1e-9
@@ -202,11 +203,16 @@ def _mobius(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
 def record_problems(doc: dict) -> list[Problem]:
     """Every recorded RoundPipe and Mobius copy and host term of a document
     that already passes :func:`pipesearch.plan.document_problems` and
-    disagrees with its formula (module docstring), one per field."""
+    disagrees with its formula (module docstring), one per field; first, for
+    a plan that uses the host, its ``options.host`` figures and the
+    ``[host]`` table (:func:`pipesearch.schema.host_records.host_problems`)."""
     out: list[Problem] = []
     for k, plan in enumerate(doc["plans"]):
         name = plan["schedule"]["name"]
-        if name == "roundpipe":
+        first = list(host_problems(plan, f"plans[{k}]", doc["inputs"]))  # recorded fields before derived ones
+        if first:
+            out += first
+        elif name == "roundpipe":
             out += _roundpipe(plan, f"plans[{k}]", doc["inputs"])
         elif name == "mobius":
             out += _mobius(plan, f"plans[{k}]", doc["inputs"])
