@@ -258,6 +258,8 @@ def _retime(doc, k, factor):
     if "tokens_per_s" in pred:
         pred["tokens_per_s"] /= factor
         pred["tokens_per_s_per_device"] /= factor
+    if pred.get("mfu"):  # model FLOPs over time and peak: derived from the time too
+        pred["mfu"] /= factor
 
 
 def _expected_s(line: str) -> float:

@@ -447,8 +447,9 @@ def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     plan's own time and inputs: ``num_devices`` is ``tp`` x the distinct
     stage devices, ``peak_flops`` ``tp`` x their groups' ``peak_fp16_flops``,
     ``tokens_per_iteration`` the global batch x ``inputs.model.seq_len`` (a
-    decoder), and ``tokens_per_s``, ``tokens_per_s_per_device`` and ``mfu``
-    are :class:`pipesearch.types.Prediction`'s (PaLM's MFU, Chowdhery et al.
+    decoder), each unless 0 (unknown: a profile without tokens), and
+    ``tokens_per_s``, ``tokens_per_s_per_device`` and ``mfu`` are
+    :class:`pipesearch.types.Prediction`'s (PaLM's MFU, Chowdhery et al.
     2022, Appendix B), at most 1."""
     from ..types import Prediction
 
@@ -475,7 +476,7 @@ def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
                          "mfu": p.mfu})
     for key, want in expected.items():
         found = pred.get(key)
-        if found is None or want is None:
+        if found is None or want is None or (found == 0 and key in terms):  # 0: unknown (a profile without tokens)
             continue
         if not isinstance(found, (int, float)) or _above(abs(found - want), REL_TOL * abs(want)):
             yield Problem(f"{where}.predicted.{key}", f"{show(found)} found, {want!r} expected (from the plan's "
