@@ -85,3 +85,10 @@ def test_offload_host_bytes(tmp_path_factory, tmp_path):
     """Finding 1's export: host_memory_bytes[0] = 1 was written as 1.0."""
     doc = _plan(tmp_path_factory, "off", ["--model", "qwen3-32b", "-b", "32", "--optimizer-offload"])
     _both(tmp_path, doc, lambda p: p["options"]["host"]["host_memory_bytes"].__setitem__(0, 1))
+
+
+def test_offload_stage_set_to_device(tmp_path_factory, tmp_path):
+    """Finding 4's export: stage 0 set to ``none`` was written as
+    ``optimizer_state: device`` with 254e9 B of host memory."""
+    doc = _plan(tmp_path_factory, "off2", ["--model", "qwen3-32b", "-b", "32", "--optimizer-offload"])
+    _both(tmp_path, doc, lambda p: p["stages"][0].__setitem__("memory_option", "none"))

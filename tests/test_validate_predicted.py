@@ -75,3 +75,20 @@ def test_tp_that_does_not_divide_the_heads_is_refused(tmp_path, doc):
     """Bug: tp 3 on Qwen3-32B (64 heads, 8 KV heads) passed."""
     line = _first(tmp_path, doc, "tp", 3, parent="parallelism")
     assert line.startswith("plans[0].parallelism.tp: 3 does not divide num_attention_heads 64"), line
+
+
+def test_tp_other_than_the_stages_were_timed_for_is_named(tmp_path, doc):
+    """Bug: tp 2 (it divides the heads) on a plan timed for tp 4 was
+    reported, if at all, as a wrong device count. The stages' 2 devices x
+    tp 4 = 8 = predicted.num_devices and 8 x 330.3e12 = peak_flops: the
+    edited field is tp."""
+    line = _first(tmp_path, doc, "tp", 2, parent="parallelism")
+    assert line.startswith("plans[0].parallelism.tp: 2, but predicted.num_devices 8"), line
+    assert "tp 4" in line, line
+
+
+def test_edited_device_count_is_named(tmp_path, doc):
+    """The converse: num_devices 4 with tp 4 and 2 stage devices (8 expected)
+    names num_devices, not tp (peak_flops still says 8 devices)."""
+    line = _first(tmp_path, doc, "num_devices", 4)
+    assert line.startswith("plans[0].predicted.num_devices: 4 found, 8 expected"), line

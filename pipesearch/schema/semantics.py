@@ -370,7 +370,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _times(plan, where)
     out += _memory(plan, where, inputs)
     out += _predicted(plan, where, inputs["job"]["global_batch_size"])
-    out += _tensor_parallel(plan, where, inputs["model"])
+    out += _tensor_parallel(plan, where, inputs["model"], inputs["cluster"])
     out += _rates(plan, where, inputs)
     out += _schedule(plan, where)
     out += _mobius(plan, where)
@@ -455,17 +455,12 @@ def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
 
     pred, tp = plan["predicted"], plan["parallelism"]["tp"]
     heads = sorted({d for st in plan["stages"] for d in st["devices"]})
-    groups = inputs["cluster"].get("groups")
-    peaks = []
-    for d in heads:
-        g = next((g for g in groups or () if isinstance(g, dict) and isinstance(g.get("first_device"), int)
-                  and isinstance(g.get("last_device"), int) and g["first_device"] <= d <= g["last_device"]), None)
-        peaks.append(g.get("peak_fp16_flops") if isinstance(g, dict) else None)
+    peaks = _device_peaks(heads, inputs["cluster"])
     transformer = inputs["model"].get("transformer")
     decoder = isinstance(transformer, dict) and transformer.get("kind") == "decoder"
     seq = inputs["model"].get("seq_len")
     expected = {"num_devices": tp * len(heads)}
-    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in peaks):
+    if peaks is not None:
         expected["peak_flops"] = float(tp * sum(peaks))
     if decoder and isinstance(seq, int):
         expected["tokens_per_iteration"] = float(inputs["job"]["global_batch_size"] * seq)
@@ -488,10 +483,13 @@ def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
         yield Problem(f"{where}.predicted.mfu", f"{pred['mfu']!r}: more than 1 (the devices' peak); re-plan")
 
 
-def _tensor_parallel(plan: dict, where: str, model: dict) -> Iterator[Problem]:
+def _tensor_parallel(plan: dict, where: str, model: dict, cluster: dict) -> Iterator[Problem]:
     """``parallelism.tp`` divides the heads, KV heads and MLP width of the
     model the inputs name (Megatron-LM splits them evenly,
-    :func:`pipesearch.profiles.transformer.layer_table`)."""
+    :func:`pipesearch.profiles.transformer.layer_table`), and is the degree
+    the stages were timed for where ``predicted.num_devices`` and
+    ``peak_flops`` both say another one (``num_devices`` over the distinct
+    stage devices)."""
     tp, cfg = plan["parallelism"]["tp"], model.get("transformer")
     if not isinstance(cfg, dict):
         cfg = model
@@ -502,6 +500,28 @@ def _tensor_parallel(plan: dict, where: str, model: dict) -> Iterator[Problem]:
                                                      f"(inputs.model); tensor parallelism splits them evenly; "
                                                      "re-plan, or restore the field")
             return
+    pred = plan["predicted"]
+    heads = sorted({d for st in plan["stages"] for d in st["devices"]})
+    nd, flops, peaks = pred.get("num_devices"), pred.get("peak_flops"), _device_peaks(heads, cluster)
+    if not (isinstance(nd, int) and isinstance(flops, (int, float)) and nd > 0 and nd % len(heads) == 0
+            and peaks is not None):
+        return
+    timed = nd // len(heads)
+    if timed != tp and abs(flops - timed * sum(peaks)) <= REL_TOL * flops:
+        yield Problem(f"{where}.parallelism.tp", f"{tp}, but predicted.num_devices {nd} and peak_flops {flops!r} over "
+                                                 f"the {len(heads)} stage devices are those of tp {timed}, the degree "
+                                                 "the stages were timed for; re-plan, or restore the field")
+
+
+def _device_peaks(heads: list, cluster: dict) -> list | None:
+    """Each device's ``peak_fp16_flops`` from ``inputs.cluster.groups``; None where one is not given."""
+    groups = cluster.get("groups")
+    peaks = []
+    for d in heads:
+        g = next((g for g in groups or () if isinstance(g, dict) and isinstance(g.get("first_device"), int)
+                  and isinstance(g.get("last_device"), int) and g["first_device"] <= d <= g["last_device"]), None)
+        peaks.append(g.get("peak_fp16_flops") if isinstance(g, dict) else None)
+    return peaks if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in peaks) else None
 
 
 #: ranks may leave time order only inside this window: among plans within
