@@ -128,6 +128,8 @@ def _place(device: int, cluster: dict, host: HostSpec) -> tuple[int, int] | None
     """(node, switch) of a global device id from ``inputs.cluster.groups``."""
     node = 0
     for g in cluster.get("groups") or ():
+        if not isinstance(g, dict):
+            return None
         first, last, per, nodes = (g.get(k) for k in ("first_device", "last_device", "devices_per_node", "nodes"))
         if not all(isinstance(x, int) for x in (first, last, per, nodes)) or per < 1:
             return None
@@ -166,7 +168,7 @@ def _check(where: str, found, expected: float, why: str) -> Iterator[Problem]:
         yield Problem(where, f"{found!r} found, {expected!r} expected ({why}); re-plan, or restore the field")
 
 
-def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3) -> dict | None:
+def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, cluster: dict) -> dict | None:
     """The recomputed host figures of stage ``k`` (module docstring): ``host``
     bytes, ``pcie`` bytes, ``step`` s, ``copy`` s (offload) or ``swap_in`` s
     (Mobius), and ``option`` in words; None for a stage checked only in the
@@ -188,7 +190,7 @@ def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3) 
         S, pp = len(plan["stages"]), par["pp"]
         r = k % pp
         rank_gpus = [d + t for d in plan["stages"][r]["devices"] for t in range(par["tp"])]
-        places = [_place(d, plan["_cluster"], host) for d in rank_gpus]
+        places = [_place(d, cluster, host) for d in rank_gpus]
         copies = max(places.count(x) for x in places)
         link = min(host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s)
         return {"option": "swap", "p": p, "host": p * (2.0 + offload_bytes_per_param(state, dp)[1]) / b * n,
@@ -252,10 +254,9 @@ def host_problems(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
 def _stage_problems(plan, where, info, state, host, sharing, inputs) -> Iterator[Problem]:
     """Each stage's host bytes, PCIe bytes, copy seconds and CPU step (module docstring)."""
     h, mb = f"{where}.options.host", f"{where}.options.mobius"
-    plan = {**plan, "_cluster": inputs["cluster"]}
     copies = info.get("optimizer_copy_s")
     for k, st in enumerate(plan["stages"]):
-        t = _stage_terms(plan, k, state, host, sharing[k])
+        t = _stage_terms(plan, k, state, host, sharing[k], inputs["cluster"])
         if t is None:
             continue
         w = f"{where}.stages[{k}]"
