@@ -8,11 +8,12 @@ from pathlib import Path
 
 import click
 
-from ..errors import InputError
+from ..errors import InputError, PlanFormatError
 from ..export import DESCRIPTION_FORMATS, FORMATS, export_plan
 from ..output import check_writable, write_text
-from ..plan import load_plan_file, select_plan
+from ..plan import load_plan_file, parse_document, read_plan_text, select_plan
 from . import main
+from .validate_cmd import plan_file_problems
 
 
 def _output_text(export: dict, fmt: str, output: str) -> str:
@@ -94,6 +95,10 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
         raise InputError(f"export --torchtitan-version {torchtitan_version}: only with --format torchtitan "
                          f"(not {fmt})")
     plan_file = load_plan_file(plans)
+    problems = plan_file_problems(parse_document(read_plan_text(plans), plans))  # every check validate runs
+    if problems:
+        raise PlanFormatError(f"{plans}: {len(problems)} problem(s), the first: {problems[0]} "
+                              f"(pipesearch validate {plans} lists them)")
     plan = select_plan(plan_file, rank, plans)
     options = {"torchtitan_version": torchtitan_version} if torchtitan_version is not None else {}
     export = export_plan(plan, fmt, inputs=plan_file.inputs, **options)

@@ -49,6 +49,19 @@ def _replayed_fields(schedule: str) -> str:
         schedule, "")
 
 
+def plan_file_problems(doc: dict) -> list[str]:
+    """Every problem ``pipesearch validate`` reports for a parsed plan
+    document, one line each (empty when valid): the schema and semantic
+    rules (:func:`pipesearch.plan.document_problems`), then the recorded
+    copies and host terms against their formulas
+    (:func:`pipesearch.schema.records.record_problems`), then the replay
+    (:func:`replay_problems`). ``pipesearch export`` runs the same checks."""
+    problems = document_problems(doc)
+    if not problems:  # the recorded copies against their formulas, then the replay of what is recorded
+        problems = record_problems(doc) or replay_problems(doc)
+    return [str(p) for p in problems]
+
+
 @main.command("validate")
 @click.argument("plans", metavar="PLANS.json", type=click.Path(dir_okay=False))
 def validate_command(plans):
@@ -71,9 +84,7 @@ def validate_command(plans):
       pipesearch validate plans.json
     """
     doc = parse_document(read_plan_text(plans), plans)
-    problems = document_problems(doc)
-    if not problems:  # the recorded copies against their formulas, then the replay of what is recorded
-        problems = record_problems(doc) or replay_problems(doc)
+    problems = plan_file_problems(doc)
     if problems:
         for problem in problems:
             click.echo(f"{plans}: {problem}")

@@ -10,9 +10,10 @@ share; each is a formula of the plan's own stage bytes and the cluster's
 * ``options.roundpipe.act_copy_s[g] = stages[g].send_bytes / bw`` (one
   micro-batch's boundary activation, ``g < G - 1``);
 * ``options.roundpipe.weights_in_s[g]`` and ``grads_out_s[g]`` are the
-  stage's 16-bit ``weights`` and ``gradients`` (``memory_breakdown_bytes``,
-  plus half the last group's ``tied_copy``: the tied matrix's weights, and
-  its gradient) over ``bw``;
+  stage's 16-bit ``weights`` and ``gradients`` (``memory_breakdown_bytes``;
+  the last group's plus half its ``tied_copy``, a tied LM head it uploads and
+  downloads, :meth:`pipesearch.roundpipe.RoundPipeCosts.group_tied_params`)
+  over ``bw``;
 * ``options.roundpipe.pcie_scale[d] = bw / min(host_to_device,
   switch_uplink / n_d)``, ``n_d`` the pool's GPUs under GPU ``d``'s switch
   (:func:`pipesearch.host.shared_bandwidth_bytes_per_s`);
@@ -47,6 +48,7 @@ from ..roundpipe import WEIGHT_BYTES_PER_PARAM
 from ..schedules import roundpipe_tasks
 from ..types import HostSpec
 from . import Problem, show
+from .host_records import host_problems
 
 #: relative difference beyond which a recorded value disagrees with its formula
 REL_TOL = 1e-9
@@ -136,12 +138,13 @@ def _roundpipe_groups(plan: dict, where: str, host: HostSpec, bw: float) -> Iter
                               f"{w}.send_bytes {st['send_bytes']!r} B over {bw:.6g} B/s")
         yield from _check(f"{w}.comm_s", st["comm_s"], info["act_copy_s"][g] if g + 1 < G else 0.0,
                           f"{rp}.act_copy_s[{g}]" if g + 1 < G else "the last group sends nothing")
-        tied = parts.get("tied_copy", 0.0) / 2 if isinstance(parts.get("tied_copy", 0.0), (int, float)) else 0.0
+        # the tied copy's weights and gradient, half each (pipesearch.roundpipe.plan_point)
+        tied = parts["tied_copy"] / 2 if isinstance(parts.get("tied_copy"), (int, float)) else 0.0
         for key, part in (("weights_in_s", "weights"), ("grads_out_s", "gradients")):
-            if isinstance(parts.get(part), (int, float)):  # the last group's tied matrix travels with it
+            if isinstance(parts.get(part), (int, float)):
+                plus = f" + tied_copy / 2 {tied!r} B" if tied else ""
                 yield from _check(f"{rp}.{key}[{g}]", info[key][g], (parts[part] + tied) / bw,
-                                  f"{w}.memory_breakdown_bytes.{part} {parts[part]!r} B"
-                                  + (f" and half its tied_copy, {tied!r} B," if tied else "") + f" over {bw:.6g} B/s")
+                                  f"{w}.memory_breakdown_bytes.{part} {parts[part]!r} B{plus} over {bw:.6g} B/s")
         if isinstance(parts.get("weights"), (int, float)) and "host_step_s" in st:
             params = parts["weights"] / WEIGHT_BYTES_PER_PARAM
             yield from _check(f"{w}.host_step_s", st["host_step_s"], params / host.cpu_adam_params_per_s,
@@ -200,11 +203,16 @@ def _mobius(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
 def record_problems(doc: dict) -> list[Problem]:
     """Every recorded RoundPipe and Mobius copy and host term of a document
     that already passes :func:`pipesearch.plan.document_problems` and
-    disagrees with its formula (module docstring), one per field."""
+    disagrees with its formula (module docstring), one per field; first, for
+    a plan that uses the host, its ``options.host`` figures and the
+    ``[host]`` table (:func:`pipesearch.schema.host_records.host_problems`)."""
     out: list[Problem] = []
     for k, plan in enumerate(doc["plans"]):
         name = plan["schedule"]["name"]
-        if name == "roundpipe":
+        first = list(host_problems(plan, f"plans[{k}]", doc["inputs"]))  # recorded fields before derived ones
+        if first:
+            out += first
+        elif name == "roundpipe":
             out += _roundpipe(plan, f"plans[{k}]", doc["inputs"])
         elif name == "mobius":
             out += _mobius(plan, f"plans[{k}]", doc["inputs"])

@@ -370,6 +370,8 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _times(plan, where)
     out += _memory(plan, where, inputs)
     out += _predicted(plan, where, inputs["job"]["global_batch_size"])
+    out += _tensor_parallel(plan, where, inputs["model"], inputs["cluster"])
+    out += _rates(plan, where, inputs)
     out += _schedule(plan, where)
     out += _mobius(plan, where)
     out += _roundpipe(plan, where)
@@ -438,6 +440,88 @@ def _predicted(plan: dict, where: str, batch: int) -> Iterator[Problem]:
     if t > 0 and _above(abs(pred["samples_per_s"] - batch / t), REL_TOL * batch / t):
         yield Problem(f"{where}.predicted.samples_per_s", f"{pred['samples_per_s']!r}, but global batch {batch} / "
                                                           f"iteration_time_s {t!r} = {batch / t!r}")
+
+
+def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
+    """The derived figures of ``predicted`` (where recorded) follow from the
+    plan's own time and inputs: ``num_devices`` is ``tp`` x the distinct
+    stage devices, ``peak_flops`` ``tp`` x their groups' ``peak_fp16_flops``,
+    ``tokens_per_iteration`` the global batch x ``inputs.model.seq_len`` (a
+    decoder), each unless 0 (unknown: a profile without tokens), and
+    ``tokens_per_s``, ``tokens_per_s_per_device`` and ``mfu`` are
+    :class:`pipesearch.types.Prediction`'s (PaLM's MFU, Chowdhery et al.
+    2022, Appendix B), at most 1."""
+    from ..types import Prediction
+
+    pred, tp = plan["predicted"], plan["parallelism"]["tp"]
+    heads = sorted({d for st in plan["stages"] for d in st["devices"]})
+    peaks = _device_peaks(heads, inputs["cluster"])
+    transformer = inputs["model"].get("transformer")
+    decoder = isinstance(transformer, dict) and transformer.get("kind") == "decoder"
+    seq = inputs["model"].get("seq_len")
+    expected = {"num_devices": tp * len(heads)}
+    if peaks is not None:
+        expected["peak_flops"] = float(tp * sum(peaks))
+    if decoder and isinstance(seq, int):
+        expected["tokens_per_iteration"] = float(inputs["job"]["global_batch_size"] * seq)
+    terms = ("tokens_per_iteration", "model_flops_per_iteration", "peak_flops", "num_devices")
+    if all(isinstance(pred.get(k), (int, float)) and not isinstance(pred.get(k), bool) for k in terms):
+        p = Prediction(pred["iteration_time_s"], 0.0, 0.0, 0.0, 0.0, **{k: pred[k] for k in terms})
+        expected.update({"tokens_per_s": p.tokens_per_s, "tokens_per_s_per_device": p.tokens_per_s_per_device,
+                         "mfu": p.mfu})
+    for key, want in expected.items():
+        found = pred.get(key)
+        if found is None or want is None or (found == 0 and key in terms):  # 0: unknown (a profile without tokens)
+            continue
+        if not isinstance(found, (int, float)) or _above(abs(found - want), REL_TOL * abs(want)):
+            yield Problem(f"{where}.predicted.{key}", f"{show(found)} found, {want!r} expected (from the plan's "
+                                                      f"iteration_time_s {pred['iteration_time_s']!r} s, "
+                                                      f"{tp * len(heads)} devices and its inputs); re-plan, or "
+                                                      "restore the field")
+            return
+    if isinstance(pred.get("mfu"), (int, float)) and pred["mfu"] > 1:
+        yield Problem(f"{where}.predicted.mfu", f"{pred['mfu']!r}: more than 1 (the devices' peak); re-plan")
+
+
+def _tensor_parallel(plan: dict, where: str, model: dict, cluster: dict) -> Iterator[Problem]:
+    """``parallelism.tp`` divides the heads, KV heads and MLP width of the
+    model the inputs name (Megatron-LM splits them evenly,
+    :func:`pipesearch.profiles.transformer.layer_table`), and is the degree
+    the stages were timed for where ``predicted.num_devices`` and
+    ``peak_flops`` both say another one (``num_devices`` over the distinct
+    stage devices)."""
+    tp, cfg = plan["parallelism"]["tp"], model.get("transformer")
+    if not isinstance(cfg, dict):
+        cfg = model
+    for key in ("num_attention_heads", "num_kv_heads", "ffn_hidden_size"):
+        n = cfg.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0 and n % tp:
+            yield Problem(f"{where}.parallelism.tp", f"{tp} does not divide {key} {n} of {model.get('name')!r} "
+                                                     f"(inputs.model); tensor parallelism splits them evenly; "
+                                                     "re-plan, or restore the field")
+            return
+    pred = plan["predicted"]
+    heads = sorted({d for st in plan["stages"] for d in st["devices"]})
+    nd, flops, peaks = pred.get("num_devices"), pred.get("peak_flops"), _device_peaks(heads, cluster)
+    if not (isinstance(nd, int) and isinstance(flops, (int, float)) and nd > 0 and nd % len(heads) == 0
+            and peaks is not None):
+        return
+    timed = nd // len(heads)
+    if timed != tp and abs(flops - timed * sum(peaks)) <= REL_TOL * flops:
+        yield Problem(f"{where}.parallelism.tp", f"{tp}, but predicted.num_devices {nd} and peak_flops {flops!r} over "
+                                                 f"the {len(heads)} stage devices are those of tp {timed}, the degree "
+                                                 "the stages were timed for; re-plan, or restore the field")
+
+
+def _device_peaks(heads: list, cluster: dict) -> list | None:
+    """Each device's ``peak_fp16_flops`` from ``inputs.cluster.groups``; None where one is not given."""
+    groups = cluster.get("groups")
+    peaks = []
+    for d in heads:
+        g = next((g for g in groups or () if isinstance(g, dict) and isinstance(g.get("first_device"), int)
+                  and isinstance(g.get("last_device"), int) and g["first_device"] <= d <= g["last_device"]), None)
+        peaks.append(g.get("peak_fp16_flops") if isinstance(g, dict) else None)
+    return peaks if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in peaks) else None
 
 
 #: ranks may leave time order only inside this window: among plans within

@@ -1,0 +1,94 @@
+"""``pipesearch export`` runs every check ``pipesearch validate`` runs
+before writing anything: an edited plan that validate refuses (exit 2) is
+refused by export too, and no file is written.
+
+Bug caught: export skipped the record checks, so edited Mobius copies and
+host steps and RoundPipe switch shares were exported as if valid. Each edit
+below changes one recorded figure of a real plan to a value its formula
+cannot give (0 copy seconds, a queue of the wrong switch, a switch share of
+7 GPUs on a 2-GPU pool).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+
+COMMON = ["plan", "-q", "--cluster", "1x8-rtx4090-pcie4", "--seq-len", "2048", "--top", "1"]
+
+
+def _plan(tmp_path_factory, name, flags):
+    out = tmp_path_factory.mktemp(name) / "p.json"
+    r = CliRunner().invoke(main, COMMON + flags + ["-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def mobius_doc(tmp_path_factory):
+    return _plan(tmp_path_factory, "mob", ["--model", "llama3.1-8b", "-b", "32", "--schedule", "mobius"])
+
+
+@pytest.fixture(scope="module")
+def roundpipe_doc(tmp_path_factory):
+    return _plan(tmp_path_factory, "rp", ["--model", "qwen3-1.7b", "--schedule", "roundpipe", "--pp", "2",
+                                          "-b", "16"])
+
+
+def _both(tmp_path, doc, edit):
+    """Validate and export the edited plan: both exit 2, export writes nothing."""
+    bad = copy.deepcopy(doc)
+    edit(bad["plans"][0])
+    path, out = tmp_path / "bad.json", tmp_path / "stages.json"
+    path.write_text(json.dumps(bad))
+    v = CliRunner().invoke(main, ["validate", str(path)])
+    e = CliRunner().invoke(main, ["export", str(path), "--format", "stages-json", "-o", str(out)])
+    assert v.exit_code == 2 and e.exit_code == 2, (v.output, e.output)
+    assert "Traceback" not in e.output and not out.exists(), e.output
+    field = v.output.splitlines()[0].removeprefix(f"{path}: ").split(":")[0]
+    assert field in e.output, (field, e.output)
+
+
+def test_unedited_plans_export(tmp_path, mobius_doc, roundpipe_doc):
+    for k, doc in enumerate((mobius_doc, roundpipe_doc)):
+        path = tmp_path / f"ok{k}.json"
+        path.write_text(json.dumps(doc))
+        r = CliRunner().invoke(main, ["export", str(path), "--format", "stages-json", "-o", str(tmp_path / "s.json")])
+        assert r.exit_code == 0, r.output
+
+
+def test_mobius_pcie_queue(tmp_path, mobius_doc):
+    def edit(p):
+        q = p["options"]["mobius"]["pcie_queue"]
+        q[0] = 1 - q[0]  # the other switch of the node
+    _both(tmp_path, mobius_doc, edit)
+
+
+def test_mobius_swap_in(tmp_path, mobius_doc):
+    _both(tmp_path, mobius_doc, lambda p: p["options"]["mobius"]["swap_in_s"].__setitem__(3, 0.0))
+
+
+def test_mobius_host_step(tmp_path, mobius_doc):
+    _both(tmp_path, mobius_doc, lambda p: p["stages"][3].__setitem__("host_step_s", 0.0))
+
+
+def test_roundpipe_pcie_scale(tmp_path, roundpipe_doc):
+    _both(tmp_path, roundpipe_doc, lambda p: p["options"]["roundpipe"]["pcie_scale"].__setitem__(0, 7.0))
+
+
+def test_offload_host_bytes(tmp_path_factory, tmp_path):
+    """Finding 1's export: host_memory_bytes[0] = 1 was written as 1.0."""
+    doc = _plan(tmp_path_factory, "off", ["--model", "qwen3-32b", "-b", "32", "--optimizer-offload"])
+    _both(tmp_path, doc, lambda p: p["options"]["host"]["host_memory_bytes"].__setitem__(0, 1))
+
+
+def test_offload_stage_set_to_device(tmp_path_factory, tmp_path):
+    """Finding 4's export: stage 0 set to ``none`` was written as
+    ``optimizer_state: device`` with 254e9 B of host memory."""
+    doc = _plan(tmp_path_factory, "off2", ["--model", "qwen3-32b", "-b", "32", "--optimizer-offload"])
+    _both(tmp_path, doc, lambda p: p["stages"][0].__setitem__("memory_option", "none"))
