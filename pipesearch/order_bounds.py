@@ -69,6 +69,8 @@ from .timemodel import send_overlap
 CLASS_BOUND_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 #: floats of the term tables (classes x stages x components x layer ranges) above which they are not built
 MAX_TABLE_FLOATS = 2**24
+#: floats per array of one numpy pass of the suffix-minimum DP (memory, not answers: every pass is exact)
+MAX_PASS_FLOATS = 2**22
 
 # component kinds: "sum" sum_k alpha; "max" max_k beta; "prefix" max_k (sum_{k'<k} alpha + beta_k);
 # "suffix" max_k (beta_k + sum_{k'>k} alpha)
@@ -263,7 +265,8 @@ class ClassBounds:
         the least max part ``[1]`` over every class sequence and split
         (``+inf`` where none). One vector ``left`` at a time, every pair
         (class of the stage, class of the next) in one numpy pass
-        (:meth:`_combine`)."""
+        (:meth:`_combine`; in passes of at most :data:`MAX_PASS_FLOATS`
+        floats per array where the pairs are many)."""
         L, S, C, R = self.L, self.S, self.C, len(self.names)
         self.V: dict[tuple[int, ...], np.ndarray] = {}
         vectors = [n for n in itertools.product(*(range(z + 1) for z in self.sizes))
@@ -272,11 +275,14 @@ class ClassBounds:
         last = np.full((1, R, 2, L + 1), np.inf)  # the state after the last stage: only j = L, empty
         last[:, :, 0, L] = 0.0
         last[:, :, 1, L] = NEG
+        per_pair = R * (L + 1) * self.W
+        whole = C * (C + 1) * per_pair <= MAX_PASS_FLOATS  # every pair's terms of a stage at once
+        step = max(1, MAX_PASS_FLOATS // per_pair)  # pairs per numpy pass
         tables = None
         for left in vectors:
             stages = sum(left) - self.extra
             s = S - stages
-            if tables is None or tables[0] != s:
+            if whole and (tables is None or tables[0] != s):
                 tables = (s, self._stage_tables(s))
             pairs, nexts = [], []
             for c in range(C):
@@ -290,10 +296,18 @@ class ClassBounds:
                     c2s = [c2 for c2 in range(C) if rest[c2] > 0]
                     pairs += [(c, c2) for c2 in c2s]
                     nexts.append(self.V[rest][c2s])
-            cand = self._combine(tables[1], pairs, np.concatenate(nexts))
+            nxt = np.concatenate(nexts)
             out = np.full((C, R, 2, L + 1), np.inf)
-            for k, (c, _) in enumerate(pairs):
-                np.minimum(out[c], cand[k], out=out[c])
+            for lo in range(0, len(pairs), step):
+                chunk = pairs[lo:lo + step]
+                if whole:
+                    cs, c2s = [p[0] for p in chunk], [p[1] for p in chunk]
+                    a, b = tables[1][0][cs, c2s], tables[1][1][cs, c2s]
+                else:
+                    a, b = (np.stack(t) for t in zip(*(self._stage(c, s, c2) for c, c2 in chunk)))
+                cand = self._combine(a, b, nxt[lo:lo + step])
+                for k, (c, _) in enumerate(chunk):
+                    np.minimum(out[c], cand[k], out=out[c])
             self.V[left] = out
 
     def _stage_tables(self, s: int):
@@ -325,15 +339,13 @@ class ClassBounds:
             self._stages[key] = (a, b)
         return a, b
 
-    def _combine(self, tables, pairs, nxt: np.ndarray) -> np.ndarray:
+    def _combine(self, a: np.ndarray, b: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         """``(P, R, 2, L+1)`` over the first layer ``i`` of the stage, for
-        each pair ``(c, c2)`` of ``pairs``: the stage's terms on class ``c``
-        (transfer to ``c2``; ``tables`` from :meth:`_stage_tables`) over
-        ``[i, j)`` combined with the next state's values at ``j`` (``nxt``
-        ``(P, R, 2, L+1)``, the state after the last stage for ``c2 = C``),
-        least over ``j``."""
-        cs, c2s = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
-        a, b = tables[0][cs, c2s], tables[1][cs, c2s]  # (P, R, L+1, W)
+        each of ``P`` pairs ``(c, c2)``: the stage's terms ``a``, ``b``
+        ``(P, R, L+1, W)`` on class ``c`` (transfer to ``c2``, as
+        :meth:`_stage`) over ``[i, j)`` combined with the next state's
+        values at ``j`` (``nxt`` ``(P, R, 2, L+1)``, the state after the
+        last stage for ``c2 = C``), least over ``j``."""
         na, nm = nxt[:, :, 0][:, :, self.J], nxt[:, :, 1][:, :, self.J]  # (P, R, L+1, W) at each end layer
         out = np.empty(nxt.shape)
         out[:, :, 0] = (a + na).min(axis=3)
