@@ -69,6 +69,8 @@ from .timemodel import send_overlap
 CLASS_BOUND_SCHEDULES = ("gpipe", "1f1b", "zb-h1")
 #: floats of the term tables (classes x stages x components x layer ranges) above which they are not built
 MAX_TABLE_FLOATS = 2**24
+#: floats per array of one numpy pass of the suffix-minimum DP (memory, not answers: every pass is exact)
+MAX_PASS_FLOATS = 2**22
 
 # component kinds: "sum" sum_k alpha; "max" max_k beta; "prefix" max_k (sum_{k'<k} alpha + beta_k);
 # "suffix" max_k (beta_k + sum_{k'>k} alpha)
@@ -261,30 +263,63 @@ class ClassBounds:
         layer ``i``, with ``left`` slots per class available to them (the
         first's included), per component row the least alpha sum ``[0]`` and
         the least max part ``[1]`` over every class sequence and split
-        (``+inf`` where none)."""
+        (``+inf`` where none). One vector ``left`` at a time, every pair
+        (class of the stage, class of the next) in one numpy pass
+        (:meth:`_combine`; in passes of at most :data:`MAX_PASS_FLOATS`
+        floats per array where the pairs are many)."""
         L, S, C, R = self.L, self.S, self.C, len(self.names)
         self.V: dict[tuple[int, ...], np.ndarray] = {}
         vectors = [n for n in itertools.product(*(range(z + 1) for z in self.sizes))
                    if 1 <= sum(n) - self.extra <= S]
         vectors.sort(key=sum)
+        last = np.full((1, R, 2, L + 1), np.inf)  # the state after the last stage: only j = L, empty
+        last[:, :, 0, L] = 0.0
+        last[:, :, 1, L] = NEG
+        per_pair = R * (L + 1) * self.W
+        whole = C * (C + 1) * per_pair <= MAX_PASS_FLOATS  # every pair's terms of a stage at once
+        step = max(1, MAX_PASS_FLOATS // per_pair)  # pairs per numpy pass
+        tables = None
         for left in vectors:
             stages = sum(left) - self.extra
             s = S - stages
-            out = np.full((C, R, 2, L + 1), np.inf)
+            if whole and (tables is None or tables[0] != s):
+                tables = (s, self._stage_tables(s))
+            pairs, nexts = [], []
             for c in range(C):
                 if left[c] == 0:
                     continue
                 rest = tuple(x - (k == c) for k, x in enumerate(left))
                 if stages == 1:
-                    nexts = [(C, None)]
+                    pairs.append((c, C))
+                    nexts.append(last)
                 else:
-                    nexts = [(c2, self.V[rest][c2]) for c2 in range(C) if rest[c2] > 0]
-                best = None
-                for c2, nxt in nexts:
-                    cand = self._combine(c, s, c2, nxt)
-                    best = cand if best is None else np.minimum(best, cand)
-                out[c] = best
+                    c2s = [c2 for c2 in range(C) if rest[c2] > 0]
+                    pairs += [(c, c2) for c2 in c2s]
+                    nexts.append(self.V[rest][c2s])
+            nxt = np.concatenate(nexts)
+            out = np.full((C, R, 2, L + 1), np.inf)
+            for lo in range(0, len(pairs), step):
+                chunk = pairs[lo:lo + step]
+                if whole:
+                    cs, c2s = [p[0] for p in chunk], [p[1] for p in chunk]
+                    a, b = tables[1][0][cs, c2s], tables[1][1][cs, c2s]
+                else:
+                    a, b = (np.stack(t) for t in zip(*(self._stage(c, s, c2) for c, c2 in chunk)))
+                cand = self._combine(a, b, nxt[lo:lo + step])
+                for k, (c, _) in enumerate(chunk):
+                    np.minimum(out[c], cand[k], out=out[c])
             self.V[left] = out
+
+    def _stage_tables(self, s: int):
+        """Terms of stage ``s`` on every class ``c`` with its outgoing
+        transfer to every class ``c2`` (``C``: none): ``alpha``, ``beta`` of
+        shape ``(C, C+1, R, L+1, W)``, ``+inf`` where the stage cannot be
+        (as :meth:`_stage`)."""
+        ok = self.ok[:, s][:, None, None]  # (C, 1, 1, L+1, W)
+        sj = self.send[:, :, self.J][:, :, None]  # (C, C+1, 1, L+1, W)
+        a = self.a0[:, s][:, None] + self.ka[s][None, None, :, None, None] * sj
+        b = self.b0[:, s][:, None] + self.kb[s][None, None, :, None, None] * sj
+        return np.where(ok, a, np.inf), np.where(ok, b, np.inf)
 
     def _stage(self, c: int, s: int, c2: int):
         """Terms of stage ``s`` on class ``c`` with its outgoing transfer to
@@ -304,34 +339,32 @@ class ClassBounds:
             self._stages[key] = (a, b)
         return a, b
 
-    def _combine(self, c: int, s: int, c2: int, nxt) -> np.ndarray:
-        """``(R, 2, L+1)`` over the first layer ``i`` of stage ``s``: its
-        terms over ``[i, j)`` combined with the next state's values at ``j``
-        (``nxt`` ``(R, 2, L+1)``; None for the last stage), least over ``j``."""
-        L, R = self.L, len(self.names)
-        a, b = self._stage(c, s, c2)
-        if nxt is None:
-            na = np.full((R, L + 1), np.inf)
-            na[:, L] = 0.0
-            nm = np.full((R, L + 1), np.inf)
-            nm[:, L] = NEG
-        else:
-            na, nm = nxt[:, 0], nxt[:, 1]
-        out = np.empty((R, 2, L + 1))
-        na, nm = na[:, self.J], nm[:, self.J]  # (R, L+1, W) at each stage's end layer
-        out[:, 0] = (a + na).min(axis=2)
-        for q, n in enumerate(self.names):
-            kind = self.kind[n]
+    def _combine(self, a: np.ndarray, b: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        """``(P, R, 2, L+1)`` over the first layer ``i`` of the stage, for
+        each of ``P`` pairs ``(c, c2)``: the stage's terms ``a``, ``b``
+        ``(P, R, L+1, W)`` on class ``c`` (transfer to ``c2``, as
+        :meth:`_stage`) over ``[i, j)`` combined with the next state's
+        values at ``j`` (``nxt`` ``(P, R, 2, L+1)``, the state after the
+        last stage for ``c2 = C``), least over ``j``."""
+        na, nm = nxt[:, :, 0][:, :, self.J], nxt[:, :, 1][:, :, self.J]  # (P, R, L+1, W) at each end layer
+        out = np.empty(nxt.shape)
+        out[:, :, 0] = (a + na).min(axis=3)
+        for kind, q in self._rows_of_kind():
             if kind == "sum":
-                out[q, 1] = out[q, 0]
+                out[:, q, 1] = out[:, q, 0]
             elif kind == "max":
-                out[q, 1] = np.maximum(b[q], nm[q]).min(axis=1)
+                out[:, q, 1] = np.maximum(b[:, q], nm[:, q]).min(axis=3)
             elif kind == "prefix":
-                out[q, 1] = np.maximum(b[q], a[q] + nm[q]).min(axis=1)
+                out[:, q, 1] = np.maximum(b[:, q], a[:, q] + nm[:, q]).min(axis=3)
             else:  # suffix: beta_k plus the least alpha sum after k, or the rest's maximum
-                out[q, 1] = np.maximum(b[q] + na[q], nm[q]).min(axis=1)
-        out[~np.isfinite(out[:, 0])[:, None, :].repeat(2, axis=1)] = np.inf
+                out[:, q, 1] = np.maximum(b[:, q] + na[:, q], nm[:, q]).min(axis=3)
+        out[np.broadcast_to(~np.isfinite(out[:, :, :1]), out.shape)] = np.inf
         return out
+
+    def _rows_of_kind(self):
+        """``(kind, row indices)`` for each component kind present."""
+        rows = [(k, np.array([q for q, n in enumerate(self.names) if self.kind[n] == k])) for k in _KINDS]
+        return [(k, q) for k, q in rows if len(q)]
 
     # -- prefixes -------------------------------------------------------------------------------------------
 

@@ -625,6 +625,22 @@ def _closed_form_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: 
     return ctx[key]
 
 
+def _mapped_visit_order(points: list, rows: list[dict]) -> list:
+    """The order in which the search evaluates its mapped points ``(bound,
+    row index, variant)``, after every other point: first the point of least
+    bound of each family (variant, pp, schedule, vp: the likeliest best
+    mapping of each configuration, so that the cutoff falls early), then
+    the others; each part by (bound, row index). Deterministic; the ranked
+    plans do not depend on it (docs/heterogeneous.md, "Point order")."""
+    heads: dict = {}
+    for point in sorted(points, key=lambda p: p[:2]):
+        row = rows[point[1]]
+        heads.setdefault((id(point[2]), row["pp"], row["schedule"], row["vp"]), point)
+    first = {p[1] for p in heads.values()}
+    return sorted(heads.values(), key=lambda p: p[:2]) + sorted(
+        (p for p in points if p[1] not in first), key=lambda p: p[:2])
+
+
 def _mapped_key(variant: ModelVariant, row: dict) -> tuple:
     return ("mapped", id(variant), row["pp"], row["micro_batch_size"], row["num_micro_batches"], row["schedule"],
             row["vp"])
@@ -942,6 +958,7 @@ def search(
             unproven.append((None, row["split_lower_bound_s"]))
 
     deferred: list = []  # points of DEFERRED_SCHEDULES, evaluated after all others
+    mapped: list = []  # points of the mapped placement (their order search is costly), evaluated last
     for done, (group_bound, (_, _, variant, pp, dp)) in enumerate(
             in_bound_order(groups, strong_group_bound, pruned)):
         if progress:
@@ -959,11 +976,15 @@ def search(
                 todo.append((row["lower_bound_s"], len(rows) - 1))
         todo.sort()
         for bound, idx in todo:
-            if rows[idx]["schedule"] in DEFERRED_SCHEDULES and not options.exhaustive:
+            if rows[idx]["placement"] == "mapped" and not options.exhaustive:
+                mapped.append((bound, idx, variant))  # after every layout: against the lowest cutoff
+            elif rows[idx]["schedule"] in DEFERRED_SCHEDULES and not options.exhaustive:
                 deferred.append((bound, idx, variant))  # after the others: against a lower cutoff
             else:
                 visit(bound, idx, variant)
     for bound, idx, variant in deferred:
+        visit(bound, idx, variant)
+    for bound, idx, variant in _mapped_visit_order(mapped, rows):
         visit(bound, idx, variant)
     if options.replicate_stages or options.split_replicas:
         candidates = replicated_candidates(variants, cluster, job, options, work, fastest, profiled_device)
