@@ -932,6 +932,14 @@ def search(
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
 
+    def keep_result(plan: Plan | None, row: dict) -> None:
+        """An evaluated point's plan, or its bound when its split search
+        stopped before any split fit (an open point, :data:`STOPPED`)."""
+        if plan is not None:
+            keep_plan(plan, row)
+        elif row["status"] == STOPPED:
+            unproven.append((None, row["split_lower_bound_s"]))
+
     def visit(bound: float, idx: int, variant) -> None:
         """Evaluate the point of ``rows[idx]`` unless pruned or surely out of memory."""
         row = rows[idx]
@@ -952,10 +960,7 @@ def search(
             return
         plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
                             links_cache, placement_ctx, cutoff_s=cutoff())
-        if plan is not None:
-            keep_plan(plan, row)
-        elif row["status"] == STOPPED:
-            unproven.append((None, row["split_lower_bound_s"]))
+        keep_result(plan, row)
 
     deferred: list = []  # points of DEFERRED_SCHEDULES, evaluated after all others
     mapped: list = []  # points of the mapped placement (their order search is costly), evaluated last
@@ -996,10 +1001,7 @@ def search(
             row["lower_bound_s"] = bound
             plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
                                 links_cache, placement_ctx, cutoff_s=cutoff())
-            if plan is not None:
-                keep_plan(plan, row)
-            elif row["status"] == STOPPED:
-                unproven.append((None, row["split_lower_bound_s"]))
+            keep_result(plan, row)
     if progress:
         progress(len(groups), len(groups))
     counts.update(r["status"] for r in rows if r["status"] != "ok")

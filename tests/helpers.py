@@ -327,3 +327,21 @@ def mobius_gpus_fit(weight_bytes, held_bytes, pp: int, capacity_bytes: float) ->
         if held_bytes[mine].sum() + max(pairs) > capacity_bytes:
             return False
     return True
+
+
+def written_plan(tmp_path_factory, name: str, args: list[str], *, validated: bool = True) -> dict:
+    """``pipesearch <args> -o FILE`` (a ``plan`` command) in a fresh folder
+    ``name``; asserts it exits 0 (and, with ``validated``, that ``pipesearch
+    validate FILE`` passes) and returns the plan file's JSON."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    out = tmp_path_factory.mktemp(name) / "p.json"
+    r = CliRunner().invoke(main, list(args) + ["-o", str(out)])
+    assert r.exit_code == 0, r.output
+    if validated:
+        assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
+    return json.loads(out.read_text())

@@ -17,16 +17,14 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from helpers import written_plan
 from pipesearch.cli import main
 
 COMMON = ["plan", "-q", "--cluster", "1x8-rtx4090-pcie4", "--seq-len", "2048", "--top", "1"]
 
 
 def _plan(tmp_path_factory, name, flags):
-    out = tmp_path_factory.mktemp(name) / "p.json"
-    r = CliRunner().invoke(main, COMMON + flags + ["-o", str(out)])
-    assert r.exit_code == 0, r.output
-    return json.loads(out.read_text())
+    return written_plan(tmp_path_factory, name, COMMON + flags, validated=False)
 
 
 @pytest.fixture(scope="module")

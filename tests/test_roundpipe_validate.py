@@ -19,6 +19,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from helpers import written_plan
 from pipesearch.cli import main
 from pipesearch.schedules import roundpipe_tasks
 
@@ -28,11 +29,7 @@ COMMON = ["plan", "-q", "--model", "qwen3-1.7b", "--cluster", "1x8-rtx4090-pcie4
 
 
 def _plan(tmp_path_factory, name, flags):
-    out = tmp_path_factory.mktemp(name) / "p.json"
-    r = CliRunner().invoke(main, COMMON + flags + ["-o", str(out)])
-    assert r.exit_code == 0, r.output
-    assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
-    return json.loads(out.read_text())
+    return written_plan(tmp_path_factory, name, COMMON + flags)
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ from ..roundpipe import WEIGHT_BYTES_PER_PARAM
 from ..schedules import roundpipe_tasks
 from ..types import HostSpec
 from . import Problem, show
-from .host_records import host_problems
+from .host_records import host_problems, host_spec
 
 #: relative difference beyond which a recorded value disagrees with its formula
 REL_TOL = 1e-9
@@ -58,19 +58,6 @@ def _differs(found, expected: float) -> bool:
     if not isinstance(found, (int, float)) or isinstance(found, bool):
         return True
     return abs(found - expected) > REL_TOL * max(abs(found), abs(expected)) + 1e-300
-
-
-def _host(inputs: dict) -> HostSpec | None:
-    cluster = inputs.get("cluster")
-    h = cluster.get("host") if isinstance(cluster, dict) else None
-    try:
-        host = HostSpec(**{**h, "pcie_switches": tuple(tuple(int(x) for x in sw) for sw in h["pcie_switches"])})
-    except (TypeError, KeyError, ValueError):
-        return None
-    rates = (host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s, host.cpu_adam_params_per_s)
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in rates):
-        return None
-    return host
 
 
 def _node_and_local(device: int, cluster: dict) -> tuple[int, int] | None:
@@ -105,7 +92,7 @@ def _check(where: str, found, expected: float, why: str) -> Iterator[Problem]:
 def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     """A RoundPipe plan's records against the ``[host]`` table (module docstring)."""
     info, stages = plan["options"]["roundpipe"], plan["stages"]
-    host = _host(inputs)
+    host = host_spec(inputs)
     if host is None:
         found = (inputs.get("cluster") or {}).get("host") if isinstance(inputs.get("cluster"), dict) else None
         yield Problem("inputs.cluster.host", f"{show(found)} found, the cluster's [host] table expected (positive "
@@ -188,7 +175,7 @@ def _mobius(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
                               0.0 if delayed else st["host_step_s"],
                               "the delayed step runs beside the next iteration" if delayed else
                               f"{where}.stages[{k}].host_step_s: dp 1, the CPU's step after the stage's backward")
-    host = _host(inputs)
+    host = host_spec(inputs)
     if host is None:
         return
     per_node = len(host.pcie_switches)
