@@ -32,6 +32,20 @@ def _oracle(costs_of, num_slots: int, L: int, pp: int, m: int, schedule: str, vp
                 best = t if best is None else min(best, t)
     return best
 
+def _instance(inst):
+    """``(costs_of, classes, oracle)`` of a drawn instance (oracle None when
+    no order has a split that fits), or None when it has more stages than
+    layers or fewer slots than ranks."""
+    cluster, tp, pp, m, schedule, vp, prof = inst
+    L = prof.num_layers
+    slots = len(slot_heads(cluster, tp))
+    if pp * vp > L or slots < pp:
+        return None
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, tp, pp, m, schedule, vp)
+    return costs_of, slot_classes(cluster, tp), _oracle(costs_of, slots, L, pp, m, schedule, vp)
+
+
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tos.instances())
@@ -47,16 +61,12 @@ def test_capacity_and_link_bounds_hold_for_every_order_and_split(inst):
     does not carry, or a cutoff test that excluded a feasible order would
     fail here; under 1F1B the bound with each rank's blocking sends too
     (a send counted on a rank that does not make it would fail)."""
-    cluster, tp, pp, m, schedule, vp, prof = inst
-    L = prof.num_layers
-    slots = len(slot_heads(cluster, tp))
-    if pp * vp > L or slots < pp:
+    _, _, pp, m, schedule, vp, _ = inst
+    drawn = _instance(inst)
+    if drawn is None:
         return
-    job = Job(global_batch_size=m, memory_reserve_bytes=0)
-    costs_of = tos._point(prof, cluster, job, tp, pp, m, schedule, vp)
-    classes = slot_classes(cluster, tp)
+    costs_of, classes, oracle = drawn
     sizes = [len(c) for c in classes]
-    oracle = _oracle(costs_of, slots, L, pp, m, schedule, vp)
     tables = rank_capacity_tables(classes, costs_of, pp, vp)
     assert tables is not None
     plain = rank_capacity_bound_s(tables, sizes, m)
@@ -81,15 +91,11 @@ def test_best_order_below_the_optimum_is_refused_with_a_valid_bound(inst):
     None when no split fits) and its bound is at most the optimum; with the
     cutoff above it, it finds the optimum (the exclusion never drops the
     best order)."""
-    cluster, tp, pp, m, schedule, vp, prof = inst
-    L = prof.num_layers
-    slots = len(slot_heads(cluster, tp))
-    if pp * vp > L or slots < pp:
+    _, _, pp, m, schedule, vp, _ = inst
+    drawn = _instance(inst)
+    if drawn is None:
         return
-    job = Job(global_batch_size=m, memory_reserve_bytes=0)
-    costs_of = tos._point(prof, cluster, job, tp, pp, m, schedule, vp)
-    classes = slot_classes(cluster, tp)
-    oracle = _oracle(costs_of, slots, L, pp, m, schedule, vp)
+    costs_of, classes, oracle = drawn
     if oracle is None:
         return
     low = best_order(classes, costs_of, schedule, pp, vp, cutoff_s=oracle * 0.999, max_orders=10**6)

@@ -48,6 +48,7 @@ from ..types import HostSpec
 from . import Problem, show
 
 #: relative difference beyond which a recorded value disagrees with its formula
+#: relative difference beyond which a recorded value disagrees with its formula
 REL_TOL = 1e-9
 
 _HOST_OPTIONS = ("offload", "stream", "swap", "roundpipe", "act-host")
@@ -124,14 +125,14 @@ def _param_state(job: dict) -> ParamState | None:
         return None
 
 
-def _place(device: int, cluster: dict, host: HostSpec) -> tuple[int, int] | None:
+def device_place(device: int, cluster: dict, host: HostSpec) -> tuple[int, int] | None:
     """(node, switch) of a global device id from ``inputs.cluster.groups``."""
     node = 0
     for g in cluster.get("groups") or ():
         if not isinstance(g, dict):
             return None
         first, last, per, nodes = (g.get(k) for k in ("first_device", "last_device", "devices_per_node", "nodes"))
-        if not all(isinstance(x, int) for x in (first, last, per, nodes)) or per < 1:
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, per, nodes)) or per < 1:
             return None
         if first <= device <= last:
             local = (device - first) % per
@@ -152,7 +153,7 @@ def _sharing(plan: dict, cluster: dict, host: HostSpec):
     (:func:`pipesearch.host.stage_switch_sharing`, :func:`pipesearch.host.node_sharing`),
     and the node of its first GPU; None where a GPU has no place."""
     used = sorted({d for k in range(len(plan["stages"])) for d in _gpus(plan, k)})
-    place = {d: _place(d, cluster, host) for d in used}
+    place = {d: device_place(d, cluster, host) for d in used}
     if None in place.values():
         return None
     switch, node = {}, {}
@@ -163,7 +164,8 @@ def _sharing(plan: dict, cluster: dict, host: HostSpec):
              place[_gpus(plan, k)[0]][0]) for k in range(len(plan["stages"]))]
 
 
-def _check(where: str, found, expected: float, why: str) -> Iterator[Problem]:
+def check_record(where: str, found, expected: float, why: str) -> Iterator[Problem]:
+    """A problem when the recorded ``found`` is not ``expected`` within :data:`REL_TOL`."""
     if _differs(found, expected):
         yield Problem(where, f"{found!r} found, {expected!r} expected ({why}); re-plan, or restore the field")
 
@@ -190,7 +192,7 @@ def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, 
         S, pp = len(plan["stages"]), par["pp"]
         r = k % pp
         rank_gpus = [d + t for d in plan["stages"][r]["devices"] for t in range(par["tp"])]
-        places = [_place(d, cluster, host) for d in rank_gpus]
+        places = [device_place(d, cluster, host) for d in rank_gpus]
         copies = max(places.count(x) for x in places)
         link = min(host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s)
         return {"option": "swap", "p": p, "host": p * (2.0 + offload_bytes_per_param(state, dp)[1]) / b * n,
@@ -238,7 +240,7 @@ def host_problems(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
         yield from _stage_problems(plan, where, info, state, host, sharing, inputs)
     for key, total in (("host_memory_bytes", "total_host_memory_bytes"),
                        ("pcie_bytes_per_iteration", "total_pcie_bytes_per_iteration")):
-        yield from _check(f"{h}.{total}", info.get(total), float(sum(info[key])), f"the sum of {h}.{key}")
+        yield from check_record(f"{h}.{total}", info.get(total), float(sum(info[key])), f"the sum of {h}.{key}")
     nodes: dict[int, float] = {}
     for k in range(S):
         node = sharing[k][2] if sharing is not None else 0
@@ -279,7 +281,7 @@ def _stage_problems(plan, where, info, state, host, sharing, inputs) -> Iterator
         if "copy" in t and isinstance(copies, list) and len(copies) == len(plan["stages"]):
             found.append((f"{h}.optimizer_copy_s[{k}]", copies[k], t["copy"], f"{t['p']!r} B, {t.get('why', '')}"))
         for field, value, expected, reason in found:
-            problems = list(_check(field, value, expected, reason))
+            problems = list(check_record(field, value, expected, reason))
             if problems:
                 yield problems[0]
                 return

@@ -48,46 +48,7 @@ from ..roundpipe import WEIGHT_BYTES_PER_PARAM
 from ..schedules import roundpipe_tasks
 from ..types import HostSpec
 from . import Problem, show
-from .host_records import host_problems, host_spec
-
-#: relative difference beyond which a recorded value disagrees with its formula
-REL_TOL = 1e-9
-
-
-def _differs(found, expected: float) -> bool:
-    if not isinstance(found, (int, float)) or isinstance(found, bool):
-        return True
-    return abs(found - expected) > REL_TOL * max(abs(found), abs(expected)) + 1e-300
-
-
-def _node_and_local(device: int, cluster: dict) -> tuple[int, int] | None:
-    """(node, id inside the node) of a global device id from ``inputs.cluster.groups``."""
-    node = 0
-    groups = cluster.get("groups") if isinstance(cluster, dict) else None
-    for g in groups if isinstance(groups, list) else ():
-        if not isinstance(g, dict):
-            return None
-        first, last, per, nodes = (g.get(k) for k in ("first_device", "last_device", "devices_per_node", "nodes"))
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, per, nodes)) or per < 1:
-            return None
-        if first <= device <= last:
-            return node + (device - first) // per, (device - first) % per
-        node += nodes
-    return None
-
-
-def _switch_key(device: int, cluster: dict, host: HostSpec) -> tuple[int, int] | None:
-    where = _node_and_local(device, cluster)
-    if where is None:
-        return None
-    switch = next((k for k, sw in enumerate(host.pcie_switches) if where[1] in sw), None)
-    return None if switch is None else (where[0], switch)
-
-
-def _check(where: str, found, expected: float, why: str) -> Iterator[Problem]:
-    if _differs(found, expected):
-        yield Problem(where, f"{found!r} found, {expected!r} expected ({why}); re-plan, or restore the field")
-
+from .host_records import check_record, device_place, host_problems, host_spec
 
 def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     """A RoundPipe plan's records against the ``[host]`` table (module docstring)."""
@@ -101,11 +62,11 @@ def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
         return
     bw = min(host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s)
     pool = [st["devices"][0] for st in stages[:plan["parallelism"]["pp"]]]
-    keys = [_switch_key(d, inputs["cluster"], host) for d in pool]
+    keys = [device_place(d, inputs["cluster"], host) for d in pool]
     for d, key in enumerate(keys):
         if key is not None:
             n = sum(k == key for k in keys)
-            yield from _check(f"{where}.options.roundpipe.pcie_scale[{d}]", info["pcie_scale"][d],
+            yield from check_record(f"{where}.options.roundpipe.pcie_scale[{d}]", info["pcie_scale"][d],
                               float(bw / shared_bandwidth_bytes_per_s(host, n)),
                               f"{n} of the pool's GPUs share GPU {pool[d]}'s PCIe switch")
     yield from _roundpipe_groups(plan, where, host, bw)
@@ -121,22 +82,22 @@ def _roundpipe_groups(plan: dict, where: str, host: HostSpec, bw: float) -> Iter
         parts = st.get("memory_breakdown_bytes") or {}
         w = f"{where}.stages[{g}]"
         if g + 1 < G:
-            yield from _check(f"{rp}.act_copy_s[{g}]", info["act_copy_s"][g], st["send_bytes"] / bw,
+            yield from check_record(f"{rp}.act_copy_s[{g}]", info["act_copy_s"][g], st["send_bytes"] / bw,
                               f"{w}.send_bytes {st['send_bytes']!r} B over {bw:.6g} B/s")
-        yield from _check(f"{w}.comm_s", st["comm_s"], info["act_copy_s"][g] if g + 1 < G else 0.0,
+        yield from check_record(f"{w}.comm_s", st["comm_s"], info["act_copy_s"][g] if g + 1 < G else 0.0,
                           f"{rp}.act_copy_s[{g}]" if g + 1 < G else "the last group sends nothing")
         # the tied copy's weights and gradient, half each (pipesearch.roundpipe.plan_point)
         tied = parts["tied_copy"] / 2 if isinstance(parts.get("tied_copy"), (int, float)) else 0.0
         for key, part in (("weights_in_s", "weights"), ("grads_out_s", "gradients")):
             if isinstance(parts.get(part), (int, float)):
                 plus = f" + tied_copy / 2 {tied!r} B" if tied else ""
-                yield from _check(f"{rp}.{key}[{g}]", info[key][g], (parts[part] + tied) / bw,
+                yield from check_record(f"{rp}.{key}[{g}]", info[key][g], (parts[part] + tied) / bw,
                                   f"{w}.memory_breakdown_bytes.{part} {parts[part]!r} B{plus} over {bw:.6g} B/s")
         if isinstance(parts.get("weights"), (int, float)) and "host_step_s" in st:
             params = parts["weights"] / WEIGHT_BYTES_PER_PARAM
-            yield from _check(f"{w}.host_step_s", st["host_step_s"], params / host.cpu_adam_params_per_s,
+            yield from check_record(f"{w}.host_step_s", st["host_step_s"], params / host.cpu_adam_params_per_s,
                               f"the CPU's Adam over {params:.6g} parameters at {host.cpu_adam_params_per_s:.6g}/s")
-        yield from _check(f"{w}.allreduce_s", st["allreduce_s"], 0.0 if delayed else st.get("host_step_s", 0.0),
+        yield from check_record(f"{w}.allreduce_s", st["allreduce_s"], 0.0 if delayed else st.get("host_step_s", 0.0),
                           "the delayed step runs beside the next iteration" if delayed else
                           f"{w}.host_step_s: the CPU's step after the iteration")
 
@@ -148,7 +109,7 @@ def _roundpipe_prediction(plan: dict, where: str) -> Iterator[Problem]:
     pred = plan["predicted"]
     t = pred["iteration_time_s"]
     if "analytic_iteration_time_s" in pred:
-        yield from _check(f"{where}.predicted.analytic_iteration_time_s", pred["analytic_iteration_time_s"], t,
+        yield from check_record(f"{where}.predicted.analytic_iteration_time_s", pred["analytic_iteration_time_s"], t,
                           "RoundPipe's time is its graph's longest path, predicted.iteration_time_s")
     m = plan["schedule"]["num_micro_batches"]
     busy = [0.0] * pp
@@ -157,7 +118,7 @@ def _roundpipe_prediction(plan: dict, where: str) -> Iterator[Problem]:
     if t > 0:
         d = max(range(pp), key=lambda x: (busy[x], -x))
         mine = ",".join(dict.fromkeys(str(g) for kind, g, dd in roundpipe_tasks(G, pp) if dd == d))
-        yield from _check(f"{where}.predicted.bubble_fraction", pred["bubble_fraction"], max(0.0, 1 - busy[d] / t),
+        yield from check_record(f"{where}.predicted.bubble_fraction", pred["bubble_fraction"], max(0.0, 1 - busy[d] / t),
                           f"1 - the busiest GPU's compute / iteration_time_s {t!r} s: GPU {d} runs {busy[d]!r} s, "
                           f"{m} micro-batches of the tasks of stages {mine} at their fwd_s and compute_s")
 
@@ -168,10 +129,10 @@ def _mobius(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     mb = f"{where}.options.mobius"
     delayed = (plan.get("options") or {}).get("optimizer_step") == "delayed"
     for k, st in enumerate(stages):
-        yield from _check(f"{mb}.swap_out_s[{k}]", info["swap_out_s"][k], info["swap_in_s"][k],
+        yield from check_record(f"{mb}.swap_out_s[{k}]", info["swap_out_s"][k], info["swap_in_s"][k],
                           f"{mb}.swap_in_s[{k}]: one rate each way")
         if plan["parallelism"]["dp"] == 1 and "host_step_s" in st:  # no gradient all-reduce: the CPU's step alone
-            yield from _check(f"{where}.stages[{k}].allreduce_s", st["allreduce_s"],
+            yield from check_record(f"{where}.stages[{k}].allreduce_s", st["allreduce_s"],
                               0.0 if delayed else st["host_step_s"],
                               "the delayed step runs beside the next iteration" if delayed else
                               f"{where}.stages[{k}].host_step_s: dp 1, the CPU's step after the stage's backward")
@@ -180,9 +141,9 @@ def _mobius(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
         return
     per_node = len(host.pcie_switches)
     for r in range(plan["parallelism"]["pp"]):
-        key = _switch_key(stages[r]["devices"][0], inputs["cluster"], host)
+        key = device_place(stages[r]["devices"][0], inputs["cluster"], host)
         if key is not None:
-            yield from _check(f"{mb}.pcie_queue[{r}]", info["pcie_queue"][r], key[0] * per_node + key[1],
+            yield from check_record(f"{mb}.pcie_queue[{r}]", info["pcie_queue"][r], key[0] * per_node + key[1],
                               f"the PCIe switch of rank {r}'s GPU {stages[r]['devices'][0]}: node {key[0]} x "
                               f"{per_node} switches + switch {key[1]}")
 
