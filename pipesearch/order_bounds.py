@@ -31,6 +31,19 @@ stage's own outgoing transfer:
   ``sum_k (F + c)_k + max_k ((m-1) F + w I + max(m-S, 0) W)_k + max_k (B_k +
   r_k + c_k + sum_{k'>k} (I + c)_k')`` and ``sum_k (F + c)_k + max_k (m B +
   w F + r + c)_k + ...`` (``w = m - S + k``);
+* ZB-H1 with ``m > S``, two round trips: micro-batch 0 down and up, rank
+  0's ``W`` of it and forward of micro-batch ``S`` (rank 0 runs ``I_0, W_0,
+  F_S`` one after another), that forward down to stage ``k``, rank ``k``'s
+  actions from its forward of micro-batch ``S`` to that of ``m - 1`` (steps
+  ``j = k+1 .. m-S+k`` of :func:`pipesearch.schedules.zb_h1`'s order: ``m -
+  S`` forwards and the ``m - S - 1`` pairs ``I, W`` between them),
+  micro-batch ``m - 1`` from ``k`` down to the last stage and back up to
+  stage 0, then rank 0's last ``W`` and all-reduce. Every stage but ``k`` is
+  crossed twice down and twice up, ``k`` once each way plus its steady
+  work, so the path is ``sum_k (2 (F + I) + 4 c)_k + 2 W_0 + r_0 + (m - S -
+  1) max_k (F + B)_k``: the fill and drain of both round trips plus the
+  bottleneck rank's steady state (the critical path of the best 16-rank
+  plans of docs/heterogeneous.md);
 * 1F1B: ``max_k (sum_{k'<k} (f + b)_k' + m (f + b)_k)``; ``sum_k f_k +
   max_k ((m-1) f + w b)_k + max_k (b_k + r_k + c_k + sum_{k'>k} (B + c)_k')``;
   ``sum_k f_k + max_k (m b + w f + r + c)_k + ...``; and ``sum_k (f + b +
@@ -86,6 +99,8 @@ def families(schedule: str, pp: int, m: int):
             [("sum", "t6s"), ("max", "t6m")]]
     if schedule == "zb-h1" and m >= pp:
         fams += [[("sum", "fc"), ("max", "z3m"), ("suffix", "z3s")], [("sum", "fc"), ("suffix", "z4s")]]
+    if schedule == "zb-h1" and m > pp:
+        fams.append([("sum", "z6s"), ("max", "z6m")])
     if schedule == "1f1b" and m >= pp:
         fams += [[("prefix", "o5")], [("sum", "fc"), ("max", "o1m"), ("suffix", "o1s")],
                  [("sum", "fc"), ("suffix", "o2s")], [("sum", "o3"), ("max", "o3x")], [("sum", "o3"), ("max", "o3y")]]
@@ -117,6 +132,9 @@ def stage_terms(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j) -> d
         out["z3m"] = (None, 0.0, (m - 1) * F + w * I + max(m - S, 0) * (B - I), 0.0)
         out["z3s"] = (I, 1.0, B + r, 1.0)
         out["z4s"] = (I, 1.0, m * B + w * F + r, 1.0)
+    if schedule == "zb-h1" and m > S:
+        out["z6s"] = (2.0 * (F + I) + ((2.0 * (B - I) + r) if s == 0 else 0.0), 4.0, None, 0.0)
+        out["z6m"] = (None, 0.0, (m - S - 1) * (F + B), 0.0)
     if schedule == "1f1b" and m >= S:
         out["o5"] = (F + B, 1.0, m * (F + B), float(m))
         out["fc"] = (F, 1.0, None, 0.0)
