@@ -27,7 +27,8 @@ over every sequence of the classes left) holds for every order that starts
 with it and every split. A complete order whose bound is below the best
 time so far is split exactly from that time; the search is OPTIMAL when the
 least open bound reaches the best time (OPTIMAL_WITHIN_TIES when it
-reaches ``1 - tie_rel`` times it, the search's tie window), else, after
+reaches ``1 - tie_rel`` times it, a caller's tie window; the search asks
+for OPTIMAL), else, after
 ``max_orders`` splits or ``max_nodes`` expanded prefixes (counts), FEASIBLE
 with the least open bound (every order not split is at least that). With a finite cutoff the
 DP runs first with :data:`QUICK_FAMILY` alone (a fifth of the work): when
@@ -243,10 +244,11 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
             callable is called (once) only when the point is not settled by
             the rank-capacity bound first.
         tie_rel: the search by classes may stop once no open prefix can be
-            more than this share faster than the best order (the search's
-            tie window between plans, ``search.TIE_REL``): status
+            more than this share faster than the best order: status
             ``"OPTIMAL_WITHIN_TIES"``, bound and gap (at most ``tie_rel``)
-            reported. 0 (the default): only ``"OPTIMAL"`` proofs.
+            reported; the order returned may then be slower than the best
+            (within that share). 0 (the default, what
+            :func:`pipesearch.search.search` uses): only ``"OPTIMAL"`` proofs.
 
     Returns:
         An :class:`OrderSearch`, or None when no order has a split that fits
