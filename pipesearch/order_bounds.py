@@ -31,6 +31,19 @@ stage's own outgoing transfer:
   ``sum_k (F + c)_k + max_k ((m-1) F + w I + max(m-S, 0) W)_k + max_k (B_k +
   r_k + c_k + sum_{k'>k} (I + c)_k')`` and ``sum_k (F + c)_k + max_k (m B +
   w F + r + c)_k + ...`` (``w = m - S + k``);
+* ZB-H1 with ``m > S``, two round trips: micro-batch 0 down and up, rank
+  0's ``W`` of it and forward of micro-batch ``S`` (rank 0 runs ``I_0, W_0,
+  F_S`` one after another), that forward down to stage ``k``, rank ``k``'s
+  actions from its forward of micro-batch ``S`` to that of ``m - 1`` (steps
+  ``j = k+1 .. m-S+k`` of :func:`pipesearch.schedules.zb_h1`'s order: ``m -
+  S`` forwards and the ``m - S - 1`` pairs ``I, W`` between them),
+  micro-batch ``m - 1`` from ``k`` down to the last stage and back up to
+  stage 0, then rank 0's last ``W`` and all-reduce. Every stage but ``k`` is
+  crossed twice down and twice up, ``k`` once each way plus its steady
+  work, so the path is ``sum_k (2 (F + I) + 4 c)_k + 2 W_0 + r_0 + (m - S -
+  1) max_k (F + B)_k``: the fill and drain of both round trips plus the
+  bottleneck rank's steady state (the critical path of the best 16-rank
+  plans of docs/heterogeneous.md);
 * 1F1B: ``max_k (sum_{k'<k} (f + b)_k' + m (f + b)_k)``; ``sum_k f_k +
   max_k ((m-1) f + w b)_k + max_k (b_k + r_k + c_k + sum_{k'>k} (B + c)_k')``;
   ``sum_k f_k + max_k (m b + w f + r + c)_k + ...``; and ``sum_k (f + b +
@@ -86,6 +99,8 @@ def families(schedule: str, pp: int, m: int):
             [("sum", "t6s"), ("max", "t6m")]]
     if schedule == "zb-h1" and m >= pp:
         fams += [[("sum", "fc"), ("max", "z3m"), ("suffix", "z3s")], [("sum", "fc"), ("suffix", "z4s")]]
+    if schedule == "zb-h1" and m > pp:
+        fams.append([("sum", "z6s"), ("max", "z6m")])
     if schedule == "1f1b" and m >= pp:
         fams += [[("prefix", "o5")], [("sum", "fc"), ("max", "o1m"), ("suffix", "o1s")],
                  [("sum", "fc"), ("suffix", "o2s")], [("sum", "o3"), ("max", "o3x")], [("sum", "o3"), ("max", "o3y")]]
@@ -117,6 +132,9 @@ def stage_terms(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j) -> d
         out["z3m"] = (None, 0.0, (m - 1) * F + w * I + max(m - S, 0) * (B - I), 0.0)
         out["z3s"] = (I, 1.0, B + r, 1.0)
         out["z4s"] = (I, 1.0, m * B + w * F + r, 1.0)
+    if schedule == "zb-h1" and m > S:
+        out["z6s"] = (2.0 * (F + I) + ((2.0 * (B - I) + r) if s == 0 else 0.0), 4.0, None, 0.0)
+        out["z6m"] = (None, 0.0, (m - S - 1) * (F + B), 0.0)
     if schedule == "1f1b" and m >= S:
         out["o5"] = (F + B, 1.0, m * (F + B), float(m))
         out["fc"] = (F, 1.0, None, 0.0)
@@ -177,8 +195,9 @@ class ClassBounds:
         self.extra = sum(self.sizes) - S  # slots that stay unused
         self.fams = [fam for fam in families(schedule, pp, m) if only is None or all(n in only for _, n in fam)]
         self._stages: dict = {}
-        names = list(dict.fromkeys(n for fam in self.fams for _, n in fam))
         self.kind = {n: k for fam in self.fams for k, n in fam}
+        # the rows of one kind next to each other (slices in :meth:`_combine`)
+        names = sorted(dict.fromkeys(n for fam in self.fams for _, n in fam), key=lambda n: _KINDS.index(self.kind[n]))
         self.names = names
         self.row = {n: q for q, n in enumerate(names)}
         R = len(names)
@@ -199,6 +218,8 @@ class ClassBounds:
         # band: the longest stage any (class, stage) can hold; arrays (.., L+1 starts, W lengths)
         lengths = np.where(ok, (jj - ii)[None, None], 0)
         self.W = W = max(1, int(lengths.max()))
+        #: per class the longest stage it can hold on any rank (0: none)
+        self.band = tuple(int(x) for x in lengths.max(axis=(1, 2, 3)))
         d = np.arange(1, W + 1)
         self.J = J = np.minimum(np.arange(L + 1)[:, None] + d[None, :], L)  # (L+1, W) end layer
         inband = (np.arange(L + 1)[:, None] + d[None, :]) <= L
@@ -263,52 +284,62 @@ class ClassBounds:
         layer ``i``, with ``left`` slots per class available to them (the
         first's included), per component row the least alpha sum ``[0]`` and
         the least max part ``[1]`` over every class sequence and split
-        (``+inf`` where none). One vector ``left`` at a time, every pair
-        (class of the stage, class of the next) in one numpy pass
-        (:meth:`_combine`; in passes of at most :data:`MAX_PASS_FLOATS`
-        floats per array where the pairs are many)."""
+        (``+inf`` where none). One level (count of stages left) at a
+        time, from the last stage back; per class of the stage every pair
+        (vector of the level, class of the next stage) in one numpy pass
+        (:meth:`_suffix_class`, :meth:`_combine`)."""
         L, S, C, R = self.L, self.S, self.C, len(self.names)
         self.V: dict[tuple[int, ...], np.ndarray] = {}
-        vectors = [n for n in itertools.product(*(range(z + 1) for z in self.sizes))
-                   if 1 <= sum(n) - self.extra <= S]
-        vectors.sort(key=sum)
+        levels: dict[int, list[tuple[int, ...]]] = {}
+        for n in itertools.product(*(range(z + 1) for z in self.sizes)):
+            if 1 <= sum(n) - self.extra <= S:
+                levels.setdefault(sum(n) - self.extra, []).append(n)
         last = np.full((1, R, 2, L + 1), np.inf)  # the state after the last stage: only j = L, empty
         last[:, :, 0, L] = 0.0
         last[:, :, 1, L] = NEG
-        per_pair = R * (L + 1) * self.W
-        whole = C * (C + 1) * per_pair <= MAX_PASS_FLOATS  # every pair's terms of a stage at once
-        step = max(1, MAX_PASS_FLOATS // per_pair)  # pairs per numpy pass
-        tables = None
-        for left in vectors:
-            stages = sum(left) - self.extra
+        whole = C * (C + 1) * R * (L + 1) * self.W <= MAX_PASS_FLOATS  # every pair's terms of a stage at once
+        for stages in sorted(levels):
             s = S - stages
-            if whole and (tables is None or tables[0] != s):
-                tables = (s, self._stage_tables(s))
-            pairs, nexts = [], []
+            tables = self._stage_tables(s) if whole else None
+            outs = {left: np.full((C, R, 2, L + 1), np.inf) for left in levels[stages]}
             for c in range(C):
-                if left[c] == 0:
-                    continue
-                rest = tuple(x - (k == c) for k, x in enumerate(left))
-                if stages == 1:
-                    pairs.append((c, C))
-                    nexts.append(last)
-                else:
-                    c2s = [c2 for c2 in range(C) if rest[c2] > 0]
-                    pairs += [(c, c2) for c2 in c2s]
-                    nexts.append(self.V[rest][c2s])
-            nxt = np.concatenate(nexts)
-            out = np.full((C, R, 2, L + 1), np.inf)
-            for lo in range(0, len(pairs), step):
-                chunk = pairs[lo:lo + step]
-                if whole:
-                    cs, c2s = [p[0] for p in chunk], [p[1] for p in chunk]
-                    a, b = tables[1][0][cs, c2s], tables[1][1][cs, c2s]
-                else:
-                    a, b = (np.stack(t) for t in zip(*(self._stage(c, s, c2) for c, c2 in chunk)))
-                cand = self._combine(a, b, nxt[lo:lo + step])
-                for k, (c, _) in enumerate(chunk):
-                    np.minimum(out[c], cand[k], out=out[c])
-            self.V[left] = out
+                self._suffix_class(c, s, stages, levels[stages], tables, last, outs)
+            self.V.update(outs)
+
+    def _suffix_class(self, c: int, s: int, stages: int, vectors, tables, last: np.ndarray, outs: dict) -> None:
+        """The part of :meth:`_suffix_minima` with stage ``s`` on class
+        ``c``, for every vector ``left`` of one level (``stages`` stages
+        left) at once: each pair (vector, class ``c2`` of the next stage)
+        combined with ``V[left - e_c][c2]``, the least over ``c2`` into
+        ``outs[left][c]``. Only the first :attr:`band` ``[c]`` lengths are
+        combined (the longest stage class ``c`` can hold: the rest is
+        ``+inf``), in numpy passes of at most :data:`MAX_PASS_FLOATS`
+        floats per array."""
+        C, R, L, w = self.C, len(self.names), self.L, self.band[c]
+        owners: list[tuple[int, ...]] = []
+        nexts_c2: list[int] = []
+        nexts = []
+        for left in vectors:
+            if left[c] == 0 or w == 0:
+                continue
+            rest = tuple(x - (k == c) for k, x in enumerate(left))
+            c2s = [C] if stages == 1 else [c2 for c2 in range(C) if rest[c2] > 0]
+            nexts.append(last if stages == 1 else self.V[rest][c2s])
+            owners += [left] * len(c2s)
+            nexts_c2 += c2s
+        if not owners:
+            return
+        nxt = np.concatenate(nexts)
+        step = max(1, MAX_PASS_FLOATS // (R * (L + 1) * w))  # pairs per numpy pass
+        for lo in range(0, len(owners), step):
+            c2s = nexts_c2[lo:lo + step]
+            if tables is not None:
+                a, b = tables[0][c, :, :, :, :w][c2s], tables[1][c, :, :, :, :w][c2s]
+            else:
+                a, b = (np.stack(t)[..., :w] for t in zip(*(self._stage(c, s, c2) for c2 in c2s)))
+            cand = self._combine(a, b, nxt[lo:lo + step])
+            for k, left in enumerate(owners[lo:lo + step]):
+                np.minimum(outs[left][c], cand[k], out=outs[left][c])
 
     def _stage_tables(self, s: int):
         """Terms of stage ``s`` on every class ``c`` with its outgoing
@@ -346,25 +377,38 @@ class ClassBounds:
         :meth:`_stage`) over ``[i, j)`` combined with the next state's
         values at ``j`` (``nxt`` ``(P, R, 2, L+1)``, the state after the
         last stage for ``c2 = C``), least over ``j``."""
-        na, nm = nxt[:, :, 0][:, :, self.J], nxt[:, :, 1][:, :, self.J]  # (P, R, L+1, W) at each end layer
-        out = np.empty(nxt.shape)
-        out[:, :, 0] = (a + na).min(axis=3)
-        for kind, q in self._rows_of_kind():
+        P, R, _, L1 = nxt.shape
+        w = a.shape[-1]  # the lengths combined (:attr:`band`)
+        pad = np.full((P, R, 2, L1 + w), np.inf)  # past layer L: +inf, as the stage's terms there
+        pad[..., :L1] = nxt
+        out = np.full(nxt.shape, np.inf)
+        tmp = np.empty((P, R, L1))
+        kinds = self._rows_of_kind()
+        for d in range(w):  # stages [i, i + d + 1): the next state's values at i + d + 1, a view
+            na, nm = pad[:, :, 0, d + 1:d + 1 + L1], pad[:, :, 1, d + 1:d + 1 + L1]
+            ad, bd = a[..., d], b[..., d]
+            np.minimum(out[:, :, 0], np.add(ad, na, out=tmp), out=out[:, :, 0])
+            for kind, q in kinds:
+                if kind == "max":
+                    x = np.maximum(bd[:, q], nm[:, q])
+                elif kind == "prefix":
+                    x = np.maximum(bd[:, q], ad[:, q] + nm[:, q])
+                elif kind == "suffix":  # beta_k plus the least alpha sum after k, or the rest's maximum
+                    x = np.maximum(bd[:, q] + na[:, q], nm[:, q])
+                else:
+                    continue
+                np.minimum(out[:, q, 1], x, out=out[:, q, 1])
+        for kind, q in kinds:
             if kind == "sum":
                 out[:, q, 1] = out[:, q, 0]
-            elif kind == "max":
-                out[:, q, 1] = np.maximum(b[:, q], nm[:, q]).min(axis=3)
-            elif kind == "prefix":
-                out[:, q, 1] = np.maximum(b[:, q], a[:, q] + nm[:, q]).min(axis=3)
-            else:  # suffix: beta_k plus the least alpha sum after k, or the rest's maximum
-                out[:, q, 1] = np.maximum(b[:, q] + na[:, q], nm[:, q]).min(axis=3)
-        out[np.broadcast_to(~np.isfinite(out[:, :, :1]), out.shape)] = np.inf
+        np.copyto(out[:, :, 1], np.inf, where=~np.isfinite(out[:, :, 0]))
         return out
 
     def _rows_of_kind(self):
-        """``(kind, row indices)`` for each component kind present."""
-        rows = [(k, np.array([q for q, n in enumerate(self.names) if self.kind[n] == k])) for k in _KINDS]
-        return [(k, q) for k, q in rows if len(q)]
+        """``(kind, slice of rows)`` for each component kind present (the
+        rows are sorted by kind)."""
+        kinds = [self.kind[n] for n in self.names]
+        return [(k, slice(kinds.index(k), len(kinds) - kinds[::-1].index(k))) for k in _KINDS if k in kinds]
 
     # -- prefixes -------------------------------------------------------------------------------------------
 

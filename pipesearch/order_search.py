@@ -27,10 +27,11 @@ over every sequence of the classes left) holds for every order that starts
 with it and every split. A complete order whose bound is below the best
 time so far is split exactly from that time; the search is OPTIMAL when the
 least open bound reaches the best time (OPTIMAL_WITHIN_TIES when it
-reaches ``1 - tie_rel`` times it, the search's tie window), else, after
+reaches ``1 - tie_rel`` times it, a caller's tie window; the search asks
+for OPTIMAL), else, after
 ``max_orders`` splits or ``max_nodes`` expanded prefixes (counts), FEASIBLE
 with the least open bound (every order not split is at least that). With a finite cutoff the
-DP runs first with :data:`QUICK_FAMILY` alone (a tenth of the work): when
+DP runs first with :data:`QUICK_FAMILY` alone (a fifth of the work): when
 its least bound reaches the cutoff no order can beat it. Two nodes with the same
 slots, terms and links (two A100 nodes of one group) are opened in order
 only: swapping them maps every order to one of the same time.
@@ -80,8 +81,10 @@ MAX_ORDERS = 100
 MAX_CLASS_ORDERS = 24
 #: prefixes of ranks the branch and bound over classes expands before it stops (a count)
 MAX_NODES = 20_000
-#: the family tried alone before the others (rank k from micro-batch 0's arrival through its whole work)
-QUICK_FAMILY = ("f1",)
+#: the families tried alone before the others, by component names (rank k from micro-batch 0's arrival
+#: through its whole work; under ZB-H1 with m > pp also the two round trips around the bottleneck rank's
+#: steady state, :func:`pipesearch.order_bounds.families`)
+QUICK_FAMILY = ("f1", "z6s", "z6m")
 #: schedules whose ranks run every forward and backward of their stages one after another (the rank-capacity bound)
 RANK_BUSY_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs")
 
@@ -241,10 +244,11 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
             callable is called (once) only when the point is not settled by
             the rank-capacity bound first.
         tie_rel: the search by classes may stop once no open prefix can be
-            more than this share faster than the best order (the search's
-            tie window between plans, ``search.TIE_REL``): status
+            more than this share faster than the best order: status
             ``"OPTIMAL_WITHIN_TIES"``, bound and gap (at most ``tie_rel``)
-            reported. 0 (the default): only ``"OPTIMAL"`` proofs.
+            reported; the order returned may then be slower than the best
+            (within that share). 0 (the default, what
+            :func:`pipesearch.search.search` uses): only ``"OPTIMAL"`` proofs.
 
     Returns:
         An :class:`OrderSearch`, or None when no order has a split that fits
@@ -412,7 +416,8 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
                    default=math.inf) >= limit
 
     if math.isfinite(cutoff_s) and quick_excludes(cutoff_s):  # no order beats the cutoff: none is split
-        fitting = _fitting_order(classes, costs_of, pp, first, max_orders)
+        # an order that fits: the donors of the class terms (costs known) before the closed-form order
+        fitting = _fitting_order(classes, costs_memo, pp, first, max_orders, rank_covering_orders(classes, pp))
         return None if fitting is None else OrderSearch(
             order=fitting[0], split=None, status="ABOVE_CUTOFF", best_bound_s=float(cutoff_s), gap=0.0,
             orders_evaluated=0, orders_total=total, method="class-bounds")

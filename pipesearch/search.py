@@ -592,7 +592,7 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
         first = (lambda: _closed_form_order(cluster, variant, row, ctx)) if total_orders(
             classes, row["pp"]) > MAX_ORDERS else ()  # only for a point the rank-capacity bound does not settle
         found = best_order(classes, costs_of, row["schedule"], row["pp"], row["vp"],
-                           cutoff_s=ctx.get("cutoff_s", math.inf), first=first, tie_rel=TIE_REL)
+                           cutoff_s=ctx.get("cutoff_s", math.inf), first=first)
         heads = None if found is None else layout(cluster, row["pp"], 1, variant.tp, SLOTS_PREFIX + ",".join(
             map(str, found.order)), precision)
         ctx[key] = (heads, None if found is None else {

@@ -1,6 +1,6 @@
-"""The suffix-minimum DP of ``order_bounds.ClassBounds`` runs every (class,
-next class) pair of a vector in one numpy pass, or in passes of at most
-``MAX_PASS_FLOATS`` floats where the pairs are many. The passes change
+"""The suffix-minimum DP of ``order_bounds.ClassBounds`` runs, per level
+and class of the stage, every (vector, next class) pair in one numpy pass,
+or in passes of at most ``MAX_PASS_FLOATS`` floats where the pairs are many. The passes change
 memory, never values: with a limit of one pair per pass (each pair's
 terms from ``ClassBounds._stage``, the path the bounds of a prefix use)
 every table and every prefix bound equals the one-pass one bit for bit.

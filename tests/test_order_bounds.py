@@ -8,8 +8,10 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import test_order_search as tos
 from pipesearch.order_bounds import class_bounds, covering_orders
@@ -125,3 +127,89 @@ def test_twin_nodes_are_branched_once_and_donors_cover_every_rank():
     assert low.status == "ABOVE_CUTOFF" and low.best_bound_s >= min(times.values()) * 0.999
     high = best_order(classes, costs_of, "zb-h1", pp, cutoff_s=min(times.values()) * 1.001)
     assert high.status == "OPTIMAL" and high.iteration_time_s == pytest.approx(min(times.values()), rel=1e-9)
+
+
+def _two_round_trips_s(times, m: int) -> float:
+    """The ZB-H1 path of two round trips (docs/heterogeneous.md), written
+    from one split's stage times: micro-batch 0 down and up, rank 0's ``W``
+    of it and forward of micro-batch ``S``, that one down to stage ``k``,
+    rank ``k``'s ``m - S`` forwards and the ``I``, ``W`` between them,
+    micro-batch ``m - 1`` down from ``k`` and back up, rank 0's last ``W``
+    and all-reduce: ``2 sum_s (F + I + 2 c)_s + 2 W_0 + r_0 + (m - S - 1)
+    max_k (F + B)_k``."""
+    F, B, I = (np.asarray(x, dtype=float) for x in (times.fwd_s, times.bwd_s, times.bwd_input_s))
+    c = np.append(np.asarray(times.p2p_s, dtype=float), 0.0)
+    S = len(F)
+    return float(2 * np.sum(F + I + 2 * c) + 2 * (B[0] - I[0]) + times.allreduce_s[0] + (m - S - 1) * np.max(F + B))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tos.instances(), st.integers(1, 3))
+def test_zb_h1_two_round_trips_bound_every_order_and_split(inst, extra):
+    """Random mixed clusters under ZB-H1 with ``m = pp + extra > pp``: the
+    two-round-trip path, written from each split's stage times, is at most
+    the simulated time of every order and split; and the class bounds with
+    that family alone (``z6s``, ``z6m``) give every prefix of classes a
+    bound at most the least simulated time of the orders that start with
+    it. A count of rank k's actions between F of micro-batch S and F of
+    micro-batch m - 1 that the schedule does not run, a transfer counted
+    twice too often, or the family's terms written on the wrong stage would
+    fail here."""
+    cluster, tp, pp, _, _, _, prof = inst
+    L, m = prof.num_layers, pp + extra
+    if pp > L or len(slot_heads(cluster, tp)) < pp:
+        return
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, tp, pp, m, "zb-h1", 1)
+    classes = slot_classes(cluster, tp)
+    cls = {x: c for c, members in enumerate(classes) for x in members}
+    times: dict = {}
+    for n in count_vectors([len(c) for c in classes], pp):
+        for order in orders_of_vector(classes, n):
+            costs, best = costs_of(order), math.inf
+            for cut in itertools.combinations(range(1, L), pp - 1):
+                bounds = (0, *cut, L)
+                if costs.split_fits(bounds):
+                    st_times = costs.stage_times(bounds)
+                    t = simulate_times("zb-h1", pp, m, 1, st_times)[0]
+                    assert _two_round_trips_s(st_times, m) <= t * (1 + 1e-9), (order, bounds)
+                    best = min(best, t)
+            times[tuple(cls[x] for x in order)] = best
+    cb = class_bounds(classes, costs_of, "zb-h1", pp, only=("z6s", "z6m"))
+    assert [[n for _, n in fam] for fam in cb.fams] == [["z6s", "z6m"]]
+    nodes = {(): cb.root()}
+    for seq in sorted(times):
+        for r in range(1, pp + 1):
+            if seq[:r] not in nodes:
+                nodes[seq[:r]] = cb.extend(nodes[seq[:r - 1]], seq[r - 1])
+    for prefix, node in nodes.items():
+        below = min(t for seq, t in times.items() if seq[:len(prefix)] == prefix)
+        if math.isfinite(below):
+            assert node.bound_s <= below * (1 + 1e-9), (prefix, node.bound_s, below)
+
+
+def test_zb_h1_two_round_trips_by_hand():
+    """Three identical devices in one node (transfer c = the link's latency,
+    no bytes), three layers of F = I = W = t = 1 ms (tos._profile: F = x/3,
+    B = 2x/3, I = B/2), one per stage, ZB-H1 with m = 5: the family is
+    2 (3 (F + I) + 4 c) + 2 W + (m - S - 1) 3 t = 17 t + 8 c, and it is the
+    simulated time (docs/schedules.md: ZB-H1 takes 3 m t + (p - 1) t with
+    no link delay; each of the two round trips adds its 4 transfers)."""
+    dev = tos._spec("a", 300, 1000)
+    cluster = Cluster("r", (DeviceGroup(dev, 1, 3),), *tos.LINKS)
+    t = 1e-3
+    prof = tos._profile([3 * t] * 3, [0.0] * 3, [0.0] * 3, [0.0] * 3)
+    pp, m = 3, 5
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, 1, pp, m, "zb-h1", 1)
+    classes = slot_classes(cluster, 1)
+    c = tos.LINKS[0].latency_s
+    costs = costs_of((0, 1, 2))
+    scale = float(costs.time_scale[0])  # the profile is measured on "a": 1
+    hand = scale * 17 * t + 8 * c
+    assert simulate_times("zb-h1", pp, m, 1, costs.stage_times((0, 1, 2, 3)))[0] == pytest.approx(hand, rel=1e-12)
+    cb = class_bounds(classes, costs_of, "zb-h1", pp, only=("z6s", "z6m"))
+    node = cb.root()
+    for _ in range(pp):
+        node = cb.extend(node, 0)
+    assert node.bound_s == pytest.approx(hand, rel=1e-12)
