@@ -1457,7 +1457,8 @@ def kth_level(v: np.ndarray, sigma: np.ndarray, P: np.ndarray, j: np.ndarray, c:
         e: ``(n,)`` the rank wanted (``>= 1``).
 
     Each rank's levels are non-decreasing in ``n`` (rounding is monotone), so
-    with every ``step``-th level of each rank as a sample (selection from a
+    with every ``step``-th level of each rank as a sample (``step`` about
+    ``sqrt(e / 2)`` per row) (selection from a
     sample of sorted lists, e.g. Frederickson and Johnson 1982, J. Comput.
     Syst. Sci. 24(2)): the ``ceil(e / step)``-th smallest sample ``U`` has
     at least ``e`` levels at or below it (each sample at or below it
@@ -1470,10 +1471,10 @@ def kth_level(v: np.ndarray, sigma: np.ndarray, P: np.ndarray, j: np.ndarray, c:
     its samples at or below ``U``), and the answer is the ``(e - step sum_q
     u_q)``-th smallest of the windows' levels."""
     n, pp = v.shape
-    step = max(1, math.isqrt(int(e.min()) // 2))
-    t = np.arange(1, int(e.max()) // step + 1) * step
-    valid = t[None, None, :] <= e[:, None, None]
-    cols = np.where(valid, c[None, :, None] + t[None, None, :], 0)
+    step = np.maximum(1, np.sqrt(e // 2).astype(np.int64))  # per row: about sqrt(e / 2) samples and window
+    t = np.arange(1, int(np.max(e // step)) + 1)[None, :] * step[:, None]  # (n, T)
+    valid = (t <= e[:, None])[:, None, :]
+    cols = np.where(valid, c[None, :, None] + t[:, None, :], 0)
     sample = np.where(valid, v[:, :, None] + sigma[None, :, None] * P[j[:, None, None], cols], np.inf)
     ordered = np.sort(sample.reshape(n, -1), axis=1)
     ordered = np.concatenate([ordered, np.full((n, 1), np.inf)], axis=1)  # one rank, step not dividing e: all
@@ -1483,8 +1484,8 @@ def kth_level(v: np.ndarray, sigma: np.ndarray, P: np.ndarray, j: np.ndarray, c:
     lower = np.where(k_low >= 1, ordered[rows, np.maximum(k_low, 1) - 1], -np.inf)
     below = (sample < lower[:, None, None]).sum(axis=2)  # (n, pp)
     upto = (sample <= upper[:, None, None]).sum(axis=2)
-    first = below * step + 1
-    size = np.maximum(np.minimum((upto + 1) * step - 1, e[:, None]) - first + 1, 0).ravel()
+    first = below * step[:, None] + 1
+    size = np.maximum(np.minimum((upto + 1) * step[:, None] - 1, e[:, None]) - first + 1, 0).ravel()
     owner = np.repeat(np.arange(n * pp), size)  # each window level's (row, rank), flat
     at = first.ravel()[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(size) - size, size)
     r, q = owner // pp, owner % pp
