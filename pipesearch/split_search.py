@@ -1471,11 +1471,14 @@ def kth_level(v: np.ndarray, sigma: np.ndarray, P: np.ndarray, j: np.ndarray, c:
     its samples at or below ``U``), and the answer is the ``(e - step sum_q
     u_q)``-th smallest of the windows' levels."""
     n, pp = v.shape
+    flat, width = P.ravel(), P.shape[1]
     step = np.maximum(1, np.sqrt(e // 2).astype(np.int64))  # per row: about sqrt(e / 2) samples and window
     t = np.arange(1, int(np.max(e // step)) + 1)[None, :] * step[:, None]  # (n, T)
-    valid = (t <= e[:, None])[:, None, :]
-    cols = np.where(valid, c[None, :, None] + t[:, None, :], 0)
-    sample = np.where(valid, v[:, :, None] + sigma[None, :, None] * P[j[:, None, None], cols], np.inf)
+    valid = t <= e[:, None]
+    offsets, rank_of = np.unique(c, return_inverse=True)  # ranks with the same offset read the same entries
+    at = (j * width)[:, None, None] + offsets[None, :, None] + np.where(valid, t, 0)[:, None, :]
+    sample = v[:, :, None] + sigma[None, :, None] * flat[at][:, rank_of]
+    sample[~np.broadcast_to(valid[:, None, :], sample.shape)] = np.inf
     ordered = np.sort(sample.reshape(n, -1), axis=1)
     ordered = np.concatenate([ordered, np.full((n, 1), np.inf)], axis=1)  # one rank, step not dividing e: all
     rows = np.arange(n)
@@ -1485,14 +1488,16 @@ def kth_level(v: np.ndarray, sigma: np.ndarray, P: np.ndarray, j: np.ndarray, c:
     below = (sample < lower[:, None, None]).sum(axis=2)  # (n, pp)
     upto = (sample <= upper[:, None, None]).sum(axis=2)
     first = below * step[:, None] + 1
-    size = np.maximum(np.minimum((upto + 1) * step[:, None] - 1, e[:, None]) - first + 1, 0).ravel()
-    owner = np.repeat(np.arange(n * pp), size)  # each window level's (row, rank), flat
-    at = first.ravel()[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(size) - size, size)
+    size = np.maximum(np.minimum((upto + 1) * step[:, None] - 1, e[:, None]) - first + 1, 0)
+    # the windows' levels, row r's in row r of a grid padded with +inf
+    per_row = size.sum(axis=1)
+    owner = np.repeat(np.arange(n * pp), size.ravel())  # each window level's (row, rank), flat
+    place = np.arange(len(owner)) - np.repeat(np.cumsum(per_row) - per_row, per_row)  # its place in its row
     r, q = owner // pp, owner % pp
-    levels = v.ravel()[owner] + sigma[q] * P[j[r], c[q] + at]
-    ordered = levels[np.lexsort((levels, r))]
-    starts = np.cumsum(size.reshape(n, pp).sum(axis=1)) - size.reshape(n, pp).sum(axis=1)
-    return ordered[starts + e - below.sum(axis=1) * step - 1]
+    n_at = first.ravel()[owner] + place - np.repeat((np.cumsum(size, axis=1) - size).ravel(), size.ravel())
+    grid = np.full((n, int(per_row.max(initial=1))), np.inf)
+    grid[r, place] = v.ravel()[owner] + sigma[q] * flat[j[r] * width + c[q] + n_at]
+    return np.sort(grid, axis=1)[rows, e - below.sum(axis=1) * step - 1]
 
 
 _P_ROWS = 256  # rows of the rank-counting bound's cheapest-layer sums sorted together (memory: rows x L floats)
