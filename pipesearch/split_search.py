@@ -1456,16 +1456,16 @@ def kth_level(v: np.ndarray, sigma: np.ndarray, P: np.ndarray, j: np.ndarray, c:
             offsets (``c[q] + e_r`` within the row).
         e: ``(n,)`` the rank wanted (``>= 1``).
 
-    Each rank's levels are non-decreasing in ``n`` (rounding is monotone), so
-    with every ``step``-th level of each rank as a sample (``step`` about
-    ``sqrt(e / 2)`` per row) (selection from a
-    sample of sorted lists, e.g. Frederickson and Johnson 1982, J. Comput.
-    Syst. Sci. 24(2)): the ``ceil(e / step)``-th smallest sample ``U`` has
-    at least ``e`` levels at or below it (each sample at or below it
-    vouches for the ``step`` levels of its rank up to it), and the ``(floor(e
-    / step) - pp + 1)``-th smallest ``Z`` fewer than ``e`` strictly below
-    it (a rank with ``u`` samples below ``Z`` has fewer than ``(u + 1)
-    step`` levels below it). So the answer lies in ``[Z, U]``; rank ``q``'s
+    Each rank's levels are non-decreasing in ``n`` (rounding is monotone).
+    Take every ``step``-th level of each rank as a sample (``step`` about
+    ``sqrt(e / 2)`` per row; selection in sorted lists through a sample, as
+    in Frederickson and Johnson 1982, J. Comput. Syst. Sci. 24(2)): the
+    ``ceil(e / step)``-th smallest sample ``U`` has at least ``e`` levels
+    at or below it (each sample at or below it vouches for the ``step``
+    levels of its rank up to it), and the ``(floor(e / step) - pp + 1)``-th
+    smallest ``Z`` (``-inf`` when that is below 1) fewer than ``e`` strictly
+    below it (a rank with ``u`` samples below ``Z`` has fewer than ``(u +
+    1) step`` levels below it). So the answer lies in ``[Z, U]``; rank ``q``'s
     levels there lie in the window after its ``u_q step`` first levels (all
     below ``Z``) and before its ``(t_q + 1) step``-th (above ``U``; ``t_q``
     its samples at or below ``U``), and the answer is the ``(e - step sum_q
