@@ -1418,8 +1418,13 @@ class _RankCount:
         rows = np.flatnonzero((extra > 0) & (out < limit))
         # rank q's levels v_q + P_j(n) for n = c_q + 1 .. c_q + extra (a rank takes at most c_q +
         # extra layers): they grow with n, so the extra-th smallest of all ranks' levels is among
-        # each rank's first extra; the rows with the same extra at once
-        for e in np.unique(extra[rows]).tolist():
+        # each rank's first extra
+        sampled = rows[self.pp * extra[rows] > _SORTED_LEVELS]
+        if len(sampled):
+            out[sampled] = np.maximum(out[sampled], kth_level(v[sampled], self.sigma, self.P, j[sampled], c,
+                                                              extra[sampled]))
+        rows = rows[self.pp * extra[rows] <= _SORTED_LEVELS]
+        for e in np.unique(extra[rows]).tolist():  # the rows with the same extra at once, each sorted whole
             sub = rows[extra[rows] == e]
             levels = np.empty((len(sub), self.pp, e))
             for cq in np.unique(c).tolist():  # the ranks with the same c_q read the same columns
@@ -1428,6 +1433,71 @@ class _RankCount:
                 levels[:, qs] = v[sub][:, qs, None] + self.sigma[None, qs, None] * cols
             out[sub] = np.maximum(out[sub], _kth_smallest(levels.reshape(len(sub), -1), np.full(len(sub), e - 1)))
         return out
+
+
+#: rows of the rank-counting bound with at most this many levels (ranks times layers beyond one per
+#: remaining stage) are sorted whole; longer ones go through :func:`kth_level`'s sample (a count)
+_SORTED_LEVELS = 1024
+
+
+def kth_level(v: np.ndarray, sigma: np.ndarray, P: np.ndarray, j: np.ndarray, c: np.ndarray,
+              e: np.ndarray) -> np.ndarray:
+    """Per row ``r``: the ``e_r``-th smallest (from 1) of the levels ``v[r, q]
+    + sigma[q] * P[j_r, c[q] + n]`` over the ranks ``q`` and ``n = 1 ..
+    e_r``, the order statistic of :meth:`_RankCount.bound` (the same
+    floating-point operations on each level, so the same value as sorting
+    all ``pp e_r`` of them), in ``O(pp sqrt(e))`` levels per row instead of
+    ``pp e``.
+
+    Args:
+        v: ``(n, pp)`` per-rank offsets (s); sigma: ``(pp,)`` factors (>= 0).
+        P: table whose rows are non-decreasing (cheapest-layer sums, s);
+            ``j``: ``(n,)`` its row per level row; ``c``: ``(pp,)`` column
+            offsets (``c[q] + e_r`` within the row).
+        e: ``(n,)`` the rank wanted (``>= 1``).
+
+    Each rank's levels are non-decreasing in ``n`` (rounding is monotone).
+    Take every ``step``-th level of each rank as a sample (``step`` about
+    ``sqrt(e / 2)`` per row; selection in sorted lists through a sample, as
+    in Frederickson and Johnson 1982, J. Comput. Syst. Sci. 24(2)): the
+    ``ceil(e / step)``-th smallest sample ``U`` has at least ``e`` levels
+    at or below it (each sample at or below it vouches for the ``step``
+    levels of its rank up to it), and the ``(floor(e / step) - pp + 1)``-th
+    smallest ``Z`` (``-inf`` when that is below 1) fewer than ``e`` strictly
+    below it (a rank with ``u`` samples below ``Z`` has fewer than ``(u +
+    1) step`` levels below it). So the answer lies in ``[Z, U]``; rank ``q``'s
+    levels there lie in the window after its ``u_q step`` first levels (all
+    below ``Z``) and before its ``(t_q + 1) step``-th (above ``U``; ``t_q``
+    its samples at or below ``U``), and the answer is the ``(e - step sum_q
+    u_q)``-th smallest of the windows' levels."""
+    n, pp = v.shape
+    flat, width = P.ravel(), P.shape[1]
+    step = np.maximum(1, np.sqrt(e // 2).astype(np.int64))  # per row: about sqrt(e / 2) samples and window
+    t = np.arange(1, int(np.max(e // step)) + 1)[None, :] * step[:, None]  # (n, T)
+    valid = t <= e[:, None]
+    offsets, rank_of = np.unique(c, return_inverse=True)  # ranks with the same offset read the same entries
+    at = (j * width)[:, None, None] + offsets[None, :, None] + np.where(valid, t, 0)[:, None, :]
+    sample = v[:, :, None] + sigma[None, :, None] * flat[at][:, rank_of]
+    sample[~np.broadcast_to(valid[:, None, :], sample.shape)] = np.inf
+    ordered = np.sort(sample.reshape(n, -1), axis=1)
+    ordered = np.concatenate([ordered, np.full((n, 1), np.inf)], axis=1)  # one rank, step not dividing e: all
+    rows = np.arange(n)
+    upper = ordered[rows, np.minimum(-(-e // step), ordered.shape[1]) - 1]
+    k_low = e // step - pp + 1
+    lower = np.where(k_low >= 1, ordered[rows, np.maximum(k_low, 1) - 1], -np.inf)
+    below = (sample < lower[:, None, None]).sum(axis=2)  # (n, pp)
+    upto = (sample <= upper[:, None, None]).sum(axis=2)
+    first = below * step[:, None] + 1
+    size = np.maximum(np.minimum((upto + 1) * step[:, None] - 1, e[:, None]) - first + 1, 0)
+    # the windows' levels, row r's in row r of a grid padded with +inf
+    per_row = size.sum(axis=1)
+    owner = np.repeat(np.arange(n * pp), size.ravel())  # each window level's (row, rank), flat
+    place = np.arange(len(owner)) - np.repeat(np.cumsum(per_row) - per_row, per_row)  # its place in its row
+    r, q = owner // pp, owner % pp
+    n_at = first.ravel()[owner] + place - np.repeat((np.cumsum(size, axis=1) - size).ravel(), size.ravel())
+    grid = np.full((n, int(per_row.max(initial=1))), np.inf)
+    grid[r, place] = v.ravel()[owner] + sigma[q] * flat[j[r] * width + c[q] + n_at]
+    return np.sort(grid, axis=1)[rows, e - below.sum(axis=1) * step - 1]
 
 
 _P_ROWS = 256  # rows of the rank-counting bound's cheapest-layer sums sorted together (memory: rows x L floats)

@@ -7,7 +7,10 @@ rank-counting bound's order statistic.
   bound, nodes, splits evaluated) is the same for every look-ahead width,
   with and without a cutoff, at a node limit that stops the search and at
   one that lets it finish.
-* ``_kth_smallest`` equals sorting each row.
+* ``_kth_smallest`` equals sorting each row, and ``kth_level`` (the
+  sampled order statistic of long rows) equals sorting every level, with
+  ties, zero factors and offsets that leave some ranks no level below the
+  answer.
 * The rank-counting bound's order-statistic part equals the smallest
   maximum over every way of giving the layers still to place to the ranks
   (enumerated), so reading only each rank's first levels keeps it.
@@ -19,6 +22,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import tied_or_random_profile, tiny_cluster
 from pipesearch import split_search
@@ -119,6 +124,45 @@ def test_kth_smallest_equals_sorting(seed):
         assert np.array_equal(split_search._kth_smallest(values, k), np.sort(values, axis=1)[np.arange(40), k])
 
 
+def _levels_sorted(v, sigma, P, j, c, e):
+    """Per row the ``e``-th smallest of every level ``v_q + sigma_q P[j, c_q +
+    n]``, ``n = 1 .. e``, by sorting them all (the same two floating-point
+    operations per level)."""
+    out = []
+    for r in range(len(e)):
+        levels = np.concatenate([v[r, q] + sigma[q] * P[j[r], c[q] + 1:c[q] + 1 + e[r]] for q in range(len(c))])
+        out.append(np.sort(levels)[e[r] - 1])
+    return np.array(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_kth_level_equals_sorting_every_level(seed):
+    """The sample's bracket and the windows never drop the answer: random
+    cheapest-layer tables (tied layers for some), offsets from
+    none to ten times the layers' work, per-row ranks from 1 to every
+    level, one rank or up to nine."""
+    rng = np.random.default_rng(seed)
+    pp, L = int(rng.integers(1, 10)), int(rng.integers(8, 300))
+    layer = rng.uniform(0.0, 1.0, L)
+    if rng.random() < 0.4:
+        layer = np.round(layer * 3) / 3  # few distinct layers: many equal levels
+    P = np.full((L + 1, L + 1), np.inf)
+    for row in range(L):
+        P[row, 0] = 0.0
+        P[row, 1:L - row + 1] = np.cumsum(np.sort(layer[row:]))
+    c = rng.integers(0, 3, pp)
+    n = int(rng.integers(1, 6))
+    j = rng.integers(0, L - int(c.max()) - 2, n)
+    e = np.array([int(rng.integers(1, L - jj - int(c.max()) + 1)) for jj in j])
+    v = rng.exponential(1.0, (n, pp)) * float(rng.choice([0.0, 1.0, 10.0]))
+    if rng.random() < 0.3:
+        v = np.round(v)
+    sigma = rng.choice([0.0, 0.5, 1.0, 2.0], pp) if rng.random() < 0.5 else np.full(pp, rng.uniform(0.1, 3.0))
+    got = split_search.kth_level(v, sigma, P, j, c, e)
+    assert np.array_equal(got, _levels_sorted(v, sigma, P, j, c, e))
+
+
 def _best_assignment(v, sigma, layers, c, extra):
     """The smallest ``max_q (v_q + sigma_q * (sum of the n_q cheapest
     layers))`` over every ``n_q >= c_q`` with ``sum n_q = sum c + extra``
@@ -133,14 +177,17 @@ def _best_assignment(v, sigma, layers, c, extra):
     return best
 
 
+@pytest.mark.parametrize("sorted_levels", (split_search._SORTED_LEVELS, 0))
 @pytest.mark.parametrize("seed", range(12))
-def test_rank_count_order_statistic_is_the_best_assignment(seed):
+def test_rank_count_order_statistic_is_the_best_assignment(seed, sorted_levels, monkeypatch):
     """For states with only rank work (no fill, drain or all-reduce), the
     rank-counting bound of a child ending at ``j`` equals the smallest
     achievable maximum over ranks found by enumerating how many of the
-    layers still to place (those after ``j`` but the last) each rank takes.
+    layers still to place (those after ``j`` but the last) each rank takes,
+    with every row sorted whole and with every row through ``kth_level``.
     Too few levels per rank, or levels read from the wrong offset, give a
     smaller or larger value."""
+    monkeypatch.setattr(split_search, "_SORTED_LEVELS", sorted_levels)
     schedule, pp, vp, costs = _instance(200 + seed, 9, 12)
     count = split_search._RankCount(costs, schedule, pp)
     S, L = costs.pp, costs.num_layers
