@@ -869,21 +869,48 @@ def search(
     count_cache: dict = {}
     placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s}
 
+    offered: dict = {}
+
+    def offers(variant, pp: int, dp: int, schedule: str) -> bool:
+        """Whether some micro-batch count of the group runs ``schedule``
+        (:func:`schedule_refusal`)."""
+        per_replica = job.global_batch_size // dp
+        key = (variant.profile.num_layers, pp, per_replica, schedule)
+        if key not in offered:
+            offered[key] = any(schedule_refusal(schedule, pp, per_replica // mbs, vp, variant.profile.num_layers) is None
+                               for mbs in micro_batch_sizes(per_replica, options)
+                               for vp in vp_choices(schedule, pp, options))
+        return offered[key]
+
     def seed_cutoff() -> float:
         """A cutoff from achievable plans, before any exact split: the best
         starting split of one point (its lowest bound) of each family of the
         first groups in bound order, until SEED_FAMILIES x K families have
-        one; their K-th best (with the tie window), raised by 2 TIE_REL so
-        those plans stay strictly below it and are found exactly later."""
+        one and each schedule searched has K of them (the first groups may
+        offer one schedule alone: with fewer micro-batches than stages only
+        GPipe runs), or SEED_GROUPS more groups have been looked at for the
+        schedules still short; their K-th best (with the tie window), raised
+        by 2 TIE_REL so those plans stay strictly below it and are found
+        exactly later."""
         if options.exhaustive or options.split:
             return math.inf
         seen: dict[tuple, float] = {}
+        per_schedule: Counter = Counter()
+        extra = 0
         for _, (_, _, variant, pp, dp) in in_bound_order(groups, strong_group_bound):
+            short = {s for s in options.schedules if s != "roundpipe" and per_schedule[s] < keep}
             if len(seen) >= SEED_FAMILIES * keep:
-                break
+                if not short or extra >= SEED_GROUPS:
+                    break
+                short = {s for s in short if offers(variant, pp, dp, s)}
+                if not short:  # e.g. fewer micro-batches than stages: GPipe alone
+                    continue
+                extra += 1
+            else:
+                short = set(options.schedules)
             first: dict[tuple, tuple[float, dict]] = {}
             for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
-                if status is not None:  # e.g. batch_not_divisible: no micro-batch count to bound
+                if status is not None or schedule not in short:  # e.g. batch_not_divisible: no micro-batch count
                     continue
                 key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
                 bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
@@ -899,6 +926,7 @@ def search(
                 t = _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
                                  placement_ctx)
                 if t < math.inf:
+                    per_schedule[row["schedule"]] += key not in seen
                     seen[key] = min(seen.get(key, math.inf), t)
         return _kth_best(sorted(seen.values()), keep) * (1 + 2 * TIE_REL)
 
@@ -1343,6 +1371,10 @@ TIE_REL = 1e-3
 SEED_FAMILIES = 2
 """The search's first cutoff comes from the starting splits of this many
 times ``top`` families (``search.seed_cutoff``)."""
+
+SEED_GROUPS = 32
+"""Groups the first cutoff looks at beyond those, for the schedules with
+fewer than ``top`` families seeded (a count, ``search.seed_cutoff``)."""
 
 
 def rank_plans(plans: list[Plan]) -> list[Plan]:

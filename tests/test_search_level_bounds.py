@@ -212,3 +212,26 @@ def test_plan_on_a_profile_csv_imports_no_pandas(tmp_path):
     table = str(tmp_path / "points.csv")
     assert "pandas" in _modules_after(run.format(args=args + ["--all-points", table]))
     assert open(table).readline().startswith("tp,recompute,pp,dp")
+
+
+@pytest.mark.parametrize("memory_gib", [6, 8, 16])
+def test_first_cutoff_with_gpipe_only_first_groups_keeps_the_exhaustive_ranking(memory_gib):
+    """Batch 4 on 8 devices: the groups of the lowest bounds (dp 4 x pp 2,
+    dp 2 x pp 4, dp 1 x pp 8) have fewer micro-batches than stages, so they
+    offer GPipe alone, and the first cutoff also seeds the 1F1B-style
+    schedules from later groups (search.seed_cutoff). Whatever it seeds, the
+    ranked plans are those of the exhaustive search (every point evaluated,
+    no cutoff)."""
+    from pipesearch.search import expand_group, search
+
+    layers = tuple(Layer(f"l{k}", 1e-3 * (1 + k % 3), 2e-3 * (1 + k % 2), 400_000_000, 1_000_000, 2_000_000)
+                   for k in range(12))
+    cluster = tiny_cluster(2, 4, memory_bytes=memory_gib * 2**30, intra=Link(50e9, 5e-6), inter=Link(5e9, 20e-6))
+    variants, job = [ModelVariant(ModelProfile("seed", layers, 1))], Job(4)
+    offered = {row[2] for row in expand_group(variants[0], 4, 2, job, SearchOptions(), cluster) if row[5] is None}
+    assert offered == {"gpipe"}
+    fast = search(variants, cluster, job, SearchOptions(top=3)).plans
+    every = search(variants, cluster, job, SearchOptions(top=3, exhaustive=True)).plans
+    key = [(p.pp, p.dp, p.schedule, p.vp, p.micro_batch_size, p.predicted.iteration_time_s) for p in fast]
+    assert key == [(p.pp, p.dp, p.schedule, p.vp, p.micro_batch_size, p.predicted.iteration_time_s) for p in every]
+    assert {p.schedule for p in every} - {"gpipe"}  # the best plans are not all GPipe's
