@@ -376,7 +376,9 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
         "allreduce_s": costs.after_backward_s(st, i, j),
         "host_step_s": costs.host_step_s(st, i, j),
     }
-    # the recorded backward is compute_s - fwd_s: keep the input-gradient part inside it after rounding
+    # the recorded backward is compute_s - fwd_s (two prefix sums apart, so a stage with no backward can
+    # round to a forward past its compute): keep it, and the input-gradient part inside it, non-negative
+    cols["fwd_s"] = np.minimum(cols["fwd_s"], cols["compute_s"])
     cols["bwd_input_s"] = np.minimum(cols["bwd_input_s"], cols["compute_s"] - cols["fwd_s"])
     cols = {k: v.tolist() for k, v in cols.items()}
     stages = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -333,3 +334,24 @@ def test_search_with_fixed_times_is_not_pruned_by_a_linear_bound():
     assert exhaustive.predicted.iteration_time_s == pytest.approx(0.060, rel=1e-12)
     assert pruned.predicted.iteration_time_s == pytest.approx(0.060, rel=1e-12)
     assert (pruned.pp, pruned.dp, pruned.micro_batch_size) == (1, 4, 4)
+
+
+def test_a_stage_with_no_backward_writes_a_valid_plan(tmp_path):
+    """Layer l2 has no backward: its stage's backward, compute_s - fwd_s, is
+    0 in exact arithmetic, but the two prefix sums it comes from round apart
+    (0.102 + 8.032 + 0.408 + 9.954 + 0.374 ms before and after); the plan
+    must still pass its own format check (a negative backward or
+    input-gradient time is refused) and record a backward of 0."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    path = write(tmp_path, "# batch_size: 32\n# bytes_per_param: 2\n"
+                           "name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes\n"
+                           "l0,0.102,8.032,0,0,0\nl1,0.408,9.954,0,0,0\nl2,0.374,0.0,0,0,0\n", "zero_bwd.csv")
+    result = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", str(path), "--cluster", "1x4-v100-pcie",
+                                       "-b", "16", "--pp", "3", "--split", "1,1,1", "--dp", "1",
+                                       "--micro-batch-size", "1", "--schedule", "gpipe"])
+    assert result.exit_code == 0, result.output
+    last = json.loads(result.stdout)["plans"][0]["stages"][2]
+    assert last["compute_s"] - last["fwd_s"] == 0.0 and last["bwd_input_s"] == 0.0
