@@ -30,8 +30,10 @@ the stages, left to right:
   :class:`_RankCount` (each rank's fill, whole work and drain, with the
   layers still to place counted onto the ranks; catches the imbalance that
   whole layers force on identical-layer models).
-* *Incumbent.* The best of the even split and the closed-form split of
-  :func:`pipesearch.partition.optimal_split`.
+* *Incumbent.* The best of the even split, the closed-form split of
+  :func:`pipesearch.partition.optimal_split` and, for interleaved 1F1B,
+  the whole-layer split nearest the best free loads
+  (:func:`pipesearch.fluid.fluid_split`).
 * *Leaves.* Complete splits whose bound is below the incumbent are evaluated
   exactly, in batches (one vectorized longest-path pass per batch), in bound
   order.
