@@ -337,6 +337,30 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
     return float(out[0]) if single else out
 
 
+def critical_path_counts(schedule: str, pp: int, m: int, vp: int, times: StageTimes) -> tuple[float, np.ndarray]:
+    """``(T, counts)`` for one split of a graph schedule (not Mobius or
+    RoundPipe): the longest path's length to the last action of any rank
+    (without all-reduce) and ``counts[kind, s]``, how many actions of each
+    kind (``F``, ``B``, ``I``, ``W``) of stage ``s`` that path runs. Read back
+    from each node to the predecessor that ended later (either one on a
+    tie), so the path's durations add up to ``T``."""
+    g = _graph(schedule, pp, m, vp)
+    dur = _durations(g, times)[:, 0]
+    end = _node_ends(g, dur[:, None])[:, 0]
+    N, S = len(g.col), len(np.atleast_1d(times.fwd_s))
+    counts = np.zeros((4, S), dtype=np.int64)
+    node = int(np.argmax(end[:-1]))
+    pred1, pred2, col = g.pred1.tolist(), g.pred2.tolist(), g.col.tolist()
+    ends = end.tolist()
+    while node < N:
+        kind, stage = divmod(col[node], S)
+        if kind < 4:  # an action (transfers have kind 4)
+            counts[kind, stage] += 1
+        a, b = pred1[node], pred2[node]
+        node = a if ends[a] >= ends[b] else b  # the sentinel N ends at 0: a source leads to it
+    return float(end[:-1].max()), counts
+
+
 def evaluation_cost(schedule: str, pp: int, m: int, vp: int) -> tuple[int, int]:
     """``(fixed, per_split)``: the work of one :func:`iteration_time_s` call
     in comparable units: a fixed part per graph level (one vector operation
