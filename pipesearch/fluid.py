@@ -14,10 +14,11 @@ constraint until the program's value reaches ``T`` there. The program is
 solved with OR-Tools' GLOP.
 
 Whole layers cannot follow such loads exactly, and transfers and all-reduce
-move the optimum, so the split nearest to them is a starting split of
-:func:`pipesearch.split_search.exact_split`, never a bound: interleaved
+move the optimum, so the split nearest to them is one more split that
+:func:`pipesearch.split_search.exact_split` evaluates when its search
+stops at its limits, never a bound: interleaved
 1F1B's best loads are uneven (the last stage lighter, the first chunk's
-stages heavier) where the branch and bound's other starts are even.
+stages heavier) where the branch and bound's starting splits are even.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from .costs import PipelineCosts
 from .timemodel import StageTimes, critical_path_counts, evaluation_cost
 
 #: cutting planes added at most (a count, never seconds)
-FLUID_CUTS = 32
+FLUID_CUTS = 64
 #: graph work of all the cuts' evaluations at most, in
 #: :func:`pipesearch.timemodel.evaluation_cost` units (a count); larger
 #: graphs get no fluid split (the graph grows with the micro-batches, and
 #: the fill and drain that make the best loads uneven weigh least there)
-FLUID_WORK = 2**21
+FLUID_WORK = 2**22
 #: the schedules whose dependency graph the fluid split reads
 FLUID_SCHEDULES = ("interleaved-1f1b",)
 
@@ -72,20 +73,19 @@ def _fluid_loads(schedule: str, pp: int, m: int, vp: int, phi: float, psi: float
         solver.Add(t >= m * solver.Sum([x[s] for s in range(q, S, pp)]))
     solver.Minimize(t)
     per_action = np.array([phi, 1.0 - phi, (1.0 - phi) * psi, (1.0 - phi) * (1.0 - psi)])  # F B I W
-    loads = np.full(S, 1.0 / S)
-    best = (np.inf, loads)
+    best = (np.inf, None)
     for _ in range(FLUID_CUTS):
+        if solver.Solve() != pywraplp.Solver.OPTIMAL:
+            break
+        loads = np.array([v.solution_value() for v in x])
         value, counts = critical_path_counts(schedule, pp, m, vp, _times(loads, phi, psi))
+        if value <= t.solution_value() * (1 + 1e-9):  # no path is longer than the program allows: the minimum
+            return t.solution_value(), loads
         if value < best[0]:
             best = (value, loads)
         coef = per_action @ counts  # (S,): the critical path's length per unit of each stage's load
         solver.Add(t >= solver.Sum([float(coef[s]) * x[s] for s in range(S) if coef[s] > 0]))
-        if solver.Solve() != pywraplp.Solver.OPTIMAL:
-            break
-        loads = np.array([v.solution_value() for v in x])
-        if critical_path_counts(schedule, pp, m, vp, _times(loads, phi, psi))[0] <= t.solution_value() * (1 + 1e-9):
-            return t.solution_value(), loads
-    return best
+    return best if best[1] is not None else None
 
 
 def _times(loads: np.ndarray, phi: float, psi: float) -> StageTimes:

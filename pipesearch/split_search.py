@@ -30,10 +30,10 @@ the stages, left to right:
   :class:`_RankCount` (each rank's fill, whole work and drain, with the
   layers still to place counted onto the ranks; catches the imbalance that
   whole layers force on identical-layer models).
-* *Incumbent.* The best of the even split, the closed-form split of
-  :func:`pipesearch.partition.optimal_split` and, for interleaved 1F1B,
-  the whole-layer split nearest the best free loads
-  (:func:`pipesearch.fluid.fluid_split`).
+* *Incumbent.* The best of the even split and the closed-form split of
+  :func:`pipesearch.partition.optimal_split`; a search of interleaved 1F1B
+  that stops at its limits also evaluates the whole-layer split nearest
+  the best free loads (:func:`pipesearch.fluid.fluid_split`).
 * *Leaves.* Complete splits whose bound is below the incumbent are evaluated
   exactly, in batches (one vectorized longest-path pass per batch), in bound
   order.
@@ -964,9 +964,6 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     closed = optimal_split(costs)
     if closed is not None and costs.split_fits(closed.bounds):  # its memory rule is 1F1B's in-flight count
         starts.append(closed.bounds)
-    fluid = fluid_split(costs, schedule, pp, vp)  # the whole-layer split nearest the best free loads
-    if fluid is not None and costs.split_fits(fluid):
-        starts.append(fluid)
     # equal-time splits are told apart by memory: seed the memory-balanced one
     mem = np.diff(costs.param_prefix_bytes) * costs.state_bytes_per_param_byte + np.diff(costs.saved_prefix_bytes)
     if np.any(mem > 0) and S * L <= 4096:  # balanced_split is O(S L^2)
@@ -1004,6 +1001,10 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         if not ev.times:  # a split fits (checked above), but none beats the cutoff
             return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, state[2])
     exact, frontier, nodes = state
+    if not exact:  # stopped at its limits: also the whole-layer split nearest the best free loads
+        fluid = fluid_split(costs, schedule, pp, vp)
+        if fluid is not None and costs.split_fits(fluid):
+            ev.run([fluid])
     if not ev.feasible:  # no split met fits every GPU, or none beat the cutoff
         if exact and not np.isfinite(cutoff_s):
             return None  # proven: no split fits (a whole-GPU check, Mobius)

@@ -49,7 +49,9 @@ def test_help_imports_no_heavy_library():
 def test_plan_on_a_profile_csv_imports_no_graph_plot_or_solver_library(tmp_path):
     """A plan of a profile CSV on a homogeneous cluster needs neither
     networkx (PipeDream graphs), matplotlib (plots), OR-Tools (mixed
-    clusters) nor torch (profiling, runtimes)."""
+    clusters; its linear solver also for an interleaved split search that
+    stops at its work limits, pipesearch.fluid, which this one does not)
+    nor torch (profiling, runtimes)."""
     code = ("from pipesearch.cli import main\ntry:\n"
             "    main(['plan', '--model', 'gnmt', '--cluster', '1x4-v100-pcie', '--pp', '2', '-q'])\n"
             "except SystemExit as e:\n    assert e.code == 0, e.code")
