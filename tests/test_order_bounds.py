@@ -60,16 +60,23 @@ def test_every_prefix_bound_is_at_most_its_orders_optimum(inst):
     times = _order_times(costs_of, classes, L, pp, m, schedule)
     oracle = min(times.values())
     for cutoff in (math.inf, oracle * (1 + 1e-9)):
-        cb = class_bounds(classes, costs_of, schedule, pp, cutoff_s=cutoff)
-        nodes = {(): cb.root()}
-        for seq in sorted(times):
-            for r in range(1, pp + 1):
-                if seq[:r] not in nodes:
-                    nodes[seq[:r]] = cb.extend(nodes[seq[:r - 1]], seq[r - 1])
-        for prefix, node in nodes.items():
-            below = min(t for seq, t in times.items() if seq[:len(prefix)] == prefix)
-            if math.isfinite(below) and below < cutoff:
-                assert node.bound_s <= below * (1 + 1e-9), (prefix, node.bound_s, below)
+        _assert_prefix_bounds_below_orders(class_bounds(classes, costs_of, schedule, pp, cutoff_s=cutoff),
+                                           times, pp, cutoff)
+
+
+def _assert_prefix_bounds_below_orders(cb, times: dict, pp: int, cutoff: float = math.inf) -> None:
+    """Every class prefix's bound (``cb.extend`` from the root) is at most
+    the best simulated time ``times[order]`` of the orders it starts,
+    where that time is finite and below ``cutoff``."""
+    nodes = {(): cb.root()}
+    for seq in sorted(times):
+        for r in range(1, pp + 1):
+            if seq[:r] not in nodes:
+                nodes[seq[:r]] = cb.extend(nodes[seq[:r - 1]], seq[r - 1])
+    for prefix, node in nodes.items():
+        below = min(t for seq, t in times.items() if seq[:len(prefix)] == prefix)
+        if math.isfinite(below) and below < cutoff:
+            assert node.bound_s <= below * (1 + 1e-9), (prefix, node.bound_s, below)
 
 
 def test_bounds_by_hand():
@@ -177,15 +184,7 @@ def test_zb_h1_two_round_trips_bound_every_order_and_split(inst, extra):
             times[tuple(cls[x] for x in order)] = best
     cb = class_bounds(classes, costs_of, "zb-h1", pp, only=("z6s", "z6m"))
     assert [[n for _, n in fam] for fam in cb.fams] == [["z6s", "z6m"]]
-    nodes = {(): cb.root()}
-    for seq in sorted(times):
-        for r in range(1, pp + 1):
-            if seq[:r] not in nodes:
-                nodes[seq[:r]] = cb.extend(nodes[seq[:r - 1]], seq[r - 1])
-    for prefix, node in nodes.items():
-        below = min(t for seq, t in times.items() if seq[:len(prefix)] == prefix)
-        if math.isfinite(below):
-            assert node.bound_s <= below * (1 + 1e-9), (prefix, node.bound_s, below)
+    _assert_prefix_bounds_below_orders(cb, times, pp)
 
 
 def test_zb_h1_two_round_trips_by_hand():
