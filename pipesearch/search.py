@@ -888,20 +888,22 @@ def search(
         """A cutoff from achievable plans, before any exact split: the best
         starting split of one point (its lowest bound) of each family of the
         first groups in bound order, until SEED_FAMILIES x K families have
-        one and each schedule searched has K of them (the first groups may
-        offer one schedule alone: with fewer micro-batches than stages only
-        GPipe runs), or SEED_GROUPS more groups have been looked at for the
-        schedules still short; their K-th best (with the tie window), raised
-        by 2 TIE_REL so those plans stay strictly below it and are found
-        exactly later."""
+        one; then, for each schedule searched that those groups gave no
+        family of (they may offer one schedule alone: with fewer
+        micro-batches than stages only GPipe runs), K families from the next
+        groups that offer it, looking at SEED_GROUPS more groups at most;
+        their K-th best (with the tie window), raised by 2 TIE_REL so those
+        plans stay strictly below it and are found exactly later."""
         if options.exhaustive or options.split:
             return math.inf
         seen: dict[tuple, float] = {}
         per_schedule: Counter = Counter()
-        extra = 0
+        extra, missing = 0, None
         for _, (_, _, variant, pp, dp) in in_bound_order(groups, strong_group_bound):
-            short = {s for s in options.schedules if s != "roundpipe" and per_schedule[s] < keep}
             if len(seen) >= SEED_FAMILIES * keep:
+                if missing is None:  # the schedules the first groups gave no family of
+                    missing = {s for s in options.schedules if s != "roundpipe" and not per_schedule[s]}
+                short = {s for s in missing if per_schedule[s] < keep}
                 if not short or extra >= SEED_GROUPS:
                     break
                 short = {s for s in short if offers(variant, pp, dp, s)}
@@ -1375,8 +1377,8 @@ SEED_FAMILIES = 2
 times ``top`` families (``search.seed_cutoff``)."""
 
 SEED_GROUPS = 32
-"""Groups the first cutoff looks at beyond those, for the schedules with
-fewer than ``top`` families seeded (a count, ``search.seed_cutoff``)."""
+"""Groups the first cutoff looks at beyond those, for the schedules the
+first ones gave no family of (a count, ``search.seed_cutoff``)."""
 
 
 def rank_plans(plans: list[Plan]) -> list[Plan]:
