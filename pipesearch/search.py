@@ -517,16 +517,31 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
         yield options.micro_batch_size, options.num_micro_batches, None, None, None, "batch_not_divisible"
         return
     placements = _placements(cluster, pp, dp, options, variant.tp)
-    schedules = options.schedules
-    if pp == 1:  # one stage: every schedule is plain gradient accumulation, 1F1B's order
-        schedules = ("1f1b",) if "1f1b" in schedules else schedules[:1]
     for mbs in mbss:
         m = per_replica // mbs
-        for schedule in schedules:
+        for schedule in group_schedules(pp, options):
             for vp in vp_choices(schedule, pp, options):
                 refused = schedule_refusal(schedule, pp, m, vp, L)
                 for placement in (placements if refused is None else (None,)):
                     yield mbs, m, schedule, vp, placement, refused
+
+
+def group_schedules(pp: int, options: SearchOptions) -> tuple[str, ...]:
+    """The schedules a group of ``pp`` ranks is searched with: with one
+    stage every schedule is plain gradient accumulation, 1F1B's order, so
+    ``pp = 1`` takes 1F1B alone (or the first schedule when 1F1B is not
+    searched)."""
+    if pp == 1:
+        return ("1f1b",) if "1f1b" in options.schedules else tuple(options.schedules[:1])
+    return tuple(options.schedules)
+
+
+def accepted_points(schedule: str, pp: int, per_replica: int, num_layers: int, options: SearchOptions) -> int:
+    """How many (micro-batch size, vp) choices of a replica batch of
+    ``per_replica`` samples run ``schedule`` on ``pp`` ranks
+    (:func:`schedule_refusal` accepts them)."""
+    return sum(1 for mbs in micro_batch_sizes(per_replica, options) for vp in vp_choices(schedule, pp, options)
+               if schedule_refusal(schedule, pp, per_replica // mbs, vp, num_layers) is None)
 
 
 def count_points(variant: ModelVariant, pp: int, dp: int, job: Job, options: SearchOptions,
@@ -539,13 +554,7 @@ def count_points(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
     L, per_replica = variant.profile.num_layers, job.global_batch_size // dp
     key = (L, pp, per_replica)
     if cache is None or key not in cache:
-        ms = [per_replica // mbs for mbs in micro_batch_sizes(per_replica, options)]
-        schedules = options.schedules
-        if pp == 1:
-            schedules = ("1f1b",) if "1f1b" in schedules else schedules[:1]
-        n = sum(1 for schedule in schedules
-                for vp in vp_choices(schedule, pp, options)
-                for m in ms if schedule_refusal(schedule, pp, m, vp, L) is None)
+        n = sum(accepted_points(schedule, pp, per_replica, L, options) for schedule in group_schedules(pp, options))
         if cache is None:
             return n * len(_placements(cluster, pp, dp, options, variant.tp))
         cache[key] = n
@@ -874,14 +883,13 @@ def search(
     offered: dict = {}
 
     def offers(variant, pp: int, dp: int, schedule: str) -> bool:
-        """Whether some micro-batch count of the group runs ``schedule``
-        (:func:`schedule_refusal`)."""
+        """Whether the group searches ``schedule`` at some micro-batch count
+        (:func:`group_schedules`, :func:`accepted_points`)."""
         per_replica = job.global_batch_size // dp
         key = (variant.profile.num_layers, pp, per_replica, schedule)
         if key not in offered:
-            offered[key] = any(schedule_refusal(schedule, pp, per_replica // mbs, vp, variant.profile.num_layers) is None
-                               for mbs in micro_batch_sizes(per_replica, options)
-                               for vp in vp_choices(schedule, pp, options))
+            offered[key] = schedule in group_schedules(pp, options) and accepted_points(
+                schedule, pp, per_replica, variant.profile.num_layers, options) > 0
         return offered[key]
 
     def seed_cutoff() -> float:
