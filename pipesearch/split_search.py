@@ -24,8 +24,13 @@ the stages, left to right:
   stage's rank up to its last backward there, the gradient back up; the
   longest path of an even split of identical layers) and one weighted sum
   of the one-sum families, weights from a few steps of a subgradient
-  ascent of their Lagrangian relaxation (:func:`lagrange_weights`); both are
-  tabulated only for points that run the branch and bound. For every
+  ascent of their Lagrangian relaxation (:func:`lagrange_weights`); and the
+  path families: the critical paths of the fastest starting splits
+  (:func:`pipesearch.timemodel.critical_path`, counts per stage), each the
+  sum of its stages' counts times their durations on any split (tight at
+  its own split, where the fixed families fall 10-40% short on CNN
+  profiles with heavy all-reduce). All are tabulated only for points that
+  run the branch and bound. For every
   schedule, children that survive the tables get the rank-counting bound of
   :class:`_RankCount` (each rank's fill, whole work and drain, with the
   layers still to place counted onto the ranks; catches the imbalance that
@@ -63,7 +68,7 @@ from . import schedules as schedule_lib
 from .costs import PipelineCosts
 from .fluid import fluid_split
 from .partition import balanced_split, even_split, optimal_split
-from .timemodel import evaluation_cost, iteration_time_s, send_overlap, simulate_times
+from .timemodel import critical_path, evaluation_cost, iteration_time_s, send_overlap, simulate_times
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
 MAX_SPLITS_EVALUATED = 300
@@ -109,7 +114,7 @@ class ExactSplit:
 
 
 def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weights=None, chains: bool = False,
-                   chain_families: int = 0):
+                   chain_families: int = 0, paths=()):
     """Per-stage terms of the lower-bound families of ``schedule`` for stage
     ``s`` over the ranges ``[i, j)`` (``s``, ``i``, ``j`` broadcastable int
     arrays: one stage or all of them at once).
@@ -158,6 +163,10 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
       backward of micro-batch ``m - 1``, that gradient back up, rank 0's
       rest and all-reduce), one for each of the last ``chain_families``
       stages (0: :data:`MAX_CHAIN_FAMILIES`);
+    * with ``chains``, one family per path of ``paths`` (``(6, S)``
+      coefficients of :func:`pipesearch.timemodel.critical_path`, the
+      critical paths of splits already evaluated): ``sum_s coef[:, s] . (F,
+      B, I, W, c, r)_s``;
     * with ``weights`` (one per family of :func:`separable_terms`, summing to
       at most 1): ``sum_h weights_h G_h``, a convex combination of lower bounds
       that are each one sum over the stages (Lagrangian relaxation of their
@@ -207,10 +216,23 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         drain = b if blocking else G + c  # one step of micro-batch m-1's gradient back up to stage s
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r,
                                                                  chain_families or MAX_CHAIN_FAMILIES)]
+    if chains and len(paths):
+        fams += [[("sum", alpha, None)] for alpha in _path_terms(paths, s, (F, B, I, B - I, c, r))]
     if weights is not None:
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
     return fams
+
+
+def _path_terms(paths, s, terms):
+    """Per-stage terms of the path families of :func:`bound_families`: for
+    each ``(6, S)`` coefficient array of ``paths``, ``sum_k coef[k, s]
+    terms[k]`` (a path's counts times the stage's durations)."""
+    s = np.asarray(s)
+    out = []
+    for coef in paths:
+        out.append(sum(coef[k][s] * t for k, t in enumerate(terms) if np.any(coef[k])))
+    return out
 
 
 def separable_terms(fams, s, pp: int):
@@ -345,7 +367,7 @@ LAGRANGE_RANGES = 2**15  # stage ranges (stages x band) above which no weights a
 
 
 def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, target_s: float = np.inf,
-                     steps: int = LAGRANGE_STEPS):
+                     steps: int = LAGRANGE_STEPS, paths=()):
     """Weights for the combined family of :func:`bound_families`: an
     approximate maximizer of ``phi(w) = min_x sum_h w_h G_h(x)`` over the
     simplex (``G_h`` the families of :func:`separable_terms`, ``x`` the splits
@@ -360,7 +382,8 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     steps without a better bound, or once the bound reaches ``target_s``
     (counts, never seconds). Returns ``(weights, phi)``, or ``(None, 0.0)``
     when the band of all stages holds more than :data:`LAGRANGE_RANGES` stage
-    ranges or no split fits.
+    ranges or no split fits. ``paths``: the path families of
+    :func:`bound_families` (they join the families weighed).
     """
     L, S = costs.num_layers, costs.pp
     W = max(1, min(width, L))
@@ -380,7 +403,8 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     ok &= (i[None] >= first[:, None, None]) & (i[None] <= last[:, None, None])
     ok &= (jc[None] >= then_first[:, None, None]) & (jc[None] <= then_last[:, None, None])
     ks, rows, at = np.nonzero(ok)  # row-major, the order of ok's True entries
-    terms = separable_terms(bound_families(costs, schedule, pp, ks, at, at + rows + 1, chains=True), ks, pp)
+    terms = separable_terms(bound_families(costs, schedule, pp, ks, at, at + rows + 1, chains=True, paths=paths), ks,
+                            pp)
     if not terms:
         return None, 0.0
     G = np.stack([np.broadcast_to(a, ks.shape) for a in terms]).astype(float)  # (H, ranges a split can hold)
@@ -483,7 +507,8 @@ class _Tables:
     :meth:`column` when they fit in one block, else recomputed there.
     """
 
-    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False):
+    def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False,
+                 paths=()):
         L, S = costs.num_layers, costs.pp
         self.costs, self.schedule, self.pp = costs, schedule, pp
         self.width = max(1, min(width, L))
@@ -493,7 +518,8 @@ class _Tables:
         self._columns: dict = {}
         self._held = 0  # floats in _columns
         self._suf = [None] * (S + 1)
-        self.weights, self.chains = weights, chains
+        self.weights, self.chains, self.paths = weights, chains, paths
+        self._cheap = None  # the table without chains that with_chains built this one from
         # stage s from every layer it can start at in a split of stages of at
         # most W layers: from max(s, L - (S - s) W) (the later stages cover
         # the rest) to min(s W, L - S + s) (every other stage holds a layer);
@@ -504,7 +530,7 @@ class _Tables:
         self._last_stage()
         if S == 1:
             return
-        block = self._block_size(_ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 if chains else 0))
+        block = self._block_size(_ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 + len(paths) if chains else 0))
         for hi in range(S - 1, 1, -block):
             self._stages(max(1, hi - block), hi, keep=block >= S - 2)
         self._stages(0, 1, keep=True)  # one start: layer 0
@@ -516,27 +542,31 @@ class _Tables:
         U = int(max(1, np.max(self._stop[1:S - 1] - self._start[1:S - 1] + 1, initial=1)))
         return max(1, TABLE_FLOATS // (rows * self.rows * U))
 
-    def with_chains(self, weights) -> "_Tables":
-        """``_Tables(costs, schedule, pp, width, weights, chains=True)`` of
+    def with_chains(self, weights, paths=()) -> "_Tables":
+        """``_Tables(costs, schedule, pp, width, weights, chains=True, paths)`` of
         this table's point and width, equal to it entry for entry, built
         from this table (without chains): the families it has come first
         and each component's DP row is independent of the others, so only
         the added ``sum`` rows (the chain families and the combined one of
         ``weights``) are tabled for the middle stages; the first and the
-        last stage (one range per start) are tabled whole. Built from
-        scratch when this table has chains or keeps its middle terms."""
+        last stage (one range per start) are tabled whole. A table with
+        chains is rebuilt from the one it was built from; from scratch when
+        there is none or this table keeps its middle terms."""
         costs, S = self.costs, self.costs.pp
+        if self.chains and self._cheap is not None:
+            return self._cheap.with_chains(weights, paths)
         new = _Tables.__new__(_Tables)
+        new._cheap = None
         if self.chains or self.weights is not None or S <= 2 or any(
                 where == "banded" and 0 < k < S - 1 for k, (where, *_) in self._kept.items()):
-            new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True)
+            new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True, paths=paths)
             return new
         new.costs, new.schedule, new.pp, new.width, new.rows = costs, self.schedule, self.pp, self.width, self.rows
-        new.weights, new.chains = weights, True
+        new.weights, new.chains, new.paths, new._cheap = weights, True, paths, self
         new._kept, new._columns, new._held, new._suf = {}, {}, 0, [None] * (S + 1)
         new._start, new._stop = self._start, self._stop
         new._last_stage()
-        block = new._block_size(MAX_CHAIN_FAMILIES + 1)
+        block = new._block_size(MAX_CHAIN_FAMILIES + 1 + len(paths))
         for hi in range(S - 1, 1, -block):
             new._added_rows(max(1, hi - block), hi, self)
         new._stages(0, 1, keep=True)
@@ -568,7 +598,8 @@ class _Tables:
         of the minima taken from ``cheap``."""
         stages, i, j, ok, first = self._band(lo, hi)
         L = self.costs.num_layers
-        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, np.minimum(j, L), self.weights, True)
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, np.minimum(j, L), self.weights, True,
+                              paths=self.paths)
         n0 = cheap._sizes["sum"]
         sums = [a for fam in fams for kind, a, _ in fam if kind == "sum"][n0:]
         t = self._stack(sums, np.inf, ok)
@@ -667,7 +698,8 @@ class _Tables:
             ok = (j <= L) & (j > i) & (j - i <= self.rows)
             ok = ok & self.costs.fits(stages, i, jc)
         ok = np.broadcast_to(ok, shape)
-        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains)
+        fams = bound_families(self.costs, self.schedule, self.pp, stages, i, jc, self.weights, self.chains,
+                              paths=self.paths)
         comps = {kind: [(f, a, x) for f, fam in enumerate(fams) for k, a, x in fam if k == kind] for kind in _KINDS}
         self.fam = {kind: np.array([f for f, _, _ in c], dtype=np.int64) for kind, c in comps.items() if c}
         self.kinds, self.num_families = tuple(self.fam), len(fams)  # the same for every block
@@ -991,9 +1023,10 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         return _untabled(costs, ev, pp, tie_rel)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
-    if schedule in CHAIN_SCHEDULES and not tables.chains:  # the cheap bounds left work: add the chain families
-        weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel))
-        tables = tables.with_chains(weights)
+    paths = _start_paths(costs, schedule, pp, vp, ev) if schedule in CHAIN_SCHEDULES else ()
+    if schedule in CHAIN_SCHEDULES and (not tables.chains or paths):  # the cheap bounds left work: chain and
+        weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel), paths=paths)
+        tables = tables.with_chains(weights, paths)  # path families
     counter = _RankCount(costs, schedule, pp)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
@@ -1015,6 +1048,27 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if value_above_cutoff and best > cutoff_s:
         exact = False
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
+
+
+#: the branch and bound of a chain schedule bounds with the critical paths of
+#: at most this many of the fastest starting splits (a count)
+PATH_FAMILIES = 4
+
+
+def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator") -> tuple:
+    """The distinct critical paths (``(6, S)`` coefficients,
+    :func:`pipesearch.timemodel.critical_path`) of the
+    :data:`PATH_FAMILIES` fastest splits ``ev`` has evaluated (the starting
+    splits): path families of :func:`bound_families` that are tight at
+    those splits, where the fixed families can be far below the time."""
+    seen, out = set(), []
+    best = sorted((t, b) for b, t in ev.times.items() if math.isfinite(t))[:PATH_FAMILIES]
+    for _, b in best:
+        _, coef = critical_path(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.asarray(b)))
+        if coef.tobytes() not in seen:
+            seen.add(coef.tobytes())
+            out.append(coef)
+    return tuple(out)
 
 
 #: at most this many splits, and this much evaluation work (splits times

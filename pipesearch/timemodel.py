@@ -345,20 +345,59 @@ def critical_path_counts(schedule: str, pp: int, m: int, vp: int, times: StageTi
     from each node to the predecessor that ended later (either one on a
     tie), so the path's durations add up to ``T``."""
     g = _graph(schedule, pp, m, vp)
-    dur = _durations(g, times)[:, 0]
-    end = _node_ends(g, dur[:, None])[:, 0]
-    N, S = len(g.col), len(np.atleast_1d(times.fwd_s))
-    counts = np.zeros((4, S), dtype=np.int64)
+    end = _node_ends(g, _durations(g, times)[:, :1])[:, 0]
     node = int(np.argmax(end[:-1]))
-    pred1, pred2, col = g.pred1.tolist(), g.pred2.tolist(), g.col.tolist()
+    return float(end[node]), _trace(g, end, node, len(np.atleast_1d(times.fwd_s)))[:4].astype(np.int64)
+
+
+#: rows of :func:`critical_path`'s coefficients: per stage, its ``F``, ``B``,
+#: ``I`` and ``W`` actions, the transfers over the boundary after it, and
+#: whether its all-reduce ends the path
+PATH_TERMS = ("fwd", "bwd", "bwd_input", "bwd_weight", "p2p", "allreduce")
+
+
+def critical_path(schedule: str, pp: int, m: int, vp: int, times: StageTimes) -> tuple[float, np.ndarray]:
+    """``(T, coef)`` for one split of a graph schedule (1F1B, interleaved
+    1F1B, ZB-H1, looped BFS; not GPipe's closed form, Mobius or RoundPipe):
+    ``T`` of :func:`iteration_time_s` and ``coef`` ``(6, S)``, the longest
+    path as counts per stage of each term of :data:`PATH_TERMS` (a blocking
+    send counts as a transfer over its boundary; the all-reduce row is 1 on
+    the stages of the rank whose all-reduce ends the path, else 0).
+
+    The graph does not depend on the split, so for every split the same
+    path has length ``sum_s coef[:, s] . (F_s, B_s, I_s, B_s - I_s, c_s,
+    r_s)``, at most that split's ``T``: a lower bound of every split, equal
+    to ``T`` at this one (a cutting plane, as in Kelley 1960, J. SIAM 8(4))."""
+    g = _graph(schedule, pp, m, vp)
+    end = _node_ends(g, _durations(g, times)[:, :1])[:, 0]
+    S = len(np.atleast_1d(times.fwd_s))
+    ar = _rank_allreduce(times, pp)[0]
+    finish = end[g.last_of_rank] + ar
+    node = int(np.argmax(end[:-1]))
+    q = int(np.argmax(finish))
+    if finish[q] > end[node]:  # a rank's all-reduce ends the iteration
+        coef = _trace(g, end, int(g.last_of_rank[q]), S)
+        coef[5] = np.arange(S) % pp == q
+        return float(finish[q]), coef
+    return float(end[node]), _trace(g, end, node, S)
+
+
+def _trace(g: _Graph, end: np.ndarray, node: int, S: int) -> np.ndarray:
+    """``(6, S)`` counts (:data:`PATH_TERMS`, all-reduce row 0) of the path
+    read back from ``node`` to a source, each node to the predecessor that
+    ended later (either one on a tie)."""
+    coef = np.zeros((6, S))
+    N = len(g.col)
+    pred1, pred2, col, sends = g.pred1.tolist(), g.pred2.tolist(), g.col.tolist(), g.sends.tolist()
     ends = end.tolist()
     while node < N:
         kind, stage = divmod(col[node], S)
-        if kind < 4:  # an action (transfers have kind 4)
-            counts[kind, stage] += 1
+        coef[min(kind, 4), stage] += 1  # kind 4: a transfer over boundary ``stage``
+        if sends[node] >= 0:
+            coef[4, sends[node]] += 1
         a, b = pred1[node], pred2[node]
         node = a if ends[a] >= ends[b] else b  # the sentinel N ends at 0: a source leads to it
-    return float(end[:-1].max()), counts
+    return coef
 
 
 def evaluation_cost(schedule: str, pp: int, m: int, vp: int) -> tuple[int, int]:

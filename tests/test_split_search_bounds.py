@@ -7,7 +7,10 @@ replaying each in the discrete-event simulator.
   complete split from its definition in that docstring;
 * the Lagrangian bound of :func:`pipesearch.split_search.lagrange_weights`;
 * the rank-counting bound of a partial split (``_RankCount``), against every
-  completion of that partial split.
+  completion of that partial split;
+* the path families (:func:`pipesearch.timemodel.critical_path`, the
+  critical path of one split as counts per stage): equal to that split's
+  simulated time, at most every other split's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
 from pipesearch.split_search import bound_families, lagrange_weights, separable_terms
-from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
+from pipesearch.timemodel import StageTimes, critical_path, iteration_time_s, simulate_times
 from pipesearch.types import Job, Link
 
 CASES = (("interleaved-1f1b", 2), ("interleaved-1f1b", 3), ("zb-h1", 1), ("1f1b", 1), ("gpipe", 1),
@@ -97,6 +100,35 @@ def test_every_family_is_at_most_the_simulated_time(seed):
         t = _simulated(costs, schedule, pp, vp, bounds)
         for fam in fams:
             assert _family_value(fam, S, pp) <= t * (1 + 1e-9) + 1e-15
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_path_family_is_its_split_time_and_at_most_every_split(seed):
+    """The critical path of a random split, as a family of
+    :func:`bound_families` (``paths``): on that split it equals the time the
+    discrete-event simulator replays (the path is the longest one, its
+    transfers and the all-reduce that ends it counted), and on every split
+    it is at most the simulated time (the dependency graph is the same for
+    all splits). A transfer or a blocking send left out, an all-reduce
+    charged to the wrong rank's stages or a path read back through the
+    predecessor that ended first misses the first or breaks the second."""
+    schedule, pp, vp, m, costs = _point(seed)
+    S, L = costs.pp, costs.num_layers
+    s = np.arange(S)
+    splits = _splits(L, S)
+    rng = np.random.default_rng(seed)
+    times = {b: _simulated(costs, schedule, pp, vp, b) for b in splits}
+    for k in rng.choice(len(splits), size=min(3, len(splits)), replace=False):
+        origin = splits[k]
+        t, coef = critical_path(schedule, pp, m, vp, costs.stage_times(np.array(origin)))
+        assert t == pytest.approx(times[origin], rel=1e-12)
+        for bounds, sim in times.items():
+            i, j = np.array(bounds[:-1]), np.array(bounds[1:])
+            fam = bound_families(costs, schedule, pp, s, i, j, chains=True, paths=[coef])[-1]
+            value = _family_value(fam, S, pp)
+            assert value <= sim * (1 + 1e-9) + 1e-15, (origin, bounds)
+            if bounds == origin:
+                assert value == pytest.approx(sim, rel=1e-9)
 
 
 def test_chain_family_is_tight_on_even_uniform_interleaved():
