@@ -1024,9 +1024,12 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
     paths = _start_paths(costs, schedule, pp, vp, ev) if schedule in CHAIN_SCHEDULES else ()
-    if schedule in CHAIN_SCHEDULES and (not tables.chains or paths):  # the cheap bounds left work: chain and
+    if schedule in CHAIN_SCHEDULES and not tables.chains:  # the cheap bounds left work: add the chain and
         weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel), paths=paths)
         tables = tables.with_chains(weights, paths)  # path families
+    elif paths:  # the cutoff proof's chain tables, with the path families (weight 0 in the combined family)
+        weights = None if tables.weights is None else np.concatenate([tables.weights, np.zeros(len(paths))])
+        tables = tables.with_chains(weights, paths)
     counter = _RankCount(costs, schedule, pp)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
@@ -1061,10 +1064,12 @@ def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Ev
     :data:`PATH_FAMILIES` fastest splits ``ev`` has evaluated (the starting
     splits): path families of :func:`bound_families` that are tight at
     those splits, where the fixed families can be far below the time."""
-    seen, out = set(), []
     best = sorted((t, b) for b, t in ev.times.items() if math.isfinite(t))[:PATH_FAMILIES]
-    for _, b in best:
-        _, coef = critical_path(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.asarray(b)))
+    if not best:
+        return ()
+    found = critical_path(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.array([b for _, b in best])))
+    seen, out = set(), []
+    for _, coef in found:
         if coef.tobytes() not in seen:
             seen.add(coef.tobytes())
             out.append(coef)

@@ -363,23 +363,28 @@ def critical_path(schedule: str, pp: int, m: int, vp: int, times: StageTimes) ->
     path as counts per stage of each term of :data:`PATH_TERMS` (a blocking
     send counts as a transfer over its boundary; the all-reduce row is 1 on
     the stages of the rank whose all-reduce ends the path, else 0).
+    ``times`` may hold ``n`` splits (``(n, S)`` arrays, one graph pass for
+    all): then a list of ``n`` such pairs.
 
     The graph does not depend on the split, so for every split the same
     path has length ``sum_s coef[:, s] . (F_s, B_s, I_s, B_s - I_s, c_s,
     r_s)``, at most that split's ``T``: a lower bound of every split, equal
     to ``T`` at this one (a cutting plane, as in Kelley 1960, J. SIAM 8(4))."""
     g = _graph(schedule, pp, m, vp)
-    end = _node_ends(g, _durations(g, times)[:, :1])[:, 0]
-    S = len(np.atleast_1d(times.fwd_s))
-    ar = _rank_allreduce(times, pp)[0]
-    finish = end[g.last_of_rank] + ar
-    node = int(np.argmax(end[:-1]))
-    q = int(np.argmax(finish))
-    if finish[q] > end[node]:  # a rank's all-reduce ends the iteration
-        coef = _trace(g, end, int(g.last_of_rank[q]), S)
-        coef[5] = np.arange(S) % pp == q
-        return float(finish[q]), coef
-    return float(end[node]), _trace(g, end, node, S)
+    ends = _node_ends(g, _durations(g, times))  # (N + 1, n)
+    S = np.shape(times.fwd_s)[-1]
+    finish = ends[g.last_of_rank].T + _rank_allreduce(times, pp)  # (n, pp)
+    out = []
+    for k in range(ends.shape[1]):
+        end = ends[:, k]
+        node, q = int(np.argmax(end[:-1])), int(np.argmax(finish[k]))
+        if finish[k, q] > end[node]:  # a rank's all-reduce ends the iteration
+            coef = _trace(g, end, int(g.last_of_rank[q]), S)
+            coef[5] = np.arange(S) % pp == q
+            out.append((float(finish[k, q]), coef))
+        else:
+            out.append((float(end[node]), _trace(g, end, node, S)))
+    return out[0] if np.ndim(times.fwd_s) == 1 else out
 
 
 def _trace(g: _Graph, end: np.ndarray, node: int, S: int) -> np.ndarray:
