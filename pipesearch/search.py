@@ -952,13 +952,14 @@ def search(
     def pruned(bound: float) -> bool:
         return not options.exhaustive and bound >= cutoff()
 
-    unproven: list[tuple[Plan, float]] = []  # plans whose split search stopped at its limits, and their bounds
+    # plans whose split search stopped at its limits, their bounds, rows, variants and the cutoffs searched against
+    unproven: list[tuple[Plan | None, float, int, object, float]] = []
 
-    def keep_plan(plan: Plan, row: dict) -> None:
+    def keep_plan(plan: Plan, row: dict, idx: int, variant, cutoff_s: float) -> None:
         """Record an evaluated point's plan in its row and its family."""
         info = dict(plan.extra).get("split_search") or {}
         if not info.get("exact", True):
-            unproven.append((plan, float(info["lower_bound_s"])))
+            unproven.append((plan, float(info["lower_bound_s"]), idx, variant, cutoff_s))
         t = plan.predicted.iteration_time_s
         row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
                    peak_memory_bytes=plan.predicted.peak_memory_bytes,
@@ -972,13 +973,42 @@ def search(
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
 
-    def keep_result(plan: Plan | None, row: dict) -> None:
+    def keep_result(plan: Plan | None, idx: int, variant, cutoff_s: float) -> None:
         """An evaluated point's plan, or its bound when its split search
-        stopped before any split fit (an open point, :data:`STOPPED`)."""
+        stopped before any split fit (an open point, :data:`STOPPED`);
+        ``cutoff_s`` the cutoff its split search ran against."""
         if plan is not None:
-            keep_plan(plan, row)
-        elif row["status"] == STOPPED:
-            unproven.append((None, row["split_lower_bound_s"]))
+            keep_plan(plan, rows[idx], idx, variant, cutoff_s)
+        elif rows[idx]["status"] == STOPPED:
+            unproven.append((None, rows[idx]["split_lower_bound_s"], idx, variant, cutoff_s))
+
+    def second_look() -> None:
+        """Search again, against the final cutoff, the points outside the
+        ranked plans whose split search stopped at its limits with a bound
+        below it, searched against a higher one (in bound order): a lower
+        incumbent prunes more, so many are settled (proven unable to enter;
+        their row keeps its plan) or yield a faster split."""
+        todo = sorted((lb, k) for k, (plan, lb, _, _, first) in enumerate(unproven)
+                      if lb < cutoff() < first and (plan is None or plan.predicted.iteration_time_s >= cutoff()))
+        again = {k for _, k in todo}
+        for lb, k in todo:
+            old, _, idx, variant, _ = unproven[k]
+            if lb >= cutoff():
+                again.discard(k)
+                continue
+            status, now = rows[idx]["status"], cutoff()
+            plan, _ = _evaluate(variant, cluster, job, options, rows[idx], profiled_device, in_flight_cache,
+                                links_cache, placement_ctx, cutoff_s=now)
+            if plan is None and rows[idx]["status"] == "pruned" and status == "ok":
+                rows[idx]["status"] = "ok"  # evaluated before; now proven unable to enter the ranked plans
+            t_old = math.inf if old is None else old.predicted.iteration_time_s
+            if plan is not None and plan.predicted.iteration_time_s >= t_old:  # no faster split: the first stays
+                info = dict(plan.extra)["split_search"]
+                if not info["exact"]:
+                    unproven.append((old, max(lb, float(info["lower_bound_s"])), idx, variant, now))
+                continue
+            keep_result(plan, idx, variant, now)
+        unproven[:] = [u for k, u in enumerate(unproven) if k not in again]
 
     def visit(bound: float, idx: int, variant) -> None:
         """Evaluate the point of ``rows[idx]`` unless pruned or surely out of memory."""
@@ -998,9 +1028,10 @@ def search(
                 cluster, variant, row, options.placements[0], placement_ctx, links_cache):
             row["status"] = "same_as_other_placement"
             return
+        now = cutoff()
         plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                            links_cache, placement_ctx, cutoff_s=cutoff())
-        keep_result(plan, row)
+                            links_cache, placement_ctx, cutoff_s=now)
+        keep_result(plan, idx, variant, now)
 
     deferred: list = []  # points of DEFERRED_SCHEDULES, evaluated after all others
     mapped: list = []  # points of the mapped placement (their order search is costly), evaluated last
@@ -1039,9 +1070,12 @@ def search(
                 break
             rows.append(row)
             row["lower_bound_s"] = bound
+            now = cutoff()
             plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                                links_cache, placement_ctx, cutoff_s=cutoff())
-            keep_result(plan, row)
+                                links_cache, placement_ctx, cutoff_s=now)
+            keep_result(plan, len(rows) - 1, variant, now)
+    if not options.exhaustive:
+        second_look()
     if progress:
         progress(len(groups), len(groups))
     counts.update(r["status"] for r in rows if r["status"] != "ok")
@@ -1057,7 +1091,7 @@ def search(
         raise InfeasibleError(message)
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
     shown = {id(p) for p in plans[: options.top]}
-    outside = [lb for p, lb in unproven if id(p) not in shown]  # the ranked ones report their own gap
+    outside = [lb for p, lb, *_ in unproven if id(p) not in shown]  # the ranked ones report their own gap
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     return SearchResult(
         unproven_points=len(outside),
