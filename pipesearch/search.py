@@ -164,8 +164,10 @@ class SearchResult:
     fingerprint: str
     point_columns: dict = field(repr=False)
     #: evaluated points outside the ranked plans whose split search stopped at
-    #: its work limits, and the least of their proven lower bounds (inf: none):
-    #: a plan of theirs could be faster than the ranked plans slower than it
+    #: its work limits with a proven lower bound below the final cutoff (the
+    #: time a plan must beat to be ranked), and the least of those bounds (inf:
+    #: none): a plan of theirs could be faster than the ranked plans slower
+    #: than it
     unproven_points: int = 0
     unproven_bound_s: float = math.inf
 
@@ -1091,7 +1093,8 @@ def search(
         raise InfeasibleError(message)
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
     shown = {id(p) for p in plans[: options.top]}
-    outside = [lb for p, lb, *_ in unproven if id(p) not in shown]  # the ranked ones report their own gap
+    # the ranked ones report their own gap; a bound at the cutoff already excludes a point
+    outside = [lb for p, lb, *_ in unproven if id(p) not in shown and lb < cutoff()]
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     return SearchResult(
         unproven_points=len(outside),
