@@ -63,25 +63,28 @@ def test_plan_on_mixed_cluster_reports_device_types_and_beats_even_split():
 def test_16_devices_3_types_every_point_settled():
     """The 16-device, 3-type case (4 H100 80 GB + 8 A100 40 GB + 4 V100 16 GB,
     4 per node; the 64-layer profile tests/data/synthetic-64.csv; global batch
-    1024), the default search, top 3: every ranked plan's split is proven
-    optimal, every mapped plan's device order is OPTIMAL, and no point outside
-    the table is left open (its split search stopped at its limits with a
-    bound below the cutoff), so the three plans are the best of the whole
-    space. The two interleaved 1F1B points whose first split search stopped
-    (bound 4.42 s, searched against a cutoff of 5.02 s) are settled by the
-    second look against the final cutoff (4.55 s)."""
+    1024) as ``pipesearch plan --top 3`` runs it: every ranked plan's split is
+    proven optimal, every mapped plan's device order is OPTIMAL, and no point
+    outside the table is left open (its split search stopped at its limits
+    with a bound below the cutoff), so the three plans are the best of the
+    whole space. The two interleaved 1F1B points whose first split search
+    stopped (bound 4.42 s, searched against a cutoff of 5.02 s) are settled
+    by the second look against the final cutoff (4.55 s)."""
+    import json
     from pathlib import Path
 
-    from pipesearch.hardware import load_cluster
-    from pipesearch.models import load_model_source
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
 
     data = Path(__file__).parent / "data"
-    cluster = load_cluster(str(data / "mixed-16-3types.toml"))
-    src = load_model_source(str(data / "synthetic-64.csv"), cluster)
-    res = search(list(src.variants), cluster, Job(global_batch_size=1024), SearchOptions(top=3))
-    assert res.unproven_points == 0
-    for plan in res.plans:
-        extra = dict(plan.extra)
-        assert extra["split_search"]["exact"]
-        if extra["placement"] == "mapped":
-            assert extra["mapping"]["status"] == "OPTIMAL"
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", str(data / "synthetic-64.csv"), "--cluster",
+                                    str(data / "mixed-16-3types.toml"), "--top", "3"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert "unproven_points" not in out["search"]
+    assert len(out["plans"]) == 3
+    for plan in out["plans"]:
+        assert plan["options"]["split_search"]["exact"]
+        if plan["options"]["placement"] == "mapped":
+            assert plan["options"]["mapping"]["status"] == "OPTIMAL"
