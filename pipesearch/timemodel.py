@@ -391,17 +391,18 @@ def _trace(g: _Graph, end: np.ndarray, node: int, S: int) -> np.ndarray:
     """``(6, S)`` counts (:data:`PATH_TERMS`, all-reduce row 0) of the path
     read back from ``node`` to a source, each node to the predecessor that
     ended later (either one on a tie)."""
-    coef = np.zeros((6, S))
     N = len(g.col)
-    pred1, pred2, col, sends = g.pred1.tolist(), g.pred2.tolist(), g.col.tolist(), g.sends.tolist()
-    ends = end.tolist()
+    back = np.where(end[g.pred1] >= end[g.pred2], g.pred1, g.pred2).tolist()  # the sentinel N ends at 0
+    path = []
     while node < N:
-        kind, stage = divmod(col[node], S)
-        coef[min(kind, 4), stage] += 1  # kind 4: a transfer over boundary ``stage``
-        if sends[node] >= 0:
-            coef[4, sends[node]] += 1
-        a, b = pred1[node], pred2[node]
-        node = a if ends[a] >= ends[b] else b  # the sentinel N ends at 0: a source leads to it
+        path.append(node)
+        node = back[node]
+    nodes = np.array(path, dtype=np.int64)
+    kind, stage = np.divmod(g.col[nodes], S)
+    coef = np.zeros((6, S))
+    np.add.at(coef, (np.minimum(kind, 4), stage), 1.0)  # kind 4: a transfer over boundary ``stage``
+    sends = g.sends[nodes]
+    np.add.at(coef[4], sends[sends >= 0], 1.0)  # a blocking send adds its transfer
     return coef
 
 
