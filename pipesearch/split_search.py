@@ -1023,7 +1023,9 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         return _untabled(costs, ev, pp, tie_rel)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
         tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
-    paths = _start_paths(costs, schedule, pp, vp, ev) if schedule in CHAIN_SCHEDULES else ()
+    paths = ()
+    if schedule in CHAIN_SCHEDULES and S * tables.width * (L + 1) <= PATH_RANGES:
+        paths = _start_paths(costs, schedule, pp, vp, ev)
     if schedule in CHAIN_SCHEDULES and not tables.chains:  # the cheap bounds left work: add the chain and
         weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel), paths=paths)
         tables = tables.with_chains(weights, paths)  # path families
@@ -1054,8 +1056,12 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
 
 
 #: the branch and bound of a chain schedule bounds with the critical paths of
-#: at most this many of the fastest starting splits (a count)
+#: at most this many of the fastest starting splits (a count), when its
+#: tables hold at most ``PATH_RANGES`` stage ranges (stages x band x starts;
+#: larger tables cost more to rebuild with them than they save: 20 of the
+#: 1,500-layer profile's 80 CPU seconds)
 PATH_FAMILIES = 4
+PATH_RANGES = 2**15
 
 
 def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator") -> tuple:
