@@ -67,6 +67,7 @@ import numpy as np
 from . import schedules as schedule_lib
 from .costs import PipelineCosts
 from .fluid import fluid_split
+from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
 from .timemodel import critical_path, evaluation_cost, iteration_time_s, send_overlap, simulate_times
 
@@ -1043,6 +1044,10 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         fluid = fluid_split(costs, schedule, pp, vp)
         if fluid is not None and costs.split_fits(fluid):
             ev.run([fluid])
+        if ev.feasible:  # and the splits a few boundary moves from the best met
+            start = min((t, b) for b, t in ev.times.items())
+            improve_split(start[1], start[0], lambda splits: ev.run(splits) or [ev.times[b] for b in splits],
+                          costs.split_fits)
     if not ev.feasible:  # no split met fits every GPU, or none beat the cutoff
         if exact and not np.isfinite(cutoff_s):
             return None  # proven: no split fits (a whole-GPU check, Mobius)

@@ -1,0 +1,62 @@
+"""A better split near the best one met, for split searches that stop at
+their work limits.
+
+When the branch and bound of :func:`pipesearch.split_search.exact_split`
+stops before it has proven its best split optimal, the best split it met is
+the plan's split. Moving one boundary by a few layers (or two neighbouring
+boundaries together) and keeping the fastest neighbour, until none is
+faster, often finds a faster split cheaply: each round is one batched
+evaluation of the neighbours. Steepest descent over this neighbourhood is a
+heuristic (a local optimum, no bound); the search still reports the bound
+it proved and its gap, now against a faster split.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+#: boundary moves of 1 .. LOCAL_RADIUS layers either way (a count)
+LOCAL_RADIUS = 2
+#: rounds of steepest descent at most (a count, never seconds)
+LOCAL_ROUNDS = 50
+
+
+def neighbours(bounds: Sequence[int], radius: int = LOCAL_RADIUS) -> list[tuple[int, ...]]:
+    """The splits one move from ``bounds`` (``0 = b_0 < ... < b_S = L``):
+    one inner boundary moved by ``1 .. radius`` layers either way, or two
+    neighbouring inner boundaries moved by one layer the same way (a stage
+    shifted whole); every stage keeps at least one layer. Sorted, each once."""
+    b = tuple(int(x) for x in bounds)
+    S = len(b) - 1
+    out = set()
+    moves = [((k,), d) for k in range(1, S) for d in range(-radius, radius + 1) if d]
+    moves += [((k, k + 1), d) for k in range(1, S - 1) for d in (-1, 1)]
+    for ks, d in moves:
+        c = list(b)
+        for k in ks:
+            c[k] += d
+        if all(c[i] < c[i + 1] for i in range(S)):
+            out.add(tuple(c))
+    return sorted(out)
+
+
+def improve_split(bounds: Sequence[int], time_s: float, evaluate: Callable[[list], list],
+                  fits: Callable[[tuple], bool], radius: int = LOCAL_RADIUS,
+                  rounds: int = LOCAL_ROUNDS) -> tuple[tuple[int, ...], float]:
+    """Steepest descent from ``bounds`` (time ``time_s``, seconds): each round
+    evaluates every neighbour (:func:`neighbours`) that ``fits`` in one call
+    of ``evaluate`` (a list of splits -> their times) and moves to the
+    fastest one if it is faster, the first in sorted order on ties; stops
+    when none is, or after ``rounds`` rounds. Returns ``(split, time)``,
+    never slower than the start."""
+    best, best_t = tuple(int(x) for x in bounds), float(time_s)
+    for _ in range(rounds):
+        cands = [c for c in neighbours(best, radius) if fits(c)]
+        if not cands:
+            break
+        times = evaluate(cands)
+        t, c = min(zip(times, cands))
+        if not t < best_t:
+            break
+        best, best_t = c, float(t)
+    return best, best_t

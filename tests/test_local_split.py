@@ -1,0 +1,77 @@
+"""The local search of a stopped split search (pipesearch/local_split.py).
+
+* ``neighbours``: the moves, by hand on a small split.
+* ``improve_split``: steepest descent reaches the minimum of a separable
+  convex function of the boundaries, never ends slower than it started,
+  and evaluates only splits that fit.
+* ``exact_split`` with its work limits cut so that it stops: the split it
+  returns is no slower than any split one move away, each replayed in the
+  discrete-event simulator (a search that stops without the local search
+  returns a split some move improves on for some seeds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipesearch import split_search
+from pipesearch.local_split import improve_split, neighbours
+from pipesearch.split_search import exact_split
+from test_split_search_lookahead import _instance
+from pipesearch.timemodel import simulate_times
+
+
+def test_neighbours_by_hand():
+    """(0, 2, 3, 6), radius 1: boundary 1 to 1 or 3 (3 would empty stage 1:
+    refused), boundary 2 to 2 (empties stage 1: refused) or 4, both together
+    to (1, 2) or (3, 4)."""
+    got = neighbours((0, 2, 3, 6), radius=1)
+    assert got == sorted({(0, 1, 3, 6), (0, 2, 4, 6), (0, 1, 2, 6), (0, 3, 4, 6)})
+    assert all(b[0] == 0 and b[-1] == 6 for b in neighbours((0, 2, 3, 6), radius=2))
+
+
+def test_descent_reaches_the_minimum_of_a_convex_function():
+    """f(b) = sum_k (b_k - target_k)^2 over the inner boundaries: every
+    single move that brings one boundary closer lowers f, so steepest descent
+    from any split ends at the target (checked from 20 random starts); splits
+    that do not fit (boundary 2 at 7) are never evaluated."""
+    target = (0, 3, 5, 9, 12)
+    rng = np.random.default_rng(0)
+    seen = []
+
+    def evaluate(splits):
+        seen.extend(splits)
+        return [float(sum((a - b) ** 2 for a, b in zip(s, target))) for s in splits]
+
+    def fits(s):
+        return s[2] != 7
+
+    for _ in range(20):
+        inner = np.sort(rng.choice(np.arange(1, 12), 3, replace=False))
+        start = (0, *map(int, inner), 12)
+        if not fits(start):
+            continue
+        t0 = evaluate([start])[0]
+        best, t = improve_split(start, t0, evaluate, fits)
+        assert t <= t0
+        assert best == target and t == 0.0
+    assert all(fits(s) for s in seen)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stopped_search_returns_a_local_optimum(seed, monkeypatch):
+    """With the branch and bound cut to 2 nodes and 2 splits (and no
+    enumeration), the returned split is at most every fitting split one
+    move away, each simulated by the discrete-event simulator."""
+    schedule, pp, vp, costs = _instance(200 + seed, 10, 14)
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
+    monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
+    got = exact_split(costs, schedule, pp, vp, max_nodes=2, max_splits=2)
+    if got is None or got.exact:
+        pytest.skip("no split fits, or the search finished")
+    m = costs.num_micro_batches
+    for b in neighbours(got.bounds):
+        if costs.split_fits(b):
+            t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(np.array(b)))
+            assert got.best_time_s <= t * (1 + 1e-9), b
