@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -954,14 +954,14 @@ def search(
     def pruned(bound: float) -> bool:
         return not options.exhaustive and bound >= cutoff()
 
-    # plans whose split search stopped at its limits, their bounds, rows, variants and the cutoffs searched against
-    unproven: list[tuple[Plan | None, float, int, object, float]] = []
+    unproven: list[_Open] = []  # points whose split search stopped at its limits
 
-    def keep_plan(plan: Plan, row: dict, idx: int, variant, cutoff_s: float) -> None:
+    def keep_plan(plan: Plan, idx: int, variant, cutoff_s: float) -> None:
         """Record an evaluated point's plan in its row and its family."""
         info = dict(plan.extra).get("split_search") or {}
         if not info.get("exact", True):
-            unproven.append((plan, float(info["lower_bound_s"]), idx, variant, cutoff_s))
+            unproven.append(_Open(plan, float(info["lower_bound_s"]), idx, variant, cutoff_s))
+        row = rows[idx]
         t = plan.predicted.iteration_time_s
         row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
                    peak_memory_bytes=plan.predicted.peak_memory_bytes,
@@ -980,9 +980,9 @@ def search(
         stopped before any split fit (an open point, :data:`STOPPED`);
         ``cutoff_s`` the cutoff its split search ran against."""
         if plan is not None:
-            keep_plan(plan, rows[idx], idx, variant, cutoff_s)
+            keep_plan(plan, idx, variant, cutoff_s)
         elif rows[idx]["status"] == STOPPED:
-            unproven.append((None, rows[idx]["split_lower_bound_s"], idx, variant, cutoff_s))
+            unproven.append(_Open(None, rows[idx]["split_lower_bound_s"], idx, variant, cutoff_s))
 
     def second_look() -> None:
         """Search again, against the final cutoff, the points outside the
@@ -992,14 +992,13 @@ def search(
         searched against and their bound (in bound order): a lower incumbent
         prunes more, so such points are mostly settled (proven unable to
         enter; their row keeps its plan) or yield a faster split."""
-        todo = sorted((lb, k) for k, (plan, lb, _, _, first) in enumerate(unproven)
-                      if lb < cutoff() and first - cutoff() >= SECOND_LOOK_SHARE * (first - lb)
-                      and (plan is None or plan.predicted.iteration_time_s >= cutoff()))
-        again = {k for _, k in todo}
+        todo = sorted((u.bound_s, k) for k, u in enumerate(unproven)
+                      if u.bound_s < cutoff() and u.cutoff_s - cutoff() >= SECOND_LOOK_SHARE * (u.cutoff_s - u.bound_s)
+                      and (u.plan is None or u.plan.predicted.iteration_time_s >= cutoff()))
+        again = {k for _, k in todo}  # replaced by what the second search finds (a bound at the cutoff: dropped)
         for lb, k in todo:
             old, _, idx, variant, _ = unproven[k]
-            if lb >= cutoff():
-                again.discard(k)
+            if lb >= cutoff():  # the cutoff fell below it meanwhile
                 continue
             status, now = rows[idx]["status"], cutoff()
             plan, _ = _evaluate(variant, cluster, job, options, rows[idx], profiled_device, in_flight_cache,
@@ -1010,7 +1009,7 @@ def search(
             if plan is not None and plan.predicted.iteration_time_s >= t_old:  # no faster split: the first stays
                 info = dict(plan.extra)["split_search"]
                 if not info["exact"]:
-                    unproven.append((old, max(lb, float(info["lower_bound_s"])), idx, variant, now))
+                    unproven.append(_Open(old, max(lb, float(info["lower_bound_s"])), idx, variant, now))
                 continue
             keep_result(plan, idx, variant, now)
         unproven[:] = [u for k, u in enumerate(unproven) if k not in again]
@@ -1097,7 +1096,7 @@ def search(
     plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
     shown = {id(p) for p in plans[: options.top]}
     # the ranked ones report their own gap; a bound at the cutoff already excludes a point
-    outside = [lb for p, lb, *_ in unproven if id(p) not in shown and lb < cutoff()]
+    outside = [u.bound_s for u in unproven if id(u.plan) not in shown and u.bound_s < cutoff()]
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     return SearchResult(
         unproven_points=len(outside),
@@ -1400,6 +1399,18 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         extra=extra,
     )
     return plan, costs
+
+
+class _Open(NamedTuple):
+    """A point whose split search stopped at its work limits: its plan (None
+    when no split fit before it stopped), proven lower bound (s), row index,
+    model variant and the cutoff it was searched against (s)."""
+
+    plan: Plan | None
+    bound_s: float
+    idx: int
+    variant: object
+    cutoff_s: float
 
 
 #: the share of a stopped point's gap (the cutoff it was searched against

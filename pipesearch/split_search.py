@@ -38,7 +38,9 @@ the stages, left to right:
 * *Incumbent.* The best of the even split and the closed-form split of
   :func:`pipesearch.partition.optimal_split`; a search of interleaved 1F1B
   that stops at its limits also evaluates the whole-layer split nearest
-  the best free loads (:func:`pipesearch.fluid.fluid_split`).
+  the best free loads (:func:`pipesearch.fluid.fluid_split`), and any
+  search that stops descends from the best split met by boundary moves
+  (:func:`pipesearch.local_split.improve_split`).
 * *Leaves.* Complete splits whose bound is below the incumbent are evaluated
   exactly, in batches (one vectorized longest-path pass per batch), in bound
   order.
@@ -520,7 +522,7 @@ class _Tables:
         self._held = 0  # floats in _columns
         self._suf = [None] * (S + 1)
         self.weights, self.chains, self.paths = weights, chains, paths
-        self._cheap = None  # the table without chains that with_chains built this one from
+        self._cheap = None  # the table without chains that with_chains built this one from (small tables)
         # stage s from every layer it can start at in a split of stages of at
         # most W layers: from max(s, L - (S - s) W) (the later stages cover
         # the rest) to min(s W, L - S + s) (every other stage holds a layer);
@@ -551,8 +553,9 @@ class _Tables:
         the added ``sum`` rows (the chain families and the combined one of
         ``weights``) are tabled for the middle stages; the first and the
         last stage (one range per start) are tabled whole. A table with
-        chains is rebuilt from the one it was built from; from scratch when
-        there is none or this table keeps its middle terms."""
+        chains is rebuilt from the one it was built from when it keeps it (up
+        to :data:`PATH_RANGES` stage ranges); from scratch when there is none
+        or this table keeps its middle terms."""
         costs, S = self.costs, self.costs.pp
         if self.chains and self._cheap is not None:
             return self._cheap.with_chains(weights, paths)
@@ -563,7 +566,9 @@ class _Tables:
             new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True, paths=paths)
             return new
         new.costs, new.schedule, new.pp, new.width, new.rows = costs, self.schedule, self.pp, self.width, self.rows
-        new.weights, new.chains, new.paths, new._cheap = weights, True, paths, self
+        new.weights, new.chains, new.paths = weights, True, paths
+        # kept only where path families may follow (exact_split): a large cheap table is not held twice
+        new._cheap = self if S * self.width * (costs.num_layers + 1) <= PATH_RANGES else None
         new._kept, new._columns, new._held, new._suf = {}, {}, 0, [None] * (S + 1)
         new._start, new._stop = self._start, self._stop
         new._last_stage()
@@ -947,6 +952,11 @@ class _Evaluator:
         self.times.update(zip(todo, t))
         self.feasible += sum(1 for x in t if math.isfinite(x))
 
+    def times_of(self, splits) -> list[float]:
+        """The times of ``splits`` (evaluated by :meth:`run` where new)."""
+        self.run(splits)
+        return [self.times[tuple(b)] for b in splits]
+
 
 def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, seeds=(),
                 cutoff_s: float = np.inf, value_above_cutoff: bool = False, max_splits: int | None = None,
@@ -1046,8 +1056,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
             ev.run([fluid])
         if ev.feasible:  # and the splits a few boundary moves from the best met
             start = min((t, b) for b, t in ev.times.items())
-            improve_split(start[1], start[0], lambda splits: ev.run(splits) or [ev.times[b] for b in splits],
-                          costs.split_fits)
+            improve_split(start[1], start[0], ev.times_of, costs.split_fits)
     if not ev.feasible:  # no split met fits every GPU, or none beat the cutoff
         if exact and not np.isfinite(cutoff_s):
             return None  # proven: no split fits (a whole-GPU check, Mobius)
