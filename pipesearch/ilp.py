@@ -97,10 +97,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from .class_dp import class_dp_applies, class_dp_mapping
 from .errors import InfeasibleError, InputError, PipesearchError
@@ -117,6 +116,9 @@ from .mapping import (
     problem_from_profile,
 )
 from .types import Cluster, DeviceSpec, Job, ModelProfile
+
+if TYPE_CHECKING:  # CP-SAT (with pandas, which it imports) loads only when a model is built
+    from ortools.sat.python import cp_model
 
 __all__ = ["MappingResult", "CpSatModel", "build_model", "fluid_lower_bound_s", "solve_mapping", "map_pipeline"]
 
@@ -248,6 +250,8 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
     mem_prefix = problem._static_prefix[None, :] + problem.in_flight[:, None] * problem._act_prefix[None, :]
     mem_int = _round_prefix(mem_prefix, 1.0)                                   # (P, L), bytes
     cap_int = np.floor(problem.capacity_bytes).astype(np.int64)
+
+    from ortools.sat.python import cp_model
 
     md = cp_model.CpModel()
     md.SetName(f"pipesearch-mapping-{objective}")
@@ -468,6 +472,8 @@ def solve_mapping(
         pos = {d: i for i, d in enumerate(problem.device_ids)}
         order = canonical_order(problem, [pos[d] for d in seed.devices])
         _add_hint(cm, problem, order, seed.bounds)
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.num_workers = int(num_workers)

@@ -599,7 +599,8 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
 
         def costs_of(order):
             named = dict(row, placement=SLOTS_PREFIX + ",".join(map(str, order)))
-            return _point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"], None, None, ctx)[1]
+            return _point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"], ctx.get("in_flight_cache"),
+                                ctx.get("links_cache"), ctx)[1]
 
         classes = slot_classes(cluster, variant.tp, precision)
         first = (lambda: _closed_form_order(cluster, variant, row, ctx)) if total_orders(
@@ -880,7 +881,8 @@ def search(
     in_flight_cache: dict = {}
     links_cache: dict = {}
     count_cache: dict = {}
-    placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s}
+    placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s,
+                           "in_flight_cache": in_flight_cache, "links_cache": links_cache}  # (the order search's too)
 
     offered: dict = {}
 

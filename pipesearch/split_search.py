@@ -415,9 +415,10 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     w = np.full(len(terms), 1.0 / len(terms))
     best, best_w, since = -np.inf, w, 0
     alpha = np.full(ok.shape, np.inf)
+    rank = np.cumsum(ok.ravel()) - 1  # an entry's position among the True ones
     for t in range(steps):
         alpha[ok] = np.einsum("h,hn->n", w, G)  # (not BLAS: its threads stall on a loaded machine)
-        picked = _min_sum_path(alpha, jc, ok)
+        picked = _min_sum_path(alpha, jc, rank)
         if picked is None:
             return None, 0.0
         g = G[:, picked].sum(axis=1)
@@ -432,11 +433,12 @@ def lagrange_weights(costs: PipelineCosts, schedule: str, pp: int, width: int, t
     return best_w, best
 
 
-def _min_sum_path(alpha: np.ndarray, jc: np.ndarray, ok: np.ndarray):
+def _min_sum_path(alpha: np.ndarray, jc: np.ndarray, rank: np.ndarray):
     """The split minimizing ``sum_s alpha[s, d - 1, x_s]`` (``alpha``: ``(S,
     W, L+1)``, infinite where a stage may not go; ``jc[d - 1, i]`` the end of
-    the stage ``[i, i + d)``): the positions of its stages among the ``True``
-    entries of ``ok`` (row-major), or None when every split is infinite."""
+    the stage ``[i, i + d)``): the positions of its stages among the
+    allowed entries (``rank``: each entry's position among them, row-major),
+    or None when every split is infinite."""
     S, W, L1 = alpha.shape
     value = np.full(L1, np.inf)
     value[L1 - 1] = 0.0
@@ -454,7 +456,6 @@ def _min_sum_path(alpha: np.ndarray, jc: np.ndarray, ok: np.ndarray):
         d = int(choice[S - 1 - s][at])
         flat.append((s * W + d) * L1 + at)
         at = int(jc[d, at])
-    rank = np.cumsum(ok.ravel()) - 1
     return rank[np.array(flat)]
 
 
