@@ -42,16 +42,22 @@ def neighbours(bounds: Sequence[int], radius: int = LOCAL_RADIUS) -> list[tuple[
 
 def improve_split(bounds: Sequence[int], time_s: float, evaluate: Callable[[list], list],
                   fits: Callable[[tuple], bool], radius: int = LOCAL_RADIUS,
-                  rounds: int = LOCAL_ROUNDS) -> tuple[tuple[int, ...], float]:
+                  rounds: int = LOCAL_ROUNDS, max_splits: int | None = None) -> tuple[tuple[int, ...], float]:
     """Steepest descent from ``bounds`` (time ``time_s``, seconds): each round
     evaluates every neighbour (:func:`neighbours`) that ``fits`` in one call
     of ``evaluate`` (a list of splits -> their times) and moves to the
     fastest one if it is faster, the first in sorted order on ties; stops
-    when none is, or after ``rounds`` rounds. Returns ``(split, time)``,
-    never slower than the start."""
+    when none is, after ``rounds`` rounds, or once ``max_splits`` neighbours
+    in all have been evaluated (None: no such limit; the round that reaches
+    it evaluates the first of its neighbours in sorted order only). Returns
+    ``(split, time)``, never slower than the start."""
     best, best_t = tuple(int(x) for x in bounds), float(time_s)
+    left = max_splits
     for _ in range(rounds):
         cands = [c for c in neighbours(best, radius) if fits(c)]
+        if left is not None:
+            cands = cands[:left]
+            left -= len(cands)
         if not cands:
             break
         times = evaluate(cands)

@@ -76,6 +76,10 @@ from .timemodel import critical_path, evaluation_cost, iteration_time_s, send_ov
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
 MAX_SPLITS_EVALUATED = 300
 MAX_NODES = 3_000
+#: the default node count is for bands of at most this many layers per
+#: stage; a node of a wider band bounds that many more children, so the
+#: count falls in proportion (:func:`node_budget`)
+NODE_WIDTH = 128
 #: nodes of a first branch and bound against the cutoff alone, before any
 #: starting split is evaluated (most points of a search are excluded there)
 FIRST_NODES = 8
@@ -946,12 +950,14 @@ class _Evaluator:
         todo = list(dict.fromkeys(tuple(b) for b in splits if tuple(b) not in self.times))
         if not todo:
             return
-        arr = np.array(todo, dtype=np.int64)
-        t = iteration_time_s(self.schedule, self.pp, self.costs.num_micro_batches, self.vp,
-                             self.costs.stage_times(arr))
-        t = [float(x) for x in np.atleast_1d(t)]
-        self.times.update(zip(todo, t))
-        self.feasible += sum(1 for x in t if math.isfinite(x))
+        step = self.batch_size()  # memory: about two million graph nodes per pass, whatever the count asked
+        for at in range(0, len(todo), step):
+            chunk = todo[at:at + step]
+            t = iteration_time_s(self.schedule, self.pp, self.costs.num_micro_batches, self.vp,
+                                 self.costs.stage_times(np.array(chunk, dtype=np.int64)))
+            t = [float(x) for x in np.atleast_1d(t)]
+            self.times.update(zip(chunk, t))
+            self.feasible += sum(1 for x in t if math.isfinite(x))
 
     def times_of(self, splits) -> list[float]:
         """The times of ``splits`` (evaluated by :meth:`run` where new)."""
@@ -976,7 +982,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
             best of the starting splits (for plots of the whole space), with
             the proven bound ``min(cutoff, root bound)`` and ``exact=False``.
         max_splits, max_nodes: work limits (counts; default :data:`MAX_SPLITS_EVALUATED`,
-            :data:`MAX_NODES`).
+            and :data:`MAX_NODES` for bands of stages of up to :data:`NODE_WIDTH`
+            layers, :func:`node_budget`).
         tie_rel: among splits within this relative time of the best, the one
             with the lowest peak memory, then least time on links, is chosen.
         seeds_only: only evaluate the starting splits (an achievable time,
@@ -987,7 +994,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     """
     L, S = costs.num_layers, costs.pp
     max_splits = MAX_SPLITS_EVALUATED if max_splits is None else max_splits
-    max_nodes = MAX_NODES if max_nodes is None else max_nodes
+    nodes_given, max_nodes = max_nodes, MAX_NODES if max_nodes is None else max_nodes
     if S > L or not any_split_fits(costs):
         return None
     if S == 1:  # the only split
@@ -1045,6 +1052,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         weights = None if tables.weights is None else np.concatenate([tables.weights, np.zeros(len(paths))])
         tables = tables.with_chains(weights, paths)
     counter = _RankCount(costs, schedule, pp)
+    if nodes_given is None:
+        max_nodes = node_budget(tables.rows)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
         state = (True, np.inf, state[2])  # stopped, but few splits: settled by enumeration
@@ -1057,7 +1066,9 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
             ev.run([fluid])
         if ev.feasible:  # and the splits a few boundary moves from the best met
             start = min((t, b) for b, t in ev.times.items())
-            improve_split(start[1], start[0], ev.times_of, costs.split_fits)
+            per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)[1]
+            improve_split(start[1], start[0], ev.times_of, costs.split_fits,
+                          max_splits=max(1, LOCAL_WORK // max(per_split, 1)))
     if not ev.feasible:  # no split met fits every GPU, or none beat the cutoff
         if exact and not np.isfinite(cutoff_s):
             return None  # proven: no split fits (a whole-GPU check, Mobius)
@@ -1068,6 +1079,25 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if value_above_cutoff and best > cutoff_s:
         exact = False
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
+
+
+def node_budget(width: int) -> int:
+    """The branch and bound's default node count for a band of ``width``
+    layers per stage: :data:`MAX_NODES` up to :data:`NODE_WIDTH`, then
+    ``MAX_NODES * NODE_WIDTH / width`` (at least :data:`FIRST_NODES`), so
+    that the children it bounds stay about ``MAX_NODES * NODE_WIDTH``. A
+    band of hundreds of layers holds far more splits than a search of this
+    size could settle: on a 1,500-layer profile (interleaved 1F1B, bands of
+    205 to 807 layers) its best split and bound after 30 nodes were those
+    after 3,000."""
+    return MAX_NODES if width <= NODE_WIDTH else max(FIRST_NODES, MAX_NODES * NODE_WIDTH // width)
+
+
+#: the descent from a stopped search's best split evaluates at most this
+#: much work (neighbour splits times graph nodes,
+#: :func:`pipesearch.timemodel.evaluation_cost`; a count, never seconds):
+#: 128 stages of 128 micro-batches have 764 neighbours of 65,536 nodes each
+LOCAL_WORK = 2**26
 
 
 #: the branch and bound of a chain schedule bounds with the critical paths of

@@ -3,7 +3,7 @@
 * ``neighbours``: the moves, by hand on a small split.
 * ``improve_split``: steepest descent reaches the minimum of a separable
   convex function of the boundaries, never ends slower than it started,
-  and evaluates only splits that fit.
+  and evaluates only splits that fit; it stops at its count of evaluations.
 * ``exact_split`` with its work limits cut so that it stops: the split it
   returns is no slower than any split one move away, each replayed in the
   discrete-event simulator (a search that stops without the local search
@@ -57,6 +57,28 @@ def test_descent_reaches_the_minimum_of_a_convex_function():
         assert t <= t0
         assert best == target and t == 0.0
     assert all(fits(s) for s in seen)
+
+
+def test_descent_stops_at_its_count_of_evaluations():
+    """With ``max_splits`` = 6 on the convex function above from (0, 2, 7,
+    10, 12) (f = 1 + 4 + 1 = 6; 14 neighbours): exactly the first 6
+    neighbours in sorted order are evaluated, (0, 1, 6, 10, 12) f = 6, (0,
+    1, 7, 10, 12) 9, (0, 2, 5, 10, 12) 2, (0, 2, 6, 9, 12) 2, (0, 2, 6, 10,
+    12) 3, (0, 2, 7, 8, 12) 6; the descent moves to the first of the two at
+    2 and stops there (the unlimited descent goes on to the target)."""
+    target = (0, 3, 5, 9, 12)
+    seen = []
+
+    def evaluate(splits):
+        seen.extend(splits)
+        return [float(sum((a - b) ** 2 for a, b in zip(s, target))) for s in splits]
+
+    start = (0, 2, 7, 10, 12)
+    best, t = improve_split(start, 6.0, evaluate, lambda s: True, max_splits=6)
+    assert seen == [(0, 1, 6, 10, 12), (0, 1, 7, 10, 12), (0, 2, 5, 10, 12), (0, 2, 6, 9, 12), (0, 2, 6, 10, 12),
+                    (0, 2, 7, 8, 12)]
+    assert (best, t) == ((0, 2, 5, 10, 12), 2.0)
+    assert improve_split(start, 6.0, evaluate, lambda s: True) == (target, 0.0)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -205,3 +205,49 @@ def test_rank_count_order_statistic_is_the_best_assignment(seed, sorted_levels, 
             extra = L - 1 - int(jj) - int(c.sum())
             ref = _best_assignment(v, count.sigma, layer[jj:L - 1], c, extra)
             assert got[row] == pytest.approx(ref, rel=1e-12), (s, jj)
+
+
+def test_node_budget_by_hand():
+    """MAX_NODES (3,000) for bands up to NODE_WIDTH (128) layers, then in
+    proportion: 256 layers 1,500, 1,000 layers 384, never below FIRST_NODES."""
+    assert split_search.node_budget(1) == split_search.node_budget(128) == 3000
+    assert split_search.node_budget(256) == 1500
+    assert split_search.node_budget(1000) == 384
+    assert split_search.node_budget(10**9) == split_search.FIRST_NODES
+
+
+def test_wide_bands_get_proportionally_fewer_nodes(monkeypatch):
+    """With MAX_NODES = 40 and NODE_WIDTH = 4 (and no enumeration), the
+    branch and bound of a search with the default limits gets 40 x 4 / band
+    nodes (the band of the tables it searches, at least FIRST_NODES) and
+    expands at most that many, while one given max_nodes = 40 keeps its 40
+    (and uses more than the scaled count on some seeded instance)."""
+    monkeypatch.setattr(split_search, "MAX_NODES", 40)
+    monkeypatch.setattr(split_search, "NODE_WIDTH", 4)
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
+    monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
+    searched = []
+    inner = split_search._branch_and_bound
+
+    def spy(tables, ev, S, L, pp, best, tie_rel, max_splits, max_nodes, counter=None):
+        out = inner(tables, ev, S, L, pp, best, tie_rel, max_splits, max_nodes, counter)
+        searched.append((tables.rows, max_nodes, out[2]))
+        return out
+
+    monkeypatch.setattr(split_search, "_branch_and_bound", spy)
+    over = 0
+    for seed in range(12):
+        schedule, pp, vp, costs = _instance(300 + seed, 12, 16)
+        searched.clear()
+        split_search.exact_split(costs, schedule, pp, vp)
+        for band, limit, nodes in searched:
+            if limit == split_search.FIRST_NODES:  # the cutoff proof's (none here: no cutoff)
+                continue
+            assert limit == max(split_search.FIRST_NODES, 40 * 4 // band) if band > 4 else limit == 40
+            assert nodes <= limit
+        searched.clear()
+        split_search.exact_split(costs, schedule, pp, vp, max_nodes=40)
+        for band, limit, nodes in searched:
+            assert limit == 40
+            over += nodes > max(split_search.FIRST_NODES, 40 * 4 // band)
+    assert over > 0
