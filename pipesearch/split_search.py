@@ -1045,11 +1045,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     paths = ()
     if schedule in CHAIN_SCHEDULES and S * tables.width * (L + 1) <= PATH_RANGES:
         paths = _start_paths(costs, schedule, pp, vp, ev)
-    if schedule in CHAIN_SCHEDULES and not tables.chains:  # the cheap bounds left work: add the chain and
+    if schedule in CHAIN_SCHEDULES:  # the cheap bounds left work: add the chain and path families
         weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel), paths=paths)
-        tables = tables.with_chains(weights, paths)  # path families
-    elif paths:  # the cutoff proof's chain tables, with the path families (weight 0 in the combined family)
-        weights = None if tables.weights is None else np.concatenate([tables.weights, np.zeros(len(paths))])
         tables = tables.with_chains(weights, paths)
     counter = _RankCount(costs, schedule, pp)
     if nodes_given is None:
@@ -1345,17 +1342,17 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     """Before any starting split is evaluated, try to prove that no split
     beats ``cutoff_s``: with at most :data:`PROOF_SPLITS` splits, the least
     bound of a split that fits (:func:`split_lower_bounds`, no table); the
-    root bound of the cheap families, then (chain schedules) the
-    whole-layers-per-rank bound of :func:`rank_layer_bound_s` and the
-    Lagrangian bound of :func:`lagrange_weights` (the
-    minimum of the combined family, which the chain tables' root bound is
-    at least: those tables are then not built), then the root bound of the
-    chain families and their Lagrangian combination, then
-    the first :data:`FIRST_NODES` nodes of the branch and bound with the
-    rank-counting bound (a split it meets below the cutoff is evaluated and
-    kept in ``ev``). Returns ``(tables, proof)``: the last tables built and
-    an :class:`ExactSplit` saying no split beats the cutoff, ``"infeasible"``
-    when no split fits, or None."""
+    root bound of the cheap families; for the chain schedules the
+    whole-layers-per-rank bound of :func:`rank_layer_bound_s`; then the
+    first :data:`FIRST_NODES` nodes of the branch and bound with the cheap
+    families and the rank-counting bound (a split it meets below the cutoff
+    is evaluated and kept in ``ev``). The chain families and their
+    Lagrangian combination (:func:`lagrange_weights`) are left to the
+    search proper: on the PipeDream profiles (vgg16, resnet50 on
+    4x4-v100-10gbe) they excluded 1 more of 347 interleaved and ZB-H1
+    points here at nearly twice the cost. Returns ``(tables, proof)``: the
+    cheap tables and an :class:`ExactSplit` saying no split beats the
+    cutoff, ``"infeasible"`` when no split fits, or None."""
     L, S = costs.num_layers, costs.pp
     if math.comb(L - 1, S - 1) <= PROOF_SPLITS:  # each split's own bound: at least the tables' root bound
         splits = _all_splits(L, S)
@@ -1364,21 +1361,13 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
         if len(lower) and lower.min() >= cutoff_s:
             return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
-    for chains in (False, True):
-        if chains:
-            if schedule not in CHAIN_SCHEDULES:  # (their one-sum families: micro-batch 0 down and up alone)
-                break
-            if rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:  # whole layers per rank
-                return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
-            weights, phi = lagrange_weights(costs, schedule, pp, tables.width, cutoff_s * (1 - tie_rel))
-            if weights is not None and phi >= cutoff_s:  # the combined family's minimum (at most the root
-                return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # bound): no table
-            tables = tables.with_chains(weights)
-        root = tables.root_bound()
-        if root >= cutoff_s:
-            if not np.isfinite(root) and optimal_split(costs) is None:
-                return tables, "infeasible"
-            return tables, ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
+    root = tables.root_bound()
+    if root >= cutoff_s:
+        if not np.isfinite(root) and optimal_split(costs) is None:
+            return tables, "infeasible"
+        return tables, ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
+    if schedule in CHAIN_SCHEDULES and rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:
+        return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # whole layers per rank
     excluded, _, _ = _branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, cutoff_s / (1 - tie_rel), tie_rel,
                                        max_splits, min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))
     if excluded and min(ev.times.values(), default=np.inf) >= cutoff_s:
