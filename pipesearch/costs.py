@@ -228,6 +228,7 @@ class PipelineCosts:
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _send_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:
@@ -607,12 +608,16 @@ class PipelineCosts:
         """One transfer over the boundary after stage ``s`` ending at layer
         ``j`` (alpha-beta: ``latency + output_bytes[j-1] / bandwidth``); zero
         after the last stage."""
-        s, j = np.asarray(s), np.asarray(j)
-        out = self.output_bytes[np.clip(j - 1, 0, self.num_layers - 1)]
-        last = (s >= self.pp - 1) | (j >= self.num_layers)
-        ss = np.minimum(s, self.pp - 1)
-        t = self.p2p_latency_s[ss] + out / self.p2p_bandwidth_bytes_per_s[ss]
-        return np.where(last, 0.0, t)
+        if not self._send_tables:  # layer j's output at j + 1 (clipped); the last stage's link sends nothing
+            self._send_tables.update(
+                out=np.concatenate([self.output_bytes[:1], self.output_bytes]).astype(float),
+                latency=np.append(np.asarray(self.p2p_latency_s, dtype=float)[:self.pp - 1], 0.0),
+                bandwidth=np.append(np.asarray(self.p2p_bandwidth_bytes_per_s, dtype=float)[:self.pp - 1], np.inf))
+        tab = self._send_tables
+        j = np.asarray(j)
+        t = np.take(tab["latency"], s, mode="clip") + np.take(tab["out"], j, mode="clip") / np.take(
+            tab["bandwidth"], s, mode="clip")
+        return np.where(j >= self.num_layers, 0.0, t)
 
     def stage_times(self, bounds):
         """The :class:`pipesearch.timemodel.StageTimes` of the split with
