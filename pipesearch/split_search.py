@@ -527,7 +527,6 @@ class _Tables:
         self._held = 0  # floats in _columns
         self._suf = [None] * (S + 1)
         self.weights, self.chains, self.paths = weights, chains, paths
-        self._cheap = None  # the table without chains that with_chains built this one from (small tables)
         # stage s from every layer it can start at in a split of stages of at
         # most W layers: from max(s, L - (S - s) W) (the later stages cover
         # the rest) to min(s W, L - S + s) (every other stage holds a layer);
@@ -557,23 +556,17 @@ class _Tables:
         and each component's DP row is independent of the others, so only
         the added ``sum`` rows (the chain families and the combined one of
         ``weights``) are tabled for the middle stages; the first and the
-        last stage (one range per start) are tabled whole. A table with
-        chains is rebuilt from the one it was built from when it keeps it (up
-        to :data:`PATH_RANGES` stage ranges); from scratch when there is none
-        or this table keeps its middle terms."""
+        last stage (one range per start) are tabled whole. Built from
+        scratch when this table has chains or weights already or keeps its
+        middle terms."""
         costs, S = self.costs, self.costs.pp
-        if self.chains and self._cheap is not None:
-            return self._cheap.with_chains(weights, paths)
         new = _Tables.__new__(_Tables)
-        new._cheap = None
         if self.chains or self.weights is not None or S <= 2 or any(
                 where == "banded" and 0 < k < S - 1 for k, (where, *_) in self._kept.items()):
             new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True, paths=paths)
             return new
         new.costs, new.schedule, new.pp, new.width, new.rows = costs, self.schedule, self.pp, self.width, self.rows
         new.weights, new.chains, new.paths = weights, True, paths
-        # kept only where path families may follow (exact_split): a large cheap table is not held twice
-        new._cheap = self if S * self.width * (costs.num_layers + 1) <= PATH_RANGES else None
         new._kept, new._columns, new._held, new._suf = {}, {}, 0, [None] * (S + 1)
         new._start, new._stop = self._start, self._stop
         new._last_stage()
