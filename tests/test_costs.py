@@ -54,3 +54,23 @@ def test_device_memory_shares_of_interleaved_chunks():
     assert np.allclose(got, [42 / 102, 36 / 96, 30 / 102, 30 / 96, 30 / 102, 30 / 96])
     assert np.allclose(device_memory_shares(tiny_profile([1e-3] * 6), np.ones(6), 3, 4.0, 1.0), 1 / 3)
     assert np.allclose(device_memory_shares(prof, np.ones(2), 1, 4.0, 1.0), 1.0)
+
+
+def test_send_s_by_hand():
+    """One transfer over the boundary after stage ``s`` ending at layer
+    ``j``: ``latency_s + output_bytes[j - 1] / bandwidth_s`` (layer 0's
+    output for ``j = 0``), 0 after the last stage and at or past the last
+    layer; stage 0's link 1 KB/s and 1 ms, stage 1's 2 KB/s and 0, outputs
+    100 .. 500 bytes over 5 layers, 3 stages."""
+    from helpers import make_costs
+
+    costs = make_costs(times=(1.0,) * 5, pp=3, m=4, outputs=(100, 200, 300, 400, 500),
+                       link_bandwidth=(1e3, 2e3, 5e3), link_latency=(1e-3, 0.0, 7.0))
+    assert costs.send_s(0, 2) == pytest.approx(1e-3 + 200 / 1e3)
+    assert costs.send_s(1, 4) == pytest.approx(400 / 2e3)
+    assert costs.send_s(0, 0) == pytest.approx(1e-3 + 100 / 1e3)
+    assert costs.send_s(2, 3) == 0.0  # the last stage sends nothing, whatever its link
+    assert costs.send_s(0, 5) == 0.0 and costs.send_s(1, 7) == 0.0  # at or past the last layer
+    got = costs.send_s(np.array([[0], [1], [2]]), np.array([[1, 3, 5]]))
+    want = [[1e-3 + 100 / 1e3, 1e-3 + 300 / 1e3, 0.0], [100 / 2e3, 300 / 2e3, 0.0], [0.0, 0.0, 0.0]]
+    np.testing.assert_allclose(got, want, rtol=1e-15)
