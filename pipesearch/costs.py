@@ -53,7 +53,7 @@ the same stage times and is the judge of the best candidates.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -228,7 +228,6 @@ class PipelineCosts:
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    _send_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:
@@ -608,16 +607,19 @@ class PipelineCosts:
         """One transfer over the boundary after stage ``s`` ending at layer
         ``j`` (alpha-beta: ``latency + output_bytes[j-1] / bandwidth``); zero
         after the last stage."""
-        if not self._send_tables:  # layer j's output at j + 1 (clipped); the last stage's link sends nothing
-            self._send_tables.update(
-                out=np.concatenate([self.output_bytes[:1], self.output_bytes]).astype(float),
-                latency=np.append(np.asarray(self.p2p_latency_s, dtype=float)[:self.pp - 1], 0.0),
-                bandwidth=np.append(np.asarray(self.p2p_bandwidth_bytes_per_s, dtype=float)[:self.pp - 1], np.inf))
-        tab = self._send_tables
+        out, latency, bandwidth = self._send_table
         j = np.asarray(j)
-        t = np.take(tab["latency"], s, mode="clip") + np.take(tab["out"], j, mode="clip") / np.take(
-            tab["bandwidth"], s, mode="clip")
+        t = np.take(latency, s, mode="clip") + np.take(out, j, mode="clip") / np.take(bandwidth, s, mode="clip")
         return np.where(j >= self.num_layers, 0.0, t)
+
+    @cached_property
+    def _send_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`send_s`'s arrays: the bytes sent at boundary ``j`` (layer
+        ``j - 1``'s output, layer 0's at ``j = 0``), and per stage the link's
+        latency and bandwidth, the last stage's 0 and inf (it sends nothing)."""
+        return (np.concatenate([self.output_bytes[:1], self.output_bytes]).astype(float),
+                np.append(np.asarray(self.p2p_latency_s, dtype=float)[:self.pp - 1], 0.0),
+                np.append(np.asarray(self.p2p_bandwidth_bytes_per_s, dtype=float)[:self.pp - 1], np.inf))
 
     def stage_times(self, bounds):
         """The :class:`pipesearch.timemodel.StageTimes` of the split with
