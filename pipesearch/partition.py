@@ -125,7 +125,9 @@ BLOCK_CELLS = 2**18
 
 class _Band:
     """Stage terms over a band of stage lengths ``d = 1 .. W`` and end layers
-    ``j``: row ``d-1``, column ``j`` is the stage ``[j-d, j)``.
+    ``j``: row ``j``, column ``d-1`` is the stage ``[j-d, j)`` (one end layer
+    per row, so that a DP step's minimum over the lengths runs along the
+    contiguous axis).
 
     When ``W x (L+1)`` is at most :data:`MAX_BAND_CELLS` the arrays are
     computed once per distinct stage (same device speed, links and memory)
@@ -147,28 +149,27 @@ class _Band:
         return _band_width(self.costs, limit, self._memory_starts)
 
     def columns_per_block(self, width: int) -> int:
-        """End layers per :meth:`block` for a band of ``width`` rows."""
+        """End layers per :meth:`block` for a band of ``width`` lengths."""
         if width * (self.costs.num_layers + 1) <= MAX_BAND_CELLS:
             return self.costs.num_layers + 1
         return max(1, BLOCK_CELLS // max(width, 1))
 
     def block(self, s: int, width: int, lo: int, hi: int):
-        """``(a, b, fits, start)`` of stage ``s`` for stage lengths ``1 ..
-        width`` ending at layers ``lo .. hi-1``: arrays of shape ``(width,
-        hi - lo)``; ``start`` is each range's first layer (0 where it would
-        be negative, then ``fits`` is False)."""
+        """``(a, b, room)`` of stage ``s`` for stage lengths ``1 .. width``
+        ending at layers ``lo .. hi-1``: ``a``, ``b`` of shape ``(hi - lo,
+        width)`` (a start below 0 is read as 0, and then does not fit);
+        ``room`` ``(hi - lo,)``, the longest length that fits in memory at
+        each end (the lengths that fit are ``1 .. room``: memory grows with
+        the range)."""
         L = self.costs.num_layers
-        # [j - d, j) fits iff it starts at or after the earliest fitting start of j
         room = np.arange(lo, hi) - self.fit_starts(s, width, lo, hi)
-        fits = np.arange(1, width + 1)[:, None] <= room[None, :]
         if width * (L + 1) <= MAX_BAND_CELLS:
             self._ensure(width)
             a, b = self._cached_terms(s)
-            cols = slice(lo, hi)
-            return a[:width, cols], b[:width, cols], fits, self.i[:width, cols]
+            return a[lo:hi, :width], b[lo:hi, :width], room
         i, j = _ranges(width, lo, hi)
         a, b = _terms(self.costs, s, i, j)
-        return a, b, fits, i
+        return a, b, room
 
     def _ensure(self, width: int) -> None:
         if width <= self.width:
@@ -200,10 +201,10 @@ class _Band:
 
 
 def _ranges(width: int, lo: int, hi: int):
-    """The ranges ``[j-d, j)`` for ``d = 1 .. width`` (rows) and ``j = lo ..
-    hi-1`` (columns): their starts (0 where negative) and ends."""
-    j = np.arange(lo, hi)[None, :]
-    i = np.maximum(j - np.arange(1, width + 1)[:, None], 0)
+    """The ranges ``[j-d, j)`` for ``j = lo .. hi-1`` (rows) and ``d = 1 ..
+    width`` (columns): their starts (0 where negative) and ends."""
+    j = np.arange(lo, hi)[:, None]
+    i = np.maximum(j - np.arange(1, width + 1)[None, :], 0)
     return i, np.broadcast_to(j, i.shape)
 
 
@@ -251,28 +252,39 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
     if W * (L + 1) > MAX_BAND_CELLS and _monotone_in_start(costs):
         return _dp_crossing(band, mode, limit, strict)
     step = band.columns_per_block(W)
-    prev = np.full(L + 1, _INF)
-    prev[0] = 0.0 if mode == "sum" else -_INF
+    # the previous stage's values at every start, behind W entries of +inf:
+    # a stage [j - d, j) reads pad[W + j - d] (+inf for a start below 0)
+    pad = np.full(W + L + 1, _INF)
+    pad[W] = 0.0 if mode == "sum" else -_INF
+    # row r of over_room: lengths d (columns d - 1) longer than r layers, for stages with room for r
+    over_room = np.arange(W)[None, :] >= np.arange(W + 1)[:, None]
     choice = np.zeros((P, L + 1), dtype=np.int64)
+    rows = min(step, L + 1)  # work arrays reused by every block (no allocation per stage)
+    cand_buf, out_buf, over_buf = np.empty((rows, W)), np.empty((rows, W), dtype=bool), np.empty((rows, W), dtype=bool)
     for s in range(P):
         first, end = (L, L + 1) if s == P - 1 else (s + 1, L - (P - 1 - s) + 1)
         # no stage is longer than W: stages 0 .. s end by (s + 1) W, the rest cover at most (P - 1 - s) W
         first, end = max(first, L - (P - 1 - s) * W), min(end, (s + 1) * W + 1)
-        cur = np.full(L + 1, _INF)
+        cur = np.full(W + L + 1, _INF)
         for lo in range(first, end, step):
             hi = min(end, lo + step)
-            a, b, ok, start = band.block(s, W, lo, hi)
+            a, b, room = band.block(s, W, lo, hi)
+            n = hi - lo
+            cand, out = cand_buf[:n], out_buf[:n]
+            np.take(over_room, np.clip(room, 0, W), axis=0, out=out)  # does not fit in memory, or (below) over the limit
             if np.isfinite(limit):
-                ok = ok & ((b < limit) if strict else (b <= limit))
-            before = prev[start]
-            if mode == "sum":
-                cand = np.where(ok, before + a, _INF)
-            else:
-                cand = np.where(ok, np.maximum(before, b), _INF)
-            best_d = np.argmin(cand, axis=0)
-            cur[lo:hi] = cand[best_d, np.arange(cand.shape[1])]
+                (np.greater_equal if strict else np.greater)(b, limit, out=over_buf[:n])
+                out |= over_buf[:n]
+            # before[c, d - 1] = pad[W + lo + c - d]: the previous stage's value at the start (a strided view)
+            before = np.lib.stride_tricks.as_strided(pad[W + lo - 1:], shape=a.shape,
+                                                     strides=(pad.strides[0], -pad.strides[0]), writeable=False)
+            (np.add if mode == "sum" else np.maximum)(before, a if mode == "sum" else b, out=cand)
+            np.copyto(cand, _INF, where=out)
+            best_d = np.argmin(cand, axis=1)
+            cur[W + lo:W + hi] = cand[np.arange(n), best_d]
             choice[s, lo:hi] = best_d + 1
-        prev = cur
+        pad = cur
+    prev = pad[W:]
     value = prev[L]
     if not np.isfinite(value):
         return _INF, None
