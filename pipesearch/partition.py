@@ -230,12 +230,28 @@ def _fit_starts(c: PipelineCosts, s: int, width: int | None = None, lo: int = 0,
     layers). The memory of ``[i, j)`` is a sum of
     prefix-sum differences scaled by non-negative factors, each
     non-increasing in ``i`` also in floating point (rounding is monotone), so
-    ``[i, j)`` fits exactly when ``i`` is at least this start; a vectorized
-    search over ``i`` (:func:`_first_true`) finds it in ``O(L log width)``."""
+    ``[i, j)`` fits exactly when ``i`` is at least this start. A
+    ``searchsorted`` of the memory's prefix sums (equal up to rounding)
+    guesses it; each guess is checked with :func:`_stage_fits` at it and just
+    below it, and the entries whose check fails are searched over their
+    range (:func:`_first_true`, ``O(L log width)``)."""
     j = np.arange(lo, c.num_layers + 1 if hi is None else hi)
     lo = np.zeros(len(j), dtype=np.int64) if width is None else np.maximum(j - width, 0)
-    # the answer lies in [lo, j + 1]; every start searched is at most j
-    return _first_true(lambda i, sel: _stage_fits(c, s, i, j[sel]), lo, j + 1)
+    top = j + 1  # the answer lies in [lo, j + 1]; every start searched is at most j
+
+    def pred(i, sel):
+        return _stage_fits(c, s, i, j[sel])
+
+    mem = c.param_prefix_bytes * c.state_bytes_per_param_byte + c.saved_prefix_bytes * c.in_flight[s]
+    guess = np.clip(np.searchsorted(mem, mem[j] - c.capacity_bytes[s], "left"), lo, top)
+    every = np.arange(len(j))
+    ok = _brackets(pred, every, lo, top, guess, guess)
+    if ok.all():
+        return guess
+    out = guess.copy()
+    bad = every[~ok]
+    out[bad] = _first_true(lambda i, sel: pred(i, bad[sel]), lo[bad], top[bad])
+    return out
 
 
 def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
