@@ -202,10 +202,11 @@ class _Band:
 
 def _ranges(width: int, lo: int, hi: int):
     """The ranges ``[j-d, j)`` for ``j = lo .. hi-1`` (rows) and ``d = 1 ..
-    width`` (columns): their starts (0 where negative) and ends."""
+    width`` (columns): their starts ``(hi - lo, width)`` (0 where negative)
+    and ends ``(hi - lo, 1)`` (broadcast: a term of the end alone is
+    computed once per row)."""
     j = np.arange(lo, hi)[:, None]
-    i = np.maximum(j - np.arange(1, width + 1)[None, :], 0)
-    return i, np.broadcast_to(j, i.shape)
+    return np.maximum(j - np.arange(1, width + 1)[None, :], 0), j
 
 
 def _terms(c: PipelineCosts, s: int, i, j):
