@@ -888,10 +888,20 @@ def _greedy_split_fits(costs: PipelineCosts) -> bool:
     return i == L
 
 
+#: (start, end) pairs up to which :func:`_longest_fit` checks every pair in one call
+LONGEST_FIT_CELLS = 2**16
+
+
 def _longest_fit(costs: PipelineCosts, s: int, starts: np.ndarray, last: int) -> np.ndarray:
     """For each start ``i``, the largest end ``j <= last`` with ``[i, j)``
-    fitting stage ``s`` (``i`` itself when not even one layer fits), by
-    bisection over ``j`` for all starts at once."""
+    fitting stage ``s`` (``i`` itself when not even one layer fits): with
+    at most :data:`LONGEST_FIT_CELLS` (start, end) pairs, from one check of
+    every pair (the ends that fit are ``i + 1 .. e``: a stage's memory grows
+    with its range), else by bisection over ``j`` for all starts at once."""
+    ends = np.arange(int(starts.min(initial=last)) + 1, last + 1)
+    if len(starts) * len(ends) <= LONGEST_FIT_CELLS:
+        fit = costs.fits(s, starts[:, None], ends[None, :]) & (ends[None, :] > starts[:, None])
+        return starts + np.count_nonzero(fit, axis=1)
     lo = starts.copy()                       # fits (or is the empty range)
     hi = np.full(len(starts), last + 1)      # does not fit, or beyond last
     while np.any(hi - lo > 1):
