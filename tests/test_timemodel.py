@@ -191,9 +191,13 @@ def test_exact_split_with_tables_in_stage_blocks(seed, monkeypatch):
     _assert_exact_split_is_brute_force_optimum(seed, pp_low=2, m_steps=3)
 
 
+@pytest.mark.parametrize("cells", [0, split_search.LONGEST_FIT_CELLS], ids=["bisection", "every-pair"])
 @pytest.mark.parametrize("seed", range(30))
-def test_any_split_fits_equals_enumeration(seed):
-    """The greedy feasibility test agrees with trying every split."""
+def test_any_split_fits_equals_enumeration(seed, cells, monkeypatch):
+    """The feasibility test agrees with trying every split, with each
+    stage's longest fitting ranges found by bisection or by checking every
+    (start, end) pair."""
+    monkeypatch.setattr(split_search, "LONGEST_FIT_CELLS", cells)
     rng = np.random.default_rng(seed)
     pp = int(rng.integers(1, 4))
     L = int(rng.integers(pp, 9))
