@@ -409,3 +409,31 @@ def test_fit_starts_are_the_first_fitting_start(spec, stage):
             state = sum(spec.params[i:j]) * costs.state_bytes_per_param_byte
             memory = state + sum(spec.saved[i:j]) * costs.in_flight[s]
             assert (i >= starts[j]) == (memory <= costs.capacity_bytes[s]), (i, j, starts[j])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fit_starts_at_rounding_ties(seed):
+    """Capacities equal to the memory of some range, with real-valued
+    (non-dyadic) bytes: the prefix sums round differently from the range
+    sums, so the first guess (a ``searchsorted`` of the prefix sums) can be
+    one off and must be corrected. Every end layer's first fitting start is
+    the first ``i`` at which the stage's own memory check holds, found here
+    by trying every ``i``."""
+    from pipesearch.partition import _fit_starts, _stage_fits
+
+    rng = np.random.default_rng(seed)
+    L, P = 40, 3
+    spec = CostSpec(times=[1.0] * L, pp=P, m=8, params=list(rng.uniform(0, 1, L) * 0.1),
+                    saved=list(rng.uniform(0, 1, L) * 0.3), capacity=1.0, state_bytes_per_param_byte=3.0)
+    base = spec.costs()
+    fixed = []
+    for s in range(P):  # a capacity that is exactly the memory of a range, as the check computes it
+        i, j = sorted(rng.choice(L + 1, 2, replace=False))
+        fixed.append(float((base.param_prefix_bytes[j] - base.param_prefix_bytes[i]) * base.state_bytes_per_param_byte
+                           + (base.saved_prefix_bytes[j] - base.saved_prefix_bytes[i]) * base.in_flight[s]))
+    costs = CostSpec(**{**spec.__dict__, "capacity": fixed}).costs()
+    for s in range(P):
+        starts = _fit_starts(costs, s)
+        for j in range(L + 1):
+            first = next((i for i in range(j + 1) if _stage_fits(costs, s, i, j)), j + 1)
+            assert starts[j] == first, (s, j)
