@@ -31,10 +31,13 @@ sec. 5.2, made output-sensitive):
 
 Each DP only looks at stage lengths that can satisfy the current limit and the
 memory cap (prefix sums are monotone, so ``searchsorted`` gives each end
-layer's earliest start, and a binary search the exact one), and at stage
-``s`` only at the end layers a split of stages no longer than the band can
-reach (``L - (P-1-s) W <= j <= (s+1) W``): the work is at most
-``O(P * L * W)`` for a band of width ``W`` rather than ``O(P * L^2)``.
+layer's earliest start, checked exactly, and a binary search where the check
+fails), and at stage ``s`` only at the end layers a split of stages no longer
+than the band can reach (``L - (P-1-s) W <= j <= (s+1) W``): the work is at
+most ``O(P * L * W)`` for a band of width ``W`` rather than ``O(P * L^2)``.
+The band is laid out one end layer per row, so each step's minimum over the
+stage lengths runs along contiguous memory, and the previous stage's values
+are read through a strided view (no gather).
 
 Long chains (a band over :data:`MAX_BAND_CELLS` cells) whose stage terms are
 nonincreasing in the stage's start (:func:`_monotone_in_start`) run each
