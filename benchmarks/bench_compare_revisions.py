@@ -5,7 +5,8 @@ Usage: python benchmarks/bench_compare_revisions.py --base REV [--case NAME ...]
 Checks out ``REV`` into a temporary git worktree, then runs each case's
 ``pipesearch plan`` command with the base revision's package and with this
 checkout's, each in a fresh interpreter, alternating, ``--repeat`` times
-(default 1), and prints the least CPU seconds of each (user + system of the
+(default 1), both packages compiled to bytecode first (as an installed one
+is), and prints the least CPU seconds of each (user + system of the
 child, which load on other cores does not inflate; the least of several
 runs, because a shared virtual machine's speed drifts by 10-30% from run to
 run), the rank-1 plan of both and the ranked plans whose split was not
@@ -80,6 +81,10 @@ def main() -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base), args.base],
                        check=True, capture_output=True)
         try:
+            for tree in (base, REPO):  # bytecode written beforehand, as `pip install` does: no run compiles
+                subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "pipesearch")], check=True,
+                               capture_output=True, env={k: v for k, v in os.environ.items()
+                                                         if k != "PYTHONDONTWRITEBYTECODE"})
             print(f"| case | base {args.base[:10]} CPU s | this checkout CPU s | ratio | base rank 1 | this rank 1 |")
             print("|---|---:|---:|---:|---|---|")
             for name in args.case:
