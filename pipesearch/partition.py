@@ -291,7 +291,8 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
             a, b, room = band.block(s, W, lo, hi)
             n = hi - lo
             cand, out = cand_buf[:n], out_buf[:n]
-            np.take(over_room, np.clip(room, 0, W), axis=0, out=out)  # does not fit in memory, or (below) over the limit
+            # out: the range does not fit in memory or (below) is over the limit
+            np.take(over_room, np.clip(room, 0, W), axis=0, out=out)
             if np.isfinite(limit):
                 (np.greater_equal if strict else np.greater)(b, limit, out=over_buf[:n])
                 out |= over_buf[:n]
