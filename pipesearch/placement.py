@@ -515,29 +515,37 @@ def replicated_layout_names(cluster: Cluster, replicas, tp: int = 1, precision: 
 
 
 def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray], tp: int = 1
-                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per stage of a replicated layout (:func:`replicated_stage_devices`):
     the boundary to the next stage as ``(bandwidth bytes/s, latency s,
-    pairs)``, arrays of shape ``(P,)``. The micro-batch's activation moves
-    over ``n = min(r_k, r_{k+1})`` device pairs in parallel: replica ``a``
-    of the larger side exchanges with replica ``a mod n`` of the smaller
-    one, so the smaller side's ``n`` devices each take one ``1 / n`` share
-    (DAPPLE, Fan et al. PPoPP'21, stage replication: splitting and concatenating a
+    pairs, shared bandwidth bytes/s, flows)``, arrays of shape ``(P,)``.
+    Replica ``a`` of the larger side (``N`` replicas) exchanges its share of
+    the micro-batch with replica ``a mod n`` of the smaller one (``n =
+    min(r_k, r_{k+1})``): ``N`` flows at once, and each of the smaller
+    side's ``n`` devices sends or receives a ``1 / n`` share (DAPPLE, Fan et
+    al. PPoPP'21, stage replication: splitting and concatenating a
     micro-batch between stages of different replication; PipeDream,
     Narayanan et al. SOSP'19 sec. 3.1, round-robin between replicated
-    stages). ``bandwidth`` and ``latency`` are those of the slowest of
-    those pairs' links (by time for :data:`PROBE_BYTES`), ``pairs`` is
-    ``n``; a free link and 1 pair after the last stage. With ``tp > 1``
-    the ids are slot heads and each pair stands for ``tp`` transfers (shard
-    ``t`` to shard ``t``) sharing the nodes' ports (:func:`nic_share`)."""
+    stages). Two limits, :func:`pipesearch.replication.replicated_costs`
+    takes the slower: each device's own link (``bandwidth``, ``pairs`` =
+    ``n``: a ``1 / n`` share per device of the smaller side) and the
+    nodes' ports (``shared bandwidth``, ``flows`` = ``N``: a ``1 / N``
+    share per flow at the slowest flow's :func:`nic_share` of its link).
+    ``bandwidth`` and ``latency`` are those of the slowest of the flows'
+    links (by time for :data:`PROBE_BYTES`); a free link, 1 pair and 1 flow
+    after the last stage. With ``tp > 1`` the ids are slot heads and each
+    flow stands for ``tp`` transfers (shard ``t`` to shard ``t``) sharing
+    the nodes' ports."""
     P = len(stage_devs)
     bw, lat, pairs = np.full(P, np.inf), np.zeros(P), np.ones(P, dtype=np.int64)
+    shared, flows = np.full(P, np.inf), np.ones(P, dtype=np.int64)
     for k in range(P - 1):
         a, b = np.asarray(stage_devs[k]), np.asarray(stage_devs[k + 1])
         n = min(len(a), len(b))
         big, small = (a, b) if len(a) >= len(b) else (b, a)
         peer = small[np.arange(len(big)) % n]
-        wb, wl = _worst(cluster, link_class(cluster, big, peer)[None, :],
-                        nic_share(cluster, big[None, :], peer[None, :], tp))
-        bw[k], lat[k], pairs[k] = float(wb[0]), float(wl[0]), n
-    return bw, lat, pairs
+        kinds = link_class(cluster, big, peer)[None, :]
+        wb, wl = _worst(cluster, kinds)
+        sb, _ = _worst(cluster, kinds, nic_share(cluster, big[None, :], peer[None, :], tp))
+        bw[k], lat[k], pairs[k], shared[k], flows[k] = float(wb[0]), float(wl[0]), n, float(sb[0]), len(big)
+    return bw, lat, pairs, shared, flows

@@ -25,9 +25,13 @@ is split over the replicas of each stage it passes, so
   it, so a sharded optimizer is refused);
 * the boundary after stage ``k`` moves the micro-batch's activation (and
   its gradient back) over ``n = min(r_k, r_{k+1})`` device pairs in
-  parallel, each carrying ``ceil(b / n)`` samples' worth
+  parallel, each device of the smaller side carrying ``ceil(b / n)``
+  samples' worth, in ``N = max(r_k, r_{k+1})`` flows of ``ceil(b / N)``
+  samples that share the nodes' ports
   (:func:`pipesearch.placement.replicated_boundary_links`): the effective
-  bandwidth is the slowest pair's times ``b / ceil(b / n)``;
+  bandwidth is the smaller of the slowest pair's times ``b / ceil(b / n)``
+  and the slowest flow's port share times ``b / ceil(b / N)``
+  (:func:`boundary_bandwidth_bytes_per_s`);
 * stage ``k``'s gradients are all-reduced over its own ``r_k`` replicas
   once per iteration, each of the ``tp`` shards over its ``r_k`` copies
   (:func:`pipesearch.placement.allreduce_model` of its slot heads; none for
@@ -188,9 +192,9 @@ def replicated_stage_terms(cluster: Cluster, replicas, precision: str, profiled_
     if cache is not None and key in cache:
         return cache[key]
     devs = replicated_stage_devices(cluster, replicas, precision, tp, slots)
-    bw, lat, pairs = replicated_boundary_links(cluster, devs, tp)
+    bw, lat, pairs, shared, flows = replicated_boundary_links(cluster, devs, tp)
     ar = [allreduce_model(cluster, d, tp) if len(d) > 1 else (0.0, 0.0) for d in devs]
-    terms = {"devices": devs, "bw": bw, "lat": lat, "pairs": pairs,
+    terms = {"devices": devs, "bw": bw, "lat": lat, "pairs": pairs, "shared_bw": shared, "flows": flows,
              "device_scale": np.array([stage_time_scale(cluster, d[None, :], profiled_device, precision)[0]
                                        for d in devs]),
              "ar_per_byte": np.array([x[0] for x in ar]), "ar_fixed": np.array([x[1] for x in ar]),
@@ -198,6 +202,20 @@ def replicated_stage_terms(cluster: Cluster, replicas, precision: str, profiled_
     if cache is not None:
         cache[key] = terms
     return terms
+
+
+def boundary_bandwidth_bytes_per_s(terms: dict, micro_batch_size: int) -> np.ndarray:
+    """``(P,)``: the bandwidth at which a whole micro-batch of ``b`` samples
+    crosses each boundary of a replicated layout (``terms`` of
+    :func:`replicated_stage_terms`), the slower of two limits
+    (:func:`pipesearch.placement.replicated_boundary_links`): each device of
+    the smaller side moves ``ceil(b / n)`` samples over its own link, ``b /
+    ceil(b / n)`` times the pair bandwidth; each of the ``N`` flows moves
+    ``ceil(b / N)`` samples at its share of the nodes' ports, ``b / ceil(b
+    / N)`` times the shared bandwidth (with fewer samples than flows every
+    flow is counted, a bound on the high side)."""
+    b = micro_batch_size
+    return np.minimum(terms["bw"] * b / -(-b // terms["pairs"]), terms["shared_bw"] * b / -(-b // terms["flows"]))
 
 
 def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas, *, micro_batch_size: int,
@@ -232,6 +250,6 @@ def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas
     capacity = usable_memory_bytes(job, terms["smallest"]) - base.gathered_bytes - base.tied_copy_bytes
     return devs, replace(
         base, time_scale=terms["device_scale"] * share,
-        p2p_bandwidth_bytes_per_s=terms["bw"] * b / -(-b // terms["pairs"]), p2p_latency_s=terms["lat"],
+        p2p_bandwidth_bytes_per_s=boundary_bandwidth_bytes_per_s(terms, b), p2p_latency_s=terms["lat"],
         allreduce_s_per_byte=terms["ar_per_byte"], allreduce_fixed_s=terms["ar_fixed"],
         capacity_bytes=capacity, activation_share=share)

@@ -406,3 +406,26 @@ def test_replicated_layouts_are_every_node_pattern_once(tp, reps):
     # over the limit: the consecutive slots alone
     assert replicated_placements(cluster, reps, tp, len(want) - 1, "fp32") == [
         "replicas:" + ",".join(map(str, reps))]
+
+
+@pytest.mark.parametrize("nics, expected", [(1, 1.25e9), (4, 5e9), (None, 5e9)])
+def test_boundary_bandwidth_through_shared_ports_by_hand(nics, expected):
+    """Stage 0 on 8 replicas (servers 0 and 1, 4 devices each), stage 1 on
+    4 (server 2), 1.25 GB/s between servers, micro-batch 8: the 8 replicas
+    each send their one sample to replica ``a mod 4``, 8 flows into server
+    2. With one NIC there, all 8 samples pass 1.25 GB/s: the micro-batch
+    crosses at 1.25 GB/s. With 4 NICs (or one per device) each of server
+    2's devices takes its 2 samples over its own 1.25 GB/s: 4 x 1.25 = 5
+    GB/s. (Counting 4 pairs of 2 samples, each at 1/8 of one NIC, gives
+    half the first figure.)"""
+    from pipesearch.replication import boundary_bandwidth_bytes_per_s, replicated_stage_terms
+
+    dev = _device("dev", 10e12, 16e9)
+    cluster = Cluster("three", (DeviceGroup(dev, 3, 4),), intra_node=Link(math.inf, 0.0),
+                      inter_node=Link(1.25e9, 0.0, nics_per_node=nics))
+    terms = replicated_stage_terms(cluster, (8, 4), "fp16", dev)
+    assert [list(d) for d in terms["devices"]] == [list(range(8)), [8, 9, 10, 11]]
+    assert boundary_bandwidth_bytes_per_s(terms, 8)[0] == pytest.approx(expected, rel=1e-12)
+    # 4 replicas sending to 8: the same flows the other way (ports are full duplex)
+    back = replicated_stage_terms(cluster, (4, 8), "fp16", dev, slots=None)
+    assert boundary_bandwidth_bytes_per_s(back, 8)[0] == pytest.approx(expected, rel=1e-12)
