@@ -58,7 +58,7 @@ def _group_labels(plans, x_of, y_of, xspan, yspan):
 
 
 def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "plan file") -> Path:
-    """Scatter of every evaluated ok point: predicted (analytic) samples/s
+    """Scatter of every evaluated ok point: predicted (simulated) samples/s
     against peak memory per device (GiB), coloured by schedule; the Pareto
     front (most throughput for the memory) as a step line; the ranked plans
     (simulated throughput) labelled with their rank; the device memory
@@ -156,7 +156,7 @@ def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "p
         ax.grid(True, color="#E5E5E5", linewidth=0.6, zorder=0)
         ax.set_axisbelow(True)
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, borderaxespad=0,
-                  title="evaluated points (analytic)", title_fontsize=8, alignment="left")
+                  title="evaluated points (simulated)", title_fontsize=8, alignment="left")
 
         # the plans, spelled out
         lines = []

@@ -3,6 +3,8 @@ micro-batches), one panel per schedule and tensor-parallel degree."""
 
 from __future__ import annotations
 
+import math
+import textwrap
 from os import PathLike
 from pathlib import Path
 
@@ -131,7 +133,7 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
 
     One panel per schedule and tensor-parallel degree (rows: tp, columns:
     schedules; a single tp wraps the schedules two per row). A cell's colour
-    and number are the best predicted (analytic) samples/s over dp,
+    and number are the best predicted (simulated) samples/s over dp,
     micro-batch size, placement, virtual stages and recompute; infeasible
     cells are hatched and labelled OOM / refused, or n/a where no point
     exists; cells skipped by the search's lower bound are labelled "bound";
@@ -144,8 +146,7 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
     import matplotlib
     from matplotlib.collections import PatchCollection
     from matplotlib.colors import Normalize
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Rectangle
 
     points = points_frame(plan_file, source)
     infeasible = plan_file.search.get("infeasible") if isinstance(plan_file.search, dict) else None
@@ -177,8 +178,10 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
     panel_w = max(3.0, max_m * cell_w)
     row_pp = [max(len(axes_of_tp[tp][0]) for tp, _, r, _ in panels if r == row) for row in range(n_rows)]
     heights = [max(1.0, n * cell_h) for n in row_pp]
-    gap_h, top_h, bottom_h = 0.75, 1.25, 1.25
     width = n_cols * (panel_w + 0.7) + 1.5
+    handles = _legend_handles(grid, best, top)
+    ncol = max(1, min(3, len(handles), int((width - 0.5) // LEGEND_COLUMN_IN)))
+    gap_h, top_h, bottom_h = 0.75, 1.25, 0.85 + 0.36 * math.ceil(len(handles) / ncol)
     height = sum(heights) + gap_h * (n_rows - 1) + top_h + bottom_h
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))
     norm = Normalize(vmin=vmin, vmax=vmax)
@@ -255,31 +258,55 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
         cbar = fig.colorbar(image, cax=cax)
         cbar.set_label("predicted throughput (samples/s)")
 
-        handles = []
-        if best is not None:
-            handles.append(Patch(fill=False, edgecolor=BEST_COLOUR, linewidth=2.2,
-                                 label=f"best: {best['samples_per_s']:.1f} samples/s "
-                                       f"({schedule_title(best['schedule'])}, pp {best['pp']}, dp {int(best['dp'])}, tp {best['tp']}, "
-                                       f"m {best['num_micro_batches']})"))
-        if top is not None:
-            handles.append(Line2D([], [], marker="*", markersize=9, color="white", markeredgecolor="black",
-                                  linestyle="none", label="plan #1 (ranked by simulation)"))
+        legend = fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False,
+                            bbox_to_anchor=(0.5, 0.05 / height), handleheight=1.3, columnspacing=1.5)
+        while ncol > 1 and legend.get_window_extent(fig.canvas.get_renderer()).width > 0.98 * fig.bbox.width:
+            legend.remove()  # wider than the figure: one column fewer
+            ncol -= 1
+            legend = fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False,
+                                bbox_to_anchor=(0.5, 0.05 / height), handleheight=1.3, columnspacing=1.5)
         present = set(grid["status"])
-        for status in ("out_of_memory", "schedule_refused", "pruned", "stopped_at_work_limits", "n/a"):
-            if status in present:
-                face, hatch, tcol, label = _CELL_STYLE[status]
-                handles.append(Patch(facecolor=face, hatch=hatch, edgecolor=tcol if hatch else "#BBBBBB",
-                                     linewidth=0.5, label=label))
-        fig.legend(handles=handles, loc="lower center", ncol=min(3, len(handles)), frameon=False,
-                   bbox_to_anchor=(0.5, 0.05 / height), handleheight=1.3, columnspacing=1.5)
         over = ["dp", "micro-batch size", "placement"]
         if any(len(v) > 1 for v in vps.values()):
             over.append("virtual stages")
         if points["recompute"].nunique() > 1:
             over.append("recompute")
-        sub = f"colour and number: best predicted (analytic) samples/s over {', '.join(over)}"
+        sub = f"colour and number: best predicted (simulated) samples/s over {', '.join(over)}"
         if "pruned" in present:
             sub += "\nsearch pruned by lower bound: run `pipesearch plan --exhaustive` to evaluate every cell"
         fig.suptitle(f"{title_of(plan_file)}: search space", y=1 - 0.18 / height, va="top")
         fig.text(0.5, 1 - 0.52 / height, sub, ha="center", va="top", fontsize=8, color="#333333")
         return save(fig, path)
+
+
+#: width of one column of the space plot's legend (inches; its labels wrap at :data:`LEGEND_CHARS`)
+LEGEND_COLUMN_IN = 3.4
+LEGEND_CHARS = 42
+
+
+def _legend_handles(grid: pd.DataFrame, best, top) -> list:
+    """The space plot's legend entries: the best cell, the rank-1 plan's
+    star and each cell status present, labels wrapped at
+    :data:`LEGEND_CHARS` characters."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    def wrap(text: str) -> str:
+        return "\n".join(textwrap.wrap(text, LEGEND_CHARS))
+
+    handles = []
+    if best is not None:
+        handles.append(Patch(fill=False, edgecolor=BEST_COLOUR, linewidth=2.2,
+                             label=wrap(f"best: {best['samples_per_s']:.1f} samples/s "
+                                        f"({schedule_title(best['schedule'])}, pp {best['pp']}, dp {int(best['dp'])}, "
+                                        f"tp {best['tp']}, m {best['num_micro_batches']})")))
+    if top is not None:
+        handles.append(Line2D([], [], marker="*", markersize=9, color="white", markeredgecolor="black",
+                              linestyle="none", label="plan #1 (ranked by simulation)"))
+    present = set(grid["status"])
+    for status in ("out_of_memory", "schedule_refused", "pruned", "stopped_at_work_limits", "n/a"):
+        if status in present:
+            face, hatch, tcol, label = _CELL_STYLE[status]
+            handles.append(Patch(facecolor=face, hatch=hatch, edgecolor=tcol if hatch else "#BBBBBB",
+                                 linewidth=0.5, label=wrap(label)))
+    return handles
