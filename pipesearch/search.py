@@ -427,16 +427,17 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
 
 
 def _throughput_terms(profile: ModelProfile | None, stages, global_batch: int, cluster, tp: int) -> dict:
-    """Tokens and PaLM model FLOPs per iteration, and the fp16 peak of the
-    plan's devices (each stage device heads a group of ``tp``)."""
-    if profile is None or not profile.tokens_per_sample:
-        return {}
+    """The plan's devices (each stage device heads a group of ``tp``) and
+    their fp16 peak, and, for a model with tokens, tokens and PaLM model
+    FLOPs per iteration (left out, 0, for a layer profile)."""
     devices = np.unique(np.concatenate([np.asarray(st.devices, dtype=np.int64) for st in stages]))
     flops = np.array([g.device.peak_fp16_flops for g in cluster.groups], dtype=float)[group_ids(cluster)[devices]]
-    return {"tokens_per_iteration": float(global_batch * profile.tokens_per_sample),
-            "model_flops_per_iteration": float(global_batch * profile.model_flops_per_sample),
-            "peak_flops": float(tp * sum(flops.tolist())),  # summed in device order, as a Python sum
-            "num_devices": tp * len(devices)}
+    out = {"peak_flops": float(tp * sum(flops.tolist())),  # summed in device order, as a Python sum
+           "num_devices": tp * len(devices)}
+    if profile is not None and profile.tokens_per_sample:
+        out.update(tokens_per_iteration=float(global_batch * profile.tokens_per_sample),
+                   model_flops_per_iteration=float(global_batch * profile.model_flops_per_sample))
+    return out
 
 
 def simulate_plan(plan: Plan) -> tuple[float, object]:

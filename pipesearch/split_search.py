@@ -1375,7 +1375,7 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
         return tables, ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
     if schedule in CHAIN_SCHEDULES and rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # whole layers per rank
-    excluded, _, _ = _branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, cutoff_s / (1 - tie_rel), tie_rel,
+    excluded, _, _ = _branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, cutoff_s / (1 + tie_rel), tie_rel,
                                        max_splits, min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))
     if excluded and min(ev.times.values(), default=np.inf) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
@@ -1904,8 +1904,8 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     batch = ev.batch_size()
 
     def limit():
-        # only strictly better splits matter; equal ones were seeded (see exact_split)
-        return best * (1 - tie_rel)
+        # splits within the tie window of the best matter too: the tie-break (_chosen) sees every one
+        return best * (1 + tie_rel)
 
     def flush():
         nonlocal best

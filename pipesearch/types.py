@@ -560,10 +560,11 @@ class Prediction:
     """Predicted figures of a plan. ``bubble_fraction`` is the share of the
     iteration time that the bottleneck stage's devices sit idle.
 
-    ``tokens_per_iteration``, ``model_flops_per_iteration`` (PaLM's model
-    FLOPs, :attr:`ModelProfile.model_flops_per_sample`), ``peak_flops`` (the
-    dense fp16 peak of all ``num_devices`` devices the plan uses) are 0 when
-    unknown (profiles without tokens); the rates derive from them and
+    ``tokens_per_iteration`` and ``model_flops_per_iteration`` (PaLM's model
+    FLOPs, :attr:`ModelProfile.model_flops_per_sample`) are 0 when unknown
+    (profiles without tokens); ``peak_flops`` is the dense fp16 peak of all
+    ``num_devices`` devices the plan uses (0 in plan files written before
+    they were recorded for every model); the rates derive from them and
     ``iteration_time_s``."""
 
     iteration_time_s: float

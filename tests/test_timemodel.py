@@ -107,19 +107,26 @@ def test_blocking_sends_of_1f1b_cost_the_sender():
 # ------------------------------------------------------------ exact split
 
 
-def _random_point(rng, L, schedule, pp, vp, m, identical=False):
+def _random_point(rng, L, schedule, pp, vp, m, identical=False, idle=False):
     """PipelineCosts of a random profile on a random 1-2 node cluster; with
     ``identical``, every layer but a random last one (a model head) is the
-    same (a transformer's blocks)."""
+    same (a transformer's blocks); with ``idle``, some layers have no
+    compute and no parameters (pooling, reshapes) and every layer the same
+    output, so moving a boundary over them changes memory but not time."""
     if identical:
         one = [rng.exponential(1e-3), rng.exponential(2e-3), rng.exponential(1e6), rng.exponential(1e6)]
         head = [x * float(rng.choice([1.0, rng.uniform(0.2, 3.0)])) for x in one]
         fwd, bwd, params, outputs = (np.array([a] * (L - 1) + [h]) for a, h in zip(one, head))
         prof = tiny_profile(fwd, bwd, params=params, outputs=outputs, saved=outputs)
     else:
-        prof = tiny_profile(rng.exponential(1e-3, L), rng.exponential(2e-3, L),
-                            params=rng.exponential(1e6, L) * (rng.random(L) < 0.7),
-                            outputs=rng.exponential(1e6, L), saved=rng.exponential(1e6, L))
+        fwd, bwd = rng.exponential(1e-3, L), rng.exponential(2e-3, L)
+        params = rng.exponential(1e6, L) * (rng.random(L) < 0.7)
+        outputs, saved = rng.exponential(1e6, L), rng.exponential(1e6, L)
+        if idle:
+            none = rng.random(L) < 0.4
+            fwd, bwd, params = (np.where(none, 0.0, x) for x in (fwd, bwd, params))
+            outputs = np.full(L, outputs[0])
+        prof = tiny_profile(fwd, bwd, params=params, outputs=outputs, saved=saved)
     per_node = int(rng.integers(1, pp * 2 + 1))
     nodes = -(-pp * 2 // per_node)
     cluster = tiny_cluster(nodes, per_node, memory_bytes=float(rng.choice([6e6, 1e9])),
@@ -204,6 +211,37 @@ def test_any_split_fits_equals_enumeration(seed, cells, monkeypatch):
     costs = _random_point(rng, L, "1f1b", pp, 1, pp + 1)
     expected = any(costs.split_fits((0, *cut, L)) for cut in itertools.combinations(range(1, L), pp - 1))
     assert any_split_fits(costs) == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_equal_time_splits_every_one_seen_by_the_tie_break(seed):
+    """Layers without compute or parameters make splits of equal time that
+    differ in memory. Among every split that fits, simulated one by one,
+    those within ``EQUAL_TIME_REL`` of the best are the ties; the split
+    search must return the one its tie-break order ranks first (lower peak
+    memory per device, then less time on links: ``split_search._tie_key``),
+    so that no search path (a cutoff, ``--exhaustive``, the seeds it starts
+    from) can return another of equal time."""
+    rng = np.random.default_rng(7000 + seed)
+    schedule = SCHEDULES[seed % len(SCHEDULES)]
+    pp = int(rng.integers(2, 4))
+    vp = 2 if schedule in ("interleaved-1f1b", "looped-bfs") else 1
+    L = int(rng.integers(pp * vp + 1, 9))
+    m = pp * int(rng.integers(1, 3)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 3))
+    costs = _random_point(rng, L, schedule, pp, vp, m, idle=True)
+    times = {}
+    for cut in itertools.combinations(range(1, L), pp * vp - 1):
+        bounds = (0, *cut, L)
+        if costs.split_fits(bounds):
+            times[bounds] = simulate_times(schedule, pp, m, vp, costs.stage_times(bounds))[0]
+    found = exact_split(costs, schedule, pp, vp)
+    if not times:
+        assert found is None
+        return
+    best = min(times.values())
+    ties = [b for b, t in times.items() if t <= best * (1 + split_search.EQUAL_TIME_REL)]
+    want = min(ties, key=lambda b: split_search._tie_key(costs, b, times[b]))
+    assert found.exact and found.bounds == want, (schedule, len(ties), found.bounds, want)
 
 
 def test_equal_time_splits_prefer_lower_memory():
