@@ -522,14 +522,15 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(line)
     if not quiet:
         total = sum(g.num_devices for g in cluster.groups)
-        idle: dict[int, list[str]] = {}
+        idle: dict[tuple[int, str], list[str]] = {}
         for p in result.plans:
             used = p.pp * p.dp * p.tp if p.stage_replicas is None else sum(p.stage_replicas) * p.tp
+            how = "pp x dp x tp" if p.stage_replicas is None else "the stages' replicas x tp"
             if used < total:
-                idle.setdefault(used, []).append(str(p.rank))
-        for used, ranks in idle.items():
+                idle.setdefault((used, how), []).append(str(p.rank))
+        for (used, how), ranks in idle.items():
             click.echo(f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
-                       f"{used} of the {total} devices (pp x dp x tp); {total - used} stay idle")
+                       f"{used} of the {total} devices ({how}); {total - used} stay idle")
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
         click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
         click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
