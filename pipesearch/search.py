@@ -1650,6 +1650,11 @@ def _micro_batch_size_can_drop(options) -> bool:
     return bool(options.num_micro_batches) or (options.micro_batch_size or 1) > 1
 
 
+def _either(fixes: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
+
+
 def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
@@ -1657,8 +1662,11 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
     state = params * param_state_of(job).floor_bytes_per_param()
     mem = usable_memory_bytes(job, float(memory_bytes_of(cluster).max()))
     on_host = options is not None and set(options.schedules) <= {"mobius", "roundpipe"}  # the state lives on the host
+    offload = ("add --optimizer-offload (this cluster has host memory), or "
+               if cluster.host is not None and not job.optimizer_offload else "")
     hint = ("the model's weights and optimizer state alone need "
-            f"{state / 2**30:.1f} GiB against {mem / 2**30:.1f} GiB usable per device; "
+            f"{state / 2**30:.1f} GiB against {mem * cluster.num_devices / 2**30:.1f} GiB usable on all "
+            f"{cluster.num_devices} devices ({mem / 2**30:.1f} GiB each); {offload}"
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices and not on_host else
             "the schedules asked for refused every point (1F1B and its variants need at least pp "
             "micro-batches; pp x vp stages need a layer each): lower --pp or --vp, raise --num-micro-batches "
@@ -1666,7 +1674,9 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             + ("drop --vp" if options is not None and options.vp_pinned else "add --schedule gpipe")
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
             else
-            ("lower --micro-batch-size or " if _micro_batch_size_can_drop(options) else "") + "use a larger cluster"
+            _either(["lower --micro-batch-size"] * _micro_batch_size_can_drop(options)
+                    + [f"raise --pp (pinned to {options.pp})"] * bool(options.pp and not options.split)
+                    + ["use a larger cluster"])
             if options is not None and (options.pp or options.split)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
