@@ -647,10 +647,12 @@ def test_a_micro_batch_no_replica_count_divides_is_refused_not_a_crash(tmp_path)
     """vgg16's batch 1024 at micro-batch size 1024 leaves dp 1 only (every
     other dp does not divide the batch): those points are counted, never
     bounded (bounding them raised a TypeError); the dp 1 point runs out of
-    memory, and with --pp pinned the hint does not say to raise it."""
+    memory, and with --pp pinned the hint names the pin where it suggests
+    changing it (the search itself never tried another pp)."""
     out = assert_refused(tmp_path, ["plan", "--pp", "2", "--micro-batch-size", "1024", "--schedule", "gpipe",
                                     "-o", "p.json"], "no plan fits vgg16", "batch_not_divisible")
-    assert "raise --pp" not in out
+    assert "lower --micro-batch-size, raise --pp (pinned to 2) or use a larger cluster" in out
+    assert "raise --pp," not in out and "raise --pp or" not in out  # never the unpinned hint
 
 
 @pytest.mark.parametrize("args,needles", [

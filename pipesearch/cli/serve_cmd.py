@@ -27,7 +27,6 @@ from .params import FiniteFloatRange
 from . import main
 
 FORMAT = "pipesearch.serve/1"
-DEFAULT_OUTPUT = "serve.json"
 
 
 def _split(ctx, param, value):
@@ -145,7 +144,7 @@ def _window(events, span_s: float):
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the simulated arrivals.")
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Draw plan 1's simulated timeline here (png/svg/pdf).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help=f"Write the serving plans JSON here (default: ./{DEFAULT_OUTPUT}).")
+              help="Write the serving plans JSON here (none without it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the table.")
 @click.option("--quiet", "-q", is_flag=True, help="No summary lines.")
 def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency, request_rate, weight_dtype,
@@ -166,8 +165,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     """
     if concurrency is not None and request_rate is not None:
         raise InputError("--concurrency and --request-rate: give one (a closed loop of clients, or an arrival rate)")
-    out = None if (as_json and output is None) else check_writable(
-        DEFAULT_OUTPUT if output is None else output, "serving plans (-o)")
+    out = None if output is None else check_writable(output, "serving plans (-o)")
     if timeline is not None:
         from ..plots.common import check_output
 
@@ -280,5 +278,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
             click.echo(f"{engine}: {ex['command']}")
         skipped = ", ".join(f"{k} {v}" for k, v in result.skipped) or "none"
         click.echo(f"{result.evaluated} configurations in {result.wall_s:.2f} s; skipped: {skipped}")
-        if out:
-            click.echo(f"wrote {out}" + (f", {timeline}" if timeline else ""))
+        written = [str(x) for x in (out, timeline) if x]
+        if written:
+            click.echo(f"wrote {', '.join(written)}")
+        if not out:
+            click.echo("no serving plan file written (-o FILE writes one)")
