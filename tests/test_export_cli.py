@@ -88,3 +88,23 @@ def test_files_dir_without_files_is_refused(plans, tmp_path):
     d = tmp_path / "t"
     res = export(plans, "--format", "torch", "--files", str(d))  # the plan has tp > 1: no pipeline_torch.py
     assert res.exit_code == 2 and "has no files (no pipeline_torch.py" in res.output and not d.exists()
+
+
+def test_megatron_export_warns_when_the_plan_counted_less_state_than_megatron_keeps(plans, tmp_path):
+    """The fixture's plan counts mixed-precision Adam's 16 bytes per
+    parameter (2 weights + 2 gradients + 4 master + 8 moments); Megatron-LM
+    keeps 18 (2 + 4 fp32 main gradients + 4 + 8): the launch script is
+    written, with a warning on stderr naming both and the fix; a plan made
+    with --optimizer-state megatron gets none."""
+    res = export(plans, "--format", "megatron", "-o", str(tmp_path / "run.sh"))
+    assert res.exit_code == 0
+    assert "warning: the plan's memory counts 16 bytes of training state per parameter (mixed-adam); " \
+           "Megatron-LM keeps 18" in res.stderr
+    assert "--runtime megatron" in res.stderr and (tmp_path / "run.sh").exists()
+    same = tmp_path / "megatron.json"
+    made = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "2", "-b", "512",
+                                     "--pp", "2", "--schedule", "1f1b", "--optimizer-state", "megatron", "-q",
+                                     "-o", str(same)])
+    assert made.exit_code == 0, made.output
+    res = export(same, "--format", "megatron", "-o", str(tmp_path / "run2.sh"))
+    assert res.exit_code == 0 and "warning" not in res.stderr

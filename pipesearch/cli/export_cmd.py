@@ -107,6 +107,9 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
         why = next((n for n in export.get("notes", []) if n.startswith("no ")), "this runtime reads no file of ours")
         raise InputError(f"export --files {files_dir}: the {fmt} export of plan {rank} has no files ({why.rstrip('.')}); "
                          f"-o FILE.json writes the export")
+    for note in export.get("notes", []) if (output is not None or files_dir) else ():  # else in the JSON printed
+        if isinstance(note, str) and note.startswith("warning:"):
+            click.echo(note, err=True)
     # everything is computed before anything is written
     if files_dir:
         d = Path(files_dir)

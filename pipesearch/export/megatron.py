@@ -256,6 +256,27 @@ RUNTIME_VERSION = "core_v0.16.1"
 export against."""
 
 
+def _state_note(job: Mapping) -> str | None:
+    """A warning when the plan's memory counted fewer training-state bytes
+    per parameter (``inputs.job.optimizer_state``) than Megatron-LM keeps
+    (:data:`pipesearch.memory.PRESETS` ``megatron``: bf16 weights, fp32 main
+    gradients, fp32 master weights and Adam moments); None otherwise or
+    without the record."""
+    from ..memory import PRESETS
+
+    state = job.get("optimizer_state")
+    parts = state.get("bytes_per_param") if isinstance(state, Mapping) else None
+    if not isinstance(parts, Mapping) or not all(isinstance(v, (int, float)) for v in parts.values()):
+        return None
+    planned, megatron = float(sum(parts.values())), PRESETS["megatron"].total_bytes
+    if planned >= megatron:
+        return None
+    return (f"warning: the plan's memory counts {planned:g} bytes of training state per parameter "
+            f"({state.get('name', 'its optimizer state')}); Megatron-LM keeps {megatron:g} (fp32 main gradients "
+            f"beside bf16 weights, fp32 master weights and Adam moments), so its stages hold more than planned and "
+            f"may not fit: re-plan with --runtime megatron (or --optimizer-state megatron).")
+
+
 def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
     """Megatron-LM model shape and type flags for a transformer config.
 
@@ -557,6 +578,9 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
                      "newer Megatron-LM); pass one form, not both.")
     if module_names:
         notes.append("module_names is unused: Megatron-LM names its own modules.")
+    state_note = _state_note(inputs.job)
+    if state_note:
+        notes.insert(0, state_note)
     world = plan.tp * p * plan.dp
     notes.append(f"launch with world size tp*pp*dp = {world}; Megatron derives "
                  f"dp = {plan.dp} and {m} micro-batches = global / (micro * dp).")
