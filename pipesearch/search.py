@@ -1500,7 +1500,7 @@ def _check_options(variants, cluster, job, options):
             raise InputError(f"--pp {options.pp} must be >= 1")
         if options.pp > L:
             raise InputError(
-                f"--pp {options.pp}: more stages than the model's {L} layers; use --pp {L} or fewer")
+                f"--pp {options.pp}: more stages than the model's {L} layer{'s' if L != 1 else ''}; use --pp {L} or fewer")
     for name in ("dp", "micro_batch_size", "num_micro_batches"):
         value = getattr(options, name)
         if value is not None and value < 1:

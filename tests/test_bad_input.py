@@ -665,3 +665,11 @@ def test_interleaving_pins_that_cannot_hold_name_the_rule(tmp_path, args, needle
     per-stage replicas, was refused only as "no points; lower
     --micro-batch-size, raise --pp"; now the rule is named up front."""
     assert_refused(tmp_path, ["plan", *args, "-o", "p.json"], *needles)
+
+
+def test_a_profile_without_any_time_names_its_file(tmp_path):
+    """Every layer 0 ms forward and backward: refused at the CSV (its path
+    and the columns), before any search."""
+    tiny_csv(tmp_path / "zero.csv", rows=["l0,0,0,1000000,1000000", "l1,0,0,1000000,1000000"])
+    assert_refused(tmp_path, ["plan", "--model", "zero.csv", "-b", "8", "-o", "p.json"],
+                   "zero.csv: columns 'fwd_ms', 'bwd_ms': every layer has zero forward and backward time")

@@ -79,7 +79,7 @@ def test_table_shows_full_splits_idle_devices_and_sequence_length(tmp_path):
     vp = 2 if " v2 " in row else 1
     split = next(tok for tok in row.split() if tok.count(",") == 15 * vp - 1)  # 15 x vp stages, none elided
     assert sum(map(int, split.split(","))) == 34 and "..." not in row
-    assert "plan 1 uses 15 of the 16 devices (pp x dp x tp); 1 stay idle" in out
+    assert "plan 1 uses 15 of the 16 devices (pp x dp x tp); 1 stays idle" in out
 
 
 def test_json_prints_the_plan_and_writes_no_file(tmp_path):

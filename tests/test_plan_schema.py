@@ -72,3 +72,17 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
     problems = [str(p) for p in schema_problems(doc)]
     assert "plans[0].stages[0]: missing key 'compute_s'" in problems
     assert any(p.startswith("plans[0].stages[0]: unknown key 'compute_ms' (did you mean 'compute_s'?") for p in problems)
+
+
+def test_every_missing_key_is_named_once(tmp_path):
+    """Two keys gone from the top level and two from a plan: one problem at
+    each place naming both (jsonschema reports each missing key as its own
+    error; each was printed as the first key, once per key)."""
+    out = tmp_path / "p.json"
+    assert CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64", "-q",
+                                     "-o", str(out)]).exit_code == 0
+    doc = json.loads(out.read_text())
+    del doc["plans"][0]["schedule"], doc["plans"][0]["predicted"]
+    assert [str(p) for p in schema_problems(doc)] == ["plans[0]: missing keys 'schedule', 'predicted'"]
+    del doc["search"], doc["plans"]
+    assert [str(p) for p in schema_problems(doc)] == ["missing keys 'search', 'plans'"]

@@ -385,3 +385,18 @@ def test_timeline_legend_names_the_host_step_when_a_stage_offloads():
     assert allreduce_label(plan) == "A gradient all-reduce"
     host = _replace(plan, stages=(_replace(st, host_step_s=0.2),))
     assert "host optimizer step" in allreduce_label(host)
+
+
+def test_title_counts_each_device_type_of_a_mixed_cluster():
+    """A cluster of 2 devices of one type and 1 of another: the title names
+    each type's count (it printed the total before the joined type names,
+    '3 x mygpu + a100-80gb')."""
+    from types import SimpleNamespace
+
+    cluster = {"name": "mix2", "devices": 3, "device_types": ["mygpu", "a100-80gb"],
+               "groups": [{"device": "mygpu", "nodes": 1, "devices_per_node": 2},
+                          {"device": "a100-80gb", "nodes": 1, "devices_per_node": 1}]}
+    doc = SimpleNamespace(inputs={"model": {"name": "toy"}, "cluster": cluster, "job": {"global_batch_size": 8}})
+    assert title_of(doc) == "toy on mix2 (2 x mygpu + 1 x a100-80gb), global batch 8"
+    one = dict(cluster, devices=16, device_types=["v100"], groups=[{"device": "v100", "nodes": 4, "devices_per_node": 4}])
+    assert title_of(SimpleNamespace(inputs={"model": {"name": "vgg16"}, "cluster": one})) == "vgg16 on mix2 (16 x v100)"

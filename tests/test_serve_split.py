@@ -167,3 +167,31 @@ def test_huggingface_config_is_served(tmp_path):
     r = search_serving(cfg, load_cluster("1x8-l4"), ServeJob(Workload(512, 128)), engine=engine_spec("sglang"),
                        weights=weight_format("bf16"), kv_bytes=1.0)
     assert r.plans and all(sum(p.split) == 32 for p in r.plans)
+
+
+@pytest.mark.parametrize("name_or_path", [None, "meta-llama/Meta-Llama-3-8B"])
+def test_huggingface_config_commands_name_a_loadable_model(tmp_path, monkeypatch, name_or_path):
+    """`serve --model config.json` (a relative path, as a user types it in the
+    checkpoint's folder): the engine commands load the config's
+    ``_name_or_path`` (a Hub id) or else the folder that holds it, never the
+    file's stem 'config'; the plans are named after the folder."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    folder = tmp_path / "Llama-3-8B"
+    folder.mkdir()
+    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "max_position_embeddings": 8192, "tie_word_embeddings": False}
+    if name_or_path:
+        cfg["_name_or_path"] = name_or_path
+    (folder / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.chdir(folder)
+    res = CliRunner().invoke(main, ["serve", "--model", "config.json", "--cluster", "1x8-l4", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    command = doc["plans"][0]["exports"]["vllm"]["command"]
+    want = name_or_path or str(folder.resolve())
+    assert command.startswith(f"vllm serve {want} "), command
+    assert doc["inputs"]["model"]["name"] == (name_or_path.rsplit("/", 1)[-1] if name_or_path else "Llama-3-8B")

@@ -530,7 +530,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 idle.setdefault((used, how), []).append(str(p.rank))
         for (used, how), ranks in idle.items():
             click.echo(f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
-                       f"{used} of the {total} devices ({how}); {total - used} stay idle")
+                       f"{used} of the {total} devices ({how}); {total - used} stay{'s' if total - used == 1 else ''} idle")
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
         click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
         click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")

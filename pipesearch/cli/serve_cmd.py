@@ -135,7 +135,8 @@ def _window(events, span_s: float):
               help="Token budget of one step, chunked prefill (default 2048).")
 @click.option("--step-overhead-ms", type=FiniteFloatRange(min=0),
               help="Engine time per step outside the kernels (default 2).")
-@click.option("--model-path", help="Checkpoint to put in the exported commands (default: the model name).")
+@click.option("--model-path", help="Checkpoint to put in the exported commands (default: the model name; for a "
+                                   "HuggingFace config.json its _name_or_path, else its folder).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
 @click.option("--simulate-top", type=click.IntRange(min=0), default=3, show_default=True,
               help="Simulate this many best plans (TTFT / TPOT p90).")
@@ -182,6 +183,9 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
                          f"config (catalog TOML or HuggingFace config.json)")
     cfg = load_transformer(path)
+    if model_path is None and path.suffix == ".json":  # a HuggingFace config: what an engine can load
+        ref = json.loads(path.read_text()).get("_name_or_path")
+        model_path = str(ref).rstrip("/") if isinstance(ref, str) and ref.strip("/") else str(path.resolve().parent)
     eng = engine_spec(engine, memory_fraction=memory_fraction, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens,
                       step_overhead_s=None if step_overhead_ms is None else step_overhead_ms / 1e3)

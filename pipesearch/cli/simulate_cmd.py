@@ -26,7 +26,7 @@ def time_disagreement(path: str, rank: int, replayed_s: float, recorded_s: float
     they agree."""
     if abs(replayed_s - recorded_s) <= TIME_REL_TOL * max(abs(replayed_s), abs(recorded_s)):
         return None
-    return (f"{path}: plan of rank {rank}: the replay takes {replayed_s!r} s, the file's "
+    return (f"{path}: plan of rank {rank}: the replay takes {replayed_s:.12g} s, the file's "
             f"predicted.iteration_time_s is {recorded_s!r} s; the file's stage times, copies or prediction were "
             f"edited (pipesearch validate {path} names the field); the figures below are the replay's")
 
@@ -166,7 +166,8 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     if delayed:
         how += f"; {delayed}"
     click.echo(f"simulated iteration: {format_seconds(total_s)} ({how}); "
-               f"analytic: {format_seconds(analytic) if analytic else 'n/a'}")
+               f"analytic: {format_seconds(analytic) if analytic else 'n/a'}"
+               + (" (as recorded in the file, not recomputed)" if analytic and disagreement else ""))
     click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")
     for r in range(tl.num_ranks):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "

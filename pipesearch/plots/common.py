@@ -139,7 +139,13 @@ def title_of(plan_file: PlanFile) -> str:
     if cluster.get("name"):
         text += f" on {cluster['name']}"
         types = list(cluster.get("device_types") or ())
-        if cluster.get("devices") and types:
+        counts: dict[str, int] = {}
+        for g in cluster.get("groups") or ():  # a mixed cluster: each type's count
+            if isinstance(g, dict) and isinstance(g.get("nodes"), int) and isinstance(g.get("devices_per_node"), int):
+                counts[str(g.get("device"))] = counts.get(str(g.get("device")), 0) + g["nodes"] * g["devices_per_node"]
+        if len(counts) > 1:
+            text += f" ({' + '.join(f'{n} x {t}' for t, n in counts.items())})"
+        elif cluster.get("devices") and types:
             text += f" ({cluster['devices']} x {' + '.join(types)})"
     if job.get("global_batch_size"):
         text += f", global batch {job['global_batch_size']}"

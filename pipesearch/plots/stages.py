@@ -314,7 +314,6 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
                     borderaxespad=0, columnspacing=1.2)
         ax_m.legend(handles=mem_handles, loc="upper left", bbox_to_anchor=(0.0, below), ncol=2, frameon=False,
                     borderaxespad=0, columnspacing=1.2)
-        devices = " + ".join(sorted({st.device_type for st in plan.stages}))
         host = dict(plan.extra or ()).get("host") or {}  # option_search.host_plan_info
         host_text = (f"host memory {host['total_host_memory_bytes'] / GIB:,.1f} GiB, PCIe "
                      f"{host['total_pcie_bytes_per_iteration'] / GIB:,.1f} GiB per iteration" if host else "")
@@ -329,7 +328,11 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
         if host_text:
             fig.text(0.5, 0.875, host_text, ha="center", va="top", fontsize=8.5, color="#333333")
         fig.suptitle(title_of(plan_file), y=0.975)
+        kinds = [st.device_type for st in plan.stages]
+        where = (f"each stage on {plan.dp * plan.tp} {kinds[0]} device(s)" if len(set(kinds)) == 1 else
+                 f"each stage on {plan.dp * plan.tp} device(s) of one type: "
+                 + ", ".join(f"stage {k} {t}" for k, t in enumerate(kinds[:8])) + (", ..." if len(kinds) > 8 else ""))
         fig.text(0.5, 0.915, f"plan {plan_label(plan)}: {plan.predicted.samples_per_s:,.1f} samples/s, "
-                 f"bubble {100 * plan.predicted.bubble_fraction:.1f}%; each stage on {plan.dp * plan.tp} "
-                 f"{devices} device(s)", ha="center", va="top", fontsize=8.5, color="#333333")
+                 f"bubble {100 * plan.predicted.bubble_fraction:.1f}%; {where}", ha="center", va="top",
+                 fontsize=8.5, color="#333333")
         return save(fig, path)

@@ -524,7 +524,8 @@ def load_hf_config(
         keys["seq_len"] = "seq_len (argument)"
     if name is None:
         ref = str(d.get("_name_or_path") or "").rstrip("/")
-        name = ref.rsplit("/", 1)[-1] if ref else (p.parent.name if p.name == "config.json" and p.parent.name else p.stem)
+        folder = p.resolve().parent.name  # a relative "config.json" still names its folder
+        name = ref.rsplit("/", 1)[-1] if ref else (folder if p.name == "config.json" and folder else p.stem)
     values["name"] = name
     values["source"] = f"{p} (HuggingFace {family} config)"
     full = {f.name: f.default for f in fields(TransformerConfig)}

@@ -82,9 +82,9 @@ _TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a strin
 def _describe(error: jsonschema.ValidationError) -> Problem:
     where = json_path(error.absolute_path)
     v, value, inst = error.validator, error.validator_value, error.instance
-    if v == "required":
-        missing = next(k for k in value if isinstance(inst, dict) and k not in inst)
-        return Problem(where, f"missing key {missing!r}")
+    if v == "required":  # one error per missing key, each naming them all (the list is deduplicated)
+        missing = [k for k in value if isinstance(inst, dict) and k not in inst]
+        return Problem(where, f"missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
     if v == "additionalProperties":
         allowed = list(error.schema.get("properties", {}))
         extra = sorted(k for k in inst if k not in allowed)
@@ -187,5 +187,7 @@ def schema_problems(doc: Any) -> list[Problem]:
     for error in errors:
         if json_path(error.absolute_path) in seen and error.validator in ("minimum", "maximum", "type"):
             continue  # a NaN already reported at this place
-        problems.append(_describe(error))
+        problem = _describe(error)
+        if problem not in problems:
+            problems.append(problem)
     return problems
