@@ -239,7 +239,7 @@ def _levelled(col, sends, cross, rows: int, width: int, last_slots) -> _Graph:
     node_of[real] = np.arange(N)
     pred1 = np.where(real % width > 0, node_of[real - 1], N)
     pred2 = node_of[np.where(cross[real] >= 0, cross[real], rows * width)]
-    depth = _depth(pred1, pred2)
+    depth = _depth(pred1, pred2, width)
     # renumber the nodes level by level, so each level is one slice
     order = np.argsort(depth, kind="stable")
     new_id = np.full(N + 1, N, dtype=np.int64)
@@ -249,9 +249,21 @@ def _levelled(col, sends, cross, rows: int, width: int, last_slots) -> _Graph:
                   tuple(int(x) for x in starts), new_id[node_of[last_slots]])
 
 
-def _depth(pred1: np.ndarray, pred2: np.ndarray) -> np.ndarray:
+#: nodes per grid column above which :func:`_depth` levels a graph of at
+#: least :data:`LEVEL_PASS_NODES` nodes a whole level per numpy pass (counts:
+#: a level's passes cost about what 50 nodes walked one by one do, and a
+#: graph has at least as many levels as its longest row of actions)
+LEVEL_PASS_ROWS = 64
+LEVEL_PASS_NODES = 2**15
+
+
+def _depth(pred1: np.ndarray, pred2: np.ndarray, width: int = 0) -> np.ndarray:
     """Longest unit-weight path ending at each node (sources 0), by Kahn's
-    algorithm over the two predecessor arrays (``N`` = none).
+    algorithm over the two predecessor arrays (``N`` = none): node by node,
+    or, when the graph has more than :data:`LEVEL_PASS_ROWS` nodes per
+    column of its grid (``width``, the longest row; deep pipelines) and at
+    least :data:`LEVEL_PASS_NODES` nodes, a whole level of nodes per numpy
+    pass (:func:`_depth_by_levels`). Both give the same depths.
 
     Raises:
         InputError: the graph has a cycle.
@@ -262,6 +274,9 @@ def _depth(pred1: np.ndarray, pred2: np.ndarray) -> np.ndarray:
     has = src < N
     src, dst = src[has], dst[has]
     order = np.argsort(src, kind="stable")
+    if width and N > LEVEL_PASS_ROWS * width and N >= LEVEL_PASS_NODES:
+        return _depth_by_levels(N, dst[order], np.searchsorted(src[order], np.arange(N + 1)),
+                                np.bincount(dst, minlength=N))
     succ, start = dst[order].tolist(), np.searchsorted(src[order], np.arange(N + 1)).tolist()
     indeg = np.bincount(dst, minlength=N).tolist()
     depth = [0] * N
@@ -277,6 +292,30 @@ def _depth(pred1: np.ndarray, pred2: np.ndarray) -> np.ndarray:
     if len(queue) != N:
         raise InputError("schedule dependency graph has a cycle")
     return np.array(depth, dtype=np.int64)
+
+
+def _depth_by_levels(N: int, succ: np.ndarray, start: np.ndarray, indeg: np.ndarray) -> np.ndarray:
+    """:func:`_depth` a level at a time: the nodes without predecessors left
+    are the next level (a node's level is one more than its deepest
+    predecessor's: the longest unit-weight path to it); ``succ[start[n]:
+    start[n + 1]]`` are node ``n``'s successors, ``indeg`` their counts of
+    predecessors."""
+    depth = np.zeros(N, dtype=np.int64)
+    level, seen = np.flatnonzero(indeg == 0), 0
+    indeg = indeg.copy()
+    for d in range(N + 1):
+        if not len(level):
+            break
+        depth[level] = d
+        seen += len(level)
+        counts = start[level + 1] - start[level]
+        kids = succ[np.repeat(start[level] - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))]
+        np.subtract.at(indeg, kids, 1)
+        kids = np.unique(kids)
+        level = kids[indeg[kids] == 0]
+    if seen != N:
+        raise InputError("schedule dependency graph has a cycle")
+    return depth
 
 
 def _durations(g: _Graph, times: StageTimes) -> np.ndarray:

@@ -347,3 +347,29 @@ def test_points_stopped_at_the_limits_are_reported_with_a_valid_bound(seed, monk
     else:  # not claimed: a faster plan may lie among the unproven points, whose bound must allow it
         assert res.unproven_points > 0 and res.unproven_bound_s <= ref * (1 + 1e-9)
     assert (res.unproven_points == 0) == (res.unproven_bound_s == math.inf)
+
+
+def test_graph_depth_level_by_level_equals_node_by_node(monkeypatch):
+    """The longest unit-weight path to each node, walked node by node and a
+    level per numpy pass: by hand on a small graph (rows 0 -> 1 -> 2 and
+    3 -> 4, cross edges 1 -> 4 and 4 -> 2: depths 0, 1, 3, 0, 2), a cycle
+    refused by both, and the same depths on the graphs of several
+    schedules."""
+    from pipesearch import timemodel
+    from pipesearch.errors import InputError
+
+    depth = timemodel._depth
+    N = 5
+    pred1, pred2 = np.array([N, 0, 1, N, 3]), np.array([N, N, 4, N, 1])
+    monkeypatch.setattr(timemodel, "LEVEL_PASS_NODES", 0)
+    for width in (0, 1):  # 0: node by node; 1 (with no node minimum): a level per pass
+        assert depth(pred1, pred2, width).tolist() == [0, 1, 3, 0, 2]
+        with pytest.raises(InputError):
+            depth(np.array([2, 0]), np.array([1, 2]), width)  # 0 after 1 and 1 after 0
+    seen = []
+    monkeypatch.setattr(timemodel, "_depth", lambda a, b, w=0: seen.append((a, b)) or depth(a, b))
+    for key in (("1f1b", 8, 16, 1), ("zb-h1", 4, 9, 1), ("interleaved-1f1b", 4, 8, 2), ("gpipe", 3, 5, 1),
+                ("looped-bfs", 2, 4, 3)):
+        timemodel._graph.__wrapped__(*key)
+        a, b = seen[-1]
+        assert np.array_equal(depth(a, b), depth(a, b, 1)), key
