@@ -217,6 +217,9 @@ def load_model_source(
         raise InputError(f"--recompute {recompute}: needs a transformer config; {path.name} is a layer profile "
                          f"(a profile's own recompute_saved_bytes column gives it per-stage recompute)")
     profile = load_model(str(path))
+    if profile.layers and not any(lay.fwd_s + lay.bwd_s > 0 for lay in profile.layers):
+        raise InputError(f"{path}: every layer has zero forward and backward time, so every plan would take 0 s; "
+                         "give the profile's measured times")
     recomputable = any(lay.recompute_saved_bytes is not None for lay in profile.layers)
     if recomputable and recompute == "none":  # the pin: no layer is recomputed
         profile = replace(profile, layers=tuple(replace(lay, recompute_saved_bytes=None) for lay in profile.layers))
