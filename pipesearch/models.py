@@ -217,7 +217,7 @@ def load_model_source(
         raise InputError(f"--recompute {recompute}: needs a transformer config; {path.name} is a layer profile "
                          f"(a profile's own recompute_saved_bytes column gives it per-stage recompute)")
     profile = load_model(str(path))
-    if profile.layers and not any(lay.fwd_s + lay.bwd_s > 0 for lay in profile.layers):
+    if profile.layers and not profile.takes_time:  # the search refuses it too; here the file is known
         raise InputError(f"{path}: every layer has zero forward and backward time, so every plan would take 0 s; "
                          "give the profile's measured times")
     recomputable = any(lay.recompute_saved_bytes is not None for lay in profile.layers)

@@ -98,6 +98,14 @@ def _band_width(costs: PipelineCosts, limit: float, memory_starts=None) -> int:
     return max(width, 1)
 
 
+def _memory_prefix(costs: PipelineCosts, s: int) -> np.ndarray:
+    """``(L + 1,)``: stage ``s``'s memory of the layers ``[0, j)``, as
+    :func:`_stage_fits` counts it (training state plus ``in_flight``
+    micro-batches of saved activations); a range's is a difference of two,
+    equal up to rounding."""
+    return costs.param_prefix_bytes * costs.state_bytes_per_param_byte + costs.saved_prefix_bytes * costs.in_flight[s]
+
+
 def _memory_starts(costs: PipelineCosts):
     """Per distinct stage (in-flight micro-batches, capacity, speed): its
     time scale and, for every end layer ``j``, the earliest start whose range
@@ -108,10 +116,7 @@ def _memory_starts(costs: PipelineCosts):
         if key in seen:
             continue
         seen.add(key)
-        mem_prefix = (
-            costs.param_prefix_bytes * costs.state_bytes_per_param_byte
-            + costs.saved_prefix_bytes * costs.in_flight[s]
-        )
+        mem_prefix = _memory_prefix(costs, s)
         slack = 1e-9 * (abs(costs.capacity_bytes[s]) + 1.0)
         out.append((costs.time_scale[s], np.searchsorted(mem_prefix, mem_prefix - costs.capacity_bytes[s] - slack,
                                                          "left")))
@@ -246,7 +251,7 @@ def _fit_starts(c: PipelineCosts, s: int, width: int | None = None, lo: int = 0,
     def pred(i, sel):
         return _stage_fits(c, s, i, j[sel])
 
-    mem = c.param_prefix_bytes * c.state_bytes_per_param_byte + c.saved_prefix_bytes * c.in_flight[s]
+    mem = _memory_prefix(c, s)
     guess = np.clip(np.searchsorted(mem, mem[j] - c.capacity_bytes[s], "left"), lo, top)
     every = np.arange(len(j))
     ok = _brackets(pred, every, lo, top, guess, guess)

@@ -1477,7 +1477,7 @@ def _check_options(variants, cluster, job, options):
         raise InputError(f"global batch size {job.global_batch_size} must be >= 1")
     L = variants[0].profile.num_layers
     for variant in variants:
-        if not any(lay.fwd_s + lay.bwd_s > 0 for lay in variant.profile.layers):
+        if not variant.profile.takes_time:
             raise InputError(
                 f"model {variant.profile.name!r}: every layer has zero forward and backward time, so every "
                 "plan would take 0 s; give the profile's measured times")

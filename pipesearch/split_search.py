@@ -1018,7 +1018,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     closed = optimal_split(costs)
     if closed is not None and costs.split_fits(closed.bounds):  # its memory rule is 1F1B's in-flight count
         starts.append(closed.bounds)
-    # equal-time splits are told apart by memory: seed the memory-balanced one
+    # the memory-balanced split: an incumbent of low memory where equal-time splits differ in it (the tie-break
+    # sees every tie within the branch and bound's window; a search stopped at its limits keeps this one)
     mem = np.diff(costs.param_prefix_bytes) * costs.state_bytes_per_param_byte + np.diff(costs.saved_prefix_bytes)
     if np.any(mem > 0) and S * L <= 4096:  # balanced_split is O(S L^2)
         balanced = balanced_split(mem, S)

@@ -274,11 +274,11 @@ def _depth(pred1: np.ndarray, pred2: np.ndarray, width: int = 0) -> np.ndarray:
     has = src < N
     src, dst = src[has], dst[has]
     order = np.argsort(src, kind="stable")
+    succ, start = dst[order], np.searchsorted(src[order], np.arange(N + 1))
+    indeg = np.bincount(dst, minlength=N)
     if width and N > LEVEL_PASS_ROWS * width and N >= LEVEL_PASS_NODES:
-        return _depth_by_levels(N, dst[order], np.searchsorted(src[order], np.arange(N + 1)),
-                                np.bincount(dst, minlength=N))
-    succ, start = dst[order].tolist(), np.searchsorted(src[order], np.arange(N + 1)).tolist()
-    indeg = np.bincount(dst, minlength=N).tolist()
+        return _depth_by_levels(N, succ, start, indeg)
+    succ, start, indeg = succ.tolist(), start.tolist(), indeg.tolist()
     depth = [0] * N
     queue = [n for n in range(N) if indeg[n] == 0]
     for n in queue:
@@ -299,10 +299,9 @@ def _depth_by_levels(N: int, succ: np.ndarray, start: np.ndarray, indeg: np.ndar
     are the next level (a node's level is one more than its deepest
     predecessor's: the longest unit-weight path to it); ``succ[start[n]:
     start[n + 1]]`` are node ``n``'s successors, ``indeg`` their counts of
-    predecessors."""
+    predecessors (counted down in place)."""
     depth = np.zeros(N, dtype=np.int64)
     level, seen = np.flatnonzero(indeg == 0), 0
-    indeg = indeg.copy()
     for d in range(N + 1):
         if not len(level):
             break

@@ -130,6 +130,12 @@ class ModelProfile:
     model_flops_per_sample: float = 0.0
 
     @property
+    def takes_time(self) -> bool:
+        """Whether some layer has a non-zero forward or backward time (a
+        profile without any would make every plan take 0 s)."""
+        return any(lay.fwd_s + lay.bwd_s > 0 for lay in self.layers)
+
+    @property
     def num_layers(self) -> int:
         return len(self.layers)
 

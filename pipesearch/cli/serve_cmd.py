@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_SIMULATED_REQUESTS
 from ..output import check_writable, write_text
-from ..profiles.transformer import load_transformer
+from ..profiles.transformer import hf_checkpoint, load_transformer
 from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_format
 from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
@@ -184,8 +184,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                          f"config (catalog TOML or HuggingFace config.json)")
     cfg = load_transformer(path)
     if model_path is None and path.suffix == ".json":  # a HuggingFace config: what an engine can load
-        ref = json.loads(path.read_text()).get("_name_or_path")
-        model_path = str(ref).rstrip("/") if isinstance(ref, str) and ref.strip("/") else str(path.resolve().parent)
+        model_path = hf_checkpoint(path)
     eng = engine_spec(engine, memory_fraction=memory_fraction, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens,
                       step_overhead_s=None if step_overhead_ms is None else step_overhead_ms / 1e3)

@@ -179,7 +179,8 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
     row_pp = [max(len(axes_of_tp[tp][0]) for tp, _, r, _ in panels if r == row) for row in range(n_rows)]
     heights = [max(1.0, n * cell_h) for n in row_pp]
     width = n_cols * (panel_w + 0.7) + 1.5
-    handles = _legend_handles(grid, best, top)
+    present = set(grid["status"])
+    handles = _legend_handles(present, best, top)
     ncol = max(1, min(3, len(handles), int((width - 0.5) // LEGEND_COLUMN_IN)))
     gap_h, top_h, bottom_h = 0.75, 1.25, 0.85 + 0.36 * math.ceil(len(handles) / ncol)
     height = sum(heights) + gap_h * (n_rows - 1) + top_h + bottom_h
@@ -258,14 +259,13 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
         cbar = fig.colorbar(image, cax=cax)
         cbar.set_label("predicted throughput (samples/s)")
 
-        legend = fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False,
-                            bbox_to_anchor=(0.5, 0.05 / height), handleheight=1.3, columnspacing=1.5)
-        while ncol > 1 and legend.get_window_extent(fig.canvas.get_renderer()).width > 0.98 * fig.bbox.width:
-            legend.remove()  # wider than the figure: one column fewer
-            ncol -= 1
+        while True:
             legend = fig.legend(handles=handles, loc="lower center", ncol=ncol, frameon=False,
                                 bbox_to_anchor=(0.5, 0.05 / height), handleheight=1.3, columnspacing=1.5)
-        present = set(grid["status"])
+            if ncol == 1 or legend.get_window_extent(fig.canvas.get_renderer()).width <= 0.98 * fig.bbox.width:
+                break
+            legend.remove()  # wider than the figure: one column fewer
+            ncol -= 1
         over = ["dp", "micro-batch size", "placement"]
         if any(len(v) > 1 for v in vps.values()):
             over.append("virtual stages")
@@ -284,9 +284,9 @@ LEGEND_COLUMN_IN = 3.4
 LEGEND_CHARS = 42
 
 
-def _legend_handles(grid: pd.DataFrame, best, top) -> list:
+def _legend_handles(present: set, best, top) -> list:
     """The space plot's legend entries: the best cell, the rank-1 plan's
-    star and each cell status present, labels wrapped at
+    star and each cell status in ``present``, labels wrapped at
     :data:`LEGEND_CHARS` characters."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -303,7 +303,6 @@ def _legend_handles(grid: pd.DataFrame, best, top) -> list:
     if top is not None:
         handles.append(Line2D([], [], marker="*", markersize=9, color="white", markeredgecolor="black",
                               linestyle="none", label="plan #1 (ranked by simulation)"))
-    present = set(grid["status"])
     for status in ("out_of_memory", "schedule_refused", "pruned", "stopped_at_work_limits", "n/a"):
         if status in present:
             face, hatch, tcol, label = _CELL_STYLE[status]

@@ -39,7 +39,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import InputError
 from ..input_files import parse_failure, read_input_text
@@ -523,7 +523,7 @@ def load_hf_config(
         values["seq_len"] = seq_len
         keys["seq_len"] = "seq_len (argument)"
     if name is None:
-        ref = str(d.get("_name_or_path") or "").rstrip("/")
+        ref = _hub_reference(d)
         folder = p.resolve().parent.name  # a relative "config.json" still names its folder
         name = ref.rsplit("/", 1)[-1] if ref else (folder if p.name == "config.json" and folder else p.stem)
     values["name"] = name
@@ -531,6 +531,22 @@ def load_hf_config(
     full = {f.name: f.default for f in fields(TransformerConfig)}
     full.update(values)
     return _build(full, where, keys)
+
+
+def _hub_reference(config: Mapping) -> str:
+    """A HuggingFace config's ``_name_or_path`` (a Hub id or a local path,
+    no trailing slash), or ``""``."""
+    ref = config.get("_name_or_path")
+    return ref.rstrip("/") if isinstance(ref, str) else ""
+
+
+def hf_checkpoint(path: str | Path) -> str:
+    """What an inference engine loads for the HuggingFace ``config.json`` at
+    ``path`` (already read by :func:`load_hf_config`): its
+    ``_name_or_path``, else the folder that holds it (a checkpoint
+    directory)."""
+    p = Path(path)
+    return _hub_reference(json.loads(_read_text(p))) or str(p.resolve().parent)
 
 
 def load_transformer(path: str | Path, seq_len: int | None = None) -> TransformerConfig:
