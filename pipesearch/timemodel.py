@@ -36,7 +36,7 @@ and the search's pruning use.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -157,6 +157,11 @@ class _Graph:
     @property
     def num_levels(self) -> int:
         return len(self.level_starts) - 1
+
+    @cached_property
+    def pred_lists(self) -> tuple[list, list]:
+        """``pred1`` and ``pred2`` as Python lists (for :func:`_node_ends`' walk node by node)."""
+        return self.pred1.tolist(), self.pred2.tolist()
 
 
 @lru_cache(maxsize=64)
@@ -338,13 +343,37 @@ def _durations(g: _Graph, times: StageTimes) -> np.ndarray:
     return dur
 
 
+#: node-by-split cells per level of a graph below which :func:`_node_ends`
+#: walks the nodes one by one in Python rather than a level per numpy pass
+#: (a level's passes cost about what this many cells walked one by one do)
+NODE_WALK_CELLS_PER_LEVEL = 24
+
+
 def _node_ends(g: _Graph, dur: np.ndarray) -> np.ndarray:
     """Each node's end (same shape as ``dur``, :func:`_durations`): its
-    duration after the later of its two predecessors, level by level."""
+    duration after the later of its two predecessors, level by level (a
+    level per numpy pass), or node by node for few splits on a graph of
+    narrow levels (the same sums in the same order: equal values)."""
+    if len(g.pred1) * dur.shape[1] < NODE_WALK_CELLS_PER_LEVEL * g.num_levels:
+        return _node_ends_by_node(g, dur)
     end = dur.copy()
     p1, p2, starts = g.pred1, g.pred2, g.level_starts
     for a, b in zip(starts[:-1], starts[1:]):
         end[a:b] += np.maximum(end[p1[a:b]], end[p2[a:b]])
+    return end
+
+
+def _node_ends_by_node(g: _Graph, dur: np.ndarray) -> np.ndarray:
+    """:func:`_node_ends` one split (column) and one node at a time (nodes
+    are numbered in level order, so every predecessor comes first)."""
+    p1, p2 = g.pred_lists
+    end = np.empty_like(dur)
+    for k in range(dur.shape[1]):
+        e = dur[:, k].tolist()
+        for n, a, b in zip(range(len(p1)), p1, p2):
+            a, b = e[a], e[b]
+            e[n] += a if a > b else b
+        end[:, k] = e
     return end
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
-from ..export import export_all
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset
@@ -496,11 +495,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             raise InputError(runtimes.no_plan_message(runtime, refused))
         result = replace(result, plans=kept)
         plan_file = replace(plan_file, plans=kept, inputs=plan_file.inputs | {"runtime": runtime})
-    plan_file = replace(plan_file, exports=tuple(export_all(p, plan_file.inputs) for p in result.plans))
-    text = to_json(plan_file)
-    problems = document_problems(json.loads(text))
-    if problems:  # the search wrote what its own reader refuses: a bug, never a file to leave behind
-        raise RuntimeError(f"internal error: the plan file to write breaks its format: {problems[0]}")
+    text = _plan_text(plan_file, result.plans) if as_json or out or plot_dir else ""  # only a plan that goes out
     if all_points is not None:
         write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")
     if as_json:
@@ -550,6 +545,19 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
     if optimizer_bytes_per_param is not None:
         return from_total_bytes(optimizer_bytes_per_param, shard)
     return preset(optimizer_state or "mixed-adam", shard)
+
+
+def _plan_text(plan_file: PlanFile, plans) -> str:
+    """The plan file's JSON text, with each plan's runtime exports, checked
+    against the plan format before anything is written or printed."""
+    from ..export import export_all
+
+    plan_file = replace(plan_file, exports=tuple(export_all(p, plan_file.inputs) for p in plans))
+    text = to_json(plan_file)
+    problems = document_problems(json.loads(text))
+    if problems:  # the search wrote what its own reader refuses: a bug, never a file to leave behind
+        raise RuntimeError(f"internal error: the plan file to write breaks its format: {problems[0]}")
+    return text
 
 
 def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:
