@@ -51,12 +51,18 @@ def test_plan_on_a_profile_csv_imports_no_graph_plot_or_solver_library(tmp_path)
     networkx (PipeDream graphs), matplotlib (plots), OR-Tools (mixed
     clusters; its linear solver also for an interleaved split search that
     stops at its work limits, pipesearch.fluid, which this one does not)
-    nor torch (profiling, runtimes)."""
+    nor torch (profiling, runtimes); and without a plan file going out
+    (no ``-o``, ``--json``, ``--plot-dir``) no jsonschema: nothing is
+    written, so the file is neither built nor checked. With ``-o`` it is
+    (the file's check loads jsonschema)."""
     code = ("from pipesearch.cli import main\ntry:\n"
-            "    main(['plan', '--model', 'gnmt', '--cluster', '1x4-v100-pcie', '--pp', '2', '-q'])\n"
+            "    main(['plan', '--model', 'gnmt', '--cluster', '1x4-v100-pcie', '--pp', '2', '-q'{out}])\n"
             "except SystemExit as e:\n    assert e.code == 0, e.code")
-    loaded = _modules_after(code)
-    assert not loaded & {"networkx", "matplotlib", "ortools", "torch"}, loaded
+    loaded = _modules_after(code.format(out=""))
+    assert not loaded & {"networkx", "matplotlib", "ortools", "torch", "jsonschema"}, loaded
+    out = tmp_path / "plan.json"
+    assert "jsonschema" in _modules_after(code.format(out=f", '-o', {str(out)!r}"))
+    assert load_plan_file(out).plans
 
 
 def test_command_list_lines_are_the_commands_own_help():

@@ -495,7 +495,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             raise InputError(runtimes.no_plan_message(runtime, refused))
         result = replace(result, plans=kept)
         plan_file = replace(plan_file, plans=kept, inputs=plan_file.inputs | {"runtime": runtime})
-    text = _plan_text(plan_file, result.plans) if as_json or out or plot_dir else ""  # only a plan that goes out
+    text = ""
+    if as_json or out or plot_dir:  # only a plan file that goes out is built and checked
+        plan_file, text = _plan_text(plan_file, result.plans)
     if all_points is not None:
         write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")
     if as_json:
@@ -547,9 +549,9 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
     return preset(optimizer_state or "mixed-adam", shard)
 
 
-def _plan_text(plan_file: PlanFile, plans) -> str:
-    """The plan file's JSON text, with each plan's runtime exports, checked
-    against the plan format before anything is written or printed."""
+def _plan_text(plan_file: PlanFile, plans) -> tuple[PlanFile, str]:
+    """The plan file with each plan's runtime exports, and its JSON text,
+    checked against the plan format before anything is written or printed."""
     from ..export import export_all
 
     plan_file = replace(plan_file, exports=tuple(export_all(p, plan_file.inputs) for p in plans))
@@ -557,7 +559,7 @@ def _plan_text(plan_file: PlanFile, plans) -> str:
     problems = document_problems(json.loads(text))
     if problems:  # the search wrote what its own reader refuses: a bug, never a file to leave behind
         raise RuntimeError(f"internal error: the plan file to write breaks its format: {problems[0]}")
-    return text
+    return plan_file, text
 
 
 def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:

@@ -18,9 +18,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import jsonschema
+if TYPE_CHECKING:  # loaded where a document is checked (plan files going out or read)
+    import jsonschema
 
 SCHEMA_FILE = "plan-1.schema.json"
 
@@ -50,7 +51,9 @@ def plan_schema() -> dict:
 
 
 @lru_cache(maxsize=1)
-def _validator() -> jsonschema.Draft202012Validator:
+def _validator() -> "jsonschema.Draft202012Validator":
+    import jsonschema
+
     schema = plan_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
@@ -79,7 +82,7 @@ _TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a strin
                "array": "an array", "boolean": "true or false"}
 
 
-def _describe(error: jsonschema.ValidationError) -> Problem:
+def _describe(error: "jsonschema.ValidationError") -> Problem:
     where = json_path(error.absolute_path)
     v, value, inst = error.validator, error.validator_value, error.instance
     if v == "required":  # one error per missing key, each naming them all (the list is deduplicated)
