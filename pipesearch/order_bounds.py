@@ -316,30 +316,27 @@ class ClassBounds:
         ``+inf``), in numpy passes of at most :data:`MAX_PASS_FLOATS`
         floats per array."""
         C, R, L, w = self.C, len(self.names), self.L, self.band[c]
-        owners: list[tuple[int, ...]] = []
-        nexts_c2: list[int] = []
-        nexts = []
-        for left in vectors:
-            if left[c] == 0 or w == 0:
-                continue
-            rest = tuple(x - (k == c) for k, x in enumerate(left))
-            c2s = [C] if stages == 1 else [c2 for c2 in range(C) if rest[c2] > 0]
-            nexts.append(last if stages == 1 else self.V[rest][c2s])
-            owners += [left] * len(c2s)
-            nexts_c2 += c2s
+        owners = [left for left in vectors if left[c] > 0 and w > 0]
         if not owners:
             return
-        nxt = np.concatenate(nexts)
+        best = np.full((len(owners), R, 2, L + 1), np.inf)
         step = max(1, MAX_PASS_FLOATS // (R * (L + 1) * w))  # pairs per numpy pass
-        for lo in range(0, len(owners), step):
-            c2s = nexts_c2[lo:lo + step]
-            if tables is not None:
-                a, b = tables[0][c, :, :, :, :w][c2s], tables[1][c, :, :, :, :w][c2s]
+        for c2 in ([C] if stages == 1 else range(C)):  # the pairs of one next class share the stage's terms
+            if stages == 1:
+                who, nxt = np.arange(len(owners)), np.broadcast_to(last, (len(owners),) + last.shape[1:])
             else:
-                a, b = (np.stack(t)[..., :w] for t in zip(*(self._stage(c, s, c2) for c2 in c2s)))
-            cand = self._combine(a, b, nxt[lo:lo + step])
-            for k, left in enumerate(owners[lo:lo + step]):
-                np.minimum(outs[left][c], cand[k], out=outs[left][c])
+                rests = [tuple(x - (k == c) for k, x in enumerate(left)) for left in owners]
+                who = np.array([k for k, rest in enumerate(rests) if rest[c2] > 0], dtype=np.int64)
+                if not len(who):
+                    continue
+                nxt = np.stack([self.V[rests[k]][c2] for k in who])
+            a, b = (tables[0][c, c2], tables[1][c, c2]) if tables is not None else self._stage(c, s, c2)
+            a, b = a[None, ..., :w], b[None, ..., :w]
+            for lo in range(0, len(who), step):
+                k = who[lo:lo + step]  # each owner once per next class: a gather, a minimum, a scatter
+                best[k] = np.minimum(best[k], self._combine(a, b, nxt[lo:lo + step]))
+        for k, left in enumerate(owners):
+            np.minimum(outs[left][c], best[k], out=outs[left][c])
 
     def _stage_tables(self, s: int):
         """Terms of stage ``s`` on every class ``c`` with its outgoing
@@ -373,7 +370,7 @@ class ClassBounds:
     def _combine(self, a: np.ndarray, b: np.ndarray, nxt: np.ndarray) -> np.ndarray:
         """``(P, R, 2, L+1)`` over the first layer ``i`` of the stage, for
         each of ``P`` pairs ``(c, c2)``: the stage's terms ``a``, ``b``
-        ``(P, R, L+1, W)`` on class ``c`` (transfer to ``c2``, as
+        ``(P, R, L+1, W)`` (or ``(1, R, L+1, W)``, shared) on class ``c`` (transfer to ``c2``, as
         :meth:`_stage`) over ``[i, j)`` combined with the next state's
         values at ``j`` (``nxt`` ``(P, R, 2, L+1)``, the state after the
         last stage for ``c2 = C``), least over ``j``."""
