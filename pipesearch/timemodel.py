@@ -354,6 +354,8 @@ def _node_ends(g: _Graph, dur: np.ndarray) -> np.ndarray:
     duration after the later of its two predecessors, level by level (a
     level per numpy pass), or node by node for few splits on a graph of
     narrow levels (the same sums in the same order: equal values)."""
+    if dur.ndim == 1:  # one split: the same walk on a column
+        return _node_ends(g, dur[:, None])[:, 0]
     if len(g.pred1) * dur.shape[1] < NODE_WALK_CELLS_PER_LEVEL * g.num_levels:
         return _node_ends_by_node(g, dur)
     end = dur.copy()

@@ -354,7 +354,8 @@ def test_node_ends_walked_node_by_node_equal_a_level_per_pass(monkeypatch):
     from the Python walk (few splits, narrow levels), from the level passes
     and from a reference that follows the predecessor arrays by recursion
     (no use of the level numbering): bit for bit, on the graphs of five
-    schedules with random durations for 1, 2 and 7 splits."""
+    schedules with random durations for 1, 2 and 7 splits, and one split
+    given as a 1-D array (Mobius' and RoundPipe's graphs)."""
     from pipesearch import timemodel
 
     def by_recursion(g, dur):
@@ -383,6 +384,7 @@ def test_node_ends_walked_node_by_node_equal_a_level_per_pass(monkeypatch):
             monkeypatch.undo()
             assert np.array_equal(walked, levels), (key, n)
             assert np.array_equal(levels, by_recursion(g, dur)), (key, n)
+        assert np.array_equal(timemodel._node_ends(g, dur[:, 0]), walked[:, 0])  # one split as a 1-D array
 
 
 def test_graph_depth_level_by_level_equals_node_by_node(monkeypatch):
