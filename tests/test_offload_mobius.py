@@ -9,6 +9,7 @@ same compute order, no copies), and every split of a small model replayed.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -187,3 +188,36 @@ def test_cli_plan_file_of_a_mobius_plan_replays(tmp_path):
     assert simulate_plan(plan)[0] == pytest.approx(plan.predicted.iteration_time_s, rel=1e-9)
     r = CliRunner().invoke(main, ["export", str(out), "--format", "torch"])
     assert r.exit_code == 2 and "stage 0 has option swap" in r.output
+
+
+def test_cli_mobius_plan_of_an_fp32_profile_validates(tmp_path):
+    """A Mobius plan of a profile of 4 B per parameter: each stage's host
+    bytes are its parameters (its parameter bytes over 4) times Mobius' 2 +
+    16 B per parameter (16-bit copy; mixed-precision Adam's fp32 master
+    weights, moments and gradient copy), by hand 40 MB / 4 x 18 = 180 MB a
+    stage here, and `pipesearch validate` accepts the file it was written
+    to (it once recomputed them over 2 B per parameter: 360 MB)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    profile = tmp_path / "fp32.csv"
+    profile.write_text("# batch_size: 32\n# device: v100-pcie-16gb\n# bytes_per_param: 4\n"
+                       "name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes\n"
+                       + "".join(f"l{k},5.0,10.0,40000000,8000000,16000000\n" for k in range(4)))
+    cluster = tmp_path / "host2.toml"
+    cluster.write_text('name = "host2"\nnodes = 1\ndevices_per_node = 2\ndevice = "rtx4090-24gb"\n'
+                       "[intra_node]\nbandwidth_GBps = 12.5\nlatency_us = 20\n"
+                       "[inter_node]\nbandwidth_GBps = 12.5\nlatency_us = 20\n"
+                       "[host]\nmemory_GB = 256\npcie_generation = 4\npcie_lanes_per_gpu = 16\n"
+                       "host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = [[0], [1]]\n"
+                       "cpu_adam_params_per_s = 1e9\n")
+    out = tmp_path / "m.json"
+    r = CliRunner().invoke(main, ["plan", "--model", str(profile), "--cluster", str(cluster), "-b", "8",
+                                  "--schedule", "mobius", "--pp", "2", "--vp", "2", "--top", "1", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["inputs"]["model"]["bytes_per_param"] == 4.0
+    assert doc["plans"][0]["options"]["host"]["host_memory_bytes"] == [180e6] * 4
+    r = CliRunner().invoke(main, ["validate", str(out)])
+    assert r.exit_code == 0, r.output

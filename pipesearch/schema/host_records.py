@@ -25,6 +25,9 @@ with the same formulas the search used:
   :func:`pipesearch.host.offload_step_s_per_param`; Mobius, ``p / b x share x
   n_node / cpu_adam_params_per_s`` (``b`` the bytes of a 16-bit weight,
   ``n_node`` the plan's GPUs on the stage's node);
+* a Mobius stage's parameters are ``p`` over the profile's bytes per
+  parameter (``inputs.model.bytes_per_param``, as the search's
+  :func:`pipesearch.stage_options.swap_options`);
 * Mobius ``options.mobius.swap_in_s[s] = p x c_r / min(host_to_device,
   switch_uplink)``, ``c_r`` the most of rank ``r``'s GPUs under one switch
   (:func:`pipesearch.host.swap_queues`);
@@ -170,11 +173,20 @@ def check_record(where: str, found, expected: float, why: str) -> Iterator[Probl
         yield Problem(where, f"{found!r} found, {expected!r} expected ({why}); re-plan, or restore the field")
 
 
-def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, cluster: dict) -> dict | None:
+def _profile_bytes_per_param(inputs: dict, state: ParamState) -> float:
+    """The model profile's bytes per parameter (``inputs.model.bytes_per_param``;
+    the 16-bit weight's bytes in files written before it was recorded)."""
+    b = (inputs.get("model") or {}).get("bytes_per_param")
+    return float(b) if isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 else state.weight_bytes
+
+
+def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, cluster: dict,
+                 bpp: float) -> dict | None:
     """The recomputed host figures of stage ``k`` (module docstring): ``host``
     bytes, ``pcie`` bytes, ``step`` s, ``copy`` s (offload) or ``swap_in`` s
     (Mobius), and ``option`` in words; None for a stage checked only in the
-    totals (streamed weights, activations on the host, RoundPipe)."""
+    totals (streamed weights, activations on the host, RoundPipe). A Mobius
+    stage's parameters are its parameter bytes over the profile's ``bpp``."""
     st, par = plan["stages"][k], plan["parallelism"]
     parts, bd = _parts(plan)[k], st.get("memory_breakdown_bytes") or {}
     n = par["dp"] * par["tp"] if "replicas" not in st else st["replicas"] * par["tp"]
@@ -195,9 +207,9 @@ def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, 
         places = [device_place(d, cluster, host) for d in rank_gpus]
         copies = max(places.count(x) for x in places)
         link = min(host.host_to_device_bytes_per_s, host.switch_uplink_bytes_per_s)
-        return {"option": "swap", "p": p, "host": p * (2.0 + offload_bytes_per_param(state, dp)[1]) / b * n,
+        return {"option": "swap", "p": p, "host": p * (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp * n,
                 "pcie": (2.0 if k >= S - pp else 3.0) * p * n, "swap_in": p * copies / link,
-                "step": p / b * share * node_share / host.cpu_adam_params_per_s,
+                "step": p / bpp * share * node_share / host.cpu_adam_params_per_s,
                 "why": f"{copies} of rank {r}'s GPUs under one switch at {link:.6g} B/s"}
     if "offload" in parts:
         p = bd.get("weights")
@@ -258,7 +270,7 @@ def _stage_problems(plan, where, info, state, host, sharing, inputs) -> Iterator
     h, mb = f"{where}.options.host", f"{where}.options.mobius"
     copies = info.get("optimizer_copy_s")
     for k, st in enumerate(plan["stages"]):
-        t = _stage_terms(plan, k, state, host, sharing[k], inputs["cluster"])
+        t = _stage_terms(plan, k, state, host, sharing[k], inputs["cluster"], _profile_bytes_per_param(inputs, state))
         if t is None:
             continue
         w = f"{where}.stages[{k}]"
