@@ -155,3 +155,23 @@ def test_simulated_plans_are_reranked_by_the_simulation(tmp_path):
     sim = [p["simulated"]["output_tokens_per_s"] * p["parallelism"]["replicas"] for p in plans[:3]]
     assert sim == sorted(sim, reverse=True)
     assert all(p["simulated"] is None for p in plans[3:])
+
+
+def test_concurrency_spread_over_replicas_serves_only_the_clients_given():
+    """A closed loop of C clients over R replicas (tp 2 on 8 L4s: R = 4)
+    keeps C mod R replicas one client busier than the rest, never more
+    sequences in flight than C: with 3 clients one replica idles, so the
+    total is 3 of a 4-client run's (each replica at batch 1); with 6, two
+    replicas run 2 and two run 1, the mean of the 4- and 8-client totals
+    (every replica at 1, at 2). The same holds for the simulated totals."""
+    def run(c):
+        r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "2",
+                                      "--pp", "1", "--concurrency", str(c), "--num-requests", "80", "--json"])
+        assert r.exit_code == 0, r.output
+        p = json.loads(r.output)["plans"][0]
+        return p["predicted"]["output_tokens_per_s"], p["simulated"]["total_output_tokens_per_s"], p["batch"]
+
+    (t3, s3, b3), (t4, s4, b4), (t6, s6, b6), (t8, s8, b8) = run(3), run(4), run(6), run(8)
+    assert (b3, b4, b6, b8) == (1, 1, 2, 2)
+    assert t3 == pytest.approx(0.75 * t4, rel=1e-12) and s3 == pytest.approx(0.75 * s4, rel=1e-12)
+    assert t6 == pytest.approx((t4 + t8) / 2, rel=1e-12) and s6 == pytest.approx((s4 + s8) / 2, rel=1e-12)

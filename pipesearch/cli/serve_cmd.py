@@ -20,7 +20,7 @@ from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_for
 from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
 from ..serve.pipeline import Workload
-from ..serve.search import ServeJob, pipeline_for, rerank_by_simulation, search_serving
+from ..serve.search import ServeJob, pipeline_for, replica_shares, rerank_by_simulation, search_serving
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_bytes
 from .params import FiniteFloatRange
@@ -59,7 +59,7 @@ def serve_table(plans) -> str:
             "tok/s": f"{p.total_output_tokens_per_s:,.0f}" + ("*" if p.saturated else ""),
             "TPOT": _ms(p.steady.tpot_s),
             "TTFT": _ms(p.steady.ttft_s),
-            "sim tok/s": f"{sim['output_tokens_per_s'] * p.replicas:,.0f}" if sim else "-",
+            "sim tok/s": f"{sim['total_output_tokens_per_s']:,.0f}" if sim else "-",
             "sim TPOT p90": _ms(sim["tpot_p90_s"]) if sim else "-",
             "sim TTFT p90": _ms(sim["ttft_p90_s"]) if sim else "-",
             "vs default": f"{gain:.2f}x" if math.isfinite(gain) else "default OOM",
@@ -207,16 +207,20 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     events = {}
     for i, p in enumerate(plans[:simulate_top]):
         pipe, replicas = pipeline_for(cfg, cluster, p.tp, p.pp, weights, kv_bytes, eng, reserve)
-        per_replica_k = None if concurrency is None else -(-concurrency // replicas)
         rate = None if request_rate is None else request_rate / replicas
-        if rate is None and per_replica_k is None:
-            per_replica_k = p.batch
-        n_req = num_requests or max(400, 16 * (per_replica_k or p.batch))
-        sim = simulate_serving(pipe, p.split, workload, num_requests=n_req, pool_tokens=p.pool_tokens,
-                               concurrency=per_replica_k, request_rate=rate, seed=seed,
-                               record_events=500_000 if timeline else 0)
+        shares = replica_shares(concurrency, replicas) if rate is None else ((0, replicas),)
+        runs = []  # per share of clients (the larger first): its replicas' count and one replica's run
+        for clients, count in shares:
+            k = None if rate is not None else (clients or p.batch)
+            n_req = num_requests or max(400, 16 * (k or p.batch))
+            runs.append((count, simulate_serving(pipe, p.split, workload, num_requests=n_req,
+                                                 pool_tokens=p.pool_tokens, concurrency=k, request_rate=rate,
+                                                 seed=seed, record_events=500_000 if timeline and not runs else 0)))
+        sim = runs[0][1]
         events[(p.tp, p.pp, p.split)] = sim.events
-        plans[i] = replace(p, simulated=sim.as_dict())
+        total = sum(count * run.as_dict()["output_tokens_per_s"] for count, run in runs)
+        plans[i] = replace(p, simulated=sim.as_dict() | {"total_output_tokens_per_s": total} | (
+            {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {}))
     plans = rerank_by_simulation(plans, rate_given=request_rate is not None)
     exports = []
     devices_per_node = cluster.groups[0].devices_per_node

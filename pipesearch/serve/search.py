@@ -15,8 +15,11 @@ degree ``pp`` with ``tp * pp`` dividing the cluster, :func:`search` finds
    throughput carries the rate (Little's law), or the saturated maximum;
 3. the engine's default split scored the same way, for comparison.
 
-Plans are ranked by total output tokens/s (replicas x per replica); with a
-request rate, plans that carry it come first, by time per output token.
+Plans are ranked by total output tokens/s (the replicas' sum: with
+``concurrency`` clients, ``concurrency mod replicas`` replicas serve one
+client more than the others, and a replica runs at most its share,
+:func:`replica_shares`); with a request rate, plans that carry it come
+first, by time per output token.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from .pipeline import ServePipeline, SteadyState, Workload
 from .split import max_pool_split, optimal_splits, split_metrics, stage_capacities
 
 __all__ = ["ServeJob", "StageReport", "ServePlan", "ServeSearchResult", "search_serving", "evaluate_split",
-           "pipeline_for", "rerank_by_simulation"]
+           "pipeline_for", "rerank_by_simulation", "replica_shares"]
 
 _CHUNK = 8
 
@@ -128,6 +131,28 @@ def pipeline_for(cfg: TransformerConfig, cluster: Cluster, tp: int, pp: int, wei
     replicas = cluster.num_devices // (tp * pp)
     costs = ServeCosts(cfg, cluster.device_spec(0), tp, weights, kv_bytes, engine, cluster.intra_node, reserve)
     return ServePipeline(costs, pp, _boundary_links(cluster, tp, pp, replicas)), replicas
+
+
+def replica_shares(concurrency: int | None, replicas: int) -> tuple[tuple[int, int], ...]:
+    """How a closed loop of ``concurrency`` clients spreads over the
+    replicas: ``((clients, replicas with that many), ...)``, the larger
+    share first, shares of no client left out (those replicas idle); one
+    share of every replica when no concurrency is given (``clients`` 0:
+    unbounded)."""
+    if concurrency is None:
+        return ((0, replicas),)
+    q, r = divmod(concurrency, replicas)
+    return tuple((c, n) for c, n in ((q + 1, r), (q, replicas - r)) if c > 0 and n > 0)
+
+
+def _total(pipe: ServePipeline, split, st: SteadyState, job: ServeJob, replicas: int) -> float:
+    """Output tokens/s of all replicas: each runs the chosen batch, or its
+    share of the clients when that is fewer (:func:`replica_shares`)."""
+    total = 0.0
+    for clients, n in replica_shares(job.concurrency, replicas):
+        b = st.batch if not clients else min(st.batch, clients)
+        total += n * (st if b == st.batch else pipe.steady_state(split, b, job.workload)).output_tokens_per_s
+    return total
 
 
 def _batch_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int) -> int:
@@ -335,9 +360,9 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
             dchosen, dpool, _, _ = evaluate_split(pipe, dsplit, job, replicas)
             results.append(dict(
                 tp=t, pp=p, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, t), pool=pool,
-                b_max=b_max, steady=st, total=replicas * st.output_tokens_per_s, saturated=saturated,
+                b_max=b_max, steady=st, total=_total(pipe, sp, st, job, replicas), saturated=saturated,
                 dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
-                dtotal=replicas * dchosen[1].output_tokens_per_s if dchosen else 0.0))
+                dtotal=_total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0))
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
         pins = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v)
         raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
@@ -379,5 +404,5 @@ def rerank_by_simulation(plans, *, rate_given: bool) -> list[ServePlan]:
     if rate_given:
         sim.sort(key=lambda p: (p.saturated, p.simulated["tpot_mean_s"]))
     else:
-        sim.sort(key=lambda p: -p.simulated["output_tokens_per_s"] * p.replicas)
+        sim.sort(key=lambda p: -p.simulated["total_output_tokens_per_s"])
     return [replace(p, rank=i + 1) for i, p in enumerate(sim + rest)]
