@@ -195,3 +195,26 @@ def test_huggingface_config_commands_name_a_loadable_model(tmp_path, monkeypatch
     want = name_or_path or str(folder.resolve())
     assert command.startswith(f"vllm serve {want} "), command
     assert doc["inputs"]["model"]["name"] == (name_or_path.rsplit("/", 1)[-1] if name_or_path else "Llama-3-8B")
+
+
+def test_serve_refuses_a_context_beyond_a_huggingface_config(tmp_path):
+    """A LLaMA config.json (rotary positions) carries its context in
+    ``max_position_embeddings`` (2048 here): 1792 + 256 tokens fit and the
+    engine gets ``--max-model-len 2048``; 4096 + 256 are refused with exit
+    2 naming the context, as for a catalog model (the limit was dropped for
+    rotary configs, and an engine would refuse the command)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 6, "hidden_size": 2048, "num_attention_heads": 32,
+           "num_key_value_heads": 4, "intermediate_size": 5632, "vocab_size": 32000,
+           "max_position_embeddings": 2048, "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    base = ["serve", "--model", str(path), "--cluster", "1x8-l4", "--output-len", "256", "--json", "--input-len"]
+    res = CliRunner().invoke(main, base + ["1792"])
+    assert res.exit_code == 0, res.output
+    assert "--max-model-len 2048" in json.loads(res.stdout)["plans"][0]["exports"]["vllm"]["command"]
+    res = CliRunner().invoke(main, base + ["4096"])
+    assert res.exit_code == 2 and "context of 2048 (max_position_embeddings)" in res.output, res.output

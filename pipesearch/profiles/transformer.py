@@ -483,7 +483,8 @@ def load_hf_config(
         take("ffn_hidden_size", "intermediate_size")
         take("vocab_size", "vocab_size")
         take("tied_embeddings", "tie_word_embeddings", False)
-        default_seq, pos_key = get("max_position_embeddings", None), "max_position_embeddings"
+        take("max_position_embeddings", "max_position_embeddings", None)  # the context (rotary: no table)
+        default_seq, pos_key = values["max_position_embeddings"], "max_position_embeddings"
         values.update(kind="decoder", position_embedding="rotary")
         if family == "neox":
             drops = [get(k, 0.0) for k in ("attention_dropout", "hidden_dropout")]
