@@ -4,6 +4,7 @@ run are refused with the rule and the nearest valid values."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -80,6 +81,32 @@ def test_gpipe_runtime_plans_without_tensor_parallelism(tmp_path):
     plans = json.loads(out.read_text())["plans"]
     assert plans and all(p["parallelism"]["tp"] == 1 and p["schedule"]["name"] == "gpipe" for p in plans)
     assert all("refused" not in p["exports"]["gpipe"] for p in plans)
+
+
+def test_gpipe_runtime_keeps_each_pipeline_on_one_node(tmp_path):
+    """torchgpipe drives a replica's partitions from one process: on 4
+    nodes of 4 V100s every kept plan's replicas each sit on one node (node
+    = device // 4), and the export of a plan that spreads a replica over
+    nodes (its 4 x 4 plan laid out stage-major: replica 0 on devices 0, 4,
+    8, 12, nodes 0 to 3) is refused naming them."""
+    from pipesearch.export import Inputs
+    from pipesearch.export.gpipe import export_gpipe
+    from pipesearch.plan import load_plan_file
+
+    out = tmp_path / "g.json"
+    res = run(["plan", "--model", "vgg16", "--cluster", "4x4-v100-10gbe", "-b", "1024", "--runtime", "gpipe",
+               "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    loaded = load_plan_file(out)
+    for plan in loaded.plans:
+        for r in range(plan.dp):
+            assert len({st.devices[r] // 4 for st in plan.stages}) == 1, (plan.rank, r)
+    plan = next(p for p in loaded.plans if p.pp == 4 and p.dp == 4)
+    # the same plan laid out stage-major: stage k on devices 4k .. 4k + 3 (its own node), replica r on r, 4 + r, ...
+    plan = replace(plan, stages=tuple(replace(st, devices=tuple(range(4 * k, 4 * k + 4)))
+                                      for k, st in enumerate(plan.stages)))
+    with pytest.raises(InputError, match=r"replica 0's partitions are on devices \[0, 4, 8, 12\], nodes \[0, 1, 2, 3\]"):
+        export_gpipe(plan, inputs=Inputs.of(loaded.inputs))
 
 
 def test_exports_refuse_overlap_their_runtime_does_not_run():

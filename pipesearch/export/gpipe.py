@@ -19,7 +19,9 @@ Rules (torchgpipe/gpipe.py ``split_module`` and fairscale/nn/pipe
   yields fewer pieces when the batch is not divisible; the export sets the
   mini-batch to ``micro_batch_size * chunks`` so there are exactly ``chunks``.
 * No tensor parallelism: ``tp > 1`` is refused. Data parallelism is outside
-  GPipe (one GPipe per replica); ``devices`` lists each replica's devices.
+  GPipe (one GPipe per replica); ``devices`` lists each replica's devices,
+  which one process drives: a replica spread over nodes is refused (when
+  the plan file's cluster says where each device is).
 * ``checkpoint``: recompute ``full`` -> ``'always'`` (every micro-batch
   recomputed, pipesearch's model of full recomputation); ``none`` ->
   ``'never'``; ``selective`` -> ``'never'`` with a note (torchgpipe
@@ -55,7 +57,8 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
 
     Raises:
         InputError: a malformed plan, a schedule other than ``gpipe``,
-            ``vp > 1``, ``tp > 1`` or an empty stage.
+            ``vp > 1``, ``tp > 1``, an empty stage or a replica on several
+            nodes.
     """
     layers = plan_layers(plan, "gpipe")
     if plan.schedule != "gpipe" and plan.pp > 1:  # one stage: any schedule is plain accumulation
@@ -81,6 +84,12 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         for st in plan.stages:
             row.append(int(st.devices[r]) if r < len(st.devices) else None)
         devices.append(row)
+    for r, row in enumerate(devices):  # one process drives a replica's partitions: its GPUs on one node
+        nodes = sorted({inputs.node_of(d) for d in row if d is not None} - {None}) if inputs is not None else []
+        if len(nodes) > 1:
+            raise InputError(f"gpipe: torchgpipe / fairscale Pipe run one pipeline in one process, on one node; "
+                             f"replica {r}'s partitions are on devices {row}, nodes {nodes}; re-plan with "
+                             f"--runtime gpipe (its pipelines stay in a node) or another runtime")
     notes = [f"pass a mini-batch of micro_batch_size * chunks = {plan.micro_batch_size * m} samples per replica."]
     if rc == "selective":
         notes.append("recompute='selective' (attention core) is not a GPipe option; checkpoint='never' and the "
