@@ -423,6 +423,16 @@ def test_serving_requests_longer_than_the_context_are_refused(tmp_path):
                               "-o", "s.json"], "100256 tokens", "context of 8192")
 
 
+def test_serving_an_encoder_decoder_model_is_refused_up_front(tmp_path):
+    """T5 is an encoder-decoder model; serving plans model decoder-only
+    transformers: one line naming the model and the command that does plan
+    it, unpinned or pinned (a pinned tp 1 x pp 1 was refused for "pipeline
+    parallelism" it does not have)."""
+    for pins in ([], ["--tp", "1", "--pp", "1"]):
+        assert_refused(tmp_path, ["serve", "--model", "t5-3b", "--cluster", "1x8-l4", "-o", "s.json", *pins],
+                       "t5-3b is an encoder-decoder model", "pipesearch plan --model t5-3b")
+
+
 def test_pinned_degrees_count_tensor_parallel_devices(tmp_path):
     """pp 2 x dp 8 x tp 2 = 32 devices, not the 16 of pp x dp."""
     assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "256", "--pp", "2",

@@ -183,6 +183,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
                          f"config (catalog TOML or HuggingFace config.json)")
     cfg = load_transformer(path)
+    if cfg.is_encoder_decoder:
+        raise InputError(f"--model {model}: {cfg.name} is an encoder-decoder model; serving plans cover "
+                         f"decoder-only transformers (a KV cache per decoder layer, prefill then decode); "
+                         f"plan its training with `pipesearch plan --model {model}`")
     if model_path is None and path.suffix == ".json":  # a HuggingFace config: what an engine can load
         model_path = hf_checkpoint(path)
     eng = engine_spec(engine, memory_fraction=memory_fraction, max_num_seqs=max_num_seqs,

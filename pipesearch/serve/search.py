@@ -375,7 +375,7 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         hint = {"out_of_memory": "the weights (or one sequence's KV cache) do not fit; use more devices, "
                                  "--weight-dtype fp8/int4, --kv-dtype fp8 or shorter sequences",
                 "latency_limits": "no batch meets --max-ttft-ms / --max-tpot-ms; relax them",
-                "engine_refused": "the engine rejects every tp x pp here"}.get(why, why)
+                "engine_refused": f"the engine rejects every tp x pp here ({first_refusal})"}.get(why, why)
         raise InfeasibleError(f"no serving plan for {cfg.name} on {cluster.name}: {hint} "
                               f"(skipped: {', '.join(f'{k} {v}' for k, v in skipped.items()) or 'none'})")
     if job.request_rate is not None:
