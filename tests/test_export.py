@@ -258,6 +258,18 @@ def test_torchtitan_roundtrip_and_names():
     assert any("MODULE and CONFIG" in n for n in exp["notes"])
 
 
+def test_torchtitan_without_pipeline_parallelism_accumulates_gradients():
+    """pp 1, micro-batch 2, m 4, dp 2: torchtitan's forward takes
+    local_batch_size = 2 samples and runs global // (local x dp) = 16 // 4
+    = 4 accumulation steps; the note says so (it claimed local // micro =
+    1 pipeline micro-batch from a formula for pp > 1)."""
+    plan = make_plan([12], transformer_names(10), pp=1, schedule="1f1b", m=4, dp=2)
+    exp = roundtrip(plan, "torchtitan")
+    assert exp["training"]["local_batch_size"] == 2 and exp["training"]["global_batch_size"] == 16
+    note = next(n for n in exp["notes"] if "micro-batches" in n)
+    assert "4 micro-batches are gradient accumulation steps" in note and "// pipeline_parallel" not in note
+
+
 @pytest.mark.parametrize("schedule,vp,name", [
     ("gpipe", 1, "GPipe"), ("1f1b", 1, "1F1B"), ("zb-h1", 1, "InterleavedZeroBubble"),
     ("interleaved-1f1b", 2, "Interleaved1F1B"), ("looped-bfs", 2, "LoopedBFS"),

@@ -295,7 +295,10 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     overrides.append(AC_SUBCOMMANDS[rc])  # a tyro subcommand: after every top-level option
     notes = [
         f"torchtitan {RUNTIME_VERSION}: {m} micro-batches = training.local_batch_size // "
-        f"pipeline_parallel_microbatch_size.",
+        f"pipeline_parallel_microbatch_size." if plan.pp > 1 else
+        f"torchtitan {RUNTIME_VERSION}: without pipeline parallelism the {m} micro-batches are gradient "
+        f"accumulation steps = training.global_batch_size // (training.local_batch_size x {plan.dp} data-parallel "
+        f"ranks).",
         dp_note,
     ]
     name = str(inputs.model.get("name", ""))
