@@ -206,6 +206,21 @@ def test_space_grid_statuses(vgg_exhaustive, vgg_pruned):
     assert best_cell(pruned)["samples_per_s"] == pytest.approx(best_cell(grid)["samples_per_s"])
 
 
+def test_best_cell_breaks_a_tie_as_the_ranking_does():
+    """Two cells of equal throughput: the box goes to the rank-1 plan's
+    cell (the ranking broke the tie by memory and links), also when it is
+    within the ranking's 0.1% tie window below; 1% below, to the faster one."""
+    def grid(second):
+        return pd.DataFrame([(1, "1f1b", 1, 4, "ok", 56.8), (1, "1f1b", 1, 8, "ok", second)],
+                            columns=["tp", "schedule", "pp", "num_micro_batches", "status", "samples_per_s"])
+
+    rank1 = (1, "1f1b", 1, 8)
+    assert best_cell(grid(56.8))["num_micro_batches"] == 4  # no plan to follow: the first
+    assert best_cell(grid(56.8), rank1)["num_micro_batches"] == 8
+    assert best_cell(grid(56.8 / 1.0009), rank1)["num_micro_batches"] == 8
+    assert best_cell(grid(56.8 * 0.99), rank1)["num_micro_batches"] == 4
+
+
 def test_space_grid_missing_cells_of_a_pruned_search():
     pts = pd.DataFrame([(1, "gpipe", 1, 1, "ok", 5.0), (1, "gpipe", 2, 2, "ok", 6.0)],
                        columns=["tp", "schedule", "pp", "num_micro_batches", "status", "samples_per_s"])

@@ -101,12 +101,23 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
     return grid[_KEY + ["status"] + cols + ["points"]].reset_index(drop=True)
 
 
-def best_cell(grid: pd.DataFrame) -> pd.Series | None:
-    """The ok cell of highest throughput (the first one on ties), or None."""
+def best_cell(grid: pd.DataFrame, prefer: tuple | None = None) -> pd.Series | None:
+    """The ok cell of highest throughput, or None: the ``prefer`` cell (``(tp,
+    schedule, pp, num_micro_batches)``, the rank-1 plan's) when it is within
+    the ranking's tie window of the highest (:data:`pipesearch.search.TIE_REL`:
+    the ranking broke that tie, by memory and links), else the first one."""
+    from ..search import TIE_REL
+
     ok = grid[grid["status"] == "ok"]
     if ok.empty:
         return None
-    return ok.loc[ok["samples_per_s"].idxmax()]
+    top = ok.loc[ok["samples_per_s"].idxmax()]
+    if prefer is not None:
+        tp, schedule, pp, m = prefer
+        cell = ok[(ok["tp"] == tp) & (ok["schedule"] == schedule) & (ok["pp"] == pp) & (ok["num_micro_batches"] == m)]
+        if len(cell) and cell["samples_per_s"].iloc[0] * (1 + TIE_REL) >= top["samples_per_s"]:
+            return cell.iloc[0]
+    return top
 
 
 def _fmt_value(v: float, vmax: float) -> str:
@@ -137,8 +148,9 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
     micro-batch size, placement, virtual stages and recompute; infeasible
     cells are hatched and labelled OOM / refused, or n/a where no point
     exists; cells skipped by the search's lower bound are labelled "bound";
-    the best cell has a red box and the rank-1 plan's cell (ranked after
-    simulation) a star. One colour scale for all panels.
+    the best cell has a red box (the rank-1 plan's on a tie within the
+    ranking's window, :func:`best_cell`) and the rank-1 plan's cell (ranked
+    after simulation) a star. One colour scale for all panels.
 
     Raises:
         PlanFormatError: the plan file has no points table.
@@ -165,8 +177,8 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
     vmax = float(ok["samples_per_s"].max()) if not ok.empty else 1.0
     if vmax <= vmin:
         vmin, vmax = vmin * 0.9, vmax * 1.1 + 1e-9
-    best = best_cell(grid)
     top = plan_file.plans[0] if plan_file.plans else None
+    best = best_cell(grid, None if top is None else (top.tp, top.schedule, top.pp, top.num_micro_batches))
     vps: dict[str, list[int]] = {}
     if "vp" in points.columns:
         for sched, v in points.groupby("schedule")["vp"]:
