@@ -56,10 +56,27 @@ def plan_file_problems(doc: dict) -> list[str]:
     copies and host terms against their formulas
     (:func:`pipesearch.schema.records.record_problems`), then the replay
     (:func:`replay_problems`). ``pipesearch export`` runs the same checks."""
+    return staged_problems(doc)[1]
+
+
+#: what each stage of :func:`staged_problems` leaves for later, said after its problems
+LATER_CHECKS = {"document": "the recorded copies and host terms and the replay of each plan's time are checked "
+                            "once these are fixed",
+                "records": "the replay of each plan's time is checked once these are fixed", "replay": ""}
+
+
+def staged_problems(doc: dict) -> tuple[str, list[str]]:
+    """:func:`plan_file_problems` with the stage that found them:
+    ``"document"`` (schema and semantic rules), ``"records"`` (recorded
+    copies and host terms) or ``"replay"``; each runs only on a document the
+    earlier ones accept (a replay of inconsistent records would be noise)."""
     problems = document_problems(doc)
-    if not problems:  # the recorded copies against their formulas, then the replay of what is recorded
-        problems = record_problems(doc) or replay_problems(doc)
-    return [str(p) for p in problems]
+    if problems:
+        return "document", [str(p) for p in problems]
+    problems = record_problems(doc)
+    if problems:
+        return "records", [str(p) for p in problems]
+    return "replay", replay_problems(doc)
 
 
 @main.command("validate")
@@ -75,8 +92,9 @@ def validate_command(plans):
     its stage bytes and the cluster's [host] table, and each plan's predicted
     iteration time is the simulated time of its own stage terms (a replay).
 
-    Prints one line per problem on stdout and exits with status 2 when there
-    is any; prints a summary and exits 0 when the file is valid.
+    Prints one line per problem on stdout (and, when the schema or the
+    recorded terms fail, a line saying the later checks wait for them) and
+    exits with status 2 when there is any; prints a summary and exits 0 when the file is valid.
 
     \b
     Examples:
@@ -84,10 +102,12 @@ def validate_command(plans):
       pipesearch validate plans.json
     """
     doc = parse_document(read_plan_text(plans), plans)
-    problems = plan_file_problems(doc)
+    stage, problems = staged_problems(doc)
     if problems:
         for problem in problems:
             click.echo(f"{plans}: {problem}")
+        if LATER_CHECKS[stage]:
+            click.echo(f"{plans}: {LATER_CHECKS[stage]}")
         raise PlanFormatError(f"{plans}: {len(problems)} problem(s), the first: {problems[0]}")
     n = len(doc["plans"])
     click.echo(f"{plans}: valid {doc['schema']} file, {n} plan{'s' if n != 1 else ''} "
