@@ -206,6 +206,26 @@ def test_space_grid_statuses(vgg_exhaustive, vgg_pruned):
     assert best_cell(pruned)["samples_per_s"] == pytest.approx(best_cell(grid)["samples_per_s"])
 
 
+def test_pareto_space_counts_of_a_pruned_search_equal_the_exhaustive_one(vgg_exhaustive, vgg_pruned):
+    """The pareto plot's count of the space: a pruned search lists only the
+    points it expanded, so its size and pruned count come from the search's
+    counts, and equal the exhaustive search's listing of every point that
+    can run (not a refused schedule or an indivisible batch); the feasible
+    ones are those listed ok."""
+    from pipesearch.plots.pareto import NOT_IN_SPACE, space_counts
+
+    def size(counts):
+        return sum(v for k, v in counts.items() if k not in NOT_IN_SPACE)
+
+    full, pruned = load(vgg_exhaustive), load(vgg_pruned)
+    every = space_counts(points_frame(full), full.search)
+    some = space_counts(points_frame(pruned), pruned.search)
+    assert "pruned" not in every and some["pruned"] > (points_frame(pruned).status == "pruned").sum()
+    listed = points_frame(full)
+    assert size(some) == size(every) == len(listed[~listed.status.isin(NOT_IN_SPACE)])
+    assert some["ok"] == (points_frame(pruned).status == "ok").sum()
+
+
 def test_best_cell_breaks_a_tie_as_the_ranking_does():
     """Two cells of equal throughput: the box goes to the rank-1 plan's
     cell (the ranking broke the tie by memory and links), also when it is

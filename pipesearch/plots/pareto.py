@@ -57,6 +57,24 @@ def _group_labels(plans, x_of, y_of, xspan, yspan):
     return out
 
 
+#: statuses of points that cannot run at all (a batch their dp does not
+#: divide, a schedule that refuses their micro-batch count), not counted in
+#: the space (the search does not count those of the groups it prunes whole)
+NOT_IN_SPACE = ("batch_not_divisible", "schedule_refused")
+
+
+def space_counts(points, search) -> dict[str, int]:
+    """Points of the searched space by status: the points table's, with the
+    search's own counts of the others where the plan file has them
+    (``search.infeasible``: the points of groups its bound pruned whole are
+    counted there, not listed)."""
+    counts = {str(k): int(v) for k, v in points["status"].value_counts().items()}
+    found = search.get("infeasible") if isinstance(search, dict) else None
+    if isinstance(found, dict):
+        counts.update({k: v for k, v in found.items() if isinstance(v, int) and not isinstance(v, bool)})
+    return counts
+
+
 def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "plan file") -> Path:
     """Scatter of every evaluated ok point: predicted (simulated) samples/s
     against peak memory per device (GiB), coloured by schedule; the Pareto
@@ -169,10 +187,10 @@ def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "p
         if lines:
             fig.text(0.8 / W, (line_h * n_lines + 0.12) / H, "\n".join(lines), ha="left", va="top",
                      fontsize=7.5, family="DejaVu Sans Mono", linespacing=1.45)
-        n_all = int((points["status"] != "batch_not_divisible").sum())
+        counts = space_counts(points, plan_file.search)
+        n_all = sum(v for k, v in counts.items() if k not in NOT_IN_SPACE)
         fig.suptitle(f"{title_of(plan_file)}: throughput vs memory", y=1 - 0.12 / H, va="top")
-        fig.text(0.5, 1 - 0.45 / H, f"{len(ok)} feasible points of {n_all} in the space "
-                 f"({int((points['status'] == 'out_of_memory').sum())} out of memory, "
-                 f"{int((points['status'] == 'pruned').sum())} pruned by bound)",
+        fig.text(0.5, 1 - 0.45 / H, f"{counts.get('ok', 0)} feasible points of {n_all} in the space "
+                 f"({counts.get('out_of_memory', 0)} out of memory, {counts.get('pruned', 0)} pruned by bound)",
                  ha="center", va="top", fontsize=8, color="#333333")
         return save(fig, path)
