@@ -686,3 +686,12 @@ def test_a_profile_without_any_time_names_its_file(tmp_path):
     tiny_csv(tmp_path / "zero.csv", rows=["l0,0,0,1000000,1000000", "l1,0,0,1000000,1000000"])
     assert_refused(tmp_path, ["plan", "--model", "zero.csv", "-b", "8", "-o", "p.json"],
                    "zero.csv: every layer has zero forward and backward time")
+
+
+def test_export_to_a_file_kind_the_runtime_lacks_offers_only_what_exists(tmp_path, plan_doc):
+    """A gpipe export is one JSON object with no files of its own: -o x.sh
+    is refused pointing at .json, not at --files (which gpipe refuses)."""
+    path = edited(tmp_path, plan_doc, lambda p: None, "plan.json")
+    line = assert_refused(tmp_path, ["export", path, "--format", "gpipe", "-o", "gp.sh"],
+                          "a gpipe export has no .sh file", "use one of .json (the export itself)")
+    assert "--files" not in line

@@ -43,8 +43,9 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
     why = (" (torchtitan 0.3.0 reads no TOML: its jobs are --module/--config plus --section.key overrides; "
            "--torchtitan-version 0.2 writes the job TOML of the releases that read one)") \
         if suffix == ".toml" and fmt == "torchtitan" else ""
+    more = ", or --files DIR for all of them" if export.get("files") else " (the export itself)"
     raise InputError(f"export -o {output}: a {fmt} export has no {suffix or 'suffix-less'} file{why}; "
-                     f"use one of {', '.join(have)}, or --files DIR for all of them")
+                     f"use one of {', '.join(have)}{more}")
 
 
 @main.command("export")
