@@ -695,3 +695,14 @@ def test_export_to_a_file_kind_the_runtime_lacks_offers_only_what_exists(tmp_pat
     line = assert_refused(tmp_path, ["export", path, "--format", "gpipe", "-o", "gp.sh"],
                           "a gpipe export has no .sh file", "use one of .json (the export itself)")
     assert "--files" not in line
+
+
+def test_serve_split_that_cannot_fill_the_devices_is_named_as_given(tmp_path):
+    """--split 10,10,12 pins 3 stages; 3 (or tp 2 x 3 = 6) does not divide
+    8 L4s. The refusal names the --split the user typed, never a --pp they
+    did not."""
+    base = ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--split", "10,10,12", "-o", "s.json"]
+    line = assert_refused(tmp_path, base, "--split 10,10,12 (3 stages)", "8 devices of 1x8-l4")
+    assert "--pp" not in line
+    line = assert_refused(tmp_path, base + ["--tp", "2"], "--tp 2 x --split 10,10,12 (3 stages) = 6 devices")
+    assert "--pp" not in line

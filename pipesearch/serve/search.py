@@ -312,6 +312,7 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         raise InputError(f"--cluster {cluster.name}: serving plans need one device type "
                          f"(mixed clusters are planned for training only)")
     L = cfg.num_layers
+    pp_named = pp is not None
     if split is not None:
         if pp is not None and pp != len(split):
             raise InputError(f"--split {','.join(map(str, split))} has {len(split)} stages but --pp is {pp}")
@@ -321,6 +322,9 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                              f"summing to {L} (embedding and head are not counted)")
     N = cluster.num_devices
     per_node = cluster.groups[0].devices_per_node
+    # the pins as the user gave them: a --split without --pp pins pp to its stages
+    pp_pin = (f"--split {','.join(map(str, split))} ({pp} stages)" if split is not None and not pp_named
+              else f"--pp {pp}" if pp else None)
     if tp and (tp > per_node or per_node % tp):
         raise InputError(f"--tp {tp}: a tensor-parallel group must divide the {per_node} devices of a node "
                          f"of {cluster.name}")
@@ -334,7 +338,7 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         for p in pps:
             if N % (t * p):
                 if tp and pp:
-                    raise InputError(f"--tp {t} x --pp {p} = {t * p} devices does not divide the "
+                    raise InputError(f"--tp {t} x {pp_pin} = {t * p} devices does not divide the "
                                      f"{N} devices of {cluster.name}")
                 continue
             reason = engine_refusal(cfg, t, p, engine.name)
@@ -363,11 +367,10 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                 b_max=b_max, steady=st, total=_total(pipe, sp, st, job, replicas), saturated=saturated,
                 dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
                 dtotal=_total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0))
+    pins = " ".join(x for x in (f"--tp {tp}" if tp else None, pp_pin) if x)
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
-        pins = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v)
         raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
     if not results and (tp or pp) and not skipped:
-        pins = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v)
         raise InputError(f"{pins}: tp x pp must divide the {N} devices of {cluster.name} "
                          f"(tp at most the {per_node} devices of a node)")
     if not results:
