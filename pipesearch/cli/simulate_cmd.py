@@ -150,6 +150,9 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
         total_s, tl = simulate_plan(plan)
     except InputError as exc:  # a valid file whose plan the simulator still refuses: name the file and plan
         raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
+    if window_s is not None and window_s[0] * 1e3 >= round(total_s * 1e3, 3):
+        raise InputError(f"--window {window!r}: starts at {window_s[0] * 1e3:g} ms, after the iteration ends at "
+                         f"{total_s * 1e3:.3f} ms; give a FROM below that")
     disagreement = time_disagreement(plans, rank, total_s, plan.predicted.iteration_time_s)
     if disagreement:
         click.echo(f"warning: {disagreement}", err=True)
