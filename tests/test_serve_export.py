@@ -175,3 +175,16 @@ def test_concurrency_spread_over_replicas_serves_only_the_clients_given():
     assert (b3, b4, b6, b8) == (1, 1, 2, 2)
     assert t3 == pytest.approx(0.75 * t4, rel=1e-12) and s3 == pytest.approx(0.75 * s4, rel=1e-12)
     assert t6 == pytest.approx((t4 + t8) / 2, rel=1e-12) and s6 == pytest.approx((s4 + s8) / 2, rel=1e-12)
+
+
+def test_a_request_rate_no_plan_carries_is_said_in_words():
+    """100 requests/s x 256 output tokens = 25,600 tok/s, beyond what 8 L4s
+    serve Llama 3 8B at: every row is starred and one line says why (the
+    stars alone went unexplained); a rate of 0.5 is carried, no such line."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--request-rate", "100",
+                                  "--simulate-top", "0", "--top", "2"])
+    assert r.exit_code == 0, r.output
+    assert "*: plans 1, 2 cannot carry --request-rate 100 (25,600 output tok/s wanted)" in r.output
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--request-rate", "0.5",
+                                  "--simulate-top", "0", "--top", "2"])
+    assert r.exit_code == 0 and "cannot carry" not in r.output, r.output

@@ -278,6 +278,13 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         click.echo(f"{cfg.name} on {cluster.name} ({cluster.num_devices} x {cluster.device_spec(0).name}), "
                    f"{engine}, weights {weight_dtype}, KV {kv_dtype}, {input_len} in / {output_len} out")
     click.echo(serve_table(plans))
+    saturated = [str(p.rank) for p in plans if p.saturated]
+    if saturated:  # the rate is more than those plans carry: their figures are the most they serve
+        demand = request_rate * output_len
+        click.echo(f"*: plan{'s' if len(saturated) > 1 else ''} {', '.join(saturated)} cannot carry --request-rate "
+                   f"{request_rate:g} ({demand:,.0f} output tok/s wanted): tok/s is the most they serve, and "
+                   f"requests queue without bound (the simulated columns show the backlog); add devices or "
+                   f"lower the rate")
     if not quiet:
         best = plans[0]
         stage_line = ", ".join(f"{format_bytes(s.weight_bytes)} + {s.kv_tokens:,} tok" for s in best.stages[:8])
