@@ -107,6 +107,19 @@ def _multiples(k: int, near: int) -> list[int]:
     return [below, above] if below >= k else [above, above + k]
 
 
+#: device placements a runtime runs (None: any the search offers): one
+#: process drives a torchgpipe / fairscale Pipe replica, so its stages sit on
+#: consecutive devices (``pipeline``: one node when pp is at most a node's
+#: devices; :func:`pipesearch.placement.pipeline_placement`)
+PLACEMENTS = {"gpipe": ("pipeline",)}
+
+
+def placements_for(runtime: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The placements the search tries for ``runtime`` (``default`` when it
+    runs any, :data:`PLACEMENTS`)."""
+    return PLACEMENTS.get(runtime or "", default)
+
+
 def schedules_for(runtime: str, requested: Sequence[str], explicit: bool) -> tuple[str, ...]:
     """The schedules to search for ``runtime``.
 

@@ -86,7 +86,8 @@ def test_gpipe_runtime_plans_without_tensor_parallelism(tmp_path):
 def test_gpipe_runtime_keeps_each_pipeline_on_one_node(tmp_path):
     """torchgpipe drives a replica's partitions from one process: on 4
     nodes of 4 V100s every kept plan's replicas each sit on one node (node
-    = device // 4), and the export of a plan that spreads a replica over
+    = device // 4; the search tries the placement of consecutive stages
+    only), and the export of a plan that spreads a replica over
     nodes (its 4 x 4 plan laid out stage-major: replica 0 on devices 0, 4,
     8, 12, nodes 0 to 3) is refused naming them."""
     from pipesearch.export import Inputs
@@ -101,6 +102,8 @@ def test_gpipe_runtime_keeps_each_pipeline_on_one_node(tmp_path):
     for plan in loaded.plans:
         for r in range(plan.dp):
             assert len({st.devices[r] // 4 for st in plan.stages}) == 1, (plan.rank, r)
+    # pp 2 x dp 8 runs too, its replicas' stages on consecutive devices (not dropped with its other layout)
+    assert [p.pp for p in loaded.plans if p.dp == 8] == [2]
     plan = next(p for p in loaded.plans if p.pp == 4 and p.dp == 4)
     # the same plan laid out stage-major: stage k on devices 4k .. 4k + 3 (its own node), replica r on r, 4 + r, ...
     plan = replace(plan, stages=tuple(replace(st, devices=tuple(range(4 * k, 4 * k + 4)))

@@ -452,7 +452,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                             vp_pinned=bool(vps),
                             split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit,
-                            replicate_stages=replicate_stages, split_replicas=split_replicas)
+                            replicate_stages=replicate_stages, split_replicas=split_replicas,
+                            placements=runtimes.placements_for(runtime, SearchOptions.placements))
     progress = _Progress(quiet or as_json)
     try:
         result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,

@@ -89,7 +89,8 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         if len(nodes) > 1:
             raise InputError(f"gpipe: torchgpipe / fairscale Pipe run one pipeline in one process, on one node; "
                              f"replica {r}'s partitions are on devices {row}, nodes {nodes}; re-plan with "
-                             f"--runtime gpipe (its pipelines stay in a node) or another runtime")
+                             f"pp at most a node's devices under --runtime gpipe (it places each replica's stages "
+                             f"on consecutive devices), or for another runtime")
     notes = [f"pass a mini-batch of micro_batch_size * chunks = {plan.micro_batch_size * m} samples per replica."]
     if rc == "selective":
         notes.append("recompute='selective' (attention core) is not a GPipe option; checkpoint='never' and the "
