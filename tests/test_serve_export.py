@@ -188,3 +188,16 @@ def test_a_request_rate_no_plan_carries_is_said_in_words():
     r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--request-rate", "0.5",
                                   "--simulate-top", "0", "--top", "2"])
     assert r.exit_code == 0 and "cannot carry" not in r.output, r.output
+
+
+def test_simulation_runs_the_batch_the_plan_exports():
+    """64 clients, a 25 ms TPOT limit: the plan runs 12 sequences
+    (--max-num-seqs 12 in its command), so its simulation never runs more
+    (it ran all 64, at twice the allowed TPOT); the other clients queue."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "8", "--pp", "1",
+                                  "--concurrency", "64", "--max-tpot-ms", "25", "--num-requests", "200", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)["plans"][0]
+    assert f"--max-num-seqs {p['batch']}" in p["exports"]["vllm"]["command"] and p["batch"] < 64
+    assert p["simulated"]["max_running"] <= p["batch"]
+    assert p["simulated"]["tpot_p90_s"] <= 0.025 * 1.05

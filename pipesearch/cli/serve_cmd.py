@@ -210,13 +210,15 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     plans = list(result.plans)
     events = {}
     for i, p in enumerate(plans[:simulate_top]):
-        pipe, replicas = pipeline_for(cfg, cluster, p.tp, p.pp, weights, kv_bytes, eng, reserve)
+        # the engine as exported: at most the plan's batch running (--max-num-seqs), the other clients queue
+        ran = replace(eng, max_num_seqs=min(eng.max_num_seqs, p.batch))
+        pipe, replicas = pipeline_for(cfg, cluster, p.tp, p.pp, weights, kv_bytes, ran, reserve)
         rate = None if request_rate is None else request_rate / replicas
         shares = replica_shares(concurrency, replicas) if rate is None else ((0, replicas),)
         runs = []  # per share of clients (the larger first): its replicas' count and one replica's run
         for clients, count in shares:
             k = None if rate is not None else (clients or p.batch)
-            n_req = num_requests or max(400, 16 * (k or p.batch))
+            n_req = num_requests or max(400, 16 * min(k or p.batch, p.batch))
             runs.append((count, simulate_serving(pipe, p.split, workload, num_requests=n_req,
                                                  pool_tokens=p.pool_tokens, concurrency=k, request_rate=rate,
                                                  seed=seed, record_events=500_000 if timeline and not runs else 0)))
