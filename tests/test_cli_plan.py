@@ -300,7 +300,7 @@ def test_timeline_draws_the_all_reduce_and_zooms(tmp_path):
     assert bad.exit_code == 2 and "FROM_MS:TO_MS" in bad.stderr and not (tmp_path / "y.png").exists()
     late = f"{total * 1e3 + 1:.0f}:"  # a window from after the iteration's end: nothing to draw
     bad = run(["simulate", "v.json", "--timeline", "y.png", "--window", late], tmp_path)
-    assert bad.exit_code == 2 and "after the iteration ends at" in bad.stderr and not bad.stdout
+    assert bad.exit_code == 2 and "after the timeline ends at" in bad.stderr and not bad.stdout
     assert not (tmp_path / "y.png").exists()
 
 

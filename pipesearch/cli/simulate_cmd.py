@@ -150,9 +150,15 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
         total_s, tl = simulate_plan(plan)
     except InputError as exc:  # a valid file whose plan the simulator still refuses: name the file and plan
         raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
-    if window_s is not None and window_s[0] * 1e3 >= round(total_s * 1e3, 3):
-        raise InputError(f"--window {window!r}: starts at {window_s[0] * 1e3:g} ms, after the iteration ends at "
-                         f"{total_s * 1e3:.3f} ms; give a FROM below that")
+    if timeline is not None:
+        from ..plots.timeline import allreduce_spans, drawn_end_s, plan_pcie_rows
+
+        spans = allreduce_spans(plan, tl)
+        pcie = plan_pcie_rows(plan, tl)  # every copy to or from host memory, on its PCIe lane
+        end_s = drawn_end_s(tl, spans, pcie)
+        if window_s is not None and window_s[0] * 1e3 >= round(end_s * 1e3, 3):
+            raise InputError(f"--window {window!r}: starts at {window_s[0] * 1e3:g} ms, after the timeline ends at "
+                             f"{end_s * 1e3:.3f} ms; give a FROM below that")
     disagreement = time_disagreement(plans, rank, total_s, plan.predicted.iteration_time_s)
     if disagreement:
         click.echo(f"warning: {disagreement}", err=True)
@@ -176,10 +182,8 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
                    f"peak activations on the device {format_bytes(tl.peak_act_bytes[r])}")
     if timeline is not None:
-        from ..plots.timeline import allreduce_label, allreduce_spans, plan_pcie_rows, plot_timeline
+        from ..plots.timeline import allreduce_label, plot_timeline
 
-        spans = allreduce_spans(plan, tl)
-        pcie = plan_pcie_rows(plan, tl)  # every copy to or from host memory, on its PCIe lane
         write_output(timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s), allreduce=spans,
                                                        allreduce_label_text=allreduce_label(plan),
                                                        window_s=window_s, pcie=pcie), "timeline")

@@ -125,6 +125,13 @@ def parse_window(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+def drawn_end_s(timeline: Timeline, allreduce=None, pcie=None) -> float:
+    """Where :func:`plot_timeline`'s time axis ends (s): the last action,
+    all-reduce or PCIe copy it draws."""
+    return max([timeline.iteration_time_s] + [a + d for a, d in (allreduce or []) if d > 0]
+               + [a + d for _, spans in (pcie or []) for _, a, d in spans])
+
+
 def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
                   allreduce: list[tuple[float, float]] | None = None,
                   window_s: tuple[float, float] | None = None,
@@ -165,8 +172,7 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
     pcie = pcie or []
     rows = P + len(pcie)
     spans_ar = [(a, d) for a, d in (allreduce or []) if d > 0]
-    total_ms = max([timeline.iteration_time_s] + [a + d for a, d in spans_ar]
-                   + [a + d for _, spans in pcie for _, a, d in spans]) * 1e3
+    total_ms = drawn_end_s(timeline, allreduce, pcie) * 1e3
     width_in = 12.0
     height_in = 1.2 + 0.45 * rows
     dpi = 100
