@@ -514,6 +514,12 @@ def test_validate_lists_every_problem(tmp_path, plan_doc):
     assert "stages[1].layer_names: 4 names for the 3 layers" in problems[1]
     assert "stages[0].devices: [998, 999]" in problems[2]
     assert snapshot(tmp_path) == before
+    # a value the schema refuses (a negative time): the rules beyond it wait too, and the line says so
+    path = edited(tmp_path, plan_doc, lambda p: p["stages"][0].update(compute_s=-1.0), "neg.json")
+    code, out, err = run(["validate", path], tmp_path)
+    *problems, later = out.strip().splitlines()
+    assert code == 2 and len(problems) == 1 and "compute_s" in problems[0]
+    assert later.startswith(f"{path}: the rules beyond the schema (layers, devices, degrees, batch, memory, rates)")
 
 
 # ------------------------------------------------------------- further malformed inputs

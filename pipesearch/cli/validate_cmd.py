@@ -7,7 +7,9 @@ import click
 
 from ..errors import InputError, PlanFormatError
 from ..plan import _from_document, document_problems, parse_document, read_plan_text
+from ..schema import schema_problems
 from ..schema.records import record_problems
+from ..schema.semantics import semantic_problems
 from . import main
 
 #: relative difference between a plan's predicted iteration time and its
@@ -60,17 +62,23 @@ def plan_file_problems(doc: dict) -> list[str]:
 
 
 #: what each stage of :func:`staged_problems` leaves for later, said after its problems
-LATER_CHECKS = {"document": "the recorded copies and host terms and the replay of each plan's time are checked "
+LATER_CHECKS = {"schema": "the rules beyond the schema (layers, devices, degrees, batch, memory, rates), the recorded "
+                          "copies and host terms and the replay of each plan's time are checked once these are fixed",
+                "document": "the recorded copies and host terms and the replay of each plan's time are checked "
                             "once these are fixed",
                 "records": "the replay of each plan's time is checked once these are fixed", "replay": ""}
 
 
 def staged_problems(doc: dict) -> tuple[str, list[str]]:
     """:func:`plan_file_problems` with the stage that found them:
-    ``"document"`` (schema and semantic rules), ``"records"`` (recorded
-    copies and host terms) or ``"replay"``; each runs only on a document the
-    earlier ones accept (a replay of inconsistent records would be noise)."""
-    problems = document_problems(doc)
+    ``"schema"``, ``"document"`` (the semantic rules), ``"records"``
+    (recorded copies and host terms) or ``"replay"``; each runs only on a
+    document the earlier ones accept (a replay of inconsistent records would
+    be noise)."""
+    problems = schema_problems(doc)
+    if problems:
+        return "schema", [str(p) for p in problems]
+    problems = semantic_problems(doc)
     if problems:
         return "document", [str(p) for p in problems]
     problems = record_problems(doc)
