@@ -217,4 +217,8 @@ def test_serve_refuses_a_context_beyond_a_huggingface_config(tmp_path):
     assert res.exit_code == 0, res.output
     assert "--max-model-len 2048" in json.loads(res.stdout)["plans"][0]["exports"]["vllm"]["command"]
     res = CliRunner().invoke(main, base + ["4096"])
-    assert res.exit_code == 2 and "context of 2048 (max_position_embeddings)" in res.output, res.output
+    assert res.exit_code == 2 and "context of 2048 (its position limit" in res.output, res.output
+    # linear rope scaling by 4: the engine serves 8192 tokens from it, so nothing is refused here
+    path.write_text(json.dumps(cfg | {"rope_scaling": {"type": "linear", "factor": 4.0}}))
+    res = CliRunner().invoke(main, base + ["4096"])
+    assert res.exit_code == 0, res.output

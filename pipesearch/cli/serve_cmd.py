@@ -197,7 +197,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     context = cfg.max_position_embeddings
     if context is not None and input_len + output_len > context:
         raise InputError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens is "
-                         f"more than {cfg.name}'s context of {context} (max_position_embeddings); an engine refuses "
+                         f"more than {cfg.name}'s context of {context} (its position limit, max_position_embeddings or "
+                         f"n_positions); an engine refuses "
                          f"such a max-model-len: lower them to a sum of {context} or less")
     workload = Workload(input_len, output_len)
     job = ServeJob(workload, concurrency=concurrency, request_rate=request_rate,

@@ -191,6 +191,8 @@ def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "p
         n_all = sum(v for k, v in counts.items() if k not in NOT_IN_SPACE)
         fig.suptitle(f"{title_of(plan_file)}: throughput vs memory", y=1 - 0.12 / H, va="top")
         fig.text(0.5, 1 - 0.45 / H, f"{counts.get('ok', 0)} feasible points of {n_all} in the space "
-                 f"({counts.get('out_of_memory', 0)} out of memory, {counts.get('pruned', 0)} pruned by bound)",
+                 f"({counts.get('out_of_memory', 0)} out of memory, {counts.get('pruned', 0)} pruned by bound"
+                 + (f", {counts['same_as_other_placement']} the same as another placement"
+                    if counts.get("same_as_other_placement") else "") + ")",
                  ha="center", va="top", fontsize=8, color="#333333")
         return save(fig, path)

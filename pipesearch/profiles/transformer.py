@@ -485,6 +485,8 @@ def load_hf_config(
         take("tied_embeddings", "tie_word_embeddings", False)
         take("max_position_embeddings", "max_position_embeddings", None)  # the context (rotary: no table)
         default_seq, pos_key = values["max_position_embeddings"], "max_position_embeddings"
+        if get("rope_scaling", None):  # scaled positions: the engine derives a longer context from it
+            values["max_position_embeddings"] = None
         values.update(kind="decoder", position_embedding="rotary")
         if family == "neox":
             drops = [get(k, 0.0) for k in ("attention_dropout", "hidden_dropout")]

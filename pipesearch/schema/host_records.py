@@ -281,7 +281,9 @@ def _stage_problems(plan, where, info, state, host, sharing, inputs) -> Iterator
                                                 f"and host_step_s is {st['host_step_s']!r} s (0 expected for it); "
                                                 "re-plan, or restore the field")
             return
-        why = f"{w}.memory_option {option!r} with {t['p']!r} parameter bytes per GPU"
+        why = f"{w}.memory_option {option!r} with {t['p']!r} parameter bytes per GPU" + (
+            f" at {_profile_bytes_per_param(inputs, state):g} B per parameter (inputs.model.bytes_per_param)"
+            if t["option"] == "swap" else "")
         found = [(f"{h}.host_memory_bytes[{k}]", info["host_memory_bytes"][k], t["host"], why),
                  (f"{h}.pcie_bytes_per_iteration[{k}]", info["pcie_bytes_per_iteration"][k], t["pcie"], why)]
         if "host_step_s" in st:
