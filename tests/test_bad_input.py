@@ -712,3 +712,23 @@ def test_serve_split_that_cannot_fill_the_devices_is_named_as_given(tmp_path):
     assert "--pp" not in line
     line = assert_refused(tmp_path, base + ["--tp", "2"], "--tp 2 x --split 10,10,12 (3 stages) = 6 devices")
     assert "--pp" not in line
+
+
+def test_an_output_that_would_overwrite_an_input_or_another_output_is_refused(tmp_path):
+    """-o naming the --model profile would replace the profile by the plan;
+    --all-points naming the -o file would replace one output by the other:
+    both refused before anything is written, the profile intact."""
+    model = tiny_csv(tmp_path / "m.csv")
+    text = (tmp_path / "m.csv").read_text()
+    assert_refused(tmp_path, ["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "8", "-o", model],
+                   f"-o {model}: the same file as --model")
+    assert (tmp_path / "m.csv").read_text() == text
+    assert_refused(tmp_path, ["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "8", "-o", "p.json",
+                              "--all-points", "p.json"], "--all-points p.json: the same file as -o p.json")
+
+
+def test_a_refused_plan_leaves_no_figure_directory(tmp_path):
+    """--plot-dir is made when the figures are written, so a refused
+    command (an unknown model) leaves no empty directory behind."""
+    assert_refused(tmp_path, ["plan", "--model", "nosuch", "--plot-dir", "figs"], "unknown model 'nosuch'")
+    assert not (tmp_path / "figs").exists()

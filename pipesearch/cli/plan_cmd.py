@@ -338,16 +338,14 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     out = check_writable(output, "plan file (-o)") if output is not None else None  # a file only when asked for
     if all_points is not None:
         check_writable(all_points, "--all-points")
+    _check_distinct_paths({"-o": output, "--all-points": all_points},
+                          {"--model": model, "--cluster": cluster_name})
     if plot_dir == "":
         raise InputError("--plot-dir: empty directory name; give a directory")
     if plot_dir:
-        plot_dir = Path(plot_dir)
-        if not plot_dir.exists() and plot_dir.parent.is_dir():
-            try:
-                plot_dir.mkdir()
-            except OSError:
-                pass
-        if not plot_dir.is_dir() or not os.access(plot_dir, os.W_OK):
+        plot_dir = Path(plot_dir)  # made when the figures are written (nothing is left behind by a refusal)
+        where = plot_dir if plot_dir.exists() else plot_dir.parent
+        if (plot_dir.exists() and not plot_dir.is_dir()) or not where.is_dir() or not os.access(where, os.W_OK):
             raise InputError(f"--plot-dir {plot_dir}: not a writable directory (its parent must exist)")
     if memory_reserve.strip().replace(".", "", 1).isdigit():
         raise InputError(f"--memory-reserve {memory_reserve}: no unit; give one, e.g. {memory_reserve.strip()}GiB "
@@ -548,6 +546,21 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
     if optimizer_bytes_per_param is not None:
         return from_total_bytes(optimizer_bytes_per_param, shard)
     return preset(optimizer_state or "mixed-adam", shard)
+
+
+def _check_distinct_paths(outputs: dict, inputs: dict) -> None:
+    """Refuse an output path that is another output's or an input file's
+    (it would be overwritten): ``{flag: path or None}`` each."""
+    seen: dict = {}
+    for flag, path in list(inputs.items()) + list(outputs.items()):
+        if not path or (flag in inputs and not Path(path).is_file()):
+            continue
+        key = Path(path).resolve()
+        if key in seen and flag in outputs:
+            other = seen[key]
+            raise InputError(f"{flag} {path}: the same file as {other} {inputs.get(other) or outputs.get(other)}; "
+                             f"give {'another path' if other in inputs else 'two paths'} (it would be overwritten)")
+        seen.setdefault(key, flag)
 
 
 def _plan_text(plan_file: PlanFile, plans) -> tuple[PlanFile, str]:
