@@ -732,3 +732,19 @@ def test_a_refused_plan_leaves_no_figure_directory(tmp_path):
     command (an unknown model) leaves no empty directory behind."""
     assert_refused(tmp_path, ["plan", "--model", "nosuch", "--plot-dir", "figs"], "unknown model 'nosuch'")
     assert not (tmp_path / "figs").exists()
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("devices_per_node", 16, "groups[0].last_device: 3 found, 15 expected (1 nodes x 16 devices from id 0)"),
+    ("devices_per_node", True, "groups[0].devices_per_node: True found, an integer >= 1 expected"),
+    ("first_device", 1, "groups[0].first_device: 1 found, 0 expected"),
+])
+def test_validate_refuses_an_edited_cluster_layout(tmp_path, plan_doc, field, value, needle):
+    """The cluster's groups lay the 4 devices out node by node (1 node x 4
+    devices, ids 0 .. 3); an edit that breaks the layout is named (the gpipe
+    export reads nodes from it), not passed as valid."""
+    doc = copy.deepcopy(plan_doc)
+    doc["inputs"]["cluster"]["groups"][0][field] = value
+    path = write(tmp_path / "g.json", json.dumps(doc))
+    code, out, err = run(["validate", path], tmp_path)
+    assert code == 2 and needle in out, out

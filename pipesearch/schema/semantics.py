@@ -16,7 +16,8 @@ inputs:
   slot (stages ``s``, ``s + pp``, ...) run on the same devices and different
   slots on different devices, so that ``pp x dp x tp`` devices are used and
   fit the cluster; a stage's ``device_type`` names its devices' types where
-  ``inputs.cluster.groups`` says which ids hold which type;
+  ``inputs.cluster.groups`` says which ids hold which type (and lays the
+  ids out node by node, from 0 to ``devices - 1``);
 * ``micro_batch_size x num_micro_batches x dp`` is the global batch
   (``inputs.job.global_batch_size``);
 * every stage's forward time ``fwd_s`` is part of its ``compute_s`` and its
@@ -609,10 +610,46 @@ def _point_columns(columns: list, values: list) -> Iterator[Problem]:
                 return
 
 
+def _cluster_groups(cluster: dict) -> list[Problem]:
+    """``inputs.cluster.groups`` (when given) lays the devices out node by
+    node: every group's ``first_device`` .. ``last_device`` is ``nodes x
+    devices_per_node`` ids (integers >= 1), the groups follow one another
+    from id 0 and end at ``devices - 1``."""
+    groups = cluster.get("groups")
+    if groups is None:
+        return []
+    at = "inputs.cluster.groups"
+    if not isinstance(groups, list) or not groups:
+        return [Problem(at, f"{show(groups)} found, a list of the device groups expected; restore it or drop it")]
+    expect = 0
+    for k, g in enumerate(groups):
+        w = f"{at}[{k}]"
+        keys = ("first_device", "last_device", "nodes", "devices_per_node")
+        bad = [key for key in keys if not isinstance(g, dict) or not isinstance(g.get(key), int)
+               or isinstance(g.get(key), bool) or g.get(key) < (0 if key.endswith("_device") else 1)]
+        if bad:
+            return [Problem(f"{w}.{bad[0]}", f"{show(g.get(bad[0]) if isinstance(g, dict) else g)} found, an "
+                                             f"integer >= {0 if bad[0].endswith('_device') else 1} expected; "
+                                             f"restore the cluster description")]
+        if g["first_device"] != expect:
+            return [Problem(f"{w}.first_device", f"{g['first_device']} found, {expect} expected (groups number the "
+                                                 f"devices one after another from 0); restore the cluster description")]
+        count = g["nodes"] * g["devices_per_node"]
+        if g["last_device"] != expect + count - 1:
+            return [Problem(f"{w}.last_device", f"{g['last_device']} found, {expect + count - 1} expected ({g['nodes']} "
+                                                f"nodes x {g['devices_per_node']} devices from id {expect}); restore "
+                                                f"the cluster description")]
+        expect += count
+    if expect != cluster["devices"]:
+        return [Problem(at, f"the groups hold {expect} devices, inputs.cluster.devices is {cluster['devices']}; "
+                            f"restore the cluster description")]
+    return []
+
+
 def semantic_problems(doc: dict) -> list[Problem]:
     """Every problem of a schema-valid plan document beyond the schema (see
     the module docstring), in document order."""
-    out: list[Problem] = []
+    out: list[Problem] = _cluster_groups(doc["inputs"]["cluster"])
     for k, plan in enumerate(doc["plans"]):
         out += plan_problems(plan, f"plans[{k}]", doc["inputs"])
     ranks = [p["rank"] for p in doc["plans"]]
