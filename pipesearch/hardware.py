@@ -445,6 +445,23 @@ def _link_dict(link: Link) -> dict[str, float]:
     return out
 
 
+def described_place(cluster: dict, device: int) -> tuple[int, int] | None:
+    """``(node, index within its node)`` of a global device id from a plan
+    file's ``inputs.cluster`` (:func:`describe_cluster`'s ``groups``: nodes
+    numbered over the groups in order); None when the groups do not say."""
+    node = 0
+    for g in cluster.get("groups") or ():
+        if not isinstance(g, dict):
+            return None
+        first, last, per, nodes = (g.get(k) for k in ("first_device", "last_device", "devices_per_node", "nodes"))
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, per, nodes)) or per < 1:
+            return None
+        if first <= device <= last:
+            return node + (device - first) // per, (device - first) % per
+        node += nodes
+    return None
+
+
 def describe_cluster(cluster: Cluster) -> dict[str, Any]:
     """Key figures of a cluster as plain (JSON-serialisable) data, SI units.
 

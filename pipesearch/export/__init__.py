@@ -333,18 +333,12 @@ class Inputs:
     def node_of(self, device: int) -> int | None:
         """The node (0-based, over the groups in order) of a global device
         id, from ``groups[*]`` ``first_device``, ``last_device``,
-        ``devices_per_node``; ``None`` when the cluster does not say."""
-        node = 0
-        for g in self.cluster.get("groups") or ():
-            if not isinstance(g, Mapping):
-                return None
-            first, last, per, nodes = (g.get(k) for k in ("first_device", "last_device", "devices_per_node", "nodes"))
-            if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, per, nodes)) or per < 1:
-                return None
-            if first <= device <= last:
-                return node + (device - first) // per
-            node += nodes
-        return None
+        ``devices_per_node``; ``None`` when the cluster does not say
+        (:func:`pipesearch.hardware.described_place`)."""
+        from ..hardware import described_place
+
+        place = described_place(self.cluster, device)
+        return None if place is None else place[0]
 
     @property
     def zero1(self) -> bool:

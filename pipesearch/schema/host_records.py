@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from ..hardware import described_place
 from ..host import offload_step_s_per_param, shared_bandwidth_bytes_per_s
 from ..memory import ParamState, offload_bytes_per_param
 from ..stage_options import SWAP_DEVICE_BYTES_PER_PARAM_BYTE
@@ -130,19 +131,11 @@ def _param_state(job: dict) -> ParamState | None:
 
 def device_place(device: int, cluster: dict, host: HostSpec) -> tuple[int, int] | None:
     """(node, switch) of a global device id from ``inputs.cluster.groups``."""
-    node = 0
-    for g in cluster.get("groups") or ():
-        if not isinstance(g, dict):
-            return None
-        first, last, per, nodes = (g.get(k) for k in ("first_device", "last_device", "devices_per_node", "nodes"))
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, per, nodes)) or per < 1:
-            return None
-        if first <= device <= last:
-            local = (device - first) % per
-            switch = next((k for k, sw in enumerate(host.pcie_switches) if local in sw), None)
-            return None if switch is None else (node + (device - first) // per, switch)
-        node += nodes
-    return None
+    place = described_place(cluster, device)
+    if place is None:
+        return None
+    switch = next((k for k, sw in enumerate(host.pcie_switches) if place[1] in sw), None)
+    return None if switch is None else (place[0], switch)
 
 
 def _gpus(plan: dict, k: int) -> list[int]:
