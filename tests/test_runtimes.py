@@ -108,7 +108,8 @@ def test_gpipe_runtime_keeps_each_pipeline_on_one_node(tmp_path):
     # the same plan laid out stage-major: stage k on devices 4k .. 4k + 3 (its own node), replica r on r, 4 + r, ...
     plan = replace(plan, stages=tuple(replace(st, devices=tuple(range(4 * k, 4 * k + 4)))
                                       for k, st in enumerate(plan.stages)))
-    with pytest.raises(InputError, match=r"replica 0's partitions are on devices \[0, 4, 8, 12\], nodes \[0, 1, 2, 3\]"):
+    with pytest.raises(InputError, match=r"replica 0's partitions are on devices \[0, 4, 8, 12\], "
+                                         r"nodes \[0, 1, 2, 3\]"):
         export_gpipe(plan, inputs=Inputs.of(loaded.inputs))
 
 

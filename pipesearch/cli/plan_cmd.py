@@ -461,7 +461,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
         click.echo(f"warning: {warning}", err=True)
     plan_file = PlanFile(
-        inputs={"model": source.info | {"bytes_per_param": float(source.variants[0].profile.bytes_per_param)}, "cluster": describe_cluster(cluster) | {"name": cluster.name},
+        inputs={"model": source.info | {"bytes_per_param": float(source.variants[0].profile.bytes_per_param)},
+                "cluster": describe_cluster(cluster) | {"name": cluster.name},
                 "job": {"global_batch_size": job.global_batch_size,
                         "state_bytes_per_param": job.state_bytes_per_param,
                         "optimizer_state": {"name": param_state.name, "sharding": param_state.sharding,

@@ -636,9 +636,9 @@ def _cluster_groups(cluster: dict) -> list[Problem]:
                                                  f"devices one after another from 0); restore the cluster description")]
         count = g["nodes"] * g["devices_per_node"]
         if g["last_device"] != expect + count - 1:
-            return [Problem(f"{w}.last_device", f"{g['last_device']} found, {expect + count - 1} expected ({g['nodes']} "
-                                                f"nodes x {g['devices_per_node']} devices from id {expect}); restore "
-                                                f"the cluster description")]
+            return [Problem(f"{w}.last_device", f"{g['last_device']} found, {expect + count - 1} expected "
+                                                f"({g['nodes']} nodes x {g['devices_per_node']} devices from id "
+                                                f"{expect}); restore the cluster description")]
         expect += count
     if expect != cluster["devices"]:
         return [Problem(at, f"the groups hold {expect} devices, inputs.cluster.devices is {cluster['devices']}; "
