@@ -45,7 +45,7 @@ from .roundpipe import plan_point as roundpipe_plan_point
 from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_point, parse_replicas_name,
                           parse_replicas_slots, placement_time_scale, replica_vectors, replicated_costs,
                           replicated_lower_bound_s, replicated_placements)
-from .split_search import CHAIN_SCHEDULES, exact_split
+from .split_search import CHAIN_SCHEDULES, EQUAL_TIME_REL, exact_split
 from .stage_options import ACT_HOST_RESIDENT, offloads_activations
 from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
@@ -973,7 +973,10 @@ def search(
         if key not in best_of_family:
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
-        elif t < best_of_family[key][0]:
+        elif (tie_key(plan) < tie_key(best_of_family[key][1])
+              if abs(t - best_of_family[key][0]) <= EQUAL_TIME_REL * max(t, best_of_family[key][0])
+              else t < best_of_family[key][0]):
+            # faster, or the same time up to rounding with less memory (the ranking's tie rule inside a family)
             family_times.pop(bisect.bisect_left(family_times, best_of_family[key][0]))
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
@@ -1462,9 +1465,15 @@ def rank_plans(plans: list[Plan]) -> list[Plan]:
     best = plans[0].predicted.iteration_time_s
     near = [p for p in plans if p.predicted.iteration_time_s <= best * (1 + TIE_REL)]
     rest = plans[len(near):]
-    near.sort(key=lambda p: (round(_pcie_bytes(p), 0), round(p.predicted.peak_memory_bytes, 0),
-                             sum(st.comm_s for st in p.stages), p.pp * p.vp, p.predicted.iteration_time_s))
+    near.sort(key=lambda p: tie_key(p) + (p.predicted.iteration_time_s,))
     return near + rest
+
+
+def tie_key(plan: Plan) -> tuple:
+    """What breaks a tie of time (:func:`rank_plans`): bytes over PCIe per
+    iteration, peak memory, time on links, stages; smaller first."""
+    return (round(_pcie_bytes(plan), 0), round(plan.predicted.peak_memory_bytes, 0),
+            sum(st.comm_s for st in plan.stages), plan.pp * plan.vp)
 
 
 def _pcie_bytes(plan: Plan) -> float:

@@ -346,3 +346,34 @@ def test_default_search_ranks_five_plans_in_time_order():
     times = [p.predicted.iteration_time_s for p in res.plans]
     assert times == sorted(times)
     assert all(p.pp * p.dp * p.tp <= 16 for p in res.plans)
+
+
+def test_equal_times_within_a_family_go_to_the_least_memory(tmp_path):
+    """One device, 16 samples: 16 x 1, 8 x 2, ..., 1 x 16 run the same
+    compute one micro-batch after another, so every micro-batching takes the
+    same time (up to rounding: 0.24 and 0.2400000000000001 s), while the
+    activations grow with the micro-batch. The ranking's tie rule (least
+    memory) picks micro-batches of 1 inside the family too; the first point
+    evaluated, or a rounding error's faster one, did before."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    profile = tmp_path / "p.csv"
+    profile.write_text("# batch_size: 32\n# device: v100-pcie-16gb\n# bytes_per_param: 4\n"
+                       "name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes\n"
+                       "embed,2.0,4.0,40000000,8000000,8000000\nl1,5.0,10.0,20000000,8000000,16000000\n"
+                       "l2,5.0,10.0,20000000,8000000,16000000\nhead,3.0,6.0,40000000,1000000,4000000\n")
+    points = tmp_path / "pts.csv"
+    r = CliRunner().invoke(main, ["plan", "--model", str(profile), "--cluster", "1x4-v100-pcie", "--pp", "1",
+                                  "--dp", "1", "-b", "16", "--schedule", "1f1b", "--all-points", str(points), "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+
+    import pandas as pd
+
+    plan = json.loads(r.output)["plans"][0]
+    ok = pd.read_csv(points).query("status == 'ok'")
+    assert len(ok) == 5 and ok.iteration_time_s.max() <= ok.iteration_time_s.min() * (1 + 1e-12)
+    assert plan["schedule"]["micro_batch_size"] == 1
+    assert plan["predicted"]["peak_memory_bytes"] == ok.peak_memory_bytes.min()
