@@ -218,8 +218,7 @@ def load_model_source(
                          f"(a profile's own recompute_saved_bytes column gives it per-stage recompute)")
     profile = load_model(str(path))
     if profile.layers and not profile.takes_time:  # the search refuses it too; here the file is known
-        raise InputError(f"{path}: every layer has zero forward and backward time, so every plan would take 0 s; "
-                         "give the profile's measured times")
+        raise InputError(f"{path}: {profile.NO_TIME}")
     recomputable = any(lay.recompute_saved_bytes is not None for lay in profile.layers)
     if recomputable and recompute == "none":  # the pin: no layer is recomputed
         profile = replace(profile, layers=tuple(replace(lay, recompute_saved_bytes=None) for lay in profile.layers))

@@ -321,11 +321,11 @@ class ClassBounds:
             return
         best = np.full((len(owners), R, 2, L + 1), np.inf)
         step = max(1, MAX_PASS_FLOATS // (R * (L + 1) * w))  # pairs per numpy pass
+        rests = [tuple(x - (k == c) for k, x in enumerate(left)) for left in owners]  # slots after this stage
         for c2 in ([C] if stages == 1 else range(C)):  # the pairs of one next class share the stage's terms
             if stages == 1:
                 who, nxt = np.arange(len(owners)), np.broadcast_to(last, (len(owners),) + last.shape[1:])
             else:
-                rests = [tuple(x - (k == c) for k, x in enumerate(left)) for left in owners]
                 who = np.array([k for k, rest in enumerate(rests) if rest[c2] > 0], dtype=np.int64)
                 if not len(who):
                     continue

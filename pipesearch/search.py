@@ -973,11 +973,12 @@ def search(
         if key not in best_of_family:
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
-        elif (tie_key(plan) < tie_key(best_of_family[key][1])
-              if abs(t - best_of_family[key][0]) <= EQUAL_TIME_REL * max(t, best_of_family[key][0])
-              else t < best_of_family[key][0]):
+            return
+        held_t, held = best_of_family[key]
+        tied = abs(t - held_t) <= EQUAL_TIME_REL * max(t, held_t)
+        if (tie_key(plan) < tie_key(held)) if tied else (t < held_t):
             # faster, or the same time up to rounding with less memory (the ranking's tie rule inside a family)
-            family_times.pop(bisect.bisect_left(family_times, best_of_family[key][0]))
+            family_times.pop(bisect.bisect_left(family_times, held_t))
             bisect.insort(family_times, t)
             best_of_family[key] = (t, plan)
 
@@ -1487,9 +1488,7 @@ def _check_options(variants, cluster, job, options):
     L = variants[0].profile.num_layers
     for variant in variants:
         if not variant.profile.takes_time:
-            raise InputError(
-                f"model {variant.profile.name!r}: every layer has zero forward and backward time, so every "
-                "plan would take 0 s; give the profile's measured times")
+            raise InputError(f"model {variant.profile.name!r}: {variant.profile.NO_TIME}")
     if options.split is not None:
         reps = options.split_replicas
         text = ",".join(f"{x}x{r}" for x, r in zip(options.split, reps)) if reps else ",".join(map(str, options.split))

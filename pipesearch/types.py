@@ -129,10 +129,14 @@ class ModelProfile:
     tokens_per_sample: int = 0
     model_flops_per_sample: float = 0.0
 
+    #: why a profile that does not :attr:`takes_time` is refused
+    NO_TIME = ("every layer has zero forward and backward time, so every plan would take 0 s; "
+               "give the profile's measured times")
+
     @property
     def takes_time(self) -> bool:
         """Whether some layer has a non-zero forward or backward time (a
-        profile without any would make every plan take 0 s)."""
+        profile without any would make every plan take 0 s, :attr:`NO_TIME`)."""
         return any(lay.fwd_s + lay.bwd_s > 0 for lay in self.layers)
 
     @property

@@ -223,10 +223,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
             runs.append((count, simulate_serving(pipe, p.split, workload, num_requests=n_req,
                                                  pool_tokens=p.pool_tokens, concurrency=k, request_rate=rate,
                                                  seed=seed, record_events=500_000 if timeline and not runs else 0)))
-        sim = runs[0][1]
-        events[(p.tp, p.pp, p.split)] = sim.events
-        total = sum(count * run.as_dict()["output_tokens_per_s"] for count, run in runs)
-        plans[i] = replace(p, simulated=sim.as_dict() | {"total_output_tokens_per_s": total} | (
+        events[(p.tp, p.pp, p.split)] = runs[0][1].events
+        figures = [(count, run.as_dict()) for count, run in runs]
+        total = sum(count * f["output_tokens_per_s"] for count, f in figures)
+        plans[i] = replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | (
             {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {}))
     plans = rerank_by_simulation(plans, rate_given=request_rate is not None)
     exports = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from ..errors import InputError, PlanFormatError
-from ..plan import _from_document, document_problems, parse_document, read_plan_text
+from ..plan import _from_document, parse_document, read_plan_text
 from ..schema import schema_problems
 from ..schema.records import record_problems
 from ..schema.semantics import semantic_problems

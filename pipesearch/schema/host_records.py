@@ -23,8 +23,8 @@ with the same formulas the search used:
   switch copying (:func:`pipesearch.host.shared_bandwidth_bytes_per_s`);
 * ``stages[s].host_step_s``: offloaded, ``p / b x``
   :func:`pipesearch.host.offload_step_s_per_param`; Mobius, ``p / b x share x
-  n_node / cpu_adam_params_per_s`` (``b`` the bytes of a 16-bit weight,
-  ``n_node`` the plan's GPUs on the stage's node);
+  n_node / cpu_adam_params_per_s`` (``b`` the profile's bytes per parameter,
+  below; ``n_node`` the plan's GPUs on the stage's node);
 * a Mobius stage's parameters are ``p`` over the profile's bytes per
   parameter (``inputs.model.bytes_per_param``, as the search's
   :func:`pipesearch.stage_options.swap_options`);
@@ -262,8 +262,9 @@ def _stage_problems(plan, where, info, state, host, sharing, inputs) -> Iterator
     """Each stage's host bytes, PCIe bytes, copy seconds and CPU step (module docstring)."""
     h, mb = f"{where}.options.host", f"{where}.options.mobius"
     copies = info.get("optimizer_copy_s")
+    bpp = _profile_bytes_per_param(inputs, state)
     for k, st in enumerate(plan["stages"]):
-        t = _stage_terms(plan, k, state, host, sharing[k], inputs["cluster"], _profile_bytes_per_param(inputs, state))
+        t = _stage_terms(plan, k, state, host, sharing[k], inputs["cluster"], bpp)
         if t is None:
             continue
         w = f"{where}.stages[{k}]"
@@ -275,7 +276,7 @@ def _stage_problems(plan, where, info, state, host, sharing, inputs) -> Iterator
                                                 "re-plan, or restore the field")
             return
         why = f"{w}.memory_option {option!r} with {t['p']!r} parameter bytes per GPU" + (
-            f" at {_profile_bytes_per_param(inputs, state):g} B per parameter (inputs.model.bytes_per_param)"
+            f" at {bpp:g} B per parameter (inputs.model.bytes_per_param)"
             if t["option"] == "swap" else "")
         found = [(f"{h}.host_memory_bytes[{k}]", info["host_memory_bytes"][k], t["host"], why),
                  (f"{h}.pcie_bytes_per_iteration[{k}]", info["pcie_bytes_per_iteration"][k], t["pcie"], why)]
