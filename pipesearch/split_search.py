@@ -80,6 +80,10 @@ MAX_NODES = 3_000
 #: stage; a node of a wider band bounds that many more children, so the
 #: count falls in proportion (:func:`node_budget`)
 NODE_WIDTH = 128
+#: and for profiles of at most this many layers (every catalog model); a
+#: longer one's node bounds and tables cover that many more layers, so the
+#: count falls in proportion too
+NODE_LAYERS = 128
 #: nodes of a first branch and bound against the cutoff alone, before any
 #: starting split is evaluated (most points of a search are excluded there)
 FIRST_NODES = 8
@@ -986,7 +990,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
             the proven bound ``min(cutoff, root bound)`` and ``exact=False``.
         max_splits, max_nodes: work limits (counts; default :data:`MAX_SPLITS_EVALUATED`,
             and :data:`MAX_NODES` for bands of stages of up to :data:`NODE_WIDTH`
-            layers, :func:`node_budget`).
+            layers in profiles of up to :data:`NODE_LAYERS` layers, fewer
+            above, :func:`node_budget`).
         tie_rel: among splits within this relative time of the best, the one
             with the lowest peak memory, then least time on links, is chosen.
         seeds_only: only evaluate the starting splits (an achievable time,
@@ -1054,7 +1059,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         tables = tables.with_chains(weights, paths)
     counter = _RankCount(costs, schedule, pp)
     if nodes_given is None:
-        max_nodes = node_budget(tables.rows)
+        max_nodes = node_budget(tables.rows, L)
     state = _branch_and_bound(tables, ev, S, L, pp, incumbent, tie_rel, max_splits, max_nodes, counter)
     if not state[0] and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
         state = (True, np.inf, state[2])  # stopped, but few splits: settled by enumeration
@@ -1082,16 +1087,20 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
 
 
-def node_budget(width: int) -> int:
+def node_budget(width: int, num_layers: int = NODE_LAYERS) -> int:
     """The branch and bound's default node count for a band of ``width``
-    layers per stage: :data:`MAX_NODES` up to :data:`NODE_WIDTH`, then
-    ``MAX_NODES * NODE_WIDTH / width`` (at least :data:`FIRST_NODES`), so
-    that the children it bounds stay about ``MAX_NODES * NODE_WIDTH``. A
-    band of hundreds of layers holds far more splits than a search of this
-    size could settle: on a 1,500-layer profile (interleaved 1F1B, bands of
-    205 to 807 layers) its best split and bound after 30 nodes were those
-    after 3,000."""
-    return MAX_NODES if width <= NODE_WIDTH else max(FIRST_NODES, MAX_NODES * NODE_WIDTH // width)
+    layers per stage of a ``num_layers``-layer profile: :data:`MAX_NODES`
+    up to :data:`NODE_WIDTH` and :data:`NODE_LAYERS`, then ``MAX_NODES *
+    NODE_WIDTH / width * NODE_LAYERS / num_layers`` (at least
+    :data:`FIRST_NODES`), so that the work of the nodes (the children they
+    bound, the layers their bounds cover) stays about the same. A band of
+    hundreds of layers, or a profile of thousands, holds far more splits
+    than a search of this size could settle: on a 1,500-layer profile
+    (interleaved 1F1B, bands of 30 to 807 layers) its best split and bound
+    after 30 nodes were those after 3,000. A count of the input, never of
+    the machine."""
+    nodes = MAX_NODES * NODE_WIDTH // max(width, NODE_WIDTH)
+    return max(FIRST_NODES, nodes * NODE_LAYERS // max(num_layers, NODE_LAYERS))
 
 
 #: the descent from a stopped search's best split evaluates at most this

@@ -216,6 +216,18 @@ def test_node_budget_by_hand():
     assert split_search.node_budget(10**9) == split_search.FIRST_NODES
 
 
+def test_node_budget_of_long_profiles_by_hand():
+    """Up to NODE_LAYERS (128) layers the budget is the band's alone; above,
+    it falls in proportion to the layers too: a band of 30 in 1,500 layers
+    3,000 x 128 / 1,500 = 256 nodes, a band of 256 in 256 layers 1,500 / 2 =
+    750, and never below FIRST_NODES (100,000 layers)."""
+    assert split_search.node_budget(30, 100) == split_search.node_budget(30, 128) == 3000
+    assert split_search.node_budget(30, 1500) == 256
+    assert split_search.node_budget(256, 256) == 750
+    assert split_search.node_budget(1000, 129) == 384 * 128 // 129
+    assert split_search.node_budget(30, 100_000) == split_search.FIRST_NODES
+
+
 def test_wide_bands_get_proportionally_fewer_nodes(monkeypatch):
     """With MAX_NODES = 40 and NODE_WIDTH = 4 (and no enumeration), the
     branch and bound of a search with the default limits gets 40 x 4 / band
