@@ -69,6 +69,7 @@ import numpy as np
 from . import schedules as schedule_lib
 from .costs import PipelineCosts
 from .fluid import fluid_split
+from .fluid_bound import fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
 from .timemodel import critical_path, evaluation_cost, iteration_time_s, send_overlap, simulate_times
@@ -1081,6 +1082,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         lower = min(cutoff_s, frontier) if not exact else cutoff_s
         return ExactSplit((), np.inf, np.inf, float(lower), exact, len(ev.times), nodes)
     chosen, best = _chosen(costs, ev, tie_rel)
+    if not exact:  # every split's time is at least the fluid relaxation's too
+        frontier = max(frontier, fluid_lower_bound_s(costs, schedule, pp, vp))
     lower = min(best, cutoff_s) if exact else min(best, frontier)
     if value_above_cutoff and best > cutoff_s:
         exact = False
@@ -1377,7 +1380,11 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
         lower = split_lower_bounds(costs, schedule, pp, splits[fit], chains=schedule in CHAIN_SCHEDULES)
         if len(lower) and lower.min() >= cutoff_s:
             return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
-    tables = _Tables(costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)))
+    width = _width_for(costs, cutoff_s * (1 + tie_rel))
+    fluid_first = S * min(width, L) * (L + 1) > FLUID_FIRST_RANGES  # the tables cost more than the program
+    if fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp) >= cutoff_s:
+        return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
+    tables = _Tables(costs, schedule, pp, width)
     root = tables.root_bound()
     if root >= cutoff_s:
         if not np.isfinite(root) and optimal_split(costs) is None:
@@ -1385,12 +1392,19 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
         return tables, ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
     if schedule in CHAIN_SCHEDULES and rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # whole layers per rank
+    if not fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp) >= cutoff_s:
+        return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # the fluid relaxation
     excluded, _, _ = _branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, cutoff_s / (1 + tie_rel), tie_rel,
                                        max_splits, min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))
     if excluded and min(ev.times.values(), default=np.inf) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     return tables, None
 
+
+#: stage ranges (stages x band x starts) of the cutoff proof's tables above
+#: which the fluid bound (:func:`pipesearch.fluid_bound.fluid_lower_bound_s`,
+#: a few milliseconds) is tried before them, not after their root bound
+FLUID_FIRST_RANGES = 2**18
 
 #: floats the bound tables of one exact split may hold (1 GiB of float64);
 #: above it the split is the best of the starting splits, reported with a

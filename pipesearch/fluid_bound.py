@@ -1,0 +1,152 @@
+"""A lower bound on the simulated time of every split of one interleaved
+1F1B point, from its fluid relaxation: stages hold any share of the
+model's forward and backward compute, not whole layers.
+
+Every split's simulated time is at least each of these path lengths
+(:func:`pipesearch.split_search.bound_families`, docs/schedules.md):
+
+* rank ``q``'s whole work, ``m sum_{s on q} (F_s + B_s)``;
+* the chain of stage ``k``: micro-batch 0's forward down to ``k``, the
+  gradient back up (``sum_{s<k} (F_s + B_s)``), and the actions of ``k``'s
+  rank between them (:func:`pipesearch.split_search._interleaved_chain`:
+  ``n_F(k, s) F_s + n_B(k, s) B_s``).
+
+Transfers and all-reduces only lengthen a path, so they are left out. A
+stage of layers ``[i, j)`` on a device of time scale ``a_s`` computes at
+least ``F_s >= a_s u_s`` and ``B_s >= a_s v_s``, where ``u_s`` and ``v_s``
+are the sums of the layers' least forward and backward times (over the
+stage options). The relaxation keeps of a split only what every split
+satisfies: ``sum_s u_s`` and ``sum_s v_s`` are the model's totals, each
+stage holds at least the least layer, and ``u_s / v_s`` lies between the
+least and the greatest ratio of one layer. The least ``max`` of the paths
+over it is a linear program (GLOP); its value is certified from the
+program's dual values by weak duality with the variables' bounds (Neumaier
+and Shcherbina 2004, Mathematical Programming 99(2), sec. 2), so a
+solver's tolerance never makes the bound exceed the true minimum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .costs import PipelineCosts
+
+#: the schedules this bound covers (its paths are their chain families)
+FLUID_BOUND_SCHEDULES = ("interleaved-1f1b",)
+#: the certified value is lowered by this relative margin (float rounding of its sums)
+CERTIFIED_REL = 1e-12
+
+
+def layer_times(costs: PipelineCosts) -> tuple[np.ndarray, np.ndarray]:
+    """``(f, b)``: each layer's least forward and backward seconds on the
+    profiled device, ``(L,)`` each: over the stage options (and stages, for
+    per-stage prefixes) the least of each, so that a stage of layers ``[i,
+    j)`` on a device of time scale ``a`` runs its forward in at least ``a
+    sum f[i:j]`` (:meth:`PipelineCosts.fwd_s`) and its backward in at least
+    ``a sum b[i:j]`` (:meth:`PipelineCosts.bwd_s`; the activation copies of
+    an offloading option only add to both)."""
+    src = costs if costs.options is None else costs.options
+    fwd = np.diff(np.asarray(src.fwd_prefix_s, dtype=float), axis=-1)
+    bwd = np.diff(np.asarray(src.compute_prefix_s, dtype=float), axis=-1) - fwd
+    L = costs.num_layers
+    return fwd.reshape(-1, L).min(axis=0), bwd.reshape(-1, L).min(axis=0)
+
+
+def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> float:
+    """A lower bound on the simulated iteration time of every split of this
+    point (module docstring), in seconds; 0.0 for schedules other than
+    :data:`FLUID_BOUND_SCHEDULES`, or when the program ends unsolved."""
+    S, m = costs.pp, costs.num_micro_batches
+    if schedule not in FLUID_BOUND_SCHEDULES or S != pp * vp or S < 2:
+        return 0.0
+    f, b = layer_times(costs)
+    unit = float(f.sum() + b.sum())
+    if unit <= 0:
+        return 0.0
+    f, b = f / unit, b / unit  # one micro-batch's compute on the profiled device is 1
+    scale = np.broadcast_to(np.asarray(costs.time_scale, dtype=float), (S,))
+    return unit * _certified_min(f, b, scale, pp, m, vp)
+
+
+def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int):
+    """The relaxation as ``min t`` s.t. ``lo <= A x <= hi``, ``x_lo <= x <=
+    x_hi`` over ``x = (u, v, P, t)``: ``u``, ``v`` ``(S,)`` each stage's
+    forward and backward share, ``P`` ``(S,)`` the scaled compute of the
+    stages before each (``P_0 = 0``, ``P_{k+1} = P_k + a_k (u_k + v_k)``),
+    ``t`` the time. Rows: every rank's work and every stage's chain below
+    ``t`` (dual values ``>= 0``), the prefix and total equalities (free),
+    the ratio cone (``>= 0``). Returns ``(A, lo, hi, x_lo, x_hi)``."""
+    from .split_search import _interleaved_chain
+
+    S = pp * vp
+    U, V, P, T = 0, S, 2 * S, 3 * S  # column offsets
+    total_u, total_v = float(f.sum()), float(b.sum())
+    ratio = f / np.where(b > 0, b, 1.0)
+    lo_r = float(ratio.min()) if np.all(b > 0) else 0.0
+    hi_r = float(ratio.max()) if np.all(b > 0) else np.inf
+    stage = np.arange(S)
+    rows, lo, hi = [], [], []
+
+    def row(lo_i, hi_i, **at):
+        r = np.zeros(3 * S + 1)
+        for name, (cols, vals) in at.items():
+            r[cols] += vals
+        rows.append(r)
+        lo.append(lo_i)
+        hi.append(hi_i)
+
+    for q in range(pp):  # t >= rank q's work
+        own = stage[stage % pp == q]
+        row(0.0, np.inf, t=(T, 1.0), u=(U + own, -m * scale[own]), v=(V + own, -m * scale[own]))
+    for k in range(S):  # t >= stage k's chain
+        n = _interleaved_chain(pp, m, vp, k)
+        own = stage[(n[:, 0] > 0) | (n[:, 1] > 0)]
+        row(0.0, np.inf, t=(T, 1.0), p=(P + k, -1.0), u=(U + own, -n[own, 0] * scale[own]),
+            v=(V + own, -n[own, 1] * scale[own]))
+    for k in range(S - 1):  # P_{k+1} = P_k + a_k (u_k + v_k)
+        row(0.0, 0.0, p=(np.array([P + k + 1, P + k]), np.array([1.0, -1.0])), u=(U + k, -scale[k]),
+            v=(V + k, -scale[k]))
+    row(total_u, total_u, u=(U + stage, 1.0))
+    row(total_v, total_v, v=(V + stage, 1.0))
+    for s in range(S):  # lo_r v_s <= u_s <= hi_r v_s
+        row(0.0, np.inf, u=(U + s, 1.0), v=(V + s, -lo_r))
+        if np.isfinite(hi_r):
+            row(0.0, np.inf, u=(U + s, -1.0), v=(V + s, hi_r))
+    top = float(np.max(scale)) * (total_u + total_v)
+    x_lo = np.concatenate([np.full(S, f.min()), np.full(S, b.min()), np.zeros(S + 1)])
+    x_hi = np.concatenate([np.full(S, total_u), np.full(S, total_v), [0.0], np.full(S - 1, top), [np.inf]])
+    return np.array(rows), np.array(lo), np.array(hi), x_lo, x_hi
+
+
+def _certified_min(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int) -> float:
+    """The least ``t`` over the relaxation (module docstring; ``f``, ``b``
+    per-layer times in units of their sum), certified from the dual values:
+    for any ``y`` (``>= 0`` on the ``>=`` rows), ``lo . y + sum_j min(r_j
+    x_lo_j, r_j x_hi_j)`` with ``r = c - A^T y`` is at most the least ``t``."""
+    from ortools.linear_solver import pywraplp  # only where the bound is sought
+
+    A, lo, hi, x_lo, x_hi = _program(f, b, scale, pp, m, vp)
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    inf = solver.infinity()
+    x = [solver.NumVar(float(a), float(z) if np.isfinite(z) else inf, "") for a, z in zip(x_lo, x_hi)]
+    cons = []
+    for r, a, z in zip(A, lo, hi):
+        c = solver.Constraint(float(a), float(z) if np.isfinite(z) else inf)
+        for col in np.flatnonzero(r):
+            c.SetCoefficient(x[col], float(r[col]))
+        cons.append(c)
+    solver.Minimize(x[-1])
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return 0.0
+    y = np.array([c.dual_value() for c in cons])
+    y = np.where(np.isfinite(hi), y, np.maximum(y, 0.0))  # a ">=" row's dual is never negative
+    on_t = float(A[:, -1] @ y)
+    if on_t > 1.0 - CERTIFIED_REL:  # t's reduced cost stays positive (t has no upper bound)
+        y = y * ((1.0 - CERTIFIED_REL) / on_t)
+    reduced = -(A.T @ y)
+    reduced[-1] += 1.0
+    if reduced[-1] < 0:
+        return 0.0
+    # t's own term is least at t = 0; every other variable has finite bounds
+    bound = float(lo @ y + np.sum(np.minimum(reduced[:-1] * x_lo[:-1], reduced[:-1] * x_hi[:-1])))
+    return max(0.0, bound * (1.0 - CERTIFIED_REL))
