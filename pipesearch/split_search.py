@@ -69,7 +69,7 @@ import numpy as np
 from . import schedules as schedule_lib
 from .costs import PipelineCosts
 from .fluid import fluid_split
-from .fluid_bound import fluid_lower_bound_s
+from .fluid_bound import FLUID_BOUND_SCHEDULES, fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
 from .timemodel import critical_path, evaluation_cost, iteration_time_s, send_overlap, simulate_times
@@ -1055,7 +1055,9 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     paths = ()
     if schedule in CHAIN_SCHEDULES and S * tables.width * (L + 1) <= PATH_RANGES:
         paths = _start_paths(costs, schedule, pp, vp, ev)
-    if schedule in CHAIN_SCHEDULES:  # the cheap bounds left work: add the chain and path families
+    if schedule in CHAIN_SCHEDULES and not (schedule in FLUID_BOUND_SCHEDULES and _fluid_first(costs, tables.width)):
+        # the cheap bounds left work: add the chain and path families (on large tables of interleaved 1F1B the
+        # fluid bound weighs the same paths together, and the branch and bound goes too few nodes deep to use them)
         weights, _ = lagrange_weights(costs, schedule, pp, tables.width, incumbent * (1 - tie_rel), paths=paths)
         tables = tables.with_chains(weights, paths)
     counter = _RankCount(costs, schedule, pp)
@@ -1363,7 +1365,10 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     beats ``cutoff_s``: with at most :data:`PROOF_SPLITS` splits, the least
     bound of a split that fits (:func:`split_lower_bounds`, no table); the
     root bound of the cheap families; for the chain schedules the
-    whole-layers-per-rank bound of :func:`rank_layer_bound_s`; then the
+    whole-layers-per-rank bound of :func:`rank_layer_bound_s`; for
+    interleaved 1F1B the fluid bound
+    (:func:`pipesearch.fluid_bound.fluid_lower_bound_s`; before the tables
+    when they are large, :func:`_fluid_first`); then the
     first :data:`FIRST_NODES` nodes of the branch and bound with the cheap
     families and the rank-counting bound (a split it meets below the cutoff
     is evaluated and kept in ``ev``). The chain families and their
@@ -1381,7 +1386,7 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
         if len(lower) and lower.min() >= cutoff_s:
             return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     width = _width_for(costs, cutoff_s * (1 + tie_rel))
-    fluid_first = S * min(width, L) * (L + 1) > FLUID_FIRST_RANGES  # the tables cost more than the program
+    fluid_first = _fluid_first(costs, width)
     if fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp) >= cutoff_s:
         return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     tables = _Tables(costs, schedule, pp, width)
@@ -1405,6 +1410,14 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
 #: which the fluid bound (:func:`pipesearch.fluid_bound.fluid_lower_bound_s`,
 #: a few milliseconds) is tried before them, not after their root bound
 FLUID_FIRST_RANGES = 2**18
+
+def _fluid_first(costs: PipelineCosts, width: int) -> bool:
+    """Whether the bound tables of stages of at most ``width`` layers hold
+    more than :data:`FLUID_FIRST_RANGES` stage ranges (they then cost more
+    than the fluid bound's program)."""
+    L = costs.num_layers
+    return costs.pp * min(width, L) * (L + 1) > FLUID_FIRST_RANGES
+
 
 #: floats the bound tables of one exact split may hold (1 GiB of float64);
 #: above it the split is the best of the starting splits, reported with a
