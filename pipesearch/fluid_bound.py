@@ -27,6 +27,8 @@ solver's tolerance never makes the bound exceed the true minimum.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .costs import PipelineCosts
@@ -52,10 +54,15 @@ def layer_times(costs: PipelineCosts) -> tuple[np.ndarray, np.ndarray]:
     return fwd.reshape(-1, L).min(axis=0), bwd.reshape(-1, L).min(axis=0)
 
 
-def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> float:
+def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int, below_s: float = np.inf) -> float:
     """A lower bound on the simulated iteration time of every split of this
     point (module docstring), in seconds; 0.0 for schedules other than
-    :data:`FLUID_BOUND_SCHEDULES`, or when the program ends unsolved."""
+    :data:`FLUID_BOUND_SCHEDULES`, or when the program ends unsolved.
+
+    ``below_s``: when the longest of the paths at equal stage loads (a point
+    of the relaxation, so at least its least value) is under it, the
+    program's value is too: 0.0 is returned without solving it (a caller
+    asking whether the bound reaches ``below_s``)."""
     S, m = costs.pp, costs.num_micro_batches
     if schedule not in FLUID_BOUND_SCHEDULES or S != pp * vp or S < 2:
         return 0.0
@@ -65,7 +72,31 @@ def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int) -
         return 0.0
     f, b = f / unit, b / unit  # one micro-batch's compute on the profiled device is 1
     scale = np.broadcast_to(np.asarray(costs.time_scale, dtype=float), (S,))
+    if np.isfinite(below_s) and unit * _longest_at_equal_loads(f, b, scale, pp, m, vp) < below_s:
+        return 0.0
     return unit * _certified_min(f, b, scale, pp, m, vp)
+
+
+@lru_cache(maxsize=256)
+def _chains(pp: int, m: int, vp: int) -> np.ndarray:
+    """``(S, S, 2)``: the forwards and backwards of each stage ``s`` on the
+    chain of stage ``k`` (:func:`pipesearch.split_search._interleaved_chain`), ``[k, s]``."""
+    from .split_search import _interleaved_chain
+
+    out = np.array([_interleaved_chain(pp, m, vp, k)[:, :2] for k in range(pp * vp)])
+    out.flags.writeable = False
+    return out
+
+
+def _longest_at_equal_loads(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int) -> float:
+    """The longest of the paths when every stage holds ``1 / S`` of the
+    forward and of the backward compute."""
+    S = pp * vp
+    u, v = scale * f.sum() / S, scale * b.sum() / S  # (S,) each stage's scaled forward and backward
+    ranks = m * np.bincount(np.arange(S) % pp, weights=u + v, minlength=pp)
+    n = _chains(pp, m, vp)
+    before = np.concatenate([[0.0], np.cumsum(u + v)[:-1]])
+    return float(max(ranks.max(), np.max(before + n[:, :, 0] @ u + n[:, :, 1] @ v)))
 
 
 def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int):
@@ -76,8 +107,6 @@ def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, v
     ``t`` the time. Rows: every rank's work and every stage's chain below
     ``t`` (dual values ``>= 0``), the prefix and total equalities (free),
     the ratio cone (``>= 0``). Returns ``(A, lo, hi, x_lo, x_hi)``."""
-    from .split_search import _interleaved_chain
-
     S = pp * vp
     U, V, P, T = 0, S, 2 * S, 3 * S  # column offsets
     total_u, total_v = float(f.sum()), float(b.sum())
@@ -98,8 +127,9 @@ def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, v
     for q in range(pp):  # t >= rank q's work
         own = stage[stage % pp == q]
         row(0.0, np.inf, t=(T, 1.0), u=(U + own, -m * scale[own]), v=(V + own, -m * scale[own]))
+    chains = _chains(pp, m, vp)
     for k in range(S):  # t >= stage k's chain
-        n = _interleaved_chain(pp, m, vp, k)
+        n = chains[k]
         own = stage[(n[:, 0] > 0) | (n[:, 1] > 0)]
         row(0.0, np.inf, t=(T, 1.0), p=(P + k, -1.0), u=(U + own, -n[own, 0] * scale[own]),
             v=(V + own, -n[own, 1] * scale[own]))

@@ -1387,7 +1387,7 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
             return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     width = _width_for(costs, cutoff_s * (1 + tie_rel))
     fluid_first = _fluid_first(costs, width)
-    if fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp) >= cutoff_s:
+    if fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp, cutoff_s) >= cutoff_s:
         return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     tables = _Tables(costs, schedule, pp, width)
     root = tables.root_bound()
@@ -1397,7 +1397,7 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
         return tables, ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
     if schedule in CHAIN_SCHEDULES and rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # whole layers per rank
-    if not fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp) >= cutoff_s:
+    if not fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp, cutoff_s) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # the fluid relaxation
     excluded, _, _ = _branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, cutoff_s / (1 + tie_rel), tie_rel,
                                        max_splits, min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))

@@ -149,3 +149,16 @@ def test_exact_split_settles_a_cutoff_below_the_bound_without_simulating():
     found = split_search.exact_split(costs, SCHEDULE, pp, vp)
     assert found.best_time_s >= bound
     assert found.lower_bound_s >= min(bound, found.best_time_s)
+
+
+def test_a_target_above_the_equal_loads_is_not_solved_for():
+    """``below_s``: on identical layers the equal loads are the even split,
+    whose paths are at most its simulated time, Megatron's ``(m v + p - 1)``
+    stage times; asked for more than that the bound is 0.0 (not solved);
+    asked for less than the bound it is the bound."""
+    pp, vp, m, n = 2, 2, 4, 3
+    costs = _costs([1.0] * (pp * vp * n), [2.0] * (pp * vp * n), pp, vp, m)
+    megatron = (m * vp + pp - 1) * 3.0 * n
+    bound = fluid_lower_bound_s(costs, SCHEDULE, pp, vp)
+    assert fluid_lower_bound_s(costs, SCHEDULE, pp, vp, below_s=megatron * 1.001) == 0.0
+    assert fluid_lower_bound_s(costs, SCHEDULE, pp, vp, below_s=bound * 0.99) == bound
