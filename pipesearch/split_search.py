@@ -1085,7 +1085,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         return ExactSplit((), np.inf, np.inf, float(lower), exact, len(ev.times), nodes)
     chosen, best = _chosen(costs, ev, tie_rel)
     if not exact:  # every split's time is at least the fluid relaxation's too
-        frontier = max(frontier, fluid_lower_bound_s(costs, schedule, pp, vp))
+        frontier = max(frontier, fluid_lower_bound_s(costs, schedule, pp, vp, frontier))
     lower = min(best, cutoff_s) if exact else min(best, frontier)
     if value_above_cutoff and best > cutoff_s:
         exact = False
