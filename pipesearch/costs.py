@@ -586,8 +586,11 @@ class PipelineCosts:
         return self.time_scale[s] * (fwd if x is None else np.maximum(fwd, x))
 
     def bwd_s(self, s, i, j):
-        """Full backward compute seconds of one micro-batch on stage ``s``."""
-        return self.compute_s(s, i, j) - self.fwd_s(s, i, j)
+        """Full backward compute seconds of one micro-batch on stage ``s``
+        (never below 0: a stage of layers without backward leaves the
+        difference of its prefix sums at a rounding residue such as -4e-19,
+        which the simulator's input check refuses)."""
+        return np.maximum(self.compute_s(s, i, j) - self.fwd_s(s, i, j), 0.0)
 
     def bwd_input_s(self, s, i, j):
         """Input-gradient part of the backward on stage ``s``."""

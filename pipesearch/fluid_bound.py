@@ -35,6 +35,12 @@ from .costs import PipelineCosts
 
 #: the schedules this bound covers (its paths are their chain families)
 FLUID_BOUND_SCHEDULES = ("interleaved-1f1b",)
+#: per-layer shares of one micro-batch's compute at most this are taken as 0
+TINY_SHARE = 1e-12
+#: the ratio cone's sides are left out where steeper than this (or flatter than its inverse)
+MAX_RATIO = 1e6
+#: simplex iterations of the program at most (a count: an unsolved program gives no bound, 0.0)
+MAX_ITERATIONS = 100_000
 #: the certified value is lowered by this relative margin (float rounding of its sums)
 CERTIFIED_REL = 1e-12
 
@@ -71,6 +77,9 @@ def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int, b
     if unit <= 0:
         return 0.0
     f, b = f / unit, b / unit  # one micro-batch's compute on the profiled device is 1
+    # differences of prefix sums leave rounding residue (1e-20 for a layer of no backward): taken as 0, a
+    # smaller lower bound of the layer's time
+    f, b = np.where(f > TINY_SHARE, f, 0.0), np.where(b > TINY_SHARE, b, 0.0)
     scale = np.broadcast_to(np.asarray(costs.time_scale, dtype=float), (S,))
     if np.isfinite(below_s) and unit * _longest_at_equal_loads(f, b, scale, pp, m, vp) < below_s:
         return 0.0
@@ -110,9 +119,14 @@ def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, v
     S = pp * vp
     U, V, P, T = 0, S, 2 * S, 3 * S  # column offsets
     total_u, total_v = float(f.sum()), float(b.sum())
-    ratio = f / np.where(b > 0, b, 1.0)
-    lo_r = float(ratio.min()) if np.all(b > 0) else 0.0
-    hi_r = float(ratio.max()) if np.all(b > 0) else np.inf
+    # u_s / v_s lies between the least and the greatest f / b of a layer (a layer of no backward only adds to
+    # u_s: no upper side then; one of no forward has ratio 0)
+    has_b = b > 0
+    lo_r = float(np.min(f[has_b] / b[has_b])) if np.any(has_b) else 0.0
+    hi_r = float(np.max(f[has_b] / b[has_b])) if np.all(has_b | (f <= 0)) and np.any(has_b) else np.inf
+    # a side of the cone steeper than MAX_RATIO only ill-conditions the program: left out (a weaker relaxation)
+    lo_r = lo_r if lo_r >= 1 / MAX_RATIO else 0.0
+    hi_r = hi_r if hi_r <= MAX_RATIO else np.inf
     stage = np.arange(S)
     rows, lo, hi = [], [], []
 
@@ -157,6 +171,7 @@ def _certified_min(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: 
 
     A, lo, hi, x_lo, x_hi = _program(f, b, scale, pp, m, vp)
     solver = pywraplp.Solver.CreateSolver("GLOP")
+    solver.SetSolverSpecificParametersAsString(f"max_number_of_iterations: {MAX_ITERATIONS}")
     inf = solver.infinity()
     x = [solver.NumVar(float(a), float(z) if np.isfinite(z) else inf, "") for a, z in zip(x_lo, x_hi)]
     cons = []

@@ -74,3 +74,24 @@ def test_send_s_by_hand():
     got = costs.send_s(np.array([[0], [1], [2]]), np.array([[1, 3, 5]]))
     want = [[1e-3 + 100 / 1e3, 1e-3 + 300 / 1e3, 0.0], [100 / 2e3, 300 / 2e3, 0.0], [0.0, 0.0, 0.0]]
     np.testing.assert_allclose(got, want, rtol=1e-15)
+
+
+def test_a_stage_of_layers_without_backward_has_zero_backward():
+    """Forward 0.1 s each, backward 0.1, 0 and 0 s: the prefix sums of
+    forward + backward (0.2, 0.3, 0.4) minus those of forward (0.1, 0.2,
+    0.3) leave -2.8e-17 and -5.6e-17 for the stages of the last two layers
+    and of the last one; their backward is 0, never negative (the simulator
+    refuses negative times), and the first layer's is 0.1 s."""
+    from pipesearch.costs import build_pipeline_costs, pipeline_placement
+    from pipesearch.timemodel import simulate_times
+
+    from helpers import tiny_cluster, tiny_profile
+
+    prof = tiny_profile([0.1, 0.1, 0.1], [0.1, 0.0, 0.0])
+    job = Job(global_batch_size=2, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    costs = build_pipeline_costs(prof, tiny_cluster(1, 2, memory_bytes=1e15), job, pp=2, dp=1, micro_batch_size=1,
+                                 num_micro_batches=2, schedule="1f1b", placement=pipeline_placement(2, 1),
+                                 in_flight=np.array([2, 1]))
+    assert costs.bwd_s(1, 1, 3) == 0.0 and costs.bwd_s(1, 2, 3) == 0.0
+    assert costs.bwd_s(0, 0, 1) == pytest.approx(0.1, rel=1e-12)
+    simulate_times("1f1b", 2, 2, 1, costs.stage_times(np.array([0, 2, 3])))

@@ -162,3 +162,19 @@ def test_a_target_above_the_equal_loads_is_not_solved_for():
     bound = fluid_lower_bound_s(costs, SCHEDULE, pp, vp)
     assert fluid_lower_bound_s(costs, SCHEDULE, pp, vp, below_s=megatron * 1.001) == 0.0
     assert fluid_lower_bound_s(costs, SCHEDULE, pp, vp, below_s=bound * 0.99) == bound
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_layers_of_no_backward_or_no_forward(seed):
+    """Layers with a zero forward or backward (their prefix differences leave
+    rounding residue such as 1e-20, which once made the ratio cone 1e16 steep
+    and the program run without end): the bound is still found, positive and
+    at most every split's time."""
+    rng = np.random.default_rng(100 + seed)
+    pp, vp, L = 2, 2, 7
+    fwd, bwd = rng.exponential(1e-3, L), rng.exponential(2e-3, L)
+    fwd[rng.choice(L, 2, replace=False)] = 0.0
+    bwd[rng.choice(L, 2, replace=False)] = 0.0
+    costs = _costs(fwd, bwd, pp, vp, 4)
+    bound = fluid_lower_bound_s(costs, SCHEDULE, pp, vp)
+    assert 0 < bound <= _least_time(costs, pp, vp) * (1 + 1e-9)
