@@ -1411,6 +1411,7 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
 #: a few milliseconds) is tried before them, not after their root bound
 FLUID_FIRST_RANGES = 2**18
 
+
 def _fluid_first(costs: PipelineCosts, width: int) -> bool:
     """Whether the bound tables of stages of at most ``width`` layers hold
     more than :data:`FLUID_FIRST_RANGES` stage ranges (they then cost more
