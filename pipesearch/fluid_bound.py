@@ -38,7 +38,7 @@ FLUID_BOUND_SCHEDULES = ("interleaved-1f1b",)
 #: per-layer shares of one micro-batch's compute at most this are taken as 0
 TINY_SHARE = 1e-12
 #: the ratio cone's sides are left out where steeper than this (or flatter than its inverse)
-MAX_RATIO = 1e6
+MAX_RATIO = 1e3
 #: simplex iterations of the program at most (a count: an unsolved program gives no bound, 0.0)
 MAX_ITERATIONS = 100_000
 #: the certified value is lowered by this relative margin (float rounding of its sums)
@@ -83,7 +83,9 @@ def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int, b
     scale = np.broadcast_to(np.asarray(costs.time_scale, dtype=float), (S,))
     if np.isfinite(below_s) and unit * _longest_at_equal_loads(f, b, scale, pp, m, vp) < below_s:
         return 0.0
-    return unit * _certified_min(f, b, scale, pp, m, vp)
+    # a program the simplex leaves unsolved (a steep cone over times spanning many orders of magnitude) is
+    # solved again without the cone: a weaker relaxation, better conditioned
+    return unit * (_certified_min(f, b, scale, pp, m, vp) or _certified_min(f, b, scale, pp, m, vp, cone=False))
 
 
 @lru_cache(maxsize=256)
@@ -108,14 +110,15 @@ def _longest_at_equal_loads(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp:
     return float(max(ranks.max(), np.max(before + n[:, :, 0] @ u + n[:, :, 1] @ v)))
 
 
-def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int):
+def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int, cone: bool = True):
     """The relaxation as ``min t`` s.t. ``lo <= A x <= hi``, ``x_lo <= x <=
     x_hi`` over ``x = (u, v, P, t)``: ``u``, ``v`` ``(S,)`` each stage's
     forward and backward share, ``P`` ``(S,)`` the scaled compute of the
     stages before each (``P_0 = 0``, ``P_{k+1} = P_k + a_k (u_k + v_k)``),
     ``t`` the time. Rows: every rank's work and every stage's chain below
     ``t`` (dual values ``>= 0``), the prefix and total equalities (free),
-    the ratio cone (``>= 0``). Returns ``(A, lo, hi, x_lo, x_hi)``."""
+    the ratio cone (``>= 0``; left out unless ``cone``). Returns ``(A, lo,
+    hi, x_lo, x_hi)``."""
     S = pp * vp
     U, V, P, T = 0, S, 2 * S, 3 * S  # column offsets
     total_u, total_v = float(f.sum()), float(b.sum())
@@ -152,7 +155,7 @@ def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, v
             v=(V + k, -scale[k]))
     row(total_u, total_u, u=(U + stage, 1.0))
     row(total_v, total_v, v=(V + stage, 1.0))
-    for s in range(S):  # lo_r v_s <= u_s <= hi_r v_s
+    for s in range(S if cone else 0):  # lo_r v_s <= u_s <= hi_r v_s
         row(0.0, np.inf, u=(U + s, 1.0), v=(V + s, -lo_r))
         if np.isfinite(hi_r):
             row(0.0, np.inf, u=(U + s, -1.0), v=(V + s, hi_r))
@@ -162,14 +165,15 @@ def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, v
     return np.array(rows), np.array(lo), np.array(hi), x_lo, x_hi
 
 
-def _certified_min(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int) -> float:
+def _certified_min(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int,
+                   cone: bool = True) -> float:
     """The least ``t`` over the relaxation (module docstring; ``f``, ``b``
     per-layer times in units of their sum), certified from the dual values:
     for any ``y`` (``>= 0`` on the ``>=`` rows), ``lo . y + sum_j min(r_j
     x_lo_j, r_j x_hi_j)`` with ``r = c - A^T y`` is at most the least ``t``."""
     from ortools.linear_solver import pywraplp  # only where the bound is sought
 
-    A, lo, hi, x_lo, x_hi = _program(f, b, scale, pp, m, vp)
+    A, lo, hi, x_lo, x_hi = _program(f, b, scale, pp, m, vp, cone)
     solver = pywraplp.Solver.CreateSolver("GLOP")
     solver.SetSolverSpecificParametersAsString(f"max_number_of_iterations: {MAX_ITERATIONS}")
     inf = solver.infinity()

@@ -178,3 +178,23 @@ def test_layers_of_no_backward_or_no_forward(seed):
     costs = _costs(fwd, bwd, pp, vp, 4)
     bound = fluid_lower_bound_s(costs, SCHEDULE, pp, vp)
     assert 0 < bound <= _least_time(costs, pp, vp) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", [117, 121, 163, 204, 210, 273, 0, 1, 2, 3])
+def test_times_over_many_orders_of_magnitude(seed):
+    """Layer times log-uniform over six orders of magnitude and device
+    speeds over six (every stage a layer or two): the first six seeds are
+    the ones of 400 where the program ended ABNORMAL (a cone up to 1e6
+    steep) and gave no bound; it is now solved (without the cone when it
+    must) and never above the least simulated time."""
+    from helpers import make_costs
+
+    rng = np.random.default_rng(1000 + seed)
+    pp, vp = int(rng.integers(2, 5)), 3
+    S, m = pp * vp, pp * 2
+    L = S + int(rng.integers(0, 2))
+    f, b = 10 ** rng.uniform(-6, 0, L), 10 ** rng.uniform(-6, 0, L)
+    costs = make_costs(times=tuple(f + b), fwd=tuple(f), pp=S, m=m, time_scale=10 ** rng.uniform(-3, 3, S),
+                       in_flight=[1] * S)
+    bound = fluid_lower_bound_s(costs, SCHEDULE, pp, vp)
+    assert 0 < bound <= _least_time(costs, pp, vp) * (1 + 1e-9)
