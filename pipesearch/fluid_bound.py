@@ -52,12 +52,17 @@ def layer_times(costs: PipelineCosts) -> tuple[np.ndarray, np.ndarray]:
     j)`` on a device of time scale ``a`` runs its forward in at least ``a
     sum f[i:j]`` (:meth:`PipelineCosts.fwd_s`) and its backward in at least
     ``a sum b[i:j]`` (:meth:`PipelineCosts.bwd_s`; the activation copies of
-    an offloading option only add to both)."""
+    an offloading option only add to both). Differences of prefix sums
+    leave rounding residue (1e-20 s for a layer of no backward): times at
+    most :data:`TINY_SHARE` of a micro-batch's whole compute are taken as 0,
+    a smaller lower bound of the layer's time."""
     src = costs if costs.options is None else costs.options
     fwd = np.diff(np.asarray(src.fwd_prefix_s, dtype=float), axis=-1)
     bwd = np.diff(np.asarray(src.compute_prefix_s, dtype=float), axis=-1) - fwd
     L = costs.num_layers
-    return fwd.reshape(-1, L).min(axis=0), bwd.reshape(-1, L).min(axis=0)
+    f, b = fwd.reshape(-1, L).min(axis=0), bwd.reshape(-1, L).min(axis=0)
+    tiny = TINY_SHARE * float(f.sum() + b.sum())
+    return np.where(f > tiny, f, 0.0), np.where(b > tiny, b, 0.0)
 
 
 def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int, below_s: float = np.inf) -> float:
@@ -77,9 +82,6 @@ def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int, b
     if unit <= 0:
         return 0.0
     f, b = f / unit, b / unit  # one micro-batch's compute on the profiled device is 1
-    # differences of prefix sums leave rounding residue (1e-20 for a layer of no backward): taken as 0, a
-    # smaller lower bound of the layer's time
-    f, b = np.where(f > TINY_SHARE, f, 0.0), np.where(b > TINY_SHARE, b, 0.0)
     scale = np.broadcast_to(np.asarray(costs.time_scale, dtype=float), (S,))
     if np.isfinite(below_s) and unit * _longest_at_equal_loads(f, b, scale, pp, m, vp) < below_s:
         return 0.0
@@ -135,7 +137,7 @@ def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, v
 
     def row(lo_i, hi_i, **at):
         r = np.zeros(3 * S + 1)
-        for name, (cols, vals) in at.items():
+        for cols, vals in at.values():
             r[cols] += vals
         rows.append(r)
         lo.append(lo_i)
