@@ -622,14 +622,26 @@ class _Tables:
                             "mx": c["mx"], "sfx": c["sfx"]}
 
     def _window(self, v: np.ndarray, at: int, U: int, Wb: int) -> np.ndarray:
-        """``v[:, at + u + d]`` for ``u < U``, ``d = 1 .. Wb`` (``v``: ``(Q,
-        L+1)``, +inf past ``L``): a ``(Q, U, Wb)`` sliding-window view."""
+        """``v[:, at + u + d]`` for ``u < U``, ``d = 1 .. Wb`` (``v``: a row of
+        suffix minima, ``(Q, L + rows + 2)``, +inf past ``L``, :meth:`_row`): a
+        ``(Q, U, Wb)`` sliding-window view of ``v`` (of a copy padded with
+        more +inf when a window reaches past it)."""
+        if at + U + Wb >= v.shape[1]:
+            pad = np.full((len(v), at + U + Wb + 1), np.inf)
+            pad[:, :v.shape[1]] = v
+            v = pad
+        step = v.strides[1]  # [q, u, d] -> v[q, at + 1 + u + d]
+        return np.lib.stride_tricks.as_strided(v[:, at + 1:], shape=(len(v), U, Wb),
+                                               strides=(v.strides[0], step, step), writeable=False)
+
+    def _row(self, q: int, value: float = np.inf) -> np.ndarray:
+        """A ``(q, L + rows + 2)`` row of suffix minima filled with ``value``:
+        columns ``0 .. L`` are starts, the rest +inf padding that lets
+        :meth:`_window` read every window as a view."""
         L = self.costs.num_layers
-        pad = np.full((len(v), max(L + 1, at + U + Wb + 1)), np.inf)
-        pad[:, :L + 1] = v
-        step = pad.strides[1]  # [q, u, d] -> pad[q, at + 1 + u + d]: a strided view, in bounds by the width
-        return np.lib.stride_tricks.as_strided(pad[:, at + 1:], shape=(len(v), U, Wb),
-                                               strides=(pad.strides[0], step, step), writeable=False)
+        out = np.full((q, L + self.rows + 2), value)
+        out[:, L + 1:] = np.inf
+        return out
 
     @staticmethod
     def _stack(xs, fill: float, ok: np.ndarray) -> np.ndarray:
@@ -655,14 +667,14 @@ class _Tables:
         self._kept[s] = ("last", int(i[0]), groups, ok)
 
         def end(q, value):
-            out = np.full((q, L + 1), np.inf)
+            out = self._row(q)
             out[:, L] = value
             return out
 
         g, nmax = groups, self._sizes["max"]
         self._suf[S] = nxt = {"add": end(len(g["add"]), 0.0), "mx": end(len(g["mx"]), -np.inf),
                               "sfx": end(len(g["sfx"]), -np.inf)}
-        h_add, h_mx, h_sfx = nxt["add"][:, L:], nxt["mx"][:, L:], nxt["sfx"][:, L:]
+        h_add, h_mx, h_sfx = nxt["add"][:, L:L + 1], nxt["mx"][:, L:L + 1], nxt["sfx"][:, L:L + 1]
         na0, ns = self._rows["suffix"][1], self._sizes["suffix"]
         mx = np.concatenate([np.maximum(g["mx"][:nmax], h_mx[:nmax]),
                              np.maximum(g["mx"][nmax:], g["mxa"] + h_mx[nmax:])])
@@ -671,10 +683,10 @@ class _Tables:
                          ("sfx", np.maximum(g["sfx"] + h_add[na0:na0 + ns], h_sfx)))}
 
     def _placed(self, v: np.ndarray, at: int) -> np.ndarray:
-        """``v`` (``(Q, U)``: starts ``at .. at + U - 1``) in a ``(Q, L+1)``
-        row of +inf (starts past ``L`` dropped)."""
+        """``v`` (``(Q, U)``: starts ``at .. at + U - 1``) in a row of +inf
+        (:meth:`_row`; starts past ``L`` dropped)."""
         L = self.costs.num_layers
-        out = np.full((len(v), L + 1), np.inf)
+        out = self._row(len(v))
         n = max(0, min(v.shape[1], L + 1 - at))
         out[:, at:at + n] = v[:, :n]
         return out
@@ -826,9 +838,10 @@ class _Tables:
         """The suffix minima of the components of ``kind`` from stage ``s``:
         ``(Q_K, L+1)``; for ``suffix`` the pair (min sum alpha, min max)."""
         group, a, b = self._rows[kind]
+        n = self.costs.num_layers + 1
         if kind == "suffix":
-            return self._suf[s]["add"][a:b], self._suf[s]["sfx"]
-        return self._suf[s][group][a:b]
+            return self._suf[s]["add"][a:b, :n], self._suf[s]["sfx"][:, :n]
+        return self._suf[s][group][a:b, :n]
 
     def root_bound(self) -> float:
         """The smallest lower bound of any split: each family's suffix minima
