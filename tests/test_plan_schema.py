@@ -24,6 +24,9 @@ def test_schema_is_draft_2020_12_and_inside_the_package():
     schema = json.loads(schema_text())
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     jsonschema.Draft202012Validator.check_schema(schema)
+    stages = json.loads((REPO / "pipesearch" / "schema" / "stages-1.schema.json").read_text())
+    assert stages["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    jsonschema.Draft202012Validator.check_schema(stages)  # the runtime skips these checks
     # the wheel ships the whole package directory (hatch `packages = ["pipesearch"]`)
     assert (REPO / "pipesearch" / "schema" / SCHEMA_FILE).is_file()
     wheel = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
