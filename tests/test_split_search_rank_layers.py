@@ -20,6 +20,7 @@ import pytest
 from helpers import tiny_cluster, tiny_profile
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
+from pipesearch.fluid_bound import fluid_lower_bound_s
 from pipesearch.partition import even_split
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
 from pipesearch.split_search import _Tables, _width_for, exact_split, rank_layer_bound_s
@@ -183,3 +184,36 @@ def test_no_bound_above_the_term_limit(monkeypatch):
     assert rank_layer_bound_s(costs, "interleaved-1f1b", 2, 10, best * 0.5) == 0.0
     found = exact_split(costs, "interleaved-1f1b", 2, 2, cutoff_s=best * (1 + 1e-9))
     assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12)
+
+
+
+def test_a_stopped_search_bound_counts_whole_layers():
+    """The bound a stopped branch and bound reports past its open nodes
+    (``_stopped_bound``, here with none: frontier 0) is at least the
+    whole-layers count by hand: some rank holds ``ceil(8 / 3) = 3`` of the 8
+    identical layers and runs them for all ``m`` micro-batches one after
+    another, ``T >= 3 m a`` (``a`` one layer's forward and backward), where
+    the fluid relaxation alone (fractions of a layer, about ``m (8 + 0.37) a
+    / 3``) stays below it; and at most the brute-force optimum."""
+    pp, vp, m, middle = 3, 2, 24, 8
+    costs = _gpt_like(pp, vp, m, middle, seed=5)
+    best = min(t for _, t in _times(costs, "interleaved-1f1b", pp, vp))
+    a = float(costs.compute_s(0, 1, 2))  # one identical layer's forward and backward
+    limit = best * (1 + 1e-9)
+    assert fluid_lower_bound_s(costs, "interleaved-1f1b", pp, vp) < 2.9 * m * a
+    bound = split_search._stopped_bound(costs, "interleaved-1f1b", pp, vp, 0.0, _width_for(costs, limit), limit)
+    assert 3 * m * a * (1 - 1e-12) <= bound <= best * (1 + 1e-12)
+
+
+def test_a_stopped_search_reports_the_whole_layers_bound(monkeypatch):
+    """A branch and bound stopped after one node (no enumeration) reports a
+    lower bound between the whole-layers count by hand (``3 m a``, as in
+    the test above) and the brute-force optimum."""
+    pp, vp, m, middle = 3, 2, 24, 8
+    costs = _gpt_like(pp, vp, m, middle, seed=5)
+    best = min(t for _, t in _times(costs, "interleaved-1f1b", pp, vp))
+    a = float(costs.compute_s(0, 1, 2))  # one identical layer's forward and backward
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
+    found = exact_split(costs, "interleaved-1f1b", pp, vp, max_nodes=1)
+    assert not found.exact
+    assert 3 * m * a * (1 - 1e-12) <= found.lower_bound_s <= best * (1 + 1e-12)
