@@ -104,64 +104,82 @@ class _Tables:
         return np.where(fits[:, None] & (a <= limit), a, np.inf)
 
 
+#: elements of one chunk of a level's transitions (count vectors x classes^2 x (L+1)^2 at most)
+LEVEL_CHUNK = 2**22
+
+
 def _run(problem: MappingProblem, tab: _Tables, mode: str, limit: float):
     """One DP pass: ``mode`` ``"max"`` or ``"sum"`` over stage times that
-    are at most ``limit``. Returns ``(value, classes, bounds)`` or None."""
+    are at most ``limit``. Returns ``(value, classes, bounds)`` or None.
+
+    A level (the count vectors of one sum) at a time: every state's
+    transitions at once (in chunks of :data:`LEVEL_CHUNK` elements), each
+    next state taking the least of its sources, the first class and then the
+    first start on ties."""
     P, L = problem.pp, problem.num_layers
     sizes = [len(c) for c in tab.classes]
     C = len(sizes)
-    inf = np.inf
-    value: dict[tuple, np.ndarray] = {}
-    back: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-    for c in range(C):
-        v = np.full(L + 1, inf)
-        v[0] = 0.0
-        value[(tuple(int(i == c) for i in range(C)), c)] = v
-    best = (inf, None)
     combine = np.maximum if mode == "max" else np.add
-    vectors = sorted((n for n in itertools.product(*(range(s + 1) for s in sizes)) if 0 < sum(n) <= P), key=sum)
-    k_built, A = -1, None
-    for n in vectors:
-        k = sum(n) - 1
-        if k != k_built:
-            A, k_built = tab.stage_times(k, limit), k
-        for c in range(C):
-            v = value.pop((n, c), None)
-            if v is None:
-                continue
-            rows = np.flatnonzero(np.isfinite(v))
-            if not len(rows):
-                continue
-            if k == P - 1:
-                tot = combine(v[rows], A[c, C, rows, L])
-                i = int(np.argmin(tot))
-                if tot[i] < best[0]:
-                    best = (float(tot[i]), (n, c, int(rows[i])))
-                continue
-            nxt = [c2 for c2 in range(C) if n[c2] < sizes[c2]]
-            tot = combine(v[rows][None, :, None], A[c][nxt][:, rows, :])  # (len(nxt), R, L+1)
-            arg = np.argmin(tot, axis=1)
-            new = np.take_along_axis(tot, arg[:, None, :], axis=1)[:, 0, :]
-            for t, c2 in enumerate(nxt):
-                key = (n[:c2] + (n[c2] + 1,) + n[c2 + 1:], c2)
-                if key not in value:
-                    value[key] = np.full(L + 1, inf)
-                    back[key] = (np.zeros(L + 1, np.int64), np.zeros(L + 1, np.int64))
-                better = new[t] < value[key]
-                value[key][better] = new[t][better]
-                back[key][0][better] = c
-                back[key][1][better] = rows[arg[t][better]]
-    if best[1] is None:
+    vectors = [n for n in itertools.product(*(range(s + 1) for s in sizes)) if 0 < sum(n) <= P]
+    levels = [[n for n in vectors if sum(n) == k + 1] for k in range(P)]
+    index = [{n: t for t, n in enumerate(level)} for level in levels]
+    value = np.full((len(levels[0]), C, L + 1), np.inf)  # (vector, class of its current stage, its start)
+    for t, n in enumerate(levels[0]):
+        value[t, n.index(1), 0] = 0.0
+    back = []  # per level k >= 1: (previous class, previous start), each (vectors, C, L+1)
+    for k in range(P - 1):
+        # (C, C, L+1, L+1): stage k on class c followed by c2 over [j, j'), laid out [c, c2, j', j]
+        A = np.ascontiguousarray(tab.stage_times(k, limit)[:, :C].transpose(0, 1, 3, 2))
+        nv = len(levels[k])
+        best = np.full((nv, C, C, L + 1), np.inf)  # [vector, c, c2, j']
+        arg = np.zeros((nv, C, C, L + 1), dtype=np.int64)
+        step = max(1, LEVEL_CHUNK // (C * C * (L + 1) ** 2))
+        for lo in range(0, nv, step):
+            v = value[lo:lo + step]
+            for c in range(C):
+                live = np.flatnonzero(np.isfinite(v[:, c]).any(axis=0))  # the starts some state reached
+                if not len(live):
+                    continue
+                j0, j1 = int(live[0]), int(live[-1]) + 1
+                tot = combine(v[:, c, None, None, j0:j1], A[c, None, :, :, j0:j1])  # (chunk, c2, j', j)
+                a = np.argmin(tot, axis=3)
+                arg[lo:lo + step, c] = a + j0
+                best[lo:lo + step, c] = np.take_along_axis(tot, a[..., None], axis=3)[..., 0]
+        nxt = levels[k + 1]
+        tgt, c2s, src = [], [], []
+        for t, n in enumerate(nxt):
+            for c2 in range(C):
+                if n[c2] > 0:
+                    prev = n[:c2] + (n[c2] - 1,) + n[c2 + 1:]
+                    if prev in index[k]:
+                        tgt.append(t), c2s.append(c2), src.append(index[k][prev])
+        tgt, c2s, src = (np.array(x, dtype=np.int64) for x in (tgt, c2s, src))
+        cand = best[src, :, c2s, :]  # (K, C, L+1) over the source's class
+        pc = np.argmin(cand, axis=1)
+        new = np.full((len(nxt), C, L + 1), np.inf)
+        bc, bj = np.zeros((len(nxt), C, L + 1), dtype=np.int64), np.zeros((len(nxt), C, L + 1), dtype=np.int64)
+        new[tgt, c2s] = np.take_along_axis(cand, pc[:, None, :], axis=1)[:, 0, :]
+        bc[tgt, c2s] = pc
+        bj[tgt, c2s] = np.take_along_axis(arg[src, :, c2s, :], pc[:, None, :], axis=1)[:, 0, :]
+        back.append((bc, bj))
+        value = new
+    A = tab.stage_times(P - 1, limit)
+    tot = combine(value, A[np.arange(C), C, :, L][None])  # (vectors, C, L+1): the last stage ends at L
+    flat = int(np.argmin(tot))
+    if not np.isfinite(tot.flat[flat]):
         return None
-    n, c, j = best[1]
-    seq, bounds = [c], [L, j]
-    while sum(n) > 1:
-        pc, pj = back[(n, c)][0][j], back[(n, c)][1][j]
+    t, c, j = np.unravel_index(flat, tot.shape)
+    n, c, j = levels[P - 1][t], int(c), int(j)
+    out, seq, bounds = float(tot.flat[flat]), [c], [L, j]
+    for k in range(P - 1, 0, -1):
+        bc, bj = back[k - 1]
+        t = index[k][n]
+        pc, pj = int(bc[t, c, j]), int(bj[t, c, j])
         n = n[:c] + (n[c] - 1,) + n[c + 1:]
-        c, j = int(pc), int(pj)
+        c, j = pc, pj
         seq.append(c)
         bounds.append(j)
-    return best[0], seq[::-1], bounds[::-1]
+    return out, seq[::-1], bounds[::-1]
 
 
 def _devices(tab: _Tables, seq: list[int]) -> list[int]:

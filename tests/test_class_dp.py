@@ -75,6 +75,21 @@ def test_class_dp_on_nodes_matches_brute_force(inst, objective):
     _check(inst, objective)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(node_instances(), st.sampled_from(["bottleneck", "iteration"]))
+def test_class_dp_in_chunks_of_one_count_vector_matches_brute_force(inst, objective):
+    """Each level's transitions one count vector at a time (the chunking of
+    large levels, ``LEVEL_CHUNK``) give the brute-force optimum too."""
+    import pipesearch.class_dp as class_dp
+
+    old = class_dp.LEVEL_CHUNK
+    class_dp.LEVEL_CHUNK = 1
+    try:
+        _check(inst, objective)
+    finally:
+        class_dp.LEVEL_CHUNK = old
+
+
 def test_classes_are_nodes():
     """Three nodes of 3, 2, 1 identical devices: three classes, (3+1)(2+1)(1+1) = 24 count vectors."""
     D = 6
