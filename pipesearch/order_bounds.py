@@ -638,8 +638,8 @@ def rank_capacity_tables(classes: Sequence[Sequence[int]], costs_of: Callable[[t
             valid = (jj > ii) & (ii >= s) & ((jj == L) if s == S - 1 else (jj <= L - S + s + 1))
             if s == 0:
                 valid &= ii == 0
-            ok = valid & np.asarray(costs.fits(s, np.where(valid, ii, 0), np.where(valid, jj, 1)), dtype=bool)
-            works[c][s] = np.unique(work[ok])
+            i, j = ii[valid], jj[valid]  # only the ranges the stage can have (the fit test is the cost)
+            works[c][s] = np.unique(work[valid][np.asarray(costs.fits(s, i, j), dtype=bool)])
     best = np.array([[w[-1] if len(w) else -np.inf for w in row] for row in works]).reshape(C, vp, pp)
     least = np.array([[w[0] if len(w) else np.inf for w in row] for row in works]).reshape(C, vp, pp)
     return RankCapacity(cap=best.sum(axis=1), floor=least.sum(axis=1), scale=scale, work_s=work_total,
