@@ -634,14 +634,11 @@ class _Tables:
         return np.lib.stride_tricks.as_strided(v[:, at + 1:], shape=(len(v), U, Wb),
                                                strides=(v.strides[0], step, step), writeable=False)
 
-    def _row(self, q: int, value: float = np.inf) -> np.ndarray:
-        """A ``(q, L + rows + 2)`` row of suffix minima filled with ``value``:
-        columns ``0 .. L`` are starts, the rest +inf padding that lets
-        :meth:`_window` read every window as a view."""
-        L = self.costs.num_layers
-        out = np.full((q, L + self.rows + 2), value)
-        out[:, L + 1:] = np.inf
-        return out
+    def _row(self, q: int) -> np.ndarray:
+        """A ``(q, L + rows + 2)`` row of suffix minima, all +inf: columns
+        ``0 .. L`` are starts, the rest padding that lets :meth:`_window` read
+        every window as a view."""
+        return np.full((q, self.costs.num_layers + self.rows + 2), np.inf)
 
     @staticmethod
     def _stack(xs, fill: float, ok: np.ndarray) -> np.ndarray:
