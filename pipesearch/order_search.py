@@ -16,7 +16,9 @@ once: each rank busy with all its stages' work, within its class's memory
 blocking sends each rank's own transfers too), and each link's chain of
 transfers under overlapped sends (:func:`pipesearch.order_bounds.link_bound_s`).
 When they reach the cutoff the point is ``"ABOVE_CUTOFF"`` without any
-order split; when no order's ranks can hold the model, None.
+order split (and without looking for an order that fits: the point is
+pruned whether or not one does); when no order's ranks can hold the
+model, None.
 
 Search by classes (one stage per rank: GPipe, 1F1B, ZB-H1, no per-stage
 memory options; :func:`class_bounds_apply`). A best-first branch and bound
@@ -62,7 +64,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -94,7 +96,9 @@ class OrderSearch:
     """The best order found and what is proven about it.
 
     Attributes:
-        order: slot of each rank (members of the given classes).
+        order: slot of each rank (members of the given classes); empty
+            for an ``"ABOVE_CUTOFF"`` answer proven by bounds before an
+            order that fits was met.
         split: its :class:`pipesearch.split_search.ExactSplit` (None for an
             ``"ABOVE_CUTOFF"`` order whose split search did not run).
         status: ``"OPTIMAL"`` (no order and split is faster),
@@ -253,21 +257,18 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     Returns:
         An :class:`OrderSearch`, or None when no order has a split that fits
         (of the first ``max_orders``). When none beats ``cutoff_s`` its status is
-        ``"ABOVE_CUTOFF"``: ``order`` is the first that fits, ``split`` its
-        split search's answer, ``best_bound_s`` the proven bound (at least
-        ``cutoff_s`` when the search was complete).
+        ``"ABOVE_CUTOFF"`` with ``best_bound_s`` the proven bound: when that
+        is at least ``cutoff_s`` (the search was complete) ``order`` is an
+        order met that fits, or empty when none was met (none is looked
+        for: whether one fits does not matter to a point that cannot beat
+        the cutoff); else (a search stopped at its counts) the first order
+        that fits, ``split`` its split search's answer.
     """
     vectors = count_vectors([len(c) for c in classes], pp)
     total = sum(count_orders(n) for n in vectors)
     excluded = _capacity_exclusion(classes, costs_of, schedule, pp, vp, cutoff_s, total)
     if excluded is not None:
-        if excluded.best_bound_s == math.inf:
-            return None
-        # the first orders (the closed-form mapping of one stage per rank) only where no other fits
-        fitting = _fitting_order(classes, costs_of, pp, first if vp == 1 else (),
-                                 MAX_ORDERS if max_orders is None else max_orders,
-                                 [excluded.order] + rank_covering_orders(classes, pp))
-        return None if fitting is None else replace(excluded, order=fitting[0])
+        return None if excluded.best_bound_s == math.inf else excluded
     if class_bounds_apply(classes, costs_of, schedule, pp, vp):
         return _by_class_bounds(classes, costs_of, schedule, pp, max_nodes=max_nodes, cutoff_s=cutoff_s,
                                 first=first, total=total, tie_rel=tie_rel,
@@ -298,9 +299,10 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
             break
     lower = min(best[0] if best is not None else cutoff_s, unproven,
                 stopped_at if stopped_at is not None else math.inf)
-    if best is None and fitting is None and cut_short:  # the cutoff stopped it: an order that fits
-        every = itertools.chain.from_iterable(orders_of_vector(classes, n) for _, n in bounds)
-        fitting = next(((o, None) for o in itertools.islice(every, max_orders) if any_split_fits(costs_of(o))), None)
+    if best is None and math.isfinite(cutoff_s) and lower >= cutoff_s:  # proven: no order beats the cutoff (none split need fit)
+        return OrderSearch(order=() if fitting is None else fitting[0], split=None if fitting is None else fitting[1],
+                           status="ABOVE_CUTOFF", best_bound_s=float(lower), gap=0.0, orders_evaluated=evaluated,
+                           orders_total=total)
     if best is None:
         if fitting is None:
             return None
@@ -318,9 +320,8 @@ def _capacity_exclusion(classes, costs_of, schedule: str, pp: int, vp: int, cuto
     """The point's answer when the rank-capacity bound
     (:func:`pipesearch.order_bounds.rank_capacity_bound_s`) settles it
     before any order is split: ``"ABOVE_CUTOFF"`` with that bound (at
-    least ``cutoff_s``) and :func:`_roomiest_first` as its order
-    (:func:`best_order` puts one that fits there), or a bound
-    of ``inf`` when no order's ranks can hold the model (no split fits).
+    least ``cutoff_s``) and no order, or a bound of ``inf`` when no
+    order's ranks can hold the model (no split fits).
     None when it does not settle it (or does not apply)."""
     if schedule not in RANK_BUSY_SCHEDULES:
         return None
@@ -338,19 +339,9 @@ def _capacity_exclusion(classes, costs_of, schedule: str, pp: int, vp: int, cuto
             bound = max(bound, rank_capacity_bound_s(tables, sizes, m, cutoff_s, blocking_send_floor_s(sigma, pp, m)))
     if bound < cutoff_s:
         return None
-    return OrderSearch(order=_roomiest_first(classes, pp, tables), split=None, status="ABOVE_CUTOFF",
+    return OrderSearch(order=(), split=None, status="ABOVE_CUTOFF",
                        best_bound_s=float(bound), gap=0.0, orders_evaluated=0, orders_total=total,
                        method="rank-capacity")
-
-
-def _roomiest_first(classes, pp: int, tables) -> tuple[int, ...]:
-    """The order that gives the first ranks (those holding the most
-    micro-batches) the classes that can hold the most work there
-    (``RankCapacity.cap`` at rank 0), then the rest in that order: a likely
-    order that fits, for an excluded point that needs one."""
-    rank = sorted(range(len(classes)), key=lambda c: (-tables.cap[c, 0], c))
-    seq = [c for c in rank for _ in classes[c]][:pp]
-    return _slots_of(seq, classes)
 
 
 def _offer(order, found: ExactSplit | None, limit_s: float, best, fitting, unproven: float):
@@ -416,11 +407,8 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
                    default=math.inf) >= limit
 
     if math.isfinite(cutoff_s) and quick_excludes(cutoff_s):  # no order beats the cutoff: none is split
-        # an order that fits: the donors of the class terms (costs known) before the closed-form order
-        fitting = _fitting_order(classes, costs_memo, pp, first, max_orders, rank_covering_orders(classes, pp))
-        return None if fitting is None else OrderSearch(
-            order=fitting[0], split=None, status="ABOVE_CUTOFF", best_bound_s=float(cutoff_s), gap=0.0,
-            orders_evaluated=0, orders_total=total, method="class-bounds")
+        return OrderSearch(order=(), split=None, status="ABOVE_CUTOFF", best_bound_s=float(cutoff_s), gap=0.0,
+                           orders_evaluated=0, orders_total=total, method="class-bounds")
     for order in list(dict.fromkeys(canonical(o, classes) for o in (first() if callable(first) else first)))[
             :max_orders]:
         split(order)
@@ -461,11 +449,13 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
     lower = min(best[0] if best is not None else cutoff_s, unproven, closed,
                 stopped_at if stopped_at is not None else math.inf)
     if best is None:
-        if fitting is None:
+        proven = math.isfinite(cutoff_s) and lower >= cutoff_s
+        if fitting is None and not proven:  # an order that fits, for the caller's split search
             fitting = _first_fitting(classes, costs_of, pp, max_orders)
-        if fitting is None:
+        if fitting is None and not proven:
             return None
-        return OrderSearch(order=fitting[0], split=fitting[1], status="ABOVE_CUTOFF", best_bound_s=float(lower),
+        order, found = fitting if fitting is not None else ((), None)
+        return OrderSearch(order=order, split=found, status="ABOVE_CUTOFF", best_bound_s=float(lower),
                            gap=0.0, orders_evaluated=evaluated, orders_total=total, method="class-bounds",
                            prefixes_expanded=expanded)
     value, order, found = best
@@ -486,21 +476,6 @@ def _slots_of(seq: Sequence[int], classes: Sequence[Sequence[int]]) -> tuple[int
         out.append(classes[c][used[c]])
         used[c] += 1
     return tuple(out)
-
-
-def _fitting_order(classes, costs_of, pp: int, first, max_orders: int, candidates=()):
-    """``(order, None)`` for an order with a split that fits, for a point
-    no order of which beats the cutoff (the search then proves it with its
-    exact split): the first of ``candidates``, then of ``first`` (called
-    when callable), then :func:`_first_fitting`'s; None when none fits."""
-    def later():  # called only when no candidate fits
-        yield from first() if callable(first) else first
-
-    for order in itertools.chain(candidates, later()):
-        order = canonical(order, classes)
-        if any_split_fits(costs_of(order)):
-            return order, None
-    return _first_fitting(classes, costs_of, pp, max_orders)
 
 
 def _first_fitting(classes, costs_of, pp: int, max_orders: int):

@@ -587,11 +587,12 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
     least simulated time over every order of slots up to swaps inside a node
     (OPTIMAL, or bound and gap under its deterministic count of orders), per
     point (micro-batching, schedule, vp), from the search's cutoff
-    (``ctx["cutoff_s"]``; when no order beats it, the first that fits, which
-    the exact split then prunes); when the orders exceed its count, the
+    (``ctx["cutoff_s"]``; when no order beats it, the point is pruned,
+    :func:`_mapped_above`); when the orders exceed its count, the
     closed-form optimum of :func:`_closed_form_order` is split first, so the
     result is never slower than that order's exact split. The status, bound
-    and gap go into the plan's options. None when no order fits in memory."""
+    and gap go into the plan's options. None when no order fits in memory
+    or none was met that fits and none beats the cutoff."""
     from .order_search import MAX_ORDERS, best_order, total_orders
 
     key = _mapped_key(variant, row)
@@ -608,8 +609,8 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
             classes, row["pp"]) > MAX_ORDERS else ()  # only for a point the rank-capacity bound does not settle
         found = best_order(classes, costs_of, row["schedule"], row["pp"], row["vp"],
                            cutoff_s=ctx.get("cutoff_s", math.inf), first=first)
-        heads = None if found is None else layout(cluster, row["pp"], 1, variant.tp, SLOTS_PREFIX + ",".join(
-            map(str, found.order)), precision)
+        heads = None if found is None or not found.order else layout(
+            cluster, row["pp"], 1, variant.tp, SLOTS_PREFIX + ",".join(map(str, found.order)), precision)
         ctx[key] = (heads, None if found is None else {
             "method": found.method + "+exact-split", "status": found.status, "objective_s": found.iteration_time_s,
             "best_bound_s": found.best_bound_s, "gap": found.gap, "orders_evaluated": found.orders_evaluated,
@@ -654,6 +655,15 @@ def _mapped_visit_order(points: list, rows: list[dict]) -> list:
     first = {p[1] for p in heads.values()}
     return sorted(heads.values(), key=lambda p: p[:2]) + sorted(
         (p for p in points if p[1] not in first), key=lambda p: p[:2])
+
+
+def _mapped_above(variant: ModelVariant, row: dict, ctx: dict, cutoff_s: float) -> bool:
+    """Whether a mapped point's order search (:func:`_mapped_order`) proved
+    that no order and split beats ``cutoff_s`` (status ``ABOVE_CUTOFF``,
+    bound at least ``cutoff_s``): the point is then pruned as it stands,
+    with no split search on any order (whether one fits does not matter)."""
+    info = ctx.get(_mapped_key(variant, row), (None, None))[1]
+    return info is not None and info["status"] == "ABOVE_CUTOFF" and info["best_bound_s"] >= cutoff_s
 
 
 def _mapped_key(variant: ModelVariant, row: dict) -> tuple:
@@ -1345,6 +1355,11 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
                                     {} if links_cache is None else links_cache)
         return roundpipe_plan_point(variant, cluster, job, row, np.asarray(slots)[:pp, 0], profiled_device, cutoff_s,
                                     options.exhaustive, options.split, placement_ctx), None
+    if row["placement"] == "mapped":  # its order search first (cached)
+        placement_array(cluster, variant, row, placement_ctx)
+        if _mapped_above(variant, row, placement_ctx, cutoff_s):  # proven: no order beats the cutoff
+            row["status"] = "pruned"
+            return None, None
     slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
                                 placement_ctx)
     if slots is None:  # a mapped placement with no order that fits

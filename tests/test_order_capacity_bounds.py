@@ -246,7 +246,7 @@ def test_first_orders_are_not_built_for_a_point_the_bound_excludes():
 
     low = best_order(classes, costs_of, "gpipe", 2, cutoff_s=2.9, first=first)
     assert low.status == "ABOVE_CUTOFF" and low.method == "rank-capacity" and low.best_bound_s == 2.9
-    assert not calls
+    assert not calls and low.order == ()  # no order that fits is looked for: the point is pruned as it stands
     high = best_order(classes, costs_of, "gpipe", 2, cutoff_s=6.0, first=first)
     assert calls and high.status == "OPTIMAL" and math.isclose(high.iteration_time_s, 5.00006, rel_tol=1e-9)
 

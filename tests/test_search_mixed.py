@@ -88,3 +88,44 @@ def test_16_devices_3_types_every_point_settled():
         assert plan["options"]["split_search"]["exact"]
         if plan["options"]["placement"] == "mapped":
             assert plan["options"]["mapping"]["status"] == "OPTIMAL"
+
+
+def test_mapped_points_no_order_can_win_are_pruned_without_a_split(monkeypatch):
+    """A mapped point whose order search proves that no order and split
+    beats the search's cutoff (status ABOVE_CUTOFF, bound at least the
+    cutoff) is pruned as it stands: no order that fits is looked for and no
+    split search runs on one (its point costs are never built). The
+    search's answer is the same as with every point split (exhaustive)."""
+    import pipesearch.search as search_mod
+
+    cluster = mixed_cluster()
+    src = load_model_source("vgg16", cluster)
+    job = Job(global_batch_size=256)
+    ordered, costed = [], []
+    order_of, costs_of = search_mod._mapped_order, search_mod._point_costs
+
+    def key(row):
+        return (row["pp"], row["micro_batch_size"], row["schedule"], row["vp"])
+
+    def mapped_order(cluster, variant, row, ctx):
+        ordered.append(key(row))
+        return order_of(cluster, variant, row, ctx)
+
+    def point_costs(variant, cluster, job, row, *args):
+        if row["placement"] == "mapped":
+            costed.append(key(row))
+        return costs_of(variant, cluster, job, row, *args)
+
+    monkeypatch.setattr(search_mod, "_mapped_order", mapped_order)
+    monkeypatch.setattr(search_mod, "_point_costs", point_costs)
+    opts = dict(dp=1, schedules=("gpipe", "1f1b"), top=1, enumerate_layouts_up_to=0)  # a mapped placement
+    res = search(list(src.variants), cluster, job, SearchOptions(**opts))
+    cols = res.point_columns
+    rows = [dict(zip(cols, values)) for values in zip(*cols.values())]
+    settled = [key(r) for r in rows if r["placement"] == "mapped" and r["status"] == "pruned" and key(r) in ordered]
+    assert settled, "no mapped point was settled by its order search"
+    assert not set(settled) & set(costed)
+    monkeypatch.undo()
+    every = search(list(src.variants), cluster, job, SearchOptions(exhaustive=True, **opts))
+    assert res.plans[0].predicted.iteration_time_s == pytest.approx(every.plans[0].predicted.iteration_time_s,
+                                                                     rel=1e-12)
