@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
@@ -253,20 +254,24 @@ class ClassBounds:
         nodes of one group), else None: swapping two such classes maps
         every order to one of the same time, so :meth:`allowed` lets a
         class start only after its twin has."""
-        def same(a: int, b: int) -> bool:
-            if self.sizes[a] != self.sizes[b] or not (np.array_equal(self.ok[a], self.ok[b])
-                                                    and np.array_equal(self.a0[a], self.a0[b])
-                                                    and np.array_equal(self.b0[a], self.b0[b])):
-                return False
-            others = [x for x in range(self.C) if x not in (a, b)]
-            return (np.array_equal(self.send[a, others], self.send[b, others])
-                    and np.array_equal(self.send[others, a], self.send[others, b])
-                    and np.array_equal(self.send[a, a], self.send[b, b])
-                    and np.array_equal(self.send[a, b], self.send[b, a]))
         out: list[int | None] = [None] * self.C
         for b in range(self.C):
-            out[b] = next((a for a in range(b - 1, -1, -1) if same(a, b)), None)
+            out[b] = next((a for a in range(b - 1, -1, -1) if self._same(a, b)), None)
         return tuple(out)
+
+    def _same(self, a: int, b: int) -> bool:
+        """Whether swapping classes ``a`` and ``b`` maps the tables onto
+        themselves: equal sizes, terms and fits, equal transfers to and from
+        every other class, ``a -> a`` as ``b -> b`` and ``a -> b`` as ``b -> a``."""
+        if self.sizes[a] != self.sizes[b] or not (np.array_equal(self.ok[a], self.ok[b])
+                                                and np.array_equal(self.a0[a], self.a0[b])
+                                                and np.array_equal(self.b0[a], self.b0[b])):
+            return False
+        others = [x for x in range(self.C) if x not in (a, b)]
+        return (np.array_equal(self.send[a, others], self.send[b, others])
+                and np.array_equal(self.send[others, a], self.send[others, b])
+                and np.array_equal(self.send[a, a], self.send[b, b])
+                and np.array_equal(self.send[a, b], self.send[b, a]))
 
     def allowed(self, node: "Prefix", c: int) -> bool:
         """Whether rank ``len(node.classes)`` may take class ``c``: a slot
@@ -287,13 +292,24 @@ class ClassBounds:
         (``+inf`` where none). One level (count of stages left) at a
         time, from the last stage back; per class of the stage every pair
         (vector of the level, class of the next stage) in one numpy pass
-        (:meth:`_suffix_class`, :meth:`_combine`)."""
+        (:meth:`_suffix_class`, :meth:`_combine`). Twin classes
+        (:meth:`_twins`: equal terms, sizes and links) make the problem
+        symmetric under swapping them, so only the vectors whose counts
+        do not rise within each set of twins are computed; each other one
+        is its canonical vector's with the classes permuted
+        (:meth:`_canonical`), the same values bit for bit (every input of
+        its DP is the same array, and minima are exact)."""
         L, S, C, R = self.L, self.S, self.C, len(self.names)
         self.V: dict[tuple[int, ...], np.ndarray] = {}
         levels: dict[int, list[tuple[int, ...]]] = {}
+        images: dict[int, list] = {}  # per level: (vector, its canonical vector, class permutation)
         for n in itertools.product(*(range(z + 1) for z in self.sizes)):
             if 1 <= sum(n) - self.extra <= S:
-                levels.setdefault(sum(n) - self.extra, []).append(n)
+                canon, perm = self._canonical(n)
+                if canon == n:
+                    levels.setdefault(sum(n) - self.extra, []).append(n)
+                else:
+                    images.setdefault(sum(n) - self.extra, []).append((n, canon, perm))
         last = np.full((1, R, 2, L + 1), np.inf)  # the state after the last stage: only j = L, empty
         last[:, :, 0, L] = 0.0
         last[:, :, 1, L] = NEG
@@ -305,6 +321,37 @@ class ClassBounds:
             for c in range(C):
                 self._suffix_class(c, s, stages, levels[stages], tables, last, outs)
             self.V.update(outs)
+            for left, canon, perm in images.get(stages, ()):
+                self.V[left] = self.V[canon][perm]
+
+    def _canonical(self, left: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
+        """``(canon, perm)``: ``left`` with the counts of each set of twin
+        classes (:meth:`_twins`) sorted in non-increasing order over the
+        set's classes (ties keep their order), and the permutation of the
+        classes that maps it there: ``V[left][c] = V[canon][perm[c]]`` (the
+        class ``c`` of ``left`` plays the part of ``perm[c]`` in
+        ``canon``)."""
+        canon, perm = list(left), np.arange(self.C)
+        for members in self._twin_sets:
+            order = sorted(members, key=lambda c: -left[c])  # stable: ties keep their order
+            for target, c in zip(members, order):
+                canon[target] = left[c]
+                perm[c] = target
+        return tuple(canon), perm
+
+    @cached_property
+    def _twin_sets(self) -> list[list[int]]:
+        """The sets of two or more twin classes (:meth:`_twins`' chains),
+        each in increasing order, whose every pair is :meth:`_same` (then
+        every permutation inside the set is a symmetry)."""
+        sets: dict[int, list[int]] = {}
+        for c in range(self.C):
+            root = c
+            while self.twin_before[root] is not None:
+                root = self.twin_before[root]
+            sets.setdefault(root, []).append(c)
+        return [members for members in sets.values() if len(members) > 1 and all(
+            self._same(a, b) for a, b in itertools.combinations(members, 2))]
 
     def _suffix_class(self, c: int, s: int, stages: int, vectors, tables, last: np.ndarray, outs: dict) -> None:
         """The part of :meth:`_suffix_minima` with stage ``s`` on class

@@ -104,6 +104,38 @@ def test_bounds_by_hand():
     assert found.iteration_time_s == pytest.approx(times[(1, 0)], rel=1e-12) == pytest.approx(min(times.values()))
 
 
+def test_twin_minima_are_their_canonical_vectors_permuted_bit_for_bit(monkeypatch):
+    """Three twin nodes of 2 b slots and one node of a (zb-h1, pp 5): the
+    suffix minima computed only for vectors whose twin counts do not rise,
+    the others permuted from them, equal bit for bit those computed for
+    every vector (the symmetry switched off), and fewer are computed."""
+    import pipesearch.order_bounds as ob
+
+    a, b = tos._spec("a", 300, 1000), tos._spec("b", 100, 1000)
+    cluster = Cluster("r", (DeviceGroup(a, 1, 1), DeviceGroup(b, 3, 2)), *tos.LINKS)
+    prof = tos._profile([1e-3, 3e-3, 2e-3, 1e-3, 2e-3, 4e-3], [1e8] * 6, [0.0] * 6, [0.0] * 6)
+    job = Job(global_batch_size=6, memory_reserve_bytes=0)
+    pp, m = 5, 6
+    costs_of = tos._point(prof, cluster, job, 1, pp, m, "zb-h1", 1)
+    classes = slot_classes(cluster, 1)
+    assert [len(c) for c in classes] == [1, 2, 2, 2]
+    computed = []
+    suffix_class = ob.ClassBounds._suffix_class
+    monkeypatch.setattr(ob.ClassBounds, "_suffix_class", lambda self, c, s, stages, vectors, *rest: (
+        computed.extend(vectors), suffix_class(self, c, s, stages, vectors, *rest))[1])
+    sym = class_bounds(classes, costs_of, "zb-h1", pp)
+    assert sym._twin_sets == [[1, 2, 3]]
+    n_sym = len(set(computed))
+    computed.clear()
+    monkeypatch.setattr(ob.ClassBounds, "_twin_sets", [])
+    full = class_bounds(classes, costs_of, "zb-h1", pp)
+    assert n_sym < len(set(computed))
+    assert sym.V.keys() == full.V.keys()
+    for left in full.V:
+        assert np.array_equal(sym.V[left], full.V[left]), left
+    assert sym.V[(0, 2, 1, 0)][1].tobytes() == full.V[(0, 1, 2, 0)][2].tobytes()  # by hand: swap b1, b2
+
+
 def test_twin_nodes_are_branched_once_and_donors_cover_every_rank():
     """Two nodes of 2 b slots (one group) and one node of a: the two b
     classes are twins (same slots, terms and links to a), so a prefix may
