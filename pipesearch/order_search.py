@@ -299,7 +299,7 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
             break
     lower = min(best[0] if best is not None else cutoff_s, unproven,
                 stopped_at if stopped_at is not None else math.inf)
-    if best is None and math.isfinite(cutoff_s) and lower >= cutoff_s:  # proven: no order beats the cutoff (none split need fit)
+    if best is None and math.isfinite(cutoff_s) and lower >= cutoff_s:  # proven: no order beats the cutoff
         return OrderSearch(order=() if fitting is None else fitting[0], split=None if fitting is None else fitting[1],
                            status="ABOVE_CUTOFF", best_bound_s=float(lower), gap=0.0, orders_evaluated=evaluated,
                            orders_total=total)
