@@ -72,7 +72,8 @@ from .fluid import fluid_split
 from .fluid_bound import FLUID_BOUND_SCHEDULES, fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
-from .timemodel import critical_path, evaluation_cost, iteration_time_s, send_overlap, simulate_times
+from .timemodel import (critical_path, evaluation_cost, graph_ends, iteration_time_s, paths_of_ends, send_overlap,
+                        simulate_times, times_of_ends)
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
 MAX_SPLITS_EVALUATED = 300
@@ -950,6 +951,7 @@ class _Evaluator:
         self.costs, self.schedule, self.pp, self.vp = costs, schedule, pp, vp
         self.times: dict[tuple[int, ...], float] = {}
         self.feasible = 0  # finite times: a split over a whole GPU's memory (Mobius) is no work limit's split
+        self.kept = None  # (splits, graph, node ends) of a pass run with keep (the starting splits)
 
     def batch_size(self) -> int:
         """Splits per vectorized evaluation: about two million graph nodes."""
@@ -964,15 +966,23 @@ class _Evaluator:
         fixed, per_split = evaluation_cost(self.schedule, self.pp, self.costs.num_micro_batches, self.vp)
         return int(min(self.batch_size(), max(1, fixed // max(per_split, 1))))
 
-    def run(self, splits) -> None:
+    def run(self, splits, keep: bool = False) -> None:
+        """Evaluate the splits not evaluated yet. ``keep``: a chain
+        schedule's splits that take one pass keep that pass's node ends
+        (:attr:`kept`), for the critical paths of :func:`_start_paths`."""
         todo = list(dict.fromkeys(tuple(b) for b in splits if tuple(b) not in self.times))
         if not todo:
             return
         step = self.batch_size()  # memory: about two million graph nodes per pass, whatever the count asked
         for at in range(0, len(todo), step):
             chunk = todo[at:at + step]
-            t = iteration_time_s(self.schedule, self.pp, self.costs.num_micro_batches, self.vp,
-                                 self.costs.stage_times(np.array(chunk, dtype=np.int64)))
+            times = self.costs.stage_times(np.array(chunk, dtype=np.int64))
+            if keep and len(todo) <= step and self.schedule in CHAIN_SCHEDULES and times.delayed_host_s is None:
+                g, ends = graph_ends(self.schedule, self.pp, self.costs.num_micro_batches, self.vp, times)
+                self.kept = (chunk, g, ends)
+                t = times_of_ends(g, ends, times, self.pp)
+            else:
+                t = iteration_time_s(self.schedule, self.pp, self.costs.num_micro_batches, self.vp, times)
             t = [float(x) for x in np.atleast_1d(t)]
             self.times.update(zip(chunk, t))
             self.feasible += sum(1 for x in t if math.isfinite(x))
@@ -1041,7 +1051,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         balanced = balanced_split(mem, S)
         if costs.split_fits(balanced):
             starts.append(balanced)
-    ev.run(starts)
+    ev.run(starts, keep=not seeds_only)
     best = min(ev.times.values(), default=np.inf)
     if seeds_only:
         if not ev.times:
@@ -1161,10 +1171,15 @@ def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Ev
     :data:`PATH_FAMILIES` fastest splits ``ev`` has evaluated (the starting
     splits): path families of :func:`bound_families` that are tight at
     those splits, where the fixed families can be far below the time."""
-    best = sorted((t, b) for b, t in ev.times.items() if math.isfinite(t))[:PATH_FAMILIES]
+    best = [b for _, b in sorted((t, b) for b, t in ev.times.items() if math.isfinite(t))[:PATH_FAMILIES]]
     if not best:
         return ()
-    found = critical_path(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.array([b for _, b in best])))
+    times = costs.stage_times(np.array(best))
+    kept, g, ends = ev.kept if ev.kept is not None else ((), None, None)
+    if all(b in kept for b in best):  # the starting splits' own pass: traced, not simulated again
+        found = paths_of_ends(g, ends[:, [kept.index(b) for b in best]], times, pp)
+    else:
+        found = critical_path(schedule, pp, costs.num_micro_batches, vp, times)
     seen, out = set(), []
     for _, coef in found:
         if coef.tobytes() not in seen:

@@ -398,12 +398,29 @@ def iteration_time_s(schedule: str, pp: int, m: int, vp: int, times: StageTimes)
         return gpipe_time_s(times, m)
     else:
         g = _graph(schedule, pp, m, vp) if schedule != "mobius" else _mobius_graph_of(times, pp, m, vp)
-        end = _node_ends(g, _durations(g, times))
-        ar = _rank_allreduce(times, pp)
-        out = np.maximum(end[:-1].max(axis=0), np.max(end[g.last_of_rank].T + ar, axis=1))
+        out = times_of_ends(g, _node_ends(g, _durations(g, times)), times, pp)
     if times.delayed_host_s is not None:  # steady state: max(GPU iteration, host work beside it)
         out = np.maximum(out, delayed_host_time_s(times, pp))
     return float(out[0]) if single else out
+
+
+def graph_ends(schedule: str, pp: int, m: int, vp: int, times: StageTimes):
+    """``(g, ends)``: the dependency graph of a graph schedule (1F1B,
+    interleaved 1F1B, ZB-H1, looped BFS) and every node's end for ``n``
+    splits (``times`` of shape ``(n, S)``; ``ends`` ``(N + 1, n)``), the
+    pass both :func:`iteration_time_s` and :func:`critical_path` make:
+    :func:`times_of_ends` and :func:`paths_of_ends` read it."""
+    g = _graph(schedule, pp, m, vp)
+    return g, _node_ends(g, _durations(g, times))
+
+
+def times_of_ends(g: _Graph, ends: np.ndarray, times: StageTimes, pp: int) -> np.ndarray:
+    """``(n,)`` iteration times of the splits whose node ends are ``ends``
+    (:func:`graph_ends`): the last action, or a rank's last action and its
+    all-reduce (a delayed host step, :func:`delayed_host_time_s`, not
+    included)."""
+    ar = _rank_allreduce(times, pp)
+    return np.maximum(ends[:-1].max(axis=0), np.max(ends[g.last_of_rank].T + ar, axis=1))
 
 
 def critical_path_counts(schedule: str, pp: int, m: int, vp: int, times: StageTimes) -> tuple[float, np.ndarray]:
@@ -439,10 +456,17 @@ def critical_path(schedule: str, pp: int, m: int, vp: int, times: StageTimes) ->
     path has length ``sum_s coef[:, s] . (F_s, B_s, I_s, B_s - I_s, c_s,
     r_s)``, at most that split's ``T``: a lower bound of every split, equal
     to ``T`` at this one (a cutting plane, as in Kelley 1960, J. SIAM 8(4))."""
-    g = _graph(schedule, pp, m, vp)
-    ends = _node_ends(g, _durations(g, times))  # (N + 1, n)
+    out = paths_of_ends(*graph_ends(schedule, pp, m, vp, times), times, pp)
+    return out[0] if np.ndim(times.fwd_s) == 1 else out
+
+
+def paths_of_ends(g: _Graph, ends: np.ndarray, times: StageTimes, pp: int) -> list:
+    """:func:`critical_path`'s ``(T, coef)`` of each split whose node ends
+    are a column of ``ends`` (:func:`graph_ends`; ``times`` those splits',
+    ``(n, S)``)."""
+    ends = ends.reshape(len(ends), -1)
     S = np.shape(times.fwd_s)[-1]
-    finish = ends[g.last_of_rank].T + _rank_allreduce(times, pp)  # (n, pp)
+    finish = np.atleast_2d(ends[g.last_of_rank].T + _rank_allreduce(times, pp))  # (n, pp)
     out = []
     for k in range(ends.shape[1]):
         end = ends[:, k]
@@ -453,7 +477,7 @@ def critical_path(schedule: str, pp: int, m: int, vp: int, times: StageTimes) ->
             out.append((float(finish[k, q]), coef))
         else:
             out.append((float(end[node]), _trace(g, end, node, S)))
-    return out[0] if np.ndim(times.fwd_s) == 1 else out
+    return out
 
 
 def _trace(g: _Graph, end: np.ndarray, node: int, S: int) -> np.ndarray:

@@ -368,3 +368,29 @@ def test_untabled_split_is_achievable_and_its_bound_valid(seed, monkeypatch):
     assert found.best_time_s >= best * (1 - 1e-12)
     assert found.exact == (found.lower_bound_s >= found.best_time_s)
     assert found.nodes == 0  # no branch and bound ran
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_start_paths_from_the_starting_pass_are_recomputed_ones(seed, monkeypatch):
+    """The critical paths of the fastest starting splits
+    (:func:`split_search._start_paths`) read back from the node ends of the
+    pass that timed those splits equal the ones a fresh
+    :func:`pipesearch.timemodel.critical_path` pass gives, and that pass is
+    not run again for them (a column read for the wrong split, or ends of
+    another pass, fails the first; a second simulation fails the second)."""
+    schedule, pp, vp, m, costs = _point(seed)
+    if schedule not in split_search.CHAIN_SCHEDULES:
+        pytest.skip("paths are read for the chain schedules")
+    S, L = costs.pp, costs.num_layers
+    starts = _splits(L, S)[:6]
+    ev = split_search._Evaluator(costs, schedule, pp, vp)
+    ev.run(starts, keep=True)
+    assert ev.kept is not None and sorted(ev.kept[0]) == sorted(starts)
+    best = sorted(starts, key=lambda b: (ev.times[b], b))[:split_search.PATH_FAMILIES]
+    want = critical_path(schedule, pp, m, vp, costs.stage_times(np.array(best)))
+    monkeypatch.setattr(split_search, "critical_path", None)  # a second pass would call it
+    got = split_search._start_paths(costs, schedule, pp, vp, ev)
+    distinct = list({c.tobytes(): c for _, c in want}.values())
+    assert len(got) == len(distinct)
+    for a, b in zip(got, distinct):
+        assert np.array_equal(a, b)
