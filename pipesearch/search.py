@@ -599,10 +599,14 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
     if key not in ctx:
         precision = profile_precision(variant.profile)
 
+        built: dict = {}  # the point's costs per order: its bounds read the same few orders' costs again
+
         def costs_of(order):
-            named = dict(row, placement=SLOTS_PREFIX + ",".join(map(str, order)))
-            return _point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"], ctx.get("in_flight_cache"),
-                                ctx.get("links_cache"), ctx)[1]
+            if order not in built:
+                named = dict(row, placement=SLOTS_PREFIX + ",".join(map(str, order)))
+                built[order] = _point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"],
+                                            ctx.get("in_flight_cache"), ctx.get("links_cache"), ctx)[1]
+            return built[order]
 
         classes = slot_classes(cluster, variant.tp, precision)
         first = (lambda: _closed_form_order(cluster, variant, row, ctx)) if total_orders(
