@@ -318,6 +318,11 @@ def test_split_notes_name_plans_whose_split_is_not_proven():
                       extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
     assert split_notes([stopped]) == ["plan 3: split not proven optimal within the search's work limits "
                                       "(best found 200.00 ms, lower bound 150.00 ms, gap 25.0%)"]
+    # a gap below 0.05% keeps two significant digits: (2.5730 - 2.5729) / 2.5730 = 0.0039%, not 0.0%
+    info = {"exact": False, "lower_bound_s": 2.5729, "gap": (2.5730 - 2.5729) / 2.5730, "splits_evaluated": 300}
+    near = replace(stopped, predicted=replace(pred, iteration_time_s=2.5730),
+                   extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
+    assert split_notes([near])[0].endswith("gap 0.0039%)")
 
 
 def test_split_of_interleaved_chunks_is_scored():

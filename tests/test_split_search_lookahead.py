@@ -8,7 +8,8 @@ rank-counting bound's order statistic.
   with and without a cutoff, at a node limit that stops the search and at
   one that lets it finish.
 * ``_kth_smallest`` equals sorting each row, and ``kth_level`` (the
-  sampled order statistic of long rows) equals sorting every level, with
+  sampled order statistic of long rows) and ``kth_level_whole`` (every
+  level formed) equal sorting every level, with
   ties, zero factors and offsets that leave some ranks no level below the
   answer.
 * The rank-counting bound's order-statistic part equals the smallest
@@ -159,8 +160,9 @@ def test_kth_level_equals_sorting_every_level(seed):
     if rng.random() < 0.3:
         v = np.round(v)
     sigma = rng.choice([0.0, 0.5, 1.0, 2.0], pp) if rng.random() < 0.5 else np.full(pp, rng.uniform(0.1, 3.0))
-    got = split_search.kth_level(v, sigma, P, j, c, e)
-    assert np.array_equal(got, _levels_sorted(v, sigma, P, j, c, e))
+    want = _levels_sorted(v, sigma, P, j, c, e)
+    assert np.array_equal(split_search.kth_level(v, sigma, P, j, c, e), want)
+    assert np.array_equal(split_search.kth_level_whole(v, sigma, P, j, c, e), want)
 
 
 def _best_assignment(v, sigma, layers, c, extra):
@@ -177,17 +179,19 @@ def _best_assignment(v, sigma, layers, c, extra):
     return best
 
 
-@pytest.mark.parametrize("sorted_levels", (split_search._SORTED_LEVELS, 0))
+@pytest.mark.parametrize("sorted_levels, whole_levels", ((split_search._SORTED_LEVELS, split_search._WHOLE_LEVELS),
+                                                          (0, 0), (0, 2**40)))
 @pytest.mark.parametrize("seed", range(12))
-def test_rank_count_order_statistic_is_the_best_assignment(seed, sorted_levels, monkeypatch):
+def test_rank_count_order_statistic_is_the_best_assignment(seed, sorted_levels, whole_levels, monkeypatch):
     """For states with only rank work (no fill, drain or all-reduce), the
     rank-counting bound of a child ending at ``j`` equals the smallest
     achievable maximum over ranks found by enumerating how many of the
     layers still to place (those after ``j`` but the last) each rank takes,
-    with every row sorted whole and with every row through ``kth_level``.
-    Too few levels per rank, or levels read from the wrong offset, give a
-    smaller or larger value."""
+    with the default paths, with every row through ``kth_level`` and with
+    every row through ``kth_level_whole``. Too few levels per rank, or
+    levels read from the wrong offset, give a smaller or larger value."""
     monkeypatch.setattr(split_search, "_SORTED_LEVELS", sorted_levels)
+    monkeypatch.setattr(split_search, "_WHOLE_LEVELS", whole_levels)
     schedule, pp, vp, costs = _instance(200 + seed, 9, 12)
     count = split_search._RankCount(costs, schedule, pp)
     S, L = costs.pp, costs.num_layers

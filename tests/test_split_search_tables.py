@@ -99,3 +99,39 @@ def test_columns_equal_bound_families_of_each_range(seed, mode, tight, monkeypat
                             assert (got is None) == (want is None), (s, i, d, kind)
                             if got is not None:
                                 assert got[q, d - 1] == pytest.approx(float(want), rel=1e-12, abs=0), (s, i, d, kind, q)
+
+
+OWN_FAMILIES = {"gpipe": 2, "1f1b": 4, "zb-h1": 2}  # the schedule branches of bound_families' docstring
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_own_family_tables_hold_the_schedules_own_families(seed):
+    """``own_only`` keeps the families of the schedule's own closed form:
+    GPipe 2, 1F1B 4 (the three 1F1B forms and the two-dwell-free one), ZB-H1
+    2, none for the chunked schedules, each the same arrays as at the end of
+    the full list; and the tables built from them alone give as root bound
+    the largest over those families of the sum of each component's least
+    value over the enumerated splits (each evaluated on the whole split, as
+    in test_split_search_bounds), at most every split's simulated time. A family
+    cut from the wrong end, or a table that mishandles kinds it no longer
+    holds (no ``device`` row), breaks one of them."""
+    schedule, pp, vp, m, costs = bounds_tests._point(seed)
+    S, L = costs.pp, costs.num_layers
+    s = np.arange(S)
+    splits = bounds_tests._splits(L, S)
+    own = bound_families(costs, schedule, pp, s, np.array(splits[0][:-1]), np.array(splits[0][1:]), own_only=True)
+    full = bound_families(costs, schedule, pp, s, np.array(splits[0][:-1]), np.array(splits[0][1:]))
+    assert len(own) == OWN_FAMILIES.get(schedule, 0)
+    if not own:
+        return
+    for mine, theirs in zip(own, full[-len(own):]):
+        assert [k for k, _, _ in mine] == [k for k, _, _ in theirs]
+        for (_, a, b), (_, a2, b2) in zip(mine, theirs):
+            assert all(x is y is None or np.array_equal(x, y) for x, y in ((a, a2), (b, b2)))
+    per_split = [bound_families(costs, schedule, pp, s, np.array(b[:-1]), np.array(b[1:]), own_only=True)
+                 for b in splits]
+    want = max(sum(min(bounds_tests._family_value([fams[f][c]], S, pp) for fams in per_split)
+                   for c in range(len(own[f]))) for f in range(len(own)))
+    root = split_search._Tables(costs, schedule, pp, L, own_only=True).root_bound()
+    assert root == pytest.approx(want, rel=1e-12)
+    assert root <= min(bounds_tests._simulated(costs, schedule, pp, vp, b) for b in splits) * (1 + 1e-9)

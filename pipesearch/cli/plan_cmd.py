@@ -107,8 +107,16 @@ def split_notes(plans) -> list[str]:
         if info and not info.get("exact", True):
             out.append(f"plan {p.rank}: split not proven optimal within the search's work limits (best found "
                        f"{format_seconds(p.predicted.iteration_time_s)}, lower bound "
-                       f"{format_seconds(info['lower_bound_s'])}, gap {100 * info['gap']:.1f}%)")
+                       f"{format_seconds(info['lower_bound_s'])}, gap {gap_percent(info['gap'])})")
     return out
+
+
+def gap_percent(gap: float) -> str:
+    """A relative gap as a percentage, one decimal, or two significant
+    digits below 0.05% so that an open gap never reads 0.0% (``0.25`` ->
+    ``25.0%``, ``3.9e-5`` -> ``0.0039%``; 0 -> ``0.0%``)."""
+    pct = 100 * gap
+    return f"{pct:.2g}%" if 0 < pct < 0.05 else f"{pct:.1f}%"
 
 
 def unproven_note(result) -> list[str]:
