@@ -86,7 +86,7 @@ def test_look_ahead_keeps_every_node_and_bound(seed, monkeypatch):
     if full is None:
         pytest.skip("no split fits")
     runs = {}
-    for width in (1, 3, split_search.LOOKAHEAD_WIDTH):
+    for width in dict.fromkeys((1, 3, split_search.LOOKAHEAD_WIDTH, 128)):
         monkeypatch.setattr(split_search, "LOOKAHEAD_WIDTH", width)
         runs[width] = ([_search(costs, schedule, pp, vp, n, k) for n in (5, 50, 3000) for k in (3, 300)],
                        [exact_split(costs, schedule, pp, vp, cutoff_s=c) for c in (np.inf, full.best_time_s * 1.02)])
