@@ -297,9 +297,10 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
     s = np.asarray(s)
     own = np.where(s % pp == 0, r, 0.0)
     out, no_work = [], {}
-    for k, n in zip(ks, counts):
+    on_s = np.stack(counts)[:, s] if len(counts) else ()  # (families,) + s.shape + (4,): each family's counts on s
+    for k, n in zip(ks, on_s):
         # kinds with no action on the stages of s add nothing (x + 0 = x): skipped
-        work = [n[:, kind][s] * d for kind, d in enumerate(per_action) if np.any(n[:, kind][s])]
+        work = [n[..., kind] * d for kind, d in enumerate(per_action) if np.any(n[..., kind])]
         before = s < k
         if work:
             out.append(np.where(before, fill_drain, 0.0) + sum(work) + own)
