@@ -1423,8 +1423,10 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
                   max_splits: int, max_nodes: int):
     """Before any starting split is evaluated, try to prove that no split
     beats ``cutoff_s``: with at most :data:`PROOF_SPLITS` splits, the least
-    bound of a split that fits (:func:`split_lower_bounds`, no table); the
-    root bound of the cheap families; for the chain schedules the
+    bound of a split that fits (:func:`split_lower_bounds`, no table); for
+    :data:`OWN_FAMILY_SCHEDULES` the root bound of their own closed-form
+    families alone (``own_only`` tables); the root bound of the cheap
+    families; for the chain schedules the
     whole-layers-per-rank bound of :func:`rank_layer_bound_s`; for
     interleaved 1F1B the fluid bound
     (:func:`pipesearch.fluid_bound.fluid_lower_bound_s`; before the tables
