@@ -297,8 +297,7 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
     s = np.asarray(s)
     own = np.where(s % pp == 0, r, 0.0)
     out, no_work = [], {}
-    on_s = np.stack(counts)[:, s] if len(counts) else ()  # (families,) + s.shape + (4,): each family's counts on s
-    for k, n in zip(ks, on_s):
+    for k, n in zip(ks, counts[:, s] if len(counts) else ()):  # each family's counts on s: s.shape + (4,)
         # kinds with no action on the stages of s add nothing (x + 0 = x): skipped
         work = [n[..., kind] * d for kind, d in enumerate(per_action) if np.any(n[..., kind])]
         before = s < k
@@ -316,7 +315,7 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
 def _chain_counts(schedule: str, pp: int, m: int, vp: int, families: int = MAX_CHAIN_FAMILIES):
     """The chain families of :func:`_chain_terms` in closed form from the
     builders' orders (:mod:`pipesearch.schedules`): ``(stages, counts)`` with
-    ``counts[f][s, kind]`` the number of actions of ``kind`` (``F B I W``) on
+    ``counts[f, s, kind]`` (an int array ``(families, S, 4)``) the number of actions of ``kind`` (``F B I W``) on
     stage ``s`` that family ``f``'s path runs on its ranks: rank ``k % pp``
     from ``F`` of micro-batch 0 on ``k`` to the backward (ZB-H1: ``I``) of
     micro-batch ``m - 1`` on ``k`` (inclusive), and rank 0 after that
@@ -347,7 +346,9 @@ def _chain_counts(schedule: str, pp: int, m: int, vp: int, families: int = MAX_C
         else:
             n = _interleaved_chain(pp, m, vp, k)
         counts.append(n)
-    return tuple(ks), tuple(counts)
+    out = np.array(counts, dtype=np.int64).reshape(len(counts), S, 4)
+    out.setflags(write=False)  # memoised: shared by every caller
+    return tuple(ks), out
 
 
 def _interleaved_chain(pp: int, m: int, vp: int, k: int) -> np.ndarray:
@@ -1637,31 +1638,24 @@ class _RankCount:
         # extra layers): they grow with n, so the extra-th smallest of all ranks' levels is among
         # each rank's first extra
         sampled = rows[self.pp * extra[rows] > _SORTED_LEVELS]
-        if len(sampled):
-            ext = extra[sampled]
-            select = kth_level if len(sampled) * self.pp * int(ext.max()) > _WHOLE_LEVELS else kth_level_whole
-            out[sampled] = np.maximum(out[sampled], select(v[sampled], self.sigma, self.P, j[sampled], c, ext))
-        rows = rows[self.pp * extra[rows] <= _SORTED_LEVELS]
-        for e in np.unique(extra[rows]).tolist():  # the rows with the same extra at once, each sorted whole
-            sub = rows[extra[rows] == e]
-            levels = np.empty((len(sub), self.pp, e))
-            for cq in np.unique(c).tolist():  # the ranks with the same c_q read the same columns
-                qs = np.flatnonzero(c == cq)
-                cols = self.P[j[sub], cq + 1:cq + 1 + e][:, None]
-                levels[:, qs] = v[sub][:, qs, None] + self.sigma[None, qs, None] * cols
-            out[sub] = np.maximum(out[sub], _kth_smallest(levels.reshape(len(sub), -1), np.full(len(sub), e - 1)))
+        if len(sampled) and len(sampled) * self.pp * int(extra[sampled].max()) > _WHOLE_LEVELS:
+            out[sampled] = np.maximum(out[sampled], kth_level(v[sampled], self.sigma, self.P, j[sampled], c,
+                                                              extra[sampled]))
+            rows = rows[self.pp * extra[rows] <= _SORTED_LEVELS]
+        if len(rows):  # the others: every level formed, one selection per row
+            out[rows] = np.maximum(out[rows], kth_level_whole(v[rows], self.sigma, self.P, j[rows], c, extra[rows]))
         return out
 
 
 #: rows of the rank-counting bound with at most this many levels (ranks times layers beyond one per
-#: remaining stage) are sorted whole; longer ones go through :func:`kth_level`'s sample (a count; the
-#: same values: at 1024 the partial sorts took half the bound's time at 16,384 GPUs)
+#: remaining stage) are formed whole (:func:`kth_level_whole`); longer ones go through
+#: :func:`kth_level`'s sample (a count; the same values: at 1024 the partial sorts took half the bound's
+#: time at 16,384 GPUs)
 _SORTED_LEVELS = 64
 
-#: rows whose levels are longer go through :func:`kth_level`'s sample only when all of them hold more than
-#: this many levels together (a count); fewer are all formed at once (:func:`kth_level_whole`: the same
-#: values; one gather and one selection cost less than the sample's two dozen numpy passes: on GPT-3 175B
-#: at 16,384 GPUs 0.14 of its 1.5 CPU seconds of order statistics)
+#: ... unless all the longer rows of a call hold at most this many levels together (a count): then they
+#: are formed whole too (one gather and one selection cost less than the sample's two dozen numpy
+#: passes: on GPT-3 175B at 16,384 GPUs 0.14 of its 1.5 CPU seconds of order statistics)
 _WHOLE_LEVELS = 2**16
 
 
