@@ -323,6 +323,17 @@ def test_split_notes_name_plans_whose_split_is_not_proven():
     near = replace(stopped, predicted=replace(pred, iteration_time_s=2.5730),
                    extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
     assert split_notes([near])[0].endswith("gap 0.0039%)")
+    # a gap within the tie window (1e-12: times equal up to rounding) proves the time; only the
+    # tie-break among equal-time splits stopped (the 16,384-GPU GPT-3 run: bound = best = 2.573 s)
+    for gap in (0.0, 6.8e-16, 1e-12):
+        info = {"exact": False, "lower_bound_s": 2.5730 * (1 - gap), "gap": gap, "splits_evaluated": 300}
+        tied = replace(near, extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
+        assert split_notes([tied]) == ["plan 3: iteration time proven optimal (2.573 s, the lower bound), but the "
+                                       "search's work limits stopped the tie-break among splits of that time before "
+                                       "it saw every one: a split with lower peak memory may exist"]
+    info = {"exact": False, "lower_bound_s": 2.5730 * (1 - 2e-12), "gap": 2e-12, "splits_evaluated": 300}
+    open_ = replace(near, extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
+    assert split_notes([open_])[0].startswith("plan 3: split not proven optimal")
 
 
 def test_split_of_interleaved_chunks_is_scored():

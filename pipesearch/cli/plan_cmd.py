@@ -100,11 +100,20 @@ def overlap_settings(runtime, grad_reduce, param_gather, tp_forward, bucket_para
 def split_notes(plans) -> list[str]:
     """One line per plan whose split the exact search could not prove
     optimal within its work limits: the best time found, the proven lower
-    bound and the gap (from the plan's ``split_search`` record)."""
+    bound and the gap (from the plan's ``split_search`` record). A gap
+    within :data:`pipesearch.split_search.EQUAL_TIME_REL` (times equal up to
+    rounding) proves the time: what stopped is the tie-break among splits
+    of that time (lower peak memory first), and the line says so."""
+    from ..split_search import EQUAL_TIME_REL
+
     out = []
     for p in plans:
         info = dict(p.extra).get("split_search") or {}
-        if info and not info.get("exact", True):
+        if info and not info.get("exact", True) and info["gap"] <= EQUAL_TIME_REL:
+            out.append(f"plan {p.rank}: iteration time proven optimal ({format_seconds(p.predicted.iteration_time_s)}, "
+                       f"the lower bound), but the search's work limits stopped the tie-break among splits of "
+                       f"that time before it saw every one: a split with lower peak memory may exist")
+        elif info and not info.get("exact", True):
             out.append(f"plan {p.rank}: split not proven optimal within the search's work limits (best found "
                        f"{format_seconds(p.predicted.iteration_time_s)}, lower bound "
                        f"{format_seconds(info['lower_bound_s'])}, gap {gap_percent(info['gap'])})")
