@@ -328,7 +328,7 @@ def test_split_notes_name_plans_whose_split_is_not_proven():
     for gap in (0.0, 6.8e-16, 1e-12):
         info = {"exact": False, "lower_bound_s": 2.5730 * (1 - gap), "gap": gap, "splits_evaluated": 300}
         tied = replace(near, extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
-        assert split_notes([tied]) == ["plan 3: iteration time proven optimal (2.573 s, the lower bound), but the "
+        assert split_notes([tied]) == ["plan 3: iteration time proven optimal (2.573 s equals its lower bound), but the "
                                        "search's work limits stopped the tie-break among splits of that time before "
                                        "it saw every one: a split with lower peak memory may exist"]
     info = {"exact": False, "lower_bound_s": 2.5730 * (1 - 2e-12), "gap": 2e-12, "splits_evaluated": 300}

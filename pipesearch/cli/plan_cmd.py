@@ -110,8 +110,8 @@ def split_notes(plans) -> list[str]:
     for p in plans:
         info = dict(p.extra).get("split_search") or {}
         if info and not info.get("exact", True) and info["gap"] <= EQUAL_TIME_REL:
-            out.append(f"plan {p.rank}: iteration time proven optimal ({format_seconds(p.predicted.iteration_time_s)}, "
-                       f"the lower bound), but the search's work limits stopped the tie-break among splits of "
+            out.append(f"plan {p.rank}: iteration time proven optimal ({format_seconds(p.predicted.iteration_time_s)} equals its "
+                       f"lower bound), but the search's work limits stopped the tie-break among splits of "
                        f"that time before it saw every one: a split with lower peak memory may exist")
         elif info and not info.get("exact", True):
             out.append(f"plan {p.rank}: split not proven optimal within the search's work limits (best found "
