@@ -668,6 +668,11 @@ class _Tables:
         """The arrays ``xs`` (each broadcast to ``ok``'s shape) stacked on a
         leading axis, ``fill`` where not ``ok``."""
         out = np.empty((len(xs),) + ok.shape)
+        if fill == np.inf and len(xs):  # one pass per row: fmax(x, -inf) = x, fmax(x, +inf) = +inf (exact)
+            floor = np.where(ok, -np.inf, np.inf)
+            for row, x in zip(out, xs):
+                np.fmax(x, floor, out=row)
+            return out
         for row, x in zip(out, xs):
             row[...] = x
         np.copyto(out, fill, where=~ok)
