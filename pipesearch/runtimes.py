@@ -110,8 +110,13 @@ def _multiples(k: int, near: int) -> list[int]:
 #: device placements a runtime runs (None: any the search offers): one
 #: process drives a torchgpipe / fairscale Pipe replica, so its stages sit on
 #: consecutive devices (``pipeline``: one node when pp is at most a node's
-#: devices; :func:`pipesearch.placement.pipeline_placement`)
-PLACEMENTS = {"gpipe": ("pipeline",)}
+#: devices; :func:`pipesearch.placement.pipeline_placement`); torchtitan
+#: builds one device mesh with pp outermost, the replicas of a stage on
+#: consecutive ranks (``data``). Megatron-LM runs both (its default rank
+#: order, or ``--use-tp-pp-dp-mapping``), DeepSpeed both (a
+#: ``ProcessTopology``'s axis order), torch.distributed.pipelining any (the
+#: export's rank grid) (:func:`pipesearch.export.rank_order`)
+PLACEMENTS = {"gpipe": ("pipeline",), "torchtitan": ("data",)}
 
 
 def placements_for(runtime: str | None, default: tuple[str, ...]) -> tuple[str, ...]:

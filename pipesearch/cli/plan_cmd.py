@@ -120,6 +120,29 @@ def split_notes(plans) -> list[str]:
     return out
 
 
+def pinned_placements(placements: tuple[str, ...], runtime: str | None, cluster) -> tuple[str, ...]:
+    """The placements the search tries: ``--placement`` (in the order given)
+    within the ``--runtime``'s (:func:`pipesearch.runtimes.placements_for`),
+    else the runtime's.
+
+    Raises:
+        InputError: ``--placement`` on a mixed cluster (its search tries every
+            layout up to swaps inside a node, or the mapped order), or one the
+            runtime does not run."""
+    allowed = runtimes.placements_for(runtime, SearchOptions.placements)
+    if not placements:
+        return allowed
+    if not cluster.is_homogeneous:
+        raise InputError(f"--placement {placements[0]}: a mixed cluster's search tries every layout of its device "
+                         "types up to swaps inside a node (or the mapped order); --placement applies to clusters "
+                         "of one device type; drop it")
+    refused = [p for p in placements if p not in allowed]
+    if refused:
+        raise InputError(f"--placement {refused[0]} with --runtime {runtime}: {runtime} runs the "
+                         f"{' and '.join(allowed)} placement{'s' if len(allowed) > 1 else ''} only; drop one of them")
+    return tuple(dict.fromkeys(placements))
+
+
 def gap_percent(gap: float) -> str:
     """A relative gap as a percentage, one decimal, or two significant
     digits below 0.05% so that an open gap never reads 0.0% (``0.25`` ->
@@ -250,6 +273,10 @@ class _Progress:
               help=f"Schedules to consider (repeatable; default: {', '.join(DEFAULT_SCHEDULES)}).")
 @click.option("--vp", "vps", multiple=True, type=click.IntRange(min=1),
               help="Virtual stages per device for interleaved 1F1B / looped BFS (repeatable; default: 2).")
+@click.option("--placement", "placements", multiple=True, type=click.Choice(SearchOptions.placements),
+              help="Device placements to consider when pp > 1 and dp > 1, on a cluster of one device type "
+                   "(repeatable; default: both, or the --runtime's): pipeline puts each replica's stages on "
+                   "consecutive devices, data the replicas of each stage.")
 @click.option("--recompute", type=click.Choice(RECOMPUTE_MODES + (PER_STAGE,)),
               help="Pin activation recomputation (transformers); per-stage: each stage takes the first of "
                    "none / selective / full that fits (docs/offload.md).")
@@ -337,7 +364,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
                  plot_dir, runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, grad_bucket_params,
                  replicate_stages, optimizer_offload=False, stream_weights=False, delayed_optimizer_step=False,
-                 activation_offload=False):
+                 activation_offload=False, placements=()):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -461,6 +488,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
         schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
+    placements = pinned_placements(placements, runtime, cluster)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
@@ -468,7 +496,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                             split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit,
                             replicate_stages=replicate_stages, split_replicas=split_replicas,
-                            placements=runtimes.placements_for(runtime, SearchOptions.placements))
+                            placements=placements)
     progress = _Progress(quiet or as_json)
     try:
         result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,

@@ -116,6 +116,52 @@ def refuse_stage_replicas(plan: Plan, fmt: str) -> None:
 
 
 
+def process_grid(plan: Plan) -> list[list[int]]:
+    """``grid[r][k]``: the process (torchrun rank, or tensor-parallel group
+    of ``tp`` ranks) that runs pipeline rank ``r`` of replica ``k``: the
+    position of the plan's device for it (stage ``r``'s ``k``-th device)
+    among all the plan's devices in id order (ids are numbered node by
+    node, as torchrun numbers ranks)."""
+    used = sorted({d for st in plan.stages for d in st.devices})
+    pos = {d: n for n, d in enumerate(used)}
+    return [[pos[d] for d in plan.stages[r].devices] for r in range(plan.pp)]
+
+
+def rank_order(plan: Plan) -> str | None:
+    """How the plan lays its (pipeline rank, replica) pairs over the
+    processes (:func:`process_grid`): ``"data"`` when the replicas of each
+    pipeline rank sit on consecutive processes (process ``r dp + k``: the
+    order of Megatron-LM's default ``tp-cp-ep-dp-pp``, DeepSpeed's
+    ``PipeDataParallelTopology`` and torchtitan's device mesh, which put
+    pp outermost; always so when ``pp`` or ``dp`` is 1), ``"pipeline"``
+    when each replica's pipeline ranks do (process ``k pp + r``; the
+    ``pipeline`` placement), None for any other order (a mapped or custom
+    placement)."""
+    grid = process_grid(plan)
+    if all(x == r * plan.dp + k for r, row in enumerate(grid) for k, x in enumerate(row)):
+        return "data"
+    if all(x == k * plan.pp + r for r, row in enumerate(grid) for k, x in enumerate(row)):
+        return "pipeline"
+    return None
+
+
+def refuse_rank_order(plan: Plan, fmt: str, runs: tuple[str, ...], how: str) -> str:
+    """The plan's :func:`rank_order` when the runtime runs it (``runs``),
+    else an InputError naming the order and the fix; ``how``: how the
+    runtime numbers its ranks (for the message)."""
+    order = rank_order(plan)
+    if order in runs:
+        return order
+    placed = {"pipeline": "each replica's pipeline ranks on consecutive devices (placement 'pipeline')",
+              None: "its pipeline ranks and replicas on devices in an order of its own (a mapped or custom "
+                    "placement)"}[order]
+    name = RUNTIME_NAMES.get(fmt, fmt)
+    fix = (f"re-plan with --runtime {fmt} or --placement {runs[0]}" if order == "pipeline" else
+           "export it with --format torch, whose script puts every stage on its planned device (GRID)")
+    raise InputError(f"export {fmt}: the plan puts {placed}, and {name} {how}, so its stages would run on other "
+                     f"devices and links than planned; {fix}")
+
+
 def host_memory_stages(plan: Plan) -> tuple[list[int], list[int]]:
     """``(offloaded, streamed)``: the stages whose memory option keeps the
     optimizer state (``+offload``) or the weights (``stream``) in host

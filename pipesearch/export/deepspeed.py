@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from ..errors import InputError
 from ..types import Plan
 from . import (FORMAT_VERSION, Inputs, deepspeed_cpu_checkpointing, plan_extra, plan_layers, recompute_mode,
-               refuse_empty_stages, sequence_parallel)
+               refuse_empty_stages, refuse_rank_order, sequence_parallel)
 
 RUNTIME = "deepspeed"
 
@@ -148,17 +148,17 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
     parts = [0] + [b for _, b in layers.ranges]
     same_uniform = parts == _partition_uniform_new(n, p) == _partition_uniform_old(n, p)
     rc = recompute_mode(plan, "deepspeed")
-    topology = (
-        {"class": "PipeModelDataParallelTopology", "num_pp": p, "num_mp": plan.tp, "num_dp": plan.dp}
-        if plan.tp > 1 else
-        {"class": "PipeDataParallelTopology", "num_pp": p, "num_dp": plan.dp}
-    )
+    topology = _topology(plan)
     notes = [
         "build the module with ExactPartitionPipelineModule(layers, topology=..., parts=parts, ...) from "
         "partition_recipe" + (" or PipelineModule(..., partition_method='uniform'), which gives the same split."
                               if same_uniform else "; no built-in partition_method gives this split."),
         f"DeepSpeed runs {m} micro-batches per step as gradient accumulation (TrainSchedule, 1F1B).",
     ]
+    if topology["class"] == "ProcessTopology":
+        notes.append(f"topology: ProcessTopology(axes={topology['axes']}, dims={topology['dims']}) puts each "
+                     f"replica's stages on consecutive ranks, as planned (PipeDataParallelTopology would put the "
+                     f"replicas of a stage there instead, and the stage-to-stage sends on other links).")
     if rc == "selective":
         notes.append("recompute='selective' (attention core) has no PipelineModule option; it must come from the "
                      "layers (e.g. a FlashAttention kernel). activation_checkpoint_interval is 0.")
@@ -237,6 +237,30 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         "files": files,
         "notes": notes,
     }
+
+
+def _topology(plan: Plan) -> dict:
+    """The ``ProcessTopology`` that puts the plan's stages on its devices:
+    ``PipeDataParallelTopology`` (``PipeModelDataParallelTopology`` with
+    tp) numbers ranks ``pipe`` outermost, the replicas of a stage on
+    consecutive ranks (:func:`pipesearch.export.rank_order` ``"data"``);
+    the ``pipeline`` placement (each replica's stages on consecutive ranks)
+    is ``ProcessTopology(axes=["data", "pipe"(, "model")])``, whose first
+    axis varies slowest (deepspeed/runtime/pipe/topology.py), and the
+    engine's groups and stage ids are read by axis name
+    (``PipelineParallelGrid``).
+
+    Raises:
+        InputError: any other order (:func:`pipesearch.export.refuse_rank_order`).
+    """
+    order = refuse_rank_order(plan, "deepspeed", ("data", "pipeline"), "numbers its ranks by a ProcessTopology")
+    if order == "pipeline":
+        model = [("model", plan.tp)] if plan.tp > 1 else []
+        axes = [("data", plan.dp), ("pipe", plan.pp)] + model
+        return {"class": "ProcessTopology", "axes": [a for a, _ in axes], "dims": [d for _, d in axes]}
+    if plan.tp > 1:
+        return {"class": "PipeModelDataParallelTopology", "num_pp": plan.pp, "num_mp": plan.tp, "num_dp": plan.dp}
+    return {"class": "PipeDataParallelTopology", "num_pp": plan.pp, "num_dp": plan.dp}
 
 
 def stages_from_parts(parts: Sequence[int]) -> list[tuple[int, int]]:

@@ -81,6 +81,7 @@ from . import (
     FORMAT_VERSION,
     Inputs,
     plan_layers,
+    refuse_rank_order,
     shell_command,
     torchrun_prefix,
     recompute_mode,
@@ -359,6 +360,11 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
     return args, notes
 
 
+#: how Megatron-LM numbers its ranks (megatron.core.parallel_state.initialize_model_parallel's ``order``)
+MEGATRON_RANK_ORDER = ("numbers its ranks tp-cp-ep-dp-pp (tp-cp-ep-pp-dp with --use-tp-pp-dp-mapping), each "
+                       "tensor-parallel group on consecutive ranks")
+
+
 def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                     inputs: Inputs | None = None, allow_layout: bool = True) -> dict:
     """Export ``plan`` as Megatron-LM arguments.
@@ -530,6 +536,12 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         "--global-batch-size", str(mbs * m * plan.dp),
     ]
     notes = [f"split written with: {how}."]
+    if refuse_rank_order(plan, "megatron", ("data", "pipeline"), MEGATRON_RANK_ORDER) == "pipeline":
+        # initialize_model_parallel(order="tp-cp-ep-pp-dp"): each replica's stages on consecutive ranks
+        args.append("--use-tp-pp-dp-mapping")
+        notes.append("--use-tp-pp-dp-mapping: ranks in the order tp-cp-ep-pp-dp, each data-parallel replica's "
+                     "pipeline stages on consecutive ranks, as planned (the default tp-cp-ep-dp-pp would put the "
+                     "replicas of a stage there instead).")
     t = inputs.transformer
     if t is not None:
         margs, mnotes = model_args(t, inputs.seq_len)

@@ -61,6 +61,7 @@ from . import (
     Inputs,
     layer_modules,
     plan_layers,
+    process_grid,
     recompute_mode,
     refuse_empty_stages,
     sequence_parallel,
@@ -186,16 +187,6 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 '''
-
-
-def process_grid(plan: Plan) -> list[list[int]]:
-    """``grid[r][k]``: the process (torchrun rank) that runs pipeline rank
-    ``r`` of replica ``k``: the position of the plan's device for it (stage
-    ``r``'s ``k``-th device) among all the plan's devices in id order (ids
-    are numbered node by node, as torchrun numbers ranks)."""
-    used = sorted({d for st in plan.stages for d in st.devices})
-    pos = {d: n for n, d in enumerate(used)}
-    return [[pos[d] for d in plan.stages[r].devices] for r in range(plan.pp)]
 
 
 def torch_stage_modules(plan: Plan, runtime: str, module_names, empty_stage_reason: str):

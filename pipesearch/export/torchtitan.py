@@ -65,6 +65,7 @@ from . import (
     FORMAT_VERSION,
     Inputs,
     recompute_mode,
+    refuse_rank_order,
     shell_command,
     torchtitan_dp_degrees,
     torchrun_prefix,
@@ -206,6 +207,11 @@ def pipeline_sections(plan: Plan, parts, inputs: Inputs, release: str) -> tuple[
     return parallelism, training, dp_note
 
 
+#: how torchtitan numbers its ranks (ParallelDims.build_mesh: one device mesh, pp outermost)
+TORCHTITAN_RANK_ORDER = ("builds one device mesh over the ranks with pp outermost (pp, dp_replicate, dp_shard, cp, "
+                         "tp), which puts the replicas of a stage on consecutive ranks")
+
+
 def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                       inputs: Inputs | None = None, module: str | None = None, config: str | None = None,
                       torchtitan_version: str | None = None) -> dict:
@@ -246,6 +252,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             ``vp > 1`` would silently drop stages); an unknown
             ``torchtitan_version``.
     """
+    refuse_rank_order(plan, "torchtitan", ("data",), TORCHTITAN_RANK_ORDER)
     if torchtitan_version is not None and torchtitan_version not in ("0.3", RUNTIME_VERSION):
         from .torchtitan_toml import TOML_VERSIONS, export_torchtitan_toml
 
