@@ -218,6 +218,37 @@ def test_edited_plan_is_refused(tmp_path, plan_doc, command, edit, needles):
     assert_refused(tmp_path, [command[0], path, *command[1:]], path, *needles)
 
 
+@pytest.mark.parametrize("command", [["simulate"], ["export", "--format", "torch"], ["validate"],
+                                     ["plot", "--kind", "stages", "-o", "s.png"]])
+@pytest.mark.parametrize("edit,needles", [
+    (lambda p: p["parallelism"].__setitem__("pp", 2.0), ["plans[0].parallelism.pp", "expected an integer", "2.0"]),
+    (lambda p: p["parallelism"].__setitem__("tp", 1.0), ["plans[0].parallelism.tp", "expected an integer", "1.0"]),
+    (lambda p: p["stages"][0].__setitem__("layers", [0.0, 4.0]), ["plans[0].stages[0].layers[0]", "0.0"]),
+    (lambda p: p["stages"][0].__setitem__("index", 0.0), ["plans[0].stages[0].index", "0.0"]),
+], ids=["pp", "tp", "layers", "index"])
+def test_whole_number_floats_are_not_counts(tmp_path, plan_doc, command, edit, needles):
+    """JSON Schema counts 4.0 as an integer; a count or an index written
+    with a fraction is refused by the schema check (it crashed the semantic
+    checks and the stages plot with a TypeError / IndexError)."""
+    path = edited(tmp_path, plan_doc, edit)
+    assert_refused(tmp_path, [command[0], path, *command[1:]], path, *needles)
+
+
+def test_an_unexpected_exception_is_one_line_and_exit_1(tmp_path, monkeypatch):
+    """A bug is exit status 1 with one line that says so and how to get the
+    traceback (README, exit statuses), not a raw traceback."""
+    def broken(*args, **kwargs):
+        raise ValueError("something nobody expected")
+
+    monkeypatch.setattr(plan_cmd, "search", broken)
+    monkeypatch.delenv("PIPESEARCH_DEBUG", raising=False)
+    code, out, err = run(["plan", "-q"], tmp_path)
+    assert code == 1 and "Traceback" not in out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("internal error: ValueError: something nobody expected")
+    assert "PIPESEARCH_DEBUG=1" in lines[0]
+
+
 def test_per_stage_device_count_is_checked(tmp_path, plan_doc):
     """One device id for a stage of a dp-2 plan: only the per-stage count
     check (``len(devices) == dp``) can say what is wrong."""

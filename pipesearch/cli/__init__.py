@@ -114,6 +114,13 @@ class _Group(click.Group):
                        "model or cluster, or lower `pipesearch plan --max-search-memory` to refuse it up front",
                        err=True)
             sys.exit(2)
+        except Exception as exc:  # a bug: one line, the traceback on request (README, exit status 1)
+            if os.environ.get("PIPESEARCH_DEBUG"):
+                raise
+            detail = " ".join(str(exc).split())[:300]
+            click.echo(f"internal error: {type(exc).__name__}: {detail} (a bug in pipesearch: please report it with "
+                       "the traceback that PIPESEARCH_DEBUG=1 shows)", err=True)
+            sys.exit(1)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

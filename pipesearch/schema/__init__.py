@@ -52,11 +52,18 @@ def plan_schema() -> dict:
 
 @lru_cache(maxsize=1)
 def _validator() -> "jsonschema.Draft202012Validator":
+    """The schema's validator, with ``integer`` meaning a JSON number written
+    without a fraction or exponent (Python ``int``): JSON Schema counts
+    ``4.0`` as an integer, which the plan's counts and indices cannot be
+    (``range(4.0)``)."""
     import jsonschema
 
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine(
+        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
     # the shipped schema is checked against its metaschema by the tests
     # (tests/test_plan_schema.py), not on every run (0.1 s)
-    return jsonschema.Draft202012Validator(plan_schema())
+    return jsonschema.validators.extend(base, type_checker=checker)(plan_schema())
 
 
 def json_path(parts) -> str:
