@@ -114,6 +114,8 @@ class _Group(click.Group):
                        "model or cluster, or lower `pipesearch plan --max-search-memory` to refuse it up front",
                        err=True)
             sys.exit(2)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own: usage errors (exit 2), --help and --version, Ctrl-C
         except Exception as exc:  # a bug: one line, the traceback on request (README, exit status 1)
             if os.environ.get("PIPESEARCH_DEBUG"):
                 raise
