@@ -30,6 +30,22 @@ def parse_bytes(text: str | float | int) -> float:
     return float(m.group(1)) * _BYTES[unit]
 
 
+def parse_size_option(option: str, text: str) -> float:
+    """A size given on the command line (``--memory-reserve 2GiB``) in bytes:
+    a bare number is refused (``2`` means 2 GiB to some users and 2 bytes to
+    others), as is anything :func:`parse_bytes` refuses.
+
+    Raises:
+        InputError: naming ``option``, the value and the fix."""
+    bare = str(text).strip()
+    if bare.replace(".", "", 1).isdigit():
+        raise InputError(f"{option} {bare}: no unit; give one, e.g. {bare}GiB or {bare}MB")
+    try:
+        return parse_bytes(text)
+    except InputError:
+        raise InputError(f"{option} {text!r}: not a size; expected a number and a unit, e.g. 80GiB or 512MB") from None
+
+
 def parse_seconds(text: str | float | int) -> float:
     """``"2.5ms"`` -> 0.0025; a bare number is seconds."""
     if isinstance(text, (int, float)):

@@ -234,6 +234,18 @@ def test_whole_number_floats_are_not_counts(tmp_path, plan_doc, command, edit, n
     assert_refused(tmp_path, [command[0], path, *command[1:]], path, *needles)
 
 
+@pytest.mark.parametrize("args,needles", [
+    (["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--memory-reserve", "2", "-o", "s.json"],
+     ["--memory-reserve 2", "no unit", "2GiB"]),
+    (["plan", "--max-search-memory", "1024", "-o", "p.json"], ["--max-search-memory 1024", "no unit"]),
+    (["plan", "--memory-reserve", "abc", "-o", "p.json"], ["--memory-reserve 'abc'", "not a size", "80GiB"]),
+], ids=["serve-reserve", "search-memory", "not-a-size"])
+def test_sizes_on_the_command_line_need_a_unit(tmp_path, args, needles):
+    """Every size flag of plan and serve refuses a bare number (serve took
+    --memory-reserve 2 as 2 bytes) and names the flag and a fix."""
+    assert_refused(tmp_path, args, *needles)
+
+
 def test_an_unexpected_exception_is_one_line_and_exit_1(tmp_path, monkeypatch):
     """A bug is exit status 1 with one line that says so and how to get the
     traceback (README, exit statuses), not a raw traceback."""

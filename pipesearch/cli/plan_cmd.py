@@ -25,7 +25,7 @@ from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to
 from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
-from ..units import format_bytes, format_seconds, parse_bytes
+from ..units import format_bytes, format_seconds, parse_size_option
 from .params import FiniteFloatRange
 from . import main
 
@@ -391,17 +391,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         where = plot_dir if plot_dir.exists() else plot_dir.parent
         if (plot_dir.exists() and not plot_dir.is_dir()) or not where.is_dir() or not os.access(where, os.W_OK):
             raise InputError(f"--plot-dir {plot_dir}: not a writable directory (its parent must exist)")
-    if memory_reserve.strip().replace(".", "", 1).isdigit():
-        raise InputError(f"--memory-reserve {memory_reserve}: no unit; give one, e.g. {memory_reserve.strip()}GiB "
-                         f"or {memory_reserve.strip()}MB")
-    try:
-        reserve = parse_bytes(memory_reserve)
-    except InputError as exc:
-        raise InputError(f"--memory-reserve: {exc}") from None
-    try:
-        search_budget = parse_bytes(max_search_memory)
-    except InputError as exc:
-        raise InputError(f"--max-search-memory: {exc}") from None
+    reserve = parse_size_option("--memory-reserve", memory_reserve)
+    search_budget = parse_size_option("--max-search-memory", max_search_memory)
     if optimizer_bytes_per_param is not None and not math.isfinite(optimizer_bytes_per_param):
         raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
     if optimizer_bytes_per_param is None and not zero1:  # the runtime's state, where none is asked for

@@ -22,7 +22,7 @@ from ..serve.export import export_serving
 from ..serve.pipeline import Workload
 from ..serve.search import ServeJob, pipeline_for, replica_shares, rerank_by_simulation, search_serving
 from ..serve.simulate import simulate_serving
-from ..units import format_bytes, parse_bytes
+from ..units import format_bytes, parse_size_option
 from .params import FiniteFloatRange
 from . import main
 
@@ -173,10 +173,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         check_output(check_writable(timeline, "--timeline"))
         if simulate_top < 1:
             raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
-    try:
-        reserve = parse_bytes(memory_reserve)
-    except InputError as exc:
-        raise InputError(f"--memory-reserve: {exc}") from None
+    reserve = parse_size_option("--memory-reserve", memory_reserve)
     cluster = load_cluster(cluster_name, nodes=nodes)
     path = resolve("model", model)
     if path.suffix not in (".toml", ".json"):
