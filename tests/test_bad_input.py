@@ -246,6 +246,36 @@ def test_sizes_on_the_command_line_need_a_unit(tmp_path, args, needles):
     assert_refused(tmp_path, args, *needles)
 
 
+@pytest.mark.parametrize("args,needles", [
+    (["plan", "--pp", "2", "--schedule", "interleaved-1f1b", "--split", "10,10,10,10", "--vp", "2", "--vp", "3",
+      "-o", "p.json"], ["--vp 3", "--split of 4 stages", "--pp 2"]),
+    (["plan", "--split", "20,20", "--replicate-stages", "-o", "p.json"], ["--replicate-stages with --split"]),
+    (["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--simulate-top", "0", "--num-requests", "5",
+      "-o", "s.json"], ["--num-requests with --simulate-top 0"]),
+    (["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--simulate-top", "0", "--seed", "3", "-o", "s.json"],
+     ["--seed with --simulate-top 0"]),
+], ids=["vp-off-the-split", "replicate-a-pinned-split", "requests-not-simulated", "seed-not-simulated"])
+def test_flags_that_would_be_ignored_are_refused(tmp_path, args, needles):
+    """Each of these ran with the flag silently dropped (the vgg16 default
+    has 40 layers, so 10,10,10,10 is a valid split of 4 stages)."""
+    assert_refused(tmp_path, args, *needles)
+
+
+def test_plot_rank_applies_to_one_plan_figures(tmp_path, plan_doc):
+    path = write(tmp_path / "plan.json", json.dumps(plan_doc))
+    for kind in ("space", "pareto"):
+        assert_refused(tmp_path, ["plot", path, "--kind", kind, "--rank", "2", "-o", "f.png"], f"--kind {kind}")
+
+
+def test_a_figure_path_that_cannot_be_written_leaves_every_output_alone(tmp_path):
+    """plan wrote -o, --all-points and three figures before it found that
+    the fourth figure's name is a directory; now nothing is written."""
+    write(tmp_path / "p.json", "OLD\n")
+    (tmp_path / "figs" / "timeline.png").mkdir(parents=True)
+    assert_refused(tmp_path, ["plan", "--plot-dir", "figs", "-o", "p.json", "--all-points", "pts.csv"],
+                   "figs/timeline.png", "is a directory")
+
+
 def test_an_unexpected_exception_is_one_line_and_exit_1(tmp_path, monkeypatch):
     """A bug is exit status 1 with one line that says so and how to get the
     traceback (README, exit statuses), not a raw traceback."""

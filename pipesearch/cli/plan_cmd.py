@@ -391,6 +391,11 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         where = plot_dir if plot_dir.exists() else plot_dir.parent
         if (plot_dir.exists() and not plot_dir.is_dir()) or not where.is_dir() or not os.access(where, os.W_OK):
             raise InputError(f"--plot-dir {plot_dir}: not a writable directory (its parent must exist)")
+        if plot_dir.is_dir():  # every figure's file too, before anything is written
+            from ..plots.common import KINDS
+
+            for kind in KINDS:
+                check_writable(plot_dir / f"{kind}.png", "--plot-dir figure")
     reserve = parse_size_option("--memory-reserve", memory_reserve)
     search_budget = parse_size_option("--max-search-memory", max_search_memory)
     if optimizer_bytes_per_param is not None and not math.isfinite(optimizer_bytes_per_param):
@@ -473,6 +478,14 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if vps and max(vps) > 1 and (pp == 1 or (split and len(split) == 1)):
         raise InputError(f"--vp {max(vps)} with --pp 1: one pipeline rank runs all its stages as one (plain "
                          "gradient accumulation, vp 1); use --pp 2 or more, or drop --vp")
+    if split and pp and vps and len(split) in [v * pp for v in vps]:  # the split and --pp fix vp = stages / pp
+        off = [v for v in vps if v * pp != len(split)]  # (no vp that fits: the split's own check refuses it)
+        if off:
+            raise InputError(f"--vp {off[0]} with --split of {len(split)} stages and --pp {pp}: the split gives "
+                             f"every device {len(split) / pp:g} stages; drop --vp {off[0]}")
+    if split and replicate_stages:
+        raise InputError("--replicate-stages with --split: the split pins the stages, so there is nothing to search; "
+                         "write each stage's replicas in the split (e.g. --split 17x15,6x1) or drop --split")
     if optimizer_offload and schedules and set(schedules) == {"mobius"}:
         raise InputError("--schedule mobius with --optimizer-offload: Mobius keeps every stage's weights and "
                          "optimizer state in host memory already (its step runs on the CPU); drop the flag")

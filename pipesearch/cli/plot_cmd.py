@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import InputError
 from ..output import check_writable
 from ..plots.common import KINDS, render
 from . import main
@@ -36,6 +37,10 @@ def plot_command(plan_file, kind, rank, output):
     The space plot shows cells skipped by the search's lower bound as
     "bound"; `pipesearch plan --exhaustive` evaluates them all.
     """
+    ctx = click.get_current_context()
+    if kind in ("space", "pareto") and ctx.get_parameter_source("rank") is not click.core.ParameterSource.DEFAULT:
+        raise InputError(f"--rank {rank} with --kind {kind}: that figure draws every point of the search, not one "
+                         "plan; --rank picks the plan of --kind stages or timeline")
     if output is not None:
         check_writable(output, "figure (-o)")
     out = render(kind, plan_file, f"{kind}.png" if output is None else output, rank=rank)

@@ -173,6 +173,13 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         check_output(check_writable(timeline, "--timeline"))
         if simulate_top < 1:
             raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
+    if simulate_top < 1:
+        ctx = click.get_current_context()
+        given = [f"--{name.replace('_', '-')}" for name in ("num_requests", "seed")
+                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise InputError(f"{given[0]} with --simulate-top 0: it sets the simulated run of the workload, and "
+                             "--simulate-top 0 simulates none; give --simulate-top 1 or more, or drop it")
     reserve = parse_size_option("--memory-reserve", memory_reserve)
     cluster = load_cluster(cluster_name, nodes=nodes)
     path = resolve("model", model)
