@@ -276,6 +276,15 @@ def test_a_figure_path_that_cannot_be_written_leaves_every_output_alone(tmp_path
                    "figs/timeline.png", "is a directory")
 
 
+@pytest.mark.parametrize("command", [["validate"], ["export", "--format", "torch"]])
+def test_an_unknown_recompute_mode_is_refused_by_the_schema(tmp_path, plan_doc, command):
+    """validate passed plans[0].options.recompute = "weird", which export
+    then refused without naming the file or the field."""
+    path = edited(tmp_path, plan_doc, lambda p: p["options"].__setitem__("recompute", "weird"))
+    assert_refused(tmp_path, [command[0], path, *command[1:]], path, "plans[0].options.recompute", "'weird'",
+                   "none, selective, full, per-stage")
+
+
 def test_an_unexpected_exception_is_one_line_and_exit_1(tmp_path, monkeypatch):
     """A bug is exit status 1 with one line that says so and how to get the
     traceback (README, exit statuses), not a raw traceback."""
