@@ -383,3 +383,13 @@ def test_unproven_note_names_the_ranks_that_hold():
     assert line.startswith("1 point outside") and "ranks 1-3 over the points searched" in line and "hold" not in line
     assert unproven_note(SimpleNamespace(plans=plans, unproven_points=2, unproven_bound_s=3.0)) == []
     assert unproven_note(SimpleNamespace(plans=plans, unproven_points=0, unproven_bound_s=float("inf"))) == []
+
+
+def test_slow_rates_keep_three_significant_digits():
+    """A plan of 0.029 samples/s read "0.0" in the table (a 131,072-token
+    context); below 1 the rate keeps three significant digits."""
+    from pipesearch.cli.plan_cmd import format_rate
+
+    assert format_rate(1388.93) == "1,388.9"
+    assert format_rate(0.02912) == "0.0291"
+    assert format_rate(0.0) == "0.0"

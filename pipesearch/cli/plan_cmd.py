@@ -143,6 +143,13 @@ def pinned_placements(placements: tuple[str, ...], runtime: str | None, cluster)
     return tuple(dict.fromkeys(placements))
 
 
+def format_rate(per_s: float) -> str:
+    """A rate for the table: one decimal (``1,388.9``), or three
+    significant digits below 1 so that a slow plan never reads 0.0
+    (``0.0291``)."""
+    return f"{per_s:,.1f}" if per_s >= 1 or per_s == 0 else f"{per_s:.3g}"
+
+
 def gap_percent(gap: float) -> str:
     """A relative gap as a percentage, one decimal, or two significant
     digits below 0.05% so that an open gap never reads 0.0% (``0.25`` ->
@@ -194,7 +201,7 @@ def plans_table(plans) -> str:
             "mbs x m": f"{p.micro_batch_size} x {p.num_micro_batches}",
             "layers/stage": layers,
             "iteration": format_seconds(p.predicted.iteration_time_s),
-            "samples/s": f"{p.predicted.samples_per_s:,.1f}",
+            "samples/s": format_rate(p.predicted.samples_per_s),
             "bubble": f"{100 * p.predicted.bubble_fraction:.1f}%",
             "peak memory / capacity": f"{format_bytes(p.predicted.peak_memory_bytes)} / "
                                       f"{format_bytes(p.predicted.memory_capacity_bytes)}",

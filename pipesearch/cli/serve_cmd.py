@@ -302,7 +302,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         if "command" in ex:
             click.echo(f"{engine}: {ex['command']}")
         skipped = ", ".join(f"{k} {v}" for k, v in result.skipped) or "none"
-        click.echo(f"{result.evaluated} configurations in {result.wall_s:.2f} s; skipped: {skipped}")
+        click.echo(f"{result.evaluated} configuration{'' if result.evaluated == 1 else 's'} in {result.wall_s:.2f} s; "
+                   f"skipped: {skipped}")
         written = [str(x) for x in (out, timeline) if x]
         if written:
             click.echo(f"wrote {', '.join(written)}")
