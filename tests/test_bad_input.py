@@ -285,6 +285,12 @@ def test_an_unknown_recompute_mode_is_refused_by_the_schema(tmp_path, plan_doc, 
                    "none, selective, full, per-stage")
 
 
+def test_a_profile_without_its_header_row_says_so(tmp_path):
+    write(tmp_path / "p.csv", "# batch_size: 8\n" + "".join(f"l{k},1,2,1000,4096\n" for k in range(4)))
+    assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 2", "no header row",
+                   "name,fwd_ms,bwd_ms,param_bytes,output_bytes")
+
+
 def test_an_unexpected_exception_is_one_line_and_exit_1(tmp_path, monkeypatch):
     """A bug is exit status 1 with one line that says so and how to get the
     traceback (README, exit statuses), not a raw traceback."""

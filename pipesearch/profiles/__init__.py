@@ -52,7 +52,8 @@ def load_model(name_or_path: str) -> ModelProfile:
         if path.name.lower().endswith(ending):
             return READERS[ending][0](path)
     supported = ", ".join(f"*{ending} ({what})" for ending, (_, what) in READERS.items())
-    raise InputError(f"{path}: unsupported model file type; supported formats: {supported}")
+    raise InputError(f"{path}: unsupported model file type; supported formats: {supported}; `plan` also reads "
+                     "a transformer TOML (*.toml) or a HuggingFace config (*.json)")
 
 
 __all__ = ["READERS", "load_model", "read_graph_txt", "read_profile_csv", "write_profile_csv"]

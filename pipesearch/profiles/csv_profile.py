@@ -205,6 +205,9 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str
                     "param_bytes,output_bytes' and one row per layer")
     header_line = table[0][0]
     columns = [c.strip() for c in next(csv.reader([table[0][1]]))]
+    if not set(columns) & set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS):
+        raise _fail(path, f"line {header_line}", f"no header row: the table's first line {table[0][1].strip()[:60]!r} "
+                    f"names no column; add a line '{','.join(REQUIRED_COLUMNS)}' above the layers")
     for col in columns:
         if col not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS:
             raise _fail(path, f"line {header_line}", f"unknown column {col!r} (allowed: "
