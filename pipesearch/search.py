@@ -1534,13 +1534,17 @@ def _check_options(variants, cluster, job, options):
             raise InputError(f"--{name.replace('_', '-')} {value} must be >= 1")
     tp_min = min(v.tp for v in variants)
     groups = num_slots(cluster, tp_min)  # tensor-parallel groups inside nodes
-    for name, value in (("--pp", options.pp), ("--dp", options.dp)):
+    # a --split of S stages pins pp = S (vp 1): name the flag the user gave, and its fix
+    by_split = bool(options.split) and len(options.split) == options.pp
+    pins = ((f"--split of {options.pp} stages (pp {options.pp})", "fewer stages", options.pp) if by_split else
+            (f"--pp {options.pp}", "lower --pp", options.pp), (f"--dp {options.dp}", "lower --dp", options.dp))
+    for shown, fix, value in pins:
         if value and value * tp_min > cluster.num_devices:
-            raise InputError(f"{name} {value} needs {value * tp_min} devices, cluster {cluster.name} has "
+            raise InputError(f"{shown} needs {value * tp_min} devices, cluster {cluster.name} has "
                              f"{cluster.num_devices}")
         if value and value > groups:
-            raise InputError(f"{name} {value} needs {value} groups of tp {tp_min} devices inside one node, "
-                             f"cluster {cluster.name} holds {groups}; lower {name} or --tp")
+            raise InputError(f"{shown} needs {value} groups of tp {tp_min} devices inside one node, "
+                             f"cluster {cluster.name} holds {groups}; {fix} or --tp")
     if tp_min > cluster.num_devices:
         raise InputError(f"--tp {tp_min} needs {tp_min} devices, cluster {cluster.name} has {cluster.num_devices}")
     if options.num_micro_batches and options.num_micro_batches > job.global_batch_size:

@@ -285,6 +285,14 @@ def test_an_unknown_recompute_mode_is_refused_by_the_schema(tmp_path, plan_doc, 
                    "none, selective, full, per-stage")
 
 
+def test_a_split_too_large_for_the_cluster_names_the_split(tmp_path):
+    """--split pins pp; the refusal named "--pp 4", which was not given."""
+    line = assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "--tp", "4",
+                                     "--split", "5,5,6,10", "-o", "p.json"],
+                          "--split of 4 stages (pp 4) needs 16 devices", "1x8-a100-80gb has 8")
+    assert "--pp 4" not in line
+
+
 def test_a_profile_without_its_header_row_says_so(tmp_path):
     write(tmp_path / "p.csv", "# batch_size: 8\n" + "".join(f"l{k},1,2,1000,4096\n" for k in range(4)))
     assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 2", "no header row",
