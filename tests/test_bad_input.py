@@ -293,6 +293,13 @@ def test_a_split_too_large_for_the_cluster_names_the_split(tmp_path):
     assert "--pp 4" not in line
 
 
+def test_a_header_field_without_its_colon_is_named(tmp_path):
+    write(tmp_path / "p.csv", "# batch_size 8\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+          + "".join(f"l{k},1,2,1000,4096\n" for k in range(4)))
+    assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 1", "no colon",
+                   "'# batch_size: 8'")
+
+
 def test_a_profile_without_its_header_row_says_so(tmp_path):
     write(tmp_path / "p.csv", "# batch_size: 8\n" + "".join(f"l{k},1,2,1000,4096\n" for k in range(4)))
     assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 2", "no header row",

@@ -147,6 +147,12 @@ def _split_lines(path: Path, text: str) -> tuple[dict[str, list[tuple[int, str]]
                     raise _fail(path, f"line {number}", f"unknown header field {m.group(1)!r} "
                                 f"(known: {', '.join(HEADER_KEYS)}); fix the key or drop the line")
                 header.setdefault(key, []).append((number, m.group(2).strip()))
+            else:  # a comment, unless it is a numeric header field without its colon ('# batch_size 32')
+                words = stripped.lstrip("#").split()
+                if len(words) == 2 and words[0].lower() in ("batch_size", "bytes_per_param") and \
+                        words[1].replace(".", "", 1).isdigit():
+                    raise _fail(path, f"line {number}", f"{stripped!r} is not a header field (no colon); write "
+                                f"'# {words[0]}: {words[1]}'")
             continue
         table.append((number, line))
     return header, table
