@@ -133,7 +133,7 @@ def rank_order(plan: Plan) -> str | None:
     pipeline rank sit on consecutive processes (process ``r dp + k``: the
     order of Megatron-LM's default ``tp-cp-ep-dp-pp``, DeepSpeed's
     ``PipeDataParallelTopology`` and torchtitan's device mesh, which put
-    pp outermost; always so when ``pp`` or ``dp`` is 1), ``"pipeline"``
+    pp outermost; the two orders coincide when ``pp`` or ``dp`` is 1), ``"pipeline"``
     when each replica's pipeline ranks do (process ``k pp + r``; the
     ``pipeline`` placement), None for any other order (a mapped or custom
     placement)."""
