@@ -1580,8 +1580,16 @@ def _check_options(variants, cluster, job, options):
                          "pipeline ranks (one rank runs its stages as one); use --pp 2 or more, or --schedule 1f1b")
     if options.split is not None and any(s in MULTI_STAGE_SCHEDULES for s in options.schedules) and not (
             options.pp and any(len(options.split) == options.pp * v for v in options.vps)):
-        raise InputError(f"--split of {len(options.split)} stages with a multi-stage schedule needs --pp and --vp "
-                         f"with pp x vp = {len(options.split)} (or choose --schedule gpipe, 1f1b or zb-h1)")
+        n = len(options.split)
+        if options.split_replicas:  # per-stage replicas run one stage per device
+            raise InputError(f"--split with replicas (NxR) and --schedule "
+                             f"{next(s for s in options.schedules if s in MULTI_STAGE_SCHEDULES)}: per-stage "
+                             "replication runs one stage per device; choose --schedule gpipe, 1f1b or zb-h1")
+        here = ", ".join(f"pp {options.pp} x vp {v} = {options.pp * v}" for v in options.vps) if options.pp else ""
+        example = f"e.g. --pp {n // 2} --vp 2" if n % 2 == 0 and n >= 4 else ""
+        hint = "; ".join(x for x in (f"here {here}" if here else "", example) if x)
+        raise InputError(f"--split of {n} stages with a multi-stage schedule needs --pp and --vp with pp x vp = "
+                         f"{n}{f' ({hint})' if hint else ''}, or --schedule gpipe, 1f1b or zb-h1")
     if options.replicate_stages or options.split_replicas:
         _check_replication_options(variants, cluster, job, options)
 

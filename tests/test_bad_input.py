@@ -300,6 +300,18 @@ def test_a_header_field_without_its_colon_is_named(tmp_path):
                    "'# batch_size: 8'")
 
 
+@pytest.mark.parametrize("args,needles", [
+    (["--pp", "2", "--vp", "2", "--split", "20,20"], ["--split of 2 stages", "pp x vp = 2", "here pp 2 x vp 2 = 4"]),
+    (["--split", "10,10,10,10"], ["--split of 4 stages", "e.g. --pp 2 --vp 2"]),
+    (["--split", "20x2,20x2"], ["replicas (NxR)", "one stage per device"]),
+], ids=["pp-and-vp-given", "pp-from-the-split", "replicated"])
+def test_a_split_for_interleaving_names_what_was_given(tmp_path, args, needles):
+    """The message asked for "--pp and --vp with pp x vp = 2" when both were
+    given (pp 2 x vp 2 = 4), and suggested pp x vp for replicated stages,
+    which cannot interleave (vgg16, the default, has 40 layers)."""
+    assert_refused(tmp_path, ["plan", "--schedule", "interleaved-1f1b", *args, "-o", "p.json"], *needles)
+
+
 def test_a_profile_without_its_header_row_says_so(tmp_path):
     write(tmp_path / "p.csv", "# batch_size: 8\n" + "".join(f"l{k},1,2,1000,4096\n" for k in range(4)))
     assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 2", "no header row",
