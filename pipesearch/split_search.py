@@ -201,7 +201,19 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     b = B + cin if blocking else B
     w = m - S + s
     G = I if schedule == "zb-h1" else B
-    fams = [] if own_only else _common_families(schedule, pp, m, S, s, F, B, I, c, cin, r, f, b, G, blocking)
+    fams = []
+    if not own_only:  # the families every schedule has (the own-family tables leave them out)
+        up = G + cin  # one step of a gradient back up
+        last = (b if schedule == "1f1b" else B) + r  # a rank's last backward work, then its all-reduce
+        fams += [[("sum", F + c + G + cin, None)], [("device", None, m * (f + b) + r)],
+                 [("sum", F + c, None), ("max", None, (m - 1) * np.maximum(f, c)), ("suffix", up, last)]]
+        nF, nB, nI, nW = _work_before_last_forward(schedule, pp, m, S // pp)
+        rank_work = nF[s] * f + nB[s] * b + nI[s] * (I + (cin if blocking else 0.0)) + nW[s] * (B - I)
+        fams.append([("device", None, rank_work), ("suffix", up, last)])
+        if not blocking:  # each directed link carries its m transfers one after another
+            fams += [[("device", None, m * c)], [("device", None, m * cin)]]
+        if S == pp:
+            fams.append([("prefix", F + c, m * (f + b) + r)])
     if schedule == "gpipe":
         row_f, row_b = np.maximum(F, c), np.maximum(B, c)
         fams.append([("sum", F + c, None), ("max", None, (m - 1) * row_f),
@@ -230,23 +242,6 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     if weights is not None:
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
-    return fams
-
-
-def _common_families(schedule: str, pp: int, m: int, S: int, s, F, B, I, c, cin, r, f, b, G, blocking: bool):
-    """The families of :func:`bound_families` that every schedule has (its
-    first list item), from the stage terms it computed."""
-    up = G + cin  # one step of a gradient back up
-    last = (b if schedule == "1f1b" else B) + r  # a rank's last backward work, then its all-reduce
-    fams = [[("sum", F + c + G + cin, None)], [("device", None, m * (f + b) + r)],
-            [("sum", F + c, None), ("max", None, (m - 1) * np.maximum(f, c)), ("suffix", up, last)]]
-    nF, nB, nI, nW = _work_before_last_forward(schedule, pp, m, S // pp)
-    rank_work = nF[s] * f + nB[s] * b + nI[s] * (I + (cin if blocking else 0.0)) + nW[s] * (B - I)
-    fams.append([("device", None, rank_work), ("suffix", up, last)])
-    if not blocking:  # each directed link carries its m transfers one after another
-        fams += [[("device", None, m * c)], [("device", None, m * cin)]]
-    if S == pp:
-        fams.append([("prefix", F + c, m * (f + b) + r)])
     return fams
 
 

@@ -23,3 +23,10 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
         return super().convert(number, param, ctx)
+
+
+def option_given(ctx: click.Context, name: str) -> bool:
+    """Whether the user gave option ``name`` (a parameter name), rather than
+    it taking its default: a flag whose effect another option cancels is
+    refused only when given."""
+    return ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT

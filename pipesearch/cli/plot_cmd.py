@@ -11,6 +11,7 @@ from ..errors import InputError
 from ..output import check_writable
 from ..plots.common import KINDS, render
 from . import main
+from .params import option_given
 
 
 @main.command("plot")
@@ -37,8 +38,7 @@ def plot_command(plan_file, kind, rank, output):
     The space plot shows cells skipped by the search's lower bound as
     "bound"; `pipesearch plan --exhaustive` evaluates them all.
     """
-    ctx = click.get_current_context()
-    if kind in ("space", "pareto") and ctx.get_parameter_source("rank") is not click.core.ParameterSource.DEFAULT:
+    if kind in ("space", "pareto") and option_given(click.get_current_context(), "rank"):
         raise InputError(f"--rank {rank} with --kind {kind}: that figure draws every point of the search, not one "
                          "plan; --rank picks the plan of --kind stages or timeline")
     if output is not None:

@@ -23,7 +23,7 @@ from ..serve.pipeline import Workload
 from ..serve.search import ServeJob, pipeline_for, replica_shares, rerank_by_simulation, search_serving
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_size_option
-from .params import FiniteFloatRange
+from .params import FiniteFloatRange, option_given
 from . import main
 
 FORMAT = "pipesearch.serve/1"
@@ -174,9 +174,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         if simulate_top < 1:
             raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
     if simulate_top < 1:
-        ctx = click.get_current_context()
         given = [f"--{name.replace('_', '-')}" for name in ("num_requests", "seed")
-                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+                 if option_given(click.get_current_context(), name)]
         if given:
             raise InputError(f"{given[0]} with --simulate-top 0: it sets the simulated run of the workload, and "
                              "--simulate-top 0 simulates none; give --simulate-top 1 or more, or drop it")

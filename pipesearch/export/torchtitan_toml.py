@@ -56,10 +56,10 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
-from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, refuse_rank_order, sequence_parallel, shell_command,
-               torchrun_prefix, transformer_shape)
+from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, sequence_parallel, shell_command, torchrun_prefix,
+               transformer_shape)
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
-from .torchtitan import RUNTIME, TORCHTITAN_RANK_ORDER, layers_per_stage_alternative, pipeline_sections
+from .torchtitan import RUNTIME, layers_per_stage_alternative, pipeline_sections
 
 TOML_VERSIONS = ("0.2", "0.2.0", "0.2.1", "0.2.2")
 """Releases whose job TOML this module writes (same keys in all)."""
@@ -128,7 +128,6 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
     """
     import tomli_w
 
-    refuse_rank_order(plan, "torchtitan", ("data",), TORCHTITAN_RANK_ORDER)
     inputs = inputs or Inputs()
     names = plan_layers(plan, "torchtitan").names
     layers, cls, mods = torch_stage_modules(
