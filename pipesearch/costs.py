@@ -52,7 +52,7 @@ the same stage times and is the judge of the best candidates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -225,6 +225,13 @@ class PipelineCosts:
     #: with every GPU of the plan under its switch copying at once
     #: (:func:`pipesearch.host.shared_bandwidth_bytes_per_s`); None without ``[host]``
     pcie_bandwidth_bytes_per_s: np.ndarray | None = None
+    #: ``(R, Q, v)``: with ``v`` stages per device (stage ``c R + r`` on device
+    #: ``r``), the in-flight counts of every chunk at each of the device's
+    #: count states (:func:`pipesearch.schedules.chunk_states_of`); the split
+    #: is then checked device by device (:meth:`device_memory_bytes`), each
+    #: stage alone against its whole device. None: one stage per device, or
+    #: the chunks' shares of the device (per-stage options)
+    chunk_states: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -647,6 +654,8 @@ class PipelineCosts:
             over = np.where(device > self.mobius_gpu_capacity_bytes(), np.inf, 0.0)[..., np.arange(self.pp) % ranks]
             host_over = np.any(self.mobius_node_host_bytes(bounds) > self.options.node_host_memory_bytes, axis=-1)
             over = over + np.where(host_over, np.inf, 0.0)[..., None]
+        if self.chunk_states is not None:  # a device over its memory: the split is out (an infinite time)
+            over = np.where(np.all(self.device_fits(bounds), axis=-1), 0.0, np.inf)[..., None]
         times = StageTimes(fwd_s=arr(self.fwd_s(s, i, j)), bwd_s=arr(self.bwd_s(s, i, j)),
                            bwd_input_s=arr(self.bwd_input_s(s, i, j)),
                            p2p_s=np.asarray(self.send_s(s[:-1], j[..., :-1]), dtype=float),
@@ -711,8 +720,6 @@ class PipelineCosts:
         (:func:`pipesearch.stage_options.mobius_activation_choice`):
         ``act_copy_s`` (one copy, the offloading option's) and ``act_host``
         set, and an infinite after-backward time where no choice fits."""
-        from dataclasses import replace as with_fields
-
         from .stage_options import mobius_activation_choice
         from .timemodel import iteration_time_s
 
@@ -730,7 +737,7 @@ class PipelineCosts:
         pairs = swap_device_bytes(params, np.zeros_like(params), ranks)
         copy = o.swap_act_copy_prefix_s[1, s, j] - o.swap_act_copy_prefix_s[1, s, i]
         after = np.broadcast_to(np.asarray(self.after_backward_s(s, i, j), dtype=float), i.shape)  # no GPU check
-        plain = with_fields(times, **{f: np.atleast_2d(getattr(times, f)) for f in (
+        plain = replace(times, **{f: np.atleast_2d(getattr(times, f)) for f in (
             "fwd_s", "bwd_s", "bwd_input_s", "swap_in_s", "swap_out_s")}, p2p_s=np.asarray(times.p2p_s).reshape(n, -1),
             allreduce_s=after, **({} if times.delayed_host_s is None else {
                 "delayed_host_s": np.atleast_2d(times.delayed_host_s)}))
@@ -741,7 +748,7 @@ class PipelineCosts:
             if plain.delayed_host_s is not None:
                 rows["delayed_host_s"] = plain.delayed_host_s[idx]
             return iteration_time_s("mobius", ranks, self.num_micro_batches, S // ranks,
-                                    with_fields(plain, **rows, act_copy_s=copy[idx] * sets, act_host=sets))
+                                    replace(plain, **rows, act_copy_s=copy[idx] * sets, act_host=sets))
 
         def host_fits(idx, sets):  # every node's host memory holds the choice (more offloading stages: more bytes)
             return np.all(self.mobius_node_host_bytes(b[idx], sets) <= o.node_host_memory_bytes, axis=-1)
@@ -752,7 +759,7 @@ class PipelineCosts:
         allreduce = plain.allreduce_s + np.where(fits, 0.0, np.inf)[:, None]
         single = np.ndim(bounds) == 1
         pick = (lambda x: x[0]) if single else (lambda x: x)
-        return with_fields(plain, **{f: pick(getattr(plain, f)) for f in (
+        return replace(plain, **{f: pick(getattr(plain, f)) for f in (
             "fwd_s", "bwd_s", "bwd_input_s", "p2p_s", "swap_in_s", "swap_out_s")},
             allreduce_s=pick(allreduce), act_copy_s=pick(copy * act), act_host=pick(act),
             **({} if plain.delayed_host_s is None else {"delayed_host_s": pick(plain.delayed_host_s)}))
@@ -765,12 +772,58 @@ class PipelineCosts:
             return self.allreduce_s(s, i, j)
         return self.allreduce_s(s, i, j) + self.host_step_s(s, i, j)
 
+    def device_memory_bytes(self, bounds) -> np.ndarray:
+        """With :attr:`chunk_states`: each device's peak bytes under the
+        split ``bounds`` (``(P + 1,)`` or ``(n, P + 1)``), less its fixed
+        bytes (:meth:`fixed_bytes`, compared with :attr:`capacity_bytes`,
+        which is net of them): its chunks' training state and gathered
+        weights plus ``max_q sum_c n_qc a_c``, ``n_q`` its count states and
+        ``a_c`` the saved bytes of one micro-batch of chunk ``c`` (exact:
+        :func:`pipesearch.schedules.chunk_states_of`). Returns ``(R,)`` or
+        ``(n, R)``."""
+        bounds = np.asarray(bounds)
+        s, i, j = np.arange(self.pp), bounds[..., :-1], bounds[..., 1:]
+        R, _, v = self.chunk_states.shape
+        act = self.saved_bytes(s, i, j)  # one micro-batch, (.., P): stage c R + r is chunk c of device r
+        rest = self.memory_bytes(s, i, j) - act * self.in_flight
+        per_device = rest.reshape(rest.shape[:-1] + (v, R)).sum(axis=-2)
+        chunks = np.swapaxes(act.reshape(act.shape[:-1] + (v, R)), -1, -2)  # (.., R, v)
+        peak = np.einsum("...rc,rqc->...rq", chunks, self.chunk_states).max(axis=-1)
+        return per_device + peak
+
+    def at_device_peak(self, bounds) -> "PipelineCosts":
+        """With :attr:`chunk_states`: these costs with each stage's
+        ``in_flight`` its count at its device's peak state under the one
+        split ``bounds`` (:meth:`device_memory_bytes`), so that the stages'
+        :meth:`memory_bytes` (and :meth:`memory_breakdown`) add up to their
+        device's peak; these costs unchanged without."""
+        if self.chunk_states is None:
+            return self
+        bounds = np.asarray(bounds)
+        s, i, j = np.arange(self.pp), bounds[:-1], bounds[1:]
+        R, _, v = self.chunk_states.shape
+        act = np.broadcast_to(self.saved_bytes(s, i, j), (self.pp,)).reshape(v, R).T  # (R, v)
+        q = np.argmax(np.einsum("rc,rqc->rq", act, self.chunk_states), axis=1)
+        counts = self.chunk_states[np.arange(R), q]  # (R, v): stage c R + r holds counts[r, c]
+        return replace(self, in_flight=counts.T.reshape(-1))
+
+    def device_fits(self, bounds) -> np.ndarray:
+        """With :attr:`chunk_states`: whether each device holds its chunks
+        under the split ``bounds`` (:meth:`device_memory_bytes`); ``(R,)`` or
+        ``(n, R)`` bools."""
+        R = self.chunk_states.shape[0]
+        return self.device_memory_bytes(bounds) <= self.capacity_bytes[:R]
+
     def split_fits(self, bounds) -> bool:
-        """Whether every stage of the split ``bounds`` fits (:meth:`fits`)
-        and, for Mobius, every GPU (:meth:`mobius_device_peak_bytes` with the
-        stages' activation choice: a finite :meth:`stage_times`)."""
+        """Whether every stage of the split ``bounds`` fits (:meth:`fits`),
+        every device its chunks (:meth:`device_fits`, with
+        :attr:`chunk_states`) and, for Mobius, every GPU
+        (:meth:`mobius_device_peak_bytes` with the stages' activation choice:
+        a finite :meth:`stage_times`)."""
         s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
         if not np.all(self.fits(s, i, j)):
+            return False
+        if self.chunk_states is not None and not np.all(self.device_fits(bounds)):
             return False
         if self.options is not None and self.options.swap_in_s_per_param_byte is not None:
             return bool(np.all(np.isfinite(self.stage_times(np.asarray(bounds)).allreduce_s)))
@@ -798,6 +851,7 @@ def build_pipeline_costs(
     weight_streaming: bool = False,
     weight_swapping: bool = False,
     wgrad_window: bool | None = None,
+    chunk_states: np.ndarray | None = None,
 ) -> PipelineCosts:
     """Assemble the cost terms of one search point.
 
@@ -810,8 +864,16 @@ def build_pipeline_costs(
         in_flight: ``(pp,)`` in-flight micro-batches per stage, for schedules
             other than GPipe and 1F1B (default: :func:`in_flight_micro_batches`).
         stages_per_device: virtual stages each device holds (interleaved
-            schedules); each stage then gets ``1 / stages_per_device`` of the
-            device's usable memory, so the device's total never exceeds it.
+            schedules). With ``chunk_states`` and no per-stage options each
+            stage is checked alone against its whole device and every split
+            device by device (:attr:`PipelineCosts.chunk_states`); otherwise
+            each stage gets its share of the device's usable memory
+            (:func:`device_memory_shares`), so the device's total never
+            exceeds it.
+        chunk_states: ``(pp / stages_per_device, Q, stages_per_device)``
+            in-flight counts of each device's chunks at its count states
+            (:func:`pipesearch.search.schedule_chunk_states`); ``in_flight``
+            must then hold each chunk's own peak (their maxima).
         links: precomputed :func:`placement_links` of ``placement`` (the
             search reuses them across points with the same placement).
         tp: tensor-parallel degree of the slots (their devices are the
@@ -880,6 +942,10 @@ def build_pipeline_costs(
         options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
                                 offload=optimizer_offload, stages_per_device=stages_per_device,
                                 option_profiles=option_profiles, time_scale=time_scale)
+    device_checked = chunk_states is not None and stages_per_device > 1 and options is None
+    if device_checked:  # each stage alone within its whole device, less the device's fixed bytes
+        dev = np.arange(pp) % (pp // stages_per_device)
+        capacity = usable - gathered * stages_per_device - np.bincount(dev, tied, pp // stages_per_device)[dev]
     pcie = None
     if cluster.host is not None:
         from . import host as host_lib
@@ -916,6 +982,7 @@ def build_pipeline_costs(
         wgrad_counts=counts,
         params_per_param_byte=1.0 / profile.bytes_per_param if profile.bytes_per_param > 0 else 0.0,
         param_layer_prefix=np.concatenate([[0], np.cumsum(arrays["param_bytes"] > 0)]),
+        chunk_states=np.asarray(chunk_states, dtype=float) if device_checked else None,
     )
 
 

@@ -604,6 +604,50 @@ def simultaneous_in_flight_of(name: str, p: int, m: int, v: int = 1,
     return _simultaneous_in_flight([[(k, s) for k, s, _ in seq] for seq in orders], held_after_input)
 
 
+def chunk_states_of(name: str, p: int, m: int, v: int = 1,
+                    held_after_input: float = 1.0) -> tuple[tuple[tuple[float, ...], ...], ...]:
+    """Per rank ``r`` of ``build(name, p, m, v)``: the micro-batches' worth
+    of activations each of its ``v`` chunks (stage ``r + c p`` is chunk
+    ``c``) holds at one moment, for every moment of the rank's list (the
+    accounting of :func:`simultaneous_in_flight`), reduced to the count
+    vectors no other one reaches in every chunk (each in decreasing order
+    of its total).
+
+    A rank whose chunk ``c`` saves ``a_c`` bytes per micro-batch peaks at
+    exactly ``max over the states of sum_c n_c a_c``, whatever the ``a_c``:
+    the moment with the most micro-batches (:func:`simultaneous_in_flight`)
+    is one of the states, but when the chunks save different bytes another
+    may hold more. With ``p = 8``, ``v = 3`` rank 0 holds ``(15, 8, 8)``
+    after its warm-up (:func:`simultaneous_in_flight`'s example), then
+    ``(16, 8, 7)``, ``(16, 9, 6)``, ... ``(16, 15, 0)``: when chunk 0 saves
+    more bytes per micro-batch than chunk 2 the rank peaks at ``(16, 8, 7)``.
+
+    Raises:
+        InputError: as :func:`build`.
+    """
+    out = []
+    for seq in build_orders(name, p, m, v):
+        cur = [0.0] * v
+        states = {tuple(cur)}
+        for kind, stage, _ in seq:
+            c = stage // p
+            if kind == "F":
+                cur[c] += 1.0
+            elif kind == "I":
+                cur[c] -= 1.0 - held_after_input
+            elif kind == "W":
+                cur[c] -= held_after_input
+            elif kind == "B":
+                cur[c] -= 1.0
+            states.add(tuple(cur))
+        kept: list[tuple[float, ...]] = []
+        for x in sorted(states, key=lambda y: (-sum(y), y)):  # a dominating state has a larger total: it comes first
+            if not any(all(b >= a for a, b in zip(x, y)) for y in kept):
+                kept.append(x)
+        out.append(tuple(kept))
+    return tuple(out)
+
+
 def _simultaneous_in_flight(ranks, held_after_input: float) -> tuple[float, ...]:
     """:func:`simultaneous_in_flight` over ``(kind, stage)`` pairs per rank."""
     n = 1 + max((s for seq in ranks for _, s in seq), default=-1)

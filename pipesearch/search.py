@@ -364,6 +364,10 @@ def _fits_in_stages(prefix: list[float], stages: int, cap: float) -> bool:
 
 def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
                  job: Job | None = None, replicated: bool = False) -> tuple[StagePlan, ...]:
+    """The plan's stages under the split ``bounds``; with several stages
+    per device each stage's memory is its part of its device's peak
+    (:meth:`pipesearch.costs.PipelineCosts.at_device_peak`)."""
+    costs = costs.at_device_peak(bounds)
     names = [lay.name for lay in variant.profile.layers]
     st, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
     cols = {
@@ -411,6 +415,7 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
     if schedule == "mobius":  # each GPU's peak over its stays, the figure its memory check uses
         mem = costs.mobius_device_peak_bytes((stages[0].layers[0],) + tuple(st.layers[1] for st in stages))
+
     # the peak device's own memory (a stage's smallest replica)
     cap_of = memory_bytes_of(cluster)
     caps = np.array([cap_of[np.asarray(st.devices, dtype=np.int64)].min() for st in stages[:pp]])
@@ -736,8 +741,9 @@ def _surely_out_of_memory(totals, row: dict, in_flight: np.ndarray, slot_capacit
     sum_k c_k / f_k``, at most the largest ``g`` paired with the smallest
     ``f`` (rearrangement inequality); the largest single layer with ``min f``
     micro-batches within ``g_1``. Stages of an interleaved device share its
-    memory in shares that sum to 1 (:func:`pipesearch.costs.device_memory_shares`),
-    so there only the first condition is used, over the ``P / vp`` devices.
+    memory, so there only the first condition is used, over the ``P / vp``
+    devices, with ``f`` the counts every device holds of each of its chunks
+    at once (:func:`_floor_in_flight`).
     """
     static, act = totals
     act = act * row["micro_batch_size"]
@@ -949,8 +955,8 @@ def search(
                 if key not in first or bound < first[key][0]:
                     first[key] = (bound, _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
             for key, (_, row) in first.items():
-                inflight = schedule_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"],
-                                              in_flight_cache, variant.profile.wgrad_saved_fraction)
+                inflight = _floor_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"],
+                                            in_flight_cache, variant.profile.wgrad_saved_fraction)
                 if row["schedule"] != "roundpipe" and _surely_out_of_memory(memory_floor[id(variant)], row, inflight,
                                                                             capacity[variant.tp]):
                     continue
@@ -1041,8 +1047,8 @@ def search(
         if pruned(bound):
             row["status"] = "pruned"
             return
-        inflight = schedule_in_flight(row["schedule"], row["pp"], row["num_micro_batches"], row["vp"],
-                                      in_flight_cache, variant.profile.wgrad_saved_fraction)
+        inflight = _floor_in_flight(row["schedule"], row["pp"], row["num_micro_batches"], row["vp"],
+                                    in_flight_cache, variant.profile.wgrad_saved_fraction)
         if job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
             inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
         if not options.split and row["schedule"] != "roundpipe" and _surely_out_of_memory(
@@ -1229,24 +1235,25 @@ def plan_family(plan: Plan) -> tuple:
 def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None,
                        held_after_input: float = 1.0) -> np.ndarray:
     """Micro-batches' worth of activations each of the ``pp * vp`` stages
-    holds at its device's simultaneous peak, read off the schedule's own
-    action lists (:func:`pipesearch.schedules.simultaneous_in_flight`; for
-    interleaved 1F1B the chunks of a device peak at different times, so
-    their counts at the device's peak sum to ``p v + p - 1`` on rank 0
-    rather than the sum of their own peaks). For interleaved 1F1B and ZB-H1
-    the counts stop changing once ``m >= 2 pp`` (the warm-up depth is
-    bounded), so they are computed at ``min(m, 2 pp)`` (ZB-H1: ``min(m, pp)``,
-    the same counts bit for bit). ZB-H1 stage ``r``
-    holds ``pp - r (1 - h)`` with ``h = held_after_input`` the share of a
-    micro-batch's activations kept between its input- and weight-gradient
-    steps (``pp`` when ``h = 1``); looped breadth-first keeps all ``m``;
-    GPipe ``m``; 1F1B ``min(m, pp - s)``."""
+    holds at its own peak, read off the schedule's own action lists
+    (:func:`pipesearch.schedules.simultaneous_in_flight`; with several
+    stages per device each chunk's own peak, the largest count of
+    :func:`schedule_chunk_states`: the device's memory is then checked at
+    each of its count states). For interleaved 1F1B and ZB-H1 the counts
+    stop changing once ``m >= 2 pp`` (the warm-up depth is bounded), so they
+    are computed at ``min(m, 2 pp)`` (ZB-H1: ``min(m, pp)``, the same counts
+    bit for bit). ZB-H1 stage ``r`` holds ``pp - r (1 - h)`` with ``h =
+    held_after_input`` the share of a micro-batch's activations kept between
+    its input- and weight-gradient steps (``pp`` when ``h = 1``); looped
+    breadth-first keeps all ``m``; GPipe ``m``; 1F1B ``min(m, pp - s)``."""
     if schedule in ANALYTIC_SCHEDULES:
         return in_flight_micro_batches(schedule, pp, m)
     if schedule in ("looped-bfs", "mobius"):
         return np.full(pp * vp, m, dtype=np.int64)
     if schedule == "roundpipe":  # a GPU computes one micro-batch of a group at a time (pipesearch.roundpipe)
         return np.ones(pp * vp, dtype=np.int64)
+    if vp > 1:  # each chunk's own peak: stage c pp + r is chunk c of rank r
+        return schedule_chunk_states(schedule, pp, m, vp, cache, held_after_input).max(axis=1).T.reshape(-1)
     # ZB-H1's counts are those of m = pp once m >= pp (its warm-up is pp - r
     # forwards deep; tests/test_search.py compares them bit for bit)
     m_eff = min(m, pp) if schedule == "zb-h1" else min(m, 2 * pp)
@@ -1258,6 +1265,48 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
             return peaks
         cache[key] = peaks
     return cache[key]
+
+
+def _floor_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None,
+                     held_after_input: float = 1.0) -> np.ndarray:
+    """In-flight counts per stage for :func:`_surely_out_of_memory`: those
+    of :func:`schedule_in_flight` with one stage per rank; with several,
+    every stage gets the least over the ranks of ``max_q min_c n_qc`` (the
+    count states of :func:`schedule_chunk_states`): at its state ``q`` a
+    device holds at least ``min_c n_qc`` micro-batches of each chunk, so
+    the devices together hold at least that many of the whole model's."""
+    states = schedule_chunk_states(schedule, pp, m, vp, cache, held_after_input)
+    if states is None:
+        return schedule_in_flight(schedule, pp, m, vp, cache, held_after_input)
+    return np.full(pp * vp, float(states.min(axis=2).max(axis=1).min()))
+
+
+def schedule_chunk_states(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None,
+                          held_after_input: float = 1.0) -> np.ndarray | None:
+    """``(pp, Q, vp)``: the count states of each rank's ``vp`` chunks
+    (:func:`pipesearch.schedules.chunk_states_of`, padded with zero
+    vectors), for a schedule with several stages per rank whose memory the
+    split search checks device by device
+    (:attr:`pipesearch.costs.PipelineCosts.chunk_states`); None for one
+    stage per rank, Mobius (its own per-GPU check) and RoundPipe. Looped
+    breadth-first holds all ``m`` micro-batches of every chunk after its
+    forwards; interleaved 1F1B's states stop changing once ``m >= 2 pp``
+    (tests/test_search_schedules.py) and are read there."""
+    if vp == 1 or schedule in ("mobius", "roundpipe"):
+        return None
+    if schedule == "looped-bfs":
+        return np.full((pp, 1, vp), float(m))
+    key = ("chunk-states", schedule, pp, min(m, 2 * pp), vp, held_after_input)
+    if cache is not None and key in cache:
+        return cache[key]
+    states = schedule_lib.chunk_states_of(schedule, pp, min(m, 2 * pp), vp, held_after_input)
+    out = np.zeros((pp, max(len(x) for x in states), vp))
+    for r, xs in enumerate(states):
+        out[r, :len(xs)] = xs
+    out.flags.writeable = False
+    if cache is not None:
+        cache[key] = out
+    return out
 
 
 def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: int) -> float:
@@ -1329,6 +1378,7 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
         profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
                                                                       variant.profile.wgrad_saved_fraction),
         stages_per_device=vp, links=links, wgrad_window=schedule == "zb-h1", tp=variant.tp,
+        chunk_states=schedule_chunk_states(schedule, pp, m, vp, in_flight_cache, variant.profile.wgrad_saved_fraction),
         optimizer_offload=variant.offload, option_profiles=variant.stage_tables or None,
         weight_streaming=variant.stream, weight_swapping=schedule == "mobius",
     )
@@ -1628,6 +1678,9 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
     need = costs.memory_bytes(s, i, j)
     ratio = need / costs.capacity_bytes
     k = int(np.argmax(ratio))
+    if costs.chunk_states is not None and ratio[k] <= 1:  # each stage fits alone: a device holding several does not
+        _note_device_overflow(ctx, costs, bounds, row)
+        return
     if "split_overflow" in ctx and ctx["split_overflow"][0] <= ratio[k]:
         return
     ctx["split_overflow"] = (float(ratio[k]), (
@@ -1636,6 +1689,25 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
         f"micro-batch size {row['micro_batch_size']}, {row['schedule']}; move layers off stage {k} or "
         + ("change the micro-batch size (with replicas a device keeps ceil(b / r) samples of each of its in-flight "
            "micro-batches)" if parse_replicas_name(row.get("placement")) else "lower the micro-batch size")))
+
+
+def _note_device_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:
+    """:func:`_note_split_overflow` of a --split whose stages each fit
+    alone but some device, holding several of them, does not at its peak
+    (:meth:`PipelineCosts.device_memory_bytes`): that device, its stages
+    and both figures."""
+    need = costs.device_memory_bytes(np.asarray(bounds))
+    R = len(need)
+    ratio = need / costs.capacity_bytes[:R]
+    r = int(np.argmax(ratio))
+    if "split_overflow" in ctx and ctx["split_overflow"][0] <= ratio[r]:
+        return
+    stages = ", ".join(str(k) for k in range(r, costs.pp, R))
+    ctx["split_overflow"] = (float(ratio[r]), (
+        f"closest: --split: pipeline rank {r} holds stages {stages}, {need[r] / 2**30:.1f} GiB at its peak "
+        f"(training state of its stages and the activations they hold at once) against "
+        f"{costs.capacity_bytes[r] / 2**30:.1f} GiB usable, at pp {row['pp']} x dp {row['dp']}, micro-batch size "
+        f"{row['micro_batch_size']}, {row['schedule']}; move layers off those stages or lower the micro-batch size"))
 
 
 def _note_mobius_gpu_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:

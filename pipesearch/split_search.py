@@ -1242,6 +1242,8 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
     splits = _all_splits(L, S)
     fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
+    if costs.chunk_states is not None:  # and every device its chunks
+        fit[fit] = np.all(costs.device_fits(splits[fit]), axis=1)
     todo = splits[fit]
     # the cheap families first: a split they put above the best or the cutoff is never evaluated
     lower = split_lower_bounds(costs, schedule, pp, todo, chains=False)
@@ -2089,7 +2091,10 @@ def _tie_key(costs: PipelineCosts, bounds, t: float):
     """Among near-equal splits: lower peak memory per device, then less time
     on links, then the time, then the boundaries."""
     s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
-    mem = float(np.max(costs.memory_bytes(s, i, j)))
+    if costs.chunk_states is not None:  # several stages per device: the devices' own peaks
+        mem = float(np.max(costs.device_memory_bytes(np.asarray(bounds))))
+    else:
+        mem = float(np.max(costs.memory_bytes(s, i, j)))
     link = float(np.sum(costs.send_s(s, j)))
     return (round(mem), round(link, 12), t, tuple(bounds))
 

@@ -32,13 +32,16 @@ def parse_bytes(text: str | float | int) -> float:
 
 def parse_size_option(option: str, text: str) -> float:
     """A size given on the command line (``--memory-reserve 2GiB``) in bytes:
-    a bare number is refused (``2`` means 2 GiB to some users and 2 bytes to
-    others), as is anything :func:`parse_bytes` refuses.
+    a bare number other than zero is refused (``2`` means 2 GiB to some users
+    and 2 bytes to others; ``0`` is none in every unit), as is anything
+    :func:`parse_bytes` refuses.
 
     Raises:
         InputError: naming ``option``, the value and the fix."""
     bare = str(text).strip()
     if bare.replace(".", "", 1).isdigit():
+        if float(bare) == 0:
+            return 0.0
         raise InputError(f"{option} {bare}: no unit; give one, e.g. {bare}GiB or {bare}MB")
     try:
         return parse_bytes(text)

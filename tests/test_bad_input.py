@@ -863,3 +863,21 @@ def test_validate_refuses_an_edited_cluster_layout(tmp_path, plan_doc, field, va
     path = write(tmp_path / "g.json", json.dumps(doc))
     code, out, err = run(["validate", path], tmp_path)
     assert code == 2 and needle in out, out
+
+
+def test_megatron_refuses_a_layer_profile_before_searching(tmp_path):
+    """``--runtime megatron`` with a CNN profile (vgg16's layers are not
+    embedding, block_00 .. head) is refused up front, naming the layers and
+    the runtimes that take any layer table (it used to search the whole
+    space first and then refuse every plan)."""
+    assert_refused(tmp_path, ["plan", "--model", "vgg16", "--runtime", "megatron", "-o", "p.json"],
+                   "--runtime megatron", "b00_Input", "not a transformer layer table", "torch or deepspeed")
+
+
+def test_memory_reserve_of_zero_needs_no_unit(tmp_path):
+    """0 is no memory in every unit, so ``--memory-reserve 0`` is taken
+    (a bare non-zero number is refused, above); the plan's usable memory
+    is then the capacity less the headroom alone."""
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--memory-reserve", "0", "--memory-headroom", "0.05"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["inputs"]["job"]["memory_reserve_bytes"] == 0

@@ -102,3 +102,22 @@ def test_placement_pins_are_honoured_or_refused(tmp_path):
     res = CliRunner().invoke(main, ["plan", "--cluster", "tests/data/mixed-16-3types.toml", "--model",
                                     "tests/data/synthetic-64.csv", "--placement", "data", "-q"])
     assert res.exit_code == 2 and "clusters of one device type" in res.output and "Traceback" not in res.output
+
+
+def test_custom_order_with_tp_is_pointed_at_the_stage_list(tmp_path):
+    """A mixed-cluster plan orders its tensor-parallel slots by its own
+    mapping, which no runtime's rank numbering reproduces. With tp = 1 the
+    torch export's script places every stage (its GRID); with tp > 1 it
+    writes no script, so the refusal points to the stage list (every
+    stage's devices, ``stages-json``) instead, and that export works."""
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "llama3-8b", "--cluster", "tests/data/mixed-16-3types.toml",
+                                    "--tp", "2", "-b", "64", "--top", "1", "--schedule", "1f1b", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = load_plan_file(out).plans[0]
+    assert plan.tp == 2 and rank_order(plan) is None
+    res = CliRunner().invoke(main, ["export", str(out), "--format", "megatron", "-o", str(tmp_path / "m")])
+    assert res.exit_code == 2
+    assert "--format stages-json" in res.output and "--format torch" not in res.output
+    res = CliRunner().invoke(main, ["export", str(out), "--format", "stages-json", "-o", str(tmp_path / "s.json")])
+    assert res.exit_code == 0, res.output

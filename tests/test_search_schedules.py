@@ -7,8 +7,9 @@ import pytest
 
 from pipesearch.hardware import load_cluster
 from pipesearch.models import load_model_source
-from pipesearch.schedules import build, in_flight_peaks, simultaneous_in_flight
-from pipesearch.search import SearchOptions, schedule_in_flight, schedule_refusal, search, simulate_plan
+from pipesearch.schedules import build, chunk_states_of, in_flight_peaks, simultaneous_in_flight
+from pipesearch.search import (SearchOptions, schedule_chunk_states, schedule_in_flight, schedule_refusal, search,
+                               simulate_plan)
 from pipesearch.types import Job
 
 
@@ -22,11 +23,15 @@ def test_zb_h1_in_flight_closed_form_matches_builder(p):
 
 @pytest.mark.parametrize("p,v", [(2, 2), (3, 2), (4, 2), (4, 3), (8, 2)])
 def test_interleaved_in_flight_saturates_at_2p(p, v):
-    """The search computes interleaved simultaneous peaks at min(m, 2p):
-    beyond that the warm-up depth (v-1)p + 2(p-1-r) no longer grows, so the
-    counts are equal."""
+    """The search computes interleaved count states at min(m, 2p): beyond
+    that the warm-up depth (v-1)p + 2(p-1-r) no longer grows, so the states
+    (and each chunk's own peak, their maximum) are those of the whole list."""
     for m in range(p, 6 * p + 1, p):
-        assert tuple(schedule_in_flight("interleaved-1f1b", p, m, v)) == simultaneous_in_flight(
+        states = schedule_chunk_states("interleaved-1f1b", p, m, v)
+        walked = chunk_states_of("interleaved-1f1b", p, m, v)
+        for r in range(p):
+            assert {tuple(x) for x in states[r] if any(x)} == {x for x in walked[r] if any(x)}, (p, v, m, r)
+        assert tuple(schedule_in_flight("interleaved-1f1b", p, m, v)) == in_flight_peaks(
             build("interleaved-1f1b", p, m, v))
 
 
@@ -36,11 +41,17 @@ def test_interleaved_p8_v3_rank0_holds_31_chunk_micro_batches():
     time per chunk (0-7 chunk 0, 8-15 chunk 1, 16-23 chunk 2, 24-29 chunk 0),
     then one steady-state forward (chunk 0) before its first backward:
     31 = p v + p - 1 held at once, 15 of chunk 0 and 8 each of chunks 1, 2.
-    The chunks' own peaks (16, 15, 8) happen at different times; their sum
-    39 over-counts by 8."""
+    Then each backward of chunk 2 is followed by a forward of chunk 0 until
+    chunk 0 holds 16: (16, 8, 7); later chunk 1's forwards replace chunk 2's
+    (16, 9, 6) ... (16, 15, 0). The chunks' own peaks (16, 15, 8) happen at
+    different times (their sum 39 over-counts by 8); a chunk 0 saving more
+    bytes per micro-batch than chunk 2 peaks at (16, 8, 7), not at the
+    moment of the most micro-batches."""
+    states = {tuple(x) for x in schedule_chunk_states("interleaved-1f1b", 8, 16, 3)[0]}
+    assert states == {(15, 8, 8)} | {(16, 8 + k, 7 - k) for k in range(8)}
     got = schedule_in_flight("interleaved-1f1b", 8, 16, 3)
-    assert (got[0], got[8], got[16]) == (15, 8, 8)
-    assert got[0] + got[8] + got[16] == 31 == 8 * 3 + 8 - 1
+    assert (got[0], got[8], got[16]) == (16, 15, 8)
+    assert max(sum(x) for x in states) == 31 == 8 * 3 + 8 - 1
     own = in_flight_peaks(build("interleaved-1f1b", 8, 16, 3))
     assert own[0] + own[8] + own[16] == 39
 
@@ -119,3 +130,19 @@ def test_interleaved_plan_that_fits_its_simultaneous_peak_is_accepted():
     assert fits.predicted.peak_memory_bytes == pytest.approx(34 * MiB)
     with pytest.raises(Exception, match="no plan fits"):
         search([ModelVariant(prof)], tiny_cluster(1, 8, memory_bytes=33 * MiB), Job(16, memory_reserve_bytes=0), opts)
+
+
+def test_interleaved_chunk_states_p2_v2_by_hand():
+    """Megatron's interleaved order for p = 2, v = 2, m = 4 walked by hand
+    (warm-up min((v-1)p + 2(p-1-r), mv): 4 forwards on rank 0, 2 on rank 1;
+    virtual micro-batch k is chunk (k mod 4) // 2 forward, reversed
+    backward). Rank 0 holds (chunk 0, chunk 1) = (2, 2) after its warm-up,
+    then (3, 2), (3, 1), (4, 1), (4, 0), (4, 1), (3, 1), (3, 2), (2, 2), ...:
+    the states no other reaches in both chunks are (3, 2) and (4, 1), equal
+    in micro-batches (5), so a chunk 0 saving more bytes than chunk 1 peaks
+    at (4, 1), the other way at (3, 2). Rank 1 reaches (2, 1) and (3, 0)."""
+    states = chunk_states_of("interleaved-1f1b", 2, 4, 2)
+    assert set(states[0]) == {(3.0, 2.0), (4.0, 1.0)}
+    assert set(states[1]) == {(2.0, 1.0), (3.0, 0.0)}
+    # each chunk's own peak, the search's per-stage count: stage c p + r is chunk c of rank r
+    assert tuple(schedule_in_flight("interleaved-1f1b", 2, 4, 2)) == (4.0, 3.0, 2.0, 1.0)

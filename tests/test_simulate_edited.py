@@ -60,3 +60,19 @@ def test_time_disagreement_tolerance():
     assert time_disagreement("f.json", 1, 1.0 + 1e-10, 1.0) is None
     line = time_disagreement("f.json", 2, 1.0 + 1e-8, 1.0)
     assert line.startswith("f.json: plan of rank 2:") and "1.00000001 s" in line and "is 1.0 s" in line
+
+
+@pytest.mark.parametrize("schedule,noted", [("zb-h1", True), ("1f1b", False)])
+def test_simulate_says_its_zero_bubble_activations_are_held_whole(tmp_path, schedule, noted):
+    """The simulator counts a micro-batch's activations whole until its
+    weight gradient ``W``; the plan keeps only the ``W`` inputs after ``I``
+    (docs/schedules.md), so under a zero-bubble schedule ``simulate`` says its
+    per-rank figure is that upper bound; a schedule without ``I`` / ``W``
+    actions has no such note."""
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                    "--pp", "8", "--schedule", schedule, "--recompute", "selective", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["simulate", str(out)])
+    assert res.exit_code == 0, res.output
+    assert ("counted whole until its weight gradient W: an upper bound" in res.output) == noted

@@ -22,6 +22,7 @@ from ..output import check_writable, write_output
 from ..output_table import format_table
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp
 from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
+from ..export import transformer_shape
 from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
@@ -430,6 +431,11 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
                                max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel,
                                overlap_tp_forward=comm_overlap.tp_forward)
+    names = [lay.name for lay in source.variants[0].profile.layers]
+    if runtime == "megatron" and transformer_shape(names) is None:  # before the search, not after it
+        raise InputError(f"--runtime megatron: {model}'s layers ({', '.join(names[:4])}, ...) are not a transformer "
+                         f"layer table (embedding, block_00 .. block_<L-1>, head), and Megatron-LM builds GPT-style "
+                         f"models only; drop --runtime or choose torch or deepspeed")
     if tp_comm_overlap and source.info.get("kind") != "transformer":
         raise InputError(f"--tp-comm-overlap: needs a transformer config (tensor parallelism); {model} is a layer "
                          f"profile; drop it")

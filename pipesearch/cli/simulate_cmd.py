@@ -181,6 +181,9 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     for r in range(tl.num_ranks):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
                    f"peak activations on the device {format_bytes(tl.peak_act_bytes[r])}")
+    if plan.schedule == "zb-h1":  # the one schedule with I / W actions
+        click.echo("  (each micro-batch's activations counted whole until its weight gradient W: an upper bound; "
+                   "the plan's memory keeps only the W inputs between I and W, docs/schedules.md)")
     if timeline is not None:
         from ..plots.timeline import allreduce_label, plot_timeline
 

@@ -157,7 +157,10 @@ def refuse_rank_order(plan: Plan, fmt: str, runs: tuple[str, ...], how: str) -> 
                     "placement)"}[order]
     name = RUNTIME_NAMES.get(fmt, fmt)
     fix = (f"re-plan with --runtime {fmt} or --placement {runs[0]}" if order == "pipeline" else
-           "export it with --format torch, whose script puts every stage on its planned device (GRID)")
+           "export it with --format torch, whose script puts every stage on its planned device (GRID)"
+           if plan.tp == 1 else
+           "export it with --format stages-json, which lists every stage's devices, and start the ranks in that "
+           "order (the torch export's script, which places them, runs tp = 1 only)")
     raise InputError(f"export {fmt}: the plan puts {placed}, and {name} {how}, so its stages would run on other "
                      f"devices and links than planned; {fix}")
 

@@ -342,7 +342,8 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
     if pos == "rotary":
         args += ["--position-embedding-type", "rope"]
         notes.append("rotary embeddings: Megatron's --rotary-base defaults to 10000; set the model's own base "
-                     "(Llama 3: 500000) and --rotary-percent if not 1.0. pipesearch's costs do not depend on it.")
+                     "(its config's rope_theta, e.g. 500000 for Llama 3) and --rotary-percent if not 1.0. "
+                     "pipesearch's costs do not depend on it.")
     elif pos == "none":
         args += ["--position-embedding-type", "none"]
     elif pos != "learned":

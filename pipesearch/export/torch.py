@@ -290,10 +290,16 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
            if cls not in SINGLE_STAGE_CLASSES else
            f"{cls} runs this order itself (given for reference)."),
     ]
-    if plan.dp > 1 or plan.tp > 1:
+    if plan.tp > 1:
         notes.append(
             f"the export covers the pipeline dimension only; build the dp={plan.dp} x tp={plan.tp} "
             f"DeviceMesh and apply data/tensor parallelism to each stage module yourself."
+        )
+    elif plan.dp > 1:
+        notes.append(
+            f"pipeline_torch.py runs the dp={plan.dp} replicas and all-reduces each stage's gradients over its "
+            f"replicas; the split_spec covers the pipeline dimension, so a training loop of your own applies data "
+            f"parallelism to each stage module itself."
         )
     rc = recompute_mode(plan, "torch")
     if rc != "none":

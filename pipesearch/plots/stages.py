@@ -3,6 +3,7 @@ the stages are and how much memory headroom each has."""
 
 from __future__ import annotations
 
+import textwrap
 from os import PathLike
 from pathlib import Path
 
@@ -329,10 +330,17 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
             fig.text(0.5, 0.875, host_text, ha="center", va="top", fontsize=8.5, color="#333333")
         fig.suptitle(title_of(plan_file), y=0.975)
         kinds = [st.device_type for st in plan.stages]
+        runs: list[list] = []  # [first stage, count, type] of each run of consecutive stages of one type
+        for k, t in enumerate(kinds):
+            if runs and runs[-1][2] == t:
+                runs[-1][1] += 1
+            else:
+                runs.append([k, 1, t])
         where = (f"each stage on {plan.dp * plan.tp} {kinds[0]} device(s)" if len(set(kinds)) == 1 else
-                 f"each stage on {plan.dp * plan.tp} device(s) of one type: "
-                 + ", ".join(f"stage {k} {t}" for k, t in enumerate(kinds[:8])) + (", ..." if len(kinds) > 8 else ""))
-        fig.text(0.5, 0.915, f"plan {plan_label(plan)}: {plan.predicted.samples_per_s:,.1f} samples/s, "
-                 f"bubble {100 * plan.predicted.bubble_fraction:.1f}%; {where}", ha="center", va="top",
-                 fontsize=8.5, color="#333333")
+                 f"each stage on {plan.dp * plan.tp} device(s): "
+                 + "; ".join(f"stage{'s' if n > 1 else ''} {k}{f'-{k + n - 1}' if n > 1 else ''} {t}"
+                             for k, n, t in runs))
+        fig.text(0.5, 0.915, textwrap.fill(f"plan {plan_label(plan)}: {plan.predicted.samples_per_s:,.1f} "
+                                           f"samples/s, bubble {100 * plan.predicted.bubble_fraction:.1f}%; {where}",
+                                           150), ha="center", va="top", fontsize=8.5, color="#333333")
         return save(fig, path)
