@@ -300,7 +300,7 @@ def test_split_parser_and_refusals():
     assert code == 2 and len(err.strip().splitlines()) == 1 and "needs 17 devices" in err
     code, _, err = _run("plan", "--model", "vgg16", "--replicate-stages", "--sharding", "zero1")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "sharding zero1" in err
-    code, _, err = _run("plan", "--model", "vgg16", "--replicate-stages", "--runtime", "megatron")
+    code, _, err = _run("plan", "--model", "gpt3-1.3b", "--replicate-stages", "--runtime", "megatron")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "one data-parallel degree" in err
     code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--dp", "2")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "drop the pin" in err
