@@ -604,6 +604,15 @@ def simultaneous_in_flight_of(name: str, p: int, m: int, v: int = 1,
     return _simultaneous_in_flight([[(k, s) for k, s, _ in seq] for seq in orders], held_after_input)
 
 
+def _held_changes(held_after_input: float) -> dict[str, float]:
+    """How many micro-batches' worth of activations a stage holds more after
+    each kind of action: ``F`` +1 (from its start), ``B`` -1 (at its end),
+    ``I`` ``-(1 - h)`` and ``W`` ``-h`` with ``h = held_after_input`` (the
+    accounting of :func:`simultaneous_in_flight`; subtracting ``y`` and
+    adding ``-y`` are the same float operation)."""
+    return {"F": 1.0, "B": -1.0, "I": -(1.0 - held_after_input), "W": -held_after_input}
+
+
 def chunk_states_of(name: str, p: int, m: int, v: int = 1,
                     held_after_input: float = 1.0) -> tuple[tuple[tuple[float, ...], ...], ...]:
     """Per rank ``r`` of ``build(name, p, m, v)``: the micro-batches' worth
@@ -625,20 +634,12 @@ def chunk_states_of(name: str, p: int, m: int, v: int = 1,
     Raises:
         InputError: as :func:`build`.
     """
-    out = []
+    out, change = [], _held_changes(held_after_input)
     for seq in build_orders(name, p, m, v):
         cur = [0.0] * v
         states = {tuple(cur)}
         for kind, stage, _ in seq:
-            c = stage // p
-            if kind == "F":
-                cur[c] += 1.0
-            elif kind == "I":
-                cur[c] -= 1.0 - held_after_input
-            elif kind == "W":
-                cur[c] -= held_after_input
-            elif kind == "B":
-                cur[c] -= 1.0
+            cur[stage // p] += change.get(kind, 0.0)
             states.add(tuple(cur))
         kept: list[tuple[float, ...]] = []
         for x in sorted(states, key=lambda y: (-sum(y), y)):  # a dominating state has a larger total: it comes first
@@ -651,7 +652,7 @@ def chunk_states_of(name: str, p: int, m: int, v: int = 1,
 def _simultaneous_in_flight(ranks, held_after_input: float) -> tuple[float, ...]:
     """:func:`simultaneous_in_flight` over ``(kind, stage)`` pairs per rank."""
     n = 1 + max((s for seq in ranks for _, s in seq), default=-1)
-    out = [0.0] * n
+    out, change = [0.0] * n, _held_changes(held_after_input)
     for seq in ranks:
         if seq and seq[0][0] == "F" and all(s == seq[0][1] for _, s in seq):
             out[seq[0][1]] = _one_stage_peak([k for k, _ in seq], held_after_input)
@@ -659,14 +660,7 @@ def _simultaneous_in_flight(ranks, held_after_input: float) -> tuple[float, ...]
         cur: dict[int, float] = {}
         best, at = -1.0, {}
         for kind, stage in seq:
-            if kind == "F":
-                cur[stage] = cur.get(stage, 0.0) + 1.0
-            elif kind == "I":
-                cur[stage] -= 1.0 - held_after_input
-            elif kind == "W":
-                cur[stage] -= held_after_input
-            elif kind == "B":
-                cur[stage] -= 1.0
+            cur[stage] = cur.get(stage, 0.0) + change.get(kind, 0.0)
             total = sum(cur.values())
             if total > best + 1e-12:
                 best, at = total, dict(cur)
@@ -679,16 +673,9 @@ def _one_stage_peak(kinds, held_after_input: float) -> float:
     """:func:`_simultaneous_in_flight` of a rank running one stage, its
     first action an ``F``: the same float operations on one count (the
     rank's total is that count) without the per-action dictionary."""
-    x, best, at = 0.0, -1.0, 0.0
+    x, best, at, change = 0.0, -1.0, 0.0, _held_changes(held_after_input)
     for kind in kinds:
-        if kind == "F":
-            x = x + 1.0
-        elif kind == "I":
-            x -= 1.0 - held_after_input
-        elif kind == "W":
-            x -= held_after_input
-        elif kind == "B":
-            x -= 1.0
+        x = x + change.get(kind, 0.0)
         if x > best + 1e-12:
             best, at = x, x
     return at
