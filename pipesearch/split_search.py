@@ -1049,7 +1049,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     L, S = costs.num_layers, costs.pp
     max_splits = MAX_SPLITS_EVALUATED if max_splits is None else max_splits
     nodes_given, max_nodes = max_nodes, MAX_NODES if max_nodes is None else max_nodes
-    if S > L or not any_split_fits(costs):
+    if S > L or not any_split_fits(costs) or not _devices_can_hold(costs, pp):
         return None
     if S == 1:  # the only split
         t = float(iteration_time_s(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.array([0, L]))))
@@ -1362,7 +1362,43 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     devices = [fam[0][2] for fam in fams if len(fam) == 1 and fam[0][0] == "device"]
     per_rank = [_rank_minima(_stage_minima(terms, ks, d, S, W), pp) for terms in (sums, devices)]
     allowed = np.all(per_rank[1] < cutoff_s, axis=0)  # (pp, R): layer counts a rank below the cutoff can hold
+    if costs.chunk_states is not None and S > pp:  # and its device's memory can hold
+        allowed &= _rank_memory_fits(costs, ks, d, i, pp, W)
     return float(_rank_knapsack(per_rank[0], allowed, L).max())
+
+
+def _devices_can_hold(costs: PipelineCosts, pp: int) -> bool:
+    """False when no split can fit every device holding several stages
+    (:attr:`PipelineCosts.chunk_states`): no count of layers per rank that
+    adds up to ``L`` has each rank's device within its memory
+    (:func:`_rank_memory_fits`, a necessary condition); True otherwise, or
+    without several stages per device, or above :data:`RANK_LAYER_TERMS`
+    terms (not checked: the split search's leaves are checked anyway)."""
+    L, S = costs.num_layers, costs.pp
+    W = max(1, L - S + 1)
+    if costs.chunk_states is None or S <= pp or S * W * L > RANK_LAYER_TERMS:
+        return True
+    ks, d, i = _stage_ranges(costs, W)
+    if not len(ks):
+        return False
+    allowed = _rank_memory_fits(costs, ks, d, i, pp, W)
+    return bool(np.isfinite(_rank_knapsack(np.zeros((1,) + allowed.shape), allowed, L)[0]))
+
+
+def _rank_memory_fits(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.ndarray:
+    """``(pp, vp W + 1)``: whether rank ``q``'s device can hold ``R`` layers
+    over its chunks: at each of its count states ``n`` (:attr:`PipelineCosts.chunk_states`)
+    it holds at least ``sum_c (state_c + n_c a_c)``, whose least value over
+    the chunks' lengths adding up to ``R`` (:func:`_rank_minima` of the
+    least over the starts, :func:`_stage_minima`) must be within its
+    capacity at every state (:meth:`PipelineCosts.device_memory_bytes` of
+    a split is at least that)."""
+    act = np.asarray(costs.saved_bytes(ks, i, i + d), dtype=float)
+    rest = costs.memory_bytes(ks, i, i + d) - act * costs.in_flight[ks]
+    counts = costs.chunk_states[ks % pp, :, ks // pp]  # (ranges, Q): each range's chunk count at every state
+    terms = [rest + counts[:, q] * act for q in range(counts.shape[1])]
+    least = _rank_minima(_stage_minima(terms, ks, d, costs.pp, W), pp)  # (Q, pp, vp W + 1)
+    return least.max(axis=0) <= costs.capacity_bytes[:pp, None]
 
 
 def _stage_ranges(costs: PipelineCosts, W: int):
@@ -1834,6 +1870,9 @@ class _Expander:
         self._suffix: dict = {}
         self._held = 0
         self.layout = self._rows(tables.column(0, 0)[0])
+        costs = tables.costs
+        # several stages per device: each node carries its devices' bytes so far at every count state
+        self.states = costs.chunk_states if costs.chunk_states is not None and S > pp else None
 
     def columns(self, s: int, starts: list[int]) -> list:
         """Per start ``i``: the children's ends ``j`` of a node at stage
@@ -1919,6 +1958,8 @@ class _Expander:
             acc["device"] = np.zeros((1, q, self.pp))
         if self.counter is not None:
             acc["count"] = self.counter.root[None].copy()
+        if self.states is not None:
+            acc["mem"] = np.zeros((1,) + self.states.shape[:2])
         own = np.zeros((len(self.tables.fam.get("device", ())), 1))
         return _Kids(-1, [0], [-np.inf], [0], [1], np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), acc, own)
 
@@ -1932,7 +1973,7 @@ class _Expander:
                 dev = val[kids.par[cols]]
                 dev[:, :, kids.stage % self.pp] = kids.own[:, cols].T
                 out[kind] = dev
-            elif kind == "count":
+            elif kind in ("count", "mem"):
                 out[kind] = val[cols]
             else:
                 out[kind] = val[..., cols]
@@ -2009,6 +2050,8 @@ class _Expander:
             else:
                 np.add.at(fam_lb, idx, tot)
         lb = fam_lb.max(axis=0)
+        if self.states is not None:
+            new["mem"] = self._device_bytes(s, np.asarray(starts)[par], j, acc["mem"][par], lb)
         if self.counter is not None and s < self.S - 1:  # only children that may still be expanded
             live = np.flatnonzero(lb < limit)
             states = np.zeros((T, 4, self.pp))
@@ -2023,6 +2066,31 @@ class _Expander:
         hi = np.cumsum(per_parent)
         lo = hi - per_parent
         return _Kids(s, j[order].tolist(), lb[order].tolist(), lo.tolist(), hi.tolist(), order, par, new, own)
+
+
+    def _device_bytes(self, s: int, i: np.ndarray, j: np.ndarray, before: np.ndarray, lb: np.ndarray) -> np.ndarray:
+        """With several stages per device: ``(T, R, Q)`` bytes each child's
+        devices hold so far at each count state (``before``, the parents'),
+        stage ``s`` on ``[i, j)`` added to its device (its training state
+        and gathered weights, and the state's count of its chunk times one
+        micro-batch's saved bytes; :meth:`PipelineCosts.device_memory_bytes`
+        of the stages placed, the rest holding at least nothing). A child
+        whose device already exceeds its capacity at some state has no
+        split that fits below it, nor one whose layers left need more
+        training-state bytes than the devices have left together (each
+        device ends at least at its peak so far plus the state of the layers
+        it gets): its bound ``lb`` becomes +inf (in place)."""
+        costs = self.tables.costs
+        R = self.states.shape[0]
+        r, c = s % R, s // R
+        act = np.asarray(costs.saved_bytes(s, i, j), dtype=float)
+        rest = costs.memory_bytes(s, i, j) - act * costs.in_flight[s]
+        out = before.copy()
+        out[:, r, :] += rest[:, None] + act[:, None] * self.states[r, :, c][None, :]
+        left = (costs.param_prefix_bytes[-1] - costs.param_prefix_bytes[j]) * costs.state_bytes_per_param_byte
+        cap = costs.capacity_bytes[:R]
+        lb[(out[:, r, :].max(axis=1) > cap[r]) | (out.max(axis=2).sum(axis=1) + left > cap.sum())] = np.inf
+        return out
 
 
 def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, best: float, tie_rel: float,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -107,3 +108,64 @@ def test_a_split_no_device_holds_names_the_device(inputs):
     assert res.exit_code == 2
     assert (f"pipeline rank 1 holds stages 1, 3, {need[1] / GiB:.1f} GiB at its peak" in res.output
             and f"against {USABLE / GiB:.1f} GiB usable" in res.output), res.output
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_split_search_is_the_brute_force_optimum_under_device_memory(seed, monkeypatch):
+    """Random interleaved points (p = 2 or 3 ranks, v = 2, 6-9 layers, random
+    or identical layers, m = p or 2p) on devices whose memory admits some
+    splits and refuses others: the exact split is the fastest split whose
+    devices hold their chunks by the oracle (state bytes by hand plus the
+    simulator's peak activation bytes per rank), with the branch and bound
+    forced (no enumeration), and proven; no split fits exactly when the
+    oracle admits none. Memory is drawn between the least and the largest
+    device peak over all splits, so both kinds occur on most seeds."""
+    from helpers import tied_or_random_profile, tiny_cluster
+    from pipesearch import split_search
+    from pipesearch.costs import build_pipeline_costs, pipeline_placement
+    from pipesearch.schedules import in_flight_peaks
+    from pipesearch.search import schedule_chunk_states
+    from pipesearch.split_search import exact_split
+    from pipesearch.timemodel import iteration_time_s
+    from pipesearch.types import Job
+
+    rng = np.random.default_rng(seed)
+    pp, vp = int(rng.integers(2, 4)), 2
+    S, L = pp * vp, int(rng.integers(6, 10))
+    m = pp * int(rng.integers(1, 3))
+    prof, params, outputs = tied_or_random_profile(rng, L, seed % 2 == 0)
+    order = build("interleaved-1f1b", pp, m, vp)
+    splits = [(0,) + c + (L,) for c in itertools.combinations(range(1, L), S - 1)]
+
+    per_param_byte = 2.0 / prof.bytes_per_param  # the job's 2 state bytes per parameter
+
+    def peaks(b):  # per rank: its stages' training state, plus the simulator's activation peak
+        stages = [range(b[k], b[k + 1]) for k in range(S)]
+        tl = simulate(order, fwd_s=[1.0] * S, bwd_s=[1.0] * S, p2p_s=[0.0] * (S - 1),
+                      act_bytes=[float(outputs[list(st)].sum()) for st in stages])
+        return [sum(per_param_byte * params[list(stages[k])].sum() for k in range(r, S, pp)) + tl.peak_act_bytes[r]
+                for r in range(pp)]
+
+    need = {b: max(peaks(b)) for b in splits}
+    memory = float(rng.uniform(min(need.values()) * 0.98, max(need.values())))
+    cluster = tiny_cluster(1, 2 * pp, memory_bytes=memory)
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0,
+              memory_headroom_fraction=0.0)
+    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                 in_flight=np.array(in_flight_peaks(order)), stages_per_device=vp,
+                                 chunk_states=schedule_chunk_states("interleaved-1f1b", pp, m, vp))
+    fits = [b for b in splits if need[b] <= memory]
+    for b in splits:  # the planner's device peaks are the oracle's, and so is what it lets fit
+        assert costs.device_memory_bytes(np.array(b)) == pytest.approx(peaks(b), rel=1e-12)
+        assert costs.split_fits(b) == (need[b] <= memory)
+        t = iteration_time_s("interleaved-1f1b", pp, m, vp, costs.stage_times(np.array(b)))
+        assert np.isfinite(t) == (need[b] <= memory)  # a split no device holds has no time
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
+    got = exact_split(costs, "interleaved-1f1b", pp, vp)
+    if not fits:
+        assert got is None or not np.isfinite(got.best_time_s)
+        return
+    best = min(iteration_time_s("interleaved-1f1b", pp, m, vp, costs.stage_times(np.array(b))) for b in fits)
+    assert got.exact and got.iteration_time_s == pytest.approx(best, rel=1e-9)
+    assert need[tuple(got.bounds)] <= memory

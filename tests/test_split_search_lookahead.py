@@ -30,6 +30,7 @@ from helpers import tied_or_random_profile, tiny_cluster
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
+from pipesearch.search import schedule_chunk_states
 from pipesearch.split_search import exact_split, exhaustive_simulated_split
 from pipesearch.types import Job, Link
 
@@ -39,7 +40,8 @@ SCHEDULES = (("1f1b", 1), ("zb-h1", 1), ("gpipe", 1), ("interleaved-1f1b", 2))
 def _instance(seed: int, L_low: int, L_high: int):
     """A seeded point: the seed's schedule, 2-3 ranks, identical layers with
     a random head (ties everywhere) for even seeds, random layers for odd
-    ones, memory that refuses some splits for every third seed."""
+    ones, memory that refuses some splits for every third seed (interleaved
+    1F1B: checked device by device, :attr:`PipelineCosts.chunk_states`)."""
     rng = np.random.default_rng(seed)
     schedule, vp = SCHEDULES[seed % len(SCHEDULES)]
     pp = int(rng.integers(3, 5)) if vp == 1 else 2
@@ -54,7 +56,7 @@ def _instance(seed: int, L_low: int, L_high: int):
     costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
                                  schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
                                  in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
-                                 stages_per_device=vp)
+                                 stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, m, vp))
     return schedule, pp, vp, costs
 
 
