@@ -1076,6 +1076,10 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         balanced = balanced_split(mem, S)
         if costs.split_fits(balanced):
             starts.append(balanced)
+    if costs.chunk_states is not None:  # several stages per device: layers moved off the devices that overflow
+        held = _device_balanced_split(costs, pp)
+        if held is not None:
+            starts.append(held)
     ev.run(starts, keep=not seeds_only)
     best = min(ev.times.values(), default=np.inf)
     if seeds_only:
@@ -1135,6 +1139,32 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if value_above_cutoff and best > cutoff_s:
         exact = False
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
+
+
+def _device_balanced_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | None:
+    """With several stages per device (:attr:`PipelineCosts.chunk_states`):
+    a split that every device holds, found from the even counts of layers
+    per rank by moving one layer at a time from the device most over its
+    memory to the one with the most room left (each rank's layers spread
+    evenly over its chunks, the later chunks, which hold fewer micro-batches,
+    taking the odd ones); None when none is met in ``L`` moves. A starting
+    split near the balanced ones where those overflow (their chunk 0 holds
+    about twice chunk 1's micro-batches), for the search's first
+    incumbent."""
+    L, S = costs.num_layers, costs.pp
+    v = S // pp
+    counts = np.full(pp, L // pp) + (np.arange(pp) >= pp - L % pp)
+    for _ in range(L + 1):
+        if np.any(counts < v):
+            return None
+        lengths = (counts[None, :] // v) + (np.arange(v)[:, None] >= v - counts[None, :] % v)  # (v, pp)
+        bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths.reshape(-1))]))
+        room = costs.capacity_bytes[:pp] - costs.device_memory_bytes(np.array(bounds))
+        if np.all(room >= 0) and costs.split_fits(bounds):
+            return bounds
+        counts[int(np.argmin(room))] -= 1
+        counts[int(np.argmax(room))] += 1
+    return None
 
 
 def _stopped_bound(costs: PipelineCosts, schedule: str, pp: int, vp: int, frontier_s: float, width: int,
@@ -1360,11 +1390,29 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     fams = bound_families(costs, schedule, pp, ks, i, i + d, chains=schedule in CHAIN_SCHEDULES, chain_families=S)
     sums = [fam[0][1] for fam in fams if len(fam) == 1 and fam[0][0] == "sum"]
     devices = [fam[0][2] for fam in fams if len(fam) == 1 and fam[0][0] == "device"]
-    per_rank = [_rank_minima(_stage_minima(terms, ks, d, S, W), pp) for terms in (sums, devices)]
+    pairs = _chunk_pairs_fit(costs, ks, d, i, pp, W) if costs.chunk_states is not None and S == 2 * pp else None
+    per_rank = [_rank_minima(_stage_minima(terms, ks, d, S, W), pp, pairs) for terms in (sums, devices)]
     allowed = np.all(per_rank[1] < cutoff_s, axis=0)  # (pp, R): layer counts a rank below the cutoff can hold
     if costs.chunk_states is not None and S > pp:  # and its device's memory can hold
         allowed &= _rank_memory_fits(costs, ks, d, i, pp, W)
     return float(_rank_knapsack(per_rank[0], allowed, L).max())
+
+
+def _chunk_pairs_fit(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.ndarray:
+    """Two stages per device: ``(pp, W, W)``, whether rank ``q``'s device
+    can hold its chunks with ``d0`` and ``d1`` layers: at every count state
+    ``n`` the least bytes of each length (over its starts,
+    :func:`_stage_minima`) add up to at most its capacity. Chunks of one
+    device hold their micro-batches at different times (chunk 0 up to
+    about twice chunk 1's), so the device's memory decides how its layers
+    divide between them, not only how many it takes."""
+    act = np.asarray(costs.saved_bytes(ks, i, i + d), dtype=float)
+    rest = costs.memory_bytes(ks, i, i + d) - act * costs.in_flight[ks]
+    counts = costs.chunk_states[ks % pp, :, ks // pp]
+    least = _stage_minima([rest + counts[:, q] * act for q in range(counts.shape[1])], ks, d, costs.pp, W)
+    least = least.reshape(-1, 2, pp, W)  # (Q, chunk, rank, length)
+    total = least[:, 0, :, :, None] + least[:, 1, :, None, :]  # (Q, pp, d0, d1)
+    return np.all(total <= costs.capacity_bytes[:pp, None, None], axis=0)
 
 
 def _devices_can_hold(costs: PipelineCosts, pp: int) -> bool:
@@ -1427,12 +1475,21 @@ def _stage_minima(terms, ks, d, S: int, W: int) -> np.ndarray:
     return out.reshape(len(terms), S, W)
 
 
-def _rank_minima(a: np.ndarray, pp: int) -> np.ndarray:
+def _rank_minima(a: np.ndarray, pp: int, pairs: np.ndarray | None = None) -> np.ndarray:
     """``(H, pp, vp W + 1)``: ``g[h, q, R]``, the least sum of ``a[h, s,
     d_s - 1]`` over rank ``q``'s stages ``s = c pp + q`` with lengths ``d_s``
-    adding up to ``R`` (``inf`` where none does)."""
+    adding up to ``R`` (``inf`` where none does); with ``pairs`` (two
+    stages per rank, ``(pp, W, W)``) only over the length pairs it allows
+    (:func:`_chunk_pairs_fit`)."""
     H, S, W = a.shape
     vp = S // pp
+    if pairs is not None:
+        both = a[:, :pp, :, None] + a[:, pp:, None, :]  # (H, pp, d0, d1)
+        both = np.where(pairs[None], both, np.inf)
+        out = np.full((H, pp, 2 * W + 1), np.inf)
+        for d0 in range(W):  # lengths d0 + 1 and d1 + 1: R = d0 + d1 + 2
+            np.minimum(out[:, :, d0 + 2:d0 + 2 + W], both[:, :, d0, :], out=out[:, :, d0 + 2:d0 + 2 + W])
+        return out
     by_chunk = a.reshape(H, vp, pp, W)
     cur = np.full((H, pp, vp * W + 1), np.inf)
     cur[:, :, 0] = 0.0
