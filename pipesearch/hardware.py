@@ -332,6 +332,22 @@ def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:
         raise CatalogError(f"{where}: key '{key}' = {ref!r}: {e}") from None
 
 
+
+def _check_device_names(path, groups) -> None:
+    """A device name is a device type: plans, tables and exports name the
+    devices by it. Two groups whose devices share a name but differ (memory,
+    peak rates, ...) would be told apart nowhere, so they are refused.
+
+    Raises:
+        InputError: naming the file, the groups and the name."""
+    seen: dict[str, int] = {}
+    for k, g in enumerate(groups):
+        first = seen.setdefault(g.device.name, k)
+        if first != k and groups[first].device != g.device:
+            raise InputError(f"{path}: groups[{first}] and groups[{k}] both name their device {g.device.name!r} but "
+                             f"describe different devices; give each device type its own name")
+
+
 def _group(where: Path, table: dict, prefix: str) -> DeviceGroup:
     _check_keys(where, table, _GROUP_KEYS, prefix=prefix)
     return DeviceGroup(
@@ -383,6 +399,7 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
         if not isinstance(raw, list) or not raw or not all(isinstance(g, dict) for g in raw):
             raise _fail(path, "groups", raw, "a non-empty array of tables [[groups]]")
         groups = tuple(_group(path, g, f"groups[{i}].") for i, g in enumerate(raw))
+        _check_device_names(path, groups)
         inter_group = _link(path, data, "inter_group") if "inter_group" in data else None
     else:
         if not trio:

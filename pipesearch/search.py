@@ -493,7 +493,8 @@ def micro_batch_sizes(per_replica: int, options: SearchOptions) -> list[int]:
     return divisors(per_replica)
 
 
-def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions, tp: int = 1) -> tuple[str, ...]:
+def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions, tp: int = 1,
+                    precision: str = "fp16") -> tuple[str, ...]:
     """Placements to try for a (pp, dp) group. Homogeneous clusters:
     ``options.placements`` (``pipeline``, ``data``; one when pp or dp is 1).
     Mixed clusters: every layout up to swaps inside a node
@@ -502,12 +503,15 @@ def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions, 
     placements; else the candidates of
     :func:`pipesearch.placement.placement_candidates` (patterns over the
     slots, fastest type first) and, for a single pipeline (dp = 1),
-    ``mapped``: the device order chosen by :func:`pipesearch.ilp.map_pipeline`."""
-    if cluster.is_homogeneous:
+    ``mapped``: the device order chosen by :func:`pipesearch.ilp.map_pipeline`.
+    ``precision``: the profile's (:func:`pipesearch.costs.profile_precision`),
+    which orders the slots the names refer to (:func:`pipesearch.placement.layout`
+    reads them in the same order)."""
+    if cluster.is_uniform:
         return options.placements if (pp > 1 and dp > 1) else options.placements[:1]
     if count_layouts(cluster, pp * dp, tp) <= options.enumerate_layouts_up_to:
-        return tuple(layout_names(cluster, pp, dp, tp))
-    names = tuple(name for name, _ in placement_candidates(cluster, pp, dp, tp))
+        return tuple(layout_names(cluster, pp, dp, tp, precision))
+    names = tuple(name for name, _ in placement_candidates(cluster, pp, dp, tp, precision))
     return names + (("mapped",) if dp == 1 and pp > 1 else ())
 
 
@@ -524,7 +528,7 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
     if not mbss:
         yield options.micro_batch_size, options.num_micro_batches, None, None, None, "batch_not_divisible"
         return
-    placements = _placements(cluster, pp, dp, options, variant.tp)
+    placements = _placements(cluster, pp, dp, options, variant)
     for mbs in mbss:
         m = per_replica // mbs
         for schedule in group_schedules(pp, options):
@@ -564,14 +568,14 @@ def count_points(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
     if cache is None or key not in cache:
         n = sum(accepted_points(schedule, pp, per_replica, L, options) for schedule in group_schedules(pp, options))
         if cache is None:
-            return n * len(_placements(cluster, pp, dp, options, variant.tp))
+            return n * len(_placements(cluster, pp, dp, options, variant))
         cache[key] = n
-    return cache[key] * len(_placements(cluster, pp, dp, options, variant.tp))
+    return cache[key] * len(_placements(cluster, pp, dp, options, variant))
 
 
-def _placements(cluster: Cluster | None, pp: int, dp: int, options: SearchOptions, tp: int = 1) -> tuple[str, ...]:
-    return (placement_names(cluster, pp, dp, options, tp) if cluster is not None
-            else options.placements if (pp > 1 and dp > 1) else options.placements[:1])
+def _placements(cluster: Cluster | None, pp: int, dp: int, options: SearchOptions, variant) -> tuple[str, ...]:
+    return (placement_names(cluster, pp, dp, options, variant.tp, profile_precision(variant.profile))
+            if cluster is not None else options.placements if (pp > 1 and dp > 1) else options.placements[:1])
 
 
 def placement_array(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict) -> np.ndarray:
@@ -703,7 +707,7 @@ def _same_links(cluster, variant, row, first: str, placement_ctx: dict, links_ca
     """Whether this point's placement puts every boundary and every all-reduce
     on the same devices' links as the group's first placement (then both score
     the same and only the first is evaluated)."""
-    if not cluster.is_homogeneous:
+    if not cluster.is_uniform:
         return False
     mine = _slots_and_links(cluster, variant, row, row["placement"], placement_ctx, links_cache)[1]
     return mine == _slots_and_links(cluster, variant, row, first, placement_ctx, links_cache)[1]
@@ -1202,7 +1206,7 @@ def _visited_as_uniform(cluster: Cluster, variant: ModelVariant, reps, name: str
     pp, r, precision = len(reps), reps[0], profile_precision(variant.profile)
     key = (variant.tp, pp, r)
     if key not in cache:
-        names = placement_names(cluster, pp, r, options, variant.tp)
+        names = placement_names(cluster, pp, r, options, variant.tp, precision)
         cache[key] = ("mapped" in names and r == 1, {
             _node_pattern(cluster, layout(cluster, pp, r, variant.tp, n, precision)) for n in names if n != "mapped"})
     every, patterns = cache[key]

@@ -385,6 +385,15 @@ class Cluster:
     def is_homogeneous(self) -> bool:
         return len({g.device.name for g in self.groups}) == 1
 
+    @property
+    def is_uniform(self) -> bool:
+        """One group: every node alike and one link between any two nodes,
+        so the ``pipeline`` and ``data`` placements over the device ids are
+        its layouts up to symmetry. Several groups of one device type are
+        not (their ``inter_group`` link, or their node sizes, tell them
+        apart): their search tries every layout, as a mixed cluster's."""
+        return len(self.groups) == 1
+
     def device_spec(self, device_id: int) -> DeviceSpec:
         """The spec of device ``device_id``; raises IndexError when out of range."""
         return self.groups[self.group_of(device_id)].device

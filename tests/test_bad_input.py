@@ -881,3 +881,20 @@ def test_memory_reserve_of_zero_needs_no_unit(tmp_path):
     res = CliRunner().invoke(main, ["plan", "-q", "--json", "--memory-reserve", "0", "--memory-headroom", "0.05"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["inputs"]["job"]["memory_reserve_bytes"] == 0
+
+
+def test_two_devices_of_one_name_are_refused(tmp_path):
+    """A device name is a device type (plans, tables and exports name devices
+    by it): two groups whose devices share a name but not their memory
+    would be told apart nowhere (the search took one for the other and its
+    answer changed with the order of the groups), so the cluster file is
+    refused, naming both groups and the name."""
+    dev = 'name = "twin"\nmemory_GB = {}\npeak_fp16_TFLOPS = 80\npeak_fp32_TFLOPS = 20\nhbm_bandwidth_GBps = 900\n'
+    (tmp_path / "a.toml").write_text(dev.format(48))
+    (tmp_path / "b.toml").write_text(dev.format(70))
+    (tmp_path / "c.toml").write_text('name = "c"\n[[groups]]\nnodes = 1\ndevices_per_node = 1\ndevice = "a.toml"\n'
+                                     '[[groups]]\nnodes = 1\ndevices_per_node = 1\ndevice = "b.toml"\n'
+                                     "[intra_node]\nbandwidth_GBps = 10\nlatency_us = 10\n"
+                                     "[inter_node]\nbandwidth_GBps = 10\nlatency_us = 10\n")
+    assert_refused(tmp_path, ["plan", "--cluster", "c.toml", "-o", "p.json"],
+                   "c.toml", "groups[0] and groups[1]", "'twin'", "its own name")

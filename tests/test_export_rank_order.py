@@ -101,7 +101,7 @@ def test_placement_pins_are_honoured_or_refused(tmp_path):
     assert res.exit_code == 2 and "gpipe runs the pipeline placement only" in res.output
     res = CliRunner().invoke(main, ["plan", "--cluster", "tests/data/mixed-16-3types.toml", "--model",
                                     "tests/data/synthetic-64.csv", "--placement", "data", "-q"])
-    assert res.exit_code == 2 and "clusters of one device type" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 2 and "clusters of one group" in res.output and "Traceback" not in res.output
 
 
 def test_custom_order_with_tp_is_pointed_at_the_stage_list(tmp_path):

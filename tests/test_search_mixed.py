@@ -131,3 +131,115 @@ def test_mapped_points_no_order_can_win_are_pruned_without_a_split(monkeypatch):
     every = search(list(src.variants), cluster, job, SearchOptions(exhaustive=True, **opts))
     assert res.plans[0].predicted.iteration_time_s == pytest.approx(every.plans[0].predicted.iteration_time_s,
                                                                      rel=1e-12)
+
+
+FP32_PROFILE = """# batch_size: 1
+# bytes_per_param: 4
+name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes
+l0,1.364,0.0,0,269614031,203996744
+l1,1.572,1.735,0,97095707,91941598
+l2,25.181,39.963,651301999,317037533,927853308
+l3,20.497,21.863,756230774,118724725,345779131
+l4,21.516,0.0,1559321192,72176716,187986542
+l5,25.973,20.884,1496697253,23461099,64203973
+l6,27.633,52.951,790634614,161681600,49447102
+"""
+
+
+@pytest.mark.parametrize("slow_fp16", [30, 60])
+def test_fp32_profile_layouts_do_not_depend_on_fp16_peaks(tmp_path, slow_fp16):
+    """An fp32 profile (4 bytes per parameter) times every device at its
+    fp32 rate, so a device's fp16 peak cannot change its plan. Here 'dslow'
+    is slower than 'dmid' at fp16 (30 or 60 against 53.6 TFLOPS: its rank
+    flips) but faster at fp32 (10 against 6.7). The layouts were once named
+    over the fp16 order of the slots but read in the fp32 one, so with the
+    fp16 order flipped some were never tried: rank 1 was 1.697 s on
+    (dslow, dmid, dmid), where (dmid, dmid, dslow) with split 3,2,2 gives
+    1.678 s. Both runs give that plan."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    (tmp_path / "p.csv").write_text(FP32_PROFILE)
+    (tmp_path / "dmid.toml").write_text('name = "dmid"\nmemory_GB = 15.705\npeak_fp16_TFLOPS = 53.6\n'
+                                        'peak_fp32_TFLOPS = 6.7\nhbm_bandwidth_GBps = 900\nachieved_fraction = 0.5\n')
+    (tmp_path / "dslow.toml").write_text(f'name = "dslow"\nmemory_GB = 17.507\npeak_fp16_TFLOPS = {slow_fp16}\n'
+                                         'peak_fp32_TFLOPS = 10\nhbm_bandwidth_GBps = 900\nachieved_fraction = 0.5\n')
+    (tmp_path / "c.toml").write_text(
+        'name = "c"\n[[groups]]\nnodes = 1\ndevices_per_node = 2\ndevice = "dmid.toml"\n'
+        '[[groups]]\nnodes = 1\ndevices_per_node = 1\ndevice = "dslow.toml"\n'
+        "[intra_node]\nbandwidth_GBps = 57.17\nlatency_us = 15.8\n"
+        "[inter_node]\nbandwidth_GBps = 4.32\nlatency_us = 14.5\nnics_per_node = 1\n")
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", str(tmp_path / "p.csv"), "--cluster",
+                                    str(tmp_path / "c.toml"), "-b", "12"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)["plans"][0]
+    assert [st["device_type"] for st in plan["stages"]] == ["dmid", "dmid", "dslow"]
+    assert [st["layers"][1] - st["layers"][0] for st in plan["stages"]] == [3, 2, 2]
+    assert plan["predicted"]["iteration_time_s"] == pytest.approx(1.678, abs=5e-4)
+
+
+@pytest.mark.parametrize("single_first", [True, False])
+def test_groups_of_one_device_type_are_searched_over_their_layouts(tmp_path, single_first):
+    """Two [[groups]] of the same device (one node of 1, one node of 2) are
+    told apart by their inter_group link (3.08 GB/s against 23.65 within a
+    node): the device order matters, so they are searched over every layout
+    like a mixed cluster, whichever group the file lists first. Rank 1 is
+    zb-h1, pp 3, split 1,2,1 at 63.00 ms (the best over every device order
+    and split by brute force); listed with the single-device group first it
+    was 142.22 ms, only the device ids' order being tried."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    (tmp_path / "p.csv").write_text("# batch_size: 4\n# bytes_per_param: 4\n"
+                                    "name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes\n"
+                                    "l0,1.465,2.641,106198553,209633710,561183462\n"
+                                    "l1,2.278,3.274,533458328,66292152,25755935\n"
+                                    "l2,1.043,2.355,0,22060228,25903088\n"
+                                    "l3,16.727,21.795,0,147809745,439552167\n")
+    (tmp_path / "d.toml").write_text('name = "dmid"\nmemory_GB = 3.775\npeak_fp16_TFLOPS = 53.6\n'
+                                     'peak_fp32_TFLOPS = 6.7\nhbm_bandwidth_GBps = 900\nachieved_fraction = 0.5\n')
+    one, two = ("[[groups]]\nnodes = 1\ndevices_per_node = 1\ndevice = \"d.toml\"\n",
+                "[[groups]]\nnodes = 1\ndevices_per_node = 2\ndevice = \"d.toml\"\n")
+    (tmp_path / "c.toml").write_text('name = "c"\n' + (one + two if single_first else two + one)
+                                     + "[intra_node]\nbandwidth_GBps = 23.65\nlatency_us = 1.3\n"
+                                     "[inter_node]\nbandwidth_GBps = 11.09\nlatency_us = 36.3\n"
+                                     "[inter_group]\nbandwidth_GBps = 3.08\nlatency_us = 9.2\n")
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", str(tmp_path / "p.csv"), "--cluster",
+                                    str(tmp_path / "c.toml"), "-b", "6"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)["plans"][0]
+    assert [st["layers"][1] - st["layers"][0] for st in plan["stages"]] == [1, 2, 1]
+    assert plan["predicted"]["iteration_time_s"] == pytest.approx(0.06300, abs=5e-6)
+
+
+def test_plans_on_unenumerated_layouts_say_so(tmp_path):
+    """1 node of 1 device and 2 nodes of 2 (two types): pp 2 x dp 2 has
+    4! [x^4] (1 + x)(1 + x + x^2/2)^2 = 24 x 5/4 = 30 layouts up to swaps
+    inside a node, more than the 24 the search enumerates, so a plan of that
+    shape says its devices are the best of the named layouts only; a single
+    pipeline (dp 1, searched by its own exact order search) and a cluster
+    of one group say nothing."""
+    from types import SimpleNamespace
+
+    from pipesearch.cli.plan_cmd import layout_notes
+    from pipesearch.hardware import load_cluster
+
+    for name, mem in (("a", 40), ("b", 24)):
+        (tmp_path / f"{name}.toml").write_text(f'name = "{name}"\nmemory_GB = {mem}\npeak_fp16_TFLOPS = 80\n'
+                                               'peak_fp32_TFLOPS = 20\nhbm_bandwidth_GBps = 900\n')
+    (tmp_path / "c.toml").write_text('name = "c"\n[[groups]]\nnodes = 1\ndevices_per_node = 1\ndevice = "a.toml"\n'
+                                     '[[groups]]\nnodes = 2\ndevices_per_node = 2\ndevice = "b.toml"\n'
+                                     "[intra_node]\nbandwidth_GBps = 70\nlatency_us = 10\n"
+                                     "[inter_node]\nbandwidth_GBps = 3\nlatency_us = 40\n")
+    cluster = load_cluster(str(tmp_path / "c.toml"))
+    plans = [SimpleNamespace(rank=1, pp=2, dp=2, tp=1, stage_replicas=None),
+             SimpleNamespace(rank=2, pp=4, dp=1, tp=1, stage_replicas=None)]
+    notes = layout_notes(plans, cluster)
+    assert len(notes) == 1 and notes[0].startswith("plan 1:") and "not of all 30 layouts of pp 2 x dp 2" in notes[0]
+    assert layout_notes(plans, load_cluster("2x8-a100-80gb")) == []

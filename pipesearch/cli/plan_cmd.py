@@ -121,6 +121,28 @@ def split_notes(plans) -> list[str]:
     return out
 
 
+def layout_notes(plans, cluster) -> list[str]:
+    """One line per replicated plan (dp > 1) on a cluster of several groups
+    whose ``pp x dp`` has more layouts than the search enumerates
+    (:attr:`pipesearch.search.SearchOptions.enumerate_layouts_up_to`): its
+    device layout is the best of the named patterns
+    (:func:`pipesearch.placement.placement_candidates`), not of every
+    layout (docs/heterogeneous.md)."""
+    from ..placement import count_layouts
+
+    limit = SearchOptions.enumerate_layouts_up_to
+    out = []
+    for p in plans:
+        if cluster.is_uniform or p.dp == 1 or p.stage_replicas is not None:
+            continue
+        n = count_layouts(cluster, p.pp * p.dp, p.tp)
+        if n > limit:
+            out.append(f"plan {p.rank}: its devices are the best of the named layouts (pipeline-major, data-major "
+                       f"and their patterns), not of all {n:,} layouts of pp {p.pp} x dp {p.dp} on {cluster.name} "
+                       f"(every layout is tried up to {limit}; docs/heterogeneous.md)")
+    return out
+
+
 def pinned_placements(placements: tuple[str, ...], runtime: str | None, cluster) -> tuple[str, ...]:
     """The placements the search tries: ``--placement`` (in the order given)
     within the ``--runtime``'s (:func:`pipesearch.runtimes.placements_for`),
@@ -133,10 +155,10 @@ def pinned_placements(placements: tuple[str, ...], runtime: str | None, cluster)
     allowed = runtimes.placements_for(runtime, SearchOptions.placements)
     if not placements:
         return allowed
-    if not cluster.is_homogeneous:
-        raise InputError(f"--placement {placements[0]}: a mixed cluster's search tries every layout of its device "
-                         "types up to swaps inside a node (or the mapped order); --placement applies to clusters "
-                         "of one device type; drop it")
+    if not cluster.is_uniform:
+        raise InputError(f"--placement {placements[0]}: a cluster of several [[groups]] is searched over every "
+                         "layout of its groups up to swaps inside a node (or the mapped order); --placement applies "
+                         "to clusters of one group; drop it")
     refused = [p for p in placements if p not in allowed]
     if refused:
         raise InputError(f"--placement {refused[0]} with --runtime {runtime}: {runtime} runs the "
@@ -577,7 +599,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans))
-    for line in split_notes(result.plans) + unproven_note(result):
+    for line in split_notes(result.plans) + layout_notes(result.plans, cluster) + unproven_note(result):
         click.echo(line)
     if not quiet:
         total = sum(g.num_devices for g in cluster.groups)
