@@ -784,12 +784,19 @@ class PipelineCosts:
         bounds = np.asarray(bounds)
         s, i, j = np.arange(self.pp), bounds[..., :-1], bounds[..., 1:]
         R, _, v = self.chunk_states.shape
-        act = self.saved_bytes(s, i, j)  # one micro-batch, (.., P): stage c R + r is chunk c of device r
-        rest = self.memory_bytes(s, i, j) - act * self.in_flight
-        per_device = rest.reshape(rest.shape[:-1] + (v, R)).sum(axis=-2)
+        rest = self.memory_bytes(s, i, j) - self.saved_bytes(s, i, j) * self.in_flight
+        return rest.reshape(rest.shape[:-1] + (v, R)).sum(axis=-2) + self._state_activations(bounds).max(axis=-1)
+
+    def _state_activations(self, bounds) -> np.ndarray:
+        """``(.., R, Q)``: the activation bytes each device holds at each of
+        its count states under the split(s) ``bounds`` (the state's count of
+        each chunk times one micro-batch's saved bytes of that chunk)."""
+        bounds = np.asarray(bounds)
+        s, i, j = np.arange(self.pp), bounds[..., :-1], bounds[..., 1:]
+        R, _, v = self.chunk_states.shape
+        act = np.broadcast_to(self.saved_bytes(s, i, j), i.shape)  # stage c R + r is chunk c of device r
         chunks = np.swapaxes(act.reshape(act.shape[:-1] + (v, R)), -1, -2)  # (.., R, v)
-        peak = np.einsum("...rc,rqc->...rq", chunks, self.chunk_states).max(axis=-1)
-        return per_device + peak
+        return np.einsum("...rc,rqc->...rq", chunks, self.chunk_states)
 
     def at_device_peak(self, bounds) -> "PipelineCosts":
         """With :attr:`chunk_states`: these costs with each stage's
@@ -799,11 +806,8 @@ class PipelineCosts:
         device's peak; these costs unchanged without."""
         if self.chunk_states is None:
             return self
-        bounds = np.asarray(bounds)
-        s, i, j = np.arange(self.pp), bounds[:-1], bounds[1:]
-        R, _, v = self.chunk_states.shape
-        act = np.broadcast_to(self.saved_bytes(s, i, j), (self.pp,)).reshape(v, R).T  # (R, v)
-        q = np.argmax(np.einsum("rc,rqc->rq", act, self.chunk_states), axis=1)
+        R = self.chunk_states.shape[0]
+        q = np.argmax(self._state_activations(bounds), axis=-1)
         counts = self.chunk_states[np.arange(R), q]  # (R, v): stage c R + r holds counts[r, c]
         return replace(self, in_flight=counts.T.reshape(-1))
 

@@ -1406,11 +1406,7 @@ def _chunk_pairs_fit(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.ndar
     device hold their micro-batches at different times (chunk 0 up to
     about twice chunk 1's), so the device's memory decides how its layers
     divide between them, not only how many it takes."""
-    act = np.asarray(costs.saved_bytes(ks, i, i + d), dtype=float)
-    rest = costs.memory_bytes(ks, i, i + d) - act * costs.in_flight[ks]
-    counts = costs.chunk_states[ks % pp, :, ks // pp]
-    least = _stage_minima([rest + counts[:, q] * act for q in range(counts.shape[1])], ks, d, costs.pp, W)
-    least = least.reshape(-1, 2, pp, W)  # (Q, chunk, rank, length)
+    least = _least_stage_bytes(costs, ks, d, i, pp, W).reshape(-1, 2, pp, W)  # (Q, chunk, rank, length)
     total = least[:, 0, :, :, None] + least[:, 1, :, None, :]  # (Q, pp, d0, d1)
     return np.all(total <= costs.capacity_bytes[:pp, None, None], axis=0)
 
@@ -1441,12 +1437,20 @@ def _rank_memory_fits(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.nda
     least over the starts, :func:`_stage_minima`) must be within its
     capacity at every state (:meth:`PipelineCosts.device_memory_bytes` of
     a split is at least that)."""
+    least = _rank_minima(_least_stage_bytes(costs, ks, d, i, pp, W), pp)  # (Q, pp, vp W + 1)
+    return least.max(axis=0) <= costs.capacity_bytes[:pp, None]
+
+
+def _least_stage_bytes(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.ndarray:
+    """``(Q, S, W)``: the least bytes stage ``s`` of ``d`` layers adds to its
+    device at each count state ``q`` (its training state and gathered
+    weights, plus its chunk's count at ``q`` times one micro-batch's saved
+    bytes), over its starts among the ranges ``(ks, d, i)`` of
+    :func:`_stage_ranges` (:func:`_stage_minima`; ``inf`` where none)."""
     act = np.asarray(costs.saved_bytes(ks, i, i + d), dtype=float)
     rest = costs.memory_bytes(ks, i, i + d) - act * costs.in_flight[ks]
     counts = costs.chunk_states[ks % pp, :, ks // pp]  # (ranges, Q): each range's chunk count at every state
-    terms = [rest + counts[:, q] * act for q in range(counts.shape[1])]
-    least = _rank_minima(_stage_minima(terms, ks, d, costs.pp, W), pp)  # (Q, pp, vp W + 1)
-    return least.max(axis=0) <= costs.capacity_bytes[:pp, None]
+    return _stage_minima([rest + counts[:, q] * act for q in range(counts.shape[1])], ks, d, costs.pp, W)
 
 
 def _stage_ranges(costs: PipelineCosts, W: int):

@@ -133,6 +133,20 @@ def test_mapped_points_no_order_can_win_are_pruned_without_a_split(monkeypatch):
                                                                      rel=1e-12)
 
 
+def _rank1(tmp_path, *args) -> dict:
+    """Rank 1 of ``pipesearch plan --json`` on ``tmp_path``'s p.csv and c.toml."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", str(tmp_path / "p.csv"), "--cluster",
+                                    str(tmp_path / "c.toml"), *args])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)["plans"][0]
+
+
 FP32_PROFILE = """# batch_size: 1
 # bytes_per_param: 4
 name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes
@@ -156,12 +170,6 @@ def test_fp32_profile_layouts_do_not_depend_on_fp16_peaks(tmp_path, slow_fp16):
     fp16 order flipped some were never tried: rank 1 was 1.697 s on
     (dslow, dmid, dmid), where (dmid, dmid, dslow) with split 3,2,2 gives
     1.678 s. Both runs give that plan."""
-    import json
-
-    from click.testing import CliRunner
-
-    from pipesearch.cli import main
-
     (tmp_path / "p.csv").write_text(FP32_PROFILE)
     (tmp_path / "dmid.toml").write_text('name = "dmid"\nmemory_GB = 15.705\npeak_fp16_TFLOPS = 53.6\n'
                                         'peak_fp32_TFLOPS = 6.7\nhbm_bandwidth_GBps = 900\nachieved_fraction = 0.5\n')
@@ -172,10 +180,7 @@ def test_fp32_profile_layouts_do_not_depend_on_fp16_peaks(tmp_path, slow_fp16):
         '[[groups]]\nnodes = 1\ndevices_per_node = 1\ndevice = "dslow.toml"\n'
         "[intra_node]\nbandwidth_GBps = 57.17\nlatency_us = 15.8\n"
         "[inter_node]\nbandwidth_GBps = 4.32\nlatency_us = 14.5\nnics_per_node = 1\n")
-    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", str(tmp_path / "p.csv"), "--cluster",
-                                    str(tmp_path / "c.toml"), "-b", "12"])
-    assert res.exit_code == 0, res.output
-    plan = json.loads(res.output)["plans"][0]
+    plan = _rank1(tmp_path, "-b", "12")
     assert [st["device_type"] for st in plan["stages"]] == ["dmid", "dmid", "dslow"]
     assert [st["layers"][1] - st["layers"][0] for st in plan["stages"]] == [3, 2, 2]
     assert plan["predicted"]["iteration_time_s"] == pytest.approx(1.678, abs=5e-4)
@@ -190,12 +195,6 @@ def test_groups_of_one_device_type_are_searched_over_their_layouts(tmp_path, sin
     zb-h1, pp 3, split 1,2,1 at 63.00 ms (the best over every device order
     and split by brute force); listed with the single-device group first it
     was 142.22 ms, only the device ids' order being tried."""
-    import json
-
-    from click.testing import CliRunner
-
-    from pipesearch.cli import main
-
     (tmp_path / "p.csv").write_text("# batch_size: 4\n# bytes_per_param: 4\n"
                                     "name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes\n"
                                     "l0,1.465,2.641,106198553,209633710,561183462\n"
@@ -210,10 +209,7 @@ def test_groups_of_one_device_type_are_searched_over_their_layouts(tmp_path, sin
                                      + "[intra_node]\nbandwidth_GBps = 23.65\nlatency_us = 1.3\n"
                                      "[inter_node]\nbandwidth_GBps = 11.09\nlatency_us = 36.3\n"
                                      "[inter_group]\nbandwidth_GBps = 3.08\nlatency_us = 9.2\n")
-    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", str(tmp_path / "p.csv"), "--cluster",
-                                    str(tmp_path / "c.toml"), "-b", "6"])
-    assert res.exit_code == 0, res.output
-    plan = json.loads(res.output)["plans"][0]
+    plan = _rank1(tmp_path, "-b", "6")
     assert [st["layers"][1] - st["layers"][0] for st in plan["stages"]] == [1, 2, 1]
     assert plan["predicted"]["iteration_time_s"] == pytest.approx(0.06300, abs=5e-6)
 
