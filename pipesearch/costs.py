@@ -784,8 +784,15 @@ class PipelineCosts:
         bounds = np.asarray(bounds)
         s, i, j = np.arange(self.pp), bounds[..., :-1], bounds[..., 1:]
         R, _, v = self.chunk_states.shape
-        rest = self.memory_bytes(s, i, j) - self.saved_bytes(s, i, j) * self.in_flight
+        rest = self.resident_bytes(s, i, j)
         return rest.reshape(rest.shape[:-1] + (v, R)).sum(axis=-2) + self._state_activations(bounds).max(axis=-1)
+
+    def resident_bytes(self, s, i, j):
+        """:meth:`memory_bytes` of stage(s) ``s`` holding ``[i, j)`` less its
+        in-flight activations (its training state and gathered weights):
+        what it holds whatever its micro-batches (without per-stage options,
+        as :attr:`chunk_states` needs)."""
+        return self.memory_bytes(s, i, j) - self.saved_bytes(s, i, j) * self.in_flight[s]
 
     def _state_activations(self, bounds) -> np.ndarray:
         """``(.., R, Q)``: the activation bytes each device holds at each of

@@ -556,9 +556,19 @@ def wgrad_states(actions: Sequence[Sequence[Action]]) -> tuple[tuple[tuple[int, 
                 a -= 1
             states.add((a, b))
         for stage in stages:
-            out[stage] = tuple(sorted(x for x in states if not any(
-                y != x and y[0] >= x[0] and y[1] >= x[1] for y in states)))
+            out[stage] = tuple(sorted(_undominated(states)))
     return tuple(out[k] for k in range(len(out)))
+
+
+def _undominated(states) -> list[tuple]:
+    """The count vectors of ``states`` no other one reaches in every
+    component, in decreasing order of their total (a vector another one
+    reaches has a smaller total, or is that vector: it is met after it)."""
+    kept: list[tuple] = []
+    for x in sorted(states, key=lambda y: (-sum(y), y)):
+        if not any(all(b >= a for a, b in zip(x, y)) for y in kept):
+            kept.append(x)
+    return kept
 
 
 def simultaneous_in_flight(actions: Sequence[Sequence[Action]], held_after_input: float = 1.0) -> tuple[float, ...]:
@@ -641,11 +651,7 @@ def chunk_states_of(name: str, p: int, m: int, v: int = 1,
         for kind, stage, _ in seq:
             cur[stage // p] += change.get(kind, 0.0)
             states.add(tuple(cur))
-        kept: list[tuple[float, ...]] = []
-        for x in sorted(states, key=lambda y: (-sum(y), y)):  # a dominating state has a larger total: it comes first
-            if not any(all(b >= a for a, b in zip(x, y)) for y in kept):
-                kept.append(x)
-        out.append(tuple(kept))
+        out.append(tuple(_undominated(states)))
     return tuple(out)
 
 

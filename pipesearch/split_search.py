@@ -1390,25 +1390,27 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     fams = bound_families(costs, schedule, pp, ks, i, i + d, chains=schedule in CHAIN_SCHEDULES, chain_families=S)
     sums = [fam[0][1] for fam in fams if len(fam) == 1 and fam[0][0] == "sum"]
     devices = [fam[0][2] for fam in fams if len(fam) == 1 and fam[0][0] == "device"]
-    pairs = _chunk_pairs_fit(costs, ks, d, i, pp, W) if costs.chunk_states is not None and S == 2 * pp else None
+    least = _least_stage_bytes(costs, ks, d, i, pp, W) if costs.chunk_states is not None and S > pp else None
+    pairs = _chunk_pairs_fit(least, costs.capacity_bytes, pp) if least is not None and S == 2 * pp else None
     per_rank = [_rank_minima(_stage_minima(terms, ks, d, S, W), pp, pairs) for terms in (sums, devices)]
     allowed = np.all(per_rank[1] < cutoff_s, axis=0)  # (pp, R): layer counts a rank below the cutoff can hold
     if costs.chunk_states is not None and S > pp:  # and its device's memory can hold
-        allowed &= _rank_memory_fits(costs, ks, d, i, pp, W)
+        allowed &= _rank_memory_fits(least, costs.capacity_bytes, pp)
     return float(_rank_knapsack(per_rank[0], allowed, L).max())
 
 
-def _chunk_pairs_fit(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.ndarray:
-    """Two stages per device: ``(pp, W, W)``, whether rank ``q``'s device
+def _chunk_pairs_fit(least: np.ndarray, capacity_bytes: np.ndarray, pp: int) -> np.ndarray:
+    """Two stages per device, ``least`` of :func:`_least_stage_bytes` and
+    each device's ``capacity_bytes``: ``(pp, W, W)``, whether rank ``q``'s device
     can hold its chunks with ``d0`` and ``d1`` layers: at every count state
     ``n`` the least bytes of each length (over its starts,
     :func:`_stage_minima`) add up to at most its capacity. Chunks of one
     device hold their micro-batches at different times (chunk 0 up to
     about twice chunk 1's), so the device's memory decides how its layers
     divide between them, not only how many it takes."""
-    least = _least_stage_bytes(costs, ks, d, i, pp, W).reshape(-1, 2, pp, W)  # (Q, chunk, rank, length)
+    least = least.reshape(len(least), 2, pp, -1)  # (Q, chunk, rank, length)
     total = least[:, 0, :, :, None] + least[:, 1, :, None, :]  # (Q, pp, d0, d1)
-    return np.all(total <= costs.capacity_bytes[:pp, None, None], axis=0)
+    return np.all(total <= capacity_bytes[:pp, None, None], axis=0)
 
 
 def _devices_can_hold(costs: PipelineCosts, pp: int) -> bool:
@@ -1425,20 +1427,20 @@ def _devices_can_hold(costs: PipelineCosts, pp: int) -> bool:
     ks, d, i = _stage_ranges(costs, W)
     if not len(ks):
         return False
-    allowed = _rank_memory_fits(costs, ks, d, i, pp, W)
+    allowed = _rank_memory_fits(_least_stage_bytes(costs, ks, d, i, pp, W), costs.capacity_bytes, pp)
     return bool(np.isfinite(_rank_knapsack(np.zeros((1,) + allowed.shape), allowed, L)[0]))
 
 
-def _rank_memory_fits(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.ndarray:
-    """``(pp, vp W + 1)``: whether rank ``q``'s device can hold ``R`` layers
+def _rank_memory_fits(least: np.ndarray, capacity_bytes: np.ndarray, pp: int) -> np.ndarray:
+    """``(pp, vp W + 1)`` from ``least`` of :func:`_least_stage_bytes` and
+    each device's ``capacity_bytes``: whether rank ``q``'s device can hold ``R`` layers
     over its chunks: at each of its count states ``n`` (:attr:`PipelineCosts.chunk_states`)
     it holds at least ``sum_c (state_c + n_c a_c)``, whose least value over
     the chunks' lengths adding up to ``R`` (:func:`_rank_minima` of the
     least over the starts, :func:`_stage_minima`) must be within its
     capacity at every state (:meth:`PipelineCosts.device_memory_bytes` of
     a split is at least that)."""
-    least = _rank_minima(_least_stage_bytes(costs, ks, d, i, pp, W), pp)  # (Q, pp, vp W + 1)
-    return least.max(axis=0) <= costs.capacity_bytes[:pp, None]
+    return _rank_minima(least, pp).max(axis=0) <= capacity_bytes[:pp, None]  # (Q, pp, vp W + 1) at first
 
 
 def _least_stage_bytes(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.ndarray:
@@ -1448,7 +1450,7 @@ def _least_stage_bytes(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.nd
     bytes), over its starts among the ranges ``(ks, d, i)`` of
     :func:`_stage_ranges` (:func:`_stage_minima`; ``inf`` where none)."""
     act = np.asarray(costs.saved_bytes(ks, i, i + d), dtype=float)
-    rest = costs.memory_bytes(ks, i, i + d) - act * costs.in_flight[ks]
+    rest = costs.resident_bytes(ks, i, i + d)
     counts = costs.chunk_states[ks % pp, :, ks // pp]  # (ranges, Q): each range's chunk count at every state
     return _stage_minima([rest + counts[:, q] * act for q in range(counts.shape[1])], ks, d, costs.pp, W)
 
@@ -2145,9 +2147,8 @@ class _Expander:
         R = self.states.shape[0]
         r, c = s % R, s // R
         act = np.asarray(costs.saved_bytes(s, i, j), dtype=float)
-        rest = costs.memory_bytes(s, i, j) - act * costs.in_flight[s]
         out = before.copy()
-        out[:, r, :] += rest[:, None] + act[:, None] * self.states[r, :, c][None, :]
+        out[:, r, :] += costs.resident_bytes(s, i, j)[:, None] + act[:, None] * self.states[r, :, c][None, :]
         left = (costs.param_prefix_bytes[-1] - costs.param_prefix_bytes[j]) * costs.state_bytes_per_param_byte
         cap = costs.capacity_bytes[:R]
         lb[(out[:, r, :].max(axis=1) > cap[r]) | (out.max(axis=2).sum(axis=1) + left > cap.sum())] = np.inf
