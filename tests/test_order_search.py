@@ -17,7 +17,7 @@ from pipesearch.costs import build_pipeline_costs
 from pipesearch.order_search import (best_order, canonical, count_orders, count_vectors, orders_of_vector,
                                      rank_work_bound_s)
 from pipesearch.placement import slot_classes, slot_heads
-from pipesearch.search import ModelVariant, SearchOptions, schedule_in_flight, search
+from pipesearch.search import ModelVariant, SearchOptions, schedule_chunk_states, schedule_in_flight, search
 from pipesearch.split_search import any_split_fits
 from pipesearch.timemodel import simulate_times
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Layer, Link, ModelProfile
@@ -42,13 +42,15 @@ def _point(prof, cluster, job, tp, pp, m, schedule, vp):
     heads = slot_heads(cluster, tp)
     ref = cluster.groups[0].device
     inflight = schedule_in_flight(schedule, pp, m, vp, {}, prof.wgrad_saved_fraction)
+    states = schedule_chunk_states(schedule, pp, m, vp, {}, prof.wgrad_saved_fraction)  # devices checked whole
 
     def costs_of(order):
         slots = heads[np.asarray(order)][np.arange(pp * vp) % pp][:, None]
         return build_pipeline_costs(prof, cluster, job, pp=pp * vp, dp=1, micro_batch_size=1, num_micro_batches=m,
                                     schedule=schedule if schedule in ("gpipe", "1f1b") else "gpipe",
                                     placement=slots, profiled_device=ref, in_flight=inflight,
-                                    stages_per_device=vp, tp=tp, wgrad_window=schedule == "zb-h1")
+                                    stages_per_device=vp, tp=tp, wgrad_window=schedule == "zb-h1",
+                                    chunk_states=states)
     return costs_of
 
 
