@@ -886,15 +886,26 @@ def any_split_fits(costs: PipelineCosts) -> bool:
     intervals over the starts stage ``s - 1`` reached (a difference array).
     Stages may differ in capacity, so no greedy choice of one end is safe
     (the longest range for stage ``s`` can force stage ``s + 1`` onto a
-    layer it cannot hold)."""
+    layer it cannot hold). Where devices hold several stages
+    (:attr:`PipelineCosts.chunk_states`) each device is checked whole
+    (:func:`_device_split_fits`)."""
     L, S = costs.num_layers, costs.pp
     if S > L:
         return False
+    if costs.chunk_states is not None:
+        return _device_split_fits(costs)
     even = np.asarray(even_split(L, S))
     if np.all(costs.fits(np.arange(S), even[:-1], even[1:])):  # the commonest case: one fits call in all
         return True
     if _greedy_split_fits(costs):  # a split it builds fits: one fits call per stage
         return True
+    return _stage_reach(costs)
+
+
+def _stage_reach(costs: PipelineCosts) -> bool:
+    """Whether some split fits every stage on its own (:meth:`PipelineCosts.fits`):
+    the reach of each stage's ends over the starts the one before reached."""
+    L, S = costs.num_layers, costs.pp
     reach = np.zeros(L + 1, dtype=bool)
     reach[0] = True
     for s in range(S):
@@ -909,6 +920,61 @@ def any_split_fits(costs: PipelineCosts) -> bool:
         np.add.at(mark, ends[ok] + 1, -1)
         reach = np.cumsum(mark)[:L + 1] > 0
     return bool(reach[L])
+
+
+#: (chunk 0 end, chunk 0 range, chunk 1 range) cells up to which :func:`_device_split_fits`
+#: is exact for two chunks per device (about ``pp (L + 1)^5`` multiply-adds)
+DEVICE_FIT_CELLS = 2**25
+
+
+def _device_split_fits(costs: PipelineCosts) -> bool:
+    """:func:`any_split_fits` with devices holding ``vp`` stages each
+    (stage ``c pp + r`` on device ``r``): no split fits when no split fits
+    every stage alone (:func:`_stage_reach`) or no count of layers per
+    device fits (:func:`_devices_can_hold`). With two chunks and at most
+    :data:`DEVICE_FIT_CELLS` cells the answer is exact: device by device,
+    the boundaries ``(k, b_r, b_{pp + r})`` reachable (chunk 0 ends at
+    ``k``), each device's two ranges checked together by
+    :meth:`PipelineCosts.device_memory_bytes`' rule; a split fits when
+    some ``(k, k, L)`` is reached. Above that size, or with more chunks,
+    these necessary conditions only (the split search checks every
+    device of what it returns)."""
+    R, _, v = costs.chunk_states.shape
+    L = costs.num_layers
+    if costs.split_fits(even_split(L, costs.pp)):  # the commonest case
+        return True
+    if not _stage_reach(costs) or not _devices_can_hold(costs, R):
+        return False
+    if v != 2 or R * (L + 1) ** 5 > DEVICE_FIT_CELLS:
+        return True
+    n = L + 1
+    reach = np.zeros((n, n, n), dtype=np.float32)  # (k, end of chunk 0 so far, end of chunk 1 so far)
+    reach[np.arange(n), 0, np.arange(n)] = 1.0
+    for r in range(R):
+        step = _device_pairs_fit(costs, r, n).reshape(n * n, n * n).astype(np.float32)
+        reach = (reach.reshape(n, n * n) @ step > 0).astype(np.float32).reshape(n, n, n)
+    return bool(np.any(reach[np.arange(n), np.arange(n), L] > 0))
+
+
+def _device_pairs_fit(costs: PipelineCosts, r: int, n: int) -> np.ndarray:
+    """``(n, n, n, n)`` bools ``[i, u, j, w]``: whether device ``r`` holds
+    stage ``r`` on ``[i, j)`` and stage ``pp + r`` on ``[u, w)`` (both
+    ranges of at least one layer) at every one of its count states."""
+    R = costs.chunk_states.shape[0]
+    i, j = np.triu_indices(n, 1)
+    terms = []
+    for s in (r, R + r):
+        rest = np.full((n, n), np.inf)
+        act = np.zeros((n, n))
+        ok = costs.fits(s, i, j)
+        rest[i, j] = np.where(ok, costs.resident_bytes(s, i, j), np.inf)
+        act[i, j] = costs.saved_bytes(s, i, j)
+        terms.append((rest, act))
+    (rest0, act0), (rest1, act1) = terms
+    peak = np.zeros((n, n, n, n))
+    for n0, n1 in costs.chunk_states[r]:
+        peak = np.maximum(peak, n0 * act0[:, None, :, None] + n1 * act1[None, :, None, :])
+    return rest0[:, None, :, None] + rest1[None, :, None, :] + peak <= costs.capacity_bytes[r]
 
 
 def _greedy_split_fits(costs: PipelineCosts) -> bool:
@@ -1049,7 +1115,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     L, S = costs.num_layers, costs.pp
     max_splits = MAX_SPLITS_EVALUATED if max_splits is None else max_splits
     nodes_given, max_nodes = max_nodes, MAX_NODES if max_nodes is None else max_nodes
-    if S > L or not any_split_fits(costs) or not _devices_can_hold(costs, pp):
+    if S > L or not any_split_fits(costs):
         return None
     if S == 1:  # the only split
         t = float(iteration_time_s(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.array([0, L]))))

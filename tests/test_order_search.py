@@ -237,6 +237,27 @@ def test_any_split_fits_finds_a_split_the_greedy_rule_misses():
     assert any_split_fits(costs)
 
 
+def test_any_split_fits_checks_each_device_whole():
+    """Two devices, two chunks each (stage c 2 + r on device r), 5 layers
+    of saved bytes 1 and no weights, every device at the state of 2
+    micro-batches of chunk 0 and 1 of chunk 1: device r holds
+    2 len(stage r) + len(stage r + 2). One stage has two layers, so some
+    device holds 4 at best (the two layers in chunk 1), 5 otherwise. With
+    3.5 per device every stage fits alone (at most 2 x 1 or 1 x 2 = 2) yet
+    no split fits; with 4 the split [1, 1, 2, 1] does."""
+    from dataclasses import replace
+
+    from helpers import make_costs
+
+    states = np.array([[[2, 1]], [[2, 1]]])  # (device, state, chunk)
+    for cap, fits in ((3.5, False), (4.0, True)):
+        costs = replace(make_costs(times=(1.0,) * 5, pp=4, m=2, saved=(1.0,) * 5, capacity=[cap] * 4,
+                                   in_flight=[2, 2, 1, 1]), chunk_states=states)
+        assert np.all(costs.fits(np.arange(4), np.array([0, 1, 2, 3]), np.array([1, 2, 3, 5])))
+        assert any_split_fits(costs) is fits, cap
+        assert costs.split_fits((0, 1, 2, 4, 5)) is fits
+
+
 def test_first_orders_are_split_first_and_kept():
     """The instance of test_count_limit_reports_a_valid_bound: with the
     brute-force optimum's order given first and max_orders = 1, that order
