@@ -47,6 +47,19 @@ def test_kv_heads_split_then_replicated_past_the_kv_heads():
     assert costs("llama2-70b", kv=1.0).kv_bytes_per_token_layer == 2 * 8 * 128 * 1
 
 
+def test_kv_projections_replicated_past_the_kv_heads():
+    """Llama-2-70B (h 8192, 64 query heads, 8 KV heads of 128, no biases),
+    bf16. At tp 8 a rank holds 1/8 of every GEMM; at tp 16 its query, output
+    and MLP shares halve again, but its K and V projections stay one whole
+    head, 2 x 8192 x 128 parameters, where an even split would give half a
+    head: 2 x 8192 x 128 / 2 = 1,048,576 parameters (2 MiB in bf16) more
+    per block than an even split by 16."""
+    gemm = 8192 * 8192 * 2 + 2 * 8192 * 1024 + 3 * 8192 * 28672
+    norms = 2 * 8192 * 2
+    assert costs("llama2-70b", tp=8).block_weight_bytes == gemm / 8 * 2 + norms
+    assert costs("llama2-70b", tp=16).block_weight_bytes == gemm / 16 * 2 + 2 * 8192 * 128 // 2 * 2 + norms
+
+
 def test_stage_weights_llama3_70b_fp8():
     # a block: q, k, v, o = 8192*8192 + 2*8192*1024 + 8192*8192; MLP 3*8192*28672;
     # two RMSNorm weights 2*8192 (16-bit); fp8 GEMM weights 1 byte each
@@ -157,8 +170,10 @@ def test_default_splits_follow_the_engines_rules():
     assert default_split("vllm", 61, 4) == (15, 15, 16, 15)
     assert default_split("vllm", 62, 4) == (15, 16, 16, 15)
     assert default_split("vllm", 63, 4) == (16, 16, 16, 15)
-    # SGLang: the whole remainder on the last stage
-    assert default_split("sglang", 63, 4) == (15, 15, 15, 18)
+    # SGLang (get_pp_indices since 2025): L // p each, one more each on the last L mod p stages
+    assert default_split("sglang", 63, 4) == (15, 16, 16, 16)
+    assert default_split("sglang", 61, 4) == (15, 15, 15, 16)
+    assert default_split("sglang", 26, 8) == (3, 3, 3, 3, 3, 3, 4, 4)
     assert default_split("vllm", 80, 1) == (80,)
 
 

@@ -222,3 +222,55 @@ def test_serve_refuses_a_context_beyond_a_huggingface_config(tmp_path):
     path.write_text(json.dumps(cfg | {"rope_scaling": {"type": "linear", "factor": 4.0}}))
     res = CliRunner().invoke(main, base + ["4096"])
     assert res.exit_code == 0, res.output
+
+
+def test_batch_stays_below_the_step_token_budget():
+    """Every running sequence decodes one token a step and a prompt chunk
+    needs one more beside them, so a replica runs at most
+    ``max_num_batched_tokens - 1`` sequences (vLLM refuses --max-num-seqs
+    above --max-num-batched-tokens); a budget of 1 is refused."""
+    cfg = load_transformer(resolve("model", "qwen3-1.7b"))
+    cluster = load_cluster("1x8-a100-80gb")
+    r = search_serving(cfg, cluster, ServeJob(Workload(256, 256)), engine=engine_spec("vllm", max_num_seqs=4096,
+                       max_num_batched_tokens=100), weights=weight_format("bf16"), kv_bytes=2.0, top=3)
+    assert r.plans and all(p.batch <= 99 and p.max_num_seqs <= 99 for p in r.plans)
+    with pytest.raises(InputError, match="max-num-batched-tokens 1"):
+        engine_spec("vllm", max_num_batched_tokens=1)
+
+
+def test_request_rate_plan_lets_the_engine_run_bursts():
+    """Under a request rate the plan's figures are at the rate's batch, but
+    the engine's running limit is the largest batch the KV pool, the engine
+    and the token budget allow (here no latency limit): min(256, 2047,
+    pool // 640), 640 = (512 + 128) tokens in whole 16-token blocks. With a
+    TPOT limit it is the largest batch whose closed-form TPOT meets it."""
+    cfg = load_transformer(resolve("model", "llama3-8b"))
+    cluster = load_cluster("1x8-l4")
+    w = Workload(512, 128)
+    eng = engine_spec("vllm")
+    p = search_serving(cfg, cluster, ServeJob(w, request_rate=2.0), engine=eng, weights=weight_format("bf16"),
+                       kv_bytes=2.0, tp=1, pp=1).plans[0]
+    assert p.max_num_seqs == min(256, 2047, p.pool_tokens // 640) > p.batch
+    pipe, _ = pipeline_for(cfg, cluster, 1, 1, weight_format("bf16"), 2.0, eng, GIB)
+    limit = pipe.steady_state(p.split, p.batch + 10, w).tpot_s
+    q = search_serving(cfg, cluster, ServeJob(w, request_rate=2.0, max_tpot_s=limit), engine=eng,
+                       weights=weight_format("bf16"), kv_bytes=2.0, tp=1, pp=1).plans[0]
+    assert pipe.steady_state(q.split, q.max_num_seqs, w).tpot_s <= limit
+    assert pipe.steady_state(q.split, q.max_num_seqs + 1, w).tpot_s > limit
+
+
+def test_plans_the_simulation_finds_short_of_the_rate_rank_last():
+    """Two plans under a rate: the one with the lower simulated TPOT falls
+    short of the rate in the simulation (``carries_rate`` False), so the
+    other ranks first."""
+    from dataclasses import replace
+
+    from pipesearch.serve.search import rerank_by_simulation
+
+    cfg = load_transformer(resolve("model", "llama3-8b"))
+    p = search_serving(cfg, load_cluster("1x8-l4"), ServeJob(Workload(512, 128), request_rate=2.0),
+                       engine=engine_spec("vllm"), weights=weight_format("bf16"), kv_bytes=2.0, tp=1, pp=1).plans[0]
+    short = replace(p, simulated={"tpot_mean_s": 0.01, "carries_rate": False})
+    carries = replace(p, tp=2, simulated={"tpot_mean_s": 0.02, "carries_rate": True})
+    ranked = rerank_by_simulation([short, carries], rate_given=True)
+    assert [x.tp for x in ranked] == [2, 1] and [x.rank for x in ranked] == [1, 2]

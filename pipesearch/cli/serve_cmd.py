@@ -27,6 +27,10 @@ from .params import FiniteFloatRange, option_given
 from . import main
 
 FORMAT = "pipesearch.serve/1"
+#: under a request rate, a simulated replica whose steady output tokens/s
+#: fall below this share of its share of the rate does not carry it (the
+#: run's statistical noise stays within it at the default 400 requests)
+SIM_CARRY_SHARE = 0.95
 
 
 def _split(ctx, param, value):
@@ -59,7 +63,8 @@ def serve_table(plans) -> str:
             "tok/s": f"{p.total_output_tokens_per_s:,.0f}" + ("*" if p.saturated else ""),
             "TPOT": _ms(p.steady.tpot_s),
             "TTFT": _ms(p.steady.ttft_s),
-            "sim tok/s": f"{sim['total_output_tokens_per_s']:,.0f}" if sim else "-",
+            "sim tok/s": f"{sim['total_output_tokens_per_s']:,.0f}" + (
+                "*" if sim.get("carries_rate") is False else "") if sim else "-",
             "sim TPOT p90": _ms(sim["tpot_p90_s"]) if sim else "-",
             "sim TTFT p90": _ms(sim["ttft_p90_s"]) if sim else "-",
             "vs default": f"{gain:.2f}x" if math.isfinite(gain) else "default OOM",
@@ -78,6 +83,7 @@ def _plan_json(p, exports) -> dict:
         "kv_pool_tokens": p.pool_tokens,
         "max_batch": p.max_batch,
         "batch": p.batch,
+        "max_num_seqs": p.max_num_seqs,
         "predicted": {"output_tokens_per_s": p.total_output_tokens_per_s,
                       "output_tokens_per_s_per_replica": p.steady.output_tokens_per_s,
                       "tpot_s": p.steady.tpot_s, "ttft_s": p.steady.ttft_s, "cycle_s": p.steady.cycle_s,
@@ -214,8 +220,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     plans = list(result.plans)
     events = {}
     for i, p in enumerate(plans[:simulate_top]):
-        # the engine as exported: at most the plan's batch running (--max-num-seqs), the other clients queue
-        ran = replace(eng, max_num_seqs=min(eng.max_num_seqs, p.batch))
+        # the engine as exported: at most the plan's running limit (--max-num-seqs), the other requests queue
+        ran = replace(eng, max_num_seqs=min(eng.max_num_seqs, p.max_num_seqs))
         pipe, replicas = pipeline_for(cfg, cluster, p.tp, p.pp, weights, kv_bytes, ran, reserve)
         rate = None if request_rate is None else request_rate / replicas
         shares = replica_shares(concurrency, replicas) if rate is None else ((0, replicas),)
@@ -229,7 +235,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         events[(p.tp, p.pp, p.split)] = runs[0][1].events
         figures = [(count, run.as_dict()) for count, run in runs]
         total = sum(count * f["output_tokens_per_s"] for count, f in figures)
-        plans[i] = replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | (
+        # a rate the closed form carries can still outrun the simulated replica (bursts, prefill interference)
+        carries = {} if rate is None else {
+            "carries_rate": bool(figures[0][1]["output_tokens_per_s"] >= SIM_CARRY_SHARE * rate * output_len)}
+        plans[i] = replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | carries | (
             {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {}))
     plans = rerank_by_simulation(plans, rate_given=request_rate is not None)
     exports = []
@@ -291,6 +300,13 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{request_rate:g} ({demand:,.0f} output tok/s wanted): tok/s is the most they serve, and "
                    f"requests queue without bound (the simulated columns show the backlog); add devices or "
                    f"lower the rate")
+    short = [str(p.rank) for p in plans if not p.saturated and (p.simulated or {}).get("carries_rate") is False]
+    if short:
+        demand = request_rate * output_len
+        click.echo(f"sim tok/s *: plan{'s' if len(short) > 1 else ''} {', '.join(short)} carr"
+                   f"{'y' if len(short) > 1 else 'ies'} --request-rate {request_rate:g} ({demand:,.0f} output "
+                   f"tok/s wanted) in the closed form but not in the simulation (bursts and prompt chunks): "
+                   f"requests queue without bound; prefer a plan that carries it in both, or add devices")
     if not quiet:
         best = plans[0]
         stage_line = ", ".join(f"{format_bytes(s.weight_bytes)} + {s.kv_tokens:,} tok" for s in best.stages[:8])

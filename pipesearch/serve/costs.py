@@ -10,7 +10,8 @@ are derived in ``docs/serving_costs.md``; in short:
   ``tp`` exceeds the KV heads (vLLM ``QKVParallelLinear``,
   ``ModelConfig.get_num_kv_heads``).
 * Weights of a stage: its decoder blocks (GEMM weights ``/ tp`` in the weight
-  format, norms whole in 16-bit), the vocabulary embedding on the first stage
+  format, the key/value projections of one whole head per rank when ``tp``
+  exceeds the KV heads, norms whole in 16-bit), the vocabulary embedding on the first stage
   and final norm + LM head on the last; with tied embeddings the last stage
   still holds the matrix (vLLM builds ``embed_tokens`` on the last rank too).
   Vocabulary rows are padded to a multiple of 64 and split by ``tp``
@@ -141,9 +142,16 @@ class ServeCosts:
 
     @cached_property
     def block_weight_bytes(self) -> float:
-        """Bytes of one decoder block on one rank."""
-        split, replicated = block_parameters(self.cfg, 0)
-        return split / self.tp * self.weights.gemm_bytes_per_param + replicated * self.weights.other_bytes_per_param
+        """Bytes of one decoder block on one rank: its share of the GEMM
+        weights, plus the key/value projections' replicas when ``tp``
+        exceeds the KV heads (each rank holds :attr:`kv_heads_per_rank`
+        whole heads, ``2 (h + bias) d`` parameters each, not ``g / tp`` of
+        them: vLLM ``QKVParallelLinear``), and the norms whole."""
+        c = self.cfg
+        split, replicated = block_parameters(c, 0)
+        kv_replicas = max(0.0, self.kv_heads_per_rank - c.num_kv_heads / self.tp)  # type: ignore[operator]
+        split_per_rank = split / self.tp + kv_replicas * 2 * (c.hidden_size + int(c.bias)) * c.head_dim
+        return split_per_rank * self.weights.gemm_bytes_per_param + replicated * self.weights.other_bytes_per_param
 
     @cached_property
     def embedding_bytes(self) -> float:

@@ -16,8 +16,9 @@ Sources (read in the engines' source, ``docs/serving_costs.md``):
   (default 0.9) of the device, less weights, the activation peak of the
   profiling forward pass and non-torch memory; blocks of 16 tokens.
 * SGLang ``python/sglang/srt/distributed/utils.py::get_pp_indices``:
-  ``L // p`` per stage, the whole remainder on the last stage;
-  ``SGLANG_PP_LAYER_PARTITION`` overrides it with the same checks. KV memory:
+  ``L // p`` per stage and one more each on the last ``L mod p`` stages
+  (releases of 2025 on; earlier ones put the whole remainder on the last
+  stage); ``SGLANG_PP_LAYER_PARTITION`` overrides it with the same checks. KV memory:
   ``mem_fraction_static`` of the device holds weights and KV pool together
   (activations live in the rest); tokens are allocated one by one (page 1).
 
@@ -89,6 +90,9 @@ def engine_spec(name: str, **overrides) -> EngineSpec:
     for key in ("block_size_tokens", "max_num_seqs", "max_num_batched_tokens"):
         if getattr(spec, key) < 1:
             raise InputError(f"--{key.replace('_', '-')} {getattr(spec, key)}: expected an integer >= 1")
+    if spec.max_num_batched_tokens < 2:
+        raise InputError(f"--max-num-batched-tokens {spec.max_num_batched_tokens}: a step must hold a running "
+                         f"sequence's decode token and a prompt chunk's token beside it; expected at least 2")
     if not spec.step_overhead_s >= 0:
         raise InputError(f"--step-overhead-ms {spec.step_overhead_s * 1e3}: expected a number >= 0")
     return spec
@@ -105,7 +109,8 @@ def default_split(engine: str, num_layers: int, pp: int) -> tuple[int, ...]:
         for i in range(2, rem + 2):
             parts[-i] += 1
     elif engine == "sglang":
-        parts[-1] += rem
+        for i in range(1, rem + 1):
+            parts[-i] += 1
     else:
         raise InputError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
     return tuple(parts)

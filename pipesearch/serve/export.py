@@ -105,7 +105,7 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
     notes = []
     if engine == "vllm":
         argv = ["vllm", "serve", model_path, "--tensor-parallel-size", str(plan.tp),
-                "--pipeline-parallel-size", str(plan.pp), "--max-num-seqs", str(plan.batch),
+                "--pipeline-parallel-size", str(plan.pp), "--max-num-seqs", str(plan.max_num_seqs),
                 "--gpu-memory-utilization", f"{memory_fraction:g}", "--max-model-len", str(max_model_len),
                 "--max-num-batched-tokens", str(max_num_batched_tokens)]
         if weight_dtype == "fp8":
@@ -117,7 +117,7 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
             notes.append(f"one replica spans {nodes} nodes: start a Ray cluster over them first")
     else:
         argv = ["python", "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(plan.tp),
-                "--pp-size", str(plan.pp), "--max-running-requests", str(plan.batch),
+                "--pp-size", str(plan.pp), "--max-running-requests", str(plan.max_num_seqs),
                 "--mem-fraction-static", f"{memory_fraction:g}", "--context-length", str(max_model_len),
                 "--chunked-prefill-size", str(max_num_batched_tokens)]
         if weight_dtype == "fp8":

@@ -40,7 +40,7 @@ from .pipeline import ServePipeline, SteadyState, Workload
 from .split import max_pool_split, optimal_splits, split_metrics, stage_capacities
 
 __all__ = ["ServeJob", "StageReport", "ServePlan", "ServeSearchResult", "search_serving", "evaluate_split",
-           "pipeline_for", "rerank_by_simulation", "replica_shares"]
+           "pipeline_for", "rerank_by_simulation", "replica_shares", "running_limit"]
 
 _CHUNK = 8
 
@@ -85,7 +85,11 @@ class StageReport:
 
 @dataclass(frozen=True)
 class ServePlan:
-    """A ranked serving plan (per-replica figures unless ``total``)."""
+    """A ranked serving plan (per-replica figures unless ``total``).
+
+    ``batch`` is the running sequences the figures are for; ``max_num_seqs``
+    the engine's running limit to export (:func:`running_limit`): ``batch``,
+    or with a request rate the most the latency limits allow."""
 
     rank: int
     tp: int
@@ -103,6 +107,7 @@ class ServePlan:
     default_pool_tokens: int
     default_batch: int
     default_total_output_tokens_per_s: float
+    max_num_seqs: int
     simulated: dict = field(default_factory=dict, compare=False)
 
 
@@ -156,10 +161,42 @@ def _total(pipe: ServePipeline, split, st: SteadyState, job: ServeJob, replicas:
 
 
 def _batch_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int) -> int:
-    cap = min(engine.max_num_seqs, b_max)
+    """The largest batch a replica may run: what its KV pool holds
+    (``b_max``), ``max_num_seqs``, one less than the step's token budget
+    (every running sequence decodes one token a step, and a prompt chunk
+    needs at least one beside them; vLLM refuses ``max_num_seqs`` above
+    ``max_num_batched_tokens``), and the replica's share of the clients."""
+    cap = min(engine.max_num_seqs, b_max, engine.max_num_batched_tokens - 1)
     if job.concurrency is not None:
         cap = min(cap, -(-job.concurrency // replicas))
     return cap
+
+
+def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batch: int) -> int:
+    """The engine's running-sequence limit for a plan running ``batch``
+    sequences on ``split``: ``batch`` itself, except under a request rate,
+    where the engine's batch follows the arrivals (Little's law puts its
+    mean at ``batch``) and a limit at that mean would hold every burst in
+    the queue (the replica at utilisation 1, its queue without bound): there
+    the largest batch up to the split's cap (:func:`_batch_cap`) that meets
+    the latency limits, at least ``batch``."""
+    if job.request_rate is None:
+        return batch
+    c = pipe.costs
+    _, pool, _ = split_metrics(pipe, split, pipe.steady_step(batch, job.workload))
+    cap = _batch_cap(job, c.engine, replicas,
+                     max(pool, 0) // c.tokens_per_sequence(job.workload.input_len, job.workload.output_len))
+    if cap <= batch:
+        return batch
+    batches = np.arange(batch, cap + 1)
+    a = pipe.steady_arrays(split, batches, job.workload)
+    ok = np.ones(len(batches), dtype=bool)
+    if job.max_tpot_s is not None:
+        ok &= a["tpot_s"] <= job.max_tpot_s
+    if job.max_ttft_s is not None:
+        ok &= a["ttft_s"] <= job.max_ttft_s
+    ok[0] = True
+    return int(batches[np.flatnonzero(ok)[-1]])
 
 
 def _meets(job: ServeJob, st: SteadyState) -> bool:
@@ -366,7 +403,8 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                 tp=t, pp=p, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, t), pool=pool,
                 b_max=b_max, steady=st, total=_total(pipe, sp, st, job, replicas), saturated=saturated,
                 dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
-                dtotal=_total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0))
+                dtotal=_total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0,
+                limit=running_limit(pipe, sp, job, replicas, st.batch)))
     pins = " ".join(x for x in (f"--tp {tp}" if tp else None, pp_pin) if x)
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
         raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
@@ -390,7 +428,7 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                   stages=r["stages"], pool_tokens=r["pool"], max_batch=r["b_max"], batch=r["steady"].batch,
                   steady=r["steady"], total_output_tokens_per_s=r["total"], saturated=r["saturated"],
                   default_split=r["dsplit"], default_pool_tokens=r["dpool"], default_batch=r["dbatch"],
-                  default_total_output_tokens_per_s=r["dtotal"])
+                  default_total_output_tokens_per_s=r["dtotal"], max_num_seqs=r["limit"])
         for i, r in enumerate(results[:top]))
     return ServeSearchResult(plans, evaluated, tuple(sorted(skipped.items())), time.perf_counter() - t0)
 
@@ -398,14 +436,15 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
 def rerank_by_simulation(plans, *, rate_given: bool) -> list[ServePlan]:
     """Re-rank the simulated plans (those with ``simulated``) by the
     simulation: total output tokens/s, or with a request rate the mean time
-    per output token; the others keep their order after them. Ranks are
+    per output token after the plans that carry the rate (closed form and
+    simulation, ``carries_rate``); the others keep their order after them. Ranks are
     renumbered from 1."""
     from dataclasses import replace
 
     sim = [p for p in plans if p.simulated]
     rest = [p for p in plans if not p.simulated]
-    if rate_given:
-        sim.sort(key=lambda p: (p.saturated, p.simulated["tpot_mean_s"]))
+    if rate_given:  # plans that carry the rate in the closed form and the simulation first
+        sim.sort(key=lambda p: (p.saturated or not p.simulated.get("carries_rate", True), p.simulated["tpot_mean_s"]))
     else:
         sim.sort(key=lambda p: -p.simulated["total_output_tokens_per_s"])
     return [replace(p, rank=i + 1) for i, p in enumerate(sim + rest)]
