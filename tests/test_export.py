@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -648,13 +649,23 @@ def test_megatron_refuses_empty_end_stage():
 
 
 def test_torchrun_prefix_fills_nodes_and_says_what_is_left():
-    from pipesearch.export import Inputs, torchrun_prefix
+    from pipesearch.export import Inputs, shell_command, torchrun_prefix
 
     nodes_of_8 = Inputs(cluster={"groups": [{"devices_per_node": 8}]})
     argv, note = torchrun_prefix(16, nodes_of_8)
-    assert argv == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8"] and "each of the 2 nodes" in note
+    # two nodes: torchrun's static rendezvous, the node's index and node 0's address from the shell
+    assert argv == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--node-rank", '"${NODE_RANK:?}"',
+                    "--master-addr", '"${MASTER_ADDR:?}"', "--master-port", '"${MASTER_PORT:-29500}"']
+    assert "each of the 2 nodes" in note and "NODE_RANK" in note
+    line = shell_command(argv + ["train.py"])
+    assert '--node-rank "${NODE_RANK:?}"' in line and '--master-port "${MASTER_PORT:-29500}"' in line
+    # the shell expands them: node 1 of the job
+    out = subprocess.run(["bash", "-c", line.replace("torchrun", "printf '%s\\n'", 1)],
+                         env={"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.2"}, capture_output=True, text=True)
+    assert out.stdout.split() == ["--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "1", "--master-addr", "10.0.0.2",
+                                  "--master-port", "29500", "train.py"]
     argv, note = torchrun_prefix(15, nodes_of_8)  # 15 = 8 + 7: the last node runs 7
-    assert argv[2:] == ["2", "--nproc-per-node", "8"]
+    assert argv[2:6] == ["2", "--nproc-per-node", "8", "--node-rank"]
     assert "on the last node pass --nproc-per-node 7" in note and "1 device(s)" in note
     assert torchrun_prefix(6, Inputs()) == (["torchrun", "--nnodes", "1", "--nproc-per-node", "6"], None)
 

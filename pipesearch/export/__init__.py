@@ -429,8 +429,13 @@ def torchtitan_dp_degrees(plan: Plan, inputs: "Inputs", release: str) -> tuple[i
                         "(full replicas, gradient all-reduce); FSDP needs a plan with --sharding fsdp.")
 
 
+#: a double-quoted shell variable with an optional default or error (``"${NAME:-x}"``, ``"${NAME:?}"``)
+_SHELL_VARIABLE = re.compile(r'"\$\{[A-Z_][A-Z0-9_]*(:[-?][A-Za-z0-9_.]*)?\}"')
+
+
 def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
-    """``argv`` (after ``env`` assignments) as a shell command, one flag and its values per line."""
+    """``argv`` (after ``env`` assignments) as a shell command, one flag and its values per line; a
+    value that is one double-quoted shell variable (``"${NODE_RANK:?}"``) stays as it is, to expand."""
     head = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
     groups: list[list[str]] = []
     for a in argv:
@@ -441,7 +446,7 @@ def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     # the launcher and the program name stay on the first line
     lines = []
     for g in groups:
-        lines.append(" ".join(shlex.quote(x) for x in g))
+        lines.append(" ".join(x if _SHELL_VARIABLE.fullmatch(x) else shlex.quote(x) for x in g))
     return " \\\n    ".join([" ".join(head + [lines[0]]) if head else lines[0], *lines[1:]])
 
 
@@ -451,7 +456,12 @@ def torchrun_prefix(world_size: int, inputs: Inputs) -> tuple[list[str], str | N
     Returns:
         ``(argv, note)``: ``["torchrun", "--nnodes", N, "--nproc-per-node",
         G]`` with ``G = min(devices per node, world_size)`` and ``N =
-        ceil(world_size / G)``; when ``G`` does not divide ``world_size`` the
+        ceil(world_size / G)``, and with several nodes torchrun's static
+        rendezvous read from the shell (``--node-rank "${NODE_RANK:?}"
+        --master-addr "${MASTER_ADDR:?}" --master-port
+        "${MASTER_PORT:-29500}"``: node ``k`` runs the ranks the plan puts
+        on its ``k``-th node; a dynamic rendezvous would number the nodes
+        in the order they join); when ``G`` does not divide ``world_size`` the
         last node runs the remainder (torchrun's rendezvous adds up each
         node's ``--nproc-per-node``), which ``note`` says, as it says what a
         multi-node job needs and how many devices stay idle; ``None`` when
@@ -466,14 +476,18 @@ def torchrun_prefix(world_size: int, inputs: Inputs) -> tuple[list[str], str | N
     if last != g:
         notes.append(f"{world_size} processes do not fill nodes of {g}: on the last node pass "
                      f"--nproc-per-node {last}")
-    if n > 1:
-        notes.append(f"run the command on each of the {n} nodes with --node-rank set and --rdzv-endpoint "
-                     f"(or --master-addr/--master-port) pointing at node 0")
+    rendezvous = []
+    if n > 1:  # static rendezvous: node k runs ranks k G .. (k + 1) G - 1, the order the plan places them in
+        rendezvous = ["--node-rank", '"${NODE_RANK:?}"', "--master-addr", '"${MASTER_ADDR:?}"', "--master-port",
+                      '"${MASTER_PORT:-29500}"']
+        notes.append(f"run the command on each of the {n} nodes with NODE_RANK set to the node's index (0 .. "
+                     f"{n - 1}, in the plan's node order) and MASTER_ADDR to node 0's address")
     if inputs.devices_per_node:
         idle = n * per_node - world_size
         if idle > 0:
             notes.append(f"{idle} device(s) of the {n} node(s) stay idle: the plan uses {world_size} processes")
-    return (["torchrun", "--nnodes", str(n), "--nproc-per-node", str(g)], "; ".join(notes) + "." if notes else None)
+    return (["torchrun", "--nnodes", str(n), "--nproc-per-node", str(g), *rendezvous],
+            "; ".join(notes) + "." if notes else None)
 
 
 @dataclass(frozen=True)
