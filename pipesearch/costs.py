@@ -109,6 +109,10 @@ def profile_precision(profile: ModelProfile, precision: str = "auto") -> str:
     return precision
 
 
+#: the row of :attr:`PipelineCosts.fixed_time_prefix_s` for each time prefix
+_FIXED_ROWS = {"compute_prefix_s": 0, "fwd_prefix_s": 1, "bwd_input_prefix_s": 2}
+
+
 def device_time_scale(profiled: DeviceSpec | None, target: DeviceSpec, precision: str = "fp16") -> float:
     """Factor that turns a time measured on ``profiled`` into one on ``target``:
     the ratio of their :func:`device_rate_flops`; 1.0 when the profiled device
@@ -232,6 +236,16 @@ class PipelineCosts:
     #: stage alone against its whole device. None: one stage per device, or
     #: the chunks' shares of the device (per-stage options)
     chunk_states: np.ndarray | None = None
+    #: ``(3, L+1)`` prefix sums of the layers' fixed seconds (compute, forward,
+    #: input gradient: the part of a layer's time that does not scale with the
+    #: batch, :meth:`pipesearch.types.ModelProfile.layer_times_at`), with
+    #: ``fixed_time_weight`` ``(P,)``: stage ``s``'s times are ``time_scale[s]
+    #: (range(prefix) + fixed_time_weight[s] range(fixed))`` (weights >= 0; for
+    #: stages whose devices run other batch sizes than the micro-batch the
+    #: prefixes are at, :func:`pipesearch.replication.replicated_costs`). None:
+    #: ``time_scale[s] range(prefix)``
+    fixed_time_prefix_s: np.ndarray | None = None
+    fixed_time_weight: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -302,6 +316,17 @@ class PipelineCosts:
             return ""
         return self.options.names[int(self.option_index(s, i, j))]
 
+    def _time_range(self, name: str, s, i, j):
+        """:meth:`_range` of a time prefix (``compute_prefix_s``,
+        ``fwd_prefix_s``, ``bwd_input_prefix_s``) plus, with
+        :attr:`fixed_time_prefix_s`, stage ``s``'s weight times the range's
+        fixed seconds (before ``time_scale``)."""
+        out = self._range(name, s, i, j)
+        if self.fixed_time_prefix_s is None:
+            return out
+        fixed = self.fixed_time_prefix_s[_FIXED_ROWS[name]]
+        return out + self.fixed_time_weight[np.asarray(s)] * (fixed[np.asarray(j)] - fixed[np.asarray(i)])
+
     def _range(self, name: str, s, i, j):
         """``prefix[j] - prefix[i]`` of the chosen option's ``name`` array."""
         if self.options is None:
@@ -348,10 +373,10 @@ class PipelineCosts:
         """Forward+backward seconds of one micro-batch on stage ``s`` for ``[i, j)``
         (with offloaded activations each action waits for its copies:
         :meth:`fwd_s`, :meth:`bwd_s`)."""
-        total = self._range("compute_prefix_s", s, i, j)
+        total = self._time_range("compute_prefix_s", s, i, j)
         x = self._copy_s(s, i, j)
         if x is not None:
-            fwd = self._range("fwd_prefix_s", s, i, j)
+            fwd = self._time_range("fwd_prefix_s", s, i, j)
             total = np.maximum(fwd, x) + self._backward_with_copies(total - fwd, s, i, j, x)
         return self.time_scale[s] * total
 
@@ -588,7 +613,7 @@ class PipelineCosts:
         """Forward compute seconds of one micro-batch on stage ``s`` for ``[i, j)``
         (``max(forward, x)`` when its option offloads activations, ``x`` one
         copy of a micro-batch's kept activations: :meth:`_copy_s`)."""
-        fwd = self._range("fwd_prefix_s", s, i, j)
+        fwd = self._time_range("fwd_prefix_s", s, i, j)
         x = self._copy_s(s, i, j)
         return self.time_scale[s] * (fwd if x is None else np.maximum(fwd, x))
 
@@ -610,8 +635,9 @@ class PipelineCosts:
                 bin_ = np.maximum(bin_, x) if self.wgrad_window else np.where(
                     bwd > 0, bin_ * full / np.where(bwd > 0, bwd, 1.0), bin_)
             return self.time_scale[s] * bin_
-        prefix = self.bwd_input_prefix_s if self.bwd_input_prefix_s is not None else self.compute_prefix_s * 0
-        return self.time_scale[s] * (prefix[j] - prefix[i])
+        if self.bwd_input_prefix_s is None:
+            return self.time_scale[s] * np.zeros(np.broadcast(np.asarray(i), np.asarray(j)).shape)
+        return self.time_scale[s] * self._time_range("bwd_input_prefix_s", s, i, j)
 
     def send_s(self, s, j):
         """One transfer over the boundary after stage ``s`` ending at layer

@@ -16,9 +16,12 @@ is split over the replicas of each stage it passes, so
 
 * stage ``k``'s forward and backward of one micro-batch take the time of
   ``ceil(b / r_k)`` samples (its replicas run in lock-step and the one with
-  the most samples decides; times are linear in the batch, PipeDream,
-  Narayanan et al. SOSP'19 sec. 3.1): ``time_scale_k`` is the device factor
-  times ``ceil(b / r_k) / b``;
+  the most samples decides), by the profile's rule for a layer's time at a
+  batch size (fixed part plus per-sample part,
+  :meth:`pipesearch.types.ModelProfile.layer_times_at`; linear in the batch
+  without a fixed part, PipeDream, Narayanan et al. SOSP'19 sec. 3.1):
+  ``time_scale_k`` is the device factor times ``ceil(b / r_k) / b`` and
+  the fixed part is added back whole (:func:`_fixed_time_terms`);
 * one device of stage ``k`` keeps the saved activations of ``ceil(b / r_k)``
   samples per in-flight micro-batch (``activation_share``), and the whole
   training state of its layers (no sharding: PipeDream and DAPPLE replicate
@@ -218,6 +221,23 @@ def boundary_bandwidth_bytes_per_s(terms: dict, micro_batch_size: int) -> np.nda
     return np.minimum(terms["bw"] * b / -(-b // terms["pairs"]), terms["shared_bw"] * b / -(-b // terms["flows"]))
 
 
+def _fixed_time_terms(profile: ModelProfile, share: np.ndarray) -> dict:
+    """The fixed parts of the layers' times for a replicated point's costs
+    (:attr:`pipesearch.costs.PipelineCosts.fixed_time_prefix_s`): a replica
+    of stage ``k`` computes ``c = ceil(b / r_k)`` samples, ``f + (t(b) - f)
+    c / b`` for a layer of time ``t(b)`` at the micro-batch and fixed part
+    ``f`` (:meth:`pipesearch.types.ModelProfile.layer_times_at`), which is
+    ``(c / b) (t(b) + (b / c - 1) f)``: ``time_scale`` carries ``c / b`` and
+    the fixed prefix weighs ``b / c - 1 = 1 / share - 1``. ``{}`` when no
+    layer has a fixed part."""
+    fixed = profile.fixed_time_arrays
+    if not any(has.any() for has, _ in fixed.values()):
+        return {}
+    fwd, bwd, bwd_input = (fixed[k][1] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
+    prefix = np.array([np.concatenate([[0.0], np.cumsum(x)]) for x in (fwd + bwd, fwd, bwd_input)])
+    return {"fixed_time_prefix_s": prefix, "fixed_time_weight": 1.0 / np.asarray(share, dtype=float) - 1.0}
+
+
 def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas, *, micro_batch_size: int,
                      num_micro_batches: int, schedule: str, in_flight: np.ndarray | None = None,
                      profiled_device: DeviceSpec | None = None, cache: dict | None = None, tp: int = 1,
@@ -249,7 +269,7 @@ def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas
     share = activation_share(replicas, b)
     capacity = usable_memory_bytes(job, terms["smallest"]) - base.gathered_bytes - base.tied_copy_bytes
     return devs, replace(
-        base, time_scale=terms["device_scale"] * share,
+        base, time_scale=terms["device_scale"] * share, **_fixed_time_terms(profile, share),
         p2p_bandwidth_bytes_per_s=boundary_bandwidth_bytes_per_s(terms, b), p2p_latency_s=terms["lat"],
         allreduce_s_per_byte=terms["ar_per_byte"], allreduce_fixed_s=terms["ar_fixed"],
         capacity_bytes=capacity, activation_share=share)

@@ -232,6 +232,36 @@ def test_hand_derived_three_to_one():
     assert pinned[0].predicted.iteration_time_s == pytest.approx(14.0)
 
 
+def test_replicas_time_their_samples_with_the_fixed_part_whole():
+    """Two layers profiled at batch 8: forward 10 ms of which 8 fixed,
+    backward 20 ms of which 16 fixed (docs/formats.md: ``f + (t - f) b /
+    B`` at ``b`` samples). Micro-batch 8, GPipe, m = 1, free links, no
+    weights: the time is the sum of the stages' F + B. Replicas (1, 3):
+    stage 0 computes 8 samples, 10 + 20 ms; stage 1 ceil(8/3) = 3 samples,
+    F = 8 + 2 x 3/8 = 8.75, B = 16 + 4 x 3/8 = 17.5 ms: 56.25 ms (scaling
+    the 8-sample time by 3/8 would give 41.25). Replicas (2, 2) at
+    micro-batch 8 and uniform dp 2 at micro-batch 4 both compute 4 samples
+    a stage, 9 + 18 ms each: 54 ms both."""
+    from pipesearch.types import Layer, ModelProfile
+
+    layers = tuple(Layer(f"l{k}", 10e-3, 20e-3, 0.0, 0.0, 0.0, fwd_fixed_s=8e-3, bwd_fixed_s=16e-3)
+                   for k in range(2))
+    profile = ModelProfile("fixed", layers, 8, bytes_per_param=4.0)
+    dev = _device("dev", 10e12, 16e9)
+    cluster = Cluster("four", (DeviceGroup(dev, 1, 4),), intra_node=Link(math.inf, 0.0),
+                      inter_node=Link(math.inf, 0.0))
+    job = Job(global_batch_size=8, memory_reserve_bytes=0.0)
+
+    def pinned(replicas, mbs, dp=None):
+        opts = SearchOptions(pp=2, dp=dp, micro_batch_size=mbs, schedules=("gpipe",), split=(1, 1),
+                             split_replicas=replicas)
+        return search([ModelVariant(profile)], cluster, job, opts, profiled_device=dev).plans[0]
+
+    assert pinned((1, 3), 8).predicted.iteration_time_s == pytest.approx(56.25e-3, rel=1e-12)
+    assert pinned((2, 2), 8).predicted.iteration_time_s == pytest.approx(54e-3, rel=1e-12)
+    assert pinned(None, 4, dp=2).predicted.iteration_time_s == pytest.approx(54e-3, rel=1e-12)
+
+
 def _run(*args):
     proc = subprocess.run([sys.executable, "-m", "pipesearch", *args], capture_output=True, text=True)
     return proc.returncode, proc.stdout, proc.stderr
@@ -307,6 +337,11 @@ def test_split_parser_and_refusals():
     code, _, err = _run("plan", "--model", "gpt3-2.7b", "--cluster", "2x8-a100-80gb", "-b", "64", "--tp", "2",
                         "--split", "10x5,24x4")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "needs 18 devices" in err and "x tp 2" in err
+    # pins a replicated split cannot honour are refused, not ignored
+    code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--placement", "data")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--placement data with the replicas" in err
+    code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--vp", "2")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--vp 2 with the replicas" in err
 
 
 def test_hand_derived_tp2_replicas_on_their_own_type():
