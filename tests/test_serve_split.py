@@ -274,3 +274,17 @@ def test_plans_the_simulation_finds_short_of_the_rate_rank_last():
     carries = replace(p, tp=2, simulated={"tpot_mean_s": 0.02, "carries_rate": True})
     ranked = rerank_by_simulation([short, carries], rate_given=True)
     assert [x.tp for x in ranked] == [2, 1] and [x.rank for x in ranked] == [1, 2]
+
+
+def test_unmeetable_latency_limit_is_named_before_memory():
+    """Llama-3-70B on 8 L4 (24 GB): tp x pp of 1 or 2 devices cannot hold
+    its 141 GB of bf16 weights, the others fit but no batch meets a TPOT of
+    0.1 ms (one decode step reads at least the weights: 141 GB / 8 / 300
+    GB/s, about 60 ms). The refusal names the limit that binds."""
+    from pipesearch.errors import InfeasibleError
+
+    cfg = load_transformer(resolve("model", "llama3-70b"))
+    with pytest.raises(InfeasibleError, match="no batch meets --max-ttft-ms / --max-tpot-ms") as info:
+        search_serving(cfg, load_cluster("1x8-l4"), ServeJob(Workload(512, 128), max_tpot_s=1e-4),
+                       engine=engine_spec("vllm"), weights=weight_format("bf16"), kv_bytes=2.0)
+    assert "out_of_memory" in str(info.value) and "latency_limits" in str(info.value)

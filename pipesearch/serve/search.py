@@ -412,7 +412,9 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         raise InputError(f"{pins}: tp x pp must divide the {N} devices of {cluster.name} "
                          f"(tp at most the {per_node} devices of a node)")
     if not results:
-        why = max(skipped.items(), key=lambda kv: kv[1])[0] if skipped else "no_configuration"
+        # a configuration the latency limits exclude fits in memory: the limits are what bind, whatever the count
+        why = ("latency_limits" if "latency_limits" in skipped else
+               max(skipped.items(), key=lambda kv: kv[1])[0] if skipped else "no_configuration")
         hint = {"out_of_memory": "the weights (or one sequence's KV cache) do not fit; use more devices, "
                                  "--weight-dtype fp8/int4, --kv-dtype fp8 or shorter sequences",
                 "latency_limits": "no batch meets --max-ttft-ms / --max-tpot-ms; relax them",
