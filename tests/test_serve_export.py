@@ -172,6 +172,11 @@ def test_concurrency_spread_over_replicas_serves_only_the_clients_given():
         return p["predicted"]["output_tokens_per_s"], p["simulated"]["total_output_tokens_per_s"], p["batch"]
 
     (t3, s3, b3), (t4, s4, b4), (t6, s6, b6), (t8, s8, b8) = run(3), run(4), run(6), run(8)
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "2", "--pp", "1",
+                                  "--concurrency", "3", "--simulate-top", "0", "--json"])
+    notes = json.loads(r.output)["plans"][0]["exports"]["vllm"]["notes"]
+    assert "run 3 replicas (2 devices each) behind a load balancer" in notes  # not 4: the clients are 3
+    assert any("3 of the 4 replicas busy" in n and "(2 devices) would stay idle" in n for n in notes)
     assert (b3, b4, b6, b8) == (1, 1, 2, 2)
     assert t3 == pytest.approx(0.75 * t4, rel=1e-12) and s3 == pytest.approx(0.75 * s4, rel=1e-12)
     assert t6 == pytest.approx((t4 + t8) / 2, rel=1e-12) and s6 == pytest.approx((s4 + s8) / 2, rel=1e-12)

@@ -253,7 +253,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                                           memory_fraction=spec.memory_fraction,
                                           max_model_len=input_len + output_len,
                                           max_num_batched_tokens=spec.max_num_batched_tokens,
-                                          devices_per_node=devices_per_node)
+                                          devices_per_node=devices_per_node, concurrency=concurrency)
             except InputError as exc:
                 ex[name] = {"refused": str(exc)}
         exports.append(ex)

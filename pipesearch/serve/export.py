@@ -84,9 +84,10 @@ def parse_partition(value: str, num_layers: int, pp: int, engine: str) -> tuple[
 
 def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str, weight_dtype: str,
                    kv_dtype: str, memory_fraction: float, max_model_len: int, max_num_batched_tokens: int,
-                   devices_per_node: int) -> dict:
+                   devices_per_node: int, concurrency: int | None = None) -> dict:
     """The engine's command for one replica of ``plan`` (a
-    :class:`~pipesearch.serve.search.ServePlan`).
+    :class:`~pipesearch.serve.search.ServePlan`); ``concurrency``: the
+    closed loop's clients, when given (replicas beyond them stay idle).
 
     Returns:
         ``{"engine", "env", "argv", "command", "replicas", "nodes_per_replica",
@@ -130,8 +131,13 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
     if weight_dtype == "int4":
         notes.append("serve a 4-bit (GPTQ / AWQ, group 128) checkpoint: the engine reads its quantization "
                      "from the checkpoint's config")
-    if plan.replicas > 1:
-        notes.append(f"run {plan.replicas} replicas ({devices} devices each) behind a load balancer")
+    busy = plan.replicas if concurrency is None else min(plan.replicas, concurrency)
+    if busy > 1:
+        notes.append(f"run {busy} replicas ({devices} devices each) behind a load balancer")
+    if busy < plan.replicas:  # a closed loop of fewer clients than replicas leaves some without work
+        notes.append(f"{concurrency} client{'s' if concurrency > 1 else ''} keep{'' if concurrency > 1 else 's'} "
+                     f"{busy} of the {plan.replicas} replicas busy: the other {plan.replicas - busy} "
+                     f"({(plan.replicas - busy) * devices} devices) would stay idle")
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)])
     return {"engine": engine, "env": env, "argv": argv, "command": command, "replicas": plan.replicas,
             "nodes_per_replica": nodes, "notes": notes}
