@@ -281,9 +281,11 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         from ..plots.serve_timeline import plot_serve_timeline
 
         first = events[(plans[0].tp, plans[0].pp, plans[0].split)]
-        plot_serve_timeline(_window(first, 3 * plans[0].steady.cycle_s), plans[0].pp, timeline,
+        # a cycle as the simulation ran it (its mean time per output token), not the closed form's
+        cycle_s = max(plans[0].simulated.get("tpot_mean_s") or 0.0, plans[0].steady.cycle_s)
+        plot_serve_timeline(_window(first, 3 * cycle_s), plans[0].pp, timeline,
                             f"{cfg.name} on {cluster.name}: plan 1 (tp {plans[0].tp} x pp {plans[0].pp}), "
-                            f"three cycles of the simulated steady state")
+                            f"three simulated cycles from the run's median start")
     if out:
         write_text(out, text, "serving plans")
     if as_json:
