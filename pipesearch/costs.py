@@ -246,6 +246,12 @@ class PipelineCosts:
     #: ``time_scale[s] range(prefix)``
     fixed_time_prefix_s: np.ndarray | None = None
     fixed_time_weight: np.ndarray | None = None
+    #: :func:`range_max_table` of the layers' backward transient bytes per
+    #: micro-batch (:attr:`pipesearch.types.Layer.backward_transient_bytes`:
+    #: what a recomputing layer holds once more while it runs its backward);
+    #: a stage adds its largest (without per-stage options, whose own
+    #: transient tables hold it); None: none
+    recompute_transient_table: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -480,7 +486,17 @@ class PipelineCosts:
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
         return (params * self.state_bytes_per_param_byte
-                + self.activation_bytes(s, saved, i, j) + self.gathered_at(i, j))
+                + self.activation_bytes(s, saved, i, j) + self.gathered_at(i, j) + self.recompute_transient_at(s, i, j))
+
+    def recompute_transient_at(self, s, i, j):
+        """The largest backward transient of the layers ``[i, j)`` of stage
+        ``s`` (:attr:`recompute_transient_table`, times the stage's
+        :meth:`activation_share_at`; 0 without one): one layer recomputes at
+        a time. With several stages per device each stage counts its own
+        (an upper bound of the device's)."""
+        if self.recompute_transient_table is None:
+            return 0.0
+        return range_max(self.recompute_transient_table, i, j) * self.activation_share_at(s)
 
     def gathered_at(self, i, j):
         """Gathered ZeRO-3 / FSDP weights a stage holding ``[i, j)`` keeps
@@ -558,6 +574,8 @@ class PipelineCosts:
         out["tied_copy"] = tied
         out["gathered_weights"] = gathered
         if self.options is None:
+            if self.recompute_transient_table is not None:
+                out["recompute_transient"] = float(self.recompute_transient_at(s, i, j))
             out["activations"] = float(self.activation_bytes(s, self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i],
                                                              i, j))
         else:
@@ -1011,6 +1029,8 @@ def build_pipeline_costs(
         tied_copy_bytes=tied,
         gathered_bytes=gathered,
         gathered_table=gathered_table,
+        recompute_transient_table=(range_max_table(arrays["backward_transient_bytes"] * ratio)
+                                   if options is None and np.any(arrays["backward_transient_bytes"] > 0) else None),
         gather_bytes_per_param_byte=1.0 if state.stage >= 1 else 0.0,
         overlap=job.comm_overlap,
         wgrad_window=wgrad,

@@ -311,7 +311,7 @@ def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float,
         rows["compute"].append(_prefix(fwd + bwd))
         rows["bin"].append(_prefix(bin_))
         rows["saved"].append(_prefix(a["saved_bytes"] * ratio))
-        rows["transient"].append(range_max_table(np.zeros(prof.num_layers)))
+        rows["transient"].append(range_max_table(a["backward_transient_bytes"] * ratio))
         rows["state"].append(off_device if off else on_device)
         rows["host"].append(off_host if off else 0.0)
         rows["step"].append(step if off else np.zeros(len(placement)))
@@ -516,7 +516,7 @@ def _table_levels(option_profiles, ratio: float):
         fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
         out.append((name, dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd), bin=_prefix(bin_),
                                saved=_prefix(prof.layer_arrays["saved_bytes"] * ratio),
-                               transient=range_max_table(np.zeros(prof.num_layers)))))
+                               transient=range_max_table(prof.layer_arrays["backward_transient_bytes"] * ratio))))
     return out
 
 

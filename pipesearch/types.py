@@ -58,6 +58,12 @@ class Layer:
             (zero-bubble schedules: the inputs of its weight-gradient GEMMs,
             Qi et al. 2023 Table 1; recomputed ones included); ``None``:
             ``saved_bytes x ModelProfile.wgrad_saved_fraction``.
+        backward_transient_bytes: optional bytes per batch the layer holds
+            only while it runs its backward, besides what it saved: the
+            activations it recomputes there (a transformer block under full
+            recomputation its whole activations, under selective its
+            attention core; Chen et al. 2016 sec. 3, Korthikanti et al. 2022
+            sec. 5); ``None``: 0.
     """
 
     name: str
@@ -73,6 +79,7 @@ class Layer:
     bwd_fixed_s: float | None = None
     bwd_input_fixed_s: float | None = None
     wgrad_saved_bytes: float | None = None
+    backward_transient_bytes: float | None = None
 
     def __repr__(self) -> str:
         """The dataclass repr, the fixed-time fields and the recompute
@@ -81,7 +88,7 @@ class Layer:
         they existed)."""
         names = ("name", "fwd_s", "bwd_s", "param_bytes", "output_bytes", "saved_bytes", "bwd_input_s", "flops")
         names += tuple(n for n in ("fwd_fixed_s", "bwd_fixed_s", "bwd_input_fixed_s", "recompute_saved_bytes",
-                                   "wgrad_saved_bytes")
+                                   "wgrad_saved_bytes", "backward_transient_bytes")
                        if getattr(self, n) is not None)
         return f"Layer({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
@@ -151,7 +158,8 @@ class ModelProfile:
         (1.0 where the layer has ``recompute_saved_bytes``, else 0.0) and
         ``recompute_saved_bytes`` (``saved_bytes`` where not recomputable),
         ``wgrad_saved_bytes`` (``saved_bytes x wgrad_saved_fraction`` where
-        not given). Computed once."""
+        not given), ``backward_transient_bytes`` (0 where not given).
+        Computed once."""
         import numpy as np
 
         cols = {k: np.array([getattr(lay, k) for lay in self.layers], dtype=float)
@@ -163,6 +171,8 @@ class ModelProfile:
                                                   else lay.recompute_saved_bytes for lay in self.layers], dtype=float)
         cols["wgrad_saved_bytes"] = np.array([lay.saved_bytes * self.wgrad_saved_fraction if lay.wgrad_saved_bytes
                                               is None else lay.wgrad_saved_bytes for lay in self.layers], dtype=float)
+        cols["backward_transient_bytes"] = np.array([lay.backward_transient_bytes or 0.0 for lay in self.layers],
+                                                    dtype=float)
         for v in cols.values():
             v.flags.writeable = False
         return cols

@@ -339,9 +339,9 @@ def test_split_parser_and_refusals():
     assert code == 2 and len(err.strip().splitlines()) == 1 and "needs 18 devices" in err and "x tp 2" in err
     # pins a replicated split cannot honour are refused, not ignored
     code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--placement", "data")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "--placement data with the replicas" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--split 20x8,20x8 with --placement data" in err
     code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--vp", "2")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "--vp 2 with the replicas" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--split 20x8,20x8 with --vp 2" in err
 
 
 def test_hand_derived_tp2_replicas_on_their_own_type():

@@ -501,13 +501,13 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if runtime and (replicate_stages or split_replicas):
         raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
                          f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
+    pinned = "--split " + ",".join(f"{n}x{r}" for n, r in zip(split, split_replicas)) if split_replicas else ""
     if split_replicas and placements:  # a replicated stage's devices follow from its replicas (docs/formats.md)
-        raise InputError(f"--placement {placements[0]} with the replicas (NxR) of --split: each stage runs on its "
-                         f"own replicas, placed stage after stage, so no pipeline- or data-major layout applies; "
-                         f"drop --placement")
+        raise InputError(f"{pinned} with --placement {placements[0]}: each stage runs on its own replicas, placed "
+                         f"stage after stage, so no pipeline- or data-major layout applies; drop --placement")
     if split_replicas and vps and max(vps) > 1:
-        raise InputError(f"--vp {max(vps)} with the replicas (NxR) of --split: a replicated stage runs alone on "
-                         f"its devices (vp 1); drop --vp or the replicas")
+        raise InputError(f"{pinned} with --vp {max(vps)}: per-stage replication runs one stage per device (vp 1); "
+                         f"drop --vp or the replicas")
     explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES

@@ -1128,12 +1128,16 @@ def layer_table(
             elif recompute == "selective":
                 recompute_s, recompute_flops = core_compute, r.core_flops / t
             a = r.acts
+            whole = (a.replicated + a.split + a.core) / t if sp else a.replicated + (a.split + a.core) / t
             if recompute == "full":
                 saved = a.block_input / (t if sp else 1)
             elif sp:
                 saved = (a.replicated + a.split + (0.0 if recompute == "selective" else a.core)) / t
             else:
                 saved = a.replicated + (a.split + (0.0 if recompute == "selective" else a.core)) / t
+            # while the block runs its backward it holds what it recomputes there once more: its whole
+            # activations under full recomputation (Chen et al. 2016), the attention core under selective
+            transient = {"full": whole, "selective": a.core / t}.get(recompute)
             # what the weight-gradient step still needs: the GEMM inputs, 32 of
             # the 34 sbh outside the attention core (Qi et al. 2023, Table 1),
             # recomputed ones too (full recompute recreates them before I)
@@ -1142,6 +1146,7 @@ def layer_table(
             rep, spl = r.saved_fixed
             saved = (rep / t if sp else rep) + spl / t + r.saved_whole
             wgrad_held = saved  # embedding and head: all they saved, at most (never recomputed)
+            transient = None
         bwd_exposed = bwd_comm
         if overlap_tp_backward and r.acts is not None:
             bwd_exposed = max(0.0, bwd_comm - r.lin_flops / t / rate)
@@ -1158,6 +1163,7 @@ def layer_table(
             bwd_input_s=bwd_input_s,
             flops=3 * fwd_flops + recompute_flops,
             wgrad_saved_bytes=wgrad_held,
+            backward_transient_bytes=transient,
         ))
 
     parts = [f"seq_len={s}"]
