@@ -76,3 +76,30 @@ def test_snippet_places_each_process_where_the_plan_does(devices, tmp_path):
     placed = {int(p): (int(r), int(k)) for p, r, k in found}
     expected = {d: (r, k) for r, devs in enumerate(devices) for k, d in enumerate(devs)}
     assert placed == expected
+
+
+@pytest.mark.slow
+def test_snippet_trains_a_token_id_model_named_by_its_file(tmp_path):
+    """tests/gpt_model.py's TinyGPT (token ids in, 512-word vocabulary)
+    split embedding + 2 blocks | 2 blocks + head, 1F1B: the script loads
+    the factory from the file's path with no PYTHONPATH (as ``pipesearch
+    profile`` does) and feeds random token ids below --vocab-size; with
+    float inputs the embedding refuses them."""
+    names = ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "head"]
+    plan = make_plan([3, 3], names, schedule="1f1b", m=2, mbs=2)
+    script = tmp_path / "pipeline_torch.py"
+    script.write_text(export_plan(plan, "torch")["files"]["pipeline_torch.py"])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1",
+                                                                        "GLOO_SOCKET_IFNAME": "lo"}
+
+    def run(*extra):
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+             str(free_port()), str(script), str(TESTS / "gpt_model.py") + ":make_gpt", "--sample-shape", "16",
+             "--steps", "2", *extra], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+    res = run("--input-dtype", "long", "--vocab-size", "512")
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = [float(line.split()[-1]) for line in res.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 2 and all(0 < x < 10 for x in losses)
+    assert run().returncode != 0

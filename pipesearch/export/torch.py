@@ -90,11 +90,12 @@ exports with."""
 SNIPPET = '''"""Run the plan with torch.distributed.pipelining (torch {version}); written by pipesearch export.
 
     torchrun [--nnodes N --node-rank K ...] --nproc-per-node G pipeline_torch.py MODULE:FACTORY \
-        --sample-shape SHAPE [--steps 10]
+        --sample-shape SHAPE [--input-dtype long --vocab-size V] [--steps 10]
 
 with one process per device of the plan ({world} in all; G of them per node) and SHAPE the shape of
-one input sample (e.g. 3,224,224). FACTORY() returns the model that was planned (the same weights on
-every rank: seed it). Each stage runs its modules in a chain, as a model profiled by pipesearch does
+one input sample (e.g. 3,224,224; a sequence length for token ids). MODULE is a module importable
+from the current directory or a Python file (models/small.py), as for pipesearch profile; FACTORY()
+returns the model that was planned (the same weights on every rank: seed it). Each stage runs its modules in a chain, as a model profiled by pipesearch does
 (one tensor between layers). Process r runs on the plan's r-th device in device order (node by
 node, as torchrun numbers them): GRID says which pipeline rank and replica the plan puts there. The
 data-parallel replicas all-reduce gradients after each step. The loss is the mean squared error
@@ -103,6 +104,9 @@ against a random target: replace it with the model's own.
 
 import argparse
 import importlib
+import importlib.util
+import os
+import sys
 from collections import OrderedDict
 
 import torch
@@ -119,12 +123,32 @@ PIPELINE_ORDER_CSV = """{csv}"""
 MULTI_STAGE = {multi}
 
 
+def load_factory(spec: str):
+    """MODULE:FACTORY, MODULE a module importable from the current directory or a Python file."""
+    module_text, _, name = spec.rpartition(":")
+    if module_text.endswith(".py") or os.sep in module_text:
+        path = os.path.abspath(module_text)
+        sys.path.insert(0, os.path.dirname(path))
+        spec_ = importlib.util.spec_from_file_location("planned_model", path)
+        module = importlib.util.module_from_spec(spec_)
+        spec_.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(module_text)
+    return getattr(module, name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("factory", help="MODULE:FACTORY returning the model")
     ap.add_argument("--sample-shape", required=True, help="shape of one input sample, e.g. 3,224,224")
+    ap.add_argument("--input-dtype", choices=("float", "long"), default="float",
+                    help="float: random normal inputs; long: random token ids below --vocab-size")
+    ap.add_argument("--vocab-size", type=int, help="token ids are drawn below this (with --input-dtype long)")
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
+    if args.input_dtype == "long" and not args.vocab_size:
+        ap.error("--input-dtype long needs --vocab-size")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != PP * DP:
@@ -133,8 +157,7 @@ def main() -> None:
     pp_groups = [dist.new_group([GRID[r][k] for r in range(PP)]) for k in range(DP)]
     dp_groups = [dist.new_group([GRID[r][k] for k in range(DP)]) for r in range(PP)]
     device = torch.device(f"cuda:{{rank % torch.cuda.device_count()}}") if torch.cuda.is_available() else torch.device("cpu")
-    module, _, name = args.factory.partition(":")
-    model = getattr(importlib.import_module(module), name)()
+    model = load_factory(args.factory)()
     shape = tuple(int(x) for x in args.sample_shape.split(","))
     local = [s for s in range(PP * VP) if s % PP == pp_rank]
     print(f"process {{rank}}: pipeline rank {{pp_rank}}, replica {{replica}}, stages {{local}}", flush=True)
@@ -146,11 +169,13 @@ def main() -> None:
         stages.append(pipelining.PipelineStage(sub, s, PP * VP, device, group=pp_groups[replica]))
     last = (PP * VP - 1) in local
     target = None
-    x = torch.randn(N_MICROBATCHES * MICROBATCH_SIZE, *shape, device=device)
+    n = N_MICROBATCHES * MICROBATCH_SIZE
+    x = (torch.randint(0, args.vocab_size, (n, *shape), device=device) if args.input_dtype == "long"
+         else torch.randn(n, *shape, device=device))
     if last:
         with torch.no_grad():
             out_shape = model.to(device)(x[:1]).shape[1:]
-        target = torch.randn(N_MICROBATCHES * MICROBATCH_SIZE, *out_shape, device=device)
+        target = torch.randn(n, *out_shape, device=device)
     del model
     cls = getattr(pipelining, SCHEDULE_CLASS)
     loss_fn = nn.MSELoss()  # on every rank: a schedule built without loss_fn runs forward only
