@@ -61,9 +61,8 @@ class Layer:
         backward_transient_bytes: optional bytes per batch the layer holds
             only while it runs its backward, besides what it saved: the
             activations it recomputes there (a transformer block under full
-            recomputation its whole activations, under selective its
-            attention core; Chen et al. 2016 sec. 3, Korthikanti et al. 2022
-            sec. 5); ``None``: 0.
+            recomputation its whole activations, Chen et al. 2016 sec. 3);
+            ``None``: 0.
     """
 
     name: str

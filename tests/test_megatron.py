@@ -212,3 +212,44 @@ def test_heavy_head_gets_fewer_blocks_on_last_stage():
     even_plan = search([ModelVariant(prof)], cl, job, SearchOptions(
         pp=4, dp=1, micro_batch_size=1, schedules=("1f1b",), top=1, split=even)).plans[0]
     assert best.predicted.iteration_time_s < even_plan.predicted.iteration_time_s * 0.8
+
+
+def _hf_config(tmp_path, **over):
+    """A small Qwen2-style config.json (h 896, 14 heads, 2 KV heads of 64,
+    4 blocks), written to tmp_path."""
+    import json
+
+    cfg = {"model_type": "qwen2", "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864,
+           "num_hidden_layers": 4, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+           "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+           "rms_norm_eps": 1e-06} | over
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_hf_config_flags_build_the_same_model_in_megatron(tmp_path):
+    """Qwen2's attention has Q/K/V biases (no config key says so) and no
+    other linear biases: --disable-bias-linear --add-qkv-bias; its rotary
+    base and norm epsilon are passed (Megatron's defaults are 10000 and
+    1e-5); 4 x (896 + 2 x 2 x 64) = 4,608 more parameters than without the
+    biases. Qwen3 adds --qk-layernorm. A Llama config with attention_bias
+    and mlp_bias has every linear biased (no --disable-bias-linear)."""
+    from dataclasses import asdict, replace
+
+    from pipesearch.export.megatron import model_args
+    from pipesearch.profiles.transformer import load_transformer, parameter_count
+
+    cfg = load_transformer(_hf_config(tmp_path), seq_len=2048)
+    assert cfg.qkv_bias and not cfg.bias and not cfg.qk_norm
+    assert parameter_count(cfg) - parameter_count(replace(cfg, qkv_bias=False)) == 4 * (896 + 2 * 2 * 64)
+    args, _ = model_args(asdict(cfg), 2048)
+    joined = " ".join(args)
+    assert "--disable-bias-linear --add-qkv-bias" in joined
+    assert "--rotary-base 1000000" in joined and "--norm-epsilon 1e-06" in joined and "--qk-layernorm" not in args
+    q3 = load_transformer(_hf_config(tmp_path, model_type="qwen3", head_dim=128), seq_len=2048)
+    assert "--qk-layernorm" in model_args(asdict(q3), 2048)[0] and not q3.qkv_bias
+    biased = load_transformer(_hf_config(tmp_path, model_type="llama", attention_bias=True, mlp_bias=True),
+                              seq_len=2048)
+    flags = model_args(asdict(biased), 2048)[0]
+    assert "--disable-bias-linear" not in flags and "--add-qkv-bias" not in flags

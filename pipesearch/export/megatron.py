@@ -296,7 +296,9 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
         --num-query-groups g`` for GQA, ``--swiglu`` for a gated MLP,
         ``--normalization RMSNorm``, ``--position-embedding-type rope`` /
         ``none``, ``--untie-embeddings-and-output-weights``,
-        ``--disable-bias-linear``, ``--attention-dropout 0.0
+        ``--disable-bias-linear`` (with ``--add-qkv-bias`` for Q/K/V
+        biases alone), ``--qk-layernorm``, ``--rotary-base`` (the config's
+        ``rope_theta``), ``--norm-epsilon``, ``--attention-dropout 0.0
         --hidden-dropout 0.0`` without dropout,
         ``--make-vocab-size-divisible-by`` when not Megatron's 128, ``--bf16``.
         Megatron's defaults (LayerNorm, learned absolute positions, biases,
@@ -341,9 +343,13 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
         args += ["--normalization", "RMSNorm"]
     if pos == "rotary":
         args += ["--position-embedding-type", "rope"]
-        notes.append("rotary embeddings: Megatron's --rotary-base defaults to 10000; set the model's own base "
-                     "(its config's rope_theta, e.g. 500000 for Llama 3) and --rotary-percent if not 1.0. "
-                     "pipesearch's costs do not depend on it.")
+        theta = t.get("rope_theta")
+        if theta is not None:
+            args += ["--rotary-base", str(int(theta)) if float(theta).is_integer() else f"{theta:g}"]
+        else:
+            notes.append("rotary embeddings: Megatron's --rotary-base defaults to 10000; set the model's own base "
+                         "(its config's rope_theta, e.g. 500000 for Llama 3) and --rotary-percent if not 1.0. "
+                         "pipesearch's costs do not depend on it.")
     elif pos == "none":
         args += ["--position-embedding-type", "none"]
     elif pos != "learned":
@@ -352,6 +358,12 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
         args.append("--untie-embeddings-and-output-weights")
     if t.get("bias", True) is False:
         args.append("--disable-bias-linear")
+        if t.get("qkv_bias"):
+            args.append("--add-qkv-bias")
+    if t.get("qk_norm"):
+        args.append("--qk-layernorm")
+    if t.get("norm_eps") is not None:
+        args += ["--norm-epsilon", f"{t['norm_eps']:g}"]
     if t.get("dropout", True) is False:
         args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     div = num("make_vocab_size_divisible_by", 128)

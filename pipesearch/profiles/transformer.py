@@ -125,6 +125,14 @@ class TransformerConfig:
         bias: linear layers have biases (GPT-2/3, GPT-NeoX) or not (LLaMA, T5).
         dropout: the model trains with dropout (GPT-3, T5); changes the saved
             activations (masks), not the FLOPs.
+        qkv_bias: the query, key and value projections have biases though
+            the other linear layers have none (Qwen2; Megatron-LM
+            ``--add-qkv-bias``); implied by ``bias``.
+        qk_norm: an RMSNorm on each query and key head (Qwen3; Megatron-LM
+            ``--qk-layernorm``); its ``2 d`` weights per block are left out
+            of the layer table.
+        rope_theta: the rotary base (``None``: the runtime's default, 10000).
+        norm_eps: the norms' epsilon (``None``: the runtime's default).
         relative_attention_num_buckets: T5 relative-position buckets.
         make_vocab_size_divisible_by: Megatron-LM pads the vocabulary to a
             multiple of this times the tensor-parallel degree
@@ -157,6 +165,10 @@ class TransformerConfig:
     dropout: bool = True
     relative_attention_num_buckets: int = 32
     make_vocab_size_divisible_by: int = 128
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_theta: float | None = None
+    norm_eps: float | None = None
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -208,6 +220,10 @@ _FIELD_KINDS: dict[str, tuple[str, bool]] = {
     "dropout": ("bool", False),
     "relative_attention_num_buckets": ("pos_int", False),
     "make_vocab_size_divisible_by": ("pos_int", False),
+    "qkv_bias": ("bool", False),
+    "qk_norm": ("bool", False),
+    "rope_theta": ("opt_pos_float", False),
+    "norm_eps": ("opt_pos_float", False),
     "source": ("str", False),
 }
 
@@ -248,6 +264,9 @@ def _validate(values: dict[str, Any], where: str, keys: dict[str, str]) -> None:
         elif kind == "opt_pos_int":
             if v is not None and (not _is_int(v) or not 0 < v <= MAX_COUNT):
                 raise _bad(where, k(name), v, f"a positive integer <= {MAX_COUNT}")
+        elif kind == "opt_pos_float":
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+                raise _bad(where, k(name), v, "a positive number")
         elif v not in kind:
             raise _bad(where, k(name), v, "one of " + ", ".join(repr(c) for c in kind))
 
@@ -371,6 +390,9 @@ _T5_TYPES = ("t5", "mt5", "umt5")
 _GPT2_TYPES = ("gpt2",)
 _NEOX_TYPES = ("gpt_neox",)
 _LLAMA_TYPES = ("llama", "mistral")
+#: LLaMA-like model types whose attention has Q/K/V biases without a config key, and those with QK-norm
+_QKV_BIAS_TYPES = ("qwen2",)
+_QK_NORM_TYPES = ("qwen3",)
 
 
 def load_hf_config(
@@ -471,6 +493,7 @@ def load_hf_config(
         take("vocab_size", "vocab_size")
         take("max_position_embeddings", "n_positions", None, "n_ctx")
         take("tied_embeddings", "tie_word_embeddings", True)
+        take("norm_eps", "layer_norm_epsilon", None)
         drops = [get(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
         values.update(kind="decoder", position_embedding="learned", norm="layernorm",
                       bias=True, gated_mlp=False,
@@ -488,15 +511,22 @@ def load_hf_config(
         if get("rope_scaling", None):  # scaled positions: the engine derives a longer context from it
             values["max_position_embeddings"] = None
         values.update(kind="decoder", position_embedding="rotary")
+        take("rope_theta", "rope_theta", None, "rotary_emb_base")
         if family == "neox":
             drops = [get(k, 0.0) for k in ("attention_dropout", "hidden_dropout")]
             values.update(norm="layernorm", bias=bool(get("use_bias", True)), gated_mlp=False)
+            take("norm_eps", "layer_norm_eps", None)
         else:
             take("num_kv_heads", "num_key_value_heads", None)
             take("head_dim", "head_dim", None)
             drops = [get("attention_dropout", 0.0)]
-            values.update(norm="rmsnorm", gated_mlp=True,
-                          bias=bool(get("attention_bias", False) or get("mlp_bias", False)))
+            attention_bias, mlp_bias = bool(get("attention_bias", False)), bool(get("mlp_bias", False))
+            # Qwen2's attention has Q/K/V biases by its architecture (its config has no key for them);
+            # Qwen3 normalises every query and key head
+            values.update(norm="rmsnorm", gated_mlp=True, bias=attention_bias and mlp_bias,
+                          qkv_bias=attention_bias or model_type in _QKV_BIAS_TYPES,
+                          qk_norm=model_type in _QK_NORM_TYPES)
+            take("norm_eps", "rms_norm_eps", None)
         values["dropout"] = any(isinstance(x, (int, float)) and x > 0 for x in drops)
     else:  # t5
         take("num_layers", "num_layers")
@@ -611,8 +641,9 @@ def _attention_params(cfg: TransformerConfig) -> _Params:
     h, q, kv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
     split = h * q + 2 * h * kv + q * h
     replicated = 0
-    if cfg.bias:
+    if cfg.bias or cfg.qkv_bias:
         split += q + 2 * kv  # column-parallel QKV bias
+    if cfg.bias:
         replicated += h  # row-parallel output bias
     return _Params(split, replicated)
 
@@ -1135,9 +1166,10 @@ def layer_table(
                 saved = (a.replicated + a.split + (0.0 if recompute == "selective" else a.core)) / t
             else:
                 saved = a.replicated + (a.split + (0.0 if recompute == "selective" else a.core)) / t
-            # while the block runs its backward it holds what it recomputes there once more: its whole
-            # activations under full recomputation (Chen et al. 2016), the attention core under selective
-            transient = {"full": whole, "selective": a.core / t}.get(recompute)
+            # while the block runs its backward under full recomputation it holds its whole activations
+            # once more (Chen et al. 2016); selective recomputes the attention core tile by tile, as
+            # FlashAttention's backward does, never whole
+            transient = whole if recompute == "full" else None
             # what the weight-gradient step still needs: the GEMM inputs, 32 of
             # the 34 sbh outside the attention core (Qi et al. 2023, Table 1),
             # recomputed ones too (full recompute recreates them before I)
