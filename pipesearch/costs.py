@@ -1087,12 +1087,14 @@ def dp_reduce_bytes_per_param(job: Job, state, model_bytes_per_param: float) -> 
     ``job.grad_bytes_per_param`` when given; else the fp32 main gradients
     when the state keeps them (Megatron-LM reduces ``main_grad``, fp32 for
     bf16 training: its ``--accumulate-allreduce-grads-in-fp32``); else the
-    model dtype's ``model_bytes_per_param``."""
+    gradients the state keeps, at least the model dtype's
+    ``model_bytes_per_param`` (fp32 training, ``fp32-adam``, reduces 4
+    bytes a parameter of a 16-bit profile)."""
     if job.grad_bytes_per_param is not None:
         return job.grad_bytes_per_param
     if state.main_grad_bytes > 0:
         return state.main_grad_bytes
-    return model_bytes_per_param
+    return max(model_bytes_per_param, state.grad_bytes)
 
 
 def device_memory_shares(profile: ModelProfile, in_flight: np.ndarray, stages_per_device: int,

@@ -270,3 +270,19 @@ def test_zero3_gathers_the_stages_own_largest_layer():
     state = [sum(v for k, v in st.memory_breakdown if k not in ("gathered_weights", "tied_copy", "activations"))
              for st in plan.stages]
     assert state == pytest.approx([0.5e6 * 16 / 2, 50e6 * 16 / 2])
+
+
+def test_data_parallel_reduce_moves_the_gradients_the_state_keeps():
+    """A 16-bit profile trained in fp32 (``fp32-adam``: 4-byte weights and
+    gradients) all-reduces 4 bytes a parameter, twice mixed-adam's 2; with
+    Megatron's fp32 main gradients, 4 as well; a pinned figure wins."""
+    from dataclasses import replace as dc_replace
+
+    from pipesearch.costs import dp_reduce_bytes_per_param
+    from pipesearch.types import Job
+
+    job = Job(global_batch_size=8)
+    assert dp_reduce_bytes_per_param(job, preset("mixed-adam"), 2.0) == 2.0
+    assert dp_reduce_bytes_per_param(job, preset("fp32-adam"), 2.0) == 4.0
+    assert dp_reduce_bytes_per_param(job, preset("megatron"), 2.0) == 4.0
+    assert dp_reduce_bytes_per_param(dc_replace(job, grad_bytes_per_param=1.0), preset("fp32-adam"), 2.0) == 1.0
