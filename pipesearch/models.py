@@ -198,7 +198,7 @@ def load_model_source(
         warnings = []
         if path.suffix == ".json" and seq_len is None and cfg.seq_len > HF_SEQ_LEN_WARNING:
             warnings.append(
-                f"{path.name}: sequence length {cfg.seq_len} is the config's maximum context (its "
+                f"{path}: sequence length {cfg.seq_len} is the config's maximum context (its "
                 f"max_position_embeddings / n_positions), not a training length; pass --seq-len "
                 f"(e.g. --seq-len {HF_SEQ_LEN_WARNING}) for the sequences you train on"
             )

@@ -246,6 +246,10 @@ def test_hf_config_long_context_warns_and_says_so_in_the_json(tmp_path):
     assert any("--seq-len" in w for w in doc["inputs"]["model"]["warnings"])
     quiet = run(args + ["--seq-len", "4096"], tmp_path)
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr and "sequence length 4096" in quiet.stdout
+    # when nothing fits at that length, the refusal's one line says why the length is what it is
+    tiny = run(["plan", "--model", "config.json", "--cluster", "1x2-cpu", "-b", "16", "--top", "1"], tmp_path)
+    assert tiny.exit_code == 2 and len(tiny.stderr.strip().splitlines()) == 1
+    assert "no plan fits" in tiny.stderr and "note: config.json: sequence length 131072" in tiny.stderr
 
 
 def test_profile_warnings_running_sums_megabytes_and_device_kind(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import InputError
+from ..errors import InfeasibleError, InputError
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset
@@ -547,6 +547,11 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     try:
         result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
                         progress=progress)
+    except InfeasibleError as exc:  # a warning that explains the refusal joins its one line
+        warned = "; ".join(source.info.get("warnings", ()))
+        if not warned:
+            raise
+        raise InfeasibleError(f"{exc}; note: {warned}") from None
     finally:
         progress.close()
     for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
