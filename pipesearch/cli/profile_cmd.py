@@ -71,7 +71,11 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
     Timings use one CPU thread (torch.set_num_threads(1)) and, by default,
     that thread's CPU time, which other work on the host inflates less;
     layer names are the module FQNs, ready for torch.distributed.pipelining
-    split points.
+    split points. With --hf-config they are the children of the chain
+    pipesearch builds from the model (embed_tokens, layers_<i>, lm_head), so
+    the factory that runs the plan returns that chain:
+    pipesearch.profiler.hf_model_from_config("config.json"), not the model
+    itself.
 
     \b
     Examples:
