@@ -241,6 +241,43 @@ def _layer_error(torch, fqn, layer, inputs, exc) -> InputError:
 CLOCKS = ("auto", "cpu", "wall")
 
 
+def _check_chain(torch, model, layers, inputs: tuple) -> None:
+    """Refuse a model whose layers, run one after another, do not compute
+    what its own forward does (a child used twice or in another order, a
+    residual around children): a plan would split another model. Compared
+    in eval mode (no dropout) without gradients; a model whose own forward
+    does not take the input is not checked.
+
+    Raises:
+        InputError: the chained output differs from ``model(*inputs)``.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            try:
+                whole = _tensors(model(*inputs))
+            except (RuntimeError, TypeError, ValueError):
+                return
+            x = inputs
+            for _, layer in layers:
+                x = _as_tuple(layer(*x))
+            chained = _tensors(x)
+    except (RuntimeError, TypeError, ValueError):
+        return  # a layer that fails on its input is reported by the profiling pass, with its name
+    finally:
+        model.train(was_training)
+    same = len(whole) == len(chained) and all(
+        a.shape == b.shape and bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5))
+        for a, b in zip(whole, chained))
+    if not same:
+        names = ", ".join(fqn for fqn, _ in layers)
+        raise InputError(f"the model's layers run in order ({names}) do not compute what its forward does "
+                         f"(a child used twice or out of order, or a connection around children): pipesearch "
+                         f"profiles and splits chains; write the model as an nn.Sequential of its stages' parts "
+                         f"or list its children in the order forward runs them")
+
+
 def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, repeats: int = 10,
                    device: str = "cpu", name: str | None = None, num_threads: int | None = 1,
                    clock: str = "auto", source: str = "", device_name: str | None = None,
@@ -297,8 +334,9 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
     if timer is None:
         timer = time.thread_time if clock == "cpu" else time.perf_counter
     model = model.to(dev)
-    model.train()
     inputs = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x for x in _as_tuple(example_input))
+    _check_chain(torch, model, layers, inputs)
+    model.train()
     params = [p for p in model.parameters()]
     bytes_per_param = float(params[0].element_size()) if params else 4.0
     old_threads = torch.get_num_threads()

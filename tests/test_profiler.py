@@ -103,6 +103,29 @@ def test_profile_rejects_bad_arguments():
 
 
 @needs_torch
+def test_a_model_that_is_not_the_chain_of_its_children_is_refused():
+    """forward = b(x) + a(x): running a then b computes b(a(x)), another
+    model, which a plan would split as if it were this one (and the same
+    children as an nn.Sequential are accepted)."""
+    torch.manual_seed(0)
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.b(x) + self.a(x)
+
+    model = Residual()
+    with pytest.raises(InputError, match=r"layers run in order \(a, b\) do not compute what its forward does"):
+        profile_module(model, torch.randn(4, 8), batch_size=4, warmup=0, repeats=1)
+    chain = nn.Sequential(model.a, model.b)
+    assert [x.name for x in profile_module(chain, torch.randn(4, 8), batch_size=4, warmup=0, repeats=1).layers] == [
+        "0", "1"]
+
+
+@needs_torch
 def test_cli_profile_writes_a_csv_that_load_model_reads(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     out = tmp_path / "x.csv"
