@@ -282,9 +282,32 @@ class PipelineCosts:
         if o.buffer_table_bytes is not None:  # streamed layers' weights and gradients (stage_options.mixed_stream_options)
             device = device + np.stack([range_max(o.buffer_table_bytes[k], i, j) for k in range(K)])
         host = params * o.host_bytes_per_param_byte[col]
+        tied = self._tied_params(s)
+        if tied is not None:  # an offloaded optimizer takes the tied copy's state too (capacity is net of it)
+            shift = self._tied_state_shift()
+            device = device + tied * shift[0][col]
+            host = host + tied * shift[1][col]
         if resident is not None:  # offloaded activations: every in-flight micro-batch's kept bytes on the host
             host = host + np.where(np.isfinite(resident), self.activation_bytes(s, saved, i, j), 0.0)
         return device, host
+
+    def _tied_state_shift(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(device, host)`` ``(K,)``: per option, the change of the tied
+        copy's device state bytes per parameter byte from the on-device rate
+        and its host bytes: an optimizer-offload option moves it as it moves
+        the stage's own state (ZeRO-Offload, Ren et al. 2021); the others
+        (Mobius, streaming) keep it on the device whole."""
+        o = self.options
+        moved = np.array(["offload" in name for name in o.names])
+        device = np.where(moved, o.state_bytes_per_param_byte - self.state_bytes_per_param_byte, 0.0)
+        return device, np.where(moved, o.host_bytes_per_param_byte, 0.0)
+
+    def _tied_params(self, s):
+        """Parameter bytes of the tied copy stage(s) ``s`` hold
+        (:attr:`tied_copy_bytes` at the device state rate), None without one."""
+        if self.tied_copy_bytes is None or not np.any(self.tied_copy_bytes > 0) or self.state_bytes_per_param_byte <= 0:
+            return None
+        return self.tied_copy_bytes[np.asarray(s)] / self.state_bytes_per_param_byte
 
     def option_index(self, s, i, j):
         """Index of the option stage ``s`` holding ``[i, j)`` runs: the first
@@ -579,7 +602,14 @@ class PipelineCosts:
             out["activations"] = float(self.activation_bytes(s, self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i],
                                                              i, j))
         else:
-            rest = float(self.memory_bytes(s, i, j)) - float(self.gathered_at(i, j)) - sum(
+            tied_params = self._tied_params(s)
+            if tied_params is not None:  # the tied copy at the option's state rate (_option_memory)
+                k = int(self.option_index(s, i, j))
+                shift = float(tied_params) * float(self._tied_state_shift()[0][k])
+                out["tied_copy"] = tied + shift
+            else:
+                shift = 0.0
+            rest = float(self.memory_bytes(s, i, j)) - float(self.gathered_at(i, j)) - shift - sum(
                 v for key, v in out.items() if key not in ("tied_copy", "gathered_weights"))
             if option.startswith("swap"):  # Mobius: the stage computing and the one prefetched (stage_options.swap_options)
                 out["swapped_buffers"] = params * float(self.options.state_bytes_per_param_byte[0])

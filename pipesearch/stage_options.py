@@ -235,7 +235,8 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
         rows["compute"].append(_prefix(fwd + bwd + extra))
         rows["bin"].append(_prefix(bin_ + extra))
         rows["saved"].append(_prefix(np.where(rc > 0, ckpt, saved) if full else saved))
-        rows["transient"].append(range_max_table(np.where(rc > 0, saved, 0.0) if full else 0 * saved))
+        rows["transient"].append(range_max_table(np.maximum(np.where(rc > 0, saved, 0.0) if full else 0 * saved,
+                                                            arrays["backward_transient_bytes"] * ratio)))
         off = name.endswith("offload")
         rows["state"].append(off_device if off else on_device)
         rows["host"].append(off_host if off else 0.0)
@@ -501,11 +502,12 @@ def _profile_levels(profile: ModelProfile, ratio: float):
     rc = arrays["recomputable"]
     saved, ckpt = arrays["saved_bytes"] * ratio, arrays["recompute_saved_bytes"] * ratio
     extra = rc * fwd
+    own = arrays["backward_transient_bytes"] * ratio  # a layer table's own recomputation (Layer.backward_transient_bytes)
     return [("none", dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd), bin=_prefix(bin_), saved=_prefix(saved),
-                          transient=range_max_table(0 * saved))),
+                          transient=range_max_table(own))),
             ("full", dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd + extra), bin=_prefix(bin_ + extra),
                           saved=_prefix(np.where(rc > 0, ckpt, saved)),
-                          transient=range_max_table(np.where(rc > 0, saved, 0.0))))]
+                          transient=range_max_table(np.maximum(np.where(rc > 0, saved, 0.0), own))))]
 
 
 def _table_levels(option_profiles, ratio: float):
@@ -782,7 +784,7 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
         names=("swap", f"swap+{ACT_HOST}")[:K], fwd_prefix_s=rows(_prefix(fwd)),
         compute_prefix_s=rows(_prefix(fwd + bwd)),
         bwd_input_prefix_s=rows(_prefix(bin_)), saved_prefix_bytes=rows(_prefix(a["saved_bytes"] * ratio)),
-        transient_table_bytes=rows(range_max_table(0 * fwd)),
+        transient_table_bytes=rows(range_max_table(a["backward_transient_bytes"] * ratio)),
         state_bytes_per_param_byte=np.full(K, SWAP_DEVICE_BYTES_PER_PARAM_BYTE),
         host_bytes_per_param_byte=np.full(K, (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp),
         host_step_s_per_param_byte=rows(share * node / cluster.host.cpu_adam_params_per_s / bpp),

@@ -10,13 +10,16 @@ the discrete-event simulator replaying every split x every per-stage option.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from helpers import all_splits, pcie_host, tiny_cluster
 from pipesearch import host as host_lib
+from pipesearch.cli import main
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InfeasibleError
 from pipesearch.hardware import load_cluster
@@ -271,3 +274,23 @@ def test_search_equals_brute_force_with_streamed_weights(seed, capacity_gb):
     plan = search([ModelVariant(prof)], cluster, job, opts).plans[0]
     assert np.isfinite(best) and any("stream" in o for o in arg[0][1])
     assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)
+
+
+def test_offloaded_optimizer_takes_the_tied_copys_state_too():
+    """GPT-3 6.7B, pp 4 on RTX 4090s: the last stage keeps a copy of the tied
+    embedding, 50,304 (padded vocabulary) x 4,096 = 206,045,184 parameters.
+    On the device with mixed-precision Adam it holds 16 B each
+    (3,296,722,944 B); with the optimizer offloaded the 16-bit weights and
+    gradients stay, 4 B each (824,180,736 B), and the rest moves to the host
+    as the stage's own state does (ZeRO-Offload)."""
+    args = ["plan", "--model", "gpt3-6.7b", "--cluster", "1x8-rtx4090-pcie4", "-b", "16", "--tp", "1", "--pp", "4",
+            "--dp", "2", "--schedule", "1f1b", "--micro-batch-size", "1", "--num-micro-batches", "8",
+            "--recompute", "full", "--split", "9,8,8,9", "--json"]
+    res = CliRunner().invoke(main, args + ["--optimizer-offload"])
+    assert res.exit_code == 0, res.output
+    last = json.loads(res.output)["plans"][0]["stages"][3]
+    assert last["memory_option"] == "offload"
+    assert last["memory_breakdown_bytes"]["tied_copy"] == 206_045_184 * 4
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-6.7b", "--cluster", "1x8-a100-80gb", *args[5:]])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["plans"][0]["stages"][3]["memory_breakdown_bytes"]["tied_copy"] == 206_045_184 * 16
