@@ -154,6 +154,9 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         "partition_recipe" + (" or PipelineModule(..., partition_method='uniform'), which gives the same split."
                               if same_uniform else "; no built-in partition_method gives this split."),
         f"DeepSpeed runs {m} micro-batches per step as gradient accumulation (TrainSchedule, 1F1B).",
+        f"parts index the plan's {n} layers in order ({', '.join(layers.names[:2])}, ..., {layers.names[-1]}): the "
+        f"layers list passed to the module must be exactly those, one LayerSpec each (embedding and head "
+        f"included); a tied embedding and head need TiedLayerSpec on both ends.",
     ]
     if topology["class"] == "ProcessTopology":
         notes.append(f"topology: ProcessTopology(axes={topology['axes']}, dims={topology['dims']}) puts each "
