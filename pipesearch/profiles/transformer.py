@@ -728,11 +728,6 @@ def tied_layers(cfg: TransformerConfig) -> dict[str, str]:
     return {"head": "embedding"} if cfg.tied_embeddings else {}
 
 
-#: share of a GPT block's saved activations outside the attention core that
-#: its weight-gradient step needs: 32 sbh of 34 sbh (Qi et al., "Zero Bubble
-#: Pipeline Parallelism", 2023, Table 1: W needs 32 sbh; the forward keeps
-#: 34 sbh + 5 a s^2 b, Korthikanti et al. 2022 Table 2)
-ZB_WGRAD_SHARE = 32 / 34
 
 
 def tied_embedding_param_bytes(cfg: TransformerConfig, *, tp: int = 1, dtype_bytes: float = 2) -> float:
@@ -775,12 +770,14 @@ class _Acts:
     (Q, K, V, MLP inner activations, inputs of the row-parallel GEMMs),
     ``core`` is the attention core (softmax output, its dropout mask and
     output), divided by ``t`` and dropped by selective recomputation;
-    ``block_input`` is what full recomputation keeps."""
+    ``block_input`` is what full recomputation keeps; ``masks`` the
+    dropout masks among ``replicated``."""
 
     replicated: float
     split: float
     core: float
     block_input: float
+    masks: float = 0.0  # the dropout masks among ``replicated``
 
 
 def _self_attention(cfg: TransformerConfig, s: int, b: int, D: float):
@@ -793,7 +790,7 @@ def _self_attention(cfg: TransformerConfig, s: int, b: int, D: float):
     replicated = D * b * s * h + mask * b * s * h  # QKV input; dropout mask after out proj
     split = D * b * s * (q + kv) + D * b * s * kv + D * b * s * q  # Q, K; V; out-proj input
     core_bytes = a * b * s * s * (D + ((mask + D) if cfg.dropout else 0))
-    return lin, core, _Acts(replicated, split, core_bytes, 0.0)
+    return lin, core, _Acts(replicated, split, core_bytes, 0.0, mask * b * s * h)
 
 
 def _cross_attention(cfg: TransformerConfig, s_dec: int, s_enc: int, b: int, D: float):
@@ -808,7 +805,7 @@ def _cross_attention(cfg: TransformerConfig, s_dec: int, s_enc: int, b: int, D: 
     replicated = D * b * s_dec * h + mask * b * s_dec * h
     split = D * b * s_dec * q + 2 * D * b * s_enc * kv + D * b * s_dec * q
     core_bytes = a * b * s_dec * s_enc * (D + ((mask + D) if cfg.dropout else 0))
-    return lin, core, _Acts(replicated, split, core_bytes, 0.0)
+    return lin, core, _Acts(replicated, split, core_bytes, 0.0, mask * b * s_dec * h)
 
 
 def _mlp(cfg: TransformerConfig, s: int, b: int, D: float):
@@ -819,7 +816,7 @@ def _mlp(cfg: TransformerConfig, s: int, b: int, D: float):
     replicated = D * b * s * h + mask * b * s * h  # fc1 input; dropout mask after fc2
     # GPT: activation input and fc2 input (2 x f); gated: gate and up outputs, fc2 input (3 x f)
     split = (3 if cfg.gated_mlp else 2) * D * b * s * f
-    return lin, 0, _Acts(replicated, split, 0.0, 0.0)
+    return lin, 0, _Acts(replicated, split, 0.0, 0.0, mask * b * s * h)
 
 
 @dataclass(frozen=True)
@@ -881,6 +878,7 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
             split=sum(p[2].split for p in parts),
             core=sum(p[2].core for p in parts),
             block_input=D * b * s * h,
+            masks=sum(p[2].masks for p in parts),
         )
         hidden = D * b * s * h
         out = D * b * s_tok * h if ed else hidden
@@ -1170,10 +1168,12 @@ def layer_table(
             # once more (Chen et al. 2016); selective recomputes the attention core tile by tile, as
             # FlashAttention's backward does, never whole
             transient = whole if recompute == "full" else None
-            # what the weight-gradient step still needs: the GEMM inputs, 32 of
-            # the 34 sbh outside the attention core (Qi et al. 2023, Table 1),
+            # what the weight-gradient step still needs: each GEMM's input and output gradient (Qi et al. 2023,
+            # Table 1: 32 of a GPT block's 34 sbh), as many bytes as the block saved outside the attention
+            # core less its dropout masks (GPT: 34 - 2 sbh; a gated, GQA block without dropout: all of it);
             # recomputed ones too (full recompute recreates them before I)
-            wgrad_held = ZB_WGRAD_SHARE * ((a.replicated + a.split) / t if sp else a.replicated + a.split / t)
+            kept = a.replicated - a.masks
+            wgrad_held = (kept + a.split) / t if sp else kept + a.split / t
         else:
             rep, spl = r.saved_fixed
             saved = (rep / t if sp else rep) + spl / t + r.saved_whole
