@@ -14,7 +14,7 @@ from helpers import tiny_cluster
 from pipesearch.cli import main
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, simultaneous_in_flight, wgrad_states
-from pipesearch.types import Job, Layer, ModelProfile
+from pipesearch.types import Job, Layer, Link, ModelProfile
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 5])
@@ -91,3 +91,33 @@ def test_full_recompute_keeps_no_more_than_selective_or_none_under_zb_h1():
     assert transient["none"] == [0.0, 0.0]
     assert transient["selective"] == [0.0, 0.0]
     assert transient["full"] == [570_425_344.0 + 1_342_177_280.0] * 2
+
+
+def test_weight_gradient_bytes_gemm_by_gemm():
+    """What a block keeps between I and W: each GEMM's input and output
+    gradient, 2 bytes an element. GPT-3 1.3B (s 2048, h 2048, f 4h, b 1; in
+    units of sbh = s b h bytes, a 16-bit s x b x h tensor being 2 sbh): inputs of QKV,
+    projection, fc1, fc2 = 2 + 2 + 2 + 8 sbh, output gradients 6 + 2 + 8 + 2
+    sbh (Qi et al. 2023 Table 1: 32 sbh). With tp 2 and no sequence
+    parallelism the column-parallel inputs (QKV, fc1) and the row-parallel
+    output gradients (projection, fc2) are whole on every rank: 2 + 2 + 2 +
+    2 = 8 sbh, the rest halved: (2 + 8 + 6 + 8) / 2 = 12; 20 sbh in all.
+    Llama-3-8B (h 4096, q 4096, 8 KV heads of 128, f 14336, no dropout,
+    tp 1; in units of s b bytes): inputs 2h + 2q + 2h + 2f, output gradients
+    2(q + 2 kv) + 2h + 4f + 2h, all of what the block saved outside the
+    attention core."""
+    from pipesearch.catalog import resolve
+    from pipesearch.hardware import load_device
+    from pipesearch.profiles.transformer import layer_table, load_transformer
+
+    dev = load_device("a100-80gb")
+    gpt = load_transformer(resolve("model", "gpt3-1.3b"))
+    sbh = 2048 * 1 * 2048
+    table = layer_table(gpt, seq_len=2048, device=dev, tp=2, tp_link=Link(300e9, 1e-6))
+    block = next(x for x in table.layers if x.name.startswith("block"))
+    assert block.wgrad_saved_bytes == pytest.approx(20 * sbh)
+    llama = load_transformer(resolve("model", "llama3-8b"))
+    s, h, q, kv, f = 8192, 4096, 4096, 1024, 14336
+    block = next(x for x in layer_table(llama, seq_len=s, device=dev).layers if x.name.startswith("block"))
+    need = s * (2 * h + 2 * q + 2 * h + 2 * f + 2 * (q + 2 * kv) + 2 * h + 4 * f + 2 * h)
+    assert block.wgrad_saved_bytes == pytest.approx(need)
