@@ -372,10 +372,11 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
                 if k >= warmup:
                     fwd[index].append(f)
                     bwd[index].append(b)
+        own, tied = _own_param_bytes(layers)
         for index, (fqn, layer) in enumerate(layers):
             out_layers.append(Layer(
                 name=fqn, fwd_s=statistics.median(fwd[index]), bwd_s=statistics.median(bwd[index]),
-                param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
+                param_bytes=own[index],
                 output_bytes=outputs[index],
                 saved_bytes=float(saved[index]),
             ))
@@ -395,7 +396,29 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
         profiled_device=device_name or device,
         bytes_per_param=bytes_per_param,
         source="\n".join(s for s in (source, note) if s),
+        tied_param_bytes=tied,
     )
+
+
+def _own_param_bytes(layers) -> tuple[list[float], float]:
+    """Each layer's parameter bytes with a parameter shared by several
+    layers (a tied embedding and LM head) counted once, on the first that
+    uses it; and the bytes the last layer shares with the first (the
+    profile's ``tied_param_bytes``: a stage holding the last layer but not
+    the first keeps a copy of them)."""
+    seen: set[int] = set()
+    own = []
+    for _, layer in layers:
+        total = 0.0
+        for p in layer.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+        own.append(float(total))
+    first = {id(p) for p in layers[0][1].parameters()}
+    tied = float(sum(p.numel() * p.element_size() for p in layers[-1][1].parameters() if id(p) in first)) \
+        if len(layers) > 1 else 0.0
+    return own, tied
 
 
 # ---------------------------------------------------------------- several batch sizes

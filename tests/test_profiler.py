@@ -126,6 +126,35 @@ def test_a_model_that_is_not_the_chain_of_its_children_is_refused():
 
 
 @needs_torch
+def test_a_tied_embedding_and_head_count_once_and_round_trip(tmp_path):
+    """Embedding (64 x 16) and head sharing its weight, a 16 x 16 linear
+    between, fp32: the embedding holds 64 x 16 x 4 = 4,096 B, the head none
+    of its own, and the profile records the 4,096 B the head shares with
+    the first layer (a stage holding the head but not the embedding keeps a
+    copy); the CSV keeps it."""
+    from pipesearch.profiles.csv_profile import read_profile_csv, write_profile_csv
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(64, 16)
+            self.body = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 64, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x):
+            return self.head(self.body(self.emb(x)))
+
+    torch.manual_seed(0)
+    prof = profile_module(Tied(), torch.randint(0, 64, (4, 8)), batch_size=4, warmup=0, repeats=1)
+    assert [x.param_bytes for x in prof.layers] == [4096.0, (16 * 16 + 16) * 4.0, 0.0]
+    assert prof.tied_param_bytes == 4096.0
+    write_profile_csv(prof, tmp_path / "t.csv")
+    assert "# tied_param_bytes: 4096" in (tmp_path / "t.csv").read_text()
+    assert read_profile_csv(tmp_path / "t.csv").tied_param_bytes == 4096.0
+
+
+@needs_torch
 def test_cli_profile_writes_a_csv_that_load_model_reads(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     out = tmp_path / "x.csv"

@@ -96,6 +96,7 @@ FIXED = "name,fwd_ms,bwd_ms,param_bytes,output_bytes,fwd_fixed_ms,bwd_fixed_ms\n
         ("# batch_size: many\n" + COLS + "x,1,2,3,4\n", ["line 1", "'many'"]),
         ("# batch_size: 4\n# batch_size: 8\n" + COLS + "x,1,2,3,4\n", ["lines 1, 2", "batch_size"]),
         ("# batch_size: 4\n# bytes_per_param: 0\n" + COLS + "x,1,2,3,4\n", ["line 2", "bytes_per_param"]),
+        ("# batch_size: 4\n# tied_param_bytes: -1\n" + COLS + "x,1,2,3,4\n", ["line 2", "tied_param_bytes"]),
         ("# batch_size: 4\n# batchsize: 8\n" + COLS + "x,1,2,3,4\n", ["line 2", "'batchsize'"]),
         (HEAD + "name,fwd_ms,bwd_ms,param_bytes,output_bytes,bwd_input_ms\nx,1,2,3,4,2.5\n",
          ["line 3", "'bwd_input_ms'", "'2.5'", "'2'"]),
@@ -181,6 +182,7 @@ def profiles(draw):
         profiled_device=draw(_name),
         bytes_per_param=draw(st.floats(min_value=0.125, max_value=16, allow_nan=False)),
         source=source,
+        tied_param_bytes=draw(st.one_of(st.just(0.0), _size)),
     )
 
 

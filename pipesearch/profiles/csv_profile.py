@@ -18,8 +18,12 @@ Format::
   file name without ``.csv``), ``batch_size`` (required, integer > 0: the
   samples per batch the times and byte counts were measured at), ``device``
   (catalog device name or free text, default ``unknown``), ``bytes_per_param``
-  (number > 0, default 4) and ``source`` (free-text provenance; may repeat,
-  the lines are joined with newlines). Other comment lines are ignored.
+  (number > 0, default 4), ``tied_param_bytes`` (number >= 0, default 0:
+  bytes of parameters the last layer shares with the first, a tied
+  embedding and LM head, counted once in the first layer's
+  ``param_bytes``; a stage holding the last layer but not the first keeps a
+  copy) and ``source`` (free-text provenance; may repeat, the lines are
+  joined with newlines). Other comment lines are ignored.
 * The table has one row per layer, in execution order. Columns: ``name``
   (unique), ``fwd_ms``, ``bwd_ms`` (forward / full backward time,
   milliseconds), ``param_bytes``, ``output_bytes`` (bytes of the layer's
@@ -74,7 +78,7 @@ REQUIRED_COLUMNS = ("name", "fwd_ms", "bwd_ms", "param_bytes", "output_bytes")
 OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms", "fwd_fixed_ms", "bwd_fixed_ms", "bwd_input_fixed_ms",
                     "recompute_saved_bytes")
 FIXED_COLUMNS = {"fwd_fixed_ms": "fwd_ms", "bwd_fixed_ms": "bwd_ms", "bwd_input_fixed_ms": "bwd_input_ms"}
-HEADER_KEYS = ("model", "batch_size", "device", "bytes_per_param", "source")
+HEADER_KEYS = ("model", "batch_size", "device", "bytes_per_param", "tied_param_bytes", "source")
 _HEADER_RE = re.compile(r"#\s*([A-Za-z_]+)\s*:(.*)$")
 _PLAIN_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # 12.5, 5e6 (docs/formats.md)
 
@@ -192,6 +196,17 @@ def _parse_header(path: Path, header: dict) -> dict:
         if not 0 < bytes_per_param <= 64:
             raise _fail(path, f"line {line}", f"bytes_per_param {text!r} is not a number in (0, 64]; "
                         "write e.g. '# bytes_per_param: 4' (fp32) or 2 (fp16)")
+    tied = 0.0
+    found = _header_value(path, header, "tied_param_bytes")
+    if found is not None:
+        line, text = found
+        try:
+            tied = parse_number(text)
+        except ValueError:
+            tied = float("nan")
+        if not 0 <= tied < math.inf:
+            raise _fail(path, f"line {line}", f"tied_param_bytes {text!r} is not a number >= 0; write the bytes "
+                        "the last layer shares with the first, e.g. '# tied_param_bytes: 262144'")
     model = _header_value(path, header, "model")
     device = _header_value(path, header, "device")
     return {
@@ -199,6 +214,7 @@ def _parse_header(path: Path, header: dict) -> dict:
         "profiled_batch_size": int(batch),
         "profiled_device": device[1] if device and device[1] else "unknown",
         "bytes_per_param": bytes_per_param,
+        "tied_param_bytes": tied,
         "source": "\n".join(v for _, v in header.get("source", [])),
     }
 
@@ -448,6 +464,8 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
     lines = [MAGIC, f"# model: {profile.name}", f"# batch_size: {profile.profiled_batch_size}",
              f"# device: {profile.profiled_device}",
              f"# bytes_per_param: {format_number(profile.bytes_per_param)}"]
+    if profile.tied_param_bytes:
+        lines.append(f"# tied_param_bytes: {format_number(profile.tied_param_bytes)}")
     if profile.source:
         lines += [f"# source: {part.strip()}" for part in profile.source.split("\n")]
     with_bwd_input = any(layer.bwd_input_s is not None for layer in profile.layers)
