@@ -1321,10 +1321,14 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     a stage's compute and both transfers (Narayanan et al. SC'21 sec. 2.2).
     Interleaved 1F1B and looped breadth-first, with device time per
     micro-batch ``tau_r``: ``(m + (pp-1)/vp) * max_r tau_r + max_r
-    allreduce_r`` (SC'21 sec. 2.2.2). ZB-H1: the 1F1B form less
-    ``2 (pp-1) min_k w_k``: 1F1B's bubble is ``(pp-1)(F+B)`` and ZB-H1's
-    ``(pp-1)(F+B-2W)`` with ``B`` the input-gradient part (Qi et al. 2023,
-    sec. 3.1, bubble ``(p-1)(T_F + T_B - T_W)``).
+    allreduce_r`` (SC'21 sec. 2.2.2); looped breadth-first with fewer
+    micro-batches than ranks waits for the pipeline to fill at every
+    chunk, ``((vp-1) max(m, pp) + m + pp - 1) / vp`` in place of ``m +
+    (pp-1)/vp``. ZB-H1: the 1F1B form less ``(pp-1) min_k (W_k + min(I_k,
+    W_k))``: 1F1B's bubble is ``(pp-1)(F+I+W)`` and ZB-H1's ``(pp-1)(F+I-W)``
+    with ``I`` the input-gradient and ``W`` the weight-gradient part (Qi et
+    al. 2023, sec. 3.1, bubble ``(p-1)(T_F + T_B - T_W)``), ``(pp-1) F``
+    when ``W > I`` (the last rank still waits ``(p-1) F`` to start).
     """
     m = costs.num_micro_batches
     if schedule in ANALYTIC_SCHEDULES:
@@ -1334,11 +1338,13 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     a = costs.sum_term(st, i, j)
     ar = costs.after_backward_s(st, i, j)
     if schedule == "zb-h1":
-        w = costs.bwd_s(st, i, j) - costs.bwd_input_s(st, i, j)
-        return costs.iteration_time_s(bounds) - 2 * (pp - 1) * float(w.min())
+        bin_ = costs.bwd_input_s(st, i, j)
+        w = costs.bwd_s(st, i, j) - bin_
+        return costs.iteration_time_s(bounds) - (pp - 1) * float((w + np.minimum(w, bin_)).min())
     tau = np.bincount(np.arange(S) % pp, weights=a, minlength=pp)
     ar_dev = np.bincount(np.arange(S) % pp, weights=ar, minlength=pp)
-    return float((m + (pp - 1) / vp) * tau.max() + ar_dev.max())
+    steps = ((vp - 1) * max(m, pp) + m + pp - 1) / vp if schedule == "looped-bfs" else m + (pp - 1) / vp
+    return float(steps * tau.max() + ar_dev.max())
 
 
 def _kth_best(times: list[float], keep: int) -> float:
@@ -1784,7 +1790,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             f"{cluster.num_devices} devices ({mem / 2**30:.1f} GiB each); {offload}"
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices and not on_host else
             "the schedules asked for refused every point (1F1B and its variants need at least pp "
-            "micro-batches; pp x vp stages need a layer each): lower --pp or --vp, raise --num-micro-batches "
+            "micro-batches, interleaved 1F1B a multiple of pp; pp x vp stages need a layer each): lower --pp "
+            "or --vp, raise --num-micro-batches "
             "(or lower --micro-batch-size), or "
             + ("drop --vp" if options is not None and options.vp_pinned else "add --schedule gpipe")
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")

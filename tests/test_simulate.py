@@ -284,3 +284,33 @@ def test_simulate_plan_reports_peak_activations():
                   SearchOptions(pp=2, dp=1, micro_batch_size=1, schedules=("1f1b",))).plans[0]
     _, tl = simulate_plan(plan)
     assert list(tl.peak_act_bytes) == [2e6, 1e6]
+
+
+def test_analytic_figure_where_the_textbook_forms_stop_holding():
+    """The secondary closed form beside the simulated time, on 16 identical
+    layers (forward 1 ms; backward 2 ms of which the input gradient 0.5 ms)
+    in 4 stages of 4, free links: F = 4, I = 2, W = 6 ms a stage.
+    ZB-H1, m = 8: Qi et al.'s (p-1)(F + I - W) bubble would be 0 (96 ms),
+    below what the last rank must do after waiting (p-1) F = 12 ms for its
+    first input: 96 + 12 = 108 ms, the form with max(I - W, 0), and the
+    simulated time. Looped BFS, pp 4, vp 2 (8 stages of 2: f + b = 6 ms),
+    m = 2 < pp: every chunk waits for the pipeline to fill, ((v-1) max(m,
+    p) + m + p - 1)(f + b) = (4 + 5) x 6 = 54 ms, not (m v + p - 1)(f + b) =
+    42 ms."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from helpers import make_costs
+    from pipesearch.search import analytic_time_s
+    from pipesearch.timemodel import iteration_time_s
+
+    costs = make_costs(times=(3e-3,) * 16, fwd=(1e-3,) * 16, pp=4, m=8)
+    costs = replace(costs, bwd_input_prefix_s=np.concatenate([[0.0], np.cumsum([0.5e-3] * 16)]))
+    bounds = (0, 4, 8, 12, 16)
+    assert analytic_time_s("zb-h1", costs, bounds, 4, 1) == pytest.approx(108e-3)
+    assert iteration_time_s("zb-h1", 4, 8, 1, costs.stage_times(np.array(bounds))) == pytest.approx(108e-3)
+    looped = make_costs(times=(3e-3,) * 16, fwd=(1e-3,) * 16, pp=8, m=2)
+    eight = tuple(range(0, 17, 2))
+    assert analytic_time_s("looped-bfs", looped, eight, 4, 2) == pytest.approx(54e-3)
+    assert iteration_time_s("looped-bfs", 4, 2, 2, looped.stage_times(np.array(eight))) == pytest.approx(54e-3)

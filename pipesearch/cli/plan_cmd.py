@@ -336,7 +336,8 @@ class _Progress:
               help="Sequence parallelism with tensor parallelism (transformers, tp > 1).")
 @click.option("--optimizer-bytes-per-param", type=FiniteFloatRange(min=4, max=16),
               help="Total bytes of weights + gradients + optimizer state per parameter, 4 to 16: the first 2 "
-                   "are fp16 weights, the next 2 their gradients (what the data-parallel reduce moves), the rest "
+                   "are fp16 weights, the next 2 their gradients (the data-parallel reduce moves them, at least "
+                   "the profile's bytes per parameter), the rest "
                    "optimizer state, which --zero1 shards; for other layouts use --optimizer-state; "
                    "instead of --optimizer-state (default 16 = mixed-adam).")
 @click.option("--mapping-time-limit", type=FiniteFloatRange(min=0.01, max=3600), default=0.5, show_default=True,
