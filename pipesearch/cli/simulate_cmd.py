@@ -175,7 +175,8 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     if delayed:
         how += f"; {delayed}"
     click.echo(f"simulated iteration: {format_seconds(total_s)} ({how}); "
-               f"analytic: {format_seconds(analytic) if analytic else 'n/a'}"
+               f"textbook closed form (sends not overlapped, secondary): "
+               f"{format_seconds(analytic) if analytic else 'n/a'}"
                + (" (as recorded in the file, not recomputed)" if analytic and disagreement else ""))
     click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")
     for r in range(tl.num_ranks):
