@@ -4,6 +4,9 @@ set -euo pipefail
 CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --nnodes 2 \
     --nproc-per-node 8 \
+    --node-rank "${NODE_RANK:?}" \
+    --master-addr "${MASTER_ADDR:?}" \
+    --master-port "${MASTER_PORT:-29500}" \
     pretrain_gpt.py \
     --num-layers 32 \
     --pipeline-model-parallel-size 2 \
@@ -22,8 +25,10 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --swiglu \
     --normalization RMSNorm \
     --position-embedding-type rope \
+    --rotary-base 500000 \
     --untie-embeddings-and-output-weights \
     --disable-bias-linear \
+    --norm-epsilon 1e-05 \
     --attention-dropout 0.0 \
     --hidden-dropout 0.0 \
     --bf16 \

@@ -4,6 +4,9 @@ set -euo pipefail
 torchrun \
     --nnodes 2 \
     --nproc-per-node 8 \
+    --node-rank "${NODE_RANK:?}" \
+    --master-addr "${MASTER_ADDR:?}" \
+    --master-port "${MASTER_PORT:-29500}" \
     -m torchtitan.train \
     --module llama3 \
     --config llama3_8b \
