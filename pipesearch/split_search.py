@@ -924,7 +924,7 @@ def _stage_reach(costs: PipelineCosts) -> bool:
 
 #: (chunk 0 end, chunk 0 range, chunk 1 range) cells up to which :func:`_device_split_fits`
 #: is exact for two chunks per device (about ``pp (L + 1)^5`` multiply-adds)
-DEVICE_FIT_CELLS = 2**25
+DEVICE_FIT_CELLS = 2**22
 
 
 def _device_split_fits(costs: PipelineCosts) -> bool:
