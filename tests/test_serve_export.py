@@ -195,6 +195,19 @@ def test_a_request_rate_no_plan_carries_is_said_in_words():
     assert r.exit_code == 0 and "cannot carry" not in r.output, r.output
 
 
+def test_a_carried_rate_is_judged_against_the_arrivals_drawn():
+    """One request a second on 8 L4s is far below capacity; a run whose
+    Poisson arrivals happened to be fewer (seed 3: 225 output tok/s
+    against 256 nominal) still carries them all: no flag, and the run
+    reports the offered load it drew."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--request-rate", "1",
+                                  "--simulate-top", "1", "--top", "1", "--seed", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    sim = json.loads(r.output)["plans"][0]["simulated"]
+    assert sim["carries_rate"] and sim["output_tokens_per_s"] < 0.95 * 256
+    assert sim["output_tokens_per_s"] >= 0.95 * sim["offered_output_tokens_per_s"]
+
+
 def test_simulation_runs_the_batch_the_plan_exports():
     """64 clients, a 25 ms TPOT limit: the plan runs 12 sequences
     (--max-num-seqs 12 in its command), so its simulation never runs more

@@ -288,3 +288,15 @@ def test_unmeetable_latency_limit_is_named_before_memory():
         search_serving(cfg, load_cluster("1x8-l4"), ServeJob(Workload(512, 128), max_tpot_s=1e-4),
                        engine=engine_spec("vllm"), weights=weight_format("bf16"), kv_bytes=2.0)
     assert "out_of_memory" in str(info.value) and "latency_limits" in str(info.value)
+
+
+def test_the_step_budget_bounds_the_batch_it_sustains():
+    """A request takes input + output = 1,280 tokens of the step budget over
+    its life, 256 of them decodes: 16 tokens a step sustain 16 x 256 /
+    1,280 = 3.2 decoding sequences on one stage, so the batch is at most 3
+    (the closed form ran 15 and predicted 4x the simulated throughput)."""
+    cfg = load_transformer(resolve("model", "llama3-8b"))
+    r = search_serving(cfg, load_cluster("1x8-l4"), ServeJob(Workload(1024, 256)),
+                       engine=engine_spec("vllm", max_num_batched_tokens=16), weights=weight_format("bf16"),
+                       kv_bytes=2.0, tp=1, pp=1)
+    assert r.plans[0].batch == 3

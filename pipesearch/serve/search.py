@@ -160,13 +160,19 @@ def _total(pipe: ServePipeline, split, st: SteadyState, job: ServeJob, replicas:
     return total
 
 
-def _batch_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int) -> int:
+def _batch_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int, pp: int) -> int:
     """The largest batch a replica may run: what its KV pool holds
     (``b_max``), ``max_num_seqs``, one less than the step's token budget
     (every running sequence decodes one token a step, and a prompt chunk
     needs at least one beside them; vLLM refuses ``max_num_seqs`` above
-    ``max_num_batched_tokens``), and the replica's share of the clients."""
-    cap = min(engine.max_num_seqs, b_max, engine.max_num_batched_tokens - 1)
+    ``max_num_batched_tokens``), what the budget sustains (a request takes
+    ``input_len + output_len`` tokens of it over its life, so the ``pp``
+    micro-batches in flight carry at most ``pp T out / (in + out)``
+    decoding sequences; at least 1), and the replica's share of the
+    clients."""
+    w = job.workload
+    sustained = max(1, pp * engine.max_num_batched_tokens * w.output_len // (w.input_len + w.output_len))
+    cap = min(engine.max_num_seqs, b_max, engine.max_num_batched_tokens - 1, sustained)
     if job.concurrency is not None:
         cap = min(cap, -(-job.concurrency // replicas))
     return cap
@@ -185,7 +191,7 @@ def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batc
     c = pipe.costs
     _, pool, _ = split_metrics(pipe, split, pipe.steady_step(batch, job.workload))
     cap = _batch_cap(job, c.engine, replicas,
-                     max(pool, 0) // c.tokens_per_sequence(job.workload.input_len, job.workload.output_len))
+                     max(pool, 0) // c.tokens_per_sequence(job.workload.input_len, job.workload.output_len), pipe.pp)
     if cap <= batch:
         return batch
     batches = np.arange(batch, cap + 1)
@@ -261,7 +267,7 @@ def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, r
     cap_table = stage_capacities(pipe)
     pool = int(min(cap_table[s, n] for s, n in enumerate(split)))
     b_max = max(pool, 0) // tps
-    cap = _batch_cap(job, c.engine, replicas, b_max)
+    cap = _batch_cap(job, c.engine, replicas, b_max, pipe.pp)
 
     def score(batches):
         return [(split, pipe.steady_state(split, int(b), job.workload)) for b in batches]
@@ -288,7 +294,7 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
     tps = c.tokens_per_sequence(w.input_len, w.output_len)
     max_pool, _ = max_pool_split(pipe)
     b_max = max(max_pool, 0) // tps
-    cap = _batch_cap(job, c.engine, replicas, b_max)
+    cap = _batch_cap(job, c.engine, replicas, b_max, pipe.pp)
 
     def score(batches):
         step = pipe.steady_step(batches, w)

@@ -67,12 +67,19 @@ class SimResult:
     max_running: int
     steps: int
     events: tuple[StageEvent, ...] = field(default=(), compare=False, repr=False)
+    #: under a request rate: the output tokens the requests arriving in the
+    #: throughput's window ask for, per second of it (the offered load as
+    #: this run drew it); None otherwise
+    offered_output_tokens_per_s: float | None = None
 
     def as_dict(self) -> dict:
-        return {"requests": self.requests, "output_tokens_per_s": self.output_tokens_per_s,
-                "ttft_mean_s": self.ttft_mean_s, "ttft_p90_s": self.ttft_p90_s,
-                "tpot_mean_s": self.tpot_mean_s, "tpot_p90_s": self.tpot_p90_s,
-                "makespan_s": self.makespan_s, "max_running": self.max_running, "steps": self.steps}
+        out = {"requests": self.requests, "output_tokens_per_s": self.output_tokens_per_s,
+               "ttft_mean_s": self.ttft_mean_s, "ttft_p90_s": self.ttft_p90_s,
+               "tpot_mean_s": self.tpot_mean_s, "tpot_p90_s": self.tpot_p90_s,
+               "makespan_s": self.makespan_s, "max_running": self.max_running, "steps": self.steps}
+        if self.offered_output_tokens_per_s is not None:
+            out["offered_output_tokens_per_s"] = self.offered_output_tokens_per_s
+        return out
 
 
 class _Req:
@@ -272,6 +279,7 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
     counts = np.array([x[1] for x in emitted])
     makespan = float(np.max(finish))
     steady = np.ones(len(reqs), dtype=bool)
+    offered = None
     if steady_decode:
         rate = float(counts.sum()) / makespan
     else:
@@ -279,6 +287,8 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
         hi = min(hi, float(arrival.max()))  # after the last arrival the load only drains
         sel = (times > lo) & (times <= hi)
         rate = float(counts[sel].sum()) / (hi - lo) if hi > lo else float(counts.sum()) / makespan
+        if request_rate is not None and hi > lo:
+            offered = float(((arrival > lo) & (arrival <= hi)).sum()) * workload.output_len / (hi - lo)
         # latencies of the requests that arrive in the steady part (not the start-up burst)
         later = (arrival >= lo) & (arrival <= hi)
         if later.sum() >= 10:
@@ -286,4 +296,4 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
     ttft = (first - arrival)[steady]
     tpot = ((finish - first) / max(workload.output_len - 1, 1))[steady]
     return SimResult(len(reqs), rate, float(ttft.mean()), float(np.quantile(ttft, 0.9)), float(tpot.mean()),
-                     float(np.quantile(tpot, 0.9)), makespan, int(peak_running), steps, tuple(events))
+                     float(np.quantile(tpot, 0.9)), makespan, int(peak_running), steps, tuple(events), offered)
