@@ -237,6 +237,7 @@ def test_hf_config_flags_build_the_same_model_in_megatron(tmp_path):
     and mlp_bias has every linear biased (no --disable-bias-linear)."""
     from dataclasses import asdict, replace
 
+    from pipesearch.errors import InputError
     from pipesearch.export.megatron import model_args
     from pipesearch.profiles.transformer import load_transformer, parameter_count
 
@@ -253,3 +254,12 @@ def test_hf_config_flags_build_the_same_model_in_megatron(tmp_path):
                               seq_len=2048)
     flags = model_args(asdict(biased), 2048)[0]
     assert "--disable-bias-linear" not in flags and "--add-qkv-bias" not in flags
+    # MLP biases alone: every linear biased (Megatron cannot bias the MLP alone), none lost
+    mlp_only = load_transformer(_hf_config(tmp_path, model_type="llama", mlp_bias=True), seq_len=2048)
+    assert mlp_only.bias and "--disable-bias-linear" not in model_args(asdict(mlp_only), 2048)[0]
+    # Megatron-LM's --rotary-base is an integer: a fractional base is rounded, and a note says so
+    frac = load_transformer(_hf_config(tmp_path, rope_theta=1000000.7), seq_len=2048)
+    args, notes = model_args(asdict(frac), 2048)
+    assert "--rotary-base 1000001" in " ".join(args) and any("rounded" in n or "written as" in n for n in notes)
+    with pytest.raises(InputError, match="attention_bias"):
+        load_transformer(_hf_config(tmp_path, model_type="llama", attention_bias="false"), seq_len=2048)

@@ -97,6 +97,8 @@ FIXED = "name,fwd_ms,bwd_ms,param_bytes,output_bytes,fwd_fixed_ms,bwd_fixed_ms\n
         ("# batch_size: 4\n# batch_size: 8\n" + COLS + "x,1,2,3,4\n", ["lines 1, 2", "batch_size"]),
         ("# batch_size: 4\n# bytes_per_param: 0\n" + COLS + "x,1,2,3,4\n", ["line 2", "bytes_per_param"]),
         ("# batch_size: 4\n# tied_param_bytes: -1\n" + COLS + "x,1,2,3,4\n", ["line 2", "tied_param_bytes"]),
+        ("# batch_size: 4\n# tied_param_bytes: 4\n" + COLS + "x,1,2,3,4\ny,1,2,3,4\n",
+         ["tied_param_bytes 4", "first layer's param_bytes (3)"]),
         ("# batch_size: 4\n# batchsize: 8\n" + COLS + "x,1,2,3,4\n", ["line 2", "'batchsize'"]),
         (HEAD + "name,fwd_ms,bwd_ms,param_bytes,output_bytes,bwd_input_ms\nx,1,2,3,4,2.5\n",
          ["line 3", "'bwd_input_ms'", "'2.5'", "'2'"]),
@@ -176,13 +178,15 @@ def profiles(draw):
         layers.append(Layer(name, draw(_time), bwd, draw(_size), draw(_size), draw(_size),
                             bwd_input_s=bwd_input))
     source = "\n".join(draw(st.lists(_name, max_size=3)))
+    tied = draw(st.one_of(st.just(0.0), st.floats(min_value=0, max_value=layers[0].param_bytes))) \
+        if len(layers) > 1 else 0.0
     return ModelProfile(
         name=draw(_name), layers=tuple(layers),
         profiled_batch_size=draw(st.integers(min_value=1, max_value=1 << 20)),
         profiled_device=draw(_name),
         bytes_per_param=draw(st.floats(min_value=0.125, max_value=16, allow_nan=False)),
         source=source,
-        tied_param_bytes=draw(st.one_of(st.just(0.0), _size)),
+        tied_param_bytes=tied,
     )
 
 

@@ -174,7 +174,9 @@ def test_concurrency_spread_over_replicas_serves_only_the_clients_given():
     (t3, s3, b3), (t4, s4, b4), (t6, s6, b6), (t8, s8, b8) = run(3), run(4), run(6), run(8)
     r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "2", "--pp", "1",
                                   "--concurrency", "3", "--simulate-top", "0", "--json"])
-    notes = json.loads(r.output)["plans"][0]["exports"]["vllm"]["notes"]
+    exp = json.loads(r.output)["plans"][0]["exports"]["vllm"]
+    notes = exp["notes"]
+    assert exp["replicas"] == 3
     assert "run 3 replicas (2 devices each) behind a load balancer" in notes  # not 4: the clients are 3
     assert any("3 of the 4 replicas busy" in n and "(2 devices) would stay idle" in n for n in notes)
     assert (b3, b4, b6, b8) == (1, 1, 2, 2)

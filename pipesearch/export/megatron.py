@@ -344,8 +344,12 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
     if pos == "rotary":
         args += ["--position-embedding-type", "rope"]
         theta = t.get("rope_theta")
-        if theta is not None:
-            args += ["--rotary-base", str(int(theta)) if float(theta).is_integer() else f"{theta:g}"]
+        if theta is not None:  # Megatron-LM's --rotary-base is an integer
+            base = max(1, round(float(theta)))
+            args += ["--rotary-base", str(base)]
+            if base != float(theta):
+                notes.append(f"rope_theta {theta!r} written as --rotary-base {base}: Megatron-LM takes an integer "
+                             f"base; the model's rotary frequencies differ slightly from its config's.")
         else:
             notes.append("rotary embeddings: Megatron's --rotary-base defaults to 10000; set the model's own base "
                          "(its config's rope_theta, e.g. 500000 for Llama 3) and --rotary-percent if not 1.0. "

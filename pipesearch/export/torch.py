@@ -127,7 +127,9 @@ def load_factory(spec: str):
     """MODULE:FACTORY, MODULE a module importable from the current directory or a Python file."""
     module_text, _, name = spec.rpartition(":")
     if module_text.endswith(".py") or os.sep in module_text:
-        path = os.path.abspath(module_text)
+        path = os.path.abspath(module_text if module_text.endswith(".py") else module_text + ".py")
+        if not os.path.isfile(path):
+            raise SystemExit(f"{{spec}}: no Python file {{path}}")
         sys.path.insert(0, os.path.dirname(path))
         spec_ = importlib.util.spec_from_file_location("planned_model", path)
         module = importlib.util.module_from_spec(spec_)
@@ -147,8 +149,8 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, help="token ids are drawn below this (with --input-dtype long)")
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
-    if args.input_dtype == "long" and not args.vocab_size:
-        ap.error("--input-dtype long needs --vocab-size")
+    if args.input_dtype == "long" and (args.vocab_size is None or args.vocab_size < 1):
+        ap.error("--input-dtype long needs --vocab-size of 1 or more")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != PP * DP:

@@ -397,6 +397,10 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
                             output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input,
                             recompute_saved_bytes=recompute_saved, **fixed))
     _check_per_sample(path, line_numbers, layers, meta["profiled_batch_size"])
+    if meta["tied_param_bytes"] > (layers[0].param_bytes if len(layers) > 1 else 0.0):
+        raise _fail(path, "header", f"tied_param_bytes {format_number(meta['tied_param_bytes'])} is more than the "
+                    f"first layer's param_bytes ({format_number(layers[0].param_bytes)}), which holds the shared "
+                    f"parameters once (and a model of one layer shares nothing); fix the header")
     return ModelProfile(layers=tuple(layers), **meta)
 
 

@@ -520,12 +520,14 @@ def load_hf_config(
             take("num_kv_heads", "num_key_value_heads", None)
             take("head_dim", "head_dim", None)
             drops = [get("attention_dropout", 0.0)]
-            attention_bias, mlp_bias = bool(get("attention_bias", False)), bool(get("mlp_bias", False))
+            take("qkv_bias", "attention_bias", False)
+            take("bias", "mlp_bias", False)
             # Qwen2's attention has Q/K/V biases by its architecture (its config has no key for them);
-            # Qwen3 normalises every query and key head
-            values.update(norm="rmsnorm", gated_mlp=True, bias=attention_bias and mlp_bias,
-                          qkv_bias=attention_bias or model_type in _QKV_BIAS_TYPES,
-                          qk_norm=model_type in _QK_NORM_TYPES)
+            # Qwen3 normalises every query and key head. MLP biases bias every linear (Megatron-LM cannot
+            # bias the MLP alone; the attention's few bias parameters are then over-counted)
+            values.update(norm="rmsnorm", gated_mlp=True, qk_norm=model_type in _QK_NORM_TYPES)
+            if model_type in _QKV_BIAS_TYPES and values["qkv_bias"] is False:
+                values["qkv_bias"] = True
             take("norm_eps", "rms_norm_eps", None)
         values["dropout"] = any(isinstance(x, (int, float)) and x > 0 for x in drops)
     else:  # t5

@@ -91,7 +91,8 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
 
     Returns:
         ``{"engine", "env", "argv", "command", "replicas", "nodes_per_replica",
-        "notes"}``; ``command`` is the shell line (environment first).
+        "notes"}``; ``command`` is the shell line (environment first),
+        ``replicas`` how many to run (no more than the clients).
 
     Raises:
         InputError: what the engine would reject (see :func:`engine_refusal`).
@@ -139,5 +140,5 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
                      f"{busy} of the {plan.replicas} replicas busy: the other {plan.replicas - busy} "
                      f"({(plan.replicas - busy) * devices} devices) would stay idle")
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)])
-    return {"engine": engine, "env": env, "argv": argv, "command": command, "replicas": plan.replicas,
+    return {"engine": engine, "env": env, "argv": argv, "command": command, "replicas": busy,
             "nodes_per_replica": nodes, "notes": notes}
