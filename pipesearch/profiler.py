@@ -245,20 +245,24 @@ def _check_chain(torch, model, layers, inputs: tuple) -> None:
     """Refuse a model whose layers, run one after another, do not compute
     what its own forward does (a child used twice or in another order, a
     residual around children): a plan would split another model. Compared
-    in eval mode (no dropout) without gradients; a model whose own forward
-    does not take the input is not checked.
+    in eval mode (no dropout) without gradients, both runs from the same
+    random seed (a child that draws noise draws the same); a model whose
+    own forward does not take the input alone is not checked.
 
     Raises:
         InputError: the chained output differs from ``model(*inputs)``.
     """
     was_training = model.training
     model.eval()
-    try:
-        with torch.no_grad():
+    devices = [inputs[0].device] if inputs and getattr(inputs[0], "is_cuda", False) else []
+    try:  # both runs draw the same random numbers (a child that adds noise), the caller's generator untouched
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(0)
             try:
                 whole = _tensors(model(*inputs))
             except (RuntimeError, TypeError, ValueError):
                 return
+            torch.manual_seed(0)
             x = inputs
             for _, layer in layers:
                 x = _as_tuple(layer(*x))

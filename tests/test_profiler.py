@@ -124,6 +124,13 @@ def test_a_model_that_is_not_the_chain_of_its_children_is_refused():
     assert [x.name for x in profile_module(chain, torch.randn(4, 8), batch_size=4, warmup=0, repeats=1).layers] == [
         "0", "1"]
 
+    class Noise(nn.Module):  # a chain whose middle child draws random numbers is still a chain
+        def forward(self, x):
+            return x + torch.randn_like(x)
+
+    noisy = nn.Sequential(nn.Linear(8, 8), Noise(), nn.Linear(8, 8))
+    assert len(profile_module(noisy, torch.randn(4, 8), batch_size=4, warmup=0, repeats=1).layers) == 3
+
 
 @needs_torch
 def test_a_tied_embedding_and_head_count_once_and_round_trip(tmp_path):
