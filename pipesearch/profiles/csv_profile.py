@@ -185,28 +185,11 @@ def _parse_header(path: Path, header: dict) -> dict:
     if not (0 < batch <= MAX_COUNT and batch.is_integer()):
         raise _fail(path, f"line {line}", f"batch_size {text!r} is not a positive integer <= {MAX_COUNT}; "
                     "write the profiled batch size, e.g. '# batch_size: 128'")
-    bytes_per_param = 4.0
-    found = _header_value(path, header, "bytes_per_param")
-    if found is not None:
-        line, text = found
-        try:
-            bytes_per_param = parse_number(text)
-        except ValueError:
-            bytes_per_param = float("nan")
-        if not 0 < bytes_per_param <= 64:
-            raise _fail(path, f"line {line}", f"bytes_per_param {text!r} is not a number in (0, 64]; "
-                        "write e.g. '# bytes_per_param: 4' (fp32) or 2 (fp16)")
-    tied = 0.0
-    found = _header_value(path, header, "tied_param_bytes")
-    if found is not None:
-        line, text = found
-        try:
-            tied = parse_number(text)
-        except ValueError:
-            tied = float("nan")
-        if not 0 <= tied < math.inf:
-            raise _fail(path, f"line {line}", f"tied_param_bytes {text!r} is not a number >= 0; write the bytes "
-                        "the last layer shares with the first, e.g. '# tied_param_bytes: 262144'")
+    bytes_per_param = _header_number(path, header, "bytes_per_param", 4.0, lambda v: 0 < v <= 64,
+                                     "is not a number in (0, 64]; write e.g. '# bytes_per_param: 4' (fp32) or 2 (fp16)")
+    tied = _header_number(path, header, "tied_param_bytes", 0.0, lambda v: 0 <= v < math.inf,
+                          "is not a number >= 0; write the bytes the last layer shares with the first, e.g. "
+                          "'# tied_param_bytes: 262144'")
     model = _header_value(path, header, "model")
     device = _header_value(path, header, "device")
     return {
@@ -217,6 +200,26 @@ def _parse_header(path: Path, header: dict) -> dict:
         "tied_param_bytes": tied,
         "source": "\n".join(v for _, v in header.get("source", [])),
     }
+
+
+def _header_number(path: Path, header, key: str, default: float, valid, problem: str) -> float:
+    """The number of header field ``key`` (``default`` when absent).
+
+    Raises:
+        InputError: not a number, or ``valid(value)`` false (the message: the
+            field, its text and ``problem``).
+    """
+    found = _header_value(path, header, key)
+    if found is None:
+        return default
+    line, text = found
+    try:
+        value = parse_number(text)
+    except ValueError:
+        value = float("nan")
+    if not valid(value):
+        raise _fail(path, f"line {line}", f"{key} {text!r} {problem}")
+    return value
 
 
 def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str, str]], list[int]]:
