@@ -397,3 +397,16 @@ def test_slow_rates_keep_three_significant_digits():
     assert format_rate(1388.93) == "1,388.9"
     assert format_rate(0.02912) == "0.0291"
     assert format_rate(0.0) == "0.0"
+
+
+def test_the_table_says_what_memory_the_plans_may_fill(tmp_path):
+    """The capacity column is the device's memory; the limit a plan is held
+    to is 16 GiB x (1 - 0.05) - 1 GiB = 14.2 GiB on the default cluster's
+    V100s, and 16 x 0.9 - 2 = 12.4 GiB with --memory-headroom 0.1
+    --memory-reserve 2GiB: a line under the table says so."""
+    res = run(["plan", "--top", "1"], tmp_path)
+    assert res.exit_code == 0, res.stderr
+    assert "usable memory: 14.2 GiB of 16.0 GiB on v100-pcie-16gb" in res.stdout
+    res = run(["plan", "--top", "1", "--memory-headroom", "0.1", "--memory-reserve", "2GiB"], tmp_path)
+    assert res.exit_code == 0, res.stderr
+    assert "usable memory: 12.4 GiB of 16.0 GiB on v100-pcie-16gb (--memory-headroom 10%" in res.stdout

@@ -15,7 +15,7 @@ import click
 from ..errors import InfeasibleError, InputError
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_COUNT
-from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset
+from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_writable, write_output
@@ -181,6 +181,17 @@ def gap_percent(gap: float) -> str:
     return f"{pct:.2g}%" if 0 < pct < 0.05 else f"{pct:.1f}%"
 
 
+def usable_memory_line(cluster, job) -> str:
+    """What the table's capacity column means: the memory a plan may fill on
+    each device type (:func:`pipesearch.memory.usable_memory_bytes`, net of
+    ``--memory-headroom`` and ``--memory-reserve``) against the device's."""
+    kinds = {g.device.name: g.device.memory_bytes for g in cluster.groups}
+    parts = ", ".join(f"{format_bytes(usable_memory_bytes(job, b))} of {format_bytes(b)} on {name}"
+                      for name, b in kinds.items())
+    return (f"peak memory is checked against the usable memory: {parts} (--memory-headroom "
+            f"{100 * job.memory_headroom_fraction:g}%, --memory-reserve {format_bytes(job.memory_reserve_bytes)})")
+
+
 def unproven_note(result) -> list[str]:
     """A line when points outside the table stopped at the split search's
     work limits with a lower bound below some ranked plan's time: which ranks
@@ -199,7 +210,8 @@ def unproven_note(result) -> list[str]:
     return [f"{n} point{'s' if n > 1 else ''} outside the table stopped at the split search's work limits, the least "
             f"lower bound {format_seconds(bound)}: "
             + (f"{ranks(held)} hold{'s' if len(held) == 1 else ''} over the whole space, " if held else "")
-            + f"{ranks(open_)} over the points searched to the end (a faster plan may exist among those {n})"]
+            + f"{ranks(open_)} over the points searched to the end (a faster plan may exist "
+            + (f"among those {n})" if n > 1 else "at that point)")]
 
 
 def _recompute_label(plan) -> str:
@@ -615,6 +627,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     for line in split_notes(result.plans) + layout_notes(result.plans, cluster) + unproven_note(result):
         click.echo(line)
     if not quiet:
+        click.echo(usable_memory_line(cluster, job))
         total = sum(g.num_devices for g in cluster.groups)
         idle: dict[tuple[int, str], list[str]] = {}
         for p in result.plans:
