@@ -284,13 +284,14 @@ class PipelineCosts:
         host = params * o.host_bytes_per_param_byte[col]
         tied = self._tied_params(s)
         if tied is not None:  # an offloaded optimizer takes the tied copy's state too (capacity is net of it)
-            shift = self._tied_state_shift()
+            shift = self._tied_state_shift
             device = device + tied * shift[0][col]
             host = host + tied * shift[1][col]
         if resident is not None:  # offloaded activations: every in-flight micro-batch's kept bytes on the host
             host = host + np.where(np.isfinite(resident), self.activation_bytes(s, saved, i, j), 0.0)
         return device, host
 
+    @cached_property
     def _tied_state_shift(self) -> tuple[np.ndarray, np.ndarray]:
         """``(device, host)`` ``(K,)``: per option, the change of the tied
         copy's device state bytes per parameter byte from the on-device rate
@@ -605,7 +606,7 @@ class PipelineCosts:
             tied_params = self._tied_params(s)
             if tied_params is not None:  # the tied copy at the option's state rate (_option_memory)
                 k = int(self.option_index(s, i, j))
-                shift = float(tied_params) * float(self._tied_state_shift()[0][k])
+                shift = float(tied_params) * float(self._tied_state_shift[0][k])
                 out["tied_copy"] = tied + shift
             else:
                 shift = 0.0

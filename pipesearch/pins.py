@@ -110,3 +110,11 @@ def parse_split(text: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         raise InputError(f"--split {text!r}: replicas given for {len(replicas)} of {len(layers)} stages; give NxR "
                          "for every stage or for none")
     return tuple(layers), (tuple(replicas) if replicas else None)
+
+
+def split_text(layers, replicas=None) -> str:
+    """``--split`` as :func:`parse_split` reads it: ``--split 5,3,4`` or
+    ``--split 17x15,6x1``."""
+    if replicas is None:
+        return "--split " + ",".join(map(str, layers))
+    return "--split " + ",".join(f"{n}x{r}" for n, r in zip(layers, replicas))

@@ -38,6 +38,7 @@ from .placement import (SLOTS_PREFIX, check_layout, count_layouts, group_ids, la
                         replicated_stage_devices, slot_classes, slot_heads)
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
+from .pins import split_text
 from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .option_search import (best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info,
                             pin_mobius_activations, prefer_device_state)
@@ -1658,7 +1659,7 @@ def _check_replication_options(variants, cluster: Cluster, job: Job, options: Se
     """Refuse pins per-stage replication cannot honour: a pinned dp, a
     sharded state, a replicated split whose replicas (tensor-parallel groups
     of the smallest tp) exceed the cluster's or do not match its stages."""
-    what = ("--split " + ",".join(f"{n}x{r}" for n, r in zip(options.split or (), options.split_replicas))
+    what = (split_text(options.split or (), options.split_replicas)
             if options.split_replicas else "--replicate-stages")
     if options.dp is not None:
         raise InputError(f"{what} with dp pinned to {options.dp} (--dp, or --micro-batch-size x "

@@ -235,8 +235,7 @@ def stage_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: f
         rows["compute"].append(_prefix(fwd + bwd + extra))
         rows["bin"].append(_prefix(bin_ + extra))
         rows["saved"].append(_prefix(np.where(rc > 0, ckpt, saved) if full else saved))
-        rows["transient"].append(range_max_table(np.maximum(np.where(rc > 0, saved, 0.0) if full else 0 * saved,
-                                                            arrays["backward_transient_bytes"] * ratio)))
+        rows["transient"].append(_level_transient(arrays, ratio, full))
         off = name.endswith("offload")
         rows["state"].append(off_device if off else on_device)
         rows["host"].append(off_host if off else 0.0)
@@ -312,7 +311,7 @@ def _table_options(option_profiles, cluster: Cluster, job: Job, *, ratio: float,
         rows["compute"].append(_prefix(fwd + bwd))
         rows["bin"].append(_prefix(bin_))
         rows["saved"].append(_prefix(a["saved_bytes"] * ratio))
-        rows["transient"].append(range_max_table(a["backward_transient_bytes"] * ratio))
+        rows["transient"].append(_level_transient(a, ratio))
         rows["state"].append(off_device if off else on_device)
         rows["host"].append(off_host if off else 0.0)
         rows["step"].append(step if off else np.zeros(len(placement)))
@@ -493,6 +492,18 @@ def mixed_offload_options(levels, on_device: float, off_device: float, off_host:
                           allowed=np.repeat(policy_chains[OFFLOAD_FIRST][:, None], len(step), axis=1))
 
 
+def _level_transient(arrays: dict, ratio: float, full: bool = False) -> np.ndarray:
+    """:func:`range_max_table` of what a layer holds once more while it runs
+    its backward at micro-batch ``ratio`` x the profiled batch: a layer
+    table's own recomputation (``backward_transient_bytes``) and, under
+    ``full`` recomputation of a profile with ``recompute_saved_bytes``, a
+    recomputed layer's whole saved activations (Chen et al. 2016)."""
+    own = arrays["backward_transient_bytes"] * ratio
+    if full:
+        own = np.maximum(own, np.where(arrays["recomputable"] > 0, arrays["saved_bytes"] * ratio, 0.0))
+    return range_max_table(own)
+
+
 def _profile_levels(profile: ModelProfile, ratio: float):
     """``(name, rows)`` of ``none`` and ``full`` recompute of a profile with
     ``recompute_saved_bytes`` (:func:`stage_options`' terms)."""
@@ -502,12 +513,11 @@ def _profile_levels(profile: ModelProfile, ratio: float):
     rc = arrays["recomputable"]
     saved, ckpt = arrays["saved_bytes"] * ratio, arrays["recompute_saved_bytes"] * ratio
     extra = rc * fwd
-    own = arrays["backward_transient_bytes"] * ratio  # a layer table's own recomputation (Layer.backward_transient_bytes)
     return [("none", dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd), bin=_prefix(bin_), saved=_prefix(saved),
-                          transient=range_max_table(own))),
+                          transient=_level_transient(arrays, ratio))),
             ("full", dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd + extra), bin=_prefix(bin_ + extra),
                           saved=_prefix(np.where(rc > 0, ckpt, saved)),
-                          transient=range_max_table(np.maximum(np.where(rc > 0, saved, 0.0), own))))]
+                          transient=_level_transient(arrays, ratio, full=True)))]
 
 
 def _table_levels(option_profiles, ratio: float):
@@ -518,7 +528,7 @@ def _table_levels(option_profiles, ratio: float):
         fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
         out.append((name, dict(fwd=_prefix(fwd), compute=_prefix(fwd + bwd), bin=_prefix(bin_),
                                saved=_prefix(prof.layer_arrays["saved_bytes"] * ratio),
-                               transient=range_max_table(prof.layer_arrays["backward_transient_bytes"] * ratio))))
+                               transient=_level_transient(prof.layer_arrays, ratio))))
     return out
 
 
@@ -784,7 +794,7 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
         names=("swap", f"swap+{ACT_HOST}")[:K], fwd_prefix_s=rows(_prefix(fwd)),
         compute_prefix_s=rows(_prefix(fwd + bwd)),
         bwd_input_prefix_s=rows(_prefix(bin_)), saved_prefix_bytes=rows(_prefix(a["saved_bytes"] * ratio)),
-        transient_table_bytes=rows(range_max_table(a["backward_transient_bytes"] * ratio)),
+        transient_table_bytes=rows(_level_transient(a, ratio)),
         state_bytes_per_param_byte=np.full(K, SWAP_DEVICE_BYTES_PER_PARAM_BYTE),
         host_bytes_per_param_byte=np.full(K, (2.0 + offload_bytes_per_param(state, dp)[1]) / bpp),
         host_step_s_per_param_byte=rows(share * node / cluster.host.cpu_adam_params_per_s / bpp),

@@ -20,7 +20,7 @@ from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_writable, write_output
 from ..output_table import format_table
-from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp
+from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
 from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
 from ..export import transformer_shape
 from ..runtimes import RUNTIMES
@@ -514,7 +514,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if runtime and (replicate_stages or split_replicas):
         raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
                          f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
-    pinned = "--split " + ",".join(f"{n}x{r}" for n, r in zip(split, split_replicas)) if split_replicas else ""
+    pinned = split_text(split, split_replicas) if split_replicas else ""
     if split_replicas and placements:  # a replicated stage's devices follow from its replicas (docs/formats.md)
         raise InputError(f"{pinned} with --placement {placements[0]}: each stage runs on its own replicas, placed "
                          f"stage after stage, so no pipeline- or data-major layout applies; drop --placement")

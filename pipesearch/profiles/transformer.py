@@ -961,6 +961,22 @@ def _check_int(name: str, value: Any, minimum: int = 1) -> None:
         raise InputError(f"layer_table: {name} = {_show(value)}: expected an integer >= {minimum}")
 
 
+def _rank_bytes(replicated: float, split: tuple[float, ...], t: int, sp: bool) -> float:
+    """A block's activation bytes on one of ``t`` tensor-parallel ranks:
+    the ``split`` terms divided by ``t``, the ``replicated`` ones whole
+    unless sequence parallelism divides them too (Korthikanti et al. 2022
+    sec. 4.2)."""
+    if sp:
+        total = replicated
+        for x in split:
+            total = total + x
+        return total / t
+    inner = split[0]
+    for x in split[1:]:
+        inner = inner + x
+    return replicated + inner / t
+
+
 def layer_table(
     cfg: TransformerConfig,
     *,
@@ -1159,13 +1175,11 @@ def layer_table(
             elif recompute == "selective":
                 recompute_s, recompute_flops = core_compute, r.core_flops / t
             a = r.acts
-            whole = (a.replicated + a.split + a.core) / t if sp else a.replicated + (a.split + a.core) / t
+            whole = _rank_bytes(a.replicated, (a.split, a.core), t, sp)
             if recompute == "full":
                 saved = a.block_input / (t if sp else 1)
-            elif sp:
-                saved = (a.replicated + a.split + (0.0 if recompute == "selective" else a.core)) / t
             else:
-                saved = a.replicated + (a.split + (0.0 if recompute == "selective" else a.core)) / t
+                saved = _rank_bytes(a.replicated, (a.split, 0.0 if recompute == "selective" else a.core), t, sp)
             # while the block runs its backward under full recomputation it holds its whole activations
             # once more (Chen et al. 2016); selective recomputes the attention core tile by tile, as
             # FlashAttention's backward does, never whole
@@ -1174,8 +1188,7 @@ def layer_table(
             # Table 1: 32 of a GPT block's 34 sbh), as many bytes as the block saved outside the attention
             # core less its dropout masks (GPT: 34 - 2 sbh; a gated, GQA block without dropout: all of it);
             # recomputed ones too (full recompute recreates them before I)
-            kept = a.replicated - a.masks
-            wgrad_held = (kept + a.split) / t if sp else kept + a.split / t
+            wgrad_held = _rank_bytes(a.replicated - a.masks, (a.split,), t, sp)
         else:
             rep, spl = r.saved_fixed
             saved = (rep / t if sp else rep) + spl / t + r.saved_whole

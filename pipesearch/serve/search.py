@@ -178,31 +178,36 @@ def _batch_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int, pp:
     return cap
 
 
-def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batch: int) -> int:
+def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batch: int, pool: int) -> int:
     """The engine's running-sequence limit for a plan running ``batch``
-    sequences on ``split``: ``batch`` itself, except under a request rate,
-    where the engine's batch follows the arrivals (Little's law puts its
-    mean at ``batch``) and a limit at that mean would hold every burst in
-    the queue (the replica at utilisation 1, its queue without bound): there
-    the largest batch up to the split's cap (:func:`_batch_cap`) that meets
-    the latency limits, at least ``batch``."""
+    sequences on ``split`` (KV pool ``pool`` tokens): ``batch`` itself,
+    except under a request rate, where the engine's batch follows the
+    arrivals (Little's law puts its mean at ``batch``) and a limit at that
+    mean would hold every burst in the queue (the replica at utilisation 1,
+    its queue without bound): there the largest batch up to the split's cap
+    (:func:`_batch_cap`) that meets the latency limits, at least ``batch``."""
     if job.request_rate is None:
         return batch
     c = pipe.costs
-    _, pool, _ = split_metrics(pipe, split, pipe.steady_step(batch, job.workload))
     cap = _batch_cap(job, c.engine, replicas,
                      max(pool, 0) // c.tokens_per_sequence(job.workload.input_len, job.workload.output_len), pipe.pp)
     if cap <= batch:
         return batch
     batches = np.arange(batch, cap + 1)
-    a = pipe.steady_arrays(split, batches, job.workload)
-    ok = np.ones(len(batches), dtype=bool)
+    ok = _within_limits(job, pipe.steady_arrays(split, batches, job.workload))
+    ok[0] = True
+    return int(batches[np.flatnonzero(ok)[-1]])
+
+
+def _within_limits(job: ServeJob, a: dict) -> np.ndarray:
+    """Which batch levels of the closed-form arrays ``a``
+    (:meth:`ServePipeline.steady_arrays`) meet the latency limits."""
+    ok = np.ones(np.shape(a["tpot_s"]), dtype=bool)
     if job.max_tpot_s is not None:
         ok &= a["tpot_s"] <= job.max_tpot_s
     if job.max_ttft_s is not None:
         ok &= a["ttft_s"] <= job.max_ttft_s
-    ok[0] = True
-    return int(batches[np.flatnonzero(ok)[-1]])
+    return ok
 
 
 def _meets(job: ServeJob, st: SteadyState) -> bool:
@@ -275,11 +280,7 @@ def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, r
     if job.request_rate is None and cap >= 1:
         batches = np.arange(1, cap + 1)
         a = pipe.steady_arrays(split, batches, job.workload)
-        ok = np.ones(cap, dtype=bool)
-        if job.max_tpot_s is not None:
-            ok &= a["tpot_s"] <= job.max_tpot_s
-        if job.max_ttft_s is not None:
-            ok &= a["ttft_s"] <= job.max_ttft_s
+        ok = _within_limits(job, a)
         if not ok.any():
             return None, pool, b_max, False
         k = int(np.argmax(np.where(ok, a["output_tokens_per_s"], -np.inf)))
@@ -410,7 +411,7 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                 b_max=b_max, steady=st, total=_total(pipe, sp, st, job, replicas), saturated=saturated,
                 dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
                 dtotal=_total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0,
-                limit=running_limit(pipe, sp, job, replicas, st.batch)))
+                limit=running_limit(pipe, sp, job, replicas, st.batch, pool)))
     pins = " ".join(x for x in (f"--tp {tp}" if tp else None, pp_pin) if x)
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
         raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
