@@ -109,3 +109,22 @@ def test_megatron_export_warns_when_the_plan_counted_less_state_than_megatron_ke
     assert made.exit_code == 0, made.output
     res = export(same, "--format", "megatron", "-o", str(tmp_path / "run2.sh"))
     assert res.exit_code == 0 and "warning" not in res.stderr
+
+
+@pytest.mark.parametrize("fmt,extra", [("megatron", []), ("torchtitan", []), ("torchtitan", ["--torchtitan-version", "0.2"])])
+def test_command_line_expands_the_rendezvous_variables(plans, fmt, extra):
+    """The one-line ``command_line`` of a two-node export, run by bash with
+    ``torchrun`` replaced by ``printf``, passes node 1's rank and node 0's
+    address to torchrun (a quoted ``'"${NODE_RANK:?}"'`` would pass the
+    text itself)."""
+    import subprocess
+
+    res = export(plans, "--format", fmt, *extra)
+    assert res.exit_code == 0, res.output
+    line = json.loads(res.output)["command_line"]
+    out = subprocess.run(["bash", "-c", line.replace("torchrun", "printf '%s\\n'", 1)],
+                         env={"NODE_RANK": "1", "MASTER_ADDR": "10.0.0.2"}, capture_output=True, text=True)
+    words = out.stdout.split()
+    assert words[words.index("--node-rank") + 1] == "1"
+    assert words[words.index("--master-addr") + 1] == "10.0.0.2"
+    assert words[words.index("--master-port") + 1] == "29500"

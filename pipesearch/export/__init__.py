@@ -444,10 +444,16 @@ def shell_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
         else:
             groups[-1].append(a)
     # the launcher and the program name stay on the first line
-    lines = []
-    for g in groups:
-        lines.append(" ".join(x if _SHELL_VARIABLE.fullmatch(x) else shlex.quote(x) for x in g))
+    lines = [shell_line(g) for g in groups]
     return " \\\n    ".join([" ".join(head + [lines[0]]) if head else lines[0], *lines[1:]])
+
+
+def shell_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """``argv`` (after ``env`` assignments) as a one-line shell command: :func:`shlex.quote` on
+    each word but one double-quoted shell variable (``"${NODE_RANK:?}"``), which stays as it is,
+    to expand."""
+    words = [f"{k}={shlex.quote(v)}" for k, v in (env or {}).items()]
+    return " ".join(words + [x if _SHELL_VARIABLE.fullmatch(x) else shlex.quote(x) for x in argv])
 
 
 def torchrun_prefix(world_size: int, inputs: Inputs) -> tuple[list[str], str | None]:

@@ -71,7 +71,6 @@ be built.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
@@ -83,6 +82,7 @@ from . import (
     plan_layers,
     refuse_rank_order,
     shell_command,
+    shell_line,
     torchrun_prefix,
     recompute_mode,
     sequence_parallel,
@@ -639,7 +639,7 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         "args": args,
         "data_args": data_args,
         "env": env,
-        "command_line": " ".join([*(f"{k}={v}" for k, v in env.items()), shlex.join(command)]),
+        "command_line": shell_line(command, env),
         "layout": layout,
         "num_layers": L,
         "world_size": plan.tp * p * plan.dp,

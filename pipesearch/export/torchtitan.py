@@ -56,7 +56,6 @@ reproduces the plan's split exactly and the stages per rank fit its checks.
 from __future__ import annotations
 
 import math
-import shlex
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
@@ -67,6 +66,7 @@ from . import (
     recompute_mode,
     refuse_rank_order,
     shell_command,
+    shell_line,
     torchtitan_dp_degrees,
     torchrun_prefix,
     sequence_parallel,
@@ -353,7 +353,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
         "format_version": FORMAT_VERSION,
         "overrides": overrides,
         "argv": argv,
-        "command_line": shlex.join(command),
+        "command_line": shell_line(command),
         "env": {},
         "parallelism": parallelism,
         "training": training,

@@ -51,12 +51,12 @@ without sequence parallelism).
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
-from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, sequence_parallel, shell_command, torchrun_prefix,
+from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, sequence_parallel, shell_command, shell_line,
+               torchrun_prefix,
                transformer_shape)
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
 from .torchtitan import RUNTIME, layers_per_stage_alternative, pipeline_sections
@@ -192,7 +192,7 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
         "format_version": FORMAT_VERSION,
         "config": config,
         "argv": argv,
-        "command_line": shlex.join(command),
+        "command_line": shell_line(command),
         "env": {},
         "parallelism": parallelism,
         "training": training,
