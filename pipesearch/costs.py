@@ -279,7 +279,7 @@ class PipelineCosts:
         resident = None if o.act_resident_micro_batches is None else o.act_resident_micro_batches[col]
         device = (params * o.state_bytes_per_param_byte[col] + self.activation_bytes(s, saved, i, j, resident)
                   + transient * share + self.gathered_at(i, j))
-        if o.buffer_table_bytes is not None:  # streamed layers' weights and gradients (stage_options.mixed_stream_options)
+        if o.buffer_table_bytes is not None:  # streamed layers' weights and gradients (stage_options.stream_options)
             device = device + np.stack([range_max(o.buffer_table_bytes[k], i, j) for k in range(K)])
         host = params * o.host_bytes_per_param_byte[col]
         tied = self._tied_params(s)

@@ -117,7 +117,7 @@ class StageOptions:
     #: (``inf``: all in flight; :data:`ACT_HOST_RESIDENT` when offloaded)
     act_copy_prefix_s: np.ndarray | None = None
     act_resident_micro_batches: np.ndarray | None = None
-    #: streamed weights with recompute levels (:func:`mixed_stream_options`):
+    #: streamed weights (:func:`stream_options`, :func:`mixed_stream_options`):
     #: ``(K, levels, L)`` :func:`range_max_table` of a streamed layer's weight
     #: and gradient buffers, added to the transient term (0 on the device)
     buffer_table_bytes: np.ndarray | None = None
@@ -598,7 +598,8 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
         compute_prefix_s=np.stack([base["compute"], streamed["compute"]]),
         bwd_input_prefix_s=np.stack([base["bin"], streamed["bin"]]),
         saved_prefix_bytes=np.stack([plain["saved"]] * 2),
-        transient_table_bytes=np.stack([plain["transient"], buffers]),
+        transient_table_bytes=np.stack([plain["transient"]] * 2),  # a recomputing layer's own, streamed or not
+        buffer_table_bytes=np.stack([0 * buffers, buffers]),
         state_bytes_per_param_byte=np.array([state.bytes_per_param(dp) / bpp, 0.0]),
         host_bytes_per_param_byte=np.array([0.0, stream_host_bytes_per_param_byte(state, dp, bpp)]),
         host_step_s_per_param_byte=np.stack([np.zeros(P), step]),

@@ -279,3 +279,38 @@ def test_transformer_tables_streamed_equal_brute_force(tmp_path, capacity_mib):
     opts = SearchOptions(pp=3, dp=1, micro_batch_size=1, num_micro_batches=6, schedules=("1f1b",), top=1)
     plan = search(list(src.variants), cluster, job, opts, profiled_device=src.profiled_device).plans[0]
     assert plan.predicted.iteration_time_s == pytest.approx(best, rel=1e-9)
+
+
+def test_pinned_full_recompute_streamed_holds_the_recomputed_block():
+    """``--stream-weights --recompute full`` (one recompute level, the
+    ``on-device, stream`` chain) holds what a fully recomputed stage holds
+    on the device: the checkpoints of its blocks in flight and, during a
+    block's backward, that block's whole activations (Chen et al. 2016).
+    Qwen3-32B, tp 2 with sequence parallelism, micro-batch 4 of 2048
+    tokens, 1F1B pp 4: stage 0 (embedding + 14 blocks) keeps 4 micro-batches
+    of checkpoints, 14 x 2 s b h / tp = 14 x 2 x 2048 x 4 x 5120 / 2 B each
+    (by hand: 2,348,810,240 B), plus the recomputed block's activations,
+    which the optimizer offload's full-recompute stage (a separate path,
+    weights on the host as well) and the per-stage choice ``full+stream``
+    count alike. Streaming used to leave that block out."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    def stage0(*extra):
+        res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4",
+                                        "-b", "32", "--seq-len", "2048", "--pp", "4", "--tp", "2", "--schedule", "1f1b",
+                                        "--micro-batch-size", "4", "--split", "15,17,17,17", *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)["plans"][0]["stages"][0]["memory_breakdown_bytes"]
+
+    checkpoints = 4 * 14 * 2 * 2048 * 4 * 5120 / 2
+    assert checkpoints == 2_348_810_240
+    streamed = stage0("--stream-weights", "--recompute", "full")["activations"]
+    offloaded = stage0("--optimizer-offload", "--recompute", "full")["activations"]
+    per_stage = stage0("--stream-weights", "--recompute", "per-stage")["activations"]
+    block = streamed - checkpoints
+    assert block > 1e9  # the whole activations of one 5120-wide block at 4 x 2048 tokens, over 1 GB
+    assert streamed == pytest.approx(offloaded, rel=1e-12) and streamed == pytest.approx(per_stage, rel=1e-12)
