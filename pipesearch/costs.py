@@ -375,8 +375,20 @@ class PipelineCosts:
         if self.options is None:
             return np.zeros(np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape)
         k = self.option_index(s, i, j)
+        return self.host_param_bytes(s, i, j, k) * self.options.host_step_s_per_param_byte[k, np.asarray(s)]
+
+    def host_param_bytes(self, s, i, j, k=None):
+        """Parameter bytes whose optimizer state stage ``s`` holding ``[i,
+        j)`` keeps at its option's host rate: its layers' and, when the
+        option offloads the optimizer, the tied copy's
+        (:meth:`_tied_state_shift`; ZeRO-Offload steps every parameter the
+        device trains). ``k``: the option index when known."""
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
-        return params * self.options.host_step_s_per_param_byte[k, np.asarray(s)]
+        tied = None if self.options is None else self._tied_params(s)
+        if tied is None:
+            return params
+        k = self.option_index(s, i, j) if k is None else k
+        return params + tied * (self._tied_state_shift[1][k] > 0)
 
     def activation_offload_bytes(self, s, i, j):
         """``(copied, host)``: bytes one device of stage ``s`` holding ``[i,

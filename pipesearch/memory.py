@@ -171,6 +171,16 @@ def offload_bytes_per_param(state: ParamState, dp: int) -> tuple[float, float]:
     return device, host
 
 
+def offload_copy_bytes_per_param(state: ParamState) -> tuple[float, float]:
+    """``(out, in)`` bytes per parameter an offloaded optimizer step copies
+    over PCIe: the gradients the device keeps (its model-dtype gradients, or
+    Megatron-LM's fp32 main gradients where it keeps only those) to the host,
+    and the updated weights, in the device's dtype, back (ZeRO-Offload, Ren
+    et al. ATC'21 Fig. 2: ``2M`` out and ``2M`` in for 16-bit training; 4 B
+    each way for ``fp32-adam``), before sharding (times the device's share)."""
+    return (state.grad_bytes if state.grad_bytes > 0 else state.main_grad_bytes), state.weight_bytes
+
+
 PRESETS: dict[str, ParamState] = {
     "mixed-adam": ParamState(2.0, 2.0, 0.0, 4.0, 8.0, "none", "mixed-adam"),
     "megatron": ParamState(2.0, 0.0, 4.0, 4.0, 8.0, "none", "megatron"),

@@ -229,10 +229,12 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
 
     * ``("host", {...})``: per stage, over its ``dp x tp`` GPUs (each
       holding its shard), ``host_memory_bytes`` (its option's host bytes per
-      parameter byte x its parameter bytes) and
-      ``pcie_bytes_per_iteration``: an offloaded optimizer moves the 16-bit
+      parameter byte x its parameter bytes, an offloaded tied copy's
+      included, :meth:`PipelineCosts.host_param_bytes`) and
+      ``pcie_bytes_per_iteration``: an offloaded optimizer moves the
       gradients out and weights back for the parameters the device updates
-      (ZeRO-Offload, Ren et al. ATC'21 Fig. 2); streamed weights come in for
+      (:func:`_optimizer_copy_bytes`, ZeRO-Offload, Ren et al. ATC'21 Fig.
+      2); streamed weights come in for
       every micro-batch's forward and backward and the gradients go out
       (:func:`pipesearch.stage_options.stream_options`); a Mobius stage comes
       in once per stay (twice, unless it is its rank's last stage) and its
@@ -257,10 +259,10 @@ def host_plan_info(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> t
     names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
     if not any(("offload" in n or "stream" in n or n.startswith("swap") or "act-host" in n) for n in names):
         return ()
-    params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
+    k = costs.option_index(s, i, j)
     moved, act_moved = stage_pcie_bytes(costs, bounds, job, dp, tp)
     act_host = costs.activation_offload_bytes(s, i, j)[1] * dp * tp
-    host = params * o.host_bytes_per_param_byte[costs.option_index(s, i, j)] * dp * tp + act_host
+    host = costs.host_param_bytes(s, i, j, k) * o.host_bytes_per_param_byte[k] * dp * tp + act_host
     info = {"host_memory_bytes": [float(x) for x in host], "pcie_bytes_per_iteration": [
         float(x) for x in moved], "total_host_memory_bytes": float(host.sum()),
         "total_pcie_bytes_per_iteration": float(moved.sum())}
@@ -290,38 +292,52 @@ def _copy_seconds(costs: PipelineCosts, bounds, names, job, dp: int) -> dict:
     micro-batch's kept activations each way (``act-host``),
     ``weight_copy_s`` a streamed stage's weights (``w / bw`` per forward;
     its backward copies them in and the gradients out, ``2 w / bw``) and
-    ``optimizer_copy_s`` an offloaded optimizer step's gradients out (and
-    as long, its weights back; ZeRO-Offload, Ren et al. ATC'21 Fig. 2),
-    not with a delayed step. Only the keys some stage uses; none for Mobius
-    (its copies are graph nodes, ``options.mobius``)."""
-    from .memory import param_state_of
-
+    ``optimizer_copy_s`` an offloaded optimizer step's gradients out (its
+    weights back take as long where the device keeps weights and gradients
+    in one dtype; :func:`_optimizer_copy_bytes`, ZeRO-Offload, Ren et al.
+    ATC'21 Fig. 2), not with a delayed step. Only the keys some stage uses;
+    none for Mobius (its copies are graph nodes, ``options.mobius``)."""
     o, bw = costs.options, costs.pcie_bandwidth_bytes_per_s
     if o.swap_in_s_per_param_byte is not None or bw is None:
         return {}
     s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
-    state = param_state_of(job)
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
     streamed = np.array(["stream" in n for n in names])
     offloaded = np.array(["offload" in n for n in names]) & ~streamed & (not costs.delayed_host_step)
+    grads_out = _optimizer_copy_bytes(costs, bounds, job, dp)[0]
     out = {"activation_copy_s": costs.activation_copy_s(s, i, j),
            "weight_copy_s": np.where(streamed, params / bw, 0.0),
-           "optimizer_copy_s": np.where(offloaded, share * params / bw, 0.0)}
+           "optimizer_copy_s": np.where(offloaded, grads_out / bw, 0.0)}
     return {k: [float(x) for x in v] for k, v in out.items() if np.any(np.asarray(v) > 0)}
+
+
+def _optimizer_copy_bytes(costs: PipelineCosts, bounds, job, dp: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(out, in)`` ``(S,)``: bytes one GPU of each stage of the split
+    ``bounds`` copies for an offloaded optimizer step (whatever its option):
+    the share of its parameters (its layers' and an offloaded tied copy's,
+    :meth:`PipelineCosts.host_param_bytes`) the device updates, times the
+    gradient bytes out and the weight bytes in per parameter
+    (:func:`pipesearch.memory.offload_copy_bytes_per_param`)."""
+    from .memory import offload_copy_bytes_per_param, param_state_of
+
+    s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
+    state = param_state_of(job)
+    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    params = share * costs.host_param_bytes(s, i, j) * costs.params_per_param_byte
+    out_bytes, in_bytes = offload_copy_bytes_per_param(state)
+    return params * out_bytes, params * in_bytes
 
 
 def stage_pcie_bytes(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """``(total, activations)``: bytes each stage of the split ``bounds``
     moves over PCIe per iteration under its option, over its ``dp x tp``
     GPUs (``(S,)`` each; :func:`host_plan_info` states the terms: an
-    offloaded optimizer's 16-bit gradients out and weights back, ZeRO-Offload
-    Fig. 2; streamed weights 3 copies per micro-batch; a Mobius stage once
-    per stay in and its gradients out once; offloaded activations ``2 m``
-    copies of a micro-batch's kept bytes, included in ``total``). Zeros
-    without options."""
-    from .memory import param_state_of
-
+    offloaded optimizer's gradients out and weights back,
+    :func:`_optimizer_copy_bytes`, ZeRO-Offload Fig. 2; streamed weights 3
+    copies per micro-batch; a Mobius stage once per stay in and its
+    gradients out once; offloaded activations ``2 m`` copies of a
+    micro-batch's kept bytes, included in ``total``). Zeros without
+    options."""
     S = costs.pp
     s, i, j = np.arange(S), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
     o = costs.options
@@ -329,14 +345,12 @@ def stage_pcie_bytes(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) ->
         return np.zeros(S), np.zeros(S)
     names = [o.names[int(k)] for k in costs.option_index(s, i, j)]
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
-    state = param_state_of(job)
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
     ranks = len(o.swap_queue) if o.swap_queue is not None else S
     last_local = s >= S - ranks
     moved = np.select([np.array(["stream" in n for n in names]), np.array([n.startswith("swap") for n in names]),
                        np.array(["offload" in n for n in names])],
                       [3.0 * costs.num_micro_batches * params, np.where(last_local, 2.0, 3.0) * params,
-                       2.0 * share * params], 0.0)
+                       sum(_optimizer_copy_bytes(costs, bounds, job, dp))], 0.0)
     act_moved = 2.0 * costs.num_micro_batches * costs.activation_offload_bytes(s, i, j)[0] * dp * tp
     return moved * dp * tp + act_moved, act_moved
 

@@ -273,7 +273,7 @@ def _offload_terms(profile: ModelProfile, cluster: Cluster, job: Job, dp: int, p
     its copies at ``1 / flows`` of the GPU's PCIe share) and the host
     memory share (:mod:`pipesearch.host`)."""
     from . import host as host_lib
-    from .memory import offload_bytes_per_param
+    from .memory import offload_bytes_per_param, offload_copy_bytes_per_param
 
     state = param_state_of(job)
     on_device = state.bytes_per_param(dp) / profile.bytes_per_param
@@ -284,8 +284,8 @@ def _offload_terms(profile: ModelProfile, cluster: Cluster, job: Job, dp: int, p
         share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
         step = host_lib.offload_step_s_per_param(
             cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp),
-            host_lib.node_sharing(cluster, placement, tp), grad_bytes=profile.bytes_per_param,
-            weight_bytes=profile.bytes_per_param, share=share, flows=flows) / profile.bytes_per_param
+            host_lib.node_sharing(cluster, placement, tp), *offload_copy_bytes_per_param(state), share=share,
+            flows=flows) / profile.bytes_per_param
         host_cap = host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device)
     return on_device, off_device, off_host, step, host_cap
 

@@ -5,7 +5,8 @@ A plan whose stages keep state in host memory (ZeRO-offload ``offload``
 options, Mobius ``swap``) records ``options.host``
 (:func:`pipesearch.option_search.host_plan_info`). Here each recorded figure
 is recomputed from the stage's own parameter bytes ``p`` (per GPU: an
-offloaded stage's ``memory_breakdown_bytes.weights``, a Mobius stage's
+offloaded stage's ``memory_breakdown_bytes.weights`` plus its tied copy's
+weights, ``tied_copy`` over the kept bytes per parameter, a Mobius stage's
 ``swapped_buffers / 2``, :data:`pipesearch.stage_options.SWAP_DEVICE_BYTES_PER_PARAM_BYTE`),
 the job's optimizer state (``inputs.job.optimizer_state``) and the table,
 with the same formulas the search used:
@@ -15,10 +16,12 @@ with the same formulas the search used:
   (:func:`pipesearch.memory.offload_bytes_per_param`, Ren et al. ATC'21
   Fig. 2), plus Mobius' 16-bit copy (2 B per parameter,
   :func:`pipesearch.stage_options.swap_options`);
-* ``pcie_bytes_per_iteration[s]``: an offloaded stage ``2 x share x p x dp
-  x tp`` (gradients out, weights back), a Mobius stage ``3 p x dp x tp``
-  (``2 p`` for a rank's last stage; :func:`pipesearch.option_search.stage_pcie_bytes`);
-* ``optimizer_copy_s[s] = share x p / bw_s`` (0 with a delayed step), ``bw_s``
+* ``pcie_bytes_per_iteration[s]``: an offloaded stage ``share x p / w x (g_out
+  + w_in) x dp x tp`` (gradients out, weights back, ``w`` the device's weight
+  bytes per parameter; :func:`pipesearch.memory.offload_copy_bytes_per_param`),
+  a Mobius stage ``3 p x dp x tp`` (``2 p`` for a rank's last stage;
+  :func:`pipesearch.option_search.stage_pcie_bytes`);
+* ``optimizer_copy_s[s] = share x p / w x g_out / bw_s`` (0 with a delayed step), ``bw_s``
   the switch's shared bandwidth with every GPU of the plan under the stage's
   switch copying (:func:`pipesearch.host.shared_bandwidth_bytes_per_s`);
 * ``stages[s].host_step_s``: offloaded, ``p / b x``
@@ -46,7 +49,7 @@ from typing import Iterator
 
 from ..hardware import described_place
 from ..host import offload_step_s_per_param, shared_bandwidth_bytes_per_s
-from ..memory import ParamState, offload_bytes_per_param
+from ..memory import OFFLOAD_KEPT_COMPONENTS, ParamState, offload_bytes_per_param, offload_copy_bytes_per_param
 from ..stage_options import SWAP_DEVICE_BYTES_PER_PARAM_BYTE
 from ..types import HostSpec
 from . import Problem, show
@@ -208,10 +211,16 @@ def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, 
         p = bd.get("weights")
         if not isinstance(p, (int, float)):
             return None
+        kept = sum(v for c, v in state.breakdown_per_param(dp).items() if c in OFFLOAD_KEPT_COMPONENTS)
+        tied = bd.get("tied_copy", 0.0)
+        if isinstance(tied, (int, float)) and tied > 0 and kept > 0:  # the tied copy's parameters step too
+            p = p + tied / kept * b
+        out_b, in_b = offload_copy_bytes_per_param(state)
         bw = float(shared_bandwidth_bytes_per_s(host, switch_share))
-        step = float(offload_step_s_per_param(host, switch_share, node_share, b, b, share)) / b * p
+        step = float(offload_step_s_per_param(host, switch_share, node_share, out_b, in_b, share)) / b * p
         return {"option": "offload", "p": p, "host": p * offload_bytes_per_param(state, dp)[1] / b * n,
-                "pcie": 2.0 * share * p * n, "copy": 0.0 if delayed else share * p / bw, "step": step,
+                "pcie": share * p / b * (out_b + in_b) * n, "copy": 0.0 if delayed else share * p / b * out_b / bw,
+                "step": step,
                 "why": f"{switch_share} GPUs under its switch at {bw:.6g} B/s each, {node_share} on its node"}
     return {"option": "device", "p": 0.0, "host": 0.0, "pcie": 0.0, "step": 0.0, "copy": 0.0}
 
