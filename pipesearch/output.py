@@ -74,3 +74,25 @@ def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], wh
 def write_text(path: str | os.PathLike[str], text: str, what: str = "output") -> Path:
     """:func:`write_output` of a text."""
     return write_output(path, lambda f: f.write_text(text), what)
+
+
+def check_distinct_paths(outputs, inputs) -> None:
+    """Refuse an output path that is another output's or an input file's
+    (it would be overwritten), before anything is written: ``{flag: path or
+    None}`` or ``(flag, path or None)`` pairs each (an input that is not a
+    file, e.g. a catalog name, is skipped).
+
+    Raises:
+        InputError: naming both flags and paths.
+    """
+    outputs, inputs = (list(x.items()) if isinstance(x, dict) else list(x) for x in (outputs, inputs))
+    seen: dict = {}
+    for flag, path, given in [(f, p, False) for f, p in inputs] + [(f, p, True) for f, p in outputs]:
+        if not path or (not given and not Path(path).is_file()):
+            continue
+        key = Path(path).resolve()
+        if key in seen and given:
+            other, other_path, other_given = seen[key]
+            raise InputError(f"{flag} {path}: the same file as {other} {other_path}; "
+                             f"give {'two paths' if other_given else 'another path'} (it would be overwritten)")
+        seen.setdefault(key, (flag, path, given))

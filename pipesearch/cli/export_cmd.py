@@ -10,7 +10,7 @@ import click
 
 from ..errors import InputError, PlanFormatError
 from ..export import DESCRIPTION_FORMATS, FORMATS, export_plan
-from ..output import check_writable, write_text
+from ..output import check_distinct_paths, check_writable, write_text
 from ..plan import load_plan_file, parse_document, read_plan_text, select_plan
 from . import main
 from .validate_cmd import plan_file_problems
@@ -111,7 +111,12 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
     for note in export.get("notes", []) if (output is not None or files_dir) else ():  # else in the JSON printed
         if isinstance(note, str) and note.startswith("warning:"):
             click.echo(note, err=True)
-    # everything is computed before anything is written
+    # everything is computed, and every target checked, before anything is written
+    targets = [Path(files_dir) / name for name in (export.get("files") or {})] if files_dir else []
+    for path in targets:
+        if path.exists() or path.parent.is_dir():  # (the directory itself is made below)
+            check_writable(path, "export --files")
+    check_distinct_paths([("-o", output)] + [("--files", path) for path in targets], {"PLANS": plans})
     if files_dir:
         d = Path(files_dir)
         try:

@@ -18,7 +18,7 @@ from ..limits import MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
-from ..output import check_writable, write_output
+from ..output import check_distinct_paths, check_writable, write_output
 from ..output_table import format_table
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
 from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
@@ -425,7 +425,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     out = check_writable(output, "plan file (-o)") if output is not None else None  # a file only when asked for
     if all_points is not None:
         check_writable(all_points, "--all-points")
-    _check_distinct_paths({"-o": output, "--all-points": all_points},
+    check_distinct_paths({"-o": output, "--all-points": all_points},
                           {"--model": model, "--cluster": cluster_name})
     if plot_dir == "":
         raise InputError("--plot-dir: empty directory name; give a directory")
@@ -657,21 +657,6 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
     if optimizer_bytes_per_param is not None:
         return from_total_bytes(optimizer_bytes_per_param, shard)
     return preset(optimizer_state or "mixed-adam", shard)
-
-
-def _check_distinct_paths(outputs: dict, inputs: dict) -> None:
-    """Refuse an output path that is another output's or an input file's
-    (it would be overwritten): ``{flag: path or None}`` each."""
-    seen: dict = {}
-    for flag, path in list(inputs.items()) + list(outputs.items()):
-        if not path or (flag in inputs and not Path(path).is_file()):
-            continue
-        key = Path(path).resolve()
-        if key in seen and flag in outputs:
-            other = seen[key]
-            raise InputError(f"{flag} {path}: the same file as {other} {inputs.get(other) or outputs.get(other)}; "
-                             f"give {'another path' if other in inputs else 'two paths'} (it would be overwritten)")
-        seen.setdefault(key, flag)
 
 
 def _plan_text(plan_file: PlanFile, plans) -> tuple[PlanFile, str]:

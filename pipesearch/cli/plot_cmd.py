@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
-from ..output import check_writable
+from ..output import check_distinct_paths, check_writable
 from ..plots.common import KINDS, render
 from . import main
 from .params import option_given
@@ -43,5 +43,6 @@ def plot_command(plan_file, kind, rank, output):
                          "plan; --rank picks the plan of --kind stages or timeline")
     if output is not None:
         check_writable(output, "figure (-o)")
+    check_distinct_paths({"-o": output or f"{kind}.png"}, {"PLANS.json": plan_file})
     out = render(kind, plan_file, f"{kind}.png" if output is None else output, rank=rank)
     click.echo(f"wrote {Path(out)}")

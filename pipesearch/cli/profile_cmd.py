@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import InputError
-from ..output import check_writable
+from ..output import check_distinct_paths, check_writable
 from ..profiler import (CLOCKS, DTYPES, build_model, import_torch, load_factory, profile_module,
                         profile_module_at_sizes, torch_dtype)
 from ..profiles import write_profile_csv
@@ -89,6 +89,9 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
         raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
     sizes = parse_batch_sizes(batch_size, batch_sizes)
     check_writable(output, "profile CSV (-o)")
+    source = model_spec.rsplit(":", 1)[0] if model_spec and ":" in model_spec else model_spec
+    config = hf_config if hf_config is None or not Path(hf_config).is_dir() else Path(hf_config) / "config.json"
+    check_distinct_paths({"-o": output}, {"MODULE:FACTORY": source, "--hf-config": config})
     if hf_config is not None:
         cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
         try:

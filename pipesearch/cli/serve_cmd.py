@@ -14,7 +14,7 @@ from ..catalog import resolve
 from ..errors import InputError
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_SIMULATED_REQUESTS
-from ..output import check_writable, write_text
+from ..output import check_distinct_paths, check_writable, write_text
 from ..profiles.transformer import hf_checkpoint, load_transformer
 from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_format
 from ..serve.engine import ENGINES, engine_spec
@@ -180,6 +180,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         check_output(check_writable(timeline, "--timeline"))
         if simulate_top < 1:
             raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
+    check_distinct_paths({"-o": output, "--timeline": timeline}, {"--model": model, "--cluster": cluster_name})
     if simulate_top < 1:
         given = [f"--{name.replace('_', '-')}" for name in ("num_requests", "seed")
                  if option_given(click.get_current_context(), name)]
