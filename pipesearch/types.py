@@ -396,12 +396,16 @@ class Cluster:
 
     @property
     def is_uniform(self) -> bool:
-        """One group: every node alike and one link between any two nodes,
-        so the ``pipeline`` and ``data`` placements over the device ids are
-        its layouts up to symmetry. Several groups of one device type are
-        not (their ``inter_group`` link, or their node sizes, tell them
-        apart): their search tries every layout, as a mixed cluster's."""
-        return len(self.groups) == 1
+        """Every node alike and one link between any two nodes (one group,
+        or groups of one device spec and node size joined by an
+        ``inter_group`` link equal to ``inter_node``), so the ``pipeline``
+        and ``data`` placements over the device ids are its layouts up to
+        symmetry. Groups that their device, their node sizes or the
+        ``inter_group`` link tell apart are not: their search tries every
+        layout, as a mixed cluster's."""
+        first = self.groups[0]
+        alike = all(g.device == first.device and g.devices_per_node == first.devices_per_node for g in self.groups)
+        return alike and (len(self.groups) == 1 or self.inter_group == self.inter_node)
 
     def device_spec(self, device_id: int) -> DeviceSpec:
         """The spec of device ``device_id``; raises IndexError when out of range."""

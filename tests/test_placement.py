@@ -271,3 +271,23 @@ def test_abc_each_stage_uses_its_own_device_memory():
     assert max(s.compute_s for s in plan.stages) == pytest.approx(18 * t, rel=1e-9)
     assert plan.predicted.peak_memory_bytes == pytest.approx(18 * 0.9e9)
     assert plan.predicted.memory_capacity_bytes == 36e9
+
+
+def test_groups_of_one_device_and_link_plan_as_one_group():
+    """Two [[groups]] of the same device, node size and links (inter_group =
+    inter_node) describe one uniform cluster: the search gives the plan of
+    the one-group cluster of all their nodes (it used to treat them as a
+    mixed cluster and search every device order, 40x longer); a slower
+    inter_group link tells the groups apart again."""
+    mixed = load_cluster(str(Path(__file__).parents[1] / "hardware/clusters/mixed-h100-a100.toml"))
+    h100 = mixed.groups[0].device
+    two = _with_device(mixed, h100)
+    one = Cluster("one", (DeviceGroup(h100, 2, 8),), mixed.intra_node, mixed.inter_node, mixed.inter_group)
+    assert two.is_uniform and one.is_uniform
+    a, b = _gpt3_search(two), _gpt3_search(one)
+    assert a.predicted.iteration_time_s == b.predicted.iteration_time_s
+    assert [s.layers for s in a.stages] == [s.layers for s in b.stages]
+    assert [s.devices for s in a.stages] == [s.devices for s in b.stages]
+    slower = Cluster("slower", two.groups, two.intra_node, two.inter_node,
+                     Link(two.inter_node.bandwidth_bytes_per_s / 2, two.inter_node.latency_s))
+    assert not slower.is_uniform
