@@ -410,3 +410,23 @@ def test_the_table_says_what_memory_the_plans_may_fill(tmp_path):
     res = run(["plan", "--top", "1", "--memory-headroom", "0.1", "--memory-reserve", "2GiB"], tmp_path)
     assert res.exit_code == 0, res.stderr
     assert "usable memory: 12.4 GiB of 16.0 GiB on v100-pcie-16gb (--memory-headroom 10%" in res.stdout
+
+
+def test_a_reader_that_goes_away_or_a_full_disk_is_no_bug():
+    """Output to a reader that has gone away (``pipesearch plan --json |
+    head``) stops quietly with 128 + SIGPIPE (as other tools do), and standard output on a full disk
+    (``/dev/full``) is one line and exit 2, never 'internal error'."""
+    import os
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "pipesearch", "plan", "-q", "--json", "--model", "gpt3-1.3b", "--cluster",
+            "1x8-a100-80gb", "-b", "64"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # gone before the search ends: its output meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and "error" not in err, err
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            res = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True)
+        assert res.returncode == 2 and "cannot write the output" in res.stderr and "internal" not in res.stderr

@@ -116,9 +116,15 @@ class _Group(click.Group):
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise  # click's own: usage errors (exit 2), --help and --version, Ctrl-C
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)  # 128 + SIGPIPE
         except Exception as exc:  # a bug: one line, the traceback on request (README, exit status 1)
             if os.environ.get("PIPESEARCH_DEBUG"):
                 raise
+            if isinstance(exc, OSError) and exc.filename is None and exc.strerror:  # standard output cannot be
+                click.echo(f"error: cannot write the output ({exc.strerror})", err=True)  # written (a full disk)
+                sys.exit(2)
             detail = " ".join(str(exc).split())[:300]
             click.echo(f"internal error: {type(exc).__name__}: {detail} (a bug in pipesearch: please report it with "
                        "the traceback that PIPESEARCH_DEBUG=1 shows)", err=True)
