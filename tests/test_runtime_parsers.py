@@ -428,19 +428,23 @@ def test_deepspeed_config_class_accepts_ds_config(llama_plan_file, monkeypatch):
 
 def test_deepspeed_partition_recipe_sets_the_plan_bounds(llama_plan_file):
     pytest.importorskip("deepspeed")
-    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+    from deepspeed.runtime.pipe.topology import ProcessTopology
     from deepspeed.runtime.utils import partition_uniform
 
     for plan, exp in _deepspeed_exports(llama_plan_file):
         ns: dict = {}
         exec(compile(exp["files"]["partition.py"], "partition.py", "exec"), ns)
         cls = ns["ExactPartitionPipelineModule"]
-        topo = PipeDataParallelTopology(num_pp=plan.pp, num_dp=plan.dp)
+        topo = ns["topology"]()  # the recipe's own topology: DeepSpeed's class, the plan's degrees
+        assert isinstance(topo, ProcessTopology)
+        assert (topo.get_dim("pipe"), topo.get_dim("data"), max(1, topo.get_dim("model"))) == (plan.pp, plan.dp,
+                                                                                               plan.tp)
+        assert ns["ACTIVATION_CHECKPOINT_INTERVAL"] == exp["pipeline_module"]["activation_checkpoint_interval"]
         n = sum(b - a for a, b in (st.layers for st in plan.stages))
         for s, st in enumerate(plan.stages):
             mod = object.__new__(cls)  # PipelineModule's own _partition_layers path, one stage at a time
             mod._topo, mod._layer_specs, mod._exact_parts = topo, [None] * n, ns["PARTS"]
-            mod.global_rank = topo.get_rank(pipe=s, data=0)
+            mod.global_rank = topo.get_rank(**{axis: s if axis == "pipe" else 0 for axis in topo.get_axis_names()})
             mod._partition_layers()
             assert (mod._local_start, mod._local_stop) == tuple(st.layers)
         if exp["pipeline_module"]["partition_method"] == "uniform":

@@ -103,3 +103,31 @@ def test_snippet_trains_a_token_id_model_named_by_its_file(tmp_path):
     losses = [float(line.split()[-1]) for line in res.stdout.splitlines() if line.startswith("step ")]
     assert len(losses) == 2 and all(0 < x < 10 for x in losses)
     assert run().returncode != 0
+
+
+@pytest.mark.slow
+def test_snippet_checkpoints_every_layer_of_a_full_recompute_plan(tmp_path):
+    """A plan that recomputes (``--recompute full``) gets a script that runs
+    every layer of its stages under torch.utils.checkpoint: it says so, and
+    its losses are the plain script's to the last bit (recomputing a
+    forward gives the same activations; the model's weights and the
+    inputs come from the same seeds)."""
+    def losses(plan, name):
+        exp = export_plan(plan, "torch")
+        script = tmp_path / name
+        script.write_text(exp["files"]["pipeline_torch.py"])
+        env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        res = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+             str(script), "e2e_model:make_model", "--sample-shape", "1024", "--steps", "2"],
+            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return res.stdout, [line.split()[-1] for line in res.stdout.splitlines() if line.startswith("step ")]
+
+    plain = make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8)
+    full = make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8, recompute="full")
+    out_plain, plain_losses = losses(plain, "plain.py")
+    out_full, full_losses = losses(full, "full.py")
+    assert "every layer checkpointed" in out_full and "checkpointed" not in out_plain
+    assert len(full_losses) == 2 and full_losses == plain_losses
+    assert "RECOMPUTE = 'full'" in (tmp_path / "full.py").read_text()

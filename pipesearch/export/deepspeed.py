@@ -150,8 +150,8 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
     rc = recompute_mode(plan, "deepspeed")
     topology = _topology(plan)
     notes = [
-        "build the module with ExactPartitionPipelineModule(layers, topology=..., parts=parts, ...) from "
-        "partition_recipe" + (" or PipelineModule(..., partition_method='uniform'), which gives the same split."
+        "build the module with ExactPartitionPipelineModule(layers, topology=topology(), parts=PARTS, "
+        "activation_checkpoint_interval=ACTIVATION_CHECKPOINT_INTERVAL, ...) from partition.py" + (" or PipelineModule(..., partition_method='uniform'), which gives the same split."
                               if same_uniform else "; no built-in partition_method gives this split."),
         f"DeepSpeed runs {m} micro-batches per step as gradient accumulation (TrainSchedule, 1F1B).",
         f"parts index the plan's {n} layers in order ({', '.join(layers.names[:2])}, ..., {layers.names[-1]}): the "
@@ -220,7 +220,7 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         config["bf16"] = {"enabled": True}
     files = {
         "ds_config.json": json.dumps(config, indent=2) + "\n",
-        "partition.py": PARTITION_RECIPE + f"\n\nPARTS = {parts!r}  # layer boundaries, len = num_stages + 1\n",
+        "partition.py": PARTITION_RECIPE + _module_arguments(parts, rc, topology),
     }
     return {
         "runtime": RUNTIME,
@@ -240,6 +240,22 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         "files": files,
         "notes": notes,
     }
+
+
+def _module_arguments(parts: list[int], recompute: str, topology: dict) -> str:
+    """The rest of partition.py: the plan's ``PARTS``, its
+    ``ACTIVATION_CHECKPOINT_INTERVAL`` (1 when it recomputes every layer)
+    and ``topology()``, the ProcessTopology that puts its stages on its
+    devices (:func:`_topology`): what ``ExactPartitionPipelineModule(layers,
+    topology=topology(), parts=PARTS, activation_checkpoint_interval=
+    ACTIVATION_CHECKPOINT_INTERVAL, ...)`` takes."""
+    args = ", ".join(f"{k}={v!r}" for k, v in topology.items() if k != "class")
+    return (f"\n\nPARTS = {parts!r}  # layer boundaries, len = num_stages + 1\n"
+            f"ACTIVATION_CHECKPOINT_INTERVAL = {1 if recompute == 'full' else 0}  # recompute {recompute!r}\n\n\n"
+            f"def topology():\n"
+            f"    \"\"\"The ranks of the plan's stages and replicas (PipelineModule's topology=).\"\"\"\n"
+            f"    from deepspeed.runtime.pipe.topology import {topology['class']}\n\n"
+            f"    return {topology['class']}({args})\n")
 
 
 def _topology(plan: Plan) -> dict:

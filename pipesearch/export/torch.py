@@ -90,7 +90,7 @@ exports with."""
 SNIPPET = '''"""Run the plan with torch.distributed.pipelining (torch {version}); written by pipesearch export.
 
     torchrun [--nnodes N --node-rank K ...] --nproc-per-node G pipeline_torch.py MODULE:FACTORY \
-        --sample-shape SHAPE [--input-dtype long --vocab-size V] [--steps 10]
+        --sample-shape SHAPE [--input-dtype long --vocab-size V] [--steps 10] [--seed 0]
 
 with one process per device of the plan ({world} in all; G of them per node) and SHAPE the shape of
 one input sample (e.g. 3,224,224; a sequence length for token ids). MODULE is a module importable
@@ -118,7 +118,8 @@ PP, VP, DP = {pp}, {vp}, {dp}
 GRID = {grid!r}  # GRID[pipeline rank][replica]: the process (device, in the plan's device order) it runs on
 SCHEDULE_CLASS = "{cls}"
 N_MICROBATCHES, MICROBATCH_SIZE = {m}, {mbs}
-STAGE_MODULES = {stage_modules!r}  # stage s runs on pipeline rank s % PP
+STAGE_LAYERS = {stage_layers!r}  # stage s (on pipeline rank s % PP): its layers' module FQNs
+RECOMPUTE = {recompute!r}  # "full": each layer keeps its input only and re-runs its forward in the backward
 PIPELINE_ORDER_CSV = """{csv}"""
 MULTI_STAGE = {multi}
 
@@ -140,6 +141,27 @@ def load_factory(spec: str):
     return getattr(module, name)
 
 
+class Checkpointed(nn.Module):
+    """One layer under activation checkpointing (torch.utils.checkpoint, non-reentrant): it keeps its
+    input and recomputes its activations in the backward (Chen et al. 2016)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False)
+
+
+def stage_module(model: nn.Module, s: int) -> nn.Module:
+    """Stage s: its layers' modules in a chain, each layer checkpointed when RECOMPUTE is "full"."""
+    layers = [nn.Sequential(OrderedDict((f.replace(".", "_"), model.get_submodule(f)) for f in fqns))
+              for fqns in STAGE_LAYERS[s]]
+    if RECOMPUTE == "full":
+        layers = [Checkpointed(layer) for layer in layers]
+    return nn.Sequential(*layers)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("factory", help="MODULE:FACTORY returning the model")
@@ -148,6 +170,7 @@ def main() -> None:
                     help="float: random normal inputs; long: random token ids below --vocab-size")
     ap.add_argument("--vocab-size", type=int, help="token ids are drawn below this (with --input-dtype long)")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs and targets (the same on every rank)")
     args = ap.parse_args()
     if args.input_dtype == "long" and (args.vocab_size is None or args.vocab_size < 1):
         ap.error("--input-dtype long needs --vocab-size of 1 or more")
@@ -162,16 +185,18 @@ def main() -> None:
     model = load_factory(args.factory)()
     shape = tuple(int(x) for x in args.sample_shape.split(","))
     local = [s for s in range(PP * VP) if s % PP == pp_rank]
-    print(f"process {{rank}}: pipeline rank {{pp_rank}}, replica {{replica}}, stages {{local}}", flush=True)
+    print(f"process {{rank}}: pipeline rank {{pp_rank}}, replica {{replica}}, stages {{local}}"
+          + (", every layer checkpointed" if RECOMPUTE == "full" else ""), flush=True)
     stages, params = [], []
     for s in local:
-        sub = nn.Sequential(OrderedDict((f.replace(".", "_"), model.get_submodule(f)) for f in STAGE_MODULES[s]))
+        sub = stage_module(model, s)
         sub.to(device)
         params += list(sub.parameters())
         stages.append(pipelining.PipelineStage(sub, s, PP * VP, device, group=pp_groups[replica]))
     last = (PP * VP - 1) in local
     target = None
     n = N_MICROBATCHES * MICROBATCH_SIZE
+    torch.manual_seed(args.seed)
     x = (torch.randint(0, args.vocab_size, (n, *shape), device=device) if args.input_dtype == "long"
          else torch.randn(n, *shape, device=device))
     if last:
@@ -329,12 +354,16 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             f"parallelism to each stage module itself."
         )
     rc = recompute_mode(plan, "torch")
-    if rc != "none":
+    if rc == "full":
         notes.append(
-            f"recompute={rc!r}: torch.distributed.pipelining has no recompute option; wrap the stage's "
-            f"blocks with activation checkpointing (torch.utils.checkpoint)"
-            + (" or use an attention kernel that recomputes (e.g. FlashAttention)" if rc == "selective" else "")
-            + "."
+            "recompute='full': torch.distributed.pipelining has no recompute option; pipeline_torch.py "
+            "checkpoints every layer of every stage (torch.utils.checkpoint), so each keeps its input only."
+        )
+    elif rc == "selective":
+        notes.append(
+            "warning: recompute='selective' (the attention core recomputed): torch.distributed.pipelining has no "
+            "recompute option and pipeline_torch.py keeps every activation; use an attention kernel that "
+            "recomputes (e.g. FlashAttention) or the plan's memory is not what it holds."
         )
     if sequence_parallel(plan):
         notes.append("sequence_parallel=True: apply it with the tensor-parallel plan (torch.distributed.tensor.parallel).")
@@ -348,7 +377,8 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         files["pipeline_torch.py"] = SNIPPET.format(
             version=RUNTIME_VERSION, world=p * plan.dp, pp=p, vp=v, dp=plan.dp, grid=process_grid(plan),
             cls=cls, m=m,
-            mbs=plan.micro_batch_size, stage_modules=[[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges],
+            mbs=plan.micro_batch_size, stage_layers=[[list(mods[i]) for i in range(a, b)] for a, b in layers.ranges],
+            recompute=rc,
             csv=to_torch_csv(order), multi=cls not in SINGLE_STAGE_CLASSES)
     else:
         notes.append("no pipeline_torch.py: the snippet has no tensor parallelism (tp > 1).")
