@@ -898,3 +898,20 @@ def test_two_devices_of_one_name_are_refused(tmp_path):
                                      "[inter_node]\nbandwidth_GBps = 10\nlatency_us = 10\n")
     assert_refused(tmp_path, ["plan", "--cluster", "c.toml", "-o", "p.json"],
                    "c.toml", "groups[0] and groups[1]", "'twin'", "its own name")
+
+
+@pytest.mark.parametrize("layout", ["values", "data"])
+def test_points_table_column_named_twice(tmp_path, plan_doc, layout):
+    """A column named twice (with its values) is refused by validate and plot
+    alike; plot used to fail inside pandas (internal error, exit 1)."""
+    doc = copy.deepcopy(plan_doc)
+    points = doc["search"]["points"]
+    k = points["columns"].index("pp")
+    points["columns"].append("pp")
+    points["values"].append(list(points["values"][k]))
+    if layout == "data":
+        points["data"] = [list(r) for r in zip(*points.pop("values"))]
+    path = write(tmp_path / "points.json", json.dumps(doc))
+    assert_refused(tmp_path, ["plot", path, "--kind", "space", "-o", "space.png"], path, "search.points.columns",
+                   "'pp' more than once")
+    assert_refused(tmp_path, ["validate", path], path, "search.points.columns", "'pp' more than once")

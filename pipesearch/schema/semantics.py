@@ -569,6 +569,10 @@ def _points(doc: dict) -> Iterator[Problem]:
     if table is None:
         return
     columns = table["columns"]
+    repeated = sorted({c for c in columns if columns.count(c) > 1}, key=str)
+    if repeated:
+        yield Problem("search.points.columns", f"names {show(repeated[0])} more than once; give each column once")
+        return
     if "values" in table and "data" in table:
         yield Problem("search.points", "has both 'values' (by column) and 'data' (by row); give one")
         return
