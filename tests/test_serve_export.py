@@ -221,3 +221,19 @@ def test_simulation_runs_the_batch_the_plan_exports():
     assert f"--max-num-seqs {p['batch']}" in p["exports"]["vllm"]["command"] and p["batch"] < 64
     assert p["simulated"]["max_running"] <= p["batch"]
     assert p["simulated"]["tpot_p90_s"] <= 0.025 * 1.05
+
+
+def test_memory_reserve_is_refused_for_sglang():
+    """SGLang sizes its pool by --mem-fraction-static alone: a --memory-reserve
+    given with --engine sglang is refused (it changed nothing: the same pool
+    with 0 and 10 GiB), and the default applies to vLLM only."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    args = ["serve", "--model", "qwen3-1.7b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "2", "--simulate-top", "0",
+            "--json"]
+    res = CliRunner().invoke(main, args + ["--engine", "sglang", "--memory-reserve", "10GiB"])
+    assert res.exit_code == 2 and "--memory-reserve 10GiB with --engine sglang" in res.output
+    assert "Traceback" not in res.output
+    assert CliRunner().invoke(main, args + ["--engine", "sglang"]).exit_code == 0

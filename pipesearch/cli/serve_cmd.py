@@ -136,7 +136,7 @@ def _window(events, span_s: float):
 @click.option("--memory-fraction", type=FiniteFloatRange(min=0, max=1, min_open=True),
               help="vLLM --gpu-memory-utilization (default 0.9) or SGLang --mem-fraction-static (default 0.85).")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
-              help="vLLM: memory per device for CUDA context, NCCL buffers and CUDA graphs.")
+              help="vLLM: memory per device for CUDA context, NCCL buffers and CUDA graphs (not with --engine sglang, whose --memory-fraction holds weights and KV only).")
 @click.option("--max-num-seqs", type=click.IntRange(min=1), help="Running sequences per replica (default 256).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
               help="Token budget of one step, chunked prefill (default 2048).")
@@ -187,6 +187,11 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         if given:
             raise InputError(f"{given[0]} with --simulate-top 0: it sets the simulated run of the workload, and "
                              "--simulate-top 0 simulates none; give --simulate-top 1 or more, or drop it")
+    if engine == "sglang" and option_given(click.get_current_context(), "memory_reserve"):
+        raise InputError(f"--memory-reserve {memory_reserve} with --engine sglang: SGLang sizes weights and KV pool "
+                         "by its --mem-fraction-static (--memory-fraction here) of each device and leaves the rest to "
+                         "activations and the CUDA context, so no reserve applies; drop --memory-reserve (it sets "
+                         "vLLM's)")
     reserve = parse_size_option("--memory-reserve", memory_reserve)
     cluster = load_cluster(cluster_name, nodes=nodes)
     path = resolve("model", model)
