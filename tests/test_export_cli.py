@@ -128,3 +128,28 @@ def test_command_line_expands_the_rendezvous_variables(plans, fmt, extra):
     assert words[words.index("--node-rank") + 1] == "1"
     assert words[words.index("--master-addr") + 1] == "10.0.0.2"
     assert words[words.index("--master-port") + 1] == "29500"
+
+
+def test_uniform_replicas_export_as_the_data_parallel_plan_they_are(tmp_path):
+    """Every stage replicated twice with each replica computing 1 of a
+    micro-batch's 2 samples is the data-parallel plan dp 2 of micro-batch 1
+    on the same devices: its Megatron-LM export is that plan's, argument for
+    argument; replicas 1,3 (unequal) stay refused with the reason."""
+    common = ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--schedule", "1f1b",
+              "--tp", "2", "--recompute", "none", "--top", "1"]
+    rep, dp = tmp_path / "rep.json", tmp_path / "dp.json"
+    for out, extra in ((rep, ["--split", "12x2,14x2", "--micro-batch-size", "2"]),
+                       (dp, ["--split", "12,14", "--pp", "2", "--dp", "2", "--micro-batch-size", "1",
+                             "--placement", "data"])):
+        res = CliRunner().invoke(main, common + extra + ["-o", str(out)])
+        assert res.exit_code == 0, res.output
+    assert json.loads(rep.read_text())["plans"][0]["stages"][0]["replicas"] == 2
+    a, b = (json.loads(export(p, "--format", "megatron").output) for p in (rep, dp))
+    assert a["args"] == b["args"] and a["world_size"] == b["world_size"] == 8
+    assert "--micro-batch-size" in a["args"] and a["args"][a["args"].index("--micro-batch-size") + 1] == "1"
+    uneven = tmp_path / "uneven.json"
+    res = CliRunner().invoke(main, common + ["--split", "12x1,14x3", "--micro-batch-size", "3", "-b", "63",
+                                             "-o", str(uneven)])
+    assert res.exit_code == 0, res.output
+    res = export(uneven, "--format", "megatron")
+    assert res.exit_code == 2 and "replicates its stages 1,3 times" in res.output

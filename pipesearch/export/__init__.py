@@ -94,6 +94,26 @@ RUNTIME_NAMES = {"torch": "torch.distributed.pipelining", "torchtitan": "torchti
                  "deepspeed": "DeepSpeed", "gpipe": "torchgpipe / fairscale Pipe"}
 
 
+def uniform_replicas_as_data_parallel(plan: Plan) -> Plan:
+    """A plan replicating every stage ``r`` times with ``r`` dividing the
+    micro-batch (each replica computing ``b / r`` samples of each
+    micro-batch) as the data-parallel plan it is: ``dp = r`` pipelines of
+    micro-batches of ``b / r`` (the search's own equivalence,
+    :func:`pipesearch.replication.is_uniform_point`), stage ``k``'s
+    devices unchanged (replica ``j`` of the pipeline runs on each stage's
+    ``j``-th device). Any other plan as it is."""
+    from dataclasses import replace
+
+    from ..replication import is_uniform_point
+
+    reps = plan.stage_replicas
+    if reps is None or plan.dp != 1 or not is_uniform_point(reps, plan.micro_batch_size):
+        return plan
+    r = reps[0]
+    return replace(plan, dp=r, micro_batch_size=plan.micro_batch_size // r,
+                   stages=tuple(replace(st, replicas=None) for st in plan.stages))
+
+
 def refuse_stage_replicas(plan: Plan, fmt: str) -> None:
     """Refuse a plan with per-stage replication (stages replicated unequally,
     PipeDream / DAPPLE style): every runtime exported here runs one
@@ -298,6 +318,7 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
     if fmt not in _MODULES:
         raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS + DESCRIPTION_FORMATS)}")
     if fmt not in DESCRIPTION_FORMATS:  # a description says what the stages keep where
+        plan = uniform_replicas_as_data_parallel(plan)
         refuse_stage_replicas(plan, fmt)
         refuse_host_memory(plan, fmt)
         refuse_unplanned_overlap(fmt, Inputs.of(inputs))
