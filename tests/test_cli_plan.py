@@ -430,3 +430,44 @@ def test_a_reader_that_goes_away_or_a_full_disk_is_no_bug():
         with open("/dev/full", "w") as full:
             res = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, text=True)
         assert res.returncode == 2 and "cannot write the output" in res.stderr and "internal" not in res.stderr
+
+
+def test_memory_column_shows_the_device_nearest_its_own_capacity(tmp_path):
+    """On V100s of 16 and 32 GB the column shows, per plan, the device whose
+    peak is the largest share of its own memory (computed here from the
+    plan file: each rank's stages added up, over the least memory among
+    their devices), not the largest peak over another device's capacity."""
+    import json
+    import re
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    cluster = tmp_path / "vv.toml"
+    cluster.write_text('name = "vv"\n[[groups]]\nnodes = 1\ndevices_per_node = 4\ndevice = "v100-16gb"\n'
+                       '[[groups]]\nnodes = 1\ndevices_per_node = 4\ndevice = "v100-32gb"\n'
+                       '[intra_node]\nbandwidth_GBps = 25\nlatency_us = 5\n'
+                       '[inter_node]\nbandwidth_GBps = 12.5\nlatency_us = 10\n')
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", str(cluster), "-b", "64",
+                                    "--top", "3", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    groups = doc["inputs"]["cluster"]["groups"]
+    capacity = {d: g["memory_bytes"] for g in groups for d in range(g["first_device"], g["last_device"] + 1)}
+    shown = re.findall(r"([\d.]+) GiB / ([\d.]+) GiB", res.output)
+    assert len(shown) == len(doc["plans"]) == 3
+    differs = False
+    for plan, (peak_gib, cap_gib) in zip(doc["plans"], shown):
+        pp = plan["parallelism"]["pp"]
+        mem, cap = [0.0] * pp, [float("inf")] * pp
+        for st in plan["stages"]:
+            r = st["index"] % pp
+            mem[r] += st["memory_bytes"]
+            cap[r] = min([cap[r]] + [capacity[d] for d in st["devices"]])
+        r = max(range(pp), key=lambda q: mem[q] / cap[q])
+        assert float(peak_gib) == pytest.approx(mem[r] / 2**30, abs=0.051)
+        assert float(cap_gib) == pytest.approx(cap[r] / 2**30, abs=0.051)
+        differs |= abs(mem[r] - plan["predicted"]["peak_memory_bytes"]) > 2**27
+    assert differs  # some plan's fullest device is not its largest peak

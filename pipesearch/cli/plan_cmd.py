@@ -20,6 +20,7 @@ from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_distinct_paths, check_writable, write_output
 from ..output_table import format_table
+from ..placement import memory_bytes_of
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
 from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
 from ..export import transformer_shape
@@ -223,10 +224,33 @@ def _recompute_label(plan) -> str:
     return dict(plan.extra).get("recompute", "none")
 
 
-def plans_table(plans) -> str:
-    """The ranked plans as a fixed-width text table (:func:`pipesearch.output_table.format_table`)."""
+def _fullest_device(plan, capacity_of) -> tuple[float, float]:
+    """``(peak, capacity)`` bytes of the plan's device nearest its own
+    memory (the largest peak / capacity; on one device type the largest
+    peak): each pipeline rank's stages' parts of its peak
+    (:attr:`StagePlan.memory_bytes`) added up, against the smallest memory
+    among their devices (``capacity_of``: bytes per device id). Mobius
+    plans, whose stages come and go, give their recorded peak."""
+    if capacity_of is None or plan.schedule == "mobius":
+        return plan.predicted.peak_memory_bytes, plan.predicted.memory_capacity_bytes
+    mem = [0.0] * plan.pp
+    cap = [math.inf] * plan.pp
+    for st in plan.stages:
+        r = st.index % plan.pp
+        mem[r] += st.memory_bytes
+        cap[r] = min([cap[r]] + [float(capacity_of[d]) for d in st.devices])
+    r = max(range(plan.pp), key=lambda q: mem[q] / cap[q])
+    return mem[r], cap[r]
+
+
+def plans_table(plans, capacity_of=None) -> str:
+    """The ranked plans as a fixed-width text table
+    (:func:`pipesearch.output_table.format_table`); ``capacity_of``: the
+    cluster's memory bytes per device id, so that the memory column shows
+    the device nearest its own capacity (:func:`_fullest_device`)."""
     rows = []
     for p in plans:
+        peak, capacity = _fullest_device(p, capacity_of)
         layers = ",".join(map(str, p.layers_per_stage))  # every stage: a truncated split cannot be checked
         rows.append({
             "rank": p.rank,
@@ -238,8 +262,7 @@ def plans_table(plans) -> str:
             "iteration": format_seconds(p.predicted.iteration_time_s),
             "samples/s": format_rate(p.predicted.samples_per_s),
             "bubble": f"{100 * p.predicted.bubble_fraction:.1f}%",
-            "peak memory / capacity": f"{format_bytes(p.predicted.peak_memory_bytes)} / "
-                                      f"{format_bytes(p.predicted.memory_capacity_bytes)}",
+            "peak memory / capacity": f"{format_bytes(peak)} / {format_bytes(capacity)}",
         })
         if p.predicted.tokens_per_s is not None:
             rows[-1]["tokens/s"] = f"{p.predicted.tokens_per_s:,.0f}"
@@ -623,7 +646,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         desc = source.info.get("layers_description", "")
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
-    click.echo(plans_table(result.plans))
+    click.echo(plans_table(result.plans, memory_bytes_of(cluster)))
     for line in split_notes(result.plans) + layout_notes(result.plans, cluster) + unproven_note(result):
         click.echo(line)
     if not quiet:
