@@ -60,3 +60,18 @@ def test_mobius_beside_another_schedule_keeps_stream_weights():
     r = CliRunner().invoke(main, ["plan", "-q", "--top", "1"] + RTX + ["--schedule", "mobius", "--schedule", "1f1b",
                                                                        "--stream-weights", "--pp", "2"])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("pins", [["--schedule", "interleaved-1f1b"], ["--schedule", "looped-bfs", "--vp", "2"],
+                                  ["--vp", "2"]])
+def test_activation_offload_with_several_stages_per_device_is_refused(pins):
+    """Activations in host memory are planned for one stage per device (and
+    Mobius): a search that can only run several stages per device refuses
+    --activation-offload (it was searched without it, silently)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "llama3-8b", "--cluster", "1x8-rtx3090-pcie3", "-b", "32",
+                                    "--seq-len", "2048", "--pp", "8", "--tp", "1", "--activation-offload", *pins])
+    assert res.exit_code == 2 and "--activation-offload with" in res.output and "Traceback" not in res.output

@@ -521,6 +521,13 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if stream_weights and activation_offload and set(schedules or ()) != {"roundpipe"}:
         raise InputError("--stream-weights with --activation-offload: a streamed stage's activations in host memory "
                          "are not modelled (docs/offload.md); drop one of the two flags")
+    several = {"interleaved-1f1b", "looped-bfs"}  # several stages per device, whose activations stay on it
+    if activation_offload and ((schedules and set(schedules) <= several) or (vps and min(vps) > 1 and not (
+            set(schedules or ()) & {"mobius", "roundpipe"}))):
+        what = f"--schedule {' '.join(schedules)}" if schedules and set(schedules) <= several else f"--vp {min(vps)}"
+        raise InputError(f"--activation-offload with {what}: activations in host memory are planned for one stage "
+                         "per device (gpipe, 1f1b, zb-h1) and Mobius, not for several stages per device; add one of "
+                         "those schedules or drop the flag")
     if "roundpipe" in (schedules or ()):
         check_roundpipe_flags(cluster, tp=tp, dp=dp, recompute=recompute, optimizer_offload=optimizer_offload,
                               stream_weights=stream_weights, activation_offload=activation_offload)
