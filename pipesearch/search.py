@@ -1608,6 +1608,10 @@ def _check_options(variants, cluster, job, options):
                              f"cluster {cluster.name} holds {groups}; {fix} or --tp")
     if tp_min > cluster.num_devices:
         raise InputError(f"--tp {tp_min} needs {tp_min} devices, cluster {cluster.name} has {cluster.num_devices}")
+    if groups == 0:
+        widest = max(g.devices_per_node for g in cluster.groups)
+        raise InputError(f"--tp {tp_min}: a tensor-parallel group stays inside one node, and the nodes of "
+                         f"{cluster.name} hold at most {widest} devices; use --tp {widest} or lower")
     if options.num_micro_batches and options.num_micro_batches > job.global_batch_size:
         raise InputError(f"--num-micro-batches {options.num_micro_batches} is more than the global batch "
                          f"{job.global_batch_size}: every micro-batch needs at least one sample")
@@ -1777,6 +1781,22 @@ def _either(fixes: list[str]) -> str:
     return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
 
 
+def _host_flags(job: Job) -> str:
+    """The flags that keep state in host memory the job does not use yet, as
+    a hint ("add --optimizer-offload or --activation-offload"), or ""."""
+    unused = [flag for flag, on in (("--optimizer-offload", job.optimizer_offload),
+                                    ("--activation-offload", job.activation_offload),
+                                    ("--stream-weights", job.weight_streaming)) if not on]
+    return "add " + " or ".join(unused) + " (this cluster has host memory)" if unused and len(unused) == 3 else (
+        "add " + " or ".join(unused) if unused else "")
+
+
+def _pp_can_rise(options, cluster: Cluster, num_layers: int, tp: int) -> bool:
+    """Whether a pipeline longer than the pinned ``--pp`` has room: fewer
+    stages than layers and devices for one more stage of ``tp`` per replica."""
+    return options.pp < num_layers and (options.pp + 1) * (options.dp or 1) * tp <= cluster.num_devices
+
+
 def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None) -> str:
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
@@ -1798,11 +1818,16 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
             else
             _either(["lower --micro-batch-size"] * _micro_batch_size_can_drop(options)
-                    + [f"raise --pp (pinned to {options.pp})"] * bool(options.pp and not options.split)
+                    + [f"raise --pp (pinned to {options.pp})"] * bool(options.pp and not options.split and _pp_can_rise(
+                        options, cluster, prof.num_layers, min(v.tp for v in variants)))
+                    + [_host_flags(job)] * bool(cluster.host is not None and _host_flags(job))
                     + ["use a larger cluster"])
             if options is not None and (options.pp or options.split)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
+    if counts.get("too_many_micro_batches") and len(counts) == 1:
+        hint = (f"every point needs more than {MAX_MICRO_BATCHES:,} micro-batches per replica; raise "
+                "--micro-batch-size or --dp")
     if counts.get(STOPPED):
         hint = (f"{counts[STOPPED]} points are not proven out of memory: their split search stopped at its work "
                 f"limits before it met a split that fits every GPU; pin one with --split, or {hint}")

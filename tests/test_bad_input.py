@@ -915,3 +915,31 @@ def test_points_table_column_named_twice(tmp_path, plan_doc, layout):
     assert_refused(tmp_path, ["plot", path, "--kind", "space", "-o", "space.png"], path, "search.points.columns",
                    "'pp' more than once")
     assert_refused(tmp_path, ["validate", path], path, "search.points.columns", "'pp' more than once")
+
+
+def test_no_plan_hints_name_what_can_change(tmp_path):
+    """The fix a refusal names is one that exists: a tp wider than every node
+    says so (it said 'lower --micro-batch-size, raise --pp'); a batch that
+    needs more micro-batches than allowed names the micro-batch size and
+    dp; a pinned pipeline that already fills the devices is not told to
+    grow; a cluster with host memory offers the offload flags."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    def refused(*args):
+        res = CliRunner().invoke(main, ["plan", "-q", *args])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        return res.output
+
+    out = refused("--model", "gpt3-1.3b", "--cluster", "4x4-v100-10gbe", "-b", "64", "--tp", "8")
+    assert "--tp 8: a tensor-parallel group stays inside one node" in out and "at most 4 devices" in out
+    csv = tmp_path / "small.csv"
+    csv.write_text("# batch_size: 1\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+                   + "".join(f"l{k},1,2,1000000,100000\n" for k in range(4)))
+    out = refused("--model", str(csv), "--cluster", "1x4-v100-pcie", "--pp", "2", "--dp", "1", "--schedule", "1f1b",
+                  "-b", "65536", "--micro-batch-size", "2")
+    assert "more than 16,384 micro-batches per replica; raise --micro-batch-size or --dp" in out
+    out = refused("--model", "llama3-8b", "--cluster", "1x8-rtx3090-pcie3", "-b", "32", "--seq-len", "2048", "--pp",
+                  "8", "--tp", "1", "--schedule", "1f1b", "--recompute", "none")
+    assert "raise --pp" not in out and "--optimizer-offload" in out
