@@ -471,3 +471,17 @@ def test_memory_column_shows_the_device_nearest_its_own_capacity(tmp_path):
         assert float(cap_gib) == pytest.approx(cap[r] / 2**30, abs=0.051)
         differs |= abs(mem[r] - plan["predicted"]["peak_memory_bytes"]) > 2**27
     assert differs  # some plan's fullest device is not its largest peak
+
+
+def test_sequences_longer_than_the_context_are_warned_of():
+    """Qwen3-1.7B's rotary positions reach 40,960 tokens: --seq-len 100000
+    plans (a model can be extended) with a warning naming both lengths, as
+    serve refuses such a request length."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "qwen3-1.7b", "--cluster", "1x8-a100-80gb", "-b", "16",
+                                    "--seq-len", "100000", "--top", "1"])
+    assert res.exit_code == 0, res.output
+    assert "--seq-len 100000 is longer than qwen3-1.7b's context of 40960 tokens" in res.output
