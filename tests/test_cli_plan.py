@@ -485,3 +485,18 @@ def test_sequences_longer_than_the_context_are_warned_of():
                                     "--seq-len", "100000", "--top", "1"])
     assert res.exit_code == 0, res.output
     assert "--seq-len 100000 is longer than qwen3-1.7b's context of 40960 tokens" in res.output
+
+
+def test_a_plan_above_a_faster_one_is_explained():
+    """The tie rule may rank a plan above a faster one within 0.1%: a line
+    says which ranks and why; none when the near-ties are in time order."""
+    from types import SimpleNamespace as NS
+
+    from pipesearch.cli.plan_cmd import tie_note
+
+    def plans(*times):
+        return [NS(rank=k + 1, predicted=NS(iteration_time_s=t)) for k, t in enumerate(times)]
+
+    note = tie_note(plans(55.082, 55.074, 56.0))  # 55.082 / 55.074 - 1 = 0.015%
+    assert len(note) == 1 and note[0].startswith("ranks 1-2 lie within 0.1% of the best time (55.074 s)")
+    assert tie_note(plans(55.074, 55.082, 56.0)) == [] and tie_note(plans(55.0)) == []

@@ -99,6 +99,23 @@ def overlap_settings(runtime, grad_reduce, param_gather, tp_forward, bucket_para
     return overlap
 
 
+def tie_note(plans) -> list[str]:
+    """One line when the tie rule put a plan above a faster one: the plans
+    within :data:`pipesearch.search.TIE_REL` of the best time are ranked by
+    fewer bytes over PCIe, lower peak memory, less time on links and fewer
+    stages (:func:`pipesearch.search.rank_plans`)."""
+    from ..search import TIE_REL
+
+    times = [p.predicted.iteration_time_s for p in plans]
+    best = min(times, default=0.0)
+    tied = [p.rank for p in plans if p.predicted.iteration_time_s <= best * (1 + TIE_REL)]
+    if len(tied) < 2 or times[:len(tied)] == sorted(times[:len(tied)]):
+        return []
+    return [f"ranks {tied[0]}-{tied[-1]} lie within {100 * TIE_REL:g}% of the best time "
+            f"({format_seconds(best)}): among them fewer bytes over PCIe, lower peak memory, less time on links and "
+            f"fewer stages rank first"]
+
+
 def split_notes(plans) -> list[str]:
     """One line per plan whose split the exact search could not prove
     optimal within its work limits: the best time found, the proven lower
@@ -654,7 +671,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans, memory_bytes_of(cluster)))
-    for line in split_notes(result.plans) + layout_notes(result.plans, cluster) + unproven_note(result):
+    for line in (tie_note(result.plans) + split_notes(result.plans) + layout_notes(result.plans, cluster)
+                 + unproven_note(result)):
         click.echo(line)
     if not quiet:
         click.echo(usable_memory_line(cluster, job))
