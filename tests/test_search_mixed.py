@@ -239,3 +239,40 @@ def test_plans_on_unenumerated_layouts_say_so(tmp_path):
     notes = layout_notes(plans, cluster)
     assert len(notes) == 1 and notes[0].startswith("plan 1:") and "not of all 30 layouts of pp 2 x dp 2" in notes[0]
     assert layout_notes(plans, load_cluster("2x8-a100-80gb")) == []
+
+
+def test_largest_devices_first_layouts_are_searched(tmp_path):
+    """Four fast 16 GiB GPUs and four A100 80 GB (70 layouts of pp 4 x dp
+    2, more than are enumerated): the memory-heavy early stages of GPT-3
+    2.7B fit only on the large devices, which the fastest-first patterns
+    put last. The pinned search must be at least as fast as the uniform
+    per-stage replication that puts the A100s first (--split 12x2,10x2,5x2,7x2
+    with micro-batches of 2, one sample per replica: the same data-parallel
+    plan, scored by the replication path)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    (tmp_path / "fast16.toml").write_text('name = "fast-16gb"\nmemory_GiB = 16\npeak_fp16_TFLOPS = 989.4\n'
+                                          'peak_fp32_TFLOPS = 67\nhbm_bandwidth_GBps = 3350\nachieved_fraction = 0.6\n')
+    cluster = tmp_path / "c.toml"
+    cluster.write_text('name = "fast16a100"\n[[groups]]\nnodes = 1\ndevices_per_node = 4\ndevice = "fast16.toml"\n'
+                       '[[groups]]\nnodes = 1\ndevices_per_node = 4\ndevice = "a100-80gb"\n'
+                       '[intra_node]\nbandwidth_GBps = 100\nlatency_us = 5\n'
+                       '[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n')
+    common = ["plan", "-q", "--json", "--model", "gpt3-2.7b", "--cluster", str(cluster), "-b", "64", "--tp", "1",
+              "--schedule", "1f1b", "--recompute", "none", "--top", "1"]
+
+    def best(*extra):
+        res = CliRunner().invoke(main, common + list(extra))
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)["plans"][0]
+
+    searched = best("--pp", "4", "--dp", "2")
+    replicated = best("--split", "12x2,10x2,5x2,7x2", "--micro-batch-size", "2")
+    assert replicated["stages"][0]["device_type"] == "a100-80gb"
+    t = searched["predicted"]["iteration_time_s"]
+    assert t <= replicated["predicted"]["iteration_time_s"] * (1 + 1e-9)
+    assert searched["stages"][0]["device_type"] == "a100-80gb"

@@ -155,8 +155,9 @@ def layout_notes(plans, cluster) -> list[str]:
             continue
         n = count_layouts(cluster, p.pp * p.dp, p.tp)
         if n > limit:
-            out.append(f"plan {p.rank}: its devices are the best of the named layouts (pipeline-major, data-major "
-                       f"and their patterns), not of all {n:,} layouts of pp {p.pp} x dp {p.dp} on {cluster.name} "
+            out.append(f"plan {p.rank}: its devices are the best of the named layouts (pipeline-major and "
+                       f"data-major, fastest or largest devices first), not of all {n:,} layouts of pp {p.pp} x dp "
+                       f"{p.dp} on {cluster.name} "
                        f"(every layout is tried up to {limit}; docs/heterogeneous.md)")
     return out
 
@@ -247,8 +248,8 @@ def _fullest_device(plan, capacity_of) -> tuple[float, float]:
     peak): each pipeline rank's stages' parts of its peak
     (:attr:`StagePlan.memory_bytes`) added up, against the smallest memory
     among their devices (``capacity_of``: bytes per device id). Mobius
-    plans, whose stages come and go, give their recorded peak."""
-    if capacity_of is None or plan.schedule == "mobius":
+    and RoundPipe plans, whose stages come and go, give their recorded peak."""
+    if capacity_of is None or plan.schedule in ("mobius", "roundpipe"):
         return plan.predicted.peak_memory_bytes, plan.predicted.memory_capacity_bytes
     mem = [0.0] * plan.pp
     cap = [math.inf] * plan.pp
