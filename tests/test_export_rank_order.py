@@ -6,6 +6,9 @@ other (and ``--runtime torchtitan`` / ``--placement data`` plan for it)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 from click.testing import CliRunner
 
@@ -104,20 +107,70 @@ def test_placement_pins_are_honoured_or_refused(tmp_path):
     assert res.exit_code == 2 and "clusters of one group" in res.output and "Traceback" not in res.output
 
 
-def test_custom_order_with_tp_is_pointed_at_the_stage_list(tmp_path):
-    """A mixed-cluster plan orders its tensor-parallel slots by its own
-    mapping, which no runtime's rank numbering reproduces. With tp = 1 the
-    torch export's script places every stage (its GRID); with tp > 1 it
-    writes no script, so the refusal points to the stage list (every
-    stage's devices, ``stages-json``) instead, and that export works."""
-    out = tmp_path / "p.json"
-    res = CliRunner().invoke(main, ["plan", "-q", "--model", "llama3-8b", "--cluster", "tests/data/mixed-16-3types.toml",
-                                    "--tp", "2", "-b", "64", "--top", "1", "--schedule", "1f1b", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    plan = load_plan_file(out).plans[0]
-    assert plan.tp == 2 and rank_order(plan) is None
-    res = CliRunner().invoke(main, ["export", str(out), "--format", "megatron", "-o", str(tmp_path / "m")])
-    assert res.exit_code == 2
-    assert "--format stages-json" in res.output and "--format torch" not in res.output
-    res = CliRunner().invoke(main, ["export", str(out), "--format", "stages-json", "-o", str(tmp_path / "s.json")])
-    assert res.exit_code == 0, res.output
+def test_custom_order_with_tp_is_pointed_at_the_stage_list():
+    """A plan whose tensor-parallel groups run in an order of their own (stage
+    1 on the node's first group, stage 0 on its second: no launch order of
+    whole nodes reproduces it). With tp = 1 the torch export's script
+    places every stage (its GRID); with tp > 1 it writes no script, so the
+    refusal points to the stage list (every stage's devices,
+    ``stages-json``) instead, and that export works."""
+    from test_export import make_plan, transformer_names
+
+    plan = make_plan([3, 3], transformer_names(4), schedule="1f1b", m=4, tp=2)
+    plan = replace(plan, stages=(replace(plan.stages[0], devices=(2,)), replace(plan.stages[1], devices=(0,))))
+    inputs = {"cluster": {"groups": [{"device": "a100-80gb", "nodes": 1, "devices_per_node": 8, "first_device": 0}]}}
+    assert rank_order(plan, inputs) is None
+    with pytest.raises(InputError, match="--format stages-json") as info:
+        export_plan(plan, "megatron", inputs=inputs)
+    assert "--format torch" not in str(info.value)
+    assert export_plan(plan, "stages-json", inputs=inputs)["stages"]
+
+
+def _two_node_cluster(tmp_path, first, second):
+    path = tmp_path / f"{first}-{second}.toml"
+    path.write_text(f'name = "two"\n[[groups]]\nnodes = 1\ndevices_per_node = 8\ndevice = "{first}"\n'
+                    f'[[groups]]\nnodes = 1\ndevices_per_node = 8\ndevice = "{second}"\n'
+                    '[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\n'
+                    '[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n'
+                    '[inter_group]\nbandwidth_GBps = 25\nlatency_us = 10\n')
+    return path
+
+
+def test_a_runtime_plan_does_not_depend_on_the_order_of_the_groups(tmp_path):
+    """One H100 node and one A100 node, listed either way: --runtime
+    torchtitan keeps the same best plan (it dropped the data-major plan
+    whose H100 node is the cluster's second, as not in mesh order, though
+    launching that node first runs it), and the export says which node
+    starts: NODE_RANK 0 on the H100 node (devices 8-15 when it is listed
+    second), none when it is the first."""
+    times, notes = [], []
+    for first, second in (("h100-80gb", "a100-80gb"), ("a100-80gb", "h100-80gb")):
+        out = tmp_path / f"{first}.json"
+        res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-13b", "--cluster",
+                                        str(_two_node_cluster(tmp_path, first, second)), "-b", "512", "--top", "1",
+                                        "--runtime", "torchtitan", "--pp", "4", "--tp", "2", "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        times.append(json.loads(out.read_text())["plans"][0]["predicted"]["iteration_time_s"])
+        exp = CliRunner().invoke(main, ["export", str(out), "--format", "torchtitan"])
+        assert exp.exit_code == 0, exp.output
+        notes.append(" ".join(json.loads(exp.output)["notes"]))
+    assert times[0] == times[1]
+    assert "NODE_RANK 0 on" not in notes[0]
+    assert "NODE_RANK 0 on node 1 of the cluster (devices 8-15, h100-80gb)" in notes[1]
+    assert "NODE_RANK 1 on node 0 of the cluster (devices 0-7, a100-80gb)" in notes[1]
+
+
+def test_a_job_on_the_second_node_names_it():
+    """A plan on devices 8-15 of two nodes of 8 runs its processes 0..7
+    there (the grid counts from that node) and the export says where."""
+    from pipesearch.export import launch_note, process_grid, rank_order
+    from test_export import make_plan
+
+    plan = make_plan([4, 4], schedule="1f1b", m=4, dp=4)
+    plan = replace(plan, stages=tuple(replace(st, devices=tuple(range(8 + 4 * s, 12 + 4 * s)))
+                                      for s, st in enumerate(plan.stages)))
+    inputs = {"cluster": {"groups": [{"device": "a100-80gb", "nodes": 1, "devices_per_node": 8, "first_device": 0},
+                                     {"device": "h100-80gb", "nodes": 1, "devices_per_node": 8, "first_device": 8}]}}
+    assert process_grid(plan, inputs) == [[0, 1, 2, 3], [4, 5, 6, 7]] and rank_order(plan, inputs) == "data"
+    assert launch_note(plan, inputs) == "run it on node 1 of the cluster (devices 8-15, h100-80gb), where the plan " \
+                                        "puts its stages."

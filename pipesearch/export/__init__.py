@@ -50,6 +50,7 @@ names (value: one FQN or a list of FQNs, in execution order).
 
 from __future__ import annotations
 
+import bisect
 import importlib
 from collections import Counter
 import re
@@ -136,20 +137,50 @@ def refuse_stage_replicas(plan: Plan, fmt: str) -> None:
 
 
 
-def process_grid(plan: Plan) -> list[list[int]]:
+def launch_nodes(plan: Plan, inputs: Mapping | None = None, scan: str = "data") -> list[int]:
+    """The cluster nodes the plan uses (indices into :attr:`Inputs.nodes`),
+    in the order they are launched (``NODE_RANK`` 0, 1, ...): the order in
+    which the plan's (pipeline rank, replica) pairs first reach them, pipeline
+    rank by pipeline rank (``scan="data"``) or replica by replica
+    (``"pipeline"``), so a plan whose first stages run on the cluster's
+    second node starts that node first. ``[]`` without the cluster's nodes."""
+    nodes = Inputs.of(inputs).nodes
+    if not nodes:
+        return []
+    first = [lo for lo, _, _ in nodes]
+    pairs = ([(r, k) for r in range(plan.pp) for k in range(plan.dp)] if scan == "data" else
+             [(r, k) for k in range(plan.dp) for r in range(plan.pp)])
+    out: list[int] = []
+    for r, k in pairs:
+        if k < len(plan.stages[r].devices):
+            n = bisect.bisect_right(first, plan.stages[r].devices[k]) - 1
+            if n not in out:
+                out.append(n)
+    return out
+
+
+def process_grid(plan: Plan, inputs: Mapping | None = None, scan: str = "data") -> list[list[int]]:
     """``grid[r][k]``: the process (torchrun rank, or tensor-parallel group
     of ``tp`` ranks) that runs pipeline rank ``r`` of replica ``k``: the
     position of the plan's device for it (stage ``r``'s ``k``-th device)
-    among all the plan's devices in id order (ids are numbered node by
-    node, as torchrun numbers ranks)."""
+    among all the plan's devices numbered node by node, as torchrun numbers
+    ranks: the nodes in launch order (:func:`launch_nodes`; in id order
+    without the cluster's nodes), each node's devices in id order."""
     used = sorted({d for st in plan.stages for d in st.devices})
+    nodes = Inputs.of(inputs).nodes
+    order = launch_nodes(plan, inputs, scan)
+    if nodes and order:
+        first = [lo for lo, _, _ in nodes]
+        rank = {n: i for i, n in enumerate(order)}
+        used.sort(key=lambda d: (rank.get(bisect.bisect_right(first, d) - 1, len(order)), d))
     pos = {d: n for n, d in enumerate(used)}
     return [[pos[d] for d in plan.stages[r].devices] for r in range(plan.pp)]
 
 
-def rank_order(plan: Plan) -> str | None:
+def rank_order(plan: Plan, inputs: Mapping | None = None) -> str | None:
     """How the plan lays its (pipeline rank, replica) pairs over the
-    processes (:func:`process_grid`): ``"data"`` when the replicas of each
+    processes (:func:`process_grid`, its nodes launched in the order it
+    reaches them): ``"data"`` when the replicas of each
     pipeline rank sit on consecutive processes (process ``r dp + k``: the
     order of Megatron-LM's default ``tp-cp-ep-dp-pp``, DeepSpeed's
     ``PipeDataParallelTopology`` and torchtitan's device mesh, which put
@@ -157,19 +188,36 @@ def rank_order(plan: Plan) -> str | None:
     when each replica's pipeline ranks do (process ``k pp + r``; the
     ``pipeline`` placement), None for any other order (a mapped or custom
     placement)."""
-    grid = process_grid(plan)
+    grid = process_grid(plan, inputs, "data")
     if all(x == r * plan.dp + k for r, row in enumerate(grid) for k, x in enumerate(row)):
         return "data"
+    grid = process_grid(plan, inputs, "pipeline")
     if all(x == k * plan.pp + r for r, row in enumerate(grid) for k, x in enumerate(row)):
         return "pipeline"
     return None
 
 
-def refuse_rank_order(plan: Plan, fmt: str, runs: tuple[str, ...], how: str) -> str:
+def launch_note(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str | None:
+    """Which of the cluster's nodes run the job, in launch order, when that
+    is not simply the cluster's first nodes in id order: ``NODE_RANK`` ``i``
+    on node ``n`` (its devices and type), or, for a job of one node, that
+    node; None otherwise."""
+    nodes = Inputs.of(inputs).nodes
+    order = launch_nodes(plan, inputs, scan)
+    if not order or order == list(range(len(order))):
+        return None
+    where = [f"node {n} of the cluster (devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]})" for n in order]
+    if len(order) == 1:
+        return f"run it on {where[0]}, where the plan puts its stages."
+    return ("launch the nodes in the plan's order: " + "; ".join(f"NODE_RANK {i} on {w}" for i, w in enumerate(where))
+            + ".")
+
+
+def refuse_rank_order(plan: Plan, fmt: str, runs: tuple[str, ...], how: str, inputs: Mapping | None = None) -> str:
     """The plan's :func:`rank_order` when the runtime runs it (``runs``),
     else an InputError naming the order and the fix; ``how``: how the
     runtime numbers its ranks (for the message)."""
-    order = rank_order(plan)
+    order = rank_order(plan, inputs)
     if order in runs:
         return order
     placed = {"pipeline": "each replica's pipeline ranks on consecutive devices (placement 'pipeline')",
@@ -393,6 +441,19 @@ class Inputs:
         return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
     @property
+    def nodes(self) -> list[tuple[int, int, str]]:
+        """The cluster's nodes in id order, ``(first device, last device,
+        device type)`` each (``[]`` without the groups' device ranges)."""
+        out = []
+        for g in self.cluster.get("groups") or []:
+            first, size, count = (g.get(k) if isinstance(g, Mapping) else None
+                                  for k in ("first_device", "devices_per_node", "nodes"))
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, size, count)) or size < 1:
+                return []
+            out += [(first + j * size, first + (j + 1) * size - 1, str(g.get("device", "?"))) for j in range(count)]
+        return out
+
+    @property
     def devices_per_node(self) -> int | None:
         """Devices per node of the cluster (the smallest group's), or ``None``."""
         groups = self.cluster.get("groups") or []
@@ -477,8 +538,11 @@ def shell_line(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str
     return " ".join(words + [x if _SHELL_VARIABLE.fullmatch(x) else shlex.quote(x) for x in argv])
 
 
-def torchrun_prefix(world_size: int, inputs: Inputs) -> tuple[list[str], str | None]:
-    """``torchrun`` arguments for ``world_size`` processes on the plan's nodes.
+def torchrun_prefix(world_size: int, inputs: Inputs, plan: Plan | None = None,
+                    scan: str = "data") -> tuple[list[str], str | None]:
+    """``torchrun`` arguments for ``world_size`` processes on the plan's nodes
+    (``plan``, ``scan``: which of the cluster's nodes, in what order,
+    :func:`launch_note`).
 
     Returns:
         ``(argv, note)``: ``["torchrun", "--nnodes", N, "--nproc-per-node",
@@ -513,6 +577,9 @@ def torchrun_prefix(world_size: int, inputs: Inputs) -> tuple[list[str], str | N
         idle = n * per_node - world_size
         if idle > 0:
             notes.append(f"{idle} device(s) of the {n} node(s) stay idle: the plan uses {world_size} processes")
+    where = launch_note(plan, inputs, scan) if plan is not None else None
+    if where:
+        notes.append(where.rstrip("."))
     return (["torchrun", "--nnodes", str(n), "--nproc-per-node", str(g), *rendezvous],
             "; ".join(notes) + "." if notes else None)
 

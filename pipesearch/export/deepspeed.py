@@ -57,8 +57,8 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
-from . import (FORMAT_VERSION, Inputs, deepspeed_cpu_checkpointing, plan_extra, plan_layers, recompute_mode,
-               refuse_empty_stages, refuse_rank_order, sequence_parallel)
+from . import (FORMAT_VERSION, Inputs, deepspeed_cpu_checkpointing, launch_note, plan_extra, plan_layers,
+               recompute_mode, refuse_empty_stages, refuse_rank_order, sequence_parallel)
 
 RUNTIME = "deepspeed"
 
@@ -148,7 +148,7 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
     parts = [0] + [b for _, b in layers.ranges]
     same_uniform = parts == _partition_uniform_new(n, p) == _partition_uniform_old(n, p)
     rc = recompute_mode(plan, "deepspeed")
-    topology = _topology(plan)
+    topology = _topology(plan, inputs)
     notes = [
         "build the module with ExactPartitionPipelineModule(layers, topology=topology(), parts=PARTS, "
         "activation_checkpoint_interval=ACTIVATION_CHECKPOINT_INTERVAL, ...) from partition.py" + (" or PipelineModule(..., partition_method='uniform'), which gives the same split."
@@ -158,6 +158,9 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         f"layers list passed to the module must be exactly those, one LayerSpec each (embedding and head "
         f"included); a tied embedding and head need TiedLayerSpec on both ends.",
     ]
+    where = launch_note(plan, inputs, "pipeline" if topology["class"] == "ProcessTopology" else "data")
+    if where:
+        notes.append(where)
     if topology["class"] == "ProcessTopology":
         notes.append(f"topology: ProcessTopology(axes={topology['axes']}, dims={topology['dims']}) puts each "
                      f"replica's stages on consecutive ranks, as planned (PipeDataParallelTopology would put the "
@@ -258,7 +261,7 @@ def _module_arguments(parts: list[int], recompute: str, topology: dict) -> str:
             f"    return {topology['class']}({args})\n")
 
 
-def _topology(plan: Plan) -> dict:
+def _topology(plan: Plan, inputs: Inputs | None = None) -> dict:
     """The ``ProcessTopology`` that puts the plan's stages on its devices:
     ``PipeDataParallelTopology`` (``PipeModelDataParallelTopology`` with
     tp) numbers ranks ``pipe`` outermost, the replicas of a stage on
@@ -272,7 +275,8 @@ def _topology(plan: Plan) -> dict:
     Raises:
         InputError: any other order (:func:`pipesearch.export.refuse_rank_order`).
     """
-    order = refuse_rank_order(plan, "deepspeed", ("data", "pipeline"), "numbers its ranks by a ProcessTopology")
+    order = refuse_rank_order(plan, "deepspeed", ("data", "pipeline"), "numbers its ranks by a ProcessTopology",
+                              inputs)
     if order == "pipeline":
         model = [("model", plan.tp)] if plan.tp > 1 else []
         axes = [("data", plan.dp), ("pipe", plan.pp)] + model

@@ -553,7 +553,8 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         "--global-batch-size", str(mbs * m * plan.dp),
     ]
     notes = [f"split written with: {how}."]
-    if refuse_rank_order(plan, "megatron", ("data", "pipeline"), MEGATRON_RANK_ORDER) == "pipeline":
+    order = refuse_rank_order(plan, "megatron", ("data", "pipeline"), MEGATRON_RANK_ORDER, inputs)
+    if order == "pipeline":
         # initialize_model_parallel(order="tp-cp-ep-pp-dp"): each replica's stages on consecutive ranks
         args.append("--use-tp-pp-dp-mapping")
         notes.append("--use-tp-pp-dp-mapping: ranks in the order tp-cp-ep-pp-dp, each data-parallel replica's "
@@ -626,7 +627,7 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
     notes.append("data_args (--mock-data --tokenizer-type NullTokenizer) make the command run on synthetic data; "
                  "replace them with --data-path and the model's tokenizer, and add --train-iters, --lr and the "
                  "checkpoint options.")
-    launch, launch_note = torchrun_prefix(world, inputs)
+    launch, launch_note = torchrun_prefix(world, inputs, plan, order)
     if launch_note:
         notes.append(launch_note)
     command = [*launch, "pretrain_gpt.py", *args, *data_args]

@@ -59,6 +59,7 @@ from ..types import Plan
 from . import (
     FORMAT_VERSION,
     Inputs,
+    launch_note,
     layer_modules,
     plan_layers,
     process_grid,
@@ -342,6 +343,9 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
            if cls not in SINGLE_STAGE_CLASSES else
            f"{cls} runs this order itself (given for reference)."),
     ]
+    where = launch_note(plan, inputs)
+    if where:
+        notes.append(where)
     if plan.tp > 1:
         notes.append(
             f"the export covers the pipeline dimension only; build the dp={plan.dp} x tp={plan.tp} "
@@ -375,7 +379,7 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
     files = {}
     if plan.tp == 1:
         files["pipeline_torch.py"] = SNIPPET.format(
-            version=RUNTIME_VERSION, world=p * plan.dp, pp=p, vp=v, dp=plan.dp, grid=process_grid(plan),
+            version=RUNTIME_VERSION, world=p * plan.dp, pp=p, vp=v, dp=plan.dp, grid=process_grid(plan, inputs),
             cls=cls, m=m,
             mbs=plan.micro_batch_size, stage_layers=[[list(mods[i]) for i in range(a, b)] for a, b in layers.ranges],
             recompute=rc,

@@ -252,7 +252,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             ``vp > 1`` would silently drop stages); an unknown
             ``torchtitan_version``.
     """
-    refuse_rank_order(plan, "torchtitan", ("data",), TORCHTITAN_RANK_ORDER)
+    refuse_rank_order(plan, "torchtitan", ("data",), TORCHTITAN_RANK_ORDER, inputs)
     if torchtitan_version is not None and torchtitan_version not in ("0.3", RUNTIME_VERSION):
         from .torchtitan_toml import TOML_VERSIONS, export_torchtitan_toml
 
@@ -321,7 +321,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             )
     argv = ["--module", module, "--config", config, *overrides]
     world = plan.tp * plan.pp * plan.dp
-    launch, launch_note = torchrun_prefix(world, inputs)
+    launch, launch_note = torchrun_prefix(world, inputs, plan)
     command = launch + ["-m", "torchtitan.train", *argv]
     if launch_note:
         notes.append(launch_note)

@@ -173,7 +173,7 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
     }
     text = f"# torchtitan {TOML_RUNTIME_VERSION} job file for the plan (pipesearch export)\n" + tomli_w.dumps(config)
     argv = ["--job.config_file", TOML_FILE]
-    launch, launch_note = torchrun_prefix(plan.tp * plan.pp * plan.dp, inputs)
+    launch, launch_note = torchrun_prefix(plan.tp * plan.pp * plan.dp, inputs, plan)
     if launch_note:
         notes.append(launch_note)
     command = launch + ["-m", "torchtitan.train", *argv]
