@@ -153,3 +153,9 @@ def test_uniform_replicas_export_as_the_data_parallel_plan_they_are(tmp_path):
     assert res.exit_code == 0, res.output
     res = export(uneven, "--format", "megatron")
     assert res.exit_code == 2 and "replicates its stages 1,3 times" in res.output
+
+
+def test_a_refusal_names_the_plan_file_and_rank(plans):
+    """A runtime's refusal starts with the file and the plan it refuses."""
+    res = export(plans, "--format", "gpipe")  # the plan runs 1F1B; torchgpipe runs GPipe only
+    assert res.exit_code == 2 and res.output.startswith(f"error: {plans}: plan of rank 1: gpipe:")

@@ -102,7 +102,10 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
                               f"(pipesearch validate {plans} lists them)")
     plan = select_plan(plan_file, rank, plans)
     options = {"torchtitan_version": torchtitan_version} if torchtitan_version is not None else {}
-    export = export_plan(plan, fmt, inputs=plan_file.inputs, **options)
+    try:
+        export = export_plan(plan, fmt, inputs=plan_file.inputs, **options)
+    except InputError as exc:  # the runtime's refusal, named by file and plan
+        raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
     text = _output_text(export, fmt, output) if output is not None else json.dumps(export, indent=2) + "\n"
     if files_dir and not export.get("files"):
         why = next((n for n in export.get("notes", []) if n.startswith("no ")), "this runtime reads no file of ours")
