@@ -664,7 +664,7 @@ def hf_model_from_config(path: str | Path, seed: int = 0):
                          f"pip install transformers") from None
     p = Path(path)
     try:
-        cfg = AutoConfig.from_pretrained(str(p.parent if p.is_file() else p))
+        cfg = AutoConfig.from_pretrained(str(p))  # a config file of any name, or a directory with config.json
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"--hf-config {path}: {exc}".replace("\n", " ")) from None
     state = torch.random.get_rng_state()

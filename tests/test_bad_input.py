@@ -943,3 +943,20 @@ def test_no_plan_hints_name_what_can_change(tmp_path):
     out = refused("--model", "llama3-8b", "--cluster", "1x8-rtx3090-pcie3", "-b", "32", "--seq-len", "2048", "--pp",
                   "8", "--tp", "1", "--schedule", "1f1b", "--recompute", "none")
     assert "raise --pp" not in out and "--optimizer-offload" in out
+
+
+def test_profile_refuses_a_device_name_plans_cannot_use_and_a_file_plan_cannot_read(tmp_path):
+    """--device-name names the device the profile's times are rescaled from:
+    an unknown one is refused with the catalog's names (it was written into
+    the CSV and plans later warned it was unknown); -o with another suffix
+    than .csv writes a file `plan --model` does not read."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    base = ["profile", "tests/e2e_model.py:make_model", "--input-shape", "1024", "--batch-size", "2"]
+    res = CliRunner().invoke(main, base + ["--device-name", "bogus", "-o", str(tmp_path / "p.csv")])
+    assert res.exit_code == 2 and "--device-name bogus: unknown device 'bogus'" in res.output
+    res = CliRunner().invoke(main, base + ["-o", str(tmp_path / "p.txt")])
+    assert res.exit_code == 2 and "name it p.csv" in res.output
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.txt").exists()

@@ -272,6 +272,13 @@ def test_hf_llama_chain_computes_the_models_logits(tmp_path):
     block = (h * h + 2 * (g * h // 4) * h + h * h + 3 * h * f + 2 * h) * 4  # q, k, v, o, gate/up/down, 2 norms
     assert [lay.param_bytes for lay in prof.layers] == [v * h * 4] + [block] * 4 + [(h + h * v) * 4]
     assert "--vocab-size 1024" in prof.source
+    # a config file of another name reads the same (it was read from its directory's config.json)
+    (tmp_path / "tiny_llama.json").write_text(_json.dumps(dict(TINY_LLAMA, num_hidden_layers=2)))
+    out2 = tmp_path / "llama2.csv"
+    res = CliRunner().invoke(main, ["profile", "--hf-config", str(tmp_path / "tiny_llama.json"), "--input-shape", "16",
+                                    "-b", "2", "--warmup", "1", "--repeats", "2", "-o", str(out2)])
+    assert res.exit_code == 0, res.output
+    assert len(load_model(str(out2)).layers) == 2 + 2  # its own 2 blocks, embedding and head
 
 
 @needs_torch

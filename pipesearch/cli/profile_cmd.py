@@ -92,6 +92,16 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
     source = model_spec.rsplit(":", 1)[0] if model_spec and ":" in model_spec else model_spec
     config = hf_config if hf_config is None or not Path(hf_config).is_dir() else Path(hf_config) / "config.json"
     check_distinct_paths({"-o": output}, {"MODULE:FACTORY": source, "--hf-config": config})
+    if Path(output).suffix.lower() != ".csv":
+        raise InputError(f"profile -o {output}: a profile is read back by its .csv suffix (plan --model); name it "
+                         f"{Path(output).with_suffix('.csv').name}")
+    if device_name is not None:
+        from ..hardware import load_device
+
+        try:
+            load_device(device_name)  # the name plans rescale by: a catalog device or a device TOML
+        except InputError as exc:
+            raise InputError(f"--device-name {device_name}: {exc}") from None
     if hf_config is not None:
         cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
         try:
