@@ -99,6 +99,8 @@ FIXED = "name,fwd_ms,bwd_ms,param_bytes,output_bytes,fwd_fixed_ms,bwd_fixed_ms\n
         ("# batch_size: 4\n# tied_param_bytes: -1\n" + COLS + "x,1,2,3,4\n", ["line 2", "tied_param_bytes"]),
         ("# batch_size: 4\n# tied_param_bytes: 4\n" + COLS + "x,1,2,3,4\ny,1,2,3,4\n",
          ["tied_param_bytes 4", "first layer's param_bytes (3)"]),
+        ("# batch_size: 4\n# tied_param_bytes: 2\n" + COLS + "x,1,2,3,4\n",
+         ["tied_param_bytes 2 with one layer", "shares nothing", "drop the header line"]),
         ("# batch_size: 4\n# batchsize: 8\n" + COLS + "x,1,2,3,4\n", ["line 2", "'batchsize'"]),
         (HEAD + "name,fwd_ms,bwd_ms,param_bytes,output_bytes,bwd_input_ms\nx,1,2,3,4,2.5\n",
          ["line 3", "'bwd_input_ms'", "'2.5'", "'2'"]),

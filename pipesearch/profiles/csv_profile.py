@@ -400,10 +400,13 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
                             output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input,
                             recompute_saved_bytes=recompute_saved, **fixed))
     _check_per_sample(path, line_numbers, layers, meta["profiled_batch_size"])
-    if meta["tied_param_bytes"] > (layers[0].param_bytes if len(layers) > 1 else 0.0):
+    if meta["tied_param_bytes"] > 0 and len(layers) == 1:
+        raise _fail(path, "header", f"tied_param_bytes {format_number(meta['tied_param_bytes'])} with one layer: a "
+                    "model of one layer shares nothing between its first and last layers; drop the header line")
+    if meta["tied_param_bytes"] > layers[0].param_bytes:
         raise _fail(path, "header", f"tied_param_bytes {format_number(meta['tied_param_bytes'])} is more than the "
                     f"first layer's param_bytes ({format_number(layers[0].param_bytes)}), which holds the shared "
-                    f"parameters once (and a model of one layer shares nothing); fix the header")
+                    f"parameters once; fix the header")
     return ModelProfile(layers=tuple(layers), **meta)
 
 
