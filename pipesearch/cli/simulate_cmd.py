@@ -166,12 +166,13 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s
+    replicated = plan.dp > 1 or bool(plan.stage_replicas)
     how = host_step_terms(plan, tl, total_s) or (
-           f"pipeline {format_seconds(tl.iteration_time_s)} + data-parallel communication left after the last "
-           f"backward {format_seconds(tail)}"
-           if (plan.dp > 1 or plan.stage_replicas) and tail > 0 else
+           f"pipeline {format_seconds(tl.iteration_time_s)} + {'data-parallel ' if replicated else ''}communication "
+           f"left after the last backward {format_seconds(tail)}" + ("" if replicated else " (stages' allreduce_s)")
+           if tail > 0 else
            f"pipeline {format_seconds(tl.iteration_time_s)}, no all-reduce: dp = 1"
-           if plan.dp == 1 and not plan.stage_replicas else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
+           if not replicated else f"pipeline {format_seconds(tl.iteration_time_s)}, all-reduce hidden")
     delayed = delayed_host_note(plan)
     if delayed:
         how += f"; {delayed}"
