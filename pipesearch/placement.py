@@ -269,21 +269,22 @@ def layout_names(cluster: Cluster, pp: int, dp: int, tp: int, precision: str = "
     return out
 
 
-def placement_candidates(cluster: Cluster, pp: int, dp: int, tp: int = 1,
-                         precision: str = "fp16") -> list[tuple[str, np.ndarray]]:
+def placement_candidates(cluster: Cluster, pp: int, dp: int, tp: int = 1, precision: str = "fp16",
+                         patterns: tuple[str, ...] = ("pipeline", "data")) -> list[tuple[str, np.ndarray]]:
     """Named ``(pp, dp)`` layouts (heads) for the search to loop over:
     ``pipeline-major`` and ``data-major`` over the canonical slots
     (:func:`layout`, fastest type first), then, where the largest memory
     does not come first already, the same two patterns over the slots with
     the largest memory first (``slots:`` names: a fast device of little
     memory first can leave the memory-heavy early stages nowhere to fit);
-    each layout once.
+    each layout once; ``patterns``: those of ``pipeline`` and ``data`` to
+    give.
 
     Raises:
         InputError: ``pp * dp`` exceeds the cluster's slots.
     """
     out: list[tuple[str, np.ndarray]] = []
-    for name in ("pipeline-major", "data-major"):
+    for name in (f"{PLACEMENT_PATTERNS[p]}-major" for p in patterns):
         arr = layout(cluster, pp, dp, tp, name, precision)
         if not any(np.array_equal(arr, other) for _, other in out):
             out.append((name, arr))
@@ -291,7 +292,7 @@ def placement_candidates(cluster: Cluster, pp: int, dp: int, tp: int = 1,
     memory = memory_bytes_of(cluster)[heads]
     roomy = np.lexsort((np.arange(len(heads)), -memory))  # largest memory first, then the canonical order
     if pp * dp <= len(heads) and not np.array_equal(roomy, np.arange(len(heads))):
-        for order in ("pipeline", "data"):  # the same patterns with the largest devices first
+        for order in (PLACEMENT_PATTERNS[p] for p in patterns):  # the same with the largest devices first
             idx = roomy[pipeline_placement(pp, dp, order)]
             arr = heads[idx]
             if not any(np.array_equal(arr, other) for _, other in out):

@@ -96,6 +96,9 @@ class SearchOptions:
         vp_pinned: ``vps`` was pinned (``--vp``): every plan has one of
             them, so a single-stage schedule or ``pp`` 1 (both vp 1) is
             searched only when 1 is among them (:func:`vp_choices`).
+        placement_pinned: ``placements`` was pinned (``--placement``): on a
+            cluster of several groups too, only those patterns
+            (:func:`placement_names`).
     """
 
     pp: int | None = None
@@ -113,6 +116,7 @@ class SearchOptions:
     replicate_stages: bool = False
     split_replicas: tuple[int, ...] | None = None
     vp_pinned: bool = field(default=False, repr=False)  # in the fingerprint only when set (search)
+    placement_pinned: bool = field(default=False, repr=False)  # likewise
 
 
 def vp_choices(schedule: str, pp: int, options: SearchOptions) -> tuple[int, ...]:
@@ -510,10 +514,14 @@ def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions, 
     reads them in the same order)."""
     if cluster.is_uniform:
         return options.placements if (pp > 1 and dp > 1) else options.placements[:1]
+    mapped = ("mapped",) if dp == 1 and pp > 1 else ()
+    if options.placement_pinned:  # --placement: its patterns only, fastest and largest devices first
+        return tuple(name for name, _ in placement_candidates(cluster, pp, dp, tp, precision,
+                                                              options.placements)) + mapped
     if count_layouts(cluster, pp * dp, tp) <= options.enumerate_layouts_up_to:
         return tuple(layout_names(cluster, pp, dp, tp, precision))
     names = tuple(name for name, _ in placement_candidates(cluster, pp, dp, tp, precision))
-    return names + (("mapped",) if dp == 1 and pp > 1 else ())
+    return names + mapped
 
 
 def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: SearchOptions,
@@ -1141,7 +1149,8 @@ def search(
         fingerprint=fingerprint([v.profile for v in variants], cluster, job, options,
                                 *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ()),
                                 *(("activation_offload",) if job.activation_offload else ()),
-                                *(("vp_pinned",) if options.vp_pinned else ())),
+                                *(("vp_pinned",) if options.vp_pinned else ()),
+                                *(("placement_pinned",) if options.placement_pinned else ())),
         point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
     )
 

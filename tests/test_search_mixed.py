@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipesearch.ilp import map_pipeline
@@ -276,3 +278,26 @@ def test_largest_devices_first_layouts_are_searched(tmp_path):
     t = searched["predicted"]["iteration_time_s"]
     assert t <= replicated["predicted"]["iteration_time_s"] * (1 + 1e-9)
     assert searched["stages"][0]["device_type"] == "a100-80gb"
+
+
+@pytest.mark.parametrize("pattern", ["pipeline", "data"])
+def test_placement_pin_on_a_mixed_cluster_is_honoured(pattern):
+    """--placement on a cluster of several groups (refused before, with the
+    claim that every layout is searched, which holds up to 24 layouts
+    only): each ranked plan's layout is one of that pattern's, over the
+    slots fastest first or largest memory first."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+    from pipesearch.hardware import load_cluster
+    from pipesearch.placement import placement_candidates
+
+    path = str(Path(__file__).parent / "data" / "mixed-16-3types.toml")
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", "gpt3-1.3b", "--cluster", path, "-b", "64",
+                                    "--pp", "4", "--dp", "2", "--placement", pattern, "--top", "3"])
+    assert res.exit_code == 0, res.output
+    names = {n for n, _ in placement_candidates(load_cluster(path), 4, 2, 1, "fp16", (pattern,))}
+    placed = {p["options"]["placement"] for p in json.loads(res.output)["plans"]}
+    assert placed and placed <= names

@@ -162,22 +162,17 @@ def layout_notes(plans, cluster) -> list[str]:
     return out
 
 
-def pinned_placements(placements: tuple[str, ...], runtime: str | None, cluster) -> tuple[str, ...]:
+def pinned_placements(placements: tuple[str, ...], runtime: str | None) -> tuple[str, ...]:
     """The placements the search tries: ``--placement`` (in the order given)
     within the ``--runtime``'s (:func:`pipesearch.runtimes.placements_for`),
-    else the runtime's.
+    else the runtime's (on a cluster of several groups, the pinned patterns
+    over its slots, :func:`pipesearch.search.placement_names`).
 
     Raises:
-        InputError: ``--placement`` on a mixed cluster (its search tries every
-            layout up to swaps inside a node, or the mapped order), or one the
-            runtime does not run."""
+        InputError: a placement the runtime does not run."""
     allowed = runtimes.placements_for(runtime, SearchOptions.placements)
     if not placements:
         return allowed
-    if not cluster.is_uniform:
-        raise InputError(f"--placement {placements[0]}: a cluster of several [[groups]] is searched over every "
-                         "layout of its groups up to swaps inside a node (or the mapped order); --placement applies "
-                         "to clusters of one group; drop it")
     refused = [p for p in placements if p not in allowed]
     if refused:
         raise InputError(f"--placement {refused[0]} with --runtime {runtime}: {runtime} runs the "
@@ -357,9 +352,9 @@ class _Progress:
 @click.option("--vp", "vps", multiple=True, type=click.IntRange(min=1),
               help="Virtual stages per device for interleaved 1F1B / looped BFS (repeatable; default: 2).")
 @click.option("--placement", "placements", multiple=True, type=click.Choice(SearchOptions.placements),
-              help="Device placements to consider when pp > 1 and dp > 1, on a cluster of one device type "
-                   "(repeatable; default: both, or the --runtime's): pipeline puts each replica's stages on "
-                   "consecutive devices, data the replicas of each stage.")
+              help="Device placements to consider when pp > 1 and dp > 1 (repeatable; default: both, or the "
+                   "--runtime's; on a cluster of several groups: every layout, or these patterns only): pipeline "
+                   "puts each replica's stages on consecutive devices, data the replicas of each stage.")
 @click.option("--recompute", type=click.Choice(RECOMPUTE_MODES + (PER_STAGE,)),
               help="Pin activation recomputation (transformers); per-stage: each stage takes the first of "
                    "none / selective / full that fits (docs/offload.md).")
@@ -595,7 +590,6 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
         schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
-    placements = pinned_placements(placements, runtime, cluster)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
@@ -603,7 +597,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                             split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit,
                             replicate_stages=replicate_stages, split_replicas=split_replicas,
-                            placements=placements)
+                            placements=pinned_placements(placements, runtime),
+                            placement_pinned=bool(placements))
     progress = _Progress(quiet or as_json)
     try:
         result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
