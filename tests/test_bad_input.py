@@ -960,3 +960,36 @@ def test_profile_refuses_a_device_name_plans_cannot_use_and_a_file_plan_cannot_r
     res = CliRunner().invoke(main, base + ["-o", str(tmp_path / "p.txt")])
     assert res.exit_code == 2 and "name it p.csv" in res.output
     assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.txt").exists()
+
+
+@pytest.mark.parametrize("edit,field,needle", [
+    (lambda d: d["inputs"]["model"]["transformer"].update(num_attention_heads=6), "inputs.model.transformer",
+     "not divisible by 'num_kv_heads'"),
+    (lambda d: d["inputs"]["model"]["transformer"].update(num_layers=40), "inputs.model.transformer.num_layers",
+     "runs 28 blocks"),
+    (lambda d: d["inputs"]["model"]["transformer"].update(foo=1), "inputs.model.transformer.foo",
+     "not a transformer config key"),
+    (lambda d: d["plans"][0]["options"].update(placement="bogus"), "plans[0].options.placement", "'bogus'"),
+    (lambda d: d["plans"][0]["options"].update(sequence_parallel="yes"), "plans[0].options.sequence_parallel",
+     "true or false"),
+])
+def test_plan_file_with_an_impossible_model_or_option_is_refused(tmp_path, edit, field, needle):
+    """A plan file's transformer config obeys the config files' own rules
+    (TransformerConfig) and its blocks are the plan's; the placement and
+    sequence-parallel options are what the search writes. Each edit used
+    to validate, and the Megatron export then wrote arguments Megatron-LM
+    refuses (--num-attention-heads 6 with --num-query-groups 8)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    plans = tmp_path / "q.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "qwen3-1.7b", "--cluster", "1x8-a100-80gb", "-b", "16",
+                                    "--tp", "2", "--pp", "2", "--dp", "2", "--schedule", "1f1b", "-o", str(plans)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(plans.read_text())
+    edit(doc)
+    path = str(write(tmp_path / "edited.json", json.dumps(doc)))
+    for args in (["validate", path], ["export", path, "--format", "megatron"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2 and field in res.output and needle in res.output, res.output

@@ -650,10 +650,43 @@ def _cluster_groups(cluster: dict) -> list[Problem]:
     return []
 
 
+def _transformer(doc: dict) -> list[Problem]:
+    """``inputs.model.transformer`` (when given) is a config the model files'
+    own rules accept (:class:`pipesearch.profiles.transformer.TransformerConfig`:
+    positive sizes, heads dividing the width and divisible by the KV heads,
+    known kinds), and its blocks are the plan's blocks (``block_*``
+    layers)."""
+    from dataclasses import fields
+
+    from ..errors import InputError
+    from ..profiles.transformer import TransformerConfig
+
+    t = doc["inputs"]["model"].get("transformer")
+    if t is None:
+        return []
+    at = "inputs.model.transformer"
+    if not isinstance(t, dict):
+        return [Problem(at, f"{show(t)} found, the transformer's config (an object) expected; restore it")]
+    known = {f.name for f in fields(TransformerConfig)} - {"source"}
+    unknown = sorted(set(t) - known)
+    if unknown:
+        return [Problem(f"{at}.{unknown[0]}", "not a transformer config key; restore the config")]
+    try:
+        cfg = TransformerConfig(**t)
+    except (InputError, TypeError) as exc:
+        return [Problem(at, f"{' '.join(str(exc).split())}; restore the config")]
+    for k, plan in enumerate(doc["plans"]):
+        blocks = sum(1 for st in plan["stages"] for name in st["layer_names"] if str(name).startswith("block_"))
+        if blocks and blocks != cfg.total_blocks:
+            return [Problem(f"{at}.num_layers", f"{cfg.num_layers} ({cfg.total_blocks} blocks), but plans[{k}] "
+                                                f"runs {blocks} blocks; restore the config")]
+    return []
+
+
 def semantic_problems(doc: dict) -> list[Problem]:
     """Every problem of a schema-valid plan document beyond the schema (see
     the module docstring), in document order."""
-    out: list[Problem] = _cluster_groups(doc["inputs"]["cluster"])
+    out: list[Problem] = _cluster_groups(doc["inputs"]["cluster"]) + _transformer(doc)
     for k, plan in enumerate(doc["plans"]):
         out += plan_problems(plan, f"plans[{k}]", doc["inputs"])
     ranks = [p["rank"] for p in doc["plans"]]
