@@ -500,3 +500,17 @@ def test_a_plan_above_a_faster_one_is_explained():
     note = tie_note(plans(55.082, 55.074, 56.0))  # 55.082 / 55.074 - 1 = 0.015%
     assert len(note) == 1 and note[0].startswith("ranks 1-2 lie within 0.1% of the best time (55.074 s)")
     assert tie_note(plans(55.074, 55.082, 56.0)) == [] and tie_note(plans(55.0)) == []
+
+
+def test_stages_of_two_device_types_are_listed_stage_by_stage():
+    """A plan whose stage replicas span two types gets a line with every
+    stage's types; the table's column lists each type once (it repeated
+    them, stage by stage, without saying where one stage ends)."""
+    from types import SimpleNamespace as NS
+
+    from pipesearch.cli.plan_cmd import mixed_stage_note
+
+    stages = [NS(device_type=t) for t in ("h100-80gb", "h100-80gb,a100-40gb", "a100-40gb,v100-16gb", "v100-16gb")]
+    note = mixed_stage_note([NS(rank=1, stages=stages), NS(rank=2, stages=stages[:1])])
+    assert note == ["plan 1: its stages run on h100-80gb | h100-80gb+a100-40gb | a100-40gb+v100-16gb | v100-16gb "
+                    "(a stage of two types runs at its slowest replica's pace and within its smallest one's memory)"]

@@ -25,6 +25,21 @@ TESTS = Path(__file__).resolve().parent
 NAMES = [str(i) for i in range(8)]  # children of tests/e2e_model.py's nn.Sequential
 
 
+def _run_script(plan, tmp_path, name: str = "pipeline_torch.py", steps: int = 2) -> str:
+    """Write the plan's pipeline_torch.py as ``name`` and run it under torchrun
+    on CPU (gloo), one process per device of the plan; its stdout."""
+    script = tmp_path / name
+    script.write_text(export_plan(plan, "torch")["files"]["pipeline_torch.py"])
+    env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.pp * plan.dp),
+         "--master-port", str(free_port()), str(script), "e2e_model:make_model", "--sample-shape", "1024",
+         "--steps", str(steps)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", [
     make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8),
@@ -33,17 +48,10 @@ NAMES = [str(i) for i in range(8)]  # children of tests/e2e_model.py's nn.Sequen
     make_plan([2, 6], NAMES, schedule="zb-h1", m=4, mbs=8),
 ], ids=["1f1b", "interleaved", "zb-h1"])
 def test_snippet_trains_the_plan(plan, tmp_path):
+    out = _run_script(plan, tmp_path)
     exp = export_plan(plan, "torch")
-    script = tmp_path / "pipeline_torch.py"
-    script.write_text(exp["files"]["pipeline_torch.py"])
-    assert f"SCHEDULE_CLASS = \"{exp['schedule_class']}\"" in script.read_text()
-    env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.pp * plan.dp),
-         "--master-port", str(free_port()), str(script), "e2e_model:make_model", "--sample-shape", "1024", "--steps", "2"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    losses = [float(line.split()[-1]) for line in res.stdout.splitlines() if line.startswith("step ")]
+    assert f"SCHEDULE_CLASS = \"{exp['schedule_class']}\"" in (tmp_path / "pipeline_torch.py").read_text()
+    losses = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("step ")]
     assert len(losses) == 2 and all(0 < x < 10 for x in losses)
 
 
@@ -64,15 +72,8 @@ def test_snippet_places_each_process_where_the_plan_does(devices, tmp_path):
     is the plan's r-th; the two layouts a plan can have (its ``data`` and
     ``pipeline`` placements) give different processes the same stage."""
     plan = _with_devices(make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8, dp=2), devices)
-    script = tmp_path / "pipeline_torch.py"
-    script.write_text(export_plan(plan, "torch")["files"]["pipeline_torch.py"])
-    env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(free_port()),
-         str(script), "e2e_model:make_model", "--sample-shape", "1024", "--steps", "1"],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    found = re.findall(r"process (\d+): pipeline rank (\d+), replica (\d+)", res.stdout)  # lines may interleave
+    out = _run_script(plan, tmp_path, steps=1)
+    found = re.findall(r"process (\d+): pipeline rank (\d+), replica (\d+)", out)  # lines may interleave
     placed = {int(p): (int(r), int(k)) for p, r, k in found}
     expected = {d: (r, k) for r, devs in enumerate(devices) for k, d in enumerate(devs)}
     assert placed == expected
@@ -113,16 +114,8 @@ def test_snippet_checkpoints_every_layer_of_a_full_recompute_plan(tmp_path):
     forward gives the same activations; the model's weights and the
     inputs come from the same seeds)."""
     def losses(plan, name):
-        exp = export_plan(plan, "torch")
-        script = tmp_path / name
-        script.write_text(exp["files"]["pipeline_torch.py"])
-        env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-        res = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-             str(script), "e2e_model:make_model", "--sample-shape", "1024", "--steps", "2"],
-            capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
-        assert res.returncode == 0, res.stderr[-3000:]
-        return res.stdout, [line.split()[-1] for line in res.stdout.splitlines() if line.startswith("step ")]
+        out = _run_script(plan, tmp_path, name)
+        return out, [line.split()[-1] for line in out.splitlines() if line.startswith("step ")]
 
     plain = make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8)
     full = make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8, recompute="full")

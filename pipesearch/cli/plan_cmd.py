@@ -99,6 +99,19 @@ def overlap_settings(runtime, grad_reduce, param_gather, tp_forward, bucket_para
     return overlap
 
 
+def mixed_stage_note(plans) -> list[str]:
+    """One line per plan with a stage whose replicas run on several device
+    types: every stage's types in order (the table's column lists the
+    plan's types once each)."""
+    out = []
+    for p in plans:
+        if any("," in st.device_type for st in p.stages):
+            per = " | ".join(st.device_type.replace(",", "+") for st in p.stages)
+            out.append(f"plan {p.rank}: its stages run on {per} (a stage of two types runs at its slowest "
+                       f"replica's pace and within its smallest one's memory)")
+    return out
+
+
 def tie_note(plans) -> list[str]:
     """One line when the tie rule put a plan above a faster one: the plans
     within :data:`pipesearch.search.TIE_REL` of the best time are ranked by
@@ -288,7 +301,7 @@ def plans_table(plans, capacity_of=None) -> str:
     if any(r is not None for r in replicas):  # per-stage replication: replicas of each stage
         columns.insert(2, ("replicas", [",".join(map(str, r)) if r is not None else f"{p.dp} each"
                                         for r, p in zip(replicas, plans)]))
-    types = [",".join(dict.fromkeys(st.device_type for st in p.stages)) for p in plans]
+    types = [",".join(dict.fromkeys(t for st in p.stages for t in st.device_type.split(","))) for p in plans]
     if any("," in t for t in types):  # mixed device types: show them, in stage order
         columns.insert(5, ("device types", types))
     if all(label == "none" for label in dict(columns).get("recompute", [])):
@@ -667,8 +680,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans, memory_bytes_of(cluster)))
-    for line in (tie_note(result.plans) + split_notes(result.plans) + layout_notes(result.plans, cluster)
-                 + unproven_note(result)):
+    for line in (tie_note(result.plans) + mixed_stage_note(result.plans) + split_notes(result.plans)
+                 + layout_notes(result.plans, cluster) + unproven_note(result)):
         click.echo(line)
     if not quiet:
         click.echo(usable_memory_line(cluster, job))
