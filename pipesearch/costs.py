@@ -524,6 +524,20 @@ class PipelineCosts:
         return (params * self.state_bytes_per_param_byte
                 + self.activation_bytes(s, saved, i, j) + self.gathered_at(i, j) + self.recompute_transient_at(s, i, j))
 
+    def least_memory_bytes(self, s, i, j):
+        """The least device bytes of stage(s) ``s`` holding ``[i, j)`` over
+        the options each may run (:attr:`StageOptions.allowed`; an
+        offloaded or streamed option keeps less than the one on the
+        device), :meth:`memory_bytes` without options: what a stage needs
+        at the least, the figure a refusal quotes."""
+        if self.options is None:
+            return self.memory_bytes(s, i, j)
+        device, _ = self._option_memory(s, i, j)
+        if self.options.allowed is not None:
+            device = np.where(self.options.allowed[:, np.asarray(s)].reshape(
+                (len(device),) + np.shape(np.asarray(s)) + (1,) * (device.ndim - 1 - np.ndim(s))), device, np.inf)
+        return device.min(axis=0)
+
     def recompute_transient_at(self, s, i, j):
         """The largest backward transient of the layers ``[i, j)`` of stage
         ``s`` (:attr:`recompute_transient_table`, times the stage's

@@ -1699,7 +1699,7 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
     if costs.options is not None and costs.options.swap_queue is not None:
         _note_mobius_gpu_overflow(ctx, costs, bounds, row)
         return
-    need = costs.memory_bytes(s, i, j)
+    need = costs.least_memory_bytes(s, i, j)
     ratio = need / costs.capacity_bytes
     k = int(np.argmax(ratio))
     if costs.chunk_states is not None and ratio[k] <= 1:  # each stage fits alone: a device holding several does not
@@ -1810,12 +1810,16 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
     params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
-    state = params * param_state_of(job).floor_bytes_per_param()
+    state = params * (0.0 if job.weight_streaming else  # streamed: the state lives on the host
+                      offload_bytes_per_param(param_state_of(job), cluster.num_devices)[0] if job.optimizer_offload
+                      else param_state_of(job).floor_bytes_per_param())
     mem = usable_memory_bytes(job, float(memory_bytes_of(cluster).max()))
     on_host = options is not None and set(options.schedules) <= {"mobius", "roundpipe"}  # the state lives on the host
     offload = ("add --optimizer-offload (this cluster has host memory), or "
                if cluster.host is not None and not job.optimizer_offload else "")
-    hint = ("the model's weights and optimizer state alone need "
+    kept = ("weights and gradients (the optimizer state offloaded)" if job.optimizer_offload else
+            "weights and optimizer state")
+    hint = (f"the model's {kept} alone need "
             f"{state / 2**30:.1f} GiB against {mem * cluster.num_devices / 2**30:.1f} GiB usable on all "
             f"{cluster.num_devices} devices ({mem / 2**30:.1f} GiB each); {offload}"
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices and not on_host else

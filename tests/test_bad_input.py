@@ -993,3 +993,31 @@ def test_plan_file_with_an_impossible_model_or_option_is_refused(tmp_path, edit,
     for args in (["validate", path], ["export", path, "--format", "megatron"]):
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 2 and field in res.output and needle in res.output, res.output
+
+
+def test_out_of_memory_refusal_quotes_what_the_offloaded_stage_needs():
+    """With --optimizer-offload the 'closest' stage's need is that of its
+    offloaded option (weights and gradients on the GPU): below the
+    on-device figure by the optimizer state, 12 B per parameter of mixed
+    Adam. Qwen3-32B's stage 0 here (embedding + 20 blocks over tp 2):
+    (151,936 x 5120 + 20 x 487.6M) / 2 = 5.26e9 parameters per GPU by hand,
+    58.8 GiB of state. It quoted the on-device figure, and the
+    weights-and-optimizer total the offload had already removed."""
+    import re
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    args = ["plan", "-q", "--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4", "-b", "32", "--seq-len", "2048",
+            "--pp", "4", "--tp", "2", "--schedule", "1f1b", "--micro-batch-size", "4", "--split", "21,15,15,15",
+            "--recompute", "selective"]
+    needs = []
+    for extra in ([], ["--optimizer-offload"]):
+        res = CliRunner().invoke(main, args + extra)
+        assert res.exit_code == 2, res.output
+        needs.append(float(re.search(r"closest: --split stage 0 \(layers 0\.\.20\) needs ([\d.]+) GiB", res.output)[1]))
+    assert "optimizer state alone" not in res.output  # the offloaded state is not quoted as the device's
+    block = 5120 * 64 * 128 * 2 + 2 * 5120 * 8 * 128 + 3 * 5120 * 25600  # q, o; k, v; gate, up, down
+    params = (151936 * 5120 + 20 * block) / 2
+    assert needs[0] - needs[1] == pytest.approx(12 * params / 2**30, rel=0.02)
