@@ -237,3 +237,17 @@ def test_memory_reserve_is_refused_for_sglang():
     assert res.exit_code == 2 and "--memory-reserve 10GiB with --engine sglang" in res.output
     assert "Traceback" not in res.output
     assert CliRunner().invoke(main, args + ["--engine", "sglang"]).exit_code == 0
+
+
+def test_out_of_memory_with_a_raised_step_names_it():
+    """A step of 100,000 running sequences needs their fp32 logits on the
+    last stage: the refusal names --max-num-seqs and --max-num-batched-tokens
+    (it named only the weights and the KV cache)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    res = CliRunner().invoke(main, ["serve", "--model", "qwen3-1.7b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1",
+                                    "--max-num-seqs", "100000", "--max-num-batched-tokens", "200000",
+                                    "--simulate-top", "0"])
+    assert res.exit_code == 2 and "lower --max-num-seqs 100000 and --max-num-batched-tokens 200000" in res.output

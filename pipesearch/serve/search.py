@@ -422,8 +422,13 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         # a configuration the latency limits exclude fits in memory: the limits are what bind, whatever the count
         why = ("latency_limits" if "latency_limits" in skipped else
                max(skipped.items(), key=lambda kv: kv[1])[0] if skipped else "no_configuration")
+        raised = [f"--{k.replace('_', '-')} {getattr(engine, k)}" for k in ("max_num_seqs", "max_num_batched_tokens")
+                  if getattr(engine, k) > getattr(EngineSpec, k)]
         hint = {"out_of_memory": "the weights (or one sequence's KV cache) do not fit; use more devices, "
-                                 "--weight-dtype fp8/int4, --kv-dtype fp8 or shorter sequences",
+                                 "--weight-dtype fp8/int4, --kv-dtype fp8 or shorter sequences"
+                                 + (f", or lower {' and '.join(raised)}: the engine keeps room for the activations of "
+                                    "a step that large (the last stage's fp32 logits of every running sequence)"
+                                    if raised else ""),
                 "latency_limits": "no batch meets --max-ttft-ms / --max-tpot-ms; relax them",
                 "engine_refused": f"the engine rejects every tp x pp here ({first_refusal})"}.get(why, why)
         raise InfeasibleError(f"no serving plan for {cfg.name} on {cluster.name}: {hint} "
