@@ -972,6 +972,12 @@ def test_profile_refuses_a_device_name_plans_cannot_use_and_a_file_plan_cannot_r
     (lambda d: d["plans"][0]["options"].update(placement="bogus"), "plans[0].options.placement", "'bogus'"),
     (lambda d: d["plans"][0]["options"].update(sequence_parallel="yes"), "plans[0].options.sequence_parallel",
      "true or false"),
+    (lambda d: d["inputs"]["cluster"].update(nodes=0), "inputs.cluster.nodes", ">= 1"),
+    (lambda d: d["inputs"]["cluster"]["links"]["intra_node"].update(bandwidth_bytes_per_s=0),
+     "inputs.cluster.links.intra_node.bandwidth_bytes_per_s", "0"),
+    (lambda d: d["inputs"]["job"]["optimizer_state"].update(name="sgd"), "inputs.job.optimizer_state.name", "'sgd'"),
+    (lambda d: d["inputs"]["job"]["optimizer_state"].update(sharding="zero9"), "inputs.job.optimizer_state.sharding",
+     "'zero9'"),
 ])
 def test_plan_file_with_an_impossible_model_or_option_is_refused(tmp_path, edit, field, needle):
     """A plan file's transformer config obeys the config files' own rules
