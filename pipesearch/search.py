@@ -1707,9 +1707,12 @@ def _note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> 
         return
     if "split_overflow" in ctx and ctx["split_overflow"][0] <= ratio[k]:
         return
+    tied = float(costs.tied_copy_bytes[k]) if costs.tied_copy_bytes is not None else 0.0
     ctx["split_overflow"] = (float(ratio[k]), (
         f"closest: --split stage {k} (layers {int(i[k])}..{int(j[k]) - 1}) needs {need[k] / 2**30:.1f} GiB per "
-        f"device against {costs.capacity_bytes[k] / 2**30:.1f} GiB usable, at pp {row['pp']} x dp {row['dp']}, "
+        f"device against {costs.capacity_bytes[k] / 2**30:.1f} GiB usable"
+        + (f" (after its tied embedding copy's {tied / 2**30:.1f} GiB)" if tied > 0 else "")
+        + f", at pp {row['pp']} x dp {row['dp']}, "
         f"micro-batch size {row['micro_batch_size']}, {row['schedule']}; move layers off stage {k} or "
         + ("change the micro-batch size (with replicas a device keeps ceil(b / r) samples of each of its in-flight "
            "micro-batches)" if parse_replicas_name(row.get("placement")) else "lower the micro-batch size")))

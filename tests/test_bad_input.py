@@ -1027,3 +1027,25 @@ def test_out_of_memory_refusal_quotes_what_the_offloaded_stage_needs():
     block = 5120 * 64 * 128 * 2 + 2 * 5120 * 8 * 128 + 3 * 5120 * 25600  # q, o; k, v; gate, up, down
     params = (151936 * 5120 + 20 * block) / 2
     assert needs[0] - needs[1] == pytest.approx(12 * params / 2**30, rel=0.02)
+
+
+def test_a_refusal_says_when_the_tied_copy_takes_part_of_the_usable_memory(tmp_path):
+    """Qwen3-1.7B ties its embedding and LM head: the last stage keeps a copy
+    of the matrix, and the memory a --split stage is refused against is what
+    is left after it; the refusal says so (4.7 GiB 'usable' read as a wrong
+    figure beside the 6.6 GiB the footnote gives the device)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    (tmp_path / "tiny.toml").write_text('name = "tiny-8gb"\nmemory_GiB = 8\npeak_fp16_TFLOPS = 100\n'
+                                        'peak_fp32_TFLOPS = 10\nhbm_bandwidth_GBps = 500\n')
+    cluster = tmp_path / "c.toml"
+    cluster.write_text('name = "c"\n[[groups]]\nnodes = 1\ndevices_per_node = 4\ndevice = "h100-80gb"\n'
+                       '[[groups]]\nnodes = 1\ndevices_per_node = 4\ndevice = "tiny.toml"\n'
+                       '[intra_node]\nbandwidth_GBps = 100\nlatency_us = 5\n'
+                       '[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n')
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "qwen3-1.7b", "--cluster", str(cluster), "-b", "64",
+                                    "--pp", "2", "--dp", "4", "--tp", "1", "--split", "2,28", "--schedule", "1f1b"])
+    assert res.exit_code == 2, res.output
+    assert "closest: --split stage 1" in res.output and "(after its tied embedding copy's" in res.output
