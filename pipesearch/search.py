@@ -1794,11 +1794,13 @@ def _either(fixes: list[str]) -> str:
 
 
 def _host_flags(job: Job) -> str:
-    """The flags that keep state in host memory the job does not use yet, as
-    a hint ("add --optimizer-offload or --activation-offload"), or ""."""
+    """The flags that keep state in host memory the job does not use yet and
+    may add (activations on the host and streamed weights exclude each
+    other), as a hint ("add --optimizer-offload or --activation-offload"),
+    or ""."""
     unused = [flag for flag, on in (("--optimizer-offload", job.optimizer_offload),
-                                    ("--activation-offload", job.activation_offload),
-                                    ("--stream-weights", job.weight_streaming)) if not on]
+                                    ("--activation-offload", job.activation_offload or job.weight_streaming),
+                                    ("--stream-weights", job.weight_streaming or job.activation_offload)) if not on]
     return "add " + " or ".join(unused) + " (this cluster has host memory)" if unused and len(unused) == 3 else (
         "add " + " or ".join(unused) if unused else "")
 

@@ -405,7 +405,7 @@ class Cluster:
         layout, as a mixed cluster's."""
         first = self.groups[0]
         alike = all(g.device == first.device and g.devices_per_node == first.devices_per_node for g in self.groups)
-        return alike and (len(self.groups) == 1 or self.inter_group == self.inter_node)
+        return alike and (len(self.groups) == 1 or (self.inter_group or self.inter_node) == self.inter_node)
 
     def device_spec(self, device_id: int) -> DeviceSpec:
         """The spec of device ``device_id``; raises IndexError when out of range."""

@@ -943,6 +943,10 @@ def test_no_plan_hints_name_what_can_change(tmp_path):
     out = refused("--model", "llama3-8b", "--cluster", "1x8-rtx3090-pcie3", "-b", "32", "--seq-len", "2048", "--pp",
                   "8", "--tp", "1", "--schedule", "1f1b", "--recompute", "none")
     assert "raise --pp" not in out and "--optimizer-offload" in out
+    # activations on the host and streamed weights exclude each other: the hint offers neither beside the other
+    out = refused("--model", "gpt3-13b", "--cluster", "1x8-rtx4090-pcie4", "-b", "16", "--pp", "2", "--dp", "1",
+                  "--tp", "1", "--schedule", "1f1b", "--optimizer-offload", "--activation-offload")
+    assert "--stream-weights" not in out
 
 
 def test_profile_refuses_a_device_name_plans_cannot_use_and_a_file_plan_cannot_read(tmp_path):
@@ -1049,3 +1053,23 @@ def test_a_refusal_says_when_the_tied_copy_takes_part_of_the_usable_memory(tmp_p
                                     "--pp", "2", "--dp", "4", "--tp", "1", "--split", "2,28", "--schedule", "1f1b"])
     assert res.exit_code == 2, res.output
     assert "closest: --split stage 1" in res.output and "(after its tied embedding copy's" in res.output
+
+
+def test_profile_records_a_device_file_by_its_full_path(tmp_path, monkeypatch):
+    """--device-name naming a device file relative to the working directory is
+    recorded by its absolute path, so a plan run from elsewhere still finds
+    the device its times are rescaled from."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    model = str(Path(__file__).parent / "e2e_model.py") + ":make_model"
+    (tmp_path / "dev.toml").write_text('name = "dev"\nmemory_GiB = 16\npeak_fp16_TFLOPS = 100\npeak_fp32_TFLOPS = 10\n'
+                                       'hbm_bandwidth_GBps = 500\n')
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["profile", model, "--input-shape", "1024", "--batch-size", "2", "--repeats", "1",
+                                    "--warmup", "0", "--device-name", "dev.toml", "-o", "p.csv"])
+    assert res.exit_code == 0, res.output
+    assert f"# device: {tmp_path / 'dev.toml'}" in (tmp_path / "p.csv").read_text()

@@ -75,3 +75,5 @@ def test_activation_offload_with_several_stages_per_device_is_refused(pins):
     res = CliRunner().invoke(main, ["plan", "-q", "--model", "llama3-8b", "--cluster", "1x8-rtx3090-pcie3", "-b", "32",
                                     "--seq-len", "2048", "--pp", "8", "--tp", "1", "--activation-offload", *pins])
     assert res.exit_code == 2 and "--activation-offload with" in res.output and "Traceback" not in res.output
+    # the fix names what excludes one stage per device: the schedules, else the pinned vp
+    assert ("drop --vp" in res.output) == ("--schedule" not in pins)

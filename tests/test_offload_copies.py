@@ -68,3 +68,21 @@ def test_offloaded_tied_copy_steps_on_the_host():
         4 * tied * tp, rel=1e-4)
     step = stages[3]["host_step_s"] - stages[1]["host_step_s"]
     assert step == pytest.approx(tied * (4 / PER_GPU_BW + 8 / 1e9), rel=1e-4)
+
+
+def test_offloaded_zero3_plans_validate(tmp_path):
+    """ZeRO-3 with the optimizer offloaded: each replica keeps 1 / dp of the
+    weights, and the plan file's host figures are over the unsharded
+    parameters (16 B of state each, over the dp replicas); validate used
+    to recompute them from the sharded weights, dp times too small, and
+    refused the tool's own file."""
+    from pipesearch.cli import main
+
+    out = tmp_path / "z3.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-6.7b", "--cluster", "1x8-rtx4090-pcie4", "-b", "16",
+                                    "--pp", "2", "--dp", "2", "--tp", "1", "--schedule", "1f1b", "--optimizer-offload",
+                                    "--sharding", "zero3", "--micro-batch-size", "1", "--recompute", "full",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["validate", str(out)])
+    assert res.exit_code == 0, res.output

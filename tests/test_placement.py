@@ -291,3 +291,5 @@ def test_groups_of_one_device_and_link_plan_as_one_group():
     slower = Cluster("slower", two.groups, two.intra_node, two.inter_node,
                      Link(two.inter_node.bandwidth_bytes_per_s / 2, two.inter_node.latency_s))
     assert not slower.is_uniform
+    # no [inter_group]: the groups meet over inter_node (Cluster.link), alike as well
+    assert Cluster("none", two.groups, two.intra_node, two.inter_node, None).is_uniform

@@ -301,3 +301,8 @@ def test_placement_pin_on_a_mixed_cluster_is_honoured(pattern):
     names = {n for n, _ in placement_candidates(load_cluster(path), 4, 2, 1, "fp16", (pattern,))}
     placed = {p["options"]["placement"] for p in json.loads(res.output)["plans"]}
     assert placed and placed <= names
+    table = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", path, "-b", "64", "--pp", "4",
+                                      "--dp", "2", "--placement", pattern, "--top", "1"])
+    other = "data" if pattern == "pipeline" else "pipeline"
+    assert f"named layouts ({pattern}-major, fastest" in table.output and f"{other}-major" not in table.output
+    assert "(--placement;" in table.output

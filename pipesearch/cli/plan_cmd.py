@@ -152,26 +152,28 @@ def split_notes(plans) -> list[str]:
     return out
 
 
-def layout_notes(plans, cluster) -> list[str]:
+def layout_notes(plans, cluster, pinned: tuple[str, ...] = ()) -> list[str]:
     """One line per replicated plan (dp > 1) on a cluster of several groups
     whose ``pp x dp`` has more layouts than the search enumerates
-    (:attr:`pipesearch.search.SearchOptions.enumerate_layouts_up_to`): its
-    device layout is the best of the named patterns
+    (:attr:`pipesearch.search.SearchOptions.enumerate_layouts_up_to`), or
+    whose placement was ``pinned`` (``--placement``): its device layout is
+    the best of the named patterns
     (:func:`pipesearch.placement.placement_candidates`), not of every
     layout (docs/heterogeneous.md)."""
     from ..placement import count_layouts
 
     limit = SearchOptions.enumerate_layouts_up_to
+    named = " and ".join(f"{x}-major" for x in pinned) if pinned else "pipeline-major and data-major"
     out = []
     for p in plans:
         if cluster.is_uniform or p.dp == 1 or p.stage_replicas is not None:
             continue
         n = count_layouts(cluster, p.pp * p.dp, p.tp)
-        if n > limit:
-            out.append(f"plan {p.rank}: its devices are the best of the named layouts (pipeline-major and "
-                       f"data-major, fastest or largest devices first), not of all {n:,} layouts of pp {p.pp} x dp "
-                       f"{p.dp} on {cluster.name} "
-                       f"(every layout is tried up to {limit}; docs/heterogeneous.md)")
+        if n > limit or pinned:
+            why = "--placement" if pinned else f"every layout is tried up to {limit}"
+            out.append(f"plan {p.rank}: its devices are the best of the named layouts ({named}, fastest or largest "
+                       f"devices first), not of all {n:,} layouts of pp {p.pp} x dp {p.dp} on {cluster.name} "
+                       f"({why}; docs/heterogeneous.md)")
     return out
 
 
@@ -550,10 +552,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     several = {"interleaved-1f1b", "looped-bfs"}  # several stages per device, whose activations stay on it
     if activation_offload and ((schedules and set(schedules) <= several) or (vps and min(vps) > 1 and not (
             set(schedules or ()) & {"mobius", "roundpipe"}))):
-        what = f"--schedule {' '.join(schedules)}" if schedules and set(schedules) <= several else f"--vp {min(vps)}"
+        by_schedule = bool(schedules) and set(schedules) <= several
+        what = f"--schedule {' '.join(schedules)}" if by_schedule else f"--vp {min(vps)}"
+        fix = "add one of those schedules" if by_schedule else "drop --vp (or add --vp 1)"
         raise InputError(f"--activation-offload with {what}: activations in host memory are planned for one stage "
-                         "per device (gpipe, 1f1b, zb-h1) and Mobius, not for several stages per device; add one of "
-                         "those schedules or drop the flag")
+                         "per device (gpipe, 1f1b, zb-h1) and Mobius, not for several stages per device; "
+                         f"{fix}, or drop --activation-offload")
     if "roundpipe" in (schedules or ()):
         check_roundpipe_flags(cluster, tp=tp, dp=dp, recompute=recompute, optimizer_offload=optimizer_offload,
                               stream_weights=stream_weights, activation_offload=activation_offload)
@@ -681,7 +685,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans, memory_bytes_of(cluster)))
     for line in (tie_note(result.plans) + mixed_stage_note(result.plans) + split_notes(result.plans)
-                 + layout_notes(result.plans, cluster) + unproven_note(result)):
+                 + layout_notes(result.plans, cluster, tuple(dict.fromkeys(placements))) + unproven_note(result)):
         click.echo(line)
     if not quiet:
         click.echo(usable_memory_line(cluster, job))

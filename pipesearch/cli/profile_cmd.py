@@ -102,6 +102,8 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
             load_device(device_name)  # the name plans rescale by: a catalog device or a device TOML
         except InputError as exc:
             raise InputError(f"--device-name {device_name}: {exc}") from None
+        if Path(device_name).is_file():  # a device file: recorded so that a plan run elsewhere finds it
+            device_name = str(Path(device_name).resolve())
     if hf_config is not None:
         cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
         try:

@@ -211,7 +211,10 @@ def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, 
         p = bd.get("weights")
         if not isinstance(p, (int, float)):
             return None
-        kept = sum(v for c, v in state.breakdown_per_param(dp).items() if c in OFFLOAD_KEPT_COMPONENTS)
+        per_param = state.breakdown_per_param(dp)  # bytes one replica keeps per parameter, after sharding
+        if per_param["weights"] > 0:  # the stage's own weights, unsharded (ZeRO-3 keeps 1 / dp of them)
+            p = p * b / per_param["weights"]
+        kept = sum(v for c, v in per_param.items() if c in OFFLOAD_KEPT_COMPONENTS)
         tied = bd.get("tied_copy", 0.0)
         if isinstance(tied, (int, float)) and tied > 0 and kept > 0:  # the tied copy's parameters step too
             p = p + tied / kept * b
