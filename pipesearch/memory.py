@@ -129,6 +129,16 @@ class ParamState:
         ``zero1`` keeps ``6 + 12 / dp`` (Megatron Core user guide, "Distributed Optimizer")."""
         return sum(self.breakdown_per_param(dp).values())
 
+    def update_share(self, dp: int) -> float:
+        """The part of the parameters one of ``dp`` replicas runs the
+        optimizer step for: its share of the optimizer state (``1 / dp``
+        from ZeRO stage 1 on, ZeRO SC'20 sec. 5.1), read off the master
+        weights, or the moments where there are none; 1 without either."""
+        parts = self.breakdown_per_param(dp)
+        if self.master_bytes:
+            return parts["master_weights"] / self.master_bytes
+        return parts["optimizer_moments"] / self.moment_bytes if self.moment_bytes else 1.0
+
     def floor_bytes_per_param(self) -> float:
         """The limit of :meth:`bytes_per_param` as ``dp`` grows: a lower bound
         for every ``dp`` (what the search's memory pruning may assume)."""
@@ -165,9 +175,7 @@ def offload_bytes_per_param(state: ParamState, dp: int) -> tuple[float, float]:
     ``2M + 2M`` on the GPU, ``4 x 4M`` on the CPU)."""
     parts = state.breakdown_per_param(dp)
     device = sum(v for k, v in parts.items() if k in OFFLOAD_KEPT_COMPONENTS)
-    opt_share = parts["master_weights"] / state.master_bytes if state.master_bytes else (
-        parts["optimizer_moments"] / state.moment_bytes if state.moment_bytes else 1.0)
-    host = parts["master_weights"] + parts["optimizer_moments"] + OFFLOAD_HOST_GRAD_BYTES * opt_share
+    host = parts["master_weights"] + parts["optimizer_moments"] + OFFLOAD_HOST_GRAD_BYTES * state.update_share(dp)
     return device, host
 
 

@@ -322,7 +322,7 @@ def _optimizer_copy_bytes(costs: PipelineCosts, bounds, job, dp: int) -> tuple[n
 
     s, i, j = np.arange(costs.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
     state = param_state_of(job)
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    share = state.update_share(dp)
     params = share * costs.host_param_bytes(s, i, j) * costs.params_per_param_byte
     out_bytes, in_bytes = offload_copy_bytes_per_param(state)
     return params * out_bytes, params * in_bytes

@@ -68,6 +68,17 @@ def memory_bytes_of(cluster: Cluster) -> np.ndarray:
     return np.array([g.device.memory_bytes for g in cluster.groups], dtype=float)[group_ids(cluster)]
 
 
+
+def rank_memory(stages, pp: int, capacity_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(peak, capacity)``, each ``(pp,)``: every pipeline rank's stages'
+    bytes added up (:attr:`pipesearch.types.StagePlan.memory_bytes`; with
+    several stages per device each is its part of the device's peak) and
+    the least memory among the devices of its first stage (its chunks share
+    them); ``capacity_of``: bytes per device id (:func:`memory_bytes_of`)."""
+    mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages], minlength=pp)
+    caps = np.array([capacity_of[np.asarray(st.devices, dtype=np.int64)].min() for st in stages[:pp]], dtype=float)
+    return mem, caps
+
 def class_links(cluster: Cluster) -> tuple[Link, Link, Link]:
     """The three link classes (intra-node, inter-node, inter-group)."""
     return cluster.intra_node, cluster.inter_node, cluster.inter_group or cluster.inter_node

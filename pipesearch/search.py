@@ -34,8 +34,8 @@ import numpy as np
 from . import schedules as schedule_lib
 from .costs import PipelineCosts, build_pipeline_costs, device_time_scale, in_flight_micro_batches, profile_precision
 from .placement import (SLOTS_PREFIX, check_layout, count_layouts, group_ids, layout, layout_names, memory_bytes_of,
-                        node_ids, num_slots, placement_candidates, placement_links, reference_device,
-                        replicated_stage_devices, slot_classes, slot_heads)
+                        node_ids, num_slots, placement_candidates, placement_links, rank_memory,
+                        reference_device, replicated_stage_devices, slot_classes, slot_heads)
 from .errors import InfeasibleError, InputError
 from .host import cross_mapping
 from .pins import split_text
@@ -417,13 +417,9 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     m = costs.num_micro_batches
     busy = rank_busy_s(schedule, pp, m, costs.stage_times(
         (stages[0].layers[0],) + tuple(st.layers[1] for st in stages)))
-    mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages])
+    mem, caps = rank_memory(stages, pp, memory_bytes_of(cluster))  # caps: the peak device's own memory
     if schedule == "mobius":  # each GPU's peak over its stays, the figure its memory check uses
         mem = costs.mobius_device_peak_bytes((stages[0].layers[0],) + tuple(st.layers[1] for st in stages))
-
-    # the peak device's own memory (a stage's smallest replica)
-    cap_of = memory_bytes_of(cluster)
-    caps = np.array([cap_of[np.asarray(st.devices, dtype=np.int64)].min() for st in stages[:pp]])
     busiest, k = float(busy.max()), int(np.argmax(mem))
     peak, cap = float(mem[k]), float(caps[k])
     return Prediction(

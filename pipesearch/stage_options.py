@@ -281,7 +281,7 @@ def _offload_terms(profile: ModelProfile, cluster: Cluster, job: Job, dp: int, p
     P = len(placement)
     step, host_cap = np.zeros(P), np.zeros(P)
     if offload:
-        share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+        share = state.update_share(dp)
         step = host_lib.offload_step_s_per_param(
             cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp),
             host_lib.node_sharing(cluster, placement, tp), *offload_copy_bytes_per_param(state), share=share,
@@ -581,7 +581,7 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
     per_byte = 1.0 / (bw * np.asarray(time_scale, dtype=float))  # copy seconds per byte, profiled-device seconds
     P = len(placement)
     node = host_lib.node_sharing(cluster, placement, tp)
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    share = state.update_share(dp)
     step = share * node / cluster.host.cpu_adam_params_per_s / bpp
     host_cap = host_lib.host_memory_share_bytes(cluster, placement, tp, stages_per_device)
     buffers = range_max_table(STREAM_BUFFERS * 2 * a["param_bytes"])
@@ -776,7 +776,7 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
     link = min(cluster.host.host_to_device_bytes_per_s, cluster.host.switch_uplink_bytes_per_s)
     per_byte = (copies / link)[np.arange(P) % pp][None, :]
     node = host_lib.node_sharing(cluster, placement, tp)
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    share = state.update_share(dp)
     times = profile.layer_times_at(ratio * profile.profiled_batch_size)
     fwd, bwd, bin_ = (times[k] for k in ("fwd_s", "bwd_s", "bwd_input_s"))
     act = bool(getattr(job, "activation_offload", False))

@@ -20,7 +20,7 @@ from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_distinct_paths, check_writable, write_output
 from ..output_table import format_table
-from ..placement import memory_bytes_of
+from ..placement import memory_bytes_of, rank_memory
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
 from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
 from ..export import transformer_shape
@@ -261,14 +261,9 @@ def _fullest_device(plan, capacity_of) -> tuple[float, float]:
     and RoundPipe plans, whose stages come and go, give their recorded peak."""
     if capacity_of is None or plan.schedule in ("mobius", "roundpipe"):
         return plan.predicted.peak_memory_bytes, plan.predicted.memory_capacity_bytes
-    mem = [0.0] * plan.pp
-    cap = [math.inf] * plan.pp
-    for st in plan.stages:
-        r = st.index % plan.pp
-        mem[r] += st.memory_bytes
-        cap[r] = min([cap[r]] + [float(capacity_of[d]) for d in st.devices])
-    r = max(range(plan.pp), key=lambda q: mem[q] / cap[q])
-    return mem[r], cap[r]
+    mem, cap = rank_memory(plan.stages, plan.pp, capacity_of)
+    r = int((mem / cap).argmax())
+    return float(mem[r]), float(cap[r])
 
 
 def plans_table(plans, capacity_of=None) -> str:

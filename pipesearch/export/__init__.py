@@ -147,16 +147,20 @@ def launch_nodes(plan: Plan, inputs: Mapping | None = None, scan: str = "data") 
     nodes = Inputs.of(inputs).nodes
     if not nodes:
         return []
-    first = [lo for lo, _, _ in nodes]
     pairs = ([(r, k) for r in range(plan.pp) for k in range(plan.dp)] if scan == "data" else
              [(r, k) for k in range(plan.dp) for r in range(plan.pp)])
     out: list[int] = []
     for r, k in pairs:
         if k < len(plan.stages[r].devices):
-            n = bisect.bisect_right(first, plan.stages[r].devices[k]) - 1
+            n = _node_of(nodes, plan.stages[r].devices[k])
             if n not in out:
                 out.append(n)
     return out
+
+
+def _node_of(nodes: list[tuple[int, int, str]], device: int) -> int:
+    """Index of the node (:attr:`Inputs.nodes`) holding ``device``."""
+    return bisect.bisect_right([lo for lo, _, _ in nodes], device) - 1
 
 
 def process_grid(plan: Plan, inputs: Mapping | None = None, scan: str = "data") -> list[list[int]]:
@@ -170,9 +174,8 @@ def process_grid(plan: Plan, inputs: Mapping | None = None, scan: str = "data") 
     nodes = Inputs.of(inputs).nodes
     order = launch_nodes(plan, inputs, scan)
     if nodes and order:
-        first = [lo for lo, _, _ in nodes]
         rank = {n: i for i, n in enumerate(order)}
-        used.sort(key=lambda d: (rank.get(bisect.bisect_right(first, d) - 1, len(order)), d))
+        used.sort(key=lambda d: (rank.get(_node_of(nodes, d), len(order)), d))
     pos = {d: n for n, d in enumerate(used)}
     return [[pos[d] for d in plan.stages[r].devices] for r in range(plan.pp)]
 

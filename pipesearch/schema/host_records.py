@@ -187,7 +187,7 @@ def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, 
     parts, bd = _parts(plan)[k], st.get("memory_breakdown_bytes") or {}
     n = par["dp"] * par["tp"] if "replicas" not in st else st["replicas"] * par["tp"]
     b, dp = state.weight_bytes, par["dp"]
-    share = state.breakdown_per_param(dp)["master_weights"] / state.master_bytes if state.master_bytes else 1.0
+    share = state.update_share(dp)
     switch_share, node_share, _ = share3
     delayed = (plan.get("options") or {}).get("optimizer_step") == "delayed"
     if parts & {"stream", "act-host", "roundpipe"}:

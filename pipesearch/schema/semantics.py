@@ -654,11 +654,11 @@ def _transformer(doc: dict) -> list[Problem]:
     """``inputs.model.transformer`` (when given) is a config the model files'
     own rules accept (:class:`pipesearch.profiles.transformer.TransformerConfig`:
     positive sizes, heads dividing the width and divisible by the KV heads,
-    known kinds), and its blocks are the plan's blocks (``block_*``
-    layers)."""
+    known kinds), and its blocks are the plan's blocks (a decoder's layer
+    table, :func:`pipesearch.export.transformer_shape`)."""
     from dataclasses import fields
 
-    from ..errors import InputError
+    from ..export import transformer_shape
     from ..profiles.transformer import TransformerConfig
 
     t = doc["inputs"]["model"].get("transformer")
@@ -676,7 +676,8 @@ def _transformer(doc: dict) -> list[Problem]:
     except (InputError, TypeError) as exc:
         return [Problem(at, f"{' '.join(str(exc).split())}; restore the config")]
     for k, plan in enumerate(doc["plans"]):
-        blocks = sum(1 for st in plan["stages"] for name in st["layer_names"] if str(name).startswith("block_"))
+        shape = transformer_shape([str(name) for st in plan["stages"] for name in st["layer_names"]])
+        blocks = shape[1] if shape is not None else 0  # a decoder's table: embedding, block_<i>, head
         if blocks and blocks != cfg.total_blocks:
             return [Problem(f"{at}.num_layers", f"{cfg.num_layers} ({cfg.total_blocks} blocks), but plans[{k}] "
                                                 f"runs {blocks} blocks; restore the config")]
