@@ -1128,6 +1128,11 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes)
         if proof is not None:
             return None if isinstance(proof, str) else proof
+    cheap = _cheap_bounded(costs, schedule, pp) if enumerated else None
+    if (cheap is not None and np.isfinite(cutoff_s) and not value_above_cutoff
+            and not np.any(cheap[1] <= cutoff_s * (1 + tie_rel))):
+        # every split's bound reaches the cutoff: settled before any split is simulated
+        return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     starts = [tuple(b) for b in seeds if b is not None and costs.split_fits(b)]
     even = even_split(L, S)
     if costs.split_fits(even):
@@ -1155,7 +1160,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         return ExactSplit(chosen, ev.times[chosen], ev.times[chosen], 0.0, False, len(ev.times), 0)
     incumbent = min(best, cutoff_s)
     enum_cutoff = np.inf if value_above_cutoff else cutoff_s
-    if enumerated and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel):
+    if enumerated and _enumerate_all(costs, schedule, pp, vp, ev, enum_cutoff, tie_rel, cheap):
         # its bounds are the weakest (a branch and bound stops at its limits): few splits, each
         # simulated unless its bound excludes it
         if not ev.times:  # a split fits (checked above), but none beats the cutoff
@@ -1317,7 +1322,7 @@ ENUMERATE_WORK = 2**24
 
 
 def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator",
-                   cutoff_s: float = np.inf, tie_rel: float = EQUAL_TIME_REL) -> bool:
+                   cutoff_s: float = np.inf, tie_rel: float = EQUAL_TIME_REL, cheap=None) -> bool:
     """When the splits of ``L`` layers into ``S`` stages are few
     (``C(L-1, S-1)`` within :data:`ENUMERATE_SPLITS` and their evaluation
     within :data:`ENUMERATE_WORK`), settle the point by enumeration and
@@ -1330,21 +1335,18 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     bound, so it neither beats the best nor comes within ``tie_rel`` of it
     (the tie-break of :func:`_chosen` sees every near-tie), nor beats the
     cutoff. When no split beats ``cutoff_s`` the least time in ``ev`` is at
-    least ``cutoff_s`` (not necessarily the point's optimum)."""
-    L, S = costs.num_layers, costs.pp
+    least ``cutoff_s`` (not necessarily the point's optimum). ``cheap``:
+    :func:`_cheap_bounded` of the point when already computed."""
     if not _enumerable(costs, schedule, pp, vp):
         return False
-    count = math.comb(L - 1, S - 1)
+    count = math.comb(costs.num_layers - 1, costs.pp - 1)
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
-    splits = _all_splits(L, S)
-    fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
-    if costs.chunk_states is not None:  # and every device its chunks
-        fit[fit] = np.all(costs.device_fits(splits[fit]), axis=1)
-    todo = splits[fit]
+    todo, lower = _cheap_bounded(costs, schedule, pp) if cheap is None else cheap
     # the cheap families first: a split they put above the best or the cutoff is never evaluated
-    lower = split_lower_bounds(costs, schedule, pp, todo, chains=False)
     keep = lower <= min(min(ev.times.values(), default=np.inf), cutoff_s) * (1 + tie_rel)
     todo = todo[keep]
+    if costs.chunk_states is not None:  # and every device its chunks
+        todo = todo[np.all(costs.device_fits(todo), axis=1)] if len(todo) else todo
     lower = split_lower_bounds(costs, schedule, pp, todo) if schedule in CHAIN_SCHEDULES else lower[keep]
     order = np.argsort(lower, kind="stable")
     todo, lower = todo[order], lower[order]
@@ -1359,6 +1361,18 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
         ev.run([tuple(row) for row in todo[at:hi].tolist()])
         at, step = hi, min(2 * step, batch)
     return True
+
+
+def _cheap_bounded(costs: PipelineCosts, schedule: str, pp: int) -> tuple[np.ndarray, np.ndarray]:
+    """The splits whose every stage fits (``(n, S + 1)`` boundaries, in
+    lexicographic order) and their cheap bounds (:func:`split_lower_bounds`
+    without the chain families), for :func:`_enumerate_all`. Whether each
+    device holds its chunks (several stages per device) is left to the
+    caller: it is costlier, and only asked of the splits a bound keeps."""
+    L, S = costs.num_layers, costs.pp
+    splits = _all_splits(L, S)
+    todo = splits[np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)]
+    return todo, split_lower_bounds(costs, schedule, pp, todo, chains=False)
 
 
 def _enumerable(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> bool:

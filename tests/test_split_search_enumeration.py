@@ -155,6 +155,26 @@ def test_enumeration_simulates_only_splits_below_the_best():
     assert found.exact and found.splits_evaluated < fitting
 
 
+
+@pytest.mark.parametrize("seed", [0, 4, 5, 9])
+def test_cutoff_below_every_bound_simulates_nothing(seed):
+    """A cutoff below the least per-split bound of the splits that fit (the
+    bounds taken from the families' definitions, split by split): the point
+    is settled (exact, nothing beats the cutoff) without simulating any
+    split, not even the starting ones; a cutoff just above that least bound
+    is not settled that way (the split with that bound may beat it, so at
+    least one split is simulated). An early exit that ignored the tie
+    window or read the bounds of splits that do not fit fails the second."""
+    schedule, pp, vp, costs = _point(seed)
+    splits = [b for b in _splits(costs.num_layers, costs.pp) if costs.split_fits(b)]
+    S = costs.pp
+    least = min(max(_family_value(fam, S, pp) for fam in bound_families(
+        costs, schedule, pp, np.arange(S), np.array(b[:-1]), np.array(b[1:]))) for b in splits)
+    below = exact_split(costs, schedule, pp, vp, cutoff_s=least * (1 - 1e-3))
+    assert below.exact and below.splits_evaluated == 0 and below.best_time_s == np.inf
+    above = exact_split(costs, schedule, pp, vp, cutoff_s=least * (1 + 1e-3))
+    assert above.splits_evaluated >= 1
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_deferred_interleaved_points_keep_the_ranked_plans(seed, monkeypatch):
     """A 12-layer model on 2 x 4 devices with slow links between nodes and
