@@ -159,6 +159,13 @@ class _Graph:
         return len(self.level_starts) - 1
 
     @cached_property
+    def level_preds(self) -> list[tuple[slice, np.ndarray, np.ndarray]]:
+        """Per level: its nodes' slice and their ``pred1`` and ``pred2``
+        (for :func:`_node_ends`' pass a level at a time)."""
+        st = self.level_starts
+        return [(slice(a, b), self.pred1[a:b], self.pred2[a:b]) for a, b in zip(st[:-1], st[1:])]
+
+    @cached_property
     def pred_lists(self) -> tuple[list, list]:
         """``pred1`` and ``pred2`` as Python lists (for :func:`_node_ends`' walk node by node)."""
         return self.pred1.tolist(), self.pred2.tolist()
@@ -359,9 +366,10 @@ def _node_ends(g: _Graph, dur: np.ndarray) -> np.ndarray:
     if len(g.pred1) * dur.shape[1] < NODE_WALK_CELLS_PER_LEVEL * g.num_levels:
         return _node_ends_by_node(g, dur)
     end = dur.copy()
-    p1, p2, starts = g.pred1, g.pred2, g.level_starts
-    for a, b in zip(starts[:-1], starts[1:]):
-        end[a:b] += np.maximum(end[p1[a:b]], end[p2[a:b]])
+    take, larger = np.take, np.maximum
+    for nodes, p1, p2 in g.level_preds:
+        level = end[nodes]  # a view: the sum lands in ``end``
+        level += larger(take(end, p1, axis=0), take(end, p2, axis=0))
     return end
 
 
