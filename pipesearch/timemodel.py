@@ -166,6 +166,13 @@ class _Graph:
         return [(slice(a, b), self.pred1[a:b], self.pred2[a:b]) for a, b in zip(st[:-1], st[1:])]
 
     @cached_property
+    def send_nodes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The nodes whose blocking send adds a transfer and the boundary of
+        each (for :func:`_durations`)."""
+        nodes = np.flatnonzero(self.sends >= 0)
+        return nodes, self.sends[nodes]
+
+    @cached_property
     def pred_lists(self) -> tuple[list, list]:
         """``pred1`` and ``pred2`` as Python lists (for :func:`_node_ends`' walk node by node)."""
         return self.pred1.tolist(), self.pred2.tolist()
@@ -341,19 +348,19 @@ def _durations(g: _Graph, times: StageTimes) -> np.ndarray:
         cols += [np.broadcast_to(np.asarray(x, dtype=float), fwd.shape) for x in (times.swap_in_s, times.swap_out_s)]
     if times.act_copy_s is not None:  # Mobius' activation copies: columns 7 S .. 8 S out, 8 S .. 9 S in
         cols += [np.broadcast_to(np.asarray(times.act_copy_s, dtype=float), fwd.shape)] * 2
-    table = np.concatenate(cols, axis=1).T  # (5 S, n), (7 S, n) with copies
+    table = np.ascontiguousarray(np.concatenate(cols, axis=1).T)  # (5 S, n), (7 S, n) with copies
     dur = np.zeros((len(g.col) + 1, n))
-    dur[:-1] = table[g.col]
-    sends = np.flatnonzero(g.sends >= 0)
-    if len(sends):
-        dur[sends] += p2p.T[g.sends[sends]]
+    table.take(g.col, axis=0, out=dur[:-1])
+    nodes, boundary = g.send_nodes
+    if len(nodes):
+        dur[nodes] += np.ascontiguousarray(p2p.T).take(boundary, axis=0)
     return dur
 
 
 #: node-by-split cells per level of a graph below which :func:`_node_ends`
 #: walks the nodes one by one in Python rather than a level per numpy pass
 #: (a level's passes cost about what this many cells walked one by one do)
-NODE_WALK_CELLS_PER_LEVEL = 24
+NODE_WALK_CELLS_PER_LEVEL = 12
 
 
 def _node_ends(g: _Graph, dur: np.ndarray) -> np.ndarray:
@@ -366,10 +373,10 @@ def _node_ends(g: _Graph, dur: np.ndarray) -> np.ndarray:
     if len(g.pred1) * dur.shape[1] < NODE_WALK_CELLS_PER_LEVEL * g.num_levels:
         return _node_ends_by_node(g, dur)
     end = dur.copy()
-    take, larger = np.take, np.maximum
+    take, larger = end.take, np.maximum
     for nodes, p1, p2 in g.level_preds:
         level = end[nodes]  # a view: the sum lands in ``end``
-        level += larger(take(end, p1, axis=0), take(end, p2, axis=0))
+        level += larger(take(p1, axis=0), take(p2, axis=0))
     return end
 
 
