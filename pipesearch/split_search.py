@@ -72,7 +72,9 @@ from .fluid import fluid_split
 from .fluid_bound import FLUID_BOUND_SCHEDULES, fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
-from .timemodel import (critical_path, evaluation_cost, graph_ends, iteration_time_s, paths_of_ends, send_overlap,
+from .timemodel import (PATH_TERMS, critical_path, evaluation_cost, graph_ends, iteration_time_s,
+                        path_before_all_reduces,
+                        paths_of_ends, send_overlap,
                         simulate_times, times_of_ends)
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
@@ -238,7 +240,8 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r,
                                                                  chain_families or MAX_CHAIN_FAMILIES)]
     if chains and len(paths):
-        fams += [[("sum", alpha, None)] for alpha in _path_terms(paths, s, (F, B, I, B - I, c, r))]
+        fams += [[("sum", alpha, None)] + ([("max", None, r)] if len(coef) > len(PATH_TERMS) else [])
+                 for coef, alpha in zip(paths, _path_terms(paths, s, (F, B, I, B - I, c, r)))]
     if weights is not None:
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
@@ -1289,6 +1292,9 @@ LOCAL_WORK = 2**24
 #: 1,500-layer profile's 80 CPU seconds)
 PATH_FAMILIES = 4
 PATH_RANGES = 2**15
+#: graphs of at most this many nodes also give :func:`_start_paths` the path
+#: before every rank's all-reduce (its search is a Python walk over the nodes)
+COMMON_PATH_NODES = 2**16
 
 
 def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator") -> tuple:
@@ -1303,11 +1309,17 @@ def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Ev
     times = costs.stage_times(np.array(best))
     kept, g, ends = ev.kept if ev.kept is not None else ((), None, None)
     if all(b in kept for b in best):  # the starting splits' own pass: traced, not simulated again
-        found = paths_of_ends(g, ends[:, [kept.index(b) for b in best]], times, pp)
+        ends = ends[:, [kept.index(b) for b in best]]
     else:
-        found = critical_path(schedule, pp, costs.num_micro_batches, vp, times)
+        g, ends = graph_ends(schedule, pp, costs.num_micro_batches, vp, times)
+        ends = ends.reshape(len(ends), -1)
+    found = [coef for _, coef in paths_of_ends(g, ends, times, pp)]
+    if len(g.col) <= COMMON_PATH_NODES:  # and the fastest one's path before every rank's all-reduce, + max r
+        common = path_before_all_reduces(g, ends[:, 0], costs.pp)
+        if common is not None:
+            found.insert(1, np.vstack([common, np.ones((1, costs.pp))]))
     seen, out = set(), []
-    for _, coef in found:
+    for coef in found:
         if coef.tobytes() not in seen:
             seen.add(coef.tobytes())
             out.append(coef)

@@ -166,6 +166,24 @@ class _Graph:
         return [(slice(a, b), self.pred1[a:b], self.pred2[a:b]) for a, b in zip(st[:-1], st[1:])]
 
     @cached_property
+    def before_every_last(self) -> np.ndarray:
+        """``(N,)`` bool: the nodes from which every rank's last action is
+        reached (through ``pred1`` / ``pred2`` edges, or the node itself),
+        found walking the nodes once backwards with a bit per rank."""
+        N, pp = len(self.pred1), len(self.last_of_rank)
+        reach = [0] * (N + 1)
+        for q, node in enumerate(self.last_of_rank.tolist()):
+            reach[node] |= 1 << q
+        p1, p2 = self.pred_lists
+        for n in range(N - 1, -1, -1):
+            bits = reach[n]
+            if bits:
+                reach[p1[n]] |= bits
+                reach[p2[n]] |= bits
+        every = (1 << pp) - 1
+        return np.array([bits == every for bits in reach[:N]], dtype=bool)
+
+    @cached_property
     def send_nodes(self) -> tuple[np.ndarray, np.ndarray]:
         """The nodes whose blocking send adds a transfer and the boundary of
         each (for :func:`_durations`)."""
@@ -493,6 +511,23 @@ def paths_of_ends(g: _Graph, ends: np.ndarray, times: StageTimes, pp: int) -> li
         else:
             out.append((float(end[node]), _trace(g, end, node, S)))
     return out
+
+
+def path_before_all_reduces(g: _Graph, end: np.ndarray, S: int) -> np.ndarray | None:
+    """``(6, S)`` coefficients (:data:`PATH_TERMS`, all-reduce row 0) of the
+    longest path, for one split's node ends ``end`` (a column of
+    :func:`graph_ends`), to the node that ends last among those from which
+    every rank's last action is reached (:attr:`_Graph.before_every_last`);
+    None when there is none. Every rank's all-reduce starts after its last
+    action (:func:`times_of_ends`), so for every split ``T >= len(path) +
+    max_q R_q >= len(path) + max_s r_s`` (``R_q`` rank ``q``'s all-reduce,
+    the sum of its stages' ``r_s``), ``len(path)`` the path's terms of that
+    split (the graph does not depend on the split)."""
+    mask = g.before_every_last
+    if not mask.any():
+        return None
+    node = int(np.flatnonzero(mask)[np.argmax(end[:-1][mask])])
+    return _trace(g, end, node, S)
 
 
 def _trace(g: _Graph, end: np.ndarray, node: int, S: int) -> np.ndarray:

@@ -25,7 +25,8 @@ from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
 from pipesearch.split_search import bound_families, lagrange_weights, separable_terms
-from pipesearch.timemodel import StageTimes, critical_path, iteration_time_s, simulate_times
+from pipesearch.timemodel import (StageTimes, critical_path, graph_ends, iteration_time_s,
+                                  path_before_all_reduces, simulate_times)
 from pipesearch.types import Job, Link
 
 CASES = (("interleaved-1f1b", 2), ("interleaved-1f1b", 3), ("zb-h1", 1), ("1f1b", 1), ("gpipe", 1),
@@ -375,9 +376,11 @@ def test_start_paths_from_the_starting_pass_are_recomputed_ones(seed, monkeypatc
     """The critical paths of the fastest starting splits
     (:func:`split_search._start_paths`) read back from the node ends of the
     pass that timed those splits equal the ones a fresh
-    :func:`pipesearch.timemodel.critical_path` pass gives, and that pass is
-    not run again for them (a column read for the wrong split, or ends of
-    another pass, fails the first; a second simulation fails the second)."""
+    :func:`pipesearch.timemodel.critical_path` pass gives, the path before
+    every rank's all-reduce (marked by its seventh row) is the fastest
+    split's from a fresh pass, and no pass is run again for them (a column
+    read for the wrong split, or ends of another pass, fails the first two;
+    a second simulation fails the third)."""
     schedule, pp, vp, m, costs = _point(seed)  # a chain schedule: interleaved 1F1B or ZB-H1
     S, L = costs.pp, costs.num_layers
     starts = _splits(L, S)[:6]
@@ -386,9 +389,17 @@ def test_start_paths_from_the_starting_pass_are_recomputed_ones(seed, monkeypatc
     assert ev.kept is not None and sorted(ev.kept[0]) == sorted(starts)
     best = sorted(starts, key=lambda b: (ev.times[b], b))[:split_search.PATH_FAMILIES]
     want = critical_path(schedule, pp, m, vp, costs.stage_times(np.array(best)))
-    monkeypatch.setattr(split_search, "critical_path", None)  # a second pass would call it
+    g, ends = graph_ends(schedule, pp, m, vp, costs.stage_times(np.array(best[0])))
+    common = path_before_all_reduces(g, ends.reshape(len(ends), -1)[:, 0], S)
+    monkeypatch.setattr(split_search, "critical_path", None)  # a second pass would call one of them
+    monkeypatch.setattr(split_search, "graph_ends", None)
     got = split_search._start_paths(costs, schedule, pp, vp, ev)
     distinct = list({c.tobytes(): c for _, c in want}.values())
-    assert len(got) == len(distinct)
-    for a, b in zip(got, distinct):
+    plain = [c for c in got if len(c) == 6]
+    assert len(plain) == len(distinct)
+    for a, b in zip(plain, distinct):
         assert np.array_equal(a, b)
+    marked = [c for c in got if len(c) == 7]
+    assert len(marked) == (common is not None)
+    if marked:
+        assert np.array_equal(marked[0][:6], common) and np.all(marked[0][6] == 1)

@@ -228,3 +228,45 @@ def test_cutoff_proof_by_per_split_bounds(seed, memory_cap, monkeypatch):
         else:
             assert with_proof.best_time_s == pytest.approx(best, rel=1e-12)
             assert with_proof.bounds == without.bounds
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 4, 5, 6, 9, 10, 11])
+def test_path_before_every_all_reduce_bounds_every_split(seed):
+    """The path family of :func:`pipesearch.timemodel.path_before_all_reduces`
+    (the longest path, in one split, to a node from which every rank's last
+    action is reached; then the largest stage all-reduce). The nodes it may
+    end at are those whose descendants (networkx, from the graph's edges)
+    hold every rank's last action; and for every split of the instance its
+    value, ``sum_s coef[:, s] . (F, B, I, W, c, r)_s + max_s r_s`` from the
+    definitions, is at most the time of the discrete-event simulator. A node
+    set that admits a node some rank's last action does not follow (its
+    all-reduce could then start before the path ends) fails the first; a
+    family that is not a lower bound fails the second."""
+    import networkx as nx
+
+    from pipesearch import timemodel
+
+    schedule, pp, vp, costs = _point(seed)
+    if schedule == "gpipe":  # no graph: GPipe has its closed form
+        pytest.skip("GPipe")
+    S, L, m = costs.pp, costs.num_layers, costs.num_micro_batches
+    g = timemodel._graph(schedule, pp, m, vp)
+    N = len(g.col)
+    edges = nx.DiGraph()
+    edges.add_nodes_from(range(N))
+    edges.add_edges_from((int(p), n) for n in range(N) for p in (g.pred1[n], g.pred2[n]) if p < N)
+    lasts = [int(x) for x in g.last_of_rank]
+    want = np.array([all(q == n or q in nx.descendants(edges, n) for q in lasts) for n in range(N)])
+    assert np.array_equal(g.before_every_last, want)
+    splits = _splits(L, S)
+    start = splits[len(splits) // 2]
+    _, ends = timemodel.graph_ends(schedule, pp, m, vp, costs.stage_times(start))
+    coef = timemodel.path_before_all_reduces(g, ends.reshape(len(ends), -1)[:, 0], S)
+    assert coef is not None and not coef[5].any()
+    for bounds in splits:
+        s, i, j = np.arange(S), bounds[:-1], bounds[1:]
+        F, B, I = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j), costs.bwd_input_s(s, i, j)
+        terms = (F, B, I, B - I, costs.send_s(s, j), costs.after_backward_s(s, i, j))
+        value = sum(float(np.dot(coef[k], terms[k])) for k in range(6)) + float(np.max(terms[5]))
+        t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(bounds))
+        assert value <= t * (1 + 1e-9) + 1e-15
