@@ -73,7 +73,7 @@ from .fluid_bound import FLUID_BOUND_SCHEDULES, fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
 from .timemodel import (PATH_TERMS, critical_path, evaluation_cost, graph_ends, iteration_time_s,
-                        path_before_all_reduces,
+                        node_before_all_reduces, path_before_all_reduces, rank_work_before,
                         paths_of_ends, send_overlap,
                         simulate_times, times_of_ends)
 
@@ -181,7 +181,14 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     * with ``chains``, one family per path of ``paths`` (``(6, S)``
       coefficients of :func:`pipesearch.timemodel.critical_path`, the
       critical paths of splits already evaluated): ``sum_s coef[:, s] . (F,
-      B, I, W, c, r)_s``;
+      B, I, W, c, r)_s``; a seventh row of ones marks the path to a node
+      every rank's last action follows
+      (:func:`pipesearch.timemodel.path_before_all_reduces`): then ``+ max_s
+      r_s`` (every rank's all-reduce comes after its last action); a
+      seventh row of twos the actions such a node follows
+      (:func:`pipesearch.timemodel.rank_work_before`): ``max_q sum_{s on q}
+      coef[:, s] . (...)_s + max_s r_s`` (a rank runs them one after
+      another before that node);
     * with ``weights`` (one per family of :func:`separable_terms`, summing to
       at most 1): ``sum_h weights_h G_h``, a convex combination of lower bounds
       that are each one sum over the stages (Lagrangian relaxation of their
@@ -240,12 +247,20 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r,
                                                                  chain_families or MAX_CHAIN_FAMILIES)]
     if chains and len(paths):
-        fams += [[("sum", alpha, None)] + ([("max", None, r)] if len(coef) > len(PATH_TERMS) else [])
-                 for coef, alpha in zip(paths, _path_terms(paths, s, (F, B, I, B - I, c, r)))]
+        for coef, alpha in zip(paths, _path_terms(paths, s, (F, B, I, B - I, c, r))):
+            form = coef[len(PATH_TERMS)][0] if len(coef) > len(PATH_TERMS) else 0
+            fams.append([("device", None, alpha) if form == 2 else ("sum", alpha, None)]
+                        + ([("max", None, r)] if form else []))
     if weights is not None:
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
     return fams
+
+
+def _path_rows(paths) -> int:
+    """Component rows of the path families of ``paths`` (two for the marked
+    ones, :func:`bound_families`)."""
+    return sum(1 + (len(coef) > len(PATH_TERMS)) for coef in paths)
 
 
 def _path_terms(paths, s, terms):
@@ -562,7 +577,7 @@ class _Tables:
         self._last_stage()
         if S == 1:
             return
-        block = self._block_size(_ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 + len(paths) if chains else 0))
+        block = self._block_size(_ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 + _path_rows(paths) if chains else 0))
         for hi in range(S - 1, 1, -block):
             self._stages(max(1, hi - block), hi, keep=block >= S - 2)
         self._stages(0, 1, keep=True)  # one start: layer 0
@@ -596,7 +611,7 @@ class _Tables:
         new._kept, new._columns, new._held, new._suf = {}, {}, 0, [None] * (S + 1)
         new._start, new._stop = self._start, self._stop
         new._last_stage()
-        block = new._block_size(MAX_CHAIN_FAMILIES + 1 + len(paths))
+        block = new._block_size(MAX_CHAIN_FAMILIES + 1 + _path_rows(paths))
         for hi in range(S - 1, 1, -block):
             new._added_rows(max(1, hi - block), hi, self)
         new._stages(0, 1, keep=True)
@@ -1302,7 +1317,12 @@ def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Ev
     :func:`pipesearch.timemodel.critical_path`) of the
     :data:`PATH_FAMILIES` fastest splits ``ev`` has evaluated (the starting
     splits): path families of :func:`bound_families` that are tight at
-    those splits, where the fixed families can be far below the time."""
+    those splits, where the fixed families can be far below the time. On
+    graphs of at most :data:`COMMON_PATH_NODES` nodes, second and third, the
+    fastest split's two families before every rank's all-reduce (``(7,
+    S)``, the seventh row saying which, :func:`bound_families`): they hold
+    where one stage's all-reduce dominates and the critical path moves with
+    the rank that holds it."""
     best = [b for _, b in sorted((t, b) for b, t in ev.times.items() if math.isfinite(t))[:PATH_FAMILIES]]
     if not best:
         return ()
@@ -1318,6 +1338,8 @@ def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Ev
         common = path_before_all_reduces(g, ends[:, 0], costs.pp)
         if common is not None:
             found.insert(1, np.vstack([common, np.ones((1, costs.pp))]))
+            work = rank_work_before(g, node_before_all_reduces(g, ends[:, 0]), costs.pp)
+            found.insert(2, np.vstack([work, np.full((1, costs.pp), 2.0)]))
     seen, out = set(), []
     for coef in found:
         if coef.tobytes() not in seen:

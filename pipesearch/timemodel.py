@@ -523,11 +523,41 @@ def path_before_all_reduces(g: _Graph, end: np.ndarray, S: int) -> np.ndarray | 
     max_q R_q >= len(path) + max_s r_s`` (``R_q`` rank ``q``'s all-reduce,
     the sum of its stages' ``r_s``), ``len(path)`` the path's terms of that
     split (the graph does not depend on the split)."""
+    node = node_before_all_reduces(g, end)
+    return None if node is None else _trace(g, end, node, S)
+
+
+def node_before_all_reduces(g: _Graph, end: np.ndarray) -> int | None:
+    """The node of :func:`path_before_all_reduces` (the one that ends last,
+    the first of equals, among those every rank's last action follows), or
+    None."""
     mask = g.before_every_last
     if not mask.any():
         return None
-    node = int(np.flatnonzero(mask)[np.argmax(end[:-1][mask])])
-    return _trace(g, end, node, S)
+    return int(np.flatnonzero(mask)[np.argmax(end[:-1][mask])])
+
+
+def rank_work_before(g: _Graph, node: int, S: int) -> np.ndarray:
+    """``(6, S)`` counts (:data:`PATH_TERMS`, all-reduce row 0) of the
+    actions ``node`` follows (itself included) on the ranks' chains, with
+    their blocking sends: a rank runs its actions one after another, so for
+    every split ``end(node) >= max_q`` (rank ``q``'s share of these counts
+    times its stages' terms), a ``device`` component."""
+    keep = bytearray(len(g.col) + 1)
+    keep[node] = 1
+    p1, p2 = g.pred_lists
+    for n in range(node, -1, -1):
+        if keep[n]:
+            keep[p1[n]] = 1
+            keep[p2[n]] = 1
+    nodes = np.flatnonzero(np.frombuffer(bytes(keep[:-1]), dtype=np.uint8))
+    kind, stage = np.divmod(g.col[nodes], S)
+    act = kind < 4  # transfers run on the links' chains
+    coef = np.zeros((6, S))
+    np.add.at(coef, (kind[act], stage[act]), 1.0)
+    sends = g.sends[nodes[act]]
+    np.add.at(coef[4], sends[sends >= 0], 1.0)
+    return coef
 
 
 def _trace(g: _Graph, end: np.ndarray, node: int, S: int) -> np.ndarray:

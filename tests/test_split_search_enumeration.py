@@ -232,16 +232,20 @@ def test_cutoff_proof_by_per_split_bounds(seed, memory_cap, monkeypatch):
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 4, 5, 6, 9, 10, 11])
 def test_path_before_every_all_reduce_bounds_every_split(seed):
-    """The path family of :func:`pipesearch.timemodel.path_before_all_reduces`
-    (the longest path, in one split, to a node from which every rank's last
-    action is reached; then the largest stage all-reduce). The nodes it may
-    end at are those whose descendants (networkx, from the graph's edges)
-    hold every rank's last action; and for every split of the instance its
-    value, ``sum_s coef[:, s] . (F, B, I, W, c, r)_s + max_s r_s`` from the
-    definitions, is at most the time of the discrete-event simulator. A node
-    set that admits a node some rank's last action does not follow (its
-    all-reduce could then start before the path ends) fails the first; a
-    family that is not a lower bound fails the second."""
+    """The two families before every all-reduce: the longest path, in one
+    split, to a node from which every rank's last action is reached
+    (:func:`pipesearch.timemodel.path_before_all_reduces`), and the busiest
+    rank's actions that node follows
+    (:func:`pipesearch.timemodel.rank_work_before`), each plus the largest
+    stage all-reduce. The nodes it may end at are those whose descendants
+    (networkx, from the graph's edges) hold every rank's last action; the
+    counts of actions are those of the node's networkx ancestors; and for
+    every split of the instance both values, from the definitions, are at
+    most the time of the discrete-event simulator. A node set that admits a
+    node some rank's last action does not follow (its all-reduce could then
+    start before the path ends) fails the first; counting transfers or the
+    node's descendants fails the second; a family that is not a lower bound
+    fails the last."""
     import networkx as nx
 
     from pipesearch import timemodel
@@ -263,10 +267,25 @@ def test_path_before_every_all_reduce_bounds_every_split(seed):
     _, ends = timemodel.graph_ends(schedule, pp, m, vp, costs.stage_times(start))
     coef = timemodel.path_before_all_reduces(g, ends.reshape(len(ends), -1)[:, 0], S)
     assert coef is not None and not coef[5].any()
+    node = timemodel.node_before_all_reduces(g, ends.reshape(len(ends), -1)[:, 0])
+    work = timemodel.rank_work_before(g, node, S)
+    before = nx.ancestors(edges, node) | {node}  # the actions (not transfers) it follows, per kind and stage
+    counts = np.zeros((6, S))
+    for n in before:
+        kind, stage = divmod(int(g.col[n]), S)
+        if kind < 4:
+            counts[kind, stage] += 1
+            if g.sends[n] >= 0:
+                counts[4, g.sends[n]] += 1
+    assert np.array_equal(work, counts)
     for bounds in splits:
         s, i, j = np.arange(S), bounds[:-1], bounds[1:]
         F, B, I = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j), costs.bwd_input_s(s, i, j)
         terms = (F, B, I, B - I, costs.send_s(s, j), costs.after_backward_s(s, i, j))
-        value = sum(float(np.dot(coef[k], terms[k])) for k in range(6)) + float(np.max(terms[5]))
+        largest_r = float(np.max(terms[5]))
+        value = sum(float(np.dot(coef[k], terms[k])) for k in range(6)) + largest_r
+        per_stage = sum(work[k] * terms[k] for k in range(6))
+        busiest = max(float(per_stage[q::pp].sum()) for q in range(pp))  # stage s on rank s % pp
         t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(bounds))
         assert value <= t * (1 + 1e-9) + 1e-15
+        assert busiest + largest_r <= t * (1 + 1e-9) + 1e-15
