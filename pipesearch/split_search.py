@@ -73,7 +73,7 @@ from .fluid_bound import FLUID_BOUND_SCHEDULES, fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
 from .timemodel import (PATH_TERMS, critical_path, evaluation_cost, graph_ends, iteration_time_s,
-                        node_before_all_reduces, path_before_all_reduces, rank_work_before,
+                        COMMON_NODE_GRAPHS, node_before_all_reduces, path_before_all_reduces, rank_work_before,
                         paths_of_ends, send_overlap,
                         simulate_times, times_of_ends)
 
@@ -181,14 +181,14 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     * with ``chains``, one family per path of ``paths`` (``(6, S)``
       coefficients of :func:`pipesearch.timemodel.critical_path`, the
       critical paths of splits already evaluated): ``sum_s coef[:, s] . (F,
-      B, I, W, c, r)_s``; a seventh row of ones marks the path to a node
-      every rank's last action follows
-      (:func:`pipesearch.timemodel.path_before_all_reduces`): then ``+ max_s
-      r_s`` (every rank's all-reduce comes after its last action); a
-      seventh row of twos the actions such a node follows
-      (:func:`pipesearch.timemodel.rank_work_before`): ``max_q sum_{s on q}
-      coef[:, s] . (...)_s + max_s r_s`` (a rank runs them one after
-      another before that node);
+      B, I, W, c, r)_s``; a seventh row marks the two families before
+      every all-reduce (:func:`_path_family`): a path to a node every
+      rank's last action follows
+      (:func:`pipesearch.timemodel.path_before_all_reduces`) or the actions
+      each rank runs before that node
+      (:func:`pipesearch.timemodel.rank_work_before`, a ``device``
+      component), then ``max_s r_s`` (every rank's all-reduce comes after
+      its last action);
     * with ``weights`` (one per family of :func:`separable_terms`, summing to
       at most 1): ``sum_h weights_h G_h``, a convex combination of lower bounds
       that are each one sum over the stages (Lagrangian relaxation of their
@@ -247,31 +247,41 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r,
                                                                  chain_families or MAX_CHAIN_FAMILIES)]
     if chains and len(paths):
-        for coef, alpha in zip(paths, _path_terms(paths, s, (F, B, I, B - I, c, r))):
-            form = coef[len(PATH_TERMS)][0] if len(coef) > len(PATH_TERMS) else 0
-            fams.append([("device", None, alpha) if form == 2 else ("sum", alpha, None)]
-                        + ([("max", None, r)] if form else []))
+        fams += [_path_family(coef, s, (F, B, I, B - I, c, r), cin) for coef in paths]
     if weights is not None:
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
     return fams
 
 
+#: the seventh row of a marked path family of :func:`_start_paths` (a ``(7, S)``
+#: array): a path to a node every rank's last action follows, then the largest
+#: stage all-reduce; or the actions each rank runs before that node, then the same
+PATH_THEN_MAX_R, RANK_WORK_THEN_MAX_R = 1.0, 2.0
+
+
+def _path_family(coef: np.ndarray, s, terms, cin) -> list:
+    """The family of one path of ``paths`` (:func:`bound_families`):
+    ``terms`` the stage's ``(F, B, I, W, c, r)``, ``cin`` its incoming
+    transfer. A ``(6, S)`` path: ``sum_s coef[:, s] . terms_s``; marked
+    :data:`PATH_THEN_MAX_R`: that plus ``max_s r_s``; marked
+    :data:`RANK_WORK_THEN_MAX_R` (counts of
+    :func:`pipesearch.timemodel.rank_work_before`: ``F``, ``B``, ``I``,
+    ``W``, sends down, sends up): ``max_q sum_{s on q} (...) + max_s r_s``."""
+    form = coef[len(PATH_TERMS)][0] if len(coef) > len(PATH_TERMS) else 0.0
+    if form == RANK_WORK_THEN_MAX_R:
+        F, B, I, W, c, r = terms
+        work = sum((coef[k][s] * t for k, t in enumerate((F, B, I, W, c, cin)) if coef[k].any()),
+                   np.zeros(np.shape(F)))
+        return [("device", None, work), ("max", None, terms[5])]
+    alpha = sum(coef[k][s] * t for k, t in enumerate(terms) if np.any(coef[k]))
+    return [("sum", alpha, None)] + ([("max", None, terms[5])] if form == PATH_THEN_MAX_R else [])
+
+
 def _path_rows(paths) -> int:
     """Component rows of the path families of ``paths`` (two for the marked
     ones, :func:`bound_families`)."""
     return sum(1 + (len(coef) > len(PATH_TERMS)) for coef in paths)
-
-
-def _path_terms(paths, s, terms):
-    """Per-stage terms of the path families of :func:`bound_families`: for
-    each ``(6, S)`` coefficient array of ``paths``, ``sum_k coef[k, s]
-    terms[k]`` (a path's counts times the stage's durations)."""
-    s = np.asarray(s)
-    out = []
-    for coef in paths:
-        out.append(sum(coef[k][s] * t for k, t in enumerate(terms) if np.any(coef[k])))
-    return out
 
 
 def separable_terms(fams, s, pp: int):
@@ -1307,9 +1317,6 @@ LOCAL_WORK = 2**24
 #: 1,500-layer profile's 80 CPU seconds)
 PATH_FAMILIES = 4
 PATH_RANGES = 2**15
-#: graphs of at most this many nodes also give :func:`_start_paths` the path
-#: before every rank's all-reduce (its search is a Python walk over the nodes)
-COMMON_PATH_NODES = 2**16
 
 
 def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Evaluator") -> tuple:
@@ -1318,11 +1325,11 @@ def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Ev
     :data:`PATH_FAMILIES` fastest splits ``ev`` has evaluated (the starting
     splits): path families of :func:`bound_families` that are tight at
     those splits, where the fixed families can be far below the time. On
-    graphs of at most :data:`COMMON_PATH_NODES` nodes, second and third, the
-    fastest split's two families before every rank's all-reduce (``(7,
-    S)``, the seventh row saying which, :func:`bound_families`): they hold
-    where one stage's all-reduce dominates and the critical path moves with
-    the rank that holds it."""
+    graphs of at most :data:`pipesearch.timemodel.COMMON_NODE_GRAPHS`
+    nodes, second and third, the fastest split's two families before every
+    rank's all-reduce (``(7, S)``, marked by their seventh row,
+    :func:`_path_family`): they hold where one stage's all-reduce dominates
+    and the critical path moves with the rank that holds it."""
     best = [b for _, b in sorted((t, b) for b, t in ev.times.items() if math.isfinite(t))[:PATH_FAMILIES]]
     if not best:
         return ()
@@ -1334,12 +1341,12 @@ def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Ev
         g, ends = graph_ends(schedule, pp, costs.num_micro_batches, vp, times)
         ends = ends.reshape(len(ends), -1)
     found = [coef for _, coef in paths_of_ends(g, ends, times, pp)]
-    if len(g.col) <= COMMON_PATH_NODES:  # and the fastest one's path before every rank's all-reduce, + max r
+    if len(g.col) <= COMMON_NODE_GRAPHS:  # and the fastest one's path before every rank's all-reduce, + max r
         common = path_before_all_reduces(g, ends[:, 0], costs.pp)
         if common is not None:
-            found.insert(1, np.vstack([common, np.ones((1, costs.pp))]))
             work = rank_work_before(g, node_before_all_reduces(g, ends[:, 0]), costs.pp)
-            found.insert(2, np.vstack([work, np.full((1, costs.pp), 2.0)]))
+            found[1:1] = [np.vstack([common, np.full((1, costs.pp), PATH_THEN_MAX_R)]),
+                          np.vstack([work, np.full((1, costs.pp), RANK_WORK_THEN_MAX_R)])]
     seen, out = set(), []
     for coef in found:
         if coef.tobytes() not in seen:

@@ -538,11 +538,13 @@ def node_before_all_reduces(g: _Graph, end: np.ndarray) -> int | None:
 
 
 def rank_work_before(g: _Graph, node: int, S: int) -> np.ndarray:
-    """``(6, S)`` counts (:data:`PATH_TERMS`, all-reduce row 0) of the
-    actions ``node`` follows (itself included) on the ranks' chains, with
-    their blocking sends: a rank runs its actions one after another, so for
-    every split ``end(node) >= max_q`` (rank ``q``'s share of these counts
-    times its stages' terms), a ``device`` component."""
+    """``(6, S)`` counts of the actions ``node`` follows (itself included)
+    on the ranks' chains, per stage: its ``F``, ``B``, ``I`` and ``W``
+    actions, then its blocking sends down (over the boundary after it) and
+    up (over the one before it). A rank runs its actions one after another,
+    so for every split ``end(node) >= max_q sum_{s on q} (n_F F_s + n_B B_s
+    + n_I I_s + n_W W_s + n_down c_s + n_up c_{s-1})``: a ``device``
+    component. Transfers on the links' chains are not counted."""
     keep = bytearray(len(g.col) + 1)
     keep[node] = 1
     p1, p2 = g.pred_lists
@@ -552,12 +554,20 @@ def rank_work_before(g: _Graph, node: int, S: int) -> np.ndarray:
             keep[p2[n]] = 1
     nodes = np.flatnonzero(np.frombuffer(bytes(keep[:-1]), dtype=np.uint8))
     kind, stage = np.divmod(g.col[nodes], S)
-    act = kind < 4  # transfers run on the links' chains
+    act = kind < 4
+    nodes, kind, stage = nodes[act], kind[act], stage[act]
     coef = np.zeros((6, S))
-    np.add.at(coef, (kind[act], stage[act]), 1.0)
-    sends = g.sends[nodes[act]]
-    np.add.at(coef[4], sends[sends >= 0], 1.0)
+    np.add.at(coef, (kind, stage), 1.0)
+    sends = g.sends[nodes]
+    sent = sends >= 0
+    np.add.at(coef, (np.where(sends[sent] == stage[sent], 4, 5), stage[sent]), 1.0)
     return coef
+
+
+#: graphs of at most this many nodes get the path families before every
+#: all-reduce (:func:`path_before_all_reduces`, :func:`rank_work_before`:
+#: finding their node is a Python walk over the nodes)
+COMMON_NODE_GRAPHS = 2**16
 
 
 def _trace(g: _Graph, end: np.ndarray, node: int, S: int) -> np.ndarray:

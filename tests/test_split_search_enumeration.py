@@ -269,23 +269,21 @@ def test_path_before_every_all_reduce_bounds_every_split(seed):
     assert coef is not None and not coef[5].any()
     node = timemodel.node_before_all_reduces(g, ends.reshape(len(ends), -1)[:, 0])
     work = timemodel.rank_work_before(g, node, S)
-    before = nx.ancestors(edges, node) | {node}  # the actions (not transfers) it follows, per kind and stage
-    counts = np.zeros((6, S))
-    for n in before:
-        kind, stage = divmod(int(g.col[n]), S)
-        if kind < 4:
-            counts[kind, stage] += 1
-            if g.sends[n] >= 0:
-                counts[4, g.sends[n]] += 1
-    assert np.array_equal(work, counts)
+    before = sorted(n for n in nx.ancestors(edges, node) | {node} if g.col[n] < 4 * S)  # actions, not transfers
     for bounds in splits:
         s, i, j = np.arange(S), bounds[:-1], bounds[1:]
         F, B, I = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j), costs.bwd_input_s(s, i, j)
-        terms = (F, B, I, B - I, costs.send_s(s, j), costs.after_backward_s(s, i, j))
+        c = costs.send_s(s, j)
+        terms = (F, B, I, B - I, c, costs.after_backward_s(s, i, j))
         largest_r = float(np.max(terms[5]))
         value = sum(float(np.dot(coef[k], terms[k])) for k in range(6)) + largest_r
-        per_stage = sum(work[k] * terms[k] for k in range(6))
-        busiest = max(float(per_stage[q::pp].sum()) for q in range(pp))  # stage s on rank s % pp
+        # each rank's busy time before the node: its ancestors' durations (blocking sends included) on its chain
+        dur = timemodel._durations(g, costs.stage_times(bounds))[:, 0]
+        rank_of = g.col[before] % S % pp
+        busiest = max(float(dur[before][rank_of == q].sum()) for q in range(pp))
+        cin = np.concatenate([[0.0], c[:-1]])
+        per_stage = sum(work[k] * t for k, t in enumerate((F, B, I, B - I, c, cin)))
+        assert max(float(per_stage[q::pp].sum()) for q in range(pp)) == pytest.approx(busiest, rel=1e-12)
         t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(bounds))
         assert value <= t * (1 + 1e-9) + 1e-15
         assert busiest + largest_r <= t * (1 + 1e-9) + 1e-15
