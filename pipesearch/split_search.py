@@ -676,9 +676,13 @@ class _Tables:
             pad = np.full((len(v), at + U + Wb + 1), np.inf)
             pad[:, :v.shape[1]] = v
             v = pad
-        step = v.strides[1]  # [q, u, d] -> v[q, at + 1 + u + d]
-        return np.lib.stride_tricks.as_strided(v[:, at + 1:], shape=(len(v), U, Wb),
-                                               strides=(v.strides[0], step, step), writeable=False)
+        if not v.flags.c_contiguous:
+            v = np.ascontiguousarray(v)
+        step = v.strides[1]  # [q, u, d] -> v[q, at + 1 + u + d]: a view made by the array constructor (C)
+        out = np.ndarray((len(v), U, Wb), dtype=v.dtype, buffer=v, offset=(at + 1) * step,
+                         strides=(v.strides[0], step, step))
+        out.flags.writeable = False
+        return out
 
     def _row(self, q: int) -> np.ndarray:
         """A ``(q, L + rows + 2)`` row of suffix minima, all +inf: columns
