@@ -72,10 +72,9 @@ from .fluid import fluid_split
 from .fluid_bound import FLUID_BOUND_SCHEDULES, fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
-from .timemodel import (PATH_TERMS, critical_path, evaluation_cost, graph_ends, iteration_time_s,
-                        COMMON_NODE_GRAPHS, node_before_all_reduces, path_before_all_reduces, rank_work_before,
-                        paths_of_ends, send_overlap,
-                        simulate_times, times_of_ends)
+from .timemodel import (COMMON_NODE_GRAPHS, PATH_TERMS, evaluation_cost, graph_ends, iteration_time_s,
+                        node_before_all_reduces, path_before_all_reduces, paths_of_ends, rank_work_before,
+                        send_overlap, simulate_times, times_of_ends)
 
 #: deterministic work limits of :func:`exact_split` (counts, never seconds)
 MAX_SPLITS_EVALUATED = 300
@@ -269,13 +268,13 @@ def _path_family(coef: np.ndarray, s, terms, cin) -> list:
     :func:`pipesearch.timemodel.rank_work_before`: ``F``, ``B``, ``I``,
     ``W``, sends down, sends up): ``max_q sum_{s on q} (...) + max_s r_s``."""
     form = coef[len(PATH_TERMS)][0] if len(coef) > len(PATH_TERMS) else 0.0
+    r = terms[5]
     if form == RANK_WORK_THEN_MAX_R:
-        F, B, I, W, c, r = terms
-        work = sum((coef[k][s] * t for k, t in enumerate((F, B, I, W, c, cin)) if coef[k].any()),
-                   np.zeros(np.shape(F)))
-        return [("device", None, work), ("max", None, terms[5])]
+        work = sum((coef[k][s] * t for k, t in enumerate(terms[:5] + (cin,)) if coef[k].any()),
+                   np.zeros(np.shape(terms[0])))
+        return [("device", None, work), ("max", None, r)]
     alpha = sum(coef[k][s] * t for k, t in enumerate(terms) if np.any(coef[k]))
-    return [("sum", alpha, None)] + ([("max", None, terms[5])] if form == PATH_THEN_MAX_R else [])
+    return [("sum", alpha, None)] + ([("max", None, r)] if form == PATH_THEN_MAX_R else [])
 
 
 def _path_rows(paths) -> int:
