@@ -969,19 +969,23 @@ def _device_split_fits(costs: PipelineCosts) -> bool:
     :meth:`PipelineCosts.device_memory_bytes`' rule; a split fits when
     some ``(k, k, L)`` is reached. Above that size, or with more chunks,
     these necessary conditions only (the split search checks every
-    device of what it returns). The even split and
-    :func:`_device_balanced_split` are tried first: when either fits, so
-    does some split (on a 1,000-layer profile on 1x4-v100-pcie they settled
-    5 of 8 points in 1-8 ms each, against 0.1-0.7 s)."""
+    device of what it returns). The even split is tried first, and
+    :func:`_device_balanced_split` where :func:`_devices_can_hold` would
+    run: when either fits, so does some split (on a 1,000-layer profile on
+    1x4-v100-pcie the witness settled 5 of 8 points in 1-8 ms each, against
+    0.1-0.7 s; its moves grow with the layers, so not above that size)."""
     R, _, v = costs.chunk_states.shape
     L = costs.num_layers
     if costs.split_fits(even_split(L, costs.pp)):  # the commonest case
         return True
-    held = _device_balanced_split(costs, R)  # a witness in O(L) moves, before the O(S L^2) necessary conditions
-    if held is not None and costs.split_fits(held):
-        return True
-    if not _stage_reach(costs) or not _devices_can_hold(costs, R):
+    if not _stage_reach(costs):
         return False
+    if costs.pp * max(1, L - costs.pp + 1) * L <= RANK_LAYER_TERMS:  # _devices_can_hold's O(S L^2) check runs
+        held = _device_balanced_split(costs, R)  # so a witness first (O(L) moves)
+        if held is not None and costs.split_fits(held):
+            return True
+        if not _devices_can_hold(costs, R):
+            return False
     if v != 2 or R * (L + 1) ** 5 > DEVICE_FIT_CELLS:
         return True
     n = L + 1
