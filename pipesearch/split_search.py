@@ -1259,16 +1259,20 @@ def _device_balanced_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | N
     per rank by moving one layer at a time from the device most over its
     memory to the one with the most room left (each rank's layers spread
     evenly over its chunks, the later chunks, which hold fewer micro-batches,
-    taking the odd ones); None when none is met in ``L`` moves. A starting
+    taking the odd ones); None when none is met in ``L`` moves, or when
+    the counts come back to ones already tried (the moves then cycle
+    through them: the same answer, without the rest of the ``L``). A starting
     split near the balanced ones where those overflow (their chunk 0 holds
     about twice chunk 1's micro-batches), for the search's first
     incumbent."""
     L, S = costs.num_layers, costs.pp
     v = S // pp
     counts = np.full(pp, L // pp) + (np.arange(pp) >= pp - L % pp)
+    seen: set[bytes] = set()  # each move is a function of the counts alone: a count met again cycles for good
     for _ in range(L + 1):
-        if np.any(counts < v):
+        if np.any(counts < v) or counts.tobytes() in seen:
             return None
+        seen.add(counts.tobytes())
         lengths = (counts[None, :] // v) + (np.arange(v)[:, None] >= v - counts[None, :] % v)  # (v, pp)
         bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths.reshape(-1))]))
         room = costs.capacity_bytes[:pp] - costs.device_memory_bytes(np.array(bounds))

@@ -169,3 +169,56 @@ def test_split_search_is_the_brute_force_optimum_under_device_memory(seed, monke
     best = min(iteration_time_s("interleaved-1f1b", pp, m, vp, costs.stage_times(np.array(b))) for b in fits)
     assert got.exact and got.iteration_time_s == pytest.approx(best, rel=1e-9)
     assert need[tuple(got.bounds)] <= memory
+
+
+def _balanced_by_every_move(costs, pp: int):
+    """The witness of ``split_search._device_balanced_split`` by its rule
+    alone (even counts per rank, a layer at a time from the device most
+    over its memory to the one with the most room, each rank's layers
+    spread over its chunks with the later chunks taking the odd ones), run
+    for all ``L + 1`` moves with no shortcut."""
+    L, S = costs.num_layers, costs.pp
+    v = S // pp
+    counts = [L // pp + (r >= pp - L % pp) for r in range(pp)]
+    for _ in range(L + 1):
+        if min(counts) < v:
+            return None
+        lengths = [[c // v + (k >= v - c % v) for c in counts] for k in range(v)]  # chunk k of each rank
+        bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum([n for row in lengths for n in row])]))
+        room = costs.capacity_bytes[:pp] - costs.device_memory_bytes(np.array(bounds))
+        if np.all(room >= 0) and costs.split_fits(bounds):
+            return bounds
+        counts[int(np.argmin(room))] -= 1
+        counts[int(np.argmax(room))] += 1
+    return None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_device_balanced_witness_stops_at_a_cycle_with_the_same_answer(seed):
+    """Random interleaved points (2-4 ranks, 2-3 chunks, 12-40 random
+    layers) on devices of random memory, some too small for any split: the
+    witness split, which stops when the layer counts per rank come back to
+    counts already tried, is the one all ``L + 1`` moves give (a cycle cut
+    too early, or a state that leaves out something the next move reads,
+    returns None where a split exists or another split)."""
+    from helpers import tied_or_random_profile, tiny_cluster
+    from pipesearch import split_search
+    from pipesearch.costs import build_pipeline_costs, pipeline_placement
+    from pipesearch.schedules import in_flight_peaks
+    from pipesearch.search import schedule_chunk_states
+    from pipesearch.types import Job
+
+    rng = np.random.default_rng(seed)
+    pp, vp = int(rng.integers(2, 5)), int(rng.integers(2, 4))
+    S, L, m = pp * vp, int(rng.integers(12, 41)), pp * int(rng.integers(1, 3))
+    prof, params, outputs = tied_or_random_profile(rng, L, False)
+    order = build("interleaved-1f1b", pp, m, vp)
+    whole = float(params.sum()) * 2.0 / prof.bytes_per_param + float(outputs.sum()) * m
+    cluster = tiny_cluster(1, 2 * pp, memory_bytes=float(rng.uniform(0.15, 0.6)) * whole)
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0,
+              memory_headroom_fraction=0.0)
+    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                 in_flight=np.array(in_flight_peaks(order)), stages_per_device=vp,
+                                 chunk_states=schedule_chunk_states("interleaved-1f1b", pp, m, vp))
+    assert split_search._device_balanced_split(costs, pp) == _balanced_by_every_move(costs, pp)
