@@ -110,6 +110,27 @@ def test_a_split_no_device_holds_names_the_device(inputs):
             and f"against {USABLE / GiB:.1f} GiB usable" in res.output), res.output
 
 
+def _interleaved_costs(prof, pp: int, vp: int, m: int, memory_bytes: float):
+    """The point's costs: interleaved 1F1B, ``pp`` ranks of ``vp`` chunks,
+    ``m`` micro-batches of 1 sample, dp 2, devices of ``memory_bytes`` with
+    nothing reserved, 2 state bytes per parameter."""
+    from helpers import tiny_cluster
+    from pipesearch.costs import build_pipeline_costs, pipeline_placement
+    from pipesearch.schedules import in_flight_peaks
+    from pipesearch.search import schedule_chunk_states
+    from pipesearch.types import Job
+
+    S = pp * vp
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0,
+              memory_headroom_fraction=0.0)
+    return build_pipeline_costs(prof, tiny_cluster(1, 2 * pp, memory_bytes=memory_bytes), job, pp=S, dp=2,
+                                micro_batch_size=1, num_micro_batches=m, schedule="gpipe",
+                                placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                in_flight=np.array(in_flight_peaks(build("interleaved-1f1b", pp, m, vp))),
+                                stages_per_device=vp,
+                                chunk_states=schedule_chunk_states("interleaved-1f1b", pp, m, vp))
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_split_search_is_the_brute_force_optimum_under_device_memory(seed, monkeypatch):
     """Random interleaved points (p = 2 or 3 ranks, v = 2, 6-9 layers, random
@@ -120,14 +141,10 @@ def test_split_search_is_the_brute_force_optimum_under_device_memory(seed, monke
     forced (no enumeration), and proven; no split fits exactly when the
     oracle admits none. Memory is drawn between the least and the largest
     device peak over all splits, so both kinds occur on most seeds."""
-    from helpers import tied_or_random_profile, tiny_cluster
+    from helpers import tied_or_random_profile
     from pipesearch import split_search
-    from pipesearch.costs import build_pipeline_costs, pipeline_placement
-    from pipesearch.schedules import in_flight_peaks
-    from pipesearch.search import schedule_chunk_states
     from pipesearch.split_search import exact_split
     from pipesearch.timemodel import iteration_time_s
-    from pipesearch.types import Job
 
     rng = np.random.default_rng(seed)
     pp, vp = int(rng.integers(2, 4)), 2
@@ -148,13 +165,7 @@ def test_split_search_is_the_brute_force_optimum_under_device_memory(seed, monke
 
     need = {b: max(peaks(b)) for b in splits}
     memory = float(rng.uniform(min(need.values()) * 0.98, max(need.values())))
-    cluster = tiny_cluster(1, 2 * pp, memory_bytes=memory)
-    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0,
-              memory_headroom_fraction=0.0)
-    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
-                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
-                                 in_flight=np.array(in_flight_peaks(order)), stages_per_device=vp,
-                                 chunk_states=schedule_chunk_states("interleaved-1f1b", pp, m, vp))
+    costs = _interleaved_costs(prof, pp, vp, m, memory)
     fits = [b for b in splits if need[b] <= memory]
     for b in splits:  # the planner's device peaks are the oracle's, and so is what it lets fit
         assert costs.device_memory_bytes(np.array(b)) == pytest.approx(peaks(b), rel=1e-12)
@@ -201,24 +212,13 @@ def test_device_balanced_witness_stops_at_a_cycle_with_the_same_answer(seed):
     counts already tried, is the one all ``L + 1`` moves give (a cycle cut
     too early, or a state that leaves out something the next move reads,
     returns None where a split exists or another split)."""
-    from helpers import tied_or_random_profile, tiny_cluster
+    from helpers import tied_or_random_profile
     from pipesearch import split_search
-    from pipesearch.costs import build_pipeline_costs, pipeline_placement
-    from pipesearch.schedules import in_flight_peaks
-    from pipesearch.search import schedule_chunk_states
-    from pipesearch.types import Job
 
     rng = np.random.default_rng(seed)
     pp, vp = int(rng.integers(2, 5)), int(rng.integers(2, 4))
-    S, L, m = pp * vp, int(rng.integers(12, 41)), pp * int(rng.integers(1, 3))
+    L, m = int(rng.integers(12, 41)), pp * int(rng.integers(1, 3))
     prof, params, outputs = tied_or_random_profile(rng, L, False)
-    order = build("interleaved-1f1b", pp, m, vp)
     whole = float(params.sum()) * 2.0 / prof.bytes_per_param + float(outputs.sum()) * m
-    cluster = tiny_cluster(1, 2 * pp, memory_bytes=float(rng.uniform(0.15, 0.6)) * whole)
-    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0,
-              memory_headroom_fraction=0.0)
-    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
-                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
-                                 in_flight=np.array(in_flight_peaks(order)), stages_per_device=vp,
-                                 chunk_states=schedule_chunk_states("interleaved-1f1b", pp, m, vp))
+    costs = _interleaved_costs(prof, pp, vp, m, float(rng.uniform(0.15, 0.6)) * whole)
     assert split_search._device_balanced_split(costs, pp) == _balanced_by_every_move(costs, pp)
