@@ -68,7 +68,6 @@ def memory_bytes_of(cluster: Cluster) -> np.ndarray:
     return np.array([g.device.memory_bytes for g in cluster.groups], dtype=float)[group_ids(cluster)]
 
 
-
 def rank_memory(stages, pp: int, capacity_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(peak, capacity)``, each ``(pp,)``: every pipeline rank's stages'
     bytes added up (:attr:`pipesearch.types.StagePlan.memory_bytes`; with
@@ -78,6 +77,7 @@ def rank_memory(stages, pp: int, capacity_of: np.ndarray) -> tuple[np.ndarray, n
     mem = np.bincount([st.index % pp for st in stages], weights=[st.memory_bytes for st in stages], minlength=pp)
     caps = np.array([capacity_of[np.asarray(st.devices, dtype=np.int64)].min() for st in stages[:pp]], dtype=float)
     return mem, caps
+
 
 def class_links(cluster: Cluster) -> tuple[Link, Link, Link]:
     """The three link classes (intra-node, inter-node, inter-group)."""

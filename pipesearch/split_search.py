@@ -269,11 +269,10 @@ def _path_family(coef: np.ndarray, s, terms, cin) -> list:
     ``W``, sends down, sends up): ``max_q sum_{s on q} (...) + max_s r_s``."""
     form = coef[len(PATH_TERMS)][0] if len(coef) > len(PATH_TERMS) else 0.0
     r = terms[5]
+    rows = terms[:5] + ((cin,) if form == RANK_WORK_THEN_MAX_R else (r,))
+    alpha = sum((coef[k][s] * t for k, t in enumerate(rows) if np.any(coef[k])), np.zeros(np.shape(r)))
     if form == RANK_WORK_THEN_MAX_R:
-        work = sum((coef[k][s] * t for k, t in enumerate(terms[:5] + (cin,)) if coef[k].any()),
-                   np.zeros(np.shape(terms[0])))
-        return [("device", None, work), ("max", None, r)]
-    alpha = sum(coef[k][s] * t for k, t in enumerate(terms) if np.any(coef[k]))
+        return [("device", None, alpha), ("max", None, r)]
     return [("sum", alpha, None)] + ([("max", None, r)] if form == PATH_THEN_MAX_R else [])
 
 
@@ -969,23 +968,14 @@ def _device_split_fits(costs: PipelineCosts) -> bool:
     :meth:`PipelineCosts.device_memory_bytes`' rule; a split fits when
     some ``(k, k, L)`` is reached. Above that size, or with more chunks,
     these necessary conditions only (the split search checks every
-    device of what it returns). The even split is tried first, and
-    :func:`_device_balanced_split` where :func:`_devices_can_hold` would
-    run: when either fits, so does some split (on a 1,000-layer profile on
-    1x4-v100-pcie the witness settled 5 of 8 points in 1-8 ms each, against
-    0.1-0.7 s; its moves grow with the layers, so not above that size)."""
+    device of what it returns). The even split is tried first: when it
+    fits, so does some split."""
     R, _, v = costs.chunk_states.shape
     L = costs.num_layers
     if costs.split_fits(even_split(L, costs.pp)):  # the commonest case
         return True
-    if not _stage_reach(costs):
+    if not _stage_reach(costs) or not _devices_can_hold(costs, R):
         return False
-    if costs.pp * max(1, L - costs.pp + 1) * L <= RANK_LAYER_TERMS:  # _devices_can_hold's O(S L^2) check runs
-        held = _device_balanced_split(costs, R)  # so a witness first (O(L) moves)
-        if held is not None and costs.split_fits(held):
-            return True
-        if not _devices_can_hold(costs, R):
-            return False
     if v != 2 or R * (L + 1) ** 5 > DEVICE_FIT_CELLS:
         return True
     n = L + 1
@@ -1358,12 +1348,12 @@ def _start_paths(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_Ev
         g, ends = graph_ends(schedule, pp, costs.num_micro_batches, vp, times)
         ends = ends.reshape(len(ends), -1)
     found = [coef for _, coef in paths_of_ends(g, ends, times, pp)]
-    if len(g.col) <= COMMON_NODE_GRAPHS:  # and the fastest one's path before every rank's all-reduce, + max r
-        common = path_before_all_reduces(g, ends[:, 0], costs.pp)
-        if common is not None:
-            work = rank_work_before(g, node_before_all_reduces(g, ends[:, 0]), costs.pp)
-            found[1:1] = [np.vstack([common, np.full((1, costs.pp), PATH_THEN_MAX_R)]),
-                          np.vstack([work, np.full((1, costs.pp), RANK_WORK_THEN_MAX_R)])]
+    node = node_before_all_reduces(g, ends[:, 0]) if len(g.col) <= COMMON_NODE_GRAPHS else None
+    if node is not None:  # and the fastest one's two families before every rank's all-reduce, + max r
+        common = path_before_all_reduces(g, ends[:, 0], costs.pp, node)
+        work = rank_work_before(g, node, costs.pp)
+        found[1:1] = [np.vstack([common, np.full((1, costs.pp), PATH_THEN_MAX_R)]),
+                      np.vstack([work, np.full((1, costs.pp), RANK_WORK_THEN_MAX_R)])]
     seen, out = set(), []
     for coef in found:
         if coef.tobytes() not in seen:
@@ -1557,10 +1547,17 @@ def _devices_can_hold(costs: PipelineCosts, pp: int) -> bool:
     adds up to ``L`` has each rank's device within its memory
     (:func:`_rank_memory_fits`, a necessary condition); True otherwise, or
     without several stages per device, or above :data:`RANK_LAYER_TERMS`
-    terms (not checked: the split search's leaves are checked anyway)."""
+    terms (not checked: the split search's leaves are checked anyway).
+    Before that ``O(S W L)`` check, the witness of
+    :func:`_device_balanced_split` (``O(L)`` moves): when every device
+    holds it, True (on a 1,000-layer profile on 1x4-v100-pcie it settled 5
+    of 8 points in 1-8 ms each, against 0.1-0.7 s)."""
     L, S = costs.num_layers, costs.pp
     W = max(1, L - S + 1)
     if costs.chunk_states is None or S <= pp or S * W * L > RANK_LAYER_TERMS:
+        return True
+    held = _device_balanced_split(costs, pp)
+    if held is not None and costs.split_fits(held):
         return True
     ks, d, i = _stage_ranges(costs, W)
     if not len(ks):

@@ -513,7 +513,7 @@ def paths_of_ends(g: _Graph, ends: np.ndarray, times: StageTimes, pp: int) -> li
     return out
 
 
-def path_before_all_reduces(g: _Graph, end: np.ndarray, S: int) -> np.ndarray | None:
+def path_before_all_reduces(g: _Graph, end: np.ndarray, S: int, node: int | None = None) -> np.ndarray | None:
     """``(6, S)`` coefficients (:data:`PATH_TERMS`, all-reduce row 0) of the
     longest path, for one split's node ends ``end`` (a column of
     :func:`graph_ends`), to the node that ends last among those from which
@@ -522,8 +522,9 @@ def path_before_all_reduces(g: _Graph, end: np.ndarray, S: int) -> np.ndarray | 
     action (:func:`times_of_ends`), so for every split ``T >= len(path) +
     max_q R_q >= len(path) + max_s r_s`` (``R_q`` rank ``q``'s all-reduce,
     the sum of its stages' ``r_s``), ``len(path)`` the path's terms of that
-    split (the graph does not depend on the split)."""
-    node = node_before_all_reduces(g, end)
+    split (the graph does not depend on the split). ``node``: that node,
+    when :func:`node_before_all_reduces` already found it."""
+    node = node_before_all_reduces(g, end) if node is None else node
     return None if node is None else _trace(g, end, node, S)
 
 
