@@ -611,6 +611,9 @@ def simultaneous_in_flight_of(name: str, p: int, m: int, v: int = 1,
         InputError: as :func:`build`.
     """
     orders = build_orders(name, p, m, v)
+    if v == 1 and name not in _MULTI_STAGE and all(seq and seq[0][:2] == ("F", r) for r, seq in enumerate(orders)):
+        # rank r runs stage r alone: the walk of one count
+        return tuple(_one_stage_peak([k for k, _, _ in seq], held_after_input) for seq in orders)
     return _simultaneous_in_flight([[(k, s) for k, s, _ in seq] for seq in orders], held_after_input)
 
 
@@ -680,6 +683,9 @@ def _one_stage_peak(kinds, held_after_input: float) -> float:
     first action an ``F``: the same float operations on one count (the
     rank's total is that count) without the per-action dictionary."""
     x, best, at, change = 0.0, -1.0, 0.0, _held_changes(held_after_input)
+    rising = "".join(k for k, c in change.items() if c > 0)
+    if rising == "F":  # after the rank's last forward its count only falls: the walk stops there
+        kinds = kinds[:"".join(kinds).rfind("F") + 1]
     for kind in kinds:
         x = x + change.get(kind, 0.0)
         if x > best + 1e-12:

@@ -73,7 +73,8 @@ def walked_in_flight(actions, h):
 @pytest.mark.parametrize("name,vs", [("gpipe", (1,)), ("1f1b", (1,)), ("zb-h1", (1,)),
                                      ("interleaved-1f1b", (1, 2, 3)), ("looped-bfs", (1, 2))])
 def test_in_flight_of_orders_is_bit_for_bit_the_action_walk(name, vs):
-    for p in (1, 2, 3, 4, 6):
+    # one stage per rank: a deeper pipeline too (its walk stops at the rank's last forward)
+    for p in (1, 2, 3, 4, 6) + ((13,) if vs == (1,) else ()):
         for v in vs:
             for m in (p, p + 1, 2 * p, 2 * p + 3):
                 if name == "interleaved-1f1b" and m % p:
