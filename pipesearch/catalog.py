@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .errors import CatalogError, InputError
 from .input_files import non_regular_kind
+from .output import short_path
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -69,11 +70,14 @@ def resolve(kind: str, name_or_path: str) -> Path:
             suggests close catalog names.
     """
     p = Path(name_or_path).expanduser()
-    if p.is_file():
-        return p
-    what = non_regular_kind(p) if str(name_or_path) else None
+    label = f"--{kind}" if kind in ("model", "cluster") else kind
+    try:
+        if p.is_file():
+            return p
+        what = non_regular_kind(p) if str(name_or_path) else None
+    except OSError as exc:  # e.g. a name longer than the file system allows: neither a file nor a catalog name
+        raise InputError(f"{label} {short_path(name_or_path)}: cannot be read ({exc.strerror or exc})") from None
     if what is not None:
-        label = f"--{kind}" if kind in ("model", "cluster") else kind
         raise InputError(f"{label} {name_or_path}: is {what}, not a {kind} file; give the path of a "
                          f"regular file or a catalog name (`pipesearch catalog`)")
     entries = list_entries(kind)

@@ -29,14 +29,23 @@ def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
     p = Path(path)
     if str(path) == "":
         raise InputError(f"{what}: empty file name")
-    if p.is_dir():
-        raise InputError(f"{what} {p}: is a directory; give a file name")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{what} {p}: directory {parent} does not exist; create it first")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise InputError(f"{what} {p}: not writable")
+    try:
+        if p.is_dir():
+            raise InputError(f"{what} {p}: is a directory; give a file name")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            raise InputError(f"{what} {p}: directory {parent} does not exist; create it first")
+        if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise InputError(f"{what} {p}: not writable")
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise InputError(f"{what} {short_path(p)}: cannot be written ({exc.strerror or exc})") from None
     return p
+
+
+def short_path(path, limit: int = 80) -> str:
+    """``path`` for an error line: its first ``limit`` characters and a count of the rest."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _umask_mode() -> int:
@@ -88,9 +97,12 @@ def check_distinct_paths(outputs, inputs) -> None:
     outputs, inputs = (list(x.items()) if isinstance(x, dict) else list(x) for x in (outputs, inputs))
     seen: dict = {}
     for flag, path, given in [(f, p, False) for f, p in inputs] + [(f, p, True) for f, p in outputs]:
-        if not path or (not given and not Path(path).is_file()):
+        try:
+            if not path or (not given and not Path(path).is_file()):
+                continue
+            key = Path(path).resolve()
+        except OSError:  # a name the file system refuses: no file to be overwritten (reading or writing it says why)
             continue
-        key = Path(path).resolve()
         if key in seen and given:
             other, other_path, other_given = seen[key]
             raise InputError(f"{flag} {path}: the same file as {other} {other_path}; "

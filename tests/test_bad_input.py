@@ -842,6 +842,29 @@ def test_an_output_that_would_overwrite_an_input_or_another_output_is_refused(tm
                               "--all-points", "p.json"], "--all-points p.json: the same file as -o p.json")
 
 
+def test_a_figure_directory_that_cannot_be_made_is_refused_before_the_plan_file(tmp_path):
+    """The parent is a writable directory but the directory cannot be made
+    there (here: a name over the file system's limit; /proc/x did the same):
+    plan wrote -o, then failed on the figures with exit 2; now it is refused
+    before the search, naming the option."""
+    name = "f" * 300
+    assert_refused(tmp_path, ["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "-o", "p.json",
+                              "--plot-dir", name], f"--plot-dir {'f' * 80}... (300 characters): cannot create")
+
+
+@pytest.mark.parametrize("flag", ["-o", "--all-points"])
+def test_an_output_name_too_long_for_the_file_system_is_refused(tmp_path, flag):
+    """Path.exists raised on it: an internal error (exit 1) instead of a refusal."""
+    assert_refused(tmp_path, ["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", flag, "g" * 300],
+                   f"{flag} {'g' * 80}... (300 characters): cannot be written")
+
+
+@pytest.mark.parametrize("command,flag", [("plan", "--model"), ("plan", "--cluster"), ("serve", "--model")])
+def test_an_input_name_too_long_for_the_file_system_is_refused(tmp_path, command, flag):
+    """Neither a file nor a catalog name; the file check raised (exit 1)."""
+    assert_refused(tmp_path, [command, flag, "g" * 300], f"{flag} {'g' * 80}... (300 characters): cannot be read")
+
+
 def test_a_refused_plan_leaves_no_figure_directory(tmp_path):
     """--plot-dir is made when the figures are written, so a refused
     command (an unknown model) leaves no empty directory behind."""
