@@ -684,6 +684,13 @@ def _mapped_above(variant: ModelVariant, row: dict, ctx: dict, cutoff_s: float) 
     return info is not None and info["status"] == "ABOVE_CUTOFF" and info["best_bound_s"] >= cutoff_s
 
 
+def _raise_bound(row: dict, proven_s: float) -> None:
+    """A point pruned by its split or order search keeps the bound that
+    proved it (at least the cutoff it was searched against) as its
+    ``lower_bound_s``, not only the cheaper one it was visited with."""
+    row["lower_bound_s"] = max(row.get("lower_bound_s", 0.0), float(proven_s))
+
+
 def _mapped_key(variant: ModelVariant, row: dict) -> tuple:
     return ("mapped", id(variant), row["pp"], row["micro_batch_size"], row["num_micro_batches"], row["schedule"],
             row["vp"])
@@ -1429,6 +1436,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         placement_array(cluster, variant, row, placement_ctx)
         if _mapped_above(variant, row, placement_ctx, cutoff_s):  # proven: no order beats the cutoff
             row["status"] = "pruned"
+            _raise_bound(row, placement_ctx[_mapped_key(variant, row)][1]["best_bound_s"])
             return None, None
     slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
                                 placement_ctx)
@@ -1458,6 +1466,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
             return None, costs
         if found.exact and found.best_time_s >= cutoff_s and not options.exhaustive:
             row["status"] = "pruned"  # proven unable to enter the ranked plans
+            _raise_bound(row, found.lower_bound_s)
             return None, costs
         if not np.isfinite(found.best_time_s):  # stopped at its work limits before any split fit (every GPU)
             row["status"] = STOPPED

@@ -206,6 +206,21 @@ def test_space_grid_statuses(vgg_exhaustive, vgg_pruned):
     assert best_cell(pruned)["samples_per_s"] == pytest.approx(best_cell(grid)["samples_per_s"])
 
 
+def test_a_pruned_point_records_the_bound_that_pruned_it(vgg_exhaustive, vgg_pruned):
+    """A point pruned by its split search's proof kept the cheap bound it
+    was visited with (0.69 s on the default plan, below rank 5's 0.806 s):
+    its lower_bound_s now reaches the ranked plans' last time (less the
+    tie window), and stays at most the time the exhaustive search found for
+    that point (every split simulated or bounded, no cutoff)."""
+    pruned, full = points_frame(load(vgg_pruned)), points_frame(load(vgg_exhaustive))
+    last = load(vgg_pruned).plans[-1].predicted.iteration_time_s
+    key = ["tp", "recompute", "pp", "dp", "schedule", "vp", "micro_batch_size", "num_micro_batches", "placement"]
+    both = pruned[pruned.status == "pruned"].merge(full[full.status == "ok"], on=key, suffixes=("", "_full"))
+    assert len(both) > 100
+    assert (both.lower_bound_s >= last * (1 - 3e-3)).all()
+    assert (both.lower_bound_s <= both.iteration_time_s_full * (1 + 1e-9)).all()
+
+
 def test_pareto_space_counts_of_a_pruned_search_equal_the_exhaustive_one(vgg_exhaustive, vgg_pruned):
     """The pareto plot's count of the space: a pruned search lists only the
     points it expanded, so its size and pruned count come from the search's
