@@ -1851,6 +1851,11 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
     if counts.get("too_many_micro_batches") and len(counts) == 1:
         hint = (f"every point needs more than {MAX_MICRO_BATCHES:,} micro-batches per replica; raise "
                 "--micro-batch-size or --dp")
+    elif counts.get("too_many_micro_batches") and counts.get("out_of_memory"):
+        # small micro-batches are too many, larger ones (the divisors of the batch) do not fit
+        hint = (f"the micro-batch sizes that divide the global batch {job.global_batch_size:,} either need more than "
+                f"{MAX_MICRO_BATCHES:,} micro-batches per replica or do not fit; choose a global batch with more "
+                "divisors (e.g. a multiple of a power of two), or use a larger cluster")
     if counts.get(STOPPED):
         hint = (f"{counts[STOPPED]} points are not proven out of memory: their split search stopped at its work "
                 f"limits before it met a split that fits every GPU; pin one with --split, or {hint}")

@@ -963,6 +963,10 @@ def test_no_plan_hints_name_what_can_change(tmp_path):
     out = refused("--model", str(csv), "--cluster", "1x4-v100-pcie", "--pp", "2", "--dp", "1", "--schedule", "1f1b",
                   "-b", "65536", "--micro-batch-size", "2")
     assert "more than 16,384 micro-batches per replica; raise --micro-batch-size or --dp" in out
+    # a prime global batch: micro-batches of 1 are too many, of the whole batch out of memory (the hint said
+    # "lower --micro-batch-size", which only adds micro-batches)
+    out = refused("--model", "gnmt", "--cluster", "1x4-v100-pcie", "-b", str(2**31 - 1))
+    assert "choose a global batch with more divisors" in out and "lower --micro-batch-size" not in out
     out = refused("--model", "llama3-8b", "--cluster", "1x8-rtx3090-pcie3", "-b", "32", "--seq-len", "2048", "--pp",
                   "8", "--tp", "1", "--schedule", "1f1b", "--recompute", "none")
     assert "raise --pp" not in out and "--optimizer-offload" in out
