@@ -283,7 +283,7 @@ def parse_document(text: str, source: str = "<text>") -> Any:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PlanFormatError(f"{source}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        raise PlanFormatError(f"{source}: not JSON ({exc.msg}: line {exc.lineno}, column {exc.colno})") from None
     except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits, nesting too deep
         raise PlanFormatError(f"{source}: not a plan file ({parse_failure(exc)})") from None
     if not isinstance(doc, dict):

@@ -124,6 +124,9 @@ def _expect_error(tmp_path, obj, *needles):
 
 def test_not_json(tmp_path):
     _expect_error(tmp_path, '{"schema": "pipesearch.plan/1", ', "not JSON")
+    # a string cut short on line 2 (json says "Unterminated string starting at"): line and column, no "at at"
+    msg = _expect_error(tmp_path, '{"schema":\n  "pipesearch.pl', "not JSON (Unterminated string starting at: line 2, column 3)")
+    assert "at at" not in msg
 
 
 def test_wrong_schema(tmp_path, doc):
