@@ -393,6 +393,23 @@ def test_hf_llama_equals_catalog(tmp_path):
     assert short.seq_len == 2048
 
 
+def test_an_unknown_model_type_read_by_its_keys_is_noted(tmp_path):
+    """A LLaMA-style config.json labelled model_type "mamba" planned without
+    a word: it is read by its keys (as documented), now with a warning that
+    names the file and the value; known types (and none at all) get none."""
+    from pipesearch.profiles.transformer import guessed_family_note
+
+    odd = _write(tmp_path, LLAMA2_7B_HF | {"model_type": "mamba"}, "odd.json")
+    assert load_hf_config(odd).gated_mlp  # still read as LLaMA-style by its keys
+    note = guessed_family_note(odd)
+    assert str(odd) in note and "model_type 'mamba'" in note and "LLaMA-style" in note
+    for known in ("llama", "qwen2", "qwen3", "mistral"):
+        assert guessed_family_note(_write(tmp_path, LLAMA2_7B_HF | {"model_type": known}, f"{known}.json")) is None
+    plain = dict(LLAMA2_7B_HF)
+    del plain["model_type"]
+    assert guessed_family_note(_write(tmp_path, plain, "plain.json")) is None
+
+
 def test_hf_gpt2_small(tmp_path):
     cfg = load_hf_config(_write(tmp_path, {
         "model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None,

@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..hardware import describe_cluster, load_cluster
 from ..limits import MAX_SIMULATED_REQUESTS
 from ..output import check_distinct_paths, check_writable, write_text
-from ..profiles.transformer import hf_checkpoint, load_transformer
+from ..profiles.transformer import guessed_family_note, hf_checkpoint, load_transformer
 from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_format
 from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
@@ -199,6 +199,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
                          f"config (catalog TOML or HuggingFace config.json)")
     cfg = load_transformer(path)
+    if path.suffix == ".json" and (note := guessed_family_note(path)):
+        click.echo(f"warning: {note}", err=True)
     if cfg.is_encoder_decoder:
         raise InputError(f"--model {model}: {cfg.name} is an encoder-decoder model; serving plans cover "
                          f"decoder-only transformers (a KV cache per decoder layer, prefill then decode); "
@@ -262,7 +264,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                                           memory_fraction=spec.memory_fraction,
                                           max_model_len=input_len + output_len,
                                           max_num_batched_tokens=spec.max_num_batched_tokens,
-                                          devices_per_node=devices_per_node, concurrency=concurrency)
+                                          devices_per_node=devices_per_node, concurrency=concurrency,
+                                          catalog_name=model_path is None)
             except InputError as exc:
                 ex[name] = {"refused": str(exc)}
         exports.append(ex)

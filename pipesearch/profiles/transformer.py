@@ -459,18 +459,8 @@ def load_hf_config(
             raise InputError(f"{p}: missing key '{key}' (model_type {model_type or '?'})")
         return default
 
-    if model_type in _T5_TYPES or (not model_type and "d_model" in d and "d_kv" in d):
-        family = "t5"
-    elif model_type in _GPT2_TYPES or (model_type not in _NEOX_TYPES + _LLAMA_TYPES and "n_embd" in d):
-        family = "gpt2"
-    elif model_type in _NEOX_TYPES:
-        family = "neox"
-    elif model_type in _LLAMA_TYPES:
-        family = "llama"
-    elif "num_hidden_layers" in d and "hidden_size" in d:
-        act = str(d.get("hidden_act", "")).lower()
-        family = "llama" if ("num_key_value_heads" in d or act in ("silu", "swiglu")) else "neox"
-    else:
+    family = _family(d, model_type)
+    if family is None:
         raise InputError(
             f"{p}: unrecognised config (model_type {model_type or 'missing'!r}); expected a "
             f"GPT-2 (n_layer, n_embd), GPT-NeoX/LLaMA (num_hidden_layers, hidden_size) or "
@@ -566,6 +556,42 @@ def load_hf_config(
     full = {f.name: f.default for f in fields(TransformerConfig)}
     full.update(values)
     return _build(full, where, keys)
+
+
+def _family(d: Mapping, model_type: str) -> str | None:
+    """The cost model's family of a HuggingFace config (``t5``, ``gpt2``,
+    ``neox``, ``llama``): by ``model_type`` where it is one of those, else
+    guessed from the keys present; None when neither says."""
+    if model_type in _T5_TYPES or (not model_type and "d_model" in d and "d_kv" in d):
+        return "t5"
+    if model_type in _GPT2_TYPES or (model_type not in _NEOX_TYPES + _LLAMA_TYPES and "n_embd" in d):
+        return "gpt2"
+    if model_type in _NEOX_TYPES:
+        return "neox"
+    if model_type in _LLAMA_TYPES:
+        return "llama"
+    if "num_hidden_layers" in d and "hidden_size" in d:
+        act = str(d.get("hidden_act", "")).lower()
+        return "llama" if ("num_key_value_heads" in d or act in ("silu", "swiglu")) else "neox"
+    return None
+
+
+#: model types read by their keys as one of the families without a note (LLaMA-style decoders)
+_KNOWN_TYPES = _T5_TYPES + _GPT2_TYPES + _NEOX_TYPES + _LLAMA_TYPES + _QKV_BIAS_TYPES + _QK_NORM_TYPES
+
+
+def guessed_family_note(path: str | Path) -> str | None:
+    """A warning for a HuggingFace ``config.json`` (read by
+    :func:`load_hf_config`) whose ``model_type`` pipesearch does not know:
+    its layers are costed as the family its keys look like, which may not
+    be its architecture (a state-space or hybrid model). None otherwise."""
+    d = json.loads(_read_text(Path(path)))
+    model_type = str(d.get("model_type") or "").lower()
+    if not model_type or model_type in _KNOWN_TYPES:
+        return None
+    names = {"t5": "T5 encoder-decoder", "gpt2": "GPT-2", "neox": "GPT-NeoX", "llama": "LLaMA-style"}
+    return (f"{path}: model_type {model_type!r} is not one pipesearch knows; its layers are costed as a "
+            f"{names[_family(d, model_type)]} transformer read from its keys (check the architecture matches)")
 
 
 def _hub_reference(config: Mapping) -> str:
