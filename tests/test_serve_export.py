@@ -74,9 +74,9 @@ def test_cli_writes_plans_with_both_engines_commands(tmp_path):
     assert s["env"]["SGLANG_PP_LAYER_PARTITION"] == ",".join(map(str, split))
     assert s["argv"][s["argv"].index("--tp-size") + 1] == "1" and s["argv"][s["argv"].index("--pp-size") + 1] == "8"
     assert "VLLM_PP_LAYER_PARTITION=" in r.output and "vs default" in r.output
-    # the catalog name is no checkpoint an engine can load: both commands say to replace it
+    # the model's name in pipesearch is no checkpoint an engine can load: both commands say to replace it
     for engine in ("vllm", "sglang"):
-        assert any("llama3-70b is pipesearch's catalog name" in n for n in plan["exports"][engine]["notes"])
+        assert any("llama3-70b is the model's name in pipesearch" in n for n in plan["exports"][engine]["notes"])
 
 
 def test_a_given_model_path_goes_in_the_commands_without_the_catalog_note(tmp_path):
@@ -86,7 +86,7 @@ def test_a_given_model_path_goes_in_the_commands_without_the_catalog_note(tmp_pa
     assert r.exit_code == 0, r.output
     v = json.loads(out.read_text())["plans"][0]["exports"]["vllm"]
     assert v["argv"][:3] == ["vllm", "serve", "meta-llama/Meta-Llama-3-70B"]
-    assert not any("catalog name" in n for n in v["notes"])
+    assert not any("name in pipesearch" in n for n in v["notes"])
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -265,7 +265,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                                           max_model_len=input_len + output_len,
                                           max_num_batched_tokens=spec.max_num_batched_tokens,
                                           devices_per_node=devices_per_node, concurrency=concurrency,
-                                          catalog_name=model_path is None)
+                                          model_name_only=model_path is None)
             except InputError as exc:
                 ex[name] = {"refused": str(exc)}
         exports.append(ex)

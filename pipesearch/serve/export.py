@@ -84,11 +84,11 @@ def parse_partition(value: str, num_layers: int, pp: int, engine: str) -> tuple[
 
 def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str, weight_dtype: str,
                    kv_dtype: str, memory_fraction: float, max_model_len: int, max_num_batched_tokens: int,
-                   devices_per_node: int, concurrency: int | None = None, catalog_name: bool = False) -> dict:
+                   devices_per_node: int, concurrency: int | None = None, model_name_only: bool = False) -> dict:
     """The engine's command for one replica of ``plan`` (a
     :class:`~pipesearch.serve.search.ServePlan`); ``concurrency``: the
     closed loop's clients, when given (replicas beyond them stay idle);
-    ``catalog_name``: ``model_path`` is pipesearch's name of the model, not
+    ``model_name_only``: ``model_path`` is pipesearch's name of the model, not
     a checkpoint the engine can load (a note says to replace it).
 
     Returns:
@@ -106,8 +106,8 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
     devices = plan.tp * plan.pp
     nodes = -(-devices // devices_per_node)
     env = {PARTITION_ENV[engine]: ",".join(map(str, plan.split))} if plan.pp > 1 else {}
-    notes = [f"{model_path} is pipesearch's catalog name, not a checkpoint: replace it with the model's Hugging Face "
-             "id or local path (or pass --model-path)"] if catalog_name else []
+    notes = [f"{model_path} is the model's name in pipesearch, not a checkpoint: replace it with its Hugging Face "
+             "id or local path (or pass --model-path)"] if model_name_only else []
     if engine == "vllm":
         argv = ["vllm", "serve", model_path, "--tensor-parallel-size", str(plan.tp),
                 "--pipeline-parallel-size", str(plan.pp), "--max-num-seqs", str(plan.max_num_seqs),
