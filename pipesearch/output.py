@@ -42,6 +42,36 @@ def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
     return p
 
 
+def check_directory(path: str | os.PathLike[str], what: str) -> Path:
+    """Check before any work is done that files can be written into the
+    directory ``path``: an existing writable directory, or one that can be
+    made (it is made and removed at once, so a parent that refuses it, such
+    as ``/proc``, or a name the file system refuses, is refused now and
+    nothing is left behind).
+
+    Raises:
+        InputError: naming ``what`` (the option) and the path.
+    """
+    d = Path(path)
+    shown = short_path(d)
+    try:
+        if d.exists() and not d.is_dir():
+            raise InputError(f"{what} {shown}: is not a directory")
+        if not d.is_dir() and d.parent.exists() and not d.parent.is_dir():
+            raise InputError(f"{what} {shown}: {short_path(d.parent)} is not a directory")
+        if not d.is_dir() and not d.parent.is_dir():
+            raise InputError(f"{what} {shown}: its parent directory does not exist")
+        writable = d if d.is_dir() else d.parent
+        if not os.access(writable, os.W_OK | os.X_OK):
+            raise InputError(f"{what} {shown}: directory {short_path(writable)} is not writable")
+        if not d.exists():
+            d.mkdir()
+            d.rmdir()
+    except OSError as exc:
+        raise InputError(f"{what} {shown}: cannot create it ({exc.strerror or exc})") from None
+    return d
+
+
 def short_path(path, limit: int = 80) -> str:
     """``path`` for an error line: its first ``limit`` characters and a count of the rest."""
     text = str(path)

@@ -563,6 +563,13 @@ def test_export_files_empty_or_under_a_file_is_refused(tmp_path, plan_doc):
     assert_refused(tmp_path, ["export", path, "--format", "torch", "--files", "afile"], "afile", "is a file")
 
 
+def test_export_files_into_a_directory_name_too_long_is_refused(tmp_path, plan_doc):
+    """Path.exists raised on the name: an internal error (exit 1)."""
+    path = edited(tmp_path, plan_doc, lambda p: None)
+    assert_refused(tmp_path, ["export", path, "--format", "deepspeed", "--files", "b" * 300],
+                   f"export --files {'b' * 80}... (300 characters): cannot create it")
+
+
 def test_export_files_into_a_directory_that_cannot_be_made(tmp_path, plan_doc):
     """/proc exists but no directory can be made in it (even as root)."""
     if not os.path.isdir("/proc/self"):
@@ -849,7 +856,7 @@ def test_a_figure_directory_that_cannot_be_made_is_refused_before_the_plan_file(
     before the search, naming the option."""
     name = "f" * 300
     assert_refused(tmp_path, ["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "-o", "p.json",
-                              "--plot-dir", name], f"--plot-dir {'f' * 80}... (300 characters): cannot create")
+                              "--plot-dir", name], f"--plot-dir {'f' * 80}... (300 characters): cannot create it")
 
 
 @pytest.mark.parametrize("flag", ["-o", "--all-points"])

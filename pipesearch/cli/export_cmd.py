@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 
 from ..errors import InputError, PlanFormatError
 from ..export import DESCRIPTION_FORMATS, FORMATS, export_plan
-from ..output import check_distinct_paths, check_writable, write_text
+from ..output import check_directory, check_distinct_paths, check_writable, write_text
 from ..plan import load_plan_file, parse_document, read_plan_text, select_plan
 from . import main
 from .validate_cmd import plan_file_problems
@@ -82,16 +81,7 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
     if files_dir is not None and not str(files_dir).strip():
         raise InputError("export --files: empty directory name; give the directory to write the files into")
     if files_dir:
-        d = Path(files_dir)
-        if d.exists() and not d.is_dir():
-            raise InputError(f"export --files {files_dir}: is not a directory")
-        if not d.is_dir() and d.parent.exists() and not d.parent.is_dir():
-            raise InputError(f"export --files {files_dir}: {d.parent} is not a directory")
-        if not d.is_dir() and not d.parent.is_dir():
-            raise InputError(f"export --files {files_dir}: its parent directory does not exist")
-        writable = d if d.is_dir() else d.parent
-        if not os.access(writable, os.W_OK | os.X_OK):
-            raise InputError(f"export --files {files_dir}: directory {writable} is not writable")
+        check_directory(files_dir, "export --files")
     if torchtitan_version is not None and fmt != "torchtitan":
         raise InputError(f"export --torchtitan-version {torchtitan_version}: only with --format torchtitan "
                          f"(not {fmt})")

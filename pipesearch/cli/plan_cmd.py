@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import replace
@@ -18,7 +17,7 @@ from ..limits import MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
-from ..output import check_distinct_paths, check_writable, short_path, write_output
+from ..output import check_directory, check_distinct_paths, check_writable, write_output
 from ..output_table import format_table
 from ..placement import memory_bytes_of, rank_memory
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
@@ -476,17 +475,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if plot_dir == "":
         raise InputError("--plot-dir: empty directory name; give a directory")
     if plot_dir:
-        plot_dir = Path(plot_dir)  # made when the figures are written (nothing is left behind by a refusal)
-        try:
-            exists = plot_dir.exists()
-            where = plot_dir if exists else plot_dir.parent
-            if (exists and not plot_dir.is_dir()) or not where.is_dir() or not os.access(where, os.W_OK):
-                raise InputError(f"--plot-dir {plot_dir}: not a writable directory (its parent must exist)")
-            if not exists:  # made and removed at once: a parent that refuses it is refused now
-                plot_dir.mkdir()
-                plot_dir.rmdir()
-        except OSError as exc:
-            raise InputError(f"--plot-dir {short_path(plot_dir)}: cannot create the directory ({exc.strerror})") from None
+        plot_dir = check_directory(plot_dir, "--plot-dir")  # made when the figures are written
         if plot_dir.is_dir():  # every figure's file too, before anything is written
             from ..plots.common import KINDS
 
