@@ -579,6 +579,27 @@ def test_export_files_into_a_directory_that_cannot_be_made(tmp_path, plan_doc):
                    "--files /proc/pipesearch-out", "cannot create it")
 
 
+def test_a_plan_of_zero_time_is_refused_and_strict_bounds_are_said_in_words(tmp_path, plan_doc):
+    """Every stage time and the iteration time set to 0 passed validate and
+    crashed simulate (a division by the iteration time); a byte size of 0
+    where it must be positive read "0 is less than or equal to the minimum
+    of 0" (jsonschema's own words)."""
+    def zero(p):
+        for st in p["stages"]:
+            st.update(fwd_s=0.0, compute_s=0.0, comm_s=0.0, allreduce_s=0.0)
+        p["predicted"].update(iteration_time_s=0.0, analytic_iteration_time_s=0.0)
+
+    path = edited(tmp_path, plan_doc, zero)
+    for command in (["validate"], ["simulate"], ["export", "--format", "torch"]):
+        assert_refused(tmp_path, [command[0], path, *command[1:]], "plans[0].predicted.iteration_time_s",
+                       "must be > 0, got 0")
+    doc = copy.deepcopy(plan_doc)
+    doc["inputs"]["model"]["bytes_per_param"] = 0
+    path = write(tmp_path / "bpp.json", json.dumps(doc))
+    line = assert_refused(tmp_path, ["validate", path], "inputs.model.bytes_per_param", "must be > 0, got 0")
+    assert "less than or equal" not in line
+
+
 def test_export_of_inconsistent_plan_names_the_file(tmp_path, plan_doc):
     path = edited(tmp_path, plan_doc, lambda p: p["stages"][1]["layer_names"].pop())
     assert_refused(tmp_path, ["export", path, "--format", "torch"], path, "stages[1].layer_names",

@@ -108,6 +108,10 @@ def _describe(error: "jsonschema.ValidationError") -> Problem:
         return Problem(where, f"must be >= {value:g}, got {show(inst)}")
     if v == "maximum":
         return Problem(where, f"must be <= {value:g}, got {show(inst)}")
+    if v == "exclusiveMinimum":
+        return Problem(where, f"must be > {value:g}, got {show(inst)}")
+    if v == "exclusiveMaximum":
+        return Problem(where, f"must be < {value:g}, got {show(inst)}")
     if v == "enum":
         return Problem(where, f"{show(inst)} is not one of {', '.join(map(str, value))}")
     if v == "const":
