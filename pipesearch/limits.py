@@ -39,6 +39,14 @@ MIN_TFLOPS, MAX_TFLOPS = 1e-9, 1e6
 #: requests in one simulated serving run (``serve --num-requests``): 10**5 take
 #: seconds per plan; far more would look like a hang
 MAX_SIMULATED_REQUESTS = 100_000
+#: a serving workload's arrival rate, requests per second: below the least, the simulated
+#: arrivals lie so far apart that a step's milliseconds vanish in their float sum (1e-13/s
+#: turned a TPOT of 11 ms into 1 ms); 1e-5/s, about one a day, is far below any served load
+MIN_REQUEST_RATE, MAX_REQUEST_RATE = 1e-5, 1e9
+#: an inference engine's time per step outside the kernels, milliseconds (a minute)
+MAX_STEP_OVERHEAD_MS = 60_000.0
+#: decoder layers a serving plan splits (its split tables grow with the square of the count)
+MAX_SERVE_LAYERS = 4096
 #: a host CPU's optimizer throughput, parameters per second (far above any CPU)
 MAX_PARAMS_PER_S = 1e15
 #: counts such as a batch size, a hidden size or a sequence length (int32)

@@ -97,12 +97,33 @@ def test_a_given_model_path_goes_in_the_commands_without_the_catalog_note(tmp_pa
     (["--model", "llama2-70b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1"], "no serving plan"),
     (["--cluster", "mixed-a100-v100"], "one device type"),
     (["--pp", "3"], "--pp 3"),
+    # the engines would read these as an option, an empty argument, the end of the shell line
+    (["--model-path", "--help"], "--model-path '--help': starts with '-'"),
+    (["--model-path", " "], "--model-path ' ': blank"),
+    (["--model-path", "a\nb"], "holds a control character"),
+    # simulated arrivals so far apart that a step vanished in their sum (TPOT 11 ms read as 1 ms)
+    (["--request-rate", "1e-13"], "'--request-rate': 1e-13 is not in the range"),
+    (["--step-overhead-ms", "1e300"], "'--step-overhead-ms'"),
+    # the reserve blamed alone for a fraction that leaves nothing
+    (["--memory-fraction", "1e-300"], "at a memory fraction of 1e-300"),
 ])
 def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle):
     r, out = _run(args, tmp_path)
     assert r.exit_code == 2, r.output
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.output
+    assert not out.exists()
+
+
+def test_a_config_of_too_many_layers_to_split_is_refused_before_the_search(tmp_path):
+    """100,000 decoder layers reached the split search and failed there on
+    a 74.5 GiB allocation, naming a knob of `plan`."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 100_000, "hidden_size": 4096,
+                                  "intermediate_size": 11008, "num_attention_heads": 32, "vocab_size": 32000,
+                                  "max_position_embeddings": 4096}))
+    r, out = _run(["--model", str(config), "--cluster", "1x4-v100-pcie"], tmp_path)
+    assert r.exit_code == 2 and "100000 decoder layers; serving plans split at most 4096" in r.output, r.output
     assert not out.exists()
 
 

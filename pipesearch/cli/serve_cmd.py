@@ -13,7 +13,8 @@ import pandas as pd
 from ..catalog import resolve
 from ..errors import InputError
 from ..hardware import describe_cluster, load_cluster
-from ..limits import MAX_SIMULATED_REQUESTS
+from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
+                      MIN_REQUEST_RATE)
 from ..output import check_distinct_paths, check_writable, write_text
 from ..profiles.transformer import guessed_family_note, hf_checkpoint, load_transformer
 from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_format
@@ -108,6 +109,20 @@ def _window(events, span_s: float):
     return tuple(ev for ev in events if t0 <= ev.start_s < t0 + span_s) or tuple(events[:1])
 
 
+def _check_model_path(model_path: str, what: str) -> None:
+    """Refuse a checkpoint the engines' command lines would misread: blank,
+    starting with ``-`` (an option to vLLM and SGLang), or holding a control
+    character (a newline would end the shell command)."""
+    shown = repr(model_path) if len(model_path) <= 80 else repr(model_path[:80]) + "..."
+    if not model_path.strip():
+        raise InputError(f"{what} {shown}: blank; give the checkpoint (a Hugging Face id or a local path)")
+    if model_path.startswith("-"):
+        raise InputError(f"{what} {shown}: starts with '-', which the engines read as an option; give the "
+                         f"checkpoint's path (./{model_path} for a local folder of that name)")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in model_path):
+        raise InputError(f"{what} {shown}: holds a control character; give the checkpoint's id or path")
+
+
 @main.command("serve")
 @click.option("--model", default="llama3-70b", show_default=True,
               help="Catalog transformer (see `pipesearch catalog models`), a transformer TOML or a HuggingFace "
@@ -120,7 +135,7 @@ def _window(events, span_s: float):
               help="Generated tokens per request.")
 @click.option("--concurrency", type=click.IntRange(min=1),
               help="Closed loop of this many clients in total (default: as many as fit).")
-@click.option("--request-rate", type=FiniteFloatRange(min=0, min_open=True),
+@click.option("--request-rate", type=FiniteFloatRange(min=MIN_REQUEST_RATE, max=MAX_REQUEST_RATE),
               help="Poisson arrivals, requests per second in total.")
 @click.option("--weight-dtype", type=click.Choice(tuple(WEIGHT_FORMATS)), default="bf16", show_default=True)
 @click.option("--kv-dtype", type=click.Choice(tuple(KV_DTYPES)), default="bf16", show_default=True)
@@ -140,7 +155,7 @@ def _window(events, span_s: float):
 @click.option("--max-num-seqs", type=click.IntRange(min=1), help="Running sequences per replica (default 256).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
               help="Token budget of one step, chunked prefill (default 2048).")
-@click.option("--step-overhead-ms", type=FiniteFloatRange(min=0),
+@click.option("--step-overhead-ms", type=FiniteFloatRange(min=0, max=MAX_STEP_OVERHEAD_MS),
               help="Engine time per step outside the kernels (default 2).")
 @click.option("--model-path", help="Checkpoint to put in the exported commands (default: the model name; for a "
                                    "HuggingFace config.json its _name_or_path, else its folder).")
@@ -205,13 +220,21 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         raise InputError(f"--model {model}: {cfg.name} is an encoder-decoder model; serving plans cover "
                          f"decoder-only transformers (a KV cache per decoder layer, prefill then decode); "
                          f"plan its training with `pipesearch plan --model {model}`")
+    if cfg.num_layers > MAX_SERVE_LAYERS:
+        raise InputError(f"--model {model}: {cfg.num_layers} decoder layers; serving plans split at most "
+                         f"{MAX_SERVE_LAYERS} (the split search's tables grow with the square of the count)")
+    given = model_path is not None
     if model_path is None and path.suffix == ".json":  # a HuggingFace config: what an engine can load
         model_path = hf_checkpoint(path)
+    if model_path is not None:
+        _check_model_path(model_path, "--model-path" if given else f"{path}: _name_or_path")
     eng = engine_spec(engine, memory_fraction=memory_fraction, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens,
                       step_overhead_s=None if step_overhead_ms is None else step_overhead_ms / 1e3)
     if reserve >= cluster.device_spec(0).memory_bytes * eng.memory_fraction:
-        raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the devices of {cluster.name}")
+        raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the devices of {cluster.name} at a "
+                         f"memory fraction of {eng.memory_fraction:g} ({format_bytes(cluster.device_spec(0).memory_bytes * eng.memory_fraction)} "
+                         f"each): lower --memory-reserve or raise --memory-fraction")
     context = cfg.max_position_embeddings
     if context is not None and input_len + output_len > context:
         raise InputError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens is "
