@@ -600,6 +600,28 @@ def test_a_plan_of_zero_time_is_refused_and_strict_bounds_are_said_in_words(tmp_
     assert "less than or equal" not in line
 
 
+@pytest.mark.parametrize("edit,needle", [
+    (("comm_overlap", "bucket_params", -1), "inputs.job.comm_overlap.bucket_params: must be >= 1, got -1"),
+    (("comm_overlap", "grad_reduce", "no"), "inputs.job.comm_overlap.grad_reduce: expected true or false, got 'no'"),
+    ((None, "memory_headroom_fraction", -0.5), "inputs.job.memory_headroom_fraction: must be >= 0, got -0.5"),
+    ((None, "sequence_parallel", "true"), "inputs.job.sequence_parallel: expected true or false"),
+    ((None, "schedules", ["zzz"]), "inputs.job.schedules[0]: 'zzz' is not one of gpipe"),
+    (("optimizer_state", "bytes_per_param", {"weights": -2}),
+     "inputs.job.optimizer_state.bytes_per_param.weights: must be >= 0, got -2"),
+])
+def test_hand_edited_job_settings_are_checked(tmp_path, plan_doc, edit, needle):
+    """validate and export took a bucket of -1 parameters (into Megatron's
+    --ddp-bucket-size), the string "no" as true, a negative headroom, an
+    unknown schedule, negative bytes of state."""
+    part, key, value = edit
+    doc = copy.deepcopy(plan_doc)
+    job = doc["inputs"]["job"]
+    (job.setdefault(part, {}) if part else job)[key] = value
+    path = write(tmp_path / "job.json", json.dumps(doc))
+    for command in (["validate"], ["export", "--format", "megatron"]):
+        assert_refused(tmp_path, [command[0], path, *command[1:]], needle)
+
+
 def test_export_of_inconsistent_plan_names_the_file(tmp_path, plan_doc):
     path = edited(tmp_path, plan_doc, lambda p: p["stages"][1]["layer_names"].pop())
     assert_refused(tmp_path, ["export", path, "--format", "torch"], path, "stages[1].layer_names",
