@@ -1050,6 +1050,11 @@ def test_profile_refuses_a_device_name_plans_cannot_use_and_a_file_plan_cannot_r
      "runs 28 blocks"),
     (lambda d: d["inputs"]["model"]["transformer"].update(foo=1), "inputs.model.transformer.foo",
      "not a transformer config key"),
+    # was TransformerConfig.__init__()'s own words: "missing 1 required positional argument"
+    (lambda d: d["inputs"]["model"]["transformer"].pop("hidden_size"), "inputs.model.transformer.hidden_size",
+     "missing (a transformer config key with no default)"),
+    (lambda d: d["inputs"]["cluster"]["links"]["intra_node"].update(bandwidth_bytes_per_s=0),
+     "inputs.cluster.links.intra_node.bandwidth_bytes_per_s", "must be > 0, got 0"),
     (lambda d: d["plans"][0]["options"].update(placement="bogus"), "plans[0].options.placement", "'bogus'"),
     (lambda d: d["plans"][0]["options"].update(sequence_parallel="yes"), "plans[0].options.sequence_parallel",
      "true or false"),

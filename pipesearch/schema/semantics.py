@@ -656,7 +656,7 @@ def _transformer(doc: dict) -> list[Problem]:
     positive sizes, heads dividing the width and divisible by the KV heads,
     known kinds), and its blocks are the plan's blocks (a decoder's layer
     table, :func:`pipesearch.export.transformer_shape`)."""
-    from dataclasses import fields
+    from dataclasses import MISSING, fields
 
     from ..export import transformer_shape
     from ..profiles.transformer import TransformerConfig
@@ -671,6 +671,10 @@ def _transformer(doc: dict) -> list[Problem]:
     unknown = sorted(set(t) - known)
     if unknown:
         return [Problem(f"{at}.{unknown[0]}", "not a transformer config key; restore the config")]
+    required = [f.name for f in fields(TransformerConfig) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [key for key in required if key not in t]
+    if missing:
+        return [Problem(f"{at}.{missing[0]}", "missing (a transformer config key with no default); restore the config")]
     try:
         cfg = TransformerConfig(**t)
     except (InputError, TypeError) as exc:
