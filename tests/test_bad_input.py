@@ -622,6 +622,14 @@ def test_hand_edited_job_settings_are_checked(tmp_path, plan_doc, edit, needle):
         assert_refused(tmp_path, [command[0], path, *command[1:]], needle)
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.toml"])
+def test_a_transformer_config_not_in_utf8_names_its_file_once(tmp_path, name):
+    """The reader's refusal was wrapped again: "f: cannot read JSON: f: not a ..."."""
+    (tmp_path / name).write_bytes(b'{"model_type": "llama", "x": "\xe9"}' if name.endswith("json") else b'name = "\xe9"\n')
+    line = assert_refused(tmp_path, ["plan", "--model", name], f"{name}: not a transformer config (not UTF-8 text)")
+    assert line.count(name) == 1
+
+
 def test_export_of_inconsistent_plan_names_the_file(tmp_path, plan_doc):
     path = edited(tmp_path, plan_doc, lambda p: p["stages"][1]["layer_names"].pop())
     assert_refused(tmp_path, ["export", path, "--format", "torch"], path, "stages[1].layer_names",

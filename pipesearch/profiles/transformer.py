@@ -322,8 +322,9 @@ def _read_text(path: Path) -> str:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    text = _read_text(path)  # its own refusal names the file once
     try:
-        return tomllib.loads(_read_text(path))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: TOML syntax error: {e}") from None
     except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
@@ -433,8 +434,9 @@ def load_hf_config(
             the HF key and the value), or no sequence length anywhere.
     """
     p = Path(path)
+    text = _read_text(p)  # its own refusal names the file once
     try:
-        d = json.loads(_read_text(p))
+        d = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{p}: JSON syntax error: {e}") from None
     except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
