@@ -60,12 +60,13 @@ def resolve_dp(pins: BatchPins, num_devices: int) -> int | None:
     return fixed
 
 
-def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage: tuple[str, ...]) -> None:
+def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage: tuple[str, ...],
+                  asked: str = "--schedule asks for") -> None:
     """Refuse ``--vp`` when a requested schedule cannot honour it: a vp
     above 1 and none of them runs virtual stages (vp 1 alone: one stage per
     device, what they run), interleaved 1F1B with vp 1 the only pin (it
     needs 2 or more), or a single-stage schedule (vp 1) among them while 1
-    is not pinned.
+    is not pinned. ``asked`` says where ``schedules`` come from.
 
     Raises:
         InputError: the pin and the schedule that cannot take it.
@@ -73,7 +74,7 @@ def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage:
     if vps and max(vps) > 1 and not any(s in multi_stage for s in schedules):
         raise InputError(
             f"--vp {','.join(map(str, vps))}: virtual stages apply to {' and '.join(multi_stage)} only, and "
-            f"--schedule asks for {', '.join(schedules)}; add --schedule {multi_stage[0]} or drop --vp")
+            f"{asked} {', '.join(schedules)}; add --schedule {multi_stage[0]} or drop --vp")
     if vps and max(vps) < 2 and "interleaved-1f1b" in schedules:
         raise InputError(f"--vp {','.join(map(str, vps))} with --schedule interleaved-1f1b: interleaving needs at "
                          f"least 2 virtual stages per device; use --vp 2 or more, or --schedule 1f1b")

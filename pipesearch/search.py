@@ -1682,6 +1682,10 @@ def _check_replication_options(variants, cluster: Cluster, job: Job, options: Se
     if options.dp is not None:
         raise InputError(f"{what} with dp pinned to {options.dp} (--dp, or --micro-batch-size x "
                          "--num-micro-batches): per-stage replicas replace the data-parallel degree; drop the pin")
+    if options.placement_pinned:  # the replicated plans would ignore it (their layout follows their replicas)
+        raise InputError(f"{what} with --placement {options.placements[0]}: each replicated stage runs on its own "
+                         f"replicas, placed stage after stage, so no pipeline- or data-major layout applies; drop "
+                         f"--placement or {what}")
     check_replication_job(job)
     multi = [sch for sch in options.schedules if sch in MULTI_STAGE_SCHEDULES]
     if multi and len(multi) == len(options.schedules):

@@ -630,6 +630,17 @@ def test_a_transformer_config_not_in_utf8_names_its_file_once(tmp_path, name):
     assert line.count(name) == 1
 
 
+@pytest.mark.parametrize("replication", [["--replicate-stages"], ["--split", "5x2,3x2"]])
+def test_a_placement_pin_with_per_stage_replication_is_refused(tmp_path, replication):
+    """--replicate-stages with --placement data ranked the replicated plans
+    (laid out by their replicas) beside the data-major ones: the pin was
+    ignored for them, and --placement pipeline gave the same ranking."""
+    model = tiny_csv(tmp_path / "tiny.csv")
+    assert_refused(tmp_path, ["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "8", *replication,
+                              "--placement", "data"],
+                   f"{replication[-1]} with --placement data", "no pipeline- or data-major layout applies")
+
+
 def test_export_of_inconsistent_plan_names_the_file(tmp_path, plan_doc):
     path = edited(tmp_path, plan_doc, lambda p: p["stages"][1]["layer_names"].pop())
     assert_refused(tmp_path, ["export", path, "--format", "torch"], path, "stages[1].layer_names",

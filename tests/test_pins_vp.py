@@ -120,6 +120,16 @@ def test_cli_single_stage_schedule_alone_refuses_vp(schedule):
     _one_line_refusal(r, "--vp 2", f"--schedule asks for {schedule}")
 
 
+def test_cli_vp_with_a_split_and_no_schedule_names_the_split_not_a_schedule_flag():
+    """A --split without --schedule is searched one stage per device; the
+    refusal of --vp 2 said "--schedule asks for gpipe, 1f1b, zb-h1" though
+    no --schedule was given."""
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--split",
+                                  "10,10,10,10", "--pp", "2", "--vp", "2", "--vp", "1"])
+    _one_line_refusal(r, "--vp 2,1", "--split 10,10,10,10 without --schedule is searched (one stage per device)")
+    assert "--schedule asks for" not in r.output
+
+
 def test_cli_vp_1_with_a_single_stage_schedule_is_honoured():
     """--vp 1 pins one stage per device: 1F1B and looped BFS both honour it."""
     import json

@@ -566,9 +566,6 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
                          f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
     pinned = split_text(split, split_replicas) if split_replicas else ""
-    if split_replicas and placements:  # a replicated stage's devices follow from its replicas (docs/formats.md)
-        raise InputError(f"{pinned} with --placement {placements[0]}: each stage runs on its own replicas, placed "
-                         f"stage after stage, so no pipeline- or data-major layout applies; drop --placement")
     if split_replicas and vps and max(vps) > 1:
         raise InputError(f"{pinned} with --vp {max(vps)}: per-stage replication runs one stage per device (vp 1); "
                          f"drop --vp or the replicas")
@@ -580,7 +577,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             schedules = tuple(x for x in DEFAULT_SCHEDULES if x in MULTI_STAGE_SCHEDULES)
         elif vps and max(vps) < 2:  # vp 1 pinned: interleaving needs 2 or more (pins.check_vp_pins)
             schedules = tuple(x for x in schedules if x != "interleaved-1f1b")
-    check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES)
+    check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES,
+                  "--schedule asks for" if explicit_schedules or not split else
+                  f"{split_text(split, split_replicas)} without --schedule is searched (one stage per device) with")
     if vps and max(vps) > 1 and (pp == 1 or (split and len(split) == 1)):
         raise InputError(f"--vp {max(vps)} with --pp 1: one pipeline rank runs all its stages as one (plain "
                          "gradient accumulation, vp 1); use --pp 2 or more, or drop --vp")
