@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..hardware import describe_cluster, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
-from ..output import check_distinct_paths, check_writable, write_text
+from ..output import check_distinct_paths, check_writable, short_path, write_text
 from ..profiles.transformer import guessed_family_note, hf_checkpoint, load_transformer
 from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_format
 from ..serve.engine import ENGINES, engine_spec
@@ -113,7 +113,7 @@ def _check_model_path(model_path: str, what: str) -> None:
     """Refuse a checkpoint the engines' command lines would misread: blank,
     starting with ``-`` (an option to vLLM and SGLang), or holding a control
     character (a newline would end the shell command)."""
-    shown = repr(model_path) if len(model_path) <= 80 else repr(model_path[:80]) + "..."
+    shown = short_path(repr(model_path))
     if not model_path.strip():
         raise InputError(f"{what} {shown}: blank; give the checkpoint (a Hugging Face id or a local path)")
     if model_path.startswith("-"):
@@ -231,10 +231,11 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     eng = engine_spec(engine, memory_fraction=memory_fraction, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens,
                       step_overhead_s=None if step_overhead_ms is None else step_overhead_ms / 1e3)
-    if reserve >= cluster.device_spec(0).memory_bytes * eng.memory_fraction:
+    engine_bytes = cluster.device_spec(0).memory_bytes * eng.memory_fraction  # what the engine takes of a device
+    if reserve >= engine_bytes:
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the devices of {cluster.name} at a "
-                         f"memory fraction of {eng.memory_fraction:g} ({format_bytes(cluster.device_spec(0).memory_bytes * eng.memory_fraction)} "
-                         f"each): lower --memory-reserve or raise --memory-fraction")
+                         f"memory fraction of {eng.memory_fraction:g} ({format_bytes(engine_bytes)} each): lower "
+                         "--memory-reserve or raise --memory-fraction")
     context = cfg.max_position_embeddings
     if context is not None and input_len + output_len > context:
         raise InputError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens is "
