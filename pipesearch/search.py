@@ -203,14 +203,17 @@ def fingerprint(*parts) -> str:
 
 
 def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fastest: float,
-                   busiest_s: float = 0.0, forward_share: float = 0.0) -> float:
+                   busiest_s: float = 0.0, forward_share: float = 0.0, average: float | None = None) -> float:
     """A valid lower bound on the simulated iteration time
     (:func:`pipesearch.timemodel.iteration_time_s`) of any split, from the
     total work ``W`` of one micro-batch on the fastest device and ``A``, a
     lower bound on the compute of the busiest device per micro-batch: ``A =
-    max(W / pp, mbs x fastest x busiest_s)`` (some device has at least the
-    average; ``busiest_s`` from :func:`busiest_device_per_sample_s`, 0 when
-    unknown). Links and all-reduce cost >= 0.
+    max(W' / pp, mbs x fastest x busiest_s)`` with ``W'`` the same work at
+    ``average``, the time scale of the point's devices taken together
+    (:func:`capacity_time_scale`; ``fastest`` when not given: some device
+    has at least the average; ``busiest_s`` from
+    :func:`busiest_device_per_sample_s`, 0 when unknown). Links and
+    all-reduce cost >= 0.
 
     * every schedule: ``m A`` (the busiest rank does its ``m`` micro-batches
       one after another);
@@ -227,7 +230,8 @@ def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fast
       action may be a weight gradient).
     """
     work = work_s * mbs * fastest
-    busiest = max(work / pp, busiest_s * mbs * fastest)
+    spread = work if average is None else work_s * mbs * average
+    busiest = max(spread / pp, busiest_s * mbs * fastest)
     bound = busiest * m
     if schedule == "gpipe":
         bound = max(bound, work + (m - 1) * busiest, work * fill_drain_factor(pp, m, 1.0))
@@ -236,6 +240,28 @@ def _lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fast
     elif schedule == "zb-h1":
         bound = max(bound, work * fill_drain_factor(pp, m, forward_share))
     return bound
+
+
+def capacity_time_scale(cluster, profiled_device, precision: str, slots: int, tp: int) -> float | None:
+    """The time scale ``a`` with ``m W a / pp`` a lower bound of the busiest
+    rank's compute when a point runs on ``slots`` tensor-parallel slots of
+    ``tp`` devices (``pp x dp`` of them) of a mixed cluster: rank ``d``
+    does its share ``W_d`` of each micro-batch's work in ``m W_d a_d``
+    (``a_d`` its device's :func:`pipesearch.costs.device_time_scale`), so
+    the busiest takes at least ``m W / sum_d (1 / a_d)`` of one pipeline's
+    ``pp`` ranks; the ``dp`` pipelines hold distinct slots, so the slowest
+    of them has at most ``1 / dp`` of the ``slots`` fastest slots' ``sum 1 /
+    a``: ``a = pp dp / sum``. At least the fastest type's scale; None on a
+    cluster of one device type (the fastest's scale then), or when the
+    cluster has fewer slots."""
+    if cluster.is_homogeneous:
+        return None
+    speeds = np.concatenate([np.full(g.nodes * (g.devices_per_node // tp),
+                                     1.0 / device_time_scale(profiled_device, g.device, precision))
+                             for g in cluster.groups])
+    if slots > len(speeds) or slots < 1:
+        return None
+    return float(slots / np.sort(speeds)[::-1][:slots].sum())
 
 
 def fill_drain_factor(pp: int, m: int, share: float) -> float:
@@ -810,13 +836,17 @@ def group_stages(pp: int, options: SearchOptions) -> int:
     return pp
 
 
-def group_lower_bound_s(work_s: float, pp: int, per_replica: int, fastest: float, busiest_s: float) -> float:
+def group_lower_bound_s(work_s: float, pp: int, per_replica: int, fastest: float, busiest_s: float,
+                        average: float | None = None) -> float:
     """The least :func:`_lower_bound_s` of any point of a (pp, dp) group:
     its replica batch ``m x mbs = per_replica`` on the busiest device, which
-    does at least ``max(W / pp, busiest_s)`` per sample (``busiest_s`` from
-    :func:`busiest_device_per_sample_s` over :func:`group_stages` stages, the
-    most a point of the group can have), times ``fastest``."""
-    return fastest * per_replica * max(work_s / pp, busiest_s)
+    does at least ``max(W / pp x average, busiest_s x fastest)`` per sample
+    (``busiest_s`` from :func:`busiest_device_per_sample_s` over
+    :func:`group_stages` stages, the most a point of the group can have;
+    ``average`` from :func:`capacity_time_scale`, ``fastest`` when None)."""
+    if average is None:
+        return fastest * per_replica * max(work_s / pp, busiest_s)
+    return per_replica * max(work_s * average / pp, busiest_s * fastest)
 
 
 def in_bound_order(groups: list, strengthen: Callable, skip: Callable[[float], bool] | None = None):
@@ -887,6 +917,16 @@ def search(
     # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
     capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
                 for tp in {v.tp for v in variants}}
+    capacity_scales: dict = {}
+
+    def average(variant, pp: int, dp: int) -> float | None:
+        """:func:`capacity_time_scale` of a (pp, dp) point's slots (None on
+        a cluster of one device type)."""
+        key = (pp * dp, variant.tp)
+        if key not in capacity_scales:
+            capacity_scales[key] = capacity_time_scale(cluster, profiled_device, precision, pp * dp, variant.tp)
+        return capacity_scales[key]
+
     groups = []
     uniform = [] if options.split_replicas else enumerate_groups(variants, cluster, job, options)
     for variant, pp, dp, status, count in uniform:  # a pinned replicated split: that point only
@@ -894,7 +934,7 @@ def search(
             counts[status] += count
             continue
         # smallest lower bound of any point of the group (see _lower_bound_s)
-        bound = work[id(variant)] * fastest * (job.global_batch_size // dp) / pp
+        bound = work[id(variant)] * (average(variant, pp, dp) or fastest) * (job.global_batch_size // dp) / pp
         groups.append((bound, len(groups), variant, pp, dp))
     groups.sort(key=lambda g: (g[0], g[1]))
     busiest_cache: dict = {}
@@ -910,7 +950,7 @@ def search(
         """The group's bound with integral layers (:func:`group_lower_bound_s`)."""
         _, _, variant, pp, dp = group
         return group_lower_bound_s(work[id(variant)], pp, job.global_batch_size // dp, fastest,
-                                   busiest_s(variant, pp, group_stages(pp, options)))
+                                   busiest_s(variant, pp, group_stages(pp, options)), average(variant, pp, dp))
 
     keep = max(options.top, 1)
     best_of_family: dict[tuple, tuple[float, Plan]] = {}
@@ -967,7 +1007,7 @@ def search(
                     continue
                 key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
                 bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
-                                       busiest_s(variant, pp, pp * vp), share[id(variant)])
+                                       busiest_s(variant, pp, pp * vp), share[id(variant)], average(variant, pp, dp))
                 if key not in first or bound < first[key][0]:
                     first[key] = (bound, _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
             for key, (_, row) in first.items():
@@ -1095,7 +1135,8 @@ def search(
             rows.append(row)
             if status is None:
                 row["lower_bound_s"] = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
-                                                      busiest_s(variant, pp, pp * vp), share[id(variant)])
+                                                      busiest_s(variant, pp, pp * vp), share[id(variant)],
+                                                      average(variant, pp, dp))
                 todo.append((row["lower_bound_s"], len(rows) - 1))
         todo.sort()
         for bound, idx in todo:

@@ -11,6 +11,7 @@ the text table; module lists of a fresh interpreter for the imports.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 import math
 import subprocess
 import sys
@@ -18,15 +19,15 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import tiny_cluster, tiny_profile
+from helpers import tiny_cluster, tiny_device, tiny_profile
 from pipesearch import schedules as schedule_lib
 from pipesearch.output_table import format_table
 from pipesearch.search import (ModelVariant, SearchOptions, _lower_bound_s, _point_costs, _point_row,
-                               busiest_device_per_sample_s, busiest_stage_per_sample_s, expand_group,
+                               busiest_device_per_sample_s, capacity_time_scale, busiest_stage_per_sample_s, expand_group,
                                fill_drain_factor, forward_share_of, group_lower_bound_s, group_stages,
                                in_bound_order, packed_busiest_per_sample_s, schedule_in_flight)
 from pipesearch.timemodel import iteration_time_s
-from pipesearch.types import Job, Layer, Link, ModelProfile
+from pipesearch.types import Cluster, DeviceGroup, Job, Layer, Link, ModelProfile
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "looped-bfs")
 
@@ -87,6 +88,66 @@ def test_point_and_group_bounds_are_at_most_every_split(seed, fixed):
                 assert group <= bound * (1 + 1e-12), (pp, dp, mbs, schedule, vp, group, bound)
                 checked += 1
     assert checked > 150
+
+
+def _two_speed_cluster() -> Cluster:
+    """2 devices twice as fast as the 4 others (one node each): with times
+    profiled on the slow type, time scales 0.5 and 1."""
+    fast = DeviceGroup(replace(tiny_device(name="fast"), peak_fp16_flops=200e12), 1, 2)
+    slow = DeviceGroup(tiny_device(name="slow"), 1, 4)
+    return Cluster(name="two-speeds", groups=(slow, fast), intra_node=Link(math.inf, 0.0),
+                   inter_node=Link(math.inf, 0.0))
+
+
+def test_capacity_time_scale_by_hand():
+    """Speeds (1 / scale) 2, 2, 1, 1, 1, 1: the fastest ``n`` slots sum to
+    2, 4, 5, 6, 7, 8, so ``a = n / sum`` is 0.5, 0.5, 0.6, 2/3, 5/7, 0.75;
+    with tp 2 the slots are one fast pair (speed 2) and two slow pairs (1
+    each): 0.5, 2/3, 0.75. Past the slots there are, and on a cluster of one
+    type, None."""
+    cluster, slow = _two_speed_cluster(), tiny_device(name="slow")
+    expected = [0.5, 0.5, 0.6, 2 / 3, 5 / 7, 0.75]
+    assert [capacity_time_scale(cluster, slow, "fp16", n, 1) for n in range(1, 7)] == pytest.approx(expected)
+    assert [capacity_time_scale(cluster, slow, "fp16", n, 2) for n in range(1, 4)] == pytest.approx([0.5, 2 / 3, 0.75])
+    assert capacity_time_scale(cluster, slow, "fp16", 7, 1) is None
+    assert capacity_time_scale(cluster, slow, "fp16", 4, 2) is None
+    assert capacity_time_scale(tiny_cluster(1, 4), None, "fp16", 2, 1) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_capacity_bound_is_at_most_every_assignment(seed):
+    """The busiest rank's compute on the mixed cluster above, by brute force:
+    every choice of ``dp`` disjoint ordered ``pp``-tuples of devices, and for
+    each pipeline its best split of 5 seeded layers (each pipeline its own,
+    which can only be faster than one split for all), ``m W_stage a_device``
+    at most over the ranks of the slowest pipeline, least over all of them.
+    ``m W a / pp`` with ``a`` from :func:`capacity_time_scale` is at most
+    that (a bound from the slowest devices, or without the ``dp``
+    pipelines sharing the fastest ones, exceeds it), and above the
+    fastest-type bound ``m W 0.5 / pp`` for some point."""
+    rng = np.random.default_rng(seed)
+    work = rng.uniform(1.0, 4.0, 5)
+    prefix = np.concatenate([[0.0], np.cumsum(work)])
+    scale = [1.0, 1.0, 1.0, 1.0, 0.5, 0.5]  # the slow group first, as the cluster lists them
+    cluster, m, stronger = _two_speed_cluster(), 3, 0
+    for pp in range(1, 5):
+        splits = _splits(5, pp)
+
+        def pipeline_s(devices):
+            return min(max(m * (prefix[b[k + 1]] - prefix[b[k]]) * scale[d] for k, d in enumerate(devices))
+                       for b in splits)
+
+        for dp in (1, 2):
+            if pp * dp > 6:
+                continue
+            best = math.inf
+            for devices in itertools.permutations(range(6), pp * dp):
+                best = min(best, max(pipeline_s(devices[r * pp:(r + 1) * pp]) for r in range(dp)))
+            a = capacity_time_scale(cluster, tiny_device(name="slow"), "fp16", pp * dp, 1)
+            bound = m * prefix[-1] * a / pp
+            assert bound <= best * (1 + 1e-12), (pp, dp, bound, best)
+            stronger += bound > m * prefix[-1] * 0.5 / pp * (1 + 1e-9)
+    assert stronger >= 3
 
 
 def test_fill_drain_factor_by_hand():
