@@ -201,6 +201,7 @@ class ClassBounds:
         names = sorted(dict.fromkeys(n for fam in self.fams for _, n in fam), key=lambda n: _KINDS.index(self.kind[n]))
         self.names = names
         self.row = {n: q for q, n in enumerate(names)}
+        self._fam_rows = None  # _family_rows
         R = len(names)
         ii, jj = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
         valid = jj > ii
@@ -486,8 +487,7 @@ class ClassBounds:
         pa, pm = fwd[:, 0][:, :, None], fwd[:, 1][:, :, None]  # (R, L+1, 1) at the first layer
         cand = np.empty((2,) + a.shape)
         cand[0] = pa + a
-        for q, n in enumerate(self.names):
-            kind = self.kind[n]
+        for kind, q in self._rows_of_kind():  # the rows of one kind at once (the same operations per row)
             if kind == "sum":
                 cand[1, q] = cand[0, q]
             elif kind == "max":
@@ -509,9 +509,9 @@ class ClassBounds:
         sum of their components, each the prefix part ``fwd`` joined with
         the suffix part ``V`` (both ``(R, 2, L+1)``)."""
         pa, pm, va, vm = fwd[:, 0], fwd[:, 1], V[:, 0], V[:, 1]
-        comp = np.empty_like(pa)
-        for q, n in enumerate(self.names):
-            kind = self.kind[n]
+        comp = np.empty((len(pa) + 1,) + pa.shape[1:])  # a last row of zeros pads the shorter families
+        comp[-1] = 0.0
+        for kind, q in self._rows_of_kind():
             if kind == "sum":
                 comp[q] = pa[q] + va[q]
             elif kind == "max":
@@ -520,13 +520,25 @@ class ClassBounds:
                 comp[q] = np.maximum(pm[q], pa[q] + vm[q])
             else:
                 comp[q] = np.maximum(pm[q] + va[q], vm[q])
+        # every family's components summed in its order at once (x + 0 = x: the padding adds nothing)
+        rows = self._family_rows()
+        total = comp[rows[:, 0]].copy()
+        for k in range(1, rows.shape[1]):
+            total += comp[rows[:, k]]
         feasible = np.isfinite(pa[0]) & np.isfinite(va[0])
-        best = NEG
-        for fam in self.fams:
-            total = sum(comp[self.row[n]] for _, n in fam)
-            total = np.where(feasible, total, np.inf)
-            best = max(best, float(total.min()))
-        return best
+        total[:, ~feasible] = np.inf
+        least = total.min(axis=1)
+        least = least[~np.isnan(least)]  # as max(best, nan) keeps best
+        return max(NEG, float(least.max())) if len(least) else NEG
+
+    def _family_rows(self) -> np.ndarray:
+        """``(families, longest)``: each family's component rows in its order,
+        padded with the zero row of :meth:`_bound` (index ``-1``)."""
+        if self._fam_rows is None:
+            longest = max((len(fam) for fam in self.fams), default=0)
+            self._fam_rows = np.array([[self.row[n] for _, n in fam] + [-1] * (longest - len(fam))
+                                       for fam in self.fams], dtype=np.int64).reshape(len(self.fams), longest)
+        return self._fam_rows
 
 
 def order_with(classes: Sequence[Sequence[int]], fixed: dict[int, int], pp: int) -> tuple[int, ...]:

@@ -2161,6 +2161,7 @@ class _Expander:
             acc["count"] = self.counter.root[None].copy()
         if self.states is not None:
             acc["mem"] = np.zeros((1,) + self.states.shape[:2])
+            acc["peak"] = np.zeros((1, self.states.shape[0]))
         own = np.zeros((len(self.tables.fam.get("device", ())), 1))
         return _Kids(-1, [0], [-np.inf], [0], [1], np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), acc, own)
 
@@ -2174,7 +2175,7 @@ class _Expander:
                 dev = val[kids.par[cols]]
                 dev[:, :, kids.stage % self.pp] = kids.own[:, cols].T
                 out[kind] = dev
-            elif kind in ("count", "mem"):
+            elif kind in ("count", "mem", "peak"):
                 out[kind] = val[cols]
             else:
                 out[kind] = val[..., cols]
@@ -2252,7 +2253,8 @@ class _Expander:
                 np.add.at(fam_lb, idx, tot)
         lb = fam_lb.max(axis=0)
         if self.states is not None:
-            new["mem"] = self._device_bytes(s, np.asarray(starts)[par], j, acc["mem"][par], lb)
+            new["mem"], new["peak"] = self._device_bytes(s, np.asarray(starts)[par], j, acc["mem"][par],
+                                                         acc["peak"][par], lb)
         if self.counter is not None and s < self.S - 1:  # only children that may still be expanded
             live = np.flatnonzero(lb < limit)
             states = np.zeros((T, 4, self.pp))
@@ -2269,13 +2271,17 @@ class _Expander:
         return _Kids(s, j[order].tolist(), lb[order].tolist(), lo.tolist(), hi.tolist(), order, par, new, own)
 
 
-    def _device_bytes(self, s: int, i: np.ndarray, j: np.ndarray, before: np.ndarray, lb: np.ndarray) -> np.ndarray:
+    def _device_bytes(self, s: int, i: np.ndarray, j: np.ndarray, before: np.ndarray, peak: np.ndarray,
+                      lb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """With several stages per device: ``(T, R, Q)`` bytes each child's
-        devices hold so far at each count state (``before``, the parents'),
-        stage ``s`` on ``[i, j)`` added to its device (its training state
-        and gathered weights, and the state's count of its chunk times one
-        micro-batch's saved bytes; :meth:`PipelineCosts.device_memory_bytes`
-        of the stages placed, the rest holding at least nothing). A child
+        devices hold so far at each count state (``before``, the parents',
+        a copy of them, updated in place), stage ``s`` on ``[i, j)`` added to
+        its device (its training state and gathered weights, and the state's
+        count of its chunk times one micro-batch's saved bytes;
+        :meth:`PipelineCosts.device_memory_bytes` of the stages placed, the
+        rest holding at least nothing), and ``(T, R)`` each device's peak
+        over the states (``peak``, the parents', a copy, in place: only the
+        device of stage ``s`` changes, so its row alone is reduced). A child
         whose device already exceeds its capacity at some state has no
         split that fits below it, nor one whose layers left need more
         training-state bytes than the devices have left together (each
@@ -2285,12 +2291,13 @@ class _Expander:
         R = self.states.shape[0]
         r, c = s % R, s // R
         act = np.asarray(costs.saved_bytes(s, i, j), dtype=float)
-        out = before.copy()
+        out = before
         out[:, r, :] += costs.resident_bytes(s, i, j)[:, None] + act[:, None] * self.states[r, :, c][None, :]
+        peak[:, r] = out[:, r, :].max(axis=1)
         left = (costs.param_prefix_bytes[-1] - costs.param_prefix_bytes[j]) * costs.state_bytes_per_param_byte
         cap = costs.capacity_bytes[:R]
-        lb[(out[:, r, :].max(axis=1) > cap[r]) | (out.max(axis=2).sum(axis=1) + left > cap.sum())] = np.inf
-        return out
+        lb[(peak[:, r] > cap[r]) | (peak.sum(axis=1) + left > cap.sum())] = np.inf
+        return out, peak
 
 
 def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, best: float, tie_rel: float,
