@@ -685,20 +685,31 @@ def _closed_form_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: 
     return ctx[key]
 
 
+#: among mapped points of equal bound, the schedules with the least bubble
+#: first (their plans are likeliest to set a low cutoff for the others);
+#: a schedule not listed comes last
+BUBBLE_ORDER = ("zb-h1", "interleaved-1f1b", "looped-bfs", "1f1b", "gpipe")
+
+
 def _mapped_visit_order(points: list, rows: list[dict]) -> list:
     """The order in which the search evaluates its mapped points ``(bound,
     row index, variant)``, after every other point: first the point of least
     bound of each family (variant, pp, schedule, vp: the likeliest best
     mapping of each configuration, so that the cutoff falls early), then
-    the others; each part by (bound, row index). Deterministic; the ranked
-    plans do not depend on it (docs/heterogeneous.md, "Point order")."""
+    the others; each part by bound, then schedule (:data:`BUBBLE_ORDER`:
+    on a mixed cluster the bounds of one (pp, dp, m) often tie), then row
+    index. Deterministic; the ranked plans do not depend on it
+    (docs/heterogeneous.md, "Point order")."""
+    def key(point):
+        schedule = rows[point[1]]["schedule"]
+        return (point[0], BUBBLE_ORDER.index(schedule) if schedule in BUBBLE_ORDER else len(BUBBLE_ORDER), point[1])
+
     heads: dict = {}
-    for point in sorted(points, key=lambda p: p[:2]):
+    for point in sorted(points, key=key):
         row = rows[point[1]]
         heads.setdefault((id(point[2]), row["pp"], row["schedule"], row["vp"]), point)
     first = {p[1] for p in heads.values()}
-    return sorted(heads.values(), key=lambda p: p[:2]) + sorted(
-        (p for p in points if p[1] not in first), key=lambda p: p[:2])
+    return sorted(heads.values(), key=key) + sorted((p for p in points if p[1] not in first), key=key)
 
 
 def _mapped_above(variant: ModelVariant, row: dict, ctx: dict, cutoff_s: float) -> bool:
