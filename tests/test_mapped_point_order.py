@@ -23,15 +23,17 @@ def test_visit_order_puts_each_configurations_least_bound_first():
     bound of each (variant, pp, schedule, vp): variant a pp 4 1f1b at 2.0
     (row 1), pp 4 zb-h1 at 1.5 (row 2), pp 3 1f1b at 3.0 (row 4), and
     variant b pp 3 1f1b at 9.0 (row 5, a configuration of its own). They
-    come first by bound (rows 2, 1, 4, 5), then the others by bound, ties
-    by row index (rows 0 and 3, both 2.5)."""
+    come first by bound (rows 2, 1, 4, 5), then the others by bound; of
+    the three at 2.5, ZB-H1 (row 3) before 1F1B (least bubble first), and
+    the two 1F1B rows by index (0, then 6)."""
     a, b = object(), object()
     rows = [dict(pp=4, schedule="1f1b", vp=1), dict(pp=4, schedule="1f1b", vp=1),
             dict(pp=4, schedule="zb-h1", vp=1), dict(pp=4, schedule="zb-h1", vp=1),
-            dict(pp=3, schedule="1f1b", vp=1), dict(pp=3, schedule="1f1b", vp=1)]
-    points = [(2.5, 0, a), (2.0, 1, a), (1.5, 2, a), (2.5, 3, a), (3.0, 4, a), (9.0, 5, b)]
+            dict(pp=3, schedule="1f1b", vp=1), dict(pp=3, schedule="1f1b", vp=1),
+            dict(pp=4, schedule="1f1b", vp=1)]
+    points = [(2.5, 6, a), (2.5, 0, a), (2.0, 1, a), (1.5, 2, a), (2.5, 3, a), (3.0, 4, a), (9.0, 5, b)]
     order = [p[1] for p in _mapped_visit_order(points, rows)]
-    assert order == [2, 1, 4, 5, 0, 3]
+    assert order == [2, 1, 4, 5, 3, 0, 6]
 
 
 def _ranked(result):
