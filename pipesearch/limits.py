@@ -51,6 +51,10 @@ MAX_SERVE_LAYERS = 4096
 MAX_PARAMS_PER_S = 1e15
 #: counts such as a batch size, a hidden size or a sequence length (int32)
 MAX_COUNT = 2**31 - 1
+#: dimensions of one profiled sample (``profile --input-shape``; torch allows 64 with the batch)
+MAX_INPUT_DIMS = 16
+#: elements of one profiled batch (``profile``: batch size x input shape; 2**40 floats are 4 TiB)
+MAX_PROFILE_ELEMENTS = 2**40
 
 
 def out_of_range(value: Any, low: float, high: float, *, low_inclusive: bool = True) -> bool:

@@ -20,7 +20,9 @@ from .errors import InputError
 
 
 def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
-    """Check before any work is done that ``path`` can be written.
+    """Check before any work is done that ``path`` can be written: for a
+    regular file (or a new one), that a file can be made in its directory
+    (one is made and removed at once).
 
     Raises:
         InputError: empty path, a directory, a missing or unwritable parent
@@ -33,10 +35,18 @@ def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
         if p.is_dir():
             raise InputError(f"{what} {p}: is a directory; give a file name")
         parent = p.parent if str(p.parent) else Path(".")
+        if parent.exists() and not parent.is_dir():
+            raise InputError(f"{what} {p}: {parent} is not a directory")
         if not parent.is_dir():
             raise InputError(f"{what} {p}: directory {parent} does not exist; create it first")
         if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
             raise InputError(f"{what} {p}: not writable")
+        if not p.is_symlink() and (not p.exists() or stat.S_ISREG(p.stat().st_mode)):
+            # written through a temporary file beside it (write_output): one made and removed now
+            # (a parent such as /proc or /sys that os.access calls writable refuses it here)
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.name[:64]}.", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
     except OSError as exc:  # e.g. a name longer than the file system allows
         raise InputError(f"{what} {short_path(p)}: cannot be written ({exc.strerror or exc})") from None
     return p
@@ -84,6 +94,12 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+def _written_through(p: Path) -> bool:
+    """Whether ``p`` is written in place (a symlink or a special file such as
+    ``/dev/stdout``), not through a temporary file renamed onto it."""
+    return p.is_symlink() or (p.exists() and not stat.S_ISREG(p.stat().st_mode))
+
+
 def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], what: str = "output") -> Path:
     """Call ``write(file_path)`` so that ``path`` ends up holding its output.
 
@@ -91,23 +107,45 @@ def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], wh
         InputError: the path cannot be written (see :func:`check_writable`),
             or the operating system refused the write.
     """
-    p = check_writable(path, what)
+    return write_outputs([(path, write, what)])[0]
+
+
+def write_outputs(items) -> list[Path]:
+    """Several outputs of one command, all or none: ``items`` are ``(path,
+    write, what)`` as for :func:`write_output`. Paths written in place
+    (:func:`_written_through`) are written first; every other one to a
+    temporary file beside it, and only when every write has succeeded are
+    they renamed onto their paths, so a failure leaves none of them.
+
+    Raises:
+        InputError: a path cannot be written, naming it and its option.
+    """
+    paths = [check_writable(path, what) for path, _, what in items]
+    order = sorted(range(len(items)), key=lambda k: not _written_through(paths[k]))  # in place first
+    pending: list[tuple[str, Path, str]] = []
+    current = (paths[0], items[0][2]) if items else None
     try:
-        if p.is_symlink() or (p.exists() and not stat.S_ISREG(p.stat().st_mode)):
-            write(p)
-            return p
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=p.suffix)
-        os.close(fd)
-        try:
+        for k in order:
+            p, (_, write, what) = paths[k], items[k]
+            current = (p, what)
+            if _written_through(p):
+                write(p)
+                continue
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name[:64]}.", suffix=p.suffix)
+            os.close(fd)
+            pending.append((tmp, p, what))
             write(Path(tmp))
             os.chmod(tmp, stat.S_IMODE(p.stat().st_mode) if p.exists() else _umask_mode())
+        for tmp, p, what in pending:
+            current = (p, what)
             os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
     except OSError as exc:
+        p, what = current
         raise InputError(f"{what} {p}: cannot write ({exc.strerror or exc})") from None
-    return p
+    finally:
+        for tmp, _, _ in pending:
+            Path(tmp).unlink(missing_ok=True)
+    return paths
 
 
 def write_text(path: str | os.PathLike[str], text: str, what: str = "output") -> Path:

@@ -229,10 +229,18 @@ def _time_once_cuda(torch, layer, inputs: tuple) -> tuple[float, float, Any]:
     return start.elapsed_time(mid) / 1e3, mid.elapsed_time(end) / 1e3, out  # elapsed_time is in ms
 
 
-def _layer_error(torch, fqn, layer, inputs, exc) -> InputError:
+#: what a layer may raise on an input it cannot take (an IndexError: token ids past an embedding)
+LAYER_ERRORS = (RuntimeError, TypeError, ValueError, IndexError)
+
+
+def _layer_error(torch, fqn, layer, inputs, exc, chained: bool = False) -> InputError:
+    """A layer's failure, naming it and its input; ``chained``: its input
+    was the previous layer's output (a model that is not a chain fails so)."""
     shapes = ", ".join(str(tuple(x.shape)) for x in inputs if isinstance(x, torch.Tensor))
+    hint = ("; its input is the previous child's output (pipesearch profiles and splits chains): a model whose "
+            "forward branches, skips or reorders its children cannot be split this way") if chained else ""
     return InputError(f"layer {fqn!r} ({type(layer).__name__}) failed on input of shape "
-                      f"{shapes}: {exc}".replace("\n", " "))
+                      f"{shapes}: {exc}{hint}".replace("\n", " "))
 
 
 # ---------------------------------------------------------------- public API
@@ -260,14 +268,14 @@ def _check_chain(torch, model, layers, inputs: tuple) -> None:
             torch.manual_seed(0)
             try:
                 whole = _tensors(model(*inputs))
-            except (RuntimeError, TypeError, ValueError):
+            except LAYER_ERRORS:
                 return
             torch.manual_seed(0)
             x = inputs
             for _, layer in layers:
                 x = _as_tuple(layer(*x))
             chained = _tensors(x)
-    except (RuntimeError, TypeError, ValueError):
+    except LAYER_ERRORS:
         return  # a layer that fails on its input is reported by the profiling pass, with its name
     finally:
         model.train(was_training)
@@ -356,8 +364,8 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
                 saved.append(_saved_bytes(torch, layer, args))
                 with torch.no_grad():
                     out = layer(*args)
-            except (RuntimeError, TypeError, ValueError) as exc:
-                raise _layer_error(torch, fqn, layer, args, exc) from None
+            except LAYER_ERRORS as exc:
+                raise _layer_error(torch, fqn, layer, args, exc, chained=index > 0) from None
             layer_inputs.append(args)
             outputs.append(float(_nbytes(_tensors(out))))
             inputs = tuple(t.detach() for t in _as_tuple(out))
@@ -370,8 +378,8 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
             for index, (fqn, layer) in enumerate(layers):
                 try:
                     f, b, out = _time_once(torch, layer, layer_inputs[index], dev, timer)
-                except (RuntimeError, TypeError, ValueError) as exc:
-                    raise _layer_error(torch, fqn, layer, layer_inputs[index], exc) from None
+                except LAYER_ERRORS as exc:
+                    raise _layer_error(torch, fqn, layer, layer_inputs[index], exc, chained=index > 0) from None
                 del out
                 if k >= warmup:
                     fwd[index].append(f)
@@ -546,6 +554,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
     path = Path(module_text)
     try:
         if module_text.endswith(".py") or "/" in module_text or path.is_file():
+            if path.is_dir():
+                raise InputError(f"model {spec!r}: {module_text!r} is a directory; give a .py file or a module path")
             if not path.is_file():
                 raise InputError(f"model {spec!r}: file {module_text!r} does not exist")
             mod_name = f"_pipesearch_user_{abs(hash(str(path.resolve())))}"
@@ -566,6 +576,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
         raise
     except ImportError as exc:
         raise InputError(f"model {spec!r}: cannot import {module_text!r} ({exc})") from None
+    except SystemExit as exc:
+        raise InputError(f"model {spec!r}: importing {module_text!r} called sys.exit({exc.code!r})") from None
     except Exception as exc:  # noqa: BLE001 - user code failing at import time
         raise InputError(f"model {spec!r}: importing {module_text!r} failed: "
                          f"{type(exc).__name__}: {exc}".replace("\n", " ")) from None
@@ -586,6 +598,8 @@ def build_model(factory: Callable[[], Any], spec: str = "factory"):
     torch = import_torch()
     try:
         model = factory()
+    except SystemExit as exc:
+        raise InputError(f"model {spec!r}: the factory called sys.exit({exc.code!r})") from None
     except Exception as exc:  # noqa: BLE001 - user code
         raise InputError(f"model {spec!r}: the factory raised {type(exc).__name__}: {exc}".replace("\n", " ")) from None
     if not isinstance(model, torch.nn.Module):
@@ -665,12 +679,15 @@ def hf_model_from_config(path: str | Path, seed: int = 0):
     p = Path(path)
     try:
         cfg = AutoConfig.from_pretrained(str(p))  # a config file of any name, or a directory with config.json
-    except (OSError, ValueError, KeyError) as exc:
-        raise InputError(f"--hf-config {path}: {exc}".replace("\n", " ")) from None
+    except Exception as exc:  # noqa: BLE001 - transformers' own checks of the config's values
+        raise InputError(f"--hf-config {path}: {type(exc).__name__}: {exc}".replace("\n", " ")[:400]) from None
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
         model = AutoModelForCausalLM.from_config(cfg)
+    except Exception as exc:  # noqa: BLE001 - a config transformers reads but cannot build
+        raise InputError(f"--hf-config {path}: the model does not build from it ({type(exc).__name__}: "
+                         f"{exc})".replace("\n", " ")[:400]) from None
     finally:
         torch.random.set_rng_state(state)
     return hf_causal_lm_chain(model)

@@ -454,3 +454,59 @@ def test_cli_profile_batch_sizes_bad_input_exit_2(tmp_path, monkeypatch):
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
         assert "Traceback" not in result.output
     assert not (tmp_path / "o.csv").exists()
+
+
+@needs_torch
+def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_path, monkeypatch):
+    """Every mistake below ended in "internal error" (exit 1, or a
+    misleading line) after the model was built or measured; each is now one
+    line naming the option and its value, exit 2, and no file is left."""
+    import json as _json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models.py").write_text(
+        "import sys\nfrom torch import nn\n\n\ndef small():\n    return nn.Sequential(nn.Linear(4, 4), nn.ReLU())\n\n\n"
+        "def leaves():\n    sys.exit(0)\n")
+    (tmp_path / "afile").write_text("x")
+    gpt = str(REPO / "tests" / "gpt_model.py") + ":make_gpt"
+    base = ["--input-shape", "4", "--batch-size", "2", "-o", "o.csv"]
+    cases = [
+        (["profile", "models.py:small", "--input-shape", "4", "-b", "2", "-o", "/proc/o.csv"], "/proc/o.csv"),
+        (["profile", "models.py:small", "--input-shape", "4", "-b", "2", "-o", "afile/o.csv"], "afile is not a directory"),
+        (["profile", "models.py:small", "--input-shape", "4", "-b", str(10**23), "-o", "o.csv"],
+         "input elements in one batch"),
+        (["profile", "models.py:small", "--input-shape", "4", "--batch-sizes", f"1,{10**23}", "-o", "o.csv"],
+         "input elements in one batch"),
+        (["profile", "models.py:small", "--input-shape", str(2**63 - 1), "-b", "2", "-o", "o.csv"],
+         "at most 16 dimensions"),
+        (["profile", "models.py:small", "--input-shape", ",".join(["1"] * 70), "-b", "2", "-o", "o.csv"],
+         "at most 16 dimensions"),
+        (["profile", gpt, "--input-shape", "8", "-b", "2", "--input-dtype", "long", "--vocab-size", "100000",
+          "-o", "o.csv"], "above the model's first embedding's 512 entries"),
+        (["profile", "models.py:small", *base[:4], "--name", " ", "-o", "o.csv"], "--name: empty"),
+        (["profile", f"{tmp_path}:small", *base], "is a directory"),
+        (["profile", "models.py:leaves", *base], "called sys.exit(0)"),
+    ]
+    config = dict(TINY_LLAMA, num_hidden_layers=1)
+    for key, value, message in [("num_attention_heads", 3, "not a multiple of num_attention_heads 3"),
+                                ("hidden_size", "128", "hidden_size '128': expected an integer >= 1"),
+                                ("num_hidden_layers", 2.5, "num_hidden_layers 2.5: expected an integer >= 1"),
+                                ("vocab_size", -5, "vocab_size -5: expected an integer >= 1"),
+                                ("rms_norm_eps", float("nan"), "rms_norm_eps nan: expected a finite number")]:
+        path = tmp_path / f"bad_{key}.json"
+        path.write_text(_json.dumps(dict(config, **{key: value})))
+        cases.append((["profile", "--hf-config", str(path), "--input-shape", "8", "-b", "2", "-o", "o.csv"], message))
+    good = tmp_path / "config.json"
+    good.write_text(_json.dumps(config))
+    cases += [(["profile", "--hf-config", str(good), "--input-shape", "257", "-b", "2", "-o", "o.csv"],
+               "longer than"),
+              (["profile", "--hf-config", str(good), "--input-shape", "8", "-b", "2", "--input-dtype", "float",
+                "-o", "o.csv"], "--input-dtype float: --hf-config profiles a language model on token ids")]
+    runner = CliRunner()
+    for args, message in cases:
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+        assert "internal error" not in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o.csv").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file left

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -76,3 +77,53 @@ def test_simulate_says_its_zero_bubble_activations_are_held_whole(tmp_path, sche
     res = CliRunner().invoke(main, ["simulate", str(out)])
     assert res.exit_code == 0, res.output
     assert ("counted whole until its weight gradient W: an upper bound" in res.output) == noted
+
+
+def test_a_schedule_edited_to_hold_more_micro_batches_is_refused_by_validate_and_warned_by_simulate(tmp_path):
+    """A 1F1B plan of pp 2 at m = 32 micro-batches holds at most 2 of them on
+    rank 0 (its warm-up); edited to GPipe, every one of the 32 is in flight
+    before the first backward, 16 times rank 0's recorded activations and
+    far above its recorded memory: ``validate`` names rank 0's
+    ``memory_bytes`` and the edit, ``simulate`` warns with the same line.
+    The time is fixed up to the replay's, so only the memory disagrees."""
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["plan", "-q", "--top", "1", "-o", str(out), "--model", "gpt3-1.3b", "--cluster",
+                                  "1x8-a100-80gb", "-b", "32", "--pp", "2", "--dp", "1", "--micro-batch-size", "1",
+                                  "--schedule", "1f1b"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    plan = doc["plans"][0]
+    assert plan["schedule"]["num_micro_batches"] == 32
+    assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
+    plan["schedule"]["name"] = "gpipe"
+    edited = tmp_path / "gpipe.json"
+    edited.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["validate", str(edited)])
+    replay = re.search(r"s found, ([0-9.e+-]+) s expected", r.output)
+    assert replay, r.output
+    ratio = float(replay.group(1)) / plan["predicted"]["iteration_time_s"]
+    plan["predicted"]["iteration_time_s"] = float(replay.group(1))
+    for key in ("samples_per_s", "tokens_per_s", "tokens_per_s_per_device", "mfu"):
+        if key in plan["predicted"]:
+            plan["predicted"][key] /= ratio
+    edited.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["validate", str(edited)])
+    assert r.exit_code == 2, r.output
+    assert "plans[0].stages[0].memory_bytes: rank 0's stages record" in r.output, r.output
+    assert "at most 32 micro-batches in flight" in r.output and "predicted" not in r.output.split("error:")[0]
+    s = CliRunner().invoke(main, ["simulate", str(edited)])
+    assert s.exit_code == 0 and "rank 0's stages record" in s.stderr, s.stderr
+
+
+def test_simulate_writes_its_outputs_all_or_none(tmp_path):
+    """``--timeline`` and ``--torch-csv`` together: when the second cannot
+    be written (a full device), the first is not left behind."""
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    out = tmp_path / "p.json"
+    assert CliRunner().invoke(main, ["plan", "-q", "--top", "1", "-o", str(out)] + PLANS["1f1b"]).exit_code == 0
+    r = CliRunner().invoke(main, ["simulate", str(out), "--timeline", str(tmp_path / "t.png"),
+                                  "--torch-csv", "/dev/full"])
+    assert r.exit_code == 2 and "torch CSV /dev/full: cannot write" in r.output, r.output
+    assert not (tmp_path / "t.png").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]

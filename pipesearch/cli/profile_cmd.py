@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import click
 
 from ..errors import InputError
-from ..output import check_distinct_paths, check_writable
+from ..limits import MAX_COUNT, MAX_INPUT_DIMS, MAX_PROFILE_ELEMENTS
+from ..output import check_distinct_paths, check_writable, write_output
 from ..profiler import (CLOCKS, DTYPES, build_model, import_torch, load_factory, profile_module,
                         profile_module_at_sizes, torch_dtype)
 from ..profiles import write_profile_csv
@@ -23,7 +25,20 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if not shape or any(d < 1 for d in shape):
         raise InputError(f"--input-shape {text!r}: expected the per-sample shape as positive integers "
                          "separated by commas, e.g. 64,512")
+    if len(shape) > MAX_INPUT_DIMS or max(shape) > MAX_COUNT:
+        raise InputError(f"--input-shape {text[:80]!r}: at most {MAX_INPUT_DIMS} dimensions of at most "
+                         f"{MAX_COUNT:,} each")
     return shape
+
+
+def check_input_size(shape: tuple[int, ...], sizes: list[int], size_option: str) -> None:
+    """Refuse a batch of more than :data:`MAX_PROFILE_ELEMENTS` input elements
+    (it could never be allocated; torch would fail with an overflow)."""
+    elements = max(sizes) * math.prod(shape)
+    if elements > MAX_PROFILE_ELEMENTS:
+        raise InputError(f"{size_option} with --input-shape {','.join(map(str, shape))}: {elements:.3g} input "
+                         f"elements in one batch, above {MAX_PROFILE_ELEMENTS:.3g}; profile at a smaller batch "
+                         f"size or input shape (the planner scales to others)")
 
 
 @main.command("profile")
@@ -87,6 +102,12 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
     """
     if (model_spec is None) == (hf_config is None):
         raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
+    if name is not None and not name.strip():
+        raise InputError("--name: empty; give the model's name, or leave the option out (the factory's module name)")
+    if hf_config is not None and input_dtype == "float" and click.get_current_context().get_parameter_source(
+            "input_dtype") == click.core.ParameterSource.COMMANDLINE:
+        raise InputError("--input-dtype float: --hf-config profiles a language model on token ids (long); "
+                         "leave the option out")
     sizes = parse_batch_sizes(batch_size, batch_sizes)
     check_writable(output, "profile CSV (-o)")
     source = model_spec.rsplit(":", 1)[0] if model_spec and ":" in model_spec else model_spec
@@ -107,9 +128,11 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
     if hf_config is not None:
         cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
         try:
-            hf_vocab = json.loads(cfg_path.read_text())["vocab_size"]
+            hf_cfg = json.loads(cfg_path.read_text())
+            hf_vocab = hf_cfg["vocab_size"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InputError(f"--hf-config {hf_config}: cannot read its vocab_size ({exc})") from None
+        check_hf_config(hf_cfg, cfg_path)
         if vocab_size is not None and vocab_size > hf_vocab:
             raise InputError(f"--vocab-size {vocab_size}: above the config's vocab_size {hf_vocab}")
         input_dtype, vocab_size = "long", vocab_size or hf_vocab
@@ -119,6 +142,13 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
         raise InputError(f"--vocab-size {vocab_size}: only used with --input-dtype long")
     torch = import_torch()
     shape = parse_shape(input_shape)
+    size_option = f"--batch-sizes {','.join(map(str, sizes))}" if len(sizes) > 1 else f"--batch-size {sizes[0]}"
+    check_input_size(shape, sizes, size_option)
+    if hf_config is not None and isinstance(hf_cfg.get("max_position_embeddings"), int) \
+            and shape[-1] > hf_cfg["max_position_embeddings"]:
+        raise InputError(f"--input-shape {','.join(map(str, shape))}: a sequence of {shape[-1]} tokens, longer than "
+                         f"{cfg_path}'s max_position_embeddings {hf_cfg['max_position_embeddings']} (the model's "
+                         f"context); profile at most that many")
     torch.manual_seed(seed)
     if hf_config is not None:
         from ..profiler import hf_model_from_config
@@ -144,7 +174,8 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
             raise InputError(f"--device {device}: expected cpu, or cuda / cuda:N on a machine with a CUDA GPU "
                              f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
     on_cpu = device == "cpu"
-    size_option = f"--batch-sizes {','.join(map(str, sizes))}" if len(sizes) > 1 else f"--batch-size {sizes[0]}"
+    if input_dtype == "long":
+        check_vocab_size(model, vocab_size)
     options = dict(warmup=warmup, repeats=repeats, device=device, clock=clock if on_cpu else "wall",
                    num_threads=1 if on_cpu else None, device_name=device_name, name=name or default_name,
                    source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
@@ -158,10 +189,11 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
     except (MemoryError, RuntimeError) as exc:  # torch reports a failed allocation as RuntimeError
         if not isinstance(exc, MemoryError) and "alloc" not in str(exc).lower() and "out of memory" not in str(exc):
             raise
-        raise InputError(f"{size_option}: the model's inputs or activations at batch {max(sizes)} do not fit "
-                         f"in {device} memory ({str(exc).splitlines()[0][:160]}); profile at a smaller batch size "
+        raise InputError(f"{size_option} with --input-shape {','.join(map(str, shape))}: the model's inputs or "
+                         f"activations at batch {max(sizes)} do not fit in {device} memory "
+                         f"({str(exc).splitlines()[0][:160]}); profile at a smaller batch size or input shape "
                          f"(the planner scales to others)") from None
-    write_profile_csv(profile, output)
+    write_output(output, lambda path: write_profile_csv(profile, path), "profile CSV (-o)")
     total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
     where = "1 CPU thread" if on_cpu else device
     fit = ""
@@ -170,6 +202,45 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
         fit = f" (fitted over batch sizes {','.join(map(str, sizes))}: fixed {1e3 * fixed:.2f} ms)"
     click.echo(f"{profile.name}: {profile.num_layers} layers, batch {profile.profiled_batch_size}, forward+backward "
                f"{1e3 * total:.2f} ms{fit} on {where}; wrote {output}")
+    if warmup == 0:
+        click.echo("note: --warmup 0: each layer's first run (memory allocation, kernel choice) is among the timed "
+                   "ones; with few --repeats its times can be far above the steady ones", err=True)
+
+
+#: keys of a HuggingFace config that size the model: integers >= 1 where present
+HF_COUNT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "intermediate_size", "max_position_embeddings", "head_dim")
+
+
+def check_hf_config(cfg: dict, path: Path) -> None:
+    """Refuse a ``--hf-config`` whose sizes are not integers >= 1 (within
+    :data:`pipesearch.limits.MAX_COUNT`) or that holds a number that is not
+    finite, naming the file, key and value (transformers would fail inside
+    the model's constructor or build a model that computes NaN)."""
+    if not isinstance(cfg, dict):
+        raise InputError(f"--hf-config {path}: expected a JSON object of the model's settings")
+    for key in HF_COUNT_KEYS:
+        value = cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT):
+            raise InputError(f"--hf-config {path}: {key} {value!r}: expected an integer >= 1")
+    for key, value in cfg.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"--hf-config {path}: {key} {value!r}: expected a finite number")
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    if isinstance(heads, int) and isinstance(hidden, int) and cfg.get("head_dim") is None and hidden % heads:
+        raise InputError(f"--hf-config {path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+
+
+def check_vocab_size(model, vocab_size: int) -> None:
+    """Refuse token ids the model's first embedding cannot look up
+    (``--vocab-size`` above its ``num_embeddings``)."""
+    from ..profiler import import_torch
+
+    torch = import_torch()
+    first = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+    if first is not None and vocab_size > first.num_embeddings:
+        raise InputError(f"--vocab-size {vocab_size}: above the model's first embedding's {first.num_embeddings} "
+                         f"entries (token ids index it); give at most {first.num_embeddings}")
 
 
 def parse_batch_sizes(batch_size: int | None, batch_sizes: str | None) -> list[int]:

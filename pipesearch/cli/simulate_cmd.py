@@ -6,12 +6,13 @@ import click
 import numpy as np
 
 from ..errors import InputError
-from ..output import check_distinct_paths, check_writable, write_output, write_text
+from ..output import check_distinct_paths, check_writable, write_outputs
 from ..plan import load_plan_file, select_plan
 from ..schedules import build, to_torch_csv
 from ..search import simulate_plan
 from ..units import format_bytes, format_seconds
 from . import main
+from .validate_cmd import memory_disagreement
 
 #: relative difference between the replayed and the file's iteration time
 #: beyond which ``simulate`` warns (both are the same longest path; they agree
@@ -163,6 +164,8 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     disagreement = time_disagreement(plans, rank, total_s, plan.predicted.iteration_time_s)
     if disagreement:
         click.echo(f"warning: {disagreement}", err=True)
+    for line in memory_disagreement(plan, tl):
+        click.echo(f"warning: {plans}: plan of rank {rank}{line}", err=True)
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s
@@ -187,14 +190,15 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     if plan.schedule == "zb-h1":  # the one schedule with I / W actions
         click.echo("  (each micro-batch's activations counted whole until its weight gradient W: an upper bound; "
                    "the plan's memory keeps only the W inputs between I and W, docs/schedules.md)")
+    outputs = []  # written together: all or none (output.write_outputs)
     if timeline is not None:
         from ..plots.timeline import allreduce_label, plot_timeline
 
-        write_output(timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s), allreduce=spans,
-                                                       allreduce_label_text=allreduce_label(plan),
-                                                       window_s=window_s, pcie=pcie), "timeline")
-        click.echo(f"wrote {timeline}")
+        outputs.append((timeline, lambda p: plot_timeline(tl, p, plan_title(plan_file, plan, total_s), allreduce=spans,
+                                                          allreduce_label_text=allreduce_label(plan),
+                                                          window_s=window_s, pcie=pcie), "timeline"))
     if torch_csv is not None:
         text = to_torch_csv(build(plan.schedule, plan.pp, plan.num_micro_batches, plan.vp))
-        write_text(torch_csv, text, "torch CSV")
-        click.echo(f"wrote {torch_csv}")
+        outputs.append((torch_csv, lambda p: p.write_text(text), "torch CSV"))
+    for path in write_outputs(outputs) if outputs else ():
+        click.echo(f"wrote {path}")

@@ -32,7 +32,7 @@ def replay_problems(doc: dict) -> list[str]:
         if plan.pp * plan.vp * plan.num_micro_batches > MAX_REPLAYED_STAGE_MICRO_BATCHES:
             continue
         try:
-            replay_s = simulate_plan(plan)[0]
+            replay_s, timeline = simulate_plan(plan)
         except InputError as exc:
             out.append(f"plans[{k}]: the simulator refuses the plan ({exc})")
             continue
@@ -42,6 +42,35 @@ def replay_problems(doc: dict) -> list[str]:
             out.append(f"plans[{k}].predicted.iteration_time_s: {predicted!r} s found, {replay_s!r} s expected "
                        f"(the replay, the simulated time of plans[{k}]'s own stage times{fields}: "
                        "pipesearch simulate); re-plan, or restore the edited field")
+        out += [f"plans[{k}]{line}" for line in memory_disagreement(plan, timeline)]
+    return out
+
+
+#: schedules whose replay counts every micro-batch's saved activations whole while
+#: in flight, as the plan's memory does (ZB-H1 keeps only the weight-gradient
+#: inputs between I and W; Mobius and RoundPipe move activations to the host)
+MEMORY_REPLAYED_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
+
+
+def memory_disagreement(plan, timeline) -> list[str]:
+    """Ranks whose replayed peak of activations (``saved_bytes`` of every
+    micro-batch in flight, :class:`pipesearch.simulate.Timeline`) exceeds the
+    memory their stages record (``memory_bytes``, which holds those
+    activations and the training state): the schedule, micro-batch count or
+    saved bytes no longer match the memory (a hand edit), so the plan may not
+    fit its devices. One line each (field first), empty when they agree."""
+    if plan.schedule not in MEMORY_REPLAYED_SCHEDULES:
+        return []
+    out = []
+    for r in range(plan.pp):
+        recorded = sum(st.memory_bytes for st in plan.stages[r::plan.pp])
+        held = timeline.peak_act_bytes[r]
+        if held > recorded * (1 + REPLAY_REL_TOL):
+            flight = ",".join(str(timeline.peak_in_flight[k]) for k in range(r, len(plan.stages), plan.pp))
+            out.append(f".stages[{r}].memory_bytes: rank {r}'s stages record {recorded:.6g} B, but the replay of "
+                       f"{plan.schedule} with {plan.num_micro_batches} micro-batches holds {held:.6g} B of "
+                       f"activations alone at its peak (at most {flight} micro-batches in flight x saved_bytes); "
+                       "the schedule, micro-batch count or saved_bytes were edited: re-plan")
     return out
 
 
