@@ -498,7 +498,9 @@ def test_pipedream_huge_value(tmp_path):
 
 
 @pytest.mark.parametrize("column,value,expected", [
-    ("iteration_time_s", "x", "a number >= 0"), ("iteration_time_s", -5, "a number >= 0"),
+    ("iteration_time_s", "x", "a number in [0, 1e+12]"), ("iteration_time_s", -5, "a number in [0, 1e+12]"),
+    ("iteration_time_s", 1e300, "a number in [0, 1e+12]"), ("samples_per_s", 1e300, "a number in [0, 1e+30]"),
+    ("bubble_fraction", 1.5, "a number in [0, 1]"), ("status", "weird", "one of ok, pruned"),
     ("pp", "two", "an integer >= 1"), ("schedule", "bogus", "one of gpipe")])
 def test_points_table_cells_are_checked(tmp_path, plan_doc, column, value, expected):
     doc = copy.deepcopy(plan_doc)
@@ -522,6 +524,15 @@ def test_points_table_by_row_cells_are_checked(tmp_path, plan_doc, column, value
     path = write(tmp_path / "points.json", json.dumps(doc))
     assert_refused(tmp_path, ["plot", path, "--kind", "space", "-o", "space.png"], path, "search.points.data[0]",
                    f"column {column!r}", expected)
+
+
+def test_points_table_without_a_column_the_figures_read(tmp_path, plan_doc):
+    """A table whose ``tp`` column was renamed passed ``validate`` and was
+    refused only by ``plot``: both refuse it now, naming the column."""
+    doc = copy.deepcopy(plan_doc)
+    doc["search"]["points"]["columns"][doc["search"]["points"]["columns"].index("tp")] = "tensor_parallel"
+    path = write(tmp_path / "points.json", json.dumps(doc))
+    assert_refused(tmp_path, ["validate", path], path, "search.points.columns", "lacks tp")
 
 
 def test_points_table_columns_of_different_lengths(tmp_path, plan_doc):

@@ -22,6 +22,7 @@ import pandas as pd
 
 from ..errors import InputError, PlanFormatError
 from ..plan import PlanFile, load_plan_file, points_columns, select_plan
+from ..schema.semantics import REQUIRED_POINT_COLUMNS
 from ..types import Plan
 
 KINDS = ("space", "pareto", "stages", "timeline")
@@ -83,8 +84,7 @@ def source_name(plan_file) -> str:
     return "plan file" if isinstance(plan_file, PlanFile) else str(plan_file)
 
 
-POINT_COLUMNS = ("tp", "recompute", "pp", "dp", "schedule", "micro_batch_size", "num_micro_batches",
-                 "placement", "status", "iteration_time_s", "samples_per_s", "peak_memory_bytes")
+POINT_COLUMNS = REQUIRED_POINT_COLUMNS  # the columns the space and pareto figures read
 
 
 def points_frame(plan_file: PlanFile, source: str = "plan file") -> pd.DataFrame:

@@ -50,6 +50,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..errors import InputError
+from ..limits import MAX_BYTES, MAX_PLAN_S, MAX_SAMPLES_PER_S
 from ..schedules import build
 from ..stage_options import offloads_activations
 from ..types import SCHEDULES
@@ -553,13 +554,31 @@ def _rank_order(plans: list) -> Iterator[Problem]:
                     return
 
 
-#: points-table column -> (check, what is expected)
+#: the statuses of the points table's rows (docs/formats.md)
+POINT_STATUSES = ("ok", "pruned", "out_of_memory", "schedule_refused", "batch_not_divisible", "too_many_stages",
+                  "too_many_micro_batches", "split_mismatch", "same_as_other_placement", "stopped_at_work_limits")
+
+#: the columns every points table holds (files of every version: the figures read them)
+REQUIRED_POINT_COLUMNS = ("tp", "recompute", "pp", "dp", "schedule", "micro_batch_size", "num_micro_batches",
+                          "placement", "status", "iteration_time_s", "samples_per_s", "peak_memory_bytes")
+
+
+def _number_in(high: float):
+    """A check that a cell is a number in ``[0, high]`` (not a boolean)."""
+    return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= high,
+            f"a number in [0, {high:g}]")
+
+
+#: points-table column -> (check, what is expected); the bounds are the plan schema's
 _POINT_COLUMNS = {
     **{c: (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
        for c in ("tp", "pp", "dp", "vp", "micro_batch_size", "num_micro_batches")},
-    **{c: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0")
-       for c in ("iteration_time_s", "samples_per_s", "peak_memory_bytes", "bubble_fraction", "lower_bound_s")},
-    **{c: (lambda v: isinstance(v, str), "a string") for c in ("recompute", "placement", "status")},
+    **{c: _number_in(MAX_PLAN_S) for c in ("iteration_time_s", "lower_bound_s")},
+    "samples_per_s": _number_in(MAX_SAMPLES_PER_S),
+    "peak_memory_bytes": _number_in(MAX_BYTES),
+    "bubble_fraction": _number_in(1.0),
+    **{c: (lambda v: isinstance(v, str), "a string") for c in ("recompute", "placement")},
+    "status": (lambda v: v in POINT_STATUSES, f"one of {', '.join(POINT_STATUSES)}"),
     "schedule": (lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
 }
 
@@ -572,6 +591,11 @@ def _points(doc: dict) -> Iterator[Problem]:
     repeated = sorted({c for c in columns if columns.count(c) > 1}, key=str)
     if repeated:
         yield Problem("search.points.columns", f"names {show(repeated[0])} more than once; give each column once")
+        return
+    missing = [c for c in REQUIRED_POINT_COLUMNS if c not in columns]
+    if missing:
+        yield Problem("search.points.columns", f"lacks {', '.join(missing)}; a points table holds "
+                                               f"{', '.join(REQUIRED_POINT_COLUMNS)} (and the search's others)")
         return
     if "values" in table and "data" in table:
         yield Problem("search.points", "has both 'values' (by column) and 'data' (by row); give one")
