@@ -92,3 +92,14 @@ def test_edited_device_count_is_named(tmp_path, doc):
     names num_devices, not tp (peak_flops still says 8 devices)."""
     line = _first(tmp_path, doc, "num_devices", 4)
     assert line.startswith("plans[0].predicted.num_devices: 4 found, 8 expected"), line
+
+
+def test_bubble_fraction_is_the_replays(tmp_path, doc):
+    """Bug: bubble_fraction 0.9 passed while ``simulate`` showed about 1%;
+    the expected value is the replay's busiest-rank idle share, equal to the
+    one the search wrote (computed from its own per-rank busy times,
+    ``search.rank_busy_s``, not the replay's timeline)."""
+    written = doc["plans"][0]["predicted"]["bubble_fraction"]
+    line = _first(tmp_path, doc, "bubble_fraction", 0.9)
+    assert line.startswith("plans[0].predicted.bubble_fraction: 0.9 found"), line
+    assert _expected(line) == pytest.approx(written, abs=1e-12)

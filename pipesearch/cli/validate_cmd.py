@@ -43,7 +43,17 @@ def replay_problems(doc: dict) -> list[str]:
                        f"(the replay, the simulated time of plans[{k}]'s own stage times{fields}: "
                        "pipesearch simulate); re-plan, or restore the edited field")
         out += [f"plans[{k}]{line}" for line in memory_disagreement(plan, timeline)]
+        if plan.schedule not in ("mobius", "roundpipe"):  # their busy time counts copies (their own replays)
+            bubble = max(0.0, 1.0 - max(timeline.busy_s) / replay_s) if replay_s > 0 else 0.0
+            if abs(bubble - plan.predicted.bubble_fraction) > BUBBLE_TOL:
+                out.append(f"plans[{k}].predicted.bubble_fraction: {plan.predicted.bubble_fraction!r} found, "
+                           f"{bubble!r} expected (the replay's: the share of the iteration its busiest rank "
+                           "idles); re-plan, or restore the edited field")
     return out
+
+
+#: absolute difference between a plan's recorded bubble fraction and its replay's beyond which validate reports it
+BUBBLE_TOL = 1e-6
 
 
 #: schedules whose replay counts every micro-batch's saved activations whole while
