@@ -78,7 +78,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
     """Parse a TOML file; InputError on unreadable file or syntax error."""
     data = read_input_bytes(path, "TOML file")
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        return tomllib.loads(data.decode("utf-8-sig"))  # a byte-order mark (some editors write one) is no statement
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: TOML syntax error: {e}") from None
     except UnicodeDecodeError:
@@ -309,6 +309,23 @@ def _host(where: Path, data: dict, groups: tuple[DeviceGroup, ...]) -> HostSpec:
         cpu_adam_params_per_s=_number(where, "host.cpu_adam_params_per_s",
                                       table["cpu_adam_params_per_s"]),
     )
+
+
+def device_files(cluster_path: str | Path) -> list[tuple[str, Path]]:
+    """The device TOMLs a cluster file names (``device = "x.toml"``, top level
+    or in ``[[groups]]``), as ``(what, path)`` pairs, so that a command can
+    refuse to write over them; empty for a catalog name or a file that does
+    not parse (loading it reports why)."""
+    path = Path(cluster_path)
+    try:
+        if not path.is_file():
+            return []
+        table = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return []
+    refs = [table.get("device")] + [g.get("device") for g in table.get("groups", []) if isinstance(g, dict)]
+    return [(f"the device file of --cluster {path.name}", path.parent / Path(ref).expanduser()) for ref in refs
+            if isinstance(ref, str) and ("/" in ref or "\\" in ref or ref.endswith(".toml"))]
 
 
 def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:

@@ -75,12 +75,37 @@ def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool =
                        f"{max(nz):g}): it looks like megabytes in a byte column; byte columns take bytes")
     names = {g.device.name for g in cluster.groups}
     dev = profile.profiled_device
-    if dev and dev != "unknown" and dev not in names:
+    mixed = len(names) > 1
+    if mixed and not rescaled:  # the search takes the times as the fastest type's (search.search)
+        from .costs import profile_precision
+
+        fastest = reference_device(cluster, profile_precision(profile)).name
+        what = (f"{dev!r}, a device neither the cluster nor the catalog defines" if dev and dev != "unknown"
+                else "an unnamed device")
+        out.append(f"{source}: measured on {what}, planned on {', '.join(sorted(names))}: its times are taken as "
+                   f"the fastest type's ({fastest}) and the others' scaled by FLOP rate; name the device in the "
+                   f"profile's '# device:' header (a catalog name or a device TOML)")
+    elif dev and dev != "unknown" and dev not in names:
         how = ("its times are rescaled from one device kind to another by FLOP rate (an estimate"
                if rescaled else f"{dev!r} is no catalog device, so its times are used unscaled (likely wrong")
         out.append(f"{source}: measured on {dev}, planned on {', '.join(sorted(names))}: {how}; profile on the "
                    f"target device for measured times)")
     return out
+
+
+def profiled_device_of(name: str | None, cluster: Cluster) -> DeviceSpec | None:
+    """The device a profile says it was measured on: the cluster's own device
+    type of that name (a device TOML the cluster file names), else the
+    catalog's; None when unnamed (``unknown``) or unknown to both."""
+    if not name or name == "unknown":
+        return None
+    own = next((g.device for g in cluster.groups if g.device.name == name), None)
+    if own is not None:
+        return own
+    try:
+        return load_device(name)
+    except InputError:
+        return None
 
 
 def _short(vals) -> str:
@@ -232,10 +257,7 @@ def load_model_source(
     mode = PER_STAGE if recomputable and recompute != "none" else "none"
     if max_search_memory_bytes is not None:
         check_search_memory(profile.num_layers, max_search_memory_bytes, f"--model {name_or_path}")
-    try:
-        profiled_device = load_device(profile.profiled_device) if profile.profiled_device != "unknown" else None
-    except InputError:
-        profiled_device = None
+    profiled_device = profiled_device_of(profile.profiled_device, cluster)
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
             "layers_description": describe_layers([lay.name for lay in profile.layers]),
             "warnings": profile_warnings(profile, cluster, path.name, rescaled=profiled_device is not None),

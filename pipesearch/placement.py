@@ -231,12 +231,22 @@ def layout(cluster: Cluster, pp: int, dp: int, tp: int, pattern: str, precision:
 
 
 def slot_classes(cluster: Cluster, tp: int, precision: str = "fp16") -> list[list[int]]:
-    """Canonical slot indices grouped by node: slots of one node are
-    interchangeable (one type, and :meth:`Cluster.link` depends only on
-    node and group), so layouts that differ by a swap inside a node score
-    the same."""
-    node = node_ids(cluster)[slot_heads(cluster, tp, precision)]
-    return [np.flatnonzero(node == n).tolist() for n in dict.fromkeys(node.tolist())]
+    """Canonical slot indices grouped into interchangeable classes: the
+    slots of one node (one type, and :meth:`Cluster.link` depends only on
+    node and group), and all the nodes of one slot in a group together
+    (single-GPU nodes: two of them are always linked across nodes, within
+    their group, and alike to every other slot), so layouts that differ by
+    a swap inside a class score the same; when groups are linked as
+    nodes are (no ``inter_group`` link of their own), such nodes of one
+    device type across groups form one class."""
+    heads = slot_heads(cluster, tp, precision)
+    node, group = node_ids(cluster)[heads], group_ids(cluster)[heads]
+    per_node = np.bincount(node)
+    # with one link between groups as within them, single-GPU nodes of one type in any group are alike too
+    across = (cluster.inter_group or cluster.inter_node) == cluster.inter_node
+    kind = [cluster.groups[g].device.name if across else int(g) for g in group.tolist()]
+    key = [(k, -1) if per_node[n] == 1 else (k, int(n)) for n, k in zip(node.tolist(), kind)]
+    return [[k for k, x in enumerate(key) if x == cls] for cls in dict.fromkeys(key)]
 
 
 def count_layouts(cluster: Cluster, n: int, tp: int) -> int:

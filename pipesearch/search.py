@@ -565,8 +565,15 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
         for schedule in group_schedules(pp, options):
             for vp in vp_choices(schedule, pp, options):
                 refused = schedule_refusal(schedule, pp, m, vp, L)
-                for placement in (placements if refused is None else (None,)):
+                for placement in (_schedule_placements(placements, schedule) if refused is None else (None,)):
                     yield mbs, m, schedule, vp, placement, refused
+
+
+def _schedule_placements(placements: tuple[str, ...], schedule: str) -> tuple[str, ...]:
+    """The placements of a group that ``schedule`` is searched with:
+    RoundPipe's GPUs take the stages in turn (a pool, :mod:`pipesearch.roundpipe`),
+    so no device order is searched for it (``mapped``): the named layouts only."""
+    return tuple(p for p in placements if p != "mapped") if schedule == "roundpipe" else placements
 
 
 def group_schedules(pp: int, options: SearchOptions) -> tuple[str, ...]:
@@ -591,17 +598,20 @@ def count_points(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
                  cluster: Cluster | None = None, cache: dict | None = None) -> int:
     """How many points of a group :func:`expand_group` yields with status
     None (the points a pruned group stands for), without building them:
-    ``len(placements) x`` the (micro-batch size, schedule, vp) choices that
-    :func:`schedule_refusal` accepts. ``cache`` (a dict) keeps the second
-    factor per (layers, pp, replica batch) across groups."""
+    per schedule, its placements (:func:`_schedule_placements`) times the
+    (micro-batch size, vp) choices that :func:`schedule_refusal` accepts.
+    ``cache`` (a dict) keeps the choices per (layers, pp, replica batch)
+    across groups."""
     L, per_replica = variant.profile.num_layers, job.global_batch_size // dp
     key = (L, pp, per_replica)
-    if cache is None or key not in cache:
-        n = sum(accepted_points(schedule, pp, per_replica, L, options) for schedule in group_schedules(pp, options))
-        if cache is None:
-            return n * len(_placements(cluster, pp, dp, options, variant))
-        cache[key] = n
-    return cache[key] * len(_placements(cluster, pp, dp, options, variant))
+    per = None if cache is None else cache.get(key)
+    if per is None:
+        per = {schedule: accepted_points(schedule, pp, per_replica, L, options)
+               for schedule in group_schedules(pp, options)}
+        if cache is not None:
+            cache[key] = per
+    placements = _placements(cluster, pp, dp, options, variant)
+    return sum(n * len(_schedule_placements(placements, schedule)) for schedule, n in per.items())
 
 
 def _placements(cluster: Cluster | None, pp: int, dp: int, options: SearchOptions, variant) -> tuple[str, ...]:

@@ -514,3 +514,17 @@ def test_stages_of_two_device_types_are_listed_stage_by_stage():
     note = mixed_stage_note([NS(rank=1, stages=stages), NS(rank=2, stages=stages[:1])])
     assert note == ["plan 1: its stages run on h100-80gb | h100-80gb+a100-40gb | a100-40gb+v100-16gb | v100-16gb "
                     "(a stage of two types runs at its slowest replica's pace and within its smallest one's memory)"]
+
+
+def test_the_device_type_column_follows_the_stages():
+    """The column listed each type once in order of first use
+    (``a100-40gb,v100-32gb`` for stages on A100, V100 x4, A100 x3), which
+    reads as if the later stages ran on V100s; it now runs stage by stage."""
+    from types import SimpleNamespace as NS
+
+    from pipesearch.cli.plan_cmd import stage_types_label
+
+    stages = [NS(device_type=t) for t in ["a100-40gb"] + ["v100-32gb"] * 4 + ["a100-40gb"] * 3]
+    assert stage_types_label(stages) == "a100-40gb,v100-32gb x4,a100-40gb x3"
+    assert stage_types_label([NS(device_type="h100-80gb,a100-40gb"), NS(device_type="h100-80gb,a100-40gb")]) \
+        == "h100-80gb+a100-40gb x2"

@@ -177,17 +177,19 @@ def test_link_bound_by_hand():
     (tos.LINKS' inter-node link), 50 MB out of every layer, pp 2, vp 2
     (interleaved): the link from rank 0 to rank 1 carries boundaries 0 and 2,
     m = 4 micro-batches each, at least 50e6 / 25e9 + 1e-5 = 2.01 ms each:
-    8 x 2.01 ms = 16.08 ms; the orders' times are above it."""
+    8 x 2.01 ms = 16.08 ms; the orders' times are above it. The two
+    single-slot nodes are one class (interchangeable), whose two slots are
+    always linked across nodes."""
     spec = tos._spec("a", 300, 1000.0)
     cluster = Cluster("pair", (DeviceGroup(spec, 2, 1),), *tos.LINKS)
     prof = tos._profile([1e-4] * 4, [5e7] * 4, [0.0] * 4, [0.0] * 4)
     job = Job(global_batch_size=4, memory_reserve_bytes=0)
     costs_of = tos._point(prof, cluster, job, 1, 2, 4, "interleaved-1f1b", 2)
     classes = slot_classes(cluster, 1)
+    assert classes == [[0, 1]]
     sigma = link_send_minima(classes, costs_of, 2)
-    assert math.isclose(sigma[0, 1], 50e6 / 25e9 + 1e-5, rel_tol=1e-9)
-    assert sigma[0, 0] == math.inf  # one slot per node: no transfer inside a class
-    bound = link_bound_s(sigma, [1, 1], 2, 2, 4)
+    assert math.isclose(sigma[0, 0], 50e6 / 25e9 + 1e-5, rel_tol=1e-9)
+    bound = link_bound_s(sigma, [2], 2, 2, 4)
     assert math.isclose(bound, 8 * (50e6 / 25e9 + 1e-5), rel_tol=1e-9)
     assert bound <= _oracle(costs_of, 2, 4, 2, 4, "interleaved-1f1b", 2)
 

@@ -34,7 +34,10 @@ def _spec(name: str, fp16_tflops: float, mem_gb: float = 1000.0) -> DeviceSpec:
 def test_slots_are_distinct_devices_inside_nodes():
     """tp 2 on nodes of 3, 2 and 4 devices: 1 + 1 + 2 slots; the third
     device of the first node stays idle; no device is in two slots, no slot
-    spans nodes; the fast type (node of 4) comes first."""
+    spans nodes; the fast type (node of 4) comes first. Layouts of the 4
+    slots up to swaps of interchangeable ones: the fast node's two, and the
+    two slow single-slot nodes (linked alike to everything: no inter-group
+    link of their own): 4! / (2! 2!) = 6."""
     slow, fast = _spec("slow", 100), _spec("fast", 400)
     cluster = Cluster("c", (DeviceGroup(slow, 1, 3), DeviceGroup(slow, 1, 2), DeviceGroup(fast, 1, 4)),
                       Link(100 * GB, 1e-6), Link(10 * GB, 1e-5))
@@ -42,7 +45,7 @@ def test_slots_are_distinct_devices_inside_nodes():
     assert heads.tolist() == [5, 7, 0, 3]
     devices = (heads[:, None] + np.arange(2)).ravel()
     assert len(set(devices.tolist())) == devices.size and devices.max() < cluster.num_devices
-    assert count_layouts(cluster, 4, 2) == len(layout_names(cluster, 4, 1, 2)) == 4 * 3 * 2 / 2
+    assert count_layouts(cluster, 4, 2) == len(layout_names(cluster, 4, 1, 2)) == 4 * 3 * 2 / 4
 
 
 def test_allreduce_and_boundary_links_by_hand():

@@ -146,7 +146,7 @@ def _rank1(tmp_path, *args) -> dict:
     res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", str(tmp_path / "p.csv"), "--cluster",
                                     str(tmp_path / "c.toml"), *args])
     assert res.exit_code == 0, res.output
-    return json.loads(res.output)["plans"][0]
+    return json.loads(res.stdout)["plans"][0]  # stderr may hold a warning (e.g. an unnamed profile device)
 
 
 FP32_PROFILE = """# batch_size: 1

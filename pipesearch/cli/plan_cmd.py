@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from ..errors import InfeasibleError, InputError
-from ..hardware import describe_cluster, load_cluster
+from ..hardware import describe_cluster, device_files, load_cluster
 from ..limits import MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
@@ -96,6 +96,20 @@ def overlap_settings(runtime, grad_reduce, param_gather, tp_forward, bucket_para
                          "drop one of them")
     runtimes.check_runtime_settings(runtime, overlap, param_state.sharding, sequence_parallel)
     return overlap
+
+
+def stage_types_label(stages) -> str:
+    """The device type of each stage in stage order, runs of one type as
+    ``type xN`` (``a100-40gb,v100-32gb x4,a100-40gb x3``), a stage whose
+    replicas span types as ``a+b``."""
+    runs: list[list] = []
+    for st in stages:
+        t = st.device_type.replace(",", "+")
+        if runs and runs[-1][0] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    return ",".join(t if n == 1 else f"{t} x{n}" for t, n in runs)
 
 
 def mixed_stage_note(plans) -> list[str]:
@@ -214,7 +228,7 @@ def usable_memory_line(cluster, job) -> str:
     each device type (:func:`pipesearch.memory.usable_memory_bytes`, net of
     ``--memory-headroom`` and ``--memory-reserve``) against the device's."""
     kinds = {g.device.name: g.device.memory_bytes for g in cluster.groups}
-    parts = ", ".join(f"{format_bytes(usable_memory_bytes(job, b))} of {format_bytes(b)} on {name}"
+    parts = ", ".join(f"{format_bytes(max(usable_memory_bytes(job, b), 0.0))} of {format_bytes(b)} on {name}"
                       for name, b in kinds.items())
     return (f"peak memory is checked against the usable memory: {parts} (--memory-headroom "
             f"{100 * job.memory_headroom_fraction:g}%, --memory-reserve {format_bytes(job.memory_reserve_bytes)})")
@@ -297,9 +311,8 @@ def plans_table(plans, capacity_of=None) -> str:
     if any(r is not None for r in replicas):  # per-stage replication: replicas of each stage
         columns.insert(2, ("replicas", [",".join(map(str, r)) if r is not None else f"{p.dp} each"
                                         for r, p in zip(replicas, plans)]))
-    types = [",".join(dict.fromkeys(t for st in p.stages for t in st.device_type.split(","))) for p in plans]
-    if any("," in t for t in types):  # mixed device types: show them, in stage order
-        columns.insert(5, ("device types", types))
+    if any(len({t for st in p.stages for t in st.device_type.split(",")}) > 1 for p in plans):
+        columns.insert(5, ("device types by stage", [stage_types_label(p.stages) for p in plans]))
     if all(label == "none" for label in dict(columns).get("recompute", [])):
         columns = [(k, v) for k, v in columns if k != "recompute"]
     for word, column in (("offload", "optimizer offload"), ("stream", "weights streamed"),
@@ -471,7 +484,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if all_points is not None:
         check_writable(all_points, "--all-points")
     check_distinct_paths({"-o": output, "--all-points": all_points},
-                          {"--model": model, "--cluster": cluster_name})
+                          [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
     if plot_dir == "":
         raise InputError("--plot-dir: empty directory name; give a directory")
     if plot_dir:
@@ -498,11 +511,17 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         if on and cluster.host is None:
             raise InputError(f"{flag}: cluster {cluster.name!r} has no [host] table (host memory, "
                              "PCIe links, CPU Adam rate); add one (hardware/README.md) or drop the flag")
-    smallest = min(g.device.memory_bytes for g in cluster.groups)
-    if reserve >= smallest * (1 - memory_headroom):
+    empty = {g.device.name: g.device.memory_bytes for g in cluster.groups
+             if reserve >= g.device.memory_bytes * (1 - memory_headroom)}
+    if len(empty) == len({g.device.name for g in cluster.groups}):
+        smallest = min(empty.values())
         raise InputError(f"--memory-reserve {memory_reserve} with --memory-headroom {memory_headroom:g} leaves "
                          f"nothing of the {format_bytes(smallest)} devices of {cluster.name}; lower them "
                          f"(defaults 1GiB and 0.05)")
+    for name, size in empty.items():  # a mixed cluster: those types hold nothing, the others plan
+        click.echo(f"warning: --memory-reserve {memory_reserve} with --memory-headroom {memory_headroom:g} leaves "
+                   f"nothing of the {format_bytes(size)} of {name}: its devices stay idle (lower them to use "
+                   f"those devices)", err=True)
     if runtime == "gpipe" and tp is None:
         tp = 1  # torchgpipe / fairscale Pipe have no tensor parallelism
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..catalog import resolve
 from ..errors import InputError
-from ..hardware import describe_cluster, load_cluster
+from ..hardware import describe_cluster, device_files, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
 from ..output import check_distinct_paths, check_writable, short_path, write_text
@@ -195,7 +195,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         check_output(check_writable(timeline, "--timeline"))
         if simulate_top < 1:
             raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
-    check_distinct_paths({"-o": output, "--timeline": timeline}, {"--model": model, "--cluster": cluster_name})
+    check_distinct_paths({"-o": output, "--timeline": timeline},
+                         [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
     if simulate_top < 1:
         given = [f"--{name.replace('_', '-')}" for name in ("num_requests", "seed")
                  if option_given(click.get_current_context(), name)]

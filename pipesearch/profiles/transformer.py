@@ -324,7 +324,7 @@ def _read_text(path: Path) -> str:
 def _read_toml(path: Path) -> dict[str, Any]:
     text = _read_text(path)  # its own refusal names the file once
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text.removeprefix("\ufeff"))  # a byte-order mark is no statement
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: TOML syntax error: {e}") from None
     except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
