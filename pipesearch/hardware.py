@@ -321,7 +321,7 @@ def device_files(cluster_path: str | Path) -> list[tuple[str, Path]]:
         if not path.is_file():
             return []
         table = tomllib.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # loading it says what is wrong
         return []
     refs = [table.get("device")] + [g.get("device") for g in table.get("groups", []) if isinstance(g, dict)]
     return [(f"the device file of --cluster {path.name}", path.parent / Path(ref).expanduser()) for ref in refs

@@ -530,7 +530,8 @@ def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions, 
     placements; else the candidates of
     :func:`pipesearch.placement.placement_candidates` (patterns over the
     slots, fastest type first) and, for a single pipeline (dp = 1),
-    ``mapped``: the device order chosen by :func:`pipesearch.ilp.map_pipeline`.
+    ``mapped``: the device order chosen by :func:`pipesearch.ilp.map_pipeline`
+    (not with ``--placement``: its patterns only).
     ``precision``: the profile's (:func:`pipesearch.costs.profile_precision`),
     which orders the slots the names refer to (:func:`pipesearch.placement.layout`
     reads them in the same order)."""
@@ -538,8 +539,7 @@ def placement_names(cluster: Cluster, pp: int, dp: int, options: SearchOptions, 
         return options.placements if (pp > 1 and dp > 1) else options.placements[:1]
     mapped = ("mapped",) if dp == 1 and pp > 1 else ()
     if options.placement_pinned:  # --placement: its patterns only, fastest and largest devices first
-        return tuple(name for name, _ in placement_candidates(cluster, pp, dp, tp, precision,
-                                                              options.placements)) + mapped
+        return tuple(name for name, _ in placement_candidates(cluster, pp, dp, tp, precision, options.placements))
     if count_layouts(cluster, pp * dp, tp) <= options.enumerate_layouts_up_to:
         return tuple(layout_names(cluster, pp, dp, tp, precision))
     names = tuple(name for name, _ in placement_candidates(cluster, pp, dp, tp, precision))

@@ -413,28 +413,35 @@ def test_split_with_replicas_and_tp2(tp2_plan_file):
 def test_replicated_layouts_are_every_node_pattern_once(tp, reps):
     """replicated_layout_names against every choice of disjoint sets of
     tp groups (tp consecutive devices of one node from a multiple of tp),
-    told apart by the nodes each stage takes: one name per pattern, every
-    pattern named, no group twice, no device off the cluster; on 2 + 4
-    devices of two types in three nodes (ids 0-1 slow, 2-5 fast)."""
-    from pipesearch.placement import node_ids, replicated_layout_names, replicated_stage_devices
+    told apart by the interchangeable classes of nodes each stage takes
+    (:func:`pipesearch.placement.slot_classes`: a node, or with tp 2, where
+    every node is one slot, the two fast nodes together): one name per
+    pattern, every pattern named, no group twice, no device off the
+    cluster; on 2 + 4 devices of two types in three nodes (ids 0-1 slow,
+    2-5 fast)."""
+    from pipesearch.placement import (node_ids, replicated_layout_names, replicated_stage_devices, slot_classes,
+                                      slot_heads)
     from pipesearch.replication import parse_replicas_slots, replicated_placements
 
     slow, fast = _device("slow", 5e12, 16e9), _device("fast", 10e12, 16e9)
     cluster = Cluster("m", (DeviceGroup(slow, 1, 2), DeviceGroup(fast, 2, 2)), intra_node=Link(1e9, 0.0),
                       inter_node=Link(1e8, 0.0))
     groups = [(d // 2, d) for d in range(0, 6, tp)]  # (node, head): nodes of 2 devices
+    node = node_ids(cluster)
+    heads = slot_heads(cluster, tp, "fp32")
+    label = {int(node[heads[k]]): c for c, members in enumerate(slot_classes(cluster, tp, "fp32")) for k in members}
+    assert len(set(label.values())) == (2 if tp == 2 else 3)
     ends, want = np.cumsum(reps), set()
     for combo in itertools.permutations(range(len(groups)), sum(reps)):  # every assignment of groups
-        want.add(tuple(tuple(sorted(groups[c][0] for c in combo[e - r:e])) for r, e in zip(reps, ends)))
+        want.add(tuple(tuple(sorted(label[groups[c][0]] for c in combo[e - r:e])) for r, e in zip(reps, ends)))
     names = replicated_layout_names(cluster, reps, tp, "fp32")
-    node = node_ids(cluster)
     got = []
     for name in names:
         devs = replicated_stage_devices(cluster, reps, "fp32", tp, [int(x) for x in name[6:].split(",")])
         used = [int(h) + t for d in devs for h in d for t in range(tp)]
         assert len(used) == len(set(used)) == sum(reps) * tp and max(used) < 6
         assert all(node[int(h)] == node[int(h) + tp - 1] for d in devs for h in d)
-        got.append(tuple(tuple(sorted(node[d].tolist())) for d in devs))
+        got.append(tuple(tuple(sorted(label[int(x)] for x in node[d])) for d in devs))
     assert len(got) == len(set(got)) and set(got) == want
     chosen = replicated_placements(cluster, reps, tp, 10**6, "fp32")
     assert len(chosen) == len(want) and all(parse_replicas_slots(c) is not None for c in chosen)

@@ -306,3 +306,24 @@ def test_placement_pin_on_a_mixed_cluster_is_honoured(pattern):
     other = "data" if pattern == "pipeline" else "pipeline"
     assert f"named layouts ({pattern}-major, fastest" in table.output and f"{other}-major" not in table.output
     assert "(--placement;" in table.output
+
+
+def test_a_placement_pin_holds_for_a_single_pipeline_too():
+    """--placement data with dp 1 on a mixed cluster returned the device
+    order of the order search (options.placement "mapped"), the pin ignored
+    without a word; every plan now takes one of the pattern's layouts."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+    from pipesearch.hardware import load_cluster
+    from pipesearch.placement import placement_candidates
+
+    path = str(Path(__file__).parent / "data" / "mixed-16-3types.toml")
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", "gpt3-1.3b", "--cluster", path, "-b", "64",
+                                    "--pp", "4", "--dp", "1", "--placement", "data", "--top", "3"])
+    assert res.exit_code == 0, res.output
+    names = {n for n, _ in placement_candidates(load_cluster(path), 4, 1, 1, "fp16", ("data",))}
+    placed = {p["options"]["placement"] for p in json.loads(res.stdout)["plans"]}
+    assert placed and placed <= names, placed
