@@ -409,8 +409,9 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
             )
         if nodes is not None:
             raise InputError(
-                f"{path}: a node-count override (nodes={nodes!r}) is not supported for a "
-                f"heterogeneous cluster ([[groups]]); edit the file's groups instead"
+                f"{path}: a node-count override (nodes={nodes!r}) is not supported for a cluster given "
+                f"as [[groups]] (which group would grow?); edit the groups' nodes instead, or write a "
+                f"cluster of one device type with top-level nodes, devices_per_node and device"
             )
         raw = data["groups"]
         if not isinstance(raw, list) or not raw or not all(isinstance(g, dict) for g in raw):

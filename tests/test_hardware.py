@@ -135,6 +135,19 @@ def test_heterogeneous_nodes_override_is_refused():
         load_cluster("mixed-a100-v100", nodes=2)
 
 
+def test_nodes_override_of_a_one_group_file_says_why_not_heterogeneous(tmp_path):
+    """One [[groups]] entry of one device type was refused as "a
+    heterogeneous cluster"; the refusal now says what the file is and the
+    form that takes --nodes."""
+    path = tmp_path / "one.toml"
+    path.write_text('name = "one"\n[[groups]]\nnodes = 1\ndevices_per_node = 4\ndevice = "a100-40gb"\n'
+                    "[intra_node]\nbandwidth_GBps = 100\nlatency_us = 5\n"
+                    "[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n")
+    with pytest.raises(InputError, match=r"a cluster given as \[\[groups\]\].*top-level nodes") as err:
+        load_cluster(path, nodes=2)
+    assert "heterogeneous" not in str(err.value)
+
+
 def test_describe_cluster_homogeneous():
     info = describe_cluster(load_cluster("4x4-v100-10gbe"))
     assert info["devices"] == 16 and info["nodes"] == 4 and info["homogeneous"]
