@@ -324,8 +324,17 @@ def device_files(cluster_path: str | Path) -> list[tuple[str, Path]]:
     except (OSError, ValueError, RecursionError):  # loading it says what is wrong
         return []
     refs = [table.get("device")] + [g.get("device") for g in table.get("groups", []) if isinstance(g, dict)]
-    return [(f"the device file of --cluster {path.name}", path.parent / Path(ref).expanduser()) for ref in refs
-            if isinstance(ref, str) and ("/" in ref or "\\" in ref or ref.endswith(".toml"))]
+    files = [_device_file(path, ref) for ref in refs if isinstance(ref, str)]
+    return [(f"the device file of --cluster {path.name}", f) for f in files if f is not None]
+
+
+def _device_file(where: Path, ref: str) -> Path | None:
+    """The device TOML that ``ref`` in the cluster file ``where`` names: a
+    value with a path separator or ending in ``.toml``, relative to the
+    file's directory; None for a catalog name."""
+    if "/" in ref or "\\" in ref or ref.endswith(".toml"):
+        return where.parent / Path(ref).expanduser()
+    return None
 
 
 def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:
@@ -335,8 +344,8 @@ def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:
     relative to the cluster file's directory; anything else is a catalog name.
     """
     ref = _string(where, key, value)
-    if "/" in ref or "\\" in ref or ref.endswith(".toml"):
-        path = where.parent / Path(ref).expanduser()
+    path = _device_file(where, ref)
+    if path is not None:
         kind = non_regular_kind(path)
         if kind is not None:
             raise _fail(where, key, ref, f"a device file, but {path} is {kind}")

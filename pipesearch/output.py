@@ -19,6 +19,12 @@ from typing import Callable
 from .errors import InputError
 
 
+def _written_through(p: Path) -> bool:
+    """Whether ``p`` is written in place (a symlink or a special file such as
+    ``/dev/stdout``), not through a temporary file renamed onto it."""
+    return p.is_symlink() or (p.exists() and not stat.S_ISREG(p.stat().st_mode))
+
+
 def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
     """Check before any work is done that ``path`` can be written: for a
     regular file (or a new one), that a file can be made in its directory
@@ -41,7 +47,7 @@ def check_writable(path: str | os.PathLike[str], what: str = "output") -> Path:
             raise InputError(f"{what} {p}: directory {parent} does not exist; create it first")
         if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
             raise InputError(f"{what} {p}: not writable")
-        if not p.is_symlink() and (not p.exists() or stat.S_ISREG(p.stat().st_mode)):
+        if not _written_through(p):
             # written through a temporary file beside it (write_output): one made and removed now
             # (a parent such as /proc or /sys that os.access calls writable refuses it here)
             fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.name[:64]}.", suffix=".probe")
@@ -92,12 +98,6 @@ def _umask_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
-
-
-def _written_through(p: Path) -> bool:
-    """Whether ``p`` is written in place (a symlink or a special file such as
-    ``/dev/stdout``), not through a temporary file renamed onto it."""
-    return p.is_symlink() or (p.exists() and not stat.S_ISREG(p.stat().st_mode))
 
 
 def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], what: str = "output") -> Path:

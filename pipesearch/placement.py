@@ -245,8 +245,10 @@ def slot_classes(cluster: Cluster, tp: int, precision: str = "fp16") -> list[lis
     # with one link between groups as within them, single-GPU nodes of one type in any group are alike too
     across = (cluster.inter_group or cluster.inter_node) == cluster.inter_node
     kind = [cluster.groups[g].device.name if across else int(g) for g in group.tolist()]
-    key = [(k, -1) if per_node[n] == 1 else (k, int(n)) for n, k in zip(node.tolist(), kind)]
-    return [[k for k, x in enumerate(key) if x == cls] for cls in dict.fromkeys(key)]
+    classes: dict = {}  # in order of first slot
+    for slot, (n, k) in enumerate(zip(node.tolist(), kind)):
+        classes.setdefault((k, -1) if per_node[n] == 1 else (k, n), []).append(slot)
+    return list(classes.values())
 
 
 def count_layouts(cluster: Cluster, n: int, tp: int) -> int:

@@ -75,7 +75,7 @@ from .memory import usable_memory_bytes
 from .placement import stage_capacity_bytes, stage_time_scale
 from .schedules import roundpipe_tasks
 from .split_search import ExactSplit
-from .timemodel import StageTimes, roundpipe_graph, roundpipe_time_s
+from .timemodel import StageTimes, busiest_idle_fraction, roundpipe_graph, roundpipe_time_s
 from .types import Cluster, DeviceSpec, Job, ModelProfile
 
 #: bytes per parameter of RoundPipe's 16-bit weights and of its gradients
@@ -685,7 +685,7 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
     for kind, g, d in roundpipe_tasks(pp * vp, pp):
         busy[d] += m * (times.fwd_s[g] + (times.bwd_s[g] if kind != "F" else 0.0))
     predicted = Prediction(iteration_time_s=t, samples_per_s=job.global_batch_size / t if t > 0 else math.inf,
-                           bubble_fraction=max(0.0, 1.0 - float(busy.max()) / t) if t > 0 else 0.0,
+                           bubble_fraction=busiest_idle_fraction(float(busy.max()), t),
                            peak_memory_bytes=float(peaks.max()),
                            memory_capacity_bytes=float(stage_capacity_bytes(cluster, devices.reshape(-1, 1)).min()),
                            **_throughput_terms(variant.profile, stages, job.global_batch_size, cluster, 1))

@@ -48,7 +48,7 @@ from .replication import (MAX_REPLICATED_PP, check_replication_job, is_uniform_p
                           replicated_lower_bound_s, replicated_placements)
 from .split_search import CHAIN_SCHEDULES, EQUAL_TIME_REL, exact_split
 from .stage_options import ACT_HOST_RESIDENT, offloads_activations
-from .timemodel import iteration_time_s, rank_busy_s, simulate_times, stage_times_of
+from .timemodel import busiest_idle_fraction, iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
 
 ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
@@ -451,7 +451,7 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
     return Prediction(
         iteration_time_s=iteration_time_s,
         samples_per_s=global_batch / iteration_time_s if iteration_time_s > 0 else math.inf,
-        bubble_fraction=max(0.0, 1.0 - busiest / iteration_time_s) if iteration_time_s > 0 else 0.0,
+        bubble_fraction=busiest_idle_fraction(busiest, iteration_time_s),
         peak_memory_bytes=peak,
         memory_capacity_bytes=cap,
         **_throughput_terms(profile, stages, global_batch, cluster, tp),

@@ -48,6 +48,12 @@ from .simulate import Timeline, simulate
 OVERLAPPED_SEND_SCHEDULES = ("gpipe", "interleaved-1f1b", "zb-h1", "looped-bfs", "mobius")
 
 
+def busiest_idle_fraction(busiest_s: float, iteration_time_s: float) -> float:
+    """The bubble of a plan: the share of the iteration its busiest rank
+    (``busiest_s`` of work) sits idle, 0 for an iteration of no time."""
+    return max(0.0, 1.0 - busiest_s / iteration_time_s) if iteration_time_s > 0 else 0.0
+
+
 def send_overlap(schedule: str) -> bool:
     """Whether ``schedule``'s point-to-point sends overlap the sender's
     compute (``True``) or block it (``False``, 1F1B)."""

@@ -114,8 +114,8 @@ def stage_types_label(stages) -> str:
 
 def mixed_stage_note(plans) -> list[str]:
     """One line per plan with a stage whose replicas run on several device
-    types: every stage's types in order (the table's column lists the
-    plan's types once each)."""
+    types: every stage's types in order, and what such a stage runs at
+    (the table's column, :func:`stage_types_label`, shows them as ``a+b``)."""
     out = []
     for p in plans:
         if any("," in st.device_type for st in p.stages):

@@ -234,8 +234,6 @@ def check_hf_config(cfg: dict, path: Path) -> None:
 def check_vocab_size(model, vocab_size: int) -> None:
     """Refuse token ids the model's first embedding cannot look up
     (``--vocab-size`` above its ``num_embeddings``)."""
-    from ..profiler import import_torch
-
     torch = import_torch()
     first = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
     if first is not None and vocab_size > first.num_embeddings:

@@ -10,6 +10,7 @@ from ..output import check_distinct_paths, check_writable, write_outputs
 from ..plan import load_plan_file, select_plan
 from ..schedules import build, to_torch_csv
 from ..search import simulate_plan
+from ..timemodel import busiest_idle_fraction
 from ..units import format_bytes, format_seconds
 from . import main
 from .validate_cmd import memory_disagreement
@@ -183,7 +184,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
                f"textbook closed form (sends not overlapped, secondary): "
                f"{format_seconds(analytic) if analytic else 'n/a'}"
                + (" (as recorded in the file, not recomputed)" if analytic and disagreement else ""))
-    click.echo(f"bubble (busiest rank idle): {100 * (1 - max(tl.busy_s) / total_s):.1f}%")
+    click.echo(f"bubble (busiest rank idle): {100 * busiest_idle_fraction(max(tl.busy_s), total_s):.1f}%")
     for r in range(tl.num_ranks):
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
                    f"peak activations on the device {format_bytes(tl.peak_act_bytes[r])}")

@@ -26,6 +26,7 @@ def replay_problems(doc: dict) -> list[str]:
     of their own stage terms (:func:`pipesearch.search.simulate_plan`), one
     line each."""
     from ..search import simulate_plan
+    from ..timemodel import busiest_idle_fraction
 
     out = []
     for k, plan in enumerate(_from_document(doc).plans):
@@ -44,7 +45,7 @@ def replay_problems(doc: dict) -> list[str]:
                        "pipesearch simulate); re-plan, or restore the edited field")
         out += [f"plans[{k}]{line}" for line in memory_disagreement(plan, timeline)]
         if plan.schedule not in ("mobius", "roundpipe"):  # their busy time counts copies (their own replays)
-            bubble = max(0.0, 1.0 - max(timeline.busy_s) / replay_s) if replay_s > 0 else 0.0
+            bubble = busiest_idle_fraction(max(timeline.busy_s), replay_s)
             if abs(bubble - plan.predicted.bubble_fraction) > BUBBLE_TOL:
                 out.append(f"plans[{k}].predicted.bubble_fraction: {plan.predicted.bubble_fraction!r} found, "
                            f"{bubble!r} expected (the replay's: the share of the iteration its busiest rank "
