@@ -324,9 +324,13 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
     s = np.asarray(s)
     own = np.where(s % pp == 0, r, 0.0)
     out, no_work = [], {}
-    for k, n in zip(ks, counts[:, s] if len(counts) else ()):  # each family's counts on s: s.shape + (4,)
+    if not len(counts):
+        return []
+    on_s = counts[:, s]  # each family's counts on s: s.shape + (4,)
+    acting = on_s.any(axis=tuple(range(1, on_s.ndim - 1)))  # (families, 4): kinds with an action on s
+    for k, n, kinds in zip(ks, on_s, acting.tolist()):
         # kinds with no action on the stages of s add nothing (x + 0 = x): skipped
-        work = [n[..., kind] * d for kind, d in enumerate(per_action) if np.any(n[..., kind])]
+        work = [n[..., kind] * d for kind, d in enumerate(per_action) if kinds[kind]]
         before = s < k
         if work:
             out.append(np.where(before, fill_drain, 0.0) + sum(work) + own)
