@@ -211,11 +211,11 @@ class ClassBounds:
         for c in range(self.C):
             for s in range(S):
                 cs = class_costs[c][s]
-                fits = valid & np.asarray(cs.fits(s, ic, jc), dtype=bool)
                 # stage s starts at a layer in [s, L - S + s] and leaves a layer to each later stage
-                fits &= (ii >= s) & (ii <= L - S + s) & ((jj == L) if s == S - 1 else (jj <= L - S + s + 1))
-                fits &= m * (cs.fwd_s(s, ic, jc) + cs.bwd_s(s, ic, jc)) < cutoff_s
-                ok[c, s] = fits
+                can = valid & (ii >= s) & (ii <= L - S + s) & ((jj == L) if s == S - 1 else (jj <= L - S + s + 1))
+                i, j = ii[can], jj[can]  # the memory and work tests on those ranges only
+                ok[c, s][can] = np.asarray(cs.fits(s, i, j), dtype=bool) & (
+                    m * (cs.fwd_s(s, i, j) + cs.bwd_s(s, i, j)) < cutoff_s)
                 full.append(stage_terms(cs, schedule, pp, s, ic, jc))
         # band: the longest stage any (class, stage) can hold; arrays (.., L+1 starts, W lengths)
         lengths = np.where(ok, (jj - ii)[None, None], 0)
