@@ -205,9 +205,7 @@ class ClassBounds:
         R = len(names)
         ii, jj = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
         valid = jj > ii
-        ic, jc = np.where(valid, ii, 0), np.where(valid, jj, 1)
         ok = np.zeros((self.C, S, L + 1, L + 1), dtype=bool)
-        full = []
         for c in range(self.C):
             for s in range(S):
                 cs = class_costs[c][s]
@@ -216,7 +214,6 @@ class ClassBounds:
                 i, j = ii[can], jj[can]  # the memory and work tests on those ranges only
                 ok[c, s][can] = np.asarray(cs.fits(s, i, j), dtype=bool) & (
                     m * (cs.fwd_s(s, i, j) + cs.bwd_s(s, i, j)) < cutoff_s)
-                full.append(stage_terms(cs, schedule, pp, s, ic, jc))
         # band: the longest stage any (class, stage) can hold; arrays (.., L+1 starts, W lengths)
         lengths = np.where(ok, (jj - ii)[None, None], 0)
         self.W = W = max(1, int(lengths.max()))
@@ -230,17 +227,19 @@ class ClassBounds:
         self.b0 = np.full((self.C, S, R, L + 1, W), NEG)
         self.ka = np.zeros((S, R))
         self.kb = np.zeros((S, R))
-        rows_i = np.arange(L + 1)[:, None]
+        rows_i = np.broadcast_to(np.arange(L + 1)[:, None], J.shape)
+        real = J > rows_i  # the band's ranges [i, J); the others (masked by ok) as (0, 1)
+        ib, jb = np.where(real, rows_i, 0), np.where(real, J, 1)
         for c in range(self.C):
             for s in range(S):
-                for n, (a0, ka, b0, kb) in full[c * S + s].items():
+                for n, (a0, ka, b0, kb) in stage_terms(class_costs[c][s], schedule, pp, s, ib, jb).items():
                     if n not in self.row:
                         continue
                     q = self.row[n]
                     if a0 is not None:
-                        self.a0[c, s, q] = np.broadcast_to(a0, (L + 1, L + 1))[rows_i, J]
+                        self.a0[c, s, q] = a0
                     if b0 is not None:
-                        self.b0[c, s, q] = np.broadcast_to(b0, (L + 1, L + 1))[rows_i, J]
+                        self.b0[c, s, q] = b0
                     self.ka[s, q], self.kb[s, q] = ka, kb
         self.send = np.zeros((self.C, self.C + 1, L + 1))  # index C: no next stage
         for c, c2 in itertools.product(range(self.C), range(self.C)):
