@@ -328,6 +328,9 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
         return []
     on_s = counts[:, s]  # each family's counts on s: s.shape + (4,)
     acting = on_s.any(axis=tuple(range(1, on_s.ndim - 1)))  # (families, 4): kinds with an action on s
+    kinds_used = [kind for kind in range(4) if acting[:, kind].any()]
+    if all(np.all(np.isfinite(per_action[kind])) for kind in kinds_used):
+        return _chain_sums(ks, on_s, s, fill_drain, per_action, own, kinds_used)
     for k, n, kinds in zip(ks, on_s, acting.tolist()):
         # kinds with no action on the stages of s add nothing (x + 0 = x): skipped
         work = [n[..., kind] * d for kind, d in enumerate(per_action) if kinds[kind]]
@@ -340,6 +343,29 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
             no_work[key] = np.where(before, fill_drain, 0.0) + own
         out.append(no_work[key])
     return out
+
+
+def _chain_sums(ks, on_s: np.ndarray, s: np.ndarray, fill_drain, per_action, own, kinds_used) -> list:
+    """:func:`_chain_terms` for every family at once when the durations of
+    the kinds acting are finite: a kind a family does not run adds ``0 x d =
+    +0``, so each family's sum is that of its own kinds (the same
+    floating-point values, in the same order)."""
+    shape = np.broadcast_shapes(s.shape, np.shape(fill_drain), np.shape(own),
+                                *(np.shape(per_action[kind]) for kind in kinds_used))
+    lead = (len(ks),) + (1,) * (len(shape) - s.ndim)  # the family axis before every axis of the terms
+
+    def per_family(x):
+        return np.reshape(x, lead + s.shape)
+
+    before = per_family(s[None] < np.reshape(np.asarray(ks), (-1,) + (1,) * s.ndim))
+    out = np.where(before, fill_drain, 0.0)
+    work = None
+    for kind in kinds_used:
+        term = per_family(on_s[..., kind]) * per_action[kind]
+        work = term if work is None else work + term
+    if work is not None:
+        out = out + work
+    return list(np.broadcast_to(out + own, (len(ks),) + shape))
 
 
 @lru_cache(maxsize=256)
