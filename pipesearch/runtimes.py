@@ -225,6 +225,21 @@ SHARDING_SUPPORT = {
 }
 
 
+def megatron_overlap_refusal(param_gather: bool, grad_reduce: bool, tp_forward: bool,
+                             sequence_parallel: bool) -> str | None:
+    """Why Megatron-LM's ``validate_args`` refuses this communication overlap
+    (the parameter gather overlapped without the gradient reduce;
+    ``--tp-comm-overlap`` without sequence parallelism), with the fix; None
+    when it runs. ``tp_forward`` counts only with tensor parallelism."""
+    if param_gather and not grad_reduce:
+        return ("--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM's validate_args); add "
+                "--no-overlap-param-gather or keep the gradient reduce overlapped")
+    if tp_forward and not sequence_parallel:
+        return ("--tp-comm-overlap needs sequence parallelism (Megatron-LM's validate_args); drop "
+                "--no-sequence-parallel or --tp-comm-overlap")
+    return None
+
+
 def check_runtime_settings(runtime: str | None, overlap, sharding: str = "none", sequence_parallel: bool = True) -> None:
     """Refuse, before the search, communication overlap and sharding that
     ``runtime`` does not run as planned (:data:`OVERLAP_SUPPORT`,
@@ -248,12 +263,10 @@ def check_runtime_settings(runtime: str | None, overlap, sharding: str = "none",
         raise InputError(f"--runtime {runtime} with --sharding {sharding}: {runtime} runs "
                          f"{' / '.join(SHARDING_SUPPORT[runtime])} as planned; choose one of those")
     if runtime == "megatron":
-        if overlap.param_gather and not overlap.grad_reduce:
-            raise InputError("--runtime megatron: --overlap-param-gather needs --overlap-grad-reduce (Megatron-LM's "
-                             "validate_args); add --no-overlap-param-gather or keep the gradient reduce overlapped")
-        if overlap.tp_forward and not sequence_parallel:
-            raise InputError("--runtime megatron: --tp-comm-overlap needs sequence parallelism (Megatron-LM's "
-                             "validate_args); drop --no-sequence-parallel or --tp-comm-overlap")
+        refusal = megatron_overlap_refusal(overlap.param_gather, overlap.grad_reduce, overlap.tp_forward,
+                                           sequence_parallel)
+        if refusal:
+            raise InputError(f"--runtime megatron: {refusal}")
         if overlap.grad_reduce and overlap.bucket_params is None:
             raise InputError("--runtime megatron: --grad-bucket-params layer: Megatron-LM sizes its gradient "
                              "buckets in parameters (--ddp-bucket-size); give a number, e.g. 40000000")

@@ -260,3 +260,50 @@ def test_settings_that_would_not_run_as_planned_are_refused(args, needle):
                                     "--top", "1", "-q", *args])
     assert res.exit_code == 2, res.output
     assert needle in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sharding", "zero1", "--overlap-param-gather"], "--overlap-param-gather needs --overlap-grad-reduce"),
+    (["--tp-comm-overlap", "--no-sequence-parallel"], "--tp-comm-overlap needs sequence parallelism"),
+])
+def test_megatron_export_refuses_overlap_its_validate_args_refuses(tmp_path, args, needle):
+    """A plan made without --runtime megatron may overlap what Megatron-LM
+    refuses to (its validate_args asserts both rules): the export refuses it,
+    exit 2, nothing written; with the overlap it does run, the flags are
+    written."""
+    doc = _plan_json(*args)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "m.sh"
+    res = CliRunner().invoke(main, ["export", str(path), "--format", "megatron", "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output and not out.exists()
+    ok = _plan_json("--sharding", "zero1", "--overlap-param-gather", "--overlap-grad-reduce")
+    path.write_text(json.dumps(ok))
+    res = CliRunner().invoke(main, ["export", str(path), "--format", "megatron", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "--overlap-param-gather" in text and "--overlap-grad-reduce" in text
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda job, stages: job.update(zero1=False), "inputs.job.zero1: False found, but optimizer_state.sharding is "
+                                                  "'zero1'"),
+    (lambda job, stages: job["comm_overlap"].update(grad_reduce=False, param_gather=False),
+     "less than its dp_comm_s"),
+])
+def test_validate_refuses_a_job_edited_against_its_plans(tmp_path, edit, needle):
+    """--runtime megatron's plan shards the optimizer (zero1 true) and hides
+    most of the gradient reduce under the backward (allreduce_s well below
+    dp_comm_s): a file edited to say zero1 false, or no overlap, contradicts
+    itself and is refused by validate and export."""
+    doc = _plan_json("--runtime", "megatron")
+    stage = doc["plans"][0]["stages"][0]
+    assert stage["allreduce_s"] < 0.5 * stage["dp_comm_s"]  # the premise: overlap hides most of it
+    edit(doc["inputs"]["job"], doc["plans"][0]["stages"])
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    for cmd in (["validate", str(path)], ["export", str(path), "--format", "megatron"]):
+        res = CliRunner().invoke(main, cmd)
+        assert res.exit_code == 2, (cmd, res.output)
+        assert needle in res.output and "Traceback" not in res.output

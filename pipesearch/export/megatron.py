@@ -75,6 +75,7 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..overlap import MEGATRON_BUCKET_PARAMS
+from ..runtimes import megatron_overlap_refusal
 from ..types import Plan
 from . import (
     FORMAT_VERSION,
@@ -572,6 +573,12 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
     if inputs.zero1:
         args.append("--use-distributed-optimizer")
     overlap = inputs.comm_overlap
+    refusal = megatron_overlap_refusal(bool(overlap.get("param_gather")) and inputs.zero1,
+                                       bool(overlap.get("grad_reduce")), bool(overlap.get("tp_forward")) and plan.tp > 1,
+                                       sequence_parallel(plan))
+    if refusal:
+        raise InputError(f"megatron: the plan's communication overlap does not run there: {refusal}, then "
+                         "re-plan (--runtime megatron checks this before the search)")
     if overlap.get("grad_reduce"):
         args.append("--overlap-grad-reduce")
     if overlap.get("param_gather") and inputs.zero1:

@@ -27,6 +27,10 @@ inputs:
   ``pp``, ``vp`` and ``num_micro_batches`` (at most
   :data:`MAX_STAGE_MICRO_BATCHES` stage micro-batches), so the simulator can
   replay it;
+* ``inputs.job.zero1`` agrees with ``optimizer_state.sharding`` (true for
+  every sharding but ``none``), and without communication overlap
+  (``comm_overlap`` grad_reduce and param_gather false) every stage's
+  ``allreduce_s`` is at least its ``dp_comm_s`` (nothing hides it);
 * every stage's ``memory_bytes`` is the sum of its breakdown, and the
   stages one device runs fit its device type's usable memory together,
   ``predicted.peak_memory_bytes`` lies between the largest of them and the
@@ -379,6 +383,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _roundpipe(plan, where)
     out += _activation_offload(plan, where)
     out += _memory_options(plan, where)
+    out += _overlap(plan, where, inputs["job"])
     out += gpu_peak_problems(plan, where, inputs)
     return out
 
@@ -712,10 +717,41 @@ def _transformer(doc: dict) -> list[Problem]:
     return []
 
 
+def _job(job: dict) -> list[Problem]:
+    """``inputs.job.zero1`` says what ``optimizer_state.sharding`` says: the
+    optimizer state sharded over the replicas (any sharding but ``none``),
+    as ``pipesearch plan`` writes them (the exporters read ``zero1``)."""
+    state = job.get("optimizer_state")
+    sharding = state.get("sharding") if isinstance(state, dict) else None
+    if "zero1" in job and sharding is not None and job["zero1"] != (sharding != "none"):
+        return [Problem("inputs.job.zero1", f"{show(job['zero1'])} found, but optimizer_state.sharding is "
+                                            f"{sharding!r}: zero1 is {str(sharding != 'none').lower()} for that "
+                                            "sharding; restore the file")]
+    return []
+
+
+def _overlap(plan: dict, where: str, job: dict) -> Iterator[Problem]:
+    """Without overlap (``inputs.job.comm_overlap`` grad_reduce and
+    param_gather false or absent) nothing hides a stage's data-parallel
+    communication: its ``allreduce_s`` (what runs after its last backward)
+    is at least its ``dp_comm_s``."""
+    overlap = job.get("comm_overlap") or {}
+    if overlap.get("grad_reduce") or overlap.get("param_gather"):
+        return
+    for k, st in enumerate(plan["stages"]):
+        dp = st.get("dp_comm_s", 0.0)
+        if _above(dp, st["allreduce_s"]):
+            yield Problem(f"{where}.stages[{k}].allreduce_s",
+                          f"{st['allreduce_s']!r} is less than its dp_comm_s {dp!r}, but inputs.job.comm_overlap "
+                          "overlaps neither the gradient reduce nor the parameter gather (nothing hides it); "
+                          "restore the file")
+            return
+
+
 def semantic_problems(doc: dict) -> list[Problem]:
     """Every problem of a schema-valid plan document beyond the schema (see
     the module docstring), in document order."""
-    out: list[Problem] = _cluster_groups(doc["inputs"]["cluster"]) + _transformer(doc)
+    out: list[Problem] = _cluster_groups(doc["inputs"]["cluster"]) + _transformer(doc) + _job(doc["inputs"]["job"])
     for k, plan in enumerate(doc["plans"]):
         out += plan_problems(plan, f"plans[{k}]", doc["inputs"])
     ranks = [p["rank"] for p in doc["plans"]]
