@@ -551,6 +551,16 @@ def test_gpipe_refusals():
         export_plan(make_plan([2, 2], schedule="gpipe", m=4, tp=2), "gpipe")
 
 
+def test_gpipe_one_stage_runs_only_what_every_schedule_runs():
+    """One stage, several micro-batches: torchgpipe still runs all forwards
+    first (every micro-batch's activations held, not 1F1B's one), so a 1F1B
+    plan is refused; with one micro-batch every schedule is the same run."""
+    with pytest.raises(InputError, match="all 4 forwards before the backwards"):
+        export_plan(make_plan([4], schedule="1f1b", m=4), "gpipe")
+    assert roundtrip(make_plan([4], schedule="1f1b", m=1), "gpipe")["chunks"] == 1
+    assert roundtrip(make_plan([4], schedule="gpipe", m=4), "gpipe")["chunks"] == 4
+
+
 # ---------------------------------------------------------------- properties
 
 

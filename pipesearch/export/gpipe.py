@@ -13,8 +13,11 @@ Rules (torchgpipe/gpipe.py ``split_module`` and fairscale/nn/pipe
   length"; ``any(x <= 0 for x in balance)`` -> "all balance numbers must be
   positive integer": empty stages are refused.
 * torchgpipe runs GPipe's fill-drain schedule only, one partition per device:
-  **decision:** plans with another schedule or ``vp > 1`` are refused (it would
-  run GPipe instead of what was planned).
+  **decision:** plans with another schedule (unless one stage runs one
+  micro-batch, where every schedule is the same) or ``vp > 1`` are refused
+  (it would run GPipe instead of what was planned; with one stage it still
+  runs every forward before the backwards and holds every micro-batch's
+  activations).
 * The mini-batch is split with ``torch.chunk`` into ``chunks`` pieces, which
   yields fewer pieces when the batch is not divisible; the export sets the
   mini-batch to ``micro_batch_size * chunks`` so there are exactly ``chunks``.
@@ -61,10 +64,13 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             nodes.
     """
     layers = plan_layers(plan, "gpipe")
-    if plan.schedule != "gpipe" and plan.pp > 1:  # one stage: any schedule is plain accumulation
+    if plan.schedule != "gpipe" and (plan.pp > 1 or plan.num_micro_batches > 1):
+        # one stage and one micro-batch: every schedule is the same; one stage and several: torchgpipe
+        # still runs every forward before the backwards (holding every micro-batch's activations)
         raise InputError(
-            f"gpipe: torchgpipe / fairscale Pipe run only GPipe's fill-drain schedule, the plan uses "
-            f"{plan.schedule!r}; re-plan with schedule 'gpipe'"
+            f"gpipe: torchgpipe / fairscale Pipe run only GPipe's fill-drain schedule (all "
+            f"{plan.num_micro_batches} forwards before the backwards, every micro-batch's activations held), "
+            f"the plan uses {plan.schedule!r}; re-plan with schedule 'gpipe'"
         )
     if plan.vp != 1:
         raise InputError(f"gpipe: GPipe places one partition per device, the plan has vp={plan.vp}")
