@@ -42,6 +42,7 @@ _DEVICE_KEYS = {
     "peak_fp8_TFLOPS": (False, "a positive number of TFLOP/s (dense FP8 tensor peak)"),
     "tensor_accumulate": (False, '"fp16" or "fp32" (the accumulate type of peak_fp16_TFLOPS)'),
     "nvlink": (False, "true or false (whether the device has NVLink to its peers)"),
+    "compute_capability": (False, "a CUDA compute capability, e.g. 8.0 (major.minor)"),
 }
 _CLUSTER_KEYS = ("name", "description", "nodes", "devices_per_node", "device",
                  "groups", "intra_node", "inter_node", "inter_group", "host")
@@ -121,6 +122,7 @@ _RANGES = {
     "peak_fp16_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
     "peak_fp32_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
     "peak_fp8_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
+    "compute_capability": (1.0, 20.0, True, ""),
     "hbm_bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
     "bandwidth_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
     "latency_us": (0.0, limits.MAX_LATENCY_US, True, "us"),
@@ -179,7 +181,8 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
         2**30 or ``memory_GB`` x 1e9), ``peak_fp16_flops`` and
         ``peak_fp32_flops`` (TFLOPS x 1e12), ``hbm_bandwidth_bytes_per_s``
         (GBps x 1e9), ``achieved_fraction`` (default 0.5), ``peak_fp8_flops``
-        (``peak_fp8_TFLOPS`` x 1e12; 0 when the key is absent).
+        (``peak_fp8_TFLOPS`` x 1e12; 0 when the key is absent),
+        ``compute_capability`` (None when absent).
 
     Raises:
         CatalogError: neither a file nor a catalog name (close names suggested).
@@ -227,6 +230,8 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
                                           data.get("gemm_half_efficiency_size", 0.0), positive=False),
         peak_fp8_flops=TERA * _number(path, "peak_fp8_TFLOPS", data["peak_fp8_TFLOPS"])
         if "peak_fp8_TFLOPS" in data else 0.0,
+        compute_capability=_number(path, "compute_capability", data["compute_capability"])
+        if "compute_capability" in data else None,
     )
 
 

@@ -265,6 +265,9 @@ class DeviceSpec:
             (``"fp16"`` or ``"fp32"``; GeForce cards run fp32 accumulate at
             half their fp16-accumulate rate).
         nvlink: whether the device has NVLink to its peers (``None``: not stated).
+        compute_capability: CUDA compute capability (``8.0`` for A100;
+            ``None``: not stated); the serving engines need 8.0 for FP8
+            weights and bf16.
     """
 
     name: str
@@ -278,6 +281,7 @@ class DeviceSpec:
     peak_fp8_flops: float = 0.0
     tensor_accumulate: str = "fp32"
     nvlink: bool | None = None
+    compute_capability: float | None = None
 
     def achieved_fraction_at(self, gemm_size: float) -> float:
         """Fraction of ``peak_fp16_flops`` reached by a transformer whose GEMMs

@@ -97,6 +97,8 @@ def test_a_given_model_path_goes_in_the_commands_without_the_catalog_note(tmp_pa
     (["--model", "llama2-70b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1"], "no serving plan"),
     (["--cluster", "mixed-a100-v100"], "one device type"),
     (["--pp", "3"], "--pp 3"),
+    # V100 (compute capability 7.0): no engine loads FP8 weights there
+    (["--cluster", "2x8-v100-nvlink-25gbe", "--weight-dtype", "fp8"], "v100-16gb (compute capability 7.0)"),
     # the engines would read these as an option, an empty argument, the end of the shell line
     (["--model-path", "--help"], "--model-path '--help': starts with '-'"),
     (["--model-path", " "], "--model-path ' ': blank"),
@@ -178,6 +180,21 @@ def test_multi_node_replica_and_dtype_flags(tmp_path):
     assert s["argv"][s["argv"].index("--kv-cache-dtype") + 1] == "fp8_e4m3"
     # the stage boundary crosses the nodes: 8 x A100 per node, stage 1 on the second node
     assert plan["stages"][1]["devices"] == list(range(8, 16))
+
+
+def test_devices_without_bf16_serve_the_model_in_fp16(tmp_path):
+    """V100 has no bf16 (compute capability 7.0; the engines refuse a bf16
+    run there): both commands say --dtype half and the header says fp16;
+    on A100 (8.0) neither does."""
+    for cluster, half in (("2x8-v100-nvlink-25gbe", True), ("1x8-a100-80gb", False)):
+        r, out = _run(["--model", "llama3-8b", "--cluster", cluster, "--top", "1"], tmp_path)
+        assert r.exit_code == 0, r.output
+        plan = json.loads(out.read_text())["plans"][0]
+        for engine in ("vllm", "sglang"):
+            argv = plan["exports"][engine]["argv"]
+            assert (argv[argv.index("--dtype") + 1] == "half") if half else "--dtype" not in argv, (cluster, argv)
+        r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", cluster, "--top", "1"])
+        assert ("weights fp16 (no bf16 on these devices), KV fp16" in r.output) == half, r.output
 
 
 def test_simulated_plans_are_reranked_by_the_simulation(tmp_path):

@@ -17,7 +17,7 @@ from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS
                       MIN_REQUEST_RATE)
 from ..output import check_distinct_paths, check_writable, short_path, write_text
 from ..profiles.transformer import guessed_family_note, hf_checkpoint, load_transformer
-from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, kv_dtype_bytes, weight_format
+from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, kv_dtype_bytes, runs_bf16, weight_format
 from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
 from ..serve.pipeline import Workload
@@ -248,6 +248,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    max_ttft_s=None if max_ttft_ms is None else max_ttft_ms / 1e3,
                    max_tpot_s=None if max_tpot_ms is None else max_tpot_ms / 1e3, memory_reserve_bytes=reserve)
     weights = weight_format(weight_dtype)
+    check_device_dtype(cluster.device_spec(0), weight_dtype)
+    half = not runs_bf16(cluster.device_spec(0))  # a bf16 model served in fp16 (the same bytes)
     kv_bytes = kv_dtype_bytes(kv_dtype)
     result = search_serving(cfg, cluster, job, engine=eng, weights=weights, kv_bytes=kv_bytes, tp=tp, pp=pp,
                             split=split, top=top)
@@ -290,7 +292,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                                           max_model_len=input_len + output_len,
                                           max_num_batched_tokens=spec.max_num_batched_tokens,
                                           devices_per_node=devices_per_node, concurrency=concurrency,
-                                          model_name_only=model_path is None)
+                                          model_name_only=model_path is None, half=half)
             except InputError as exc:
                 ex[name] = {"refused": str(exc)}
         exports.append(ex)
@@ -330,7 +332,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         return
     if not quiet:
         click.echo(f"{cfg.name} on {cluster.name} ({cluster.num_devices} x {cluster.device_spec(0).name}), "
-                   f"{engine}, weights {weight_dtype}, KV {kv_dtype}, {input_len} in / {output_len} out")
+                   f"{engine}, weights {'fp16 (no bf16 on these devices)' if half and weight_dtype == 'bf16' else weight_dtype}, "
+                   f"KV {'fp16' if half and kv_dtype == 'bf16' else kv_dtype}, {input_len} in / {output_len} out")
     click.echo(serve_table(plans))
     saturated = [str(p.rank) for p in plans if p.saturated]
     if saturated:  # the rate is more than those plans carry: their figures are the most they serve

@@ -16,6 +16,11 @@ Weight formats (what the engines load; ``docs/serving_costs.md``):
 
 KV cache: ``bf16`` 2 bytes per element, ``fp8`` 1 (vLLM ``--kv-cache-dtype
 fp8``, SGLang ``--kv-cache-dtype fp8_e4m3``).
+
+Devices (their ``compute_capability``): FP8 weights need 8.0 or newer (vLLM
+runs W8A8 on Ada and Hopper, weight-only FP8 through its Marlin kernels on
+Ampere; Volta and Turing have neither), and so does bf16 (before Ampere the
+engines serve a bf16 model in fp16, ``--dtype half``: the same bytes).
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..types import DeviceSpec
 
-__all__ = ["WeightFormat", "WEIGHT_FORMATS", "KV_DTYPES", "weight_format", "kv_dtype_bytes"]
+__all__ = ["WeightFormat", "WEIGHT_FORMATS", "KV_DTYPES", "weight_format", "kv_dtype_bytes", "check_device_dtype",
+           "runs_bf16"]
 
 #: bytes of a 16-bit element (embeddings, norms, activations)
 HALF_BYTES = 2.0
@@ -69,3 +76,29 @@ def kv_dtype_bytes(name: str) -> float:
         return KV_DTYPES[name]
     except KeyError:
         raise InputError(f"--kv-dtype {name!r}: expected one of {', '.join(KV_DTYPES)}") from None
+
+
+#: the CUDA compute capability from which the engines run FP8 weights and bf16 (Ampere)
+MIN_FP8_WEIGHT_CAPABILITY = 8.0
+MIN_BF16_CAPABILITY = 8.0
+
+
+def runs_bf16(device: DeviceSpec) -> bool:
+    """Whether ``device`` computes in bf16 (its compute capability is 8.0 or
+    newer, or not stated); else a bf16 model is served in fp16."""
+    cc = device.compute_capability
+    return cc is None or cc >= MIN_BF16_CAPABILITY
+
+
+def check_device_dtype(device: DeviceSpec, weight_dtype: str) -> None:
+    """Refuse FP8 weights on a device whose compute capability is below
+    :data:`MIN_FP8_WEIGHT_CAPABILITY` (no engine loads them there).
+
+    Raises:
+        InputError: names ``--weight-dtype``, the device and its capability.
+    """
+    cc = device.compute_capability
+    if weight_dtype == "fp8" and cc is not None and cc < MIN_FP8_WEIGHT_CAPABILITY:
+        raise InputError(f"--weight-dtype fp8 on {device.name} (compute capability {cc:.1f}): vLLM and SGLang run FP8 "
+                         f"weights from compute capability {MIN_FP8_WEIGHT_CAPABILITY:.1f} (Ampere, weight-only; Ada "
+                         "and Hopper, FP8 tensor cores); use --weight-dtype bf16 or int4")

@@ -84,12 +84,15 @@ def parse_partition(value: str, num_layers: int, pp: int, engine: str) -> tuple[
 
 def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str, weight_dtype: str,
                    kv_dtype: str, memory_fraction: float, max_model_len: int, max_num_batched_tokens: int,
-                   devices_per_node: int, concurrency: int | None = None, model_name_only: bool = False) -> dict:
+                   devices_per_node: int, concurrency: int | None = None, model_name_only: bool = False,
+                   half: bool = False) -> dict:
     """The engine's command for one replica of ``plan`` (a
     :class:`~pipesearch.serve.search.ServePlan`); ``concurrency``: the
     closed loop's clients, when given (replicas beyond them stay idle);
     ``model_name_only``: ``model_path`` is pipesearch's name of the model, not
-    a checkpoint the engine can load (a note says to replace it).
+    a checkpoint the engine can load (a note says to replace it); ``half``:
+    the devices have no bf16 (:func:`pipesearch.serve.dtypes.runs_bf16`), the
+    model runs in fp16 (``--dtype half``, the same bytes).
 
     Returns:
         ``{"engine", "env", "argv", "command", "replicas", "nodes_per_replica",
@@ -132,6 +135,10 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
         if nodes > 1:
             argv += ["--nnodes", str(nodes), "--node-rank", "0", "--dist-init-addr", "HOST:PORT"]
             notes.append(f"one replica spans {nodes} nodes: run the command on each with --node-rank 0..{nodes - 1}")
+    if half:
+        argv += ["--dtype", "half"]
+        notes.append("--dtype half: these devices have no bf16 (compute capability below 8.0); the model runs in "
+                     "fp16, the same bytes")
     if weight_dtype == "int4":
         notes.append("serve a 4-bit (GPTQ / AWQ, group 128) checkpoint: the engine reads its quantization "
                      "from the checkpoint's config")
