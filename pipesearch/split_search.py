@@ -1422,10 +1422,12 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "_
     todo, lower = _cheap_bounded(costs, schedule, pp) if cheap is None else cheap
     # the cheap families first: a split they put above the best or the cutoff is never evaluated
     keep = lower <= min(min(ev.times.values(), default=np.inf), cutoff_s) * (1 + tie_rel)
-    todo = todo[keep]
-    if costs.chunk_states is not None:  # and every device its chunks
-        todo = todo[np.all(costs.device_fits(todo), axis=1)] if len(todo) else todo
-    lower = split_lower_bounds(costs, schedule, pp, todo) if schedule in CHAIN_SCHEDULES else lower[keep]
+    todo, lower = todo[keep], lower[keep]
+    if costs.chunk_states is not None and len(todo):  # and every device its chunks
+        fit = np.all(costs.device_fits(todo), axis=1)
+        todo, lower = todo[fit], lower[fit]
+    if schedule in CHAIN_SCHEDULES:
+        lower = split_lower_bounds(costs, schedule, pp, todo)
     order = np.argsort(lower, kind="stable")
     todo, lower = todo[order], lower[order]
     # large batches: the graph's levels are walked once per batch (about 4 million node values each)

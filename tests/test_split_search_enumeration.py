@@ -287,3 +287,42 @@ def test_path_before_every_all_reduce_bounds_every_split(seed):
         t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(bounds))
         assert value <= t * (1 + 1e-9) + 1e-15
         assert busiest + largest_r <= t * (1 + 1e-9) + 1e-15
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_looped_bfs_enumeration_with_devices_over_their_memory(seed):
+    """Looped BFS (several stages per device, not a chain schedule): a device
+    cap that refuses some splits whose every stage fits. The enumeration
+    (run directly) settles the point at the least simulated time over the
+    splits that fit every stage and every device, from simulating them all
+    (it crashed, its bounds not filtered with the splits, and could
+    evaluate them out of order)."""
+    rng = np.random.default_rng(100 + seed)
+    pp, vp, m = 2, 2, 4
+    S = pp * vp
+    L = int(rng.integers(S + 2, S + 5))
+    prof, params, outputs = tied_or_random_profile(rng, L, seed % 2 == 0)
+    chunks = build("looped-bfs", pp, m, vp)
+    link = Link(1e9, 1e-4)
+    states = search_lib.schedule_chunk_states("looped-bfs", pp, m, vp)
+
+    def costs_with(memory):
+        cluster = tiny_cluster(1, pp, memory_bytes=memory, intra=link, inter=link)
+        job = Job(global_batch_size=m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+        return build_pipeline_costs(prof, cluster, job, pp=S, dp=1, micro_batch_size=1, num_micro_batches=m,
+                                    schedule="looped-bfs", placement=pipeline_placement(pp, 1)[np.arange(S) % pp],
+                                    in_flight=np.array(in_flight_peaks(chunks)), stages_per_device=vp,
+                                    chunk_states=states)
+
+    splits = _splits(L, S)
+    roomy = costs_with(1e15)
+    peaks = roomy.device_memory_bytes(splits).max(axis=1)  # each split's fullest device
+    cap = float(np.quantile(peaks, 0.5))  # about half the splits leave a device over it
+    costs = costs_with(cap + float(roomy.fixed_bytes(0)))
+    fit = [tuple(b) for b in splits.tolist() if costs.split_fits(b) and np.all(costs.device_fits(np.array([b])))]
+    assert 0 < len(fit) < len(splits)
+    best = min(float(iteration_time_s("looped-bfs", pp, m, vp, costs.stage_times(np.array(b)))) for b in fit)
+    ev = split_search._Evaluator(costs, "looped-bfs", pp, vp)
+    assert split_search._enumerate_all(costs, "looped-bfs", pp, vp, ev)
+    assert set(ev.times) <= set(fit)
+    assert min(ev.times.values()) == pytest.approx(best, rel=1e-12)
