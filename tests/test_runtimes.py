@@ -131,3 +131,19 @@ def test_exports_refuse_overlap_their_runtime_does_not_run():
     with pytest.raises(InputError, match="--overlap-param-gather"):
         refuse_unplanned_overlap("torch", gather)
     refuse_unplanned_overlap("deepspeed", Inputs.of({"job": {"comm_overlap": {}}}))
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "torchtitan", "torch"])
+def test_a_split_without_schedule_is_searched_one_stage_per_device_as_without_runtime(runtime):
+    """--split of pp stages with --pp and no --schedule: one stage per device,
+    as without --runtime (the runtime's interleaved schedule is not asked
+    for), so the pins are scored with the runtime's one-stage schedules."""
+    args = ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "64", "--pp", "4",
+            "--split", "5,7,7,7", "--json", "--top", "2", "--runtime", runtime]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    plans = json.loads(res.stdout)["plans"]
+    assert plans
+    for p in plans:
+        assert p["schedule"]["name"] in SCHEDULES[runtime] and p["schedule"]["name"] != "interleaved-1f1b"
+        assert [len(st["layer_names"]) for st in p["stages"]] == [5, 7, 7, 7]

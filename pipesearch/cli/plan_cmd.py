@@ -615,6 +615,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                          "optimizer state in host memory already (its step runs on the CPU); drop the flag")
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
         schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
+        if split and not explicit_schedules and not (vps and min(vps) > 1):
+            # a split without --schedule is searched one stage per device, as without --runtime
+            schedules = tuple(x for x in schedules if x not in MULTI_STAGE_SCHEDULES) or schedules
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
