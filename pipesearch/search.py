@@ -1891,8 +1891,9 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
                       else param_state_of(job).floor_bytes_per_param())
     mem = usable_memory_bytes(job, float(memory_bytes_of(cluster).max()))
     on_host = options is not None and set(options.schedules) <= {"mobius", "roundpipe"}  # the state lives on the host
-    offload = ("add --optimizer-offload (this cluster has host memory), or "
-               if cluster.host is not None and not job.optimizer_offload else "")
+    offload = ("" if cluster.host is None or job.weight_streaming else
+               "add --optimizer-offload (this cluster has host memory), or " if not job.optimizer_offload else
+               "add --stream-weights (weights and gradients on the host, streamed layer by layer), or ")
     kept = ("weights and gradients (the optimizer state offloaded)" if job.optimizer_offload else
             "weights and optimizer state")
     hint = (f"the model's {kept} alone need "

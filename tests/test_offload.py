@@ -294,3 +294,41 @@ def test_offloaded_optimizer_takes_the_tied_copys_state_too():
     res = CliRunner().invoke(main, ["plan", "--model", "gpt3-6.7b", "--cluster", "1x8-a100-80gb", *args[5:]])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["plans"][0]["stages"][3]["memory_breakdown_bytes"]["tied_copy"] == 206_045_184 * 16
+
+
+ONE_4090 = """name = "one-4090"
+nodes = 1
+devices_per_node = 1
+device = "rtx4090-24gb"
+[intra_node]
+bandwidth_GBps = 12.5
+latency_us = 20
+[inter_node]
+bandwidth_GBps = 12.5
+latency_us = 20
+[host]
+memory_GB = 128
+pcie_generation = 4
+pcie_lanes_per_gpu = 16
+host_to_device_GBps = 25
+switch_uplink_GBps = 25
+pcie_switches = [[0]]
+cpu_adam_params_per_s = 1e9
+"""
+
+
+def test_out_of_memory_names_the_next_host_flag_that_plans(tmp_path):
+    """Llama-2 7B on one 24 GB GPU with host memory: its 16 B/param state
+    (100 GiB) needs --optimizer-offload; offloaded, its 16-bit weights and
+    gradients (4 B/param, 25 GiB) still exceed the 21.8 GiB usable, so the
+    refusal names --stream-weights, with which a plan comes back."""
+    cluster = tmp_path / "c.toml"
+    cluster.write_text(ONE_4090)
+    base = ["plan", "--model", "llama2-7b", "--cluster", str(cluster), "-b", "32", "-q"]
+    res = CliRunner().invoke(main, base)
+    assert res.exit_code == 2 and "add --optimizer-offload" in res.output, res.output
+    res = CliRunner().invoke(main, base + ["--optimizer-offload"])
+    assert res.exit_code == 2 and "add --stream-weights" in res.output, res.output
+    assert "--optimizer-offload (this" not in res.output
+    res = CliRunner().invoke(main, base + ["--optimizer-offload", "--stream-weights"])
+    assert res.exit_code == 0, res.output
