@@ -58,3 +58,22 @@ def test_des_admission_respects_the_pool():
     need = pipe.costs.tokens_per_sequence(1000, 100)
     sim = simulate_serving(pipe, split, w, num_requests=40, pool_tokens=5 * need, request_rate=50.0)
     assert sim.max_running == 5  # the pool holds five requests' longest footprint
+
+
+@pytest.mark.parametrize("input_len,output_len", [(1, 1), (16, 1), (1, 3), (1, 2)])
+def test_short_outputs_decode_only_their_later_tokens(input_len, output_len):
+    """A request's first token is sampled at the end of its prompt and only
+    its other o - 1 tokens decode: with o = 1 a cycle runs B one-token prompts
+    and nothing else. The closed form (B / o new prompts and B (o - 1) / o
+    decode tokens per cycle) equals the simulation of the same closed loop at
+    the plan's batch (it charged B decode tokens besides the prompts: half
+    the throughput at o = 1)."""
+    pipe = pipeline_for(
+        load_transformer(resolve("model", "llama3-8b")), load_cluster("1x8-a100-80gb"), 1, 1,
+        weight_format("bf16"), 2.0, engine_spec("vllm"), GIB)[0]
+    split, batch = (32,), 64
+    w = Workload(input_len, output_len)
+    closed = pipe.steady_state(split, batch, w)
+    cap = stage_capacities(pipe)
+    sim = simulate_serving(pipe, split, w, num_requests=200 * batch, pool_tokens=int(cap[0, 32]), concurrency=batch)
+    assert sim.output_tokens_per_s == pytest.approx(closed.output_tokens_per_s, rel=0.01)  # the window: 1 / 200

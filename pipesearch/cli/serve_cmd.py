@@ -48,8 +48,10 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:,.0f} ms" if x >= 0.1 else f"{x * 1e3:.1f} ms"
 
 
-def serve_table(plans) -> str:
-    """The ranked serving plans as a fixed-width text table."""
+def serve_table(plans, output_len: int | None = None) -> str:
+    """The ranked serving plans as a fixed-width text table (no TPOT with
+    ``output_len`` 1: the only token is the prompt's, no decode step)."""
+    decodes = output_len is None or output_len > 1
     rows = []
     for p in plans:
         layers = ",".join(map(str, p.split)) if p.pp <= 8 else f"{','.join(map(str, p.split[:6]))},..."
@@ -63,11 +65,11 @@ def serve_table(plans) -> str:
             "KV pool": f"{p.pool_tokens:,}",
             "batch": p.batch,
             "tok/s": f"{p.total_output_tokens_per_s:,.0f}" + ("*" if p.saturated else ""),
-            "TPOT": _ms(p.steady.tpot_s),
+            "TPOT": _ms(p.steady.tpot_s) if decodes else "-",
             "TTFT": _ms(p.steady.ttft_s),
             "sim tok/s": f"{sim['total_output_tokens_per_s']:,.0f}" + (
                 "*" if sim.get("carries_rate") is False else "") if sim else "-",
-            "sim TPOT p90": _ms(sim["tpot_p90_s"]) if sim else "-",
+            "sim TPOT p90": _ms(sim["tpot_p90_s"]) if sim and decodes else "-",
             "sim TTFT p90": _ms(sim["ttft_p90_s"]) if sim else "-",
             "vs default": f"{gain:.2f}x" if math.isfinite(gain) else "default OOM",
         })
@@ -334,7 +336,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         click.echo(f"{cfg.name} on {cluster.name} ({cluster.num_devices} x {cluster.device_spec(0).name}), "
                    f"{engine}, weights {'fp16 (no bf16 on these devices)' if half and weight_dtype == 'bf16' else weight_dtype}, "
                    f"KV {'fp16' if half and kv_dtype == 'bf16' else kv_dtype}, {input_len} in / {output_len} out")
-    click.echo(serve_table(plans))
+    click.echo(serve_table(plans, output_len))
     saturated = [str(p.rank) for p in plans if p.saturated]
     if saturated:  # the rate is more than those plans carry: their figures are the most they serve
         demand = request_rate * output_len

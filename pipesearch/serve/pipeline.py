@@ -14,11 +14,13 @@ Every cycle gives each running sequence one token: output tokens/s ``B / C``,
 time per output token ``C``. With a workload of prompts of ``n`` tokens and
 ``o`` output tokens, ``B / o`` requests finish per cycle and as many start,
 so micro-batches carry ``b n / o`` prefill tokens on average beside their
-``b`` decode tokens (the prefill/decode mix of continuous batching). The
+``d = b (o - 1) / o`` decode tokens (the prefill/decode mix of continuous
+batching: a new sequence's first token is sampled at the end of its prompt,
+its other ``o - 1`` in decode steps; with ``o = 1`` nothing decodes). The
 engine takes a new prompt whole into one micro-batch (in chunks of
-``max_num_batched_tokens - b`` tokens when it is longer), so a share
+``max_num_batched_tokens - d`` tokens when it is longer), so a share
 ``(b n / o) / chunk`` of the micro-batches carries a chunk of
-``chunk = min(n, max_num_batched_tokens - b)`` tokens and the rest decode only; stage times are the mean over the two kinds
+``chunk = min(n, max_num_batched_tokens - d)`` tokens and the rest decode only; stage times are the mean over the two kinds
 (a chunk step is compute-bound where a decode step is memory-bound, and the
 roofline of the average would hide that). Decoding sequences hold ``n + o / 2``
 tokens of context on average.
@@ -196,23 +198,26 @@ class ServePipeline:
         if not workload.prefill_mix:
             return Step(decode=b, context=workload.mean_context, prefill=np.zeros_like(b),
                         prompt_len=workload.input_len, sampled=b)
-        mean_p = b * workload.input_len / workload.output_len
-        chunk = np.clip(self.costs.engine.max_num_batched_tokens - b, 1.0, workload.input_len)
+        o = workload.output_len
+        decode = b * (o - 1) / o  # the other b / o sequences are new: their prompt samples their first token
+        mean_p = b * workload.input_len / o
+        chunk = np.clip(self.costs.engine.max_num_batched_tokens - decode, 1.0, workload.input_len)
         share = np.minimum(1.0, mean_p / chunk)
         p = np.where(share >= 1.0, mean_p, chunk)
-        return Step(decode=b, context=workload.mean_context, prefill=p, prompt_len=workload.input_len,
-                    sampled=b + p / workload.input_len, share=share)
+        return Step(decode=decode, context=workload.mean_context, prefill=p, prompt_len=workload.input_len,
+                    sampled=decode + p / workload.input_len, share=share)
 
     def chunk_step(self, batch, workload: Workload) -> tuple[Step, object]:
         """The micro-batch that carries one prompt chunk beside its decode
         tokens, and the number of chunks of a prompt."""
         B = np.asarray(batch, dtype=float)
         b = B / self.micro_batches(self.pp, B)
+        decode = b * (workload.output_len - 1) / workload.output_len  # as in :meth:`steady_step`
         budget = self.costs.engine.max_num_batched_tokens
-        chunk = np.clip(budget - b, 1, workload.input_len)
+        chunk = np.clip(budget - decode, 1, workload.input_len)
         chunks = np.ceil(workload.input_len / chunk)
-        step = Step(decode=b, context=workload.mean_context, prefill=chunk,
-                    prompt_len=workload.input_len, sampled=b + 1)
+        step = Step(decode=decode, context=workload.mean_context, prefill=chunk,
+                    prompt_len=workload.input_len, sampled=decode + 1)
         return step, chunks
 
     def _cycle(self, split, step: Step, m):
