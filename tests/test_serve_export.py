@@ -302,3 +302,44 @@ def test_out_of_memory_with_a_raised_step_names_it():
                                     "--max-num-seqs", "100000", "--max-num-batched-tokens", "200000",
                                     "--simulate-top", "0"])
     assert res.exit_code == 2 and "lower --max-num-seqs 100000 and --max-num-batched-tokens 200000" in res.output
+
+
+HF_8B = {"_name_or_path": "org/llama-3-8b-quant", "model_type": "llama", "hidden_size": 4096,
+         "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+         "vocab_size": 128256, "max_position_embeddings": 8192, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("quantization,given,expect", [
+    ({"quant_method": "fp8"}, None, "fp8"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, None, "int4"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, "int4", "int4"),
+    ({"quant_method": "compressed-tensors",
+      "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}}, None, "fp8"),
+    ({"quant_method": "fp8"}, "int4", "error: --weight-dtype int4, but"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, None, "is not a weight format pipesearch sizes"),
+    ({"quant_method": "gptq", "bits": 8}, None, "is not a weight format pipesearch sizes"),
+])
+def test_a_quantized_checkpoint_is_planned_in_its_own_format(tmp_path, quantization, given, expect):
+    """A HuggingFace config's quantization_config is the format the engine
+    loads: planned in it (the weights' bytes: 8B at fp8 about half of
+    bf16's), a contradicting --weight-dtype refused, a format these costs do
+    not size refused unless --weight-dtype says which to plan."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(HF_8B | {"quantization_config": quantization}))
+    r, out = _run(["--model", str(cfg), "--cluster", "1x8-a100-80gb", "--top", "1"]
+                  + (["--weight-dtype", given] if given else []), tmp_path)
+    if " " in expect:
+        assert r.exit_code == 2 and expect in r.output and not out.exists(), r.output
+        return
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["inputs"]["workload"]["weight_dtype"] == expect
+    sub = tmp_path / "plain"
+    sub.mkdir()
+    plain = sub / "config.json"
+    plain.write_text(json.dumps(HF_8B))
+    r2, out2 = _run(["--model", str(plain), "--cluster", "1x8-a100-80gb", "--top", "1"], sub)
+    assert r2.exit_code == 0, r2.output
+    w_q = doc["plans"][0]["stages"][0]["weight_bytes"]
+    w_b = json.loads(out2.read_text())["plans"][0]["stages"][0]["weight_bytes"]
+    assert w_q < 0.6 * w_b

@@ -16,8 +16,9 @@ from ..hardware import describe_cluster, device_files, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
 from ..output import check_distinct_paths, check_writable, short_path, write_text
-from ..profiles.transformer import guessed_family_note, hf_checkpoint, load_transformer
-from ..serve.dtypes import KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, kv_dtype_bytes, runs_bf16, weight_format
+from ..profiles.transformer import guessed_family_note, hf_checkpoint, hf_quantization_config, load_transformer
+from ..serve.dtypes import (KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, checkpoint_weight_dtype, kv_dtype_bytes,
+                            runs_bf16, weight_format)
 from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
 from ..serve.pipeline import Workload
@@ -46,6 +47,35 @@ def _split(ctx, param, value):
 
 def _ms(x: float) -> str:
     return f"{x * 1e3:,.0f} ms" if x >= 0.1 else f"{x * 1e3:.1f} ms"
+
+
+def _checkpoint_dtype(path, weight_dtype: str, given: bool) -> str:
+    """The weight format to plan for a HuggingFace config: the one its
+    ``quantization_config`` stores (what the engine loads), which a given
+    ``--weight-dtype`` must match; without one, ``weight_dtype``.
+
+    Raises:
+        InputError: ``--weight-dtype`` contradicts the checkpoint, or the
+            checkpoint's format is not one these costs size and no
+            ``--weight-dtype`` says which to plan.
+    """
+    quantization = hf_quantization_config(path)
+    if quantization is None:
+        return weight_dtype
+    stored = checkpoint_weight_dtype(quantization)
+    method = quantization.get("quant_method")
+    if stored is None and not given:
+        raise InputError(f"{path}: quantization_config.quant_method {method!r} is not a weight format pipesearch "
+                         f"sizes ({', '.join(WEIGHT_FORMATS)}: 16-bit, FP8, 4-bit GPTQ / AWQ in groups of 128); give "
+                         "--weight-dtype with the nearest")
+    if stored is None:
+        click.echo(f"warning: {path}: quantization_config.quant_method {method!r} is not read; planned with "
+                   f"--weight-dtype {weight_dtype} as given", err=True)
+        return weight_dtype
+    if given and weight_dtype != stored:
+        raise InputError(f"--weight-dtype {weight_dtype}, but {path}: quantization_config stores {stored} weights "
+                         f"(quant_method {method!r}), which the engine loads; drop --weight-dtype or give {stored}")
+    return stored
 
 
 def serve_table(plans, output_len: int | None = None) -> str:
@@ -249,6 +279,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     job = ServeJob(workload, concurrency=concurrency, request_rate=request_rate,
                    max_ttft_s=None if max_ttft_ms is None else max_ttft_ms / 1e3,
                    max_tpot_s=None if max_tpot_ms is None else max_tpot_ms / 1e3, memory_reserve_bytes=reserve)
+    if path.suffix == ".json":
+        weight_dtype = _checkpoint_dtype(path, weight_dtype, option_given(click.get_current_context(), "weight_dtype"))
     weights = weight_format(weight_dtype)
     check_device_dtype(cluster.device_spec(0), weight_dtype)
     half = not runs_bf16(cluster.device_spec(0))  # a bf16 model served in fp16 (the same bytes)

@@ -612,6 +612,20 @@ def hf_checkpoint(path: str | Path) -> str:
     return _hub_reference(json.loads(_read_text(p))) or str(p.resolve().parent)
 
 
+def hf_quantization_config(path: str | Path) -> dict | None:
+    """The ``quantization_config`` object of the HuggingFace ``config.json``
+    at ``path`` (already read by :func:`load_hf_config`), None when it has
+    none: the format the checkpoint's weights are stored in.
+
+    Raises:
+        InputError: ``quantization_config`` is not an object.
+    """
+    q = json.loads(_read_text(Path(path))).get("quantization_config")
+    if q is not None and not isinstance(q, dict):
+        raise InputError(f"{path}: quantization_config = {q!r}; expected an object (the checkpoint's quantization)")
+    return q
+
+
 def load_transformer(path: str | Path, seq_len: int | None = None) -> TransformerConfig:
     """Load a transformer config: ``.toml`` (catalog format) or ``.json``
     (HuggingFace ``config.json``). ``seq_len`` overrides the file's default.

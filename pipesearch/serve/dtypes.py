@@ -31,7 +31,7 @@ from ..errors import InputError
 from ..types import DeviceSpec
 
 __all__ = ["WeightFormat", "WEIGHT_FORMATS", "KV_DTYPES", "weight_format", "kv_dtype_bytes", "check_device_dtype",
-           "runs_bf16"]
+           "runs_bf16", "checkpoint_weight_dtype"]
 
 #: bytes of a 16-bit element (embeddings, norms, activations)
 HALF_BYTES = 2.0
@@ -102,3 +102,30 @@ def check_device_dtype(device: DeviceSpec, weight_dtype: str) -> None:
         raise InputError(f"--weight-dtype fp8 on {device.name} (compute capability {cc:.1f}): vLLM and SGLang run FP8 "
                          f"weights from compute capability {MIN_FP8_WEIGHT_CAPABILITY:.1f} (Ampere, weight-only; Ada "
                          "and Hopper, FP8 tensor cores); use --weight-dtype bf16 or int4")
+
+
+#: quant_method values of a checkpoint's quantization_config read as 4-bit GPTQ / AWQ weights
+INT4_METHODS = ("gptq", "awq", "gptq_marlin", "awq_marlin", "marlin")
+
+
+def checkpoint_weight_dtype(quantization: dict) -> str | None:
+    """The weight format (:data:`WEIGHT_FORMATS`) a HuggingFace
+    ``quantization_config`` stores: ``fp8`` for ``quant_method`` fp8 (or
+    compressed-tensors whose weights are 8-bit floats), ``int4`` for 4-bit
+    GPTQ / AWQ (:data:`INT4_METHODS`, ``bits`` or ``w_bit`` 4, or
+    compressed-tensors with 4-bit integer weights); None for any other (a
+    format these costs do not size)."""
+    method = str(quantization.get("quant_method", "")).lower()
+    if method == "fp8":
+        return "fp8"
+    if method in INT4_METHODS:
+        return "int4" if quantization.get("bits", quantization.get("w_bit")) == 4 else None
+    if method == "compressed-tensors":
+        groups = quantization.get("config_groups")
+        weights = [g.get("weights") for g in groups.values()] if isinstance(groups, dict) else []
+        kinds = {(w.get("num_bits"), w.get("type")) for w in weights if isinstance(w, dict)}
+        if kinds == {(8, "float")}:
+            return "fp8"
+        if kinds == {(4, "int")}:
+            return "int4"
+    return None
