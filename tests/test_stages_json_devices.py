@@ -10,6 +10,8 @@ stage 1 on 4-7. pp 2 x dp 2 x tp 2, heads (0, 4) and (2, 6): stage 0 on
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipesearch.export import export_plan
 from pipesearch.export.stages_json import stage_gpus, stages_problems
 from pipesearch.types import Plan, Prediction, StagePlan
@@ -43,3 +45,30 @@ def test_schema_refuses_a_bad_head_list():
     doc = {k: v for k, v in export_plan(_plan(4, 1, [(0,), (4,)]), "stages-json").items() if k != "files"}
     doc["stages"][0]["tp_group_heads"] = []
     assert any("tp_group_heads" in p for p in stages_problems(doc))
+
+
+def test_the_cli_prints_and_writes_the_document_its_schema_describes(tmp_path):
+    """``export --format stages-json`` to stdout or to ``-o`` of any name
+    gives the stages document itself (schema-valid), not the export object
+    with its ``files`` around it; other formats keep the export object."""
+    import json
+
+    import jsonschema
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    plans = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "64", "--pp", "2",
+                                    "--top", "1", "-q", "-o", str(plans)])
+    assert res.exit_code == 0, res.output
+    schema = json.loads((Path(__file__).parents[1] / "pipesearch/schema/stages-1.schema.json").read_text())
+    res = CliRunner().invoke(main, ["export", str(plans), "--format", "stages-json"])
+    assert res.exit_code == 0, res.output
+    jsonschema.validate(json.loads(res.stdout), schema)
+    out = tmp_path / "plan_stages.json"
+    res = CliRunner().invoke(main, ["export", str(plans), "--format", "stages-json", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    jsonschema.validate(json.loads(out.read_text()), schema)
+    res = CliRunner().invoke(main, ["export", str(plans), "--format", "megatron"])
+    assert "files" in json.loads(res.stdout) and json.loads(res.stdout)["runtime"] == "megatron-lm"

@@ -18,7 +18,7 @@ from .validate_cmd import plan_file_problems
 def _output_text(export: dict, fmt: str, output: str) -> str:
     """What ``-o FILE`` holds, chosen by the file's suffix.
 
-    ``.json``: the whole export. Any other suffix: the one file of the
+    ``.json``: the export (:func:`_export_text`). Any other suffix: the one file of the
     export's ``files`` with that suffix (``.sh``: the launch script of
     torchtitan or Megatron-LM; ``.py``: DeepSpeed's partition recipe).
 
@@ -34,7 +34,7 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
         name = Path(output).name
         if name in files:
             return files[name]
-        return json.dumps(export, indent=2) + "\n"
+        return _export_text(export)
     matches = [name for name in (export.get("files") or {}) if Path(name).suffix.lower() == suffix]
     if len(matches) == 1:
         return export["files"][matches[0]]
@@ -45,6 +45,17 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
     more = ", or --files DIR for all of them" if export.get("files") else " (the export itself)"
     raise InputError(f"export -o {output}: a {fmt} export has no {suffix or 'suffix-less'} file{why}; "
                      f"use one of {', '.join(have)}{more}")
+
+
+def _export_text(export: dict) -> str:
+    """The JSON an export prints or writes to ``-o FILE.json``: the export
+    object, or, when its one file is a JSON document (stages-json's
+    ``stages.json``), that document (valid against its own schema, without
+    the export's ``files`` around it)."""
+    files = export.get("files") or {}
+    if len(files) == 1 and Path(next(iter(files))).suffix.lower() == ".json":
+        return next(iter(files.values()))
+    return json.dumps(export, indent=2) + "\n"
 
 
 @main.command("export")
@@ -96,7 +107,7 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
         export = export_plan(plan, fmt, inputs=plan_file.inputs, **options)
     except InputError as exc:  # the runtime's refusal, named by file and plan
         raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
-    text = _output_text(export, fmt, output) if output is not None else json.dumps(export, indent=2) + "\n"
+    text = _output_text(export, fmt, output) if output is not None else _export_text(export)
     if files_dir and not export.get("files"):
         why = next((n for n in export.get("notes", []) if n.startswith("no ")), "this runtime reads no file of ours")
         raise InputError(f"export --files {files_dir}: the {fmt} export of plan {rank} has no files ({why.rstrip('.')}); "
