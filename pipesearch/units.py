@@ -43,6 +43,8 @@ def parse_size_option(option: str, text: str) -> float:
         if float(bare) == 0:
             return 0.0
         raise InputError(f"{option} {bare}: no unit; give one, e.g. {bare}GiB or {bare}MB")
+    if bare.startswith("-"):
+        raise InputError(f"{option} {text!r}: a size must not be negative; give 0 for none, or e.g. 1GiB")
     try:
         return parse_bytes(text)
     except InputError:

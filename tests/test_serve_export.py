@@ -97,6 +97,7 @@ def test_a_given_model_path_goes_in_the_commands_without_the_catalog_note(tmp_pa
     (["--model", "llama2-70b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1"], "no serving plan"),
     (["--cluster", "mixed-a100-v100"], "one device type"),
     (["--pp", "3"], "--pp 3"),
+    (["--memory-reserve", "-1GiB"], "a size must not be negative"),
     # V100 (compute capability 7.0): no engine loads FP8 weights there
     (["--cluster", "2x8-v100-nvlink-25gbe", "--weight-dtype", "fp8"], "v100-16gb (compute capability 7.0)"),
     # the engines would read these as an option, an empty argument, the end of the shell line
@@ -343,3 +344,17 @@ def test_a_quantized_checkpoint_is_planned_in_its_own_format(tmp_path, quantizat
     w_q = doc["plans"][0]["stages"][0]["weight_bytes"]
     w_b = json.loads(out2.read_text())["plans"][0]["stages"][0]["weight_bytes"]
     assert w_q < 0.6 * w_b
+
+
+def test_a_plan_file_given_as_the_model_is_named_as_such(tmp_path):
+    """A serving or training plan file passed as --model: one line saying it
+    is pipesearch's output, not a model config (it read as a config of
+    unknown model_type)."""
+    serve_out = tmp_path / "s.json"
+    assert CliRunner().invoke(main, ["serve", "--top", "1", "--simulate-top", "0", "-o", str(serve_out)]).exit_code == 0
+    plan_out = tmp_path / "p.json"
+    assert CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "64",
+                                     "--pp", "2", "--top", "1", "-q", "-o", str(plan_out)]).exit_code == 0
+    for path, tag in ((serve_out, "pipesearch.serve/1"), (plan_out, "pipesearch.plan/1")):
+        r = CliRunner().invoke(main, ["serve", "--model", str(path), "--cluster", "1x8-a100-80gb"])
+        assert r.exit_code == 2 and f"a pipesearch output ({tag}), not a model config" in r.output, r.output

@@ -462,6 +462,10 @@ def load_hf_config(
         return default
 
     family = _family(d, model_type)
+    tag = str(d.get("format") or d.get("schema") or "")  # pipesearch.serve/1, pipesearch.plan/1
+    if family is None and tag.startswith("pipesearch."):
+        raise InputError(f"{p}: a pipesearch output ({tag}), not a model config; give the model the plans were "
+                         "made for (its catalog name, TOML or HuggingFace config.json)")
     if family is None:
         raise InputError(
             f"{p}: unrecognised config (model_type {model_type or 'missing'!r}); expected a "
