@@ -40,17 +40,27 @@ def neighbours(bounds: Sequence[int], radius: int = LOCAL_RADIUS) -> list[tuple[
     return sorted(out)
 
 
+#: a neighbour whose lower bound is at least this much (relative) above the
+#: current time is not evaluated: it cannot be faster, nor within the tie
+#: window of any time met (bounds agree with the times they bound to
+#: rounding, far below this)
+SKIP_ABOVE_REL = 1e-9
+
+
 def improve_split(bounds: Sequence[int], time_s: float, evaluate: Callable[[list], list],
                   fits: Callable[[tuple], bool], radius: int = LOCAL_RADIUS,
-                  rounds: int = LOCAL_ROUNDS, max_splits: int | None = None) -> tuple[tuple[int, ...], float]:
+                  rounds: int = LOCAL_ROUNDS, max_splits: int | None = None,
+                  lower: Callable[[list], Sequence[float]] | None = None) -> tuple[tuple[int, ...], float]:
     """Steepest descent from ``bounds`` (time ``time_s``, seconds): each round
     evaluates every neighbour (:func:`neighbours`) that ``fits`` in one call
     of ``evaluate`` (a list of splits -> their times) and moves to the
     fastest one if it is faster, the first in sorted order on ties; stops
     when none is, after ``rounds`` rounds, or once ``max_splits`` neighbours
-    in all have been evaluated (None: no such limit; the round that reaches
-    it evaluates the first of its neighbours in sorted order only). Returns
-    ``(split, time)``, never slower than the start."""
+    in all have been met (None: no such limit; the round that reaches it
+    takes the first of its neighbours in sorted order only). ``lower`` (a
+    list of splits -> lower bounds of their times): neighbours bounded
+    :data:`SKIP_ABOVE_REL` above the current time are not evaluated (the
+    same descent). Returns ``(split, time)``, never slower than the start."""
     best, best_t = tuple(int(x) for x in bounds), float(time_s)
     left = max_splits
     for _ in range(rounds):
@@ -58,6 +68,8 @@ def improve_split(bounds: Sequence[int], time_s: float, evaluate: Callable[[list
         if left is not None:
             cands = cands[:left]
             left -= len(cands)
+        if lower is not None and cands:
+            cands = [c for c, lb in zip(cands, lower(cands)) if lb < best_t * (1 + SKIP_ABOVE_REL)]
         if not cands:
             break
         times = evaluate(cands)

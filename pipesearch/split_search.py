@@ -1257,8 +1257,11 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         if ev.feasible:  # and the splits a few boundary moves from the best met
             start = min((t, b) for b, t in ev.times.items())
             per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)[1]
+            chains = schedule in CHAIN_SCHEDULES
             improve_split(start[1], start[0], ev.times_of, costs.split_fits,
-                          max_splits=max(1, LOCAL_WORK // max(per_split, 1)))
+                          max_splits=max(1, LOCAL_WORK // max(per_split, 1)),
+                          lower=lambda c: split_lower_bounds(costs, schedule, pp, np.array(c, dtype=np.int64),
+                                                             chains=chains, paths=paths))
     if not exact:  # every split's time is at least the relaxations' too
         frontier = _stopped_bound(costs, schedule, pp, vp, frontier, tables.width, incumbent * (1 + tie_rel))
     if not ev.feasible:  # no split met fits every GPU, or none beat the cutoff
@@ -1479,10 +1482,11 @@ def _all_splits(L: int, S: int) -> np.ndarray:
 
 
 def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.ndarray,
-                       chains: bool = True) -> np.ndarray:
+                       chains: bool = True, paths=()) -> np.ndarray:
     """Lower bounds ``(n,)`` of the simulated time of the complete splits
     ``splits`` (``(n, S + 1)`` boundaries): the largest over the families of
-    :func:`bound_families` (with the chain families when ``chains``) of its value on the
+    :func:`bound_families` (with the chain families when ``chains``, and the
+    path families of ``paths``, :func:`_start_paths`) of its value on the
     split, each component evaluated as its formula states (``sum``,
     ``max``, ``prefix``, ``suffix`` and, per rank, ``device``). Each family
     is the length of a path of the dependency graph, so every bound is at
@@ -1490,7 +1494,7 @@ def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.
     S, n = costs.pp, len(splits)
     # stage-major (S, n): each reduction over the stages adds whole rows
     s, i, j = np.arange(S)[:, None], np.ascontiguousarray(splits[:, :-1].T), np.ascontiguousarray(splits[:, 1:].T)
-    fams = bound_families(costs, schedule, pp, s, i, j, chains=chains)
+    fams = bound_families(costs, schedule, pp, s, i, j, chains=chains, paths=paths)
     total = np.zeros((len(fams), n))
     for kind in _KINDS:  # every component of one kind in one pass, stacked (family, stage, split)
         comps = [(f, a, b) for f, fam in enumerate(fams) for k, a, b in fam if k == kind]

@@ -81,6 +81,39 @@ def test_descent_stops_at_its_count_of_evaluations():
     assert improve_split(start, 6.0, evaluate, lambda s: True) == (target, 0.0)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_bounded_neighbours_are_skipped_and_the_descent_is_the_same(seed):
+    """A random landscape (times drawn per split, many exact ties) with lower
+    bounds between half the time and the time (some exact): the descent with
+    ``lower`` ends at the same split and time as without, with and without
+    ``max_splits``, and evaluates only neighbours whose bound is below the
+    time then current (so at most as many as without)."""
+    rng = np.random.default_rng(seed)
+    table, bound = {}, {}
+
+    def time_of(s):
+        if s not in table:
+            table[s] = float(rng.integers(1, 12))  # coarse: ties between neighbours
+            bound[s] = table[s] * (1.0 if rng.random() < 0.3 else float(rng.uniform(0.5, 1.0)))
+        return table[s]
+
+    for limit in (None, 9):
+        start = (0, 3, 5, 9, 12)
+        t0 = time_of(start)
+        plain_seen, bounded_seen = [], []
+        plain = improve_split(start, t0, lambda c: plain_seen.extend(c) or [time_of(x) for x in c],
+                              lambda s: True, max_splits=limit)
+        def lower(c):
+            for x in c:
+                time_of(x)  # draws its time and bound
+            return [bound[x] for x in c]
+
+        bounded = improve_split(start, t0, lambda c: bounded_seen.extend(c) or [time_of(x) for x in c],
+                                lambda s: True, max_splits=limit, lower=lower)
+        assert bounded == plain
+        assert set(bounded_seen) <= set(plain_seen) and len(bounded_seen) <= len(plain_seen)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_stopped_search_returns_a_local_optimum(seed, monkeypatch):
     """With the branch and bound cut to 2 nodes and 2 splits (and no
