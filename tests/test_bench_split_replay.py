@@ -30,7 +30,11 @@ def test_capture_then_replay_matches_and_a_changed_result_fails(tmp_path, capsys
     assert tool.cli(["replay", str(calls)]) == 0
     assert "every result as captured" in capsys.readouterr().out
     costs, schedule, pp, vp, kwargs, found = captured[0]
-    wrong = dataclasses.replace(found, splits_evaluated=found.splits_evaluated + 1)
+    fewer = dataclasses.replace(found, splits_evaluated=found.splits_evaluated + 1)  # work, not the answer
+    calls.write_bytes(pickle.dumps([(costs, schedule, pp, vp, kwargs, fewer)] + captured[1:]))
+    assert tool.cli(["replay", str(calls)]) == 0
+    capsys.readouterr()
+    wrong = dataclasses.replace(found, iteration_time_s=found.iteration_time_s * (1 + 1e-9))
     calls.write_bytes(pickle.dumps([(costs, schedule, pp, vp, kwargs, wrong)] + captured[1:]))
     assert tool.cli(["replay", str(calls)]) == 1
     assert "!= captured" in capsys.readouterr().out
