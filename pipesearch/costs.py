@@ -229,6 +229,10 @@ class PipelineCosts:
     #: with every GPU of the plan under its switch copying at once
     #: (:func:`pipesearch.host.shared_bandwidth_bytes_per_s`); None without ``[host]``
     pcie_bandwidth_bytes_per_s: np.ndarray | None = None
+    #: the ZeRO stage whose collectives recur with every micro-batch
+    #: (:meth:`collective_counts`): 2 or 3 for a sharded state without a
+    #: pipeline, 0 otherwise (one reduce and one gather per iteration)
+    micro_batch_collectives: int = 0
     #: ``(R, Q, v)``: with ``v`` stages per device (stage ``c R + r`` on device
     #: ``r``), the in-flight counts of every chunk at each of the device's
     #: count states (:func:`pipesearch.schedules.chunk_states_of`); the split
@@ -474,7 +478,22 @@ class PipelineCosts:
         if self.gather_bytes_per_param_byte <= 0:
             return reduce, np.zeros_like(reduce)
         gather = params * self.gather_bytes_per_param_byte
-        return 0.5 * reduce, np.where(gather > 0, 0.5 * (gather * per + fixed), 0.0)
+        n_reduce, n_fwd, n_bwd = self.collective_counts()
+        return 0.5 * reduce * n_reduce, np.where(gather > 0, 0.5 * (gather * per + fixed), 0.0) * (n_fwd + n_bwd)
+
+    def collective_counts(self) -> tuple[int, int, int]:
+        """``(reduce-scatters, forward all-gathers, backward all-gathers)``
+        of a stage's sharded state per iteration (:attr:`micro_batch_collectives`):
+        ``(1, 1, 0)`` for ZeRO-1 and under pipelining (reduced after the
+        last micro-batch, gathered after the step); without a pipeline, ZeRO-2
+        reduce-scatters every micro-batch's gradients (``(m, 1, 0)``; ZeRO
+        SC'20 sec. 5.2, DeepSpeed's stage 2 under gradient accumulation) and
+        ZeRO-3 / FSDP also gathers the weights for every forward and again
+        for every backward (``(m, m, m)``: sec. 7.2.2's ``3 Psi`` per
+        micro-batch; FSDP2's ``reshard_after_forward``, torchtitan's default
+        without a pipeline, and its gradient accumulation loop)."""
+        m, k = self.num_micro_batches, self.micro_batch_collectives
+        return (m if k >= 2 else 1), (m if k >= 3 else 1), (m if k >= 3 else 0)
 
     def allreduce_s(self, s, i, j):
         """The time model's data-parallel term of stage ``s`` holding
@@ -491,13 +510,22 @@ class PipelineCosts:
         buckets = self.num_buckets(i, j)
         # every bucket's collective pays the latency term (dp_comm_s counts it once)
         latency = self.allreduce_fixed_s[s] * (0.5 if self.gather_bytes_per_param_byte > 0 else 1.0)
+        n_reduce, n_fwd, n_bwd = self.collective_counts()
+        back = gather * (n_bwd / (n_fwd + n_bwd))  # ZeRO-3's backward re-gathers: in the backward's window
+        gather = gather - back
+
+        def bucketed(comm, n):  # n collectives of the iteration, each bucket paying the latency
+            return np.where(comm > 0, comm + n * (buckets - 1) * latency, 0.0)
+
+        # a collective of every micro-batch hides under that micro-batch's window: n of them expose
+        # exposed_s(n c, n w, K) = n exposed_s(c, w, K)
         if ov.grad_reduce:
             window = self.bwd_s(s, i, j) - (self.bwd_input_s(s, i, j) if self.wgrad_window else 0.0)
-            reduce = exposed_s(np.where(reduce > 0, reduce + (buckets - 1) * latency, 0.0), window, buckets)
+            reduce = exposed_s(bucketed(reduce, n_reduce) + bucketed(back, n_bwd), n_reduce * window, buckets)
+            back = 0.0
         if ov.param_gather:
-            gather = exposed_s(np.where(gather > 0, gather + (buckets - 1) * latency, 0.0), self.fwd_s(s, i, j),
-                               buckets)
-        return reduce + gather
+            gather = exposed_s(bucketed(gather, n_fwd), n_fwd * self.fwd_s(s, i, j), buckets)
+        return reduce + back + gather
 
     def num_buckets(self, i, j):
         """Gradient buckets of the layers ``[i, j)``: ``ceil(parameters /
@@ -1018,7 +1046,7 @@ def build_pipeline_costs(
     # a stage is as slow as its slowest replica and as small as its smallest one
     placement = np.asarray(placement)
     p2p, ar = links if links is not None else placement_links(cluster, placement, tp)
-    state = param_state_of(job)
+    state = param_state_of(job, pp // stages_per_device)
     grad_bpp = dp_reduce_bytes_per_param(job, state, profile.bytes_per_param)
     state_per_byte = state.bytes_per_param(dp) / profile.bytes_per_param
     inflight = (np.asarray(in_flight, dtype=float) if in_flight is not None
@@ -1089,6 +1117,7 @@ def build_pipeline_costs(
         recompute_transient_table=(range_max_table(arrays["backward_transient_bytes"] * ratio)
                                    if options is None and np.any(arrays["backward_transient_bytes"] > 0) else None),
         gather_bytes_per_param_byte=1.0 if state.stage >= 1 else 0.0,
+        micro_batch_collectives=state.stage if state.stage >= 2 else 0,  # ZeRO-1 once a pipeline (in_pipeline)
         overlap=job.comm_overlap,
         wgrad_window=wgrad,
         held_prefix_bytes=(np.concatenate([zero, np.cumsum(arrays["wgrad_saved_bytes"])]) * ratio

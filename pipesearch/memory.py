@@ -44,6 +44,10 @@ al. SC'20 sec. 5, Fig. 1):
   says how many such copies are live (two: the one computing and the one
   prefetched).
 
+Under pipeline parallelism (more than one pipeline rank) ZeRO-2 and ZeRO-3
+keep what ZeRO-1 keeps (:meth:`ParamState.in_pipeline`: the pipeline
+runtimes defer gradient reduction and resharding to the last micro-batch).
+
 With ``Psi = 7.5e9`` parameters and ``d = 64`` the ``mixed-adam`` totals are
 120 GB, 31.4 GB, 16.6 GB and 1.9 GB (ZeRO Fig. 1), which the tests check.
 """
@@ -147,6 +151,21 @@ class ParamState:
     def _sharded(self) -> tuple[bool, ...]:
         k = self.stage
         return (k >= 3, k >= 2, k >= 2, k >= 1, k >= 1)
+
+    def in_pipeline(self, pipeline_ranks: int) -> "ParamState":
+        """What a stage of a pipeline of ``pipeline_ranks`` ranks holds
+        through an iteration: ZeRO-2 and ZeRO-3 / FSDP keep gradients (and
+        weights) unsharded from the first micro-batch to the last, as ZeRO-1
+        does. torch.distributed.pipelining runs every backward but the last
+        of an FSDP stage with ``set_reshard_after_backward(False)`` and
+        ``set_requires_gradient_sync(False)`` and reduce-scatters once after
+        the last (``perform_reduce_grad``), torchtitan turns
+        ``reshard_after_forward`` off under pipelining (its ``default``
+        policy: per-micro-batch all-gathers would not overlap), and
+        DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 only. The data-
+        parallel traffic stays one reduce-scatter and one all-gather per
+        iteration. ``self`` for one rank or ZeRO-1 and below."""
+        return replace(self, sharding="zero1") if pipeline_ranks > 1 and self.stage >= 2 else self
 
     def gathered_bytes_per_param(self) -> float:
         """Model-dtype bytes per parameter of the transiently gathered
@@ -258,15 +277,16 @@ def from_total_bytes(total_bytes_per_param: float, sharding: str = "none") -> Pa
     return ParamState(weights + extra / 2, grads + extra / 2, 0.0, opt / 3, 2 * opt / 3, sharding, name)
 
 
-def param_state_of(job: Job) -> ParamState:
+def param_state_of(job: Job, pipeline_ranks: int = 1) -> ParamState:
     """The :class:`ParamState` a :class:`~pipesearch.types.Job` asks for:
     ``job.param_state`` when set, else the one its totals
     (``state_bytes_per_param``, ``optimizer_bytes_per_param``, ``zero1``)
-    describe (:func:`from_totals`)."""
+    describe (:func:`from_totals`); what a stage of a pipeline of
+    ``pipeline_ranks`` ranks holds (:meth:`ParamState.in_pipeline`)."""
     if job.param_state is not None:
-        return job.param_state
+        return job.param_state.in_pipeline(pipeline_ranks)
     return from_totals(job.state_bytes_per_param, job.optimizer_bytes_per_param,
-                       "zero1" if job.zero1 else "none")
+                       "zero1" if job.zero1 else "none").in_pipeline(pipeline_ranks)
 
 
 def usable_memory_bytes(job: Job, capacity_bytes):

@@ -419,7 +419,8 @@ def _stage_plans(variant, costs: PipelineCosts, bounds, placement, cluster,
     cols["bwd_input_s"] = np.minimum(cols["bwd_input_s"], cols["compute_s"] - cols["fwd_s"])
     cols = {k: v.tolist() for k, v in cols.items()}
     stages = []
-    state = param_state_of(job) if job is not None else None
+    ranks = len({tuple(np.asarray(row).ravel().tolist()) for row in placement})  # stages of a rank share its slot
+    state = param_state_of(job, ranks) if job is not None else None
     group_names = [g.device.name for g in cluster.groups]
     of_group = group_ids(cluster)
     for s in range(costs.pp):

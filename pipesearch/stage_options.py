@@ -275,7 +275,7 @@ def _offload_terms(profile: ModelProfile, cluster: Cluster, job: Job, dp: int, p
     from . import host as host_lib
     from .memory import offload_bytes_per_param, offload_copy_bytes_per_param
 
-    state = param_state_of(job)
+    state = param_state_of(job, len(placement) // stages_per_device)
     on_device = state.bytes_per_param(dp) / profile.bytes_per_param
     off_device, off_host = (x / profile.bytes_per_param for x in offload_bytes_per_param(state, dp))
     P = len(placement)
@@ -576,7 +576,7 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
     first = option_profiles[0][1] if option_profiles else profile
     a = first.layer_arrays
     bpp = first.bytes_per_param
-    state = param_state_of(job)
+    state = param_state_of(job, len(placement) // stages_per_device)
     bw = host_lib.shared_bandwidth_bytes_per_s(cluster.host, host_lib.stage_switch_sharing(cluster, placement, tp))
     per_byte = 1.0 / (bw * np.asarray(time_scale, dtype=float))  # copy seconds per byte, profiled-device seconds
     P = len(placement)
@@ -770,7 +770,7 @@ def swap_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: fl
                          "switches); add one (docs/offload.md) or choose another schedule")
     a = profile.layer_arrays
     bpp = profile.bytes_per_param
-    state = param_state_of(job)
+    state = param_state_of(job, pp)
     P = len(placement)
     queue, copies = host_lib.swap_queues(cluster, np.asarray(placement)[:pp], tp)
     link = min(cluster.host.host_to_device_bytes_per_s, cluster.host.switch_uplink_bytes_per_s)

@@ -126,24 +126,36 @@ def test_stage_memory_by_component_follows_korthikanti_table2():
 
 
 def test_zero3_keeps_a_shard_and_two_gathered_units():
-    """ZeRO-3 / FSDP over dp = 4: 16 / 4 bytes of state per parameter, plus
-    the gathered bf16 weights of two units (computing and prefetched), the
-    largest layer's: here a block, 12 h^2 / t + 7 h / t + 6 h = 56.66M
-    parameters at tp 8 (the embedding has V h / t + P h = 51.9M)."""
+    """ZeRO-3 / FSDP over dp = 4 without a pipeline: 16 / 4 bytes of state
+    per parameter, plus the gathered bf16 weights of two units (computing
+    and prefetched), the largest layer's: here a block, 12 h^2 / t + 7 h / t
+    + 6 h = 56.66M parameters at tp 8 (the embedding has V h / t + P h =
+    51.9M). In a pipeline of 2 the stage keeps what ZeRO-1 keeps (the
+    pipeline runtimes reduce and reshard after the last micro-batch only):
+    2 + 2 bytes of weights and gradients per parameter whole, 12 / 4 of
+    optimizer state, nothing gathered."""
     s, h, t, V = 2048, 6144, 8, 51200
     cl = load_cluster("2x8-a100-80gb", nodes=8)
     prof = layer_table(_gpt22b(), device=cl.device_spec(0), tp=t, sequence_parallel=True, recompute="full",
                        tp_link=cl.intra_node)
     job = Job(64, param_state=preset("mixed-adam", "zero3"))
-    plan = search([ModelVariant(prof, tp=t, recompute="full")], cl, job, SearchOptions(
-        pp=2, dp=4, micro_batch_size=1, schedules=("1f1b",), split=(25, 25), top=1)).plans[0]
-    parts = dict(plan.stages[0].memory_breakdown)
+    alone = search([ModelVariant(prof, tp=t, recompute="full")], cl, job, SearchOptions(
+        pp=1, dp=4, micro_batch_size=1, schedules=("1f1b",), top=1)).plans[0]
+    parts = dict(alone.stages[0].memory_breakdown)
     block_params = 12 * h * h / t + 7 * h / t + 6 * h
     assert block_params > V * h / t + s * h
     assert parts["gathered_weights"] == pytest.approx(2 * 2 * block_params, rel=1e-12)
-    assert parts["weights"] == pytest.approx(2 / 4 * prof.layers[0].param_bytes / 2
-                                             + 2 / 4 * sum(x.param_bytes for x in prof.layers[1:25]) / 2,
-                                             rel=1e-12)
+    params = sum(x.param_bytes for x in prof.layers) / 2
+    assert parts["weights"] == pytest.approx(2 / 4 * params, rel=1e-12)
+    assert parts["master_weights"] + parts["optimizer_moments"] == pytest.approx(12 / 4 * params, rel=1e-12)
+    piped = search([ModelVariant(prof, tp=t, recompute="full")], cl, job, SearchOptions(
+        pp=2, dp=4, micro_batch_size=1, schedules=("1f1b",), split=(25, 25), top=1)).plans[0]
+    parts = dict(piped.stages[0].memory_breakdown)
+    first = prof.layers[0].param_bytes / 2 + sum(x.param_bytes for x in prof.layers[1:25]) / 2
+    assert parts["gathered_weights"] == 0
+    assert parts["weights"] == pytest.approx(2 * first, rel=1e-12)
+    assert parts["grads"] == pytest.approx(2 * first, rel=1e-12)
+    assert parts["master_weights"] + parts["optimizer_moments"] == pytest.approx(12 / 4 * first, rel=1e-12)
 
 
 def _cli(*args):
@@ -249,13 +261,14 @@ def test_split_makes_room_for_the_tied_copy_on_the_last_stage():
     assert tied.stages[-1].memory_bytes == pytest.approx(3 * MiB)
 
 
-def test_zero3_gathers_the_stages_own_largest_layer():
-    """Two layers of 1 MB and 100 MB of 16-bit weights, pp 2 x dp 2,
-    mixed-precision Adam sharded ZeRO-3: each stage keeps its weights,
-    gradients and optimizer state / 2 (16 B / 2 per parameter) plus two
-    gathered copies of its own largest unit (FSDP's computing and prefetched
-    units): stage 0 2 x 1 MB, stage 1 2 x 100 MB (not the model's 100 MB
-    layer on both)."""
+def test_zero3_in_a_pipeline_keeps_what_zero1_keeps():
+    """Two layers of 1 MB and 100 MB of 16-bit weights, mixed-precision Adam
+    sharded ZeRO-3 over dp 2. One stage (pp 1): 16 B / 2 per parameter and
+    two gathered copies of the largest unit (FSDP's computing and
+    prefetched), 2 x 100 MB. pp 2: each stage keeps its 16-bit weights and
+    gradients whole through the iteration (the pipeline reduces and
+    reshards after its last micro-batch) and 12 B / 2 of optimizer state:
+    (2 + 2 + 6) B per parameter, nothing gathered."""
     from helpers import tiny_cluster, tiny_profile
     from pipesearch.memory import preset
     from pipesearch.search import ModelVariant, SearchOptions, search
@@ -263,13 +276,21 @@ def test_zero3_gathers_the_stages_own_largest_layer():
 
     prof = tiny_profile([1e-3, 1e-3], params=[1e6, 100e6], bytes_per_param=2.0)
     job = Job(4, memory_reserve_bytes=0, param_state=preset("mixed-adam", "zero3"))
-    plan = search([ModelVariant(prof)], tiny_cluster(1, 4), job,
-                  SearchOptions(pp=2, dp=2, micro_batch_size=1, schedules=("1f1b",), split=(1, 1))).plans[0]
-    gathered = [dict(st.memory_breakdown)["gathered_weights"] for st in plan.stages]
-    assert gathered == pytest.approx([2e6, 200e6])
-    state = [sum(v for k, v in st.memory_breakdown if k not in ("gathered_weights", "tied_copy", "activations"))
-             for st in plan.stages]
-    assert state == pytest.approx([0.5e6 * 16 / 2, 50e6 * 16 / 2])
+
+    def stages(pp, split):
+        plan = search([ModelVariant(prof)], tiny_cluster(1, 4), job,
+                      SearchOptions(pp=pp, dp=2, micro_batch_size=1, schedules=("1f1b",), split=split)).plans[0]
+        return [dict(st.memory_breakdown) for st in plan.stages]
+
+    def state(parts):
+        return sum(v for k, v in parts.items() if k not in ("gathered_weights", "tied_copy", "activations"))
+
+    alone = stages(1, (2,))
+    assert alone[0]["gathered_weights"] == pytest.approx(200e6)
+    assert state(alone[0]) == pytest.approx(50.5e6 * 16 / 2)
+    piped = stages(2, (1, 1))
+    assert [p["gathered_weights"] for p in piped] == [0, 0]
+    assert [state(p) for p in piped] == pytest.approx([0.5e6 * 10, 50e6 * 10])
 
 
 def test_data_parallel_reduce_moves_the_gradients_the_state_keeps():

@@ -93,6 +93,36 @@ def test_overlap_in_the_time_model_by_hand():
     assert _one_stage_time(MIXED, CommOverlap(grad_reduce=True, bucket_params=None)) == pytest.approx(40 * ms)
 
 
+def test_zero2_and_zero3_without_a_pipeline_recur_every_micro_batch():
+    """The one-layer job (forward 10 ms, backward 20 ms, 1 GB of 16-bit
+    gradients; a reduce-scatter or an all-gather over 2 ranks 5 ms each),
+    pp 1 with m micro-batches per replica. ZeRO-1: one reduce-scatter and one
+    all-gather per iteration, 30 m + 10 ms. ZeRO-2 reduce-scatters every
+    micro-batch and gathers once: 30 m + 5 m + 5. ZeRO-3 also gathers the
+    weights for every forward and again for every backward: 30 m + 15 m ms
+    (ZeRO SC'20 sec. 7.2.2: 3 Psi against 2 Psi for m = 1). Overlapped in
+    K = 13 buckets, ZeRO-3's backward carries its reduce-scatter and
+    re-gather (10 ms) under 20 ms: max(10/13, 10 - 20 (12/13)) = 10/13 each,
+    the forward gather 5/13 each: 30 m + 15 m / 13."""
+    prof = tiny_profile([0.010], [0.020], params=[1e9], bytes_per_param=2.0)
+    cluster = tiny_cluster(1, 2, intra=Link(100e9, 0.0))
+
+    def t(sharding, m, overlap=None):
+        job = Job(global_batch_size=2 * m, memory_reserve_bytes=0, param_state=ParamState(2, 2, 0, 4, 8, sharding),
+                  comm_overlap=overlap)
+        res = search([ModelVariant(prof)], cluster, job, SearchOptions(pp=1, dp=2, micro_batch_size=1,
+                                                                       schedules=("1f1b",)))
+        return res.plans[0].predicted.iteration_time_s
+
+    ms = 1e-3
+    for m in (1, 3):
+        assert t("zero1", m) == pytest.approx((30 * m + 10) * ms, rel=1e-9)
+        assert t("zero2", m) == pytest.approx((35 * m + 5) * ms, rel=1e-9)
+        assert t("zero3", m) == pytest.approx(45 * m * ms, rel=1e-9)
+        both = CommOverlap(grad_reduce=True, param_gather=True)
+        assert t("zero3", m, both) == pytest.approx((30 * m + 15 * m / 13) * ms, rel=1e-9)
+
+
 def test_every_bucket_pays_the_latency():
     """The one-layer job with 100 us links: ring all-reduce over 2 ranks
     2 (1/2) 1e9 / 100e9 + 2 (1) 1e-4 = 10.2 ms without overlap (T = 40.2 ms).

@@ -184,6 +184,7 @@ def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, 
     totals (streamed weights, activations on the host, RoundPipe). A Mobius
     stage's parameters are its parameter bytes over the profile's ``bpp``."""
     st, par = plan["stages"][k], plan["parallelism"]
+    state = state.in_pipeline(par["pp"])  # what a pipeline's stage keeps (ZeRO-1's, for ZeRO-2 and 3)
     parts, bd = _parts(plan)[k], st.get("memory_breakdown_bytes") or {}
     n = par["dp"] * par["tp"] if "replicas" not in st else st["replicas"] * par["tp"]
     b, dp = state.weight_bytes, par["dp"]
