@@ -128,3 +128,21 @@ def test_simulate_writes_its_outputs_all_or_none(tmp_path):
     assert r.exit_code == 2 and "torch CSV /dev/full: cannot write" in r.output, r.output
     assert not (tmp_path / "t.png").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
+
+
+def test_a_plan_edited_to_take_no_time_replays_without_a_crash(tmp_path):
+    """Every stage's times set to 0: the replay takes 0 s, each rank's busy
+    share reads 0 % (it divided by the zero time: internal error), the
+    warning names the edit, the timeline is drawn."""
+    out = tmp_path / "p.json"
+    assert CliRunner().invoke(main, ["plan", "-q", "--top", "1", "-o", str(out)] + PLANS["1f1b"]).exit_code == 0
+    doc = json.loads(out.read_text())
+    for st in doc["plans"][0]["stages"]:
+        for key in ("compute_s", "fwd_s", "bwd_input_s", "comm_s", "allreduce_s", "dp_comm_s"):
+            st[key] = 0.0
+    bad = tmp_path / "zero.json"
+    bad.write_text(json.dumps(doc))
+    png = tmp_path / "t.png"
+    r = CliRunner().invoke(main, ["simulate", str(bad), "--timeline", str(png)])
+    assert r.exit_code == 0, r.output
+    assert "rank 0: busy   0.0%" in r.stdout and "the replay takes 0 s" in r.stderr and png.exists()

@@ -186,7 +186,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
                + (" (as recorded in the file, not recomputed)" if analytic and disagreement else ""))
     click.echo(f"bubble (busiest rank idle): {100 * busiest_idle_fraction(max(tl.busy_s), total_s):.1f}%")
     for r in range(tl.num_ranks):
-        click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s:5.1f}%  "
+        click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s if total_s > 0 else 0.0:5.1f}%  "
                    f"peak activations on the device {format_bytes(tl.peak_act_bytes[r])}")
     if plan.schedule == "zb-h1":  # the one schedule with I / W actions
         click.echo("  (each micro-batch's activations counted whole until its weight gradient W: an upper bound; "
