@@ -68,8 +68,9 @@ def check_input_file(path: str | os.PathLike[str], what: str) -> Path:
     return p
 
 
-def read_input_text(path: str | os.PathLike[str], what: str, encoding: str = "utf-8") -> str:
-    """The text of an input file, after :func:`check_input_file`.
+def read_input_text(path: str | os.PathLike[str], what: str, encoding: str = "utf-8-sig") -> str:
+    """The text of an input file, after :func:`check_input_file` (UTF-8; a
+    leading byte-order mark, which some editors write, is not data).
 
     Raises:
         InputError: see :func:`check_input_file`; unreadable; not text in

@@ -33,6 +33,8 @@ planned as the training length)."""
 
 
 SIZE_COLUMNS = (("param_bytes", "param_bytes"), ("output_bytes", "output_bytes"), ("saved_bytes", "saved_bytes"))
+#: the graph.txt field each size comes from (pipesearch.profiles.pipedream)
+GRAPH_FIELDS = {"param_bytes": "parameter_size", "output_bytes": "activation_size", "saved_bytes": "activation_size"}
 RUNNING_SUM_MIN_LAYERS = 5
 SMALL_BYTES = 4096
 
@@ -61,18 +63,20 @@ def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool =
           estimate, not a measurement).
     """
     out = []
+    graph = str(source).endswith("graph.txt")  # a PipeDream graph: its nodes' fields, summed per block
     for attr, column in SIZE_COLUMNS:
+        column = f"field {GRAPH_FIELDS[attr]} (summed per block)" if graph else f"column {column}"
         vals = [float(getattr(lay, attr)) for lay in profile.layers]
         nz = [v for v in vals if v > 0]
         if len(vals) >= RUNNING_SUM_MIN_LAYERS and nz and all(b >= a for a, b in zip(vals, vals[1:])) \
                 and vals[-1] >= 3 * nz[0] and len(set(vals)) == len(vals):
             diffs = [vals[0]] + [b - a for a, b in zip(vals, vals[1:])]
-            out.append(f"{source}: column {column} never decreases over the {len(vals)} layers "
+            out.append(f"{source}: {column} never decreases over the {len(vals)} layers "
                        f"({_short(vals)}): it looks like running totals; per-layer values are expected "
                        f"(as differences: {_short(diffs)})")
         if nz and max(nz) < SMALL_BYTES:
-            out.append(f"{source}: every value of column {column} is below {SMALL_BYTES} bytes (largest "
-                       f"{max(nz):g}): it looks like megabytes in a byte column; byte columns take bytes")
+            out.append(f"{source}: every value of {column} is below {SMALL_BYTES} bytes (largest "
+                       f"{max(nz):g}): it looks like megabytes where bytes are expected; give bytes")
     names = {g.device.name for g in cluster.groups}
     dev = profile.profiled_device
     mixed = len(names) > 1

@@ -138,6 +138,44 @@ def test_bad_batch_size(tmp_path):
         read_graph_txt(no_hint)
 
 
+def test_an_inferred_batch_past_the_profile_limit_is_refused(tmp_path):
+    """An Input node of 2^40 images of 3x224x224 fp32 (a corrupted size):
+    the inferred batch is more than a profile may state (2^31 - 1), refused
+    as a CSV's batch_size is; the fix for an uninferable batch names the
+    CSV header that states it."""
+    images = 2**40 * 4 * 3 * 224 * 224
+    path = write(tmp_path, node("n1", 0, 0, images, op="Input") + node("n2", 1, 2, 1000, 10, op="Conv2d(3, 64)")
+                 + "\tn1 -- n2\n", "huge.graph.txt")
+    with pytest.raises(InputError, match=r"huge.graph.txt: batch size 1099511627776 is more than 2147483647"):
+        read_graph_txt(path)
+    no_hint = write(tmp_path, node("n1", 1, 1, 12, op="Conv2d(1, 1)"), "nohint.graph.txt")
+    with pytest.raises(InputError, match="# batch_size: N"):
+        read_graph_txt(no_hint)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_node(tmp_path):
+    """A file saved with a UTF-8 byte-order mark reads as without it (the
+    mark had become part of the first node's id: a dangling edge)."""
+    plain = write(tmp_path, DIAMOND, "plain.graph.txt")
+    marked = tmp_path / "marked.graph.txt"
+    marked.write_bytes(b"\xef\xbb\xbf" + DIAMOND.encode())
+    assert read_graph_txt(marked, batch_size=1).layers == read_graph_txt(plain, batch_size=1).layers
+
+
+def test_a_long_chain_is_one_block_per_node(tmp_path):
+    """A chain of 6,000 nodes is 6,000 blocks, one per node, its times and
+    sizes those of its nodes (each block used to be found by a pass over
+    every node: quadratic, minutes at 30,000)."""
+    n = 6000
+    text = node("n0", 0, 0, 4 * 3 * 224 * 224 * 8, op="Input") + "".join(
+        node(f"n{k}", k % 7 + 1, k % 5 + 1, 1000 + k, k, op="Conv2d(3, 3)") for k in range(1, n))
+    text += "".join(f"\tn{k} -- n{k + 1}\n" for k in range(n - 1))
+    prof = read_graph_txt(write(tmp_path, text, "chain.graph.txt"))
+    assert prof.profiled_batch_size == 8 and len(prof.layers) == n
+    assert [lay.output_bytes for lay in prof.layers[1:4]] == [1001, 1002, 1003]
+    assert prof.layers[-1].param_bytes == n - 1
+
+
 # ----------------------------------------------------------------- real profiles
 
 

@@ -358,7 +358,7 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
             time.
     """
     path = Path(path)
-    text = read_input_text(path, "profile CSV", encoding="utf-8-sig")  # a leading byte-order mark is not data
+    text = read_input_text(path, "profile CSV")
     header, table = _split_lines(path, text)
     meta = _parse_header(path, header)
     records, line_numbers = _read_table(path, table)

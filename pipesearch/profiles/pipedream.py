@@ -43,7 +43,7 @@ import networkx as nx
 from ..catalog import entry_name
 from ..errors import InputError
 from ..input_files import read_input_text
-from ..limits import MAX_BYTES, MAX_LAYER_S, MIN_LAYER_S
+from ..limits import MAX_BYTES, MAX_COUNT, MAX_LAYER_S, MIN_LAYER_S
 from ..types import Layer, ModelProfile
 
 _NODE_RE = re.compile(
@@ -241,8 +241,9 @@ def infer_batch_size(graph: nx.DiGraph, path: str | Path = "profile") -> tuple[i
                         text += (f"; {emb.id} {emb.op.split(',')[0]}, {e.group(2)}) output "
                                  f"{emb.output_bytes:.0f} bytes = {batch} sequences x {length:g} tokens")
                 return batch, text
-    raise InputError(f"{path}: cannot infer the batch size from the tensor sizes (no image "
-                     "Input node, no LSTM hidden state); pass batch_size explicitly")
+    raise InputError(f"{path}: cannot infer the batch size from the tensor sizes (no Input node of "
+                     "3x224x224, 3x299x299 or 3x331x331 fp32 images, no LSTM hidden state); write the profile "
+                     "as a CSV with a '# batch_size: N' line (docs/formats.md)")
 
 
 # ----------------------------------------------------------------- chain
@@ -294,20 +295,21 @@ def chain_blocks(graph: nx.DiGraph) -> list[list[str]]:
     cuts = [v for v in main_topo if above[output] & bit[v]
             and dominated[v] == below[v].bit_count() + 1]
     blocks: list[set[str]] = []
-    done: set[str] = set()
+    done, every = 0, (1 << len(main_topo)) - 1  # bit sets over main_topo
     for v in cuts:  # cuts above one output are totally ordered
-        prefix = {n for n in main_topo if not below[v] & bit[n]}
-        assert done < prefix, "single-tensor cuts above one output are nested"
-        blocks.append(prefix - done)
+        prefix = every & ~below[v]  # the main nodes that do not follow v
+        assert done & ~prefix == 0 and done != prefix, "single-tensor cuts above one output are nested"
+        blocks.append(set(_members(prefix & ~done, main_topo)))
         done = prefix
-    blocks.append(main - done)
+    blocks.append(set(_members(every & ~done, main_topo)))
     index = {n: k for k, block in enumerate(blocks) for n in block}
     for n in (n for n in topo if n not in main):
         index[n] = min((index[d] for d in nx.descendants(graph, n) if d in main), default=0)
         blocks[index[n]].add(n)
+    at = {n: i for i, n in enumerate(topo)}
     result = []
     for k, block in enumerate(blocks):
-        ordered = [n for n in topo if n in block]
+        ordered = sorted(block, key=at.__getitem__)
         if k < len(cuts):  # the boundary has no successor inside its block
             ordered.remove(cuts[k])
             ordered.append(cuts[k])
@@ -315,6 +317,18 @@ def chain_blocks(graph: nx.DiGraph) -> list[list[str]]:
     placed = [n for block in result for n in block]
     assert len(placed) == len(set(placed)) == graph.number_of_nodes(), "blocks must partition the graph"
     return result
+
+
+def _members(bits: int, names: list[str]) -> list[str]:
+    """The names at the set bits of ``bits`` (bit ``i``: ``names[i]``), in
+    increasing order of bit (each found from the lowest set bit: linear in
+    the members, not in the names)."""
+    out = []
+    while bits:
+        low = bits & -bits
+        out.append(names[low.bit_length() - 1])
+        bits ^= low
+    return out
 
 
 def _ms_sum_to_s(values) -> float:
@@ -368,6 +382,9 @@ def read_graph_txt(path: str | Path, batch_size: int | None = None,
     graph = parse_graph_txt(path)
     if batch_size is None:
         batch_size, how = infer_batch_size(graph, path)
+        if batch_size > MAX_COUNT:
+            raise InputError(f"{path}: {how.split(':')[0]} is more than {MAX_COUNT} (the largest a profile "
+                             "states); the Input node's activation_size is not a batch of images")
     else:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise InputError(f"{path}: batch_size {batch_size!r} must be a positive integer")
