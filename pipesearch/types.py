@@ -80,6 +80,14 @@ class Layer:
     wgrad_saved_bytes: float | None = None
     backward_transient_bytes: float | None = None
 
+    def renamed(self, name: str) -> "Layer":
+        """This layer under another ``name`` (every other field the same; a
+        copy without :func:`dataclasses.replace`'s per-field work, for the
+        thousands of alike blocks of a transformer's table)."""
+        out = object.__new__(Layer)
+        out.__dict__.update(self.__dict__, name=name)
+        return out
+
     def __repr__(self) -> str:
         """The dataclass repr, the fixed-time fields and the recompute
         checkpoint only when given (so the

@@ -608,3 +608,37 @@ def test_table_properties(l, heads, group, d, ffn_mult, gated, tied, dropout, s,
         if recompute == "none":
             assert extra == pytest.approx(0, abs=1e-9 * base)
         assert not math.isnan(extra)
+
+
+def test_t5_blocks_differ_where_their_parameters_do():
+    """T5-3B (24 encoder + 24 decoder blocks, relative attention): block 0
+    and the first decoder block hold the relative-position buckets (32 x 32
+    heads more parameters), the last encoder block the final encoder norm
+    (h more), decoder blocks a cross-attention; the rest of each kind are
+    alike. Every block's bytes equal the parameters counted by hand for its
+    index (a table that shared one block's terms across kinds would not)."""
+    cfg = load_transformer(CATALOG / "t5-3b.toml")
+    h, f, a, dk = 1024, 16384, 32, 128  # the catalog file's sizes (RMS norms of h weights, no biases)
+    n, buckets = 24, 32
+    att = 4 * h * a * dk  # q, k, v and output projections
+    mlp = 2 * h * f  # ReLU MLP: in and out
+    blocks = layer_table(cfg, seq_len=512, device=A100).layers[1:-1]
+    assert len(blocks) == 2 * n
+    for i, lay in enumerate(blocks):
+        decoder = i >= n
+        params = (2 if decoder else 1) * att + mlp + (3 if decoder else 2) * h  # a norm per sub-layer
+        params += buckets * a if i in (0, n) else 0
+        params += h if i == n - 1 else 0
+        assert lay.param_bytes == 2 * params, (i, lay.name)
+        assert lay.name == f"block_{i:02d}"
+
+
+def test_a_config_of_too_many_blocks_is_refused(tmp_path):
+    """More than 100,000 blocks (every layer table holds a row per block):
+    one line naming the key and the value."""
+    text = (CATALOG / "llama3-8b.toml").read_text()
+    path = tmp_path / "deep.toml"
+    import re
+    path.write_text(re.sub(r"(?m)^num_layers = .*$", "num_layers = 100001", text))
+    with pytest.raises(InputError, match=r"num_layers' = 100001 makes 100001 blocks, more than the 100000"):
+        load_transformer(path)

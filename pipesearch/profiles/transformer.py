@@ -43,7 +43,7 @@ from typing import Any, Mapping
 
 from ..errors import InputError
 from ..input_files import parse_failure, read_input_text
-from ..limits import MAX_COUNT
+from ..limits import MAX_COUNT, MAX_TRANSFORMER_BLOCKS
 from ..types import DeviceSpec, Layer, Link, ModelProfile
 
 __all__ = [
@@ -287,6 +287,11 @@ def _validate(values: dict[str, Any], where: str, keys: dict[str, str]) -> None:
     if values["kind"] == "decoder" and values["num_decoder_layers"]:
         raise _bad(where, k("num_decoder_layers"), values["num_decoder_layers"],
                    "0 (or no key) for kind = 'decoder'; decoder blocks are num_layers")
+    blocks = values["num_layers"] + (values["num_decoder_layers"] or 0)
+    if blocks > MAX_TRANSFORMER_BLOCKS:
+        raise InputError(f"{where}: key '{k('num_layers')}' = {values['num_layers']} makes {blocks} blocks, more than "
+                         f"the {MAX_TRANSFORMER_BLOCKS} a transformer config may have (each has a row in every layer "
+                         "table); is it the right value?")
     mp = values.get("max_position_embeddings")
     if values["position_embedding"] == "learned" and mp is not None and values["seq_len"] > mp:
         raise InputError(
@@ -890,9 +895,12 @@ class _Raw:
     bwd_ar_nosp: tuple[float, ...] = ()  # backward, only without sp: all-reduces
 
 
-def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float, vocab: int) -> list[_Raw]:
+def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float,
+                vocab: int) -> list[tuple[str, _Raw]]:
+    """``(name, raw)`` of every layer; blocks alike share one :class:`_Raw`
+    (the first's: its name is not theirs)."""
     h = cfg.hidden_size
-    layers: list[_Raw] = []
+    layers: list[tuple[str, _Raw]] = []
     ed = cfg.is_encoder_decoder
     s_tok = s_enc + s_dec if ed else s_enc  # tokens embedded (and carried along the chain)
     mask = MASK_BYTES if cfg.dropout else 0
@@ -903,15 +911,21 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
     # saved: the int64 token ids (the weight gradient's scatter-add indices,
     # whole on every TP rank) and the dropout mask on the embedding output
     ids = TOKEN_ID_BYTES * b * s_tok
-    layers.append(_Raw(
+    layers.append(("embedding", _Raw(
         "embedding", 0.0, 0.0, _embedding_params(cfg, vocab), None,
         (mask * b * s_tok * h, 0.0), emb_out, saved_whole=ids,
         fwd_ar_nosp=(emb_out,), fwd_single=(emb_out,), bwd_single=(emb_out,),
-    ))
+    )))
 
     width = max(2, len(str(cfg.total_blocks - 1)))
+    built: dict[tuple, _Raw] = {}  # a block's terms depend on its index only through these three
     for i in range(cfg.total_blocks):
         decoder_block = ed and i >= cfg.num_layers
+        key = (decoder_block, ed and i == cfg.num_layers - 1,
+               cfg.position_embedding == "relative" and (i == 0 or (ed and i == cfg.num_layers)))
+        if key in built:
+            layers.append((f"block_{i:0{width}d}", built[key]))
+            continue
         s = s_dec if decoder_block else s_enc
         parts = [_self_attention(cfg, s, b, D), _mlp(cfg, s, b, D)]
         if decoder_block:
@@ -932,7 +946,7 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
         out = D * b * s_tok * h if ed else hidden
         n_sub = len(parts)  # sub-layers, each one collective each way
         enc_out = D * b * s_enc * h
-        layers.append(_Raw(
+        built[key] = _Raw(
             f"block_{i:0{width}d}", lin, core, _block_params(cfg, i), acts, (0.0, 0.0), out,
             fwd_pairs=(hidden,) * n_sub, bwd_pairs=(hidden,) * n_sub,
             # cross-attention K/V read the encoder output: its gradient is
@@ -941,7 +955,8 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
             fwd_single=(enc_out,) if decoder_block else (),
             bwd_single=(enc_out,) if decoder_block else (),
             bwd_ar_nosp=(enc_out,) if decoder_block else (),
-        ))
+        )
+        layers.append((f"block_{i:0{width}d}", built[key]))
 
     # head: final norm + LM head GEMM + vocab-parallel cross entropy
     s = s_dec if ed else s_enc
@@ -949,12 +964,12 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
     # saved: norm input and LM-head input (replicated without sp),
     # fp32 softmax of the logits (split by vocab)
     saved = (2 * D * b * s * h, LOSS_BYTES * b * s * vocab)
-    layers.append(_Raw(
+    layers.append(("head", _Raw(
         "head", 2 * b * s * h * vocab, 0.0, _head_params(cfg, vocab), None, saved, 0.0,
         # cross entropy: all-reduce max, sum of exp, target logit (fp32, per token)
         fwd_ar_only=(4 * b * s,) * 3,
         fwd_single=(hidden,), bwd_single=(hidden,), bwd_ar_nosp=(hidden,),
-    ))
+    )))
     return layers
 
 
@@ -966,7 +981,7 @@ def forward_flops(cfg: TransformerConfig, seq_len: int | None = None, *,
     s = cfg.seq_len if seq_len is None else seq_len
     sd = s if decoder_seq_len is None else decoder_seq_len
     V = cfg.vocab_size if vocab_size is None else vocab_size
-    return {r.name: r.lin_flops + r.core_flops for r in _raw_layers(cfg, s, sd, 1, 2, V)}
+    return {name: r.lin_flops + r.core_flops for name, r in _raw_layers(cfg, s, sd, 1, 2, V)}
 
 
 def palm_model_flops(cfg: TransformerConfig, seq_len: int | None = None, *,
@@ -1200,7 +1215,11 @@ def layer_table(
         return sum(_gather_s(x, t, link) for x in xs)
 
     layers = []
-    for r in raws:
+    made: dict[int, Layer] = {}  # blocks alike (one shared raw) are one layer, renamed
+    for name, r in raws:
+        if id(r) in made:
+            layers.append(made[id(r)].renamed(name))
+            continue
         fwd_flops = (r.lin_flops + r.core_flops) / t
         fwd_compute = fwd_flops / rate
         core_compute = r.core_flops / t / rate
@@ -1208,7 +1227,7 @@ def layer_table(
         if overlap_tp_forward and r.acts is not None:
             fwd_comm = max(0.0, fwd_comm - r.lin_flops / t / rate)
         bwd_comm = ar(r.bwd_pairs) + (half(r.bwd_single) if sp else ar(r.bwd_ar_nosp))
-        if r.name == "embedding":
+        if name == "embedding":
             # the embedding has no input gradient; its backward collective
             # (with sp) serves the weight gradient
             bwd_input_comm = 0.0
@@ -1247,7 +1266,7 @@ def layer_table(
         # (with the collectives exposed beyond the weight-gradient GEMMs the W pass is 0: no rounding above bwd)
         bwd_input_s = min(bwd_s, r.lin_flops / t / rate + 2 * core_compute + recompute_s + bwd_input_comm)
         layers.append(Layer(
-            name=r.name,
+            name=name,
             fwd_s=fwd_compute + fwd_comm,
             bwd_s=bwd_s,
             param_bytes=r.params.per_rank(t) * D,
@@ -1258,6 +1277,7 @@ def layer_table(
             wgrad_saved_bytes=wgrad_held,
             backward_transient_bytes=transient,
         ))
+        made[id(r)] = layers[-1]
 
     parts = [f"seq_len={s}"]
     if cfg.is_encoder_decoder:
