@@ -508,6 +508,9 @@ def test_bad_toml_structure(tmp_path):
     ({"n_head": 7}, "n_head", "7"),
     ({"n_embd": -768}, "n_embd", "-768"),
     ({"n_layer": None}, "n_layer", None),
+    # a dropout rate that is not a probability (a string read as no dropout: less memory than planned)
+    ({"resid_pdrop": "0.1"}, "resid_pdrop", "'0.1'"),
+    ({"attn_pdrop": 1.5}, "attn_pdrop", "1.5"),
 ])
 def test_bad_hf_gpt2(tmp_path, change, key, value):
     data = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
@@ -520,6 +523,26 @@ def test_bad_hf_gpt2(tmp_path, change, key, value):
     assert str(p) in msg and key in msg
     if value is not None:
         assert value in msg
+
+
+def test_hf_keys_that_would_be_misread_are_refused(tmp_path):
+    """A key given twice (json keeps the last silently), a T5 dropout_rate
+    that is not a number (read as no dropout), a GPT-NeoX config with fewer
+    key/value heads than heads (GPT-NeoX has no grouped-query attention:
+    ignored): one line each, naming the key."""
+    p = tmp_path / "dup.json"
+    p.write_text('{"model_type": "llama", "hidden_size": 4096, "hidden_size": 2048}')
+    with pytest.raises(InputError, match="key 'hidden_size' appears twice"):
+        load_hf_config(p)
+    t5 = {"model_type": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8, "num_layers": 6,
+          "vocab_size": 32128, "n_positions": 512, "dropout_rate": "x"}
+    with pytest.raises(InputError, match="key 'dropout_rate' = 'x': expected a dropout probability"):
+        load_hf_config(_write(tmp_path, t5))
+    neox = {"model_type": "gpt_neox", "hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 512}
+    with pytest.raises(InputError, match="num_key_value_heads' = 2: expected no key, or num_attention_heads"):
+        load_hf_config(_write(tmp_path, neox))
+    assert load_hf_config(_write(tmp_path, dict(neox, num_key_value_heads=8))).num_layers == 2
 
 
 def test_bad_hf_llama(tmp_path):

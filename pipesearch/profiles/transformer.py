@@ -440,8 +440,19 @@ def load_hf_config(
     """
     p = Path(path)
     text = _read_text(p)  # its own refusal names the file once
+
+    def unique(pairs):  # a key given twice: json keeps the last one silently
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise InputError(f"{p}: key '{key}' appears twice in one object; keep one")
+            seen[key] = value
+        return seen
+
     try:
-        d = json.loads(text)
+        d = json.loads(text, object_pairs_hook=unique)
+    except InputError:
+        raise
     except json.JSONDecodeError as e:
         raise InputError(f"{p}: JSON syntax error: {e}") from None
     except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
@@ -481,6 +492,12 @@ def load_hf_config(
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
 
+    def rate(key: str, default: float) -> float:  # a dropout probability
+        v = get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise _bad(where, key, v, "a dropout probability, a number in [0, 1]")
+        return v
+
     def take(field_name: str, key: str, default: Any = ..., *alts: str) -> None:
         keys[field_name] = key
         values[field_name] = get(key, default, *alts)
@@ -495,10 +512,9 @@ def load_hf_config(
         take("max_position_embeddings", "n_positions", None, "n_ctx")
         take("tied_embeddings", "tie_word_embeddings", True)
         take("norm_eps", "layer_norm_epsilon", None)
-        drops = [get(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
+        drops = [rate(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
         values.update(kind="decoder", position_embedding="learned", norm="layernorm",
-                      bias=True, gated_mlp=False,
-                      dropout=any(isinstance(x, (int, float)) and x > 0 for x in drops))
+                      bias=True, gated_mlp=False, dropout=any(x > 0 for x in drops))
         pos_key, default_seq = "n_positions", values["max_position_embeddings"]
     elif family in ("neox", "llama"):
         take("num_layers", "num_hidden_layers")
@@ -514,13 +530,18 @@ def load_hf_config(
         values.update(kind="decoder", position_embedding="rotary")
         take("rope_theta", "rope_theta", None, "rotary_emb_base")
         if family == "neox":
-            drops = [get(k, 0.0) for k in ("attention_dropout", "hidden_dropout")]
+            kv = d.get("num_key_value_heads")
+            if kv is not None and kv != values["num_attention_heads"]:
+                raise _bad(where, "num_key_value_heads", kv, f"no key, or num_attention_heads "
+                           f"({values['num_attention_heads']}): a GPT-NeoX model has no grouped-query attention "
+                           "(model_type gpt_neox); give the llama model_type if the model has it")
+            drops = [rate(k, 0.0) for k in ("attention_dropout", "hidden_dropout")]
             values.update(norm="layernorm", bias=bool(get("use_bias", True)), gated_mlp=False)
             take("norm_eps", "layer_norm_eps", None)
         else:
             take("num_kv_heads", "num_key_value_heads", None)
             take("head_dim", "head_dim", None)
-            drops = [get("attention_dropout", 0.0)]
+            drops = [rate("attention_dropout", 0.0)]
             take("qkv_bias", "attention_bias", False)
             take("bias", "mlp_bias", False)
             # Qwen2's attention has Q/K/V biases by its architecture (its config has no key for them);
@@ -530,7 +551,7 @@ def load_hf_config(
             if model_type in _QKV_BIAS_TYPES and values["qkv_bias"] is False:
                 values["qkv_bias"] = True
             take("norm_eps", "rms_norm_eps", None)
-        values["dropout"] = any(isinstance(x, (int, float)) and x > 0 for x in drops)
+        values["dropout"] = any(x > 0 for x in drops)
     else:  # t5
         take("num_layers", "num_layers")
         take("num_decoder_layers", "num_decoder_layers", values["num_layers"])
@@ -542,10 +563,8 @@ def load_hf_config(
         take("tied_embeddings", "tie_word_embeddings", True)
         take("relative_attention_num_buckets", "relative_attention_num_buckets", 32)
         proj = str(get("feed_forward_proj", "relu")).lower()
-        rate = get("dropout_rate", 0.1)
         values.update(kind="encoder-decoder", position_embedding="relative", norm="rmsnorm",
-                      bias=False, gated_mlp=proj.startswith("gated-"),
-                      dropout=isinstance(rate, (int, float)) and rate > 0)
+                      bias=False, gated_mlp=proj.startswith("gated-"), dropout=rate("dropout_rate", 0.1) > 0)
         default_seq, pos_key = get("n_positions", None), "n_positions"
 
     if seq_len is None:
