@@ -356,7 +356,11 @@ def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:
             raise _fail(where, key, ref, f"a device file, but {path} is {kind}")
         if not path.is_file():
             raise _fail(where, key, ref, f"an existing device file (no such file: {path})")
-        return load_device(path)
+        try:
+            return load_device(path)
+        except InputError as e:  # say which cluster key read it as a device
+            raise InputError(f"{where}: key '{key}' = {ref!r} names a device file that does not read as one: "
+                             f"{e}") from None
     try:
         return load_device(catalog.resolve("device", ref))
     except CatalogError as e:

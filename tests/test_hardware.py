@@ -359,6 +359,15 @@ def test_cluster_missing_device_file(tmp_path):
     assert "'device' = 'devs/nope.toml'" in msg and "no such file" in msg
 
 
+def test_cluster_whose_device_file_is_a_cluster_names_the_key(tmp_path):
+    """``device`` pointing at the cluster file itself: the refusal says the
+    cluster's key named a file that is not a device (it named only the
+    file's 'unknown key nodes', a valid cluster key)."""
+    msg = _bad_cluster(tmp_path, GOOD_CLUSTER.replace('"a100-40gb"', '"badcluster.toml"'))
+    assert "badcluster.toml: key 'device' = 'badcluster.toml' names a device file that does not read as one" in msg
+    assert "unknown key 'nodes'" in msg
+
+
 def test_cluster_syntax_error(tmp_path):
     msg = _bad_cluster(tmp_path, GOOD_CLUSTER.replace("[inter_node]", "[inter_node"))
     assert "syntax" in msg and "line 10" in msg
