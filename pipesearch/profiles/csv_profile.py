@@ -370,6 +370,9 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
         name = row["name"].strip()
         if not name:
             raise _fail(path, f"line {line}, column 'name'", "empty layer name; give every layer a name")
+        if not name.isprintable():  # a NUL or control character: the exports write names into scripts
+            raise _fail(path, f"line {line}, column 'name'", f"layer name {name!r} holds a control character; "
+                        "use printable characters")
         if name in seen:
             raise _fail(path, f"line {line}, column 'name'", f"duplicate layer name {name!r} "
                         f"(first on line {seen[name]}); layer names must be unique")
