@@ -95,6 +95,17 @@ def test_other_formats(suffix, magic, vgg_exhaustive, tmp_path):
     assert out.read_bytes().startswith(magic)
 
 
+def test_a_figure_to_a_pipe_is_refused_before_drawing(vgg_exhaustive, tmp_path):
+    """A FIFO as -o: the image writers seek, so it is refused in one line,
+    exit 2 (it drew the figure, then failed to write it)."""
+    import os
+
+    fifo = tmp_path / "fig.png"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(main, ["plot", str(vgg_exhaustive), "--kind", "stages", "-o", str(fifo)])
+    assert result.exit_code == 2 and "is a FIFO (named pipe); a figure is written to a regular file" in result.output
+
+
 def test_space_of_pruned_search_renders(vgg_pruned, tmp_path):
     _check_png(render("space", vgg_pruned, tmp_path / "space.png"))
 

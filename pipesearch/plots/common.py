@@ -21,6 +21,7 @@ from typing import Iterator
 import pandas as pd
 
 from ..errors import InputError, PlanFormatError
+from ..input_files import non_regular_kind
 from ..plan import PlanFile, load_plan_file, points_columns, select_plan
 from ..schema.semantics import REQUIRED_POINT_COLUMNS
 from ..types import Plan
@@ -234,6 +235,9 @@ def check_output(path: str | PathLike[str]) -> tuple[Path, str]:
                          "use .png, .svg or .pdf")
     if not path.parent.is_dir():
         raise InputError(f"{path}: directory {path.parent} does not exist")
+    kind = non_regular_kind(path)
+    if kind is not None:  # the image writers seek back into the file: a pipe or device cannot take a figure
+        raise InputError(f"{path}: is {kind}; a figure is written to a regular file (give a file name)")
     return path, suffix
 
 
