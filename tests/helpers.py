@@ -345,3 +345,14 @@ def written_plan(tmp_path_factory, name: str, args: list[str], *, validated: boo
     if validated:
         assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
     return json.loads(out.read_text())
+
+
+def rtx4090_cluster_toml(devices: int, switches: str, host_memory_gb: int = 800, name: str = "c") -> str:
+    """A cluster TOML of one node of ``devices`` RTX 4090s at 12.5 GB/s, 20
+    us, with a ``[host]`` of ``host_memory_gb`` GB, PCIe 4 x16 at 25 GB/s,
+    the ``pcie_switches`` list ``switches`` and a 1e9 parameters/s CPU Adam."""
+    return (f'name = "{name}"\nnodes = 1\ndevices_per_node = {devices}\ndevice = "rtx4090-24gb"\n'
+            "[intra_node]\nbandwidth_GBps = 12.5\nlatency_us = 20\n[inter_node]\nbandwidth_GBps = 12.5\n"
+            f"latency_us = 20\n[host]\nmemory_GB = {host_memory_gb}\npcie_generation = 4\npcie_lanes_per_gpu = 16\n"
+            f"host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = {switches}\n"
+            "cpu_adam_params_per_s = 1e9\n")

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 
+from helpers import rtx4090_cluster_toml
 from pipesearch.errors import InfeasibleError, InputError
 from pipesearch.hardware import describe_cluster, load_cluster, load_device
 from pipesearch.models import load_model_source
@@ -56,27 +57,7 @@ def test_consumer_clusters_have_a_host_table(name, gen, h2d, host_gb):
     assert describe_cluster(c)["host"]["pcie_switches"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-HOST = """
-[host]
-memory_GB = 800
-pcie_generation = 4
-pcie_lanes_per_gpu = 16
-host_to_device_GBps = 25
-switch_uplink_GBps = 25
-pcie_switches = [[0, 1], [2, 3]]
-cpu_adam_params_per_s = 1e9
-"""
-BASE = """name = "c"
-nodes = 1
-devices_per_node = 4
-device = "rtx4090-24gb"
-[intra_node]
-bandwidth_GBps = 12.5
-latency_us = 20
-[inter_node]
-bandwidth_GBps = 12.5
-latency_us = 20
-"""
+CLUSTER = rtx4090_cluster_toml(4, "[[0, 1], [2, 3]]")  # one node of 4, two PCIe switches
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -94,7 +75,7 @@ latency_us = 20
 ])
 def test_bad_host_table_is_one_line_naming_file_key_value(tmp_path, edit, message):
     path = tmp_path / "c.toml"
-    path.write_text(BASE + HOST.replace(*edit))
+    path.write_text(CLUSTER.replace(*edit))
     with pytest.raises(InputError, match=message) as info:
         load_cluster(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
@@ -102,7 +83,7 @@ def test_bad_host_table_is_one_line_naming_file_key_value(tmp_path, edit, messag
 
 def test_good_host_table_loads(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text(BASE + HOST)
+    path.write_text(CLUSTER)
     assert load_cluster(path).host.pcie_switches == ((0, 1), (2, 3))
 
 
@@ -214,7 +195,7 @@ def test_cli_bad_host_table_exits_2_with_one_line(tmp_path):
     from pipesearch.cli import main
 
     path = tmp_path / "c.toml"
-    path.write_text(BASE + HOST.replace("pcie_generation = 4", "pcie_generation = 4.0"))
+    path.write_text(CLUSTER.replace("pcie_generation = 4", "pcie_generation = 4.0"))
     r = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", str(path)])
     assert r.exit_code == 2
     lines = [x for x in r.output.splitlines() if x.strip()]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from helpers import all_splits, pcie_host, tiny_cluster
+from helpers import all_splits, pcie_host, rtx4090_cluster_toml, tiny_cluster
 from pipesearch import host as host_lib
 from pipesearch.cli import main
 from pipesearch.costs import build_pipeline_costs
@@ -296,25 +296,7 @@ def test_offloaded_optimizer_takes_the_tied_copys_state_too():
     assert json.loads(res.output)["plans"][0]["stages"][3]["memory_breakdown_bytes"]["tied_copy"] == 206_045_184 * 16
 
 
-ONE_4090 = """name = "one-4090"
-nodes = 1
-devices_per_node = 1
-device = "rtx4090-24gb"
-[intra_node]
-bandwidth_GBps = 12.5
-latency_us = 20
-[inter_node]
-bandwidth_GBps = 12.5
-latency_us = 20
-[host]
-memory_GB = 128
-pcie_generation = 4
-pcie_lanes_per_gpu = 16
-host_to_device_GBps = 25
-switch_uplink_GBps = 25
-pcie_switches = [[0]]
-cpu_adam_params_per_s = 1e9
-"""
+ONE_4090 = rtx4090_cluster_toml(1, "[[0]]", host_memory_gb=128, name="one-4090")
 
 
 def test_out_of_memory_names_the_next_host_flag_that_plans(tmp_path):
