@@ -1737,12 +1737,12 @@ def _check_options(variants, cluster, job, options):
 
 
 def _check_replication_options(variants, cluster: Cluster, job: Job, options: SearchOptions) -> None:
-    """Refuse pins per-stage replication cannot honour: a pinned dp, a
-    sharded state, a replicated split whose replicas (tensor-parallel groups
+    """Refuse pins per-stage replication cannot honour: a pinned dp above 1,
+    a sharded state, a replicated split whose replicas (tensor-parallel groups
     of the smallest tp) exceed the cluster's or do not match its stages."""
     what = (split_text(options.split or (), options.split_replicas)
             if options.split_replicas else "--replicate-stages")
-    if options.dp is not None:
+    if options.dp is not None and options.dp != 1:  # 1: a replicated plan's own (its replicas split each batch)
         raise InputError(f"{what} with dp pinned to {options.dp} (--dp, or --micro-batch-size x "
                          "--num-micro-batches): per-stage replicas replace the data-parallel degree; drop the pin")
     if options.placement_pinned:  # the replicated plans would ignore it (their layout follows their replicas)

@@ -344,6 +344,19 @@ def test_split_parser_and_refusals():
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--split 20x8,20x8 with --vp 2" in err
 
 
+def test_replicated_plans_honour_micro_batch_pins_that_leave_dp_1():
+    """--micro-batch-size x --num-micro-batches = the global batch pins dp 1,
+    what a replicated plan has (its replicas split each micro-batch): the
+    pins are honoured, not refused as a data-parallel pin."""
+    code, out, err = _run("plan", "--model", "vgg16", "-b", "256", "--split", "20x8,20x8", "--micro-batch-size", "4",
+                          "--num-micro-batches", "64", "--json")
+    assert code == 0, err
+    plans = json.loads(out)["plans"]
+    assert plans and all(p["schedule"]["micro_batch_size"] == 4 and p["schedule"]["num_micro_batches"] == 64
+                         for p in plans)
+    assert all([st.get("replicas") for st in p["stages"]] == [8, 8] for p in plans)
+
+
 def test_hand_derived_tp2_replicas_on_their_own_type():
     """Tensor parallelism 2 on a mixed cluster listed slow type first: 4
     slow devices (ids 0-3, half the fast rate, so each layer takes twice as
