@@ -90,3 +90,46 @@ def test_offload_stage_set_to_device(tmp_path_factory, tmp_path):
     ``optimizer_state: device`` with 254e9 B of host memory."""
     doc = _plan(tmp_path_factory, "off2", ["--model", "qwen3-32b", "-b", "32", "--optimizer-offload"])
     _both(tmp_path, doc, lambda p: p["stages"][0].__setitem__("memory_option", "none"))
+
+
+SLOW_THEN_FAST = """name = "vh"
+[[groups]]
+nodes = 1
+devices_per_node = 4
+device = "v100-16gb"
+[[groups]]
+nodes = 1
+devices_per_node = 4
+device = "h100-80gb"
+[intra_node]
+bandwidth_GBps = 50
+latency_us = 5
+[inter_node]
+bandwidth_GBps = 12.5
+latency_us = 10
+[inter_group]
+bandwidth_GBps = 12.5
+latency_us = 10
+"""
+
+
+def test_gpipe_devices_are_the_nodes_own_indices(tmp_path):
+    """A GPipe plan on the second node (cluster devices 4-7, the H100s):
+    torch.device indices are the node's own, cuda:0-3, and a note names the
+    node (the export gave 4-7, which a 4-GPU node does not have)."""
+    from pathlib import Path
+
+    csv = (Path(__file__).resolve().parents[1] / "cost_models" / "vgg16.csv").read_text()
+    (tmp_path / "v.csv").write_text("# device: v100-16gb\n" + "\n".join(
+        line for line in csv.splitlines() if not line.startswith("# device:")) + "\n")
+    (tmp_path / "vh.toml").write_text(SLOW_THEN_FAST)
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", str(tmp_path / "v.csv"), "--cluster",
+                                    str(tmp_path / "vh.toml"), "-b", "256", "--runtime", "gpipe", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(out.read_text())["plans"][0]
+    used = sorted(d for st in plan["stages"] for d in st["devices"])
+    assert min(used) >= 4  # the premise: the plan runs on the H100 node
+    exp = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "gpipe"]).stdout)
+    assert sorted(d for row in exp["devices"] for d in row) == [d - 4 for d in used]
+    assert any(n.startswith("replica 0 runs on node 1") for n in exp["notes"])

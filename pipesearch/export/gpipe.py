@@ -23,7 +23,9 @@ Rules (torchgpipe/gpipe.py ``split_module`` and fairscale/nn/pipe
   mini-batch to ``micro_batch_size * chunks`` so there are exactly ``chunks``.
 * No tensor parallelism: ``tp > 1`` is refused. Data parallelism is outside
   GPipe (one GPipe per replica); ``devices`` lists each replica's devices,
-  which one process drives: a replica spread over nodes is refused (when
+  as the indices of its node's own GPUs (``cuda:i``; a note names the node
+  when the cluster has several), which one process drives: a replica spread
+  over nodes is refused (when
   the plan file's cluster says where each device is).
 * ``checkpoint``: recompute ``full`` -> ``'always'`` (every micro-batch
   recomputed, pipesearch's model of full recomputation); ``none`` ->
@@ -98,6 +100,15 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
                              f"pp at most a node's devices under --runtime gpipe (it places each replica's stages "
                              f"on consecutive devices), or for another runtime")
     notes = [f"pass a mini-batch of micro_batch_size * chunks = {plan.micro_batch_size * m} samples per replica."]
+    starts = {n: first for n, (first, _, _) in enumerate(inputs.nodes)} if inputs is not None else {}
+    for r, row in enumerate(devices):  # torch.device indices are the node's own: the node's first GPU is cuda:0
+        node = inputs.node_of(row[0]) if starts and row and row[0] is not None else None
+        if node is None or node not in starts:
+            continue
+        devices[r] = [d - starts[node] if d is not None else None for d in row]
+        if starts[node] or len(starts) > 1:
+            notes.append(f"replica {r} runs on node {node} (cluster devices {row}): its devices are that node's "
+                         f"cuda:{', cuda:'.join(str(d) for d in devices[r] if d is not None)}.")
     if rc == "selective":
         notes.append("recompute='selective' (attention core) is not a GPipe option; checkpoint='never' and the "
                      "layers must recompute (e.g. FlashAttention).")
