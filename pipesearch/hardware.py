@@ -523,7 +523,8 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
         ``homogeneous``, ``device_types`` (names, in group order),
         ``memory_bytes_per_device`` (device name -> bytes), ``total_memory_bytes``,
         ``groups`` (per group: device, nodes, devices_per_node, first and last
-        device id, memory_bytes, peak_fp16_flops, achieved_fraction) and
+        device id, memory_bytes, peak_fp16_flops, achieved_fraction and, when
+        the device states it, compute_capability) and
         ``links`` (``intra_node``, ``inter_node`` and, for more than one
         group, ``inter_group``; each bandwidth_bytes_per_s and latency_s)
         and, when the file has a ``[host]`` table, ``host`` (its
@@ -540,6 +541,7 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
             "memory_bytes": g.device.memory_bytes,
             "peak_fp16_flops": g.device.peak_fp16_flops,
             "achieved_fraction": g.device.achieved_fraction,
+            **({} if g.device.compute_capability is None else {"compute_capability": g.device.compute_capability}),
         })
         first += g.num_devices
     links = {"intra_node": _link_dict(cluster.intra_node),

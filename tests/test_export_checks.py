@@ -133,3 +133,24 @@ def test_gpipe_devices_are_the_nodes_own_indices(tmp_path):
     exp = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "gpipe"]).stdout)
     assert sorted(d for row in exp["devices"] for d in row) == [d - 4 for d in used]
     assert any(n.startswith("replica 0 runs on node 1") for n in exp["notes"])
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "deepspeed"])
+def test_plans_on_devices_without_bf16_export_fp16(tmp_path, runtime):
+    """gpt3-2.7b on the A100 + V100 cluster: the V100 stages have no bf16
+    (compute capability 7.0), so the export trains in fp16 (Megatron
+    --fp16, DeepSpeed fp16.enabled) and says why; on A100s alone, bf16."""
+    for cluster, half in (("mixed-a100-v100", True), ("1x8-a100-80gb", False)):
+        out = tmp_path / f"{cluster}.json"
+        res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-2.7b", "--cluster", cluster, "-b", "64",
+                                        "--runtime", runtime, "--top", "1", "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        types = {st["device_type"] for st in json.loads(out.read_text())["plans"][0]["stages"]}
+        assert ("v100-32gb" in types) == half  # the premise: the mixed plan uses the V100s
+        exp = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", runtime]).stdout)
+        if runtime == "megatron":
+            assert ("--fp16" in exp["args"], "--bf16" in exp["args"]) == (half, not half)
+        else:
+            config = json.loads(exp["files"]["ds_config.json"])
+            assert ("fp16" in config, "bf16" in config) == (half, not half)
+        assert any("has no bf16" in n for n in exp["notes"]) == half

@@ -464,6 +464,15 @@ class Inputs:
         sizes = [s for s in sizes if isinstance(s, int) and s > 0]
         return min(sizes) if sizes else None
 
+    def without_bf16(self, plan: Plan) -> list[str]:
+        """The plan's device types whose compute capability (the cluster
+        groups' ``compute_capability``) is below 8.0: no bf16 there (V100,
+        T4), the runtimes train in fp16 with loss scaling instead."""
+        used = {st.device_type for st in plan.stages}
+        return sorted({str(g.get("device")) for g in self.cluster.get("groups") or [] if isinstance(g, Mapping)
+                       and g.get("device") in used and isinstance(g.get("compute_capability"), (int, float))
+                       and g["compute_capability"] < 8.0})
+
     def node_of(self, device: int) -> int | None:
         """The node (0-based, over the groups in order) of a global device
         id, from ``groups[*]`` ``first_device``, ``last_device``,
