@@ -154,3 +154,47 @@ def test_plans_on_devices_without_bf16_export_fp16(tmp_path, runtime):
             config = json.loads(exp["files"]["ds_config.json"])
             assert ("fp16" in config, "bf16" in config) == (half, not half)
         assert any("has no bf16" in n for n in exp["notes"]) == half
+
+
+EIGHT_THEN_FOURS = """name = "ha"
+[[groups]]
+nodes = 1
+devices_per_node = 8
+device = "h100-80gb"
+[[groups]]
+nodes = 2
+devices_per_node = 4
+device = "a100-40gb"
+[intra_node]
+bandwidth_GBps = 300
+latency_us = 5
+[inter_node]
+bandwidth_GBps = 25
+latency_us = 10
+[inter_group]
+bandwidth_GBps = 12.5
+latency_us = 10
+"""
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "torchtitan"])
+def test_nodes_of_different_sizes_launch_their_own_process_counts(tmp_path, runtime):
+    """One node of 8 H100s and two of 4 A100s, all 16 GPUs used: torchrun
+    runs 3 agents, each with its node's count (8, 4, 4 in launch order);
+    it wrote --nnodes 4 --nproc-per-node 4 (the smallest group's), which
+    would put two agents' ranks on GPUs 0-3 of the 8-GPU node."""
+    (tmp_path / "ha.toml").write_text(EIGHT_THEN_FOURS)
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-13b", "--cluster", str(tmp_path / "ha.toml"),
+                                    "-b", "128", "--tp", "4", "--pp", "4", "--runtime", runtime, "--top", "1",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(out.read_text())["plans"][0]
+    p = plan["parallelism"]
+    assert p["pp"] * p["dp"] * p["tp"] == 16  # the premise: every GPU of the three nodes
+    exp = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", runtime]).stdout)
+    line = exp["command_line"]
+    assert "--nnodes 3 " in line and '--nproc-per-node "${NPROC_PER_NODE:?}"' in line
+    note = next(n for n in exp["notes"] if "NPROC_PER_NODE=" in n)
+    counts = [int(x) for x in __import__("re").findall(r"NPROC_PER_NODE=(\d+)", note)]
+    assert sorted(counts) == [4, 4, 8] and sum(counts) == 16

@@ -158,6 +158,19 @@ def launch_nodes(plan: Plan, inputs: Mapping | None = None, scan: str = "data") 
     return out
 
 
+def node_processes(plan: Plan, inputs: Mapping | None = None, scan: str = "data") -> list[int]:
+    """Per node the plan uses, in launch order (:func:`launch_nodes`), the
+    processes it runs there: its stages' GPUs on that node (each stage
+    device heads a tensor-parallel group of ``tp``), counted once each.
+    ``[]`` without the cluster's nodes."""
+    nodes = Inputs.of(inputs).nodes
+    order = launch_nodes(plan, inputs, scan)
+    if not order:
+        return []
+    used = {d + t for st in plan.stages for d in st.devices for t in range(plan.tp)}
+    return [sum(1 for d in used if _node_of(nodes, d) == n) for n in order]
+
+
 def _node_of(nodes: list[tuple[int, int, str]], device: int) -> int:
     """Index of the node (:attr:`Inputs.nodes`) holding ``device``."""
     return bisect.bisect_right([lo for lo, _, _ in nodes], device) - 1
@@ -571,6 +584,18 @@ def torchrun_prefix(world_size: int, inputs: Inputs, plan: Plan | None = None,
         there is nothing to say. Without the cluster's node size, one node
         of ``world_size`` processes.
     """
+    counts = node_processes(plan, inputs, scan) if plan is not None else []
+    if counts and sum(counts) == world_size and (len(set(counts[:-1])) > 1 or counts[-1] > counts[0]):
+        # nodes of different sizes (a mixed cluster's groups): each node's agent starts its own count, and
+        # torchrun's static rendezvous numbers the ranks node by node in NODE_RANK order, as the plan does
+        where = launch_note(plan, inputs, scan)
+        return (["torchrun", "--nnodes", str(len(counts)), "--nproc-per-node", '"${NPROC_PER_NODE:?}"',
+                 "--node-rank", '"${NODE_RANK:?}"', "--master-addr", '"${MASTER_ADDR:?}"', "--master-port",
+                 '"${MASTER_PORT:-29500}"'],
+                f"the plan's nodes run different numbers of processes: run the command on each of the "
+                f"{len(counts)} nodes with NODE_RANK, NPROC_PER_NODE and MASTER_ADDR (node 0's address) set: "
+                + "; ".join(f"NODE_RANK {i}: NPROC_PER_NODE={c}" for i, c in enumerate(counts))
+                + ("; " + where.rstrip(".") if where else "") + ".")
     per_node = inputs.devices_per_node or world_size
     g = min(per_node, world_size)
     n = -(-world_size // g)
