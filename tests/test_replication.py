@@ -317,6 +317,18 @@ def test_exporters_refuse_per_stage_replicas(replicated_plan_file):
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Megatron-LM runs one data-parallel" in err
 
 
+def test_stages_json_says_each_stages_replicas(replicated_plan_file):
+    """The runtime-neutral description keeps per-stage replication: each
+    stage's replicas (12 and 4, its 12 and 4 devices), dp 1 (the stage
+    device lists were left unexplained), valid against its schema."""
+    path, _ = replicated_plan_file
+    doc = export_plan(load_plan_file(path).plans[0], "stages-json")
+    assert [st["replicas"] for st in doc["stages"]] == [12, 4]
+    assert [len(st["devices"]) for st in doc["stages"]] == [12, 4] and doc["pipeline"]["dp"] == 1
+    from pipesearch.export.stages_json import stages_problems
+    assert stages_problems({k: v for k, v in doc.items() if k != "files"}) == []
+
+
 @pytest.mark.parametrize("value", ["3x", "x2", "3x2x1", "3x0", "0x2", "20x2,20", "a,b", "20x-1,20x1"])
 def test_split_parse_errors(value):
     code, _, err = _run("plan", "--model", "vgg16", "--split", value)

@@ -112,6 +112,8 @@ def export_stages_json(plan: Plan, *, module_names=None, inputs: Inputs | None =
                "activation_pcie_bytes_per_iteration": float(host.get("activation_pcie_bytes_per_iteration",
                                                                      [0.0] * len(plan.stages))[k]),
                "host_step_s": float(st.host_step_s)}
+        if st.replicas is not None:  # per-stage replication: the stage's own replicas (the plan's dp is 1)
+            row["replicas"] = int(st.replicas)
         if roundpipe:  # the GPUs its forward and its backward task run on (schedules.roundpipe_tasks)
             gpus = {(kind != "F", g): d for kind, g, d in roundpipe["tasks"]}
             row.update(forward_gpu=int(gpus.get((False, k), gpus[(True, k)])), backward_gpu=int(gpus[(True, k)]),
