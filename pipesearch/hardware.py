@@ -436,6 +436,9 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
             raise _fail(path, "groups", raw, "a non-empty array of tables [[groups]]")
         groups = tuple(_group(path, g, f"groups[{i}].") for i, g in enumerate(raw))
         _check_device_names(path, groups)
+        if "inter_group" in data and len(groups) == 1:
+            raise InputError(f"{path}: key 'inter_group' with one [[groups]] entry: there is no link between groups "
+                             "(its nodes talk over inter_node); drop [inter_group] or add a group")
         inter_group = _link(path, data, "inter_group") if "inter_group" in data else None
     else:
         if not trio:

@@ -368,6 +368,16 @@ def test_cluster_whose_device_file_is_a_cluster_names_the_key(tmp_path):
     assert "unknown key 'nodes'" in msg
 
 
+def test_inter_group_with_one_group_is_refused(tmp_path):
+    """[inter_group] next to a single [[groups]] entry names no link (the
+    top-level form refuses it too): refused, not ignored."""
+    text = ('name = "g"\n[[groups]]\nnodes = 2\ndevices_per_node = 4\ndevice = "a100-40gb"\n'
+            "[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\n[inter_node]\nbandwidth_GBps = 25\n"
+            "latency_us = 10\n[inter_group]\nbandwidth_GBps = 12.5\nlatency_us = 10\n")
+    msg = _bad_cluster(tmp_path, text)
+    assert "key 'inter_group' with one [[groups]] entry" in msg
+
+
 def test_cluster_syntax_error(tmp_path):
     msg = _bad_cluster(tmp_path, GOOD_CLUSTER.replace("[inter_node]", "[inter_node"))
     assert "syntax" in msg and "line 10" in msg
