@@ -381,7 +381,7 @@ class _Progress:
               help="Pin activation recomputation (transformers); per-stage: each stage takes the first of "
                    "none / selective / full that fits (docs/offload.md).")
 @click.option("--split", callback=_split,
-              help="Score this split (layers per stage, e.g. 5,3,4; with per-stage replicas NxR, e.g. 17x15,6x1: "
+              help="Score this split (layers per stage, e.g. 5,3,4; with per-stage replicas NxR, e.g. 32x15,8x1: "
                    "17 layers on 15 replicas, then 6 on 1) instead of searching.")
 @click.option("--replicate-stages", is_flag=True,
               help="Also search per-stage data-parallel replication (PipeDream / DAPPLE: each stage on its own "
@@ -440,7 +440,7 @@ class _Progress:
 @click.option("--delayed-optimizer-step", is_flag=True,
               help="Run the host's optimizer step of each iteration beside the next iteration's compute (one step "
                    "stale weights, RoundPipe / ZeRO-Offload's delayed update); with --optimizer-offload, "
-                   "--stream-weights or --schedule mobius (docs/offload.md).")
+                   "--stream-weights, --schedule mobius or --schedule roundpipe (docs/offload.md).")
 @click.option("--runtime", type=click.Choice(RUNTIMES),
               help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules), "
                    "and take its defaults for the training state and communication overlap (megatron: "
@@ -609,7 +609,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                              f"every device {len(split) / pp:g} stages; drop --vp {off[0]}")
     if split and replicate_stages:
         raise InputError("--replicate-stages with --split: the split pins the stages, so there is nothing to search; "
-                         "write each stage's replicas in the split (e.g. --split 17x15,6x1) or drop --split")
+                         "write each stage's replicas in the split (e.g. --split 32x15,8x1) or drop --split")
     if optimizer_offload and schedules and set(schedules) == {"mobius"}:
         raise InputError("--schedule mobius with --optimizer-offload: Mobius keeps every stage's weights and "
                          "optimizer state in host memory already (its step runs on the CPU); drop the flag")
