@@ -92,25 +92,18 @@ def test_offload_stage_set_to_device(tmp_path_factory, tmp_path):
     _both(tmp_path, doc, lambda p: p["stages"][0].__setitem__("memory_option", "none"))
 
 
-SLOW_THEN_FAST = """name = "vh"
-[[groups]]
-nodes = 1
-devices_per_node = 4
-device = "v100-16gb"
-[[groups]]
-nodes = 1
-devices_per_node = 4
-device = "h100-80gb"
-[intra_node]
-bandwidth_GBps = 50
-latency_us = 5
-[inter_node]
-bandwidth_GBps = 12.5
-latency_us = 10
-[inter_group]
-bandwidth_GBps = 12.5
-latency_us = 10
-"""
+def _two_groups(name: str, first: tuple, second: tuple, intra_gbps: float, inter_gbps: float) -> str:
+    """A cluster TOML of two [[groups]] ``(nodes, devices_per_node, device)``,
+    links at ``intra_gbps`` (5 us) inside a node, ``inter_gbps`` (10 us)
+    between nodes and 12.5 GB/s (10 us) between the groups."""
+    groups = "".join(f'[[groups]]\nnodes = {n}\ndevices_per_node = {d}\ndevice = "{dev}"\n'
+                     for n, d, dev in (first, second))
+    return (f'name = "{name}"\n{groups}[intra_node]\nbandwidth_GBps = {intra_gbps}\nlatency_us = 5\n'
+            f"[inter_node]\nbandwidth_GBps = {inter_gbps}\nlatency_us = 10\n"
+            "[inter_group]\nbandwidth_GBps = 12.5\nlatency_us = 10\n")
+
+
+SLOW_THEN_FAST = _two_groups("vh", (1, 4, "v100-16gb"), (1, 4, "h100-80gb"), 50, 12.5)
 
 
 def test_gpipe_devices_are_the_nodes_own_indices(tmp_path):
@@ -156,25 +149,7 @@ def test_plans_on_devices_without_bf16_export_fp16(tmp_path, runtime):
         assert any("has no bf16" in n for n in exp["notes"]) == half
 
 
-EIGHT_THEN_FOURS = """name = "ha"
-[[groups]]
-nodes = 1
-devices_per_node = 8
-device = "h100-80gb"
-[[groups]]
-nodes = 2
-devices_per_node = 4
-device = "a100-40gb"
-[intra_node]
-bandwidth_GBps = 300
-latency_us = 5
-[inter_node]
-bandwidth_GBps = 25
-latency_us = 10
-[inter_group]
-bandwidth_GBps = 12.5
-latency_us = 10
-"""
+EIGHT_THEN_FOURS = _two_groups("ha", (1, 8, "h100-80gb"), (2, 4, "a100-40gb"), 300, 25)
 
 
 @pytest.mark.parametrize("runtime", ["megatron", "torchtitan"])
