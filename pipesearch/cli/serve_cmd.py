@@ -365,9 +365,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         click.echo(text, nl=False)
         return
     if not quiet:
+        shown_weights = "fp16 (no bf16 on these devices)" if half and weight_dtype == "bf16" else weight_dtype
         click.echo(f"{cfg.name} on {cluster.name} ({cluster.num_devices} x {cluster.device_spec(0).name}), "
-                   f"{engine}, weights {'fp16 (no bf16 on these devices)' if half and weight_dtype == 'bf16' else weight_dtype}, "
-                   f"KV {'fp16' if half and kv_dtype == 'bf16' else kv_dtype}, {input_len} in / {output_len} out")
+                   f"{engine}, weights {shown_weights}, KV {'fp16' if half and kv_dtype == 'bf16' else kv_dtype}, "
+                   f"{input_len} in / {output_len} out")
     click.echo(serve_table(plans, output_len))
     saturated = [str(p.rank) for p in plans if p.saturated]
     if saturated:  # the rate is more than those plans carry: their figures are the most they serve
