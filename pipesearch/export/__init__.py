@@ -582,7 +582,11 @@ def torchrun_prefix(world_size: int, inputs: Inputs, plan: Plan | None = None,
         node's ``--nproc-per-node``), which ``note`` says, as it says what a
         multi-node job needs and how many devices stay idle; ``None`` when
         there is nothing to say. Without the cluster's node size, one node
-        of ``world_size`` processes.
+        of ``world_size`` processes. When the plan's nodes run different
+        numbers of processes (:func:`node_processes`; groups of different
+        node sizes), ``--nproc-per-node "${NPROC_PER_NODE:?}"`` and a note
+        giving each ``NODE_RANK``'s count: torchrun's static rendezvous adds
+        up every agent's and numbers the ranks node by node.
     """
     counts = node_processes(plan, inputs, scan) if plan is not None else []
     if counts and sum(counts) == world_size and (len(set(counts[:-1])) > 1 or counts[-1] > counts[0]):
