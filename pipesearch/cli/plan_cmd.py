@@ -401,7 +401,10 @@ class _Progress:
                    "= 18 B), fp32-adam (16 B).")
 @click.option("--sharding", type=click.Choice(SHARDINGS),
               help="Shard the state over data-parallel replicas: zero1 (optimizer states; Megatron's distributed "
-                   "optimizer), zero2 (+ gradients), zero3 / fsdp (+ weights). Default none.")
+                   "optimizer), zero2 (+ gradients), zero3 / fsdp (+ weights). Default none. With pp > 1 a "
+                   "stage keeps zero1's memory under zero2 and zero3 (the pipeline defers resharding and the "
+                   "gradient reduce to its last micro-batch); with pp 1 they reduce (and zero3 gathers) every "
+                   "micro-batch (docs/schedules.md).")
 @click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
               help="Sequence parallelism with tensor parallelism (transformers, tp > 1).")
 @click.option("--optimizer-bytes-per-param", type=FiniteFloatRange(min=4, max=16),
