@@ -325,8 +325,8 @@ def device_files(cluster_path: str | Path) -> list[tuple[str, Path]]:
     try:
         if not path.is_file():
             return []
-        table = tomllib.loads(path.read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError, RecursionError):  # loading it says what is wrong
+        table = _read_toml(path)
+    except (OSError, InputError):  # loading it says what is wrong
         return []
     refs = [table.get("device")] + [g.get("device") for g in table.get("groups", []) if isinstance(g, dict)]
     files = [_device_file(path, ref) for ref in refs if isinstance(ref, str)]

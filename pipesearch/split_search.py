@@ -321,51 +321,25 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
     of the stage; ``families`` how many (the last stages). Returns one
     array per chain family."""
     ks, counts = _chain_counts(schedule, pp, m, S // pp, families)
-    s = np.asarray(s)
-    own = np.where(s % pp == 0, r, 0.0)
-    out, no_work = [], {}
     if not len(counts):
         return []
-    on_s = counts[:, s]  # each family's counts on s: s.shape + (4,)
-    acting = on_s.any(axis=tuple(range(1, on_s.ndim - 1)))  # (families, 4): kinds with an action on s
-    kinds_used = [kind for kind in range(4) if acting[:, kind].any()]
-    if all(np.all(np.isfinite(per_action[kind])) for kind in kinds_used):
-        return _chain_sums(ks, on_s, s, fill_drain, per_action, own, kinds_used)
-    for k, n, kinds in zip(ks, on_s, acting.tolist()):
-        # kinds with no action on the stages of s add nothing (x + 0 = x): skipped
-        work = [n[..., kind] * d for kind, d in enumerate(per_action) if kinds[kind]]
-        before = s < k
-        if work:
-            out.append(np.where(before, fill_drain, 0.0) + sum(work) + own)
-            continue
-        key = before.tobytes()  # the same fill and own terms for every such family
-        if key not in no_work:
-            no_work[key] = np.where(before, fill_drain, 0.0) + own
-        out.append(no_work[key])
-    return out
-
-
-def _chain_sums(ks, on_s: np.ndarray, s: np.ndarray, fill_drain, per_action, own, kinds_used) -> list:
-    """:func:`_chain_terms` for every family at once when the durations of
-    the kinds acting are finite: a kind a family does not run adds ``0 x d =
-    +0``, so each family's sum is that of its own kinds (the same
-    floating-point values, in the same order)."""
+    s = np.asarray(s)
+    own = np.where(s % pp == 0, r, 0.0)
+    on_s = counts[:, s]  # each family's counts on s: (families,) + s.shape + (4,)
+    acting = on_s.any(axis=tuple(range(0, on_s.ndim - 1)))  # (4,): the kinds some family runs on s
+    kinds = [kind for kind in range(4) if acting[kind]]
     shape = np.broadcast_shapes(s.shape, np.shape(fill_drain), np.shape(own),
-                                *(np.shape(per_action[kind]) for kind in kinds_used))
+                                *(np.shape(per_action[kind]) for kind in kinds))
     lead = (len(ks),) + (1,) * (len(shape) - s.ndim)  # the family axis before every axis of the terms
-
-    def per_family(x):
-        return np.reshape(x, lead + s.shape)
-
-    before = per_family(s[None] < np.reshape(np.asarray(ks), (-1,) + (1,) * s.ndim))
-    out = np.where(before, fill_drain, 0.0)
-    work = None
-    for kind in kinds_used:
-        term = per_family(on_s[..., kind]) * per_action[kind]
-        work = term if work is None else work + term
-    if work is not None:
-        out = out + work
-    return list(np.broadcast_to(out + own, (len(ks),) + shape))
+    before = np.reshape(s[None] < np.reshape(np.asarray(ks), (-1,) + (1,) * s.ndim), lead + s.shape)
+    # every family at once: a kind a family does not run on a stage adds +0 there (x + 0 = x), so each
+    # family's work is the sum of its own actions in kind order (where: no 0 x inf), then the fill, then own
+    work = 0.0
+    with np.errstate(invalid="ignore"):
+        for kind in kinds:
+            n = np.reshape(on_s[..., kind], lead + s.shape)
+            work = work + np.where(n > 0, n * per_action[kind], 0.0)
+    return list(np.broadcast_to(np.where(before, fill_drain, 0.0) + work + own, (len(ks),) + shape))
 
 
 @lru_cache(maxsize=256)

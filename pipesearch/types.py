@@ -252,6 +252,17 @@ class ModelProfile:
                         batch_size / self.profiled_batch_size)
 
 
+#: the CUDA compute capability from which a device computes in bf16 and the serving
+#: engines load FP8 weights (Ampere; Volta and Turing have neither)
+MIN_BF16_CAPABILITY = 8.0
+
+
+def has_bf16(compute_capability: float | None) -> bool:
+    """Whether a device of this compute capability computes in bf16 (8.0 or
+    newer; True when not stated)."""
+    return compute_capability is None or compute_capability >= MIN_BF16_CAPABILITY
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """An accelerator type.

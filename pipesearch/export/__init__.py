@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from ..errors import InputError
 from ..schedules import SCHEDULES
 from ..stage_options import ACT_HOST, offloads_activations
-from ..types import Plan
+from ..types import MIN_BF16_CAPABILITY, Plan, has_bf16
 
 FORMATS = ("torch", "torchtitan", "megatron", "deepspeed", "gpipe")
 """Export formats, in the order :func:`export_all` reports them."""
@@ -167,8 +167,9 @@ def node_processes(plan: Plan, inputs: Mapping | None = None, scan: str = "data"
     order = launch_nodes(plan, inputs, scan)
     if not order:
         return []
-    used = {d + t for st in plan.stages for d in st.devices for t in range(plan.tp)}
-    return [sum(1 for d in used if _node_of(nodes, d) == n) for n in order]
+    per_node = Counter(_node_of(nodes, d) for d in {d + t for st in plan.stages for d in st.devices
+                                                      for t in range(plan.tp)})
+    return [per_node[n] for n in order]
 
 
 def _node_of(nodes: list[tuple[int, int, str]], device: int) -> int:
@@ -484,7 +485,17 @@ class Inputs:
         used = {st.device_type for st in plan.stages}
         return sorted({str(g.get("device")) for g in self.cluster.get("groups") or [] if isinstance(g, Mapping)
                        and g.get("device") in used and isinstance(g.get("compute_capability"), (int, float))
-                       and g["compute_capability"] < 8.0})
+                       and not has_bf16(g["compute_capability"])})
+
+    def fp16_note(self, plan: Plan, flag: str, runtime: str) -> str | None:
+        """The note of an export that trains in fp16 because some of the
+        plan's devices have no bf16 (:meth:`without_bf16`), naming the flag
+        it wrote; None when every device has bf16."""
+        half = self.without_bf16(plan)
+        if not half:
+            return None
+        return (f"{flag}: {', '.join(half)} has no bf16 (compute capability below {MIN_BF16_CAPABILITY:g}); "
+                f"{runtime} trains in fp16 with dynamic loss scaling, the same bytes as planned.")
 
     def node_of(self, device: int) -> int | None:
         """The node (0-based, over the groups in order) of a global device

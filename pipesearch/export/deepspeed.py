@@ -220,12 +220,10 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
                      "deepspeed_config=...) before building the module.")
     if inputs.model.get("kind") == "transformer":
         # pipesearch's transformer tables assume 16-bit mixed precision (2-byte activations and weights):
-        # bf16, or fp16 where a device has no bf16 (compute capability below 8.0)
-        half = inputs.without_bf16(plan)
+        # bf16, or fp16 where a device has no bf16
+        half = inputs.fp16_note(plan, "fp16.enabled", "DeepSpeed")
         config["fp16" if half else "bf16"] = {"enabled": True}
-        if half:
-            notes.append(f"fp16.enabled: {', '.join(half)} has no bf16 (compute capability below 8.0); "
-                         "DeepSpeed trains in fp16 with dynamic loss scaling, the same bytes as planned.")
+        notes += [half] if half else []
     files = {
         "ds_config.json": json.dumps(config, indent=2) + "\n",
         "partition.py": PARTITION_RECIPE + _module_arguments(parts, rc, topology),

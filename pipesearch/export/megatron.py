@@ -564,11 +564,10 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
     t = inputs.transformer
     if t is not None:
         margs, mnotes = model_args(t, inputs.seq_len)
-        half = inputs.without_bf16(plan)
+        half = inputs.fp16_note(plan, "--fp16", "Megatron-LM")
         if half:  # no bf16 on those devices: fp16 with dynamic loss scaling (Megatron's default for --fp16)
             margs = ["--fp16" if a == "--bf16" else a for a in margs]
-            mnotes.append(f"--fp16: {', '.join(half)} has no bf16 (compute capability below 8.0); Megatron-LM "
-                          "trains in fp16 with dynamic loss scaling, the same bytes as planned.")
+            mnotes.append(half)
         args += margs
         notes += mnotes
     else:

@@ -329,7 +329,7 @@ def _read_text(path: Path) -> str:
 def _read_toml(path: Path) -> dict[str, Any]:
     text = _read_text(path)  # its own refusal names the file once
     try:
-        return tomllib.loads(text.removeprefix("\ufeff"))  # a byte-order mark is no statement
+        return tomllib.loads(text)  # read_input_text drops a byte-order mark
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"{path}: TOML syntax error: {e}") from None
     except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
@@ -895,7 +895,6 @@ def _mlp(cfg: TransformerConfig, s: int, b: int, D: float):
 class _Raw:
     """One layer before tensor parallelism, at micro-batch size b."""
 
-    name: str
     lin_flops: float  # forward FLOPs of weight GEMMs
     core_flops: float  # forward FLOPs of the attention core (no weights)
     params: _Params
@@ -916,8 +915,7 @@ class _Raw:
 
 def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float,
                 vocab: int) -> list[tuple[str, _Raw]]:
-    """``(name, raw)`` of every layer; blocks alike share one :class:`_Raw`
-    (the first's: its name is not theirs)."""
+    """``(name, raw)`` of every layer; blocks alike share one :class:`_Raw`."""
     h = cfg.hidden_size
     layers: list[tuple[str, _Raw]] = []
     ed = cfg.is_encoder_decoder
@@ -931,7 +929,7 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
     # whole on every TP rank) and the dropout mask on the embedding output
     ids = TOKEN_ID_BYTES * b * s_tok
     layers.append(("embedding", _Raw(
-        "embedding", 0.0, 0.0, _embedding_params(cfg, vocab), None,
+        0.0, 0.0, _embedding_params(cfg, vocab), None,
         (mask * b * s_tok * h, 0.0), emb_out, saved_whole=ids,
         fwd_ar_nosp=(emb_out,), fwd_single=(emb_out,), bwd_single=(emb_out,),
     )))
@@ -966,7 +964,7 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
         n_sub = len(parts)  # sub-layers, each one collective each way
         enc_out = D * b * s_enc * h
         built[key] = _Raw(
-            f"block_{i:0{width}d}", lin, core, _block_params(cfg, i), acts, (0.0, 0.0), out,
+            lin, core, _block_params(cfg, i), acts, (0.0, 0.0), out,
             fwd_pairs=(hidden,) * n_sub, bwd_pairs=(hidden,) * n_sub,
             # cross-attention K/V read the encoder output: its gradient is
             # all-reduced in backward; with sp it is all-gathered in forward
@@ -984,7 +982,7 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
     # fp32 softmax of the logits (split by vocab)
     saved = (2 * D * b * s * h, LOSS_BYTES * b * s * vocab)
     layers.append(("head", _Raw(
-        "head", 2 * b * s * h * vocab, 0.0, _head_params(cfg, vocab), None, saved, 0.0,
+        2 * b * s * h * vocab, 0.0, _head_params(cfg, vocab), None, saved, 0.0,
         # cross entropy: all-reduce max, sum of exp, target logit (fp32, per token)
         fwd_ar_only=(4 * b * s,) * 3,
         fwd_single=(hidden,), bwd_single=(hidden,), bwd_ar_nosp=(hidden,),

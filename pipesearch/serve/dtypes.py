@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InputError
-from ..types import DeviceSpec
+from ..types import MIN_BF16_CAPABILITY, DeviceSpec, has_bf16
 
 __all__ = ["WeightFormat", "WEIGHT_FORMATS", "KV_DTYPES", "weight_format", "kv_dtype_bytes", "check_device_dtype",
            "runs_bf16", "checkpoint_weight_dtype"]
@@ -78,16 +78,14 @@ def kv_dtype_bytes(name: str) -> float:
         raise InputError(f"--kv-dtype {name!r}: expected one of {', '.join(KV_DTYPES)}") from None
 
 
-#: the CUDA compute capability from which the engines run FP8 weights and bf16 (Ampere)
-MIN_FP8_WEIGHT_CAPABILITY = 8.0
-MIN_BF16_CAPABILITY = 8.0
+#: the CUDA compute capability from which the engines run FP8 weights (Ampere's weight-only kernel)
+MIN_FP8_WEIGHT_CAPABILITY = MIN_BF16_CAPABILITY
 
 
 def runs_bf16(device: DeviceSpec) -> bool:
-    """Whether ``device`` computes in bf16 (its compute capability is 8.0 or
-    newer, or not stated); else a bf16 model is served in fp16."""
-    cc = device.compute_capability
-    return cc is None or cc >= MIN_BF16_CAPABILITY
+    """Whether ``device`` computes in bf16 (:func:`pipesearch.types.has_bf16`);
+    else a bf16 model is served in fp16."""
+    return has_bf16(device.compute_capability)
 
 
 def check_device_dtype(device: DeviceSpec, weight_dtype: str) -> None:

@@ -29,6 +29,7 @@ import shlex
 
 from ..errors import InputError
 from ..profiles.transformer import TransformerConfig
+from ..types import MIN_BF16_CAPABILITY
 from .costs import VOCAB_PADDING
 
 __all__ = ["PARTITION_ENV", "engine_refusal", "check_partition", "parse_partition", "export_serving"]
@@ -137,8 +138,8 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
             notes.append(f"one replica spans {nodes} nodes: run the command on each with --node-rank 0..{nodes - 1}")
     if half:
         argv += ["--dtype", "half"]
-        notes.append("--dtype half: these devices have no bf16 (compute capability below 8.0); the model runs in "
-                     "fp16, the same bytes")
+        notes.append(f"--dtype half: these devices have no bf16 (compute capability below {MIN_BF16_CAPABILITY:g}); "
+                     "the model runs in fp16, the same bytes")
     if weight_dtype == "int4":
         notes.append("serve a 4-bit (GPTQ / AWQ, group 128) checkpoint: the engine reads its quantization "
                      "from the checkpoint's config")

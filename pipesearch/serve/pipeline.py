@@ -67,6 +67,13 @@ class Workload:
     def mean_context(self) -> float:
         return self.input_len + self.output_len / 2
 
+    @property
+    def decode_share(self) -> float:
+        """The share of running sequences that decode in a cycle: ``(o - 1) /
+        o`` (the other ``1 / o`` are new, their prompt samples their first
+        token)."""
+        return (self.output_len - 1) / self.output_len
+
 
 @dataclass(frozen=True)
 class Step:
@@ -198,9 +205,8 @@ class ServePipeline:
         if not workload.prefill_mix:
             return Step(decode=b, context=workload.mean_context, prefill=np.zeros_like(b),
                         prompt_len=workload.input_len, sampled=b)
-        o = workload.output_len
-        decode = b * (o - 1) / o  # the other b / o sequences are new: their prompt samples their first token
-        mean_p = b * workload.input_len / o
+        decode = b * workload.decode_share
+        mean_p = b * workload.input_len / workload.output_len
         chunk = np.clip(self.costs.engine.max_num_batched_tokens - decode, 1.0, workload.input_len)
         share = np.minimum(1.0, mean_p / chunk)
         p = np.where(share >= 1.0, mean_p, chunk)
@@ -212,7 +218,7 @@ class ServePipeline:
         tokens, and the number of chunks of a prompt."""
         B = np.asarray(batch, dtype=float)
         b = B / self.micro_batches(self.pp, B)
-        decode = b * (workload.output_len - 1) / workload.output_len  # as in :meth:`steady_step`
+        decode = b * workload.decode_share
         budget = self.costs.engine.max_num_batched_tokens
         chunk = np.clip(budget - decode, 1, workload.input_len)
         chunks = np.ceil(workload.input_len / chunk)
