@@ -149,6 +149,26 @@ def test_plans_on_devices_without_bf16_export_fp16(tmp_path, runtime):
         assert any("has no bf16" in n for n in exp["notes"]) == half
 
 
+def test_torchtitan_refuses_plans_on_devices_without_bf16(tmp_path):
+    """torchtitan's training.mixed_precision_param takes bfloat16 or
+    float32 only: a plan using V100s (compute capability 7.0) is refused
+    with the reason and the runtimes that train in fp16, exit 2, nothing
+    printed to stdout; the same model on A100s exports."""
+    for cluster, half in (("mixed-a100-v100", True), ("1x8-a100-80gb", False)):
+        out = tmp_path / f"{cluster}.json"
+        res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-2.7b", "--cluster", cluster, "-b", "64",
+                                        "--top", "1", "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        types = {st["device_type"] for st in json.loads(out.read_text())["plans"][0]["stages"]}
+        assert ("v100-32gb" in types) == half  # the premise: the mixed plan uses the V100s
+        exp = CliRunner().invoke(main, ["export", str(out), "--format", "torchtitan"])
+        if half:
+            assert exp.exit_code == 2 and exp.stdout == ""
+            assert "v100-32gb has no bf16" in exp.output and "megatron or deepspeed" in exp.output
+        else:
+            assert exp.exit_code == 0, exp.output
+
+
 EIGHT_THEN_FOURS = _two_groups("ha", (1, 8, "h100-80gb"), (2, 4, "a100-40gb"), 300, 25)
 
 

@@ -46,6 +46,10 @@ Overrides written (all from the plan):
   degree ``-1`` is FSDP over the leftover ranks), ``replicate 1`` and
   ``shard = dp`` for ``--sharding fsdp`` (FSDP2); ZeRO-1/2 refused
   (:func:`pipesearch.export.torchtitan_dp_degrees`).
+* Refused for a plan on devices without bf16 (V100, T4: compute
+  capability below 8.0): ``training.mixed_precision_param`` takes
+  ``bfloat16`` or ``float32`` only (``TrainingConfig``), so the fp16 compute
+  the plan was timed with has no setting there.
 
 ``layers_per_stage_alternative``: ``pipeline_parallel_layers_per_stage`` (+
 ``pipeline_parallel_first/last_stage_less_layers``) when torchtitan's own
@@ -59,7 +63,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
-from ..types import Plan
+from ..types import MIN_BF16_CAPABILITY, Plan
 from . import (
     FORMAT_VERSION,
     Inputs,
@@ -250,9 +254,15 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             breaks (torchtitan builds torch's schedule classes; with a
             single-stage class it passes only ``stages[0]`` to the schedule, so
             ``vp > 1`` would silently drop stages); an unknown
-            ``torchtitan_version``.
+            ``torchtitan_version``; devices without bf16 in the plan.
     """
     refuse_rank_order(plan, "torchtitan", ("data",), TORCHTITAN_RANK_ORDER, inputs)
+    half = inputs.without_bf16(plan)
+    if half:
+        raise InputError(
+            f"torchtitan trains in bf16 or fp32 (training.mixed_precision_param) and {', '.join(half)} has no bf16 "
+            f"(compute capability below {MIN_BF16_CAPABILITY:g}): the plan's fp16 compute has no setting there; "
+            f"export to megatron or deepspeed, which train in fp16 with loss scaling")
     if torchtitan_version is not None and torchtitan_version not in ("0.3", RUNTIME_VERSION):
         from .torchtitan_toml import TOML_VERSIONS, export_torchtitan_toml
 
