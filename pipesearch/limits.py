@@ -52,6 +52,8 @@ MAX_SERVE_LAYERS = 4096
 MAX_TRANSFORMER_BLOCKS = 100_000
 #: a host CPU's optimizer throughput, parameters per second (far above any CPU)
 MAX_PARAMS_PER_S = 1e15
+#: parameters per gradient bucket (``--grad-bucket-params``; the plan format's maximum)
+MAX_BUCKET_PARAMS = 1e15
 #: counts such as a batch size, a hidden size or a sequence length (int32)
 MAX_COUNT = 2**31 - 1
 #: dimensions of one profiled sample (``profile --input-shape``; torch allows 64 with the batch)

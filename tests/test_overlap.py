@@ -279,6 +279,7 @@ def test_torchtitan_runs_fsdp_and_exports_its_shard_degree():
     (["--overlap-param-gather"], "no parameter all-gather"),
     (["--grad-bucket-params", "1000"], "add --overlap-grad-reduce"),
     (["--grad-bucket-params", "1.5"], "number of parameters"),
+    (["--overlap-grad-reduce", "--grad-bucket-params", "1e16"], "from 1 to 1e+15"),  # the plan format's maximum
     (["--tp-comm-overlap", "--tp", "1"], "no tensor-parallel collectives"),
     (["--num-micro-batches", "3"], "--num-micro-batches 3 does not divide --global-batch-size 512"),
 ])
@@ -337,3 +338,26 @@ def test_validate_refuses_a_job_edited_against_its_plans(tmp_path, edit, needle)
         res = CliRunner().invoke(main, cmd)
         assert res.exit_code == 2, (cmd, res.output)
         assert needle in res.output and "Traceback" not in res.output
+
+
+def test_the_bucket_option_limit_is_the_plan_formats():
+    """--grad-bucket-params takes what a plan file may hold: above the
+    format's maximum it was accepted and the finished search crashed
+    writing the file."""
+    import json
+    from importlib import resources
+
+    from pipesearch.limits import MAX_BUCKET_PARAMS
+
+    schema = json.loads(resources.files("pipesearch.schema").joinpath("plan-1.schema.json").read_text())
+
+    def find(node):
+        if isinstance(node, dict):
+            if "bucket_params" in node.get("properties", {}):
+                return node["properties"]["bucket_params"]
+            return next((x for x in map(find, node.values()) if x), None)
+        if isinstance(node, list):
+            return next((x for x in map(find, node) if x), None)
+        return None
+
+    assert find(schema)["maximum"] == MAX_BUCKET_PARAMS

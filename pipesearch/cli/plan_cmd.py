@@ -13,7 +13,7 @@ import click
 
 from ..errors import InfeasibleError, InputError
 from ..hardware import describe_cluster, device_files, load_cluster
-from ..limits import MAX_COUNT
+from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
@@ -52,8 +52,9 @@ def _bucket(ctx, param, value):
         n = float(value)
     except ValueError:
         n = float("nan")
-    if not (1 <= n < float("inf")) or n != int(n):
-        raise click.BadParameter(f"{value!r}: expected a number of parameters >= 1 (e.g. 40000000) or 'layer'")
+    if not (1 <= n <= MAX_BUCKET_PARAMS) or n != int(n):
+        raise click.BadParameter(f"{value!r}: expected a whole number of parameters from 1 to {MAX_BUCKET_PARAMS:g} "
+                                 f"(e.g. 40000000) or 'layer'")
     return n
 
 
