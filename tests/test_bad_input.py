@@ -127,6 +127,19 @@ def test_huge_device_memory_is_refused_not_a_json_crash(tmp_path):
     assert_refused(tmp_path, ["plan", "--cluster", "c.toml", "-o", "p.json"], "dev.toml", "memory_GiB", "1e+300")
 
 
+@pytest.mark.parametrize("out", [["-o", "p.json"], ["--json"], []])
+def test_iteration_beyond_the_plan_format_is_refused_not_an_internal_error(tmp_path, out):
+    """Two layers of 1e9 ms (the largest time a profile may give) at a
+    batch of 10**6 on 4 GPUs: a sample takes 4e6 s through both layers, so
+    at least 10**6 x 4e6 / 4 = 1e12 s on the busiest GPU, and every plan's
+    time lies past the plan format's 1e12 s (rounding aside): refused in one line after the search (it ended in an internal error
+    writing the file, or printed such a plan)."""
+    write(tmp_path / "huge.csv", "# batch_size: 1\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+                                 "l0,1e9,1e9,0,0\nl1,1e9,1e9,0,0\n")
+    assert_refused(tmp_path, ["plan", "-q", "--model", "huge.csv", "--cluster", "1x4-v100-pcie", "-b", "1000000",
+                              *out], "beyond what a plan file holds", "--global-batch-size 1000000")
+
+
 def test_node_count_of_int64_max_is_refused_not_a_hang(tmp_path):
     write(tmp_path / "c.toml", f'name = "c"\nnodes = 9223372036854775807\ndevices_per_node = 4\n'
                                f'device = "v100-pcie-16gb"\n{LINKS}')

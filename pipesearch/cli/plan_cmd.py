@@ -13,7 +13,7 @@ import click
 
 from ..errors import InfeasibleError, InputError
 from ..hardware import describe_cluster, device_files, load_cluster
-from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
+from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT, MAX_PLAN_S
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
@@ -643,6 +643,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InfeasibleError(f"{exc}; note: {warned}") from None
     finally:
         progress.close()
+    _check_plan_times(result.plans, job.global_batch_size)
     for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
         click.echo(f"warning: {warning}", err=True)
     plan_file = PlanFile(
@@ -734,6 +735,18 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
     if optimizer_bytes_per_param is not None:
         return from_total_bytes(optimizer_bytes_per_param, shard)
     return preset(optimizer_state or "mixed-adam", shard)
+
+
+def _check_plan_times(plans, global_batch_size: int) -> None:
+    """Refuse plans whose iteration time (simulated or analytic) is beyond
+    what a plan file holds (:data:`pipesearch.limits.MAX_PLAN_S`): layer
+    times that large at this batch are a unit or batch-size mistake."""
+    slowest = max((max(p.predicted.iteration_time_s, float(dict(p.extra).get("analytic_iteration_time_s", 0.0)))
+                   for p in plans), default=0.0)
+    if slowest > MAX_PLAN_S:
+        raise InputError(f"an iteration of {slowest:.3g} s at --global-batch-size {global_batch_size} is beyond what "
+                         f"a plan file holds ({MAX_PLAN_S:g} s, about 31,700 years): check the profile's time units "
+                         f"(fwd_ms and bwd_ms are milliseconds per batch of its batch_size) and the batch size")
 
 
 def _plan_text(plan_file: PlanFile, plans) -> tuple[PlanFile, str]:
