@@ -445,6 +445,22 @@ def test_hf_t5_equals_catalog(tmp_path):
     assert gated.gated_mlp and not gated.tied_embeddings and gated.seq_len == 256
 
 
+def test_zero_decoder_blocks_are_refused_not_replaced(tmp_path):
+    """An encoder-decoder file that gives 0 decoder blocks (HF's T5Config
+    keeps a 0; only a missing key means num_layers) is refused with the
+    file, key and value; it was planned with num_layers decoder blocks."""
+    t5 = {"model_type": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8, "num_layers": 2,
+          "vocab_size": 32128, "n_positions": 512}
+    path = _write(tmp_path, t5 | {"num_decoder_layers": 0}, "t5zero.json")
+    with pytest.raises(InputError, match=r"t5zero\.json.*'num_decoder_layers'.*0.*at least 1 decoder block"):
+        load_hf_config(path)
+    assert load_hf_config(_write(tmp_path, t5, "t5none.json")).num_decoder_layers == 2  # no key: num_layers
+    toml = (CATALOG / "t5-3b.toml").read_text().replace("num_decoder_layers = 24", "num_decoder_layers = 0")
+    (tmp_path / "t5.toml").write_text(toml)
+    with pytest.raises(InputError, match=r"t5\.toml.*'transformer\.num_decoder_layers'.*0"):
+        load_transformer(tmp_path / "t5.toml")
+
+
 # --------------------------------------------------------------------------- #
 # bad inputs
 

@@ -106,7 +106,8 @@ class TransformerConfig:
             default ``max_position_embeddings``.
         kind: ``"decoder"`` (GPT, LLaMA) or ``"encoder-decoder"`` (T5).
         num_decoder_layers: decoder blocks of an encoder-decoder model
-            (0 in the input means ``num_layers``); must be 0 for a decoder.
+            (0 here means ``num_layers``; a file gives at least 1, or no key
+            for ``num_layers``); must be 0 for a decoder.
         num_kv_heads: key/value heads ``g`` (grouped-query attention, Ainslie
             et al. 2023); ``None`` means ``num_attention_heads`` (MHA).
         head_dim: size of one head ``d``; ``None`` means ``hidden_size /
@@ -389,7 +390,16 @@ def load_transformer_toml(path: str | Path) -> TransformerConfig:
     values["source"] = str(p)
     values.update(table)
     keys = {f: f"transformer.{f}" for f in _FIELD_KINDS}
+    if table.get("kind") == "encoder-decoder" and _is_int(table.get("num_decoder_layers")) \
+            and table["num_decoder_layers"] == 0:
+        raise _no_decoder_blocks(str(p), keys["num_decoder_layers"])
     return _build(values, str(p), keys)
+
+
+def _no_decoder_blocks(where: str, key: str) -> InputError:
+    """An encoder-decoder file that gives ``key`` = 0 decoder blocks."""
+    return _bad(where, key, 0, "at least 1 decoder block for an encoder-decoder model (no key: as many as the "
+                               "encoder's num_layers)")
 
 
 _T5_TYPES = ("t5", "mt5", "umt5")
@@ -555,6 +565,8 @@ def load_hf_config(
     else:  # t5
         take("num_layers", "num_layers")
         take("num_decoder_layers", "num_decoder_layers", values["num_layers"])
+        if _is_int(values["num_decoder_layers"]) and values["num_decoder_layers"] == 0:  # HF keeps a 0: no decoder
+            raise _no_decoder_blocks(where, "num_decoder_layers")
         take("hidden_size", "d_model")
         take("num_attention_heads", "num_heads")
         take("head_dim", "d_kv")
