@@ -129,7 +129,7 @@ _RANGES = {
     "gemm_half_efficiency_size": (0.0, float(limits.MAX_COUNT), True, ""),
     "host_to_device_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
     "switch_uplink_GBps": (limits.MIN_BANDWIDTH_GBPS, limits.MAX_BANDWIDTH_GBPS, True, "GB/s"),
-    "cpu_adam_params_per_s": (0.0, limits.MAX_PARAMS_PER_S, False, "parameters/s"),
+    "cpu_adam_params_per_s": (limits.MIN_PARAMS_PER_S, limits.MAX_PARAMS_PER_S, True, "parameters/s"),
 }
 
 

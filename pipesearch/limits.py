@@ -50,8 +50,9 @@ MAX_SERVE_LAYERS = 4096
 #: blocks of a transformer config (every layer table the search builds holds one row per block;
 #: 100,000 plan in about 6 s, 500 times the deepest published model)
 MAX_TRANSFORMER_BLOCKS = 100_000
-#: a host CPU's optimizer throughput, parameters per second (far above any CPU)
-MAX_PARAMS_PER_S = 1e15
+#: a host CPU's optimizer throughput, parameters per second: [1e3, 1e15] (a thousand a second is
+#: far below any CPU, and keeps a step of the largest model finite; 1e15 far above any)
+MIN_PARAMS_PER_S, MAX_PARAMS_PER_S = 1e3, 1e15
 #: parameters per gradient bucket (``--grad-bucket-params``; the plan format's maximum)
 MAX_BUCKET_PARAMS = 1e15
 #: counts such as a batch size, a hidden size or a sequence length (int32)

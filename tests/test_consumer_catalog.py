@@ -70,6 +70,8 @@ CLUSTER = rtx4090_cluster_toml(4, "[[0, 1], [2, 3]]")  # one node of 4, two PCIe
     # Gen4 x16: 16 GT/s x 16 lanes x 128/130 / 8 = 31.5 GB/s per direction
     (("host_to_device_GBps = 25", "host_to_device_GBps = 5000"), r"host_to_device_GBps' = 5000.*31\.5 GB/s"),
     (("cpu_adam_params_per_s = 1e9", "cpu_adam_params_per_s = 0"), r"key 'host.cpu_adam_params_per_s' = 0"),
+    # far below any CPU: a step of the model would overflow to inf (1e-300 did, with numpy's warning)
+    (("cpu_adam_params_per_s = 1e9", "cpu_adam_params_per_s = 1e-300"), r"= 1e-300: .*\[1000, 1e\+15\]"),
     (("cpu_adam_params_per_s = 1e9", ""), r"missing key 'host.cpu_adam_params_per_s'"),
     (("switch_uplink_GBps", "switch_uplnk_GBps"), r"unknown key 'host.switch_uplnk_GBps' \(did you mean"),
 ])
