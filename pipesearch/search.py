@@ -1865,14 +1865,22 @@ def _either(fixes: list[str]) -> str:
     return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
 
 
-def _host_flags(job: Job) -> str:
+#: host-memory flags each host schedule refuses, searched alone (it keeps that state on the host already)
+_HOST_SCHEDULE_REFUSES = {"roundpipe": {"--optimizer-offload", "--activation-offload", "--stream-weights"},
+                          "mobius": {"--optimizer-offload", "--stream-weights"}}
+
+
+def _host_flags(job: Job, schedules=()) -> str:
     """The flags that keep state in host memory the job does not use yet and
     may add (activations on the host and streamed weights exclude each
-    other), as a hint ("add --optimizer-offload or --activation-offload"),
-    or ""."""
+    other; a host schedule searched alone refuses those it covers,
+    :data:`_HOST_SCHEDULE_REFUSES`), as a hint ("add --optimizer-offload
+    or --activation-offload"), or ""."""
+    refused = _HOST_SCHEDULE_REFUSES.get(schedules[0], set()) if len(schedules) == 1 else set()
     unused = [flag for flag, on in (("--optimizer-offload", job.optimizer_offload),
                                     ("--activation-offload", job.activation_offload or job.weight_streaming),
-                                    ("--stream-weights", job.weight_streaming or job.activation_offload)) if not on]
+                                    ("--stream-weights", job.weight_streaming or job.activation_offload))
+              if not on and flag not in refused]
     return "add " + " or ".join(unused) + " (this cluster has host memory)" if unused and len(unused) == 3 else (
         "add " + " or ".join(unused) if unused else "")
 
@@ -1911,7 +1919,9 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             _either(["lower --micro-batch-size"] * _micro_batch_size_can_drop(options)
                     + [f"raise --pp (pinned to {options.pp})"] * bool(options.pp and not options.split and _pp_can_rise(
                         options, cluster, prof.num_layers, min(v.tp for v in variants)))
-                    + [_host_flags(job)] * bool(cluster.host is not None and _host_flags(job))
+                    + [_host_flags(job, options.schedules)] * bool(cluster.host is not None
+                                                                  and _host_flags(job, options.schedules))
+                    + ["drop --split (or pin smaller stages)"] * bool(options.split)
                     + ["use a larger cluster"])
             if options is not None and (options.pp or options.split)
             else

@@ -299,6 +299,23 @@ def test_cli_refuses_what_roundpipe_cannot_run_in_one_line(flags, needle):
     assert len(r.output.strip().splitlines()) == 1
 
 
+def test_no_plan_hint_never_names_a_flag_roundpipe_refuses():
+    """llama2-7b as one RoundPipe group (--split 34) fits no RTX 4090: the
+    hint named --optimizer-offload, --activation-offload and
+    --stream-weights, each of which RoundPipe refuses (above); it now names
+    the split, and each fix it names runs."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    base = ["plan", "-q", "--model", "llama2-7b", "--cluster", "1x8-rtx4090-pcie4", "-b", "64", "--seq-len", "1024",
+            "--schedule", "roundpipe", "--top", "1"]
+    r = CliRunner().invoke(main, base + ["--pp", "1", "--vp", "1", "--split", "34"])
+    assert r.exit_code == 2 and "drop --split" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not any(f in r.output for f in ("--optimizer-offload", "--activation-offload", "--stream-weights"))
+    assert CliRunner().invoke(main, base).exit_code == 0  # the fix: without the split
+
+
 def test_cli_refuses_roundpipe_on_a_cluster_without_host_table():
     from click.testing import CliRunner
 
