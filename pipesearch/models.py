@@ -256,6 +256,10 @@ def load_model_source(
     if profile.layers and not profile.takes_time:  # the search refuses it too; here the file is known
         raise InputError(f"{path}: {profile.NO_TIME}")
     recomputable = any(lay.recompute_saved_bytes is not None for lay in profile.layers)
+    if recompute == PER_STAGE and not recomputable:
+        raise InputError(f"--recompute {PER_STAGE}: {path.name} has no recompute_saved_bytes column (the bytes a layer "
+                         "keeps when its forward is recomputed), so no stage can recompute; add the column or drop the "
+                         "flag")
     if recomputable and recompute == "none":  # the pin: no layer is recomputed
         profile = replace(profile, layers=tuple(replace(lay, recompute_saved_bytes=None) for lay in profile.layers))
     mode = PER_STAGE if recomputable and recompute != "none" else "none"

@@ -510,6 +510,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     comm_overlap = overlap_settings(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
                                     grad_bucket_params, param_state, tp, sequence_parallel)
     cluster = load_cluster(cluster_name, nodes=nodes)
+    if given_on_command_line("mapping_time_limit") and cluster.is_homogeneous:
+        raise InputError(f"--mapping-time-limit {mapping_time_limit:g}: it limits the device-order search of a "
+                         f"cluster of several device types; {cluster.name} has one type (every order is the same); "
+                         "drop it")
     for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights),
                      ("--activation-offload", activation_offload)):
         if on and cluster.host is None:
@@ -539,6 +543,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if tp_comm_overlap and source.info.get("kind") != "transformer":
         raise InputError(f"--tp-comm-overlap: needs a transformer config (tensor parallelism); {model} is a layer "
                          f"profile; drop it")
+    if given_on_command_line("sequence_parallel") and source.info.get("kind") != "transformer":
+        flag = "--sequence-parallel" if sequence_parallel else "--no-sequence-parallel"
+        raise InputError(f"{flag}: needs a transformer config (sequence parallelism splits its tensor-parallel "
+                         f"activations); {model} is a layer profile; drop it")
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
               memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
@@ -735,6 +743,13 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
     if optimizer_bytes_per_param is not None:
         return from_total_bytes(optimizer_bytes_per_param, shard)
     return preset(optimizer_state or "mixed-adam", shard)
+
+
+def given_on_command_line(name: str) -> bool:
+    """Whether the running command's parameter ``name`` was typed (not its
+    default): an option with a default that a typed value must not leave
+    without effect."""
+    return click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
 
 
 def _check_plan_times(plans, global_batch_size: int) -> None:
