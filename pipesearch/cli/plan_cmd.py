@@ -27,7 +27,7 @@ from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
 from ..units import format_bytes, format_seconds, parse_size_option
-from .params import FiniteFloatRange
+from .params import FiniteFloatRange, option_given
 from . import main
 
 DEFAULT_MODEL = "vgg16"
@@ -510,7 +510,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     comm_overlap = overlap_settings(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
                                     grad_bucket_params, param_state, tp, sequence_parallel)
     cluster = load_cluster(cluster_name, nodes=nodes)
-    if given_on_command_line("mapping_time_limit") and cluster.is_homogeneous:
+    if option_given(click.get_current_context(), "mapping_time_limit") and cluster.is_homogeneous:
         raise InputError(f"--mapping-time-limit {mapping_time_limit:g}: it limits the device-order search of a "
                          f"cluster of several device types; {cluster.name} has one type (every order is the same); "
                          "drop it")
@@ -543,7 +543,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if tp_comm_overlap and source.info.get("kind") != "transformer":
         raise InputError(f"--tp-comm-overlap: needs a transformer config (tensor parallelism); {model} is a layer "
                          f"profile; drop it")
-    if given_on_command_line("sequence_parallel") and source.info.get("kind") != "transformer":
+    if option_given(click.get_current_context(), "sequence_parallel") and source.info.get("kind") != "transformer":
         flag = "--sequence-parallel" if sequence_parallel else "--no-sequence-parallel"
         raise InputError(f"{flag}: needs a transformer config (sequence parallelism splits its tensor-parallel "
                          f"activations); {model} is a layer profile; drop it")
@@ -743,13 +743,6 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
     if optimizer_bytes_per_param is not None:
         return from_total_bytes(optimizer_bytes_per_param, shard)
     return preset(optimizer_state or "mixed-adam", shard)
-
-
-def given_on_command_line(name: str) -> bool:
-    """Whether the running command's parameter ``name`` was typed (not its
-    default): an option with a default that a typed value must not leave
-    without effect."""
-    return click.get_current_context().get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
 
 
 def _check_plan_times(plans, global_batch_size: int) -> None:
