@@ -56,6 +56,25 @@ def test_simulate_warns_once_when_the_replay_disagrees_with_the_file(tmp_path, s
     assert float(shown.group(1)) * (1e-3 if shown.group(2) == "ms" else 1) == pytest.approx(replayed, rel=2e-3)
 
 
+@pytest.mark.parametrize("kind", ["stages", "timeline"])
+def test_plot_of_one_plan_warns_as_simulate_does(tmp_path, kind):
+    """A plan whose stage time was edited: the one-plan figures say so in
+    the same one warning line as simulate (they drew it silently); the
+    figure is still written, and a clean file draws without a warning."""
+    out = tmp_path / "p.json"
+    assert CliRunner().invoke(main, ["plan", "-q", "--top", "1", "-o", str(out)] + PLANS["1f1b"]).exit_code == 0
+    clean = CliRunner().invoke(main, ["plot", str(out), "--kind", kind, "-o", str(tmp_path / "clean.png")])
+    assert clean.exit_code == 0 and clean.stderr == "", clean.stderr
+    doc = json.loads(out.read_text())
+    doc["plans"][0]["stages"][0]["compute_s"] *= 1.5
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["plot", str(bad), "--kind", kind, "-o", str(tmp_path / "f.png")])
+    assert r.exit_code == 0 and (tmp_path / "f.png").exists(), r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: {bad}: plan of rank 1:") and "replay takes" in lines[0]
+
+
 def test_time_disagreement_tolerance():
     """1e-9 relative: 1 + 1e-10 agrees, 1 + 1e-8 does not."""
     assert time_disagreement("f.json", 1, 1.0 + 1e-10, 1.0) is None

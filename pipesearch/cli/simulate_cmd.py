@@ -33,6 +33,15 @@ def time_disagreement(path: str, rank: int, replayed_s: float, recorded_s: float
             f"edited (pipesearch validate {path} names the field); the figures below are the replay's")
 
 
+def replay_warnings(path: str, rank: int, plan, total_s: float, tl) -> list[str]:
+    """The lines that say a plan's replay (``total_s`` and timeline ``tl``
+    of :func:`pipesearch.search.simulate_plan`) disagrees with its file:
+    the iteration time (:func:`time_disagreement`) and each stage's memory
+    (:func:`pipesearch.cli.validate_cmd.memory_disagreement`)."""
+    time = time_disagreement(path, rank, total_s, plan.predicted.iteration_time_s)
+    return [time] * bool(time) + [f"{path}: plan of rank {rank}{line}" for line in memory_disagreement(plan, tl)]
+
+
 def plan_title(plan_file, plan, iteration_time_s: float) -> str:
     """``model on cluster, pp x dp x tp, schedule, mbs x m: iteration time``."""
     model = plan_file.inputs.get("model", {}).get("name", "model")
@@ -163,10 +172,8 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
             raise InputError(f"--window {window!r}: starts at {window_s[0] * 1e3:g} ms, after the timeline ends at "
                              f"{end_s * 1e3:.3f} ms; give a FROM below that")
     disagreement = time_disagreement(plans, rank, total_s, plan.predicted.iteration_time_s)
-    if disagreement:
-        click.echo(f"warning: {disagreement}", err=True)
-    for line in memory_disagreement(plan, tl):
-        click.echo(f"warning: {plans}: plan of rank {rank}{line}", err=True)
+    for line in replay_warnings(plans, rank, plan, total_s, tl):
+        click.echo(f"warning: {line}", err=True)
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s
