@@ -1697,21 +1697,20 @@ def _check_options(variants, cluster, job, options):
         raise InputError(
             f"--pp {options.pp} x --dp {options.dp}{tp_part} needs {options.pp * options.dp * tp_min} devices, "
             f"cluster {cluster.name} has {cluster.num_devices}")
-    if options.dp and job.global_batch_size % options.dp:
-        raise InputError(
-            f"global batch size {job.global_batch_size} is not divisible by --dp {options.dp}")
-    if options.dp and options.micro_batch_size and (job.global_batch_size // options.dp) % options.micro_batch_size:
-        raise InputError(
-            f"per-replica batch {job.global_batch_size // options.dp} is not divisible by "
-            f"--micro-batch-size {options.micro_batch_size}")
-    if options.dp and options.num_micro_batches and (job.global_batch_size // options.dp) % options.num_micro_batches:
-        raise InputError(
-            f"per-replica batch {job.global_batch_size // options.dp} is not divisible by "
-            f"--num-micro-batches {options.num_micro_batches}")
-    if options.micro_batch_size and job.global_batch_size % options.micro_batch_size:
-        raise InputError(
-            f"global batch size {job.global_batch_size} is not divisible by "
-            f"--micro-batch-size {options.micro_batch_size}")
+    b = job.global_batch_size
+    if options.dp and b % options.dp:
+        raise InputError(f"global batch size {b} is not divisible by --dp {options.dp}; use a --global-batch-size "
+                         f"that --dp divides (e.g. {_multiple(b, options.dp)})")
+    per = b // options.dp if options.dp else None
+    for flag, value in (("--micro-batch-size", options.micro_batch_size), ("--num-micro-batches",
+                                                                            options.num_micro_batches)):
+        if per and value and per % value:
+            raise InputError(f"per-replica batch {per} (--global-batch-size {b} / --dp {options.dp}) is not divisible "
+                             f"by {flag} {value}; use a {flag} that divides {per} or a --global-batch-size of "
+                             f"{_multiple(b, options.dp * value)}")
+    if options.micro_batch_size and b % options.micro_batch_size:
+        raise InputError(f"global batch size {b} is not divisible by --micro-batch-size {options.micro_batch_size}; "
+                         f"use a --global-batch-size of {_multiple(b, options.micro_batch_size)}")
     unknown = [s for s in options.schedules if s not in ALL_SCHEDULES]
     if unknown:
         raise InputError(f"unknown schedule {unknown[0]!r}; expected one of {', '.join(ALL_SCHEDULES)}")
@@ -1889,6 +1888,12 @@ def _pp_can_rise(options, cluster: Cluster, num_layers: int, tp: int) -> bool:
     """Whether a pipeline longer than the pinned ``--pp`` has room: fewer
     stages than layers and devices for one more stage of ``tp`` per replica."""
     return options.pp < num_layers and (options.pp + 1) * (options.dp or 1) * tp <= cluster.num_devices
+
+
+def _multiple(n: int, k: int) -> int:
+    """The multiple of ``k`` nearest ``n`` from above (a batch size that
+    ``k`` divides, for a refusal's fix)."""
+    return -(-n // k) * k
 
 
 def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None) -> str:

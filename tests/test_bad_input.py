@@ -436,6 +436,16 @@ def test_pipedream_ops_that_only_share_an_input(tmp_path):
                    "inputs (node1)", "2 separate graphs")
 
 
+def test_a_micro_batch_count_the_replica_batch_cannot_take_names_both_fixes(tmp_path):
+    """64 samples over --dp 4 is 16 per replica: 64 micro-batches do not
+    divide it; the refusal names a count that does, and the global batch
+    the pin needs (4 x 64 = 256)."""
+    assert_refused(tmp_path, ["plan", "--model", "resnet18", "-b", "64", "--dp", "4", "--num-micro-batches", "64",
+                              "-o", "p.json"],
+                   "per-replica batch 16 (--global-batch-size 64 / --dp 4)", "divides 16",
+                   "--global-batch-size of 256")
+
+
 def test_three_batch_pins_must_make_the_batch(tmp_path):
     assert_refused(tmp_path, ["plan", "--cluster", "1x4-v100-pcie", "--micro-batch-size", "4", "--num-micro-batches",
                               "4", "--dp", "2", "-b", "64", "-o", "p.json"],
