@@ -422,6 +422,11 @@ def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
                 continue
             usable = cap * (1.0 - headroom) - reserve
             total = sum(stages[k]["memory_bytes"] for k in group)
+            if usable <= 0:  # the capacity (or its headroom and reserve) is the edit, not the stage
+                yield Problem(f"inputs.cluster.memory_bytes_per_device.{first['device_type'].split(',')[0]}",
+                              f"{cap!r} B, which leaves nothing after the headroom {headroom:g} and the reserve "
+                              f"{reserve:.6g} B (inputs.job); no stage fits such a device")
+                return
             if _above(total, usable):
                 which = (f"stages {','.join(map(str, group))} of devices {first['devices']} hold" if len(group) > 1
                          else f"stage {group[0]} holds")
