@@ -573,7 +573,7 @@ def test_bad_hf_llama(tmp_path):
         load_hf_config(_write(tmp_path, data))
     data = dict(LLAMA2_7B_HF)
     del data["max_position_embeddings"]
-    with pytest.raises(InputError, match="pass seq_len"):
+    with pytest.raises(InputError, match="pass --seq-len"):
         load_hf_config(_write(tmp_path, data))
     assert load_hf_config(_write(tmp_path, data), seq_len=128).seq_len == 128
     with pytest.raises(InputError, match="mixture-of-experts"):

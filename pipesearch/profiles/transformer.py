@@ -582,7 +582,7 @@ def load_hf_config(
     if seq_len is None:
         if default_seq is None:
             raise InputError(
-                f"{p}: no sequence length: the config has no '{pos_key}'; pass seq_len"
+                f"{p}: no sequence length: the config has no '{pos_key}'; pass --seq-len (seq_len in the Python API)"
             )
         values["seq_len"] = default_seq
         keys["seq_len"] = pos_key
