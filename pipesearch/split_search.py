@@ -59,6 +59,7 @@ nodes try to exclude the point against the cutoff (:func:`_cutoff_proof`).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from dataclasses import dataclass
@@ -90,6 +91,15 @@ NODE_LAYERS = 128
 #: nodes of a first branch and bound against the cutoff alone, before any
 #: starting split is evaluated (most points of a search are excluded there)
 FIRST_NODES = 8
+#: nodes after which the branch and bound estimates the nodes its tree has
+#: left (:func:`remaining_nodes_estimate`) and stops, as at its node limit,
+#: when that is more than HOPELESS_FACTOR times the limit: it could not end
+#: within it (counts, never seconds). On the 34 catalog cases of
+#: benchmarks/bench_rank1.py every search that ended had an estimate of at
+#: most 3,553 here (resnet101 on 4x4-v100-10gbe, which ended at 1,461
+#: nodes), and those of GPT-3 175B that ran to the limit 1.7e7 to 3e12
+ESTIMATE_NODES = 300
+HOPELESS_FACTOR = 10
 #: splits within this relative time of the best (equal up to rounding) are tie-broken
 EQUAL_TIME_REL = 1e-12
 _BATCH = 256
@@ -2314,7 +2324,10 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
                       max_splits: int, max_nodes: int, counter: _RankCount | None = None):
     """Depth-first over stages, children in bound order (their bounds found
     level by level for many nodes at once, :class:`_Expander`); leaves are
-    queued and evaluated in batches. Returns ``(exact, frontier_bound,
+    queued and evaluated in batches. Stops at ``max_nodes`` nodes, or at
+    :data:`ESTIMATE_NODES` when the tree left is estimated at more than
+    :data:`HOPELESS_FACTOR` times the limit
+    (:func:`remaining_nodes_estimate`). Returns ``(exact, frontier_bound,
     nodes)``."""
     pending: list[tuple[float, tuple[int, ...]]] = []
     nodes = 0
@@ -2346,18 +2359,23 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     kids, p = expander.lookahead(expander.root(), 0, limit(), max_nodes)
     # a frame: the node's boundaries, its children (kids, next position, end)
     stack = [[(0,), kids, kids.lo[p], kids.hi[p]]]
+    hopeless = False  # the tree left is far larger than the node limit (ESTIMATE_NODES)
     while stack:
         frame = stack[-1]
         prefix, kids, pos, end = frame
         if pos >= end or kids.lb[pos] >= limit():
             stack.pop()  # children are sorted by bound: the rest is excluded too
             continue
-        if nodes >= max_nodes or ev.feasible + len(pending) >= max_splits:
+        if hopeless or nodes >= max_nodes or ev.feasible + len(pending) >= max_splits:
             flush()
             live = [fr[1].lb[fr[2]] for fr in stack if fr[2] < fr[3] and fr[1].lb[fr[2]] < limit()]
             if live:
                 return False, min(live), nodes
             return True, np.inf, nodes
+        if nodes + 1 == ESTIMATE_NODES < max_nodes and remaining_nodes_estimate(
+                [(fr[1].lb, fr[2] + (fr is frame), fr[3]) for fr in stack], limit()) > HOPELESS_FACTOR * max_nodes:
+            hopeless = True  # stopped as at the node limit, before this child
+            continue
         frame[2] = pos + 1
         nodes += 1
         bounds = prefix + (kids.j[pos],)
@@ -2370,6 +2388,23 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         stack.append([bounds, sub, sub.lo[p], sub.hi[p]])
     flush()
     return True, np.inf, nodes
+
+
+def remaining_nodes_estimate(frames, limit: float) -> float:
+    """Nodes a depth-first branch and bound has left, estimated from its
+    stack: ``frames`` root first, each ``(lb, pos, end)`` with its
+    children's bounds ``lb[pos:end]`` not yet visited (in bound order), of
+    which those below ``limit`` are live. Along the current path, as Knuth's
+    estimator of a backtrack tree's size does with its random path (Knuth
+    1975, Mathematics of Computation 29(129)): a live child of frame ``k``
+    stands for a subtree of ``1 + b_{k+1} + b_{k+1} b_{k+2} + ...`` nodes,
+    ``b_i`` the live children of the frames below it."""
+    total, below = 0.0, 1.0
+    for lb, pos, end in reversed(frames):
+        live = bisect.bisect_left(lb, limit, pos, end) - pos
+        total += live * below
+        below = 1.0 + live * below
+    return total
 
 
 def _tie_key(costs: PipelineCosts, bounds, t: float):

@@ -130,3 +130,47 @@ def test_stopped_search_returns_a_local_optimum(seed, monkeypatch):
         if costs.split_fits(b):
             t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(np.array(b)))
             assert got.best_time_s <= t * (1 + 1e-9), b
+
+
+def test_remaining_nodes_estimate_by_hand():
+    """Root: children bounds 1, 2, 9 with the first visited, limit 5: one
+    live child (9 is excluded); the frame below: four children, two
+    visited, two live. Each live child of the frame below stands for itself
+    (1 node): 2; each live root child for itself and a subtree of 2: 3. The
+    tree left: 5 nodes; nothing live: 0."""
+    from pipesearch.split_search import remaining_nodes_estimate
+
+    frames = [([1.0, 2.0, 9.0], 1, 3), ([1.0, 1.0, 1.0, 1.0], 2, 4)]
+    assert remaining_nodes_estimate(frames, 5.0) == 5.0
+    assert remaining_nodes_estimate([([1.0, 2.0], 2, 2)], 5.0) == 0.0
+
+
+def test_searches_stopped_as_hopeless_keep_valid_bounds(monkeypatch):
+    """With the estimate taken before the third node and any tree left of
+    more than 0.1 x the node limit called hopeless (and no enumeration), on
+    8 seeded points: some searches stop there (before, every one ran to its
+    limit), and each one reports a lower bound at most the best time of
+    every fitting split (the discrete-event simulator on each) and a split
+    whose time is its own; one that ends has that best."""
+    from pipesearch.split_search import exhaustive_simulated_split
+
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
+    monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
+    monkeypatch.setattr(split_search, "ESTIMATE_NODES", 3)
+    monkeypatch.setattr(split_search, "HOPELESS_FACTOR", 0.1)
+    stopped = 0
+    for seed in range(8):
+        schedule, pp, vp, costs = _instance(400 + seed, 8, 10)
+        got = exact_split(costs, schedule, pp, vp, max_nodes=50)
+        ref = exhaustive_simulated_split(costs, schedule, pp, vp)
+        if ref is None:
+            assert got is None
+            continue
+        stopped += not got.exact and got.nodes < 3
+        m = costs.num_micro_batches
+        t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(np.array(got.bounds)))
+        assert got.iteration_time_s == pytest.approx(t, rel=1e-12)
+        assert got.lower_bound_s <= ref[0] * (1 + 1e-9)
+        if got.exact:
+            assert got.best_time_s == pytest.approx(ref[0], rel=1e-9)
+    assert stopped > 0
