@@ -1049,7 +1049,12 @@ def search(
 
     def cutoff() -> float:
         """Time a point must beat to enter the ranked plans (near-ties of the
-        best are kept for the tie-break of rank_plans); at most the seeds'."""
+        best are kept for the tie-break of rank_plans); at most the seeds'.
+        Infinite with ``exhaustive``: every point's split search then runs
+        to its best split (against a cutoff it stopped once no split could
+        beat it, and its row held the best split met so far)."""
+        if options.exhaustive:
+            return math.inf
         return min(initial_cutoff, _kth_best(family_times, keep))
 
     def pruned(bound: float) -> bool:
@@ -1199,7 +1204,7 @@ def search(
             message = (f"--vp {','.join(map(str, options.vps))} needs pp >= 2 (one pipeline rank runs all its "
                        f"stages as one, vp 1); no plan with pp >= 2 fits: {message}")
         raise InfeasibleError(message)
-    plans = rank_plans([p for _, p in sorted(best_of_family.values(), key=lambda x: x[0])][:keep])
+    plans = rank_plans([p for _, p in best_of_family.values()])[:keep]  # ranked (ties too), then cut
     shown = {id(p) for p in plans[: options.top]}
     # the ranked ones report their own gap; a bound at the cutoff already excludes a point
     outside = [u.bound_s for u in unproven if id(u.plan) not in shown and u.bound_s < cutoff()]
@@ -1616,15 +1621,28 @@ def rank_plans(plans: list[Plan]) -> list[Plan]:
     :data:`TIE_REL` of the best, prefer fewer bytes over PCIe per iteration
     (state kept on the GPU: ``options.host.total_pcie_bytes_per_iteration``,
     0 without host options), then lower peak memory, then less time on
-    links, then fewer stages (the rest follow by time)."""
-    plans = sorted(plans, key=lambda p: (p.predicted.iteration_time_s, p.pp, p.dp))
+    links, then fewer stages (the rest follow by time); plans equal in all
+    of those in a fixed order (:func:`_plan_key`), whatever order they
+    come in."""
+    plans = sorted(plans, key=lambda p: (p.predicted.iteration_time_s,) + _plan_key(p))
     if not plans:
         return plans
     best = plans[0].predicted.iteration_time_s
     near = [p for p in plans if p.predicted.iteration_time_s <= best * (1 + TIE_REL)]
     rest = plans[len(near):]
-    near.sort(key=lambda p: tie_key(p) + (p.predicted.iteration_time_s,))
+    near.sort(key=lambda p: tie_key(p) + (p.predicted.iteration_time_s,) + _plan_key(p))
     return near + rest
+
+
+def _plan_key(plan: Plan) -> tuple:
+    """What orders plans equal in every ranked respect, so that the order
+    never follows the order they were found in (the search's and
+    ``--exhaustive``'s differ): degrees, schedule, micro-batches, split,
+    placement, recompute."""
+    extra = dict(plan.extra or ())
+    return (plan.pp, plan.dp, plan.tp, plan.vp, plan.schedule, plan.micro_batch_size, plan.num_micro_batches,
+            tuple(plan.layers_per_stage), str(extra.get("placement", "")), str(extra.get("recompute", "")),
+            tuple(st.memory_option for st in plan.stages))
 
 
 def tie_key(plan: Plan) -> tuple:

@@ -379,7 +379,8 @@ def test_unproven_note_names_the_ranks_that_hold():
 
     from pipesearch.cli.plan_cmd import unproven_note
 
-    plans = [SimpleNamespace(rank=r, predicted=SimpleNamespace(iteration_time_s=float(r))) for r in (1, 2, 3)]
+    plans = [SimpleNamespace(rank=r, predicted=SimpleNamespace(iteration_time_s=float(r)), extra=())
+             for r in (1, 2, 3)]
     (line,) = unproven_note(SimpleNamespace(plans=plans, unproven_points=4, unproven_bound_s=2.5))
     assert line.startswith("4 points outside the table") and "2.500 s" in line
     assert "ranks 1-2 hold over the whole space, rank 3 over the points searched to the end" in line
@@ -387,6 +388,31 @@ def test_unproven_note_names_the_ranks_that_hold():
     assert line.startswith("1 point outside") and "ranks 1-3 over the points searched" in line and "hold" not in line
     assert unproven_note(SimpleNamespace(plans=plans, unproven_points=2, unproven_bound_s=3.0)) == []
     assert unproven_note(SimpleNamespace(plans=plans, unproven_points=0, unproven_bound_s=float("inf"))) == []
+
+
+def test_unproven_note_counts_the_table_own_unproven_plans():
+    """Plans at 1..5 s, plan 4's split search stopped with a bound of 1.5 s:
+    its family may hold a split faster than plans 2 and 3, so ranks 2-4 hold
+    only over the points searched to the end and ranks 1 and 5 over the
+    whole space (the line counted points outside the table only and said
+    nothing: a pinned split once beat such a rank 1 by 0.7%). A bound of
+    3.5 s (only plan 4's own time open): no line, its own line says so."""
+    from types import SimpleNamespace
+
+    from pipesearch.cli.plan_cmd import unproven_note
+
+    def plans(bound):
+        return [SimpleNamespace(rank=r, predicted=SimpleNamespace(iteration_time_s=float(r)),
+                                extra=(("split_search", {"exact": False, "lower_bound_s": bound}),) if r == 4 else ())
+                for r in range(1, 6)]
+
+    (line,) = unproven_note(SimpleNamespace(plans=plans(1.5), unproven_points=0, unproven_bound_s=float("inf")))
+    assert line.startswith("plan 4's split search stopped with a lower bound below the time of a plan ranked above")
+    assert "ranks 1, 5 hold over the whole space, ranks 2-4 over the points searched to the end" in line
+    assert unproven_note(SimpleNamespace(plans=plans(3.5), unproven_points=0, unproven_bound_s=float("inf"))) == []
+    (line,) = unproven_note(SimpleNamespace(plans=plans(1.5), unproven_points=2, unproven_bound_s=4.5))
+    assert line.startswith("2 points outside the table") and "; plan 4's split search" in line
+    assert "rank 1 holds over the whole space, ranks 2-5 over the points" in line
 
 
 def test_slow_rates_keep_three_significant_digits():

@@ -149,7 +149,10 @@ def split_notes(plans) -> list[str]:
     bound and the gap (from the plan's ``split_search`` record). A gap
     within :data:`pipesearch.split_search.EQUAL_TIME_REL` (times equal up to
     rounding) proves the time: what stopped is the tie-break among splits
-    of that time (lower peak memory first), and the line says so."""
+    of that time (lower peak memory first), and the line says so. And one
+    per plan whose device order (a mixed cluster's ``mapping`` record) the
+    order search did not prove optimal: its status, orders seen, bound and
+    gap."""
     from ..split_search import EQUAL_TIME_REL
 
     out = []
@@ -163,6 +166,11 @@ def split_notes(plans) -> list[str]:
             out.append(f"plan {p.rank}: split not proven optimal within the search's work limits (best found "
                        f"{format_seconds(p.predicted.iteration_time_s)}, lower bound "
                        f"{format_seconds(info['lower_bound_s'])}, gap {gap_percent(info['gap'])})")
+        mapping = dict(p.extra).get("mapping") or {}
+        if mapping.get("status") not in (None, "OPTIMAL"):  # the device order of a mixed cluster
+            out.append(f"plan {p.rank}: device order not proven optimal ({mapping['status']} after "
+                       f"{mapping.get('orders_evaluated', '?')} of {mapping.get('orders_total', '?')} orders, lower "
+                       f"bound {format_seconds(mapping['best_bound_s'])}, gap {gap_percent(mapping['gap'])})")
     return out
 
 
@@ -236,25 +244,59 @@ def usable_memory_line(cluster, job) -> str:
 
 
 def unproven_note(result) -> list[str]:
-    """A line when points outside the table stopped at the split search's
-    work limits with a lower bound below some ranked plan's time: which ranks
-    hold over the whole space and which only over the points searched to
-    the end (nothing when every ranked plan is at most that bound)."""
-    bound = result.unproven_bound_s
-    held = [p.rank for p in result.plans if p.predicted.iteration_time_s <= bound]
-    open_ = [p.rank for p in result.plans if p.predicted.iteration_time_s > bound]
-    if not result.unproven_points or not open_:
+    """A line when the ranking is not proven over the whole space: points
+    outside the table stopped at the split search's work limits with a
+    lower bound below some ranked plan's time (a faster plan may be among
+    them), or a ranked plan whose own split search stopped with a bound
+    below the time of a plan ranked above it (its family may hold a split
+    that passes those plans: they and it may move). Says which ranks hold
+    over the whole space and which only over the points searched to the end
+    (nothing when none is open)."""
+    times = {p.rank: p.predicted.iteration_time_s for p in result.plans}
+    open_: set[int] = set()
+    causes = []
+    if result.unproven_points:
+        n, bound = result.unproven_points, result.unproven_bound_s
+        hit = {r for r, t in times.items() if t > bound}
+        if hit:
+            open_ |= hit
+            causes.append(f"{n} point{'s' if n > 1 else ''} outside the table stopped at the split search's work "
+                          f"limits, the least lower bound {format_seconds(bound)}")
+    inside = []
+    for p in result.plans:
+        info = dict(p.extra or ()).get("split_search") or {}
+        if info.get("exact", True):
+            continue
+        hit = {r for r, t in times.items() if r < p.rank and t > float(info["lower_bound_s"])}
+        if hit:
+            open_ |= hit | {p.rank}
+            inside.append(p.rank)
+    if inside:
+        causes.append(f"plan{'s' if len(inside) > 1 else ''} {_rank_list(inside)}'s split search stopped with a "
+                      f"lower bound below the time of a plan ranked above it")
+    if not open_:
         return []
+    held = sorted(set(times) - open_)
+    shown = sorted(open_)
+    return ["; ".join(causes) + ": "
+            + (f"{_ranks(held)} hold{'s' if len(held) == 1 else ''} over the whole space, " if held else "")
+            + f"{_ranks(shown)} over the points searched to the end (a faster plan may exist among those)"]
 
-    def ranks(r):
-        return f"rank {r[0]}" if len(r) == 1 else f"ranks {r[0]}-{r[-1]}"
 
-    n = result.unproven_points
-    return [f"{n} point{'s' if n > 1 else ''} outside the table stopped at the split search's work limits, the least "
-            f"lower bound {format_seconds(bound)}: "
-            + (f"{ranks(held)} hold{'s' if len(held) == 1 else ''} over the whole space, " if held else "")
-            + f"{ranks(open_)} over the points searched to the end (a faster plan may exist "
-            + (f"among those {n})" if n > 1 else "at that point)")]
+def _rank_list(ranks: list[int]) -> str:
+    """``1``, ``1-3``, ``1, 4-5``: sorted ranks as runs."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``rank 1``, ``ranks 1-3``, ``ranks 1, 4-5``."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {_rank_list(ranks)}"
 
 
 def _recompute_label(plan) -> str:
