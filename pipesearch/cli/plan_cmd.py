@@ -468,7 +468,8 @@ class _Progress:
 @click.option("--all-points", type=click.Path(dir_okay=False, writable=True),
               help="Write every evaluated point of the search as CSV.")
 @click.option("--exhaustive", is_flag=True,
-              help="Evaluate every point (no pruning by lower bound); slower, fills the space plot.")
+              help="Evaluate every point, each to its best split (no pruning by lower bound, no cutoff); slower, "
+                   "fills the space plot.")
 @click.option("--plot-dir", type=click.Path(file_okay=False),
               help="Also draw space.png, pareto.png, stages.png and timeline.png (plan 1) into this directory "
                    "(see `pipesearch plot`); --exhaustive fills the space plot.")
