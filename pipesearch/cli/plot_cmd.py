@@ -46,14 +46,10 @@ def plot_command(plan_file, kind, rank, output):
     check_distinct_paths({"-o": output or f"{kind}.png"}, {"PLANS.json": plan_file})
     if kind in ("stages", "timeline"):  # one plan drawn: say so when its file disagrees with its replay
         from ..plan import load_plan_file, select_plan
-        from ..search import simulate_plan
-        from .simulate_cmd import replay_warnings
+        from .simulate_cmd import replay, replay_warnings
 
         plan = select_plan(load_plan_file(plan_file), rank, plan_file)
-        try:
-            total_s, tl = simulate_plan(plan)
-        except InputError as exc:  # a valid file whose plan the simulator refuses: name the file and plan
-            raise InputError(f"{plan_file}: plan of rank {rank}: {exc}") from None
+        total_s, tl = replay(plan, plan_file, rank)
         for line in replay_warnings(plan_file, rank, plan, total_s, tl):
             click.echo(f"warning: {line}", err=True)
     out = render(kind, plan_file, f"{kind}.png" if output is None else output, rank=rank)

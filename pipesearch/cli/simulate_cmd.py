@@ -33,6 +33,20 @@ def time_disagreement(path: str, rank: int, replayed_s: float, recorded_s: float
             f"edited (pipesearch validate {path} names the field); the figures below are the replay's")
 
 
+def replay(plan, path: str, rank: int):
+    """``(total_s, timeline)`` of :func:`pipesearch.search.simulate_plan`
+    for the plan of ``rank`` in file ``path``.
+
+    Raises:
+        InputError: a valid file whose plan the simulator still refuses,
+            named by file and plan.
+    """
+    try:
+        return simulate_plan(plan)
+    except InputError as exc:
+        raise InputError(f"{path}: plan of rank {rank}: {exc}") from None
+
+
 def replay_warnings(path: str, rank: int, plan, total_s: float, tl) -> list[str]:
     """The lines that say a plan's replay (``total_s`` and timeline ``tl``
     of :func:`pipesearch.search.simulate_plan`) disagrees with its file:
@@ -158,10 +172,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     check_distinct_paths({"--timeline": timeline, "--torch-csv": torch_csv}, {"PLANS": plans})
     plan_file = load_plan_file(plans)
     plan = select_plan(plan_file, rank, plans)
-    try:
-        total_s, tl = simulate_plan(plan)
-    except InputError as exc:  # a valid file whose plan the simulator still refuses: name the file and plan
-        raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
+    total_s, tl = replay(plan, plans, rank)
     if timeline is not None:
         from ..plots.timeline import allreduce_spans, drawn_end_s, plan_pcie_rows
 
