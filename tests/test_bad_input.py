@@ -267,7 +267,7 @@ def test_sizes_on_the_command_line_need_a_unit(tmp_path, args, needles):
       "-o", "s.json"], ["--num-requests with --simulate-top 0"]),
     (["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--simulate-top", "0", "--seed", "3", "-o", "s.json"],
      ["--seed with --simulate-top 0"]),
-    (["plan", "--mapping-time-limit", "5", "-o", "p.json"], ["--mapping-time-limit 5", "one type", "drop it"]),
+    (["plan", "--mapping-time-limit", "5", "-o", "p.json"], ["--mapping-time-limit 5", "one device type and one link model", "drop it"]),
     (["plan", "--no-sequence-parallel", "-o", "p.json"], ["--no-sequence-parallel", "layer profile", "drop it"]),
     (["plan", "--model", "resnet18", "--recompute", "per-stage", "-o", "p.json"],
      ["--recompute per-stage", "resnet18.csv has no recompute_saved_bytes column"]),
@@ -279,6 +279,21 @@ def test_flags_that_would_be_ignored_are_refused(tmp_path, args, needles):
     like resnet18's default, has one device type; neither profile has a
     recompute_saved_bytes column)."""
     assert_refused(tmp_path, args, *needles)
+
+
+def test_the_order_search_limit_is_taken_where_orders_differ(tmp_path):
+    """Two groups of the same A100 nodes joined by a slower inter_group
+    link: device orders differ (the search maps them), so
+    --mapping-time-limit applies and is accepted (it was refused as "one
+    type", the device name alone)."""
+    write(tmp_path / "c.toml", 'name = "two"\n'
+          + '[[groups]]\nnodes = 1\ndevices_per_node = 4\ndevice = "a100-80gb"\n' * 2
+          + "[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\n"
+          + "[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n"
+          + "[inter_group]\nbandwidth_GBps = 5\nlatency_us = 10\n")
+    code, out, err = run(["plan", "-q", "--model", "resnet18", "--cluster", "c.toml", "-b", "16", "--top", "1",
+                          "--mapping-time-limit", "2"], tmp_path)
+    assert code == 0, err
 
 
 def test_plot_rank_applies_to_one_plan_figures(tmp_path, plan_doc):

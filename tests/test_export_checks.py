@@ -169,6 +169,22 @@ def test_torchtitan_refuses_plans_on_devices_without_bf16(tmp_path):
             assert exp.exit_code == 0, exp.output
 
 
+def test_a_stage_over_two_device_types_counts_both_for_bf16(tmp_path):
+    """gpt3-1.3b data-parallel over all 8 GPUs of the A100 + V100 cluster:
+    its one stage's devices are of both types ("a100-40gb,v100-32gb"), so
+    the V100s' missing bf16 counts: torchtitan refuses, Megatron trains in
+    fp16 (the joined name matched no group, and both exported bf16)."""
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "mixed-a100-v100", "-b", "64",
+                                    "--pp", "1", "--dp", "8", "--placement", "data", "--top", "1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "," in json.loads(out.read_text())["plans"][0]["stages"][0]["device_type"]  # the premise
+    titan = CliRunner().invoke(main, ["export", str(out), "--format", "torchtitan"])
+    assert titan.exit_code == 2 and "v100-32gb has no bf16" in titan.output
+    mega = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "megatron"]).stdout)
+    assert "--fp16" in mega["args"] and "--bf16" not in mega["args"]
+
+
 EIGHT_THEN_FOURS = _two_groups("ha", (1, 8, "h100-80gb"), (2, 4, "a100-40gb"), 300, 25)
 
 

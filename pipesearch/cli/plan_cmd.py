@@ -553,10 +553,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     comm_overlap = overlap_settings(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
                                     grad_bucket_params, param_state, tp, sequence_parallel)
     cluster = load_cluster(cluster_name, nodes=nodes)
-    if option_given(click.get_current_context(), "mapping_time_limit") and cluster.is_homogeneous:
+    if option_given(click.get_current_context(), "mapping_time_limit") and cluster.is_uniform:
         raise InputError(f"--mapping-time-limit {mapping_time_limit:g}: it limits the device-order search of a "
-                         f"cluster of several device types; {cluster.name} has one type (every order is the same); "
-                         "drop it")
+                         f"cluster whose devices or links differ; {cluster.name} has one device type and one link "
+                         "model (every order is the same); drop it")
     for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights),
                      ("--activation-offload", activation_offload)):
         if on and cluster.host is None:

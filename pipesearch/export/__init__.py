@@ -482,7 +482,7 @@ class Inputs:
         """The plan's device types whose compute capability (the cluster
         groups' ``compute_capability``) is below 8.0: no bf16 there (V100,
         T4), the runtimes train in fp16 with loss scaling instead."""
-        used = {st.device_type for st in plan.stages}
+        used = {name for st in plan.stages for name in st.device_type.split(",")}  # a stage may span types
         return sorted({str(g.get("device")) for g in self.cluster.get("groups") or [] if isinstance(g, Mapping)
                        and g.get("device") in used and isinstance(g.get("compute_capability"), (int, float))
                        and not has_bf16(g["compute_capability"])})
