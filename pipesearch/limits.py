@@ -28,8 +28,10 @@ MIN_LAYER_S = 1e-9
 MIN_SAMPLE_S = 1e-10
 #: samples per second of a plan
 MAX_SAMPLES_PER_S = 1e30
-#: any time in a plan file, seconds (about 31,700 years)
-MAX_PLAN_S = 1e12
+#: any time in a plan file, seconds: above what the inputs' limits can make (a layer's 1e6 s
+#: at a batch of MAX_COUNT over millions of layers is below 1e23 s), so every plan of valid
+#: inputs can be written; the limit catches values edited in
+MAX_PLAN_S = 1e30
 #: a link's bandwidth, GB/s: (1 kB/s, 1 PB/s]
 MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-6, 1e6
 #: a link's latency, microseconds (1000 s)

@@ -407,12 +407,18 @@ def test_unproven_note_counts_the_table_own_unproven_plans():
                 for r in range(1, 6)]
 
     (line,) = unproven_note(SimpleNamespace(plans=plans(1.5), unproven_points=0, unproven_bound_s=float("inf")))
-    assert line.startswith("plan 4's split search stopped with a lower bound below the time of a plan ranked above")
+    assert line.startswith("plan 4's split or device-order search stopped with a lower bound below the time of a "
+                           "plan ranked above")
     assert "ranks 1, 5 hold over the whole space, ranks 2-4 over the points searched to the end" in line
     assert unproven_note(SimpleNamespace(plans=plans(3.5), unproven_points=0, unproven_bound_s=float("inf"))) == []
     (line,) = unproven_note(SimpleNamespace(plans=plans(1.5), unproven_points=2, unproven_bound_s=4.5))
-    assert line.startswith("2 points outside the table") and "; plan 4's split search" in line
+    assert line.startswith("2 points outside the table") and "; plan 4's split or device-order search" in line
     assert "rank 1 holds over the whole space, ranks 2-5 over the points" in line
+    # a device order not proven (a mixed cluster's order search stopped) with its bound at 2.5 s: ranks 3-4 open
+    order = [SimpleNamespace(rank=p.rank, predicted=p.predicted, extra=(("mapping", {
+        "status": "FEASIBLE", "best_bound_s": 2.5}),) if p.rank == 4 else ()) for p in plans(9.0)]
+    (line,) = unproven_note(SimpleNamespace(plans=order, unproven_points=0, unproven_bound_s=float("inf")))
+    assert "ranks 1-2, 5 hold over the whole space, ranks 3-4 over the points searched to the end" in line
 
 
 def test_slow_rates_keep_three_significant_digits():

@@ -13,7 +13,7 @@ import click
 
 from ..errors import InfeasibleError, InputError
 from ..hardware import describe_cluster, device_files, load_cluster
-from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT, MAX_PLAN_S
+from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
@@ -247,9 +247,9 @@ def unproven_note(result) -> list[str]:
     """A line when the ranking is not proven over the whole space: points
     outside the table stopped at the split search's work limits with a
     lower bound below some ranked plan's time (a faster plan may be among
-    them), or a ranked plan whose own split search stopped with a bound
-    below the time of a plan ranked above it (its family may hold a split
-    that passes those plans: they and it may move). Says which ranks hold
+    them), or a ranked plan whose own split or device-order search stopped
+    with a bound below the time of a plan ranked above it (its family may
+    hold a split or order that passes those plans: they and it may move). Says which ranks hold
     over the whole space and which only over the points searched to the end
     (nothing when none is open)."""
     times = {p.rank: p.predicted.iteration_time_s for p in result.plans}
@@ -264,16 +264,13 @@ def unproven_note(result) -> list[str]:
                           f"limits, the least lower bound {format_seconds(bound)}")
     inside = []
     for p in result.plans:
-        info = dict(p.extra or ()).get("split_search") or {}
-        if info.get("exact", True):
-            continue
-        hit = {r for r, t in times.items() if r < p.rank and t > float(info["lower_bound_s"])}
+        hit = {r for r, t in times.items() if r < p.rank and t > _own_bound_s(p)}
         if hit:
             open_ |= hit | {p.rank}
             inside.append(p.rank)
     if inside:
-        causes.append(f"plan{'s' if len(inside) > 1 else ''} {_rank_list(inside)}'s split search stopped with a "
-                      f"lower bound below the time of a plan ranked above it")
+        causes.append(f"plan{'s' if len(inside) > 1 else ''} {_rank_list(inside)}'s split or device-order search "
+                      f"stopped with a lower bound below the time of a plan ranked above it")
     if not open_:
         return []
     held = sorted(set(times) - open_)
@@ -281,6 +278,19 @@ def unproven_note(result) -> list[str]:
     return ["; ".join(causes) + ": "
             + (f"{_ranks(held)} hold{'s' if len(held) == 1 else ''} over the whole space, " if held else "")
             + f"{_ranks(shown)} over the points searched to the end (a faster plan may exist among those)"]
+
+
+def _own_bound_s(plan) -> float:
+    """The least time a ranked plan's own point may still reach: the lower
+    bound of its split search when that stopped at its work limits, and of
+    its device-order search (a mixed cluster's ``mapping``) when that did
+    not prove its order; inf when both are proven."""
+    extra = dict(plan.extra or ())
+    split, mapping = extra.get("split_search") or {}, extra.get("mapping") or {}
+    bounds = [float(split["lower_bound_s"])] if not split.get("exact", True) else []
+    if mapping.get("status") not in (None, "OPTIMAL"):
+        bounds.append(float(mapping["best_bound_s"]))
+    return min(bounds, default=math.inf)
 
 
 def _rank_list(ranks: list[int]) -> str:
@@ -694,7 +704,6 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InfeasibleError(f"{exc}; note: {warned}") from None
     finally:
         progress.close()
-    _check_plan_times(result.plans, job.global_batch_size)
     for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
         click.echo(f"warning: {warning}", err=True)
     plan_file = PlanFile(
@@ -786,18 +795,6 @@ def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) ->
     if optimizer_bytes_per_param is not None:
         return from_total_bytes(optimizer_bytes_per_param, shard)
     return preset(optimizer_state or "mixed-adam", shard)
-
-
-def _check_plan_times(plans, global_batch_size: int) -> None:
-    """Refuse plans whose iteration time (simulated or analytic) is beyond
-    what a plan file holds (:data:`pipesearch.limits.MAX_PLAN_S`): layer
-    times that large at this batch are a unit or batch-size mistake."""
-    slowest = max((max(p.predicted.iteration_time_s, float(dict(p.extra).get("analytic_iteration_time_s", 0.0)))
-                   for p in plans), default=0.0)
-    if slowest > MAX_PLAN_S:
-        raise InputError(f"an iteration of {slowest:.3g} s at --global-batch-size {global_batch_size} is beyond what "
-                         f"a plan file holds ({MAX_PLAN_S:g} s, about 31,700 years): check the profile's time units "
-                         f"(fwd_ms and bwd_ms are milliseconds per batch of its batch_size) and the batch size")
 
 
 def _plan_text(plan_file: PlanFile, plans) -> tuple[PlanFile, str]:
