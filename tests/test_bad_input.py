@@ -274,10 +274,13 @@ def test_sizes_on_the_command_line_need_a_unit(tmp_path, args, needles):
      ["--seed with --simulate-top 0"]),
     (["plan", "--mapping-time-limit", "5", "-o", "p.json"], ["--mapping-time-limit 5", "one device type and one link model", "drop it"]),
     (["plan", "--no-sequence-parallel", "-o", "p.json"], ["--no-sequence-parallel", "layer profile", "drop it"]),
+    (["plan", "--model", "gpt3-1.3b", "--tp", "1", "--sequence-parallel", "-o", "p.json"],
+     ["--sequence-parallel with --tp 1", "drop one of them"]),
     (["plan", "--model", "resnet18", "--recompute", "per-stage", "-o", "p.json"],
      ["--recompute per-stage", "resnet18.csv has no recompute_saved_bytes column"]),
 ], ids=["vp-off-the-split", "replicate-a-pinned-split", "requests-not-simulated", "seed-not-simulated",
-        "order-search-limit-on-one-type", "sequence-parallel-on-a-profile", "per-stage-without-the-column"])
+        "order-search-limit-on-one-type", "sequence-parallel-on-a-profile", "sequence-parallel-without-tp",
+        "per-stage-without-the-column"])
 def test_flags_that_would_be_ignored_are_refused(tmp_path, args, needles):
     """Each of these ran with the flag silently dropped (the vgg16 default
     has 40 layers, so 10,10,10,10 is a valid split of 4 stages; its cluster,

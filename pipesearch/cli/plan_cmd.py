@@ -478,8 +478,8 @@ class _Progress:
 @click.option("--all-points", type=click.Path(dir_okay=False, writable=True),
               help="Write every evaluated point of the search as CSV.")
 @click.option("--exhaustive", is_flag=True,
-              help="Evaluate every point, each to its best split (no pruning by lower bound, no cutoff); slower, "
-                   "fills the space plot.")
+              help="Evaluate every point, each split search without a cutoff (no pruning by lower bound; a split "
+                   "search may still stop at its work limits, and says so); slower, fills the space plot.")
 @click.option("--plot-dir", type=click.Path(file_okay=False),
               help="Also draw space.png, pareto.png, stages.png and timeline.png (plan 1) into this directory "
                    "(see `pipesearch plot`); --exhaustive fills the space plot.")
@@ -596,10 +596,14 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if tp_comm_overlap and source.info.get("kind") != "transformer":
         raise InputError(f"--tp-comm-overlap: needs a transformer config (tensor parallelism); {model} is a layer "
                          f"profile; drop it")
-    if option_given(click.get_current_context(), "sequence_parallel") and source.info.get("kind") != "transformer":
+    if option_given(click.get_current_context(), "sequence_parallel"):
         flag = "--sequence-parallel" if sequence_parallel else "--no-sequence-parallel"
-        raise InputError(f"{flag}: needs a transformer config (sequence parallelism splits its tensor-parallel "
-                         f"activations); {model} is a layer profile; drop it")
+        if source.info.get("kind") != "transformer":
+            raise InputError(f"{flag}: needs a transformer config (sequence parallelism splits its tensor-parallel "
+                             f"activations); {model} is a layer profile; drop it")
+        if tp == 1:
+            raise InputError(f"{flag} with --tp 1: sequence parallelism splits the activations of a tensor-parallel "
+                             "group, and there is none; drop one of them")
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
               memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
