@@ -280,3 +280,24 @@ def test_first_orders_are_split_first_and_kept():
     assert slow.order == worst and slow.status == "FEASIBLE"
     assert canonical((3, 0, 1), [[0, 1], [3]]) == (3, 0, 1)
     assert canonical((1, 3, 0), [[0, 1], [3]]) == (0, 3, 1)
+
+
+def test_a_few_more_orders_than_the_limit_are_all_visited():
+    """Five device types, one slot each, interleaved 1F1B over 4 ranks: 5 x
+    4 x 3 x 2 = 120 orders, 8 layers (one split: a layer per stage). With
+    at most twice MAX_ORDERS orders every one is split: OPTIMAL, the brute
+    force optimum over all 120 (it stopped at 100, FEASIBLE with its gap)."""
+    from pipesearch.order_search import MAX_ORDERS
+
+    rng = np.random.default_rng(0)
+    specs = [_spec(n, float(f), 1000) for n, f in zip("abcde", rng.uniform(50, 300, 5))]
+    cluster = Cluster("r", tuple(DeviceGroup(s, 1, 1) for s in specs), *LINKS)
+    prof = _profile(rng.uniform(1e-3, 5e-3, 8), rng.uniform(1e6, 5e7, 8), [1e8] * 8, [1e7] * 8)
+    costs_of = _point(prof, cluster, Job(global_batch_size=4, memory_reserve_bytes=0), 1, 4, 4,
+                      "interleaved-1f1b", 2)
+    found = best_order(slot_classes(cluster, 1), costs_of, "interleaved-1f1b", 4, 2)
+    oracle = min(simulate_times("interleaved-1f1b", 4, 4, 2, costs_of(o).stage_times(tuple(range(9))))[0]
+                 for o in itertools.permutations(range(5), 4))
+    assert MAX_ORDERS < found.orders_total == 120 <= 2 * MAX_ORDERS
+    assert found.status == "OPTIMAL" and found.iteration_time_s == pytest.approx(oracle, rel=1e-12)
+    assert found.orders_evaluated > MAX_ORDERS

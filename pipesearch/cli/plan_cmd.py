@@ -467,9 +467,9 @@ class _Progress:
                    "optimizer state, which --zero1 shards; for other layouts use --optimizer-state; "
                    "instead of --optimizer-state (default 16 = mixed-adam).")
 @click.option("--mapping-time-limit", type=FiniteFloatRange(min=0.01, max=3600), default=0.5, show_default=True,
-              help="Mixed clusters with more device orders than the order search visits (100): work limit "
-                   "(CP-SAT deterministic seconds) of the closed-form order it splits first; the order search's "
-                   "status, bound and gap are in the plan JSON.")
+              help="Mixed clusters with more device orders than the order search visits (100; all of them up to "
+                   "200): work limit (CP-SAT deterministic seconds) of the closed-form order it splits first; the "
+                   "order search's status, bound and gap are in the plan JSON.")
 @click.option("--zero1", is_flag=True,
               help="Shard the optimizer state across data-parallel replicas (ZeRO stage 1): --sharding zero1.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
