@@ -404,7 +404,8 @@ def _memory(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
             total = sum(parts.values())
             if _above(abs(total - st["memory_bytes"]), 1e-6 * max(total, st["memory_bytes"])):
                 yield Problem(f"{where}.stages[{k}].memory_bytes", f"{st['memory_bytes']!r}, but its "
-                                                                   f"memory_breakdown_bytes add up to {total!r}")
+                                                                   f"memory_breakdown_bytes add up to {total!r}; "
+                                                                   "restore the file or plan again")
                 return
     pp = plan["parallelism"]["pp"]
     if not stages or len(stages) != pp * plan["parallelism"]["vp"]:
@@ -451,7 +452,8 @@ def _predicted(plan: dict, where: str, batch: int) -> Iterator[Problem]:
     t = pred["iteration_time_s"]
     if t > 0 and _above(abs(pred["samples_per_s"] - batch / t), REL_TOL * batch / t):
         yield Problem(f"{where}.predicted.samples_per_s", f"{pred['samples_per_s']!r}, but global batch {batch} / "
-                                                          f"iteration_time_s {t!r} = {batch / t!r}")
+                                                          f"iteration_time_s {t!r} = {batch / t!r}; restore the "
+                                                          "file or plan again")
 
 
 def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
