@@ -1923,6 +1923,7 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
                       else param_state_of(job).floor_bytes_per_param())
     mem = usable_memory_bytes(job, float(memory_bytes_of(cluster).max()))
     on_host = options is not None and set(options.schedules) <= {"mobius", "roundpipe"}  # the state lives on the host
+    host_flags = _host_flags(job, options.schedules) if options is not None and cluster.host is not None else ""
     offload = ("" if cluster.host is None or job.weight_streaming else
                "add --optimizer-offload (this cluster has host memory), or " if not job.optimizer_offload else
                "add --stream-weights (weights and gradients on the host, streamed layer by layer), or ")
@@ -1942,8 +1943,7 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
             _either(["lower --micro-batch-size"] * _micro_batch_size_can_drop(options)
                     + [f"raise --pp (pinned to {options.pp})"] * bool(options.pp and not options.split and _pp_can_rise(
                         options, cluster, prof.num_layers, min(v.tp for v in variants)))
-                    + [_host_flags(job, options.schedules)] * bool(cluster.host is not None
-                                                                  and _host_flags(job, options.schedules))
+                    + [host_flags] * bool(host_flags)
                     + ["drop --split (or pin smaller stages)"] * bool(options.split)
                     + ["use a larger cluster"])
             if options is not None and (options.pp or options.split)

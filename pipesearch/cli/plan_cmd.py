@@ -166,8 +166,8 @@ def split_notes(plans) -> list[str]:
             out.append(f"plan {p.rank}: split not proven optimal within the search's work limits (best found "
                        f"{format_seconds(p.predicted.iteration_time_s)}, lower bound "
                        f"{format_seconds(info['lower_bound_s'])}, gap {gap_percent(info['gap'])})")
-        mapping = dict(p.extra).get("mapping") or {}
-        if mapping.get("status") not in (None, "OPTIMAL"):  # the device order of a mixed cluster
+        mapping = _open_mapping(p)
+        if mapping:  # the device order of a mixed cluster, not proven
             out.append(f"plan {p.rank}: device order not proven optimal ({mapping['status']} after "
                        f"{mapping.get('orders_evaluated', '?')} of {mapping.get('orders_total', '?')} orders, lower "
                        f"bound {format_seconds(mapping['best_bound_s'])}, gap {gap_percent(mapping['gap'])})")
@@ -285,12 +285,18 @@ def _own_bound_s(plan) -> float:
     bound of its split search when that stopped at its work limits, and of
     its device-order search (a mixed cluster's ``mapping``) when that did
     not prove its order; inf when both are proven."""
-    extra = dict(plan.extra or ())
-    split, mapping = extra.get("split_search") or {}, extra.get("mapping") or {}
+    split, mapping = dict(plan.extra or ()).get("split_search") or {}, _open_mapping(plan)
     bounds = [float(split["lower_bound_s"])] if not split.get("exact", True) else []
-    if mapping.get("status") not in (None, "OPTIMAL"):
+    if mapping:
         bounds.append(float(mapping["best_bound_s"]))
     return min(bounds, default=math.inf)
+
+
+def _open_mapping(plan) -> dict | None:
+    """The plan's ``mapping`` record (a mixed cluster's device-order
+    search) when the order search did not prove its order; else None."""
+    mapping = dict(plan.extra or ()).get("mapping") or {}
+    return mapping if mapping.get("status") not in (None, "OPTIMAL") else None
 
 
 def _rank_list(ranks: list[int]) -> str:
@@ -435,7 +441,7 @@ class _Progress:
                    "none / selective / full that fits (docs/offload.md).")
 @click.option("--split", callback=_split,
               help="Score this split (layers per stage, e.g. 5,3,4; with per-stage replicas NxR, e.g. 32x15,8x1: "
-                   "17 layers on 15 replicas, then 6 on 1) instead of searching.")
+                   "32 layers on 15 replicas, then 8 on 1) instead of searching.")
 @click.option("--replicate-stages", is_flag=True,
               help="Also search per-stage data-parallel replication (PipeDream / DAPPLE: each stage on its own "
                    "number of replicas, each one tensor-parallel group, pp 2 to 4 unless --pp pins it).")

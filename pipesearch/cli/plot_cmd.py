@@ -44,13 +44,15 @@ def plot_command(plan_file, kind, rank, output):
     if output is not None:
         check_writable(output, "figure (-o)")
     check_distinct_paths({"-o": output or f"{kind}.png"}, {"PLANS.json": plan_file})
+    doc = plan_file
     if kind in ("stages", "timeline"):  # one plan drawn: say so when its file disagrees with its replay
         from ..plan import load_plan_file, select_plan
         from .simulate_cmd import replay, replay_warnings
 
-        plan = select_plan(load_plan_file(plan_file), rank, plan_file)
+        doc = load_plan_file(plan_file)  # read once: drawn below
+        plan = select_plan(doc, rank, plan_file)
         total_s, tl = replay(plan, plan_file, rank)
         for line in replay_warnings(plan_file, rank, plan, total_s, tl):
             click.echo(f"warning: {line}", err=True)
-    out = render(kind, plan_file, f"{kind}.png" if output is None else output, rank=rank)
+    out = render(kind, doc, f"{kind}.png" if output is None else output, rank=rank, source=str(plan_file))
     click.echo(f"wrote {Path(out)}")

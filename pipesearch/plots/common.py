@@ -259,10 +259,12 @@ def _atomic(path: Path, write) -> Path:
 
 
 def render(kind: str, plan_file: PlanFile | str | PathLike[str], path: str | PathLike[str],
-           rank: int = 1) -> Path:
+           rank: int = 1, source: str | None = None) -> Path:
     """Draw one figure of a plan file (``kind`` in :data:`KINDS`) to ``path``.
 
-    ``rank`` chooses the plan for ``stages`` and ``timeline``.
+    ``rank`` chooses the plan for ``stages`` and ``timeline``; ``source``
+    names the file in messages (default: the path, or "plan file" for a
+    :class:`PlanFile` already read).
 
     Raises:
         InputError: unknown kind, unsupported suffix, missing output directory.
@@ -271,7 +273,7 @@ def render(kind: str, plan_file: PlanFile | str | PathLike[str], path: str | Pat
     """
     if kind not in KINDS:
         raise InputError(f"unknown plot kind {kind!r}; expected one of {', '.join(KINDS)}")
-    return _render(kind, load(plan_file), path, rank, source_name(plan_file))
+    return _render(kind, load(plan_file), path, rank, source or source_name(plan_file))
 
 
 def _render(kind: str, pf: PlanFile, path, rank: int, source: str) -> Path:
