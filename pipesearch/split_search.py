@@ -209,11 +209,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     few that most often exclude a point whole (:func:`_cutoff_proof`).
     """
     m, S = costs.num_micro_batches, costs.pp
-    F, B = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j)
-    c = costs.send_s(s, j)
-    cin = np.where(np.asarray(s) > 0, costs.send_s(np.maximum(np.asarray(s) - 1, 0), i), 0.0)
-    I = costs.bwd_input_s(s, i, j)
-    r = costs.after_backward_s(s, i, j)
+    F, B, I, c, cin, r = _stage_terms(costs, s, i, j)
     blocking = not send_overlap(schedule)
     f = F + c if blocking else F
     b = B + cin if blocking else B
@@ -251,9 +247,8 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     if own_only:
         return fams
     if chains and schedule in CHAIN_SCHEDULES:
-        per_action = (f, b, I + (cin if blocking else 0.0), B - I)
-        drain = b if blocking else G + c  # one step of micro-batch m-1's gradient back up to stage s
-        fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, F + c + drain, per_action, r,
+        fill_drain, per_action = _chain_inputs(schedule, (F, B, I, c, cin, r))
+        fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, fill_drain, per_action, r,
                                                                  chain_families or MAX_CHAIN_FAMILIES)]
     if chains and len(paths):
         fams += [_path_family(coef, s, (F, B, I, B - I, c, r), cin) for coef in paths]
@@ -261,6 +256,31 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         terms = separable_terms(fams, s, pp)
         fams.append([("sum", sum(w * a for w, a in zip(weights, terms) if w > 0), None)])
     return fams
+
+
+def _stage_terms(costs: PipelineCosts, s, i, j) -> tuple:
+    """``(F, B, I, c, c_in, r)`` of stage ``s`` over the layers ``[i, j)``
+    (broadcastable int arrays): forward, backward and input-gradient
+    compute, the transfer to the next stage and from the previous one (0 on
+    stage 0), and the all-reduce after the stage's last backward (seconds)."""
+    F, B = costs.fwd_s(s, i, j), costs.bwd_s(s, i, j)
+    c = costs.send_s(s, j)
+    cin = np.where(np.asarray(s) > 0, costs.send_s(np.maximum(np.asarray(s) - 1, 0), i), 0.0)
+    return F, B, costs.bwd_input_s(s, i, j), c, cin, costs.after_backward_s(s, i, j)
+
+
+def _chain_inputs(schedule: str, terms) -> tuple:
+    """``(fill_drain, per_action)`` of :func:`_chain_terms` from a stage's
+    ``terms`` (:func:`_stage_terms`): ``F + c`` plus one step of micro-batch
+    ``m - 1``'s gradient back up, and the durations of an ``F``, ``B``,
+    ``I`` and ``W`` action (blocking sends charged to the action that waits
+    on them)."""
+    F, B, I, c, cin, _ = terms
+    blocking = not send_overlap(schedule)
+    f = F + c if blocking else F
+    b = B + cin if blocking else B
+    drain = b if blocking else (I if schedule == "zb-h1" else B) + c
+    return F + c + drain, (f, b, I + (cin if blocking else 0.0), B - I)
 
 
 #: the seventh row of a marked path family of :func:`_start_paths` (a ``(7, S)``
@@ -1535,12 +1555,14 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     ks, d, i = _stage_ranges(costs, W)
     if not len(ks):
         return np.inf
-    fams = bound_families(costs, schedule, pp, ks, i, i + d, chains=schedule in CHAIN_SCHEDULES, chain_families=S)
-    sums = [fam[0][1] for fam in fams if len(fam) == 1 and fam[0][0] == "sum"]
-    devices = [fam[0][2] for fam in fams if len(fam) == 1 and fam[0][0] == "device"]
+    fams = bound_families(costs, schedule, pp, ks, i, i + d)  # the chain families: _chain_stage_minima
+    sums = _stage_minima([fam[0][1] for fam in fams if len(fam) == 1 and fam[0][0] == "sum"], ks, d, S, W)
+    if schedule in CHAIN_SCHEDULES:
+        sums = np.concatenate([sums, _chain_stage_minima(costs, schedule, pp, ks, d, i, W)])
+    devices = _stage_minima([fam[0][2] for fam in fams if len(fam) == 1 and fam[0][0] == "device"], ks, d, S, W)
     least = _least_stage_bytes(costs, ks, d, i, pp, W) if costs.chunk_states is not None and S > pp else None
     pairs = _chunk_pairs_fit(least, costs.capacity_bytes, pp) if least is not None and S == 2 * pp else None
-    per_rank = [_rank_minima(_stage_minima(terms, ks, d, S, W), pp, pairs) for terms in (sums, devices)]
+    per_rank = [_rank_minima(minima, pp, pairs) for minima in (sums, devices)]
     allowed = np.all(per_rank[1] < cutoff_s, axis=0)  # (pp, R): layer counts a rank below the cutoff can hold
     if costs.chunk_states is not None and S > pp:  # and its device's memory can hold
         allowed &= _rank_memory_fits(least, costs.capacity_bytes, pp)
@@ -1636,6 +1658,48 @@ def _stage_minima(terms, ks, d, S: int, W: int) -> np.ndarray:
     return out.reshape(len(terms), S, W)
 
 
+def _chain_stage_minima(costs: PipelineCosts, schedule: str, pp: int, ks, d, i, W: int) -> np.ndarray:
+    """``(S, S, W)``: the chain families of every stage (:func:`_chain_terms`
+    with ``families = S``) through :func:`_stage_minima` over the ranges
+    ``(ks, d, i)`` of :func:`_stage_ranges`, equal to it entry for entry.
+    A family's term on stage ``s`` is fixed by five numbers of ``(family,
+    s)`` (whether ``s`` precedes the family's stage, and its F, B, I, W
+    counts there) and only a few such vectors occur (four for interleaved
+    1F1B at any ``pp`` and ``vp``; at most three per stage for ZB-H1), so
+    each vector is evaluated once on the ranges of the stages that use it,
+    not once per family: ``O(U n)`` for ``U`` vectors per stage and ``n``
+    ranges, against ``O(S n)``."""
+    m, S = costs.num_micro_batches, costs.pp
+    stages, counts = _chain_counts(schedule, pp, m, S // pp, S)
+    if not len(counts):
+        return np.zeros((0, S, W))
+    terms = _stage_terms(costs, ks, i, i + d)
+    fill_drain, per_action = _chain_inputs(schedule, terms)
+    before = (np.array(stages)[:, None] > np.arange(S)[None, :]).astype(np.int64)  # (family, stage)
+    vectors, which = np.unique(np.concatenate([before[..., None], counts], axis=2).reshape(-1, 5), axis=0,
+                               return_inverse=True)
+    which = which.reshape(len(stages), S)
+    used = np.zeros((len(vectors), S), dtype=bool)
+    used[which, np.arange(S)[None, :]] = True
+    fd, per_action = np.broadcast_to(fill_drain, ks.shape), [np.broadcast_to(x, ks.shape) for x in per_action]
+    own = np.where(ks % pp == 0, np.broadcast_to(terms[5], ks.shape), 0.0)
+    key = ks * W + (d - 1)
+    out = np.full((len(vectors), S * W), np.inf)
+    with np.errstate(invalid="ignore"):
+        for u, (precedes, *kinds) in enumerate(vectors.tolist()):
+            at = np.flatnonzero(used[u][ks])
+            if not len(at):
+                continue
+            work = 0.0  # in kind order, as _chain_terms adds them (a count of 0 adds +0)
+            for kind, n in enumerate(kinds):
+                if n > 0:
+                    work = work + n * per_action[kind][at]
+            value = np.broadcast_to((fd[at] if precedes else 0.0) + work + own[at], at.shape).astype(float)
+            first = np.flatnonzero(np.r_[True, key[at][1:] != key[at][:-1]])
+            out[u, key[at][first]] = np.minimum.reduceat(value, first)
+    return out.reshape(len(vectors), S, W)[which, np.arange(S)[None, :]]
+
+
 def _rank_minima(a: np.ndarray, pp: int, pairs: np.ndarray | None = None) -> np.ndarray:
     """``(H, pp, vp W + 1)``: ``g[h, q, R]``, the least sum of ``a[h, s,
     d_s - 1]`` over rank ``q``'s stages ``s = c pp + q`` with lengths ``d_s``
@@ -1689,14 +1753,16 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     bound of a split that fits (:func:`split_lower_bounds`, no table); for
     :data:`OWN_FAMILY_SCHEDULES` the root bound of their own closed-form
     families alone (``own_only`` tables); the root bound of the cheap
-    families; for the chain schedules the
-    whole-layers-per-rank bound of :func:`rank_layer_bound_s`; for
+    families; for
     interleaved 1F1B the fluid bound
     (:func:`pipesearch.fluid_bound.fluid_lower_bound_s`; before the tables
     when they are large, :func:`_fluid_first`); then the
     first :data:`FIRST_NODES` nodes of the branch and bound with the cheap
     families and the rank-counting bound (a split it meets below the cutoff
-    is evaluated and kept in ``ev``). The chain families and their
+    is evaluated and kept in ``ev``); last, for the chain schedules, the
+    whole-layers-per-rank bound of :func:`rank_layer_bound_s` (the dearest:
+    on the default plan it settled none of the 35 points it was tried on
+    before the first nodes). The chain families and their
     Lagrangian combination (:func:`lagrange_weights`) are left to the
     search proper: on the PipeDream profiles (vgg16, resnet50 on
     4x4-v100-10gbe) they excluded 1 more of 347 interleaved and ZB-H1
@@ -1724,14 +1790,14 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
         if not np.isfinite(root) and optimal_split(costs) is None:
             return tables, "infeasible"
         return tables, ExactSplit((), np.inf, np.inf, float(min(root, cutoff_s)), True, 0, 0)
-    if schedule in CHAIN_SCHEDULES and rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:
-        return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # whole layers per rank
     if not fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp, cutoff_s) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # the fluid relaxation
     excluded, _, _ = _branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, cutoff_s / (1 + tie_rel), tie_rel,
                                        max_splits, min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))
     if excluded and min(ev.times.values(), default=np.inf) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
+    if schedule in CHAIN_SCHEDULES and rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:
+        return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # whole layers per rank
     return tables, None
 
 

@@ -135,6 +135,36 @@ def test_rank_knapsack_equals_enumeration(seed):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_chain_stage_minima_equal_each_range_bounded_alone(seed):
+    """The chain families' least term over the starts of every (stage,
+    length), evaluated once per distinct coefficient vector, equals the
+    minimum of each family's term computed range by range
+    (:func:`pipesearch.split_search.bound_families` on one range at a
+    time), for interleaved 1F1B (vp 2 and 3) and ZB-H1 on random layers. A
+    vector applied to a stage that does not use it, a family mapped to
+    another family's vector or a range grouped under the wrong length
+    gives another minimum somewhere."""
+    rng = np.random.default_rng(seed)
+    schedule, vp = (("interleaved-1f1b", 2), ("zb-h1", 1), ("interleaved-1f1b", 3))[seed % 3]
+    pp = int(rng.integers(2, 4)) if vp < 3 else 2
+    S = num_stages_of(schedule, pp, vp)
+    L = int(rng.integers(S + 1, S + 6))
+    m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
+    costs = _costs(schedule, pp, vp, m, L, rng, uniform=seed % 2 == 0)
+    W = L - S + 1
+    ks, d, i = split_search._stage_ranges(costs, W)
+    got = split_search._chain_stage_minima(costs, schedule, pp, ks, d, i, W)
+    base = len(split_search.bound_families(costs, schedule, pp, 0, 0, 1))
+    want = np.full((S, S, W), np.inf)
+    for k, dk, ik in zip(ks.tolist(), d.tolist(), i.tolist()):
+        fams = split_search.bound_families(costs, schedule, pp, k, ik, ik + dk, chains=True, chain_families=S)
+        for f, fam in enumerate(fams[base:]):
+            want[f, k, dk - 1] = min(want[f, k, dk - 1], float(fam[0][1]))
+    assert got.shape == (S, S, W)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
 def _gpt_like(pp: int, vp: int, m: int, middle: int, seed: int):
     """Interleaved 1F1B costs shaped like GPT-3's layer table: ``middle``
     identical transformer layers between a light embedding (2% of a layer's
