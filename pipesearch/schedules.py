@@ -400,6 +400,15 @@ def build_orders(name: str, p: int, m: int, v: int = 1) -> tuple[list[tuple[str,
     return tuple(list(order(r)) for r in range(p))
 
 
+def check(name: str, p: int, m: int, v: int = 1) -> None:
+    """Refuse what :func:`build` refuses, without building the action lists.
+
+    Raises:
+        InputError: as :func:`build`.
+    """
+    _order_of(name, p, m, v)
+
+
 def _order_of(name: str, p: int, m: int, v: int):
     """The per-rank order generator of schedule ``name`` after every check
     :func:`build` makes (name, ``v``, then the builder's own)."""
@@ -861,14 +870,16 @@ def _check_deadlock(actions, S, M, owner, pos_f, pos_b) -> None:
 _TORCH_CELL = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
 
 
-def to_torch_csv(actions: Sequence[Sequence[Action]]) -> str:
+def to_torch_csv(actions) -> str:
     """The schedule in the compute-only CSV that torch's ``_load_csv`` reads:
     one row per rank, one cell per action (``0F1`` = stage 0 forward of
-    micro-batch 1), rows ending in ``\\r\\n`` as ``csv.writer`` writes them."""
+    micro-batch 1), rows ending in ``\\r\\n`` as ``csv.writer`` writes them.
+    ``actions``: per rank its :class:`Action` objects (:func:`build`) or
+    ``(kind, stage, micro-batch)`` tuples (:func:`build_orders`)."""
     buf = io.StringIO()
     writer = csv.writer(buf)
     for seq in actions:
-        writer.writerow([str(a) for a in seq])
+        writer.writerow([str(a) if isinstance(a, Action) else f"{a[1]}{a[0]}{a[2]}" for a in seq])
     return buf.getvalue()
 
 

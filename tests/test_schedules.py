@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -343,3 +345,31 @@ def test_build_orders_are_the_built_actions(name):
         assert build_orders(name, p, m, v) == tuple([(a.kind, a.stage, a.microbatch) for a in seq] for seq in actions)
     with pytest.raises(InputError):
         build_orders(name, 0, 4, v)
+
+
+@pytest.mark.parametrize("name", [n for n in SCHEDULES if n != "roundpipe"])
+def test_check_refuses_exactly_what_build_refuses(name):
+    """``check`` (the plan validator's test that a schedule can run) raises
+    for the same ``(p, m, v)`` as ``build``, over counts that cross each
+    builder's rules (m below p, m not a multiple of p for interleaved 1F1B,
+    v other than 1 for one-stage schedules, zero counts)."""
+    from pipesearch.schedules import check
+
+    for p, m, v in itertools.product((0, 1, 2, 3, 4), (0, 1, 2, 3, 4, 6, 8), (0, 1, 2, 3)):
+        try:
+            build(name, p, m, v)
+            built = None
+        except InputError as exc:
+            built = str(exc)
+        try:
+            check(name, p, m, v)
+            checked = None
+        except InputError as exc:
+            checked = str(exc)
+        assert checked == built, (p, m, v)
+
+
+@pytest.mark.parametrize("name", [n for n in SCHEDULES if n != "roundpipe"])
+def test_torch_csv_of_plain_orders_equals_that_of_actions(name):
+    v = 2 if name in ("interleaved-1f1b", "looped-bfs", "mobius") else 1
+    assert to_torch_csv(build_orders(name, 4, 8, v)) == to_torch_csv(build(name, 4, 8, v))

@@ -10,7 +10,7 @@ What the export holds (all JSON):
   ``stage_to_rank`` (a list: stage ``s`` runs on ``stage_to_rank[s]``) and
   ``rank_to_stages``.
 * ``pipeline_order_csv``: pipesearch's own order of the schedule
-  (:func:`pipesearch.schedules.build` + :func:`~pipesearch.schedules.to_torch_csv`),
+  (:func:`pipesearch.schedules.build_orders` + :func:`~pipesearch.schedules.to_torch_csv`),
   **always** emitted. For the multi-stage classes (``ScheduleInterleaved1F1B``,
   ``ScheduleLoopedBFS``, ``ScheduleInterleavedZeroBubble``, all
   ``_PipelineScheduleRuntime`` subclasses) write it to a file and call
@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
-from ..schedules import build, from_torch_csv, stage_to_rank, to_torch_csv
+from ..schedules import build_orders, from_torch_csv, stage_to_rank, to_torch_csv
 from ..types import Plan
 from . import (
     FORMAT_VERSION,
@@ -331,7 +331,7 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
     p, v, m = plan.pp, plan.vp, plan.num_micro_batches
     num_stages = p * v
     try:
-        order = build(plan.schedule, p, m, v)
+        order_csv = to_torch_csv(build_orders(plan.schedule, p, m, v))
     except InputError as exc:
         raise InputError(f"torch: cannot build the pipeline order: {exc}") from exc
     split_spec = {mods[a][0]: SPLIT_POINT for a, _ in layers.ranges[1:]}
@@ -383,7 +383,7 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             cls=cls, m=m,
             mbs=plan.micro_batch_size, stage_layers=[[list(mods[i]) for i in range(a, b)] for a, b in layers.ranges],
             recompute=rc,
-            csv=to_torch_csv(order), multi=cls not in SINGLE_STAGE_CLASSES)
+            csv=order_csv, multi=cls not in SINGLE_STAGE_CLASSES)
     else:
         notes.append("no pipeline_torch.py: the snippet has no tensor parallelism (tp > 1).")
     return {
@@ -400,7 +400,7 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         "stages_per_rank": v,
         "stage_to_rank": [s % p for s in range(num_stages)],
         "rank_to_stages": [[r + c * p for c in range(v)] for r in range(p)],
-        "pipeline_order_csv": to_torch_csv(order),
+        "pipeline_order_csv": order_csv,
         "layer_modules": mods,
         "files": files,
         "notes": notes,

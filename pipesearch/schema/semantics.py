@@ -23,7 +23,7 @@ inputs:
 * every stage's forward time ``fwd_s`` is part of its ``compute_s`` and its
   input-gradient time ``bwd_input_s`` part of the backward time
   ``compute_s - fwd_s``;
-* the schedule's builder (:func:`pipesearch.schedules.build`) accepts
+* the schedule's builder (:func:`pipesearch.schedules.check`) accepts
   ``pp``, ``vp`` and ``num_micro_batches`` (at most
   :data:`MAX_STAGE_MICRO_BATCHES` stage micro-batches), so the simulator can
   replay it;
@@ -55,7 +55,7 @@ from typing import Iterator
 
 from ..errors import InputError
 from ..limits import MAX_BYTES, MAX_PLAN_S, MAX_SAMPLES_PER_S
-from ..schedules import build
+from ..schedules import check
 from ..stage_options import offloads_activations
 from ..types import SCHEDULES
 from . import Problem, show
@@ -226,7 +226,7 @@ def _schedule(plan: dict, where: str) -> Iterator[Problem]:
     if sch["name"] == "roundpipe":  # not an action list: its tasks are checked by _roundpipe
         return
     try:
-        build(sch["name"], par["pp"], sch["num_micro_batches"], par["vp"])
+        check(sch["name"], par["pp"], sch["num_micro_batches"], par["vp"])
     except InputError as exc:
         yield Problem(f"{where}.schedule", f"{sch['name']} cannot run pp {par['pp']} x vp {par['vp']} with "
                                            f"{sch['num_micro_batches']} micro-batches ({exc})")
