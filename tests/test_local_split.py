@@ -145,19 +145,39 @@ def test_remaining_nodes_estimate_by_hand():
     assert remaining_nodes_estimate([([1.0, 2.0], 2, 2)], 5.0) == 0.0
 
 
-def test_searches_stopped_as_hopeless_keep_valid_bounds(monkeypatch):
-    """With the estimate taken before the third node and any tree left of
-    more than 0.1 x the node limit called hopeless (and no enumeration), on
-    8 seeded points: some searches stop there (before, every one ran to its
-    limit), and each one reports a lower bound at most the best time of
-    every fitting split (the discrete-event simulator on each) and a split
-    whose time is its own; one that ends has that best."""
+def test_searched_share_by_hand():
+    """Root: children bounds 1, 2, 9, limit 5: two live, each half the
+    tree; the one at position 0 in progress. Below it: four live children,
+    an eighth each, two finished: a quarter searched. With the root's
+    second child in progress and one of two below finished: 1/2 + 1/4.
+    Under a limit of 1.5 the root's second child (bound 2) is excluded
+    while in progress: its one live sibling finished, all of it searched."""
+    from pipesearch.split_search import searched_share
+
+    assert searched_share([([1.0, 2.0, 9.0], 0, 1, 3), ([1.0] * 4, 0, 2, 4)], 5.0) == 0.25
+    assert searched_share([([1.0, 2.0, 9.0], 0, 2, 3), ([3.0, 3.0], 0, 1, 2)], 5.0) == 0.75
+    assert searched_share([([1.0, 2.0, 9.0], 0, 2, 3), ([3.0, 3.0], 0, 1, 2)], 1.5) == 1.0
+    assert searched_share([([6.0], 0, 0, 1)], 5.0) == 0.0
+
+
+@pytest.mark.parametrize("rule", ["path estimate", "searched share"])
+def test_searches_stopped_as_hopeless_keep_valid_bounds(monkeypatch, rule):
+    """With either estimate taken before the third node and any tree of
+    more than a small share of the node limit called hopeless (and no
+    enumeration), on 8 seeded points: some searches stop there (before,
+    every one ran to its limit), and each one reports a lower bound at most
+    the best time of every fitting split (the discrete-event simulator on
+    each) and a split whose time is its own; one that ends has that best."""
     from pipesearch.split_search import exhaustive_simulated_split
 
     monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
     monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
-    monkeypatch.setattr(split_search, "ESTIMATE_NODES", 3)
-    monkeypatch.setattr(split_search, "HOPELESS_FACTOR", 0.1)
+    if rule == "path estimate":
+        monkeypatch.setattr(split_search, "ESTIMATE_NODES", 3)
+        monkeypatch.setattr(split_search, "HOPELESS_FACTOR", 0.1)
+    else:
+        monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**9)
+        monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((3, 0.01),))
     stopped = 0
     for seed in range(8):
         schedule, pp, vp, costs = _instance(400 + seed, 8, 10)
