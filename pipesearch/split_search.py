@@ -595,7 +595,13 @@ class _Tables:
     ``max(s, L - (S - s) W) .. min(s W, L - S + s)`` (``_start``, ``_stop``),
     stages of at most ``W = min(width, L - S + 1)`` layers, the first stage
     only from layer 0 and the last one only up to layer ``L`` (one range per
-    start); the minima from other layers are infinite. Within a block of
+    start); with ``limit_s`` (only splits faster than it matter, ``W`` its
+    :func:`_width_for`) also only from the layers whose compute before them
+    the ``s`` stages before can hold and whose compute after them the rest
+    can (each at most :func:`_span_s`: ``c(i) <= s span`` and ``c(L) -
+    c(i) <= (S - s) span``, ``c`` the compute prefix), which on layers of
+    unequal times is narrower than counting ``W`` layers per stage; the
+    minima from other layers are infinite. Within a block of
     middle stages the band is cut to the longest range that fits in memory
     (longer ones are +inf). The components are stacked by how the backward
     DP combines them (:meth:`_block`): ``add`` (``sum`` alpha, ``device``
@@ -611,9 +617,9 @@ class _Tables:
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False,
-                 paths=(), own_only: bool = False):
+                 paths=(), own_only: bool = False, limit_s: float = np.inf):
         L, S = costs.num_layers, costs.pp
-        self.costs, self.schedule, self.pp, self.own_only = costs, schedule, pp, own_only
+        self.costs, self.schedule, self.pp, self.own_only, self.limit_s = costs, schedule, pp, own_only, limit_s
         self.width = max(1, min(width, L))
         # no stage of a split is longer than L - S + 1 (every other stage has a layer)
         self.rows = W = max(1, min(self.width, L - S + 1))
@@ -629,6 +635,10 @@ class _Tables:
         st = np.arange(S)
         self._start = np.maximum(st, L - (S - st) * W)
         self._stop = np.minimum(st * W, L - S + st)
+        if np.isfinite(limit_s):  # and the compute the stages before and after can hold
+            cp, span = costs.compute_prefix_s, _span_s(costs, limit_s)
+            self._start = np.maximum(self._start, np.searchsorted(cp, cp[-1] - (S - st) * span, "left"))
+            self._stop = np.minimum(self._stop, np.searchsorted(cp, st * span, "right") - 1)
         self._last_stage()
         if S == 1:
             return
@@ -658,10 +668,11 @@ class _Tables:
         new = _Tables.__new__(_Tables)
         if self.chains or self.weights is not None or self.own_only or S <= 2 or any(
                 where == "banded" and 0 < k < S - 1 for k, (where, *_) in self._kept.items()):
-            new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True, paths=paths)
+            new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True, paths=paths,
+                         limit_s=self.limit_s)
             return new
         new.costs, new.schedule, new.pp, new.width, new.rows = costs, self.schedule, self.pp, self.width, self.rows
-        new.own_only = False
+        new.own_only, new.limit_s = False, self.limit_s
         new.weights, new.chains, new.paths = weights, True, paths
         new._kept, new._columns, new._held, new._suf = {}, {}, 0, [None] * (S + 1)
         new._start, new._stop = self._start, self._stop
@@ -1104,13 +1115,20 @@ def _width_for(costs: PipelineCosts, limit_s: float) -> int:
     most ``limit_s`` on the fastest stage (no longer stage can be in a split
     faster than ``limit_s``: its rank does that work one micro-batch after
     another)."""
-    L, m = costs.num_layers, costs.num_micro_batches
+    L = costs.num_layers
     if not np.isfinite(limit_s):
         return L
     cp = costs.compute_prefix_s
-    span = limit_s / (m * max(float(np.min(costs.time_scale)), 1e-300)) * (1 + 1e-9) + 1e-15
-    lo = np.searchsorted(cp, cp - span, "left")
+    lo = np.searchsorted(cp, cp - _span_s(costs, limit_s), "left")
     return int(max(1, np.max(np.arange(L + 1) - lo)))
+
+
+def _span_s(costs: PipelineCosts, limit_s: float) -> float:
+    """The most compute (seconds of ``costs.compute_prefix_s``) one stage
+    of a split faster than ``limit_s`` can hold: its rank runs the stage's
+    ``m`` micro-batches one after another, at best on the fastest stage's
+    device (with a relative margin of 1e-9 for rounding)."""
+    return limit_s / (costs.num_micro_batches * max(float(np.min(costs.time_scale)), 1e-300)) * (1 + 1e-9) + 1e-15
 
 
 class _Evaluator:
@@ -1249,7 +1267,8 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if not tabled or not tables_fit(costs, _width_for(costs, incumbent * (1 + tie_rel))):
         return _untabled(costs, ev, pp, tie_rel)
     if tables is None:  # else the cutoff's band holds every stage a split faster than it can have
-        tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)))
+        tables = _Tables(costs, schedule, pp, _width_for(costs, incumbent * (1 + tie_rel)),
+                         limit_s=incumbent * (1 + tie_rel))
     paths = ()
     if schedule in CHAIN_SCHEDULES and S * tables.width * (L + 1) <= PATH_RANGES:
         paths = _start_paths(costs, schedule, pp, vp, ev)
@@ -1794,10 +1813,10 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     if fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp, cutoff_s) >= cutoff_s:
         return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     if schedule in OWN_FAMILY_SCHEDULES:  # its own few families first: smaller tables
-        own = _Tables(costs, schedule, pp, width, own_only=True).root_bound()
+        own = _Tables(costs, schedule, pp, width, own_only=True, limit_s=cutoff_s * (1 + tie_rel)).root_bound()
         if cutoff_s <= own < np.inf:
             return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
-    tables = _Tables(costs, schedule, pp, width)
+    tables = _Tables(costs, schedule, pp, width, limit_s=cutoff_s * (1 + tie_rel))
     root = tables.root_bound()
     if root >= cutoff_s:
         if not np.isfinite(root) and optimal_split(costs) is None:

@@ -135,3 +135,31 @@ def test_own_family_tables_hold_the_schedules_own_families(seed):
     root = split_search._Tables(costs, schedule, pp, L, own_only=True).root_bound()
     assert root == pytest.approx(want, rel=1e-12)
     assert root <= min(bounds_tests._simulated(costs, schedule, pp, vp, b) for b in splits) * (1 + 1e-9)
+
+
+def test_starts_under_a_limit_hold_every_split_that_can_beat_it():
+    """With a limit, stage ``s`` is tabled only from the layers whose
+    compute before it the ``s`` stages before can hold and whose compute
+    after it the rest can (each stage's ``m`` micro-batches of compute on
+    the fastest device within the limit). By enumeration on 16 seeded
+    points and limits across the splits' needs: every split whose every
+    stage stays within the limit (the only ones that can beat it) starts
+    each stage inside the tabled range, and on unequal layers the range is
+    narrower than counting ``W`` layers per stage on some point (a start
+    test on the wrong side of the prefix, or an off-by-one at the
+    boundary, fails one of the two)."""
+    narrower = 0
+    for seed in range(16):
+        schedule, pp, _, m, costs = bounds_tests._point(seed)
+        L, S = costs.num_layers, costs.pp
+        cp, scale = costs.compute_prefix_s, float(np.min(costs.time_scale))
+        splits = np.array(bounds_tests._splits(L, S))
+        need = m * scale * np.max(np.diff(cp[splits], axis=1), axis=1)  # (splits,): the least limit each can beat
+        for limit in np.unique(np.quantile(need, [0.0, 0.3, 0.7])):
+            width = split_search._width_for(costs, limit)
+            tables = split_search._Tables(costs, schedule, pp, width, limit_s=limit)
+            plain = split_search._Tables(costs, schedule, pp, width)
+            for b in splits[need <= limit]:
+                assert np.all(tables._start <= b[:-1]) and np.all(b[:-1] <= tables._stop), (seed, limit, b)
+            narrower += bool(np.any(tables._start > plain._start) or np.any(tables._stop < plain._stop))
+    assert narrower > 0
