@@ -194,3 +194,47 @@ def test_searches_stopped_as_hopeless_keep_valid_bounds(monkeypatch, rule):
         if got.exact:
             assert got.best_time_s == pytest.approx(ref[0], rel=1e-9)
     assert stopped > 0
+
+
+def test_fluid_only_points_build_no_tables_and_keep_valid_bounds(monkeypatch):
+    """With the fluid bound's regime forced on small interleaved points
+    (every table counted large, every node budget below the limit, no
+    enumeration): no bound table is built, and on 6 seeded points each
+    search reports a lower bound at most the best time of every fitting
+    split (each simulated), a split whose time is its own, and exact only
+    when that bound meets it; with cutoffs at and above the optimum, a
+    point is proven unable to beat its cutoff only when the optimum does
+    not beat it either."""
+    from pipesearch.split_search import exhaustive_simulated_split
+
+    def no_tables(*args, **kwargs):
+        raise AssertionError("a bound table was built")
+
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
+    monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
+    monkeypatch.setattr(split_search, "FLUID_FIRST_RANGES", 0)
+    monkeypatch.setattr(split_search, "FLUID_ONLY_NODES", 10**9)
+    monkeypatch.setattr(split_search, "_Tables", no_tables)
+    seen = 0
+    for seed in range(60):
+        schedule, pp, vp, costs = _instance(500 + seed, 8, 10)
+        if schedule != "interleaved-1f1b":
+            continue
+        ref = exhaustive_simulated_split(costs, schedule, pp, vp)
+        if ref is None:
+            continue
+        seen += 1
+        m = costs.num_micro_batches
+        for cutoff in (np.inf, ref[0] * (1 + 1e-6), ref[0] * 1.2):
+            got = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff)
+            assert got is not None
+            assert got.lower_bound_s <= ref[0] * (1 + 1e-9)
+            if not np.isfinite(got.best_time_s):  # proven: no split beats the cutoff
+                assert got.exact and cutoff <= ref[0] * (1 + 1e-6)
+                continue
+            t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(np.array(got.bounds)))
+            assert got.iteration_time_s == pytest.approx(t, rel=1e-12)
+            assert not got.exact or got.lower_bound_s >= got.best_time_s * (1 - 1e-9)
+        if seen == 6:
+            break
+    assert seen == 6
