@@ -171,7 +171,7 @@ class _Band:
         the range)."""
         L = self.costs.num_layers
         room = np.arange(lo, hi) - self.fit_starts(s, width, lo, hi)
-        if width * (L + 1) <= MAX_BAND_CELLS:
+        if width * (L + 1) <= MAX_BAND_CELLS and hi - lo > 1:  # (one row, the last stage's: not the whole band)
             self._ensure(width)
             a, b = self._cached_terms(s)
             return a[lo:hi, :width], b[lo:hi, :width], room
@@ -291,6 +291,16 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
         # no stage is longer than W: stages 0 .. s end by (s + 1) W, the rest cover at most (P - 1 - s) W
         first, end = max(first, L - (P - 1 - s) * W), min(end, (s + 1) * W + 1)
         cur = np.full(W + L + 1, _INF)
+        if s == 0 and P > 1:  # from layer 0 only: one range per end, not the band
+            j = np.arange(first, end)
+            a, b = _terms(costs, 0, np.zeros_like(j), j)
+            out = band.fit_starts(0, W, first, end) > 0
+            if np.isfinite(limit):
+                out |= (b >= limit) if strict else (b > limit)
+            cur[W + first:W + end] = np.where(out, _INF, a if mode == "sum" else b)
+            choice[0, first:end] = np.where(out, 1, j)
+            pad = cur
+            continue
         for lo in range(first, end, step):
             hi = min(end, lo + step)
             a, b, room = band.block(s, W, lo, hi)
