@@ -960,14 +960,19 @@ class PipelineCosts:
         :attr:`chunk_states`) and, for Mobius, every GPU
         (:meth:`mobius_device_peak_bytes` with the stages' activation choice:
         a finite :meth:`stage_times`)."""
-        s, i, j = np.arange(self.pp), np.asarray(bounds[:-1]), np.asarray(bounds[1:])
-        if not np.all(self.fits(s, i, j)):
-            return False
-        if self.chunk_states is not None and not np.all(self.device_fits(bounds)):
-            return False
-        if self.options is not None and self.options.swap_in_s_per_param_byte is not None:
-            return bool(np.all(np.isfinite(self.stage_times(np.asarray(bounds)).allreduce_s)))
-        return True
+        return bool(self.splits_fit(np.asarray(bounds)[None])[0])
+
+    def splits_fit(self, splits) -> np.ndarray:
+        """:meth:`split_fits` of every split of ``splits`` (``(n, P + 1)``
+        boundaries) at once: ``(n,)`` bools (the whole-device checks only
+        for the splits whose stages fit)."""
+        b = np.asarray(splits, dtype=np.int64).reshape(-1, self.pp + 1)
+        ok = np.all(self.fits(np.arange(self.pp)[None, :], b[:, :-1], b[:, 1:]), axis=1)
+        if self.chunk_states is not None and ok.any():
+            ok[ok] = np.all(self.device_fits(b[ok]), axis=1)
+        if self.options is not None and self.options.swap_in_s_per_param_byte is not None and ok.any():
+            ok[ok] = np.all(np.isfinite(np.asarray(self.stage_times(b[ok]).allreduce_s).reshape(-1, self.pp)), axis=1)
+        return ok
 
 
 def build_pipeline_costs(

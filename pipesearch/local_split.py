@@ -48,12 +48,13 @@ SKIP_ABOVE_REL = 1e-9
 
 
 def improve_split(bounds: Sequence[int], time_s: float, evaluate: Callable[[list], list],
-                  fits: Callable[[tuple], bool], radius: int = LOCAL_RADIUS,
+                  fits: Callable[[list], Sequence[bool]], radius: int = LOCAL_RADIUS,
                   rounds: int = LOCAL_ROUNDS, max_splits: int | None = None,
                   lower: Callable[[list], Sequence[float]] | None = None) -> tuple[tuple[int, ...], float]:
     """Steepest descent from ``bounds`` (time ``time_s``, seconds): each round
-    evaluates every neighbour (:func:`neighbours`) that ``fits`` in one call
-    of ``evaluate`` (a list of splits -> their times) and moves to the
+    evaluates every neighbour (:func:`neighbours`) that fits (``fits``: a
+    list of splits -> whether each fits) in one call of ``evaluate`` (a
+    list of splits -> their times) and moves to the
     fastest one if it is faster, the first in sorted order on ties; stops
     when none is, after ``rounds`` rounds, or once ``max_splits`` neighbours
     in all have been met (None: no such limit; the round that reaches it
@@ -64,7 +65,8 @@ def improve_split(bounds: Sequence[int], time_s: float, evaluate: Callable[[list
     best, best_t = tuple(int(x) for x in bounds), float(time_s)
     left = max_splits
     for _ in range(rounds):
-        cands = [c for c in neighbours(best, radius) if fits(c)]
+        cands = neighbours(best, radius)
+        cands = [c for c, ok in zip(cands, fits(cands) if cands else ()) if ok]
         if left is not None:
             cands = cands[:left]
             left -= len(cands)

@@ -1299,7 +1299,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
             start = min((t, b) for b, t in ev.times.items())
             per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)[1]
             chains = schedule in CHAIN_SCHEDULES
-            improve_split(start[1], start[0], ev.times_of, costs.split_fits,
+            improve_split(start[1], start[0], ev.times_of, costs.splits_fit,
                           max_splits=max(1, LOCAL_WORK // max(per_split, 1)),
                           lower=lambda c: split_lower_bounds(costs, schedule, pp, np.array(c, dtype=np.int64),
                                                              chains=chains, paths=paths))

@@ -53,7 +53,7 @@ def test_descent_reaches_the_minimum_of_a_convex_function():
         if not fits(start):
             continue
         t0 = evaluate([start])[0]
-        best, t = improve_split(start, t0, evaluate, fits)
+        best, t = improve_split(start, t0, evaluate, lambda c: [fits(x) for x in c])
         assert t <= t0
         assert best == target and t == 0.0
     assert all(fits(s) for s in seen)
@@ -74,11 +74,11 @@ def test_descent_stops_at_its_count_of_evaluations():
         return [float(sum((a - b) ** 2 for a, b in zip(s, target))) for s in splits]
 
     start = (0, 2, 7, 10, 12)
-    best, t = improve_split(start, 6.0, evaluate, lambda s: True, max_splits=6)
+    best, t = improve_split(start, 6.0, evaluate, lambda c: [True] * len(c), max_splits=6)
     assert seen == [(0, 1, 6, 10, 12), (0, 1, 7, 10, 12), (0, 2, 5, 10, 12), (0, 2, 6, 9, 12), (0, 2, 6, 10, 12),
                     (0, 2, 7, 8, 12)]
     assert (best, t) == ((0, 2, 5, 10, 12), 2.0)
-    assert improve_split(start, 6.0, evaluate, lambda s: True) == (target, 0.0)
+    assert improve_split(start, 6.0, evaluate, lambda c: [True] * len(c)) == (target, 0.0)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -102,14 +102,14 @@ def test_bounded_neighbours_are_skipped_and_the_descent_is_the_same(seed):
         t0 = time_of(start)
         plain_seen, bounded_seen = [], []
         plain = improve_split(start, t0, lambda c: plain_seen.extend(c) or [time_of(x) for x in c],
-                              lambda s: True, max_splits=limit)
+                              lambda c: [True] * len(c), max_splits=limit)
         def lower(c):
             for x in c:
                 time_of(x)  # draws its time and bound
             return [bound[x] for x in c]
 
         bounded = improve_split(start, t0, lambda c: bounded_seen.extend(c) or [time_of(x) for x in c],
-                                lambda s: True, max_splits=limit, lower=lower)
+                                lambda c: [True] * len(c), max_splits=limit, lower=lower)
         assert bounded == plain
         assert set(bounded_seen) <= set(plain_seen) and len(bounded_seen) <= len(plain_seen)
 
