@@ -105,14 +105,15 @@ HOPELESS_FACTOR = 10
 #: (:func:`searched_share`), holds more than ``factor`` times its node
 #: limit. Measured at 100 to 2,000 nodes on the 34 cases of
 #: benchmarks/bench_rank1.py (the stop rules disabled, limit 3,000): the 41
-#: searches that ended had estimates of at most 30,927 at node 300
-#: (resnext101, which ended at 1,527 nodes) and 10,643 at node 1,000
-#: (gnmt_large, at 2,539); of the 158 that ran to a limit, 133 are stopped
-#: at node 300 by this rule or :data:`HOPELESS_FACTOR` and 4 more at 1,000
-#: (with HOPELESS_FACTOR alone 101): T5-11B's and T5-3B's then, too.
+#: searches that ended had estimates of at most 34,650 at node 100,
+#: 30,927 at node 300 (resnext101, which ended at 1,527 nodes) and 10,643
+#: at node 1,000 (gnmt_large, at 2,539); of the 158 that ran to a limit,
+#: 121 are stopped at node 100, 133 by node 300 with :data:`HOPELESS_FACTOR`
+#: and 4 more at 1,000 (with HOPELESS_FACTOR alone 101): T5-11B's and
+#: T5-3B's then, too.
 #: GPT-3 1.3B's interleaved points on 16 A100s (8,000 to 34,000 all along)
 #: are not told apart from searches that end
-PROGRESS_CHECKS = ((300, 33), (1000, 16))
+PROGRESS_CHECKS = ((100, 100), (300, 33), (1000, 16))
 #: splits within this relative time of the best (equal up to rounding) are tie-broken
 EQUAL_TIME_REL = 1e-12
 _BATCH = 256

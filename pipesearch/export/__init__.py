@@ -149,13 +149,12 @@ def launch_nodes(plan: Plan, inputs: Mapping | None = None, scan: str = "data") 
         return []
     pairs = ([(r, k) for r in range(plan.pp) for k in range(plan.dp)] if scan == "data" else
              [(r, k) for k in range(plan.dp) for r in range(plan.pp)])
-    out: list[int] = []
+    starts = _node_starts(nodes)
+    out: dict[int, None] = {}  # in first-reached order
     for r, k in pairs:
         if k < len(plan.stages[r].devices):
-            n = _node_of(nodes, plan.stages[r].devices[k])
-            if n not in out:
-                out.append(n)
-    return out
+            out.setdefault(_node_of(starts, plan.stages[r].devices[k]))
+    return list(out)
 
 
 def node_processes(plan: Plan, inputs: Mapping | None = None, scan: str = "data") -> list[int]:
@@ -167,14 +166,20 @@ def node_processes(plan: Plan, inputs: Mapping | None = None, scan: str = "data"
     order = launch_nodes(plan, inputs, scan)
     if not order:
         return []
-    per_node = Counter(_node_of(nodes, d) for d in {d + t for st in plan.stages for d in st.devices
-                                                      for t in range(plan.tp)})
+    starts = _node_starts(nodes)
+    per_node = Counter(_node_of(starts, d) for d in {d + t for st in plan.stages for d in st.devices
+                                                       for t in range(plan.tp)})
     return [per_node[n] for n in order]
 
 
-def _node_of(nodes: list[tuple[int, int, str]], device: int) -> int:
-    """Index of the node (:attr:`Inputs.nodes`) holding ``device``."""
-    return bisect.bisect_right([lo for lo, _, _ in nodes], device) - 1
+def _node_starts(nodes: list[tuple[int, int, str]]) -> list[int]:
+    """The first device id of each node of :attr:`Inputs.nodes` (for :func:`_node_of`)."""
+    return [lo for lo, _, _ in nodes]
+
+
+def _node_of(starts: list[int], device: int) -> int:
+    """Index of the node holding ``device`` (``starts``: :func:`_node_starts`)."""
+    return bisect.bisect_right(starts, device) - 1
 
 
 def process_grid(plan: Plan, inputs: Mapping | None = None, scan: str = "data") -> list[list[int]]:
@@ -188,8 +193,8 @@ def process_grid(plan: Plan, inputs: Mapping | None = None, scan: str = "data") 
     nodes = Inputs.of(inputs).nodes
     order = launch_nodes(plan, inputs, scan)
     if nodes and order:
-        rank = {n: i for i, n in enumerate(order)}
-        used.sort(key=lambda d: (rank.get(_node_of(nodes, d), len(order)), d))
+        rank, starts = {n: i for i, n in enumerate(order)}, _node_starts(nodes)
+        used.sort(key=lambda d: (rank.get(_node_of(starts, d), len(order)), d))
     pos = {d: n for n, d in enumerate(used)}
     return [[pos[d] for d in plan.stages[r].devices] for r in range(plan.pp)]
 
