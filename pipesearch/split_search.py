@@ -1958,15 +1958,8 @@ class _RankCount:
         self.sigma = np.array([costs.time_scale[ranks == q].min() for q in range(pp)]) * m
         layer = np.diff(costs.compute_prefix_s)
         self.last = self.sigma[(S - 1) % pp] * layer[L - 1]
-        # P[j, n]: sum of the n cheapest of layers j .. L-2 (inf past their count), rows sorted in blocks
-        P = np.full((L + 1, L + 1), np.inf)
-        P[:L, 0] = 0.0
-        cols = np.arange(max(L - 1, 0))
-        for lo in range(0, L, _P_ROWS):
-            rows = np.arange(lo, min(L, lo + _P_ROWS))
-            block = np.where(cols[None, :] >= rows[:, None], layer[:L - 1][None, :], np.inf)
-            P[lo:lo + len(rows), 1:L] = np.cumsum(np.sort(block, axis=1), axis=1)
-        self.P = P
+        key = np.ascontiguousarray(layer, dtype=float).tobytes()
+        self.P = _cheapest_sums(key) if (L + 1) ** 2 <= CACHED_SUMS_FLOATS else _cheapest_sums.__wrapped__(key)
         later = np.arange(S)[None, :] > np.arange(S)[:, None]  # later[s, k]: k after s
         self.left = np.stack([np.bincount(ranks[later[s]], minlength=pp) for s in range(S)])
         self.left[:, (S - 1) % pp] -= 1  # the last layer is placed on the last stage
@@ -2127,6 +2120,32 @@ def kth_level(v: np.ndarray, sigma: np.ndarray, P: np.ndarray, j: np.ndarray, c:
 
 
 _P_ROWS = 256  # rows of the rank-counting bound's cheapest-layer sums sorted together (memory: rows x L floats)
+
+
+#: the rank-counting bound's table of cheapest-layer sums is kept (two of
+#: them) up to this many floats (32 MiB each: 2,047 layers); larger ones are
+#: built for each point
+CACHED_SUMS_FLOATS = 2**22
+
+
+@lru_cache(maxsize=2)
+def _cheapest_sums(layer_bytes: bytes) -> np.ndarray:
+    """``P[j, n]``, ``(L + 1, L + 1)``: the sum of the ``n`` cheapest of
+    layers ``j .. L-2`` (``+inf`` past their count) for the per-layer
+    compute ``layer`` (``(L,)`` float64, given as its bytes: the points of
+    one profile and micro-batch size share it), rows sorted in blocks of
+    :data:`_P_ROWS`; read-only (memoised)."""
+    layer = np.frombuffer(layer_bytes, dtype=float)
+    L = len(layer)
+    P = np.full((L + 1, L + 1), np.inf)
+    P[:L, 0] = 0.0
+    cols = np.arange(max(L - 1, 0))
+    for lo in range(0, L, _P_ROWS):
+        rows = np.arange(lo, min(L, lo + _P_ROWS))
+        block = np.where(cols[None, :] >= rows[:, None], layer[:L - 1][None, :], np.inf)
+        P[lo:lo + len(rows), 1:L] = np.cumsum(np.sort(block, axis=1), axis=1)
+    P.setflags(write=False)
+    return P
 
 
 def _kth_smallest(values: np.ndarray, k: np.ndarray) -> np.ndarray:

@@ -405,3 +405,21 @@ def test_start_paths_from_the_starting_pass_are_recomputed_ones(seed, monkeypatc
         assert np.array_equal(marked[0][:6], common) and np.all(marked[0][6] == 1)
         node = node_before_all_reduces(g, ends.reshape(len(ends), -1)[:, 0])
         assert np.array_equal(marked[1][:6], rank_work_before(g, node, S)) and np.all(marked[1][6] == 2)
+
+
+def test_cheapest_layer_sums_by_hand_and_shared():
+    """``P[j, n]`` is the sum of the ``n`` cheapest of layers ``j .. L-2``
+    (+inf past their count), checked by sorting each suffix by hand on
+    layers 3, 1, 2, 5, 4; two points of the same layers share one
+    read-only table, other layers get their own."""
+    layer = np.array([3.0, 1.0, 2.0, 5.0, 4.0])
+    P = split_search._cheapest_sums(layer.tobytes())
+    L = len(layer)
+    for j in range(L + 1):
+        rest = sorted(layer[j:L - 1].tolist())
+        for n in range(L + 1):
+            want = 0.0 if n == 0 and j < L else (sum(rest[:n]) if 0 < n <= len(rest) else np.inf)
+            assert P[j, n] == want, (j, n)
+    assert split_search._cheapest_sums(layer.copy().tobytes()) is P
+    assert split_search._cheapest_sums((layer + 1).tobytes()) is not P
+    assert not P.flags.writeable
