@@ -997,7 +997,9 @@ def search(
 
     def seed_cutoff() -> float:
         """A cutoff from achievable plans, before any exact split: the best
-        starting split of one point (its lowest bound) of each family of the
+        starting split of two points (its lowest bound, and its fewest
+        micro-batches: the largest, which the bound ranks last for their
+        bubble, but which often run fastest) of each family of the
         first groups in bound order, until SEED_FAMILIES x K families have
         one; then, for each schedule searched that those groups gave no
         family of (they may offer one schedule alone: with fewer
@@ -1024,15 +1026,22 @@ def search(
             else:
                 short = set(options.schedules)
             first: dict[tuple, tuple[float, dict]] = {}
+            fewest: dict[tuple, tuple[int, dict]] = {}  # and its point of fewest micro-batches (the largest)
             for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
                 if status is not None or schedule not in short:  # e.g. batch_not_divisible: no micro-batch count
                     continue
                 key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
                 bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
                                        busiest_s(variant, pp, pp * vp), share[id(variant)], average(variant, pp, dp))
+                row = None
                 if key not in first or bound < first[key][0]:
-                    first[key] = (bound, _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
-            for key, (_, row) in first.items():
+                    row = _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
+                    first[key] = (bound, row)
+                if key not in fewest or m < fewest[key][0]:
+                    fewest[key] = (m, row or _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
+            rows = [(key, row) for key, (_, row) in first.items()]
+            rows += [(key, row) for key, (_, row) in fewest.items() if row is not first[key][1]]
+            for key, row in rows:
                 inflight = _floor_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"],
                                             in_flight_cache, variant.profile.wgrad_saved_fraction)
                 if row["schedule"] != "roundpipe" and _surely_out_of_memory(memory_floor[id(variant)], row, inflight,

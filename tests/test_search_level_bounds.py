@@ -11,16 +11,20 @@ the text table; module lists of a fresh interpreter for the imports.
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from helpers import tiny_cluster, tiny_device, tiny_profile
 from pipesearch import schedules as schedule_lib
+from pipesearch import split_search
+from pipesearch.cli import main
 from pipesearch.output_table import format_table
 from pipesearch.search import (ModelVariant, SearchOptions, _lower_bound_s, _point_costs, _point_row,
                                busiest_device_per_sample_s, capacity_time_scale, busiest_stage_per_sample_s, expand_group,
@@ -296,3 +300,31 @@ def test_first_cutoff_with_gpipe_only_first_groups_keeps_the_exhaustive_ranking(
     key = [(p.pp, p.dp, p.schedule, p.vp, p.micro_batch_size, p.predicted.iteration_time_s) for p in fast]
     assert key == [(p.pp, p.dp, p.schedule, p.vp, p.micro_batch_size, p.predicted.iteration_time_s) for p in every]
     assert {p.schedule for p in every} - {"gpipe"}  # the best plans are not all GPipe's
+
+
+def test_first_cutoff_seeds_each_family_at_its_fewest_micro_batches(monkeypatch):
+    """The default plan (vgg16, 4x4-v100-10gbe, batch 1024): its best
+    plans for 1F1B and ZB-H1 run 2 micro-batches of 64 (ranks 2 and 3 of
+    the table), where the lowest bound of those families lies at 128 of 1,
+    whose starting splits take 1.26-1.28 s. Seeding each family's lowest-
+    bound point alone gave a first cutoff of 1.15 s; with its point of
+    fewest micro-batches too, the first split search already runs against
+    a cutoff below 1.0 s (and the ranked plans are those the table shows:
+    the seeds only raise the pruning)."""
+    from pipesearch import option_search
+
+    cutoffs = []
+    real = split_search.exact_split
+
+    def spy(costs, *args, **kwargs):
+        cutoffs.append(kwargs.get("cutoff_s", np.inf))
+        return real(costs, *args, **kwargs)
+
+    monkeypatch.setattr(split_search, "exact_split", spy)
+    monkeypatch.setattr(option_search, "exact_split", spy)
+    result = CliRunner().invoke(main, ["plan", "-q", "--json"])
+    assert result.exit_code == 0, result.output
+    first = next(c for c in cutoffs if np.isfinite(c))
+    assert first < 1.0
+    plans = json.loads(result.stdout)["plans"]
+    assert first >= plans[-1]["predicted"]["iteration_time_s"]  # a cutoff from achievable plans
