@@ -1033,12 +1033,11 @@ def search(
                 key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
                 bound = _lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
                                        busiest_s(variant, pp, pp * vp), share[id(variant)], average(variant, pp, dp))
-                row = None
+                row = _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
                 if key not in first or bound < first[key][0]:
-                    row = _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
                     first[key] = (bound, row)
                 if key not in fewest or m < fewest[key][0]:
-                    fewest[key] = (m, row or _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None))
+                    fewest[key] = (m, row)
             rows = [(key, row) for key, (_, row) in first.items()]
             rows += [(key, row) for key, (_, row) in fewest.items() if row is not first[key][1]]
             for key, row in rows:

@@ -225,8 +225,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     m, S = costs.num_micro_batches, costs.pp
     F, B, I, c, cin, r = _stage_terms(costs, s, i, j)
     blocking = not send_overlap(schedule)
-    f = F + c if blocking else F
-    b = B + cin if blocking else B
+    f, b = _action_terms(schedule, F, B, c, cin)
     w = m - S + s
     G = I if schedule == "zb-h1" else B
     fams = []
@@ -261,7 +260,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     if own_only:
         return fams
     if chains and schedule in CHAIN_SCHEDULES:
-        fill_drain, per_action = _chain_inputs(schedule, (F, B, I, c, cin, r))
+        fill_drain, per_action = _chain_inputs(schedule, (F, B, I, c, cin, r), f, b)
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, fill_drain, per_action, r,
                                                                  chain_families or MAX_CHAIN_FAMILIES)]
     if chains and len(paths):
@@ -283,16 +282,23 @@ def _stage_terms(costs: PipelineCosts, s, i, j) -> tuple:
     return F, B, costs.bwd_input_s(s, i, j), c, cin, costs.after_backward_s(s, i, j)
 
 
-def _chain_inputs(schedule: str, terms) -> tuple:
+def _action_terms(schedule: str, F, B, c, cin) -> tuple:
+    """``(f, b)``: a stage's forward and backward with its sends charged to
+    them where ``schedule``'s sends block (``F + c``, ``B + c_in``), else
+    ``F`` and ``B``."""
+    if send_overlap(schedule):
+        return F, B
+    return F + c, B + cin
+
+
+def _chain_inputs(schedule: str, terms, f, b) -> tuple:
     """``(fill_drain, per_action)`` of :func:`_chain_terms` from a stage's
-    ``terms`` (:func:`_stage_terms`): ``F + c`` plus one step of micro-batch
-    ``m - 1``'s gradient back up, and the durations of an ``F``, ``B``,
-    ``I`` and ``W`` action (blocking sends charged to the action that waits
-    on them)."""
+    ``terms`` (:func:`_stage_terms`) and its ``f``, ``b``
+    (:func:`_action_terms`): ``F + c`` plus one step of micro-batch ``m -
+    1``'s gradient back up, and the durations of an ``F``, ``B``, ``I`` and
+    ``W`` action (blocking sends charged to the action that waits on them)."""
     F, B, I, c, cin, _ = terms
     blocking = not send_overlap(schedule)
-    f = F + c if blocking else F
-    b = B + cin if blocking else B
     drain = b if blocking else (I if schedule == "zb-h1" else B) + c
     return F + c + drain, (f, b, I + (cin if blocking else 0.0), B - I)
 
@@ -1711,8 +1717,8 @@ def _chain_stage_minima(costs: PipelineCosts, schedule: str, pp: int, ks, d, i, 
     stages, counts = _chain_counts(schedule, pp, m, S // pp, S)
     if not len(counts):
         return np.zeros((0, S, W))
-    terms = _stage_terms(costs, ks, i, i + d)
-    fill_drain, per_action = _chain_inputs(schedule, terms)
+    F, B, _, c, cin, r = terms = _stage_terms(costs, ks, i, i + d)
+    fill_drain, per_action = _chain_inputs(schedule, terms, *_action_terms(schedule, F, B, c, cin))
     before = (np.array(stages)[:, None] > np.arange(S)[None, :]).astype(np.int64)  # (family, stage)
     vectors, which = np.unique(np.concatenate([before[..., None], counts], axis=2).reshape(-1, 5), axis=0,
                                return_inverse=True)
@@ -1720,7 +1726,7 @@ def _chain_stage_minima(costs: PipelineCosts, schedule: str, pp: int, ks, d, i, 
     used = np.zeros((len(vectors), S), dtype=bool)
     used[which, np.arange(S)[None, :]] = True
     fd, per_action = np.broadcast_to(fill_drain, ks.shape), [np.broadcast_to(x, ks.shape) for x in per_action]
-    own = np.where(ks % pp == 0, np.broadcast_to(terms[5], ks.shape), 0.0)
+    own = np.where(ks % pp == 0, np.broadcast_to(r, ks.shape), 0.0)
     key = ks * W + (d - 1)
     out = np.full((len(vectors), S * W), np.inf)
     with np.errstate(invalid="ignore"):
