@@ -1761,11 +1761,13 @@ def _rank_minima(a: np.ndarray, pp: int, pairs: np.ndarray | None = None) -> np.
         return out
     by_chunk = a.reshape(H, vp, pp, W)
     cur = np.full((H, pp, vp * W + 1), np.inf)
-    cur[:, :, 0] = 0.0
-    for c in range(vp):
+    cur[:, :, 1:W + 1] = by_chunk[:, 0]  # chunk 0 alone: R = its length
+    for c in range(1, vp):  # chunks 0 .. c - 1 hold c .. c W layers, chunk c one more to W more
         nxt = np.full_like(cur, np.inf)
+        held = cur[:, :, c:c * W + 1]
         for dl in range(1, W + 1):
-            np.minimum(nxt[:, :, dl:], cur[:, :, :-dl] + by_chunk[:, c, :, dl - 1, None], out=nxt[:, :, dl:])
+            out = nxt[:, :, c + dl:c * W + dl + 1]
+            np.minimum(out, held + by_chunk[:, c, :, dl - 1, None], out=out)
         cur = nxt
     return cur
 
