@@ -222,3 +222,35 @@ def test_device_balanced_witness_stops_at_a_cycle_with_the_same_answer(seed):
     whole = float(params.sum()) * 2.0 / prof.bytes_per_param + float(outputs.sum()) * m
     costs = _interleaved_costs(prof, pp, vp, m, float(rng.uniform(0.15, 0.6)) * whole)
     assert split_search._device_balanced_split(costs, pp) == _balanced_by_every_move(costs, pp)
+
+
+def test_any_split_fits_tries_the_witness_before_the_stage_reach(monkeypatch):
+    """Random interleaved points (2-3 ranks, 2 chunks, 6-9 layers) on
+    devices from roomy to too small for any split: ``any_split_fits``
+    equals trying every split, and where the even split does not fit but
+    the device-balanced witness does, the answer comes without the stage
+    reach (``_stage_reach``, an ``O(S log L)`` bisection per stage on long
+    profiles) ever running. Checking the stage reach first, or returning
+    True from a witness that does not fit, fails here."""
+    from helpers import tied_or_random_profile
+    from pipesearch import split_search
+
+    reach = split_search._stage_reach
+    calls = []
+    monkeypatch.setattr(split_search, "_stage_reach", lambda costs: (calls.append(1), reach(costs))[1])
+    settled = 0
+    for seed in range(160):
+        rng = np.random.default_rng(500 + seed)
+        pp, vp = int(rng.integers(2, 4)), 2
+        L, m = int(rng.integers(pp * vp, 10)), pp * int(rng.integers(1, 3))
+        prof, params, outputs = tied_or_random_profile(rng, L, bool(seed % 2))
+        whole = float(params.sum()) * 2.0 / prof.bytes_per_param + float(outputs.sum()) * m
+        costs = _interleaved_costs(prof, pp, vp, m, float(rng.uniform(0.1, 0.7)) * whole)
+        every = [(0, *cut, L) for cut in itertools.combinations(range(1, L), pp * vp - 1)]
+        calls.clear()
+        assert split_search.any_split_fits(costs) == any(costs.split_fits(b) for b in every), seed
+        held = split_search._device_balanced_split(costs, pp)
+        if not costs.split_fits(split_search.even_split(L, pp * vp)) and held is not None and costs.split_fits(held):
+            assert not calls, seed
+            settled += 1
+    assert settled >= 5  # the instances exercise the witness
