@@ -650,6 +650,9 @@ class _Tables:
         if S == 1:
             return
         block = self._block_size(_ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 + _path_rows(paths) if chains else 0))
+        if block >= S - 1:  # every stage but the last in one block (the first has its one start, layer 0)
+            self._stages(0, S - 1, keep=True)
+            return
         for hi in range(S - 1, 1, -block):
             self._stages(max(1, hi - block), hi, keep=block >= S - 2)
         self._stages(0, 1, keep=True)  # one start: layer 0
