@@ -1110,15 +1110,18 @@ def search(
         searched against and their bound (in bound order): a lower incumbent
         prunes more, so such points are mostly settled (proven unable to
         enter; their row keeps its plan) or yield a faster split."""
+        def final(u: _Open) -> float:  # what the point must beat now (its family's plan too)
+            return point_cutoff(rows[u.idx], u.variant)
+
         todo = sorted((u.bound_s, k) for k, u in enumerate(unproven)
-                      if u.bound_s < cutoff() and u.cutoff_s - cutoff() >= SECOND_LOOK_SHARE * (u.cutoff_s - u.bound_s)
-                      and (u.plan is None or u.plan.predicted.iteration_time_s >= cutoff()))
+                      if u.bound_s < final(u) and u.cutoff_s - final(u) >= SECOND_LOOK_SHARE * (u.cutoff_s - u.bound_s)
+                      and (u.plan is None or u.plan.predicted.iteration_time_s >= final(u)))
         again = {k for _, k in todo}  # replaced by what the second search finds (a bound at the cutoff: dropped)
         for lb, k in todo:
             old, _, idx, variant, _ = unproven[k]
-            if lb >= cutoff():  # the cutoff fell below it meanwhile
+            if lb >= final(unproven[k]):  # the cutoff fell below it meanwhile
                 continue
-            status, now = rows[idx]["status"], cutoff()
+            status, now = rows[idx]["status"], final(unproven[k])
             plan, _ = _evaluate(variant, cluster, job, options, rows[idx], profiled_device, in_flight_cache,
                                 links_cache, placement_ctx, cutoff_s=now)
             if plan is None and rows[idx]["status"] == "pruned" and status == "ok":
@@ -1132,10 +1135,24 @@ def search(
             keep_result(plan, idx, variant, now)
         unproven[:] = [u for k, u in enumerate(unproven) if k not in again]
 
+    def point_cutoff(row: dict, variant) -> float:
+        """:func:`cutoff`, or lower where the point's family (:func:`plan_family`)
+        already holds a plan: the ranking keeps one plan per family, so a
+        point of it matters only if it beats that plan (or ties it within
+        ``EQUAL_TIME_REL`` with a smaller tie key, :func:`keep_plan`). Only
+        for variants whose plans' family is known before the search (no
+        per-stage options, which may name the recompute ``per-stage``)."""
+        now = cutoff()
+        if variant.stage_tables or variant.offload or variant.stream or options.exhaustive:
+            return now
+        held = best_of_family.get((variant.tp, variant.recompute, row["pp"], row["dp"], row["schedule"], row["vp"]))
+        return now if held is None else min(now, held[0] * (1 + 2 * EQUAL_TIME_REL))
+
     def visit(bound: float, idx: int, variant) -> None:
-        """Evaluate the point of ``rows[idx]`` unless pruned or surely out of memory."""
+        """Evaluate the point of ``rows[idx]`` unless pruned (against its
+        family's plan too, :func:`point_cutoff`) or surely out of memory."""
         row = rows[idx]
-        if pruned(bound):
+        if pruned(bound) or (not options.exhaustive and bound >= point_cutoff(row, variant)):
             row["status"] = "pruned"
             return
         inflight = _floor_in_flight(row["schedule"], row["pp"], row["num_micro_batches"], row["vp"],
@@ -1150,7 +1167,7 @@ def search(
                 cluster, variant, row, options.placements[0], placement_ctx, links_cache):
             row["status"] = "same_as_other_placement"
             return
-        now = cutoff()
+        now = point_cutoff(row, variant)
         plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
                             links_cache, placement_ctx, cutoff_s=now)
         keep_result(plan, idx, variant, now)
@@ -1214,8 +1231,9 @@ def search(
         raise InfeasibleError(message)
     plans = rank_plans([p for _, p in best_of_family.values()])[:keep]  # ranked (ties too), then cut
     shown = {id(p) for p in plans[: options.top]}
-    # the ranked ones report their own gap; a bound at the cutoff already excludes a point
-    outside = [u.bound_s for u in unproven if id(u.plan) not in shown and u.bound_s < cutoff()]
+    # the ranked ones report their own gap; a bound at the cutoff (or at its family's plan) already excludes a point
+    outside = [u.bound_s for u in unproven
+               if id(u.plan) not in shown and u.bound_s < point_cutoff(rows[u.idx], u.variant)]
     plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
     return SearchResult(
         unproven_points=len(outside),

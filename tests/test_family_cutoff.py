@@ -1,0 +1,68 @@
+"""The ranking keeps one plan per configuration (its family: tp, recompute,
+pp, dp, schedule, vp), so a point of a family that already holds a plan
+matters only if it beats that plan: the search prunes it, or splits it,
+against that plan's time where it is below the K-th best
+(``search.point_cutoff``). Checked against the exhaustive search (no
+pruning, every point split to its best): the same ranked plans, and every
+pruned point's bound at least what it had to beat, the K-th best family
+time or its own family's best, whichever is lower."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from helpers import tied_or_random_profile, tiny_cluster
+from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.types import Job, Link
+
+TOP = 3
+
+
+def _ranked(result):
+    return [(p.pp, p.dp, p.tp, p.vp, p.schedule, p.micro_batch_size, p.num_micro_batches,
+             tuple(p.layers_per_stage), round(p.predicted.iteration_time_s, 12)) for p in result.plans]
+
+
+def _family_best(result) -> dict:
+    """Per family, the least time over the points the search split (the
+    exhaustive search splits every point to its best)."""
+    cols = result.point_columns
+    best: dict = {}
+    for k, status in enumerate(cols["status"]):
+        if status == "ok":
+            key = tuple(cols[c][k] for c in ("tp", "recompute", "pp", "dp", "schedule", "vp"))
+            best[key] = min(best.get(key, math.inf), cols["iteration_time_s"][k])
+    return best
+
+
+def test_points_of_a_held_family_are_pruned_against_its_plan():
+    """Random 7-layer profiles (tied and random layers, transfers on a
+    2-node cluster) on 8 devices, global batch 32 (several micro-batch
+    sizes per family), top 3. A family key taken from the wrong row or
+    fields would prune points that enter the ranking (the list differs
+    from the exhaustive one); a pruned point whose bound is below what it
+    had to beat is caught point by point; and at least one point must be
+    pruned below the K-th best (the rule at work)."""
+    fired = 0
+    for seed in range(8):
+        rng = np.random.default_rng(900 + seed)
+        prof, _, _ = tied_or_random_profile(rng, 7, bool(seed % 2))
+        cluster = tiny_cluster(2, 4, intra=Link(50e9, 5e-6), inter=Link(5e9, 2e-5))
+        job = Job(global_batch_size=32, memory_reserve_bytes=0)
+        variant = [ModelVariant(prof)]
+        exhaustive = search(variant, cluster, job, SearchOptions(top=TOP, exhaustive=True))
+        pruned = search(variant, cluster, job, SearchOptions(top=TOP))
+        assert _ranked(pruned) == _ranked(exhaustive), seed
+        family = _family_best(exhaustive)
+        kth = sorted(family.values())[TOP - 1]
+        cols = pruned.point_columns
+        for k, status in enumerate(cols["status"]):
+            if status != "pruned":
+                continue
+            key = tuple(cols[c][k] for c in ("tp", "recompute", "pp", "dp", "schedule", "vp"))
+            need = min(kth, family.get(key, math.inf))
+            assert cols["lower_bound_s"][k] >= need * (1 - 1e-9), (seed, key, cols["lower_bound_s"][k], need)
+            fired += cols["lower_bound_s"][k] < kth * (1 - 1e-9)
+    assert fired > 0
