@@ -1051,8 +1051,10 @@ def search(
                 if t < math.inf:
                     per_schedule[row["schedule"]] += key not in seen
                     seen[key] = min(seen.get(key, math.inf), t)
+        seeded.update(seen)
         return _kth_best(sorted(seen.values()), keep) * (1 + 2 * TIE_REL)
 
+    seeded: dict[tuple, float] = {}  # per family (tp, recompute, pp, dp, schedule, vp): a time its seeds achieve
     initial_cutoff = seed_cutoff()
 
     def cutoff() -> float:
@@ -1139,14 +1141,21 @@ def search(
         """:func:`cutoff`, or lower where the point's family (:func:`plan_family`)
         already holds a plan: the ranking keeps one plan per family, so a
         point of it matters only if it beats that plan (or ties it within
-        ``EQUAL_TIME_REL`` with a smaller tie key, :func:`keep_plan`). Only
-        for variants whose plans' family is known before the search (no
-        per-stage options, which may name the recompute ``per-stage``)."""
+        ``EQUAL_TIME_REL`` with a smaller tie key, :func:`keep_plan`); and
+        below the time a seeded point of the family achieves
+        (:func:`seed_cutoff`, raised by ``2 TIE_REL`` as the first cutoff
+        is: that point, searched against it, finds its starting split at
+        least). Only for variants whose plans' family is known before the
+        search (no per-stage options, which may name the recompute
+        ``per-stage``)."""
         now = cutoff()
         if variant.stage_tables or variant.offload or variant.stream or options.exhaustive:
             return now
-        held = best_of_family.get((variant.tp, variant.recompute, row["pp"], row["dp"], row["schedule"], row["vp"]))
-        return now if held is None else min(now, held[0] * (1 + 2 * EQUAL_TIME_REL))
+        key = (variant.tp, variant.recompute, row["pp"], row["dp"], row["schedule"], row["vp"])
+        held = best_of_family.get(key)
+        if held is not None:
+            now = min(now, held[0] * (1 + 2 * EQUAL_TIME_REL))
+        return min(now, seeded.get(key, math.inf) * (1 + 2 * TIE_REL))
 
     def visit(bound: float, idx: int, variant) -> None:
         """Evaluate the point of ``rows[idx]`` unless pruned (against its
