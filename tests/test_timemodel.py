@@ -411,3 +411,35 @@ def test_graph_depth_level_by_level_equals_node_by_node(monkeypatch):
         timemodel._graph.__wrapped__(*key)
         a, b = seen[-1]
         assert np.array_equal(depth(a, b), depth(a, b, 1)), key
+
+
+def test_enumerated_points_settle_against_a_cutoff_as_brute_force(monkeypatch):
+    """Interleaved 1F1B points few enough to enumerate (pp 2, vp 2, 6-9
+    layers), each against cutoffs around its brute-force optimum: a cutoff
+    at or below the optimum is settled (nothing beats it), one above returns
+    the optimum; the tables' root bound, tried before every split's bound,
+    settles some of them alone. A root bound above the optimum, or a
+    settled point whose optimum is below the cutoff, fails here."""
+    cheap = split_search._cheap_bounded
+    calls = []
+    monkeypatch.setattr(split_search, "_cheap_bounded", lambda *a: (calls.append(1), cheap(*a))[1])
+    by_root = 0
+    for seed in range(24):
+        rng = np.random.default_rng(4200 + seed)
+        L, m = int(rng.integers(6, 10)), 2 * int(rng.integers(1, 3))
+        costs = _random_point(rng, L, "interleaved-1f1b", 2, 2, m, identical=bool(seed % 3 == 0))
+        assert split_search._enumerable(costs, "interleaved-1f1b", 2, 2)
+        times = [simulate_times("interleaved-1f1b", 2, m, 2, costs.stage_times((0, *cut, L)))[0]
+                 for cut in itertools.combinations(range(1, L), 3) if costs.split_fits((0, *cut, L))]
+        if not times:
+            continue
+        best = min(times)
+        for factor in (0.5, 0.9, 1.0, 1.05, 2.0):
+            calls.clear()
+            found = exact_split(costs, "interleaved-1f1b", 2, 2, cutoff_s=best * factor)
+            if factor <= 1.0:
+                assert found.exact and found.best_time_s >= best * factor, (seed, factor)
+                by_root += not calls
+            else:
+                assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12), (seed, factor)
+    assert by_root > 0
