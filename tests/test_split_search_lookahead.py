@@ -99,6 +99,47 @@ def test_look_ahead_keeps_every_node_and_bound(seed, monkeypatch):
         assert first[0][-1][0][2] > costs.pp
 
 
+def test_look_ahead_of_a_deep_search_stays_near_the_nodes_it_visits(monkeypatch):
+    """Deep searches (16 stages, 40 layers) that their first progress check
+    stops (after 99 nodes of a 3,000-node limit) expand at most about four
+    times the nodes they visit plus one level: each look-ahead reaches no
+    further than the next node where a stop rule may end the search, and a
+    level with ``D`` levels below takes at most ``budget / floor((D + 1) /
+    4)`` nodes (64 a level down 16 levels to the node limit expanded 750 to
+    920 nodes here).
+    Each result is that of a search with no progress check and a node
+    limit of 99 (the same nodes in the same order)."""
+    expanded = []
+    expand = split_search._Expander.expand
+    monkeypatch.setattr(split_search._Expander, "expand",
+                        lambda self, s, starts, acc, limit: (expanded.append(len(starts)),
+                                                            expand(self, s, starts, acc, limit))[1])
+    stopped_searches = 0
+    for seed in range(8):
+        rng = np.random.default_rng(7100 + seed)
+        schedule, vp = SCHEDULES[seed % len(SCHEDULES)]
+        pp = 16 // vp
+        L, m = 40, 2 * pp
+        prof, _, _ = tied_or_random_profile(rng, L, seed % 2 == 0)
+        cluster = tiny_cluster(2, 16, intra=Link(1e10, 1e-5), inter=Link(1e9, 1e-5))
+        job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+        S = num_stages_of(schedule, pp, vp)
+        costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                     schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                     in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
+                                     stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, m, vp))
+        monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((100, 0.0),))  # the check at node 100 always stops
+        expanded.clear()
+        stopped, _ = _search(costs, schedule, pp, vp, 3000, 10**6)
+        if stopped[0]:  # ended before the check
+            continue
+        stopped_searches += 1
+        assert stopped[2] == 99 and sum(expanded) <= 4 * 100 + split_search.LOOKAHEAD_WIDTH, (seed, sum(expanded))
+        monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ())
+        assert _search(costs, schedule, pp, vp, 99, 10**6)[0] == stopped, seed
+    assert stopped_searches >= 4
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_look_ahead_search_is_the_brute_force_optimum(seed, monkeypatch):
     """With the branch and bound forced (no enumeration) and a look-ahead of
