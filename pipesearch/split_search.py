@@ -1234,10 +1234,11 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         return ExactSplit((0, L), t, t, t, True, 1, 0)
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None
+    rank_cache: dict = {}  # the whole-layers-per-rank bound's per-rank minima, for the proof and a stopped search
     tabled = tables_fit(costs, _width_for(costs, cutoff_s * (1 + tie_rel)))
     enumerated = schedule == "interleaved-1f1b" and _enumerable(costs, schedule, pp, vp)
     if np.isfinite(cutoff_s) and tabled and not value_above_cutoff and not enumerated:
-        tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes)
+        tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes, rank_cache)
         if proof is not None:
             return None if isinstance(proof, str) else proof
     if enumerated and np.isfinite(cutoff_s) and tabled and not value_above_cutoff and _Tables(
@@ -1326,7 +1327,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
                           lower=lambda c: split_lower_bounds(costs, schedule, pp, np.array(c, dtype=np.int64),
                                                              chains=chains, paths=paths))
     if not exact:  # every split's time is at least the relaxations' too
-        frontier = _stopped_bound(costs, schedule, pp, vp, frontier, width, incumbent * (1 + tie_rel))
+        frontier = _stopped_bound(costs, schedule, pp, vp, frontier, width, incumbent * (1 + tie_rel), rank_cache)
     if not ev.feasible:  # no split met fits every GPU, or none beat the cutoff
         if exact and not np.isfinite(cutoff_s):
             return None  # proven: no split fits (a whole-GPU check, Mobius)
@@ -1370,7 +1371,7 @@ def _device_balanced_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | N
 
 
 def _stopped_bound(costs: PipelineCosts, schedule: str, pp: int, vp: int, frontier_s: float, width: int,
-                   limit_s: float) -> float:
+                   limit_s: float, rank_cache: dict | None = None) -> float:
     """The lower bound of a branch and bound stopped at its limits with
     ``frontier_s`` the least bound of its open nodes, a search of stages of
     at most ``width`` layers (a split with a longer one is at least
@@ -1382,7 +1383,7 @@ def _stopped_bound(costs: PipelineCosts, schedule: str, pp: int, vp: int, fronti
     19.84 s)."""
     out = max(frontier_s, fluid_lower_bound_s(costs, schedule, pp, vp, frontier_s))
     if np.isfinite(limit_s) and out < limit_s:
-        out = max(out, min(rank_layer_bound_s(costs, schedule, pp, width, limit_s), limit_s))
+        out = max(out, min(rank_layer_bound_s(costs, schedule, pp, width, limit_s, rank_cache), limit_s))
     return out
 
 
@@ -1585,7 +1586,8 @@ def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.
 RANK_LAYER_TERMS = 2**23
 
 
-def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int, cutoff_s: float) -> float:
+def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int, cutoff_s: float,
+                       cache: dict | None = None) -> float:
     """A lower bound ``B`` with ``T(x) >= min(B, cutoff_s)`` for every split
     ``x`` that fits and whose stages hold at most ``width`` layers (a split
     with a longer stage must be at least ``cutoff_s`` slow, e.g. ``width =
@@ -1606,14 +1608,34 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     (whole layers: one layer more on a rank is ``m (F + B)`` more work), which
     the suffix minima of :class:`_Tables` relax away. Cost ``O(H S W L)``
     for ``H`` families, ``S`` stages, ``W = width``, ``L`` layers; 0 (no
-    bound) above :data:`RANK_LAYER_TERMS` terms."""
+    bound) above :data:`RANK_LAYER_TERMS` terms. ``cache`` (a dict, one
+    point's: the same ``costs``) keeps the per-rank minima, which do not
+    depend on ``cutoff_s``, per ``(schedule, pp, W)``: a point's cutoff
+    proof and its stopped search's bound (:func:`_stopped_bound`) then
+    build them once."""
     L, S = costs.num_layers, costs.pp
     W = max(1, min(width, L - S + 1))
     if S * W * L * (S + 8) > RANK_LAYER_TERMS:
         return 0.0
+    key = (schedule, pp, W)
+    if cache is None or key not in cache:
+        terms = _rank_layer_terms(costs, schedule, pp, W)
+        if cache is None:
+            return _rank_layer_value(terms, L, cutoff_s)
+        cache[key] = terms
+    return _rank_layer_value(cache[key], L, cutoff_s)
+
+
+def _rank_layer_terms(costs: PipelineCosts, schedule: str, pp: int, W: int):
+    """The part of :func:`rank_layer_bound_s` that does not depend on the
+    cutoff: ``(sums, devices, memory)``, the per-rank minima of the one-sum
+    families and of the device sums (:func:`_rank_minima`) and, with several
+    stages per device, the layer counts each rank's device can hold
+    (:func:`_rank_memory_fits`, else None); None when no stage range fits."""
+    L, S = costs.num_layers, costs.pp
     ks, d, i = _stage_ranges(costs, W)
     if not len(ks):
-        return np.inf
+        return None
     fams = bound_families(costs, schedule, pp, ks, i, i + d)  # the chain families: _chain_stage_minima
     sums = _stage_minima([fam[0][1] for fam in fams if len(fam) == 1 and fam[0][0] == "sum"], ks, d, S, W)
     if schedule in CHAIN_SCHEDULES:
@@ -1621,11 +1643,21 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     devices = _stage_minima([fam[0][2] for fam in fams if len(fam) == 1 and fam[0][0] == "device"], ks, d, S, W)
     least = _least_stage_bytes(costs, ks, d, i, pp, W) if costs.chunk_states is not None and S > pp else None
     pairs = _chunk_pairs_fit(least, costs.capacity_bytes, pp) if least is not None and S == 2 * pp else None
-    per_rank = [_rank_minima(minima, pp, pairs) for minima in (sums, devices)]
-    allowed = np.all(per_rank[1] < cutoff_s, axis=0)  # (pp, R): layer counts a rank below the cutoff can hold
-    if costs.chunk_states is not None and S > pp:  # and its device's memory can hold
-        allowed &= _rank_memory_fits(least, costs.capacity_bytes, pp)
-    return float(_rank_knapsack(per_rank[0], allowed, L).max())
+    memory = _rank_memory_fits(least, costs.capacity_bytes, pp) if least is not None else None
+    return _rank_minima(sums, pp, pairs), _rank_minima(devices, pp, pairs), memory
+
+
+def _rank_layer_value(terms, L: int, cutoff_s: float) -> float:
+    """:func:`rank_layer_bound_s` from its cutoff-free ``terms``
+    (:func:`_rank_layer_terms`): the knapsack over the layer counts whose
+    rank stays below ``cutoff_s`` (and whose device holds them)."""
+    if terms is None:
+        return np.inf
+    sums, devices, memory = terms
+    allowed = np.all(devices < cutoff_s, axis=0)  # (pp, R): layer counts a rank below the cutoff can hold
+    if memory is not None:  # and its device's memory can hold
+        allowed &= memory
+    return float(_rank_knapsack(sums, allowed, L).max())
 
 
 def _chunk_pairs_fit(least: np.ndarray, capacity_bytes: np.ndarray, pp: int) -> np.ndarray:
@@ -1802,7 +1834,7 @@ PROOF_SPLITS = 2048
 
 
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator", cutoff_s: float, tie_rel: float,
-                  max_splits: int, max_nodes: int):
+                  max_splits: int, max_nodes: int, rank_cache: dict | None = None):
     """Before any starting split is evaluated, try to prove that no split
     beats ``cutoff_s``: with at most :data:`PROOF_SPLITS` splits, the least
     bound of a split that fits (:func:`split_lower_bounds`, no table); for
@@ -1821,7 +1853,8 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     Lagrangian combination (:func:`lagrange_weights`) are left to the
     search proper: on the PipeDream profiles (vgg16, resnet50 on
     4x4-v100-10gbe) they excluded 1 more of 347 interleaved and ZB-H1
-    points here at nearly twice the cost. Returns ``(tables, proof)``: the
+    points here at nearly twice the cost. ``rank_cache``: the point's cache
+    of :func:`rank_layer_bound_s`. Returns ``(tables, proof)``: the
     cheap tables and an :class:`ExactSplit` saying no split beats the
     cutoff, ``"infeasible"`` when no split fits, or None."""
     L, S = costs.num_layers, costs.pp
@@ -1836,7 +1869,7 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
     if fluid_first and fluid_lower_bound_s(costs, schedule, pp, S // pp, cutoff_s) >= cutoff_s:
         return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     if _fluid_only(costs, schedule, width):  # no tables: the whole-layers bound is the one left
-        if rank_layer_bound_s(costs, schedule, pp, width, cutoff_s) >= cutoff_s:
+        if rank_layer_bound_s(costs, schedule, pp, width, cutoff_s, rank_cache) >= cutoff_s:
             return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
         return None, None
     if schedule in OWN_FAMILY_SCHEDULES:  # its own few families first: smaller tables
@@ -1855,7 +1888,8 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "_Evaluator"
                                        max_splits, min(max_nodes, FIRST_NODES), _RankCount(costs, schedule, pp))
     if excluded and min(ev.times.values(), default=np.inf) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
-    if schedule in CHAIN_SCHEDULES and rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s) >= cutoff_s:
+    if schedule in CHAIN_SCHEDULES and rank_layer_bound_s(costs, schedule, pp, tables.width, cutoff_s,
+                                                         rank_cache) >= cutoff_s:
         return tables, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)  # whole layers per rank
     return tables, None
 

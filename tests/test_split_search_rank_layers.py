@@ -80,6 +80,30 @@ def _times(costs, schedule, pp, vp):
     return out
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_one_points_cache_gives_the_bound_of_every_cutoff(seed, monkeypatch):
+    """With one point's cache, the bound at every cutoff (and at two
+    widths) equals the bound computed without it, and its cutoff-free part
+    (``_rank_layer_terms``) is built once per width: a cached part that
+    held a cutoff's layer counts, or a key without the width, gives another
+    value at some cutoff here."""
+    schedule, pp, vp, costs = _point(seed)
+    times = _times(costs, schedule, pp, vp)
+    if not times:
+        pytest.skip("no split fits")
+    built = []
+    terms = split_search._rank_layer_terms
+    monkeypatch.setattr(split_search, "_rank_layer_terms", lambda *a: (built.append(a[3]), terms(*a))[1])
+    values = sorted(t for _, t in times)
+    cutoffs = (values[0] * (1 + 1e-6), values[len(values) // 3], values[-1] * (1 + 1e-6), np.inf)
+    widths = sorted({_width_for(costs, values[len(values) // 2]), costs.num_layers})
+    cache: dict = {}
+    cached = [rank_layer_bound_s(costs, schedule, pp, w, c, cache) for w in widths for c in cutoffs]
+    bands = {max(1, min(w, costs.num_layers - costs.pp + 1)) for w in widths}
+    assert sorted(built) == sorted(bands)  # once per band width
+    assert cached == [rank_layer_bound_s(costs, schedule, pp, w, c) for w in widths for c in cutoffs]
+
+
 @pytest.mark.parametrize("seed", range(36))
 def test_bound_is_at_most_every_split_below_the_cutoff(seed):
     """For cutoffs across the splits' times (and none), ``B`` never exceeds
