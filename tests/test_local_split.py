@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -29,6 +31,28 @@ def test_neighbours_by_hand():
     got = neighbours((0, 2, 3, 6), radius=1)
     assert got == sorted({(0, 1, 3, 6), (0, 2, 4, 6), (0, 1, 2, 6), (0, 3, 4, 6)})
     assert all(b[0] == 0 and b[-1] == 6 for b in neighbours((0, 2, 3, 6), radius=2))
+
+
+@pytest.mark.parametrize("radius", (1, 2, 3))
+def test_neighbours_are_the_splits_one_move_away(radius):
+    """Every split of ``L`` layers (3-9) into ``S`` stages (1-5), from every
+    split: its neighbours are exactly the other splits that differ from it
+    in one inner boundary by at most ``radius`` layers, or in two adjacent
+    inner boundaries by the same one layer, in sorted order (found here by
+    comparing against every split)."""
+    for L in range(3, 10):
+        for S in range(1, min(L, 5) + 1):
+            every = [(0, *cut, L) for cut in itertools.combinations(range(1, L), S - 1)]
+            for b in every:
+                want = []
+                for c in every:
+                    diff = [y - x for x, y in zip(b, c)]
+                    moved = [k for k, x in enumerate(diff) if x]
+                    if (len(moved) == 1 and abs(diff[moved[0]]) <= radius) or (
+                            len(moved) == 2 and moved[1] == moved[0] + 1 and diff[moved[0]] == diff[moved[1]]
+                            and abs(diff[moved[0]]) == 1):
+                        want.append(c)
+                assert neighbours(b, radius) == sorted(want), (b, radius)
 
 
 def test_descent_reaches_the_minimum_of_a_convex_function():
