@@ -573,8 +573,16 @@ def _undominated(states) -> list[tuple]:
     """The count vectors of ``states`` no other one reaches in every
     component, in decreasing order of their total (a vector another one
     reaches has a smaller total, or is that vector: it is met after it)."""
+    ordered = sorted(states, key=lambda y: (-sum(y), y))
+    if ordered and len(ordered[0]) == 2:  # two chunks: the staircase, in one sweep by the first count
+        front, most = set(), -float("inf")
+        for x in sorted(states, reverse=True):  # first count falling, then the second
+            if x[1] > most:  # no vector before it reaches its second count
+                front.add(x)
+                most = x[1]
+        return [x for x in ordered if x in front]
     kept: list[tuple] = []
-    for x in sorted(states, key=lambda y: (-sum(y), y)):
+    for x in ordered:
         if not any(all(b >= a for a, b in zip(x, y)) for y in kept):
             kept.append(x)
     return kept

@@ -146,3 +146,21 @@ def test_interleaved_chunk_states_p2_v2_by_hand():
     assert set(states[1]) == {(2.0, 1.0), (3.0, 0.0)}
     # each chunk's own peak, the search's per-stage count: stage c p + r is chunk c of rank r
     assert tuple(schedule_in_flight("interleaved-1f1b", 2, 4, 2)) == (4.0, 3.0, 2.0, 1.0)
+
+
+@pytest.mark.parametrize("v", (1, 2, 3))
+def test_undominated_states_are_those_no_other_reaches(v):
+    """Random sets of count vectors (with ties and repeats in each
+    component): the states kept are exactly those no other state reaches
+    in every component (checked against every pair), in decreasing order
+    of their total, ties by the vector; the two-chunk sweep and the general
+    rule agree with it."""
+    import random
+
+    from pipesearch.schedules import _undominated
+
+    rng = random.Random(v)
+    for _ in range(500):
+        states = {tuple(float(rng.choice((0, 0.5, 1, 2, 3, 4))) for _ in range(v)) for _ in range(rng.randint(1, 25))}
+        kept = [x for x in states if not any(y != x and all(b >= a for a, b in zip(x, y)) for y in states)]
+        assert _undominated(states) == sorted(kept, key=lambda y: (-sum(y), y))
