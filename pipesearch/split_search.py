@@ -112,8 +112,19 @@ HOPELESS_FACTOR = 10
 #: and 4 more at 1,000 (with HOPELESS_FACTOR alone 101): T5-11B's and
 #: T5-3B's then, too.
 #: GPT-3 1.3B's interleaved points on 16 A100s (8,000 to 34,000 all along)
-#: are not told apart from searches that end
+#: are not told apart from searches that end by the factor alone
 PROGRESS_CHECKS = ((100, 100), (300, 33), (1000, 16))
+#: ``(nodes, factor)``: at that check (one of :data:`PROGRESS_CHECKS`) the
+#: search also stops when the estimate is more than ``factor`` times its
+#: node limit and has not fallen since the check before. Measured as above
+#: (limit 3,000, the rules off): every search that ended and reached node
+#: 1,000 had an estimate there of at most 10,643, each of those above 2,000
+#: lower than at node 300 (gnmt_large 18,020 -> 10,643, resnext101 18,730
+#: -> 7,600); of the searches that ran to the limit, GPT-3 1.3B's four of
+#: 18,156 to 26,832 at node 1,000 (up from 300), and llama2-13b's, T5-11B's
+#: and resnext101's, now stop there (inception_v3's and one T5-11B search,
+#: whose estimates fell, run on)
+RISING_CHECK = (1000, 5)
 #: splits within this relative time of the best (equal up to rounding) are tie-broken
 EQUAL_TIME_REL = 1e-12
 _BATCH = 256
@@ -2580,6 +2591,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     # a frame: the node's boundaries, its children (kids, next position, end, first)
     stack = [[(0,), kids, kids.lo[p], kids.hi[p], kids.lo[p]]]
     hopeless = False  # the tree left is far larger than the node limit (ESTIMATE_NODES, PROGRESS_CHECKS)
+    last_estimate = np.inf  # the tree's estimate at the last progress check passed (RISING_CHECK)
     while stack:
         frame = stack[-1]
         prefix, kids, pos, end, _ = frame
@@ -2596,10 +2608,14 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
                 [(fr[1].lb, fr[2] + (fr is frame), fr[3]) for fr in stack], limit()) > HOPELESS_FACTOR * max_nodes:
             hopeless = True  # stopped as at the node limit, before this child
             continue
-        if nodes + 1 in checks and (nodes + 1) > checks[nodes + 1] * searched_share(
-                [(fr[1].lb, fr[4], fr[2], fr[3]) for fr in stack], limit()):
-            hopeless = True
-            continue
+        if nodes + 1 in checks:
+            share = searched_share([(fr[1].lb, fr[4], fr[2], fr[3]) for fr in stack], limit())
+            estimate = (nodes + 1) / share if share > 0 else np.inf
+            if estimate > checks[nodes + 1] or (nodes + 1 == RISING_CHECK[0] and estimate >= last_estimate
+                                                and estimate > RISING_CHECK[1] * max_nodes):
+                hopeless = True
+                continue
+            last_estimate = estimate
         frame[2] = pos + 1
         nodes += 1
         bounds = prefix + (kids.j[pos],)

@@ -140,6 +140,34 @@ def test_look_ahead_of_a_deep_search_stays_near_the_nodes_it_visits(monkeypatch)
     assert stopped_searches >= 4
 
 
+def test_a_rising_estimate_above_the_rising_factor_stops_the_search(monkeypatch):
+    """A deep search that runs past 1,000 nodes, its estimate of the tree
+    set through ``searched_share`` (nodes over share; the progress checks
+    at 300 and 1,000 nodes, their own factor and the path estimate never
+    reached): above 5 times
+    the 3,000-node limit at node 1,000 and no lower than at node 300, it
+    stops there (999 nodes); as high but lower than at node 300, or rising
+    but below 5 times the limit, it runs on."""
+    rng = np.random.default_rng(7103)
+    schedule, vp, pp = "interleaved-1f1b", 2, 8
+    prof, _, _ = tied_or_random_profile(rng, 40, False)
+    cluster = tiny_cluster(2, 16, intra=Link(1e10, 1e-5), inter=Link(1e9, 1e-5))
+    job = Job(global_batch_size=4 * pp, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    costs = build_pipeline_costs(prof, cluster, job, pp=16, dp=2, micro_batch_size=1, num_micro_batches=2 * pp,
+                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(16) % pp],
+                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, 2 * pp, vp))),
+                                 stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, 2 * pp, vp))
+    monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((300, 10**9), (1000, 10**9)))
+    monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**6)  # the path estimate at node 300 never runs
+    nodes = {}
+    for name, at_300, at_1000 in (("rising", 16_000, 16_000), ("falling", 17_000, 16_500), ("low", 10_000, 14_900)):
+        shares = iter((300 / at_300, 1000 / at_1000))
+        monkeypatch.setattr(split_search, "searched_share", lambda frames, limit, it=shares: next(it))
+        nodes[name] = _search(costs, schedule, pp, vp, 3000, 10**6)[0][2]
+    assert nodes["rising"] == 999, nodes
+    assert nodes["falling"] > 1000 and nodes["low"] > 1000, nodes
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_look_ahead_search_is_the_brute_force_optimum(seed, monkeypatch):
     """With the branch and bound forced (no enumeration) and a look-ahead of
