@@ -66,3 +66,52 @@ def test_points_of_a_held_family_are_pruned_against_its_plan():
             assert cols["lower_bound_s"][k] >= need * (1 - 1e-9), (seed, key, cols["lower_bound_s"][k], need)
             fired += cols["lower_bound_s"][k] < kth * (1 - 1e-9)
     assert fired > 0
+
+
+def test_seeds_stop_at_the_first_group_that_cannot_lower_the_kth(monkeypatch):
+    """The first cutoff's seeds stop at the first group (in bound order)
+    whose bound is at least the K-th best seed time so far: its points and
+    every later group's are at least that slow. Against the same search
+    with every group's bound read as 0 (no group stops the seeds): the
+    seeds taken are the first of the seeds taken there, fewer on at least
+    one instance, and their K-th best (the first cutoff) is the same."""
+    import pipesearch.search as search_mod
+
+    def seeds(patch_bounds: bool, prof, cluster, job):
+        taken = []
+        seed_time = search_mod._seed_time_s
+
+        def record(variant, cluster_, job_, row, *rest):
+            t = seed_time(variant, cluster_, job_, row, *rest)
+            taken.append((row["pp"], row["dp"], row["schedule"], row["vp"], row["num_micro_batches"], t))
+            return t
+        with monkeypatch.context() as m:
+            m.setattr(search_mod, "_seed_time_s", record)
+            if patch_bounds:
+                order = search_mod.in_bound_order
+                m.setattr(search_mod, "in_bound_order",
+                          lambda groups, strengthen, skip=None: ((0.0, g) for _, g in order(groups, strengthen, skip)))
+            search([ModelVariant(prof)], cluster, job, SearchOptions(top=TOP))
+        return taken
+
+    fewer = 0
+    for seed in range(6):
+        rng = np.random.default_rng(950 + seed)
+        prof, _, _ = tied_or_random_profile(rng, 9, bool(seed % 2))
+        cluster = tiny_cluster(2, 4, intra=Link(50e9, 5e-6), inter=Link(5e9, 2e-5))
+        job = Job(global_batch_size=64, memory_reserve_bytes=0)
+        stopped, every = seeds(False, prof, cluster, job), seeds(True, prof, cluster, job)
+        assert stopped == every[:len(stopped)], seed
+        assert _kth_family_time(stopped) == _kth_family_time(every), seed
+        fewer += len(stopped) < len(every)
+    assert fewer > 0
+
+
+def _kth_family_time(seeds) -> float:
+    """The K-th best of the least seed time of each family (pp, dp,
+    schedule, vp) among ``seeds`` (the first cutoff before its tie margin)."""
+    best: dict = {}
+    for pp, dp, schedule, vp, _, t in seeds:
+        best[pp, dp, schedule, vp] = min(best.get((pp, dp, schedule, vp), math.inf), t)
+    times = sorted(best.values())
+    return times[TOP - 1] if len(times) >= TOP else math.inf
