@@ -20,6 +20,15 @@ from pipesearch.types import Job, Link
 TOP = 3
 
 
+def _instance(seed: int, layers: int, batch: int):
+    """A seeded profile (identical layers for odd seeds, random ones for
+    even), 2 nodes of 4 devices with transfers, the global batch."""
+    rng = np.random.default_rng(seed)
+    prof, _, _ = tied_or_random_profile(rng, layers, bool(seed % 2))
+    cluster = tiny_cluster(2, 4, intra=Link(50e9, 5e-6), inter=Link(5e9, 2e-5))
+    return prof, cluster, Job(global_batch_size=batch, memory_reserve_bytes=0)
+
+
 def _ranked(result):
     return [(p.pp, p.dp, p.tp, p.vp, p.schedule, p.micro_batch_size, p.num_micro_batches,
              tuple(p.layers_per_stage), round(p.predicted.iteration_time_s, 12)) for p in result.plans]
@@ -47,10 +56,7 @@ def test_points_of_a_held_family_are_pruned_against_its_plan():
     pruned below the K-th best (the rule at work)."""
     fired = 0
     for seed in range(8):
-        rng = np.random.default_rng(900 + seed)
-        prof, _, _ = tied_or_random_profile(rng, 7, bool(seed % 2))
-        cluster = tiny_cluster(2, 4, intra=Link(50e9, 5e-6), inter=Link(5e9, 2e-5))
-        job = Job(global_batch_size=32, memory_reserve_bytes=0)
+        prof, cluster, job = _instance(900 + seed, 7, 32)
         variant = [ModelVariant(prof)]
         exhaustive = search(variant, cluster, job, SearchOptions(top=TOP, exhaustive=True))
         pruned = search(variant, cluster, job, SearchOptions(top=TOP))
@@ -96,10 +102,7 @@ def test_seeds_stop_at_the_first_group_that_cannot_lower_the_kth(monkeypatch):
 
     fewer = 0
     for seed in range(6):
-        rng = np.random.default_rng(950 + seed)
-        prof, _, _ = tied_or_random_profile(rng, 9, bool(seed % 2))
-        cluster = tiny_cluster(2, 4, intra=Link(50e9, 5e-6), inter=Link(5e9, 2e-5))
-        job = Job(global_batch_size=64, memory_reserve_bytes=0)
+        prof, cluster, job = _instance(950 + seed, 9, 64)
         stopped, every = seeds(False, prof, cluster, job), seeds(True, prof, cluster, job)
         assert stopped == every[:len(stopped)], seed
         assert _kth_family_time(stopped) == _kth_family_time(every), seed
