@@ -1070,7 +1070,9 @@ def search(
         beat it, and its row held the best split met so far)."""
         if options.exhaustive:
             return math.inf
-        return min(initial_cutoff, _kth_best(family_times, keep))
+        # raised by 2 EQUAL_TIME_REL: a point that ties the K-th plan to rounding may replace it within its
+        # family (keep_plan's tie rule: fewer PCIe bytes, less memory), so it is searched, not pruned
+        return min(initial_cutoff, _kth_best(family_times, keep) * (1 + 2 * EQUAL_TIME_REL))
 
     def pruned(bound: float) -> bool:
         return not options.exhaustive and bound >= cutoff()

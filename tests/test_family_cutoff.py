@@ -118,3 +118,39 @@ def _kth_family_time(seeds) -> float:
         best[pp, dp, schedule, vp] = min(best.get((pp, dp, schedule, vp), math.inf), t)
     times = sorted(best.values())
     return times[TOP - 1] if len(times) >= TOP else math.inf
+
+
+def test_a_point_tying_the_kth_plan_is_searched_for_the_tie_break():
+    """Six random layers on 4 devices of 17 GB with weight streaming from a
+    PCIe host, top 2, 1F1B and interleaved 1F1B: rank 2's configuration
+    (pp 1, dp 4) runs micro-batches 1 x 2 and 2 x 1 in exactly the same
+    time, and the tie rule inside a configuration keeps 2 x 1 (half the
+    bytes over PCIe). With the cutoff exactly the K-th plan's time the
+    tying point was pruned (its bound equals its time) and the search kept
+    1 x 2; the exhaustive search keeps 2 x 1, and so must the search."""
+    from dataclasses import replace
+
+    from helpers import pcie_host
+    from pipesearch.types import Layer, ModelProfile
+
+    rng = np.random.default_rng(70)
+    L = int(rng.integers(3, 9))
+    fwd = rng.uniform(0.5, 2.0, L).round(3).tolist()
+    bwd = (np.array(fwd) * rng.uniform(1.5, 2.5, L)).round(3).tolist()
+    params = (rng.uniform(0.1, 0.5, L) * 2e9).tolist()
+    saved = (rng.uniform(0.5, 3.0, L) * 1e9).tolist()
+    rng.random()
+    outs = [float(rng.uniform(0, 0.2)) * 1e9 for _ in range(L)]
+    prof = ModelProfile(name="mix", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=fwd[k], bwd_s=bwd[k], param_bytes=params[k], output_bytes=outs[k],
+              saved_bytes=saved[k]) for k in range(L)), profiled_batch_size=1, bytes_per_param=2.0)
+    cap = float(rng.uniform(6, 30)) * 1e9
+    ndev = int(rng.choice([2, 4, 8]))
+    host = pcie_host(cpu_adam_params_per_s=float(rng.choice([2.5e8, 1e9])))
+    cluster = replace(tiny_cluster(1, ndev, memory_bytes=cap, intra=Link(20e9, 5e-6)), host=host)
+    job = Job(global_batch_size=8, memory_reserve_bytes=0, optimizer_offload=False, weight_streaming=True)
+    opts = dict(top=2, schedules=("1f1b", "interleaved-1f1b"))
+    exhaustive = search([ModelVariant(prof)], cluster, job, SearchOptions(**opts, exhaustive=True))
+    pruned = search([ModelVariant(prof)], cluster, job, SearchOptions(**opts))
+    assert (exhaustive.plans[1].micro_batch_size, exhaustive.plans[1].num_micro_batches) == (2, 1)
+    assert _ranked(pruned) == _ranked(exhaustive)
