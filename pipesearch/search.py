@@ -995,7 +995,7 @@ def search(
                 schedule, pp, per_replica, variant.profile.num_layers, options) > 0
         return offered[key]
 
-    def seed_cutoff() -> float:
+    def seed_cutoff() -> tuple[float, dict]:
         """A cutoff from achievable plans, before any exact split: the best
         starting split of two points (its lowest bound, and its fewest
         micro-batches: the largest, which the bound ranks last for their
@@ -1009,9 +1009,10 @@ def search(
         plans stay strictly below it and are found exactly later. The seeds
         stop at the first group whose bound is at least the K-th best seed
         so far (groups come in bound order: none after it lowers it; on GPT-3
-        1.3B on 16 A100s 7 seeds instead of 11, 0.09 -> 0.05 CPU s)."""
+        1.3B on 16 A100s 7 seeds instead of 11, 0.09 -> 0.05 CPU s).
+        Returns that cutoff and each seeded family's least seed time."""
         if options.exhaustive or options.split:
-            return math.inf
+            return math.inf, {}
         seen: dict[tuple, float] = {}
         per_schedule: Counter = Counter()
         extra, missing = 0, None
@@ -1056,11 +1057,10 @@ def search(
                 if t < math.inf:
                     per_schedule[row["schedule"]] += key not in seen
                     seen[key] = min(seen.get(key, math.inf), t)
-        seeded.update(seen)
-        return _kth_best(sorted(seen.values()), keep) * (1 + 2 * TIE_REL)
+        return _kth_best(sorted(seen.values()), keep) * (1 + 2 * TIE_REL), seen
 
-    seeded: dict[tuple, float] = {}  # per family (tp, recompute, pp, dp, schedule, vp): a time its seeds achieve
-    initial_cutoff = seed_cutoff()
+    # and per family (tp, recompute, pp, dp, schedule, vp) a time its seeds achieve
+    initial_cutoff, seeded = seed_cutoff()
 
     def cutoff() -> float:
         """Time a point must beat to enter the ranked plans (near-ties of the
@@ -1168,7 +1168,8 @@ def search(
         """Evaluate the point of ``rows[idx]`` unless pruned (against its
         family's plan too, :func:`point_cutoff`) or surely out of memory."""
         row = rows[idx]
-        if pruned(bound) or (not options.exhaustive and bound >= point_cutoff(row, variant)):
+        now = point_cutoff(row, variant)  # at most cutoff(); infinite with exhaustive
+        if bound >= now:
             row["status"] = "pruned"
             return
         inflight = _floor_in_flight(row["schedule"], row["pp"], row["num_micro_batches"], row["vp"],
@@ -1183,7 +1184,6 @@ def search(
                 cluster, variant, row, options.placements[0], placement_ctx, links_cache):
             row["status"] = "same_as_other_placement"
             return
-        now = point_cutoff(row, variant)
         plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
                             links_cache, placement_ctx, cutoff_s=now)
         keep_result(plan, idx, variant, now)

@@ -985,7 +985,7 @@ class _Tables:
         return float(fam.max())
 
 
-def any_split_fits(costs: PipelineCosts) -> bool:
+def any_split_fits(costs: PipelineCosts, cache: dict | None = None) -> bool:
     """Whether some split of the ``L`` layers into ``S`` stages of at least
     one layer fits every stage's memory, in ``O(S L log L)`` vectorised
     work. A stage's memory only grows with its range (a sub-range of a
@@ -997,12 +997,13 @@ def any_split_fits(costs: PipelineCosts) -> bool:
     (the longest range for stage ``s`` can force stage ``s + 1`` onto a
     layer it cannot hold). Where devices hold several stages
     (:attr:`PipelineCosts.chunk_states`) each device is checked whole
-    (:func:`_device_split_fits`)."""
+    (:func:`_device_split_fits`; ``cache``: one point's dict, which keeps
+    the witness split it seeks, :func:`_witness`)."""
     L, S = costs.num_layers, costs.pp
     if S > L:
         return False
     if costs.chunk_states is not None:
-        return _device_split_fits(costs)
+        return _device_split_fits(costs, cache)
     even = np.asarray(even_split(L, S))
     if np.all(costs.fits(np.arange(S), even[:-1], even[1:])):  # the commonest case: one fits call in all
         return True
@@ -1036,7 +1037,7 @@ def _stage_reach(costs: PipelineCosts) -> bool:
 DEVICE_FIT_CELLS = 2**22
 
 
-def _device_split_fits(costs: PipelineCosts) -> bool:
+def _device_split_fits(costs: PipelineCosts, cache: dict | None = None) -> bool:
     """:func:`any_split_fits` with devices holding ``vp`` stages each
     (stage ``c pp + r`` on device ``r``): no split fits when no split fits
     every stage alone (:func:`_stage_reach`) or no count of layers per
@@ -1051,12 +1052,13 @@ def _device_split_fits(costs: PipelineCosts) -> bool:
     witness of :func:`_device_balanced_split` (``O(L)`` moves): when one
     fits, so does some split (on the 1,500-layer profile of
     benchmarks/bench_scale.py the witness settled 11 of 52 points, each in
-    about 1 ms against 10 ms for the stage reach before it)."""
+    about 1 ms against 10 ms for the stage reach before it; kept in
+    ``cache``, :func:`_witness`)."""
     R, _, v = costs.chunk_states.shape
     L = costs.num_layers
     if costs.split_fits(even_split(L, costs.pp)):  # the commonest case
         return True
-    held = _device_balanced_split(costs, R)
+    held = _witness(costs, cache)
     if held is not None and costs.split_fits(held):
         return True
     if not _stage_reach(costs) or not _devices_can_hold(costs, R):
@@ -1070,6 +1072,16 @@ def _device_split_fits(costs: PipelineCosts) -> bool:
         step = _device_pairs_fit(costs, r, n).reshape(n * n, n * n).astype(np.float32)
         reach = (reach.reshape(n, n * n) @ step > 0).astype(np.float32).reshape(n, n, n)
     return bool(np.any(reach[np.arange(n), np.arange(n), L] > 0))
+
+
+def _witness(costs: PipelineCosts, cache: dict | None = None) -> tuple[int, ...] | None:
+    """:func:`_device_balanced_split` of ``costs`` (several stages per
+    device), kept in ``cache`` (one point's dict) when given."""
+    if cache is None:
+        return _device_balanced_split(costs, costs.chunk_states.shape[0])
+    if "witness" not in cache:
+        cache["witness"] = _device_balanced_split(costs, costs.chunk_states.shape[0])
+    return cache["witness"]
 
 
 def _device_pairs_fit(costs: PipelineCosts, r: int, n: int) -> np.ndarray:
@@ -1238,23 +1250,25 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     L, S = costs.num_layers, costs.pp
     max_splits = MAX_SPLITS_EVALUATED if max_splits is None else max_splits
     nodes_given, max_nodes = max_nodes, MAX_NODES if max_nodes is None else max_nodes
-    if S > L or not any_split_fits(costs):
+    # one point's cache: the device-balanced split (any_split_fits, the starting splits) and the
+    # whole-layers-per-rank bound's cutoff-free part (the cutoff proof, a stopped search's bound)
+    point_cache: dict = {}
+    if S > L or not any_split_fits(costs, point_cache):
         return None
     if S == 1:  # the only split
         t = float(iteration_time_s(schedule, pp, costs.num_micro_batches, vp, costs.stage_times(np.array([0, L]))))
         return ExactSplit((0, L), t, t, t, True, 1, 0)
     ev = _Evaluator(costs, schedule, pp, vp)
     tables = None
-    rank_cache: dict = {}  # the whole-layers-per-rank bound's per-rank minima, for the proof and a stopped search
-    tabled = tables_fit(costs, _width_for(costs, cutoff_s * (1 + tie_rel)))
+    cutoff_width = _width_for(costs, cutoff_s * (1 + tie_rel))  # no stage of a split faster than the cutoff is wider
+    tabled = tables_fit(costs, cutoff_width)
     enumerated = schedule == "interleaved-1f1b" and _enumerable(costs, schedule, pp, vp)
     if np.isfinite(cutoff_s) and tabled and not value_above_cutoff and not enumerated:
-        tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes, rank_cache)
+        tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes, point_cache)
         if proof is not None:
             return None if isinstance(proof, str) else proof
     if enumerated and np.isfinite(cutoff_s) and tabled and not value_above_cutoff and _Tables(
-            costs, schedule, pp, _width_for(costs, cutoff_s * (1 + tie_rel)),
-            limit_s=cutoff_s * (1 + tie_rel)).root_bound() >= cutoff_s:
+            costs, schedule, pp, cutoff_width, limit_s=cutoff_s * (1 + tie_rel)).root_bound() >= cutoff_s:
         # the tables' root bound first: a sixth of the cost of every split's bound below, and on resnet50's
         # interleaved pp 2 points it settled 13 of the 15 those settle
         return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
@@ -1278,7 +1292,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         if costs.split_fits(balanced):
             starts.append(balanced)
     if costs.chunk_states is not None:  # several stages per device: layers moved off the devices that overflow
-        held = _device_balanced_split(costs, pp)
+        held = _witness(costs, point_cache)
         if held is not None:
             starts.append(held)
     ev.run(starts, keep=not seeds_only)
@@ -1338,7 +1352,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
                           lower=lambda c: split_lower_bounds(costs, schedule, pp, np.array(c, dtype=np.int64),
                                                              chains=chains, paths=paths))
     if not exact:  # every split's time is at least the relaxations' too
-        frontier = _stopped_bound(costs, schedule, pp, vp, frontier, width, incumbent * (1 + tie_rel), rank_cache)
+        frontier = _stopped_bound(costs, schedule, pp, vp, frontier, width, incumbent * (1 + tie_rel), point_cache)
     if not ev.feasible:  # no split met fits every GPU, or none beat the cutoff
         if exact and not np.isfinite(cutoff_s):
             return None  # proven: no split fits (a whole-GPU check, Mobius)
@@ -1628,13 +1642,10 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     W = max(1, min(width, L - S + 1))
     if S * W * L * (S + 8) > RANK_LAYER_TERMS:
         return 0.0
-    key = (schedule, pp, W)
-    if cache is None or key not in cache:
-        terms = _rank_layer_terms(costs, schedule, pp, W)
-        if cache is None:
-            return _rank_layer_value(terms, L, cutoff_s)
-        cache[key] = terms
-    return _rank_layer_value(cache[key], L, cutoff_s)
+    cache = {} if cache is None else cache
+    if (schedule, pp, W) not in cache:
+        cache[schedule, pp, W] = _rank_layer_terms(costs, schedule, pp, W)
+    return _rank_layer_value(cache[schedule, pp, W], L, cutoff_s)
 
 
 def _rank_layer_terms(costs: PipelineCosts, schedule: str, pp: int, W: int):
@@ -2587,7 +2598,6 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         return next((n for n in stops if n > nodes), max_nodes) - nodes
 
     kids, p = expander.lookahead(expander.root(), 0, limit(), ahead(0))
-    # a frame: the node's boundaries, its children (kids, next position, end)
     # a frame: the node's boundaries, its children (kids, next position, end, first)
     stack = [[(0,), kids, kids.lo[p], kids.hi[p], kids.lo[p]]]
     hopeless = False  # the tree left is far larger than the node limit (ESTIMATE_NODES, PROGRESS_CHECKS)
