@@ -185,11 +185,19 @@ class ClassBounds:
             left out (no split faster than the cutoff has one).
         only: the families to use, by component names (default: all of
             :func:`families`); fewer make a quicker, weaker bound.
+        relax_links: a quicker, weaker bound: each stage's outgoing
+            transfer is its least over the classes the next stage may have
+            (:meth:`_relax_links`), so the suffix DP combines a stage with
+            the least over the next class of the minima after it, one
+            pass per class instead of one per pair of classes
+            (:meth:`_suffix_class`). Every term and DP step is
+            non-decreasing in the transfer and in the minima it reads, so
+            the bound stays at most the exact one.
     """
 
     def __init__(self, class_costs: Sequence[Sequence[PipelineCosts]], send: Callable[[int, int], np.ndarray],
                  sizes: Sequence[int], schedule: str, pp: int, cutoff_s: float = np.inf,
-                 only: Sequence[str] | None = None):
+                 only: Sequence[str] | None = None, relax_links: bool = False):
         costs0 = class_costs[0][0]
         L, S, m = costs0.num_layers, pp, costs0.num_micro_batches
         self.L, self.S, self.C, self.sizes = L, S, len(sizes), tuple(int(z) for z in sizes)
@@ -245,8 +253,20 @@ class ClassBounds:
         for c, c2 in itertools.product(range(self.C), range(self.C)):
             if c != c2 or self.sizes[c] > 1:
                 self.send[c, c2] = send(c, c2)
+        self.relax_links = relax_links
+        if relax_links:
+            self._relax_links()
         self.twin_before = self._twins()
         self._suffix_minima()
+
+    def _relax_links(self) -> None:
+        """Every transfer after a stage on class ``c`` replaced by its least
+        over the next classes possible (``c`` itself only when it has two
+        slots), per boundary layer: the same for every next class."""
+        for c in range(self.C):
+            nxt = [c2 for c2 in range(self.C) if c2 != c or self.sizes[c] > 1]
+            if nxt:
+                self.send[c, :self.C] = self.send[c, nxt].min(axis=0)
 
     def _twins(self) -> tuple[int | None, ...]:
         """Per class the previous class interchangeable with it (same
@@ -301,6 +321,7 @@ class ClassBounds:
         its DP is the same array, and minima are exact)."""
         L, S, C, R = self.L, self.S, self.C, len(self.names)
         self.V: dict[tuple[int, ...], np.ndarray] = {}
+        self._least: dict[tuple[int, ...], np.ndarray] = {}  # _least_next
         levels: dict[int, list[tuple[int, ...]]] = {}
         images: dict[int, list] = {}  # per level: (vector, its canonical vector, class permutation)
         for n in itertools.product(*(range(z + 1) for z in self.sizes)):
@@ -369,15 +390,19 @@ class ClassBounds:
         best = np.full((len(owners), R, 2, L + 1), np.inf)
         step = max(1, MAX_PASS_FLOATS // (R * (L + 1) * w))  # pairs per numpy pass
         rests = [tuple(x - (k == c) for k, x in enumerate(left)) for left in owners]  # slots after this stage
-        for c2 in ([C] if stages == 1 else range(C)):  # the pairs of one next class share the stage's terms
+        for c2 in ([C] if stages == 1 else [0] if self.relax_links else range(C)):  # pairs of one next class
             if stages == 1:
                 who, nxt = np.arange(len(owners)), np.broadcast_to(last, (len(owners),) + last.shape[1:])
+            elif self.relax_links:  # the terms do not depend on the next class: the least over it of its minima
+                who = np.arange(len(owners))
+                nxt = np.stack([self._least_next(rest) for rest in rests])
             else:
                 who = np.array([k for k, rest in enumerate(rests) if rest[c2] > 0], dtype=np.int64)
                 if not len(who):
                     continue
                 nxt = np.stack([self.V[rests[k]][c2] for k in who])
-            a, b = (tables[0][c, c2], tables[1][c, c2]) if tables is not None else self._stage(c, s, c2)
+            col = c2 if not self.relax_links else int(c2 == C)  # relaxed: the tables' columns any class, none
+            a, b = (tables[0][c, col], tables[1][c, col]) if tables is not None else self._stage(c, s, c2)
             a, b = a[None, ..., :w], b[None, ..., :w]
             for lo in range(0, len(who), step):
                 k = who[lo:lo + step]  # each owner once per next class: a gather, a minimum, a scatter
@@ -385,13 +410,24 @@ class ClassBounds:
         for k, left in enumerate(owners):
             np.minimum(outs[left][c], best[k], out=outs[left][c])
 
+    def _least_next(self, left: tuple[int, ...]) -> np.ndarray:
+        """``V[left]``'s least over the class of its first stage, ``(R, 2,
+        L+1)`` (per row and part: a relaxation of :meth:`_combine`'s pair
+        ``(alpha sum, max part)``, which may then come from two classes),
+        kept per vector."""
+        if left not in self._least:
+            self._least[left] = self.V[left].min(axis=0)
+        return self._least[left]
+
     def _stage_tables(self, s: int):
         """Terms of stage ``s`` on every class ``c`` with its outgoing
         transfer to every class ``c2`` (``C``: none): ``alpha``, ``beta`` of
         shape ``(C, C+1, R, L+1, W)``, ``+inf`` where the stage cannot be
-        (as :meth:`_stage`)."""
+        (as :meth:`_stage`). With :attr:`relax_links` (every next class the
+        same transfer) two columns: any next class, none."""
+        cols = [0, self.C] if self.relax_links else slice(None)
         ok = self.ok[:, s][:, None, None]  # (C, 1, 1, L+1, W)
-        sj = self.send[:, :, self.J][:, :, None]  # (C, C+1, 1, L+1, W)
+        sj = self.send[:, cols][:, :, self.J][:, :, None]  # (C, C+1 or 2, 1, L+1, W)
         a = self.a0[:, s][:, None] + self.ka[s][None, None, :, None, None] * sj
         b = self.b0[:, s][:, None] + self.kb[s][None, None, :, None, None] * sj
         return np.where(ok, a, np.inf), np.where(ok, b, np.inf)
@@ -588,7 +624,8 @@ def class_of(classes: Sequence[Sequence[int]]) -> dict[int, int]:
 
 
 def class_bounds(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
-                 schedule: str, pp: int, cutoff_s: float = np.inf, only: Sequence[str] | None = None) -> ClassBounds:
+                 schedule: str, pp: int, cutoff_s: float = np.inf, only: Sequence[str] | None = None,
+                 relax_links: bool = False) -> ClassBounds:
     """The :class:`ClassBounds` of a point from the cost terms of a few
     orders (:func:`covering_orders`): stage ``s``'s terms on class ``c``
     from an order with a slot of ``c`` on rank ``s``, the transfer between
@@ -610,7 +647,7 @@ def class_bounds(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int
     def send(c, c2):
         return np.asarray(pair[c, c2].send_s(0, np.maximum(j, 1)), dtype=float)
 
-    return ClassBounds(class_costs, send, [len(c) for c in classes], schedule, pp, cutoff_s, only)
+    return ClassBounds(class_costs, send, [len(c) for c in classes], schedule, pp, cutoff_s, only, relax_links)
 
 
 def rank_covering_orders(classes: Sequence[Sequence[int]], pp: int) -> list[tuple[int, ...]]:

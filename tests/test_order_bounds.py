@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import test_order_search as tos
 from pipesearch.order_bounds import class_bounds, covering_orders
-from pipesearch.order_search import best_order, count_vectors, orders_of_vector
+from pipesearch.order_search import QUICK_FAMILY, best_order, count_vectors, orders_of_vector
 from pipesearch.placement import slot_classes, slot_heads
 from pipesearch.timemodel import simulate_times
 from pipesearch.types import Cluster, DeviceGroup, Job
@@ -62,6 +62,45 @@ def test_every_prefix_bound_is_at_most_its_orders_optimum(inst):
     for cutoff in (math.inf, oracle * (1 + 1e-9)):
         _assert_prefix_bounds_below_orders(class_bounds(classes, costs_of, schedule, pp, cutoff_s=cutoff),
                                            times, pp, cutoff)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tos.instances(), st.booleans())
+def test_relaxed_links_bound_every_order_and_stay_below_the_exact_bound(inst, equal_links):
+    """The quick pre-pass of the search by classes (QUICK_FAMILY with
+    relax_links: each stage's outgoing transfer its least over the next
+    classes): every prefix's bound is at most the least simulated time of
+    its orders (brute force), and at most the same prefix's bound with the
+    links exact. With one link for every pair of slots the relaxation
+    changes no transfer and QUICK_FAMILY has no component whose pair of
+    minima could come from two classes, so the two bounds are equal. A
+    relaxed transfer that is not a least (a next class left out), a
+    pass that reads the minima of the wrong vector, or a column of the
+    stage tables taken for the wrong next class fails here."""
+    cluster, tp, pp, m, schedule, vp, prof = inst
+    L = prof.num_layers
+    if vp != 1 or pp > L or len(slot_heads(cluster, tp)) < pp:
+        return
+    if equal_links:
+        cluster = Cluster(cluster.name, cluster.groups, tos.LINKS[0], tos.LINKS[0], tos.LINKS[0])
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, tp, pp, m, schedule, 1)
+    classes = slot_classes(cluster, tp)
+    times = _order_times(costs_of, classes, L, pp, m, schedule)
+    relaxed = class_bounds(classes, costs_of, schedule, pp, only=QUICK_FAMILY, relax_links=True)
+    exact = class_bounds(classes, costs_of, schedule, pp, only=QUICK_FAMILY)
+    _assert_prefix_bounds_below_orders(relaxed, times, pp)
+    pairs = {(): (relaxed.root(), exact.root())}
+    for seq in sorted(times):
+        for r in range(1, pp + 1):
+            if seq[:r] not in pairs:
+                a, b = pairs[seq[:r - 1]]
+                pairs[seq[:r]] = (relaxed.extend(a, seq[r - 1]), exact.extend(b, seq[r - 1]))
+    for prefix, (a, b) in pairs.items():
+        if equal_links:
+            assert a.bound_s == pytest.approx(b.bound_s, rel=1e-12), prefix
+        else:
+            assert a.bound_s <= b.bound_s * (1 + 1e-12), prefix
 
 
 def _assert_prefix_bounds_below_orders(cb, times: dict, pp: int, cutoff: float = math.inf) -> None:
