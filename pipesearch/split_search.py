@@ -114,21 +114,23 @@ HOPELESS_FACTOR = 10
 #: GPT-3 1.3B's interleaved points on 16 A100s (8,000 to 34,000 all along)
 #: are not told apart from searches that end by the factor alone
 PROGRESS_CHECKS = ((100, 100), (300, 33), (1000, 16))
-#: ``(nodes, factor)``: at that check (one of :data:`PROGRESS_CHECKS`) the
+#: ``{nodes: factor}``: at that check (one of :data:`PROGRESS_CHECKS`) the
 #: search also stops when the estimate is more than ``factor`` times its
-#: node limit and has not fallen since the check before. Measured as above
-#: (limit 3,000, the rules off): every search that ended and reached node
-#: 1,000 had an estimate there of at most 10,643, each of those above 2,000
-#: lower than at node 300 (gnmt_large 18,020 -> 10,643, resnext101 18,730
-#: -> 7,600); of the searches that ran to the limit, GPT-3 1.3B's four of
-#: 18,156 to 26,832 at node 1,000 (up from 300), and llama2-13b's, T5-11B's
-#: and resnext101's, now stop there (inception_v3's and one T5-11B search,
-#: whose estimates fell, run on). Factor 2 (6,000 at the limit of 3,000)
-#: also stops GPT-3 1.3B's two interleaved points of 32 micro-batches on 16
-#: A100s (6,584 at node 300, 6,742 at 1,000; each ran on to its limit
-#: without a proof, the same best split found): 0.78 -> 0.75 CPU s for that
-#: plan, every rank-1 plan of benchmarks/bench_rank1.py the same
-RISING_CHECK = (1000, 2)
+#: node limit and has not fallen since the check before. Measured with
+#: every stop rule off (limit 3,000) on the 34 cases of
+#: benchmarks/bench_rank1.py, estimates at nodes 100, 300, 1,000: every
+#: search that ended and reached node 1,000 had an estimate there of at
+#: most 10,643, each of those above 2,000 lower than at node 300
+#: (gnmt_large 18,020 -> 10,643, resnext101 18,730 -> 7,600); of those that
+#: reached node 300, none had a rising estimate above 7,992 there
+#: (densenet121: 6,791 -> 7,992, ended at 1,375 nodes; resnext101's 30,800
+#: -> 18,730 and gnmt_large's 32,000 -> 18,020 fell). Of the searches that
+#: ran to the limit, at node 300 (factor 3: 9,000) the four interleaved
+#: ones of GPT-3 1.3B on 16 A100s (14,065-22,500 -> 17,269-25,871), three
+#: of llama2-13b's, resnext101's and inception_v3's, one of T5-11B's; at
+#: node 1,000 (factor 2) GPT-3 1.3B's two of 32 micro-batches (6,584 ->
+#: 6,742), each of which ran on to the limit without a proof
+RISING_CHECKS = {300: 3, 1000: 2}
 #: splits within this relative time of the best (equal up to rounding) are tie-broken
 EQUAL_TIME_REL = 1e-12
 _BATCH = 256
@@ -2605,7 +2607,7 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
     # a frame: the node's boundaries, its children (kids, next position, end, first)
     stack = [[(0,), kids, kids.lo[p], kids.hi[p], kids.lo[p]]]
     hopeless = False  # the tree left is far larger than the node limit (ESTIMATE_NODES, PROGRESS_CHECKS)
-    last_estimate = np.inf  # the tree's estimate at the last progress check passed (RISING_CHECK)
+    last_estimate = np.inf  # the tree's estimate at the last progress check passed (RISING_CHECKS)
     while stack:
         frame = stack[-1]
         prefix, kids, pos, end, _ = frame
@@ -2625,8 +2627,9 @@ def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, 
         if nodes + 1 in checks:
             share = searched_share([(fr[1].lb, fr[4], fr[2], fr[3]) for fr in stack], limit())
             estimate = (nodes + 1) / share if share > 0 else np.inf
-            if estimate > checks[nodes + 1] or (nodes + 1 == RISING_CHECK[0] and estimate >= last_estimate
-                                                and estimate > RISING_CHECK[1] * max_nodes):
+            rising = RISING_CHECKS.get(nodes + 1)
+            if estimate > checks[nodes + 1] or (rising is not None and estimate >= last_estimate
+                                                and estimate > rising * max_nodes):
                 hopeless = True
                 continue
             last_estimate = estimate

@@ -143,11 +143,12 @@ def test_look_ahead_of_a_deep_search_stays_near_the_nodes_it_visits(monkeypatch)
 def test_a_rising_estimate_above_the_rising_factor_stops_the_search(monkeypatch):
     """A deep search that runs past 1,000 nodes, its estimate of the tree
     set through ``searched_share`` (nodes over share; the progress checks
-    at 300 and 1,000 nodes, their own factor and the path estimate never
-    reached): above twice
-    the 3,000-node limit at node 1,000 and no lower than at node 300, it
-    stops there (999 nodes); as high but lower than at node 300, or rising
-    but below twice the limit, it runs on."""
+    at 100, 300 and 1,000 nodes, their own factor and the path estimate
+    never reached), limit 3,000 nodes: above 3 times the limit at node 300
+    and no lower than at node 100, it stops there (299 nodes); above twice
+    the limit at node 1,000 and no lower than at node 300, it stops there
+    (999 nodes); as high but lower than at the check before, or rising but
+    below the factor, it runs on."""
     rng = np.random.default_rng(7103)
     schedule, vp, pp = "interleaved-1f1b", 2, 8
     prof, _, _ = tied_or_random_profile(rng, 40, False)
@@ -157,14 +158,16 @@ def test_a_rising_estimate_above_the_rising_factor_stops_the_search(monkeypatch)
                                  schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(16) % pp],
                                  in_flight=np.array(in_flight_peaks(build(schedule, pp, 2 * pp, vp))),
                                  stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, 2 * pp, vp))
-    monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((300, 10**9), (1000, 10**9)))
+    monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((100, 10**9), (300, 10**9), (1000, 10**9)))
     monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**6)  # the path estimate at node 300 never runs
     nodes = {}
-    for name, at_300, at_1000 in (("rising", 6_100, 6_100), ("falling", 17_000, 16_500), ("low", 5_000, 5_900)):
-        shares = iter((300 / at_300, 1000 / at_1000))
+    for name, estimates in (("rising at 300", (9_000, 9_100, 9_100)), ("rising at 1,000", (9_000, 6_000, 6_100)),
+                            ("falling", (20_000, 17_000, 16_500)), ("low", (4_000, 5_000, 5_900))):
+        shares = iter([n / e for n, e in zip((100, 300, 1000), estimates)])
         monkeypatch.setattr(split_search, "searched_share", lambda frames, limit, it=shares: next(it))
         nodes[name] = _search(costs, schedule, pp, vp, 3000, 10**6)[0][2]
-    assert nodes["rising"] == 999, nodes
+    assert nodes["rising at 300"] == 299, nodes
+    assert nodes["rising at 1,000"] == 999, nodes
     assert nodes["falling"] > 1000 and nodes["low"] > 1000, nodes
 
 
