@@ -299,12 +299,14 @@ def parse_document(text: str, source: str = "<text>") -> Any:
     return doc
 
 
-def document_problems(doc: Any) -> list[Problem]:
+def document_problems(doc: Any, finite: bool = False) -> list[Problem]:
     """Everything wrong with a parsed plan document: the JSON Schema
     (``pipesearch/schema/plan-1.schema.json``, checked with ``jsonschema``),
     then, when the schema holds, the semantic checks
-    (:mod:`pipesearch.schema.semantics`). Empty when the document is valid."""
-    problems = schema_problems(doc)
+    (:mod:`pipesearch.schema.semantics`). Empty when the document is valid.
+    ``finite``: as for :func:`pipesearch.schema.schema_problems` (a
+    document parsed from :func:`to_json`'s text)."""
+    problems = schema_problems(doc, finite)
     return problems if problems else semantic_problems(doc)
 
 

@@ -814,7 +814,7 @@ def _plan_text(plan_file: PlanFile, plans) -> tuple[PlanFile, str]:
 
     plan_file = replace(plan_file, exports=tuple(export_all(p, plan_file.inputs) for p in plans))
     text = to_json(plan_file)
-    problems = document_problems(json.loads(text))
+    problems = document_problems(json.loads(text), finite=True)  # to_json refuses NaN and infinities
     if problems:  # the search wrote what its own reader refuses: a bug, never a file to leave behind
         raise RuntimeError(f"internal error: the plan file to write breaks its format: {problems[0]}")
     return plan_file, text

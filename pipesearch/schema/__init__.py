@@ -189,11 +189,13 @@ def _compact_names(doc: Any) -> Any:
     return {**doc, "plans": out_plans}
 
 
-def schema_problems(doc: Any) -> list[Problem]:
+def schema_problems(doc: Any, finite: bool = False) -> list[Problem]:
     """Everything that breaks the plan file schema: non-finite numbers
     first, then the schema's errors in a fixed order (by place in the
-    document)."""
-    problems = [] if _all_finite(doc) else list(non_finite_problems(doc))
+    document). ``finite``: the caller knows every number is finite (a
+    document parsed from the text :func:`pipesearch.plan.to_json` writes,
+    which refuses NaN and infinities): that check is skipped."""
+    problems = [] if finite or _all_finite(doc) else list(non_finite_problems(doc))
     errors = sorted(_validator().iter_errors(_compact_names(doc)),
                     key=lambda e: (tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in e.absolute_path),
                                    e.validator))

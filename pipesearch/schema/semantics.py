@@ -51,7 +51,10 @@ inputs:
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
+
+import numpy as np
 
 from ..errors import InputError
 from ..limits import MAX_BYTES, MAX_PLAN_S, MAX_SAMPLES_PER_S
@@ -628,6 +631,46 @@ def _points(doc: dict) -> Iterator[Problem]:
                 return
 
 
+#: points-table column -> the cell types its check admits and the range of its numbers (or its strings); the
+#: same rules as :data:`_POINT_COLUMNS`, tested a column at a time (C loops) by :func:`_column_passes`
+_COLUMN_RULES = {
+    **{c: ((int,), 1, math.inf) for c in ("tp", "pp", "dp", "vp", "micro_batch_size", "num_micro_batches")},
+    **{c: ((int, float), 0, MAX_PLAN_S) for c in ("iteration_time_s", "lower_bound_s")},
+    "samples_per_s": ((int, float), 0, MAX_SAMPLES_PER_S),
+    "peak_memory_bytes": ((int, float), 0, MAX_BYTES),
+    "bubble_fraction": ((int, float), 0, 1.0),
+    **{c: ((str,), None, None) for c in ("recompute", "placement")},
+    "status": ((str,), POINT_STATUSES, None),
+    "schedule": ((str,), SCHEDULES, None),
+}
+
+
+def _column_passes(column: str, col: list) -> bool:
+    """Whether every non-null cell of a points-table column passes its
+    check of :data:`_POINT_COLUMNS`, decided a column at a time: the set of
+    cell types (``bool`` is not ``int`` here), the least and largest number
+    (NaN fails both comparisons), the set of strings. False sends the
+    column to the cell-by-cell check, which names the first cell that fails."""
+    rule = _COLUMN_RULES.get(column)
+    if rule is None or not isinstance(col, list):
+        return False
+    types, low, high = rule
+    cells = [v for v in col if v is not None]
+    if not set(map(type, cells)) <= set(types):
+        return False
+    if not cells:
+        return True
+    if types == (str,):
+        return low is None or set(cells) <= set(low)
+    if types == (int,):
+        return min(cells) >= low and max(cells) <= high
+    try:
+        numbers = np.asarray(cells, dtype=float)
+    except OverflowError:  # an integer beyond a float: the cell-by-cell check says so
+        return False
+    return bool(np.all((numbers >= low) & (numbers <= high)))  # NaN fails both
+
+
 def _point_columns(columns: list, values: list) -> Iterator[Problem]:
     """The by-column layout: one list per column, all of one length, cells as in the by-row one."""
     if len(values) != len(columns):
@@ -641,7 +684,7 @@ def _point_columns(columns: list, values: list) -> Iterator[Problem]:
         return
     for k, (column, col) in enumerate(zip(columns, values)):
         check = _POINT_COLUMNS.get(column)
-        if check is None:
+        if check is None or _column_passes(column, col):
             continue
         for r, value in enumerate(col):
             if value is not None and not check[0](value):
