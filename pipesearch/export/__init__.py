@@ -57,6 +57,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..errors import InputError
 from ..schedules import SCHEDULES
@@ -412,6 +413,10 @@ def export_all(plan: Plan, inputs: Mapping | None = None) -> dict[str, dict]:
         for refusals; other exceptions (bugs) propagate.
     """
     out: dict[str, dict] = {}
+    try:
+        inputs = Inputs.of(inputs)  # one for every format (its nodes are built once)
+    except InputError:
+        pass  # each format refuses them below
     for fmt in FORMATS:
         try:
             out[fmt] = export_plan(plan, fmt, inputs=inputs)
@@ -462,10 +467,12 @@ class Inputs:
         v = self.model.get("seq_len")
         return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
-    @property
+    @cached_property
     def nodes(self) -> list[tuple[int, int, str]]:
         """The cluster's nodes in id order, ``(first device, last device,
-        device type)`` each (``[]`` without the groups' device ranges)."""
+        device type)`` each (``[]`` without the groups' device ranges); built
+        once per :class:`Inputs` (a 2,048-node cluster is read by every
+        exporter several times)."""
         out = []
         for g in self.cluster.get("groups") or []:
             first, size, count = (g.get(k) if isinstance(g, Mapping) else None
