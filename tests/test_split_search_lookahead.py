@@ -129,6 +129,7 @@ def test_look_ahead_of_a_deep_search_stays_near_the_nodes_it_visits(monkeypatch)
                                      in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
                                      stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, m, vp))
         monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((100, 0.0),))  # the check at node 100 always stops
+        monkeypatch.setattr(split_search, "EARLY_CHECK", (30, np.inf))  # and the early one never
         expanded.clear()
         stopped, _ = _search(costs, schedule, pp, vp, 3000, 10**6)
         if stopped[0]:  # ended before the check
@@ -159,6 +160,7 @@ def test_a_rising_estimate_above_the_rising_factor_stops_the_search(monkeypatch)
                                  in_flight=np.array(in_flight_peaks(build(schedule, pp, 2 * pp, vp))),
                                  stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, 2 * pp, vp))
     monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((100, 10**9), (300, 10**9), (1000, 10**9)))
+    monkeypatch.setattr(split_search, "EARLY_CHECK", (10**6, 10**9))  # past the node limit: never checked
     monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**6)  # the path estimate at node 300 never runs
     nodes = {}
     for name, estimates in (("rising at 300", (9_000, 9_100, 9_100)), ("rising at 1,000", (9_000, 6_000, 6_100)),
@@ -169,6 +171,32 @@ def test_a_rising_estimate_above_the_rising_factor_stops_the_search(monkeypatch)
     assert nodes["rising at 300"] == 299, nodes
     assert nodes["rising at 1,000"] == 999, nodes
     assert nodes["falling"] > 1000 and nodes["low"] > 1000, nodes
+
+
+def test_the_early_check_stops_only_a_search_with_a_finished_subtree_and_a_large_estimate(monkeypatch):
+    """The progress check at node 30 (EARLY_CHECK, factor 30), the later
+    checks and the path estimate never reached, limit 3,000 nodes: an
+    estimate above 30 times the limit (95,000 nodes) stops the search
+    there (29 nodes); one below it, or a share searched of 0 (no subtree
+    finished yet: an infinite estimate that says nothing), runs on."""
+    rng = np.random.default_rng(7103)
+    schedule, vp, pp = "interleaved-1f1b", 2, 8
+    prof, _, _ = tied_or_random_profile(rng, 40, False)
+    cluster = tiny_cluster(2, 16, intra=Link(1e10, 1e-5), inter=Link(1e9, 1e-5))
+    job = Job(global_batch_size=4 * pp, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    costs = build_pipeline_costs(prof, cluster, job, pp=16, dp=2, micro_batch_size=1, num_micro_batches=2 * pp,
+                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(16) % pp],
+                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, 2 * pp, vp))),
+                                 stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, 2 * pp, vp))
+    monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ())
+    monkeypatch.setattr(split_search, "RISING_CHECKS", {})
+    monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**6)
+    nodes = {}
+    for name, share in (("large", 30 / 95_000), ("below the factor", 30 / 85_000), ("no subtree finished", 0.0)):
+        monkeypatch.setattr(split_search, "searched_share", lambda frames, limit, x=share: x)
+        nodes[name] = _search(costs, schedule, pp, vp, 3000, 10**6)[0][2]
+    assert nodes["large"] == 29, nodes
+    assert nodes["below the factor"] > 30 and nodes["no subtree finished"] > 30, nodes
 
 
 @pytest.mark.parametrize("seed", range(12))
