@@ -141,6 +141,20 @@ def test_look_ahead_of_a_deep_search_stays_near_the_nodes_it_visits(monkeypatch)
     assert stopped_searches >= 4
 
 
+def _deep_interleaved_point(schedule: str, vp: int, pp: int):
+    """The PipelineCosts of a seeded 40-layer point of ``pp * vp`` stages
+    (random layers, two 16-GPU nodes) whose branch and bound runs past
+    1,000 nodes: the stop-rule tests set its tree estimates."""
+    rng = np.random.default_rng(7103)
+    prof, _, _ = tied_or_random_profile(rng, 40, False)
+    cluster = tiny_cluster(2, 16, intra=Link(1e10, 1e-5), inter=Link(1e9, 1e-5))
+    job = Job(global_batch_size=4 * pp, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    return build_pipeline_costs(prof, cluster, job, pp=pp * vp, dp=2, micro_batch_size=1, num_micro_batches=2 * pp,
+                                schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(pp * vp) % pp],
+                                in_flight=np.array(in_flight_peaks(build(schedule, pp, 2 * pp, vp))),
+                                stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, 2 * pp, vp))
+
+
 def test_a_rising_estimate_above_the_rising_factor_stops_the_search(monkeypatch):
     """A deep search that runs past 1,000 nodes, its estimate of the tree
     set through ``searched_share`` (nodes over share; the progress checks
@@ -150,15 +164,8 @@ def test_a_rising_estimate_above_the_rising_factor_stops_the_search(monkeypatch)
     the limit at node 1,000 and no lower than at node 300, it stops there
     (999 nodes); as high but lower than at the check before, or rising but
     below the factor, it runs on."""
-    rng = np.random.default_rng(7103)
     schedule, vp, pp = "interleaved-1f1b", 2, 8
-    prof, _, _ = tied_or_random_profile(rng, 40, False)
-    cluster = tiny_cluster(2, 16, intra=Link(1e10, 1e-5), inter=Link(1e9, 1e-5))
-    job = Job(global_batch_size=4 * pp, state_bytes_per_param=2.0, memory_reserve_bytes=0)
-    costs = build_pipeline_costs(prof, cluster, job, pp=16, dp=2, micro_batch_size=1, num_micro_batches=2 * pp,
-                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(16) % pp],
-                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, 2 * pp, vp))),
-                                 stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, 2 * pp, vp))
+    costs = _deep_interleaved_point(schedule, vp, pp)
     monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((100, 10**9), (300, 10**9), (1000, 10**9)))
     monkeypatch.setattr(split_search, "EARLY_CHECK", (10**6, 10**9))  # past the node limit: never checked
     monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**6)  # the path estimate at node 300 never runs
@@ -179,15 +186,8 @@ def test_the_early_check_stops_only_a_search_with_a_finished_subtree_and_a_large
     estimate above 30 times the limit (95,000 nodes) stops the search
     there (29 nodes); one below it, or a share searched of 0 (no subtree
     finished yet: an infinite estimate that says nothing), runs on."""
-    rng = np.random.default_rng(7103)
     schedule, vp, pp = "interleaved-1f1b", 2, 8
-    prof, _, _ = tied_or_random_profile(rng, 40, False)
-    cluster = tiny_cluster(2, 16, intra=Link(1e10, 1e-5), inter=Link(1e9, 1e-5))
-    job = Job(global_batch_size=4 * pp, state_bytes_per_param=2.0, memory_reserve_bytes=0)
-    costs = build_pipeline_costs(prof, cluster, job, pp=16, dp=2, micro_batch_size=1, num_micro_batches=2 * pp,
-                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(16) % pp],
-                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, 2 * pp, vp))),
-                                 stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, 2 * pp, vp))
+    costs = _deep_interleaved_point(schedule, vp, pp)
     monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ())
     monkeypatch.setattr(split_search, "RISING_CHECKS", {})
     monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**6)
