@@ -262,7 +262,7 @@ class ClassBounds:
     def _relax_links(self) -> None:
         """Every transfer after a stage on class ``c`` replaced by its least
         over the next classes possible (``c`` itself only when it has two
-        slots), per boundary layer: the same for every next class."""
+        or more slots), per boundary layer: the same for every next class."""
         for c in range(self.C):
             nxt = [c2 for c2 in range(self.C) if c2 != c or self.sizes[c] > 1]
             if nxt:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import test_order_search as tos
+from pipesearch import order_bounds
 from pipesearch.order_bounds import class_bounds, covering_orders
 from pipesearch.order_search import QUICK_FAMILY, best_order, count_vectors, orders_of_vector
 from pipesearch.placement import slot_classes, slot_heads
@@ -65,18 +67,21 @@ def test_every_prefix_bound_is_at_most_its_orders_optimum(inst):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tos.instances(), st.booleans())
-def test_relaxed_links_bound_every_order_and_stay_below_the_exact_bound(inst, equal_links):
-    """The quick pre-pass of the search by classes (QUICK_FAMILY with
-    relax_links: each stage's outgoing transfer its least over the next
-    classes): every prefix's bound is at most the least simulated time of
-    its orders (brute force), and at most the same prefix's bound with the
-    links exact. With one link for every pair of slots the relaxation
-    changes no transfer and QUICK_FAMILY has no component whose pair of
-    minima could come from two classes, so the two bounds are equal. A
-    relaxed transfer that is not a least (a next class left out), a
-    pass that reads the minima of the wrong vector, or a column of the
-    stage tables taken for the wrong next class fails here."""
+@given(tos.instances(), st.booleans(), st.booleans(), st.booleans())
+def test_relaxed_links_bound_every_order_and_stay_below_the_exact_bound(inst, equal_links, quick, small_passes):
+    """The quick pre-pass of the search by classes (relax_links: each
+    stage's outgoing transfer its least over the next classes), with
+    QUICK_FAMILY or every family (their ``suffix`` components then read
+    their pair of minima from two next classes), and with passes of 8
+    floats (the stage terms built per pair, no whole-stage tables): every
+    prefix's bound is at most the least simulated time of its orders (brute
+    force), and at most the same prefix's bound with the links exact. With
+    one link for every pair of slots the relaxation changes no transfer and
+    QUICK_FAMILY has no component whose pair of minima could come from two
+    classes, so the two bounds are then equal. A relaxed transfer that is
+    not a least (a next class left out), a pass that reads the minima of the
+    wrong vector, or a column of the stage tables taken for the wrong next
+    class fails here."""
     cluster, tp, pp, m, schedule, vp, prof = inst
     L = prof.num_layers
     if vp != 1 or pp > L or len(slot_heads(cluster, tp)) < pp:
@@ -87,8 +92,10 @@ def test_relaxed_links_bound_every_order_and_stay_below_the_exact_bound(inst, eq
     costs_of = tos._point(prof, cluster, job, tp, pp, m, schedule, 1)
     classes = slot_classes(cluster, tp)
     times = _order_times(costs_of, classes, L, pp, m, schedule)
-    relaxed = class_bounds(classes, costs_of, schedule, pp, only=QUICK_FAMILY, relax_links=True)
-    exact = class_bounds(classes, costs_of, schedule, pp, only=QUICK_FAMILY)
+    only = QUICK_FAMILY if quick else None
+    with mock.patch.object(order_bounds, "MAX_PASS_FLOATS", 8 if small_passes else order_bounds.MAX_PASS_FLOATS):
+        relaxed = class_bounds(classes, costs_of, schedule, pp, only=only, relax_links=True)
+    exact = class_bounds(classes, costs_of, schedule, pp, only=only)
     _assert_prefix_bounds_below_orders(relaxed, times, pp)
     pairs = {(): (relaxed.root(), exact.root())}
     for seq in sorted(times):
@@ -97,7 +104,7 @@ def test_relaxed_links_bound_every_order_and_stay_below_the_exact_bound(inst, eq
                 a, b = pairs[seq[:r - 1]]
                 pairs[seq[:r]] = (relaxed.extend(a, seq[r - 1]), exact.extend(b, seq[r - 1]))
     for prefix, (a, b) in pairs.items():
-        if equal_links:
+        if equal_links and quick:
             assert a.bound_s == pytest.approx(b.bound_s, rel=1e-12), prefix
         else:
             assert a.bound_s <= b.bound_s * (1 + 1e-12), prefix

@@ -6,22 +6,27 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipesearch.schema.semantics import _POINT_COLUMNS, _column_passes, _point_columns
 
+BOUNDS = (2**60, 10**30, 2**53)  # integers next to the float bounds (MAX_BYTES, MAX_PLAN_S) and float precision
 CELLS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.integers(2**62, 2**70), st.just(10**400),
+                  st.sampled_from([b + d for b in BOUNDS for d in (-1, 0, 1)]),
                   st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.5, 1.0, 2.0, 1e29, 1e31]),
                   st.sampled_from(["ok", "pruned", "gpipe", "1f1b", "x", ""]), st.just([1]))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(sorted(_POINT_COLUMNS)), st.lists(CELLS, max_size=12))
+@example("peak_memory_bytes", [1.0, 2**60 + 1])
+@example("bubble_fraction", [True])
 def test_whole_column_test_agrees_with_the_cell_rule(column, col):
     """Booleans in integer columns, NaN and infinities, integers past a
-    float, numbers past a bound, unknown statuses and schedules, lists: the
-    column passes exactly when every non-null cell passes its own check."""
+    float or one above a float bound (2**60 + 1 rounds to 2.0**60), numbers
+    past a bound, unknown statuses and schedules, lists: the column passes
+    exactly when every non-null cell passes its own check."""
     check = _POINT_COLUMNS[column][0]
     assert _column_passes(column, col) == all(check(v) for v in col if v is not None)
 

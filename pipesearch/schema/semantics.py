@@ -662,13 +662,11 @@ def _column_passes(column: str, col: list) -> bool:
         return True
     if types == (str,):
         return low is None or set(cells) <= set(low)
-    if types == (int,):
-        return min(cells) >= low and max(cells) <= high
-    try:
-        numbers = np.asarray(cells, dtype=float)
-    except OverflowError:  # an integer beyond a float: the cell-by-cell check says so
+    ints = [v for v in cells if type(v) is int]  # compared exactly (2**60 + 1 is above a bound of 2.0**60)
+    if ints and not (min(ints) >= low and max(ints) <= high):
         return False
-    return bool(np.all((numbers >= low) & (numbers <= high)))  # NaN fails both
+    floats = np.array([v for v in cells if type(v) is float], dtype=float)
+    return bool(np.all((floats >= low) & (floats <= high)))  # NaN fails both
 
 
 def _point_columns(columns: list, values: list) -> Iterator[Problem]:
