@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
@@ -888,13 +888,22 @@ def link_bound_s(sigma: np.ndarray, sizes: Sequence[int], pp: int, vp: int, m: i
     class)). Seconds; 0 for ``pp < 2``."""
     if pp < 2:
         return 0.0
-    C = len(sizes)
     for tau in np.unique(sigma[np.isfinite(sigma)]):
         allowed = sigma <= tau
-        states = {(tuple(int(k == c) for k in range(C)), c) for c in range(C) if sizes[c] > 0}
-        for _ in range(pp - 1):
-            states = {(tuple(x + (k == c2) for k, x in enumerate(n)), c2) for n, c in states
-                      for c2 in range(C) if allowed[c, c2] and n[c2] < sizes[c2]}
-        if states:
+        if _admits_sequence(tuple(map(tuple, allowed.tolist())), tuple(int(z) for z in sizes), pp):
             return float(m * vp * tau)
     return np.inf
+
+
+@lru_cache(maxsize=1024)
+def _admits_sequence(allowed: tuple, sizes: tuple, pp: int) -> bool:
+    """Whether some sequence of ``pp`` classes, at most ``sizes[c]`` of
+    class ``c``, has every consecutive pair ``(c, c2)`` with
+    ``allowed[c][c2]``: a DP over (slots used per class, last class). Kept
+    per pattern (the points of one cluster meet the same few)."""
+    C = len(sizes)
+    states = {(tuple(int(k == c) for k in range(C)), c) for c in range(C) if sizes[c] > 0}
+    for _ in range(pp - 1):
+        states = {(tuple(x + (k == c2) for k, x in enumerate(n)), c2) for n, c in states
+                  for c2 in range(C) if allowed[c][c2] and n[c2] < sizes[c2]}
+    return bool(states)
