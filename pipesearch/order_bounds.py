@@ -463,7 +463,7 @@ class ClassBounds:
         pad[..., :L1] = nxt
         out = np.full(nxt.shape, np.inf)
         tmp = np.empty((P, R, L1))
-        kinds = self._rows_of_kind()
+        kinds = self._kind_rows
         for d in range(w):  # stages [i, i + d + 1): the next state's values at i + d + 1, a view
             na, nm = pad[:, :, 0, d + 1:d + 1 + L1], pad[:, :, 1, d + 1:d + 1 + L1]
             ad, bd = a[..., d], b[..., d]
@@ -484,9 +484,10 @@ class ClassBounds:
         np.copyto(out[:, :, 1], np.inf, where=~np.isfinite(out[:, :, 0]))
         return out
 
-    def _rows_of_kind(self):
+    @cached_property
+    def _kind_rows(self) -> list:
         """``(kind, slice of rows)`` for each component kind present (the
-        rows are sorted by kind)."""
+        rows are sorted by kind); kept, every DP step reads it."""
         kinds = [self.kind[n] for n in self.names]
         return [(k, slice(kinds.index(k), len(kinds) - kinds[::-1].index(k))) for k in _KINDS if k in kinds]
 
@@ -522,7 +523,7 @@ class ClassBounds:
         pa, pm = fwd[:, 0][:, :, None], fwd[:, 1][:, :, None]  # (R, L+1, 1) at the first layer
         cand = np.empty((2,) + a.shape)
         cand[0] = pa + a
-        for kind, q in self._rows_of_kind():  # the rows of one kind at once (the same operations per row)
+        for kind, q in self._kind_rows:  # the rows of one kind at once (the same operations per row)
             if kind == "sum":
                 cand[1, q] = cand[0, q]
             elif kind == "max":
@@ -546,7 +547,7 @@ class ClassBounds:
         pa, pm, va, vm = fwd[:, 0], fwd[:, 1], V[:, 0], V[:, 1]
         comp = np.empty((len(pa) + 1,) + pa.shape[1:])  # a last row of zeros pads the shorter families
         comp[-1] = 0.0
-        for kind, q in self._rows_of_kind():
+        for kind, q in self._kind_rows:
             if kind == "sum":
                 comp[q] = pa[q] + va[q]
             elif kind == "max":
