@@ -256,7 +256,8 @@ def test_torchtitan_roundtrip_and_names():
     assert exp["overrides"][-1] == "activation-checkpoint:full"
     # no model given: placeholders, said in a note
     assert exp["argv"][:4] == ["--module", "MODULE", "--config", "CONFIG"]
-    assert any("MODULE and CONFIG" in n for n in exp["notes"])
+    assert any(n.startswith("warning: ") and "MODULE and CONFIG" in n for n in exp["notes"])
+    assert "# pipesearch knows no torchtitan config" in exp["files"]["launch_torchtitan.sh"].splitlines()[2]
 
 
 def test_torchtitan_without_pipeline_parallelism_accumulates_gradients():

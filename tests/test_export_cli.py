@@ -111,6 +111,30 @@ def test_megatron_export_warns_when_the_plan_counted_less_state_than_megatron_ke
     assert res.exit_code == 0 and "warning" not in res.stderr
 
 
+def test_torchtitan_placeholders_are_said_on_stderr_and_in_the_script(tmp_path):
+    """A model pipesearch knows no torchtitan config for (GPT-3 1.3B): the
+    launch script written with -o or --files runs ``--module MODULE
+    --config CONFIG``, so a warning on stderr and a comment in the script
+    say to replace them; the catalog's Llama-3 8B (a known config) gets
+    neither."""
+    made = tmp_path / "gpt.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
+                                    "--pp", "2", "--schedule", "1f1b", "--placement", "data", "-q", "-o", str(made)])
+    assert res.exit_code == 0, res.output
+    for target in (["-o", str(tmp_path / "t.sh")], ["--files", str(tmp_path / "tt")]):
+        res = export(made, "--format", "torchtitan", *target)
+        assert res.exit_code == 0 and "warning: pipesearch knows no torchtitan config for model 'gpt3-1.3b'" in res.stderr
+    for script in (tmp_path / "t.sh", tmp_path / "tt" / "launch_torchtitan.sh"):
+        text = script.read_text()
+        assert "--module MODULE" in text and "# pipesearch knows no torchtitan config" in text
+
+
+def test_torchtitan_export_of_a_known_model_warns_of_nothing(plans, tmp_path):
+    res = export(plans, "--format", "torchtitan", "-o", str(tmp_path / "t.sh"))
+    assert res.exit_code == 0 and "warning" not in res.stderr
+    assert "MODULE" not in (tmp_path / "t.sh").read_text()
+
+
 @pytest.mark.parametrize("fmt,extra", [("megatron", []), ("torchtitan", []), ("torchtitan", ["--torchtitan-version", "0.2"])])
 def test_command_line_expands_the_rendezvous_variables(plans, fmt, extra):
     """The one-line ``command_line`` of a two-node export, run by bash with

@@ -319,16 +319,17 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
         dp_note,
     ]
     name = str(inputs.model.get("name", ""))
+    placeholders = None  # what the launch script's MODULE and CONFIG stand for, when pipesearch has no config
     if module is None or config is None:
         known = TORCHTITAN_CONFIGS.get(name)
         if known:
             module, config = module or known[0], config or known[1]
         else:
             module, config = module or "MODULE", config or "CONFIG"
-            notes.append(
-                f"pipesearch knows no torchtitan config for model {name or '(not given)'!r}: replace MODULE and "
-                f"CONFIG with the --module / --config of a torchtitan config_registry function of the same shape."
-            )
+            placeholders = (f"pipesearch knows no torchtitan config for model {name or '(not given)'!r}: replace "
+                            f"MODULE and CONFIG with the --module / --config of a torchtitan config_registry function "
+                            f"of the same shape")
+            notes.append(f"warning: {placeholders} before running the command.")
     argv = ["--module", module, "--config", config, *overrides]
     world = plan.tp * plan.pp * plan.dp
     launch, launch_note = torchrun_prefix(world, inputs, plan)
@@ -356,7 +357,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     if plan.schedule == "zb-h1":
         notes.append("zb-h1 runs as torch's ScheduleInterleavedZeroBubble with one stage per rank.")
     script = "#!/usr/bin/env bash\n# " + f"torchtitan {RUNTIME_VERSION} launch for the plan (pipesearch export)\n" + \
-        "set -euo pipefail\n" + shell_command(command) + "\n"
+        ("" if placeholders is None else f"# {placeholders}.\n") + "set -euo pipefail\n" + shell_command(command) + "\n"
     return {
         "runtime": RUNTIME,
         "runtime_version": RUNTIME_VERSION,
