@@ -736,6 +736,18 @@ def test_schedule_refused_advice_does_not_say_raise_pp(tmp_path):
     assert "raise --pp" not in line
 
 
+def test_mobius_out_of_memory_names_the_host_flag_not_what_the_search_tried(tmp_path):
+    """Llama-3 8B at batch 64 on eight 24 GB GPUs under Mobius: every point
+    runs out of memory. The search tried every pp and micro-batch size
+    (nothing pinned), and Mobius keeps the optimizer on the host already,
+    so the fix left is the activations on the host (with it the plan
+    fits): the hint says that, not 'lower --micro-batch-size, raise --pp'."""
+    line = assert_refused(tmp_path, ["plan", "--model", "llama3-8b", "--cluster", "1x8-rtx4090-pcie4", "-b", "64",
+                                     "--schedule", "mobius", "-o", "p.json"], "out_of_memory",
+                          "add --activation-offload or use a larger cluster")
+    assert "raise --pp" not in line and "--micro-batch-size" not in line and "--optimizer-offload" not in line
+
+
 def test_out_of_memory_split_names_the_stage(tmp_path):
     # vgg16's 38 middle layers at micro-batch 4096 cannot fit a 16 GiB V100 (5% headroom and 1 GiB reserved:
     # 16 x 0.95 - 1 = 14.2 GiB usable)
