@@ -261,7 +261,7 @@ export against."""
 def _state_note(job: Mapping) -> str | None:
     """A warning when the plan's memory counted fewer training-state bytes
     per parameter (``inputs.job.optimizer_state``) than Megatron-LM keeps
-    (:data:`pipesearch.memory.PRESETS` ``megatron``: bf16 weights, fp32 main
+    (:data:`pipesearch.memory.PRESETS` ``megatron``: 16-bit weights, fp32 main
     gradients, fp32 master weights and Adam moments); None otherwise or
     without the record."""
     from ..memory import PRESETS
@@ -275,7 +275,7 @@ def _state_note(job: Mapping) -> str | None:
         return None
     return (f"warning: the plan's memory counts {planned:g} bytes of training state per parameter "
             f"({state.get('name', 'its optimizer state')}); Megatron-LM keeps {megatron:g} (fp32 main gradients "
-            f"beside bf16 weights, fp32 master weights and Adam moments), so its stages hold more than planned and "
+            f"beside 16-bit weights, fp32 master weights and Adam moments), so its stages hold more than planned and "
             f"may not fit: re-plan with --runtime megatron (or --optimizer-state megatron).")
 
 
