@@ -578,24 +578,35 @@ REQUIRED_POINT_COLUMNS = ("tp", "recompute", "pp", "dp", "schedule", "micro_batc
                           "placement", "status", "iteration_time_s", "samples_per_s", "peak_memory_bytes")
 
 
-def _number_in(high: float):
-    """A check that a cell is a number in ``[0, high]`` (not a boolean)."""
-    return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= high,
-            f"a number in [0, {high:g}]")
-
-
-#: points-table column -> (check, what is expected); the bounds are the plan schema's
-_POINT_COLUMNS = {
-    **{c: (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
-       for c in ("tp", "pp", "dp", "vp", "micro_batch_size", "num_micro_batches")},
-    **{c: _number_in(MAX_PLAN_S) for c in ("iteration_time_s", "lower_bound_s")},
-    "samples_per_s": _number_in(MAX_SAMPLES_PER_S),
-    "peak_memory_bytes": _number_in(MAX_BYTES),
-    "bubble_fraction": _number_in(1.0),
-    **{c: (lambda v: isinstance(v, str), "a string") for c in ("recompute", "placement")},
-    "status": (lambda v: v in POINT_STATUSES, f"one of {', '.join(POINT_STATUSES)}"),
-    "schedule": (lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
+#: points-table column -> ``(cell types, low, high, what is expected)``: numbers of those types in ``[low,
+#: high]``, or strings (in ``low`` when it is a tuple); the bounds are the plan schema's. ``bool`` is not ``int``
+#: here (the types are compared exactly)
+_COLUMN_RULES = {
+    **{c: ((int,), 1, math.inf, "an integer >= 1") for c in ("tp", "pp", "dp", "vp", "micro_batch_size",
+                                                             "num_micro_batches")},
+    **{c: ((int, float), 0, MAX_PLAN_S, f"a number in [0, {MAX_PLAN_S:g}]") for c in ("iteration_time_s",
+                                                                                       "lower_bound_s")},
+    "samples_per_s": ((int, float), 0, MAX_SAMPLES_PER_S, f"a number in [0, {MAX_SAMPLES_PER_S:g}]"),
+    "peak_memory_bytes": ((int, float), 0, MAX_BYTES, f"a number in [0, {MAX_BYTES:g}]"),
+    "bubble_fraction": ((int, float), 0, 1.0, "a number in [0, 1]"),
+    **{c: ((str,), None, None, "a string") for c in ("recompute", "placement")},
+    "status": ((str,), POINT_STATUSES, None, f"one of {', '.join(POINT_STATUSES)}"),
+    "schedule": ((str,), SCHEDULES, None, f"one of {', '.join(SCHEDULES)}"),
 }
+
+
+def _cell_passes(column: str, v) -> bool:
+    """Whether one (non-null) cell of ``column`` passes its rule of :data:`_COLUMN_RULES`."""
+    types, low, high, _ = _COLUMN_RULES[column]
+    if type(v) not in types:
+        return False
+    if types == (str,):
+        return low is None or v in low
+    return low <= v <= high
+
+
+#: points-table column -> (check of one cell, what is expected)
+_POINT_COLUMNS = {c: (lambda v, c=c: _cell_passes(c, v), rule[3]) for c, rule in _COLUMN_RULES.items()}
 
 
 def _points(doc: dict) -> Iterator[Problem]:
@@ -631,30 +642,17 @@ def _points(doc: dict) -> Iterator[Problem]:
                 return
 
 
-#: points-table column -> the cell types its check admits and the range of its numbers (or its strings); the
-#: same rules as :data:`_POINT_COLUMNS`, tested a column at a time (C loops) by :func:`_column_passes`
-_COLUMN_RULES = {
-    **{c: ((int,), 1, math.inf) for c in ("tp", "pp", "dp", "vp", "micro_batch_size", "num_micro_batches")},
-    **{c: ((int, float), 0, MAX_PLAN_S) for c in ("iteration_time_s", "lower_bound_s")},
-    "samples_per_s": ((int, float), 0, MAX_SAMPLES_PER_S),
-    "peak_memory_bytes": ((int, float), 0, MAX_BYTES),
-    "bubble_fraction": ((int, float), 0, 1.0),
-    **{c: ((str,), None, None) for c in ("recompute", "placement")},
-    "status": ((str,), POINT_STATUSES, None),
-    "schedule": ((str,), SCHEDULES, None),
-}
-
-
 def _column_passes(column: str, col: list) -> bool:
     """Whether every non-null cell of a points-table column passes its
-    check of :data:`_POINT_COLUMNS`, decided a column at a time: the set of
-    cell types (``bool`` is not ``int`` here), the least and largest number
-    (NaN fails both comparisons), the set of strings. False sends the
+    rule (:func:`_cell_passes`), decided a column at a time: the set of
+    cell types, the range of the integers (compared exactly, as the cell
+    rule does) and of the floats (with numpy; NaN fails it), the set of
+    strings. False sends the
     column to the cell-by-cell check, which names the first cell that fails."""
     rule = _COLUMN_RULES.get(column)
     if rule is None or not isinstance(col, list):
         return False
-    types, low, high = rule
+    types, low, high, _ = rule
     cells = [v for v in col if v is not None]
     if not set(map(type, cells)) <= set(types):
         return False
