@@ -1988,11 +1988,7 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
                     + [host_flags] * bool(host_flags)
                     + ["drop --split (or pin smaller stages)"] * bool(options.split)
                     + ["use a larger cluster"])
-            if options is not None and (options.pp or options.split)
-            else  # unpinned, the search tried every pp and micro-batch size: only what it could not try
-            _either(["lower --micro-batch-size"] * _micro_batch_size_can_drop(options) + [host_flags] * bool(host_flags)
-                    + ["use a larger cluster"])
-            if options is not None
+            if options is not None  # only what the search could not try (it tried every unpinned pp and size)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
     if counts.get("too_many_micro_batches") and len(counts) == 1:

@@ -1095,8 +1095,7 @@ def _device_split_fits(costs: PipelineCosts, cache: dict | None = None) -> bool:
 def _witness(costs: PipelineCosts, cache: dict | None = None) -> tuple[int, ...] | None:
     """:func:`_device_balanced_split` of ``costs`` (several stages per
     device), kept in ``cache`` (one point's dict) when given."""
-    if cache is None:
-        return _device_balanced_split(costs, costs.chunk_states.shape[0])
+    cache = {} if cache is None else cache
     if "witness" not in cache:
         cache["witness"] = _device_balanced_split(costs, costs.chunk_states.shape[0])
     return cache["witness"]
