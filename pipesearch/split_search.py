@@ -1619,7 +1619,10 @@ def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.
             v = (b + a.sum(axis=1, keepdims=True) - np.cumsum(a, axis=1)).max(axis=1)
         else:  # device: the busiest rank (stage c pp + q on rank q)
             v = b.reshape(len(comps), S // pp, pp, n).sum(axis=1).max(axis=1)
-        np.add.at(total, idx, v)
+        if len(set(idx.tolist())) == len(idx):  # one component per family: a fancy-indexed add (np.add.at's sums)
+            total[idx] += v
+        else:
+            np.add.at(total, idx, v)
     return total.max(axis=0, initial=-np.inf)
 
 
