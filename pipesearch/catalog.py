@@ -80,6 +80,12 @@ def resolve(kind: str, name_or_path: str) -> Path:
     if what is not None:
         raise InputError(f"{label} {name_or_path}: is {what}, not a {kind} file; give the path of a "
                          f"regular file or a catalog name (`pipesearch catalog`)")
+    if p.is_symlink():  # a link that leads nowhere (dangling, or a loop of links): not a missing name
+        try:
+            p.stat()
+        except OSError as exc:
+            raise InputError(f"{label} {name_or_path}: a symbolic link that leads to no file "
+                             f"({exc.strerror or exc}); fix the link or give the file's own path") from None
     entries = list_entries(kind)
     key = name_or_path.strip().lower()
     if key in entries:

@@ -117,8 +117,8 @@ def _get(where: Path, table: dict, key: str, prefix: str = "") -> Any:
 
 #: key (last part) -> (low, high, low inclusive, unit): the accepted range of every number
 _RANGES = {
-    "memory_GiB": (0.0, limits.MAX_BYTES / GIB, False, "GiB"),
-    "memory_GB": (0.0, limits.MAX_BYTES / GB, False, "GB"),
+    "memory_GiB": (limits.MIN_DEVICE_MEMORY_BYTES / GIB, limits.MAX_BYTES / GIB, True, "GiB"),
+    "memory_GB": (limits.MIN_DEVICE_MEMORY_BYTES / GB, limits.MAX_BYTES / GB, True, "GB"),
     "peak_fp16_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
     "peak_fp32_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
     "peak_fp8_TFLOPS": (limits.MIN_TFLOPS, limits.MAX_TFLOPS, True, "TFLOP/s"),
@@ -158,6 +158,15 @@ def _string(where: Path, key: str, value: Any) -> str:
     if not isinstance(value, str):
         raise _fail(where, key, value, "a string")
     return value
+
+
+def _named(where: Path, value: Any) -> str:
+    """A device's or cluster's ``name``: a non-empty one-line string (the
+    table's heading and the plan file name them by it)."""
+    name = _string(where, "name", value)
+    if not name.strip() or not name.isprintable():
+        raise _fail(where, "name", value, 'a non-empty one-line name, e.g. "2x8-a100-80gb"')
+    return name
 
 
 def _table(where: Path, key: str, value: Any) -> dict:
@@ -218,7 +227,7 @@ def load_device(name_or_path: str | Path) -> DeviceSpec:
         raise _fail(path, "nvlink", nvlink, _DEVICE_KEYS["nvlink"][1])
     return DeviceSpec(
         tensor_accumulate=accumulate, nvlink=nvlink,
-        name=_string(path, "name", data["name"]),
+        name=_named(path, data["name"]),
         memory_bytes=memory,
         peak_fp16_flops=TERA * _number(path, "peak_fp16_TFLOPS", data["peak_fp16_TFLOPS"]),
         peak_fp32_flops=TERA * _number(path, "peak_fp32_TFLOPS", data["peak_fp32_TFLOPS"]),
@@ -416,7 +425,7 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
     path = catalog.resolve("cluster", str(name_or_path))
     data = _read_toml(path)
     _check_keys(path, data, _CLUSTER_KEYS)
-    name = _string(path, "name", _get(path, data, "name"))
+    name = _named(path, _get(path, data, "name"))
     trio = [k for k in ("nodes", "devices_per_node", "device") if k in data]
 
     if "groups" in data:

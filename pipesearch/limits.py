@@ -16,6 +16,8 @@ from typing import Any
 MAX_DEVICES = 2**17
 #: any size in bytes: memory of a device, a layer's parameters or activations (1 EiB)
 MAX_BYTES = float(2**60)
+#: memory of one device: 1 MiB (a value below it is a unit mistake: ``memory_GiB = 1e-9`` for 1 byte)
+MIN_DEVICE_MEMORY_BYTES = float(2**20)
 #: one layer's forward or backward time at its profiled batch, seconds (11.6 days)
 MAX_LAYER_S = 1e6
 #: the shortest non-zero layer time, seconds (1 ns: no kernel is faster; shorter

@@ -1809,6 +1809,9 @@ def _check_replication_options(variants, cluster: Cluster, job: Job, options: Se
                          f"replicas, placed stage after stage, so no pipeline- or data-major layout applies; drop "
                          f"--placement or {what}")
     check_replication_job(job)
+    if options.vp_pinned and 1 not in options.vps:
+        raise InputError(f"{what} with --vp {','.join(map(str, options.vps))}: replicated stages run one stage per "
+                         f"device (vp 1); drop --vp or {what}")
     multi = [sch for sch in options.schedules if sch in MULTI_STAGE_SCHEDULES]
     if multi and len(multi) == len(options.schedules):
         raise InputError(f"{what}: replicated stages run one stage per device (gpipe, 1f1b or zb-h1), and "

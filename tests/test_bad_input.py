@@ -1250,3 +1250,78 @@ def test_profile_records_a_device_file_by_its_full_path(tmp_path, monkeypatch):
                                     "--warmup", "0", "--device-name", "dev.toml", "-o", "p.csv"])
     assert res.exit_code == 0, res.output
     assert f"# device: {tmp_path / 'dev.toml'}" in (tmp_path / "p.csv").read_text()
+
+
+# ------------------------------------------------ numbers past float range, huge and odd inputs
+
+
+@pytest.mark.parametrize("cell, column, needle", [
+    ("1e999999999999", "fwd_ms", "more than 1e+09 ms"),  # past the decimal context: was decimal.Overflow, exit 1
+    ("1" * 5000, "fwd_ms", "more than 1e+09 ms"),
+    ("100e999999999999", "param_bytes", "more than"),
+    ("1e-400", "fwd_ms", "less than 1e-06 ms"),  # a positive time that rounds to 0.0 was taken as 0
+    ("1e-999999999999", "fwd_ms", "less than 1e-06 ms"),
+])
+def test_profile_numbers_beyond_floats_are_refused(tmp_path, cell, column, needle):
+    row = {"fwd_ms": "1", "bwd_ms": "2", "param_bytes": "100", "output_bytes": "100"}
+    row[column] = cell
+    write(tmp_path / "m.csv", CSV_HEADER + "l0,1,2,100,100\nl1," + ",".join(row.values()) + "\n")
+    line = assert_refused(tmp_path, ["plan", "--model", "m.csv", "--cluster", "1x4-v100-pcie"],
+                          "m.csv", "line 5", column, needle)
+    assert len(line) < 400, line  # the echoed value is cut short
+
+
+def test_csv_field_past_the_csv_modules_limit_is_refused(tmp_path):
+    """A quoted field over 131,072 characters (or a file padded with NUL
+    bytes, which the csv module reads the same way) made csv.Error escape
+    as an internal error."""
+    write(tmp_path / "m.csv", CSV_HEADER + "l0,1,2,100,100\n\"" + "x" * 200_000 + "\",1,2,100,100\n")
+    line = assert_refused(tmp_path, ["plan", "--model", "m.csv", "--cluster", "1x4-v100-pcie"],
+                          "m.csv", "line 5", "cannot be read as CSV", "field larger than field limit")
+    assert len(line) < 400, line
+
+
+def test_long_values_are_cut_short_in_the_error_line(tmp_path):
+    write(tmp_path / "m.csv", CSV_HEADER.replace("batch_size: 8", "batch_size: " + "9" * 100_000)
+          + "l0,1,2,100,100\n")
+    line = assert_refused(tmp_path, ["plan", "--model", "m.csv", "--cluster", "1x4-v100-pcie"],
+                          "m.csv", "batch_size", "999...", "positive integer")
+    assert len(line) < 400, line
+    line = assert_refused(tmp_path, ["plan", "--memory-reserve", "9" * 5000 + "GiB"], "--memory-reserve", "characters")
+    assert len(line) < 1000, line
+
+
+def test_a_path_with_a_line_break_stays_on_one_line(tmp_path):
+    tiny_csv(tmp_path / "a\nb.csv", rows=["l0,-1,2,100,4096"])
+    assert_refused(tmp_path, ["plan", "--model", "a\nb.csv", "--cluster", "1x4-v100-pcie"],
+                   "a\\nb.csv", "negative")
+
+
+@pytest.mark.parametrize("target", ["loop", "missing"])
+def test_a_link_to_no_file_is_named_as_such(tmp_path, target):
+    if target == "loop":
+        os.symlink("b.csv", tmp_path / "a.csv")
+        os.symlink("a.csv", tmp_path / "b.csv")
+    else:
+        os.symlink("gone.csv", tmp_path / "a.csv")
+    assert_refused(tmp_path, ["plan", "--model", "a.csv"], "--model a.csv", "symbolic link that leads to no file")
+
+
+@pytest.mark.parametrize("memory", ["1e-9", "0.0005"])
+def test_device_memory_below_a_mebibyte_is_a_unit_mistake(tmp_path, memory):
+    write(tmp_path / "dev.toml", GOOD_DEVICE.replace("memory_GiB = 16", f"memory_GiB = {memory}"))
+    write(tmp_path / "c.toml", f'name = "c"\nnodes = 1\ndevices_per_node = 4\ndevice = "./dev.toml"\n{LINKS}')
+    assert_refused(tmp_path, ["plan", "--cluster", "c.toml"], "dev.toml", "memory_GiB", memory.lstrip("0") if
+                   memory.startswith("0.") else "1e-09")
+
+
+@pytest.mark.parametrize("name", ['""', '"  "', '"a\\nb"'])
+def test_a_cluster_needs_a_name(tmp_path, name):
+    write(tmp_path / "c.toml", f'name = {name}\nnodes = 1\ndevices_per_node = 4\ndevice = "v100-pcie-16gb"\n{LINKS}')
+    assert_refused(tmp_path, ["plan", "--cluster", "c.toml"], "c.toml", "'name'", "non-empty one-line name")
+
+
+def test_replicated_stages_refuse_a_pinned_vp(tmp_path):
+    tiny_csv(tmp_path / "m.csv")
+    assert_refused(tmp_path, ["plan", "--model", "m.csv", "--cluster", "1x4-v100-pcie", "--replicate-stages",
+                              "--vp", "2"], "--replicate-stages with --vp 2", "drop --vp")

@@ -91,7 +91,7 @@ class _Group(click.Group):
         except click.ClickException as exc:
             ctx = getattr(exc, "ctx", None)
             hint = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
-            click.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
+            click.echo(f"error: {error_line(' '.join(exc.format_message().split()))}{hint}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
             click.echo("aborted", err=True)
@@ -104,7 +104,7 @@ class _Group(click.Group):
         except PipesearchError as exc:
             if os.environ.get("PIPESEARCH_DEBUG"):
                 raise
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {error_line(str(exc))}", err=True)
             sys.exit(2)
         except MemoryError as exc:  # a resource limit, not a bug: say how large and what to change
             if os.environ.get("PIPESEARCH_DEBUG"):
@@ -129,6 +129,23 @@ class _Group(click.Group):
             click.echo(f"internal error: {type(exc).__name__}: {detail} (a bug in pipesearch: please report it with "
                        "the traceback that PIPESEARCH_DEBUG=1 shows)", err=True)
             sys.exit(1)
+
+
+#: characters of an error line kept from its start and from its end when it
+#: is longer than their sum (an echoed input value of any length stays readable)
+ERROR_HEAD, ERROR_TAIL = 600, 300
+
+
+def error_line(text: str) -> str:
+    """An error message as one line of bounded length: line breaks (a path
+    that holds one) written as ``\\n``, and a message longer than
+    ``ERROR_HEAD + ERROR_TAIL`` characters cut in the middle (its start names
+    the file and field, its end the fix)."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) > ERROR_HEAD + ERROR_TAIL:
+        cut = len(text) - ERROR_HEAD - ERROR_TAIL
+        text = f"{text[:ERROR_HEAD]} [... {cut:,} characters ...] {text[-ERROR_TAIL:]}"
+    return text
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

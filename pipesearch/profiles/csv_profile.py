@@ -64,7 +64,7 @@ import csv
 import io
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, Overflow
 from pathlib import Path
 
 from ..catalog import entry_name
@@ -102,6 +102,9 @@ def parse_number(text: str, scale: int = 0) -> float:
     exact there (the decimal context's 28 digits), so both give the same
     float; anything else goes through :class:`decimal.Decimal`.
 
+    A finite decimal beyond the floats (``1e999999``, a million digits)
+    is ``+-inf``, as ``float`` reads ``1e400``.
+
     Raises:
         ValueError: not a number, or not finite.
     """
@@ -118,7 +121,25 @@ def parse_number(text: str, scale: int = 0) -> float:
         raise ValueError(f"not finite: {text!r}")
     if not _PLAIN_DECIMAL.fullmatch(text.strip()):  # Decimal also takes digit groups such as "1_0"
         raise ValueError(f"not a plain decimal number: {text!r} (e.g. 12.5 or 5e6)")
-    return float(value.scaleb(scale))
+    try:
+        return float(value.scaleb(scale))
+    except Overflow:  # past the decimal context's exponent range: beyond every float
+        return math.copysign(math.inf, value)
+
+
+def underflows(text: str, value: float) -> bool:
+    """Whether ``value`` (:func:`parse_number` of ``text``) is 0 only
+    because ``text`` is a nonzero number too small for a float
+    (``1e-400``)."""
+    plain = _PLAIN_PARTS.fullmatch(text.strip())
+    return value == 0 and plain is not None and any(ch in "123456789" for ch in plain.group(1))
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """``text`` as a message quotes it: its ``repr``, cut to ``limit``
+    characters of the text with ``...`` when longer."""
+    text = text.strip()
+    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
 
 
 def format_number(value: float, scale: int = 0) -> str:
@@ -148,14 +169,14 @@ def _split_lines(path: Path, text: str) -> tuple[dict[str, list[tuple[int, str]]
             if m:
                 key = m.group(1).lower()
                 if key not in HEADER_KEYS:
-                    raise _fail(path, f"line {number}", f"unknown header field {m.group(1)!r} "
+                    raise _fail(path, f"line {number}", f"unknown header field {shown(m.group(1))} "
                                 f"(known: {', '.join(HEADER_KEYS)}); fix the key or drop the line")
                 header.setdefault(key, []).append((number, m.group(2).strip()))
             else:  # a comment, unless it is a numeric header field without its colon ('# batch_size 32')
                 words = stripped.lstrip("#").split()
                 if len(words) == 2 and words[0].lower() in ("batch_size", "bytes_per_param") and \
                         words[1].replace(".", "", 1).isdigit():
-                    raise _fail(path, f"line {number}", f"{stripped!r} is not a header field (no colon); write "
+                    raise _fail(path, f"line {number}", f"{shown(stripped)} is not a header field (no colon); write "
                                 f"'# {words[0]}: {words[1]}'")
             continue
         table.append((number, line))
@@ -183,7 +204,7 @@ def _parse_header(path: Path, header: dict) -> dict:
     except ValueError:
         batch = float("nan")
     if not (0 < batch <= MAX_COUNT and batch.is_integer()):
-        raise _fail(path, f"line {line}", f"batch_size {text!r} is not a positive integer <= {MAX_COUNT}; "
+        raise _fail(path, f"line {line}", f"batch_size {shown(text)} is not a positive integer <= {MAX_COUNT}; "
                     "write the profiled batch size, e.g. '# batch_size: 128'")
     bytes_per_param = _header_number(path, header, "bytes_per_param", 4.0, lambda v: 0 < v <= 64,
                                      "is not a number in (0, 64]; write e.g. '# bytes_per_param: 4' (fp32) or 2 (fp16)")
@@ -218,7 +239,7 @@ def _header_number(path: Path, header, key: str, default: float, valid, problem:
     except ValueError:
         value = float("nan")
     if not valid(value):
-        raise _fail(path, f"line {line}", f"{key} {text!r} {problem}")
+        raise _fail(path, f"line {line}", f"{key} {shown(text)} {problem}")
     return value
 
 
@@ -229,18 +250,22 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str
         raise _fail(path, "table", "no header row and no layers; add 'name,fwd_ms,bwd_ms,"
                     "param_bytes,output_bytes' and one row per layer")
     header_line = table[0][0]
-    columns = [c.strip() for c in next(csv.reader([table[0][1]]))]
+    try:
+        columns = [c.strip() for c in next(csv.reader([table[0][1]]))]
+    except csv.Error as exc:
+        raise _fail(path, f"line {header_line}", f"cannot be read as CSV ({exc}); fix the header row "
+                    f"{shown(table[0][1])}") from None
     if not set(columns) & set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS):
-        raise _fail(path, f"line {header_line}", f"no header row: the table's first line {table[0][1].strip()[:60]!r} "
+        raise _fail(path, f"line {header_line}", f"no header row: the table's first line {shown(table[0][1])} "
                     f"names no column; add a line '{','.join(REQUIRED_COLUMNS)}' above the layers")
     for col in columns:
         if col not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS:
-            raise _fail(path, f"line {header_line}", f"unknown column {col!r} (allowed: "
+            raise _fail(path, f"line {header_line}", f"unknown column {shown(col)} (allowed: "
                         f"{', '.join(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)}); rename or drop it")
     _check_fixed_columns(path, header_line, columns)
     if len(set(columns)) != len(columns):
         dup = next(c for c in columns if columns.count(c) > 1)
-        raise _fail(path, f"line {header_line}", f"column {dup!r} appears twice; keep one")
+        raise _fail(path, f"line {header_line}", f"column {shown(dup)} appears twice; keep one")
     for col in REQUIRED_COLUMNS:
         if col not in columns:
             raise _fail(path, f"line {header_line}", f"missing required column {col!r} (found: "
@@ -251,10 +276,13 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str
         raise _fail(path, f"line {header_line}", "the table has no layers; add one row per layer")
     records = []
     for number, line in rows:
-        fields, cells = _row_fields(line)
+        try:
+            fields, cells = _row_fields(line)
+        except csv.Error as exc:  # e.g. a quoted field past the csv module's field size limit
+            raise _fail(path, f"line {number}", f"cannot be read as CSV ({exc}); fix the row {shown(line)}") from None
         if len(fields) != len(columns) or len(cells) != len(columns):
             raise _fail(path, f"line {number}", f"{len(fields)} fields, expected {len(columns)} "
-                        f"({','.join(columns)}); fix the row {line.strip()!r}")
+                        f"({','.join(columns)}); fix the row {shown(line)}")
         records.append(dict(zip(columns, cells)))
     return records, [number for number, _ in rows]
 
@@ -275,18 +303,18 @@ def _cell_number(path: Path, line: int, column: str, text: str, scale: int) -> f
     try:
         value = parse_number(text, scale)
     except ValueError:
-        what = "empty" if not text.strip() else f"{text!r} is not a finite number"
+        what = "empty" if not text.strip() else f"{shown(text)} is not a finite number"
         raise _fail(path, f"line {line}, column {column!r}", f"value {what}; write a plain "
                     "number >= 0 (times in ms, sizes in bytes)") from None
     if value < 0:
-        raise _fail(path, f"line {line}, column {column!r}", f"value {text!r} is negative; "
+        raise _fail(path, f"line {line}, column {column!r}", f"value {shown(text)} is negative; "
                     "times and sizes must be >= 0")
     high, unit = (MAX_LAYER_S * 1e3, "ms") if column.endswith("_ms") else (MAX_BYTES, "bytes")
-    if unit == "ms" and 0 < value < MIN_LAYER_S:
-        raise _fail(path, f"line {line}, column {column!r}", f"value {text.strip()!r} is less than "
+    if unit == "ms" and (0 < value < MIN_LAYER_S or underflows(text, value)):
+        raise _fail(path, f"line {line}, column {column!r}", f"value {shown(text)} is less than "
                     f"{MIN_LAYER_S * 1e3:g} ms (1 ns) but not 0; check the unit (times in ms) or write 0")
     if value > (MAX_LAYER_S if unit == "ms" else MAX_BYTES):
-        raise _fail(path, f"line {line}, column {column!r}", f"value {text.strip()!r} is more than "
+        raise _fail(path, f"line {line}, column {column!r}", f"value {shown(text)} is more than "
                     f"{high:g} {unit}; check the unit (times in ms, sizes in bytes)")
     return value
 
@@ -371,10 +399,10 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
         if not name:
             raise _fail(path, f"line {line}, column 'name'", "empty layer name; give every layer a name")
         if not name.isprintable():  # a NUL or control character: the exports write names into scripts
-            raise _fail(path, f"line {line}, column 'name'", f"layer name {name!r} holds a control character; "
+            raise _fail(path, f"line {line}, column 'name'", f"layer name {shown(name)} holds a control character; "
                         "use printable characters")
         if name in seen:
-            raise _fail(path, f"line {line}, column 'name'", f"duplicate layer name {name!r} "
+            raise _fail(path, f"line {line}, column 'name'", f"duplicate layer name {shown(name)} "
                         f"(first on line {seen[name]}); layer names must be unique")
         seen[name] = line
         fwd = _cell_number(path, line, "fwd_ms", row["fwd_ms"], -3)
