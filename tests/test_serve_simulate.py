@@ -77,3 +77,43 @@ def test_short_outputs_decode_only_their_later_tokens(input_len, output_len):
     cap = stage_capacities(pipe)
     sim = simulate_serving(pipe, split, w, num_requests=200 * batch, pool_tokens=int(cap[0, 32]), concurrency=batch)
     assert sim.output_tokens_per_s == pytest.approx(closed.output_tokens_per_s, rel=0.01)  # the window: 1 / 200
+
+
+def a100_pipe(model, tp=1, pp=1):
+    cfg = load_transformer(resolve("model", model))
+    return pipeline_for(cfg, load_cluster("1x8-a100-80gb"), tp, pp, weight_format("bf16"), 2.0, engine_spec("vllm"),
+                        GIB)[0]
+
+
+def test_tpot_at_batch_one_is_the_decode_step_alone():
+    """One sequence never decodes beside its own prompt: at batch 1 the
+    closed form's TPOT is the decode-only cycle (the steady state's mean
+    cycle, 9x longer on a 4096-token prompt with 4 output tokens, averaged
+    the prompt's chunks into it), and the simulation's TPOT agrees."""
+    pipe = a100_pipe("llama3-8b")
+    split = (32,)
+    mixed = pipe.steady_state(split, 1, Workload(4096, 4))
+    alone = pipe.steady_state(split, 1, Workload(4096, 4, prefill_mix=False))
+    assert mixed.tpot_s == pytest.approx(alone.tpot_s, rel=1e-12)
+    assert mixed.cycle_s > 5 * mixed.tpot_s  # the prompt's chunks are in the mean cycle (throughput), not in TPOT
+    cap = stage_capacities(pipe)
+    sim = simulate_serving(pipe, split, Workload(4096, 4), num_requests=16, pool_tokens=int(cap[0, 32]),
+                           concurrency=1)
+    assert sim.tpot_mean_s == pytest.approx(mixed.tpot_s, rel=0.05)
+
+
+def test_ttft_when_prompts_fill_every_step():
+    """8192-token prompts, one output token, batch 1: every step carries a
+    2048-token chunk (the token budget), so a prompt takes 4 chunk steps.
+    The mean cycle already holds the whole prompt; TTFT counted 4 of those
+    (4x too long). It is 4 chunk cycles, as simulated."""
+    pipe = a100_pipe("qwen3-1.7b")
+    split = (28,)
+    w = Workload(8192, 1)
+    st = pipe.steady_state(split, 1, w)
+    chunk_step, chunks = pipe.chunk_step(1, w)
+    assert chunks == 4
+    assert st.ttft_s == pytest.approx(st.cycle_s, rel=0.1)  # one prompt per cycle: about one cycle
+    cap = stage_capacities(pipe)
+    sim = simulate_serving(pipe, split, w, num_requests=16, pool_tokens=int(cap[0, 28]), concurrency=1)
+    assert sim.ttft_mean_s == pytest.approx(st.ttft_s, rel=0.05)

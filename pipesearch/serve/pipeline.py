@@ -10,8 +10,7 @@ the cycle is
     C = max(R, m * max_s t_s, m * max_k p2p_k)
 
 (the pipeline bubble: with fewer micro-batches than stages, ``R`` rules).
-Every cycle gives each running sequence one token: output tokens/s ``B / C``,
-time per output token ``C``. With a workload of prompts of ``n`` tokens and
+Every cycle gives each running sequence one token: output tokens/s ``B / C``. With a workload of prompts of ``n`` tokens and
 ``o`` output tokens, ``B / o`` requests finish per cycle and as many start,
 so micro-batches carry ``b n / o`` prefill tokens on average beside their
 ``d = b (o - 1) / o`` decode tokens (the prefill/decode mix of continuous
@@ -24,9 +23,13 @@ engine takes a new prompt whole into one micro-batch (in chunks of
 (a chunk step is compute-bound where a decode step is memory-bound, and the
 roofline of the average would hide that). Decoding sequences hold ``n + o / 2``
 tokens of context on average.
-Time to first token: the prompt's ``ceil(n / chunk)`` chunks each wait one
-round trip of their micro-batch, ``chunks * max(R', C)`` with ``R'`` the round
-trip of a micro-batch carrying a chunk.
+Time per output token: the cycle as a decoding sequence meets it, whose
+steps carry the prompts of the other ``B - 1`` sequences only (``b n / o``
+scaled by ``(B - 1) / B``; at ``B = 1`` decode steps alone). Time to first
+token: the prompt's ``ceil(n / chunk)`` chunks each wait one cycle of their
+micro-batch, ``chunks * max(C', C)`` with ``C'`` the cycle of micro-batches
+that each carry a chunk; ``chunks * C'`` when the prompts fill every step
+(share 1: the mean cycle ``C`` then holds more than one chunk of them).
 """
 
 from __future__ import annotations
@@ -197,8 +200,11 @@ class ServePipeline:
     def micro_batches(pp: int, batch):
         return np.minimum(pp, np.asarray(batch))
 
-    def steady_step(self, batch, workload: Workload) -> Step:
-        """The mean micro-batch at ``batch`` running sequences (arrays ok)."""
+    def steady_step(self, batch, workload: Workload, others_only: bool = False) -> Step:
+        """The mean micro-batch at ``batch`` running sequences (arrays ok);
+        ``others_only``: as one decoding sequence meets it, with the prompts
+        of the other ``B - 1`` sequences only (its own prompt was done
+        before it decodes: at ``B = 1`` its decode steps carry no chunk)."""
         B = np.asarray(batch, dtype=float)
         m = self.micro_batches(self.pp, B)
         b = B / m
@@ -207,6 +213,9 @@ class ServePipeline:
                         prompt_len=workload.input_len, sampled=b)
         decode = b * workload.decode_share
         mean_p = b * workload.input_len / workload.output_len
+        if others_only:  # one sequence of one micro-batch decodes its token (1 for its decode_share)
+            mean_p = mean_p * (B - 1) / B
+            decode = decode + (1 - workload.decode_share) / m
         chunk = np.clip(self.costs.engine.max_num_batched_tokens - decode, 1.0, workload.input_len)
         share = np.minimum(1.0, mean_p / chunk)
         p = np.where(share >= 1.0, mean_p, chunk)
@@ -254,12 +263,18 @@ class ServePipeline:
                              f"{self.costs.num_layers} layers")
         B = np.asarray(batches, dtype=float)
         m = self.micro_batches(self.pp, B)
-        cycle, ring, bottleneck = self._cycle(split, self.steady_step(B, workload), m)
+        step = self.steady_step(B, workload)
+        cycle, ring, bottleneck = self._cycle(split, step, m)
+        tpot = cycle
+        if workload.prefill_mix:  # a decoding sequence's steps carry the other sequences' prompts only
+            tpot, _, _ = self._cycle(split, self.steady_step(B, workload, others_only=True), m)
         cstep, chunks = self.chunk_step(B, workload)
         ccycle, _, _ = self._cycle(split, cstep, m)
-        ttft = chunks * np.maximum(ccycle, cycle)
+        # every micro-batch step carries a full chunk when the prompts fill them (share 1): the mean cycle then
+        # holds more than one chunk's tokens, and a prompt's chunks each take a chunk's cycle
+        ttft = chunks * np.where(np.asarray(step.share) >= 1.0, ccycle, np.maximum(ccycle, cycle))
         return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,
-                "output_tokens_per_s": B / cycle, "tpot_s": cycle, "ttft_s": ttft}
+                "output_tokens_per_s": B / cycle, "tpot_s": tpot, "ttft_s": ttft}
 
     def steady_state(self, split: tuple[int, ...], batch: int, workload: Workload) -> SteadyState:
         """Closed form of one replica with ``split`` (decoder blocks per stage)

@@ -310,7 +310,7 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
         batches = np.arange(cap, 0, -1)
         if len(batches) and (job.max_tpot_s is not None or job.max_ttft_s is not None):
             # the round trip bounds TPOT and TTFT from below for every split
-            ring = np.asarray(pipe.ring_s(pipe.steady_step(batches, w)), dtype=float)
+            ring = np.asarray(pipe.ring_s(pipe.steady_step(batches, w, others_only=True)), dtype=float)
             ok = np.ones(len(batches), dtype=bool)
             if job.max_tpot_s is not None:
                 ok &= ring <= job.max_tpot_s * (1 + 1e-12)
