@@ -4,6 +4,7 @@ never JSON into a .toml."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -183,3 +184,53 @@ def test_a_refusal_names_the_plan_file_and_rank(plans):
     """A runtime's refusal starts with the file and the plan it refuses."""
     res = export(plans, "--format", "gpipe")  # the plan runs 1F1B; torchgpipe runs GPipe only
     assert res.exit_code == 2 and res.output.startswith(f"error: {plans}: plan of rank 1: gpipe:")
+
+
+def test_megatron_export_without_a_model_shape_says_so_in_the_script(plans, tmp_path):
+    """A plan file whose inputs lack the model's transformer shape (edited,
+    or written by a tool of its own) exports a launch without
+    --hidden-size and the other shape flags, which Megatron-LM's
+    validate_args refuses: the export still writes it (the split and
+    degrees are right), with a warning on stderr and the same line as a
+    comment in the script; the script is executable whether written with
+    -o or --files."""
+    doc = json.loads(plans.read_text())
+    del doc["inputs"]["model"]["transformer"]
+    made = tmp_path / "bare.json"
+    made.write_text(json.dumps(doc))
+    for target, script in ((["-o", str(tmp_path / "m.sh")], tmp_path / "m.sh"),
+                           (["--files", str(tmp_path / "mm")], tmp_path / "mm" / "launch_megatron.sh")):
+        res = export(made, "--format", "megatron", *target)
+        assert res.exit_code == 0, res.output
+        assert "warning: no model shape in the export's inputs" in res.stderr
+        text = script.read_text()
+        assert "\n# warning: no model shape" in text and "\n    --hidden-size" not in text  # (only the comment names it)
+        assert os.access(script, os.X_OK)
+
+
+def test_megatron_launch_is_a_run_with_a_schedule(plans):
+    """validate_args accepts a command without --lr and --train-iters, but
+    training then stops (no learning rate, no end): the synthetic-data run
+    the export writes has both."""
+    exp = json.loads(export(plans, "--format", "megatron").stdout)
+    run = exp["data_args"]
+    assert run[:3] == ["--mock-data", "--tokenizer-type", "NullTokenizer"]
+    flags = dict(zip(run[3::2], run[4::2]))
+    assert int(flags["--train-iters"]) > 0 and float(flags["--lr"]) > 0
+    assert "--train-iters" in exp["command_line"] and "--lr" in exp["command_line"]
+
+
+def test_deepspeed_bf16_without_zero_warns_of_its_bf16_optimizer(plans):
+    """DeepSpeed 0.19.8 runs a bf16 pipeline without ZeRO through
+    BF16_Optimizer (engine._do_optimizer_sanity_check): bf16 gradient
+    accumulation, and the fp32 master weights and Adam moments split over
+    the dp replicas (2 + 2 + 12/dp bytes per parameter on a rank, against
+    the plan's 16)."""
+    doc = json.loads(plans.read_text())
+    dp, m = doc["plans"][0]["parallelism"]["dp"], doc["plans"][0]["schedule"]["num_micro_batches"]
+    assert dp > 1
+    exp = json.loads(export(plans, "--format", "deepspeed").stdout)
+    assert exp["config"]["zero_optimization"]["stage"] == 0 and exp["config"]["bf16"] == {"enabled": True}
+    note = next(n for n in exp["notes"] if n.startswith("warning: DeepSpeed runs bf16 pipelines without ZeRO"))
+    assert f"over the {m} micro-batches" in note and f"dp={dp} replicas" in note
+    assert f"2 + 2 + 12/{dp} bytes per parameter instead of 16" in note

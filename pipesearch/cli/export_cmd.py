@@ -15,6 +15,13 @@ from . import main
 from .validate_cmd import plan_file_problems
 
 
+def _executable_if_script(path: Path) -> None:
+    """A launch script written (``.sh``) made executable, as the runtimes'
+    own scripts are (``-o`` and ``--files`` alike)."""
+    if path.suffix.lower() == ".sh" and path.is_file():
+        path.chmod(path.stat().st_mode | 0o111)
+
+
 def _output_text(export: dict, fmt: str, output: str) -> str:
     """What ``-o FILE`` holds, chosen by the file's suffix.
 
@@ -130,11 +137,11 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
         for name, body in (export.get("files") or {}).items():
             path = d / name
             write_text(path, body, "export --files")
-            if name.endswith(".sh"):
-                path.chmod(path.stat().st_mode | 0o111)
+            _executable_if_script(path)
             click.echo(f"wrote {path}")
     if output is not None:
         write_text(output, text, "export")
+        _executable_if_script(Path(output))
         click.echo(f"wrote {output}")
     elif not files_dir:
         click.echo(text, nl=False)

@@ -153,7 +153,9 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         "build the module with ExactPartitionPipelineModule(layers, topology=topology(), parts=PARTS, "
         "activation_checkpoint_interval=ACTIVATION_CHECKPOINT_INTERVAL, ...) from partition.py" + (" or PipelineModule(..., partition_method='uniform'), which gives the same split."
                               if same_uniform else "; no built-in partition_method gives this split."),
-        f"DeepSpeed runs {m} micro-batches per step as gradient accumulation (TrainSchedule, 1F1B).",
+        f"DeepSpeed runs {m} micro-batches per step as gradient accumulation (TrainSchedule, 1F1B)." if p > 1 else
+        f"one stage: DeepSpeed's pipeline engine runs the {m} micro-batches one after another as gradient "
+        f"accumulation (no pipeline; deepspeed.initialize with the plain module runs the same).",
         f"parts index the plan's {n} layers in order ({', '.join(layers.names[:2])}, ..., {layers.names[-1]}): the "
         f"layers list passed to the module must be exactly those, one LayerSpec each (embedding and head "
         f"included); a tied embedding and head need TiedLayerSpec on both ends.",
@@ -224,6 +226,8 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         half = inputs.fp16_note(plan, "fp16.enabled", "DeepSpeed")
         config["fp16" if half else "bf16"] = {"enabled": True}
         notes += [half] if half else []
+        if not half and config["zero_optimization"]["stage"] == 0:
+            notes.append(_bf16_optimizer_note(plan.dp, m))
     files = {
         "ds_config.json": json.dumps(config, indent=2) + "\n",
         "partition.py": PARTITION_RECIPE + _module_arguments(parts, rc, topology),
@@ -246,6 +250,20 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         "files": files,
         "notes": notes,
     }
+
+
+def _bf16_optimizer_note(dp: int, m: int) -> str:
+    """What DeepSpeed's pipeline engine does with bf16 and no ZeRO
+    (``engine._do_optimizer_sanity_check``: ``BF16_Optimizer``, gradients
+    accumulated in bf16, as no fp32 accumulation runs without ZeRO) and how
+    that differs from the plan (``dp`` replicas, ``m`` micro-batches)."""
+    split = (f" It also splits the fp32 master weights and Adam moments over the dp={dp} replicas and all-gathers "
+             f"the updated weights after each step: less memory than planned (2 + 2 + 12/{dp} bytes per parameter "
+             f"instead of 16) and an all-gather the plan does not time; --sharding zero1 plans a split state."
+             if dp > 1 else "")
+    return (f"warning: DeepSpeed runs bf16 pipelines without ZeRO through its BF16_Optimizer, which accumulates "
+            f"gradients in bf16 over the {m} micro-batches (DeepSpeed itself warns that this is not numerically "
+            f"safe over many steps).{split}")
 
 
 def _module_arguments(parts: list[int], recompute: str, topology: dict) -> str:

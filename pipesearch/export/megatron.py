@@ -401,7 +401,7 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
 
     Returns:
         ``{"runtime", "runtime_version", "format_version", "args": [argv
-        items of pretrain_gpt.py], "data_args": [a mock-data stand-in],
+        items of pretrain_gpt.py], "data_args": [a mock-data smoke run],
         "env": {name: value}, "command_line": str (env, torchrun,
         pretrain_gpt.py, args, data_args), "layout": str | None,
         "num_layers", "world_size", "num_microbatches", "has_embedding",
@@ -571,7 +571,7 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         args += margs
         notes += mnotes
     else:
-        notes.append("no model shape in the export's inputs (export from a plan file written by pipesearch plan "
+        notes.append("warning: no model shape in the export's inputs (export from a plan file written by pipesearch plan "
                      "for a transformer config): add --hidden-size, --num-attention-heads, --seq-length, "
                      "--max-position-embeddings and the model's type flags, or validate_args refuses the command.")
     if inputs.zero1:
@@ -634,16 +634,18 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
     if env:
         notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1: validate_args requires it with tensor parallelism on GPUs "
                      "before Blackwell.")
-    data_args = ["--mock-data", "--tokenizer-type", "NullTokenizer"]
-    notes.append("data_args (--mock-data --tokenizer-type NullTokenizer) make the command run on synthetic data; "
-                 "replace them with --data-path and the model's tokenizer, and add --train-iters, --lr and the "
-                 "checkpoint options.")
+    # a smoke run: validate_args takes the command without a schedule, but training needs --lr and an end
+    data_args = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1.0e-4"]
+    notes.append("data_args (--mock-data --tokenizer-type NullTokenizer --train-iters 10 --lr 1.0e-4) make the "
+                 "command a 10-step run on synthetic data; replace them with --data-path, the model's tokenizer "
+                 "and the run's --train-iters, --lr schedule and checkpoint options.")
     launch, launch_note = torchrun_prefix(world, inputs, plan, order)
     if launch_note:
         notes.append(launch_note)
     command = [*launch, "pretrain_gpt.py", *args, *data_args]
+    warnings = "".join(f"# {n}\n" for n in notes if n.startswith("warning:"))  # what to fix before it runs
     script = ("#!/usr/bin/env bash\n# Megatron-LM (" + RUNTIME_VERSION + ") launch for the plan (pipesearch export); "
-              "run from a Megatron-LM checkout\nset -euo pipefail\n" + shell_command(command, env) + "\n")
+              "run from a Megatron-LM checkout\n" + warnings + "set -euo pipefail\n" + shell_command(command, env) + "\n")
     return {
         "runtime": RUNTIME,
         "runtime_version": RUNTIME_VERSION,

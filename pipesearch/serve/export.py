@@ -145,7 +145,7 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
                      "from the checkpoint's config")
     busy = plan.replicas if concurrency is None else min(plan.replicas, concurrency)
     if busy > 1:
-        notes.append(f"run {busy} replicas ({devices} devices each) behind a load balancer")
+        notes.append(f"run {busy} replicas ({devices} device{'' if devices == 1 else 's'} each) behind a load balancer")
     if busy < plan.replicas:  # a closed loop of fewer clients than replicas leaves some without work
         notes.append(f"{concurrency} client{'s' if concurrency > 1 else ''} keep{'' if concurrency > 1 else 's'} "
                      f"{busy} of the {plan.replicas} replicas busy: the other {plan.replicas - busy} "

@@ -37,4 +37,6 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --overlap-param-gather \
     --sequence-parallel \
     --mock-data \
-    --tokenizer-type NullTokenizer
+    --tokenizer-type NullTokenizer \
+    --train-iters 10 \
+    --lr 1.0e-4
