@@ -174,8 +174,10 @@ def test_packing_bound_cached_per_devices_matches_its_formula(seed):
 
 def _parse_number_by_decimal(text: str, scale: int = 0) -> float:
     """The profile reader's number rule through :class:`decimal.Decimal`
-    alone (the reader before its float fast path): the oracle."""
-    from decimal import Decimal, InvalidOperation
+    alone (the reader before its float fast path): the oracle. A value past
+    the decimal context's exponent range is +-Infinity (its Overflow not
+    trapped), as ``float`` reads ``1e400``."""
+    from decimal import Decimal, InvalidOperation, Overflow, localcontext
 
     try:
         value = Decimal(text.strip())
@@ -185,7 +187,9 @@ def _parse_number_by_decimal(text: str, scale: int = 0) -> float:
         raise ValueError(f"not finite: {text!r}")
     if not csv_profile._PLAIN_DECIMAL.fullmatch(text.strip()):
         raise ValueError(f"not a plain decimal number: {text!r} (e.g. 12.5 or 5e6)")
-    return float(value.scaleb(scale))
+    with localcontext() as ctx:
+        ctx.traps[Overflow] = False
+        return float(value.scaleb(scale))
 
 
 def _outcome(fn, *args):
