@@ -560,3 +560,20 @@ def test_the_device_type_column_follows_the_stages():
     assert stage_types_label(stages) == "a100-40gb,v100-32gb x4,a100-40gb x3"
     assert stage_types_label([NS(device_type="h100-80gb,a100-40gb"), NS(device_type="h100-80gb,a100-40gb")]) \
         == "h100-80gb+a100-40gb x2"
+
+
+@pytest.mark.parametrize("cluster", ["4x4-v100-10gbe", "1x8-a100-80gb"])
+def test_an_unnamed_profile_device_is_said_on_one_device_type(tmp_path, cluster):
+    """The catalog's PipeDream profiles name no device: on a cluster of one
+    type their times are used unscaled, so vgg16 plans the same on V100s and
+    on A100s; a line under the table says so, naming the device, and a
+    profile that names its device, or a transformer config, gets none."""
+    res = run(["plan", "--model", "vgg16", "--cluster", cluster, "--top", "1"], tmp_path)
+    assert res.exit_code == 0, res.stderr
+    dev = "v100-pcie-16gb" if "v100" in cluster else "a100-80gb"
+    assert f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled" in res.stdout
+    for model in ("tests/data/synthetic-64.csv", "llama3-8b"):
+        res = run(["plan", "--model", str(REPO / model) if model.endswith(".csv") else model, "--cluster", cluster,
+                   "--top", "1", "-b", "64"], tmp_path)
+        assert res.exit_code == 0, res.stderr
+        assert "names no device" not in res.stdout

@@ -776,6 +776,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(line)
     if not quiet:
         click.echo(usable_memory_line(cluster, job))
+        if source.profiled_device is None and cluster.is_homogeneous and source.info.get("kind") == "profile":
+            dev = cluster.groups[0].device.name
+            click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
+                       f"name the device it was measured on to compare clusters of other devices")
         total = sum(g.num_devices for g in cluster.groups)
         idle: dict[tuple[int, str], list[str]] = {}
         for p in result.plans:
