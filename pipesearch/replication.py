@@ -137,9 +137,11 @@ def activation_share(replicas, micro_batch_size: int) -> np.ndarray:
     return -(-micro_batch_size // r) / micro_batch_size
 
 
-def check_replication_job(job: Job) -> None:
+def check_replication_job(job: Job, what: str = "--replicate-stages") -> None:
     """Refuse a job whose training state is sharded: per-stage replication
     keeps each stage's whole state on every replica (PipeDream, DAPPLE).
+    ``what``: the flag that asked for replication (``--replicate-stages``,
+    or a ``--split`` with replicas).
 
     Raises:
         InputError: the job shards its state (ZeRO / FSDP).
@@ -147,7 +149,7 @@ def check_replication_job(job: Job) -> None:
     state = param_state_of(job)
     if state.stage >= 1:
         raise InputError(f"per-stage replication with --sharding {state.sharding}: replicated stages keep their "
-                         "whole training state (PipeDream, DAPPLE); drop --sharding/--zero1 or --replicate-stages")
+                         f"whole training state (PipeDream, DAPPLE); drop --sharding/--zero1 or {what}")
 
 
 def replicated_lower_bound_s(work_per_sample_s: float, replicas, micro_batch_size: int, m: int, schedule: str,

@@ -1325,3 +1325,19 @@ def test_replicated_stages_refuse_a_pinned_vp(tmp_path):
     tiny_csv(tmp_path / "m.csv")
     assert_refused(tmp_path, ["plan", "--model", "m.csv", "--cluster", "1x4-v100-pcie", "--replicate-stages",
                               "--vp", "2"], "--replicate-stages with --vp 2", "drop --vp")
+
+
+def test_mobius_past_the_hosts_memory_says_so_not_to_pin_or_offload_more(tmp_path):
+    """Mobius keeps every parameter's 16-bit copy and ZeRO-Offload's fp32
+    weights, gradients and moments (2 + 16 bytes) in host memory: Qwen3-32B,
+    32.76e9 parameters, needs 32.76e9 x 18 / 2**30 = 549 GiB whatever the
+    split, against the RTX 3090 box's 512 GB (476.8 GiB). The refusal said
+    to pin a split or add --activation-offload (which only adds host
+    bytes); it now says what the hosts lack."""
+    for pins in ([], ["--pp", "4", "--vp", "2", "--tp", "2", "--micro-batch-size", "1", "--recompute", "full",
+                      "--split", "8,8,8,8,8,9,9,8"]):
+        line = assert_refused(tmp_path, ["plan", "--model", "qwen3-32b", "--cluster", "1x8-rtx3090-pcie3", "-b", "32",
+                                         "--seq-len", "2048", "--schedule", "mobius", *pins],
+                              "keeps the model's 16-bit weights and optimizer state in host memory, 549.",
+                              "against 476.8 GiB", "[host] memory_GB")
+        assert "add --activation-offload" not in line and "pin one with --split" not in line

@@ -468,3 +468,21 @@ def test_title_counts_each_device_type_of_a_mixed_cluster():
     assert title_of(doc) == "toy on mix2 (2 x mygpu + 1 x a100-80gb), global batch 8"
     one = dict(cluster, devices=16, device_types=["v100"], groups=[{"device": "v100", "nodes": 4, "devices_per_node": 4}])
     assert title_of(SimpleNamespace(inputs={"model": {"name": "vgg16"}, "cluster": one})) == "vgg16 on mix2 (16 x v100)"
+
+
+def test_a_replicated_plan_is_labelled_by_its_replicas(tmp_path):
+    """vgg16 split 32 layers on 15 replicas and 8 on 1 (PipeDream's kind of
+    plan): its dp is 1, but stage 0 all-reduces over 15 replicas, so the
+    timeline's title names the replicas and the all-reduce, not "dp = 1: no
+    all-reduce", and the stages plot says 15 and 1 devices per stage."""
+    from pipesearch.plots.common import plan_label
+
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "4x4-v100-10gbe", "--split",
+                                    "32x15,8x1", "--schedule", "gpipe", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = load_plan_file(out).plans[0]
+    assert plan.stage_replicas == (15, 1) and plan.dp == 1
+    assert plan_label(plan).startswith("#1: pp 2 x replicas 15,1 x tp 1, gpipe")
+    res = CliRunner().invoke(main, ["plot", str(out), "--kind", "timeline", "-o", str(tmp_path / "t.png")])
+    assert res.exit_code == 0, res.output

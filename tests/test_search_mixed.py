@@ -241,6 +241,8 @@ def test_plans_on_unenumerated_layouts_say_so(tmp_path):
     notes = layout_notes(plans, cluster)
     assert len(notes) == 1 and notes[0].startswith("plan 1:") and "not of all 30 layouts of pp 2 x dp 2" in notes[0]
     assert layout_notes(plans, load_cluster("2x8-a100-80gb")) == []
+    # one stage on all 5 devices: one layout, whatever the count of device sequences says
+    assert layout_notes([SimpleNamespace(rank=1, pp=1, dp=5, tp=1, stage_replicas=None)], cluster) == []
 
 
 def test_largest_devices_first_layouts_are_searched(tmp_path):

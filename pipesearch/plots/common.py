@@ -154,10 +154,13 @@ def title_of(plan_file: PlanFile) -> str:
 
 
 def plan_label(plan: Plan) -> str:
-    """``"#1: pp 2 x dp 8 x tp 1, gpipe, 1 x 128 micro-batches"`` (+ recompute)."""
+    """``"#1: pp 2 x dp 8 x tp 1, gpipe, 1 x 128 micro-batches"`` (+ recompute;
+    ``replicas 15,1`` in place of ``dp`` for per-stage replication)."""
     extra = dict(plan.extra)
     rec = extra.get("recompute", "none")
-    text = (f"#{plan.rank}: pp {plan.pp} x dp {plan.dp} x tp {plan.tp}"
+    dp = (f"replicas {','.join(map(str, plan.stage_replicas))}" if plan.stage_replicas is not None
+          else f"dp {plan.dp}")  # per-stage replication: each stage's own count
+    text = (f"#{plan.rank}: pp {plan.pp} x {dp} x tp {plan.tp}"
             + (f" x vp {plan.vp}" if plan.vp > 1 else "")
             + f", {plan.schedule}, micro-batch {plan.micro_batch_size} x {plan.num_micro_batches}")
     if rec and rec != "none":
@@ -302,7 +305,8 @@ def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "
     total_s, timeline = simulate_plan(plan)
     title = (f"{title_of(plan_file)}\nplan {plan_label(plan)}: simulated iteration {format_seconds(total_s)} "
              f"(pipeline {format_seconds(timeline.iteration_time_s)}"
-             + (", then gradient all-reduce)" if plan.dp > 1 else ", dp = 1: no all-reduce)"))
+             + (", then gradient all-reduce)" if plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
+                else ", dp = 1: no all-reduce)"))
     spans = allreduce_spans(plan, timeline)
     pcie = plan_pcie_rows(plan, timeline)
     return _atomic(path, lambda tmp: plot_timeline(timeline, tmp, title, allreduce=spans,
