@@ -551,6 +551,29 @@ def replicated_layout_names(cluster: Cluster, replicas, tp: int = 1, precision: 
     return out
 
 
+def spread_layout_name(cluster: Cluster, replicas, tp: int = 1, precision: str = "fp16") -> str | None:
+    """A ``slots:`` placement of a replica vector (as
+    :func:`replicated_layout_names` writes them) that spreads every
+    stage's replicas over the nodes in proportion: the replicas of all
+    stages dealt in the order of their share (replica ``j`` of stage ``k``
+    at ``(j + 1/2) / r_k``) onto the canonical slots, node after node, so
+    each node holds some of every stage and a boundary's transfers stay
+    mostly inside nodes (``8,8`` on four nodes of four: two of each stage
+    per node, as the uniform ``dp 8`` plan's data-major layout), where the
+    consecutive slots put stage 0 on the first nodes and send every
+    transfer over the inter-node links between them. None when the vector
+    needs more slots than the cluster has."""
+    reps = [int(r) for r in replicas]
+    slots = [i for c in slot_classes(cluster, tp, precision) for i in c]
+    if not reps or min(reps) < 1 or sum(reps) > len(slots):
+        return None
+    order = sorted(((j + 0.5) / r, k) for k, r in enumerate(reps) for j in range(r))
+    per_stage: list[list[int]] = [[] for _ in reps]
+    for slot, (_, k) in zip(slots, order):
+        per_stage[k].append(slot)
+    return SLOTS_PREFIX + ",".join(str(i) for st in per_stage for i in sorted(st))
+
+
 def replicated_boundary_links(cluster: Cluster, stage_devs: list[np.ndarray], tp: int = 1
                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per stage of a replicated layout (:func:`replicated_stage_devices`):

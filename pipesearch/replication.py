@@ -61,7 +61,7 @@ from .costs import build_pipeline_costs, profile_precision, PipelineCosts
 from .errors import InputError
 from .memory import param_state_of, usable_memory_bytes
 from .placement import (SLOTS_PREFIX, allreduce_model, memory_bytes_of, replicated_boundary_links,
-                        replicated_layout_names, replicated_stage_devices, stage_time_scale)
+                        replicated_layout_names, replicated_stage_devices, spread_layout_name, stage_time_scale)
 from .types import Cluster, DeviceSpec, Job, ModelProfile
 
 #: the largest pipeline degree whose replica vectors the search enumerates
@@ -103,11 +103,17 @@ def replicated_placements(cluster: Cluster, replicas, tp: int, up_to: int, preci
     placement up to swaps inside a node
     (:func:`pipesearch.placement.replicated_layout_names`) when there are
     at most ``up_to`` (and more than one), so the search is exact over
-    placements; else the consecutive canonical slots alone."""
+    placements; else the consecutive canonical slots and the placement
+    that spreads every stage over the nodes
+    (:func:`pipesearch.placement.spread_layout_name`)."""
     names = replicated_layout_names(cluster, replicas, tp, precision, limit=up_to)
     if 1 < len(names) <= up_to:
         return [replicas_name(replicas, n) for n in names]
-    return [replicas_name(replicas)]
+    out = [replicas_name(replicas)]
+    spread = spread_layout_name(cluster, replicas, tp, precision) if len(names) > 1 else None
+    if spread is not None and spread != SLOTS_PREFIX + ",".join(map(str, range(sum(replicas)))):
+        out.append(replicas_name(replicas, spread))  # and every stage spread over the nodes
+    return out
 
 
 def replica_vectors(num_devices: int, pp: int) -> list[tuple[int, ...]]:

@@ -473,9 +473,14 @@ def test_replicated_layouts_are_every_node_pattern_once(tp, reps):
     assert len(got) == len(set(got)) and set(got) == want
     chosen = replicated_placements(cluster, reps, tp, 10**6, "fp32")
     assert len(chosen) == len(want) and all(parse_replicas_slots(c) is not None for c in chosen)
-    # over the limit: the consecutive slots alone
-    assert replicated_placements(cluster, reps, tp, len(want) - 1, "fp32") == [
-        "replicas:" + ",".join(map(str, reps))]
+    # over the limit: the consecutive slots, and the spread one where it differs (one of the named patterns)
+    over = replicated_placements(cluster, reps, tp, len(want) - 1, "fp32")
+    assert over[0] == "replicas:" + ",".join(map(str, reps)) and len(over) <= 2
+    if len(over) == 2:  # a valid placement: its pattern is one of the named ones
+        devs = replicated_stage_devices(cluster, reps, "fp32", tp, list(parse_replicas_slots(over[1])))
+        used = [int(h) + t for d in devs for h in d for t in range(tp)]
+        assert len(used) == len(set(used)) == sum(reps) * tp and max(used) < 6
+        assert tuple(tuple(sorted(label[int(x)] for x in node[d])) for d in devs) in want
 
 
 @pytest.mark.parametrize("nics, expected", [(1, 1.25e9), (4, 5e9), (None, 5e9)])
@@ -499,3 +504,44 @@ def test_boundary_bandwidth_through_shared_ports_by_hand(nics, expected):
     # 4 replicas sending to 8: the same flows the other way (ports are full duplex)
     back = replicated_stage_terms(cluster, (4, 8), "fp16", dev, slots=None)
     assert boundary_bandwidth_bytes_per_s(back, 8)[0] == pytest.approx(expected, rel=1e-12)
+
+
+def test_spread_layout_puts_every_stage_on_every_server():
+    """8,8 on four servers of four V100s: the spread placement gives each
+    server two replicas of each stage (the consecutive one puts stage 0 on
+    servers 0-1 and stage 1 on servers 2-3)."""
+    from pipesearch.hardware import load_cluster
+    from pipesearch.placement import SLOTS_PREFIX, spread_layout_name
+
+    cluster = load_cluster("4x4-v100-10gbe")
+    name = spread_layout_name(cluster, (8, 8))
+    slots = [int(x) for x in name[len(SLOTS_PREFIX):].split(",")]
+    assert sorted(slots) == list(range(16))
+    for stage in (slots[:8], slots[8:]):
+        assert sorted(cluster.node_of(d) for d in stage) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert spread_layout_name(cluster, (10, 8)) is None  # 18 replicas on 16 devices
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_equal_replicas_spread_score_as_the_uniform_plan(schedule):
+    """20x8,20x8 is the uniform pp 2 x dp 8 plan with split 20,20 run as
+    replicated stages: with every stage spread over the servers (two
+    replicas of each per server, as the uniform data-major layout) its time
+    is the uniform plan's with each pipeline's two stages side by side
+    (pipeline-major); on consecutive servers every boundary crossed the one
+    10 GbE NIC and it scored 1.5x slower (as the data-major uniform plan
+    does)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    def time_of(*args):
+        res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", "vgg16", "--cluster", "4x4-v100-10gbe",
+                                        "-b", "1024", "--schedule", schedule, "--top", "1", *args])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["plans"][0]["predicted"]["iteration_time_s"]
+
+    uniform = time_of("--pp", "2", "--dp", "8", "--split", "20,20", "--micro-batch-size", "32",
+                      "--placement", "pipeline")
+    replicated = time_of("--split", "20x8,20x8", "--micro-batch-size", "256")
+    assert replicated == pytest.approx(uniform, rel=1e-9)
