@@ -336,16 +336,11 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
                 runs[-1][1] += 1
             else:
                 runs.append([k, 1, t])
-        if plan.stage_replicas is not None:  # per-stage replication: each stage on its own replicas
-            per = ", ".join(str(r * plan.tp) for r in plan.stage_replicas)
-            where = (f"stages on {per} {kinds[0]} devices" if len(set(kinds)) == 1 else
-                     f"stages on {per} devices: " + "; ".join(
-                         f"stage{'s' if n > 1 else ''} {k}{f'-{k + n - 1}' if n > 1 else ''} {t}" for k, n, t in runs))
-        else:
-            where = (f"each stage on {plan.dp * plan.tp} {kinds[0]} device(s)" if len(set(kinds)) == 1 else
-                     f"each stage on {plan.dp * plan.tp} device(s): "
-                     + "; ".join(f"stage{'s' if n > 1 else ''} {k}{f'-{k + n - 1}' if n > 1 else ''} {t}"
-                                 for k, n, t in runs))
+        lead = (f"stages on {', '.join(str(r * plan.tp) for r in plan.stage_replicas)}"  # each on its own replicas
+                if plan.stage_replicas is not None else f"each stage on {plan.dp * plan.tp}")
+        where = (f"{lead} {kinds[0]} device(s)" if len(set(kinds)) == 1 else
+                 f"{lead} device(s): " + "; ".join(f"stage{'s' if n > 1 else ''} {k}{f'-{k + n - 1}' if n > 1 else ''} "
+                                                   f"{t}" for k, n, t in runs))
         fig.text(0.5, 0.915, textwrap.fill(f"plan {plan_label(plan)}: {plan.predicted.samples_per_s:,.1f} "
                                            f"samples/s, bubble {100 * plan.predicted.bubble_fraction:.1f}%; {where}",
                                            150), ha="center", va="top", fontsize=8.5, color="#333333")
