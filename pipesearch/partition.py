@@ -290,6 +290,8 @@ def _dp(band: _Band, mode: str, limit: float = _INF, strict: bool = False):
         first, end = (L, L + 1) if s == P - 1 else (s + 1, L - (P - 1 - s) + 1)
         # no stage is longer than W: stages 0 .. s end by (s + 1) W, the rest cover at most (P - 1 - s) W
         first, end = max(first, L - (P - 1 - s) * W), min(end, (s + 1) * W + 1)
+        if first >= end:  # no end layer for stage s: stages of at most W layers cannot cover the L
+            return _INF, None
         cur = np.full(W + L + 1, _INF)
         if s == 0 and P > 1:  # from layer 0 only: one range per end, not the band
             j = np.arange(first, end)

@@ -545,3 +545,23 @@ def test_equal_replicas_spread_score_as_the_uniform_plan(schedule):
                       "--placement", "pipeline")
     replicated = time_of("--split", "20x8,20x8", "--micro-batch-size", "256")
     assert replicated == pytest.approx(uniform, rel=1e-9)
+
+
+def test_a_point_whose_stages_cannot_cover_the_layers_is_searched_not_a_crash():
+    """resnet50 on 4x4-v100-10gbe, replicated pp 2, 1F1B, 2 micro-batches of
+    512: on some replica vectors the closed form's memory rule (every
+    sample's activations on each device) lets no stage hold 20 of the 40
+    layers, so its DP's first stage had no end layer and raised a numpy
+    broadcast error (exit 1); the closed form now finds no split there and
+    the exact search, whose memory counts each replica's share of the
+    samples, plans the point."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", "resnet50", "--cluster", "4x4-v100-10gbe",
+                                    "-b", "1024", "--replicate-stages", "--pp", "2", "--schedule", "1f1b",
+                                    "--micro-batch-size", "512", "--top", "20"])
+    assert res.exit_code == 0, res.output
+    plans = json.loads(res.stdout)["plans"]
+    assert len(plans) == 20 and all(p["schedule"]["num_micro_batches"] == 2 for p in plans)
