@@ -442,3 +442,15 @@ def test_groups_must_be_array_of_tables(tmp_path):
 def test_unknown_cluster_name_suggests():
     with pytest.raises(CatalogError, match="2x8-a100-80gb"):
         load_cluster("2x8-a100")
+
+
+def test_the_h200_computes_as_the_h100():
+    """The H200 SXM has the H100 SXM's GH100 compute (989.4 dense TFLOP/s
+    on both datasheets) and faster HBM3e: its GEMM efficiency curve is the
+    H100's (a flat 0.5 placeholder made Llama-3 70B 10% slower on H200s
+    than on H100s at the same pins, and GPT-3 1.3B faster)."""
+    h100, h200 = load_device("h100-80gb"), load_device("h200-141gb")
+    assert h200.peak_fp16_flops == h100.peak_fp16_flops
+    assert (h200.achieved_fraction, h200.gemm_half_efficiency_size) == (h100.achieved_fraction,
+                                                                        h100.gemm_half_efficiency_size)
+    assert h200.hbm_bandwidth_bytes_per_s > h100.hbm_bandwidth_bytes_per_s
