@@ -17,7 +17,8 @@ from .errors import InputError
 from .hardware import load_device
 from .placement import reference_device
 from .profiles import load_model
-from .profiles.transformer import TransformerConfig, guessed_family_note, layer_table, load_transformer
+from .profiles.transformer import (TransformerConfig, guessed_family_note, layer_table, load_transformer,
+                                   sliding_window_note)
 from .search import ModelVariant
 from .types import Cluster, DeviceSpec
 
@@ -225,6 +226,8 @@ def load_model_source(
             raise first_error or InputError(f"{path}: no tensor-parallel degree fits {cluster.name}")
         names = [lay.name for lay in variants[0].profile.layers]
         warnings = [note] if path.suffix == ".json" and (note := guessed_family_note(path)) else []
+        if path.suffix == ".json" and (note := sliding_window_note(path, cfg.seq_len)):
+            warnings.append(note)
         if path.suffix == ".json" and seq_len is None and cfg.seq_len > HF_SEQ_LEN_WARNING:
             warnings.append(
                 f"{path}: sequence length {cfg.seq_len} is the config's maximum context (its "

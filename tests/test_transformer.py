@@ -681,3 +681,70 @@ def test_a_config_of_too_many_blocks_is_refused(tmp_path):
     path.write_text(re.sub(r"(?m)^num_layers = .*$", "num_layers = 100001", text))
     with pytest.raises(InputError, match=r"num_layers' = 100001 makes 100001 blocks, more than the 100000"):
         load_transformer(path)
+
+
+# ------------------------------------------------------------ HuggingFace model types read by family
+
+GEMMA_7B = {"architectures": ["GemmaForCausalLM"], "attention_bias": False, "head_dim": 256, "hidden_act": "gelu",
+            "hidden_size": 3072, "intermediate_size": 24576, "max_position_embeddings": 8192, "model_type": "gemma",
+            "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 16, "rms_norm_eps": 1e-06,
+            "rope_theta": 10000.0, "vocab_size": 256000}
+PHI_2 = {"architectures": ["PhiForCausalLM"], "hidden_act": "gelu_new", "hidden_size": 2560,
+         "intermediate_size": 10240, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048, "model_type": "phi",
+         "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
+         "resid_pdrop": 0.1, "rope_theta": 10000.0, "tie_word_embeddings": False, "vocab_size": 51200}
+
+
+def _hf(tmp_path, config: dict):
+    from pipesearch.profiles.transformer import load_transformer
+
+    return load_transformer(_write(tmp_path, config))
+
+
+def test_gemma_is_tied_when_its_config_leaves_the_key_out(tmp_path):
+    """Gemma-7B's config has no tie_word_embeddings (HF's GemmaConfig
+    defaults it to true): its published 8,537,680,896 parameters count the
+    256,000 x 3,072 embedding once; untied was 9.2% over."""
+    from pipesearch.profiles.transformer import parameter_count
+
+    assert parameter_count(_hf(tmp_path, GEMMA_7B)) == 8_537_680_896
+
+
+def test_phi_2_is_read_as_a_neox_style_decoder(tmp_path):
+    """Phi-2 (2.78B parameters, its model card): a two-matrix GELU MLP,
+    LayerNorm and biases, GPT-NeoX's family; read as LLaMA-style (gated,
+    no biases) it counted 3.62B (+30%)."""
+    from pipesearch.profiles.transformer import parameter_count
+
+    cfg = _hf(tmp_path, PHI_2)
+    assert (cfg.gated_mlp, cfg.norm, cfg.bias) == (False, "layernorm", True)
+    assert parameter_count(cfg) == pytest.approx(2_779_683_840, rel=1e-4)
+
+
+@pytest.mark.parametrize("model_type, why", [("bert", "encoder-only"), ("roberta", "encoder-only"),
+                                             ("falcon", "multi-query attention")])
+def test_architectures_no_family_reads_are_refused_by_name(tmp_path, model_type, why):
+    config = dict(GEMMA_7B, model_type=model_type)
+    with pytest.raises(InputError, match=f"model_type '{model_type}': .*{why}.*transformer TOML"):
+        _hf(tmp_path, config)
+
+
+def test_an_unknown_type_missing_a_key_is_told_to_use_a_toml(tmp_path):
+    """OPT names its MLP width ffn_dim: the refusal said "missing key
+    'intermediate_size'", as if adding it would read the model right."""
+    config = {"model_type": "opt", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32,
+              "ffn_dim": 8192, "vocab_size": 50272, "max_position_embeddings": 2048}
+    with pytest.raises(InputError, match="model_type 'opt' is not one pipesearch reads.*transformer TOML"):
+        _hf(tmp_path, config)
+
+
+def test_a_sliding_window_shorter_than_the_sequence_is_warned(tmp_path):
+    """Mistral-7B-v0.1 attends over a 4096-token window; at 32768 tokens
+    full causal attention counts the attention core 8x too long: a
+    warning says so, and none at 4096."""
+    from pipesearch.profiles.transformer import sliding_window_note
+
+    path = _write(tmp_path, dict(GEMMA_7B, model_type="mistral", sliding_window=4096))
+    note = sliding_window_note(path, 32768)
+    assert note is not None and "sliding_window 4096 < sequence length 32768" in note and "--seq-len 4096" in note
+    assert sliding_window_note(path, 4096) is None

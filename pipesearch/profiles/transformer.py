@@ -404,8 +404,21 @@ def _no_decoder_blocks(where: str, key: str) -> InputError:
 
 _T5_TYPES = ("t5", "mt5", "umt5")
 _GPT2_TYPES = ("gpt2",)
-_NEOX_TYPES = ("gpt_neox",)
-_LLAMA_TYPES = ("llama", "mistral")
+#: GPT-NeoX-style decoders (rotary, LayerNorm, biases, a two-matrix GELU MLP); Phi-1/2 are this family
+_NEOX_TYPES = ("gpt_neox", "phi")
+#: LLaMA-style decoders; Gemma's GeGLU MLP is gated as SwiGLU is (three matrices)
+_LLAMA_TYPES = ("llama", "mistral", "gemma", "gemma2")
+#: model types whose config leaves tie_word_embeddings out when the embedding is tied (HF's own default)
+_TIED_BY_DEFAULT = ("gemma", "gemma2")
+#: model types the dense decoder / encoder-decoder cost model cannot read, and why (refused by name)
+_REFUSED_TYPES = {
+    **{t: "an encoder-only model (masked-language-model pretraining, no causal decoder or LM head): "
+          "pipesearch costs decoders and encoder-decoders"
+       for t in ("bert", "roberta", "xlm-roberta", "deberta", "deberta-v2", "distilbert", "electra", "albert")},
+    **{t: "multi-query attention beside the MLP (parallel blocks) with a four-times-wide GELU MLP, which no "
+          "family of pipesearch's cost model reads from its keys"
+       for t in ("falcon", "refinedweb", "refinedwebmodel")},
+}
 #: LLaMA-like model types whose attention has Q/K/V biases without a config key, and those with QK-norm
 _QKV_BIAS_TYPES = ("qwen2",)
 _QK_NORM_TYPES = ("qwen3",)
@@ -472,6 +485,10 @@ def load_hf_config(
     where = str(p)
     model_type = str(d.get("model_type") or "").lower()
 
+    if model_type in _REFUSED_TYPES:
+        raise InputError(f"{p}: model_type {model_type!r}: {_REFUSED_TYPES[model_type]}; describe the model in a "
+                         f"transformer TOML (cost_models/*.toml, docs/transformer_costs.md) if its blocks are one "
+                         f"of those families")
     for moe_key in ("num_local_experts", "num_experts", "n_routed_experts"):
         if d.get(moe_key):
             raise InputError(
@@ -484,6 +501,10 @@ def load_hf_config(
             if d.get(k) is not None:
                 return d[k]
         if default is ...:
+            if model_type and model_type not in _KNOWN_TYPES:  # its keys are not a family's: adding one is no fix
+                raise InputError(f"{p}: missing key '{key}': model_type {model_type!r} is not one pipesearch reads "
+                                 f"(its keys are not those of a GPT-2, GPT-NeoX, LLaMA or T5 config); describe the "
+                                 f"model in a transformer TOML (cost_models/*.toml, docs/transformer_costs.md)")
             raise InputError(f"{p}: missing key '{key}' (model_type {model_type or '?'})")
         return default
 
@@ -532,7 +553,7 @@ def load_hf_config(
         take("num_attention_heads", "num_attention_heads")
         take("ffn_hidden_size", "intermediate_size")
         take("vocab_size", "vocab_size")
-        take("tied_embeddings", "tie_word_embeddings", False)
+        take("tied_embeddings", "tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
         take("max_position_embeddings", "max_position_embeddings", None)  # the context (rotary: no table)
         default_seq, pos_key = values["max_position_embeddings"], "max_position_embeddings"
         if get("rope_scaling", None):  # scaled positions: the engine derives a longer context from it
@@ -634,6 +655,20 @@ def guessed_family_note(path: str | Path) -> str | None:
     names = {"t5": "T5 encoder-decoder", "gpt2": "GPT-2", "neox": "GPT-NeoX", "llama": "LLaMA-style"}
     return (f"{path}: model_type {model_type!r} is not one pipesearch knows; its layers are costed as a "
             f"{names[_family(d, model_type)]} transformer read from its keys (check the architecture matches)")
+
+
+def sliding_window_note(path: str | Path, seq_len: int) -> str | None:
+    """A warning for a HuggingFace ``config.json`` whose attention looks at
+    a sliding window of ``sliding_window`` tokens shorter than ``seq_len``
+    (Mistral-7B-v0.1: 4096): pipesearch costs full causal attention, so its
+    attention FLOPs and time are too high at that length. None otherwise."""
+    d = json.loads(_read_text(Path(path)))
+    window = d.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 < window < seq_len:
+        return None
+    return (f"{path}: sliding_window {window} < sequence length {seq_len}: pipesearch costs full causal attention "
+            f"over all {seq_len} tokens, so the attention core's FLOPs and time are too high; --seq-len {window} "
+            f"or less costs what the window does")
 
 
 def _hub_reference(config: Mapping) -> str:
