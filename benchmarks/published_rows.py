@@ -1,5 +1,7 @@
-"""Every published training run pipesearch is checked against: predicted vs
-published, and the device calibrations fitted from them.
+"""The published A100 and H100 training runs pipesearch is checked against:
+predicted vs published, and the device calibrations fitted from them (the
+RTX 4090 run that calibrates the consumer cards is checked in
+tests/test_consumer_catalog.py).
 
 Usage:
     python benchmarks/published_rows.py            # the table of benchmarks/README.md
