@@ -113,18 +113,18 @@ def test_megatron_export_warns_when_the_plan_counted_less_state_than_megatron_ke
 
 
 def test_torchtitan_placeholders_are_said_on_stderr_and_in_the_script(tmp_path):
-    """A model pipesearch knows no torchtitan config for (GPT-3 1.3B): the
+    """A model pipesearch knows no torchtitan config for (Llama-2 7B): the
     launch script written with -o or --files runs ``--module MODULE
     --config CONFIG``, so a warning on stderr and a comment in the script
     say to replace them; the catalog's Llama-3 8B (a known config) gets
     neither."""
-    made = tmp_path / "gpt.json"
-    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "512",
+    made = tmp_path / "l2.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "llama2-7b", "--cluster", "2x8-a100-80gb", "-b", "512",
                                     "--pp", "2", "--schedule", "1f1b", "--placement", "data", "-q", "-o", str(made)])
     assert res.exit_code == 0, res.output
     for target in (["-o", str(tmp_path / "t.sh")], ["--files", str(tmp_path / "tt")]):
         res = export(made, "--format", "torchtitan", *target)
-        assert res.exit_code == 0 and "warning: pipesearch knows no torchtitan config for model 'gpt3-1.3b'" in res.stderr
+        assert res.exit_code == 0 and "warning: pipesearch knows no torchtitan config for model 'llama2-7b'" in res.stderr
     for script in (tmp_path / "t.sh", tmp_path / "tt" / "launch_torchtitan.sh"):
         text = script.read_text()
         assert "--module MODULE" in text and "# pipesearch knows no torchtitan config" in text
@@ -234,3 +234,62 @@ def test_deepspeed_bf16_without_zero_warns_of_its_bf16_optimizer(plans):
     note = next(n for n in exp["notes"] if n.startswith("warning: DeepSpeed runs bf16 pipelines without ZeRO"))
     assert f"over the {m} micro-batches" in note and f"dp={dp} replicas" in note
     assert f"2 + 2 + 12/{dp} bytes per parameter instead of 16" in note
+
+
+def _plan(tmp_path, name, *args):
+    out = tmp_path / name
+    res = CliRunner().invoke(main, ["plan", "-q", *args, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torchtitan", "deepspeed", "gpipe"])
+def test_an_encoder_decoder_is_refused_by_the_stage_chains(tmp_path, fmt):
+    """T5-3B split over 2 stages (the encoder and 4 decoder blocks on stage
+    0): each of these runtimes passes one tensor from stage to stage, and a
+    decoder stage also needs the encoder's output; they exported it as a
+    decoder-only chain with no note."""
+    made = _plan(tmp_path, "t5.json", "--model", "t5-3b", "--cluster", "4x8-h100", "-b", "256", "--pp", "2",
+                 "--schedule", "1f1b")
+    res = export(made, "--format", fmt, "-o", str(tmp_path / "x.json"))
+    assert res.exit_code == 2 and "model kind 'encoder-decoder'" in res.output
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("fmt", ["torch", "gpipe"])
+def test_a_sharded_optimizer_state_is_refused_where_the_loop_keeps_it_whole(tmp_path, fmt):
+    """A ZeRO-2 plan (each replica holds a quarter of the optimizer state)
+    exported to a loop that steps every replica's whole optimizer: the
+    planner refuses --runtime torch/gpipe with --sharding zero2, and now so
+    does the export."""
+    made = _plan(tmp_path, "z2.json", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--tp", "1",
+                 "--pp", "2", "--dp", "4", "--sharding", "zero2", "--schedule", "1f1b")
+    res = export(made, "--format", fmt, "-o", str(tmp_path / "x.json"))
+    assert res.exit_code == 2 and "shards the optimizer state (--sharding zero2)" in res.output
+
+
+def test_a_tied_embedding_over_stages_is_refused_by_torchtitan_and_warned_by_torch(tmp_path):
+    """GPT-3 1.3B ties its embedding and LM head; on 2 stages the head's
+    stage keeps a copy (the plan counts it). torchtitan's model config
+    raises "Weight tying is not supported with Pipeline Parallel" at start;
+    torch.distributed.pipelining updates the two copies apart."""
+    made = _plan(tmp_path, "tied.json", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--tp", "1",
+                 "--pp", "2", "--dp", "4", "--schedule", "1f1b", "--placement", "data")
+    doc = json.loads(made.read_text())
+    assert any(dict(b)["tied_copy"] > 0 for st in doc["plans"][0]["stages"]
+               for b in [st.get("memory_breakdown_bytes", {})] if "tied_copy" in b)
+    res = export(made, "--format", "torchtitan", "-o", str(tmp_path / "t.sh"))
+    assert res.exit_code == 2 and "torchtitan refuses weight tying with pipeline parallelism" in res.output
+    res = export(made, "--format", "torch", "--files", str(tmp_path / "t"))
+    assert res.exit_code == 0 and "warning: the model ties its input embedding and LM head" in res.stderr
+
+
+def test_megatron_exports_a_one_stage_plan_whatever_its_schedule_name(tmp_path):
+    """pp 1: no pipeline schedule runs (Megatron accumulates the
+    micro-batches' gradients), so a one-stage ZB-H1 plan is not refused for
+    its schedule's name."""
+    made = _plan(tmp_path, "zb1.json", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--pp", "1",
+                 "--schedule", "zb-h1", "--top", "1")
+    res = export(made, "--format", "megatron", "-o", str(tmp_path / "m.sh"))
+    assert res.exit_code == 0, res.output
+    assert "--pipeline-model-parallel-size 1" in (tmp_path / "m.sh").read_text()

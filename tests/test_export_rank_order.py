@@ -150,7 +150,7 @@ def test_a_runtime_plan_does_not_depend_on_the_order_of_the_groups(tmp_path):
     times, notes = [], []
     for first, second in (("h100-80gb", "a100-80gb"), ("a100-80gb", "h100-80gb")):
         out = tmp_path / f"{first}.json"
-        res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-13b", "--cluster",
+        res = CliRunner().invoke(main, ["plan", "-q", "--model", "llama2-13b", "--cluster",
                                         str(_two_node_cluster(tmp_path, first, second)), "-b", "512", "--top", "1",
                                         "--runtime", "torchtitan", "--pp", "4", "--tp", "2", "-o", str(out)])
         assert res.exit_code == 0, res.output

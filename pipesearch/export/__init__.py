@@ -393,14 +393,63 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
         refuse_stage_replicas(plan, fmt)
         refuse_host_memory(plan, fmt)
         refuse_unplanned_overlap(fmt, Inputs.of(inputs))
+        refuse_chain_limits(plan, fmt, Inputs.of(inputs))
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:
-        return fn(plan, module_names=module_names, inputs=Inputs.of(inputs), **options)
+        out = fn(plan, module_names=module_names, inputs=Inputs.of(inputs), **options)
     except TypeError as exc:
         if "unexpected keyword argument" in str(exc):
             raise InputError(f"export {fmt}: {exc}") from exc
         raise
+    if fmt == "torch" and Inputs.of(inputs).comm_overlap.get("grad_reduce") and "pipeline_torch.py" in (
+            out.get("files") or {}):
+        out["notes"].append("warning: the plan times the gradient reduce overlapped with the backward (as DDP's "
+                            "buckets run it), while pipeline_torch.py all-reduces each gradient after the "
+                            "pipeline's step: wrap each stage's module in DistributedDataParallel for the planned "
+                            "time, or re-plan with --no-overlap-grad-reduce for the script's")
+    if fmt == "torch" and tied_across_stages(plan):
+        out["notes"].append("warning: the model ties its input embedding and LM head, which sit on different "
+                            "stages (the plan counts the head's copy of the matrix): torch.distributed.pipelining "
+                            "updates each stage's copy on its own, so all-reduce the tied weight's gradient between "
+                            "the first and the last stage before each optimizer step, or the copies drift apart")
+    return out
+
+
+#: formats whose runtimes run a chain of stages passing one tensor (an encoder-decoder needs two)
+_CHAIN_FORMATS = ("torch", "torchtitan", "deepspeed", "gpipe")
+#: formats whose exported training loop steps every replica's whole optimizer (no sharded state)
+_UNSHARDED_FORMATS = ("torch", "gpipe")
+
+
+def tied_across_stages(plan: Plan) -> bool:
+    """Whether a plan of more than one stage keeps a copy of a matrix its
+    first layer shares with its last (a tied input embedding and LM head:
+    ``tied_copy`` in a stage's memory breakdown)."""
+    return len(plan.stages) > 1 and any(dict(st.memory_breakdown).get("tied_copy", 0.0) > 0 for st in plan.stages)
+
+
+def refuse_chain_limits(plan: Plan, fmt: str, inputs: "Inputs") -> None:
+    """Refuse what a runtime's pipeline of stages cannot run as planned: an
+    encoder-decoder model (each stage passes one tensor on; a decoder stage
+    also needs the encoder's output) and a sharded optimizer state in the
+    exports whose loop steps every replica's whole optimizer.
+
+    Raises:
+        InputError: names the runtime, what it cannot run and the fix.
+    """
+    name = RUNTIME_NAMES.get(fmt, fmt)
+    t = inputs.transformer
+    if fmt in _CHAIN_FORMATS and t is not None and t.get("kind", "decoder") != "decoder":
+        raise InputError(f"export {fmt}: model kind {t.get('kind')!r}: {name} runs a chain of stages that each "
+                         f"pass one tensor on, and a decoder stage also needs the encoder's output; export "
+                         f"--format stages-json for the split")
+    if fmt in _UNSHARDED_FORMATS and inputs.sharding != "none":
+        raise InputError(f"export {fmt}: the plan shards the optimizer state (--sharding {inputs.sharding}), and "
+                         f"{name}'s training loop here keeps every replica's whole state and steps it, so the "
+                         f"plan's memory would not be what runs; re-plan with --sharding none, or export with a "
+                         f"runtime that shards (--runtime megatron or deepspeed for zero1, torchtitan for fsdp)")
+
 
 
 def export_all(plan: Plan, inputs: Mapping | None = None) -> dict[str, dict]:

@@ -427,8 +427,10 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
     explicit = has_emb and has_head
     p, v, m, mbs = plan.pp, plan.vp, plan.num_micro_batches, plan.micro_batch_size
 
-    # schedule rules
-    if plan.schedule == "1f1b":
+    # schedule rules (one stage: no pipeline schedule, Megatron accumulates the micro-batches' gradients)
+    if p == 1 and v == 1:
+        pass
+    elif plan.schedule == "1f1b":
         if v != 1:
             raise InputError(f"megatron: schedule '1f1b' with vp={v}; Megatron runs interleaved 1F1B when vp > 1")
     elif plan.schedule == "interleaved-1f1b":

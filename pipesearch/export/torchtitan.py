@@ -74,6 +74,7 @@ from . import (
     torchtitan_dp_degrees,
     torchrun_prefix,
     sequence_parallel,
+    tied_across_stages,
     transformer_shape,
 )
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
@@ -263,6 +264,11 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             f"torchtitan trains in bf16 or fp32 (training.mixed_precision_param) and {', '.join(half)} has no bf16 "
             f"(compute capability below {MIN_BF16_CAPABILITY:g}): the plan's fp16 compute has no setting there; "
             f"export to megatron or deepspeed, which train in fp16 with loss scaling")
+    if tied_across_stages(plan):  # its model config's update_from_config raises NotImplementedError
+        raise InputError("torchtitan: the model ties its input embedding and LM head, on different stages, and "
+                         "torchtitan refuses weight tying with pipeline parallelism ('Weight tying is not supported "
+                         "with Pipeline Parallel'); re-plan with --pp 1, or export --format torch (which says how "
+                         "to keep the copies equal)")
     if torchtitan_version is not None and torchtitan_version not in ("0.3", RUNTIME_VERSION):
         from .torchtitan_toml import TOML_VERSIONS, export_torchtitan_toml
 
