@@ -72,6 +72,9 @@ def test_suffix_picks_the_file(plans, tmp_path):
     mbs, m = plan["schedule"]["micro_batch_size"], plan["schedule"]["num_micro_batches"]
     assert cfg["train_batch_size"] == mbs * m * plan["parallelism"]["dp"] == 512
     assert cfg["gradient_accumulation_steps"] == m
+    upper = tmp_path / "DS_CONFIG.JSON"  # the runtime's file name in another case: still that file
+    assert export(plans, "--format", "deepspeed", "-o", str(upper)).exit_code == 0
+    assert json.loads(upper.read_text()) == cfg
     other = tmp_path / "ds.json"  # any other .json: the whole export
     assert export(plans, "--format", "deepspeed", "-o", str(other)).exit_code == 0
     assert json.loads(other.read_text())["runtime"] == "deepspeed"

@@ -37,11 +37,11 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
     suffix = Path(output).suffix.lower()
     if suffix == ".json":
         files = export.get("files") or {}
-        # a file named like the runtime's own JSON file gets that file (ds_config.json), any other the export
-        name = Path(output).name
-        if name in files:
-            return files[name]
-        return _export_text(export)
+        # a file named like the runtime's own JSON file gets that file (ds_config.json, in any case), any other
+        # the export
+        name = Path(output).name.lower()
+        own = next((body for f, body in files.items() if f.lower() == name), None)
+        return own if own is not None else _export_text(export)
     matches = [name for name in (export.get("files") or {}) if Path(name).suffix.lower() == suffix]
     if len(matches) == 1:
         return export["files"][matches[0]]
