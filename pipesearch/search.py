@@ -2005,13 +2005,15 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
     if counts.get(STOPPED):
         hint = (f"{counts[STOPPED]} points are not proven out of memory: their split search stopped at its work "
                 f"limits before it met a split that fits every GPU; pin one with --split, or {hint}")
-    # Mobius / RoundPipe's host copy of every parameter (a layer table of tp > 1 holds one device's shard)
-    host_need = min(params * v.tp for v in variants) * (2.0 + offload_bytes_per_param(param_state_of(job), 1)[1])
-    if on_host and cluster.host is not None and host_need > cluster.num_nodes * cluster.host.memory_bytes:
-        # every split keeps at least this on the hosts: no split, pin or activation flag can fit it
-        hint = (f"{' and '.join(options.schedules)} keep{'s' if len(options.schedules) == 1 else ''} the model's "
-                f"16-bit weights and optimizer state in host memory, {host_need / 2**30:.1f} GiB at the least, "
-                f"against {cluster.num_nodes * cluster.host.memory_bytes / 2**30:.1f} GiB on the cluster's "
-                f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}; use hosts with more memory ([host] "
-                f"memory_GB), more nodes, or another schedule")
+    if on_host and cluster.host is not None:
+        # Mobius / RoundPipe's host copy of every parameter (a layer table of tp > 1 holds one device's shard): every
+        # split keeps at least this on the hosts, so no split, pin or activation flag fits more than they hold
+        host_need = min(params * v.tp for v in variants) * (2.0 + offload_bytes_per_param(param_state_of(job), 1)[1])
+        host_total = cluster.num_nodes * cluster.host.memory_bytes
+        if host_need > host_total:
+            hint = (f"{' and '.join(options.schedules)} keep{'s' if len(options.schedules) == 1 else ''} the model's "
+                    f"16-bit weights and optimizer state in host memory, {host_need / 2**30:.1f} GiB at the least, "
+                    f"against {host_total / 2**30:.1f} GiB on the cluster's {cluster.num_nodes} "
+                    f"node{'s' if cluster.num_nodes > 1 else ''}; use hosts with more memory ([host] memory_GB), more "
+                    f"nodes, or another schedule")
     return f"no plan fits {prof.name} on {cluster.name} ({reasons}); {hint}"

@@ -190,7 +190,7 @@ def layout_notes(plans, cluster, pinned: tuple[str, ...] = ()) -> list[str]:
     for p in plans:
         if cluster.is_uniform or p.dp == 1 or p.stage_replicas is not None:
             continue
-        if p.pp == 1 and p.dp * p.tp == sum(g.num_devices for g in cluster.groups):  # one stage on every device
+        if p.pp == 1 and p.dp * p.tp == cluster.num_devices:  # one stage on every device: one layout
             continue
         n = count_layouts(cluster, p.pp * p.dp, p.tp)
         if n > limit or pinned:

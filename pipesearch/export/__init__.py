@@ -388,32 +388,21 @@ def export_plan(plan: Plan, fmt: str, *, module_names: Mapping[str, str | Sequen
     """
     if fmt not in _MODULES:
         raise InputError(f"export: unknown format {fmt!r}; expected one of {', '.join(FORMATS + DESCRIPTION_FORMATS)}")
+    inputs = Inputs.of(inputs)  # one for every check and the exporter (its nodes are built once)
     if fmt not in DESCRIPTION_FORMATS:  # a description says what the stages keep where
         plan = uniform_replicas_as_data_parallel(plan)
         refuse_stage_replicas(plan, fmt)
         refuse_host_memory(plan, fmt)
-        refuse_unplanned_overlap(fmt, Inputs.of(inputs))
-        refuse_chain_limits(plan, fmt, Inputs.of(inputs))
+        refuse_unplanned_overlap(fmt, inputs)
+        refuse_chain_limits(plan, fmt, inputs)
     mod_name, fn_name = _MODULES[fmt]
     fn = getattr(importlib.import_module(f"{__name__}.{mod_name}"), fn_name)
     try:
-        out = fn(plan, module_names=module_names, inputs=Inputs.of(inputs), **options)
+        return fn(plan, module_names=module_names, inputs=inputs, **options)
     except TypeError as exc:
         if "unexpected keyword argument" in str(exc):
             raise InputError(f"export {fmt}: {exc}") from exc
         raise
-    if fmt == "torch" and Inputs.of(inputs).comm_overlap.get("grad_reduce") and "pipeline_torch.py" in (
-            out.get("files") or {}):
-        out["notes"].append("warning: the plan times the gradient reduce overlapped with the backward (as DDP's "
-                            "buckets run it), while pipeline_torch.py all-reduces each gradient after the "
-                            "pipeline's step: wrap each stage's module in DistributedDataParallel for the planned "
-                            "time, or re-plan with --no-overlap-grad-reduce for the script's")
-    if fmt == "torch" and tied_across_stages(plan):
-        out["notes"].append("warning: the model ties its input embedding and LM head, which sit on different "
-                            "stages (the plan counts the head's copy of the matrix): torch.distributed.pipelining "
-                            "updates each stage's copy on its own, so all-reduce the tied weight's gradient between "
-                            "the first and the last stage before each optimizer step, or the copies drift apart")
-    return out
 
 
 #: formats whose runtimes run a chain of stages passing one tensor (an encoder-decoder needs two)
@@ -449,8 +438,6 @@ def refuse_chain_limits(plan: Plan, fmt: str, inputs: "Inputs") -> None:
                          f"{name}'s training loop here keeps every replica's whole state and steps it, so the "
                          f"plan's memory would not be what runs; re-plan with --sharding none, or export with a "
                          f"runtime that shards (--runtime megatron or deepspeed for zero1, torchtitan for fsdp)")
-
-
 
 def export_all(plan: Plan, inputs: Mapping | None = None) -> dict[str, dict]:
     """Export ``plan`` in every format of :data:`FORMATS` (``inputs``: as for

@@ -66,6 +66,7 @@ from . import (
     recompute_mode,
     refuse_empty_stages,
     sequence_parallel,
+    tied_across_stages,
 )
 
 RUNTIME = "torch.distributed.pipelining"
@@ -384,8 +385,18 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             mbs=plan.micro_batch_size, stage_layers=[[list(mods[i]) for i in range(a, b)] for a, b in layers.ranges],
             recompute=rc,
             csv=order_csv, multi=cls not in SINGLE_STAGE_CLASSES)
+        if inputs.comm_overlap.get("grad_reduce"):
+            notes.append("warning: the plan times the gradient reduce overlapped with the backward (as DDP's "
+                         "buckets run it), while pipeline_torch.py all-reduces each gradient after the pipeline's "
+                         "step: wrap each stage's module in DistributedDataParallel for the planned time, or "
+                         "re-plan with --no-overlap-grad-reduce for the script's")
     else:
         notes.append("no pipeline_torch.py: the snippet has no tensor parallelism (tp > 1).")
+    if tied_across_stages(plan):
+        notes.append("warning: the model ties its input embedding and LM head, which sit on different stages (the "
+                     "plan counts the head's copy of the matrix): torch.distributed.pipelining updates each stage's "
+                     "copy on its own, so all-reduce the tied weight's gradient between the first and the last "
+                     "stage before each optimizer step, or the copies drift apart")
     return {
         "runtime": RUNTIME,
         "runtime_version": RUNTIME_VERSION,

@@ -71,6 +71,7 @@ from ..catalog import entry_name
 from ..errors import InputError
 from ..input_files import read_input_text
 from ..limits import MAX_BYTES, MAX_COUNT, MAX_LAYER_S, MIN_LAYER_S, MIN_SAMPLE_S
+from ..schema import show
 from ..types import Layer, ModelProfile
 
 MAGIC = "# pipesearch profile v1"
@@ -135,11 +136,10 @@ def underflows(text: str, value: float) -> bool:
     return value == 0 and plain is not None and any(ch in "123456789" for ch in plain.group(1))
 
 
-def shown(text: str, limit: int = 60) -> str:
-    """``text`` as a message quotes it: its ``repr``, cut to ``limit``
-    characters of the text with ``...`` when longer."""
-    text = text.strip()
-    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
+def shown(text: str) -> str:
+    """``text`` as a message quotes it, stripped (:func:`pipesearch.schema.show`:
+    its ``repr``, cut to 80 characters)."""
+    return show(text.strip())
 
 
 def format_number(value: float, scale: int = 0) -> str:

@@ -10,8 +10,9 @@ the cycle is
     C = max(R, m * max_s t_s, m * max_k p2p_k)
 
 (the pipeline bubble: with fewer micro-batches than stages, ``R`` rules).
-Every cycle gives each running sequence one token: output tokens/s ``B / C``. With a workload of prompts of ``n`` tokens and
-``o`` output tokens, ``B / o`` requests finish per cycle and as many start,
+Every cycle gives each running sequence one token: output tokens/s ``B /
+C``. With a workload of prompts of ``n`` tokens and ``o`` output tokens,
+``B / o`` requests finish per cycle and as many start,
 so micro-batches carry ``b n / o`` prefill tokens on average beside their
 ``d = b (o - 1) / o`` decode tokens (the prefill/decode mix of continuous
 batching: a new sequence's first token is sampled at the end of its prompt,
