@@ -17,7 +17,7 @@ from .errors import InputError
 from .hardware import load_device
 from .placement import reference_device
 from .profiles import load_model
-from .profiles.transformer import (TransformerConfig, guessed_family_note, layer_table, load_transformer,
+from .profiles.transformer import (TransformerConfig, decoder_tokens, guessed_family_note, layer_table, load_transformer,
                                    sliding_window_note)
 from .search import ModelVariant
 from .types import Cluster, DeviceSpec
@@ -166,6 +166,7 @@ def load_model_source(
     tp: int | None = None,
     recompute: str | None = None,
     seq_len: int | None = None,
+    decoder_seq_len: int | None = None,
     max_search_memory_bytes: float | None = None,
     sequence_parallel: bool = True,
     overlap_tp_forward: bool = False,
@@ -179,6 +180,9 @@ def load_model_source(
             ``"per-stage"``: one variant per tensor-parallel degree whose
             stages each take the first of none / selective / full that fits.
         seq_len: sequence length for a transformer (default: its config's).
+        decoder_seq_len: decoder tokens per sample of an encoder-decoder
+            transformer (default: its config's ``decoder_seq_len``, else
+            ``seq_len``); refused for any other model.
         max_search_memory_bytes: host-memory budget of the search
             (:func:`pipesearch.budget.check_search_memory`), checked on the
             layer count before a layer table is built; ``None``: no check.
@@ -196,6 +200,11 @@ def load_model_source(
     path = resolve("model", name_or_path)
     if path.suffix in (".json", ".toml"):  # transformer configs (the loader names a malformed key)
         cfg = load_transformer(path, seq_len=seq_len)
+        if decoder_seq_len is not None:
+            if not cfg.is_encoder_decoder:
+                raise InputError(f"--decoder-seq-len {decoder_seq_len}: {cfg.name} is a decoder-only model (its "
+                                 f"sequence length is --seq-len); only encoder-decoder models (T5) have a decoder length")
+            cfg = replace(cfg, decoder_seq_len=decoder_seq_len)
         if max_search_memory_bytes is not None:  # the blocks plus embedding and head, before building them
             check_search_memory(cfg.total_blocks + 2, max_search_memory_bytes, f"--model {name_or_path}")
         device = reference_device(cluster)  # the fastest type, whatever the order of the groups
@@ -244,12 +253,16 @@ def load_model_source(
         info = {"name": cfg.name, "kind": "transformer", "file": str(path), "num_layers": variants[0].profile.num_layers,
                 "layers_description": describe_layers(names), "warnings": warnings,
                 "seq_len": seq_len or cfg.seq_len, "hidden_size": cfg.hidden_size,
+                **({"decoder_seq_len": decoder_tokens(cfg, seq_len or cfg.seq_len)} if cfg.is_encoder_decoder else {}),
                 "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size,
                 "transformer": {k: v for k, v in asdict(cfg).items() if k != "source"}}
         # the layer tables are computed for the reference type; other types scale by FLOP rate
         return ModelSource(cfg.name, tuple(variants), info, device, cfg)
     if seq_len is not None:
         raise InputError(f"--seq-len {seq_len}: needs a transformer config; {path.name} is a layer profile")
+    if decoder_seq_len is not None:
+        raise InputError(f"--decoder-seq-len {decoder_seq_len}: needs an encoder-decoder transformer config; "
+                         f"{path.name} is a layer profile")
     if tp not in (None, 1):
         raise InputError(f"--tp {tp}: tensor parallelism needs a transformer config; {path.name} is a layer profile")
     if recompute not in (None, "none", PER_STAGE):

@@ -577,3 +577,22 @@ def test_an_unnamed_profile_device_is_said_on_one_device_type(tmp_path, cluster)
                    "--top", "1", "-b", "64"], tmp_path)
         assert res.exit_code == 0, res.stderr
         assert "names no device" not in res.stdout
+
+
+def test_decoder_seq_len_flag(tmp_path):
+    """--decoder-seq-len sets T5's decoder tokens: the header says so, the
+    plan file records it and a sample counts 512 + 114 tokens (tokens/s =
+    samples/s x 626); a decoder-only model or a profile refuses it in one
+    line."""
+    args = ["plan", "--model", "t5-3b", "--cluster", "2x8-a100-80gb", "-b", "256", "--pp", "2", "--dp", "8",
+            "--schedule", "1f1b", "--top", "1"]
+    res = run(args + ["--decoder-seq-len", "114"], tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "sequence length 512 (decoder 114)" in res.output
+    doc = json.loads(run(args + ["--decoder-seq-len", "114", "--json", "-q"], tmp_path).output)
+    assert doc["inputs"]["model"]["decoder_seq_len"] == 114
+    predicted = doc["plans"][0]["predicted"]
+    assert predicted["tokens_per_s"] == pytest.approx(predicted["samples_per_s"] * (512 + 114), rel=1e-9)
+    for model, says in (("gpt3-1.3b", "gpt3-1.3b is a decoder-only model"), ("vgg16", "vgg16.csv is a layer profile")):
+        bad = run(["plan", "--model", model, "--decoder-seq-len", "114", "-q"], tmp_path)
+        assert bad.exit_code == 2 and says in bad.output and len(bad.output.strip().splitlines()) == 1

@@ -359,6 +359,34 @@ def test_t5_layout():
     assert short.layers[25].output_bytes == 2 * (512 + 128) * 1024
 
 
+def test_t5_decoder_length_from_the_config(tmp_path):
+    """A TOML's decoder_seq_len sets the decoder's tokens: T5-3B's decoder
+    block at 512 encoder and 114 decoder tokens (span corruption) by hand,
+    self-attention over the 114, cross-attention's query and output over
+    the 114 and its key and value projections over the encoder's 512."""
+    text = (CATALOG / "t5-3b.toml").read_text().replace('kind = "encoder-decoder"',
+                                                         'kind = "encoder-decoder"\ndecoder_seq_len = 114')
+    (tmp_path / "t5.toml").write_text(text)
+    cfg = load_transformer(tmp_path / "t5.toml")
+    assert cfg.decoder_seq_len == 114
+    s, sd, h, q, f = 512, 114, 1024, 4096, 16384
+    self_attn = 2 * sd * h * q * 4 + 4 * sd * sd * q
+    cross = 2 * sd * h * q * 2 + 2 * s * h * q * 2 + 4 * sd * s * q
+    fwd = forward_flops(cfg)
+    assert fwd["block_24"] == pytest.approx(self_attn + cross + 2 * 2 * sd * h * f, rel=1e-12)
+    assert fwd["block_00"] == forward_flops(load_transformer(CATALOG / "t5-3b.toml"))["block_00"]  # the encoder's
+    assert layer_table(cfg, device=A100).layers[25].output_bytes == 2 * (512 + 114) * 1024
+    # the argument wins over the config
+    assert layer_table(cfg, device=A100, decoder_seq_len=128).layers[25].output_bytes == 2 * (512 + 128) * 1024
+
+
+def test_decoder_length_refused_for_a_decoder_only_model(tmp_path):
+    text = (CATALOG / "gpt3-1.3b.toml").read_text().replace("[transformer]", "[transformer]\ndecoder_seq_len = 64")
+    (tmp_path / "g.toml").write_text(text)
+    with pytest.raises(InputError, match=r"key 'transformer.decoder_seq_len' = 64: expected no key for kind = 'decoder'"):
+        load_transformer(tmp_path / "g.toml")
+
+
 # --------------------------------------------------------------------------- #
 # HuggingFace configs
 

@@ -425,6 +425,9 @@ class _Progress:
 @click.option("--global-batch-size", "-b", type=click.IntRange(min=1, max=2**31 - 1), default=DEFAULT_BATCH, show_default=True,
               help="Samples per iteration across all data-parallel replicas.")
 @click.option("--seq-len", type=click.IntRange(min=1, max=MAX_COUNT), help="Sequence length (transformers; default: the config's).")
+@click.option("--decoder-seq-len", type=click.IntRange(min=1, max=MAX_COUNT),
+              help="Decoder tokens per sample of an encoder-decoder model (T5; default: the config's "
+                   "decoder_seq_len, else --seq-len).")
 @click.option("--pp", type=click.IntRange(min=1), help="Pin the pipeline-parallel degree.")
 @click.option("--dp", type=click.IntRange(min=1), help="Pin the data-parallel degree.")
 @click.option("--tp", type=click.IntRange(min=1), help="Pin the tensor-parallel degree (transformers).")
@@ -530,7 +533,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                  optimizer_bytes_per_param, mapping_time_limit, zero1, output, as_json, all_points, exhaustive, quiet,
                  plot_dir, runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap, grad_bucket_params,
                  replicate_stages, optimizer_offload=False, stream_weights=False, delayed_optimizer_step=False,
-                 activation_offload=False, placements=()):
+                 activation_offload=False, placements=(), decoder_seq_len=None):
     """Search pipeline plans for a model on a cluster and rank them.
 
     \b
@@ -594,6 +597,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if runtime == "gpipe" and tp is None:
         tp = 1  # torchgpipe / fairscale Pipe have no tensor parallelism
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
+                               decoder_seq_len=decoder_seq_len,
                                max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel,
                                overlap_tp_forward=comm_overlap.tp_forward)
     names = [lay.name for lay in source.variants[0].profile.layers]
@@ -769,6 +773,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if not quiet:
         devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)
         seq = f", sequence length {source.info['seq_len']}" if source.info.get("seq_len") else ""
+        if source.info.get("decoder_seq_len"):
+            seq += f" (decoder {source.info['decoder_seq_len']})"
         desc = source.info.get("layers_description", "")
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")

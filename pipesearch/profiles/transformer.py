@@ -105,6 +105,11 @@ class TransformerConfig:
             :func:`layer_table`; for learned position embeddings also the
             default ``max_position_embeddings``.
         kind: ``"decoder"`` (GPT, LLaMA) or ``"encoder-decoder"`` (T5).
+        decoder_seq_len: default decoder tokens per sample of an
+            encoder-decoder model (``None``: ``seq_len``; T5's span-corruption
+            pre-training at 15% noise, mean span 3, runs 512 encoder and 114
+            decoder tokens: the ``t5`` library's ``random_spans_helper``);
+            must be ``None`` for a decoder.
         num_decoder_layers: decoder blocks of an encoder-decoder model
             (0 here means ``num_layers``; a file gives at least 1, or no key
             for ``num_layers``); must be 0 for a decoder.
@@ -154,6 +159,7 @@ class TransformerConfig:
     vocab_size: int
     seq_len: int
     kind: str = "decoder"
+    decoder_seq_len: int | None = None
     num_decoder_layers: int = 0
     num_kv_heads: int | None = None
     head_dim: int | None = None
@@ -209,6 +215,7 @@ _FIELD_KINDS: dict[str, tuple[str, bool]] = {
     "vocab_size": ("pos_int", True),
     "seq_len": ("pos_int", True),
     "kind": (KINDS, False),
+    "decoder_seq_len": ("opt_pos_int", False),
     "num_decoder_layers": ("nonneg_int", False),
     "num_kv_heads": ("opt_pos_int", False),
     "head_dim": ("opt_pos_int", False),
@@ -288,6 +295,10 @@ def _validate(values: dict[str, Any], where: str, keys: dict[str, str]) -> None:
     if values["kind"] == "decoder" and values["num_decoder_layers"]:
         raise _bad(where, k("num_decoder_layers"), values["num_decoder_layers"],
                    "0 (or no key) for kind = 'decoder'; decoder blocks are num_layers")
+    if values["kind"] == "decoder" and values.get("decoder_seq_len") is not None:
+        raise _bad(where, k("decoder_seq_len"), values["decoder_seq_len"],
+                   "no key for kind = 'decoder' (only an encoder-decoder model has a decoder length; "
+                   "seq_len is the decoder's)")
     blocks = values["num_layers"] + (values["num_decoder_layers"] or 0)
     if blocks > MAX_TRANSFORMER_BLOCKS:
         raise InputError(f"{where}: key '{k('num_layers')}' = {values['num_layers']} makes {blocks} blocks, more than "
@@ -1037,13 +1048,22 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
     return layers
 
 
+def decoder_tokens(cfg: TransformerConfig, seq_len: int, decoder_seq_len: int | None = None) -> int:
+    """Decoder tokens per sample of an encoder-decoder model: ``decoder_seq_len``
+    when given, else the config's ``decoder_seq_len``, else ``seq_len`` (the
+    encoder's)."""
+    if decoder_seq_len is not None:
+        return decoder_seq_len
+    return seq_len if cfg.decoder_seq_len is None else cfg.decoder_seq_len
+
+
 def forward_flops(cfg: TransformerConfig, seq_len: int | None = None, *,
                   decoder_seq_len: int | None = None, vocab_size: int | None = None) -> dict[str, float]:
     """Forward GEMM FLOPs of each layer for one sample, no tensor parallelism:
     layer name -> FLOPs (``2 m n k`` per GEMM; the embedding is 0). Default
     ``seq_len`` ``cfg.seq_len``, default vocabulary ``cfg.vocab_size``."""
     s = cfg.seq_len if seq_len is None else seq_len
-    sd = s if decoder_seq_len is None else decoder_seq_len
+    sd = decoder_tokens(cfg, s, decoder_seq_len)
     V = cfg.vocab_size if vocab_size is None else vocab_size
     return {name: r.lin_flops + r.core_flops for name, r in _raw_layers(cfg, s, sd, 1, 2, V)}
 
@@ -1221,7 +1241,7 @@ def layer_table(
     _check_int("tp", tp)
     _check_int("micro_batch_size", micro_batch_size)
     if cfg.is_encoder_decoder:
-        sd = s if decoder_seq_len is None else decoder_seq_len
+        sd = decoder_tokens(cfg, s, decoder_seq_len)
         _check_int("decoder_seq_len", sd)
     else:
         if decoder_seq_len is not None:
