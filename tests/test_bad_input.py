@@ -883,6 +883,9 @@ def test_nan_or_inf_option_is_refused(tmp_path, args, option):
     (["serve", "--model", "llama3-8b", "--num-requests", "999999999999"], ["--num-requests", "999999999999",
                                                                           "1<=x<=100000"]),
     (["profile", "m.py:f", "-b", "2", "--input-shape", "4", "-o", ""], ["profile CSV (-o)", "empty file name"]),
+    # one output token has no decode step: the limit filtered on a TPOT that does not exist
+    (["serve", "--model", "qwen3-1.7b", "--output-len", "1", "--max-tpot-ms", "0.001", "-o", "serve.json"],
+     ["--max-tpot-ms 0.001", "--output-len 1", "no decode step"]),
 ])
 def test_serve_and_profile_options(tmp_path, args, needles):
     """``serve -o ''`` wrote ./serve.json and ``--timeline ''`` was dropped;

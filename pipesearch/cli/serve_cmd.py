@@ -275,6 +275,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                          f"more than {cfg.name}'s context of {context} (its position limit, max_position_embeddings or "
                          f"n_positions); an engine refuses "
                          f"such a max-model-len: lower them to a sum of {context} or less")
+    if max_tpot_ms is not None and output_len == 1:
+        raise InputError(f"--max-tpot-ms {max_tpot_ms:g} with --output-len 1: the one output token comes from the "
+                         "prefill, no decode step has a time per output token to limit; drop --max-tpot-ms (or "
+                         "limit the prefill with --max-ttft-ms)")
     workload = Workload(input_len, output_len)
     job = ServeJob(workload, concurrency=concurrency, request_rate=request_rate,
                    max_ttft_s=None if max_ttft_ms is None else max_ttft_ms / 1e3,
