@@ -709,3 +709,20 @@ def test_per_stage_recompute_exports_when_the_stages_agree():
     assert recompute_mode(with_options("full", "full"), "megatron") == "full"
     with pytest.raises(InputError, match="stage 0 full, stage 1 none"):
         recompute_mode(with_options("full", "none"), "megatron")
+
+
+def test_torchtitan_llama3_configs_are_llama31():
+    """torchtitan 0.3.0's llama3_8b is Llama-3.1-8B (its hf_assets_path):
+    both catalog 8B models get it, and Llama-3 8B's export says which
+    release that config loads and how to point it at Llama-3's files."""
+    plan = make_plan([2, 4, 4, 2], transformer_names(10), schedule="1f1b", m=4, tp=2, dp=2)
+    for name, noted in (("llama3-8b", True), ("llama3.1-8b", False)):
+        exp = export_plan(plan, "torchtitan", inputs={"model": {"name": name, "seq_len": 4096}})
+        assert exp["argv"][:4] == ["--module", "llama3", "--config", "llama3_8b"]
+        notes = [n for n in exp["notes"] if "Llama-3.1-8B" in n]
+        assert bool(notes) == noted
+        if noted:
+            assert "--hf_assets_path" in notes[0] and "same shapes as llama3-8b" in notes[0]
+    toml = export_plan(plan, "torchtitan", torchtitan_version="0.2",
+                       inputs={"model": {"name": "llama3.1-8b", "seq_len": 4096}})["config"]
+    assert toml["model"] == {"name": "llama3", "flavor": "8B"}

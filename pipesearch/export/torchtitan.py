@@ -172,11 +172,17 @@ RUNTIME_VERSION = "0.3.0"
 
 TORCHTITAN_CONFIGS = {
     "llama3-8b": ("llama3", "llama3_8b"),
+    "llama3.1-8b": ("llama3", "llama3_8b"),
     "llama3-70b": ("llama3", "llama3_70b"),
 }
 """pipesearch catalog model -> torchtitan 0.3.0 ``(--module, --config)``
 (``torchtitan/models/llama3/config_registry.py``; the tests check that the
-two configs have the same shape)."""
+configs have the same shape). ``llama3_8b`` is Llama-3.1-8B (its
+``hf_assets_path``); Llama-3 8B has the same shapes (:data:`CONFIG_IS_ANOTHER`)."""
+
+CONFIG_IS_ANOTHER = {"llama3-8b": "Llama-3.1-8B (hf_assets_path ./assets/hf/Llama-3.1-8B)"}
+"""Catalog models whose torchtitan config is a model of the same shapes but
+another release: what the config trains (a note of the export)."""
 
 AC_SUBCOMMANDS = {"none": "activation-checkpoint:none", "full": "activation-checkpoint:full",
                   "selective": "activation-checkpoint:selective"}
@@ -330,6 +336,9 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
         known = TORCHTITAN_CONFIGS.get(name)
         if known:
             module, config = module or known[0], config or known[1]
+            if name in CONFIG_IS_ANOTHER:
+                notes.append(f"torchtitan's {known[1]} is {CONFIG_IS_ANOTHER[name]}: the same shapes as {name}, so "
+                             f"the same costs; point --hf_assets_path at {name}'s tokenizer and weights to train it.")
         else:
             module, config = module or "MODULE", config or "CONFIG"
             placeholders = (f"pipesearch knows no torchtitan config for model {name or '(not given)'!r}: replace "

@@ -69,7 +69,7 @@ TOML_RUNTIME_VERSION = "0.2.2"
 HEAD_MODULES = ("norm", "output")
 """0.2.x Llama ``Transformer`` children after the blocks."""
 
-TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B")}
+TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3.1-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B")}
 """pipesearch catalog model -> 0.2.x ``[model] name, flavor``."""
 
 TOML_FIELDS = {
