@@ -256,6 +256,11 @@ class PipelineCosts:
     #: a stage adds its largest (without per-stage options, whose own
     #: transient tables hold it); None: none
     recompute_transient_table: np.ndarray | None = None
+    #: ``(P,)`` 1 or 0: whether stage ``s`` counts its one-at-a-time bytes
+    #: (:meth:`peak_extra_at`); a device computes one chunk at a time, so
+    #: :meth:`at_device_peak` keeps them on the chunk of each device that
+    #: has the most. None: every stage counts its own
+    extra_stages: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -549,8 +554,8 @@ class PipelineCosts:
             return np.take_along_axis(device, k[None], axis=0)[0]
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
-        return (params * self.state_bytes_per_param_byte
-                + self.activation_bytes(s, saved, i, j) + self.gathered_at(i, j) + self.recompute_transient_at(s, i, j))
+        return params * self.state_bytes_per_param_byte + self.activation_bytes(s, saved, i, j) + self.peak_extra_at(
+            s, i, j)
 
     def least_memory_bytes(self, s, i, j):
         """The least device bytes of stage(s) ``s`` holding ``[i, j)`` over
@@ -566,12 +571,24 @@ class PipelineCosts:
                 (len(device),) + np.shape(np.asarray(s)) + (1,) * (device.ndim - 1 - np.ndim(s))), device, np.inf)
         return device.min(axis=0)
 
+    def peak_extra_at(self, s, i, j):
+        """Bytes stage(s) ``s`` holding ``[i, j)`` hold only while one of
+        their layers runs: that layer's gathered ZeRO-3 / FSDP weights
+        (:meth:`gathered_at`) and its backward transient
+        (:meth:`recompute_transient_at`), each the largest over the layers;
+        0 for a stage whose device counts another chunk's
+        (:attr:`extra_stages`). A device runs one action at a time, so with
+        several stages per device it holds one stage's at a time
+        (:meth:`device_memory_bytes`)."""
+        extra = self.gathered_at(i, j) + self.recompute_transient_at(s, i, j)
+        return extra if self.extra_stages is None else extra * self.extra_stages[s]
+
     def recompute_transient_at(self, s, i, j):
         """The largest backward transient of the layers ``[i, j)`` of stage
         ``s`` (:attr:`recompute_transient_table`, times the stage's
         :meth:`activation_share_at`; 0 without one): one layer recomputes at
-        a time. With several stages per device each stage counts its own
-        (an upper bound of the device's)."""
+        a time (with several stages per device, one of the device's at a
+        time: :meth:`peak_extra_at`)."""
         if self.recompute_transient_table is None:
             return 0.0
         return range_max(self.recompute_transient_table, i, j) * self.activation_share_at(s)
@@ -633,8 +650,9 @@ class PipelineCosts:
         micro-batches). The values sum to :meth:`total_memory_bytes`."""
         params = float(self.param_prefix_bytes[j] - self.param_prefix_bytes[i])
         tied = float(self.tied_copy_bytes[s]) if self.tied_copy_bytes is not None else 0.0
+        counted = 1.0 if self.extra_stages is None else float(self.extra_stages[s])  # its device's one-at-a-time bytes
         gathered = (float(self.gathered_bytes[s]) if self.gathered_bytes is not None else 0.0) + float(
-            self.gathered_at(i, j))
+            self.gathered_at(i, j)) * counted
         out: dict[str, float] = {}
         option = self.option_name(s, i, j)
         offloaded, streamed = "offload" in option, "stream" in option or option.startswith("swap")
@@ -653,7 +671,7 @@ class PipelineCosts:
         out["gathered_weights"] = gathered
         if self.options is None:
             if self.recompute_transient_table is not None:
-                out["recompute_transient"] = float(self.recompute_transient_at(s, i, j))
+                out["recompute_transient"] = float(self.recompute_transient_at(s, i, j)) * counted
             out["activations"] = float(self.activation_bytes(s, self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i],
                                                              i, j))
         else:
@@ -905,23 +923,27 @@ class PipelineCosts:
         """With :attr:`chunk_states`: each device's peak bytes under the
         split ``bounds`` (``(P + 1,)`` or ``(n, P + 1)``), less its fixed
         bytes (:meth:`fixed_bytes`, compared with :attr:`capacity_bytes`,
-        which is net of them): its chunks' training state and gathered
-        weights plus ``max_q sum_c n_qc a_c``, ``n_q`` its count states and
-        ``a_c`` the saved bytes of one micro-batch of chunk ``c`` (exact:
-        :func:`pipesearch.schedules.chunk_states_of`). Returns ``(R,)`` or
-        ``(n, R)``."""
+        which is net of them): its chunks' training state, the most
+        one-at-a-time bytes of any of its chunks (:meth:`peak_extra_at`: it
+        runs one action at a time) and ``max_q sum_c n_qc a_c``, ``n_q``
+        its count states and ``a_c`` the saved bytes of one micro-batch of
+        chunk ``c`` (exact: :func:`pipesearch.schedules.chunk_states_of`).
+        Returns ``(R,)`` or ``(n, R)``."""
         bounds = np.asarray(bounds)
         s, i, j = np.arange(self.pp), bounds[..., :-1], bounds[..., 1:]
         R, _, v = self.chunk_states.shape
         rest = self.resident_bytes(s, i, j)
-        return rest.reshape(rest.shape[:-1] + (v, R)).sum(axis=-2) + self._state_activations(bounds).max(axis=-1)
+        extra = np.broadcast_to(self.peak_extra_at(s, i, j), rest.shape)
+        return (rest.reshape(rest.shape[:-1] + (v, R)).sum(axis=-2) + extra.reshape(extra.shape[:-1] + (v, R)).max(
+            axis=-2) + self._state_activations(bounds).max(axis=-1))
 
     def resident_bytes(self, s, i, j):
         """:meth:`memory_bytes` of stage(s) ``s`` holding ``[i, j)`` less its
-        in-flight activations (its training state and gathered weights):
-        what it holds whatever its micro-batches (without per-stage options,
-        as :attr:`chunk_states` needs)."""
-        return self.memory_bytes(s, i, j) - self.saved_bytes(s, i, j) * self.in_flight[s]
+        in-flight activations and its one-at-a-time bytes
+        (:meth:`peak_extra_at`): its training state, what it holds whatever
+        its micro-batches and actions (without per-stage options, as
+        :attr:`chunk_states` needs)."""
+        return self.memory_bytes(s, i, j) - self.saved_bytes(s, i, j) * self.in_flight[s] - self.peak_extra_at(s, i, j)
 
     def _state_activations(self, bounds) -> np.ndarray:
         """``(.., R, Q)``: the activation bytes each device holds at each of
@@ -937,15 +959,22 @@ class PipelineCosts:
     def at_device_peak(self, bounds) -> "PipelineCosts":
         """With :attr:`chunk_states`: these costs with each stage's
         ``in_flight`` its count at its device's peak state under the one
-        split ``bounds`` (:meth:`device_memory_bytes`), so that the stages'
-        :meth:`memory_bytes` (and :meth:`memory_breakdown`) add up to their
-        device's peak; these costs unchanged without."""
+        split ``bounds`` (:meth:`device_memory_bytes`) and the one-at-a-time
+        bytes (:meth:`peak_extra_at`) on each device's chunk with the most
+        (:attr:`extra_stages`), so that the stages' :meth:`memory_bytes`
+        (and :meth:`memory_breakdown`) add up to their device's peak; these
+        costs unchanged without."""
         if self.chunk_states is None:
             return self
-        R = self.chunk_states.shape[0]
+        R, _, v = self.chunk_states.shape
         q = np.argmax(self._state_activations(bounds), axis=-1)
         counts = self.chunk_states[np.arange(R), q]  # (R, v): stage c R + r holds counts[r, c]
-        return replace(self, in_flight=counts.T.reshape(-1))
+        bounds = np.asarray(bounds)
+        s, i, j = np.arange(self.pp), bounds[:-1], bounds[1:]
+        extra = np.broadcast_to(self.gathered_at(i, j) + self.recompute_transient_at(s, i, j), (self.pp,))
+        keep = np.zeros((v, R))
+        keep[np.argmax(extra.reshape(v, R), axis=0), np.arange(R)] = 1.0  # each device's chunk with the most
+        return replace(self, in_flight=counts.T.reshape(-1), extra_stages=keep.reshape(-1))
 
     def device_fits(self, bounds) -> np.ndarray:
         """With :attr:`chunk_states`: whether each device holds its chunks

@@ -1104,22 +1104,26 @@ def _witness(costs: PipelineCosts, cache: dict | None = None) -> tuple[int, ...]
 def _device_pairs_fit(costs: PipelineCosts, r: int, n: int) -> np.ndarray:
     """``(n, n, n, n)`` bools ``[i, u, j, w]``: whether device ``r`` holds
     stage ``r`` on ``[i, j)`` and stage ``pp + r`` on ``[u, w)`` (both
-    ranges of at least one layer) at every one of its count states."""
+    ranges of at least one layer) at every one of its count states
+    (:meth:`PipelineCosts.device_memory_bytes`' rule)."""
     R = costs.chunk_states.shape[0]
     i, j = np.triu_indices(n, 1)
     terms = []
     for s in (r, R + r):
         rest = np.full((n, n), np.inf)
         act = np.zeros((n, n))
+        extra = np.zeros((n, n))
         ok = costs.fits(s, i, j)
         rest[i, j] = np.where(ok, costs.resident_bytes(s, i, j), np.inf)
         act[i, j] = costs.saved_bytes(s, i, j)
-        terms.append((rest, act))
-    (rest0, act0), (rest1, act1) = terms
-    peak = np.zeros((n, n, n, n))
+        extra[i, j] = costs.peak_extra_at(s, i, j)
+        terms.append((rest, act, extra))
+    (rest0, act0, extra0), (rest1, act1, extra1) = terms
+    peak = np.maximum(extra0[:, None, :, None], extra1[None, :, None, :])  # one chunk's at a time
+    held = np.zeros((n, n, n, n))
     for n0, n1 in costs.chunk_states[r]:
-        peak = np.maximum(peak, n0 * act0[:, None, :, None] + n1 * act1[None, :, None, :])
-    return rest0[:, None, :, None] + rest1[None, :, None, :] + peak <= costs.capacity_bytes[r]
+        held = np.maximum(held, n0 * act0[:, None, :, None] + n1 * act1[None, :, None, :])
+    return rest0[:, None, :, None] + rest1[None, :, None, :] + peak + held <= costs.capacity_bytes[r]
 
 
 def _greedy_split_fits(costs: PipelineCosts) -> bool:
@@ -1749,12 +1753,15 @@ def _rank_memory_fits(least: np.ndarray, capacity_bytes: np.ndarray, pp: int) ->
 
 def _least_stage_bytes(costs: PipelineCosts, ks, d, i, pp: int, W: int) -> np.ndarray:
     """``(Q, S, W)``: the least bytes stage ``s`` of ``d`` layers adds to its
-    device at each count state ``q`` (its training state and gathered
-    weights, plus its chunk's count at ``q`` times one micro-batch's saved
+    device at each count state ``q`` (its training state, plus its
+    chunk's count at ``q`` times one micro-batch's saved
     bytes), over its starts among the ranges ``(ks, d, i)`` of
-    :func:`_stage_ranges` (:func:`_stage_minima`; ``inf`` where none)."""
+    :func:`_stage_ranges` (:func:`_stage_minima`; ``inf`` where none).
+    The first chunk's stages add their one-at-a-time bytes
+    (:meth:`PipelineCosts.peak_extra_at`): a device holds the most of its
+    chunks', at least its first chunk's."""
     act = np.asarray(costs.saved_bytes(ks, i, i + d), dtype=float)
-    rest = costs.resident_bytes(ks, i, i + d)
+    rest = costs.resident_bytes(ks, i, i + d) + np.where(ks < pp, costs.peak_extra_at(ks, i, i + d), 0.0)
     counts = costs.chunk_states[ks % pp, :, ks // pp]  # (ranges, Q): each range's chunk count at every state
     return _stage_minima([rest + counts[:, q] * act for q in range(counts.shape[1])], ks, d, costs.pp, W)
 
@@ -2423,6 +2430,7 @@ class _Expander:
         if self.states is not None:
             acc["mem"] = np.zeros((1,) + self.states.shape[:2])
             acc["peak"] = np.zeros((1, self.states.shape[0]))
+            acc["extra"] = np.zeros((1, self.states.shape[0]))
         own = np.zeros((len(self.tables.fam.get("device", ())), 1))
         return _Kids(-1, [0], [-np.inf], [0], [1], np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), acc, own)
 
@@ -2436,7 +2444,7 @@ class _Expander:
                 dev = val[kids.par[cols]]
                 dev[:, :, kids.stage % self.pp] = kids.own[:, cols].T
                 out[kind] = dev
-            elif kind in ("count", "mem", "peak"):
+            elif kind in ("count", "mem", "peak", "extra"):
                 out[kind] = val[cols]
             else:
                 out[kind] = val[..., cols]
@@ -2525,8 +2533,8 @@ class _Expander:
                 np.add.at(fam_lb, idx, tot)
         lb = fam_lb.max(axis=0)
         if self.states is not None:
-            new["mem"], new["peak"] = self._device_bytes(s, np.asarray(starts)[par], j, acc["mem"][par],
-                                                         acc["peak"][par], lb)
+            new["mem"], new["peak"], new["extra"] = self._device_bytes(
+                s, np.asarray(starts)[par], j, acc["mem"][par], acc["peak"][par], acc["extra"][par], lb)
         if self.counter is not None and s < self.S - 1:  # only children that may still be expanded
             live = np.flatnonzero(lb < limit)
             states = np.zeros((T, 4, self.pp))
@@ -2544,16 +2552,19 @@ class _Expander:
 
 
     def _device_bytes(self, s: int, i: np.ndarray, j: np.ndarray, before: np.ndarray, peak: np.ndarray,
-                      lb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                      extra: np.ndarray, lb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """With several stages per device: ``(T, R, Q)`` bytes each child's
         devices hold so far at each count state (``before``, the parents',
         a copy of them, updated in place), stage ``s`` on ``[i, j)`` added to
-        its device (its training state and gathered weights, and the state's
-        count of its chunk times one micro-batch's saved bytes;
+        its device (its training state, and the state's count of its chunk
+        times one micro-batch's saved bytes), ``(T, R)`` the most
+        one-at-a-time bytes of each device's stages so far (``extra``, the
+        parents', a copy, in place; :meth:`PipelineCosts.peak_extra_at`),
+        and ``(T, R)`` each device's peak over the states plus that
+        (``peak``, the parents', a copy, in place:
         :meth:`PipelineCosts.device_memory_bytes` of the stages placed, the
-        rest holding at least nothing), and ``(T, R)`` each device's peak
-        over the states (``peak``, the parents', a copy, in place: only the
-        device of stage ``s`` changes, so its row alone is reduced). A child
+        rest holding at least nothing; only the device of stage ``s``
+        changes, so its row alone is reduced). A child
         whose device already exceeds its capacity at some state has no
         split that fits below it, nor one whose layers left need more
         training-state bytes than the devices have left together (each
@@ -2565,11 +2576,12 @@ class _Expander:
         act = np.asarray(costs.saved_bytes(s, i, j), dtype=float)
         out = before
         out[:, r, :] += costs.resident_bytes(s, i, j)[:, None] + act[:, None] * self.states[r, :, c][None, :]
-        peak[:, r] = out[:, r, :].max(axis=1)
+        extra[:, r] = np.maximum(extra[:, r], costs.peak_extra_at(s, i, j))
+        peak[:, r] = out[:, r, :].max(axis=1) + extra[:, r]
         left = (costs.param_prefix_bytes[-1] - costs.param_prefix_bytes[j]) * costs.state_bytes_per_param_byte
         cap = costs.capacity_bytes[:R]
         lb[(peak[:, r] > cap[r]) | (peak.sum(axis=1) + left > cap.sum())] = np.inf
-        return out, peak
+        return out, peak, extra
 
 
 def _branch_and_bound(tables: _Tables, ev: _Evaluator, S: int, L: int, pp: int, best: float, tie_rel: float,
