@@ -100,12 +100,18 @@ PRECISIONS = ("auto", "fp32", "fp16")
 
 
 def profile_precision(profile: ModelProfile, precision: str = "auto") -> str:
-    """``"fp32"`` or ``"fp16"``: ``"auto"`` is fp32 for a profile with 4-byte
-    parameters, fp16 otherwise."""
+    """The rate at which ``profile``'s times convert between device types
+    (:func:`pipesearch.placement.device_rate_flops`): ``"fp32"`` or
+    ``"fp16"``, ``"auto"`` fp32 for a profile with 4-byte parameters, fp16
+    otherwise; fp16 as ``"fp16@N"`` for a layer table computed at GEMM
+    size ``N`` (:attr:`ModelProfile.gemm_size`: each type's rate at that
+    size, as the table's own)."""
     if precision not in PRECISIONS:
         raise InputError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     if precision == "auto":
-        return "fp32" if profile.bytes_per_param == 4 else "fp16"
+        precision = "fp32" if profile.bytes_per_param == 4 else "fp16"
+    if precision == "fp16" and profile.gemm_size > 0:
+        return f"fp16@{profile.gemm_size:g}"
     return precision
 
 

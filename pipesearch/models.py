@@ -255,7 +255,8 @@ def load_model_source(
                 "seq_len": seq_len or cfg.seq_len, "hidden_size": cfg.hidden_size,
                 **({"decoder_seq_len": decoder_tokens(cfg, seq_len or cfg.seq_len)} if cfg.is_encoder_decoder else {}),
                 "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size,
-                "transformer": {k: v for k, v in asdict(cfg).items() if k != "source"}}
+                "transformer": {k: v for k, v in asdict(cfg).items()
+                                if k != "source" and not (k == "decoder_seq_len" and v is None)}}
         # the layer tables are computed for the reference type; other types scale by FLOP rate
         return ModelSource(cfg.name, tuple(variants), info, device, cfg)
     if seq_len is not None:

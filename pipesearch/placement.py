@@ -39,16 +39,24 @@ def device_rate_flops(spec: DeviceSpec, precision: str) -> float:
     """The rate (FLOP/s) layer times are scaled by between device types:
     ``peak_fp32_flops`` for ``"fp32"`` profiles (measured without tensor
     cores, e.g. PipeDream's), ``peak_fp16_flops * achieved_fraction`` for
-    ``"fp16"`` (mixed-precision training).
+    ``"fp16"`` (mixed-precision training), ``peak_fp16_flops *
+    achieved_fraction_at(N)`` for ``"fp16@N"`` (a transformer's layer
+    table, computed at GEMM size ``N``: :func:`pipesearch.costs.profile_precision`).
 
     Raises:
         InputError: another precision.
     """
-    if precision == "fp32":
+    base, at, size = precision.partition("@")
+    if base == "fp32" and not at:
         return spec.peak_fp32_flops
-    if precision == "fp16":
-        return spec.peak_fp16_flops * spec.achieved_fraction
-    raise InputError(f"precision {precision!r}: expected fp32 or fp16")
+    if base == "fp16":
+        try:
+            fraction = spec.achieved_fraction_at(float(size)) if at else spec.achieved_fraction
+        except ValueError:
+            fraction = None
+        if fraction is not None:
+            return spec.peak_fp16_flops * fraction
+    raise InputError(f"precision {precision!r}: expected fp32, fp16 or fp16@<GEMM size>")
 
 
 def node_ids(cluster: Cluster) -> np.ndarray:

@@ -122,6 +122,12 @@ class ModelProfile:
             0 when the model has no tokens).
         model_flops_per_sample: PaLM's model FLOPs of one sample, forward
             and backward, without recomputation (0 when unknown).
+        gemm_size: the GEMMs' inner dimension (a transformer's hidden size)
+            at which the times were computed on ``profiled_device``
+            (:meth:`DeviceSpec.achieved_fraction_at`): times convert between
+            device types at that size's rates
+            (:func:`pipesearch.costs.profile_precision`); 0: measured times,
+            converted at each type's flat ``achieved_fraction``.
         wgrad_saved_fraction: share of the saved activation bytes still held
             between a micro-batch's input-gradient and weight-gradient steps
             (zero-bubble schedules; the inputs of the weight-gradient GEMMs,
@@ -142,6 +148,7 @@ class ModelProfile:
     wgrad_saved_fraction: float = 1.0
     tokens_per_sample: int = 0
     model_flops_per_sample: float = 0.0
+    gemm_size: float = 0.0
 
     #: why a profile that does not :attr:`takes_time` is refused
     NO_TIME = ("every layer has zero forward and backward time, so every plan would take 0 s; "

@@ -296,3 +296,28 @@ def test_groups_of_one_device_and_link_plan_as_one_group():
     assert not slower.is_uniform
     # no [inter_group]: the groups meet over inter_node (Cluster.link), alike as well
     assert Cluster("none", two.groups, two.intra_node, two.inter_node, None).is_uniform
+
+
+def test_transformer_times_convert_between_types_at_their_gemm_size():
+    """A transformer's layer table is computed at its hidden size's GEMM
+    efficiency (``achieved_fraction_at``); a stage on another type is timed
+    at that type's rate at the same size: GPT-3 1.3B's blocks planned on an
+    H100 reference and placed on an A100 take the time of the A100's own
+    layer table (3.094x here, not the flat fractions' 3.196x)."""
+    from pipesearch.costs import device_time_scale, profile_precision
+    from pipesearch.hardware import load_device
+    from pipesearch.profiles.transformer import layer_table, load_transformer
+    from pipesearch.catalog import resolve
+
+    cfg = load_transformer(resolve("model", "gpt3-1.3b"))
+    h100, a100 = load_device("h100-80gb"), load_device("a100-80gb")
+    on_h100, on_a100 = layer_table(cfg, device=h100), layer_table(cfg, device=a100)
+    scale = device_time_scale(h100, a100, profile_precision(on_h100))
+    for mine, theirs in zip(on_h100.layers, on_a100.layers):
+        assert mine.fwd_s * scale == pytest.approx(theirs.fwd_s, rel=1e-12)
+        assert mine.bwd_s * scale == pytest.approx(theirs.bwd_s, rel=1e-12)
+    assert profile_precision(on_h100) == "fp16@2048"
+    # a measured profile (no GEMM size) converts at the flat fractions
+    measured = ModelProfile(name="m", layers=on_h100.layers, profiled_batch_size=1, bytes_per_param=2.0)
+    flat = (h100.peak_fp16_flops * h100.achieved_fraction) / (a100.peak_fp16_flops * a100.achieved_fraction)
+    assert device_time_scale(h100, a100, profile_precision(measured)) == pytest.approx(flat, rel=1e-15)

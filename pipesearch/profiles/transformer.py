@@ -1386,4 +1386,5 @@ def layer_table(
                                  default=1.0),
         tokens_per_sample=s + sd if cfg.is_encoder_decoder else s,
         model_flops_per_sample=palm_model_flops(cfg, s, decoder_seq_len=sd if cfg.is_encoder_decoder else None),
+        gemm_size=float(cfg.hidden_size),
     )
