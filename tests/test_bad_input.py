@@ -319,6 +319,20 @@ def test_a_figure_path_that_cannot_be_written_leaves_every_output_alone(tmp_path
                    "figs/timeline.png", "is a directory")
 
 
+@pytest.mark.parametrize("args,clash", [
+    (["-o", "stages.png", "--plot-dir", "."], "--plot-dir stages.png: the same file as -o stages.png"),
+    (["--all-points", "figs/space.png", "--plot-dir", "figs"],
+     "--plot-dir figs/space.png: the same file as --all-points figs/space.png"),
+])
+def test_an_output_that_is_a_figure_of_plot_dir_is_refused(tmp_path, args, clash):
+    """``plan -o stages.png --plot-dir .`` wrote the plan file, then the
+    figure over it (exit 0, the plans lost); --all-points likewise."""
+    (tmp_path / "figs").mkdir()
+    write(tmp_path / "stages.png", "OLD\n")
+    assert_refused(tmp_path, ["plan", *args], clash)
+    assert (tmp_path / "stages.png").read_text() == "OLD\n" and not list((tmp_path / "figs").iterdir())
+
+
 @pytest.mark.parametrize("command", [["validate"], ["export", "--format", "torch"]])
 def test_an_unknown_recompute_mode_is_refused_by_the_schema(tmp_path, plan_doc, command):
     """validate passed plans[0].options.recompute = "weird", which export

@@ -551,17 +551,19 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     out = check_writable(output, "plan file (-o)") if output is not None else None  # a file only when asked for
     if all_points is not None:
         check_writable(all_points, "--all-points")
-    check_distinct_paths({"-o": output, "--all-points": all_points},
-                          [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
     if plot_dir == "":
         raise InputError("--plot-dir: empty directory name; give a directory")
+    figures = []
     if plot_dir:
-        plot_dir = check_directory(plot_dir, "--plot-dir")  # made when the figures are written
-        if plot_dir.is_dir():  # every figure's file too, before anything is written
-            from ..plots.common import KINDS
+        from ..plots.common import KINDS
 
-            for kind in KINDS:
-                check_writable(plot_dir / f"{kind}.png", "--plot-dir figure")
+        plot_dir = check_directory(plot_dir, "--plot-dir")  # made when the figures are written
+        figures = [("--plot-dir", plot_dir / f"{kind}.png") for kind in KINDS]
+        if plot_dir.is_dir():  # every figure's file too, before anything is written
+            for _, path in figures:
+                check_writable(path, "--plot-dir figure")
+    check_distinct_paths([("-o", output), ("--all-points", all_points), *figures],
+                         [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
     reserve = parse_size_option("--memory-reserve", memory_reserve)
     search_budget = parse_size_option("--max-search-memory", max_search_memory)
     if optimizer_bytes_per_param is not None and not math.isfinite(optimizer_bytes_per_param):
