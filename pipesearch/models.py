@@ -244,11 +244,12 @@ def load_model_source(
                 f"(e.g. --seq-len {HF_SEQ_LEN_WARNING}) for the sequences you train on"
             )
         context = cfg.max_position_embeddings
-        if seq_len is not None and context is not None and seq_len > context:
+        if context is not None and cfg.seq_len > context:
+            given = f"--seq-len {seq_len}" if seq_len is not None else f"{path}: seq_len = {cfg.seq_len}"
             warnings.append(
-                f"--seq-len {seq_len} is longer than {cfg.name}'s context of {context} tokens (its "
-                f"max_position_embeddings): training at {seq_len} needs its positions extended (e.g. rotary "
-                f"scaling); the exports pass {seq_len} as the position limit"
+                f"{given} is longer than {cfg.name}'s context of {context} tokens (its "
+                f"max_position_embeddings): training at {cfg.seq_len} needs its positions extended (e.g. rotary "
+                f"scaling); the exports pass {cfg.seq_len} as the position limit"
             )
         info = {"name": cfg.name, "kind": "transformer", "file": str(path), "num_layers": variants[0].profile.num_layers,
                 "layers_description": describe_layers(names), "warnings": warnings,

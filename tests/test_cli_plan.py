@@ -519,6 +519,18 @@ def test_sequences_longer_than_the_context_are_warned_of():
     assert "--seq-len 100000 is longer than qwen3-1.7b's context of 40960 tokens" in res.output
 
 
+def test_a_config_whose_sequence_is_longer_than_its_context_is_warned_of(tmp_path):
+    """The same length written in the TOML (rotary positions, so not refused)
+    planned with no warning at all."""
+    text = (REPO / "cost_models" / "qwen3-1.7b.toml").read_text()
+    assert "\nseq_len = " in text
+    lines = [("seq_len = 100000" if line.startswith("seq_len = ") else line) for line in text.splitlines()]
+    (tmp_path / "long.toml").write_text("\n".join(lines) + "\n")
+    res = run(["plan", "-q", "--model", "long.toml", "--cluster", "1x8-a100-80gb", "-b", "16", "--top", "1"], tmp_path)
+    assert res.exit_code == 0, res.output
+    assert "long.toml: seq_len = 100000 is longer than long's context of 40960 tokens" in res.output
+
+
 def test_a_plan_above_a_faster_one_is_explained():
     """The tie rule may rank a plan above a faster one within 0.1%: a line
     says which ranks and why; none when the near-ties are in time order."""
