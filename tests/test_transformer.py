@@ -627,8 +627,8 @@ def test_bad_layer_table_options():
     gpt3 = load_transformer(CATALOG / "gpt3-1.3b.toml")
     with pytest.raises(InputError, match="learned position table"):
         layer_table(gpt3, device=A100, seq_len=4096)
-    with pytest.raises(InputError, match="max_position_embeddings"):
-        load_transformer(CATALOG / "gpt3-1.3b.toml", seq_len=4096)
+    with pytest.raises(InputError, match=r"'seq_len \(--seq-len\)' = 4096 exceeds 'transformer.max_position_embeddings'"):
+        load_transformer(CATALOG / "gpt3-1.3b.toml", seq_len=4096)  # named as the option that gave it
     assert load_transformer(CATALOG / "gpt3-1.3b.toml", seq_len=1024).max_position_embeddings == 2048
     with pytest.raises(InputError, match="heads"):
         replace(gpt3, num_attention_heads=24)

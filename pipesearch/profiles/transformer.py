@@ -620,7 +620,7 @@ def load_hf_config(
         keys["seq_len"] = pos_key
     else:
         values["seq_len"] = seq_len
-        keys["seq_len"] = "seq_len (argument)"
+        keys["seq_len"] = "seq_len (--seq-len)"
     if name is None:
         ref = _hub_reference(d)
         folder = p.resolve().parent.name  # a relative "config.json" still names its folder
@@ -727,7 +727,7 @@ def load_transformer(path: str | Path, seq_len: int | None = None) -> Transforme
             values["seq_len"] = seq_len
             if cfg.position_embedding == "learned":
                 values["max_position_embeddings"] = cfg.max_position_embeddings
-            _validate(values, str(p), {"seq_len": "seq_len (argument)",
+            _validate(values, str(p), {"seq_len": "seq_len (--seq-len)",
                                        "max_position_embeddings": "transformer.max_position_embeddings"})
             cfg = replace(cfg, seq_len=seq_len)
         return cfg
