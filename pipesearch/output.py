@@ -153,6 +153,18 @@ def write_text(path: str | os.PathLike[str], text: str, what: str = "output") ->
     return write_output(path, lambda f: f.write_text(text), what)
 
 
+def check_suffix(path: str | os.PathLike[str] | None, flag: str, suffix: str, what: str) -> None:
+    """Refuse an output name that does not end in ``suffix`` (any case):
+    ``what`` says what the file holds (a ``.png`` name for a plan file is
+    a slip, and the commands that read it back go by the content).
+
+    Raises:
+        InputError: naming the flag, the path and the suffix to give.
+    """
+    if path and Path(path).suffix.lower() != suffix:
+        raise InputError(f"{flag} {path}: {what}; give a name ending in {suffix}")
+
+
 def check_distinct_paths(outputs, inputs) -> None:
     """Refuse an output path that is another output's or an input file's
     (it would be overwritten), before anything is written: ``{flag: path or

@@ -319,6 +319,19 @@ def test_a_figure_path_that_cannot_be_written_leaves_every_output_alone(tmp_path
                    "figs/timeline.png", "is a directory")
 
 
+@pytest.mark.parametrize("args,needles", [
+    (["plan", "-o", "plan.png"], ["-o plan.png", "the plan file is JSON", "ending in .json"]),
+    (["plan", "--all-points", "points.json"], ["--all-points points.json", "CSV", "ending in .csv"]),
+    (["serve", "-o", "serve.png"], ["-o serve.png", "JSON", "ending in .json"]),
+])
+def test_an_output_name_with_another_format_s_suffix_is_refused(tmp_path, args, needles):
+    """``plan -o plan.png`` wrote plan JSON under a figure's name, ``serve
+    -o serve.png`` likewise, ``--all-points x.json`` CSV (export, plot and
+    profile already refused theirs)."""
+    assert_refused(tmp_path, args, *needles)
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("args,clash", [
     (["-o", "stages.png", "--plot-dir", "."], "--plot-dir stages.png: the same file as -o stages.png"),
     (["--all-points", "figs/space.png", "--plot-dir", "figs"],

@@ -17,7 +17,7 @@ from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
-from ..output import check_directory, check_distinct_paths, check_writable, write_output
+from ..output import check_directory, check_distinct_paths, check_suffix, check_writable, write_output
 from ..output_table import format_table
 from ..placement import memory_bytes_of, rank_memory
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
@@ -564,6 +564,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                 check_writable(path, "--plot-dir figure")
     check_distinct_paths([("-o", output), ("--all-points", all_points), *figures],
                          [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
+    check_suffix(output, "-o", ".json", "the plan file is JSON")
+    check_suffix(all_points, "--all-points", ".csv", "the table of every point is CSV")
     reserve = parse_size_option("--memory-reserve", memory_reserve)
     search_budget = parse_size_option("--max-search-memory", max_search_memory)
     if optimizer_bytes_per_param is not None and not math.isfinite(optimizer_bytes_per_param):

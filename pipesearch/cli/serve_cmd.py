@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..hardware import describe_cluster, device_files, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
-from ..output import check_distinct_paths, check_writable, short_path, write_text
+from ..output import check_distinct_paths, check_suffix, check_writable, short_path, write_text
 from ..profiles.transformer import guessed_family_note, hf_checkpoint, hf_quantization_config, load_transformer
 from ..serve.dtypes import (KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, checkpoint_weight_dtype, kv_dtype_bytes,
                             runs_bf16, weight_format)
@@ -229,6 +229,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
             raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
     check_distinct_paths({"-o": output, "--timeline": timeline},
                          [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
+    check_suffix(output, "-o", ".json", "the serving plan file is JSON")
     if simulate_top < 1:
         given = [f"--{name.replace('_', '-')}" for name in ("num_requests", "seed")
                  if option_given(click.get_current_context(), name)]
