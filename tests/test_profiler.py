@@ -484,6 +484,8 @@ def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_pa
         (["profile", gpt, "--input-shape", "8", "-b", "2", "--input-dtype", "long", "--vocab-size", "100000",
           "-o", "o.csv"], "above the model's first embedding's 512 entries"),
         (["profile", "models.py:small", *base[:4], "--name", " ", "-o", "o.csv"], "--name: empty"),
+        # it named the CSV's temporary file (the name is a header line)
+        (["profile", "models.py:small", *base[:4], "--name", "a,b\nc", "-o", "o.csv"], "--name 'a,b\\nc': the profile's name must be one line"),
         (["profile", f"{tmp_path}:small", *base], "is a directory"),
         (["profile", "models.py:leaves", *base], "called sys.exit(0)"),
     ]

@@ -104,6 +104,9 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
         raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
     if name is not None and not name.strip():
         raise InputError("--name: empty; give the model's name, or leave the option out (the factory's module name)")
+    if name is not None and ("\n" in name or "\r" in name or name != name.strip()):
+        raise InputError(f"--name {name!r}: the profile's name must be one line without leading or trailing "
+                         "blanks (it is a header line of the CSV)")
     if hf_config is not None and input_dtype == "float" and click.get_current_context().get_parameter_source(
             "input_dtype") == click.core.ParameterSource.COMMANDLINE:
         raise InputError("--input-dtype float: --hf-config profiles a language model on token ids (long); "
