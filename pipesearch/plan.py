@@ -48,6 +48,7 @@ from .errors import InputError, PlanFormatError
 from .input_files import parse_failure, read_input_text
 from .output import write_text
 from .schema import Problem, schema_problems
+from .schema.digests import planned_digests
 from .schema.semantics import semantic_problems
 from .types import Plan, Prediction, StagePlan
 
@@ -197,6 +198,7 @@ def to_json(plan_file: PlanFile) -> str:
         "plans": [plan_to_dict(p) | ({} if e is None else {"exports": _thaw(e, copy_strings=False)})
                   for p, e in zip(plan_file.plans, exports)],
     }
+    doc["digests"] = planned_digests(doc)
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     if not compact:
         return text

@@ -21,6 +21,7 @@ import pytest
 
 from helpers import tiny_cluster, tiny_profile
 from pipesearch import plan as planlib
+from pipesearch.schema.digests import planned_digests
 from pipesearch.errors import InputError
 from pipesearch.placement import all_distinct, check_layout
 from pipesearch.plan import PlanFile, _cell, _column_cells, points_block, to_json
@@ -114,6 +115,7 @@ def _old_to_json(plan_file: PlanFile) -> str:
         search["points"] = planlib._POINTS_MARK
     doc = {"schema": planlib.SCHEMA, "inputs": planlib._thaw(plan_file.inputs), "search": search,
            "plans": [planlib.plan_to_dict(p, e) for p, e in zip(plan_file.plans, exports)]}
+    doc["digests"] = planned_digests(doc)  # (added since: the digests of what the plans were computed from)
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     if not compact:
         return text

@@ -9,6 +9,7 @@ from ..errors import InputError, PlanFormatError
 from ..plan import _from_document, parse_document, read_plan_text
 from ..schema import schema_problems
 from ..schema.records import record_problems
+from ..schema.digests import digest_problems
 from ..schema.semantics import semantic_problems
 from . import main
 
@@ -124,7 +125,7 @@ def staged_problems(doc: dict) -> tuple[str, list[str]]:
     problems = record_problems(doc)
     if problems:
         return "records", [str(p) for p in problems]
-    return "replay", replay_problems(doc)
+    return "replay", replay_problems(doc) + [str(p) for p in digest_problems(doc)]
 
 
 @main.command("validate")
@@ -137,8 +138,10 @@ def validate_command(plans):
 
     Also: stages fit their devices' memory, ranks follow the iteration time,
     a RoundPipe or Mobius plan's recorded copies and host terms follow from
-    its stage bytes and the cluster's [host] table, and each plan's predicted
-    iteration time is the simulated time of its own stage terms (a replay).
+    its stage bytes and the cluster's [host] table, each plan's predicted
+    iteration time is the simulated time of its own stage terms (a replay),
+    and the inputs and each plan's degrees, schedule and options are those
+    it was planned for (the file's digests).
 
     Prints one line per problem on stdout (and, when the schema or the
     recorded terms fail, a line saying the later checks wait for them) and

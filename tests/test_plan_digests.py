@@ -1,0 +1,89 @@
+"""A plan file records digests of what its plans were computed from (inputs
+and each plan's degrees, schedule and options): ``validate`` and ``export``
+name the part an edit changed. Before, a plan of GPT-3 1.3B with
+``hidden_size`` edited to 4096 validated and exported a Megatron launch of
+a model four times larger, with the figures of 1.3B; ``recompute`` edited to
+``full`` exported full recomputation with the times and bytes of none."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+from pipesearch.schema.digests import digest
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("digests") / "gpt.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "64",
+                                    "--top", "2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text())
+
+
+def _write(tmp_path, doc, name="p.json", **dump):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc, **dump))
+    return path
+
+
+def _validate(path):
+    return CliRunner().invoke(main, ["validate", str(path)])
+
+
+def test_digests_are_of_the_written_parts(doc):
+    """Each digest is the SHA-256 of its part's canonical JSON, computed here
+    with hashlib on the text as read back."""
+    import hashlib
+
+    assert set(doc["digests"]) == {"inputs.model", "inputs.cluster", "inputs.job"} | {
+        f"plans[{k}].{part}" for k in range(2) for part in ("parallelism", "schedule", "options")}
+    text = json.dumps(doc["inputs"]["job"], sort_keys=True, separators=(",", ":"))
+    assert doc["digests"]["inputs.job"] == "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    assert doc["digests"]["plans[1].options"] == digest(doc["plans"][1]["options"])
+
+
+def test_an_untouched_file_in_any_layout_and_one_without_digests_are_valid(tmp_path, doc):
+    assert _validate(_write(tmp_path, doc, indent=1, sort_keys=True)).exit_code == 0  # another layout, same values
+    old = {k: v for k, v in doc.items() if k != "digests"}  # written before digests: not checked
+    assert _validate(_write(tmp_path, old, name="old.json")).exit_code == 0
+
+
+@pytest.mark.parametrize("where,edit", [
+    ("inputs.model", lambda d: d["inputs"]["model"]["transformer"].update(hidden_size=4096)),
+    ("inputs.model", lambda d: d["inputs"]["model"]["transformer"].update(vocab_size=1)),
+    ("inputs.model", lambda d: d["inputs"]["model"].update(name="llama3-8b")),
+    ("inputs.job", lambda d: d["inputs"]["job"]["comm_overlap"].update(grad_reduce=True)),
+    ("inputs.job", lambda d: d["inputs"]["job"].update(state_bytes_per_param=0)),
+    ("plans[0].options", lambda d: d["plans"][0]["options"].update(recompute="full")),
+    ("plans[1].options", lambda d: d["plans"][1]["options"].update(placement="pipeline")),
+])
+def test_an_edited_part_is_named_by_validate_and_export(tmp_path, doc, where, edit):
+    bad = copy.deepcopy(doc)
+    edit(bad)
+    path = _write(tmp_path, bad)
+    res = _validate(path)
+    assert res.exit_code == 2 and f"{where}: edited after planning" in res.output, res.output
+    rank = 1 if where.startswith("plans[0]") else 2
+    out = tmp_path / "launch.sh"
+    res = CliRunner().invoke(main, ["export", str(path), "--rank", str(rank), "--format", "megatron", "-o", str(out)])
+    assert res.exit_code == 2 and f"{where}: edited after planning" in res.output and not out.exists()
+    edit_back = copy.deepcopy(bad)
+    edit_back[where.split(".")[0].split("[")[0]] = copy.deepcopy(doc[where.split(".")[0].split("[")[0]])
+    assert _validate(_write(tmp_path, edit_back, name="restored.json")).exit_code == 0  # restored: valid again
+
+
+def test_a_plan_added_or_removed_is_named(tmp_path, doc):
+    fewer = copy.deepcopy(doc)
+    fewer["plans"] = fewer["plans"][:1]
+    res = _validate(_write(tmp_path, fewer))
+    assert res.exit_code == 2 and "plans[1].parallelism: in the file's digests but gone" in res.output
+    more = copy.deepcopy(doc)
+    del more["digests"]["plans[1].schedule"]
+    res = _validate(_write(tmp_path, more, name="more.json"))
+    assert res.exit_code == 2 and "plans[1].schedule: not in the file's digests" in res.output
