@@ -79,6 +79,31 @@ def test_cli_writes_plans_with_both_engines_commands(tmp_path):
         assert any("llama3-70b is the model's name in pipesearch" in n for n in plan["exports"][engine]["notes"])
 
 
+def test_the_other_engine_s_command_runs_what_its_own_memory_holds(tmp_path):
+    """SGLang and vLLM set the KV pool apart differently: on L4s Llama-3 8B
+    at tp 2 holds 149 running sequences under SGLang and 148 under vLLM (each
+    engine's own plan of the same tp, pp and split says so), and the vLLM
+    command written into the SGLang plan asked for 149. Each command now
+    asks for what its engine holds, at most the plan's limit."""
+    def plan(engine):
+        out = tmp_path / f"{engine}.json"
+        res = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "2", "--pp",
+                                        "1", "--engine", engine, "--top", "1", "-q", "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        return json.loads(out.read_text())["plans"][0]
+
+    vllm, sglang = plan("vllm"), plan("sglang")
+    assert vllm["max_num_seqs"] < sglang["max_num_seqs"]  # the case: vLLM holds fewer
+
+    def limit(p, engine, flag):
+        argv = p["exports"][engine]["argv"]
+        return int(argv[argv.index(flag) + 1])
+
+    assert limit(sglang, "vllm", "--max-num-seqs") == vllm["max_num_seqs"]
+    assert limit(sglang, "sglang", "--max-running-requests") == sglang["max_num_seqs"]
+    assert limit(vllm, "sglang", "--max-running-requests") == vllm["max_num_seqs"]  # the plan's limit binds
+
+
 def test_a_given_model_path_goes_in_the_commands_without_the_catalog_note(tmp_path):
     r, out = _run(["--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8", "--tp", "1", "--pp", "8",
                    "--input-len", "1024", "--output-len", "128", "--model-path", "meta-llama/Meta-Llama-3-70B"],

@@ -22,7 +22,8 @@ from ..serve.dtypes import (KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, check
 from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
 from ..serve.pipeline import Workload
-from ..serve.search import ServeJob, pipeline_for, replica_shares, rerank_by_simulation, search_serving
+from ..serve.search import (ServeJob, pipeline_for, replica_shares, rerank_by_simulation, search_serving,
+                            split_pool_tokens)
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_size_option
 from .params import FiniteFloatRange, option_given
@@ -104,6 +105,26 @@ def serve_table(plans, output_len: int | None = None) -> str:
             "vs default": f"{gain:.2f}x" if math.isfinite(gain) else "default OOM",
         })
     return pd.DataFrame(rows).to_string(index=False)
+
+
+def _as_run_by(plan, other: bool, spec, cfg, cluster, weights, kv_bytes: float, reserve: float, workload):
+    """``plan`` as the engine ``spec`` runs it: the planning engine's plan
+    as it is; for the other engine its running limit at most the sequences
+    that engine's own memory model fits in the plan's KV pool (SGLang and
+    vLLM set the pool apart differently: a vLLM command in an SGLang plan
+    asked for one sequence more than vLLM holds).
+
+    Raises:
+        InputError: that engine's pool holds no sequence of the workload."""
+    if not other:
+        return plan
+    pipe, _ = pipeline_for(cfg, cluster, plan.tp, plan.pp, weights, kv_bytes, spec, reserve)
+    held = max(split_pool_tokens(pipe, plan.split), 0) // pipe.costs.tokens_per_sequence(workload.input_len,
+                                                                                          workload.output_len)
+    if held < 1:
+        raise InputError(f"{spec.name}'s own memory model holds no sequence of {workload.input_len} + "
+                         f"{workload.output_len} tokens on this split; plan with --engine {spec.name}")
+    return replace(plan, max_num_seqs=min(plan.max_num_seqs, held))
 
 
 def _plan_json(p, exports) -> dict:
@@ -325,7 +346,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         for name in ENGINES:
             spec = eng if name == engine else engine_spec(name)
             try:
-                ex[name] = export_serving(p, cfg, engine=name, model_path=model_path or cfg.name,
+                ex[name] = export_serving(_as_run_by(p, name != engine, spec, cfg, cluster, weights, kv_bytes, reserve,
+                                                     workload), cfg, engine=name, model_path=model_path or cfg.name,
                                           weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                           memory_fraction=spec.memory_fraction,
                                           max_model_len=input_len + output_len,

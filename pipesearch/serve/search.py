@@ -258,6 +258,14 @@ def _best_throughput(job, candidates, score_levels, upper):
     return best
 
 
+def split_pool_tokens(pipe: ServePipeline, split: tuple[int, ...]) -> int:
+    """KV-cache tokens a replica on ``split`` holds: the least over its
+    stages of what each holds beside its layers (:func:`stage_capacities`;
+    negative when a stage's layers do not fit)."""
+    cap_table = stage_capacities(pipe)
+    return int(min(cap_table[s, n] for s, n in enumerate(split)))
+
+
 def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, replicas: int):
     """The best batch level of a fixed split.
 
@@ -269,8 +277,7 @@ def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, r
     """
     c = pipe.costs
     tps = c.tokens_per_sequence(job.workload.input_len, job.workload.output_len)
-    cap_table = stage_capacities(pipe)
-    pool = int(min(cap_table[s, n] for s, n in enumerate(split)))
+    pool = split_pool_tokens(pipe, split)
     b_max = max(pool, 0) // tps
     cap = _batch_cap(job, c.engine, replicas, b_max, pipe.pp)
 
