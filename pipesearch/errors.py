@@ -24,3 +24,16 @@ class InfeasibleError(PipesearchError):
 
 class PlanFormatError(InputError):
     """A plan JSON file that does not follow the schema."""
+
+
+def quoted_cause(text: str, limit: int = 200) -> str:
+    """A library's error message as a part of one error line: its first
+    sentence of its first line, cut at a word boundary to at most ``limit``
+    characters ("..." where cut; transformers lists every config class it
+    knows after its first sentence)."""
+    line = " ".join((text.strip().splitlines() or [""])[0].split())
+    first = line.split(". ", 1)[0]
+    first = first if first.endswith(".") or first == line else first + "."
+    if len(first) <= limit:
+        return first
+    return first[:limit].rsplit(" ", 1)[0].rstrip(",;:") + " ..."

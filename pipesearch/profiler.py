@@ -59,7 +59,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import InputError
+from .errors import InputError, quoted_cause
 from .limits import MIN_LAYER_S
 from .types import Layer, ModelProfile
 
@@ -676,18 +676,25 @@ def hf_model_from_config(path: str | Path, seed: int = 0):
     except ImportError as exc:
         raise InputError(f"--hf-config needs transformers, which is not importable ({exc}); "
                          f"pip install transformers") from None
+    from transformers.utils import logging as hf_logging
+
     p = Path(path)
-    try:
-        cfg = AutoConfig.from_pretrained(str(p))  # a config file of any name, or a directory with config.json
-    except Exception as exc:  # noqa: BLE001 - transformers' own checks of the config's values
-        raise InputError(f"--hf-config {path}: {type(exc).__name__}: {exc}".replace("\n", " ")[:400]) from None
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its advice ("add is_decoder=True") is no line of ours: the error says it
     state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
     try:
-        model = AutoModelForCausalLM.from_config(cfg)
-    except Exception as exc:  # noqa: BLE001 - a config transformers reads but cannot build
-        raise InputError(f"--hf-config {path}: the model does not build from it ({type(exc).__name__}: "
-                         f"{exc})".replace("\n", " ")[:400]) from None
+        try:
+            cfg = AutoConfig.from_pretrained(str(p))  # a config file of any name, or a directory with config.json
+        except Exception as exc:  # noqa: BLE001 - transformers' own checks of the config's values
+            raise InputError(f"--hf-config {path}: transformers cannot read it ({type(exc).__name__}: "
+                             f"{quoted_cause(str(exc))})") from None
+        torch.manual_seed(seed)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg)
+        except Exception as exc:  # noqa: BLE001 - a config transformers reads but cannot build
+            raise InputError(f"--hf-config {path}: no causal language model builds from it ({type(exc).__name__}: "
+                             f"{quoted_cause(str(exc))})") from None
     finally:
         torch.random.set_rng_state(state)
+        hf_logging.set_verbosity(verbosity)
     return hf_causal_lm_chain(model)

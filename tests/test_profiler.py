@@ -500,6 +500,13 @@ def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_pa
         cases.append((["profile", "--hf-config", str(path), "--input-shape", "8", "-b", "2", "-o", "o.csv"], message))
     good = tmp_path / "config.json"
     good.write_text(_json.dumps(config))
+    (tmp_path / "notjson.json").write_text("{bad")
+    (tmp_path / "foo.json").write_text(_json.dumps(dict(config, model_type="foo")))
+    cases += [  # a JSON syntax error was "cannot read its vocab_size"; transformers' list of every class was quoted
+        (["profile", "--hf-config", "notjson.json", *base], "--hf-config notjson.json: not a JSON config (Expecting"),
+        (["profile", "--hf-config", "foo.json", *base], "transformers cannot read it (ValueError: The checkpoint you "
+                                                        "are trying to load has model type `foo` but Transformers "
+                                                        "does not recognize this architecture.)\n")]
     cases += [(["profile", "--hf-config", str(good), "--input-shape", "257", "-b", "2", "-o", "o.csv"],
                "longer than"),
               (["profile", "--hf-config", str(good), "--input-shape", "8", "-b", "2", "--input-dtype", "float",
@@ -512,3 +519,23 @@ def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_pa
         assert "internal error" not in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o.csv").exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+
+
+@needs_torch
+def test_an_encoder_config_is_refused_in_one_line_without_the_library_s_advice(tmp_path):
+    """A BERT config.json printed transformers' "[transformers] If you want
+    to use BertLMHeadModel as a standalone, add is_decoder=True." on stderr
+    before pipesearch's own refusal: two lines for one error."""
+    import json as _json
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    (tmp_path / "bert.json").write_text(_json.dumps({
+        "model_type": "bert", "vocab_size": 100, "hidden_size": 64, "num_attention_heads": 4,
+        "num_hidden_layers": 1, "intermediate_size": 128}))
+    res = subprocess.run([sys.executable, "-m", "pipesearch", "profile", "--hf-config", "bert.json", "--input-shape",
+                          "8", "-b", "2", "-o", "o.csv"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot chain BertLMHeadModel"), res.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import InputError
+from ..errors import InputError, quoted_cause
 from ..limits import MAX_COUNT, MAX_INPUT_DIMS, MAX_PROFILE_ELEMENTS
 from ..output import check_distinct_paths, check_writable, write_output
 from ..profiler import (CLOCKS, DTYPES, build_model, import_torch, load_factory, profile_module,
@@ -39,6 +39,7 @@ def check_input_size(shape: tuple[int, ...], sizes: list[int], size_option: str)
         raise InputError(f"{size_option} with --input-shape {','.join(map(str, shape))}: {elements:.3g} input "
                          f"elements in one batch, above {MAX_PROFILE_ELEMENTS:.3g}; profile at a smaller batch "
                          f"size or input shape (the planner scales to others)")
+
 
 
 @main.command("profile")
@@ -132,9 +133,15 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
         cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
         try:
             hf_cfg = json.loads(cfg_path.read_text())
+        except OSError as exc:
+            raise InputError(f"--hf-config {hf_config}: cannot read it ({exc.strerror or exc})") from None
+        except ValueError as exc:  # not UTF-8, or not JSON (JSONDecodeError names the line and column)
+            raise InputError(f"--hf-config {hf_config}: not a JSON config ({exc})") from None
+        try:
             hf_vocab = hf_cfg["vocab_size"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"--hf-config {hf_config}: cannot read its vocab_size ({exc})") from None
+        except (KeyError, TypeError) as exc:
+            raise InputError(f"--hf-config {hf_config}: no vocab_size ({type(exc).__name__}: {exc}); a "
+                             "HuggingFace config.json names the vocabulary size") from None
         check_hf_config(hf_cfg, cfg_path)
         if vocab_size is not None and vocab_size > hf_vocab:
             raise InputError(f"--vocab-size {vocab_size}: above the config's vocab_size {hf_vocab}")
@@ -194,7 +201,7 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
             raise
         raise InputError(f"{size_option} with --input-shape {','.join(map(str, shape))}: the model's inputs or "
                          f"activations at batch {max(sizes)} do not fit in {device} memory "
-                         f"({str(exc).splitlines()[0][:160]}); profile at a smaller batch size or input shape "
+                         f"({quoted_cause(str(exc), 160)}); profile at a smaller batch size or input shape "
                          f"(the planner scales to others)") from None
     write_output(output, lambda path: write_profile_csv(profile, path), "profile CSV (-o)")
     total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
