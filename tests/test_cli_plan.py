@@ -608,3 +608,14 @@ def test_decoder_seq_len_flag(tmp_path):
     for model, says in (("gpt3-1.3b", "gpt3-1.3b is a decoder-only model"), ("vgg16", "vgg16.csv is a layer profile")):
         bad = run(["plan", "--model", model, "--decoder-seq-len", "114", "-q"], tmp_path)
         assert bad.exit_code == 2 and says in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_a_split_with_pp_fixes_vp_when_vp_is_not_given(tmp_path):
+    """``--schedule mobius --pp 8 --split`` of 8 stages (one per GPU) was
+    refused for "pp 8 x vp 2 = 16", a vp the user never gave (the default
+    searched for multi-stage schedules); the split and --pp fix vp 1, and
+    the search runs (here to its memory refusal, which names the stage)."""
+    res = run(["plan", "--model", "qwen3-1.7b", "--cluster", "1x8-rtx4090-pcie4", "-b", "64", "--schedule", "mobius",
+               "--pp", "8", "--split", "1,1,1,1,1,1,1,23"], tmp_path)
+    assert res.exit_code == 2 and "vp 2" not in res.output and "pp x vp" not in res.output, res.output
+    assert "no plan fits" in res.output and "--split GPU 7 (stages 7) needs" in res.output

@@ -706,7 +706,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
-                            num_micro_batches=num_micro_batches, schedules=tuple(schedules), vps=tuple(vps) or (2,),
+                            num_micro_batches=num_micro_batches, schedules=tuple(schedules),
+                            vps=tuple(vps) or split_vps(split, pp),
                             vp_pinned=bool(vps),
                             split=split, top=top * runtimes.SEARCH_MARGIN if runtime else top,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit,
@@ -846,6 +847,15 @@ def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:
     paths = write_all(load_plan_text(text, source), plot_dir)
     if echo:
         click.echo(f"wrote {', '.join(str(p) for p in paths)}")
+
+
+def split_vps(split, pp: int | None) -> tuple[int, ...]:
+    """The virtual stages per device searched when ``--vp`` is not given:
+    what a ``--split`` with ``--pp`` fixes (its stages over the ranks, 1
+    included: a split of 8 stages on 8 ranks runs one each), else 2."""
+    if split and pp and len(split) % pp == 0:
+        return (len(split) // pp,)
+    return (2,)
 
 
 def check_roundpipe_flags(cluster, *, tp, dp, recompute, optimizer_offload, stream_weights,
