@@ -69,9 +69,9 @@ OVERLAP_DEFAULTS: dict[str, CommOverlap] = {
     # --overlap-param-gather (the Megatron-Core performance runs' settings);
     # --tp-comm-overlap needs Transformer Engine's userbuffers: opt in
     "megatron": CommOverlap(grad_reduce=True, param_gather=True),
-    # DDP's reducer fires on the last micro-batch's backward (the pipeline
-    # stage runs the others under no_sync); 25 MiB buckets of 16-bit gradients
-    "torch": CommOverlap(grad_reduce=True, bucket_params=TORCH_DDP_BUCKET_BYTES / 2),
+    # the pipeline_torch.py pipesearch exports all-reduces each stage's gradients after the pipeline's step
+    # (--overlap-grad-reduce plans DDP's overlap instead, in 25 MiB buckets, and the export says what to wrap)
+    "torch": CommOverlap(bucket_params=TORCH_DDP_BUCKET_BYTES / 2),
     # FSDP2: reduce-scatter per block during the last backward, all-gather
     # prefetched per block in the first forward
     "torchtitan": CommOverlap(grad_reduce=True, param_gather=True, bucket_params=None),

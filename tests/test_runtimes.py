@@ -149,3 +149,29 @@ def test_a_split_without_schedule_is_searched_one_stage_per_device_as_without_ru
     for p in plans:
         assert p["schedule"]["name"] in SCHEDULES[runtime] and p["schedule"]["name"] != "interleaved-1f1b"
         assert [len(st["layer_names"]) for st in p["stages"]] == list(split)
+
+
+def test_runtime_torch_plans_the_reduce_its_script_runs():
+    """pipeline_torch.py all-reduces each stage's gradients after the
+    pipeline's step: ``--runtime torch`` planned DDP's overlapped reduce,
+    and its own export then warned that the script runs slower than
+    planned. Planned as the script runs it, every stage's reduce is exposed
+    (allreduce_s = dp_comm_s) and the export says nothing of it; asked for
+    with --overlap-grad-reduce, the overlap is planned and the export warns."""
+    from pipesearch.export import export_plan
+    from pipesearch.plan import load_plan_text
+
+    args = ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--tp", "1", "--pp", "4",
+            "--schedule", "1f1b", "--top", "1", "--json", "-q", "--runtime", "torch"]
+    for extra, overlapped in (([], False), (["--overlap-grad-reduce"], True)):
+        res = CliRunner().invoke(main, args + extra)
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        assert bool(doc["inputs"]["job"]["comm_overlap"].get("grad_reduce")) == overlapped
+        stages = doc["plans"][0]["stages"]
+        assert any(st["dp_comm_s"] > 0 for st in stages)
+        exposed = all(st["allreduce_s"] == pytest.approx(st["dp_comm_s"], rel=1e-12) for st in stages)
+        assert exposed != overlapped
+        pf = load_plan_text(res.stdout)
+        notes = export_plan(pf.plans[0], "torch", inputs=pf.inputs)["notes"]
+        assert any("overlapped with the backward" in n for n in notes) == overlapped

@@ -124,3 +124,45 @@ def test_snippet_checkpoints_every_layer_of_a_full_recompute_plan(tmp_path):
     assert "every layer checkpointed" in out_full and "checkpointed" not in out_plain
     assert len(full_losses) == 2 and full_losses == plain_losses
     assert "RECOMPUTE = 'full'" in (tmp_path / "full.py").read_text()
+
+
+def _param_sums(plan, tmp_path, name: str, seed_by_replica: bool) -> dict:
+    """Run the plan's script (2 steps) with a line per process giving the
+    sum of its parameters; ``seed_by_replica``: each replica draws its own
+    inputs. ``{(pipeline rank, replica): sum}``."""
+    script = export_plan(plan, "torch")["files"]["pipeline_torch.py"]
+    script = script.replace("    dist.destroy_process_group()", "    print(f'sums {pp_rank} {replica} "
+                            "{sum(float(p.double().sum()) for p in params)!r}', flush=True)\n"
+                            "    dist.destroy_process_group()")
+    if seed_by_replica:
+        script = script.replace("torch.manual_seed(args.seed)", "torch.manual_seed(args.seed + replica)")
+        assert "args.seed + replica" in script
+    (tmp_path / name).write_text(script)
+    env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                          str(plan.pp * plan.dp), "--master-port", str(free_port()), str(tmp_path / name),
+                          "e2e_model:make_model", "--sample-shape", "1024", "--steps", "2"],
+                         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return {(int(r), int(k)): float(v) for r, k, v in re.findall(r"sums (\d+) (\d+) (\S+)", res.stdout)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,split,kw", [
+    ("1f1b", [2, 6], {}), ("interleaved-1f1b", [1, 3, 2, 2], dict(pp=2, vp=2))])
+def test_replicas_average_their_gradients(schedule, split, kw, tmp_path):
+    """pp 2 x dp 2: replicas fed different inputs end with the same
+    parameters (each stage's gradients are all-reduced over its replicas
+    after the pipeline's step); replicas fed the same inputs end where the
+    one-replica plan does, to the last digit (the reduce averages: (g + g)
+    / 2 = g exactly)."""
+    plan = make_plan(split, NAMES, schedule=schedule, m=4, mbs=8, dp=2, **kw)
+    own = _param_sums(plan, tmp_path, "own.py", seed_by_replica=True)
+    assert len(own) == 4 and all(own[r, 0] == own[r, 1] for r in range(2))
+    if schedule != "1f1b":
+        return
+    same = _param_sums(plan, tmp_path, "same.py", seed_by_replica=False)
+    one = _param_sums(replace(plan, dp=1, stages=tuple(replace(st, devices=st.devices[:1]) for st in plan.stages)),
+                      tmp_path, "one.py", seed_by_replica=False)
+    assert all(same[r, k] == one[r, 0] for r in range(2) for k in range(2))
+    assert own[0, 0] != one[0, 0]  # the replicas' own inputs moved them elsewhere: the reduce mixed both
