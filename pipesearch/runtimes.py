@@ -53,15 +53,20 @@ SCHEDULES = {
 STATE_DEFAULTS = {
     "megatron": ("megatron", "zero1"),
     "torchtitan": ("mixed-adam", "fsdp"),
+    "deepspeed": ("mixed-adam", "zero1"),
 }
 """``(optimizer state preset, sharding)`` a runtime trains with by default in
 the configuration pipesearch exports for it, where that differs from
 pipesearch's own default (``mixed-adam``, no sharding): Megatron-LM's bf16
 weights with fp32 main gradients and its distributed optimizer (the export
 writes ``--use-distributed-optimizer``); torchtitan's FSDP2 over the
-data-parallel ranks (its ``data_parallel_shard_degree = -1`` default).
-DeepSpeed's pipeline engine and torch.distributed.pipelining with DDP keep
-the whole state on every replica."""
+data-parallel ranks (its ``data_parallel_shard_degree = -1`` default);
+DeepSpeed's pipeline engine with ZeRO stage 1 (the export writes
+``zero_optimization.stage`` 1: without ZeRO a bf16 pipeline runs DeepSpeed's
+BF16_Optimizer, which splits the fp32 state over the replicas anyway, with
+an all-gather and bf16 gradient accumulation the plan would not time).
+torch.distributed.pipelining as exported keeps the whole state on every
+replica."""
 
 
 OVERLAP_DEFAULTS: dict[str, CommOverlap] = {
