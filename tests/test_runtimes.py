@@ -175,3 +175,30 @@ def test_runtime_torch_plans_the_reduce_its_script_runs():
         pf = load_plan_text(res.stdout)
         notes = export_plan(pf.plans[0], "torch", inputs=pf.inputs)["notes"]
         assert any("overlapped with the backward" in n for n in notes) == overlapped
+
+
+def test_runtime_deepspeed_plans_the_zero1_state_its_export_runs():
+    """Without ZeRO a bf16 DeepSpeed pipeline runs its BF16_Optimizer (the
+    fp32 master weights and moments split over the replicas, an all-gather
+    after the step): ``--runtime deepspeed`` planned the whole state on
+    every replica and its own export warned of the difference. It plans
+    ZeRO-1 now (2 + 2 + 12/dp bytes per parameter, by hand below), which
+    the export runs as written (stage 1, no warning)."""
+    from pipesearch.export import export_plan
+    from pipesearch.plan import load_plan_text
+
+    res = CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--tp",
+                                    "1", "--pp", "2", "--dp", "4", "--schedule", "1f1b", "--top", "1", "--json", "-q",
+                                    "--runtime", "deepspeed"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["inputs"]["job"]["zero1"] is True
+    stage = doc["plans"][0]["stages"][0]
+    parts = stage["memory_breakdown_bytes"]
+    weights = parts["weights"]  # 2 bytes per parameter
+    assert parts["grads"] == pytest.approx(weights, rel=1e-12)
+    assert parts["master_weights"] + parts["optimizer_moments"] == pytest.approx(weights / 2 * 12 / 4, rel=1e-12)
+    pf = load_plan_text(res.stdout)
+    exp = export_plan(pf.plans[0], "deepspeed", inputs=pf.inputs)
+    assert exp["config"]["zero_optimization"]["stage"] == 1
+    assert not any("BF16_Optimizer" in n for n in exp["notes"])
