@@ -202,3 +202,15 @@ def test_runtime_deepspeed_plans_the_zero1_state_its_export_runs():
     exp = export_plan(pf.plans[0], "deepspeed", inputs=pf.inputs)
     assert exp["config"]["zero_optimization"]["stage"] == 1
     assert not any("BF16_Optimizer" in n for n in exp["notes"])
+
+
+def test_runtime_torch_plans_without_tensor_parallelism_unless_pinned():
+    """The torch export writes no script for tp > 1: ``--runtime torch``
+    ranked Llama-3 8B plans of tp 4 only, whose export --files then failed.
+    It plans tp 1 (as gpipe); a pinned --tp 2 is planned as given."""
+    base = ["plan", "--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "-b", "64", "--top", "3", "--json", "-q",
+            "--runtime", "torch"]
+    for extra, tp in (([], 1), (["--tp", "2"], 2)):
+        res = CliRunner().invoke(main, base + extra)
+        assert res.exit_code == 0, res.output
+        assert {p["parallelism"]["tp"] for p in json.loads(res.stdout)["plans"]} == {tp}

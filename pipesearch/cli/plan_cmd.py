@@ -598,8 +598,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(f"warning: --memory-reserve {memory_reserve} with --memory-headroom {memory_headroom:g} leaves "
                    f"nothing of the {format_bytes(size)} of {name}: its devices stay idle (lower them to use "
                    f"those devices)", err=True)
-    if runtime == "gpipe" and tp is None:
-        tp = 1  # torchgpipe / fairscale Pipe have no tensor parallelism
+    if runtime in ("gpipe", "torch") and tp is None:
+        # torchgpipe / fairscale Pipe have no tensor parallelism; the torch export's script has none either (a
+        # pinned --tp above 1 is planned, and its export says what to apply by hand)
+        tp = 1
     source = load_model_source(model, cluster, tp=tp, recompute=recompute, seq_len=seq_len,
                                decoder_seq_len=decoder_seq_len,
                                max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel,
