@@ -619,3 +619,25 @@ def test_a_split_with_pp_fixes_vp_when_vp_is_not_given(tmp_path):
                "--pp", "8", "--split", "1,1,1,1,1,1,1,23"], tmp_path)
     assert res.exit_code == 2 and "vp 2" not in res.output and "pp x vp" not in res.output, res.output
     assert "no plan fits" in res.output and "--split GPU 7 (stages 7) needs" in res.output
+
+
+def test_micro_batches_below_the_profiled_batch_are_noted(tmp_path):
+    """A measured profile without fixed times scales a layer's time in
+    proportion to the micro-batch: VGG-16's (measured at 128) ranked
+    micro-batch size 1 first with nothing said. A line names the plans whose
+    micro-batches are smaller than the profiled batch; pinned to the
+    profile's batch, a profile with fixed times, or a transformer: none."""
+    def note(args):
+        res = run(["plan", "--top", "2", *args], tmp_path)
+        assert res.exit_code == 0, res.output
+        return [x for x in res.stdout.splitlines() if "smaller than the profile's batch" in x]
+
+    line = note([])
+    assert len(line) == 1 and line[0].startswith("plans 1, 2 run micro-batches smaller than the profile's batch "
+                                                 "of 128")
+    assert note(["--micro-batch-size", "128"]) == []
+    assert note(["--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "-b", "64"]) == []
+    rows = ["name,fwd_ms,bwd_ms,fwd_fixed_ms,bwd_fixed_ms,param_bytes,output_bytes"] + [
+        f"l{k},4.0,8.0,0.5,1.0,1000000,1000000" for k in range(8)]
+    (tmp_path / "fixed.csv").write_text("# batch_size: 32\n" + "\n".join(rows) + "\n")
+    assert note(["--model", "fixed.csv", "--cluster", "1x4-v100-pcie", "-b", "64"]) == []

@@ -795,6 +795,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             dev = cluster.groups[0].device.name
             click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
                        f"name the device it was measured on to compare clusters of other devices")
+        if (line := small_batch_note(result.plans, source)) is not None:
+            click.echo(line)
         total = sum(g.num_devices for g in cluster.groups)
         idle: dict[tuple[int, str], list[str]] = {}
         for p in result.plans:
@@ -849,6 +851,24 @@ def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:
     paths = write_all(load_plan_text(text, source), plot_dir)
     if echo:
         click.echo(f"wrote {', '.join(str(p) for p in paths)}")
+
+
+def small_batch_note(plans, source) -> str | None:
+    """A line when ranked plans of a measured profile run micro-batches
+    smaller than it was measured at and no layer has a fixed time: its times
+    are scaled down in proportion (:meth:`pipesearch.types.ModelProfile.layer_times_at`),
+    which a GPU does not do (kernel launches and small GEMMs), so such
+    plans look faster than they run. None otherwise."""
+    profile = source.variants[0].profile
+    if source.info.get("kind") != "profile" or any(has.any() for has, _ in profile.fixed_time_arrays.values()):
+        return None
+    ranks = [str(p.rank) for p in plans if p.micro_batch_size < profile.profiled_batch_size]
+    if not ranks:
+        return None
+    return (f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} run{'' if len(ranks) > 1 else 's'} micro-batches "
+            f"smaller than the profile's batch of {profile.profiled_batch_size}, timed in proportion to their size "
+            f"(the profile gives no fixed per-micro-batch time): a GPU runs small batches less efficiently; measure "
+            f"several sizes (pipesearch profile --batch-sizes) or pin --micro-batch-size")
 
 
 def split_vps(split, pp: int | None) -> tuple[int, ...]:
