@@ -65,9 +65,12 @@ def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool =
     """
     out = []
     graph = str(source).endswith("graph.txt")  # a PipeDream graph: its nodes' fields, summed per block
+    outputs = [float(lay.output_bytes) for lay in profile.layers]
     for attr, column in SIZE_COLUMNS:
         column = f"field {GRAPH_FIELDS[attr]} (summed per block)" if graph else f"column {column}"
         vals = [float(getattr(lay, attr)) for lay in profile.layers]
+        if attr == "saved_bytes" and vals == outputs:  # its default (or the same field): said once, of output_bytes
+            continue
         nz = [v for v in vals if v > 0]
         if len(vals) >= RUNNING_SUM_MIN_LAYERS and nz and all(b >= a for a, b in zip(vals, vals[1:])) \
                 and vals[-1] >= 3 * nz[0] and len(set(vals)) == len(vals):
