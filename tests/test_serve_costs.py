@@ -223,3 +223,21 @@ def test_fp8_weight_gemms_at_the_fp8_peak_where_there_is_one():
     assert layer(l4, "fp8") == pytest.approx(gemm / (242.5e12 * 0.5) + attn / (121e12 * 0.5), rel=1e-12)
     assert layer(l4, "bf16") == pytest.approx((gemm + attn) / (121e12 * 0.5), rel=1e-12)
     assert layer(a10, "fp8") == pytest.approx((gemm + attn) / (125e12 * 0.5), rel=1e-12)
+
+
+def test_replicated_kv_heads_carry_their_qkv_biases():
+    """A Qwen2-style block (Q/K/V biases, no other bias): past the KV heads
+    a rank holds whole K and V heads with their biases, ``2 (h + 1) d``
+    parameters each; counted from ``bias`` alone they had none. By hand:
+    h 4096, 32 query heads, 4 KV heads of 128, MLP 11008 (gated), tp 8:
+    half a KV head more per rank than an even split."""
+    from pipesearch.profiles.transformer import TransformerConfig
+
+    cfg = TransformerConfig(name="qwen-like", num_layers=2, hidden_size=4096, num_attention_heads=32,
+                            ffn_hidden_size=11008, vocab_size=32000, seq_len=4096, num_kv_heads=4, gated_mlp=True,
+                            position_embedding="rotary", norm="rmsnorm", bias=False, qkv_bias=True, dropout=False,
+                            tied_embeddings=False)
+    c = ServeCosts(cfg, device(), 8, weight_format("bf16"), 2.0, engine_spec("vllm"), NVLINK, GIB)
+    split = 4096 * 4096 * 2 + 2 * 4096 * 512 + 3 * 4096 * 11008 + (4096 + 2 * 512)  # GEMMs and the Q/K/V biases
+    replicas = 0.5 * 2 * (4096 + 1) * 128  # one whole KV head per rank where 4 / 8 would be half of one
+    assert c.block_weight_bytes == (split / 8 + replicas) * 2 + 2 * 4096 * 2  # bf16, the two norms whole

@@ -150,7 +150,7 @@ class ServeCosts:
         c = self.cfg
         split, replicated = block_parameters(c, 0)
         kv_replicas = max(0.0, self.kv_heads_per_rank - c.num_kv_heads / self.tp)  # type: ignore[operator]
-        split_per_rank = split / self.tp + kv_replicas * 2 * (c.hidden_size + int(c.bias)) * c.head_dim
+        split_per_rank = split / self.tp + kv_replicas * 2 * (c.hidden_size + int(c.bias or c.qkv_bias)) * c.head_dim
         return split_per_rank * self.weights.gemm_bytes_per_param + replicated * self.weights.other_bytes_per_param
 
     @cached_property
