@@ -69,9 +69,12 @@ def test_a100_80gb_datasheet_values():
     assert d.hbm_bandwidth_bytes_per_s == 2039e9
 
 
-def test_memory_units_gib_and_gb():
+def test_memory_units_gib_and_gb(tmp_path):
     assert load_device("v100-pcie-16gb").memory_bytes == 16 * 1024**3
-    assert load_device("h200-141gb").memory_bytes == 141e9  # decimal GB
+    assert load_device("h200-141gb").memory_bytes == 143771 * 2**20  # what nvidia-smi reports, as the A10's
+    text = (Path(__file__).resolve().parents[1] / "hardware" / "devices" / "h200-141gb.toml").read_text()
+    (tmp_path / "dec.toml").write_text(text.replace("memory_GiB = 140.4013671875", "memory_GB = 141"))
+    assert load_device(str(tmp_path / "dec.toml")).memory_bytes == 141e9  # memory_GB: decimal gigabytes
     h100 = load_device("h100-80gb")
     assert h100.peak_fp16_flops == pytest.approx(1979e12 / 2, rel=1e-3)  # dense = sparse / 2
 
