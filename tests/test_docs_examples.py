@@ -16,3 +16,17 @@ def test_docs_examples_are_up_to_date():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.main_(["--check"]) == 0, "run: python docs/examples/generate.py"
+
+
+@pytest.mark.parametrize("plans", sorted((ROOT / "docs" / "examples").glob("*/*/plans.json")),
+                         ids=lambda p: p.parent.name)
+def test_docs_example_plan_files_validate(plans):
+    """The README's plan files pass `pipesearch validate` (and so export):
+    generate.py shortens the model file's path after planning, and the
+    file's digests held it as planned."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    res = CliRunner().invoke(main, ["validate", str(plans)])
+    assert res.exit_code == 0, res.output

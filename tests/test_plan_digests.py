@@ -41,15 +41,40 @@ def test_digests_are_of_the_written_parts(doc):
     with hashlib on the text as read back."""
     import hashlib
 
-    assert set(doc["digests"]) == {"inputs.model", "inputs.cluster", "inputs.job"} | {
-        f"plans[{k}].{part}" for k in range(2) for part in ("parallelism", "schedule", "options")}
-    text = json.dumps(doc["inputs"]["job"], sort_keys=True, separators=(",", ":"))
+    assert set(doc["digests"]) == {"inputs.model", "inputs.cluster", "inputs.job", "inputs.fingerprint"} | {
+        f"plans[{k}].{part}" for k in range(2) for part in ("parallelism", "schedule", "options", "stages")}
+
+    def floats(v):  # every number a float, as the canonical form writes them
+        if isinstance(v, bool) or not isinstance(v, (int, float, dict, list)):
+            return v
+        return {k: floats(x) for k, x in v.items()} if isinstance(v, dict) else (
+            [floats(x) for x in v] if isinstance(v, list) else float(v))
+
+    text = json.dumps(floats(doc["inputs"]["job"]), sort_keys=True, separators=(",", ":"))
     assert doc["digests"]["inputs.job"] == "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     assert doc["digests"]["plans[1].options"] == digest(doc["plans"][1]["options"])
 
 
+def _integral_floats_as_ints(v):
+    """A JSON tool's rewrite (jq, JavaScript): 2.0 written as 2."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, dict):
+        return {k: _integral_floats_as_ints(x) for k, x in v.items()}
+    return [_integral_floats_as_ints(x) for x in v] if isinstance(v, list) else v
+
+
 def test_an_untouched_file_in_any_layout_and_one_without_digests_are_valid(tmp_path, doc):
     assert _validate(_write(tmp_path, doc, indent=1, sort_keys=True)).exit_code == 0  # another layout, same values
+    # jq and JavaScript write 2.0 as 2: the same values (every part was reported edited)
+    rewritten = _integral_floats_as_ints(doc)
+    assert rewritten["inputs"]["model"]["bytes_per_param"] == 2 and isinstance(
+        rewritten["inputs"]["model"]["bytes_per_param"], int)
+    assert _validate(_write(tmp_path, rewritten, name="jq.json")).exit_code == 0
+    moved = copy.deepcopy(doc)  # the model file's path is provenance: a file moved between machines stays valid
+    moved["inputs"]["model"]["file"] = "llama.toml"
+    moved["inputs"]["model"]["warnings"] = []
+    assert _validate(_write(tmp_path, moved, name="moved.json")).exit_code == 0
     old = {k: v for k, v in doc.items() if k != "digests"}  # written before digests: not checked
     assert _validate(_write(tmp_path, old, name="old.json")).exit_code == 0
 
@@ -62,6 +87,14 @@ def test_an_untouched_file_in_any_layout_and_one_without_digests_are_valid(tmp_p
     ("inputs.job", lambda d: d["inputs"]["job"].update(state_bytes_per_param=0)),
     ("plans[0].options", lambda d: d["plans"][0]["options"].update(recompute="full")),
     ("plans[1].options", lambda d: d["plans"][1]["options"].update(placement="pipeline")),
+    ("inputs.fingerprint", lambda d: d["inputs"].update(fingerprint="sha256:" + "0" * 64)),
+    # a layer moved from stage 0 to stage 1 (the replay reads the recorded stage times, which did not move)
+    ("plans[1].stages", lambda d: (d["plans"][1]["stages"][0]["layers"].__setitem__(1, d["plans"][1]["stages"][0][
+        "layers"][1] - 1), d["plans"][1]["stages"][1]["layers"].__setitem__(0, d["plans"][1]["stages"][1]["layers"][
+            0] - 1), d["plans"][1]["stages"][1]["layer_names"].insert(0, d["plans"][1]["stages"][0][
+                "layer_names"].pop()))),
+    ("plans[1].stages", lambda d: [st["devices"].reverse()  # slot 0's devices in another order (each stage on it)
+                                   for st in d["plans"][1]["stages"][::d["plans"][1]["parallelism"]["pp"]]]),
 ])
 def test_an_edited_part_is_named_by_validate_and_export(tmp_path, doc, where, edit):
     bad = copy.deepcopy(doc)
@@ -87,3 +120,7 @@ def test_a_plan_added_or_removed_is_named(tmp_path, doc):
     del more["digests"]["plans[1].schedule"]
     res = _validate(_write(tmp_path, more, name="more.json"))
     assert res.exit_code == 2 and "plans[1].schedule: not in the file's digests" in res.output
+    odd = copy.deepcopy(doc)
+    odd["digests"]["search"] = "sha256:" + "0" * 64
+    res = _validate(_write(tmp_path, odd, name="odd.json"))
+    assert res.exit_code == 2 and "digests.search: not a part pipesearch digests" in res.output

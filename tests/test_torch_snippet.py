@@ -144,7 +144,7 @@ def _param_sums(plan, tmp_path, name: str, seed_by_replica: bool) -> dict:
                           "e2e_model:make_model", "--sample-shape", "1024", "--steps", "2"],
                          capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    return {(int(r), int(k)): float(v) for r, k, v in re.findall(r"sums (\d+) (\d+) (\S+)", res.stdout)}
+    return {(int(r), int(k)): float(v) for r, k, v in re.findall(r"sums (\d+) (\d+) ([-+0-9.eE]+)", res.stdout)}
 
 
 @pytest.mark.slow

@@ -3,43 +3,78 @@ that an edit of them is told apart from the plan.
 
 A plan's recorded figures (stage times and bytes, predicted time and
 memory) follow from its inputs (model, cluster, job) and its own choices
-(parallel degrees, schedule, options such as recompute or placement). The
-file's other checks recompute what they can from the file itself (the
-replay of each plan's time, memory against capacity, rates), but not the
-layer table a transformer config or a recompute mode implies: an edited
-``hidden_size`` or ``recompute`` still validated, and an export wrote a
-launch for the edited model. ``pipesearch plan`` therefore records a
-SHA-256 of each such part (:data:`PARTS`, canonical JSON: sorted keys, no
-spaces); ``pipesearch validate`` and ``export`` name every part whose
-digest differs. A file without digests (written before them) is not
-checked.
+(parallel degrees, schedule, options such as recompute or placement, each
+stage's layers and devices). The file's other checks recompute what they
+can from the file itself (the replay of each plan's time, memory against
+capacity, rates), but not the layer table a transformer config or a
+recompute mode implies, nor a stage's times after its layers moved: an
+edited ``hidden_size`` or ``recompute`` still validated, and an export
+wrote a launch for the edited model. ``pipesearch plan`` therefore records
+a SHA-256 of each such part (:func:`_parts`) over its canonical JSON
+(sorted keys, no spaces, every number as a float: ``2`` and ``2.0`` are one
+value, as a JSON tool that rewrites the file may write either);
+``pipesearch validate`` and ``export`` name every part whose digest
+differs. Provenance is left out (the model file's path and the load
+warnings), so a file can move between machines. A file without digests
+(written before them) is not checked.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from . import Problem
 
 #: the parts digested: ``inputs.<key>`` and each plan's ``plans[k].<key>``
-INPUT_PARTS = ("model", "cluster", "job")
-PLAN_PARTS = ("parallelism", "schedule", "options")
+INPUT_PARTS = ("model", "cluster", "job", "fingerprint")
+PLAN_PARTS = ("parallelism", "schedule", "options", "stages")
+#: provenance in ``inputs.model``, not what the plans were computed from
+MODEL_PROVENANCE = ("file", "warnings")
+#: what a stage's digest covers: where it runs, not its recorded figures (the replay checks those)
+STAGE_LAYOUT = ("index", "layers", "layer_names", "devices", "replicas")
+_PATH = re.compile(r"^(inputs\.(%s)|plans\[\d+\]\.(%s))$" % ("|".join(INPUT_PARTS), "|".join(PLAN_PARTS)))
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` with every number a float (booleans kept), recursively."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
 
 
 def digest(value: Any) -> str:
     """``"sha256:<hex>"`` of ``value``'s canonical JSON (sorted keys, no
-    spaces, no NaN): the same for a value and its JSON read back."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    spaces, numbers as floats, no NaN): the same for a value and its JSON
+    as any tool writes it back."""
+    text = json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
+def _part(path_key: str, value: Any) -> Any:
+    """What of a part is digested: the model without its provenance, each
+    stage's layout."""
+    if path_key == "model" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in MODEL_PROVENANCE}
+    if path_key == "stages" and isinstance(value, list):
+        return [{k: st.get(k) for k in STAGE_LAYOUT} if isinstance(st, dict) else st for st in value]
+    return value
+
+
 def _parts(doc: dict) -> dict[str, Any]:
-    """Path -> value of every digested part present in ``doc``."""
-    out = {f"inputs.{key}": doc["inputs"][key] for key in INPUT_PARTS if key in doc.get("inputs", {})}
+    """Path -> digested value of every part present in ``doc``."""
+    inputs = doc.get("inputs", {})
+    out = {f"inputs.{key}": _part(key, inputs[key]) for key in INPUT_PARTS if key in inputs}
     for k, plan in enumerate(doc.get("plans", [])):
-        out.update({f"plans[{k}].{key}": plan[key] for key in PLAN_PARTS if key in plan})
+        out.update({f"plans[{k}].{key}": _part(key, plan[key]) for key in PLAN_PARTS if key in plan})
     return out
 
 
@@ -50,8 +85,9 @@ def planned_digests(doc: dict) -> dict[str, str]:
 
 def digest_problems(doc: dict) -> list[Problem]:
     """One problem per digested part of ``doc`` edited since it was planned
-    (its digest differs, or it has none while the file has digests), and
-    per digest whose part is gone; none for a file without ``digests``."""
+    (its digest differs, or it has none while the file has digests), per
+    digest whose part is gone, and per digest of a path pipesearch does not
+    digest; none for a file without ``digests``."""
     recorded = doc.get("digests")
     if not isinstance(recorded, dict):
         return []
@@ -62,9 +98,16 @@ def digest_problems(doc: dict) -> list[Problem]:
             out.append(Problem(path, "not in the file's digests: added after planning; its figures were not "
                                      "computed for it: plan again rather than edit the file"))
         elif recorded[path] != digest(value):
-            out.append(Problem(path, "edited after planning (its digest in 'digests' differs): the plan's times and "
-                                     "bytes are those of what was planned, not of this; plan again with what you "
-                                     "changed (pipesearch plan ...) rather than edit the file, or restore it"))
-    out += [Problem(path, "in the file's digests but gone from the file: restore it or plan again")
-            for path in recorded if path not in parts]
+            what = " (its stages' layers or devices)" if path.endswith(".stages") else ""
+            out.append(Problem(path, f"edited after planning{what} (its digest in 'digests' differs): the plan's "
+                                     "times and bytes are those of what was planned, not of this; plan again with "
+                                     "what you changed (pipesearch plan ...) rather than edit the file, or restore "
+                                     "it"))
+    for path in recorded:
+        if not _PATH.match(path):
+            out.append(Problem(f"digests.{path}", "not a part pipesearch digests (inputs.model, inputs.cluster, "
+                                                  "inputs.job, inputs.fingerprint, plans[k].parallelism, "
+                                                  ".schedule, .options, .stages); restore the file"))
+        elif path not in parts:
+            out.append(Problem(path, "in the file's digests but gone from the file: restore it or plan again"))
     return out
