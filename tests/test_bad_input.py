@@ -336,6 +336,8 @@ def test_an_output_name_with_another_format_s_suffix_is_refused(tmp_path, args, 
     (["-o", "stages.png", "--plot-dir", "."], "--plot-dir stages.png: the same file as -o stages.png"),
     (["--all-points", "figs/space.png", "--plot-dir", "figs"],
      "--plot-dir figs/space.png: the same file as --all-points figs/space.png"),
+    # the directory named like the plan file: it was written, then the figures failed (exit 2, a file left)
+    (["-o", "new.json", "--plot-dir", "new.json"], "--plot-dir new.json: the same file as -o new.json"),
 ])
 def test_an_output_that_is_a_figure_of_plot_dir_is_refused(tmp_path, args, clash):
     """``plan -o stages.png --plot-dir .`` wrote the plan file, then the

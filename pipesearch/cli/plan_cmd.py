@@ -562,6 +562,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         if plot_dir.is_dir():  # every figure's file too, before anything is written
             for _, path in figures:
                 check_writable(path, "--plot-dir figure")
+        # the directory itself too: named like -o, the plan file took its place and the figures failed after it
+        figures.append(("--plot-dir", plot_dir))
     check_distinct_paths([("-o", output), ("--all-points", all_points), *figures],
                          [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
     check_suffix(output, "-o", ".json", "the plan file is JSON")
