@@ -586,8 +586,12 @@ class PipelineCosts:
         (:attr:`extra_stages`). A device runs one action at a time, so with
         several stages per device it holds one stage's at a time
         (:meth:`device_memory_bytes`)."""
-        extra = self.gathered_at(i, j) + self.recompute_transient_at(s, i, j)
+        extra = self._layer_extra(s, i, j)
         return extra if self.extra_stages is None else extra * self.extra_stages[s]
+
+    def _layer_extra(self, s, i, j):
+        """:meth:`peak_extra_at` of every stage, whichever chunk its device counts."""
+        return self.gathered_at(i, j) + self.recompute_transient_at(s, i, j)
 
     def recompute_transient_at(self, s, i, j):
         """The largest backward transient of the layers ``[i, j)`` of stage
@@ -977,7 +981,7 @@ class PipelineCosts:
         counts = self.chunk_states[np.arange(R), q]  # (R, v): stage c R + r holds counts[r, c]
         bounds = np.asarray(bounds)
         s, i, j = np.arange(self.pp), bounds[:-1], bounds[1:]
-        extra = np.broadcast_to(self.gathered_at(i, j) + self.recompute_transient_at(s, i, j), (self.pp,))
+        extra = np.broadcast_to(self._layer_extra(s, i, j), (self.pp,))
         keep = np.zeros((v, R))
         keep[np.argmax(extra.reshape(v, R), axis=0), np.arange(R)] = 1.0  # each device's chunk with the most
         return replace(self, in_flight=counts.T.reshape(-1), extra_stages=keep.reshape(-1))
