@@ -2,7 +2,9 @@
 devices, degrees, schedule, the inputs' layer, device and batch counts,
 numbers set to NaN, inf, negative or huge) and
 checks that each is either valid, and then simulates and exports, or refused
-by every command with exit status 2 and one line on stderr, never a crash."""
+by every command with exit status 2 and one line on stderr, never a crash
+(a mutation the file's digests name validates with status 2 and exports to
+a one-line refusal, and still simulates)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 from pipesearch.cli import main
 from pipesearch.cli.validate_cmd import replay_problems
 from pipesearch.plan import document_problems
+from pipesearch.schema.digests import digest_problems
 from pipesearch.types import SCHEDULES
 
 CSV = ("# pipesearch profile v1\n# batch_size: 8\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
@@ -148,9 +151,10 @@ def test_mutated_plan_is_valid_and_runs_or_refused(base_docs, data):
         path.write_text(json.dumps(doc))  # NaN and Infinity as Python's json module writes them
         written = json.loads(path.read_text())
         valid = not document_problems(written)
-        # a valid file whose predicted times are not its replay: validate says so, the rest still runs it
-        replays = valid and not replay_problems(written)
-        event("valid" if replays else "valid, prediction not its replay" if valid else "refused")
+        # a valid file whose predicted times are not its replay, or whose split, devices or inputs were edited
+        # after planning (its digests): validate says so, simulate still runs it
+        replays = valid and not replay_problems(written) and not digest_problems(written)
+        event("valid" if replays else "valid, edited or not its replay" if valid else "refused")
         checked = invoke(["validate", path], tmp)
         sim = invoke(["simulate", path, "--rank", rank], tmp)
         exp = invoke(["export", path, "--rank", rank, "--format", "gpipe"], tmp)
