@@ -120,6 +120,11 @@ def test_a_plan_added_or_removed_is_named(tmp_path, doc):
     del more["digests"]["plans[1].schedule"]
     res = _validate(_write(tmp_path, more, name="more.json"))
     assert res.exit_code == 2 and "plans[1].schedule: not in the file's digests" in res.output
+    swapped = copy.deepcopy(doc)  # each plan's parts as planned, at the other's place
+    swapped["plans"].reverse()
+    res = _validate(_write(tmp_path, swapped, name="swapped.json"))
+    assert res.exit_code == 2 and "plans[0].parallelism: as planned at plans[1].parallelism" in res.output
+    assert "edited after planning" not in res.output
     odd = copy.deepcopy(doc)
     odd["digests"]["search"] = "sha256:" + "0" * 64
     res = _validate(_write(tmp_path, odd, name="odd.json"))

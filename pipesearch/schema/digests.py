@@ -78,6 +78,16 @@ def _parts(doc: dict) -> dict[str, Any]:
     return out
 
 
+def _planned_at(recorded: dict, path: str, found: str) -> str | None:
+    """The other plan's path whose recorded digest of the same part is
+    ``found`` (a plan moved in the file), or None."""
+    if not path.startswith("plans["):
+        return None
+    part = path.split(".", 1)[1]
+    return next((p for p, d in recorded.items() if p != path and p.endswith("." + part) and p.startswith("plans[")
+                 and d == found), None)
+
+
 def planned_digests(doc: dict) -> dict[str, str]:
     """The ``digests`` block of a plan document about to be written."""
     return {path: digest(value) for path, value in _parts(doc).items()}
@@ -98,6 +108,11 @@ def digest_problems(doc: dict) -> list[Problem]:
             out.append(Problem(path, "not in the file's digests: added after planning; its figures were not "
                                      "computed for it: plan again rather than edit the file"))
         elif recorded[path] != digest(value):
+            moved = _planned_at(recorded, path, digest(value))
+            if moved is not None:
+                out.append(Problem(path, f"as planned at {moved} (the file's plans were reordered or one removed): "
+                                         "restore their order, or plan again"))
+                continue
             what = " (its stages' layers or devices)" if path.endswith(".stages") else ""
             out.append(Problem(path, f"edited after planning{what} (its digest in 'digests' differs): the plan's "
                                      "times and bytes are those of what was planned, not of this; plan again with "
