@@ -117,3 +117,24 @@ def test_ttft_when_prompts_fill_every_step():
     cap = stage_capacities(pipe)
     sim = simulate_serving(pipe, split, w, num_requests=16, pool_tokens=int(cap[0, 28]), concurrency=1)
     assert sim.ttft_mean_s == pytest.approx(st.ttft_s, rel=0.05)
+
+
+def test_a_prompt_of_the_token_budget_is_one_chunk_at_batch_one():
+    """Llama-3 8B, 2048-token prompts (vLLM's budget of 2048 tokens a step),
+    512 outputs, batch 1: the prompting sequence does not decode yet, so its
+    prompt takes the whole budget in one step. The chunk left room for the
+    sequence's own decode token (2047 tokens) and counted 2 chunks: 382 ms
+    closed form against 191 ms simulated, and --max-ttft-ms 300 refused the
+    plan."""
+    pipe = a100_pipe("llama3-8b")
+    split = (32,)
+    w = Workload(2048, 512)
+    step, chunks = pipe.chunk_step(1, w)
+    assert chunks == 1 and float(step.prefill) == 2048 and float(step.decode) == 0
+    st = pipe.steady_state(split, 1, w)
+    cap = stage_capacities(pipe)
+    sim = simulate_serving(pipe, split, w, num_requests=16, pool_tokens=int(cap[0, 32]), concurrency=1)
+    assert sim.ttft_mean_s == pytest.approx(st.ttft_s, rel=0.05)
+    # beside other sequences the chunk leaves their decode tokens room: at batch 8, 7 others
+    step8, _ = pipe.chunk_step(8, w)
+    assert float(step8.decode) == pytest.approx(7 * 511 / 512, rel=1e-12)

@@ -27,7 +27,9 @@ tokens of context on average.
 Time per output token: the cycle as a decoding sequence meets it, whose
 steps carry the prompts of the other ``B - 1`` sequences only (``b n / o``
 scaled by ``(B - 1) / B``; at ``B = 1`` decode steps alone). Time to first
-token: the prompt's ``ceil(n / chunk)`` chunks each wait one cycle of their
+token: the prompt's ``ceil(n / chunk')`` chunks (``chunk'`` the budget less
+the decode tokens of the micro-batch's other ``b - 1`` sequences: the
+prompting one does not decode yet) each wait one cycle of their
 micro-batch, ``chunks * max(C', C)`` with ``C'`` the cycle of micro-batches
 that each carry a chunk; ``chunks * C'`` when the prompts fill every step
 (share 1: the mean cycle ``C`` then holds more than one chunk of them).
@@ -224,11 +226,13 @@ class ServePipeline:
                     sampled=decode + p / workload.input_len, share=share)
 
     def chunk_step(self, batch, workload: Workload) -> tuple[Step, object]:
-        """The micro-batch that carries one prompt chunk beside its decode
-        tokens, and the number of chunks of a prompt."""
+        """The micro-batch that carries one prompt chunk beside the decode
+        tokens of its other sequences (the prompting one does not decode
+        yet: at ``B = 1`` a chunk takes the whole token budget), and the
+        number of chunks of a prompt."""
         B = np.asarray(batch, dtype=float)
         b = B / self.micro_batches(self.pp, B)
-        decode = b * workload.decode_share
+        decode = np.maximum(b - 1.0, 0.0) * workload.decode_share
         budget = self.costs.engine.max_num_batched_tokens
         chunk = np.clip(budget - decode, 1, workload.input_len)
         chunks = np.ceil(workload.input_len / chunk)
