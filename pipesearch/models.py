@@ -257,7 +257,7 @@ def load_model_source(
         info = {"name": cfg.name, "kind": "transformer", "file": str(path), "num_layers": variants[0].profile.num_layers,
                 "layers_description": describe_layers(names), "warnings": warnings,
                 "seq_len": seq_len or cfg.seq_len, "hidden_size": cfg.hidden_size,
-                **({"decoder_seq_len": decoder_tokens(cfg, seq_len or cfg.seq_len)} if cfg.is_encoder_decoder else {}),
+                **({"decoder_seq_len": decoder_tokens(cfg, cfg.seq_len)} if cfg.is_encoder_decoder else {}),
                 "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size,
                 "transformer": {k: v for k, v in asdict(cfg).items()
                                 if k != "source" and not (k == "decoder_seq_len" and v is None)}}

@@ -47,15 +47,12 @@ def device_rate_flops(spec: DeviceSpec, precision: str) -> float:
         InputError: another precision.
     """
     base, at, size = precision.partition("@")
-    if base == "fp32" and not at:
+    if precision == "fp32":
         return spec.peak_fp32_flops
-    if base == "fp16":
-        try:
-            fraction = spec.achieved_fraction_at(float(size)) if at else spec.achieved_fraction
-        except ValueError:
-            fraction = None
-        if fraction is not None:
-            return spec.peak_fp16_flops * fraction
+    if precision == "fp16":
+        return spec.peak_fp16_flops * spec.achieved_fraction
+    if base == "fp16" and at and size.replace(".", "", 1).isdigit():
+        return spec.peak_fp16_flops * spec.achieved_fraction_at(float(size))
     raise InputError(f"precision {precision!r}: expected fp32, fp16 or fp16@<GEMM size>")
 
 

@@ -15,6 +15,7 @@ from ..output import check_distinct_paths, check_writable, write_output
 from ..profiler import (CLOCKS, DTYPES, build_model, import_torch, load_factory, profile_module,
                         profile_module_at_sizes, torch_dtype)
 from ..profiles import write_profile_csv
+from ..profiles.csv_profile import writable_name
 from . import main
 
 
@@ -39,7 +40,6 @@ def check_input_size(shape: tuple[int, ...], sizes: list[int], size_option: str)
         raise InputError(f"{size_option} with --input-shape {','.join(map(str, shape))}: {elements:.3g} input "
                          f"elements in one batch, above {MAX_PROFILE_ELEMENTS:.3g}; profile at a smaller batch "
                          f"size or input shape (the planner scales to others)")
-
 
 
 @main.command("profile")
@@ -105,7 +105,7 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
         raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
     if name is not None and not name.strip():
         raise InputError("--name: empty; give the model's name, or leave the option out (the factory's module name)")
-    if name is not None and ("\n" in name or "\r" in name or name != name.strip()):
+    if name is not None and not writable_name(name):
         raise InputError(f"--name {name!r}: the profile's name must be one line without leading or trailing "
                          "blanks (it is a header line of the CSV)")
     if hf_config is not None and input_dtype == "float" and click.get_current_context().get_parameter_source(

@@ -112,17 +112,15 @@ def serve_table(plans, output_len: int | None = None) -> str:
 RATE_REQUESTS = 2000
 
 
-def _as_run_by(plan, other: bool, spec, cfg, cluster, weights, kv_bytes: float, reserve: float, workload):
-    """``plan`` as the engine ``spec`` runs it: the planning engine's plan
-    as it is; for the other engine its running limit at most the sequences
-    that engine's own memory model fits in the plan's KV pool (SGLang and
-    vLLM set the pool apart differently: a vLLM command in an SGLang plan
-    asked for one sequence more than vLLM holds).
+def _as_run_by(plan, spec, cfg, cluster, weights, kv_bytes: float, reserve: float, workload):
+    """``plan``, made for another engine, as the engine ``spec`` runs it:
+    its running limit at most the sequences that engine's own memory model
+    fits in the plan's KV pool (SGLang and vLLM set the pool apart
+    differently: a vLLM command in an SGLang plan asked for one sequence
+    more than vLLM holds).
 
     Raises:
         InputError: that engine's pool holds no sequence of the workload."""
-    if not other:
-        return plan
     pipe, _ = pipeline_for(cfg, cluster, plan.tp, plan.pp, weights, kv_bytes, spec, reserve)
     held = max(split_pool_tokens(pipe, plan.split), 0) // pipe.costs.tokens_per_sequence(workload.input_len,
                                                                                           workload.output_len)
@@ -352,8 +350,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         for name in ENGINES:
             spec = eng if name == engine else engine_spec(name)
             try:
-                ex[name] = export_serving(_as_run_by(p, name != engine, spec, cfg, cluster, weights, kv_bytes, reserve,
-                                                     workload), cfg, engine=name, model_path=model_path or cfg.name,
+                run = p if name == engine else _as_run_by(p, spec, cfg, cluster, weights, kv_bytes, reserve, workload)
+                ex[name] = export_serving(run, cfg, engine=name, model_path=model_path or cfg.name,
                                           weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                           memory_fraction=spec.memory_fraction,
                                           max_model_len=input_len + output_len,

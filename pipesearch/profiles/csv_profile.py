@@ -142,6 +142,13 @@ def shown(text: str) -> str:
     return show(text.strip())
 
 
+def writable_name(text: str) -> bool:
+    """Whether a profile CSV can hold ``text`` as a name (the model's in a
+    header line, a device's, a layer's cell) and read it back the same:
+    one line, no leading or trailing blanks."""
+    return "\n" not in text and "\r" not in text and text == text.strip()
+
+
 def format_number(value: float, scale: int = 0) -> str:
     """Float ``value`` times ``10**scale`` as a short decimal string that
     :func:`parse_number` (with ``-scale``) turns back into ``value`` exactly."""
@@ -492,7 +499,7 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
     path = Path(path)
     texts = [profile.name, profile.profiled_device, *[layer.name for layer in profile.layers]]
     for text in texts:
-        if "\n" in text or "\r" in text or text != text.strip():
+        if not writable_name(text):
             raise InputError(f"{path}: cannot write name {text!r}: names must be one line "
                              "without leading/trailing blanks")
     for layer in profile.layers:
