@@ -240,10 +240,14 @@ def test_concurrency_spread_over_replicas_serves_only_the_clients_given():
     sequences in flight than C: with 3 clients one replica idles, so the
     total is 3 of a 4-client run's (each replica at batch 1); with 6, two
     replicas run 2 and two run 1, the mean of the 4- and 8-client totals
-    (every replica at 1, at 2). The same holds for the simulated totals."""
+    (every replica at 1, at 2). The same holds for the simulated totals.
+    (The step budget is pinned: every replica runs the same command, and
+    a budget planned for the busier replicas' batch would differ from the
+    4- and 8-client runs' own.)"""
     def run(c):
         r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "2",
-                                      "--pp", "1", "--concurrency", str(c), "--num-requests", "80", "--json"])
+                                      "--pp", "1", "--concurrency", str(c), "--num-requests", "80",
+                                      "--max-num-batched-tokens", "2048", "--json"])
         assert r.exit_code == 0, r.output
         p = json.loads(r.output)["plans"][0]
         return p["predicted"]["output_tokens_per_s"], p["simulated"]["total_output_tokens_per_s"], p["batch"]

@@ -3,6 +3,8 @@ request accounting."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pipesearch.catalog import resolve
@@ -104,19 +106,24 @@ def test_tpot_at_batch_one_is_the_decode_step_alone():
 
 def test_ttft_when_prompts_fill_every_step():
     """8192-token prompts, one output token, batch 1: every step carries a
-    2048-token chunk (the token budget), so a prompt takes 4 chunk steps.
-    The mean cycle already holds the whole prompt; TTFT counted 4 of those
-    (4x too long). It is 4 chunk cycles, as simulated."""
+    2048-token chunk (the token budget), so a prompt takes 4 chunk steps:
+    the steady cycle is one chunk step, TTFT 4 of them, and the sequence's
+    one token comes every 4 cycles (a request lives k + o - 1 = 4 steps), as
+    simulated. (The cycle once held the whole prompt, 8192 tokens, in one
+    step the budget does not allow.)"""
     pipe = a100_pipe("qwen3-1.7b")
     split = (28,)
     w = Workload(8192, 1)
     st = pipe.steady_state(split, 1, w)
     chunk_step, chunks = pipe.chunk_step(1, w)
-    assert chunks == 4
-    assert st.ttft_s == pytest.approx(st.cycle_s, rel=0.1)  # one prompt per cycle: about one cycle
+    assert chunks == 4 and pipe.prompt_steps(1, w) == 4
+    # (TTFT's chunk steps each run the LM head once, the mean step a quarter of it: 1e-5 apart)
+    assert st.ttft_s == pytest.approx(4 * st.cycle_s, rel=1e-4)
+    assert st.output_tokens_per_s == pytest.approx(1 / (4 * st.cycle_s), rel=1e-12)
     cap = stage_capacities(pipe)
     sim = simulate_serving(pipe, split, w, num_requests=16, pool_tokens=int(cap[0, 28]), concurrency=1)
     assert sim.ttft_mean_s == pytest.approx(st.ttft_s, rel=0.05)
+    assert sim.output_tokens_per_s == pytest.approx(st.output_tokens_per_s, rel=0.05)
 
 
 def test_a_prompt_of_the_token_budget_is_one_chunk_at_batch_one():
@@ -138,3 +145,37 @@ def test_a_prompt_of_the_token_budget_is_one_chunk_at_batch_one():
     # beside other sequences the chunk leaves their decode tokens room: at batch 8, 7 others
     step8, _ = pipe.chunk_step(8, w)
     assert float(step8.decode) == pytest.approx(7 * 511 / 512, rel=1e-12)
+
+
+@pytest.mark.parametrize("input_len", [2049, 3000, 4097])
+def test_ttft_of_a_prompt_past_the_budget_counts_its_last_chunk_as_it_is(input_len):
+    """A prompt one token past vLLM's 2048-token budget takes a full chunk
+    step and a one-token step, not two full ones (382 ms where the
+    simulation gives 202): the closed form's TTFT at batch 1 is within 3%
+    of the simulated one for prompts of 2049, 3000 and 4097 tokens."""
+    pipe = a100_pipe("llama3-8b")
+    w = Workload(input_len, 64)
+    st = pipe.steady_state((32,), 1, w)
+    sim = simulate_serving(pipe, (32,), w, num_requests=40, pool_tokens=int(stage_capacities(pipe)[0, 32]),
+                           concurrency=1)
+    assert st.ttft_s == pytest.approx(sim.ttft_mean_s, rel=0.03)
+
+
+def test_a_ttft_limit_holds_in_the_simulation_when_prompts_fill_every_step():
+    """1024-token prompts, 8 output tokens, Llama-3 8B on one A100: at a
+    batch of 15 each step carries about 15 x 1024 / 8 = 1,920 prompt
+    tokens, so a prompt's step is the mean cycle (177 ms), not a step of
+    its own prompt alone (96 ms, which let --max-ttft-ms 100 accept that
+    batch while the simulation gave 248 ms). The plan --max-ttft-ms 100
+    accepts now meets it in the simulation too."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "--input-len", "1024",
+                                  "--output-len", "8", "--tp", "1", "--pp", "1", "--max-ttft-ms", "100",
+                                  "--simulate-top", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)["plans"][0]
+    assert p["predicted"]["ttft_s"] <= 0.1
+    assert p["simulated"]["ttft_mean_s"] <= 0.1 * 1.05

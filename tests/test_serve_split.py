@@ -191,9 +191,10 @@ def test_huggingface_config_commands_name_a_loadable_model(tmp_path, monkeypatch
     res = CliRunner().invoke(main, ["serve", "--model", "config.json", "--cluster", "1x8-l4", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    command = doc["plans"][0]["exports"]["vllm"]["command"]
+    export = doc["plans"][0]["exports"]["vllm"]
     want = name_or_path or str(folder.resolve())
-    assert command.startswith(f"vllm serve {want} "), command
+    assert export["argv"][:3] == ["vllm", "serve", want], export["command"]
+    assert f" vllm serve {want} " in f" {export['command']}", export["command"]
     assert doc["inputs"]["model"]["name"] == (name_or_path.rsplit("/", 1)[-1] if name_or_path else "Llama-3-8B")
 
 

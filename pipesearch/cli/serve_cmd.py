@@ -142,6 +142,7 @@ def _plan_json(p, exports) -> dict:
         "max_batch": p.max_batch,
         "batch": p.batch,
         "max_num_seqs": p.max_num_seqs,
+        "max_num_batched_tokens": p.max_num_batched_tokens,
         "predicted": {"output_tokens_per_s": p.total_output_tokens_per_s,
                       "output_tokens_per_s_per_replica": p.steady.output_tokens_per_s,
                       "tpot_s": p.steady.tpot_s, "ttft_s": p.steady.ttft_s, "cycle_s": p.steady.cycle_s,
@@ -315,13 +316,16 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     check_device_dtype(cluster.device_spec(0), weight_dtype)
     half = not runs_bf16(cluster.device_spec(0))  # a bf16 model served in fp16 (the same bytes)
     kv_bytes = kv_dtype_bytes(kv_dtype)
+    # an unpinned step budget is planned per configuration (search_serving's uniform budget); a given one is kept
     result = search_serving(cfg, cluster, job, engine=eng, weights=weights, kv_bytes=kv_bytes, tp=tp, pp=pp,
-                            split=split, top=top)
+                            split=split, top=top,
+                            search_budget=not option_given(click.get_current_context(), "max_num_batched_tokens"))
     plans = list(result.plans)
     events = {}
     for i, p in enumerate(plans[:simulate_top]):
         # the engine as exported: at most the plan's running limit (--max-num-seqs), the other requests queue
-        ran = replace(eng, max_num_seqs=min(eng.max_num_seqs, p.max_num_seqs))
+        ran = replace(eng, max_num_seqs=min(eng.max_num_seqs, p.max_num_seqs),
+                      max_num_batched_tokens=p.max_num_batched_tokens)
         pipe, replicas = pipeline_for(cfg, cluster, p.tp, p.pp, weights, kv_bytes, ran, reserve)
         rate = None if request_rate is None else request_rate / replicas
         shares = replica_shares(concurrency, replicas) if rate is None else ((0, replicas),)
@@ -355,7 +359,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                                           weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                           memory_fraction=spec.memory_fraction,
                                           max_model_len=input_len + output_len,
-                                          max_num_batched_tokens=spec.max_num_batched_tokens,
+                                          max_num_batched_tokens=p.max_num_batched_tokens if name == engine
+                                          else spec.max_num_batched_tokens,
                                           devices_per_node=devices_per_node, concurrency=concurrency,
                                           model_name_only=model_path is None, half=half)
             except InputError as exc:

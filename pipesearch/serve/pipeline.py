@@ -10,22 +10,23 @@ the cycle is
     C = max(R, m * max_s t_s, m * max_k p2p_k)
 
 (the pipeline bubble: with fewer micro-batches than stages, ``R`` rules).
-Every cycle gives each running sequence one token: output tokens/s ``B /
-C``. With a workload of prompts of ``n`` tokens and ``o`` output tokens,
-``B / o`` requests finish per cycle and as many start,
-so micro-batches carry ``b n / o`` prefill tokens on average beside their
-``d = b (o - 1) / o`` decode tokens (the prefill/decode mix of continuous
-batching: a new sequence's first token is sampled at the end of its prompt,
-its other ``o - 1`` in decode steps; with ``o = 1`` nothing decodes). The
-engine takes a new prompt whole into one micro-batch (in chunks of
-``max_num_batched_tokens - d`` tokens when it is longer), so a share
-``(b n / o) / chunk`` of the micro-batches carries a chunk of
-``chunk = min(n, max_num_batched_tokens - d)`` tokens and the rest decode only; stage times are the mean over the two kinds
+With a workload of prompts of ``n`` tokens and ``o`` output tokens, a
+request lives ``k + o - 1`` steps of its micro-batch: its prompt in ``k =
+ceil(n / chunk)`` chunks of ``chunk = min(n, max_num_batched_tokens - b (o
+- 1) / o)`` tokens (the last samples its first token), then ``o - 1``
+decode steps (with ``o = 1`` nothing decodes). So ``B / (k + o - 1)``
+requests finish per cycle and as many start, micro-batches carry ``b n /
+(k + o - 1)`` prefill tokens on average beside their ``d = b (o - 1) / (k +
+o - 1)`` decode tokens (the prefill/decode mix of continuous batching), and
+output tokens/s are ``B o / ((k + o - 1) C)`` (``B / C`` when a prompt
+takes one step). The engine takes a new prompt into one micro-batch, so a
+share ``(b n / (k + o - 1)) / chunk`` of the micro-batches carries a chunk
+and the rest decode only; stage times are the mean over the two kinds
 (a chunk step is compute-bound where a decode step is memory-bound, and the
 roofline of the average would hide that). Decoding sequences hold ``n + o / 2``
 tokens of context on average.
 Time per output token: the cycle as a decoding sequence meets it, whose
-steps carry the prompts of the other ``B - 1`` sequences only (``b n / o``
+steps carry the prompts of the other ``B - 1`` sequences only (their mean prompt tokens
 scaled by ``(B - 1) / B``; at ``B = 1`` decode steps alone). Time to first
 token: the prompt's ``ceil(n / chunk')`` chunks (``chunk'`` the budget less
 the decode tokens of the micro-batch's other ``b - 1`` sequences: the
@@ -37,7 +38,7 @@ that each carry a chunk; ``chunks * C'`` when the prompts fill every step
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -214,16 +215,41 @@ class ServePipeline:
         if not workload.prefill_mix:
             return Step(decode=b, context=workload.mean_context, prefill=np.zeros_like(b),
                         prompt_len=workload.input_len, sampled=b)
-        decode = b * workload.decode_share
-        mean_p = b * workload.input_len / workload.output_len
-        if others_only:  # one sequence of one micro-batch decodes its token (1 for its decode_share)
+        share_d = self.decode_fraction(B, workload)
+        life = self.life_steps(B, workload)
+        decode = b * share_d
+        mean_p = b * workload.input_len / life
+        if others_only:  # one sequence of one micro-batch decodes its token (1 for its decode share)
             mean_p = mean_p * (B - 1) / B
-            decode = decode + (1 - workload.decode_share) / m
+            decode = decode + (1 - share_d) / m
         chunk = np.clip(self.costs.engine.max_num_batched_tokens - decode, 1.0, workload.input_len)
         share = np.minimum(1.0, mean_p / chunk)
         p = np.where(share >= 1.0, mean_p, chunk)
         return Step(decode=decode, context=workload.mean_context, prefill=p, prompt_len=workload.input_len,
                     sampled=decode + p / workload.input_len, share=share)
+
+    def prompt_steps(self, batch, workload: Workload):
+        """``k``: the steps of its micro-batch a prompt takes, ``ceil(n /
+        chunk)`` with ``chunk = min(n, T - b (o - 1) / o)`` (``T`` the step's
+        token budget, ``b (o - 1) / o`` the decode tokens beside it when each
+        prompt takes one step: the smallest chunk, so the most steps)."""
+        B = np.asarray(batch, dtype=float)
+        b = B / self.micro_batches(self.pp, B)
+        n = workload.input_len
+        chunk = np.clip(self.costs.engine.max_num_batched_tokens - b * workload.decode_share, 1.0, n)
+        return np.ceil(n / chunk)
+
+    def life_steps(self, batch, workload: Workload):
+        """Steps of its micro-batch a request lives: its prompt's ``k``
+        (:meth:`prompt_steps`; the last samples its first token), then ``o -
+        1`` decode steps; ``k + o - 1``."""
+        return self.prompt_steps(batch, workload) + (workload.output_len - 1)
+
+    def decode_fraction(self, batch, workload: Workload):
+        """The share of a micro-batch's sequences that decode in a step,
+        ``(o - 1) / (k + o - 1)`` (:meth:`life_steps`): the others are
+        prompting. ``(o - 1) / o`` when a prompt takes one step."""
+        return (workload.output_len - 1) / self.life_steps(batch, workload)
 
     def chunk_step(self, batch, workload: Workload) -> tuple[Step, object]:
         """The micro-batch that carries one prompt chunk beside the decode
@@ -275,11 +301,23 @@ class ServePipeline:
             tpot, _, _ = self._cycle(split, self.steady_step(B, workload, others_only=True), m)
         cstep, chunks = self.chunk_step(B, workload)
         ccycle, _, _ = self._cycle(split, cstep, m)
-        # every micro-batch step carries a full chunk when the prompts fill them (share 1): the mean cycle then
-        # holds more than one chunk's tokens, and a prompt's chunks each take a chunk's cycle
-        ttft = chunks * np.where(np.asarray(step.share) >= 1.0, ccycle, np.maximum(ccycle, cycle))
+        # the prompt's last chunk holds what the full ones leave (one token past the budget: a one-token step)
+        last = workload.input_len - (chunks - 1) * np.asarray(cstep.prefill, dtype=float)
+        lcycle, _, _ = self._cycle(split, replace(cstep, prefill=last), m)
+        # each chunk waits a cycle of its micro-batch, at least the mean one: where the prompts fill every step,
+        # the step that carries it carries the other sequences' prompts too
+        ttft = (chunks - 1) * np.maximum(ccycle, cycle) + np.maximum(lcycle, cycle)
         return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,
-                "output_tokens_per_s": B / cycle, "tpot_s": tpot, "ttft_s": ttft}
+                "output_tokens_per_s": B * self.tokens_per_life(B, workload) / cycle, "tpot_s": tpot,
+                "ttft_s": ttft}
+
+    def tokens_per_life(self, batch, workload: Workload):
+        """Output tokens per sequence per cycle: ``o / (k + o - 1)``
+        (:meth:`life_steps`), 1 when a prompt takes one step (every running
+        sequence then gains a token a cycle); without the prefill mix, 1."""
+        if not workload.prefill_mix:
+            return np.ones_like(np.asarray(batch, dtype=float))
+        return workload.output_len / self.life_steps(batch, workload)
 
     def steady_state(self, split: tuple[int, ...], batch: int, workload: Workload) -> SteadyState:
         """Closed form of one replica with ``split`` (decoder blocks per stage)

@@ -25,7 +25,7 @@ first, by time per output token.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -89,7 +89,9 @@ class ServePlan:
 
     ``batch`` is the running sequences the figures are for; ``max_num_seqs``
     the engine's running limit to export (:func:`running_limit`): ``batch``,
-    or with a request rate the most the latency limits allow."""
+    or with a request rate the most the latency limits allow;
+    ``max_num_batched_tokens`` the step's token budget the figures are for
+    and the export sets (:func:`uniform_budget` where it was searched)."""
 
     rank: int
     tp: int
@@ -108,6 +110,7 @@ class ServePlan:
     default_batch: int
     default_total_output_tokens_per_s: float
     max_num_seqs: int
+    max_num_batched_tokens: int = 2048
     simulated: dict = field(default_factory=dict, compare=False)
 
 
@@ -176,6 +179,29 @@ def _batch_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int, pp:
     if job.concurrency is not None:
         cap = min(cap, -(-job.concurrency // replicas))
     return cap
+
+
+def uniform_budget(pipe: ServePipeline, batch: int, workload: Workload) -> int:
+    """The step token budget that gives every micro-batch the same load at
+    ``batch`` running sequences: ``ceil(b (n + o) / o)`` with ``b =
+    ceil(B / m)`` sequences per micro-batch (``m = min(pp, B)``), the
+    decode tokens ``b (o - 1) / o`` and the prompt tokens ``b n / o`` that
+    start per step in the steady state (:meth:`ServePipeline.steady_step`),
+    so a prompt is spread in chunks over several steps rather than landing
+    whole in one; at least ``B + 1`` (vLLM refuses a budget below
+    ``max_num_seqs``, and a chunk needs a token beside the decodes).
+
+    With a larger budget a prompt goes whole into one micro-batch: a share
+    of the micro-batches carries the prompts and runs compute-bound while
+    the others decode memory-bound, and with ``m = pp`` the heavy ones hold
+    up the light ones behind them at every stage (the pipeline's stages
+    idle). Uniform steps are Sarathi-Serve's stall-free batching (Agrawal
+    et al., OSDI 2024, sec. 4), chosen here by the budget alone."""
+    B = int(batch)
+    m = min(pipe.pp, B)
+    b = -(-B // m)
+    n, o = workload.input_len, workload.output_len
+    return max(-(-b * (n + o) // o), B + 1)
 
 
 def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batch: int, pool: int) -> int:
@@ -330,6 +356,16 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
     return chosen, b_max, saturated
 
 
+def _plan_configuration(pipe: ServePipeline, split, job: ServeJob, replicas: int):
+    """``(chosen, max_batch, saturated)`` of one configuration: the given
+    ``split`` scored (:func:`evaluate_split`), or the best split searched
+    (:func:`_optimal`)."""
+    if split is not None:
+        chosen, _, b_max, saturated = evaluate_split(pipe, split, job, replicas)
+        return chosen, b_max, saturated
+    return _optimal(pipe, job, replicas)
+
+
 def _stages(pipe: ServePipeline, split, step, tp: int) -> tuple[StageReport, ...]:
     cap = stage_capacities(pipe)
     out, start = [], 0
@@ -345,7 +381,8 @@ def _stages(pipe: ServePipeline, split, step, tp: int) -> tuple[StageReport, ...
 
 def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, engine: EngineSpec,
                    weights: WeightFormat, kv_bytes: float, tp: int | None = None, pp: int | None = None,
-                   split: tuple[int, ...] | None = None, top: int = 5) -> ServeSearchResult:
+                   split: tuple[int, ...] | None = None, top: int = 5,
+                   search_budget: bool = False) -> ServeSearchResult:
     """Ranked serving plans of ``cfg`` on ``cluster``.
 
     Args:
@@ -353,6 +390,10 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         split: score these decoder blocks per stage instead of searching
             (sets ``pp``).
         top: plans to keep.
+        search_budget: for vLLM without a request rate, also plan each
+            configuration at the :func:`uniform_budget` of its best batch
+            (the engine's ``max_num_batched_tokens`` is then an upper bound,
+            not a pin) and keep the faster of the two.
 
     Raises:
         InputError: a pin the engine or the cluster refuses, a bad split.
@@ -400,25 +441,33 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
             evaluated += 1
             pipe, replicas = pipeline_for(cfg, cluster, t, p, weights, kv_bytes, engine, job.memory_reserve_bytes)
             dsplit = default_split(engine.name, L, p)
-            if split is not None:
-                chosen, pool, b_max, saturated = evaluate_split(pipe, split, job, replicas)
-            else:
-                chosen, b_max, saturated = _optimal(pipe, job, replicas)
+            chosen, b_max, saturated = _plan_configuration(pipe, split, job, replicas)
             if chosen is None:
                 key = "out_of_memory" if b_max < 1 else "latency_limits"
                 skipped[key] = skipped.get(key, 0) + 1
                 continue
+            # the engine's own defaults (split, budget) for the comparison
+            dchosen, dpool, _, _ = evaluate_split(pipe, dsplit, job, replicas)
+            dtotal = _total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0
+            if search_budget and engine.name == "vllm" and job.request_rate is None:
+                budget = uniform_budget(pipe, chosen[1].batch, job.workload)
+                if budget < engine.max_num_batched_tokens:
+                    upipe, _ = pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
+                                            replace(engine, max_num_batched_tokens=budget), job.memory_reserve_bytes)
+                    alt, alt_max, alt_sat = _plan_configuration(upipe, split, job, replicas)
+                    if alt is not None and _total(upipe, *alt, job, replicas) > _total(pipe, *chosen, job, replicas) * (
+                            1 + 1e-9):
+                        pipe, chosen, b_max, saturated = upipe, alt, alt_max, alt_sat
             sp, st = chosen
             w = job.workload
             step = pipe.steady_step(st.batch, w)
             _, pool, _ = split_metrics(pipe, sp, step)
-            dchosen, dpool, _, _ = evaluate_split(pipe, dsplit, job, replicas)
             results.append(dict(
                 tp=t, pp=p, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, t), pool=pool,
                 b_max=b_max, steady=st, total=_total(pipe, sp, st, job, replicas), saturated=saturated,
                 dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
-                dtotal=_total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0,
-                limit=running_limit(pipe, sp, job, replicas, st.batch, pool)))
+                dtotal=dtotal, limit=running_limit(pipe, sp, job, replicas, st.batch, pool),
+                budget=pipe.costs.engine.max_num_batched_tokens))
     pins = " ".join(x for x in (f"--tp {tp}" if tp else None, pp_pin) if x)
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
         raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
@@ -449,7 +498,8 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                   stages=r["stages"], pool_tokens=r["pool"], max_batch=r["b_max"], batch=r["steady"].batch,
                   steady=r["steady"], total_output_tokens_per_s=r["total"], saturated=r["saturated"],
                   default_split=r["dsplit"], default_pool_tokens=r["dpool"], default_batch=r["dbatch"],
-                  default_total_output_tokens_per_s=r["dtotal"], max_num_seqs=r["limit"])
+                  default_total_output_tokens_per_s=r["dtotal"], max_num_seqs=r["limit"],
+                  max_num_batched_tokens=r["budget"])
         for i, r in enumerate(results[:top]))
     return ServeSearchResult(plans, evaluated, tuple(sorted(skipped.items())), time.perf_counter() - t0)
 
@@ -460,8 +510,6 @@ def rerank_by_simulation(plans, *, rate_given: bool) -> list[ServePlan]:
     per output token after the plans that carry the rate (closed form and
     simulation, ``carries_rate``); the others keep their order after them. Ranks are
     renumbered from 1."""
-    from dataclasses import replace
-
     sim = [p for p in plans if p.simulated]
     rest = [p for p in plans if not p.simulated]
     if rate_given:  # plans that carry the rate in the closed form and the simulation first

@@ -96,7 +96,8 @@ class _Req:
 
 def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Workload, *, num_requests: int,
                      pool_tokens: int, concurrency: int | None = None, request_rate: float | None = None,
-                     steady_decode: bool = False, seed: int = 0, record_events: int = 0) -> SimResult:
+                     steady_decode: bool = False, seed: int = 0, record_events: int = 0,
+                     client_spread_s: float = 0.0) -> SimResult:
     """Simulate one replica of ``pipe`` with ``split`` serving ``num_requests``.
 
     Args:
@@ -107,6 +108,10 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
         steady_decode: all requests present at time 0, already prefilled (a
             steady decode run; ``num_requests`` of them run at once).
         record_events: keep the first this many stage events for a timeline.
+        client_spread_s: closed loop: the clients' first requests arrive
+            evenly over this many seconds (client ``i`` at ``i / K`` of it);
+            0, all at once (a benchmark's start: with one request class
+            the clients then stay in step, their prompts landing together).
 
     Raises:
         InputError: no or several arrival modes, a pool smaller than one
@@ -149,9 +154,12 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
     else:
         if concurrency < 1:  # type: ignore[operator]
             raise InputError(f"simulate: concurrency {concurrency}: expected an integer >= 1")
-        for i in range(min(concurrency, num_requests)):  # type: ignore[type-var]
-            reqs.append(_Req(0.0))
-            pending.append((0.0, i))
+        if not client_spread_s >= 0:
+            raise InputError(f"simulate: client_spread_s {client_spread_s}: expected a number >= 0")
+        clients = min(concurrency, num_requests)  # type: ignore[type-var]
+        for i in range(clients):
+            reqs.append(_Req(i * client_spread_s / clients))
+            pending.append((reqs[-1].arrival, i))
     heapq.heapify(pending)
     waiting: list[int] = []  # FIFO of arrived request ids
     # per slot: decoding requests, prompts in progress (FIFO), the sum of the
