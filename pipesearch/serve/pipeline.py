@@ -31,9 +31,11 @@ scaled by ``(B - 1) / B``; at ``B = 1`` decode steps alone). Time to first
 token: the prompt's ``ceil(n / chunk')`` chunks (``chunk'`` the budget less
 the decode tokens of the micro-batch's other ``b - 1`` sequences: the
 prompting one does not decode yet) each wait one cycle of their
-micro-batch, ``chunks * max(C', C)`` with ``C'`` the cycle of micro-batches
-that each carry a chunk; ``chunks * C'`` when the prompts fill every step
-(share 1: the mean cycle ``C`` then holds more than one chunk of them).
+micro-batch and at least the mean cycle ``C`` (where the prompts fill every
+step, a chunk's step carries the other sequences' prompts too): ``(chunks -
+1) max(C', C) + max(C'_last, C)``, ``C'`` the cycle of micro-batches that
+each carry a full chunk and ``C'_last`` that of the last chunk, what the
+full ones leave (docs/serving_costs.md).
 """
 
 from __future__ import annotations
