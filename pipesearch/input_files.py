@@ -108,3 +108,17 @@ def parse_failure(exc: BaseException) -> str:
     if "integer string conversion" in text:
         return "an integer with more than 4300 digits"
     return text or type(exc).__name__
+
+
+def unique_keys(source, error: type[InputError] = InputError):
+    """A ``json.loads`` ``object_pairs_hook`` that refuses a key given twice
+    in one object (json keeps the last one silently), raising ``error`` that
+    names ``source``, the key and the fix."""
+    def hook(pairs):
+        seen = {}
+        for key, value in pairs:
+            if key in seen:
+                raise error(f"{source}: key '{key}' appears twice in one object; keep one")
+            seen[key] = value
+        return seen
+    return hook

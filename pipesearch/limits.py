@@ -40,6 +40,9 @@ MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-6, 1e6
 MAX_LATENCY_US = 1e9
 #: a device's peak rate, TFLOP/s: (1 kFLOP/s, 1 EFLOP/s]
 MIN_TFLOPS, MAX_TFLOPS = 1e-9, 1e6
+#: a device's ``achieved_fraction`` at least this (with the least peak, plans
+#: of the largest models stay far below :data:`MAX_PLAN_S`)
+MIN_ACHIEVED_FRACTION = 0.01
 #: requests in one simulated serving run (``serve --num-requests``): 10**5 take
 #: seconds per plan; far more would look like a hang
 MAX_SIMULATED_REQUESTS = 100_000

@@ -110,16 +110,34 @@ def write_output(path: str | os.PathLike[str], write: Callable[[Path], None], wh
     return write_outputs([(path, write, what)])[0]
 
 
-def write_outputs(items) -> list[Path]:
+def write_outputs(items, directory: str | os.PathLike[str] | None = None) -> list[Path]:
     """Several outputs of one command, all or none: ``items`` are ``(path,
     write, what)`` as for :func:`write_output`. Paths written in place
     (:func:`_written_through`) are written first; every other one to a
     temporary file beside it, and only when every write has succeeded are
     they renamed onto their paths, so a failure leaves none of them.
+    ``directory``: the folder some of them go into, made first when missing
+    and removed again when a failure leaves it empty.
 
     Raises:
         InputError: a path cannot be written, naming it and its option.
     """
+    made = directory is not None and not Path(directory).exists()
+    if made:
+        try:
+            Path(directory).mkdir()
+        except OSError as exc:
+            raise InputError(f"{short_path(directory)}: cannot create the directory ({exc.strerror or exc})") from None
+    try:
+        return _write_all(items)
+    except BaseException:
+        if made and not any(Path(directory).iterdir()):
+            Path(directory).rmdir()
+        raise
+
+
+def _write_all(items) -> list[Path]:
+    """:func:`write_outputs` once the directories exist."""
     paths = [check_writable(path, what) for path, _, what in items]
     order = sorted(range(len(items)), key=lambda k: not _written_through(paths[k]))  # in place first
     pending: list[tuple[str, Path, str]] = []

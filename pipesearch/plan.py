@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError, PlanFormatError
-from .input_files import parse_failure, read_input_text
+from .input_files import parse_failure, read_input_text, unique_keys
 from .output import write_text
 from .schema import Problem, schema_problems
 from .schema.digests import planned_digests
@@ -283,7 +283,9 @@ def parse_document(text: str, source: str = "<text>") -> Any:
             ``pipesearch.plan/1`` document (its ``schema`` key).
     """
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=unique_keys(source, PlanFormatError))
+    except PlanFormatError:
+        raise
     except json.JSONDecodeError as exc:
         raise PlanFormatError(f"{source}: not JSON ({exc.msg}: line {exc.lineno}, column {exc.colno})") from None
     except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits, nesting too deep

@@ -838,7 +838,7 @@ ON_GPT = ["plan", "--model", "m.toml", "--cluster", "1x8-a100-80gb", "-b", "8", 
                                                                       "[1e-09, 1e+06] TFLOP/s"]),
     # the message said "a positive number <= inf"
     ({"dev.toml": _device("achieved_fraction", "nan")}, ON_C, ["dev.toml", "'achieved_fraction'", "nan",
-                                                               "a number in (0, 1]"]),
+                                                               "a number in [0.01, 1]"]),
     ({"dev.toml": GOOD_DEVICE + "memroy_GiB = 3\n"}, ON_C, ["dev.toml", "unknown key 'memroy_GiB'", "memory_GiB"]),
     ({"dev.toml": ""}, ON_C, ["dev.toml", "missing key 'name'"]),
     ({"dev.toml": b"\x00\xff\xfe"}, ON_C, ["dev.toml", "not UTF-8"]),
@@ -1373,3 +1373,25 @@ def test_mobius_past_the_hosts_memory_says_so_not_to_pin_or_offload_more(tmp_pat
                               "keeps the model's 16-bit weights and optimizer state in host memory, 549.",
                               "against 476.8 GiB", "[host] memory_GB")
         assert "add --activation-offload" not in line and "pin one with --split" not in line
+
+
+def test_a_plan_file_with_a_key_given_twice_is_refused(tmp_path, plan_doc):
+    """JSON keeps the last of two equal keys silently: a plan edited to
+    ``"name": "1f1b", "name": "gpipe"`` (or two ``pp``) validated and
+    exported as whichever came last. Every reader of plan files refuses it,
+    naming the key."""
+    text = json.dumps(plan_doc, indent=1)
+    name = f'"name": "{plan_doc["plans"][0]["schedule"]["name"]}"'
+    assert name in text
+    path = write(tmp_path / "dup.json", text.replace(name, '"name": "1f1b", ' + name, 1))
+    for command in (["validate"], ["simulate"], ["export", "--format", "torch"], ["plot"]):
+        assert_refused(tmp_path, [command[0], path, *command[1:]], "dup.json", "key 'name' appears twice",
+                       "keep one")
+
+
+def test_a_profile_header_below_one_bit_per_parameter_is_refused(tmp_path):
+    """``# bytes_per_param: 1e-300`` passed (0, 64] and the refusal blamed
+    the cluster with a 290-digit size; now the header line is refused."""
+    model = write(tmp_path / "bpp.csv", "# bytes_per_param: 1e-300\n" + CSV_HEADER + "l0,1,2,1000,4096\n")
+    assert_refused(tmp_path, ["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "8"], "bpp.csv",
+                   "bytes_per_param", "1e-300", "[0.125, 64]")

@@ -272,7 +272,16 @@ def test_device_bad_values(tmp_path, key, value, expected):
 
 def test_achieved_fraction_above_one(tmp_path):
     msg = _bad_device(tmp_path, GOOD_DEVICE + "achieved_fraction = 1.5\n")
-    assert "'achieved_fraction' = 1.5" in msg and "(0, 1]" in msg
+    assert "'achieved_fraction' = 1.5" in msg and "[0.01, 1]" in msg
+
+
+@pytest.mark.parametrize("value", ["1e-300", "1e-30", "0.005"])
+def test_achieved_fraction_far_below_any_device_is_refused(tmp_path, value):
+    """A fraction of 1e-300 of the peak made a plan's time overflow its
+    format (an internal error on -o, 300-digit times without it): refused
+    where the device file is read, below 0.01."""
+    msg = _bad_device(tmp_path, GOOD_DEVICE + f"achieved_fraction = {value}\n")
+    assert f"'achieved_fraction' = {value}" in msg and "[0.01, 1]" in msg
 
 
 def test_device_unknown_key(tmp_path):

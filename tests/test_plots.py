@@ -130,13 +130,14 @@ def test_plan_plot_dir_with_json_keeps_stdout_json(tmp_path, monkeypatch):
     import pipesearch.plots.common as common
 
     calls = []
-    monkeypatch.setattr(common, "write_all", lambda pf, d: calls.append((pf, d)) or [])
+    monkeypatch.setattr(common, "render_into", lambda kind, pf, path, source: calls.append((kind, pf, path)))
     figs = tmp_path / "figs"
     result = CliRunner().invoke(main, ["plan", *VGG, "--pp", "2", "--json", "--plot-dir", str(figs)])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert len(calls) == 1 and str(calls[0][1]) == str(figs)
-    assert calls[0][0].plans[0].rank == 1 and len(calls[0][0].plans) == len(doc["plans"])
+    assert [kind for kind, _, _ in calls] == list(common.KINDS)
+    assert calls[0][1].plans[0].rank == 1 and len(calls[0][1].plans) == len(doc["plans"])
+    assert sorted(p.name for p in figs.iterdir()) == sorted(f"{kind}.png" for kind in common.KINDS)
 
 
 def test_plot_dir_that_is_a_file(vgg_pruned, tmp_path):

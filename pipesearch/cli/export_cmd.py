@@ -9,7 +9,7 @@ import click
 
 from ..errors import InputError, PlanFormatError
 from ..export import DESCRIPTION_FORMATS, FORMATS, export_plan
-from ..output import check_directory, check_distinct_paths, check_writable, write_text
+from ..output import check_directory, check_distinct_paths, check_writable, write_outputs
 from ..plan import load_plan_file, parse_document, read_plan_text, select_plan
 from . import main
 from .validate_cmd import plan_file_problems
@@ -128,20 +128,14 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
         if path.exists() or path.parent.is_dir():  # (the directory itself is made below)
             check_writable(path, "export --files")
     check_distinct_paths([("-o", output)] + [("--files", path) for path in targets], {"PLANS": plans})
-    if files_dir:
-        d = Path(files_dir)
-        try:
-            d.mkdir(exist_ok=True)
-        except OSError as exc:
-            raise InputError(f"export --files {files_dir}: cannot create it ({exc.strerror or exc})") from None
-        for name, body in (export.get("files") or {}).items():
-            path = d / name
-            write_text(path, body, "export --files")
+    # the files and -o together, all or none (output.write_outputs)
+    outputs = [(path, lambda f, body=body: f.write_text(body), "export --files")
+               for path, body in zip(targets, (export.get("files") or {}).values())]
+    if output is not None:
+        outputs.append((Path(output), lambda f: f.write_text(text), "export"))
+    if outputs:
+        for path in write_outputs(outputs, directory=files_dir or None):
             _executable_if_script(path)
             click.echo(f"wrote {path}")
-    if output is not None:
-        write_text(output, text, "export")
-        _executable_if_script(Path(output))
-        click.echo(f"wrote {output}")
-    elif not files_dir:
+    else:
         click.echo(text, nl=False)

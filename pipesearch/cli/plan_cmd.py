@@ -17,11 +17,11 @@ from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
-from ..output import check_directory, check_distinct_paths, check_suffix, check_writable, write_output
+from ..output import check_directory, check_distinct_paths, check_suffix, check_writable, write_outputs
 from ..output_table import format_table
 from ..placement import memory_bytes_of, rank_memory
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
-from ..plan import PlanFile, document_problems, dump_plan_file, points_block, to_json
+from ..plan import PlanFile, document_problems, points_block, to_json
 from ..export import transformer_shape
 from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
@@ -769,16 +769,14 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     text = ""
     if as_json or out or plot_dir:  # only a plan file that goes out is built and checked
         plan_file, text = _plan_text(plan_file, result.plans)
+    # every file of the command at once, all or none (output.write_outputs), before anything is printed
+    outputs = [(out, lambda f: f.write_text(text), "plan file")] if out else []
     if all_points is not None:
-        write_output(all_points, lambda f: result.points.to_csv(f, index=False), "--all-points")
+        outputs.append((all_points, lambda f: result.points.to_csv(f, index=False), "--all-points"))
+    figures = _write_files(outputs, plot_dir, text, str(out) if out else "plan JSON")
     if as_json:
-        if out:
-            dump_plan_file(plan_file, out, text=text)
         click.echo(text, nl=False)
-        _write_plots(plot_dir, text, output or "plan JSON", echo=False)
         return
-    if out:
-        dump_plan_file(plan_file, out, text=text)
     if not quiet:
         devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)
         seq = f", sequence length {source.info['seq_len']}" if source.info.get("seq_len") else ""
@@ -812,7 +810,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
         click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
         click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
-    _write_plots(plot_dir, text, str(out) if out else "plan JSON", echo=not quiet)
+    if figures and not quiet:
+        click.echo(f"wrote {', '.join(str(p) for p in figures)}")
 
 
 def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) -> ParamState:
@@ -843,16 +842,23 @@ def _plan_text(plan_file: PlanFile, plans) -> tuple[PlanFile, str]:
     return plan_file, text
 
 
-def _write_plots(plot_dir, text: str, source: str, echo: bool) -> None:
-    """``--plot-dir``: the four figures of the plan file just written."""
-    if not plot_dir:
-        return
-    from ..plan import load_plan_text
-    from ..plots.common import write_all
+def _write_files(outputs, plot_dir, text: str, source: str) -> list:
+    """Write ``outputs`` (``(path, write, what)``) and, with ``--plot-dir``,
+    the four figures of the plan file ``text`` into that directory (made if
+    needed, and removed again if anything fails), all or none. Returns the
+    figures' paths."""
+    figures = []
+    if plot_dir:
+        from ..plan import load_plan_text
+        from ..plots.common import KINDS, render_into
 
-    paths = write_all(load_plan_text(text, source), plot_dir)
-    if echo:
-        click.echo(f"wrote {', '.join(str(p) for p in paths)}")
+        plan_file = load_plan_text(text, source)
+        figures = [Path(plot_dir) / f"{kind}.png" for kind in KINDS]
+        outputs = outputs + [(path, lambda f, k=kind: render_into(k, plan_file, f, source), "figure")
+                             for kind, path in zip(KINDS, figures)]
+    if outputs:
+        write_outputs(outputs, directory=plot_dir or None)
+    return figures
 
 
 def small_batch_note(plans, source) -> str | None:

@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..hardware import describe_cluster, device_files, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
-from ..output import check_distinct_paths, check_suffix, check_writable, short_path, write_text
+from ..output import check_distinct_paths, check_suffix, check_writable, short_path, write_outputs
 from ..profiles.transformer import guessed_family_note, hf_checkpoint, hf_quantization_config, load_transformer
 from ..serve.dtypes import (KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, checkpoint_weight_dtype, kv_dtype_bytes,
                             runs_bf16, weight_format)
@@ -386,17 +386,19 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         "plans": [_plan_json(p, ex) for p, ex in zip(plans, exports)],
     }
     text = json.dumps(doc, indent=2) + "\n"
+    outputs = [(out, lambda f: f.write_text(text), "serving plans")] if out else []
     if timeline:
         from ..plots.serve_timeline import plot_serve_timeline
 
         first = events[(plans[0].tp, plans[0].pp, plans[0].split)]
         # a cycle as the simulation ran it (its mean time per output token), not the closed form's
         cycle_s = max(plans[0].simulated.get("tpot_mean_s") or 0.0, plans[0].steady.cycle_s)
-        plot_serve_timeline(_window(first, 3 * cycle_s), plans[0].pp, timeline,
-                            f"{cfg.name} on {cluster.name}: plan 1 (tp {plans[0].tp} x pp {plans[0].pp}), "
-                            f"three simulated cycles from the run's median start")
-    if out:
-        write_text(out, text, "serving plans")
+        outputs.append((timeline, lambda f: plot_serve_timeline(
+            _window(first, 3 * cycle_s), plans[0].pp, f,
+            f"{cfg.name} on {cluster.name}: plan 1 (tp {plans[0].tp} x pp {plans[0].pp}), "
+            f"three simulated cycles from the run's median start"), "--timeline"))
+    if outputs:  # all or none (output.write_outputs)
+        write_outputs(outputs)
     if as_json:
         click.echo(text, nl=False)
         return

@@ -332,4 +332,11 @@ def write_all(plan_file: PlanFile | str | PathLike[str], directory: str | PathLi
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"{directory}: cannot create the figure directory ({exc.strerror})") from None
-    return [_render(kind, pf, directory / f"{kind}.png", 1, source) for kind in KINDS]
+    return [render_into(kind, pf, directory / f"{kind}.png", source) for kind in KINDS]
+
+
+def render_into(kind: str, plan_file: PlanFile, path, source: str = "plan file") -> Path:
+    """Draw the figure ``kind`` (one of :data:`KINDS`; the plan figures of
+    rank 1) of ``plan_file`` into ``path``, a ``.png`` (a temporary file
+    when several outputs are written together, :func:`pipesearch.output.write_outputs`)."""
+    return _render(kind, plan_file, path, 1, source)

@@ -213,8 +213,9 @@ def _parse_header(path: Path, header: dict) -> dict:
     if not (0 < batch <= MAX_COUNT and batch.is_integer()):
         raise _fail(path, f"line {line}", f"batch_size {shown(text)} is not a positive integer <= {MAX_COUNT}; "
                     "write the profiled batch size, e.g. '# batch_size: 128'")
-    bytes_per_param = _header_number(path, header, "bytes_per_param", 4.0, lambda v: 0 < v <= 64,
-                                     "is not a number in (0, 64]; write e.g. '# bytes_per_param: 4' (fp32) or 2 (fp16)")
+    bytes_per_param = _header_number(path, header, "bytes_per_param", 4.0, lambda v: 0.125 <= v <= 64,
+                                     "is not a number in [0.125, 64] (1-bit to 512-bit parameters); write e.g. "
+                                     "'# bytes_per_param: 4' (fp32), 2 (fp16) or 0.5 (int4)")
     tied = _header_number(path, header, "tied_param_bytes", 0.0, lambda v: 0 <= v < math.inf,
                           "is not a number >= 0; write the bytes the last layer shares with the first, e.g. "
                           "'# tied_param_bytes: 262144'")

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import InputError
-from ..input_files import parse_failure, read_input_text
+from ..input_files import parse_failure, read_input_text, unique_keys
 from ..limits import MAX_COUNT, MAX_TRANSFORMER_BLOCKS
 from ..types import DeviceSpec, Layer, Link, ModelProfile
 
@@ -475,16 +475,8 @@ def load_hf_config(
     p = Path(path)
     text = _read_text(p)  # its own refusal names the file once
 
-    def unique(pairs):  # a key given twice: json keeps the last one silently
-        seen = {}
-        for key, value in pairs:
-            if key in seen:
-                raise InputError(f"{p}: key '{key}' appears twice in one object; keep one")
-            seen[key] = value
-        return seen
-
     try:
-        d = json.loads(text, object_pairs_hook=unique)
+        d = json.loads(text, object_pairs_hook=unique_keys(p))
     except InputError:
         raise
     except json.JSONDecodeError as e:
