@@ -1395,3 +1395,26 @@ def test_a_profile_header_below_one_bit_per_parameter_is_refused(tmp_path):
     model = write(tmp_path / "bpp.csv", "# bytes_per_param: 1e-300\n" + CSV_HEADER + "l0,1,2,1000,4096\n")
     assert_refused(tmp_path, ["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "8"], "bpp.csv",
                    "bytes_per_param", "1e-300", "[0.125, 64]")
+
+
+def test_a_failed_output_leaves_none_of_the_commands_other_files(tmp_path):
+    """``-o`` onto a dangling link (the write fails) with ``--all-points``,
+    ``--plot-dir``, or serve's ``--timeline``: the command's other files were
+    written before (points CSV, figures, timeline) and stayed. Every file
+    of a command is written all or none, and a figure directory it made is
+    removed again."""
+    model = tiny_csv(tmp_path / "tiny.csv", rows=[f"l{k},{1 + k % 3},{2 + k % 2},{100000 * (1 + k % 2)},4096"
+                                                  for k in range(8)])
+    (tmp_path / "plan.json").symlink_to("/nonexistent/dir/plan.json")
+    base = ["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "8", "-q", "--top", "1"]
+    assert_refused(tmp_path, [*base, "--all-points", "pts.csv", "-o", "plan.json"], "plan.json", "cannot write")
+    assert_refused(tmp_path, [*base, "--all-points", "pts.csv", "-o", "plan.json", "--plot-dir", "figs"],
+                   "plan.json", "cannot write")
+    (tmp_path / "figs").mkdir()
+    (tmp_path / "figs" / "timeline.png").symlink_to("/nonexistent/dir/x.png")
+    assert_refused(tmp_path, [*base, "--all-points", "pts.csv", "-o", "ok.json", "--plot-dir", "figs"],
+                   "figs/timeline.png", "cannot write")
+    (tmp_path / "serve.json").symlink_to("/nonexistent/dir/serve.json")
+    assert_refused(tmp_path, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "-q", "--top", "1",
+                              "--simulate-top", "1", "--num-requests", "50", "--timeline", "t.png", "-o",
+                              "serve.json"], "serve.json", "cannot write")
