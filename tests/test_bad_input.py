@@ -1418,3 +1418,26 @@ def test_a_failed_output_leaves_none_of_the_commands_other_files(tmp_path):
     assert_refused(tmp_path, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "-q", "--top", "1",
                               "--simulate-top", "1", "--num-requests", "50", "--timeline", "t.png", "-o",
                               "serve.json"], "serve.json", "cannot write")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--pp", "2", "--pp", "4"], "--pp given 2 times (2, 4)"),
+    (["plan", "--micro-batch-size=1", "--micro-batch-size", "2"], "--micro-batch-size given 2 times (1, 2)"),
+    (["plan", "-o", "a.json", "--output", "b.json"], "--output given 2 times (a.json, b.json)"),
+    (["plan", "-qo", "a.json", "-ob.json"], "--output given 2 times (a.json, b.json)"),
+    (["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "2", "--tp", "4"], "--tp given 2 times (2, 4)"),
+    (["export", "plans.json", "--format", "torch", "--rank", "2", "--rank", "3"], "--rank given 2 times (2, 3)"),
+])
+def test_a_single_valued_option_given_twice_is_refused(tmp_path, args, needle):
+    """click keeps the last of two values silently (``--pp 2 --pp 4``
+    planned pp 4; ``-o a.json -o b.json`` wrote only b.json): refused before
+    anything runs, naming the option and both values."""
+    assert_refused(tmp_path, args, needle, "give it once", f" {args[0]} -h`)")
+
+
+def test_options_that_collect_or_repeat_the_same_value_still_run(tmp_path):
+    """``--schedule`` collects its values, and a flag or value given twice
+    alike pins nothing twice: these run."""
+    for extra in (["--schedule", "gpipe", "--schedule", "1f1b"], ["-q", "-q"], ["--top", "1", "--top", "1"]):
+        code, out, err = run(["plan", "--top", "1", "-q", *extra], tmp_path)
+        assert code == 0, (extra, err)

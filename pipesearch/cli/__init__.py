@@ -62,7 +62,12 @@ class _Group(click.Group):
         if args and self.get_command(ctx, name) is None and not ctx.resilient_parsing and not name.startswith("-"):
             # click suggests close names from the commands loaded so far; offer every command
             raise click.exceptions.NoSuchCommand(name, possibilities=self.list_commands(ctx), ctx=ctx)
-        return super().resolve_command(ctx, args)
+        cmd_name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not ctx.resilient_parsing:
+            repeated = repeated_option(cmd.get_params(ctx), rest)
+            if repeated:
+                raise click.UsageError(f"{repeated} (see `{ctx.command_path} {cmd_name} -h`)")
+        return cmd_name, cmd, rest
 
     def format_commands(self, ctx, formatter):
         """The command list from :data:`COMMANDS`, as click writes it, without importing the commands."""
@@ -129,6 +134,55 @@ class _Group(click.Group):
             click.echo(f"internal error: {type(exc).__name__}: {detail} (a bug in pipesearch: please report it with "
                        "the traceback that PIPESEARCH_DEBUG=1 shows)", err=True)
             sys.exit(1)
+
+
+def repeated_option(params, args) -> str | None:
+    """The refusal of a single-valued option given more than once with
+    different values in ``args`` (click keeps the last value silently:
+    ``--pp 2 --pp 4`` planned pp 4; a flag and its ``--no-`` form alike), or
+    None. ``params``: the command's click parameters; options
+    that collect their values (``multiple``, ``count``) may repeat. Reads
+    ``--name value``, ``--name=value``, ``-x value``, ``-xvalue`` and
+    grouped flags (``-qo FILE``), up to ``--``."""
+    by_opt = {o: p for p in params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    seen: dict[str, list[str]] = {}
+    i = 0
+    while i < len(args):
+        token = str(args[i])
+        i += 1
+        if token == "--":
+            break
+        if token.startswith("--"):
+            name, eq, value = token.partition("=")
+            found = [(name, eq, value)]
+        elif token.startswith("-") and len(token) > 1:
+            found, k = [], 1
+            while k < len(token):
+                opt = by_opt.get("-" + token[k])
+                if opt is None or opt.is_flag or opt.count:
+                    found.append(("-" + token[k], "", ""))
+                    k += 1
+                    continue
+                rest = token[k + 1:]
+                found.append(("-" + token[k], "=" if rest else "", rest))
+                break
+        else:
+            continue
+        for name, eq, value in found:
+            opt = by_opt.get(name)
+            if opt is None:
+                continue
+            if not (opt.is_flag or opt.count) and not eq and i < len(args):  # its value is the next word
+                value = str(args[i])
+                i += 1
+            if opt.multiple or opt.count:
+                continue
+            seen.setdefault(opt.name, []).append(name if opt.is_flag else value)
+    for opt_name, values in seen.items():
+        opt = next(p for p in params if isinstance(p, click.Option) and p.name == opt_name)
+        if len({v in opt.secondary_opts for v in values} if opt.is_flag else set(values)) > 1:
+            return f"{max(opt.opts, key=len)} given {len(values)} times ({', '.join(values)}); give it once"
+    return None
 
 
 #: characters of an error line kept from its start and from its end when it
