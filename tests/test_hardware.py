@@ -466,3 +466,13 @@ def test_the_h200_computes_as_the_h100():
     assert (h200.achieved_fraction, h200.gemm_half_efficiency_size) == (h100.achieved_fraction,
                                                                         h100.gemm_half_efficiency_size)
     assert h200.hbm_bandwidth_bytes_per_s > h100.hbm_bandwidth_bytes_per_s
+
+
+def test_catalog_servers_with_one_network_port_say_so():
+    """A p3.16xlarge-like server has one 25 Gbps interface for its eight
+    GPUs (AWS EC2 P3 page), PipeDream's four V100 servers one 10 GbE port:
+    their transfers between servers share it (``nics_per_node = 1``), where
+    the DGX-like A100 and H100 nodes give every GPU its own port."""
+    assert load_cluster("2x8-v100-nvlink-25gbe").inter_node.nics_per_node == 1
+    assert load_cluster("4x4-v100-10gbe").inter_node.nics_per_node == 1
+    assert load_cluster("2x8-a100-80gb").inter_node.nics_per_node is None
