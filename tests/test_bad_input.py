@@ -1441,3 +1441,12 @@ def test_options_that_collect_or_repeat_the_same_value_still_run(tmp_path):
     for extra in (["--schedule", "gpipe", "--schedule", "1f1b"], ["-q", "-q"], ["--top", "1", "--top", "1"]):
         code, out, err = run(["plan", "--top", "1", "-q", *extra], tmp_path)
         assert code == 0, (extra, err)
+
+
+@pytest.mark.parametrize("pin", [["--pp", "1"], ["--dp", "1"]])
+def test_a_placement_with_one_stage_or_one_replica_is_refused(tmp_path, pin):
+    """``--placement data`` orders each stage's replicas on the devices: with
+    pp 1 or dp 1 every layout is the same, and the pin was silently
+    ignored (the plan file still said ``placement: data``)."""
+    assert_refused(tmp_path, ["plan", "--placement", "data", *pin], "--placement data", f"with {' '.join(pin)}",
+                   "pp > 1 and dp > 1", "drop --placement")

@@ -709,6 +709,11 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             schedules = tuple(x for x in schedules if x not in MULTI_STAGE_SCHEDULES) or schedules
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
+    pinned_pp = pp or (len(split) if split else None)
+    if placements and cluster.is_homogeneous and 1 in (pinned_pp, dp):
+        degree = f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}"
+        raise InputError(f"--placement {placements[0]} with {degree}: a placement orders the stages' replicas, which "
+                         "needs pp > 1 and dp > 1 (every layout is the same here); drop --placement")
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules),
                             vps=tuple(vps) or split_vps(split, pp),
@@ -808,7 +813,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             click.echo(f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
                        f"{used} of the {total} devices ({how}); {total - used} stay{'s' if total - used == 1 else ''} idle")
         infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
-        click.echo(f"{result.points_evaluated} points evaluated in {result.wall_s:.2f} s; skipped: {infeasible}")
+        click.echo(f"{result.points_evaluated} point{'' if result.points_evaluated == 1 else 's'} evaluated in "
+                   f"{result.wall_s:.2f} s; skipped: {infeasible}")
         click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
     if figures and not quiet:
         click.echo(f"wrote {', '.join(str(p) for p in figures)}")

@@ -396,7 +396,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         outputs.append((timeline, lambda f: plot_serve_timeline(
             _window(first, 3 * cycle_s), plans[0].pp, f,
             f"{cfg.name} on {cluster.name}: plan 1 (tp {plans[0].tp} x pp {plans[0].pp}), "
-            f"three simulated cycles from the run's median start"), "--timeline"))
+            f"about three simulated cycles from the run's median start"), "--timeline"))
     if outputs:  # all or none (output.write_outputs)
         write_outputs(outputs)
     if as_json:
