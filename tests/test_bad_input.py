@@ -1450,3 +1450,35 @@ def test_a_placement_with_one_stage_or_one_replica_is_refused(tmp_path, pin):
     ignored (the plan file still said ``placement: data``)."""
     assert_refused(tmp_path, ["plan", "--placement", "data", *pin], "--placement data", f"with {' '.join(pin)}",
                    "pp > 1 and dp > 1", "drop --placement")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d["search"].update(points_evaluted=d["search"].pop("points_evaluated")), "search: unknown key 'points_evaluted'"),
+    (lambda d: d["search"].update(comment="x"), "search: unknown key 'comment'"),
+    (lambda d: d["search"]["points"].update(rows=[]), "search.points: unknown key 'rows'"),
+    (lambda d: d["inputs"].update(foo=0), "inputs: unknown key 'foo'"),
+    (lambda d: d["inputs"].update(runtime="tensorflow"), "inputs.runtime"),
+    (lambda d: d["plans"][0].update(exports={"torch": 5}), "plans[0].exports.torch"),
+    (lambda d: d["plans"][0].update(exports={"foo": {}}), "plans[0].exports"),
+])
+def test_unknown_keys_of_a_plan_files_fixed_objects_are_refused(tmp_path, plan_doc, edit, needle):
+    """The plan format has no unknown keys in its fixed objects
+    (docs/formats.md): a misspelled ``search.points_evaluated``, an extra
+    ``inputs`` key, an export that is not one of the runtimes' were valid."""
+    doc = copy.deepcopy(plan_doc)
+    edit(doc)
+    path = write(tmp_path / "keys.json", json.dumps(doc))
+    assert_refused(tmp_path, ["validate", path], needle)
+
+
+def test_the_schemas_runtime_names_are_the_exporters():
+    """inputs.runtime and the exports' keys name exactly the runtimes the
+    exporters write (a format added there and not here would fail every
+    plan file it is in)."""
+    from pipesearch.export import FORMATS
+    from pipesearch.runtimes import RUNTIMES
+    from pipesearch.schema import plan_schema
+
+    s = plan_schema()
+    assert tuple(s["properties"]["inputs"]["properties"]["runtime"]["enum"]) == RUNTIMES == FORMATS
+    assert tuple(s["$defs"]["plan"]["properties"]["exports"]["propertyNames"]["enum"]) == FORMATS

@@ -23,17 +23,19 @@ from pipesearch.types import Plan, Prediction, StagePlan
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """Run `pipesearch plan -o plans.json` in-process, capturing the PlanFile
-    object the CLI hands to dump_plan_file. Returns (path, PlanFile)."""
+    object the CLI writes (the one its JSON text is made from). Returns
+    (path, PlanFile)."""
     tmp = tmp_path_factory.mktemp("plan_json")
     captured = []
-    real_dump = plan_cmd.dump_plan_file
+    real_text = plan_cmd._plan_text
 
-    def spy(plan_file, path, **kw):
+    def spy(plan_file, plans):
+        plan_file, text = real_text(plan_file, plans)
         captured.append(plan_file)
-        return real_dump(plan_file, path, **kw)
+        return plan_file, text
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(plan_cmd, "dump_plan_file", spy)
+    mp.setattr(plan_cmd, "_plan_text", spy)
     try:
         out = tmp / "plans.json"
         result = CliRunner().invoke(main, ["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie",

@@ -111,7 +111,7 @@ def test_space_of_pruned_search_renders(vgg_pruned, tmp_path):
 
 
 def test_plan_plot_dir(tmp_path):
-    """`plan --plot-dir` calls write_all on the plan file it wrote."""
+    """`plan --plot-dir` writes the four figures of the plan file it wrote."""
     figs = tmp_path / "figs"
     result = CliRunner().invoke(main, ["plan", *VGG, "-o", str(tmp_path / "p.json"), "--plot-dir", str(figs)])
     assert result.exit_code == 0, result.output
