@@ -81,6 +81,11 @@ def _read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(data.decode("utf-8-sig"))  # a byte-order mark (some editors write one) is no statement
     except tomllib.TOMLDecodeError as e:
+        kind = {".csv": "a layer profile (CSV)", ".json": "a JSON file", ".txt": "a text file (a PipeDream graph?)"}.get(
+            path.suffix.lower())
+        if kind:  # a model or plan file given as a cluster or device
+            raise InputError(f"{path}: {kind}, not a TOML file (a cluster or device description, "
+                             "hardware/README.md)") from None
         raise InputError(f"{path}: TOML syntax error: {e}") from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: not a TOML file (not UTF-8 text)") from None

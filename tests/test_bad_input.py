@@ -1482,3 +1482,19 @@ def test_the_schemas_runtime_names_are_the_exporters():
     s = plan_schema()
     assert tuple(s["properties"]["inputs"]["properties"]["runtime"]["enum"]) == RUNTIMES == FORMATS
     assert tuple(s["$defs"]["plan"]["properties"]["exports"]["propertyNames"]["enum"]) == FORMATS
+
+
+def test_a_profile_given_as_the_cluster_says_what_it_is(tmp_path):
+    """``--cluster model.csv`` said 'TOML syntax error: Expected = after a
+    key': the file is named as the kind it is."""
+    model = tiny_csv(tmp_path / "m.csv")
+    assert_refused(tmp_path, ["plan", "--model", "vgg16", "--cluster", model], "m.csv", "a layer profile (CSV)",
+                   "not a TOML file")
+
+
+def test_a_null_value_in_a_huggingface_config_is_named_as_null(tmp_path):
+    """``"intermediate_size": null`` was reported as a missing key."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+           "intermediate_size": None, "vocab_size": 100, "max_position_embeddings": 128}
+    path = write(tmp_path / "config.json", json.dumps(cfg))
+    assert_refused(tmp_path, ["plan", "--model", path], "config.json", "key 'intermediate_size' = null")

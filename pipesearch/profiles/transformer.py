@@ -508,6 +508,9 @@ def load_hf_config(
                 raise InputError(f"{p}: missing key '{key}': model_type {model_type!r} is not one pipesearch reads "
                                  f"(its keys are not those of a GPT-2, GPT-NeoX, LLaMA or T5 config); describe the "
                                  f"model in a transformer TOML (cost_models/*.toml, docs/transformer_costs.md)")
+            given = next((k for k in (key, *alts) if k in d), None)  # there, but null
+            if given is not None:
+                raise InputError(f"{p}: key '{given}' = null (model_type {model_type or '?'}): give its value")
             raise InputError(f"{p}: missing key '{key}' (model_type {model_type or '?'})")
         return default
 
