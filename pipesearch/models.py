@@ -32,6 +32,10 @@ HF_SEQ_LEN_WARNING = 8192
 warning when no ``--seq-len`` is given (Qwen2's 131072 would otherwise be
 planned as the training length)."""
 
+#: transformer fields a plan file's ``inputs.model.transformer`` leaves out
+#: when unset (files written before them stay as they were)
+OPTIONAL_FIELDS = ("decoder_seq_len", "rope_scaling_type", "rope_scaling_factor")
+
 
 SIZE_COLUMNS = (("param_bytes", "param_bytes"), ("output_bytes", "output_bytes"), ("saved_bytes", "saved_bytes"))
 #: the graph.txt field each size comes from (pipesearch.profiles.pipedream)
@@ -260,7 +264,7 @@ def load_model_source(
                 **({"decoder_seq_len": decoder_tokens(cfg, cfg.seq_len)} if cfg.is_encoder_decoder else {}),
                 "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size,
                 "transformer": {k: v for k, v in asdict(cfg).items()
-                                if k != "source" and not (k == "decoder_seq_len" and v is None)}}
+                                if k != "source" and not (k in OPTIONAL_FIELDS and v is None)}}
         # the layer tables are computed for the reference type; other types scale by FLOP rate
         return ModelSource(cfg.name, tuple(variants), info, device, cfg)
     if seq_len is not None:

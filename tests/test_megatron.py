@@ -263,3 +263,34 @@ def test_hf_config_flags_build_the_same_model_in_megatron(tmp_path):
     assert "--rotary-base 1000001" in " ".join(args) and any("rounded" in n or "written as" in n for n in notes)
     with pytest.raises(InputError, match="attention_bias"):
         load_transformer(_hf_config(tmp_path, model_type="llama", attention_bias="false"), seq_len=2048)
+
+
+def test_llama31_rope_scaling_reaches_the_megatron_flags(tmp_path):
+    """Llama 3.1's config scales its rotary frequencies (``rope_scaling``:
+    ``rope_type`` llama3, factor 8); Megatron-LM builds that model only with
+    ``--use-rope-scaling --rope-scaling-factor 8`` (its llama3 scaling, with
+    Llama 3.1's low / high frequency factors 1 and 4 and 8192 original
+    positions): the export dropped it, training another model. From a
+    HuggingFace config and from the catalog's llama3.1-8b alike; Llama 3
+    (no scaling) gets neither flag, and another kind of scaling a note."""
+    from dataclasses import asdict
+
+    from pipesearch.catalog import resolve
+    from pipesearch.export.megatron import model_args
+    from pipesearch.profiles.transformer import load_transformer
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    hf = load_transformer(_hf_config(tmp_path, model_type="llama", rope_scaling=scaling), seq_len=2048)
+    catalog = load_transformer(resolve("model", "llama3.1-8b"))
+    for cfg in (hf, catalog):
+        assert (cfg.rope_scaling_type, cfg.rope_scaling_factor) == ("llama3", 8.0)
+        args = model_args(asdict(cfg), 2048)[0]
+        at = args.index("--use-rope-scaling")
+        assert args[at + 1:at + 3] == ["--rope-scaling-factor", "8"]
+    plain = model_args(asdict(load_transformer(resolve("model", "llama3-8b"))), 2048)[0]
+    assert "--use-rope-scaling" not in plain and "--rope-scaling-factor" not in plain
+    yarn = load_transformer(_hf_config(tmp_path, model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                            seq_len=2048)
+    args, notes = model_args(asdict(yarn), 2048)
+    assert "--use-rope-scaling" not in args and any("'yarn'" in n for n in notes)

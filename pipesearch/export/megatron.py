@@ -351,7 +351,15 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
             if base != float(theta):
                 notes.append(f"rope_theta {theta!r} written as --rotary-base {base}: Megatron-LM takes an integer "
                              f"base; the model's rotary frequencies differ slightly from its config's.")
-        else:
+        scaling, factor = t.get("rope_scaling_type"), t.get("rope_scaling_factor")
+        if scaling == "llama3":  # Megatron-LM's llama3.x scaling (low / high frequency factors 1 and 4, 8192 positions)
+            args += ["--use-rope-scaling", "--rope-scaling-factor", f"{float(factor or 8.0):g}"]
+            notes.append("rope scaling 'llama3' as Megatron-LM applies it: low_freq_factor 1, high_freq_factor 4 and "
+                         "an original context of 8192 positions (Llama 3.1's); check the config's own values.")
+        elif scaling is not None:
+            notes.append(f"rope scaling {scaling!r} (factor {factor!r}): Megatron-LM's flags set the llama3 kind only "
+                         "(--use-rope-scaling); apply it in the model code.")
+        if theta is None:
             notes.append("rotary embeddings: Megatron's --rotary-base defaults to 10000; set the model's own base "
                          "(its config's rope_theta, e.g. 500000 for Llama 3) and --rotary-percent if not 1.0. "
                          "pipesearch's costs do not depend on it.")

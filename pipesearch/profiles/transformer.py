@@ -72,6 +72,8 @@ __all__ = [
 KINDS = ("decoder", "encoder-decoder")
 POSITION_EMBEDDINGS = ("learned", "rotary", "relative", "none")
 NORMS = ("layernorm", "rmsnorm")
+#: HuggingFace ``rope_scaling`` types (``rope_type``, or ``type`` in older configs); None: none
+ROPE_SCALINGS = (None, "llama3", "linear", "dynamic", "yarn", "longrope")
 RECOMPUTE = ("none", "selective", "full")
 
 #: bytes of one dropout-mask element (Korthikanti et al. 2022 sec. 4.1 count
@@ -138,6 +140,10 @@ class TransformerConfig:
             ``--qk-layernorm``); its ``2 d`` weights per block are left out
             of the layer table.
         rope_theta: the rotary base (``None``: the runtime's default, 10000).
+        rope_scaling_type, rope_scaling_factor: the rotary frequencies'
+            scaling of a HuggingFace config's ``rope_scaling`` (``rope_type``
+            and ``factor``; Llama 3.1: ``"llama3"``, 8), or ``None``: no
+            cost depends on it, the Megatron-LM export sets it.
         norm_eps: the norms' epsilon (``None``: the runtime's default).
         relative_attention_num_buckets: T5 relative-position buckets.
         make_vocab_size_divisible_by: Megatron-LM pads the vocabulary to a
@@ -175,6 +181,8 @@ class TransformerConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     rope_theta: float | None = None
+    rope_scaling_type: str | None = None
+    rope_scaling_factor: float | None = None
     norm_eps: float | None = None
     source: str = field(default="", compare=False)
 
@@ -231,6 +239,8 @@ _FIELD_KINDS: dict[str, tuple[str, bool]] = {
     "qkv_bias": ("bool", False),
     "qk_norm": ("bool", False),
     "rope_theta": ("opt_pos_float", False),
+    "rope_scaling_type": (ROPE_SCALINGS, False),
+    "rope_scaling_factor": ("opt_pos_float", False),
     "norm_eps": ("opt_pos_float", False),
     "source": ("str", False),
 }
@@ -562,8 +572,15 @@ def load_hf_config(
         take("tied_embeddings", "tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
         take("max_position_embeddings", "max_position_embeddings", None)  # the context (rotary: no table)
         default_seq, pos_key = values["max_position_embeddings"], "max_position_embeddings"
-        if get("rope_scaling", None):  # scaled positions: the engine derives a longer context from it
+        scaling = get("rope_scaling", None)
+        if scaling:  # scaled positions: the engine derives a longer context from it
             values["max_position_embeddings"] = None
+            if not isinstance(scaling, dict):
+                raise _bad(where, "rope_scaling", scaling, "an object (rope_type, factor, ...) or null")
+            values["rope_scaling_type"] = scaling.get("rope_type", scaling.get("type"))
+            keys["rope_scaling_type"] = "rope_scaling.rope_type"
+            values["rope_scaling_factor"] = scaling.get("factor")
+            keys["rope_scaling_factor"] = "rope_scaling.factor"
         values.update(kind="decoder", position_embedding="rotary")
         take("rope_theta", "rope_theta", None, "rotary_emb_base")
         if family == "neox":
