@@ -58,6 +58,8 @@ _HOST_KEYS = {
 }
 _GROUP_KEYS = ("nodes", "devices_per_node", "device")
 _LINK_KEYS = ("bandwidth_GBps", "latency_us")
+#: the keys of the link inside a node
+_INTRA_LINK_KEYS = _LINK_KEYS + ("nvswitch",)
 #: the keys of the links between nodes (``inter_node``, ``inter_group``)
 _NODE_LINK_KEYS = _LINK_KEYS + ("nics_per_node",)
 
@@ -258,7 +260,7 @@ def _link(where: Path, data: dict, key: str) -> Link:
     """The ``[key]`` table as a :class:`Link` (GBps -> bytes/s, us -> s)."""
     table = _table(where, key, _get(where, data, key))
     between_nodes = key != "intra_node"
-    _check_keys(where, table, _NODE_LINK_KEYS if between_nodes else _LINK_KEYS, prefix=f"{key}.")
+    _check_keys(where, table, _NODE_LINK_KEYS if between_nodes else _INTRA_LINK_KEYS, prefix=f"{key}.")
     prefix = f"{key}."
     bandwidth = _number(where, prefix + "bandwidth_GBps",
                         _get(where, table, "bandwidth_GBps", prefix))
@@ -268,7 +270,12 @@ def _link(where: Path, data: dict, key: str) -> Link:
     if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int) or not 1 <= nics <= limits.MAX_DEVICES):
         raise InputError(f"{where}: key '{prefix}nics_per_node' = {nics!r}: expected an integer from 1 to "
                          f"{limits.MAX_DEVICES} (the transfers a node sends at once; omit it for one NIC per device)")
-    return Link(bandwidth_bytes_per_s=bandwidth * GB, latency_s=latency / MICROS_PER_S, nics_per_node=nics)
+    nvswitch = table.get("nvswitch", False)
+    if not isinstance(nvswitch, bool):
+        raise _fail(where, prefix + "nvswitch", nvswitch, "true or false (every pair of a node's devices linked "
+                    "through NVSwitch at bandwidth_GBps)")
+    return Link(bandwidth_bytes_per_s=bandwidth * GB, latency_s=latency / MICROS_PER_S, nics_per_node=nics,
+                nvswitch=nvswitch)
 
 
 #: PCIe per-lane data rate per direction, GB/s, after line coding (PCI-SIG:
@@ -513,6 +520,8 @@ def _link_dict(link: Link) -> dict[str, float]:
     out = {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s}
     if link.nics_per_node is not None:
         out["nics_per_node"] = link.nics_per_node
+    if link.nvswitch:
+        out["nvswitch"] = True
     return out
 
 

@@ -333,6 +333,10 @@ class Link:
     bandwidth_bytes_per_s: float
     latency_s: float
     nics_per_node: int | None = None
+    #: (inside a node only) every pair of the node's devices is linked at
+    #: ``bandwidth_bytes_per_s`` through NVSwitch: the serving engines' own
+    #: all-reduce runs there (:func:`pipesearch.serve.costs.allreduce_s`)
+    nvswitch: bool = False
 
     def transfer_s(self, num_bytes: float) -> float:
         """Seconds to move ``num_bytes`` over this link (alpha-beta model)."""

@@ -476,3 +476,23 @@ def test_catalog_servers_with_one_network_port_say_so():
     assert load_cluster("2x8-v100-nvlink-25gbe").inter_node.nics_per_node == 1
     assert load_cluster("4x4-v100-10gbe").inter_node.nics_per_node == 1
     assert load_cluster("2x8-a100-80gb").inter_node.nics_per_node is None
+
+
+def test_nvswitch_is_read_inside_nodes_only(tmp_path):
+    """``nvswitch = true`` in ``[intra_node]`` marks NVSwitch nodes (the
+    catalog's DGX-like A100 and H100 clusters); anything but a boolean, or
+    the key between nodes, is refused naming it."""
+    assert load_cluster("4x8-h100").intra_node.nvswitch and load_cluster("2x8-a100-80gb").intra_node.nvswitch
+    assert not load_cluster("1x8-l4").intra_node.nvswitch
+    assert not load_cluster("2x8-v100-nvlink-25gbe").intra_node.nvswitch  # hybrid cube-mesh: not every pair
+    base = (f'name = "c"\nnodes = 1\ndevices_per_node = 2\ndevice = "a100-80gb"\n'
+            f'[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n')
+    (tmp_path / "ok.toml").write_text(base + "[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\nnvswitch = true\n")
+    assert load_cluster(str(tmp_path / "ok.toml")).intra_node.nvswitch
+    (tmp_path / "bad.toml").write_text(base + "[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\nnvswitch = 1\n")
+    with pytest.raises(InputError, match="intra_node.nvswitch' = 1: expected true or false"):
+        load_cluster(str(tmp_path / "bad.toml"))
+    (tmp_path / "inter.toml").write_text(base.replace("latency_us = 10\n", "latency_us = 10\nnvswitch = true\n")
+                                         + "[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\n")
+    with pytest.raises(InputError, match="nvswitch"):
+        load_cluster(str(tmp_path / "inter.toml"))

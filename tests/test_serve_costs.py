@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 
 from pipesearch.catalog import resolve
@@ -241,3 +243,30 @@ def test_replicated_kv_heads_carry_their_qkv_biases():
     split = 4096 * 4096 * 2 + 2 * 4096 * 512 + 3 * 4096 * 11008 + (4096 + 2 * 512)  # GEMMs and the Q/K/V biases
     replicas = 0.5 * 2 * (4096 + 1) * 128  # one whole KV head per rank where 4 / 8 would be half of one
     assert c.block_weight_bytes == (split / 8 + replicas) * 2 + 2 * 4096 * 2  # bf16, the two norms whole
+
+
+def test_engines_all_reduce_over_nvswitch_by_hand():
+    """On NVSwitch (every pair of GPUs linked) the engines' own all-reduce:
+    one-shot ``lat + (t-1) x / bw`` for a decode step's 16 KiB at t = 8
+    (under 256 KiB), two-shot ``2 lat + 2 (t-1)/t x / bw`` for 1 MiB, NCCL's
+    ring ``2 (t-1)/t x / bw + 2 (t-1) lat`` from 8 MiB on, at t = 3 (not a
+    size it runs) and without NVSwitch; t = 2 is one-shot up to 8 MiB."""
+    from pipesearch.serve.costs import allreduce_s
+    from pipesearch.types import Link
+
+    bw, lat = 300e9, 5e-6
+    switch, ring_only = Link(bw, lat, nvswitch=True), Link(bw, lat)
+
+    def ring(x, t):
+        return 2 * (t - 1) / t * x / bw + 2 * (t - 1) * lat
+
+    kib, mib = 2**10, 2**20
+    assert allreduce_s(16 * kib, 8, switch) == pytest.approx(lat + 7 * 16 * kib / bw, rel=1e-12)
+    assert allreduce_s(1 * mib, 8, switch) == pytest.approx(2 * lat + 2 * 7 / 8 * mib / bw, rel=1e-12)
+    assert allreduce_s(300 * kib, 4, switch) == pytest.approx(lat + 3 * 300 * kib / bw, rel=1e-12)  # < 512 KiB
+    assert allreduce_s(8 * mib, 8, switch) == pytest.approx(ring(8 * mib, 8), rel=1e-12)
+    assert allreduce_s(16 * kib, 3, switch) == pytest.approx(ring(16 * kib, 3), rel=1e-12)
+    assert allreduce_s(16 * kib, 8, ring_only) == pytest.approx(ring(16 * kib, 8), rel=1e-12)
+    assert allreduce_s(4 * mib, 2, switch) == pytest.approx(lat + 4 * mib / bw, rel=1e-12)
+    arr = allreduce_s(np.array([16 * kib, 1 * mib, 8 * mib]), 8, switch)
+    assert arr == pytest.approx([lat + 7 * 16 * kib / bw, 2 * lat + 2 * 7 / 8 * mib / bw, ring(8 * mib, 8)], rel=1e-12)

@@ -70,14 +70,43 @@ def _maximum(a, b):
     return max(a, b) if isinstance(a, float) and isinstance(b, float) else np.maximum(a, b)
 
 
+#: the serving engines' own all-reduce: tensor-parallel degrees it runs at,
+#: the largest tensor it takes (bytes; NCCL above), and the sizes below which
+#: it runs one-shot at up to 4 and up to 8 ranks (vLLM
+#: ``custom_all_reduce.py`` and ``csrc/custom_all_reduce.cuh``; SGLang's is
+#: the same kernel)
+CUSTOM_AR_SIZES, CUSTOM_AR_MAX_BYTES = (2, 4, 6, 8), 8 * 2**20
+CUSTOM_AR_ONE_SHOT_BYTES = {4: 512 * 2**10, 8: 256 * 2**10}
+
+
 def allreduce_s(nbytes, t: int, link: Link):
-    """Ring all-reduce of ``nbytes`` over ``t`` ranks, ``2 (t-1)/t * nbytes / bw
-    + 2 (t-1) * latency`` (Patarasuk & Yuan 2009); 0 for ``t = 1``. Accepts
-    arrays."""
+    """All-reduce of ``nbytes`` over ``t`` ranks linked by ``link``; 0 for
+    ``t = 1``. Accepts arrays.
+
+    * NCCL's ring: ``2 (t-1)/t * nbytes / bw + 2 (t-1) * latency``
+      (Patarasuk & Yuan 2009);
+    * the engines' own all-reduce, where every pair of devices is linked
+      through NVSwitch (``link.nvswitch``), ``t`` is 2, 4, 6 or 8 and the
+      tensor is under 8 MiB (vLLM enables it only on fully NVLink-connected
+      GPUs, beyond two): one-shot, every rank reading the others' whole
+      tensors, ``latency + (t-1) nbytes / bw``, at ``t = 2`` and below 512
+      KiB (``t <= 4``) or 256 KiB (``t <= 8``); else two-shot, a
+      reduce-scatter and an all-gather over the switch, ``2 latency + 2
+      (t-1)/t nbytes / bw``. Decode's all-reduces (a few KiB) then cost one
+      hop each rather than ``2 (t-1)``."""
     x = _num(nbytes)
     if t <= 1:
         return 0.0 * x
-    return 2 * (t - 1) / t * x / link.bandwidth_bytes_per_s + 2 * (t - 1) * link.latency_s
+    bw, lat = link.bandwidth_bytes_per_s, link.latency_s
+    ring = 2 * (t - 1) / t * x / bw + 2 * (t - 1) * lat
+    if not link.nvswitch or t not in CUSTOM_AR_SIZES:
+        return ring
+    one_shot = lat + (t - 1) * x / bw
+    two_shot = 2 * lat + 2 * (t - 1) / t * x / bw
+    small = x < CUSTOM_AR_ONE_SHOT_BYTES[4 if t <= 4 else 8] if t > 2 else x < CUSTOM_AR_MAX_BYTES
+    custom = np.where(small, one_shot, two_shot) if not isinstance(x, float) else (one_shot if small else two_shot)
+    return np.where(x < CUSTOM_AR_MAX_BYTES, custom, ring) if not isinstance(x, float) else (
+        custom if x < CUSTOM_AR_MAX_BYTES else ring)
 
 
 @dataclass(frozen=True)
