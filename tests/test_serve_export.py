@@ -258,7 +258,8 @@ def test_concurrency_spread_over_replicas_serves_only_the_clients_given():
     exp = json.loads(r.output)["plans"][0]["exports"]["vllm"]
     notes = exp["notes"]
     assert exp["replicas"] == 3
-    assert "run 3 replicas (2 devices each) behind a load balancer" in notes  # not 4: the clients are 3
+    run = [n for n in notes if n.startswith("run 3 replicas (2 devices each) behind a load balancer")]  # not 4
+    assert len(run) == 1 and "CUDA_VISIBLE_DEVICES=0,1, then 2,3, ..." in run[0] and "--port 8000, 8001" in run[0]
     assert any("3 of the 4 replicas busy" in n and "(2 devices) would stay idle" in n for n in notes)
     assert (b3, b4, b6, b8) == (1, 1, 2, 2)
     assert t3 == pytest.approx(0.75 * t4, rel=1e-12) and s3 == pytest.approx(0.75 * s4, rel=1e-12)

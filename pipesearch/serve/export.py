@@ -145,7 +145,14 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
                      "from the checkpoint's config")
     busy = plan.replicas if concurrency is None else min(plan.replicas, concurrency)
     if busy > 1:
-        notes.append(f"run {busy} replicas ({devices} device{'' if devices == 1 else 's'} each) behind a load balancer")
+        how = ""
+        if devices < devices_per_node:  # several replicas share a node: each its own GPUs and port
+            sets = [",".join(map(str, range(k * devices, (k + 1) * devices)))
+                    for k in range(min(busy, devices_per_node // devices))]
+            how = (f": on a node, each on its own GPUs (CUDA_VISIBLE_DEVICES={sets[0]}, then {sets[1]}"
+                   f"{', ...' if len(sets) > 2 else ''}) and port (--port 8000, 8001, ...)")
+        notes.append(f"run {busy} replicas ({devices} device{'' if devices == 1 else 's'} each) behind a load "
+                     f"balancer{how}")
     if busy < plan.replicas:  # a closed loop of fewer clients than replicas leaves some without work
         notes.append(f"{concurrency} client{'s' if concurrency > 1 else ''} keep{'' if concurrency > 1 else 's'} "
                      f"{busy} of the {plan.replicas} replicas busy: the other {plan.replicas - busy} "
