@@ -356,6 +356,21 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
     return chosen, b_max, saturated
 
 
+def _better(job: ServeJob, a, b, replicas: int) -> bool:
+    """Whether configuration plan ``a`` beats ``b`` (each ``(pipe, (split,
+    steady), saturated)``) as the ranking orders plans: by total output
+    tokens/s; under a request rate, carrying it first, then by time per
+    output token (both relative 1e-9 better)."""
+    (pa, ca, sat_a), (pb, cb, sat_b) = a, b
+    if job.request_rate is None:
+        return _total(pa, *ca, job, replicas) > _total(pb, *cb, job, replicas) * (1 + 1e-9)
+    if sat_a != sat_b:
+        return not sat_a
+    if sat_a:
+        return _total(pa, *ca, job, replicas) > _total(pb, *cb, job, replicas) * (1 + 1e-9)
+    return ca[1].tpot_s < cb[1].tpot_s * (1 - 1e-9)
+
+
 def _plan_configuration(pipe: ServePipeline, split, job: ServeJob, replicas: int):
     """``(chosen, max_batch, saturated)`` of one configuration: the given
     ``split`` scored (:func:`evaluate_split`), or the best split searched
@@ -390,10 +405,10 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         split: score these decoder blocks per stage instead of searching
             (sets ``pp``).
         top: plans to keep.
-        search_budget: for vLLM without a request rate, also plan each
-            configuration at the :func:`uniform_budget` of its best batch
-            (the engine's ``max_num_batched_tokens`` is then an upper bound,
-            not a pin) and keep the faster of the two.
+        search_budget: for vLLM, also plan each configuration at the
+            :func:`uniform_budget` of its best batch (the engine's
+            ``max_num_batched_tokens`` is then an upper bound, not a pin) and
+            keep the better of the two (:func:`_better`).
 
     Raises:
         InputError: a pin the engine or the cluster refuses, a bad split.
@@ -449,14 +464,13 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
             # the engine's own defaults (split, budget) for the comparison
             dchosen, dpool, _, _ = evaluate_split(pipe, dsplit, job, replicas)
             dtotal = _total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0
-            if search_budget and engine.name == "vllm" and job.request_rate is None:
+            if search_budget and engine.name == "vllm":
                 budget = uniform_budget(pipe, chosen[1].batch, job.workload)
                 if budget < engine.max_num_batched_tokens:
                     upipe, _ = pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
                                             replace(engine, max_num_batched_tokens=budget), job.memory_reserve_bytes)
                     alt, alt_max, alt_sat = _plan_configuration(upipe, split, job, replicas)
-                    if alt is not None and _total(upipe, *alt, job, replicas) > _total(pipe, *chosen, job, replicas) * (
-                            1 + 1e-9):
+                    if alt is not None and _better(job, (upipe, alt, alt_sat), (pipe, chosen, saturated), replicas):
                         pipe, chosen, b_max, saturated = upipe, alt, alt_max, alt_sat
             sp, st = chosen
             w = job.workload
