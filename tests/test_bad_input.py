@@ -1498,3 +1498,11 @@ def test_a_null_value_in_a_huggingface_config_is_named_as_null(tmp_path):
            "intermediate_size": None, "vocab_size": 100, "max_position_embeddings": 128}
     path = write(tmp_path / "config.json", json.dumps(cfg))
     assert_refused(tmp_path, ["plan", "--model", path], "config.json", "key 'intermediate_size' = null")
+
+
+def test_a_header_with_a_trailing_comma_says_so(tmp_path):
+    """A header row ending in a comma was an 'unknown column ''' refusal."""
+    model = write(tmp_path / "tc.csv", "# batch_size: 1\nname,fwd_ms,bwd_ms,param_bytes,output_bytes,\n"
+                                       "l0,1,2,3000000,40000,\n")
+    assert_refused(tmp_path, ["plan", "--model", model], "tc.csv", "line 2", "column 6 of the header row has no name",
+                   "a trailing comma")

@@ -266,7 +266,11 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str
     if not set(columns) & set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS):
         raise _fail(path, f"line {header_line}", f"no header row: the table's first line {shown(table[0][1])} "
                     f"names no column; add a line '{','.join(REQUIRED_COLUMNS)}' above the layers")
-    for col in columns:
+    for k, col in enumerate(columns):
+        if not col:
+            where = "a trailing comma" if k == len(columns) - 1 else "two commas in a row"
+            raise _fail(path, f"line {header_line}", f"column {k + 1} of the header row has no name ({where}?): "
+                        f"drop the extra comma from {shown(table[0][1])}")
         if col not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS:
             raise _fail(path, f"line {header_line}", f"unknown column {shown(col)} (allowed: "
                         f"{', '.join(REQUIRED_COLUMNS + OPTIONAL_COLUMNS)}); rename or drop it")
