@@ -1506,3 +1506,13 @@ def test_a_header_with_a_trailing_comma_says_so(tmp_path):
                                        "l0,1,2,3000000,40000,\n")
     assert_refused(tmp_path, ["plan", "--model", model], "tc.csv", "line 2", "column 6 of the header row has no name",
                    "a trailing comma")
+
+
+def test_an_option_given_twice_with_one_value_written_two_ways_runs(tmp_path):
+    """``--top 1 --top 01`` and ``--max-ttft-ms 100 --max-ttft-ms 100.0``
+    pin the same value: no contradiction, so they run."""
+    code, _, err = run(["plan", "-q", "--top", "1", "--top", "01"], tmp_path)
+    assert code == 0, err
+    code, _, err = run(["serve", "--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "-q", "--simulate-top", "0",
+                        "--max-tpot-ms", "100", "--max-tpot-ms", "100.0"], tmp_path)
+    assert code == 0, err

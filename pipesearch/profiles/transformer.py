@@ -572,17 +572,24 @@ def load_hf_config(
         take("tied_embeddings", "tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
         take("max_position_embeddings", "max_position_embeddings", None)  # the context (rotary: no table)
         default_seq, pos_key = values["max_position_embeddings"], "max_position_embeddings"
-        scaling = get("rope_scaling", None)
-        if scaling:  # scaled positions: the engine derives a longer context from it
-            values["max_position_embeddings"] = None
-            if not isinstance(scaling, dict):
-                raise _bad(where, "rope_scaling", scaling, "an object (rope_type, factor, ...) or null")
-            values["rope_scaling_type"] = scaling.get("rope_type", scaling.get("type"))
-            keys["rope_scaling_type"] = "rope_scaling.rope_type"
+        # rotary scaling: rope_scaling, or transformers 5's rope_parameters (which holds rope_theta too)
+        scale_key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
+        scaling = d.get(scale_key)
+        if scaling is not None and not isinstance(scaling, dict):
+            raise _bad(where, scale_key, scaling, "an object (rope_type, factor, ...) or null")
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+        if kind not in (None, "default"):
+            if kind != "llama3":  # the engine derives a longer context from it (llama3: the config's own, vLLM)
+                values["max_position_embeddings"] = None
+            values["rope_scaling_type"] = kind
+            keys["rope_scaling_type"] = f"{scale_key}.rope_type"
             values["rope_scaling_factor"] = scaling.get("factor")
-            keys["rope_scaling_factor"] = "rope_scaling.factor"
+            keys["rope_scaling_factor"] = f"{scale_key}.factor"
         values.update(kind="decoder", position_embedding="rotary")
         take("rope_theta", "rope_theta", None, "rotary_emb_base")
+        if values["rope_theta"] is None and isinstance(scaling, dict) and scaling.get("rope_theta") is not None:
+            values["rope_theta"] = scaling["rope_theta"]
+            keys["rope_theta"] = f"{scale_key}.rope_theta"
         if family == "neox":
             kv = d.get("num_key_value_heads")
             if kv is not None and kv != values["num_attention_heads"]:

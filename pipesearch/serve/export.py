@@ -117,6 +117,8 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
                 "--pipeline-parallel-size", str(plan.pp), "--max-num-seqs", str(plan.max_num_seqs),
                 "--gpu-memory-utilization", f"{memory_fraction:g}", "--max-model-len", str(max_model_len),
                 "--max-num-batched-tokens", str(max_num_batched_tokens)]
+        if max_num_batched_tokens < max_model_len:  # prompts in chunks: V1's default, V0 refuses the budget without
+            argv.append("--enable-chunked-prefill")
         if weight_dtype == "fp8":
             argv += ["--quantization", "fp8"]
         if kv_dtype == "fp8":

@@ -465,7 +465,11 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
             dchosen, dpool, _, _ = evaluate_split(pipe, dsplit, job, replicas)
             dtotal = _total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0
             if search_budget and engine.name == "vllm":
-                budget = uniform_budget(pipe, chosen[1].batch, job.workload)
+                # sized for the sequences the engine may run: under a request rate its running limit (the
+                # bursts above the mean batch), so that the budget is no bottleneck when they come
+                sized = chosen[1].batch if job.request_rate is None else running_limit(
+                    pipe, chosen[0], job, replicas, chosen[1].batch, split_pool_tokens(pipe, chosen[0]))
+                budget = uniform_budget(pipe, sized, job.workload)
                 if budget < engine.max_num_batched_tokens:
                     upipe, _ = pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
                                             replace(engine, max_num_batched_tokens=budget), job.memory_reserve_bytes)
