@@ -47,7 +47,8 @@ def main() -> None:
         best = float("inf")
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            r = search_serving(cfg, cluster, job, engine=engine_spec("vllm"), weights=weight_format(wd), kv_bytes=2.0)
+            r = search_serving(cfg, cluster, job, engine=engine_spec("vllm"), weights=weight_format(wd), kv_bytes=2.0,
+                               search_budget=True)  # as `pipesearch serve` plans it (no --max-num-batched-tokens)
             best = min(best, time.perf_counter() - t0)
         p = r.plans[0]
         print(f"| {model} | {cluster_name}{'' if nodes is None else f' x {nodes} nodes'} | {cluster.num_devices} | {wd} "

@@ -177,28 +177,35 @@ class ServePipeline:
         times = [n * layer for n in split]
         times[0] += first
         times[-1] += last
-        return times, [float(self.p2p_s(k, step)) for k in range(self.pp - 1)]
+        return times, [float(x) for x in self._boundaries_s(step)]
 
     def p2p_s(self, k: int, step: Step):
         """Seconds boundary ``k`` (after stage ``k``) takes for a micro-batch."""
-        link = self.boundary_links[k]
+        return self._link_s(self.boundary_links[k], step)
+
+    def _link_s(self, link: Link, step: Step):
         bw = link.bandwidth_bytes_per_s
         return link.latency_s + self._mean(step, lambda: self.costs.p2p_bytes(step.tokens) / bw,
                                            lambda: self.costs.p2p_bytes(step.decode) / bw)
+
+    def _boundaries_s(self, step: Step) -> list:
+        """:meth:`p2p_s` of every boundary, each kind of link computed once."""
+        by_link = {link: self._link_s(link, step) for link in dict.fromkeys(self.boundary_links)}
+        return [by_link[link] for link in self.boundary_links]
 
     def ring_s(self, step: Step):
         """Round trip of a micro-batch; independent of the split (every block
         costs the same on every stage of a homogeneous pipeline)."""
         c = self.costs
         total = c.num_layers * self._layer(step) + self._first(step) + self._last(step)
-        for k in range(self.pp - 1):
-            total = total + self.p2p_s(k, step)
+        for x in self._boundaries_s(step):
+            total = total + x
         return total + c.engine.step_overhead_s
 
     def link_bottleneck_s(self, step: Step):
         out = np.zeros_like(np.asarray(step.tokens, dtype=float))
-        for k in range(self.pp - 1):
-            out = np.maximum(out, self.p2p_s(k, step))
+        for x in self._boundaries_s(step):
+            out = np.maximum(out, x)
         return out
 
     # ------------------------------------------------------------ steady state
@@ -217,8 +224,8 @@ class ServePipeline:
         if not workload.prefill_mix:
             return Step(decode=b, context=workload.mean_context, prefill=np.zeros_like(b),
                         prompt_len=workload.input_len, sampled=b)
-        share_d = self.decode_fraction(B, workload)
         life = self.life_steps(B, workload)
+        share_d = (workload.output_len - 1) / life  # decode_fraction
         decode = b * share_d
         mean_p = b * workload.input_len / life
         if others_only:  # one sequence of one micro-batch decodes its token (1 for its decode share)
@@ -281,7 +288,7 @@ class ServePipeline:
                 x = x + last
             times.append(x)
         bottleneck = np.max(np.stack(np.broadcast_arrays(*times)), axis=0)
-        p2p = [self.p2p_s(k, step) for k in range(self.pp - 1)]
+        p2p = self._boundaries_s(step)
         ring = c.num_layers * layer + first + last + sum(p2p) + c.engine.step_overhead_s
         link = np.max(np.stack(np.broadcast_arrays(*p2p)), axis=0) if p2p else 0.0
         cycle = np.maximum(np.maximum(ring, m * bottleneck), m * link)

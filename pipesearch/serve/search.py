@@ -335,9 +335,9 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
         levels = optimal_splits(pipe, batches, step, batches * tps)
         return [None if lv is None else (lv.split, pipe.steady_state(lv.split, lv.batch, w)) for lv in levels]
 
-    def upper(batches):
+    def upper(batches):  # the throughput B o / ((k + o - 1) C) with the cycle C at least the round trip
         step = pipe.steady_step(batches, w)
-        return batches / np.asarray(pipe.ring_s(step), dtype=float)
+        return batches * pipe.tokens_per_life(batches, w) / np.asarray(pipe.ring_s(step), dtype=float)
 
     if job.request_rate is None:
         batches = np.arange(cap, 0, -1)
