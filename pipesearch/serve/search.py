@@ -7,9 +7,11 @@ degree ``pp`` with ``tp * pp`` dividing the cluster, :func:`search` finds
 1. the largest pool any split reaches (:func:`~pipesearch.serve.split.max_pool_split`),
    hence the largest batch ``B_max`` that fits;
 2. the batch and split to run: without a request rate, the highest
-   throughput ``B / C(B)`` over ``B <= min(B_max, max_num_seqs, concurrency)``
-   under the latency limits; ``B / R(B)`` bounds the throughput of every split
-   at ``B`` (the cycle is at least the round trip), so levels are visited in
+   throughput ``B o / ((k + o - 1) C(B))`` (:meth:`ServePipeline.steady_arrays`)
+   over ``B <= min(B_max, max_num_seqs, concurrency)`` under the latency
+   limits; the same with the round trip ``R(B)`` for ``C(B)`` bounds the
+   throughput of every split at ``B`` (the cycle is at least the round
+   trip), so levels are visited in
    the order of that bound and the scan stops when the bound cannot beat the
    best found (exact); with a request rate, the smallest batch whose
    throughput carries the rate (Little's law), or the saturated maximum;
