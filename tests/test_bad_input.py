@@ -995,14 +995,18 @@ def test_export_to_a_file_kind_the_runtime_lacks_offers_only_what_exists(tmp_pat
     assert "--files" not in line
 
 
-def test_serve_split_that_cannot_fill_the_devices_is_named_as_given(tmp_path):
-    """--split 10,10,12 pins 3 stages; 3 (or tp 2 x 3 = 6) does not divide
-    8 L4s. The refusal names the --split the user typed, never a --pp they
-    did not."""
-    base = ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--split", "10,10,12", "-o", "s.json"]
-    line = assert_refused(tmp_path, base, "--split 10,10,12 (3 stages)", "8 devices of 1x8-l4")
+def test_serve_split_that_cannot_fit_the_devices_is_named_as_given(tmp_path):
+    """--split of 9 stages pins pp 9, more than 8 L4s hold (a pp that does
+    not divide them runs with devices idle; one that does not fit cannot).
+    The refusal names the --split the user typed, never a --pp they did
+    not."""
+    split = "4,4,4,4,4,3,3,3,3"
+    base = ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--split", split, "-o", "s.json"]
+    line = assert_refused(tmp_path, base, f"--split {split} (9 stages)", "8 devices of 1x8-l4")
     assert "--pp" not in line
-    line = assert_refused(tmp_path, base + ["--tp", "2"], "--tp 2 x --split 10,10,12 (3 stages) = 6 devices")
+    base = ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--split", "8,8,8,4,4", "-o", "s.json"]
+    line = assert_refused(tmp_path, base + ["--tp", "2"], "--tp 2 x --split 8,8,8,4,4 (5 stages) = 10 devices",
+                          "more than the 8 devices")
     assert "--pp" not in line
 
 

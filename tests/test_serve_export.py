@@ -121,7 +121,7 @@ def test_a_given_model_path_goes_in_the_commands_without_the_catalog_note(tmp_pa
     (["--split", "10,10"], "summing to 80"),
     (["--model", "llama2-70b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1"], "no serving plan"),
     (["--cluster", "mixed-a100-v100"], "one device type"),
-    (["--pp", "3"], "--pp 3"),
+    (["--pp", "9"], "--pp 9: tp x pp must fit in the 8 devices"),
     (["--memory-reserve", "-1GiB"], "a size must not be negative"),
     # V100 (compute capability 7.0): no engine loads FP8 weights there
     (["--cluster", "2x8-v100-nvlink-25gbe", "--weight-dtype", "fp8"], "v100-16gb (compute capability 7.0)"),
@@ -408,3 +408,14 @@ def test_a_plan_file_given_as_the_model_is_named_as_such(tmp_path):
     for path, tag in ((serve_out, "pipesearch.serve/1"), (plan_out, "pipesearch.plan/1")):
         r = CliRunner().invoke(main, ["serve", "--model", str(path), "--cluster", "1x8-a100-80gb"])
         assert r.exit_code == 2 and f"a pipesearch output ({tag}), not a model config" in r.output, r.output
+
+
+def test_a_pinned_pipeline_that_does_not_divide_the_cluster_runs_with_devices_idle(tmp_path):
+    """vLLM runs pp 3 on eight GPUs (two replicas of three, two GPUs idle):
+    the pin was refused ('does not divide'); it is planned, and the output
+    says how many devices stay idle."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "3",
+                                  "--simulate-top", "0"])
+    assert r.exit_code == 0, r.output
+    assert "    1   1 x 3 x 2" in r.output
+    assert "plan 1 uses 6 of the 8 devices (tp x pp x replicas); 2 stay idle" in r.output

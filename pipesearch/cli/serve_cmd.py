@@ -430,6 +430,12 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{'y' if len(short) > 1 else 'ies'} --request-rate {request_rate:g} ({demand:,.0f} output "
                    f"tok/s wanted) in the closed form but not in the simulation (bursts and prompt chunks): "
                    f"requests queue without bound; prefer a plan that carries it in both, or add devices")
+    total = cluster.num_devices
+    for p in plans:  # a pinned tp x pp that does not divide the cluster leaves devices idle
+        used = p.tp * p.pp * p.replicas
+        if used < total:
+            click.echo(f"plan {p.rank} uses {used} of the {total} devices (tp x pp x replicas); {total - used} "
+                       f"stay{'s' if total - used == 1 else ''} idle")
     if not quiet:
         best = plans[0]
         stage_line = ", ".join(f"{format_bytes(s.weight_bytes)} + {s.kv_tokens:,} tok" for s in best.stages[:8])

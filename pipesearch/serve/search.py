@@ -445,10 +445,12 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
     evaluated = 0
     for t in tps:
         for p in pps:
-            if N % (t * p):
-                if tp and pp:
-                    raise InputError(f"--tp {t} x {pp_pin} = {t * p} devices does not divide the "
-                                     f"{N} devices of {cluster.name}")
+            if N % (t * p) and not pp_pin:  # searched: only layouts that use every device
+                continue
+            if t * p > N:
+                if tp:
+                    raise InputError(f"--tp {t} x {pp_pin} = {t * p} devices is more than the {N} devices of "
+                                     f"{cluster.name}")
                 continue
             reason = engine_refusal(cfg, t, p, engine.name)
             if reason:
@@ -492,7 +494,7 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
         raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
     if not results and (tp or pp) and not skipped:
-        raise InputError(f"{pins}: tp x pp must divide the {N} devices of {cluster.name} "
+        raise InputError(f"{pins}: tp x pp must fit in the {N} devices of {cluster.name} "
                          f"(tp at most the {per_node} devices of a node)")
     if not results:
         # a configuration the latency limits exclude fits in memory: the limits are what bind, whatever the count
