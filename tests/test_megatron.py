@@ -294,3 +294,9 @@ def test_llama31_rope_scaling_reaches_the_megatron_flags(tmp_path):
                             seq_len=2048)
     args, notes = model_args(asdict(yarn), 2048)
     assert "--use-rope-scaling" not in args and any("'yarn'" in n for n in notes)
+    # an integer linear factor: Megatron divides the positions by it
+    lin = load_transformer(_hf_config(tmp_path, model_type="llama", rope_scaling={"rope_type": "linear", "factor": 4}),
+                           seq_len=2048)
+    args = model_args(asdict(lin), 2048)[0]
+    at = args.index("--rotary-seq-len-interpolation-factor")
+    assert args[at + 1] == "4" and "--use-rope-scaling" not in args

@@ -4,6 +4,7 @@ the same load, and prompts that take several steps counted in the closed
 form."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -154,7 +155,8 @@ def test_a_request_rates_budget_leaves_room_for_its_bursts():
 
 
 def test_huggingface_rope_scaling_forms(tmp_path):
-    """Llama 3.1's config keeps its context (vLLM takes max_position_embeddings
+    """A linear factor multiplies the context (vLLM's derived max_model_len);
+    Llama 3.1's config keeps its context (vLLM takes max_position_embeddings
     as it is for llama3 scaling: a 140,000-token request is refused, as for
     the catalog's llama3.1-8b); ``rope_type: default`` is no scaling; the
     transformers 5 layout (``rope_parameters``, holding ``rope_theta``) gives
@@ -164,7 +166,8 @@ def test_huggingface_rope_scaling_forms(tmp_path):
     base = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
             "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 131072,
             "tie_word_embeddings": False}
-    cases = {"l31.json": {"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+    cases = {"lin.json": {"rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+             "l31.json": {"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
              "default.json": {"rope_theta": 500000.0, "rope_scaling": {"rope_type": "default"}},
              "v5.json": {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}}}
     got = {}
@@ -172,5 +175,25 @@ def test_huggingface_rope_scaling_forms(tmp_path):
         (tmp_path / name).write_text(json.dumps(base | extra))
         c = load_transformer(tmp_path / name, seq_len=2048)
         got[name] = (c.max_position_embeddings, c.rope_theta, c.rope_scaling_type, c.rope_scaling_factor)
-    assert got == {"l31.json": (131072, 500000.0, "llama3", 8.0), "default.json": (131072, 500000.0, None, None),
+    assert got == {"lin.json": (4 * 131072, None, "linear", 4.0),  # vLLM's context: times a linear factor
+                   "l31.json": (131072, 500000.0, "llama3", 8.0), "default.json": (131072, 500000.0, None, None),
                    "v5.json": (131072, 500000.0, "llama3", 8.0)}
+
+
+def test_vllms_batch_defaults_follow_the_device():
+    """``vllm serve`` defaults (EngineArgs.get_batch_defaults): 8192 tokens a
+    step and 1024 sequences on a device of at least 70 GiB that is not an
+    A100 (H100), 16384 and 1024 from 160 GiB, else 2048 and 256 (A100 80 GB,
+    L4); an option given is kept, and SGLang's are its own."""
+    from pipesearch.hardware import load_device
+
+    def limits(name, engine="vllm", **given):
+        e = engine_spec(engine, load_device(name), **given)
+        return e.max_num_batched_tokens, e.max_num_seqs
+
+    assert limits("h100-80gb") == (8192, 1024)
+    assert limits("a100-80gb") == limits("l4-24gb") == (2048, 256)
+    assert limits("h100-80gb", max_num_seqs=128) == (8192, 128)
+    assert limits("h100-80gb", "sglang") == limits("l4-24gb", "sglang")
+    big = replace(load_device("h100-80gb"), name="big", memory_bytes=192 * 2**30)
+    assert engine_spec("vllm", big).max_num_batched_tokens == 16384

@@ -209,9 +209,10 @@ def _check_model_path(model_path: str, what: str) -> None:
               help="vLLM --gpu-memory-utilization (default 0.9) or SGLang --mem-fraction-static (default 0.85).")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="vLLM: memory per device for CUDA context, NCCL buffers and CUDA graphs (not with --engine sglang, whose --memory-fraction holds weights and KV only).")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Running sequences per replica (default 256).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Running sequences per replica (default: vLLM's for the device, 1024 on H100, else 256).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
-              help="Token budget of one step, chunked prefill (default 2048).")
+              help="Token budget of one step, chunked prefill (default: vLLM's for the device, 8192 on H100, "
+                   "else 2048; planned per plan unless given).")
 @click.option("--step-overhead-ms", type=FiniteFloatRange(min=0, max=MAX_STEP_OVERHEAD_MS),
               help="Engine time per step outside the kernels (default 2).")
 @click.option("--model-path", help="Checkpoint to put in the exported commands (default: the model name; for a "
@@ -288,7 +289,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         model_path = hf_checkpoint(path)
     if model_path is not None:
         _check_model_path(model_path, "--model-path" if given else f"{path}: _name_or_path")
-    eng = engine_spec(engine, memory_fraction=memory_fraction, max_num_seqs=max_num_seqs,
+    eng = engine_spec(engine, cluster.device_spec(0), memory_fraction=memory_fraction, max_num_seqs=max_num_seqs,
                       max_num_batched_tokens=max_num_batched_tokens,
                       step_overhead_s=None if step_overhead_ms is None else step_overhead_ms / 1e3)
     engine_bytes = cluster.device_spec(0).memory_bytes * eng.memory_fraction  # what the engine takes of a device
@@ -352,7 +353,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     for p in plans:
         ex = {}
         for name in ENGINES:
-            spec = eng if name == engine else engine_spec(name)
+            spec = eng if name == engine else engine_spec(name, cluster.device_spec(0))
             try:
                 run = p if name == engine else _as_run_by(p, spec, cfg, cluster, weights, kv_bytes, reserve, workload)
                 ex[name] = export_serving(run, cfg, engine=name, model_path=model_path or cfg.name,

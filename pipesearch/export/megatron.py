@@ -356,9 +356,12 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
             args += ["--use-rope-scaling", "--rope-scaling-factor", f"{float(factor or 8.0):g}"]
             notes.append("rope scaling 'llama3' as Megatron-LM applies it: low_freq_factor 1, high_freq_factor 4 and "
                          "an original context of 8192 positions (Llama 3.1's); check the config's own values.")
+        elif scaling == "linear" and factor is not None and float(factor) == int(factor) and factor >= 1:
+            args += ["--rotary-seq-len-interpolation-factor", str(int(factor))]  # positions divided by the factor
         elif scaling is not None:
-            notes.append(f"rope scaling {scaling!r} (factor {factor!r}): Megatron-LM's flags set the llama3 kind only "
-                         "(--use-rope-scaling); apply it in the model code.")
+            notes.append(f"rope scaling {scaling!r} (factor {factor!r}): Megatron-LM's flags set the llama3 kind "
+                         "(--use-rope-scaling) and an integer linear factor (--rotary-seq-len-interpolation-factor) "
+                         "only; apply it in the model code.")
         if theta is None:
             notes.append("rotary embeddings: Megatron's --rotary-base defaults to 10000; set the model's own base "
                          "(its config's rope_theta, e.g. 500000 for Llama 3) and --rotary-percent if not 1.0. "

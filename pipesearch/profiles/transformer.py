@@ -579,8 +579,12 @@ def load_hf_config(
             raise _bad(where, scale_key, scaling, "an object (rope_type, factor, ...) or null")
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
         if kind not in (None, "default"):
-            if kind != "llama3":  # the engine derives a longer context from it (llama3: the config's own, vLLM)
-                values["max_position_embeddings"] = None
+            factor = scaling.get("factor")
+            if kind in ("linear", "dynamic"):  # vLLM's context: the config's times the factor (_get_and_verify_max_len)
+                ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor >= 1
+                pos = values["max_position_embeddings"]
+                values["max_position_embeddings"] = int(pos * factor) if ok and pos else None
+            # llama3, longrope, yarn: the config's own (vLLM; older releases took yarn's original times the factor)
             values["rope_scaling_type"] = kind
             keys["rope_scaling_type"] = f"{scale_key}.rope_type"
             values["rope_scaling_factor"] = scaling.get("factor")

@@ -85,28 +85,30 @@ def allreduce_s(nbytes, t: int, link: Link):
 
     * NCCL's ring: ``2 (t-1)/t * nbytes / bw + 2 (t-1) * latency``
       (Patarasuk & Yuan 2009);
-    * the engines' own all-reduce, where every pair of devices is linked
-      through NVSwitch (``link.nvswitch``), ``t`` is 2, 4, 6 or 8 and the
-      tensor is under 8 MiB (vLLM enables it only on fully NVLink-connected
-      GPUs, beyond two): one-shot, every rank reading the others' whole
-      tensors, ``latency + (t-1) nbytes / bw``, at ``t = 2`` and below 512
-      KiB (``t <= 4``) or 256 KiB (``t <= 8``); else two-shot, a
-      reduce-scatter and an all-gather over the switch, ``2 latency + 2
-      (t-1)/t nbytes / bw``. Decode's all-reduces (a few KiB) then cost one
-      hop each rather than ``2 (t-1)``."""
+    * where every pair of devices is linked through NVSwitch
+      (``link.nvswitch``), the engines' own all-reduce at ``t`` of 2, 4, 6
+      or 8 and tensors under 8 MiB (vLLM enables it only on fully
+      NVLink-connected GPUs, beyond two): one-shot, every rank reading the
+      others' whole tensors, ``latency + (t-1) nbytes / bw``, at ``t = 2``
+      and below 512 KiB (``t <= 4``) or 256 KiB (``t <= 8``); else
+      two-shot, a reduce-scatter and an all-gather over the switch, ``2
+      latency + 2 (t-1)/t nbytes / bw``, which is also what larger tensors
+      and other ``t`` take there (current vLLM's FlashInfer and
+      symmetric-memory all-reduce, NCCL over NVSwitch: two switch hops,
+      not a ring's ``2 (t-1)``). Decode's all-reduces (a few KiB) then cost
+      one hop each."""
     x = _num(nbytes)
     if t <= 1:
         return 0.0 * x
     bw, lat = link.bandwidth_bytes_per_s, link.latency_s
-    ring = 2 * (t - 1) / t * x / bw + 2 * (t - 1) * lat
-    if not link.nvswitch or t not in CUSTOM_AR_SIZES:
-        return ring
-    one_shot = lat + (t - 1) * x / bw
+    if not link.nvswitch:
+        return 2 * (t - 1) / t * x / bw + 2 * (t - 1) * lat
     two_shot = 2 * lat + 2 * (t - 1) / t * x / bw
+    if t not in CUSTOM_AR_SIZES:
+        return two_shot
+    one_shot = lat + (t - 1) * x / bw
     small = x < CUSTOM_AR_ONE_SHOT_BYTES[4 if t <= 4 else 8] if t > 2 else x < CUSTOM_AR_MAX_BYTES
-    custom = np.where(small, one_shot, two_shot) if not isinstance(x, float) else (one_shot if small else two_shot)
-    return np.where(x < CUSTOM_AR_MAX_BYTES, custom, ring) if not isinstance(x, float) else (
-        custom if x < CUSTOM_AR_MAX_BYTES else ring)
+    return np.where(small, one_shot, two_shot) if not isinstance(x, float) else (one_shot if small else two_shot)
 
 
 @dataclass(frozen=True)

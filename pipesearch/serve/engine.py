@@ -74,8 +74,18 @@ _DEFAULTS = {
 }
 
 
-def engine_spec(name: str, **overrides) -> EngineSpec:
-    """The defaults of engine ``name`` with the non-None ``overrides`` applied.
+#: vLLM's batch limits of ``vllm serve`` by device (``EngineArgs.get_batch_defaults``:
+#: at least 160 GiB, or at least 70 GiB and not an A100): (memory GiB at least, step
+#: budget, running sequences), the first that applies; below them 2048 and 256
+VLLM_BATCH_DEFAULTS = ((160, 16384, 1024), (70, 8192, 1024))
+
+
+def engine_spec(name: str, device=None, **overrides) -> EngineSpec:
+    """The defaults of engine ``name`` with the non-None ``overrides`` applied;
+    ``device`` (a :class:`~pipesearch.types.DeviceSpec`): vLLM's defaults of
+    ``max_num_batched_tokens`` and ``max_num_seqs`` depend on it
+    (:data:`VLLM_BATCH_DEFAULTS`: an H100 or H200 serves 8192 tokens a step
+    and 1024 sequences by default, an A100 or L4 2048 and 256).
 
     Raises:
         InputError: an unknown engine, or an override out of range (names the
@@ -84,7 +94,14 @@ def engine_spec(name: str, **overrides) -> EngineSpec:
     if name not in _DEFAULTS:
         raise InputError(f"--engine {name!r}: expected one of {', '.join(ENGINES)}")
     values = {k: v for k, v in overrides.items() if v is not None}
-    spec = replace(_DEFAULTS[name], **values)
+    base = _DEFAULTS[name]
+    if name == "vllm" and device is not None:
+        gib = device.memory_bytes / 2**30
+        for at_least, tokens, seqs in VLLM_BATCH_DEFAULTS:
+            if gib >= at_least and (at_least >= 160 or "a100" not in device.name.lower()):
+                base = replace(base, max_num_batched_tokens=tokens, max_num_seqs=seqs)
+                break
+    spec = replace(base, **values)
     if not 0 < spec.memory_fraction <= 1:
         raise InputError(f"--memory-fraction {spec.memory_fraction}: expected a number in (0, 1]")
     for key in ("block_size_tokens", "max_num_seqs", "max_num_batched_tokens"):

@@ -197,8 +197,11 @@ def uniform_budget(pipe: ServePipeline, batch: int, workload: Workload) -> int:
     of the micro-batches carries the prompts and runs compute-bound while
     the others decode memory-bound, and with ``m = pp`` the heavy ones hold
     up the light ones behind them at every stage (the pipeline's stages
-    idle). Uniform steps are Sarathi-Serve's stall-free batching (Agrawal
-    et al., OSDI 2024, sec. 4), chosen here by the budget alone."""
+    idle: Sarathi-Serve's pipeline bubbles from uneven micro-batches,
+    Agrawal et al., OSDI 2024, sec. 3.3). Sarathi-Serve keeps the batches
+    uniform with a token budget (stall-free batching, sec. 4.2) that it
+    picks by profiling against a latency target (sec. 4.3); this formula,
+    the steady state's mean load per micro-batch, is pipesearch's."""
     B = int(batch)
     m = min(pipe.pp, B)
     b = -(-B // m)
