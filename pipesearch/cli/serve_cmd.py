@@ -209,7 +209,8 @@ def _check_model_path(model_path: str, what: str) -> None:
               help="vLLM --gpu-memory-utilization (default 0.9) or SGLang --mem-fraction-static (default 0.85).")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="vLLM: memory per device for CUDA context, NCCL buffers and CUDA graphs (not with --engine sglang, whose --memory-fraction holds weights and KV only).")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), help="Running sequences per replica (default: vLLM's for the device, 1024 on H100, else 256).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1),
+              help="Running sequences per replica (default: vLLM's for the device, 1024 on H100, else 256).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
               help="Token budget of one step, chunked prefill (default: vLLM's for the device, 8192 on H100, "
                    "else 2048; planned per plan unless given).")
