@@ -11,16 +11,17 @@ the cycle is
 
 (the pipeline bubble: with fewer micro-batches than stages, ``R`` rules).
 With a workload of prompts of ``n`` tokens and ``o`` output tokens, a
-request lives ``k + o - 1`` steps of its micro-batch: its prompt in ``k =
-ceil(n / chunk)`` chunks of ``chunk = min(n, max_num_batched_tokens - b (o
-- 1) / o)`` tokens (the last samples its first token), then ``o - 1``
-decode steps (with ``o = 1`` nothing decodes). So ``B / (k + o - 1)``
-requests finish per cycle and as many start, micro-batches carry ``b n /
-(k + o - 1)`` prefill tokens on average beside their ``d = b (o - 1) / (k +
-o - 1)`` decode tokens (the prefill/decode mix of continuous batching), and
-output tokens/s are ``B o / ((k + o - 1) C)`` (``B / C`` when a prompt
-takes one step). The engine takes a new prompt into one micro-batch, so a
-share ``(b n / (k + o - 1)) / chunk`` of the micro-batches carries a chunk
+prompt takes ``k = ceil(n / chunk)`` chunks of ``chunk = min(n,
+max_num_batched_tokens - b (o - 1) / o)`` tokens, in consecutive
+micro-batches (the engine counts a scheduled chunk as computed), the last
+one's micro-batch sampling the first token, then ``o - 1`` decode cycles: a
+request lives ``L = (k - 1) / m + o`` cycles. So ``B / L`` requests finish
+per cycle and as many start, micro-batches carry ``b n / L`` prefill tokens
+on average beside their ``d = b (o - 1) / L`` decode tokens (the
+prefill/decode mix of continuous batching), and output tokens/s are ``B o
+/ (L C)`` (``B / C`` when a prompt takes one step). The engine takes a new
+prompt's chunk into one micro-batch, so a share ``(b n / L) / chunk`` of
+the micro-batches carries a chunk
 and the rest decode only; stage times are the mean over the two kinds
 (a chunk step is compute-bound where a decode step is memory-bound, and the
 roofline of the average would hide that). Decoding sequences hold ``n + o / 2``
@@ -30,12 +31,13 @@ steps carry the prompts of the other ``B - 1`` sequences only (their mean prompt
 scaled by ``(B - 1) / B``; at ``B = 1`` decode steps alone). Time to first
 token: the prompt's ``ceil(n / chunk')`` chunks (``chunk'`` the budget less
 the decode tokens of the micro-batch's other ``b - 1`` sequences: the
-prompting one does not decode yet) each wait one cycle of their
-micro-batch and at least the mean cycle ``C`` (where the prompts fill every
-step, a chunk's step carries the other sequences' prompts too): ``(chunks -
-1) max(C', C) + max(C'_last, C)``, ``C'`` the cycle of micro-batches that
-each carry a full chunk and ``C'_last`` that of the last chunk, what the
-full ones leave (docs/serving_costs.md).
+prompting one does not decode yet) follow one another a cycle over ``m``
+apart, the last one's micro-batch a whole cycle, each cycle at least the
+mean one ``C`` (where the prompts fill every step, a chunk's step carries
+the other sequences' prompts too): ``(chunks - 1) max(C', C) / m +
+max(C'_last, C)``, ``C'`` the cycle of micro-batches that each carry a full
+chunk and ``C'_last`` that of the last chunk, what the full ones leave
+(docs/serving_costs.md).
 """
 
 from __future__ import annotations
@@ -249,15 +251,21 @@ class ServePipeline:
         return np.ceil(n / chunk)
 
     def life_steps(self, batch, workload: Workload):
-        """Steps of its micro-batch a request lives: its prompt's ``k``
-        (:meth:`prompt_steps`; the last samples its first token), then ``o -
-        1`` decode steps; ``k + o - 1``."""
-        return self.prompt_steps(batch, workload) + (workload.output_len - 1)
+        """Cycles a request lives: its prompt's ``k`` chunks
+        (:meth:`prompt_steps`) go into consecutive micro-batches (the engine
+        counts a chunk computed once scheduled, vLLM
+        ``_update_after_schedule``), ``(k - 1) / m`` cycles, the last one's
+        micro-batch a cycle (it samples the first token), then ``o - 1``
+        decode cycles: ``(k - 1) / m + o``; ``k + o - 1`` with one
+        micro-batch."""
+        B = np.asarray(batch, dtype=float)
+        m = self.micro_batches(self.pp, B)
+        return (self.prompt_steps(batch, workload) - 1) / m + workload.output_len
 
     def decode_fraction(self, batch, workload: Workload):
         """The share of a micro-batch's sequences that decode in a step,
-        ``(o - 1) / (k + o - 1)`` (:meth:`life_steps`): the others are
-        prompting. ``(o - 1) / o`` when a prompt takes one step."""
+        ``(o - 1) / life`` (:meth:`life_steps`): the others are prompting.
+        ``(o - 1) / o`` when a prompt takes one step."""
         return (workload.output_len - 1) / self.life_steps(batch, workload)
 
     def chunk_step(self, batch, workload: Workload) -> tuple[Step, object]:
@@ -313,15 +321,16 @@ class ServePipeline:
         # the prompt's last chunk holds what the full ones leave (one token past the budget: a one-token step)
         last = workload.input_len - (chunks - 1) * np.asarray(cstep.prefill, dtype=float)
         lcycle, _, _ = self._cycle(split, replace(cstep, prefill=last), m)
-        # each chunk waits a cycle of its micro-batch, at least the mean one: where the prompts fill every step,
-        # the step that carries it carries the other sequences' prompts too
-        ttft = (chunks - 1) * np.maximum(ccycle, cycle) + np.maximum(lcycle, cycle)
+        # the chunks go into consecutive micro-batches (a step of the pipeline, a cycle over m, apart), each at
+        # least the mean one's (where the prompts fill every step, a chunk's step carries the other sequences'
+        # prompts too); the last one's micro-batch a whole cycle, to its first token
+        ttft = (chunks - 1) * np.maximum(ccycle, cycle) / m + np.maximum(lcycle, cycle)
         return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,
                 "output_tokens_per_s": B * self.tokens_per_life(B, workload) / cycle, "tpot_s": tpot,
                 "ttft_s": ttft}
 
     def tokens_per_life(self, batch, workload: Workload):
-        """Output tokens per sequence per cycle: ``o / (k + o - 1)``
+        """Output tokens per sequence per cycle: ``o / L``
         (:meth:`life_steps`), 1 when a prompt takes one step (every running
         sequence then gains a token a cycle); without the prefill mix, 1."""
         if not workload.prefill_mix:

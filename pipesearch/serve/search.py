@@ -7,7 +7,7 @@ degree ``pp`` with ``tp * pp`` dividing the cluster, :func:`search` finds
 1. the largest pool any split reaches (:func:`~pipesearch.serve.split.max_pool_split`),
    hence the largest batch ``B_max`` that fits;
 2. the batch and split to run: without a request rate, the highest
-   throughput ``B o / ((k + o - 1) C(B))`` (:meth:`ServePipeline.steady_arrays`)
+   throughput ``B o / (L C(B))`` (a request lives ``L`` cycles, :meth:`ServePipeline.life_steps`)
    over ``B <= min(B_max, max_num_seqs, concurrency)`` under the latency
    limits; the same with the round trip ``R(B)`` for ``C(B)`` bounds the
    throughput of every split at ``B`` (the cycle is at least the round
@@ -340,7 +340,7 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
         levels = optimal_splits(pipe, batches, step, batches * tps)
         return [None if lv is None else (lv.split, pipe.steady_state(lv.split, lv.batch, w)) for lv in levels]
 
-    def upper(batches):  # the throughput B o / ((k + o - 1) C) with the cycle C at least the round trip
+    def upper(batches):  # the throughput B o / (L C) with the cycle C at least the round trip
         step = pipe.steady_step(batches, w)
         return batches * pipe.tokens_per_life(batches, w) / np.asarray(pipe.ring_s(step), dtype=float)
 

@@ -5,12 +5,16 @@ once already prefilled for a steady-decode run) and wait in a FIFO queue.
 ``m = min(pp, max running)`` micro-batch slots circulate through the
 ``pp`` stages, as vLLM's batch queue and SGLang's pipeline micro-batches do.
 When a slot comes back from the last stage (after the engine's per-step
-overhead), the scheduler forms its next micro-batch: every running request of
-the slot (one decode token each, or its next prompt chunk), then new requests
-from the queue while the KV pool holds their longest footprint (prompt +
-output, whole blocks; a request keeps its reservation until it finishes, so
-there is no preemption), the replica's running limit and the slot's share of
-it allow, and the step's token budget (chunked prefill) has room. The
+overhead), the scheduler forms its next micro-batch: every decoding request of
+the slot (one token each), the next chunks of the prompts under way (in
+arrival order: a chunk counts as computed once scheduled, so a prompt's next
+chunk goes into the next micro-batch scheduled, as vLLM's
+``_update_after_schedule`` does; a prompt decodes in the slot of its last
+chunk), then new requests from the queue while the KV pool holds their
+longest footprint (prompt + output, whole blocks; a request keeps its
+reservation until it finishes, so there is no preemption), the replica's
+running limit allows, and the step's token budget (chunked prefill) has
+room. The
 micro-batch then runs through the stages: each stage and each link serves
 micro-batches one at a time in arrival order, each step's time is the cost
 model's (:class:`~pipesearch.serve.pipeline.ServePipeline`) for exactly what
@@ -132,7 +136,6 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
         raise InputError(f"simulate: {num_requests} sequences at once exceed the {max_running} that fit")
     P = pipe.pp
     m = max(1, min(P, max_running if not steady_decode else num_requests))
-    per_slot = -(-max_running // m)
     rng = np.random.default_rng(seed)
 
     # arrivals
@@ -162,10 +165,12 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
             pending.append((reqs[-1].arrival, i))
     heapq.heapify(pending)
     waiting: list[int] = []  # FIFO of arrived request ids
-    # per slot: decoding requests, prompts in progress (FIFO), the sum of the
-    # decoding requests' generated tokens, decode steps done, finish heap
+    # per slot: decoding requests, the sum of their generated tokens, decode
+    # steps done, finish heap; prompts with tokens not yet scheduled (FIFO,
+    # every slot's: a chunk counts as computed once scheduled, so a prompt's
+    # next chunk goes into the next slot's step, vLLM's _update_after_schedule)
     dec: list[set[int]] = [set() for _ in range(m)]
-    pre: list[list[int]] = [[] for _ in range(m)]
+    prompting: list[int] = []
     gsum = [0] * m
     nsteps = [0] * m
     fin: list[list[tuple[int, int]]] = [[] for _ in range(m)]
@@ -207,22 +212,26 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
         d = len(dec[k])
         budget = chunk_budget - d
         chunks: list[tuple[int, int]] = []
-        for i in pre[k]:
+        for i in prompting:  # the prompts under way first, then new ones (the engine's running, then waiting)
             if budget <= 0:
                 break
             n = min(L_ctx - reqs[i].prefilled, budget)
             chunks.append((i, n))
             budget -= n
-        while (waiting and budget > 0 and n_running < max_running and d + len(pre[k]) < per_slot
-               and free_tokens >= need):
+        while waiting and budget > 0 and n_running < max_running and free_tokens >= need:
             i = waiting.pop(0)
-            reqs[i].slot = k
-            pre[k].append(i)
+            prompting.append(i)
             n_running += 1
             free_tokens -= need
             n = min(L_ctx, budget)
             chunks.append((i, n))
             budget -= n
+        for i, n in chunks:  # scheduled: computed, as far as the next step's schedule goes
+            reqs[i].prefilled += n
+        finishing = [i for i, _ in chunks if reqs[i].prefilled >= L_ctx]
+        for i in finishing:
+            prompting.remove(i)
+            reqs[i].slot = k
         peak_running = max(peak_running, n_running)
         if not d and not chunks:
             # idle: wake at the next arrival or the next busy slot's return
@@ -233,7 +242,6 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
             continue
         ctx = (L_ctx + gsum[k] / d) if d else 0.0
         p = sum(n for _, n in chunks)
-        finishing = [i for i, n in chunks if reqs[i].prefilled + n >= L_ctx]
         step = Step(decode=d, context=ctx, prefill=p, prompt_len=L_ctx, sampled=d + len(finishing))
         clock = t
         stage_s, p2p_s = pipe.stage_times(split, step)
@@ -263,11 +271,8 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
             gsum[k] -= n_out
             reqs[i].generated = n_out
             finish_request(i, clock)
-        # prompt chunks; a finished prompt samples its first token
-        for i, n in chunks:
-            reqs[i].prefilled += n
+        # a prompt whose last chunk this step ran samples its first token, and decodes in this slot
         for i in finishing:
-            pre[k].remove(i)
             r = reqs[i]
             r.first = clock
             r.generated = 1
