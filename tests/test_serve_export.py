@@ -419,3 +419,25 @@ def test_a_pinned_pipeline_that_does_not_divide_the_cluster_runs_with_devices_id
     assert r.exit_code == 0, r.output
     assert "    1   1 x 3 x 2" in r.output
     assert "plan 1 uses 6 of the 8 devices (tp x pp x replicas); 2 stay idle" in r.output
+
+
+def test_replicas_that_leave_devices_idle_stay_inside_nodes():
+    """tp 2 x pp 3 on four nodes of eight H100: one replica of six per node
+    (four, eight devices idle; a fifth would straddle two nodes, and the
+    command ran as if one; the note's device list crashed there), each
+    replica's stages on devices 0-5 of its node; tp 4 x pp 3 (12, more than
+    a node) is refused."""
+    from pipesearch.hardware import load_cluster
+    from pipesearch.serve.search import replica_count, replica_device
+
+    cluster = load_cluster("4x8-h100")
+    assert replica_count(cluster, 2, 3) == 4 and replica_count(cluster, 1, 3) == 8 and replica_count(cluster, 4, 3) == 0
+    assert [replica_device(cluster, 2, 3, 1, s) for s in range(3)] == [8, 10, 12]
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "4x8-h100", "--tp", "2", "--pp", "3",
+                                  "--simulate-top", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)["plans"][0]
+    assert p["parallelism"] == {"tp": 2, "pp": 3, "replicas": 4}
+    assert [s["devices"] for s in p["stages"]] == [[0, 1], [2, 3], [4, 5]]
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "4x8-h100", "--tp", "4", "--pp", "3"])
+    assert r.exit_code == 2 and "a replica that leaves devices idle must fit in a node" in r.output

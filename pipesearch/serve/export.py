@@ -148,7 +148,7 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
     busy = plan.replicas if concurrency is None else min(plan.replicas, concurrency)
     if busy > 1:
         how = ""
-        if devices < devices_per_node:  # several replicas share a node: each its own GPUs and port
+        if devices_per_node // devices >= 2:  # several replicas share a node: each its own GPUs and port
             sets = [",".join(map(str, range(k * devices, (k + 1) * devices)))
                     for k in range(min(busy, devices_per_node // devices))]
             how = (f": on a node, each on its own GPUs (CUDA_VISIBLE_DEVICES={sets[0]}, then {sets[1]}"

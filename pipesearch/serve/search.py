@@ -124,13 +124,36 @@ class ServeSearchResult:
     wall_s: float
 
 
+def replica_count(cluster: Cluster, tp: int, pp: int) -> int:
+    """Replicas of ``tp x pp`` devices the cluster holds: all its devices in
+    turn where ``tp pp`` divides them, else (a pinned layout) as many as fit
+    in each node (none straddles two), the rest idle; 0 when a replica that
+    does not divide the cluster is larger than a node."""
+    n, per = cluster.num_devices, cluster.groups[0].devices_per_node
+    devices = tp * pp
+    if n % devices == 0:
+        return n // devices
+    return (n // per) * (per // devices)
+
+
+def replica_device(cluster: Cluster, tp: int, pp: int, r: int, s: int) -> int:
+    """The first device of stage ``s`` of replica ``r`` (:func:`replica_count`'s
+    layout: ``(r pp + s) tp`` where the replicas divide the cluster, else
+    node by node, ``per // (tp pp)`` replicas each from its first device)."""
+    devices, per = tp * pp, cluster.groups[0].devices_per_node
+    if cluster.num_devices % devices == 0:
+        return (r * pp + s) * tp
+    each = per // devices
+    return (r // each) * per + (r % each) * devices + s * tp
+
+
 def _boundary_links(cluster: Cluster, tp: int, pp: int, replicas: int) -> tuple[Link, ...]:
     """The slowest link each stage boundary uses over the replicas (stage
-    ``s`` of replica ``r`` on devices ``(r pp + s) tp ...``, node by node)."""
+    ``s`` of replica ``r`` from device :func:`replica_device`, node by node)."""
     links = []
     for k in range(pp - 1):
-        cross = any(cluster.node_of((r * pp + k) * tp) != cluster.node_of((r * pp + k + 1) * tp)
-                    for r in range(replicas))
+        cross = any(cluster.node_of(replica_device(cluster, tp, pp, r, k))
+                    != cluster.node_of(replica_device(cluster, tp, pp, r, k + 1)) for r in range(replicas))
         links.append(cluster.inter_node if cross else cluster.intra_node)
     return tuple(links)
 
@@ -138,7 +161,7 @@ def _boundary_links(cluster: Cluster, tp: int, pp: int, replicas: int) -> tuple[
 def pipeline_for(cfg: TransformerConfig, cluster: Cluster, tp: int, pp: int, weights: WeightFormat,
                  kv_bytes: float, engine: EngineSpec, reserve: float) -> tuple[ServePipeline, int]:
     """The pipeline of one replica and the replica count."""
-    replicas = cluster.num_devices // (tp * pp)
+    replicas = replica_count(cluster, tp, pp)
     costs = ServeCosts(cfg, cluster.device_spec(0), tp, weights, kv_bytes, engine, cluster.intra_node, reserve)
     return ServePipeline(costs, pp, _boundary_links(cluster, tp, pp, replicas)), replicas
 
@@ -450,10 +473,12 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         for p in pps:
             if N % (t * p) and not pp_pin:  # searched: only layouts that use every device
                 continue
-            if t * p > N:
+            if not replica_count(cluster, t, p):  # larger than the cluster, or than a node without dividing it
                 if tp:
-                    raise InputError(f"--tp {t} x {pp_pin} = {t * p} devices is more than the {N} devices of "
-                                     f"{cluster.name}")
+                    raise InputError(f"--tp {t} x {pp_pin} = {t * p} devices "
+                                     + (f"is more than the {N} devices of {cluster.name}" if t * p > N else
+                                        f"does not divide the {N} devices of {cluster.name} and is more than a "
+                                        f"node's {per_node}: a replica that leaves devices idle must fit in a node"))
                 continue
             reason = engine_refusal(cfg, t, p, engine.name)
             if reason:
