@@ -144,6 +144,12 @@ def repeated_option(params, args) -> str | None:
     that collect their values (``multiple``, ``count``) may repeat. Reads
     ``--name value``, ``--name=value``, ``-x value``, ``-xvalue`` and
     grouped flags (``-qo FILE``), up to ``--``."""
+    def value(opt, text: str):  # as the option reads it (100 and 100.0 alike), else as written
+        try:
+            return opt.type.convert(text, opt, None)
+        except Exception:  # a value the option refuses: click says so after this check
+            return text
+
     by_opt = {o: p for p in params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
     seen: dict[str, list[str]] = {}
     i = 0
@@ -178,12 +184,6 @@ def repeated_option(params, args) -> str | None:
             if opt.multiple or opt.count:
                 continue
             seen.setdefault(opt.name, []).append(name if opt.is_flag else value)
-    def value(opt, text: str):  # as the option reads it (100 and 100.0 alike), else as written
-        try:
-            return opt.type.convert(text, opt, None)
-        except Exception:  # a value the option refuses: click says so after this check
-            return text
-
     for opt_name, values in seen.items():
         opt = next(p for p in params if isinstance(p, click.Option) and p.name == opt_name)
         if len({v in opt.secondary_opts for v in values} if opt.is_flag else {value(opt, v) for v in values}) > 1:

@@ -181,17 +181,15 @@ class ServePipeline:
         times[-1] += last
         return times, [float(x) for x in self._boundaries_s(step)]
 
-    def p2p_s(self, k: int, step: Step):
-        """Seconds boundary ``k`` (after stage ``k``) takes for a micro-batch."""
-        return self._link_s(self.boundary_links[k], step)
-
     def _link_s(self, link: Link, step: Step):
+        """Seconds a boundary over ``link`` takes for a micro-batch ``step``."""
         bw = link.bandwidth_bytes_per_s
         return link.latency_s + self._mean(step, lambda: self.costs.p2p_bytes(step.tokens) / bw,
                                            lambda: self.costs.p2p_bytes(step.decode) / bw)
 
     def _boundaries_s(self, step: Step) -> list:
-        """:meth:`p2p_s` of every boundary, each kind of link computed once."""
+        """Seconds of every boundary for a micro-batch ``step`` (:meth:`_link_s`),
+        each kind of link computed once."""
         by_link = {link: self._link_s(link, step) for link in dict.fromkeys(self.boundary_links)}
         return [by_link[link] for link in self.boundary_links]
 
@@ -227,7 +225,7 @@ class ServePipeline:
             return Step(decode=b, context=workload.mean_context, prefill=np.zeros_like(b),
                         prompt_len=workload.input_len, sampled=b)
         life = self.life_steps(B, workload)
-        share_d = (workload.output_len - 1) / life  # decode_fraction
+        share_d = (workload.output_len - 1) / life  # the sequences that decode (the others prompt)
         decode = b * share_d
         mean_p = b * workload.input_len / life
         if others_only:  # one sequence of one micro-batch decodes its token (1 for its decode share)
@@ -261,12 +259,6 @@ class ServePipeline:
         B = np.asarray(batch, dtype=float)
         m = self.micro_batches(self.pp, B)
         return (self.prompt_steps(batch, workload) - 1) / m + workload.output_len
-
-    def decode_fraction(self, batch, workload: Workload):
-        """The share of a micro-batch's sequences that decode in a step,
-        ``(o - 1) / life`` (:meth:`life_steps`): the others are prompting.
-        ``(o - 1) / o`` when a prompt takes one step."""
-        return (workload.output_len - 1) / self.life_steps(batch, workload)
 
     def chunk_step(self, batch, workload: Workload) -> tuple[Step, object]:
         """The micro-batch that carries one prompt chunk beside the decode
