@@ -144,7 +144,7 @@ def repeated_option(params, args) -> str | None:
     that collect their values (``multiple``, ``count``) may repeat. Reads
     ``--name value``, ``--name=value``, ``-x value``, ``-xvalue`` and
     grouped flags (``-qo FILE``), up to ``--``."""
-    def value(opt, text: str):  # as the option reads it (100 and 100.0 alike), else as written
+    def as_read(opt, text: str):  # as the option reads it (100 and 100.0 alike), else as written
         try:
             return opt.type.convert(text, opt, None)
         except Exception:  # a value the option refuses: click says so after this check
@@ -186,7 +186,7 @@ def repeated_option(params, args) -> str | None:
             seen.setdefault(opt.name, []).append(name if opt.is_flag else value)
     for opt_name, values in seen.items():
         opt = next(p for p in params if isinstance(p, click.Option) and p.name == opt_name)
-        if len({v in opt.secondary_opts for v in values} if opt.is_flag else {value(opt, v) for v in values}) > 1:
+        if len({v in opt.secondary_opts for v in values} if opt.is_flag else {as_read(opt, v) for v in values}) > 1:
             return f"{max(opt.opts, key=len)} given {len(values)} times ({', '.join(values)}); give it once"
     return None
 
