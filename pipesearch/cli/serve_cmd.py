@@ -47,6 +47,8 @@ def _split(ctx, param, value):
 
 
 def _ms(x: float) -> str:
+    if not math.isfinite(x):  # a TTFT whose queue grows without bound (arrivals above what the plan carries)
+        return "unbounded"
     return f"{x * 1e3:,.0f} ms" if x >= 0.1 else f"{x * 1e3:.1f} ms"
 
 
@@ -102,7 +104,8 @@ def serve_table(plans, output_len: int | None = None) -> str:
                 "*" if sim.get("carries_rate") is False else "") if sim else "-",
             "sim TPOT p90": _ms(sim["tpot_p90_s"]) if sim and decodes else "-",
             "sim TTFT p90": _ms(sim["ttft_p90_s"]) if sim else "-",
-            "vs default": f"{gain:.2f}x" if math.isfinite(gain) else "default OOM",
+            "vs default": f"{gain:.2f}x" if math.isfinite(gain) else (
+                "default OOM" if p.default_refusal == "out_of_memory" else "default over limits"),
         })
     return pd.DataFrame(rows).to_string(index=False)
 
@@ -145,7 +148,9 @@ def _plan_json(p, exports) -> dict:
         "max_num_batched_tokens": p.max_num_batched_tokens,
         "predicted": {"output_tokens_per_s": p.total_output_tokens_per_s,
                       "output_tokens_per_s_per_replica": p.steady.output_tokens_per_s,
-                      "tpot_s": p.steady.tpot_s, "ttft_s": p.steady.ttft_s, "cycle_s": p.steady.cycle_s,
+                      "tpot_s": p.steady.tpot_s, "cycle_s": p.steady.cycle_s,
+                      # null: the queue grows without bound (arrivals above what the plan carries)
+                      "ttft_s": p.steady.ttft_s if math.isfinite(p.steady.ttft_s) else None,
                       "ring_s": p.steady.ring_s, "bottleneck_stage_s": p.steady.bottleneck_s,
                       "saturated": p.saturated},
         "engine_default": {"layers_per_stage": list(p.default_split), "kv_pool_tokens": p.default_pool_tokens,
@@ -442,8 +447,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         best = plans[0]
         stage_line = ", ".join(f"{format_bytes(s.weight_bytes)} + {s.kv_tokens:,} tok" for s in best.stages[:8])
         click.echo(f"plan 1 per stage (weights + KV capacity per device): {stage_line}")
+        served = {"out_of_memory": "no batch fits", "latency_limits": "no batch meets the latency limits"}.get(
+            best.default_refusal, f"{best.default_total_output_tokens_per_s:,.0f} tok/s")
         click.echo(f"engine default split {','.join(map(str, best.default_split))}: KV pool "
-                   f"{best.default_pool_tokens:,} tokens, {best.default_total_output_tokens_per_s:,.0f} tok/s")
+                   f"{best.default_pool_tokens:,} tokens, {served}")
         ex = exports[0].get(engine, {})
         if "command" in ex:
             click.echo(f"{engine}: {ex['command']}")

@@ -62,17 +62,25 @@ class Workload:
         output_len: generated tokens.
         prefill_mix: whether steady state includes the prefills of new
             requests (False: decode only, the sequences already prefilled).
+        arrival_rate_per_s: Poisson arrivals at one replica, requests per
+            second (its TTFT then includes the prompts' queueing,
+            :meth:`ServePipeline.steady_arrays`); None: a closed loop (a
+            client sends its next request when one finishes, at a step's end).
     """
 
     input_len: int
     output_len: int
     prefill_mix: bool = True
+    arrival_rate_per_s: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("input_len", "output_len"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"--{key.replace('_', '-')} {v!r}: expected an integer >= 1")
+        rate = self.arrival_rate_per_s
+        if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate < float("inf")):
+            raise InputError(f"request rate {rate!r} per replica: expected a positive number")
 
     @property
     def mean_context(self) -> float:
@@ -317,9 +325,15 @@ class ServePipeline:
         # least the mean one's (where the prompts fill every step, a chunk's step carries the other sequences'
         # prompts too); the last one's micro-batch a whole cycle, to its first token
         ttft = (chunks - 1) * np.maximum(ccycle, cycle) / m + np.maximum(lcycle, cycle)
+        out_tps = B * self.tokens_per_life(B, workload) / cycle
+        rate = workload.arrival_rate_per_s
+        if rate is not None and workload.prefill_mix:  # Poisson arrivals: the prompts queue for the budget
+            wait = prompt_wait_s(rate, workload.input_len / np.asarray(cstep.prefill, dtype=float)
+                                 * np.maximum(ccycle, cycle) / m, cycle / m)
+            # a batch that carries fewer requests than arrive is no steady state: the queue grows without bound
+            ttft = np.where(out_tps >= rate * workload.output_len, ttft + wait, np.inf)
         return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,
-                "output_tokens_per_s": B * self.tokens_per_life(B, workload) / cycle, "tpot_s": tpot,
-                "ttft_s": ttft}
+                "output_tokens_per_s": out_tps, "tpot_s": tpot, "ttft_s": ttft}
 
     def tokens_per_life(self, batch, workload: Workload):
         """Output tokens per sequence per cycle: ``o / L``
@@ -337,3 +351,24 @@ class ServePipeline:
         return SteadyState(int(batch), v["cycle_s"], v["ring_s"], v["bottleneck_s"], v["output_tokens_per_s"],
                            v["tpot_s"], v["ttft_s"])
 
+
+
+def prompt_wait_s(rate_per_s: float, service_s, slot_s):
+    """Mean wait of a prompt for its first chunk under Poisson arrivals at
+    ``rate_per_s``: the prompts share the steps' token budget first come,
+    first served, so they queue at one server whose service is a prompt's
+    chunks, ``S = (n / chunk) C' / m`` (``service_s``: its tokens at a full
+    chunk per step, a step a cycle over ``m`` apart; the next prompt fills
+    what its last chunk leaves of a step), deterministic: the M/D/1 queue's
+    mean wait ``rho S / (2 (1 - rho))``, ``rho = lambda S``
+    (Pollaczek-Khinchine with ``E[S^2] = S^2``; Kleinrock, "Queueing
+    Systems" vol. 1, 1975, eq. 5.87), plus, for the share ``1 - rho`` of
+    arrivals that find no prompt under way, half a step (``slot_s``: a
+    cycle over ``m``) to the next step's schedule. Infinite where ``rho >=
+    1`` (the prompts arrive faster than the budget takes them). Arrays
+    broadcast."""
+    service = np.asarray(service_s, dtype=float)
+    rho = rate_per_s * service
+    with np.errstate(divide="ignore", invalid="ignore"):
+        queue = np.where(rho < 1, rho * service / (2 * np.maximum(1 - rho, 1e-300)), np.inf)
+    return queue + np.clip(1 - rho, 0.0, 1.0) * np.asarray(slot_s, dtype=float) / 2

@@ -93,7 +93,9 @@ class ServePlan:
     the engine's running limit to export (:func:`running_limit`): ``batch``,
     or with a request rate the most the latency limits allow;
     ``max_num_batched_tokens`` the step's token budget the figures are for
-    and the export sets (:func:`uniform_budget` where it was searched)."""
+    and the export sets (:func:`uniform_budget` where it was searched).
+    ``default_refusal``: why the engine's defaults (split, budget) give no
+    plan (``"out_of_memory"``, ``"latency_limits"``), None when they do."""
 
     rank: int
     tp: int
@@ -113,6 +115,7 @@ class ServePlan:
     default_total_output_tokens_per_s: float
     max_num_seqs: int
     max_num_batched_tokens: int = 2048
+    default_refusal: str | None = None
     simulated: dict = field(default_factory=dict, compare=False)
 
 
@@ -176,6 +179,16 @@ def replica_shares(concurrency: int | None, replicas: int) -> tuple[tuple[int, i
         return ((0, replicas),)
     q, r = divmod(concurrency, replicas)
     return tuple((c, n) for c, n in ((q + 1, r), (q, replicas - r)) if c > 0 and n > 0)
+
+
+def per_replica(job: ServeJob, replicas: int) -> ServeJob:
+    """``job`` as one of ``replicas`` replicas meets it: under a request
+    rate, its share of the arrivals in the workload
+    (:attr:`Workload.arrival_rate_per_s`, for the prompts' queueing in
+    TTFT); else ``job`` itself."""
+    if job.request_rate is None:
+        return job
+    return replace(job, workload=replace(job.workload, arrival_rate_per_s=job.request_rate / replicas))
 
 
 def _total(pipe: ServePipeline, split, st: SteadyState, job: ServeJob, replicas: int) -> float:
@@ -487,36 +500,42 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                 continue
             evaluated += 1
             pipe, replicas = pipeline_for(cfg, cluster, t, p, weights, kv_bytes, engine, job.memory_reserve_bytes)
+            cjob = per_replica(job, replicas)  # its TTFT with the prompts' queueing under a request rate
             dsplit = default_split(engine.name, L, p)
-            chosen, b_max, saturated = _plan_configuration(pipe, split, job, replicas)
+            dchosen, dpool, dmax, _ = evaluate_split(pipe, dsplit, cjob, replicas)  # the engine's own defaults
+            dtotal = _total(pipe, dsplit, dchosen[1], cjob, replicas) if dchosen else 0.0
+            chosen, b_max, saturated = _plan_configuration(pipe, split, cjob, replicas)
+            # at the engine's budget no batch may meet the latency limits where a smaller one does (a prompt
+            # in one step holds up the others): the budget is then sized from the batch planned without them
+            basis = chosen if chosen is not None or (cjob.max_ttft_s is None and cjob.max_tpot_s is None) else \
+                _plan_configuration(pipe, split, replace(cjob, max_ttft_s=None, max_tpot_s=None), replicas)[0]
+            if search_budget and engine.name == "vllm" and basis is not None:
+                # sized for the sequences the engine may run: under a request rate its running limit (the
+                # bursts above the mean batch), so that the budget is no bottleneck when they come
+                sized = basis[1].batch if cjob.request_rate is None else running_limit(
+                    pipe, basis[0], cjob, replicas, basis[1].batch, split_pool_tokens(pipe, basis[0]))
+                budget = uniform_budget(pipe, sized, cjob.workload)
+                if budget < engine.max_num_batched_tokens:
+                    upipe, _ = pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
+                                            replace(engine, max_num_batched_tokens=budget), job.memory_reserve_bytes)
+                    alt, alt_max, alt_sat = _plan_configuration(upipe, split, cjob, replicas)
+                    if alt is not None and (chosen is None or _better(cjob, (upipe, alt, alt_sat),
+                                                                      (pipe, chosen, saturated), replicas)):
+                        pipe, chosen, b_max, saturated = upipe, alt, alt_max, alt_sat
             if chosen is None:
                 key = "out_of_memory" if b_max < 1 else "latency_limits"
                 skipped[key] = skipped.get(key, 0) + 1
                 continue
-            # the engine's own defaults (split, budget) for the comparison
-            dchosen, dpool, _, _ = evaluate_split(pipe, dsplit, job, replicas)
-            dtotal = _total(pipe, dsplit, dchosen[1], job, replicas) if dchosen else 0.0
-            if search_budget and engine.name == "vllm":
-                # sized for the sequences the engine may run: under a request rate its running limit (the
-                # bursts above the mean batch), so that the budget is no bottleneck when they come
-                sized = chosen[1].batch if job.request_rate is None else running_limit(
-                    pipe, chosen[0], job, replicas, chosen[1].batch, split_pool_tokens(pipe, chosen[0]))
-                budget = uniform_budget(pipe, sized, job.workload)
-                if budget < engine.max_num_batched_tokens:
-                    upipe, _ = pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
-                                            replace(engine, max_num_batched_tokens=budget), job.memory_reserve_bytes)
-                    alt, alt_max, alt_sat = _plan_configuration(upipe, split, job, replicas)
-                    if alt is not None and _better(job, (upipe, alt, alt_sat), (pipe, chosen, saturated), replicas):
-                        pipe, chosen, b_max, saturated = upipe, alt, alt_max, alt_sat
             sp, st = chosen
-            w = job.workload
+            w = cjob.workload
             step = pipe.steady_step(st.batch, w)
             _, pool, _ = split_metrics(pipe, sp, step)
             results.append(dict(
                 tp=t, pp=p, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, t), pool=pool,
-                b_max=b_max, steady=st, total=_total(pipe, sp, st, job, replicas), saturated=saturated,
+                b_max=b_max, steady=st, total=_total(pipe, sp, st, cjob, replicas), saturated=saturated,
                 dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
-                dtotal=dtotal, limit=running_limit(pipe, sp, job, replicas, st.batch, pool),
+                dtotal=dtotal, drefusal=None if dchosen else "out_of_memory" if dmax < 1 else "latency_limits",
+                limit=running_limit(pipe, sp, cjob, replicas, st.batch, pool),
                 budget=pipe.costs.engine.max_num_batched_tokens))
     pins = " ".join(x for x in (f"--tp {tp}" if tp else None, pp_pin) if x)
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
@@ -549,6 +568,7 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                   steady=r["steady"], total_output_tokens_per_s=r["total"], saturated=r["saturated"],
                   default_split=r["dsplit"], default_pool_tokens=r["dpool"], default_batch=r["dbatch"],
                   default_total_output_tokens_per_s=r["dtotal"], max_num_seqs=r["limit"],
+                  default_refusal=r["drefusal"],
                   max_num_batched_tokens=r["budget"])
         for i, r in enumerate(results[:top]))
     return ServeSearchResult(plans, evaluated, tuple(sorted(skipped.items())), time.perf_counter() - t0)
