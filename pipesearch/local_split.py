@@ -65,10 +65,10 @@ def improve_split(bounds: Sequence[int], time_s: float, evaluate: Callable[[list
     best, best_t = tuple(int(x) for x in bounds), float(time_s)
     left = max_splits
     for _ in range(rounds):
-        cands = neighbours(best, radius)
-        cands = [c for c, ok in zip(cands, fits(cands) if cands else ()) if ok]
+        if left is not None and left <= 0:
+            break
+        cands = _first_fitting(neighbours(best, radius), fits, left)
         if left is not None:
-            cands = cands[:left]
             left -= len(cands)
         if lower is not None and cands:
             cands = [c for c, lb in zip(cands, lower(cands)) if lb < best_t * (1 + SKIP_ABOVE_REL)]
@@ -80,3 +80,20 @@ def improve_split(bounds: Sequence[int], time_s: float, evaluate: Callable[[list
             break
         best, best_t = c, float(t)
     return best, best_t
+
+
+def _first_fitting(cands: list, fits: Callable[[list], Sequence[bool]], count: int | None) -> list:
+    """The first ``count`` of ``cands`` that fit (all when None), in their
+    order; ``fits`` asked about blocks of at most ``2 count`` candidates
+    (a whole neighbourhood of a 128-stage split is some 760 of them, of
+    which a limited search may take 64)."""
+    if count is None:
+        return [c for c, ok in zip(cands, fits(cands) if cands else ()) if ok]
+    out: list = []
+    block = max(2 * count, 1)
+    for lo in range(0, len(cands), block):
+        part = cands[lo:lo + block]
+        out += [c for c, ok in zip(part, fits(part)) if ok]
+        if len(out) >= count:
+            return out[:count]
+    return out

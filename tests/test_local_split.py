@@ -105,6 +105,30 @@ def test_descent_stops_at_its_count_of_evaluations():
     assert improve_split(start, 6.0, evaluate, lambda c: [True] * len(c)) == (target, 0.0)
 
 
+
+
+def test_a_limited_descent_asks_about_few_neighbours_and_takes_the_first_that_fit():
+    """Same descent, ``max_splits`` = 3, with the neighbours whose second
+    boundary is 1 not fitting: the three evaluated are the first three
+    that fit in sorted order, (0, 2, 5, 10, 12), (0, 2, 6, 9, 12), (0, 2,
+    6, 10, 12), as with every neighbour asked at once; ``fits`` is asked
+    about blocks of at most 6 of the 14, and, the count spent, no second
+    round asks again."""
+    target = (0, 3, 5, 9, 12)
+    seen, asked = [], []
+
+    def evaluate(splits):
+        seen.extend(splits)
+        return [float(sum((a - b) ** 2 for a, b in zip(s, target))) for s in splits]
+
+    def fits(splits):
+        asked.append(len(splits))
+        return [s[1] != 1 for s in splits]
+
+    best, t = improve_split((0, 2, 7, 10, 12), 6.0, evaluate, fits, max_splits=3)
+    assert seen == [(0, 2, 5, 10, 12), (0, 2, 6, 9, 12), (0, 2, 6, 10, 12)]
+    assert (best, t) == ((0, 2, 5, 10, 12), 2.0)
+    assert asked == [6]  # the first block holds 4 that fit; the round after the count is spent asks nothing
 @pytest.mark.parametrize("seed", range(20))
 def test_bounded_neighbours_are_skipped_and_the_descent_is_the_same(seed):
     """A random landscape (times drawn per split, many exact ties) with lower
