@@ -519,8 +519,11 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                     upipe, _ = pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
                                             replace(engine, max_num_batched_tokens=budget), job.memory_reserve_bytes)
                     alt, alt_max, alt_sat = _plan_configuration(upipe, split, cjob, replicas)
-                    if alt is not None and (chosen is None or _better(cjob, (upipe, alt, alt_sat),
-                                                                      (pipe, chosen, saturated), replicas)):
+                    # on a closed-form tie the uniform budget: the mean over uneven micro-batches hides their
+                    # bubbles (Llama-3 8B on 8 H100s, tp 1 x pp 2: 52,662 tok/s at either budget in the closed
+                    # form, 43,437 simulated at 8192 against 52,554 at 1,990)
+                    if alt is not None and (chosen is None or not _better(cjob, (pipe, chosen, saturated),
+                                                                          (upipe, alt, alt_sat), replicas)):
                         pipe, chosen, b_max, saturated = upipe, alt, alt_max, alt_sat
             if chosen is None:
                 key = "out_of_memory" if b_max < 1 else "latency_limits"
