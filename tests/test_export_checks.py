@@ -210,3 +210,52 @@ def test_nodes_of_different_sizes_launch_their_own_process_counts(tmp_path, runt
     note = next(n for n in exp["notes"] if "NPROC_PER_NODE=" in n)
     counts = [int(x) for x in __import__("re").findall(r"NPROC_PER_NODE=(\d+)", note)]
     assert sorted(counts) == [4, 4, 8] and sum(counts) == 16
+
+
+@pytest.mark.parametrize("runtime, extra, script", [("megatron", (), "launch_megatron.sh"),
+                                                    ("torchtitan", (), "launch_torchtitan.sh"),
+                                                    ("torchtitan", ("--torchtitan-version", "0.2"), "launch_torchtitan.sh")])
+def test_a_launch_script_sets_node_rank_from_the_machines_node_in_the_cluster(tmp_path, runtime, extra, script):
+    """Llama-3 8B on one H100 node (devices 0-7) and one A100 node (8-15),
+    1F1B pp 2 x dp 2 x tp 4: the plan's first stage runs on the A100 node,
+    so torchrun's NODE_RANK 0 (the first ranks) belongs there. The script
+    (run by bash, torchrun replaced by an echo) maps CLUSTER_NODE, the
+    machine's node in the cluster file, to NODE_RANK: node 1 -> 0, node 0
+    -> 1, any other node -> exit 2. It only took NODE_RANK, and the order
+    was in a note: numbering the machines in order ran the stages on the
+    other node type."""
+    import subprocess
+
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "llama3-8b", "--cluster", "mixed-h100-a100", "-b", "256",
+                                    "--schedule", "1f1b", "--pp", "2", "--tp", "4", "--top", "1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(out.read_text())["plans"][0]
+    assert min(plan["stages"][0]["devices"]) >= 8 and max(plan["stages"][1]["devices"]) < 8  # the premise
+    files = tmp_path / "files"
+    res = CliRunner().invoke(main, ["export", str(out), "--format", runtime, *extra, "--files", str(files)])
+    assert res.exit_code == 0, res.output
+    lines = (files / script).read_text().splitlines()
+    at = next(k for k, line in enumerate(lines) if "torchrun" in line and not line.startswith("#"))
+    (files / "probe.sh").write_text("\n".join(lines[:at] + ['echo "NODE_RANK=$NODE_RANK"; exit 0'] + lines[at:]))
+
+    def node_rank(cluster_node):
+        r = subprocess.run(["bash", str(files / "probe.sh")], env={"CLUSTER_NODE": cluster_node, "PATH": "/usr/bin:/bin"},
+                           capture_output=True, text=True)
+        return r.returncode, r.stdout.strip()
+
+    assert node_rank("1") == (0, "NODE_RANK=0")
+    assert node_rank("0") == (0, "NODE_RANK=1")
+    assert node_rank("2")[0] == 2
+
+
+def test_a_plan_launched_in_the_clusters_node_order_needs_no_cluster_node(tmp_path):
+    """Two nodes of one type in id order: the script reads NODE_RANK as it is."""
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "64",
+                                    "--pp", "2", "--dp", "8", "--top", "1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    files = tmp_path / "files"
+    assert CliRunner().invoke(main, ["export", str(out), "--format", "megatron", "--files", str(files)]).exit_code == 0
+    text = (files / "launch_megatron.sh").read_text()
+    assert "CLUSTER_NODE" not in text and '--node-rank "${NODE_RANK:?}"' in text

@@ -236,6 +236,42 @@ def launch_note(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str |
             + ".")
 
 
+def node_rank_preamble(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str:
+    """Shell lines for a launch script (after ``set -euo pipefail``) that
+    set ``NODE_RANK`` (and ``NPROC_PER_NODE`` where nodes run different
+    counts, :func:`uneven_nodes`) from ``CLUSTER_NODE``, the machine's node
+    index in the cluster file, when the plan launches its nodes in another
+    order than the cluster's (:func:`launch_nodes`: a mixed cluster whose
+    faster node runs the first stages); an unknown ``CLUSTER_NODE`` exits
+    2. One node other than the first: a comment naming it. Else ``""``."""
+    nodes = Inputs.of(inputs).nodes
+    order = launch_nodes(plan, inputs, scan)
+    if not order or order == list(range(len(order))):
+        return ""
+    where = [f"devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]}" for n in order]
+    if len(order) == 1:
+        return f"# run this on node {order[0]} of the cluster ({where[0]}): the plan puts its stages there\n"
+    counts = node_processes(plan, inputs, scan)
+    nproc = uneven_nodes(counts, sum(counts))
+    arms = "".join(f"    {n}) NODE_RANK={i}{f' NPROC_PER_NODE={counts[i]}' if nproc else ''} ;;  # {w}\n"
+                   for i, (n, w) in enumerate(zip(order, where)))
+    listed = ", ".join(map(str, order))
+    return ("# the plan launches the cluster's nodes in its own order (its first stages on the nodes it starts first):\n"
+            "# set CLUSTER_NODE to this machine's node index in the cluster file, NODE_RANK follows\n"
+            'case "${CLUSTER_NODE:?set CLUSTER_NODE to the index of this machine among the nodes of the cluster file}" in\n'
+            + arms +
+            f'    *) echo "CLUSTER_NODE=$CLUSTER_NODE: this plan runs on nodes {listed} of the cluster" >&2; exit 2 ;;\n'
+            "esac\n")
+
+
+def uneven_nodes(counts: Sequence[int], world_size: int) -> bool:
+    """Whether the plan's nodes (:func:`node_processes`, launch order) run
+    different numbers of processes, so that each node's torchrun gets its
+    own ``--nproc-per-node`` (a node before the last with fewer or more
+    than the first, or a last node with more)."""
+    return bool(counts) and sum(counts) == world_size and (len(set(counts[:-1])) > 1 or counts[-1] > counts[0])
+
+
 def refuse_rank_order(plan: Plan, fmt: str, runs: tuple[str, ...], how: str, inputs: Mapping | None = None) -> str:
     """The plan's :func:`rank_order` when the runtime runs it (``runs``),
     else an InputError naming the order and the fix; ``how``: how the
@@ -648,7 +684,7 @@ def torchrun_prefix(world_size: int, inputs: Inputs, plan: Plan | None = None,
         up every agent's and numbers the ranks node by node.
     """
     counts = node_processes(plan, inputs, scan) if plan is not None else []
-    if counts and sum(counts) == world_size and (len(set(counts[:-1])) > 1 or counts[-1] > counts[0]):
+    if uneven_nodes(counts, world_size):
         # nodes of different sizes (a mixed cluster's groups): each node's agent starts its own count, and
         # torchrun's static rendezvous numbers the ranks node by node in NODE_RANK order, as the plan does
         where = launch_note(plan, inputs, scan)

@@ -84,6 +84,7 @@ from . import (
     refuse_rank_order,
     shell_command,
     shell_line,
+    node_rank_preamble,
     torchrun_prefix,
     recompute_mode,
     sequence_parallel,
@@ -658,7 +659,8 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
     command = [*launch, "pretrain_gpt.py", *args, *data_args]
     warnings = "".join(f"# {n}\n" for n in notes if n.startswith("warning:"))  # what to fix before it runs
     script = ("#!/usr/bin/env bash\n# Megatron-LM (" + RUNTIME_VERSION + ") launch for the plan (pipesearch export); "
-              "run from a Megatron-LM checkout\n" + warnings + "set -euo pipefail\n" + shell_command(command, env) + "\n")
+              "run from a Megatron-LM checkout\n" + warnings + "set -euo pipefail\n"
+              + node_rank_preamble(plan, inputs, order) + shell_command(command, env) + "\n")
     return {
         "runtime": RUNTIME,
         "runtime_version": RUNTIME_VERSION,

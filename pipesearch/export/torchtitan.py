@@ -72,6 +72,7 @@ from . import (
     shell_command,
     shell_line,
     torchtitan_dp_degrees,
+    node_rank_preamble,
     torchrun_prefix,
     sequence_parallel,
     tied_across_stages,
@@ -372,7 +373,8 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     if plan.schedule == "zb-h1":
         notes.append("zb-h1 runs as torch's ScheduleInterleavedZeroBubble with one stage per rank.")
     script = "#!/usr/bin/env bash\n# " + f"torchtitan {RUNTIME_VERSION} launch for the plan (pipesearch export)\n" + \
-        ("" if placeholders is None else f"# {placeholders}.\n") + "set -euo pipefail\n" + shell_command(command) + "\n"
+        ("" if placeholders is None else f"# {placeholders}.\n") + "set -euo pipefail\n" + \
+        node_rank_preamble(plan, inputs) + shell_command(command) + "\n"
     return {
         "runtime": RUNTIME,
         "runtime_version": RUNTIME_VERSION,

@@ -56,7 +56,8 @@ from collections.abc import Mapping, Sequence
 from ..errors import InputError
 from ..types import Plan
 from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, sequence_parallel, shell_command, shell_line,
-               torchrun_prefix,
+               node_rank_preamble,
+    torchrun_prefix,
                transformer_shape)
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
 from .torchtitan import RUNTIME, layers_per_stage_alternative, pipeline_sections
@@ -184,7 +185,8 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
                      "not with it.")
     # run from the torchtitan checkout (its default asset paths are relative); the TOML is found beside the script
     script = (f"#!/usr/bin/env bash\n# torchtitan {TOML_RUNTIME_VERSION} launch for the plan (pipesearch export)\n"
-              f"set -euo pipefail\nCONFIG_FILE=\"${{CONFIG_FILE:-$(dirname \"$0\")/{TOML_FILE}}}\"\n"
+              "set -euo pipefail\n" + node_rank_preamble(plan, inputs)
+              + f"CONFIG_FILE=\"${{CONFIG_FILE:-$(dirname \"$0\")/{TOML_FILE}}}\"\n"
               + shell_command(command[:-1]) + ' "$CONFIG_FILE"\n')
     return {
         "runtime": RUNTIME,
