@@ -349,7 +349,7 @@ def _transformer_act_brute_force(tables, pp, m, capacity, bw):
     return best, arg
 
 
-@pytest.mark.parametrize("capacity_mib", [220, 240])
+@pytest.mark.parametrize("capacity_mib", [190, 210])  # from 220 MiB full recomputation fits without the offload
 def test_transformer_per_stage_recompute_with_activation_offload(tmp_path, capacity_mib):
     """The 6-block decoder, pp 3, GPipe, m 6, GPUs 0-2 under one switch of
     20 GB/s (20 / 3 GB/s each: a block's 1 MiB checkpoint takes 0.16 ms, its

@@ -17,6 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from click.testing import CliRunner
+
+from pipesearch.cli import main
 from pipesearch.errors import InputError
 from pipesearch.profiles.transformer import (
     TransformerConfig,
@@ -776,3 +779,22 @@ def test_a_sliding_window_shorter_than_the_sequence_is_warned(tmp_path):
     note = sliding_window_note(path, 32768)
     assert note is not None and "sliding_window 4096 < sequence length 32768" in note and "--seq-len 4096" in note
     assert sliding_window_note(path, 4096) is None
+
+
+def test_full_recomputation_of_a_long_context_block_holds_no_attention_scores():
+    """Llama-3 8B at 131,072 tokens, tp 8 with sequence parallelism, full
+    recomputation: a block recomputing in its backward holds its whole
+    activations once (Chen et al. 2016) but not the attention scores, which
+    the fused attention kernel of the recomputed forward never materialises:
+    34 s b h / t (attention: norm input 2, QKV input 2, Q 2, K 0.5, V 0.5,
+    out-proj input 2; MLP: norm input 2, fc1 input 2, gate, up and fc2
+    input 3 x 7; in units of s b h bytes at 2 bytes an element) =
+    2,281,701,376 B, and the plan fits an 80 GB H100. With the scores (a s^2
+    b x 2 B / t, 137 GB) it was refused as out of memory."""
+    res = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes",
+                                    "1", "-b", "8", "--seq-len", "131072", "--recompute", "full", "--tp", "8",
+                                    "--pp", "1"])
+    assert res.exit_code == 0, res.output
+    stage = json.loads(res.stdout)["plans"][0]["stages"][0]
+    assert stage["memory_breakdown_bytes"]["recompute_transient"] == 34 * 131072 * 1 * 4096 / 8
+    assert stage["memory_bytes"] < 80e9

@@ -1353,9 +1353,11 @@ def layer_table(
             else:
                 saved = _rank_bytes(a.replicated, (a.split, 0.0 if recompute == "selective" else a.core), t, sp)
             # while the block runs its backward under full recomputation it holds its whole activations
-            # once more (Chen et al. 2016); selective recomputes the attention core tile by tile, as
-            # FlashAttention's backward does, never whole
-            transient = whole if recompute == "full" else None
+            # once more (Chen et al. 2016), but for the attention core: the recomputed forward runs the fused
+            # attention kernel that selective assumes (FlashAttention: the scores are never whole, so a
+            # 128K-token Llama-3 8B is not charged 137 GB of them per GPU at tp 8); selective recomputes the
+            # attention core tile by tile, as FlashAttention's backward does, never whole
+            transient = _rank_bytes(a.replicated, (a.split,), t, sp) if recompute == "full" else None
             # what the weight-gradient step still needs: each GEMM's input and output gradient (Qi et al. 2023,
             # Table 1: 32 of a GPT block's 34 sbh), as many bytes as the block saved outside the attention
             # core less its dropout masks (GPT: 34 - 2 sbh; a gated, GQA block without dropout: all of it);
