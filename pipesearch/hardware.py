@@ -550,8 +550,9 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
         ``homogeneous``, ``device_types`` (names, in group order),
         ``memory_bytes_per_device`` (device name -> bytes), ``total_memory_bytes``,
         ``groups`` (per group: device, nodes, devices_per_node, first and last
-        device id, memory_bytes, peak_fp16_flops, achieved_fraction and, when
-        the device states it, compute_capability) and
+        device id, memory_bytes, peak_fp16_flops, ``tensor_accumulate`` when
+        it is not fp32, achieved_fraction and, when the device states it,
+        compute_capability) and
         ``links`` (``intra_node``, ``inter_node`` and, for more than one
         group, ``inter_group``; each bandwidth_bytes_per_s and latency_s)
         and, when the file has a ``[host]`` table, ``host`` (its
@@ -567,6 +568,7 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
             "last_device": first + g.num_devices - 1,
             "memory_bytes": g.device.memory_bytes,
             "peak_fp16_flops": g.device.peak_fp16_flops,
+            **({} if g.device.tensor_accumulate == "fp32" else {"tensor_accumulate": g.device.tensor_accumulate}),
             "achieved_fraction": g.device.achieved_fraction,
             **({} if g.device.compute_capability is None else {"compute_capability": g.device.compute_capability}),
         })

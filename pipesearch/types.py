@@ -309,6 +309,15 @@ class DeviceSpec:
     nvlink: bool | None = None
     compute_capability: float | None = None
 
+    @property
+    def mfu_peak_flops(self) -> float:
+        """The dense 16-bit tensor peak of mixed-precision training, FLOP/s:
+        ``peak_fp16_flops`` with fp32 accumulate (the MFU denominator),
+        half the fp16-accumulate rate a GeForce catalog entry states (NVIDIA
+        Ada white paper, Table 2: RTX 4090 330.3 TFLOP/s with fp16
+        accumulate, 165.2 with fp32, the rate bf16 runs at)."""
+        return self.peak_fp16_flops / 2 if self.tensor_accumulate == "fp16" else self.peak_fp16_flops
+
     def achieved_fraction_at(self, gemm_size: float) -> float:
         """Fraction of ``peak_fp16_flops`` reached by a transformer whose GEMMs
         have inner dimension ``gemm_size`` (its hidden size):
@@ -628,7 +637,8 @@ class Prediction:
 
     ``tokens_per_iteration`` and ``model_flops_per_iteration`` (PaLM's model
     FLOPs, :attr:`ModelProfile.model_flops_per_sample`) are 0 when unknown
-    (profiles without tokens); ``peak_flops`` is the dense fp16 peak of all
+    (profiles without tokens); ``peak_flops`` is the dense fp16 peak (fp32
+    accumulate, :attr:`DeviceSpec.mfu_peak_flops`) of all
     ``num_devices`` devices the plan uses (0 in plan files written before
     they were recorded for every model); the rates derive from them and
     ``iteration_time_s``."""

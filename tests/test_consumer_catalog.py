@@ -218,3 +218,28 @@ def test_table_shows_each_stages_recompute_and_offload():
     row = r.output.splitlines()[2]
     modes = next(tok for tok in row.split() if "," in tok and tok.split(",")[0] in ("none", "selective", "full"))
     assert len(modes.split(",")) == 4 and set(modes.split(",")) <= {"none", "selective", "full"}
+
+
+def test_mfu_of_a_geforce_plan_is_over_the_fp32_accumulate_peak(tmp_path):
+    """MFU's denominator is the 16-bit tensor peak mixed-precision training
+    runs at: 330.3 / 2 = 165.15 TFLOP/s on an RTX 4090 (fp32 accumulate,
+    165.2 in the white paper's rounding; its catalog entry states the 330.3
+    of fp16 accumulate) and 142 / 2 = 71 on an RTX 3090, 312
+    on an A100 (whose datasheet peak is already fp32-accumulate). The plan
+    file says so and ``validate`` re-derives it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    for cluster, tflops in (("1x8-rtx4090-pcie4", 165.15), ("1x8-rtx3090-pcie3", 71.0), ("1x8-a100-80gb", 312.0)):
+        out = tmp_path / f"{cluster}.json"
+        res = CliRunner().invoke(main, ["plan", "-q", "--model", "qwen3-1.7b", "--cluster", cluster, "-b", "64",
+                                        "--seq-len", "2048", "--pp", "2", "--top", "1", "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        pred = json.loads(out.read_text())["plans"][0]["predicted"]
+        assert pred["peak_flops"] == pytest.approx(pred["num_devices"] * tflops * 1e12, rel=1e-12)
+        assert pred["mfu"] == pytest.approx(pred["model_flops_per_iteration"]
+                                            / (pred["iteration_time_s"] * pred["num_devices"] * tflops * 1e12))
+        assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0

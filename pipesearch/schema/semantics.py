@@ -462,7 +462,7 @@ def _predicted(plan: dict, where: str, batch: int) -> Iterator[Problem]:
 def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     """The derived figures of ``predicted`` (where recorded) follow from the
     plan's own time and inputs: ``num_devices`` is ``tp`` x the distinct
-    stage devices, ``peak_flops`` ``tp`` x their groups' ``peak_fp16_flops``,
+    stage devices, ``peak_flops`` ``tp`` x their groups' MFU peaks (:func:`_device_peaks`),
     ``tokens_per_iteration`` the global batch x ``inputs.model.seq_len`` (a
     decoder), each unless 0 (unknown: a profile without tokens), and
     ``tokens_per_s``, ``tokens_per_s_per_device`` and ``mfu`` are
@@ -531,13 +531,17 @@ def _tensor_parallel(plan: dict, where: str, model: dict, cluster: dict) -> Iter
 
 
 def _device_peaks(heads: list, cluster: dict) -> list | None:
-    """Each device's ``peak_fp16_flops`` from ``inputs.cluster.groups``; None where one is not given."""
+    """Each device's MFU peak from ``inputs.cluster.groups``: ``peak_fp16_flops``, halved where the group's
+    ``tensor_accumulate`` is ``"fp16"`` (types.DeviceSpec.mfu_peak_flops); None where one is not given."""
     groups = cluster.get("groups")
     peaks = []
     for d in heads:
         g = next((g for g in groups or () if isinstance(g, dict) and isinstance(g.get("first_device"), int)
                   and isinstance(g.get("last_device"), int) and g["first_device"] <= d <= g["last_device"]), None)
-        peaks.append(g.get("peak_fp16_flops") if isinstance(g, dict) else None)
+        peak = g.get("peak_fp16_flops") if isinstance(g, dict) else None
+        if isinstance(peak, (int, float)) and g.get("tensor_accumulate") == "fp16":
+            peak = peak / 2  # the fp32-accumulate rate (types.DeviceSpec.mfu_peak_flops)
+        peaks.append(peak)
     return peaks if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in peaks) else None
 
 
