@@ -77,3 +77,6 @@ def test_zero1_offload_plan_writes_stage_1_offload_that_deepspeed_accepts(tmp_pa
     parsed = DeepSpeedConfig(cfg, mpu=_Grid(4, 2, 1))
     assert parsed.zero_optimization_stage == 1
     assert parsed.zero_config.offload_optimizer.device == "cpu"
+    # the optimizer comes from the config (DeepSpeedCPUAdam for the offload): with a torch optimizer passed to
+    # deepspeed.initialize instead, the engine raises ZeRORuntimeException (engine._configure_optimizer)
+    assert parsed.optimizer_name == "adamw" and parsed.optimizer_params["lr"] > 0

@@ -209,9 +209,15 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         # ZeRO-Offload (Ren et al. ATC'21): the optimizer state and step on the CPU; DeepSpeed offloads
         # from ZeRO stage 1 on (the pipeline engine runs stage 0 or 1)
         config["zero_optimization"] = {"stage": 1, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+        # the config's optimizer, so that deepspeed.initialize builds DeepSpeedCPUAdam: another torch optimizer
+        # passed in with the offload is refused (engine._configure_optimizer raises ZeRORuntimeException)
+        config["optimizer"] = {"type": "AdamW",  # placeholders: the step's cost does not depend on them
+                               "params": {"lr": 1.0e-4, "betas": [0.9, 0.95], "eps": 1.0e-8, "weight_decay": 0.1}}
         notes.append("every stage keeps its optimizer state in host memory, as planned (--optimizer-offload): "
-                     "zero_optimization.offload_optimizer = cpu, ZeRO stage 1; the CPU Adam step is DeepSpeed's "
-                     "DeepSpeedCPUAdam.")
+                     "zero_optimization.offload_optimizer = cpu, ZeRO stage 1; the config's optimizer (AdamW) makes "
+                     "DeepSpeed build DeepSpeedCPUAdam for the CPU step (pass no optimizer to deepspeed.initialize, "
+                     "or a DeepSpeedCPUAdam: another torch optimizer with the offload is refused); its params (lr 1e-4, betas 0.9 / 0.95, "
+                     "eps 1e-8, weight_decay 0.1) are placeholders for the run's.")
     if deepspeed_cpu_checkpointing(plan):
         # activation checkpoint offload (ZeRO-Infinity, Rajbhandari et al. SC'21 sec. 5): the checkpoints
         # of PipelineModule's checkpointed layers (activation_checkpoint_interval 1) live in host memory
