@@ -259,3 +259,28 @@ def test_a_plan_launched_in_the_clusters_node_order_needs_no_cluster_node(tmp_pa
     assert CliRunner().invoke(main, ["export", str(out), "--format", "megatron", "--files", str(files)]).exit_code == 0
     text = (files / "launch_megatron.sh").read_text()
     assert "CLUSTER_NODE" not in text and '--node-rank "${NODE_RANK:?}"' in text
+
+
+def test_nodes_of_one_group_need_no_launch_order(tmp_path):
+    """GPT-3 1.3B on four 8-GPU A100 nodes, pp 2 x dp 2 x tp 8, pipeline
+    placement: the plan reaches its nodes in the order 0, 2, 1, 3, but the
+    four nodes are interchangeable (one group: the same type, size and
+    links), so launching them in any order runs the same plan; neither the
+    notes nor the script ask for an order (the 175B plan on 128 nodes had a
+    note listing all 128)."""
+    from pipesearch.export import launch_nodes
+    from pipesearch.plan import load_plan_file
+
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "--nodes", "4",
+                                    "-b", "64", "--pp", "2", "--tp", "8", "--placement", "pipeline", "--top", "1",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    pf = load_plan_file(out)
+    assert launch_nodes(pf.plans[0], pf.inputs) == [0, 2, 1, 3]  # the premise
+    files = tmp_path / "files"
+    res = CliRunner().invoke(main, ["export", str(out), "--format", "megatron", "--files", str(files)])
+    assert res.exit_code == 0, res.output
+    assert "CLUSTER_NODE" not in (files / "launch_megatron.sh").read_text()
+    exp = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "megatron"]).stdout)
+    assert not any("plan's order" in n for n in exp["notes"])

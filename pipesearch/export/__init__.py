@@ -224,10 +224,11 @@ def launch_note(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str |
     """Which of the cluster's nodes run the job, in launch order, when that
     is not simply the cluster's first nodes in id order: ``NODE_RANK`` ``i``
     on node ``n`` (its devices and type), or, for a job of one node, that
-    node; None otherwise."""
+    node; None otherwise, and on a cluster of one group (its nodes
+    interchangeable, :func:`_interchangeable_nodes`)."""
     nodes = Inputs.of(inputs).nodes
     order = launch_nodes(plan, inputs, scan)
-    if not order or order == list(range(len(order))):
+    if not order or order == list(range(len(order))) or _interchangeable_nodes(inputs):
         return None
     where = [f"node {n} of the cluster (devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]})" for n in order]
     if len(order) == 1:
@@ -246,7 +247,7 @@ def node_rank_preamble(plan: Plan, inputs: Mapping | None, scan: str = "data") -
     2. One node other than the first: a comment naming it. Else ``""``."""
     nodes = Inputs.of(inputs).nodes
     order = launch_nodes(plan, inputs, scan)
-    if not order or order == list(range(len(order))):
+    if not order or order == list(range(len(order))) or _interchangeable_nodes(inputs):
         return ""
     where = [f"devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]}" for n in order]
     if len(order) == 1:
@@ -262,6 +263,14 @@ def node_rank_preamble(plan: Plan, inputs: Mapping | None, scan: str = "data") -
             + arms +
             f'    *) echo "CLUSTER_NODE=$CLUSTER_NODE: this plan runs on nodes {listed} of the cluster" >&2; exit 2 ;;\n'
             "esac\n")
+
+
+def _interchangeable_nodes(inputs: Mapping | None) -> bool:
+    """Whether the cluster is one group (every node the same device type,
+    size and links), so that the order its nodes are launched in changes
+    nothing: a 128-node plan's note listed every NODE_RANK."""
+    groups = Inputs.of(inputs).cluster.get("groups") or []
+    return len(groups) == 1
 
 
 def uneven_nodes(counts: Sequence[int], world_size: int) -> bool:
