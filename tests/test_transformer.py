@@ -798,3 +798,26 @@ def test_full_recomputation_of_a_long_context_block_holds_no_attention_scores():
     stage = json.loads(res.stdout)["plans"][0]["stages"][0]
     assert stage["memory_breakdown_bytes"]["recompute_transient"] == 34 * 131072 * 1 * 4096 / 8
     assert stage["memory_bytes"] < 80e9
+
+
+def test_a_context_extended_after_pretraining_trains_at_the_pretraining_length_by_default(tmp_path):
+    """Llama 3.1's config.json: max_position_embeddings 131072, reached by
+    rope scaling from rope_scaling.original_max_position_embeddings 8192.
+    Without --seq-len the plan trains at 8192 (at 131072 no plan of Llama
+    3.1 8B fit eight H100s: a new user's config was refused); the context
+    (what serving checks) stays 131072, and a given seq_len is kept."""
+    from pipesearch.profiles.transformer import load_transformer
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "max_position_embeddings": 131072,
+           "rope_theta": 500000.0, "tie_word_embeddings": False,
+           "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    c = load_transformer(path)
+    assert (c.seq_len, c.max_position_embeddings) == (8192, 131072)
+    assert load_transformer(path, seq_len=65536).seq_len == 65536
+    del cfg["rope_scaling"]["original_max_position_embeddings"]  # no pre-training length given: the context
+    path.write_text(json.dumps(cfg))
+    assert load_transformer(path).seq_len == 131072

@@ -473,7 +473,10 @@ def load_hf_config(
     Args:
         path: the ``config.json``.
         seq_len: sequence length; default the config's maximum positions
-            (``n_positions`` / ``max_position_embeddings``).
+            (``n_positions`` / ``max_position_embeddings``), or the
+            pre-training context of a rotary scaling that extends it
+            (``rope_scaling.original_max_position_embeddings``: 8192 for
+            Llama 3.1's 131072).
         name: model name; default ``_name_or_path``'s last part, else the
             directory name of a ``config.json``, else the file stem.
 
@@ -589,6 +592,11 @@ def load_hf_config(
             keys["rope_scaling_type"] = f"{scale_key}.rope_type"
             values["rope_scaling_factor"] = scaling.get("factor")
             keys["rope_scaling_factor"] = f"{scale_key}.factor"
+            # a context extended after pre-training (Llama 3.1: 8192 -> 131072): train at the pre-training length
+            # by default, the extension's; --seq-len asks for more
+            original = scaling.get("original_max_position_embeddings")
+            if _is_int(original) and original > 0 and (default_seq is None or original < default_seq):
+                default_seq, pos_key = original, f"{scale_key}.original_max_position_embeddings"
         values.update(kind="decoder", position_embedding="rotary")
         take("rope_theta", "rope_theta", None, "rotary_emb_base")
         if values["rope_theta"] is None and isinstance(scaling, dict) and scaling.get("rope_theta") is not None:
