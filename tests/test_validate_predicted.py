@@ -3,10 +3,11 @@ derived rates of ``predicted`` are recomputed from the plan's own time and
 inputs, and ``tp`` must divide the model's heads.
 
 The plan is Qwen3-32B, batch 32, sequence 2048, optimizer offloaded, on
-1x8-rtx4090-pcie4 (8 GPUs of 330.3 TFLOP/s fp16 peak): its best plan is pp 2
-x tp 4. Expected values are derived by hand: 32 x 2048 = 65536 tokens per
-iteration, tokens/s = 65536 / iteration_time_s, MFU = model FLOPs /
-(iteration_time_s x 8 x 330.3e12).
+1x8-rtx4090-pcie4 (8 GPUs of 330.3 TFLOP/s fp16 peak with fp16 accumulate,
+half that with the fp32 accumulate of mixed-precision training): its best
+plan is pp 2 x tp 4. Expected values are derived by hand: 32 x 2048 = 65536
+tokens per iteration, tokens/s = 65536 / iteration_time_s, MFU = model FLOPs
+/ (iteration_time_s x 8 x 330.3e12 / 2).
 """
 
 from __future__ import annotations

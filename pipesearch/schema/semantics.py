@@ -582,6 +582,14 @@ REQUIRED_POINT_COLUMNS = ("tp", "recompute", "pp", "dp", "schedule", "micro_batc
                           "placement", "status", "iteration_time_s", "samples_per_s", "peak_memory_bytes")
 
 
+#: points-table columns every point fills (what the point is, and how it ended)
+POINT_IDENTITY_COLUMNS = ("tp", "recompute", "pp", "dp", "status")
+#: points-table columns every point fills but one whose dp does not divide the batch (no schedule enumerated)
+POINT_SCHEDULE_COLUMNS = ("schedule", "vp", "micro_batch_size", "num_micro_batches")
+#: points-table columns every ``ok`` point fills (what it achieves)
+POINT_OK_COLUMNS = ("iteration_time_s", "samples_per_s", "peak_memory_bytes")
+
+
 #: points-table column -> ``(cell types, low, high, what is expected)``: numbers of those types in ``[low,
 #: high]``, or strings (in ``low`` when it is a tuple); the bounds are the plan schema's. ``bool`` is not ``int``
 #: here (the types are compared exactly)
@@ -631,7 +639,8 @@ def _points(doc: dict) -> Iterator[Problem]:
         yield Problem("search.points", "has both 'values' (by column) and 'data' (by row); give one")
         return
     if "values" in table:
-        yield from _point_columns(columns, table["values"])
+        problems = list(_point_columns(columns, table["values"]))
+        yield from problems or _point_nulls(columns, table["values"], lambda k, r: f"search.points.values[{k}][{r}]")
         return
     for r, row in enumerate(table["data"]):
         if len(row) != len(columns):
@@ -644,6 +653,31 @@ def _points(doc: dict) -> Iterator[Problem]:
                 yield Problem(f"search.points.data[{r}]", f"column {column!r} = {show(value)}: expected {check[1]} "
                                                           "or null")
                 return
+    yield from _point_nulls(columns, [list(col) for col in zip(*table["data"])] if table["data"] else
+                            [[] for _ in columns], lambda k, r: f"search.points.data[{r}]")
+
+
+def _point_nulls(columns: list, values: list, where) -> Iterator[Problem]:
+    """Nulls where a point always has a value: the columns of
+    :data:`POINT_IDENTITY_COLUMNS` of every point, those of
+    :data:`POINT_SCHEDULE_COLUMNS` of every point but a
+    ``batch_not_divisible`` one, those of :data:`POINT_OK_COLUMNS` of every
+    ``ok`` point (``values`` by column; ``where(k, r)`` names the cell of
+    column ``k``, point ``r``)."""
+    at = {c: k for k, c in enumerate(columns)}
+    status = values[at["status"]] if "status" in at else []
+    rules = ([(c, lambda st: True, "every point") for c in POINT_IDENTITY_COLUMNS]
+             + [(c, lambda st: st != "batch_not_divisible", "every point whose dp divides the batch")
+                for c in POINT_SCHEDULE_COLUMNS]
+             + [(c, lambda st: st == "ok", "an ok point") for c in POINT_OK_COLUMNS])
+    for column, applies, whose in rules:
+        if column not in at:
+            continue
+        k = at[column]
+        r = next((r for r, v in enumerate(values[k]) if v is None and (not status or applies(status[r]))), None)
+        if r is not None:
+            yield Problem(where(k, r), f"column {column!r} is null: {whose} has one; restore it or re-plan")
+            return
 
 
 def _column_passes(column: str, col: list) -> bool:

@@ -1,0 +1,72 @@
+"""A plan file whose recorded cluster or points table has the wrong shape is
+refused by every command that reads it (exit 2, the field named), never an
+internal error: ``validate``, ``simulate``, ``export`` and ``plot`` load it
+through the same checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipesearch.cli import main
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("shapes") / "p.json"
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "-b", "64",
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text())
+
+
+def _edited(tmp_path, doc, edit):
+    bad = json.loads(json.dumps(doc))
+    edit(bad)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    return path
+
+
+COMMANDS = (["validate"], ["simulate"], ["export", "--format", "torch"], ["plot", "--kind", "stages", "-o", "x.png"])
+
+
+@pytest.mark.parametrize("value, field, message", [
+    (1, "inputs.cluster.groups", "expected an array, got 1"),
+    (True, "inputs.cluster.groups", "expected an array, got True"),
+    ([1], "inputs.cluster.groups[0]", "expected an object, got 1"),
+])
+def test_cluster_groups_of_the_wrong_type(tmp_path, doc, value, field, message):
+    """Bug: groups 1 (or 0.5, true) was iterated by the MFU check: TypeError, exit 1, in all four commands."""
+    path = _edited(tmp_path, doc, lambda d: d["inputs"]["cluster"].__setitem__("groups", value))
+    for cmd in COMMANDS:
+        r = CliRunner().invoke(main, [cmd[0], str(path), *cmd[1:]])
+        assert r.exit_code == 2 and "internal error" not in r.output, (cmd, r.output)
+        assert f"{field}: {message}" in r.output, (cmd, r.output)
+
+
+def test_device_type_names_must_be_strings(tmp_path, doc):
+    """Bug: device_types [null] made ``plot`` join None into its title (exit 1)."""
+    path = _edited(tmp_path, doc, lambda d: d["inputs"]["cluster"].__setitem__("device_types", [None]))
+    r = CliRunner().invoke(main, ["plot", str(path), "--kind", "stages", "-o", str(tmp_path / "s.png")])
+    assert r.exit_code == 2 and "inputs.cluster.device_types[0]: expected a string" in r.output, r.output
+
+
+@pytest.mark.parametrize("column, what", [("dp", "every point"), ("samples_per_s", "an ok point")])
+def test_points_table_nulls_where_a_point_has_a_value(tmp_path, doc, column, what):
+    """Bug: ``validate`` passed a points table whose dp (or samples_per_s)
+    column was all null, and ``plot --kind space`` then failed converting
+    NaN to an integer (exit 1). Every point has its dp; every ok point its
+    samples/s; a point whose dp does not divide the batch has no schedule
+    (null there is right)."""
+    k = doc["search"]["points"]["columns"].index(column)
+
+    def edit(d):
+        d["search"]["points"]["values"][k] = [None] * len(d["search"]["points"]["values"][k])
+
+    path = _edited(tmp_path, doc, edit)
+    for cmd in (["validate"], ["plot", "--kind", "space", "-o", str(tmp_path / "s.png")]):
+        r = CliRunner().invoke(main, [cmd[0], str(path), *cmd[1:]])
+        assert r.exit_code == 2 and f"column '{column}' is null: {what} has one" in r.output, (cmd, r.output)
