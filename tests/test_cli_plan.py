@@ -642,3 +642,39 @@ def test_micro_batches_below_the_profiled_batch_are_noted(tmp_path):
         f"l{k},4.0,8.0,0.5,1.0,1000000,1000000" for k in range(8)]
     (tmp_path / "fixed.csv").write_text("# batch_size: 32\n" + "\n".join(rows) + "\n")
     assert note(["--model", "fixed.csv", "--cluster", "1x4-v100-pcie", "-b", "64"]) == []
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sharding", "zero1"], "--sharding zero1 with dp 1: one data-parallel replica has no replicas to shard"),
+    (["--zero1"], "--zero1 with dp 1"),
+    (["--overlap-grad-reduce"], "--overlap-grad-reduce with dp 1: one data-parallel replica has no gradient reduce"),
+    (["--sharding", "zero1", "--overlap-param-gather"], "--sharding zero1 with dp 1"),
+])
+def test_data_parallel_flags_with_one_replica_are_refused(flags, message):
+    """Bug: --dp 1 with --sharding zero1, --overlap-grad-reduce or
+    --overlap-param-gather planned as if they were not given (exit 0), where
+    --tp 1 --tp-comm-overlap and --dp 1 --placement data are refused; with
+    --dp 2 they are planned."""
+    base = ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--top", "1"]
+    r = CliRunner().invoke(main, [*base, "--dp", "1", *flags])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert CliRunner().invoke(main, [*base, "--dp", "2", *flags]).exit_code == 0
+
+
+def test_ctrl_c_exits_130_and_writes_nothing(tmp_path):
+    """Ctrl-C (SIGINT) during a search: "aborted", exit 130 (128 + SIGINT,
+    as shells report it; it was 1, the status of a bug) and no plan file."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "p.json"
+    args = [sys.executable, "-m", "pipesearch", "plan", "-q", "--model", "vgg16", "--cluster",
+            str(REPO / "tests" / "data" / "mixed-16-3types.toml"), "-b", "1024", "--exhaustive", "-o", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.0)  # imports done, the (minutes-long) exhaustive search under way
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "aborted" in err and "internal error" not in err, err
+    assert not out.exists()

@@ -29,7 +29,7 @@ def _refused(args, needle):
 def test_export_and_simulate_never_overwrite_the_plan_file(plan_file):
     before = plan_file.read_bytes()
     _refused(["export", str(plan_file), "--format", "torch", "-o", str(plan_file)], "the same file as PLANS")
-    _refused(["simulate", str(plan_file), "--torch-csv", str(plan_file)], "the same file as PLANS")
+    _refused(["simulate", str(plan_file), "--torch-csv", str(plan_file)], "give a name ending in .csv")
     _refused(["plot", str(plan_file), "--kind", "stages", "-o", str(plan_file)], "the same file as PLANS.json")
     assert plan_file.read_bytes() == before
 
@@ -50,7 +50,8 @@ def test_export_files_check_every_target_before_writing_one(plan_file, tmp_path)
 def test_two_outputs_on_one_path_are_refused(plan_file, tmp_path):
     out = tmp_path / "t.png"
     _refused(["simulate", str(plan_file), "--timeline", str(out), "--torch-csv", str(out)],
-             "the same file as --timeline")
+             "give a name ending in .csv")  # the CSV's name is refused first (a .png)
+    _refused(["simulate", str(plan_file), "--torch-csv", "-"], "give a name ending in .csv")  # wrote a file named -
     _refused(["serve", "--model", "qwen3-1.7b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "1",
               "--timeline", str(out), "-o", str(out)], "the same file as -o")
     assert not out.exists()

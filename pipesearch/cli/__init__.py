@@ -98,9 +98,9 @@ class _Group(click.Group):
             hint = f" (see `{ctx.command_path} -h`)" if ctx is not None else ""
             click.echo(f"error: {error_line(' '.join(exc.format_message().split()))}{hint}", err=True)
             sys.exit(exc.exit_code)
-        except click.Abort:
+        except click.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort): 128 + SIGINT, as shells report it
             click.echo("aborted", err=True)
-            sys.exit(1)
+            sys.exit(130)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx):

@@ -572,6 +572,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     search_budget = parse_size_option("--max-search-memory", max_search_memory)
     if optimizer_bytes_per_param is not None and not math.isfinite(optimizer_bytes_per_param):
         raise InputError(f"--optimizer-bytes-per-param {optimizer_bytes_per_param}: expected a finite number")
+    asked_sharding = sharding  # before a runtime's default
     if optimizer_bytes_per_param is None and not zero1:  # the runtime's state, where none is asked for
         _, state_default, sharding_default = runtimes.runtime_defaults(runtime)
         optimizer_state = optimizer_state or (state_default if state_default != "mixed-adam" else None)
@@ -709,6 +710,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             schedules = tuple(x for x in schedules if x not in MULTI_STAGE_SCHEDULES) or schedules
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
+    if dp == 1:
+        check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather)
     pinned_pp = pp or (len(split) if split else None)
     if placements and cluster.is_homogeneous and 1 in (pinned_pp, dp):
         degree = f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}"
@@ -923,6 +926,26 @@ def check_roundpipe_flags(cluster, *, tp, dp, recompute, optimizer_offload, stre
             raise InputError(f"--schedule roundpipe with {flag}: RoundPipe keeps every parameter, its optimizer and "
                              "the group boundaries' activations in host memory already; drop the flag")
 
+
+
+def check_one_replica_flags(sharding, zero1: bool, overlap_grad_reduce, overlap_param_gather) -> None:
+    """With dp pinned to 1 (``--dp 1``, or the batch pins) there is one
+    replica: no state to shard over replicas and no data-parallel collective
+    to overlap. Refuse the flags that ask for them, as ``--tp 1
+    --tp-comm-overlap`` is refused, rather than accept them doing nothing.
+
+    Raises:
+        InputError: a ``--sharding`` other than none, ``--zero1``,
+            ``--overlap-grad-reduce`` or ``--overlap-param-gather``.
+    """
+    if sharding not in (None, "none") or zero1:
+        flag = f"--sharding {sharding}" if sharding not in (None, "none") else "--zero1"
+        raise InputError(f"{flag} with dp 1: one data-parallel replica has no replicas to shard its state over; "
+                         "drop one of them")
+    for flag, on in (("--overlap-grad-reduce", overlap_grad_reduce), ("--overlap-param-gather", overlap_param_gather)):
+        if on:
+            raise InputError(f"{flag} with dp 1: one data-parallel replica has no gradient reduce or parameter "
+                             "gather to overlap; drop one of them")
 
 
 def check_roundpipe_state_flags(*, optimizer_state, sharding, zero1, optimizer_bytes_per_param, overlap_grad_reduce,

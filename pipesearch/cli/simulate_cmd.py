@@ -6,7 +6,7 @@ import click
 import numpy as np
 
 from ..errors import InputError
-from ..output import check_distinct_paths, check_writable, write_outputs
+from ..output import check_distinct_paths, check_suffix, check_writable, write_outputs
 from ..plan import load_plan_file, select_plan
 from ..schedules import build, to_torch_csv
 from ..search import simulate_plan
@@ -168,6 +168,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
         check_writable(timeline, "--timeline")
         check_output(timeline)
     if torch_csv is not None:
+        check_suffix(torch_csv, "--torch-csv", ".csv", "torch's pipeline order is CSV")
         check_writable(torch_csv, "--torch-csv")
     check_distinct_paths({"--timeline": timeline, "--torch-csv": torch_csv}, {"PLANS": plans})
     plan_file = load_plan_file(plans)
