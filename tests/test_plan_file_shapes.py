@@ -70,3 +70,18 @@ def test_points_table_nulls_where_a_point_has_a_value(tmp_path, doc, column, wha
     for cmd in (["validate"], ["plot", "--kind", "space", "-o", str(tmp_path / "s.png")]):
         r = CliRunner().invoke(main, [cmd[0], str(path), *cmd[1:]])
         assert r.exit_code == 2 and f"column '{column}' is null: {what} has one" in r.output, (cmd, r.output)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("mfu", 0.5, "0.5 found, null expected"),
+    ("tokens_per_s", 1000.0, "1000.0 found, null expected"),
+    ("memory_capacity_bytes", 0, "0 found, the memory of one of the plan's devices expected (1.71799e+10 B)"),
+])
+def test_recorded_figures_a_layer_profile_plan_cannot_have(tmp_path, doc, key, value, message):
+    """GNMT (a layer profile: no tokens, no model FLOPs) on four 16 GiB V100s:
+    its MFU and tokens/s are null, and its memory capacity is a V100's 16
+    GiB = 17,179,869,184 B. Bug: MFU 0.5, tokens/s 1000 and a capacity of 0
+    (below the plan's peak) passed ``validate``."""
+    path = _edited(tmp_path, doc, lambda d: d["plans"][0]["predicted"].__setitem__(key, value))
+    r = CliRunner().invoke(main, ["validate", str(path)])
+    assert r.exit_code == 2 and f"plans[0].predicted.{key}: {message}" in r.output, r.output

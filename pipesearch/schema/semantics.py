@@ -381,6 +381,7 @@ def plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out += _predicted(plan, where, inputs["job"]["global_batch_size"])
     out += _tensor_parallel(plan, where, inputs["model"], inputs["cluster"])
     out += _rates(plan, where, inputs)
+    out += _capacity(plan, where, inputs["cluster"])
     out += _schedule(plan, where)
     out += _mobius(plan, where)
     out += _roundpipe(plan, where)
@@ -488,6 +489,11 @@ def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
                          "mfu": p.mfu})
     for key, want in expected.items():
         found = pred.get(key)
+        if want is None and found is not None and key in ("tokens_per_s", "tokens_per_s_per_device", "mfu"):
+            yield Problem(f"{where}.predicted.{key}", f"{show(found)} found, null expected (the plan's "
+                                                      "tokens_per_iteration or model_flops_per_iteration is 0: a "
+                                                      "profile without tokens has no such rate); restore the field")
+            return
         if found is None or want is None or (found == 0 and key in terms):  # 0: unknown (a profile without tokens)
             continue
         if not isinstance(found, (int, float)) or _above(abs(found - want), REL_TOL * abs(want)):
@@ -498,6 +504,25 @@ def _rates(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
             return
     if isinstance(pred.get("mfu"), (int, float)) and pred["mfu"] > 1:
         yield Problem(f"{where}.predicted.mfu", f"{pred['mfu']!r}: more than 1 (the devices' peak); re-plan")
+
+
+def _capacity(plan: dict, where: str, cluster: dict) -> Iterator[Problem]:
+    """``predicted.memory_capacity_bytes`` is the memory of one of the
+    plan's devices (its peak device's, as ``inputs.cluster.groups`` give
+    them; unchecked where the groups do not say)."""
+    found = plan["predicted"].get("memory_capacity_bytes")
+    groups = cluster.get("groups")
+    if not isinstance(found, (int, float)) or not isinstance(groups, list):
+        return
+    heads = {d for st in plan["stages"] for d in st["devices"]}
+    sizes = {g["memory_bytes"] for g in groups if isinstance(g, dict) and isinstance(g.get("memory_bytes"), (int, float))
+             and isinstance(g.get("first_device"), int) and isinstance(g.get("last_device"), int)
+             and any(g["first_device"] <= d <= g["last_device"] for d in heads)}
+    if sizes and not any(abs(found - size) <= REL_TOL * size for size in sizes):
+        listed = ", ".join(f"{size:.6g}" for size in sorted(sizes))
+        yield Problem(f"{where}.predicted.memory_capacity_bytes", f"{show(found)} found, the memory of one of the "
+                                                                  f"plan's devices expected ({listed} B); re-plan, "
+                                                                  "or restore the field")
 
 
 def _tensor_parallel(plan: dict, where: str, model: dict, cluster: dict) -> Iterator[Problem]:
