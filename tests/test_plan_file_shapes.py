@@ -85,3 +85,17 @@ def test_recorded_figures_a_layer_profile_plan_cannot_have(tmp_path, doc, key, v
     path = _edited(tmp_path, doc, lambda d: d["plans"][0]["predicted"].__setitem__(key, value))
     r = CliRunner().invoke(main, ["validate", str(path)])
     assert r.exit_code == 2 and f"plans[0].predicted.{key}: {message}" in r.output, r.output
+
+
+def test_an_edited_embedded_export_is_named_by_validate(tmp_path, doc):
+    """The plan file's ``exports`` are what ``pipesearch export`` writes for
+    each plan (the README calls them runnable as written): validate
+    re-exports each plan and names the first field that differs (an edited
+    micro-batch count passed); ``export`` writes its own, from the plan."""
+    m = doc["plans"][0]["schedule"]["num_micro_batches"]
+    path = _edited(tmp_path, doc, lambda d: d["plans"][0]["exports"]["torch"].__setitem__("n_microbatches", m + 1))
+    r = CliRunner().invoke(main, ["validate", str(path)])
+    assert r.exit_code == 2, r.output
+    assert f"plans[0].exports.torch.n_microbatches: {float(m + 1)} found, {float(m)} expected" in r.output, r.output
+    r = CliRunner().invoke(main, ["export", str(path), "--format", "torch"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["n_microbatches"] == m, r.output

@@ -3,6 +3,8 @@ semantic rules; list every problem."""
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from ..errors import InputError, PlanFormatError
@@ -98,8 +100,9 @@ def plan_file_problems(doc: dict) -> list[str]:
     rules (:func:`pipesearch.plan.document_problems`), then the recorded
     copies and host terms against their formulas
     (:func:`pipesearch.schema.records.record_problems`), then the replay
-    (:func:`replay_problems`). ``pipesearch export`` runs the same checks."""
-    return staged_problems(doc)[1]
+    (:func:`replay_problems`). ``pipesearch export`` runs the same checks
+    but the embedded exports' (:func:`export_problems`: it writes its own)."""
+    return staged_problems(doc, embedded_exports=False)[1]
 
 
 #: what each stage of :func:`staged_problems` leaves for later, said after its problems
@@ -110,12 +113,13 @@ LATER_CHECKS = {"schema": "the rules beyond the schema (layers, devices, degrees
                 "records": "the replay of each plan's time is checked once these are fixed", "replay": ""}
 
 
-def staged_problems(doc: dict) -> tuple[str, list[str]]:
+def staged_problems(doc: dict, embedded_exports: bool = True) -> tuple[str, list[str]]:
     """:func:`plan_file_problems` with the stage that found them:
     ``"schema"``, ``"document"`` (the semantic rules), ``"records"``
     (recorded copies and host terms) or ``"replay"``; each runs only on a
     document the earlier ones accept (a replay of inconsistent records would
-    be noise)."""
+    be noise). ``embedded_exports``: also the plans' ``exports`` against
+    their re-export (:func:`export_problems`)."""
     problems = schema_problems(doc)
     if problems:
         return "schema", [str(p) for p in problems]
@@ -125,7 +129,57 @@ def staged_problems(doc: dict) -> tuple[str, list[str]]:
     problems = record_problems(doc)
     if problems:
         return "records", [str(p) for p in problems]
-    return "replay", replay_problems(doc) + [str(p) for p in digest_problems(doc)]
+    edited = [str(p) for p in digest_problems(doc)]  # an edited input changes the exports too: said once, there
+    exports = export_problems(doc) if embedded_exports and not edited else []
+    return "replay", replay_problems(doc) + edited + exports
+
+
+def export_problems(doc: dict) -> list[str]:
+    """Plans whose embedded ``exports`` are not the exports of the plan as
+    the file records it (:func:`pipesearch.export.export_all`, what
+    ``pipesearch export`` writes): an edited runtime config the README calls
+    runnable as written. The first difference of each plan, one line."""
+    from ..export import export_all
+    from ..schema.digests import _canonical
+
+    plan_file = _from_document(doc)
+    out = []
+    for k, (plan, obj) in enumerate(zip(plan_file.plans, doc["plans"])):
+        recorded = obj.get("exports")
+        if not isinstance(recorded, dict):
+            continue  # a file without exports (they are optional)
+        expected = _canonical(json.loads(json.dumps(export_all(plan, plan_file.inputs))))
+        where, found, want = _first_difference(_canonical(recorded), expected, f"plans[{k}].exports")
+        if where is not None:
+            out.append(f"{where}: {_short(found)} found, {_short(want)} expected (the export of the plan as the file "
+                       "records it: pipesearch export); re-plan, or restore the field")
+    return out
+
+
+def _first_difference(found, want, where: str):
+    """``(path, found, expected)`` of the first place two JSON values
+    differ (keys in sorted order), ``(None, None, None)`` when equal."""
+    if isinstance(found, dict) and isinstance(want, dict):
+        for key in sorted(set(found) | set(want)):
+            if key not in found or key not in want:
+                return f"{where}.{key}", found.get(key, "(missing)"), want.get(key, "(missing)")
+            hit = _first_difference(found[key], want[key], f"{where}.{key}")
+            if hit[0] is not None:
+                return hit
+        return None, None, None
+    if isinstance(found, list) and isinstance(want, list) and len(found) == len(want):
+        for i, (a, b) in enumerate(zip(found, want)):
+            hit = _first_difference(a, b, f"{where}[{i}]")
+            if hit[0] is not None:
+                return hit
+        return None, None, None
+    return (None, None, None) if found == want else (where, found, want)
+
+
+def _short(value) -> str:
+    """A value for a one-line message: its JSON, cut at 80 characters."""
+    text = value if isinstance(value, str) and value == "(missing)" else json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @main.command("validate")
@@ -140,8 +194,9 @@ def validate_command(plans):
     a RoundPipe or Mobius plan's recorded copies and host terms follow from
     its stage bytes and the cluster's [host] table, each plan's predicted
     iteration time is the simulated time of its own stage terms (a replay),
-    and the inputs and each plan's degrees, schedule and options are those
-    it was planned for (the file's digests).
+    the inputs and each plan's degrees, schedule and options are those it
+    was planned for (the file's digests), and each plan's embedded exports
+    are what pipesearch export writes for it.
 
     Prints one line per problem on stdout (and, when the schema or the
     recorded terms fail, a line saying the later checks wait for them) and
