@@ -494,12 +494,17 @@ def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_pa
                                 ("hidden_size", "128", "hidden_size '128': expected an integer >= 1"),
                                 ("num_hidden_layers", 2.5, "num_hidden_layers 2.5: expected an integer >= 1"),
                                 ("vocab_size", -5, "vocab_size -5: expected an integer >= 1"),
-                                ("rms_norm_eps", float("nan"), "rms_norm_eps nan: expected a finite number")]:
+                                ("rms_norm_eps", float("nan"), "rms_norm_eps nan: expected a finite number"),
+                                # torch's refusal 28 s into the model's build, named neither file nor key
+                                ("num_key_value_heads", 3, "num_attention_heads 4 is not a multiple of "
+                                                           "num_key_value_heads 3")]:
         path = tmp_path / f"bad_{key}.json"
         path.write_text(_json.dumps(dict(config, **{key: value})))
         cases.append((["profile", "--hf-config", str(path), "--input-shape", "8", "-b", "2", "-o", "o.csv"], message))
     good = tmp_path / "config.json"
     good.write_text(_json.dumps(config))
+    empty = tmp_path / "nothing_here"
+    empty.mkdir()
     (tmp_path / "notjson.json").write_text("{bad")
     (tmp_path / "foo.json").write_text(_json.dumps(dict(config, model_type="foo")))
     cases += [  # a JSON syntax error was "cannot read its vocab_size"; transformers' list of every class was quoted
@@ -510,7 +515,12 @@ def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_pa
     cases += [(["profile", "--hf-config", str(good), "--input-shape", "257", "-b", "2", "-o", "o.csv"],
                "longer than"),
               (["profile", "--hf-config", str(good), "--input-shape", "8", "-b", "2", "--input-dtype", "float",
-                "-o", "o.csv"], "--input-dtype float: --hf-config profiles a language model on token ids")]
+                "-o", "o.csv"], "--input-dtype float: --hf-config profiles a language model on token ids"),
+              # a torch shape error with a hint about branching models
+              (["profile", "--hf-config", str(good), "--input-shape", "8,4", "-b", "2", "-o", "o.csv"],
+               "--input-shape 8,4: a language model's sample is one sequence of token ids"),
+              (["profile", "--hf-config", str(empty), "--input-shape", "8", "-b", "2", "-o", "o.csv"],
+               "a directory without a config.json")]  # "cannot read it (No such file or directory)"
     runner = CliRunner()
     for args, message in cases:
         result = runner.invoke(main, args)

@@ -131,6 +131,9 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
             device_name = str(Path(device_name).resolve())
     if hf_config is not None:
         cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
+        if Path(hf_config).is_dir() and not cfg_path.exists():
+            raise InputError(f"--hf-config {hf_config}: a directory without a config.json; give the config file "
+                             "or the model's directory holding it")
         try:
             hf_cfg = json.loads(cfg_path.read_text())
         except OSError as exc:
@@ -154,6 +157,9 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
     shape = parse_shape(input_shape)
     size_option = f"--batch-sizes {','.join(map(str, sizes))}" if len(sizes) > 1 else f"--batch-size {sizes[0]}"
     check_input_size(shape, sizes, size_option)
+    if hf_config is not None and len(shape) != 1:
+        raise InputError(f"--input-shape {','.join(map(str, shape))}: a language model's sample is one sequence of "
+                         "token ids; give its length alone (e.g. --input-shape 128)")
     if hf_config is not None and isinstance(hf_cfg.get("max_position_embeddings"), int) \
             and shape[-1] > hf_cfg["max_position_embeddings"]:
         raise InputError(f"--input-shape {','.join(map(str, shape))}: a sequence of {shape[-1]} tokens, longer than "
@@ -239,6 +245,10 @@ def check_hf_config(cfg: dict, path: Path) -> None:
     heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
     if isinstance(heads, int) and isinstance(hidden, int) and cfg.get("head_dim") is None and hidden % heads:
         raise InputError(f"--hf-config {path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    kv = cfg.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv, int) and not isinstance(kv, bool) and heads % kv:
+        raise InputError(f"--hf-config {path}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                         f"{kv} (each key/value head serves a group of query heads)")
 
 
 def check_vocab_size(model, vocab_size: int) -> None:
