@@ -437,6 +437,10 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
     """
     path = catalog.resolve("cluster", str(name_or_path))
     data = _read_toml(path)
+    if "memory_GiB" in data or "memory_GB" in data or "peak_fp16_TFLOPS" in data:  # keys of a device file
+        raise InputError(f"{path}: a device description (memory and peak keys), not a cluster: a cluster file "
+                         f"names it as device = \"{data.get('name', path.stem)}\" with nodes and devices_per_node "
+                         "(hardware/README.md)")
     _check_keys(path, data, _CLUSTER_KEYS)
     name = _named(path, _get(path, data, "name"))
     trio = [k for k in ("nodes", "devices_per_node", "device") if k in data]

@@ -1496,6 +1496,17 @@ def test_a_profile_given_as_the_cluster_says_what_it_is(tmp_path):
                    "not a TOML file")
 
 
+def test_a_device_file_given_as_the_cluster_says_what_it_is(tmp_path):
+    """``--cluster hardware/devices/a100-80gb.toml`` said "unknown key
+    'memory_GiB' (allowed keys: ...)": the file is named as a device
+    description, with the cluster line that uses it."""
+    from helpers import REPO
+
+    device = str(REPO / "hardware" / "devices" / "a100-80gb.toml")
+    assert_refused(tmp_path, ["plan", "--model", "vgg16", "--cluster", device], "a100-80gb.toml",
+                   "a device description", 'device = "a100-80gb"')
+
+
 def test_a_null_value_in_a_huggingface_config_is_named_as_null(tmp_path):
     """``"intermediate_size": null`` was reported as a missing key."""
     cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,

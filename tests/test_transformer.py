@@ -821,3 +821,19 @@ def test_a_context_extended_after_pretraining_trains_at_the_pretraining_length_b
     del cfg["rope_scaling"]["original_max_position_embeddings"]  # no pre-training length given: the context
     path.write_text(json.dumps(cfg))
     assert load_transformer(path).seq_len == 131072
+
+
+def test_a_config_whose_aliases_disagree_is_refused(tmp_path):
+    """GPT-2's n_layer and num_hidden_layers are one setting to transformers
+    (GPT2Config.attribute_map): 12 and 22 in one file planned 12 layers
+    without a word; equal values are fine."""
+    from pipesearch.profiles.transformer import load_transformer
+
+    cfg = {"model_type": "gpt2", "n_layer": 12, "num_hidden_layers": 22, "n_embd": 768, "n_head": 12,
+           "vocab_size": 50257, "n_positions": 1024}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match="key 'n_layer' = 12 and its alias 'num_hidden_layers' = 22 disagree"):
+        load_transformer(path)
+    path.write_text(json.dumps(dict(cfg, num_hidden_layers=12)))
+    assert load_transformer(path).num_layers == 12

@@ -250,6 +250,15 @@ def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
+#: per family the config keys transformers reads as one setting (the config class's ``attribute_map``):
+#: GPT-2's and T5's own names and the common ones
+_HF_ALIASES = {
+    "gpt2": (("n_layer", "num_hidden_layers"), ("n_embd", "hidden_size"), ("n_head", "num_attention_heads"),
+             ("n_positions", "max_position_embeddings")),
+    "t5": (("num_layers", "num_hidden_layers"), ("d_model", "hidden_size"), ("num_heads", "num_attention_heads")),
+}
+
+
 def _bad(where: str, key: str, value: Any, expected: str) -> InputError:
     return InputError(f"{where}: key '{key}' = {_show(value)}: expected {expected}")
 
@@ -538,6 +547,11 @@ def load_hf_config(
             f"GPT-2 (n_layer, n_embd), GPT-NeoX/LLaMA (num_hidden_layers, hidden_size) or "
             f"T5 (d_model, d_kv) config.json"
         )
+
+    for key, alias in _HF_ALIASES.get(family, ()):  # transformers maps one onto the other: which one wins is order
+        if key in d and alias in d and d[key] != d[alias]:
+            raise InputError(f"{where}: key '{key}' = {_show(d[key])} and its alias '{alias}' = {_show(d[alias])} "
+                             f"disagree (transformers reads them as one setting); keep one of them")
 
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
