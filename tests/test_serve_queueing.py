@@ -124,3 +124,47 @@ def test_a_ttft_limit_the_engines_budget_misses_is_met_at_a_planned_budget():
     p = json.loads(r.output)["plans"][0]
     assert p["max_num_batched_tokens"] < 2048 and p["predicted"]["ttft_s"] <= 0.8
     assert p["engine_default"]["batch"] == 0
+
+
+def test_admission_wait_by_hand():
+    """One running slot (c = 1) is the M/D/1 queue, where Allen-Cunneen's
+    half of Erlang C is exact: at a mean of 0.5 running (rho 0.5) and 2
+    arrivals/s (each request 0.25 s), a^2 / (2 lambda (1 - a)) = 0.25 / 2 =
+    0.125 s; two slots at a = 1: Erlang B 1/5, C 1/3, wait 1/3 x 1 / (2 x
+    1) / 2 at 2 arrivals/s = 1/12 s; a mean batch at the limit never frees
+    a slot."""
+    from pipesearch.serve.search import admission_wait_s
+
+    assert admission_wait_s(2.0, 0.5, 1) == pytest.approx(0.125, rel=1e-12)
+    assert admission_wait_s(2.0, 1.0, 2) == pytest.approx(1 / 12, rel=1e-12)
+    assert math.isinf(admission_wait_s(2.0, 215.0, 215))
+
+
+def test_a_ttft_limit_does_not_cut_the_running_limit_to_the_mean_batch():
+    """Llama-3 70B fp8 on 8 x L4, 128 in / 2048 out at 0.2415 requests/s,
+    --max-ttft-ms 245.3: the running limit of tp 8 was cut to its mean
+    batch (42: a larger batch's TTFT is above the limit), so every burst
+    queued (33.9 s simulated mean TTFT); it is set by TPOT alone (the TTFT
+    limit holds for the mean batch), and the simulated mean TTFT is the
+    closed form's within 10%."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8",
+                                  "--input-len", "128", "--output-len", "2048", "--request-rate", "0.2415",
+                                  "--max-ttft-ms", "245.3", "--tp", "8", "--pp", "1", "--simulate-top", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)["plans"][0]
+    assert p["max_num_seqs"] > p["batch"] + 20
+    assert p["simulated"]["ttft_mean_s"] == pytest.approx(p["predicted"]["ttft_s"], rel=0.10)
+
+
+def test_a_plan_whose_slots_are_all_busy_is_flagged():
+    """Llama-3 8B on 8 x L4, 128 in / 2048 out at 2.825 requests/s, tp 2 x
+    pp 2: its mean batch, 215, is all its KV pool runs, so no slot ever
+    frees and arrivals queue without bound (22.8 s simulated p90 TTFT where
+    the closed form said 132 ms): TTFT unbounded, and the plan marked as not
+    carrying the rate."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--input-len", "128",
+                                  "--output-len", "2048", "--request-rate", "2.825", "--tp", "2", "--pp", "2",
+                                  "--simulate-top", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)["plans"][0]
+    assert p["batch"] == p["max_num_seqs"] and p["predicted"]["ttft_s"] is None and p["predicted"]["saturated"]

@@ -328,8 +328,10 @@ class ServePipeline:
         out_tps = B * self.tokens_per_life(B, workload) / cycle
         rate = workload.arrival_rate_per_s
         if rate is not None and workload.prefill_mix:  # Poisson arrivals: the prompts queue for the budget
-            wait = prompt_wait_s(rate, workload.input_len / np.asarray(cstep.prefill, dtype=float)
-                                 * np.maximum(ccycle, cycle) / m, cycle / m)
+            # the budget's prompt tokens a step, whole (several short prompts share a step), at that step's cycle
+            full = np.maximum(self.costs.engine.max_num_batched_tokens - np.asarray(cstep.decode, dtype=float), 1.0)
+            fcycle, _, _ = self._cycle(split, replace(cstep, prefill=full), m)
+            wait = prompt_wait_s(rate, workload.input_len / full * np.maximum(fcycle, cycle) / m, cycle / m)
             # a batch that carries fewer requests than arrive is no steady state: the queue grows without bound
             ttft = np.where(out_tps >= rate * workload.output_len, ttft + wait, np.inf)
         return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,
@@ -357,9 +359,12 @@ def prompt_wait_s(rate_per_s: float, service_s, slot_s):
     """Mean wait of a prompt for its first chunk under Poisson arrivals at
     ``rate_per_s``: the prompts share the steps' token budget first come,
     first served, so they queue at one server whose service is a prompt's
-    chunks, ``S = (n / chunk) C' / m`` (``service_s``: its tokens at a full
-    chunk per step, a step a cycle over ``m`` apart; the next prompt fills
-    what its last chunk leaves of a step), deterministic: the M/D/1 queue's
+    tokens at the budget's prompt tokens a step, ``S = (n / P) C_P / m``
+    (``service_s``; ``P = T - d`` the budget less the step's decode tokens,
+    ``C_P`` the cycle of steps that carry ``P`` prompt tokens, a step a
+    cycle over ``m`` apart: a prompt of several chunks, or several short
+    prompts in one step; the next prompt fills what the last chunk leaves
+    of a step), deterministic: the M/D/1 queue's
     mean wait ``rho S / (2 (1 - rho))``, ``rho = lambda S``
     (Pollaczek-Khinchine with ``E[S^2] = S^2``; Kleinrock, "Queueing
     Systems" vol. 1, 1975, eq. 5.87), plus, for the share ``1 - rho`` of

@@ -26,6 +26,8 @@ first, by time per output token.
 
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import dataclass, field, replace
 
@@ -181,6 +183,29 @@ def replica_shares(concurrency: int | None, replicas: int) -> tuple[tuple[int, i
     return tuple((c, n) for c, n in ((q + 1, r), (q, replicas - r)) if c > 0 and n > 0)
 
 
+def admission_wait_s(rate_per_s: float, mean_batch: float, servers: int) -> float:
+    """Mean wait of an arrival for a running slot: ``servers`` (the
+    engine's running limit) serve requests that arrive at ``rate_per_s``
+    (Poisson) and each stay ``B / lambda`` (Little's law, ``B`` =
+    ``mean_batch`` running on average); the requests' lives are nearly
+    fixed, so the M/D/c queue's wait by the Allen-Cunneen approximation,
+    half the M/M/c one: ``C(c, B) B / (lambda (c - B)) x (1 + 0) / 2``
+    (Erlang's C formula from Erlang B's recursion ``B_k = a B_{k-1} / (k +
+    a B_{k-1})``, ``C = c B_c / (c - a (1 - B_c))``; Allen, "Probability,
+    Statistics, and Queueing Theory", 1990, sec. 6.4). Infinite where
+    ``B >= c`` (the slots never free up)."""
+    c, a = int(servers), float(mean_batch)
+    if a >= c:
+        return math.inf
+    if a <= 0:
+        return 0.0
+    erlang_b = 1.0
+    for k in range(1, c + 1):
+        erlang_b = a * erlang_b / (k + a * erlang_b)
+    erlang_c = c * erlang_b / (c - a * (1 - erlang_b))
+    return erlang_c * a / (rate_per_s * (c - a)) / 2
+
+
 def per_replica(job: ServeJob, replicas: int) -> ServeJob:
     """``job`` as one of ``replicas`` replicas meets it: under a request
     rate, its share of the arrivals in the workload
@@ -252,7 +277,10 @@ def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batc
     arrivals (Little's law puts its mean at ``batch``) and a limit at that
     mean would hold every burst in the queue (the replica at utilisation 1,
     its queue without bound): there the largest batch up to the split's cap
-    (:func:`_batch_cap`) that meets the latency limits, at least ``batch``."""
+    (:func:`_batch_cap`) whose TPOT meets ``--max-tpot-ms``, at least
+    ``batch`` (the TTFT limit holds for the mean batch: a burst's larger
+    batch is no TTFT of the mean's, and a lower running limit would only
+    keep arrivals waiting)."""
     if job.request_rate is None:
         return batch
     c = pipe.costs
@@ -261,7 +289,9 @@ def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batc
     if cap <= batch:
         return batch
     batches = np.arange(batch, cap + 1)
-    ok = _within_limits(job, pipe.steady_arrays(split, batches, job.workload))
+    # a burst runs at the TPOT of its batch; the mean TTFT is the mean batch's (a lower limit only queues the
+    # arrivals: one at the mean batch holds every burst back, 33.9 s of simulated TTFT for a 245 ms limit)
+    ok = _within_limits(replace(job, max_ttft_s=None), pipe.steady_arrays(split, batches, job.workload))
     ok[0] = True
     return int(batches[np.flatnonzero(ok)[-1]])
 
@@ -533,12 +563,19 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
             w = cjob.workload
             step = pipe.steady_step(st.batch, w)
             _, pool, _ = split_metrics(pipe, sp, step)
+            limit = running_limit(pipe, sp, cjob, replicas, st.batch, pool)
+            if cjob.request_rate is not None and not saturated:  # and the wait for a running slot
+                st = replace(st, ttft_s=st.ttft_s + admission_wait_s(w.arrival_rate_per_s, st.batch, limit))
+                if cjob.max_ttft_s is not None and not st.ttft_s <= cjob.max_ttft_s:
+                    skipped["latency_limits"] = skipped.get("latency_limits", 0) + 1
+                    continue
+                saturated = not math.isfinite(st.ttft_s)  # its slots busy all the time: the queue has no bound
             results.append(dict(
                 tp=t, pp=p, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, t), pool=pool,
                 b_max=b_max, steady=st, total=_total(pipe, sp, st, cjob, replicas), saturated=saturated,
                 dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
                 dtotal=dtotal, drefusal=None if dchosen else "out_of_memory" if dmax < 1 else "latency_limits",
-                limit=running_limit(pipe, sp, cjob, replicas, st.batch, pool),
+                limit=limit,
                 budget=pipe.costs.engine.max_num_batched_tokens))
     pins = " ".join(x for x in (f"--tp {tp}" if tp else None, pp_pin) if x)
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
