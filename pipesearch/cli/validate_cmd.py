@@ -140,7 +140,7 @@ def export_problems(doc: dict) -> list[str]:
     ``pipesearch export`` writes): an edited runtime config the README calls
     runnable as written. The first difference of each plan, one line."""
     from ..export import export_all
-    from ..schema.digests import _canonical
+    from ..schema.digests import canonical
 
     plan_file = _from_document(doc)
     out = []
@@ -148,8 +148,8 @@ def export_problems(doc: dict) -> list[str]:
         recorded = obj.get("exports")
         if not isinstance(recorded, dict):
             continue  # a file without exports (they are optional)
-        expected = _canonical(json.loads(json.dumps(export_all(plan, plan_file.inputs))))
-        where, found, want = _first_difference(_canonical(recorded), expected, f"plans[{k}].exports")
+        expected = canonical(json.loads(json.dumps(export_all(plan, plan_file.inputs))))
+        where, found, want = _first_difference(canonical(recorded), expected, f"plans[{k}].exports")
         if where is not None:
             out.append(f"{where}: {_short(found)} found, {_short(want)} expected (the export of the plan as the file "
                        "records it: pipesearch export); re-plan, or restore the field")

@@ -38,16 +38,16 @@ STAGE_LAYOUT = ("index", "layers", "layer_names", "devices", "replicas")
 _PATH = re.compile(r"^(inputs\.(%s)|plans\[\d+\]\.(%s))$" % ("|".join(INPUT_PARTS), "|".join(PLAN_PARTS)))
 
 
-def _canonical(value: Any) -> Any:
+def canonical(value: Any) -> Any:
     """``value`` with every number a float (booleans kept), recursively."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, dict):
-        return {k: _canonical(v) for k, v in value.items()}
+        return {k: canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [canonical(v) for v in value]
     return value
 
 
@@ -55,7 +55,7 @@ def digest(value: Any) -> str:
     """``"sha256:<hex>"`` of ``value``'s canonical JSON (sorted keys, no
     spaces, numbers as floats, no NaN): the same for a value and its JSON
     as any tool writes it back."""
-    text = json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(canonical(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
