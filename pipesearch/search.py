@@ -461,8 +461,9 @@ def _prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_ba
 
 def _throughput_terms(profile: ModelProfile | None, stages, global_batch: int, cluster, tp: int) -> dict:
     """The plan's devices (each stage device heads a group of ``tp``) and
-    their fp16 peak (fp32 accumulate, the MFU denominator), and, for a model with tokens, tokens and PaLM model
-    FLOPs per iteration (left out, 0, for a layer profile)."""
+    their fp16 peak (fp32 accumulate, the MFU denominator), and, for a model
+    with tokens, tokens and PaLM model FLOPs per iteration (left out, 0, for
+    a layer profile)."""
     devices = np.unique(np.concatenate([np.asarray(st.devices, dtype=np.int64) for st in stages]))
     flops = np.array([g.device.mfu_peak_flops for g in cluster.groups], dtype=float)[group_ids(cluster)[devices]]
     out = {"peak_flops": float(tp * sum(flops.tolist())),  # summed in device order, as a Python sum

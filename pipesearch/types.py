@@ -270,6 +270,14 @@ def has_bf16(compute_capability: float | None) -> bool:
     return compute_capability is None or compute_capability >= MIN_BF16_CAPABILITY
 
 
+def mfu_peak_flops(peak_fp16_flops: float, tensor_accumulate: str) -> float:
+    """The MFU denominator of a device whose dense 16-bit tensor peak
+    ``peak_fp16_flops`` (FLOP/s) holds at ``tensor_accumulate``: that peak
+    with fp32 accumulate, half an fp16-accumulate one (GeForce cards run
+    fp32 accumulate at half rate; :attr:`DeviceSpec.mfu_peak_flops`)."""
+    return peak_fp16_flops / 2 if tensor_accumulate == "fp16" else peak_fp16_flops
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """An accelerator type.
@@ -316,7 +324,7 @@ class DeviceSpec:
         half the fp16-accumulate rate a GeForce catalog entry states (NVIDIA
         Ada white paper, Table 2: RTX 4090 330.3 TFLOP/s with fp16
         accumulate, 165.2 with fp32, the rate bf16 runs at)."""
-        return self.peak_fp16_flops / 2 if self.tensor_accumulate == "fp16" else self.peak_fp16_flops
+        return mfu_peak_flops(self.peak_fp16_flops, self.tensor_accumulate)
 
     def achieved_fraction_at(self, gemm_size: float) -> float:
         """Fraction of ``peak_fp16_flops`` reached by a transformer whose GEMMs

@@ -1,6 +1,6 @@
 """Time to first token under Poisson arrivals (``--request-rate``): the
 prompts queue for the steps' token budget, an M/D/1 queue whose mean wait
-the closed form adds (``serve.pipeline.prompt_wait_s``)."""
+the closed form adds (``serve.queueing.prompt_wait_s``)."""
 
 import json
 import math
@@ -17,7 +17,8 @@ from pipesearch.hardware import load_cluster
 from pipesearch.profiles.transformer import load_transformer
 from pipesearch.serve.dtypes import weight_format
 from pipesearch.serve.engine import engine_spec
-from pipesearch.serve.pipeline import Workload, prompt_wait_s
+from pipesearch.serve.pipeline import Workload
+from pipesearch.serve.queueing import admission_wait_s, prompt_wait_s
 from pipesearch.serve.search import ServeJob, pipeline_for, search_serving
 from pipesearch.serve.simulate import simulate_serving
 
@@ -133,8 +134,6 @@ def test_admission_wait_by_hand():
     0.125 s; two slots at a = 1: Erlang B 1/5, C 1/3, wait 1/3 x 1 / (2 x
     1) / 2 at 2 arrivals/s = 1/12 s; a mean batch at the limit never frees
     a slot."""
-    from pipesearch.serve.search import admission_wait_s
-
     assert admission_wait_s(2.0, 0.5, 1) == pytest.approx(0.125, rel=1e-12)
     assert admission_wait_s(2.0, 1.0, 2) == pytest.approx(1 / 12, rel=1e-12)
     assert math.isinf(admission_wait_s(2.0, 215.0, 215))

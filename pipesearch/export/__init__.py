@@ -224,11 +224,10 @@ def launch_note(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str |
     """Which of the cluster's nodes run the job, in launch order, when that
     is not simply the cluster's first nodes in id order: ``NODE_RANK`` ``i``
     on node ``n`` (its devices and type), or, for a job of one node, that
-    node; None otherwise, and on a cluster of one group (its nodes
-    interchangeable, :func:`_interchangeable_nodes`)."""
+    node (:func:`reordered_nodes`); None otherwise."""
     nodes = Inputs.of(inputs).nodes
-    order = launch_nodes(plan, inputs, scan)
-    if not order or order == list(range(len(order))) or _interchangeable_nodes(inputs):
+    order = reordered_nodes(plan, inputs, scan)
+    if not order:
         return None
     where = [f"node {n} of the cluster (devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]})" for n in order]
     if len(order) == 1:
@@ -246,8 +245,8 @@ def node_rank_preamble(plan: Plan, inputs: Mapping | None, scan: str = "data") -
     faster node runs the first stages); an unknown ``CLUSTER_NODE`` exits
     2. One node other than the first: a comment naming it. Else ``""``."""
     nodes = Inputs.of(inputs).nodes
-    order = launch_nodes(plan, inputs, scan)
-    if not order or order == list(range(len(order))) or _interchangeable_nodes(inputs):
+    order = reordered_nodes(plan, inputs, scan)
+    if not order:
         return ""
     where = [f"devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]}" for n in order]
     if len(order) == 1:
@@ -265,12 +264,16 @@ def node_rank_preamble(plan: Plan, inputs: Mapping | None, scan: str = "data") -
             "esac\n")
 
 
-def _interchangeable_nodes(inputs: Mapping | None) -> bool:
-    """Whether the cluster is one group (every node the same device type,
-    size and links), so that the order its nodes are launched in changes
-    nothing: a 128-node plan's note listed every NODE_RANK."""
-    groups = Inputs.of(inputs).cluster.get("groups") or []
-    return len(groups) == 1
+def reordered_nodes(plan: Plan, inputs: Mapping | None, scan: str = "data") -> list[int]:
+    """The plan's launch order of the cluster's nodes (:func:`launch_nodes`)
+    where it matters: not the cluster's own first nodes in id order, on a
+    cluster of more than one group (the nodes of one group are
+    interchangeable, the same type, size and links: a 128-node plan's note
+    listed every NODE_RANK); ``[]`` otherwise."""
+    order = launch_nodes(plan, inputs, scan)
+    if not order or order == list(range(len(order))) or len(Inputs.of(inputs).cluster.get("groups") or []) == 1:
+        return []
+    return order
 
 
 def uneven_nodes(counts: Sequence[int], world_size: int) -> bool:

@@ -216,8 +216,8 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         notes.append("every stage keeps its optimizer state in host memory, as planned (--optimizer-offload): "
                      "zero_optimization.offload_optimizer = cpu, ZeRO stage 1; the config's optimizer (AdamW) makes "
                      "DeepSpeed build DeepSpeedCPUAdam for the CPU step (pass no optimizer to deepspeed.initialize, "
-                     "or a DeepSpeedCPUAdam: another torch optimizer with the offload is refused); its params (lr 1e-4, betas 0.9 / 0.95, "
-                     "eps 1e-8, weight_decay 0.1) are placeholders for the run's.")
+                     "or a DeepSpeedCPUAdam: another torch optimizer with the offload is refused); its params "
+                     "(lr 1e-4, betas 0.9 / 0.95, eps 1e-8, weight_decay 0.1) are placeholders for the run's.")
     if deepspeed_cpu_checkpointing(plan):
         # activation checkpoint offload (ZeRO-Infinity, Rajbhandari et al. SC'21 sec. 5): the checkpoints
         # of PipelineModule's checkpointed layers (activation_checkpoint_interval 1) live in host memory

@@ -60,7 +60,7 @@ from ..errors import InputError
 from ..limits import MAX_BYTES, MAX_PLAN_S, MAX_SAMPLES_PER_S
 from ..schedules import check
 from ..stage_options import offloads_activations
-from ..types import SCHEDULES
+from ..types import SCHEDULES, mfu_peak_flops
 from . import Problem, show
 from .gpu_peaks import gpu_peak_problems
 
@@ -557,16 +557,15 @@ def _tensor_parallel(plan: dict, where: str, model: dict, cluster: dict) -> Iter
 
 def _device_peaks(heads: list, cluster: dict) -> list | None:
     """Each device's MFU peak from ``inputs.cluster.groups``: ``peak_fp16_flops``, halved where the group's
-    ``tensor_accumulate`` is ``"fp16"`` (types.DeviceSpec.mfu_peak_flops); None where one is not given."""
+    ``tensor_accumulate`` is ``"fp16"`` (:func:`pipesearch.types.mfu_peak_flops`); None where one is not given."""
     groups = cluster.get("groups")
     peaks = []
     for d in heads:
         g = next((g for g in groups or () if isinstance(g, dict) and isinstance(g.get("first_device"), int)
                   and isinstance(g.get("last_device"), int) and g["first_device"] <= d <= g["last_device"]), None)
         peak = g.get("peak_fp16_flops") if isinstance(g, dict) else None
-        if isinstance(peak, (int, float)) and g.get("tensor_accumulate") == "fp16":
-            peak = peak / 2  # the fp32-accumulate rate (types.DeviceSpec.mfu_peak_flops)
-        peaks.append(peak)
+        peaks.append(mfu_peak_flops(peak, g.get("tensor_accumulate", "fp32")) if isinstance(peak, (int, float))
+                     else peak)
     return peaks if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in peaks) else None
 
 

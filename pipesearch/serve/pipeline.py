@@ -37,7 +37,9 @@ mean one ``C`` (where the prompts fill every step, a chunk's step carries
 the other sequences' prompts too): ``(chunks - 1) max(C', C) / m +
 max(C'_last, C)``, ``C'`` the cycle of micro-batches that each carry a full
 chunk and ``C'_last`` that of the last chunk, what the full ones leave
-(docs/serving_costs.md).
+(docs/serving_costs.md). Under Poisson arrivals (``Workload.arrival_rate_per_s``)
+TTFT adds the prompts' wait for the step budget
+(:func:`pipesearch.serve.queueing.prompt_wait_s`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import numpy as np
 from ..errors import InputError
 from ..types import Link
 from .costs import ServeCosts
+from .queueing import prompt_wait_s
 
 __all__ = ["Workload", "Step", "ServePipeline", "SteadyState"]
 
@@ -352,28 +355,3 @@ class ServePipeline:
         v = {k: float(np.asarray(x).reshape(-1)[0]) for k, x in a.items()}
         return SteadyState(int(batch), v["cycle_s"], v["ring_s"], v["bottleneck_s"], v["output_tokens_per_s"],
                            v["tpot_s"], v["ttft_s"])
-
-
-
-def prompt_wait_s(rate_per_s: float, service_s, slot_s):
-    """Mean wait of a prompt for its first chunk under Poisson arrivals at
-    ``rate_per_s``: the prompts share the steps' token budget first come,
-    first served, so they queue at one server whose service is a prompt's
-    tokens at the budget's prompt tokens a step, ``S = (n / P) C_P / m``
-    (``service_s``; ``P = T - d`` the budget less the step's decode tokens,
-    ``C_P`` the cycle of steps that carry ``P`` prompt tokens, a step a
-    cycle over ``m`` apart: a prompt of several chunks, or several short
-    prompts in one step; the next prompt fills what the last chunk leaves
-    of a step), deterministic: the M/D/1 queue's
-    mean wait ``rho S / (2 (1 - rho))``, ``rho = lambda S``
-    (Pollaczek-Khinchine with ``E[S^2] = S^2``; Kleinrock, "Queueing
-    Systems" vol. 1, 1975, eq. 5.87), plus, for the share ``1 - rho`` of
-    arrivals that find no prompt under way, half a step (``slot_s``: a
-    cycle over ``m``) to the next step's schedule. Infinite where ``rho >=
-    1`` (the prompts arrive faster than the budget takes them). Arrays
-    broadcast."""
-    service = np.asarray(service_s, dtype=float)
-    rho = rate_per_s * service
-    with np.errstate(divide="ignore", invalid="ignore"):
-        queue = np.where(rho < 1, rho * service / (2 * np.maximum(1 - rho, 1e-300)), np.inf)
-    return queue + np.clip(1 - rho, 0.0, 1.0) * np.asarray(slot_s, dtype=float) / 2

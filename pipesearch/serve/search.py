@@ -27,7 +27,6 @@ first, by time per output token.
 from __future__ import annotations
 
 import math
-
 import time
 from dataclasses import dataclass, field, replace
 
@@ -41,6 +40,7 @@ from .dtypes import WeightFormat
 from .engine import EngineSpec, default_split
 from .export import engine_refusal
 from .pipeline import ServePipeline, SteadyState, Workload
+from .queueing import admission_wait_s
 from .split import max_pool_split, optimal_splits, split_metrics, stage_capacities
 
 __all__ = ["ServeJob", "StageReport", "ServePlan", "ServeSearchResult", "search_serving", "evaluate_split",
@@ -181,29 +181,6 @@ def replica_shares(concurrency: int | None, replicas: int) -> tuple[tuple[int, i
         return ((0, replicas),)
     q, r = divmod(concurrency, replicas)
     return tuple((c, n) for c, n in ((q + 1, r), (q, replicas - r)) if c > 0 and n > 0)
-
-
-def admission_wait_s(rate_per_s: float, mean_batch: float, servers: int) -> float:
-    """Mean wait of an arrival for a running slot: ``servers`` (the
-    engine's running limit) serve requests that arrive at ``rate_per_s``
-    (Poisson) and each stay ``B / lambda`` (Little's law, ``B`` =
-    ``mean_batch`` running on average); the requests' lives are nearly
-    fixed, so the M/D/c queue's wait by the Allen-Cunneen approximation,
-    half the M/M/c one: ``C(c, B) B / (lambda (c - B)) x (1 + 0) / 2``
-    (Erlang's C formula from Erlang B's recursion ``B_k = a B_{k-1} / (k +
-    a B_{k-1})``, ``C = c B_c / (c - a (1 - B_c))``; Allen, "Probability,
-    Statistics, and Queueing Theory", 1990, sec. 6.4). Infinite where
-    ``B >= c`` (the slots never free up)."""
-    c, a = int(servers), float(mean_batch)
-    if a >= c:
-        return math.inf
-    if a <= 0:
-        return 0.0
-    erlang_b = 1.0
-    for k in range(1, c + 1):
-        erlang_b = a * erlang_b / (k + a * erlang_b)
-    erlang_c = c * erlang_b / (c - a * (1 - erlang_b))
-    return erlang_c * a / (rate_per_s * (c - a)) / 2
 
 
 def per_replica(job: ServeJob, replicas: int) -> ServeJob:
@@ -452,6 +429,36 @@ def _plan_configuration(pipe: ServePipeline, split, job: ServeJob, replicas: int
     return _optimal(pipe, job, replicas)
 
 
+def _at_planned_budget(current, split, job: ServeJob, replicas: int, pipe_at):
+    """``current`` (``(pipe, chosen, max_batch, saturated)`` at the engine's
+    step budget) or the configuration planned again at the
+    :func:`uniform_budget` (``pipe_at(budget)``: the pipeline at that
+    budget), whichever :func:`_better` ranks first, the uniform budget on a
+    tie (the closed form's mean over uneven micro-batches hides their
+    bubbles: Llama-3 8B on 8 H100s, tp 1 x pp 2, 52,662 tok/s at either
+    budget in the closed form, 43,437 simulated at 8192 against 52,554 at
+    1,990). The budget is sized for the sequences the engine may run (under
+    a request rate its running limit: the bursts above the mean batch), from
+    the batch planned without the latency limits where none meets them at
+    the engine's budget (a prompt in one step holds up the others)."""
+    pipe, chosen, _, saturated = current
+    basis = chosen if chosen is not None or (job.max_ttft_s is None and job.max_tpot_s is None) else \
+        _plan_configuration(pipe, split, replace(job, max_ttft_s=None, max_tpot_s=None), replicas)[0]
+    if basis is None:
+        return current
+    sized = basis[1].batch if job.request_rate is None else running_limit(
+        pipe, basis[0], job, replicas, basis[1].batch, split_pool_tokens(pipe, basis[0]))
+    budget = uniform_budget(pipe, sized, job.workload)
+    if budget >= pipe.costs.engine.max_num_batched_tokens:
+        return current
+    upipe = pipe_at(budget)
+    alt, alt_max, alt_sat = _plan_configuration(upipe, split, job, replicas)
+    if alt is not None and (chosen is None or not _better(job, (pipe, chosen, saturated), (upipe, alt, alt_sat),
+                                                          replicas)):
+        return upipe, alt, alt_max, alt_sat
+    return current
+
+
 def _stages(pipe: ServePipeline, split, step, tp: int) -> tuple[StageReport, ...]:
     cap = stage_capacities(pipe)
     out, start = [], 0
@@ -535,26 +542,12 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
             dchosen, dpool, dmax, _ = evaluate_split(pipe, dsplit, cjob, replicas)  # the engine's own defaults
             dtotal = _total(pipe, dsplit, dchosen[1], cjob, replicas) if dchosen else 0.0
             chosen, b_max, saturated = _plan_configuration(pipe, split, cjob, replicas)
-            # at the engine's budget no batch may meet the latency limits where a smaller one does (a prompt
-            # in one step holds up the others): the budget is then sized from the batch planned without them
-            basis = chosen if chosen is not None or (cjob.max_ttft_s is None and cjob.max_tpot_s is None) else \
-                _plan_configuration(pipe, split, replace(cjob, max_ttft_s=None, max_tpot_s=None), replicas)[0]
-            if search_budget and engine.name == "vllm" and basis is not None:
-                # sized for the sequences the engine may run: under a request rate its running limit (the
-                # bursts above the mean batch), so that the budget is no bottleneck when they come
-                sized = basis[1].batch if cjob.request_rate is None else running_limit(
-                    pipe, basis[0], cjob, replicas, basis[1].batch, split_pool_tokens(pipe, basis[0]))
-                budget = uniform_budget(pipe, sized, cjob.workload)
-                if budget < engine.max_num_batched_tokens:
-                    upipe, _ = pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
-                                            replace(engine, max_num_batched_tokens=budget), job.memory_reserve_bytes)
-                    alt, alt_max, alt_sat = _plan_configuration(upipe, split, cjob, replicas)
-                    # on a closed-form tie the uniform budget: the mean over uneven micro-batches hides their
-                    # bubbles (Llama-3 8B on 8 H100s, tp 1 x pp 2: 52,662 tok/s at either budget in the closed
-                    # form, 43,437 simulated at 8192 against 52,554 at 1,990)
-                    if alt is not None and (chosen is None or not _better(cjob, (pipe, chosen, saturated),
-                                                                          (upipe, alt, alt_sat), replicas)):
-                        pipe, chosen, b_max, saturated = upipe, alt, alt_max, alt_sat
+            if search_budget and engine.name == "vllm":
+                pipe, chosen, b_max, saturated = _at_planned_budget(
+                    (pipe, chosen, b_max, saturated), split, cjob, replicas,
+                    lambda budget: pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
+                                                replace(engine, max_num_batched_tokens=budget),
+                                                job.memory_reserve_bytes)[0])
             if chosen is None:
                 key = "out_of_memory" if b_max < 1 else "latency_limits"
                 skipped[key] = skipped.get(key, 0) + 1
