@@ -48,6 +48,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import InputError
 
 KINDS = ("F", "B", "I", "W")
@@ -619,19 +621,64 @@ def simultaneous_in_flight(actions: Sequence[Sequence[Action]], held_after_input
 
 
 def simultaneous_in_flight_of(name: str, p: int, m: int, v: int = 1,
-                              held_after_input: float = 1.0) -> tuple[float, ...]:
+                              held_after_input: float = 1.0, codes: np.ndarray | None = None) -> tuple[float, ...]:
     """:func:`simultaneous_in_flight` of ``build(name, p, m, v)``, the same
     numbers, walked on :func:`build_orders`' plain tuples (no
     :class:`Action` objects: ``O(p m v)`` of them for large pipelines).
+    ``codes``: :func:`one_stage_codes` of the same arguments, when the
+    caller keeps them (they do not depend on ``held_after_input``).
 
     Raises:
         InputError: as :func:`build`.
     """
-    orders = build_orders(name, p, m, v)
-    if v == 1 and name not in _MULTI_STAGE and all(seq and seq[0][:2] == ("F", r) for r, seq in enumerate(orders)):
-        # rank r runs stage r alone: the walk of one count
-        return tuple(_one_stage_peak([k for k, _, _ in seq], held_after_input) for seq in orders)
+    orders = None
+    if codes is None:
+        orders = build_orders(name, p, m, v)
+        codes = _codes_of(name, v, orders)
+    if codes is not None:  # rank r runs stage r alone: the walk of one count per rank, all ranks at once
+        return _one_stage_peaks(codes, held_after_input)
+    orders = build_orders(name, p, m, v) if orders is None else orders
     return _simultaneous_in_flight([[(k, s) for k, s, _ in seq] for seq in orders], held_after_input)
+
+
+def one_stage_codes(name: str, p: int, m: int, v: int = 1) -> np.ndarray | None:
+    """``(p, n)`` int8: rank ``r``'s action kinds in order (codes of
+    :data:`KINDS`, padded with ``len(KINDS)``: no change) when every rank
+    ``r`` runs stage ``r`` alone, first an ``F``; None otherwise.
+
+    Raises:
+        InputError: as :func:`build`.
+    """
+    return _codes_of(name, v, build_orders(name, p, m, v))
+
+
+def _codes_of(name: str, v: int, orders) -> np.ndarray | None:
+    """:func:`one_stage_codes` of :func:`build_orders`' ``orders``."""
+    if v != 1 or name in _MULTI_STAGE or not all(seq and seq[0][:2] == ("F", r) for r, seq in enumerate(orders)):
+        return None
+    code = {k: c for c, k in enumerate(KINDS)}
+    out = np.full((len(orders), max(len(seq) for seq in orders)), len(KINDS), dtype=np.int8)
+    for r, seq in enumerate(orders):
+        out[r, :len(seq)] = [code[k] for k, _, _ in seq]
+    return out
+
+
+def _one_stage_peaks(codes: np.ndarray, held_after_input: float) -> tuple[float, ...]:
+    """:func:`_one_stage_peak` of every rank of ``codes``
+    (:func:`one_stage_codes`), the same floats: each rank's count is the
+    running sum of its changes (``cumsum`` adds left to right, as the walk
+    does), and the walk's peak is its last count above the peak before by
+    more than ``1e-12``, which is the largest count when every new largest
+    count clears the one before by that much (the rank walked one action at
+    a time otherwise)."""
+    change = _held_changes(held_after_input)
+    counts = np.cumsum(np.array([change[k] for k in KINDS] + [0.0])[codes], axis=1)
+    before = np.maximum.accumulate(np.concatenate([np.full((len(codes), 1), -1.0), counts[:, :-1]], axis=1), axis=1)
+    clear = np.all((counts <= before) | (counts > before + 1e-12), axis=1)  # the walk's own test, as it computes it
+    peaks = counts.max(axis=1)  # a rank's first action is an F: its count starts at 1
+    return tuple(float(peaks[r]) if clear[r] else
+                 _one_stage_peak([KINDS[c] for c in codes[r] if c < len(KINDS)], held_after_input)
+                 for r in range(len(codes)))
 
 
 def _held_changes(held_after_input: float) -> dict[str, float]:

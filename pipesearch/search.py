@@ -287,18 +287,26 @@ def fill_drain_factor(pp: int, m: int, share: float) -> float:
 BUSIEST_REL_TOL = 1e-6
 """Relative width at which :func:`busiest_stage_per_sample_s` stops bisecting."""
 
+BUSIEST_DP_LAYERS = 128
+"""Profiles of at most this many layers get the min-max partition value of
+every stage count from one DP (:func:`_min_max_partitions`), larger ones by
+bisection per stage count."""
+
 
 def busiest_stage_per_sample_s(profile: ModelProfile, stages: int, cache: dict | None = None) -> float:
     """A lower bound on the largest stage, in per-sample compute seconds
     (the part of ``fwd_s + bwd_s`` that grows with the batch, as in
     :attr:`pipesearch.types.ModelProfile.compute_per_sample_s`), of every
     split of the layers into ``stages`` contiguous stages: the min-max
-    partition value ``B*``, bracketed by bisection on the greedy test "cut
-    each stage as late as it stays within ``c``" (which uses the fewest
-    stages for a cap ``c``, so it decides ``B* <= c`` exactly). Returns the
-    lower end of the bracket (within :data:`BUSIEST_REL_TOL` of ``B*``),
-    lowered by ``1e-9`` relative against rounding; ``B* >= max(total /
-    stages, largest layer)`` starts it. ``cache`` (a dict) keeps results per
+    partition value ``B*``, lowered by ``1e-9`` relative against rounding.
+    Profiles of at most :data:`BUSIEST_DP_LAYERS` layers: ``B*`` of every
+    stage count at once by the partition DP (:func:`_min_max_partitions`,
+    ``O(L^2)`` per stage count); larger ones: ``B*`` bracketed by bisection
+    on the greedy test "cut each stage as late as it stays within ``c``"
+    (which uses the fewest stages for a cap ``c``, so it decides ``B* <=
+    c`` exactly), the lower end of the bracket (within
+    :data:`BUSIEST_REL_TOL` of ``B*``); ``B* >= max(total / stages,
+    largest layer)`` starts it. ``cache`` (a dict) keeps results per
     (profile, stages) and the prefix sums per profile.
 
     Integral layers are what this adds over ``total / stages``: GPT-3's 96
@@ -314,6 +322,12 @@ def busiest_stage_per_sample_s(profile: ModelProfile, stages: int, cache: dict |
         cache[(id(profile),)] = (np.concatenate([[0.0], np.cumsum(per_sample)]).tolist(),
                                  float(per_sample.max()))
     prefix, largest = cache[(id(profile),)]
+    if len(prefix) - 1 <= BUSIEST_DP_LAYERS:
+        if ("partitions", id(profile)) not in cache:
+            cache[("partitions", id(profile))] = _min_max_partitions(np.asarray(prefix))
+        values = cache[("partitions", id(profile))]
+        cache[key] = float(values[min(stages, len(values)) - 1]) * (1 - 1e-9)
+        return cache[key]
     lo = max(prefix[-1] / stages, largest)
     if not _fits_in_stages(prefix, stages, lo):  # else B* = lo
         hi = lo + largest  # a greedy split within total / stages + largest layer always exists
@@ -327,6 +341,26 @@ def busiest_stage_per_sample_s(profile: ModelProfile, stages: int, cache: dict |
                 lo = mid
     cache[key] = lo * (1 - 1e-9)
     return cache[key]
+
+
+def _min_max_partitions(prefix: np.ndarray) -> np.ndarray:
+    """``B*(k)`` for ``k = 1 .. L``: the least largest stage of a split of
+    the ``L`` layers of ``prefix`` (prefix sums, ``L + 1``) into ``k``
+    contiguous non-empty stages, by the partition DP ``D_k(j) = min_{i < j}
+    max(D_{k-1}(i), P_j - P_i)`` (Bokhari 1988, IEEE Trans. Computers
+    37(1)), one ``(L+1, L+1)`` step per ``k`` (``D_L(L)`` is the largest
+    layer, the value of every ``k >= L`` that :func:`busiest_stage_per_sample_s`
+    reads)."""
+    L = len(prefix) - 1
+    span = prefix[None, :] - prefix[:, None]  # [i, j]: layers i .. j-1
+    span[np.tril_indices(L + 1)] = np.inf  # i >= j: no layer
+    d = span[0].copy()  # one stage: layers 0 .. j-1
+    out = np.empty(L)
+    out[0] = d[L]
+    for k in range(1, L):
+        d = np.maximum(d[:, None], span).min(axis=0)
+        out[k] = d[L]
+    return out
 
 
 def packed_busiest_per_sample_s(profile: ModelProfile, devices: int, cache: dict | None = None) -> float:
@@ -1387,7 +1421,12 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
     m_eff = min(m, pp) if schedule == "zb-h1" else min(m, 2 * pp)
     key = (schedule, pp, m_eff, vp, held_after_input)
     if cache is None or key not in cache:
-        peaks = np.array(schedule_lib.simultaneous_in_flight_of(schedule, pp, m_eff, vp, held_after_input),
+        codes = None  # the ranks' action kinds, the same for every held share (kept with the counts)
+        if cache is not None and vp == 1:
+            if ("codes",) + key[:4] not in cache:
+                cache[("codes",) + key[:4]] = schedule_lib.one_stage_codes(schedule, pp, m_eff, vp)
+            codes = cache[("codes",) + key[:4]]
+        peaks = np.array(schedule_lib.simultaneous_in_flight_of(schedule, pp, m_eff, vp, held_after_input, codes),
                          dtype=float)
         if cache is None:
             return peaks

@@ -79,7 +79,8 @@ def test_in_flight_of_orders_is_bit_for_bit_the_action_walk(name, vs):
             for m in (p, p + 1, 2 * p, 2 * p + 3):
                 if name == "interleaved-1f1b" and m % p:
                     continue
-                for h in (1.0, 0.3, 0.0, 0.7):
+                # the profiles' shares, and shares whose counts rise by less than the walk's 1e-12 tolerance
+                for h in (1.0, 0.3, 0.0, 0.7, 0.2807017543859649, 1e-13, 1 - 1e-13):
                     try:
                         want = walked_in_flight(schedules.build(name, p, m, v), h)
                     except Exception as exc:  # refused by the builder: refused alike

@@ -328,3 +328,19 @@ def test_first_cutoff_seeds_each_family_at_its_fewest_micro_batches(monkeypatch)
     assert first < 1.0
     plans = json.loads(result.stdout)["plans"]
     assert first >= plans[-1]["predicted"]["iteration_time_s"]  # a cutoff from achievable plans
+
+
+def test_busiest_stage_bisection_agrees_with_the_partition_dp():
+    """Above BUSIEST_DP_LAYERS layers the bound bisects per stage count: at
+    most the partition DP's min-max value (itself checked against every
+    split above) and within the bisection's tolerance of it."""
+    from pipesearch.search import BUSIEST_DP_LAYERS, _min_max_partitions
+    rng = np.random.default_rng(3)
+    L = BUSIEST_DP_LAYERS + 12
+    per_sample = rng.uniform(0.1, 1.0, L) * np.where(rng.random(L) < 0.1, 8.0, 1.0)
+    prof = tiny_profile(per_sample / 3, 2 * per_sample / 3)
+    exact = _min_max_partitions(np.concatenate([[0.0], np.cumsum(per_sample)]))
+    for stages in (1, 2, 7, 16, 63, L - 1, L, L + 5):
+        got = busiest_stage_per_sample_s(prof, stages)
+        want = exact[min(stages, L) - 1]
+        assert want * (1 - 2e-6) <= got <= want, (stages, got, want)
