@@ -2,6 +2,7 @@
 prompts queue for the steps' token budget, an M/D/1 queue whose mean wait
 the closed form adds (``serve.queueing.prompt_wait_s``)."""
 
+import heapq
 import json
 import math
 from dataclasses import replace
@@ -27,9 +28,9 @@ GIB = 2**30
 
 def test_prompt_wait_by_hand():
     """2 prompts/s of 0.25 s each: rho = 0.5, M/D/1 wait rho S / (2 (1 -
-    rho)) = 0.125 s, and half a 0.1 s step for the half of the arrivals
-    that find the budget free: 0.15 s. At rho = 1 and above: unbounded."""
-    assert prompt_wait_s(2.0, 0.25, 0.1) == pytest.approx(0.15, rel=1e-12)
+    rho)) = 0.125 s, and half a 0.1 s step that every arrival waits for the
+    next step: 0.175 s. At rho = 1 and above: unbounded."""
+    assert prompt_wait_s(2.0, 0.25, 0.1) == pytest.approx(0.175, rel=1e-12)
     assert prompt_wait_s(1.0, 0.1, 0.0) == pytest.approx(0.1 * 0.1 / (2 * 0.9), rel=1e-12)
     assert np.isinf(prompt_wait_s(4.0, 0.25, 0.1))
     assert np.isinf(prompt_wait_s(5.0, 0.25, 0.1))
@@ -49,6 +50,28 @@ def test_prompt_wait_matches_a_lindley_simulation_of_the_queue():
             total += w
             w = max(0.0, w + S - a)
         assert prompt_wait_s(lam, S, 0.0) == pytest.approx(total / len(gaps), rel=0.03)
+
+
+@pytest.mark.parametrize("steps_per_prompt", [1, 4])
+def test_prompt_wait_matches_a_simulation_on_the_step_grid(steps_per_prompt):
+    """Steps every 0.1 s, a prompt 1 or 4 whole steps of the budget,
+    Poisson arrivals: a prompt starts at the first step after its arrival
+    at which the prompt before it is done, ``start_k = max(ceil(a_k / d)
+    d, start_{k-1} + S)``. Its mean wait is the M/D/1 wait plus half a step
+    within 3.5% at rho 0.3, 0.6 and 0.85 (400,000 arrivals); with half a step
+    only for the arrivals that find no prompt under way it was 21%, 24%
+    and 13% under (one step a prompt), 11%, 8.5% and 3% (four)."""
+    rng = np.random.default_rng(3)
+    d = 0.1
+    S = steps_per_prompt * d
+    for rho in (0.3, 0.6, 0.85):
+        lam = rho / S
+        prev, total = -math.inf, 0.0
+        arrivals = np.cumsum(rng.exponential(1 / lam, 400_000))
+        for a, grid in zip(arrivals.tolist(), (np.ceil(arrivals / d) * d).tolist()):
+            prev = max(grid, prev + S)
+            total += prev - a
+        assert prompt_wait_s(lam, S, d) == pytest.approx(total / len(arrivals), rel=0.035)
 
 
 def test_arrival_rate_must_be_positive():
@@ -128,15 +151,32 @@ def test_a_ttft_limit_the_engines_budget_misses_is_met_at_a_planned_budget():
 
 
 def test_admission_wait_by_hand():
-    """One running slot (c = 1) is the M/D/1 queue, where Allen-Cunneen's
-    half of Erlang C is exact: at a mean of 0.5 running (rho 0.5) and 2
-    arrivals/s (each request 0.25 s), a^2 / (2 lambda (1 - a)) = 0.25 / 2 =
-    0.125 s; two slots at a = 1: Erlang B 1/5, C 1/3, wait 1/3 x 1 / (2 x
-    1) / 2 at 2 arrivals/s = 1/12 s; a mean batch at the limit never frees
+    """One running slot (c = 1) is the M/D/1 queue, where half of Erlang C
+    is exact (Cosmetatos' factor is 1): at a mean of 0.5 running (rho 0.5)
+    and 2 arrivals/s (each request 0.25 s), a^2 / (2 lambda (1 - a)) = 0.25
+    / 2 = 0.125 s; two slots at a = 1: Erlang B 1/5, C 1/3, half the M/M/2
+    wait 1/3 x 1 / (2 x 1) / 2 at 2 arrivals/s = 1/12 s, times 1 + 0.5 x 1
+    x (sqrt(14) - 2) / (16 x 0.5 x 2); a mean batch at the limit never frees
     a slot."""
     assert admission_wait_s(2.0, 0.5, 1) == pytest.approx(0.125, rel=1e-12)
-    assert admission_wait_s(2.0, 1.0, 2) == pytest.approx(1 / 12, rel=1e-12)
+    assert admission_wait_s(2.0, 1.0, 2) == pytest.approx(1 / 12 * (1 + 0.5 * (math.sqrt(14) - 2) / 16), rel=1e-12)
     assert math.isinf(admission_wait_s(2.0, 215.0, 215))
+
+
+@pytest.mark.parametrize("servers, rho", [(4, 0.5), (8, 0.6)])
+def test_admission_wait_matches_a_simulation_of_the_slots(servers, rho):
+    """An M/D/c queue simulated first come, first served (each arrival
+    takes the slot that frees first; service 1 s, 400,000 arrivals): its
+    mean wait is the formula's within 6%. Half the M/M/c wait alone
+    (Allen-Cunneen) is 12% and 15% under it."""
+    rng = np.random.default_rng(2)
+    lam = rho * servers
+    free, total = [0.0] * servers, 0.0
+    for a in np.cumsum(rng.exponential(1 / lam, 400_000)).tolist():
+        start = max(a, heapq.heappop(free))
+        total += start - a
+        heapq.heappush(free, start + 1.0)
+    assert admission_wait_s(lam, lam * 1.0, servers) == pytest.approx(total / 400_000, rel=0.06)
 
 
 def test_a_ttft_limit_does_not_cut_the_running_limit_to_the_mean_batch():
