@@ -329,7 +329,9 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                             search_budget=not option_given(click.get_current_context(), "max_num_batched_tokens"))
     plans = list(result.plans)
     events = {}
-    for i, p in enumerate(plans[:simulate_top]):
+
+    def simulated(p):
+        """``p`` with its simulated run (one replica per share of the clients) and that run's events."""
         # the engine as exported: at most the plan's running limit (--max-num-seqs), the other requests queue
         ran = replace(eng, max_num_seqs=min(eng.max_num_seqs, p.max_num_seqs),
                       max_num_batched_tokens=p.max_num_batched_tokens)
@@ -343,7 +345,6 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
             runs.append((count, simulate_serving(pipe, p.split, workload, num_requests=n_req,
                                                  pool_tokens=p.pool_tokens, concurrency=k, request_rate=rate,
                                                  seed=seed, record_events=500_000 if timeline and not runs else 0)))
-        events[(p.tp, p.pp, p.split)] = runs[0][1].events
         figures = [(count, run.as_dict()) for count, run in runs]
         total = sum(count * f["output_tokens_per_s"] for count, f in figures)
         # a rate the closed form carries can still outrun the simulated replica (bursts, prefill interference)
@@ -351,8 +352,20 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         offered = first.get("offered_output_tokens_per_s") or rate * output_len if rate is not None else None
         carries = {} if rate is None else {
             "carries_rate": bool(first["output_tokens_per_s"] >= SIM_CARRY_SHARE * offered)}
-        plans[i] = replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | carries | (
-            {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {}))
+        return replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | carries | (
+            {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {})), runs[0][1].events
+
+    for i, p in enumerate(plans[:simulate_top]):
+        p, ran = simulated(p)
+        if p.engine_budget is not None:  # the planned budget against the engine's own, by the simulation
+            q, q_ran = simulated(p.engine_budget)
+            if rerank_by_simulation([p, q], rate_given=request_rate is not None)[0].simulated is q.simulated:
+                planned = {"max_num_batched_tokens": p.max_num_batched_tokens} | {
+                    k: p.simulated[k] for k in ("output_tokens_per_s", "total_output_tokens_per_s", "tpot_mean_s",
+                                                "ttft_mean_s")}
+                p, ran = replace(q, simulated=q.simulated | {"planned_budget": planned}), q_ran
+        events[(p.tp, p.pp, p.split)] = ran
+        plans[i] = p
     plans = rerank_by_simulation(plans, rate_given=request_rate is not None)
     exports = []
     devices_per_node = cluster.groups[0].devices_per_node
@@ -437,6 +450,17 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{'y' if len(short) > 1 else 'ies'} --request-rate {request_rate:g} ({demand:,.0f} output "
                    f"tok/s wanted) in the closed form but not in the simulation (bursts and prompt chunks): "
                    f"requests queue without bound; prefer a plan that carries it in both, or add devices")
+    for p in plans:  # the engine's own step budget kept: its simulation does better than the planned one's
+        if "planned_budget" in (p.simulated or {}):
+            was = p.simulated["planned_budget"]
+            measure = ("its mean TPOT {:.1f} ms against {:.1f}".format(p.simulated["tpot_mean_s"] * 1e3,
+                                                                       was["tpot_mean_s"] * 1e3)
+                       if request_rate is not None else
+                       f"{p.simulated['total_output_tokens_per_s']:,.0f} against "
+                       f"{was['total_output_tokens_per_s']:,.0f} simulated tok/s")
+            click.echo(f"plan {p.rank} keeps {engine}'s step budget of {p.max_num_batched_tokens} tokens: "
+                       f"{measure} at the planned {was['max_num_batched_tokens']}, which the closed form rates "
+                       f"higher (it gives every micro-batch the same load; the simulation's did not carry it)")
     total = cluster.num_devices
     for p in plans:  # a pinned tp x pp that does not divide the cluster leaves devices idle
         used = p.tp * p.pp * p.replicas

@@ -119,6 +119,11 @@ class ServePlan:
     max_num_batched_tokens: int = 2048
     default_refusal: str | None = None
     simulated: dict = field(default_factory=dict, compare=False)
+    #: where the budget was planned (:func:`uniform_budget`): the same
+    #: configuration at the engine's own step budget, which the command
+    #: keeps instead when its simulation does better (the closed form's
+    #: mean load per micro-batch can miss how the prompts' chunks fall)
+    engine_budget: "ServePlan | None" = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -541,35 +546,24 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
             dsplit = default_split(engine.name, L, p)
             dchosen, dpool, dmax, _ = evaluate_split(pipe, dsplit, cjob, replicas)  # the engine's own defaults
             dtotal = _total(pipe, dsplit, dchosen[1], cjob, replicas) if dchosen else 0.0
-            chosen, b_max, saturated = _plan_configuration(pipe, split, cjob, replicas)
+            at_engine = (pipe, *_plan_configuration(pipe, split, cjob, replicas))
+            planned = at_engine
             if search_budget and engine.name == "vllm":
-                pipe, chosen, b_max, saturated = _at_planned_budget(
-                    (pipe, chosen, b_max, saturated), split, cjob, replicas,
+                planned = _at_planned_budget(
+                    at_engine, split, cjob, replicas,
                     lambda budget: pipeline_for(cfg, cluster, t, p, weights, kv_bytes,
                                                 replace(engine, max_num_batched_tokens=budget),
                                                 job.memory_reserve_bytes)[0])
-            if chosen is None:
-                key = "out_of_memory" if b_max < 1 else "latency_limits"
-                skipped[key] = skipped.get(key, 0) + 1
+            default = dict(dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
+                           dtotal=dtotal,
+                           drefusal=None if dchosen else "out_of_memory" if dmax < 1 else "latency_limits")
+            r = _configuration_result(planned, cjob, t, p, replicas, default)
+            if isinstance(r, str):
+                skipped[r] = skipped.get(r, 0) + 1
                 continue
-            sp, st = chosen
-            w = cjob.workload
-            step = pipe.steady_step(st.batch, w)
-            _, pool, _ = split_metrics(pipe, sp, step)
-            limit = running_limit(pipe, sp, cjob, replicas, st.batch, pool)
-            if cjob.request_rate is not None and not saturated:  # and the wait for a running slot
-                st = replace(st, ttft_s=st.ttft_s + admission_wait_s(w.arrival_rate_per_s, st.batch, limit))
-                if cjob.max_ttft_s is not None and not st.ttft_s <= cjob.max_ttft_s:
-                    skipped["latency_limits"] = skipped.get("latency_limits", 0) + 1
-                    continue
-                saturated = not math.isfinite(st.ttft_s)  # its slots busy all the time: the queue has no bound
-            results.append(dict(
-                tp=t, pp=p, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, t), pool=pool,
-                b_max=b_max, steady=st, total=_total(pipe, sp, st, cjob, replicas), saturated=saturated,
-                dsplit=dsplit, dpool=max(dpool, 0), dbatch=dchosen[1].batch if dchosen else 0,
-                dtotal=dtotal, drefusal=None if dchosen else "out_of_memory" if dmax < 1 else "latency_limits",
-                limit=limit,
-                budget=pipe.costs.engine.max_num_batched_tokens))
+            if planned is not at_engine:  # the engine's own budget beside it: the simulation may prefer it
+                r["engine_budget"] = _configuration_result(at_engine, cjob, t, p, replicas, default)
+            results.append(r)
     pins = " ".join(x for x in (f"--tp {tp}" if tp else None, pp_pin) if x)
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
         raise InputError(f"{pins}: {engine.name} would refuse {first_refusal}")
@@ -595,16 +589,46 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
         results.sort(key=lambda r: (r["saturated"], r["steady"].tpot_s if not r["saturated"] else -r["total"]))
     else:
         results.sort(key=lambda r: (-r["total"], r["steady"].tpot_s))
-    plans = tuple(
-        ServePlan(rank=i + 1, tp=r["tp"], pp=r["pp"], replicas=r["replicas"], split=r["split"],
-                  stages=r["stages"], pool_tokens=r["pool"], max_batch=r["b_max"], batch=r["steady"].batch,
-                  steady=r["steady"], total_output_tokens_per_s=r["total"], saturated=r["saturated"],
-                  default_split=r["dsplit"], default_pool_tokens=r["dpool"], default_batch=r["dbatch"],
-                  default_total_output_tokens_per_s=r["dtotal"], max_num_seqs=r["limit"],
-                  default_refusal=r["drefusal"],
-                  max_num_batched_tokens=r["budget"])
-        for i, r in enumerate(results[:top]))
+    plans = tuple(_serve_plan(i + 1, r) for i, r in enumerate(results[:top]))
     return ServeSearchResult(plans, evaluated, tuple(sorted(skipped.items())), time.perf_counter() - t0)
+
+
+def _configuration_result(planned, job: ServeJob, tp: int, pp: int, replicas: int, default: dict) -> dict | str:
+    """The figures of one configuration (``planned``: ``(pipe, chosen,
+    max_batch, saturated)`` of :func:`_plan_configuration`) as a result row,
+    with its running limit and, under a request rate, the wait for a
+    running slot in its TTFT; the reason it gives no plan
+    (``"out_of_memory"``, ``"latency_limits"``) otherwise. ``default``: the
+    engine defaults' figures."""
+    pipe, chosen, b_max, saturated = planned
+    if chosen is None:
+        return "out_of_memory" if b_max < 1 else "latency_limits"
+    sp, st = chosen
+    w = job.workload
+    step = pipe.steady_step(st.batch, w)
+    _, pool, _ = split_metrics(pipe, sp, step)
+    limit = running_limit(pipe, sp, job, replicas, st.batch, pool)
+    if job.request_rate is not None and not saturated:  # and the wait for a running slot
+        st = replace(st, ttft_s=st.ttft_s + admission_wait_s(w.arrival_rate_per_s, st.batch, limit))
+        if job.max_ttft_s is not None and not st.ttft_s <= job.max_ttft_s:
+            return "latency_limits"
+        saturated = not math.isfinite(st.ttft_s)  # its slots busy all the time: the queue has no bound
+    return dict(tp=tp, pp=pp, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, tp), pool=pool,
+                b_max=b_max, steady=st, total=_total(pipe, sp, st, job, replicas), saturated=saturated,
+                limit=limit, budget=pipe.costs.engine.max_num_batched_tokens, **default)
+
+
+def _serve_plan(rank: int, r: dict) -> ServePlan:
+    """The :class:`ServePlan` of a result row of :func:`_configuration_result`
+    (with its ``engine_budget`` row, when it has one that gives a plan)."""
+    alt = r.get("engine_budget")
+    return ServePlan(rank=rank, tp=r["tp"], pp=r["pp"], replicas=r["replicas"], split=r["split"],
+                     stages=r["stages"], pool_tokens=r["pool"], max_batch=r["b_max"], batch=r["steady"].batch,
+                     steady=r["steady"], total_output_tokens_per_s=r["total"], saturated=r["saturated"],
+                     default_split=r["dsplit"], default_pool_tokens=r["dpool"], default_batch=r["dbatch"],
+                     default_total_output_tokens_per_s=r["dtotal"], max_num_seqs=r["limit"],
+                     default_refusal=r["drefusal"], max_num_batched_tokens=r["budget"],
+                     engine_budget=_serve_plan(rank, alt) if isinstance(alt, dict) else None)
 
 
 def rerank_by_simulation(plans, *, rate_given: bool) -> list[ServePlan]:
