@@ -79,7 +79,7 @@ def resolve(kind: str, name_or_path: str) -> Path:
         raise InputError(f"{label} {short_path(name_or_path)}: cannot be read ({exc.strerror or exc})") from None
     if what is not None:
         raise InputError(f"{label} {name_or_path}: is {what}, not a {kind} file; give the path of a "
-                         f"regular file or a catalog name (`pipesearch catalog`)")
+                         f"regular file or a catalog name (`{_listing(kind)}`)")
     if p.is_symlink():  # a link that leads nowhere (dangling, or a loop of links): not a missing name
         try:
             p.stat()
@@ -96,5 +96,10 @@ def resolve(kind: str, name_or_path: str) -> Path:
     what = "no such file and no" if looks_like_path else "unknown"
     raise CatalogError(
         f"{what} {kind} {name_or_path!r} in the catalog ({hint}); "
-        f"`pipesearch catalog` lists the entries, or pass a file path"
+        f"`{_listing(kind)}` lists the entries, or pass a file path"
     )
+
+
+def _listing(kind: str) -> str:
+    """The command that lists the catalog's entries of ``kind``."""
+    return "pipesearch catalog models" if kind == "model" else "pipesearch catalog hardware"

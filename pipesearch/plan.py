@@ -298,9 +298,27 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         if "schema" not in doc and str(doc.get("format", "")).startswith("pipesearch.serve/"):
             raise PlanFormatError(f"{source}: a serving plan ({doc['format']!r}, written by `pipesearch serve`); "
                                   f"this command reads training plans (schema {SCHEMA!r}, `pipesearch plan -o`)")
+        export = _export_kind(doc) if "schema" not in doc else None
+        if export:
+            raise PlanFormatError(f"{source}: {export} (written by `pipesearch export`); this command reads "
+                                  f"training plans (schema {SCHEMA!r}, `pipesearch plan -o`), and checks the "
+                                  f"exports of the plan file it is given")
         raise PlanFormatError(f"{source}: schema is {doc.get('schema')!r}, expected {SCHEMA!r} "
                               "(a file written by `pipesearch plan -o`)")
     return doc
+
+
+def _export_kind(doc: dict) -> str | None:
+    """What kind of ``pipesearch export`` output ``doc`` is (its ``format``
+    or ``runtime`` key; DeepSpeed's config by its batch keys), None when it
+    looks like none."""
+    if isinstance(doc.get("format"), str) and doc["format"].startswith("pipesearch.stages/"):
+        return f"a stage description ({doc['format']!r})"
+    if isinstance(doc.get("runtime"), str) and "format_version" in doc:
+        return f"an export for {doc['runtime']}"
+    if "train_micro_batch_size_per_gpu" in doc or "train_batch_size" in doc:
+        return "a DeepSpeed config"
+    return None
 
 
 def document_problems(doc: Any, finite: bool = False) -> list[Problem]:

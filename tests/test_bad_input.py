@@ -1531,3 +1531,16 @@ def test_an_option_given_twice_with_one_value_written_two_ways_runs(tmp_path):
     code, _, err = run(["serve", "--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "-q", "--simulate-top", "0",
                         "--max-tpot-ms", "100", "--max-tpot-ms", "100.0"], tmp_path)
     assert code == 0, err
+
+
+def test_validating_an_export_names_what_it_is(tmp_path):
+    """`pipesearch validate` reads plan files; given what `pipesearch
+    export` wrote (the stage description, torch's JSON, DeepSpeed's
+    config) it said "schema is None, expected 'pipesearch.plan/1'". It
+    names the export and the file it reads instead."""
+    assert run(["plan", "-q", "--schedule", "1f1b", "-o", "p.json"], tmp_path)[0] == 0
+    for fmt, name, kind in (("stages-json", "s.json", "a stage description ('pipesearch.stages/1')"),
+                            ("torch", "t.json", "an export for torch.distributed.pipelining"),
+                            ("deepspeed", "ds_config.json", "a DeepSpeed config")):
+        assert run(["export", "p.json", "--format", fmt, "-o", name], tmp_path)[0] == 0
+        assert_refused(tmp_path, ["validate", name], name, kind, "pipesearch plan -o")

@@ -634,9 +634,12 @@ def test_micro_batches_below_the_profiled_batch_are_noted(tmp_path):
         return [x for x in res.stdout.splitlines() if "smaller than the profile's batch" in x]
 
     line = note([])
-    assert len(line) == 1 and line[0].startswith("plans 1, 2 run micro-batches smaller than the profile's batch "
-                                                 "of 128")
+    assert len(line) == 1 and line[0].startswith("plans 1, 2 run micro-batches (or replicas' shares of them) "
+                                                 "smaller than the profile's batch of 128")
     assert note(["--micro-batch-size", "128"]) == []
+    # a stage of 15 replicas runs ceil(128 / 15) = 9 samples of each micro-batch of 128 on each
+    line = note(["--split", "32x15,8x1", "--micro-batch-size", "128"])
+    assert len(line) == 1 and line[0].startswith("plans 1, 2 run")
     assert note(["--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "-b", "64"]) == []
     rows = ["name,fwd_ms,bwd_ms,fwd_fixed_ms,bwd_fixed_ms,param_bytes,output_bytes"] + [
         f"l{k},4.0,8.0,0.5,1.0,1000000,1000000" for k in range(8)]

@@ -449,7 +449,8 @@ class _Progress:
                    "32 layers on 15 replicas, then 8 on 1) instead of searching.")
 @click.option("--replicate-stages", is_flag=True,
               help="Also search per-stage data-parallel replication (PipeDream / DAPPLE: each stage on its own "
-                   "number of replicas, each one tensor-parallel group, pp 2 to 4 unless --pp pins it).")
+                   "number of replicas, each one tensor-parallel group, pp 2 to 4 unless --pp pins it); many "
+                   "more points: vgg16 on 4x4-v100-10gbe takes about a minute on 2 cores (--pp pins cut it).")
 @click.option("--top", type=click.IntRange(min=1), default=5, show_default=True, help="Plans to keep.")
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="Memory kept free on every device (framework, workspace, fragmentation).")
@@ -490,7 +491,10 @@ class _Progress:
               help="Write every evaluated point of the search as CSV.")
 @click.option("--exhaustive", is_flag=True,
               help="Evaluate every point, each split search without a cutoff (no pruning by lower bound; a split "
-                   "search may still stop at its work limits, and says so); slower, fills the space plot.")
+                   "search may still stop at its work limits, and says so: without the cutoff fewer searches "
+                   "end proven, so the note under the table can name more unproven points than the default "
+                   "search's); for plots of the whole space, not for a better rank 1; about 20 times slower "
+                   "(vgg16: 24 s on 2 cores).")
 @click.option("--plot-dir", type=click.Path(file_okay=False),
               help="Also draw space.png, pareto.png, stages.png and timeline.png (plan 1) into this directory "
                    "(see `pipesearch plot`); --exhaustive fills the space plot.")
@@ -513,8 +517,9 @@ class _Progress:
               help="Keep only plans this runtime runs as written (its schedules, split, vp and micro-batch rules), "
                    "and take its defaults for the training state and communication overlap (megatron: "
                    "--optimizer-state megatron --sharding zero1, gradient reduce and parameter gather "
-                   "overlapped; torchtitan: --sharding fsdp, both overlapped per block; torch: gradient "
-                   "all-reduce overlapped (DDP); deepspeed, gpipe: no overlap).")
+                   "overlapped; torchtitan: --sharding fsdp, both overlapped per block; deepspeed: --sharding "
+                   "zero1, no overlap; torch: its exported script all-reduces the gradients after the step, no "
+                   "overlap (--overlap-grad-reduce plans DDP's); gpipe: no overlap).")
 @click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=None,
               help="Data-parallel gradient reduce overlapped with the last backward, in buckets (default: "
                    "the --runtime's, else off).")
@@ -543,7 +548,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model gnmt --cluster 1x4-v100-pcie --pp 4 --schedule 1f1b
       pipesearch plan --model resnet50 --cluster 1x4-v100-pcie --pp 2 --split 20,20
       pipesearch plan --model vgg16 --split 18x12,22x4 --schedule gpipe
-      pipesearch plan --model vgg16 --replicate-stages
+      pipesearch plan --model vgg16 --replicate-stages --pp 2
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
       pipesearch plan --model llama3-70b --cluster 4x8-h100 -b 256 --optimizer-state megatron --sharding zero1
     """
@@ -875,15 +880,23 @@ def small_batch_note(plans, source) -> str | None:
     smaller than it was measured at and no layer has a fixed time: its times
     are scaled down in proportion (:meth:`pipesearch.types.ModelProfile.layer_times_at`),
     which a GPU does not do (kernel launches and small GEMMs), so such
-    plans look faster than they run. None otherwise."""
+    plans look faster than they run. A stage replicated ``r`` times runs
+    ``ceil(b / r)`` samples of each micro-batch of ``b`` on each replica
+    (per-stage replication), its smallest such batch is the plan's. None
+    otherwise."""
     profile = source.variants[0].profile
     if source.info.get("kind") != "profile" or any(has.any() for has, _ in profile.fixed_time_arrays.values()):
         return None
-    ranks = [str(p.rank) for p in plans if p.micro_batch_size < profile.profiled_batch_size]
+
+    def least_batch(p) -> int:
+        return min(-(-p.micro_batch_size // r) for r in (p.stage_replicas or (1,)))
+
+    ranks = [str(p.rank) for p in plans if least_batch(p) < profile.profiled_batch_size]
     if not ranks:
         return None
     return (f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} run{'' if len(ranks) > 1 else 's'} micro-batches "
-            f"smaller than the profile's batch of {profile.profiled_batch_size}, timed in proportion to their size "
+            f"(or replicas' shares of them) smaller than the profile's batch of {profile.profiled_batch_size}, timed "
+            f"in proportion to their size "
             f"(the profile gives no fixed per-micro-batch time): a GPU runs small batches less efficiently; measure "
             f"several sizes (pipesearch profile --batch-sizes) or pin --micro-batch-size")
 

@@ -190,8 +190,9 @@ def validate_command(plans):
     model's layers, devices exist and serve one pipeline slot, pp x dp x tp
     fits the cluster, micro-batch size x count x dp is the global batch).
 
-    Also: stages fit their devices' memory, ranks follow the iteration time,
-    a RoundPipe or Mobius plan's recorded copies and host terms follow from
+    Also: stages fit their devices' memory, ranks follow the iteration time
+    (up to the 0.1% tie window, where lower peak memory ranks first), a
+    RoundPipe or Mobius plan's recorded copies and host terms follow from
     its stage bytes and the cluster's [host] table, each plan's predicted
     iteration time is the simulated time of its own stage terms (a replay),
     the inputs and each plan's degrees, schedule and options are those it
