@@ -34,6 +34,8 @@ def test_prompt_wait_by_hand():
     assert prompt_wait_s(1.0, 0.1, 0.0) == pytest.approx(0.1 * 0.1 / (2 * 0.9), rel=1e-12)
     assert np.isinf(prompt_wait_s(4.0, 0.25, 0.1))
     assert np.isinf(prompt_wait_s(5.0, 0.25, 0.1))
+    # the half step only for the arrivals that find the engine running steps: a quarter of them, 0.0125 s
+    assert prompt_wait_s(2.0, 0.25, 0.1, 0.25) == pytest.approx(0.1375, rel=1e-12)
 
 
 def test_prompt_wait_matches_a_lindley_simulation_of_the_queue():
@@ -207,3 +209,21 @@ def test_a_plan_whose_slots_are_all_busy_is_flagged():
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)["plans"][0]
     assert p["batch"] == p["max_num_seqs"] and p["predicted"]["ttft_s"] is None and p["predicted"]["saturated"]
+
+
+@pytest.mark.parametrize("tp, pp", [(4, 2), (8, 1)])
+def test_ttft_at_a_low_request_rate_agrees_with_the_simulation(tp, pp):
+    """Llama-3 70B fp8 on 8 x L4 at 0.02 requests/s (one request in the
+    engine at a time, mostly none): an arrival to an idle engine is
+    scheduled at once, and with fewer sequences than stages a prompt's
+    chunks take the engine's free micro-batch slots a stage's step apart.
+    The closed-form mean TTFT is within 5% of the simulated mean (300
+    arrivals); it was 43% over at tp 4 x pp 2 (0.625 s against 0.437: the
+    chunks a round trip apart, and half a step of waiting for every
+    arrival) and 5% over at tp 8 x pp 1."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-70b", "--cluster", "1x8-l4", "--weight-dtype", "fp8",
+                                  "--request-rate", "0.02", "--tp", str(tp), "--pp", str(pp), "--simulate-top", "1",
+                                  "--num-requests", "300", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)["plans"][0]
+    assert p["predicted"]["ttft_s"] == pytest.approx(p["simulated"]["ttft_mean_s"], rel=0.05)

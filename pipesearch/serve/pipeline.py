@@ -38,8 +38,11 @@ the other sequences' prompts too): ``(chunks - 1) max(C', C) / m +
 max(C'_last, C)``, ``C'`` the cycle of micro-batches that each carry a full
 chunk and ``C'_last`` that of the last chunk, what the full ones leave
 (docs/serving_costs.md). Under Poisson arrivals (``Workload.arrival_rate_per_s``)
-TTFT adds the prompts' wait for the step budget
-(:func:`pipesearch.serve.queueing.prompt_wait_s`).
+the chunks are ``max(C', C) / m`` apart with both cycles at the engine's
+``m = min(pp, max_num_seqs)`` slots (free slots take the chunks of a
+batch smaller than ``pp``), and TTFT adds the prompts' wait for the step
+budget (:func:`pipesearch.serve.queueing.prompt_wait_s`, its half step for
+the arrivals that find the engine running).
 """
 
 from __future__ import annotations
@@ -327,14 +330,23 @@ class ServePipeline:
         # the chunks go into consecutive micro-batches (a step of the pipeline, a cycle over m, apart), each at
         # least the mean one's (where the prompts fill every step, a chunk's step carries the other sequences'
         # prompts too); the last one's micro-batch a whole cycle, to its first token
-        ttft = (chunks - 1) * np.maximum(ccycle, cycle) / m + np.maximum(lcycle, cycle)
-        out_tps = B * self.tokens_per_life(B, workload) / cycle
         rate = workload.arrival_rate_per_s
+        spacing = np.maximum(ccycle, cycle) / m
+        if rate is not None:  # the engine keeps min(pp, its running limit) slots, used or not: with fewer
+            # sequences than stages the chunks take the free slots, a stage's step apart, not a round trip
+            slots = np.minimum(self.pp, self.costs.engine.max_num_seqs)
+            spacing = np.maximum(self._cycle(split, cstep, slots)[0], self._cycle(split, step, slots)[0]) / slots
+        ttft = (chunks - 1) * spacing + np.maximum(lcycle, cycle)
+        out_tps = B * self.tokens_per_life(B, workload) / cycle
         if rate is not None and workload.prefill_mix:  # Poisson arrivals: the prompts queue for the budget
             # the budget's prompt tokens a step, whole (several short prompts share a step), at that step's cycle
             full = np.maximum(self.costs.engine.max_num_batched_tokens - np.asarray(cstep.decode, dtype=float), 1.0)
             fcycle, _, _ = self._cycle(split, replace(cstep, prefill=full), m)
-            wait = prompt_wait_s(rate, workload.input_len / full * np.maximum(fcycle, cycle) / m, cycle / m)
+            # the engine runs steps while it holds a request: with requests in it independent (M/G/inf), an
+            # arrival finds none with probability exp(-lambda W), W a request's life (service TTFT, then o - 1
+            # tokens a TPOT apart)
+            busy = 1.0 - np.exp(-rate * (ttft + (workload.output_len - 1) * tpot))
+            wait = prompt_wait_s(rate, workload.input_len / full * np.maximum(fcycle, cycle) / m, cycle / m, busy)
             # a batch that carries fewer requests than arrive is no steady state: the queue grows without bound
             ttft = np.where(out_tps >= rate * workload.output_len, ttft + wait, np.inf)
         return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,

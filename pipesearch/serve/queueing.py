@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["prompt_wait_s", "admission_wait_s"]
 
 
-def prompt_wait_s(rate_per_s: float, service_s, slot_s):
+def prompt_wait_s(rate_per_s: float, service_s, slot_s, busy_share=1.0):
     """Mean wait of a prompt for its first chunk under Poisson arrivals at
     ``rate_per_s``: the prompts share the steps' token budget first come,
     first served, so they queue at one server whose service is a prompt's
@@ -31,18 +31,22 @@ def prompt_wait_s(rate_per_s: float, service_s, slot_s):
     mean wait ``rho S / (2 (1 - rho))``, ``rho = lambda S``
     (Pollaczek-Khinchine with ``E[S^2] = S^2``; Kleinrock, "Queueing
     Systems" vol. 1, 1975, eq. 5.87), plus half a step (``slot_s``: a
-    cycle over ``m``): steps start at fixed times, and a Poisson arrival
-    (which sees the time averages, PASTA; Wolff 1982, Operations Research
-    30(2)) falls at a uniform point of a step, so every prompt, whether
-    it finds others queued or not, waits for the next step's schedule
-    first (exact where ``S`` is a whole number of steps: the queue then
-    moves a step at a time). Infinite where ``rho >= 1`` (the prompts
-    arrive faster than the budget takes them). Arrays broadcast."""
+    cycle over ``m``) times ``busy_share``: while the engine runs, steps
+    start at fixed times, and a Poisson arrival (which sees the time
+    averages, PASTA; Wolff 1982, Operations Research 30(2)) falls at a
+    uniform point of a step, so every prompt, whether it finds others
+    queued or not, waits for the next step's schedule first (exact where
+    ``S`` is a whole number of steps: the queue then moves a step at a
+    time); an engine with no request runs no step and schedules an
+    arrival at once, so the half step counts for the share
+    ``busy_share`` of arrivals that find it running. Infinite where
+    ``rho >= 1`` (the prompts arrive faster than the budget takes them).
+    Arrays broadcast."""
     service = np.asarray(service_s, dtype=float)
     rho = rate_per_s * service
     with np.errstate(divide="ignore", invalid="ignore"):
         queue = np.where(rho < 1, rho * service / (2 * np.maximum(1 - rho, 1e-300)), np.inf)
-    return queue + np.asarray(slot_s, dtype=float) / 2
+    return queue + np.asarray(busy_share, dtype=float) * np.asarray(slot_s, dtype=float) / 2
 
 
 def admission_wait_s(rate_per_s: float, mean_batch: float, servers: int) -> float:
