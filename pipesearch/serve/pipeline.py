@@ -58,6 +58,9 @@ from .queueing import prompt_wait_s
 
 __all__ = ["Workload", "Step", "ServePipeline", "SteadyState"]
 
+#: fixed-point iterations of the TPOT under Poisson arrivals (:meth:`ServePipeline._poisson_tpot`)
+TPOT_ITERATIONS = 8
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -227,11 +230,13 @@ class ServePipeline:
     def micro_batches(pp: int, batch):
         return np.minimum(pp, np.asarray(batch))
 
-    def steady_step(self, batch, workload: Workload, others_only: bool = False) -> Step:
+    def steady_step(self, batch, workload: Workload, others_only: bool = False, others_prompt_tokens=None) -> Step:
         """The mean micro-batch at ``batch`` running sequences (arrays ok);
         ``others_only``: as one decoding sequence meets it, with the prompts
         of the other ``B - 1`` sequences only (its own prompt was done
-        before it decodes: at ``B = 1`` its decode steps carry no chunk)."""
+        before it decodes: at ``B = 1`` its decode steps carry no chunk), or
+        ``others_prompt_tokens`` of them a micro-batch where given (Poisson
+        arrivals: the others' prompts come at the rate whatever the batch)."""
         B = np.asarray(batch, dtype=float)
         m = self.micro_batches(self.pp, B)
         b = B / m
@@ -243,7 +248,7 @@ class ServePipeline:
         decode = b * share_d
         mean_p = b * workload.input_len / life
         if others_only:  # one sequence of one micro-batch decodes its token (1 for its decode share)
-            mean_p = mean_p * (B - 1) / B
+            mean_p = mean_p * (B - 1) / B if others_prompt_tokens is None else np.asarray(others_prompt_tokens)
             decode = decode + (1 - share_d) / m
         chunk = np.clip(self.costs.engine.max_num_batched_tokens - decode, 1.0, workload.input_len)
         share = np.minimum(1.0, mean_p / chunk)
@@ -322,6 +327,8 @@ class ServePipeline:
         tpot = cycle
         if workload.prefill_mix:  # a decoding sequence's steps carry the other sequences' prompts only
             tpot, _, _ = self._cycle(split, self.steady_step(B, workload, others_only=True), m)
+            if workload.arrival_rate_per_s is not None:
+                tpot = self._poisson_tpot(split, B, workload, m, tpot)
         cstep, chunks = self.chunk_step(B, workload)
         ccycle, _, _ = self._cycle(split, cstep, m)
         # the prompt's last chunk holds what the full ones leave (one token past the budget: a one-token step)
@@ -351,6 +358,22 @@ class ServePipeline:
             ttft = np.where(out_tps >= rate * workload.output_len, ttft + wait, np.inf)
         return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,
                 "output_tokens_per_s": out_tps, "tpot_s": tpot, "ttft_s": ttft}
+
+    def _poisson_tpot(self, split, B, workload: Workload, m, tpot):
+        """TPOT under Poisson arrivals at ``lambda``: the other requests'
+        prompts come at the rate whatever this one does (PASTA, and requests
+        arriving independently of it), ``lambda n C / m`` prompt tokens a
+        micro-batch at the cycle ``C`` they lengthen, not the ``(B - 1) /
+        B`` of the batch's mean load a closed loop gives (at a mean batch
+        of 1 that is none); the fixed point ``C = cycle(lambda n C / m)``
+        from the closed loop's, by iteration (the cycle grows with the
+        prompt tokens, so it rises to the fixed point; stopped after
+        :data:`TPOT_ITERATIONS`)."""
+        rate, n = workload.arrival_rate_per_s, workload.input_len
+        for _ in range(TPOT_ITERATIONS):
+            step = self.steady_step(B, workload, others_only=True, others_prompt_tokens=rate * n * tpot / m)
+            tpot = np.maximum(tpot, self._cycle(split, step, m)[0])
+        return tpot
 
     def tokens_per_life(self, batch, workload: Workload):
         """Output tokens per sequence per cycle: ``o / L``
