@@ -192,15 +192,17 @@ def test_torch_schedule_classes():
 def test_torch_transformer_split_spec():
     plan = make_plan([5, 4, 3], transformer_names(10), schedule="gpipe", m=2)
     exp = export_plan(plan, "torch")
-    # stage 1 starts at block_04, stage 2 at block_08
-    assert exp["split_spec"] == {"layers.4": "SplitPoint.BEGINNING", "layers.8": "SplitPoint.BEGINNING"}
-    assert exp["layer_modules"][0] == ["tok_embeddings"] and exp["layer_modules"][-1] == ["norm", "lm_head"]
+    # stage 1 starts at block_04, stage 2 at block_08: the children of pipesearch's chain of the HuggingFace
+    # model (profiler.hf_causal_lm_chain), which the script chains one tensor at a time
+    assert exp["split_spec"] == {"layers_04": "SplitPoint.BEGINNING", "layers_08": "SplitPoint.BEGINNING"}
+    assert exp["layer_modules"][0] == ["embed_tokens"] and exp["layer_modules"][-1] == ["lm_head"]
+    assert any("hf_model_from_config --factory-arg config.json" in n for n in exp["notes"])
 
 
-def test_torch_split_before_head_uses_norm():
+def test_torch_split_before_head_uses_the_chains_head():
     plan = make_plan([5, 1], transformer_names(4), schedule="gpipe", m=2)
     exp = roundtrip(plan, "torch")
-    assert exp["split_spec"] == {"norm": "SplitPoint.BEGINNING"}
+    assert exp["split_spec"] == {"lm_head": "SplitPoint.BEGINNING"}
 
 
 def test_torch_module_names_override():
@@ -694,7 +696,8 @@ def test_per_stage_recompute_exports_when_the_stages_agree():
     """A plan whose stages each chose their recompute (recompute =
     per-stage) exports with that one setting when every stage chose the same
     (here all 'none', or all 'full'); stages that differ are refused,
-    naming them, because every runtime applies one setting to all stages."""
+    naming them, where the runtime applies one setting to all stages; torch's
+    script checkpoints each stage on its own and takes them."""
     from dataclasses import replace as dc_replace
 
     from pipesearch.export import recompute_mode
@@ -709,6 +712,9 @@ def test_per_stage_recompute_exports_when_the_stages_agree():
     assert recompute_mode(with_options("full", "full"), "megatron") == "full"
     with pytest.raises(InputError, match="stage 0 full, stage 1 none"):
         recompute_mode(with_options("full", "none"), "megatron")
+    exp = export_plan(with_options("full", "none"), "torch")
+    assert "STAGE_RECOMPUTE = ['full', 'none']" in exp["files"]["pipeline_torch.py"]
+    assert any(n.startswith("recompute='full' on stage 0:") for n in exp["notes"])
 
 
 def test_torchtitan_llama3_configs_are_llama31():

@@ -123,7 +123,16 @@ def test_snippet_checkpoints_every_layer_of_a_full_recompute_plan(tmp_path):
     out_full, full_losses = losses(full, "full.py")
     assert "every layer checkpointed" in out_full and "checkpointed" not in out_plain
     assert len(full_losses) == 2 and full_losses == plain_losses
-    assert "RECOMPUTE = 'full'" in (tmp_path / "full.py").read_text()
+    assert "STAGE_RECOMPUTE = ['full', 'full']" in (tmp_path / "full.py").read_text()
+    # a plan whose stages chose on their own (--recompute per-stage, or a profile's stage options): the
+    # script checkpoints the layers of the stage that recomputes only (it was refused: "torch applies one
+    # recompute setting to every stage")
+    mixed = make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8, recompute="per-stage")
+    mixed = replace(mixed, stages=(replace(mixed.stages[0], memory_option="full"), mixed.stages[1]))
+    out_mixed, mixed_losses = losses(mixed, "mixed.py")
+    lines = {line.split(":")[0]: line for line in out_mixed.splitlines() if line.startswith("process ")}
+    assert "checkpointed" in lines["process 0"] and "checkpointed" not in lines["process 1"]
+    assert mixed_losses == plain_losses
 
 
 def _param_sums(plan, tmp_path, name: str, seed_by_replica: bool) -> dict:
@@ -166,3 +175,40 @@ def test_replicas_average_their_gradients(schedule, split, kw, tmp_path):
                       tmp_path, "one.py", seed_by_replica=False)
     assert all(same[r, k] == one[r, 0] for r in range(2) for k in range(2))
     assert own[0, 0] != one[0, 0]  # the replicas' own inputs moved them elsewhere: the reduce mixed both
+
+
+@pytest.mark.slow
+def test_snippet_trains_a_transformer_planned_from_its_config(tmp_path):
+    """A tiny Llama config.json planned on two CPUs at pp 2 and exported to
+    torch: the script builds pipesearch's chain of the HuggingFace model
+    from the config (``pipesearch.profiler:hf_model_from_config
+    --factory-arg config.json``) and trains the plan's stages. Its stages
+    named torchtitan's modules (tok_embeddings, layers.N, norm), which no
+    model the script can chain has."""
+    pytest.importorskip("transformers")
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+    from test_profiler import TINY_LLAMA
+
+    (tmp_path / "config.json").write_text(_json.dumps(TINY_LLAMA))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        r = CliRunner().invoke(main, ["plan", "--model", "config.json", "--cluster", "1x2-cpu", "-b", "8", "--pp",
+                                      "2", "--schedule", "1f1b", "--seq-len", "32", "--recompute", "none", "-q",
+                                      "-o", "p.json"])
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(main, ["export", "p.json", "--format", "torch", "--files", "ex"])
+        assert r.exit_code == 0, r.output
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+         str(tmp_path / "ex" / "pipeline_torch.py"), "pipesearch.profiler:hf_model_from_config", "--factory-arg",
+         "config.json", "--sample-shape", "32", "--input-dtype", "long", "--vocab-size",
+         str(TINY_LLAMA["vocab_size"]), "--steps", "2"],
+        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    losses = [float(line.split()[-1]) for line in res.stdout.splitlines() if line.startswith("step ")]
+    assert len(losses) == 2 and all(0 < x < 10 for x in losses)

@@ -44,7 +44,12 @@ one or more module FQNs: by default the identity for profiled models (a torch
 ``block_00`` .. ``block_{L-1}``, ``head``) torchtitan's Llama names:
 ``embedding -> tok_embeddings``, ``block_N -> layers.N``,
 ``head -> norm, lm_head`` (torchtitan 0.3.0's ``Decoder`` attribute names,
-``torchtitan/models/common/decoder.py``). A ``module_names`` mapping overrides any layer it
+``torchtitan/models/common/decoder.py``), except for torch, whose script
+chains one-tensor layers (torchtitan's and HuggingFace's decoder layers take
+positions and masks as well): there the children of pipesearch's chain of
+the HuggingFace model (:func:`pipesearch.profiler.hf_model_from_config`),
+``embedding -> embed_tokens``, ``block_N -> layers_NN``, ``head ->
+lm_head``. A ``module_names`` mapping overrides any layer it
 names (value: one FQN or a list of FQNs, in execution order).
 """
 
@@ -808,6 +813,18 @@ def plan_extra(plan: Plan, key: str, default):
     return default
 
 
+def stage_recompute_modes(plan: Plan) -> list[str]:
+    """Each stage's recompute setting: the plan's one (``plan.extra``
+    ``recompute``, ``"none"`` when missing), or with ``per-stage`` the one
+    each stage chose (:attr:`pipesearch.types.StagePlan.memory_option`,
+    ``"none"`` for an option without recomputation)."""
+    mode = plan_extra(plan, "recompute", "none") or "none"
+    if mode != "per-stage":
+        return [mode] * len(plan.stages)
+    return ["none" if st.memory_option in ("", "on-device", "act-host") else st.memory_option.split("+")[0]
+            for st in plan.stages]
+
+
 def recompute_mode(plan: Plan, runtime: str) -> str:
     """``plan.extra["recompute"]`` (``"none"`` when missing).
 
@@ -818,8 +835,7 @@ def recompute_mode(plan: Plan, runtime: str) -> str:
     if mode is None:
         mode = "none"
     if mode == "per-stage":  # the stages chose (StagePlan.memory_option): one setting when they agree
-        chosen = {("none" if st.memory_option in ("", "on-device", "act-host") else st.memory_option.split("+")[0])
-                  for st in plan.stages}
+        chosen = set(stage_recompute_modes(plan))
         if len(chosen) == 1 and next(iter(chosen)) in RECOMPUTE_MODES:
             return next(iter(chosen))
         per = ", ".join(f"stage {st.index} {st.memory_option or 'none'}" for st in plan.stages)
@@ -870,15 +886,17 @@ def layer_modules(names: Sequence[str], module_names: Mapping[str, str | Sequenc
     shape = transformer_shape(names)
     out: list[list[str]] = []
     for name in names:
-        if shape is not None:
-            if name == "embedding":
-                out.append(["tok_embeddings"])
-            elif name == "head":
-                out.append(["norm", "lm_head"])
-            else:
-                out.append([f"layers.{int(_BLOCK.fullmatch(name).group(1))}"])
-        else:
+        if shape is None:
             out.append([name])
+        elif runtime == "torch":  # pipesearch's chain of the HuggingFace model (profiler.hf_causal_lm_chain)
+            out.append(["embed_tokens"] if name == "embedding" else ["lm_head"] if name == "head" else
+                       [f"layers_{int(_BLOCK.fullmatch(name).group(1)):02d}"])
+        elif name == "embedding":
+            out.append(["tok_embeddings"])
+        elif name == "head":
+            out.append(["norm", "lm_head"])
+        else:
+            out.append([f"layers.{int(_BLOCK.fullmatch(name).group(1))}"])
     if module_names:
         index = {n: i for i, n in enumerate(names)}
         for key, val in module_names.items():

@@ -59,14 +59,18 @@ from ..types import Plan
 from . import (
     FORMAT_VERSION,
     Inputs,
+    RECOMPUTE_MODES,
     launch_note,
     layer_modules,
+    plan_extra,
     plan_layers,
     process_grid,
     recompute_mode,
     refuse_empty_stages,
     sequence_parallel,
+    stage_recompute_modes,
     tied_across_stages,
+    transformer_shape,
 )
 
 RUNTIME = "torch.distributed.pipelining"
@@ -92,16 +96,21 @@ exports with."""
 SNIPPET = '''"""Run the plan with torch.distributed.pipelining (torch {version}); written by pipesearch export.
 
     torchrun [--nnodes N --node-rank K ...] --nproc-per-node G pipeline_torch.py MODULE:FACTORY \
-        --sample-shape SHAPE [--input-dtype long --vocab-size V] [--steps 10] [--seed 0]
+        [--factory-arg ARG ...] --sample-shape SHAPE [--input-dtype long --vocab-size V] [--steps 10] [--seed 0]
 
 with one process per device of the plan ({world} in all; G of them per node) and SHAPE the shape of
 one input sample (e.g. 3,224,224; a sequence length for token ids). MODULE is a module importable
-from the current directory or a Python file (models/small.py), as for pipesearch profile; FACTORY()
-returns the model that was planned (the same weights on every rank: seed it). Each stage runs its modules in a chain, as a model profiled by pipesearch does
-(one tensor between layers). Process r runs on the plan's r-th device in device order (node by
-node, as torchrun numbers them): GRID says which pipeline rank and replica the plan puts there. The
-data-parallel replicas all-reduce gradients after each step. The loss is the mean squared error
-against a random target: replace it with the model's own.
+from the current directory or a Python file (models/small.py), as for pipesearch profile;
+FACTORY(ARG, ...) returns the model that was planned (the same weights on every rank: seed it). Each
+stage runs its modules in a chain, as a model profiled by pipesearch does (one tensor between
+layers); a transformer planned from its configuration is pipesearch's chain of the HuggingFace
+model: pipesearch.profiler:hf_model_from_config --factory-arg config.json. Every process builds the
+whole model on the CPU and keeps its stages' modules: for a model larger than a host's memory per
+process, build it on the meta device and materialise each stage's modules from your checkpoint.
+Process r runs on the plan's r-th device in device order (node by node, as torchrun numbers them):
+GRID says which pipeline rank and replica the plan puts there. The data-parallel replicas
+all-reduce gradients after each step. The loss is the mean of the squared outputs, a stand-in:
+replace it with the model's own.
 """
 
 import argparse
@@ -121,7 +130,7 @@ GRID = {grid!r}  # GRID[pipeline rank][replica]: the process (device, in the pla
 SCHEDULE_CLASS = "{cls}"
 N_MICROBATCHES, MICROBATCH_SIZE = {m}, {mbs}
 STAGE_LAYERS = {stage_layers!r}  # stage s (on pipeline rank s % PP): its layers' module FQNs
-RECOMPUTE = {recompute!r}  # "full": each layer keeps its input only and re-runs its forward in the backward
+STAGE_RECOMPUTE = {recompute!r}  # per stage; "full": each layer keeps its input only and re-runs its forward
 PIPELINE_ORDER_CSV = """{csv}"""
 MULTI_STAGE = {multi}
 
@@ -156,10 +165,10 @@ class Checkpointed(nn.Module):
 
 
 def stage_module(model: nn.Module, s: int) -> nn.Module:
-    """Stage s: its layers' modules in a chain, each layer checkpointed when RECOMPUTE is "full"."""
+    """Stage s: its layers' modules in a chain, each layer checkpointed when the stage's STAGE_RECOMPUTE is "full"."""
     layers = [nn.Sequential(OrderedDict((f.replace(".", "_"), model.get_submodule(f)) for f in fqns))
               for fqns in STAGE_LAYERS[s]]
-    if RECOMPUTE == "full":
+    if STAGE_RECOMPUTE[s] == "full":
         layers = [Checkpointed(layer) for layer in layers]
     return nn.Sequential(*layers)
 
@@ -167,6 +176,7 @@ def stage_module(model: nn.Module, s: int) -> nn.Module:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("factory", help="MODULE:FACTORY returning the model")
+    ap.add_argument("--factory-arg", action="append", default=[], help="an argument of FACTORY (repeat for more)")
     ap.add_argument("--sample-shape", required=True, help="shape of one input sample, e.g. 3,224,224")
     ap.add_argument("--input-dtype", choices=("float", "long"), default="float",
                     help="float: random normal inputs; long: random token ids below --vocab-size")
@@ -184,11 +194,12 @@ def main() -> None:
     pp_groups = [dist.new_group([GRID[r][k] for r in range(PP)]) for k in range(DP)]
     dp_groups = [dist.new_group([GRID[r][k] for k in range(DP)]) for r in range(PP)]
     device = torch.device(f"cuda:{{rank % torch.cuda.device_count()}}") if torch.cuda.is_available() else torch.device("cpu")
-    model = load_factory(args.factory)()
+    model = load_factory(args.factory)(*args.factory_arg)
     shape = tuple(int(x) for x in args.sample_shape.split(","))
     local = [s for s in range(PP * VP) if s % PP == pp_rank]
     print(f"process {{rank}}: pipeline rank {{pp_rank}}, replica {{replica}}, stages {{local}}"
-          + (", every layer checkpointed" if RECOMPUTE == "full" else ""), flush=True)
+          + (", every layer checkpointed" if all(STAGE_RECOMPUTE[s] == "full" for s in local) else
+             "".join(f", stage {{s}}'s layers checkpointed" for s in local if STAGE_RECOMPUTE[s] == "full")), flush=True)
     stages, params = [], []
     for s in local:
         sub = stage_module(model, s)
@@ -201,13 +212,14 @@ def main() -> None:
     torch.manual_seed(args.seed)
     x = (torch.randint(0, args.vocab_size, (n, *shape), device=device) if args.input_dtype == "long"
          else torch.randn(n, *shape, device=device))
-    if last:
-        with torch.no_grad():
-            out_shape = model.to(device)(x[:1]).shape[1:]
-        target = torch.randn(n, *out_shape, device=device)
+    if last:  # a target per sample, which the stand-in loss does not read
+        target = torch.zeros(n, device=device)
     del model
     cls = getattr(pipelining, SCHEDULE_CLASS)
-    loss_fn = nn.MSELoss()  # on every rank: a schedule built without loss_fn runs forward only
+
+    def loss_fn(output, target):  # on every rank: a schedule built without loss_fn runs forward only
+        return output.float().pow(2).mean()
+
     sched = cls(stages if MULTI_STAGE else stages[0], n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)
     if MULTI_STAGE and hasattr(sched, "_load_csv"):
         import os
@@ -358,18 +370,32 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             f"replicas; the split_spec covers the pipeline dimension, so a training loop of your own applies data "
             f"parallelism to each stage module itself."
         )
-    rc = recompute_mode(plan, "torch")
-    if rc == "full":
+    if plan_extra(plan, "recompute", "none") != "per-stage":
+        recompute_mode(plan, "torch")  # refuses a value outside none, selective, full
+    rc = stage_recompute_modes(plan)  # the script checkpoints each stage's layers on its own
+    if any(x not in RECOMPUTE_MODES for x in rc):
+        raise InputError(f"torch: a stage's recompute is {next(x for x in rc if x not in RECOMPUTE_MODES)!r}; "
+                         f"expected one of {', '.join(RECOMPUTE_MODES)}")
+    full = [str(k) for k, x in enumerate(rc) if x == "full"]
+    if full:
+        which = "every stage" if len(full) == len(rc) else f"stage{'s' if len(full) > 1 else ''} {', '.join(full)}"
         notes.append(
-            "recompute='full': torch.distributed.pipelining has no recompute option; pipeline_torch.py "
-            "checkpoints every layer of every stage (torch.utils.checkpoint), so each keeps its input only."
-        )
-    elif rc == "selective":
+            f"recompute='full' on {which}: torch.distributed.pipelining has no recompute option; pipeline_torch.py "
+            f"checkpoints every layer of {'them' if len(full) > 1 else 'it'} (torch.utils.checkpoint), so each "
+            f"keeps its input only.")
+    selective = [str(k) for k, x in enumerate(rc) if x == "selective"]
+    if selective:
         notes.append(
-            "warning: recompute='selective' (the attention core recomputed): torch.distributed.pipelining has no "
+            f"warning: recompute='selective' (the attention core recomputed) on stage{'s' if len(selective) > 1 else ''} "
+            f"{', '.join(selective)}: torch.distributed.pipelining has no "
             "recompute option and pipeline_torch.py keeps every activation; use an attention kernel that "
             "recomputes (e.g. FlashAttention) or the plan's memory is not what it holds."
         )
+    if transformer_shape(layers.names) is not None and not module_names:
+        notes.append("pipeline_torch.py chains one-tensor layers: run this transformer plan with pipesearch's chain "
+                     "of the HuggingFace model, pipeline_torch.py pipesearch.profiler:hf_model_from_config "
+                     "--factory-arg config.json --sample-shape SEQ_LEN --input-dtype long --vocab-size V "
+                     "(split_spec and layer_modules name its children: embed_tokens, layers_NN, lm_head).")
     if sequence_parallel(plan):
         notes.append("sequence_parallel=True: apply it with the tensor-parallel plan (torch.distributed.tensor.parallel).")
     if cls == "ScheduleInterleavedZeroBubble":
