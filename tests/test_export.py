@@ -732,3 +732,22 @@ def test_torchtitan_llama3_configs_are_llama31():
     toml = export_plan(plan, "torchtitan", torchtitan_version="0.2",
                        inputs={"model": {"name": "llama3.1-8b", "seq_len": 4096}})["config"]
     assert toml["model"] == {"name": "llama3", "flavor": "8B"}
+
+
+def test_torchtitan_config_for_a_model_of_a_known_shape():
+    """A model planned from its own config file with Llama 3 8B's shapes
+    (Llama Team 2024, Table 3: 32 layers, width 4096, FFN 14,336, 32 heads,
+    8 key/value heads, a 128K vocabulary) exports with torchtitan's
+    llama3_8b, saying so, where it got MODULE / CONFIG placeholders; one
+    layer fewer is no config torchtitan has."""
+    shape = {"kind": "decoder", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_kv_heads": 8,
+             "head_dim": 128, "ffn_hidden_size": 14336, "vocab_size": 128256, "gated_mlp": True,
+             "tied_embeddings": False, "norm": "rmsnorm", "bias": False, "qkv_bias": False, "qk_norm": False,
+             "position_embedding": "rotary"}
+    plan = make_plan([9, 8, 8, 9], transformer_names(32), schedule="1f1b", m=4)
+    exp = export_plan(plan, "torchtitan", inputs={"model": {"name": "my-llama", "seq_len": 4096, "transformer": shape}})
+    assert exp["argv"][:4] == ["--module", "llama3", "--config", "llama3_8b"]
+    assert any("has the shapes of llama3-8b" in n for n in exp["notes"])
+    exp = export_plan(plan, "torchtitan", inputs={"model": {"name": "my-llama", "seq_len": 4096,
+                                                             "transformer": shape | {"num_layers": 31}}})
+    assert exp["argv"][:4] == ["--module", "MODULE", "--config", "CONFIG"]

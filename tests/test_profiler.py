@@ -290,6 +290,10 @@ def test_device_name_is_recorded_and_cuda_needs_a_gpu(tmp_path):
     assert res.exit_code == 0, res.output
     prof = load_model(str(out))
     assert prof.profiled_device == "v100-16gb" and "warm-up runs (dropped)" in prof.source
+    # a GPU's name on times measured on the CPU: recorded as asked, and said (plans take them as the GPU's)
+    assert "warning: --device-name v100-16gb labels times measured on the CPU" in res.output
+    res = CliRunner().invoke(main, args + ["--device-name", "cpu", "-o", str(tmp_path / "c.csv")])
+    assert res.exit_code == 0 and "warning" not in res.output
     if not torch.cuda.is_available():
         res = CliRunner().invoke(main, args + ["--device", "cuda", "-o", str(tmp_path / "g.csv")])
         assert res.exit_code == 2 and "torch.cuda.is_available() is False" in res.output

@@ -124,9 +124,13 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
         from ..hardware import load_device
 
         try:
-            load_device(device_name)  # the name plans rescale by: a catalog device or a device TOML
+            named = load_device(device_name)  # the name plans rescale by: a catalog device or a device TOML
         except InputError as exc:
             raise InputError(f"--device-name {device_name}: {exc}") from None
+        if device == "cpu" and named.compute_capability is not None:  # a CUDA GPU's name on CPU times
+            click.echo(f"warning: --device-name {device_name} labels times measured on the CPU: plans take them "
+                       f"as {named.name}'s, unscaled (a GPU runs them many times faster); profile on it with "
+                       f"--device cuda, or leave --device-name out", err=True)
         if Path(device_name).is_file():  # a device file: recorded so that a plan run elsewhere finds it
             device_name = str(Path(device_name).resolve())
     if hf_config is not None:

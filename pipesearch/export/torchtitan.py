@@ -185,6 +185,29 @@ CONFIG_IS_ANOTHER = {"llama3-8b": "Llama-3.1-8B (hf_assets_path ./assets/hf/Llam
 """Catalog models whose torchtitan config is a model of the same shapes but
 another release: what the config trains (a note of the export)."""
 
+#: what a torchtitan config fixes of a model: a transformer with these equal builds with its config
+SHAPE_FIELDS = ("kind", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                "ffn_hidden_size", "vocab_size", "gated_mlp", "tied_embeddings", "norm", "bias", "qkv_bias", "qk_norm",
+                "position_embedding")
+
+
+def same_shape_model(transformer: Mapping | None) -> str | None:
+    """The catalog model of :data:`TORCHTITAN_CONFIGS` whose transformer
+    has every :data:`SHAPE_FIELDS` value of ``transformer`` (a plan's
+    ``inputs.model.transformer``: a model planned from its own config
+    file), None when none has."""
+    if not isinstance(transformer, Mapping):
+        return None
+    from ..catalog import resolve
+    from ..profiles.transformer import load_transformer
+
+    for cat in TORCHTITAN_CONFIGS:
+        cfg = load_transformer(resolve("model", cat))
+        if all(getattr(cfg, k) == transformer.get(k) for k in SHAPE_FIELDS):
+            return cat
+    return None
+
+
 AC_SUBCOMMANDS = {"none": "activation-checkpoint:none", "full": "activation-checkpoint:full",
                   "selective": "activation-checkpoint:selective"}
 """pipesearch recompute mode -> torchtitan 0.3.0 activation-checkpoint subcommand."""
@@ -335,7 +358,13 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     placeholders = None  # what the launch script's MODULE and CONFIG stand for, when pipesearch has no config
     if module is None or config is None:
         known = TORCHTITAN_CONFIGS.get(name)
-        if known:
+        alike = None if known else same_shape_model(inputs.model.get("transformer"))
+        if alike:  # a model of its own file with the shapes of a catalog model torchtitan has a config of
+            known = TORCHTITAN_CONFIGS[alike]
+            module, config = module or known[0], config or known[1]
+            notes.append(f"model {name!r} has the shapes of {alike} (layers, widths, heads, vocabulary): torchtitan's "
+                         f"{known[1]} builds it; point --hf_assets_path at {name!r}'s tokenizer and weights.")
+        elif known:
             module, config = module or known[0], config or known[1]
             if name in CONFIG_IS_ANOTHER:
                 notes.append(f"torchtitan's {known[1]} is {CONFIG_IS_ANOTHER[name]}: the same shapes as {name}, so "
