@@ -710,7 +710,8 @@ def test_per_stage_recompute_exports_when_the_stages_agree():
     assert recompute_mode(with_options("none", "none"), "torch") == "none"
     assert recompute_mode(with_options("on-device", "on-device"), "torch") == "none"
     assert recompute_mode(with_options("full", "full"), "megatron") == "full"
-    with pytest.raises(InputError, match="stage 0 full, stage 1 none"):
+    # a layer profile's stages: --recompute selective / full need a transformer, so the fix is none (or torch)
+    with pytest.raises(InputError, match=r"stage 0 full, stage 1 none.*--recompute none \(a layer profile.*torch"):
         recompute_mode(with_options("full", "none"), "megatron")
     exp = export_plan(with_options("full", "none"), "torch")
     assert "STAGE_RECOMPUTE = ['full', 'none']" in exp["files"]["pipeline_torch.py"]

@@ -839,8 +839,12 @@ def recompute_mode(plan: Plan, runtime: str) -> str:
         if len(chosen) == 1 and next(iter(chosen)) in RECOMPUTE_MODES:
             return next(iter(chosen))
         per = ", ".join(f"stage {st.index} {st.memory_option or 'none'}" for st in plan.stages)
+        names = [n for st in plan.stages for n in st.layer_names]
+        fix = ("re-plan with --recompute none, selective or full" if transformer_shape(names) is not None else
+               "re-plan with --recompute none (a layer profile's stages recompute only as the search chooses)")
         raise InputError(f"{runtime}: the plan recomputes its stages differently ({per}) and {runtime} applies one "
-                         f"recompute setting to every stage; re-plan with --recompute none, selective or full")
+                         f"recompute setting to every stage; {fix}, or export to torch, whose script checkpoints "
+                         f"each stage on its own")
     if mode not in RECOMPUTE_MODES:
         raise InputError(f"{runtime}: plan.extra recompute = {mode!r}; expected one of {', '.join(RECOMPUTE_MODES)}")
     return mode
