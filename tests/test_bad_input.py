@@ -1544,3 +1544,46 @@ def test_validating_an_export_names_what_it_is(tmp_path):
                             ("deepspeed", "ds_config.json", "a DeepSpeed config")):
         assert run(["export", "p.json", "--format", fmt, "-o", name], tmp_path)[0] == 0
         assert_refused(tmp_path, ["validate", name], name, kind, "pipesearch plan -o")
+
+
+SMALL_LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("extra, key, value", [
+    ({"rope_scaling": {"type": "linear", "factor": 0.5}}, "rope_scaling.factor", "0.5"),
+    ({"rope_scaling": {"type": "linear"}}, "rope_scaling.factor", "None"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": "8192"}},
+     "rope_scaling.original_max_position_embeddings", "'8192'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 0}},
+     "rope_scaling.original_max_position_embeddings", "0"),
+    ({"sliding_window": -1}, "sliding_window", "-1"),
+    ({"sliding_window": "x"}, "sliding_window", "'x'"),
+])
+def test_rotary_scaling_and_window_keys_are_checked(tmp_path, extra, key, value):
+    """A linear rope_scaling factor below 1 (or none) took the model's
+    context away (a 60,100-token request was served with --max-model-len
+    60100); a bad original_max_position_embeddings or sliding_window was
+    passed over. Each is refused naming the key and its value."""
+    path = write(tmp_path / "config.json", json.dumps(SMALL_LLAMA | extra))
+    for cmd in (["plan", "--model", path], ["serve", "--model", path, "--input-len", "60000", "--output-len", "100"]):
+        assert_refused(tmp_path, cmd, "config.json", f"key '{key}' = {value}")
+
+
+def test_serving_a_config_without_a_context_and_other_small_refusals(tmp_path):
+    """A config with no max_position_embeddings was refused by serve with
+    "pass --seq-len", an option serve has not: it serves (a request's tokens
+    are the sequence). A blank
+    transformer name gave a vLLM command for ''. A profile seed beyond 64
+    bits was an internal error."""
+    cfg = {k: v for k, v in SMALL_LLAMA.items() if k != "max_position_embeddings"}
+    path = write(tmp_path / "config.json", json.dumps(cfg))
+    code, out, err = run(["serve", "--model", path, "--cluster", "1x8-l4", "--simulate-top", "0", "-q"], tmp_path)
+    assert code == 0, err
+    toml = write(tmp_path / "blank.toml", '[transformer]\nname = " "\nnum_layers = 2\nhidden_size = 64\n'
+                                         'num_attention_heads = 4\nffn_hidden_size = 128\nvocab_size = 100\n'
+                                         'seq_len = 128\n')
+    assert_refused(tmp_path, ["serve", "--model", toml], "blank.toml", "key 'transformer.name' = ' '",
+                   "a non-blank string")
+    code, _, err = run(["profile", "m.py:f", "--input-shape", "4", "--seed", str(2**64)], tmp_path)
+    assert code == 2 and "--seed" in err and "Traceback" not in err

@@ -71,7 +71,8 @@ def check_input_size(shape: tuple[int, ...], sizes: list[int], size_option: str)
 @click.option("--device-name", help="Catalog device to record in the profile (e.g. h100-80gb; default: --device), "
                                     "so plans on other device kinds are rescaled and warned about.")
 @click.option("--name", help="Model name in the profile (default: the factory's module name).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input and the model.")
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
+              help="Seed of the random input and the model.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="profile.csv",
               show_default=True, help="Profile CSV to write.")
 def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes, dtype, input_dtype, vocab_size, warmup, repeats,

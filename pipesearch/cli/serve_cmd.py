@@ -280,7 +280,9 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     if path.suffix not in (".toml", ".json"):
         raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
                          f"config (catalog TOML or HuggingFace config.json)")
-    cfg = load_transformer(path)
+    # a request's tokens as the sequence length: a config with no context of its own loads (serving needs no
+    # training length; --seq-len is plan's)
+    cfg = load_transformer(path, seq_len=input_len + output_len)
     if path.suffix == ".json" and (note := guessed_family_note(path)):
         click.echo(f"warning: {note}", err=True)
     if cfg.is_encoder_decoder:

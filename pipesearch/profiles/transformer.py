@@ -279,6 +279,8 @@ def _validate(values: dict[str, Any], where: str, keys: dict[str, str]) -> None:
         if kind == "str":
             if not isinstance(v, str):
                 raise _bad(where, k(name), v, "a string")
+            if name == "name" and not v.strip():  # the engines' command lines and the tables show it
+                raise _bad(where, k(name), v, "a non-blank string")
         elif kind == "bool":
             if not isinstance(v, bool):
                 raise _bad(where, k(name), v, "true or false")
@@ -598,9 +600,12 @@ def load_hf_config(
         if kind not in (None, "default"):
             factor = scaling.get("factor")
             if kind in ("linear", "dynamic"):  # vLLM's context: the config's times the factor (_get_and_verify_max_len)
-                ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor >= 1
+                ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and 1 <= factor < math.inf
+                if not ok:  # a context of its own would be a guess: the engines refuse it too
+                    raise _bad(where, f"{scale_key}.factor", factor, f"a number >= 1 (rope_type {kind} stretches "
+                               f"the positions by it)")
                 pos = values["max_position_embeddings"]
-                values["max_position_embeddings"] = int(pos * factor) if ok and pos else None
+                values["max_position_embeddings"] = int(pos * factor) if pos else None
             # llama3, longrope, yarn: the config's own (vLLM; older releases took yarn's original times the factor)
             values["rope_scaling_type"] = kind
             keys["rope_scaling_type"] = f"{scale_key}.rope_type"
@@ -609,9 +614,16 @@ def load_hf_config(
             # a context extended after pre-training (Llama 3.1: 8192 -> 131072): train at the pre-training length
             # by default, the extension's; --seq-len asks for more
             original = scaling.get("original_max_position_embeddings")
-            if _is_int(original) and original > 0 and (default_seq is None or original < default_seq):
+            if original is not None and not (_is_int(original) and original > 0):
+                raise _bad(where, f"{scale_key}.original_max_position_embeddings", original,
+                           "a positive integer (the pre-training context) or no key")
+            if original is not None and (default_seq is None or original < default_seq):
                 default_seq, pos_key = original, f"{scale_key}.original_max_position_embeddings"
         values.update(kind="decoder", position_embedding="rotary")
+        window = d.get("sliding_window")  # costed as full attention (sliding_window_note), checked all the same
+        if window is not None and not (_is_int(window) and window >= 0):
+            raise _bad(where, "sliding_window", window, "a non-negative integer (the attention window in tokens) "
+                       "or null")
         take("rope_theta", "rope_theta", None, "rotary_emb_base")
         if values["rope_theta"] is None and isinstance(scaling, dict) and scaling.get("rope_theta") is not None:
             values["rope_theta"] = scaling["rope_theta"]
