@@ -1587,3 +1587,17 @@ def test_serving_a_config_without_a_context_and_other_small_refusals(tmp_path):
                    "a non-blank string")
     code, _, err = run(["profile", "m.py:f", "--input-shape", "4", "--seed", str(2**64)], tmp_path)
     assert code == 2 and "--seed" in err and "Traceback" not in err
+
+
+def test_int4_tensor_parallelism_needs_whole_weight_groups(tmp_path):
+    """Llama-2 13B's MLP is 13,824 wide: at tp 8 each rank's share of the
+    down projection's input is 1,728 = 13.5 groups of 128 int4 weights,
+    which vLLM's GPTQ / AWQ loaders refuse ("The input size is not aligned
+    with the quantized weight shape"); the plan was exported all the same.
+    At tp 2 (6,912 = 54 groups) it plans, and bf16 weights at tp 8 too."""
+    args = ["serve", "--model", "llama2-13b", "--cluster", "1x8-l4", "--simulate-top", "0", "-q"]
+    assert_refused(tmp_path, [*args, "--weight-dtype", "int4", "--tp", "8"], "--tp 8",
+                   "down projection's input of 13824 splits into 1728 per rank")
+    for pins in (["--weight-dtype", "int4", "--tp", "2"], ["--tp", "8"]):
+        code, _, err = run([*args, *pins], tmp_path)
+        assert code == 0, err

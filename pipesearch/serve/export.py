@@ -31,6 +31,7 @@ from ..errors import InputError
 from ..profiles.transformer import TransformerConfig
 from ..types import MIN_BF16_CAPABILITY
 from .costs import VOCAB_PADDING
+from .dtypes import INT4_GROUP_SIZE
 
 __all__ = ["PARTITION_ENV", "engine_refusal", "check_partition", "parse_partition", "export_serving"]
 
@@ -38,8 +39,16 @@ __all__ = ["PARTITION_ENV", "engine_refusal", "check_partition", "parse_partitio
 PARTITION_ENV = {"vllm": "VLLM_PP_LAYER_PARTITION", "sglang": "SGLANG_PP_LAYER_PARTITION"}
 
 
-def engine_refusal(cfg: TransformerConfig, tp: int, pp: int, engine: str = "vllm") -> str | None:
-    """Why ``engine`` would refuse to run ``cfg`` at ``tp`` x ``pp``, or None."""
+def engine_refusal(cfg: TransformerConfig, tp: int, pp: int, engine: str = "vllm",
+                   weight_dtype: str | None = None) -> str | None:
+    """Why ``engine`` would refuse to run ``cfg`` at ``tp`` x ``pp`` (with
+    ``weight_dtype`` weights, when given), or None. int4 weights come in
+    groups of :data:`~pipesearch.serve.dtypes.INT4_GROUP_SIZE` along each
+    GEMM's input, so the row-parallel GEMMs (the attention output and the
+    MLP's down projection) need their input share per rank, ``heads x
+    head_dim / tp`` and ``ffn / tp``, a whole number of groups (vLLM's
+    GPTQ / AWQ loaders: "The input size is not aligned with the quantized
+    weight shape")."""
     a, g = cfg.num_attention_heads, cfg.num_kv_heads
     if a % tp:
         return f"num_attention_heads {a} is not divisible by tp {tp} ({engine} splits query heads evenly)"
@@ -52,6 +61,12 @@ def engine_refusal(cfg: TransformerConfig, tp: int, pp: int, engine: str = "vllm
     padded = -(-cfg.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
     if padded % tp:
         return f"the vocabulary padded to {padded} rows is not divisible by tp {tp}"
+    if weight_dtype == "int4":
+        for what, size in (("the MLP's down projection", cfg.ffn_hidden_size),
+                           ("the attention output", a * cfg.head_dim)):
+            if (size // tp) % INT4_GROUP_SIZE:
+                return (f"int4 weights in groups of {INT4_GROUP_SIZE}: {what}'s input of {size} splits into "
+                        f"{size // tp} per rank at tp {tp}, not a whole number of groups")
     if pp > cfg.num_layers:
         return f"pp {pp} exceeds the {cfg.num_layers} decoder layers"
     if cfg.is_encoder_decoder:
@@ -103,7 +118,7 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
     Raises:
         InputError: what the engine would reject (see :func:`engine_refusal`).
     """
-    reason = engine_refusal(cfg, plan.tp, plan.pp, engine)
+    reason = engine_refusal(cfg, plan.tp, plan.pp, engine, weight_dtype)
     if reason:
         raise InputError(f"{engine} export of plan {plan.rank}: {reason}")
     check_partition(plan.split, cfg.num_layers, plan.pp, engine)

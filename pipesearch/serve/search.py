@@ -535,7 +535,7 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                                         f"does not divide the {N} devices of {cluster.name} and is more than a "
                                         f"node's {per_node}: a replica that leaves devices idle must fit in a node"))
                 continue
-            reason = engine_refusal(cfg, t, p, engine.name)
+            reason = engine_refusal(cfg, t, p, engine.name, weights.name)
             if reason:
                 first_refusal = first_refusal or f"tp {t} x pp {p}: {reason}"
                 skipped["engine_refused"] = skipped.get("engine_refused", 0) + 1
