@@ -243,3 +243,23 @@ def test_tpot_of_short_outputs_under_a_rate_agrees_with_the_simulation(tp):
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)["plans"][0]
     assert p["predicted"]["tpot_s"] == pytest.approx(p["simulated"]["tpot_mean_s"], rel=0.12)
+
+
+def test_simulated_means_over_the_latency_limits_are_said():
+    """Llama-3 8B on 8 x L4 at 15 requests/s with --max-ttft-ms 300: the
+    search keeps plans whose closed-form mean TTFT meets 300 ms; a plan
+    whose simulated mean misses it is marked (``meets_limits`` false) and
+    named under the table, and one whose simulated mean meets it is not."""
+    args = ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--request-rate", "15", "--max-ttft-ms", "300",
+            "--simulate-top", "3"]
+    r = CliRunner().invoke(main, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    plans = json.loads(r.output)["plans"]
+    text = CliRunner().invoke(main, args).output
+    for p in plans:
+        assert p["predicted"]["ttft_s"] <= 0.3
+        if p["simulated"]:
+            over = p["simulated"]["ttft_mean_s"] > 0.3
+            assert p["simulated"]["meets_limits"] is (not over)
+            assert (f"plan {p['rank']}: its simulated mean TTFT" in text) is over
+    assert any(p["simulated"] and not p["simulated"]["meets_limits"] for p in plans)

@@ -275,6 +275,13 @@ def test_plans_the_simulation_finds_short_of_the_rate_rank_last():
     carries = replace(p, tp=2, simulated={"tpot_mean_s": 0.02, "carries_rate": True})
     ranked = rerank_by_simulation([short, carries], rate_given=True)
     assert [x.tp for x in ranked] == [2, 1] and [x.rank for x in ranked] == [1, 2]
+    # both carry it; the faster one's simulated means miss the latency limits: the other ranks first
+    fast = replace(p, simulated={"tpot_mean_s": 0.01, "carries_rate": True, "meets_limits": False})
+    meets = replace(p, tp=2, simulated={"tpot_mean_s": 0.02, "carries_rate": True, "meets_limits": True})
+    assert [x.tp for x in rerank_by_simulation([fast, meets], rate_given=True)] == [2, 1]
+    fast = replace(fast, simulated={"total_output_tokens_per_s": 900.0, "meets_limits": False})
+    meets = replace(meets, simulated={"total_output_tokens_per_s": 800.0, "meets_limits": True})
+    assert [x.tp for x in rerank_by_simulation([fast, meets], rate_given=False)] == [2, 1]
 
 
 def test_unmeetable_latency_limit_is_named_before_memory():

@@ -23,7 +23,7 @@ from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
 from ..serve.pipeline import Workload
 from ..serve.search import (ServeJob, pipeline_for, replica_shares, rerank_by_simulation, search_serving,
-                            split_pool_tokens)
+                            simulated_over_limits, split_pool_tokens)
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_size_option
 from .params import FiniteFloatRange, option_given
@@ -159,6 +159,21 @@ def _plan_json(p, exports) -> dict:
         "simulated": p.simulated or None,
         "exports": exports,
     }
+
+
+def _engine_budget_may_win(p, rate_given: bool) -> bool:
+    """Whether the engine's own step budget (``p.engine_budget``) may
+    simulate better than ``p``'s simulated run at the planned one: a run
+    that carries its load rarely beats the closed form's steady state of the
+    same configuration (uneven micro-batches and bursts only cost), so it
+    is simulated only where its closed form beats that run (more tok/s;
+    under a rate, a lower TPOT) or that run misses the rate or the limits."""
+    sim, alt = p.simulated, p.engine_budget
+    if not sim.get("carries_rate", True) or not sim.get("meets_limits", True):
+        return True
+    if rate_given:
+        return alt.steady.tpot_s < sim["tpot_mean_s"]
+    return alt.total_output_tokens_per_s > sim["total_output_tokens_per_s"]
 
 
 def _window(events, span_s: float):
@@ -354,13 +369,15 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         offered = first.get("offered_output_tokens_per_s") or rate * output_len if rate is not None else None
         carries = {} if rate is None else {
             "carries_rate": bool(first["output_tokens_per_s"] >= SIM_CARRY_SHARE * offered)}
-        return replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | carries | (
+        limits = {} if job.max_ttft_s is None and job.max_tpot_s is None else {
+            "meets_limits": not simulated_over_limits(first, job)}
+        return replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | carries | limits | (
             {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {})), runs[0][1].events
 
     for i, p in enumerate(plans[:simulate_top]):
         p, ran = simulated(p)
-        if p.engine_budget is not None:  # the planned budget against the engine's own, by the simulation
-            q, q_ran = simulated(p.engine_budget)
+        if p.engine_budget is not None and _engine_budget_may_win(p, request_rate is not None):
+            q, q_ran = simulated(p.engine_budget)  # the planned budget against the engine's own, by the simulation
             if rerank_by_simulation([p, q], rate_given=request_rate is not None)[0].simulated is q.simulated:
                 planned = {"max_num_batched_tokens": p.max_num_batched_tokens} | {
                     k: p.simulated[k] for k in ("output_tokens_per_s", "total_output_tokens_per_s", "tpot_mean_s",
@@ -452,6 +469,11 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{'y' if len(short) > 1 else 'ies'} --request-rate {request_rate:g} ({demand:,.0f} output "
                    f"tok/s wanted) in the closed form but not in the simulation (bursts and prompt chunks): "
                    f"requests queue without bound; prefer a plan that carries it in both, or add devices")
+    for p in plans:  # the limits hold for the closed form's means, which the search checks, not the simulation's
+        over = simulated_over_limits(p.simulated, job) if p.simulated else []
+        if over:
+            click.echo(f"plan {p.rank}: its simulated {' and '.join(over)} (the closed form's means meet the limits, "
+                       f"the run's do not); ranked after the simulated plans that meet them")
     for p in plans:  # the engine's own step budget kept: its simulation does better than the planned one's
         if "planned_budget" in (p.simulated or {}):
             was = p.simulated["planned_budget"]

@@ -58,8 +58,10 @@ from .queueing import prompt_wait_s
 
 __all__ = ["Workload", "Step", "ServePipeline", "SteadyState"]
 
-#: fixed-point iterations of the TPOT under Poisson arrivals (:meth:`ServePipeline._poisson_tpot`)
+#: fixed-point iterations of the TPOT under Poisson arrivals (:meth:`ServePipeline._poisson_tpot`) at most,
+#: and the relative change below which it stops
 TPOT_ITERATIONS = 8
+TPOT_REL_TOL = 1e-3
 
 
 @dataclass(frozen=True)
@@ -339,9 +341,10 @@ class ServePipeline:
         # prompts too); the last one's micro-batch a whole cycle, to its first token
         rate = workload.arrival_rate_per_s
         spacing = np.maximum(ccycle, cycle) / m
-        if rate is not None:  # the engine keeps min(pp, its running limit) slots, used or not: with fewer
-            # sequences than stages the chunks take the free slots, a stage's step apart, not a round trip
-            slots = np.minimum(self.pp, self.costs.engine.max_num_seqs)
+        slots = np.minimum(self.pp, self.costs.engine.max_num_seqs)
+        if rate is not None and np.any(m < slots):  # the engine keeps min(pp, its running limit) slots, used or
+            # not: with fewer sequences than stages the chunks take the free slots, a stage's step apart, not a
+            # round trip (where m is the slots already, the spacing above is this one)
             spacing = np.maximum(self._cycle(split, cstep, slots)[0], self._cycle(split, step, slots)[0]) / slots
         ttft = (chunks - 1) * spacing + np.maximum(lcycle, cycle)
         out_tps = B * self.tokens_per_life(B, workload) / cycle
@@ -367,12 +370,20 @@ class ServePipeline:
         B`` of the batch's mean load a closed loop gives (at a mean batch
         of 1 that is none); the fixed point ``C = cycle(lambda n C / m)``
         from the closed loop's, by iteration (the cycle grows with the
-        prompt tokens, so it rises to the fixed point; stopped after
+        prompt tokens, so it rises to the fixed point; stopped once a step
+        changes it by less than :data:`TPOT_REL_TOL` or after
         :data:`TPOT_ITERATIONS`)."""
         rate, n = workload.arrival_rate_per_s, workload.input_len
+        tpot = np.asarray(tpot, dtype=float)
+        settled = np.zeros(tpot.shape, dtype=bool)  # each batch's own iteration (the same in any array of them)
         for _ in range(TPOT_ITERATIONS):
             step = self.steady_step(B, workload, others_only=True, others_prompt_tokens=rate * n * tpot / m)
-            tpot = np.maximum(tpot, self._cycle(split, step, m)[0])
+            longer = np.maximum(tpot, self._cycle(split, step, m)[0])
+            now = longer <= tpot * (1 + TPOT_REL_TOL)  # settled: a step more lengthens it by less
+            tpot = np.where(settled, tpot, longer)
+            settled = settled | now
+            if settled.all():
+                break
         return tpot
 
     def tokens_per_life(self, batch, workload: Workload):
@@ -386,7 +397,20 @@ class ServePipeline:
     def steady_state(self, split: tuple[int, ...], batch: int, workload: Workload) -> SteadyState:
         """Closed form of one replica with ``split`` (decoder blocks per stage)
         at ``batch`` running sequences (see the module docstring)."""
-        a = self.steady_arrays(split, np.array([batch]), workload)
-        v = {k: float(np.asarray(x).reshape(-1)[0]) for k, x in a.items()}
-        return SteadyState(int(batch), v["cycle_s"], v["ring_s"], v["bottleneck_s"], v["output_tokens_per_s"],
-                           v["tpot_s"], v["ttft_s"])
+        return self.steady_states([(split, batch)], workload)[0]
+
+    def steady_states(self, pairs, workload: Workload) -> list[SteadyState]:
+        """:meth:`steady_state` of every ``(split, batch)`` of ``pairs``, in
+        their order: one :meth:`steady_arrays` call per distinct split."""
+        by_split: dict = {}
+        for k, (split, batch) in enumerate(pairs):
+            by_split.setdefault(tuple(split), []).append((k, int(batch)))
+        out: list = [None] * len(pairs)
+        for split, items in by_split.items():
+            batches = np.array([b for _, b in items])
+            a = {key: np.broadcast_to(np.asarray(x, dtype=float).reshape(-1), batches.shape)
+                 for key, x in self.steady_arrays(split, batches, workload).items()}
+            for j, (k, b) in enumerate(items):
+                out[k] = SteadyState(b, float(a["cycle_s"][j]), float(a["ring_s"][j]), float(a["bottleneck_s"][j]),
+                                     float(a["output_tokens_per_s"][j]), float(a["tpot_s"][j]), float(a["ttft_s"][j]))
+        return out

@@ -361,7 +361,7 @@ def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, r
     cap = _batch_cap(job, c.engine, replicas, b_max, pipe.pp)
 
     def score(batches):
-        return [(split, pipe.steady_state(split, int(b), job.workload)) for b in batches]
+        return [(split, st) for st in pipe.steady_states([(split, b) for b in batches], job.workload)]
 
     if job.request_rate is None and cap >= 1:
         batches = np.arange(1, cap + 1)
@@ -386,7 +386,8 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
     def score(batches):
         step = pipe.steady_step(batches, w)
         levels = optimal_splits(pipe, batches, step, batches * tps)
-        return [None if lv is None else (lv.split, pipe.steady_state(lv.split, lv.batch, w)) for lv in levels]
+        states = iter(pipe.steady_states([(lv.split, lv.batch) for lv in levels if lv is not None], w))
+        return [None if lv is None else (lv.split, next(states)) for lv in levels]
 
     def upper(batches):  # the throughput B o / (L C) with the cycle C at least the round trip
         step = pipe.steady_step(batches, w)
@@ -635,12 +636,27 @@ def rerank_by_simulation(plans, *, rate_given: bool) -> list[ServePlan]:
     """Re-rank the simulated plans (those with ``simulated``) by the
     simulation: total output tokens/s, or with a request rate the mean time
     per output token after the plans that carry the rate (closed form and
-    simulation, ``carries_rate``); the others keep their order after them. Ranks are
-    renumbered from 1."""
+    simulation, ``carries_rate``); in either, the plans whose simulated
+    means meet the latency limits (``meets_limits``, where limits were
+    given) before those that do not; the others keep their order after
+    them. Ranks are renumbered from 1."""
     sim = [p for p in plans if p.simulated]
     rest = [p for p in plans if not p.simulated]
     if rate_given:  # plans that carry the rate in the closed form and the simulation first
-        sim.sort(key=lambda p: (p.saturated or not p.simulated.get("carries_rate", True), p.simulated["tpot_mean_s"]))
+        sim.sort(key=lambda p: (p.saturated or not p.simulated.get("carries_rate", True),
+                                not p.simulated.get("meets_limits", True), p.simulated["tpot_mean_s"]))
     else:
-        sim.sort(key=lambda p: -p.simulated["total_output_tokens_per_s"])
+        sim.sort(key=lambda p: (not p.simulated.get("meets_limits", True), -p.simulated["total_output_tokens_per_s"]))
     return [replace(p, rank=i + 1) for i, p in enumerate(sim + rest)]
+
+
+def simulated_over_limits(simulated: dict, job: ServeJob) -> list[str]:
+    """The latency limits of ``job`` a simulated run's means miss (the
+    search checks them on the closed form), as ``"mean TTFT 329 ms over
+    --max-ttft-ms 300"`` phrases; empty when it meets them all."""
+    out = []
+    for key, limit, flag in (("ttft_mean_s", job.max_ttft_s, "--max-ttft-ms"),
+                             ("tpot_mean_s", job.max_tpot_s, "--max-tpot-ms")):
+        if limit is not None and simulated[key] > limit:
+            out.append(f"mean {key[:4].upper()} {simulated[key] * 1e3:,.1f} ms over {flag} {limit * 1e3:g}")
+    return out
