@@ -441,3 +441,23 @@ def test_replicas_that_leave_devices_idle_stay_inside_nodes():
     assert [s["devices"] for s in p["stages"]] == [[0, 1], [2, 3], [4, 5]]
     r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "4x8-h100", "--tp", "4", "--pp", "3"])
     assert r.exit_code == 2 and "a replica that leaves devices idle must fit in a node" in r.output
+
+
+def test_the_other_engines_command_keeps_the_pinned_settings():
+    """A pinned step budget and memory fraction hold in both engines'
+    commands: the SGLang command of a vLLM plan at --max-num-batched-tokens
+    512 said --chunked-prefill-size 2048 (its default), the vLLM command of
+    an SGLang plan at --memory-fraction 0.7 said 0.9."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--max-num-batched-tokens", "512",
+                                  "--simulate-top", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    ex = json.loads(r.output)["plans"][0]["exports"]
+    assert "--chunked-prefill-size 512" in ex["sglang"]["command"]
+    assert "--max-num-batched-tokens 512" in ex["vllm"]["command"]
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--engine", "sglang", "--memory-fraction", "0.7",
+                                  "--max-num-batched-tokens", "1024", "--simulate-top", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    ex = json.loads(r.output)["plans"][0]["exports"]
+    assert "--gpu-memory-utilization 0.7" in ex["vllm"]["command"]
+    assert "--max-num-batched-tokens 1024" in ex["vllm"]["command"]
+    assert "--mem-fraction-static 0.7" in ex["sglang"]["command"]

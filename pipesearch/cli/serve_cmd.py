@@ -390,8 +390,9 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     devices_per_node = cluster.groups[0].devices_per_node
     for p in plans:
         ex = {}
-        for name in ENGINES:
-            spec = eng if name == engine else engine_spec(name, cluster.device_spec(0))
+        for name in ENGINES:  # the other engine's command at its defaults, but for what the user pinned
+            spec = eng if name == engine else engine_spec(name, cluster.device_spec(0), memory_fraction=memory_fraction,
+                                                          max_num_batched_tokens=max_num_batched_tokens)
             try:
                 run = p if name == engine else _as_run_by(p, spec, cfg, cluster, weights, kv_bytes, reserve, workload)
                 ex[name] = export_serving(run, cfg, engine=name, model_path=model_path or cfg.name,
