@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -553,3 +554,21 @@ def test_an_encoder_config_is_refused_in_one_line_without_the_library_s_advice(t
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot chain BertLMHeadModel"), res.stderr
+
+
+def test_a_config_larger_than_the_hosts_memory_is_refused(tmp_path):
+    """A Llama-3 8B config was built in fp32 (8.03e9 x 4 bytes, 29.9 GiB)
+    on a host with 23 GiB available and the process was killed with no
+    message. The parameters are counted first: against 16 GiB available it
+    is refused naming both figures; a tiny config passes."""
+    from pipesearch.cli.profile_cmd import check_host_memory
+
+    big = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+           "max_position_embeddings": 8192, "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(big))
+    with pytest.raises(InputError, match=r"8\.03 billion parameters take 29\.9 GiB in fp32.*16\.0 GiB"):
+        check_host_memory(path, 16, available=16 * 2**30)
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY_LLAMA))
+    check_host_memory(tmp_path / "tiny.json", 16, available=16 * 2**30)

@@ -170,6 +170,8 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
         raise InputError(f"--input-shape {','.join(map(str, shape))}: a sequence of {shape[-1]} tokens, longer than "
                          f"{cfg_path}'s max_position_embeddings {hf_cfg['max_position_embeddings']} (the model's "
                          f"context); profile at most that many")
+    if hf_config is not None:
+        check_host_memory(cfg_path, shape[-1])
     torch.manual_seed(seed)
     if hf_config is not None:
         from ..profiler import hf_model_from_config
@@ -231,6 +233,43 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
 #: keys of a HuggingFace config that size the model: integers >= 1 where present
 HF_COUNT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "intermediate_size", "max_position_embeddings", "head_dim")
+
+
+def host_available_bytes() -> float | None:
+    """The memory this host can give a new allocation without swapping
+    (``MemAvailable`` of ``/proc/meminfo``, Linux), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_host_memory(cfg_path: Path, seq_len: int, available: float | None = None) -> None:
+    """Refuse a ``--hf-config`` whose model does not fit this host's
+    available memory as transformers builds it (fp32 parameters, 4 bytes
+    each, before ``--dtype`` applies): the process was killed by the
+    system with no message. The parameters are counted from the config
+    (:func:`pipesearch.profiles.transformer.parameter_count`); a config the
+    transformer loader does not read is left to transformers."""
+    from ..profiles.transformer import load_transformer, parameter_count
+
+    available = host_available_bytes() if available is None else available
+    if available is None:
+        return
+    try:
+        params = parameter_count(load_transformer(cfg_path, seq_len=seq_len))
+    except InputError:
+        return
+    need = 4.0 * params
+    if need > available:
+        raise InputError(f"--hf-config {cfg_path}: its {params / 1e9:,.2f} billion parameters take "
+                         f"{need / 2**30:,.1f} GiB in fp32 as transformers builds the model, more than the "
+                         f"{available / 2**30:,.1f} GiB this host has available; plan it from the config "
+                         f"(pipesearch plan --model {cfg_path}), or profile on a host with more memory")
 
 
 def check_hf_config(cfg: dict, path: Path) -> None:
