@@ -249,8 +249,6 @@ TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "voc
 @pytest.mark.slow
 def test_hf_llama_chain_computes_the_models_logits(tmp_path):
     transformers = pytest.importorskip("transformers")
-    import json as _json
-
     from pipesearch.profiler import hf_causal_lm_chain
 
     cfg = transformers.LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k not in ("architectures", "model_type")})
@@ -263,7 +261,7 @@ def test_hf_llama_chain_computes_the_models_logits(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(chain(tokens), model(tokens).logits)
     # the CLI: built from config.json, token inputs below its vocabulary
-    (tmp_path / "config.json").write_text(_json.dumps(TINY_LLAMA))
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
     out = tmp_path / "llama.csv"
     res = CliRunner().invoke(main, ["profile", "--hf-config", str(tmp_path / "config.json"), "--input-shape", "16",
                                     "-b", "2", "--warmup", "1", "--repeats", "2", "-o", str(out)])
@@ -274,7 +272,7 @@ def test_hf_llama_chain_computes_the_models_logits(tmp_path):
     assert [lay.param_bytes for lay in prof.layers] == [v * h * 4] + [block] * 4 + [(h + h * v) * 4]
     assert "--vocab-size 1024" in prof.source
     # a config file of another name reads the same (it was read from its directory's config.json)
-    (tmp_path / "tiny_llama.json").write_text(_json.dumps(dict(TINY_LLAMA, num_hidden_layers=2)))
+    (tmp_path / "tiny_llama.json").write_text(json.dumps(dict(TINY_LLAMA, num_hidden_layers=2)))
     out2 = tmp_path / "llama2.csv"
     res = CliRunner().invoke(main, ["profile", "--hf-config", str(tmp_path / "tiny_llama.json"), "--input-shape", "16",
                                     "-b", "2", "--warmup", "1", "--repeats", "2", "-o", str(out2)])
@@ -317,8 +315,6 @@ def test_profiled_language_model_runs_its_plan_in_the_torch_pipeline(which, tmp_
     torch.distributed.pipelining in two gloo processes: the losses are
     finite and the step is timed."""
     import functools
-    import json as _json
-
     from pipesearch.hardware import load_cluster
     from pipesearch.profiler import hf_model_from_config
     from pipesearch.profiles import write_profile_csv
@@ -333,7 +329,7 @@ def test_profiled_language_model_runs_its_plan_in_the_torch_pipeline(which, tmp_
         factory, vocab = gpt_model.make_gpt, gpt_model.VOCAB
     else:
         pytest.importorskip("transformers")
-        (tmp_path / "config.json").write_text(_json.dumps(TINY_LLAMA))
+        (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
         factory, vocab = functools.partial(hf_model_from_config, tmp_path / "config.json"), TINY_LLAMA["vocab_size"]
     torch.manual_seed(0)
     tokens = torch.randint(0, vocab, (4, 16))
@@ -466,8 +462,6 @@ def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_pa
     """Every mistake below ended in "internal error" (exit 1, or a
     misleading line) after the model was built or measured; each is now one
     line naming the option and its value, exit 2, and no file is left."""
-    import json as _json
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models.py").write_text(
         "import sys\nfrom torch import nn\n\n\ndef small():\n    return nn.Sequential(nn.Linear(4, 4), nn.ReLU())\n\n\n"
@@ -504,14 +498,14 @@ def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_pa
                                 ("num_key_value_heads", 3, "num_attention_heads 4 is not a multiple of "
                                                            "num_key_value_heads 3")]:
         path = tmp_path / f"bad_{key}.json"
-        path.write_text(_json.dumps(dict(config, **{key: value})))
+        path.write_text(json.dumps(dict(config, **{key: value})))
         cases.append((["profile", "--hf-config", str(path), "--input-shape", "8", "-b", "2", "-o", "o.csv"], message))
     good = tmp_path / "config.json"
-    good.write_text(_json.dumps(config))
+    good.write_text(json.dumps(config))
     empty = tmp_path / "nothing_here"
     empty.mkdir()
     (tmp_path / "notjson.json").write_text("{bad")
-    (tmp_path / "foo.json").write_text(_json.dumps(dict(config, model_type="foo")))
+    (tmp_path / "foo.json").write_text(json.dumps(dict(config, model_type="foo")))
     cases += [  # a JSON syntax error was "cannot read its vocab_size"; transformers' list of every class was quoted
         (["profile", "--hf-config", "notjson.json", *base], "--hf-config notjson.json: not a JSON config (Expecting"),
         (["profile", "--hf-config", "foo.json", *base], "transformers cannot read it (ValueError: The checkpoint you "
@@ -541,12 +535,11 @@ def test_an_encoder_config_is_refused_in_one_line_without_the_library_s_advice(t
     """A BERT config.json printed transformers' "[transformers] If you want
     to use BertLMHeadModel as a standalone, add is_decoder=True." on stderr
     before pipesearch's own refusal: two lines for one error."""
-    import json as _json
     import subprocess
     import sys
 
     pytest.importorskip("transformers")
-    (tmp_path / "bert.json").write_text(_json.dumps({
+    (tmp_path / "bert.json").write_text(json.dumps({
         "model_type": "bert", "vocab_size": 100, "hidden_size": 64, "num_attention_heads": 4,
         "num_hidden_layers": 1, "intermediate_size": 128}))
     res = subprocess.run([sys.executable, "-m", "pipesearch", "profile", "--hf-config", "bert.json", "--input-shape",
