@@ -9,10 +9,11 @@ parallelism changes every layer's time, parameters and activations
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass, replace
 
 from .budget import check_search_memory
-from .catalog import resolve
+from .catalog import list_entries, resolve
 from .errors import InputError
 from .hardware import load_device
 from .placement import reference_device
@@ -98,8 +99,12 @@ def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool =
                    f"the fastest type's ({fastest}) and the others' scaled by FLOP rate; name the device in the "
                    f"profile's '# device:' header (a catalog name or a device TOML)")
     elif dev and dev != "unknown" and dev not in names:
+        close = [] if rescaled else difflib.get_close_matches(dev.lower(), list(list_entries("device")), n=2,
+                                                              cutoff=0.6)
         how = ("its times are rescaled from one device kind to another by FLOP rate (an estimate"
-               if rescaled else f"{dev!r} is no catalog device, so its times are used unscaled (likely wrong")
+               if rescaled else f"{dev!r} is no catalog device" + (f" (did you mean {' or '.join(close)}?)"
+                                                                   if close else "")
+               + ", so its times are used unscaled (likely wrong")
         out.append(f"{source}: measured on {dev}, planned on {', '.join(sorted(names))}: {how}; profile on the "
                    f"target device for measured times)")
     return out

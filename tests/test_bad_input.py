@@ -1601,3 +1601,15 @@ def test_int4_tensor_parallelism_needs_whole_weight_groups(tmp_path):
     for pins in (["--weight-dtype", "int4", "--tp", "2"], ["--tp", "8"]):
         code, _, err = run([*args, *pins], tmp_path)
         assert code == 0, err
+
+
+def test_an_unknown_profile_device_gets_a_suggestion_and_no_contradiction(tmp_path):
+    """A profile measured on 'h900-80gb' (no such device): the warning
+    suggests the catalog's near names, and the summary no longer also said
+    "the profile names no device ('# device: unknown')"."""
+    model = write(tmp_path / "p.csv", "# batch_size: 8\n# device: h900-80gb\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+                                      "l0,1,2,3000000,40000\nl1,1,2,3000000,40000\n")
+    code, out, err = run(["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "64"], tmp_path)
+    assert code == 0, err
+    assert "'h900-80gb' is no catalog device (did you mean h100-80gb" in err
+    assert "names no device" not in out

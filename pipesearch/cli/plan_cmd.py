@@ -804,7 +804,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(line)
     if not quiet:
         click.echo(usable_memory_line(cluster, job))
-        if source.profiled_device is None and cluster.is_homogeneous and source.info.get("kind") == "profile":
+        named = source.variants[0].profile.profiled_device  # the header's own words (a warning covers a bad one)
+        if source.profiled_device is None and cluster.is_homogeneous and source.info.get("kind") == "profile" \
+                and named in (None, "", "unknown"):
             dev = cluster.groups[0].device.name
             click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
                        f"name the device it was measured on to compare clusters of other devices")
