@@ -197,6 +197,9 @@ def test_torch_transformer_split_spec():
     assert exp["split_spec"] == {"layers_04": "SplitPoint.BEGINNING", "layers_08": "SplitPoint.BEGINNING"}
     assert exp["layer_modules"][0] == ["embed_tokens"] and exp["layer_modules"][-1] == ["lm_head"]
     assert any("hf_model_from_config --factory-arg config.json" in n for n in exp["notes"])
+    # with tensor parallelism there is no script to run it with: no such note
+    exp = export_plan(make_plan([5, 4, 3], transformer_names(10), schedule="gpipe", m=2, tp=2), "torch")
+    assert exp["files"] == {} and not any("hf_model_from_config" in n for n in exp["notes"])
 
 
 def test_torch_split_before_head_uses_the_chains_head():
@@ -738,13 +741,14 @@ def test_torchtitan_llama3_configs_are_llama31():
 def test_torchtitan_config_for_a_model_of_a_known_shape():
     """A model planned from its own config file with Llama 3 8B's shapes
     (Llama Team 2024, Table 3: 32 layers, width 4096, FFN 14,336, 32 heads,
-    8 key/value heads, a 128K vocabulary) exports with torchtitan's
+    8 key/value heads, a 128K vocabulary, RoPE base 500,000) exports with torchtitan's
     llama3_8b, saying so, where it got MODULE / CONFIG placeholders; one
     layer fewer is no config torchtitan has."""
     shape = {"kind": "decoder", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_kv_heads": 8,
              "head_dim": 128, "ffn_hidden_size": 14336, "vocab_size": 128256, "gated_mlp": True,
              "tied_embeddings": False, "norm": "rmsnorm", "bias": False, "qkv_bias": False, "qk_norm": False,
-             "position_embedding": "rotary"}
+             "position_embedding": "rotary", "rope_theta": 500000.0, "rope_scaling_type": None,
+             "rope_scaling_factor": None}
     plan = make_plan([9, 8, 8, 9], transformer_names(32), schedule="1f1b", m=4)
     exp = export_plan(plan, "torchtitan", inputs={"model": {"name": "my-llama", "seq_len": 4096, "transformer": shape}})
     assert exp["argv"][:4] == ["--module", "llama3", "--config", "llama3_8b"]

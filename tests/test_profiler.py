@@ -553,7 +553,8 @@ def test_a_config_larger_than_the_hosts_memory_is_refused(tmp_path):
     """A Llama-3 8B config was built in fp32 (8.03e9 x 4 bytes, 29.9 GiB)
     on a host with 23 GiB available and the process was killed with no
     message. The parameters are counted first: against 16 GiB available it
-    is refused naming both figures; a tiny config passes."""
+    is refused naming both figures; in bf16 (2 bytes, 15.0 GiB) it passes,
+    and a tiny config too."""
     from pipesearch.cli.profile_cmd import check_host_memory
 
     big = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
@@ -561,7 +562,12 @@ def test_a_config_larger_than_the_hosts_memory_is_refused(tmp_path):
            "max_position_embeddings": 8192, "tie_word_embeddings": False}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(big))
-    with pytest.raises(InputError, match=r"8\.03 billion parameters take 29\.9 GiB in fp32.*16\.0 GiB"):
+    with pytest.raises(InputError, match=r"8\.03 billion parameters take 29\.9 GiB in float32.*16\.0 GiB"):
         check_host_memory(path, 16, available=16 * 2**30)
+    # a config in bf16 is built in bf16 (transformers 5): 15.0 GiB, which 16 GiB holds, unless --dtype float32
+    path.write_text(json.dumps(big | {"torch_dtype": "bfloat16"}))
+    check_host_memory(path, 16, "bfloat16", available=16 * 2**30)
+    with pytest.raises(InputError, match=r"29\.9 GiB in float32 \(built in the config's bfloat16"):
+        check_host_memory(path, 16, "float32", available=16 * 2**30)
     (tmp_path / "tiny.json").write_text(json.dumps(TINY_LLAMA))
     check_host_memory(tmp_path / "tiny.json", 16, available=16 * 2**30)

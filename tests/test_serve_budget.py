@@ -265,3 +265,26 @@ def test_the_engines_budget_is_kept_where_its_simulation_does_better():
     assert p["simulated"]["planned_budget"]["max_num_batched_tokens"] == 320
     assert p["simulated"]["planned_budget"]["output_tokens_per_s"] == pytest.approx(sims[320], rel=1e-9)
     assert "keeps vllm's step budget of 2048 tokens" in CliRunner().invoke(main, args).output
+
+
+def test_the_engines_budget_replaces_the_planned_one_only_by_a_margin():
+    """Two runs at different budgets draw their steps differently: under a
+    rate the engine's budget replaced the planned one on 34.405 against
+    34.446 ms simulated TPOT (0.1%). It takes a 1% better TPOT (or tok/s),
+    or carrying the rate / meeting the limits where the planned run does not."""
+    from types import SimpleNamespace
+
+    from pipesearch.cli.serve_cmd import _engine_budget_better
+
+    def run(**sim):
+        return SimpleNamespace(simulated=sim)
+
+    planned = run(tpot_mean_s=0.034446, carries_rate=True)
+    assert not _engine_budget_better(planned, run(tpot_mean_s=0.034405, carries_rate=True), True)
+    assert _engine_budget_better(planned, run(tpot_mean_s=0.0339, carries_rate=True), True)
+    assert _engine_budget_better(run(tpot_mean_s=0.02, carries_rate=False), run(tpot_mean_s=0.05, carries_rate=True),
+                                 True)
+    assert not _engine_budget_better(run(total_output_tokens_per_s=1000.0), run(total_output_tokens_per_s=1009.0), False)
+    assert _engine_budget_better(run(total_output_tokens_per_s=1000.0), run(total_output_tokens_per_s=1011.0), False)
+    assert _engine_budget_better(run(total_output_tokens_per_s=2000.0, meets_limits=False),
+                                 run(total_output_tokens_per_s=1000.0, meets_limits=True), False)

@@ -263,3 +263,20 @@ def test_simulated_means_over_the_latency_limits_are_said():
             assert p["simulated"]["meets_limits"] is (not over)
             assert (f"plan {p['rank']}: its simulated mean TTFT" in text) is over
     assert any(p["simulated"] and not p["simulated"]["meets_limits"] for p in plans)
+
+
+def test_a_batchs_closed_form_does_not_depend_on_the_batches_beside_it():
+    """Under a rate the chunk spacing over the engine's slots applies to
+    the batches smaller than them only: with max_num_seqs 2 below pp 4,
+    batch 3's TTFT was another when batch 1 (smaller than the slots) shared
+    its array (0.389 s alone, 0.503 s beside it)."""
+    from pipesearch.serve.search import pipeline_for
+
+    eng = replace(engine_spec("vllm", max_num_batched_tokens=2048), max_num_seqs=2)
+    pipe = pipeline_for(load_transformer(resolve("model", "llama3-8b")), load_cluster("1x8-l4"), 2, 4,
+                        weight_format("bf16"), 2.0, eng, GIB)[0]
+    w = Workload(5000, 16, arrival_rate_per_s=0.2)
+    split = (8, 8, 8, 8)
+    alone = pipe.steady_states([(split, 3)], w)[0]
+    assert pipe.steady_states([(split, 1), (split, 3)], w)[1] == alone
+    assert pipe.steady_state(split, 1, w) == pipe.steady_states([(split, 1), (split, 3)], w)[0]

@@ -71,7 +71,7 @@ def check_input_size(shape: tuple[int, ...], sizes: list[int], size_option: str)
 @click.option("--device-name", help="Catalog device to record in the profile (e.g. h100-80gb; default: --device), "
                                     "so plans on other device kinds are rescaled and warned about.")
 @click.option("--name", help="Model name in the profile (default: the factory's module name).")
-@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=0, show_default=True,
               help="Seed of the random input and the model.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default="profile.csv",
               show_default=True, help="Profile CSV to write.")
@@ -171,7 +171,7 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
                          f"{cfg_path}'s max_position_embeddings {hf_cfg['max_position_embeddings']} (the model's "
                          f"context); profile at most that many")
     if hf_config is not None:
-        check_host_memory(cfg_path, shape[-1])
+        check_host_memory(cfg_path, shape[-1], dtype)
     torch.manual_seed(seed)
     if hf_config is not None:
         from ..profiler import hf_model_from_config
@@ -248,11 +248,17 @@ def host_available_bytes() -> float | None:
     return None
 
 
-def check_host_memory(cfg_path: Path, seq_len: int, available: float | None = None) -> None:
+#: bytes per parameter of the dtypes a config or --dtype names
+_DTYPE_BYTES = {"float64": 8, "float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+
+
+def check_host_memory(cfg_path: Path, seq_len: int, dtype: str = "float32", available: float | None = None) -> None:
     """Refuse a ``--hf-config`` whose model does not fit this host's
-    available memory as transformers builds it (fp32 parameters, 4 bytes
-    each, before ``--dtype`` applies): the process was killed by the
-    system with no message. The parameters are counted from the config
+    available memory as transformers builds it and ``--dtype`` (``dtype``)
+    casts it: the parameters in the config's own ``torch_dtype`` /
+    ``dtype`` (transformers 5's ``from_config``; fp32 where it names none),
+    or in ``dtype`` where that takes more (the process was killed by the
+    system with no message). The parameters are counted from the config
     (:func:`pipesearch.profiles.transformer.parameter_count`); a config the
     transformer loader does not read is left to transformers."""
     from ..profiles.transformer import load_transformer, parameter_count
@@ -262,14 +268,19 @@ def check_host_memory(cfg_path: Path, seq_len: int, available: float | None = No
         return
     try:
         params = parameter_count(load_transformer(cfg_path, seq_len=seq_len))
-    except InputError:
+        cfg = json.loads(Path(cfg_path).read_text(encoding="utf-8"))
+    except (InputError, OSError, ValueError):
         return
-    need = 4.0 * params
+    built = cfg.get("torch_dtype", cfg.get("dtype")) if isinstance(cfg, dict) else None
+    built = built if built in _DTYPE_BYTES else "float32"
+    widest = max((built, dtype), key=lambda d: _DTYPE_BYTES.get(d, 4))
+    need = _DTYPE_BYTES.get(widest, 4) * float(params)
     if need > available:
         raise InputError(f"--hf-config {cfg_path}: its {params / 1e9:,.2f} billion parameters take "
-                         f"{need / 2**30:,.1f} GiB in fp32 as transformers builds the model, more than the "
-                         f"{available / 2**30:,.1f} GiB this host has available; plan it from the config "
-                         f"(pipesearch plan --model {cfg_path}), or profile on a host with more memory")
+                         f"{need / 2**30:,.1f} GiB in {widest} (built in the config's {built}, cast to --dtype "
+                         f"{dtype}), more than the {available / 2**30:,.1f} GiB this host has available; plan it "
+                         f"from the config (pipesearch plan --model {cfg_path}), or profile on a host with more "
+                         f"memory")
 
 
 def check_hf_config(cfg: dict, path: Path) -> None:

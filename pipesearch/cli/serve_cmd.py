@@ -176,6 +176,26 @@ def _engine_budget_may_win(p, rate_given: bool) -> bool:
     return alt.total_output_tokens_per_s > sim["total_output_tokens_per_s"]
 
 
+#: the relative margin by which the engine's budget must simulate better than the planned one to replace it
+#: (two runs of different budgets draw their steps differently: a smaller difference decides nothing)
+BUDGET_SWAP_MARGIN = 0.01
+
+
+def _engine_budget_better(p, q, rate_given: bool) -> bool:
+    """Whether ``q`` (the engine's budget) simulates better than ``p`` (the
+    planned one): it carries the rate or meets the limits where ``p`` does
+    not, or in the same standing does more tok/s (under a rate, a lower
+    TPOT) by more than :data:`BUDGET_SWAP_MARGIN`."""
+    def standing(x):
+        return (not x.simulated.get("carries_rate", True), not x.simulated.get("meets_limits", True))
+
+    if standing(q) != standing(p):
+        return standing(q) < standing(p)
+    if rate_given:
+        return q.simulated["tpot_mean_s"] < p.simulated["tpot_mean_s"] * (1 - BUDGET_SWAP_MARGIN)
+    return q.simulated["total_output_tokens_per_s"] > p.simulated["total_output_tokens_per_s"] * (1 + BUDGET_SWAP_MARGIN)
+
+
 def _window(events, span_s: float):
     """The events that start in ``span_s`` seconds from the median start (the
     steady part of the run)."""
@@ -378,7 +398,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         p, ran = simulated(p)
         if p.engine_budget is not None and _engine_budget_may_win(p, request_rate is not None):
             q, q_ran = simulated(p.engine_budget)  # the planned budget against the engine's own, by the simulation
-            if rerank_by_simulation([p, q], rate_given=request_rate is not None)[0].simulated is q.simulated:
+            if _engine_budget_better(p, q, request_rate is not None):
                 planned = {"max_num_batched_tokens": p.max_num_batched_tokens} | {
                     k: p.simulated[k] for k in ("output_tokens_per_s", "total_output_tokens_per_s", "tpot_mean_s",
                                                 "ttft_mean_s")}
@@ -485,7 +505,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                        f"{was['total_output_tokens_per_s']:,.0f} simulated tok/s")
             click.echo(f"plan {p.rank} keeps {engine}'s step budget of {p.max_num_batched_tokens} tokens: "
                        f"{measure} at the planned {was['max_num_batched_tokens']}, which the closed form rates "
-                       f"higher (it gives every micro-batch the same load; the simulation's did not carry it)")
+                       f"higher (it gives every micro-batch the same load, which the simulated run's did not have)")
     total = cluster.num_devices
     for p in plans:  # a pinned tp x pp that does not divide the cluster leaves devices idle
         used = p.tp * p.pp * p.replicas

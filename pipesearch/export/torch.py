@@ -391,7 +391,7 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             "recompute option and pipeline_torch.py keeps every activation; use an attention kernel that "
             "recomputes (e.g. FlashAttention) or the plan's memory is not what it holds."
         )
-    if transformer_shape(layers.names) is not None and not module_names:
+    if transformer_shape(layers.names) is not None and not module_names and plan.tp == 1:
         notes.append("pipeline_torch.py chains one-tensor layers: run this transformer plan with pipesearch's chain "
                      "of the HuggingFace model, pipeline_torch.py pipesearch.profiler:hf_model_from_config "
                      "--factory-arg config.json --sample-shape SEQ_LEN --input-dtype long --vocab-size V "

@@ -188,7 +188,7 @@ another release: what the config trains (a note of the export)."""
 #: what a torchtitan config fixes of a model: a transformer with these equal builds with its config
 SHAPE_FIELDS = ("kind", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
                 "ffn_hidden_size", "vocab_size", "gated_mlp", "tied_embeddings", "norm", "bias", "qkv_bias", "qk_norm",
-                "position_embedding")
+                "position_embedding", "rope_theta", "rope_scaling_type", "rope_scaling_factor")
 
 
 def same_shape_model(transformer: Mapping | None) -> str | None:

@@ -28,7 +28,8 @@ roofline of the average would hide that). Decoding sequences hold ``n + o / 2``
 tokens of context on average.
 Time per output token: the cycle as a decoding sequence meets it, whose
 steps carry the prompts of the other ``B - 1`` sequences only (their mean prompt tokens
-scaled by ``(B - 1) / B``; at ``B = 1`` decode steps alone). Time to first
+scaled by ``(B - 1) / B``; at ``B = 1`` decode steps alone; under Poisson
+arrivals the others' prompts at the rate, :meth:`ServePipeline._poisson_tpot`). Time to first
 token: the prompt's ``ceil(n / chunk')`` chunks (``chunk'`` the budget less
 the decode tokens of the micro-batch's other ``b - 1`` sequences: the
 prompting one does not decode yet) follow one another a cycle over ``m``
@@ -345,7 +346,8 @@ class ServePipeline:
         if rate is not None and np.any(m < slots):  # the engine keeps min(pp, its running limit) slots, used or
             # not: with fewer sequences than stages the chunks take the free slots, a stage's step apart, not a
             # round trip (where m is the slots already, the spacing above is this one)
-            spacing = np.maximum(self._cycle(split, cstep, slots)[0], self._cycle(split, step, slots)[0]) / slots
+            spacing = np.where(m < slots, np.maximum(self._cycle(split, cstep, slots)[0],
+                                                     self._cycle(split, step, slots)[0]) / slots, spacing)
         ttft = (chunks - 1) * spacing + np.maximum(lcycle, cycle)
         out_tps = B * self.tokens_per_life(B, workload) / cycle
         if rate is not None and workload.prefill_mix:  # Poisson arrivals: the prompts queue for the budget
@@ -368,19 +370,20 @@ class ServePipeline:
         arriving independently of it), ``lambda n C / m`` prompt tokens a
         micro-batch at the cycle ``C`` they lengthen, not the ``(B - 1) /
         B`` of the batch's mean load a closed loop gives (at a mean batch
-        of 1 that is none); the fixed point ``C = cycle(lambda n C / m)``
-        from the closed loop's, by iteration (the cycle grows with the
-        prompt tokens, so it rises to the fixed point; stopped once a step
-        changes it by less than :data:`TPOT_REL_TOL` or after
-        :data:`TPOT_ITERATIONS`)."""
+        of 1 that is none; above the batch that carries the rate, more than
+        arrive); the fixed point ``C = cycle(lambda n C / m)`` from the
+        closed loop's, by iteration (the cycle grows with the prompt tokens,
+        so the iterates move monotonically to the fixed point, up or down;
+        stopped once a step moves it by less than :data:`TPOT_REL_TOL` or
+        after :data:`TPOT_ITERATIONS`)."""
         rate, n = workload.arrival_rate_per_s, workload.input_len
         tpot = np.asarray(tpot, dtype=float)
         settled = np.zeros(tpot.shape, dtype=bool)  # each batch's own iteration (the same in any array of them)
         for _ in range(TPOT_ITERATIONS):
             step = self.steady_step(B, workload, others_only=True, others_prompt_tokens=rate * n * tpot / m)
-            longer = np.maximum(tpot, self._cycle(split, step, m)[0])
-            now = longer <= tpot * (1 + TPOT_REL_TOL)  # settled: a step more lengthens it by less
-            tpot = np.where(settled, tpot, longer)
+            nxt = np.asarray(self._cycle(split, step, m)[0], dtype=float)
+            now = np.abs(nxt - tpot) <= tpot * TPOT_REL_TOL  # settled: a step more moves it by less
+            tpot = np.where(settled, tpot, nxt)
             settled = settled | now
             if settled.all():
                 break
