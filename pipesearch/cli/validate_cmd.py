@@ -152,7 +152,8 @@ def export_problems(doc: dict) -> list[str]:
         where, found, want = _first_difference(canonical(recorded), expected, f"plans[{k}].exports")
         if where is not None:
             out.append(f"{where}: {_short(found)} found, {_short(want)} expected (the export of the plan as the file "
-                       "records it: pipesearch export); re-plan, or restore the field")
+                       "records it: pipesearch export; an edited field, or exports of an older pipesearch); "
+                       "re-plan, or restore the field")
     return out
 
 
