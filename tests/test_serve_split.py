@@ -244,7 +244,9 @@ def test_request_rate_plan_lets_the_engine_run_bursts():
     the engine's running limit is the largest batch the KV pool, the engine
     and the token budget allow (here no latency limit): min(256, 2047,
     pool // 640), 640 = (512 + 128) tokens in whole 16-token blocks. With a
-    TPOT limit it is the largest batch whose closed-form TPOT meets it."""
+    TPOT limit it is the largest batch whose closed-form TPOT meets it, the
+    TPOT under the rate (each of the 8 replicas' share of it: the other
+    requests' prompts come at the rate, whatever the batch)."""
     cfg = load_transformer(resolve("model", "llama3-8b"))
     cluster = load_cluster("1x8-l4")
     w = Workload(512, 128)
@@ -253,11 +255,13 @@ def test_request_rate_plan_lets_the_engine_run_bursts():
                        kv_bytes=2.0, tp=1, pp=1).plans[0]
     assert p.max_num_seqs == min(256, 2047, p.pool_tokens // 640) > p.batch
     pipe, _ = pipeline_for(cfg, cluster, 1, 1, weight_format("bf16"), 2.0, eng, GIB)
-    limit = pipe.steady_state(p.split, p.batch + 10, w).tpot_s
+    assert p.replicas == 8
+    at_rate = Workload(512, 128, arrival_rate_per_s=2.0 / 8)
+    limit = pipe.steady_state(p.split, p.batch + 10, at_rate).tpot_s
     q = search_serving(cfg, cluster, ServeJob(w, request_rate=2.0, max_tpot_s=limit), engine=eng,
                        weights=weight_format("bf16"), kv_bytes=2.0, tp=1, pp=1).plans[0]
-    assert pipe.steady_state(q.split, q.max_num_seqs, w).tpot_s <= limit
-    assert pipe.steady_state(q.split, q.max_num_seqs + 1, w).tpot_s > limit
+    assert pipe.steady_state(q.split, q.max_num_seqs, at_rate).tpot_s <= limit
+    assert pipe.steady_state(q.split, q.max_num_seqs + 1, at_rate).tpot_s > limit
 
 
 def test_plans_the_simulation_finds_short_of_the_rate_rank_last():
