@@ -1613,3 +1613,17 @@ def test_an_unknown_profile_device_gets_a_suggestion_and_no_contradiction(tmp_pa
     assert code == 0, err
     assert "'h900-80gb' is no catalog device (did you mean h100-80gb" in err
     assert "names no device" not in out
+
+
+def test_a_profile_of_another_format_version_is_refused(tmp_path):
+    """'# pipesearch profile v2' (or vX) was read as a v1 profile without a
+    word; '# pipesearch profile v1' and no such line at all still read."""
+    rows = "# batch_size: 8\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\nl0,1,2,3000000,40000\nl1,1,2,3000000,40000\n"
+    for version in ("v2", "vX"):
+        model = write(tmp_path / f"{version}.csv", f"# pipesearch profile {version}\n" + rows)
+        assert_refused(tmp_path, ["plan", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "64"],
+                       f"{version}.csv", "line 1", "a profile format this pipesearch does not read")
+    for head in ("# pipesearch profile v1\n", ""):
+        model = write(tmp_path / "ok.csv", head + rows)
+        code, _, err = run(["plan", "-q", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "64"], tmp_path)
+        assert code == 0, err

@@ -181,6 +181,10 @@ def _split_lines(path: Path, text: str) -> tuple[dict[str, list[tuple[int, str]]
                 header.setdefault(key, []).append((number, m.group(2).strip()))
             else:  # a comment, unless it is a numeric header field without its colon ('# batch_size 32')
                 words = stripped.lstrip("#").split()
+                if len(words) == 3 and words[:2] == ["pipesearch", "profile"] and stripped != MAGIC:
+                    raise _fail(path, f"line {number}", f"{shown(stripped)}: a profile format this pipesearch does "
+                                f"not read (it reads {shown(MAGIC)}); write it again with this pipesearch profile, "
+                                f"or give its header as {shown(MAGIC)} if its columns are those of docs/formats.md")
                 if len(words) == 2 and words[0].lower() in ("batch_size", "bytes_per_param") and \
                         words[1].replace(".", "", 1).isdigit():
                     raise _fail(path, f"line {number}", f"{shown(stripped)} is not a header field (no colon); write "
