@@ -681,3 +681,20 @@ def test_ctrl_c_exits_130_and_writes_nothing(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "aborted" in err and "internal error" not in err, err
     assert not out.exists()
+
+
+def test_micro_batches_above_a_fitted_profiles_sizes_are_noted(tmp_path):
+    """A profile fitted over several batch sizes (fixed + per-sample times,
+    measured up to its batch_size 16) planned at micro-batch 128 extrapolates
+    the fit: a line says so; at micro-batch 16 or below, none."""
+    model = tmp_path / "fit.csv"
+    model.write_text("# batch_size: 16\nname,fwd_ms,bwd_ms,param_bytes,output_bytes,fwd_fixed_ms,bwd_fixed_ms\n"
+                     "l0,0.5,1.0,1000000,30000,0.1,0.2\nl1,0.5,1.0,1000000,30000,0.1,0.2\n")
+
+    def note(*pins):
+        res = run(["plan", "--model", str(model), "--cluster", "1x2-cpu", "-b", "256", "--pp", "2", *pins], tmp_path)
+        assert res.exit_code == 0, res.output
+        return [x for x in res.stdout.splitlines() if "larger than the largest the profile was measured at" in x]
+
+    assert len(note("--micro-batch-size", "128")) == 1
+    assert note("--micro-batch-size", "16") == []

@@ -810,8 +810,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             dev = cluster.groups[0].device.name
             click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
                        f"name the device it was measured on to compare clusters of other devices")
-        if (line := small_batch_note(result.plans, source)) is not None:
-            click.echo(line)
+        for line in (small_batch_note(result.plans, source), large_batch_note(result.plans, source)):
+            if line is not None:
+                click.echo(line)
         total = sum(g.num_devices for g in cluster.groups)
         idle: dict[tuple[int, str], list[str]] = {}
         for p in result.plans:
@@ -875,6 +876,25 @@ def _write_files(outputs, plot_dir, text: str, source: str) -> list:
     if outputs:
         write_outputs(outputs, directory=plot_dir or None)
     return figures
+
+
+def large_batch_note(plans, source) -> str | None:
+    """A line when ranked plans of a profile fitted over several batch sizes
+    (its layers' fixed and per-sample times, ``pipesearch profile
+    --batch-sizes``) run micro-batches (or replicas' shares of them) larger
+    than the largest it was measured at, its ``batch_size``: their times
+    extrapolate the fit. None otherwise."""
+    profile = source.variants[0].profile
+    if source.info.get("kind") != "profile" or not any(has.any() for has, _ in profile.fixed_time_arrays.values()):
+        return None
+    ranks = [str(p.rank) for p in plans
+             if max(-(-p.micro_batch_size // r) for r in (p.stage_replicas or (1,))) > profile.profiled_batch_size]
+    if not ranks:
+        return None
+    return (f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} run{'' if len(ranks) > 1 else 's'} micro-batches "
+            f"larger than the largest the profile was measured at ({profile.profiled_batch_size}), timed by "
+            f"extrapolating its fit (fixed + per-sample time); measure up to that size (pipesearch profile "
+            f"--batch-sizes) or pin --micro-batch-size")
 
 
 def small_batch_note(plans, source) -> str | None:
