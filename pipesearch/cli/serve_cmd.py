@@ -468,12 +468,19 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{engine}, weights {shown_weights}, KV {'fp16' if half and kv_dtype == 'bf16' else kv_dtype}, "
                    f"{input_len} in / {output_len} out")
     click.echo(serve_table(plans, output_len))
-    saturated = [str(p.rank) for p in plans if p.saturated]
+    demand = None if request_rate is None else request_rate * output_len
+    full = [p for p in plans if p.saturated and p.total_output_tokens_per_s >= demand]  # every slot busy
+    saturated = [str(p.rank) for p in plans if p.saturated and p not in full]
     if saturated:  # the rate is more than those plans carry: their figures are the most they serve
-        demand = request_rate * output_len
         click.echo(f"*: plan{'s' if len(saturated) > 1 else ''} {', '.join(saturated)} cannot carry --request-rate "
                    f"{request_rate:g} ({demand:,.0f} output tok/s wanted): tok/s is the most they serve, and "
                    f"requests queue without bound (the simulated columns show the backlog); add devices or "
+                   f"lower the rate")
+    if full:  # they serve the tokens, but only with their mean batch at the running limit: no slot ever frees
+        click.echo(f"*: plan{'s' if len(full) > 1 else ''} {', '.join(str(p.rank) for p in full)} serve"
+                   f"{'' if len(full) > 1 else 's'} the {demand:,.0f} output tok/s of --request-rate {request_rate:g} "
+                   f"only with every running slot busy (mean batch {', '.join(str(p.batch) for p in full)} = the "
+                   f"running limit), so no slot frees for a burst and requests queue without bound; add devices or "
                    f"lower the rate")
     drawn = [p.simulated["offered_output_tokens_per_s"] * p.replicas for p in plans
              if (p.simulated or {}).get("offered_output_tokens_per_s")]

@@ -330,8 +330,9 @@ class ServePipeline:
         tpot = cycle
         if workload.prefill_mix:  # a decoding sequence's steps carry the other sequences' prompts only
             tpot, _, _ = self._cycle(split, self.steady_step(B, workload, others_only=True), m)
-            if workload.arrival_rate_per_s is not None:
-                tpot = self._poisson_tpot(split, B, workload, m, tpot)
+            if workload.arrival_rate_per_s is not None:  # the prompts admitted: at most what the batch carries
+                carried = B * self.tokens_per_life(B, workload) / cycle / workload.output_len
+                tpot = self._poisson_tpot(split, B, workload, m, tpot, np.minimum(workload.arrival_rate_per_s, carried))
         cstep, chunks = self.chunk_step(B, workload)
         ccycle, _, _ = self._cycle(split, cstep, m)
         # the prompt's last chunk holds what the full ones leave (one token past the budget: a one-token step)
@@ -364,8 +365,10 @@ class ServePipeline:
         return {"cycle_s": cycle, "ring_s": ring, "bottleneck_s": bottleneck,
                 "output_tokens_per_s": out_tps, "tpot_s": tpot, "ttft_s": ttft}
 
-    def _poisson_tpot(self, split, B, workload: Workload, m, tpot):
-        """TPOT under Poisson arrivals at ``lambda``: the other requests'
+    def _poisson_tpot(self, split, B, workload: Workload, m, tpot, rate):
+        """TPOT under Poisson arrivals at ``lambda`` (``rate``: the arrival
+        rate, at most the requests the batch carries, which are all the
+        prompts a saturated replica admits): the other requests'
         prompts come at the rate whatever this one does (PASTA, and requests
         arriving independently of it), ``lambda n C / m`` prompt tokens a
         micro-batch at the cycle ``C`` they lengthen, not the ``(B - 1) /
@@ -376,7 +379,7 @@ class ServePipeline:
         so the iterates move monotonically to the fixed point, up or down;
         stopped once a step moves it by less than :data:`TPOT_REL_TOL` or
         after :data:`TPOT_ITERATIONS`)."""
-        rate, n = workload.arrival_rate_per_s, workload.input_len
+        n = workload.input_len
         tpot = np.asarray(tpot, dtype=float)
         settled = np.zeros(tpot.shape, dtype=bool)  # each batch's own iteration (the same in any array of them)
         for _ in range(TPOT_ITERATIONS):

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-__all__ = ["prompt_wait_s", "admission_wait_s"]
+__all__ = ["prompt_wait_s", "admission_wait_s", "closed_loop_wait_s"]
 
 
 def prompt_wait_s(rate_per_s: float, service_s, slot_s, busy_share=1.0):
@@ -79,3 +79,15 @@ def admission_wait_s(rate_per_s: float, mean_batch: float, servers: int) -> floa
     rho = a / c
     cosmetatos = 1 + (1 - rho) * (c - 1) * (math.sqrt(4 + 5 * c) - 2) / (16 * rho * c)
     return erlang_c * a / (rate_per_s * (c - a)) / 2 * cosmetatos
+
+
+def closed_loop_wait_s(clients: int, running: int, life_s: float) -> float:
+    """Mean wait for a running slot of a closed loop of ``clients`` that
+    each send their next request when the last one finishes, ``running`` of
+    them served at once, each ``life_s`` long: the loop's throughput is
+    ``running / life_s`` and each client's cycle ``clients / throughput``
+    (Little's law over the whole loop), so a request waits ``life_s
+    (clients / running - 1)`` (0 when every client runs)."""
+    if clients <= running:
+        return 0.0
+    return life_s * (clients / running - 1)

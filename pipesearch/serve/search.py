@@ -40,7 +40,7 @@ from .dtypes import WeightFormat
 from .engine import EngineSpec, default_split
 from .export import engine_refusal
 from .pipeline import ServePipeline, SteadyState, Workload
-from .queueing import admission_wait_s
+from .queueing import admission_wait_s, closed_loop_wait_s
 from .split import max_pool_split, optimal_splits, split_metrics, stage_capacities
 
 __all__ = ["ServeJob", "StageReport", "ServePlan", "ServeSearchResult", "search_serving", "evaluate_split",
@@ -614,6 +614,12 @@ def _configuration_result(planned, job: ServeJob, tp: int, pp: int, replicas: in
         if job.max_ttft_s is not None and not st.ttft_s <= job.max_ttft_s:
             return "latency_limits"
         saturated = not math.isfinite(st.ttft_s)  # its slots busy all the time: the queue has no bound
+    clients = -(-job.concurrency // replicas) if job.concurrency is not None and job.request_rate is None else 0
+    if clients > st.batch:  # a closed loop of more clients than the replica runs: the others wait for a slot
+        st = replace(st, ttft_s=st.ttft_s + closed_loop_wait_s(clients, st.batch, st.ttft_s + (w.output_len - 1)
+                                                                * st.tpot_s))
+        if job.max_ttft_s is not None and not st.ttft_s <= job.max_ttft_s:
+            return "latency_limits"
     return dict(tp=tp, pp=pp, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, tp), pool=pool,
                 b_max=b_max, steady=st, total=_total(pipe, sp, st, job, replicas), saturated=saturated,
                 limit=limit, budget=pipe.costs.engine.max_num_batched_tokens, **default)
