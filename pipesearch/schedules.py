@@ -631,14 +631,12 @@ def simultaneous_in_flight_of(name: str, p: int, m: int, v: int = 1,
     Raises:
         InputError: as :func:`build`.
     """
-    orders = None
     if codes is None:
         orders = build_orders(name, p, m, v)
         codes = _codes_of(name, v, orders)
-    if codes is not None:  # rank r runs stage r alone: the walk of one count per rank, all ranks at once
-        return _one_stage_peaks(codes, held_after_input)
-    orders = build_orders(name, p, m, v) if orders is None else orders
-    return _simultaneous_in_flight([[(k, s) for k, s, _ in seq] for seq in orders], held_after_input)
+        if codes is None:  # several stages on a rank: the walk of each rank's counts per stage
+            return _simultaneous_in_flight([[(k, s) for k, s, _ in seq] for seq in orders], held_after_input)
+    return _one_stage_peaks(codes, held_after_input)  # rank r runs stage r alone: all ranks at once
 
 
 def one_stage_codes(name: str, p: int, m: int, v: int = 1) -> np.ndarray | None:

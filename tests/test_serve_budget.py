@@ -277,7 +277,7 @@ def test_the_engines_budget_replaces_the_planned_one_only_by_a_margin():
     from pipesearch.cli.serve_cmd import _engine_budget_better
 
     def run(**sim):
-        return SimpleNamespace(simulated=sim)
+        return SimpleNamespace(simulated=sim, saturated=False)
 
     planned = run(tpot_mean_s=0.034446, carries_rate=True)
     assert not _engine_budget_better(planned, run(tpot_mean_s=0.034405, carries_rate=True), True)

@@ -23,7 +23,7 @@ from ..serve.engine import ENGINES, engine_spec
 from ..serve.export import export_serving
 from ..serve.pipeline import Workload
 from ..serve.search import (ServeJob, pipeline_for, replica_shares, rerank_by_simulation, search_serving,
-                            simulated_over_limits, split_pool_tokens)
+                            simulated_over_limits, simulated_standing, split_pool_tokens)
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_size_option
 from .params import FiniteFloatRange, option_given
@@ -169,7 +169,7 @@ def _engine_budget_may_win(p, rate_given: bool) -> bool:
     is simulated only where its closed form beats that run (more tok/s;
     under a rate, a lower TPOT) or that run misses the rate or the limits."""
     sim, alt = p.simulated, p.engine_budget
-    if not sim.get("carries_rate", True) or not sim.get("meets_limits", True):
+    if any(simulated_standing(p)):
         return True
     if rate_given:
         return alt.steady.tpot_s < sim["tpot_mean_s"]
@@ -186,11 +186,8 @@ def _engine_budget_better(p, q, rate_given: bool) -> bool:
     planned one): it carries the rate or meets the limits where ``p`` does
     not, or in the same standing does more tok/s (under a rate, a lower
     TPOT) by more than :data:`BUDGET_SWAP_MARGIN`."""
-    def standing(x):
-        return (not x.simulated.get("carries_rate", True), not x.simulated.get("meets_limits", True))
-
-    if standing(q) != standing(p):
-        return standing(q) < standing(p)
+    if simulated_standing(q) != simulated_standing(p):
+        return simulated_standing(q) < simulated_standing(p)
     if rate_given:
         return q.simulated["tpot_mean_s"] < p.simulated["tpot_mean_s"] * (1 - BUDGET_SWAP_MARGIN)
     return q.simulated["total_output_tokens_per_s"] > p.simulated["total_output_tokens_per_s"] * (1 + BUDGET_SWAP_MARGIN)

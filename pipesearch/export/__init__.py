@@ -813,41 +813,42 @@ def plan_extra(plan: Plan, key: str, default):
     return default
 
 
-def stage_recompute_modes(plan: Plan) -> list[str]:
+def stage_recompute_modes(plan: Plan, runtime: str) -> list[str]:
     """Each stage's recompute setting: the plan's one (``plan.extra``
     ``recompute``, ``"none"`` when missing), or with ``per-stage`` the one
-    each stage chose (:attr:`pipesearch.types.StagePlan.memory_option`,
-    ``"none"`` for an option without recomputation)."""
+    each stage chose (the recompute part of
+    :attr:`pipesearch.types.StagePlan.memory_option`, ``"none"`` for an
+    option without recomputation: on-device, act-host, offload, stream).
+
+    Raises:
+        InputError: a plan-wide value outside ``none``, ``selective``, ``full``.
+    """
     mode = plan_extra(plan, "recompute", "none") or "none"
-    if mode != "per-stage":
-        return [mode] * len(plan.stages)
-    return ["none" if st.memory_option in ("", "on-device", "act-host") else st.memory_option.split("+")[0]
-            for st in plan.stages]
+    if mode == "per-stage":
+        return [head if (head := st.memory_option.split("+")[0]) in RECOMPUTE_MODES else "none"
+                for st in plan.stages]
+    if mode not in RECOMPUTE_MODES:
+        raise InputError(f"{runtime}: plan.extra recompute = {mode!r}; expected one of {', '.join(RECOMPUTE_MODES)}")
+    return [mode] * len(plan.stages)
 
 
 def recompute_mode(plan: Plan, runtime: str) -> str:
-    """``plan.extra["recompute"]`` (``"none"`` when missing).
+    """The one recompute setting of every stage (:func:`stage_recompute_modes`).
 
     Raises:
-        InputError: a value outside ``none``, ``selective``, ``full``.
+        InputError: a value outside ``none``, ``selective``, ``full``, or
+            stages that chose differently (``per-stage``).
     """
-    mode = plan_extra(plan, "recompute", "none")
-    if mode is None:
-        mode = "none"
-    if mode == "per-stage":  # the stages chose (StagePlan.memory_option): one setting when they agree
-        chosen = set(stage_recompute_modes(plan))
-        if len(chosen) == 1 and next(iter(chosen)) in RECOMPUTE_MODES:
-            return next(iter(chosen))
-        per = ", ".join(f"stage {st.index} {st.memory_option or 'none'}" for st in plan.stages)
-        names = [n for st in plan.stages for n in st.layer_names]
-        fix = ("re-plan with --recompute none, selective or full" if transformer_shape(names) is not None else
-               "re-plan with --recompute none (a layer profile's stages recompute only as the search chooses)")
-        raise InputError(f"{runtime}: the plan recomputes its stages differently ({per}) and {runtime} applies one "
-                         f"recompute setting to every stage; {fix}, or export to torch, whose script checkpoints "
-                         f"each stage on its own")
-    if mode not in RECOMPUTE_MODES:
-        raise InputError(f"{runtime}: plan.extra recompute = {mode!r}; expected one of {', '.join(RECOMPUTE_MODES)}")
-    return mode
+    chosen = set(stage_recompute_modes(plan, runtime))
+    if len(chosen) == 1:
+        return next(iter(chosen))
+    per = ", ".join(f"stage {st.index} {st.memory_option or 'none'}" for st in plan.stages)
+    names = [n for st in plan.stages for n in st.layer_names]
+    fix = ("re-plan with --recompute none, selective or full" if transformer_shape(names) is not None else
+           "re-plan with --recompute none (a layer profile's stages recompute only as the search chooses)")
+    raise InputError(f"{runtime}: the plan recomputes its stages differently ({per}) and {runtime} applies one "
+                     f"recompute setting to every stage; {fix}, or export to torch, whose script checkpoints "
+                     f"each stage on its own")
 
 
 def sequence_parallel(plan: Plan) -> bool:

@@ -59,13 +59,10 @@ from ..types import Plan
 from . import (
     FORMAT_VERSION,
     Inputs,
-    RECOMPUTE_MODES,
     launch_note,
     layer_modules,
-    plan_extra,
     plan_layers,
     process_grid,
-    recompute_mode,
     refuse_empty_stages,
     sequence_parallel,
     stage_recompute_modes,
@@ -370,12 +367,7 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             f"replicas; the split_spec covers the pipeline dimension, so a training loop of your own applies data "
             f"parallelism to each stage module itself."
         )
-    if plan_extra(plan, "recompute", "none") != "per-stage":
-        recompute_mode(plan, "torch")  # refuses a value outside none, selective, full
-    rc = stage_recompute_modes(plan)  # the script checkpoints each stage's layers on its own
-    if any(x not in RECOMPUTE_MODES for x in rc):
-        raise InputError(f"torch: a stage's recompute is {next(x for x in rc if x not in RECOMPUTE_MODES)!r}; "
-                         f"expected one of {', '.join(RECOMPUTE_MODES)}")
+    rc = stage_recompute_modes(plan, "torch")  # the script checkpoints each stage's layers on its own
     full = [str(k) for k, x in enumerate(rc) if x == "full"]
     if full:
         which = "every stage" if len(full) == len(rc) else f"stage{'s' if len(full) > 1 else ''} {', '.join(full)}"

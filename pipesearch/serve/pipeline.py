@@ -327,12 +327,13 @@ class ServePipeline:
         m = self.micro_batches(self.pp, B)
         step = self.steady_step(B, workload)
         cycle, ring, bottleneck = self._cycle(split, step, m)
+        out_tps = B * self.tokens_per_life(B, workload) / cycle
         tpot = cycle
         if workload.prefill_mix:  # a decoding sequence's steps carry the other sequences' prompts only
             tpot, _, _ = self._cycle(split, self.steady_step(B, workload, others_only=True), m)
             if workload.arrival_rate_per_s is not None:  # the prompts admitted: at most what the batch carries
-                carried = B * self.tokens_per_life(B, workload) / cycle / workload.output_len
-                tpot = self._poisson_tpot(split, B, workload, m, tpot, np.minimum(workload.arrival_rate_per_s, carried))
+                admitted = np.minimum(workload.arrival_rate_per_s, out_tps / workload.output_len)
+                tpot = self._poisson_tpot(split, B, workload, m, tpot, admitted)
         cstep, chunks = self.chunk_step(B, workload)
         ccycle, _, _ = self._cycle(split, cstep, m)
         # the prompt's last chunk holds what the full ones leave (one token past the budget: a one-token step)
@@ -350,7 +351,6 @@ class ServePipeline:
             spacing = np.where(m < slots, np.maximum(self._cycle(split, cstep, slots)[0],
                                                      self._cycle(split, step, slots)[0]) / slots, spacing)
         ttft = (chunks - 1) * spacing + np.maximum(lcycle, cycle)
-        out_tps = B * self.tokens_per_life(B, workload) / cycle
         if rate is not None and workload.prefill_mix:  # Poisson arrivals: the prompts queue for the budget
             # the budget's prompt tokens a step, whole (several short prompts share a step), at that step's cycle
             full = np.maximum(self.costs.engine.max_num_batched_tokens - np.asarray(cstep.decode, dtype=float), 1.0)

@@ -609,15 +609,14 @@ def _configuration_result(planned, job: ServeJob, tp: int, pp: int, replicas: in
     step = pipe.steady_step(st.batch, w)
     _, pool, _ = split_metrics(pipe, sp, step)
     limit = running_limit(pipe, sp, job, replicas, st.batch, pool)
-    if job.request_rate is not None and not saturated:  # and the wait for a running slot
-        st = replace(st, ttft_s=st.ttft_s + admission_wait_s(w.arrival_rate_per_s, st.batch, limit))
-        if job.max_ttft_s is not None and not st.ttft_s <= job.max_ttft_s:
-            return "latency_limits"
-        saturated = not math.isfinite(st.ttft_s)  # its slots busy all the time: the queue has no bound
-    clients = -(-job.concurrency // replicas) if job.concurrency is not None and job.request_rate is None else 0
-    if clients > st.batch:  # a closed loop of more clients than the replica runs: the others wait for a slot
-        st = replace(st, ttft_s=st.ttft_s + closed_loop_wait_s(clients, st.batch, st.ttft_s + (w.output_len - 1)
-                                                                * st.tpot_s))
+    wait = 0.0  # for a running slot
+    if job.request_rate is not None and not saturated:
+        wait = admission_wait_s(w.arrival_rate_per_s, st.batch, limit)
+        saturated = not math.isfinite(wait)  # its slots busy all the time: the queue has no bound
+    elif job.request_rate is None and job.concurrency is not None:  # a closed loop of more clients than it runs
+        wait = closed_loop_wait_s(-(-job.concurrency // replicas), st.batch, st.ttft_s + (w.output_len - 1) * st.tpot_s)
+    if wait:
+        st = replace(st, ttft_s=st.ttft_s + wait)
         if job.max_ttft_s is not None and not st.ttft_s <= job.max_ttft_s:
             return "latency_limits"
     return dict(tp=tp, pp=pp, replicas=replicas, split=sp, stages=_stages(pipe, sp, step, tp), pool=pool,
@@ -648,12 +647,18 @@ def rerank_by_simulation(plans, *, rate_given: bool) -> list[ServePlan]:
     them. Ranks are renumbered from 1."""
     sim = [p for p in plans if p.simulated]
     rest = [p for p in plans if not p.simulated]
-    if rate_given:  # plans that carry the rate in the closed form and the simulation first
-        sim.sort(key=lambda p: (p.saturated or not p.simulated.get("carries_rate", True),
-                                not p.simulated.get("meets_limits", True), p.simulated["tpot_mean_s"]))
-    else:
-        sim.sort(key=lambda p: (not p.simulated.get("meets_limits", True), -p.simulated["total_output_tokens_per_s"]))
+    sim.sort(key=lambda p: (*simulated_standing(p), p.simulated["tpot_mean_s"] if rate_given
+                            else -p.simulated["total_output_tokens_per_s"]))
     return [replace(p, rank=i + 1) for i, p in enumerate(sim + rest)]
+
+
+def simulated_standing(plan: ServePlan) -> tuple[bool, bool]:
+    """``(misses the rate, misses the limits)`` of a simulated plan: it
+    cannot carry the request rate in the closed form or its simulation
+    (``carries_rate``), its simulated means miss the latency limits
+    (``meets_limits``); ``(False, False)`` is the best standing."""
+    return (plan.saturated or not plan.simulated.get("carries_rate", True),
+            not plan.simulated.get("meets_limits", True))
 
 
 def simulated_over_limits(simulated: dict, job: ServeJob) -> list[str]:
