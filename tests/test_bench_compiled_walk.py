@@ -1,0 +1,41 @@
+"""benchmarks/bench_compiled_walk.py: the graphs and durations it times are
+the simulator's (the node walk it compares against equals the levelled
+numpy pass and the simulated time), and without numba it says so and exits 0."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipesearch import timemodel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_compiled_walk", REPO / "benchmarks" / "bench_compiled_walk.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("schedule, pp, m, vp", [("1f1b", 4, 8, 1), ("zb-h1", 4, 8, 1), ("interleaved-1f1b", 2, 4, 2)])
+def test_the_timed_walk_is_the_simulators(schedule, pp, m, vp):
+    g, dur, times = _bench().durations(schedule, pp, m, vp)
+    walked = timemodel._node_ends_by_node(g, dur)
+    levelled = dur.copy()  # the same recurrence a level at a time (the other branch of _node_ends)
+    for nodes, p1, p2 in g.level_preds:
+        levelled[nodes] += np.maximum(levelled[p1], levelled[p2])
+    assert np.array_equal(walked, levelled)
+    # no all-reduce: the simulated time is the last action's end
+    assert walked[:-1].max() == timemodel.iteration_time_s(schedule, pp, m, vp, times)
+
+
+def test_without_numba_it_says_so(capsys, monkeypatch):
+    bench = _bench()
+    monkeypatch.setitem(__import__("sys").modules, "numba", None)  # import numba raises ImportError
+    assert bench.main([]) == 0
+    assert "numba is not installed" in capsys.readouterr().out
