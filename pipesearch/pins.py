@@ -65,8 +65,9 @@ def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage:
     """Refuse ``--vp`` when a requested schedule cannot honour it: a vp
     above 1 and none of them runs virtual stages (vp 1 alone: one stage per
     device, what they run), interleaved 1F1B with vp 1 the only pin (it
-    needs 2 or more), or a single-stage schedule (vp 1) among them while 1
-    is not pinned. ``asked`` says where ``schedules`` come from.
+    needs 2 or more), vp 1 among the pins while interleaved 1F1B is the only
+    schedule, or a single-stage schedule (vp 1) among them while 1 is not
+    pinned. ``asked`` says where ``schedules`` come from.
 
     Raises:
         InputError: the pin and the schedule that cannot take it.
@@ -78,6 +79,10 @@ def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage:
     if vps and max(vps) < 2 and "interleaved-1f1b" in schedules:
         raise InputError(f"--vp {','.join(map(str, vps))} with --schedule interleaved-1f1b: interleaving needs at "
                          f"least 2 virtual stages per device; use --vp 2 or more, or --schedule 1f1b")
+    if 1 in vps and schedules and set(schedules) == {"interleaved-1f1b"}:  # and a vp above 1 (above)
+        raise InputError(f"--vp {','.join(map(str, vps))} with --schedule interleaved-1f1b: interleaving needs at "
+                         f"least 2 virtual stages per device, so vp 1 could not be honoured; drop --vp 1, or add "
+                         f"--schedule 1f1b")
     single = [s for s in schedules if s not in multi_stage]
     if vps and 1 not in vps and single:
         raise InputError(f"--vp {','.join(map(str, vps))} with --schedule {single[0]}: {single[0]} runs one stage per "

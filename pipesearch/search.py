@@ -99,6 +99,10 @@ class SearchOptions:
         placement_pinned: ``placements`` was pinned (``--placement``): on a
             cluster of several groups too, only those patterns
             (:func:`placement_names`).
+        min_dp: the least data-parallel degree searched: 2 when the
+            optimizer state is sharded over replicas at the user's request
+            (``--sharding``, ``--zero1``), which one replica would not
+            honour; the smaller degrees are counted as ``one_replica``.
     """
 
     pp: int | None = None
@@ -117,6 +121,7 @@ class SearchOptions:
     split_replicas: tuple[int, ...] | None = None
     vp_pinned: bool = field(default=False, repr=False)  # in the fingerprint only when set (search)
     placement_pinned: bool = field(default=False, repr=False)  # likewise
+    min_dp: int = field(default=1, repr=False)  # likewise
 
 
 def vp_choices(schedule: str, pp: int, options: SearchOptions) -> tuple[int, ...]:
@@ -542,7 +547,10 @@ def enumerate_groups(variants: Iterable[ModelVariant], cluster: Cluster, job: Jo
                     yield variant, pp, options.dp, ("batch_not_divisible" if refused else None), 1
                 continue
             dps = batch_divisors[:bisect.bisect_right(batch_divisors, slots // pp)]
-            yield from ((variant, pp, dp, None, 1) for dp in dps)
+            few = bisect.bisect_left(dps, options.min_dp)  # a sharded state needs replicas (SearchOptions.min_dp)
+            if few:
+                yield variant, pp, None, "one_replica", few
+            yield from ((variant, pp, dp, None, 1) for dp in dps[few:])
             if slots // pp > len(dps):
                 yield variant, pp, None, "batch_not_divisible", slots // pp - len(dps)
 
@@ -1298,7 +1306,8 @@ def search(
                                 *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ()),
                                 *(("activation_offload",) if job.activation_offload else ()),
                                 *(("vp_pinned",) if options.vp_pinned else ()),
-                                *(("placement_pinned",) if options.placement_pinned else ())),
+                                *(("placement_pinned",) if options.placement_pinned else ()),
+                                *((f"min_dp={options.min_dp}",) if options.min_dp > 1 else ())),
         point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
     )
 
@@ -1830,7 +1839,8 @@ def _check_options(variants, cluster, job, options):
         example = f"e.g. --pp {n // 2} --vp 2" if n % 2 == 0 and n >= 4 else ""
         hint = "; ".join(x for x in (f"here {here}" if here else "", example) if x)
         raise InputError(f"--split of {n} stages with a multi-stage schedule needs --pp and --vp with pp x vp = "
-                         f"{n}{f' ({hint})' if hint else ''}, or --schedule gpipe, 1f1b or zb-h1")
+                         f"{n}{f' ({hint})' if hint else ''}, or --schedule gpipe, 1f1b or zb-h1"
+                         + (" without --vp" if options.vp_pinned and 1 not in options.vps else ""))
     if options.replicate_stages or options.split_replicas:
         _check_replication_options(variants, cluster, job, options)
 
@@ -2056,4 +2066,7 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
                     f"against {host_total / 2**30:.1f} GiB on the cluster's {cluster.num_nodes} "
                     f"node{'s' if cluster.num_nodes > 1 else ''}; use hosts with more memory ([host] memory_GB), more "
                     f"nodes, or another schedule")
+    if counts.get("one_replica") and options is not None and options.min_dp > 1:
+        hint = (f"the state is sharded over data-parallel replicas (--sharding), so plans of fewer than "
+                f"{options.min_dp} replicas were not searched; {hint}")
     return f"no plan fits {prof.name} on {cluster.name} ({reasons}); {hint}"

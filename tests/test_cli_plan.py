@@ -664,6 +664,36 @@ def test_data_parallel_flags_with_one_replica_are_refused(flags, message):
     assert CliRunner().invoke(main, [*base, "--dp", "2", *flags]).exit_code == 0
 
 
+@pytest.mark.parametrize("flags", [["--sharding", "zero1"], ["--zero1"]])
+def test_sharding_asked_for_leaves_plans_of_one_replica_out(flags):
+    """Bug: with --sharding zero1 and dp free, plans of dp 1 were ranked
+    beside the others, labelled zero1 with their state unsharded; with --pp 4
+    on 4 devices every plan had dp 1 (exit 0). Every plan now has dp >= 2,
+    the dp 1 groups are counted as one_replica, and --pp 4 is refused naming
+    both pins and the pp that leaves 2 replicas."""
+    import json
+
+    base = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "256", *flags]
+    doc = json.loads(CliRunner().invoke(main, [*base, "--top", "10", "--json"]).output)
+    assert doc["plans"] and all(p["parallelism"]["dp"] >= 2 for p in doc["plans"])
+    assert doc["search"]["infeasible"]["one_replica"] == 4  # dp 1 of pp 1, 2, 3, 4
+    free = json.loads(CliRunner().invoke(main, base[:-len(flags)] + ["--top", "10", "--json"]).output)
+    assert any(p["parallelism"]["dp"] == 1 for p in free["plans"])  # what the pin removes
+    r = CliRunner().invoke(main, [*base, "--pp", "4"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "with --pp 4" in r.output and "lower --pp to 2" in r.output and flags[-1] in r.output
+
+
+def test_a_replicated_split_refuses_any_dp_pin():
+    """Bug: --split 20x2,20x2 --dp 1 planned (4 devices, dp reported 1)
+    while --dp 2 was refused; the split's replicas fix each stage's degree."""
+    base = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--split", "20x2,20x2"]
+    for dp in ("1", "2"):
+        r = CliRunner().invoke(main, [*base, "--dp", dp])
+        assert r.exit_code == 2 and f"--split 20x2,20x2 with --dp {dp}" in r.output, r.output
+    assert CliRunner().invoke(main, base).exit_code == 0
+
+
 def test_ctrl_c_exits_130_and_writes_nothing(tmp_path):
     """Ctrl-C (SIGINT) during a search: "aborted", exit 130 (128 + SIGINT,
     as shells report it; it was 1, the status of a bug) and no plan file."""

@@ -174,3 +174,67 @@ def test_the_pin_is_part_of_the_fingerprint():
     pinned = search([ModelVariant(prof)], cluster, job, replace(base, vp_pinned=True))
     assert free.fingerprint != pinned.fingerprint
     assert search([ModelVariant(prof)], cluster, job, base).fingerprint == free.fingerprint
+
+
+def test_cli_vp_1_with_interleaving_alone_is_refused_beside_vp_2():
+    """--vp 1 --vp 2 with interleaved 1F1B alone: its plans all had vp 2 and
+    the pinned 1 was dropped without a word; refused, naming vp 1."""
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--vp", "1",
+                                  "--vp", "2", "--schedule", "interleaved-1f1b"])
+    _one_line_refusal(r, "--vp 1,2 with --schedule interleaved-1f1b", "vp 1 could not be honoured")
+
+
+def test_cli_vp_with_a_runtime_of_one_stage_per_device_names_the_runtime():
+    """The gpipe runtime runs GPipe alone (vp 1): a pinned --vp 2 ended in
+    "no plan fits ... use a larger cluster"; refused naming both pins."""
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--runtime",
+                                  "gpipe", "--vp", "2"])
+    _one_line_refusal(r, "--vp 2 with --runtime gpipe", "one stage per device", "drop --vp")
+    assert "larger cluster" not in r.output
+
+
+@pytest.mark.parametrize("vp, pp", [(2, 2), (4, 1)])
+def test_cli_split_and_vp_fix_pp(vp, pp):
+    """--split of 4 stages with --vp 2 and no --pp: the split's stages over 2
+    per rank are pp 2 (the plan); with --vp 4 one rank would hold all 4:
+    refused (before, both were refused with an invented "here pp 4 x vp 2")."""
+    import json
+
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64",
+                                  "--split", "10,10,10,10", "--vp", str(vp), "--top", "2", "--json"])
+    if pp < 2:
+        _one_line_refusal(r, "--split of 4 stages with --vp 4", "2 or more ranks")
+        return
+    assert r.exit_code == 0, r.output
+    plans = json.loads(r.output)["plans"]
+    assert plans and all((p["parallelism"]["pp"], p["parallelism"]["vp"]) == (2, 2) for p in plans)
+    assert all([s["layers"][1] - s["layers"][0] for s in p["stages"]] == [10] * 4 for p in plans)
+
+
+def test_cli_split_with_interleaving_alone_takes_the_one_vp_that_fits():
+    """--split of 4 stages, --schedule interleaved-1f1b, no --pp or --vp:
+    only pp 2 x vp 2 runs 4 stages with 2 or more per rank; 8 stages fit pp
+    4 x vp 2 and pp 2 x vp 4, so both pins are asked for, with examples."""
+    import json
+
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64",
+                                  "--split", "10,10,10,10", "--schedule", "interleaved-1f1b", "--json"])
+    assert r.exit_code == 0, r.output
+    assert all((p["parallelism"]["pp"], p["parallelism"]["vp"]) == (2, 2) for p in json.loads(r.output)["plans"])
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64",
+                                  "--split", "5,5,5,5,5,5,5,5", "--schedule", "interleaved-1f1b"])
+    _one_line_refusal(r, "--split of 8 stages", "--pp 4 --vp 2", "--pp 2 --vp 4")
+
+
+def test_cli_repeated_values_are_one_pin():
+    """--schedule 1f1b twice searched every 1F1B point twice (more points
+    evaluated, doubled skip counts) and recorded the schedule twice."""
+    import json
+
+    args = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64", "--json"]
+    once = json.loads(CliRunner().invoke(main, args + ["--schedule", "1f1b"]).output)
+    twice = json.loads(CliRunner().invoke(main, args + ["--schedule", "1f1b", "--schedule", "1f1b", "--vp", "1",
+                                                        "--vp", "1"]).output)
+    assert twice["inputs"]["job"]["schedules"] == ["1f1b"]
+    assert twice["search"]["points_evaluated"] == once["search"]["points_evaluated"]
+    assert twice["search"]["infeasible"] == once["search"]["infeasible"]

@@ -348,7 +348,7 @@ def test_split_parser_and_refusals():
     code, _, err = _run("plan", "--model", "gpt3-1.3b", "--replicate-stages", "--runtime", "megatron")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "one data-parallel degree" in err
     code, _, err = _run("plan", "--model", "vgg16", "--split", "20x8,20x8", "--dp", "2")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "drop the pin" in err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "with --dp 2" in err and "drop --dp" in err
     code, _, err = _run("plan", "--model", "gpt3-2.7b", "--cluster", "2x8-a100-80gb", "-b", "64", "--tp", "2",
                         "--split", "10x5,24x4")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "needs 18 devices" in err and "x tp 2" in err

@@ -552,6 +552,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
       pipesearch plan --model gpt3-1.3b --cluster 2x8-a100-80gb -b 512 --json
       pipesearch plan --model llama3-70b --cluster 4x8-h100 -b 256 --optimizer-state megatron --sharding zero1
     """
+    # a value repeated in a repeatable option is one pin (the plan file records each once)
+    schedules, vps, placements = (tuple(dict.fromkeys(x)) for x in (schedules, vps, placements))
     # every output is checked before the search, so a bad path costs nothing and leaves nothing
     out = check_writable(output, "plan file (-o)") if output is not None else None  # a file only when asked for
     if all_points is not None:
@@ -680,9 +682,20 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
                          f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
     pinned = split_text(split, split_replicas) if split_replicas else ""
+    if split_replicas and dp is not None:
+        raise InputError(f"{pinned} with --dp {dp}: the split's replicas (NxR) give each stage its own data-parallel "
+                         "degree; drop --dp")
     if split_replicas and vps and max(vps) > 1:
         raise InputError(f"{pinned} with --vp {max(vps)}: per-stage replication runs one stage per device (vp 1); "
                          f"drop --vp or the replicas")
+    looped = [x for x in schedules if x in ("interleaved-1f1b", "looped-bfs")] if not split_replicas else []
+    if split and not pp and looped and len(looped) < len(schedules) and not vps:
+        raise InputError(f"--split of {len(split)} stages with --schedule {' and '.join(schedules)}: it runs one stage "
+                         f"per rank under {', '.join(x for x in schedules if x not in looped)} (pp {len(split)}) and "
+                         f"several under {', '.join(looped)}; pin --pp and --vp, or ask for one kind of schedule")
+    if split and not pp and not split_replicas and ((vps and max(vps) > 1) or (
+            looped and len(looped) == len(schedules) and not vps)):
+        pp = split_pp(len(split), vps)  # the split's stages over vp stages per rank fix pp (and vp: split_vps)
     explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
@@ -714,10 +727,21 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             # a split without --schedule is searched one stage per device, as without --runtime
             schedules = tuple(x for x in schedules if x not in MULTI_STAGE_SCHEDULES) or schedules
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
+        if vps and max(vps) > 1 and not set(schedules) & set(MULTI_STAGE_SCHEDULES):
+            looped = [r for r in runtimes.RUNTIMES if set(runtimes.SCHEDULES[r]) & set(MULTI_STAGE_SCHEDULES)]
+            raise InputError(f"--vp {max(vps)} with --runtime {runtime}: {runtime} runs {', '.join(schedules)}, one "
+                             f"stage per device (vp 1); drop --vp, or choose a runtime with virtual stages "
+                             f"({', '.join(looped)})")
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     if dp == 1:
         check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather)
+    sharded = asked_sharding not in (None, "none") or zero1  # asked for: plans of one replica would not honour it
     pinned_pp = pp or (len(split) if split else None)
+    if sharded and pinned_pp and cluster.num_devices // ((tp or 1) * pinned_pp) < 2:
+        flag = f"--sharding {asked_sharding}" if asked_sharding not in (None, "none") else "--zero1"
+        raise InputError(f"{flag} with --pp {pinned_pp}: {pinned_pp} stages on the {cluster.num_devices} devices of "
+                         f"{cluster.name} leave one data-parallel replica, with no replicas to shard its state over; "
+                         f"lower --pp to {cluster.num_devices // (2 * (tp or 1))} or less, or drop {flag}")
     if placements and cluster.is_homogeneous and 1 in (pinned_pp, dp):
         degree = f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}"
         raise InputError(f"--placement {placements[0]} with {degree}: a placement orders the stages' replicas, which "
@@ -730,7 +754,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                             exhaustive=exhaustive, mapping_time_limit_s=mapping_time_limit,
                             replicate_stages=replicate_stages, split_replicas=split_replicas,
                             placements=pinned_placements(placements, runtime),
-                            placement_pinned=bool(placements))
+                            placement_pinned=bool(placements), min_dp=2 if sharded else 1)
     progress = _Progress(quiet or as_json)
     try:
         result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
@@ -921,6 +945,37 @@ def small_batch_note(plans, source) -> str | None:
             f"in proportion to their size "
             f"(the profile gives no fixed per-micro-batch time): a GPU runs small batches less efficiently; measure "
             f"several sizes (pipesearch profile --batch-sizes) or pin --micro-batch-size")
+
+
+def split_pp(stages: int, vps) -> int:
+    """The pipeline degree of a ``--split`` of ``stages`` stages without
+    ``--pp``, run with virtual stages: ``--vp`` (one value) fixes ``pp =
+    stages / vp``; without it (an interleaved or looped schedule asked for)
+    the one ``vp >= 2`` that leaves 2 or more ranks does.
+
+    Raises:
+        InputError: several vp values, or several that fit the split (each
+            would fix another pp), or none: a count of stages that is not
+            ``vp`` times 2 or more ranks.
+    """
+    if not vps:
+        fits = [v for v in range(2, stages // 2 + 1) if stages % v == 0]
+        if len(fits) != 1:
+            examples = " or ".join(f"--pp {stages // v} --vp {v}" for v in fits[:2])
+            raise InputError(f"--split of {stages} stages with virtual stages per rank: "
+                             + (f"pin --pp or --vp (pp x vp = {stages}: {examples})" if fits else
+                                "no count of 2 or more ranks runs 2 or more of them each; give a split of 4, 6, 8, "
+                                "... stages, or --schedule gpipe, 1f1b or zb-h1"))
+        return stages // fits[0]
+    if len(vps) > 1:
+        raise InputError(f"--split of {stages} stages with --vp {','.join(map(str, vps))}: each vp gives the split's "
+                         f"stages another pipeline degree; pin one --vp, or --pp")
+    vp = vps[0]
+    if stages % vp or stages // vp < 2:
+        raise InputError(f"--split of {stages} stages with --vp {vp}: each pipeline rank runs {vp} of them, so the "
+                         f"split needs a multiple of {vp} stages on 2 or more ranks ({2 * vp}, {3 * vp}, ...); change "
+                         f"the split or drop --vp")
+    return stages // vp
 
 
 def split_vps(split, pp: int | None) -> tuple[int, ...]:
