@@ -98,7 +98,8 @@ SNIPPET = '''"""Run the plan with torch.distributed.pipelining (torch {version})
 with one process per device of the plan ({world} in all; G of them per node) and SHAPE the shape of
 one input sample (e.g. 3,224,224; a sequence length for token ids). MODULE is a module importable
 from the current directory or a Python file (models/small.py), as for pipesearch profile;
-FACTORY(ARG, ...) returns the model that was planned (the same weights on every rank: seed it). Each
+FACTORY(ARG, ...) returns the model that was planned; it runs after torch.manual_seed(--seed), and each
+stage's data-parallel replicas then take replica 0's weights (a broadcast, as DDP does). Each
 stage runs its modules in a chain, as a model profiled by pipesearch does (one tensor between
 layers); a transformer planned from its configuration is pipesearch's chain of the HuggingFace
 model: pipesearch.profiler:hf_model_from_config --factory-arg config.json. Every process builds the
@@ -179,7 +180,9 @@ def main() -> None:
                     help="float: random normal inputs; long: random token ids below --vocab-size")
     ap.add_argument("--vocab-size", type=int, help="token ids are drawn below this (with --input-dtype long)")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs and targets (the same on every rank)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the model's initial weights (replicas then take replica 0's) and of the random "
+                         "inputs and targets (the same on every rank)")
     args = ap.parse_args()
     if args.input_dtype == "long" and (args.vocab_size is None or args.vocab_size < 1):
         ap.error("--input-dtype long needs --vocab-size of 1 or more")
@@ -191,6 +194,7 @@ def main() -> None:
     pp_groups = [dist.new_group([GRID[r][k] for r in range(PP)]) for k in range(DP)]
     dp_groups = [dist.new_group([GRID[r][k] for k in range(DP)]) for r in range(PP)]
     device = torch.device(f"cuda:{{rank % torch.cuda.device_count()}}") if torch.cuda.is_available() else torch.device("cpu")
+    torch.manual_seed(args.seed)  # the model's initial weights too: the same on every run
     model = load_factory(args.factory)(*args.factory_arg)
     shape = tuple(int(x) for x in args.sample_shape.split(","))
     local = [s for s in range(PP * VP) if s % PP == pp_rank]
@@ -201,6 +205,9 @@ def main() -> None:
     for s in local:
         sub = stage_module(model, s)
         sub.to(device)
+        if DP > 1:  # every replica starts from replica 0's weights, as DistributedDataParallel does
+            for t in [*sub.parameters(), *sub.buffers()]:
+                dist.broadcast(t.data, src=GRID[pp_rank][0], group=dp_groups[pp_rank])
         params += list(sub.parameters())
         stages.append(pipelining.PipelineStage(sub, s, PP * VP, device, group=pp_groups[replica]))
     last = (PP * VP - 1) in local
