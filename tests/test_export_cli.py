@@ -297,3 +297,52 @@ def test_megatron_exports_a_one_stage_plan_whatever_its_schedule_name(tmp_path):
     res = export(made, "--format", "megatron", "-o", str(tmp_path / "m.sh"))
     assert res.exit_code == 0, res.output
     assert "--pipeline-model-parallel-size 1" in (tmp_path / "m.sh").read_text()
+
+
+@pytest.fixture(scope="module")
+def vgg_plans(tmp_path_factory):
+    out = tmp_path_factory.mktemp("v") / "vgg.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--pp", "2",
+                                    "--schedule", "1f1b", "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_module_names_map_a_pipedream_profiles_layers(vgg_plans, tmp_path):
+    """vgg16's layers are named as in PipeDream's graph (b00_Input0, ...),
+    which no torch model has: the torch export says so (a warning, on
+    stderr with -o), and --module-names maps them: split_spec and the
+    script's STAGE_LAYERS then name the given modules, a list in order."""
+    res = export(vgg_plans, "--format", "torch", "-o", str(tmp_path / "t.json"))
+    assert res.exit_code == 0, res.output
+    assert "warning:" in res.output and "--module-names" in res.output and "PipeDream" in res.output
+    doc = json.loads((tmp_path / "t.json").read_text())
+    layers = json.loads(vgg_plans.read_text())["plans"][0]["stages"]
+    assert doc["layer_modules"][:2] == [["b00_Input"], ["b01_Conv2d"]]  # the profile's own names
+    first_of_stage_1 = layers[1]["layer_names"][0]
+    mapping = {n: f"m{k}" for k, n in enumerate(layer for st in layers for layer in st["layer_names"])}
+    mapping[first_of_stage_1] = ["pre", "body"]
+    (tmp_path / "names.json").write_text(json.dumps(mapping))
+    res = export(vgg_plans, "--format", "torch", "--module-names", str(tmp_path / "names.json"), "-o",
+                 str(tmp_path / "m.json"))
+    assert res.exit_code == 0, res.output
+    assert "warning:" not in res.output
+    mapped = json.loads((tmp_path / "m.json").read_text())
+    assert list(mapped["split_spec"]) == ["pre"]  # the split before the first module of stage 1
+    assert "['pre', 'body']" in mapped["files"]["pipeline_torch.py"]
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("[1, 2]", "expected a JSON object"),
+    ('{"b00_Input0": ""}', "'b00_Input0'"),
+    ('{"b00_Input0": []}', "non-empty list"),
+    ("{not json", "not JSON"),
+    ('{"no_such_layer": "x"}', "not a layer of the plan"),
+])
+def test_bad_module_names_are_refused_in_one_line(vgg_plans, tmp_path, body, needle):
+    path = tmp_path / "names.json"
+    path.write_text(body)
+    out = tmp_path / "t.json"
+    res = export(vgg_plans, "--format", "torch", "--module-names", str(path), "-o", str(out))
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()

@@ -237,3 +237,20 @@ def test_replicas_of_an_unseeded_model_start_equal(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     sums = {(int(r), int(k)): float(v) for r, k, v in re.findall(r"sums (\d+) (\d+) ([-+0-9.eE]+)", res.stdout)}
     assert len(sums) == 4 and all(sums[r, 0] == sums[r, 1] for r in range(2)), sums
+
+
+@pytest.mark.slow
+def test_a_layer_the_model_lacks_stops_the_script_saying_how_to_map_it(tmp_path):
+    """A plan whose layer names are not the model's modules (a PipeDream
+    profile's, say) ended in torch's AttributeError; the script now stops
+    with the stage, the missing name and the export option that maps
+    names."""
+    plan = make_plan([2, 6], [f"b{i:02d}_Linear" for i in range(8)], schedule="1f1b", m=4, mbs=8)
+    script = tmp_path / "pipeline_torch.py"
+    script.write_text(export_plan(plan, "torch")["files"]["pipeline_torch.py"])
+    env = dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                          str(free_port()), str(script), "e2e_model:make_model", "--sample-shape", "1024",
+                          "--steps", "1"], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert res.returncode != 0
+    assert "stage 0:" in res.stderr and "b00_Linear" in res.stderr and "--module-names" in res.stderr

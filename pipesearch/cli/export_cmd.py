@@ -65,6 +65,31 @@ def _export_text(export: dict) -> str:
     return json.dumps(export, indent=2) + "\n"
 
 
+def read_module_names(path: str) -> dict:
+    """``--module-names``: a JSON object of layer name -> module name (a
+    non-empty string) or a list of them.
+
+    Raises:
+        InputError: an unreadable file, bad JSON, or another shape, naming
+            the file and the first offending entry.
+    """
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise InputError(f"--module-names {path}: cannot read it ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"--module-names {path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or not doc:
+        raise InputError(f"--module-names {path}: expected a JSON object of layer name -> module name, e.g. "
+                         '{"b01_Conv2d": "features.0"}')
+    for key, value in doc.items():
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names):
+            raise InputError(f"--module-names {path}: {key!r}: {json.dumps(value)}; expected a module name or a "
+                             "non-empty list of them")
+    return doc
+
+
 @main.command("export")
 @click.argument("plans", type=click.Path(dir_okay=False))
 @click.option("--rank", type=click.IntRange(min=1), default=1, show_default=True, help="Which plan of the file.")
@@ -78,7 +103,11 @@ def _export_text(export: dict) -> str:
 @click.option("--files", "files_dir", type=click.Path(file_okay=False),
               help="Write the runtime's own files (launch script, ds_config.json, ...) into this directory "
                    "(created if its parent exists); without -o nothing else is printed.")
-def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
+@click.option("--module-names", "module_names_file", type=click.Path(dir_okay=False),
+              help="A JSON file mapping the plan's layer names to your model's module names (one name, or a list "
+                   "in execution order), e.g. {\"b01_Conv2d\": \"features.0\"}: for torch and torchtitan, when "
+                   "the profile named its layers otherwise than the model's modules (PipeDream, a CSV).")
+def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, module_names_file):
     """Export a plan for torch.distributed.pipelining, torchtitan, Megatron-LM,
     DeepSpeed or GPipe-style runners.
 
@@ -103,6 +132,7 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
     if torchtitan_version is not None and fmt != "torchtitan":
         raise InputError(f"export --torchtitan-version {torchtitan_version}: only with --format torchtitan "
                          f"(not {fmt})")
+    module_names = read_module_names(module_names_file) if module_names_file is not None else None
     plan_file = load_plan_file(plans)
     problems = plan_file_problems(parse_document(read_plan_text(plans), plans))  # every check validate runs
     if problems:
@@ -111,7 +141,7 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir):
     plan = select_plan(plan_file, rank, plans)
     options = {"torchtitan_version": torchtitan_version} if torchtitan_version is not None else {}
     try:
-        export = export_plan(plan, fmt, inputs=plan_file.inputs, **options)
+        export = export_plan(plan, fmt, inputs=plan_file.inputs, module_names=module_names, **options)
     except InputError as exc:  # the runtime's refusal, named by file and plan
         raise InputError(f"{plans}: plan of rank {rank}: {exc}") from None
     text = _output_text(export, fmt, output) if output is not None else _export_text(export)

@@ -164,8 +164,13 @@ class Checkpointed(nn.Module):
 
 def stage_module(model: nn.Module, s: int) -> nn.Module:
     """Stage s: its layers' modules in a chain, each layer checkpointed when the stage's STAGE_RECOMPUTE is "full"."""
-    layers = [nn.Sequential(OrderedDict((f.replace(".", "_"), model.get_submodule(f)) for f in fqns))
-              for fqns in STAGE_LAYERS[s]]
+    try:
+        layers = [nn.Sequential(OrderedDict((f.replace(".", "_"), model.get_submodule(f)) for f in fqns))
+                  for fqns in STAGE_LAYERS[s]]
+    except AttributeError as exc:
+        raise SystemExit(f"stage {{s}}: {{exc}}: STAGE_LAYERS names the model's modules as the plan's profile named "
+                         "its layers; map them to this model's module names with pipesearch export PLANS "
+                         "--format torch --module-names NAMES.json (layer name -> module name)") from None
     if STAGE_RECOMPUTE[s] == "full":
         layers = [Checkpointed(layer) for layer in layers]
     return nn.Sequential(*layers)
@@ -395,6 +400,16 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
                      "of the HuggingFace model, pipeline_torch.py pipesearch.profiler:hf_model_from_config "
                      "--factory-arg config.json --sample-shape SEQ_LEN --input-dtype long --vocab-size V "
                      "(split_spec and layer_modules name its children: embed_tokens, layers_NN, lm_head).")
+    if transformer_shape(layers.names) is None and not module_names:
+        pipedream = "PipeDream" in str(Inputs.of(inputs).model.get("source", ""))
+        notes.append(f"{'warning: ' if pipedream else ''}split_spec, layer_modules and pipeline_torch.py's "
+                     f"STAGE_LAYERS name each layer's module by the plan's layer name ({', '.join(layers.names[:2])}, "
+                     f"...): the model FACTORY returns needs modules of those names, as a model profiled by "
+                     f"pipesearch profile has"
+                     + (" (this plan's layers are named as in a PipeDream profile graph, not as torch modules)"
+                        if pipedream else "")
+                     + "; else map them with pipesearch export --module-names NAMES.json (a JSON object: layer name "
+                       "-> module name, or a list of them in execution order).")
     if sequence_parallel(plan):
         notes.append("sequence_parallel=True: apply it with the tensor-parallel plan (torch.distributed.tensor.parallel).")
     if cls == "ScheduleInterleavedZeroBubble":
