@@ -67,6 +67,9 @@ def test_zero1_offload_plan_writes_stage_1_offload_that_deepspeed_accepts(tmp_pa
     cfg = json.loads(out.read_text())
     assert cfg["zero_optimization"] == {"stage": 1, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     assert cfg["train_batch_size"] == 512 and cfg["gradient_accumulation_steps"] * 2 == 512
+    assert _export(path, "--rank", str(rank), "-o", str(tmp_path / "x.json")).exit_code == 0
+    notes = json.loads((tmp_path / "x.json").read_text())["notes"]
+    assert not any("names no optimizer" in n for n in notes)  # its optimizer is in the config
     pytest.importorskip("deepspeed")
     import deepspeed.runtime.config as ds_config
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -80,3 +83,17 @@ def test_zero1_offload_plan_writes_stage_1_offload_that_deepspeed_accepts(tmp_pa
     # the optimizer comes from the config (DeepSpeedCPUAdam for the offload): with a torch optimizer passed to
     # deepspeed.initialize instead, the engine raises ZeRORuntimeException (engine._configure_optimizer)
     assert parsed.optimizer_name == "adamw" and parsed.optimizer_params["lr"] > 0
+
+
+def test_a_config_without_an_optimizer_says_where_it_comes_from(tmp_path):
+    """deepspeed.initialize needs an optimizer from the config or the caller;
+    a plan without offload writes none, and a user launching ds_config.json
+    as written met "no optimizer" with nothing in the export saying so."""
+    out = tmp_path / "p.json"
+    assert CliRunner().invoke(main, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                     "--pp", "2", "--schedule", "1f1b", "-q", "-o", str(out)]).exit_code == 0
+    res = _export(out, "-o", str(tmp_path / "x.json"))
+    assert res.exit_code == 0, res.output
+    doc = json.loads((tmp_path / "x.json").read_text())
+    assert "optimizer" not in json.loads(doc["files"]["ds_config.json"])
+    assert any("names no optimizer" in n and "deepspeed.initialize" in n for n in doc["notes"])

@@ -97,7 +97,8 @@ def read_module_names(path: str) -> dict:
               help="Target runtime (stages-json: a runtime-neutral per-stage description).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help="Write here instead of stdout: .json the whole export (ds_config.json: DeepSpeed's config), "
-                   ".sh the launch script, .py DeepSpeed's partition recipe, .toml torchtitan 0.2's job file.")
+                   ".sh the launch script, .py the Python file (torch: pipeline_torch.py; DeepSpeed: its partition "
+                   "recipe), .toml torchtitan 0.2's job file.")
 @click.option("--torchtitan-version", help="torchtitan release to target (with --format torchtitan): 0.3.0 "
               "(default: --module/--config plus overrides) or 0.2 / 0.2.0 .. 0.2.2 (a job TOML, -o job.toml).")
 @click.option("--files", "files_dir", type=click.Path(file_okay=False),

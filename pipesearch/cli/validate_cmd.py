@@ -179,6 +179,8 @@ def _first_difference(found, want, where: str):
 
 def _short(value) -> str:
     """A value for a one-line message: its JSON, cut at 80 characters."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a count read back as JSON's number: 4, not 4.0
     text = value if isinstance(value, str) and value == "(missing)" else json.dumps(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

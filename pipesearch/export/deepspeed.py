@@ -218,6 +218,10 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
                      "DeepSpeed build DeepSpeedCPUAdam for the CPU step (pass no optimizer to deepspeed.initialize, "
                      "or a DeepSpeedCPUAdam: another torch optimizer with the offload is refused); its params "
                      "(lr 1e-4, betas 0.9 / 0.95, eps 1e-8, weight_decay 0.1) are placeholders for the run's.")
+    if "optimizer" not in config:  # the run's own optimizer: not the plan's business (its cost is the state's bytes)
+        notes.append("ds_config.json names no optimizer: pass the run's to deepspeed.initialize(..., "
+                     "optimizer=...) or add an \"optimizer\" block (deepspeed.initialize needs one of the two "
+                     "to train).")
     if deepspeed_cpu_checkpointing(plan):
         # activation checkpoint offload (ZeRO-Infinity, Rajbhandari et al. SC'21 sec. 5): the checkpoints
         # of PipelineModule's checkpointed layers (activation_checkpoint_interval 1) live in host memory
