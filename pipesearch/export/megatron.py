@@ -529,8 +529,9 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         if v > 1:
             reasons.append(
                 f"--num-layers-per-virtual-pipeline-stage needs the {L} layers divisible into pp*vp = {p * v} "
-                f"equal virtual stages ({L} % {p * v} = {L % (p * v)})"
-                + ("" if L % (p * v) else f" and the plan's stages are not all {L // (p * v)} layers")
+                f"equal virtual stages ({L} % {p * v} = {L % (p * v)})" if L % (p * v) else
+                f"--num-layers-per-virtual-pipeline-stage gives each of the pp*vp = {p * v} virtual stages "
+                f"{L // (p * v)} layers, and the plan's have {counts}"
             )
         else:
             reasons.append(
