@@ -2067,6 +2067,7 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
                     f"node{'s' if cluster.num_nodes > 1 else ''}; use hosts with more memory ([host] memory_GB), more "
                     f"nodes, or another schedule")
     if counts.get("one_replica") and options is not None and options.min_dp > 1:
-        hint = (f"the state is sharded over data-parallel replicas (--sharding), so plans of fewer than "
-                f"{options.min_dp} replicas were not searched; {hint}")
+        others = set(counts) - {"one_replica", "pruned", "batch_not_divisible"}  # what else left no plan
+        hint = ("the optimizer state is sharded over data-parallel replicas (--sharding / --zero1), so plans of one "
+                "replica were not searched: drop that flag to plan them" + (f", or {hint}" if others else ""))
     return f"no plan fits {prof.name} on {cluster.name} ({reasons}); {hint}"

@@ -374,15 +374,14 @@ def test_a_header_field_without_its_colon_is_named(tmp_path):
 
 @pytest.mark.parametrize("args,needles", [
     (["--pp", "2", "--vp", "2", "--split", "20,20"], ["--split of 2 stages", "pp x vp = 2", "here pp 2 x vp 2 = 4"]),
-    (["--split", "5,5,5,5,5,5,5,5"], ["--split of 8 stages", "pin --pp or --vp", "--pp 4 --vp 2 or --pp 2 --vp 4"]),
+    (["--split", "5,5,5,5,5,5,5,5"], ["--split of 8 stages", "add --pp and --vp", "--pp 4 --vp 2 or --pp 2 --vp 4"]),
     (["--split", "20x2,20x2"], ["replicas (NxR)", "one stage per device"]),
 ], ids=["pp-and-vp-given", "pp-from-the-split", "replicated"])
 def test_a_split_for_interleaving_names_what_was_given(tmp_path, args, needles):
     """The message asked for "--pp and --vp with pp x vp = 2" when both were
     given (pp 2 x vp 2 = 4), and suggested pp x vp for replicated stages,
     which cannot interleave (vgg16, the default, has 40 layers). Without
-    --pp, a split that two (pp, vp) pairs fit asks for one of them (one
-    pair that fits is taken: tests/test_pins_vp.py)."""
+    --pp, the pairs that fit the split are named."""
     assert_refused(tmp_path, ["plan", "--schedule", "interleaved-1f1b", *args, "-o", "p.json"], *needles)
 
 

@@ -669,8 +669,8 @@ def test_sharding_asked_for_leaves_plans_of_one_replica_out(flags):
     """Bug: with --sharding zero1 and dp free, plans of dp 1 were ranked
     beside the others, labelled zero1 with their state unsharded; with --pp 4
     on 4 devices every plan had dp 1 (exit 0). Every plan now has dp >= 2,
-    the dp 1 groups are counted as one_replica, and --pp 4 is refused naming
-    both pins and the pp that leaves 2 replicas."""
+    the dp 1 groups are counted as one_replica, and --pp 4 is refused saying
+    that the sharding left no plan and how to plan one replica."""
     import json
 
     base = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "256", *flags]
@@ -679,18 +679,23 @@ def test_sharding_asked_for_leaves_plans_of_one_replica_out(flags):
     assert doc["search"]["infeasible"]["one_replica"] == 4  # dp 1 of pp 1, 2, 3, 4
     free = json.loads(CliRunner().invoke(main, base[:-len(flags)] + ["--top", "10", "--json"]).output)
     assert any(p["parallelism"]["dp"] == 1 for p in free["plans"])  # what the pin removes
-    r = CliRunner().invoke(main, [*base, "--pp", "4"])
+    r = CliRunner().invoke(main, [*base, "--pp", "4"])  # 4 stages on 4 devices: one replica
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    assert "with --pp 4" in r.output and "lower --pp to 2" in r.output and flags[-1] in r.output
+    assert "(one_replica: 1)" in r.output and "drop that flag" in r.output and "larger cluster" not in r.output
+    r = CliRunner().invoke(main, [*base, "--pp", "4", "--dp", "2"])  # the device count is the reason here
+    assert r.exit_code == 2 and "--pp 4 x --dp 2 needs 8 devices" in r.output, r.output
 
 
-def test_a_replicated_split_refuses_any_dp_pin():
+@pytest.mark.parametrize("replicas", [["--split", "20x2,20x2"], ["--replicate-stages", "--pp", "2"]])
+def test_per_stage_replicas_refuse_any_dp_pin(replicas):
     """Bug: --split 20x2,20x2 --dp 1 planned (4 devices, dp reported 1)
-    while --dp 2 was refused; the split's replicas fix each stage's degree."""
-    base = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--split", "20x2,20x2"]
+    while --dp 2 was refused, and --replicate-stages --dp 1 planned replicas
+    (2, 1) reported as dp 1: per-stage replicas fix each stage's degree."""
+    base = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", *replicas]
     for dp in ("1", "2"):
         r = CliRunner().invoke(main, [*base, "--dp", dp])
-        assert r.exit_code == 2 and f"--split 20x2,20x2 with --dp {dp}" in r.output, r.output
+        assert r.exit_code == 2 and f"{replicas[0]}{' 20x2,20x2' if len(replicas) == 2 else ''} with --dp {dp}" \
+            in r.output and "drop --dp" in r.output, r.output
     assert CliRunner().invoke(main, base).exit_code == 0
 
 

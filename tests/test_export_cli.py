@@ -330,6 +330,13 @@ def test_module_names_map_a_pipedream_profiles_layers(vgg_plans, tmp_path):
     mapped = json.loads((tmp_path / "m.json").read_text())
     assert list(mapped["split_spec"]) == ["pre"]  # the split before the first module of stage 1
     assert "['pre', 'body']" in mapped["files"]["pipeline_torch.py"]
+    # a map of some layers leaves the others named as PipeDream named them: still a warning, naming those
+    del mapping["b00_Input"]
+    (tmp_path / "part.json").write_text(json.dumps(mapping))
+    res = export(vgg_plans, "--format", "torch", "--module-names", str(tmp_path / "part.json"), "-o",
+                 str(tmp_path / "p.json"))
+    assert res.exit_code == 0 and "warning:" in res.output and "not in module_names" in res.output, res.output
+    assert "(b00_Input, ...)" in res.output
 
 
 @pytest.mark.parametrize("body, needle", [

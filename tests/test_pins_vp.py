@@ -189,52 +189,65 @@ def test_cli_vp_with_a_runtime_of_one_stage_per_device_names_the_runtime():
     "no plan fits ... use a larger cluster"; refused naming both pins."""
     r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--runtime",
                                   "gpipe", "--vp", "2"])
-    _one_line_refusal(r, "--vp 2 with --runtime gpipe", "one stage per device", "drop --vp")
+    _one_line_refusal(r, "--vp 2 with --runtime gpipe", "one stage per device", "drop --vp",
+                      "runtime with virtual stages (torch)")  # not torchtitan or megatron: they build LLMs only
     assert "larger cluster" not in r.output
 
 
-@pytest.mark.parametrize("vp, pp", [(2, 2), (4, 1)])
-def test_cli_split_and_vp_fix_pp(vp, pp):
-    """--split of 4 stages with --vp 2 and no --pp: the split's stages over 2
-    per rank are pp 2 (the plan); with --vp 4 one rank would hold all 4:
-    refused (before, both were refused with an invented "here pp 4 x vp 2")."""
+@pytest.mark.parametrize("vp, needles", [
+    (2, ["--split of 4 stages with --vp 2: add --pp 2"]),
+    (4, ["--split of 4 stages with --vp 4", "2 or more ranks", "drop --vp"]),
+])
+def test_cli_split_and_vp_without_pp_name_the_pp_to_add(vp, needles):
+    """--split of 4 stages with --vp and no --pp: the split alone reads as pp
+    4, and the refusal said "needs --pp and --vp with pp x vp = 4 (here pp 4
+    x vp 2 = 8 ...)", a pp nobody gave; it now names the --pp to add (4 / 2),
+    or, with --vp 4 (one rank would hold all 4), says the split cannot be.
+    With the --pp it names, the plan runs pp 2 x vp 2 on the split."""
     import json
 
-    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64",
-                                  "--split", "10,10,10,10", "--vp", str(vp), "--top", "2", "--json"])
-    if pp < 2:
-        _one_line_refusal(r, "--split of 4 stages with --vp 4", "2 or more ranks")
-        return
-    assert r.exit_code == 0, r.output
-    plans = json.loads(r.output)["plans"]
-    assert plans and all((p["parallelism"]["pp"], p["parallelism"]["vp"]) == (2, 2) for p in plans)
-    assert all([s["layers"][1] - s["layers"][0] for s in p["stages"]] == [10] * 4 for p in plans)
+    base = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64", "--split", "10,10,10,10",
+            "--vp", str(vp)]
+    _one_line_refusal(CliRunner().invoke(main, base), *needles)
+    if vp == 2:
+        r = CliRunner().invoke(main, [*base, "--pp", "2", "--top", "2", "--json"])
+        assert r.exit_code == 0, r.output
+        plans = json.loads(r.output)["plans"]
+        assert plans and all((p["parallelism"]["pp"], p["parallelism"]["vp"]) == (2, 2) for p in plans)
 
 
-def test_cli_split_with_interleaving_alone_takes_the_one_vp_that_fits():
-    """--split of 4 stages, --schedule interleaved-1f1b, no --pp or --vp:
-    only pp 2 x vp 2 runs 4 stages with 2 or more per rank; 8 stages fit pp
-    4 x vp 2 and pp 2 x vp 4, so both pins are asked for, with examples."""
-    import json
+@pytest.mark.parametrize("schedules, split, needles", [
+    (["interleaved-1f1b"], "10,10,10,10", ["add --pp and --vp with pp x vp = 4 (--pp 2 --vp 2)"]),
+    (["interleaved-1f1b"], "5,5,5,5,5,5,5,5", ["pp x vp = 8 (--pp 4 --vp 2 or --pp 2 --vp 4)"]),
+    (["looped-bfs"], "13,13,14", ["pp and vp of 2 or more", "--schedule gpipe, 1f1b or zb-h1"]),
+    (["interleaved-1f1b", "1f1b"], "10,10,10,10", ["1f1b would run it one stage per rank (pp 4)", "add --pp"]),
+])
+def test_cli_split_for_virtual_stages_without_pp_names_the_pins_to_add(schedules, split, needles):
+    """A split and only schedules of several stages per rank (or both
+    kinds), no --pp: the fix named is one that works (--schedule 1f1b was
+    suggested beside a pinned --vp, which then refused it)."""
+    args = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--split", split]
+    for schedule in schedules:
+        args += ["--schedule", schedule]
+    _one_line_refusal(CliRunner().invoke(main, args), *needles)
 
-    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64",
-                                  "--split", "10,10,10,10", "--schedule", "interleaved-1f1b", "--json"])
-    assert r.exit_code == 0, r.output
-    assert all((p["parallelism"]["pp"], p["parallelism"]["vp"]) == (2, 2) for p in json.loads(r.output)["plans"])
-    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64",
-                                  "--split", "5,5,5,5,5,5,5,5", "--schedule", "interleaved-1f1b"])
-    _one_line_refusal(r, "--split of 8 stages", "--pp 4 --vp 2", "--pp 2 --vp 4")
 
-
-def test_cli_repeated_values_are_one_pin():
+@pytest.mark.parametrize("once, twice", [
+    (["--schedule", "1f1b"], ["--schedule", "1f1b", "--schedule", "1f1b"]),
+    (["--schedule", "interleaved-1f1b", "--vp", "2"], ["--schedule", "interleaved-1f1b", "--vp", "2", "--vp", "2"]),
+    (["--cluster", "4x4-v100-10gbe", "--placement", "data"],
+     ["--cluster", "4x4-v100-10gbe", "--placement", "data", "--placement", "data"]),
+])
+def test_cli_repeated_values_are_one_pin(once, twice):
     """--schedule 1f1b twice searched every 1F1B point twice (more points
-    evaluated, doubled skip counts) and recorded the schedule twice."""
+    evaluated, doubled skip counts) and recorded the schedule twice; --vp 2
+    twice evaluated 16 interleaved points instead of 8."""
     import json
 
-    args = ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64", "--json"]
-    once = json.loads(CliRunner().invoke(main, args + ["--schedule", "1f1b"]).output)
-    twice = json.loads(CliRunner().invoke(main, args + ["--schedule", "1f1b", "--schedule", "1f1b", "--vp", "1",
-                                                        "--vp", "1"]).output)
-    assert twice["inputs"]["job"]["schedules"] == ["1f1b"]
-    assert twice["search"]["points_evaluated"] == once["search"]["points_evaluated"]
-    assert twice["search"]["infeasible"] == once["search"]["infeasible"]
+    args = ["plan", "-q", "--model", "vgg16", "-b", "64", "--json"]
+    args += [] if "--cluster" in once else ["--cluster", "1x4-v100-pcie"]
+    one = json.loads(CliRunner().invoke(main, args + once).output)
+    two = json.loads(CliRunner().invoke(main, args + twice).output)
+    assert two["inputs"]["job"]["schedules"] == one["inputs"]["job"]["schedules"]
+    assert two["search"]["points_evaluated"] == one["search"]["points_evaluated"]
+    assert two["search"]["infeasible"] == one["search"]["infeasible"]

@@ -214,29 +214,51 @@ def test_snippet_trains_a_transformer_planned_from_its_config(tmp_path):
     assert len(losses) == 2 and all(0 < x < 10 for x in losses)
 
 
-@pytest.mark.slow
-def test_replicas_of_an_unseeded_model_start_equal(tmp_path):
-    """Bug: a factory that does not seed built different weights in each
-    torchrun process (torch seeds each from the OS), so a stage's replicas
-    started, and stayed, apart (their gradients averaged, their weights not:
-    stage 0's parameter sums 32.70 and 30.48 after 2 steps). Every replica
-    now ends where replica 0 does, fed different inputs or not."""
-    (tmp_path / "unseeded.py").write_text(
-        "from torch import nn\n\n\ndef make_model():\n"
-        "    return nn.Sequential(*[nn.Sequential(nn.Linear(1024, 1024), nn.ReLU()) for _ in range(8)])\n")
-    plan = make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8, dp=2)
+def _factory_sums(tmp_path, plan, factory_body: str, name: str) -> dict:
+    """Run ``plan``'s script (2 steps) on a model module written from
+    ``factory_body`` (the body of ``make_model()``, ``os``, ``torch`` and
+    ``nn`` imported), printing each process's parameter sum at the end:
+    ``{(pipeline rank, replica): sum}``."""
+    (tmp_path / f"{name}.py").write_text("import os\n\nimport torch\nfrom torch import nn\n\n\ndef make_model():\n"
+                                         + "".join(f"    {line}\n" for line in factory_body.splitlines()))
     script = export_plan(plan, "torch")["files"]["pipeline_torch.py"]
     script = script.replace("    dist.destroy_process_group()", "    print(f'sums {pp_rank} {replica} "
                             "{sum(float(p.double().sum()) for p in params)!r}', flush=True)\n"
                             "    dist.destroy_process_group()")
     (tmp_path / "run.py").write_text(script)
     env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
-                          str(free_port()), str(tmp_path / "run.py"), "unseeded:make_model", "--sample-shape", "1024",
-                          "--steps", "2"], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.pp * plan.dp),
+                          "--master-port", str(free_port()), str(tmp_path / "run.py"), f"{name}:make_model",
+                          "--sample-shape", "1024", "--steps", "2"],
+                         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    sums = {(int(r), int(k)): float(v) for r, k, v in re.findall(r"sums (\d+) (\d+) ([-+0-9.eE]+)", res.stdout)}
+    return {(int(r), int(k)): float(v) for r, k, v in re.findall(r"sums (\d+) (\d+) ([-+0-9.eE]+)", res.stdout)}
+
+
+CHAIN = "return nn.Sequential(*[nn.Sequential(nn.Linear(1024, 1024), nn.ReLU()) for _ in range(8)])"
+
+
+@pytest.mark.slow
+def test_replicas_of_a_model_built_differently_on_each_rank_start_equal(tmp_path):
+    """Bug: each torchrun process built its own initial weights (torch seeds
+    each from the OS), so a stage's replicas started, and stayed, apart
+    (their gradients averaged, their weights not: stage 0's parameter sums
+    32.70 and 30.48 after 2 steps). A factory seeded by the process's rank
+    differs even after the script's seed: every replica must end where
+    replica 0 does (each stage's weights broadcast from it)."""
+    plan = make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8, dp=2)
+    sums = _factory_sums(tmp_path, plan, "torch.manual_seed(int(os.environ['RANK']))\n" + CHAIN, "by_rank")
     assert len(sums) == 4 and all(sums[r, 0] == sums[r, 1] for r in range(2)), sums
+
+
+@pytest.mark.slow
+def test_an_unseeded_model_is_built_from_the_scripts_seed(tmp_path):
+    """A factory that does not seed: two runs of the script end with the same
+    weights (built after torch.manual_seed(--seed)); before, each run (and
+    each process) drew its own."""
+    plan = make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8)
+    first = _factory_sums(tmp_path, plan, CHAIN, "unseeded")
+    assert len(first) == 2 and first == _factory_sums(tmp_path, plan, CHAIN, "unseeded")
 
 
 @pytest.mark.slow

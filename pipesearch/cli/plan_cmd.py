@@ -682,20 +682,15 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
                          f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
     pinned = split_text(split, split_replicas) if split_replicas else ""
-    if split_replicas and dp is not None:
-        raise InputError(f"{pinned} with --dp {dp}: the split's replicas (NxR) give each stage its own data-parallel "
-                         "degree; drop --dp")
+    if (split_replicas or replicate_stages) and dp is not None:
+        what = f"{pinned}: the split's replicas (NxR)" if split_replicas else "--replicate-stages: the replicas"
+        raise InputError(f"{what.split(':')[0]} with --dp {dp}: {what.split(': ')[1]} give each stage its own "
+                         "data-parallel degree; drop --dp")
     if split_replicas and vps and max(vps) > 1:
         raise InputError(f"{pinned} with --vp {max(vps)}: per-stage replication runs one stage per device (vp 1); "
                          f"drop --vp or the replicas")
-    looped = [x for x in schedules if x in ("interleaved-1f1b", "looped-bfs")] if not split_replicas else []
-    if split and not pp and looped and len(looped) < len(schedules) and not vps:
-        raise InputError(f"--split of {len(split)} stages with --schedule {' and '.join(schedules)}: it runs one stage "
-                         f"per rank under {', '.join(x for x in schedules if x not in looped)} (pp {len(split)}) and "
-                         f"several under {', '.join(looped)}; pin --pp and --vp, or ask for one kind of schedule")
-    if split and not pp and not split_replicas and ((vps and max(vps) > 1) or (
-            looped and len(looped) == len(schedules) and not vps)):
-        pp = split_pp(len(split), vps)  # the split's stages over vp stages per rank fix pp (and vp: split_vps)
+    if split and not pp and not split_replicas:  # a split for virtual stages needs --pp: say which one
+        check_split_without_pp(len(split), vps, schedules)
     explicit_schedules = schedules
     if not schedules:
         schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
@@ -728,7 +723,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             schedules = tuple(x for x in schedules if x not in MULTI_STAGE_SCHEDULES) or schedules
         runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
         if vps and max(vps) > 1 and not set(schedules) & set(MULTI_STAGE_SCHEDULES):
-            looped = [r for r in runtimes.RUNTIMES if set(runtimes.SCHEDULES[r]) & set(MULTI_STAGE_SCHEDULES)]
+            looped = [r for r in runtimes.RUNTIMES if set(runtimes.SCHEDULES[r]) & set(MULTI_STAGE_SCHEDULES)
+                      and (r == "torch" or source.info.get("kind") == "transformer")]  # the others build LLMs
             raise InputError(f"--vp {max(vps)} with --runtime {runtime}: {runtime} runs {', '.join(schedules)}, one "
                              f"stage per device (vp 1); drop --vp, or choose a runtime with virtual stages "
                              f"({', '.join(looped)})")
@@ -737,11 +733,6 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather)
     sharded = asked_sharding not in (None, "none") or zero1  # asked for: plans of one replica would not honour it
     pinned_pp = pp or (len(split) if split else None)
-    if sharded and pinned_pp and cluster.num_devices // ((tp or 1) * pinned_pp) < 2:
-        flag = f"--sharding {asked_sharding}" if asked_sharding not in (None, "none") else "--zero1"
-        raise InputError(f"{flag} with --pp {pinned_pp}: {pinned_pp} stages on the {cluster.num_devices} devices of "
-                         f"{cluster.name} leave one data-parallel replica, with no replicas to shard its state over; "
-                         f"lower --pp to {cluster.num_devices // (2 * (tp or 1))} or less, or drop {flag}")
     if placements and cluster.is_homogeneous and 1 in (pinned_pp, dp):
         degree = f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}"
         raise InputError(f"--placement {placements[0]} with {degree}: a placement orders the stages' replicas, which "
@@ -947,35 +938,42 @@ def small_batch_note(plans, source) -> str | None:
             f"several sizes (pipesearch profile --batch-sizes) or pin --micro-batch-size")
 
 
-def split_pp(stages: int, vps) -> int:
-    """The pipeline degree of a ``--split`` of ``stages`` stages without
-    ``--pp``, run with virtual stages: ``--vp`` (one value) fixes ``pp =
-    stages / vp``; without it (an interleaved or looped schedule asked for)
-    the one ``vp >= 2`` that leaves 2 or more ranks does.
+def check_split_without_pp(stages: int, vps, schedules) -> None:
+    """A ``--split`` of ``stages`` stages without ``--pp`` runs one stage per
+    rank (pp = stages). Refuse, naming the ``--pp`` (and ``--vp``) to add,
+    where the pins ask for virtual stages instead: a ``--vp`` above 1, or
+    only schedules of several stages per rank, or both kinds of schedule
+    (each would read the split another way).
 
     Raises:
-        InputError: several vp values, or several that fit the split (each
-            would fix another pp), or none: a count of stages that is not
-            ``vp`` times 2 or more ranks.
+        InputError: the fix, e.g. ``--split of 4 stages with --vp 2: add
+            --pp 2``.
     """
-    if not vps:
-        fits = [v for v in range(2, stages // 2 + 1) if stages % v == 0]
-        if len(fits) != 1:
-            examples = " or ".join(f"--pp {stages // v} --vp {v}" for v in fits[:2])
-            raise InputError(f"--split of {stages} stages with virtual stages per rank: "
-                             + (f"pin --pp or --vp (pp x vp = {stages}: {examples})" if fits else
-                                "no count of 2 or more ranks runs 2 or more of them each; give a split of 4, 6, 8, "
-                                "... stages, or --schedule gpipe, 1f1b or zb-h1"))
-        return stages // fits[0]
-    if len(vps) > 1:
-        raise InputError(f"--split of {stages} stages with --vp {','.join(map(str, vps))}: each vp gives the split's "
-                         f"stages another pipeline degree; pin one --vp, or --pp")
-    vp = vps[0]
-    if stages % vp or stages // vp < 2:
-        raise InputError(f"--split of {stages} stages with --vp {vp}: each pipeline rank runs {vp} of them, so the "
-                         f"split needs a multiple of {vp} stages on 2 or more ranks ({2 * vp}, {3 * vp}, ...); change "
-                         f"the split or drop --vp")
-    return stages // vp
+    several = [x for x in schedules if x in MULTI_STAGE_SCHEDULES]
+    if vps and max(vps) > 1:
+        if len(vps) > 1:
+            raise InputError(f"--split of {stages} stages with --vp {','.join(map(str, vps))}: a split of pp x vp "
+                             f"stages has one vp; keep one --vp and add --pp (stages / vp)")
+        vp = vps[0]
+        if stages % vp or stages // vp < 2:
+            raise InputError(f"--split of {stages} stages with --vp {vp}: each pipeline rank runs {vp} of them, so "
+                             f"the split needs a multiple of {vp} stages on 2 or more ranks ({2 * vp}, {3 * vp}, "
+                             f"...); change the split or drop --vp")
+        raise InputError(f"--split of {stages} stages with --vp {vp}: add --pp {stages // vp} (the split's stages, "
+                         f"{vp} per pipeline rank)")
+    if several and len(several) < len(schedules) and not vps:
+        one = [x for x in schedules if x not in several]
+        raise InputError(f"--split of {stages} stages with --schedule {' and '.join(schedules)}: {', '.join(one)} "
+                         f"would run it one stage per rank (pp {stages}), {', '.join(several)} several stages per "
+                         f"rank; add --pp (the split's stages over it fix vp), or ask for one kind of schedule")
+    if several and len(several) == len(schedules) and not vps and set(several) <= {"interleaved-1f1b", "looped-bfs"}:
+        pairs = [(stages // v, v) for v in range(2, stages // 2 + 1) if stages % v == 0]
+        if not pairs:
+            raise InputError(f"--split of {stages} stages with --schedule {' and '.join(schedules)}: a split for "
+                             f"virtual stages has pp x vp stages, pp and vp of 2 or more (4, 6, 8, 9, ...); change "
+                             f"the split, or use --schedule gpipe, 1f1b or zb-h1")
+        raise InputError(f"--split of {stages} stages with --schedule {' and '.join(schedules)}: add --pp and --vp "
+                         f"with pp x vp = {stages} (" + " or ".join(f"--pp {a} --vp {b}" for a, b in pairs[:2]) + ")")
 
 
 def split_vps(split, pp: int | None) -> tuple[int, ...]:

@@ -400,11 +400,13 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
                      "of the HuggingFace model, pipeline_torch.py pipesearch.profiler:hf_model_from_config "
                      "--factory-arg config.json --sample-shape SEQ_LEN --input-dtype long --vocab-size V "
                      "(split_spec and layer_modules name its children: embed_tokens, layers_NN, lm_head).")
-    if transformer_shape(layers.names) is None and not module_names:
+    unmapped = [n for n in layers.names if n not in (module_names or {})]
+    if transformer_shape(layers.names) is None and unmapped:
         pipedream = "PipeDream" in str(Inputs.of(inputs).model.get("source", ""))
         notes.append(f"{'warning: ' if pipedream else ''}split_spec, layer_modules and pipeline_torch.py's "
-                     f"STAGE_LAYERS name each layer's module by the plan's layer name ({', '.join(layers.names[:2])}, "
-                     f"...): the model FACTORY returns needs modules of those names, as a model profiled by "
+                     f"STAGE_LAYERS name each layer{' not in module_names' if module_names else ''} by the plan's "
+                     f"layer name ({', '.join(unmapped[:2])}, ...): the model FACTORY returns needs modules of those "
+                     f"names, as a model profiled by "
                      f"pipesearch profile has"
                      + (" (this plan's layers are named as in a PipeDream profile graph, not as torch modules)"
                         if pipedream else "")
