@@ -100,3 +100,26 @@ def test_an_edited_embedded_export_is_named_by_validate(tmp_path, doc):
     assert f"plans[0].exports.torch.n_microbatches: {m + 1} found, {m} expected" in r.output, r.output
     r = CliRunner().invoke(main, ["export", str(path), "--format", "torch"])
     assert r.exit_code == 0 and json.loads(r.stdout)["n_microbatches"] == m, r.output
+
+
+def test_an_edited_export_file_is_named_by_its_line(tmp_path, doc):
+    """An edited line of an embedded script was reported as two JSON strings
+    cut at 80 characters, the same prefix found and expected; validate now
+    names the file's first line that differs and shows both versions of it.
+    A list that lost an element names the first one missing."""
+    text = doc["plans"][0]["exports"]["torch"]["files"]["pipeline_torch.py"]
+    lines = text.splitlines()
+    k = next(i for i, x in enumerate(lines) if x.startswith("N_MICROBATCHES, MICROBATCH_SIZE = "))
+    edited = "\n".join(lines[:k] + ["N_MICROBATCHES, MICROBATCH_SIZE = 999, 1"] + lines[k + 1:]) + "\n"
+
+    def edit(d):
+        d["plans"][0]["exports"]["torch"]["files"]["pipeline_torch.py"] = edited
+
+    r = CliRunner().invoke(main, ["validate", str(_edited(tmp_path, doc, edit))])
+    assert r.exit_code == 2, r.output
+    assert (f'plans[0].exports.torch.files.pipeline_torch.py line {k + 1}: "N_MICROBATCHES, MICROBATCH_SIZE = 999, 1" '
+            f'found, {json.dumps(lines[k])} expected') in r.output, r.output
+    notes = doc["plans"][0]["exports"]["torch"]["notes"]
+    r = CliRunner().invoke(main, ["validate", str(_edited(
+        tmp_path, doc, lambda d: d["plans"][0]["exports"]["torch"].__setitem__("notes", notes[:-1])))])
+    assert f"plans[0].exports.torch.notes[{len(notes) - 1}]: (missing) found" in r.output, r.output

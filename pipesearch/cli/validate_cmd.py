@@ -168,12 +168,22 @@ def _first_difference(found, want, where: str):
             if hit[0] is not None:
                 return hit
         return None, None, None
-    if isinstance(found, list) and isinstance(want, list) and len(found) == len(want):
+    if isinstance(found, list) and isinstance(want, list):
         for i, (a, b) in enumerate(zip(found, want)):
             hit = _first_difference(a, b, f"{where}[{i}]")
             if hit[0] is not None:
                 return hit
-        return None, None, None
+        if len(found) == len(want):
+            return None, None, None
+        k = min(len(found), len(want))  # one list runs on: its first element past the other's end
+        return f"{where}[{k}]", (found[k] if k < len(found) else "(missing)"), (want[k] if k < len(want) else
+                                                                               "(missing)")
+    if isinstance(found, str) and isinstance(want, str) and found != want and "\n" in found + want:
+        lines_found, lines_want = found.splitlines(), want.splitlines()  # a file's text: its first line that differs
+        k = next((i for i, (a, b) in enumerate(zip(lines_found, lines_want)) if a != b),
+                 min(len(lines_found), len(lines_want)))
+        at = (lines_found + ["(end of text)"])[k], (lines_want + ["(end of text)"])[k]
+        return f"{where} line {k + 1}", at[0], at[1]
     return (None, None, None) if found == want else (where, found, want)
 
 
