@@ -52,7 +52,9 @@ def plot_command(plan_file, kind, rank, output):
         doc = load_plan_file(plan_file)  # read once: drawn below
         plan = select_plan(doc, rank, plan_file)
         total_s, tl = replay(plan, plan_file, rank)
-        for line in replay_warnings(plan_file, rank, plan, total_s, tl):
+        drawn = ("the timeline below is the replay's" if kind == "timeline" else
+                 "the stages figure draws the file's own stage times and figures")
+        for line in replay_warnings(plan_file, rank, plan, total_s, tl, drawn):
             click.echo(f"warning: {line}", err=True)
     out = render(kind, doc, f"{kind}.png" if output is None else output, rank=rank, source=str(plan_file))
     click.echo(f"wrote {Path(out)}")

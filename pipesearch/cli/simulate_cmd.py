@@ -21,16 +21,18 @@ from .validate_cmd import memory_disagreement
 TIME_REL_TOL = 1e-9
 
 
-def time_disagreement(path: str, rank: int, replayed_s: float, recorded_s: float) -> str | None:
+def time_disagreement(path: str, rank: int, replayed_s: float, recorded_s: float,
+                      drawn: str = "the figures below are the replay's") -> str | None:
     """One warning line when a plan's replay ``replayed_s`` differs from
     its file's ``predicted.iteration_time_s`` ``recorded_s`` beyond
-    :data:`TIME_REL_TOL` relative, naming the file and both times; None when
+    :data:`TIME_REL_TOL` relative, naming the file and both times and
+    ending with ``drawn`` (which of the two what follows shows); None when
     they agree."""
     if abs(replayed_s - recorded_s) <= TIME_REL_TOL * max(abs(replayed_s), abs(recorded_s)):
         return None
     return (f"{path}: plan of rank {rank}: the replay takes {replayed_s:.12g} s, the file's "
             f"predicted.iteration_time_s is {recorded_s!r} s; the file's stage times, copies or prediction were "
-            f"edited (pipesearch validate {path} names the field); the figures below are the replay's")
+            f"edited (pipesearch validate {path} names the field); {drawn}")
 
 
 def replay(plan, path: str, rank: int):
@@ -47,12 +49,14 @@ def replay(plan, path: str, rank: int):
         raise InputError(f"{path}: plan of rank {rank}: {exc}") from None
 
 
-def replay_warnings(path: str, rank: int, plan, total_s: float, tl) -> list[str]:
+def replay_warnings(path: str, rank: int, plan, total_s: float, tl,
+                    drawn: str = "the figures below are the replay's") -> list[str]:
     """The lines that say a plan's replay (``total_s`` and timeline ``tl``
     of :func:`pipesearch.search.simulate_plan`) disagrees with its file:
-    the iteration time (:func:`time_disagreement`) and each stage's memory
+    the iteration time (:func:`time_disagreement`, ending with ``drawn``)
+    and each stage's memory
     (:func:`pipesearch.cli.validate_cmd.memory_disagreement`)."""
-    time = time_disagreement(path, rank, total_s, plan.predicted.iteration_time_s)
+    time = time_disagreement(path, rank, total_s, plan.predicted.iteration_time_s, drawn)
     return [time] * bool(time) + [f"{path}: plan of rank {rank}{line}" for line in memory_disagreement(plan, tl)]
 
 
