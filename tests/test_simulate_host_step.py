@@ -65,3 +65,39 @@ def test_delayed_step_is_named_beside_the_next_iteration():
                                        "longest), delayed beside the next iteration")
     total_s, tl = simulate_plan(plan)
     assert host_step_terms(plan, tl, total_s) is None  # not after the pipeline
+
+
+def test_the_timeline_draws_the_host_step_where_the_simulator_runs_it():
+    """The hand case: rank 1's host step spans 4-14 s, the iteration's end,
+    labelled as the host step alone (dp 1: no all-reduce; it read "A
+    all-reduce + host optimizer step"). Catches: a span drawn from another
+    rule than the simulator's (Mobius': after the last gradient copy, which
+    left the figure 35 ms short of the 41.328 s iteration it named)."""
+    from pipesearch.plots.timeline import allreduce_label, allreduce_spans
+
+    plan = _plan()
+    total_s, tl = simulate_plan(plan)
+    assert allreduce_spans(plan, tl) == [(0.0, 0.0), pytest.approx((4.0, 10.0))]
+    assert allreduce_label(plan) == "A host optimizer step"
+    assert allreduce_label(replace(plan, dp=2)) == "A all-reduce + host optimizer step"
+
+
+@pytest.mark.slow
+def test_a_mobius_timeline_ends_where_its_iteration_does(tmp_path):
+    """Mobius (docs/offload.md's llama3.1-8b on eight RTX 4090s): each rank's
+    host step starts after its last gradient copy to the host, so the spans
+    drawn end at the simulated iteration time, which the title names."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+    from pipesearch.plan import load_plan_file
+    from pipesearch.plots.timeline import allreduce_spans
+
+    out = tmp_path / "m.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "llama3.1-8b", "--cluster", "1x8-rtx4090-pcie4", "-b", "128",
+                                    "--seq-len", "2048", "--top", "1", "--schedule", "mobius", "--activation-offload",
+                                    "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = load_plan_file(out).plans[0]
+    total_s, tl = simulate_plan(plan)
+    assert max(a + d for a, d in allreduce_spans(plan, tl)) == pytest.approx(total_s, rel=1e-12)

@@ -303,10 +303,13 @@ def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "
     plan = plan_of_rank(plan_file, rank, source)
     path, _ = check_output(path)
     total_s, timeline = simulate_plan(plan)
+    host = any(st.host_step_s > 0 for st in plan.stages)
+    replicated = plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
     title = (f"{title_of(plan_file)}\nplan {plan_label(plan)}: simulated iteration {format_seconds(total_s)} "
              f"(pipeline {format_seconds(timeline.iteration_time_s)}"
-             + (", then gradient all-reduce)" if plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
-                else ", dp = 1: no all-reduce)"))
+             + (", then gradient all-reduce and host optimizer step)" if replicated and host else
+                ", then gradient all-reduce)" if replicated else
+                ", then host optimizer step; dp = 1: no all-reduce)" if host else ", dp = 1: no all-reduce)"))
     spans = allreduce_spans(plan, timeline)
     pcie = plan_pcie_rows(plan, timeline)
     return _atomic(path, lambda tmp: plot_timeline(timeline, tmp, title, allreduce=spans,

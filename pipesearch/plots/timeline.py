@@ -13,20 +13,27 @@ _IDLE = "#E6E6E6"
 
 
 def allreduce_spans(plan, timeline: Timeline) -> list[tuple[float, float]]:
-    """Per rank, ``(start_s, duration_s)`` of its gradient all-reduce: after
-    its last backward, as long as the ``allreduce_s`` of its stages (the rule
-    of :func:`pipesearch.search.simulate_plan`); ``(0, 0)`` without one.
-    RoundPipe (no all-reduce; the CPU's step over all groups once the last
-    gradients are on the host): that step on every rank, ending at the
-    plan's time."""
+    """Per rank, ``(start_s, duration_s)`` of its gradient all-reduce: from
+    the rank's end (``timeline.rank_end_s``: its last action with a blocking
+    send; Mobius: and its stages' last gradient copy), as long as the ``allreduce_s`` of
+    its stages (the rule of :func:`pipesearch.timemodel.simulate_times`);
+    ``(0, 0)`` without one. RoundPipe (no all-reduce; the CPU's step over
+    all groups once the last gradients are on the host): that step on every
+    rank, ending at the plan's time."""
     p = timeline.num_ranks
     if plan.schedule == "roundpipe":
         step = sum(st.allreduce_s for st in plan.stages)
         return [(plan.predicted.iteration_time_s - step, step) if step > 0 else (0.0, 0.0)] * p
-    end = [0.0] * p
-    for rec in timeline.records:
-        if rec.kind in ("B", "W"):
-            end[rec.rank] = max(end[rec.rank], rec.end_s)
+    end = list(timeline.rank_end_s)
+    if len(end) != p:  # a timeline without rank ends: each rank's last backward
+        end = [0.0] * p
+        for rec in timeline.records:
+            if rec.kind in ("B", "W"):
+                end[rec.rank] = max(end[rec.rank], rec.end_s)
+    if plan.schedule == "mobius":  # and after the last copy of its gradients to the host
+        for _, direction, what, stage, _, stop in pcie_copy_spans(plan):
+            if (direction, what) == ("out", "gradients"):
+                end[stage % p] = max(end[stage % p], stop)
     dur = [0.0] * p
     for st in plan.stages:
         dur[st.index % p] += st.allreduce_s
@@ -37,9 +44,10 @@ def allreduce_label(plan) -> str:
     """Legend of the bars :func:`allreduce_spans` draws: the gradient
     all-reduce, and the host optimizer step with it where a stage offloads
     its optimizer (both follow the last backward: ``StagePlan.allreduce_s``
-    holds their sum)."""
+    holds their sum), the step alone for one replica."""
     if any(st.host_step_s > 0 for st in plan.stages):
-        return "A all-reduce + host optimizer step"
+        replicated = plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
+        return "A all-reduce + host optimizer step" if replicated else "A host optimizer step"
     return "A gradient all-reduce"
 
 
