@@ -620,13 +620,18 @@ def _schedule_placements(placements: tuple[str, ...], schedule: str) -> tuple[st
     return tuple(p for p in placements if p != "mapped") if schedule == "roundpipe" else placements
 
 
+def one_rank_schedule(schedules) -> str:
+    """The schedule ``pp = 1`` is searched with among ``schedules``: with
+    one stage every schedule is plain gradient accumulation, 1F1B's order,
+    so 1F1B (or the first schedule when 1F1B is not searched)."""
+    return "1f1b" if "1f1b" in schedules else schedules[0]
+
+
 def group_schedules(pp: int, options: SearchOptions) -> tuple[str, ...]:
-    """The schedules a group of ``pp`` ranks is searched with: with one
-    stage every schedule is plain gradient accumulation, 1F1B's order, so
-    ``pp = 1`` takes 1F1B alone (or the first schedule when 1F1B is not
-    searched)."""
+    """The schedules a group of ``pp`` ranks is searched with: all of
+    them, but one for ``pp = 1`` (:func:`one_rank_schedule`)."""
     if pp == 1:
-        return ("1f1b",) if "1f1b" in options.schedules else tuple(options.schedules[:1])
+        return (one_rank_schedule(options.schedules),) if options.schedules else ()
     return tuple(options.schedules)
 
 

@@ -286,6 +286,25 @@ def test_space_grid_missing_cells_of_a_pruned_search():
     assert (space_grid(pts, missing="pruned").query("status == 'pruned'").points == 0).all()
 
 
+def test_space_grid_pp_1_of_the_other_schedules_is_not_pruned():
+    """pp 1 is searched with one schedule (1F1B's order: every schedule is
+    plain gradient accumulation on one rank); a pruned search drew the other
+    schedules' pp 1 cells as "bound", as if a bound had skipped them."""
+    pts = pd.DataFrame([(1, "1f1b", 1, 1, "ok", 5.0), (1, "gpipe", 2, 1, "ok", 6.0), (1, "1f1b", 2, 1, "ok", 6.5)],
+                       columns=["tp", "schedule", "pp", "num_micro_batches", "status", "samples_per_s"])
+    for col, value in (("dp", 1), ("micro_batch_size", 1), ("placement", "pipeline"), ("recompute", "none"),
+                       ("iteration_time_s", 1.0), ("peak_memory_bytes", 1.0)):
+        pts[col] = value
+    g = space_grid(pts, missing="pruned").set_index(["schedule", "pp"])["status"]
+    assert g["gpipe", 1] == "n/a" and g["1f1b", 1] == "ok" and g["gpipe", 2] == "ok"
+    # the schedules searched decide which one pp 1 ran, not those listed (1F1B's pp 1 points may all be pruned)
+    g = space_grid(pts[pts["schedule"] == "gpipe"].assign(pp=[1]), missing="pruned", searched=["gpipe", "1f1b"])
+    assert list(g.status) == ["ok"]  # a listed point keeps its status
+    rows = pd.concat([pts[pts["pp"] == 2], pts[pts["pp"] == 2].assign(pp=1, status="pruned", schedule="gpipe")])
+    g = space_grid(rows, missing="pruned", searched=["zb-h1", "gpipe", "1f1b"]).set_index(["schedule", "pp"])
+    assert g.loc[("1f1b", 1), "status"] == "pruned"  # 1F1B runs pp 1: its cell may hide pruned groups
+
+
 def test_space_grid_precedence():
     rows = [
         # tp, schedule, pp, m, status, samples/s

@@ -126,9 +126,12 @@ def plot_pareto(plan_file: PlanFile, path: str | PathLike[str], source: str = "p
         ax.set_xlim(0.0, xmax)
         ax.set_ylim(0.0, ymax)
 
-        for k, (dev, cap) in enumerate(sorted(caps.items(), key=lambda kv: (kv[1], kv[0]))):
+        by_cap: dict[float, list[str]] = {}  # device types of one capacity share its line and its label
+        for dev, cap in sorted(caps.items(), key=lambda kv: (kv[1], kv[0])):
+            by_cap.setdefault(cap, []).append(dev)
+        for cap, devs in by_cap.items():
             ax.axvline(cap / GIB, color="#B22222", linewidth=1.5, zorder=1)
-            ax.text((cap * keep - reserve) / GIB, ymax * 0.985, f"{dev}: {cap / GIB:g} GiB ", rotation=90,
+            ax.text(cap / GIB, ymax * 0.985, f"{', '.join(devs)}: {cap / GIB:g} GiB ", rotation=90,
                     ha="right", va="top", fontsize=7.5, color="#B22222", zorder=4)
             if reserve > 0 or keep < 1:
                 ax.axvline((cap * keep - reserve) / GIB, color="#B22222", linewidth=1.0, linestyle="--", zorder=1)

@@ -32,14 +32,15 @@ _CELL_STYLE = {  # face colour, hatch, text colour, legend label
     "pruned": ("#D6E4F2", None, "#1F4E79", "bound: not evaluated, pruned by lower bound (use --exhaustive)"),
     "stopped_at_work_limits": ("#FFF2CC", None, "#7F6000", "open: split search stopped at its work limits "
                                                            "before a split fit every GPU"),
-    "n/a": ("#FFFFFF", None, "#9A9A9A", "n/a: no such point (batch not divisible, more stages than layers)"),
+    "n/a": ("#FFFFFF", None, "#9A9A9A", "n/a: no such point (batch not divisible, more stages than layers, or "
+                                       "pp 1, searched as 1F1B only: one stage runs every schedule's order)"),
 }
 BEST_COLOUR = "#E8112D"
 
 _KEY = ["tp", "schedule", "pp", "num_micro_batches"]
 
 
-def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
+def space_grid(points: pd.DataFrame, missing: str = "n/a", searched=None) -> pd.DataFrame:
     """The cells of the space plot, one row per (tp, schedule, pp, m) cell.
 
     For each tensor-parallel degree, the cells are every combination of the
@@ -52,7 +53,10 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
             SearchResult.points` or ``search.points`` of a plan file).
         missing: status of a cell no point falls in: ``"n/a"``, or
             ``"pruned"`` for a search that skipped whole groups of points by
-            their lower bound without listing them.
+            their lower bound without listing them; but ``"n/a"`` at pp 1
+            for every schedule other than the one pp 1 is searched with
+            (:func:`pipesearch.search.one_rank_schedule` of ``searched``, the
+            schedules of the search, or of those in ``points``).
 
     Returns:
         DataFrame with columns ``tp, schedule, pp, num_micro_batches, status``
@@ -94,6 +98,10 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
     if missing not in ("n/a", "pruned"):
         raise ValueError(f"missing must be 'n/a' or 'pruned', got {missing!r}")
     status = np.where(grid["points"].to_numpy() == 0, missing, "n/a").astype(object)
+    from ..search import one_rank_schedule  # pp 1 is searched with one schedule: no other is pruned there
+
+    others = grid["schedule"].to_numpy() != one_rank_schedule(list(searched or schedules))
+    status[(grid["pp"].to_numpy() == 1) & others & (grid["points"].to_numpy() == 0)] = "n/a"
     for name in reversed(CELL_STATUSES[:-1]):  # highest precedence written last
         status[grid[name].fillna(False).astype(bool).to_numpy()] = name
     grid["status"] = status
@@ -163,7 +171,8 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
     points = points_frame(plan_file, source)
     infeasible = plan_file.search.get("infeasible") if isinstance(plan_file.search, dict) else None
     skipped = isinstance(infeasible, dict) and (infeasible.get("pruned") or 0) > 0
-    grid = space_grid(points, missing="pruned" if skipped else "n/a")
+    searched = ((plan_file.inputs or {}).get("job") or {}).get("schedules") if isinstance(plan_file.inputs, dict) else None
+    grid = space_grid(points, missing="pruned" if skipped else "n/a", searched=searched or None)
     if grid.empty:
         raise PlanFormatError(f"{source}: search.points has no point with a pp, a schedule and a number of "
                               "micro-batches to plot")
@@ -284,7 +293,11 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
         if points["recompute"].nunique() > 1:
             over.append("recompute")
         sub = f"colour and number: best predicted (simulated) samples/s over {', '.join(over)}"
-        if "pruned" in present:
+        unlisted = (infeasible.get("pruned") or 0) - int((points["status"] == "pruned").sum()) if skipped else 0
+        if unlisted > 0:  # whole groups pruned by their bound: counted in the file, not listed (docs/formats.md)
+            sub += (f"\n{unlisted:,} points of whole (tp, pp, dp) groups pruned by their bound are not drawn: run "
+                    "`pipesearch plan --exhaustive` to draw every cell")
+        elif "pruned" in present:
             sub += "\nsearch pruned by lower bound: run `pipesearch plan --exhaustive` to evaluate every cell"
         fig.suptitle(f"{title_of(plan_file)}: search space", y=1 - 0.18 / height, va="top")
         fig.text(0.5, 1 - 0.52 / height, sub, ha="center", va="top", fontsize=8, color="#333333")
