@@ -123,3 +123,15 @@ def test_an_edited_export_file_is_named_by_its_line(tmp_path, doc):
     r = CliRunner().invoke(main, ["validate", str(_edited(
         tmp_path, doc, lambda d: d["plans"][0]["exports"]["torch"].__setitem__("notes", notes[:-1])))])
     assert f"plans[0].exports.torch.notes[{len(notes) - 1}]: (missing) found" in r.output, r.output
+
+
+@pytest.mark.parametrize("column, value", [("pp", 131072), ("tp", 1000)])
+def test_a_point_larger_than_the_cluster_is_named(tmp_path, doc, column, value):
+    """A point of pp 131072 (or tp 1000) on a 4-device cluster passed
+    validate, and the space figure drew a row of it."""
+    k = doc["search"]["points"]["columns"].index(column)
+    path = _edited(tmp_path, doc, lambda d: d["search"]["points"]["values"][k].__setitem__(0, value))
+    r = CliRunner().invoke(main, ["validate", str(path)])
+    assert r.exit_code == 2 and "search.points.values[" in r.output, r.output
+    assert (f"pp {value} x" if column == "pp" else "x tp 1000 =") in r.output, r.output
+    assert "but the cluster (inputs.cluster.devices) has 4" in r.output, r.output

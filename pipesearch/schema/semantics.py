@@ -662,9 +662,12 @@ def _points(doc: dict) -> Iterator[Problem]:
     if "values" in table and "data" in table:
         yield Problem("search.points", "has both 'values' (by column) and 'data' (by row); give one")
         return
+    devices = doc["inputs"]["cluster"]["devices"]
     if "values" in table:
         problems = list(_point_columns(columns, table["values"]))
-        yield from problems or _point_nulls(columns, table["values"], lambda k, r: f"search.points.values[{k}][{r}]")
+        where = lambda k, r: f"search.points.values[{k}][{r}]"  # noqa: E731
+        yield from problems or list(_point_nulls(columns, table["values"], where)) or _point_degrees(
+            columns, table["values"], devices, where)
         return
     for r, row in enumerate(table["data"]):
         if len(row) != len(columns):
@@ -677,8 +680,25 @@ def _points(doc: dict) -> Iterator[Problem]:
                 yield Problem(f"search.points.data[{r}]", f"column {column!r} = {show(value)}: expected {check[1]} "
                                                           "or null")
                 return
-    yield from _point_nulls(columns, [list(col) for col in zip(*table["data"])] if table["data"] else
-                            [[] for _ in columns], lambda k, r: f"search.points.data[{r}]")
+    by_column = [list(col) for col in zip(*table["data"])] if table["data"] else [[] for _ in columns]
+    where = lambda k, r: f"search.points.data[{r}]"  # noqa: E731
+    yield from list(_point_nulls(columns, by_column, where)) or _point_degrees(columns, by_column, devices, where)
+
+
+def _point_degrees(columns: list, values: list, num_devices: int, where) -> Iterator[Problem]:
+    """The first point whose ``pp x dp x tp`` needs more devices than the
+    cluster has (``values`` by column; a point of per-stage replication has
+    dp 1 and at most ``pp`` slots per replica, so the rule holds for it too)."""
+    at = {c: k for k, c in enumerate(columns)}
+    if not {"pp", "dp"} <= set(at):
+        return
+    tps = values[at["tp"]] if "tp" in at else [1] * len(values[at["pp"]])
+    for r, (pp, dp, tp) in enumerate(zip(values[at["pp"]], values[at["dp"]], tps)):
+        if None not in (pp, dp) and pp * dp * (tp or 1) > num_devices:
+            yield Problem(where(at["pp"], r), f"pp {pp} x dp {dp} x tp {tp or 1} = {pp * dp * (tp or 1)} devices, but "
+                                              f"the cluster (inputs.cluster.devices) has {num_devices}; restore "
+                                              "the point or re-plan")
+            return
 
 
 def _point_nulls(columns: list, values: list, where) -> Iterator[Problem]:
