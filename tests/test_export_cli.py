@@ -56,6 +56,9 @@ def test_torchtitan_02_writes_its_job_toml(plans, tmp_path):
     assert res.exit_code == 2 and "only with --format torchtitan" in res.output
     res = export(plans, "--format", "torchtitan", "--torchtitan-version", "9.9")
     assert res.exit_code == 2 and "'9.9'" in res.output and "Traceback" not in res.output
+    # the option's value, named as the option (it read "plans.json: plan of rank 1: torchtitan version ...")
+    assert res.output.startswith("error: export --torchtitan-version '9.9': expected one of") and "rank" not in \
+        res.output, res.output
 
 
 def test_suffix_picks_the_file(plans, tmp_path):

@@ -133,6 +133,10 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
     if torchtitan_version is not None and fmt != "torchtitan":
         raise InputError(f"export --torchtitan-version {torchtitan_version}: only with --format torchtitan "
                          f"(not {fmt})")
+    if torchtitan_version is not None:  # an option's value, not the plan's: said before the plan is read
+        from ..export.torchtitan import check_torchtitan_version
+
+        check_torchtitan_version(torchtitan_version, "export --torchtitan-version")
     module_names = read_module_names(module_names_file) if module_names_file is not None else None
     plan_file = load_plan_file(plans)
     problems = plan_file_problems(parse_document(read_plan_text(plans), plans))  # every check validate runs

@@ -247,6 +247,21 @@ TORCHTITAN_RANK_ORDER = ("builds one device mesh over the ranks with pp outermos
                          "tp), which puts the replicas of a stage on consecutive ranks")
 
 
+def check_torchtitan_version(version: str, what: str = "torchtitan version") -> None:
+    """Refuse a torchtitan release the exporter does not write for.
+
+    Raises:
+        InputError: ``version`` is not 0.3 / 0.3.0 or a 0.2.x of
+            :data:`pipesearch.export.torchtitan_toml.TOML_VERSIONS`, naming
+            ``what`` (the option or argument) and the releases it knows.
+    """
+    from .torchtitan_toml import TOML_VERSIONS
+
+    if version not in ("0.3", RUNTIME_VERSION) + TOML_VERSIONS:
+        raise InputError(f"{what} {version!r}: expected one of {', '.join(('0.3', RUNTIME_VERSION) + TOML_VERSIONS)} "
+                         "(0.3.0 reads --module/--config overrides; 0.2.x reads a job TOML)")
+
+
 def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                       inputs: Inputs | None = None, module: str | None = None, config: str | None = None,
                       torchtitan_version: str | None = None) -> dict:
@@ -300,12 +315,9 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
                          "with Pipeline Parallel'); re-plan with --pp 1, or export --format torch (which says how "
                          "to keep the copies equal)")
     if torchtitan_version is not None and torchtitan_version not in ("0.3", RUNTIME_VERSION):
-        from .torchtitan_toml import TOML_VERSIONS, export_torchtitan_toml
+        from .torchtitan_toml import export_torchtitan_toml
 
-        if torchtitan_version not in TOML_VERSIONS:
-            raise InputError(f"torchtitan version {torchtitan_version!r}: expected one of "
-                             f"{', '.join(('0.3', RUNTIME_VERSION) + TOML_VERSIONS)} (0.3.0 reads --module/--config "
-                             "overrides; 0.2.x reads a job TOML)")
+        check_torchtitan_version(torchtitan_version)
         if module is not None or config is not None:
             raise InputError(f"torchtitan {torchtitan_version}: --module/--config are 0.3.0's; a 0.2.x job TOML "
                              "names its model by [model] name and flavor")
