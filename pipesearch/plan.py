@@ -287,7 +287,10 @@ def parse_document(text: str, source: str = "<text>") -> Any:
     except PlanFormatError:
         raise
     except json.JSONDecodeError as exc:
-        raise PlanFormatError(f"{source}: not JSON ({exc.msg}: line {exc.lineno}, column {exc.colno})") from None
+        first = text.split("\n", 1)[0]
+        hint = ("; it is the table of every point (--all-points CSV): give the plan file of pipesearch plan -o"
+                if first.startswith("tp,") and ",status," in first else "")
+        raise PlanFormatError(f"{source}: not JSON ({exc.msg}: line {exc.lineno}, column {exc.colno}){hint}") from None
     except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits, nesting too deep
         raise PlanFormatError(f"{source}: not a plan file ({parse_failure(exc)})") from None
     if not isinstance(doc, dict):

@@ -1628,3 +1628,15 @@ def test_a_profile_of_another_format_version_is_refused(tmp_path):
         model = write(tmp_path / "ok.csv", head + rows)
         code, _, err = run(["plan", "-q", "--model", model, "--cluster", "1x4-v100-pcie", "-b", "64"], tmp_path)
         assert code == 0, err
+
+
+def test_the_all_points_csv_given_for_a_plan_file_says_which_file_it_is(tmp_path):
+    """The --all-points CSV passed where the plan file goes read "not JSON
+    (Expecting value: line 1, column 1)"; it now says it is that table."""
+    code, out, err = run(["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64", "--top", "1",
+                          "-o", "p.json", "--all-points", "points.csv"], tmp_path)
+    assert code == 0, err
+    for cmd in (["validate"], ["simulate"], ["export", "--format", "torch"], ["plot", "--kind", "space"]):
+        line = assert_refused(tmp_path, [cmd[0], "points.csv", *cmd[1:]], "points.csv", "not JSON",
+                              "--all-points CSV", "pipesearch plan -o")
+        assert "Traceback" not in line
