@@ -229,7 +229,7 @@ def _factory_sums(tmp_path, plan, factory_body: str, name: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.pp * plan.dp),
                           "--master-port", str(free_port()), str(tmp_path / "run.py"), f"{name}:make_model",
-                          "--sample-shape", "1024", "--steps", "2"],
+                          "--input-shape", "1024", "--steps", "2"],  # pipesearch profile's name of --sample-shape
                          capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     return {(int(r), int(k)): float(v) for r, k, v in re.findall(r"sums (\d+) (\d+) ([-+0-9.eE]+)", res.stdout)}

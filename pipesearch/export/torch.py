@@ -180,7 +180,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("factory", help="MODULE:FACTORY returning the model")
     ap.add_argument("--factory-arg", action="append", default=[], help="an argument of FACTORY (repeat for more)")
-    ap.add_argument("--sample-shape", required=True, help="shape of one input sample, e.g. 3,224,224")
+    ap.add_argument("--sample-shape", "--input-shape", dest="sample_shape", required=True,
+                    help="shape of one input sample, e.g. 3,224,224 (--input-shape, as pipesearch profile names it)")
     ap.add_argument("--input-dtype", choices=("float", "long"), default="float",
                     help="float: random normal inputs; long: random token ids below --vocab-size")
     ap.add_argument("--vocab-size", type=int, help="token ids are drawn below this (with --input-dtype long)")
@@ -255,7 +256,7 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         if last and replica == 0:
-            print(f"step {{step}}: loss {{torch.stack(losses).mean().item():.4f}}", flush=True)
+            print(f"step {{step}}: loss {{torch.stack(losses).mean().item():.6g}}", flush=True)
     dist.destroy_process_group()
 
 
