@@ -304,9 +304,12 @@ def placement_candidates(cluster: Cluster, pp: int, dp: int, tp: int = 1, precis
     (:func:`layout`, fastest type first), then, where the largest memory
     does not come first already, the same two patterns over the slots with
     the largest memory first (``slots:`` names: a fast device of little
-    memory first can leave the memory-heavy early stages nowhere to fit);
-    each layout once; ``patterns``: those of ``pipeline`` and ``data`` to
-    give.
+    memory first can leave the memory-heavy early stages nowhere to fit),
+    and over the slots of each device type that holds ``pp x dp`` alone (a
+    layout that mixes types runs its replicas at the slowest one's pace and
+    its all-reduce over the links between groups: one type alone can be
+    faster); each layout once; ``patterns``: those of ``pipeline`` and
+    ``data`` to give.
 
     Raises:
         InputError: ``pp * dp`` exceeds the cluster's slots.
@@ -319,9 +322,15 @@ def placement_candidates(cluster: Cluster, pp: int, dp: int, tp: int = 1, precis
     heads = slot_heads(cluster, tp, precision)
     memory = memory_bytes_of(cluster)[heads]
     roomy = np.lexsort((np.arange(len(heads)), -memory))  # largest memory first, then the canonical order
-    if pp * dp <= len(heads) and not np.array_equal(roomy, np.arange(len(heads))):
-        for order in (PLACEMENT_PATTERNS[p] for p in patterns):  # the same with the largest devices first
-            idx = roomy[pipeline_placement(pp, dp, order)]
+    orders = [roomy] if not np.array_equal(roomy, np.arange(len(heads))) else []
+    # and each device type alone where it holds the layout: its slots in canonical order (a layout that mixes
+    # types runs its replicas at the slowest one's pace, and its all-reduce over the links between groups)
+    kinds = np.array([cluster.groups[g].device.name for g in group_ids(cluster)[heads]])
+    orders += [np.flatnonzero(kinds == kind) for kind in dict.fromkeys(kinds)
+               if 1 < len(set(kinds)) and (kinds == kind).sum() >= pp * dp]
+    for slots in orders if pp * dp <= len(heads) else ():
+        for order in (PLACEMENT_PATTERNS[p] for p in patterns):  # the patterns over those slots
+            idx = slots[pipeline_placement(pp, dp, order)]
             arr = heads[idx]
             if not any(np.array_equal(arr, other) for _, other in out):
                 out.append((SLOTS_PREFIX + ",".join(map(str, idx.ravel().tolist())), arr))

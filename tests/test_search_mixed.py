@@ -329,3 +329,62 @@ def test_a_placement_pin_holds_for_a_single_pipeline_too():
     names = {n for n, _ in placement_candidates(load_cluster(path), 4, 1, 1, "fp16", ("data",))}
     placed = {p["options"]["placement"] for p in json.loads(res.stdout)["plans"]}
     assert placed and placed <= names, placed
+
+
+H100_A100 = """name = "h100a100"
+[[groups]]
+nodes = 1
+devices_per_node = 8
+device = "h100-80gb"
+[[groups]]
+nodes = 2
+devices_per_node = 8
+device = "a100-40gb"
+[intra_node]
+bandwidth_GBps = 300
+latency_us = 5
+[inter_node]
+bandwidth_GBps = 25
+latency_us = 10
+[inter_group]
+bandwidth_GBps = 12.5
+latency_us = 10
+"""
+
+A100_ONLY = """name = "a100only"
+nodes = 2
+devices_per_node = 8
+device = "a100-40gb"
+[intra_node]
+bandwidth_GBps = 300
+latency_us = 5
+[inter_node]
+bandwidth_GBps = 25
+latency_us = 10
+"""
+
+
+@pytest.mark.parametrize("pins", [["--pp", "1", "--dp", "16"], ["--pp", "4", "--dp", "4", "--placement", "pipeline"]])
+def test_a_mixed_cluster_is_never_slower_than_its_one_type_part(tmp_path, pins):
+    """8 H100 + 16 A100 (two nodes, 12.5 GB/s between the groups): every
+    layout of the 16 A100 alone is a layout of the mixed cluster, so its
+    best plan is at most the A100-only cluster's. The named layouts (fastest
+    type first) mixed 8 H100 with 8 A100 replicas, which run at the A100's
+    pace with their all-reduce over the slow link: 1.167 s against 1.154 s
+    (pp 1 x dp 16), 1.293 s against 1.278 s (pp 4 x dp 4)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    (tmp_path / "mixed.toml").write_text(H100_A100)
+    (tmp_path / "a100.toml").write_text(A100_ONLY)
+
+    def best(cluster):
+        r = CliRunner().invoke(main, ["plan", "-q", "--json", "--model", "gpt3-1.3b", "-b", "128", "--tp", "1",
+                                      "--top", "1", "--cluster", str(tmp_path / cluster), *pins])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["plans"][0]["predicted"]["iteration_time_s"]
+
+    assert best("mixed.toml") <= best("a100.toml") * (1 + 1e-12)
