@@ -284,3 +284,33 @@ def test_nodes_of_one_group_need_no_launch_order(tmp_path):
     assert "CLUSTER_NODE" not in (files / "launch_megatron.sh").read_text()
     exp = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "megatron"]).stdout)
     assert not any("plan's order" in n for n in exp["notes"])
+
+
+def test_a_partly_used_last_node_gets_its_own_process_count(tmp_path):
+    """A plan of 7 processes on a node of 4 GPUs and a node of 4 (pp 7 on
+    4 + 3): the launch script hard-coded --nnodes 2 --nproc-per-node 4, so
+    the second node started 4 processes for a rendezvous of 7 (the fix was
+    in a JSON note only). The script now sets NPROC_PER_NODE from NODE_RANK
+    (run by bash, torchrun replaced by an echo): 4 on node 0, 3 on node 1;
+    DeepSpeed's export names the hostfile's slots per node."""
+    import subprocess
+
+    (tmp_path / "two.toml").write_text(_two_groups("two", (1, 4, "h100-80gb"), (1, 4, "a100-80gb"), 300, 25))
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", str(tmp_path / "two.toml"),
+                                    "-b", "64", "--tp", "1", "--pp", "7", "--dp", "1", "--schedule", "1f1b",
+                                    "--top", "1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    script = tmp_path / "launch.sh"
+    assert CliRunner().invoke(main, ["export", str(out), "--format", "megatron", "-o", str(script)]).exit_code == 0
+    text = script.read_text().replace("torchrun", "echo torchrun", 1)
+    for node_rank, nproc in (("0", "4"), ("1", "3")):
+        run = subprocess.run(["bash", "-c", text], env={"NODE_RANK": node_rank, "MASTER_ADDR": "10.0.0.1",
+                                                        "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+        assert run.returncode == 0 and f"--nproc-per-node {nproc} " in run.stdout, run.stdout + run.stderr
+    run = subprocess.run(["bash", "-c", text], env={"NODE_RANK": "2", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "runs on 2 nodes" in run.stderr
+    ds = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "deepspeed"]).stdout)
+    note = next(n for n in ds["notes"] if "hostfile" in n)
+    assert "7 processes on 2 node(s)" in note and "slots=4" in note and "slots=3" in note

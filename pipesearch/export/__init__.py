@@ -241,6 +241,22 @@ def launch_note(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str |
             + ".")
 
 
+def hostfile_note(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str | None:
+    """For launchers that read a hostfile (DeepSpeed's): its lines in the
+    plan's launch order (:func:`launch_nodes`) with each node's
+    ``slots=`` (:func:`node_processes`), when that order or those counts
+    are not the cluster's first nodes, each full; None otherwise."""
+    nodes = Inputs.of(inputs).nodes
+    order, counts = launch_nodes(plan, inputs, scan), node_processes(plan, inputs, scan)
+    if not order or (order == list(range(len(order))) and all(
+            c == nodes[n][1] - nodes[n][0] + 1 for n, c in zip(order, counts))):
+        return None
+    lines = "; ".join(f"node {n} of the cluster (devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]}) slots={c}"
+                      for n, c in zip(order, counts))
+    return (f"warning: the plan runs {sum(counts)} processes on {len(order)} node(s), not on every device in the "
+            f"cluster's order: list them in the hostfile in this order, with these slots: {lines}.")
+
+
 def node_rank_preamble(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str:
     """Shell lines for a launch script (after ``set -euo pipefail``) that
     set ``NODE_RANK`` (and ``NPROC_PER_NODE`` where nodes run different
@@ -248,16 +264,25 @@ def node_rank_preamble(plan: Plan, inputs: Mapping | None, scan: str = "data") -
     index in the cluster file, when the plan launches its nodes in another
     order than the cluster's (:func:`launch_nodes`: a mixed cluster whose
     faster node runs the first stages); an unknown ``CLUSTER_NODE`` exits
-    2. One node other than the first: a comment naming it. Else ``""``."""
+    2. In the cluster's order with nodes of different counts (a last node
+    partly used): ``NPROC_PER_NODE`` from ``NODE_RANK``. One node other
+    than the first: a comment naming it. Else ``""``."""
     nodes = Inputs.of(inputs).nodes
     order = reordered_nodes(plan, inputs, scan)
+    counts = node_processes(plan, inputs, scan)
+    nproc = uneven_nodes(counts, sum(counts))
+    if not order and nproc:  # the cluster's order, nodes of different counts: each NODE_RANK's own count
+        arms = "".join(f"    {i}) NPROC_PER_NODE={c} ;;\n" for i, c in enumerate(counts))
+        return ("# the plan's nodes run different numbers of processes: NPROC_PER_NODE follows NODE_RANK\n"
+                f'case "${{NODE_RANK:?set NODE_RANK to the index of this machine among the nodes of the job, 0 .. '
+                f'{len(counts) - 1}}}" in\n' + arms  # (no quote inside: the shell word ends at it)
+                + f'    *) echo "NODE_RANK=$NODE_RANK: this plan runs on {len(counts)} nodes" >&2; exit 2 ;;\n'
+                "esac\n")
     if not order:
         return ""
     where = [f"devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]}" for n in order]
     if len(order) == 1:
         return f"# run this on node {order[0]} of the cluster ({where[0]}): the plan puts its stages there\n"
-    counts = node_processes(plan, inputs, scan)
-    nproc = uneven_nodes(counts, sum(counts))
     arms = "".join(f"    {n}) NODE_RANK={i}{f' NPROC_PER_NODE={counts[i]}' if nproc else ''} ;;  # {w}\n"
                    for i, (n, w) in enumerate(zip(order, where)))
     listed = ", ".join(map(str, order))
@@ -284,9 +309,10 @@ def reordered_nodes(plan: Plan, inputs: Mapping | None, scan: str = "data") -> l
 def uneven_nodes(counts: Sequence[int], world_size: int) -> bool:
     """Whether the plan's nodes (:func:`node_processes`, launch order) run
     different numbers of processes, so that each node's torchrun gets its
-    own ``--nproc-per-node`` (a node before the last with fewer or more
-    than the first, or a last node with more)."""
-    return bool(counts) and sum(counts) == world_size and (len(set(counts[:-1])) > 1 or counts[-1] > counts[0])
+    own ``--nproc-per-node`` (a last node with fewer too: one
+    ``--nproc-per-node`` of the others' there starts processes the
+    rendezvous does not expect)."""
+    return bool(counts) and sum(counts) == world_size and len(set(counts)) > 1
 
 
 def refuse_rank_order(plan: Plan, fmt: str, runs: tuple[str, ...], how: str, inputs: Mapping | None = None) -> str:

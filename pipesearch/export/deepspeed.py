@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
 from ..types import Plan
-from . import (FORMAT_VERSION, Inputs, deepspeed_cpu_checkpointing, launch_note, plan_extra, plan_layers,
+from . import (FORMAT_VERSION, Inputs, deepspeed_cpu_checkpointing, hostfile_note, plan_extra, plan_layers,
                recompute_mode, refuse_empty_stages, refuse_rank_order, sequence_parallel)
 
 RUNTIME = "deepspeed"
@@ -160,7 +160,7 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
         f"layers list passed to the module must be exactly those, one LayerSpec each (embedding and head "
         f"included); a tied embedding and head need TiedLayerSpec on both ends.",
     ]
-    where = launch_note(plan, inputs, "pipeline" if topology["class"] == "ProcessTopology" else "data")
+    where = hostfile_note(plan, inputs, "pipeline" if topology["class"] == "ProcessTopology" else "data")
     if where:
         notes.append(where)
     if topology["class"] == "ProcessTopology":

@@ -367,8 +367,8 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
            f"{cls} runs this order itself (given for reference)."),
     ]
     where = launch_note(plan, inputs)
-    if where:
-        notes.append(where)
+    if where:  # the script's GRID numbers processes node by node in this order: said on stderr too
+        notes.append("warning: " + where)
     if plan.tp > 1:
         notes.append(
             f"the export covers the pipeline dimension only; build the dp={plan.dp} x tp={plan.tp} "
