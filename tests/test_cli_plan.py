@@ -564,15 +564,17 @@ def test_stages_of_two_device_types_are_listed_stage_by_stage():
 def test_the_device_type_column_follows_the_stages():
     """The column listed each type once in order of first use
     (``a100-40gb,v100-32gb`` for stages on A100, V100 x4, A100 x3), which
-    reads as if the later stages ran on V100s; it now runs stage by stage."""
+    reads as if the later stages ran on V100s; it now runs stage by stage,
+    each run of one type as its range of stages."""
     from types import SimpleNamespace as NS
 
     from pipesearch.cli.plan_cmd import stage_types_label
 
     stages = [NS(device_type=t) for t in ["a100-40gb"] + ["v100-32gb"] * 4 + ["a100-40gb"] * 3]
-    assert stage_types_label(stages) == "a100-40gb,v100-32gb x4,a100-40gb x3"
+    # runs as stage ranges: "v100-32gb x4" read as four replicas
+    assert stage_types_label(stages) == "0 a100-40gb, 1-4 v100-32gb, 5-7 a100-40gb"
     assert stage_types_label([NS(device_type="h100-80gb,a100-40gb"), NS(device_type="h100-80gb,a100-40gb")]) \
-        == "h100-80gb+a100-40gb x2"
+        == "0-1 h100-80gb+a100-40gb"
 
 
 @pytest.mark.parametrize("cluster", ["4x4-v100-10gbe", "1x8-a100-80gb"])
@@ -733,3 +735,20 @@ def test_micro_batches_above_a_fitted_profiles_sizes_are_noted(tmp_path):
 
     assert len(note("--micro-batch-size", "128")) == 1
     assert note("--micro-batch-size", "16") == []
+
+
+def test_a_mixed_cluster_lists_the_stages_device_types_even_of_one_type():
+    """vgg16 pp 2 x dp 1 on mixed-a100-v100 (4 A100 40 GB, 4 V100 32 GB):
+    the plans run on A100s alone, and the column of the stages' types was
+    left out (shown only where a plan mixed types), so which devices ran
+    was in the JSON only. It is listed on every mixed cluster."""
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "mixed-a100-v100", "--pp", "2",
+                                  "--dp", "1", "-b", "64", "--top", "2"])
+    assert r.exit_code == 0, r.output
+    header = next(line for line in r.stdout.splitlines() if line.lstrip().startswith("rank"))
+    assert "device types by stage" in header
+    row = r.stdout.splitlines()[r.stdout.splitlines().index(header) + 1]
+    assert " a100-40gb " in f" {row} " or "v100-32gb" in row
+    homogeneous = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--pp",
+                                            "2", "--dp", "1", "-b", "64", "--top", "1"])
+    assert "device types by stage" not in homogeneous.stdout

@@ -101,16 +101,16 @@ def overlap_settings(runtime, grad_reduce, param_gather, tp_forward, bucket_para
 
 def stage_types_label(stages) -> str:
     """The device type of each stage in stage order, runs of one type as
-    ``type xN`` (``a100-40gb,v100-32gb x4,a100-40gb x3``), a stage whose
-    replicas span types as ``a+b``."""
+    their stage range (``0 a100-40gb, 1-4 v100-32gb, 5-7 a100-40gb``), a
+    stage whose replicas span types as ``a+b``."""
     runs: list[list] = []
-    for st in stages:
+    for k, st in enumerate(stages):
         t = st.device_type.replace(",", "+")
         if runs and runs[-1][0] == t:
-            runs[-1][1] += 1
+            runs[-1][2] = k
         else:
-            runs.append([t, 1])
-    return ",".join(t if n == 1 else f"{t} x{n}" for t, n in runs)
+            runs.append([t, k, k])
+    return ", ".join(f"{a} {t}" if a == b else f"{a}-{b} {t}" for t, a, b in runs)
 
 
 def mixed_stage_note(plans) -> list[str]:
@@ -340,11 +340,13 @@ def _fullest_device(plan, capacity_of) -> tuple[float, float]:
     return float(mem[r]), float(cap[r])
 
 
-def plans_table(plans, capacity_of=None) -> str:
+def plans_table(plans, capacity_of=None, mixed_cluster: bool = False) -> str:
     """The ranked plans as a fixed-width text table
     (:func:`pipesearch.output_table.format_table`); ``capacity_of``: the
     cluster's memory bytes per device id, so that the memory column shows
-    the device nearest its own capacity (:func:`_fullest_device`)."""
+    the device nearest its own capacity (:func:`_fullest_device`);
+    ``mixed_cluster``: the cluster has several device types, so the stages'
+    types are listed (:func:`stage_types_label`) even where a plan uses one."""
     rows = []
     for p in plans:
         peak, capacity = _fullest_device(p, capacity_of)
@@ -372,7 +374,7 @@ def plans_table(plans, capacity_of=None) -> str:
     if any(r is not None for r in replicas):  # per-stage replication: replicas of each stage
         columns.insert(2, ("replicas", [",".join(map(str, r)) if r is not None else f"{p.dp} each"
                                         for r, p in zip(replicas, plans)]))
-    if any(len({t for st in p.stages for t in st.device_type.split(",")}) > 1 for p in plans):
+    if mixed_cluster or any(len({t for st in p.stages for t in st.device_type.split(",")}) > 1 for p in plans):
         columns.insert(5, ("device types by stage", [stage_types_label(p.stages) for p in plans]))
     if all(label == "none" for label in dict(columns).get("recompute", [])):
         columns = [(k, v) for k, v in columns if k != "recompute"]
@@ -813,7 +815,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         desc = source.info.get("layers_description", "")
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
-    click.echo(plans_table(result.plans, memory_bytes_of(cluster)))
+    click.echo(plans_table(result.plans, memory_bytes_of(cluster), mixed_cluster=not cluster.is_homogeneous))
     for line in (tie_note(result.plans) + mixed_stage_note(result.plans) + split_notes(result.plans)
                  + layout_notes(result.plans, cluster, tuple(dict.fromkeys(placements))) + unproven_note(result)):
         click.echo(line)
