@@ -356,3 +356,15 @@ def rtx4090_cluster_toml(devices: int, switches: str, host_memory_gb: int = 800,
             f"latency_us = 20\n[host]\nmemory_GB = {host_memory_gb}\npcie_generation = 4\npcie_lanes_per_gpu = 16\n"
             f"host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = {switches}\n"
             "cpu_adam_params_per_s = 1e9\n")
+
+
+def script_module(relative_path: str):
+    """A script of the repository (``benchmarks/bench_split_replay.py``,
+    ``docs/examples/generate.py``) loaded as a module, by its path."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

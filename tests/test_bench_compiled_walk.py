@@ -4,22 +4,15 @@ numpy pass and the simulated time), and without numba it says so and exits 0."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from helpers import script_module
 from pipesearch import timemodel
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_compiled_walk", REPO / "benchmarks" / "bench_compiled_walk.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("benchmarks/bench_compiled_walk.py")
 
 
 @pytest.mark.parametrize("schedule, pp, m, vp", [("1f1b", 4, 8, 1), ("zb-h1", 4, 8, 1), ("interleaved-1f1b", 2, 4, 2)])

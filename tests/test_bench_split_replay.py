@@ -6,18 +6,13 @@ changes of the split search are held to)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import pickle
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import script_module
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_split_replay", REPO / "benchmarks" / "bench_split_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("benchmarks/bench_split_replay.py")
 
 
 def test_capture_then_replay_matches_and_a_changed_result_fails(tmp_path, capsys):

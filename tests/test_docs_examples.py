@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from helpers import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_docs_examples_are_up_to_date():
-    spec = importlib.util.spec_from_file_location("generate_examples", ROOT / "docs" / "examples" / "generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = script_module("docs/examples/generate.py")
     assert mod.main_(["--check"]) == 0, "run: python docs/examples/generate.py"
 
 

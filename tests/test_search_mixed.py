@@ -331,37 +331,13 @@ def test_a_placement_pin_holds_for_a_single_pipeline_too():
     assert placed and placed <= names, placed
 
 
-H100_A100 = """name = "h100a100"
-[[groups]]
-nodes = 1
-devices_per_node = 8
-device = "h100-80gb"
-[[groups]]
-nodes = 2
-devices_per_node = 8
-device = "a100-40gb"
-[intra_node]
-bandwidth_GBps = 300
-latency_us = 5
-[inter_node]
-bandwidth_GBps = 25
-latency_us = 10
-[inter_group]
-bandwidth_GBps = 12.5
-latency_us = 10
-"""
-
-A100_ONLY = """name = "a100only"
-nodes = 2
-devices_per_node = 8
-device = "a100-40gb"
-[intra_node]
-bandwidth_GBps = 300
-latency_us = 5
-[inter_node]
-bandwidth_GBps = 25
-latency_us = 10
-"""
+LINKS = ("[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\n"
+         "[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n")
+H100_A100 = ('name = "h100a100"\n'
+             '[[groups]]\nnodes = 1\ndevices_per_node = 8\ndevice = "h100-80gb"\n'
+             '[[groups]]\nnodes = 2\ndevices_per_node = 8\ndevice = "a100-40gb"\n'
+             + LINKS + "[inter_group]\nbandwidth_GBps = 12.5\nlatency_us = 10\n")
+A100_ONLY = 'name = "a100only"\nnodes = 2\ndevices_per_node = 8\ndevice = "a100-40gb"\n' + LINKS
 
 
 @pytest.mark.parametrize("pins", [["--pp", "1", "--dp", "16"], ["--pp", "4", "--dp", "4", "--placement", "pipeline"]])
