@@ -623,8 +623,11 @@ def _schedule_placements(placements: tuple[str, ...], schedule: str) -> tuple[st
 def one_rank_schedule(schedules) -> str:
     """The schedule ``pp = 1`` is searched with among ``schedules``: with
     one stage every schedule is plain gradient accumulation, 1F1B's order,
-    so 1F1B (or the first schedule when 1F1B is not searched)."""
-    return "1f1b" if "1f1b" in schedules else schedules[0]
+    so 1F1B, else the first that runs one stage per rank (interleaving
+    refuses pp 1), else the first."""
+    if "1f1b" in schedules:
+        return "1f1b"
+    return next((s for s in schedules if s not in MULTI_STAGE_SCHEDULES), schedules[0])
 
 
 def group_schedules(pp: int, options: SearchOptions) -> tuple[str, ...]:

@@ -314,3 +314,24 @@ def test_a_partly_used_last_node_gets_its_own_process_count(tmp_path):
     ds = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "deepspeed"]).stdout)
     note = next(n for n in ds["notes"] if "hostfile" in n)
     assert "7 processes on 2 node(s)" in note and "slots=4" in note and "slots=3" in note
+
+
+def test_a_single_node_deepspeed_plan_needs_no_hostfile_note(tmp_path):
+    """pp 4 on 4 of the 8 A100s of node 0: DeepSpeed runs it without a
+    hostfile, and the export warned to list one (the review found it); on
+    2 of a cluster's 4 nodes the note names them (a hostfile of all four
+    would start processes the plan does not have)."""
+    out = tmp_path / "one.json"
+    assert CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                     "--pp", "4", "--dp", "1", "--tp", "1", "--schedule", "1f1b", "--top", "1",
+                                     "-o", str(out)]).exit_code == 0
+    ds = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "deepspeed"]).stdout)
+    assert not any("hostfile" in n for n in ds["notes"]), ds["notes"]
+    out = tmp_path / "two.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "4x4-v100-10gbe", "-b", "64",
+                                    "--pp", "8", "--dp", "1", "--tp", "1", "--schedule", "1f1b", "--top", "1",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    ds = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "deepspeed"]).stdout)
+    note = next(n for n in ds["notes"] if "hostfile" in n)
+    assert "8 processes on 2 node(s)" in note and note.count("slots=4") == 2

@@ -117,8 +117,24 @@ def test_an_edited_export_file_is_named_by_its_line(tmp_path, doc):
 
     r = CliRunner().invoke(main, ["validate", str(_edited(tmp_path, doc, edit))])
     assert r.exit_code == 2, r.output
-    assert (f'plans[0].exports.torch.files.pipeline_torch.py line {k + 1}: "N_MICROBATCHES, MICROBATCH_SIZE = 999, 1" '
-            f'found, {json.dumps(lines[k])} expected') in r.output, r.output
+    i = next(j for j, (x, y) in enumerate(zip("N_MICROBATCHES, MICROBATCH_SIZE = 999, 1", lines[k])) if x != y)
+    assert (f'plans[0].exports.torch.files.pipeline_torch.py line {k + 1}, character {i + 1}: '
+            f'"N_MICROBATCHES, MICROBATCH_SIZE = 999, 1" found, {json.dumps(lines[k])} expected') in r.output, r.output
+    # an edit late in a long line shows the text around it (both were cut to one 80-character prefix), and a
+    # dropped last newline is a difference of its own (the lines compared equal)
+    long = next(j for j, x in enumerate(lines) if len(x) > 120)
+    swapped = lines[long][:-3] + lines[long][-1] + lines[long][-2:-1] + lines[long][-3]
+    assert swapped != lines[long]
+
+    def edit_long(d):
+        d["plans"][0]["exports"]["torch"]["files"]["pipeline_torch.py"] = "\n".join(
+            lines[:long] + [swapped] + lines[long + 1:]) + "\n"
+
+    r = CliRunner().invoke(main, ["validate", str(_edited(tmp_path, doc, edit_long))])
+    assert f"line {long + 1}, character" in r.output and swapped[-20:] in r.output and '"...' in r.output, r.output
+    r = CliRunner().invoke(main, ["validate", str(_edited(tmp_path, doc, lambda d: d["plans"][0]["exports"]["torch"][
+        "files"].__setitem__("pipeline_torch.py", text.rstrip("\n"))))])
+    assert "(end of text) found" in r.output, r.output
     notes = doc["plans"][0]["exports"]["torch"]["notes"]
     r = CliRunner().invoke(main, ["validate", str(_edited(
         tmp_path, doc, lambda d: d["plans"][0]["exports"]["torch"].__setitem__("notes", notes[:-1])))])

@@ -297,12 +297,6 @@ def test_space_grid_pp_1_of_the_other_schedules_is_not_pruned():
         pts[col] = value
     g = space_grid(pts, missing="pruned").set_index(["schedule", "pp"])["status"]
     assert g["gpipe", 1] == "n/a" and g["1f1b", 1] == "ok" and g["gpipe", 2] == "ok"
-    # the schedules searched decide which one pp 1 ran, not those listed (1F1B's pp 1 points may all be pruned)
-    g = space_grid(pts[pts["schedule"] == "gpipe"].assign(pp=[1]), missing="pruned", searched=["gpipe", "1f1b"])
-    assert list(g.status) == ["ok"]  # a listed point keeps its status
-    rows = pd.concat([pts[pts["pp"] == 2], pts[pts["pp"] == 2].assign(pp=1, status="pruned", schedule="gpipe")])
-    g = space_grid(rows, missing="pruned", searched=["zb-h1", "gpipe", "1f1b"]).set_index(["schedule", "pp"])
-    assert g.loc[("1f1b", 1), "status"] == "pruned"  # 1F1B runs pp 1: its cell may hide pruned groups
 
 
 def test_space_grid_precedence():

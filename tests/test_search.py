@@ -377,3 +377,28 @@ def test_equal_times_within_a_family_go_to_the_least_memory(tmp_path):
     assert len(ok) == 5 and ok.iteration_time_s.max() <= ok.iteration_time_s.min() * (1 + 1e-12)
     assert plan["schedule"]["micro_batch_size"] == 1
     assert plan["predicted"]["peak_memory_bytes"] == ok.peak_memory_bytes.min()
+
+
+def test_pp_1_runs_a_schedule_that_takes_one_stage_per_rank():
+    """--schedule interleaved-1f1b --schedule gpipe: pp 1 was searched with
+    the first schedule listed, interleaving, which refuses pp 1, so no pp 1
+    point was evaluated (the order of the flags changed the answer's space);
+    it runs GPipe's order there."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    def pp1(*schedules):
+        args = ["plan", "-q", "--json", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64", "--pp", "1",
+                "--top", "1"]
+        for s in schedules:
+            args += ["--schedule", s]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["plans"][0]
+
+    first, second = pp1("interleaved-1f1b", "gpipe"), pp1("gpipe", "interleaved-1f1b")
+    assert first["schedule"]["name"] == second["schedule"]["name"] == "gpipe"
+    assert first["predicted"]["iteration_time_s"] == second["predicted"]["iteration_time_s"]

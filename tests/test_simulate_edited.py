@@ -74,8 +74,8 @@ def test_plot_of_one_plan_warns_as_simulate_does(tmp_path, kind):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"warning: {bad}: plan of rank 1:") and "replay takes" in lines[0]
     # which numbers the figure shows: the stages figure the file's, the timeline the replay's (both said "the
-    # figures below are the replay's")
-    assert lines[0].endswith("the timeline below is the replay's" if kind == "timeline" else
+    # figures below are the replay's", and a RoundPipe timeline's host step ended at the file's time)
+    assert lines[0].endswith("the timeline drawn is the replay's" if kind == "timeline" else
                              "the stages figure draws the file's own stage times and figures"), lines[0]
 
 

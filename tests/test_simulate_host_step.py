@@ -101,3 +101,31 @@ def test_a_mobius_timeline_ends_where_its_iteration_does(tmp_path):
     plan = load_plan_file(out).plans[0]
     total_s, tl = simulate_plan(plan)
     assert max(a + d for a, d in allreduce_spans(plan, tl)) == pytest.approx(total_s, rel=1e-12)
+
+
+def test_the_timeline_title_names_what_follows_the_pipeline():
+    """A delayed host step runs beside the next iteration: the title said
+    "then host optimizer step" for it (no bar is drawn; every allreduce_s
+    is 0 there)."""
+    from pipesearch.plots.common import after_pipeline
+
+    plan = _plan()
+    assert after_pipeline(plan) == ", then host optimizer step; dp = 1: no all-reduce"
+    assert after_pipeline(replace(plan, dp=2)) == ", then gradient all-reduce and host optimizer step"
+    delayed = replace(plan, extra=(("optimizer_step", "delayed"),))
+    assert after_pipeline(delayed) == ", dp = 1: no all-reduce"
+    assert after_pipeline(_plan(host_s=(0.0, 0.0))) == ", dp = 1: no all-reduce"
+
+
+def test_a_roundpipe_step_bar_ends_at_the_replays_time():
+    """RoundPipe's step bars ended at the file's recorded time, while the
+    figure is the replay's (an edited file: 3.21268 against 3.21721 s)."""
+    from types import SimpleNamespace as NS
+
+    from pipesearch.plots.timeline import allreduce_spans
+
+    plan = NS(schedule="roundpipe", stages=[NS(allreduce_s=1.0), NS(allreduce_s=2.0)],
+              predicted=NS(iteration_time_s=10.0))
+    tl = NS(num_ranks=2)
+    assert allreduce_spans(plan, tl) == [(7.0, 3.0)] * 2
+    assert allreduce_spans(plan, tl, 12.0) == [(9.0, 3.0)] * 2

@@ -196,7 +196,8 @@ def layout_notes(plans, cluster, pinned: tuple[str, ...] = ()) -> list[str]:
         if n > limit or pinned:
             why = "--placement" if pinned else f"every layout is tried up to {limit}"
             out.append(f"plan {p.rank}: its devices are the best of the named layouts ({named}, fastest or largest "
-                       f"devices first), not of all {n:,} layouts of pp {p.pp} x dp {p.dp} on {cluster.name} "
+                       f"devices first, each device type alone), not of all {n:,} layouts of pp {p.pp} x dp {p.dp} on "
+                       f"{cluster.name} "
                        f"({why}; docs/heterogeneous.md)")
     return out
 

@@ -52,7 +52,7 @@ def plot_command(plan_file, kind, rank, output):
         doc = load_plan_file(plan_file)  # read once: drawn below
         plan = select_plan(doc, rank, plan_file)
         total_s, tl = replay(plan, plan_file, rank)
-        drawn = ("the timeline below is the replay's" if kind == "timeline" else
+        drawn = ("the timeline drawn is the replay's" if kind == "timeline" else
                  "the stages figure draws the file's own stage times and figures")
         for line in replay_warnings(plan_file, rank, plan, total_s, tl, drawn):
             click.echo(f"warning: {line}", err=True)

@@ -22,7 +22,7 @@ TIME_REL_TOL = 1e-9
 
 
 def time_disagreement(path: str, rank: int, replayed_s: float, recorded_s: float,
-                      drawn: str = "the figures below are the replay's") -> str | None:
+                      drawn: str = "the figures are the replay's") -> str | None:
     """One warning line when a plan's replay ``replayed_s`` differs from
     its file's ``predicted.iteration_time_s`` ``recorded_s`` beyond
     :data:`TIME_REL_TOL` relative, naming the file and both times and
@@ -50,7 +50,7 @@ def replay(plan, path: str, rank: int):
 
 
 def replay_warnings(path: str, rank: int, plan, total_s: float, tl,
-                    drawn: str = "the figures below are the replay's") -> list[str]:
+                    drawn: str = "the figures are the replay's") -> list[str]:
     """The lines that say a plan's replay (``total_s`` and timeline ``tl``
     of :func:`pipesearch.search.simulate_plan`) disagrees with its file:
     the iteration time (:func:`time_disagreement`, ending with ``drawn``)
@@ -181,7 +181,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     if timeline is not None:
         from ..plots.timeline import allreduce_spans, drawn_end_s, plan_pcie_rows
 
-        spans = allreduce_spans(plan, tl)
+        spans = allreduce_spans(plan, tl, total_s)
         pcie = plan_pcie_rows(plan, tl)  # every copy to or from host memory, on its PCIe lane
         end_s = drawn_end_s(tl, spans, pcie)
         if window_s is not None and window_s[0] * 1e3 >= round(end_s * 1e3, 3):

@@ -179,19 +179,39 @@ def _first_difference(found, want, where: str):
         return f"{where}[{k}]", (found[k] if k < len(found) else "(missing)"), (want[k] if k < len(want) else
                                                                                "(missing)")
     if isinstance(found, str) and isinstance(want, str) and found != want and "\n" in found + want:
-        lines_found, lines_want = found.splitlines(), want.splitlines()  # a file's text: its first line that differs
-        k = next((i for i, (a, b) in enumerate(zip(lines_found, lines_want)) if a != b),
-                 min(len(lines_found), len(lines_want)))
-        at = (lines_found + ["(end of text)"])[k], (lines_want + ["(end of text)"])[k]
-        return f"{where} line {k + 1}", at[0], at[1]
+        return _first_line_difference(found, want, where)
     return (None, None, None) if found == want else (where, found, want)
+
+
+def _first_line_difference(found: str, want: str, where: str):
+    """A file's text: ``(where line K, found, expected)`` for its first line
+    that differs (split at newlines only, so a carriage return or a missing
+    last newline differs too), a long one cut to the text around the first
+    character that differs (``...`` where cut), or ``(end of text)`` past
+    the shorter text's end."""
+    a_lines, b_lines = found.split("\n"), want.split("\n")
+    k = next((i for i, (a, b) in enumerate(zip(a_lines, b_lines)) if a != b), min(len(a_lines), len(b_lines)))
+    a, b = (lines[k] if k < len(lines) else None for lines in (a_lines, b_lines))
+    if a is None or b is None:
+        return f"{where} line {k + 1}", END if a is None else a[:70], END if b is None else b[:70]
+    i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lo = max(0, i - 30) if max(len(a), len(b)) > 70 else 0  # a short line whole
+
+    def cut(text: str) -> str:
+        return ("..." if lo else "") + text[lo:lo + 60] + ("..." if len(text) > lo + 60 else "")
+
+    return f"{where} line {k + 1}, character {i + 1}", cut(a), cut(b)
+
+
+#: what :func:`_first_line_difference` shows past a text's last line
+END = "(end of text)"
 
 
 def _short(value) -> str:
     """A value for a one-line message: its JSON, cut at 80 characters."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # a count read back as JSON's number: 4, not 4.0
-    text = value if isinstance(value, str) and value == "(missing)" else json.dumps(value)
+    text = value if isinstance(value, str) and value in ("(missing)", END) else json.dumps(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -244,12 +244,13 @@ def launch_note(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str |
 def hostfile_note(plan: Plan, inputs: Mapping | None, scan: str = "data") -> str | None:
     """For launchers that read a hostfile (DeepSpeed's): its lines in the
     plan's launch order (:func:`launch_nodes`) with each node's
-    ``slots=`` (:func:`node_processes`), when that order or those counts
-    are not the cluster's first nodes, each full; None otherwise."""
+    ``slots=`` (:func:`node_processes`), unless the plan runs on every
+    node of the cluster, each full, in its order, or on node 0 alone (a
+    launch without a hostfile); None then."""
     nodes = Inputs.of(inputs).nodes
     order, counts = launch_nodes(plan, inputs, scan), node_processes(plan, inputs, scan)
-    if not order or (order == list(range(len(order))) and all(
-            c == nodes[n][1] - nodes[n][0] + 1 for n, c in zip(order, counts))):
+    every = order == list(range(len(nodes))) and all(c == nodes[n][1] - nodes[n][0] + 1 for n, c in zip(order, counts))
+    if not order or every or order == [0]:  # every node full in the cluster's order, or node 0 alone (no hostfile)
         return None
     lines = "; ".join(f"node {n} of the cluster (devices {nodes[n][0]}-{nodes[n][1]}, {nodes[n][2]}) slots={c}"
                       for n, c in zip(order, counts))

@@ -293,6 +293,18 @@ def _render(kind: str, pf: PlanFile, path, rank: int, source: str) -> Path:
     return plot_plan_timeline(pf, path, rank=rank, source=source)
 
 
+def after_pipeline(plan) -> str:
+    """What the timeline's title says follows the pipeline: the gradient
+    all-reduce where stages have replicas, the host optimizer step where
+    stages step on the host in the iteration (not a delayed step, which runs
+    beside the next one), both, or neither (``dp = 1: no all-reduce``)."""
+    host = any(st.host_step_s > 0 for st in plan.stages) and dict(plan.extra or ()).get("optimizer_step") != "delayed"
+    replicated = plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
+    if replicated:
+        return ", then gradient all-reduce and host optimizer step" if host else ", then gradient all-reduce"
+    return ", then host optimizer step; dp = 1: no all-reduce" if host else ", dp = 1: no all-reduce"
+
+
 def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "plan file") -> Path:
     """Simulate plan ``rank`` (:func:`pipesearch.search.simulate_plan`) and draw
     its Gantt chart (:func:`pipesearch.plots.timeline.plot_timeline`)."""
@@ -303,14 +315,9 @@ def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "
     plan = plan_of_rank(plan_file, rank, source)
     path, _ = check_output(path)
     total_s, timeline = simulate_plan(plan)
-    host = any(st.host_step_s > 0 for st in plan.stages)
-    replicated = plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
     title = (f"{title_of(plan_file)}\nplan {plan_label(plan)}: simulated iteration {format_seconds(total_s)} "
-             f"(pipeline {format_seconds(timeline.iteration_time_s)}"
-             + (", then gradient all-reduce and host optimizer step)" if replicated and host else
-                ", then gradient all-reduce)" if replicated else
-                ", then host optimizer step; dp = 1: no all-reduce)" if host else ", dp = 1: no all-reduce)"))
-    spans = allreduce_spans(plan, timeline)
+             f"(pipeline {format_seconds(timeline.iteration_time_s)}{after_pipeline(plan)})")
+    spans = allreduce_spans(plan, timeline, total_s)
     pcie = plan_pcie_rows(plan, timeline)
     return _atomic(path, lambda tmp: plot_timeline(timeline, tmp, title, allreduce=spans,
                                                    allreduce_label_text=allreduce_label(plan), pcie=pcie))

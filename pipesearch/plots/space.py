@@ -33,14 +33,15 @@ _CELL_STYLE = {  # face colour, hatch, text colour, legend label
     "stopped_at_work_limits": ("#FFF2CC", None, "#7F6000", "open: split search stopped at its work limits "
                                                            "before a split fit every GPU"),
     "n/a": ("#FFFFFF", None, "#9A9A9A", "n/a: no such point (batch not divisible, more stages than layers, or "
-                                       "pp 1, searched as 1F1B only: one stage runs every schedule's order)"),
+                                       "pp 1 of a schedule other than the one pp 1 is searched with: one stage "
+                                       "runs every schedule's order)"),
 }
 BEST_COLOUR = "#E8112D"
 
 _KEY = ["tp", "schedule", "pp", "num_micro_batches"]
 
 
-def space_grid(points: pd.DataFrame, missing: str = "n/a", searched=None) -> pd.DataFrame:
+def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
     """The cells of the space plot, one row per (tp, schedule, pp, m) cell.
 
     For each tensor-parallel degree, the cells are every combination of the
@@ -55,8 +56,9 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a", searched=None) -> pd.
             ``"pruned"`` for a search that skipped whole groups of points by
             their lower bound without listing them; but ``"n/a"`` at pp 1
             for every schedule other than the one pp 1 is searched with
-            (:func:`pipesearch.search.one_rank_schedule` of ``searched``, the
-            schedules of the search, or of those in ``points``).
+            (:func:`pipesearch.search.one_rank_schedule` of the schedules in
+            ``points``: a grid has pp 1 rows only where that one's pp 1
+            points are listed).
 
     Returns:
         DataFrame with columns ``tp, schedule, pp, num_micro_batches, status``
@@ -100,7 +102,7 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a", searched=None) -> pd.
     status = np.where(grid["points"].to_numpy() == 0, missing, "n/a").astype(object)
     from ..search import one_rank_schedule  # pp 1 is searched with one schedule: no other is pruned there
 
-    others = grid["schedule"].to_numpy() != one_rank_schedule(list(searched or schedules))
+    others = grid["schedule"].to_numpy() != one_rank_schedule(schedules)
     status[(grid["pp"].to_numpy() == 1) & others & (grid["points"].to_numpy() == 0)] = "n/a"
     for name in reversed(CELL_STATUSES[:-1]):  # highest precedence written last
         status[grid[name].fillna(False).astype(bool).to_numpy()] = name
@@ -171,8 +173,7 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
     points = points_frame(plan_file, source)
     infeasible = plan_file.search.get("infeasible") if isinstance(plan_file.search, dict) else None
     skipped = isinstance(infeasible, dict) and (infeasible.get("pruned") or 0) > 0
-    searched = ((plan_file.inputs or {}).get("job") or {}).get("schedules") if isinstance(plan_file.inputs, dict) else None
-    grid = space_grid(points, missing="pruned" if skipped else "n/a", searched=searched or None)
+    grid = space_grid(points, missing="pruned" if skipped else "n/a")
     if grid.empty:
         raise PlanFormatError(f"{source}: search.points has no point with a pp, a schedule and a number of "
                               "micro-batches to plot")
@@ -295,7 +296,8 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
         sub = f"colour and number: best predicted (simulated) samples/s over {', '.join(over)}"
         unlisted = (infeasible.get("pruned") or 0) - int((points["status"] == "pruned").sum()) if skipped else 0
         if unlisted > 0:  # whole groups pruned by their bound: counted in the file, not listed (docs/formats.md)
-            sub += (f"\n{unlisted:,} points of whole (tp, pp, dp) groups pruned by their bound are not drawn: run "
+            sub += (f"\n{unlisted:,} points of whole (tp, pp, dp) groups pruned by their bound are not listed (their "
+                    "cells read 'bound', or are missing where no point of that tp or pp was listed): run "
                     "`pipesearch plan --exhaustive` to draw every cell")
         elif "pruned" in present:
             sub += "\nsearch pruned by lower bound: run `pipesearch plan --exhaustive` to evaluate every cell"

@@ -12,18 +12,20 @@ ALLREDUCE_COLOUR = "#C44E52"
 _IDLE = "#E6E6E6"
 
 
-def allreduce_spans(plan, timeline: Timeline) -> list[tuple[float, float]]:
+def allreduce_spans(plan, timeline: Timeline, total_s: float | None = None) -> list[tuple[float, float]]:
     """Per rank, ``(start_s, duration_s)`` of its gradient all-reduce: from
     the rank's end (``timeline.rank_end_s``: its last action with a blocking
     send; Mobius: and its stages' last gradient copy), as long as the ``allreduce_s`` of
     its stages (the rule of :func:`pipesearch.timemodel.simulate_times`);
     ``(0, 0)`` without one. RoundPipe (no all-reduce; the CPU's step over
     all groups once the last gradients are on the host): that step on every
-    rank, ending at the plan's time."""
+    rank, ending at the replay's time ``total_s`` (the plan's recorded time
+    when not given)."""
     p = timeline.num_ranks
     if plan.schedule == "roundpipe":
         step = sum(st.allreduce_s for st in plan.stages)
-        return [(plan.predicted.iteration_time_s - step, step) if step > 0 else (0.0, 0.0)] * p
+        end = plan.predicted.iteration_time_s if total_s is None else total_s
+        return [(end - step, step) if step > 0 else (0.0, 0.0)] * p
     end = list(timeline.rank_end_s)
     if len(end) != p:  # a timeline without rank ends: each rank's last backward
         end = [0.0] * p
