@@ -326,8 +326,8 @@ def placement_candidates(cluster: Cluster, pp: int, dp: int, tp: int = 1, precis
     # and each device type alone where it holds the layout: its slots in canonical order (a layout that mixes
     # types runs its replicas at the slowest one's pace, and its all-reduce over the links between groups)
     kinds = np.array([cluster.groups[g].device.name for g in group_ids(cluster)[heads]])
-    orders += [np.flatnonzero(kinds == kind) for kind in dict.fromkeys(kinds)
-               if 1 < len(set(kinds)) and (kinds == kind).sum() >= pp * dp]
+    if len(set(kinds)) > 1:
+        orders += [np.flatnonzero(kinds == kind) for kind in dict.fromkeys(kinds) if (kinds == kind).sum() >= pp * dp]
     for slots in orders if pp * dp <= len(heads) else ():
         for order in (PLACEMENT_PATTERNS[p] for p in patterns):  # the patterns over those slots
             idx = slots[pipeline_placement(pp, dp, order)]

@@ -686,9 +686,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                          f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
     pinned = split_text(split, split_replicas) if split_replicas else ""
     if (split_replicas or replicate_stages) and dp is not None:
-        what = f"{pinned}: the split's replicas (NxR)" if split_replicas else "--replicate-stages: the replicas"
-        raise InputError(f"{what.split(':')[0]} with --dp {dp}: {what.split(': ')[1]} give each stage its own "
-                         "data-parallel degree; drop --dp")
+        flag, whose = (pinned, "the split's replicas (NxR)") if split_replicas else ("--replicate-stages", "the replicas")
+        raise InputError(f"{flag} with --dp {dp}: {whose} give each stage its own data-parallel degree; drop --dp")
     if split_replicas and vps and max(vps) > 1:
         raise InputError(f"{pinned} with --vp {max(vps)}: per-stage replication runs one stage per device (vp 1); "
                          f"drop --vp or the replicas")
@@ -896,6 +895,13 @@ def _write_files(outputs, plot_dir, text: str, source: str) -> list:
     return figures
 
 
+def replica_batches(plan) -> list[int]:
+    """The samples each stage's replica runs of one micro-batch:
+    ``ceil(b / r)`` of a micro-batch of ``b`` on a stage of ``r`` replicas
+    (per-stage replication), ``b`` on every stage otherwise."""
+    return [-(-plan.micro_batch_size // r) for r in (plan.stage_replicas or (1,))]
+
+
 def large_batch_note(plans, source) -> str | None:
     """A line when ranked plans of a profile fitted over several batch sizes
     (its layers' fixed and per-sample times, ``pipesearch profile
@@ -905,8 +911,7 @@ def large_batch_note(plans, source) -> str | None:
     profile = source.variants[0].profile
     if source.info.get("kind") != "profile" or not any(has.any() for has, _ in profile.fixed_time_arrays.values()):
         return None
-    ranks = [str(p.rank) for p in plans
-             if max(-(-p.micro_batch_size // r) for r in (p.stage_replicas or (1,))) > profile.profiled_batch_size]
+    ranks = [str(p.rank) for p in plans if max(replica_batches(p)) > profile.profiled_batch_size]
     if not ranks:
         return None
     return (f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} run{'' if len(ranks) > 1 else 's'} micro-batches "
@@ -927,11 +932,7 @@ def small_batch_note(plans, source) -> str | None:
     profile = source.variants[0].profile
     if source.info.get("kind") != "profile" or any(has.any() for has, _ in profile.fixed_time_arrays.values()):
         return None
-
-    def least_batch(p) -> int:
-        return min(-(-p.micro_batch_size // r) for r in (p.stage_replicas or (1,)))
-
-    ranks = [str(p.rank) for p in plans if least_batch(p) < profile.profiled_batch_size]
+    ranks = [str(p.rank) for p in plans if min(replica_batches(p)) < profile.profiled_batch_size]
     if not ranks:
         return None
     return (f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} run{'' if len(ranks) > 1 else 's'} micro-batches "

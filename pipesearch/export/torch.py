@@ -396,13 +396,14 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             "recompute option and pipeline_torch.py keeps every activation; use an attention kernel that "
             "recomputes (e.g. FlashAttention) or the plan's memory is not what it holds."
         )
-    if transformer_shape(layers.names) is not None and not module_names and plan.tp == 1:
+    transformer = transformer_shape(layers.names) is not None
+    if transformer and not module_names and plan.tp == 1:
         notes.append("pipeline_torch.py chains one-tensor layers: run this transformer plan with pipesearch's chain "
                      "of the HuggingFace model, pipeline_torch.py pipesearch.profiler:hf_model_from_config "
                      "--factory-arg config.json --sample-shape SEQ_LEN --input-dtype long --vocab-size V "
                      "(split_spec and layer_modules name its children: embed_tokens, layers_NN, lm_head).")
     unmapped = [n for n in layers.names if n not in (module_names or {})]
-    if transformer_shape(layers.names) is None and unmapped:
+    if not transformer and unmapped:
         pipedream = "PipeDream" in str(Inputs.of(inputs).model.get("source", ""))
         notes.append(f"{'warning: ' if pipedream else ''}split_spec, layer_modules and pipeline_torch.py's "
                      f"STAGE_LAYERS name each layer{' not in module_names' if module_names else ''} by the plan's "

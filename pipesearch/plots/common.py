@@ -298,9 +298,10 @@ def after_pipeline(plan) -> str:
     all-reduce where stages have replicas, the host optimizer step where
     stages step on the host in the iteration (not a delayed step, which runs
     beside the next one), both, or neither (``dp = 1: no all-reduce``)."""
+    from .timeline import has_replicas
+
     host = any(st.host_step_s > 0 for st in plan.stages) and dict(plan.extra or ()).get("optimizer_step") != "delayed"
-    replicated = plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
-    if replicated:
+    if has_replicas(plan):
         return ", then gradient all-reduce and host optimizer step" if host else ", then gradient all-reduce"
     return ", then host optimizer step; dp = 1: no all-reduce" if host else ", dp = 1: no all-reduce"
 

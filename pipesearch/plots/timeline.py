@@ -27,11 +27,6 @@ def allreduce_spans(plan, timeline: Timeline, total_s: float | None = None) -> l
         end = plan.predicted.iteration_time_s if total_s is None else total_s
         return [(end - step, step) if step > 0 else (0.0, 0.0)] * p
     end = list(timeline.rank_end_s)
-    if len(end) != p:  # a timeline without rank ends: each rank's last backward
-        end = [0.0] * p
-        for rec in timeline.records:
-            if rec.kind in ("B", "W"):
-                end[rec.rank] = max(end[rec.rank], rec.end_s)
     if plan.schedule == "mobius":  # and after the last copy of its gradients to the host
         for _, direction, what, stage, _, stop in pcie_copy_spans(plan):
             if (direction, what) == ("out", "gradients"):
@@ -42,14 +37,19 @@ def allreduce_spans(plan, timeline: Timeline, total_s: float | None = None) -> l
     return [(e, d) if d > 0 else (0.0, 0.0) for e, d in zip(end, dur)]
 
 
+def has_replicas(plan) -> bool:
+    """Whether some stage of ``plan`` runs on more than one replica (dp,
+    or per-stage replication): a gradient all-reduce follows its pipeline."""
+    return plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
+
+
 def allreduce_label(plan) -> str:
     """Legend of the bars :func:`allreduce_spans` draws: the gradient
     all-reduce, and the host optimizer step with it where a stage offloads
     its optimizer (both follow the last backward: ``StagePlan.allreduce_s``
     holds their sum), the step alone for one replica."""
     if any(st.host_step_s > 0 for st in plan.stages):
-        replicated = plan.dp > 1 or any(r > 1 for r in plan.stage_replicas or ())
-        return "A all-reduce + host optimizer step" if replicated else "A host optimizer step"
+        return "A all-reduce + host optimizer step" if has_replicas(plan) else "A host optimizer step"
     return "A gradient all-reduce"
 
 

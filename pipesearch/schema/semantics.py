@@ -99,8 +99,7 @@ def _devices(plan: dict, where: str, num_devices: int) -> Iterator[Problem]:
     par = plan["parallelism"]
     pp, dp, tp = par["pp"], par["dp"], par["tp"]
     if pp * dp * tp > num_devices:
-        yield Problem(f"{where}.parallelism", f"pp {pp} x dp {dp} x tp {tp} = {pp * dp * tp} devices, but the "
-                                              f"cluster (inputs.cluster.devices) has {num_devices}")
+        yield Problem(f"{where}.parallelism", _too_many_devices(pp, dp, tp, num_devices))
         return
     replicated = [st.get("replicas") for st in plan["stages"]]
     if any(r is not None for r in replicated):
@@ -662,14 +661,27 @@ def _points(doc: dict) -> Iterator[Problem]:
     if "values" in table and "data" in table:
         yield Problem("search.points", "has both 'values' (by column) and 'data' (by row); give one")
         return
-    devices = doc["inputs"]["cluster"]["devices"]
     if "values" in table:
         problems = list(_point_columns(columns, table["values"]))
-        where = lambda k, r: f"search.points.values[{k}][{r}]"  # noqa: E731
-        yield from problems or list(_point_nulls(columns, table["values"], where)) or _point_degrees(
-            columns, table["values"], devices, where)
-        return
-    for r, row in enumerate(table["data"]):
+        if problems:
+            yield from problems
+            return
+        by_column, where = table["values"], lambda k, r: f"search.points.values[{k}][{r}]"
+    else:
+        problems = list(_point_rows(columns, table["data"]))
+        if problems:
+            yield from problems
+            return
+        by_column = [list(col) for col in zip(*table["data"])] if table["data"] else [[] for _ in columns]
+        where = lambda k, r: f"search.points.data[{r}]"  # noqa: E731
+    yield from list(_point_nulls(columns, by_column, where)) or _point_degrees(
+        columns, by_column, doc["inputs"]["cluster"]["devices"], where)
+
+
+def _point_rows(columns: list, data: list) -> Iterator[Problem]:
+    """The by-row layout's first row of another length than ``columns``,
+    or its first cell that fails its column's rule."""
+    for r, row in enumerate(data):
         if len(row) != len(columns):
             yield Problem(f"search.points.data[{r}]", f"{len(row)} values for the {len(columns)} columns; "
                                                       "give one value per column")
@@ -680,9 +692,6 @@ def _points(doc: dict) -> Iterator[Problem]:
                 yield Problem(f"search.points.data[{r}]", f"column {column!r} = {show(value)}: expected {check[1]} "
                                                           "or null")
                 return
-    by_column = [list(col) for col in zip(*table["data"])] if table["data"] else [[] for _ in columns]
-    where = lambda k, r: f"search.points.data[{r}]"  # noqa: E731
-    yield from list(_point_nulls(columns, by_column, where)) or _point_degrees(columns, by_column, devices, where)
 
 
 def _point_degrees(columns: list, values: list, num_devices: int, where) -> Iterator[Problem]:
@@ -695,10 +704,15 @@ def _point_degrees(columns: list, values: list, num_devices: int, where) -> Iter
     tps = values[at["tp"]] if "tp" in at else [1] * len(values[at["pp"]])
     for r, (pp, dp, tp) in enumerate(zip(values[at["pp"]], values[at["dp"]], tps)):
         if None not in (pp, dp) and pp * dp * (tp or 1) > num_devices:
-            yield Problem(where(at["pp"], r), f"pp {pp} x dp {dp} x tp {tp or 1} = {pp * dp * (tp or 1)} devices, but "
-                                              f"the cluster (inputs.cluster.devices) has {num_devices}; restore "
-                                              "the point or re-plan")
+            yield Problem(where(at["pp"], r), _too_many_devices(pp, dp, tp or 1, num_devices)
+                          + "; restore the point or re-plan")
             return
+
+
+def _too_many_devices(pp: int, dp: int, tp: int, num_devices: int) -> str:
+    """The problem of a plan or point of more devices than the cluster's."""
+    return (f"pp {pp} x dp {dp} x tp {tp} = {pp * dp * tp} devices, but the cluster (inputs.cluster.devices) has "
+            f"{num_devices}")
 
 
 def _point_nulls(columns: list, values: list, where) -> Iterator[Problem]:
