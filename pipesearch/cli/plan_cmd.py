@@ -686,7 +686,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                          f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
     pinned = split_text(split, split_replicas) if split_replicas else ""
     if (split_replicas or replicate_stages) and dp is not None:
-        flag, whose = (pinned, "the split's replicas (NxR)") if split_replicas else ("--replicate-stages", "the replicas")
+        flag, whose = ((pinned, "the split's replicas (NxR)") if split_replicas else
+                       ("--replicate-stages", "the replicas"))
         raise InputError(f"{flag} with --dp {dp}: {whose} give each stage its own data-parallel degree; drop --dp")
     if split_replicas and vps and max(vps) > 1:
         raise InputError(f"{pinned} with --vp {max(vps)}: per-stage replication runs one stage per device (vp 1); "
