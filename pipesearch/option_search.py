@@ -31,6 +31,7 @@ from .costs import PipelineCosts
 from .split_search import ExactSplit, exact_split
 from .stage_options import DEVICE_FIRST, OFFLOAD_FIRST, RELAXED
 from .timemodel import iteration_time_s
+from .units import format_gib_pair
 
 
 MAX_POLICY_NODES = 24
@@ -448,15 +449,18 @@ def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1
         n = int(np.argmax(node / o.node_host_memory_bytes))
         if node[n] <= o.node_host_memory_bytes[n]:
             return None
+        need, have = format_gib_pair(node[n], o.node_host_memory_bytes[n])
         return (f"host memory: the best split with the host unlimited ({','.join(str(int(x)) for x in j - i)}) "
-                f"would keep {node[n] / gib:.1f} GiB in the host memory of node {n} (its GPUs' stages' 16-bit "
-                f"weights, optimizer state and offloaded activations) against its {o.node_host_memory_bytes[n] / gib:.1f} GiB; use a host with more memory "
+                f"would keep {need} in the host memory of node {n} (its GPUs' stages' 16-bit "
+                f"weights, optimizer state and offloaded activations) against its {have}; use a host with more memory "
                 "([host] memory_GB) or fewer micro-batches in flight")
     over = np.flatnonzero(host > o.host_capacity_bytes)
     if not len(over):
         return None
     q = int(over[0])
+    need, have = format_gib_pair(host[q], o.host_capacity_bytes[q])
+    acts = f" (offloaded activations {act[q] / gib:.1f} GiB)" if act[q] > 0 else ""
     return (f"host memory: stage {q} (layers {int(i[q])}..{int(j[q]) - 1}, option {o.names[int(k[q])]}) would keep "
-            f"{host[q] / gib:.1f} GiB in host memory per GPU (offloaded activations {act[q] / gib:.1f} GiB) against "
-            f"its {o.host_capacity_bytes[q] / gib:.1f} GiB share (the node's host memory over the plan's GPUs on "
-            "it); use a host with more memory ([host] memory_GB) or fewer micro-batches in flight")
+            f"{need} in host memory per GPU{acts} against its {have} share (the node's host memory over the plan's "
+            "GPUs on it); use a host with more memory ([host] memory_GB)"
+            + (" or fewer micro-batches in flight" if act[q] > 0 else ""))

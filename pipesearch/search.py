@@ -50,6 +50,7 @@ from .split_search import CHAIN_SCHEDULES, EQUAL_TIME_REL, exact_split
 from .stage_options import ACT_HOST_RESIDENT, offloads_activations
 from .timemodel import busiest_idle_fraction, iteration_time_s, rank_busy_s, simulate_times, stage_times_of
 from .types import MAX_MICRO_BATCHES, SCHEDULES, Cluster, DeviceSpec, Job, ModelProfile, Plan, Prediction, StagePlan
+from .units import format_gib_pair
 
 ANALYTIC_SCHEDULES = ("gpipe", "1f1b")
 #: every schedule the search knows; the first two have an exact analytic split
@@ -1287,7 +1288,8 @@ def search(
         progress(len(groups), len(groups))
     counts.update(r["status"] for r in rows if r["status"] != "ok")
     if not best_of_family:
-        message = _no_plan_message(counts, variants, cluster, job, options)
+        message = _no_plan_message(counts, variants, cluster, job, options,
+                                   host_full=bool(placement_ctx.get("host_overflow")))
         if "split_overflow" in placement_ctx:
             message += "; " + placement_ctx["split_overflow"][1]
         if placement_ctx.get("host_overflow"):
@@ -1955,8 +1957,9 @@ def _note_mobius_gpu_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict
         n = int(np.argmax(host / cap))
         ratio = float(host[n] / cap[n])
         acts = " and offloaded activations" if np.any(host != keep.mobius_node_host_bytes(bounds)) else ""
-        text = (f"closest: --split needs {host[n] / gib:.1f} GiB of host memory on node {n} (its GPUs' stages' "
-                f"16-bit weights and optimizer state{acts}) against its {cap[n] / gib:.1f} GiB, {where}; use a "
+        need, have = format_gib_pair(host[n], cap[n])
+        text = (f"closest: --split needs {need} of host memory on node {n} (its GPUs' stages' "
+                f"16-bit weights and optimizer state{acts}) against its {have}, {where}; use a "
                 "host with more memory ([host] memory_GB)" + (" or fewer micro-batches in flight" if acts else ""))
     else:
         r = int(np.argmax(peaks / caps))
@@ -2017,7 +2020,11 @@ def _multiple(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None) -> str:
+def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None,
+                     host_full: bool = False) -> str:
+    """The no-plan line: the counts by reason and the likely fix (``host_full``:
+    the host memory is what the offloading plans overflowed, so no flag that
+    keeps more there is suggested)."""
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no points"
     prof = variants[0].profile
     params = sum(lay.param_bytes for lay in prof.layers) / prof.bytes_per_param
@@ -2026,7 +2033,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
                       else param_state_of(job).floor_bytes_per_param())
     mem = usable_memory_bytes(job, float(memory_bytes_of(cluster).max()))
     on_host = options is not None and set(options.schedules) <= {"mobius", "roundpipe"}  # the state lives on the host
-    host_flags = _host_flags(job, options.schedules) if options is not None and cluster.host is not None else ""
+    host_flags = (_host_flags(job, options.schedules)
+                  if options is not None and cluster.host is not None and not host_full else "")
     offload = ("" if cluster.host is None or job.weight_streaming else
                "add --optimizer-offload (this cluster has host memory), or " if not job.optimizer_offload else
                "add --stream-weights (weights and gradients on the host, streamed layer by layer), or ")

@@ -74,6 +74,18 @@ def format_bytes(num_bytes: float) -> str:
     return f"{value:.1f} TiB"
 
 
+def format_gib_pair(need_bytes: float, have_bytes: float) -> tuple[str, str]:
+    """Two byte counts in GiB (``"25.64 GiB"``, ``"25.61 GiB"``) with the
+    fewest decimals (1 to 4) that tell them apart, for a message that a
+    need exceeds what there is."""
+    gib = 2.0 ** 30
+    for digits in range(1, 5):
+        a, b = f"{need_bytes / gib:.{digits}f}", f"{have_bytes / gib:.{digits}f}"
+        if a != b or need_bytes == have_bytes:
+            break
+    return f"{a} GiB", f"{b} GiB"
+
+
 def format_seconds(seconds: float) -> str:
     """0.0123 -> ``"12.3 ms"``."""
     if not math.isfinite(seconds):

@@ -128,6 +128,47 @@ def test_host_memory_overflow_is_refused_with_its_reason():
     assert _search(_hand_profile(), cluster, 2, 6, "gpipe").stages[0].memory_option == "act-host"
 
 
+def test_gib_pair_shows_the_digits_that_tell_need_from_capacity():
+    """27.53e9 B against 27.5e9 B are both 25.6 GiB at one decimal: two
+    decimals tell them apart (25.639..., 25.611...); values apart at one
+    decimal keep one; equal values keep one."""
+    from pipesearch.units import format_gib_pair
+
+    assert format_gib_pair(27.53e9, 27.5e9) == ("25.64 GiB", "25.61 GiB")
+    assert format_gib_pair(36 * GB, 30 * GB) == ("33.5 GiB", "27.9 GiB")
+    assert format_gib_pair(2**31, 2**31) == ("2.0 GiB", "2.0 GiB")
+
+
+def test_host_overflow_of_the_optimizer_alone_suggests_no_more_offload(tmp_path):
+    """qwen3-1.7b with its optimizer offloaded keeps 16 B per parameter on
+    the host (fp32 master weights, gradients, momentum and variance, as
+    docs/offload.md counts) and 4 on the GPU. Its 1.7206e9 parameters (28 blocks of 2048 x (2048 + 2 x 1024
+    + 2048) attention and 3 x 2048 x 6144 MLP weights plus norms, and a
+    tied 151,936 x 2048 embedding) need 27.53e9 B = 25.64 GiB; 27.5e9 B
+    is 25.61 GiB. The message gives both
+    figures apart (not "25.6 GiB against 25.6 GiB"), does not suggest the
+    flags that keep more on the host, nor fewer micro-batches (no
+    activations are offloaded)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    cluster = tmp_path / "c.toml"
+    cluster.write_text('name = "one"\nnodes = 1\ndevices_per_node = 1\ndevice = "rtx4090-24gb"\n'
+                       "[intra_node]\nbandwidth_GBps = 12.5\nlatency_us = 20\n"
+                       "[inter_node]\nbandwidth_GBps = 12.5\nlatency_us = 20\n"
+                       "[host]\nmemory_GB = 27.5\npcie_generation = 4\npcie_lanes_per_gpu = 16\n"
+                       "host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = [[0]]\n"
+                       "cpu_adam_params_per_s = 1e9\n")
+    result = CliRunner().invoke(main, ["plan", "--model", "qwen3-1.7b", "--cluster", str(cluster), "-b", "16",
+                                       "--seq-len", "2048", "--optimizer-offload"])
+    assert result.exit_code == 2, result.output
+    text = result.output
+    assert "host memory: stage 0" in text and "25.64 GiB in host memory per GPU against its 25.61 GiB share" in text
+    assert "--activation-offload" not in text and "--stream-weights" not in text
+    assert "offloaded activations" not in text and "fewer micro-batches" not in text
+
+
 def test_cli_flag_needs_a_host_table_and_records_the_job():
     from click.testing import CliRunner
 
