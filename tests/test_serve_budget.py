@@ -184,7 +184,10 @@ def test_vllms_batch_defaults_follow_the_device():
     """``vllm serve`` defaults (EngineArgs.get_batch_defaults): 8192 tokens a
     step and 1024 sequences on a device of at least 70 GiB that is not an
     A100 (H100), 16384 and 1024 from 160 GiB, else 2048 and 256 (A100 80 GB,
-    L4); an option given is kept, and SGLang's are its own."""
+    L4); an option given is kept. SGLang's are its own
+    (ServerArgs: a chunked-prefill size of 2048 tokens below 35 GiB, 8192
+    below 160 GiB, 16384 above; and its running requests bound by its
+    request pool, 4096 requests)."""
     from pipesearch.hardware import load_device
 
     def limits(name, engine="vllm", **given):
@@ -194,9 +197,10 @@ def test_vllms_batch_defaults_follow_the_device():
     assert limits("h100-80gb") == (8192, 1024)
     assert limits("a100-80gb") == limits("l4-24gb") == (2048, 256)
     assert limits("h100-80gb", max_num_seqs=128) == (8192, 128)
-    assert limits("h100-80gb", "sglang") == limits("l4-24gb", "sglang")
+    assert limits("h100-80gb", "sglang") == limits("a100-80gb", "sglang") == (8192, 4096)
+    assert limits("l4-24gb", "sglang") == (2048, 4096)
     big = replace(load_device("h100-80gb"), name="big", memory_bytes=192 * 2**30)
-    assert engine_spec("vllm", big).max_num_batched_tokens == 16384
+    assert engine_spec("vllm", big).max_num_batched_tokens == engine_spec("sglang", big).max_num_batched_tokens == 16384
 
 
 def test_a_prompts_chunks_follow_one_another_through_the_pipeline():
@@ -223,12 +227,16 @@ def test_a_closed_form_tie_between_budgets_goes_to_the_uniform_one():
     uniform one (1990 = 398 x 1280 / 256), the mean step being the same;
     at 8192 whole prompts land in some micro-batches and the simulation
     carries about 20% less (43,437 tok/s). The tie goes to the uniform
-    budget, whose simulation agrees with the closed form within 2%."""
+    budget, whose simulation agrees with the closed form within 2%. (The
+    smaller budget leaves the KV pool room for a few more sequences: the
+    plan runs the most its pool holds, at the uniform budget of that
+    batch, ``ceil(ceil(B / 2) x 1280 / 256)``.)"""
     r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "1", "--tp", "1",
                                   "--pp", "2", "--simulate-top", "1", "--json"])
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)["plans"][0]
-    assert p["max_num_batched_tokens"] == 1990 and p["batch"] == 796
+    B = p["batch"]
+    assert B >= 796 and B == p["max_batch"] and p["max_num_batched_tokens"] == -(-(-(-B // 2)) * 1280 // 256)
     assert p["simulated"]["total_output_tokens_per_s"] == pytest.approx(p["predicted"]["output_tokens_per_s"], rel=0.02)
 
 
@@ -288,3 +296,42 @@ def test_the_engines_budget_replaces_the_planned_one_only_by_a_margin():
     assert _engine_budget_better(run(total_output_tokens_per_s=1000.0), run(total_output_tokens_per_s=1011.0), False)
     assert _engine_budget_better(run(total_output_tokens_per_s=2000.0, meets_limits=False),
                                  run(total_output_tokens_per_s=1000.0, meets_limits=True), False)
+
+
+def _serve_json(args):
+    r = CliRunner().invoke(main, ["serve", *args, "--simulate-top", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)["plans"][0]
+
+
+def test_a_budget_is_sized_for_what_the_cache_holds_at_it():
+    """Llama-3 70B bf16 on 8 L4s, tp 1 x pp 8: at vLLM's 2048-token budget
+    the cache holds 24 sequences of 1280 tokens; the budget sized for those
+    24 (25 tokens, ``uniform_budget``) caps the batch at 24 (one less than
+    the budget), though the cache at so small a budget holds more. The plan
+    runs the most its cache holds at its budget, that budget being the
+    uniform one of its batch, and beats the budget sized for 24 (pinned
+    here) by the sequences it adds."""
+    plan = _serve_json(["--tp", "1", "--pp", "8"])
+    pinned = _serve_json(["--tp", "1", "--pp", "8", "--max-num-batched-tokens", "25"])
+    assert pinned["batch"] == 24
+    B = plan["batch"]
+    assert B > 24 and B == plan["max_batch"]
+    b = -(-B // 8)  # sequences per micro-batch, 8 in flight
+    assert plan["max_num_batched_tokens"] == max(-(-b * (1024 + 256) // 256), B + 1)
+    assert plan["predicted"]["output_tokens_per_s"] > pinned["predicted"]["output_tokens_per_s"] * 1.2
+
+
+def test_latency_limits_count_a_closed_loops_wait_for_a_running_slot():
+    """Llama-2 70B on 16 A100s, tp 4 x pp 2 (two replicas), 200 clients of
+    2048 in / 512 out, TPOT at most 60 ms and TTFT at most 1 s: running the
+    100 clients of a replica, none waits, and the plan meets both limits
+    (pinning the limits away gives that batch). The search used to pick the
+    batch under the limits without the clients left waiting (76 of 100),
+    whose wait for a running slot then broke the TTFT limit: "no batch
+    meets the limits"."""
+    args = ["--model", "llama2-70b", "--cluster", "2x8-a100-80gb", "--input-len", "2048", "--output-len", "512",
+            "--tp", "4", "--pp", "2", "--concurrency", "200"]
+    plan = _serve_json(args + ["--max-tpot-ms", "60", "--max-ttft-ms", "1000"])
+    assert plan["batch"] == 100  # 200 clients over 2 replicas: every client runs
+    assert plan["predicted"]["tpot_s"] <= 0.060 and plan["predicted"]["ttft_s"] <= 1.0

@@ -81,14 +81,16 @@ def test_cli_writes_plans_with_both_engines_commands(tmp_path):
 
 def test_the_other_engine_s_command_runs_what_its_own_memory_holds(tmp_path):
     """SGLang and vLLM set the KV pool apart differently: on L4s Llama-3 8B
-    at tp 2 holds 149 running sequences under SGLang and 148 under vLLM (each
-    engine's own plan of the same tp, pp and split says so), and the vLLM
-    command written into the SGLang plan asked for 149. Each command now
-    asks for what its engine holds, at most the plan's limit."""
+    at tp 1 x pp 2 holds 149 running sequences under SGLang and 148 under
+    vLLM (each engine's own plan of the same tp, pp, split and step budget,
+    2048 tokens, says so), and the vLLM command written into the SGLang plan
+    asked for 149. Each command now asks for what its engine holds, at most
+    the plan's limit."""
     def plan(engine):
         out = tmp_path / f"{engine}.json"
-        res = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "2", "--pp",
-                                        "1", "--engine", engine, "--top", "1", "-q", "-o", str(out)])
+        res = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "1", "--pp",
+                                        "2", "--engine", engine, "--max-num-batched-tokens", "2048", "--top", "1",
+                                        "-q", "-o", str(out)])
         assert res.exit_code == 0, res.output
         return json.loads(out.read_text())["plans"][0]
 

@@ -247,10 +247,12 @@ def _check_model_path(model_path: str, what: str) -> None:
 @click.option("--memory-reserve", default="1GiB", show_default=True,
               help="vLLM: memory per device for CUDA context, NCCL buffers and CUDA graphs (not with --engine sglang, whose --memory-fraction holds weights and KV only).")
 @click.option("--max-num-seqs", type=click.IntRange(min=1),
-              help="Running sequences per replica (default: vLLM's for the device, 1024 on H100, else 256).")
+              help="Running sequences per replica (default: the engine's, vLLM 1024 on H100 / H200, else 256; "
+                   "SGLang 4096).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
-              help="Token budget of one step, chunked prefill (default: vLLM's for the device, 8192 on H100, "
-                   "else 2048; planned per plan unless given).")
+              help="Token budget of one step, chunked prefill (default: the engine's for the device, vLLM 8192 "
+                   "on H100 / H200, else 2048; SGLang 8192 from 35 GiB, 16384 from 160 GiB, else 2048; planned per "
+                   "plan for vLLM unless given).")
 @click.option("--step-overhead-ms", type=FiniteFloatRange(min=0, max=MAX_STEP_OVERHEAD_MS),
               help="Engine time per step outside the kernels (default 2).")
 @click.option("--model-path", help="Checkpoint to put in the exported commands (default: the model name; for a "

@@ -70,7 +70,12 @@ class EngineSpec:
 
 _DEFAULTS = {
     "vllm": EngineSpec("vllm", memory_fraction=0.90, activation_in_budget=True, block_size_tokens=16),
-    "sglang": EngineSpec("sglang", memory_fraction=0.85, activation_in_budget=False, block_size_tokens=1),
+    # SGLang runs at most min(max_total_num_tokens // 2, its request pool) sequences when not told
+    # (Scheduler / ModelRunner: the pool holds min(max(pool tokens / context x 512, 2048), 4096) requests,
+    # 4096 wherever the KV pool holds 4 contexts or more; the pool's own bound is what the search's cap by KV
+    # tokens already is)
+    "sglang": EngineSpec("sglang", memory_fraction=0.85, activation_in_budget=False, block_size_tokens=1,
+                         max_num_seqs=4096),
 }
 
 
@@ -78,6 +83,10 @@ _DEFAULTS = {
 #: at least 160 GiB, or at least 70 GiB and not an A100): (memory GiB at least, step
 #: budget, running sequences), the first that applies; below them 2048 and 256
 VLLM_BATCH_DEFAULTS = ((160, 16384, 1024), (70, 8192, 1024))
+#: SGLang's ``--chunked-prefill-size`` when not given, by the GPU's memory
+#: (``ServerArgs`` ``_handle_chunked_prefill_size``): (memory GiB at least,
+#: step budget), the first that applies; below them 2048 (an L4, a 4090)
+SGLANG_CHUNK_DEFAULTS = ((160, 16384), (35, 8192))
 
 
 def engine_spec(name: str, device=None, **overrides) -> EngineSpec:
@@ -85,7 +94,10 @@ def engine_spec(name: str, device=None, **overrides) -> EngineSpec:
     ``device`` (a :class:`~pipesearch.types.DeviceSpec`): vLLM's defaults of
     ``max_num_batched_tokens`` and ``max_num_seqs`` depend on it
     (:data:`VLLM_BATCH_DEFAULTS`: an H100 or H200 serves 8192 tokens a step
-    and 1024 sequences by default, an A100 or L4 2048 and 256).
+    and 1024 sequences by default, an A100 or L4 2048 and 256), and
+    SGLang's step budget (:data:`SGLANG_CHUNK_DEFAULTS`: 8192 tokens on an
+    A100 or H100, 2048 on an L4; its running requests 4096 on every
+    device).
 
     Raises:
         InputError: an unknown engine, or an override out of range (names the
@@ -101,6 +113,10 @@ def engine_spec(name: str, device=None, **overrides) -> EngineSpec:
             if gib >= at_least and (at_least >= 160 or "a100" not in device.name.lower()):
                 base = replace(base, max_num_batched_tokens=tokens, max_num_seqs=seqs)
                 break
+    if name == "sglang" and device is not None:
+        gib = device.memory_bytes / 2**30
+        base = replace(base, max_num_batched_tokens=next(
+            (tokens for at_least, tokens in SGLANG_CHUNK_DEFAULTS if gib >= at_least), 2048))
     spec = replace(base, **values)
     if not 0 < spec.memory_fraction <= 1:
         raise InputError(f"--memory-fraction {spec.memory_fraction}: expected a number in (0, 1]")

@@ -220,7 +220,13 @@ def _batch_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int, pp:
     clients."""
     w = job.workload
     sustained = max(1, pp * engine.max_num_batched_tokens * w.output_len // (w.input_len + w.output_len))
-    cap = min(engine.max_num_seqs, b_max, engine.max_num_batched_tokens - 1, sustained)
+    return min(_pool_cap(job, engine, replicas, b_max), engine.max_num_batched_tokens - 1, sustained)
+
+
+def _pool_cap(job: ServeJob, engine: EngineSpec, replicas: int, b_max: int) -> int:
+    """:func:`_batch_cap` but for the step budget's limits: what the KV pool
+    holds, ``max_num_seqs`` and the replica's share of the clients."""
+    cap = min(engine.max_num_seqs, b_max)
     if job.concurrency is not None:
         cap = min(cap, -(-job.concurrency // replicas))
     return cap
@@ -273,25 +279,41 @@ def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batc
     batches = np.arange(batch, cap + 1)
     # a burst runs at the TPOT of its batch; the mean TTFT is the mean batch's (a lower limit only queues the
     # arrivals: one at the mean batch holds every burst back, 33.9 s of simulated TTFT for a 245 ms limit)
-    ok = _within_limits(replace(job, max_ttft_s=None), pipe.steady_arrays(split, batches, job.workload))
+    ok = _within_limits(replace(job, max_ttft_s=None), pipe.steady_arrays(split, batches, job.workload), batches)
     ok[0] = True
     return int(batches[np.flatnonzero(ok)[-1]])
 
 
-def _within_limits(job: ServeJob, a: dict) -> np.ndarray:
-    """Which batch levels of the closed-form arrays ``a``
-    (:meth:`ServePipeline.steady_arrays`) meet the latency limits."""
+def _within_limits(job: ServeJob, a: dict, batches, replicas: int = 1) -> np.ndarray:
+    """Which batch levels ``batches`` of the closed-form arrays ``a``
+    (:meth:`ServePipeline.steady_arrays`) meet the latency limits (the TTFT
+    with a closed loop's wait for a running slot, :func:`_loop_ttft_s`)."""
     ok = np.ones(np.shape(a["tpot_s"]), dtype=bool)
     if job.max_tpot_s is not None:
         ok &= a["tpot_s"] <= job.max_tpot_s
     if job.max_ttft_s is not None:
-        ok &= a["ttft_s"] <= job.max_ttft_s
+        ok &= _loop_ttft_s(job, replicas, batches, a["ttft_s"], a["tpot_s"]) <= job.max_ttft_s
     return ok
 
 
-def _meets(job: ServeJob, st: SteadyState) -> bool:
+def _meets(job: ServeJob, st: SteadyState, replicas: int = 1) -> bool:
     return ((job.max_tpot_s is None or st.tpot_s <= job.max_tpot_s)
-            and (job.max_ttft_s is None or st.ttft_s <= job.max_ttft_s))
+            and (job.max_ttft_s is None
+                 or float(_loop_ttft_s(job, replicas, st.batch, st.ttft_s, st.tpot_s)) <= job.max_ttft_s))
+
+
+def _loop_ttft_s(job: ServeJob, replicas: int, batch, ttft_s, tpot_s):
+    """TTFT at ``batch`` running sequences (arrays or numbers) as the
+    clients of a closed loop see it (``--concurrency`` without a request
+    rate): with more clients on a replica than it runs, each request first
+    waits for a running slot (:func:`pipesearch.serve.queueing.closed_loop_wait_s`,
+    the wait :func:`_configuration_result` adds); else ``ttft_s``."""
+    if job.request_rate is not None or job.concurrency is None:
+        return ttft_s
+    clients = -(-job.concurrency // replicas)  # the larger share
+    b = np.asarray(batch, dtype=float)
+    life = np.asarray(ttft_s) + (job.workload.output_len - 1) * np.asarray(tpot_s)
+    return ttft_s + np.where(clients > b, life * (clients / np.maximum(b, 1.0) - 1.0), 0.0)
 
 
 def _carrying_rate(job: ServeJob, replicas: int, cap: int, score_levels):
@@ -307,7 +329,7 @@ def _carrying_rate(job: ServeJob, replicas: int, cap: int, score_levels):
     for lo in range(1, cap + 1, _CHUNK):
         batches = np.arange(lo, min(cap, lo + _CHUNK - 1) + 1)
         for r in score_levels(batches):
-            if r is None or not _meets(job, r[1]):
+            if r is None or not _meets(job, r[1], replicas):
                 continue
             if r[1].output_tokens_per_s >= demand:
                 return r, False
@@ -316,7 +338,7 @@ def _carrying_rate(job: ServeJob, replicas: int, cap: int, score_levels):
     return best_any, True
 
 
-def _best_throughput(job, candidates, score_levels, upper):
+def _best_throughput(job, candidates, score_levels, upper, replicas: int = 1):
     """The highest-throughput level among ``candidates`` (batch sizes) under
     the limits, visiting them by decreasing ``upper`` bound, eight at a time,
     until the bound cannot beat the best found."""
@@ -330,7 +352,7 @@ def _best_throughput(job, candidates, score_levels, upper):
         if best is not None and ub[idx[0]] <= best[1].output_tokens_per_s * (1 + 1e-12):
             break
         for r in score_levels(candidates[idx]):
-            if r is None or not _meets(job, r[1]):
+            if r is None or not _meets(job, r[1], replicas):
                 continue
             if best is None or r[1].output_tokens_per_s > best[1].output_tokens_per_s * (1 + 1e-12):
                 best = r
@@ -366,7 +388,7 @@ def evaluate_split(pipe: ServePipeline, split: tuple[int, ...], job: ServeJob, r
     if job.request_rate is None and cap >= 1:
         batches = np.arange(1, cap + 1)
         a = pipe.steady_arrays(split, batches, job.workload)
-        ok = _within_limits(job, a)
+        ok = _within_limits(job, a, batches, replicas)
         if not ok.any():
             return None, pool, b_max, False
         k = int(np.argmax(np.where(ok, a["output_tokens_per_s"], -np.inf)))
@@ -405,7 +427,7 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
                 cstep, chunks = pipe.chunk_step(batches, w)
                 ok &= chunks * np.asarray(pipe.ring_s(cstep), dtype=float) <= job.max_ttft_s * (1 + 1e-12)
             batches = batches[ok]
-        return _best_throughput(job, batches, score, upper), b_max, False
+        return _best_throughput(job, batches, score, upper, replicas), b_max, False
     chosen, saturated = _carrying_rate(job, replicas, cap, score)
     return chosen, b_max, saturated
 
@@ -435,34 +457,57 @@ def _plan_configuration(pipe: ServePipeline, split, job: ServeJob, replicas: int
     return _optimal(pipe, job, replicas)
 
 
+#: step token budgets planned at most per configuration beside the engine's (:func:`_at_planned_budget`; a count)
+MAX_BUDGETS = 6
+
+
 def _at_planned_budget(current, split, job: ServeJob, replicas: int, pipe_at):
     """``current`` (``(pipe, chosen, max_batch, saturated)`` at the engine's
-    step budget) or the configuration planned again at the
+    step budget) or the configuration planned again at a
     :func:`uniform_budget` (``pipe_at(budget)``: the pipeline at that
-    budget), whichever :func:`_better` ranks first, the uniform budget on a
+    budget), whichever :func:`_better` ranks first, a uniform budget on a
     tie (the closed form's mean over uneven micro-batches hides their
     bubbles: Llama-3 8B on 8 H100s, tp 1 x pp 2, 52,662 tok/s at either
     budget in the closed form, 43,437 simulated at 8192 against 52,554 at
-    1,990). The budget is sized for the sequences the engine may run (under
-    a request rate its running limit: the bursts above the mean batch), from
-    the batch planned without the latency limits where none meets them at
-    the engine's budget (a prompt in one step holds up the others)."""
-    pipe, chosen, _, saturated = current
-    basis = chosen if chosen is not None or (job.max_ttft_s is None and job.max_tpot_s is None) else \
-        _plan_configuration(pipe, split, replace(job, max_ttft_s=None, max_tpot_s=None), replicas)[0]
-    if basis is None:
-        return current
-    sized = basis[1].batch if job.request_rate is None else running_limit(
+    1,990), the first of them on a tie between them. The budgets tried are
+    sized for the sequences the engine may run (under a request rate its
+    running limit: the bursts above the mean batch) of three batches: the
+    one planned at the engine's budget, the one planned there without the
+    latency limits (a prompt in one step holds up the others: at a smaller
+    budget the limits may hold for more sequences), and the most the KV
+    pool and the engine's limits allow there, then at each budget tried
+    (a smaller budget leaves more room for the KV pool; at most
+    :data:`MAX_BUDGETS`): a batch planned at the engine's budget sized a
+    budget that capped it (Llama-3 70B on 8 L4s, pp 8: a budget of 25 held
+    the batch at 24 where the pool at that budget holds 31, 37 tok/s where a
+    budget sized for 31 gives 48)."""
+    pipe, chosen, b_max, saturated = current
+    bases = [chosen]
+    if job.max_ttft_s is not None or job.max_tpot_s is not None:
+        bases.append(_plan_configuration(pipe, split, replace(job, max_ttft_s=None, max_tpot_s=None), replicas)[0])
+    sizes = [basis[1].batch if job.request_rate is None else running_limit(
         pipe, basis[0], job, replicas, basis[1].batch, split_pool_tokens(pipe, basis[0]))
-    budget = uniform_budget(pipe, sized, job.workload)
-    if budget >= pipe.costs.engine.max_num_batched_tokens:
-        return current
-    upipe = pipe_at(budget)
-    alt, alt_max, alt_sat = _plan_configuration(upipe, split, job, replicas)
-    if alt is not None and (chosen is None or not _better(job, (pipe, chosen, saturated), (upipe, alt, alt_sat),
-                                                          replicas)):
-        return upipe, alt, alt_max, alt_sat
-    return current
+        for basis in bases if basis is not None]
+    if sizes:
+        sizes.append(_pool_cap(job, pipe.costs.engine, replicas, b_max))
+    best, tried = current, set()
+    for sized in sizes:  # (grows: a smaller budget leaves the KV pool more room, so its cap is tried next)
+        budget = uniform_budget(pipe, sized, job.workload)
+        if budget >= pipe.costs.engine.max_num_batched_tokens or budget in tried or len(tried) >= MAX_BUDGETS:
+            continue
+        tried.add(budget)
+        upipe = pipe_at(budget)
+        alt, alt_max, alt_sat = _plan_configuration(upipe, split, job, replicas)
+        sizes.append(_pool_cap(job, upipe.costs.engine, replicas, alt_max))
+        if alt is None:
+            continue
+        cand, held = (upipe, alt, alt_sat), (best[0], best[1], best[3])
+        # over the engine's budget: unless it is better; over an earlier uniform budget: if better
+        wins = best[1] is None or (not _better(job, held, cand, replicas) if best is current
+                                   else _better(job, cand, held, replicas))
+        if wins:
+            best = (upipe, alt, alt_max, alt_sat)
+    return best
 
 
 def _stages(pipe: ServePipeline, split, step, tp: int) -> tuple[StageReport, ...]:
