@@ -171,3 +171,29 @@ def test_a_plan_edited_to_take_no_time_replays_without_a_crash(tmp_path):
     r = CliRunner().invoke(main, ["simulate", str(bad), "--timeline", str(png)])
     assert r.exit_code == 0, r.output
     assert "rank 0: busy   0.0%" in r.stdout and "the replay takes 0 s" in r.stderr and png.exists()
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["plot", "--kind", "stages"], ["plot", "--kind", "timeline"]])
+def test_a_layer_moved_between_stages_is_warned_by_simulate_and_plot(tmp_path, command):
+    """``validate`` and ``export`` refuse a plan whose stages' layers were
+    edited after planning (their digest differs); ``simulate`` and ``plot``
+    replay and draw the file's recorded stage times, which are those of
+    the split as planned: they now say so, one line naming the file and the
+    edited part, for the plan drawn (plan 2, unedited, draws without it)."""
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["plan", "-q", "--top", "2", "-o", str(out)] + PLANS["1f1b"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    first, second = doc["plans"][0]["stages"][:2]
+    first["layers"][1] -= 1
+    second["layers"][0] -= 1
+    second["layer_names"].insert(0, first["layer_names"].pop())
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(doc))
+    extra = ["-o", str(tmp_path / "f.png")] if command[0] == "plot" else []
+    r = CliRunner().invoke(main, [*command, str(bad), *extra])
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.strip().splitlines() if x]
+    assert len(lines) == 1 and lines[0].startswith(f"warning: {bad}: plans[0].stages: edited after planning"), r.stderr
+    r = CliRunner().invoke(main, [*command, str(bad), "--rank", "2", *extra])
+    assert r.exit_code == 0 and r.stderr == "", r.stderr

@@ -45,16 +45,16 @@ def plot_command(plan_file, kind, rank, output):
         check_writable(output, "figure (-o)")
     check_distinct_paths({"-o": output or f"{kind}.png"}, {"PLANS.json": plan_file})
     doc = plan_file
-    if kind in ("stages", "timeline"):  # one plan drawn: say so when its file disagrees with its replay
+    if kind in ("stages", "timeline"):  # one plan drawn: say so when its file was edited or disagrees with its replay
         from ..plan import load_plan_file, select_plan
-        from .simulate_cmd import replay, replay_warnings
+        from .simulate_cmd import edit_warnings, replay, replay_warnings
 
         doc = load_plan_file(plan_file)  # read once: drawn below
         plan = select_plan(doc, rank, plan_file)
         total_s, tl = replay(plan, plan_file, rank)
         drawn = ("the timeline drawn is the replay's" if kind == "timeline" else
                  "the stages figure draws the file's own stage times and figures")
-        for line in replay_warnings(plan_file, rank, plan, total_s, tl, drawn):
+        for line in edit_warnings(plan_file, doc, rank) + replay_warnings(plan_file, rank, plan, total_s, tl, drawn):
             click.echo(f"warning: {line}", err=True)
     out = render(kind, doc, f"{kind}.png" if output is None else output, rank=rank, source=str(plan_file))
     click.echo(f"wrote {Path(out)}")

@@ -60,6 +60,23 @@ def replay_warnings(path: str, rank: int, plan, total_s: float, tl,
     return [time] * bool(time) + [f"{path}: plan of rank {rank}{line}" for line in memory_disagreement(plan, tl)]
 
 
+def edit_warnings(path: str, plan_file, rank: int | None = None) -> list[str]:
+    """The lines that say which parts of the plan file at ``path`` (read as
+    ``plan_file``) were edited after planning
+    (:func:`pipesearch.schema.digests.digest_problems`, what ``validate``
+    and ``export`` refuse): its inputs' and, with ``rank``, that plan's
+    (``simulate`` and ``plot`` still draw the file's own figures, which
+    were computed for what was planned)."""
+    from ..plan import parse_document, read_plan_text
+    from ..schema.digests import digest_problems
+
+    index = next((k for k, p in enumerate(plan_file.plans) if p.rank == rank), None)
+    mine = f"plans[{index}]"
+    return [f"{path}: {problem}" for problem in digest_problems(parse_document(read_plan_text(path), path))
+            if not problem.where.startswith("plans[") or problem.where.startswith(mine + ".")
+            or problem.where == mine]
+
+
 def plan_title(plan_file, plan, iteration_time_s: float) -> str:
     """``model on cluster, pp x dp x tp, schedule, mbs x m: iteration time``."""
     model = plan_file.inputs.get("model", {}).get("name", "model")
@@ -188,7 +205,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
             raise InputError(f"--window {window!r}: starts at {window_s[0] * 1e3:g} ms, after the timeline ends at "
                              f"{end_s * 1e3:.3f} ms; give a FROM below that")
     disagreement = time_disagreement(plans, rank, total_s, plan.predicted.iteration_time_s)
-    for line in replay_warnings(plans, rank, plan, total_s, tl):
+    for line in edit_warnings(plans, plan_file, rank) + replay_warnings(plans, rank, plan, total_s, tl):
         click.echo(f"warning: {line}", err=True)
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))
