@@ -356,3 +356,18 @@ def test_bad_module_names_are_refused_in_one_line(vgg_plans, tmp_path, body, nee
     res = export(vgg_plans, "--format", "torch", "--module-names", str(path), "-o", str(out))
     assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("fmt", ["gpipe", "deepspeed", "megatron", "stages-json"])
+def test_module_names_for_an_export_that_reads_none_are_refused(plans, tmp_path, fmt):
+    """--module-names maps layer names to torch modules for the torch and
+    torchtitan exports; the others name or index their layers their own way
+    and used to accept the file unread (a note inside the JSON only): now
+    exit 2 naming the option and the formats that read it, nothing written."""
+    names = tmp_path / "names.json"
+    names.write_text('{"zzz": "a"}')
+    out = tmp_path / "out.json"
+    res = export(plans, "--format", fmt, "--module-names", str(names), "-o", str(out))
+    assert res.exit_code == 2, res.output
+    assert f"--module-names {names}: only with --format torch or torchtitan" in res.output
+    assert not out.exists()

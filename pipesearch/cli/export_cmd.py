@@ -90,6 +90,13 @@ def read_module_names(path: str) -> dict:
     return doc
 
 
+#: the formats whose export reads --module-names (the others name or index layers their own way)
+MODULE_NAME_FORMATS = ("torch", "torchtitan")
+_NAMES_UNUSED = {"megatron": "builds Megatron-LM's own modules", "deepspeed": "indexes layers by position",
+                 "gpipe": "splits the nn.Sequential by child position",
+                 "stages-json": "names stages by the plan's layer names"}
+
+
 @main.command("export")
 @click.argument("plans", type=click.Path(dir_okay=False))
 @click.option("--rank", type=click.IntRange(min=1), default=1, show_default=True, help="Which plan of the file.")
@@ -137,6 +144,9 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
         from ..export.torchtitan import check_torchtitan_version
 
         check_torchtitan_version(torchtitan_version, "export --torchtitan-version")
+    if module_names_file is not None and fmt not in MODULE_NAME_FORMATS:  # an option's value: before the plan
+        raise InputError(f"export --module-names {module_names_file}: only with --format "
+                         f"{' or '.join(MODULE_NAME_FORMATS)} (the {fmt} export {_NAMES_UNUSED[fmt]})")
     module_names = read_module_names(module_names_file) if module_names_file is not None else None
     plan_file = load_plan_file(plans)
     problems = plan_file_problems(parse_document(read_plan_text(plans), plans))  # every check validate runs
