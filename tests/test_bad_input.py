@@ -385,6 +385,42 @@ def test_a_split_for_interleaving_names_what_was_given(tmp_path, args, needles):
     assert_refused(tmp_path, ["plan", "--schedule", "interleaved-1f1b", *args, "-o", "p.json"], *needles)
 
 
+@pytest.mark.parametrize("sep,name", [(";", "semicolons"), ("\t", "tabs")])
+def test_a_profile_of_another_separator_names_it(tmp_path, sep, name):
+    """A spreadsheet of a locale whose list separator is ';' (or a tab
+    export) writes the right header row with the wrong separator: the
+    message says so, not "no header row, add name,fwd_ms,...", which the
+    file already has."""
+    rows = ["name", "fwd_ms", "bwd_ms", "param_bytes", "output_bytes"], ["l0", "1", "2", "1000", "4096"]
+    write(tmp_path / "p.csv", "# batch_size: 8\n" + "".join(sep.join(r) + "\n" for r in rows))
+    text = assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 2",
+                          f"separated by {name}", "comma-separated")
+    assert "no header row" not in text
+
+
+@pytest.mark.parametrize("line,fix", [("# batch_size = 8", "# batch_size: 8"), ("# batch size: 8", "# batch_size: 8"),
+                                      ("# bytes-per-param: 2", "# bytes_per_param: 2")])
+def test_a_header_field_written_otherwise_is_named_with_its_line(tmp_path, line, fix):
+    """'=' for the colon, spaces or dashes for the underscores: the line is
+    named with the field as it must be written (it was taken for a comment,
+    then the file refused for a missing batch_size without a line)."""
+    head = line + "\n" + ("# batch_size: 8\n" if "batch" not in line else "")
+    write(tmp_path / "p.csv", head + "name,fwd_ms,bwd_ms,param_bytes,output_bytes\nl0,1,2,1000,4096\n")
+    assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 1", repr(line), repr(fix))
+
+
+def test_a_spreadsheets_empty_rows_and_repeated_header_are_named(tmp_path):
+    """Trailing rows of bare commas and a header row pasted twice, both what
+    spreadsheets leave, are named as such (not "empty layer name", not
+    "'fwd_ms' is not a finite number")."""
+    head = "# batch_size: 8\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\nl0,1,2,1000,4096\n"
+    write(tmp_path / "p.csv", head + "l1,1,2,1000,4096\n,,,,\n,,,,\n")
+    assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 5", "an empty row")
+    write(tmp_path / "p.csv", head + "name,fwd_ms,bwd_ms,param_bytes,output_bytes\nl1,1,2,1000,4096\n")
+    assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 4",
+                   "the header row again (as on line 2)")
+
+
 def test_a_profile_without_its_header_row_says_so(tmp_path):
     write(tmp_path / "p.csv", "# batch_size: 8\n" + "".join(f"l{k},1,2,1000,4096\n" for k in range(4)))
     assert_refused(tmp_path, ["plan", "--model", "p.csv", "-o", "x.json"], "p.csv", "line 2", "no header row",

@@ -81,6 +81,8 @@ OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms", "fwd_fixed_ms", "bwd_fixed_ms
 FIXED_COLUMNS = {"fwd_fixed_ms": "fwd_ms", "bwd_fixed_ms": "bwd_ms", "bwd_input_fixed_ms": "bwd_input_ms"}
 HEADER_KEYS = ("model", "batch_size", "device", "bytes_per_param", "tied_param_bytes", "source")
 _HEADER_RE = re.compile(r"#\s*([A-Za-z_]+)\s*:(.*)$")
+#: a comment that is a header field written otherwise: '=' for the colon, spaces or dashes for the underscores
+_NEAR_HEADER_RE = re.compile(r"#\s*([A-Za-z][A-Za-z_ -]*?)\s*[:=]\s*(\S.*)$")
 _PLAIN_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")  # 12.5, 5e6 (docs/formats.md)
 
 
@@ -189,6 +191,11 @@ def _split_lines(path: Path, text: str) -> tuple[dict[str, list[tuple[int, str]]
                         words[1].replace(".", "", 1).isdigit():
                     raise _fail(path, f"line {number}", f"{shown(stripped)} is not a header field (no colon); write "
                                 f"'# {words[0]}: {words[1]}'")
+                near = _NEAR_HEADER_RE.match(stripped)  # '# batch_size = 8', '# batch size: 8'
+                key = re.sub(r"[\s-]+", "_", near.group(1).strip()).lower() if near else ""
+                if key in HEADER_KEYS:
+                    raise _fail(path, f"line {number}", f"{shown(stripped)} is not a header field; write "
+                                f"'# {key}: {near.group(2).strip()}'")
             continue
         table.append((number, line))
     return header, table
@@ -268,6 +275,12 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str
         raise _fail(path, f"line {header_line}", f"cannot be read as CSV ({exc}); fix the header row "
                     f"{shown(table[0][1])}") from None
     if not set(columns) & set(REQUIRED_COLUMNS + OPTIONAL_COLUMNS):
+        for sep, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "bars")):
+            if set(c.strip() for c in table[0][1].split(sep)) & set(REQUIRED_COLUMNS):
+                raise _fail(path, f"line {header_line}", f"the table's columns are separated by {name} "
+                            f"({shown(table[0][1])}); pipesearch reads comma-separated values: save the file as CSV "
+                            f"with commas (in a spreadsheet: comma as the list separator), or replace the "
+                            f"{name} by commas")
         raise _fail(path, f"line {header_line}", f"no header row: the table's first line {shown(table[0][1])} "
                     f"names no column; add a line '{','.join(REQUIRED_COLUMNS)}' above the layers")
     for k, col in enumerate(columns):
@@ -296,6 +309,11 @@ def _read_table(path: Path, table: list[tuple[int, str]]) -> tuple[list[dict[str
             fields, cells = _row_fields(line)
         except csv.Error as exc:  # e.g. a quoted field past the csv module's field size limit
             raise _fail(path, f"line {number}", f"cannot be read as CSV ({exc}); fix the row {shown(line)}") from None
+        if not any(c.strip() for c in cells):
+            raise _fail(path, f"line {number}", f"an empty row ({shown(line)}: a spreadsheet's leftover); delete it")
+        if [c.strip() for c in cells] == columns:
+            raise _fail(path, f"line {number}", f"the header row again (as on line {header_line}); delete it: one "
+                        "header row above the layers")
         if len(fields) != len(columns) or len(cells) != len(columns):
             raise _fail(path, f"line {number}", f"{len(fields)} fields, expected {len(columns)} "
                         f"({','.join(columns)}); fix the row {shown(line)}")
