@@ -154,11 +154,17 @@ def _graph(tmp_path: Path, extra_edge: str) -> Path:
 
 
 def test_graph_with_a_cycle(tmp_path):
-    """alexnet's graph has the edge node4 -- node5; adding node5 -- node4 closes a cycle."""
-    assert "\tnode4 -- node5\n" in (PIPEDREAM / "alexnet.graph.txt").read_text()
-    _graph(tmp_path, "node5 -- node4")
+    """alexnet's graph has the edge node4 -- node5; adding node5 -- node4 closes a cycle: the message names
+    the line of the edge added (the file's last) and both edges' lines (docs/formats.md: the file, the line and
+    the node)."""
+    text = (PIPEDREAM / "alexnet.graph.txt").read_text()
+    assert "\tnode4 -- node5\n" in text
+    first = text.splitlines().index("\tnode4 -- node5") + 1
+    path = _graph(tmp_path, "node5 -- node4")
+    added = len(path.read_text().splitlines())
     result = run(["plan", "--model", "alexnet.graph.txt"], tmp_path)
-    expect_input_error(result, tmp_path, "alexnet.graph.txt", "cycle", files_before=["alexnet.graph.txt"])
+    expect_input_error(result, tmp_path, "alexnet.graph.txt", f"line {added}: the edge node5 -- node4 closes a cycle",
+                       f"lines {first}, {added}", files_before=["alexnet.graph.txt"])
 
 
 def test_graph_with_a_dangling_edge(tmp_path):

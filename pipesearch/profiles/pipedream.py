@@ -145,14 +145,18 @@ def parse_graph_txt(path: str | Path) -> nx.DiGraph:
             if end not in graph:
                 raise InputError(f"{path}: line {number}: edge {a} -- {b} names unknown node "
                                  f"{end!r} (dangling edge); add its node line or drop the edge")
-        graph.add_edge(a, b)
+        graph.add_edge(a, b, line=number)
     try:
         cycle = nx.find_cycle(graph)
     except nx.NetworkXNoCycle:
         check_connected(graph, path)
         return graph
     names = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
-    raise InputError(f"{path}: the graph has a cycle {names}; a profile must be a DAG")
+    last = max(cycle, key=lambda e: graph.edges[e[0], e[1]]["line"])
+    at = graph.edges[last[0], last[1]]["line"]
+    raise InputError(f"{path}: line {at}: the edge {last[0]} -- {last[1]} closes a cycle {names} (its edges on "
+                     f"lines {', '.join(map(str, sorted(graph.edges[u, v]['line'] for u, v in cycle)))}); a profile "
+                     "must be a DAG: drop the edge that goes back")
 
 
 def _line_of(graph: nx.DiGraph, node_id: str) -> int:
