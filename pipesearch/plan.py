@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -289,7 +290,7 @@ def parse_document(text: str, source: str = "<text>") -> Any:
     except json.JSONDecodeError as exc:
         first = text.split("\n", 1)[0]
         hint = ("; it is the table of every point (--all-points CSV): give the plan file of pipesearch plan -o"
-                if first.startswith("tp,") and ",status," in first else "")
+                if first.startswith("tp,") and ",status," in first else _input_kind_hint(text, source))
         raise PlanFormatError(f"{source}: not JSON ({exc.msg}: line {exc.lineno}, column {exc.colno}){hint}") from None
     except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits, nesting too deep
         raise PlanFormatError(f"{source}: not a plan file ({parse_failure(exc)})") from None
@@ -306,9 +307,30 @@ def parse_document(text: str, source: str = "<text>") -> Any:
             raise PlanFormatError(f"{source}: {export} (written by `pipesearch export`); this command reads "
                                   f"training plans (schema {SCHEMA!r}, `pipesearch plan -o`), and checks the "
                                   f"exports of the plan file it is given")
-        raise PlanFormatError(f"{source}: schema is {doc.get('schema')!r}, expected {SCHEMA!r} "
-                              "(a file written by `pipesearch plan -o`)")
+        if "schema" not in doc and ({"model_type", "architectures"} & set(doc) or "hidden_size" in doc):
+            raise PlanFormatError(f"{source}: a model config (HuggingFace config.json), not a plan file; "
+                                  f"`pipesearch plan --model {source} -o plans.json` writes one")
+        found = f"schema is {doc['schema']!r}" if "schema" in doc else "no 'schema' key"
+        raise PlanFormatError(f"{source}: {found}, expected {SCHEMA!r} (a file written by `pipesearch plan -o`)")
     return doc
+
+
+def _input_kind_hint(text: str, source: str) -> str:
+    """``"; it is ..."``: what an input file given as a plan file looks like
+    (a layer profile CSV, a PipeDream graph.txt, a TOML cluster or device
+    file), with the command that takes it; "" when it looks like none."""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    table = next((x for x in lines if not x.startswith("#")), "")
+    if str(source).endswith(".csv") or ("fwd_ms" in table and "," in table):
+        return (f"; it is a layer profile (CSV): `pipesearch plan --model {source} -o plans.json` writes the plan "
+                "file this command reads")
+    if any(" -- " in x and x.startswith("node") for x in lines[:3]):
+        return (f"; it is a PipeDream graph.txt profile: `pipesearch plan --model {source} -o plans.json` writes "
+                "the plan file this command reads")
+    if str(source).endswith(".toml") or (table.startswith("[") or re.match(r"[A-Za-z_]+\s*=", table)):
+        return ("; it is a TOML file (a cluster or a device?): give it to `pipesearch plan --cluster`, and this "
+                "command the plan file `pipesearch plan -o` writes")
+    return ""
 
 
 def _export_kind(doc: dict) -> str | None:

@@ -1676,3 +1676,30 @@ def test_the_all_points_csv_given_for_a_plan_file_says_which_file_it_is(tmp_path
         line = assert_refused(tmp_path, [cmd[0], "points.csv", *cmd[1:]], "points.csv", "not JSON",
                               "--all-points CSV", "pipesearch plan -o")
         assert "Traceback" not in line
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("p.csv", "# batch_size: 8\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\nl0,1,2,1000,4096\n",
+     "it is a layer profile (CSV): `pipesearch plan --model p.csv -o plans.json`"),
+    ("g.txt", "node1 -- Conv2d -- forward_compute_time=1, backward_compute_time=2, activation_size=4, "
+              "parameter_size=8\n", "it is a PipeDream graph.txt profile"),
+    ("c.toml", 'name = "x"\nnodes = 1\n', "it is a TOML file (a cluster or a device?)"),
+    ("config.json", '{"model_type": "llama", "hidden_size": 4096}', "a model config (HuggingFace config.json), "
+                                                                      "not a plan file"),
+])
+@pytest.mark.parametrize("command", [["validate"], ["simulate"]])
+def test_another_input_given_as_a_plan_file_is_named(tmp_path, name, text, needle, command):
+    """A profile, a graph.txt, a TOML file or a model config given where a
+    plan file goes: what it is, and the command that takes it (it said
+    "not JSON (Expecting value: line 1, column 1)", or for a config
+    "schema is None")."""
+    write(tmp_path / name, text)
+    line = assert_refused(tmp_path, [*command, name], name, needle)
+    assert "None" not in line
+
+
+def test_a_utf16_plan_file_gets_its_fix(tmp_path, plan_doc):
+    """Windows PowerShell 5's `pipesearch plan --json > p.json` writes
+    UTF-16 with a byte-order mark: the message says so and how to mend it."""
+    (tmp_path / "p.json").write_bytes(json.dumps(plan_doc).encode("utf-16"))
+    assert_refused(tmp_path, ["simulate", "p.json"], "p.json", "UTF-16", "save it as UTF-8", "-o FILE")
