@@ -34,6 +34,21 @@ def test_export_and_simulate_never_overwrite_the_plan_file(plan_file):
     assert plan_file.read_bytes() == before
 
 
+def test_a_refused_output_path_is_the_only_line(tmp_path):
+    """A plan of PipeDream-named layers makes the torch export warn (its
+    layers are no modules of the model); -o onto the plan file itself is
+    refused before the export is built: the refusal is the one line on
+    stderr, no warning before it."""
+    path = tmp_path / "plans.json"
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "128",
+                                    "--top", "1", "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["export", str(path), "--format", "torch", "-o", str(tmp_path / "x.py")])
+    assert res.exit_code == 0 and "warning:" in res.stderr  # the export of this plan warns
+    res = _refused(["export", str(path), "--format", "torch", "-o", str(path)], "the same file as PLANS")
+    assert res.stderr.strip().splitlines() == [res.stderr.strip()] and res.stderr.startswith("error:"), res.stderr
+
+
 def test_export_files_that_would_replace_the_plan_file_are_refused(plan_file, tmp_path):
     own = tmp_path / "ds_config.json"  # the plan file under the name DeepSpeed's config gets
     own.write_bytes(plan_file.read_bytes())

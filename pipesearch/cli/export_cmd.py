@@ -133,6 +133,7 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
     """
     if output is not None:
         check_writable(output, "export (-o)")
+        check_distinct_paths([("-o", output)], {"PLANS": plans})  # (said before any warning of the export)
     if files_dir is not None and not str(files_dir).strip():
         raise InputError("export --files: empty directory name; give the directory to write the files into")
     if files_dir:
@@ -164,15 +165,15 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
         why = next((n for n in export.get("notes", []) if n.startswith("no ")), "this runtime reads no file of ours")
         raise InputError(f"export --files {files_dir}: the {fmt} export of plan {rank} has no files ({why.rstrip('.')}); "
                          f"-o FILE.json writes the export")
-    for note in export.get("notes", []) if (output is not None or files_dir) else ():  # else in the JSON printed
-        if isinstance(note, str) and note.startswith("warning:"):
-            click.echo(note, err=True)
-    # everything is computed, and every target checked, before anything is written
+    # everything is computed, and every target checked, before anything is written (or warned)
     targets = [Path(files_dir) / name for name in (export.get("files") or {})] if files_dir else []
     for path in targets:
         if path.exists() or path.parent.is_dir():  # (the directory itself is made below)
             check_writable(path, "export --files")
     check_distinct_paths([("-o", output)] + [("--files", path) for path in targets], {"PLANS": plans})
+    for note in export.get("notes", []) if (output is not None or files_dir) else ():  # else in the JSON printed
+        if isinstance(note, str) and note.startswith("warning:"):
+            click.echo(note, err=True)
     # the files and -o together, all or none (output.write_outputs)
     outputs = [(path, lambda f, body=body: f.write_text(body), "export --files")
                for path, body in zip(targets, (export.get("files") or {}).values())]
