@@ -463,3 +463,20 @@ def test_the_other_engines_command_keeps_the_pinned_settings():
     assert "--gpu-memory-utilization 0.7" in ex["vllm"]["command"]
     assert "--max-num-batched-tokens 1024" in ex["vllm"]["command"]
     assert "--mem-fraction-static 0.7" in ex["sglang"]["command"]
+
+
+def test_the_table_prints_what_the_command_needs_under_it():
+    """The command of plan 1 is pasted from the table: the notes it needs
+    to run as planned (a 4-bit checkpoint for int4 weights, the replicas
+    behind a load balancer, the catalog name to replace) are printed under
+    it, not only in the JSON: on 8 A100s, Llama-3 70B in int4 fits one GPU
+    a replica, 8 replicas."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-70b", "--cluster", "1x8-a100-80gb", "--weight-dtype",
+                                  "int4", "--kv-dtype", "fp8", "--tp", "1", "--pp", "1", "--simulate-top", "0"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    at = next(k for k, x in enumerate(lines) if x.startswith("vllm: "))
+    notes = [x for x in lines[at + 1:] if x.startswith("  note: ")]
+    assert any("4-bit" in x and "checkpoint" in x for x in notes), r.output
+    assert any("run 8 replicas" in x and "load balancer" in x for x in notes), r.output
+    assert any("not a checkpoint" in x for x in notes), r.output

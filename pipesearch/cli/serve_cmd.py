@@ -529,6 +529,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         ex = exports[0].get(engine, {})
         if "command" in ex:
             click.echo(f"{engine}: {ex['command']}")
+            for note in ex.get("notes", ()):  # what the command needs to run as planned (the checkpoint, replicas)
+                click.echo(f"  note: {note}")
         skipped = ", ".join(f"{k} {v}" for k, v in result.skipped) or "none"
         click.echo(f"{result.evaluated} configuration{'' if result.evaluated == 1 else 's'} in {result.wall_s:.2f} s; "
                    f"skipped: {skipped}")
