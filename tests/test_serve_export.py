@@ -480,3 +480,21 @@ def test_the_table_prints_what_the_command_needs_under_it():
     assert any("4-bit" in x and "checkpoint" in x for x in notes), r.output
     assert any("run 8 replicas" in x and "load balancer" in x for x in notes), r.output
     assert any("not a checkpoint" in x for x in notes), r.output
+
+
+def test_nothing_decodes_at_one_output_token_and_no_figure_says_otherwise():
+    """With --output-len 1 a request's only token is its prompt's: no TPOT
+    in the table, and null (not a cycle time, not 0.0) in the plan file's
+    prediction and simulated run; SGLang keeps no memory reserve, so its
+    plan file records none."""
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--output-len", "1", "--simulate-top", "1",
+                                  "--top", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)["plans"][0]
+    assert p["predicted"]["tpot_s"] is None
+    assert p["simulated"]["tpot_mean_s"] is None and p["simulated"]["tpot_p90_s"] is None
+    assert p["predicted"]["ttft_s"] > 0 and p["engine_default"]["refusal"] is None
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--engine", "sglang", "--top", "1",
+                                  "--simulate-top", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["inputs"]["engine"]["memory_reserve_bytes"] is None

@@ -149,7 +149,8 @@ def test_a_ttft_limit_the_engines_budget_misses_is_met_at_a_planned_budget():
                                   "--max-ttft-ms", "800", "--tp", "2", "--pp", "4", "--simulate-top", "0", "--json"])
     p = json.loads(r.output)["plans"][0]
     assert p["max_num_batched_tokens"] < 2048 and p["predicted"]["ttft_s"] <= 0.8
-    assert p["engine_default"]["batch"] == 0
+    assert p["engine_default"]["batch"] is None and p["engine_default"]["output_tokens_per_s"] is None
+    assert p["engine_default"]["refusal"] == "latency_limits"
 
 
 def test_admission_wait_by_hand():

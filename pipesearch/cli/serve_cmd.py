@@ -133,7 +133,14 @@ def _as_run_by(plan, spec, cfg, cluster, weights, kv_bytes: float, reserve: floa
     return replace(plan, max_num_seqs=min(plan.max_num_seqs, held))
 
 
-def _plan_json(p, exports) -> dict:
+def _plan_json(p, exports, decodes: bool = True) -> dict:
+    """One plan of the serving plan file (docs/formats.md); ``decodes``:
+    whether a request decodes at all (``--output-len`` above 1: else its
+    only token is the prompt's, and every TPOT is null)."""
+    simulated = dict(p.simulated) if p.simulated else None
+    if simulated and not decodes:
+        simulated.update(tpot_mean_s=None, tpot_p90_s=None)
+    refused = p.default_refusal is not None
     return {
         "rank": p.rank,
         "parallelism": {"tp": p.tp, "pp": p.pp, "replicas": p.replicas},
@@ -148,15 +155,17 @@ def _plan_json(p, exports) -> dict:
         "max_num_batched_tokens": p.max_num_batched_tokens,
         "predicted": {"output_tokens_per_s": p.total_output_tokens_per_s,
                       "output_tokens_per_s_per_replica": p.steady.output_tokens_per_s,
-                      "tpot_s": p.steady.tpot_s, "cycle_s": p.steady.cycle_s,
+                      "tpot_s": p.steady.tpot_s if decodes else None, "cycle_s": p.steady.cycle_s,
                       # null: the queue grows without bound (arrivals above what the plan carries)
                       "ttft_s": p.steady.ttft_s if math.isfinite(p.steady.ttft_s) else None,
                       "ring_s": p.steady.ring_s, "bottleneck_stage_s": p.steady.bottleneck_s,
                       "saturated": p.saturated},
+        # null batch and throughput where the engine's defaults give no plan (refusal: out_of_memory, latency_limits)
         "engine_default": {"layers_per_stage": list(p.default_split), "kv_pool_tokens": p.default_pool_tokens,
-                           "batch": p.default_batch,
-                           "output_tokens_per_s": p.default_total_output_tokens_per_s},
-        "simulated": p.simulated or None,
+                           "batch": None if refused else p.default_batch,
+                           "output_tokens_per_s": None if refused else p.default_total_output_tokens_per_s,
+                           "refusal": p.default_refusal},
+        "simulated": simulated,
         "exports": exports,
     }
 
@@ -435,14 +444,15 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
             "engine": {"name": eng.name, "memory_fraction": eng.memory_fraction,
                        "block_size_tokens": eng.block_size_tokens, "max_num_seqs": eng.max_num_seqs,
                        "max_num_batched_tokens": eng.max_num_batched_tokens, "step_overhead_s": eng.step_overhead_s,
-                       "memory_reserve_bytes": reserve},
+                       # SGLang sizes its pool from a fraction of the memory alone (no reserve: null)
+                       "memory_reserve_bytes": reserve if eng.activation_in_budget else None},
             "workload": {"input_len": input_len, "output_len": output_len, "concurrency": concurrency,
                          "request_rate": request_rate, "max_ttft_s": job.max_ttft_s, "max_tpot_s": job.max_tpot_s,
                          "weight_dtype": weight_dtype, "kv_dtype": kv_dtype},
         },
         "search": {"configurations_evaluated": result.evaluated, "skipped": dict(result.skipped),
                    "wall_s": round(result.wall_s, 4)},
-        "plans": [_plan_json(p, ex) for p, ex in zip(plans, exports)],
+        "plans": [_plan_json(p, ex, output_len > 1) for p, ex in zip(plans, exports)],
     }
     text = json.dumps(doc, indent=2) + "\n"
     outputs = [(out, lambda f: f.write_text(text), "serving plans")] if out else []
