@@ -312,3 +312,19 @@ def test_the_step_budget_bounds_the_batch_it_sustains():
                        engine=engine_spec("vllm", max_num_batched_tokens=16), weights=weight_format("bf16"),
                        kv_bytes=2.0, tp=1, pp=1)
     assert r.plans[0].batch == 3
+
+
+def test_a_learned_position_models_context_names_the_serve_options():
+    """GPT-3's learned position table (2048 positions) refused a 2049-token
+    request as "key 'seq_len (--seq-len)' = 2049 exceeds ...", an option
+    serve has not: it is refused as for a rotary model, naming --input-len
+    and --output-len and the sum that fits."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    res = CliRunner().invoke(main, ["serve", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "--input-len",
+                                    "2048", "--output-len", "1"])
+    assert res.exit_code == 2, res.output
+    assert "--input-len 2048 + --output-len 1 = 2049 tokens is more than gpt3-1.3b's context of 2048" in res.output
+    assert "--seq-len" not in res.output

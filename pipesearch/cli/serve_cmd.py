@@ -133,6 +133,16 @@ def _as_run_by(plan, spec, cfg, cluster, weights, kv_bytes: float, reserve: floa
     return replace(plan, max_num_seqs=min(plan.max_num_seqs, held))
 
 
+def _check_context(context: int | None, cfg_name: str, input_len: int, output_len: int) -> None:
+    """Refuse a request longer than the model's context ``context`` (tokens;
+    None: no limit known), naming --input-len and --output-len."""
+    if context is not None and input_len + output_len > context:
+        raise InputError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens is "
+                         f"more than {cfg_name}'s context of {context} (its position limit, max_position_embeddings or "
+                         f"n_positions); an engine refuses such a max-model-len: lower them to a sum of {context} or "
+                         "less")
+
+
 def _plan_json(p, exports, decodes: bool = True) -> dict:
     """One plan of the serving plan file (docs/formats.md); ``decodes``:
     whether a request decodes at all (``--output-len`` above 1: else its
@@ -323,6 +333,12 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     if path.suffix not in (".toml", ".json"):
         raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
                          f"config (catalog TOML or HuggingFace config.json)")
+    try:  # the model's own context first: a learned position table refuses a longer seq_len, naming --seq-len
+        own = load_transformer(path)
+    except InputError:  # (no length of its own: the load below says what it lacks)
+        own = None
+    if own is not None:
+        _check_context(own.max_position_embeddings, own.name, input_len, output_len)
     # a request's tokens as the sequence length: a config with no context of its own loads (serving needs no
     # training length; --seq-len is plan's)
     cfg = load_transformer(path, seq_len=input_len + output_len)
@@ -348,12 +364,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         raise InputError(f"--memory-reserve {memory_reserve} leaves nothing of the devices of {cluster.name} at a "
                          f"memory fraction of {eng.memory_fraction:g} ({format_bytes(engine_bytes)} each): lower "
                          "--memory-reserve or raise --memory-fraction")
-    context = cfg.max_position_embeddings
-    if context is not None and input_len + output_len > context:
-        raise InputError(f"--input-len {input_len} + --output-len {output_len} = {input_len + output_len} tokens is "
-                         f"more than {cfg.name}'s context of {context} (its position limit, max_position_embeddings or "
-                         f"n_positions); an engine refuses "
-                         f"such a max-model-len: lower them to a sum of {context} or less")
+    _check_context(cfg.max_position_embeddings, cfg.name, input_len, output_len)
     if max_tpot_ms is not None and output_len == 1:
         raise InputError(f"--max-tpot-ms {max_tpot_ms:g} with --output-len 1: the one output token comes from the "
                          "prefill, no decode step has a time per output token to limit; drop --max-tpot-ms (or "
