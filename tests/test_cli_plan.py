@@ -672,6 +672,21 @@ def test_data_parallel_flags_with_one_replica_are_refused(flags, message):
     assert CliRunner().invoke(main, [*base, "--dp", "2", *flags]).exit_code == 0
 
 
+@pytest.mark.parametrize("flags", [["--overlap-grad-reduce"], ["--overlap-param-gather", "--zero1"],
+                                   ["--sharding", "fsdp"]])
+def test_data_parallel_flags_where_the_pp_pin_fills_the_cluster_are_refused(flags):
+    """Bug: --pp 8 on 8 GPUs leaves every plan one replica (dp 1), yet
+    --overlap-grad-reduce was recorded in every plan and written into the
+    Megatron command (exit 0), where --dp 1 refuses it. The same refusal,
+    naming the pins; with --pp 4 some plans have dp 2, and it plans."""
+    base = ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--top", "1"]
+    r = CliRunner().invoke(main, [*base, "--pp", "8", *flags])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert r.output.startswith("error: --") and any(f in r.output.split(" with ")[0] for f in flags), r.output
+    assert "with --pp 8 on the 8 devices of 1x8-a100-80gb (dp 1): one data-parallel replica" in r.output
+    assert CliRunner().invoke(main, [*base, "--pp", "4", "--tp", "1", *flags]).exit_code == 0
+
+
 @pytest.mark.parametrize("flags", [["--sharding", "zero1"], ["--zero1"]])
 def test_sharding_asked_for_leaves_plans_of_one_replica_out(flags):
     """Bug: with --sharding zero1 and dp free, plans of dp 1 were ranked
@@ -687,9 +702,10 @@ def test_sharding_asked_for_leaves_plans_of_one_replica_out(flags):
     assert doc["search"]["infeasible"]["one_replica"] == 4  # dp 1 of pp 1, 2, 3, 4
     free = json.loads(CliRunner().invoke(main, base[:-len(flags)] + ["--top", "10", "--json"]).output)
     assert any(p["parallelism"]["dp"] == 1 for p in free["plans"])  # what the pin removes
-    r = CliRunner().invoke(main, [*base, "--pp", "4"])  # 4 stages on 4 devices: one replica
+    r = CliRunner().invoke(main, [*base, "--pp", "4"])  # 4 stages on 4 devices: one replica, refused up front
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    assert "(one_replica: 1)" in r.output and "drop that flag" in r.output and "larger cluster" not in r.output
+    assert "with --pp 4 on the 4 devices of 1x4-v100-pcie (dp 1): one data-parallel replica has no replicas to " \
+           "shard" in r.output and "larger cluster" not in r.output
     r = CliRunner().invoke(main, [*base, "--pp", "4", "--dp", "2"])  # the device count is the reason here
     assert r.exit_code == 2 and "--pp 4 x --dp 2 needs 8 devices" in r.output, r.output
 

@@ -734,6 +734,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     if dp == 1:
         check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather)
+    elif dp is None and pp is not None and cluster.num_devices // (pp * (tp or 1)) <= 1:  # the pins leave dp 1
+        check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather,
+                                why=f"--pp {pp}{f' x --tp {tp}' if tp else ''} on the {cluster.num_devices} devices "
+                                    f"of {cluster.name} (dp 1)")
     sharded = asked_sharding not in (None, "none") or zero1  # asked for: plans of one replica would not honour it
     pinned_pp = pp or (len(split) if split else None)
     if placements and cluster.is_homogeneous and 1 in (pinned_pp, dp):
@@ -1021,8 +1025,10 @@ def check_roundpipe_flags(cluster, *, tp, dp, recompute, optimizer_offload, stre
 
 
 
-def check_one_replica_flags(sharding, zero1: bool, overlap_grad_reduce, overlap_param_gather) -> None:
-    """With dp pinned to 1 (``--dp 1``, or the batch pins) there is one
+def check_one_replica_flags(sharding, zero1: bool, overlap_grad_reduce, overlap_param_gather,
+                            why: str = "dp 1") -> None:
+    """With dp pinned to 1 (``--dp 1``, the batch pins, or a ``--pp`` that
+    with ``--tp`` fills the cluster; ``why`` names the pins) there is one
     replica: no state to shard over replicas and no data-parallel collective
     to overlap. Refuse the flags that ask for them, as ``--tp 1
     --tp-comm-overlap`` is refused, rather than accept them doing nothing.
@@ -1033,11 +1039,11 @@ def check_one_replica_flags(sharding, zero1: bool, overlap_grad_reduce, overlap_
     """
     if sharding not in (None, "none") or zero1:
         flag = f"--sharding {sharding}" if sharding not in (None, "none") else "--zero1"
-        raise InputError(f"{flag} with dp 1: one data-parallel replica has no replicas to shard its state over; "
+        raise InputError(f"{flag} with {why}: one data-parallel replica has no replicas to shard its state over; "
                          "drop one of them")
     for flag, on in (("--overlap-grad-reduce", overlap_grad_reduce), ("--overlap-param-gather", overlap_param_gather)):
         if on:
-            raise InputError(f"{flag} with dp 1: one data-parallel replica has no gradient reduce or parameter "
+            raise InputError(f"{flag} with {why}: one data-parallel replica has no gradient reduce or parameter "
                              "gather to overlap; drop one of them")
 
 
