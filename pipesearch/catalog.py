@@ -78,6 +78,9 @@ def resolve(kind: str, name_or_path: str) -> Path:
     except OSError as exc:  # e.g. a name longer than the file system allows: neither a file nor a catalog name
         raise InputError(f"{label} {short_path(name_or_path)}: cannot be read ({exc.strerror or exc})") from None
     if what is not None:
+        inside = p / "config.json"  # a model's folder, as the engines and transformers take it
+        if kind == "model" and what == "a directory" and inside.is_file():
+            raise InputError(f"{label} {name_or_path}: is a directory; give the model config in it: {label} {inside}")
         raise InputError(f"{label} {name_or_path}: is {what}, not a {kind} file; give the path of a "
                          f"regular file or a catalog name (`{_listing(kind)}`)")
     if p.is_symlink():  # a link that leads nowhere (dangling, or a loop of links): not a missing name

@@ -1703,3 +1703,13 @@ def test_a_utf16_plan_file_gets_its_fix(tmp_path, plan_doc):
     UTF-16 with a byte-order mark: the message says so and how to mend it."""
     (tmp_path / "p.json").write_bytes(json.dumps(plan_doc).encode("utf-16"))
     assert_refused(tmp_path, ["simulate", "p.json"], "p.json", "UTF-16", "save it as UTF-8", "-o FILE")
+
+
+@pytest.mark.parametrize("command", [["plan"], ["serve"]])
+def test_a_model_folder_names_the_config_in_it(tmp_path, command):
+    """vLLM and transformers take a model's folder; pipesearch reads its
+    config.json: the refusal of the folder names that file as the fix."""
+    (tmp_path / "mdl").mkdir()
+    write(tmp_path / "mdl" / "config.json", '{"model_type": "llama"}')
+    assert_refused(tmp_path, [*command, "--model", "mdl"], "--model mdl: is a directory",
+                   f"--model {Path('mdl') / 'config.json'}")
