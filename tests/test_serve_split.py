@@ -4,6 +4,7 @@ vLLM's default on 8x L4, and the search's pins and speed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -328,3 +329,25 @@ def test_a_learned_position_models_context_names_the_serve_options():
     assert res.exit_code == 2, res.output
     assert "--input-len 2048 + --output-len 1 = 2049 tokens is more than gpt3-1.3b's context of 2048" in res.output
     assert "--seq-len" not in res.output
+
+
+def test_a_transformer_toml_without_seq_len_serves_and_plans_with_seq_len(tmp_path):
+    """seq_len is a training length: serve takes a request's tokens as its
+    length and refused a TOML without one; plan refuses it naming the
+    option that gives one, and plans with --seq-len."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "cost_models" / "llama3-8b.toml").read_text()
+    lines = [x for x in text.splitlines() if not x.startswith("seq_len")]
+    assert len(lines) == len(text.splitlines()) - 1
+    path = tmp_path / "m.toml"
+    path.write_text("\n".join(lines) + "\n")
+    r = CliRunner().invoke(main, ["serve", "--model", str(path), "--simulate-top", "0", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    base = ["plan", "--model", str(path), "--cluster", "1x8-a100-80gb", "-b", "64", "-q", "--top", "1"]
+    r = CliRunner().invoke(main, base)
+    assert r.exit_code == 2 and "missing key 'transformer.seq_len'" in r.output and "--seq-len" in r.output
+    assert CliRunner().invoke(main, base + ["--seq-len", "2048"]).exit_code == 0

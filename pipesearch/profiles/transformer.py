@@ -383,12 +383,14 @@ def is_transformer_toml(path: str | Path) -> bool:
         return False
 
 
-def load_transformer_toml(path: str | Path) -> TransformerConfig:
+def load_transformer_toml(path: str | Path, seq_len: int | None = None) -> TransformerConfig:
     """Load a catalog transformer config (``cost_models/*.toml``).
 
     The file holds one ``[transformer]`` table whose keys are the field names
     of :class:`TransformerConfig` (see ``docs/transformer_costs.md``);
-    ``name`` defaults to the file stem.
+    ``name`` defaults to the file stem. ``seq_len``: the sequence length
+    where the file gives none (``--seq-len``, a serving request's tokens);
+    the file's own is kept otherwise.
 
     Raises:
         InputError: unreadable file, TOML syntax error, no ``[transformer]``
@@ -415,13 +417,16 @@ def load_transformer_toml(path: str | Path) -> TransformerConfig:
                 f"{p}: unknown key 'transformer.{key}' ({hint}allowed keys: {', '.join(allowed)})"
             )
     for key, (_, required) in _FIELD_KINDS.items():
-        if required and key not in table:
-            raise InputError(f"{p}: missing key 'transformer.{key}' (a positive integer)")
+        if required and key not in table and not (key == "seq_len" and seq_len is not None):
+            fix = "; add it, or pass --seq-len" if key == "seq_len" else ""
+            raise InputError(f"{p}: missing key 'transformer.{key}' (a positive integer){fix}")
     values = {f.name: f.default for f in fields(TransformerConfig) if f.name != "name"}
     values["name"] = p.stem
     values["source"] = str(p)
     values.update(table)
     keys = {f: f"transformer.{f}" for f in _FIELD_KINDS}
+    if "seq_len" not in table:
+        values["seq_len"], keys["seq_len"] = seq_len, "seq_len (--seq-len)"
     if table.get("kind") == "encoder-decoder" and _is_int(table.get("num_decoder_layers")) \
             and table["num_decoder_layers"] == 0:
         raise _no_decoder_blocks(str(p), keys["num_decoder_layers"])
@@ -778,7 +783,7 @@ def load_transformer(path: str | Path, seq_len: int | None = None) -> Transforme
     """
     p = Path(path)
     if p.suffix == ".toml":
-        cfg = load_transformer_toml(p)
+        cfg = load_transformer_toml(p, seq_len)
         if seq_len is not None:
             values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
             values["seq_len"] = seq_len
