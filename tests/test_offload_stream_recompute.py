@@ -318,3 +318,40 @@ def test_pinned_full_recompute_streamed_holds_the_recomputed_block():
     # halved (by hand: 947,912,704 B, and the norms' statistics)
     assert block == pytest.approx(2 * 2 * 8192 * 5120 + (2 * 8192 * 18432 + 3 * 2 * 8192 * 25600) / 2, rel=1e-3)
     assert streamed == pytest.approx(offloaded, rel=1e-12) and streamed == pytest.approx(per_stage, rel=1e-12)
+
+
+def test_one_stage_streams_a_tied_matrix_for_its_head_too():
+    """Qwen3-1.7B (tied embeddings) streamed on one RTX 4090: the head
+    multiplies by the embedding matrix, which a streamed stage holding
+    both copies in for each (forward in, backward in, gradient out, per
+    micro-batch). PCIe bytes per iteration = 3 m (stage weights + tied
+    matrix), the tied matrix 151,936 x 2048 bf16 = 622,329,856 B; it was
+    counted once (3 m x stage weights, 18% short). Stage weights by hand:
+    28 blocks of attention 2048 x (2048 + 2 x 1024) + 2048 x 2048, MLP
+    3 x 2048 x 6144, norms 2 x 2048 and QK-norms 2 x 128, the 151,936 x
+    2048 embedding and the final norm: 1,720,574,976 parameters, bf16 (the
+    cost model leaves the 7,168 QK-norm weights out: within 1e-5)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    cluster = ('name = "one"\nnodes = 1\ndevices_per_node = 1\ndevice = "rtx4090-24gb"\n'
+               "[intra_node]\nbandwidth_GBps = 12.5\nlatency_us = 20\n[inter_node]\nbandwidth_GBps = 12.5\n"
+               "latency_us = 20\n[host]\nmemory_GB = 64\npcie_generation = 4\npcie_lanes_per_gpu = 16\n"
+               "host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = [[0]]\ncpu_adam_params_per_s = 1e9\n")
+    runner = CliRunner()
+    with runner.isolated_filesystem():
+        open("c.toml", "w").write(cluster)
+        r = runner.invoke(main, ["plan", "--model", "qwen3-1.7b", "--cluster", "c.toml", "-b", "16", "--seq-len",
+                                 "2048", "--stream-weights", "--top", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    tied = 151936 * 2048 * 2
+    block = 2048 * (2048 + 2 * 1024) + 2048 * 2048 + 3 * 2048 * 6144 + 2 * 2048 + 2 * 128
+    weights = 2 * (28 * block + 151936 * 2048 + 2048)
+    for plan in json.loads(r.output)["plans"]:
+        assert len(plan["stages"]) == 1
+        m = plan["schedule"]["num_micro_batches"]
+        assert plan["options"]["host"]["total_pcie_bytes_per_iteration"] == pytest.approx(3 * m * (weights + tied),
+                                                                                          rel=1e-5)
