@@ -160,6 +160,40 @@ def _sync(torch, device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _detached(torch, value, fqn: str, layer):
+    """A layer's output as the next layer's input, detached: a tensor, or
+    tuples and lists of them (an LSTM's ``(out, (h, c))``), ``None`` kept.
+
+    Raises:
+        InputError: anything else (a HuggingFace model's output object, a
+            dict): the chain passes tensors from layer to layer."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(torch, v, fqn, layer) for v in value)
+    hint = (": for a HuggingFace model, profile its layers from the config (--hf-config config.json)"
+            if hasattr(value, "to_tuple") else "")
+    raise InputError(f"layer {fqn!r} ({type(layer).__name__}) returns a {type(value).__name__}, not tensors: "
+                     f"pipesearch profiles chains whose layers pass tensors (or tuples of them) on{hint}")
+
+
+#: the message of torch's refusal of an in-place operation on a leaf that requires grad (the profiler's own
+#: input to a layer: the layer is then timed on a copy of it, which is no leaf)
+_IN_PLACE_ON_LEAF = "a leaf Variable that requires grad is being used in an in-place operation"
+
+
+def _call_inputs(torch, inputs: tuple, copy: bool) -> tuple:
+    """``inputs`` as a layer is called with them: with ``copy``, each
+    tensor that requires grad cloned (a non-leaf, which an in-place layer,
+    ``nn.ReLU(inplace=True)``, may modify; its gradient still reaches the
+    input)."""
+    if not copy:
+        return inputs
+    return tuple(x.clone() if isinstance(x, torch.Tensor) and x.requires_grad else x for x in inputs)
+
+
 def _prepare_inputs(torch, inputs: tuple, requires_grad: bool) -> tuple:
     out = []
     for x in inputs:
@@ -189,17 +223,22 @@ def _saved_bytes(torch, layer, inputs: tuple) -> int:
     return sum(seen.values())
 
 
-def _time_once(torch, layer, inputs: tuple, device, clock: Callable[[], float]) -> tuple[float, float, Any]:
+def _time_once(torch, layer, inputs: tuple, device, clock: Callable[[], float],
+               copy: bool = False) -> tuple[float, float, Any]:
     """One forward and one backward of ``layer``: (forward s, backward s, output).
 
     On a CUDA device the times are CUDA events recorded around the forward
     and the backward on the current stream (the GPU's own clock, not the
-    host's); elsewhere ``clock`` readings around synchronized calls."""
+    host's); elsewhere ``clock`` readings around synchronized calls.
+    ``copy``: the layer works in place on its input, which is cloned before
+    the forward (:func:`_call_inputs`; the backward then holds the clone's,
+    one copy of the input's gradient)."""
     if device.type == "cuda":
-        return _time_once_cuda(torch, layer, inputs)
+        return _time_once_cuda(torch, layer, _call_inputs(torch, inputs, copy))
+    called = _call_inputs(torch, inputs, copy)
     _sync(torch, device)
     t0 = clock()
-    out = layer(*inputs)
+    out = layer(*called)
     _sync(torch, device)
     t1 = clock()
     outs = [t for t in _tensors(out) if t.requires_grad]
@@ -357,18 +396,26 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
     out_layers: list[Layer] = []
     try:
         # 1. each layer's input (a no-grad pass down the chain), output and saved bytes
-        layer_inputs, outputs, saved = [], [], []
+        layer_inputs, outputs, saved, in_place = [], [], [], []
         for index, (fqn, layer) in enumerate(layers):
             args = _prepare_inputs(torch, inputs, requires_grad=index > 0)
+            copy = False
             try:
-                saved.append(_saved_bytes(torch, layer, args))
+                try:
+                    saved.append(_saved_bytes(torch, layer, args))
+                except RuntimeError as exc:  # an in-place layer on the profiler's leaf input: on a copy of it
+                    if _IN_PLACE_ON_LEAF not in str(exc):
+                        raise
+                    copy = True
+                    saved.append(_saved_bytes(torch, layer, _call_inputs(torch, args, True)))
                 with torch.no_grad():
-                    out = layer(*args)
+                    out = layer(*_call_inputs(torch, args, copy))
             except LAYER_ERRORS as exc:
                 raise _layer_error(torch, fqn, layer, args, exc, chained=index > 0) from None
             layer_inputs.append(args)
+            in_place.append(copy)
             outputs.append(float(_nbytes(_tensors(out))))
-            inputs = tuple(t.detach() for t in _as_tuple(out))
+            inputs = tuple(_detached(torch, t, fqn, layer) for t in _as_tuple(out))
             del out
         # 2. timing, interleaved: every pass times every layer once, so a burst of
         #    other work on the host slows one pass (dropped by the median), not one layer
@@ -377,7 +424,7 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
         for k in range(warmup + repeats):
             for index, (fqn, layer) in enumerate(layers):
                 try:
-                    f, b, out = _time_once(torch, layer, layer_inputs[index], dev, timer)
+                    f, b, out = _time_once(torch, layer, layer_inputs[index], dev, timer, in_place[index])
                 except LAYER_ERRORS as exc:
                     raise _layer_error(torch, fqn, layer, layer_inputs[index], exc, chained=index > 0) from None
                 del out

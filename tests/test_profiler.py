@@ -571,3 +571,52 @@ def test_a_config_larger_than_the_hosts_memory_is_refused(tmp_path):
         check_host_memory(path, 16, "float32", available=16 * 2**30)
     (tmp_path / "tiny.json").write_text(json.dumps(TINY_LLAMA))
     check_host_memory(tmp_path / "tiny.json", 16, available=16 * 2**30)
+
+
+@needs_torch
+def test_an_in_place_activation_is_profiled_on_a_copy_of_its_input():
+    """torchvision writes nn.ReLU(inplace=True): on the profiler's own
+    leaf input (which requires grad) torch refuses the in-place operation,
+    which was reported as a model that is not a chain. The layer is now
+    timed on a copy of its input; its sizes are the out-of-place ReLU's
+    (an output of batch x 32 floats; it saves that output)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(inplace=True), nn.Linear(32, 8))
+    prof = profile_module(model, torch.randn(BATCH, 16), batch_size=BATCH, warmup=1, repeats=2)
+    relu = prof.layers[1]
+    assert relu.output_bytes == BATCH * 32 * 4 and relu.saved_bytes == BATCH * 32 * 4
+    assert relu.fwd_s > 0 and relu.bwd_s > 0
+
+
+class _TakeFirst(nn.Module if nn is not None else object):
+    def forward(self, out, state=None):
+        return out
+
+
+class _DictOut(nn.Module if nn is not None else object):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return {"h": self.lin(x)}
+
+
+class _TakeH(nn.Module if nn is not None else object):
+    def forward(self, d):
+        return d["h"]
+
+
+@needs_torch
+def test_nested_tuple_outputs_chain_and_other_outputs_are_refused():
+    """An LSTM passes ``(out, (h, c))`` on: the nested tuple is detached
+    whole and the chain profiles (it crashed with AttributeError, exit 1).
+    A layer passing a dict on (as a HuggingFace model's output object) is
+    refused, naming the layer and what it returns."""
+    torch.manual_seed(0)
+    lstm = nn.Sequential(nn.Linear(16, 32), nn.LSTM(32, 32, batch_first=True), _TakeFirst(), nn.Linear(32, 4))
+    prof = profile_module(lstm, torch.randn(BATCH, 5, 16), batch_size=BATCH, warmup=1, repeats=2)
+    assert [lay.name for lay in prof.layers] == ["0", "1", "2", "3"]
+    with pytest.raises(InputError, match=r"layer '0' \(_DictOut\) returns a dict, not tensors"):
+        profile_module(nn.Sequential(_DictOut(), _TakeH(), nn.Linear(16, 4)), torch.randn(BATCH, 16),
+                       batch_size=BATCH, warmup=1, repeats=2)
