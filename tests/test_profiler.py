@@ -620,3 +620,20 @@ def test_nested_tuple_outputs_chain_and_other_outputs_are_refused():
     with pytest.raises(InputError, match=r"layer '0' \(_DictOut\) returns a dict, not tensors"):
         profile_module(nn.Sequential(_DictOut(), _TakeH(), nn.Linear(16, 4)), torch.randn(BATCH, 16),
                        batch_size=BATCH, warmup=1, repeats=2)
+
+
+def test_hf_configs_the_chain_computes_otherwise_are_refused(tmp_path):
+    """The --hf-config chain runs full causal attention and plain logits:
+    a Mistral window shorter than the profiled sequence, or Gemma-2's
+    softcapped logits, made it time another model than the config's
+    (logits 0.85 and 1.31 apart), with no word. Refused before any model is
+    built, naming the key and the fix; a window as long as the sequence
+    profiles what the model computes."""
+    from pipesearch.cli.profile_cmd import check_chained_attention
+
+    with pytest.raises(InputError, match=r"sliding_window 16 < the 64-token sequence.*at most 16 tokens"):
+        check_chained_attention({"sliding_window": 16}, "c.json", 64)
+    check_chained_attention({"sliding_window": 64}, "c.json", 64)
+    check_chained_attention({"sliding_window": 16, "use_sliding_window": False}, "c.json", 64)
+    with pytest.raises(InputError, match="final_logit_softcapping 30.0"):
+        check_chained_attention({"final_logit_softcapping": 30.0}, "c.json", 16)

@@ -779,6 +779,42 @@ def test_a_sliding_window_shorter_than_the_sequence_is_warned(tmp_path):
     note = sliding_window_note(path, 32768)
     assert note is not None and "sliding_window 4096 < sequence length 32768" in note and "--seq-len 4096" in note
     assert sliding_window_note(path, 4096) is None
+    # Qwen2's configs carry a window they do not use (use_sliding_window false: DeepSeek-R1-Distill-Qwen-7B)
+    path = _write(tmp_path, dict(GEMMA_7B, model_type="qwen2", sliding_window=4096, use_sliding_window=False))
+    assert sliding_window_note(path, 32768) is None
+
+
+@pytest.mark.parametrize("model_type,keys,needle", [
+    ("gpt_bigcode", {"n_layer": 4, "n_embd": 256, "n_head": 8, "n_positions": 1024, "vocab_size": 1000,
+                     "multi_query": True}, "multi-query attention"),
+    ("starcoder2", {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+                    "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 1024,
+                    "hidden_act": "gelu_pytorch_tanh", "use_bias": True}, "non-gated GELU MLP"),
+])
+def test_model_types_no_family_reads_are_refused_by_name(tmp_path, model_type, keys, needle):
+    """StarCoder's multi-query attention read as GPT-2 costed 48 KV heads
+    where it has one (a KV cache 48x too large in serve); StarCoder2's
+    non-gated GELU MLP read as LLaMA costed a third more weights: both are
+    refused, naming the model type and why, as Falcon is."""
+    with pytest.raises(InputError, match=f"model_type '{model_type}': .*{needle}"):
+        _hf(tmp_path, dict(keys, model_type=model_type))
+
+
+def test_a_config_under_another_name_is_no_checkpoint_folder(tmp_path):
+    """serve exported ``vllm serve <folder>`` for cfgs/llama3_8b.json, a
+    folder without a config.json: only a folder's config.json names it as
+    the checkpoint; another name gives none (the commands then say to
+    replace the model name)."""
+    from pipesearch.profiles.transformer import hf_checkpoint
+
+    (tmp_path / "m").mkdir()
+    named = tmp_path / "m" / "config.json"
+    named.write_text(json.dumps(GEMMA_7B))
+    other = tmp_path / "m" / "gemma.json"
+    other.write_text(json.dumps(GEMMA_7B))
+    assert hf_checkpoint(named) == str((tmp_path / "m").resolve()) and hf_checkpoint(other) is None
+    other.write_text(json.dumps(dict(GEMMA_7B, _name_or_path="google/gemma-7b")))
+    assert hf_checkpoint(other) == "google/gemma-7b"
 
 
 def test_full_recomputation_of_a_long_context_block_holds_no_attention_scores():

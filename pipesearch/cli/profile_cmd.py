@@ -42,6 +42,28 @@ def check_input_size(shape: tuple[int, ...], sizes: list[int], size_option: str)
                          f"size or input shape (the planner scales to others)")
 
 
+def check_chained_attention(cfg: dict, path, seq_len: int) -> None:
+    """Refuse a HuggingFace config whose model computes what the chain
+    pipesearch profiles (and runs, :func:`pipesearch.profiler.hf_causal_lm_chain`:
+    full causal attention, plain logits) does not: a sliding window
+    shorter than the sequence (Mistral v0.1, Gemma-2's local layers), or
+    softcapped logits (Gemma-2). Its layers would be timed as another model.
+
+    Raises:
+        InputError: naming the key, its value and the fix.
+    """
+    window = cfg.get("sliding_window")
+    if isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq_len \
+            and cfg.get("use_sliding_window") is not False:
+        raise InputError(f"--hf-config {path}: sliding_window {window} < the {seq_len}-token sequence: the profiled "
+                         f"chain runs full causal attention, not the model's window; profile at most {window} tokens "
+                         "(--input-shape)")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if cfg.get(key):
+            raise InputError(f"--hf-config {path}: {key} {cfg[key]}: the profiled chain computes plain logits and "
+                             "attention scores, not the model's capped ones; pipesearch's chain cannot profile it")
+
+
 @main.command("profile")
 @click.argument("model_spec", metavar="MODULE:FACTORY", required=False)
 @click.option("--hf-config", type=click.Path(dir_okay=True), help="Profile a HuggingFace causal LM built from this "
@@ -171,6 +193,7 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
                          f"{cfg_path}'s max_position_embeddings {hf_cfg['max_position_embeddings']} (the model's "
                          f"context); profile at most that many")
     if hf_config is not None:
+        check_chained_attention(hf_cfg, cfg_path, shape[-1])
         check_host_memory(cfg_path, shape[-1], dtype)
     torch.manual_seed(seed)
     if hf_config is not None:

@@ -455,6 +455,11 @@ _REFUSED_TYPES = {
     **{t: "multi-query attention beside the MLP (parallel blocks) with a four-times-wide GELU MLP, which no "
           "family of pipesearch's cost model reads from its keys"
        for t in ("falcon", "refinedweb", "refinedwebmodel")},
+    "gpt_bigcode": "multi-query attention (multi_query: one key/value head) in a GPT-2 layout, which the GPT-2 "
+                   "family would cost as full multi-head attention (its KV cache as many times too large as it has "
+                   "heads)",
+    "starcoder2": "a non-gated GELU MLP with biases beside grouped-query attention, which the LLaMA family its keys "
+                  "suggest would cost as a gated MLP (a third more weights)",
 }
 #: LLaMA-like model types whose attention has Q/K/V biases without a config key, and those with QK-norm
 _QKV_BIAS_TYPES = ("qwen2",)
@@ -739,6 +744,8 @@ def sliding_window_note(path: str | Path, seq_len: int) -> str | None:
     window = d.get("sliding_window")
     if isinstance(window, bool) or not isinstance(window, int) or not 0 < window < seq_len:
         return None
+    if d.get("use_sliding_window") is False:  # Qwen2's switch: the window is configured but not used
+        return None
     return (f"{path}: sliding_window {window} < sequence length {seq_len}: pipesearch costs full causal attention "
             f"over all {seq_len} tokens, so the attention core's FLOPs and time are too high; --seq-len {window} "
             f"or less costs what the window does")
@@ -751,13 +758,14 @@ def _hub_reference(config: Mapping) -> str:
     return ref.rstrip("/") if isinstance(ref, str) else ""
 
 
-def hf_checkpoint(path: str | Path) -> str:
+def hf_checkpoint(path: str | Path) -> str | None:
     """What an inference engine loads for the HuggingFace ``config.json`` at
     ``path`` (already read by :func:`load_hf_config`): its
-    ``_name_or_path``, else the folder that holds it (a checkpoint
-    directory)."""
+    ``_name_or_path``, else the folder that holds it when the file is that
+    folder's ``config.json`` (a checkpoint directory); None for a config
+    under another name (its folder is no checkpoint an engine can load)."""
     p = Path(path)
-    return _hub_reference(json.loads(_read_text(p))) or str(p.resolve().parent)
+    return _hub_reference(json.loads(_read_text(p))) or (str(p.resolve().parent) if p.name == "config.json" else None)
 
 
 def hf_quantization_config(path: str | Path) -> dict | None:
