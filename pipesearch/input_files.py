@@ -82,7 +82,8 @@ def read_input_text(path: str | os.PathLike[str], what: str, encoding: str = "ut
     except OSError as exc:
         raise InputError(f"{p}: cannot read {what} ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
-        head = p.open("rb").read(2)
+        with p.open("rb") as f:
+            head = f.read(2)
         if head in (b"\xff\xfe", b"\xfe\xff"):  # a UTF-16 byte-order mark: Windows PowerShell 5's `>` writes it
             written = ", or have pipesearch write it (-o FILE) rather than `>`" if what == "plan file" else ""
             raise InputError(f"{p}: not a {what} (UTF-16 text, as Windows PowerShell's `>` writes); save it as "

@@ -453,10 +453,12 @@ def host_overflow_note(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1
         if node[n] <= o.node_host_memory_bytes[n]:
             return None
         need, have = format_gib_pair(node[n], o.node_host_memory_bytes[n])
+        acts = np.any(act > 0) or any("act-host" in o.names[int(x)] for x in k)  # activations kept on the host
         return (f"host memory: the best split with the host unlimited ({','.join(str(int(x)) for x in j - i)}) "
-                f"would keep {need} in the host memory of node {n} (its GPUs' stages' 16-bit "
-                f"weights, optimizer state and offloaded activations) against its {have}; use a host with more memory "
-                "([host] memory_GB) or fewer micro-batches in flight")
+                f"would keep {need} in the host memory of node {n} (its GPUs' stages' 16-bit weights"
+                + (", optimizer state and offloaded activations" if acts else " and optimizer state")
+                + f") against its {have}; use a host with more memory ([host] memory_GB)"
+                + (" or fewer micro-batches in flight" if acts else ""))
     over = np.flatnonzero(host > o.host_capacity_bytes)
     if not len(over):
         return None

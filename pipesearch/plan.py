@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -327,10 +326,26 @@ def _input_kind_hint(text: str, source: str) -> str:
     if any(" -- " in x and x.startswith("node") for x in lines[:3]):
         return (f"; it is a PipeDream graph.txt profile: `pipesearch plan --model {source} -o plans.json` writes "
                 "the plan file this command reads")
-    if str(source).endswith(".toml") or (table.startswith("[") or re.match(r"[A-Za-z_]+\s*=", table)):
-        return ("; it is a TOML file (a cluster or a device?): give it to `pipesearch plan --cluster`, and this "
-                "command the plan file `pipesearch plan -o` writes")
-    return ""
+    if str(source).endswith(".json"):
+        return ""
+    import tomllib
+
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return ""
+    if "transformer" in doc:
+        use = f"a transformer config: `pipesearch plan --model {source} -o plans.json` writes the plan file this " \
+              "command reads"
+    elif "devices_per_node" in doc or "groups" in doc:
+        use = f"a cluster: give it to `pipesearch plan --cluster {source}`, and this command the plan file " \
+              "`pipesearch plan -o` writes"
+    elif "memory_GiB" in doc or "memory_GB" in doc:
+        use = "a device: a cluster TOML names it (device = ...), and this command reads the plan file " \
+              "`pipesearch plan -o` writes"
+    else:
+        return ""
+    return f"; it is a TOML file, {use}"
 
 
 def _export_kind(doc: dict) -> str | None:

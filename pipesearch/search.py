@@ -2040,8 +2040,8 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
                "add --stream-weights (weights and gradients on the host, streamed layer by layer), or ")
     kept = ("weights and gradients (the optimizer state offloaded)" if job.optimizer_offload else
             "weights and optimizer state")
-    hint = (f"the model's {kept} alone need "
-            f"{state / 2**30:.1f} GiB against {mem * cluster.num_devices / 2**30:.1f} GiB usable on all "
+    need, usable = format_gib_pair(state, mem * cluster.num_devices)
+    hint = (f"the model's {kept} alone need {need} against {usable} usable on all "
             f"{cluster.num_devices} devices ({mem / 2**30:.1f} GiB each); {offload}"
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices and not on_host else
             "the schedules asked for refused every point (1F1B and its variants need at least pp "
@@ -2077,9 +2077,10 @@ def _no_plan_message(counts: Counter, variants, cluster: Cluster, job: Job, opti
         host_need = min(params * v.tp for v in variants) * (2.0 + offload_bytes_per_param(param_state_of(job), 1)[1])
         host_total = cluster.num_nodes * cluster.host.memory_bytes
         if host_need > host_total:
+            need, held = format_gib_pair(host_need, host_total)
             hint = (f"{' and '.join(options.schedules)} keep{'s' if len(options.schedules) == 1 else ''} the model's "
-                    f"16-bit weights and optimizer state in host memory, {host_need / 2**30:.1f} GiB at the least, "
-                    f"against {host_total / 2**30:.1f} GiB on the cluster's {cluster.num_nodes} "
+                    f"16-bit weights and optimizer state in host memory, {need} at the least, "
+                    f"against {held} on the cluster's {cluster.num_nodes} "
                     f"node{'s' if cluster.num_nodes > 1 else ''}; use hosts with more memory ([host] memory_GB), more "
                     f"nodes, or another schedule")
     if counts.get("one_replica") and options is not None and options.min_dp > 1:

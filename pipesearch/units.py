@@ -82,8 +82,8 @@ def format_gib_pair(need_bytes: float, have_bytes: float) -> tuple[str, str]:
     for digits in range(1, 5):
         a, b = f"{need_bytes / gib:.{digits}f}", f"{have_bytes / gib:.{digits}f}"
         if a != b or need_bytes == have_bytes:
-            break
-    return f"{a} GiB", f"{b} GiB"
+            return f"{a} GiB", f"{b} GiB"
+    return f"{need_bytes:,.0f} B", f"{have_bytes:,.0f} B"  # apart by less than 0.0001 GiB: the bytes
 
 
 def format_seconds(seconds: float) -> str:

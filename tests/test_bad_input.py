@@ -1683,7 +1683,11 @@ def test_the_all_points_csv_given_for_a_plan_file_says_which_file_it_is(tmp_path
      "it is a layer profile (CSV): `pipesearch plan --model p.csv -o plans.json`"),
     ("g.txt", "node1 -- Conv2d -- forward_compute_time=1, backward_compute_time=2, activation_size=4, "
               "parameter_size=8\n", "it is a PipeDream graph.txt profile"),
-    ("c.toml", 'name = "x"\nnodes = 1\n', "it is a TOML file (a cluster or a device?)"),
+    ("c.toml", 'name = "x"\nnodes = 1\ndevices_per_node = 4\n', "it is a TOML file, a cluster: give it to "
+                                                                  "`pipesearch plan --cluster c.toml`"),
+    ("m.toml", '[transformer]\nnum_layers = 2\n', "it is a TOML file, a transformer config: `pipesearch plan "
+                                                    "--model m.toml"),
+    ("d.toml", 'name = "g"\nmemory_GiB = 16\n', "it is a TOML file, a device: a cluster TOML names it"),
     ("config.json", '{"model_type": "llama", "hidden_size": 4096}', "a model config (HuggingFace config.json), "
                                                                       "not a plan file"),
 ])

@@ -137,6 +137,7 @@ def test_gib_pair_shows_the_digits_that_tell_need_from_capacity():
     assert format_gib_pair(27.53e9, 27.5e9) == ("25.64 GiB", "25.61 GiB")
     assert format_gib_pair(36 * GB, 30 * GB) == ("33.5 GiB", "27.9 GiB")
     assert format_gib_pair(2**31, 2**31) == ("2.0 GiB", "2.0 GiB")
+    assert format_gib_pair(2**31 + 1000, 2**31) == ("2,147,484,648 B", "2,147,483,648 B")  # apart below 1e-4 GiB
 
 
 def test_host_overflow_of_the_optimizer_alone_suggests_no_more_offload(tmp_path):

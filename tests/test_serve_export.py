@@ -487,6 +487,12 @@ def test_nothing_decodes_at_one_output_token_and_no_figure_says_otherwise():
     in the table, and null (not a cycle time, not 0.0) in the plan file's
     prediction and simulated run; SGLang keeps no memory reserve, so its
     plan file records none."""
+    table = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--output-len", "1", "--simulate-top", "1",
+                                      "--top", "1"])
+    assert table.exit_code == 0, table.output
+    header, row = table.output.splitlines()[1:3]
+    end = header.index(" TPOT") + len(" TPOT")  # the column's cells are right-aligned under its name
+    assert row[:end].split()[-1] == "-", table.output
     r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--output-len", "1", "--simulate-top", "1",
                                   "--top", "1", "--json"])
     assert r.exit_code == 0, r.output

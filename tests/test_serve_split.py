@@ -329,6 +329,15 @@ def test_a_learned_position_models_context_names_the_serve_options():
     assert res.exit_code == 2, res.output
     assert "--input-len 2048 + --output-len 1 = 2049 tokens is more than gpt3-1.3b's context of 2048" in res.output
     assert "--seq-len" not in res.output
+    # the same model in a TOML without seq_len (which serve does not need) is refused the same way
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "cost_models" / "gpt3-1.3b.toml").read_text()
+    with CliRunner().isolated_filesystem():
+        Path("g.toml").write_text("\n".join(x for x in text.splitlines() if not x.startswith("seq_len")) + "\n")
+        res = CliRunner().invoke(main, ["serve", "--model", "g.toml", "--cluster", "1x8-a100-80gb", "--input-len",
+                                        "2048", "--output-len", "1"])
+    assert res.exit_code == 2 and "= 2049 tokens is more than g's context of 2048" in res.output, res.output
+    assert "--seq-len" not in res.output
 
 
 def test_a_transformer_toml_without_seq_len_serves_and_plans_with_seq_len(tmp_path):

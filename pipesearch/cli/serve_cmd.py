@@ -150,6 +150,8 @@ def _plan_json(p, exports, decodes: bool = True) -> dict:
     simulated = dict(p.simulated) if p.simulated else None
     if simulated and not decodes:
         simulated.update(tpot_mean_s=None, tpot_p90_s=None)
+        if isinstance(simulated.get("planned_budget"), dict):
+            simulated["planned_budget"] = dict(simulated["planned_budget"], tpot_mean_s=None)
     refused = p.default_refusal is not None
     return {
         "rank": p.rank,
@@ -334,8 +336,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
                          f"config (catalog TOML or HuggingFace config.json)")
     try:  # the model's own context first: a learned position table refuses a longer seq_len, naming --seq-len
-        own = load_transformer(path)
-    except InputError:  # (no length of its own: the load below says what it lacks)
+        own = load_transformer(path, seq_len=1)  # (a one-token length: any config's context holds it)
+    except InputError:  # the load below says what is wrong
         own = None
     if own is not None:
         _check_context(own.max_position_embeddings, own.name, input_len, output_len)

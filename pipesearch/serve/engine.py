@@ -72,7 +72,7 @@ _DEFAULTS = {
     "vllm": EngineSpec("vllm", memory_fraction=0.90, activation_in_budget=True, block_size_tokens=16),
     # SGLang runs at most min(max_total_num_tokens // 2, its request pool) sequences when not told
     # (Scheduler / ModelRunner: the pool holds min(max(pool tokens / context x 512, 2048), 4096) requests,
-    # 4096 wherever the KV pool holds 4 contexts or more; the pool's own bound is what the search's cap by KV
+    # 4096 wherever the KV pool holds 8 contexts or more; the pool's own bound is what the search's cap by KV
     # tokens already is)
     "sglang": EngineSpec("sglang", memory_fraction=0.85, activation_in_budget=False, block_size_tokens=1,
                          max_num_seqs=4096),
@@ -84,8 +84,9 @@ _DEFAULTS = {
 #: budget, running sequences), the first that applies; below them 2048 and 256
 VLLM_BATCH_DEFAULTS = ((160, 16384, 1024), (70, 8192, 1024))
 #: SGLang's ``--chunked-prefill-size`` when not given, by the GPU's memory
-#: (``ServerArgs`` ``_handle_chunked_prefill_size``): (memory GiB at least,
-#: step budget), the first that applies; below them 2048 (an L4, a 4090)
+#: (``ServerArgs`` ``_handle_chunked_prefill_size`` of its 0.4 releases; later
+#: ones split the tiers further): (memory GiB at least, step budget), the
+#: first that applies; below them 2048 (an L4, a 4090)
 SGLANG_CHUNK_DEFAULTS = ((160, 16384), (35, 8192))
 
 

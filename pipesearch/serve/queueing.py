@@ -81,13 +81,14 @@ def admission_wait_s(rate_per_s: float, mean_batch: float, servers: int) -> floa
     return erlang_c * a / (rate_per_s * (c - a)) / 2 * cosmetatos
 
 
-def closed_loop_wait_s(clients: int, running: int, life_s: float) -> float:
+def closed_loop_wait_s(clients: int, running, life_s):
     """Mean wait for a running slot of a closed loop of ``clients`` that
     each send their next request when the last one finishes, ``running`` of
     them served at once, each ``life_s`` long: the loop's throughput is
     ``running / life_s`` and each client's cycle ``clients / throughput``
     (Little's law over the whole loop), so a request waits ``life_s
-    (clients / running - 1)`` (0 when every client runs)."""
-    if clients <= running:
-        return 0.0
-    return life_s * (clients / running - 1)
+    (clients / running - 1)`` (0 when every client runs). ``running`` and
+    ``life_s`` may be arrays (one wait per element); numbers give a float."""
+    running, life = np.asarray(running, dtype=float), np.asarray(life_s, dtype=float)
+    wait = np.where(clients > running, life * (clients / np.maximum(running, 1.0) - 1.0), 0.0)
+    return float(wait) if wait.ndim == 0 else wait

@@ -310,10 +310,8 @@ def _loop_ttft_s(job: ServeJob, replicas: int, batch, ttft_s, tpot_s):
     the wait :func:`_configuration_result` adds); else ``ttft_s``."""
     if job.request_rate is not None or job.concurrency is None:
         return ttft_s
-    clients = -(-job.concurrency // replicas)  # the larger share
-    b = np.asarray(batch, dtype=float)
     life = np.asarray(ttft_s) + (job.workload.output_len - 1) * np.asarray(tpot_s)
-    return ttft_s + np.where(clients > b, life * (clients / np.maximum(b, 1.0) - 1.0), 0.0)
+    return ttft_s + closed_loop_wait_s(-(-job.concurrency // replicas), batch, life)  # (the larger share)
 
 
 def _carrying_rate(job: ServeJob, replicas: int, cap: int, score_levels):
@@ -627,7 +625,11 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                                  + (f", or lower {' and '.join(raised)}: the engine keeps room for the activations of "
                                     "a step that large (the last stage's fp32 logits of every running sequence)"
                                     if raised else ""),
-                "latency_limits": "no batch meets --max-ttft-ms / --max-tpot-ms; relax them",
+                "latency_limits": "no batch meets --max-ttft-ms / --max-tpot-ms; relax them" + (
+                    f" (with --concurrency {job.concurrency} a TTFT includes the wait of the clients a replica does "
+                    f"not run: fewer clients, or a larger --max-num-seqs where the KV cache holds more, may meet it)"
+                    if job.concurrency is not None and job.max_ttft_s is not None and job.request_rate is None
+                    else ""),
                 "engine_refused": f"the engine rejects every tp x pp here ({first_refusal})"}.get(why, why)
         raise InfeasibleError(f"no serving plan for {cfg.name} on {cluster.name}: {hint} "
                               f"(skipped: {', '.join(f'{k} {v}' for k, v in skipped.items()) or 'none'})")
