@@ -340,7 +340,8 @@ def test_one_stage_streams_a_tied_matrix_for_its_head_too():
     cluster = ('name = "one"\nnodes = 1\ndevices_per_node = 1\ndevice = "rtx4090-24gb"\n'
                "[intra_node]\nbandwidth_GBps = 12.5\nlatency_us = 20\n[inter_node]\nbandwidth_GBps = 12.5\n"
                "latency_us = 20\n[host]\nmemory_GB = 64\npcie_generation = 4\npcie_lanes_per_gpu = 16\n"
-               "host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = [[0]]\ncpu_adam_params_per_s = 1e9\n")
+               "host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = [[0]]\n"
+               "cpu_adam_params_per_s = 1e9\n")
     runner = CliRunner()
     with runner.isolated_filesystem():
         open("c.toml", "w").write(cluster)

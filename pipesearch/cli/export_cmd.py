@@ -146,8 +146,9 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
 
         check_torchtitan_version(torchtitan_version, "export --torchtitan-version")
     if module_names_file is not None and fmt not in MODULE_NAME_FORMATS:  # an option's value: before the plan
+        unused = _NAMES_UNUSED.get(fmt, "reads none")
         raise InputError(f"export --module-names {module_names_file}: only with --format "
-                         f"{' or '.join(MODULE_NAME_FORMATS)} (the {fmt} export {_NAMES_UNUSED.get(fmt, 'reads none')})")
+                         f"{' or '.join(MODULE_NAME_FORMATS)} (the {fmt} export {unused})")
     module_names = read_module_names(module_names_file) if module_names_file is not None else None
     plan_file = load_plan_file(plans)
     problems = plan_file_problems(parse_document(read_plan_text(plans), plans))  # every check validate runs
