@@ -197,3 +197,23 @@ def test_a_layer_moved_between_stages_is_warned_by_simulate_and_plot(tmp_path, c
     assert len(lines) == 1 and lines[0].startswith(f"warning: {bad}: plans[0].stages: edited after planning"), r.stderr
     r = CliRunner().invoke(main, [*command, str(bad), "--rank", "2", *extra])
     assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize("kind", ["space", "pareto"])
+def test_figures_of_every_point_warn_of_edited_inputs(tmp_path, kind):
+    """The space and pareto figures draw every point searched for the
+    file's inputs: an edited model (its digest differs) is said in one line,
+    as for the one-plan figures; an unedited file draws without it."""
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, ["plan", "-q", "--top", "2", "-o", str(out)] + PLANS["1f1b"])
+    assert r.exit_code == 0, r.output
+    clean = CliRunner().invoke(main, ["plot", str(out), "--kind", kind, "-o", str(tmp_path / "c.png")])
+    assert clean.exit_code == 0 and clean.stderr == "", clean.stderr
+    doc = json.loads(out.read_text())
+    doc["inputs"]["model"]["name"] = "another-model"
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["plot", str(bad), "--kind", kind, "-o", str(tmp_path / "f.png")])
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: {bad}: inputs.model: edited after planning"), r.stderr

@@ -56,5 +56,11 @@ def plot_command(plan_file, kind, rank, output):
                  "the stages figure draws the file's own stage times and figures")
         for line in edit_warnings(plan_file, doc, rank) + replay_warnings(plan_file, rank, plan, total_s, tl, drawn):
             click.echo(f"warning: {line}", err=True)
+    else:  # every point drawn: the inputs they were searched for
+        from ..plan import load_plan_file
+        from .simulate_cmd import edit_warnings
+
+        for line in edit_warnings(plan_file, load_plan_file(plan_file)):
+            click.echo(f"warning: {line}", err=True)
     out = render(kind, doc, f"{kind}.png" if output is None else output, rank=rank, source=str(plan_file))
     click.echo(f"wrote {Path(out)}")

@@ -65,8 +65,8 @@ def edit_warnings(path: str, plan_file, rank: int | None = None) -> list[str]:
     ``plan_file``) were edited after planning
     (:func:`pipesearch.schema.digests.digest_problems`, what ``validate``
     and ``export`` refuse): its inputs' and, with ``rank``, that plan's
-    (``simulate`` and ``plot`` still draw the file's own figures, which
-    were computed for what was planned)."""
+    (without: the inputs' alone; ``simulate`` and ``plot`` still draw the
+    file's own figures, which were computed for what was planned)."""
     from ..plan import parse_document, read_plan_text
     from ..schema.digests import digest_problems
 
