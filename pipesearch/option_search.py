@@ -348,9 +348,7 @@ def stage_pcie_bytes(costs: PipelineCosts, bounds, job, dp: int, tp: int = 1) ->
     params = costs.param_prefix_bytes[j] - costs.param_prefix_bytes[i]
     ranks = len(o.swap_queue) if o.swap_queue is not None else S
     last_local = s >= S - ranks
-    # a streamed stage copies a tied matrix in for its head too where it holds the embedding (one stage)
-    copied = params + (np.where(j == costs.num_layers, o.stream_tied_bytes, 0.0) if o.stream_tied_bytes is not None
-                       else 0.0)
+    copied = params + o.stream_tied_bytes  # one streamed stage copies a tied matrix in for its head too
     moved = np.select([np.array(["stream" in n for n in names]), np.array([n.startswith("swap") for n in names]),
                        np.array(["offload" in n for n in names])],
                       [3.0 * costs.num_micro_batches * copied, np.where(last_local, 2.0, 3.0) * params,

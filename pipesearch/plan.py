@@ -386,7 +386,11 @@ def load_plan_text(text: str, source: str = "<text>") -> PlanFile:
             the message names ``source``, the field (a JSON path such as
             ``plans[0].stages[1].layers``), its value and what was expected.
     """
-    doc = parse_document(text, source)
+    return _checked(parse_document(text, source), source)
+
+
+def _checked(doc: dict, source: str) -> PlanFile:
+    """The :class:`PlanFile` of a parsed document (:func:`load_plan_text`)."""
     problems = document_problems(doc)
     if problems:
         more = f" (and {len(problems) - 1} more problem(s); `pipesearch validate {source}` lists them)" \
@@ -409,7 +413,15 @@ def read_plan_text(path: str | Path) -> str:
 
 def load_plan_file(path: str | Path) -> PlanFile:
     """Read and validate a plan file (see :func:`load_plan_text`)."""
-    return load_plan_text(read_plan_text(path), str(path))
+    return read_plan_file(path)[1]
+
+
+def read_plan_file(path: str | Path) -> tuple[dict, PlanFile]:
+    """A plan file read and parsed once: its JSON document (for the checks
+    that read the file as written: digests, embedded exports) and its
+    validated :class:`PlanFile` (see :func:`load_plan_text`)."""
+    doc = parse_document(read_plan_text(path), str(path))
+    return doc, _checked(doc, str(path))
 
 
 def select_plan(plan_file: PlanFile, rank: int, source: str = "plan file") -> Plan:

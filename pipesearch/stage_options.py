@@ -121,12 +121,11 @@ class StageOptions:
     #: ``(K, levels, L)`` :func:`range_max_table` of a streamed layer's weight
     #: and gradient buffers, added to the transient term (0 on the device)
     buffer_table_bytes: np.ndarray | None = None
-    #: streamed weights: ``(P,)`` bytes each streamed copy of stage ``s``
-    #: adds when it holds the last layer, the matrix that layer shares with
-    #: the first (a tied embedding) where one stage holds both (it is
-    #: copied in for the head as for the embedding); 0 elsewhere (with
-    #: several stages the last one keeps its own copy, ``tied_copy_bytes``)
-    stream_tied_bytes: np.ndarray | None = None
+    #: streamed weights: bytes each streamed copy of the one stage adds, the
+    #: matrix its last layer shares with its first (a tied embedding, copied
+    #: in for the head as for the embedding); 0 with several stages (the
+    #: last one keeps its own copy, ``PipelineCosts.tied_copy_bytes``)
+    stream_tied_bytes: float = 0.0
     #: Mobius with activations in host memory (:func:`swap_options`):
     #: ``(K, P, L+1)`` prefix sums of the seconds one micro-batch's kept
     #: activations take on the stage's PCIe queue (each direction), copy
@@ -600,7 +599,7 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
         return replace(mixed_stream_options(levels, [streamed_level(lv, copied, per_byte) for _, lv in levels],
                                             buffers, state.bytes_per_param(dp) / bpp,
                                             stream_host_bytes_per_param_byte(state, dp, bpp), step, host_cap),
-                       stream_tied_bytes=np.full(P, tied))
+                       stream_tied_bytes=tied)
     plain = _profile_levels(first, ratio)[0][1]
     streamed = streamed_level(plain, copied, per_byte)
     base = {key: np.broadcast_to(plain[key], (P,) + plain[key].shape) for key in ("fwd", "compute", "bin")}
@@ -616,7 +615,7 @@ def stream_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: 
         host_bytes_per_param_byte=np.array([0.0, stream_host_bytes_per_param_byte(state, dp, bpp)]),
         host_step_s_per_param_byte=np.stack([np.zeros(P), step]),
         host_capacity_bytes=host_cap,
-        stream_tied_bytes=np.full(P, tied),
+        stream_tied_bytes=tied,
     )
 
 

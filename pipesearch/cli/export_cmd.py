@@ -10,7 +10,7 @@ import click
 from ..errors import InputError, PlanFormatError
 from ..export import DESCRIPTION_FORMATS, FORMATS, export_plan
 from ..output import check_directory, check_distinct_paths, check_writable, write_outputs
-from ..plan import load_plan_file, parse_document, read_plan_text, select_plan
+from ..plan import read_plan_file, select_plan
 from . import main
 from .validate_cmd import plan_file_problems
 
@@ -150,8 +150,8 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
         raise InputError(f"export --module-names {module_names_file}: only with --format "
                          f"{' or '.join(MODULE_NAME_FORMATS)} (the {fmt} export {unused})")
     module_names = read_module_names(module_names_file) if module_names_file is not None else None
-    plan_file = load_plan_file(plans)
-    problems = plan_file_problems(parse_document(read_plan_text(plans), plans))  # every check validate runs
+    doc, plan_file = read_plan_file(plans)
+    problems = plan_file_problems(doc)  # every check validate runs
     if problems:
         raise PlanFormatError(f"{plans}: {len(problems)} problem(s), the first: {problems[0]} "
                               f"(pipesearch validate {plans} lists them)")

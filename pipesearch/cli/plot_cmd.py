@@ -44,23 +44,19 @@ def plot_command(plan_file, kind, rank, output):
     if output is not None:
         check_writable(output, "figure (-o)")
     check_distinct_paths({"-o": output or f"{kind}.png"}, {"PLANS.json": plan_file})
-    doc = plan_file
-    if kind in ("stages", "timeline"):  # one plan drawn: say so when its file was edited or disagrees with its replay
-        from ..plan import load_plan_file, select_plan
-        from .simulate_cmd import edit_warnings, replay, replay_warnings
+    from ..plan import read_plan_file, select_plan
+    from .simulate_cmd import edit_warnings, replay, replay_warnings
 
-        doc = load_plan_file(plan_file)  # read once: drawn below
+    raw, doc = read_plan_file(plan_file)  # read once: drawn below
+    one = kind in ("stages", "timeline")  # one plan drawn, else every point (searched for the file's inputs)
+    warnings = edit_warnings(plan_file, raw, doc, rank if one else None)
+    if one:  # and say so when the plan disagrees with its replay
         plan = select_plan(doc, rank, plan_file)
         total_s, tl = replay(plan, plan_file, rank)
         drawn = ("the timeline drawn is the replay's" if kind == "timeline" else
                  "the stages figure draws the file's own stage times and figures")
-        for line in edit_warnings(plan_file, doc, rank) + replay_warnings(plan_file, rank, plan, total_s, tl, drawn):
-            click.echo(f"warning: {line}", err=True)
-    else:  # every point drawn: the inputs they were searched for
-        from ..plan import load_plan_file
-        from .simulate_cmd import edit_warnings
-
-        for line in edit_warnings(plan_file, load_plan_file(plan_file)):
-            click.echo(f"warning: {line}", err=True)
+        warnings += replay_warnings(plan_file, rank, plan, total_s, tl, drawn)
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
     out = render(kind, doc, f"{kind}.png" if output is None else output, rank=rank, source=str(plan_file))
     click.echo(f"wrote {Path(out)}")

@@ -52,9 +52,10 @@ def check_chained_attention(cfg: dict, path, seq_len: int) -> None:
     Raises:
         InputError: naming the key, its value and the fix.
     """
-    window = cfg.get("sliding_window")
-    if isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq_len \
-            and cfg.get("use_sliding_window") is not False:
+    from ..profiles.transformer import used_sliding_window
+
+    window = used_sliding_window(cfg, seq_len)
+    if window is not None:
         raise InputError(f"--hf-config {path}: sliding_window {window} < the {seq_len}-token sequence: the profiled "
                          f"chain runs full causal attention, not the model's window; profile at most {window} tokens "
                          "(--input-shape)")

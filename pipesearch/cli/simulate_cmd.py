@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..output import check_distinct_paths, check_suffix, check_writable, write_outputs
-from ..plan import load_plan_file, select_plan
+from ..plan import read_plan_file, select_plan
 from ..schedules import build, to_torch_csv
 from ..search import simulate_plan
 from ..timemodel import busiest_idle_fraction
@@ -60,19 +60,19 @@ def replay_warnings(path: str, rank: int, plan, total_s: float, tl,
     return [time] * bool(time) + [f"{path}: plan of rank {rank}{line}" for line in memory_disagreement(plan, tl)]
 
 
-def edit_warnings(path: str, plan_file, rank: int | None = None) -> list[str]:
-    """The lines that say which parts of the plan file at ``path`` (read as
-    ``plan_file``) were edited after planning
+def edit_warnings(path: str, doc: dict, plan_file, rank: int | None = None) -> list[str]:
+    """The lines that say which parts of the plan file at ``path`` (its
+    document ``doc`` and :class:`PlanFile` ``plan_file``,
+    :func:`pipesearch.plan.read_plan_file`) were edited after planning
     (:func:`pipesearch.schema.digests.digest_problems`, what ``validate``
     and ``export`` refuse): its inputs' and, with ``rank``, that plan's
     (without: the inputs' alone; ``simulate`` and ``plot`` still draw the
     file's own figures, which were computed for what was planned)."""
-    from ..plan import parse_document, read_plan_text
     from ..schema.digests import digest_problems
 
     index = next((k for k, p in enumerate(plan_file.plans) if p.rank == rank), None)
     mine = f"plans[{index}]"
-    return [f"{path}: {problem}" for problem in digest_problems(parse_document(read_plan_text(path), path))
+    return [f"{path}: {problem}" for problem in digest_problems(doc)
             if not problem.where.startswith("plans[") or problem.where.startswith(mine + ".")
             or problem.where == mine]
 
@@ -192,7 +192,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
         check_suffix(torch_csv, "--torch-csv", ".csv", "torch's pipeline order is CSV")
         check_writable(torch_csv, "--torch-csv")
     check_distinct_paths({"--timeline": timeline, "--torch-csv": torch_csv}, {"PLANS": plans})
-    plan_file = load_plan_file(plans)
+    doc, plan_file = read_plan_file(plans)
     plan = select_plan(plan_file, rank, plans)
     total_s, tl = replay(plan, plans, rank)
     if timeline is not None:
@@ -205,7 +205,7 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
             raise InputError(f"--window {window!r}: starts at {window_s[0] * 1e3:g} ms, after the timeline ends at "
                              f"{end_s * 1e3:.3f} ms; give a FROM below that")
     disagreement = time_disagreement(plans, rank, total_s, plan.predicted.iteration_time_s)
-    for line in edit_warnings(plans, plan_file, rank) + replay_warnings(plans, rank, plan, total_s, tl):
+    for line in edit_warnings(plans, doc, plan_file, rank) + replay_warnings(plans, rank, plan, total_s, tl):
         click.echo(f"warning: {line}", err=True)
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))

@@ -740,15 +740,22 @@ def sliding_window_note(path: str | Path, seq_len: int) -> str | None:
     a sliding window of ``sliding_window`` tokens shorter than ``seq_len``
     (Mistral-7B-v0.1: 4096): pipesearch costs full causal attention, so its
     attention FLOPs and time are too high at that length. None otherwise."""
-    d = json.loads(_read_text(Path(path)))
-    window = d.get("sliding_window")
-    if isinstance(window, bool) or not isinstance(window, int) or not 0 < window < seq_len:
-        return None
-    if d.get("use_sliding_window") is False:  # Qwen2's switch: the window is configured but not used
+    window = used_sliding_window(json.loads(_read_text(Path(path))), seq_len)
+    if window is None:
         return None
     return (f"{path}: sliding_window {window} < sequence length {seq_len}: pipesearch costs full causal attention "
             f"over all {seq_len} tokens, so the attention core's FLOPs and time are too high; --seq-len {window} "
             f"or less costs what the window does")
+
+
+def used_sliding_window(config: Mapping, seq_len: int) -> int | None:
+    """The attention window of a HuggingFace config's model where it is
+    shorter than ``seq_len`` tokens and used (``sliding_window``, unless
+    Qwen2's ``use_sliding_window`` is false), else None."""
+    window = config.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 < window < seq_len:
+        return None
+    return None if config.get("use_sliding_window") is False else window
 
 
 def _hub_reference(config: Mapping) -> str:
