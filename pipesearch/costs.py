@@ -267,6 +267,16 @@ class PipelineCosts:
     #: :meth:`at_device_peak` keeps them on the chunk of each device that
     #: has the most. None: every stage counts its own
     extra_stages: np.ndarray | None = None
+    #: ``(L+1,)`` bytes of one micro-batch a stage starting at layer ``i``
+    #: saves besides ``saved_prefix_bytes[j] - saved_prefix_bytes[i]``: what
+    #: its first layer shares with the layer before it
+    #: (:attr:`pipesearch.types.Layer.shared_saved_bytes`; the prefix sums
+    #: count it only where that layer is in the stage too), under every
+    #: option (a profile with it has no recompute options); 0 at ``L``.
+    #: The activation copies to host memory (``--activation-offload``,
+    #: Mobius) are prefix sums of seconds and leave it out: a copy of one
+    #: shared tensor per stage and micro-batch shorter. None: 0
+    saved_start_bytes: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -288,7 +298,7 @@ class PipelineCosts:
         K = len(o.names)
         col = (slice(None),) + (None,) * i.ndim
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
-        saved = o.saved_prefix_bytes[:, j] - o.saved_prefix_bytes[:, i]
+        saved = o.saved_prefix_bytes[:, j] - o.saved_prefix_bytes[:, i] + self.saved_start_at(i)
         transient = np.stack([range_max(o.transient_table_bytes[k], i, j) for k in range(K)])
         share = self.activation_share_at(s)  # replicated stages hold their share of a micro-batch
         resident = None if o.act_resident_micro_batches is None else o.act_resident_micro_batches[col]
@@ -422,8 +432,14 @@ class PipelineCosts:
 
     def saved_bytes(self, s, i, j):
         """Saved activation bytes of one micro-batch of stage ``s`` holding
-        ``[i, j)`` under its option (checkpoints only for recomputed layers)."""
-        return self._range("saved_prefix_bytes", s, i, j) * self.activation_share_at(s)
+        ``[i, j)`` under its option (checkpoints only for recomputed layers),
+        the tensor its first layer shares with the layer before it included
+        (:attr:`saved_start_bytes`)."""
+        return (self._range("saved_prefix_bytes", s, i, j) + self.saved_start_at(i)) * self.activation_share_at(s)
+
+    def saved_start_at(self, i):
+        """:attr:`saved_start_bytes` at the first layers ``i`` (0 without)."""
+        return 0.0 if self.saved_start_bytes is None else self.saved_start_bytes[i]
 
     # -- per-stage terms, vectorized: s is an int, i and j broadcastable int arrays
     def compute_s(self, s: int, i, j):
@@ -559,7 +575,7 @@ class PipelineCosts:
             k = self.option_index(s, i, j)
             return np.take_along_axis(device, k[None], axis=0)[0]
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
-        saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
+        saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i] + self.saved_start_at(i)
         return params * self.state_bytes_per_param_byte + self.activation_bytes(s, saved, i, j) + self.peak_extra_at(
             s, i, j)
 
@@ -682,8 +698,8 @@ class PipelineCosts:
         if self.options is None:
             if self.recompute_transient_table is not None:
                 out["recompute_transient"] = float(self.recompute_transient_at(s, i, j)) * counted
-            out["activations"] = float(self.activation_bytes(s, self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i],
-                                                             i, j))
+            out["activations"] = float(self.activation_bytes(
+                s, self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i] + self.saved_start_at(i), i, j))
         else:
             tied_params = self._tied_params(s)
             if tied_params is not None:  # the tied copy at the option's state rate (_option_memory)
@@ -1144,6 +1160,8 @@ def build_pipeline_costs(
         fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),
         param_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["param_bytes"])]),
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["saved_bytes"])]) * ratio,
+        saved_start_bytes=(np.concatenate([arrays["shared_saved_bytes"], zero]) * ratio
+                           if np.any(arrays["shared_saved_bytes"] > 0) else None),
         output_bytes=arrays["output_bytes"] * ratio,
         time_scale=time_scale,
         p2p_bandwidth_bytes_per_s=np.array([link.bandwidth_bytes_per_s for link in p2p]),

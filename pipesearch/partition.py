@@ -102,7 +102,9 @@ def _memory_prefix(costs: PipelineCosts, s: int) -> np.ndarray:
     """``(L + 1,)``: stage ``s``'s memory of the layers ``[0, j)``, as
     :func:`_stage_fits` counts it (training state plus ``in_flight``
     micro-batches of saved activations); a range's is a difference of two,
-    equal up to rounding."""
+    equal up to rounding (less the bytes its first layer shares with the
+    layer before it, :attr:`PipelineCosts.saved_start_bytes`: a first guess
+    that :func:`_fit_starts` checks)."""
     return costs.param_prefix_bytes * costs.state_bytes_per_param_byte + costs.saved_prefix_bytes * costs.in_flight[s]
 
 
@@ -227,7 +229,7 @@ def _stage_fits(c: PipelineCosts, s: int, i, j):
     """Whether the ranges ``[i, j)`` fit stage ``s``'s memory: training
     state plus ``in_flight`` micro-batches of saved activations."""
     static = (c.param_prefix_bytes[j] - c.param_prefix_bytes[i]) * c.state_bytes_per_param_byte
-    act = c.saved_prefix_bytes[j] - c.saved_prefix_bytes[i]
+    act = c.saved_prefix_bytes[j] - c.saved_prefix_bytes[i] + c.saved_start_at(i)
     return static + act * c.in_flight[s] <= c.capacity_bytes[s]
 
 

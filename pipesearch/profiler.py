@@ -20,7 +20,14 @@ children run in order), at the batch size of ``example_input``:
 * ``saved_bytes``: the bytes autograd keeps from the forward for the backward,
   summed through ``torch.autograd.graph.saved_tensors_hooks`` over the
   distinct storages of the saved tensors, parameters excluded (they are in
-  ``param_bytes``).
+  ``param_bytes``);
+* ``shared_saved_bytes``: the bytes of the storages a layer saves that the
+  layer before it saves too (the tensor between them: a ReLU keeps its
+  output, the Linear after it keeps the same tensor as its input), from one
+  forward of the two layers in a row under one hook; a stage holding both
+  keeps them once (:attr:`pipesearch.types.Layer.shared_saved_bytes`).
+  Measured layer by layer, a chain of Linear and ReLU layers otherwise
+  counts its activations 1.6 times.
 
 ``profile_module_at_sizes(model, make_input, [1, 2, 4])`` measures at every
 size (warm-up runs dropped at each) and fits each layer's forward and
@@ -223,6 +230,29 @@ def _saved_bytes(torch, layer, inputs: tuple) -> int:
     return sum(seen.values())
 
 
+def _shared_saved_bytes(torch, before, before_inputs: tuple, layer) -> int:
+    """Bytes of the distinct storages that both ``before`` (run on
+    ``before_inputs``) and ``layer`` (run on its output) save for backward,
+    parameters excluded: what a stage holding both keeps once."""
+    params = {_storage_key(p)[0] for p in (*before.parameters(), *layer.parameters())}
+    seen: tuple[dict, dict] = ({}, {})
+    which = [0]
+
+    def pack(tensor):
+        key = _storage_key(tensor)
+        if key[0] not in params:
+            kept = seen[which[0]]
+            kept[key[0]] = max(kept.get(key[0], 0), key[1])
+        return tensor
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = before(*before_inputs)
+        which[0] = 1
+        out = layer(*_as_tuple(out))
+    del out
+    return sum(min(seen[0][k], seen[1][k]) for k in seen[0].keys() & seen[1].keys())
+
+
 def _time_once(torch, layer, inputs: tuple, device, clock: Callable[[], float],
                copy: bool = False) -> tuple[float, float, Any]:
     """One forward and one backward of ``layer``: (forward s, backward s, output).
@@ -417,6 +447,9 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
             outputs.append(float(_nbytes(_tensors(out))))
             inputs = tuple(_detached(torch, t, fqn, layer) for t in _as_tuple(out))
             del out
+        # the storages each layer saves that the layer before it saves too (a forward of the two in a row)
+        shared = [0] + [_shared_saved_bytes(torch, layers[k - 1][1], _call_inputs(torch, layer_inputs[k - 1], True),
+                                            layers[k][1]) for k in range(1, len(layers))]
         # 2. timing, interleaved: every pass times every layer once, so a burst of
         #    other work on the host slows one pass (dropped by the median), not one layer
         fwd: list[list[float]] = [[] for _ in layers]
@@ -438,6 +471,7 @@ def profile_module(model, example_input, *, batch_size: int, warmup: int = 3, re
                 param_bytes=own[index],
                 output_bytes=outputs[index],
                 saved_bytes=float(saved[index]),
+                shared_saved_bytes=float(shared[index]) if shared[index] else None,
             ))
     finally:
         for p in model.parameters():

@@ -118,6 +118,9 @@ class RoundPipeCosts:
             (counted in ``param_prefix`` on the first layer); the last
             group uploads, holds and downloads them too when it does not
             hold the first layer (module docstring).
+        saved_start_bytes: ``(L+1,)`` what a group starting at layer ``i``
+            saves besides the prefix sums' difference (its first layer's
+            :attr:`pipesearch.types.Layer.shared_saved_bytes`), None: 0.
     """
 
     num_groups: int
@@ -135,10 +138,17 @@ class RoundPipeCosts:
     adam_s_per_param: float
     delayed: bool
     tied_params: float = 0.0
+    saved_start_bytes: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
         return len(self.output_bytes)
+
+    def saved_bytes(self, i, j):
+        """One micro-batch's saved activation bytes of the layers ``[i, j)``
+        (as :meth:`pipesearch.costs.PipelineCosts.saved_bytes`)."""
+        start = 0.0 if self.saved_start_bytes is None else self.saved_start_bytes[i]
+        return self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i] + start
 
     def _ranges(self, bounds):
         b = np.atleast_2d(np.asarray(bounds, dtype=np.int64))
@@ -192,7 +202,7 @@ class RoundPipeCosts:
         k = bnd.shape[0]
         zero = np.zeros((k, 1))
         edges = np.concatenate([zero, bnd], axis=1) + np.concatenate([bnd, zero], axis=1)
-        return weights, (self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]) + 2.0 * edges
+        return weights, self.saved_bytes(i, j) + 2.0 * edges
 
     def device_peak_bytes(self, bounds) -> np.ndarray:
         """``(k, n)``: each GPU's peak bytes (:func:`device_peak_bytes` of
@@ -243,8 +253,7 @@ class RoundPipeCosts:
         weights = WEIGHT_BYTES_PER_PARAM * (self.param_prefix[j] - self.param_prefix[i] + tied)
         edge = (np.where(i > 0, self.output_bytes[np.maximum(i - 1, 0)], 0.0)
                 + np.where(j < self.num_layers, self.output_bytes[np.minimum(j, self.num_layers) - 1], 0.0))
-        saved = self.saved_prefix_bytes[j] - self.saved_prefix_bytes[i]
-        return 2 * weights + saved + 2 * edge <= self.capacity_bytes
+        return 2 * weights + self.saved_bytes(i, j) + 2 * edge <= self.capacity_bytes
 
     def fits(self, bounds) -> np.ndarray:
         """``(k,)`` bools: every GPU's peak within its usable memory and the
@@ -338,6 +347,8 @@ def build_roundpipe_costs(profile: ModelProfile, cluster: Cluster, job: Job, *, 
         bwd_prefix_s=np.concatenate([zero, np.cumsum(times["bwd_s"])]) * scale,
         param_prefix=np.concatenate([zero, np.cumsum(a["param_bytes"])]) / profile.bytes_per_param,
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(a["saved_bytes"])]) * ratio,
+        saved_start_bytes=(np.concatenate([a["shared_saved_bytes"], zero]) * ratio
+                           if np.any(a["shared_saved_bytes"] > 0) else None),
         output_bytes=a["output_bytes"] * ratio,
         s_per_byte=1.0 / link, pcie_scale=np.asarray(link / shared, dtype=float),
         capacity_bytes=float(usable_memory_bytes(job, stage_capacity_bytes(cluster, heads)).min()),
@@ -679,7 +690,7 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
                           ("activations", float(transient[g])))
         + ((("tied_copy", float(2 * tied[g])),) if tied[g] > 0 else ()),
         send_bytes=float(costs.boundary_bytes(b)[0][g]) if g + 1 < len(b) - 1 else 0.0,
-        saved_bytes=float(costs.saved_prefix_bytes[b[g + 1]] - costs.saved_prefix_bytes[b[g]]),
+        saved_bytes=float(costs.saved_bytes(b[g], b[g + 1])),
         memory_option="roundpipe") for g in range(len(b) - 1))
     busy = np.zeros(pp)
     for kind, g, d in roundpipe_tasks(pp * vp, pp):

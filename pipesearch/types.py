@@ -63,6 +63,15 @@ class Layer:
             activations it recomputes there (a transformer block under full
             recomputation its whole activations, Chen et al. 2016 sec. 3);
             ``None``: 0.
+        shared_saved_bytes: optional bytes of what the layer saves for
+            backward that the layer before it saves too: the tensor between
+            them, kept by both (a ReLU keeps its output for its backward and
+            the Linear after it keeps the same tensor as its input). A stage
+            holding both layers keeps it once, a stage starting at this
+            layer keeps it (its device received it), so stage ``[i, j)``
+            saves ``sum saved_bytes[i:j] - sum shared_saved_bytes[i+1:j]``
+            (:meth:`pipesearch.costs.PipelineCosts.saved_bytes`); measured by
+            :func:`pipesearch.profiler.profile_module`. ``None``: 0.
     """
 
     name: str
@@ -79,6 +88,7 @@ class Layer:
     bwd_input_fixed_s: float | None = None
     wgrad_saved_bytes: float | None = None
     backward_transient_bytes: float | None = None
+    shared_saved_bytes: float | None = None
 
     def renamed(self, name: str) -> "Layer":
         """This layer under another ``name`` (every other field the same; a
@@ -95,7 +105,7 @@ class Layer:
         they existed)."""
         names = ("name", "fwd_s", "bwd_s", "param_bytes", "output_bytes", "saved_bytes", "bwd_input_s", "flops")
         names += tuple(n for n in ("fwd_fixed_s", "bwd_fixed_s", "bwd_input_fixed_s", "recompute_saved_bytes",
-                                   "wgrad_saved_bytes", "backward_transient_bytes")
+                                   "wgrad_saved_bytes", "backward_transient_bytes", "shared_saved_bytes")
                        if getattr(self, n) is not None)
         return f"Layer({', '.join(f'{n}={getattr(self, n)!r}' for n in names)})"
 
@@ -168,21 +178,27 @@ class ModelProfile:
     def layer_arrays(self) -> dict:
         """The layer table as float arrays of shape ``(num_layers,)``: ``fwd_s``,
         ``bwd_s``, ``bwd_input_s`` (half of ``bwd_s`` where not given),
-        ``param_bytes``, ``output_bytes``, ``saved_bytes``, ``recomputable``
+        ``param_bytes``, ``output_bytes``, ``shared_saved_bytes`` (0 where
+        not given), ``saved_bytes`` (the layer's ``saved_bytes`` less its
+        ``shared_saved_bytes``: what it adds to a stage holding the layer
+        before it; a stage starting at it adds the shared bytes back,
+        :meth:`pipesearch.costs.PipelineCosts.saved_bytes`), ``recomputable``
         (1.0 where the layer has ``recompute_saved_bytes``, else 0.0) and
         ``recompute_saved_bytes`` (``saved_bytes`` where not recomputable),
-        ``wgrad_saved_bytes`` (``saved_bytes x wgrad_saved_fraction`` where
-        not given), ``backward_transient_bytes`` (0 where not given).
-        Computed once."""
+        ``wgrad_saved_bytes`` (the layer's whole ``saved_bytes x
+        wgrad_saved_fraction`` where not given), ``backward_transient_bytes``
+        (0 where not given). Computed once."""
         import numpy as np
 
         cols = {k: np.array([getattr(lay, k) for lay in self.layers], dtype=float)
                 for k in ("fwd_s", "bwd_s", "param_bytes", "output_bytes", "saved_bytes")}
+        cols["shared_saved_bytes"] = np.array([lay.shared_saved_bytes or 0.0 for lay in self.layers], dtype=float)
+        cols["saved_bytes"] = cols["saved_bytes"] - cols["shared_saved_bytes"]
         cols["bwd_input_s"] = np.array([lay.bwd_s / 2 if lay.bwd_input_s is None else lay.bwd_input_s
                                         for lay in self.layers], dtype=float)
         cols["recomputable"] = np.array([lay.recompute_saved_bytes is not None for lay in self.layers], dtype=float)
-        cols["recompute_saved_bytes"] = np.array([lay.saved_bytes if lay.recompute_saved_bytes is None
-                                                  else lay.recompute_saved_bytes for lay in self.layers], dtype=float)
+        cols["recompute_saved_bytes"] = np.where(
+            cols["recomputable"] > 0, [lay.recompute_saved_bytes or 0.0 for lay in self.layers], cols["saved_bytes"])
         cols["wgrad_saved_bytes"] = np.array([lay.saved_bytes * self.wgrad_saved_fraction if lay.wgrad_saved_bytes
                                               is None else lay.wgrad_saved_bytes for lay in self.layers], dtype=float)
         cols["backward_transient_bytes"] = np.array([lay.backward_transient_bytes or 0.0 for lay in self.layers],

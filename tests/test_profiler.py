@@ -430,9 +430,14 @@ def test_cli_profile_batch_sizes_writes_fixed_columns(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "fitted over batch sizes 1,2" in result.output
     header = [line for line in out.read_text().splitlines() if not line.startswith("#")][0]
-    assert header.split(",")[-2:] == ["fwd_fixed_ms", "bwd_fixed_ms"]
+    assert header.split(",")[-3:] == ["fwd_fixed_ms", "bwd_fixed_ms", "shared_saved_bytes"]
     prof = load_model(str(out))
     assert prof.profiled_batch_size == 2 and prof.layers[-1].output_bytes == 2 * 320 * 4
+    # each block's Linear keeps as its input the ReLU output the block before keeps: 2 samples x width x fp32
+    from e2e_model import WIDTHS  # tests/ is on sys.path
+
+    assert prof.layers[0].shared_saved_bytes is None
+    assert [lay.shared_saved_bytes for lay in prof.layers[1:]] == [2 * w * 4 for w in WIDTHS[1:-1]]
     for lay in prof.layers:
         assert 0 <= lay.fwd_fixed_s <= lay.fwd_s and 0 <= lay.bwd_fixed_s <= lay.bwd_s
 
@@ -637,3 +642,56 @@ def test_hf_configs_the_chain_computes_otherwise_are_refused(tmp_path):
     check_chained_attention({"sliding_window": 16, "use_sliding_window": False}, "c.json", 64)
     with pytest.raises(InputError, match="final_logit_softcapping 30.0"):
         check_chained_attention({"final_logit_softcapping": 30.0}, "c.json", 16)
+
+
+def _autograd_saved_bytes(layers, x) -> int:
+    """Bytes of the distinct storages autograd keeps for one forward of
+    ``layers`` in a row on ``x`` (parameters excluded): the reference a
+    stage's saved bytes must equal."""
+    params = {p.untyped_storage().data_ptr() for layer in layers for p in layer.parameters()}
+    seen = {}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in params:
+            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for layer in layers:
+            x = layer(x)
+    return sum(seen.values())
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_stage_saved_bytes_equal_autograds_for_every_range(kind):
+    """A stage of layers ``[i, j)`` saves ``sum saved - sum shared[i+1:j]``
+    (Layer.shared_saved_bytes) -- on every range of a Linear/ReLU chain and
+    a Conv/BatchNorm/ReLU/MaxPool chain, equal to what autograd keeps when
+    the stage's layers run in a row (the tensor a ReLU keeps and the next
+    layer keeps as its input counted once; layer by layer the chain sums to
+    1.6 and 1.4 times that)."""
+    torch.manual_seed(0)
+    if kind == "mlp":
+        model = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(64, 64), nn.ReLU())])
+        x = torch.randn(8, 64)
+    else:
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                              nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 8 * 8, 10))
+        x = torch.randn(4, 3, 16, 16)
+    prof = profile_module(model, x, batch_size=x.shape[0], warmup=0, repeats=1)
+    saved = [lay.saved_bytes for lay in prof.layers]
+    shared = [lay.shared_saved_bytes or 0.0 for lay in prof.layers]
+    layers = list(model)
+    inputs = [x]
+    with torch.no_grad():
+        for layer in layers:
+            inputs.append(layer(inputs[-1]))
+    L = len(layers)
+    for i in range(L):
+        for j in range(i + 1, L + 1):
+            x_i = inputs[i].clone().requires_grad_(i > 0)
+            assert sum(saved[i:j]) - sum(shared[i + 1:j]) == _autograd_saved_bytes(layers[i:j], x_i), (i, j)
+    whole = _autograd_saved_bytes(layers, x)
+    assert sum(saved) > 1.3 * whole  # what summing the layers alone would count

@@ -33,7 +33,13 @@ Format::
   schedules; an empty cell means unknown) and optional
   ``recompute_saved_bytes`` (bytes the layer keeps when it is recomputed in
   backward, usually its input, the checkpoint; an empty cell: the layer is
-  never recomputed). Byte counts are at ``batch_size``. A recomputed layer
+  never recomputed) and optional ``shared_saved_bytes`` (bytes of what the
+  layer saves that the layer before it saves too, the tensor between them:
+  a ReLU keeps its output and the Linear after it keeps it as its input; a
+  stage holding both counts it once, :attr:`pipesearch.types.Layer.shared_saved_bytes`;
+  at most the layer's and the previous layer's ``saved_bytes``, empty or 0
+  on the first layer, not with ``recompute_saved_bytes``; empty cell: 0).
+  Byte counts are at ``batch_size``. A recomputed layer
   costs one extra forward in its backward (Chen et al. 2016, "Training Deep
   Nets with Sublinear Memory Cost", sec. 3; Korthikanti et al. 2022 sec. 4:
   full recompute re-runs the forward), so the search may recompute the
@@ -77,7 +83,7 @@ from ..types import Layer, ModelProfile
 MAGIC = "# pipesearch profile v1"
 REQUIRED_COLUMNS = ("name", "fwd_ms", "bwd_ms", "param_bytes", "output_bytes")
 OPTIONAL_COLUMNS = ("saved_bytes", "bwd_input_ms", "fwd_fixed_ms", "bwd_fixed_ms", "bwd_input_fixed_ms",
-                    "recompute_saved_bytes")
+                    "recompute_saved_bytes", "shared_saved_bytes")
 FIXED_COLUMNS = {"fwd_fixed_ms": "fwd_ms", "bwd_fixed_ms": "bwd_ms", "bwd_input_fixed_ms": "bwd_input_ms"}
 HEADER_KEYS = ("model", "batch_size", "device", "bytes_per_param", "tied_param_bytes", "source")
 _HEADER_RE = re.compile(r"#\s*([A-Za-z_]+)\s*:(.*)$")
@@ -461,9 +467,10 @@ def read_profile_csv(path: str | Path) -> ModelProfile:
                 raise _fail(path, f"line {line}, column 'recompute_saved_bytes'", f"value "
                             f"{row['recompute_saved_bytes'].strip()!r} exceeds the layer's saved bytes ({saved:g}); "
                             "a recomputed layer keeps part of what it saves (usually its input), never more")
+        shared = _shared_saved(path, line, row, saved, layers[-1] if layers else None, recompute_saved)
         layers.append(Layer(name=name, fwd_s=fwd, bwd_s=bwd, param_bytes=params,
                             output_bytes=output, saved_bytes=saved, bwd_input_s=bwd_input,
-                            recompute_saved_bytes=recompute_saved, **fixed))
+                            recompute_saved_bytes=recompute_saved, shared_saved_bytes=shared, **fixed))
     _check_per_sample(path, line_numbers, layers, meta["profiled_batch_size"])
     if meta["tied_param_bytes"] > 0 and len(layers) == 1:
         raise _fail(path, "header", f"tied_param_bytes {format_number(meta['tied_param_bytes'])} with one layer: a "
@@ -509,14 +516,41 @@ def _with_fixed(path: Path, profile: ModelProfile) -> bool:
     return True
 
 
+def _shared_saved(path: Path, line: int, row: dict, saved: float, previous: Layer | None,
+                  recompute_saved: float | None) -> float | None:
+    """The ``shared_saved_bytes`` cell of one row (None when absent or
+    empty): at most the layer's and the previous layer's saved bytes, 0 on
+    the first layer, and not on a recomputable layer (what a recomputed
+    stage keeps is its checkpoints, not what neighbouring layers share)."""
+    cell = row.get("shared_saved_bytes", "").strip()
+    if not cell:
+        return None
+    where = f"line {line}, column 'shared_saved_bytes'"
+    shared = _cell_number(path, line, "shared_saved_bytes", cell, 0)
+    if shared == 0:
+        return None
+    if previous is None:
+        raise _fail(path, where, f"value {cell!r} on the first layer: it shares what it saves with the layer before "
+                    "it, and the first layer has none; leave the cell empty")
+    if recompute_saved is not None or previous.recompute_saved_bytes is not None:
+        raise _fail(path, where, f"value {cell!r} on a layer next to a recomputable one (recompute_saved_bytes): "
+                    "give one of the two columns")
+    most = min(saved, previous.saved_bytes)
+    if shared > most:
+        raise _fail(path, where, f"value {cell!r} exceeds the saved bytes of this layer or of the layer before it "
+                    f"({format_number(most)}); the shared tensor is part of what both save")
+    return shared
+
+
 def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
     """Write ``profile`` as a profile CSV (format in the module docstring).
 
     ``saved_bytes`` is always written; ``bwd_input_ms`` only when some layer
     has ``bwd_input_s`` (empty cells for the others); ``fwd_fixed_ms``,
     ``bwd_fixed_ms`` (and ``bwd_input_fixed_ms`` with ``bwd_input_ms``) when
-    the layers have fixed times; ``recompute_saved_bytes`` only when some
-    layer has one (empty cells for the others). ``Layer.flops`` is not
+    the layers have fixed times; ``recompute_saved_bytes`` and
+    ``shared_saved_bytes`` each only when some layer has one (empty cells
+    for the others). ``Layer.flops`` is not
     stored. Reading the file back gives an equal profile.
 
     Raises:
@@ -546,10 +580,12 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
     with_bwd_input = any(layer.bwd_input_s is not None for layer in profile.layers)
     with_fixed = _with_fixed(path, profile)
     with_recompute = any(layer.recompute_saved_bytes is not None for layer in profile.layers)
+    with_shared = any(layer.shared_saved_bytes is not None for layer in profile.layers)
     columns = (list(REQUIRED_COLUMNS) + ["saved_bytes"] + (["bwd_input_ms"] if with_bwd_input else [])
                + (["fwd_fixed_ms", "bwd_fixed_ms"] if with_fixed else [])
                + (["bwd_input_fixed_ms"] if with_fixed and with_bwd_input else [])
-               + (["recompute_saved_bytes"] if with_recompute else []))
+               + (["recompute_saved_bytes"] if with_recompute else [])
+               + (["shared_saved_bytes"] if with_shared else []))
     rows = []
     for layer in profile.layers:
         row = {
@@ -571,6 +607,9 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
         if with_recompute:
             row["recompute_saved_bytes"] = ("" if layer.recompute_saved_bytes is None
                                             else format_number(layer.recompute_saved_bytes))
+        if with_shared:
+            row["shared_saved_bytes"] = ("" if layer.shared_saved_bytes is None
+                                         else format_number(layer.shared_saved_bytes))
         rows.append(row)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")

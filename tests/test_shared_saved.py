@@ -1,0 +1,126 @@
+"""Saved activations two neighbouring layers share (Layer.shared_saved_bytes):
+a stage holding both keeps the tensor once, a stage starting at the second
+keeps it (its device received it). Every value here is computed by hand
+from the layer table: ``saved[i, j) = sum saved_bytes[i:j] - sum
+shared_saved_bytes[i+1:j]``."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipesearch.costs import build_pipeline_costs, pipeline_placement
+from pipesearch.errors import InputError
+from pipesearch.partition import exhaustive_split, optimal_split
+from pipesearch.profiles import load_model
+from pipesearch.profiles.csv_profile import write_profile_csv
+from pipesearch.split_search import exact_split
+from pipesearch.timemodel import iteration_time_s
+from pipesearch.types import Job
+
+from helpers import all_splits, tiny_cluster, tiny_profile
+
+MiB = 2.0**20
+#: saved bytes of each layer alone, and what it shares with the layer before (a Linear after a ReLU)
+SAVED = [4 * MiB, 2 * MiB, 2 * MiB, 3 * MiB, 1 * MiB, 2 * MiB]
+SHARED = [0.0, 2 * MiB, 0.0, 2 * MiB, 1 * MiB, 0.0]
+PARAMS = [8 * MiB, 0.0, 16 * MiB, 0.0, 8 * MiB, 4 * MiB]
+
+
+def _profile():
+    prof = tiny_profile([0.01, 0.002, 0.012, 0.002, 0.006, 0.004], params=PARAMS, saved=SAVED,
+                        outputs=[1 * MiB] * 6)
+    layers = tuple(replace(lay, shared_saved_bytes=sh or None) for lay, sh in zip(prof.layers, SHARED))
+    return replace(prof, layers=layers)
+
+
+def _costs(capacity_bytes: float, pp: int = 3, m: int = 4, in_flight=(3, 2, 1)):
+    job = Job(global_batch_size=m, state_bytes_per_param=8.0, memory_reserve_bytes=0, memory_headroom_fraction=0.0)
+    return build_pipeline_costs(_profile(), tiny_cluster(1, pp, memory_bytes=capacity_bytes), job, pp=pp, dp=1,
+                                micro_batch_size=1, num_micro_batches=m, schedule="1f1b",
+                                placement=pipeline_placement(pp, 1), in_flight=np.array(in_flight))
+
+
+def _saved_by_hand(i: int, j: int) -> float:
+    return sum(SAVED[i:j]) - sum(SHARED[i + 1:j])
+
+
+def _memory_by_hand(s: int, i: int, j: int, in_flight=(3, 2, 1)) -> float:
+    return sum(PARAMS[i:j]) * 2.0 + in_flight[s] * _saved_by_hand(i, j)  # 8 state bytes per 4-byte parameter
+
+
+def test_stage_memory_counts_a_shared_tensor_once_inside_and_once_at_the_start():
+    costs = _costs(1e12)
+    for s, i in itertools.product(range(3), range(6)):
+        for j in range(i + 1, 7):
+            assert costs.saved_bytes(s, i, j) == pytest.approx(_saved_by_hand(i, j), rel=1e-12), (s, i, j)
+            assert costs.memory_bytes(s, i, j) == pytest.approx(_memory_by_hand(s, i, j), rel=1e-12), (s, i, j)
+    # the stage [1, 4): layer 1's 2 MiB shared with layer 0 is kept (received), layer 3's with layer 2 is not
+    # layer 2 shares nothing, so 2 + 2 + 3 - 2 = 5 MiB; summed layer by layer it would be 7
+    assert costs.saved_bytes(1, 1, 4) == pytest.approx(5 * MiB)
+    breakdown = costs.memory_breakdown(1, 1, 4)
+    assert breakdown["activations"] == pytest.approx(2 * 5 * MiB)
+
+
+def _fits_by_hand(bounds, capacity: float) -> bool:
+    return all(_memory_by_hand(s, i, j) <= capacity for s, (i, j) in enumerate(zip(bounds[:-1], bounds[1:])))
+
+
+@pytest.mark.parametrize("capacity_mib", [38, 56, 62, 70, 90])
+def test_exact_split_is_brute_forces_under_the_shared_memory_rule(capacity_mib):
+    """Capacities where counting every layer's saved bytes would refuse
+    splits that fit: the exact split, the closed-form split's fit test and
+    the brute force over every split agree with the hand rule."""
+    cap = capacity_mib * MiB
+    costs = _costs(cap)
+    splits = [tuple(b) for b in all_splits(6, 3)]
+    fitting = [b for b in splits if _fits_by_hand(b, cap)]
+    assert [b for b in splits if costs.split_fits(np.array(b))] == fitting
+    naive = [b for b in splits if all(
+        sum(PARAMS[i:j]) * 2.0 + (3, 2, 1)[s] * sum(SAVED[i:j]) <= cap for s, (i, j) in enumerate(zip(b[:-1], b[1:])))]
+    if capacity_mib < 90:
+        assert len(fitting) > len(naive)  # the case is one the double count gets wrong
+    best = min(iteration_time_s("1f1b", 3, 4, 1, costs.stage_times(np.array(b))) for b in fitting)
+    found = exact_split(costs, "1f1b", 3)
+    assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12)
+    assert _fits_by_hand(found.bounds, cap)
+    closed, brute = optimal_split(costs), exhaustive_split(costs)
+    assert closed.bounds in fitting and closed.iteration_time_s == pytest.approx(brute.iteration_time_s, rel=1e-12)
+
+
+def test_profile_csv_round_trip_and_refusals(tmp_path):
+    path = tmp_path / "p.csv"
+    write_profile_csv(_profile(), path)
+    back = load_model(str(path))
+    assert [lay.shared_saved_bytes or 0.0 for lay in back.layers] == SHARED
+    text = path.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("name,"))
+    assert header.endswith(",shared_saved_bytes")
+
+    def refused(edit, match):
+        bad = tmp_path / "bad.csv"
+        lines = text.splitlines()
+        k = lines.index(header)
+        bad.write_text("\n".join(lines[:k + 1] + edit(lines[k + 1:])) + "\n")
+        with pytest.raises(InputError, match=match):
+            load_model(str(bad))
+
+    def first(rows):
+        return [rows[0] + "1024"] + rows[1:]
+
+    def too_many(rows):  # layer 1 shares more than layer 0 saves
+        return [rows[0], rows[1].rsplit(",", 1)[0] + f",{int(5 * MiB)}"] + rows[2:]
+
+    refused(first, r"line \d+, column 'shared_saved_bytes'.*first layer")
+    refused(too_many, r"column 'shared_saved_bytes'.*exceeds the saved bytes")
+    recompute = tmp_path / "r.csv"
+    rows = text.splitlines()
+    k = rows.index(header)
+    rows[k] += ",recompute_saved_bytes"
+    rows[k + 1:] = [row + ",1024" for row in rows[k + 1:]]
+    recompute.write_text("\n".join(rows) + "\n")
+    with pytest.raises(InputError, match="recomputable"):
+        load_model(str(recompute))
