@@ -241,6 +241,10 @@ def test_plans_on_unenumerated_layouts_say_so(tmp_path):
     notes = layout_notes(plans, cluster)
     assert len(notes) == 1 and notes[0].startswith("plan 1:") and "not of all 30 layouts of pp 2 x dp 2" in notes[0]
     assert layout_notes(plans, load_cluster("2x8-a100-80gb")) == []
+    # plans of one shape share the line: ranks 1, 3 and 4 of pp 2 x dp 2 in one, not three
+    more = [SimpleNamespace(rank=r, pp=2, dp=2, tp=1, stage_replicas=None) for r in (3, 4)]
+    notes = layout_notes(plans + more, cluster)
+    assert len(notes) == 1 and notes[0].startswith("plans 1, 3-4: their devices are the best of the named layouts")
     # one stage on all 5 devices: one layout, whatever the count of device sequences says
     assert layout_notes([SimpleNamespace(rank=1, pp=1, dp=5, tp=1, stage_replicas=None)], cluster) == []
 

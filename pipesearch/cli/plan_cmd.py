@@ -175,18 +175,20 @@ def split_notes(plans) -> list[str]:
 
 
 def layout_notes(plans, cluster, pinned: tuple[str, ...] = ()) -> list[str]:
-    """One line per replicated plan (dp > 1) on a cluster of several groups
-    whose ``pp x dp`` has more layouts than the search enumerates
+    """One line per ``pp x dp`` of the replicated plans (dp > 1) on a
+    cluster of several groups whose ``pp x dp`` has more layouts than the
+    search enumerates
     (:attr:`pipesearch.search.SearchOptions.enumerate_layouts_up_to`), or
-    whose placement was ``pinned`` (``--placement``): its device layout is
-    the best of the named patterns
+    whose placement was ``pinned`` (``--placement``): their device layouts
+    are the best of the named patterns
     (:func:`pipesearch.placement.placement_candidates`), not of every
-    layout (docs/heterogeneous.md)."""
+    layout (docs/heterogeneous.md). The plans of one ``pp x dp`` share the
+    line (``plans 1-5: their devices ...``)."""
     from ..placement import count_layouts
 
     limit = SearchOptions.enumerate_layouts_up_to
     named = " and ".join(f"{x}-major" for x in pinned) if pinned else "pipeline-major and data-major"
-    out = []
+    ranks: dict[tuple[int, int, int], list[int]] = {}
     for p in plans:
         if cluster.is_uniform or p.dp == 1 or p.stage_replicas is not None:
             continue
@@ -194,12 +196,12 @@ def layout_notes(plans, cluster, pinned: tuple[str, ...] = ()) -> list[str]:
             continue
         n = count_layouts(cluster, p.pp * p.dp, p.tp)
         if n > limit or pinned:
-            why = "--placement" if pinned else f"every layout is tried up to {limit}"
-            out.append(f"plan {p.rank}: its devices are the best of the named layouts ({named}, fastest or largest "
-                       f"devices first, each device type alone), not of all {n:,} layouts of pp {p.pp} x dp {p.dp} on "
-                       f"{cluster.name} "
-                       f"({why}; docs/heterogeneous.md)")
-    return out
+            ranks.setdefault((p.pp, p.dp, n), []).append(p.rank)
+    why = "--placement" if pinned else f"every layout is tried up to {limit}"
+    return [f"plan{'s' if len(r) > 1 else ''} {_rank_list(r)}: {'their' if len(r) > 1 else 'its'} devices are the "
+            f"best of the named layouts ({named}, fastest or largest devices first, each device type alone), not of "
+            f"all {n:,} layouts of pp {pp} x dp {dp} on {cluster.name} ({why}; docs/heterogeneous.md)"
+            for (pp, dp, n), r in ranks.items()]
 
 
 def pinned_placements(placements: tuple[str, ...], runtime: str | None) -> tuple[str, ...]:
