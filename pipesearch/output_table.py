@@ -37,3 +37,27 @@ def format_table(columns: dict[str, list]) -> str:
         width = max([len(header)] + [len(t) for t in texts])
         laid_out.append([header.rjust(width)] + [t.rjust(width) for t in texts])
     return "\n".join(" ".join(col[k] for col in laid_out) for k in range(len(laid_out[0]))) if laid_out else ""
+
+
+#: a list of layers per stage longer than this many characters is written with runs
+STAGE_COUNTS_WIDTH = 40
+
+
+def stage_counts_label(counts) -> str:
+    """Layers per stage as a table cell: ``14,12,6,8``; a list longer than
+    :data:`STAGE_COUNTS_WIDTH` characters with each run of three or more
+    equal counts as ``count*times`` (``2,1*126,2``: the 128 stages of a pp
+    64 x vp 2 plan), so every stage stays in the cell without a 300-character
+    line."""
+    counts = [int(c) for c in counts]
+    plain = ",".join(map(str, counts))
+    if len(plain) <= STAGE_COUNTS_WIDTH:
+        return plain
+    parts, k = [], 0
+    while k < len(counts):
+        n = 1
+        while k + n < len(counts) and counts[k + n] == counts[k]:
+            n += 1
+        parts += [f"{counts[k]}*{n}"] if n >= 3 else [str(counts[k])] * n
+        k += n
+    return ",".join(parts)

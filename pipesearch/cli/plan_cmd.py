@@ -18,7 +18,7 @@ from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, u
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
 from ..output import check_directory, check_distinct_paths, check_suffix, check_writable, write_outputs
-from ..output_table import format_table
+from ..output_table import format_table, stage_counts_label
 from ..placement import memory_bytes_of, rank_memory
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
 from ..plan import PlanFile, document_problems, points_block, to_json
@@ -353,7 +353,7 @@ def plans_table(plans, capacity_of=None, mixed_cluster: bool = False) -> str:
     rows = []
     for p in plans:
         peak, capacity = _fullest_device(p, capacity_of)
-        layers = ",".join(map(str, p.layers_per_stage))  # every stage: a truncated split cannot be checked
+        layers = stage_counts_label(p.layers_per_stage)  # every stage: a truncated split cannot be checked
         rows.append({
             "rank": p.rank,
             "pp x dp x tp": f"{p.pp} x {p.dp} x {p.tp}",

@@ -16,6 +16,7 @@ from ..hardware import describe_cluster, device_files, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
 from ..output import check_distinct_paths, check_suffix, check_writable, short_path, write_outputs
+from ..output_table import stage_counts_label
 from ..profiles.transformer import guessed_family_note, hf_checkpoint, hf_quantization_config, load_transformer
 from ..serve.dtypes import (KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, checkpoint_weight_dtype, kv_dtype_bytes,
                             runs_bf16, weight_format)
@@ -87,7 +88,7 @@ def serve_table(plans, output_len: int | None = None) -> str:
     decodes = output_len is None or output_len > 1
     rows = []
     for p in plans:
-        layers = ",".join(map(str, p.split)) if p.pp <= 8 else f"{','.join(map(str, p.split[:6]))},..."
+        layers = stage_counts_label(p.split)
         sim = p.simulated or {}
         gain = (p.total_output_tokens_per_s / p.default_total_output_tokens_per_s
                 if p.default_total_output_tokens_per_s else math.inf)
