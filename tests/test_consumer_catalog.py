@@ -243,3 +243,21 @@ def test_mfu_of_a_geforce_plan_is_over_the_fp32_accumulate_peak(tmp_path):
         assert pred["mfu"] == pytest.approx(pred["model_flops_per_iteration"]
                                             / (pred["iteration_time_s"] * pred["num_devices"] * tflops * 1e12))
         assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
+
+
+def test_catalog_hardware_lists_the_training_rate_mfu_is_a_share_of():
+    """``catalog hardware`` shows the headline fp16 rate and the rate bf16
+    training runs at, the MFU denominator: 330.3 and 165.15 TFLOP/s on the
+    RTX 4090 (NVIDIA Ada white paper, Table 2: fp16 tensor with fp16 /
+    fp32 accumulate), 312 and 312 on the A100 (one rate for both)."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    result = CliRunner().invoke(main, ["catalog", "hardware"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "training TFLOP/s" in lines[0]
+    rows = {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
+    assert rows["rtx4090-24gb"][3:5] == ["330.3", "165.15"]
+    assert rows["a100-80gb"][3:5] == ["312", "312"]

@@ -52,6 +52,11 @@ def models_command():
 def hardware_command():
     """List the catalog's devices and clusters.
 
+    The fp16 rate is the device's headline tensor rate; the training rate
+    is the one bf16 (and fp16 with fp32 accumulation) runs at and the one a
+    plan's MFU is a share of: half the headline on GeForce cards, whose
+    headline holds with fp16 accumulation only.
+
     \b
     Example:
       pipesearch catalog hardware
@@ -61,6 +66,7 @@ def hardware_command():
         d = load_device(name)
         rows.append({"device": name, "memory": format_bytes(d.memory_bytes),
                      "fp16 TFLOP/s": f"{d.peak_fp16_flops / 1e12:g}",
+                     "training TFLOP/s": f"{d.mfu_peak_flops / 1e12:g}",
                      "HBM GB/s": f"{d.hbm_bandwidth_bytes_per_s / 1e9:g}"})
     click.echo(pd.DataFrame(rows).to_string(index=False))
     click.echo()
