@@ -263,3 +263,35 @@ def test_any_split_fits_tries_the_witness_before_the_stage_reach(monkeypatch):
             assert not calls, seed
             settled += 1
     assert settled >= 5  # the instances exercise the witness
+
+
+def test_chunk_moved_witness_fits_where_per_rank_moves_find_none():
+    """Random interleaved points (2-3 ranks, 2 chunks, 8-14 layers) on
+    devices too small for the even split: where moving whole layers per rank
+    (``_device_balanced_split``) finds no split but some split fits (every
+    split tried), moving single layers between chunks
+    (``_chunk_moved_split``) returns one that every device holds; it never
+    returns one that does not fit. Per-rank moves cycle when a rank's chunk
+    0, holding about twice chunk 1's micro-batches, gains or loses the
+    layer."""
+    from helpers import tied_or_random_profile
+    from pipesearch import split_search
+
+    found = missed = 0
+    for seed in range(120):
+        rng = np.random.default_rng(900 + seed)
+        pp, vp = int(rng.integers(2, 4)), 2
+        L, m = int(rng.integers(8, 15)), 2 * pp
+        prof, params, outputs = tied_or_random_profile(rng, L, False)
+        whole = float(params.sum()) * 2.0 / prof.bytes_per_param + float(outputs.sum()) * m
+        costs = _interleaved_costs(prof, pp, vp, m, float(rng.uniform(0.1, 0.6)) * whole)
+        got = split_search._chunk_moved_split(costs, pp)
+        if got is not None:
+            assert costs.split_fits(got) and np.all(costs.device_memory_bytes(np.array(got)) <= costs.capacity_bytes[:pp])
+        if split_search._device_balanced_split(costs, pp) is not None:
+            continue
+        every = [(0, *cut, L) for cut in itertools.combinations(range(1, L), pp * vp - 1)]
+        if any(costs.split_fits(b) for b in every):
+            found += got is not None
+            missed += got is None
+    assert found >= 5 and found >= 2 * missed, (found, missed)
