@@ -295,17 +295,16 @@ class PipelineCosts:
         broadcast(s, i, j)``."""
         o = self.options
         s, i, j = np.broadcast_arrays(np.asarray(s), np.asarray(i), np.asarray(j))
-        K = len(o.names)
         col = (slice(None),) + (None,) * i.ndim
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         saved = o.saved_prefix_bytes[:, j] - o.saved_prefix_bytes[:, i] + self.saved_start_at(i)
-        transient = np.stack([range_max(o.transient_table_bytes[k], i, j) for k in range(K)])
+        transient = range_max(o.transient_table_bytes, i, j)  # (K,) + the ranges' shape
         share = self.activation_share_at(s)  # replicated stages hold their share of a micro-batch
         resident = None if o.act_resident_micro_batches is None else o.act_resident_micro_batches[col]
         device = (params * o.state_bytes_per_param_byte[col] + self.activation_bytes(s, saved, i, j, resident)
                   + transient * share + self.gathered_at(i, j))
         if o.buffer_table_bytes is not None:  # streamed layers' weights and gradients (stage_options.stream_options)
-            device = device + np.stack([range_max(o.buffer_table_bytes[k], i, j) for k in range(K)])
+            device = device + range_max(o.buffer_table_bytes, i, j)
         host = params * o.host_bytes_per_param_byte[col]
         tied = self._tied_params(s)
         if tied is not None:  # an offloaded optimizer takes the tied copy's state too (capacity is net of it)

@@ -42,13 +42,15 @@ def range_max_table(values: np.ndarray) -> np.ndarray:
 
 def range_max(table: np.ndarray, i, j):
     """``max(values[i:j])`` from :func:`range_max_table`, vectorised over
-    broadcastable int arrays ``i``, ``j``; 0 where ``j <= i``."""
+    broadcastable int arrays ``i``, ``j``; 0 where ``j <= i``. A stack of
+    tables ``(K, levels, L)`` (one per option) gives ``(K,) + shape``, each
+    the value its own table gives."""
     i, j = np.broadcast_arrays(np.asarray(i), np.asarray(j))
     n = np.maximum(j - i, 1)
-    q = np.minimum(np.floor(np.log2(n)).astype(np.int64), table.shape[0] - 1)
-    L = table.shape[1]
-    a = table[q, np.clip(i, 0, max(L - 1, 0))]
-    b = table[q, np.clip(j - (1 << q), 0, max(L - 1, 0))]
+    q = np.minimum(np.floor(np.log2(n)).astype(np.int64), table.shape[-2] - 1)
+    L = table.shape[-1]
+    a = table[..., q, np.clip(i, 0, max(L - 1, 0))]
+    b = table[..., q, np.clip(j - (1 << q), 0, max(L - 1, 0))]
     return np.where(j > i, np.maximum(a, b), 0.0)
 
 
