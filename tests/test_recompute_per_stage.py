@@ -377,3 +377,19 @@ def test_transformer_per_stage_recompute_with_activation_offload(tmp_path, capac
     got = ((0,) + tuple(int(x) for x in np.cumsum(plan.layers_per_stage)),
            tuple(st.memory_option for st in plan.stages))
     assert got in arg
+
+
+def test_range_max_over_a_stack_of_tables_is_each_tables_own():
+    """``range_max`` of a ``(K, levels, L)`` stack (every option's table at
+    once) equals ``max(values[i:j])`` of each option's values, by brute
+    force over every range, 0 on empty ranges."""
+    rng = np.random.default_rng(7)
+    values = rng.exponential(1.0, (4, 13)) * (rng.random((4, 13)) < 0.8)
+    stack = np.stack([range_max_table(v) for v in values])
+    i, j = np.meshgrid(np.arange(14), np.arange(14), indexing="ij")
+    got = range_max(stack, i, j)
+    assert got.shape == (4, 14, 14)
+    for k in range(4):
+        for a in range(14):
+            for b in range(14):
+                assert got[k, a, b] == (values[k, a:b].max() if b > a else 0.0)
