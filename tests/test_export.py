@@ -766,3 +766,17 @@ def test_torchtitan_config_for_a_model_of_a_known_shape():
     exp = export_plan(plan, "torchtitan", inputs={"model": {"name": "my-llama", "seq_len": 4096,
                                                              "transformer": shape | {"num_layers": 31}}})
     assert exp["argv"][:4] == ["--module", "MODULE", "--config", "CONFIG"]
+
+
+def test_torch_recompute_notes_name_the_script_only_where_it_is_written():
+    """With tp > 1 the torch export writes no pipeline_torch.py (it has no
+    tensor parallelism), so its recompute notes cannot say what that script
+    does; with tp 1 they do, and the script is among the files."""
+    names = transformer_names(8)
+    for tp, rc in ((2, "selective"), (2, "full"), (1, "selective"), (1, "full")):
+        exp = export_plan(make_plan([5, 5], names, tp=tp, recompute=rc, sequence_parallel=tp > 1), "torch")
+        notes = " ".join(exp["notes"])
+        assert ("pipeline_torch.py" in (exp.get("files") or {})) == (tp == 1)
+        assert ("no pipeline_torch.py" in notes) == (tp > 1)
+        said = "pipeline_torch.py keeps every activation" in notes or "pipeline_torch.py checkpoints" in notes
+        assert said == (tp == 1), (tp, rc, notes)

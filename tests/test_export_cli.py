@@ -52,6 +52,14 @@ def test_torchtitan_02_writes_its_job_toml(plans, tmp_path):
     assert job["training"]["local_batch_size"] == sch["micro_batch_size"] * sch["num_micro_batches"]
     assert job["training"]["global_batch_size"] == 512
     assert len(job["parallelism"]["module_fqns_per_model_part"]) == 2
+    # the launch script reads torchtitan.toml beside it: a job file of another name, or a script alone, says so
+    assert "name this file torchtitan.toml, or run the script with CONFIG_FILE=" in res.stderr
+    script = tmp_path / "launch.sh"
+    res = export(plans, "--format", "torchtitan", "--torchtitan-version", "0.2", "-o", str(script))
+    assert res.exit_code == 0 and 'CONFIG_FILE="${CONFIG_FILE:-$(dirname "$0")/torchtitan.toml}"' in script.read_text()
+    assert "reads the job file torchtitan.toml beside it" in res.stderr
+    res = export(plans, "--format", "torchtitan", "--torchtitan-version", "0.2", "-o", str(tmp_path / "torchtitan.toml"))
+    assert res.exit_code == 0 and "note:" not in res.stderr
     res = export(plans, "--format", "megatron", "--torchtitan-version", "0.2")
     assert res.exit_code == 2 and "only with --format torchtitan" in res.output
     res = export(plans, "--format", "torchtitan", "--torchtitan-version", "9.9")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -592,3 +593,45 @@ def test_deepspeed_config_class_reads_the_optimizer_offload(monkeypatch, tmp_pat
     for fmt in ("megatron", "torch", "torchtitan"):
         with pytest.raises(InputError, match="optimizer state in host memory"):
             export_plan(plan, fmt, inputs=pf.inputs)
+
+
+@pytest.mark.slow
+def test_fp32_profile_plans_export_to_torchtitan_in_float32_and_deepspeed_without_16_bits(tmp_path, monkeypatch):
+    """vgg16's profile has 4-byte parameters: its plans are timed and sized
+    in fp32, so on V100s (no bf16) torchtitan is not refused but told
+    ``mixed_precision_param float32`` (its ConfigManager parses it so), and
+    DeepSpeed's config has no fp16 / bf16 block (DeepSpeedConfig: fp32). The
+    same profile at 2-byte parameters trains in 16 bits: fp16 with loss
+    scaling in DeepSpeed on the V100s, torchtitan refused with deepspeed
+    named (megatron takes transformer tables only)."""
+    from pipesearch.profiles import load_model
+    from pipesearch.profiles.csv_profile import write_profile_csv
+
+    half = tmp_path / "vgg16-fp16.csv"
+    prof = load_model("vgg16")
+    write_profile_csv(replace(prof, bytes_per_param=2.0, layers=tuple(
+        replace(lay, param_bytes=lay.param_bytes / 2) for lay in prof.layers)), half)
+    for model, sixteen in (("vgg16", False), (str(half), True)):
+        out = tmp_path / f"{sixteen}.json"
+        res = CliRunner().invoke(main, ["plan", "-q", "--model", model, "--cluster", "4x4-v100-10gbe", "-b", "256",
+                                        "--pp", "2", "--schedule", "1f1b", "--top", "1", "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        titan = CliRunner().invoke(main, ["export", str(out), "--format", "torchtitan"])
+        if sixteen:
+            assert titan.exit_code == 2 and "export to deepspeed, which trains in fp16" in titan.output
+        else:
+            assert titan.exit_code == 0, titan.output
+            argv = json.loads(titan.stdout)["argv"]
+            assert argv[:4] == ["--module", "MODULE", "--config", "CONFIG"]  # no torchtitan model of vgg16's
+            cfg = _parse_titan(["--module", "llama3", "--config", "llama3_8b"] + argv[4:])
+            assert cfg.training.mixed_precision_param == "float32"
+        ds = json.loads(CliRunner().invoke(main, ["export", str(out), "--format", "deepspeed"]).stdout)["config"]
+        assert ("fp16" in ds, "bf16" in ds) == (sixteen, False)
+        pytest.importorskip("deepspeed")
+        import deepspeed.runtime.config as ds_config
+        from deepspeed.runtime.config import DeepSpeedConfig
+
+        monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)  # as inside PipelineEngine
+        plan = load_plan_file(out).plans[0]
+        parsed = DeepSpeedConfig(ds, mpu=_Grid(plan.pp, plan.dp, plan.tp))
+        assert (parsed.float16_config.enabled, parsed.bfloat16_config.enabled) == (sixteen, False)

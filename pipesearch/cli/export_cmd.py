@@ -54,6 +54,26 @@ def _output_text(export: dict, fmt: str, output: str) -> str:
                      f"use one of {', '.join(have)}{more}")
 
 
+def _companion_note(export: dict, output: str | None, files_dir) -> str | None:
+    """The note of ``-o`` writing one of two files that go together: a
+    torchtitan 0.2 launch script reads the job file by its name beside it
+    (``torchtitan.toml``, or ``$CONFIG_FILE``), so a job file written under
+    another name, or a script written alone, is told how the two meet
+    (``--files DIR`` writes both). None otherwise."""
+    from ..export.torchtitan_toml import TOML_FILE
+
+    if output is None or files_dir or TOML_FILE not in (export.get("files") or {}):
+        return None
+    path = Path(output)
+    if path.suffix.lower() == ".toml" and path.name != TOML_FILE:
+        return (f"note: the launch script (-o launch.sh) reads {TOML_FILE} beside it: name this file {TOML_FILE}, "
+                f"or run the script with CONFIG_FILE={output}")
+    if path.suffix.lower() == ".sh":
+        return (f"note: {output} reads the job file {TOML_FILE} beside it (-o {TOML_FILE}), or the one "
+                "$CONFIG_FILE names")
+    return None
+
+
 def _export_text(export: dict) -> str:
     """The JSON an export prints or writes to ``-o FILE.json``: the export
     object, or, when its one file is a JSON document (stages-json's
@@ -107,7 +127,7 @@ _NAMES_UNUSED = {"megatron": "builds Megatron-LM's own modules", "deepspeed": "i
                    ".sh the launch script, .py the Python file (torch: pipeline_torch.py; DeepSpeed: its partition "
                    "recipe), .toml torchtitan 0.2's job file.")
 @click.option("--torchtitan-version", help="torchtitan release to target (with --format torchtitan): 0.3.0 "
-              "(default: --module/--config plus overrides) or 0.2 / 0.2.0 .. 0.2.2 (a job TOML, -o job.toml).")
+              "(default: --module/--config plus overrides) or 0.2 / 0.2.0 .. 0.2.2 (a job TOML, -o torchtitan.toml).")
 @click.option("--files", "files_dir", type=click.Path(file_okay=False),
               help="Write the runtime's own files (launch script, ds_config.json, ...) into this directory "
                    "(created if its parent exists); without -o nothing else is printed.")
@@ -127,7 +147,7 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
     Examples:
       pipesearch export plans.json --format torch
       pipesearch export plans.json --format torchtitan -o launch.sh
-      pipesearch export plans.json --format torchtitan --torchtitan-version 0.2 -o job.toml
+      pipesearch export plans.json --format torchtitan --torchtitan-version 0.2 -o torchtitan.toml
       pipesearch export plans.json --rank 2 --format deepspeed -o ds_config.json
       pipesearch export plans.json --format megatron --files megatron/
     """
@@ -184,5 +204,8 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
         for path in write_outputs(outputs, directory=files_dir or None):
             _executable_if_script(path)
             click.echo(f"wrote {path}")
+        note = _companion_note(export, output, files_dir)
+        if note:
+            click.echo(note, err=True)
     else:
         click.echo(text, nl=False)

@@ -606,6 +606,22 @@ class Inputs:
         sizes = [s for s in sizes if isinstance(s, int) and s > 0]
         return min(sizes) if sizes else None
 
+    @property
+    def training_precision(self) -> str | None:
+        """What the plan's model trains in: ``"16-bit"`` mixed precision for
+        a transformer layer table (2-byte weights and activations,
+        docs/transformer_costs.md) or a profile of parameters under 4 bytes
+        (``inputs.model.bytes_per_param``), ``"fp32"`` for a profile of
+        4-byte parameters (timed and sized in fp32,
+        :func:`pipesearch.costs.profile_precision`), None when the inputs do
+        not say."""
+        if self.model.get("kind") == "transformer":
+            return "16-bit"
+        bpp = self.model.get("bytes_per_param")
+        if not isinstance(bpp, (int, float)) or isinstance(bpp, bool) or bpp <= 0:
+            return None
+        return "fp32" if bpp >= 4 else "16-bit"
+
     def without_bf16(self, plan: Plan) -> list[str]:
         """The plan's device types whose compute capability (the cluster
         groups' ``compute_capability``) is below 8.0: no bf16 there (V100,

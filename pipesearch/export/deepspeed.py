@@ -33,9 +33,10 @@ Rules (read through the code corpus and issue tracker):
   (``activation_checkpoint_interval``: checkpoint every n layers, 0 = off).
 * ``ds_config.json`` (the export's ``files``): the batch keys above,
   ``zero_optimization.stage`` 1 with ZeRO-1 (the plan's ``job.zero1``), else
-  0 (the pipeline engine refuses stages 2 and 3), and ``bf16.enabled`` for
-  transformer plans (pipesearch's transformer tables assume bf16 mixed
-  precision). Checked by DeepSpeed 0.19.8's ``DeepSpeedConfig`` in the tests.
+  0 (the pipeline engine refuses stages 2 and 3), and ``bf16.enabled`` (or
+  ``fp16.enabled`` on devices without bf16) for plans of 16-bit models
+  (transformer tables, profiles of 2-byte parameters; a profile of 4-byte
+  parameters trains in fp32: no block). Checked by DeepSpeed 0.19.8's ``DeepSpeedConfig`` in the tests.
 * An empty stage is refused: the rank would hold a partition without layers
   or parameters.
 * ZeRO-Offload (``--optimizer-offload``): ``offload_optimizer`` is "Valid
@@ -230,8 +231,8 @@ def export_deepspeed(plan: Plan, *, module_names: Mapping[str, str | Sequence[st
                      "(--activation-offload): activation_checkpointing.cpu_checkpointing = true with "
                      "activation_checkpoint_interval 1; call deepspeed.checkpointing.configure(None, "
                      "deepspeed_config=...) before building the module.")
-    if inputs.model.get("kind") == "transformer":
-        # pipesearch's transformer tables assume 16-bit mixed precision (2-byte activations and weights):
+    if inputs.training_precision == "16-bit":
+        # a transformer table (2-byte activations and weights) or a profile of 16-bit parameters:
         # bf16, or fp16 where a device has no bf16
         half = inputs.fp16_note(plan, "fp16.enabled", "DeepSpeed")
         config["fp16" if half else "bf16"] = {"enabled": True}

@@ -382,19 +382,23 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
         )
     rc = stage_recompute_modes(plan, "torch")  # the script checkpoints each stage's layers on its own
     full = [str(k) for k, x in enumerate(rc) if x == "full"]
+    script = plan.tp == 1  # pipeline_torch.py is written (below): it has no tensor parallelism
     if full:
         which = "every stage" if len(full) == len(rc) else f"stage{'s' if len(full) > 1 else ''} {', '.join(full)}"
+        them = "them" if len(full) > 1 else "it"
         notes.append(
-            f"recompute='full' on {which}: torch.distributed.pipelining has no recompute option; pipeline_torch.py "
-            f"checkpoints every layer of {'them' if len(full) > 1 else 'it'} (torch.utils.checkpoint), so each "
-            f"keeps its input only.")
+            f"recompute='full' on {which}: torch.distributed.pipelining has no recompute option; "
+            + (f"pipeline_torch.py checkpoints every layer of {them} (torch.utils.checkpoint), so each keeps its "
+               "input only." if script else
+               f"checkpoint every layer of {them} (torch.utils.checkpoint) for the planned memory, each keeping "
+               "its input only."))
     selective = [str(k) for k, x in enumerate(rc) if x == "selective"]
     if selective:
         notes.append(
             f"warning: recompute='selective' (the attention core recomputed) on stage{'s' if len(selective) > 1 else ''} "
             f"{', '.join(selective)}: torch.distributed.pipelining has no "
-            "recompute option and pipeline_torch.py keeps every activation; use an attention kernel that "
-            "recomputes (e.g. FlashAttention) or the plan's memory is not what it holds."
+            f"recompute option{' and pipeline_torch.py keeps every activation' if script else ''}; use an attention "
+            "kernel that recomputes (e.g. FlashAttention) or the plan's memory is not what it holds."
         )
     transformer = transformer_shape(layers.names) is not None
     if transformer and not module_names and plan.tp == 1:
@@ -422,7 +426,7 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             "torch.compile'd stage modules (_check_torch_compile_compatibility)."
         )
     files = {}
-    if plan.tp == 1:
+    if script:
         files["pipeline_torch.py"] = SNIPPET.format(
             version=RUNTIME_VERSION, world=p * plan.dp, pp=p, vp=v, dp=plan.dp, grid=process_grid(plan, inputs),
             cls=cls, m=m,

@@ -46,10 +46,11 @@ Overrides written (all from the plan):
   degree ``-1`` is FSDP over the leftover ranks), ``replicate 1`` and
   ``shard = dp`` for ``--sharding fsdp`` (FSDP2); ZeRO-1/2 refused
   (:func:`pipesearch.export.torchtitan_dp_degrees`).
-* Refused for a plan on devices without bf16 (V100, T4: compute
+* Refused for a 16-bit plan on devices without bf16 (V100, T4: compute
   capability below 8.0): ``training.mixed_precision_param`` takes
   ``bfloat16`` or ``float32`` only (``TrainingConfig``), so the fp16 compute
-  the plan was timed with has no setting there.
+  the plan was timed with has no setting there; a plan timed in fp32 (a
+  profile of 4-byte parameters) gets ``mixed_precision_param = float32``.
 
 ``layers_per_stage_alternative``: ``pipeline_parallel_layers_per_stage`` (+
 ``pipeline_parallel_first/last_stage_less_layers``) when torchtitan's own
@@ -219,7 +220,10 @@ def pipeline_sections(plan: Plan, parts, inputs: Inputs, release: str) -> tuple[
     pipeline degree, schedule class, micro-batch size, modules per stage
     (``parts``), tensor and data-parallel degrees
     (:func:`pipesearch.export.torchtitan_dp_degrees`, whose note is
-    returned third), local and global batch, sequence length."""
+    returned third), local and global batch, sequence length, and
+    ``mixed_precision_param = float32`` for a plan timed in fp32 (a profile
+    of 4-byte parameters, :attr:`pipesearch.export.Inputs.training_precision`;
+    torchtitan's default is bfloat16)."""
     replicate, shard, dp_note = torchtitan_dp_degrees(plan, inputs, release)
     m, mbs = plan.num_micro_batches, plan.micro_batch_size
     parallelism = {
@@ -239,6 +243,8 @@ def pipeline_sections(plan: Plan, parts, inputs: Inputs, release: str) -> tuple[
     training = {"local_batch_size": local, "global_batch_size": mbs * m * plan.dp}
     if inputs.seq_len:
         training["seq_len"] = inputs.seq_len
+    if inputs.training_precision == "fp32":
+        training["mixed_precision_param"] = "float32"
     return parallelism, training, dp_note
 
 
@@ -303,12 +309,14 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             ``torchtitan_version``; devices without bf16 in the plan.
     """
     refuse_rank_order(plan, "torchtitan", ("data",), TORCHTITAN_RANK_ORDER, inputs)
-    half = inputs.without_bf16(plan)
+    half = inputs.without_bf16(plan) if inputs.training_precision != "fp32" else []
     if half:
+        others = ("megatron or deepspeed, which train" if inputs.model.get("kind") == "transformer"
+                  else "deepspeed, which trains")
         raise InputError(
             f"torchtitan trains in bf16 or fp32 (training.mixed_precision_param) and {', '.join(half)} has no bf16 "
             f"(compute capability below {MIN_BF16_CAPABILITY:g}): the plan's fp16 compute has no setting there; "
-            f"export to megatron or deepspeed, which train in fp16 with loss scaling")
+            f"export to {others} in fp16 with loss scaling")
     if tied_across_stages(plan):  # its model config's update_from_config raises NotImplementedError
         raise InputError("torchtitan: the model ties its input embedding and LM head, on different stages, and "
                          "torchtitan refuses weight tying with pipeline parallelism ('Weight tying is not supported "
