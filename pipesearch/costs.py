@@ -277,6 +277,10 @@ class PipelineCosts:
     #: Mobius) are prefix sums of seconds and leave it out: a copy of one
     #: shared tensor per stage and micro-batch shorter. None: 0
     saved_start_bytes: np.ndarray | None = None
+    #: ``(L+1,)`` the same for ``held_prefix_bytes`` (zero-bubble schedules:
+    #: the shared bytes' part held until the weight gradient,
+    #: ``saved_start_bytes x ModelProfile.wgrad_saved_fraction``). None: 0
+    held_start_bytes: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -642,6 +646,8 @@ class PipelineCosts:
         A, B = self.wgrad_counts
         A = A[s] if resident is None else np.minimum(A[s], np.asarray(resident)[..., None])
         held = self.held_prefix_bytes[j] - self.held_prefix_bytes[i]
+        if self.held_start_bytes is not None:
+            held = held + self.held_start_bytes[i]
         peak = np.max(A * np.asarray(saved)[..., None] + B[s] * np.asarray(held)[..., None], axis=-1)
         return peak * share
 
@@ -1183,6 +1189,8 @@ def build_pipeline_costs(
         wgrad_window=wgrad,
         held_prefix_bytes=(np.concatenate([zero, np.cumsum(arrays["wgrad_saved_bytes"])]) * ratio
                            if counts is not None else None),
+        held_start_bytes=(np.concatenate([arrays["shared_saved_bytes"], zero]) * (ratio * profile.wgrad_saved_fraction)
+                          if counts is not None and np.any(arrays["shared_saved_bytes"] > 0) else None),
         wgrad_counts=counts,
         params_per_param_byte=1.0 / profile.bytes_per_param if profile.bytes_per_param > 0 else 0.0,
         param_layer_prefix=np.concatenate([[0], np.cumsum(arrays["param_bytes"] > 0)]),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import InputError
+from .limits import MAX_DEVICES
 
 
 @dataclass(frozen=True)
@@ -93,25 +94,32 @@ def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage:
 def parse_split(text: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     """``--split``: layers per stage, e.g. ``5,3,4``, or layers and
     replicas per stage (per-stage replication), e.g. ``17x15,6x1`` (17
-    layers on 15 replicas, then 6 layers on 1). Returns ``(layers,
-    replicas)``, ``replicas`` None without replicas.
+    layers on 15 replicas, then 6 layers on 1); a part ``P*K`` stands for
+    ``K`` stages of ``P`` (``2,1*126,2``, as the plan table writes long
+    splits). Returns ``(layers, replicas)``, ``replicas`` None without
+    replicas.
 
     Raises:
-        InputError: a part that is not ``N`` or ``NxR`` with positive
-            integers, or replicas given for some stages only.
+        InputError: a part that is not ``N`` or ``NxR`` (each optionally
+            ``*K``) with positive integers, or replicas given for some
+            stages only.
     """
     parts = [p.strip() for p in text.split(",")]
     layers, replicas = [], []
     for part in parts:
-        fields = part.lower().split("x")
-        if len(fields) > 2 or not all(f.isdigit() for f in fields):
-            raise InputError(f"--split {text!r}: part {part!r} is not N or NxR (layers, or layers x replicas); "
-                             "expected e.g. 5,3,4 or 17x15,6x1")
-        if int(fields[-1]) < 1 or int(fields[0]) < 1:
-            raise InputError(f"--split {text!r}: part {part!r} needs >= 1 layer and >= 1 replica")
-        layers.append(int(fields[0]))
-        if len(fields) == 2:
-            replicas.append(int(fields[1]))
+        body, star, times = part.partition("*")
+        fields = body.lower().split("x")
+        if len(fields) > 2 or not all(f.isdigit() for f in fields) or (star and not times.strip().isdigit()):
+            raise InputError(f"--split {text!r}: part {part!r} is not N or NxR (layers, or layers x replicas), "
+                             "optionally *K for K stages alike; expected e.g. 5,3,4 or 17x15,6x1 or 2,1*126,2")
+        if int(fields[-1]) < 1 or int(fields[0]) < 1 or (star and int(times) < 1):
+            raise InputError(f"--split {text!r}: part {part!r} needs >= 1 layer, >= 1 replica and >= 1 stage")
+        if len(layers) + (int(times) if star else 1) > MAX_DEVICES:  # every stage needs a device
+            raise InputError(f"--split {text!r}: more than {MAX_DEVICES:,} stages, more than any cluster has devices")
+        for _ in range(int(times) if star else 1):
+            layers.append(int(fields[0]))
+            if len(fields) == 2:
+                replicas.append(int(fields[1]))
     if replicas and len(replicas) != len(layers):
         raise InputError(f"--split {text!r}: replicas given for {len(replicas)} of {len(layers)} stages; give NxR "
                          "for every stage or for none")

@@ -185,8 +185,10 @@ class ModelProfile:
         :meth:`pipesearch.costs.PipelineCosts.saved_bytes`), ``recomputable``
         (1.0 where the layer has ``recompute_saved_bytes``, else 0.0) and
         ``recompute_saved_bytes`` (``saved_bytes`` where not recomputable),
-        ``wgrad_saved_bytes`` (the layer's whole ``saved_bytes x
-        wgrad_saved_fraction`` where not given), ``backward_transient_bytes``
+        ``wgrad_saved_bytes`` (``saved_bytes x wgrad_saved_fraction``, the
+        shared bytes left out as in ``saved_bytes``, where not given; a
+        stage starting at the layer holds its share of them,
+        :attr:`pipesearch.costs.PipelineCosts.held_start_bytes`), ``backward_transient_bytes``
         (0 where not given). Computed once."""
         import numpy as np
 
@@ -199,8 +201,9 @@ class ModelProfile:
         cols["recomputable"] = np.array([lay.recompute_saved_bytes is not None for lay in self.layers], dtype=float)
         cols["recompute_saved_bytes"] = np.where(
             cols["recomputable"] > 0, [lay.recompute_saved_bytes or 0.0 for lay in self.layers], cols["saved_bytes"])
-        cols["wgrad_saved_bytes"] = np.array([lay.saved_bytes * self.wgrad_saved_fraction if lay.wgrad_saved_bytes
-                                              is None else lay.wgrad_saved_bytes for lay in self.layers], dtype=float)
+        cols["wgrad_saved_bytes"] = np.where([lay.wgrad_saved_bytes is None for lay in self.layers],
+                                             cols["saved_bytes"] * self.wgrad_saved_fraction,
+                                             [lay.wgrad_saved_bytes or 0.0 for lay in self.layers])
         cols["backward_transient_bytes"] = np.array([lay.backward_transient_bytes or 0.0 for lay in self.layers],
                                                     dtype=float)
         for v in cols.values():

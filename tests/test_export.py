@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 import subprocess
 
 import pytest
@@ -780,3 +781,21 @@ def test_torch_recompute_notes_name_the_script_only_where_it_is_written():
         assert ("no pipeline_torch.py" in notes) == (tp > 1)
         said = "pipeline_torch.py keeps every activation" in notes or "pipeline_torch.py checkpoints" in notes
         assert said == (tp == 1), (tp, rc, notes)
+
+
+def test_training_precision_follows_the_rule_the_plan_was_timed_by():
+    """The exports' precision of a profile is the one its plan was timed at
+    (costs.profile_precision: fp32 for 4-byte parameters, the 16-bit rate
+    for any other size); a transformer table is 16-bit; unknown inputs
+    say nothing."""
+    from pipesearch.costs import profile_precision
+    from pipesearch.export import Inputs
+
+    from helpers import tiny_profile
+
+    for bpp in (1.0, 2.0, 4.0, 8.0):
+        timed = profile_precision(replace(tiny_profile([1.0]), bytes_per_param=bpp))
+        got = Inputs.of({"model": {"kind": "profile", "bytes_per_param": bpp}}).training_precision
+        assert got == ("fp32" if timed == "fp32" else "16-bit"), bpp
+    assert Inputs.of({"model": {"kind": "transformer", "bytes_per_param": 4.0}}).training_precision == "16-bit"
+    assert Inputs.of({"model": {}}).training_precision is None

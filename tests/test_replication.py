@@ -341,6 +341,12 @@ def test_split_parse_errors(value):
 def test_split_parser_and_refusals():
     assert parse_split("5,3,4") == ((5, 3, 4), None)
     assert parse_split("17x15,6x1") == ((17, 6), (15, 1))
+    # P*K: K stages of P, as the plan table writes a long split (output_table.stage_counts_label)
+    assert parse_split("2,1*3,2") == ((2, 1, 1, 1, 2), None)
+    assert parse_split("17x15*2,6x1") == ((17, 17, 6), (15, 15, 1))
+    for bad in ("1*0", "1*x", "1**2", "*3", "1*1000000000"):
+        with pytest.raises(InputError, match="--split"):
+            parse_split(bad)
     code, _, err = _run("plan", "--model", "vgg16", "--split", "20x10,20x7")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "needs 17 devices" in err
     code, _, err = _run("plan", "--model", "vgg16", "--replicate-stages", "--sharding", "zero1")

@@ -124,3 +124,34 @@ def test_profile_csv_round_trip_and_refusals(tmp_path):
     recompute.write_text("\n".join(rows) + "\n")
     with pytest.raises(InputError, match="recomputable"):
         load_model(str(recompute))
+
+
+def test_zero_bubble_held_bytes_count_a_shared_tensor_once_too():
+    """ZB-H1 holds each micro-batch's weight-gradient inputs between its I
+    and W (``wgrad_saved_fraction`` of its saved bytes, here 1): the held
+    bytes of a stage follow the saved bytes' rule, so a stage never holds
+    more than it saved, and its activation peak is ``max_q (A saved + B
+    held)`` with both by hand."""
+    from pipesearch.costs import zero_bubble_counts
+
+    job = Job(global_batch_size=4, state_bytes_per_param=8.0, memory_reserve_bytes=0, memory_headroom_fraction=0.0)
+    costs = build_pipeline_costs(_profile(), tiny_cluster(1, 3, memory_bytes=1e12), job, pp=3, dp=1,
+                                 micro_batch_size=1, num_micro_batches=4, schedule="zb-h1",
+                                 placement=pipeline_placement(3, 1), in_flight=np.array([3, 2, 1]))
+    A, B = zero_bubble_counts(3, 4)
+    for s, i in itertools.product(range(3), range(6)):
+        for j in range(i + 1, 7):
+            saved = _saved_by_hand(i, j)
+            peak = max(a * saved + b * saved for a, b in zip(A[s], B[s]))  # held = saved: fraction 1
+            assert costs.memory_bytes(s, i, j) == pytest.approx(sum(PARAMS[i:j]) * 2.0 + peak, rel=1e-12), (s, i, j)
+
+
+def test_profile_csv_keeps_a_zero_and_refuses_to_write_what_it_would_not_read(tmp_path):
+    prof = _profile()
+    zero = replace(prof, layers=(replace(prof.layers[0], shared_saved_bytes=0.0),) + prof.layers[1:])
+    write_profile_csv(zero, tmp_path / "z.csv")
+    assert load_model(str(tmp_path / "z.csv")) == zero  # 0 is read back as 0, not as "not given"
+    bad = replace(prof, layers=(replace(prof.layers[0], shared_saved_bytes=5.0),) + prof.layers[1:])
+    with pytest.raises(InputError, match="layer 'l0': shared_saved_bytes 5 on the first layer"):
+        write_profile_csv(bad, tmp_path / "bad.csv")
+    assert not (tmp_path / "bad.csv").exists()

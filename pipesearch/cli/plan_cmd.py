@@ -451,7 +451,8 @@ class _Progress:
                    "none / selective / full that fits (docs/offload.md).")
 @click.option("--split", callback=_split,
               help="Score this split (layers per stage, e.g. 5,3,4; with per-stage replicas NxR, e.g. 32x15,8x1: "
-                   "32 layers on 15 replicas, then 8 on 1) instead of searching.")
+                   "32 layers on 15 replicas, then 8 on 1; P*K for K stages of P, as the table writes long "
+                   "splits, e.g. 2,1*126,2) instead of searching.")
 @click.option("--replicate-stages", is_flag=True,
               help="Also search per-stage data-parallel replication (PipeDream / DAPPLE: each stage on its own "
                    "number of replicas, each one tensor-parallel group, pp 2 to 4 unless --pp pins it); many "

@@ -612,15 +612,15 @@ class Inputs:
         a transformer layer table (2-byte weights and activations,
         docs/transformer_costs.md) or a profile of parameters under 4 bytes
         (``inputs.model.bytes_per_param``), ``"fp32"`` for a profile of
-        4-byte parameters (timed and sized in fp32,
-        :func:`pipesearch.costs.profile_precision`), None when the inputs do
-        not say."""
+        4-byte parameters (timed and sized in fp32: the rule of
+        :func:`pipesearch.costs.profile_precision`, which times any other
+        size at the 16-bit rate), None when the inputs do not say."""
         if self.model.get("kind") == "transformer":
             return "16-bit"
         bpp = self.model.get("bytes_per_param")
         if not isinstance(bpp, (int, float)) or isinstance(bpp, bool) or bpp <= 0:
             return None
-        return "fp32" if bpp >= 4 else "16-bit"
+        return "fp32" if bpp == 4 else "16-bit"
 
     def without_bf16(self, plan: Plan) -> list[str]:
         """The plan's device types whose compute capability (the cluster

@@ -519,27 +519,35 @@ def _with_fixed(path: Path, profile: ModelProfile) -> bool:
 def _shared_saved(path: Path, line: int, row: dict, saved: float, previous: Layer | None,
                   recompute_saved: float | None) -> float | None:
     """The ``shared_saved_bytes`` cell of one row (None when absent or
-    empty): at most the layer's and the previous layer's saved bytes, 0 on
-    the first layer, and not on a recomputable layer (what a recomputed
-    stage keeps is its checkpoints, not what neighbouring layers share)."""
+    empty), checked by :func:`shared_saved_problem`."""
     cell = row.get("shared_saved_bytes", "").strip()
     if not cell:
         return None
-    where = f"line {line}, column 'shared_saved_bytes'"
     shared = _cell_number(path, line, "shared_saved_bytes", cell, 0)
-    if shared == 0:
+    problem = shared_saved_problem(shared, saved, previous, recompute_saved is not None)
+    if problem:
+        raise _fail(path, f"line {line}, column 'shared_saved_bytes'", f"value {cell!r} {problem}")
+    return shared
+
+
+def shared_saved_problem(shared: float, saved: float, previous: Layer | None, recomputable: bool) -> str | None:
+    """Why a layer's ``shared_saved_bytes`` (> 0) cannot be, or None: on the
+    first layer (no layer before it to share with), next to a recomputable
+    layer (a recomputed stage keeps its checkpoints, not what neighbours
+    share), or above this layer's or the previous layer's ``saved_bytes``
+    (the shared tensor is part of what both save)."""
+    if shared <= 0:
         return None
     if previous is None:
-        raise _fail(path, where, f"value {cell!r} on the first layer: it shares what it saves with the layer before "
-                    "it, and the first layer has none; leave the cell empty")
-    if recompute_saved is not None or previous.recompute_saved_bytes is not None:
-        raise _fail(path, where, f"value {cell!r} on a layer next to a recomputable one (recompute_saved_bytes): "
-                    "give one of the two columns")
+        return ("on the first layer: it shares what it saves with the layer before it, and the first layer has "
+                "none; leave the cell empty")
+    if recomputable or previous.recompute_saved_bytes is not None:
+        return "on a layer next to a recomputable one (recompute_saved_bytes): give one of the two columns"
     most = min(saved, previous.saved_bytes)
     if shared > most:
-        raise _fail(path, where, f"value {cell!r} exceeds the saved bytes of this layer or of the layer before it "
-                    f"({format_number(most)}); the shared tensor is part of what both save")
-    return shared
+        return (f"exceeds the saved bytes of this layer or of the layer before it ({format_number(most)}); the "
+                "shared tensor is part of what both save")
+    return None
 
 
 def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
@@ -570,6 +578,12 @@ def write_profile_csv(profile: ModelProfile, path: str | Path) -> None:
         values = (layer.fwd_s, layer.bwd_s, layer.param_bytes, layer.output_bytes, layer.saved_bytes)
         if not all(math.isfinite(v) for v in values):
             raise InputError(f"{path}: layer {layer.name!r} has a non-finite value")
+    for k, layer in enumerate(profile.layers):  # what the reader would refuse is not written
+        problem = shared_saved_problem(layer.shared_saved_bytes or 0.0, layer.saved_bytes,
+                                       profile.layers[k - 1] if k else None, layer.recompute_saved_bytes is not None)
+        if problem:
+            raise InputError(f"{path}: layer {layer.name!r}: shared_saved_bytes "
+                             f"{format_number(layer.shared_saved_bytes)} {problem}")
     lines = [MAGIC, f"# model: {profile.name}", f"# batch_size: {profile.profiled_batch_size}",
              f"# device: {profile.profiled_device}",
              f"# bytes_per_param: {format_number(profile.bytes_per_param)}"]
