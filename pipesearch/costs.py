@@ -272,10 +272,9 @@ class PipelineCosts:
     #: its first layer shares with the layer before it
     #: (:attr:`pipesearch.types.Layer.shared_saved_bytes`; the prefix sums
     #: count it only where that layer is in the stage too), under every
-    #: option (a profile with it has no recompute options); 0 at ``L``.
-    #: The activation copies to host memory (``--activation-offload``,
-    #: Mobius) are prefix sums of seconds and leave it out: a copy of one
-    #: shared tensor per stage and micro-batch shorter. None: 0
+    #: option (a profile with it has no recompute options); 0 at ``L``;
+    #: the activation copies to host memory (``--activation-offload``,
+    #: Mobius) move it too (:meth:`_copy_start_s`). None: 0
     saved_start_bytes: np.ndarray | None = None
     #: ``(L+1,)`` the same for ``held_prefix_bytes`` (zero-bubble schedules:
     #: the shared bytes' part held until the weight gradient,
@@ -473,7 +472,23 @@ class PipelineCosts:
         or None when no option copies activations."""
         if self.options is None or self.options.act_copy_prefix_s is None:
             return None
-        return self._range("act_copy_prefix_s", s, i, j)
+        x = self._range("act_copy_prefix_s", s, i, j)
+        if self.saved_start_bytes is None:
+            return x
+        k = self.option_index(s, i, j)
+        return x + self._copy_start_s(self.options.act_copy_prefix_s[k, s, -1], k, i)
+
+    def _copy_start_s(self, whole_s, k, i):
+        """The copy seconds of the bytes a stage starting at ``i`` saves
+        besides the prefix sums (:attr:`saved_start_bytes`), at option
+        ``k``'s rate: a copy prefix is its kept bytes times one rate per
+        stage (:func:`pipesearch.stage_options.activation_host_level`,
+        :func:`pipesearch.stage_options.swap_options`), so the rate is the
+        whole model's copy seconds ``whole_s`` over its saved bytes."""
+        saved = self.options.saved_prefix_bytes
+        total = saved[k, -1] - saved[k, 0]
+        rate = np.where(total > 0, whole_s / np.where(total > 0, total, 1.0), 0.0)
+        return self.saved_start_at(i) * rate
 
     def _backward_with_copies(self, bwd, s, i, j, x):
         """Backward under activation offload: ``max(bwd, x)``, or under a
@@ -914,6 +929,8 @@ class PipelineCosts:
         ranks = len(o.swap_queue)
         pairs = swap_device_bytes(params, np.zeros_like(params), ranks)
         copy = o.swap_act_copy_prefix_s[1, s, j] - o.swap_act_copy_prefix_s[1, s, i]
+        if self.saved_start_bytes is not None:
+            copy = copy + self._copy_start_s(o.swap_act_copy_prefix_s[1, s, -1], 1, i)
         after = np.broadcast_to(np.asarray(self.after_backward_s(s, i, j), dtype=float), i.shape)  # no GPU check
         plain = replace(times, **{f: np.atleast_2d(getattr(times, f)) for f in (
             "fwd_s", "bwd_s", "bwd_input_s", "swap_in_s", "swap_out_s")}, p2p_s=np.asarray(times.p2p_s).reshape(n, -1),

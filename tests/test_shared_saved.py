@@ -155,3 +155,51 @@ def test_profile_csv_keeps_a_zero_and_refuses_to_write_what_it_would_not_read(tm
     with pytest.raises(InputError, match="layer 'l0': shared_saved_bytes 5 on the first layer"):
         write_profile_csv(bad, tmp_path / "bad.csv")
     assert not (tmp_path / "bad.csv").exists()
+
+
+def test_activation_copies_to_host_move_the_shared_tensor_a_stage_starts_with():
+    """--activation-offload copies a stage's saved bytes to host memory and
+    back: GPUs 0 and 4 under two switches get 25 GB/s each (helpers.pcie_host),
+    so one copy of stage ``[i, j)`` takes its saved bytes by hand / 25e9 s,
+    the shared tensor it starts with included (every stage held to the
+    offloading option)."""
+    from helpers import pcie_host
+
+    cluster = replace(tiny_cluster(1, 8, memory_bytes=64 * 2**30), host=pcie_host())
+    job = Job(global_batch_size=4, state_bytes_per_param=8.0, memory_reserve_bytes=0, memory_headroom_fraction=0.0,
+              activation_offload=True)
+    costs = build_pipeline_costs(_profile(), cluster, job, pp=2, dp=1, micro_batch_size=1, num_micro_batches=4,
+                                 schedule="gpipe", placement=np.array([[0], [4]]))
+    o = costs.options
+    offloading = np.array([name != o.names[0] for name in o.names])  # the plain option keeps them on the GPU
+    costs = replace(costs, options=replace(o, allowed=np.repeat(offloading[:, None], 2, axis=1)))
+    for s, i in itertools.product(range(2), range(6)):
+        for j in range(i + 1, 7):
+            assert costs.activation_copy_s(s, i, j) == pytest.approx(_saved_by_hand(i, j) / 25e9, rel=1e-9), (s, i, j)
+
+
+def test_mobius_copies_a_stage_s_activations_with_the_shared_tensor_it_starts_with():
+    """Mobius with activations in host memory, three layers of 10 GB saved,
+    each after the first sharing 4 GB with the layer before: the stage of
+    layers 1-2 saves 10 + 10 - 4 = 16 GB (layer 1's share with layer 0 is
+    kept: that layer is on the other stage), copied at 25 GB/s (one GPU per
+    PCIe switch link, helpers.pcie_host) in 0.64 s."""
+    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.types import Layer, ModelProfile
+
+    from helpers import pcie_host
+
+    GB = 1e9
+    prof = ModelProfile(name="mob", layers=tuple(
+        Layer(name=f"l{k}", fwd_s=1.0, bwd_s=2.0, bwd_input_s=1.0, param_bytes=6 * GB, output_bytes=0.0,
+              saved_bytes=10 * GB, shared_saved_bytes=4 * GB if k else None) for k in range(3)),
+        profiled_batch_size=1, bytes_per_param=2.0)
+    cluster = replace(tiny_cluster(1, 2, memory_bytes=100 * GB),
+                      host=pcie_host(pcie_switches=((0, 1),), cpu_adam_params_per_s=1e10))
+    job = Job(global_batch_size=6, memory_reserve_bytes=0, activation_offload=True)
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=6, schedules=("mobius",), vps=(1,),
+                         top=1, split=(1, 2))
+    plan = search([ModelVariant(prof)], cluster, job, opts).plans[0]
+    assert [st.memory_option for st in plan.stages] == ["swap", "swap+act-host"]  # the premise
+    assert [st.saved_bytes for st in plan.stages] == pytest.approx([10 * GB, 16 * GB])
+    assert dict(plan.extra)["mobius"]["act_copy_s"] == pytest.approx([0.0, 16 * GB / (25 * GB)])
