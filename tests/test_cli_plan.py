@@ -775,3 +775,24 @@ def test_a_mixed_cluster_lists_the_stages_device_types_even_of_one_type():
     homogeneous = CliRunner().invoke(main, ["plan", "-q", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--pp",
                                             "2", "--dp", "1", "-b", "64", "--top", "1"])
     assert "device types by stage" not in homogeneous.stdout
+
+
+def test_plans_keeping_the_attention_scores_say_what_a_flashattention_run_plans(tmp_path):
+    """llama3-8b at 8,192 tokens on one H100 node: the search ranks plans of
+    recompute none (every block keeps its s^2 attention scores, unfused
+    attention) and says which, with the pin that plans a FlashAttention
+    run; pinned, or on a profile model, nothing is said."""
+    args = ["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "1", "-b", "256"]
+    result = run(args, tmp_path)
+    assert result.exit_code == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    none = [int(r[0]) for r in rows if "none" in r]
+    assert none  # the premise: the search ranked some
+    note = [line for line in result.stdout.splitlines() if "attention scores" in line]
+    assert len(note) == 1 and "--recompute selective plans it" in note[0]
+    ranks = note[0].split(" keep")[0].split(" ", 1)[1]
+    assert [int(x) for part in ranks.split(", ") for x in (
+        range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))] == none
+    for more in (["--recompute", "selective"], ["--recompute", "none"]):
+        assert "attention scores" not in run(args + more, tmp_path).stdout
+    assert "attention scores" not in run(["plan"], tmp_path).stdout  # the default: a profile (vgg16)

@@ -835,7 +835,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             dev = cluster.groups[0].device.name
             click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
                        f"name the device it was measured on to compare clusters of other devices")
-        for line in (small_batch_note(result.plans, source), large_batch_note(result.plans, source)):
+        for line in (small_batch_note(result.plans, source), large_batch_note(result.plans, source),
+                     attention_note(result.plans, source, recompute)):
             if line is not None:
                 click.echo(line)
         total = sum(g.num_devices for g in cluster.groups)
@@ -926,6 +927,25 @@ def large_batch_note(plans, source) -> str | None:
             f"larger than the largest the profile was measured at ({profile.profiled_batch_size}), timed by "
             f"extrapolating its fit (fixed + per-sample time); measure up to that size (pipesearch profile "
             f"--batch-sizes) or pin --micro-batch-size")
+
+
+def attention_note(plans, source, recompute: str | None) -> str | None:
+    """A line when the search (``--recompute`` not pinned) ranked
+    transformer plans that keep every block's attention scores (recompute
+    ``none``: ``5 a s^2 b`` bytes a block, unfused attention, whose
+    element-wise work on the scores the time model leaves out): a
+    FlashAttention run keeps none of them and recomputes them in its
+    backward, which ``selective`` models (docs/transformer_costs.md). None
+    otherwise."""
+    if recompute is not None or source.info.get("kind") != "transformer":
+        return None
+    ranks = [p.rank for p in plans if _recompute_label(p) == "none"]
+    if not ranks:
+        return None
+    return (f"plan{'s' if len(ranks) > 1 else ''} {_rank_list(ranks)} keep{'' if len(ranks) > 1 else 's'} every "
+            "block's attention scores (recompute none: unfused attention, its softmax and dropout over the scores "
+            "not timed); a FlashAttention run keeps none of them: --recompute selective plans it "
+            "(docs/transformer_costs.md)")
 
 
 def small_batch_note(plans, source) -> str | None:
