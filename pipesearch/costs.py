@@ -1182,8 +1182,7 @@ def build_pipeline_costs(
         fwd_prefix_s=np.concatenate([zero, np.cumsum(fwd)]),
         param_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["param_bytes"])]),
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(arrays["saved_bytes"])]) * ratio,
-        saved_start_bytes=(np.concatenate([arrays["shared_saved_bytes"], zero]) * ratio
-                           if np.any(arrays["shared_saved_bytes"] > 0) else None),
+        saved_start_bytes=start_bytes(arrays, ratio),
         output_bytes=arrays["output_bytes"] * ratio,
         time_scale=time_scale,
         p2p_bandwidth_bytes_per_s=np.array([link.bandwidth_bytes_per_s for link in p2p]),
@@ -1206,13 +1205,21 @@ def build_pipeline_costs(
         wgrad_window=wgrad,
         held_prefix_bytes=(np.concatenate([zero, np.cumsum(arrays["wgrad_saved_bytes"])]) * ratio
                            if counts is not None else None),
-        held_start_bytes=(np.concatenate([arrays["shared_saved_bytes"], zero]) * (ratio * profile.wgrad_saved_fraction)
-                          if counts is not None and np.any(arrays["shared_saved_bytes"] > 0) else None),
+        held_start_bytes=start_bytes(arrays, ratio * profile.wgrad_saved_fraction) if counts is not None else None,
         wgrad_counts=counts,
         params_per_param_byte=1.0 / profile.bytes_per_param if profile.bytes_per_param > 0 else 0.0,
         param_layer_prefix=np.concatenate([[0], np.cumsum(arrays["param_bytes"] > 0)]),
         chunk_states=np.asarray(chunk_states, dtype=float) if device_checked else None,
     )
+
+
+def start_bytes(arrays: dict, scale: float) -> np.ndarray | None:
+    """``(L+1,)``: the bytes a stage starting at each layer saves besides
+    the prefix sums of :attr:`pipesearch.types.ModelProfile.layer_arrays`
+    (its first layer's ``shared_saved_bytes`` times ``scale``; 0 at ``L``),
+    or None for a profile without shared bytes."""
+    shared = arrays["shared_saved_bytes"]
+    return np.concatenate([shared, [0.0]]) * scale if np.any(shared > 0) else None
 
 
 @lru_cache(maxsize=256)

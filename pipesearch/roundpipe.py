@@ -71,6 +71,7 @@ import numpy as np
 
 from . import host as host_lib
 from .errors import InputError
+from .costs import start_bytes
 from .memory import usable_memory_bytes
 from .placement import stage_capacity_bytes, stage_time_scale
 from .schedules import roundpipe_tasks
@@ -347,8 +348,7 @@ def build_roundpipe_costs(profile: ModelProfile, cluster: Cluster, job: Job, *, 
         bwd_prefix_s=np.concatenate([zero, np.cumsum(times["bwd_s"])]) * scale,
         param_prefix=np.concatenate([zero, np.cumsum(a["param_bytes"])]) / profile.bytes_per_param,
         saved_prefix_bytes=np.concatenate([zero, np.cumsum(a["saved_bytes"])]) * ratio,
-        saved_start_bytes=(np.concatenate([a["shared_saved_bytes"], zero]) * ratio
-                           if np.any(a["shared_saved_bytes"] > 0) else None),
+        saved_start_bytes=start_bytes(a, ratio),
         output_bytes=a["output_bytes"] * ratio,
         s_per_byte=1.0 / link, pcie_scale=np.asarray(link / shared, dtype=float),
         capacity_bytes=float(usable_memory_bytes(job, stage_capacity_bytes(cluster, heads)).min()),

@@ -1401,13 +1401,13 @@ def _device_balanced_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | N
     incumbent."""
     L, S = costs.num_layers, costs.pp
     v = S // pp
-    counts = np.full(pp, L // pp) + (np.arange(pp) >= pp - L % pp)
+    counts = _even_rank_counts(L, pp)
     seen: set[bytes] = set()  # each move is a function of the counts alone: a count met again cycles for good
     for _ in range(L + 1):
         if np.any(counts < v) or counts.tobytes() in seen:
             return None
         seen.add(counts.tobytes())
-        lengths = (counts[None, :] // v) + (np.arange(v)[:, None] >= v - counts[None, :] % v)  # (v, pp)
+        lengths = _chunk_lengths(counts, v)
         bounds = tuple(int(x) for x in np.concatenate([[0], np.cumsum(lengths.reshape(-1))]))
         room = costs.capacity_bytes[:pp] - costs.device_memory_bytes(np.array(bounds))
         if np.all(room >= 0) and costs.split_fits(bounds):
@@ -1415,6 +1415,19 @@ def _device_balanced_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | N
         counts[int(np.argmin(room))] -= 1
         counts[int(np.argmax(room))] += 1
     return None
+
+
+def _even_rank_counts(L: int, pp: int) -> np.ndarray:
+    """``(pp,)`` layers per rank of ``L`` layers, as even as they go (the
+    last ``L mod pp`` ranks one more)."""
+    return np.full(pp, L // pp) + (np.arange(pp) >= pp - L % pp)
+
+
+def _chunk_lengths(counts: np.ndarray, v: int) -> np.ndarray:
+    """``(v, pp)``: each rank's ``counts`` layers spread evenly over its
+    ``v`` chunks, the later chunks (fewer micro-batches in flight) taking
+    the odd ones; row ``c`` is chunk ``c`` of every rank (stage ``c pp + r``)."""
+    return (counts[None, :] // v) + (np.arange(v)[:, None] >= v - counts[None, :] % v)
 
 
 def _chunk_moved_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | None:
@@ -1432,9 +1445,7 @@ def _chunk_moved_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | None:
     is met in ``4 L`` moves, when the lengths come back to ones met, or when
     the device most over holds one layer per chunk."""
     L, S = costs.num_layers, costs.pp
-    v = S // pp
-    counts = np.full(pp, L // pp) + (np.arange(pp) >= pp - L % pp)
-    lengths = ((counts[None, :] // v) + (np.arange(v)[:, None] >= v - counts[None, :] % v)).reshape(-1)
+    lengths = _chunk_lengths(_even_rank_counts(L, pp), S // pp).reshape(-1)
     if np.any(lengths < 1):
         return None
     held = costs.chunk_states.max(axis=1)  # (pp, v): each chunk's most micro-batches in flight
