@@ -1788,7 +1788,23 @@ def _devices_can_hold(costs: PipelineCosts, pp: int) -> bool:
     if not len(ks):
         return False
     allowed = _rank_memory_fits(_least_stage_bytes(costs, ks, d, i, pp, W), costs.capacity_bytes, pp)
-    return bool(np.isfinite(_rank_knapsack(np.zeros((1,) + allowed.shape), allowed, L)[0]))
+    return _counts_reach(allowed, L)
+
+
+def _counts_reach(allowed: np.ndarray, L: int) -> bool:
+    """Whether some counts ``R_q >= 1`` with ``allowed[q, R_q]`` (``(pp,
+    n)`` bools) add up to ``L``: the sums the ranks ``0 .. q`` reach, one
+    integer convolution per rank (:func:`_rank_knapsack` of zero costs,
+    without its loop over the counts)."""
+    reach = np.zeros(L + 1, dtype=np.int64)
+    reach[0] = 1
+    rows = allowed[:, :L + 1].astype(np.int64)
+    rows[:, 0] = 0  # every rank holds a layer
+    for row in rows:
+        reach = (np.convolve(reach, row)[:L + 1] > 0).astype(np.int64)
+        if not reach.any():
+            return False
+    return bool(reach[L])
 
 
 def _rank_memory_fits(least: np.ndarray, capacity_bytes: np.ndarray, pp: int) -> np.ndarray:
@@ -1826,10 +1842,32 @@ def _stage_ranges(costs: PipelineCosts, W: int):
     L, S = costs.num_layers, costs.pp
     s, d, i = np.arange(S)[:, None, None], np.arange(1, W + 1)[None, :, None], np.arange(L)[None, None, :]
     ok = (i >= s) & (i + d <= L - (S - 1 - s)) & ((s > 0) | (i == 0)) & ((s < S - 1) | (i + d == L))
-    ks, dd, ii = np.nonzero(np.broadcast_to(ok, (S, W, L)))
-    d = dd + 1
-    fit = costs.fits(ks, ii, ii + d)
-    return ks[fit], d[fit], ii[fit]
+    ok = ok & (i + d <= _fitting_ends(costs, W)[:, None, :])
+    ks, dd, ii = np.nonzero(ok)
+    return ks, dd + 1, ii
+
+
+def _fitting_ends(costs: PipelineCosts, W: int) -> np.ndarray:
+    """``(S, L)``: for each stage ``s`` and start ``i``, the largest end
+    ``j <= min(i + W, L)`` with ``[i, j)`` fitting stage ``s`` (``i`` when
+    not even one layer fits), by bisection over ``j`` for every ``(s, i)``
+    at once: a stage's memory only grows with its range
+    (:func:`any_split_fits`), so the ranges that fit from ``i`` are those
+    up to it; ``log W`` calls of :meth:`PipelineCosts.fits` on ``S L``
+    ranges, not one on ``S W L``."""
+    L, S = costs.num_layers, costs.pp
+    s, i = np.meshgrid(np.arange(S), np.arange(L), indexing="ij")
+    lo = i.copy()  # fits (or is the empty range)
+    hi = np.minimum(i + W, L) + 1  # does not fit, or past the longest
+    while True:
+        active = hi - lo > 1
+        if not active.any():
+            return lo
+        mid = (lo + hi) // 2
+        fit = np.zeros(s.shape, dtype=bool)
+        fit[active] = costs.fits(s[active], i[active], mid[active])
+        lo = np.where(active & fit, mid, lo)
+        hi = np.where(active & ~fit, mid, hi)
 
 
 def _stage_minima(terms, ks, d, S: int, W: int) -> np.ndarray:

@@ -159,6 +159,41 @@ def test_rank_knapsack_equals_enumeration(seed):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_counts_reach_equals_enumeration(seed):
+    """Whether layer counts of at least one per rank, each allowed, add up
+    to ``L``: by enumeration of the counts (a rank allowed 0 layers still
+    needs one)."""
+    rng = np.random.default_rng(seed)
+    pp, R1 = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    L = int(rng.integers(0, pp * R1 + 2))
+    allowed = rng.random((pp, R1)) < rng.uniform(0.2, 0.9)
+    want = any(sum(counts) == L and all(allowed[q, R] for q, R in enumerate(counts))
+               for counts in itertools.product(range(1, R1), repeat=pp))
+    assert split_search._counts_reach(allowed, L) == want
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_stage_ranges_are_every_placeable_range_that_fits(seed):
+    """The ranges some split can give a stage and that fit its memory, found
+    by bisection over the ends, are those a check of every (stage, length,
+    start) one by one keeps, in the same order; under memory caps at which
+    some ranges do not fit (a cap of a few layers' bytes)."""
+    rng = np.random.default_rng(seed)
+    schedule, vp = CASES[seed % len(CASES)]
+    pp = int(rng.integers(2, 4)) if vp < 3 else 2
+    S = num_stages_of(schedule, pp, vp)
+    L = int(rng.integers(S + 1, S + 7))
+    m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
+    costs = _costs(schedule, pp, vp, m, L, rng, uniform=seed % 2 == 0, memory_bytes=float(rng.uniform(5e6, 5e7)))
+    for W in (1, 2, L - S + 1):
+        want = [(s, d, i) for s in range(S) for d in range(1, W + 1) for i in range(L)
+                if i >= s and i + d <= L - (S - 1 - s) and (s > 0 or i == 0) and (s < S - 1 or i + d == L)
+                and costs.fits(s, i, i + d)]
+        got = list(zip(*(x.tolist() for x in split_search._stage_ranges(costs, W))))
+        assert got == want
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_chain_stage_minima_equal_each_range_bounded_alone(seed):
     """The chain families' least term over the starts of every (stage,
