@@ -1168,21 +1168,32 @@ def _longest_fit(costs: PipelineCosts, s: int, starts: np.ndarray, last: int) ->
     fitting stage ``s`` (``i`` itself when not even one layer fits): with
     at most :data:`LONGEST_FIT_CELLS` (start, end) pairs, from one check of
     every pair (the ends that fit are ``i + 1 .. e``: a stage's memory grows
-    with its range), else by bisection over ``j`` for all starts at once."""
+    with its range), else by bisection (:func:`_fit_ends`)."""
     ends = np.arange(int(starts.min(initial=last)) + 1, last + 1)
     if len(starts) * len(ends) <= LONGEST_FIT_CELLS:
         fit = costs.fits(s, starts[:, None], ends[None, :]) & (ends[None, :] > starts[:, None])
         return starts + np.count_nonzero(fit, axis=1)
-    lo = starts.copy()                       # fits (or is the empty range)
-    hi = np.full(len(starts), last + 1)      # does not fit, or beyond last
-    while np.any(hi - lo > 1):
-        mid = (lo + hi) // 2
+    return _fit_ends(costs, np.full(len(starts), s), starts, np.full(len(starts), last))
+
+
+def _fit_ends(costs: PipelineCosts, s: np.ndarray, starts: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """For each entry (stage ``s``, start ``i``, bound ``last``, arrays of
+    one shape), the largest end ``j <= last`` with ``[i, j)`` fitting stage
+    ``s`` (``i`` itself when not even one layer fits), by bisection over
+    ``j`` for all entries at once: a stage's memory only grows with its
+    range (:func:`any_split_fits`), so the ranges that fit from ``i`` are
+    those up to it; ``log (last - i)`` calls of :meth:`PipelineCosts.fits`."""
+    lo = starts.copy()  # fits (or is the empty range)
+    hi = last + 1  # does not fit, or beyond last
+    while True:
         active = hi - lo > 1
-        fit = np.zeros(len(starts), dtype=bool)
-        fit[active] = costs.fits(s, starts[active], mid[active])
+        if not active.any():
+            return lo
+        mid = (lo + hi) // 2
+        fit = np.zeros(lo.shape, dtype=bool)
+        fit[active] = costs.fits(s[active], starts[active], mid[active])
         lo = np.where(active & fit, mid, lo)
         hi = np.where(active & ~fit, mid, hi)
-    return lo
 
 
 def _width_for(costs: PipelineCosts, limit_s: float) -> int:
@@ -1864,24 +1875,12 @@ def _stage_ranges(costs: PipelineCosts, W: int):
 def _fitting_ends(costs: PipelineCosts, W: int) -> np.ndarray:
     """``(S, L)``: for each stage ``s`` and start ``i``, the largest end
     ``j <= min(i + W, L)`` with ``[i, j)`` fitting stage ``s`` (``i`` when
-    not even one layer fits), by bisection over ``j`` for every ``(s, i)``
-    at once: a stage's memory only grows with its range
-    (:func:`any_split_fits`), so the ranges that fit from ``i`` are those
-    up to it; ``log W`` calls of :meth:`PipelineCosts.fits` on ``S L``
-    ranges, not one on ``S W L``."""
+    not even one layer fits; :func:`_fit_ends` over every ``(s, i)`` at
+    once: ``log W`` calls of :meth:`PipelineCosts.fits` on ``S L`` ranges,
+    not one on ``S W L``)."""
     L, S = costs.num_layers, costs.pp
     s, i = np.meshgrid(np.arange(S), np.arange(L), indexing="ij")
-    lo = i.copy()  # fits (or is the empty range)
-    hi = np.minimum(i + W, L) + 1  # does not fit, or past the longest
-    while True:
-        active = hi - lo > 1
-        if not active.any():
-            return lo
-        mid = (lo + hi) // 2
-        fit = np.zeros(s.shape, dtype=bool)
-        fit[active] = costs.fits(s[active], i[active], mid[active])
-        lo = np.where(active & fit, mid, lo)
-        hi = np.where(active & ~fit, mid, hi)
+    return _fit_ends(costs, s, i, np.minimum(i + W, L))
 
 
 def _stage_minima(terms, ks, d, S: int, W: int) -> np.ndarray:
