@@ -817,16 +817,17 @@ def _slots_and_links(cluster, variant, row, placement: str, placement_ctx: dict,
 
 def _memory_key(cluster, variant, row: dict, options) -> tuple | None:
     """The point without its placement, where whether a split fits does not
-    depend on the placement: every device of one spec (the same capacity
-    on every stage, whichever devices hold it), no per-stage memory options,
-    host-memory offload or weight streaming (whose host memory is counted
-    per node), no Mobius or RoundPipe (their own GPU and host rules), no
-    device order search or per-stage replicas, no pinned split. None
-    elsewhere. The split search's memory test of a stage reads its layers,
+    depend on the placement: devices of one memory size (the same capacity
+    on every stage, whichever devices hold it), no per-stage memory
+    options, host-memory offload or weight streaming (whose host memory is
+    counted per node), no Mobius or RoundPipe (their own GPU and host
+    rules), no device order search or per-stage replicas, no pinned split.
+    None elsewhere. The split search's memory test of a stage reads its layers,
     its micro-batches in flight and its devices' capacity, never a link,
     so a point of another placement that no split fits fits no split
     either (on GPT-3 175B on 1,024 GPUs, 24 of its 48 such points)."""
-    if (not cluster.is_homogeneous or variant.offload or variant.stream or variant.stage_tables or options.split
+    if (len({g.device.memory_bytes for g in cluster.groups}) > 1 or variant.offload or variant.stream
+            or variant.stage_tables or options.split
             or row["schedule"] in ("mobius", "roundpipe") or row["placement"] == "mapped"
             or parse_replicas_name(row["placement"]) is not None):
         return None

@@ -72,3 +72,24 @@ def _search_or_message(variant, cluster, job):
         return search(variant, cluster, job, SearchOptions(top=3))
     except InfeasibleError as err:
         return str(err)
+
+
+def test_devices_of_two_memory_sizes_get_no_shortcut():
+    """Two groups whose devices differ in memory (here under one device
+    name: a user's device file) hold a stage in different capacities on
+    different placements: no key, each placement searched. One size: a key
+    without the placement."""
+    from helpers import tiny_device
+    from pipesearch.types import Cluster, DeviceGroup
+
+    def cluster(second_bytes):
+        groups = (DeviceGroup(tiny_device(1e9), 1, 4), DeviceGroup(tiny_device(second_bytes), 1, 4))
+        return Cluster(name="two", groups=groups, intra_node=Link(50e9, 5e-6), inter_node=Link(5e9, 2e-5))
+
+    variant = ModelVariant(tiny_profile([1e-3] * 4))
+    row = {"pp": 2, "dp": 2, "micro_batch_size": 1, "num_micro_batches": 4, "schedule": "1f1b", "vp": 1,
+           "placement": "data"}
+    assert search_mod._memory_key(cluster(2e9), variant, row, SearchOptions()) is None
+    other = dict(row, placement="pipeline")
+    assert search_mod._memory_key(cluster(1e9), variant, row, SearchOptions()) == search_mod._memory_key(
+        cluster(1e9), variant, other, SearchOptions()) is not None
