@@ -1,6 +1,6 @@
 """Search speed of two revisions side by side, in one run.
 
-Usage: python benchmarks/bench_compare_revisions.py --base REV [--case NAME ...]
+Usage: python benchmarks/bench_compare_revisions.py --base REV [--case NAME ...] [--instructions]
 
 Checks out ``REV`` into a temporary git worktree, then runs each case's
 ``pipesearch plan`` command with the base revision's package and with this
@@ -11,13 +11,21 @@ child, which load on other cores does not inflate; the least of several
 runs, because a shared virtual machine's speed drifts by 10-30% from run to
 run), the rank-1 plan of both and the ranked plans whose split was not
 proven optimal, with their gaps.
+
+``--instructions`` runs each side once under callgrind (``valgrind
+--tool=callgrind``, which must be installed) and prints the instructions
+each executes instead of CPU seconds: a count that neither machine load nor
+a drifting virtual machine moves (two runs of one tree differ by about 1%,
+hash seeds reordering sets and dicts), at about 80 times the run time.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,15 +47,22 @@ CASES = {
 DEFAULT_CASES = [name for name in CASES if name != "gpt3-175b-512gpu"]  # that one on request (--case)
 
 
-def _run(tree: Path, args: list[str]) -> tuple[float, str]:
+def _run(tree: Path, args: list[str], instructions: bool = False) -> tuple[float, str]:
+    """``(cost, rank 1)`` of one ``pipesearch`` run on ``tree``: CPU seconds,
+    or with ``instructions`` the instructions callgrind counts."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-m", "pipesearch", *args], cwd=tree, env=env,
+    tool = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] if instructions else []
+    out = subprocess.run([*tool, sys.executable, "-m", "pipesearch", *args], cwd=tree, env=env,
                          capture_output=True, text=True, check=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    first = "error: " + out.stderr.strip().splitlines()[-1] if out.returncode else _rank1(out.stdout)
-    return cpu, first
+    cost = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if instructions:
+        counted = re.search(r"Collected\s*:\s*(\d+)", out.stderr)
+        cost = float(counted.group(1)) if counted else float("nan")
+    lines = [line for line in out.stderr.strip().splitlines() if not line.startswith("==")]
+    first = "error: " + (lines[-1] if lines else "?") if out.returncode else _rank1(out.stdout)
+    return cost, first
 
 
 def _rank1(text: str) -> str:
@@ -75,7 +90,13 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="git revision to compare with")
     ap.add_argument("--case", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     ap.add_argument("--repeat", type=int, default=1, help="runs of each side, alternating (the least CPU counts)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count instructions under callgrind (one run of each side) instead of CPU seconds")
     args = ap.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        sys.exit("--instructions needs valgrind (callgrind) on the PATH")
+    unit = "instructions (10^9)" if args.instructions else "CPU s"
+    scale = 1e-9 if args.instructions else 1.0
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base), args.base],
@@ -85,15 +106,16 @@ def main() -> None:
                 subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "pipesearch")], check=True,
                                capture_output=True, env={k: v for k, v in os.environ.items()
                                                          if k != "PYTHONDONTWRITEBYTECODE"})
-            print(f"| case | base {args.base[:10]} CPU s | this checkout CPU s | ratio | base rank 1 | this rank 1 |")
+            print(f"| case | base {args.base[:10]} {unit} | this checkout {unit} | ratio | base rank 1 | this rank 1 |")
             print("|---|---:|---:|---:|---|---|")
             for name in args.case:
                 b_runs, n_runs = [], []
-                for _ in range(max(1, args.repeat)):
-                    b_runs.append(_run(base, CASES[name]))
-                    n_runs.append(_run(REPO, CASES[name]))
-                (b_cpu, b_plan), (n_cpu, n_plan) = min(b_runs), min(n_runs)
-                print(f"| {name} | {b_cpu:.2f} | {n_cpu:.2f} | {n_cpu / b_cpu:.2f} | {b_plan} | {n_plan} |")
+                for _ in range(1 if args.instructions else max(1, args.repeat)):
+                    b_runs.append(_run(base, CASES[name], args.instructions))
+                    n_runs.append(_run(REPO, CASES[name], args.instructions))
+                (b_cost, b_plan), (n_cost, n_plan) = min(b_runs), min(n_runs)
+                print(f"| {name} | {b_cost * scale:.2f} | {n_cost * scale:.2f} | {n_cost / b_cost:.3f} | {b_plan} "
+                      f"| {n_plan} |")
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False,
                            capture_output=True)
