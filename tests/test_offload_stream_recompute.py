@@ -320,7 +320,7 @@ def test_pinned_full_recompute_streamed_holds_the_recomputed_block():
     assert streamed == pytest.approx(offloaded, rel=1e-12) and streamed == pytest.approx(per_stage, rel=1e-12)
 
 
-def test_one_stage_streams_a_tied_matrix_for_its_head_too():
+def test_one_stage_streams_a_tied_matrix_for_its_head_too(tmp_path):
     """Qwen3-1.7B (tied embeddings) streamed on one RTX 4090: the head
     multiplies by the embedding matrix, which a streamed stage holding
     both copies in for each (forward in, backward in, gradient out, per
@@ -342,11 +342,9 @@ def test_one_stage_streams_a_tied_matrix_for_its_head_too():
                "latency_us = 20\n[host]\nmemory_GB = 64\npcie_generation = 4\npcie_lanes_per_gpu = 16\n"
                "host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = [[0]]\n"
                "cpu_adam_params_per_s = 1e9\n")
-    runner = CliRunner()
-    with runner.isolated_filesystem():
-        open("c.toml", "w").write(cluster)
-        r = runner.invoke(main, ["plan", "--model", "qwen3-1.7b", "--cluster", "c.toml", "-b", "16", "--seq-len",
-                                 "2048", "--stream-weights", "--top", "3", "--json"])
+    (tmp_path / "c.toml").write_text(cluster)
+    r = CliRunner().invoke(main, ["plan", "--model", "qwen3-1.7b", "--cluster", str(tmp_path / "c.toml"), "-b", "16",
+                                  "--seq-len", "2048", "--stream-weights", "--top", "3", "--json"])
     assert r.exit_code == 0, r.output
     tied = 151936 * 2048 * 2
     block = 2048 * (2048 + 2 * 1024) + 2048 * 2048 + 3 * 2048 * 6144 + 2 * 2048 + 2 * 128

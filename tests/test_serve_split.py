@@ -315,7 +315,7 @@ def test_the_step_budget_bounds_the_batch_it_sustains():
     assert r.plans[0].batch == 3
 
 
-def test_a_learned_position_models_context_names_the_serve_options():
+def test_a_learned_position_models_context_names_the_serve_options(tmp_path):
     """GPT-3's learned position table (2048 positions) refused a 2049-token
     request as "key 'seq_len (--seq-len)' = 2049 exceeds ...", an option
     serve has not: it is refused as for a rotary model, naming --input-len
@@ -332,10 +332,10 @@ def test_a_learned_position_models_context_names_the_serve_options():
     # the same model in a TOML without seq_len (which serve does not need) is refused the same way
     root = Path(__file__).resolve().parents[1]
     text = (root / "cost_models" / "gpt3-1.3b.toml").read_text()
-    with CliRunner().isolated_filesystem():
-        Path("g.toml").write_text("\n".join(x for x in text.splitlines() if not x.startswith("seq_len")) + "\n")
-        res = CliRunner().invoke(main, ["serve", "--model", "g.toml", "--cluster", "1x8-a100-80gb", "--input-len",
-                                        "2048", "--output-len", "1"])
+    model = tmp_path / "g.toml"
+    model.write_text("\n".join(x for x in text.splitlines() if not x.startswith("seq_len")) + "\n")
+    res = CliRunner().invoke(main, ["serve", "--model", str(model), "--cluster", "1x8-a100-80gb", "--input-len",
+                                    "2048", "--output-len", "1"])
     assert res.exit_code == 2 and "= 2049 tokens is more than g's context of 2048" in res.output, res.output
     assert "--seq-len" not in res.output
 
