@@ -825,7 +825,7 @@ def _memory_key(cluster, variant, row: dict, options) -> tuple | None:
     None elsewhere. The split search's memory test of a stage reads its layers,
     its micro-batches in flight and its devices' capacity, never a link,
     so a point of another placement that no split fits fits no split
-    either (on GPT-3 175B on 1,024 GPUs, 24 of its 48 such points)."""
+    either (on GPT-3 175B on 1,024 GPUs, 16 of its 48 such split searches)."""
     if (len({g.device.memory_bytes for g in cluster.groups}) > 1 or variant.offload or variant.stream
             or variant.stage_tables or options.split
             or row["schedule"] in ("mobius", "roundpipe") or row["placement"] == "mapped"

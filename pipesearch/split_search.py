@@ -1074,7 +1074,7 @@ def _device_split_fits(costs: PipelineCosts, cache: dict | None = None) -> bool:
     ``cache``, :func:`_balanced_witness`). The dearer witness of
     :func:`_chunk_moved_split` is left to the split search's starts
     (:func:`_witness`): on that profile it took 1.0 of the search's 5.3 CPU
-    s on a 2-core machine, 75 ms on each point it found none."""
+    s on a 2-core machine, about 80 ms on each point it found none."""
     R, _, v = costs.chunk_states.shape
     L = costs.num_layers
     if costs.split_fits(even_split(L, costs.pp)):  # the commonest case
