@@ -931,23 +931,27 @@ class _Tables:
         na0 = self._rows["suffix"][1]
         t_add, t_mx, a_mx, x_sfx = groups["add"], groups["mx"], groups["mxa"], groups["sfx"]
         buf = np.empty((max(len(t_add), len(t_mx), 1), U, Wb))
+        # the rows of minima of these stages (:meth:`_row`), all +inf but the starts each stage writes
+        width = self.costs.num_layers + self.rows + 2
+        rows = {g: np.full((hi - lo, len(x), width), np.inf) for g, x in (("add", t_add), ("mx", t_mx), ("sfx", x_sfx))}
         for s in range(hi - 1, lo - 1, -1):
             k, at = s - lo, int(first[s - lo])
             nxt = self._suf[s + 1]
             h_add, h_mx, h_sfx = (self._window(nxt[g], at, U, Wb) for g in ("add", "mx", "sfx"))
+            n = max(0, min(U, self.costs.num_layers + 1 - at))  # starts past L dropped (:meth:`_placed`)
             b = buf[:len(t_add)]
             np.add(t_add[:, k], h_add, out=b)
-            add = b.min(axis=2)
+            b[:, :n].min(axis=2, out=rows["add"][k, :, at:at + n])
             b = buf[:len(t_mx)]
             np.maximum(t_mx[:nmax, k], h_mx[:nmax], out=b[:nmax])
             np.add(a_mx[:, k], h_mx[nmax:], out=b[nmax:])
             np.maximum(b[nmax:], t_mx[nmax:, k], out=b[nmax:])
-            mx = b.min(axis=2)
+            b[:, :n].min(axis=2, out=rows["mx"][k, :, at:at + n])
             b = buf[:ns]
             np.add(x_sfx[:, k], h_add[na0:na0 + ns], out=b)
             np.maximum(b, h_sfx, out=b)
-            sfx = b.min(axis=2)
-            self._suf[s] = {"add": self._placed(add, at), "mx": self._placed(mx, at), "sfx": self._placed(sfx, at)}
+            b[:, :n].min(axis=2, out=rows["sfx"][k, :, at:at + n])
+            self._suf[s] = {g: v[k] for g, v in rows.items()}
 
     def suffix_min(self, kind: str, s: int):
         """The suffix minima of the components of ``kind`` from stage ``s``:
