@@ -1812,6 +1812,11 @@ def _check_options(variants, cluster, job, options):
         if options.pp > L:
             raise InputError(
                 f"--pp {options.pp}: more stages than the model's {L} layer{'s' if L != 1 else ''}; use --pp {L} or fewer")
+        if options.vp_pinned and all(options.pp * v > L for v in options.vps):
+            v, most = min(options.vps), L // options.pp
+            fix = f"use --vp {most} or lower" if most > 1 else "drop --vp (one stage per rank)"
+            raise InputError(f"--pp {options.pp} x --vp {v} = {options.pp * v} stages, more than the model's {L} "
+                             f"layer{'s' if L != 1 else ''} (each stage holds one); {fix}, or a lower --pp")
     for name in ("dp", "micro_batch_size", "num_micro_batches"):
         value = getattr(options, name)
         if value is not None and value < 1:
@@ -1822,10 +1827,14 @@ def _check_options(variants, cluster, job, options):
     by_split = bool(options.split) and len(options.split) == options.pp
     pins = ((f"--split of {options.pp} stages (pp {options.pp})", "fewer stages", options.pp) if by_split else
             (f"--pp {options.pp}", "lower --pp", options.pp), (f"--dp {options.dp}", "lower --dp", options.dp))
+    # Mobius and RoundPipe run more stages than GPUs as pp x vp, pp the GPUs
+    stacked = next((sch for sch in options.schedules if sch in ("mobius", "roundpipe")), None)
     for shown, fix, value in pins:
         if value and value * tp_min > cluster.num_devices:
+            more = (f" ({stacked} runs pp x vp stages on pp GPUs: e.g. --pp {cluster.num_devices // tp_min} --vp "
+                    f"{-(-value // (cluster.num_devices // tp_min))})") if stacked and shown.startswith("--pp") else ""
             raise InputError(f"{shown} needs {value * tp_min} devices, cluster {cluster.name} has "
-                             f"{cluster.num_devices}")
+                             f"{cluster.num_devices}{more}")
         if value and value > groups:
             raise InputError(f"{shown} needs {value} groups of tp {tp_min} devices inside one node, "
                              f"cluster {cluster.name} holds {groups}; {fix} or --tp")
@@ -1840,8 +1849,9 @@ def _check_options(variants, cluster, job, options):
                          f"{job.global_batch_size}: every micro-batch needs at least one sample")
     if options.pp and options.dp and options.pp * options.dp * tp_min > cluster.num_devices:
         tp_part = f" x --tp {tp_min}" if tp_min > 1 else ""
+        pp_part = f"--split of {options.pp} stages" if by_split else f"--pp {options.pp}"
         raise InputError(
-            f"--pp {options.pp} x --dp {options.dp}{tp_part} needs {options.pp * options.dp * tp_min} devices, "
+            f"{pp_part} x --dp {options.dp}{tp_part} needs {options.pp * options.dp * tp_min} devices, "
             f"cluster {cluster.name} has {cluster.num_devices}")
     b = job.global_batch_size
     if options.dp and b % options.dp:

@@ -74,6 +74,20 @@ def format_bytes(num_bytes: float) -> str:
     return f"{value:.1f} TiB"
 
 
+def format_size_option(num_bytes: float) -> str:
+    """A size as the command line takes it back (:func:`parse_size_option`):
+    binary units, no space, up to 6 significant digits: 1073741824 ->
+    ``"1GiB"``, 0 -> ``"0"``."""
+    value = float(num_bytes)
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.6g}{unit}"
+        value /= 1024
+    return f"{value:.6g}TiB"
+
+
 def format_gib_pair(need_bytes: float, have_bytes: float) -> tuple[str, str]:
     """Two byte counts in GiB (``"25.64 GiB"``, ``"25.61 GiB"``) with the
     fewest decimals (1 to 4) that tell them apart, for a message that a

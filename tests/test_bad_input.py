@@ -1717,3 +1717,17 @@ def test_a_model_folder_names_the_config_in_it(tmp_path, command):
     write(tmp_path / "mdl" / "config.json", '{"model_type": "llama"}')
     assert_refused(tmp_path, [*command, "--model", "mdl"], "--model mdl: is a directory",
                    f"--model {Path('mdl') / 'config.json'}")
+
+
+def test_pins_name_what_the_user_gave_and_the_fix(tmp_path):
+    """A --split of 3 stages pins pp 3 (the message names the split, not a
+    --pp never given); --pp x --vp past the layer count is refused up front
+    with the stage count (vgg16 has 40 layers: 8 x 6 = 48), not as refused
+    schedules; Mobius over more GPUs than there are points to --vp."""
+    assert_refused(tmp_path, ["plan", "--split", "10,20,10", "--dp", "8", "-o", "p.json"],
+                   "--split of 3 stages x --dp 8 needs 24 devices", "has 16")
+    assert_refused(tmp_path, ["plan", "--pp", "8", "--vp", "6", "-o", "p.json"],
+                   "--pp 8 x --vp 6 = 48 stages, more than the model's 40 layers", "use --vp 5 or lower")
+    assert_refused(tmp_path, ["plan", "--cluster", "1x8-rtx4090-pcie4", "--pp", "32", "--schedule", "mobius",
+                              "-o", "p.json"],
+                   "--pp 32 needs 32 devices", "mobius runs pp x vp stages on pp GPUs: e.g. --pp 8 --vp 4")

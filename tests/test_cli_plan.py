@@ -443,13 +443,20 @@ def test_the_table_says_what_memory_the_plans_may_fill(tmp_path):
     """The capacity column is the device's memory; the limit a plan is held
     to is 16 GiB x (1 - 0.05) - 1 GiB = 14.2 GiB on the default cluster's
     V100s, and 16 x 0.9 - 2 = 12.4 GiB with --memory-headroom 0.1
-    --memory-reserve 2GiB: a line under the table says so."""
+    --memory-reserve 2GiB: a line under the table says so, naming the two
+    options as the command line takes them (copied back, they give the same
+    limit)."""
     res = run(["plan", "--top", "1"], tmp_path)
     assert res.exit_code == 0, res.stderr
     assert "usable memory: 14.2 GiB of 16.0 GiB on v100-pcie-16gb" in res.stdout
     res = run(["plan", "--top", "1", "--memory-headroom", "0.1", "--memory-reserve", "2GiB"], tmp_path)
     assert res.exit_code == 0, res.stderr
-    assert "usable memory: 12.4 GiB of 16.0 GiB on v100-pcie-16gb (--memory-headroom 10%" in res.stdout
+    line = next(x for x in res.stdout.splitlines() if "usable memory" in x)
+    assert line.endswith("12.4 GiB of 16.0 GiB on v100-pcie-16gb (--memory-headroom 0.1, --memory-reserve 2GiB)")
+    options = line[line.rindex("(") + 1:-1].replace(",", "").split()
+    again = run(["plan", "--top", "1", *options], tmp_path)
+    assert again.exit_code == 0, again.stderr
+    assert line in again.stdout
 
 
 def test_a_reader_that_goes_away_or_a_full_disk_is_no_bug():
@@ -796,3 +803,28 @@ def test_plans_keeping_the_attention_scores_say_what_a_flashattention_run_plans(
     for more in (["--recompute", "selective"], ["--recompute", "none"]):
         assert "attention scores" not in run(args + more, tmp_path).stdout
     assert "attention scores" not in run(["plan"], tmp_path).stdout  # the default: a profile (vgg16)
+
+
+def test_the_summary_line_counts_each_point_once(tmp_path):
+    """The line under the table counts the points with a plan and the others
+    by reason, each once: its "with a plan" count is the --all-points table's
+    rows of status ok (not the ok and out-of-memory ones together), and each
+    reason the table lists row by row (all but the ones left out a group at a
+    time) has the table's count of that status."""
+    import csv
+    import re
+
+    res = run(["plan", "--all-points", "points.csv"], tmp_path)
+    assert res.exit_code == 0, res.stderr
+    line = next(x for x in res.stdout.splitlines() if " points searched in " in x)
+    total = int(line.split()[0].replace(",", ""))
+    planned = int(re.search(r": (\d+) with a plan;", line).group(1))
+    skipped = {k: int(v) for k, v in re.findall(r"(\w+) (\d+)", line.split("skipped: ")[1])}
+    assert total == planned + sum(skipped.values())
+    rows = list(csv.DictReader((tmp_path / "points.csv").open()))
+    statuses = [r["status"] for r in rows]
+    assert planned == statuses.count("ok") > 0
+    for reason, count in skipped.items():
+        if reason not in ("pruned", "batch_not_divisible"):
+            assert statuses.count(reason) == count, reason
+    assert statuses.count("pruned") <= skipped.get("pruned", 0)

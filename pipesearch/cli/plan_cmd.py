@@ -26,7 +26,7 @@ from ..export import transformer_shape
 from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
 from ..types import Job
-from ..units import format_bytes, format_seconds, parse_size_option
+from ..units import format_bytes, format_seconds, format_size_option, parse_size_option
 from .params import FiniteFloatRange, option_given
 from . import main
 
@@ -245,7 +245,18 @@ def usable_memory_line(cluster, job) -> str:
     parts = ", ".join(f"{format_bytes(max(usable_memory_bytes(job, b), 0.0))} of {format_bytes(b)} on {name}"
                       for name, b in kinds.items())
     return (f"peak memory is checked against the usable memory: {parts} (--memory-headroom "
-            f"{100 * job.memory_headroom_fraction:g}%, --memory-reserve {format_bytes(job.memory_reserve_bytes)})")
+            f"{job.memory_headroom_fraction:g}, --memory-reserve {format_size_option(job.memory_reserve_bytes)})")
+
+
+def search_summary_line(result) -> str:
+    """The search's points: how many, how many gave a plan, and the others
+    by the reason they gave none (``result.infeasible``; each point counted
+    once)."""
+    planned = sum(1 for status in result.point_columns.get("status", ()) if status == "ok")
+    total = planned + sum(v for _, v in result.infeasible)
+    skipped = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
+    return (f"{total:,} point{'' if total == 1 else 's'} searched in {result.wall_s:.2f} s: {planned} with a plan; "
+            f"skipped: {skipped}")
 
 
 def unproven_note(result) -> list[str]:
@@ -494,7 +505,9 @@ class _Progress:
               help="Write the plan JSON here (nothing is written without it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON to stdout instead of the table.")
 @click.option("--all-points", type=click.Path(dir_okay=False, writable=True),
-              help="Write every evaluated point of the search as CSV.")
+              help="Write the table of the points the search looked at one by one as CSV (with a plan, out "
+                   "of memory, refused, pruned by their own bound or split search); points left out a group at a "
+                   "time (pruned with their group, batch_not_divisible) are only counted in the summary line.")
 @click.option("--exhaustive", is_flag=True,
               help="Evaluate every point, each split search without a cutoff (no pruning by lower bound; a split "
                    "search may still stop at its work limits, and says so: without the cutoff fewer searches "
@@ -849,9 +862,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         for (used, how), ranks in idle.items():
             click.echo(f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
                        f"{used} of the {total} devices ({how}); {total - used} stay{'s' if total - used == 1 else ''} idle")
-        infeasible = ", ".join(f"{k} {v}" for k, v in result.infeasible) or "none"
-        click.echo(f"{result.points_evaluated} point{'' if result.points_evaluated == 1 else 's'} evaluated in "
-                   f"{result.wall_s:.2f} s; skipped: {infeasible}")
+        click.echo(search_summary_line(result))
         click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
     if figures and not quiet:
         click.echo(f"wrote {', '.join(str(p) for p in figures)}")
