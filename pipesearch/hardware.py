@@ -21,6 +21,7 @@ from typing import Any
 from . import catalog, limits
 from .errors import CatalogError, InputError
 from .input_files import non_regular_kind, parse_failure, read_input_bytes
+from .output import short_path
 from .types import Cluster, DeviceGroup, DeviceSpec, HostSpec, Link
 
 GIB = 2**30
@@ -504,6 +505,24 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
         description=_string(path, "description", data.get("description", "")),
         host=_host(path, data, groups) if "host" in data else None,
     )
+
+
+def catalog_name_clash(name_or_path: str | Path) -> str | None:
+    """A warning when ``name_or_path`` is a cluster file (not the catalog's
+    own) whose ``name`` is that of a catalog cluster it differs from (an
+    edited copy that kept the name): its plans would carry a name, and a
+    description, that another cluster has. None otherwise (a catalog name,
+    the catalog's file itself, an exact copy, or a name of its own)."""
+    path = catalog.resolve("cluster", str(name_or_path))
+    data = _read_toml(path)
+    name = data.get("name")
+    if not isinstance(name, str) or name not in list_clusters():
+        return None
+    own = catalog.resolve("cluster", name)
+    if own.resolve() == path.resolve() or _read_toml(own) == data:
+        return None
+    return (f"{short_path(path)} names itself {name!r}, the catalog cluster it differs from: its plans record "
+            f"that name and description; give the file a name of its own")
 
 
 # --------------------------------------------------------------------------- #

@@ -496,3 +496,19 @@ def test_nvswitch_is_read_inside_nodes_only(tmp_path):
                                          + "[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\n")
     with pytest.raises(InputError, match="nvswitch"):
         load_cluster(str(tmp_path / "inter.toml"))
+
+
+def test_an_edited_copy_of_a_catalog_cluster_that_keeps_its_name_is_warned_about(tmp_path):
+    """A copy of 1x4-v100-pcie with 3 devices a node that still names itself
+    1x4-v100-pcie would put that name and description in its plans: one
+    warning; an exact copy, the catalog name and a renamed edit: none."""
+    from pipesearch.hardware import catalog_name_clash
+
+    text = catalog.resolve("cluster", "1x4-v100-pcie").read_text()
+    (tmp_path / "same.toml").write_text(text)
+    (tmp_path / "three.toml").write_text(text.replace("devices_per_node = 4", "devices_per_node = 3"))
+    (tmp_path / "mine.toml").write_text(text.replace("devices_per_node = 4", "devices_per_node = 3")
+                                        .replace('name = "1x4-v100-pcie"', 'name = "my-3-v100"'))
+    assert "three.toml names itself '1x4-v100-pcie'" in catalog_name_clash(tmp_path / "three.toml")
+    for name in (tmp_path / "same.toml", tmp_path / "mine.toml", "1x4-v100-pcie"):
+        assert catalog_name_clash(name) is None

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from ..errors import InfeasibleError, InputError
-from ..hardware import describe_cluster, device_files, load_cluster
+from ..hardware import catalog_name_clash, describe_cluster, device_files, load_cluster
 from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
@@ -782,6 +782,9 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         progress.close()
     for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
         click.echo(f"warning: {warning}", err=True)
+    clash = catalog_name_clash(cluster_name)
+    if clash:
+        click.echo(f"warning: {clash}", err=True)
     plan_file = PlanFile(
         inputs={"model": source.info | {"bytes_per_param": float(source.variants[0].profile.bytes_per_param)},
                 "cluster": describe_cluster(cluster) | {"name": cluster.name},

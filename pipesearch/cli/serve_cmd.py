@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..catalog import resolve
 from ..errors import InputError
-from ..hardware import describe_cluster, device_files, load_cluster
+from ..hardware import catalog_name_clash, describe_cluster, device_files, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
 from ..output import check_distinct_paths, check_suffix, check_writable, short_path, write_outputs
@@ -347,6 +347,8 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     cfg = load_transformer(path, seq_len=input_len + output_len)
     if path.suffix == ".json" and (note := guessed_family_note(path)):
         click.echo(f"warning: {note}", err=True)
+    if clash := catalog_name_clash(cluster_name):
+        click.echo(f"warning: {clash}", err=True)
     if cfg.is_encoder_decoder:
         raise InputError(f"--model {model}: {cfg.name} is an encoder-decoder model; serving plans cover "
                          f"decoder-only transformers (a KV cache per decoder layer, prefill then decode); "
