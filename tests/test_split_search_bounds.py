@@ -423,3 +423,36 @@ def test_cheapest_layer_sums_by_hand_and_shared():
     assert split_search._cheapest_sums(layer.copy().tobytes()) is P
     assert split_search._cheapest_sums((layer + 1).tobytes()) is not P
     assert not P.flags.writeable
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_bounds_under_a_limit_are_the_bounds_up_to_it(seed):
+    """``split_lower_bounds(..., limit_s=X)`` skips the other families of a
+    split whose busiest rank's work is above ``X``: every split whose bound
+    is at most ``X`` gets that bound, to the bit (a split of the kept ones
+    taken in another memory layout or alone would sum its stages in another
+    order), and every other one a value above ``X`` and at most its bound;
+    at limits from below every bound to above all of them, on every split
+    of 14 to 20 layers (70 to 89 for two stages: 69 splits or more, above
+    the count where the limit is used)."""
+    rng = np.random.default_rng(seed)
+    schedule, pp, vp, m, small = _point(seed)
+    S = small.pp
+    L = int(rng.integers(14, 21)) if S > 2 else int(rng.integers(70, 90))
+    prof, _, _ = tied_or_random_profile(rng, L, seed % 2 == 0)
+    link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
+    cluster = tiny_cluster(1, 2 * pp, memory_bytes=1e12, intra=link, inter=link)
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
+                                 stages_per_device=vp)
+    splits = np.array(_splits(L, S), dtype=np.int64)
+    assert len(splits) >= split_search.PREFILTER_SPLITS
+    for chains in (False, True):
+        full = split_search.split_lower_bounds(costs, schedule, pp, splits, chains=chains)
+        for limit in [full.min() * 0.5, *np.quantile(full, [0.0, 0.01, 0.3, 0.7]), full.max() * 2]:
+            got = split_search.split_lower_bounds(costs, schedule, pp, splits, chains=chains, limit_s=limit)
+            under = full <= limit
+            assert np.array_equal(got[under], full[under])
+            assert np.all(got[~under] > limit) and np.all(got[~under] <= full[~under])
