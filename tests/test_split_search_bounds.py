@@ -45,15 +45,21 @@ def _point(seed: int):
     S = num_stages_of(schedule, pp, vp)
     L = int(rng.integers(S, min(S + 4, 9) + 1))
     m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
-    prof, params, outputs = tied_or_random_profile(rng, L, seed % 2 == 0)
+    return schedule, pp, vp, m, _costs(rng, schedule, pp, vp, m, L, seed % 2 == 0)
+
+
+def _costs(rng, schedule: str, pp: int, vp: int, m: int, L: int, tied: bool):
+    """PipelineCosts of ``L`` layers (identical ones and a random head when
+    ``tied``), random links and all-reduce, memory that never refuses."""
+    S = num_stages_of(schedule, pp, vp)
+    prof, _, _ = tied_or_random_profile(rng, L, tied)
     link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
     cluster = tiny_cluster(1, 2 * pp, memory_bytes=1e12, intra=link, inter=link)
     job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
-    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
-                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
-                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
-                                 stages_per_device=vp)
-    return schedule, pp, vp, m, costs
+    return build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
+                                in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
+                                stages_per_device=vp)
 
 
 def _splits(L: int, S: int):
@@ -439,14 +445,7 @@ def test_bounds_under_a_limit_are_the_bounds_up_to_it(seed):
     schedule, pp, vp, m, small = _point(seed)
     S = small.pp
     L = int(rng.integers(14, 21)) if S > 2 else int(rng.integers(70, 90))
-    prof, _, _ = tied_or_random_profile(rng, L, seed % 2 == 0)
-    link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
-    cluster = tiny_cluster(1, 2 * pp, memory_bytes=1e12, intra=link, inter=link)
-    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
-    costs = build_pipeline_costs(prof, cluster, job, pp=S, dp=2, micro_batch_size=1, num_micro_batches=m,
-                                 schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
-                                 in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
-                                 stages_per_device=vp)
+    costs = _costs(rng, schedule, pp, vp, m, L, seed % 2 == 0)
     splits = np.array(_splits(L, S), dtype=np.int64)
     assert len(splits) >= split_search.PREFILTER_SPLITS
     for chains in (False, True):
