@@ -515,10 +515,10 @@ def catalog_name_clash(name_or_path: str | Path) -> str | None:
     the catalog's file itself, an exact copy, or a name of its own)."""
     path = catalog.resolve("cluster", str(name_or_path))
     data = _read_toml(path)
-    name = data.get("name")
-    if not isinstance(name, str) or name not in list_clusters():
+    own = catalog.list_entries("cluster").get(data.get("name"))  # the catalog's file (not one named so here)
+    if own is None:
         return None
-    own = catalog.resolve("cluster", name)
+    name = data["name"]
     if own.resolve() == path.resolve() or _read_toml(own) == data:
         return None
     return (f"{short_path(path)} names itself {name!r}, the catalog cluster it differs from: its plans record "

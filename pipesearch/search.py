@@ -1814,9 +1814,10 @@ def _check_options(variants, cluster, job, options):
                 f"--pp {options.pp}: more stages than the model's {L} layer{'s' if L != 1 else ''}; use --pp {L} or fewer")
         if options.vp_pinned and all(options.pp * v > L for v in options.vps):
             v, most = min(options.vps), L // options.pp
-            fix = f"use --vp {most} or lower" if most > 1 else "drop --vp (one stage per rank)"
+            fix = (f"use --vp {most} or lower, or a lower --pp" if most > 1 else
+                   f"use --pp {L // v} or lower for --vp {v}" if L // v >= 1 else "use a lower --vp and --pp")
             raise InputError(f"--pp {options.pp} x --vp {v} = {options.pp * v} stages, more than the model's {L} "
-                             f"layer{'s' if L != 1 else ''} (each stage holds one); {fix}, or a lower --pp")
+                             f"layer{'s' if L != 1 else ''} (each stage holds one); {fix}")
     for name in ("dp", "micro_batch_size", "num_micro_batches"):
         value = getattr(options, name)
         if value is not None and value < 1:
@@ -1831,8 +1832,9 @@ def _check_options(variants, cluster, job, options):
     stacked = next((sch for sch in options.schedules if sch in ("mobius", "roundpipe")), None)
     for shown, fix, value in pins:
         if value and value * tp_min > cluster.num_devices:
-            more = (f" ({stacked} runs pp x vp stages on pp GPUs: e.g. --pp {cluster.num_devices // tp_min} --vp "
-                    f"{-(-value // (cluster.num_devices // tp_min))})") if stacked and shown.startswith("--pp") else ""
+            gpus = cluster.num_devices // tp_min
+            more = (f" ({stacked} runs pp x vp stages on pp GPUs: --pp {gpus} or fewer, and --vp for more stages)"
+                    if stacked and shown.startswith("--pp") and gpus >= 1 else "")
             raise InputError(f"{shown} needs {value * tp_min} devices, cluster {cluster.name} has "
                              f"{cluster.num_devices}{more}")
         if value and value > groups:

@@ -714,8 +714,10 @@ class _Tables:
         middle terms."""
         costs, S = self.costs, self.costs.pp
         new = _Tables.__new__(_Tables)
+        # (and when a path family adds a row other than a sum: :meth:`_added_rows` tables sums only)
         if self.chains or self.weights is not None or self.own_only or S <= 2 or any(
-                where == "banded" and 0 < k < S - 1 for k, (where, *_) in self._kept.items()):
+                where == "banded" and 0 < k < S - 1 for k, (where, *_) in self._kept.items()) or any(
+                len(coef) > len(PATH_TERMS) for coef in paths):
             new.__init__(costs, self.schedule, self.pp, self.width, weights, chains=True, paths=paths,
                          limit_s=self.limit_s)
             return new
@@ -908,6 +910,8 @@ class _Tables:
             start = np.minimum(at, L - 1)
             j = start + np.arange(1, W + 1)
             ok = (j <= L) & (at < L) & self.costs.fits(np.array(s), start, np.minimum(j, L))
+            if s == self.costs.pp - 1:  # the last stage ends at L
+                ok &= j == L
             self._columns[key] = self._block(np.array(s), start, j, ok)
             self._held += sum(g.size for g in self._columns[key][0].values())
         groups, ok = self._columns[key]

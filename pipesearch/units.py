@@ -75,17 +75,18 @@ def format_bytes(num_bytes: float) -> str:
 
 
 def format_size_option(num_bytes: float) -> str:
-    """A size as the command line takes it back (:func:`parse_size_option`):
-    binary units, no space, up to 6 significant digits: 1073741824 ->
-    ``"1GiB"``, 0 -> ``"0"``."""
+    """A size as the command line takes it back (:func:`parse_size_option`
+    gives ``num_bytes`` again): the largest binary unit it is a short
+    number of (up to 6 significant digits), else bytes: 1073741824 ->
+    ``"1GiB"``, 1e9 -> ``"1000000000B"``, 0 -> ``"0"``."""
     value = float(num_bytes)
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.6g}{unit}"
-        value /= 1024
-    return f"{value:.6g}TiB"
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
+        text = f"{value / 1024 ** power:.6g}{unit}"
+        if abs(value) >= 1024 ** power and "e" not in text and parse_bytes(text) == value:
+            return text
+    return f"{int(value)}B" if value.is_integer() else f"{value!r}B"
 
 
 def format_gib_pair(need_bytes: float, have_bytes: float) -> tuple[str, str]:

@@ -1730,4 +1730,11 @@ def test_pins_name_what_the_user_gave_and_the_fix(tmp_path):
                    "--pp 8 x --vp 6 = 48 stages, more than the model's 40 layers", "use --vp 5 or lower")
     assert_refused(tmp_path, ["plan", "--cluster", "1x8-rtx4090-pcie4", "--pp", "32", "--schedule", "mobius",
                               "-o", "p.json"],
-                   "--pp 32 needs 32 devices", "mobius runs pp x vp stages on pp GPUs: e.g. --pp 8 --vp 4")
+                   "--pp 32 needs 32 devices", "mobius runs pp x vp stages on pp GPUs: --pp 8 or fewer, and --vp")
+    # a tp wider than the cluster: no GPUs to run a pipeline on, no hint (it divided by zero)
+    assert_refused(tmp_path, ["plan", "--cluster", "1x8-rtx3090-pcie3", "-b", "64", "--model", "gpt3-1.3b",
+                              "--tp", "16", "--pp", "2", "--schedule", "mobius", "-o", "p.json"],
+                   "needs 32 devices, cluster 1x8-rtx3090-pcie3 has 8")
+    # one layer per rank at most: the fix is a lower --pp for the vp asked for
+    assert_refused(tmp_path, ["plan", "--pp", "30", "--vp", "2", "-o", "p.json"],
+                   "--pp 30 x --vp 2 = 60 stages", "use --pp 20 or lower for --vp 2")
