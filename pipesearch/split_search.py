@@ -659,8 +659,8 @@ class _Tables:
     d`` as a sliding window (no gather) and takes one minimum over the
     contiguous last axis per component. Memory is ``O(Q S L)`` for the
     minima plus one block. The terms of the stages are kept for
-    :meth:`column` when they fit in one block (those of the last stage's
-    block always), else recomputed there.
+    :meth:`column` when they fit in one block (those of the last stage
+    always), else recomputed there.
     """
 
     def __init__(self, costs: PipelineCosts, schedule: str, pp: int, width: int, weights=None, chains: bool = False,
@@ -686,20 +686,23 @@ class _Tables:
             cp, span = costs.compute_prefix_s, _span_s(costs, limit_s)
             self._start = np.maximum(self._start, np.searchsorted(cp, cp[-1] - (S - st) * span, "left"))
             self._stop = np.minimum(self._stop, np.searchsorted(cp, st * span, "right") - 1)
-        block = self._block_size(_ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 + _path_rows(paths) if chains else 0))
-        if block >= S:  # every stage in one block (the first has its one start, layer 0; the last one end, L)
+        rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 + _path_rows(paths) if chains else 0)
+        if self._block_size(rows, S) >= S:  # every stage in one block (the first from layer 0, the last to L)
             self._stages(0, S, keep=True)
             return
-        for hi in range(S, 1, -block):  # the block of the last stage is kept whole (its one range per start)
-            self._stages(max(1, hi - block), hi, keep=block >= S - 1 or hi == S)
+        block = self._block_size(rows)
+        self._last_stage()  # several blocks: the last stage's one range per start on its own, kept
+        for hi in range(S - 1, 1, -block):
+            self._stages(max(1, hi - block), hi, keep=block >= S - 2)
         self._stages(0, 1, keep=True)  # one start: layer 0
 
-    def _block_size(self, rows: int) -> int:
-        """Stages per block (after the first): ``rows`` stacked components
-        of the band of each within :data:`TABLE_FLOATS` floats (at least
-        one stage)."""
-        S = self.costs.pp
-        U = int(max(1, np.max(self._stop[1:S] - self._start[1:S] + 1, initial=1)))
+    def _block_size(self, rows: int, upto: int | None = None) -> int:
+        """Stages per block: ``rows`` stacked components of the band of each
+        within :data:`TABLE_FLOATS` floats (at least one stage), the band
+        as wide as the most starts of stages ``1 .. upto - 1`` (default: the
+        middle stages)."""
+        upto = self.costs.pp - 1 if upto is None else upto
+        U = int(max(1, np.max(self._stop[1:upto] - self._start[1:upto] + 1, initial=1)))
         return max(1, TABLE_FLOATS // (rows * self.rows * U))
 
     def with_chains(self, weights, paths=()) -> "_Tables":
@@ -726,7 +729,7 @@ class _Tables:
         new.weights, new.chains, new.paths = weights, True, paths
         new._kept, new._columns, new._held, new._suf = {}, {}, 0, [None] * (S + 1)
         new._start, new._stop = self._start, self._stop
-        new._stages(S - 1, S, keep=True)
+        new._last_stage()
         block = new._block_size(MAX_CHAIN_FAMILIES + 1 + _path_rows(paths))
         for hi in range(S - 1, 1, -block):
             new._added_rows(max(1, hi - block), hi, self)
@@ -813,6 +816,37 @@ class _Tables:
         np.copyto(out, fill, where=~ok)
         return out
 
+    def _last_stage(self) -> None:
+        """The last stage from each start it can have to layer ``L`` (one
+        range per start), and its suffix minima: its own terms (every layer
+        is then placed). For tables of several blocks (:meth:`_stages` tables
+        it in the band of the others when all fit in one: fewer numpy
+        passes, but a band of its masked lengths, which on 1,000 layers x 64
+        stages, kept, held 35 MiB more)."""
+        L, S, W = self.costs.num_layers, self.costs.pp, self.rows
+        s, first, stop = S - 1, int(self._start[S - 1]), int(self._stop[S - 1])
+        i = np.arange(first, max(first, stop) + 1)  # (one masked start when none is possible)
+        j = np.full_like(i, L)
+        ok = (i >= first) & (i <= stop) & (j - i <= W) & (j > i)
+        ok = ok & np.broadcast_to(self.costs.fits(np.array(s), i, j), ok.shape)
+        groups, ok = self._block(np.array(s), i, j, ok)
+        self._kept[s] = ("last", int(i[0]), groups, ok)
+        self._end_row(groups)
+        nxt, g, nmax = self._suf[S], groups, self._sizes["max"]
+        h_add, h_mx, h_sfx = nxt["add"][:, L:L + 1], nxt["mx"][:, L:L + 1], nxt["sfx"][:, L:L + 1]
+        na0, ns = self._rows["suffix"][1], self._sizes["suffix"]
+        mx = np.concatenate([np.maximum(g["mx"][:nmax], h_mx[:nmax]),
+                             np.maximum(g["mx"][nmax:], g["mxa"] + h_mx[nmax:])])
+        self._suf[s] = {kind: self._placed(v, int(i[0])) for kind, v in
+                        (("add", g["add"] + h_add), ("mx", mx),
+                         ("sfx", np.maximum(g["sfx"] + h_add[na0:na0 + ns], h_sfx)))}
+
+    def _end_row(self, groups) -> None:
+        """The minima past the last stage: every layer placed, 0 for the sums
+        and -inf for the maxima at ``L`` (+inf elsewhere)."""
+        self._suf[self.costs.pp] = {kind: self._placed(np.full((len(groups[kind]), 1), value), self.costs.num_layers)
+                                    for kind, value in (("add", 0.0), ("mx", -np.inf), ("sfx", -np.inf))}
+
     def _placed(self, v: np.ndarray, at: int) -> np.ndarray:
         """``v`` (``(Q, U)``: starts ``at .. at + U - 1``) in a row of +inf
         (:meth:`_row`; starts past ``L`` dropped)."""
@@ -829,17 +863,17 @@ class _Tables:
         stage only the one that ends at ``L``), and their suffix minima
         (:meth:`_banded_minima`; with the last stage, from the row past it:
         0 for the sums and -inf for the maxima at ``L``, every layer
-        placed); keep their terms for :meth:`column` when ``keep``. The
-        last stage is tabled in the band of the others, not on its own: on
-        the default plan's own-family tables that saved about a tenth of
-        their CPU time, though it tables more ranges (its masked ones)."""
+        placed); keep their terms for :meth:`column` when ``keep``. When
+        every stage fits one block, the last stage is tabled in the band of
+        the others, not on its own (:meth:`_last_stage`): on the default
+        plan's own-family tables that saved about a tenth of their CPU
+        time, though it tables more ranges (its masked ones)."""
         stages, i, j, ok, first = self._band(lo, hi)
         groups, ok = self._block(stages, i, j, ok)
         if keep:
             self._kept.update({k: ("banded", lo, groups, ok) for k in range(lo, hi)})
-        if hi == self.costs.pp:  # past the last stage: every layer placed (0 for the sums, -inf for the maxima)
-            self._suf[hi] = {kind: self._placed(np.full((len(groups[g]), 1), value), self.costs.num_layers)
-                             for kind, g, value in (("add", "add", 0.0), ("mx", "mx", -np.inf), ("sfx", "sfx", -np.inf))}
+        if hi == self.costs.pp:
+            self._end_row(groups)
         self._banded_minima(groups, ok, lo, hi, first)
 
     def _block(self, stages, i, j, ok=None):
@@ -900,6 +934,18 @@ class _Tables:
         if where == "banded" and 0 <= i - self._start[s] < ok.shape[1]:
             k, u = s - lo, i - self._start[s]
             return self._padded(self._views(groups, (slice(None), k, u)), ok[k, u], W)
+        if where == "last":  # the one length that ends at L
+            d, u = self.costs.num_layers - i, i - lo
+            fits = np.zeros(W, dtype=bool)
+            cols = {kind: tuple(None if x is None else np.full((len(x), W), np.inf) for x in ab)
+                    for kind, ab in self._views(groups, (slice(None), slice(0, 0))).items()}
+            if 1 <= d <= W and 0 <= u < len(ok):
+                fits[d - 1] = ok[u]
+                for kind, ab in self._views(groups, (slice(None), u)).items():
+                    for out, x in zip(cols[kind], ab):
+                        if x is not None:
+                            out[:, d - 1] = x
+            return cols, fits
         key = (s, i // _COLUMN_CHUNK)  # the starts of one chunk in one pass (a node's children start close by)
         if key not in self._columns:
             if self._held > TABLE_FLOATS:
@@ -955,16 +1001,16 @@ class _Tables:
             n = max(0, min(U, self.costs.num_layers + 1 - at))  # starts past L dropped (:meth:`_placed`)
             b = buf[:len(t_add)]
             np.add(t_add[:, k], h_add, out=b)
-            b[:, :n].min(axis=2, out=rows["add"][k, :, at:at + n])
+            rows["add"][k, :, at:at + n] = b.min(axis=2)[:, :n]
             b = buf[:len(t_mx)]
             np.maximum(t_mx[:nmax, k], h_mx[:nmax], out=b[:nmax])
             np.add(a_mx[:, k], h_mx[nmax:], out=b[nmax:])
             np.maximum(b[nmax:], t_mx[nmax:, k], out=b[nmax:])
-            b[:, :n].min(axis=2, out=rows["mx"][k, :, at:at + n])
+            rows["mx"][k, :, at:at + n] = b.min(axis=2)[:, :n]
             b = buf[:ns]
             np.add(x_sfx[:, k], h_add[na0:na0 + ns], out=b)
             np.maximum(b, h_sfx, out=b)
-            b[:, :n].min(axis=2, out=rows["sfx"][k, :, at:at + n])
+            rows["sfx"][k, :, at:at + n] = b.min(axis=2)[:, :n]
             self._suf[s] = {g: v[k] for g, v in rows.items()}
 
     def suffix_min(self, kind: str, s: int):
