@@ -51,8 +51,12 @@ def check_search_memory(num_layers: int, budget_bytes: float, model: str, knob: 
     """
     need = search_memory_bytes(num_layers)
     if need > budget_bytes:
+        # fewer layers help only where the layers' part, not the search's fixed part, is over the budget
+        fix = (f"merge layers into blocks, or raise {knob} if this machine has the memory"
+               if search_memory_bytes(1) <= budget_bytes else
+               f"raise {knob} to at least {format_bytes(need)} (a search needs about {format_bytes(BASE_BYTES)} "
+               f"whatever its layer count)")
         raise InputError(
             f"{model}: {num_layers} layers would need about {format_bytes(need)} of host memory for the search "
             f"(its split tables, at most {format_bytes(TABLE_CAP_BYTES)}, and about {format_bytes(BYTES_PER_LAYER)} "
-            f"per layer), more than {knob} {format_bytes(budget_bytes)}; "
-            f"merge layers into blocks, or raise {knob} if this machine has the memory")
+            f"per layer), more than {knob} {format_bytes(budget_bytes)}; {fix}")

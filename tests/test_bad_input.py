@@ -175,7 +175,7 @@ def test_100000_layer_profile_over_a_small_budget_stops_with_size_and_knob(tmp_p
     tiny_csv(tmp_path / "long.csv", rows=[f"l{k},1,2,1000000,1000000" for k in range(100_000)])
     # pipesearch.budget: 256 MiB + the split tables' cap 2 GiB + 4 KiB x 1e5 layers (390.6 MiB): about 2.6 GiB
     assert_refused(tmp_path, ["plan", "--model", "long.csv", "-b", "8", "--max-search-memory", "1GiB", "-o", "p.json"],
-                   "long.csv", "100000 layers", "2.6 GiB", "--max-search-memory 1.0 GiB")
+                   "long.csv", "100000 layers", "2.6 GiB", "--max-search-memory 1.0 GiB", "merge layers into blocks")
 
 
 def test_transformer_with_two_billion_layers_is_refused_before_building_them(tmp_path):
@@ -190,8 +190,10 @@ def test_transformer_with_two_billion_layers_is_refused_before_building_them(tmp
 
 def test_memory_budget_is_a_knob(tmp_path):
     # vgg16: 40 layers -> 256 MiB + 112 x 1600 bytes + 4096 x 40 bytes = 256.3 MiB > 1 MiB
+    # a budget under the search's fixed 256 MiB: no block merging helps, the fix is the budget
     assert_refused(tmp_path, ["plan", "--model", "vgg16", "--max-search-memory", "1MiB", "-o", "p.json"],
-                   "vgg16", "40 layers", "256.3 MiB", "--max-search-memory 1.0 MiB")
+                   "vgg16", "40 layers", "256.3 MiB", "--max-search-memory 1.0 MiB",
+                   "raise --max-search-memory to at least 256.3 MiB")
     assert_refused(tmp_path, ["plan", "--max-search-memory", "lots", "-o", "p.json"], "--max-search-memory", "'lots'")
 
 
