@@ -1733,8 +1733,7 @@ def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.
         return _largest_family(costs, schedule, pp, s, i, j, terms, chains, paths)
     F, B, _, c, cin, r = terms
     work = _rank_work(schedule, costs.num_micro_batches, F, B, c, cin, r)
-    # (the device component as _largest_family reduces it: the same sums, the same value)
-    busiest = np.stack([np.broadcast_to(work, i.shape)]).reshape(1, S // pp, pp, n).sum(axis=1).max(axis=1)[0]
+    busiest = _busiest_rank(np.stack([np.broadcast_to(work, i.shape)]), pp)[0]  # as _largest_family reduces it
     out = busiest.copy()
     keep = np.flatnonzero(busiest <= limit_s)
     if len(keep):
@@ -1745,6 +1744,13 @@ def split_lower_bounds(costs: PipelineCosts, schedule: str, pp: int, splits: np.
         i, j = np.ascontiguousarray(i[:, sub]), np.ascontiguousarray(j[:, sub])
         out[keep] = _largest_family(costs, schedule, pp, s, i, j, cut, chains, paths)[:len(keep)]
     return out
+
+
+def _busiest_rank(b: np.ndarray, pp: int) -> np.ndarray:
+    """``device`` components ``b`` (``(Q, S, n)``, stage ``c pp + q`` on rank
+    ``q``): each one's busiest rank's sum, ``(Q, n)``."""
+    Q, S, n = b.shape
+    return b.reshape(Q, S // pp, pp, n).sum(axis=1).max(axis=1)
 
 
 #: splits below which :func:`split_lower_bounds` computes every family of
@@ -1773,8 +1779,8 @@ def _largest_family(costs: PipelineCosts, schedule: str, pp: int, s, i, j, terms
             v = (np.cumsum(a, axis=1) - a + b).max(axis=1)
         elif kind == "suffix":
             v = (b + a.sum(axis=1, keepdims=True) - np.cumsum(a, axis=1)).max(axis=1)
-        else:  # device: the busiest rank (stage c pp + q on rank q)
-            v = b.reshape(len(comps), S // pp, pp, n).sum(axis=1).max(axis=1)
+        else:  # device: the busiest rank
+            v = _busiest_rank(b, pp)
         if len(set(idx.tolist())) == len(idx):  # one component per family: a fancy-indexed add (np.add.at's sums)
             total[idx] += v
         else:
