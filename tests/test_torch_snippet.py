@@ -131,6 +131,7 @@ def test_snippet_checkpoints_every_layer_of_a_full_recompute_plan(tmp_path):
     mixed = replace(mixed, stages=(replace(mixed.stages[0], memory_option="full"), mixed.stages[1]))
     out_mixed, mixed_losses = losses(mixed, "mixed.py")
     lines = {line.split(":")[0]: line for line in out_mixed.splitlines() if line.startswith("process ")}
+    assert set(lines) == {"process 0", "process 1"}, out_mixed
     assert "checkpointed" in lines["process 0"] and "checkpointed" not in lines["process 1"]
     assert mixed_losses == plain_losses
 

@@ -204,9 +204,13 @@ def main() -> None:
     model = load_factory(args.factory)(*args.factory_arg)
     shape = tuple(int(x) for x in args.sample_shape.split(","))
     local = [s for s in range(PP * VP) if s % PP == pp_rank]
-    print(f"process {{rank}}: pipeline rank {{pp_rank}}, replica {{replica}}, stages {{local}}"
-          + (", every layer checkpointed" if all(STAGE_RECOMPUTE[s] == "full" for s in local) else
-             "".join(f", stage {{s}}'s layers checkpointed" for s in local if STAGE_RECOMPUTE[s] == "full")), flush=True)
+    # one write per line: the processes share stdout, and print's separate write of the newline
+    # (unbuffered Python) lets another process's line in between
+    sys.stdout.write(f"process {{rank}}: pipeline rank {{pp_rank}}, replica {{replica}}, stages {{local}}"
+                     + (", every layer checkpointed" if all(STAGE_RECOMPUTE[s] == "full" for s in local) else
+                        "".join(f", stage {{s}}'s layers checkpointed" for s in local
+                                if STAGE_RECOMPUTE[s] == "full")) + "\\n")
+    sys.stdout.flush()
     stages, params = [], []
     for s in local:
         sub = stage_module(model, s)
