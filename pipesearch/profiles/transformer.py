@@ -401,6 +401,12 @@ def load_transformer_toml(path: str | Path, seq_len: int | None = None) -> Trans
     data = _read_toml(p)
     table = data.get("transformer")
     if not isinstance(table, dict):
+        if "devices_per_node" in data or "groups" in data:
+            raise InputError(f"{p}: no [transformer] table: this is a cluster file; give it to --cluster, "
+                             f"and --model a catalog model, a transformer config or a layer profile")
+        if "memory_GiB" in data or "memory_GB" in data:
+            raise InputError(f"{p}: no [transformer] table: this is a device file; a cluster file names it "
+                             f"(device = ...), and --model takes a catalog model, a transformer config or a profile")
         raise InputError(
             f"{p}: no [transformer] table (a transformer config is a [transformer] "
             f"table with num_layers, hidden_size, ...; see docs/transformer_costs.md)"
