@@ -78,6 +78,10 @@ def _usable(d):
     ("a layer renamed in one plan",
      lambda d: d["plans"][0]["stages"][0]["layer_names"].__setitem__(0, "zzz"),
      ["layer 0 is 'zzz'", "'l0'"]),
+    ("compute_s edited below forward plus input gradient: the stage and all three fields are named, and a fix",
+     lambda d: d["plans"][0]["stages"][0].update(compute_s=d["plans"][0]["stages"][0]["fwd_s"]
+                                                 + d["plans"][0]["stages"][0]["bwd_input_s"] / 2),
+     ["plans[0].stages[0]:", "bwd_input_s", "compute_s - fwd_s", "restore the file or plan again"]),
     ("a predicted time that is not the replay",
      lambda d: d["plans"][0]["predicted"].update(iteration_time_s=d["plans"][0]["predicted"]["iteration_time_s"] / 2,
                                                  samples_per_s=d["plans"][0]["predicted"]["samples_per_s"] * 2),

@@ -204,13 +204,14 @@ def _above(value: float, limit: float) -> bool:
 def _times(plan: dict, where: str) -> Iterator[Problem]:
     for k, st in enumerate(plan["stages"]):
         w = f"{where}.stages[{k}]"
+        # three fields of one stage disagree: any of them may be the edited one, so the message names all three
         if _above(st["fwd_s"], st["compute_s"]):
-            yield Problem(f"{w}.fwd_s", f"{st['fwd_s']!r} is more than compute_s {st['compute_s']!r}; compute_s is "
-                                        "forward plus backward time")
+            yield Problem(w, f"fwd_s {st['fwd_s']!r} is more than compute_s {st['compute_s']!r} (compute_s is "
+                             "forward plus backward time); restore the file or plan again")
         elif _above(st["bwd_input_s"], st["compute_s"] - st["fwd_s"]):
-            yield Problem(f"{w}.bwd_input_s", f"{st['bwd_input_s']!r} is more than the backward time compute_s - "
-                                              f"fwd_s = {st['compute_s'] - st['fwd_s']!r}; it is the input-gradient "
-                                              "part of the backward")
+            yield Problem(w, f"bwd_input_s {st['bwd_input_s']!r} is more than the backward time compute_s - fwd_s = "
+                             f"{st['compute_s']!r} - {st['fwd_s']!r} = {st['compute_s'] - st['fwd_s']!r} (it is the "
+                             "input-gradient part of the backward); restore the file or plan again")
 
 
 #: (virtual) stages x micro-batches of one plan beyond which it is not replayed (each is a few actions)
