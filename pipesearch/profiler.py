@@ -312,6 +312,10 @@ def _layer_error(torch, fqn, layer, inputs, exc, chained: bool = False) -> Input
     shapes = ", ".join(str(tuple(x.shape)) for x in inputs if isinstance(x, torch.Tensor))
     hint = ("; its input is the previous child's output (pipesearch profiles and splits chains): a model whose "
             "forward branches, skips or reorders its children cannot be split this way") if chained else ""
+    if not chained and isinstance(layer, torch.nn.Embedding) and any(
+            isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs):
+        hint = ("; the first layer is an Embedding, which takes token ids: add --input-dtype long "
+                f"--vocab-size {layer.num_embeddings}")
     return InputError(f"layer {fqn!r} ({type(layer).__name__}) failed on input of shape "
                       f"{shapes}: {exc}{hint}".replace("\n", " "))
 

@@ -487,6 +487,9 @@ def test_cli_profile_refuses_bad_sizes_names_and_outputs_before_measuring(tmp_pa
          "at most 16 dimensions"),
         (["profile", gpt, "--input-shape", "8", "-b", "2", "--input-dtype", "long", "--vocab-size", "100000",
           "-o", "o.csv"], "above the model's first embedding's 512 entries"),
+        # float inputs into an Embedding: torch's own error, then the options that fix it
+        (["profile", gpt, "--input-shape", "8", "-b", "2", "-o", "o.csv"],
+         "the first layer is an Embedding, which takes token ids: add --input-dtype long --vocab-size 512"),
         (["profile", "models.py:small", *base[:4], "--name", " ", "-o", "o.csv"], "--name: empty"),
         # it named the CSV's temporary file (the name is a header line)
         (["profile", "models.py:small", *base[:4], "--name", "a,b\nc", "-o", "o.csv"], "--name 'a,b\\nc': the profile's name must be one line"),
