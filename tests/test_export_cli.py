@@ -379,3 +379,37 @@ def test_module_names_for_an_export_that_reads_none_are_refused(plans, tmp_path,
     assert res.exit_code == 2, res.output
     assert f"--module-names {names}: only with --format torch or torchtitan" in res.output
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def vgg_titan_plans(tmp_path_factory):
+    """vgg16 planned for torchtitan's device mesh (the replicas of a stage on consecutive devices)."""
+    out = tmp_path_factory.mktemp("vt") / "vgg.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--pp", "2",
+                                    "--schedule", "1f1b", "--placement", "data", "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.mark.parametrize("version,out", [("0.3.0", "l.sh"), ("0.2", "t.toml")])
+def test_torchtitan_warns_of_layer_names_no_model_of_its_registry_has(vgg_titan_plans, tmp_path, version, out):
+    """torchtitan builds the models of its own registry: a plan of vgg16
+    (PipeDream's layer names, b00_Input, ...) exported for it warns that
+    its FQNs are the plan's layer names, and the 0.2 job file that its
+    [model] is a placeholder (it warned of neither); a map of every layer
+    leaves only the placeholder warning; a map of some names the others."""
+    res = export(vgg_titan_plans, "--format", "torchtitan", "--torchtitan-version", version, "-o", str(tmp_path / out))
+    assert res.exit_code == 0, res.output
+    assert "warning: " in res.output and "by the plan's layer name (b00_Input, b01_Conv2d, ...)" in res.output
+    assert "PipeDream" in res.output and "--module-names" in res.output
+    if version == "0.2":
+        assert "warning: pipesearch knows no torchtitan 0.2 flavor for model 'vgg16'" in res.output
+    names = [n for st in json.loads(vgg_titan_plans.read_text())["plans"][0]["stages"] for n in st["layer_names"]]
+    (tmp_path / "all.json").write_text(json.dumps({n: f"m{k}" for k, n in enumerate(names)}))
+    res = export(vgg_titan_plans, "--format", "torchtitan", "--torchtitan-version", version, "--module-names",
+                 str(tmp_path / "all.json"), "-o", str(tmp_path / ("all_" + out)))
+    assert res.exit_code == 0 and "by the plan's layer name" not in res.output, res.output
+    (tmp_path / "part.json").write_text(json.dumps({n: f"m{k}" for k, n in enumerate(names) if k != 1}))
+    res = export(vgg_titan_plans, "--format", "torchtitan", "--torchtitan-version", version, "--module-names",
+                 str(tmp_path / "part.json"), "-o", str(tmp_path / ("part_" + out)))
+    assert res.exit_code == 0 and "not in module_names by the plan's layer name (b01_Conv2d, ...)" in res.output

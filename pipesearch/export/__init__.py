@@ -923,6 +923,30 @@ def transformer_shape(names: Sequence[str]) -> tuple[bool, int, bool] | None:
     return has_emb, hi - lo, has_head
 
 
+def unmapped_layers_note(names: Sequence[str], module_names: Mapping | None, inputs: "Inputs | None",
+                         what: str, model: str, warn: bool = False) -> str | None:
+    """The note that layers of a plan that is not a transformer layer table
+    (:func:`transformer_shape`) and that ``module_names`` leaves out are
+    named by their own layer names in ``what`` (the exported fields), so
+    ``model`` (the model the runtime builds) needs modules of those names;
+    None when every layer is mapped or the plan is a transformer layer
+    table. A warning (``"warning: "``, printed by ``pipesearch export``)
+    when ``warn`` or when the layers are named as in a PipeDream graph,
+    which no torch model's modules are."""
+    unmapped = [n for n in names if n not in (module_names or {})]
+    if transformer_shape(names) is not None or not unmapped:
+        return None
+    pipedream = "PipeDream" in str(Inputs.of(inputs).model.get("source", ""))
+    return (f"{'warning: ' if warn or pipedream else ''}{what} name each layer"
+            f"{' not in module_names' if module_names else ''} by the plan's layer name "
+            f"({', '.join(unmapped[:2])}, ...): {model} needs modules of those names, as a model profiled by "
+            "pipesearch profile has"
+            + (" (this plan's layers are named as in a PipeDream profile graph, not as torch modules)"
+               if pipedream else "")
+            + "; else map them with pipesearch export --module-names NAMES.json (a JSON object: layer name "
+              "-> module name, or a list of them in execution order).")
+
+
 def layer_modules(names: Sequence[str], module_names: Mapping[str, str | Sequence[str]] | None,
                   runtime: str) -> list[list[str]]:
     """Module FQNs of every layer, in execution order (see the module doc).

@@ -68,6 +68,7 @@ from . import (
     stage_recompute_modes,
     tied_across_stages,
     transformer_shape,
+    unmapped_layers_note,
 )
 
 RUNTIME = "torch.distributed.pipelining"
@@ -410,18 +411,11 @@ def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
                      "of the HuggingFace model, pipeline_torch.py pipesearch.profiler:hf_model_from_config "
                      "--factory-arg config.json --sample-shape SEQ_LEN --input-dtype long --vocab-size V "
                      "(split_spec and layer_modules name its children: embed_tokens, layers_NN, lm_head).")
-    unmapped = [n for n in layers.names if n not in (module_names or {})]
-    if not transformer and unmapped:
-        pipedream = "PipeDream" in str(Inputs.of(inputs).model.get("source", ""))
-        notes.append(f"{'warning: ' if pipedream else ''}split_spec, layer_modules and pipeline_torch.py's "
-                     f"STAGE_LAYERS name each layer{' not in module_names' if module_names else ''} by the plan's "
-                     f"layer name ({', '.join(unmapped[:2])}, ...): the model FACTORY returns needs modules of those "
-                     f"names, as a model profiled by "
-                     f"pipesearch profile has"
-                     + (" (this plan's layers are named as in a PipeDream profile graph, not as torch modules)"
-                        if pipedream else "")
-                     + "; else map them with pipesearch export --module-names NAMES.json (a JSON object: layer name "
-                       "-> module name, or a list of them in execution order).")
+    unmapped = unmapped_layers_note(layers.names, module_names, inputs,
+                                    "split_spec, layer_modules and pipeline_torch.py's STAGE_LAYERS",
+                                    "the model FACTORY returns")
+    if unmapped:
+        notes.append(unmapped)
     if sequence_parallel(plan):
         notes.append("sequence_parallel=True: apply it with the tensor-parallel plan (torch.distributed.tensor.parallel).")
     if cls == "ScheduleInterleavedZeroBubble":

@@ -78,6 +78,7 @@ from . import (
     sequence_parallel,
     tied_across_stages,
     transformer_shape,
+    unmapped_layers_note,
 )
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
 
@@ -402,11 +403,11 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
     if launch_note:
         notes.append(launch_note)
     alt = layers_per_stage_alternative(plan, parts, layers.names, cls in SINGLE_STAGE_CLASSES)
-    if transformer_shape(layers.names) is None and not module_names:
-        notes.append(
-            "layer names are used as module FQNs (identity mapping); they must be top-level children "
-            "of the model torchtitan splits, and its forward must skip modules set to None."
-        )
+    unmapped = unmapped_layers_note(layers.names, module_names, inputs, "module_fqns_per_model_part and "
+                                    "layer_modules", "the model torchtitan builds (top-level children, its forward "
+                                    "skipping modules set to None)", warn=True)
+    if unmapped:  # torchtitan builds the models of its own registry: a warning for any other layer names
+        notes.append(unmapped)
     if alt is not None:
         notes.append(
             "layers_per_stage_alternative gives the same split from torchtitan's own recipe "

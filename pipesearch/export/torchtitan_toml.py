@@ -58,7 +58,7 @@ from ..types import Plan
 from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, sequence_parallel, shell_command, shell_line,
                node_rank_preamble,
     torchrun_prefix,
-               transformer_shape)
+               transformer_shape, unmapped_layers_note)
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
 from .torchtitan import RUNTIME, layers_per_stage_alternative, pipeline_sections
 
@@ -155,9 +155,14 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
     ]
     name = str(inputs.model.get("name", ""))
     model_name, flavor = TORCHTITAN_FLAVORS.get(name, ("MODEL", "FLAVOR"))
-    if name not in TORCHTITAN_FLAVORS:
-        notes.append(f"pipesearch knows no torchtitan 0.2 flavor for model {name or '(not given)'!r}: set [model] "
-                     "name and flavor to a torchtitan model of the same shape.")
+    if name not in TORCHTITAN_FLAVORS:  # the TOML says MODEL and FLAVOR, which torchtitan cannot run
+        notes.append(f"warning: pipesearch knows no torchtitan 0.2 flavor for model {name or '(not given)'!r}: set "
+                     "[model] name and flavor to a torchtitan model of the same shape before running the job file.")
+    unmapped = unmapped_layers_note(layers.names, module_names, inputs, "[parallelism] module_fqns_per_model_part"
+                                    " and layer_modules", "the model torchtitan builds (top-level children)",
+                                    warn=True)
+    if unmapped:
+        notes.append(unmapped)
     if plan.tp > 1 and not sequence_parallel(plan):
         notes.append("torchtitan 0.2.x always uses sequence parallelism with tensor parallelism (no switch); "
                      "the plan assumed none, so torchtitan keeps less activation memory than planned.")
