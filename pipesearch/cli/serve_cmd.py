@@ -283,7 +283,8 @@ def _check_model_path(model_path: str, what: str) -> None:
 @click.option("--simulate-top", type=click.IntRange(min=0), default=3, show_default=True,
               help="Simulate this many best plans (TTFT / TPOT p90).")
 @click.option("--num-requests", type=click.IntRange(min=1, max=MAX_SIMULATED_REQUESTS),
-              help="Requests per simulated run (default: 16 x the plan's batch or concurrency, at least 400; "
+              help="Requests per simulated run (default: 16 x the smaller of the plan's batch and the clients of "
+                   "a replica under --concurrency, at least 400; "
                    f"under --request-rate {RATE_REQUESTS} per replica).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the simulated arrivals.")
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Draw plan 1's simulated timeline here (png/svg/pdf).")
@@ -522,6 +523,15 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{'y' if len(short) > 1 else 'ies'} --request-rate {request_rate:g} ({demand:,.0f} output "
                    f"tok/s wanted) in the closed form but not in the simulation (bursts and prompt chunks): "
                    f"requests queue without bound; prefer a plan that carries it in both, or add devices")
+    few = [p for p in plans if (p.simulated or {}).get("replica_clients")
+           and p.simulated["requests"] < p.simulated["replica_clients"][0][0]]
+    for p in few:  # a closed loop whose run ends before every client has asked once: its TTFT misses their wait
+        clients = p.simulated["replica_clients"][0][0]
+        click.echo(f"sim TTFT of plan {p.rank}: its run of {p.simulated['requests']:,} requests ends before its "
+                   f"{clients:,} clients per replica have each sent one, so it misses the wait of the others (the "
+                   f"closed form's TTFT counts it); --num-requests {min(2 * clients, MAX_SIMULATED_REQUESTS)} runs "
+                   f"longer" + ("" if 2 * clients <= MAX_SIMULATED_REQUESTS else
+                                f" (at most {MAX_SIMULATED_REQUESTS:,}: fewer clients per replica measure it)"))
     for p in plans:  # the limits hold for the closed form's means, which the search checks, not the simulation's
         over = simulated_over_limits(p.simulated, job) if p.simulated else []
         if over:
