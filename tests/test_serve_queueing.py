@@ -335,3 +335,15 @@ def test_a_run_shorter_than_its_clients_says_so():
     assert "--num-requests 4000" in line
     enough = CliRunner().invoke(main, [*args, "--num-requests", "2000"])
     assert enough.exit_code == 0 and "sim TTFT of plan" not in enough.output, enough.output
+
+
+@pytest.mark.parametrize("simulate_top", [0, 1])
+def test_the_backlog_is_pointed_at_only_where_a_run_shows_it(simulate_top):
+    """A rate no plan carries: the line under the table pointed at "the
+    simulated columns" for the backlog even with --simulate-top 0, where
+    every simulated column is empty."""
+    r = CliRunner().invoke(main, ["serve", "--weight-dtype", "fp8", "--request-rate", "1000000", "--top", "2",
+                                  "--simulate-top", str(simulate_top)])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if "cannot carry --request-rate" in x)
+    assert ("the simulated columns show the backlog" in line) == (simulate_top > 0), line

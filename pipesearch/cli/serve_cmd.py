@@ -498,10 +498,11 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     full = [p for p in plans if p.saturated and p.total_output_tokens_per_s >= demand]  # every slot busy
     saturated = [str(p.rank) for p in plans if p.saturated and p not in full]
     if saturated:  # the rate is more than those plans carry: their figures are the most they serve
+        backlog = any(p.simulated for p in plans if str(p.rank) in saturated)
         click.echo(f"*: plan{'s' if len(saturated) > 1 else ''} {', '.join(saturated)} cannot carry --request-rate "
                    f"{request_rate:g} ({demand:,.0f} output tok/s wanted): tok/s is the most they serve, and "
-                   f"requests queue without bound (the simulated columns show the backlog); add devices or "
-                   f"lower the rate")
+                   f"requests queue without bound{' (the simulated columns show the backlog)' if backlog else ''}; "
+                   f"add devices or lower the rate")
     if full:  # they serve the tokens, but only with their mean batch at the running limit: no slot ever frees
         click.echo(f"*: plan{'s' if len(full) > 1 else ''} {', '.join(str(p.rank) for p in full)} serve"
                    f"{'' if len(full) > 1 else 's'} the {demand:,.0f} output tok/s of --request-rate {request_rate:g} "
