@@ -325,16 +325,21 @@ def test_a_run_shorter_than_its_clients_says_so():
     the run ends before half the clients have asked once, so its TTFT
     misses their wait (100,000 clients on fp8 Llama gave 890 s simulated
     against 29,354 s closed-form, unexplained). The table says so and how
-    to run longer; at 2,000 requests (every client asks once) it does not."""
+    to run longer; at 2,000 requests (every client asks once) it does not.
+    Without --concurrency the loop's clients are the plan's batch: one
+    request (6 simulated tok/s against 870) gets the same line."""
     args = ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--concurrency", "2000", "--tp", "2", "--pp", "4",
             "--simulate-top", "1", "--top", "1"]
     short = CliRunner().invoke(main, [*args, "--num-requests", "1000"])
     assert short.exit_code == 0, short.output
-    line = next(x for x in short.output.splitlines() if x.startswith("sim TTFT of plan 1"))
+    line = next(x for x in short.output.splitlines() if x.startswith("sim columns of plan 1"))
     assert "run of 1,000 requests ends before its 2,000 clients per replica" in line
     assert "--num-requests 4000" in line
     enough = CliRunner().invoke(main, [*args, "--num-requests", "2000"])
-    assert enough.exit_code == 0 and "sim TTFT of plan" not in enough.output, enough.output
+    assert enough.exit_code == 0 and "sim columns of plan" not in enough.output, enough.output
+    one = CliRunner().invoke(main, [*args[:5], *args[7:], "--num-requests", "1"])
+    assert one.exit_code == 0, one.output
+    assert "sim columns of plan 1: its run of 1 request ends before its 256 clients per replica" in one.output
 
 
 @pytest.mark.parametrize("simulate_top", [0, 1])

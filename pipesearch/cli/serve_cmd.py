@@ -524,15 +524,21 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{'y' if len(short) > 1 else 'ies'} --request-rate {request_rate:g} ({demand:,.0f} output "
                    f"tok/s wanted) in the closed form but not in the simulation (bursts and prompt chunks): "
                    f"requests queue without bound; prefer a plan that carries it in both, or add devices")
-    few = [p for p in plans if (p.simulated or {}).get("replica_clients")
-           and p.simulated["requests"] < p.simulated["replica_clients"][0][0]]
+    def loop_clients(p) -> int | None:  # a simulated closed loop's clients per replica (its batch by default)
+        if not p.simulated or request_rate is not None:
+            return None
+        return p.simulated["replica_clients"][0][0] if "replica_clients" in p.simulated else p.batch
+
+    few = [p for p in plans if loop_clients(p) is not None and p.simulated["requests"] < loop_clients(p)]
     for p in few:  # a closed loop whose run ends before every client has asked once: its TTFT misses their wait
-        clients = p.simulated["replica_clients"][0][0]
-        click.echo(f"sim TTFT of plan {p.rank}: its run of {p.simulated['requests']:,} requests ends before its "
-                   f"{clients:,} clients per replica have each sent one, so it misses the wait of the others (the "
-                   f"closed form's TTFT counts it); --num-requests {min(2 * clients, MAX_SIMULATED_REQUESTS)} runs "
-                   f"longer" + ("" if 2 * clients <= MAX_SIMULATED_REQUESTS else
-                                f" (at most {MAX_SIMULATED_REQUESTS:,}: fewer clients per replica measure it)"))
+        clients = loop_clients(p)
+        n = p.simulated["requests"]
+        click.echo(f"sim columns of plan {p.rank}: its run of {n:,} request{'s' if n > 1 else ''} ends before its "
+                   f"{clients:,} clients per replica have each sent one, so it never reaches the steady state the "
+                   f"closed form describes, and its TTFT misses the others' wait; --num-requests "
+                   f"{min(2 * clients, MAX_SIMULATED_REQUESTS)} runs longer"
+                   + ("" if 2 * clients <= MAX_SIMULATED_REQUESTS else
+                      f" (at most {MAX_SIMULATED_REQUESTS:,}: fewer clients per replica measure it)"))
     for p in plans:  # the limits hold for the closed form's means, which the search checks, not the simulation's
         over = simulated_over_limits(p.simulated, job) if p.simulated else []
         if over:
