@@ -312,9 +312,14 @@ def test_megatron_exports_a_one_stage_plan_whatever_its_schedule_name(tmp_path):
 
 @pytest.fixture(scope="module")
 def vgg_plans(tmp_path_factory):
+    return _vgg_plan_file(tmp_path_factory)
+
+
+def _vgg_plan_file(tmp_path_factory, *extra: str):
+    """The plan file of vgg16 on 1x4-v100-pcie, pp 2, 1F1B (and ``extra`` options)."""
     out = tmp_path_factory.mktemp("v") / "vgg.json"
     res = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--pp", "2",
-                                    "--schedule", "1f1b", "-q", "-o", str(out)])
+                                    "--schedule", "1f1b", *extra, "-q", "-o", str(out)])
     assert res.exit_code == 0, res.output
     return out
 
@@ -384,11 +389,7 @@ def test_module_names_for_an_export_that_reads_none_are_refused(plans, tmp_path,
 @pytest.fixture(scope="module")
 def vgg_titan_plans(tmp_path_factory):
     """vgg16 planned for torchtitan's device mesh (the replicas of a stage on consecutive devices)."""
-    out = tmp_path_factory.mktemp("vt") / "vgg.json"
-    res = CliRunner().invoke(main, ["plan", "--model", "vgg16", "--cluster", "1x4-v100-pcie", "--pp", "2",
-                                    "--schedule", "1f1b", "--placement", "data", "-q", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    return out
+    return _vgg_plan_file(tmp_path_factory, "--placement", "data")
 
 
 @pytest.mark.parametrize("version,out", [("0.3.0", "l.sh"), ("0.2", "t.toml")])
