@@ -524,6 +524,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{'y' if len(short) > 1 else 'ies'} --request-rate {request_rate:g} ({demand:,.0f} output "
                    f"tok/s wanted) in the closed form but not in the simulation (bursts and prompt chunks): "
                    f"requests queue without bound; prefer a plan that carries it in both, or add devices")
+
     def loop_clients(p) -> int | None:  # a simulated closed loop's clients per replica (its batch by default)
         if not p.simulated or request_rate is not None:
             return None
