@@ -238,19 +238,21 @@ def test_a_closed_form_tie_between_budgets_goes_to_the_uniform_one():
     assert p["simulated"]["total_output_tokens_per_s"] == pytest.approx(p["predicted"]["output_tokens_per_s"], rel=0.02)
 
 
-def test_the_engines_budget_is_kept_where_its_simulation_does_better():
+def test_a_budget_at_the_prompts_mean_demand_is_replaced_by_the_simulation():
     """GPT-3 1.3B on 8 A100 80 GB, tp 1 x pp 4 at 256 sequences: the planned
-    budget is ceil(64 x 1280 / 256) = 320 tokens, one 1024-token prompt a
-    cycle of four micro-batches, so the prompts' last chunks land in the
-    same micro-batch cycle after cycle and the sequences they start decode
-    there. The simulator, called here at 320 and at vLLM's 2048 on the
-    plans the search gives with each budget pinned (the command's closed
-    loop, one replica), rates 2048 far higher, though the closed form rates
-    320 higher: the command keeps 2048, records the run at 320, and says so."""
+    budget is ceil(64 x 1280 / 256) = 320 tokens, 64 decode tokens and
+    room for 256 prompt tokens a micro-batch, exactly their mean demand (64
+    x 1024 / 256): the prompts' chunks queue at utilisation 1 and
+    sequences wait for them instead of decoding. The simulator, called
+    here at 320, at vLLM's 2048 and at 64 + ceil(1.1 x 256) = 346 (a tenth
+    more room) on the plans the search gives with each budget pinned (the
+    command's closed loop, one replica), rates 2048 far above 320, though
+    the closed form rates 320 higher, and 346 above both: the command runs
+    346, records the run at 320, and says so."""
     cfg = load_transformer(resolve("model", "gpt3-1.3b"))
     cluster = load_cluster("1x8-a100-80gb")
     sims, closed = {}, {}
-    for budget in (320, 2048):
+    for budget in (320, 346, 2048):
         r = CliRunner().invoke(main, ["serve", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "--tp", "1",
                                       "--pp", "4", "--max-num-batched-tokens", str(budget), "--simulate-top", "0",
                                       "--json"])
@@ -263,14 +265,59 @@ def test_the_engines_budget_is_kept_where_its_simulation_does_better():
         sims[budget] = simulate_serving(pipe, tuple(p["layers_per_stage"]), Workload(1024, 256),
                                         num_requests=16 * p["batch"], pool_tokens=p["kv_pool_tokens"],
                                         concurrency=p["batch"]).output_tokens_per_s
-    assert closed[320] > closed[2048] and sims[2048] > 1.5 * sims[320]
+    assert closed[320] > closed[2048] and sims[2048] > 1.5 * sims[320] and sims[346] > 1.01 * sims[2048]
     args = ["serve", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "--tp", "1", "--pp", "4"]
     p = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)["plans"][0]
-    assert p["max_num_batched_tokens"] == 2048 and "--max-num-batched-tokens 2048" in p["exports"]["vllm"]["command"]
-    assert p["simulated"]["output_tokens_per_s"] == pytest.approx(sims[2048], rel=1e-9)
+    assert p["max_num_batched_tokens"] == 346 and "--max-num-batched-tokens 346" in p["exports"]["vllm"]["command"]
+    assert p["simulated"]["output_tokens_per_s"] == pytest.approx(sims[346], rel=1e-9)
     assert p["simulated"]["planned_budget"]["max_num_batched_tokens"] == 320
     assert p["simulated"]["planned_budget"]["output_tokens_per_s"] == pytest.approx(sims[320], rel=1e-9)
-    assert "keeps vllm's step budget of 2048 tokens" in CliRunner().invoke(main, args).output
+    assert "plan 1 runs a step budget of 346 tokens" in CliRunner().invoke(main, args).output
+
+
+def test_the_best_budget_run_is_kept_in_order():
+    """The planned run is replaced by the engine's budget, then by the
+    roomier one, each only where it simulates better than the best so far
+    by the margin; an alternative whose closed form cannot beat the best
+    run by the margin is not simulated at all; the planned run is recorded
+    when replaced."""
+    from dataclasses import dataclass, field
+    from dataclasses import replace as replaced
+
+    from pipesearch.cli.serve_cmd import best_budget_run
+
+    @dataclass(frozen=True)
+    class Budgeted:  # the fields of a ServePlan the choice reads
+        max_num_batched_tokens: int
+        total_output_tokens_per_s: float
+        engine_budget: "Budgeted | None" = None
+        headroom_budget: "Budgeted | None" = None
+        saturated: bool = False
+        simulated: dict = field(default_factory=dict)
+
+    cases = [  # (closed forms and runs of 320 / 2048 / 346, kept budget, budgets simulated in order)
+        ({320: 100.0, 2048: 140.0, 346: 120.0}, {320: 90.0, 2048: 130.0, 346: 110.0}, 2048, [320, 2048]),
+        ({320: 100.0, 2048: 140.0, 346: 160.0}, {320: 90.0, 2048: 130.0, 346: 150.0}, 346, [320, 2048, 346]),
+        ({320: 100.0, 2048: 90.5, 346: 95.0}, {320: 90.0, 2048: 89.0, 346: 94.0}, 346, [320, 346]),
+        ({320: 100.0, 2048: 90.5, 346: 90.8}, {320: 90.0, 2048: 200.0, 346: 200.0}, 320, [320]),
+    ]
+    for closed, runs, kept, order in cases:
+        called = []
+
+        def simulated(p, runs=runs, called=called):
+            called.append(p.max_num_batched_tokens)
+            tok = runs[p.max_num_batched_tokens]
+            return replaced(p, simulated=dict(output_tokens_per_s=tok, total_output_tokens_per_s=tok,
+                                              tpot_mean_s=1 / tok, ttft_mean_s=0.1)), ("events", tok)
+
+        p = Budgeted(320, closed[320], Budgeted(2048, closed[2048]), Budgeted(346, closed[346]))
+        best, events = best_budget_run(p, simulated, False)
+        assert (best.max_num_batched_tokens, called, events) == (kept, order, ("events", runs[kept])), (closed, runs)
+        assert ("planned_budget" in best.simulated) == (kept != 320)
+        if kept != 320:
+            assert best.simulated["planned_budget"] == dict(max_num_batched_tokens=320, output_tokens_per_s=90.0,
+                                                            total_output_tokens_per_s=90.0, tpot_mean_s=1 / 90,
+                                                            ttft_mean_s=0.1)
 
 
 def test_the_engines_budget_replaces_the_planned_one_only_by_a_margin():
@@ -280,19 +327,19 @@ def test_the_engines_budget_replaces_the_planned_one_only_by_a_margin():
     or carrying the rate / meeting the limits where the planned run does not."""
     from types import SimpleNamespace
 
-    from pipesearch.cli.serve_cmd import _engine_budget_better
+    from pipesearch.cli.serve_cmd import _other_budget_better
 
     def run(**sim):
         return SimpleNamespace(simulated=sim, saturated=False)
 
     planned = run(tpot_mean_s=0.034446, carries_rate=True)
-    assert not _engine_budget_better(planned, run(tpot_mean_s=0.034405, carries_rate=True), True)
-    assert _engine_budget_better(planned, run(tpot_mean_s=0.0339, carries_rate=True), True)
-    assert _engine_budget_better(run(tpot_mean_s=0.02, carries_rate=False), run(tpot_mean_s=0.05, carries_rate=True),
+    assert not _other_budget_better(planned, run(tpot_mean_s=0.034405, carries_rate=True), True)
+    assert _other_budget_better(planned, run(tpot_mean_s=0.0339, carries_rate=True), True)
+    assert _other_budget_better(run(tpot_mean_s=0.02, carries_rate=False), run(tpot_mean_s=0.05, carries_rate=True),
                                  True)
-    assert not _engine_budget_better(run(total_output_tokens_per_s=1000.0), run(total_output_tokens_per_s=1009.0), False)
-    assert _engine_budget_better(run(total_output_tokens_per_s=1000.0), run(total_output_tokens_per_s=1011.0), False)
-    assert _engine_budget_better(run(total_output_tokens_per_s=2000.0, meets_limits=False),
+    assert not _other_budget_better(run(total_output_tokens_per_s=1000.0), run(total_output_tokens_per_s=1009.0), False)
+    assert _other_budget_better(run(total_output_tokens_per_s=1000.0), run(total_output_tokens_per_s=1011.0), False)
+    assert _other_budget_better(run(total_output_tokens_per_s=2000.0, meets_limits=False),
                                  run(total_output_tokens_per_s=1000.0, meets_limits=True), False)
 
 

@@ -183,36 +183,64 @@ def _plan_json(p, exports, decodes: bool = True) -> dict:
     }
 
 
-def _engine_budget_may_win(p, rate_given: bool) -> bool:
-    """Whether the engine's own step budget (``p.engine_budget``) may
-    simulate better than ``p``'s simulated run at the planned one: a run
-    that carries its load rarely beats the closed form's steady state of the
-    same configuration (uneven micro-batches and bursts only cost), so it
-    is simulated only where its closed form beats that run (more tok/s;
-    under a rate, a lower TPOT) or that run misses the rate or the limits."""
-    sim, alt = p.simulated, p.engine_budget
+def _budget_may_win(p, alt, rate_given: bool) -> bool:
+    """Whether ``alt`` (``p``'s configuration at another step budget: the
+    engine's own, or the planned one with headroom for the prompts) may
+    simulate better than ``p``'s run (the best so far) by the margin a
+    swap needs (:func:`_other_budget_better`): a run that carries
+    its load rarely beats the closed form's steady state of the same
+    configuration (uneven micro-batches and bursts only cost), so it is
+    simulated only where its closed form beats that run by
+    :data:`BUDGET_SWAP_MARGIN` (more tok/s; under a rate, a lower TPOT) or
+    that run misses the rate or the limits."""
+    sim = p.simulated
     if any(simulated_standing(p)):
         return True
     if rate_given:
-        return alt.steady.tpot_s < sim["tpot_mean_s"]
-    return alt.total_output_tokens_per_s > sim["total_output_tokens_per_s"]
+        return alt.steady.tpot_s < sim["tpot_mean_s"] * (1 - BUDGET_SWAP_MARGIN)
+    return alt.total_output_tokens_per_s > sim["total_output_tokens_per_s"] * (1 + BUDGET_SWAP_MARGIN)
 
 
-#: the relative margin by which the engine's budget must simulate better than the planned one to replace it
+#: the relative margin by which another step budget must simulate better than the best run so far to replace it
 #: (two runs of different budgets draw their steps differently: a smaller difference decides nothing)
 BUDGET_SWAP_MARGIN = 0.01
 
 
-def _engine_budget_better(p, q, rate_given: bool) -> bool:
-    """Whether ``q`` (the engine's budget) simulates better than ``p`` (the
-    planned one): it carries the rate or meets the limits where ``p`` does
-    not, or in the same standing does more tok/s (under a rate, a lower
-    TPOT) by more than :data:`BUDGET_SWAP_MARGIN`."""
+def _other_budget_better(p, q, rate_given: bool) -> bool:
+    """Whether ``q`` (the configuration at another step budget: the
+    engine's own, or the planned one with headroom for the prompts)
+    simulates better than ``p``: it carries the rate or meets the limits
+    where ``p`` does not, or in the same standing does more tok/s (under a
+    rate, a lower TPOT) by more than :data:`BUDGET_SWAP_MARGIN`."""
     if simulated_standing(q) != simulated_standing(p):
         return simulated_standing(q) < simulated_standing(p)
     if rate_given:
         return q.simulated["tpot_mean_s"] < p.simulated["tpot_mean_s"] * (1 - BUDGET_SWAP_MARGIN)
     return q.simulated["total_output_tokens_per_s"] > p.simulated["total_output_tokens_per_s"] * (1 + BUDGET_SWAP_MARGIN)
+
+
+def best_budget_run(p, simulated, rate_given: bool):
+    """``(plan, events)``: ``p`` simulated at its planned step budget
+    (``simulated``: a plan -> ``(the plan with its run, the run's
+    events)``), or its configuration at the engine's own budget
+    (``p.engine_budget``) or at one with headroom for the prompts
+    (``p.headroom_budget``), in that order, where :func:`_budget_may_win`
+    lets it be simulated and :func:`_other_budget_better` says it does
+    better than the best run so far; a replacement records the planned
+    run under ``simulated["planned_budget"]``."""
+    first, ran = simulated(p)
+    best = first
+    for other in (p.engine_budget, p.headroom_budget):
+        if other is not None and _budget_may_win(best, other, rate_given):
+            q, q_ran = simulated(other)
+            if _other_budget_better(best, q, rate_given):
+                best, ran = q, q_ran
+    if best is first:
+        return best, ran
+    planned = {"max_num_batched_tokens": first.max_num_batched_tokens} | {
+        k: first.simulated[k] for k in ("output_tokens_per_s", "total_output_tokens_per_s", "tpot_mean_s",
+                                        "ttft_mean_s")}
+    return replace(best, simulated=best.simulated | {"planned_budget": planned}), ran
 
 
 def _window(events, span_s: float):
@@ -420,14 +448,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
             {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {})), runs[0][1].events
 
     for i, p in enumerate(plans[:simulate_top]):
-        p, ran = simulated(p)
-        if p.engine_budget is not None and _engine_budget_may_win(p, request_rate is not None):
-            q, q_ran = simulated(p.engine_budget)  # the planned budget against the engine's own, by the simulation
-            if _engine_budget_better(p, q, request_rate is not None):
-                planned = {"max_num_batched_tokens": p.max_num_batched_tokens} | {
-                    k: p.simulated[k] for k in ("output_tokens_per_s", "total_output_tokens_per_s", "tpot_mean_s",
-                                                "ttft_mean_s")}
-                p, ran = replace(q, simulated=q.simulated | {"planned_budget": planned}), q_ran
+        p, ran = best_budget_run(p, simulated, request_rate is not None)
         events[(p.tp, p.pp, p.split)] = ran
         plans[i] = p
     plans = rerank_by_simulation(plans, rate_given=request_rate is not None)
@@ -553,9 +574,16 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                        if request_rate is not None else
                        f"{p.simulated['total_output_tokens_per_s']:,.0f} against "
                        f"{was['total_output_tokens_per_s']:,.0f} simulated tok/s")
-            click.echo(f"plan {p.rank} keeps {engine}'s step budget of {p.max_num_batched_tokens} tokens: "
-                       f"{measure} at the planned {was['max_num_batched_tokens']}, which the closed form rates "
-                       f"higher (it gives every micro-batch the same load, which the simulated run's did not have)")
+            if p.max_num_batched_tokens == eng.max_num_batched_tokens:
+                click.echo(f"plan {p.rank} keeps {engine}'s step budget of {p.max_num_batched_tokens} tokens: "
+                           f"{measure} at the planned {was['max_num_batched_tokens']}, which the closed form rates "
+                           f"higher (it gives every micro-batch the same load, which the simulated run's did not "
+                           f"have)")
+            else:
+                click.echo(f"plan {p.rank} runs a step budget of {p.max_num_batched_tokens} tokens, a tenth more "
+                           f"room for prompt tokens than their mean demand: {measure} at the planned "
+                           f"{was['max_num_batched_tokens']}, whose room is about that demand (the prompts' chunks then "
+                           f"queue at a utilisation near 1, and sequences wait for them instead of decoding)")
     total = cluster.num_devices
     for p in plans:  # a pinned tp x pp that does not divide the cluster leaves devices idle
         used = p.tp * p.pp * p.replicas
