@@ -582,8 +582,9 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
             else:
                 click.echo(f"plan {p.rank} runs a step budget of {p.max_num_batched_tokens} tokens, a tenth more "
                            f"room for prompt tokens than their mean demand: {measure} at the planned "
-                           f"{was['max_num_batched_tokens']}, whose room is about that demand (the prompts' chunks then "
-                           f"queue at a utilisation near 1, and sequences wait for them instead of decoding)")
+                           f"{was['max_num_batched_tokens']}, whose room is about that demand (the prompts' "
+                           f"chunks then queue at a utilisation near 1, and sequences wait for them instead of "
+                           f"decoding)")
     total = cluster.num_devices
     for p in plans:  # a pinned tp x pp that does not divide the cluster leaves devices idle
         used = p.tp * p.pp * p.replicas
