@@ -16,7 +16,8 @@ from pipesearch.catalog import resolve
 from pipesearch.serve.dtypes import weight_format
 from pipesearch.serve.engine import engine_spec
 from pipesearch.serve.pipeline import Workload
-from pipesearch.serve.search import pipeline_for, split_pool_tokens, uniform_budget
+from pipesearch.serve.search import (ServeJob, headroom_budget, pipeline_for, search_serving, split_pool_tokens,
+                                     uniform_budget)
 from pipesearch.serve.simulate import simulate_serving
 
 GIB = 2**30
@@ -39,6 +40,40 @@ def test_uniform_budget_by_hand():
     assert uniform_budget(l4_pipe(1, 8), 187, w) == 188
     assert uniform_budget(l4_pipe(8, 1), 5, w) == 25
     assert uniform_budget(l4_pipe(8, 1), 5, Workload(100, 3)) == 172  # 5 sequences x 103 / 3 tokens: ceil(171.7)
+
+
+def test_headroom_budget_by_hand():
+    """``b + ceil(1.1 b n / o)`` where the pipeline's own budget leaves the
+    prompts less room than that, else None: 1024 in / 256 out at pp 4 and
+    256 sequences (b 64): 64 + ceil(281.6) = 346 from 320 (room 256, the
+    demand exactly) and from 345, None at 346 and at vLLM's 2048; at 207
+    sequences (b 52): 52 + ceil(228.8) = 281 from the uniform 260."""
+    w = Workload(1024, 256)
+    assert headroom_budget(l4_pipe(2, 4, budget=320), 256, w) == 346
+    assert headroom_budget(l4_pipe(2, 4, budget=345), 256, w) == 346
+    assert headroom_budget(l4_pipe(2, 4, budget=346), 256, w) is None
+    assert headroom_budget(l4_pipe(2, 4, budget=2048), 256, w) is None
+    assert headroom_budget(l4_pipe(2, 4, budget=260), 207, w) == 281
+
+
+@pytest.mark.parametrize("model,tokens,tp,pp", [("llama3-70b", (4000, 64), 2, 4), ("qwen3-32b", (2048, 128), 1, 4),
+                                                ("llama3-8b", (2048, 128), 1, 2)])
+def test_the_headroom_plan_keeps_its_room_at_the_batch_it_runs(model, tokens, tp, pp):
+    """A larger budget lets a larger batch fit, whose prompts take back the
+    room: planned once at the headroom of the planned batch, these ran 1 to
+    3 sequences more with 3.4% to 7.9% more room than their demand. Planned
+    again for the batch it runs, the alternative's room for prompt tokens
+    is at least a tenth over their mean demand at its own batch."""
+    cfg = load_transformer(resolve("model", model))
+    cluster = load_cluster("1x8-l4")
+    job = ServeJob(Workload(*tokens), memory_reserve_bytes=GIB)
+    plan = search_serving(cfg, cluster, job, engine=engine_spec("vllm", cluster.device_spec(0)),
+                          weights=weight_format("fp8"), kv_bytes=2.0, tp=tp, pp=pp, top=1, search_budget=True).plans[0]
+    alt = plan.headroom_budget
+    assert alt is not None and alt.max_num_batched_tokens > plan.max_num_batched_tokens
+    n, o = tokens
+    b = -(-alt.batch // min(pp, alt.batch))
+    assert (alt.max_num_batched_tokens - b) * 10 * o >= 11 * b * n
 
 
 def serve_json(*extra):
@@ -294,12 +329,19 @@ def test_the_best_budget_run_is_kept_in_order():
         headroom_budget: "Budgeted | None" = None
         saturated: bool = False
         simulated: dict = field(default_factory=dict)
+        steady: "SteadyTpot | None" = None
+
+    @dataclass(frozen=True)
+    class SteadyTpot:  # a closed form's steady state, its TPOT alone
+        tpot_s: float
 
     cases = [  # (closed forms and runs of 320 / 2048 / 346, kept budget, budgets simulated in order)
         ({320: 100.0, 2048: 140.0, 346: 120.0}, {320: 90.0, 2048: 130.0, 346: 110.0}, 2048, [320, 2048]),
         ({320: 100.0, 2048: 140.0, 346: 160.0}, {320: 90.0, 2048: 130.0, 346: 150.0}, 346, [320, 2048, 346]),
         ({320: 100.0, 2048: 90.5, 346: 95.0}, {320: 90.0, 2048: 89.0, 346: 94.0}, 346, [320, 346]),
         ({320: 100.0, 2048: 90.5, 346: 90.8}, {320: 90.0, 2048: 200.0, 346: 200.0}, 320, [320]),
+        # the roomier one against the best run so far (the engine's), not the planned one
+        ({320: 100.0, 2048: 140.0, 346: 140.0}, {320: 90.0, 2048: 130.0, 346: 120.0}, 2048, [320, 2048, 346]),
     ]
     for closed, runs, kept, order in cases:
         called = []
@@ -318,6 +360,24 @@ def test_the_best_budget_run_is_kept_in_order():
             assert best.simulated["planned_budget"] == dict(max_num_batched_tokens=320, output_tokens_per_s=90.0,
                                                             total_output_tokens_per_s=90.0, tpot_mean_s=1 / 90,
                                                             ttft_mean_s=0.1)
+    # under a request rate the runs compare by TPOT; a planned run that misses the rate tries both whatever
+    # their closed forms say, and a roomier run that carries it replaces one that does not
+    for tpots, misses, kept, order in [({320: 0.050, 2048: 0.0492, 346: 0.040}, set(), 346, [320, 346]),
+                                       ({320: 0.050, 2048: 0.060, 346: 0.060}, {320, 2048}, 346, [320, 2048, 346])]:
+        called = []
+
+        def simulated(p, tpots=tpots, misses=misses, called=called):
+            called.append(p.max_num_batched_tokens)
+            tpot = tpots[p.max_num_batched_tokens] * 0.99
+            return replaced(p, simulated=dict(output_tokens_per_s=1 / tpot, total_output_tokens_per_s=1 / tpot,
+                                              tpot_mean_s=tpot, ttft_mean_s=0.1,
+                                              carries_rate=p.max_num_batched_tokens not in misses)), None
+
+        steady = {k: SteadyTpot(v) for k, v in tpots.items()}
+        p = Budgeted(320, 0.0, Budgeted(2048, 0.0, steady=steady[2048]), Budgeted(346, 0.0, steady=steady[346]),
+                     steady=steady[320])
+        best, _ = best_budget_run(p, simulated, True)
+        assert (best.max_num_batched_tokens, called) == (kept, order), tpots
 
 
 def test_the_engines_budget_replaces_the_planned_one_only_by_a_margin():

@@ -295,6 +295,32 @@ def headroom_budget(pipe: ServePipeline, batch: int, workload: Workload) -> int 
     return roomy if pipe.costs.engine.max_num_batched_tokens < roomy else None
 
 
+#: re-plannings of a configuration at a larger :func:`headroom_budget` for the batch it then runs (a count)
+HEADROOM_ROUNDS = 3
+
+
+def _with_headroom(planned, split, job: ServeJob, replicas: int, engine_budget: int, pipe_at):
+    """``planned`` (``(pipe, chosen, max_batch, saturated)`` at its planned
+    budget) planned again at :func:`headroom_budget` of its batch (``pipe_at``:
+    the pipeline at a budget), and again at that of the batch it then runs
+    while that needs more (a larger budget lets a larger batch fit, whose
+    prompts take back the room), at most :data:`HEADROOM_ROUNDS` times;
+    None when the planned budget has the room already, when the budget
+    would reach the engine's, or when no batch fits there."""
+    out = None
+    for _ in range(HEADROOM_ROUNDS):
+        pipe, chosen = planned[0], planned[1]
+        budget = headroom_budget(pipe, chosen[1].batch, job.workload) if chosen is not None else None
+        if budget is None or budget >= engine_budget:
+            break
+        upipe = pipe_at(budget)
+        alt, alt_max, alt_sat = _plan_configuration(upipe, split, job, replicas)
+        if alt is None:
+            break
+        planned = out = (upipe, alt, alt_max, alt_sat)
+    return out
+
+
 def running_limit(pipe: ServePipeline, split, job: ServeJob, replicas: int, batch: int, pool: int) -> int:
     """The engine's running-sequence limit for a plan running ``batch``
     sequences on ``split`` (KV pool ``pool`` tokens): ``batch`` itself,
@@ -645,11 +671,9 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                 continue
             if planned is not at_engine:  # the engine's own budget beside it: the simulation may prefer it
                 r["engine_budget"] = _configuration_result(at_engine, cjob, t, p, replicas, default)
-                roomy = headroom_budget(planned[0], r["steady"].batch, cjob.workload)
-                if roomy is not None and roomy < engine.max_num_batched_tokens:
-                    rpipe = pipe_at(roomy)
-                    r["headroom_budget"] = _configuration_result(
-                        (rpipe, *_plan_configuration(rpipe, split, cjob, replicas)), cjob, t, p, replicas, default)
+                roomy = _with_headroom(planned, split, cjob, replicas, engine.max_num_batched_tokens, pipe_at)
+                if roomy is not None:
+                    r["headroom_budget"] = _configuration_result(roomy, cjob, t, p, replicas, default)
             results.append(r)
     pins = " ".join(x for x in (f"--tp {tp}" if tp else None, pp_pin) if x)
     if not results and (tp or pp) and first_refusal and set(skipped) == {"engine_refused"}:
