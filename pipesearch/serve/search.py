@@ -256,11 +256,16 @@ def uniform_budget(pipe: ServePipeline, batch: int, workload: Workload) -> int:
     uniform with a token budget (stall-free batching, sec. 4.2) that it
     picks by profiling against a latency target (sec. 4.3); this formula,
     the steady state's mean load per micro-batch, is pipesearch's."""
-    B = int(batch)
-    m = min(pipe.pp, B)
-    b = -(-B // m)
+    b = _per_micro_batch(pipe, batch)
     n, o = workload.input_len, workload.output_len
-    return max(-(-b * (n + o) // o), B + 1)
+    return max(-(-b * (n + o) // o), int(batch) + 1)
+
+
+def _per_micro_batch(pipe: ServePipeline, batch: int) -> int:
+    """``b = ceil(B / m)``, the sequences of the fullest micro-batch of
+    ``B = batch`` running ones over ``m = min(pp, B)`` micro-batches."""
+    B = int(batch)
+    return -(-B // min(pipe.pp, B))
 
 
 #: the room for prompt tokens a :func:`headroom_budget` adds over their mean demand, in tenths of it
@@ -288,8 +293,7 @@ def headroom_budget(pipe: ServePipeline, batch: int, workload: Workload) -> int 
     sequences of Llama-3 70B fp8 on the same cluster simulate 5% under
     the closed form at 281 tokens, within 2% at 260), so the command
     keeps this budget only where its simulation does better."""
-    B = int(batch)
-    b = -(-B // min(pipe.pp, B))
+    b = _per_micro_batch(pipe, batch)
     n, o = workload.input_len, workload.output_len
     roomy = b - (-b * n * (10 + PROMPT_HEADROOM_TENTHS) // (10 * o))
     return roomy if pipe.costs.engine.max_num_batched_tokens < roomy else None
