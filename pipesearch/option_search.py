@@ -52,20 +52,23 @@ def with_policies(costs: PipelineCosts, policies) -> PipelineCosts:
 
 
 def exact_split_over_policies(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *,
-                              cutoff_s: float = np.inf, value_above_cutoff: bool = False
+                              cutoff_s: float = np.inf, value_above_cutoff: bool = False, cache: dict | None = None
                               ) -> tuple[ExactSplit | None, PipelineCosts]:
     """The best split and chains of ``costs``: ``(found, costs of the chosen
     chains)``, as :func:`pipesearch.split_search.exact_split` returns for one
     chain per stage (``found`` None when no split fits; ``best_time_s >=
     cutoff_s`` when none beats the cutoff). ``costs`` without chains is
-    passed through to ``exact_split``.
+    passed through to ``exact_split``, with ``cache`` (its ``cache``: the
+    point's work kept from an earlier call on the same costs; not used with
+    chains, whose calls are on other costs).
 
     ``lower_bound_s`` is the least bound of the nodes left open by an
     inexact split search (the optimum when all were exact); ``exact`` says
     whether all were.
     """
     if not has_policies(costs):
-        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff)
+        found = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff_s, value_above_cutoff=value_above_cutoff,
+                            cache=cache)
         if found is not None and found.exact and not np.isfinite(found.best_time_s) and not np.isfinite(cutoff_s):
             found = None  # every split fails a whole-device check (Mobius, stage_options.swap_device_bytes)
         return found, costs

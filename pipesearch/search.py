@@ -1125,13 +1125,14 @@ def search(
                                                                             capacity[variant.tp]):
                     continue
                 t = _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
-                                 placement_ctx)
+                                 placement_ctx, seed_work)
                 if t < math.inf:
                     per_schedule[row["schedule"]] += key not in seen
                     seen[key] = min(seen.get(key, math.inf), t)
         return _kth_best(sorted(seen.values()), keep) * (1 + 2 * TIE_REL), seen
 
     # and per family (tp, recompute, pp, dp, schedule, vp) a time its seeds achieve
+    seed_work: dict = {}  # the seeded points' costs and starting splits, for their evaluation (_seed_time_s)
     initial_cutoff, seeded = seed_cutoff()
 
     def cutoff() -> float:
@@ -1261,8 +1262,8 @@ def search(
         if key in no_split_fits:  # another placement's devices, the same memory: no split fits either
             row["status"] = "out_of_memory"
             return
-        plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                                links_cache, placement_ctx, cutoff_s=now)
+        plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache, links_cache,
+                                placement_ctx, cutoff_s=now, seed_work=seed_work.pop(_seed_key(variant, row), None))
         keep_result(plan, idx, variant, now)
         if key is not None and row["status"] == "out_of_memory" and costs is not None and costs.options is None:
             no_split_fits.add(key)  # (no stage options: no host memory, which is counted per node)
@@ -1604,19 +1605,37 @@ def _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, l
     return slots, costs
 
 
-def _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx) -> float:
+def _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx,
+                 seed_work: dict | None = None) -> float:
     """An achievable simulated time of one point: its best starting split
     (:func:`pipesearch.split_search.exact_split` with ``seeds_only``), or
-    inf when none fits."""
+    inf when none fits. ``seed_work``: where the point's slots, costs and
+    split cache are kept under :func:`_seed_key` for its
+    :func:`_evaluate` (not for mapped or replicated placements, whose costs
+    depend on the search's state)."""
     if row["schedule"] == "roundpipe":  # no cheap start: its split search runs in _evaluate
         return math.inf
-    _, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx)
-    found = None if costs is None else exact_split(costs, row["schedule"], row["pp"], row["vp"], seeds_only=True)
+    slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
+                                placement_ctx)
+    cache: dict = {}
+    found = None if costs is None else exact_split(costs, row["schedule"], row["pp"], row["vp"], seeds_only=True,
+                                                   cache=cache)
+    if seed_work is not None and costs is not None and _seed_key(variant, row) is not None:
+        seed_work[_seed_key(variant, row)] = (slots, costs, cache)
     return math.inf if found is None else found.iteration_time_s
 
 
+def _seed_key(variant, row) -> tuple | None:
+    """The key of a point's kept seed work (:func:`_seed_time_s`), None for
+    a mapped or replicated placement."""
+    if row["placement"] == "mapped" or parse_replicas_name(row["placement"]) is not None:
+        return None
+    return (id(variant), row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"], row["schedule"],
+            row["vp"], row["placement"])
+
+
 def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache=None, links_cache=None,
-              placement_ctx=None, cutoff_s: float = math.inf):
+              placement_ctx=None, cutoff_s: float = math.inf, seed_work: tuple | None = None):
     pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
     schedule, vp = row["schedule"], row["vp"]
     stages = pp * vp
@@ -1634,8 +1653,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
             row["status"] = "pruned"
             _raise_bound(row, placement_ctx[_mapped_key(variant, row)][1]["best_bound_s"])
             return None, None
-    slots, costs = _point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
-                                placement_ctx)
+    slots, costs, split_cache = seed_work or (
+        *_point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx), None)
     if slots is None:  # a mapped placement with no order that fits
         row["status"] = "out_of_memory"
         return None, None
@@ -1652,7 +1671,7 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         split_info = {"exact": True, "lower_bound_s": t, "gap": 0.0, "splits_evaluated": 1, "pinned": True}
     else:
         found, costs = exact_split_over_policies(costs, schedule, pp, vp, cutoff_s=cutoff_s,
-                                                 value_above_cutoff=options.exhaustive)
+                                                 value_above_cutoff=options.exhaustive, cache=split_cache)
         if found is None:
             row["status"] = "out_of_memory"
             checks = placement_ctx.get("host_checks", 0)  # host memory the reason? (option_search.host_overflow_note)

@@ -1300,7 +1300,8 @@ class _Evaluator:
 
 def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, seeds=(),
                 cutoff_s: float = np.inf, value_above_cutoff: bool = False, max_splits: int | None = None,
-                max_nodes: int | None = None, tie_rel: float = EQUAL_TIME_REL, seeds_only: bool = False) -> ExactSplit | None:
+                max_nodes: int | None = None, tie_rel: float = EQUAL_TIME_REL, seeds_only: bool = False,
+                cache: dict | None = None) -> ExactSplit | None:
     """The split minimizing the simulated iteration time of ``schedule``
     under memory (module docstring).
 
@@ -1322,6 +1323,12 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
             with the lowest peak memory, then least time on links, is chosen.
         seeds_only: only evaluate the starting splits (an achievable time,
             ``exact=False``, lower bound 0; no tables, no branch and bound).
+        cache: a dict, empty at first, shared by the calls on one point
+            (the same ``costs`` object, schedule, pp and vp; a
+            ``seeds_only`` call, then the search proper): the starting
+            splits and their times are kept in it, and a later call takes
+            them from it instead of finding and simulating them again. The
+            answer is the one without it.
 
     Returns:
         An :class:`ExactSplit`, or None when no split fits in memory.
@@ -1331,7 +1338,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     nodes_given, max_nodes = max_nodes, MAX_NODES if max_nodes is None else max_nodes
     # one point's cache: the device-balanced split (any_split_fits, the starting splits) and the
     # whole-layers-per-rank bound's cutoff-free part (the cutoff proof, a stopped search's bound)
-    point_cache: dict = {}
+    point_cache: dict = {} if cache is None else cache
     if S > L or not any_split_fits(costs, point_cache):
         return None
     if S == 1:  # the only split
@@ -1359,24 +1366,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         # every split's bound reaches the cutoff: settled before any split is simulated
         return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     starts = [tuple(b) for b in seeds if b is not None and costs.split_fits(b)]
-    even = even_split(L, S)
-    if costs.split_fits(even):
-        starts.append(even)
-    closed = optimal_split(costs)
-    if closed is not None and costs.split_fits(closed.bounds):  # its memory rule is 1F1B's in-flight count
-        starts.append(closed.bounds)
-    # the memory-balanced split: an incumbent of low memory where equal-time splits differ in it (the tie-break
-    # sees every tie within the branch and bound's window; a search stopped at its limits keeps this one)
-    mem = np.diff(costs.param_prefix_bytes) * costs.state_bytes_per_param_byte + np.diff(costs.saved_prefix_bytes)
-    if np.any(mem > 0) and S * L <= 4096:  # balanced_split is O(S L^2)
-        balanced = balanced_split(mem, S)
-        if costs.split_fits(balanced):
-            starts.append(balanced)
-    if costs.chunk_states is not None:  # several stages per device: layers moved off the devices that overflow
-        held = _witness(costs, point_cache)
-        if held is not None:
-            starts.append(held)
-    ev.run(starts, keep=not seeds_only)
+    _run_starts(ev, starts + _starting_splits(costs, point_cache), point_cache)
     best = min(ev.times.values(), default=np.inf)
     if seeds_only:
         if not ev.times:
@@ -1444,6 +1434,53 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if value_above_cutoff and best > cutoff_s:
         exact = False
     return ExactSplit(chosen, ev.times[chosen], best, float(lower), exact, len(ev.times), nodes)
+
+
+def _starting_splits(costs: PipelineCosts, point_cache: dict) -> list[tuple[int, ...]]:
+    """The starting splits of :func:`exact_split` that fit (kept in
+    ``point_cache``): the even split, the analytic time's optimum
+    (:func:`pipesearch.partition.optimal_split`), the memory-balanced split
+    and, with several stages per device, the :func:`_witness`."""
+    if "starts" in point_cache:
+        return point_cache["starts"]
+    L, S = costs.num_layers, costs.pp
+    starts = []
+    even = even_split(L, S)
+    if costs.split_fits(even):
+        starts.append(even)
+    closed = optimal_split(costs)
+    if closed is not None and costs.split_fits(closed.bounds):  # its memory rule is 1F1B's in-flight count
+        starts.append(closed.bounds)
+    # the memory-balanced split: an incumbent of low memory where equal-time splits differ in it (the tie-break
+    # sees every tie within the branch and bound's window; a search stopped at its limits keeps this one)
+    mem = np.diff(costs.param_prefix_bytes) * costs.state_bytes_per_param_byte + np.diff(costs.saved_prefix_bytes)
+    if np.any(mem > 0) and S * L <= 4096:  # balanced_split is O(S L^2)
+        balanced = balanced_split(mem, S)
+        if costs.split_fits(balanced):
+            starts.append(balanced)
+    if costs.chunk_states is not None:  # several stages per device: layers moved off the devices that overflow
+        held = _witness(costs, point_cache)
+        if held is not None:
+            starts.append(held)
+    point_cache["starts"] = starts
+    return starts
+
+
+def _run_starts(ev: "_Evaluator", starts, point_cache: dict) -> None:
+    """``ev.run(starts, keep=True)``, or, when an earlier call on the point
+    ran the same new splits (``point_cache``), their times and kept pass
+    from it: the same values, not simulated again."""
+    todo = list(dict.fromkeys(tuple(b) for b in starts if tuple(b) not in ev.times))
+    held = point_cache.get("start_run")
+    if held is not None and held[0] == todo:
+        _, times, kept = held
+        ev.times.update(times)
+        ev.feasible += sum(1 for t in times.values() if math.isfinite(t))
+        ev.kept = kept if kept is not None else ev.kept
+        return
+    before = ev.kept
+    ev.run(todo, keep=True)
+    point_cache["start_run"] = (todo, {b: ev.times[b] for b in todo}, None if ev.kept is before else ev.kept)
 
 
 def _device_balanced_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | None:

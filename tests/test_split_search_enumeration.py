@@ -18,6 +18,7 @@ sorts by, checked by brute force on small instances.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -326,3 +327,86 @@ def test_looped_bfs_enumeration_with_devices_over_their_memory(seed):
     assert split_search._enumerate_all(costs, "looped-bfs", pp, vp, ev)
     assert set(ev.times) <= set(fit)
     assert min(ev.times.values()) == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("memory_cap", [False, True])
+def test_starting_splits_kept_from_a_seeds_only_call_leave_the_answer(seed, memory_cap, monkeypatch):
+    """``exact_split`` after a ``seeds_only`` call on the same point, the two
+    sharing a ``cache``: the same answer (split, times, bound, exactness and
+    splits simulated) as a call without one, with no cutoff and with one just
+    above and just below the enumerated optimum, and no starting split found
+    again (the analytic optimum, one of them, is not asked for). The
+    ``seeds_only`` time is the simulator's time of its split, at least the
+    optimum. Kept times not counted as fitting (the branch and bound's split
+    limit, the no-split answer) change the answer or the count."""
+    schedule, pp, vp, costs = _point(seed, memory_cap)
+    if not any(costs.split_fits(b) for b in _splits(costs.num_layers, costs.pp)):
+        pytest.skip("no split fits")
+    _, best = _enumerated_choice(costs, schedule, pp, vp)
+    for cutoff in (np.inf, best * (1 + 1e-6), best * (1 - 1e-6)):
+        without = exact_split(costs, schedule, pp, vp, cutoff_s=cutoff)
+        cache: dict = {}
+        seeded = exact_split(costs, schedule, pp, vp, seeds_only=True, cache=cache)
+        simulated, _ = simulate_times(schedule, pp, costs.num_micro_batches, vp,
+                                      costs.stage_times(np.array(seeded.bounds)))
+        assert seeded.iteration_time_s == pytest.approx(simulated, rel=1e-9)
+        assert seeded.iteration_time_s >= best * (1 - 1e-12)
+        with monkeypatch.context() as patched:
+            patched.setattr(split_search, "optimal_split", None)  # a starting split searched again fails
+            assert exact_split(costs, schedule, pp, vp, cutoff_s=cutoff, cache=cache) == without
+
+
+def _same_costs(a, b) -> bool:
+    """Whether two PipelineCosts hold equal values in every field."""
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if not np.array_equal(x, y):
+                return False
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            if not (dataclasses.is_dataclass(y) and _same_costs(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_search_hands_each_seeded_point_its_own_costs(seed, monkeypatch):
+    """The search keeps the costs and starting splits of the points its
+    seed cutoff evaluated, for their own evaluation later: every point
+    handed kept work gets the costs its row builds (devices, micro-batches,
+    links, all-reduce, memory), and the ranked plans (family, split, time,
+    the split search's bound and count) equal those of the search that
+    builds every point's costs again. A key that leaves out the micro-batch
+    count (or size) hands a point of another micro-batch count its costs."""
+    rng = np.random.default_rng(seed)
+    L = 10
+    prof = tiny_profile(list(rng.uniform(1e-3, 8e-3, L)), params=list(rng.uniform(0, 4e8, L)),
+                        outputs=list(rng.uniform(1e6, 4e7, L)), saved=list(rng.uniform(1e8, 6e8, L)), batch_size=8)
+    cluster = tiny_cluster(2, 4, memory_bytes=24 * GIB, intra=Link(1e10, 1e-5), inter=Link(1.25e9, 5e-5))
+    job = Job(64, memory_reserve_bytes=GIB)
+    options = SearchOptions(schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), top=6)
+    checked = []
+    evaluate = search_lib._evaluate
+
+    def checking(variant, cluster, job, options, row, *args, seed_work=None, **kwargs):
+        if seed_work is not None:
+            slots, fresh = search_lib._point_costs(variant, cluster, job, row, *args[:4])
+            assert np.array_equal(np.asarray(slots), np.asarray(seed_work[0]))
+            assert _same_costs(fresh, seed_work[1]), row
+            checked.append(row["placement"])
+        return evaluate(variant, cluster, job, options, row, *args, seed_work=seed_work, **kwargs)
+
+    def ranked():
+        res = search([ModelVariant(prof)], cluster, job, options)
+        return [(p.pp, p.dp, p.vp, p.schedule, p.micro_batch_size, p.num_micro_batches,
+                 tuple(s.layers for s in p.stages), p.predicted.iteration_time_s, dict(p.extra)["split_search"])
+                for p in res.plans]
+
+    monkeypatch.setattr(search_lib, "_evaluate", checking)
+    with_seeds = ranked()
+    assert checked  # kept work reaches points
+    monkeypatch.setattr(search_lib, "_seed_key", lambda variant, row: None)
+    assert ranked() == with_seeds
