@@ -132,39 +132,34 @@ def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, v
     # a side of the cone steeper than MAX_RATIO only ill-conditions the program: left out (a weaker relaxation)
     lo_r = lo_r if lo_r >= 1 / MAX_RATIO else 0.0
     hi_r = hi_r if hi_r <= MAX_RATIO else np.inf
-    stage = np.arange(S)
-    rows, lo, hi = [], [], []
-
-    def row(lo_i, hi_i, **at):
-        r = np.zeros(3 * S + 1)
-        for cols, vals in at.values():
-            r[cols] += vals
-        rows.append(r)
-        lo.append(lo_i)
-        hi.append(hi_i)
-
-    for q in range(pp):  # t >= rank q's work
-        own = stage[stage % pp == q]
-        row(0.0, np.inf, t=(T, 1.0), u=(U + own, -m * scale[own]), v=(V + own, -m * scale[own]))
-    chains = _chains(pp, m, vp)
-    for k in range(S):  # t >= stage k's chain
-        n = chains[k]
-        own = stage[(n[:, 0] > 0) | (n[:, 1] > 0)]
-        row(0.0, np.inf, t=(T, 1.0), p=(P + k, -1.0), u=(U + own, -n[own, 0] * scale[own]),
-            v=(V + own, -n[own, 1] * scale[own]))
-    for k in range(S - 1):  # P_{k+1} = P_k + a_k (u_k + v_k)
-        row(0.0, 0.0, p=(np.array([P + k + 1, P + k]), np.array([1.0, -1.0])), u=(U + k, -scale[k]),
-            v=(V + k, -scale[k]))
-    row(total_u, total_u, u=(U + stage, 1.0))
-    row(total_v, total_v, v=(V + stage, 1.0))
-    for s in range(S if cone else 0):  # lo_r v_s <= u_s <= hi_r v_s
-        row(0.0, np.inf, u=(U + s, 1.0), v=(V + s, -lo_r))
-        if np.isfinite(hi_r):
-            row(0.0, np.inf, u=(U + s, -1.0), v=(V + s, hi_r))
+    stage, inf = np.arange(S), np.inf
+    ranks = np.zeros((pp, 3 * S + 1))  # t >= rank q's work
+    ranks[:, T] = 1.0
+    ranks[stage % pp, U + stage] = ranks[stage % pp, V + stage] = -m * scale
+    n = _chains(pp, m, vp)
+    chains = np.zeros((S, 3 * S + 1))  # t >= stage k's chain
+    chains[:, T], chains[stage, P + stage] = 1.0, -1.0
+    chains[:, U:U + S], chains[:, V:V + S] = -n[:, :, 0] * scale, -n[:, :, 1] * scale
+    prefix = np.zeros((S - 1, 3 * S + 1))  # P_{k+1} = P_k + a_k (u_k + v_k)
+    k = stage[:-1]
+    prefix[k, P + k + 1], prefix[k, P + k] = 1.0, -1.0
+    prefix[k, U + k] = prefix[k, V + k] = -scale[:-1]
+    totals = np.zeros((2, 3 * S + 1))
+    totals[0, U:U + S], totals[1, V:V + S] = 1.0, 1.0
+    sides = 2 if np.isfinite(hi_r) else 1
+    ratios = np.zeros((S * sides if cone else 0, 3 * S + 1))  # lo_r v_s <= u_s <= hi_r v_s, stage by stage
+    if len(ratios):
+        at = stage * sides
+        ratios[at, U + stage], ratios[at, V + stage] = 1.0, -lo_r
+        if sides == 2:
+            ratios[at + 1, U + stage], ratios[at + 1, V + stage] = -1.0, hi_r
+    A = np.concatenate([ranks, chains, prefix, totals, ratios])
+    lo = np.concatenate([np.zeros(pp + S + S - 1), [total_u, total_v], np.zeros(len(ratios))])
+    hi = np.concatenate([np.full(pp + S, inf), np.zeros(S - 1), [total_u, total_v], np.full(len(ratios), inf)])
     top = float(np.max(scale)) * (total_u + total_v)
     x_lo = np.concatenate([np.full(S, f.min()), np.full(S, b.min()), np.zeros(S + 1)])
     x_hi = np.concatenate([np.full(S, total_u), np.full(S, total_v), [0.0], np.full(S - 1, top), [np.inf]])
-    return np.array(rows), np.array(lo), np.array(hi), x_lo, x_hi
+    return A, lo, hi, x_lo, x_hi
 
 
 def _certified_min(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, vp: int,
