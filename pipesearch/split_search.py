@@ -1366,7 +1366,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
         # every split's bound reaches the cutoff: settled before any split is simulated
         return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     starts = [tuple(b) for b in seeds if b is not None and costs.split_fits(b)]
-    _run_starts(ev, starts + _starting_splits(costs, point_cache), point_cache)
+    _run_starts(ev, starts + _starting_splits(costs, point_cache), point_cache, keep=not seeds_only)
     best = min(ev.times.values(), default=np.inf)
     if seeds_only:
         if not ev.times:
@@ -1466,21 +1466,21 @@ def _starting_splits(costs: PipelineCosts, point_cache: dict) -> list[tuple[int,
     return starts
 
 
-def _run_starts(ev: "_Evaluator", starts, point_cache: dict) -> None:
-    """``ev.run(starts, keep=True)``, or, when an earlier call on the point
-    ran the same new splits (``point_cache``), their times and kept pass
-    from it: the same values, not simulated again."""
+def _run_starts(ev: "_Evaluator", starts, point_cache: dict, keep: bool) -> None:
+    """``ev.run(starts, keep)``, or, when an earlier call on the point ran
+    the same new splits (``point_cache``), their times from it: the same
+    values, not simulated again (the pass :attr:`_Evaluator.kept` holds
+    is not kept in the cache, where a point's graph of many micro-batches
+    would stay for the rest of the search: :func:`_start_paths` traces it
+    again)."""
     todo = list(dict.fromkeys(tuple(b) for b in starts if tuple(b) not in ev.times))
     held = point_cache.get("start_run")
     if held is not None and held[0] == todo:
-        _, times, kept = held
-        ev.times.update(times)
-        ev.feasible += sum(1 for t in times.values() if math.isfinite(t))
-        ev.kept = kept if kept is not None else ev.kept
+        ev.times.update(held[1])
+        ev.feasible += sum(1 for t in held[1].values() if math.isfinite(t))
         return
-    before = ev.kept
-    ev.run(todo, keep=True)
-    point_cache["start_run"] = (todo, {b: ev.times[b] for b in todo}, None if ev.kept is before else ev.kept)
+    ev.run(todo, keep)
+    point_cache["start_run"] = (todo, {b: ev.times[b] for b in todo})
 
 
 def _device_balanced_split(costs: PipelineCosts, pp: int) -> tuple[int, ...] | None:
