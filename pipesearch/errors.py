@@ -19,7 +19,14 @@ class CatalogError(InputError, LookupError):
 
 
 class InfeasibleError(PipesearchError):
-    """The request is well formed but no plan satisfies it (e.g. memory)."""
+    """The request is well formed but no plan satisfies it (e.g. memory).
+    ``point_columns``: the search's table of the points it looked at, as
+    :attr:`pipesearch.search.SearchResult.point_columns` (None when the
+    refusal came before the search)."""
+
+    def __init__(self, *args, point_columns: dict | None = None):
+        super().__init__(*args)
+        self.point_columns = point_columns
 
 
 class PlanFormatError(InputError):

@@ -185,9 +185,15 @@ class SearchResult:
     @cached_property
     def points(self):
         """The visited points as a pandas DataFrame (one row per point)."""
-        import pandas as pd
+        return points_frame(self.point_columns)
 
-        return pd.DataFrame(self.point_columns, columns=list(POINT_COLUMNS))
+
+def points_frame(point_columns: dict):
+    """A points table (:attr:`SearchResult.point_columns`) as a pandas
+    DataFrame, one row per point, columns in :data:`POINT_COLUMNS` order."""
+    import pandas as pd
+
+    return pd.DataFrame(point_columns, columns=list(POINT_COLUMNS))
 
 
 #: the columns of the points table, in order
@@ -1325,7 +1331,7 @@ def search(
         if options.vp_pinned and 1 not in options.vps and not options.pp:
             message = (f"--vp {','.join(map(str, options.vps))} needs pp >= 2 (one pipeline rank runs all its "
                        f"stages as one, vp 1); no plan with pp >= 2 fits: {message}")
-        raise InfeasibleError(message)
+        raise InfeasibleError(message, point_columns=_point_columns(rows))
     plans = rank_plans([p for _, p in best_of_family.values()])[:keep]  # ranked (ties too), then cut
     shown = {id(p) for p in plans[: options.top]}
     # the ranked ones report their own gap; a bound at the cutoff (or at its family's plan) already excludes a point
@@ -1346,8 +1352,13 @@ def search(
                                 *(("vp_pinned",) if options.vp_pinned else ()),
                                 *(("placement_pinned",) if options.placement_pinned else ()),
                                 *((f"min_dp={options.min_dp}",) if options.min_dp > 1 else ())),
-        point_columns={c: [r[c] for r in rows] for c in POINT_COLUMNS},
+        point_columns=_point_columns(rows),
     )
+
+
+def _point_columns(rows: list[dict]) -> dict:
+    """The points table of :attr:`SearchResult.point_columns` from the search's rows."""
+    return {c: [r[c] for r in rows] for c in POINT_COLUMNS}
 
 
 def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchOptions, work: dict,

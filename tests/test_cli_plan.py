@@ -196,6 +196,23 @@ def test_model_that_fits_on_no_split(tmp_path):
     assert "no plan fits" in line and "huge" in line and "GiB" in line
 
 
+def test_all_points_are_written_when_no_plan_fits(tmp_path):
+    """The points table is what says why no plan fits: with --all-points the
+    refusal (one line, exit 2) still writes it, one row per point looked at,
+    none with a plan: out of memory (4 layers of 1e15 bytes of weights: no
+    stage fits a 16 GB V100) or refused by its schedule or stage count; the
+    line says where it is; no other file is written."""
+    path = csv_profile(tmp_path, [f"l{k},1,2,1e15,10" for k in range(4)], "huge.csv")
+    result = run(["plan", "--model", str(path), "--cluster", "1x4-v100-pcie", "--all-points", "pts.csv"], tmp_path)
+    line = expect_input_error(result, tmp_path, "no plan fits", "pts.csv lists every point",
+                              files_before=["huge.csv", "pts.csv"])
+    assert "Traceback" not in line
+    rows = (tmp_path / "pts.csv").read_text().splitlines()
+    assert rows[0].startswith("tp,recompute,pp,dp,schedule")
+    status = [r.split(",")[9] for r in rows[1:]]
+    assert "out_of_memory" in status and set(status) <= {"out_of_memory", "schedule_refused", "too_many_stages"}
+
+
 def test_split_must_sum_to_the_layer_count(tmp_path):
     expect_input_error(run(["plan", "--split", "5,3,4"], tmp_path), tmp_path, "5,3,4", "12", "40")
 

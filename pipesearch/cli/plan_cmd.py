@@ -24,7 +24,7 @@ from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
 from ..plan import PlanFile, document_problems, points_block, to_json
 from ..export import transformer_shape
 from ..runtimes import RUNTIMES
-from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, search
+from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, points_frame, search
 from ..types import Job
 from ..units import format_bytes, format_seconds, format_size_option, parse_size_option
 from .params import FiniteFloatRange, option_given
@@ -507,7 +507,8 @@ class _Progress:
 @click.option("--all-points", type=click.Path(dir_okay=False, writable=True),
               help="Write the table of the points the search looked at one by one as CSV (with a plan, out "
                    "of memory, refused, pruned by their own bound or split search); points left out a group at a "
-                   "time (pruned with their group, batch_not_divisible) are only counted in the summary line.")
+                   "time (pruned with their group, batch_not_divisible) are only counted in the summary line. "
+                   "Written also when no plan fits.")
 @click.option("--exhaustive", is_flag=True,
               help="Evaluate every point, each split search without a cutoff (no pruning by lower bound; a split "
                    "search may still stop at its work limits, and says so: without the cutoff fewer searches "
@@ -775,9 +776,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                         progress=progress)
     except InfeasibleError as exc:  # a warning that explains the refusal joins its one line
         warned = "; ".join(source.info.get("warnings", ()))
-        if not warned:
-            raise
-        raise InfeasibleError(f"{exc}; note: {warned}") from None
+        message = f"{exc}; note: {warned}" if warned else str(exc)
+        if all_points is not None and exc.point_columns is not None:  # the table says how far each point was
+            write_outputs([(all_points, lambda f: points_frame(exc.point_columns).to_csv(f, index=False),
+                            "--all-points")])
+            message += f"; {all_points} lists every point looked at with its status"
+        raise InfeasibleError(message) from None
     finally:
         progress.close()
     for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
