@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from pipesearch.cli import main
 from pipesearch.cli.simulate_cmd import time_disagreement
+from pipesearch.units import format_bytes
 
 PLANS = {
     "1f1b": ["--model", "vgg16", "--cluster", "1x4-v100-pcie", "-b", "64", "--pp", "2", "--schedule", "1f1b"],
@@ -100,6 +101,17 @@ def test_simulate_says_its_zero_bubble_activations_are_held_whole(tmp_path, sche
     res = CliRunner().invoke(main, ["simulate", str(out)])
     assert res.exit_code == 0, res.output
     assert ("counted whole until its weight gradient W: an upper bound" in res.output) == noted
+    # each rank's line leads with the plan's own activations (its memory breakdown), the bound after it
+    stages = json.loads(out.read_text())["plans"][0]["stages"]
+    ranks = [line for line in res.output.splitlines() if line.strip().startswith("rank ")]
+    assert len(ranks) == len(stages) == 8
+    for line, stage in zip(ranks, stages):
+        shown = line.split("peak activations on the device ")[1]
+        if noted:
+            assert shown.startswith(format_bytes(stage["memory_breakdown_bytes"]["activations"]) + " (")
+            assert shown.endswith(" held whole)")
+        else:
+            assert "held whole" not in shown
 
 
 def test_a_schedule_edited_to_hold_more_micro_batches_is_refused_by_validate_and_warned_by_simulate(tmp_path):
