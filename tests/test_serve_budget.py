@@ -440,3 +440,34 @@ def test_latency_limits_count_a_closed_loops_wait_for_a_running_slot():
     plan = _serve_json(args + ["--max-tpot-ms", "60", "--max-ttft-ms", "1000"])
     assert plan["batch"] == 100  # 200 clients over 2 replicas: every client runs
     assert plan["predicted"]["tpot_s"] <= 0.060 and plan["predicted"]["ttft_s"] <= 1.0
+
+
+def test_a_plan_left_unsimulated_at_a_budget_of_no_prompt_room_is_named():
+    """GPT-3 1.3B on 8 A100 80 GB, tp 1 x pp 4: the planned budget of 320
+    tokens leaves the prompts exactly their mean demand of room (by hand in
+    the test above), the case where a run falls far short of the closed
+    form. Not simulated (--simulate-top 0), plan 1 is named with the flag
+    that checks it; at a pinned budget of 2048 tokens (ample room) no plan
+    is named, and a simulated plan never is."""
+    args = ["serve", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "--tp", "1", "--pp", "4"]
+    note = "not simulated, plans a step budget whose room for prompt tokens is about their mean demand"
+    out = CliRunner().invoke(main, [*args, "--simulate-top", "0"]).output
+    assert f"plan 1, {note}" in out and "(--simulate-top 1 simulates it" in out
+    roomy = CliRunner().invoke(main, [*args, "--simulate-top", "0", "--max-num-batched-tokens", "2048"]).output
+    assert "not simulated" not in roomy
+    assert "not simulated" not in CliRunner().invoke(main, args).output
+
+
+def test_when_no_simulated_plan_meets_the_limits_the_unsimulated_ones_are_named():
+    """Qwen3-32B fp8 on 8 A100 80 GB under SGLang, --max-ttft-ms 500: the
+    simulated plan's runs miss the TTFT limit its closed form meets (the
+    JSON's meets_limits); the table then says that no simulated plan meets
+    the limits and names the plans left unsimulated, with the flag that
+    simulates them."""
+    args = ["serve", "--model", "qwen3-32b", "--cluster", "1x8-a100-80gb", "--weight-dtype", "fp8", "--kv-dtype",
+            "fp8", "--engine", "sglang", "--max-tpot-ms", "50", "--max-ttft-ms", "500", "--top", "3"]
+    doc = json.loads(CliRunner().invoke(main, [*args, "--simulate-top", "1", "--json"]).output)
+    assert [p["simulated"]["meets_limits"] for p in doc["plans"] if p.get("simulated")] == [False]
+    out = CliRunner().invoke(main, [*args, "--simulate-top", "1"]).output
+    assert ("no simulated plan meets the latency limits; plans 2, 3 are not simulated (--simulate-top 3 simulates "
+            "them)") in out

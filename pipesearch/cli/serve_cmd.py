@@ -566,6 +566,19 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
         if over:
             click.echo(f"plan {p.rank}: its simulated {' and '.join(over)} (the closed form's means meet the limits, "
                        f"the run's do not); ranked after the simulated plans that meet them")
+    simulated_plans = [p for p in plans if p.simulated]
+    rest = [p for p in plans if not p.simulated]
+    if simulated_plans and rest and all(simulated_over_limits(p.simulated, job) for p in simulated_plans):
+        click.echo(f"no simulated plan meets the latency limits; plan{'s' if len(rest) > 1 else ''} "
+                   f"{', '.join(str(p.rank) for p in rest)} {'are' if len(rest) > 1 else 'is'} not simulated "
+                   f"(--simulate-top {len(plans)} simulates {'them' if len(rest) > 1 else 'it'})")
+    tight = [p for p in rest if p.headroom_budget is not None]
+    if tight:  # the budget the headroom rule would re-plan: the closed form's weakest case, not checked by a run
+        click.echo(f"plan{'s' if len(tight) > 1 else ''} {', '.join(str(p.rank) for p in tight)}, not simulated, "
+                   f"plan{'' if len(tight) > 1 else 's'} a step budget whose room for prompt tokens is about their "
+                   f"mean demand, where a run can fall far short of the closed form's tok/s, TPOT and TTFT "
+                   f"(--simulate-top {max(p.rank for p in tight)} simulates "
+                   f"{'them' if len(tight) > 1 else 'it'}, and runs a roomier budget where that does better)")
     for p in plans:  # the engine's own step budget kept: its simulation does better than the planned one's
         if "planned_budget" in (p.simulated or {}):
             was = p.simulated["planned_budget"]
