@@ -271,6 +271,28 @@ def test_an_encoder_decoder_is_refused_by_the_stage_chains(tmp_path, fmt):
     assert not (tmp_path / "x.json").exists()
 
 
+@pytest.mark.parametrize("runtime", ["torch", "torchtitan", "deepspeed", "gpipe", "megatron"])
+def test_plan_refuses_a_runtime_no_plan_of_an_encoder_decoder_runs_on_before_searching(tmp_path, runtime,
+                                                                                      monkeypatch):
+    """Every runtime refuses every plan of T5 (the stage chains above;
+    Megatron's command is pretrain_gpt.py's), so `plan --runtime` says so
+    at once, in one line naming the runtime and the model kind, exit 2,
+    no file, and never starts the search (which it ran in full, 7 to 10 s,
+    before refusing every plan it found)."""
+    import pipesearch.cli.plan_cmd as plan_cmd
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched")
+
+    monkeypatch.setattr(plan_cmd, "search", no_search)
+    res = CliRunner().invoke(main, ["plan", "--model", "t5-3b", "--cluster", "2x8-a100-80gb", "-b", "512",
+                                    "--runtime", runtime, "-o", str(tmp_path / "p.json")])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert line.startswith(f"error: --runtime {runtime}: model kind 'encoder-decoder'") and "\n" not in line
+    assert "drop --runtime" in line and not (tmp_path / "p.json").exists()
+
+
 @pytest.mark.parametrize("fmt", ["torch", "gpipe"])
 def test_a_sharded_optimizer_state_is_refused_where_the_loop_keeps_it_whole(tmp_path, fmt):
     """A ZeRO-2 plan (each replica holds a quarter of the optimizer state)

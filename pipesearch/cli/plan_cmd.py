@@ -22,7 +22,7 @@ from ..output_table import format_table, stage_counts_label
 from ..placement import memory_bytes_of, rank_memory
 from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
 from ..plan import PlanFile, document_problems, points_block, to_json
-from ..export import transformer_shape
+from ..export import model_kind_refusal, transformer_shape
 from ..runtimes import RUNTIMES
 from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, points_frame, search
 from ..types import Job
@@ -737,6 +737,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         raise InputError("--schedule mobius with --optimizer-offload: Mobius keeps every stage's weights and "
                          "optimizer state in host memory already (its step runs on the CPU); drop the flag")
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
+        refused = model_kind_refusal(runtime, source.info.get("transformer"))
+        if refused:  # no plan of this model runs there: said before the search, not after it
+            raise InputError(f"--runtime {runtime}: {refused}; drop --runtime (then export --format stages-json "
+                             f"gives the split)")
         schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
         if split and not explicit_schedules and not (vps and min(vps) > 1):
             # a split without --schedule is searched one stage per device, as without --runtime

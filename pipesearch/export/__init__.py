@@ -498,6 +498,24 @@ def tied_across_stages(plan: Plan) -> bool:
     return len(plan.stages) > 1 and any(dict(st.memory_breakdown).get("tied_copy", 0.0) > 0 for st in plan.stages)
 
 
+def model_kind_refusal(fmt: str, transformer: Mapping | None) -> str | None:
+    """Why format ``fmt`` cannot run a transformer of its config's ``kind``
+    (``transformer``: the config's fields, None for a profiled model), or
+    None: an encoder-decoder model is no chain of layers that each pass
+    one tensor on (a decoder layer also reads the encoder's output), and
+    Megatron's command here is ``pretrain_gpt.py``'s."""
+    kind = "decoder" if transformer is None else transformer.get("kind", "decoder")
+    if kind == "decoder":
+        return None
+    if fmt == "megatron":
+        return (f"model kind {kind!r}: only decoder-only models get a pretrain_gpt.py command (encoder-decoder "
+                f"models train with pretrain_t5.py and --encoder/--decoder-num-layers)")
+    if fmt in _CHAIN_FORMATS:
+        return (f"model kind {kind!r}: {RUNTIME_NAMES.get(fmt, fmt)} runs a chain of layers that each pass one "
+                f"tensor on, and a decoder layer also needs the encoder's output")
+    return None
+
+
 def refuse_chain_limits(plan: Plan, fmt: str, inputs: "Inputs") -> None:
     """Refuse what a runtime's pipeline of stages cannot run as planned: an
     encoder-decoder model (each stage passes one tensor on; a decoder stage
@@ -508,11 +526,9 @@ def refuse_chain_limits(plan: Plan, fmt: str, inputs: "Inputs") -> None:
         InputError: names the runtime, what it cannot run and the fix.
     """
     name = RUNTIME_NAMES.get(fmt, fmt)
-    t = inputs.transformer
-    if fmt in _CHAIN_FORMATS and t is not None and t.get("kind", "decoder") != "decoder":
-        raise InputError(f"export {fmt}: model kind {t.get('kind')!r}: {name} runs a chain of stages that each "
-                         f"pass one tensor on, and a decoder stage also needs the encoder's output; export "
-                         f"--format stages-json for the split")
+    reason = model_kind_refusal(fmt, inputs.transformer) if fmt in _CHAIN_FORMATS else None
+    if reason:
+        raise InputError(f"export {fmt}: {reason}; export --format stages-json for the split")
     if fmt in _UNSHARDED_FORMATS and inputs.sharding != "none":
         raise InputError(f"export {fmt}: the plan shards the optimizer state (--sharding {inputs.sharding}), and "
                          f"{name}'s training loop here keeps every replica's whole state and steps it, so the "

@@ -80,6 +80,7 @@ from ..types import Plan
 from . import (
     FORMAT_VERSION,
     Inputs,
+    model_kind_refusal,
     plan_layers,
     refuse_rank_order,
     shell_command,
@@ -318,11 +319,9 @@ def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
             raise InputError(f"megatron: inputs.model.transformer.{key} = {v!r}; expected a positive integer")
         return v
 
-    if t.get("kind", "decoder") != "decoder":
-        raise InputError(
-            f"megatron: model kind {t.get('kind')!r}: only decoder-only models get a pretrain_gpt.py command "
-            f"(encoder-decoder models train with pretrain_t5.py and --encoder/--decoder-num-layers)"
-        )
+    reason = model_kind_refusal("megatron", t)
+    if reason:
+        raise InputError(f"megatron: {reason}")
     h, a, f, vocab = num("hidden_size"), num("num_attention_heads"), num("ffn_hidden_size"), num("vocab_size")
     s = seq_len or num("seq_len")
     pos = t.get("position_embedding", "learned")
