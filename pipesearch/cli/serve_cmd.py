@@ -593,8 +593,9 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                            f"higher (it gives every micro-batch the same load, which the simulated run's did not "
                            f"have)")
             else:
-                click.echo(f"plan {p.rank} runs a step budget of {p.max_num_batched_tokens} tokens, a tenth more "
-                           f"room for prompt tokens than their mean demand: {measure} at the planned "
+                click.echo(f"plan {p.rank} runs a step budget of {p.max_num_batched_tokens} tokens (the one its "
+                           f"command asks for), a tenth more room for prompt tokens than their mean demand, "
+                           f"instead of the {was['max_num_batched_tokens']} planned first: {measure} at "
                            f"{was['max_num_batched_tokens']}, whose room is about that demand (the prompts' "
                            f"chunks then queue at a utilisation near 1, and sequences wait for them instead of "
                            f"decoding)")
