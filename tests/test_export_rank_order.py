@@ -146,7 +146,8 @@ def test_a_runtime_plan_does_not_depend_on_the_order_of_the_groups(tmp_path):
     whose H100 node is the cluster's second, as not in mesh order, though
     launching that node first runs it), and the export says which node
     starts: NODE_RANK 0 on the H100 node (devices 8-15 when it is listed
-    second), none when it is the first."""
+    second; devices 0-7 when first: on nodes of two device types the
+    index of each is what the split rests on, so it is said then too)."""
     times, notes = [], []
     for first, second in (("h100-80gb", "a100-80gb"), ("a100-80gb", "h100-80gb")):
         out = tmp_path / f"{first}.json"
@@ -159,7 +160,8 @@ def test_a_runtime_plan_does_not_depend_on_the_order_of_the_groups(tmp_path):
         assert exp.exit_code == 0, exp.output
         notes.append(" ".join(json.loads(exp.output)["notes"]))
     assert times[0] == times[1]
-    assert "NODE_RANK 0 on" not in notes[0]
+    assert "NODE_RANK 0 on node 0 of the cluster (devices 0-7, h100-80gb); 1 on node 1 of the cluster " \
+           "(devices 8-15, a100-80gb)" in notes[0]
     assert "NODE_RANK 0 on node 1 of the cluster (devices 8-15, h100-80gb)" in notes[1]
     assert "NODE_RANK 1 on node 0 of the cluster (devices 0-7, a100-80gb)" in notes[1]
 

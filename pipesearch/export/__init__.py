@@ -785,6 +785,11 @@ def torchrun_prefix(world_size: int, inputs: Inputs, plan: Plan | None = None,
                       '"${MASTER_PORT:-29500}"']
         notes.append(f"run the command on each of the {n} nodes with NODE_RANK set to the node's index (0 .. "
                      f"{n - 1}, in the plan's node order) and MASTER_ADDR to node 0's address")
+        nodes = Inputs.of(inputs).nodes[:n]
+        if len({kind for _, _, kind in nodes}) > 1 and not reordered_nodes(plan, inputs, scan):
+            # nodes of several device types: which one is which index is what the stages' split rests on
+            notes.append("NODE_RANK " + "; ".join(f"{k} on node {k} of the cluster (devices {a}-{b}, {kind})"
+                                                  for k, (a, b, kind) in enumerate(nodes)))
     if inputs.devices_per_node:
         idle = n * per_node - world_size
         if idle > 0:
