@@ -352,27 +352,34 @@ def device_files(cluster_path: str | Path) -> list[tuple[str, Path]]:
     except (OSError, InputError):  # loading it says what is wrong
         return []
     refs = [table.get("device")] + [g.get("device") for g in table.get("groups", []) if isinstance(g, dict)]
-    files = [_device_file(path, ref) for ref in refs if isinstance(ref, str)]
+    files = [device_file(path, ref) for ref in refs if isinstance(ref, str)]
     return [(f"the device file of --cluster {path.name}", f) for f in files if f is not None]
 
 
-def _device_file(where: Path, ref: str) -> Path | None:
-    """The device TOML that ``ref`` in the cluster file ``where`` names: a
-    value with a path separator or ending in ``.toml``, relative to the
-    file's directory; None for a catalog name."""
+def device_file(where: Path, ref: str) -> Path | None:
+    """The device TOML that ``ref`` in the file ``where`` (a cluster file,
+    a profile's ``# device:`` header) names: a value with a path separator
+    or ending in ``.toml``, relative to the file's directory; None for a
+    catalog name."""
     if "/" in ref or "\\" in ref or ref.endswith(".toml"):
         return where.parent / Path(ref).expanduser()
     return None
 
 
-def _device_ref(where: Path, key: str, value: Any) -> DeviceSpec:
-    """A device named in a cluster file.
+def device_reference(where: Path, key: str, value: Any) -> DeviceSpec:
+    """A device named under ``key`` in the file ``where`` (a cluster file, a
+    profile's header).
 
     A value containing a path separator or ending in ``.toml`` is a path
-    relative to the cluster file's directory; anything else is a catalog name.
+    relative to that file's directory; anything else is a catalog name.
+
+    Raises:
+        InputError: naming ``where``, ``key`` and the value: no such file,
+            not a regular file, a device file that does not read as one, an
+            unknown catalog name.
     """
     ref = _string(where, key, value)
-    path = _device_file(where, ref)
+    path = device_file(where, ref)
     if path is not None:
         kind = non_regular_kind(path)
         if kind is not None:
@@ -409,7 +416,7 @@ def _check_device_names(path, groups) -> None:
 def _group(where: Path, table: dict, prefix: str) -> DeviceGroup:
     _check_keys(where, table, _GROUP_KEYS, prefix=prefix)
     return DeviceGroup(
-        device=_device_ref(where, f"{prefix}device", _get(where, table, "device", prefix)),
+        device=device_reference(where, f"{prefix}device", _get(where, table, "device", prefix)),
         nodes=_count(where, f"{prefix}nodes", _get(where, table, "nodes", prefix)),
         devices_per_node=_count(where, f"{prefix}devices_per_node",
                                 _get(where, table, "devices_per_node", prefix)),

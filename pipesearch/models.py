@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from .budget import check_search_memory
 from .catalog import list_entries, resolve
 from .errors import InputError
-from .hardware import load_device
+from .hardware import device_file, device_reference, load_device
 from .placement import reference_device
 from .profiles import load_model
 from .profiles.transformer import (TransformerConfig, decoder_tokens, guessed_family_note, layer_table, load_transformer,
@@ -110,15 +111,26 @@ def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool =
     return out
 
 
-def profiled_device_of(name: str | None, cluster: Cluster) -> DeviceSpec | None:
+def profiled_device_of(name: str | None, cluster: Cluster, profile_path: Path | None = None) -> DeviceSpec | None:
     """The device a profile says it was measured on: the cluster's own device
-    type of that name (a device TOML the cluster file names), else the
-    catalog's; None when unnamed (``unknown``) or unknown to both."""
+    type of that name (a device TOML the cluster file names), a device TOML
+    (a value ending in ``.toml``, or with a path separator where that file
+    exists, relative to the profile's folder ``profile_path.parent``, as a
+    cluster file's are: the answer never depends on the working directory),
+    else the catalog's; None when unnamed (``unknown``) or unknown to both
+    (free text).
+
+    Raises:
+        InputError: a device file that is missing or does not read as one
+            (naming the profile, its ``device`` key and the value)."""
     if not name or name == "unknown":
         return None
     own = next((g.device for g in cluster.groups if g.device.name == name), None)
     if own is not None:
         return own
+    path = device_file(profile_path, name) if profile_path is not None else None
+    if path is not None and (name.endswith(".toml") or path.exists()):  # (free text may hold a "/")
+        return device_reference(profile_path, "device", name)
     try:
         return load_device(name)
     except InputError:
@@ -295,7 +307,7 @@ def load_model_source(
     mode = PER_STAGE if recomputable and recompute != "none" else "none"
     if max_search_memory_bytes is not None:
         check_search_memory(profile.num_layers, max_search_memory_bytes, f"--model {name_or_path}")
-    profiled_device = profiled_device_of(profile.profiled_device, cluster)
+    profiled_device = profiled_device_of(profile.profiled_device, cluster, path)
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
             "layers_description": describe_layers([lay.name for lay in profile.layers]),
             "warnings": profile_warnings(profile, cluster, path.name, rescaled=profiled_device is not None),

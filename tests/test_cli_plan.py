@@ -196,6 +196,41 @@ def test_model_that_fits_on_no_split(tmp_path):
     assert "no plan fits" in line and "huge" in line and "GiB" in line
 
 
+def test_a_profiles_device_file_is_read_beside_the_profile_whatever_the_working_directory(tmp_path):
+    """``# device: d.toml`` names a device TOML beside the profile (as a
+    cluster file's device paths are read beside it): the plan is the same
+    run from the profile's folder or from its parent, and its times are
+    rescaled from that device (a device of half an A100's fp32 peak, so the
+    iteration is shorter than with the times taken unscaled as an A100's);
+    a device file that does not read as one (memory 0) or does not exist
+    is refused naming the profile, its 'device' key and the value."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "d.toml").write_text('name = "d"\nmemory_GB = 36\npeak_fp16_TFLOPS = 80\npeak_fp32_TFLOPS = 9.75\n'
+                                   'hbm_bandwidth_GBps = 900\n')
+    (folder / "bad.toml").write_text('name = "b"\nmemory_GB = 0\npeak_fp16_TFLOPS = 80\npeak_fp32_TFLOPS = 9.75\n'
+                                     'hbm_bandwidth_GBps = 900\n')
+    rows = "".join(r + "\n" for r in good_rows(8))
+    for name, device in (("dev.csv", "d.toml"), ("plain.csv", "unknown"), ("bad.csv", "bad.toml"),
+                         ("gone.csv", "missing.toml")):
+        (folder / name).write_text(HEADER.replace("# batch_size: 32\n", f"# batch_size: 32\n# device: {device}\n")
+                                   + rows)
+    args = ["--cluster", "1x8-a100-80gb", "-b", "64", "--top", "1", "--json"]
+
+    def time_of(model, cwd):
+        res = run(["plan", "-q", "--model", model, *args], cwd)
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["plans"][0]["predicted"]["iteration_time_s"]
+
+    here, above, unscaled = time_of("dev.csv", folder), time_of("in/dev.csv", tmp_path), time_of("plain.csv", folder)
+    assert here == above and here < unscaled
+    for name, needles in (("bad.csv", ["'device' = 'bad.toml'", "memory_GB"]),
+                          ("gone.csv", ["'device' = 'missing.toml'", "no such file"])):
+        line = expect_input_error(run(["plan", "--model", f"in/{name}", *args], tmp_path), tmp_path, *needles,
+                                  files_before=["in"])
+        assert line.startswith(f"error: in/{name}: key")
+
+
 def test_all_points_are_written_when_no_plan_fits(tmp_path):
     """The points table is what says why no plan fits: with --all-points the
     refusal (one line, exit 2) still writes it, one row per point looked at,
