@@ -1865,8 +1865,8 @@ def _check_options(variants, cluster, job, options):
             gpus = cluster.num_devices // tp_min
             more = (f" ({stacked} runs pp x vp stages on pp GPUs: --pp {gpus} or fewer, and --vp for more stages)"
                     if stacked and shown.startswith("--pp") and gpus >= 1 else "")
-            raise InputError(f"{shown} needs {value * tp_min} devices, cluster {cluster.name} has "
-                             f"{cluster.num_devices}{more}")
+            raise InputError(f"{shown}{f' x --tp {tp_min}' if tp_min > 1 else ''} needs {value * tp_min} devices, "
+                             f"cluster {cluster.name} has {cluster.num_devices}{more}")
         if value and value > groups:
             raise InputError(f"{shown} needs {value} groups of tp {tp_min} devices inside one node, "
                              f"cluster {cluster.name} holds {groups}; {fix} or --tp")

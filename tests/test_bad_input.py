@@ -363,7 +363,7 @@ def test_a_split_too_large_for_the_cluster_names_the_split(tmp_path):
     """--split pins pp; the refusal named "--pp 4", which was not given."""
     line = assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "--tp", "4",
                                      "--split", "5,5,6,10", "-o", "p.json"],
-                          "--split of 4 stages (pp 4) needs 16 devices", "1x8-a100-80gb has 8")
+                          "--split of 4 stages (pp 4) x --tp 4 needs 16 devices", "1x8-a100-80gb has 8")
     assert "--pp 4" not in line
 
 
@@ -685,6 +685,25 @@ def test_pinned_degrees_count_tensor_parallel_devices(tmp_path):
     assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "256", "--pp", "2",
                               "--dp", "8", "--tp", "2", "-o", "p.json"],
                    "--pp 2 x --dp 8 x --tp 2 needs 32 devices", "has 16")
+
+
+def test_a_pinned_pp_names_the_pinned_tp_whose_devices_it_counts(tmp_path):
+    """pp 8 x tp 4 = 32 devices: the line names both pins (it named --pp 8
+    alone, with a count of 32 the user could not place)."""
+    assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "64", "--pp", "8",
+                              "--tp", "4", "-o", "p.json"], "--pp 8 x --tp 4 needs 32 devices", "has 16")
+
+
+def test_a_placement_with_pins_that_leave_one_replica_is_refused(tmp_path):
+    """--pp 8 on 8 devices leaves dp 1, where every placement is the same
+    one: refused as --dp 1 is (it ran, the pin meaning nothing); --pp 4
+    leaves dp 2 and runs."""
+    assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--placement",
+                              "data", "--pp", "8", "-o", "p.json"],
+                   "--placement data with --pp 8 on the 8 devices of 1x8-a100-80gb (dp 1)", "drop --placement")
+    ok = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                   "--placement", "data", "--pp", "4", "--top", "1"])
+    assert ok.exit_code == 0, ok.output
 
 
 def test_export_files_empty_or_under_a_file_is_refused(tmp_path, plan_doc):

@@ -761,8 +761,12 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                     f"of {cluster.name} (dp 1)")
     sharded = asked_sharding not in (None, "none") or zero1  # asked for: plans of one replica would not honour it
     pinned_pp = pp or (len(split) if split else None)
-    if placements and cluster.is_homogeneous and 1 in (pinned_pp, dp):
-        degree = f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}"
+    one_replica = (dp is None and pinned_pp is not None and not replicate_stages and not split_replicas
+                   and cluster.num_devices // (pinned_pp * (tp or 1)) <= 1)  # the pins leave dp 1
+    if placements and cluster.is_homogeneous and (1 in (pinned_pp, dp) or one_replica):
+        degree = (f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}" if dp == 1 else
+                  f"--pp {pinned_pp}{f' x --tp {tp}' if tp else ''} on the {cluster.num_devices} devices of "
+                  f"{cluster.name} (dp 1)")
         raise InputError(f"--placement {placements[0]} with {degree}: a placement orders the stages' replicas, which "
                          "needs pp > 1 and dp > 1 (every layout is the same here); drop --placement")
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
