@@ -152,7 +152,10 @@ def _write_all(items) -> list[Path]:
             fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name[:64]}.", suffix=p.suffix)
             os.close(fd)
             pending.append((tmp, p, what))
-            write(Path(tmp))
+            try:
+                write(Path(tmp))
+            except InputError as exc:  # a writer's own refusal names the file it was given: name the output
+                raise InputError(str(exc).replace(tmp, str(p))) from None
             os.chmod(tmp, stat.S_IMODE(p.stat().st_mode) if p.exists() else _umask_mode())
         for tmp, p, what in pending:
             current = (p, what)

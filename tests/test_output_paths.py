@@ -78,3 +78,23 @@ def test_profile_never_writes_over_the_model_source(tmp_path):
     _refused(["profile", f"{src}:make", "--input-shape", "4", "--batch-size", "2", "-o", str(src)],
              "the same file as MODULE:FACTORY")
     assert "never built" in src.read_text()
+
+
+def test_a_failed_write_inside_several_outputs_names_the_output_not_its_temporary_file(tmp_path):
+    """Several outputs are written to temporary files beside them first; a
+    writer that writes atomically itself (the figures) and fails (a full
+    disk) named that temporary file (``.space.png.tj8q3tv3.png``): the
+    line names the output, and nothing is left beside it."""
+    from pipesearch.errors import InputError
+    from pipesearch.output import write_output, write_outputs
+
+    def full_disk(path):
+        def fail(_):
+            raise OSError(28, "No space left on device")
+        return write_output(path, fail, "figure")
+
+    with pytest.raises(InputError) as refused:
+        write_outputs([(tmp_path / "p.json", lambda f: f.write_text("{}"), "plan file"),
+                       (tmp_path / "space.png", full_disk, "figure")])
+    assert str(refused.value) == f"figure {tmp_path / 'space.png'}: cannot write (No space left on device)"
+    assert list(tmp_path.iterdir()) == []
