@@ -181,7 +181,8 @@ def test_cli_profile_writes_a_csv_that_load_model_reads(tmp_path, monkeypatch):
 def test_cli_profile_errors_exit_2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models.py").write_text(
-        "def not_a_model():\n    return 42\n\n\ndef broken():\n    raise ValueError('no')\n")
+        "def not_a_model():\n    return 42\n\n\ndef broken():\n    raise ValueError('no')\n\n\n"
+        "def empty():\n    import torch.nn as nn\n    return nn.Sequential()\n")
     runner = CliRunner()
     cases = [
         (["nocolon"], "MODULE:FACTORY"),
@@ -190,6 +191,7 @@ def test_cli_profile_errors_exit_2(tmp_path, monkeypatch):
         (["models.py:not_a_model"], "not a torch.nn.Module"),
         (["models:broken"], "factory raised"),
         (["missing/file.py:f"], "does not exist"),
+        (["models.py:empty"], "models.py:empty: cannot profile Sequential: it has no child modules"),
     ]
     for args, message in cases:
         result = runner.invoke(main, ["profile", *args, "--input-shape", "4", "--batch-size", "2", "-o", "o.csv"])

@@ -233,6 +233,10 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
             profile = profile_module_at_sizes(model, make_input, sizes, **options)
         else:
             profile = profile_module(model, make_input(sizes[0]), batch_size=sizes[0], **options)
+    except InputError as exc:  # the module's own shape: say which one the command built
+        if not str(exc).startswith("cannot profile "):
+            raise
+        raise InputError(f"{model_spec or hf_config}: {exc}") from None
     except (MemoryError, RuntimeError) as exc:  # torch reports a failed allocation as RuntimeError
         if not isinstance(exc, MemoryError) and "alloc" not in str(exc).lower() and "out of memory" not in str(exc):
             raise
