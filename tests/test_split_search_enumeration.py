@@ -176,6 +176,18 @@ def test_cutoff_below_every_bound_simulates_nothing(seed):
     above = exact_split(costs, schedule, pp, vp, cutoff_s=least * (1 + 1e-3))
     assert above.splits_evaluated >= 1
 
+def _two_node_search(seed: int, L: int):
+    """``(profile, cluster, job, options)``: ``L`` random layers with
+    weights worth all-reducing on 2 x 4 devices with slow links between the
+    nodes, a batch of 64, every default schedule, the top 6."""
+    rng = np.random.default_rng(seed)
+    prof = tiny_profile(list(rng.uniform(1e-3, 8e-3, L)), params=list(rng.uniform(0, 4e8, L)),
+                        outputs=list(rng.uniform(1e6, 4e7, L)), saved=list(rng.uniform(1e8, 6e8, L)), batch_size=8)
+    cluster = tiny_cluster(2, 4, memory_bytes=24 * GIB, intra=Link(1e10, 1e-5), inter=Link(1.25e9, 5e-5))
+    return prof, cluster, Job(64, memory_reserve_bytes=GIB), SearchOptions(
+        schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), top=6)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_deferred_interleaved_points_keep_the_ranked_plans(seed, monkeypatch):
     """A 12-layer model on 2 x 4 devices with slow links between nodes and
@@ -185,13 +197,7 @@ def test_deferred_interleaved_points_keep_the_ranked_plans(seed, monkeypatch):
     cutoff); an interleaved plan ranks among them. A deferred point never
     evaluated, or evaluated against a cutoff it cannot be held to, changes
     the table."""
-    rng = np.random.default_rng(seed)
-    L = 12
-    prof = tiny_profile(list(rng.uniform(1e-3, 8e-3, L)), params=list(rng.uniform(0, 4e8, L)),
-                        outputs=list(rng.uniform(1e6, 4e7, L)), saved=list(rng.uniform(1e8, 6e8, L)), batch_size=8)
-    cluster = tiny_cluster(2, 4, memory_bytes=24 * GIB, intra=Link(1e10, 1e-5), inter=Link(1.25e9, 5e-5))
-    job = Job(64, memory_reserve_bytes=GIB)
-    options = SearchOptions(schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), top=6)
+    prof, cluster, job, options = _two_node_search(seed, 12)
 
     def ranked():
         res = search([ModelVariant(prof)], cluster, job, options)
@@ -381,13 +387,7 @@ def test_search_hands_each_seeded_point_its_own_costs(seed, monkeypatch):
     the split search's bound and count) equal those of the search that
     builds every point's costs again. A key that leaves out the micro-batch
     count (or size) hands a point of another micro-batch count its costs."""
-    rng = np.random.default_rng(seed)
-    L = 10
-    prof = tiny_profile(list(rng.uniform(1e-3, 8e-3, L)), params=list(rng.uniform(0, 4e8, L)),
-                        outputs=list(rng.uniform(1e6, 4e7, L)), saved=list(rng.uniform(1e8, 6e8, L)), batch_size=8)
-    cluster = tiny_cluster(2, 4, memory_bytes=24 * GIB, intra=Link(1e10, 1e-5), inter=Link(1.25e9, 5e-5))
-    job = Job(64, memory_reserve_bytes=GIB)
-    options = SearchOptions(schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), top=6)
+    prof, cluster, job, options = _two_node_search(seed, 10)
     checked = []
     evaluate = search_lib._evaluate
 
