@@ -139,7 +139,8 @@ def _program(f: np.ndarray, b: np.ndarray, scale: np.ndarray, pp: int, m: int, v
     n = _chains(pp, m, vp)
     chains = np.zeros((S, 3 * S + 1))  # t >= stage k's chain
     chains[:, T], chains[stage, P + stage] = 1.0, -1.0
-    chains[:, U:U + S], chains[:, V:V + S] = -n[:, :, 0] * scale, -n[:, :, 1] * scale
+    on = ((n[:, :, 0] > 0) | (n[:, :, 1] > 0))[..., None]  # the stages on the chain (both counts written)
+    chains[:, U:U + S], chains[:, V:V + S] = np.moveaxis(np.where(on, -n * scale[:, None], 0.0), 2, 0)
     prefix = np.zeros((S - 1, 3 * S + 1))  # P_{k+1} = P_k + a_k (u_k + v_k)
     k = stage[:-1]
     prefix[k, P + k + 1], prefix[k, P + k] = 1.0, -1.0

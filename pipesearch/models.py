@@ -116,9 +116,10 @@ def profiled_device_of(name: str | None, cluster: Cluster, profile_path: Path | 
     type of that name (a device TOML the cluster file names), a device TOML
     (a value ending in ``.toml``, or with a path separator where that file
     exists, relative to the profile's folder ``profile_path.parent``, as a
-    cluster file's are: the answer never depends on the working directory),
-    else the catalog's; None when unnamed (``unknown``) or unknown to both
-    (free text).
+    cluster file's are: the answer never depends on the working directory;
+    a path-like value that names no file there is free text), else the
+    catalog's; None when unnamed (``unknown``) or unknown to both (free
+    text).
 
     Raises:
         InputError: a device file that is missing or does not read as one
@@ -131,6 +132,8 @@ def profiled_device_of(name: str | None, cluster: Cluster, profile_path: Path | 
     path = device_file(profile_path, name) if profile_path is not None else None
     if path is not None and (name.endswith(".toml") or path.exists()):  # (free text may hold a "/")
         return device_reference(profile_path, "device", name)
+    if path is not None:  # a path-like value that names no file beside the profile: free text, never a
+        return None       # path from the working directory
     try:
         return load_device(name)
     except InputError:

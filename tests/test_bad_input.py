@@ -697,13 +697,18 @@ def test_a_pinned_pp_names_the_pinned_tp_whose_devices_it_counts(tmp_path):
 def test_a_placement_with_pins_that_leave_one_replica_is_refused(tmp_path):
     """--pp 8 on 8 devices leaves dp 1, where every placement is the same
     one: refused as --dp 1 is (it ran, the pin meaning nothing); --pp 4
-    leaves dp 2 and runs."""
+    leaves dp 2 and runs; --pp 16 leaves none, and says so."""
     assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64", "--placement",
                               "data", "--pp", "8", "-o", "p.json"],
                    "--placement data with --pp 8 on the 8 devices of 1x8-a100-80gb (dp 1)", "drop --placement")
     ok = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64",
                                    "--placement", "data", "--pp", "4", "--top", "1"])
     assert ok.exit_code == 0, ok.output
+    # pins that need more devices than the cluster has are refused for that, with the pin the user gave
+    for pins, needle in ((["--pp", "16"], "--pp 16 needs 16 devices"),
+                         (["--split", "2,2,2,2,2,2,2,2,2,2,1,1,1,1,1,1"], "--split of 16 stages (pp 16) needs 16")):
+        assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                  "--placement", "data", *pins, "-o", "p.json"], needle, "has 8")
 
 
 def test_export_files_empty_or_under_a_file_is_refused(tmp_path, plan_doc):

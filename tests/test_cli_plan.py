@@ -203,7 +203,10 @@ def test_a_profiles_device_file_is_read_beside_the_profile_whatever_the_working_
     rescaled from that device (a device of half an A100's fp32 peak, so the
     iteration is shorter than with the times taken unscaled as an A100's);
     a device file that does not read as one (memory 0) or does not exist
-    is refused naming the profile, its 'device' key and the value."""
+    is refused naming the profile, its 'device' key and the value; a value
+    with a '/' that names no file beside the profile is free text (times
+    unscaled), though the working directory holds a device file of that
+    path."""
     folder = tmp_path / "in"
     folder.mkdir()
     (folder / "d.toml").write_text('name = "d"\nmemory_GB = 36\npeak_fp16_TFLOPS = 80\npeak_fp32_TFLOPS = 9.75\n'
@@ -229,6 +232,12 @@ def test_a_profiles_device_file_is_read_beside_the_profile_whatever_the_working_
         line = expect_input_error(run(["plan", "--model", f"in/{name}", *args], tmp_path), tmp_path, *needles,
                                   files_before=["in"])
         assert line.startswith(f"error: in/{name}: key")
+    # a path-like value with no file beside the profile is free text, whatever the working directory holds
+    (tmp_path / "devs").mkdir()
+    (tmp_path / "devs" / "d").write_text((folder / "d.toml").read_text())
+    (folder / "text.csv").write_text(HEADER.replace("# batch_size: 32\n", "# batch_size: 32\n# device: devs/d\n")
+                                     + rows)
+    assert time_of("in/text.csv", tmp_path) == time_of("text.csv", folder) == unscaled
 
 
 def test_all_points_are_written_when_no_plan_fits(tmp_path):

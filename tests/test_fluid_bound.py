@@ -198,3 +198,42 @@ def test_times_over_many_orders_of_magnitude(seed):
                        in_flight=[1] * S)
     bound = fluid_lower_bound_s(costs, SCHEDULE, pp, vp)
     assert 0 < bound <= _least_time(costs, pp, vp) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_programs_rows_are_the_paths_of_the_module_docstring(seed):
+    """The program of :func:`pipesearch.fluid_bound._program` (without the
+    ratio cone) at stage loads ``u``, ``v``: its rows hold exactly when
+    ``t`` is at least every rank's work ``m sum_{s on q} a_s (u_s + v_s)``
+    and every stage's chain ``P_k + sum_s n_F(k, s) a_s u_s + n_B(k, s) a_s
+    v_s`` (``P_k`` the scaled compute before stage ``k``, the counts of
+    :func:`pipesearch.split_search._interleaved_chain`), written here from
+    the docstring: at the longest of them each row's value is ``t`` less
+    its path (ranks first, then the stages' chains), the prefix rows 0 and
+    the totals the model's. A rank's stage left out, a chain of the wrong
+    stage, a prefix off by one stage or unscaled breaks one of them."""
+    from pipesearch.fluid_bound import _program
+
+    rng = np.random.default_rng(seed)
+    pp, vp = int(rng.integers(2, 5)), int(rng.integers(2, 4))
+    S, m = pp * vp, pp * int(rng.integers(1, 4))
+    f, b = rng.uniform(0.1, 1, 3 * S), rng.uniform(0.1, 2, 3 * S)
+    f, b = f / (f.sum() + b.sum()), b / (f.sum() + b.sum())
+    scale = rng.choice([1.0, 1.5, 0.7], S)
+    A, lo, hi, x_lo, x_hi = _program(f, b, scale, pp, m, vp, cone=False)
+    u, v = rng.dirichlet(np.ones(S)) * f.sum(), rng.dirichlet(np.ones(S)) * b.sum()
+    work = scale * (u + v)
+    before = np.concatenate([[0.0], np.cumsum(work)[:-1]])
+    paths = [m * work[q::pp].sum() for q in range(pp)]
+    for k in range(S):
+        n = split_search._interleaved_chain(pp, m, vp, k)
+        paths.append(before[k] + float(np.sum(n[:, 0] * scale * u + n[:, 1] * scale * v)))
+    t = max(paths)
+    ax = A @ np.concatenate([u, v, before, [t]])
+    # row by row, in order: t less each rank's work, then each stage's chain (>= 0); the prefixes (= 0); the totals
+    assert ax[:pp + S] == pytest.approx(t - np.array(paths), abs=1e-12)
+    assert np.all(lo[:pp + S] == 0) and np.all(np.isinf(hi[:pp + S]))
+    equal = np.concatenate([np.zeros(S - 1), [f.sum(), b.sum()]])
+    assert ax[pp + S:] == pytest.approx(equal, abs=1e-12)
+    assert np.array_equal(lo[pp + S:], hi[pp + S:]) and lo[pp + S:] == pytest.approx(equal, abs=1e-15)
+    assert len(A) == pp + 2 * S + 1

@@ -342,7 +342,8 @@ def test_starting_splits_kept_from_a_seeds_only_call_leave_the_answer(seed, memo
     sharing a ``cache``: the same answer (split, times, bound, exactness and
     splits simulated) as a call without one, with no cutoff and with one just
     above and just below the enumerated optimum, and no starting split found
-    again (the analytic optimum, one of them, is not asked for). The
+    again (the analytic optimum, one of them, is not asked for) nor, with
+    no cutoff (no proof evaluates splits before them), simulated again. The
     ``seeds_only`` time is the simulator's time of its split, at least the
     optimum. Kept times not counted as fitting (the branch and bound's split
     limit, the no-split answer) change the answer or the count."""
@@ -358,9 +359,19 @@ def test_starting_splits_kept_from_a_seeds_only_call_leave_the_answer(seed, memo
                                       costs.stage_times(np.array(seeded.bounds)))
         assert seeded.iteration_time_s == pytest.approx(simulated, rel=1e-9)
         assert seeded.iteration_time_s >= best * (1 - 1e-12)
+        simulated: list = []
+        run = split_search._Evaluator.run
+
+        def recording(self, splits, keep=False):
+            simulated.extend(tuple(b) for b in splits if tuple(b) not in self.times)
+            return run(self, splits, keep)
+
         with monkeypatch.context() as patched:
             patched.setattr(split_search, "optimal_split", None)  # a starting split searched again fails
+            patched.setattr(split_search._Evaluator, "run", recording)
             assert exact_split(costs, schedule, pp, vp, cutoff_s=cutoff, cache=cache) == without
+        if not np.isfinite(cutoff):  # (no cutoff proof before the starts): none of them is simulated again
+            assert cache["start_run"][0] and not set(simulated) & set(cache["start_run"][0])
 
 
 def _same_costs(a, b) -> bool:

@@ -762,7 +762,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     sharded = asked_sharding not in (None, "none") or zero1  # asked for: plans of one replica would not honour it
     pinned_pp = pp or (len(split) if split else None)
     one_replica = (dp is None and pinned_pp is not None and not replicate_stages and not split_replicas
-                   and cluster.num_devices // (pinned_pp * (tp or 1)) <= 1)  # the pins leave dp 1
+                   and cluster.num_devices // (pinned_pp * (tp or 1)) == 1)  # the pins leave dp 1 (0: too few)
     if placements and cluster.is_homogeneous and (1 in (pinned_pp, dp) or one_replica):
         degree = (f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}" if dp == 1 else
                   f"--pp {pinned_pp}{f' x --tp {tp}' if tp else ''} on the {cluster.num_devices} devices of "
