@@ -93,3 +93,29 @@ def test_delayed_flag_needs_a_host_step():
     assert r.exit_code == 2
     assert "--delayed-optimizer-step" in r.output and "--optimizer-offload" in r.output
     assert "Traceback" not in r.output
+
+
+def test_delayed_flag_where_no_stage_offloads_says_so():
+    """--optimizer-offload lets a stage keep its optimizer on the host where
+    it does not fit: GPT-3 1.3B on eight 24 GB RTX 4090 at dp 8 fits with
+    every optimizer on the GPUs (a stage's host step is 0 in the plan file),
+    so --delayed-optimizer-step delays nothing there, and a line says so
+    (the flag passed without a word); Qwen3-32B on the same cluster
+    offloads (a host step above 0) and gets no such line."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    args = ["plan", "-q", "--cluster", "1x8-rtx4090-pcie4", "--optimizer-offload", "--delayed-optimizer-step",
+            "--top", "2"]
+    small = ["--model", "gpt3-1.3b", "-b", "64", "--pp", "1", "--dp", "8", "--sharding", "zero1"]
+    plans = json.loads(CliRunner().invoke(main, [*args, *small, "--json"]).output)["plans"]
+    assert plans and all(st.get("host_step_s", 0.0) == 0.0 for p in plans for st in p["stages"])
+    out = CliRunner().invoke(main, [*args, *small]).output
+    assert "--delayed-optimizer-step: plans 1, 2 keep every stage's optimizer on the GPUs" in out
+    large = ["--model", "qwen3-32b", "--global-batch-size", "512"]
+    plans = json.loads(CliRunner().invoke(main, [*args, *large, "--json"]).output)["plans"]
+    assert all(any(st.get("host_step_s", 0.0) > 0 for st in p["stages"]) for p in plans)
+    assert "--delayed-optimizer-step:" not in CliRunner().invoke(main, [*args, *large]).output

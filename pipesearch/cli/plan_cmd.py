@@ -259,6 +259,20 @@ def search_summary_line(result) -> str:
             f"skipped: {skipped}")
 
 
+def delayed_step_note(plans, delayed: bool) -> list[str]:
+    """With --delayed-optimizer-step, a line naming the plans that keep every
+    stage's optimizer step on the GPUs (no stage offloads it, no host
+    schedule), where the flag delays nothing; empty otherwise."""
+    kept = [str(p.rank) for p in plans if p.schedule not in ("mobius", "roundpipe")
+            and not any(st.host_step_s > 0 for st in p.stages)] if delayed else []
+    if not kept:
+        return []
+    many = len(kept) > 1
+    return [f"--delayed-optimizer-step: plan{'s' if many else ''} {', '.join(kept)} keep{'' if many else 's'} every "
+            f"stage's optimizer on the GPU{'s' if many else ''} (no stage offloads it: it fits), so "
+            f"{'their' if many else 'its'} step is not delayed"]
+
+
 def unproven_note(result) -> list[str]:
     """A line when the ranking is not proven over the whole space: points
     outside the table stopped at the split search's work limits with a
@@ -853,7 +867,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
     click.echo(plans_table(result.plans, memory_bytes_of(cluster), mixed_cluster=not cluster.is_homogeneous))
     for line in (tie_note(result.plans) + mixed_stage_note(result.plans) + split_notes(result.plans)
-                 + layout_notes(result.plans, cluster, tuple(dict.fromkeys(placements))) + unproven_note(result)):
+                 + layout_notes(result.plans, cluster, tuple(dict.fromkeys(placements))) + unproven_note(result)
+                 + delayed_step_note(result.plans, delayed_optimizer_step)):
         click.echo(line)
     if not quiet:
         click.echo(usable_memory_line(cluster, job))
