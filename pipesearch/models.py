@@ -130,10 +130,8 @@ def profiled_device_of(name: str | None, cluster: Cluster, profile_path: Path | 
     if own is not None:
         return own
     path = device_file(profile_path, name) if profile_path is not None else None
-    if path is not None and (name.endswith(".toml") or path.exists()):  # (free text may hold a "/")
-        return device_reference(profile_path, "device", name)
-    if path is not None:  # a path-like value that names no file beside the profile: free text, never a
-        return None       # path from the working directory
+    if path is not None:  # beside the profile, never from the working directory; free text may hold a "/"
+        return device_reference(profile_path, "device", name) if name.endswith(".toml") or path.exists() else None
     try:
         return load_device(name)
     except InputError:

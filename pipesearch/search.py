@@ -1631,8 +1631,9 @@ def _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, l
     cache: dict = {}
     found = None if costs is None else exact_split(costs, row["schedule"], row["pp"], row["vp"], seeds_only=True,
                                                    cache=cache)
-    if seed_work is not None and costs is not None and _seed_key(variant, row) is not None:
-        seed_work[_seed_key(variant, row)] = (slots, costs, cache)
+    key = _seed_key(variant, row)
+    if seed_work is not None and costs is not None and key is not None:
+        seed_work[key] = (slots, costs, cache)
     return math.inf if found is None else found.iteration_time_s
 
 

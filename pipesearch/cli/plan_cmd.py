@@ -767,20 +767,18 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                              f"stage per device (vp 1); drop --vp, or choose a runtime with virtual stages "
                              f"({', '.join(looped)})")
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
+    pinned_pp = pp or (len(split) if split else None)
+    # pins that leave the devices one data-parallel replica (none: too few, which the search refuses)
+    one_replica = (f"--pp {pinned_pp}{f' x --tp {tp}' if tp else ''} on the {cluster.num_devices} devices of "
+                   f"{cluster.name} (dp 1)" if dp is None and pinned_pp is not None and not replicate_stages
+                   and not split_replicas and cluster.num_devices // (pinned_pp * (tp or 1)) == 1 else None)
     if dp == 1:
         check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather)
-    elif dp is None and pp is not None and cluster.num_devices // (pp * (tp or 1)) <= 1:  # the pins leave dp 1
-        check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather,
-                                why=f"--pp {pp}{f' x --tp {tp}' if tp else ''} on the {cluster.num_devices} devices "
-                                    f"of {cluster.name} (dp 1)")
+    elif one_replica:
+        check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather, why=one_replica)
     sharded = asked_sharding not in (None, "none") or zero1  # asked for: plans of one replica would not honour it
-    pinned_pp = pp or (len(split) if split else None)
-    one_replica = (dp is None and pinned_pp is not None and not replicate_stages and not split_replicas
-                   and cluster.num_devices // (pinned_pp * (tp or 1)) == 1)  # the pins leave dp 1 (0: too few)
     if placements and cluster.is_homogeneous and (1 in (pinned_pp, dp) or one_replica):
-        degree = (f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}" if dp == 1 else
-                  f"--pp {pinned_pp}{f' x --tp {tp}' if tp else ''} on the {cluster.num_devices} devices of "
-                  f"{cluster.name} (dp 1)")
+        degree = f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}" if dp == 1 else one_replica
         raise InputError(f"--placement {placements[0]} with {degree}: a placement orders the stages' replicas, which "
                          "needs pp > 1 and dp > 1 (every layout is the same here); drop --placement")
     options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,

@@ -151,12 +151,14 @@ def delayed_host_note(plan) -> str | None:
             f"(the longest), delayed beside the next iteration")
 
 
-def zero_bubble_activations(plan) -> list[float] | None:
+def zero_bubble_activations(plan, ranks: int) -> list[float] | None:
     """Per rank, the activation bytes the plan's memory model gives a
     ZB-H1 plan's device (its one stage's ``activations`` part: saved
     activations until ``I``, then only the ``W`` inputs until ``W``), or
-    None for other schedules and plans without a memory breakdown."""
-    if plan.schedule != "zb-h1" or plan.vp != 1 or not all(st.memory_breakdown for st in plan.stages):
+    None for other schedules, plans without a memory breakdown and plans
+    whose stages are not its ``ranks`` ranks one to one."""
+    if (plan.schedule != "zb-h1" or plan.vp != 1 or len(plan.stages) != ranks
+            or not all(st.memory_breakdown for st in plan.stages)):
         return None
     return [float(dict(st.memory_breakdown).get("activations", 0.0)) for st in plan.stages]
 
@@ -237,19 +239,18 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
                f"{format_seconds(analytic) if analytic else 'n/a'}"
                + (" (as recorded in the file, not recomputed)" if analytic and disagreement else ""))
     click.echo(f"bubble (busiest rank idle): {100 * busiest_idle_fraction(max(tl.busy_s), total_s):.1f}%")
-    held = zero_bubble_activations(plan)
-    held = held if held is not None and len(held) == tl.num_ranks else None
+    held = zero_bubble_activations(plan, tl.num_ranks)
     for r in range(tl.num_ranks):
         peak = format_bytes(tl.peak_act_bytes[r])
         click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s if total_s > 0 else 0.0:5.1f}%  "
-                   f"peak activations on the device " + (f"{peak}" if held is None else
-                                                         f"{format_bytes(held[r])} ({peak} held whole)"))
-    if plan.schedule == "zb-h1":  # the one schedule with I / W actions
-        click.echo("  (" + ("the plan's activations: only the W inputs are kept between I and W, docs/schedules.md; "
-                            "held whole: " if held is not None else "") +
-                   "each micro-batch's activations counted whole until its weight gradient W: an upper bound"
-                   + ("" if held is not None else
-                      "; the plan's memory keeps only the W inputs between I and W, docs/schedules.md") + ")")
+                   f"peak activations on the device "
+                   + (peak if held is None else f"{format_bytes(held[r])} ({peak} held whole)"))
+    whole = "each micro-batch's activations counted whole until its weight gradient W: an upper bound"
+    if held is not None:
+        click.echo(f"  (the plan's activations: only the W inputs are kept between I and W, docs/schedules.md; "
+                   f"held whole: {whole})")
+    elif plan.schedule == "zb-h1":  # the one schedule with I / W actions
+        click.echo(f"  ({whole}; the plan's memory keeps only the W inputs between I and W, docs/schedules.md)")
     outputs = []  # written together: all or none (output.write_outputs)
     if timeline is not None:
         from ..plots.timeline import allreduce_label, plot_timeline
