@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipesearch.hardware import load_cluster  # noqa: E402
 from pipesearch.models import load_model_source  # noqa: E402
-from pipesearch.search import SearchOptions, search  # noqa: E402
+from pipesearch.search import search  # noqa: E402
+from pipesearch.search_options import SearchOptions  # noqa: E402
 from pipesearch.types import Job  # noqa: E402
 
 

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipesearch.profiler import hf_model_from_config, profile_module
     from pipesearch.profiles import load_model, write_profile_csv
     from pipesearch.runtime import RunConfig, run_plans
-    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.search import search
+    from pipesearch.search_options import ModelVariant, SearchOptions
     from pipesearch.types import Job
 
     vocab, m = gpt_model.BENCH["vocab"], 4

@@ -51,7 +51,8 @@ from pipesearch.hardware import load_cluster  # noqa: E402
 from pipesearch.memory import preset  # noqa: E402
 from pipesearch.overlap import CommOverlap  # noqa: E402
 from pipesearch.profiles.transformer import TransformerConfig, layer_table, megatron_flops_eq3  # noqa: E402
-from pipesearch.search import ModelVariant, SearchOptions, search  # noqa: E402
+from pipesearch.search import search  # noqa: E402
+from pipesearch.search_options import ModelVariant, SearchOptions  # noqa: E402
 from pipesearch.types import Job  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "published"

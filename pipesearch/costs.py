@@ -1094,7 +1094,7 @@ def build_pipeline_costs(
             exceeds it.
         chunk_states: ``(pp / stages_per_device, Q, stages_per_device)``
             in-flight counts of each device's chunks at its count states
-            (:func:`pipesearch.search.schedule_chunk_states`); ``in_flight``
+            (:func:`pipesearch.in_flight.schedule_chunk_states`); ``in_flight``
             must then hold each chunk's own peak (their maxima).
         links: precomputed :func:`placement_links` of ``placement`` (the
             search reuses them across points with the same placement).

@@ -21,7 +21,7 @@ from .placement import reference_device
 from .profiles import load_model
 from .profiles.transformer import (TransformerConfig, decoder_tokens, guessed_family_note, layer_table, load_transformer,
                                    sliding_window_note)
-from .search import ModelVariant
+from .search_options import ModelVariant
 from .types import Cluster, DeviceSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")

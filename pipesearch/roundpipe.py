@@ -642,7 +642,7 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
     ``split`` pins the layers per group; ``notes["host_overflow"]`` gets
     :func:`host_overflow_note` when host memory refuses the point."""
     from .placement import group_ids, node_ids
-    from .search import _throughput_terms
+    from .point_plan import throughput_terms
     from .types import Plan, Prediction, StagePlan
 
     pp, vp, m, mbs = row["pp"], row["vp"], row["num_micro_batches"], row["micro_batch_size"]
@@ -699,7 +699,7 @@ def plan_point(variant, cluster: Cluster, job: Job, row: dict, gpus: np.ndarray,
                            bubble_fraction=busiest_idle_fraction(float(busy.max()), t),
                            peak_memory_bytes=float(peaks.max()),
                            memory_capacity_bytes=float(stage_capacity_bytes(cluster, devices.reshape(-1, 1)).min()),
-                           **_throughput_terms(variant.profile, stages, job.global_batch_size, cluster, 1))
+                           **throughput_terms(variant.profile, stages, job.global_batch_size, cluster, 1))
     moved = costs.pcie_bytes(b)[0]
     held = costs.host_bytes(b)[0]
     info = {"exact": found.exact, "lower_bound_s": found.lower_bound_s, "gap": found.gap,

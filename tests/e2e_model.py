@@ -51,7 +51,8 @@ def plan_pair(profile, schedule: str, *, num_micro_batches: int = 4):
     """
     from pipesearch.hardware import load_cluster, load_device
     from pipesearch.plan import PlanFile, normalize
-    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.search import search
+    from pipesearch.search_options import ModelVariant, SearchOptions
     from pipesearch.types import Job
 
     cluster = load_cluster(CLUSTER)

@@ -18,7 +18,8 @@ from helpers import REPO, tiny_cluster, tiny_profile
 from pipesearch.cli import main
 from pipesearch.cli.plan_cmd import split_notes
 from pipesearch.plan import SCHEMA, load_plan_file
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job
 
 PIPEDREAM = REPO / "tests" / "data" / "pipedream"
@@ -357,7 +358,7 @@ def test_simulate_names_the_all_reduce_only_with_data_parallelism(tmp_path):
 def test_timeline_draws_the_all_reduce_and_zooms(tmp_path):
     from pipesearch.plan import load_plan_file
     from pipesearch.plots.timeline import allreduce_spans
-    from pipesearch.search import simulate_plan
+    from pipesearch.point_plan import simulate_plan
 
     assert run(["plan", "--model", "vgg16", "--pp", "2", "--dp", "8", "--schedule", "gpipe", "--top", "1",
                 "-o", "v.json"], tmp_path).exit_code == 0

@@ -18,7 +18,8 @@ from helpers import rtx4090_cluster_toml
 from pipesearch.errors import InfeasibleError, InputError
 from pipesearch.hardware import describe_cluster, load_cluster, load_device
 from pipesearch.models import load_model_source
-from pipesearch.search import SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import SearchOptions
 from pipesearch.types import DeviceGroup, Job
 
 MIB, GB = 2**20, 1e9

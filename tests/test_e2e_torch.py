@@ -38,7 +38,8 @@ import pytest
 from pipesearch.errors import InputError
 from pipesearch.hardware import load_cluster
 from pipesearch.runtime.torch_pipeline import schedule_class_name, stage_modules
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job, Layer, ModelProfile
 
 try:

@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from helpers import tied_or_random_profile, tiny_cluster
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job, Link
 
 TOP = 3

@@ -118,7 +118,7 @@ def _interleaved_costs(prof, pp: int, vp: int, m: int, memory_bytes: float):
     from helpers import tiny_cluster
     from pipesearch.costs import build_pipeline_costs, pipeline_placement
     from pipesearch.schedules import in_flight_peaks
-    from pipesearch.search import schedule_chunk_states
+    from pipesearch.in_flight import schedule_chunk_states
     from pipesearch.types import Job
 
     S = pp * vp

@@ -1,5 +1,5 @@
 """The search evaluates its mapped points after every other point, the
-least-bound point of each configuration first (``search._mapped_visit_order``),
+least-bound point of each configuration first (``point_placement.mapped_visit_order``),
 so that their order search starts from the lowest cutoff. The ranked plans
 must not depend on that order: every point that can enter them is searched
 exactly against a cutoff that only falls (docs/heterogeneous.md, "Point
@@ -12,7 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from pipesearch.placement import slot_heads
-from pipesearch.search import ModelVariant, SearchOptions, _mapped_visit_order, search
+from pipesearch.search import search
+from pipesearch.point_placement import mapped_visit_order
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job
 
 from test_order_search import instances
@@ -32,7 +34,7 @@ def test_visit_order_puts_each_configurations_least_bound_first():
             dict(pp=3, schedule="1f1b", vp=1), dict(pp=3, schedule="1f1b", vp=1),
             dict(pp=4, schedule="1f1b", vp=1)]
     points = [(2.5, 6, a), (2.5, 0, a), (2.0, 1, a), (1.5, 2, a), (2.5, 3, a), (3.0, 4, a), (9.0, 5, b)]
-    order = [p[1] for p in _mapped_visit_order(points, rows)]
+    order = [p[1] for p in mapped_visit_order(points, rows)]
     assert order == [2, 1, 4, 5, 3, 0, 6]
 
 

@@ -42,7 +42,9 @@ from pipesearch.errors import InfeasibleError
 from pipesearch.costs import build_pipeline_costs, profile_precision
 from pipesearch.placement import slot_heads
 from pipesearch.replication import replicated_costs
-from pipesearch.search import TIE_REL, ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.ranking import TIE_REL
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import iteration_time_s
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Link
 

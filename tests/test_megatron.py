@@ -17,7 +17,8 @@ from pipesearch.hardware import load_cluster
 from pipesearch.memory import preset
 from pipesearch.profiles.transformer import (TransformerConfig, layer_table, megatron_flops_eq3, megatron_params_eq2,
                                              palm_model_flops)
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job
 
 DATA = Path(__file__).parent / "data" / "published"

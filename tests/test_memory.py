@@ -14,7 +14,8 @@ from pipesearch.errors import InputError
 from pipesearch.hardware import load_cluster
 from pipesearch.memory import ParamState, from_totals, param_state_of, preset, usable_memory_bytes
 from pipesearch.profiles.transformer import TransformerConfig, layer_table
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job
 
 GB = 1e9
@@ -271,7 +272,8 @@ def test_zero3_in_a_pipeline_keeps_what_zero1_keeps():
     (2 + 2 + 6) B per parameter, nothing gathered."""
     from helpers import tiny_cluster, tiny_profile
     from pipesearch.memory import preset
-    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.search import search
+    from pipesearch.search_options import ModelVariant, SearchOptions
     from pipesearch.types import Job
 
     prof = tiny_profile([1e-3, 1e-3], params=[1e6, 100e6], bytes_per_param=2.0)

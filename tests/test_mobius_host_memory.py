@@ -18,7 +18,8 @@ import pytest
 
 from helpers import pcie_host, tiny_cluster
 from pipesearch.errors import InfeasibleError
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job, Layer, ModelProfile
 
 GB = 1e9

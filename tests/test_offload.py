@@ -24,7 +24,8 @@ from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InfeasibleError
 from pipesearch.hardware import load_cluster
 from pipesearch.memory import offload_bytes_per_param, preset
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, simulate_times
 from pipesearch.types import Job, Layer, ModelProfile
 
@@ -183,7 +184,7 @@ def test_offload_plan_file_round_trip_and_replay(tmp_path):
 
     from pipesearch.cli import main
     from pipesearch.plan import load_plan_file
-    from pipesearch.search import simulate_plan
+    from pipesearch.point_plan import simulate_plan
 
     out = tmp_path / "p.json"
     r = CliRunner().invoke(main, ["plan", "--model", "qwen3-32b", "--cluster", "1x8-rtx4090-pcie4", "-b", "64",

@@ -19,7 +19,9 @@ import pytest
 from helpers import all_splits, pcie_host, tiny_cluster
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InfeasibleError
-from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+from pipesearch.search import search
+from pipesearch.point_plan import simulate_plan
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, iteration_time_s
 from pipesearch.types import Job, Layer, ModelProfile
 

@@ -21,7 +21,8 @@ from pipesearch.errors import InputError
 from pipesearch.export import FORMATS, export_plan
 from pipesearch.export.stages_json import stage_placement, stages_problems
 from pipesearch.plan import PlanFile, document_problems, to_json
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job
 from test_offload_activations import GB, _hand_profile, _profile, _search
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from helpers import tiny_cluster
-from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+from pipesearch.search import search
+from pipesearch.point_plan import simulate_plan
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
 from pipesearch.types import HostSpec, Job, Layer, ModelProfile
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from helpers import all_splits, pcie_host, tiny_cluster
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, simulate_times
 from pipesearch.types import HostSpec, Job, Layer, ModelProfile
 

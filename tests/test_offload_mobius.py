@@ -20,7 +20,9 @@ from pipesearch import host as host_lib
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.errors import InputError
 from pipesearch.hardware import load_cluster
-from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+from pipesearch.search import search
+from pipesearch.point_plan import simulate_plan
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
 from pipesearch.types import HostSpec, Job
 

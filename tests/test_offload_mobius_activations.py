@@ -18,7 +18,9 @@ import pytest
 
 from helpers import all_splits, mobius_gpus_fit, mobius_profile, pcie_host, tiny_cluster
 from pipesearch.errors import InfeasibleError
-from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+from pipesearch.search import search
+from pipesearch.point_plan import simulate_plan
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
 from pipesearch.types import HostSpec, Job, Layer, ModelProfile
 

@@ -27,7 +27,8 @@ from pipesearch.cli import main
 from pipesearch.errors import InfeasibleError
 from pipesearch.plots.stages import gpu_peaks, plot_stages
 from pipesearch.roundpipe import device_peak_bytes, group_host_bytes
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job, Layer, ModelProfile
 
 GB = 1e9

@@ -20,7 +20,8 @@ import pytest
 
 from helpers import all_splits, tiny_cluster
 from pipesearch.costs import build_pipeline_costs
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, simulate_times
 from pipesearch.types import HostSpec, Job, Layer, ModelProfile
 

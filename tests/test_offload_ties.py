@@ -1,7 +1,7 @@
 """Offload only where memory requires it (docs/offload.md, "Only where
 memory requires it"): at equal times a stage keeps its state on the GPU
 (option_search.prefer_device_state), and near-tied plans rank by bytes
-over PCIe before peak memory (search.rank_plans).
+over PCIe before peak memory (ranking.rank_plans).
 
 Oracles: stage memory, times, host step and PCIe bytes written out by hand
 from the layer table and the host table.
@@ -14,7 +14,9 @@ from dataclasses import replace
 import pytest
 
 from helpers import pcie_host, tiny_cluster
-from pipesearch.search import ModelVariant, SearchOptions, rank_plans, search
+from pipesearch.search import search
+from pipesearch.ranking import rank_plans
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job, Layer, ModelProfile
 
 GB = 1e9

@@ -17,7 +17,9 @@ from pipesearch.costs import build_pipeline_costs
 from pipesearch.order_search import (best_order, canonical, count_orders, count_vectors, orders_of_vector,
                                      rank_work_bound_s)
 from pipesearch.placement import slot_classes, slot_heads
-from pipesearch.search import ModelVariant, SearchOptions, schedule_chunk_states, schedule_in_flight, search
+from pipesearch.search import search
+from pipesearch.in_flight import schedule_chunk_states, schedule_in_flight
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.split_search import any_split_fits
 from pipesearch.timemodel import simulate_times
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Layer, Link, ModelProfile

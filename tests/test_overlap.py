@@ -17,7 +17,8 @@ from pipesearch.memory import ParamState
 from pipesearch.overlap import CommOverlap, exposed_s
 from pipesearch.placement import pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.split_search import exact_split, exhaustive_simulated_split
 from pipesearch.types import Job, Link
 

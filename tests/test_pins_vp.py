@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from helpers import pcie_host, tiny_cluster, tiny_profile
 from pipesearch.cli import main
 from pipesearch.errors import InfeasibleError
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job
 
 GB = 1e9

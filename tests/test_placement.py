@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from pipesearch.hardware import load_cluster
 from pipesearch.placement import allreduce_terms, boundary_links, count_layouts, layout_names, slot_heads
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, iteration_time_s
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Layer, Link, ModelProfile
 

@@ -321,7 +321,8 @@ def test_profiled_language_model_runs_its_plan_in_the_torch_pipeline(which, tmp_
     from pipesearch.profiler import hf_model_from_config
     from pipesearch.profiles import write_profile_csv
     from pipesearch.runtime import run_plan
-    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.search import search
+    from pipesearch.search_options import ModelVariant, SearchOptions
     from pipesearch.types import Job
 
     sys.path.insert(0, str(REPO / "tests"))

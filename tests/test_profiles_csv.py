@@ -333,7 +333,8 @@ def test_search_with_fixed_times_is_not_pruned_by_a_linear_bound():
     and prune the best point)."""
     from helpers import tiny_cluster
 
-    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.search import search
+    from pipesearch.search_options import ModelVariant, SearchOptions
     from pipesearch.types import Job
 
     layers = tuple(Layer(f"l{k}", 2e-3, 4e-3, 0, 0, 0, fwd_fixed_s=1e-3, bwd_fixed_s=2e-3) for k in range(4))

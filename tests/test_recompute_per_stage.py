@@ -20,7 +20,8 @@ from helpers import all_splits, tiny_cluster
 from pipesearch.costs import build_pipeline_costs
 from pipesearch.stage_options import range_max, range_max_table
 from pipesearch.profiles.csv_profile import read_profile_csv, write_profile_csv
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, simulate_times
 from pipesearch.types import Job, Layer, ModelProfile
 

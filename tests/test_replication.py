@@ -29,8 +29,11 @@ from pipesearch.export import FORMATS, RUNTIME_NAMES, export_plan
 from pipesearch.pins import parse_split
 from pipesearch.placement import allreduce_model
 from pipesearch.plan import document_problems, load_plan_file
-from pipesearch.search import TIE_REL, SearchOptions, search
-from pipesearch.search import ModelVariant, simulate_plan
+from pipesearch.search import search
+from pipesearch.ranking import TIE_REL
+from pipesearch.search_options import SearchOptions
+from pipesearch.point_plan import simulate_plan
+from pipesearch.search_options import ModelVariant
 from pipesearch.timemodel import StageTimes, iteration_time_s, simulate_times
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Link
 
@@ -192,7 +195,7 @@ def test_rank_one_equals_brute_force_over_splits_placements_and_replicas():
                                                            enumerate_layouts_up_to=1), profiled_device=fast)
         brute_t, brute_point = _brute_force_replicated(profile, cluster, fast, job)
         expect = min(brute_t, uniform.predicted.iteration_time_s)
-        # rank 1 is the tie rule's pick among the plans within TIE_REL of the fastest (search.rank_plans)
+        # rank 1 is the tie rule's pick among the plans within TIE_REL of the fastest (ranking.rank_plans)
         got = min(res.plans, key=lambda p: p.predicted.iteration_time_s)
         assert got.predicted.iteration_time_s == pytest.approx(expect, rel=1e-9), (brute_point, got.stage_replicas)
         assert res.plans[0].predicted.iteration_time_s <= expect * (1 + TIE_REL)

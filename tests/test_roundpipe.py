@@ -19,7 +19,9 @@ from helpers import all_splits, mobius_profile, pcie_host, tiny_cluster, tiny_pr
 from pipesearch import roundpipe as rp
 from pipesearch.roundpipe import build_roundpipe_costs, lower_bound_s, roundpipe_split
 from pipesearch.schedules import roundpipe_tasks
-from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+from pipesearch.search import search
+from pipesearch.point_plan import simulate_plan
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, iteration_time_s, roundpipe_copy_spans, simulate_times
 from pipesearch.types import Job
 
@@ -346,7 +348,8 @@ def test_a_pool_never_spans_two_nodes():
     box, and a pinned pool larger than a box is refused (above)."""
     from pipesearch.hardware import load_cluster
     from pipesearch.models import load_model_source
-    from pipesearch.search import SearchOptions, search
+    from pipesearch.search import search
+    from pipesearch.search_options import SearchOptions
     from pipesearch.types import Job
 
     cluster = load_cluster("1x8-rtx4090-pcie4", nodes=2)

@@ -25,7 +25,8 @@ from pipesearch import partition
 from pipesearch.cli import COMMANDS, main
 from pipesearch.partition import exhaustive_split, optimal_split
 from pipesearch.plan import load_plan_file, points_columns
-from pipesearch.search import (ModelVariant, SearchOptions, count_points, enumerate_groups, expand_group)
+from pipesearch.search_options import ModelVariant, SearchOptions
+from pipesearch.search_space import count_points, enumerate_groups, expand_group
 from pipesearch.types import Job
 
 HEAVY = ("pandas", "numpy", "networkx", "matplotlib", "ortools", "torch", "jsonschema")

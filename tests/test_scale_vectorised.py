@@ -26,7 +26,7 @@ from pipesearch.errors import InputError
 from pipesearch.placement import all_distinct, check_layout
 from pipesearch.plan import PlanFile, _cell, _column_cells, points_block, to_json
 from pipesearch.profiles import csv_profile
-from pipesearch.search import packed_busiest_per_sample_s
+from pipesearch.search_bounds import packed_busiest_per_sample_s
 
 
 def _distinct_loop(ids) -> bool:

@@ -22,7 +22,9 @@ from pipesearch.models import load_model_source
 from pipesearch.partition import even_split, exhaustive_split, optimal_split
 from pipesearch.schedules import build, in_flight_peaks
 from pipesearch.split_search import exhaustive_simulated_split
-from pipesearch.search import ModelVariant, SearchOptions, divisors, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
+from pipesearch.search_space import divisors
 from pipesearch.types import Job, Link
 
 GIB = 2**30

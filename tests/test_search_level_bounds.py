@@ -26,10 +26,13 @@ from pipesearch import schedules as schedule_lib
 from pipesearch import split_search
 from pipesearch.cli import main
 from pipesearch.output_table import format_table
-from pipesearch.search import (ModelVariant, SearchOptions, _lower_bound_s, _point_costs, _point_row,
-                               busiest_device_per_sample_s, capacity_time_scale, busiest_stage_per_sample_s, expand_group,
-                               fill_drain_factor, forward_share_of, group_lower_bound_s, group_stages,
-                               in_bound_order, packed_busiest_per_sample_s, schedule_in_flight)
+from pipesearch.in_flight import schedule_in_flight
+from pipesearch.point_placement import point_costs
+from pipesearch.search_bounds import (point_lower_bound_s, busiest_device_per_sample_s, capacity_time_scale,
+                                      busiest_stage_per_sample_s, fill_drain_factor, forward_share_of,
+                                      group_lower_bound_s, packed_busiest_per_sample_s)
+from pipesearch.search_options import ModelVariant, SearchOptions
+from pipesearch.search_space import point_row, expand_group, group_stages, in_bound_order
 from pipesearch.timemodel import iteration_time_s
 from pipesearch.types import Cluster, DeviceGroup, Job, Layer, Link, ModelProfile
 
@@ -83,9 +86,9 @@ def test_point_and_group_bounds_are_at_most_every_split(seed, fixed):
             for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
                 if status is not None:
                     continue
-                row = _point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
-                _, costs = _point_costs(variant, cluster, job, row, None, {}, {}, {"job": job, "profiled_device": None})
-                bound = _lower_bound_s(work, pp, mbs, m, schedule, 1.0,
+                row = point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
+                _, costs = point_costs(variant, cluster, job, row, None, {}, {}, {"job": job, "profiled_device": None})
+                bound = point_lower_bound_s(work, pp, mbs, m, schedule, 1.0,
                                        busiest_device_per_sample_s(prof, pp, pp * vp, cache), share)
                 best = min(iteration_time_s(schedule, pp, m, vp, costs.stage_times(b)) for b in _splits(7, pp * vp))
                 assert bound <= best * (1 + 1e-12), (pp, dp, mbs, schedule, vp, bound, best)
@@ -287,7 +290,8 @@ def test_first_cutoff_with_gpipe_only_first_groups_keeps_the_exhaustive_ranking(
     schedules from later groups (search.seed_cutoff). Whatever it seeds, the
     ranked plans are those of the exhaustive search (every point evaluated,
     no cutoff)."""
-    from pipesearch.search import expand_group, search
+    from pipesearch.search import search
+    from pipesearch.search_space import expand_group
 
     layers = tuple(Layer(f"l{k}", 1e-3 * (1 + k % 3), 2e-3 * (1 + k % 2), 400_000_000, 1_000_000, 2_000_000)
                    for k in range(12))
@@ -334,7 +338,7 @@ def test_busiest_stage_bisection_agrees_with_the_partition_dp():
     """Above BUSIEST_DP_LAYERS layers the bound bisects per stage count: at
     most the partition DP's min-max value (itself checked against every
     split above) and within the bisection's tolerance of it."""
-    from pipesearch.search import BUSIEST_DP_LAYERS, _min_max_partitions
+    from pipesearch.search_bounds import BUSIEST_DP_LAYERS, _min_max_partitions
     rng = np.random.default_rng(3)
     L = BUSIEST_DP_LAYERS + 12
     per_sample = rng.uniform(0.1, 1.0, L) * np.where(rng.random(L) < 0.1, 8.0, 1.0)

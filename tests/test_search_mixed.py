@@ -8,7 +8,8 @@ import pytest
 
 from pipesearch.ilp import map_pipeline
 from pipesearch.models import load_model_source
-from pipesearch.search import SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import SearchOptions
 from pipesearch.types import Cluster, DeviceGroup, Job, Link
 from pipesearch.hardware import load_device
 
@@ -100,13 +101,14 @@ def test_mapped_points_no_order_can_win_are_pruned_without_a_split(monkeypatch):
     cutoff) is pruned as it stands: no order that fits is looked for and no
     split search runs on one (its point costs are never built). The
     search's answer is the same as with every point split (exhaustive)."""
+    import pipesearch.point_placement as placement_mod
     import pipesearch.search as search_mod
 
     cluster = mixed_cluster()
     src = load_model_source("vgg16", cluster)
     job = Job(global_batch_size=256)
     ordered, costed = [], []
-    order_of, costs_of = search_mod._mapped_order, search_mod._point_costs
+    order_of, costs_of = placement_mod._mapped_order, placement_mod.point_costs
 
     def key(row):
         return (row["pp"], row["micro_batch_size"], row["schedule"], row["vp"])
@@ -120,8 +122,9 @@ def test_mapped_points_no_order_can_win_are_pruned_without_a_split(monkeypatch):
             costed.append(key(row))
         return costs_of(variant, cluster, job, row, *args)
 
-    monkeypatch.setattr(search_mod, "_mapped_order", mapped_order)
-    monkeypatch.setattr(search_mod, "_point_costs", point_costs)
+    monkeypatch.setattr(placement_mod, "_mapped_order", mapped_order)
+    for module in (search_mod, placement_mod):  # a point's costs are built in both
+        monkeypatch.setattr(module, "point_costs", point_costs)
     opts = dict(dp=1, schedules=("gpipe", "1f1b"), top=1, enumerate_layouts_up_to=0)  # a mapped placement
     res = search(list(src.variants), cluster, job, SearchOptions(**opts))
     cols = res.point_columns

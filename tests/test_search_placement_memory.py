@@ -1,5 +1,5 @@
 """Whether a split fits in memory does not depend on the placement when
-every device has one spec (``search._memory_key``): a point of another
+every device has one spec (``point_placement.memory_key``): a point of another
 placement whose twin no split fits is reported out of memory without its
 own split search. Checked against the same search with that shortcut off:
 every point's status, bound and time and the ranked plans equal, on random
@@ -17,7 +17,8 @@ import numpy as np
 import pipesearch.search as search_mod
 from helpers import tiny_cluster, tiny_profile
 from pipesearch.errors import InfeasibleError
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.types import Job, Link
 
 
@@ -55,7 +56,7 @@ def test_points_no_split_fits_on_one_placement_fit_none_on_the_other(monkeypatch
             m.setattr(search_mod, "_evaluate", counted)
             fast = _search_or_message(variant, cluster, job)
             n_fast = len(calls)
-            m.setattr(search_mod, "_memory_key", lambda *a: None)
+            m.setattr(search_mod, "memory_key", lambda *a: None)
             slow = _search_or_message(variant, cluster, job)
         skipped += (len(calls) - n_fast) - n_fast
         if isinstance(fast, str):  # no plan at all: the same counts by reason in the message
@@ -89,7 +90,7 @@ def test_devices_of_two_memory_sizes_get_no_shortcut():
     variant = ModelVariant(tiny_profile([1e-3] * 4))
     row = {"pp": 2, "dp": 2, "micro_batch_size": 1, "num_micro_batches": 4, "schedule": "1f1b", "vp": 1,
            "placement": "data"}
-    assert search_mod._memory_key(cluster(2e9), variant, row, SearchOptions()) is None
+    assert search_mod.memory_key(cluster(2e9), variant, row, SearchOptions()) is None
     other = dict(row, placement="pipeline")
-    assert search_mod._memory_key(cluster(1e9), variant, row, SearchOptions()) == search_mod._memory_key(
+    assert search_mod.memory_key(cluster(1e9), variant, row, SearchOptions()) == search_mod.memory_key(
         cluster(1e9), variant, other, SearchOptions()) is not None

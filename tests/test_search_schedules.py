@@ -8,8 +8,11 @@ import pytest
 from pipesearch.hardware import load_cluster
 from pipesearch.models import load_model_source
 from pipesearch.schedules import build, chunk_states_of, in_flight_peaks, simultaneous_in_flight
-from pipesearch.search import (SearchOptions, schedule_chunk_states, schedule_in_flight, schedule_refusal, search,
-                               simulate_plan)
+from pipesearch.search import search
+from pipesearch.in_flight import schedule_chunk_states, schedule_in_flight
+from pipesearch.point_plan import simulate_plan
+from pipesearch.search_options import SearchOptions
+from pipesearch.search_space import schedule_refusal
 from pipesearch.types import Job
 
 
@@ -122,7 +125,7 @@ def test_interleaved_plan_that_fits_its_simultaneous_peak_is_accepted():
     prof = tiny_profile([1e-3] * 24, params=[MiB / 16 * 4] * 24, saved=[MiB] * 24, outputs=[MiB] * 24)
     opts = SearchOptions(pp=8, dp=1, micro_batch_size=1, num_micro_batches=16, schedules=("interleaved-1f1b",),
                          vps=(3,), top=1)
-    from pipesearch.search import ModelVariant
+    from pipesearch.search_options import ModelVariant
 
     fits = search([ModelVariant(prof)], tiny_cluster(1, 8, memory_bytes=36 * MiB), Job(16, memory_reserve_bytes=0),
                   opts).plans[0]

@@ -184,7 +184,8 @@ def test_mobius_copies_a_stage_s_activations_with_the_shared_tensor_it_starts_wi
     layers 1-2 saves 10 + 10 - 4 = 16 GB (layer 1's share with layer 0 is
     kept: that layer is on the other stage), copied at 25 GB/s (one GPU per
     PCIe switch link, helpers.pcie_host) in 0.64 s."""
-    from pipesearch.search import ModelVariant, SearchOptions, search
+    from pipesearch.search import search
+    from pipesearch.search_options import ModelVariant, SearchOptions
     from pipesearch.types import Layer, ModelProfile
 
     from helpers import pcie_host

@@ -276,7 +276,9 @@ def test_simulate_plan_reports_peak_activations():
     before its first backward (pp - 0 = 2 in flight), stage 1 one: peaks
     2 MB and 1 MB."""
     from helpers import tiny_cluster, tiny_profile
-    from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+    from pipesearch.search import search
+    from pipesearch.point_plan import simulate_plan
+    from pipesearch.search_options import ModelVariant, SearchOptions
     from pipesearch.types import Job
 
     prof = tiny_profile([1e-3, 1e-3], saved=[1e6, 1e6])
@@ -302,7 +304,7 @@ def test_analytic_figure_where_the_textbook_forms_stop_holding():
     import numpy as np
 
     from helpers import make_costs
-    from pipesearch.search import analytic_time_s
+    from pipesearch.point_plan import analytic_time_s
     from pipesearch.timemodel import iteration_time_s
 
     costs = make_costs(times=(3e-3,) * 16, fwd=(1e-3,) * 16, pp=4, m=8)

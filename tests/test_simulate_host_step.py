@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from pipesearch.cli.simulate_cmd import delayed_host_note, host_step_terms
-from pipesearch.search import simulate_plan
+from pipesearch.point_plan import simulate_plan
 from pipesearch.types import Plan, Prediction, StagePlan
 
 

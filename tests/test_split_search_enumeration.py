@@ -28,8 +28,10 @@ from helpers import tied_or_random_profile, tiny_cluster, tiny_profile
 from pipesearch import search as search_lib
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
+from pipesearch.in_flight import schedule_chunk_states
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.split_search import bound_families, exact_split, split_lower_bounds
 from pipesearch.timemodel import iteration_time_s, simulate_times
 from pipesearch.types import Job, Link
@@ -311,7 +313,7 @@ def test_looped_bfs_enumeration_with_devices_over_their_memory(seed):
     prof, params, outputs = tied_or_random_profile(rng, L, seed % 2 == 0)
     chunks = build("looped-bfs", pp, m, vp)
     link = Link(1e9, 1e-4)
-    states = search_lib.schedule_chunk_states("looped-bfs", pp, m, vp)
+    states = schedule_chunk_states("looped-bfs", pp, m, vp)
 
     def costs_with(memory):
         cluster = tiny_cluster(1, pp, memory_bytes=memory, intra=link, inter=link)
@@ -404,7 +406,7 @@ def test_search_hands_each_seeded_point_its_own_costs(seed, monkeypatch):
 
     def checking(variant, cluster, job, options, row, *args, seed_work=None, **kwargs):
         if seed_work is not None:
-            slots, fresh = search_lib._point_costs(variant, cluster, job, row, *args[:4])
+            slots, fresh = search_lib.point_costs(variant, cluster, job, row, *args[:4])
             assert np.array_equal(np.asarray(slots), np.asarray(seed_work[0]))
             assert _same_costs(fresh, seed_work[1]), row
             checked.append(row["placement"])

@@ -30,7 +30,7 @@ from helpers import tied_or_random_profile, tiny_cluster
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
-from pipesearch.search import schedule_chunk_states
+from pipesearch.in_flight import schedule_chunk_states
 from pipesearch.split_search import exact_split, exhaustive_simulated_split
 from pipesearch.types import Job, Link
 

@@ -18,7 +18,9 @@ import pytest
 
 from helpers import pcie_host, record_broken_barh, tiny_cluster
 from pipesearch.plots import timeline as tl_plot
-from pipesearch.search import ModelVariant, SearchOptions, search, simulate_plan
+from pipesearch.search import search
+from pipesearch.point_plan import simulate_plan
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.timemodel import StageTimes, mobius_pcie_spans, simulate_times
 from pipesearch.types import Job
 

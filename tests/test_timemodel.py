@@ -21,7 +21,8 @@ from helpers import tiny_cluster, tiny_profile
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
-from pipesearch.search import ModelVariant, SearchOptions, search
+from pipesearch.search import search
+from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.simulate import simulate
 from pipesearch.split_search import any_split_fits, exact_split, exhaustive_simulated_split
 from pipesearch.timemodel import StageTimes, gpipe_time_s, iteration_time_s, send_overlap, simulate_times

@@ -24,7 +24,9 @@ from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
 from ..plan import PlanFile, document_problems, points_block, to_json
 from ..export import model_kind_refusal, transformer_shape
 from ..runtimes import RUNTIMES
-from ..search import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions, points_frame, search
+from ..search import search
+from ..search_options import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions
+from ..search_space import points_frame
 from ..types import Job
 from ..units import format_bytes, format_seconds, format_size_option, parse_size_option
 from .params import FiniteFloatRange, option_given
@@ -128,10 +130,10 @@ def mixed_stage_note(plans) -> list[str]:
 
 def tie_note(plans) -> list[str]:
     """One line when the tie rule put a plan above a faster one: the plans
-    within :data:`pipesearch.search.TIE_REL` of the best time are ranked by
+    within :data:`pipesearch.ranking.TIE_REL` of the best time are ranked by
     fewer bytes over PCIe, lower peak memory, less time on links and fewer
-    stages (:func:`pipesearch.search.rank_plans`)."""
-    from ..search import TIE_REL
+    stages (:func:`pipesearch.ranking.rank_plans`)."""
+    from ..ranking import TIE_REL
 
     times = [p.predicted.iteration_time_s for p in plans]
     best = min(times, default=0.0)
@@ -178,7 +180,7 @@ def layout_notes(plans, cluster, pinned: tuple[str, ...] = ()) -> list[str]:
     """One line per ``pp x dp`` of the replicated plans (dp > 1) on a
     cluster of several groups whose ``pp x dp`` has more layouts than the
     search enumerates
-    (:attr:`pipesearch.search.SearchOptions.enumerate_layouts_up_to`), or
+    (:attr:`pipesearch.search_options.SearchOptions.enumerate_layouts_up_to`), or
     whose placement was ``pinned`` (``--placement``): their device layouts
     are the best of the named patterns
     (:func:`pipesearch.placement.placement_candidates`), not of every
@@ -208,7 +210,7 @@ def pinned_placements(placements: tuple[str, ...], runtime: str | None) -> tuple
     """The placements the search tries: ``--placement`` (in the order given)
     within the ``--runtime``'s (:func:`pipesearch.runtimes.placements_for`),
     else the runtime's (on a cluster of several groups, the pinned patterns
-    over its slots, :func:`pipesearch.search.placement_names`).
+    over its slots, :func:`pipesearch.search_space.placement_names`).
 
     Raises:
         InputError: a placement the runtime does not run."""

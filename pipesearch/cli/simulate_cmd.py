@@ -9,7 +9,7 @@ from ..errors import InputError
 from ..output import check_distinct_paths, check_suffix, check_writable, write_outputs
 from ..plan import read_plan_file, select_plan
 from ..schedules import build, to_torch_csv
-from ..search import simulate_plan
+from ..point_plan import simulate_plan
 from ..timemodel import busiest_idle_fraction
 from ..units import format_bytes, format_seconds
 from . import main
@@ -36,7 +36,7 @@ def time_disagreement(path: str, rank: int, replayed_s: float, recorded_s: float
 
 
 def replay(plan, path: str, rank: int):
-    """``(total_s, timeline)`` of :func:`pipesearch.search.simulate_plan`
+    """``(total_s, timeline)`` of :func:`pipesearch.point_plan.simulate_plan`
     for the plan of ``rank`` in file ``path``.
 
     Raises:
@@ -52,7 +52,7 @@ def replay(plan, path: str, rank: int):
 def replay_warnings(path: str, rank: int, plan, total_s: float, tl,
                     drawn: str = "the figures are the replay's") -> list[str]:
     """The lines that say a plan's replay (``total_s`` and timeline ``tl``
-    of :func:`pipesearch.search.simulate_plan`) disagrees with its file:
+    of :func:`pipesearch.point_plan.simulate_plan`) disagrees with its file:
     the iteration time (:func:`time_disagreement`, ending with ``drawn``)
     and each stage's memory
     (:func:`pipesearch.cli.validate_cmd.memory_disagreement`)."""

@@ -26,9 +26,9 @@ MAX_REPLAYED_STAGE_MICRO_BATCHES = 200_000
 
 def replay_problems(doc: dict) -> list[str]:
     """Plans whose ``predicted.iteration_time_s`` is not the simulated time
-    of their own stage terms (:func:`pipesearch.search.simulate_plan`), one
+    of their own stage terms (:func:`pipesearch.point_plan.simulate_plan`), one
     line each."""
-    from ..search import simulate_plan
+    from ..point_plan import simulate_plan
     from ..timemodel import busiest_idle_fraction
 
     out = []

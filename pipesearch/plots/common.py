@@ -307,9 +307,9 @@ def after_pipeline(plan) -> str:
 
 
 def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "plan file") -> Path:
-    """Simulate plan ``rank`` (:func:`pipesearch.search.simulate_plan`) and draw
+    """Simulate plan ``rank`` (:func:`pipesearch.point_plan.simulate_plan`) and draw
     its Gantt chart (:func:`pipesearch.plots.timeline.plot_timeline`)."""
-    from ..search import simulate_plan
+    from ..point_plan import simulate_plan
     from ..units import format_seconds
     from .timeline import allreduce_label, allreduce_spans, plan_pcie_rows, plot_timeline
 

@@ -56,7 +56,7 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
             ``"pruned"`` for a search that skipped whole groups of points by
             their lower bound without listing them; but ``"n/a"`` at pp 1
             for every schedule other than the one pp 1 is searched with
-            (:func:`pipesearch.search.one_rank_schedule` of the schedules in
+            (:func:`pipesearch.search_space.one_rank_schedule` of the schedules in
             ``points``: a grid has pp 1 rows only where that one's pp 1
             points are listed).
 
@@ -100,7 +100,7 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
     if missing not in ("n/a", "pruned"):
         raise ValueError(f"missing must be 'n/a' or 'pruned', got {missing!r}")
     status = np.where(grid["points"].to_numpy() == 0, missing, "n/a").astype(object)
-    from ..search import one_rank_schedule  # pp 1 is searched with one schedule: no other is pruned there
+    from ..search_space import one_rank_schedule
 
     others = grid["schedule"].to_numpy() != one_rank_schedule(schedules)
     status[(grid["pp"].to_numpy() == 1) & others & (grid["points"].to_numpy() == 0)] = "n/a"
@@ -114,9 +114,9 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
 def best_cell(grid: pd.DataFrame, prefer: tuple | None = None) -> pd.Series | None:
     """The ok cell of highest throughput, or None: the ``prefer`` cell (``(tp,
     schedule, pp, num_micro_batches)``, the rank-1 plan's) when it is within
-    the ranking's tie window of the highest (:data:`pipesearch.search.TIE_REL`:
+    the ranking's tie window of the highest (:data:`pipesearch.ranking.TIE_REL`:
     the ranking broke that tie, by memory and links), else the first one."""
-    from ..search import TIE_REL
+    from ..ranking import TIE_REL
 
     ok = grid[grid["status"] == "ok"]
     if ok.empty:

@@ -91,7 +91,7 @@ def pcie_copy_spans(plan, timeline: Timeline | None = None) -> list[tuple[int, s
     if not any(k in host for k in keys):
         return []
     if timeline is None:
-        from ..search import simulate_plan
+        from ..point_plan import simulate_plan
 
         timeline = simulate_plan(plan)[1]
     return host_copy_spans(timeline, [st.allreduce_s for st in plan.stages], [st.host_step_s for st in plan.stages],
