@@ -51,7 +51,7 @@ def schedule_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | No
 
 
 def floor_in_flight(schedule: str, pp: int, m: int, vp: int, cache: dict | None = None,
-                     held_after_input: float = 1.0) -> np.ndarray:
+                    held_after_input: float = 1.0) -> np.ndarray:
     """In-flight counts per stage for :func:`surely_out_of_memory`: those
     of :func:`schedule_in_flight` with one stage per rank; with several,
     every stage gets the least over the ranks of ``max_q min_c n_qc`` (the

@@ -52,7 +52,7 @@ def _mapped_order(cluster: Cluster, variant: ModelVariant, row: dict, ctx: dict)
             if order not in built:
                 named = dict(row, placement=SLOTS_PREFIX + ",".join(map(str, order)))
                 built[order] = point_costs(variant, cluster, ctx["job"], named, ctx["profiled_device"],
-                                            ctx.get("in_flight_cache"), ctx.get("links_cache"), ctx)[1]
+                                           ctx.get("in_flight_cache"), ctx.get("links_cache"), ctx)[1]
             return built[order]
 
         classes = slot_classes(cluster, variant.tp, precision)
@@ -197,7 +197,7 @@ def point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, li
                                 profiled_device=profiled_device, cache=links_cache, tp=variant.tp,
                                 slots=parse_replicas_slots(row["placement"]))
     slots, links = slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
-                                    {} if links_cache is None else links_cache)
+                                   {} if links_cache is None else links_cache)
     if slots is None:
         return None, None
     costs = build_pipeline_costs(

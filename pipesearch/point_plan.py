@@ -8,15 +8,17 @@ import numpy as np
 
 from .costs import PipelineCosts
 from .memory import param_state_of
+from .option_search import host_plan_info, pin_mobius_activations, prefer_device_state
 from .placement import group_ids, memory_bytes_of, rank_memory
+from .replication import parse_replicas_name
 from .search_options import ANALYTIC_SCHEDULES
 from .stage_options import ACT_HOST_RESIDENT, offloads_activations
-from .timemodel import busiest_idle_fraction, rank_busy_s, simulate_times, stage_times_of
-from .types import Job, ModelProfile, Plan, Prediction, StagePlan
+from .timemodel import busiest_idle_fraction, iteration_time_s, rank_busy_s, simulate_times, stage_times_of
+from .types import Cluster, Job, ModelProfile, Plan, Prediction, StagePlan
 
 
 def plan_stages(variant, costs: PipelineCosts, bounds, placement, cluster,
-                 job: Job | None = None, replicated: bool = False) -> tuple[StagePlan, ...]:
+                job: Job | None = None, replicated: bool = False) -> tuple[StagePlan, ...]:
     """The plan's stages under the split ``bounds``; with several stages
     per device each stage's memory is its part of its device's peak
     (:meth:`pipesearch.costs.PipelineCosts.at_device_peak`)."""
@@ -62,7 +64,7 @@ def plan_stages(variant, costs: PipelineCosts, bounds, placement, cluster,
 
 
 def plan_prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_batch: int, cluster,
-                pp: int, schedule: str, profile: ModelProfile | None = None, tp: int = 1) -> Prediction:
+                    pp: int, schedule: str, profile: ModelProfile | None = None, tp: int = 1) -> Prediction:
     m = costs.num_micro_batches
     busy = rank_busy_s(schedule, pp, m, costs.stage_times(
         (stages[0].layers[0],) + tuple(st.layers[1] for st in stages)))
@@ -137,3 +139,43 @@ def analytic_time_s(schedule: str, costs: PipelineCosts, bounds, pp: int, vp: in
     ar_dev = np.bincount(np.arange(S) % pp, weights=ar, minlength=pp)
     steps = ((vp - 1) * max(m, pp) + m + pp - 1) / vp if schedule == "looped-bfs" else m + (pp - 1) / vp
     return float(steps * tau.max() + ar_dev.max())
+
+
+def plan_of_split(variant, cluster: Cluster, job: Job, row: dict, costs: PipelineCosts, bounds, time_s: float,
+                  slots, split_info: dict, mapping: dict | None = None) -> tuple[Plan, PipelineCosts]:
+    """The plan of a point (``row``: its degrees, schedule, micro-batching
+    and placement) under the split ``bounds`` of simulated time ``time_s``
+    on the devices ``slots`` (``(stages, replicas)`` heads): its stages, its
+    prediction, and in ``extra`` the placement, recompute, ``split_info``
+    (the split search's exactness, bound and gap), the labelled closed form
+    and, for a mapped placement, ``mapping`` (the order search's status).
+    Among equal times the stages' choices keep state on the GPU and hold
+    Mobius' stages to their activation choice
+    (:func:`pipesearch.option_search.prefer_device_state`,
+    :func:`pipesearch.option_search.pin_mobius_activations`); returns the
+    plan and the costs it was built from."""
+    pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
+    schedule, vp, t = row["schedule"], row["vp"], time_s
+    # equal times: state kept on the GPU; Mobius' stages held to their activation choice
+    tied = pin_mobius_activations(prefer_device_state(costs, bounds, job, dp, variant.tp), bounds)
+    if tied is not costs:
+        costs, t = tied, float(iteration_time_s(schedule, pp, m, vp, tied.stage_times(np.asarray(bounds))))
+    analytic = analytic_time_s(schedule, costs, bounds, pp, vp)
+    stage_plans = plan_stages(variant, costs, bounds, slots, cluster, job,
+                              replicated=parse_replicas_name(row["placement"]) is not None)
+    mapping_info = ((("mapping", mapping),) if mapping is not None else ())
+    recompute = variant.recompute
+    if recompute == "none" and costs.options is not None and any(
+            n.split("+")[0] in ("full", "selective") for n in costs.options.names):
+        recompute = "per-stage"  # the stages chose (StagePlan.memory_option)
+    extra = (("placement", row["placement"]), ("recompute", recompute)) + variant.extra + mapping_info + (
+        ("split_search", split_info), ("simulated", True), ("analytic_iteration_time_s", analytic)) + (
+        host_plan_info(costs, bounds, job, dp, variant.tp))
+    plan = Plan(
+        rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
+        num_micro_batches=m, stages=stage_plans,
+        predicted=plan_prediction(costs, stage_plans, t, job.global_batch_size, cluster, pp, schedule,
+                                  variant.profile, variant.tp),
+        extra=extra,
+    )
+    return plan, costs

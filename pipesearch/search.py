@@ -12,8 +12,14 @@ the top ``K`` is skipped (``pruned``) without losing exactness: the ranked
 plans are the true top ``K`` configurations by simulated time.
 
 Every visited point is a row of :attr:`SearchResult.points` (a pandas
-DataFrame, built on first use from :attr:`SearchResult.point_columns`) with its status: ``ok``, ``out_of_memory``, ``batch_not_divisible``,
+DataFrame, built on first use from :attr:`SearchResult.point_columns`) with
+its status: ``ok``, ``out_of_memory``, ``batch_not_divisible``,
 ``schedule_refused``, ``too_many_stages`` or ``pruned``.
+
+The plan space itself is :mod:`pipesearch.search_space`, the bounds that
+prune it :mod:`pipesearch.search_bounds`, a point's devices and costs
+:mod:`pipesearch.point_placement`, a split's plan :mod:`pipesearch.point_plan`
+and the ranking :mod:`pipesearch.ranking`; this module runs the search.
 """
 
 from __future__ import annotations
@@ -34,22 +40,21 @@ from .costs import device_time_scale, profile_precision
 from .errors import InfeasibleError
 from .in_flight import floor_in_flight
 from .memory import usable_memory_bytes
-from .option_search import (best_policies_for_split, exact_split_over_policies, host_overflow_note, host_plan_info,
-                            pin_mobius_activations, prefer_device_state)
+from .option_search import best_policies_for_split, exact_split_over_policies, host_overflow_note
 from .placement import memory_bytes_of, reference_device, slot_heads
-from .point_placement import (mapped_above, mapped_key, mapped_visit_order, memory_key, point_costs, same_links,
-                              slots_and_links, placement_array)
-from .point_plan import plan_prediction, plan_stages, analytic_time_s
+from .point_placement import (mapped_above, mapped_key, mapped_visit_order, memory_key, placement_array, point_costs,
+                              same_links, slots_and_links)
+from .point_plan import plan_of_split
 from .ranking import TIE_REL, kth_best, plan_family, rank_plans, tie_key
 from .replication import parse_replicas_name
 from .roundpipe import plan_point as roundpipe_plan_point
-from .search_bounds import (point_lower_bound_s, memory_totals, surely_out_of_memory, busiest_device_per_sample_s,
-                            capacity_time_scale, forward_share_of, group_lower_bound_s)
+from .search_bounds import (busiest_device_per_sample_s, capacity_time_scale, forward_share_of, group_lower_bound_s,
+                            memory_totals, point_lower_bound_s, surely_out_of_memory)
 from .search_checks import check_options
 from .search_notes import infeasible_message, note_split_overflow
 from .search_options import ModelVariant, SearchOptions
-from .search_space import (STOPPED, point_columns_of, point_row, accepted_points, count_points, enumerate_groups,
-                           expand_group, group_schedules, group_stages, in_bound_order, points_frame,
+from .search_space import (STOPPED, accepted_points, count_points, enumerate_groups, expand_group, group_schedules,
+                           group_stages, in_bound_order, point_columns_of, point_row, points_frame,
                            replicated_candidates)
 from .split_search import CHAIN_SCHEDULES, EQUAL_TIME_REL, exact_split
 from .stage_options import ACT_HOST_RESIDENT
@@ -145,73 +150,111 @@ def search(
         # times measured on an unknown device: take them as the fastest type's (one
         # choice whatever the order of the groups) and scale the others by FLOP rate
         profiled_device = reference_device(cluster, profile_precision(variants[0].profile))
-    precision = profile_precision(variants[0].profile)
-    fastest = min(device_time_scale(profiled_device, g.device, precision) for g in cluster.groups)
-    rows: list[dict] = []
-    counts: Counter = Counter()
-    work = {id(v): v.profile.compute_per_sample_s for v in variants}
-    floor_job = replace(job, weight_streaming=True) if {"mobius", "roundpipe"} & set(options.schedules) else job  # swap all
-    memory_floor = {id(v): memory_totals(v.profile, floor_job, v.stage_tables) for v in variants}
-    # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
-    capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
-                for tp in {v.tp for v in variants}}
-    capacity_scales: dict = {}
+    run = _Search(variants, cluster, job, options, profiled_device)
+    run.visit_space(progress)
+    return run.result(start)
 
-    def average(variant, pp: int, dp: int) -> float | None:
+
+class _Search:
+    """One search's state: the visited points' rows, the best plan of each
+    family (:func:`plan_family`), the cutoff a point must beat, the caches
+    shared by the points, and the points whose split search stopped at its
+    limits. :meth:`visit_space` visits the groups in bound order;
+    :meth:`result` ranks what it kept."""
+
+    def __init__(self, variants, cluster: Cluster, job: Job, options: SearchOptions, profiled_device):
+        self.variants, self.cluster, self.job, self.options = variants, cluster, job, options
+        self.profiled_device = profiled_device
+        self.precision = profile_precision(variants[0].profile)
+        self.fastest = min(device_time_scale(profiled_device, g.device, self.precision) for g in cluster.groups)
+        self.rows: list[dict] = []
+        self.counts: Counter = Counter()
+        self.work = {id(v): v.profile.compute_per_sample_s for v in variants}
+        self.share = {id(v): forward_share_of(v.profile) for v in variants}
+        swap_all = {"mobius", "roundpipe"} & set(options.schedules)
+        floor_job = replace(job, weight_streaming=True) if swap_all else job
+        self.memory_floor = {id(v): memory_totals(v.profile, floor_job, v.stage_tables) for v in variants}
+        # usable memory of every tensor-parallel slot, largest first (the memory pre-filter)
+        self.capacity = {tp: np.sort(usable_memory_bytes(job, memory_bytes_of(cluster)[slot_heads(cluster, tp)]))[::-1]
+                         for tp in {v.tp for v in variants}}
+        self.keep = max(options.top, 1)
+        self.best_of_family: dict[tuple, tuple[float, Plan]] = {}
+        self.family_times: list[float] = []  # sorted best time of every family seen
+        self.in_flight_cache: dict = {}
+        self.links_cache: dict = {}
+        self.placement_ctx: dict = {"job": job, "profiled_device": profiled_device,
+                                    "time_limit_s": options.mapping_time_limit_s,
+                                    "in_flight_cache": self.in_flight_cache,
+                                    "links_cache": self.links_cache}  # (the order search's too)
+        self._capacity_scales: dict = {}
+        self._busiest_cache: dict = {}
+        self._count_cache: dict = {}
+        self._offered: dict = {}
+        self.unproven: list[_Open] = []  # points whose split search stopped at its limits
+        self.no_split_fits: set = set()  # memory_key of the points of one placement no split fits
+        self.groups = self._groups()
+        # the seeded points' costs and starting splits, for their evaluation (_seed_time_s); and per family
+        # (tp, recompute, pp, dp, schedule, vp) a time its seeds achieve
+        self.seed_work: dict = {}
+        self.initial_cutoff, self.seeded = self.seed_cutoff()
+
+    def _groups(self) -> list[tuple]:
+        """The (variant, pp, dp) groups to expand, ``(bound, order, variant,
+        pp, dp)`` sorted by the smallest :func:`point_lower_bound_s` of any
+        of their points; refused groups are counted by status."""
+        job, groups = self.job, []
+        uniform = [] if self.options.split_replicas else enumerate_groups(self.variants, self.cluster, job,
+                                                                          self.options)
+        for variant, pp, dp, status, count in uniform:  # a pinned replicated split: that point only
+            if status is not None:
+                self.counts[status] += count
+                continue
+            scale = self.average(variant, pp, dp) or self.fastest
+            groups.append((self.work[id(variant)] * scale * (job.global_batch_size // dp) / pp, len(groups),
+                           variant, pp, dp))
+        groups.sort(key=lambda g: (g[0], g[1]))
+        return groups
+
+    def average(self, variant, pp: int, dp: int) -> float | None:
         """:func:`capacity_time_scale` of a (pp, dp) point's slots (None on
         a cluster of one device type)."""
         key = (pp * dp, variant.tp)
-        if key not in capacity_scales:
-            capacity_scales[key] = capacity_time_scale(cluster, profiled_device, precision, pp * dp, variant.tp)
-        return capacity_scales[key]
+        if key not in self._capacity_scales:
+            self._capacity_scales[key] = capacity_time_scale(self.cluster, self.profiled_device, self.precision,
+                                                             pp * dp, variant.tp)
+        return self._capacity_scales[key]
 
-    groups = []
-    uniform = [] if options.split_replicas else enumerate_groups(variants, cluster, job, options)
-    for variant, pp, dp, status, count in uniform:  # a pinned replicated split: that point only
-        if status is not None:
-            counts[status] += count
-            continue
-        # smallest lower bound of any point of the group (see point_lower_bound_s)
-        bound = work[id(variant)] * (average(variant, pp, dp) or fastest) * (job.global_batch_size // dp) / pp
-        groups.append((bound, len(groups), variant, pp, dp))
-    groups.sort(key=lambda g: (g[0], g[1]))
-    busiest_cache: dict = {}
-
-    share = {id(v): forward_share_of(v.profile) for v in variants}
-
-    def busiest_s(variant, pp: int, stages: int) -> float:
-        if "roundpipe" in options.schedules:  # its tasks move between GPUs: only the average device holds
+    def busiest_s(self, variant, pp: int, stages: int) -> float:
+        """:func:`busiest_device_per_sample_s` (0 with RoundPipe, whose tasks
+        move between GPUs: only the average device holds)."""
+        if "roundpipe" in self.options.schedules:
             return 0.0
-        return busiest_device_per_sample_s(variant.profile, pp, stages, busiest_cache)
+        return busiest_device_per_sample_s(variant.profile, pp, stages, self._busiest_cache)
 
-    def strong_group_bound(group) -> float:
+    def point_bound(self, variant, pp: int, dp: int, mbs: int, m: int, schedule: str, vp: int) -> float:
+        """The point's :func:`point_lower_bound_s`."""
+        return point_lower_bound_s(self.work[id(variant)], pp, mbs, m, schedule, self.fastest,
+                                   self.busiest_s(variant, pp, pp * vp), self.share[id(variant)],
+                                   self.average(variant, pp, dp))
+
+    def strong_group_bound(self, group) -> float:
         """The group's bound with integral layers (:func:`group_lower_bound_s`)."""
         _, _, variant, pp, dp = group
-        return group_lower_bound_s(work[id(variant)], pp, job.global_batch_size // dp, fastest,
-                                   busiest_s(variant, pp, group_stages(pp, options)), average(variant, pp, dp))
+        return group_lower_bound_s(self.work[id(variant)], pp, self.job.global_batch_size // dp, self.fastest,
+                                   self.busiest_s(variant, pp, group_stages(pp, self.options)),
+                                   self.average(variant, pp, dp))
 
-    keep = max(options.top, 1)
-    best_of_family: dict[tuple, tuple[float, Plan]] = {}
-    family_times: list[float] = []  # sorted best time of every family seen
-    in_flight_cache: dict = {}
-    links_cache: dict = {}
-    count_cache: dict = {}
-    placement_ctx: dict = {"job": job, "profiled_device": profiled_device, "time_limit_s": options.mapping_time_limit_s,
-                           "in_flight_cache": in_flight_cache, "links_cache": links_cache}  # (the order search's too)
-
-    offered: dict = {}
-
-    def offers(variant, pp: int, dp: int, schedule: str) -> bool:
+    def offers(self, variant, pp: int, dp: int, schedule: str) -> bool:
         """Whether the group searches ``schedule`` at some micro-batch count
         (:func:`group_schedules`, :func:`accepted_points`)."""
-        per_replica = job.global_batch_size // dp
+        per_replica = self.job.global_batch_size // dp
         key = (variant.profile.num_layers, pp, per_replica, schedule)
-        if key not in offered:
-            offered[key] = schedule in group_schedules(pp, options) and accepted_points(
-                schedule, pp, per_replica, variant.profile.num_layers, options) > 0
-        return offered[key]
+        if key not in self._offered:
+            self._offered[key] = schedule in group_schedules(pp, self.options) and accepted_points(
+                schedule, pp, per_replica, variant.profile.num_layers, self.options) > 0
+        return self._offered[key]
 
-    def seed_cutoff() -> tuple[float, dict]:
+    def seed_cutoff(self) -> tuple[float, dict]:
         """A cutoff from achievable plans, before any exact split: the best
         starting split of two points (its lowest bound, and its fewest
         micro-batches: the largest, which the bound ranks last for their
@@ -227,12 +270,13 @@ def search(
         so far (groups come in bound order: none after it lowers it; on GPT-3
         1.3B on 16 A100s 7 seeds instead of 11, 0.09 -> 0.05 CPU s).
         Returns that cutoff and each seeded family's least seed time."""
+        options, keep = self.options, self.keep
         if options.exhaustive or options.split:
             return math.inf, {}
         seen: dict[tuple, float] = {}
         per_schedule: Counter = Counter()
         extra, missing = 0, None
-        for group_bound, (_, _, variant, pp, dp) in in_bound_order(groups, strong_group_bound):
+        for group_bound, (_, _, variant, pp, dp) in in_bound_order(self.groups, self.strong_group_bound):
             if len(seen) >= keep and group_bound >= kth_best(sorted(seen.values()), keep):
                 break  # every point of this group and the later ones is at least the K-th seed: none lowers it
             if len(seen) >= SEED_FAMILIES * keep:
@@ -241,95 +285,212 @@ def search(
                 short = {s for s in missing if per_schedule[s] < keep}
                 if not short or extra >= SEED_GROUPS:
                     break
-                short = {s for s in short if offers(variant, pp, dp, s)}
+                short = {s for s in short if self.offers(variant, pp, dp, s)}
                 if not short:  # e.g. fewer micro-batches than stages: GPipe alone
                     continue
                 extra += 1
             else:
                 short = set(options.schedules)
-            first: dict[tuple, tuple[float, dict]] = {}
-            fewest: dict[tuple, tuple[int, dict]] = {}  # and its point of fewest micro-batches (the largest)
-            for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
-                if status is not None or schedule not in short:  # e.g. batch_not_divisible: no micro-batch count
-                    continue
-                key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
-                bound = point_lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
-                                       busiest_s(variant, pp, pp * vp), share[id(variant)], average(variant, pp, dp))
-                row = point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
-                if key not in first or bound < first[key][0]:
-                    first[key] = (bound, row)
-                if key not in fewest or m < fewest[key][0]:
-                    fewest[key] = (m, row)
-            rows = [(key, row) for key, (_, row) in first.items()]
-            rows += [(key, row) for key, (_, row) in fewest.items() if row is not first[key][1]]
-            for key, row in rows:
-                inflight = floor_in_flight(row["schedule"], pp, row["num_micro_batches"], row["vp"],
-                                            in_flight_cache, variant.profile.wgrad_saved_fraction)
-                if row["schedule"] != "roundpipe" and surely_out_of_memory(memory_floor[id(variant)], row, inflight,
-                                                                            capacity[variant.tp]):
-                    continue
-                t = _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
-                                 placement_ctx, seed_work)
+            for key, row in self._seed_points(variant, pp, dp, short):
+                t = _seed_time_s(variant, self.cluster, self.job, row, self.profiled_device, self.in_flight_cache,
+                                 self.links_cache, self.placement_ctx, self.seed_work)
                 if t < math.inf:
                     per_schedule[row["schedule"]] += key not in seen
                     seen[key] = min(seen.get(key, math.inf), t)
         return kth_best(sorted(seen.values()), keep) * (1 + 2 * TIE_REL), seen
 
-    # and per family (tp, recompute, pp, dp, schedule, vp) a time its seeds achieve
-    seed_work: dict = {}  # the seeded points' costs and starting splits, for their evaluation (_seed_time_s)
-    initial_cutoff, seeded = seed_cutoff()
+    def _seed_points(self, variant, pp: int, dp: int, schedules: set) -> list[tuple[tuple, dict]]:
+        """The seed points of a group (:meth:`seed_cutoff`) among
+        ``schedules``, ``(family, row)``: per family the point of lowest
+        bound and the one of fewest micro-batches, those the memory
+        pre-filter lets through."""
+        first: dict[tuple, tuple[float, dict]] = {}
+        fewest: dict[tuple, tuple[int, dict]] = {}  # and its point of fewest micro-batches (the largest)
+        for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, self.job, self.options,
+                                                                    self.cluster):
+            if status is not None or schedule not in schedules:  # e.g. batch_not_divisible: no micro-batch count
+                continue
+            key = (variant.tp, variant.recompute, pp, dp, schedule, vp)
+            bound = self.point_bound(variant, pp, dp, mbs, m, schedule, vp)
+            row = point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
+            if key not in first or bound < first[key][0]:
+                first[key] = (bound, row)
+            if key not in fewest or m < fewest[key][0]:
+                fewest[key] = (m, row)
+        picked = [(key, row) for key, (_, row) in first.items()]
+        picked += [(key, row) for key, (_, row) in fewest.items() if row is not first[key][1]]
+        return [(key, row) for key, row in picked
+                if row["schedule"] == "roundpipe" or not self._surely_out_of_memory(variant, row)]
 
-    def cutoff() -> float:
+    def _surely_out_of_memory(self, variant, row: dict) -> bool:
+        """:func:`surely_out_of_memory` of the point (its schedule's least
+        in-flight activations against the slots' capacities)."""
+        inflight = floor_in_flight(row["schedule"], row["pp"], row["num_micro_batches"], row["vp"],
+                                   self.in_flight_cache, variant.profile.wgrad_saved_fraction)
+        if self.job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
+            inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
+        return surely_out_of_memory(self.memory_floor[id(variant)], row, inflight, self.capacity[variant.tp])
+
+    def cutoff(self) -> float:
         """Time a point must beat to enter the ranked plans (near-ties of the
         best are kept for the tie-break of rank_plans); at most the seeds'.
         Infinite with ``exhaustive``: every point's split search then runs
         to its best split (against a cutoff it stopped once no split could
         beat it, and its row held the best split met so far)."""
-        if options.exhaustive:
+        if self.options.exhaustive:
             return math.inf
         # raised by 2 EQUAL_TIME_REL: a point that ties the K-th plan to rounding may replace it within its
         # family (keep_plan's tie rule: fewer PCIe bytes, less memory), so it is searched, not pruned
-        return min(initial_cutoff, kth_best(family_times, keep) * (1 + 2 * EQUAL_TIME_REL))
+        return min(self.initial_cutoff, kth_best(self.family_times, self.keep) * (1 + 2 * EQUAL_TIME_REL))
 
-    def pruned(bound: float) -> bool:
-        return not options.exhaustive and bound >= cutoff()
+    def pruned(self, bound: float) -> bool:
+        return not self.options.exhaustive and bound >= self.cutoff()
 
-    unproven: list[_Open] = []  # points whose split search stopped at its limits
-    no_split_fits: set = set()  # memory_key of the points of one placement no split fits
+    def point_cutoff(self, row: dict, variant) -> float:
+        """:meth:`cutoff`, or lower where the point's family (:func:`plan_family`)
+        already holds a plan: the ranking keeps one plan per family, so a
+        point of it matters only if it beats that plan (or ties it within
+        ``EQUAL_TIME_REL`` with a smaller tie key, :meth:`keep_plan`); and
+        below the time a seeded point of the family achieves
+        (:meth:`seed_cutoff`, raised by ``2 TIE_REL`` as the first cutoff
+        is: that point, searched against it, finds its starting split at
+        least). Only for variants whose plans' family is known before the
+        search (no per-stage options, which may name the recompute
+        ``per-stage``)."""
+        now = self.cutoff()
+        if variant.stage_tables or variant.offload or variant.stream or self.options.exhaustive:
+            return now
+        key = (variant.tp, variant.recompute, row["pp"], row["dp"], row["schedule"], row["vp"])
+        held = self.best_of_family.get(key)
+        if held is not None:
+            now = min(now, held[0] * (1 + 2 * EQUAL_TIME_REL))
+        return min(now, self.seeded.get(key, math.inf) * (1 + 2 * TIE_REL))
 
-    def keep_plan(plan: Plan, idx: int, variant, cutoff_s: float) -> None:
+    def keep_plan(self, plan: Plan, idx: int, variant, cutoff_s: float) -> None:
         """Record an evaluated point's plan in its row and its family."""
         info = dict(plan.extra).get("split_search") or {}
         if not info.get("exact", True):
-            unproven.append(_Open(plan, float(info["lower_bound_s"]), idx, variant, cutoff_s))
-        row = rows[idx]
+            self.unproven.append(_Open(plan, float(info["lower_bound_s"]), idx, variant, cutoff_s))
         t = plan.predicted.iteration_time_s
-        row.update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
-                   peak_memory_bytes=plan.predicted.peak_memory_bytes,
-                   bubble_fraction=plan.predicted.bubble_fraction)
-        key = plan_family(plan)
-        if key not in best_of_family:
+        self.rows[idx].update(status="ok", iteration_time_s=t, samples_per_s=plan.predicted.samples_per_s,
+                              peak_memory_bytes=plan.predicted.peak_memory_bytes,
+                              bubble_fraction=plan.predicted.bubble_fraction)
+        key, family_times = plan_family(plan), self.family_times
+        if key not in self.best_of_family:
             bisect.insort(family_times, t)
-            best_of_family[key] = (t, plan)
+            self.best_of_family[key] = (t, plan)
             return
-        held_t, held = best_of_family[key]
+        held_t, held = self.best_of_family[key]
         tied = abs(t - held_t) <= EQUAL_TIME_REL * max(t, held_t)
         if (tie_key(plan) < tie_key(held)) if tied else (t < held_t):
             # faster, or the same time up to rounding with less memory (the ranking's tie rule inside a family)
             family_times.pop(bisect.bisect_left(family_times, held_t))
             bisect.insort(family_times, t)
-            best_of_family[key] = (t, plan)
+            self.best_of_family[key] = (t, plan)
 
-    def keep_result(plan: Plan | None, idx: int, variant, cutoff_s: float) -> None:
+    def keep_result(self, plan: Plan | None, idx: int, variant, cutoff_s: float) -> None:
         """An evaluated point's plan, or its bound when its split search
         stopped before any split fit (an open point, :data:`STOPPED`);
         ``cutoff_s`` the cutoff its split search ran against."""
         if plan is not None:
-            keep_plan(plan, idx, variant, cutoff_s)
-        elif rows[idx]["status"] == STOPPED:
-            unproven.append(_Open(None, rows[idx]["split_lower_bound_s"], idx, variant, cutoff_s))
+            self.keep_plan(plan, idx, variant, cutoff_s)
+        elif self.rows[idx]["status"] == STOPPED:
+            self.unproven.append(_Open(None, self.rows[idx]["split_lower_bound_s"], idx, variant, cutoff_s))
 
-    def second_look() -> None:
+    def evaluate(self, variant, row: dict, cutoff_s: float, seed_work: tuple | None = None):
+        """:func:`_evaluate` of the point of ``row`` with the search's caches."""
+        return _evaluate(variant, self.cluster, self.job, self.options, row, self.profiled_device,
+                         self.in_flight_cache, self.links_cache, self.placement_ctx, cutoff_s=cutoff_s,
+                         seed_work=seed_work)
+
+    def visit(self, bound: float, idx: int, variant) -> None:
+        """Evaluate the point of ``rows[idx]`` unless pruned (against its
+        family's plan too, :meth:`point_cutoff`) or surely out of memory."""
+        row, options, cluster = self.rows[idx], self.options, self.cluster
+        now = self.point_cutoff(row, variant)  # at most cutoff(); infinite with exhaustive
+        if bound >= now:
+            row["status"] = "pruned"
+            return
+        if not options.split and row["schedule"] != "roundpipe" and self._surely_out_of_memory(variant, row):
+            row["status"] = "out_of_memory"
+            return
+        if row["placement"] != options.placements[0] and same_links(
+                cluster, variant, row, options.placements[0], self.placement_ctx, self.links_cache):
+            row["status"] = "same_as_other_placement"
+            return
+        key = memory_key(cluster, variant, row, options)
+        if key in self.no_split_fits:  # another placement's devices, the same memory: no split fits either
+            row["status"] = "out_of_memory"
+            return
+        plan, costs = self.evaluate(variant, row, now, self.seed_work.pop(_seed_key(variant, row), None))
+        self.keep_result(plan, idx, variant, now)
+        if key is not None and row["status"] == "out_of_memory" and costs is not None and costs.options is None:
+            self.no_split_fits.add(key)  # (no stage options: no host memory, which is counted per node)
+
+    def visit_space(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Visit every group in bound order (a group the cutoff prunes is
+        counted, not expanded), its points in bound order; the chain
+        schedules' points (:data:`DEFERRED_SCHEDULES`) after all others and
+        the mapped placement's last (its order search is costly); then the
+        replicated points and a second look at the stopped ones."""
+        options = self.options
+        deferred: list = []  # points of DEFERRED_SCHEDULES, evaluated after all others
+        mapped: list = []  # points of the mapped placement, evaluated last: against the lowest cutoff
+        for done, (group_bound, (_, _, variant, pp, dp)) in enumerate(
+                in_bound_order(self.groups, self.strong_group_bound, self.pruned)):
+            if progress:
+                progress(done, len(self.groups))
+            if self.pruned(group_bound):
+                self.counts["pruned"] += count_points(variant, pp, dp, self.job, options, self.cluster,
+                                                      self._count_cache)
+                continue
+            for bound, idx in self._expand(variant, pp, dp):
+                if self.rows[idx]["placement"] == "mapped" and not options.exhaustive:
+                    mapped.append((bound, idx, variant))
+                elif self.rows[idx]["schedule"] in DEFERRED_SCHEDULES and not options.exhaustive:
+                    deferred.append((bound, idx, variant))  # after the others: against a lower cutoff
+                else:
+                    self.visit(bound, idx, variant)
+        for bound, idx, variant in deferred:
+            self.visit(bound, idx, variant)
+        for bound, idx, variant in mapped_visit_order(mapped, self.rows):
+            self.visit(bound, idx, variant)
+        if options.replicate_stages or options.split_replicas:
+            self._visit_replicated()
+        if not options.exhaustive:
+            self.second_look()
+        if progress:
+            progress(len(self.groups), len(self.groups))
+
+    def _expand(self, variant, pp: int, dp: int) -> list[tuple[float, int]]:
+        """A group's points as rows (every one, refused ones with their
+        status), and ``(bound, row index)`` of those to visit, in bound order."""
+        todo = []
+        for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, self.job, self.options,
+                                                                    self.cluster):
+            row = point_row(variant, pp, dp, mbs, m, schedule, vp, placement, status)
+            self.rows.append(row)
+            if status is None:
+                row["lower_bound_s"] = self.point_bound(variant, pp, dp, mbs, m, schedule, vp)
+                todo.append((row["lower_bound_s"], len(self.rows) - 1))
+        return sorted(todo)
+
+    def _visit_replicated(self) -> None:
+        """The per-stage replication points (:func:`replicated_candidates`),
+        in bound order until the cutoff prunes the rest."""
+        candidates = replicated_candidates(self.variants, self.cluster, self.job, self.options, self.work,
+                                           self.fastest, self.profiled_device)
+        for n, (bound, _, variant, row) in enumerate(candidates):
+            if self.pruned(bound):  # sorted by bound: every later point is pruned too
+                self.counts["pruned"] += len(candidates) - n
+                break
+            self.rows.append(row)
+            row["lower_bound_s"] = bound
+            now = self.cutoff()
+            plan, _ = self.evaluate(variant, row, now)
+            self.keep_result(plan, len(self.rows) - 1, variant, now)
+
+    def second_look(self) -> None:
         """Search again, against the final cutoff, the points outside the
         ranked plans whose split search stopped at its limits with a bound
         below it, when the cutoff has fallen since by at least
@@ -337,8 +498,10 @@ def search(
         searched against and their bound (in bound order): a lower incumbent
         prunes more, so such points are mostly settled (proven unable to
         enter; their row keeps its plan) or yield a faster split."""
+        rows, unproven = self.rows, self.unproven
+
         def final(u: _Open) -> float:  # what the point must beat now (its family's plan too)
-            return point_cutoff(rows[u.idx], u.variant)
+            return self.point_cutoff(rows[u.idx], u.variant)
 
         todo = sorted((u.bound_s, k) for k, u in enumerate(unproven)
                       if u.bound_s < final(u) and u.cutoff_s - final(u) >= SECOND_LOOK_SHARE * (u.cutoff_s - u.bound_s)
@@ -349,8 +512,7 @@ def search(
             if lb >= final(unproven[k]):  # the cutoff fell below it meanwhile
                 continue
             status, now = rows[idx]["status"], final(unproven[k])
-            plan, _ = _evaluate(variant, cluster, job, options, rows[idx], profiled_device, in_flight_cache,
-                                links_cache, placement_ctx, cutoff_s=now)
+            plan, _ = self.evaluate(variant, rows[idx], now)
             if plan is None and rows[idx]["status"] == "pruned" and status == "ok":
                 rows[idx]["status"] = "ok"  # evaluated before; now proven unable to enter the ranked plans
             t_old = math.inf if old is None else old.predicted.iteration_time_s
@@ -359,139 +521,58 @@ def search(
                 if not info["exact"]:
                     unproven.append(_Open(old, max(lb, float(info["lower_bound_s"])), idx, variant, now))
                 continue
-            keep_result(plan, idx, variant, now)
+            self.keep_result(plan, idx, variant, now)
         unproven[:] = [u for k, u in enumerate(unproven) if k not in again]
 
-    def point_cutoff(row: dict, variant) -> float:
-        """:func:`cutoff`, or lower where the point's family (:func:`plan_family`)
-        already holds a plan: the ranking keeps one plan per family, so a
-        point of it matters only if it beats that plan (or ties it within
-        ``EQUAL_TIME_REL`` with a smaller tie key, :func:`keep_plan`); and
-        below the time a seeded point of the family achieves
-        (:func:`seed_cutoff`, raised by ``2 TIE_REL`` as the first cutoff
-        is: that point, searched against it, finds its starting split at
-        least). Only for variants whose plans' family is known before the
-        search (no per-stage options, which may name the recompute
-        ``per-stage``)."""
-        now = cutoff()
-        if variant.stage_tables or variant.offload or variant.stream or options.exhaustive:
-            return now
-        key = (variant.tp, variant.recompute, row["pp"], row["dp"], row["schedule"], row["vp"])
-        held = best_of_family.get(key)
-        if held is not None:
-            now = min(now, held[0] * (1 + 2 * EQUAL_TIME_REL))
-        return min(now, seeded.get(key, math.inf) * (1 + 2 * TIE_REL))
+    def result(self, start: float) -> SearchResult:
+        """The ranked plans (the top ``K`` families' best) and the search's
+        bookkeeping; ``start`` the search's start (``time.perf_counter``).
 
-    def visit(bound: float, idx: int, variant) -> None:
-        """Evaluate the point of ``rows[idx]`` unless pruned (against its
-        family's plan too, :func:`point_cutoff`) or surely out of memory."""
-        row = rows[idx]
-        now = point_cutoff(row, variant)  # at most cutoff(); infinite with exhaustive
-        if bound >= now:
-            row["status"] = "pruned"
-            return
-        inflight = floor_in_flight(row["schedule"], row["pp"], row["num_micro_batches"], row["vp"],
-                                    in_flight_cache, variant.profile.wgrad_saved_fraction)
-        if job.activation_offload:  # at most ACT_HOST_RESIDENT micro-batches' activations stay on the GPU
-            inflight = np.minimum(inflight, ACT_HOST_RESIDENT)
-        if not options.split and row["schedule"] != "roundpipe" and surely_out_of_memory(
-                memory_floor[id(variant)], row, inflight, capacity[variant.tp]):
-            row["status"] = "out_of_memory"
-            return
-        if row["placement"] != options.placements[0] and same_links(
-                cluster, variant, row, options.placements[0], placement_ctx, links_cache):
-            row["status"] = "same_as_other_placement"
-            return
-        key = memory_key(cluster, variant, row, options)
-        if key in no_split_fits:  # another placement's devices, the same memory: no split fits either
-            row["status"] = "out_of_memory"
-            return
-        plan, costs = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache, links_cache,
-                                placement_ctx, cutoff_s=now, seed_work=seed_work.pop(_seed_key(variant, row), None))
-        keep_result(plan, idx, variant, now)
-        if key is not None and row["status"] == "out_of_memory" and costs is not None and costs.options is None:
-            no_split_fits.add(key)  # (no stage options: no host memory, which is counted per node)
+        Raises:
+            InfeasibleError: no point yielded a plan (:func:`infeasible_message`).
+        """
+        options, rows, counts = self.options, self.rows, self.counts
+        counts.update(r["status"] for r in rows if r["status"] != "ok")
+        if not self.best_of_family:
+            raise InfeasibleError(self._infeasible_message(), point_columns=point_columns_of(rows))
+        plans = rank_plans([p for _, p in self.best_of_family.values()])[:self.keep]  # ranked (ties too), then cut
+        shown = {id(p) for p in plans[: options.top]}
+        # the ranked ones report their own gap; a bound at the cutoff (or at its family's plan) already excludes a point
+        outside = [u.bound_s for u in self.unproven
+                   if id(u.plan) not in shown and u.bound_s < self.point_cutoff(rows[u.idx], u.variant)]
+        plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
+        job = self.job
+        return SearchResult(
+            unproven_points=len(outside),
+            unproven_bound_s=min(outside, default=math.inf),
+            plans=tuple(plans),
+            points_evaluated=sum(1 for r in rows if r["status"] in ("ok", "out_of_memory", STOPPED)),
+            infeasible=tuple(sorted((k, v) for k, v in counts.items() if k != "pruned"))
+            + ((("pruned", counts["pruned"]),) if counts.get("pruned") else ()),
+            wall_s=time.perf_counter() - start,
+            fingerprint=fingerprint([v.profile for v in self.variants], self.cluster, job, options,
+                                    *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ()),
+                                    *(("activation_offload",) if job.activation_offload else ()),
+                                    *(("vp_pinned",) if options.vp_pinned else ()),
+                                    *(("placement_pinned",) if options.placement_pinned else ()),
+                                    *((f"min_dp={options.min_dp}",) if options.min_dp > 1 else ())),
+            point_columns=point_columns_of(rows),
+        )
 
-    deferred: list = []  # points of DEFERRED_SCHEDULES, evaluated after all others
-    mapped: list = []  # points of the mapped placement (their order search is costly), evaluated last
-    for done, (group_bound, (_, _, variant, pp, dp)) in enumerate(
-            in_bound_order(groups, strong_group_bound, pruned)):
-        if progress:
-            progress(done, len(groups))
-        if pruned(group_bound):
-            counts["pruned"] += count_points(variant, pp, dp, job, options, cluster, count_cache)
-            continue
-        todo = []
-        for mbs, m, schedule, vp, placement, status in expand_group(variant, pp, dp, job, options, cluster):
-            row = point_row(variant, pp, dp, mbs, m, schedule, vp, placement, status)
-            rows.append(row)
-            if status is None:
-                row["lower_bound_s"] = point_lower_bound_s(work[id(variant)], pp, mbs, m, schedule, fastest,
-                                                      busiest_s(variant, pp, pp * vp), share[id(variant)],
-                                                      average(variant, pp, dp))
-                todo.append((row["lower_bound_s"], len(rows) - 1))
-        todo.sort()
-        for bound, idx in todo:
-            if rows[idx]["placement"] == "mapped" and not options.exhaustive:
-                mapped.append((bound, idx, variant))  # after every layout: against the lowest cutoff
-            elif rows[idx]["schedule"] in DEFERRED_SCHEDULES and not options.exhaustive:
-                deferred.append((bound, idx, variant))  # after the others: against a lower cutoff
-            else:
-                visit(bound, idx, variant)
-    for bound, idx, variant in deferred:
-        visit(bound, idx, variant)
-    for bound, idx, variant in mapped_visit_order(mapped, rows):
-        visit(bound, idx, variant)
-    if options.replicate_stages or options.split_replicas:
-        candidates = replicated_candidates(variants, cluster, job, options, work, fastest, profiled_device)
-        for n, (bound, _, variant, row) in enumerate(candidates):
-            if pruned(bound):  # sorted by bound: every later point is pruned too
-                counts["pruned"] += len(candidates) - n
-                break
-            rows.append(row)
-            row["lower_bound_s"] = bound
-            now = cutoff()
-            plan, _ = _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache,
-                                links_cache, placement_ctx, cutoff_s=now)
-            keep_result(plan, len(rows) - 1, variant, now)
-    if not options.exhaustive:
-        second_look()
-    if progress:
-        progress(len(groups), len(groups))
-    counts.update(r["status"] for r in rows if r["status"] != "ok")
-    if not best_of_family:
-        message = infeasible_message(counts, variants, cluster, job, options,
-                                   host_full=bool(placement_ctx.get("host_overflow")))
-        if "split_overflow" in placement_ctx:
-            message += "; " + placement_ctx["split_overflow"][1]
-        if placement_ctx.get("host_overflow"):
-            message += "; " + placement_ctx["host_overflow"]
+    def _infeasible_message(self) -> str:
+        """The one line of a search that found no plan: the counts by status
+        and the likely fix, the closest --split and the host memory note."""
+        options, ctx = self.options, self.placement_ctx
+        message = infeasible_message(self.counts, self.variants, self.cluster, self.job, options,
+                                     host_full=bool(ctx.get("host_overflow")))
+        if "split_overflow" in ctx:
+            message += "; " + ctx["split_overflow"][1]
+        if ctx.get("host_overflow"):
+            message += "; " + ctx["host_overflow"]
         if options.vp_pinned and 1 not in options.vps and not options.pp:
             message = (f"--vp {','.join(map(str, options.vps))} needs pp >= 2 (one pipeline rank runs all its "
                        f"stages as one, vp 1); no plan with pp >= 2 fits: {message}")
-        raise InfeasibleError(message, point_columns=point_columns_of(rows))
-    plans = rank_plans([p for _, p in best_of_family.values()])[:keep]  # ranked (ties too), then cut
-    shown = {id(p) for p in plans[: options.top]}
-    # the ranked ones report their own gap; a bound at the cutoff (or at its family's plan) already excludes a point
-    outside = [u.bound_s for u in unproven
-               if id(u.plan) not in shown and u.bound_s < point_cutoff(rows[u.idx], u.variant)]
-    plans = [replace(p, rank=r + 1) for r, p in enumerate(plans[: options.top])]
-    return SearchResult(
-        unproven_points=len(outside),
-        unproven_bound_s=min(outside, default=math.inf),
-        plans=tuple(plans),
-        points_evaluated=sum(1 for r in rows if r["status"] in ("ok", "out_of_memory", STOPPED)),
-        infeasible=tuple(sorted((k, v) for k, v in counts.items() if k != "pruned"))
-        + ((("pruned", counts["pruned"]),) if counts.get("pruned") else ()),
-        wall_s=time.perf_counter() - start,
-        fingerprint=fingerprint([v.profile for v in variants], cluster, job, options,
-                                *(("delayed_optimizer_step",) if job.delayed_optimizer_step else ()),
-                                *(("activation_offload",) if job.activation_offload else ()),
-                                *(("vp_pinned",) if options.vp_pinned else ()),
-                                *(("placement_pinned",) if options.placement_pinned else ()),
-                                *((f"min_dp={options.min_dp}",) if options.min_dp > 1 else ())),
-        point_columns=point_columns_of(rows),
-    )
+        return message
 
 
 def _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache, placement_ctx,
@@ -505,7 +586,7 @@ def _seed_time_s(variant, cluster, job, row, profiled_device, in_flight_cache, l
     if row["schedule"] == "roundpipe":  # no cheap start: its split search runs in _evaluate
         return math.inf
     slots, costs = point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, links_cache,
-                                placement_ctx)
+                               placement_ctx)
     cache: dict = {}
     found = None if costs is None else exact_split(costs, row["schedule"], row["pp"], row["vp"], seeds_only=True,
                                                    cache=cache)
@@ -526,15 +607,22 @@ def _seed_key(variant, row) -> tuple | None:
 
 def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_cache=None, links_cache=None,
               placement_ctx=None, cutoff_s: float = math.inf, seed_work: tuple | None = None):
-    pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
-    schedule, vp = row["schedule"], row["vp"]
+    """Split the point of ``row`` exactly against ``cutoff_s`` (or score
+    the pinned ``--split``) and return ``(plan, costs)``: the plan is None,
+    and ``row["status"]`` says why, when no split fits (``out_of_memory``),
+    none beats the cutoff (``pruned``, its proven bound in
+    ``lower_bound_s``) or the split search stopped before any split fit
+    every GPU (:data:`STOPPED`); ``costs`` None when no costs were built
+    (RoundPipe, a mapped point settled by its order search). ``seed_work``:
+    the point's slots, costs and split cache from :meth:`_Search.seed_cutoff`."""
+    pp, m, schedule, vp = row["pp"], row["num_micro_batches"], row["schedule"], row["vp"]
     stages = pp * vp
     if placement_ctx is None:
         placement_ctx = {"job": job, "profiled_device": profiled_device}
     placement_ctx["cutoff_s"] = cutoff_s  # a mapped placement's order search starts from it
     if schedule == "roundpipe":  # its own costs and split: pipesearch.roundpipe
         slots, _ = slots_and_links(cluster, variant, row, row["placement"], placement_ctx,
-                                    {} if links_cache is None else links_cache)
+                                   {} if links_cache is None else links_cache)
         return roundpipe_plan_point(variant, cluster, job, row, np.asarray(slots)[:pp, 0], profiled_device, cutoff_s,
                                     options.exhaustive, options.split, placement_ctx), None
     if row["placement"] == "mapped":  # its order search first (cached)
@@ -580,31 +668,8 @@ def _evaluate(variant, cluster, job, options, row, profiled_device, in_flight_ca
         bounds, t = found.bounds, found.iteration_time_s
         split_info = {"exact": found.exact, "lower_bound_s": found.lower_bound_s, "gap": found.gap,
                       "splits_evaluated": found.splits_evaluated}
-    # equal times: state kept on the GPU; Mobius' stages held to their activation choice
-    tied = pin_mobius_activations(prefer_device_state(costs, bounds, job, dp, variant.tp), bounds)
-    if tied is not costs:
-        costs, t = tied, float(iteration_time_s(schedule, pp, m, vp, tied.stage_times(np.asarray(bounds))))
-    analytic = analytic_time_s(schedule, costs, bounds, pp, vp)
-    stage_plans = plan_stages(variant, costs, bounds, slots, cluster, job,
-                               replicated=parse_replicas_name(row["placement"]) is not None)
-    mapping_info = ()
-    if row["placement"] == "mapped":
-        mapping_info = (("mapping", placement_ctx[mapped_key(variant, row)][1]),)
-    recompute = variant.recompute
-    if recompute == "none" and costs.options is not None and any(
-            n.split("+")[0] in ("full", "selective") for n in costs.options.names):
-        recompute = "per-stage"  # the stages chose (StagePlan.memory_option)
-    extra = (("placement", row["placement"]), ("recompute", recompute)) + variant.extra + mapping_info + (
-        ("split_search", split_info), ("simulated", True), ("analytic_iteration_time_s", analytic)) + (
-        host_plan_info(costs, bounds, job, dp, variant.tp))
-    plan = Plan(
-        rank=0, pp=pp, dp=dp, tp=variant.tp, vp=vp, schedule=schedule, micro_batch_size=mbs,
-        num_micro_batches=m, stages=stage_plans,
-        predicted=plan_prediction(costs, stage_plans, t, job.global_batch_size, cluster, pp, schedule,
-                              variant.profile, variant.tp),
-        extra=extra,
-    )
-    return plan, costs
+    mapping = placement_ctx[mapped_key(variant, row)][1] if row["placement"] == "mapped" else None
+    return plan_of_split(variant, cluster, job, row, costs, bounds, t, slots, split_info, mapping)
 
 
 class _Open(NamedTuple):
@@ -640,10 +705,10 @@ DEFERRED_SCHEDULES = CHAIN_SCHEDULES
 
 SEED_FAMILIES = 2
 """The search's first cutoff comes from the starting splits of this many
-times ``top`` families (``search.seed_cutoff``)."""
+times ``top`` families (``search._Search.seed_cutoff``)."""
 
 SEED_GROUPS = 32
 """Groups the first cutoff looks at beyond those, for the schedules the
-first ones gave no family of (a count, ``search.seed_cutoff``)."""
+first ones gave no family of (a count, ``search._Search.seed_cutoff``)."""
 
 

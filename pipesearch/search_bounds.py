@@ -12,7 +12,7 @@ from .types import Job, ModelProfile
 
 
 def point_lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str, fastest: float,
-                   busiest_s: float = 0.0, forward_share: float = 0.0, average: float | None = None) -> float:
+                        busiest_s: float = 0.0, forward_share: float = 0.0, average: float | None = None) -> float:
     """A valid lower bound on the simulated iteration time
     (:func:`pipesearch.timemodel.iteration_time_s`) of any split, from the
     total work ``W`` of one micro-batch on the fastest device and ``A``, a

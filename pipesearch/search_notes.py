@@ -12,7 +12,7 @@ from .memory import offload_bytes_per_param, param_state_of, usable_memory_bytes
 from .placement import memory_bytes_of
 from .replication import parse_replicas_name
 from .search_space import STOPPED
-from .types import MAX_MICRO_BATCHES, Cluster, Job
+from .types import Cluster, Job, MAX_MICRO_BATCHES
 from .units import format_gib_pair
 
 
@@ -145,7 +145,7 @@ def _pp_can_rise(options, cluster: Cluster, num_layers: int, tp: int) -> bool:
 
 
 def infeasible_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None,
-                     host_full: bool = False) -> str:
+                       host_full: bool = False) -> str:
     """The no-plan line: the counts by reason and the likely fix (``host_full``:
     the host memory is what the offloading plans overflowed, so no flag that
     keeps more there is suggested)."""

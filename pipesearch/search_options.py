@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from .types import SCHEDULES, ModelProfile
+from .types import ModelProfile, SCHEDULES
 
 
 ANALYTIC_SCHEDULES = ("gpipe", "1f1b")

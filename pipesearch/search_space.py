@@ -15,7 +15,7 @@ from .placement import (count_layouts, group_ids, layout, layout_names, node_ids
 from .replication import (MAX_REPLICATED_PP, is_uniform_point, parse_replicas_slots, placement_time_scale,
                           replica_vectors, replicated_lower_bound_s, replicated_placements)
 from .search_options import MULTI_STAGE_SCHEDULES, ModelVariant, SearchOptions, vp_choices
-from .types import MAX_MICRO_BATCHES, Cluster, DeviceSpec, Job
+from .types import Cluster, DeviceSpec, Job, MAX_MICRO_BATCHES
 
 
 def points_frame(point_columns: dict):

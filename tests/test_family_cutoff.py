@@ -2,7 +2,7 @@
 pp, dp, schedule, vp), so a point of a family that already holds a plan
 matters only if it beats that plan: the search prunes it, or splits it,
 against that plan's time where it is below the K-th best
-(``search.point_cutoff``). Checked against the exhaustive search (no
+(``search._Search.point_cutoff``). Checked against the exhaustive search (no
 pruning, every point split to its best): the same ranked plans, and every
 pruned point's bound at least what it had to beat, the K-th best family
 time or its own family's best, whichever is lower."""

@@ -28,11 +28,11 @@ from pipesearch.cli import main
 from pipesearch.output_table import format_table
 from pipesearch.in_flight import schedule_in_flight
 from pipesearch.point_placement import point_costs
-from pipesearch.search_bounds import (point_lower_bound_s, busiest_device_per_sample_s, capacity_time_scale,
-                                      busiest_stage_per_sample_s, fill_drain_factor, forward_share_of,
-                                      group_lower_bound_s, packed_busiest_per_sample_s)
+from pipesearch.search_bounds import (busiest_device_per_sample_s, busiest_stage_per_sample_s, capacity_time_scale,
+                                      fill_drain_factor, forward_share_of, group_lower_bound_s,
+                                      packed_busiest_per_sample_s, point_lower_bound_s)
 from pipesearch.search_options import ModelVariant, SearchOptions
-from pipesearch.search_space import point_row, expand_group, group_stages, in_bound_order
+from pipesearch.search_space import expand_group, group_stages, in_bound_order, point_row
 from pipesearch.timemodel import iteration_time_s
 from pipesearch.types import Cluster, DeviceGroup, Job, Layer, Link, ModelProfile
 
@@ -89,7 +89,7 @@ def test_point_and_group_bounds_are_at_most_every_split(seed, fixed):
                 row = point_row(variant, pp, dp, mbs, m, schedule, vp, placement, None)
                 _, costs = point_costs(variant, cluster, job, row, None, {}, {}, {"job": job, "profiled_device": None})
                 bound = point_lower_bound_s(work, pp, mbs, m, schedule, 1.0,
-                                       busiest_device_per_sample_s(prof, pp, pp * vp, cache), share)
+                                            busiest_device_per_sample_s(prof, pp, pp * vp, cache), share)
                 best = min(iteration_time_s(schedule, pp, m, vp, costs.stage_times(b)) for b in _splits(7, pp * vp))
                 assert bound <= best * (1 + 1e-12), (pp, dp, mbs, schedule, vp, bound, best)
                 assert group <= bound * (1 + 1e-12), (pp, dp, mbs, schedule, vp, group, bound)
@@ -287,7 +287,7 @@ def test_first_cutoff_with_gpipe_only_first_groups_keeps_the_exhaustive_ranking(
     """Batch 4 on 8 devices: the groups of the lowest bounds (dp 4 x pp 2,
     dp 2 x pp 4, dp 1 x pp 8) have fewer micro-batches than stages, so they
     offer GPipe alone, and the first cutoff also seeds the 1F1B-style
-    schedules from later groups (search.seed_cutoff). Whatever it seeds, the
+    schedules from later groups (search._Search.seed_cutoff). Whatever it seeds, the
     ranked plans are those of the exhaustive search (every point evaluated,
     no cutoff)."""
     from pipesearch.search import search
