@@ -4,7 +4,7 @@ search would need more memory than the user's budget.
 The exact split for the simulated time (:mod:`pipesearch.split_search`)
 keeps suffix tables over (stage length, end layer) and a rank-counting table
 over layer pairs: they grow with the square of the layer count, up to
-:data:`pipesearch.split_search.MAX_TABLED_FLOATS`, above which a split is
+:data:`pipesearch.bound_tables.MAX_TABLED_FLOATS`, above which a split is
 the best of its starting splits with a table-free bound (the closed-form
 split of :mod:`pipesearch.partition` is linear in layers x stages).
 :data:`BYTES_PER_LAYER_PAIR` is the measured growth of the peak resident
@@ -18,7 +18,7 @@ planned in 174 MB).
 from __future__ import annotations
 
 from .errors import InputError
-from .split_search import MAX_TABLED_FLOATS
+from .bound_tables import MAX_TABLED_FLOATS
 from .units import format_bytes
 
 #: peak host memory of a search per (layer, layer) pair, bytes (see module docstring)

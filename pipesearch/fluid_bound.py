@@ -3,12 +3,12 @@
 model's forward and backward compute, not whole layers.
 
 Every split's simulated time is at least each of these path lengths
-(:func:`pipesearch.split_search.bound_families`, docs/schedules.md):
+(:func:`pipesearch.split_bounds.bound_families`, docs/schedules.md):
 
 * rank ``q``'s whole work, ``m sum_{s on q} (F_s + B_s)``;
 * the chain of stage ``k``: micro-batch 0's forward down to ``k``, the
   gradient back up (``sum_{s<k} (F_s + B_s)``), and the actions of ``k``'s
-  rank between them (:func:`pipesearch.split_search._interleaved_chain`:
+  rank between them (:func:`pipesearch.split_bounds.interleaved_chain`:
   ``n_F(k, s) F_s + n_B(k, s) B_s``).
 
 Transfers and all-reduces only lengthen a path, so they are left out. A
@@ -93,10 +93,10 @@ def fluid_lower_bound_s(costs: PipelineCosts, schedule: str, pp: int, vp: int, b
 @lru_cache(maxsize=256)
 def _chains(pp: int, m: int, vp: int) -> np.ndarray:
     """``(S, S, 2)``: the forwards and backwards of each stage ``s`` on the
-    chain of stage ``k`` (:func:`pipesearch.split_search._interleaved_chain`), ``[k, s]``."""
-    from .split_search import _interleaved_chain
+    chain of stage ``k`` (:func:`pipesearch.split_bounds.interleaved_chain`), ``[k, s]``."""
+    from .split_bounds import interleaved_chain
 
-    out = np.array([_interleaved_chain(pp, m, vp, k)[:, :2] for k in range(pp * vp)])
+    out = np.array([interleaved_chain(pp, m, vp, k)[:, :2] for k in range(pp * vp)])
     out.flags.writeable = False
     return out
 

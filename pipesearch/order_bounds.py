@@ -7,7 +7,7 @@ the slots of one node are interchangeable). A stage's cost terms depend only
 on its index ``k``, its layers ``[i, j)``, its class ``c_k`` and, through
 the transfer after it, the next class ``c_{k+1}``. Every family below is a
 path of the schedule's dependency graph (the families of
-:func:`pipesearch.split_search.bound_families`, docs/schedules.md), written
+:func:`pipesearch.split_bounds.bound_families`, docs/schedules.md), written
 with per-stage terms ``alpha0 + ka * c`` and ``beta0 + kb * c``, ``c`` the
 stage's own outgoing transfer:
 

@@ -75,7 +75,8 @@ from .costs import PipelineCosts
 from .order_bounds import (CLASS_BOUND_SCHEDULES, MAX_TABLE_FLOATS, class_bounds, families, rank_capacity_bound_s,
                            rank_capacity_tables, rank_covering_orders, link_bound_s, link_send_minima,
                            blocking_send_floor_s)
-from .split_search import ExactSplit, any_split_fits, exact_split
+from .split_search import ExactSplit, exact_split
+from .split_fits import any_split_fits
 from .timemodel import send_overlap
 
 #: orders whose exact split :func:`best_order` runs before it stops (a count)

@@ -56,7 +56,8 @@ from .search_options import ModelVariant, SearchOptions
 from .search_space import (STOPPED, accepted_points, count_points, enumerate_groups, expand_group, group_schedules,
                            group_stages, in_bound_order, point_columns_of, point_row, points_frame,
                            replicated_candidates)
-from .split_search import CHAIN_SCHEDULES, EQUAL_TIME_REL, exact_split
+from .split_search import EQUAL_TIME_REL, exact_split
+from .split_bounds import CHAIN_SCHEDULES
 from .stage_options import ACT_HOST_RESIDENT
 from .timemodel import iteration_time_s
 from .types import Cluster, DeviceSpec, Job, Plan
@@ -694,7 +695,7 @@ SECOND_LOOK_SHARE = 0.5
 
 #: schedules whose points are evaluated after every other point (in the same
 #: order among themselves): those whose split search needs the chain
-#: families (split_search.CHAIN_SCHEDULES; interleaved 1F1B's bounds are the
+#: families (split_bounds.CHAIN_SCHEDULES; interleaved 1F1B's bounds are the
 #: weakest), the dearest to search, so a cutoff lowered by the other
 #: schedules' plans first excludes more of them. The ranked plans do not
 #: depend on the order: every point that can enter them is searched exactly

@@ -29,7 +29,7 @@ def point_lower_bound_s(work_s: float, pp: int, mbs: int, m: int, schedule: str,
     * GPipe: ``W + (m-1) A`` (its closed form is ``sum (F+B) + (m-1)(max F
       + max B)``);
     * 1F1B: ``W + (2m-1-pp)/2 A`` (the 1F1B bound family of
-      :func:`pipesearch.split_search.bound_families` at the busiest stage,
+      :func:`pipesearch.split_bounds.bound_families` at the busiest stage,
       with ``(m-1) max(f, b) + (m-pp) min(f, b) >= (2m-1-pp)/2 (f + b)``);
     * GPipe, 1F1B and ZB-H1: ``W x`` :func:`fill_drain_factor` (rank ``k``
       starts after the forwards of stages ``< k``, runs its ``m``

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_cluster, tiny_profile
+from pipesearch import split_bounds
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.fluid_bound import fluid_lower_bound_s, layer_times
@@ -110,7 +111,7 @@ def test_certified_value_is_the_grid_minimum(m):
     stage = np.arange(S)
     paths = [np.where(stage % pp == q, m * 3.0, 0.0) for q in range(pp)]  # per unit of a stage's load
     for k in range(S):
-        n = split_search._interleaved_chain(pp, m, vp, k)
+        n = split_bounds.interleaved_chain(pp, m, vp, k)
         paths.append((stage < k) * 3.0 + n[:, 0] * 1.0 + n[:, 1] * 2.0)
     paths = np.array(paths) / 3.0  # per unit of load (forward a third, backward two thirds)
     step = 1 / 80
@@ -207,7 +208,7 @@ def test_the_programs_rows_are_the_paths_of_the_module_docstring(seed):
     ``t`` is at least every rank's work ``m sum_{s on q} a_s (u_s + v_s)``
     and every stage's chain ``P_k + sum_s n_F(k, s) a_s u_s + n_B(k, s) a_s
     v_s`` (``P_k`` the scaled compute before stage ``k``, the counts of
-    :func:`pipesearch.split_search._interleaved_chain`), written here from
+    :func:`pipesearch.split_bounds.interleaved_chain`), written here from
     the docstring: at the longest of them each row's value is ``t`` less
     its path (ranks first, then the stages' chains), the prefix rows 0 and
     the totals the model's. A rank's stage left out, a chain of the wrong
@@ -226,7 +227,7 @@ def test_the_programs_rows_are_the_paths_of_the_module_docstring(seed):
     before = np.concatenate([[0.0], np.cumsum(work)[:-1]])
     paths = [m * work[q::pp].sum() for q in range(pp)]
     for k in range(S):
-        n = split_search._interleaved_chain(pp, m, vp, k)
+        n = split_bounds.interleaved_chain(pp, m, vp, k)
         paths.append(before[k] + float(np.sum(n[:, 0] * scale * u + n[:, 1] * scale * v)))
     t = max(paths)
     ax = A @ np.concatenate([u, v, before, [t]])

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from pipesearch import split_fits
 from pipesearch.cli import main
 from pipesearch.schedules import build
 from pipesearch.simulate import simulate
@@ -192,7 +193,7 @@ def test_split_search_is_the_brute_force_optimum_under_device_memory(seed, monke
 
 
 def _balanced_by_every_move(costs, pp: int):
-    """The witness of ``split_search._device_balanced_split`` by its rule
+    """The witness of ``split_fits._device_balanced_split`` by its rule
     alone (even counts per rank, a layer at a time from the device most
     over its memory to the one with the most room, each rank's layers
     spread over its chunks with the later chunks taking the odd ones), run
@@ -222,7 +223,6 @@ def test_device_balanced_witness_stops_at_a_cycle_with_the_same_answer(seed):
     too early, or a state that leaves out something the next move reads,
     returns None where a split exists or another split)."""
     from helpers import tied_or_random_profile
-    from pipesearch import split_search
 
     rng = np.random.default_rng(seed)
     pp, vp = int(rng.integers(2, 5)), int(rng.integers(2, 4))
@@ -230,7 +230,7 @@ def test_device_balanced_witness_stops_at_a_cycle_with_the_same_answer(seed):
     prof, params, outputs = tied_or_random_profile(rng, L, False)
     whole = float(params.sum()) * 2.0 / prof.bytes_per_param + float(outputs.sum()) * m
     costs = _interleaved_costs(prof, pp, vp, m, float(rng.uniform(0.15, 0.6)) * whole)
-    assert split_search._device_balanced_split(costs, pp) == _balanced_by_every_move(costs, pp)
+    assert split_fits._device_balanced_split(costs, pp) == _balanced_by_every_move(costs, pp)
 
 
 def test_any_split_fits_tries_the_witness_before_the_stage_reach(monkeypatch):
@@ -244,9 +244,9 @@ def test_any_split_fits_tries_the_witness_before_the_stage_reach(monkeypatch):
     from helpers import tied_or_random_profile
     from pipesearch import split_search
 
-    reach = split_search._stage_reach
+    reach = split_fits._stage_reach
     calls = []
-    monkeypatch.setattr(split_search, "_stage_reach", lambda costs: (calls.append(1), reach(costs))[1])
+    monkeypatch.setattr(split_fits, "_stage_reach", lambda costs: (calls.append(1), reach(costs))[1])
     settled = 0
     for seed in range(160):
         rng = np.random.default_rng(500 + seed)
@@ -257,8 +257,8 @@ def test_any_split_fits_tries_the_witness_before_the_stage_reach(monkeypatch):
         costs = _interleaved_costs(prof, pp, vp, m, float(rng.uniform(0.1, 0.7)) * whole)
         every = [(0, *cut, L) for cut in itertools.combinations(range(1, L), pp * vp - 1)]
         calls.clear()
-        assert split_search.any_split_fits(costs) == any(costs.split_fits(b) for b in every), seed
-        held = split_search._device_balanced_split(costs, pp)
+        assert split_fits.any_split_fits(costs) == any(costs.split_fits(b) for b in every), seed
+        held = split_fits._device_balanced_split(costs, pp)
         if not costs.split_fits(split_search.even_split(L, pp * vp)) and held is not None and costs.split_fits(held):
             assert not calls, seed
             settled += 1
@@ -275,7 +275,6 @@ def test_chunk_moved_witness_fits_where_per_rank_moves_find_none():
     0, holding about twice chunk 1's micro-batches, gains or loses the
     layer."""
     from helpers import tied_or_random_profile
-    from pipesearch import split_search
 
     found = missed = 0
     for seed in range(120):
@@ -285,10 +284,10 @@ def test_chunk_moved_witness_fits_where_per_rank_moves_find_none():
         prof, params, outputs = tied_or_random_profile(rng, L, False)
         whole = float(params.sum()) * 2.0 / prof.bytes_per_param + float(outputs.sum()) * m
         costs = _interleaved_costs(prof, pp, vp, m, float(rng.uniform(0.1, 0.6)) * whole)
-        got = split_search._chunk_moved_split(costs, pp)
+        got = split_fits._chunk_moved_split(costs, pp)
         if got is not None:
             assert costs.split_fits(got) and np.all(costs.device_memory_bytes(np.array(got)) <= costs.capacity_bytes[:pp])
-        if split_search._device_balanced_split(costs, pp) is not None:
+        if split_fits._device_balanced_split(costs, pp) is not None:
             continue
         every = [(0, *cut, L) for cut in itertools.combinations(range(1, L), pp * vp - 1)]
         if any(costs.split_fits(b) for b in every):

@@ -17,6 +17,8 @@ import itertools
 import numpy as np
 import pytest
 
+from pipesearch import bound_tables
+from pipesearch import branch_and_bound
 from pipesearch import split_search
 from pipesearch.local_split import improve_split, neighbours
 from pipesearch.split_search import exact_split
@@ -186,7 +188,7 @@ def test_remaining_nodes_estimate_by_hand():
     visited, two live. Each live child of the frame below stands for itself
     (1 node): 2; each live root child for itself and a subtree of 2: 3. The
     tree left: 5 nodes; nothing live: 0."""
-    from pipesearch.split_search import remaining_nodes_estimate
+    from pipesearch.branch_and_bound import remaining_nodes_estimate
 
     frames = [([1.0, 2.0, 9.0], 1, 3), ([1.0, 1.0, 1.0, 1.0], 2, 4)]
     assert remaining_nodes_estimate(frames, 5.0) == 5.0
@@ -200,7 +202,7 @@ def test_searched_share_by_hand():
     second child in progress and one of two below finished: 1/2 + 1/4.
     Under a limit of 1.5 the root's second child (bound 2) is excluded
     while in progress: its one live sibling finished, all of it searched."""
-    from pipesearch.split_search import searched_share
+    from pipesearch.branch_and_bound import searched_share
 
     assert searched_share([([1.0, 2.0, 9.0], 0, 1, 3), ([1.0] * 4, 0, 2, 4)], 5.0) == 0.25
     assert searched_share([([1.0, 2.0, 9.0], 0, 2, 3), ([3.0, 3.0], 0, 1, 2)], 5.0) == 0.75
@@ -221,11 +223,11 @@ def test_searches_stopped_as_hopeless_keep_valid_bounds(monkeypatch, rule):
     monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
     monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
     if rule == "path estimate":
-        monkeypatch.setattr(split_search, "ESTIMATE_NODES", 3)
-        monkeypatch.setattr(split_search, "HOPELESS_FACTOR", 0.1)
+        monkeypatch.setattr(branch_and_bound, "ESTIMATE_NODES", 3)
+        monkeypatch.setattr(branch_and_bound, "HOPELESS_FACTOR", 0.1)
     else:
-        monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**9)
-        monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((3, 0.01),))
+        monkeypatch.setattr(branch_and_bound, "ESTIMATE_NODES", 10**9)
+        monkeypatch.setattr(branch_and_bound, "PROGRESS_CHECKS", ((3, 0.01),))
     stopped = 0
     for seed in range(8):
         schedule, pp, vp, costs = _instance(400 + seed, 8, 10)
@@ -262,7 +264,7 @@ def test_fluid_only_points_build_no_tables_and_keep_valid_bounds(monkeypatch):
     monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
     monkeypatch.setattr(split_search, "FLUID_FIRST_RANGES", 0)
     monkeypatch.setattr(split_search, "FLUID_ONLY_NODES", 10**9)
-    monkeypatch.setattr(split_search, "_Tables", no_tables)
+    monkeypatch.setattr(split_search, "SuffixTables", no_tables)
     seen = 0
     for seed in range(60):
         schedule, pp, vp, costs = _instance(500 + seed, 8, 10)

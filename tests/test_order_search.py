@@ -20,7 +20,7 @@ from pipesearch.placement import slot_classes, slot_heads
 from pipesearch.search import search
 from pipesearch.in_flight import schedule_chunk_states, schedule_in_flight
 from pipesearch.search_options import ModelVariant, SearchOptions
-from pipesearch.split_search import any_split_fits
+from pipesearch.split_fits import any_split_fits
 from pipesearch.timemodel import simulate_times
 from pipesearch.types import Cluster, DeviceGroup, DeviceSpec, Job, Layer, Link, ModelProfile
 
@@ -61,7 +61,7 @@ def _brute_force(costs_of, num_slots: int, L: int, pp: int, m: int, schedule: st
     (no symmetry reduction) and every split that fits; None when none fits.
     Checks on the way that the rank-work bound of every order is at most
     the simulated time of every split of it, and that
-    split_search.any_split_fits says whether some split of it fits."""
+    split_fits.any_split_fits says whether some split of it fits."""
     best = None
     S = pp * vp
     for order in itertools.permutations(range(num_slots), pp):

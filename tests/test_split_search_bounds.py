@@ -2,11 +2,11 @@
 split it covers, checked by enumerating the splits of small instances and
 replaying each in the discrete-event simulator.
 
-* the families of :func:`pipesearch.split_search.bound_families` (chain
+* the families of :func:`pipesearch.split_bounds.bound_families` (chain
   families and the weighted combination included), each evaluated on a
   complete split from its definition in that docstring;
-* the Lagrangian bound of :func:`pipesearch.split_search.lagrange_weights`;
-* the rank-counting bound of a partial split (``_RankCount``), against every
+* the Lagrangian bound of :func:`pipesearch.split_bounds.lagrange_weights`;
+* the rank-counting bound of a partial split (``RankCount``), against every
   completion of that partial split;
 * the path families (:func:`pipesearch.timemodel.critical_path`, the
   critical path of one split as counts per stage): equal to that split's
@@ -21,10 +21,14 @@ import numpy as np
 import pytest
 
 from helpers import make_costs, tied_or_random_profile, tiny_cluster, tiny_profile
+from pipesearch import split_bounds
+from pipesearch import bound_tables
+from pipesearch import rank_bounds
+from pipesearch import split_evaluator
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
-from pipesearch.split_search import bound_families, lagrange_weights, separable_terms
+from pipesearch.split_bounds import bound_families, lagrange_weights, separable_terms
 from pipesearch.timemodel import (StageTimes, critical_path, graph_ends, iteration_time_s,
                                   node_before_all_reduces, path_before_all_reduces, rank_work_before,
                                   simulate_times)
@@ -185,7 +189,7 @@ def test_rank_count_bound_is_at_most_every_completion(seed):
     overshoots here."""
     schedule, pp, vp, m, costs = _point(seed)
     S, L = costs.pp, costs.num_layers
-    count = split_search._RankCount(costs, schedule, pp)
+    count = rank_bounds.RankCount(costs, schedule, pp)
     times = {b: _simulated(costs, schedule, pp, vp, b) for b in _splits(L, S)}
     for s in range(S - 1):
         for prefix in {b[:s + 2] for b in times}:
@@ -204,7 +208,7 @@ def test_stage_times_have_the_rank_count_layout():
     schedule, pp, vp, m, costs = _point(0)
     S, L = costs.pp, costs.num_layers
     bounds = split_search.even_split(L, S)
-    count = split_search._RankCount(costs, schedule, pp)
+    count = rank_bounds.RankCount(costs, schedule, pp)
     state = count.root
     for k in range(S):
         state = count.advance(state, k, bounds[k], np.array([bounds[k + 1]]))[0]
@@ -247,9 +251,9 @@ def test_chain_counts_closed_form_equals_the_order(schedule, vp):
         for m in (pp, 2 * pp, 3 * pp, 5 * pp, pp + 1, pp + 3):
             if schedule == "interleaved-1f1b" and m % pp:
                 continue
-            ks, counts = split_search._chain_counts(schedule, pp, m, vp)
+            ks, counts = split_bounds.chain_counts(schedule, pp, m, vp)
             ref = _counted_from_the_order(schedule, pp, m, vp)
-            assert list(ks) == list(range(max(0, pp * vp - split_search.MAX_CHAIN_FAMILIES), pp * vp))
+            assert list(ks) == list(range(max(0, pp * vp - split_bounds.MAX_CHAIN_FAMILIES), pp * vp))
             for k, n in zip(ks, counts):
                 assert np.array_equal(n, ref[k]), (pp, m, k)
 
@@ -264,7 +268,7 @@ def test_rank_path_ends_match_the_order(schedule, vp):
     for pp in range(1, 5):
         for m in (pp, 2 * pp, 4 * pp):
             orders = build_orders(schedule, pp, m, vp)
-            first, last = split_search._rank_path_ends(schedule, pp)
+            first, last = rank_bounds._rank_path_ends(schedule, pp)
             ends = [seq[-1] == ("B", q, m - 1) for q, seq in enumerate(orders)]
             assert list(first) == [seq[0] == ("F", q, 0) for q, seq in enumerate(orders)]
             ref = [e and ends[0] for e in ends]
@@ -276,7 +280,7 @@ def test_rank_path_ends_match_the_order(schedule, vp):
 def _component_minimum(kind, q, fams, costs, s0: int, i0: int, S: int, pp: int, tight_memory: bool):
     """The smallest value over every split of layers ``[i0, L)`` into stages
     ``s0 .. S-1`` (each fitting, at most ``L - S + 1`` layers) of component
-    ``q`` of ``kind``, from the definitions of ``_Tables``' docstring, by
+    ``q`` of ``kind``, from the definitions of ``SuffixTables``' docstring, by
     enumeration: ``sum`` the sum of alpha, ``max`` the max of beta, ``prefix``
     ``max_k (sum_{k'<k} alpha + beta_k)``, ``suffix`` the pair (sum of alpha,
     ``max_k (beta_k + sum_{k'>k} alpha)``), ``device`` the sum of beta."""
@@ -311,7 +315,7 @@ def _component_minimum(kind, q, fams, costs, s0: int, i0: int, S: int, pp: int, 
 
 @pytest.mark.parametrize("seed", range(18))
 def test_suffix_minima_equal_enumeration(seed, monkeypatch):
-    """Every suffix minimum of the tables (``_Tables.suffix_min``) equals the
+    """Every suffix minimum of the tables (``SuffixTables.suffix_min``) equals the
     minimum over every split of the layers left (enumerated) of its
     component: from layer 0 at the first stage, from every layer a split
     can start stage ``s`` at (``s .. L - S + s``) at the others (the first
@@ -322,11 +326,11 @@ def test_suffix_minima_equal_enumeration(seed, monkeypatch):
     schedule, pp, vp, m, costs = _point(seed)
     L, S = costs.num_layers, costs.pp
     if seed % 3 == 1:
-        monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
+        monkeypatch.setattr(bound_tables, "TABLE_FLOATS", 1)
     elif seed % 3 == 2:  # too large for one block of all stages, one of the middle ones fits
         W = L - S + 1
-        monkeypatch.setattr(split_search, "TABLE_FLOATS", split_search._ROWS_PER_STAGE * W * W * max(S - 2, 1))
-    assert_suffix_minima_enumerated(split_search._Tables(costs, schedule, pp, L), schedule, pp, costs, False)
+        monkeypatch.setattr(bound_tables, "TABLE_FLOATS", bound_tables._ROWS_PER_STAGE * W * W * max(S - 2, 1))
+    assert_suffix_minima_enumerated(bound_tables.SuffixTables(costs, schedule, pp, L), schedule, pp, costs, False)
 
 
 def assert_suffix_minima_enumerated(tables, schedule: str, pp: int, costs, fits_only: bool) -> None:
@@ -366,7 +370,7 @@ def test_untabled_split_is_achievable_and_its_bound_valid(seed, monkeypatch):
     schedule = str(rng.choice(["gpipe", "1f1b", "zb-h1"]))
     m = int(rng.integers(pp, 2 * pp + 2))
     costs = make_costs(times=tuple(rng.exponential(1.0, L)), pp=pp, m=m)
-    monkeypatch.setattr(split_search, "MAX_TABLED_FLOATS", 0)
+    monkeypatch.setattr(bound_tables, "MAX_TABLED_FLOATS", 0)
     found = split_search.exact_split(costs, schedule, pp)
     best = min(iteration_time_s(schedule, pp, m, 1, costs.stage_times(np.array((0, *cut, L))))
                for cut in itertools.combinations(range(1, L), pp - 1))
@@ -378,7 +382,7 @@ def test_untabled_split_is_achievable_and_its_bound_valid(seed, monkeypatch):
     assert found.nodes == 0  # no branch and bound ran
 
 
-@pytest.mark.parametrize("seed", [s for s in range(24) if CASES[s % len(CASES)][0] in split_search.CHAIN_SCHEDULES])
+@pytest.mark.parametrize("seed", [s for s in range(24) if CASES[s % len(CASES)][0] in split_bounds.CHAIN_SCHEDULES])
 def test_start_paths_from_the_starting_pass_are_recomputed_ones(seed, monkeypatch):
     """The critical paths of the fastest starting splits
     (:func:`split_search._start_paths`) read back from the node ends of the
@@ -391,7 +395,7 @@ def test_start_paths_from_the_starting_pass_are_recomputed_ones(seed, monkeypatc
     schedule, pp, vp, m, costs = _point(seed)  # a chain schedule: interleaved 1F1B or ZB-H1
     S, L = costs.pp, costs.num_layers
     starts = _splits(L, S)[:6]
-    ev = split_search._Evaluator(costs, schedule, pp, vp)
+    ev = split_evaluator.SplitEvaluator(costs, schedule, pp, vp)
     ev.run(starts, keep=True)
     assert ev.kept is not None and sorted(ev.kept[0]) == sorted(starts)
     best = sorted(starts, key=lambda b: (ev.times[b], b))[:split_search.PATH_FAMILIES]
@@ -419,15 +423,15 @@ def test_cheapest_layer_sums_by_hand_and_shared():
     layers 3, 1, 2, 5, 4; two points of the same layers share one
     read-only table, other layers get their own."""
     layer = np.array([3.0, 1.0, 2.0, 5.0, 4.0])
-    P = split_search._cheapest_sums(layer.tobytes())
+    P = rank_bounds._cheapest_sums(layer.tobytes())
     L = len(layer)
     for j in range(L + 1):
         rest = sorted(layer[j:L - 1].tolist())
         for n in range(L + 1):
             want = 0.0 if n == 0 and j < L else (sum(rest[:n]) if 0 < n <= len(rest) else np.inf)
             assert P[j, n] == want, (j, n)
-    assert split_search._cheapest_sums(layer.copy().tobytes()) is P
-    assert split_search._cheapest_sums((layer + 1).tobytes()) is not P
+    assert rank_bounds._cheapest_sums(layer.copy().tobytes()) is P
+    assert rank_bounds._cheapest_sums((layer + 1).tobytes()) is not P
     assert not P.flags.writeable
 
 
@@ -447,11 +451,11 @@ def test_bounds_under_a_limit_are_the_bounds_up_to_it(seed):
     L = int(rng.integers(14, 21)) if S > 2 else int(rng.integers(70, 90))
     costs = _costs(rng, schedule, pp, vp, m, L, seed % 2 == 0)
     splits = np.array(_splits(L, S), dtype=np.int64)
-    assert len(splits) >= split_search.PREFILTER_SPLITS
+    assert len(splits) >= split_bounds.PREFILTER_SPLITS
     for chains in (False, True):
-        full = split_search.split_lower_bounds(costs, schedule, pp, splits, chains=chains)
+        full = split_bounds.split_lower_bounds(costs, schedule, pp, splits, chains=chains)
         for limit in [full.min() * 0.5, *np.quantile(full, [0.0, 0.01, 0.3, 0.7]), full.max() * 2]:
-            got = split_search.split_lower_bounds(costs, schedule, pp, splits, chains=chains, limit_s=limit)
+            got = split_bounds.split_lower_bounds(costs, schedule, pp, splits, chains=chains, limit_s=limit)
             under = full <= limit
             assert np.array_equal(got[under], full[under])
             assert np.all(got[~under] > limit) and np.all(got[~under] <= full[~under])

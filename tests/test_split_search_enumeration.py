@@ -1,8 +1,8 @@
 """The enumeration of few splits in bound order and the per-split bounds it
 sorts by, checked by brute force on small instances.
 
-* :func:`pipesearch.split_search.split_lower_bounds` equals, split by split,
-  the largest family of :func:`pipesearch.split_search.bound_families`
+* :func:`pipesearch.split_bounds.split_lower_bounds` equals, split by split,
+  the largest family of :func:`pipesearch.split_bounds.bound_families`
   evaluated from the definitions of its docstring (a loop over the stages),
   and is at most the split's time replayed in the discrete-event simulator.
 * :func:`pipesearch.split_search.exact_split` on interleaved 1F1B points
@@ -26,13 +26,15 @@ import pytest
 
 from helpers import tied_or_random_profile, tiny_cluster, tiny_profile
 from pipesearch import search as search_lib
+from pipesearch import split_evaluator
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.in_flight import schedule_chunk_states
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
 from pipesearch.search import search
 from pipesearch.search_options import ModelVariant, SearchOptions
-from pipesearch.split_search import bound_families, exact_split, split_lower_bounds
+from pipesearch.split_search import exact_split
+from pipesearch.split_bounds import bound_families, split_lower_bounds
 from pipesearch.timemodel import iteration_time_s, simulate_times
 from pipesearch.types import Job, Link
 
@@ -331,7 +333,7 @@ def test_looped_bfs_enumeration_with_devices_over_their_memory(seed):
     fit = [tuple(b) for b in splits.tolist() if costs.split_fits(b) and np.all(costs.device_fits(np.array([b])))]
     assert 0 < len(fit) < len(splits)
     best = min(float(iteration_time_s("looped-bfs", pp, m, vp, costs.stage_times(np.array(b)))) for b in fit)
-    ev = split_search._Evaluator(costs, "looped-bfs", pp, vp)
+    ev = split_evaluator.SplitEvaluator(costs, "looped-bfs", pp, vp)
     assert split_search._enumerate_all(costs, "looped-bfs", pp, vp, ev)
     assert set(ev.times) <= set(fit)
     assert min(ev.times.values()) == pytest.approx(best, rel=1e-12)
@@ -362,7 +364,7 @@ def test_starting_splits_kept_from_a_seeds_only_call_leave_the_answer(seed, memo
         assert seeded.iteration_time_s == pytest.approx(simulated, rel=1e-9)
         assert seeded.iteration_time_s >= best * (1 - 1e-12)
         simulated: list = []
-        run = split_search._Evaluator.run
+        run = split_evaluator.SplitEvaluator.run
 
         def recording(self, splits, keep=False):
             simulated.extend(tuple(b) for b in splits if tuple(b) not in self.times)
@@ -370,7 +372,7 @@ def test_starting_splits_kept_from_a_seeds_only_call_leave_the_answer(seed, memo
 
         with monkeypatch.context() as patched:
             patched.setattr(split_search, "optimal_split", None)  # a starting split searched again fails
-            patched.setattr(split_search._Evaluator, "run", recording)
+            patched.setattr(split_evaluator.SplitEvaluator, "run", recording)
             assert exact_split(costs, schedule, pp, vp, cutoff_s=cutoff, cache=cache) == without
         if not np.isfinite(cutoff):  # (no cutoff proof before the starts): none of them is simulated again
             assert cache["start_run"][0] and not set(simulated) & set(cache["start_run"][0])

@@ -27,6 +27,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import tied_or_random_profile, tiny_cluster
+from pipesearch import bound_tables
+from pipesearch import branch_and_bound
+from pipesearch import rank_bounds
+from pipesearch import split_evaluator
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
@@ -63,10 +67,10 @@ def _instance(seed: int, L_low: int, L_high: int):
 def _search(costs, schedule: str, pp: int, vp: int, max_nodes: int, max_splits: int):
     """The branch and bound alone from no incumbent: ``(exact, frontier
     bound, nodes)`` and every split it evaluated with its time."""
-    ev = split_search._Evaluator(costs, schedule, pp, vp)
-    tables = split_search._Tables(costs, schedule, pp, costs.num_layers)
-    counter = split_search._RankCount(costs, schedule, pp)
-    state = split_search._branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, np.inf,
+    ev = split_evaluator.SplitEvaluator(costs, schedule, pp, vp)
+    tables = bound_tables.SuffixTables(costs, schedule, pp, costs.num_layers)
+    counter = rank_bounds.RankCount(costs, schedule, pp)
+    state = branch_and_bound.run_branch_and_bound(tables, ev, costs.pp, costs.num_layers, pp, np.inf,
                                            split_search.EQUAL_TIME_REL, max_splits, max_nodes, counter)
     return state, ev.times
 
@@ -88,8 +92,8 @@ def test_look_ahead_keeps_every_node_and_bound(seed, monkeypatch):
     if full is None:
         pytest.skip("no split fits")
     runs = {}
-    for width in dict.fromkeys((1, 3, split_search.LOOKAHEAD_WIDTH, 128)):
-        monkeypatch.setattr(split_search, "LOOKAHEAD_WIDTH", width)
+    for width in dict.fromkeys((1, 3, branch_and_bound.LOOKAHEAD_WIDTH, 128)):
+        monkeypatch.setattr(branch_and_bound, "LOOKAHEAD_WIDTH", width)
         runs[width] = ([_search(costs, schedule, pp, vp, n, k) for n in (5, 50, 3000) for k in (3, 300)],
                        [exact_split(costs, schedule, pp, vp, cutoff_s=c) for c in (np.inf, full.best_time_s * 1.02)])
     first, *rest = runs.values()
@@ -110,8 +114,8 @@ def test_look_ahead_of_a_deep_search_stays_near_the_nodes_it_visits(monkeypatch)
     Each result is that of a search with no progress check and a node
     limit of 99 (the same nodes in the same order)."""
     expanded = []
-    expand = split_search._Expander.expand
-    monkeypatch.setattr(split_search._Expander, "expand",
+    expand = branch_and_bound._Expander.expand
+    monkeypatch.setattr(branch_and_bound._Expander, "expand",
                         lambda self, s, starts, acc, limit: (expanded.append(len(starts)),
                                                             expand(self, s, starts, acc, limit))[1])
     stopped_searches = 0
@@ -128,15 +132,15 @@ def test_look_ahead_of_a_deep_search_stays_near_the_nodes_it_visits(monkeypatch)
                                      schedule="gpipe", placement=pipeline_placement(pp, 2)[np.arange(S) % pp],
                                      in_flight=np.array(in_flight_peaks(build(schedule, pp, m, vp))),
                                      stages_per_device=vp, chunk_states=schedule_chunk_states(schedule, pp, m, vp))
-        monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((100, 0.0),))  # the check at node 100 always stops
-        monkeypatch.setattr(split_search, "EARLY_CHECK", (30, np.inf))  # and the early one never
+        monkeypatch.setattr(branch_and_bound, "PROGRESS_CHECKS", ((100, 0.0),))  # the check at node 100 always stops
+        monkeypatch.setattr(branch_and_bound, "EARLY_CHECK", (30, np.inf))  # and the early one never
         expanded.clear()
         stopped, _ = _search(costs, schedule, pp, vp, 3000, 10**6)
         if stopped[0]:  # ended before the check
             continue
         stopped_searches += 1
-        assert stopped[2] == 99 and sum(expanded) <= 4 * 100 + split_search.LOOKAHEAD_WIDTH, (seed, sum(expanded))
-        monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ())
+        assert stopped[2] == 99 and sum(expanded) <= 4 * 100 + branch_and_bound.LOOKAHEAD_WIDTH, (seed, sum(expanded))
+        monkeypatch.setattr(branch_and_bound, "PROGRESS_CHECKS", ())
         assert _search(costs, schedule, pp, vp, 99, 10**6)[0] == stopped, seed
     assert stopped_searches >= 4
 
@@ -166,14 +170,14 @@ def test_a_rising_estimate_above_the_rising_factor_stops_the_search(monkeypatch)
     below the factor, it runs on."""
     schedule, vp, pp = "interleaved-1f1b", 2, 8
     costs = _deep_interleaved_point(schedule, vp, pp)
-    monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ((100, 10**9), (300, 10**9), (1000, 10**9)))
-    monkeypatch.setattr(split_search, "EARLY_CHECK", (10**6, 10**9))  # past the node limit: never checked
-    monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**6)  # the path estimate at node 300 never runs
+    monkeypatch.setattr(branch_and_bound, "PROGRESS_CHECKS", ((100, 10**9), (300, 10**9), (1000, 10**9)))
+    monkeypatch.setattr(branch_and_bound, "EARLY_CHECK", (10**6, 10**9))  # past the node limit: never checked
+    monkeypatch.setattr(branch_and_bound, "ESTIMATE_NODES", 10**6)  # the path estimate at node 300 never runs
     nodes = {}
     for name, estimates in (("rising at 300", (9_000, 9_100, 9_100)), ("rising at 1,000", (9_000, 6_000, 6_100)),
                             ("falling", (20_000, 17_000, 16_500)), ("low", (4_000, 5_000, 5_900))):
         shares = iter([n / e for n, e in zip((100, 300, 1000), estimates)])
-        monkeypatch.setattr(split_search, "searched_share", lambda frames, limit, it=shares: next(it))
+        monkeypatch.setattr(branch_and_bound, "searched_share", lambda frames, limit, it=shares: next(it))
         nodes[name] = _search(costs, schedule, pp, vp, 3000, 10**6)[0][2]
     assert nodes["rising at 300"] == 299, nodes
     assert nodes["rising at 1,000"] == 999, nodes
@@ -188,12 +192,12 @@ def test_the_early_check_stops_only_a_search_with_a_finished_subtree_and_a_large
     finished yet: an infinite estimate that says nothing), runs on."""
     schedule, vp, pp = "interleaved-1f1b", 2, 8
     costs = _deep_interleaved_point(schedule, vp, pp)
-    monkeypatch.setattr(split_search, "PROGRESS_CHECKS", ())
-    monkeypatch.setattr(split_search, "RISING_CHECKS", {})
-    monkeypatch.setattr(split_search, "ESTIMATE_NODES", 10**6)
+    monkeypatch.setattr(branch_and_bound, "PROGRESS_CHECKS", ())
+    monkeypatch.setattr(branch_and_bound, "RISING_CHECKS", {})
+    monkeypatch.setattr(branch_and_bound, "ESTIMATE_NODES", 10**6)
     nodes = {}
     for name, share in (("large", 30 / 95_000), ("below the factor", 30 / 85_000), ("no subtree finished", 0.0)):
-        monkeypatch.setattr(split_search, "searched_share", lambda frames, limit, x=share: x)
+        monkeypatch.setattr(branch_and_bound, "searched_share", lambda frames, limit, x=share: x)
         nodes[name] = _search(costs, schedule, pp, vp, 3000, 10**6)[0][2]
     assert nodes["large"] == 29, nodes
     assert nodes["below the factor"] > 30 and nodes["no subtree finished"] > 30, nodes
@@ -206,7 +210,7 @@ def test_look_ahead_search_is_the_brute_force_optimum(seed, monkeypatch):
     that fits, proven."""
     schedule, pp, vp, costs = _instance(100 + seed, 6, 9)
     monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
-    monkeypatch.setattr(split_search, "LOOKAHEAD_WIDTH", 3)
+    monkeypatch.setattr(branch_and_bound, "LOOKAHEAD_WIDTH", 3)
     ref = exhaustive_simulated_split(costs, schedule, pp, vp)
     got = exact_split(costs, schedule, pp, vp)
     if ref is None:
@@ -224,7 +228,7 @@ def test_kth_smallest_equals_sorting(seed):
         values = rng.integers(0, 50, (40, width)).astype(float)
         values[rng.random(values.shape) < 0.1] = np.inf
         k = rng.integers(0, width, 40)
-        assert np.array_equal(split_search._kth_smallest(values, k), np.sort(values, axis=1)[np.arange(40), k])
+        assert np.array_equal(rank_bounds._kth_smallest(values, k), np.sort(values, axis=1)[np.arange(40), k])
 
 
 def _levels_sorted(v, sigma, P, j, c, e):
@@ -263,14 +267,14 @@ def test_kth_level_equals_sorting_every_level(seed):
         v = np.round(v)
     sigma = rng.choice([0.0, 0.5, 1.0, 2.0], pp) if rng.random() < 0.5 else np.full(pp, rng.uniform(0.1, 3.0))
     want = _levels_sorted(v, sigma, P, j, c, e)
-    assert np.array_equal(split_search.kth_level(v, sigma, P, j, c, e), want)
-    assert np.array_equal(split_search.kth_level_whole(v, sigma, P, j, c, e), want)
+    assert np.array_equal(rank_bounds.kth_level(v, sigma, P, j, c, e), want)
+    assert np.array_equal(rank_bounds.kth_level_whole(v, sigma, P, j, c, e), want)
 
 
 def _best_assignment(v, sigma, layers, c, extra):
     """The smallest ``max_q (v_q + sigma_q * (sum of the n_q cheapest
     layers))`` over every ``n_q >= c_q`` with ``sum n_q = sum c + extra``
-    (each rank may take the cheapest: the relaxation of ``_RankCount``)."""
+    (each rank may take the cheapest: the relaxation of ``RankCount``)."""
     cheap = np.concatenate([[0.0], np.cumsum(np.sort(layers))])
     best = np.inf
     total = int(c.sum()) + extra
@@ -281,7 +285,7 @@ def _best_assignment(v, sigma, layers, c, extra):
     return best
 
 
-@pytest.mark.parametrize("sorted_levels, whole_levels", ((split_search._SORTED_LEVELS, split_search._WHOLE_LEVELS),
+@pytest.mark.parametrize("sorted_levels, whole_levels", ((rank_bounds._SORTED_LEVELS, rank_bounds._WHOLE_LEVELS),
                                                           (0, 0), (0, 2**40)))
 @pytest.mark.parametrize("seed", range(12))
 def test_rank_count_order_statistic_is_the_best_assignment(seed, sorted_levels, whole_levels, monkeypatch):
@@ -292,10 +296,10 @@ def test_rank_count_order_statistic_is_the_best_assignment(seed, sorted_levels, 
     with the default paths, with every row through ``kth_level`` and with
     every row through ``kth_level_whole``. Too few levels per rank, or
     levels read from the wrong offset, give a smaller or larger value."""
-    monkeypatch.setattr(split_search, "_SORTED_LEVELS", sorted_levels)
-    monkeypatch.setattr(split_search, "_WHOLE_LEVELS", whole_levels)
+    monkeypatch.setattr(rank_bounds, "_SORTED_LEVELS", sorted_levels)
+    monkeypatch.setattr(rank_bounds, "_WHOLE_LEVELS", whole_levels)
     schedule, pp, vp, costs = _instance(200 + seed, 9, 12)
-    count = split_search._RankCount(costs, schedule, pp)
+    count = rank_bounds.RankCount(costs, schedule, pp)
     S, L = costs.pp, costs.num_layers
     rng = np.random.default_rng(seed)
     layer = np.diff(costs.compute_prefix_s)
@@ -345,14 +349,14 @@ def test_wide_bands_get_proportionally_fewer_nodes(monkeypatch):
     monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 0)
     monkeypatch.setattr(split_search, "PROOF_SPLITS", 0)
     searched = []
-    inner = split_search._branch_and_bound
+    inner = branch_and_bound.run_branch_and_bound
 
     def spy(tables, ev, S, L, pp, best, tie_rel, max_splits, max_nodes, counter=None):
         out = inner(tables, ev, S, L, pp, best, tie_rel, max_splits, max_nodes, counter)
         searched.append((tables.rows, max_nodes, out[2]))
         return out
 
-    monkeypatch.setattr(split_search, "_branch_and_bound", spy)
+    monkeypatch.setattr(split_search, "run_branch_and_bound", spy)
     over = 0
     for seed in range(12):
         schedule, pp, vp, costs = _instance(300 + seed, 12, 16)

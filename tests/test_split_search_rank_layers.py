@@ -1,5 +1,5 @@
 """The whole-layers-per-rank bound of the exact split
-(:func:`pipesearch.split_search.rank_layer_bound_s`), checked by enumerating
+(:func:`pipesearch.rank_bounds.rank_layer_bound_s`), checked by enumerating
 every split of small instances and replaying each in the simulator:
 
 * the bound ``B`` satisfies ``T(x) >= min(B, cutoff)`` for every split that
@@ -18,12 +18,17 @@ import numpy as np
 import pytest
 
 from helpers import tiny_cluster, tiny_profile
+from pipesearch import split_bounds
+from pipesearch import rank_bounds
+from pipesearch import split_fits
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.fluid_bound import fluid_lower_bound_s
 from pipesearch.partition import even_split
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
-from pipesearch.split_search import _Tables, _width_for, exact_split, rank_layer_bound_s
+from pipesearch.split_search import exact_split
+from pipesearch.bound_tables import SuffixTables, width_for
+from pipesearch.rank_bounds import rank_layer_bound_s
 from pipesearch.timemodel import simulate_times
 from pipesearch.types import Job, Link
 
@@ -92,11 +97,11 @@ def test_one_points_cache_gives_the_bound_of_every_cutoff(seed, monkeypatch):
     if not times:
         pytest.skip("no split fits")
     built = []
-    terms = split_search._rank_layer_terms
-    monkeypatch.setattr(split_search, "_rank_layer_terms", lambda *a: (built.append(a[3]), terms(*a))[1])
+    terms = rank_bounds._rank_layer_terms
+    monkeypatch.setattr(rank_bounds, "_rank_layer_terms", lambda *a: (built.append(a[3]), terms(*a))[1])
     values = sorted(t for _, t in times)
     cutoffs = (values[0] * (1 + 1e-6), values[len(values) // 3], values[-1] * (1 + 1e-6), np.inf)
-    widths = sorted({_width_for(costs, values[len(values) // 2]), costs.num_layers})
+    widths = sorted({width_for(costs, values[len(values) // 2]), costs.num_layers})
     cache: dict = {}
     cached = [rank_layer_bound_s(costs, schedule, pp, w, c, cache) for w in widths for c in cutoffs]
     bands = {max(1, min(w, costs.num_layers - costs.pp + 1)) for w in widths}
@@ -117,7 +122,7 @@ def test_bound_is_at_most_every_split_below_the_cutoff(seed):
         pytest.skip("no split fits")
     values = sorted(t for _, t in times)
     for cutoff in (np.inf, values[0] * (1 + 1e-6), values[len(values) // 3], values[-1] * (1 + 1e-6)):
-        for width in (_width_for(costs, cutoff), costs.num_layers):
+        for width in (width_for(costs, cutoff), costs.num_layers):
             B = rank_layer_bound_s(costs, schedule, pp, width, cutoff)
             for b, t in times:
                 if t < cutoff:
@@ -132,7 +137,7 @@ def test_rank_minima_equal_enumeration(seed):
     pp, vp, W, H = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 5)), 2
     a = rng.exponential(1.0, (H, pp * vp, W))
     a[rng.random(a.shape) < 0.2] = np.inf
-    g = split_search._rank_minima(a, pp)
+    g = split_fits.rank_minima(a, pp)
     assert g.shape == (H, pp, vp * W + 1)
     for h, q in itertools.product(range(H), range(pp)):
         want = np.full(vp * W + 1, np.inf)
@@ -151,7 +156,7 @@ def test_rank_knapsack_equals_enumeration(seed):
     L = int(rng.integers(pp, pp * (R1 - 1) + 2))
     g = rng.exponential(1.0, (H, pp, R1))
     allowed = rng.random((pp, R1)) < 0.7
-    got = split_search._rank_knapsack(g, allowed, L)
+    got = rank_bounds._rank_knapsack(g, allowed, L)
     want = np.full(H, np.inf)
     for counts in itertools.product(range(1, R1), repeat=pp):
         if sum(counts) == L and all(allowed[q, R] for q, R in enumerate(counts)):
@@ -170,7 +175,7 @@ def test_counts_reach_equals_enumeration(seed):
     allowed = rng.random((pp, R1)) < rng.uniform(0.2, 0.9)
     want = any(sum(counts) == L and all(allowed[q, R] for q, R in enumerate(counts))
                for counts in itertools.product(range(1, R1), repeat=pp))
-    assert split_search._counts_reach(allowed, L) == want
+    assert split_fits._counts_reach(allowed, L) == want
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -190,7 +195,7 @@ def test_stage_ranges_are_every_placeable_range_that_fits(seed):
         want = [(s, d, i) for s in range(S) for d in range(1, W + 1) for i in range(L)
                 if i >= s and i + d <= L - (S - 1 - s) and (s > 0 or i == 0) and (s < S - 1 or i + d == L)
                 and costs.fits(s, i, i + d)]
-        got = list(zip(*(x.tolist() for x in split_search._stage_ranges(costs, W))))
+        got = list(zip(*(x.tolist() for x in split_fits.stage_ranges(costs, W))))
         assert got == want
 
 
@@ -199,7 +204,7 @@ def test_chain_stage_minima_equal_each_range_bounded_alone(seed):
     """The chain families' least term over the starts of every (stage,
     length), evaluated once per distinct coefficient vector, equals the
     minimum of each family's term computed range by range
-    (:func:`pipesearch.split_search.bound_families` on one range at a
+    (:func:`pipesearch.split_bounds.bound_families` on one range at a
     time), for interleaved 1F1B (vp 2 and 3) and ZB-H1 on random layers. A
     vector applied to a stage that does not use it, a family mapped to
     another family's vector or a range grouped under the wrong length
@@ -212,12 +217,12 @@ def test_chain_stage_minima_equal_each_range_bounded_alone(seed):
     m = pp * int(rng.integers(1, 4)) if schedule == "interleaved-1f1b" else int(rng.integers(pp, pp + 5))
     costs = _costs(schedule, pp, vp, m, L, rng, uniform=seed % 2 == 0)
     W = L - S + 1
-    ks, d, i = split_search._stage_ranges(costs, W)
-    got = split_search._chain_stage_minima(costs, schedule, pp, ks, d, i, W)
-    base = len(split_search.bound_families(costs, schedule, pp, 0, 0, 1))
+    ks, d, i = split_fits.stage_ranges(costs, W)
+    got = rank_bounds._chain_stage_minima(costs, schedule, pp, ks, d, i, W)
+    base = len(split_bounds.bound_families(costs, schedule, pp, 0, 0, 1))
     want = np.full((S, S, W), np.inf)
     for k, dk, ik in zip(ks.tolist(), d.tolist(), i.tolist()):
-        fams = split_search.bound_families(costs, schedule, pp, k, ik, ik + dk, chains=True, chain_families=S)
+        fams = split_bounds.bound_families(costs, schedule, pp, k, ik, ik + dk, chains=True, chain_families=S)
         for f, fam in enumerate(fams[base:]):
             want[f, k, dk - 1] = min(want[f, k, dk - 1], float(fam[0][1]))
     assert got.shape == (S, S, W)
@@ -253,9 +258,9 @@ def test_identical_layers_bound_lies_between_root_and_optimum(pp, vp, m, middle)
     costs = _gpt_like(pp, vp, m, middle, seed=pp * vp + m)
     best = min(t for _, t in _times(costs, "interleaved-1f1b", pp, vp))
     cutoff = best * (1 - 1e-9)
-    width = _width_for(costs, cutoff)
+    width = width_for(costs, cutoff)
     B = rank_layer_bound_s(costs, "interleaved-1f1b", pp, width, cutoff)
-    root = _Tables(costs, "interleaved-1f1b", pp, width).root_bound()
+    root = SuffixTables(costs, "interleaved-1f1b", pp, width).root_bound()
     assert root < B <= best * (1 + 1e-9)
     found = exact_split(costs, "interleaved-1f1b", pp, vp, cutoff_s=best * (1 + 1e-9))
     assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12)
@@ -269,7 +274,7 @@ def test_no_bound_above_the_term_limit(monkeypatch):
     costs = _gpt_like(2, 2, 8, 8, seed=1)
     best = min(t for _, t in _times(costs, "interleaved-1f1b", 2, 2))
     assert rank_layer_bound_s(costs, "interleaved-1f1b", 2, 10, best * 0.5) > 0
-    monkeypatch.setattr(split_search, "RANK_LAYER_TERMS", 10)
+    monkeypatch.setattr(rank_bounds, "RANK_LAYER_TERMS", 10)
     assert rank_layer_bound_s(costs, "interleaved-1f1b", 2, 10, best * 0.5) == 0.0
     found = exact_split(costs, "interleaved-1f1b", 2, 2, cutoff_s=best * (1 + 1e-9))
     assert found.exact and found.best_time_s == pytest.approx(best, rel=1e-12)
@@ -290,7 +295,7 @@ def test_a_stopped_search_bound_counts_whole_layers():
     a = float(costs.compute_s(0, 1, 2))  # one identical layer's forward and backward
     limit = best * (1 + 1e-9)
     assert fluid_lower_bound_s(costs, "interleaved-1f1b", pp, vp) < 2.9 * m * a
-    bound = split_search._stopped_bound(costs, "interleaved-1f1b", pp, vp, 0.0, _width_for(costs, limit), limit)
+    bound = split_search._stopped_bound(costs, "interleaved-1f1b", pp, vp, 0.0, width_for(costs, limit), limit)
     assert 3 * m * a * (1 - 1e-12) <= bound <= best * (1 + 1e-12)
 
 

@@ -1,7 +1,7 @@
-"""The exact split's tables (``split_search._Tables``) on small seeded points:
+"""The exact split's tables (``bound_tables.SuffixTables``) on small seeded points:
 suffix minima against enumeration when memory cuts the band short, and
 every stage's column (kept, recomputed in chunks, the last stage's one
-range) against :func:`pipesearch.split_search.bound_families` evaluated on
+range) against :func:`pipesearch.split_bounds.bound_families` evaluated on
 that range alone."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 
 import test_split_search_bounds as bounds_tests
-from pipesearch import split_search
-from pipesearch.split_search import bound_families
+from pipesearch import split_bounds
+from pipesearch import bound_tables
+from pipesearch import branch_and_bound
+from pipesearch import split_fits
+from pipesearch.split_bounds import bound_families
 
 
 def _tight(costs):
@@ -29,7 +32,8 @@ def _table_modes(monkeypatch, mode: str, costs):
     """``kept``: every stage in one block, terms kept; ``chunked``: one stage
     per block, middle terms recomputed per chunk of starts."""
     if mode == "chunked":
-        monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
+        monkeypatch.setattr(bound_tables, "TABLE_FLOATS", 1)
+        monkeypatch.setattr(branch_and_bound, "TABLE_FLOATS", 1)  # its column cache
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -40,10 +44,10 @@ def test_suffix_minima_under_tight_memory_equal_enumeration(seed, mode, monkeypa
     (enumerated): the band cut to the longest fitting range loses nothing."""
     schedule, pp, vp, m, costs = bounds_tests._point(seed)
     costs = _tight(costs)
-    if not split_search.any_split_fits(costs):
+    if not split_fits.any_split_fits(costs):
         pytest.skip("no split fits")
     _table_modes(monkeypatch, mode, costs)
-    tables = split_search._Tables(costs, schedule, pp, costs.num_layers)
+    tables = bound_tables.SuffixTables(costs, schedule, pp, costs.num_layers)
     bounds_tests.assert_suffix_minima_enumerated(tables, schedule, pp, costs, True)
 
 
@@ -54,8 +58,8 @@ def test_tight_memory_cuts_some_band():
     for seed in range(12):
         schedule, pp, _, _, costs = bounds_tests._point(seed)
         costs = _tight(costs)
-        if split_search.any_split_fits(costs):
-            tables = split_search._Tables(costs, schedule, pp, costs.num_layers)
+        if split_fits.any_split_fits(costs):
+            tables = bound_tables.SuffixTables(costs, schedule, pp, costs.num_layers)
             cut += any(kept[3].shape[-1] < tables.rows for kept in tables._kept.values() if kept[0] == "banded")
     assert cut > 0
 
@@ -73,12 +77,12 @@ def test_columns_equal_bound_families_of_each_range(seed, mode, tight, monkeypat
         costs = _tight(costs)
     _table_modes(monkeypatch, mode, costs)
     L, S = costs.num_layers, costs.pp
-    chains = schedule in split_search.CHAIN_SCHEDULES
+    chains = schedule in split_bounds.CHAIN_SCHEDULES
     weights = None
     if chains:
-        terms = split_search.separable_terms(bound_families(costs, schedule, pp, 0, 0, 1, chains=True), 0, pp)
+        terms = split_bounds.separable_terms(bound_families(costs, schedule, pp, 0, 0, 1, chains=True), 0, pp)
         weights = np.full(len(terms), 1.0 / len(terms))
-    tables = split_search._Tables(costs, schedule, pp, L, weights, chains)
+    tables = bound_tables.SuffixTables(costs, schedule, pp, L, weights, chains)
     W = tables.rows
     for s in range(S):
         for i in ([0] if s == 0 else range(s, L - S + s + 1)):
@@ -132,7 +136,7 @@ def test_own_family_tables_hold_the_schedules_own_families(seed):
                  for b in splits]
     want = max(sum(min(bounds_tests._family_value([fams[f][c]], S, pp) for fams in per_split)
                    for c in range(len(own[f]))) for f in range(len(own)))
-    root = split_search._Tables(costs, schedule, pp, L, own_only=True).root_bound()
+    root = bound_tables.SuffixTables(costs, schedule, pp, L, own_only=True).root_bound()
     assert root == pytest.approx(want, rel=1e-12)
     assert root <= min(bounds_tests._simulated(costs, schedule, pp, vp, b) for b in splits) * (1 + 1e-9)
 
@@ -156,9 +160,9 @@ def test_starts_under_a_limit_hold_every_split_that_can_beat_it():
         splits = np.array(bounds_tests._splits(L, S))
         need = m * scale * np.max(np.diff(cp[splits], axis=1), axis=1)  # (splits,): the least limit each can beat
         for limit in np.unique(np.quantile(need, [0.0, 0.3, 0.7])):
-            width = split_search._width_for(costs, limit)
-            tables = split_search._Tables(costs, schedule, pp, width, limit_s=limit)
-            plain = split_search._Tables(costs, schedule, pp, width)
+            width = bound_tables.width_for(costs, limit)
+            tables = bound_tables.SuffixTables(costs, schedule, pp, width, limit_s=limit)
+            plain = bound_tables.SuffixTables(costs, schedule, pp, width)
             for b in splits[need <= limit]:
                 assert np.all(tables._start <= b[:-1]) and np.all(b[:-1] <= tables._stop), (seed, limit, b)
             narrower += bool(np.any(tables._start > plain._start) or np.any(tables._stop < plain._stop))

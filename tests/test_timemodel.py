@@ -18,13 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import tiny_cluster, tiny_profile
+from pipesearch import bound_tables
+from pipesearch import branch_and_bound
+from pipesearch import split_fits
 from pipesearch import split_search
 from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.schedules import build, in_flight_peaks, num_stages_of
 from pipesearch.search import search
 from pipesearch.search_options import ModelVariant, SearchOptions
 from pipesearch.simulate import simulate
-from pipesearch.split_search import any_split_fits, exact_split, exhaustive_simulated_split
+from pipesearch.split_search import exact_split, exhaustive_simulated_split
+from pipesearch.split_fits import any_split_fits
 from pipesearch.timemodel import StageTimes, gpipe_time_s, iteration_time_s, send_overlap, simulate_times
 from pipesearch.types import Job, Link
 
@@ -195,17 +199,18 @@ def test_exact_split_on_identical_layers_equals_brute_force(seed):
 def test_exact_split_with_tables_in_stage_blocks(seed, monkeypatch):
     """Tables too large for one block are built stage by stage and the
     per-node terms recomputed: the same optimum as brute force."""
-    monkeypatch.setattr(split_search, "TABLE_FLOATS", 1)
+    monkeypatch.setattr(bound_tables, "TABLE_FLOATS", 1)
+    monkeypatch.setattr(branch_and_bound, "TABLE_FLOATS", 1)  # its column cache
     _assert_exact_split_is_brute_force_optimum(seed, pp_low=2, m_steps=3)
 
 
-@pytest.mark.parametrize("cells", [0, split_search.LONGEST_FIT_CELLS], ids=["bisection", "every-pair"])
+@pytest.mark.parametrize("cells", [0, split_fits.LONGEST_FIT_CELLS], ids=["bisection", "every-pair"])
 @pytest.mark.parametrize("seed", range(30))
 def test_any_split_fits_equals_enumeration(seed, cells, monkeypatch):
     """The feasibility test agrees with trying every split, with each
     stage's longest fitting ranges found by bisection or by checking every
     (start, end) pair."""
-    monkeypatch.setattr(split_search, "LONGEST_FIT_CELLS", cells)
+    monkeypatch.setattr(split_fits, "LONGEST_FIT_CELLS", cells)
     rng = np.random.default_rng(seed)
     pp = int(rng.integers(1, 4))
     L = int(rng.integers(pp, 9))
