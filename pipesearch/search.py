@@ -70,7 +70,7 @@ class SearchResult:
     ``plans`` holds the best plan of each of the top configurations
     (:func:`plan_family`), ranked by simulated iteration time
     (:func:`rank_plans`).
-    ``point_columns`` holds one list per column (:data:`POINT_COLUMNS`:
+    ``point_columns`` holds one list per column (:data:`pipesearch.search_space.POINT_COLUMNS`:
     tp, recompute, pp, dp, schedule, vp, micro_batch_size,
     num_micro_batches, placement, status, iteration_time_s, samples_per_s,
     peak_memory_bytes, bubble_fraction, lower_bound_s; NaN where a point was

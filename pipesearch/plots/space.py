@@ -100,7 +100,7 @@ def space_grid(points: pd.DataFrame, missing: str = "n/a") -> pd.DataFrame:
     if missing not in ("n/a", "pruned"):
         raise ValueError(f"missing must be 'n/a' or 'pruned', got {missing!r}")
     status = np.where(grid["points"].to_numpy() == 0, missing, "n/a").astype(object)
-    from ..search_space import one_rank_schedule
+    from ..search_space import one_rank_schedule  # pp 1 is searched with one schedule: no other is pruned there
 
     others = grid["schedule"].to_numpy() != one_rank_schedule(schedules)
     status[(grid["pp"].to_numpy() == 1) & others & (grid["points"].to_numpy() == 0)] = "n/a"
