@@ -12,24 +12,26 @@ from pathlib import Path
 import click
 
 from ..errors import InfeasibleError, InputError
-from ..hardware import catalog_name_clash, describe_cluster, device_files, load_cluster
+from ..hardware import catalog_name_clash, describe_cluster
 from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
-from ..output import check_directory, check_distinct_paths, check_suffix, check_writable, write_outputs
+from ..output import write_outputs
 from ..output_table import format_table, stage_counts_label
 from ..placement import memory_bytes_of, rank_memory
-from ..pins import BatchPins, check_vp_pins, parse_split, resolve_dp, split_text
+from ..pins import BatchPins, parse_split, resolve_dp
 from ..plan import PlanFile, document_problems, points_block, to_json
-from ..export import model_kind_refusal, transformer_shape
 from ..runtimes import RUNTIMES
 from ..search import search
-from ..search_options import ALL_SCHEDULES, DEFAULT_SCHEDULES, MULTI_STAGE_SCHEDULES, SearchOptions
+from ..search_options import ALL_SCHEDULES, DEFAULT_SCHEDULES, SearchOptions
 from ..search_space import points_frame
 from ..types import Job
 from ..units import format_bytes, format_seconds, format_size_option, parse_size_option
-from .params import FiniteFloatRange, option_given
+from .params import FiniteFloatRange
+from .plan_checks import (check_host_flags, check_model_flags, check_replica_pins, check_replication_pins,
+                          check_roundpipe_pins, checked_cluster, checked_outputs, runtime_schedules, searched_schedules,
+                          split_vps)
 from . import main
 
 DEFAULT_MODEL = "vgg16"
@@ -591,26 +593,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     # a value repeated in a repeatable option is one pin (the plan file records each once)
     schedules, vps, placements = (tuple(dict.fromkeys(x)) for x in (schedules, vps, placements))
     # every output is checked before the search, so a bad path costs nothing and leaves nothing
-    out = check_writable(output, "plan file (-o)") if output is not None else None  # a file only when asked for
-    if all_points is not None:
-        check_writable(all_points, "--all-points")
-    if plot_dir == "":
-        raise InputError("--plot-dir: empty directory name; give a directory")
-    figures = []
-    if plot_dir:
-        from ..plots.common import KINDS
-
-        plot_dir = check_directory(plot_dir, "--plot-dir")  # made when the figures are written
-        figures = [("--plot-dir", plot_dir / f"{kind}.png") for kind in KINDS]
-        if plot_dir.is_dir():  # every figure's file too, before anything is written
-            for _, path in figures:
-                check_writable(path, "--plot-dir figure")
-        # the directory itself too: named like -o, the plan file took its place and the figures failed after it
-        figures.append(("--plot-dir", plot_dir))
-    check_distinct_paths([("-o", output), ("--all-points", all_points), *figures],
-                         [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
-    check_suffix(output, "-o", ".json", "the plan file is JSON")
-    check_suffix(all_points, "--all-points", ".csv", "the table of every point is CSV")
+    out, plot_dir = checked_outputs(output, all_points, plot_dir, model, cluster_name)
     reserve = parse_size_option("--memory-reserve", memory_reserve)
     search_budget = parse_size_option("--max-search-memory", max_search_memory)
     if optimizer_bytes_per_param is not None and not math.isfinite(optimizer_bytes_per_param):
@@ -623,27 +606,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     param_state = _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1)
     comm_overlap = overlap_settings(runtime, overlap_grad_reduce, overlap_param_gather, tp_comm_overlap,
                                     grad_bucket_params, param_state, tp, sequence_parallel)
-    cluster = load_cluster(cluster_name, nodes=nodes)
-    if option_given(click.get_current_context(), "mapping_time_limit") and cluster.is_uniform:
-        raise InputError(f"--mapping-time-limit {mapping_time_limit:g}: it limits the device-order search of a "
-                         f"cluster whose devices or links differ; {cluster.name} has one device type and one link "
-                         "model (every order is the same); drop it")
-    for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights),
-                     ("--activation-offload", activation_offload)):
-        if on and cluster.host is None:
-            raise InputError(f"{flag}: cluster {cluster.name!r} has no [host] table (host memory, "
-                             "PCIe links, CPU Adam rate); add one (hardware/README.md) or drop the flag")
-    empty = {g.device.name: g.device.memory_bytes for g in cluster.groups
-             if reserve >= g.device.memory_bytes * (1 - memory_headroom)}
-    if len(empty) == len({g.device.name for g in cluster.groups}):
-        smallest = min(empty.values())
-        raise InputError(f"--memory-reserve {memory_reserve} with --memory-headroom {memory_headroom:g} leaves "
-                         f"nothing of the {format_bytes(smallest)} devices of {cluster.name}; lower them "
-                         f"(defaults 1GiB and 0.05)")
-    for name, size in empty.items():  # a mixed cluster: those types hold nothing, the others plan
-        click.echo(f"warning: --memory-reserve {memory_reserve} with --memory-headroom {memory_headroom:g} leaves "
-                   f"nothing of the {format_bytes(size)} of {name}: its devices stay idle (lower them to use "
-                   f"those devices)", err=True)
+    host_flags = (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights),
+                  ("--activation-offload", activation_offload))
+    cluster = checked_cluster(cluster_name, nodes, mapping_time_limit, memory_reserve, reserve, memory_headroom,
+                              host_flags)
     if runtime in ("gpipe", "torch") and tp is None:
         # torchgpipe / fairscale Pipe have no tensor parallelism; the torch export's script has none either (a
         # pinned --tp above 1 is planned, and its export says what to apply by hand)
@@ -652,138 +618,35 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                decoder_seq_len=decoder_seq_len,
                                max_search_memory_bytes=search_budget, sequence_parallel=sequence_parallel,
                                overlap_tp_forward=comm_overlap.tp_forward)
-    names = [lay.name for lay in source.variants[0].profile.layers]
-    if runtime == "megatron" and transformer_shape(names) is None:  # before the search, not after it
-        raise InputError(f"--runtime megatron: {model}'s layers ({', '.join(names[:4])}, ...) are not a transformer "
-                         f"layer table (embedding, block_00 .. block_<L-1>, head), and Megatron-LM builds GPT-style "
-                         f"models only; drop --runtime or choose torch or deepspeed")
-    if tp_comm_overlap and source.info.get("kind") != "transformer":
-        raise InputError(f"--tp-comm-overlap: needs a transformer config (tensor parallelism); {model} is a layer "
-                         f"profile; drop it")
-    if option_given(click.get_current_context(), "sequence_parallel"):
-        flag = "--sequence-parallel" if sequence_parallel else "--no-sequence-parallel"
-        if source.info.get("kind") != "transformer":
-            raise InputError(f"{flag}: needs a transformer config (sequence parallelism splits its tensor-parallel "
-                             f"activations); {model} is a layer profile; drop it")
-        if tp == 1:
-            raise InputError(f"{flag} with --tp 1: sequence parallelism splits the activations of a tensor-parallel "
-                             "group, and there is none; drop one of them")
+    check_model_flags(source, model, runtime, tp, tp_comm_overlap, sequence_parallel)
     job = Job(global_batch_size=global_batch_size, state_bytes_per_param=param_state.total_bytes,
               memory_reserve_bytes=reserve, zero1=param_state.stage >= 1, param_state=param_state,
               memory_headroom_fraction=memory_headroom, comm_overlap=comm_overlap if comm_overlap.any else None,
               optimizer_offload=optimizer_offload, weight_streaming=stream_weights,
               delayed_optimizer_step=delayed_optimizer_step, activation_offload=activation_offload)
-    if delayed_optimizer_step and not (optimizer_offload or stream_weights
-                                       or {"mobius", "roundpipe"} & set(schedules or ())):
-        raise InputError("--delayed-optimizer-step: no stage keeps its optimizer on the host; add "
-                         "--optimizer-offload, --stream-weights, --schedule mobius or --schedule roundpipe, or drop "
-                         "the flag")
-    if "mobius" in (schedules or ()) and cluster.host is None:
-        raise InputError(f"--schedule mobius: cluster {cluster.name!r} has no [host] table (host memory, PCIe "
-                         "switches, CPU Adam rate) to swap its stages through; add one (hardware/README.md) or "
-                         "choose another schedule")
-    if "mobius" in (schedules or ()) and recompute == PER_STAGE:
-        raise InputError("--schedule mobius with --recompute per-stage: a Mobius GPU holds the activations of all "
-                         "its stages, so its stages' recompute levels are not chosen one by one; use --recompute "
-                         "none, selective or full (docs/offload.md)")
-    if set(schedules or ()) == {"mobius"} and stream_weights:
-        raise InputError("--schedule mobius with --stream-weights: Mobius keeps every stage's weights in host memory "
-                         "and copies each stage in before it runs already; drop the flag")
-    if stream_weights and activation_offload and set(schedules or ()) != {"roundpipe"}:
-        raise InputError("--stream-weights with --activation-offload: a streamed stage's activations in host memory "
-                         "are not modelled (docs/offload.md); drop one of the two flags")
-    several = {"interleaved-1f1b", "looped-bfs"}  # several stages per device, whose activations stay on it
-    if activation_offload and ((schedules and set(schedules) <= several) or (vps and min(vps) > 1 and not (
-            set(schedules or ()) & {"mobius", "roundpipe"}))):
-        by_schedule = bool(schedules) and set(schedules) <= several
-        what = f"--schedule {' '.join(schedules)}" if by_schedule else f"--vp {min(vps)}"
-        fix = "add one of those schedules" if by_schedule else "drop --vp (or add --vp 1)"
-        raise InputError(f"--activation-offload with {what}: activations in host memory are planned for one stage "
-                         "per device (gpipe, 1f1b, zb-h1) and Mobius, not for several stages per device; "
-                         f"{fix}, or drop --activation-offload")
+    check_host_flags(cluster, schedules, vps, recompute, optimizer_offload=optimizer_offload,
+                     stream_weights=stream_weights, activation_offload=activation_offload,
+                     delayed_optimizer_step=delayed_optimizer_step)
     if "roundpipe" in (schedules or ()):
-        check_roundpipe_flags(cluster, tp=tp, dp=dp, recompute=recompute, optimizer_offload=optimizer_offload,
-                              stream_weights=stream_weights, activation_offload=activation_offload)
-        if runtime is None:  # a runtime's own defaults are refused with the runtime, below
-            check_roundpipe_state_flags(optimizer_state=optimizer_state, sharding=sharding, zero1=zero1,
-                                        optimizer_bytes_per_param=optimizer_bytes_per_param,
-                                        overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap)
-        per_node = max(g.devices_per_node for g in cluster.groups)
-        if pp and pp > per_node:
-            raise InputError(f"--schedule roundpipe with --pp {pp}: RoundPipe's pool of GPUs shares one host (its "
-                             f"memory, CPU optimizer and PCIe switches), and a node of {cluster.name} has {per_node} "
-                             f"GPUs; use --pp {per_node} or less")
+        check_roundpipe_pins(cluster, runtime, pp=pp, tp=tp, dp=dp, recompute=recompute,
+                             optimizer_offload=optimizer_offload, stream_weights=stream_weights,
+                             activation_offload=activation_offload, optimizer_state=optimizer_state,
+                             sharding=sharding, zero1=zero1, optimizer_bytes_per_param=optimizer_bytes_per_param,
+                             overlap_grad_reduce=overlap_grad_reduce, tp_comm_overlap=tp_comm_overlap)
     split, split_replicas = split if split else (None, None)
-    if runtime and (replicate_stages or split_replicas):
-        raise InputError(f"--runtime {runtime} runs one data-parallel degree for all stages; drop "
-                         f"{'--replicate-stages' if replicate_stages else 'the replicas (NxR) of --split'}")
-    pinned = split_text(split, split_replicas) if split_replicas else ""
-    if (split_replicas or replicate_stages) and dp is not None:
-        flag, whose = ((pinned, "the split's replicas (NxR)") if split_replicas else
-                       ("--replicate-stages", "the replicas"))
-        raise InputError(f"{flag} with --dp {dp}: {whose} give each stage its own data-parallel degree; drop --dp")
-    if split_replicas and vps and max(vps) > 1:
-        raise InputError(f"{pinned} with --vp {max(vps)}: per-stage replication runs one stage per device (vp 1); "
-                         f"drop --vp or the replicas")
-    if split and not pp and not split_replicas:  # a split for virtual stages needs --pp: say which one
-        check_split_without_pp(len(split), vps, schedules)
+    check_replication_pins(split, split_replicas, runtime, replicate_stages, dp, pp, vps, schedules)
     explicit_schedules = schedules
-    if not schedules:
-        schedules = DEFAULT_SCHEDULES if not split else tuple(x for x in DEFAULT_SCHEDULES
-                                                               if x not in MULTI_STAGE_SCHEDULES)
-        if vps and min(vps) > 1:  # a pinned vp > 1: only the default schedules with virtual stages honour it
-            schedules = tuple(x for x in DEFAULT_SCHEDULES if x in MULTI_STAGE_SCHEDULES)
-        elif vps and max(vps) < 2:  # vp 1 pinned: interleaving needs 2 or more (pins.check_vp_pins)
-            schedules = tuple(x for x in schedules if x != "interleaved-1f1b")
-    check_vp_pins(tuple(vps), tuple(schedules), MULTI_STAGE_SCHEDULES,
-                  "--schedule asks for" if explicit_schedules or not split else
-                  f"{split_text(split, split_replicas)} without --schedule is searched (one stage per device) with")
-    if vps and max(vps) > 1 and (pp == 1 or (split and len(split) == 1)):
-        raise InputError(f"--vp {max(vps)} with --pp 1: one pipeline rank runs all its stages as one (plain "
-                         "gradient accumulation, vp 1); use --pp 2 or more, or drop --vp")
-    if split and pp and vps and len(split) in [v * pp for v in vps]:  # the split and --pp fix vp = stages / pp
-        off = [v for v in vps if v * pp != len(split)]  # (no vp that fits: the split's own check refuses it)
-        if off:
-            raise InputError(f"--vp {off[0]} with --split of {len(split)} stages and --pp {pp}: the split gives "
-                             f"every device {len(split) / pp:g} stages; drop --vp {off[0]}")
-    if split and replicate_stages:
-        raise InputError("--replicate-stages with --split: the split pins the stages, so there is nothing to search; "
-                         "write each stage's replicas in the split (e.g. --split 32x15,8x1) or drop --split")
-    if optimizer_offload and schedules and set(schedules) == {"mobius"}:
-        raise InputError("--schedule mobius with --optimizer-offload: Mobius keeps every stage's weights and "
-                         "optimizer state in host memory already (its step runs on the CPU); drop the flag")
+    schedules = searched_schedules(schedules, split, split_replicas, vps, pp, replicate_stages=replicate_stages,
+                                   optimizer_offload=optimizer_offload)
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
-        refused = model_kind_refusal(runtime, source.info.get("transformer"))
-        if refused:  # no plan of this model runs there: said before the search, not after it
-            raise InputError(f"--runtime {runtime}: {refused}; drop --runtime (then export --format stages-json "
-                             f"gives the split)")
-        schedules = runtimes.schedules_for(runtime, schedules, explicit=bool(explicit_schedules))
-        if split and not explicit_schedules and not (vps and min(vps) > 1):
-            # a split without --schedule is searched one stage per device, as without --runtime
-            schedules = tuple(x for x in schedules if x not in MULTI_STAGE_SCHEDULES) or schedules
-        runtimes.check_pins(runtime, schedules=tuple(schedules), pp=pp, num_micro_batches=num_micro_batches, tp=tp)
-        if vps and max(vps) > 1 and not set(schedules) & set(MULTI_STAGE_SCHEDULES):
-            looped = [r for r in runtimes.RUNTIMES if set(runtimes.SCHEDULES[r]) & set(MULTI_STAGE_SCHEDULES)
-                      and (r == "torch" or source.info.get("kind") == "transformer")]  # the others build LLMs
-            raise InputError(f"--vp {max(vps)} with --runtime {runtime}: {runtime} runs {', '.join(schedules)}, one "
-                             f"stage per device (vp 1); drop --vp, or choose a runtime with virtual stages "
-                             f"({', '.join(looped)})")
+        schedules = runtime_schedules(runtime, source, schedules, explicit_schedules, split, vps, pp=pp,
+                                      num_micro_batches=num_micro_batches, tp=tp)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     pinned_pp = pp or (len(split) if split else None)
-    # pins that leave the devices one data-parallel replica (none: too few, which the search refuses)
-    one_replica = (f"--pp {pinned_pp}{f' x --tp {tp}' if tp else ''} on the {cluster.num_devices} devices of "
-                   f"{cluster.name} (dp 1)" if dp is None and pinned_pp is not None and not replicate_stages
-                   and not split_replicas and cluster.num_devices // (pinned_pp * (tp or 1)) == 1 else None)
-    if dp == 1:
-        check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather)
-    elif one_replica:
-        check_one_replica_flags(asked_sharding, zero1, overlap_grad_reduce, overlap_param_gather, why=one_replica)
-    sharded = asked_sharding not in (None, "none") or zero1  # asked for: plans of one replica would not honour it
-    if placements and cluster.is_homogeneous and (1 in (pinned_pp, dp) or one_replica):
-        degree = f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}" if dp == 1 else one_replica
-        raise InputError(f"--placement {placements[0]} with {degree}: a placement orders the stages' replicas, which "
-                         "needs pp > 1 and dp > 1 (every layout is the same here); drop --placement")
-    options = SearchOptions(pp=pp or (len(split) if split else None), dp=dp, micro_batch_size=micro_batch_size,
+    sharded = check_replica_pins(cluster, dp, pinned_pp, tp, placements, replicate_stages=replicate_stages,
+                                 split_replicas=split_replicas, sharding=asked_sharding, zero1=zero1,
+                                 overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather)
+    options = SearchOptions(pp=pinned_pp, dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules),
                             vps=tuple(vps) or split_vps(split, pp),
                             vp_pinned=bool(vps),
@@ -792,54 +655,14 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                             replicate_stages=replicate_stages, split_replicas=split_replicas,
                             placements=pinned_placements(placements, runtime),
                             placement_pinned=bool(placements), min_dp=2 if sharded else 1)
-    progress = _Progress(quiet or as_json)
-    try:
-        result = search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
-                        progress=progress)
-    except InfeasibleError as exc:  # a warning that explains the refusal joins its one line
-        warned = "; ".join(source.info.get("warnings", ()))
-        message = f"{exc}; note: {warned}" if warned else str(exc)
-        if all_points is not None and exc.point_columns is not None:  # the table says how far each point was
-            write_outputs([(all_points, lambda f: points_frame(exc.point_columns).to_csv(f, index=False),
-                            "--all-points")])
-            message += f"; {all_points} lists every point looked at with its status"
-        raise InfeasibleError(message) from None
-    finally:
-        progress.close()
+    result = _searched(source, cluster, job, options, all_points, quiet or as_json)
     for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
         click.echo(f"warning: {warning}", err=True)
     clash = catalog_name_clash(cluster_name)
     if clash:
         click.echo(f"warning: {clash}", err=True)
-    plan_file = PlanFile(
-        inputs={"model": source.info | {"bytes_per_param": float(source.variants[0].profile.bytes_per_param)},
-                "cluster": describe_cluster(cluster) | {"name": cluster.name},
-                "job": {"global_batch_size": job.global_batch_size,
-                        "state_bytes_per_param": job.state_bytes_per_param,
-                        "optimizer_state": {"name": param_state.name, "sharding": param_state.sharding,
-                                            "bytes_per_param": {"weights": param_state.weight_bytes,
-                                                                "grads": param_state.grad_bytes,
-                                                                "main_grads": param_state.main_grad_bytes,
-                                                                "master_weights": param_state.master_bytes,
-                                                                "optimizer_moments": param_state.moment_bytes}},
-                        "memory_reserve_bytes": job.memory_reserve_bytes,
-                        "memory_headroom_fraction": job.memory_headroom_fraction, "zero1": job.zero1,
-                        **({"optimizer_offload": True} if optimizer_offload else {}),
-                        **({"weight_streaming": True} if stream_weights else {}),
-                        **({"delayed_optimizer_step": True} if delayed_optimizer_step else {}),
-                        **({"activation_offload": True} if activation_offload else {}),
-                        "sequence_parallel": sequence_parallel,
-                        "comm_overlap": comm_overlap.as_dict(),
-                        "schedules": list(options.schedules)},
-                "fingerprint": result.fingerprint},
-        search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
-                "wall_s": round(result.wall_s, 4), "time_model": "simulated",
-                **({"unproven_points": {"count": result.unproven_points,
-                                        "least_lower_bound_s": result.unproven_bound_s}}
-                   if result.unproven_points else {}),
-                "points": points_block(result.point_columns)},
-        plans=result.plans,
-    )
+    plan_file = _plan_file(source, cluster, job, param_state, comm_overlap, options, result,
+                           sequence_parallel=sequence_parallel)
     if runtime:
         kept, refused = runtimes.filter_plans(runtime, result.plans, top, plan_file.inputs)
         if not kept:
@@ -857,6 +680,74 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if as_json:
         click.echo(text, nl=False)
         return
+    _report(result, source, cluster, job, out, figures, quiet=quiet, recompute=recompute, placements=placements,
+            delayed_optimizer_step=delayed_optimizer_step)
+
+
+def _searched(source, cluster, job, options, all_points, quiet: bool):
+    """:func:`pipesearch.search.search` of the command's variants, with a
+    progress line unless ``quiet``. A search that finds no plan raises one
+    line with the model's warnings joined and, with ``--all-points``, the
+    table of every point looked at written first."""
+    progress = _Progress(quiet)
+    try:
+        return search(list(source.variants), cluster, job, options, profiled_device=source.profiled_device,
+                      progress=progress)
+    except InfeasibleError as exc:  # a warning that explains the refusal joins its one line
+        warned = "; ".join(source.info.get("warnings", ()))
+        message = f"{exc}; note: {warned}" if warned else str(exc)
+        if all_points is not None and exc.point_columns is not None:  # the table says how far each point was
+            write_outputs([(all_points, lambda f: points_frame(exc.point_columns).to_csv(f, index=False),
+                            "--all-points")])
+            message += f"; {all_points} lists every point looked at with its status"
+        raise InfeasibleError(message) from None
+    finally:
+        progress.close()
+
+
+def _plan_file(source, cluster, job, param_state, comm_overlap, options, result, *,
+               sequence_parallel) -> PlanFile:
+    """The plan file of a search: its inputs (model, cluster, job with the
+    training state, overlap and flags), the search's bookkeeping and the
+    ranked plans."""
+    return PlanFile(
+        inputs={"model": source.info | {"bytes_per_param": float(source.variants[0].profile.bytes_per_param)},
+                "cluster": describe_cluster(cluster) | {"name": cluster.name},
+                "job": {"global_batch_size": job.global_batch_size,
+                        "state_bytes_per_param": job.state_bytes_per_param,
+                        "optimizer_state": {"name": param_state.name, "sharding": param_state.sharding,
+                                            "bytes_per_param": {"weights": param_state.weight_bytes,
+                                                                "grads": param_state.grad_bytes,
+                                                                "main_grads": param_state.main_grad_bytes,
+                                                                "master_weights": param_state.master_bytes,
+                                                                "optimizer_moments": param_state.moment_bytes}},
+                        "memory_reserve_bytes": job.memory_reserve_bytes,
+                        "memory_headroom_fraction": job.memory_headroom_fraction, "zero1": job.zero1,
+                        **({"optimizer_offload": True} if job.optimizer_offload else {}),
+                        **({"weight_streaming": True} if job.weight_streaming else {}),
+                        **({"delayed_optimizer_step": True} if job.delayed_optimizer_step else {}),
+                        **({"activation_offload": True} if job.activation_offload else {}),
+                        "sequence_parallel": sequence_parallel,
+                        "comm_overlap": comm_overlap.as_dict(),
+                        "schedules": list(options.schedules)},
+                "fingerprint": result.fingerprint},
+        search={"points_evaluated": result.points_evaluated, "infeasible": dict(result.infeasible),
+                "wall_s": round(result.wall_s, 4), "time_model": "simulated",
+                **({"unproven_points": {"count": result.unproven_points,
+                                        "least_lower_bound_s": result.unproven_bound_s}}
+                   if result.unproven_points else {}),
+                "points": points_block(result.point_columns)},
+        plans=result.plans,
+    )
+
+
+def _report(result, source, cluster, job, out, figures, *, quiet: bool, recompute, placements,
+            delayed_optimizer_step: bool) -> None:
+    """Print the ranked plans' table and the notes that explain it (ties,
+    layouts, unproven splits); unless ``quiet`` also the model and cluster
+    line above it and, below it, the usable memory, the profile's device,
+    the batch notes, idle devices, the search's summary and what was
+    written."""
     if not quiet:
         devices = " + ".join(f"{g.num_devices} x {g.device.name}" for g in cluster.groups)
         seq = f", sequence length {source.info['seq_len']}" if source.info.get("seq_len") else ""
@@ -864,7 +755,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             seq += f" (decoder {source.info['decoder_seq_len']})"
         desc = source.info.get("layers_description", "")
         layers = f" ({desc}: layers/stage counts all of them)" if "blocks" in desc else ""
-        click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {global_batch_size}{seq}")
+        click.echo(f"{source.name}{layers} on {cluster.name} ({devices}), global batch {job.global_batch_size}{seq}")
     click.echo(plans_table(result.plans, memory_bytes_of(cluster), mixed_cluster=not cluster.is_homogeneous))
     for line in (tie_note(result.plans) + mixed_stage_note(result.plans) + split_notes(result.plans)
                  + layout_notes(result.plans, cluster, tuple(dict.fromkeys(placements))) + unproven_note(result)
@@ -879,23 +770,29 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
             click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
                        f"name the device it was measured on to compare clusters of other devices")
         for line in (small_batch_note(result.plans, source), large_batch_note(result.plans, source),
-                     attention_note(result.plans, source, recompute)):
+                     attention_note(result.plans, source, recompute), *idle_device_notes(result.plans, cluster)):
             if line is not None:
                 click.echo(line)
-        total = sum(g.num_devices for g in cluster.groups)
-        idle: dict[tuple[int, str], list[str]] = {}
-        for p in result.plans:
-            used = p.pp * p.dp * p.tp if p.stage_replicas is None else sum(p.stage_replicas) * p.tp
-            how = "pp x dp x tp" if p.stage_replicas is None else "the stages' replicas x tp"
-            if used < total:
-                idle.setdefault((used, how), []).append(str(p.rank))
-        for (used, how), ranks in idle.items():
-            click.echo(f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
-                       f"{used} of the {total} devices ({how}); {total - used} stay{'s' if total - used == 1 else ''} idle")
         click.echo(search_summary_line(result))
         click.echo(f"wrote {out}" if out else "no plan file written (-o FILE writes one)")
     if figures and not quiet:
         click.echo(f"wrote {', '.join(str(p) for p in figures)}")
+
+
+def idle_device_notes(plans, cluster) -> list[str]:
+    """One line per device count the plans leave some of the cluster's
+    devices idle with (pp x dp x tp, or the stages' replicas x tp, below the
+    cluster's devices), naming the plans' ranks."""
+    total = sum(g.num_devices for g in cluster.groups)
+    idle: dict[tuple[int, str], list[str]] = {}
+    for p in plans:
+        used = p.pp * p.dp * p.tp if p.stage_replicas is None else sum(p.stage_replicas) * p.tp
+        how = "pp x dp x tp" if p.stage_replicas is None else "the stages' replicas x tp"
+        if used < total:
+            idle.setdefault((used, how), []).append(str(p.rank))
+    return [f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} use{'' if len(ranks) > 1 else 's'} "
+            f"{used} of the {total} devices ({how}); {total - used} stay{'s' if total - used == 1 else ''} idle"
+            for (used, how), ranks in idle.items()]
 
 
 def _param_state(optimizer_state, sharding, optimizer_bytes_per_param, zero1) -> ParamState:
@@ -1009,137 +906,3 @@ def small_batch_note(plans, source) -> str | None:
             f"in proportion to their size "
             f"(the profile gives no fixed per-micro-batch time): a GPU runs small batches less efficiently; measure "
             f"several sizes (pipesearch profile --batch-sizes) or pin --micro-batch-size")
-
-
-def check_split_without_pp(stages: int, vps, schedules) -> None:
-    """A ``--split`` of ``stages`` stages without ``--pp`` runs one stage per
-    rank (pp = stages). Refuse, naming the ``--pp`` (and ``--vp``) to add,
-    where the pins ask for virtual stages instead: a ``--vp`` above 1, or
-    only schedules of several stages per rank, or both kinds of schedule
-    (each would read the split another way).
-
-    Raises:
-        InputError: the fix, e.g. ``--split of 4 stages with --vp 2: add
-            --pp 2``.
-    """
-    several = [x for x in schedules if x in MULTI_STAGE_SCHEDULES]
-    if vps and max(vps) > 1:
-        if len(vps) > 1:
-            raise InputError(f"--split of {stages} stages with --vp {','.join(map(str, vps))}: a split of pp x vp "
-                             f"stages has one vp; keep one --vp and add --pp (stages / vp)")
-        vp = vps[0]
-        if stages % vp or stages // vp < 2:
-            raise InputError(f"--split of {stages} stages with --vp {vp}: each pipeline rank runs {vp} of them, so "
-                             f"the split needs a multiple of {vp} stages on 2 or more ranks ({2 * vp}, {3 * vp}, "
-                             f"...); change the split or drop --vp")
-        raise InputError(f"--split of {stages} stages with --vp {vp}: add --pp {stages // vp} (the split's stages, "
-                         f"{vp} per pipeline rank)")
-    if several and len(several) < len(schedules) and not vps:
-        one = [x for x in schedules if x not in several]
-        raise InputError(f"--split of {stages} stages with --schedule {' and '.join(schedules)}: {', '.join(one)} "
-                         f"would run it one stage per rank (pp {stages}), {', '.join(several)} several stages per "
-                         f"rank; add --pp (the split's stages over it fix vp), or ask for one kind of schedule")
-    if several and len(several) == len(schedules) and not vps and set(several) <= {"interleaved-1f1b", "looped-bfs"}:
-        pairs = [(stages // v, v) for v in range(2, stages // 2 + 1) if stages % v == 0]
-        if not pairs:
-            raise InputError(f"--split of {stages} stages with --schedule {' and '.join(schedules)}: a split for "
-                             f"virtual stages has pp x vp stages, pp and vp of 2 or more (4, 6, 8, 9, ...); change "
-                             f"the split, or use --schedule gpipe, 1f1b or zb-h1")
-        raise InputError(f"--split of {stages} stages with --schedule {' and '.join(schedules)}: add --pp and --vp "
-                         f"with pp x vp = {stages} (" + " or ".join(f"--pp {a} --vp {b}" for a, b in pairs[:2]) + ")")
-
-
-def split_vps(split, pp: int | None) -> tuple[int, ...]:
-    """The virtual stages per device searched when ``--vp`` is not given:
-    what a ``--split`` with ``--pp`` fixes (its stages over the ranks, 1
-    included: a split of 8 stages on 8 ranks runs one each), else 2."""
-    if split and pp and len(split) % pp == 0:
-        return (len(split) // pp,)
-    return (2,)
-
-
-def check_roundpipe_flags(cluster, *, tp, dp, recompute, optimizer_offload, stream_weights,
-                          activation_offload) -> None:
-    """``--schedule roundpipe`` runs one model copy on a pool of GPUs with
-    every parameter and its optimizer in host memory and each group's
-    forward re-run in its backward (:mod:`pipesearch.roundpipe`): refuse, in
-    one line, the flags that contradict it.
-
-    Raises:
-        InputError: a cluster without ``[host]``, ``--tp`` or ``--dp``
-            above 1, ``--recompute`` other than ``none``, or an offload or
-            streaming flag.
-    """
-    if cluster.host is None:
-        raise InputError(f"--schedule roundpipe: cluster {cluster.name!r} has no [host] table (host memory and PCIe "
-                         "switches); add one (docs/offload.md) or choose another schedule")
-    for flag, value in (("--tp", tp), ("--dp", dp)):
-        if value is not None and value > 1:
-            what = "tensor" if flag == "--tp" else "data"
-            raise InputError(f"--schedule roundpipe with {flag} {value}: RoundPipe runs one model copy without "
-                             f"{what} parallelism on its pool of GPUs; drop {flag} or choose another schedule")
-    if recompute not in (None, "none"):
-        raise InputError(f"--schedule roundpipe with --recompute {recompute}: RoundPipe already re-runs each layer "
-                         "group's forward in its backward (checkpoints at the group boundaries); drop --recompute")
-    for flag, on in (("--optimizer-offload", optimizer_offload), ("--stream-weights", stream_weights),
-                     ("--activation-offload", activation_offload)):
-        if on:
-            raise InputError(f"--schedule roundpipe with {flag}: RoundPipe keeps every parameter, its optimizer and "
-                             "the group boundaries' activations in host memory already; drop the flag")
-
-
-
-def check_one_replica_flags(sharding, zero1: bool, overlap_grad_reduce, overlap_param_gather,
-                            why: str = "dp 1") -> None:
-    """With dp pinned to 1 (``--dp 1``, the batch pins, or a ``--pp`` that
-    with ``--tp`` fills the cluster; ``why`` names the pins) there is one
-    replica: no state to shard over replicas and no data-parallel collective
-    to overlap. Refuse the flags that ask for them, as ``--tp 1
-    --tp-comm-overlap`` is refused, rather than accept them doing nothing.
-
-    Raises:
-        InputError: a ``--sharding`` other than none, ``--zero1``,
-            ``--overlap-grad-reduce`` or ``--overlap-param-gather``.
-    """
-    if sharding not in (None, "none") or zero1:
-        flag = f"--sharding {sharding}" if sharding not in (None, "none") else "--zero1"
-        raise InputError(f"{flag} with {why}: one data-parallel replica has no replicas to shard its state over; "
-                         "drop one of them")
-    for flag, on in (("--overlap-grad-reduce", overlap_grad_reduce), ("--overlap-param-gather", overlap_param_gather)):
-        if on:
-            raise InputError(f"{flag} with {why}: one data-parallel replica has no gradient reduce or parameter "
-                             "gather to overlap; drop one of them")
-
-
-def check_roundpipe_state_flags(*, optimizer_state, sharding, zero1, optimizer_bytes_per_param, overlap_grad_reduce,
-                                tp_comm_overlap) -> None:
-    """``--schedule roundpipe`` holds its own training state (16-bit weights
-    and gradients, fp32 master weights, gradients and Adam moments in host
-    memory, :data:`pipesearch.roundpipe.HOST_BYTES_PER_PARAM` bytes per
-    parameter) on one model copy without tensor parallelism: refuse, in one
-    line, the flags that would change a state or a collective it does not
-    have, instead of dropping them.
-
-    Raises:
-        InputError: ``--optimizer-state``, ``--optimizer-bytes-per-param``,
-            a ``--sharding`` other than none (or ``--zero1``),
-            ``--overlap-grad-reduce`` or ``--tp-comm-overlap``.
-    """
-    from ..roundpipe import HOST_BYTES_PER_PARAM
-
-    state = (("--optimizer-state", optimizer_state), ("--optimizer-bytes-per-param", optimizer_bytes_per_param))
-    for flag, value in state:
-        if value is not None:
-            shown = value if isinstance(value, str) else f"{value:g}"
-            raise InputError(f"--schedule roundpipe with {flag} {shown}: RoundPipe keeps its own state in host memory "
-                             f"(16-bit weights and gradients, fp32 master weights, gradients and moments: "
-                             f"{HOST_BYTES_PER_PARAM:g} B per parameter); drop {flag} or choose another schedule")
-    if (sharding not in (None, "none")) or zero1:
-        flag = "--zero1" if zero1 and sharding in (None, "zero1") else f"--sharding {sharding}"
-        raise InputError(f"--schedule roundpipe with {flag}: RoundPipe runs one model copy (dp 1), so there are no "
-                         "data-parallel replicas to shard over; drop it or choose another schedule")
-    for flag, on, what in (("--overlap-grad-reduce", overlap_grad_reduce, "data-parallel gradient reduce (dp 1)"),
-                           ("--tp-comm-overlap", tp_comm_overlap, "tensor-parallel collective (tp 1)")):
-        if on:
-            raise InputError(f"--schedule roundpipe with {flag}: RoundPipe has no {what} to overlap; drop it or "
-                             "choose another schedule")
