@@ -705,7 +705,9 @@ def test_micro_batches_below_the_profiled_batch_are_noted(tmp_path):
     proportion to the micro-batch: VGG-16's (measured at 128) ranked
     micro-batch size 1 first with nothing said. A line names the plans whose
     micro-batches are smaller than the profiled batch; pinned to the
-    profile's batch, a profile with fixed times, or a transformer: none."""
+    profile's batch, a profile with fixed times, or a transformer: none. Its
+    fix: a pin, a larger one where the pinned size is below the profile's,
+    none where replicas split a micro-batch of the profile's size."""
     def note(args):
         res = run(["plan", "--top", "2", *args], tmp_path)
         assert res.exit_code == 0, res.output
@@ -714,10 +716,16 @@ def test_micro_batches_below_the_profiled_batch_are_noted(tmp_path):
     line = note([])
     assert len(line) == 1 and line[0].startswith("plans 1, 2 run micro-batches (or replicas' shares of them) "
                                                  "smaller than the profile's batch of 128")
+    assert line[0].endswith("or pin --micro-batch-size")
     assert note(["--micro-batch-size", "128"]) == []
-    # a stage of 15 replicas runs ceil(128 / 15) = 9 samples of each micro-batch of 128 on each
+    # pinned below the profile's batch: the fix is a larger pin, not the pin already given
+    line = note(["--micro-batch-size", "4"])
+    assert len(line) == 1 and line[0].endswith(
+        "or pin a --micro-batch-size of 128 or more (--micro-batch-size 4 is below it)")
+    # a stage of 15 replicas runs ceil(128 / 15) = 9 samples of each micro-batch of 128 on each: no pin helps
     line = note(["--split", "32x15,8x1", "--micro-batch-size", "128"])
     assert len(line) == 1 and line[0].startswith("plans 1, 2 run")
+    assert line[0].endswith("measure several sizes (pipesearch profile --batch-sizes)")
     assert note(["--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "-b", "64"]) == []
     rows = ["name,fwd_ms,bwd_ms,fwd_fixed_ms,bwd_fixed_ms,param_bytes,output_bytes"] + [
         f"l{k},4.0,8.0,0.5,1.0,1000000,1000000" for k in range(8)]

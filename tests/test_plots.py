@@ -110,6 +110,31 @@ def test_space_of_pruned_search_renders(vgg_pruned, tmp_path):
     _check_png(render("space", vgg_pruned, tmp_path / "space.png"))
 
 
+def test_space_texts_stay_inside_the_figure(tmp_path, monkeypatch):
+    """Bug: the subtitle of a pruned search's space plot (the pruned groups'
+    note, one line of about 200 characters) ran off both edges of a figure
+    narrower than it (alexnet on 4 V100, batch 32: a figure of 979 pixels,
+    a line of 1,284). Every text of the figure (title, subtitle, labels)
+    now lies inside it, the figure's top grown by the wrapped lines."""
+    from pipesearch.plots import space
+
+    drawn = []
+    real = space.save
+
+    def keep(fig, path):
+        renderer = fig.canvas.get_renderer()
+        drawn.append([(t.get_text(), t.get_window_extent(renderer)) for t in fig.texts] + [(fig.bbox,)])
+        return real(fig, path)
+
+    monkeypatch.setattr(space, "save", keep)
+    plan = _plan(tmp_path / "alexnet.json", "--model", "alexnet", "--cluster", "1x4-v100-pcie", "-b", "32")
+    render("space", plan, tmp_path / "space.png")
+    *texts, (box,) = drawn[0]
+    assert any("pruned" in text for text, _ in texts)
+    for text, extent in texts:
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, text
+
+
 def test_plan_plot_dir(tmp_path):
     """`plan --plot-dir` writes the four figures of the plan file it wrote."""
     figs = tmp_path / "figs"

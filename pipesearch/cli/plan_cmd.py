@@ -681,7 +681,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         click.echo(text, nl=False)
         return
     _report(result, source, cluster, job, out, figures, quiet=quiet, recompute=recompute, placements=placements,
-            delayed_optimizer_step=delayed_optimizer_step)
+            delayed_optimizer_step=delayed_optimizer_step, micro_batch_size=micro_batch_size)
 
 
 def _searched(source, cluster, job, options, all_points, quiet: bool):
@@ -742,7 +742,7 @@ def _plan_file(source, cluster, job, param_state, comm_overlap, options, result,
 
 
 def _report(result, source, cluster, job, out, figures, *, quiet: bool, recompute, placements,
-            delayed_optimizer_step: bool) -> None:
+            delayed_optimizer_step: bool, micro_batch_size: int | None) -> None:
     """Print the ranked plans' table and the notes that explain it (ties,
     layouts, unproven splits); unless ``quiet`` also the model and cluster
     line above it and, below it, the usable memory, the profile's device,
@@ -769,7 +769,7 @@ def _report(result, source, cluster, job, out, figures, *, quiet: bool, recomput
             dev = cluster.groups[0].device.name
             click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
                        f"name the device it was measured on to compare clusters of other devices")
-        for line in (small_batch_note(result.plans, source), large_batch_note(result.plans, source),
+        for line in (small_batch_note(result.plans, source, micro_batch_size), large_batch_note(result.plans, source),
                      attention_note(result.plans, source, recompute), *idle_device_notes(result.plans, cluster)):
             if line is not None:
                 click.echo(line)
@@ -886,23 +886,36 @@ def attention_note(plans, source, recompute: str | None) -> str | None:
             "(docs/transformer_costs.md)")
 
 
-def small_batch_note(plans, source) -> str | None:
+def small_batch_note(plans, source, pinned_micro_batch_size: int | None = None) -> str | None:
     """A line when ranked plans of a measured profile run micro-batches
     smaller than it was measured at and no layer has a fixed time: its times
     are scaled down in proportion (:meth:`pipesearch.types.ModelProfile.layer_times_at`),
     which a GPU does not do (kernel launches and small GEMMs), so such
     plans look faster than they run. A stage replicated ``r`` times runs
     ``ceil(b / r)`` samples of each micro-batch of ``b`` on each replica
-    (per-stage replication), its smallest such batch is the plan's. None
-    otherwise."""
+    (per-stage replication), its smallest such batch is the plan's. The
+    fix it names: measure several sizes, or pin a micro-batch size (one of at
+    least the profile's batch where ``--micro-batch-size`` pinned one below
+    it; none where the pinned one is not below it, the replicas' shares
+    are). None otherwise."""
     profile = source.variants[0].profile
     if source.info.get("kind") != "profile" or any(has.any() for has, _ in profile.fixed_time_arrays.values()):
         return None
-    ranks = [str(p.rank) for p in plans if min(replica_batches(p)) < profile.profiled_batch_size]
+    batch = profile.profiled_batch_size
+    ranks = [str(p.rank) for p in plans if min(replica_batches(p)) < batch]
     if not ranks:
         return None
     return (f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} run{'' if len(ranks) > 1 else 's'} micro-batches "
-            f"(or replicas' shares of them) smaller than the profile's batch of {profile.profiled_batch_size}, timed "
+            f"(or replicas' shares of them) smaller than the profile's batch of {batch}, timed "
             f"in proportion to their size "
             f"(the profile gives no fixed per-micro-batch time): a GPU runs small batches less efficiently; measure "
-            f"several sizes (pipesearch profile --batch-sizes) or pin --micro-batch-size")
+            f"several sizes (pipesearch profile --batch-sizes){_pin_advice(pinned_micro_batch_size, batch)}")
+
+
+def _pin_advice(pinned: int | None, batch: int) -> str:
+    """The pin :func:`small_batch_note` suggests besides measuring."""
+    if pinned is None:
+        return " or pin --micro-batch-size"
+    if pinned < batch:
+        return f" or pin a --micro-batch-size of {batch} or more (--micro-batch-size {pinned} is below it)"
+    return ""

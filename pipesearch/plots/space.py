@@ -204,7 +204,9 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
     present = set(grid["status"])
     handles = _legend_handles(present, best, top)
     ncol = max(1, min(3, len(handles), int((width - 0.5) // LEGEND_COLUMN_IN)))
-    gap_h, top_h, bottom_h = 0.75, 1.25, 0.85 + 0.36 * math.ceil(len(handles) / ncol)
+    sub = _subtitle(points, infeasible, skipped, present, vps, width)
+    extra = max(0, sub.count("\n") + 1 - 2)
+    gap_h, top_h, bottom_h = 0.75, 1.25 + 0.14 * extra, 0.85 + 0.36 * math.ceil(len(handles) / ncol)
     height = sum(heights) + gap_h * (n_rows - 1) + top_h + bottom_h
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))
     norm = Normalize(vmin=vmin, vmax=vmax)
@@ -288,22 +290,29 @@ def plot_space(plan_file: PlanFile, path: str | PathLike[str], source: str = "pl
                 break
             legend.remove()  # wider than the figure: one column fewer
             ncol -= 1
-        over = ["dp", "micro-batch size", "placement"]
-        if any(len(v) > 1 for v in vps.values()):
-            over.append("virtual stages")
-        if points["recompute"].nunique() > 1:
-            over.append("recompute")
-        sub = f"colour and number: best predicted (simulated) samples/s over {', '.join(over)}"
-        unlisted = (infeasible.get("pruned") or 0) - int((points["status"] == "pruned").sum()) if skipped else 0
-        if unlisted > 0:  # whole groups pruned by their bound: counted in the file, not listed (docs/formats.md)
-            sub += (f"\n{unlisted:,} points of whole (tp, pp, dp) groups pruned by their bound are not listed (their "
-                    "cells read 'bound', or are missing where no point of that tp or pp was listed): run "
-                    "`pipesearch plan --exhaustive` to draw every cell")
-        elif "pruned" in present:
-            sub += "\nsearch pruned by lower bound: run `pipesearch plan --exhaustive` to evaluate every cell"
         fig.suptitle(f"{title_of(plan_file)}: search space", y=1 - 0.18 / height, va="top")
         fig.text(0.5, 1 - 0.52 / height, sub, ha="center", va="top", fontsize=8, color="#333333")
         return save(fig, path)
+
+
+def _subtitle(points, infeasible: dict, skipped: bool, present: set, vps: dict, width: float) -> str:
+    """The space plot's subtitle: what a cell's colour and number are the
+    best over, and what the pruned cells mean, wrapped to a figure of
+    ``width`` inches (fontsize 8: at most 16 characters an inch)."""
+    over = ["dp", "micro-batch size", "placement"]
+    if any(len(v) > 1 for v in vps.values()):
+        over.append("virtual stages")
+    if points["recompute"].nunique() > 1:
+        over.append("recompute")
+    sub = f"colour and number: best predicted (simulated) samples/s over {', '.join(over)}"
+    unlisted = (infeasible.get("pruned") or 0) - int((points["status"] == "pruned").sum()) if skipped else 0
+    if unlisted > 0:  # whole groups pruned by their bound: counted in the file, not listed (docs/formats.md)
+        sub += (f"\n{unlisted:,} points of whole (tp, pp, dp) groups pruned by their bound are not listed (their "
+                "cells read 'bound', or are missing where no point of that tp or pp was listed): run "
+                "`pipesearch plan --exhaustive` to draw every cell")
+    elif "pruned" in present:
+        sub += "\nsearch pruned by lower bound: run `pipesearch plan --exhaustive` to evaluate every cell"
+    return "\n".join(textwrap.fill(part, max(40, int((width - 0.4) * 16))) for part in sub.split("\n"))
 
 
 #: width of one column of the space plot's legend (inches; its labels wrap at :data:`LEGEND_CHARS`)
