@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import click
 import pandas as pd
@@ -28,6 +28,7 @@ from ..serve.search import (ServeJob, pipeline_for, replica_shares, rerank_by_si
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_size_option
 from .params import FiniteFloatRange, option_given
+from .serve_report import idle_device_lines, rate_notes, simulation_notes, summary_lines
 from . import main
 
 FORMAT = "pipesearch.serve/1"
@@ -338,22 +339,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     """
     if concurrency is not None and request_rate is not None:
         raise InputError("--concurrency and --request-rate: give one (a closed loop of clients, or an arrival rate)")
-    out = None if output is None else check_writable(output, "serving plans (-o)")
-    if timeline is not None:
-        from ..plots.common import check_output
-
-        check_output(check_writable(timeline, "--timeline"))
-        if simulate_top < 1:
-            raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
-    check_distinct_paths({"-o": output, "--timeline": timeline},
-                         [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
-    check_suffix(output, "-o", ".json", "the serving plan file is JSON")
-    if simulate_top < 1:
-        given = [f"--{name.replace('_', '-')}" for name in ("num_requests", "seed")
-                 if option_given(click.get_current_context(), name)]
-        if given:
-            raise InputError(f"{given[0]} with --simulate-top 0: it sets the simulated run of the workload, and "
-                             "--simulate-top 0 simulates none; give --simulate-top 1 or more, or drop it")
+    out = _checked_outputs(output, timeline, simulate_top, model, cluster_name)
     if engine == "sglang" and option_given(click.get_current_context(), "memory_reserve"):
         raise InputError(f"--memory-reserve {memory_reserve} with --engine sglang: SGLang sizes weights and KV pool "
                          "by its --mem-fraction-static (--memory-fraction here) of each device and leaves the rest to "
@@ -361,30 +347,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                          "vLLM's)")
     reserve = parse_size_option("--memory-reserve", memory_reserve)
     cluster = load_cluster(cluster_name, nodes=nodes)
-    path = resolve("model", model)
-    if path.suffix not in (".toml", ".json"):
-        raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
-                         f"config (catalog TOML or HuggingFace config.json)")
-    try:  # the model's own context first: a learned position table refuses a longer seq_len, naming --seq-len
-        own = load_transformer(path, seq_len=1)  # (a one-token length: any config's context holds it)
-    except InputError:  # the load below says what is wrong
-        own = None
-    if own is not None:
-        _check_context(own.max_position_embeddings, own.name, input_len, output_len)
-    # a request's tokens as the sequence length: a config with no context of its own loads (serving needs no
-    # training length; --seq-len is plan's)
-    cfg = load_transformer(path, seq_len=input_len + output_len)
-    if path.suffix == ".json" and (note := guessed_family_note(path)):
-        click.echo(f"warning: {note}", err=True)
-    if clash := catalog_name_clash(cluster_name):
-        click.echo(f"warning: {clash}", err=True)
-    if cfg.is_encoder_decoder:
-        raise InputError(f"--model {model}: {cfg.name} is an encoder-decoder model; serving plans cover "
-                         f"decoder-only transformers (a KV cache per decoder layer, prefill then decode); "
-                         f"plan its training with `pipesearch plan --model {model}`")
-    if cfg.num_layers > MAX_SERVE_LAYERS:
-        raise InputError(f"--model {model}: {cfg.num_layers} decoder layers; serving plans split at most "
-                         f"{MAX_SERVE_LAYERS} (the split search's tables grow with the square of the count)")
+    path, cfg = _serving_model(model, cluster_name, input_len, output_len)
     given = model_path is not None
     if model_path is None and path.suffix == ".json":  # a HuggingFace config: what an engine can load
         model_path = hf_checkpoint(path)
@@ -417,82 +380,16 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     result = search_serving(cfg, cluster, job, engine=eng, weights=weights, kv_bytes=kv_bytes, tp=tp, pp=pp,
                             split=split, top=top,
                             search_budget=not option_given(click.get_current_context(), "max_num_batched_tokens"))
-    plans = list(result.plans)
-    events = {}
-
-    def simulated(p):
-        """``p`` with its simulated run (one replica per share of the clients) and that run's events."""
-        # the engine as exported: at most the plan's running limit (--max-num-seqs), the other requests queue
-        ran = replace(eng, max_num_seqs=min(eng.max_num_seqs, p.max_num_seqs),
-                      max_num_batched_tokens=p.max_num_batched_tokens)
-        pipe, replicas = pipeline_for(cfg, cluster, p.tp, p.pp, weights, kv_bytes, ran, reserve)
-        rate = None if request_rate is None else request_rate / replicas
-        shares = replica_shares(concurrency, replicas) if rate is None else ((0, replicas),)
-        runs = []  # per share of clients (the larger first): its replicas' count and one replica's run
-        for clients, count in shares:
-            k = None if rate is not None else (clients or p.batch)
-            n_req = num_requests or (RATE_REQUESTS if rate is not None else max(400, 16 * min(k or p.batch, p.batch)))
-            runs.append((count, simulate_serving(pipe, p.split, workload, num_requests=n_req,
-                                                 pool_tokens=p.pool_tokens, concurrency=k, request_rate=rate,
-                                                 seed=seed, record_events=500_000 if timeline and not runs else 0)))
-        figures = [(count, run.as_dict()) for count, run in runs]
-        total = sum(count * f["output_tokens_per_s"] for count, f in figures)
-        # a rate the closed form carries can still outrun the simulated replica (bursts, prefill interference)
-        first = figures[0][1]
-        offered = first.get("offered_output_tokens_per_s") or rate * output_len if rate is not None else None
-        carries = {} if rate is None else {
-            "carries_rate": bool(first["output_tokens_per_s"] >= SIM_CARRY_SHARE * offered)}
-        limits = {} if job.max_ttft_s is None and job.max_tpot_s is None else {
-            "meets_limits": not simulated_over_limits(first, job)}
-        return replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | carries | limits | (
-            {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {})), runs[0][1].events
-
+    run = _Run(cfg, cluster, job, eng, weights, kv_bytes, num_requests, seed, record=bool(timeline))
+    plans, events = list(result.plans), {}
     for i, p in enumerate(plans[:simulate_top]):
-        p, ran = best_budget_run(p, simulated, request_rate is not None)
+        p, ran = best_budget_run(p, run.simulated, request_rate is not None)
         events[(p.tp, p.pp, p.split)] = ran
         plans[i] = p
     plans = rerank_by_simulation(plans, rate_given=request_rate is not None)
-    exports = []
-    devices_per_node = cluster.groups[0].devices_per_node
-    for p in plans:
-        ex = {}
-        for name in ENGINES:  # the other engine's command at its defaults, but for what the user pinned
-            spec = eng if name == engine else engine_spec(name, cluster.device_spec(0), memory_fraction=memory_fraction,
-                                                          max_num_batched_tokens=max_num_batched_tokens)
-            try:
-                run = p if name == engine else _as_run_by(p, spec, cfg, cluster, weights, kv_bytes, reserve, workload)
-                ex[name] = export_serving(run, cfg, engine=name, model_path=model_path or cfg.name,
-                                          weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-                                          memory_fraction=spec.memory_fraction,
-                                          max_model_len=input_len + output_len,
-                                          max_num_batched_tokens=p.max_num_batched_tokens if name == engine
-                                          else spec.max_num_batched_tokens,
-                                          devices_per_node=devices_per_node, concurrency=concurrency,
-                                          model_name_only=model_path is None, half=half)
-            except InputError as exc:
-                ex[name] = {"refused": str(exc)}
-        exports.append(ex)
-    doc = {
-        "format": FORMAT,
-        "inputs": {
-            "model": {"name": cfg.name, "file": str(path), "num_layers": cfg.num_layers,
-                      "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
-                      "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size},
-            "cluster": describe_cluster(cluster) | {"name": cluster.name},
-            "engine": {"name": eng.name, "memory_fraction": eng.memory_fraction,
-                       "block_size_tokens": eng.block_size_tokens, "max_num_seqs": eng.max_num_seqs,
-                       "max_num_batched_tokens": eng.max_num_batched_tokens, "step_overhead_s": eng.step_overhead_s,
-                       # SGLang sizes its pool from a fraction of the memory alone (no reserve: null)
-                       "memory_reserve_bytes": reserve if eng.activation_in_budget else None},
-            "workload": {"input_len": input_len, "output_len": output_len, "concurrency": concurrency,
-                         "request_rate": request_rate, "max_ttft_s": job.max_ttft_s, "max_tpot_s": job.max_tpot_s,
-                         "weight_dtype": weight_dtype, "kv_dtype": kv_dtype},
-        },
-        "search": {"configurations_evaluated": result.evaluated, "skipped": dict(result.skipped),
-                   "wall_s": round(result.wall_s, 4)},
-        "plans": [_plan_json(p, ex, output_len > 1) for p, ex in zip(plans, exports)],
-    }
-    text = json.dumps(doc, indent=2) + "\n"
+    exports = [_engine_commands(p, run, engine, memory_fraction, max_num_batched_tokens, model_path, weight_dtype,
+                                kv_dtype, half) for p in plans]
+    text = json.dumps(_serving_doc(run, path, weight_dtype, kv_dtype, result, plans, exports), indent=2) + "\n"
     outputs = [(out, lambda f: f.write_text(text), "serving plans")] if out else []
     if timeline:
         from ..plots.serve_timeline import plot_serve_timeline
@@ -515,114 +412,180 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{engine}, weights {shown_weights}, KV {'fp16' if half and kv_dtype == 'bf16' else kv_dtype}, "
                    f"{input_len} in / {output_len} out")
     click.echo(serve_table(plans, output_len))
-    demand = None if request_rate is None else request_rate * output_len
-    full = [p for p in plans if p.saturated and p.total_output_tokens_per_s >= demand]  # every slot busy
-    saturated = [str(p.rank) for p in plans if p.saturated and p not in full]
-    if saturated:  # the rate is more than those plans carry: their figures are the most they serve
-        backlog = any(p.simulated for p in plans if str(p.rank) in saturated)
-        click.echo(f"*: plan{'s' if len(saturated) > 1 else ''} {', '.join(saturated)} cannot carry --request-rate "
-                   f"{request_rate:g} ({demand:,.0f} output tok/s wanted): tok/s is the most they serve, and "
-                   f"requests queue without bound{' (the simulated columns show the backlog)' if backlog else ''}; "
-                   f"add devices or lower the rate")
-    if full:  # they serve the tokens, but only with their mean batch at the running limit: no slot ever frees
-        click.echo(f"*: plan{'s' if len(full) > 1 else ''} {', '.join(str(p.rank) for p in full)} serve"
-                   f"{'' if len(full) > 1 else 's'} the {demand:,.0f} output tok/s of --request-rate {request_rate:g} "
-                   f"only with every running slot busy (mean batch {', '.join(str(p.batch) for p in full)} = the "
-                   f"running limit), so no slot frees for a burst and requests queue without bound; add devices or "
-                   f"lower the rate")
-    drawn = [p.simulated["offered_output_tokens_per_s"] * p.replicas for p in plans
-             if (p.simulated or {}).get("offered_output_tokens_per_s")]
-    if drawn and not quiet:  # the run's own draw of the Poisson arrivals, which its carried tok/s follows
-        low, high = min(drawn), max(drawn)
-        span = f"{low:,.0f}" if round(low) == round(high) else f"{low:,.0f}-{high:,.0f}"
-        click.echo(f"sim tok/s under --request-rate {request_rate:g}: what each run carried of the output tokens its "
-                   f"Poisson arrivals asked for in its steady window, {span} tok/s here (on average "
-                   f"{request_rate * output_len:,.0f}; --num-requests sets the run's length)")
-    short = [str(p.rank) for p in plans if not p.saturated and (p.simulated or {}).get("carries_rate") is False]
-    if short:
-        demand = request_rate * output_len
-        click.echo(f"sim tok/s *: plan{'s' if len(short) > 1 else ''} {', '.join(short)} carr"
-                   f"{'y' if len(short) > 1 else 'ies'} --request-rate {request_rate:g} ({demand:,.0f} output "
-                   f"tok/s wanted) in the closed form but not in the simulation (bursts and prompt chunks): "
-                   f"requests queue without bound; prefer a plan that carries it in both, or add devices")
-
-    def loop_clients(p) -> int | None:  # a simulated closed loop's clients per replica (its batch by default)
-        if not p.simulated or request_rate is not None:
-            return None
-        return p.simulated["replica_clients"][0][0] if "replica_clients" in p.simulated else p.batch
-
-    few = [p for p in plans if loop_clients(p) is not None and p.simulated["requests"] < loop_clients(p)]
-    for p in few:  # a closed loop whose run ends before every client has asked once: its TTFT misses their wait
-        clients = loop_clients(p)
-        n = p.simulated["requests"]
-        click.echo(f"sim columns of plan {p.rank}: its run of {n:,} request{'s' if n > 1 else ''} ends before its "
-                   f"{clients:,} clients per replica have each sent one, so it never reaches the steady state the "
-                   f"closed form describes, and its TTFT misses the others' wait; --num-requests "
-                   f"{min(2 * clients, MAX_SIMULATED_REQUESTS)} runs longer"
-                   + ("" if 2 * clients <= MAX_SIMULATED_REQUESTS else
-                      f" (at most {MAX_SIMULATED_REQUESTS:,}: fewer clients per replica measure it)"))
-    for p in plans:  # the limits hold for the closed form's means, which the search checks, not the simulation's
-        over = simulated_over_limits(p.simulated, job) if p.simulated else []
-        if over:
-            click.echo(f"plan {p.rank}: its simulated {' and '.join(over)} (the closed form's means meet the limits, "
-                       f"the run's do not); ranked after the simulated plans that meet them")
-    simulated_plans = [p for p in plans if p.simulated]
-    rest = [p for p in plans if not p.simulated]
-    if simulated_plans and rest and all(simulated_over_limits(p.simulated, job) for p in simulated_plans):
-        click.echo(f"no simulated plan meets the latency limits; plan{'s' if len(rest) > 1 else ''} "
-                   f"{', '.join(str(p.rank) for p in rest)} {'are' if len(rest) > 1 else 'is'} not simulated "
-                   f"(--simulate-top {len(plans)} simulates {'them' if len(rest) > 1 else 'it'})")
-    tight = [p for p in rest if p.headroom_budget is not None]
-    if tight:  # the budget the headroom rule would re-plan: the closed form's weakest case, not checked by a run
-        click.echo(f"plan{'s' if len(tight) > 1 else ''} {', '.join(str(p.rank) for p in tight)}, not simulated, "
-                   f"plan{'' if len(tight) > 1 else 's'} a step budget whose room for prompt tokens is about their "
-                   f"mean demand, where a run can fall far short of the closed form's tok/s, TPOT and TTFT "
-                   f"(--simulate-top {max(p.rank for p in tight)} simulates "
-                   f"{'them' if len(tight) > 1 else 'it'}, and runs a roomier budget where that does better)")
-    for p in plans:  # the engine's own step budget kept: its simulation does better than the planned one's
-        if "planned_budget" in (p.simulated or {}):
-            was = p.simulated["planned_budget"]
-            measure = ("its mean TPOT {:.1f} ms against {:.1f}".format(p.simulated["tpot_mean_s"] * 1e3,
-                                                                       was["tpot_mean_s"] * 1e3)
-                       if request_rate is not None else
-                       f"{p.simulated['total_output_tokens_per_s']:,.0f} against "
-                       f"{was['total_output_tokens_per_s']:,.0f} simulated tok/s")
-            if p.max_num_batched_tokens == eng.max_num_batched_tokens:
-                click.echo(f"plan {p.rank} keeps {engine}'s step budget of {p.max_num_batched_tokens} tokens: "
-                           f"{measure} at the planned {was['max_num_batched_tokens']}, which the closed form rates "
-                           f"higher (it gives every micro-batch the same load, which the simulated run's did not "
-                           f"have)")
-            else:
-                click.echo(f"plan {p.rank} runs a step budget of {p.max_num_batched_tokens} tokens (the one its "
-                           f"command asks for), a tenth more room for prompt tokens than their mean demand, "
-                           f"instead of the {was['max_num_batched_tokens']} planned first: {measure} at "
-                           f"{was['max_num_batched_tokens']}, whose room is about that demand (the prompts' "
-                           f"chunks then queue at a utilisation near 1, and sequences wait for them instead of "
-                           f"decoding)")
-    total = cluster.num_devices
-    for p in plans:  # a pinned tp x pp that does not divide the cluster leaves devices idle
-        used = p.tp * p.pp * p.replicas
-        if used < total:
-            click.echo(f"plan {p.rank} uses {used} of the {total} devices (tp x pp x replicas); {total - used} "
-                       f"stay{'s' if total - used == 1 else ''} idle")
+    for line in (rate_notes(plans, request_rate, output_len, quiet) + simulation_notes(plans, job, eng, engine)
+                 + idle_device_lines(plans, cluster.num_devices)):
+        click.echo(line)
     if not quiet:
-        best = plans[0]
-        stage_line = ", ".join(f"{format_bytes(s.weight_bytes)} + {s.kv_tokens:,} tok" for s in best.stages[:8])
-        click.echo(f"plan 1 per stage (weights + KV capacity per device): {stage_line}")
-        served = {"out_of_memory": "no batch fits", "latency_limits": "no batch meets the latency limits"}.get(
-            best.default_refusal, f"{best.default_total_output_tokens_per_s:,.0f} tok/s")
-        click.echo(f"engine default split {','.join(map(str, best.default_split))}: KV pool "
-                   f"{best.default_pool_tokens:,} tokens, {served}")
-        ex = exports[0].get(engine, {})
-        if "command" in ex:
-            click.echo(f"{engine}: {ex['command']}")
-            for note in ex.get("notes", ()):  # what the command needs to run as planned (the checkpoint, replicas)
-                click.echo(f"  note: {note}")
-        skipped = ", ".join(f"{k} {v}" for k, v in result.skipped) or "none"
-        click.echo(f"{result.evaluated} configuration{'' if result.evaluated == 1 else 's'} in {result.wall_s:.2f} s; "
-                   f"skipped: {skipped}")
-        written = [str(x) for x in (out, timeline) if x]
-        if written:
-            click.echo(f"wrote {', '.join(written)}")
-        if not out:
-            click.echo("no serving plan file written (-o FILE writes one)")
+        for line in summary_lines(plans, exports, engine, result, (out, timeline)):
+            click.echo(line)
+
+
+def _checked_outputs(output, timeline, simulate_top: int, model, cluster_name):
+    """The serving plan file's path (None without ``-o``) once every output
+    is checked before the search: writable, distinct from each other and
+    from the inputs, a JSON suffix; ``--timeline`` and the simulation
+    options need a simulated run (``--simulate-top`` 1 or more).
+
+    Raises:
+        InputError: the path or option and the fix.
+    """
+    out = None if output is None else check_writable(output, "serving plans (-o)")
+    if timeline is not None:
+        from ..plots.common import check_output
+
+        check_output(check_writable(timeline, "--timeline"))
+        if simulate_top < 1:
+            raise InputError(f"--timeline {timeline}: draws a simulated run; needs --simulate-top 1 or more")
+    check_distinct_paths({"-o": output, "--timeline": timeline},
+                         [("--model", model), ("--cluster", cluster_name), *device_files(cluster_name)])
+    check_suffix(output, "-o", ".json", "the serving plan file is JSON")
+    if simulate_top < 1:
+        given = [f"--{name.replace('_', '-')}" for name in ("num_requests", "seed")
+                 if option_given(click.get_current_context(), name)]
+        if given:
+            raise InputError(f"{given[0]} with --simulate-top 0: it sets the simulated run of the workload, and "
+                             "--simulate-top 0 simulates none; give --simulate-top 1 or more, or drop it")
+    return out
+
+
+def _serving_model(model, cluster_name, input_len: int, output_len: int):
+    """``(path, config)`` of ``--model`` loaded at a request's length, once
+    refused where it cannot be served: a layer profile, a context shorter
+    than a request, an encoder-decoder model, more layers than the split
+    search takes. Warns where the config's family was guessed, and where a
+    cluster file shadows a catalog name.
+
+    Raises:
+        InputError: the model and the fix.
+    """
+    path = resolve("model", model)
+    if path.suffix not in (".toml", ".json"):
+        raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
+                         f"config (catalog TOML or HuggingFace config.json)")
+    try:  # the model's own context first: a learned position table refuses a longer seq_len, naming --seq-len
+        own = load_transformer(path, seq_len=1)  # (a one-token length: any config's context holds it)
+    except InputError:  # the load below says what is wrong
+        own = None
+    if own is not None:
+        _check_context(own.max_position_embeddings, own.name, input_len, output_len)
+    # a request's tokens as the sequence length: a config with no context of its own loads (serving needs no
+    # training length; --seq-len is plan's)
+    cfg = load_transformer(path, seq_len=input_len + output_len)
+    if path.suffix == ".json" and (note := guessed_family_note(path)):
+        click.echo(f"warning: {note}", err=True)
+    if clash := catalog_name_clash(cluster_name):
+        click.echo(f"warning: {clash}", err=True)
+    if cfg.is_encoder_decoder:
+        raise InputError(f"--model {model}: {cfg.name} is an encoder-decoder model; serving plans cover "
+                         f"decoder-only transformers (a KV cache per decoder layer, prefill then decode); "
+                         f"plan its training with `pipesearch plan --model {model}`")
+    if cfg.num_layers > MAX_SERVE_LAYERS:
+        raise InputError(f"--model {model}: {cfg.num_layers} decoder layers; serving plans split at most "
+                         f"{MAX_SERVE_LAYERS} (the split search's tables grow with the square of the count)")
+    return path, cfg
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What a serving plan's simulated run and engine commands need: the
+    model, cluster, job (workload, rate or clients, limits, reserve), the
+    engine as asked for, the weight and KV formats, and the run's length,
+    seed and whether it records events (``--timeline``)."""
+
+    cfg: object
+    cluster: object
+    job: ServeJob
+    eng: object
+    weights: object
+    kv_bytes: float
+    num_requests: int | None
+    seed: int
+    record: bool
+
+    def simulated(self, p):
+        """``p`` with its simulated run (one replica per share of the clients) and that run's events."""
+        job, workload = self.job, self.job.workload
+        request_rate, concurrency, output_len = job.request_rate, job.concurrency, workload.output_len
+        # the engine as exported: at most the plan's running limit (--max-num-seqs), the other requests queue
+        ran = replace(self.eng, max_num_seqs=min(self.eng.max_num_seqs, p.max_num_seqs),
+                      max_num_batched_tokens=p.max_num_batched_tokens)
+        pipe, replicas = pipeline_for(self.cfg, self.cluster, p.tp, p.pp, self.weights, self.kv_bytes, ran,
+                                      job.memory_reserve_bytes)
+        rate = None if request_rate is None else request_rate / replicas
+        shares = replica_shares(concurrency, replicas) if rate is None else ((0, replicas),)
+        runs = []  # per share of clients (the larger first): its replicas' count and one replica's run
+        for clients, count in shares:
+            k = None if rate is not None else (clients or p.batch)
+            n_req = self.num_requests or (RATE_REQUESTS if rate is not None else
+                                          max(400, 16 * min(k or p.batch, p.batch)))
+            runs.append((count, simulate_serving(pipe, p.split, workload, num_requests=n_req,
+                                                 pool_tokens=p.pool_tokens, concurrency=k, request_rate=rate,
+                                                 seed=self.seed, record_events=500_000 if self.record and not runs
+                                                 else 0)))
+        figures = [(count, run.as_dict()) for count, run in runs]
+        total = sum(count * f["output_tokens_per_s"] for count, f in figures)
+        # a rate the closed form carries can still outrun the simulated replica (bursts, prefill interference)
+        first = figures[0][1]
+        offered = first.get("offered_output_tokens_per_s") or rate * output_len if rate is not None else None
+        carries = {} if rate is None else {
+            "carries_rate": bool(first["output_tokens_per_s"] >= SIM_CARRY_SHARE * offered)}
+        limits = {} if job.max_ttft_s is None and job.max_tpot_s is None else {
+            "meets_limits": not simulated_over_limits(first, job)}
+        return replace(p, simulated=figures[0][1] | {"total_output_tokens_per_s": total} | carries | limits | (
+            {"replica_clients": [[c, n] for c, n in shares]} if concurrency is not None else {})), runs[0][1].events
+
+
+def _engine_commands(p, run: _Run, engine: str, memory_fraction, max_num_batched_tokens, model_path, weight_dtype,
+                     kv_dtype, half: bool) -> dict:
+    """Each engine's command for plan ``p`` (:func:`pipesearch.serve.export.export_serving`),
+    or its refusal: the engine asked for as planned, the other at its
+    defaults but for what the user pinned (:func:`_as_run_by`)."""
+    cfg, cluster, job = run.cfg, run.cluster, run.job
+    ex = {}
+    for name in ENGINES:  # the other engine's command at its defaults, but for what the user pinned
+        spec = run.eng if name == engine else engine_spec(name, cluster.device_spec(0),
+                                                          memory_fraction=memory_fraction,
+                                                          max_num_batched_tokens=max_num_batched_tokens)
+        try:
+            planned = p if name == engine else _as_run_by(p, spec, cfg, cluster, run.weights, run.kv_bytes,
+                                                          job.memory_reserve_bytes, job.workload)
+            ex[name] = export_serving(planned, cfg, engine=name, model_path=model_path or cfg.name,
+                                      weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                      memory_fraction=spec.memory_fraction,
+                                      max_model_len=job.workload.input_len + job.workload.output_len,
+                                      max_num_batched_tokens=p.max_num_batched_tokens if name == engine
+                                      else spec.max_num_batched_tokens,
+                                      devices_per_node=cluster.groups[0].devices_per_node,
+                                      concurrency=job.concurrency, model_name_only=model_path is None, half=half)
+        except InputError as exc:
+            ex[name] = {"refused": str(exc)}
+    return ex
+
+
+def _serving_doc(run: _Run, path, weight_dtype, kv_dtype, result, plans, exports) -> dict:
+    """The serving plan file (:data:`FORMAT`): inputs (model, cluster,
+    engine, workload), the search's counts and the ranked plans with their
+    engine commands."""
+    cfg, eng, job = run.cfg, run.eng, run.job
+    workload = job.workload
+    return {
+        "format": FORMAT,
+        "inputs": {
+            "model": {"name": cfg.name, "file": str(path), "num_layers": cfg.num_layers,
+                      "hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_attention_heads,
+                      "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size},
+            "cluster": describe_cluster(run.cluster) | {"name": run.cluster.name},
+            "engine": {"name": eng.name, "memory_fraction": eng.memory_fraction,
+                       "block_size_tokens": eng.block_size_tokens, "max_num_seqs": eng.max_num_seqs,
+                       "max_num_batched_tokens": eng.max_num_batched_tokens, "step_overhead_s": eng.step_overhead_s,
+                       # SGLang sizes its pool from a fraction of the memory alone (no reserve: null)
+                       "memory_reserve_bytes": job.memory_reserve_bytes if eng.activation_in_budget else None},
+            "workload": {"input_len": workload.input_len, "output_len": workload.output_len,
+                         "concurrency": job.concurrency, "request_rate": job.request_rate,
+                         "max_ttft_s": job.max_ttft_s, "max_tpot_s": job.max_tpot_s,
+                         "weight_dtype": weight_dtype, "kv_dtype": kv_dtype},
+        },
+        "search": {"configurations_evaluated": result.evaluated, "skipped": dict(result.skipped),
+                   "wall_s": round(result.wall_s, 4)},
+        "plans": [_plan_json(p, ex, workload.output_len > 1) for p, ex in zip(plans, exports)],
+    }
