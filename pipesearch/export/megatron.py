@@ -394,51 +394,17 @@ MEGATRON_RANK_ORDER = ("numbers its ranks tp-cp-ep-dp-pp (tp-cp-ep-pp-dp with --
                        "tensor-parallel group on consecutive ranks")
 
 
-def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
-                    inputs: Inputs | None = None, allow_layout: bool = True) -> dict:
-    """Export ``plan`` as Megatron-LM arguments.
-
-    Args:
-        plan: the plan; its layers must be a transformer layer table.
-        module_names: unused (Megatron names its own modules); noted if given.
-        inputs: the plan file's inputs: the model's shape gives the model
-            flags (:func:`model_args`), ``job.zero1`` the distributed
-            optimizer, the cluster's node size the ``torchrun`` line. Without
-            a transformer config only the parallelism flags are written
-            (noted: Megatron then refuses the command).
-        allow_layout: ``False`` for a Megatron-LM without
-            ``--pipeline-model-parallel-layout``; splits that only a layout can
-            express are then refused.
-
-    Returns:
-        ``{"runtime", "runtime_version", "format_version", "args": [argv
-        items of pretrain_gpt.py], "data_args": [a mock-data smoke run],
-        "env": {name: value}, "command_line": str (env, torchrun,
-        pretrain_gpt.py, args, data_args), "layout": str | None,
-        "num_layers", "world_size", "num_microbatches", "has_embedding",
-        "has_head", "files": {"launch_megatron.sh": text}, "notes"}``
-        (``has_*``: whether the plan's layer list has those layers, which the
-        parse-back needs to index layers).
+def _check_schedule(plan: Plan) -> None:
+    """Refuse a schedule Megatron-LM does not run as planned: 1F1B with
+    virtual stages, interleaved 1F1B without them or with a micro-batch
+    count that is not a multiple of pp (its schedules.py), or any other
+    schedule; one stage needs none (Megatron accumulates the micro-batches'
+    gradients).
 
     Raises:
-        InputError: a plan that is not a transformer, a schedule Megatron does
-            not run, an interleaved plan with ``m % pp != 0``, or a split that
-            no flag (or allowed layout) expresses; each with the rule.
+        InputError: the rule and the schedule to re-plan with.
     """
-    layers = plan_layers(plan, "megatron")
-    shape = transformer_shape(layers.names)
-    if shape is None:
-        sample = ", ".join(layers.names[:4])
-        raise InputError(
-            f"megatron: the plan's layers ({sample}, ...) are not a transformer layer table "
-            f"(embedding, block_00 .. block_<L-1>, head); Megatron-LM builds GPT-style models from "
-            f"--num-layers transformer layers and cannot take this split"
-        )
-    has_emb, L, has_head = shape
-    explicit = has_emb and has_head
-    p, v, m, mbs = plan.pp, plan.vp, plan.num_micro_batches, plan.micro_batch_size
-
-    # schedule rules (one stage: no pipeline schedule, Megatron accumulates the micro-batches' gradients)
+    p, v, m = plan.pp, plan.vp, plan.num_micro_batches
     if p == 1 and v == 1:
         pass
     elif plan.schedule == "1f1b":
@@ -461,6 +427,21 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
             f"with virtual stages) and would run 1F1B instead; re-plan with '1f1b' or 'interleaved-1f1b'"
         )
 
+
+def _split(layers, explicit: bool, p: int, v: int, L: int, allow_layout: bool):
+    """The plan's split in Megatron's terms: ``(transformer layers per
+    stage, layout string or None, the split flags, how they were chosen)``.
+    The layout (``--pipeline-model-parallel-layout``) is built when the plan
+    has explicit embedding and head layers on the first and last stage;
+    the flags are the first of even split, the account-for flags, the
+    first/last-stage layer counts (vp 1) or the layers per virtual stage
+    (vp > 1) that gives the plan's counts (:func:`megatron_stage_layers`),
+    else the layout where allowed.
+
+    Raises:
+        InputError: no flag and no allowed layout expresses the split; the
+            reasons each form fails.
+    """
     # per-stage structure of the plan
     counts, emb_stage, head_stage = [], None, None
     for i, (a, b) in enumerate(layers.ranges):
@@ -551,6 +532,122 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         raise InputError(
             f"megatron: cannot express the split (pp={p}, vp={v}, layers per stage {counts}): " + "; ".join(reasons)
         )
+    return counts, layout, split_args, how
+
+
+def _overlap_args(plan: Plan, inputs: Inputs) -> list[str]:
+    """The plan's communication overlap as Megatron-LM flags (gradient
+    reduce, parameter gather with the distributed optimizer, tensor-parallel
+    overlap at tp > 1, a bucket size other than Megatron's).
+
+    Raises:
+        InputError: an overlap Megatron does not run with the plan's other
+            settings (:func:`pipesearch.runtimes.megatron_overlap_refusal`).
+    """
+    args = []
+    overlap = inputs.comm_overlap
+    refusal = megatron_overlap_refusal(bool(overlap.get("param_gather")) and inputs.zero1,
+                                       bool(overlap.get("grad_reduce")), bool(overlap.get("tp_forward")) and plan.tp > 1,
+                                       sequence_parallel(plan))
+    if refusal:
+        raise InputError(f"megatron: the plan's communication overlap does not run there: {refusal}, then "
+                         "re-plan (--runtime megatron checks this before the search)")
+    if overlap.get("grad_reduce"):
+        args.append("--overlap-grad-reduce")
+    if overlap.get("param_gather") and inputs.zero1:
+        args.append("--overlap-param-gather")
+    if overlap.get("tp_forward") and plan.tp > 1:
+        args.append("--tp-comm-overlap")
+    bucket = overlap.get("bucket_params")
+    if overlap.get("grad_reduce") and isinstance(bucket, (int, float)) and bucket != MEGATRON_BUCKET_PARAMS:
+        args += ["--ddp-bucket-size", str(int(bucket))]
+    return args
+
+
+def _plan_notes(plan: Plan, inputs: Inputs, explicit: bool, layout: str | None, how: str, module_names,
+                env: dict) -> list[str]:
+    """The export's notes on what the command assumes (interleaving's p2p
+    overlap, encoder-decoder models, where Megatron puts the embedding and
+    head, the layout form, the world size and micro-batches, the all-reduce
+    and tp overlap, the environment), in the order they are listed."""
+    p, v, m = plan.pp, plan.vp, plan.num_micro_batches
+    overlap = inputs.comm_overlap
+    notes = []
+    if v > 1 and p == 2:
+        notes.append("interleaving with pp=2 needs p2p overlap (Megatron's default; do not pass "
+                     "--no-overlap-p2p-communication).")
+    if v > 1:
+        notes.append("Megatron refuses interleaving for encoder-decoder (T5) models.")
+    if not explicit:
+        notes.append("the plan has no explicit embedding/head layers; Megatron puts the embedding on the "
+                     "first stage and the output layer + loss on the last.")
+    if layout is not None and how != "layout":
+        notes.append("the same split as a layout string is under 'layout' (--pipeline-model-parallel-layout, "
+                     "newer Megatron-LM); pass one form, not both.")
+    if module_names:
+        notes.append("module_names is unused: Megatron-LM names its own modules.")
+    world = plan.tp * p * plan.dp
+    notes.append(f"launch with world size tp*pp*dp = {world}; Megatron derives "
+                 f"dp = {plan.dp} and {m} micro-batches = global / (micro * dp).")
+    if not overlap.get("grad_reduce"):
+        notes.append("the gradient all-reduce runs after the backward, as pipesearch timed it (Megatron's default); "
+                     "--overlap-grad-reduce overlaps it with the backward and can only shorten the step.")
+    if overlap.get("tp_forward") and plan.tp > 1:
+        notes.append("--tp-comm-overlap needs Transformer Engine with userbuffers (--transformer-impl "
+                     "transformer_engine, the default) and sequence parallelism.")
+    if env:
+        notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1: validate_args requires it with tensor parallelism on GPUs "
+                     "before Blackwell.")
+    return notes
+
+
+def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
+                    inputs: Inputs | None = None, allow_layout: bool = True) -> dict:
+    """Export ``plan`` as Megatron-LM arguments.
+
+    Args:
+        plan: the plan; its layers must be a transformer layer table.
+        module_names: unused (Megatron names its own modules); noted if given.
+        inputs: the plan file's inputs: the model's shape gives the model
+            flags (:func:`model_args`), ``job.zero1`` the distributed
+            optimizer, the cluster's node size the ``torchrun`` line. Without
+            a transformer config only the parallelism flags are written
+            (noted: Megatron then refuses the command).
+        allow_layout: ``False`` for a Megatron-LM without
+            ``--pipeline-model-parallel-layout``; splits that only a layout can
+            express are then refused.
+
+    Returns:
+        ``{"runtime", "runtime_version", "format_version", "args": [argv
+        items of pretrain_gpt.py], "data_args": [a mock-data smoke run],
+        "env": {name: value}, "command_line": str (env, torchrun,
+        pretrain_gpt.py, args, data_args), "layout": str | None,
+        "num_layers", "world_size", "num_microbatches", "has_embedding",
+        "has_head", "files": {"launch_megatron.sh": text}, "notes"}``
+        (``has_*``: whether the plan's layer list has those layers, which the
+        parse-back needs to index layers).
+
+    Raises:
+        InputError: a plan that is not a transformer, a schedule Megatron does
+            not run, an interleaved plan with ``m % pp != 0``, or a split that
+            no flag (or allowed layout) expresses; each with the rule.
+    """
+    layers = plan_layers(plan, "megatron")
+    shape = transformer_shape(layers.names)
+    if shape is None:
+        sample = ", ".join(layers.names[:4])
+        raise InputError(
+            f"megatron: the plan's layers ({sample}, ...) are not a transformer layer table "
+            f"(embedding, block_00 .. block_<L-1>, head); Megatron-LM builds GPT-style models from "
+            f"--num-layers transformer layers and cannot take this split"
+        )
+    has_emb, L, has_head = shape
+    explicit = has_emb and has_head
+    p, v, m, mbs = plan.pp, plan.vp, plan.num_micro_batches, plan.micro_batch_size
+
+    _check_schedule(plan)
+
+    counts, layout, split_args, how = _split(layers, explicit, p, v, L, allow_layout)
 
     inputs = inputs or Inputs()
     if inputs.sharding not in ("none", "zero1"):
@@ -590,22 +687,7 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
                      "--max-position-embeddings and the model's type flags, or validate_args refuses the command.")
     if inputs.zero1:
         args.append("--use-distributed-optimizer")
-    overlap = inputs.comm_overlap
-    refusal = megatron_overlap_refusal(bool(overlap.get("param_gather")) and inputs.zero1,
-                                       bool(overlap.get("grad_reduce")), bool(overlap.get("tp_forward")) and plan.tp > 1,
-                                       sequence_parallel(plan))
-    if refusal:
-        raise InputError(f"megatron: the plan's communication overlap does not run there: {refusal}, then "
-                         "re-plan (--runtime megatron checks this before the search)")
-    if overlap.get("grad_reduce"):
-        args.append("--overlap-grad-reduce")
-    if overlap.get("param_gather") and inputs.zero1:
-        args.append("--overlap-param-gather")
-    if overlap.get("tp_forward") and plan.tp > 1:
-        args.append("--tp-comm-overlap")
-    bucket = overlap.get("bucket_params")
-    if overlap.get("grad_reduce") and isinstance(bucket, (int, float)) and bucket != MEGATRON_BUCKET_PARAMS:
-        args += ["--ddp-bucket-size", str(int(bucket))]
+    args += _overlap_args(plan, inputs)
     env = {}
     if plan.tp > 1:
         # validate_args asserts it for tp > 1 before Blackwell (compute capability < 10)
@@ -620,34 +702,11 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         args.append("--sequence-parallel")
     elif sp:
         notes.append("sequence_parallel has no effect with tp=1 (Megatron turns it off); not written.")
-    if v > 1 and p == 2:
-        notes.append("interleaving with pp=2 needs p2p overlap (Megatron's default; do not pass "
-                     "--no-overlap-p2p-communication).")
-    if v > 1:
-        notes.append("Megatron refuses interleaving for encoder-decoder (T5) models.")
-    if not explicit:
-        notes.append("the plan has no explicit embedding/head layers; Megatron puts the embedding on the "
-                     "first stage and the output layer + loss on the last.")
-    if layout is not None and how != "layout":
-        notes.append("the same split as a layout string is under 'layout' (--pipeline-model-parallel-layout, "
-                     "newer Megatron-LM); pass one form, not both.")
-    if module_names:
-        notes.append("module_names is unused: Megatron-LM names its own modules.")
+    notes += _plan_notes(plan, inputs, explicit, layout, how, module_names, env)
+    world = plan.tp * p * plan.dp
     state_note = _state_note(inputs.job)
     if state_note:
         notes.insert(0, state_note)
-    world = plan.tp * p * plan.dp
-    notes.append(f"launch with world size tp*pp*dp = {world}; Megatron derives "
-                 f"dp = {plan.dp} and {m} micro-batches = global / (micro * dp).")
-    if not overlap.get("grad_reduce"):
-        notes.append("the gradient all-reduce runs after the backward, as pipesearch timed it (Megatron's default); "
-                     "--overlap-grad-reduce overlaps it with the backward and can only shorten the step.")
-    if overlap.get("tp_forward") and plan.tp > 1:
-        notes.append("--tp-comm-overlap needs Transformer Engine with userbuffers (--transformer-impl "
-                     "transformer_engine, the default) and sequence parallelism.")
-    if env:
-        notes.append("CUDA_DEVICE_MAX_CONNECTIONS=1: validate_args requires it with tensor parallelism on GPUs "
-                     "before Blackwell.")
     # a smoke run: validate_args takes the command without a schedule, but training needs --lr and an end
     data_args = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1.0e-4"]
     notes.append("data_args (--mock-data --tokenizer-type NullTokenizer --train-iters 10 --lr 1.0e-4) make the "
