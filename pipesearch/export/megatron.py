@@ -547,8 +547,8 @@ def _overlap_args(plan: Plan, inputs: Inputs) -> list[str]:
     args = []
     overlap = inputs.comm_overlap
     refusal = megatron_overlap_refusal(bool(overlap.get("param_gather")) and inputs.zero1,
-                                       bool(overlap.get("grad_reduce")), bool(overlap.get("tp_forward")) and plan.tp > 1,
-                                       sequence_parallel(plan))
+                                       bool(overlap.get("grad_reduce")),
+                                       bool(overlap.get("tp_forward")) and plan.tp > 1, sequence_parallel(plan))
     if refusal:
         raise InputError(f"megatron: the plan's communication overlap does not run there: {refusal}, then "
                          "re-plan (--runtime megatron checks this before the search)")
