@@ -8,13 +8,9 @@ import numpy as np
 
 from .costs import PipelineCosts
 from .split_bounds import CHAIN_SCHEDULES, action_terms, bound_families, chain_counts, chain_inputs, split_stage_terms
-from .split_fits import chunk_pairs_fit, least_stage_bytes, rank_memory_fits, rank_minima, stage_minima, stage_ranges
+from .split_fits import (RANK_LAYER_TERMS, chunk_pairs_fit, least_stage_bytes, rank_memory_fits, rank_minima,
+                         stage_minima, stage_ranges)
 from .timemodel import send_overlap
-
-
-#: at most this many (stage range, family) terms in :func:`rank_layer_bound_s`
-#: (about ``S W L (S + 8)``; 64 MiB of float64), else no bound is sought (a count)
-RANK_LAYER_TERMS = 2**23
 
 
 def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int, cutoff_s: float,
@@ -39,7 +35,7 @@ def rank_layer_bound_s(costs: PipelineCosts, schedule: str, pp: int, width: int,
     (whole layers: one layer more on a rank is ``m (F + B)`` more work), which
     the suffix minima of :class:`pipesearch.bound_tables.SuffixTables` relax away. Cost ``O(H S W L)``
     for ``H`` families, ``S`` stages, ``W = width``, ``L`` layers; 0 (no
-    bound) above :data:`RANK_LAYER_TERMS` terms. ``cache`` (a dict, one
+    bound) above :data:`pipesearch.split_fits.RANK_LAYER_TERMS` terms. ``cache`` (a dict, one
     point's: the same ``costs``) keeps the per-rank minima, which do not
     depend on ``cutoff_s``, per ``(schedule, pp, W)``: a point's cutoff
     proof and its stopped search's bound (:func:`pipesearch.split_search._stopped_bound`) then
@@ -60,7 +56,7 @@ def _rank_layer_terms(costs: PipelineCosts, schedule: str, pp: int, W: int):
     families and of the device sums (:func:`pipesearch.split_fits.rank_minima`) and, with several
     stages per device, the layer counts each rank's device can hold
     (:func:`pipesearch.split_fits.rank_memory_fits`, else None); None when no stage range fits."""
-    L, S = costs.num_layers, costs.pp
+    S = costs.pp
     ks, d, i = stage_ranges(costs, W)
     if not len(ks):
         return None

@@ -505,7 +505,7 @@ PREFILTER_SPLITS = 64
 def _largest_family(costs: PipelineCosts, schedule: str, pp: int, s, i, j, terms, chains: bool, paths) -> np.ndarray:
     """:func:`split_lower_bounds` of the splits whose stages are ``s``, ``i``,
     ``j`` (``(S, n)``) with :func:`split_stage_terms` ``terms``: the largest family."""
-    S, n = costs.pp, i.shape[1]
+    n = i.shape[1]
     fams = bound_families(costs, schedule, pp, s, i, j, chains=chains, paths=paths, terms=terms)
     total = np.zeros((len(fams), n))
     for kind in TERM_KINDS:  # every component of one kind in one pass, stacked (family, stage, split)

@@ -297,10 +297,11 @@ def chunk_pairs_fit(least: np.ndarray, capacity_bytes: np.ndarray, pp: int) -> n
     return np.all(total <= capacity_bytes[:pp, None, None], axis=0)
 
 
-#: (stage, length, start) terms up to which :func:`_devices_can_hold` checks
-#: the layer counts each device can hold (a count; as the rank-layer bound's
-#: :data:`pipesearch.rank_bounds.RANK_LAYER_TERMS`)
-HOLD_CHECK_TERMS = 2**23
+#: terms up to which the whole-layers-per-rank reasoning runs (a count):
+#: :func:`_devices_can_hold`'s ``S W L`` (stage, length, start) ranges, and
+#: :func:`pipesearch.rank_bounds.rank_layer_bound_s`'s about ``S W L (S + 8)``
+#: (stage range, family) terms (64 MiB of float64), else no bound is sought
+RANK_LAYER_TERMS = 2**23
 
 
 def _devices_can_hold(costs: PipelineCosts, pp: int) -> bool:
@@ -308,12 +309,12 @@ def _devices_can_hold(costs: PipelineCosts, pp: int) -> bool:
     (:attr:`PipelineCosts.chunk_states`): no count of layers per rank that
     adds up to ``L`` has each rank's device within its memory
     (:func:`rank_memory_fits`, a necessary condition); True otherwise, or
-    without several stages per device, or above :data:`HOLD_CHECK_TERMS`
+    without several stages per device, or above :data:`RANK_LAYER_TERMS`
     terms (not checked: the split search's leaves are checked anyway).
     Its caller (:func:`_device_split_fits`) tries a witness split first."""
     L, S = costs.num_layers, costs.pp
     W = max(1, L - S + 1)
-    if costs.chunk_states is None or S <= pp or S * W * L > HOLD_CHECK_TERMS:
+    if costs.chunk_states is None or S <= pp or S * W * L > RANK_LAYER_TERMS:
         return True
     ks, d, i = stage_ranges(costs, W)
     if not len(ks):

@@ -262,12 +262,11 @@ def runtime_schedules(runtime, source, schedules, explicit, split, vps, *, pp, n
 
 
 def check_replica_pins(cluster, dp, pinned_pp, tp, placements, *, replicate_stages, split_replicas, sharding,
-                       zero1, overlap_grad_reduce, overlap_param_gather) -> bool:
+                       zero1, overlap_grad_reduce, overlap_param_gather) -> None:
     """With one data-parallel replica (``dp`` 1, or ``pinned_pp`` and ``tp``
     filling the cluster) refuse the flags that need replicas
     (:func:`check_one_replica_flags`) and ``--placement`` on a cluster of
-    one device type; returns whether the state is sharded at the user's
-    request (``sharding``, ``zero1``: the plans then need dp 2 or more).
+    one device type.
 
     Raises:
         InputError: the pins and the fix.
@@ -283,7 +282,6 @@ def check_replica_pins(cluster, dp, pinned_pp, tp, placements, *, replicate_stag
         degree = f"--pp {pinned_pp}" if pinned_pp == 1 else f"--dp {dp}" if dp == 1 else one_replica
         raise InputError(f"--placement {placements[0]} with {degree}: a placement orders the stages' replicas, which "
                          "needs pp > 1 and dp > 1 (every layout is the same here); drop --placement")
-    return sharding not in (None, "none") or bool(zero1)  # asked for: plans of one replica would not honour it
 
 
 

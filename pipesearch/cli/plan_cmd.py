@@ -643,9 +643,10 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
                                       num_micro_batches=num_micro_batches, tp=tp)
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     pinned_pp = pp or (len(split) if split else None)
-    sharded = check_replica_pins(cluster, dp, pinned_pp, tp, placements, replicate_stages=replicate_stages,
-                                 split_replicas=split_replicas, sharding=asked_sharding, zero1=zero1,
-                                 overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather)
+    check_replica_pins(cluster, dp, pinned_pp, tp, placements, replicate_stages=replicate_stages,
+                       split_replicas=split_replicas, sharding=asked_sharding, zero1=zero1,
+                       overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather)
+    sharded = asked_sharding not in (None, "none") or zero1  # asked for: plans of one replica would not honour it
     options = SearchOptions(pp=pinned_pp, dp=dp, micro_batch_size=micro_batch_size,
                             num_micro_batches=num_micro_batches, schedules=tuple(schedules),
                             vps=tuple(vps) or split_vps(split, pp),
