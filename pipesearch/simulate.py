@@ -172,8 +172,17 @@ def simulate(
             with the lists; or the schedule fails :func:`~pipesearch.schedules.validate`
             (incomplete, misordered, deadlocking).
     """
-    P = len(actions)
-    if P < 1:
+    S, M = _shape(actions)
+    inputs = _stage_inputs(actions, S, fwd_s, bwd_s, p2p_s, bwd_input_s, act_bytes, act_resident)
+    sweep = _Sweep(actions, M, _stage_ranks(actions, S, stage_to_rank), inputs, p2p_overlap)
+    sweep.run()
+    return sweep.timeline()
+
+
+def _shape(actions: Sequence[Sequence[Action]]) -> tuple[int, int]:
+    """``(stages, micro-batches)`` of valid action lists
+    (:func:`pipesearch.schedules.validate`); raises InputError otherwise."""
+    if len(actions) < 1:
         raise InputError("simulate: the schedule has no ranks")
     try:
         S = 1 + max((int(a.stage) for seq in actions for a in seq), default=-1)
@@ -183,23 +192,46 @@ def simulate(
     if S < 1 or M < 1:
         raise InputError("simulate: the schedule has no actions")
     validate(actions, S, M)
+    return S, M
 
+
+@dataclass(frozen=True)
+class _StageInputs:
+    """Per-stage lists of :func:`simulate`'s checked inputs: ``fwd``,
+    ``bwd``, ``inp`` (``I``) and ``wgt`` (``W``) seconds, ``p2p`` seconds
+    per boundary, ``act`` bytes and ``cap`` resident micro-batches."""
+
+    fwd: list
+    bwd: list
+    inp: list
+    wgt: list
+    p2p: list
+    act: list
+    cap: list
+
+
+def _stage_inputs(actions, S: int, fwd_s, bwd_s, p2p_s, bwd_input_s, act_bytes, act_resident) -> _StageInputs:
+    """:func:`simulate`'s per-stage arguments checked (:func:`_floats`) and
+    completed (``W = B - I``; zeros without ``I``, ``act_bytes``)."""
     fwd = _floats("fwd_s", fwd_s, S)
     bwd = _floats("bwd_s", bwd_s, S)
     p2p = _floats("p2p_s", p2p_s, S - 1)
     bin_ = _floats("bwd_input_s", bwd_input_s, S, allow_none=True)
     act = _floats("act_bytes", act_bytes, S, allow_none=True) or [0.0] * S
     cap = [math.inf] * S if act_resident is None else [float(x) for x in act_resident]
-    has_split = any(a.kind == "I" for seq in actions for a in seq)
-    if has_split and bin_ is None:
+    if bin_ is None and any(a.kind == "I" for seq in actions for a in seq):
         raise InputError("simulate: the schedule splits backward into I and W; give bwd_input_s (seconds of I per stage)")
-    if bin_ is not None:
-        for s in range(S):
-            if bin_[s] > bwd[s]:
-                raise InputError(f"simulate: bwd_input_s[{s}] = {bin_[s]} exceeds bwd_s[{s}] = {bwd[s]}")
-    wgt = [bwd[s] - bin_[s] for s in range(S)] if bin_ is not None else [0.0] * S
-    inp = bin_ if bin_ is not None else [0.0] * S
+    if bin_ is None:
+        return _StageInputs(fwd, bwd, [0.0] * S, [0.0] * S, p2p, act, cap)
+    for s in range(S):
+        if bin_[s] > bwd[s]:
+            raise InputError(f"simulate: bwd_input_s[{s}] = {bin_[s]} exceeds bwd_s[{s}] = {bwd[s]}")
+    return _StageInputs(fwd, bwd, bin_, [bwd[s] - bin_[s] for s in range(S)], p2p, act, cap)
 
+
+def _stage_ranks(actions, S: int, stage_to_rank) -> list[int]:
+    """The rank of each stage in the action lists, checked against the
+    caller's ``stage_to_rank`` (a sequence or mapping) when given."""
     s2r = [0] * S
     for r, seq in enumerate(actions):
         for a in seq:
@@ -209,141 +241,142 @@ def simulate(
         for s in range(S):
             if given.get(s) != s2r[s]:
                 raise InputError(f"simulate: stage_to_rank[{s}] = {given.get(s)!r} but the schedule runs stage {s} on rank {s2r[s]}")
+    return s2r
 
-    # Per-rank columns (kind code, stage, microbatch).
-    kinds = [[_KIND_CODE[a.kind] for a in seq] for seq in actions]
-    stages = [[a.stage for a in seq] for seq in actions]
-    mbs = [[a.microbatch for a in seq] for seq in actions]
-    starts = [[0.0] * len(seq) for seq in actions]
-    ends = [[0.0] * len(seq) for seq in actions]
 
-    # Arrival time of stage s's F output at stage s+1 (index s*M+mb), and of
-    # stage s's B/I gradient at stage s-1; None until produced.
-    f_arr: list[float | None] = [None] * (S * M)
-    b_arr: list[float | None] = [None] * (S * M)
-    f_wait = [-1] * (S * M)
-    b_wait = [-1] * (S * M)
-    # Directed link free times: fwd link out of stage s (to s+1), bwd link out of s (to s-1).
-    fwd_link_of = [(s2r[s], s2r[s + 1]) if s + 1 < S and s2r[s] != s2r[s + 1] else None for s in range(S)]
-    bwd_link_of = [(s2r[s], s2r[s - 1]) if s > 0 and s2r[s] != s2r[s - 1] else None for s in range(S)]
-    link_free: dict[tuple[int, int], float] = {}
+class _Sweep:
+    """The ready-queue sweep of :func:`simulate`: each rank runs its list
+    until an action waits for an input not yet sent; the producer of that
+    input puts the rank back on the queue when it sends it."""
 
-    ptr = [0] * P
-    free = [0.0] * P
-    busy = [0.0] * P
-    held = [0.0] * P
-    peak_bytes = [0.0] * P
-    inflight = [0] * S
-    peak_inflight = [0] * S
-    last = S - 1
+    def __init__(self, actions, M: int, s2r: list[int], inputs: _StageInputs, overlap: bool):
+        P, S = len(actions), len(s2r)
+        self.actions, self.M, self.s2r, self.x, self.overlap = actions, M, s2r, inputs, overlap
+        # per-rank columns (kind code, stage, micro-batch) and each action's start and end
+        self.kinds = [[_KIND_CODE[a.kind] for a in seq] for seq in actions]
+        self.stages = [[a.stage for a in seq] for seq in actions]
+        self.mbs = [[a.microbatch for a in seq] for seq in actions]
+        self.starts = [[0.0] * len(seq) for seq in actions]
+        self.ends = [[0.0] * len(seq) for seq in actions]
+        # arrival of stage s's F output at stage s+1 (index s*M+mb) and of its
+        # B/I gradient at stage s-1 (None until sent), and the rank waiting for it
+        self.f_arr: list[float | None] = [None] * (S * M)
+        self.b_arr: list[float | None] = [None] * (S * M)
+        self.f_wait, self.b_wait = [-1] * (S * M), [-1] * (S * M)
+        # the directed link out of stage s forward (to s+1) and backward (to s-1); None on one rank
+        self.fwd_link = [(s2r[s], s2r[s + 1]) if s + 1 < S and s2r[s] != s2r[s + 1] else None for s in range(S)]
+        self.bwd_link = [(s2r[s], s2r[s - 1]) if s > 0 and s2r[s] != s2r[s - 1] else None for s in range(S)]
+        self.link_free: dict[tuple[int, int], float] = {}
+        self.ptr, self.free, self.busy = [0] * P, [0.0] * P, [0.0] * P
+        self.held, self.peak_bytes = [0.0] * P, [0.0] * P
+        self.inflight, self.peak_inflight = [0] * S, [0] * S
+        self.stack = list(range(P - 1, -1, -1))
 
-    stack = list(range(P - 1, -1, -1))
-    while stack:
-        r = stack.pop()
-        ks, ss, ms, st_r, en_r = kinds[r], stages[r], mbs[r], starts[r], ends[r]
-        i, t, n = ptr[r], free[r], len(ks)
-        b_busy, b_held, b_peak = busy[r], held[r], peak_bytes[r]
+    def run(self) -> None:
+        """Sweep until every rank is done; raises InputError on a stall."""
+        while self.stack:
+            self._advance(self.stack.pop())
+        for r, ks in enumerate(self.kinds):  # validate() rules deadlock out; keep a guard anyway
+            if self.ptr[r] < len(ks):
+                raise InputError(f"simulate: rank {r} stalled at position {self.ptr[r]} ({self.actions[r][self.ptr[r]]})")
+
+    def _advance(self, r: int) -> None:
+        """Run rank ``r`` from where it stopped until an action's input has
+        not arrived (registering the wait) or its list ends."""
+        ks, ss, ms, st_r, en_r = self.kinds[r], self.stages[r], self.mbs[r], self.starts[r], self.ends[r]
+        i, t, n, last = self.ptr[r], self.free[r], len(ks), len(self.s2r) - 1
         while i < n:
             k, s, mb = ks[i], ss[i], ms[i]
-            if k == 0:  # F
-                if s:
-                    a_in = f_arr[(s - 1) * M + mb]
-                    if a_in is None:
-                        f_wait[(s - 1) * M + mb] = r
-                        break
-                    if a_in > t:
-                        t = a_in
-                dur = fwd[s]
-                inflight[s] += 1
-                if inflight[s] > peak_inflight[s]:
-                    peak_inflight[s] = inflight[s]
-                if inflight[s] <= cap[s]:  # min(in flight, resident) micro-batches on the device
-                    b_held += act[s]
-                if b_held > b_peak:
-                    b_peak = b_held
-            elif k == 3:  # W
-                dur = wgt[s]
-            else:  # B or I
-                if s != last:
-                    a_in = b_arr[(s + 1) * M + mb]
-                    if a_in is None:
-                        b_wait[(s + 1) * M + mb] = r
-                        break
-                    if a_in > t:
-                        t = a_in
-                dur = bwd[s] if k == 1 else inp[s]
+            if k == 0 and s:  # F: the activation from stage s - 1
+                arrived = self.f_arr[(s - 1) * self.M + mb]
+                if arrived is None:
+                    self.f_wait[(s - 1) * self.M + mb] = r
+                    break
+                t = max(t, arrived)
+            elif (k == 1 or k == 2) and s != last:  # B / I: the gradient from stage s + 1
+                arrived = self.b_arr[(s + 1) * self.M + mb]
+                if arrived is None:
+                    self.b_wait[(s + 1) * self.M + mb] = r
+                    break
+                t = max(t, arrived)
+            dur = self._begin(r, k, s)
             st_r[i] = t
             t += dur
             en_r[i] = t
-            b_busy += dur
-            idx = s * M + mb
-            if k == 0:
-                if s != last:
-                    link = fwd_link_of[s]
-                    if link is None:
-                        f_arr[idx] = t
-                    elif not p2p_overlap:
-                        t += p2p[s]
-                        b_busy += p2p[s]
-                        f_arr[idx] = t
-                    else:
-                        lf = link_free.get(link, 0.0)
-                        arr = (t if t > lf else lf) + p2p[s]
-                        link_free[link] = arr
-                        f_arr[idx] = arr
-                    w = f_wait[idx]
-                    if w >= 0:
-                        stack.append(w)
-                        f_wait[idx] = -1
-            else:
-                if k != 2:  # B or W releases the activations
-                    if inflight[s] <= cap[s]:
-                        b_held -= act[s]
-                    inflight[s] -= 1
-                if k != 3 and s:  # B or I sends the gradient back
-                    link = bwd_link_of[s]
-                    if link is None:
-                        b_arr[idx] = t
-                    elif not p2p_overlap:
-                        t += p2p[s - 1]
-                        b_busy += p2p[s - 1]
-                        b_arr[idx] = t
-                    else:
-                        lf = link_free.get(link, 0.0)
-                        arr = (t if t > lf else lf) + p2p[s - 1]
-                        link_free[link] = arr
-                        b_arr[idx] = arr
-                    w = b_wait[idx]
-                    if w >= 0:
-                        stack.append(w)
-                        b_wait[idx] = -1
+            self.busy[r] += dur
+            t = self._end(r, k, s, mb, t)
             i += 1
-        ptr[r], free[r] = i, t
-        busy[r], held[r], peak_bytes[r] = b_busy, b_held, b_peak
+        self.ptr[r], self.free[r] = i, t
 
-    for r in range(P):  # validate() rules deadlock out; keep a guard anyway
-        if ptr[r] < len(kinds[r]):
-            raise InputError(f"simulate: rank {r} stalled at position {ptr[r]} ({actions[r][ptr[r]]})")
+    def _begin(self, r: int, k: int, s: int) -> float:
+        """The duration of rank ``r``'s action ``k`` of stage ``s``; a
+        forward takes a micro-batch's activations in (counted on the device
+        up to the stage's resident cap)."""
+        x = self.x
+        if k == 0:
+            self.inflight[s] += 1
+            self.peak_inflight[s] = max(self.peak_inflight[s], self.inflight[s])
+            if self.inflight[s] <= x.cap[s]:  # min(in flight, resident) micro-batches on the device
+                self.held[r] += x.act[s]
+                self.peak_bytes[r] = max(self.peak_bytes[r], self.held[r])
+            return x.fwd[s]
+        return x.bwd[s] if k == 1 else x.inp[s] if k == 2 else x.wgt[s]
 
-    total = max((en[-1] for en in ends if en), default=0.0)
-    records = tuple(
-        ActionRecord(r, a.kind, a.stage, a.microbatch, starts[r][i], ends[r][i])
-        for r, seq in enumerate(actions)
-        for i, a in enumerate(seq)
-    )
-    busy_frac = tuple(b / total if total > 0 else 0.0 for b in busy)
-    return Timeline(
-        records=records,
-        num_ranks=P,
-        num_stages=S,
-        num_microbatches=M,
-        stage_to_rank=tuple(s2r),
-        iteration_time_s=total,
-        busy_s=tuple(busy),
-        busy_fraction=busy_frac,
-        bubble_fraction=(1.0 - max(busy) / total) if total > 0 else 0.0,
-        mean_bubble_fraction=(1.0 - sum(busy) / P / total) if total > 0 else 0.0,
-        peak_act_bytes=tuple(peak_bytes),
-        peak_in_flight=tuple(peak_inflight),
-        rank_end_s=tuple(free),
-    )
+    def _end(self, r: int, k: int, s: int, mb: int, t: float) -> float:
+        """After rank ``r``'s action ends at ``t``: release the activations
+        (``B``, ``W``) and send the output (``F`` down, ``B`` / ``I`` up);
+        returns when the rank is free (later with blocking sends)."""
+        idx = s * self.M + mb
+        if k == 0:
+            if s != len(self.s2r) - 1:
+                t = self._send(r, self.fwd_link[s], self.x.p2p[s], t, self.f_arr, self.f_wait, idx)
+            return t
+        if k != 2:  # B or W releases the activations
+            if self.inflight[s] <= self.x.cap[s]:
+                self.held[r] -= self.x.act[s]
+            self.inflight[s] -= 1
+        if k != 3 and s:  # B or I sends the gradient back
+            t = self._send(r, self.bwd_link[s], self.x.p2p[s - 1], t, self.b_arr, self.b_wait, idx)
+        return t
+
+    def _send(self, r: int, link, p2p_s: float, t: float, arrivals: list, waits: list, idx: int) -> float:
+        """Send tensor ``idx`` produced by rank ``r`` at ``t`` over ``link``
+        (None: the same rank, free): record its arrival, wake the rank
+        waiting for it, and return when the sender is free."""
+        if link is None:
+            arrivals[idx] = t
+        elif not self.overlap:  # blocking: the sender is busy for the transfer
+            t += p2p_s
+            self.busy[r] += p2p_s
+            arrivals[idx] = t
+        else:  # overlapped: the transfer queues on its directed link
+            arrivals[idx] = self.link_free[link] = max(t, self.link_free.get(link, 0.0)) + p2p_s
+        if waits[idx] >= 0:
+            self.stack.append(waits[idx])
+            waits[idx] = -1
+        return t
+
+    def timeline(self) -> Timeline:
+        """The :class:`Timeline` of the finished sweep."""
+        P, busy = len(self.actions), self.busy
+        total = max((en[-1] for en in self.ends if en), default=0.0)
+        records = tuple(
+            ActionRecord(r, a.kind, a.stage, a.microbatch, self.starts[r][i], self.ends[r][i])
+            for r, seq in enumerate(self.actions)
+            for i, a in enumerate(seq)
+        )
+        return Timeline(
+            records=records,
+            num_ranks=P,
+            num_stages=len(self.s2r),
+            num_microbatches=self.M,
+            stage_to_rank=tuple(self.s2r),
+            iteration_time_s=total,
+            busy_s=tuple(busy),
+            busy_fraction=tuple(b / total if total > 0 else 0.0 for b in busy),
+            bubble_fraction=(1.0 - max(busy) / total) if total > 0 else 0.0,
+            mean_bubble_fraction=(1.0 - sum(busy) / P / total) if total > 0 else 0.0,
+            peak_act_bytes=tuple(self.peak_bytes),
+            peak_in_flight=tuple(self.peak_inflight),
+            rank_end_s=tuple(self.free),
+        )
