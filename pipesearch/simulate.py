@@ -277,8 +277,9 @@ class _Sweep:
         while self.stack:
             self._advance(self.stack.pop())
         for r, ks in enumerate(self.kinds):  # validate() rules deadlock out; keep a guard anyway
-            if self.ptr[r] < len(ks):
-                raise InputError(f"simulate: rank {r} stalled at position {self.ptr[r]} ({self.actions[r][self.ptr[r]]})")
+            at = self.ptr[r]
+            if at < len(ks):
+                raise InputError(f"simulate: rank {r} stalled at position {at} ({self.actions[r][at]})")
 
     def _advance(self, r: int) -> None:
         """Run rank ``r`` from where it stopped until an action's input has
