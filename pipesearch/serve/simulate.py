@@ -127,102 +127,133 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
     if num_requests < 1:
         raise InputError(f"simulate: num_requests {num_requests}: expected an integer >= 1")
     c = pipe.costs
-    e = c.engine
     need = c.tokens_per_sequence(workload.input_len, workload.output_len)
     if pool_tokens < need:
         raise InputError(f"simulate: a KV pool of {pool_tokens} tokens does not hold one request ({need})")
-    max_running = min(e.max_num_seqs, pool_tokens // need)
+    max_running = min(c.engine.max_num_seqs, pool_tokens // need)
     if steady_decode and num_requests > max_running:
         raise InputError(f"simulate: {num_requests} sequences at once exceed the {max_running} that fit")
-    P = pipe.pp
-    m = max(1, min(P, max_running if not steady_decode else num_requests))
-    rng = np.random.default_rng(seed)
-
-    # arrivals
-    pending: list[tuple[float, int]] = []  # (time, request id) not yet arrived
-    reqs: list[_Req] = []
+    slots = max(1, min(pipe.pp, max_running if not steady_decode else num_requests))
+    replica = _Replica(pipe, split, workload, need, max_running, slots, pool_tokens, record_events)
     if steady_decode:
-        for i in range(num_requests):
-            r = _Req(0.0, prefilled=workload.input_len)
-            r.slot = i % m
-            reqs.append(r)
+        replica.start_decoding(num_requests)
     elif request_rate is not None:
+        replica.poisson_arrivals(num_requests, request_rate, np.random.default_rng(seed))
+    else:
+        replica.closed_loop(num_requests, concurrency, client_spread_s)
+    replica.run()
+    return replica.result(request_rate)
+
+
+class _Replica:
+    """One replica's run (:func:`simulate_serving`): the requests, the
+    queue, the micro-batch slots (per slot: its decoding requests, the sum of
+    their generated tokens, its decode steps done and its heap of finishing
+    steps), the prompts with tokens not yet scheduled (FIFO, every slot's: a
+    chunk counts as computed once scheduled, so a prompt's next chunk goes
+    into the next slot's step, vLLM's ``_update_after_schedule``), the free
+    KV tokens, and when each stage and link is free."""
+
+    def __init__(self, pipe: ServePipeline, split, workload: Workload, need: int, max_running: int, m: int,
+                 pool_tokens: int, record_events: int):
+        self.pipe, self.split, self.workload, self.need, self.max_running = pipe, split, workload, need, max_running
+        self.record_events = record_events
+        self.reqs: list[_Req] = []
+        self.closed_loop_of = 0  # the requests a closed loop sends in all (0: not a closed loop)
+        self.pending: list[tuple[float, int]] = []  # (time, request id) not yet arrived
+        self.waiting: list[int] = []  # FIFO of arrived request ids
+        self.dec: list[set[int]] = [set() for _ in range(m)]
+        self.prompting: list[int] = []
+        self.gsum, self.nsteps = [0] * m, [0] * m
+        self.fin: list[list[tuple[int, int]]] = [[] for _ in range(m)]
+        self.free_tokens, self.n_running, self.peak_running = pool_tokens, 0, 0
+        self.stage_free = [0.0] * pipe.pp
+        self.link_free = [0.0] * max(pipe.pp - 1, 0)
+        self.slots = [(0.0, 0, k) for k in range(m)]  # (time, 0 busy / 1 idle wake-up, slot), a heap
+        self.emitted: list[tuple[float, int]] = []
+        self.events: list[StageEvent] = []
+        self.done = self.steps = 0
+        self.steady = False  # a steady-decode run (its requests' first token: the first step)
+
+    def start_decoding(self, num_requests: int) -> None:
+        """Steady decode: ``num_requests`` prefilled requests at time 0,
+        dealt round-robin to the slots."""
+        m, n_out = len(self.dec), self.workload.output_len
+        for i in range(num_requests):
+            r = _Req(0.0, prefilled=self.workload.input_len)
+            r.slot = i % m
+            self.reqs.append(r)
+            self.dec[r.slot].add(i)
+            self.fin[r.slot].append((n_out, i))
+        for h in self.fin:
+            heapq.heapify(h)
+        self.free_tokens -= self.need * num_requests
+        self.n_running = self.peak_running = num_requests
+        self.steady = True
+
+    def poisson_arrivals(self, num_requests: int, request_rate: float, rng) -> None:
+        """Poisson arrivals of ``request_rate`` requests per second."""
         if not request_rate > 0:
             raise InputError(f"simulate: request_rate {request_rate}: expected a positive number")
         t = 0.0
         for i in range(num_requests):
             t += float(rng.exponential(1.0 / request_rate))
-            reqs.append(_Req(t))
-            pending.append((t, i))
-    else:
-        if concurrency < 1:  # type: ignore[operator]
+            self.reqs.append(_Req(t))
+            self.pending.append((t, i))
+
+    def closed_loop(self, num_requests: int, concurrency: int, client_spread_s: float) -> None:
+        """A closed loop of ``concurrency`` clients whose first requests
+        arrive evenly over ``client_spread_s`` seconds."""
+        if concurrency < 1:
             raise InputError(f"simulate: concurrency {concurrency}: expected an integer >= 1")
         if not client_spread_s >= 0:
             raise InputError(f"simulate: client_spread_s {client_spread_s}: expected a number >= 0")
-        clients = min(concurrency, num_requests)  # type: ignore[type-var]
+        clients = min(concurrency, num_requests)
+        self.closed_loop_of = num_requests
         for i in range(clients):
-            reqs.append(_Req(i * client_spread_s / clients))
-            pending.append((reqs[-1].arrival, i))
-    heapq.heapify(pending)
-    waiting: list[int] = []  # FIFO of arrived request ids
-    # per slot: decoding requests, the sum of their generated tokens, decode
-    # steps done, finish heap; prompts with tokens not yet scheduled (FIFO,
-    # every slot's: a chunk counts as computed once scheduled, so a prompt's
-    # next chunk goes into the next slot's step, vLLM's _update_after_schedule)
-    dec: list[set[int]] = [set() for _ in range(m)]
-    prompting: list[int] = []
-    gsum = [0] * m
-    nsteps = [0] * m
-    fin: list[list[tuple[int, int]]] = [[] for _ in range(m)]
-    n_out = workload.output_len
-    if steady_decode:
-        for i, r in enumerate(reqs):
-            dec[r.slot].add(i)
-            fin[r.slot].append((n_out, i))
-        for h in fin:
-            heapq.heapify(h)
-    free_tokens = pool_tokens - (need * num_requests if steady_decode else 0)
-    n_running = num_requests if steady_decode else 0
-    stage_free = [0.0] * P
-    link_free = [0.0] * max(P - 1, 0)
-    slots = [(0.0, 0, k) for k in range(m)]  # (time, 0 busy / 1 idle wake-up, slot)
-    heapq.heapify(slots)
-    emitted: list[tuple[float, int]] = []
-    events: list[StageEvent] = []
-    done = 0
-    steps = 0
-    peak_running = n_running
-    L_ctx = workload.input_len
-    chunk_budget = e.max_num_batched_tokens
+            self.reqs.append(_Req(i * client_spread_s / clients))
+            self.pending.append((self.reqs[-1].arrival, i))
 
-    def finish_request(i: int, clock: float) -> None:
-        nonlocal n_running, free_tokens, done
-        reqs[i].finish = clock
-        n_running -= 1
-        free_tokens += need
-        done += 1
-        if concurrency is not None and len(reqs) < num_requests:
-            reqs.append(_Req(clock))
-            heapq.heappush(pending, (clock, len(reqs) - 1))
+    def run(self) -> None:
+        """Serve until every request has finished: each slot back from the
+        last stage forms its next micro-batch and sends it down, or waits."""
+        heapq.heapify(self.pending)
+        heapq.heapify(self.slots)
+        while self.slots and (self.done < len(self.reqs) or self.pending):
+            t, _, k = heapq.heappop(self.slots)
+            while self.pending and self.pending[0][0] <= t:
+                self.waiting.append(heapq.heappop(self.pending)[1])
+            chunks, finishing = self._schedule(k)
+            if not self.dec[k] and not chunks:  # idle: wake at the next arrival or the next busy slot's return
+                wakes = [s[0] for s in self.slots if s[1] == 0] + [p[0] for p in self.pending[:1]]
+                wake = min(wakes, default=math.inf)
+                if math.isfinite(wake):
+                    heapq.heappush(self.slots, (max(wake, t), 1, k))
+                continue
+            clock = self._through_stages(k, t, chunks, finishing)
+            self._sample(k, clock, finishing)
+            heapq.heappush(self.slots, (clock, 0, k))
 
-    while slots and (done < len(reqs) or pending):
-        t, _, k = heapq.heappop(slots)
-        while pending and pending[0][0] <= t:
-            waiting.append(heapq.heappop(pending)[1])
-        d = len(dec[k])
-        budget = chunk_budget - d
+    def _schedule(self, k: int) -> tuple[list[tuple[int, int]], list[int]]:
+        """Slot ``k``'s next micro-batch besides its decoding requests: the
+        prompt chunks ``(request, tokens)`` within the step's token budget
+        (the prompts under way first, then new requests the pool and the
+        running limit admit), and the requests whose prompt it completes
+        (they decode in slot ``k`` from now on)."""
+        L_ctx, reqs = self.workload.input_len, self.reqs
+        budget = self.pipe.costs.engine.max_num_batched_tokens - len(self.dec[k])
         chunks: list[tuple[int, int]] = []
-        for i in prompting:  # the prompts under way first, then new ones (the engine's running, then waiting)
+        for i in self.prompting:  # the prompts under way first, then new ones (the engine's running, then waiting)
             if budget <= 0:
                 break
             n = min(L_ctx - reqs[i].prefilled, budget)
             chunks.append((i, n))
             budget -= n
-        while waiting and budget > 0 and n_running < max_running and free_tokens >= need:
-            i = waiting.pop(0)
-            prompting.append(i)
-            n_running += 1
-            free_tokens -= need
+        while self.waiting and budget > 0 and self.n_running < self.max_running and self.free_tokens >= self.need:
+            i = self.waiting.pop(0)
+            self.prompting.append(i)
+            self.n_running += 1
+            self.free_tokens -= self.need
             n = min(L_ctx, budget)
             chunks.append((i, n))
             budget -= n
@@ -230,83 +261,98 @@ def simulate_serving(pipe: ServePipeline, split: tuple[int, ...], workload: Work
             reqs[i].prefilled += n
         finishing = [i for i, _ in chunks if reqs[i].prefilled >= L_ctx]
         for i in finishing:
-            prompting.remove(i)
+            self.prompting.remove(i)
             reqs[i].slot = k
-        peak_running = max(peak_running, n_running)
-        if not d and not chunks:
-            # idle: wake at the next arrival or the next busy slot's return
-            wakes = [s[0] for s in slots if s[1] == 0] + ([pending[0][0]] if pending else [])
-            wake = min(wakes, default=math.inf)
-            if math.isfinite(wake):
-                heapq.heappush(slots, (max(wake, t), 1, k))
-            continue
-        ctx = (L_ctx + gsum[k] / d) if d else 0.0
+        self.peak_running = max(self.peak_running, self.n_running)
+        return chunks, finishing
+
+    def _through_stages(self, k: int, t: float, chunks, finishing) -> float:
+        """Run slot ``k``'s step, ready at ``t``, through the stages and
+        links (each serves one micro-batch at a time, in arrival order);
+        returns when it is back, after the engine's step overhead."""
+        d, P = len(self.dec[k]), self.pipe.pp
+        ctx = (self.workload.input_len + self.gsum[k] / d) if d else 0.0
         p = sum(n for _, n in chunks)
-        step = Step(decode=d, context=ctx, prefill=p, prompt_len=L_ctx, sampled=d + len(finishing))
+        step = Step(decode=d, context=ctx, prefill=p, prompt_len=self.workload.input_len, sampled=d + len(finishing))
         clock = t
-        stage_s, p2p_s = pipe.stage_times(split, step)
+        stage_s, p2p_s = self.pipe.stage_times(self.split, step)
         for s in range(P):
-            start = max(clock, stage_free[s])
-            end = start + stage_s[s]
-            stage_free[s] = end
-            if len(events) < record_events:
-                events.append(StageEvent(s, start, end, k, d, p))
-            clock = end
+            start = max(clock, self.stage_free[s])
+            clock = self.stage_free[s] = start + stage_s[s]
+            if len(self.events) < self.record_events:
+                self.events.append(StageEvent(s, start, clock, k, d, p))
             if s < P - 1:
-                le = max(clock, link_free[s]) + p2p_s[s]
-                link_free[s] = le
-                clock = le
-        clock += e.step_overhead_s
-        steps += 1
-        # every decoding request of the slot gains a token
-        nsteps[k] += 1
-        gsum[k] += d
-        if steady_decode and nsteps[k] == 1:
-            for i in dec[k]:
-                reqs[i].first = clock
-        h = fin[k]
-        while h and h[0][0] <= nsteps[k]:
+                clock = self.link_free[s] = max(clock, self.link_free[s]) + p2p_s[s]
+        self.steps += 1
+        return clock + self.pipe.costs.engine.step_overhead_s
+
+    def _sample(self, k: int, clock: float, finishing: list[int]) -> None:
+        """The tokens of slot ``k``'s step, back at ``clock``: every decoding
+        request gains one (those at their last finish), and a prompt
+        completed by the step samples its first and decodes in slot ``k``."""
+        n_out, dec, h = self.workload.output_len, self.dec[k], self.fin[k]
+        d = len(dec)
+        self.nsteps[k] += 1
+        self.gsum[k] += d
+        if self.steady and self.nsteps[k] == 1:
+            for i in dec:
+                self.reqs[i].first = clock
+        while h and h[0][0] <= self.nsteps[k]:
             _, i = heapq.heappop(h)
-            dec[k].discard(i)
-            gsum[k] -= n_out
-            reqs[i].generated = n_out
-            finish_request(i, clock)
-        # a prompt whose last chunk this step ran samples its first token, and decodes in this slot
+            dec.discard(i)
+            self.gsum[k] -= n_out
+            self.reqs[i].generated = n_out
+            self._finish(i, clock)
         for i in finishing:
-            r = reqs[i]
+            r = self.reqs[i]
             r.first = clock
             r.generated = 1
             if n_out == 1:
-                finish_request(i, clock)
+                self._finish(i, clock)
             else:
-                dec[k].add(i)
-                gsum[k] += 1
-                heapq.heappush(h, (nsteps[k] + n_out - 1, i))
-        emitted.append((clock, d + len(finishing)))
-        heapq.heappush(slots, (clock, 0, k))
+                dec.add(i)
+                self.gsum[k] += 1
+                heapq.heappush(h, (self.nsteps[k] + n_out - 1, i))
+        self.emitted.append((clock, d + len(finishing)))
 
-    finish = np.array([r.finish for r in reqs])
-    first = np.array([r.first for r in reqs])
-    arrival = np.array([r.arrival for r in reqs])
-    times = np.array([x[0] for x in emitted])
-    counts = np.array([x[1] for x in emitted])
-    makespan = float(np.max(finish))
-    steady = np.ones(len(reqs), dtype=bool)
-    offered = None
-    if steady_decode:
-        rate = float(counts.sum()) / makespan
-    else:
-        lo, hi = np.quantile(finish, [0.1, 0.9])
-        hi = min(hi, float(arrival.max()))  # after the last arrival the load only drains
-        sel = (times > lo) & (times <= hi)
-        rate = float(counts[sel].sum()) / (hi - lo) if hi > lo else float(counts.sum()) / makespan
-        if request_rate is not None and hi > lo:
-            offered = float(((arrival > lo) & (arrival <= hi)).sum()) * workload.output_len / (hi - lo)
-        # latencies of the requests that arrive in the steady part (not the start-up burst)
-        later = (arrival >= lo) & (arrival <= hi)
-        if later.sum() >= 10:
-            steady = later
-    ttft = (first - arrival)[steady]
-    tpot = ((finish - first) / max(workload.output_len - 1, 1))[steady]
-    return SimResult(len(reqs), rate, float(ttft.mean()), float(np.quantile(ttft, 0.9)), float(tpot.mean()),
-                     float(np.quantile(tpot, 0.9)), makespan, int(peak_running), steps, tuple(events), offered)
+    def _finish(self, i: int, clock: float) -> None:
+        """Request ``i`` finishes at ``clock``: its KV tokens return to the
+        pool; in a closed loop, its client sends the next request."""
+        self.reqs[i].finish = clock
+        self.n_running -= 1
+        self.free_tokens += self.need
+        self.done += 1
+        if len(self.reqs) < self.closed_loop_of:
+            self.reqs.append(_Req(clock))
+            heapq.heappush(self.pending, (clock, len(self.reqs) - 1))
+
+    def result(self, request_rate: float | None) -> SimResult:
+        """Throughput, TTFT and TPOT of the finished run (the module
+        docstring says over which requests and window)."""
+        reqs, workload = self.reqs, self.workload
+        finish = np.array([r.finish for r in reqs])
+        first = np.array([r.first for r in reqs])
+        arrival = np.array([r.arrival for r in reqs])
+        times = np.array([x[0] for x in self.emitted])
+        counts = np.array([x[1] for x in self.emitted])
+        makespan = float(np.max(finish))
+        steady = np.ones(len(reqs), dtype=bool)
+        offered = None
+        if self.steady:
+            rate = float(counts.sum()) / makespan
+        else:
+            lo, hi = np.quantile(finish, [0.1, 0.9])
+            hi = min(hi, float(arrival.max()))  # after the last arrival the load only drains
+            sel = (times > lo) & (times <= hi)
+            rate = float(counts[sel].sum()) / (hi - lo) if hi > lo else float(counts.sum()) / makespan
+            if request_rate is not None and hi > lo:
+                offered = float(((arrival > lo) & (arrival <= hi)).sum()) * workload.output_len / (hi - lo)
+            # latencies of the requests that arrive in the steady part (not the start-up burst)
+            later = (arrival >= lo) & (arrival <= hi)
+            if later.sum() >= 10:
+                steady = later
+        ttft = (first - arrival)[steady]
+        tpot = ((finish - first) / max(workload.output_len - 1, 1))[steady]
+        return SimResult(len(reqs), rate, float(ttft.mean()), float(np.quantile(ttft, 0.9)), float(tpot.mean()),
+                         float(np.quantile(tpot, 0.9)), makespan, int(self.peak_running), self.steps,
+                         tuple(self.events), offered)
