@@ -1319,20 +1319,68 @@ def layer_table(
             tp_link, unknown recompute, seq_len beyond a learned position
             table, decoder_seq_len for a decoder-only model).
     """
-    s = cfg.seq_len if seq_len is None else seq_len
-    _check_int("seq_len", s)
+    s, sd = _table_lengths(cfg, seq_len, decoder_seq_len)
     _check_int("tp", tp)
     _check_int("micro_batch_size", micro_batch_size)
+    rate = _table_rate(cfg, device, recompute, sequence_parallel, dtype_bytes)
+    sp = sequence_parallel and tp > 1
+    _check_tp(cfg, tp, sp, s, sd, tp_link)
+    link = tp_link if tp_link is not None else Link(math.inf, 0.0)
+    t, b, D = tp, micro_batch_size, float(dtype_bytes)
+    vocab = padded_vocab_size(cfg, t)
+    ctx = _TableRates(t, sp, rate, link, recompute, overlap_tp_backward, overlap_tp_forward)
+    layers = []
+    made: dict[int, Layer] = {}  # blocks alike (one shared raw) are one layer, renamed
+    for name, r in _raw_layers(cfg, s, sd, b, D, vocab):
+        if id(r) in made:
+            layers.append(made[id(r)].renamed(name))
+        else:
+            layers.append(made.setdefault(id(r), _layer_of(name, r, ctx, D)))
+    return ModelProfile(
+        name=cfg.name,
+        layers=tuple(layers),
+        profiled_batch_size=b,
+        profiled_device=device.name,
+        bytes_per_param=D,
+        source=_table_source(cfg, s, sd, t, sp, recompute, dtype_bytes, vocab),
+        tied_param_bytes=tied_embedding_param_bytes(cfg, tp=t, dtype_bytes=D) if cfg.tied_embeddings else 0.0,
+        wgrad_saved_fraction=min((lay.wgrad_saved_bytes / lay.saved_bytes for lay in layers if lay.saved_bytes > 0),
+                                 default=1.0),
+        tokens_per_sample=s + sd if cfg.is_encoder_decoder else s,
+        model_flops_per_sample=palm_model_flops(cfg, s, decoder_seq_len=sd if cfg.is_encoder_decoder else None),
+        gemm_size=float(cfg.hidden_size),
+    )
+
+
+def _table_lengths(cfg: TransformerConfig, seq_len: int | None, decoder_seq_len: int | None) -> tuple[int, int]:
+    """``(s, s_dec)`` of :func:`layer_table`: tokens per sample (encoder
+    tokens for T5) and decoder tokens (``s`` for a decoder-only model),
+    checked against the model (raises InputError)."""
+    s = cfg.seq_len if seq_len is None else seq_len
+    _check_int("seq_len", s)
     if cfg.is_encoder_decoder:
         sd = decoder_tokens(cfg, s, decoder_seq_len)
         _check_int("decoder_seq_len", sd)
+    elif decoder_seq_len is not None:
+        raise InputError(
+            f"layer_table: decoder_seq_len = {decoder_seq_len!r} given for the decoder-only "
+            f"model {cfg.name!r} (only encoder-decoder models have one)"
+        )
     else:
-        if decoder_seq_len is not None:
-            raise InputError(
-                f"layer_table: decoder_seq_len = {decoder_seq_len!r} given for the decoder-only "
-                f"model {cfg.name!r} (only encoder-decoder models have one)"
-            )
         sd = s
+    if cfg.position_embedding == "learned" and max(s, sd) > cfg.max_position_embeddings:  # type: ignore[operator]
+        raise InputError(
+            f"layer_table: seq_len = {max(s, sd)} exceeds the learned position table of "
+            f"{cfg.name!r} (max_position_embeddings = {cfg.max_position_embeddings})"
+        )
+    return s, sd
+
+
+def _table_rate(cfg: TransformerConfig, device: DeviceSpec, recompute: str, sequence_parallel: bool,
+                dtype_bytes: float) -> float:
+    """The GEMM rate of :func:`layer_table` (FLOP/s: ``peak_fp16_flops *
+    achieved_fraction`` at the model's hidden size), after checking the
+    recompute, sequence-parallel and dtype options (raises InputError)."""
     if recompute not in RECOMPUTE:
         raise InputError(f"layer_table: recompute = {recompute!r}: expected one of {', '.join(RECOMPUTE)}")
     if not isinstance(sequence_parallel, bool):
@@ -1345,11 +1393,13 @@ def layer_table(
             f"layer_table: device {device.name!r}: peak_fp16_flops * achieved_fraction = {rate!r}: "
             f"expected a positive number"
         )
-    if cfg.position_embedding == "learned" and max(s, sd) > cfg.max_position_embeddings:  # type: ignore[operator]
-        raise InputError(
-            f"layer_table: seq_len = {max(s, sd)} exceeds the learned position table of "
-            f"{cfg.name!r} (max_position_embeddings = {cfg.max_position_embeddings})"
-        )
+    return rate
+
+
+def _check_tp(cfg: TransformerConfig, tp: int, sp: bool, s: int, sd: int, tp_link: Link | None) -> None:
+    """Raise InputError where :func:`layer_table`'s ``tp`` does not divide
+    the heads, kv heads or MLP width, or (with sequence parallelism ``sp``)
+    the sequence lengths, or has no link."""
     for what, n in (("num_attention_heads", cfg.num_attention_heads), ("num_kv_heads", cfg.num_kv_heads),
                     ("ffn_hidden_size", cfg.ffn_hidden_size)):
         if n % tp:  # type: ignore[operator]
@@ -1357,7 +1407,6 @@ def layer_table(
                 f"layer_table: tp = {tp} does not divide {what} = {n} of {cfg.name!r} "
                 f"(Megatron-LM splits heads, kv heads and the MLP width evenly)"
             )
-    sp = sequence_parallel and tp > 1
     if sp and (s % tp or sd % tp):
         raise InputError(
             f"layer_table: sequence parallelism with tp = {tp} needs the sequence length "
@@ -1368,86 +1417,101 @@ def layer_table(
             f"layer_table: tp = {tp} needs tp_link (the link between the devices of a "
             f"tensor-parallel group, usually the cluster's intra_node link)"
         )
-    link = tp_link if tp_link is not None else Link(math.inf, 0.0)
-    t = tp
-    b = micro_batch_size
-    D = float(dtype_bytes)
-    vocab = padded_vocab_size(cfg, t)
-    raws = _raw_layers(cfg, s, sd, b, D, vocab)
 
-    def ar(xs):
-        return sum(_allreduce_s(x, t, link) for x in xs)
 
-    def half(xs):
-        return sum(_gather_s(x, t, link) for x in xs)
+@dataclass(frozen=True)
+class _TableRates:
+    """What :func:`_layer_of` needs of :func:`layer_table`'s options: ``t``
+    (tp), ``sp`` (sequence parallelism with ``t > 1``), the GEMM ``rate``
+    (FLOP/s), the tp ``link``, ``recompute`` and the two overlap flags."""
 
-    layers = []
-    made: dict[int, Layer] = {}  # blocks alike (one shared raw) are one layer, renamed
-    for name, r in raws:
-        if id(r) in made:
-            layers.append(made[id(r)].renamed(name))
-            continue
-        fwd_flops = (r.lin_flops + r.core_flops) / t
-        fwd_compute = fwd_flops / rate
-        core_compute = r.core_flops / t / rate
-        fwd_comm = ar(r.fwd_pairs) + ar(r.fwd_ar_only) + (half(r.fwd_single) if sp else ar(r.fwd_ar_nosp))
-        if overlap_tp_forward and r.acts is not None:
-            fwd_comm = max(0.0, fwd_comm - r.lin_flops / t / rate)
-        bwd_comm = ar(r.bwd_pairs) + (half(r.bwd_single) if sp else ar(r.bwd_ar_nosp))
-        if name == "embedding":
-            # the embedding has no input gradient; its backward collective
-            # (with sp) serves the weight gradient
-            bwd_input_comm = 0.0
-        else:
-            bwd_input_comm = bwd_comm
-        recompute_s = recompute_flops = 0.0
-        if r.acts is not None:  # blocks
-            if recompute == "full":
-                recompute_s, recompute_flops = fwd_compute + fwd_comm, fwd_flops
-            elif recompute == "selective":
-                recompute_s, recompute_flops = core_compute, r.core_flops / t
-            a = r.acts
-            whole = _rank_bytes(a.replicated, (a.split, a.core), t, sp)
-            if recompute == "full":
-                saved = a.block_input / (t if sp else 1)
-            else:
-                saved = _rank_bytes(a.replicated, (a.split, 0.0 if recompute == "selective" else a.core), t, sp)
-            # while the block runs its backward under full recomputation it holds its whole activations
-            # once more (Chen et al. 2016), but for the attention core: the recomputed forward runs the fused
-            # attention kernel that selective assumes (FlashAttention: the scores are never whole, so a
-            # 128K-token Llama-3 8B is not charged 137 GB of them per GPU at tp 8); selective recomputes the
-            # attention core tile by tile, as FlashAttention's backward does, never whole
-            transient = _rank_bytes(a.replicated, (a.split,), t, sp) if recompute == "full" else None
-            # what the weight-gradient step still needs: each GEMM's input and output gradient (Qi et al. 2023,
-            # Table 1: 32 of a GPT block's 34 sbh), as many bytes as the block saved outside the attention
-            # core less its dropout masks (GPT: 34 - 2 sbh; a gated, GQA block without dropout: all of it);
-            # recomputed ones too (full recompute recreates them before I)
-            wgrad_held = _rank_bytes(a.replicated - a.masks, (a.split,), t, sp)
-        else:
-            rep, spl = r.saved_fixed
-            saved = (rep / t if sp else rep) + spl / t + r.saved_whole
-            wgrad_held = saved  # embedding and head: all they saved, at most (never recomputed)
-            transient = None
-        bwd_exposed = bwd_comm
-        if overlap_tp_backward and r.acts is not None:
-            bwd_exposed = max(0.0, bwd_comm - r.lin_flops / t / rate)
-        bwd_s = 2 * fwd_compute + bwd_exposed + recompute_s
-        # (with the collectives exposed beyond the weight-gradient GEMMs the W pass is 0: no rounding above bwd)
-        bwd_input_s = min(bwd_s, r.lin_flops / t / rate + 2 * core_compute + recompute_s + bwd_input_comm)
-        layers.append(Layer(
-            name=name,
-            fwd_s=fwd_compute + fwd_comm,
-            bwd_s=bwd_s,
-            param_bytes=r.params.per_rank(t) * D,
-            output_bytes=r.output_bytes / (t if sp else 1),
-            saved_bytes=saved,
-            bwd_input_s=bwd_input_s,
-            flops=3 * fwd_flops + recompute_flops,
-            wgrad_saved_bytes=wgrad_held,
-            backward_transient_bytes=transient,
-        ))
-        made[id(r)] = layers[-1]
+    t: int
+    sp: bool
+    rate: float
+    link: Link
+    recompute: str
+    overlap_backward: bool
+    overlap_forward: bool
 
+    def allreduce_s(self, sizes) -> float:
+        """Seconds of all-reducing tensors of these (unsharded) sizes."""
+        return sum(_allreduce_s(x, self.t, self.link) for x in sizes)
+
+    def gather_s(self, sizes) -> float:
+        """Seconds of one all-gather or reduce-scatter of each size."""
+        return sum(_gather_s(x, self.t, self.link) for x in sizes)
+
+
+def _layer_of(name: str, r: _Raw, c: _TableRates, D: float) -> Layer:
+    """The :class:`Layer` of raw layer ``r`` (:func:`layer_table`'s
+    docstring gives every formula)."""
+    t, rate = c.t, c.rate
+    fwd_flops = (r.lin_flops + r.core_flops) / t
+    fwd_compute = fwd_flops / rate
+    core_compute = r.core_flops / t / rate
+    fwd_comm = c.allreduce_s(r.fwd_pairs) + c.allreduce_s(r.fwd_ar_only) + (
+        c.gather_s(r.fwd_single) if c.sp else c.allreduce_s(r.fwd_ar_nosp))
+    if c.overlap_forward and r.acts is not None:
+        fwd_comm = max(0.0, fwd_comm - r.lin_flops / t / rate)
+    bwd_comm = c.allreduce_s(r.bwd_pairs) + (c.gather_s(r.bwd_single) if c.sp else c.allreduce_s(r.bwd_ar_nosp))
+    # the embedding has no input gradient; its backward collective (with sp) serves the weight gradient
+    bwd_input_comm = 0.0 if name == "embedding" else bwd_comm
+    recompute_s = recompute_flops = 0.0
+    if r.acts is not None and c.recompute == "full":
+        recompute_s, recompute_flops = fwd_compute + fwd_comm, fwd_flops
+    elif r.acts is not None and c.recompute == "selective":
+        recompute_s, recompute_flops = core_compute, r.core_flops / t
+    saved, wgrad_held, transient = _saved_bytes(r, c)
+    bwd_exposed = bwd_comm
+    if c.overlap_backward and r.acts is not None:
+        bwd_exposed = max(0.0, bwd_comm - r.lin_flops / t / rate)
+    bwd_s = 2 * fwd_compute + bwd_exposed + recompute_s
+    # (with the collectives exposed beyond the weight-gradient GEMMs the W pass is 0: no rounding above bwd)
+    bwd_input_s = min(bwd_s, r.lin_flops / t / rate + 2 * core_compute + recompute_s + bwd_input_comm)
+    return Layer(
+        name=name,
+        fwd_s=fwd_compute + fwd_comm,
+        bwd_s=bwd_s,
+        param_bytes=r.params.per_rank(t) * D,
+        output_bytes=r.output_bytes / (t if c.sp else 1),
+        saved_bytes=saved,
+        bwd_input_s=bwd_input_s,
+        flops=3 * fwd_flops + recompute_flops,
+        wgrad_saved_bytes=wgrad_held,
+        backward_transient_bytes=transient,
+    )
+
+
+def _saved_bytes(r: _Raw, c: _TableRates) -> tuple[float, float, float | None]:
+    """``(saved, held for the weight gradients, transient in backward)``
+    bytes of raw layer ``r`` on one tp rank (:func:`layer_table`'s
+    docstring: Korthikanti et al. 2022 Table 2, Qi et al. 2023 Table 1)."""
+    t, sp = c.t, c.sp
+    if r.acts is None:  # embedding and head: all they saved is held for W (never recomputed)
+        rep, spl = r.saved_fixed
+        saved = (rep / t if sp else rep) + spl / t + r.saved_whole
+        return saved, saved, None
+    a = r.acts
+    if c.recompute == "full":
+        saved = a.block_input / (t if sp else 1)
+    else:
+        saved = _rank_bytes(a.replicated, (a.split, 0.0 if c.recompute == "selective" else a.core), t, sp)
+    # while the block runs its backward under full recomputation it holds its whole activations
+    # once more (Chen et al. 2016), but for the attention core: the recomputed forward runs the fused
+    # attention kernel that selective assumes (FlashAttention: the scores are never whole, so a
+    # 128K-token Llama-3 8B is not charged 137 GB of them per GPU at tp 8); selective recomputes the
+    # attention core tile by tile, as FlashAttention's backward does, never whole
+    transient = _rank_bytes(a.replicated, (a.split,), t, sp) if c.recompute == "full" else None
+    # what the weight-gradient step still needs: each GEMM's input and output gradient (Qi et al. 2023,
+    # Table 1: 32 of a GPT block's 34 sbh), as many bytes as the block saved outside the attention
+    # core less its dropout masks (GPT: 34 - 2 sbh; a gated, GQA block without dropout: all of it);
+    # recomputed ones too (full recompute recreates them before I)
+    return saved, _rank_bytes(a.replicated - a.masks, (a.split,), t, sp), transient
+
+
+def _table_source(cfg: TransformerConfig, s: int, sd: int, t: int, sp: bool, recompute: str, dtype_bytes: float,
+                  vocab: int) -> str:
+    """The ``source`` line of :func:`layer_table`'s profile."""
     parts = [f"seq_len={s}"]
     if cfg.is_encoder_decoder:
         parts.append(f"decoder_seq_len={sd}")
@@ -1455,21 +1519,7 @@ def layer_table(
               f"dtype_bytes={dtype_bytes:g}", f"vocab={vocab}"]
     if cfg.tied_embeddings:
         parts.append("tied_with=head:embedding")
-    source = (
+    return (
         "analytic transformer cost model (pipesearch.profiles.transformer; Narayanan et al. SC'21, "
         f"Korthikanti et al. 2022): {', '.join(parts)}" + (f"; config {cfg.source}" if cfg.source else "")
-    )
-    return ModelProfile(
-        name=cfg.name,
-        layers=tuple(layers),
-        profiled_batch_size=b,
-        profiled_device=device.name,
-        bytes_per_param=D,
-        source=source,
-        tied_param_bytes=tied_embedding_param_bytes(cfg, tp=t, dtype_bytes=D) if cfg.tied_embeddings else 0.0,
-        wgrad_saved_fraction=min((lay.wgrad_saved_bytes / lay.saved_bytes for lay in layers if lay.saved_bytes > 0),
-                                 default=1.0),
-        tokens_per_sample=s + sd if cfg.is_encoder_decoder else s,
-        model_flops_per_sample=palm_model_flops(cfg, s, decoder_seq_len=sd if cfg.is_encoder_decoder else None),
-        gemm_size=float(cfg.hidden_size),
     )
