@@ -112,22 +112,27 @@ def test_placement_pins_are_honoured_or_refused(tmp_path):
 
 
 def test_custom_order_with_tp_is_pointed_at_the_stage_list():
-    """A plan whose tensor-parallel groups run in an order of their own (stage
-    1 on the node's first group, stage 0 on its second: no launch order of
-    whole nodes reproduces it). With tp = 1 the torch export's script
-    places every stage (its GRID); with tp > 1 it writes no script, so the
-    refusal points to the stage list (every stage's devices,
-    ``stages-json``) instead, and that export works."""
+    """A plan whose tensor-parallel groups run in an order of their own (on
+    two nodes of 4 devices: stage 1 on the first node's first group, stage
+    0 on its second, stage 2 on the second node: no launch order of whole
+    nodes reproduces it). With tp = 1 the torch export's script places every
+    stage (its GRID); with tp > 1 it writes no script, so the refusal points
+    to the stage list (every stage's devices, ``stages-json``) instead, and
+    that export works. On one node of one type any order of its devices
+    runs the same times: no refusal."""
     from test_export import make_plan, transformer_names
 
-    plan = make_plan([3, 3], transformer_names(4), schedule="1f1b", m=4, tp=2)
-    plan = replace(plan, stages=(replace(plan.stages[0], devices=(2,)), replace(plan.stages[1], devices=(0,))))
-    inputs = {"cluster": {"groups": [{"device": "a100-80gb", "nodes": 1, "devices_per_node": 8, "first_device": 0}]}}
+    plan = make_plan([2, 2, 2], transformer_names(4), schedule="1f1b", m=4, tp=2)
+    plan = replace(plan, stages=tuple(replace(st, devices=(d,)) for st, d in zip(plan.stages, (2, 0, 4))))
+    inputs = {"cluster": {"groups": [{"device": "a100-80gb", "nodes": 2, "devices_per_node": 4, "first_device": 0}]}}
     assert rank_order(plan, inputs) is None
     with pytest.raises(InputError, match="--format stages-json") as info:
         export_plan(plan, "megatron", inputs=inputs)
     assert "--format torch" not in str(info.value)
+    assert "pipeline rank 0 on device 2" in str(info.value)
     assert export_plan(plan, "stages-json", inputs=inputs)["stages"]
+    one_node = {"cluster": {"groups": [{"device": "a100-80gb", "nodes": 1, "devices_per_node": 8, "first_device": 0}]}}
+    assert export_plan(plan, "megatron", inputs=one_node)["args"]
 
 
 def _two_node_cluster(tmp_path, first, second):
@@ -180,3 +185,18 @@ def test_a_job_on_the_second_node_names_it():
     assert process_grid(plan, inputs) == [[0, 1, 2, 3], [4, 5, 6, 7]] and rank_order(plan, inputs) == "data"
     assert launch_note(plan, inputs) == "run it on node 1 of the cluster (devices 8-15, h100-80gb), where the plan " \
                                         "puts its stages."
+
+
+def test_torchtitan_takes_any_order_of_one_node(tmp_path):
+    """On one node of 8 H100 (one type, one NVLink between any two) the
+    pipeline placement (replica k's stages on devices 2k, 2k+1) and
+    torchtitan's mesh (stage r's replicas on devices 4r .. 4r+3) give every
+    stage the same device type and links, so the export runs it."""
+    out = tmp_path / "one.json"
+    res = CliRunner().invoke(main, ["plan", *ARGS[:ARGS.index("--nodes")], "--nodes", "1", "-b", "512", "--pp", "2",
+                                    "--tp", "1", "--schedule", "1f1b", "--top", "1", "-q", "--placement", "pipeline",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plan, inputs = _plan_and_inputs(out)
+    assert (plan.pp, plan.dp, plan.tp) == (2, 4, 1) and rank_order(plan, inputs) == "pipeline"
+    assert export_plan(plan, "torchtitan", inputs=inputs)["parallelism"]["pipeline_parallel_degree"] == 2

@@ -96,7 +96,7 @@ def _titan_exports(plan_file):
 def test_torchtitan_config_manager_parses_every_export(llama_plan_file):
     _torchtitan()  # skips where torchtitan (and torch) are not installed
     from torch.distributed.pipelining.schedules import get_schedule_class
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.distributed.activation_checkpoint import FullAC
 
     for plan, exp in _titan_exports(llama_plan_file):
         cfg = _parse_titan(exp["argv"])
@@ -118,7 +118,8 @@ def test_torchtitan_config_manager_parses_every_export(llama_plan_file):
         assert tr.disable_cuda_graphs is (plan.pp > 1)
         rc = dict(plan.extra).get("recompute", "none")
         ac = cfg.activation_checkpoint
-        assert (ac is None) if rc == "none" else isinstance(ac, FullAC.Config if rc == "full" else SelectiveAC.Config)
+        # fused attention is pipesearch's selective: no checkpointing but for full
+        assert isinstance(ac, FullAC.Config) if rc == "full" else ac is None
         parts = par.module_fqns_per_model_part
         assert len(parts) == plan.pp * plan.vp
         for s, part in enumerate(parts):
@@ -146,10 +147,12 @@ def test_torchtitan_known_configs_have_the_catalog_shape():
     from pipesearch.export.torchtitan import TORCHTITAN_CONFIGS
     from pipesearch.profiles.transformer import load_transformer
 
-    flavors = {"llama3_8b": "8B", "llama3_70b": "70B"}
+    from torchtitan.models.qwen3 import model_registry as qwen3_registry
+
+    flavors = {"llama3_8b": "8B", "llama3_70b": "70B", "qwen3_1_7b": "1.7B", "qwen3_32b": "32B"}
+    registries = {"llama3": model_registry, "qwen3": qwen3_registry}
     for name, (module, config) in TORCHTITAN_CONFIGS.items():
-        assert module == "llama3"
-        tt = model_registry(flavors[config], attn_backend="flex").model
+        tt = registries[module](flavors[config], attn_backend="flex").model
         ours = load_transformer(resolve("model", name))
         assert len(tt.layers) == ours.num_layers
         assert tt.dim == ours.hidden_size and tt.vocab_size == ours.vocab_size
@@ -635,3 +638,33 @@ def test_fp32_profile_plans_export_to_torchtitan_in_float32_and_deepspeed_withou
         plan = load_plan_file(out).plans[0]
         parsed = DeepSpeedConfig(ds, mpu=_Grid(plan.pp, plan.dp, plan.tp))
         assert (parsed.float16_config.enabled, parsed.bfloat16_config.enabled) == (sixteen, False)
+
+
+@pytest.mark.slow
+def test_torchtitan_parses_qwen3_exports(tmp_path):
+    """Qwen3-32B (torchtitan 0.3.0's qwen3_32b: 64 layers, width 5120, 64
+    heads, 8 key/value heads) exports with its config, and torchtitan's
+    ConfigManager takes every ranked plan's command; Qwen3-1.7B (tied
+    embeddings) with pp 2 is refused, as torchtitan refuses weight tying with
+    pipeline parallelism."""
+    _torchtitan()
+    out = tmp_path / "qwen.json"
+    res = CliRunner().invoke(main, ["plan", "--model", "qwen3-32b", "--cluster", "4x8-h100", "-b", "256",
+                                    "--seq-len", "4096", "--runtime", "torchtitan", "--top", "4", "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    pf = load_plan_file(out)
+    for plan in pf.plans:
+        argv = export_plan(plan, "torchtitan", inputs=pf.inputs)["argv"]
+        assert argv[:4] == ["--module", "qwen3", "--config", "qwen3_32b"]
+        cfg = _parse_titan(argv)
+        assert cfg.parallelism.pipeline_parallel_degree == plan.pp
+        assert cfg.training.seq_len == 4096
+    small = ["plan", "--model", "qwen3-1.7b", "--cluster", "4x8-h100", "--nodes", "1", "-b", "64", "--pp", "2", "-q"]
+    res = CliRunner().invoke(main, [*small, "--runtime", "torchtitan"])
+    assert res.exit_code == 2 and "Weight tying is not supported with Pipeline Parallel" in res.output
+    # planned for any runtime on one node: torchtitan's own order of the node's devices is no refusal, the tying is
+    out = tmp_path / "small.json"
+    res = CliRunner().invoke(main, [*small, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["export", str(out), "--rank", "1", "--format", "torchtitan"])
+    assert res.exit_code == 2 and "Weight tying is not supported with Pipeline Parallel" in res.output

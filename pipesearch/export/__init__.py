@@ -323,9 +323,11 @@ def refuse_rank_order(plan: Plan, fmt: str, runs: tuple[str, ...], how: str, inp
     order = rank_order(plan, inputs)
     if order in runs:
         return order
+    if one_node_of_one_type(plan, inputs):  # every order of the node's devices has the same devices and links
+        return runs[0]
     placed = {"pipeline": "each replica's pipeline ranks on consecutive devices (placement 'pipeline')",
-              None: "its pipeline ranks and replicas on devices in an order of its own (a mapped or custom "
-                    "placement)"}[order]
+              None: f"its pipeline ranks{' and replicas' if plan.dp > 1 else ''} on devices in an order of its "
+                    f"own (a mapped or custom placement: {_first_moved(plan, inputs)})"}[order]
     name = RUNTIME_NAMES.get(fmt, fmt)
     fix = (f"re-plan with --runtime {fmt} or --placement {runs[0]}" if order == "pipeline" else
            "export it with --format torch, whose script puts every stage on its planned device (GRID)"
@@ -334,6 +336,29 @@ def refuse_rank_order(plan: Plan, fmt: str, runs: tuple[str, ...], how: str, inp
            "order (the torch export's script, which places them, runs tp = 1 only)")
     raise InputError(f"export {fmt}: the plan puts {placed}, and {name} {how}, so its stages would run on other "
                      f"devices and links than planned; {fix}")
+
+
+def one_node_of_one_type(plan: Plan, inputs: Mapping | None) -> bool:
+    """Whether every device of the plan lies in one node of the cluster
+    (:attr:`Inputs.nodes`; False without them) whose GPUs share one host
+    link (no ``pcie_switches`` of several switches): its devices are then
+    of one type with one intra-node link between any two and one path to
+    host memory, so a runtime's own order of them runs the plan's times."""
+    ins = Inputs.of(inputs)
+    nodes, host = ins.nodes, ins.cluster.get("host")
+    if not nodes or (isinstance(host, Mapping) and len(host.get("pcie_switches") or ()) > 1):
+        return False
+    starts = _node_starts(nodes)
+    return len({_node_of(starts, d) for st in plan.stages for d in st.devices}) == 1
+
+
+def _first_moved(plan: Plan, inputs: Mapping | None) -> str:
+    """``pipeline rank r [of replica k] on device d``: the first pair that a
+    runtime numbering its ranks in ``data`` order (:func:`rank_order`) would
+    run on another device."""
+    grid = process_grid(plan, inputs, "data")
+    r, k = next(((r, k) for r, row in enumerate(grid) for k, x in enumerate(row) if x != r * plan.dp + k), (0, 0))
+    return f"pipeline rank {r}{f' of replica {k}' if plan.dp > 1 else ''} on device {plan.stages[r].devices[k]}"
 
 
 def host_memory_stages(plan: Plan) -> tuple[list[int], list[int]]:

@@ -177,11 +177,15 @@ TORCHTITAN_CONFIGS = {
     "llama3-8b": ("llama3", "llama3_8b"),
     "llama3.1-8b": ("llama3", "llama3_8b"),
     "llama3-70b": ("llama3", "llama3_70b"),
+    "qwen3-1.7b": ("qwen3", "qwen3_1_7b"),
+    "qwen3-32b": ("qwen3", "qwen3_32b"),
 }
 """pipesearch catalog model -> torchtitan 0.3.0 ``(--module, --config)``
-(``torchtitan/models/llama3/config_registry.py``; the tests check that the
-configs have the same shape). ``llama3_8b`` is Llama-3.1-8B (its
-``hf_assets_path``); Llama-3 8B has the same shapes (:data:`CONFIG_IS_ANOTHER`)."""
+(``torchtitan/models/{llama3,qwen3}/config_registry.py``; the tests check
+that the configs have the same shape). ``llama3_8b`` is Llama-3.1-8B (its
+``hf_assets_path``); Llama-3 8B has the same shapes (:data:`CONFIG_IS_ANOTHER`).
+Qwen3-1.7B ties its embedding and LM head, which torchtitan refuses with
+pipeline parallelism (so does the export)."""
 
 CONFIG_IS_ANOTHER = {"llama3-8b": "Llama-3.1-8B (hf_assets_path ./assets/hf/Llama-3.1-8B)"}
 """Catalog models whose torchtitan config is a model of the same shapes but
@@ -211,8 +215,32 @@ def same_shape_model(transformer: Mapping | None) -> str | None:
 
 
 AC_SUBCOMMANDS = {"none": "activation-checkpoint:none", "full": "activation-checkpoint:full",
-                  "selective": "activation-checkpoint:selective"}
-"""pipesearch recompute mode -> torchtitan 0.3.0 activation-checkpoint subcommand."""
+                  "selective": "activation-checkpoint:none"}
+"""pipesearch recompute mode -> torchtitan 0.3.0 activation-checkpoint subcommand.
+torchtitan's attention is fused (FlexAttention or SDPA's flash kernel): it
+never stores the attention scores and recomputes them in its backward, which
+is pipesearch's ``selective`` (the attention core recomputed, Korthikanti et
+al. 2022), with no activation checkpointing; torchtitan's own
+``selective`` (per op: every second matmul recomputed as well) has no
+pipesearch mode (:func:`fused_attention_note`)."""
+
+
+def fused_attention_note(rc: str, setting: str, inputs: Inputs) -> str | None:
+    """The export note on what torchtitan's fused attention makes of the
+    plan's recompute mode ``rc`` (``setting``: the export's words for
+    torchtitan's checkpointing off): for ``selective``, and for ``none`` of
+    a transformer planned from its shapes (``inputs``); None otherwise."""
+    if rc == "selective":
+        return (f"pipesearch's 'selective' recomputes the attention core (Korthikanti et al.): torchtitan's fused "
+                f"attention (FlexAttention / SDPA) does that itself, never storing the scores, so {setting} is that "
+                f"plan; torchtitan's own selective checkpointing also recomputes every second matmul (slower than "
+                f"planned).")
+    if rc == "none" and inputs.model.get("kind") == "transformer":
+        return (f"the plan stores the attention scores (unfused attention); torchtitan's fused attention never does "
+                f"and recomputes them in its backward, so with {setting} it holds less activation memory than "
+                f"planned and runs the attention core's forward once more (re-plan with --recompute selective to "
+                f"time that).")
+    return None
 
 
 def pipeline_sections(plan: Plan, parts, inputs: Inputs, release: str) -> tuple[dict, dict, str]:
@@ -414,12 +442,9 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             "(--parallelism.pipeline_parallel_layers_per_stage ...); pass it instead of "
             "module_fqns_per_model_part, not with it."
         )
-    if rc == "selective":
-        notes.append(
-            "pipesearch's 'selective' recomputes the attention core (Korthikanti et al.); torchtitan's "
-            "activation-checkpoint:selective is per-op (saves matmul and attention outputs, recomputes the "
-            "rest), close but not the same memory."
-        )
+    fused = fused_attention_note(rc, "activation-checkpoint:none", inputs)
+    if fused:
+        notes.append(fused)
     if plan.schedule == "zb-h1":
         notes.append("zb-h1 runs as torch's ScheduleInterleavedZeroBubble with one stage per rank.")
     script = "#!/usr/bin/env bash\n# " + f"torchtitan {RUNTIME_VERSION} launch for the plan (pipesearch export)\n" + \

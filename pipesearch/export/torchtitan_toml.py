@@ -37,9 +37,9 @@ Fields written (all from the plan):
 * ``[training]``: ``local_batch_size = micro_batch_size * m`` (``pp = 1``:
   the micro-batch size, the ``m`` micro-batches being gradient accumulation steps),
   ``global_batch_size = local * dp``, ``seq_len`` when the plan's model has one;
-* ``[activation_checkpoint]``: ``mode`` ``none`` / ``full`` / ``selective``,
-  with ``selective_ac_option = "op"`` (per-op; the default ``"2"`` would
-  checkpoint every second layer fully);
+* ``[activation_checkpoint]``: ``mode`` ``full`` for recompute ``full``,
+  else ``none`` (torchtitan's attention is fused: pipesearch's ``selective``,
+  :data:`pipesearch.export.torchtitan.AC_SUBCOMMANDS`);
 * ``[model]``: ``name`` and ``flavor`` for the catalog models of
   :data:`TORCHTITAN_FLAVORS`, else placeholders (with a note);
 * ``[job]``: ``description``.
@@ -60,7 +60,7 @@ from . import (FORMAT_VERSION, Inputs, plan_layers, recompute_mode, sequence_par
     torchrun_prefix,
                transformer_shape, unmapped_layers_note)
 from .torch import SINGLE_STAGE_CLASSES, torch_stage_modules
-from .torchtitan import RUNTIME, layers_per_stage_alternative, pipeline_sections
+from .torchtitan import RUNTIME, fused_attention_note, layers_per_stage_alternative, pipeline_sections
 
 TOML_VERSIONS = ("0.2", "0.2.0", "0.2.1", "0.2.2")
 """Releases whose job TOML this module writes (same keys in all)."""
@@ -146,7 +146,7 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
     m = plan.num_micro_batches
     rc = recompute_mode(plan, "torchtitan")
     parallelism, training, dp_note = pipeline_sections(plan, parts, inputs, TOML_RUNTIME_VERSION)
-    checkpoint = {"mode": rc, **({"selective_ac_option": "op"} if rc == "selective" else {})}
+    checkpoint = {"mode": "full" if rc == "full" else "none"}
     notes = [
         f"torchtitan {TOML_RUNTIME_VERSION} (0.2.x): {m} micro-batches = training.local_batch_size // "
         "pipeline_parallel_microbatch_size; the TOML holds only what the plan decides: merge it into your job "
@@ -166,10 +166,9 @@ def export_torchtitan_toml(plan: Plan, *, module_names: Mapping[str, str | Seque
     if plan.tp > 1 and not sequence_parallel(plan):
         notes.append("torchtitan 0.2.x always uses sequence parallelism with tensor parallelism (no switch); "
                      "the plan assumed none, so torchtitan keeps less activation memory than planned.")
-    if rc == "selective":
-        notes.append("pipesearch's 'selective' recomputes the attention core (Korthikanti et al.); torchtitan's "
-                     "selective_ac_option 'op' is per-op (saves matmul and attention outputs), close but not the "
-                     "same memory.")
+    fused = fused_attention_note(rc, "mode 'none'", inputs)
+    if fused:
+        notes.append(fused)
     config = {
         "job": {"description": f"pipesearch plan: pp {plan.pp} x dp {plan.dp} x tp {plan.tp}, {plan.schedule}"},
         "model": {"name": model_name, "flavor": flavor},

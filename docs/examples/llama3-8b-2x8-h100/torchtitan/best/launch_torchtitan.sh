@@ -20,4 +20,4 @@ torchrun \
     --training.local_batch_size 1 \
     --training.global_batch_size 512 \
     --training.seq_len 8192 \
-    activation-checkpoint:selective
+    activation-checkpoint:none
