@@ -493,6 +493,9 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
                 )
             if nodes != group.nodes:
                 name = f"{name}@{nodes}nodes"
+                resized = f"resized to {nodes} node{'s' if nodes > 1 else ''} of this kind (--nodes {nodes})"
+                data = {**data, "description": f"{data['description']}; {resized}" if isinstance(
+                    data.get("description"), str) and data["description"] else resized}
             group = DeviceGroup(group.device, nodes, group.devices_per_node)
         groups = (group,)
         inter_group = None

@@ -109,7 +109,12 @@ def test_nodes_override():
     assert c.num_devices == 32 and c.num_nodes == 4
     assert c.link(31, 0) == c.inter_node
     assert c.name != "2x8-a100-80gb"  # says it was overridden
-    assert load_cluster("2x8-a100-80gb", nodes=2).name == "2x8-a100-80gb"
+    # and so does the description, which named the file's node count
+    assert c.description.endswith("; resized to 4 nodes of this kind (--nodes 4)")
+    one = load_cluster("4x8-h100", nodes=1).description
+    assert one.startswith("4 DGX H100 nodes") and one.endswith("resized to 1 node of this kind (--nodes 1)")
+    same = load_cluster("2x8-a100-80gb", nodes=2)
+    assert same.name == "2x8-a100-80gb" and same.description == load_cluster("2x8-a100-80gb").description
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "4"])
