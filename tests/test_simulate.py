@@ -270,6 +270,31 @@ def test_plot_timeline_deterministic(tmp_path):
     assert b"time (ms)" in s1.read_bytes()
 
 
+def test_plot_timeline_of_many_micro_batches_reads_busy(tmp_path):
+    """1F1B p = 2, m = 256 keeps both ranks busy but for the fill and drain
+    (each rank busy m (F + B) = 768 ms of (m + p - 1)(F + B) = 771 ms, F = 1, B = 2 ms):
+    on a whole-iteration plot the action bars (under a pixel wide each) must
+    outweigh the idle grey. With a white outline per bar they did not: half
+    the rank rows' pixels were the idle colour."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    from pipesearch.plots.timeline import _IDLE, KIND_COLOURS, plot_timeline
+
+    tl = simulate(one_f_one_b(2, 256), fwd_s=[1e-3] * 2, bwd_s=[2e-3] * 2, p2p_s=[0.0])
+    assert tl.iteration_time_s == pytest.approx(257 * 3e-3)
+    plot_timeline(tl, tmp_path / "t.png", "1F1B p=2 m=256")
+    img = mpimg.imread(tmp_path / "t.png")[..., :3]
+
+    def pixels(colour):
+        rgb = np.array([int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+        return int((np.abs(img - rgb).max(axis=-1) < 0.06).sum())
+
+    busy, idle = pixels(KIND_COLOURS["F"]) + pixels(KIND_COLOURS["B"]), pixels(_IDLE)
+    assert busy > 0.8 * (busy + idle)
+
+
 def test_simulate_plan_reports_peak_activations():
     """A plan's replay carries its stages' saved bytes: 1F1B, pp 2, m 4, one
     layer per stage saving 1 MB per micro-batch. Stage 0 runs two forwards

@@ -116,6 +116,20 @@ def plan_pcie_rows(plan, timeline: Timeline | None = None):
     return pcie_rows(pcie_copy_spans(plan, timeline), mobius=plan.schedule == "mobius")
 
 
+#: actions narrower than this many pixels (the median) are drawn without
+#: their white outlines, which would cover them: a whole iteration of
+#: hundreds of micro-batches then reads as busy, not as idle
+EDGE_MIN_PX = 4.0
+
+
+def _bar_edges(timeline: Timeline, ms_per_px: float) -> dict:
+    """``broken_barh`` edge keywords: thin white outlines between actions
+    whose median width is at least :data:`EDGE_MIN_PX` pixels, none below."""
+    widths = sorted(rec.end_s - rec.start_s for rec in timeline.records)
+    median_px = widths[len(widths) // 2] * 1e3 / ms_per_px if widths and ms_per_px > 0 else 0.0
+    return {"edgecolor": "white", "linewidth": 0.5} if median_px >= EDGE_MIN_PX else {"edgecolor": "none"}
+
+
 def parse_window(text: str) -> tuple[float, float]:
     """``"FROM:TO"`` in milliseconds (either side may be empty) -> seconds.
 
@@ -199,26 +213,25 @@ def plot_timeline(timeline: Timeline, path: str | PathLike[str], title: str,
             ax.set_xlim(xmin, xmax)
             ax.set_ylim(rows - 0.5, -0.5)
             bar_h = 0.8
+            axes_px = width_in * dpi * 0.8
+            ms_per_px = (xmax - xmin) / axes_px
+            edge = _bar_edges(timeline, ms_per_px)
             for r in range(rows):
                 ax.broken_barh([(0.0, xmax)], (r - bar_h / 2, bar_h), facecolors=_IDLE, edgecolor="none", zorder=1)
             by = {}
             for rec in timeline.records:
                 by.setdefault((rec.rank, rec.kind), []).append((rec.start_s * 1e3, (rec.end_s - rec.start_s) * 1e3))
             for (r, kind), spans in sorted(by.items()):
-                ax.broken_barh(spans, (r - bar_h / 2, bar_h), facecolors=KIND_COLOURS[kind],
-                               edgecolor="white", linewidth=0.5, zorder=2)
+                ax.broken_barh(spans, (r - bar_h / 2, bar_h), facecolors=KIND_COLOURS[kind], zorder=2, **edge)
             for r, (start, dur) in enumerate(allreduce or []):
                 if dur > 0:
                     ax.broken_barh([(start * 1e3, dur * 1e3)], (r - bar_h / 2, bar_h), facecolors=ALLREDUCE_COLOUR,
-                                   edgecolor="white", linewidth=0.5, zorder=2)
+                                   zorder=2, **edge)
             for k, (_, spans) in enumerate(pcie):
                 for key in dict.fromkeys(key for key, _, _ in spans):
                     ax.broken_barh([(a * 1e3, d * 1e3) for kk, a, d in spans if kk == key],
-                                   (P + k - bar_h / 2, bar_h), facecolors=PCIE_COLOURS[key], edgecolor="white",
-                                   linewidth=0.5, zorder=2)
+                                   (P + k - bar_h / 2, bar_h), facecolors=PCIE_COLOURS[key], zorder=2, **edge)
             # Text when the bar is wide enough: ~7 px per digit at 7 pt.
-            axes_px = width_in * dpi * 0.8
-            ms_per_px = (xmax - xmin) / axes_px
             n_labels = 0
             for rec in timeline.records:
                 w_ms = (rec.end_s - rec.start_s) * 1e3
