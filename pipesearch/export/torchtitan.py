@@ -297,6 +297,93 @@ def check_torchtitan_version(version: str, what: str = "torchtitan version") -> 
                          "(0.3.0 reads --module/--config overrides; 0.2.x reads a job TOML)")
 
 
+def _refusals(plan: Plan, inputs: Inputs | None) -> None:
+    """Raise InputError where torchtitan cannot run ``plan``: another rank
+    order than its mesh's, devices without bf16 for a half-precision plan,
+    an embedding tied to the head on another stage."""
+    refuse_rank_order(plan, "torchtitan", ("data",), TORCHTITAN_RANK_ORDER, inputs)
+    half = inputs.without_bf16(plan) if inputs.training_precision != "fp32" else []
+    if half:
+        others = ("megatron or deepspeed, which train" if inputs.model.get("kind") == "transformer"
+                  else "deepspeed, which trains")
+        raise InputError(
+            f"torchtitan trains in bf16 or fp32 (training.mixed_precision_param) and {', '.join(half)} has no bf16 "
+            f"(compute capability below {MIN_BF16_CAPABILITY:g}): the plan's fp16 compute has no setting there; "
+            f"export to {others} in fp16 with loss scaling")
+    if tied_across_stages(plan):  # its model config's update_from_config raises NotImplementedError
+        raise InputError("torchtitan: the model ties its input embedding and LM head, on different stages, and "
+                         "torchtitan refuses weight tying with pipeline parallelism ('Weight tying is not supported "
+                         "with Pipeline Parallel'); re-plan with --pp 1, or export --format torch (which says how "
+                         "to keep the copies equal)")
+
+
+def _stage_modules(plan: Plan, module_names):
+    """:func:`pipesearch.export.torch.torch_stage_modules` for torchtitan,
+    every FQN checked: at most ``<container>.<key>`` and no comma (raises
+    InputError)."""
+    layers, cls, mods = torch_stage_modules(
+        plan, "torchtitan", module_names,
+        "torchtitan's _pipeline_module_split would build a stage module with no layers "
+        "(re-plan without empty stages)",
+    )
+    for f in (f for fqns in mods for f in fqns):
+        if f.count(".") > 1:
+            raise InputError(
+                f"torchtitan: module FQN {f!r} is nested more than one level; torchtitan's "
+                f"_pipeline_module_split handles top-level modules and '<ModuleList/ModuleDict>.<key>' "
+                f"only ('Does not support nested moduledict and modulelist structures')"
+            )
+        if "," in f or not f.strip():
+            raise InputError(f"torchtitan: module FQN {f!r} cannot be written as an override "
+                             f"(torchtitan splits each stage's list on commas)")
+    return layers, cls, mods
+
+
+def _overrides(parallelism: dict, training: dict, rc: str) -> list[str]:
+    """The ``--section.key value`` overrides of the two sections (booleans
+    as ``--section.key`` / ``--section.no-key``, a stage's FQNs joined by
+    commas), then the activation-checkpoint subcommand of recompute ``rc``."""
+    overrides: list[str] = []
+    for section, kv in (("parallelism", parallelism), ("training", training)):
+        for key, val in kv.items():
+            flag = f"--{section}.{key}"
+            if isinstance(val, bool):
+                overrides.append(flag if val else f"--{section}.no-{key}")
+            elif key == "module_fqns_per_model_part":
+                overrides += [flag, *(",".join(part) for part in val)]
+            else:
+                overrides += [flag, str(val)]
+    overrides.append(AC_SUBCOMMANDS[rc])  # a tyro subcommand: after every top-level option
+    return overrides
+
+
+def _module_and_config(inputs: Inputs, module: str | None, config: str | None, notes: list[str]):
+    """``(module, config, placeholders)``: the caller's ``--module`` /
+    ``--config``, else :data:`TORCHTITAN_CONFIGS`' for the plan's model (or
+    a model of its shapes, :func:`same_shape_model`), else ``MODULE`` /
+    ``CONFIG`` with ``placeholders`` saying so (None otherwise); the notes
+    that go with each are appended to ``notes``."""
+    if module is not None and config is not None:
+        return module, config, None
+    name = str(inputs.model.get("name", ""))
+    known = TORCHTITAN_CONFIGS.get(name)
+    alike = None if known else same_shape_model(inputs.model.get("transformer"))
+    if alike:  # a model of its own file with the shapes of a catalog model torchtitan has a config of
+        known = TORCHTITAN_CONFIGS[alike]
+        notes.append(f"model {name!r} has the shapes of {alike} (layers, widths, heads, vocabulary): torchtitan's "
+                     f"{known[1]} builds it; point --hf_assets_path at {name!r}'s tokenizer and weights.")
+    elif known and name in CONFIG_IS_ANOTHER:
+        notes.append(f"torchtitan's {known[1]} is {CONFIG_IS_ANOTHER[name]}: the same shapes as {name}, so "
+                     f"the same costs; point --hf_assets_path at {name}'s tokenizer and weights to train it.")
+    if known:
+        return module or known[0], config or known[1], None
+    placeholders = (f"pipesearch knows no torchtitan config for model {name or '(not given)'!r}: replace "
+                    f"MODULE and CONFIG with the --module / --config of a torchtitan config_registry function "
+                    f"of the same shape")
+    notes.append(f"warning: {placeholders} before running the command.")
+    return module or "MODULE", config or "CONFIG", placeholders
+
+
 def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
                       inputs: Inputs | None = None, module: str | None = None, config: str | None = None,
                       torchtitan_version: str | None = None) -> dict:
@@ -337,20 +424,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
             ``vp > 1`` would silently drop stages); an unknown
             ``torchtitan_version``; devices without bf16 in the plan.
     """
-    refuse_rank_order(plan, "torchtitan", ("data",), TORCHTITAN_RANK_ORDER, inputs)
-    half = inputs.without_bf16(plan) if inputs.training_precision != "fp32" else []
-    if half:
-        others = ("megatron or deepspeed, which train" if inputs.model.get("kind") == "transformer"
-                  else "deepspeed, which trains")
-        raise InputError(
-            f"torchtitan trains in bf16 or fp32 (training.mixed_precision_param) and {', '.join(half)} has no bf16 "
-            f"(compute capability below {MIN_BF16_CAPABILITY:g}): the plan's fp16 compute has no setting there; "
-            f"export to {others} in fp16 with loss scaling")
-    if tied_across_stages(plan):  # its model config's update_from_config raises NotImplementedError
-        raise InputError("torchtitan: the model ties its input embedding and LM head, on different stages, and "
-                         "torchtitan refuses weight tying with pipeline parallelism ('Weight tying is not supported "
-                         "with Pipeline Parallel'); re-plan with --pp 1, or export --format torch (which says how "
-                         "to keep the copies equal)")
+    _refusals(plan, inputs)
     if torchtitan_version is not None and torchtitan_version not in ("0.3", RUNTIME_VERSION):
         from .torchtitan_toml import export_torchtitan_toml
 
@@ -360,22 +434,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
                              "names its model by [model] name and flavor")
         return export_torchtitan_toml(plan, module_names=module_names, inputs=inputs)
     inputs = inputs or Inputs()
-    layers, cls, mods = torch_stage_modules(
-        plan, "torchtitan", module_names,
-        "torchtitan's _pipeline_module_split would build a stage module with no layers "
-        "(re-plan without empty stages)",
-    )
-    for fqns in mods:
-        for f in fqns:
-            if f.count(".") > 1:
-                raise InputError(
-                    f"torchtitan: module FQN {f!r} is nested more than one level; torchtitan's "
-                    f"_pipeline_module_split handles top-level modules and '<ModuleList/ModuleDict>.<key>' "
-                    f"only ('Does not support nested moduledict and modulelist structures')"
-                )
-            if "," in f or not f.strip():
-                raise InputError(f"torchtitan: module FQN {f!r} cannot be written as an override "
-                                 f"(torchtitan splits each stage's list on commas)")
+    layers, cls, mods = _stage_modules(plan, module_names)
     parts = [[f for i in range(a, b) for f in mods[i]] for a, b in layers.ranges]
     m = plan.num_micro_batches
     rc = recompute_mode(plan, "torchtitan")
@@ -384,17 +443,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
         parallelism["enable_sequence_parallel"] = sequence_parallel(plan)
     if plan.pp > 1:
         training["disable_cuda_graphs"] = True
-    overrides: list[str] = []
-    for section, kv in (("parallelism", parallelism), ("training", training)):
-        for key, val in kv.items():
-            flag = f"--{section}.{key}"
-            if isinstance(val, bool):
-                overrides.append(flag if val else f"--{section}.no-{key}")
-            elif key == "module_fqns_per_model_part":
-                overrides += [flag, *(",".join(part) for part in val)]
-            else:
-                overrides += [flag, str(val)]
-    overrides.append(AC_SUBCOMMANDS[rc])  # a tyro subcommand: after every top-level option
+    overrides = _overrides(parallelism, training, rc)
     notes = [
         f"torchtitan {RUNTIME_VERSION}: {m} micro-batches = training.local_batch_size // "
         f"pipeline_parallel_microbatch_size." if plan.pp > 1 else
@@ -403,27 +452,7 @@ def export_torchtitan(plan: Plan, *, module_names: Mapping[str, str | Sequence[s
         f"ranks).",
         dp_note,
     ]
-    name = str(inputs.model.get("name", ""))
-    placeholders = None  # what the launch script's MODULE and CONFIG stand for, when pipesearch has no config
-    if module is None or config is None:
-        known = TORCHTITAN_CONFIGS.get(name)
-        alike = None if known else same_shape_model(inputs.model.get("transformer"))
-        if alike:  # a model of its own file with the shapes of a catalog model torchtitan has a config of
-            known = TORCHTITAN_CONFIGS[alike]
-            module, config = module or known[0], config or known[1]
-            notes.append(f"model {name!r} has the shapes of {alike} (layers, widths, heads, vocabulary): torchtitan's "
-                         f"{known[1]} builds it; point --hf_assets_path at {name!r}'s tokenizer and weights.")
-        elif known:
-            module, config = module or known[0], config or known[1]
-            if name in CONFIG_IS_ANOTHER:
-                notes.append(f"torchtitan's {known[1]} is {CONFIG_IS_ANOTHER[name]}: the same shapes as {name}, so "
-                             f"the same costs; point --hf_assets_path at {name}'s tokenizer and weights to train it.")
-        else:
-            module, config = module or "MODULE", config or "CONFIG"
-            placeholders = (f"pipesearch knows no torchtitan config for model {name or '(not given)'!r}: replace "
-                            f"MODULE and CONFIG with the --module / --config of a torchtitan config_registry function "
-                            f"of the same shape")
-            notes.append(f"warning: {placeholders} before running the command.")
+    module, config, placeholders = _module_and_config(inputs, module, config, notes)
     argv = ["--module", module, "--config", config, *overrides]
     world = plan.tp * plan.pp * plan.dp
     launch, launch_note = torchrun_prefix(world, inputs, plan)
