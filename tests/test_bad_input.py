@@ -1626,12 +1626,21 @@ SMALL_LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
      "rope_scaling.original_max_position_embeddings", "0"),
     ({"sliding_window": -1}, "sliding_window", "-1"),
     ({"sliding_window": "x"}, "sliding_window", "'x'"),
+    # a bad context beside a rotary scaling: an internal error (text, lists), accepted (0, 1.5, true: the
+    # scaled value), or refused under the value scaled (-1 reported as -2)
+    *(({"max_position_embeddings": bad, "rope_scaling": {"type": "linear", "factor": 2.0}}, "max_position_embeddings",
+       shown) for bad, shown in (("x", "'x'"), ([1], "[1]"), (0, "0"), (1.5, "1.5"), (True, "true"), (-1, "-1"))),
+    ({"max_position_embeddings": {"a": 1}, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                                            "original_max_position_embeddings": 8192}},
+     "max_position_embeddings", "{'a': 1}"),
 ])
 def test_rotary_scaling_and_window_keys_are_checked(tmp_path, extra, key, value):
     """A linear rope_scaling factor below 1 (or none) took the model's
     context away (a 60,100-token request was served with --max-model-len
     60100); a bad original_max_position_embeddings or sliding_window was
-    passed over. Each is refused naming the key and its value."""
+    passed over; a bad max_position_embeddings beside a scaling was
+    multiplied or compared before it was checked. Each is refused naming
+    the key and its value."""
     path = write(tmp_path / "config.json", json.dumps(SMALL_LLAMA | extra))
     for cmd in (["plan", "--model", path], ["serve", "--model", path, "--input-len", "60000", "--output-len", "100"]):
         assert_refused(tmp_path, cmd, "config.json", f"key '{key}' = {value}")

@@ -513,47 +513,9 @@ def load_hf_config(
             the HF key and the value), or no sequence length anywhere.
     """
     p = Path(path)
-    text = _read_text(p)  # its own refusal names the file once
-
-    try:
-        d = json.loads(text, object_pairs_hook=unique_keys(p))
-    except InputError:
-        raise
-    except json.JSONDecodeError as e:
-        raise InputError(f"{p}: JSON syntax error: {e}") from None
-    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
-        raise InputError(f"{p}: cannot read JSON: {parse_failure(e)}") from None
-    if not isinstance(d, dict):
-        raise InputError(f"{p}: expected a JSON object (a HuggingFace config.json)")
-    where = str(p)
+    d = _read_hf_json(p)
     model_type = str(d.get("model_type") or "").lower()
-
-    if model_type in _REFUSED_TYPES:
-        raise InputError(f"{p}: model_type {model_type!r}: {_REFUSED_TYPES[model_type]}; describe the model in a "
-                         f"transformer TOML (cost_models/*.toml, docs/transformer_costs.md) if its blocks are one "
-                         f"of those families")
-    for moe_key in ("num_local_experts", "num_experts", "n_routed_experts"):
-        if d.get(moe_key):
-            raise InputError(
-                f"{p}: key '{moe_key}' = {d[moe_key]!r}: mixture-of-experts models are not "
-                f"supported by the dense transformer cost model"
-            )
-
-    def get(key: str, default: Any = ..., *alts: str) -> Any:
-        for k in (key, *alts):
-            if d.get(k) is not None:
-                return d[k]
-        if default is ...:
-            if model_type and model_type not in _KNOWN_TYPES:  # its keys are not a family's: adding one is no fix
-                raise InputError(f"{p}: missing key '{key}': model_type {model_type!r} is not one pipesearch reads "
-                                 f"(its keys are not those of a GPT-2, GPT-NeoX, LLaMA or T5 config); describe the "
-                                 f"model in a transformer TOML (cost_models/*.toml, docs/transformer_costs.md)")
-            given = next((k for k in (key, *alts) if k in d), None)  # there, but null
-            if given is not None:
-                raise InputError(f"{p}: key '{given}' = null (model_type {model_type or '?'}): give its value")
-            raise InputError(f"{p}: missing key '{key}' (model_type {model_type or '?'})")
-        return default
-
+    _refuse_model_kind(p, d, model_type)
     family = _family(d, model_type)
     tag = str(d.get("format") or d.get("schema") or "")  # pipesearch.serve/1, pipesearch.plan/1
     if family is None and tag.startswith("pipesearch."):
@@ -565,26 +527,111 @@ def load_hf_config(
             f"GPT-2 (n_layer, n_embd), GPT-NeoX/LLaMA (num_hidden_layers, hidden_size) or "
             f"T5 (d_model, d_kv) config.json"
         )
-
     for key, alias in _HF_ALIASES.get(family, ()):  # transformers maps one onto the other: which one wins is order
         if key in d and alias in d and d[key] != d[alias]:
-            raise InputError(f"{where}: key '{key}' = {_show(d[key])} and its alias '{alias}' = {_show(d[alias])} "
+            raise InputError(f"{p}: key '{key}' = {_show(d[key])} and its alias '{alias}' = {_show(d[alias])} "
                              f"disagree (transformers reads them as one setting); keep one of them")
+    r = _HFReader(p, d, model_type)
+    if family == "gpt2":
+        default_seq, pos_key = r.gpt2()
+    elif family in ("neox", "llama"):
+        default_seq, pos_key = r.rotary(family)
+    else:
+        default_seq, pos_key = r.t5()
+    if seq_len is None:
+        if default_seq is None:
+            raise InputError(
+                f"{p}: no sequence length: the config has no '{pos_key}'; pass --seq-len (seq_len in the Python API)"
+            )
+        r.values["seq_len"], r.keys["seq_len"] = default_seq, pos_key
+    else:
+        r.values["seq_len"], r.keys["seq_len"] = seq_len, "seq_len (--seq-len)"
+    if name is None:
+        ref = _hub_reference(d)
+        folder = p.resolve().parent.name  # a relative "config.json" still names its folder
+        name = ref.rsplit("/", 1)[-1] if ref else (folder if p.name == "config.json" and folder else p.stem)
+    r.values["name"] = name
+    r.values["source"] = f"{p} (HuggingFace {family} config)"
+    full = {f.name: f.default for f in fields(TransformerConfig)}
+    full.update(r.values)
+    return _build(full, str(p), r.keys)
 
-    values: dict[str, Any] = {}
-    keys: dict[str, str] = {}
 
-    def rate(key: str, default: float) -> float:  # a dropout probability
-        v = get(key, default)
+def _read_hf_json(p: Path) -> dict:
+    """The JSON object of a ``config.json`` (raises InputError naming the
+    file: unreadable, bad JSON, repeated keys, not an object)."""
+    text = _read_text(p)  # its own refusal names the file once
+    try:
+        d = json.loads(text, object_pairs_hook=unique_keys(p))
+    except InputError:
+        raise
+    except json.JSONDecodeError as e:
+        raise InputError(f"{p}: JSON syntax error: {e}") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
+        raise InputError(f"{p}: cannot read JSON: {parse_failure(e)}") from None
+    if not isinstance(d, dict):
+        raise InputError(f"{p}: expected a JSON object (a HuggingFace config.json)")
+    return d
+
+
+def _refuse_model_kind(p: Path, d: Mapping, model_type: str) -> None:
+    """Raise InputError for the model types the dense cost model cannot
+    read (:data:`_REFUSED_TYPES`) and for mixture-of-experts configs."""
+    if model_type in _REFUSED_TYPES:
+        raise InputError(f"{p}: model_type {model_type!r}: {_REFUSED_TYPES[model_type]}; describe the model in a "
+                         f"transformer TOML (cost_models/*.toml, docs/transformer_costs.md) if its blocks are one "
+                         f"of those families")
+    for moe_key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if d.get(moe_key):
+            raise InputError(
+                f"{p}: key '{moe_key}' = {d[moe_key]!r}: mixture-of-experts models are not "
+                f"supported by the dense transformer cost model"
+            )
+
+
+class _HFReader:
+    """Reads one family's keys of a config's object ``d`` into
+    :class:`TransformerConfig` field ``values``, with ``keys``: the HF key
+    each field came from (for the messages of :func:`_build`)."""
+
+    def __init__(self, p: Path, d: dict, model_type: str):
+        self.p, self.where, self.d, self.model_type = p, str(p), d, model_type
+        self.values: dict[str, Any] = {}
+        self.keys: dict[str, str] = {}
+
+    def get(self, key: str, default: Any = ..., *alts: str) -> Any:
+        """The first of ``key``, ``alts`` not null, else ``default``
+        (raises InputError when there is none: missing, or null)."""
+        d, p, model_type = self.d, self.p, self.model_type
+        for k in (key, *alts):
+            if d.get(k) is not None:
+                return d[k]
+        if default is not ...:
+            return default
+        if model_type and model_type not in _KNOWN_TYPES:  # its keys are not a family's: adding one is no fix
+            raise InputError(f"{p}: missing key '{key}': model_type {model_type!r} is not one pipesearch reads "
+                             f"(its keys are not those of a GPT-2, GPT-NeoX, LLaMA or T5 config); describe the "
+                             f"model in a transformer TOML (cost_models/*.toml, docs/transformer_costs.md)")
+        given = next((k for k in (key, *alts) if k in d), None)  # there, but null
+        if given is not None:
+            raise InputError(f"{p}: key '{given}' = null (model_type {model_type or '?'}): give its value")
+        raise InputError(f"{p}: missing key '{key}' (model_type {model_type or '?'})")
+
+    def rate(self, key: str, default: float) -> float:
+        """A dropout probability (raises InputError outside [0, 1])."""
+        v = self.get(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-            raise _bad(where, key, v, "a dropout probability, a number in [0, 1]")
+            raise _bad(self.where, key, v, "a dropout probability, a number in [0, 1]")
         return v
 
-    def take(field_name: str, key: str, default: Any = ..., *alts: str) -> None:
-        keys[field_name] = key
-        values[field_name] = get(key, default, *alts)
+    def take(self, field_name: str, key: str, default: Any = ..., *alts: str) -> None:
+        """Field ``field_name`` from HF key ``key`` (:meth:`get`)."""
+        self.keys[field_name] = key
+        self.values[field_name] = self.get(key, default, *alts)
 
-    if family == "gpt2":
+    def gpt2(self) -> tuple[Any, str]:
+        """GPT-2's keys; returns the default sequence length and its key."""
+        take, values = self.take, self.values
         take("num_layers", "n_layer")
         take("hidden_size", "n_embd")
         take("num_attention_heads", "n_head")
@@ -594,84 +641,115 @@ def load_hf_config(
         take("max_position_embeddings", "n_positions", None, "n_ctx")
         take("tied_embeddings", "tie_word_embeddings", True)
         take("norm_eps", "layer_norm_epsilon", None)
-        drops = [rate(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
+        drops = [self.rate(k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")]
         values.update(kind="decoder", position_embedding="learned", norm="layernorm",
                       bias=True, gated_mlp=False, dropout=any(x > 0 for x in drops))
-        pos_key, default_seq = "n_positions", values["max_position_embeddings"]
-    elif family in ("neox", "llama"):
+        return values["max_position_embeddings"], "n_positions"
+
+    def rotary(self, family: str) -> tuple[Any, str]:
+        """GPT-NeoX's or LLaMA's keys (rotary positions, their scaling);
+        returns the default sequence length and its key."""
+        take, values, d = self.take, self.values, self.d
         take("num_layers", "num_hidden_layers")
         take("hidden_size", "hidden_size")
         take("num_attention_heads", "num_attention_heads")
         take("ffn_hidden_size", "intermediate_size")
         take("vocab_size", "vocab_size")
-        take("tied_embeddings", "tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
+        take("tied_embeddings", "tie_word_embeddings", self.model_type in _TIED_BY_DEFAULT)
         take("max_position_embeddings", "max_position_embeddings", None)  # the context (rotary: no table)
-        default_seq, pos_key = values["max_position_embeddings"], "max_position_embeddings"
-        # rotary scaling: rope_scaling, or transformers 5's rope_parameters (which holds rope_theta too)
+        default_seq, pos_key = self._rope_scaling(values["max_position_embeddings"])
+        values.update(kind="decoder", position_embedding="rotary")
+        window = d.get("sliding_window")  # costed as full attention (sliding_window_note), checked all the same
+        if window is not None and not (_is_int(window) and window >= 0):
+            raise _bad(self.where, "sliding_window", window, "a non-negative integer (the attention window in tokens) "
+                       "or null")
+        take("rope_theta", "rope_theta", None, "rotary_emb_base")
+        scale_key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
+        scaling = d.get(scale_key)
+        if values["rope_theta"] is None and isinstance(scaling, dict) and scaling.get("rope_theta") is not None:
+            values["rope_theta"] = scaling["rope_theta"]
+            self.keys["rope_theta"] = f"{scale_key}.rope_theta"
+        drops = self._neox() if family == "neox" else self._llama()
+        values["dropout"] = any(x > 0 for x in drops)
+        return default_seq, pos_key
+
+    def _rope_scaling(self, pos: Any) -> tuple[Any, str]:
+        """The rotary scaling (``rope_scaling``, or transformers 5's
+        ``rope_parameters``, which holds ``rope_theta`` too): its type and
+        factor, the context it stretches to (linear, dynamic: the config's
+        times the factor, as vLLM's ``_get_and_verify_max_len``; llama3,
+        longrope, yarn: the config's own), and the default sequence length
+        with its key: a pre-training context below the config's (Llama 3.1:
+        8192 of 131072) where the scaling names one."""
+        d, where, values, keys = self.d, self.where, self.values, self.keys
         scale_key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
         scaling = d.get(scale_key)
         if scaling is not None and not isinstance(scaling, dict):
             raise _bad(where, scale_key, scaling, "an object (rope_type, factor, ...) or null")
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
-        if kind not in (None, "default"):
-            factor = scaling.get("factor")
-            if kind in ("linear", "dynamic"):  # vLLM's context: the config's times the factor (_get_and_verify_max_len)
-                ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and 1 <= factor < math.inf
-                if not ok:  # a context of its own would be a guess: the engines refuse it too
-                    raise _bad(where, f"{scale_key}.factor", factor, f"a number >= 1 (rope_type {kind} stretches "
-                               f"the positions by it)")
-                pos = values["max_position_embeddings"]
-                values["max_position_embeddings"] = int(pos * factor) if pos else None
-            # llama3, longrope, yarn: the config's own (vLLM; older releases took yarn's original times the factor)
-            values["rope_scaling_type"] = kind
-            keys["rope_scaling_type"] = f"{scale_key}.rope_type"
-            values["rope_scaling_factor"] = scaling.get("factor")
-            keys["rope_scaling_factor"] = f"{scale_key}.factor"
-            # a context extended after pre-training (Llama 3.1: 8192 -> 131072): train at the pre-training length
-            # by default, the extension's; --seq-len asks for more
-            original = scaling.get("original_max_position_embeddings")
-            if original is not None and not (_is_int(original) and original > 0):
-                raise _bad(where, f"{scale_key}.original_max_position_embeddings", original,
-                           "a positive integer (the pre-training context) or no key")
-            if original is not None and (default_seq is None or original < default_seq):
-                default_seq, pos_key = original, f"{scale_key}.original_max_position_embeddings"
-        values.update(kind="decoder", position_embedding="rotary")
-        window = d.get("sliding_window")  # costed as full attention (sliding_window_note), checked all the same
-        if window is not None and not (_is_int(window) and window >= 0):
-            raise _bad(where, "sliding_window", window, "a non-negative integer (the attention window in tokens) "
-                       "or null")
-        take("rope_theta", "rope_theta", None, "rotary_emb_base")
-        if values["rope_theta"] is None and isinstance(scaling, dict) and scaling.get("rope_theta") is not None:
-            values["rope_theta"] = scaling["rope_theta"]
-            keys["rope_theta"] = f"{scale_key}.rope_theta"
-        if family == "neox":
-            kv = d.get("num_key_value_heads")
-            if kv is not None and kv != values["num_attention_heads"]:
-                raise _bad(where, "num_key_value_heads", kv, f"no key, or num_attention_heads "
-                           f"({values['num_attention_heads']}): a GPT-NeoX model has no grouped-query attention "
-                           "(model_type gpt_neox); give the llama model_type if the model has it")
-            drops = [rate(k, 0.0) for k in ("attention_dropout", "hidden_dropout")]
-            values.update(norm="layernorm", bias=bool(get("use_bias", True)), gated_mlp=False)
-            take("norm_eps", "layer_norm_eps", None)
-        else:
-            take("num_kv_heads", "num_key_value_heads", None)
-            take("head_dim", "head_dim", None)
-            drops = [rate("attention_dropout", 0.0)]
-            take("qkv_bias", "attention_bias", False)
-            take("bias", "mlp_bias", False)
-            # Qwen2's attention has Q/K/V biases by its architecture (its config has no key for them);
-            # Qwen3 normalises every query and key head. MLP biases bias every linear (Megatron-LM cannot
-            # bias the MLP alone; the attention's few bias parameters are then over-counted)
-            values.update(norm="rmsnorm", gated_mlp=True, qk_norm=model_type in _QK_NORM_TYPES)
-            if model_type in _QKV_BIAS_TYPES and values["qkv_bias"] is False:
-                values["qkv_bias"] = True
-            take("norm_eps", "rms_norm_eps", None)
-        values["dropout"] = any(x > 0 for x in drops)
-    else:  # t5
+        if kind in (None, "default"):
+            return pos, "max_position_embeddings"
+        if pos is not None and not (_is_int(pos) and 0 < pos <= MAX_COUNT):  # before any arithmetic on it
+            raise _bad(where, "max_position_embeddings", pos, f"a positive integer <= {MAX_COUNT}")
+        default_seq, pos_key = pos, "max_position_embeddings"
+        factor = scaling.get("factor")
+        if kind in ("linear", "dynamic"):
+            ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and 1 <= factor < math.inf
+            if not ok:  # a context of its own would be a guess: the engines refuse it too
+                raise _bad(where, f"{scale_key}.factor", factor, f"a number >= 1 (rope_type {kind} stretches "
+                           f"the positions by it)")
+            values["max_position_embeddings"] = int(pos * factor) if pos else None
+        values["rope_scaling_type"], keys["rope_scaling_type"] = kind, f"{scale_key}.rope_type"
+        values["rope_scaling_factor"], keys["rope_scaling_factor"] = factor, f"{scale_key}.factor"
+        # a context extended after pre-training: train at the pre-training length by default; --seq-len asks for more
+        original = scaling.get("original_max_position_embeddings")
+        if original is not None and not (_is_int(original) and original > 0):
+            raise _bad(where, f"{scale_key}.original_max_position_embeddings", original,
+                       "a positive integer (the pre-training context) or no key")
+        if original is not None and (default_seq is None or original < default_seq):
+            default_seq, pos_key = original, f"{scale_key}.original_max_position_embeddings"
+        return default_seq, pos_key
+
+    def _neox(self) -> list[float]:
+        """GPT-NeoX's own keys (no grouped-query attention; LayerNorm, biases);
+        returns its dropout rates."""
+        values = self.values
+        kv = self.d.get("num_key_value_heads")
+        if kv is not None and kv != values["num_attention_heads"]:
+            raise _bad(self.where, "num_key_value_heads", kv, f"no key, or num_attention_heads "
+                       f"({values['num_attention_heads']}): a GPT-NeoX model has no grouped-query attention "
+                       "(model_type gpt_neox); give the llama model_type if the model has it")
+        drops = [self.rate(k, 0.0) for k in ("attention_dropout", "hidden_dropout")]
+        values.update(norm="layernorm", bias=bool(self.get("use_bias", True)), gated_mlp=False)
+        self.take("norm_eps", "layer_norm_eps", None)
+        return drops
+
+    def _llama(self) -> list[float]:
+        """LLaMA's own keys (kv heads, head width, biases; RMSNorm, a gated
+        MLP); returns its dropout rates. Qwen2's attention has Q/K/V biases
+        by its architecture (its config has no key for them); Qwen3
+        normalises every query and key head. MLP biases bias every linear
+        (Megatron-LM cannot bias the MLP alone; the attention's few bias
+        parameters are then over-counted)."""
+        take, values = self.take, self.values
+        take("num_kv_heads", "num_key_value_heads", None)
+        take("head_dim", "head_dim", None)
+        drops = [self.rate("attention_dropout", 0.0)]
+        take("qkv_bias", "attention_bias", False)
+        take("bias", "mlp_bias", False)
+        values.update(norm="rmsnorm", gated_mlp=True, qk_norm=self.model_type in _QK_NORM_TYPES)
+        if self.model_type in _QKV_BIAS_TYPES and values["qkv_bias"] is False:
+            values["qkv_bias"] = True
+        take("norm_eps", "rms_norm_eps", None)
+        return drops
+
+    def t5(self) -> tuple[Any, str]:
+        """T5's keys; returns the default sequence length and its key."""
+        take, values = self.take, self.values
         take("num_layers", "num_layers")
         take("num_decoder_layers", "num_decoder_layers", values["num_layers"])
         if _is_int(values["num_decoder_layers"]) and values["num_decoder_layers"] == 0:  # HF keeps a 0: no decoder
-            raise _no_decoder_blocks(where, "num_decoder_layers")
+            raise _no_decoder_blocks(self.where, "num_decoder_layers")
         take("hidden_size", "d_model")
         take("num_attention_heads", "num_heads")
         take("head_dim", "d_kv")
@@ -679,30 +757,10 @@ def load_hf_config(
         take("vocab_size", "vocab_size")
         take("tied_embeddings", "tie_word_embeddings", True)
         take("relative_attention_num_buckets", "relative_attention_num_buckets", 32)
-        proj = str(get("feed_forward_proj", "relu")).lower()
+        proj = str(self.get("feed_forward_proj", "relu")).lower()
         values.update(kind="encoder-decoder", position_embedding="relative", norm="rmsnorm",
-                      bias=False, gated_mlp=proj.startswith("gated-"), dropout=rate("dropout_rate", 0.1) > 0)
-        default_seq, pos_key = get("n_positions", None), "n_positions"
-
-    if seq_len is None:
-        if default_seq is None:
-            raise InputError(
-                f"{p}: no sequence length: the config has no '{pos_key}'; pass --seq-len (seq_len in the Python API)"
-            )
-        values["seq_len"] = default_seq
-        keys["seq_len"] = pos_key
-    else:
-        values["seq_len"] = seq_len
-        keys["seq_len"] = "seq_len (--seq-len)"
-    if name is None:
-        ref = _hub_reference(d)
-        folder = p.resolve().parent.name  # a relative "config.json" still names its folder
-        name = ref.rsplit("/", 1)[-1] if ref else (folder if p.name == "config.json" and folder else p.stem)
-    values["name"] = name
-    values["source"] = f"{p} (HuggingFace {family} config)"
-    full = {f.name: f.default for f in fields(TransformerConfig)}
-    full.update(values)
-    return _build(full, where, keys)
+                      bias=False, gated_mlp=proj.startswith("gated-"), dropout=self.rate("dropout_rate", 0.1) > 0)
+        return self.get("n_positions", None), "n_positions"
 
 
 def _family(d: Mapping, model_type: str) -> str | None:
