@@ -1122,7 +1122,10 @@ def test_a_refused_plan_leaves_no_figure_directory(tmp_path):
 
 @pytest.mark.parametrize("field,value,needle", [
     ("devices_per_node", 16, "groups[0].last_device: 3 found, 15 expected (1 nodes x 16 devices from id 0)"),
-    ("devices_per_node", True, "groups[0].devices_per_node: True found, an integer >= 1 expected"),
+    ("devices_per_node", True, "groups[0].devices_per_node: expected an integer, got True"),
+    # a group's fields are typed by the schema: a device type of another kind was an exporter's internal error
+    ("device", {"a": 1}, 'groups[0].device: expected a string, got {"a": 1}'),
+    ("memory_bytes", -1, "groups[0].memory_bytes: must be > 0, got -1"),
     ("first_device", 1, "groups[0].first_device: 1 found, 0 expected"),
 ])
 def test_validate_refuses_an_edited_cluster_layout(tmp_path, plan_doc, field, value, needle):
