@@ -1135,39 +1135,29 @@ def build_pipeline_costs(
                 else in_flight_micro_batches(schedule, pp, num_micro_batches))
     wgrad = schedule == "zb-h1" if wgrad_window is None else wgrad_window
     counts = zero_bubble_counts(pp, num_micro_batches) if wgrad and stages_per_device == 1 and pp > 1 else None
-    # FSDP keeps the unit computing and the one prefetched gathered: with one stage per device, the two
-    # largest of the stage's own layers (a range maximum); with chunks, the model's largest, shared out
-    unit_gathered = FSDP_LIVE_UNITS * arrays["param_bytes"] * state.gathered_bytes_per_param() / profile.bytes_per_param
-    per_stage = stages_per_device == 1 and state.gathered_bytes_per_param() > 0
-    gathered_table = range_max_table(unit_gathered) if per_stage else None
-    gathered = np.full(pp, 0.0 if per_stage else float(np.max(unit_gathered, initial=0.0)) / stages_per_device)
+    gathered, gathered_table = _fsdp_gathered(profile, state, pp, stages_per_device)
     tied = np.zeros(pp)
     if pp > 1:
         tied[-1] = profile.tied_param_bytes * state_per_byte
-    usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement))
-    # streamed stages keep little besides their activations: their chunks share a device as the least-memory
-    # recompute table's balanced split needs (the table a streamed plan runs without per-stage levels)
-    streamed = weight_streaming and cluster.host is not None and not weight_swapping
-    share_profile = option_profiles[-1][1] if streamed and option_profiles else profile
-    capacity = ((usable - gathered * stages_per_device)
-                * device_memory_shares(share_profile, inflight, stages_per_device, state_per_byte, ratio) - tied)
     time_scale = stage_time_scale(cluster, placement, profiled_device, profile_precision(profile))
-    if weight_swapping:  # Mobius: every stage swapped in and out over PCIe; each checked against the whole device
-        capacity = usable - gathered * stages_per_device - tied
-        options = swap_options(option_profiles[0][1] if option_profiles else profile, cluster, job, ratio=ratio,
-                               dp=dp, placement=placement, tp=tp, pp=pp // stages_per_device)
-    elif weight_streaming and cluster.host is not None:
-        options = stream_options(option_profiles[0][1] if option_profiles else profile, cluster, job, ratio=ratio,
-                                 dp=dp, placement=placement, tp=tp, time_scale=time_scale,
-                                 stages_per_device=stages_per_device, option_profiles=option_profiles)
-    else:
-        options = stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
-                                offload=optimizer_offload, stages_per_device=stages_per_device,
-                                option_profiles=option_profiles, time_scale=time_scale)
+    options = _memory_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp, pp=pp,
+                              stages_per_device=stages_per_device, time_scale=time_scale,
+                              optimizer_offload=optimizer_offload, option_profiles=option_profiles,
+                              weight_streaming=weight_streaming, weight_swapping=weight_swapping)
     device_checked = chunk_states is not None and stages_per_device > 1 and options is None
-    if device_checked:  # each stage alone within its whole device, less the device's fixed bytes
+    usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement)) - gathered * stages_per_device
+    if weight_swapping:  # Mobius: every stage swapped in and out over PCIe; each checked against the whole device
+        capacity = usable - tied
+    elif device_checked:  # each stage alone within its whole device, less the device's fixed bytes
         dev = np.arange(pp) % (pp // stages_per_device)
-        capacity = usable - gathered * stages_per_device - np.bincount(dev, tied, pp // stages_per_device)[dev]
+        capacity = usable - np.bincount(dev, tied, pp // stages_per_device)[dev]
+    else:
+        # streamed stages keep little besides their activations: their chunks share a device as the least-memory
+        # recompute table's balanced split needs (the table a streamed plan runs without per-stage levels)
+        streamed = weight_streaming and cluster.host is not None
+        share_profile = option_profiles[-1][1] if streamed and option_profiles else profile
+        capacity = usable * device_memory_shares(share_profile, inflight, stages_per_device, state_per_byte,
+                                                 ratio) - tied
     pcie = None
     if cluster.host is not None:
         from . import host as host_lib
@@ -1211,6 +1201,42 @@ def build_pipeline_costs(
         param_layer_prefix=np.concatenate([[0], np.cumsum(arrays["param_bytes"] > 0)]),
         chunk_states=np.asarray(chunk_states, dtype=float) if device_checked else None,
     )
+
+
+def _fsdp_gathered(profile: ModelProfile, state, pp: int, stages_per_device: int):
+    """``(gathered, gathered_table)``: the bytes of FSDP units held gathered
+    per stage, ``(pp,)``, and with one stage per device the range-maximum
+    table of them (None otherwise). FSDP keeps the unit computing and the
+    one prefetched gathered: with one stage per device, the two largest of
+    the stage's own layers (a range maximum, ``gathered`` then 0); with
+    chunks, the model's largest, shared out."""
+    per_param = state.gathered_bytes_per_param()
+    unit_gathered = FSDP_LIVE_UNITS * profile.layer_arrays["param_bytes"] * per_param / profile.bytes_per_param
+    per_stage = stages_per_device == 1 and per_param > 0
+    gathered_table = range_max_table(unit_gathered) if per_stage else None
+    gathered = np.full(pp, 0.0 if per_stage else float(np.max(unit_gathered, initial=0.0)) / stages_per_device)
+    return gathered, gathered_table
+
+
+def _memory_options(profile: ModelProfile, cluster: Cluster, job: Job, *, ratio: float, dp: int, placement, tp: int,
+                    pp: int, stages_per_device: int, time_scale, optimizer_offload: bool, option_profiles,
+                    weight_streaming: bool, weight_swapping: bool) -> StageOptions | None:
+    """The per-stage memory options of :func:`build_pipeline_costs`:
+    Mobius' swapped stages (:func:`swap_options`), streamed weights
+    (:func:`stream_options`, with a ``[host]``), else recompute levels and
+    optimizer offload (:func:`stage_options`; None when there is no
+    choice)."""
+    first = option_profiles[0][1] if option_profiles else profile
+    if weight_swapping:
+        return swap_options(first, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
+                            pp=pp // stages_per_device)
+    if weight_streaming and cluster.host is not None:
+        return stream_options(first, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
+                              time_scale=time_scale, stages_per_device=stages_per_device,
+                              option_profiles=option_profiles)
+    return stage_options(profile, cluster, job, ratio=ratio, dp=dp, placement=placement, tp=tp,
+                         offload=optimizer_offload, stages_per_device=stages_per_device,
+                         option_profiles=option_profiles, time_scale=time_scale)
 
 
 def start_bytes(arrays: dict, scale: float) -> np.ndarray | None:
