@@ -199,9 +199,6 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
     Raises:
         PlanFormatError: no plan of that rank.
     """
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     plan = plan_of_rank(plan_file, rank, source)
     col, labels, xlabel = _columns(plan)
     n = len(labels)
@@ -212,13 +209,6 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
 
     parts = roundpipe_gpu_breakdown(plan)  # RoundPipe: per GPU from its task list, not per stage
     parts = {k: per_col(v) for k, v in stage_breakdown(plan).items()} if parts is None else parts
-    total = sum(parts.values())
-    t_iter = plan.predicted.iteration_time_s
-    t_analytic = dict(plan.extra).get("analytic_iteration_time_s")
-    if not isinstance(t_analytic, (int, float)):
-        t_analytic = None
-    simulated = bool(dict(plan.extra).get("simulated"))
-    scale, unit, prec = (1e3, "ms", 1) if max(t_iter, float(total.max())) < 2.0 else (1.0, "s", 3)
 
     caps_by_type = capacities(plan_file, [plan])
     cap = np.zeros(n)
@@ -240,69 +230,9 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
         gs = fig.add_gridspec(1, 2, left=0.07, right=0.98, top=0.79, bottom=0.34 if deep else 0.3, wspace=0.2)
         ax_t = fig.add_subplot(gs[0, 0])
         ax_m = fig.add_subplot(gs[0, 1])
-        bar_w = 0.7
 
-        # time
-        bottom = np.zeros(n)
-        handles = []
-        for key, label, colour in PARTS + ((RECOMPUTE_PART,) if "recompute" in parts else ()):
-            vals = parts[key] * scale
-            ax_t.bar(x, vals, bar_w, bottom=bottom, color=colour, edgecolor="white", linewidth=0.5, zorder=2)
-            bottom = bottom + vals
-            handles.append(Patch(facecolor=colour, label=label))
-        ax_t.axhline(t_iter * scale, color="black", linewidth=1.3, zorder=3)
-        handles.append(Line2D([], [], color="black", linewidth=1.3,
-                              label=f"iteration{' (simulated)' if simulated else ''}: "
-                                    f"{t_iter * scale:.{prec}f} {unit}"))
-        if simulated and t_analytic is not None and abs(t_analytic - t_iter) > 1e-3 * t_iter:
-            ax_t.axhline(t_analytic * scale, color="black", linewidth=1.0, linestyle="--", zorder=3)
-            handles.append(Line2D([], [], color="black", linewidth=1.0, linestyle="--",
-                                  label=f"iteration (analytic): {t_analytic * scale:.{prec}f} {unit}"))
-        busiest = int(np.argmax(total))
-        for c in range(n):
-            share = total[c] / t_iter if t_iter > 0 else 0.0
-            ax_t.text(c, total[c] * scale / 2, f"{100 * share:.0f}%", ha="center", va="center", fontsize=small,
-                      color="black", fontweight="bold" if c == busiest else "normal", zorder=4,
-                      bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
-        ax_t.set_ylim(0, max(t_iter, float(total.max()), t_analytic or 0.0) * scale * 1.12)
-        ax_t.set_ylabel(f"time per iteration ({unit})")
-        note = ("\n(over 100%: the simulation overlaps transfers with compute)"
-                if t_iter > 0 and total.max() > t_iter * 1.005 else "")
-        ax_t.set_title(f"time per {'stage' if len(plan.stages) == n else 'device'}: {plan.num_micro_batches} "
-                       f"micro-batches of {plan.micro_batch_size} (% of the iteration){note}", fontsize=9)
-
-        # memory
-        if mb is not None:
-            ax_m.bar(x, mb["state"] / GIB, bar_w, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
-            ax_m.bar(x, mb["activations"] / GIB, bar_w, bottom=mb["state"] / GIB, color=ACT_COLOUR,
-                     edgecolor="white", linewidth=0.5, zorder=2)
-            mem_handles = [Patch(facecolor=STATE_COLOUR, label=state_label(plan)),
-                           Patch(facecolor=ACT_COLOUR, label="activations kept for backward")]
-            if per_gpu is not None:
-                mem_handles = [Patch(facecolor=STATE_COLOUR, label=(
-                    "weights + gradients of two stays (+ tied copy)" if plan.schedule == "mobius"
-                    else "peak over its tasks (one task + the next's weights)")),
-                               Patch(facecolor=ACT_COLOUR, label="activations of its stages")][
-                    :1 if plan.schedule == "roundpipe" else 2]
-        else:
-            ax_m.bar(x, mem / GIB, bar_w, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
-            mem_handles = [Patch(facecolor=STATE_COLOUR, label="peak memory (state + activations)")]
-        for c in range(n):
-            ax_m.hlines(cap[c] / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.6, zorder=3)
-            if reserve > 0 or keep < 1:
-                ax_m.hlines((cap[c] * keep - reserve) / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.0,
-                            linestyles="--", zorder=3)
-            ax_m.text(c, mem[c] / GIB, f"{(cap[c] * keep - reserve - mem[c]) / GIB:.1f}", ha="center", va="bottom",
-                      fontsize=small - 0.5, color="#333333")
-        ax_m.set_ylim(0, float(max(cap.max(), mem.max())) / GIB * 1.1)
-        ax_m.set_ylabel("peak memory per device (GiB)")
-        ax_m.set_title(("peak memory per GPU, as checked" if per_gpu is not None else "memory per device")
-                       + " (number: GiB still usable)", fontsize=9)
-        mem_handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.6, label="device memory capacity"))
-        if reserve > 0 or keep < 1:
-            mem_handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.0, linestyle="--",
-                                      label=usable_label(reserve, 1 - keep)))
-
+        handles = _time_panel(ax_t, plan, parts, small)
+        mem_handles = _memory_panel(ax_m, plan, mem, mb, per_gpu, cap, reserve, keep, small)
         for ax in (ax_t, ax_m):
             ax.set_xticks(x)
             ax.set_xticklabels(labels, fontsize=7 if n > 10 else 8)
@@ -315,33 +245,137 @@ def plot_stages(plan_file: PlanFile, path: str | PathLike[str], rank: int = 1, s
                     borderaxespad=0, columnspacing=1.2)
         ax_m.legend(handles=mem_handles, loc="upper left", bbox_to_anchor=(0.0, below), ncol=2, frameon=False,
                     borderaxespad=0, columnspacing=1.2)
-        host = dict(plan.extra or ()).get("host") or {}  # option_search.host_plan_info
-        host_text = (f"host memory {host['total_host_memory_bytes'] / GIB:,.1f} GiB, PCIe "
-                     f"{host['total_pcie_bytes_per_iteration'] / GIB:,.1f} GiB per iteration" if host else "")
-        act = [k for k, x in enumerate(host.get("activation_pcie_bytes_per_iteration") or []) if x > 0]
-        if act:  # offloaded activations (stage_options.activation_host_options)
-            host_text += (f"; activations of stage{'s' if len(act) > 1 else ''} {','.join(map(str, act))} on the "
-                          "host (their copies' exposed time in forward and backward): "
-                          f"{sum(host['activation_host_memory_bytes']) / GIB:,.1f} GiB, "
-                          f"{sum(host['activation_pcie_bytes_per_iteration']) / GIB:,.1f} GiB over PCIe")
-        if dict(plan.extra or ()).get("optimizer_step") == "delayed":
-            host_text += "; optimizer step delayed one iteration (weights one step stale)"
+        host_text = _host_text(plan)
         if host_text:
             fig.text(0.5, 0.875, host_text, ha="center", va="top", fontsize=8.5, color="#333333")
         fig.suptitle(title_of(plan_file), y=0.975)
-        kinds = [st.device_type for st in plan.stages]
-        runs: list[list] = []  # [first stage, count, type] of each run of consecutive stages of one type
-        for k, t in enumerate(kinds):
-            if runs and runs[-1][2] == t:
-                runs[-1][1] += 1
-            else:
-                runs.append([k, 1, t])
-        lead = (f"stages on {', '.join(str(r * plan.tp) for r in plan.stage_replicas)}"  # each on its own replicas
-                if plan.stage_replicas is not None else f"each stage on {plan.dp * plan.tp}")
-        where = (f"{lead} {kinds[0]} device(s)" if len(set(kinds)) == 1 else
-                 f"{lead} device(s): " + "; ".join(f"stage{'s' if n > 1 else ''} {k}{f'-{k + n - 1}' if n > 1 else ''} "
-                                                   f"{t}" for k, n, t in runs))
+        where = _placement_text(plan)
         fig.text(0.5, 0.915, textwrap.fill(f"plan {plan_label(plan)}: {plan.predicted.samples_per_s:,.1f} "
                                            f"samples/s, bubble {100 * plan.predicted.bubble_fraction:.1f}%; {where}",
                                            150), ha="center", va="top", fontsize=8.5, color="#333333")
         return save(fig, path)
+
+
+BAR_WIDTH = 0.7  # of a column
+
+
+def _time_panel(ax, plan, parts: dict, small: float) -> list:
+    """Draw the busy time of each column stacked by part against the
+    iteration (simulated, and the analytic value where it differs), with
+    each column's share of the iteration; returns the legend handles."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    total = sum(parts.values())
+    n = len(total)
+    x = np.arange(n)
+    t_iter = plan.predicted.iteration_time_s
+    t_analytic = dict(plan.extra).get("analytic_iteration_time_s")
+    if not isinstance(t_analytic, (int, float)):
+        t_analytic = None
+    simulated = bool(dict(plan.extra).get("simulated"))
+    scale, unit, prec = (1e3, "ms", 1) if max(t_iter, float(total.max())) < 2.0 else (1.0, "s", 3)
+    bottom = np.zeros(n)
+    handles = []
+    for key, label, colour in PARTS + ((RECOMPUTE_PART,) if "recompute" in parts else ()):
+        vals = parts[key] * scale
+        ax.bar(x, vals, BAR_WIDTH, bottom=bottom, color=colour, edgecolor="white", linewidth=0.5, zorder=2)
+        bottom = bottom + vals
+        handles.append(Patch(facecolor=colour, label=label))
+    ax.axhline(t_iter * scale, color="black", linewidth=1.3, zorder=3)
+    handles.append(Line2D([], [], color="black", linewidth=1.3,
+                          label=f"iteration{' (simulated)' if simulated else ''}: {t_iter * scale:.{prec}f} {unit}"))
+    if simulated and t_analytic is not None and abs(t_analytic - t_iter) > 1e-3 * t_iter:
+        ax.axhline(t_analytic * scale, color="black", linewidth=1.0, linestyle="--", zorder=3)
+        handles.append(Line2D([], [], color="black", linewidth=1.0, linestyle="--",
+                              label=f"iteration (analytic): {t_analytic * scale:.{prec}f} {unit}"))
+    busiest = int(np.argmax(total))
+    for c in range(n):
+        share = total[c] / t_iter if t_iter > 0 else 0.0
+        ax.text(c, total[c] * scale / 2, f"{100 * share:.0f}%", ha="center", va="center", fontsize=small,
+                color="black", fontweight="bold" if c == busiest else "normal", zorder=4,
+                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
+    ax.set_ylim(0, max(t_iter, float(total.max()), t_analytic or 0.0) * scale * 1.12)
+    ax.set_ylabel(f"time per iteration ({unit})")
+    note = ("\n(over 100%: the simulation overlaps transfers with compute)"
+            if t_iter > 0 and total.max() > t_iter * 1.005 else "")
+    ax.set_title(f"time per {'stage' if len(plan.stages) == n else 'device'}: {plan.num_micro_batches} "
+                 f"micro-batches of {plan.micro_batch_size} (% of the iteration){note}", fontsize=9)
+    return handles
+
+
+def _memory_panel(ax, plan, mem, mb, per_gpu, cap, reserve: float, keep: float, small: float) -> list:
+    """Draw each column's peak memory (state and activations where known)
+    against its device's capacity and usable memory, with the GiB still
+    usable; returns the legend handles."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    n = len(cap)
+    x = np.arange(n)
+    if mb is not None:
+        ax.bar(x, mb["state"] / GIB, BAR_WIDTH, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
+        ax.bar(x, mb["activations"] / GIB, BAR_WIDTH, bottom=mb["state"] / GIB, color=ACT_COLOUR,
+               edgecolor="white", linewidth=0.5, zorder=2)
+        handles = [Patch(facecolor=STATE_COLOUR, label=state_label(plan)),
+                   Patch(facecolor=ACT_COLOUR, label="activations kept for backward")]
+        if per_gpu is not None:
+            handles = [Patch(facecolor=STATE_COLOUR, label=(
+                "weights + gradients of two stays (+ tied copy)" if plan.schedule == "mobius"
+                else "peak over its tasks (one task + the next's weights)")),
+                       Patch(facecolor=ACT_COLOUR, label="activations of its stages")][
+                :1 if plan.schedule == "roundpipe" else 2]
+    else:
+        ax.bar(x, mem / GIB, BAR_WIDTH, color=STATE_COLOUR, edgecolor="white", linewidth=0.5, zorder=2)
+        handles = [Patch(facecolor=STATE_COLOUR, label="peak memory (state + activations)")]
+    for c in range(n):
+        ax.hlines(cap[c] / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.6, zorder=3)
+        if reserve > 0 or keep < 1:
+            ax.hlines((cap[c] * keep - reserve) / GIB, c - 0.5, c + 0.5, color=CAPACITY_COLOUR, linewidth=1.0,
+                      linestyles="--", zorder=3)
+        ax.text(c, mem[c] / GIB, f"{(cap[c] * keep - reserve - mem[c]) / GIB:.1f}", ha="center", va="bottom",
+                fontsize=small - 0.5, color="#333333")
+    ax.set_ylim(0, float(max(cap.max(), mem.max())) / GIB * 1.1)
+    ax.set_ylabel("peak memory per device (GiB)")
+    ax.set_title(("peak memory per GPU, as checked" if per_gpu is not None else "memory per device")
+                 + " (number: GiB still usable)", fontsize=9)
+    handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.6, label="device memory capacity"))
+    if reserve > 0 or keep < 1:
+        handles.append(Line2D([], [], color=CAPACITY_COLOUR, linewidth=1.0, linestyle="--",
+                              label=usable_label(reserve, 1 - keep)))
+    return handles
+
+
+def _host_text(plan) -> str:
+    """The figure's line on host memory and PCIe traffic (offloaded state,
+    activations on the host, a delayed optimizer step); '' without."""
+    host = dict(plan.extra or ()).get("host") or {}  # option_search.host_plan_info
+    text = (f"host memory {host['total_host_memory_bytes'] / GIB:,.1f} GiB, PCIe "
+            f"{host['total_pcie_bytes_per_iteration'] / GIB:,.1f} GiB per iteration" if host else "")
+    act = [k for k, x in enumerate(host.get("activation_pcie_bytes_per_iteration") or []) if x > 0]
+    if act:  # offloaded activations (stage_options.activation_host_options)
+        text += (f"; activations of stage{'s' if len(act) > 1 else ''} {','.join(map(str, act))} on the "
+                 "host (their copies' exposed time in forward and backward): "
+                 f"{sum(host['activation_host_memory_bytes']) / GIB:,.1f} GiB, "
+                 f"{sum(host['activation_pcie_bytes_per_iteration']) / GIB:,.1f} GiB over PCIe")
+    if dict(plan.extra or ()).get("optimizer_step") == "delayed":
+        text += "; optimizer step delayed one iteration (weights one step stale)"
+    return text
+
+
+def _placement_text(plan) -> str:
+    """Where the stages run: each stage's device count and type, or the
+    runs of consecutive stages of one type on a mixed cluster."""
+    kinds = [st.device_type for st in plan.stages]
+    runs: list[list] = []  # [first stage, count, type] of each run of consecutive stages of one type
+    for k, t in enumerate(kinds):
+        if runs and runs[-1][2] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([k, 1, t])
+    lead = (f"stages on {', '.join(str(r * plan.tp) for r in plan.stage_replicas)}"  # each on its own replicas
+            if plan.stage_replicas is not None else f"each stage on {plan.dp * plan.tp}")
+    if len(set(kinds)) == 1:
+        return f"{lead} {kinds[0]} device(s)"
+    return f"{lead} device(s): " + "; ".join(f"stage{'s' if n > 1 else ''} {k}{f'-{k + n - 1}' if n > 1 else ''} "
+                                             f"{t}" for k, n, t in runs)
