@@ -125,58 +125,16 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
       pipesearch profile --hf-config tiny-llama/config.json --input-shape 128 -b 4 -o llama.csv
       pipesearch plan --model e2e.csv --cluster 1x2-cpu --pp 2 --num-micro-batches 4 -b 512
     """
-    if (model_spec is None) == (hf_config is None):
-        raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
-    if name is not None and not name.strip():
-        raise InputError("--name: empty; give the model's name, or leave the option out (the factory's module name)")
-    if name is not None and not writable_name(name):
-        raise InputError(f"--name {name!r}: the profile's name must be one line without leading or trailing "
-                         "blanks (it is a header line of the CSV)")
-    if hf_config is not None and input_dtype == "float" and click.get_current_context().get_parameter_source(
-            "input_dtype") == click.core.ParameterSource.COMMANDLINE:
-        raise InputError("--input-dtype float: --hf-config profiles a language model on token ids (long); "
-                         "leave the option out")
+    _check_request(model_spec, hf_config, name, input_dtype)
     sizes = parse_batch_sizes(batch_size, batch_sizes)
     check_writable(output, "profile CSV (-o)")
-    source = model_spec.rsplit(":", 1)[0] if model_spec and ":" in model_spec else model_spec
-    config = hf_config if hf_config is None or not Path(hf_config).is_dir() else Path(hf_config) / "config.json"
-    check_distinct_paths({"-o": output}, {"MODULE:FACTORY": source, "--hf-config": config})
-    if Path(output).suffix.lower() != ".csv":
-        raise InputError(f"profile -o {output}: a profile is read back by its .csv suffix (plan --model); name it "
-                         f"{Path(output).with_suffix('.csv').name}")
+    _check_output(model_spec, hf_config, output)
     if device_name is not None:
-        from ..hardware import load_device
-
-        try:
-            named = load_device(device_name)  # the name plans rescale by: a catalog device or a device TOML
-        except InputError as exc:
-            raise InputError(f"--device-name {device_name}: {exc}") from None
-        if device == "cpu" and named.compute_capability is not None:  # a CUDA GPU's name on CPU times
-            click.echo(f"warning: --device-name {device_name} labels times measured on the CPU: plans take them "
-                       f"as {named.name}'s, unscaled (a GPU runs them many times faster); profile on it with "
-                       f"--device cuda, or leave --device-name out", err=True)
-        if Path(device_name).is_file():  # a device file: recorded so that a plan run elsewhere finds it
-            device_name = str(Path(device_name).resolve())
+        device_name = _device_label(device_name, device)
+    cfg_path = hf_cfg = None
     if hf_config is not None:
-        cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
-        if Path(hf_config).is_dir() and not cfg_path.exists():
-            raise InputError(f"--hf-config {hf_config}: a directory without a config.json; give the config file "
-                             "or the model's directory holding it")
-        try:
-            hf_cfg = json.loads(cfg_path.read_text())
-        except OSError as exc:
-            raise InputError(f"--hf-config {hf_config}: cannot read it ({exc.strerror or exc})") from None
-        except ValueError as exc:  # not UTF-8, or not JSON (JSONDecodeError names the line and column)
-            raise InputError(f"--hf-config {hf_config}: not a JSON config ({exc})") from None
-        try:
-            hf_vocab = hf_cfg["vocab_size"]
-        except (KeyError, TypeError) as exc:
-            raise InputError(f"--hf-config {hf_config}: no vocab_size ({type(exc).__name__}: {exc}); a "
-                             "HuggingFace config.json names the vocabulary size") from None
-        check_hf_config(hf_cfg, cfg_path)
-        if vocab_size is not None and vocab_size > hf_vocab:
-            raise InputError(f"--vocab-size {vocab_size}: above the config's vocab_size {hf_vocab}")
-        input_dtype, vocab_size = "long", vocab_size or hf_vocab
+        cfg_path, hf_cfg, vocab_size = _read_hf_config(hf_config, vocab_size)
+        input_dtype = "long"
     if input_dtype == "long" and vocab_size is None:
         raise InputError("--input-dtype long: give --vocab-size N (token ids are drawn from 0 .. N-1)")
     if input_dtype == "float" and vocab_size is not None:
@@ -185,17 +143,8 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
     shape = parse_shape(input_shape)
     size_option = f"--batch-sizes {','.join(map(str, sizes))}" if len(sizes) > 1 else f"--batch-size {sizes[0]}"
     check_input_size(shape, sizes, size_option)
-    if hf_config is not None and len(shape) != 1:
-        raise InputError(f"--input-shape {','.join(map(str, shape))}: a language model's sample is one sequence of "
-                         "token ids; give its length alone (e.g. --input-shape 128)")
-    if hf_config is not None and isinstance(hf_cfg.get("max_position_embeddings"), int) \
-            and shape[-1] > hf_cfg["max_position_embeddings"]:
-        raise InputError(f"--input-shape {','.join(map(str, shape))}: a sequence of {shape[-1]} tokens, longer than "
-                         f"{cfg_path}'s max_position_embeddings {hf_cfg['max_position_embeddings']} (the model's "
-                         f"context); profile at most that many")
     if hf_config is not None:
-        check_chained_attention(hf_cfg, cfg_path, shape[-1])
-        check_host_memory(cfg_path, shape[-1], dtype)
+        _check_hf_input(hf_cfg, cfg_path, shape, dtype)
     torch.manual_seed(seed)
     if hf_config is not None:
         from ..profiler import hf_model_from_config
@@ -216,10 +165,9 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
     default_name = Path(module_text).stem if module_text.endswith(".py") else module_text.rpartition(".")[2]
     if hf_config is not None:
         default_name = cfg_path.parent.name or "hf_model"
-    if device != "cpu":
-        if not device.startswith("cuda") or not torch.cuda.is_available():
-            raise InputError(f"--device {device}: expected cpu, or cuda / cuda:N on a machine with a CUDA GPU "
-                             f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
+    if device != "cpu" and (not device.startswith("cuda") or not torch.cuda.is_available()):
+        raise InputError(f"--device {device}: expected cpu, or cuda / cuda:N on a machine with a CUDA GPU "
+                         f"(torch.cuda.is_available() is {torch.cuda.is_available()})")
     on_cpu = device == "cpu"
     if input_dtype == "long":
         check_vocab_size(model, vocab_size)
@@ -228,25 +176,118 @@ def profile_command(model_spec, hf_config, input_shape, batch_size, batch_sizes,
                    source=f"pipesearch profile {model_spec} --input-shape {','.join(map(str, shape))} "
                           f"{size_option} --dtype {dtype}"
                           + (f" --input-dtype long --vocab-size {vocab_size}" if input_dtype == "long" else ""))
+    where = f"{size_option} with --input-shape {','.join(map(str, shape))}"
+    profile = _profiled(model, make_input, sizes, options, model_spec or hf_config, where)
+    write_output(output, lambda path: write_profile_csv(profile, path), "profile CSV (-o)")
+    _summary(profile, sizes, "1 CPU thread" if on_cpu else device, output, warmup)
+
+
+def _check_request(model_spec, hf_config, name, input_dtype) -> None:
+    """Refuse a command without one model source, a blank or multi-line
+    ``--name``, and ``--input-dtype float`` given with ``--hf-config``."""
+    if (model_spec is None) == (hf_config is None):
+        raise InputError("profile: give MODULE:FACTORY or --hf-config config.json (one of them)")
+    if name is not None and not name.strip():
+        raise InputError("--name: empty; give the model's name, or leave the option out (the factory's module name)")
+    if name is not None and not writable_name(name):
+        raise InputError(f"--name {name!r}: the profile's name must be one line without leading or trailing "
+                         "blanks (it is a header line of the CSV)")
+    if hf_config is not None and input_dtype == "float" and click.get_current_context().get_parameter_source(
+            "input_dtype") == click.core.ParameterSource.COMMANDLINE:
+        raise InputError("--input-dtype float: --hf-config profiles a language model on token ids (long); "
+                         "leave the option out")
+
+
+def _check_output(model_spec, hf_config, output) -> None:
+    """Refuse an output that is one of the inputs, or not a ``.csv``."""
+    source = model_spec.rsplit(":", 1)[0] if model_spec and ":" in model_spec else model_spec
+    config = hf_config if hf_config is None or not Path(hf_config).is_dir() else Path(hf_config) / "config.json"
+    check_distinct_paths({"-o": output}, {"MODULE:FACTORY": source, "--hf-config": config})
+    if Path(output).suffix.lower() != ".csv":
+        raise InputError(f"profile -o {output}: a profile is read back by its .csv suffix (plan --model); name it "
+                         f"{Path(output).with_suffix('.csv').name}")
+
+
+def _device_label(device_name: str, device: str) -> str:
+    """``--device-name`` checked (a catalog device or a device TOML, the
+    name plans rescale by; a device file's absolute path, so that a plan
+    run elsewhere finds it), with a warning for a GPU's name on CPU times."""
+    from ..hardware import load_device
+
+    try:
+        named = load_device(device_name)
+    except InputError as exc:
+        raise InputError(f"--device-name {device_name}: {exc}") from None
+    if device == "cpu" and named.compute_capability is not None:  # a CUDA GPU's name on CPU times
+        click.echo(f"warning: --device-name {device_name} labels times measured on the CPU: plans take them "
+                   f"as {named.name}'s, unscaled (a GPU runs them many times faster); profile on it with "
+                   f"--device cuda, or leave --device-name out", err=True)
+    return str(Path(device_name).resolve()) if Path(device_name).is_file() else device_name
+
+
+def _read_hf_config(hf_config: str, vocab_size: int | None) -> tuple[Path, dict, int]:
+    """``(config path, its JSON, vocabulary size)`` of ``--hf-config`` (a
+    file, or a directory holding config.json), checked (:func:`check_hf_config`;
+    ``--vocab-size`` at most the config's)."""
+    cfg_path = Path(hf_config) / "config.json" if Path(hf_config).is_dir() else Path(hf_config)
+    if Path(hf_config).is_dir() and not cfg_path.exists():
+        raise InputError(f"--hf-config {hf_config}: a directory without a config.json; give the config file "
+                         "or the model's directory holding it")
+    try:
+        hf_cfg = json.loads(cfg_path.read_text())
+    except OSError as exc:
+        raise InputError(f"--hf-config {hf_config}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not UTF-8, or not JSON (JSONDecodeError names the line and column)
+        raise InputError(f"--hf-config {hf_config}: not a JSON config ({exc})") from None
+    try:
+        hf_vocab = hf_cfg["vocab_size"]
+    except (KeyError, TypeError) as exc:
+        raise InputError(f"--hf-config {hf_config}: no vocab_size ({type(exc).__name__}: {exc}); a "
+                         "HuggingFace config.json names the vocabulary size") from None
+    check_hf_config(hf_cfg, cfg_path)
+    if vocab_size is not None and vocab_size > hf_vocab:
+        raise InputError(f"--vocab-size {vocab_size}: above the config's vocab_size {hf_vocab}")
+    return cfg_path, hf_cfg, vocab_size or hf_vocab
+
+
+def _check_hf_input(hf_cfg: dict, cfg_path: Path, shape: tuple[int, ...], dtype: str) -> None:
+    """A language model's input: one sequence of token ids per sample, no
+    longer than the model's context, whose attention the chain can run and
+    whose model fits in host memory."""
+    if len(shape) != 1:
+        raise InputError(f"--input-shape {','.join(map(str, shape))}: a language model's sample is one sequence of "
+                         "token ids; give its length alone (e.g. --input-shape 128)")
+    if isinstance(hf_cfg.get("max_position_embeddings"), int) and shape[-1] > hf_cfg["max_position_embeddings"]:
+        raise InputError(f"--input-shape {','.join(map(str, shape))}: a sequence of {shape[-1]} tokens, longer than "
+                         f"{cfg_path}'s max_position_embeddings {hf_cfg['max_position_embeddings']} (the model's "
+                         f"context); profile at most that many")
+    check_chained_attention(hf_cfg, cfg_path, shape[-1])
+    check_host_memory(cfg_path, shape[-1], dtype)
+
+
+def _profiled(model, make_input, sizes: list[int], options: dict, label: str, where: str):
+    """Profile ``model`` at the batch size (or fit over the sizes); the
+    module's own shape errors name the model (``label``), a failed
+    allocation the input (``where``)."""
     try:
         if len(sizes) > 1:
-            profile = profile_module_at_sizes(model, make_input, sizes, **options)
-        else:
-            profile = profile_module(model, make_input(sizes[0]), batch_size=sizes[0], **options)
+            return profile_module_at_sizes(model, make_input, sizes, **options)
+        return profile_module(model, make_input(sizes[0]), batch_size=sizes[0], **options)
     except InputError as exc:  # the module's own shape: say which one the command built
         if not str(exc).startswith("cannot profile "):
             raise
-        raise InputError(f"{model_spec or hf_config}: {exc}") from None
+        raise InputError(f"{label}: {exc}") from None
     except (MemoryError, RuntimeError) as exc:  # torch reports a failed allocation as RuntimeError
         if not isinstance(exc, MemoryError) and "alloc" not in str(exc).lower() and "out of memory" not in str(exc):
             raise
-        raise InputError(f"{size_option} with --input-shape {','.join(map(str, shape))}: the model's inputs or "
-                         f"activations at batch {max(sizes)} do not fit in {device} memory "
-                         f"({quoted_cause(str(exc), 160)}); profile at a smaller batch size or input shape "
-                         f"(the planner scales to others)") from None
-    write_output(output, lambda path: write_profile_csv(profile, path), "profile CSV (-o)")
+        raise InputError(f"{where}: the model's inputs or activations at batch {max(sizes)} do not fit in "
+                         f"{options['device']} memory ({quoted_cause(str(exc), 160)}); profile at a smaller batch "
+                         f"size or input shape (the planner scales to others)") from None
+
+
+def _summary(profile, sizes: list[int], where: str, output, warmup: int) -> None:
+    """The profile's one-line summary, and a note on ``--warmup 0``."""
     total = sum(lay.fwd_s + lay.bwd_s for lay in profile.layers)
-    where = "1 CPU thread" if on_cpu else device
     fit = ""
     if len(sizes) > 1:
         fixed = sum((lay.fwd_fixed_s or 0.0) + (lay.bwd_fixed_s or 0.0) for lay in profile.layers)
