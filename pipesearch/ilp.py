@@ -233,8 +233,50 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
         unit_s = (lb if lb > 0 else 1.0) / resolution
     unit = float(unit_s)
 
-    # integer data
-    time_int = _round_prefix(problem._time_prefix, unit)                     # (T, L)
+    time_int, link_class, pairs, comm_int, mem_int, cap_int = _integer_data(problem, unit)
+    Q = max(len(pairs), 1)
+
+    from ortools.sat.python import cp_model
+
+    md = cp_model.CpModel()
+    md.SetName(f"pipesearch-mapping-{objective}")
+    x, u = _split_vars(md, L, P)
+    y, types, yt = _assignment_vars(md, problem, P, D)
+    comp = _compute_vars(md, x, yt, time_int, types, L, P)
+    p2p, lc = _p2p_vars(md, x, u, y, comm_int, link_class, Q, L, P, D, len(pairs) > 1)
+    hi_comp = int(time_int[types].sum(axis=1).max())
+    hi_comm = int(comm_int.max()) if comm_int.size else 0
+    fluid_s = fluid_lower_bound_s(problem)
+    lo_b = max(0, int(np.ceil(fluid_s / unit - 1.0 - 1e-9)), int(np.ceil(min_bottleneck_s / unit - 1.5 - 1e-9)))
+    bottleneck = md.NewIntVar(min(lo_b, hi_comp + hi_comm), hi_comp + hi_comm, "B")
+    for k in range(P):
+        md.Add(bottleneck >= comp[k] + (p2p[k] if k < P - 1 else 0))
+    for k in range(P):  # memory
+        ls = [l for l in range(L) if (l, k) in x]
+        md.Add(sum(int(mem_int[k, l]) * x[l, k] for l in ls) <= sum(int(cap_int[d]) * y[k][d] for d in range(D)))
+    classes = device_classes(problem)
+    used = _break_symmetry(md, y, classes, P, D) if symmetry_breaking else [None] * D
+    if objective == "bottleneck":
+        md.Minimize(bottleneck)
+        err = 1.5 * unit
+    else:
+        md.Minimize(sum(comp) + sum(p2p) + (m - 1) * bottleneck)
+        err = 1.5 * (P + m - 1) * unit
+    return CpSatModel(model=md, objective=objective, unit_s=unit, scale_error_s=err, x=x, y=y, yt=yt, lc=lc,
+                      comp=comp, p2p=p2p, bottleneck=bottleneck, used=used, time_int=time_int,
+                      comm_int=comm_int, mem_int=mem_int, cap_int=cap_int, link_class=link_class,
+                      num_classes=len(pairs), symmetry_classes=classes, fluid_bound_s=fluid_s)
+
+
+def _integer_data(problem: MappingProblem, unit: float):
+    """``(time_int (T, L), link_class (D, D), pairs, comm_int (Q, L),
+    mem_int (P, L), cap_int (D,))``: layer-time prefixes in units of
+    ``unit`` seconds, each ordered device pair's class among the distinct
+    ``(bandwidth, latency)`` ``pairs`` (-1 on the diagonal), each class's
+    round trip of a layer's output in units, memory prefixes and
+    capacities in bytes."""
+    D = problem.num_devices
+    time_int = _round_prefix(problem._time_prefix, unit)
     bw, lat = problem.link_bandwidth_bytes_per_s, problem.link_latency_s
     pairs: dict[tuple[float, float], int] = {}
     link_class = np.full((D, D), -1, dtype=np.int64)
@@ -242,21 +284,22 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
         for b in range(D):
             if a != b:
                 link_class[a, b] = pairs.setdefault((float(bw[a, b]), float(lat[a, b])), len(pairs))
-    Q = max(len(pairs), 1)
-    comm = np.zeros((Q, L))
+    comm = np.zeros((max(len(pairs), 1), problem.num_layers))
     for (b_, l_), q in pairs.items():
         comm[q] = 2.0 * (l_ + problem.output_bytes / b_)
     comm_int = np.rint(comm / unit).astype(np.int64)
     mem_prefix = problem._static_prefix[None, :] + problem.in_flight[:, None] * problem._act_prefix[None, :]
-    mem_int = _round_prefix(mem_prefix, 1.0)                                   # (P, L), bytes
+    mem_int = _round_prefix(mem_prefix, 1.0)
     cap_int = np.floor(problem.capacity_bytes).astype(np.int64)
+    return time_int, link_class, pairs, comm_int, mem_int, cap_int
 
-    from ortools.sat.python import cp_model
 
-    md = cp_model.CpModel()
-    md.SetName(f"pipesearch-mapping-{objective}")
-    # split
-    x: dict[tuple[int, int], cp_model.IntVar] = {}
+def _split_vars(md, L: int, P: int):
+    """``(x, u)``: ``x[l, k]``, layer ``l`` on stage ``k`` (only the pairs a
+    split of ``L`` layers into ``P`` non-empty stages allows), each layer on
+    one stage, stages in layer order and non-empty; ``u(l, k)``: layer
+    ``l`` on a stage ``<= k`` (an expression, or the constant 0 / 1)."""
+    x = {}
     for l in range(L):
         for k in range(max(0, P - L + l), min(l, P - 1) + 1):
             x[l, k] = md.NewBoolVar(f"x[{l},{k}]")
@@ -276,15 +319,13 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
                 md.Add(lhs <= rhs)
     for k in range(P):
         md.Add(sum(x[l, k] for l in range(L) if (l, k) in x) >= 1)
+    return x, u
 
-    def end_expr(k: int) -> list[tuple[int, object]]:
-        """(l, e[l][k]) for the layers that can end stage k < P-1."""
-        out = []
-        for l in range(k, L - (P - 1 - k)):
-            out.append((l, u(l, k) - u(l + 1, k)))
-        return out
 
-    # assignment
+def _assignment_vars(md, problem: MappingProblem, P: int, D: int):
+    """``(y, types, yt)``: ``y[k][d]``, stage ``k`` on device ``d`` (one
+    device per stage, at most one stage per device), the device types, and
+    ``yt[k][t]``, stage ``k`` on a device of type ``t`` (1 with one type)."""
     y = [[md.NewBoolVar(f"y[{k},{d}]") for d in range(D)] for k in range(P)]
     for k in range(P):
         md.AddExactlyOne(y[k])
@@ -303,8 +344,12 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
                 md.Add(v == sum(members))
                 row[t] = v
         yt.append(row)
+    return y, types, yt
 
-    # compute
+
+def _compute_vars(md, x, yt, time_int, types, L: int, P: int) -> list:
+    """``comp[k]``: stage ``k``'s compute in units, at least its layers'
+    on the fastest type and, with several types, their time on its own."""
     hi_comp = int(time_int[types].sum(axis=1).max())
     comp = [md.NewIntVar(0, hi_comp, f"comp[{k}]") for k in range(P)]
     tmin = time_int[types].min(axis=0)
@@ -314,18 +359,24 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
         if len(types) > 1:
             for t in types:
                 md.Add(comp[k] >= sum(int(time_int[t, l]) * x[l, k] for l in ls)).OnlyEnforceIf(yt[k][t])
+    return comp
 
-    # links and p2p
+
+def _p2p_vars(md, x, u, y, comm_int, link_class, Q: int, L: int, P: int, D: int, several: bool):
+    """``(p2p, lc)``: ``p2p[k]``, the round trip over boundary ``k`` in
+    units (the output of the stage's last layer over the link class of its
+    two devices; the cheapest class when there is one), and ``lc[k][q]``,
+    boundary ``k`` on link class ``q`` (``[1]`` with one class)."""
     lc: list[list] = []
     p2p = []
     hi_comm = int(comm_int.max()) if comm_int.size else 0
     for k in range(P - 1):
-        ends = end_expr(k)
+        ends = [(l, u(l, k) - u(l + 1, k)) for l in range(k, L - (P - 1 - k))]  # layer l ends stage k
         v = md.NewIntVar(0, hi_comm, f"p2p[{k}]")
         p2p.append(v)
         cmin = comm_int.min(axis=0)
         md.Add(v >= sum(int(cmin[l]) * e for l, e in ends))
-        if len(pairs) > 1:
+        if several:
             row = [md.NewBoolVar(f"lc[{k},{q}]") for q in range(Q)]
             md.AddExactlyOne(row)
             for d in range(D):
@@ -338,43 +389,26 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
             lc.append(row)
         else:
             lc.append([1])
-    fluid_s = fluid_lower_bound_s(problem)
-    lo_b = max(0, int(np.ceil(fluid_s / unit - 1.0 - 1e-9)), int(np.ceil(min_bottleneck_s / unit - 1.5 - 1e-9)))
-    bottleneck = md.NewIntVar(min(lo_b, hi_comp + hi_comm), hi_comp + hi_comm, "B")
-    for k in range(P):
-        md.Add(bottleneck >= comp[k] + (p2p[k] if k < P - 1 else 0))
+    return p2p, lc
 
-    # memory
-    for k in range(P):
-        ls = [l for l in range(L) if (l, k) in x]
-        md.Add(sum(int(mem_int[k, l]) * x[l, k] for l in ls) <= sum(int(cap_int[d]) * y[k][d] for d in range(D)))
 
-    # symmetry breaking among interchangeable devices
-    classes = device_classes(problem)
+def _break_symmetry(md, y, classes, P: int, D: int) -> list:
+    """Order the interchangeable devices of each class: a device is used
+    only if the one before it is, on a later stage; returns ``used[d]``
+    (None for devices of a class of one)."""
     used = [None] * D
-    if symmetry_breaking:
-        for cls in classes:
-            if len(cls) < 2:
-                continue
-            for d in cls:
-                used[d] = md.NewBoolVar(f"used[{d}]")
-                md.Add(used[d] == sum(y[k][d] for k in range(P)))
-            for a, b in zip(cls, cls[1:]):
-                md.AddImplication(used[b], used[a])
-                pos_a = sum(k * y[k][a] for k in range(1, P))
-                pos_b = sum(k * y[k][b] for k in range(1, P))
-                md.Add(pos_a + 1 <= pos_b).OnlyEnforceIf(used[b])
-
-    if objective == "bottleneck":
-        md.Minimize(bottleneck)
-        err = 1.5 * unit
-    else:
-        md.Minimize(sum(comp) + sum(p2p) + (m - 1) * bottleneck)
-        err = 1.5 * (P + m - 1) * unit
-    return CpSatModel(model=md, objective=objective, unit_s=unit, scale_error_s=err, x=x, y=y, yt=yt, lc=lc,
-                      comp=comp, p2p=p2p, bottleneck=bottleneck, used=used, time_int=time_int,
-                      comm_int=comm_int, mem_int=mem_int, cap_int=cap_int, link_class=link_class,
-                      num_classes=len(pairs), symmetry_classes=classes, fluid_bound_s=fluid_s)
+    for cls in classes:
+        if len(cls) < 2:
+            continue
+        for d in cls:
+            used[d] = md.NewBoolVar(f"used[{d}]")
+            md.Add(used[d] == sum(y[k][d] for k in range(P)))
+        for a, b in zip(cls, cls[1:]):
+            md.AddImplication(used[b], used[a])
+            pos_a = sum(k * y[k][a] for k in range(1, P))
+            pos_b = sum(k * y[k][b] for k in range(1, P))
+            md.Add(pos_a + 1 <= pos_b).OnlyEnforceIf(used[b])
+    return used
 
 
 def _add_hint(cm: CpSatModel, problem: MappingProblem, order: Sequence[int], bounds: Sequence[int]) -> None:
