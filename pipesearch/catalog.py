@@ -63,6 +63,10 @@ def list_entries(kind: str) -> dict[str, Path]:
 def resolve(kind: str, name_or_path: str) -> Path:
     """Path of a catalog entry given its name, or the given path if it is a file.
 
+    A bare catalog name that is also a directory here (an output folder
+    named after the model) is the catalog's entry; a model folder holding
+    a ``config.json`` is refused, pointing at that file.
+
     Raises:
         InputError: the path exists but is not a regular file (a directory,
             a FIFO, a device such as ``/dev/null``).
@@ -81,6 +85,9 @@ def resolve(kind: str, name_or_path: str) -> Path:
         inside = p / "config.json"  # a model's folder, as the engines and transformers take it
         if kind == "model" and what == "a directory" and inside.is_file():
             raise InputError(f"{label} {name_or_path}: is a directory; give the model config in it: {label} {inside}")
+        named = list_entries(kind).get(str(name_or_path).strip().lower())
+        if what == "a directory" and named is not None and not any(c in str(name_or_path) for c in "/\\"):
+            return named  # a folder named after a catalog entry (an output folder) is no model or cluster file
         raise InputError(f"{label} {name_or_path}: is {what}, not a {kind} file; give the path of a "
                          f"regular file or a catalog name (`{_listing(kind)}`)")
     if p.is_symlink():  # a link that leads nowhere (dangling, or a loop of links): not a missing name

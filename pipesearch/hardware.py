@@ -351,7 +351,9 @@ def device_files(cluster_path: str | Path) -> list[tuple[str, Path]]:
         table = _read_toml(path)
     except (OSError, InputError):  # loading it says what is wrong
         return []
-    refs = [table.get("device")] + [g.get("device") for g in table.get("groups", []) if isinstance(g, dict)]
+    groups = table.get("groups")
+    refs = [table.get("device")] + [g.get("device") for g in (groups if isinstance(groups, list) else [])
+                                    if isinstance(g, dict)]
     files = [device_file(path, ref) for ref in refs if isinstance(ref, str)]
     return [(f"the device file of --cluster {path.name}", f) for f in files if f is not None]
 

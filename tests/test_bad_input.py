@@ -1780,3 +1780,39 @@ def test_pins_name_what_the_user_gave_and_the_fix(tmp_path):
     # one layer per rank at most: the fix is a lower --pp for the vp asked for
     assert_refused(tmp_path, ["plan", "--pp", "30", "--vp", "2", "-o", "p.json"],
                    "--pp 30 x --vp 2 = 60 stages", "use --pp 20 or lower for --vp 2")
+
+
+@pytest.mark.parametrize("groups", ["5", "true", "0.5"])
+def test_cluster_groups_of_another_type_are_refused(tmp_path, groups):
+    """``groups = 5`` (a number, not an array of tables) was an internal
+    error: the device-file scan iterated it before the loader checked it."""
+    path = write(tmp_path / "g.toml", f'name = "g"\ngroups = {groups}\n[intra_node]\nbandwidth_GBps = 100\n'
+                                      'latency_us = 5\n[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n')
+    assert_refused(tmp_path, ["plan", "--model", "vgg16", "--cluster", path], "g.toml", f"key 'groups' = {groups}",
+                   "expected a non-empty array of tables [[groups]]")
+
+
+def test_a_console_that_cannot_encode_the_model_name_shows_it_escaped(tmp_path):
+    """A profile named with characters the console's encoding lacks (cp1252
+    has no 模型) was an internal error after the plan file was written; the
+    table now shows the name escaped, as error lines are, and exits 0."""
+    csv = (Path(__file__).parents[1] / "cost_models" / "resnet18.csv").read_text()
+    write(tmp_path / "uni.csv", csv.replace("# model: resnet18", "# model: tíny→模型"))
+    done = subprocess.run([sys.executable, "-m", "pipesearch", "plan", "--model", "uni.csv", "--cluster",
+                           "1x4-v100-pcie", "-b", "64", "-o", "u.json"], cwd=tmp_path, capture_output=True, timeout=120,
+                          env={**os.environ, "PIPESEARCH_DEBUG": "", "PYTHONIOENCODING": "cp1252"})
+    assert done.returncode == 0, done.stderr
+    assert "\\u6a21\\u578b on 1x4-v100-pcie" in done.stdout.decode("cp1252").splitlines()[0]
+
+
+def test_an_output_folder_named_after_a_catalog_entry_does_not_hide_it(tmp_path):
+    """``mkdir llama3-8b`` (an output folder) then ``--model llama3-8b`` was
+    refused as "a directory, not a model file ... give a catalog name",
+    though a catalog name was given; with a folder ``4x4-v100-10gbe`` even
+    the bare ``pipesearch plan`` failed. A bare catalog name is the catalog's
+    entry; ``./NAME`` still names the folder."""
+    (tmp_path / "vgg16").mkdir()
+    (tmp_path / "4x4-v100-10gbe").mkdir()
+    code, out, err = run(["plan", "-q", "--model", "vgg16", "--top", "1"], tmp_path)
+    assert code == 0, err
+    assert_refused(tmp_path, ["plan", "--model", "./vgg16"], "--model ./vgg16: is a directory, not a model file")

@@ -8,6 +8,7 @@ impossible request (one line on stderr naming the file, field and value).
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import sys
 
@@ -88,6 +89,9 @@ class _Group(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        # a console that cannot encode a name (a model called 模型 on cp1252) shows it escaped, as stderr does
+        if isinstance(sys.stdout, io.TextIOWrapper):
+            sys.stdout.reconfigure(errors="backslashreplace")
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
         except click.exceptions.NoArgsIsHelpError as exc:
