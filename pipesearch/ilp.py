@@ -242,10 +242,10 @@ def build_model(problem: MappingProblem, objective: str = "bottleneck", *,
     md.SetName(f"pipesearch-mapping-{objective}")
     x, u = _split_vars(md, L, P)
     y, types, yt = _assignment_vars(md, problem, P, D)
-    comp = _compute_vars(md, x, yt, time_int, types, L, P)
-    p2p, lc = _p2p_vars(md, x, u, y, comm_int, link_class, Q, L, P, D, len(pairs) > 1)
     hi_comp = int(time_int[types].sum(axis=1).max())
     hi_comm = int(comm_int.max()) if comm_int.size else 0
+    comp = _compute_vars(md, x, yt, time_int, types, hi_comp, L, P)
+    p2p, lc = _p2p_vars(md, x, u, y, comm_int, hi_comm, link_class, Q, L, P, D, len(pairs) > 1)
     fluid_s = fluid_lower_bound_s(problem)
     lo_b = max(0, int(np.ceil(fluid_s / unit - 1.0 - 1e-9)), int(np.ceil(min_bottleneck_s / unit - 1.5 - 1e-9)))
     bottleneck = md.NewIntVar(min(lo_b, hi_comp + hi_comm), hi_comp + hi_comm, "B")
@@ -347,10 +347,10 @@ def _assignment_vars(md, problem: MappingProblem, P: int, D: int):
     return y, types, yt
 
 
-def _compute_vars(md, x, yt, time_int, types, L: int, P: int) -> list:
-    """``comp[k]``: stage ``k``'s compute in units, at least its layers'
-    on the fastest type and, with several types, their time on its own."""
-    hi_comp = int(time_int[types].sum(axis=1).max())
+def _compute_vars(md, x, yt, time_int, types, hi_comp: int, L: int, P: int) -> list:
+    """``comp[k]``: stage ``k``'s compute in units (at most ``hi_comp``), at
+    least its layers' on the fastest type and, with several types, their
+    time on its own."""
     comp = [md.NewIntVar(0, hi_comp, f"comp[{k}]") for k in range(P)]
     tmin = time_int[types].min(axis=0)
     for k in range(P):
@@ -362,14 +362,13 @@ def _compute_vars(md, x, yt, time_int, types, L: int, P: int) -> list:
     return comp
 
 
-def _p2p_vars(md, x, u, y, comm_int, link_class, Q: int, L: int, P: int, D: int, several: bool):
+def _p2p_vars(md, x, u, y, comm_int, hi_comm: int, link_class, Q: int, L: int, P: int, D: int, several: bool):
     """``(p2p, lc)``: ``p2p[k]``, the round trip over boundary ``k`` in
-    units (the output of the stage's last layer over the link class of its
+    units, at most ``hi_comm`` (the output of the stage's last layer over the link class of its
     two devices; the cheapest class when there is one), and ``lc[k][q]``,
     boundary ``k`` on link class ``q`` (``[1]`` with one class)."""
     lc: list[list] = []
     p2p = []
-    hi_comm = int(comm_int.max()) if comm_int.size else 0
     for k in range(P - 1):
         ends = [(l, u(l, k) - u(l + 1, k)) for l in range(k, L - (P - 1 - k))]  # layer l ends stage k
         v = md.NewIntVar(0, hi_comm, f"p2p[{k}]")

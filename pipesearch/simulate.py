@@ -252,6 +252,7 @@ class _Sweep:
     def __init__(self, actions, M: int, s2r: list[int], inputs: _StageInputs, overlap: bool):
         P, S = len(actions), len(s2r)
         self.actions, self.M, self.s2r, self.x, self.overlap = actions, M, s2r, inputs, overlap
+        self.last = S - 1  # the last stage (no output sent down, no gradient received)
         # per-rank columns (kind code, stage, micro-batch) and each action's start and end
         self.kinds = [[_KIND_CODE[a.kind] for a in seq] for seq in actions]
         self.stages = [[a.stage for a in seq] for seq in actions]
@@ -285,7 +286,7 @@ class _Sweep:
         """Run rank ``r`` from where it stopped until an action's input has
         not arrived (registering the wait) or its list ends."""
         ks, ss, ms, st_r, en_r = self.kinds[r], self.stages[r], self.mbs[r], self.starts[r], self.ends[r]
-        i, t, n, last = self.ptr[r], self.free[r], len(ks), len(self.s2r) - 1
+        i, t, n, last = self.ptr[r], self.free[r], len(ks), self.last
         while i < n:
             k, s, mb = ks[i], ss[i], ms[i]
             if k == 0 and s:  # F: the activation from stage s - 1
@@ -329,7 +330,7 @@ class _Sweep:
         returns when the rank is free (later with blocking sends)."""
         idx = s * self.M + mb
         if k == 0:
-            if s != len(self.s2r) - 1:
+            if s != self.last:
                 t = self._send(r, self.fwd_link[s], self.x.p2p[s], t, self.f_arr, self.f_wait, idx)
             return t
         if k != 2:  # B or W releases the activations

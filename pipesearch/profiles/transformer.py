@@ -664,14 +664,19 @@ class _HFReader:
             raise _bad(self.where, "sliding_window", window, "a non-negative integer (the attention window in tokens) "
                        "or null")
         take("rope_theta", "rope_theta", None, "rotary_emb_base")
-        scale_key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
-        scaling = d.get(scale_key)
+        scale_key, scaling = self._scaling()
         if values["rope_theta"] is None and isinstance(scaling, dict) and scaling.get("rope_theta") is not None:
             values["rope_theta"] = scaling["rope_theta"]
             self.keys["rope_theta"] = f"{scale_key}.rope_theta"
         drops = self._neox() if family == "neox" else self._llama()
         values["dropout"] = any(x > 0 for x in drops)
         return default_seq, pos_key
+
+    def _scaling(self) -> tuple[str, Any]:
+        """``(key, value)`` of the rotary scaling: ``rope_scaling``, or
+        transformers 5's ``rope_parameters``."""
+        key = "rope_scaling" if self.d.get("rope_scaling") is not None else "rope_parameters"
+        return key, self.d.get(key)
 
     def _rope_scaling(self, pos: Any) -> tuple[Any, str]:
         """The rotary scaling (``rope_scaling``, or transformers 5's
@@ -681,9 +686,8 @@ class _HFReader:
         longrope, yarn: the config's own), and the default sequence length
         with its key: a pre-training context below the config's (Llama 3.1:
         8192 of 131072) where the scaling names one."""
-        d, where, values, keys = self.d, self.where, self.values, self.keys
-        scale_key = "rope_scaling" if d.get("rope_scaling") is not None else "rope_parameters"
-        scaling = d.get(scale_key)
+        where, values, keys = self.where, self.values, self.keys
+        scale_key, scaling = self._scaling()
         if scaling is not None and not isinstance(scaling, dict):
             raise _bad(where, scale_key, scaling, "an object (rope_type, factor, ...) or null")
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
