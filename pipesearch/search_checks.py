@@ -114,6 +114,11 @@ def check_options(variants, cluster, job, options):
         here = ", ".join(f"pp {options.pp} x vp {v} = {options.pp * v}" for v in options.vps) if options.pp else ""
         example = f"e.g. --pp {n // 2} --vp 2" if n % 2 == 0 and n >= 4 else ""
         hint = "; ".join(x for x in (f"here {here}" if here else "", example) if x)
+        several = [s for s in options.schedules if s in MULTI_STAGE_SCHEDULES]
+        if set(several) <= {"mobius", "roundpipe"}:  # they run one stage per rank too (vp 1)
+            raise InputError(f"--split of {n} stages with --schedule {' and '.join(several)}: give its stages per "
+                             f"rank: --vp 1 for one each (pp {n}), or --pp and --vp with pp x vp = {n}"
+                             f"{f' ({example})' if example else ''}")
         raise InputError(f"--split of {n} stages with a multi-stage schedule needs --pp and --vp with pp x vp = "
                          f"{n}{f' ({hint})' if hint else ''}, or --schedule gpipe, 1f1b or zb-h1"
                          + (" without --vp" if options.vp_pinned and 1 not in options.vps else ""))

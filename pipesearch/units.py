@@ -45,6 +45,13 @@ def parse_size_option(option: str, text: str) -> float:
         raise InputError(f"{option} {bare}: no unit; give one, e.g. {bare}GiB or {bare}MB")
     if bare.startswith("-"):
         raise InputError(f"{option} {text!r}: a size must not be negative; give 0 for none, or e.g. 1GiB")
+    bits = re.fullmatch(_NUM + r"([KMGT])(i?)b\s*", bare)  # 8Gb: gigabits, as link speeds are written
+    if bits:
+        num, prefix, binary = bits.groups()
+        name = {"K": "kilo", "M": "mega", "G": "giga", "T": "tera"}[prefix]
+        name = name[:2] + "bi" if binary else name
+        raise InputError(f"{option} {text!r}: {prefix}{binary}b is {name}bits; a size is in bytes: "
+                         f"write {num}{prefix}{binary}B" + ("" if binary else f" or {num}{prefix}iB"))
     try:
         return parse_bytes(text)
     except InputError:

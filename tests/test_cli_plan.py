@@ -833,8 +833,13 @@ def test_micro_batches_above_a_fitted_profiles_sizes_are_noted(tmp_path):
         assert res.exit_code == 0, res.output
         return [x for x in res.stdout.splitlines() if "larger than the largest the profile was measured at" in x]
 
-    assert len(note("--micro-batch-size", "128")) == 1
+    pinned = note("--micro-batch-size", "128")
+    assert len(pinned) == 1
+    # the pin it names is one of at most 16 (128 is pinned already), not "pin --micro-batch-size"
+    assert pinned[0].endswith("or pin a --micro-batch-size of 16 or less (--micro-batch-size 128 is above it)")
     assert note("--micro-batch-size", "16") == []
+    free = note("--num-micro-batches", "2")  # micro-batches of 128 searched, not pinned: any size is the advice
+    assert len(free) == 1 and free[0].endswith("or pin --micro-batch-size")
 
 
 def test_a_mixed_cluster_lists_the_stages_device_types_even_of_one_type():

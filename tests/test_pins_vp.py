@@ -233,6 +233,28 @@ def test_cli_split_for_virtual_stages_without_pp_names_the_pins_to_add(schedules
     _one_line_refusal(CliRunner().invoke(main, args), *needles)
 
 
+@pytest.mark.parametrize("schedule, split, pins, needles", [
+    ("mobius", "10,10,10,10", ["--activation-offload"],
+     ["--vp 1 for one each (pp 4)", "pp x vp = 4 (e.g. --pp 2 --vp 2)"]),
+    ("roundpipe", "20,20", [], ["--vp 1 for one each (pp 2), or --pp and --vp with pp x vp = 2"]),
+])
+def test_cli_split_for_a_host_schedule_names_vp_1(schedule, split, pins, needles):
+    """Mobius and RoundPipe also run a split one stage per rank: the refusal
+    of a split without its stages per rank asked for --pp and --vp, where
+    --vp 1 alone plans it. It names --vp 1 first, and --vp 1 plans the
+    split on as many ranks as it has stages."""
+    import json
+
+    args = ["plan", "-q", "--model", "vgg16", "--cluster", "1x8-rtx4090-pcie4", "-b", "64", "--split", split,
+            "--schedule", schedule, *pins]
+    _one_line_refusal(CliRunner().invoke(main, args), *needles)
+    r = CliRunner().invoke(main, [*args, "--vp", "1", "--json", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)["plans"][0]
+    assert plan["parallelism"]["pp"] == len(split.split(",")) and plan["parallelism"]["vp"] == 1
+    assert [s["layers"][1] - s["layers"][0] for s in plan["stages"]] == [int(x) for x in split.split(",")]
+
+
 @pytest.mark.parametrize("once, twice", [
     (["--schedule", "1f1b"], ["--schedule", "1f1b", "--schedule", "1f1b"]),
     (["--schedule", "interleaved-1f1b", "--vp", "2"], ["--schedule", "interleaved-1f1b", "--vp", "2", "--vp", "2"]),

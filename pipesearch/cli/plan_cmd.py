@@ -770,8 +770,8 @@ def _report(result, source, cluster, job, out, figures, *, quiet: bool, recomput
             dev = cluster.groups[0].device.name
             click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
                        f"name the device it was measured on to compare clusters of other devices")
-        for line in (small_batch_note(result.plans, source, micro_batch_size), large_batch_note(result.plans, source),
-                     attention_note(result.plans, source, recompute), *idle_device_notes(result.plans, cluster)):
+        for line in (small_batch_note(result.plans, source, micro_batch_size),
+                     large_batch_note(result.plans, source, micro_batch_size), attention_note(result.plans, source, recompute), *idle_device_notes(result.plans, cluster)):
             if line is not None:
                 click.echo(line)
         click.echo(search_summary_line(result))
@@ -850,12 +850,14 @@ def replica_batches(plan) -> list[int]:
     return [-(-plan.micro_batch_size // r) for r in (plan.stage_replicas or (1,))]
 
 
-def large_batch_note(plans, source) -> str | None:
+def large_batch_note(plans, source, pinned_micro_batch_size: int | None = None) -> str | None:
     """A line when ranked plans of a profile fitted over several batch sizes
     (its layers' fixed and per-sample times, ``pipesearch profile
     --batch-sizes``) run micro-batches (or replicas' shares of them) larger
     than the largest it was measured at, its ``batch_size``: their times
-    extrapolate the fit. None otherwise."""
+    extrapolate the fit. The pin it names, as :func:`small_batch_note`'s,
+    is one of at most that size where ``--micro-batch-size`` pinned one
+    above it. None otherwise."""
     profile = source.variants[0].profile
     if source.info.get("kind") != "profile" or not any(has.any() for has, _ in profile.fixed_time_arrays.values()):
         return None
@@ -865,7 +867,7 @@ def large_batch_note(plans, source) -> str | None:
     return (f"plan{'s' if len(ranks) > 1 else ''} {', '.join(ranks)} run{'' if len(ranks) > 1 else 's'} micro-batches "
             f"larger than the largest the profile was measured at ({profile.profiled_batch_size}), timed by "
             f"extrapolating its fit (fixed + per-sample time); measure up to that size (pipesearch profile "
-            f"--batch-sizes) or pin --micro-batch-size")
+            f"--batch-sizes){_pin_advice(pinned_micro_batch_size, profile.profiled_batch_size, larger=True)}")
 
 
 def attention_note(plans, source, recompute: str | None) -> str | None:
@@ -913,10 +915,14 @@ def small_batch_note(plans, source, pinned_micro_batch_size: int | None = None) 
             f"several sizes (pipesearch profile --batch-sizes){_pin_advice(pinned_micro_batch_size, batch)}")
 
 
-def _pin_advice(pinned: int | None, batch: int) -> str:
-    """The pin :func:`small_batch_note` suggests besides measuring."""
+def _pin_advice(pinned: int | None, batch: int, larger: bool = False) -> str:
+    """The pin :func:`small_batch_note` (``larger``: :func:`large_batch_note`)
+    suggests besides measuring: any micro-batch size when none is pinned;
+    one on the profile's side of ``batch`` when the pinned one is past it;
+    none when the pinned one is not (the replicas' shares are)."""
     if pinned is None:
         return " or pin --micro-batch-size"
-    if pinned < batch:
-        return f" or pin a --micro-batch-size of {batch} or more (--micro-batch-size {pinned} is below it)"
+    if (pinned > batch) if larger else (pinned < batch):
+        side, where = ("less", "above") if larger else ("more", "below")
+        return f" or pin a --micro-batch-size of {batch} or {side} (--micro-batch-size {pinned} is {where} it)"
     return ""
