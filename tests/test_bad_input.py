@@ -1663,7 +1663,12 @@ def test_serving_a_config_without_a_context_and_other_small_refusals(tmp_path):
                                          'num_attention_heads = 4\nffn_hidden_size = 128\nvocab_size = 100\n'
                                          'seq_len = 128\n')
     assert_refused(tmp_path, ["serve", "--model", toml], "blank.toml", "key 'transformer.name' = ' '",
-                   "a non-blank string")
+                   "a non-blank one-line string")
+    tab = write(tmp_path / "tab.toml", (tmp_path / "blank.toml").read_text().replace('" "', '"my\\tmodel"'))
+    assert_refused(tmp_path, ["plan", "--model", tab], "tab.toml", "key 'transformer.name' = 'my\\tmodel'",
+                   "without tabs or control characters")  # it was printed raw in the table's heading
+    ref = write(tmp_path / "ref.json", json.dumps(SMALL_LLAMA | {"_name_or_path": "org/my\tllama"}))
+    assert_refused(tmp_path, ["plan", "--model", ref], "ref.json", "key '_name_or_path' = 'my\\tllama'")
     code, _, err = run(["profile", "m.py:f", "--input-shape", "4", "--seed", str(2**64)], tmp_path)
     assert code == 2 and "--seed" in err and "Traceback" not in err
 

@@ -88,6 +88,9 @@ FIXED = "name,fwd_ms,bwd_ms,param_bytes,output_bytes,fwd_fixed_ms,bwd_fixed_ms\n
         (HEAD + COLS + "x,1,2,3,4\nx,1,2,3,4\n", ["line 4", "duplicate", "'x'", "line 3"]),
         (HEAD + COLS + ",1,2,3,4\n", ["line 3", "empty layer name"]),
         (HEAD + COLS + "a\x00b,1,2,3,4\n", ["line 3", "control character"]),
+        # a tab in the model's name was printed raw in the table's heading
+        ("# model: my\tmodel\n" + HEAD + COLS + "x,1,2,3,4\n", ["line 1", "'model'", "'my\\tmodel'", "control"]),
+        (HEAD + "# device: v100\x1b[31m\n" + COLS + "x,1,2,3,4\n", ["line 2", "'device'", "control"]),
         (HEAD + COLS, ["line 2", "no layers"]),
         (HEAD, ["no layers"]),
         (COLS + "x,1,2,3,4\n", ["batch_size", "missing"]),

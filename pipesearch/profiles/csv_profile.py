@@ -217,6 +217,17 @@ def _header_value(path: Path, header: dict, key: str) -> tuple[int, str] | None:
     return entries[0]
 
 
+def _printable_value(path: Path, header: dict, key: str) -> tuple[int, str] | None:
+    """:func:`_header_value` of a name (``model``, ``device``): one that
+    holds a tab or another control character is refused (the table's
+    heading and the exports print it)."""
+    found = _header_value(path, header, key)
+    if found is not None and not found[1].isprintable():
+        raise _fail(path, f"line {found[0]}", f"header field {key!r} {shown(found[1])} holds a control character "
+                    f"(a tab?); write the name on one line, e.g. '# {key}: {'my model' if key == 'model' else 'a100-80gb'}'")
+    return found
+
+
 def _parse_header(path: Path, header: dict) -> dict:
     found = _header_value(path, header, "batch_size")
     if found is None:
@@ -236,8 +247,7 @@ def _parse_header(path: Path, header: dict) -> dict:
     tied = _header_number(path, header, "tied_param_bytes", 0.0, lambda v: 0 <= v < math.inf,
                           "is not a number >= 0; write the bytes the last layer shares with the first, e.g. "
                           "'# tied_param_bytes: 262144'")
-    model = _header_value(path, header, "model")
-    device = _header_value(path, header, "device")
+    model, device = (_printable_value(path, header, key) for key in ("model", "device"))
     return {
         "name": model[1] if model and model[1] else entry_name(path),
         "profiled_batch_size": int(batch),

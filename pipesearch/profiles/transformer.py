@@ -279,8 +279,8 @@ def _validate(values: dict[str, Any], where: str, keys: dict[str, str]) -> None:
         if kind == "str":
             if not isinstance(v, str):
                 raise _bad(where, k(name), v, "a string")
-            if name == "name" and not v.strip():  # the engines' command lines and the tables show it
-                raise _bad(where, k(name), v, "a non-blank string")
+            if name == "name" and not (v.strip() and v.isprintable()):  # the engines' command lines and tables show it
+                raise _bad(where, k(name), v, "a non-blank one-line string without tabs or control characters")
         elif kind == "bool":
             if not isinstance(v, bool):
                 raise _bad(where, k(name), v, "true or false")
@@ -550,6 +550,8 @@ def load_hf_config(
         ref = _hub_reference(d)
         folder = p.resolve().parent.name  # a relative "config.json" still names its folder
         name = ref.rsplit("/", 1)[-1] if ref else (folder if p.name == "config.json" and folder else p.stem)
+        if ref:
+            r.keys["name"] = "_name_or_path"
     r.values["name"] = name
     r.values["source"] = f"{p} (HuggingFace {family} config)"
     full = {f.name: f.default for f in fields(TransformerConfig)}
