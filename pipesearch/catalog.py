@@ -60,6 +60,27 @@ def list_entries(kind: str) -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
+def shadowing_note(kind: str, name_or_path: str, copies: bool = False) -> str | None:
+    """A warning when a bare name (no folder in it) that :func:`resolve`
+    read as a file here is also a catalog entry with other contents
+    (``copies``: or the same): the user may have meant the catalog's. None
+    otherwise (a path with a folder, ``./vgg16``, says which; an exact copy
+    plans the same)."""
+    text = str(name_or_path)
+    entry = list_entries(kind).get(text.strip().lower())
+    if entry is None or any(c in text for c in "/\\"):
+        return None
+    here = Path(text)
+    try:
+        if not here.is_file() or here.resolve() == entry.resolve() or (
+                not copies and here.read_bytes() == entry.read_bytes()):
+            return None
+    except OSError:
+        return None
+    return (f"--{kind} {text}: read the file {text} in this folder, not the catalog's {kind} {entry_name(entry)} "
+            f"(write ./{text} for the file, or move it away for the catalog's)")
+
+
 def resolve(kind: str, name_or_path: str) -> Path:
     """Path of a catalog entry given its name, or the given path if it is a file.
 

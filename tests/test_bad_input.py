@@ -1821,3 +1821,25 @@ def test_an_output_folder_named_after_a_catalog_entry_does_not_hide_it(tmp_path)
     code, out, err = run(["plan", "-q", "--model", "vgg16", "--top", "1"], tmp_path)
     assert code == 0, err
     assert_refused(tmp_path, ["plan", "--model", "./vgg16"], "--model ./vgg16: is a directory, not a model file")
+
+
+def test_a_file_here_named_like_a_catalog_entry_is_said(tmp_path):
+    """A file in the working folder named exactly as a catalog entry (no
+    ending) was read in its place without a word. An edited cluster copy is
+    planned with a warning naming both readings; an exact copy, or the
+    name given as ./name, says nothing; a model file without a known ending
+    is refused, the refusal naming the catalog's model the name also is."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "hardware" / "clusters" / "1x4-v100-pcie.toml").read_text()
+    edited = write(tmp_path / "1x4-v100-pcie", text.replace('name = "1x4-v100-pcie"', 'name = "mine"'))
+    args = ["plan", "-q", "--model", "alexnet", "-b", "64", "--top", "1"]
+    code, _, err = run([*args, "--cluster", "1x4-v100-pcie"], tmp_path)
+    assert code == 0 and "--cluster 1x4-v100-pcie: read the file 1x4-v100-pcie in this folder, not the catalog's " \
+                         "cluster 1x4-v100-pcie" in err, err
+    code, _, err = run([*args, "--cluster", "./1x4-v100-pcie"], tmp_path)
+    assert code == 0 and "read the file" not in err, err
+    edited.write_text(text)  # an exact copy plans as the catalog's would
+    code, _, err = run([*args, "--cluster", "1x4-v100-pcie"], tmp_path)
+    assert code == 0 and "read the file" not in err, err
+    write(tmp_path / "alexnet", (root / "cost_models" / "alexnet.csv").read_text())
+    assert_refused(tmp_path, args, "unsupported model file type", "not the catalog's model alexnet")

@@ -615,7 +615,7 @@ def test_bad_hf_llama(tmp_path):
         load_hf_config(_toml(tmp_path, "{", "c.json"))
 
 
-def test_bad_layer_table_options():
+def test_bad_layer_table_options(tmp_path):
     cfg = load_transformer(CATALOG / "llama2-70b.toml")
     with pytest.raises(InputError, match="tp = 16 does not divide num_kv_heads = 8"):
         layer_table(cfg, device=A100, tp=16, tp_link=NVLINK)
@@ -633,6 +633,12 @@ def test_bad_layer_table_options():
     with pytest.raises(InputError, match=r"'seq_len \(--seq-len\)' = 4096 exceeds 'transformer.max_position_embeddings'"):
         load_transformer(CATALOG / "gpt3-1.3b.toml", seq_len=4096)  # named as the option that gave it
     assert load_transformer(CATALOG / "gpt3-1.3b.toml", seq_len=1024).max_position_embeddings == 2048
+    # without max_position_embeddings the table has seq_len's 2048 rows: the refusal cites seq_len, the key given
+    text = (CATALOG / "gpt3-1.3b.toml").read_text()
+    bare = tmp_path / "bare.toml"
+    bare.write_text("\n".join(x for x in text.splitlines() if not x.startswith("max_position_embeddings")))
+    with pytest.raises(InputError, match=r"exceeds 'transformer.seq_len \(the learned position table's rows"):
+        load_transformer(bare, seq_len=4096)
     with pytest.raises(InputError, match="heads"):
         replace(gpt3, num_attention_heads=24)
 

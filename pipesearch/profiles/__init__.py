@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..catalog import resolve
+from ..catalog import resolve, shadowing_note
 from ..errors import InputError
 from ..types import ModelProfile
 from .csv_profile import read_profile_csv, write_profile_csv
@@ -52,8 +52,10 @@ def load_model(name_or_path: str) -> ModelProfile:
         if path.name.lower().endswith(ending):
             return READERS[ending][0](path)
     supported = ", ".join(f"*{ending} ({what})" for ending, (_, what) in READERS.items())
+    shadowed = shadowing_note("model", name_or_path, copies=True)  # a file here named like a catalog model
     raise InputError(f"{path}: unsupported model file type; supported formats: {supported}; `plan` also reads "
-                     "a transformer TOML (*.toml) or a HuggingFace config (*.json)")
+                     "a transformer TOML (*.toml) or a HuggingFace config (*.json)"
+                     + (f"; {shadowed.split(': ', 1)[1]}" if shadowed else ""))
 
 
 __all__ = ["READERS", "load_model", "read_graph_txt", "read_profile_csv", "write_profile_csv"]

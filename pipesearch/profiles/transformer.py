@@ -872,10 +872,12 @@ def load_transformer(path: str | Path, seq_len: int | None = None) -> Transforme
         if seq_len is not None:
             values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
             values["seq_len"] = seq_len
+            table_key = "transformer.max_position_embeddings"
             if cfg.position_embedding == "learned":
                 values["max_position_embeddings"] = cfg.max_position_embeddings
-            _validate(values, str(p), {"seq_len": "seq_len (--seq-len)",
-                                       "max_position_embeddings": "transformer.max_position_embeddings"})
+                if "max_position_embeddings" not in _read_toml(p)["transformer"]:  # the table's rows: its seq_len
+                    table_key = "transformer.seq_len (the learned position table's rows without max_position_embeddings)"
+            _validate(values, str(p), {"seq_len": "seq_len (--seq-len)", "max_position_embeddings": table_key})
             cfg = replace(cfg, seq_len=seq_len)
         return cfg
     if p.suffix == ".json":
