@@ -65,7 +65,7 @@ from .stage_options import (StageOptions, range_max, range_max_table, stage_opti
 # placement is the one home of layouts, links and per-stage device terms; the
 # names below are also reachable from here for callers of the cost model
 from .placement import (allreduce_model, device_rate_flops, pipeline_placement,  # noqa: F401
-                        placement_links, stage_capacity_bytes, stage_time_scale)
+                        placement_links, stage_capacity_bytes, stage_streaming_bandwidth, stage_time_scale)
 from .types import Cluster, DeviceSpec, Job, Link, ModelProfile
 
 
@@ -77,6 +77,21 @@ def state_bytes_per_param(job: Job, dp: int) -> float:
     across the data-parallel replicas), ``6 + 12/dp`` for Megatron-LM's
     distributed optimizer."""
     return param_state_of(job).bytes_per_param(dp)
+
+
+def device_step_s_per_param_byte(state, dp: int, bytes_per_param: float, bandwidth_bytes_per_s) -> np.ndarray:
+    """``(P,)`` seconds per parameter byte of each stage's optimizer step on
+    its GPU: the bytes the step streams per parameter it updates
+    (:attr:`pipesearch.memory.ParamState.step_bytes_per_param`) times the
+    share it updates (:meth:`~pipesearch.memory.ParamState.update_share`,
+    ``1 / dp`` from ZeRO-1 on), over the stage's streaming memory bandwidth
+    ``(P,)`` bytes/s (the step is memory-bound: a few flops per 28-30 bytes),
+    per byte of the profile's parameters (``bytes_per_param`` each); 0 for
+    a profile without parameter sizes."""
+    bandwidth = np.asarray(bandwidth_bytes_per_s, dtype=float)
+    if bytes_per_param <= 0:
+        return np.zeros_like(bandwidth)
+    return state.step_bytes_per_param * state.update_share(dp) / bytes_per_param / bandwidth
 
 
 def in_flight_micro_batches(schedule: str, pp: int, m: int) -> np.ndarray:
@@ -280,6 +295,10 @@ class PipelineCosts:
     #: the shared bytes' part held until the weight gradient,
     #: ``saved_start_bytes x ModelProfile.wgrad_saved_fraction``). None: 0
     held_start_bytes: np.ndarray | None = None
+    #: ``(P,)`` seconds per parameter byte of each stage's optimizer step on
+    #: its GPU (:func:`device_step_s_per_param_byte`; :meth:`device_step_s`);
+    #: None: the step is not timed (costs built for one term alone)
+    device_step_rate: np.ndarray | None = None
     #: the last few option_index results (the terms of one range ask for it
     #: several times in a row); not an input: replace() starts it empty
     _option_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -403,6 +422,24 @@ class PipelineCosts:
             return np.zeros(np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape)
         k = self.option_index(s, i, j)
         return self.host_param_bytes(s, i, j, k) * self.options.host_step_s_per_param_byte[k, np.asarray(s)]
+
+    def device_step_s(self, s, i, j):
+        """Seconds of stage ``s``'s optimizer step on its GPU after its last
+        backward (and its data-parallel reduce): the parameter bytes it
+        steps (its layers' and the tied copy's, :meth:`host_param_bytes`)
+        times :attr:`device_step_rate`; 0 under an option that keeps the
+        optimizer state in host memory (its step is :meth:`host_step_s`),
+        and without the rate."""
+        shape = np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape
+        if self.device_step_rate is None:
+            return np.zeros(shape)
+        params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
+        tied = self._tied_params(s)
+        step = np.broadcast_to((params if tied is None else params + tied) * self.device_step_rate[np.asarray(s)],
+                               shape)
+        if self.options is None:
+            return step
+        return np.where(self.options.host_bytes_per_param_byte[self.option_index(s, i, j)] == 0, step, 0.0)
 
     def host_param_bytes(self, s, i, j, k=None):
         """Parameter bytes whose optimizer state stage ``s`` holding ``[i,
@@ -961,11 +998,14 @@ class PipelineCosts:
 
     def after_backward_s(self, s, i, j):
         """What stage ``s`` adds after its last backward: :meth:`allreduce_s`
-        plus its :meth:`host_step_s` (not overlapped: the offloaded optimizer
-        step starts when the stage's gradients are complete)."""
+        plus its optimizer step, :meth:`device_step_s` or the offloaded
+        :meth:`host_step_s` (not overlapped: the step starts when the
+        stage's gradients are reduced; a delayed host step runs beside the
+        next iteration instead)."""
+        out = self.allreduce_s(s, i, j) + self.device_step_s(s, i, j)
         if self.options is None or self.delayed_host_step:
-            return self.allreduce_s(s, i, j)
-        return self.allreduce_s(s, i, j) + self.host_step_s(s, i, j)
+            return out
+        return out + self.host_step_s(s, i, j)
 
     def device_memory_bytes(self, bounds) -> np.ndarray:
         """With :attr:`chunk_states`: each device's peak bytes under the
@@ -1144,6 +1184,10 @@ def build_pipeline_costs(
                               stages_per_device=stages_per_device, time_scale=time_scale,
                               optimizer_offload=optimizer_offload, option_profiles=option_profiles,
                               weight_streaming=weight_streaming, weight_swapping=weight_swapping)
+    step_rate = device_step_s_per_param_byte(state, dp, profile.bytes_per_param,
+                                             stage_streaming_bandwidth(cluster, placement))
+    if options is not None and not job.delayed_optimizer_step:
+        options = options.with_step_floor(step_rate)
     device_checked = chunk_states is not None and stages_per_device > 1 and options is None
     usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement)) - gathered * stages_per_device
     if weight_swapping:  # Mobius: every stage swapped in and out over PCIe; each checked against the whole device
@@ -1165,7 +1209,7 @@ def build_pipeline_costs(
         pcie = host_lib.shared_bandwidth_bytes_per_s(cluster.host,
                                                      host_lib.stage_switch_sharing(cluster, placement, tp))
     return PipelineCosts(
-        options=options, delayed_host_step=job.delayed_optimizer_step and options is not None,
+        device_step_rate=step_rate, options=options, delayed_host_step=job.delayed_optimizer_step and options is not None,
         pcie_bandwidth_bytes_per_s=None if pcie is None else np.asarray(pcie, dtype=float),
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),

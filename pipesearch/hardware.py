@@ -585,7 +585,8 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
         ``homogeneous``, ``device_types`` (names, in group order),
         ``memory_bytes_per_device`` (device name -> bytes), ``total_memory_bytes``,
         ``groups`` (per group: device, nodes, devices_per_node, first and last
-        device id, memory_bytes, peak_fp16_flops, ``tensor_accumulate`` when
+        device id, memory_bytes, peak_fp16_flops, hbm_bandwidth_bytes_per_s
+        (the optimizer step's memory), ``tensor_accumulate`` when
         it is not fp32, achieved_fraction and, when the device states it,
         compute_capability) and
         ``links`` (``intra_node``, ``inter_node`` and, for more than one
@@ -603,6 +604,7 @@ def describe_cluster(cluster: Cluster) -> dict[str, Any]:
             "last_device": first + g.num_devices - 1,
             "memory_bytes": g.device.memory_bytes,
             "peak_fp16_flops": g.device.peak_fp16_flops,
+            "hbm_bandwidth_bytes_per_s": g.device.hbm_bandwidth_bytes_per_s,
             **({} if g.device.tensor_accumulate == "fp32" else {"tensor_accumulate": g.device.tensor_accumulate}),
             "achieved_fraction": g.device.achieved_fraction,
             **({} if g.device.compute_capability is None else {"compute_capability": g.device.compute_capability}),

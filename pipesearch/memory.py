@@ -143,6 +143,22 @@ class ParamState:
             return parts["master_weights"] / self.master_bytes
         return parts["optimizer_moments"] / self.moment_bytes if self.moment_bytes else 1.0
 
+    @property
+    def step_bytes_per_param(self) -> float:
+        """Bytes of device memory the optimizer step reads and writes per
+        parameter it updates: the gradient read (the fp32 main gradient
+        where one is kept, else the model-dtype gradient), the master
+        weights and the moments each read and written, the model-dtype
+        weights written (read too where there is no master copy: the step
+        updates them in place). Adam's update per parameter (Kingma & Ba,
+        ICLR 2015, Alg. 1) in one pass of a fused multi-tensor kernel (apex
+        FusedAdam, torch's fused AdamW, Megatron-LM's distributed optimizer):
+        ``2 + 2 (4 + 8) + 2 = 28`` for ``mixed-adam``, ``4 + 24 + 2 = 30``
+        for ``megatron``, ``4 + 2 x 8 + 2 x 4 = 28`` for ``fp32-adam``."""
+        grad = self.main_grad_bytes if self.main_grad_bytes > 0 else self.grad_bytes
+        weights = self.weight_bytes if self.master_bytes > 0 else 2 * self.weight_bytes
+        return grad + 2 * (self.master_bytes + self.moment_bytes) + weights
+
     def floor_bytes_per_param(self) -> float:
         """The limit of :meth:`bytes_per_param` as ``dp`` grows: a lower bound
         for every ``dp`` (what the search's memory pruning may assume)."""

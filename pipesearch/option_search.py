@@ -145,7 +145,8 @@ def dominant_chains(costs: PipelineCosts, below_s: float) -> list[int | None]:
         i, j = i[keep], j[keep]
         useful = relaxed.fits(s, i, j) & (m * relaxed.compute_s(s, i, j) < below_s)
         i, j = i[useful], j[useful]
-        terms = [np.stack([c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.bwd_input_s(s, i, j), c.host_step_s(s, i, j)])
+        terms = [np.stack([c.fwd_s(s, i, j), c.bwd_s(s, i, j), c.bwd_input_s(s, i, j),
+                           c.host_step_s(s, i, j) + c.device_step_s(s, i, j)])
                  for c in both]
         tol = 1e-12 * np.maximum(1.0, np.abs(terms[0]))
         if np.all(terms[1] <= terms[0] + tol):

@@ -191,7 +191,8 @@ class _Band:
     def _cached_terms(self, s: int):
         c = self.costs
         key = (c.time_scale[s], c.p2p_bandwidth_bytes_per_s[s], c.p2p_latency_s[s],
-               c.allreduce_s_per_byte[s], c.allreduce_fixed_s[s], s == c.pp - 1)
+               c.allreduce_s_per_byte[s], c.allreduce_fixed_s[s], s == c.pp - 1,
+               None if c.device_step_rate is None else c.device_step_rate[s])
         if key not in self._terms:
             self._terms[key] = _terms(c, s, self.i, self.j)
         return self._terms[key]
@@ -347,7 +348,8 @@ def _monotone_in_start(costs: PipelineCosts) -> bool:
     True without per-stage options and without overlapped data-parallel
     communication, when the prefix sums are nondecreasing and every factor is
     non-negative: ``a = scale (C[j] - C[i]) + p2p(j)`` and the all-reduce is
-    ``where(g > 0, g per + fixed, 0)`` of ``g = grad (P[j] - P[i])``; a
+    ``where(g > 0, g per + fixed, 0)`` of ``g = grad (P[j] - P[i])``, the
+    GPU's optimizer step ``(P[j] - P[i] + tied) rate``; a
     difference ``x - y`` rounds nonincreasing in ``y`` and products and sums
     of non-negative numbers keep the order (IEEE rounding is monotone).
     (With overlap the exposed part ``max(C / K, C - (1 - 1/K) W)`` can grow
@@ -357,7 +359,8 @@ def _monotone_in_start(costs: PipelineCosts) -> bool:
         return False
     rising = all(bool(np.all(np.diff(p) >= 0)) for p in (costs.compute_prefix_s, costs.param_prefix_bytes))
     factors = (costs.time_scale, costs.allreduce_s_per_byte, costs.allreduce_fixed_s,
-               np.array([costs.grad_bytes_per_param_byte, costs.gather_bytes_per_param_byte]))
+               np.array([costs.grad_bytes_per_param_byte, costs.gather_bytes_per_param_byte]),
+               np.zeros(1) if costs.device_step_rate is None else costs.device_step_rate)
     return rising and costs.num_micro_batches >= 1 and all(bool(np.all(f >= 0)) for f in factors)
 
 

@@ -451,6 +451,19 @@ def stage_capacity_bytes(cluster: Cluster, heads: np.ndarray) -> np.ndarray:
     return memory_bytes_of(cluster)[np.asarray(heads)].min(axis=1)
 
 
+def streaming_bandwidth_of(cluster: Cluster) -> np.ndarray:
+    """``(D,)`` streaming memory bandwidth of every device id
+    (:attr:`pipesearch.types.DeviceSpec.streaming_bandwidth_bytes_per_s`), bytes/s."""
+    return np.array([g.device.streaming_bandwidth_bytes_per_s for g in cluster.groups],
+                    dtype=float)[group_ids(cluster)]
+
+
+def stage_streaming_bandwidth(cluster: Cluster, heads: np.ndarray) -> np.ndarray:
+    """``(P,)`` streaming memory bandwidth of each stage's slowest device
+    (its replicas step in lock-step), bytes/s."""
+    return streaming_bandwidth_of(cluster)[np.asarray(heads)].min(axis=1)
+
+
 def stage_time_scale(cluster: Cluster, heads: np.ndarray, profiled: DeviceSpec | None,
                      precision: str) -> np.ndarray:
     """``(P,)`` factor turning a time measured on ``profiled`` into one on

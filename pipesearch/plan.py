@@ -107,7 +107,8 @@ def plan_to_dict(plan: Plan, exports: dict | None = None) -> dict:
              "devices": list(s.devices), "device_type": s.device_type, "fwd_s": s.fwd_s,
              "compute_s": s.compute_s, "comm_s": s.comm_s, "allreduce_s": s.allreduce_s, "dp_comm_s": s.dp_comm_s,
              "memory_bytes": s.memory_bytes, "send_bytes": s.send_bytes, "saved_bytes": s.saved_bytes,
-             "bwd_input_s": s.bwd_input_s, "memory_breakdown_bytes": dict(s.memory_breakdown),
+             "bwd_input_s": s.bwd_input_s, "optimizer_step_s": s.optimizer_step_s,
+             "memory_breakdown_bytes": dict(s.memory_breakdown),
              **({"memory_option": s.memory_option, "host_step_s": s.host_step_s} if s.memory_option else {})}
             | ({"replicas": s.replicas} if s.replicas is not None else {})
             for s in plan.stages
@@ -249,7 +250,7 @@ def plan_from_dict(obj: dict) -> tuple[Plan, dict | None]:
                   fwd_s=st["fwd_s"], saved_bytes=st["saved_bytes"], bwd_input_s=st["bwd_input_s"],
                   memory_breakdown=tuple((k, float(v)) for k, v in st.get("memory_breakdown_bytes", {}).items()),
                   memory_option=st.get("memory_option", ""), host_step_s=st.get("host_step_s", 0.0),
-                  dp_comm_s=st.get("dp_comm_s", 0.0),
+                  dp_comm_s=st.get("dp_comm_s", 0.0), optimizer_step_s=st.get("optimizer_step_s", 0.0),
                   replicas=st.get("replicas"))
         for st in obj["stages"])
     par, sch, pred = obj["parallelism"], obj["schedule"], obj["predicted"]

@@ -36,6 +36,7 @@ def plan_stages(variant, costs: PipelineCosts, bounds, placement, cluster,
         "bwd_input_s": costs.bwd_input_s(st, i, j),
         "allreduce_s": costs.after_backward_s(st, i, j),
         "host_step_s": costs.host_step_s(st, i, j),
+        "optimizer_step_s": costs.device_step_s(st, i, j),
     }
     # the recorded backward is compute_s - fwd_s (two prefix sums apart, so a stage with no backward can
     # round to a forward past its compute): keep it, and the input-gradient part inside it, non-negative

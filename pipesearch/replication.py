@@ -57,11 +57,12 @@ from itertools import combinations
 
 import numpy as np
 
-from .costs import build_pipeline_costs, profile_precision, PipelineCosts
+from .costs import build_pipeline_costs, device_step_s_per_param_byte, profile_precision, PipelineCosts
 from .errors import InputError
 from .memory import param_state_of, usable_memory_bytes
 from .placement import (SLOTS_PREFIX, allreduce_model, memory_bytes_of, replicated_boundary_links,
-                        replicated_layout_names, replicated_stage_devices, spread_layout_name, stage_time_scale)
+                        replicated_layout_names, replicated_stage_devices, spread_layout_name, stage_time_scale,
+                        streaming_bandwidth_of)
 from .types import Cluster, DeviceSpec, Job, ModelProfile
 
 #: the largest pipeline degree whose replica vectors the search enumerates
@@ -209,7 +210,8 @@ def replicated_stage_terms(cluster: Cluster, replicas, precision: str, profiled_
              "device_scale": np.array([stage_time_scale(cluster, d[None, :], profiled_device, precision)[0]
                                        for d in devs]),
              "ar_per_byte": np.array([x[0] for x in ar]), "ar_fixed": np.array([x[1] for x in ar]),
-             "smallest": np.array([memory_bytes_of(cluster)[d].min() for d in devs])}
+             "smallest": np.array([memory_bytes_of(cluster)[d].min() for d in devs]),
+             "streaming": np.array([streaming_bandwidth_of(cluster)[d].min() for d in devs])}
     if cache is not None:
         cache[key] = terms
     return terms
@@ -276,8 +278,15 @@ def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas
                                 profiled_device=profiled_device, in_flight=in_flight, tp=tp)
     share = activation_share(replicas, b)
     capacity = usable_memory_bytes(job, terms["smallest"]) - base.gathered_bytes - base.tied_copy_bytes
+    # each stage steps at its slowest replica's memory (the state is whole on every replica: one share)
+    step_rate = device_step_s_per_param_byte(param_state_of(job, len(devs)), 1, profile.bytes_per_param,
+                                             terms["streaming"])
+    options = base.options
+    if options is not None and not job.delayed_optimizer_step:
+        options = options.with_step_floor(step_rate)
     return devs, replace(
-        base, time_scale=terms["device_scale"] * share, **_fixed_time_terms(profile, share),
+        base, device_step_rate=step_rate, options=options,
+        time_scale=terms["device_scale"] * share, **_fixed_time_terms(profile, share),
         p2p_bandwidth_bytes_per_s=boundary_bandwidth_bytes_per_s(terms, b), p2p_latency_s=terms["lat"],
         allreduce_s_per_byte=terms["ar_per_byte"], allreduce_fixed_s=terms["ar_fixed"],
         capacity_bytes=capacity, activation_share=share)

@@ -155,6 +155,18 @@ class StageOptions:
                                      "from one option to the next; options must be ordered fastest first, "
                                      "layer by layer")
 
+    def with_step_floor(self, device_step_rate) -> StageOptions:
+        """These options with every positive host step at least the
+        stage's own GPU step, ``device_step_rate`` ``(P,)`` seconds per
+        parameter byte (:meth:`pipesearch.costs.PipelineCosts.device_step_s`):
+        a chain from an on-device option to an offloaded one must not get
+        faster after the last backward. The floor binds only where a
+        device's memory streams the state slower than its PCIe copies and
+        the CPU's Adam run (under about 35 GB/s: no GPU of the catalog)."""
+        step = self.host_step_s_per_param_byte
+        floored = np.where(step > 0, np.maximum(step, np.asarray(device_step_rate, dtype=float)[None, :]), step)
+        return self if np.array_equal(floored, step) else replace(self, host_step_s_per_param_byte=floored)
+
     def with_policies(self, policies) -> StageOptions:
         """These options with stage ``s`` restricted to the chain
         ``policies[s]`` (an index into :data:`POLICIES`; ``(P,)`` ints).

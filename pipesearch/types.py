@@ -297,6 +297,12 @@ def mfu_peak_flops(peak_fp16_flops: float, tensor_accumulate: str) -> float:
     return peak_fp16_flops / 2 if tensor_accumulate == "fp16" else peak_fp16_flops
 
 
+#: share of a device's peak memory bandwidth that streaming kernels reach
+#: (nominal: decode GEMV and paged-attention kernels, and the fused
+#: multi-tensor optimizer steps of apex / torch, measure 70-90% of peak)
+STREAMING_BANDWIDTH_FRACTION = 0.8
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """An accelerator type.
@@ -344,6 +350,13 @@ class DeviceSpec:
         Ada white paper, Table 2: RTX 4090 330.3 TFLOP/s with fp16
         accumulate, 165.2 with fp32, the rate bf16 runs at)."""
         return mfu_peak_flops(self.peak_fp16_flops, self.tensor_accumulate)
+
+    @property
+    def streaming_bandwidth_bytes_per_s(self) -> float:
+        """Bytes per second a kernel that streams its operands through
+        memory once reaches: ``hbm_bandwidth_bytes_per_s`` times
+        :data:`STREAMING_BANDWIDTH_FRACTION`."""
+        return self.hbm_bandwidth_bytes_per_s * STREAMING_BANDWIDTH_FRACTION
 
     def achieved_fraction_at(self, gemm_size: float) -> float:
         """Fraction of ``peak_fp16_flops`` reached by a transformer whose GEMMs
@@ -620,9 +633,10 @@ class StagePlan:
     forward per micro-batch; ``saved_bytes`` the activation bytes one in-flight
     micro-batch keeps on the stage; ``allreduce_s`` the data-parallel
     communication per iteration left after the stage's last backward (all of
-    it without overlap: :mod:`pipesearch.overlap`) plus ``host_step_s`` (the
-    stage's offloaded optimizer step, 0 when the optimizer stays on the
-    device): what follows its last backward; ``dp_comm_s`` all of the
+    it without overlap: :mod:`pipesearch.overlap`) plus the stage's
+    optimizer step, ``optimizer_step_s`` on its GPU or ``host_step_s``
+    offloaded (each 0 where the step runs on the other side): what follows
+    its last backward; ``dp_comm_s`` all of the
     data-parallel communication (gradient all-reduce, or reduce-scatter +
     all-gather); ``memory_option`` the stage's per-stage memory option
     (``"full"``: recomputed, ``"none+offload"``: optimizer in host memory;
@@ -655,6 +669,7 @@ class StagePlan:
     host_step_s: float = 0.0
     dp_comm_s: float = 0.0
     replicas: int | None = None
+    optimizer_step_s: float = 0.0
 
 
 @dataclass(frozen=True)

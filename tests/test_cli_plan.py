@@ -348,11 +348,13 @@ def test_simulate_names_the_all_reduce_only_with_data_parallelism(tmp_path):
     assert run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "--pp", "4", "--dp", "1",
                 "--schedule", "1f1b", "--top", "1", "-o", "one.json"], tmp_path).exit_code == 0
     out = run(["simulate", "one.json"], tmp_path).stdout
-    assert "no all-reduce: dp = 1" in out and "all-reduce tail" not in out
+    # dp = 1: what follows the last backward is each stage's optimizer step alone
+    assert "+ optimizer step left after the last backward" in out and "dp = 1: no all-reduce" in out
+    assert "communication" not in out.split("simulated iteration:")[1].split(";")[0]
     assert run(["plan", "--model", "gnmt", "--cluster", "1x4-v100-pcie", "--pp", "2", "--dp", "2",
                 "--schedule", "1f1b", "--top", "1", "-o", "two.json"], tmp_path).exit_code == 0
     out = run(["simulate", "two.json"], tmp_path).stdout
-    assert "data-parallel communication left after the last backward" in out or "all-reduce hidden" in out
+    assert "data-parallel communication and optimizer step left after the last backward" in out
 
 
 def test_timeline_draws_the_all_reduce_and_zooms(tmp_path):

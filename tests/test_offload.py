@@ -125,7 +125,8 @@ def _hand(prof, bounds, options, in_flight, capacity, host_share, step_per_param
         ok &= dev <= capacity and (params * 16 <= host_share if off else True)
         fwd.append(sum(x.fwd_s for x in lay))
         bwd.append(sum(x.bwd_s for x in lay))
-        after.append(params * step_per_param if off else 0.0)
+        # offloaded: the CPU's step and its copies; on the device: 28 B per parameter at 0.8 x tiny_device's 1e12 B/s
+        after.append(params * step_per_param if off else params * 28 / 0.8e12)
     S = len(fwd)
     return ok, StageTimes(fwd_s=np.array(fwd), bwd_s=np.array(bwd), bwd_input_s=np.array(bwd) / 2,
                           p2p_s=np.zeros(S - 1), allreduce_s=np.array(after))
@@ -135,8 +136,9 @@ def _hand(prof, bounds, options, in_flight, capacity, host_share, step_per_param
 def test_search_equals_brute_force_with_offload_options(seed):
     """Random layers on 3 GPUs under one switch: every split x every
     per-stage choice (on device / offloaded), times by hand (step = 4 B per
-    parameter over 25 / 3 GB/s + 3 / 1e9 s of CPU Adam per parameter),
-    simulated; the search's best equals the least."""
+    parameter over 25 / 3 GB/s + 3 / 1e9 s of CPU Adam per parameter
+    offloaded, 28 B per parameter at 0.8 TB/s on the GPU), simulated; the
+    search's best equals the least."""
     rng = np.random.default_rng(seed)
     L, pp, m = 6, 3, 4
     params = (rng.uniform(0.1, 0.6, L) * 1e9 * 2).tolist()  # bytes

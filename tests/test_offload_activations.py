@@ -42,6 +42,11 @@ def _hand_profile(saved1=1 * GB):
     return _profile([0.2, 0.2], [0.4, 0.4], [0.5e9, 0.5e9], [6 * GB, saved1])
 
 
+#: a hand-profile stage's optimizer step on the GPU: 0.25e9 parameters x 28 B (mixed-precision Adam) at 0.8 x
+#: tiny_device's 1e12 B/s
+STEP_S = 0.25e9 * 28 / 0.8e12
+
+
 def _search(prof, cluster, pp, m, schedule, **job_kw):
     job = Job(global_batch_size=m, memory_reserve_bytes=0, activation_offload=True, **job_kw)
     opts = SearchOptions(pp=pp, dp=1, micro_batch_size=1, num_micro_batches=m, schedules=(schedule,), top=1)
@@ -65,12 +70,13 @@ def test_a_stage_that_fits_only_with_its_activations_on_the_host():
     + 0.2, the last at 3.08; stage 1's six backwards run back to back from
     3.08, the first ending at 3.48; stage 0's backwards, 0.48 s each (slower
     than stage 1's 0.4 s), start at 3.48 and run back to back: 3.48 + 6 x
-    0.48 = 6.36 s. Host: 6 micro-batches x 6 GB = 36 GB; PCIe 2 x 6 x 6 GB =
-    72 GB per iteration."""
+    0.48 = 6.36 s, then its optimizer step: 0.25e9 parameters x 28 B at 0.8
+    x 1e12 B/s = 8.75 ms (stage 1's ends earlier). Host: 6 micro-batches x
+    6 GB = 36 GB; PCIe 2 x 6 x 6 GB = 72 GB per iteration."""
     cluster = replace(tiny_cluster(1, 8, memory_bytes=24 * GB), host=pcie_host())
     plan = _search(_hand_profile(), cluster, 2, 6, "gpipe")
     assert [st.memory_option for st in plan.stages] == ["act-host", "on-device"]
-    assert plan.predicted.iteration_time_s == pytest.approx(6.36)
+    assert plan.predicted.iteration_time_s == pytest.approx(6.36 + STEP_S)
     s0, s1 = plan.stages
     assert s0.fwd_s == pytest.approx(0.48) and s0.compute_s == pytest.approx(0.96)
     assert s1.fwd_s == pytest.approx(0.2) and s1.compute_s == pytest.approx(0.6)
@@ -81,8 +87,8 @@ def test_a_stage_that_fits_only_with_its_activations_on_the_host():
     assert host["host_memory_bytes"] == pytest.approx([36 * GB, 0.0])
     # the trace, replayed by the time model from the hand stage times
     hand = StageTimes(fwd_s=np.array([0.48, 0.2]), bwd_s=np.array([0.48, 0.4]), bwd_input_s=np.array([0.24, 0.2]),
-                      p2p_s=np.zeros(1), allreduce_s=np.zeros(2))
-    assert iteration_time_s("gpipe", 2, 6, 1, hand) == pytest.approx(6.36)
+                      p2p_s=np.zeros(1), allreduce_s=np.full(2, STEP_S))
+    assert iteration_time_s("gpipe", 2, 6, 1, hand) == pytest.approx(6.36 + STEP_S)
     # without the flag stage 0 cannot fit
     with pytest.raises(InfeasibleError):
         opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=6, schedules=("gpipe",), top=1)
@@ -200,14 +206,15 @@ def test_two_gpus_under_one_switch_offloading_take_longer_than_one():
     """GPUs 0 and 1 share switch 0's 25 GB/s uplink: 12.5 GB/s each, 0.48 s
     per copy, F = B = 0.48 s on both stages: GPipe (6 + 1) x (0.48 + 0.48)
     = 6.72 s. GPUs 0 and 4 under different switches: 25 GB/s, 0.24 s: F
-    0.24, B 0.4: (6 + 1) x 0.64 = 4.48 s."""
+    0.24, B 0.4: (6 + 1) x 0.64 = 4.48 s; each then adds stage 0's optimizer
+    step, ``STEP_S``."""
     shared, t_shared = _two_offloading_stages((0, 1))
     apart, t_apart = _two_offloading_stages((0, 4))
     for costs in (shared, apart):
         assert [costs.option_name(s, s, s + 1) for s in range(2)] == ["act-host", "act-host"]
     assert shared.fwd_s(0, 0, 1) == pytest.approx(0.48) and shared.bwd_s(1, 1, 2) == pytest.approx(0.48)
     assert apart.fwd_s(0, 0, 1) == pytest.approx(0.24) and apart.bwd_s(1, 1, 2) == pytest.approx(0.4)
-    assert t_shared == pytest.approx(6.72) and t_apart == pytest.approx(4.48)
+    assert t_shared == pytest.approx(6.72 + STEP_S) and t_apart == pytest.approx(4.48 + STEP_S)
     assert t_shared > t_apart
 
 
@@ -244,7 +251,9 @@ def _by_hand(prof, bounds, options, in_flight, capacity, host_share, bw, step_s_
     offloaded, 16 B then on the host); full recompute keeps each
     recomputable layer's checkpoint per micro-batch plus one layer's
     activations; an act-host stage keeps 3 micro-batches' kept bytes, the
-    host all in flight, and each action lasts max(compute, kept / bw)."""
+    host all in flight, and each action lasts max(compute, kept / bw); the
+    optimizer steps on the host when offloaded, else on the GPU (28 B per
+    parameter at 0.8 TB/s)."""
     fwd, bwd, bin_, after, ok = [], [], [], [], True
     for s, (i, j) in enumerate(zip(bounds[:-1], bounds[1:])):
         lay = prof.layers[i:j]
@@ -269,7 +278,7 @@ def _by_hand(prof, bounds, options, in_flight, capacity, host_share, bw, step_s_
             fwd.append(max(f, x))
             bwd.append(max(b, x))
             bin_.append(i_part * max(b, x) / b)
-        after.append(n * step_s_per_param if off else 0.0)
+        after.append(n * step_s_per_param if off else n * 28 / 0.8e12)  # on the GPU: STEP_S's rate
     S = len(fwd)
     return ok, StageTimes(fwd_s=np.array(fwd), bwd_s=np.array(bwd), bwd_input_s=np.array(bin_),
                           p2p_s=np.zeros(S - 1), allreduce_s=np.array(after))

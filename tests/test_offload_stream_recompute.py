@@ -120,6 +120,17 @@ def test_stream_level_terms_by_hand():
 # ------------------------------------------------------------- brute force
 
 
+#: a GPU's optimizer step per parameter: 28 B (mixed-precision Adam) at 0.8 x tiny_device's 1e12 B/s
+GPU_STEP_S_PER_PARAM = 28 / 0.8e12
+
+
+def _step_s_per_param(streamed: bool, host_s_per_param: float) -> float:
+    """A stage's optimizer step per parameter: on the host when its weights
+    stream (the CPU's Adam, never timed below the GPU's own step, which the
+    per-stage options' chain needs), else on the GPU."""
+    return max(host_s_per_param, GPU_STEP_S_PER_PARAM) if streamed else GPU_STEP_S_PER_PARAM
+
+
 def _stream_brute_force(levels, pp, m, capacity, bw, host_share, adam_rate, recomputed_transient):
     """Every split x every per-stage option (each level of ``levels``, a
     list of ``(name, fwd, bwd, saved)`` per-layer lists, on the device or
@@ -143,7 +154,7 @@ def _stream_brute_force(levels, pp, m, capacity, bw, host_share, adam_rate, reco
                 B.append(sum(b))
                 I.append(sum(b) / 2)
                 n = sum(params[i:j]) / 2
-                R.append(n * pp / adam_rate if st else 0.0)
+                R.append(n * _step_s_per_param(st, pp / adam_rate))
                 act = sum(saved[i:j]) * in_flight[s] + max(recomputed_transient[r][i:j])
                 dev = act + (2 * 2 * max(params[i:j]) if st else 16 * n)
                 ok &= dev <= capacity and (n * 18 <= host_share if st else True)
@@ -239,7 +250,7 @@ def _transformer_stream_brute_force(tables, pp, m, capacity, bw, adam_rate):
                 B.append(sum(b))
                 I.append(sum(bi))
                 n = sum(x.param_bytes for x in lay) / 2
-                R.append(n * pp / adam_rate if st else 0.0)
+                R.append(n * _step_s_per_param(st, pp / adam_rate))
                 # in flight, plus what the recomputing block holds once more in its backward (its whole
                 # activations under full recomputation, the attention core under selective)
                 act = sum(x.saved_bytes for x in lay) * in_flight[s] + max(

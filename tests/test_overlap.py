@@ -63,6 +63,12 @@ def _one_stage_time(state: ParamState, overlap: CommOverlap | None) -> float:
 
 
 MIXED = ParamState(2, 2, 0, 4, 8, "none")
+#: the one-layer job's optimizer step after its reduce, ms: 0.5e9 parameters x 28 B streamed each (2 B gradient
+#: read, 4 B master and 8 B moments read and written, 2 B weights written) at 0.8 x tiny_device's 1e12 B/s;
+#: half of them under ZeRO-1 (each replica steps its shard), 30 B each with Megatron's fp32 main gradient
+STEP_MS = 0.5e9 * 28 / 0.8e12 * 1e3  # 17.5
+STEP_ZERO1_MS = STEP_MS / 2
+STEP_MEGATRON_ZERO1_MS = 0.25e9 * 30 / 0.8e12 * 1e3  # 9.375
 MIXED_ZERO1 = ParamState(2, 2, 0, 4, 8, "zero1")
 MEGATRON_ZERO1 = ParamState(2, 0, 4, 4, 8, "zero1")
 
@@ -80,18 +86,22 @@ def test_overlap_in_the_time_model_by_hand():
       max(5/13, 5 - 10 (12/13)) = 5/13, so 10/13 in all;
     * Megatron's state reduces its fp32 main gradients (4 B/param): a 2 GB
       reduce-scatter, 10 ms, and the 1 GB bf16 all-gather, 5 ms; no overlap:
-      45 ms; both overlapped: max(10/13, 10 - 20 (12/13)) + 5/13 = 15/13."""
+      45 ms; both overlapped: max(10/13, 10 - 20 (12/13)) + 5/13 = 15/13;
+    * each then adds its optimizer step (``STEP_MS`` and its ZeRO-1 shares)."""
     ms = 1e-3
-    assert _one_stage_time(MIXED, None) == pytest.approx(40 * ms, rel=1e-9)
-    assert _one_stage_time(MIXED, CommOverlap(grad_reduce=True)) == pytest.approx((30 + 10 / 13) * ms, rel=1e-9)
-    assert _one_stage_time(MIXED_ZERO1, CommOverlap(grad_reduce=True)) == pytest.approx((30 + 5 / 13 + 5) * ms,
-                                                                                        rel=1e-9)
+    step, step1, step_m = STEP_MS, STEP_ZERO1_MS, STEP_MEGATRON_ZERO1_MS
+    assert _one_stage_time(MIXED, None) == pytest.approx((40 + step) * ms, rel=1e-9)
+    assert _one_stage_time(MIXED, CommOverlap(grad_reduce=True)) == pytest.approx((30 + 10 / 13 + step) * ms,
+                                                                                  rel=1e-9)
+    assert _one_stage_time(MIXED_ZERO1, CommOverlap(grad_reduce=True)) == pytest.approx(
+        (30 + 5 / 13 + 5 + step1) * ms, rel=1e-9)
     both = CommOverlap(grad_reduce=True, param_gather=True)
-    assert _one_stage_time(MIXED_ZERO1, both) == pytest.approx((30 + 10 / 13) * ms, rel=1e-9)
-    assert _one_stage_time(MEGATRON_ZERO1, None) == pytest.approx(45 * ms, rel=1e-9)
-    assert _one_stage_time(MEGATRON_ZERO1, both) == pytest.approx((30 + 15 / 13) * ms, rel=1e-9)
+    assert _one_stage_time(MIXED_ZERO1, both) == pytest.approx((30 + 10 / 13 + step1) * ms, rel=1e-9)
+    assert _one_stage_time(MEGATRON_ZERO1, None) == pytest.approx((45 + step_m) * ms, rel=1e-9)
+    assert _one_stage_time(MEGATRON_ZERO1, both) == pytest.approx((30 + 15 / 13 + step_m) * ms, rel=1e-9)
     # one bucket per layer: K = 1, nothing hides
-    assert _one_stage_time(MIXED, CommOverlap(grad_reduce=True, bucket_params=None)) == pytest.approx(40 * ms)
+    assert _one_stage_time(MIXED, CommOverlap(grad_reduce=True, bucket_params=None)) == pytest.approx(
+        (40 + step) * ms)
 
 
 def test_zero2_and_zero3_without_a_pipeline_recur_every_micro_batch():
@@ -104,7 +114,8 @@ def test_zero2_and_zero3_without_a_pipeline_recur_every_micro_batch():
     (ZeRO SC'20 sec. 7.2.2: 3 Psi against 2 Psi for m = 1). Overlapped in
     K = 13 buckets, ZeRO-3's backward carries its reduce-scatter and
     re-gather (10 ms) under 20 ms: max(10/13, 10 - 20 (12/13)) = 10/13 each,
-    the forward gather 5/13 each: 30 m + 15 m / 13."""
+    the forward gather 5/13 each: 30 m + 15 m / 13. Each then steps its
+    half of the parameters once, ``STEP_ZERO1_MS``."""
     prof = tiny_profile([0.010], [0.020], params=[1e9], bytes_per_param=2.0)
     cluster = tiny_cluster(1, 2, intra=Link(100e9, 0.0))
 
@@ -115,13 +126,13 @@ def test_zero2_and_zero3_without_a_pipeline_recur_every_micro_batch():
                                                                        schedules=("1f1b",)))
         return res.plans[0].predicted.iteration_time_s
 
-    ms = 1e-3
+    ms, step = 1e-3, STEP_ZERO1_MS
     for m in (1, 3):
-        assert t("zero1", m) == pytest.approx((30 * m + 10) * ms, rel=1e-9)
-        assert t("zero2", m) == pytest.approx((35 * m + 5) * ms, rel=1e-9)
-        assert t("zero3", m) == pytest.approx(45 * m * ms, rel=1e-9)
+        assert t("zero1", m) == pytest.approx((30 * m + 10 + step) * ms, rel=1e-9)
+        assert t("zero2", m) == pytest.approx((35 * m + 5 + step) * ms, rel=1e-9)
+        assert t("zero3", m) == pytest.approx((45 * m + step) * ms, rel=1e-9)
         both = CommOverlap(grad_reduce=True, param_gather=True)
-        assert t("zero3", m, both) == pytest.approx((30 * m + 15 * m / 13) * ms, rel=1e-9)
+        assert t("zero3", m, both) == pytest.approx((30 * m + 15 * m / 13 + step) * ms, rel=1e-9)
 
 
 def test_every_bucket_pays_the_latency():
@@ -130,7 +141,8 @@ def test_every_bucket_pays_the_latency():
     Overlapped in buckets of 1e8 parameters (K = 5): each bucket pays the
     0.2 ms latency, C = 10 + 5 (0.2) = 11 ms, exposed max(11/5, 11 - 20 (4/5))
     = 2.2 ms: T = 32.2 ms. One-parameter buckets (K = 5e8) pay 5e8 latencies:
-    far slower than no overlap."""
+    far slower than no overlap. Each adds the optimizer step,
+    ``STEP_MS``."""
     prof = tiny_profile([0.010], [0.020], params=[1e9], bytes_per_param=2.0)
     cluster = tiny_cluster(1, 2, intra=Link(100e9, 1e-4))
 
@@ -140,9 +152,9 @@ def test_every_bucket_pays_the_latency():
                                                                         schedules=("1f1b",))).plans[0]
 
     ms = 1e-3
-    assert t(None).predicted.iteration_time_s == pytest.approx(40.2 * ms, rel=1e-9)
+    assert t(None).predicted.iteration_time_s == pytest.approx((40.2 + STEP_MS) * ms, rel=1e-9)
     assert t(CommOverlap(grad_reduce=True, bucket_params=1e8)).predicted.iteration_time_s == pytest.approx(
-        32.2 * ms, rel=1e-9)
+        (32.2 + STEP_MS) * ms, rel=1e-9)
     assert t(CommOverlap(grad_reduce=True, bucket_params=1)).predicted.iteration_time_s > 1000.0
 
 
@@ -154,7 +166,8 @@ def test_zero_bubble_hides_the_reduce_under_the_weight_gradient_only():
     W) is 0.5 s. 100 GB of 16-bit parameters per stage: ring all-reduce
     2 (1/2) 100e9 / 100e9 = 1 s. One bucket per parameter (K = 5e10): exposed
     max(1/K, 1 - (1 - 1/K) 0.5) = 0.5 s + 1e-11 per stage (under the whole
-    2 s backward it would be 1/K), so the step is 0.5 s shorter."""
+    2 s backward it would be 1/K), so the iteration is 0.5 s shorter. Each
+    stage then steps its 50e9 parameters: 50e9 x 28 B / 0.8e12 B/s = 1.75 s."""
     prof = tiny_profile([1.0, 1.0], [2.0, 2.0], params=[100e9, 100e9], bytes_per_param=2.0)
     prof = type(prof)(**{**prof.__dict__, "layers": tuple(
         type(lay)(**{**lay.__dict__, "bwd_input_s": 1.5}) for lay in prof.layers)})
@@ -166,8 +179,9 @@ def test_zero_bubble_hides_the_reduce_under_the_weight_gradient_only():
         return search([ModelVariant(prof)], cluster, job, opts).plans[0]
 
     plain, over = plan(None), plan(CommOverlap(grad_reduce=True, bucket_params=1))
-    assert [st.allreduce_s for st in plain.stages] == pytest.approx([1.0, 1.0])
-    assert [st.allreduce_s for st in over.stages] == pytest.approx([0.5 + 1e-11] * 2, rel=1e-9)
+    assert [st.allreduce_s for st in plain.stages] == pytest.approx([1.0 + 1.75, 1.0 + 1.75])
+    assert [st.allreduce_s for st in over.stages] == pytest.approx([0.5 + 1e-11 + 1.75] * 2, rel=1e-9)
+    assert [st.optimizer_step_s for st in over.stages] == pytest.approx([1.75] * 2, rel=1e-12)
     assert [st.dp_comm_s for st in over.stages] == pytest.approx([1.0, 1.0])  # all of it, before overlap
     assert over.predicted.iteration_time_s == pytest.approx(plain.predicted.iteration_time_s - 0.5, rel=1e-9)
 

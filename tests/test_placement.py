@@ -156,7 +156,8 @@ def _ring_or_hier(cluster: Cluster, devs: list[int]) -> tuple[float, float]:
 def _brute_force(prof: ModelProfile, cluster: Cluster, ref: DeviceSpec, tp: int, batch: int) -> float:
     """Best simulated time over every (pp, dp), schedule (GPipe, 1F1B when m
     >= pp), injective map of (stage, replica) onto tensor-parallel groups of
-    tp consecutive devices of one node, and split; micro-batch size 1."""
+    tp consecutive devices of one node, and split; micro-batch size 1; each
+    stage's all-reduce, then its optimizer step, after its last backward."""
     groups, first = [], 0
     for g in cluster.groups:
         for node in range(g.nodes):
@@ -184,13 +185,18 @@ def _brute_force(prof: ModelProfile, cluster: Cluster, ref: DeviceSpec, tp: int,
                 i, j = cuts[:, :-1], cuts[:, 1:]
                 pf, pb, pp_ = (np.concatenate([[0], np.cumsum(v)]) for v in (fwd, bwd, par))
                 grad = pp_[j] - pp_[i]
+                # the optimizer step: 28 B streamed per parameter (mixed-precision Adam, unsharded) at 0.8 x the
+                # slowest replica's memory bandwidth, after the reduce
+                hbm = np.array([min(cluster.device_spec(int(d)).hbm_bandwidth_bytes_per_s for d in row)
+                                for row in heads])
+                step = grad / prof.bytes_per_param * 28 / (0.8 * hbm)
                 times = StageTimes(
                     fwd_s=scale * (pf[j] - pf[i]), bwd_s=scale * (pb[j] - pb[i]),
                     bwd_input_s=scale * (pb[j] - pb[i]) / 2,
                     p2p_s=np.array([[p2p[s].latency_s + out[jj[s] - 1] / p2p[s].bandwidth_bytes_per_s
                                      for s in range(pp - 1)] for jj in j]).reshape(len(cuts), pp - 1),
                     allreduce_s=np.where(grad > 0, grad * np.array([a[0] for a in ar]) + np.array([a[1] for a in ar]),
-                                         0.0))
+                                         0.0) + step)
                 for schedule in ("gpipe", "1f1b"):
                     if schedule == "1f1b" and m < pp:
                         continue

@@ -21,9 +21,11 @@ from pipesearch.schema.digests import digest
 def doc(tmp_path_factory):
     out = tmp_path_factory.mktemp("digests") / "gpt.json"
     res = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", "2x8-a100-80gb", "-b", "64",
-                                    "--top", "2", "-o", str(out)])
+                                    "--top", "2", "--pp", "2", "-o", str(out)])
     assert res.exit_code == 0, res.output
-    return json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    assert all(len(p["stages"]) >= 2 for p in doc["plans"])  # the edits below move layers between stages
+    return doc
 
 
 def _write(tmp_path, doc, name="p.json", **dump):
@@ -86,7 +88,8 @@ def test_an_untouched_file_in_any_layout_and_one_without_digests_are_valid(tmp_p
     ("inputs.job", lambda d: d["inputs"]["job"]["comm_overlap"].update(grad_reduce=True)),
     ("inputs.job", lambda d: d["inputs"]["job"].update(state_bytes_per_param=0)),
     ("plans[0].options", lambda d: d["plans"][0]["options"].update(recompute="full")),
-    ("plans[1].options", lambda d: d["plans"][1]["options"].update(placement="pipeline")),
+    ("plans[1].options", lambda d: d["plans"][1]["options"].update(
+        placement="data" if d["plans"][1]["options"]["placement"] == "pipeline" else "pipeline")),
     ("inputs.fingerprint", lambda d: d["inputs"].update(fingerprint="sha256:" + "0" * 64)),
     # a layer moved from stage 0 to stage 1 (the replay reads the recorded stage times, which did not move)
     ("plans[1].stages", lambda d: (d["plans"][1]["stages"][0]["layers"].__setitem__(1, d["plans"][1]["stages"][0][

@@ -237,19 +237,28 @@ tied_embeddings = false
 """
 
 
+def _gpu_step_s(layers) -> float:
+    """The optimizer step of a stage holding ``layers`` on tiny_device: 28 B
+    per parameter (mixed-precision Adam; 2 B each in the tables) at 0.8 x
+    1e12 B/s, after its last backward."""
+    return sum(x.param_bytes for x in layers) / 2 * 28 / 0.8e12
+
+
 def _transformer_brute_force(tables, pp, m, capacity):
     """Every split x every per-stage mode of the none / selective / full
     tables: stage times and memory summed from each table's layers (16 B of
     state per parameter, the table's saved bytes per in-flight micro-batch,
-    the largest backward transient of its layers), simulated."""
+    the largest backward transient of its layers; its optimizer step
+    after its last backward, :func:`_gpu_step_s`), simulated."""
     in_flight = [min(m, pp - s) for s in range(pp)]
     L = tables[0][1].num_layers
     best, arg = np.inf, []
     for bounds in all_splits(L, pp):
         for choice in itertools.product(range(len(tables)), repeat=pp):
-            fwd, bwd, bin_, ok = [], [], [], True
+            fwd, bwd, bin_, step, ok = [], [], [], [], True
             for s, (i, j) in enumerate(zip(bounds[:-1], bounds[1:])):
                 lay = tables[choice[s]][1].layers[i:j]
+                step.append(_gpu_step_s(lay))
                 fwd.append(sum(x.fwd_s for x in lay))
                 bwd.append(sum(x.bwd_s for x in lay))
                 bin_.append(sum(x.bwd_s / 2 if x.bwd_input_s is None else x.bwd_input_s for x in lay))
@@ -260,7 +269,7 @@ def _transformer_brute_force(tables, pp, m, capacity):
             if not ok:
                 continue
             t, _ = simulate_times("1f1b", pp, m, 1, StageTimes(np.array(fwd), np.array(bwd), np.array(bin_),
-                                                               np.zeros(pp - 1), np.zeros(pp)))
+                                                               np.zeros(pp - 1), np.array(step)))
             if t < best * (1 - 1e-12):
                 best, arg = t, [(bounds, tuple(tables[c][0] for c in choice))]
     return best, arg
@@ -325,10 +334,11 @@ def _transformer_act_brute_force(tables, pp, m, capacity, bw):
     best, arg = np.inf, []
     for bounds in all_splits(L, pp):
         for choice in itertools.product(range(len(names)), repeat=pp):
-            fwd, bwd, bin_, ok = [], [], [], True
+            fwd, bwd, bin_, step, ok = [], [], [], [], True
             for s, (i, j) in enumerate(zip(bounds[:-1], bounds[1:])):
                 act = names[choice[s]].endswith("act-host")
                 lay = tables[min(choice[s], len(tables) - 1)][1].layers[i:j]
+                step.append(_gpu_step_s(lay))
                 f, b = sum(x.fwd_s for x in lay), sum(x.bwd_s for x in lay)
                 bi = sum(x.bwd_s / 2 if x.bwd_input_s is None else x.bwd_input_s for x in lay)
                 kept = sum(x.saved_bytes for x in lay)
@@ -342,7 +352,7 @@ def _transformer_act_brute_force(tables, pp, m, capacity, bw):
             if not ok:
                 continue
             t = iteration_time_s("gpipe", pp, m, 1, StageTimes(np.array(fwd), np.array(bwd), np.array(bin_),
-                                                                np.zeros(pp - 1), np.zeros(pp)))
+                                                                np.zeros(pp - 1), np.array(step)))
             if t < best * (1 - 1e-12):
                 best, arg = t, [(bounds, tuple(names[c] for c in choice))]
             elif t <= best * (1 + 1e-12):

@@ -11,7 +11,9 @@ The brute force below derives every term by hand from the CSV, without the
 package's cost model: stage compute = micro-batch size x the sum of its
 layers' profiled times (profiled at batch 1, linear rule); one transfer over
 boundary k = micro-batch size x the last layer's output bytes / 17.35 GB/s +
-20 us; dp = 1 so no all-reduce; memory = 4 B per parameter (parameters =
+20 us; dp = 1 so no all-reduce, only the optimizer step after each stage's
+last backward (6 B streamed per parameter at 0.8 x the 900 GB/s memory);
+memory = 4 B per parameter (parameters =
 param_bytes / 2, the profile's bytes_per_param) + in-flight micro-batches x
 micro-batch size x the stage's saved bytes, under 5.5637e9 B (reserve 0).
 In-flight counts: GPipe m on every stage, 1F1B min(m, p - k) on stage k
@@ -71,7 +73,10 @@ def _hand_time(schedule: str, bounds: tuple[int, ...], mbs: int) -> float | None
     fwd = np.array([mbs * FWD_S[i:j].sum() for i, j in stages])
     bwd = np.array([mbs * BWD_S[i:j].sum() for i, j in stages])
     p2p = np.array([mbs * OUT_BYTES[j - 1] / BW + LAT for _, j in stages[:-1]])
-    times = StageTimes(fwd_s=fwd, bwd_s=bwd, bwd_input_s=bwd / 2, p2p_s=p2p, allreduce_s=np.zeros(p))
+    # dp = 1: no reduce; the optimizer step streams 6 B per parameter (2 B gradient read, 2 B weight read and
+    # written: 4 B of state, no optimizer moments) at 0.8 x 900 GB/s
+    step = np.array([PARAM_BYTES[i:j].sum() / 2 * 6 / (0.8 * 900e9) for i, j in stages])
+    times = StageTimes(fwd_s=fwd, bwd_s=bwd, bwd_input_s=bwd / 2, p2p_s=p2p, allreduce_s=step)
     return simulate_times(schedule, p, m, 1, times)[0]
 
 

@@ -295,15 +295,18 @@ def _render(kind: str, pf: PlanFile, path, rank: int, source: str) -> Path:
 
 def after_pipeline(plan) -> str:
     """What the timeline's title says follows the pipeline: the gradient
-    all-reduce where stages have replicas, the host optimizer step where
-    stages step on the host in the iteration (not a delayed step, which runs
-    beside the next one), both, or neither (``dp = 1: no all-reduce``)."""
+    all-reduce where stages have replicas, the optimizer step (on the host
+    where stages step there in the iteration, not a delayed step, which runs
+    beside the next one; else on the GPU where the plan times it), both, or
+    neither (``dp = 1: no all-reduce``)."""
     from .timeline import has_replicas
 
     host = any(st.host_step_s > 0 for st in plan.stages) and dict(plan.extra or ()).get("optimizer_step") != "delayed"
+    step = "host optimizer step" if host else "optimizer step" if any(
+        st.optimizer_step_s > 0 for st in plan.stages) else ""
     if has_replicas(plan):
-        return ", then gradient all-reduce and host optimizer step" if host else ", then gradient all-reduce"
-    return ", then host optimizer step; dp = 1: no all-reduce" if host else ", dp = 1: no all-reduce"
+        return f", then gradient all-reduce and {step}" if step else ", then gradient all-reduce"
+    return f", then {step}; dp = 1: no all-reduce" if step else ", dp = 1: no all-reduce"
 
 
 def plot_plan_timeline(plan_file: PlanFile, path, rank: int = 1, source: str = "plan file") -> Path:

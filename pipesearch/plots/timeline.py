@@ -45,11 +45,14 @@ def has_replicas(plan) -> bool:
 
 def allreduce_label(plan) -> str:
     """Legend of the bars :func:`allreduce_spans` draws: the gradient
-    all-reduce, and the host optimizer step with it where a stage offloads
-    its optimizer (both follow the last backward: ``StagePlan.allreduce_s``
-    holds their sum), the step alone for one replica."""
+    all-reduce, and the optimizer step with it, on the host where a stage
+    offloads its optimizer, else on the GPU (both follow the last backward:
+    ``StagePlan.allreduce_s`` holds their sum), the step alone for one
+    replica."""
     if any(st.host_step_s > 0 for st in plan.stages):
         return "A all-reduce + host optimizer step" if has_replicas(plan) else "A host optimizer step"
+    if any(st.optimizer_step_s > 0 for st in plan.stages):
+        return "A gradient all-reduce + optimizer step" if has_replicas(plan) else "A optimizer step"
     return "A gradient all-reduce"
 
 

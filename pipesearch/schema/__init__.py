@@ -85,6 +85,24 @@ def show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+#: relative difference beyond which a recorded value disagrees with its formula
+REL_TOL = 1e-9
+
+
+def differs(found, expected: float) -> bool:
+    """Whether a recorded ``found`` (a number, else it differs) is not
+    ``expected`` within :data:`REL_TOL`."""
+    if not isinstance(found, (int, float)) or isinstance(found, bool):
+        return True
+    return abs(found - expected) > REL_TOL * max(abs(found), abs(expected)) + 1e-300
+
+
+def check_record(where: str, found, expected: float, why: str) -> Iterator[Problem]:
+    """A problem when the recorded ``found`` is not ``expected`` within :data:`REL_TOL`."""
+    if differs(found, expected):
+        yield Problem(where, f"{found!r} found, {expected!r} expected ({why}); re-plan, or restore the field")
+
+
 _TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string", "object": "an object",
                "array": "an array", "boolean": "true or false"}
 

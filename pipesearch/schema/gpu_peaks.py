@@ -20,14 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import Problem
-
-#: relative difference beyond which a recorded figure is not the recomputed one
-PEAK_REL_TOL = 1e-9
-
-
-def _differs(recorded: float, recomputed: float) -> bool:
-    return abs(recorded - recomputed) > PEAK_REL_TOL * max(abs(recorded), abs(recomputed)) + 1e-300
+from . import REL_TOL, Problem, differs
 
 
 def _usable_bytes(plan: dict, inputs: dict) -> float | None:
@@ -115,19 +108,19 @@ def gpu_peak_problems(plan: dict, where: str, inputs: dict) -> Iterator[Problem]
                                           f"recomputed from the stages; re-plan with --schedule {option}")
         return
     for r, (rec, new) in enumerate(zip(recorded, peaks)):
-        if _differs(float(rec), float(new)):
+        if differs(float(rec), float(new)):
             yield Problem(f"{where}.{field}[{r}]", f"{rec!r} B, but the stages' memory_bytes put GPU {r}'s peak at "
                                                    f"{float(new)!r} B; re-plan or fix the file")
             return
     usable = _usable_bytes(plan, inputs)
     worst = int(np.argmax(peaks))
-    if usable is not None and float(peaks[worst]) > usable * (1 + PEAK_REL_TOL):
+    if usable is not None and float(peaks[worst]) > usable * (1 + REL_TOL):
         yield Problem(f"{where}.{field}[{worst}]", f"{float(peaks[worst])!r} B, more than the {usable:.6g} B one "
                                                    "GPU offers (capacity less headroom and reserve); the plan does "
                                                    "not fit")
         return
     peak = plan["predicted"]["peak_memory_bytes"]
-    if _differs(float(peak), float(peaks[worst])):
+    if differs(float(peak), float(peaks[worst])):
         yield Problem(f"{where}.predicted.peak_memory_bytes", f"{peak!r}, but the largest GPU peak ({field}[{worst}]) "
                                                               f"is {float(peaks[worst])!r}; re-plan or fix the file")
         return
@@ -157,20 +150,20 @@ def _roundpipe_host(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     per_group = (options.get("host") or {}).get("host_memory_bytes")
     if isinstance(per_group, list) and len(per_group) == len(groups):
         for g, (rec, new) in enumerate(zip(per_group, groups)):
-            if isinstance(rec, (int, float)) and _differs(float(rec), float(new)):
+            if isinstance(rec, (int, float)) and differs(float(rec), float(new)):
                 yield Problem(f"{where}.options.host.host_memory_bytes[{g}]",
                               f"{rec!r} B, but group {g}'s parameters and saved inputs take {float(new)!r} B; "
                               "re-plan or fix the file")
                 return
     total = (options.get("roundpipe") or {}).get("host_memory_bytes")
-    if not isinstance(total, (int, float)) or isinstance(total, bool) or _differs(float(total), float(groups.sum())):
+    if not isinstance(total, (int, float)) or isinstance(total, bool) or differs(float(total), float(groups.sum())):
         yield Problem(f"{where}.options.roundpipe.host_memory_bytes",
                       f"{total!r} B, but the groups' parameters and saved inputs take {float(groups.sum())!r} B; "
                       "re-plan or fix the file")
         return
     table = inputs["cluster"].get("host")
     host = table.get("memory_bytes") if isinstance(table, dict) else None  # a hand-edited table may be anything
-    if isinstance(host, (int, float)) and not isinstance(host, bool) and float(total) > host * (1 + PEAK_REL_TOL):
+    if isinstance(host, (int, float)) and not isinstance(host, bool) and float(total) > host * (1 + REL_TOL):
         yield Problem(f"{where}.options.roundpipe.host_memory_bytes",
                       f"{float(total)!r} B, more than the node's {host:.6g} B of host memory "
                       "(inputs.cluster.host.memory_bytes); the plan does not fit")

@@ -52,19 +52,12 @@ from ..host import offload_step_s_per_param, shared_bandwidth_bytes_per_s
 from ..memory import OFFLOAD_KEPT_COMPONENTS, ParamState, offload_bytes_per_param, offload_copy_bytes_per_param
 from ..stage_options import SWAP_DEVICE_BYTES_PER_PARAM_BYTE
 from ..types import HostSpec
-from . import Problem, show
+from . import REL_TOL, Problem, check_record, show
+from .optimizer_steps import stage_streaming_bandwidth
 
 #: relative difference beyond which a recorded value disagrees with its formula
-#: relative difference beyond which a recorded value disagrees with its formula
-REL_TOL = 1e-9
 
 _HOST_OPTIONS = ("offload", "stream", "swap", "roundpipe", "act-host")
-
-
-def _differs(found, expected: float) -> bool:
-    if not isinstance(found, (int, float)) or isinstance(found, bool):
-        return True
-    return abs(found - expected) > REL_TOL * max(abs(found), abs(expected)) + 1e-300
 
 
 def _parts(plan: dict) -> list[set[str]]:
@@ -120,7 +113,8 @@ def host_table_problem(inputs: dict) -> Problem | None:
     return None
 
 
-def _param_state(job: dict) -> ParamState | None:
+def job_param_state(job: dict) -> ParamState | None:
+    """``inputs.job.optimizer_state`` as a :class:`ParamState`, None when it is malformed."""
     opt = job.get("optimizer_state")
     b = opt.get("bytes_per_param") if isinstance(opt, dict) else None
     keys = ("weights", "grads", "main_grads", "master_weights", "optimizer_moments")
@@ -161,12 +155,6 @@ def _sharing(plan: dict, cluster: dict, host: HostSpec):
         node[p[0]] = node.get(p[0], 0) + 1
     return [(max(switch[place[d]] for d in _gpus(plan, k)), max(node[place[d][0]] for d in _gpus(plan, k)),
              place[_gpus(plan, k)[0]][0]) for k in range(len(plan["stages"]))]
-
-
-def check_record(where: str, found, expected: float, why: str) -> Iterator[Problem]:
-    """A problem when the recorded ``found`` is not ``expected`` within :data:`REL_TOL`."""
-    if _differs(found, expected):
-        yield Problem(where, f"{found!r} found, {expected!r} expected ({why}); re-plan, or restore the field")
 
 
 def _profile_bytes_per_param(inputs: dict, state: ParamState) -> float:
@@ -222,6 +210,9 @@ def _stage_terms(plan: dict, k: int, state: ParamState, host: HostSpec, share3, 
         out_b, in_b = offload_copy_bytes_per_param(state)
         bw = float(shared_bandwidth_bytes_per_s(host, switch_share))
         step = float(offload_step_s_per_param(host, switch_share, node_share, out_b, in_b, share)) / b * p
+        bandwidth = stage_streaming_bandwidth(st["devices"], cluster)
+        if bandwidth is not None and not delayed:  # never below the GPU's own step (StageOptions.with_step_floor)
+            step = max(step, p / b * state.step_bytes_per_param * share / bandwidth)
         return {"option": "offload", "p": p, "host": p * offload_bytes_per_param(state, dp)[1] / b * n,
                 "pcie": share * p / b * (out_b + in_b) * n, "copy": 0.0 if delayed else share * p / b * out_b / bw,
                 "step": step,
@@ -241,7 +232,7 @@ def host_problems(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
         return
     if plan["schedule"]["name"] == "roundpipe":  # its records: pipesearch.schema.records and gpu_peaks
         return
-    host, state = host_spec(inputs), _param_state(inputs["job"])
+    host, state = host_spec(inputs), job_param_state(inputs["job"])
     info = (plan.get("options") or {}).get("host")
     S = len(plan["stages"])
     h = f"{where}.options.host"

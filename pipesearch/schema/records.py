@@ -36,6 +36,9 @@ the way in (``swap_out_s = swap_in_s``, one rate each way,
 ``allreduce_s`` is its CPU step ``host_step_s`` (0 with a delayed step,
 :meth:`pipesearch.costs.PipelineCosts.after_backward_s`).
 
+Every plan's GPU optimizer steps (``stages[s].optimizer_step_s``) are
+checked too (:mod:`pipesearch.schema.optimizer_steps`).
+
 Each problem names the field, the value found and the value expected.
 """
 
@@ -47,8 +50,9 @@ from ..host import shared_bandwidth_bytes_per_s
 from ..roundpipe import WEIGHT_BYTES_PER_PARAM
 from ..schedules import roundpipe_tasks
 from ..types import HostSpec
-from . import Problem, show
-from .host_records import check_record, device_place, host_problems, host_spec
+from . import Problem, check_record, show
+from .host_records import device_place, host_problems, host_spec, job_param_state
+from .optimizer_steps import optimizer_step_problems
 
 def _roundpipe(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
     """A RoundPipe plan's records against the ``[host]`` table (module docstring)."""
@@ -149,9 +153,10 @@ def _mobius(plan: dict, where: str, inputs: dict) -> Iterator[Problem]:
 
 
 def record_problems(doc: dict) -> list[Problem]:
-    """Every recorded RoundPipe and Mobius copy and host term of a document
-    that already passes :func:`pipesearch.plan.document_problems` and
-    disagrees with its formula (module docstring), one per field; first, for
+    """Every recorded GPU optimizer step, RoundPipe and Mobius copy and host
+    term of a document that already passes
+    :func:`pipesearch.plan.document_problems` and disagrees with its formula
+    (module docstring), one per field; first, for
     a plan that uses the host, its ``options.host`` figures and the
     ``[host]`` table (:func:`pipesearch.schema.host_records.host_problems`)."""
     out: list[Problem] = []
@@ -164,4 +169,6 @@ def record_problems(doc: dict) -> list[Problem]:
             out += _roundpipe(plan, f"plans[{k}]", doc["inputs"])
         elif name == "mobius":
             out += _mobius(plan, f"plans[{k}]", doc["inputs"])
+        if not first:
+            out += optimizer_step_problems(plan, f"plans[{k}]", doc["inputs"], job_param_state(doc["inputs"]["job"]))
     return out

@@ -63,6 +63,7 @@ from ..stage_options import offloads_activations
 from ..types import SCHEDULES, mfu_peak_flops
 from . import Problem, show
 from .gpu_peaks import gpu_peak_problems
+from .optimizer_steps import group_values
 
 
 def _coverage(plan: dict, where: str, num_layers: int) -> Iterator[Problem]:
@@ -558,14 +559,8 @@ def _tensor_parallel(plan: dict, where: str, model: dict, cluster: dict) -> Iter
 def _device_peaks(heads: list, cluster: dict) -> list | None:
     """Each device's MFU peak from ``inputs.cluster.groups``: ``peak_fp16_flops``, halved where the group's
     ``tensor_accumulate`` is ``"fp16"`` (:func:`pipesearch.types.mfu_peak_flops`); None where one is not given."""
-    groups = cluster.get("groups")
-    peaks = []
-    for d in heads:
-        g = next((g for g in groups or () if isinstance(g, dict) and isinstance(g.get("first_device"), int)
-                  and isinstance(g.get("last_device"), int) and g["first_device"] <= d <= g["last_device"]), None)
-        peak = g.get("peak_fp16_flops") if isinstance(g, dict) else None
-        peaks.append(mfu_peak_flops(peak, g.get("tensor_accumulate", "fp32")) if isinstance(peak, (int, float))
-                     else peak)
+    found = zip(group_values(heads, cluster, "peak_fp16_flops"), group_values(heads, cluster, "tensor_accumulate"))
+    peaks = [mfu_peak_flops(peak, acc or "fp32") if isinstance(peak, (int, float)) else peak for peak, acc in found]
     return peaks if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in peaks) else None
 
 

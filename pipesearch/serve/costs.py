@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..profiles.transformer import TransformerConfig, block_parameters, norm_parameters
-from ..types import DeviceSpec, Link
+from ..types import STREAMING_BANDWIDTH_FRACTION, DeviceSpec, Link
 from .dtypes import HALF_BYTES, WeightFormat
 from .engine import EngineSpec
 
@@ -54,8 +54,7 @@ __all__ = ["ServeCosts", "VOCAB_PADDING", "BANDWIDTH_FRACTION", "LOGIT_BYTES", "
 #: vocabulary rows are padded to a multiple of this (vLLM DEFAULT_VOCAB_PADDING_SIZE)
 VOCAB_PADDING = 64
 #: share of the memory bandwidth that weight / KV streaming kernels reach
-#: (nominal; decode GEMV and paged-attention kernels measure 70-90% of peak)
-BANDWIDTH_FRACTION = 0.8
+BANDWIDTH_FRACTION = STREAMING_BANDWIDTH_FRACTION
 #: bytes of one logit kept for sampling (fp32)
 LOGIT_BYTES = 4.0
 
@@ -269,7 +268,7 @@ class ServeCosts:
 
     @cached_property
     def bandwidth(self) -> float:
-        return self.device.hbm_bandwidth_bytes_per_s * BANDWIDTH_FRACTION
+        return self.device.streaming_bandwidth_bytes_per_s
 
     def layer_s(self, decode_tokens, decode_context, prefill_tokens, prompt_len):
         """Seconds of one decoder layer for a micro-batch (arrays broadcast):
