@@ -66,6 +66,29 @@ def _with_devices(plan, devices):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("plan, devices", [
+    (make_plan([2, 3, 3], NAMES, schedule="1f1b", m=4, mbs=8), [(0,), (2,), (1,)]),
+    (make_plan([1, 3, 2, 2], NAMES, pp=2, vp=2, schedule="interleaved-1f1b", m=4, mbs=8), [(1,), (0,)] * 2),
+    (make_plan([2, 6], NAMES, schedule="1f1b", m=4, mbs=8, dp=2), [(2, 1), (0, 3)]),
+], ids=["1f1b", "interleaved", "two-replicas"])
+def test_a_pipeline_that_visits_its_processes_out_of_order_trains(plan, devices, tmp_path):
+    """A mapped placement's pipeline can visit its devices out of order
+    (stage 0 on device 0, stage 1 on device 2, stage 2 on device 1).
+    torch numbers a process group's members in process order and sends
+    stage s's activations to group rank s % pp, so the script deadlocked
+    (every process waiting for a peer that waited for another). Each
+    process still runs the stage the plan puts on its device, and the
+    schedule trains."""
+    plan = _with_devices(plan, devices)
+    out = _run_script(plan, tmp_path, steps=2)
+    found = re.findall(r"process (\d+): pipeline rank (\d+), replica (\d+)", out)
+    assert {int(p): (int(r), int(k)) for p, r, k in found} == {
+        d: (r % plan.pp, k) for r, devs in enumerate(devices[:plan.pp]) for k, d in enumerate(devs)}
+    losses = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("step ")]
+    assert len(losses) == 2 and all(0 < x < 10 for x in losses)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", [[(0, 1), (2, 3)], [(0, 2), (1, 3)]], ids=["stage-major", "replica-major"])
 def test_snippet_places_each_process_where_the_plan_does(devices, tmp_path):
     """pp 2 x dp 2: process r runs the pipeline rank and replica whose device

@@ -199,6 +199,12 @@ def main() -> None:
         raise SystemExit(f"the plan needs {{PP * DP}} processes (pp {{PP}} x dp {{DP}}), got {{world}}")
     pp_rank, replica = next((r, k) for r, row in enumerate(GRID) for k, x in enumerate(row) if x == rank)
     pp_groups = [dist.new_group([GRID[r][k] for r in range(PP)]) for k in range(DP)]
+    # new_group numbers a group's members in process order, and the schedules send stage s's activations to
+    # group rank s % PP: where the plan's pipeline visits its processes in another order (a mapped placement),
+    # each pipeline rank's group rank is its process's place in that order
+    column = [GRID[r][replica] for r in range(PP)]
+    group_rank = {{r: sorted(column).index(column[r]) for r in range(PP)}}
+    stage_to_group_rank = {{s: group_rank[s % PP] for s in range(PP * VP)}}
     dp_groups = [dist.new_group([GRID[r][k] for k in range(DP)]) for r in range(PP)]
     device = torch.device(f"cuda:{{rank % torch.cuda.device_count()}}") if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(args.seed)  # the model's initial weights too: the same on every run
@@ -221,6 +227,7 @@ def main() -> None:
                 dist.broadcast(t.data, src=GRID[pp_rank][0], group=dp_groups[pp_rank])
         params += list(sub.parameters())
         stages.append(pipelining.PipelineStage(sub, s, PP * VP, device, group=pp_groups[replica]))
+        stages[-1].stage_index_to_group_rank = dict(stage_to_group_rank)
     last = (PP * VP - 1) in local
     target = None
     n = N_MICROBATCHES * MICROBATCH_SIZE
@@ -240,8 +247,9 @@ def main() -> None:
         import os
         import tempfile
 
+        rows = PIPELINE_ORDER_CSV.splitlines(keepends=True)  # one row per pipeline rank: one per group rank here
         with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-            f.write(PIPELINE_ORDER_CSV)
+            f.write("".join(rows[next(r for r in range(PP) if group_rank[r] == q)] for q in range(PP)))
         sched._load_csv(f.name)  # exactly the order pipesearch simulated
         os.unlink(f.name)
     opt = torch.optim.SGD(params, lr=1e-2)
