@@ -223,3 +223,39 @@ def test_cli_mobius_plan_of_an_fp32_profile_validates(tmp_path):
     assert doc["plans"][0]["options"]["host"]["host_memory_bytes"] == [180e6] * 4
     r = CliRunner().invoke(main, ["validate", str(out)])
     assert r.exit_code == 0, r.output
+
+
+def test_a_mobius_plan_on_a_mixed_cluster_checks_each_gpu_against_its_own_memory(tmp_path):
+    """2 H100 80 GB + 2 A100 40 GB under one host: a Mobius plan whose H100
+    holds 42.7 GB at its peak (more than an A100's usable 37 GiB, well
+    within its own 75 GiB) was refused by the plan file's own check, which
+    held every GPU to the smallest type's memory: ``-o`` and ``--json``
+    were internal errors, the table alone printed. Each GPU is now held to
+    its own device's memory, and the written file validates."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    cluster = tmp_path / "c5.toml"
+    cluster.write_text('name = "c5"\n[[groups]]\nnodes = 1\ndevices_per_node = 2\ndevice = "h100-80gb"\n'
+                       '[[groups]]\nnodes = 1\ndevices_per_node = 2\ndevice = "a100-40gb"\n'
+                       "[intra_node]\nbandwidth_GBps = 100\nlatency_us = 5\n"
+                       "[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n"
+                       "[inter_group]\nbandwidth_GBps = 12.5\nlatency_us = 10\n"
+                       "[host]\nmemory_GB = 512\npcie_generation = 4\npcie_lanes_per_gpu = 16\n"
+                       "host_to_device_GBps = 25\nswitch_uplink_GBps = 25\npcie_switches = [[0, 1]]\n"
+                       "cpu_adam_params_per_s = 1e9\n")
+    out = tmp_path / "mob.json"
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", "gpt3-1.3b", "--cluster", str(cluster), "-b", "16",
+                                  "--seq-len", "1024", "--schedule", "mobius", "--pp", "3", "--recompute", "none",
+                                  "--micro-batch-size", "2", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(out.read_text())["plans"][0]
+    peaks = plan["options"]["mobius"]["device_peak_bytes"]
+    types = [st["device_type"] for st in plan["stages"][:3]]
+    a100_usable = 40 * 2**30 * 0.95 - 2**30
+    assert any(p > a100_usable and t == "h100-80gb" for p, t in zip(peaks, types))  # the case: beyond an A100
+    assert all(p <= a100_usable for p, t in zip(peaks, types) if t == "a100-40gb")
+    assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0

@@ -23,20 +23,25 @@ import numpy as np
 from . import REL_TOL, Problem, differs
 
 
-def _usable_bytes(plan: dict, inputs: dict) -> float | None:
-    """Usable bytes of the plan's GPUs (one device type: Mobius' and
-    RoundPipe's pools; the smallest where several), ``capacity x (1 -
+def _usable_bytes(plan: dict, inputs: dict, gpus: int) -> np.ndarray | None:
+    """``(gpus,)`` usable bytes of each of the plan's GPUs, ``capacity x (1 -
     memory_headroom_fraction) - memory_reserve_bytes``
-    (:func:`pipesearch.memory.usable_memory_bytes`); None when the inputs do
-    not give the capacity."""
+    (:func:`pipesearch.memory.usable_memory_bytes`): Mobius' GPU ``r`` is its
+    stage ``r``'s device type (stage ``s`` runs on GPU ``s % pp``; on a mixed
+    cluster each GPU its own); RoundPipe's pool the smallest of its types.
+    None when the inputs do not give the capacity."""
     capacity = inputs["cluster"].get("memory_bytes_per_device")
     if not isinstance(capacity, dict):
         return None
-    caps = [capacity.get(t) for st in plan["stages"] for t in str(st.get("device_type", "")).split(",")]
-    if not caps or not all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in caps):
+    types = [str(st.get("device_type", "")).split(",") for st in plan["stages"]]
+    caps = [[capacity.get(t) for t in ts] for ts in types]
+    if not caps or not all(isinstance(c, (int, float)) and not isinstance(c, bool) for cs in caps for c in cs):
         return None
+    own = [min(cs) for cs in caps]
+    per_gpu = np.array(own[:gpus] if plan["schedule"]["name"] == "mobius" and len(own) >= gpus else
+                       [min(own)] * gpus, dtype=float)
     job = inputs["job"]
-    return min(caps) * (1.0 - job.get("memory_headroom_fraction", 0.0)) - job.get("memory_reserve_bytes", 0.0)
+    return per_gpu * (1.0 - job.get("memory_headroom_fraction", 0.0)) - job.get("memory_reserve_bytes", 0.0)
 
 
 def _breakdown(plan: dict, keys: tuple[str, ...]) -> list[dict] | None:
@@ -112,12 +117,13 @@ def gpu_peak_problems(plan: dict, where: str, inputs: dict) -> Iterator[Problem]
             yield Problem(f"{where}.{field}[{r}]", f"{rec!r} B, but the stages' memory_bytes put GPU {r}'s peak at "
                                                    f"{float(new)!r} B; re-plan or fix the file")
             return
-    usable = _usable_bytes(plan, inputs)
+    usable = _usable_bytes(plan, inputs, len(peaks))
     worst = int(np.argmax(peaks))
-    if usable is not None and float(peaks[worst]) > usable * (1 + REL_TOL):
-        yield Problem(f"{where}.{field}[{worst}]", f"{float(peaks[worst])!r} B, more than the {usable:.6g} B one "
-                                                   "GPU offers (capacity less headroom and reserve); the plan does "
-                                                   "not fit")
+    over = [] if usable is None else [r for r in range(len(peaks)) if float(peaks[r]) > usable[r] * (1 + REL_TOL)]
+    if over:
+        r = over[0]
+        yield Problem(f"{where}.{field}[{r}]", f"{float(peaks[r])!r} B, more than the {usable[r]:.6g} B GPU {r} "
+                                               "offers (capacity less headroom and reserve); the plan does not fit")
         return
     peak = plan["predicted"]["peak_memory_bytes"]
     if differs(float(peak), float(peaks[worst])):
