@@ -283,11 +283,10 @@ def best_order(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, 
     bounds = sorted((rank_work_bound_s(costs_of(next(orders_of_vector(classes, n))), pp), n) for n in vectors)
     best: tuple[float, tuple[int, ...], ExactSplit] | None = None
     fitting: tuple[tuple[int, ...], ExactSplit] | None = None  # the first order that fits
-    unproven, evaluated, stopped_at, cut_short = math.inf, 0, None, False
+    unproven, evaluated, stopped_at = math.inf, 0, None
     tried = list(dict.fromkeys(canonical(o, classes) for o in first))[:max_orders]
     for bound, n in [(None, None)] + bounds:
         if bound is not None and bound >= (best[0] if best is not None else cutoff_s):
-            cut_short = True
             break
         visit = tried if n is None else _seed_order(
             itertools.islice((o for o in orders_of_vector(classes, n) if o not in tried), max_orders - evaluated + 1),

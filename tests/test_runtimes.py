@@ -111,6 +111,11 @@ def test_gpipe_runtime_keeps_each_pipeline_on_one_node(tmp_path):
     with pytest.raises(InputError, match=r"replica 0's partitions are on devices \[0, 4, 8, 12\], "
                                          r"nodes \[0, 1, 2, 3\]"):
         export_gpipe(plan, inputs=Inputs.of(loaded.inputs))
+    # the nodes in the order the partitions reach them (they were sorted: devices [12, 0, ...], nodes [0, 3, ...])
+    back = replace(plan, stages=tuple(replace(st, devices=tuple(range(12 - 4 * k, 16 - 4 * k)))
+                                      for k, st in enumerate(plan.stages)))
+    with pytest.raises(InputError, match=r"devices \[12, 8, 4, 0\], nodes \[3, 2, 1, 0\]"):
+        export_gpipe(back, inputs=Inputs.of(loaded.inputs))
 
 
 def test_exports_refuse_overlap_their_runtime_does_not_run():

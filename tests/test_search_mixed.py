@@ -289,6 +289,10 @@ def test_plans_on_unenumerated_layouts_say_so(tmp_path):
     assert len(notes) == 1 and notes[0].startswith("plans 1, 3-4: their devices are the best of the named layouts")
     # one stage on all 5 devices: one layout, whatever the count of device sequences says
     assert layout_notes([SimpleNamespace(rank=1, pp=1, dp=5, tp=1, stage_replicas=None)], cluster) == []
+    # --placement pins the pattern: a single pipeline's order is not searched either, and says so
+    pinned = layout_notes(plans, cluster, ("pipeline",))
+    assert len(pinned) == 2 and pinned[1].startswith("plan 2: its devices are the best of the named layouts "
+                                                     "(pipeline-major") and "(--placement;" in pinned[1]
 
 
 def test_largest_devices_first_layouts_are_searched(tmp_path):

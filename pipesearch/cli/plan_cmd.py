@@ -180,9 +180,10 @@ def split_notes(plans) -> list[str]:
 
 
 def layout_notes(plans, cluster, pinned: tuple[str, ...] = ()) -> list[str]:
-    """One line per ``pp x dp`` of the replicated plans (dp > 1) on a
-    cluster of several groups whose ``pp x dp`` has more layouts than the
-    search enumerates
+    """One line per ``pp x dp`` of the replicated plans (dp > 1; with
+    ``--placement`` a single pipeline too, whose device order is then not
+    searched) on a cluster of several groups whose ``pp x dp`` has more
+    layouts than the search enumerates
     (:attr:`pipesearch.search_options.SearchOptions.enumerate_layouts_up_to`), or
     whose placement was ``pinned`` (``--placement``): their device layouts
     are the best of the named patterns
@@ -195,8 +196,8 @@ def layout_notes(plans, cluster, pinned: tuple[str, ...] = ()) -> list[str]:
     named = " and ".join(f"{x}-major" for x in pinned) if pinned else "pipeline-major and data-major"
     ranks: dict[tuple[int, int, int], list[int]] = {}
     for p in plans:
-        if cluster.is_uniform or p.dp == 1 or p.stage_replicas is not None:
-            continue
+        if cluster.is_uniform or p.stage_replicas is not None or (p.dp == 1 and not (pinned and p.pp > 1)):
+            continue  # a single pipeline's order is searched whole (mapped) unless --placement pins its pattern
         if p.pp == 1 and p.dp * p.tp == cluster.num_devices:  # one stage on every device: one layout
             continue
         n = count_layouts(cluster, p.pp * p.dp, p.tp)
@@ -515,9 +516,10 @@ class _Progress:
                    "optimizer state, which --zero1 shards; for other layouts use --optimizer-state; "
                    "instead of --optimizer-state (default 16 = mixed-adam).")
 @click.option("--mapping-time-limit", type=FiniteFloatRange(min=0.01, max=3600), default=0.5, show_default=True,
-              help="Mixed clusters with more device orders than the order search visits (100; all of them up to "
-                   "200): work limit (CP-SAT deterministic seconds) of the closed-form order it splits first; the "
-                   "order search's status, bound and gap are in the plan JSON.")
+              help="Mixed clusters with more device orders than the order search splits (24 in bound order with "
+                   "one stage per rank, else 100, or all of up to 200): work limit (CP-SAT deterministic seconds) of "
+                   "the closed-form order it splits first; the order search's status, bound and gap are in the plan "
+                   "JSON and the table's notes.")
 @click.option("--zero1", is_flag=True,
               help="Shard the optimizer state across data-parallel replicas (ZeRO stage 1): --sharding zero1.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),

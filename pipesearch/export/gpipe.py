@@ -93,7 +93,9 @@ def export_gpipe(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] 
             row.append(int(st.devices[r]) if r < len(st.devices) else None)
         devices.append(row)
     for r, row in enumerate(devices):  # one process drives a replica's partitions: its GPUs on one node
-        nodes = sorted({inputs.node_of(d) for d in row if d is not None} - {None}) if inputs is not None else []
+        # the nodes in the order the partitions reach them
+        nodes = list(dict.fromkeys(n for n in (inputs.node_of(d) for d in row if d is not None) if n is not None)
+                     ) if inputs is not None else []
         if len(nodes) > 1:
             raise InputError(f"gpipe: torchgpipe / fairscale Pipe run one pipeline in one process, on one node; "
                              f"replica {r}'s partitions are on devices {row}, nodes {nodes}; re-plan with "
