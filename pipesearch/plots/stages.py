@@ -19,6 +19,7 @@ PARTS = (  # key, label, colour
     ("backward", "backward compute", "#DD8452"),
     ("p2p", "point-to-point send/receive", "#55A868"),
     ("allreduce", "gradient all-reduce", "#8172B3"),
+    ("step", "optimizer step on the GPU (after the last backward)", "#CCB974"),
     ("host", "optimizer step on the host (after the last backward)", "#937860"),
 )
 RECOMPUTE_PART = ("recompute", "forward re-run in the backward task", "#DA8BC3")
@@ -30,19 +31,22 @@ CAPACITY_COLOUR = "#B22222"
 def stage_breakdown(plan: Plan) -> dict[str, np.ndarray]:
     """Seconds per iteration spent by each stage's devices, by part:
     ``forward`` = m fwd_s, ``backward`` = m (compute_s - fwd_s), ``p2p`` =
-    m comm_s, ``allreduce`` = allreduce_s less the host step it includes,
-    ``host`` = host_step_s (the offloaded optimizer step after the last
-    backward; 0 when the plan delays it beside the next iteration: it then
-    takes no device time) (arrays indexed by stage)."""
+    m comm_s, ``allreduce`` = allreduce_s less the optimizer steps it
+    includes, ``step`` = optimizer_step_s (the step on the GPU), ``host`` =
+    host_step_s (the offloaded optimizer step after the last backward; 0
+    when the plan delays it beside the next iteration: it then takes no
+    device time) (arrays indexed by stage)."""
     m = plan.num_micro_batches
     st = plan.stages
     delayed = dict(plan.extra or ()).get("optimizer_step") == "delayed"
     host = np.array([0.0 if delayed else s.host_step_s for s in st])
+    step = np.array([s.optimizer_step_s for s in st])
     return {
         "forward": np.array([m * s.fwd_s for s in st]),
         "backward": np.array([m * max(0.0, s.compute_s - s.fwd_s) for s in st]),
         "p2p": np.array([m * s.comm_s for s in st]),
-        "allreduce": np.maximum(np.array([s.allreduce_s for s in st]) - host, 0.0),
+        "allreduce": np.maximum(np.array([s.allreduce_s for s in st]) - host - step, 0.0),
+        "step": step,
         "host": host,
     }
 
@@ -76,7 +80,7 @@ def roundpipe_gpu_breakdown(plan: Plan) -> dict[str, np.ndarray] | None:
         return None
     m, st = plan.num_micro_batches, plan.stages
     delayed = dict(plan.extra or ()).get("optimizer_step") == "delayed"
-    out = {k: np.zeros(plan.pp) for k in ("forward", "backward", "recompute", "p2p", "allreduce", "host")}
+    out = {k: np.zeros(plan.pp) for k in ("forward", "backward", "recompute", "p2p", "allreduce", "step", "host")}
     for kind, g, d in tasks:
         s = st[g]
         if kind in ("F", "FB"):
@@ -279,6 +283,8 @@ def _time_panel(ax, plan, parts: dict, small: float) -> list:
     handles = []
     for key, label, colour in PARTS + ((RECOMPUTE_PART,) if "recompute" in parts else ()):
         vals = parts[key] * scale
+        if key in ("step", "host") and not np.any(vals):  # a step the plan does not time, or runs elsewhere
+            continue
         ax.bar(x, vals, BAR_WIDTH, bottom=bottom, color=colour, edgecolor="white", linewidth=0.5, zorder=2)
         bottom = bottom + vals
         handles.append(Patch(facecolor=colour, label=label))
