@@ -352,9 +352,15 @@ class PipelineCosts:
     def _tied_params(self, s):
         """Parameter bytes of the tied copy stage(s) ``s`` hold
         (:attr:`tied_copy_bytes` at the device state rate), None without one."""
-        if self.tied_copy_bytes is None or not np.any(self.tied_copy_bytes > 0) or self.state_bytes_per_param_byte <= 0:
+        if not self._has_tied_copy:
             return None
         return self.tied_copy_bytes[np.asarray(s)] / self.state_bytes_per_param_byte
+
+    @cached_property
+    def _has_tied_copy(self) -> bool:
+        """Whether a stage holds a tied copy (:meth:`_tied_params`), asked once."""
+        return (self.tied_copy_bytes is not None and bool(np.any(self.tied_copy_bytes > 0))
+                and self.state_bytes_per_param_byte > 0)
 
     def option_index(self, s, i, j):
         """Index of the option stage ``s`` holding ``[i, j)`` runs: the first
@@ -430,13 +436,11 @@ class PipelineCosts:
         times :attr:`device_step_rate`; 0 under an option that keeps the
         optimizer state in host memory (its step is :meth:`host_step_s`),
         and without the rate."""
-        shape = np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape
         if self.device_step_rate is None:
-            return np.zeros(shape)
+            return np.zeros(np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape)
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
         tied = self._tied_params(s)
-        step = np.broadcast_to((params if tied is None else params + tied) * self.device_step_rate[np.asarray(s)],
-                               shape)
+        step = (params if tied is None else params + tied) * self.device_step_rate[s]  # broadcast(s, i, j)
         if self.options is None:
             return step
         return np.where(self.options.host_bytes_per_param_byte[self.option_index(s, i, j)] == 0, step, 0.0)
