@@ -36,10 +36,19 @@ def note_split_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> N
         f"closest: --split stage {k} (layers {int(i[k])}..{int(j[k]) - 1}) needs {need[k] / 2**30:.1f} GiB per "
         f"device against {costs.capacity_bytes[k] / 2**30:.1f} GiB usable"
         + (f" (after its tied embedding copy's {tied / 2**30:.1f} GiB)" if tied > 0 else "")
-        + f", at pp {row['pp']} x dp {row['dp']}, "
+        + f", at {_degrees(row)}, "
         f"micro-batch size {row['micro_batch_size']}, {row['schedule']}; move layers off stage {k} or "
         + ("change the micro-batch size (with replicas a device keeps ceil(b / r) samples of each of its in-flight "
            "micro-batches)" if parse_replicas_name(row.get("placement")) else "lower the micro-batch size")))
+
+
+def _degrees(row: dict) -> str:
+    """``pp P x dp D`` of a point, or ``pp P, replicas R0,R1,..`` where its
+    stages have their own replicas (its dp is then 1)."""
+    replicas = parse_replicas_name(row.get("placement"))
+    if replicas:
+        return f"pp {row['pp']}, replicas {','.join(str(r) for r in replicas)}"
+    return f"pp {row['pp']} x dp {row['dp']}"
 
 
 def _note_device_overflow(ctx: dict, costs: PipelineCosts, bounds, row: dict) -> None:

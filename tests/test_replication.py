@@ -586,3 +586,19 @@ def test_a_point_whose_stages_cannot_cover_the_layers_is_searched_not_a_crash():
     assert res.exit_code == 0, res.output
     plans = json.loads(res.stdout)["plans"]
     assert len(plans) == 20 and all(p["schedule"]["num_micro_batches"] == 2 for p in plans)
+
+
+def test_a_replicated_split_that_does_not_fit_names_its_replicas(tmp_path):
+    """--split 6x4 (6 layers on 4 replicas) that does not fit: the refusal's
+    closest point read "at pp 1 x dp 1" (a replicated plan's dp is 1); it
+    names the replicas the split asked for."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    (tmp_path / "p.csv").write_text("# batch_size: 8\n# bytes_per_param: 2\n"
+                                    "name,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes\n"
+                                    + "".join(f"l{k},5,10,4000000000,1000000,2000000000\n" for k in range(6)))
+    res = CliRunner().invoke(main, ["plan", "-q", "--model", str(tmp_path / "p.csv"), "--cluster", "1x4-v100-pcie",
+                                    "-b", "32", "--split", "6x4"])
+    assert res.exit_code == 2 and "at pp 1, replicas 4, micro-batch size" in res.output, res.output
