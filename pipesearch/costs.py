@@ -94,6 +94,16 @@ def device_step_s_per_param_byte(state, dp: int, bytes_per_param: float, bandwid
     return state.step_bytes_per_param * state.update_share(dp) / bytes_per_param / bandwidth
 
 
+def device_step_terms(state, dp: int, bytes_per_param: float, bandwidth_bytes_per_s, options: StageOptions | None,
+                      delayed: bool) -> tuple[np.ndarray, StageOptions | None]:
+    """``(rate, options)``: :func:`device_step_s_per_param_byte` and the
+    stage options with their host steps floored at it
+    (:meth:`pipesearch.stage_options.StageOptions.with_step_floor`; not
+    for a ``delayed`` host step, which runs beside the next iteration)."""
+    rate = device_step_s_per_param_byte(state, dp, bytes_per_param, bandwidth_bytes_per_s)
+    return rate, (options.with_step_floor(rate) if options is not None and not delayed else options)
+
+
 def in_flight_micro_batches(schedule: str, pp: int, m: int) -> np.ndarray:
     """Peak number of micro-batches whose activations stage ``s`` holds.
 
@@ -1188,10 +1198,9 @@ def build_pipeline_costs(
                               stages_per_device=stages_per_device, time_scale=time_scale,
                               optimizer_offload=optimizer_offload, option_profiles=option_profiles,
                               weight_streaming=weight_streaming, weight_swapping=weight_swapping)
-    step_rate = device_step_s_per_param_byte(state, dp, profile.bytes_per_param,
-                                             stage_streaming_bandwidth(cluster, placement))
-    if options is not None and not job.delayed_optimizer_step:
-        options = options.with_step_floor(step_rate)
+    step_rate, options = device_step_terms(state, dp, profile.bytes_per_param,
+                                           stage_streaming_bandwidth(cluster, placement), options,
+                                           job.delayed_optimizer_step)
     device_checked = chunk_states is not None and stages_per_device > 1 and options is None
     usable = usable_memory_bytes(job, stage_capacity_bytes(cluster, placement)) - gathered * stages_per_device
     if weight_swapping:  # Mobius: every stage swapped in and out over PCIe; each checked against the whole device
@@ -1213,7 +1222,8 @@ def build_pipeline_costs(
         pcie = host_lib.shared_bandwidth_bytes_per_s(cluster.host,
                                                      host_lib.stage_switch_sharing(cluster, placement, tp))
     return PipelineCosts(
-        device_step_rate=step_rate, options=options, delayed_host_step=job.delayed_optimizer_step and options is not None,
+        device_step_rate=step_rate, options=options,
+        delayed_host_step=job.delayed_optimizer_step and options is not None,
         pcie_bandwidth_bytes_per_s=None if pcie is None else np.asarray(pcie, dtype=float),
         num_micro_batches=num_micro_batches,
         compute_prefix_s=np.concatenate([zero, np.cumsum(fwd + bwd)]),

@@ -57,7 +57,7 @@ from itertools import combinations
 
 import numpy as np
 
-from .costs import build_pipeline_costs, device_step_s_per_param_byte, profile_precision, PipelineCosts
+from .costs import build_pipeline_costs, device_step_terms, profile_precision, PipelineCosts
 from .errors import InputError
 from .memory import param_state_of, usable_memory_bytes
 from .placement import (SLOTS_PREFIX, allreduce_model, memory_bytes_of, replicated_boundary_links,
@@ -279,11 +279,8 @@ def replicated_costs(profile: ModelProfile, cluster: Cluster, job: Job, replicas
     share = activation_share(replicas, b)
     capacity = usable_memory_bytes(job, terms["smallest"]) - base.gathered_bytes - base.tied_copy_bytes
     # each stage steps at its slowest replica's memory (the state is whole on every replica: one share)
-    step_rate = device_step_s_per_param_byte(param_state_of(job, len(devs)), 1, profile.bytes_per_param,
-                                             terms["streaming"])
-    options = base.options
-    if options is not None and not job.delayed_optimizer_step:
-        options = options.with_step_floor(step_rate)
+    step_rate, options = device_step_terms(param_state_of(job, len(devs)), 1, profile.bytes_per_param,
+                                           terms["streaming"], base.options, job.delayed_optimizer_step)
     return devs, replace(
         base, device_step_rate=step_rate, options=options,
         time_scale=terms["device_scale"] * share, **_fixed_time_terms(profile, share),
