@@ -122,6 +122,18 @@ def _micro_batch_size_can_drop(options) -> bool:
     return bool(options.num_micro_batches) or (options.micro_batch_size or 1) > 1
 
 
+def _smaller_micro_batch(options) -> list[str]:
+    """The pin that gives smaller micro-batches, where the search has not
+    tried them (:func:`_micro_batch_size_can_drop`): more micro-batches
+    where their count is pinned (the size follows from it), else a smaller
+    size."""
+    if not _micro_batch_size_can_drop(options):
+        return []
+    if options.num_micro_batches and not options.micro_batch_size:
+        return [f"raise --num-micro-batches (pinned to {options.num_micro_batches}; smaller micro-batches)"]
+    return ["lower --micro-batch-size"]
+
+
 def _either(fixes: list[str]) -> str:
     """``a``, ``a or b``, ``a, b or c``."""
     return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
@@ -184,7 +196,7 @@ def infeasible_message(counts: Counter, variants, cluster: Cluster, job: Job, op
             + ("drop --vp" if options is not None and options.vp_pinned else "add --schedule gpipe")
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
             else
-            _either(["lower --micro-batch-size"] * _micro_batch_size_can_drop(options)
+            _either(_smaller_micro_batch(options)
                     + [f"raise --pp (pinned to {options.pp})"] * bool(options.pp and not options.split and _pp_can_rise(
                         options, cluster, prof.num_layers, min(v.tp for v in variants)))
                     + [host_flags] * bool(host_flags)

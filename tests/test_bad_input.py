@@ -1030,6 +1030,11 @@ def test_a_micro_batch_no_replica_count_divides_is_refused_not_a_crash(tmp_path)
                                     "-o", "p.json"], "no plan fits vgg16", "batch_not_divisible")
     assert "lower --micro-batch-size, raise --pp (pinned to 2) or use a larger cluster" in out
     assert "raise --pp," not in out and "raise --pp or" not in out  # never the unpinned hint
+    # the micro-batch count pinned instead: the size follows from it, so the fix is more micro-batches
+    out = assert_refused(tmp_path, ["plan", "--pp", "2", "--dp", "2", "--num-micro-batches", "1", "--schedule",
+                                    "gpipe"], "no plan fits vgg16")
+    assert "raise --num-micro-batches (pinned to 1; smaller micro-batches)" in out
+    assert "lower --micro-batch-size" not in out
 
 
 @pytest.mark.parametrize("args,needles", [
