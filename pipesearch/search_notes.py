@@ -191,8 +191,11 @@ def infeasible_message(counts: Counter, variants, cluster: Cluster, job: Job, op
             "use a cluster with more or larger devices" if state > mem * cluster.num_devices and not on_host else
             "the schedules asked for refused every point (1F1B and its variants need at least pp "
             "micro-batches, interleaved 1F1B a multiple of pp; pp x vp stages need a layer each): lower --pp "
-            "or --vp, raise --num-micro-batches "
-            "(or lower --micro-batch-size), or "
+            "or --vp, "
+            + (f"change --num-micro-batches (pinned to {options.num_micro_batches}) to at least pp, a multiple of "
+               "it for interleaved 1F1B, or "
+               if options is not None and options.num_micro_batches else
+               "raise --num-micro-batches (or lower --micro-batch-size), or ")
             + ("drop --vp" if options is not None and options.vp_pinned else "add --schedule gpipe")
             if (counts.get("schedule_refused") or counts.get("too_many_stages")) and not counts.get("out_of_memory")
             else

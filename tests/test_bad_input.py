@@ -1848,3 +1848,16 @@ def test_a_file_here_named_like_a_catalog_entry_is_said(tmp_path):
     assert code == 0 and "read the file" not in err, err
     write(tmp_path / "alexnet", (root / "cost_models" / "alexnet.csv").read_text())
     assert_refused(tmp_path, args, "unsupported model file type", "not the catalog's model alexnet")
+
+
+def test_a_pinned_micro_batch_count_every_schedule_refuses_is_named(tmp_path):
+    """Interleaved 1F1B at pp 3 needs a multiple of 3 micro-batches: with
+    --num-micro-batches 16 pinned the refusal said "raise
+    --num-micro-batches", a pin the user had set; it names the pin and what
+    the schedule needs. Unpinned, the general hint stays."""
+    out = assert_refused(tmp_path, ["plan", "--pp", "3", "--num-micro-batches", "16", "--schedule",
+                                    "interleaved-1f1b"], "refused every point")
+    assert "change --num-micro-batches (pinned to 16) to at least pp, a multiple of it for interleaved 1F1B" in out
+    out = assert_refused(tmp_path, ["plan", "--pp", "3", "-b", "2", "--schedule", "interleaved-1f1b"],
+                         "refused every point")
+    assert "raise --num-micro-batches (or lower --micro-batch-size)" in out
