@@ -309,7 +309,8 @@ def test_split_with_replicas_plan_json_and_table(replicated_plan_file):
     # the plan's per-replica stage times replay to its own time in the simulator
     assert simulate_plan(loaded)[0] == pytest.approx(loaded.predicted.iteration_time_s, rel=1e-9)
     code, out, err = _run("simulate", str(path))
-    assert code == 0 and "replicas 12,4" in out and "data-parallel communication and optimizer step left after the last" in out, err
+    assert code == 0 and "replicas 12,4" in out, err
+    assert "data-parallel communication and optimizer step left after the last" in out
     bad = json.loads(path.read_text())
     bad["plans"][0]["stages"][0]["replicas"] = 11
     assert any("replicas is 11" in str(p) for p in document_problems(bad))

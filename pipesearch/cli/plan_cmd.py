@@ -775,7 +775,8 @@ def _report(result, source, cluster, job, out, figures, *, quiet: bool, recomput
             click.echo(f"the profile names no device ('# device: unknown'): its times are used as {dev}'s, unscaled; "
                        f"name the device it was measured on to compare clusters of other devices")
         for line in (small_batch_note(result.plans, source, micro_batch_size),
-                     large_batch_note(result.plans, source, micro_batch_size), attention_note(result.plans, source, recompute), *idle_device_notes(result.plans, cluster)):
+                     large_batch_note(result.plans, source, micro_batch_size),
+                     attention_note(result.plans, source, recompute), *idle_device_notes(result.plans, cluster)):
             if line is not None:
                 click.echo(line)
         click.echo(search_summary_line(result))

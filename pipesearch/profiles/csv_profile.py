@@ -223,8 +223,9 @@ def _printable_value(path: Path, header: dict, key: str) -> tuple[int, str] | No
     heading and the exports print it)."""
     found = _header_value(path, header, key)
     if found is not None and not found[1].isprintable():
+        example = "my model" if key == "model" else "a100-80gb"
         raise _fail(path, f"line {found[0]}", f"header field {key!r} {shown(found[1])} holds a control character "
-                    f"(a tab?); write the name on one line, e.g. '# {key}: {'my model' if key == 'model' else 'a100-80gb'}'")
+                    f"(a tab?); write the name on one line, e.g. '# {key}: {example}'")
     return found
 
 

@@ -876,7 +876,8 @@ def load_transformer(path: str | Path, seq_len: int | None = None) -> Transforme
             if cfg.position_embedding == "learned":
                 values["max_position_embeddings"] = cfg.max_position_embeddings
                 if "max_position_embeddings" not in _read_toml(p)["transformer"]:  # the table's rows: its seq_len
-                    table_key = "transformer.seq_len (the learned position table's rows without max_position_embeddings)"
+                    table_key = ("transformer.seq_len (the learned position table's rows without "
+                                 "max_position_embeddings)")
             _validate(values, str(p), {"seq_len": "seq_len (--seq-len)", "max_position_embeddings": table_key})
             cfg = replace(cfg, seq_len=seq_len)
         return cfg
