@@ -461,7 +461,8 @@ def streaming_bandwidth_of(cluster: Cluster) -> np.ndarray:
 def stage_streaming_bandwidth(cluster: Cluster, heads: np.ndarray) -> np.ndarray:
     """``(P,)`` streaming memory bandwidth of each stage's slowest device
     (its replicas step in lock-step), bytes/s."""
-    return streaming_bandwidth_of(cluster)[np.asarray(heads)].min(axis=1)
+    per_group = np.array([g.device.streaming_bandwidth_bytes_per_s for g in cluster.groups], dtype=float)
+    return per_group[group_ids(cluster)[np.asarray(heads)]].min(axis=1)
 
 
 def stage_time_scale(cluster: Cluster, heads: np.ndarray, profiled: DeviceSpec | None,
