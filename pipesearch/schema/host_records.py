@@ -55,8 +55,6 @@ from ..types import HostSpec
 from . import REL_TOL, Problem, check_record, show
 from .optimizer_steps import stage_streaming_bandwidth
 
-#: relative difference beyond which a recorded value disagrees with its formula
-
 _HOST_OPTIONS = ("offload", "stream", "swap", "roundpipe", "act-host")
 
 
