@@ -1664,6 +1664,11 @@ def test_serving_a_config_without_a_context_and_other_small_refusals(tmp_path):
     path = write(tmp_path / "config.json", json.dumps(cfg))
     code, out, err = run(["serve", "--model", path, "--cluster", "1x8-l4", "--simulate-top", "0", "-q"], tmp_path)
     assert code == 0, err
+    # nothing checks the request's length against the model: said once
+    assert err.count("warning: config.json gives no context length (max_position_embeddings)") == 1
+    code, _, err = run(["serve", "--model", write(tmp_path / "own.json", json.dumps(SMALL_LLAMA)), "--cluster",
+                        "1x8-l4", "--simulate-top", "0", "-q"], tmp_path)
+    assert code == 0 and "context length" not in err
     toml = write(tmp_path / "blank.toml", '[transformer]\nname = " "\nnum_layers = 2\nhidden_size = 64\n'
                                          'num_attention_heads = 4\nffn_hidden_size = 128\nvocab_size = 100\n'
                                          'seq_len = 128\n')

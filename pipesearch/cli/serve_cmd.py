@@ -484,6 +484,10 @@ def _serving_model(model, cluster_name, input_len: int, output_len: int):
     if cfg.num_layers > MAX_SERVE_LAYERS:
         raise InputError(f"--model {model}: {cfg.num_layers} decoder layers; serving plans split at most "
                          f"{MAX_SERVE_LAYERS} (the split search's tables grow with the square of the count)")
+    if own is not None and own.max_position_embeddings is None:  # nothing to check the request against
+        click.echo(f"warning: {path.name} gives no context length (max_position_embeddings): planned for --input-len "
+                   f"{input_len} + --output-len {output_len} = {input_len + output_len} tokens as asked; check them "
+                   "against the model's own limit", err=True)
     return path, cfg
 
 
