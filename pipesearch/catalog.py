@@ -61,11 +61,12 @@ def list_entries(kind: str) -> dict[str, Path]:
 
 
 def shadowing_note(kind: str, name_or_path: str, copies: bool = False) -> str | None:
-    """A warning when a bare name (no folder in it) that :func:`resolve`
+    """What to say when a bare name (no folder in it) that :func:`resolve`
     read as a file here is also a catalog entry with other contents
-    (``copies``: or the same): the user may have meant the catalog's. None
-    otherwise (a path with a folder, ``./vgg16``, says which; an exact copy
-    plans the same)."""
+    (``copies``: or the same): the user may have meant the catalog's
+    (``read the file ... not the catalog's ...``; the caller names the
+    option). None otherwise (a path with a folder, ``./vgg16``, says which;
+    an exact copy plans the same)."""
     text = str(name_or_path)
     entry = list_entries(kind).get(text.strip().lower())
     if entry is None or any(c in text for c in "/\\"):
@@ -77,7 +78,7 @@ def shadowing_note(kind: str, name_or_path: str, copies: bool = False) -> str | 
             return None
     except OSError:
         return None
-    return (f"--{kind} {text}: read the file {text} in this folder, not the catalog's {kind} {entry_name(entry)} "
+    return (f"read the file {text} in this folder, not the catalog's {kind} {entry_name(entry)} "
             f"(write ./{text} for the file, or move it away for the catalog's)")
 
 

@@ -519,6 +519,17 @@ def load_cluster(name_or_path: str | Path, nodes: int | None = None) -> Cluster:
     )
 
 
+def input_name_warnings(model: str, cluster: str) -> list[str]:
+    """The warnings of a command's ``--model`` and ``--cluster`` names: a
+    file here read in place of a catalog entry of the same name
+    (:func:`pipesearch.catalog.shadowing_note`), a cluster file named as a
+    catalog cluster it differs from (:func:`catalog_name_clash`)."""
+    shadowed = [(f"--{kind} {name}", catalog.shadowing_note(kind, name))
+                for kind, name in (("model", model), ("cluster", cluster))]
+    return [f"{option}: {note}" for option, note in shadowed if note] + [
+        clash for clash in (catalog_name_clash(cluster),) if clash]
+
+
 def catalog_name_clash(name_or_path: str | Path) -> str | None:
     """A warning when ``name_or_path`` is a cluster file (not the catalog's
     own) whose ``name`` is that of a catalog cluster it differs from (an

@@ -451,16 +451,10 @@ def stage_capacity_bytes(cluster: Cluster, heads: np.ndarray) -> np.ndarray:
     return memory_bytes_of(cluster)[np.asarray(heads)].min(axis=1)
 
 
-def streaming_bandwidth_of(cluster: Cluster) -> np.ndarray:
-    """``(D,)`` streaming memory bandwidth of every device id
-    (:attr:`pipesearch.types.DeviceSpec.streaming_bandwidth_bytes_per_s`), bytes/s."""
-    return np.array([g.device.streaming_bandwidth_bytes_per_s for g in cluster.groups],
-                    dtype=float)[group_ids(cluster)]
-
-
 def stage_streaming_bandwidth(cluster: Cluster, heads: np.ndarray) -> np.ndarray:
     """``(P,)`` streaming memory bandwidth of each stage's slowest device
-    (its replicas step in lock-step), bytes/s."""
+    (:attr:`pipesearch.types.DeviceSpec.streaming_bandwidth_bytes_per_s`;
+    its replicas step in lock-step), bytes/s."""
     per_group = np.array([g.device.streaming_bandwidth_bytes_per_s for g in cluster.groups], dtype=float)
     return per_group[group_ids(cluster)[np.asarray(heads)]].min(axis=1)
 

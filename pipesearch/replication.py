@@ -61,8 +61,8 @@ from .costs import build_pipeline_costs, device_step_terms, profile_precision, P
 from .errors import InputError
 from .memory import param_state_of, usable_memory_bytes
 from .placement import (SLOTS_PREFIX, allreduce_model, memory_bytes_of, replicated_boundary_links,
-                        replicated_layout_names, replicated_stage_devices, spread_layout_name, stage_time_scale,
-                        streaming_bandwidth_of)
+                        replicated_layout_names, replicated_stage_devices, spread_layout_name, stage_streaming_bandwidth,
+                        stage_time_scale)
 from .types import Cluster, DeviceSpec, Job, ModelProfile
 
 #: the largest pipeline degree whose replica vectors the search enumerates
@@ -211,7 +211,7 @@ def replicated_stage_terms(cluster: Cluster, replicas, precision: str, profiled_
                                        for d in devs]),
              "ar_per_byte": np.array([x[0] for x in ar]), "ar_fixed": np.array([x[1] for x in ar]),
              "smallest": np.array([memory_bytes_of(cluster)[d].min() for d in devs]),
-             "streaming": np.array([streaming_bandwidth_of(cluster)[d].min() for d in devs])}
+             "streaming": np.array([stage_streaming_bandwidth(cluster, d[None, :])[0] for d in devs])}
     if cache is not None:
         cache[key] = terms
     return terms

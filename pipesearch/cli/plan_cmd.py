@@ -12,8 +12,7 @@ from pathlib import Path
 import click
 
 from ..errors import InfeasibleError, InputError
-from ..catalog import shadowing_note
-from ..hardware import catalog_name_clash, describe_cluster
+from ..hardware import describe_cluster, input_name_warnings
 from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
@@ -662,10 +661,8 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     result = _searched(source, cluster, job, options, all_points, quiet or as_json)
     for warning in source.info.get("warnings", ()):  # after the search: a refusal stays one line
         click.echo(f"warning: {warning}", err=True)
-    for note in (shadowing_note("model", model), shadowing_note("cluster", cluster_name),
-                 catalog_name_clash(cluster_name)):
-        if note:
-            click.echo(f"warning: {note}", err=True)
+    for note in input_name_warnings(model, cluster_name):
+        click.echo(f"warning: {note}", err=True)
     plan_file = _plan_file(source, cluster, job, param_state, comm_overlap, options, result,
                            sequence_parallel=sequence_parallel)
     if runtime:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 import click
 import pandas as pd
 
-from ..catalog import resolve, shadowing_note
+from ..catalog import resolve
 from ..errors import InputError
-from ..hardware import catalog_name_clash, describe_cluster, device_files, load_cluster
+from ..hardware import describe_cluster, device_files, input_name_warnings, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
 from ..output import check_distinct_paths, check_suffix, check_writable, short_path, write_outputs
@@ -473,10 +473,8 @@ def _serving_model(model, cluster_name, input_len: int, output_len: int):
     cfg = load_transformer(path, seq_len=input_len + output_len)
     if path.suffix == ".json" and (note := guessed_family_note(path)):
         click.echo(f"warning: {note}", err=True)
-    for note in (shadowing_note("model", model), shadowing_note("cluster", cluster_name),
-                 catalog_name_clash(cluster_name)):
-        if note:
-            click.echo(f"warning: {note}", err=True)
+    for note in input_name_warnings(model, cluster_name):
+        click.echo(f"warning: {note}", err=True)
     if cfg.is_encoder_decoder:
         raise InputError(f"--model {model}: {cfg.name} is an encoder-decoder model; serving plans cover "
                          f"decoder-only transformers (a KV cache per decoder layer, prefill then decode); "

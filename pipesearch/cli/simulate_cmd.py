@@ -225,9 +225,9 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
     click.echo(plan_title(plan_file, plan, total_s))
     tail = total_s - tl.iteration_time_s
     replicated = plan.dp > 1 or bool(plan.stage_replicas)
-    stepped = any(st.optimizer_step_s > 0 for st in plan.stages)
-    after = ("data-parallel communication and optimizer step" if stepped else "data-parallel communication") \
-        if replicated else ("optimizer step" if stepped else "communication")
+    parts = ["data-parallel communication"] if replicated else []
+    parts += ["optimizer step"] if any(st.optimizer_step_s > 0 for st in plan.stages) else []
+    after = " and ".join(parts) or "communication"
     how = host_step_terms(plan, tl, total_s) or (
            f"pipeline {format_seconds(tl.iteration_time_s)} + {after} left after the last backward "
            f"{format_seconds(tail)}" + ("" if replicated else " (stages' allreduce_s; dp = 1: no all-reduce)")

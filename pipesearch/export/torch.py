@@ -249,7 +249,7 @@ def main() -> None:
 
         rows = PIPELINE_ORDER_CSV.splitlines(keepends=True)  # one row per pipeline rank: one per group rank here
         with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
-            f.write("".join(rows[next(r for r in range(PP) if group_rank[r] == q)] for q in range(PP)))
+            f.write("".join(rows[r] for r in sorted(range(PP), key=group_rank.get)))
         sched._load_csv(f.name)  # exactly the order pipesearch simulated
         os.unlink(f.name)
     opt = torch.optim.SGD(params, lr=1e-2)

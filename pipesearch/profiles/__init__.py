@@ -55,7 +55,7 @@ def load_model(name_or_path: str) -> ModelProfile:
     shadowed = shadowing_note("model", name_or_path, copies=True)  # a file here named like a catalog model
     raise InputError(f"{path}: unsupported model file type; supported formats: {supported}; `plan` also reads "
                      "a transformer TOML (*.toml) or a HuggingFace config (*.json)"
-                     + (f"; {shadowed.split(': ', 1)[1]}" if shadowed else ""))
+                     + (f"; {shadowed}" if shadowed else ""))
 
 
 __all__ = ["READERS", "load_model", "read_graph_txt", "read_profile_csv", "write_profile_csv"]

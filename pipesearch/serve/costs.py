@@ -45,16 +45,14 @@ import numpy as np
 
 from ..errors import InputError
 from ..profiles.transformer import TransformerConfig, block_parameters, norm_parameters
-from ..types import STREAMING_BANDWIDTH_FRACTION, DeviceSpec, Link
+from ..types import DeviceSpec, Link
 from .dtypes import HALF_BYTES, WeightFormat
 from .engine import EngineSpec
 
-__all__ = ["ServeCosts", "VOCAB_PADDING", "BANDWIDTH_FRACTION", "LOGIT_BYTES", "allreduce_s"]
+__all__ = ["ServeCosts", "VOCAB_PADDING", "LOGIT_BYTES", "allreduce_s"]
 
 #: vocabulary rows are padded to a multiple of this (vLLM DEFAULT_VOCAB_PADDING_SIZE)
 VOCAB_PADDING = 64
-#: share of the memory bandwidth that weight / KV streaming kernels reach
-BANDWIDTH_FRACTION = STREAMING_BANDWIDTH_FRACTION
 #: bytes of one logit kept for sampling (fp32)
 LOGIT_BYTES = 4.0
 
