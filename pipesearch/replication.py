@@ -61,8 +61,8 @@ from .costs import build_pipeline_costs, device_step_terms, profile_precision, P
 from .errors import InputError
 from .memory import param_state_of, usable_memory_bytes
 from .placement import (SLOTS_PREFIX, allreduce_model, memory_bytes_of, replicated_boundary_links,
-                        replicated_layout_names, replicated_stage_devices, spread_layout_name, stage_streaming_bandwidth,
-                        stage_time_scale)
+                        replicated_layout_names, replicated_stage_devices, spread_layout_name,
+                        stage_streaming_bandwidth, stage_time_scale)
 from .types import Cluster, DeviceSpec, Job, ModelProfile
 
 #: the largest pipeline degree whose replica vectors the search enumerates
