@@ -44,6 +44,15 @@ stage's own outgoing transfer:
   1) max_k (F + B)_k``: the fill and drain of both round trips plus the
   bottleneck rank's steady state (the critical path of the best 16-rank
   plans of docs/heterogeneous.md);
+* the same ending on rank ``q`` instead of rank 0: micro-batch ``m - 1``
+  back up to stage ``q`` only, then the ``q + 1`` ``W`` rank ``q`` runs
+  after its last ``I`` (in :func:`pipesearch.schedules.zb_h1`'s order the
+  ``W`` of micro-batch ``j`` follows the ``I`` of ``j + q``) and its
+  all-reduce: ``sum_k (2 F + I + 3 c)_k + W_0 + (m - S - 1) max_k (F +
+  B)_k + max_q (I_q + (q + 1) W_q + r_q + c_q + sum_{k > q} (I + c)_k)``
+  (a later rank's optimizer step can end the iteration); for the same
+  reason ``F2`` and the first ZB-H1 family above count ``B_k + k W_k`` on
+  stage ``k``, not ``B_k``;
 * 1F1B: ``max_k (sum_{k'<k} (f + b)_k' + m (f + b)_k)``; ``sum_k f_k +
   max_k ((m-1) f + w b)_k + max_k (b_k + r_k + c_k + sum_{k'>k} (B + c)_k')``;
   ``sum_k f_k + max_k (m b + w f + r + c)_k + ...``; and ``sum_k (f + b +
@@ -101,7 +110,7 @@ def families(schedule: str, pp: int, m: int):
     if schedule == "zb-h1" and m >= pp:
         fams += [[("sum", "fc"), ("max", "z3m"), ("suffix", "z3s")], [("sum", "fc"), ("suffix", "z4s")]]
     if schedule == "zb-h1" and m > pp:
-        fams.append([("sum", "z6s"), ("max", "z6m")])
+        fams += [[("sum", "z6s"), ("max", "z6m")], [("sum", "z7s"), ("max", "z6m"), ("suffix", "z7q")]]
     if schedule == "1f1b" and m >= pp:
         fams += [[("prefix", "o5")], [("sum", "fc"), ("max", "o1m"), ("suffix", "o1s")],
                  [("sum", "fc"), ("suffix", "o2s")], [("sum", "o3"), ("max", "o3x")], [("sum", "o3"), ("max", "o3y")]]
@@ -120,22 +129,25 @@ def stage_terms(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j) -> d
     blocking = not send_overlap(schedule)
     G = I if schedule == "zb-h1" else B
     w = m - S + s
+    tail_w = s * (B - I) if schedule == "zb-h1" else 0.0  # ZB-H1: s more W after the last I (zb_h1's order)
     counts = _until_last_forward(schedule, pp, m)
     nF, nB, nI, nW = (counts[k][s] for k in "FBIW")
     out = {"f0": (F + G, 2.0, None, 0.0),
            "f1": (F, 1.0, m * (F + B) + r, float(m) if blocking else 0.0),
            "f2w": (None, 0.0, nF * F + nB * B + nI * I + nW * (B - I), float(nF) if blocking else 0.0),
-           "f2s": (G, 1.0, B + r, 1.0),
+           "f2s": (G, 1.0, B + tail_w + r, 1.0),
            "t6s": (F + G + ((B - I if schedule == "zb-h1" else 0.0) + r if s == 0 else 0.0), 2.0, None, 0.0),
            "t6m": (None, 0.0, nF * F + nB * B + nI * I + nW * (B - I) - F, float(nF - 1) if blocking else 0.0)}
     if schedule == "zb-h1" and m >= S:
         out["fc"] = (F, 1.0, None, 0.0)
         out["z3m"] = (None, 0.0, (m - 1) * F + w * I + max(m - S, 0) * (B - I), 0.0)
-        out["z3s"] = (I, 1.0, B + r, 1.0)
+        out["z3s"] = (I, 1.0, B + tail_w + r, 1.0)
         out["z4s"] = (I, 1.0, m * B + w * F + r, 1.0)
     if schedule == "zb-h1" and m > S:
         out["z6s"] = (2.0 * (F + I) + ((2.0 * (B - I) + r) if s == 0 else 0.0), 4.0, None, 0.0)
         out["z6m"] = (None, 0.0, (m - S - 1) * (F + B), 0.0)
+        out["z7s"] = (2.0 * F + I + ((B - I) if s == 0 else 0.0), 3.0, None, 0.0)
+        out["z7q"] = (I, 1.0, I + (s + 1) * (B - I) + r, 1.0)
     if schedule == "1f1b" and m >= S:
         out["o5"] = (F + B, 1.0, m * (F + B), float(m))
         out["fc"] = (F, 1.0, None, 0.0)

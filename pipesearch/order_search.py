@@ -82,8 +82,9 @@ from .timemodel import send_overlap
 #: orders whose exact split :func:`best_order` runs before it stops (a count)
 MAX_ORDERS = 100
 #: orders the branch and bound over classes splits before it stops (a count): its
-#: orders come in bound order, so the first few hold the best ones
-MAX_CLASS_ORDERS = 24
+#: orders come in bound order, so the first few hold the best ones (pp 16 of the
+#: 16-device 3-type case, docs/heterogeneous.md, is proven at its 28th)
+MAX_CLASS_ORDERS = 32
 #: prefixes of ranks the branch and bound over classes expands before it stops (a count)
 MAX_NODES = 20_000
 #: the families tried alone before the others, by component names (rank k from micro-batch 0's arrival

@@ -43,7 +43,8 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
       ``m c`` and ``m c_in``); rank ``k``'s ``m`` forwards (in micro-batch
       order in every schedule) or the ``m`` transfers of its boundary, micro-batch ``m-1``
       down to the last stage and back up to stage ``k'``, then ``k'``'s rank's
-      last backward work and all-reduce; and the same with rank ``r``'s whole
+      last backward work (ZB-H1 with one stage per rank: its last ``I`` and
+      the ``k' + 1`` ``W`` after it) and all-reduce; and the same with rank ``r``'s whole
       work up to its last forward of its first stage (counted from the
       schedule's order, :func:`pipesearch.schedules.work_until_last_forward`)
       in place of the ``m`` forwards;
@@ -54,7 +55,9 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
       to stage ``k`` and ``k``'s all-reduce; and the whole backward grid;
     * 1F1B / ZB-H1: micro-batch 0 to stage ``k``, rank ``k`` up to its last
       forward, micro-batch ``m-1`` down and back up to stage ``k'`` and
-      ``k'``'s all-reduce; micro-batch 0 down and up to stage ``k``, rank
+      ``k'``'s all-reduce (ZB-H1 with one stage per rank: the ``k'`` more
+      ``W`` that rank runs after its last ``I`` before it); micro-batch 0
+      down and up to stage ``k``, rank
       ``k``'s remaining actions and all-reduce; and (1F1B) the two-dwell-free
       forms ``sum (f + b) + max_k max((m-1) b_k + w f_k, (m-1) f_k + w b_k)``;
     * with ``chains``, interleaved 1F1B / ZB-H1: the chain families of :func:`_chain_terms`
@@ -91,10 +94,12 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     f, b = action_terms(schedule, F, B, c, cin)
     w = m - S + s
     G = I if schedule == "zb-h1" else B
+    # ZB-H1 (one stage per rank): rank k runs k more W after its last I (schedules.zb_h1's order)
+    tail_w = s * (B - I) if schedule == "zb-h1" and S == pp else 0.0
     fams = []
     if not own_only:  # the families every schedule has (the own-family tables leave them out)
         up = G + cin  # one step of a gradient back up
-        last = (b if schedule == "1f1b" else B) + r  # a rank's last backward work, then its all-reduce
+        last = (b if schedule == "1f1b" else B) + tail_w + r  # a rank's last backward work, then its all-reduce
         fams += [[("sum", F + c + G + cin, None)], [("device", None, _rank_work(schedule, m, F, B, c, cin, r))],
                  [("sum", F + c, None), ("max", None, (m - 1) * np.maximum(f, c)), ("suffix", up, last)]]
         nF, nB, nI, nW = _work_before_last_forward(schedule, pp, m, S // pp)
@@ -118,7 +123,7 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         # rank k runs W of micro-batch j after I of j + k: w - k of them before its last forward
         fams.append([("sum", F + c, None),
                      ("max", None, np.maximum((m - 1) * F + w * I + max(m - S, 0) * (B - I), (m - 1) * c)),
-                     ("suffix", I + cin, B + r)])
+                     ("suffix", I + cin, B + tail_w + r)])
         fams.append([("sum", F + c, None), ("suffix", I + cin, m * B + w * F + r)])
     if own_only:
         return fams

@@ -290,3 +290,91 @@ def test_zb_h1_two_round_trips_by_hand():
     for _ in range(pp):
         node = cb.extend(node, 0)
     assert node.bound_s == pytest.approx(hand, rel=1e-12)
+
+
+def _end_at_rank_s(times, m: int, q: int) -> float:
+    """The ZB-H1 path of two round trips that ends on rank ``q`` (``q = 0``:
+    :func:`_two_round_trips_s`), written from one split's stage times:
+    micro-batch 0 down and up, rank 0's ``W`` of it and forward of
+    micro-batch ``S``, rank ``k``'s steady state, micro-batch ``m - 1`` down
+    to the last stage and back up to stage ``q`` only, then the ``q + 1``
+    ``W`` rank ``q`` runs after its last ``I`` (schedules.zb_h1: the ``W``
+    of micro-batch ``j`` follows the ``I`` of ``j + q``) and its all-reduce:
+    ``sum_s (2 F + I + 3 c)_s + W_0 + (m - S - 1) max_k (F + B)_k + sum_{s
+    >= q} (I + c)_s + (q + 1) W_q + r_q``."""
+    F, B, I = (np.asarray(x, dtype=float) for x in (times.fwd_s, times.bwd_s, times.bwd_input_s))
+    c = np.append(np.asarray(times.p2p_s, dtype=float), 0.0)
+    S, W = len(F), B - I
+    return float(np.sum(2 * F + I + 3 * c) + W[0] + (m - S - 1) * np.max(F + B) + np.sum((I + c)[q:])
+                 + (q + 1) * W[q] + times.allreduce_s[q])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tos.instances(), st.integers(1, 3))
+def test_zb_h1_round_trips_ending_on_any_rank_bound_every_order_and_split(inst, extra):
+    """Random mixed clusters under ZB-H1 with ``m = pp + extra > pp``: the
+    path of two round trips ending on rank ``q``, for every ``q``, is at
+    most the simulated time of every order and split; and the class bounds
+    with that family alone (``z7s``, ``z6m``, ``z7q``) give every prefix of
+    classes a bound at most the least simulated time of the orders that
+    start with it. One ``W`` too many after rank ``q``'s last ``I``, the
+    up trip counted below ``q``, or ``r`` of the wrong rank would fail here."""
+    cluster, tp, pp, _, _, _, prof = inst
+    L, m = prof.num_layers, pp + extra
+    if pp > L or len(slot_heads(cluster, tp)) < pp:
+        return
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, tp, pp, m, "zb-h1", 1)
+    classes = slot_classes(cluster, tp)
+    cls = {x: c for c, members in enumerate(classes) for x in members}
+    times: dict = {}
+    for n in count_vectors([len(c) for c in classes], pp):
+        for order in orders_of_vector(classes, n):
+            costs, best = costs_of(order), math.inf
+            for cut in itertools.combinations(range(1, L), pp - 1):
+                bounds = (0, *cut, L)
+                if costs.split_fits(bounds):
+                    st_times = costs.stage_times(bounds)
+                    t = simulate_times("zb-h1", pp, m, 1, st_times)[0]
+                    for q in range(pp):
+                        assert _end_at_rank_s(st_times, m, q) <= t * (1 + 1e-9), (order, bounds, q)
+                    best = min(best, t)
+            times[tuple(cls[x] for x in order)] = best
+    cb = class_bounds(classes, costs_of, "zb-h1", pp, only=("z7s", "z6m", "z7q"))
+    assert [[n for _, n in fam] for fam in cb.fams] == [["z7s", "z6m", "z7q"]]
+    _assert_prefix_bounds_below_orders(cb, times, pp)
+
+
+def test_zb_h1_round_trips_ending_on_the_last_rank_by_hand():
+    """Three identical devices in one node, three layers of F = I = W = t =
+    1 ms, one per stage, ZB-H1 with m = 5, parameters on the last layer
+    only, so that only the last rank has an optimizer step ``r``: rank 2
+    runs its 15 actions from 2 t on without a gap (ZB-H1 takes 3 m t +
+    (p - 1) t = 17 t with no link delay) and then its step, so the time is
+    17 t + r plus the transfers of its path, 3 per boundary: micro-batch 0
+    down and up, and micro-batch 5 - 1 down. The family ending on rank 2
+    gives exactly that; the one ending on rank 0 (17 t + 8 c, no step)
+    less."""
+    dev = tos._spec("a", 300, 1000)
+    cluster = Cluster("r", (DeviceGroup(dev, 1, 3),), *tos.LINKS)
+    t = 1e-3
+    prof = tos._profile([3 * t] * 3, [0.0] * 3, [0.0, 0.0, 2e9], [0.0] * 3)
+    pp, m = 3, 5
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    costs_of = tos._point(prof, cluster, job, 1, pp, m, "zb-h1", 1)
+    classes = slot_classes(cluster, 1)
+    c = tos.LINKS[0].latency_s
+    costs = costs_of((0, 1, 2))
+    times = costs.stage_times((0, 1, 2, 3))
+    r = float(times.allreduce_s[2])
+    assert r > 4 * c and times.allreduce_s[0] == times.allreduce_s[1] == 0.0
+    scale = float(costs.time_scale[0])
+    hand = scale * 17 * t + 6 * c + r
+    assert simulate_times("zb-h1", pp, m, 1, times)[0] == pytest.approx(hand, rel=1e-12)
+    assert _end_at_rank_s(times, m, 2) == pytest.approx(hand, rel=1e-12)
+    for only, want in ((("z7s", "z6m", "z7q"), hand), (("z6s", "z6m"), scale * 17 * t + 8 * c)):
+        cb = class_bounds(classes, costs_of, "zb-h1", pp, only=only)
+        node = cb.root()
+        for _ in range(pp):
+            node = cb.extend(node, 0)
+        assert node.bound_s == pytest.approx(want, rel=1e-12)
