@@ -150,6 +150,53 @@ def split_stage_terms(costs: PipelineCosts, s, i, j) -> tuple:
     return F, B, costs.bwd_input_s(s, i, j), c, cin, costs.after_backward_s(s, i, j)
 
 
+def rank_or_link_exceeds(costs: PipelineCosts, schedule: str, pp: int, limit_s: float) -> bool:
+    """Whether every split (one stage per rank, ``costs.pp == pp``) has a
+    rank whose whole work and all-reduce, ``m (f + b) + r`` with the
+    blocking sends of 1F1B in ``f`` (the ``device`` family of
+    :func:`bound_families`, its incoming transfer left out), or, with
+    overlapped sends, a boundary whose ``m`` transfers on its link (``m
+    c``), exceed ``limit_s``: then every split is slower than ``limit_s``.
+    False when some split keeps every one of those terms within it, or
+    when ranks hold several stages. Memory is not looked at (a split that
+    does not fit counts as one that might be fast: the answer stays a
+    bound; on the default plan and resnet50 on 4x4-v100-10gbe it excluded
+    no point more with memory).
+
+    Stage ``s`` may end at ``j`` when its terms over ``[i, j)`` are within
+    the limit for some start ``i`` it can have (an end of stage ``s - 1``
+    reachable so). The transfer depends on ``j`` alone, and starting later
+    only removes layers from a stage (its compute and all-reduce do not
+    grow), so the latest reachable start below ``j`` is the one to try:
+    one pass per stage over the ends (the set of reachable ends, not the
+    furthest one: every stage holds a layer, so a stage that ends later can
+    leave the next one only ends with large transfers). ``S`` numpy passes
+    over at most ``L`` ends, no tables.
+    """
+    L, S, m = costs.num_layers, costs.pp, costs.num_micro_batches
+    if S != pp or not np.isfinite(limit_s):
+        return False
+    overlap = send_overlap(schedule)
+    reached = np.zeros(L + 1, dtype=bool)  # the starts stage s can have
+    reached[0] = True
+    for s in range(S):
+        latest = np.maximum.accumulate(np.where(reached, np.arange(L + 1), -1))  # the latest start at or below
+        j = np.array([L]) if s == S - 1 else np.arange(s + 1, L - (S - 1 - s) + 1)
+        i = latest[j - 1]
+        j = j[i >= 0]
+        i = i[i >= 0]
+        c = costs.send_s(s, j)  # split_stage_terms' F, B, c and r: no input gradient or incoming transfer
+        ok = m * (costs.fwd_s(s, i, j) + costs.bwd_s(s, i, j) + (0.0 if overlap else c)) + costs.after_backward_s(
+            s, i, j) <= limit_s
+        if overlap:
+            ok &= m * c <= limit_s
+        reached = np.zeros(L + 1, dtype=bool)
+        reached[j[ok]] = True
+        if not reached.any():
+            return True
+    return not reached[L]
+
+
 def _rank_work(schedule: str, m: int, F, B, c, cin, r):
     """A stage's ``m`` forwards and backwards (:func:`action_terms`) and
     its all-reduce: the ``device`` family of every schedule

@@ -459,3 +459,74 @@ def test_bounds_under_a_limit_are_the_bounds_up_to_it(seed):
             under = full <= limit
             assert np.array_equal(got[under], full[under])
             assert np.all(got[~under] > limit) and np.all(got[~under] <= full[~under])
+
+
+
+def _capped_point(seed: int):
+    """``(schedule, pp, vp, m, costs)``: a seeded instance of one stage per
+    rank (GPipe, 1F1B or ZB-H1), random layers and links, each device's
+    memory at the median over every split of its largest stage's bytes
+    (about half the splits fit)."""
+    rng = np.random.default_rng(seed)
+    schedule = ("gpipe", "1f1b", "zb-h1")[seed % 3]
+    pp = int(rng.integers(2, 5))
+    L = int(rng.integers(pp, pp + 5))
+    m = int(rng.integers(pp, pp + 5))
+    prof, _, _ = tied_or_random_profile(rng, L, False)
+    link = Link(float(rng.choice([1e8, 1e9, 1e10])), float(rng.choice([0, 1e-4])))
+    job = Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0)
+
+    def build_costs(memory_bytes: float):
+        cluster = tiny_cluster(1, 2 * pp, memory_bytes=memory_bytes, intra=link, inter=link)
+        return build_pipeline_costs(prof, cluster, job, pp=pp, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                    schedule="gpipe", placement=pipeline_placement(pp, 2),
+                                    in_flight=np.array(in_flight_peaks(build(schedule, pp, m, 1))))
+
+    free = build_costs(1e15)
+    peaks = [max(float(free.memory_bytes(s, b[s], b[s + 1])) for s in range(pp)) for b in _splits(L, pp)]
+    return schedule, pp, 1, m, build_costs(float(np.median(peaks)))
+
+
+def _rank_and_link_terms(costs, schedule: str, bounds) -> float:
+    """The largest of one split's ranks' whole work and all-reduce (``m (F
+    + B) + r``, with the outgoing transfer in each forward under 1F1B's
+    blocking sends) and, with overlapped sends, of its boundaries' ``m``
+    transfers, from the split's stage times."""
+    t = costs.stage_times(np.array(bounds))
+    m = costs.num_micro_batches
+    F, B, r = (np.asarray(x, dtype=float) for x in (t.fwd_s, t.bwd_s, t.allreduce_s))
+    c = np.append(np.asarray(t.p2p_s, dtype=float), 0.0)  # nothing after the last stage
+    blocking = schedule == "1f1b"
+    work = m * (F + B + (c if blocking else 0.0)) + r
+    return float(max(work.max(), 0.0 if blocking else m * c.max()))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_rank_or_link_exceeds_is_the_least_largest_term_over_every_split(seed):
+    """``rank_or_link_exceeds(limit)`` is True exactly when every split has
+    a rank or link term above ``limit`` (brute force over every split, the
+    terms written from its stage times), tried at every split's largest
+    term and just below and above it; and when True, every split that fits
+    in memory simulates slower than ``limit``. A greedy pass that took the
+    first end instead of the furthest, or left out the all-reduce or the
+    transfers, would fail here (as did one that skipped ends whose stage
+    did not fit: a stage's memory holds its received activations, so it
+    can grow when the stage starts later)."""
+    schedule, pp, vp, m, costs = _capped_point(seed)
+    splits = _splits(costs.num_layers, pp)
+    fitting = [b for b in splits if costs.split_fits(b)]
+    largest = sorted(_rank_and_link_terms(costs, schedule, b) for b in splits)
+    assert fitting and largest[0] > 0
+    for limit in sorted({x * f for x in largest for f in (1 - 1e-9, 1 + 1e-9)} | {largest[0] / 2}):
+        want = largest[0] > limit
+        assert split_bounds.rank_or_link_exceeds(costs, schedule, pp, limit) == want, (limit, largest[0])
+        if want:
+            assert min(_simulated(costs, schedule, pp, vp, b) for b in fitting) > limit
+
+
+def test_rank_or_link_exceeds_leaves_ranks_of_several_stages_alone():
+    """Interleaved stages (several per rank) are not its case: False, even
+    for a limit no split reaches."""
+    schedule, pp, vp, m, costs = _point(0)  # interleaved 1F1B, vp 2
+    assert schedule == "interleaved-1f1b" and vp == 2 and costs.pp == 2 * pp
+    assert not split_bounds.rank_or_link_exceeds(costs, schedule, pp, 0.0)
