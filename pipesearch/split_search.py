@@ -82,8 +82,8 @@ from .fluid_bound import FLUID_BOUND_SCHEDULES, fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
 from .rank_bounds import RankCount, rank_layer_bound_s
-from .split_bounds import (CHAIN_SCHEDULES, PATH_THEN_MAX_R, RANK_WORK_THEN_MAX_R, lagrange_weights, rank_or_link_exceeds,
-                           split_lower_bounds)
+from .split_bounds import (CHAIN_SCHEDULES, PATH_THEN_MAX_R, RANK_WORK_THEN_MAX_R, lagrange_weights,
+                           rank_or_link_exceeds, split_lower_bounds)
 from .split_evaluator import SplitEvaluator
 from .split_fits import any_split_fits, witness_split
 from .timemodel import (COMMON_NODE_GRAPHS, evaluation_cost, graph_ends, iteration_time_s,
