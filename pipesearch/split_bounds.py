@@ -151,17 +151,18 @@ def split_stage_terms(costs: PipelineCosts, s, i, j) -> tuple:
 
 
 def rank_or_link_exceeds(costs: PipelineCosts, schedule: str, pp: int, limit_s: float) -> bool:
-    """Whether every split (one stage per rank, ``costs.pp == pp``) has a
-    rank whose whole work and all-reduce, ``m (f + b) + r`` with the
-    blocking sends of 1F1B in ``f`` (the ``device`` family of
-    :func:`bound_families`, its incoming transfer left out), or, with
-    overlapped sends, a boundary whose ``m`` transfers on its link (``m
-    c``), exceed ``limit_s``: then every split is slower than ``limit_s``.
-    False when some split keeps every one of those terms within it, or
-    when ranks hold several stages. Memory is not looked at (a split that
-    does not fit counts as one that might be fast: the answer stays a
-    bound; on the default plan and resnet50 on 4x4-v100-10gbe it excluded
-    no point more with memory).
+    """Whether every split has a stage whose ``m`` forwards and backwards
+    and all-reduce, ``m (f + b) + r`` with the blocking sends of 1F1B in
+    ``f`` (the ``device`` family of :func:`bound_families`, its incoming
+    transfer left out; a rank of several stages runs at least each one's
+    work, and its all-reduce after its last backward is at least each
+    one's), or, with overlapped sends, a boundary whose ``m`` transfers on
+    its link (``m c``), exceed ``limit_s``: then every split is slower than
+    ``limit_s``. False when some split keeps every one of those terms
+    within it. Memory is not looked at (a split that does not fit counts
+    as one that might be fast: the answer stays a bound; on the default
+    plan and resnet50 on 4x4-v100-10gbe it excluded no point more with
+    memory).
 
     Stage ``s`` may end at ``j`` when its terms over ``[i, j)`` are within
     the limit for some start ``i`` it can have (an end of stage ``s - 1``
@@ -174,7 +175,7 @@ def rank_or_link_exceeds(costs: PipelineCosts, schedule: str, pp: int, limit_s: 
     over at most ``L`` ends, no tables.
     """
     L, S, m = costs.num_layers, costs.pp, costs.num_micro_batches
-    if S != pp or not np.isfinite(limit_s):
+    if not np.isfinite(limit_s):
         return False
     overlap = send_overlap(schedule)
     reached = np.zeros(L + 1, dtype=bool)  # the starts stage s can have

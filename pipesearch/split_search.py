@@ -511,11 +511,12 @@ PROOF_SPLITS = 2048
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "SplitEvaluator", cutoff_s: float, tie_rel: float,
                   max_splits: int, max_nodes: int, rank_cache: dict | None = None):
     """Before any starting split is evaluated, try to prove that no split
-    beats ``cutoff_s``: every split has a rank's whole work or a link's
-    transfers above it (:func:`pipesearch.split_bounds.rank_or_link_exceeds`,
-    a greedy pass over whole layers: on the default plan and resnet50 on
-    4x4-v100-10gbe it settles 213 of 371 and 299 of 401 of the points the
-    proof settles, at a fifth of the cost of a table); with at most :data:`PROOF_SPLITS` splits, the least
+    beats ``cutoff_s``: every split has a stage whose work and all-reduce,
+    or a boundary whose transfers, exceed it
+    (:func:`pipesearch.split_bounds.rank_or_link_exceeds`, one pass per
+    stage over whole layers: on the default plan and resnet50 on
+    4x4-v100-10gbe it settles 236 of 371 and 326 of 401 of the points the
+    proof settles, at about a tenth of the cost of a table each); with at most :data:`PROOF_SPLITS` splits, the least
     bound of a split that fits (:func:`pipesearch.split_bounds.split_lower_bounds`, no table); for
     :data:`pipesearch.bound_tables.OWN_FAMILY_SCHEDULES` the root bound of their own closed-form
     families alone (``own_only`` tables); the root bound of the cheap

@@ -487,9 +487,9 @@ def _capped_point(seed: int):
     return schedule, pp, 1, m, build_costs(float(np.median(peaks)))
 
 
-def _rank_and_link_terms(costs, schedule: str, bounds) -> float:
-    """The largest of one split's ranks' whole work and all-reduce (``m (F
-    + B) + r``, with the outgoing transfer in each forward under 1F1B's
+def _stage_and_link_terms(costs, schedule: str, bounds) -> float:
+    """The largest of one split's stages' work and all-reduce (``m (F +
+    B) + r``, with the outgoing transfer in each forward under 1F1B's
     blocking sends) and, with overlapped sends, of its boundaries' ``m``
     transfers, from the split's stage times."""
     t = costs.stage_times(np.array(bounds))
@@ -515,7 +515,7 @@ def test_rank_or_link_exceeds_is_the_least_largest_term_over_every_split(seed):
     schedule, pp, vp, m, costs = _capped_point(seed)
     splits = _splits(costs.num_layers, pp)
     fitting = [b for b in splits if costs.split_fits(b)]
-    largest = sorted(_rank_and_link_terms(costs, schedule, b) for b in splits)
+    largest = sorted(_stage_and_link_terms(costs, schedule, b) for b in splits)
     assert fitting and largest[0] > 0
     for limit in sorted({x * f for x in largest for f in (1 - 1e-9, 1 + 1e-9)} | {largest[0] / 2}):
         want = largest[0] > limit
@@ -524,9 +524,19 @@ def test_rank_or_link_exceeds_is_the_least_largest_term_over_every_split(seed):
             assert min(_simulated(costs, schedule, pp, vp, b) for b in fitting) > limit
 
 
-def test_rank_or_link_exceeds_leaves_ranks_of_several_stages_alone():
-    """Interleaved stages (several per rank) are not its case: False, even
-    for a limit no split reaches."""
-    schedule, pp, vp, m, costs = _point(0)  # interleaved 1F1B, vp 2
-    assert schedule == "interleaved-1f1b" and vp == 2 and costs.pp == 2 * pp
-    assert not split_bounds.rank_or_link_exceeds(costs, schedule, pp, 0.0)
+@pytest.mark.parametrize("seed", range(12))
+def test_rank_or_link_exceeds_bounds_ranks_of_several_stages(seed):
+    """:func:`_point`'s instances (interleaved 1F1B and looped BFS among
+    them, several stages per rank): True exactly when every split has a
+    stage whose own work and all-reduce, or a boundary whose transfers,
+    exceed the limit (brute force, as above); and then every split
+    simulates slower than the limit (a rank runs at least each of its
+    stages' work, its all-reduce after the last of them)."""
+    schedule, pp, vp, m, costs = _point(seed)
+    splits = _splits(costs.num_layers, costs.pp)
+    largest = sorted(_stage_and_link_terms(costs, schedule, b) for b in splits)
+    for limit in sorted({x * f for x in largest for f in (1 - 1e-9, 1 + 1e-9)}):
+        want = largest[0] > limit
+        assert split_bounds.rank_or_link_exceeds(costs, schedule, pp, limit) == want, (limit, largest[0])
+        if want:
+            assert min(_simulated(costs, schedule, pp, vp, b) for b in splits) > limit
