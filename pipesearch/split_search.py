@@ -52,7 +52,12 @@ reports its proven bound, unless the splits are few enough to enumerate
 (:func:`_enumerate_all`: each split's bound, :func:`pipesearch.split_bounds.split_lower_bounds`, and
 the splits simulated in bound order while one can still beat the best or the
 cutoff; interleaved 1F1B's points with few splits go there directly). Before
-any split is evaluated, the per-split bounds (few splits), the root bounds,
+any split is evaluated, whether every split has a stage whose work and
+all-reduce, or a boundary whose transfers, exceed the cutoff
+(:func:`pipesearch.split_bounds.rank_or_link_exceeds`, no tables: on the
+default plan and resnet50 on 4x4-v100-10gbe it settles 236 of the 371 and
+326 of the 401 points the other proofs settle, at about a tenth of a
+table's cost each), then the per-split bounds (few splits), the root bounds,
 the whole-layers-per-rank bound (:func:`pipesearch.rank_bounds.rank_layer_bound_s`) and a first few
 nodes try to exclude the point against the cutoff (:func:`_cutoff_proof`).
 
@@ -190,12 +195,15 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     tables = None
     cutoff_width = width_for(costs, cutoff_s * (1 + tie_rel))  # no stage of a split faster than the cutoff is wider
     tabled = tables_fit(costs, cutoff_width)
+    against_cutoff = np.isfinite(cutoff_s) and tabled and not value_above_cutoff
+    if against_cutoff and rank_or_link_exceeds(costs, schedule, pp, cutoff_s):  # whole layers, no table
+        return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     enumerated = schedule == "interleaved-1f1b" and _enumerable(costs, schedule, pp, vp)
-    if np.isfinite(cutoff_s) and tabled and not value_above_cutoff and not enumerated:
+    if against_cutoff and not enumerated:
         tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes, point_cache)
         if proof is not None:
             return None if isinstance(proof, str) else proof
-    if enumerated and np.isfinite(cutoff_s) and tabled and not value_above_cutoff and SuffixTables(
+    if enumerated and against_cutoff and SuffixTables(
             costs, schedule, pp, cutoff_width, limit_s=cutoff_s * (1 + tie_rel)).root_bound() >= cutoff_s:
         # the tables' root bound first: a sixth of the cost of every split's bound below, and on resnet50's
         # interleaved pp 2 points it settled 13 of the 15 those settle
@@ -511,12 +519,8 @@ PROOF_SPLITS = 2048
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "SplitEvaluator", cutoff_s: float, tie_rel: float,
                   max_splits: int, max_nodes: int, rank_cache: dict | None = None):
     """Before any starting split is evaluated, try to prove that no split
-    beats ``cutoff_s``: every split has a stage whose work and all-reduce,
-    or a boundary whose transfers, exceed it
-    (:func:`pipesearch.split_bounds.rank_or_link_exceeds`, one pass per
-    stage over whole layers: on the default plan and resnet50 on
-    4x4-v100-10gbe it settles 236 of 371 and 326 of 401 of the points the
-    proof settles, at about a tenth of the cost of a table each); with at most :data:`PROOF_SPLITS` splits, the least
+    beats ``cutoff_s`` (after :func:`pipesearch.split_bounds.rank_or_link_exceeds`,
+    which :func:`exact_split` asks first): with at most :data:`PROOF_SPLITS` splits, the least
     bound of a split that fits (:func:`pipesearch.split_bounds.split_lower_bounds`, no table); for
     :data:`pipesearch.bound_tables.OWN_FAMILY_SCHEDULES` the root bound of their own closed-form
     families alone (``own_only`` tables); the root bound of the cheap
@@ -538,8 +542,6 @@ def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "SplitEvalua
     cheap tables and an :class:`ExactSplit` saying no split beats the
     cutoff, ``"infeasible"`` when no split fits, or None."""
     L, S = costs.num_layers, costs.pp
-    if rank_or_link_exceeds(costs, schedule, pp, cutoff_s):  # whole layers, no table
-        return None, ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     if math.comb(L - 1, S - 1) <= PROOF_SPLITS:  # each split's own bound: at least the tables' root bound
         splits = _all_splits(L, S)
         fit = np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)
