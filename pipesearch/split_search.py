@@ -55,9 +55,9 @@ cutoff; interleaved 1F1B's points with few splits go there directly). Before
 any split is evaluated, whether every split has a stage whose work and
 all-reduce, or a boundary whose transfers, exceed the cutoff
 (:func:`pipesearch.split_bounds.rank_or_link_exceeds`, no tables: on the
-default plan and resnet50 on 4x4-v100-10gbe it settles 236 of the 371 and
-326 of the 401 points the other proofs settle, at about a tenth of a
-table's cost each), then the per-split bounds (few splits), the root bounds,
+default plan and resnet50 on 4x4-v100-10gbe it settles 243 of 408 and 332
+of 450 points searched against a cutoff, at about a tenth of a table's
+cost each), then the per-split bounds (few splits), the root bounds,
 the whole-layers-per-rank bound (:func:`pipesearch.rank_bounds.rank_layer_bound_s`) and a first few
 nodes try to exclude the point against the cutoff (:func:`_cutoff_proof`).
 
