@@ -228,22 +228,17 @@ def _two_round_trips_s(times, m: int) -> float:
     return float(2 * np.sum(F + I + 2 * c) + 2 * (B[0] - I[0]) + times.allreduce_s[0] + (m - S - 1) * np.max(F + B))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tos.instances(), st.integers(1, 3))
-def test_zb_h1_two_round_trips_bound_every_order_and_split(inst, extra):
-    """Random mixed clusters under ZB-H1 with ``m = pp + extra > pp``: the
-    two-round-trip path, written from each split's stage times, is at most
-    the simulated time of every order and split; and the class bounds with
-    that family alone (``z6s``, ``z6m``) give every prefix of classes a
-    bound at most the least simulated time of the orders that start with
-    it. A count of rank k's actions between F of micro-batch S and F of
-    micro-batch m - 1 that the schedule does not run, a transfer counted
-    twice too often, or the family's terms written on the wrong stage would
-    fail here."""
+def _zb_h1_times_below_paths(inst, extra: int, paths):
+    """A random instance under ZB-H1 with ``m = pp + extra``: every order's
+    least simulated time over its splits that fit, keyed by its class
+    sequence, after checking that each length of ``paths(stage_times, m)``
+    is at most the simulated time of every order and split. ``(classes,
+    costs_of, pp, times)``, or None when the instance has fewer slots or
+    layers than ranks."""
     cluster, tp, pp, _, _, _, prof = inst
     L, m = prof.num_layers, pp + extra
     if pp > L or len(slot_heads(cluster, tp)) < pp:
-        return
+        return None
     job = Job(global_batch_size=m, memory_reserve_bytes=0)
     costs_of = tos._point(prof, cluster, job, tp, pp, m, "zb-h1", 1)
     classes = slot_classes(cluster, tp)
@@ -257,9 +252,29 @@ def test_zb_h1_two_round_trips_bound_every_order_and_split(inst, extra):
                 if costs.split_fits(bounds):
                     st_times = costs.stage_times(bounds)
                     t = simulate_times("zb-h1", pp, m, 1, st_times)[0]
-                    assert _two_round_trips_s(st_times, m) <= t * (1 + 1e-9), (order, bounds)
+                    for q, length in enumerate(paths(st_times, m)):
+                        assert length <= t * (1 + 1e-9), (order, bounds, q)
                     best = min(best, t)
             times[tuple(cls[x] for x in order)] = best
+    return classes, costs_of, pp, times
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tos.instances(), st.integers(1, 3))
+def test_zb_h1_two_round_trips_bound_every_order_and_split(inst, extra):
+    """Random mixed clusters under ZB-H1 with ``m = pp + extra > pp``: the
+    two-round-trip path, written from each split's stage times, is at most
+    the simulated time of every order and split; and the class bounds with
+    that family alone (``z6s``, ``z6m``) give every prefix of classes a
+    bound at most the least simulated time of the orders that start with
+    it. A count of rank k's actions between F of micro-batch S and F of
+    micro-batch m - 1 that the schedule does not run, a transfer counted
+    twice too often, or the family's terms written on the wrong stage would
+    fail here."""
+    found = _zb_h1_times_below_paths(inst, extra, lambda times, m: [_two_round_trips_s(times, m)])
+    if found is None:
+        return
+    classes, costs_of, pp, times = found
     cb = class_bounds(classes, costs_of, "zb-h1", pp, only=("z6s", "z6m"))
     assert [[n for _, n in fam] for fam in cb.fams] == [["z6s", "z6m"]]
     _assert_prefix_bounds_below_orders(cb, times, pp)
@@ -272,24 +287,35 @@ def test_zb_h1_two_round_trips_by_hand():
     2 (3 (F + I) + 4 c) + 2 W + (m - S - 1) 3 t = 17 t + 8 c, and it is the
     simulated time (docs/schedules.md: ZB-H1 takes 3 m t + (p - 1) t with
     no link delay; each of the two round trips adds its 4 transfers)."""
+    t, c, scale, costs, bound_of = _three_identical_stages([0.0] * 3)
+    hand = scale * 17 * t + 8 * c
+    assert simulate_times("zb-h1", 3, 5, 1, costs.stage_times((0, 1, 2, 3)))[0] == pytest.approx(hand, rel=1e-12)
+    assert bound_of(("z6s", "z6m")) == pytest.approx(hand, rel=1e-12)
+
+
+def _three_identical_stages(params):
+    """Three identical devices in one node (transfer c = the link's
+    latency, no bytes), three layers of F = I = W = t = 1 ms (tos._profile:
+    F = x/3, B = 2x/3, I = B/2) with ``params`` bytes, one per stage, ZB-H1
+    with m = 5: ``(t, c, scale, costs, bound_of)``, ``bound_of(only)`` the
+    class bound of the one order with those families alone."""
     dev = tos._spec("a", 300, 1000)
     cluster = Cluster("r", (DeviceGroup(dev, 1, 3),), *tos.LINKS)
-    t = 1e-3
-    prof = tos._profile([3 * t] * 3, [0.0] * 3, [0.0] * 3, [0.0] * 3)
-    pp, m = 3, 5
+    t, pp, m = 1e-3, 3, 5
+    prof = tos._profile([3 * t] * 3, [0.0] * 3, params, [0.0] * 3)
     job = Job(global_batch_size=m, memory_reserve_bytes=0)
     costs_of = tos._point(prof, cluster, job, 1, pp, m, "zb-h1", 1)
-    classes = slot_classes(cluster, 1)
-    c = tos.LINKS[0].latency_s
     costs = costs_of((0, 1, 2))
-    scale = float(costs.time_scale[0])  # the profile is measured on "a": 1
-    hand = scale * 17 * t + 8 * c
-    assert simulate_times("zb-h1", pp, m, 1, costs.stage_times((0, 1, 2, 3)))[0] == pytest.approx(hand, rel=1e-12)
-    cb = class_bounds(classes, costs_of, "zb-h1", pp, only=("z6s", "z6m"))
-    node = cb.root()
-    for _ in range(pp):
-        node = cb.extend(node, 0)
-    assert node.bound_s == pytest.approx(hand, rel=1e-12)
+
+    def bound_of(only) -> float:
+        cb = class_bounds(slot_classes(cluster, 1), costs_of, "zb-h1", pp, only=only)
+        node = cb.root()
+        for _ in range(pp):
+            node = cb.extend(node, 0)
+        return node.bound_s
+
+    # the profile is measured on "a": scale 1
+    return t, tos.LINKS[0].latency_s, float(costs.time_scale[0]), costs, bound_of
 
 
 def _end_at_rank_s(times, m: int, q: int) -> float:
@@ -319,27 +345,11 @@ def test_zb_h1_round_trips_ending_on_any_rank_bound_every_order_and_split(inst, 
     classes a bound at most the least simulated time of the orders that
     start with it. One ``W`` too many after rank ``q``'s last ``I``, the
     up trip counted below ``q``, or ``r`` of the wrong rank would fail here."""
-    cluster, tp, pp, _, _, _, prof = inst
-    L, m = prof.num_layers, pp + extra
-    if pp > L or len(slot_heads(cluster, tp)) < pp:
+    found = _zb_h1_times_below_paths(
+        inst, extra, lambda times, m: [_end_at_rank_s(times, m, q) for q in range(len(times.fwd_s))])
+    if found is None:
         return
-    job = Job(global_batch_size=m, memory_reserve_bytes=0)
-    costs_of = tos._point(prof, cluster, job, tp, pp, m, "zb-h1", 1)
-    classes = slot_classes(cluster, tp)
-    cls = {x: c for c, members in enumerate(classes) for x in members}
-    times: dict = {}
-    for n in count_vectors([len(c) for c in classes], pp):
-        for order in orders_of_vector(classes, n):
-            costs, best = costs_of(order), math.inf
-            for cut in itertools.combinations(range(1, L), pp - 1):
-                bounds = (0, *cut, L)
-                if costs.split_fits(bounds):
-                    st_times = costs.stage_times(bounds)
-                    t = simulate_times("zb-h1", pp, m, 1, st_times)[0]
-                    for q in range(pp):
-                        assert _end_at_rank_s(st_times, m, q) <= t * (1 + 1e-9), (order, bounds, q)
-                    best = min(best, t)
-            times[tuple(cls[x] for x in order)] = best
+    classes, costs_of, pp, times = found
     cb = class_bounds(classes, costs_of, "zb-h1", pp, only=("z7s", "z6m", "z7q"))
     assert [[n for _, n in fam] for fam in cb.fams] == [["z7s", "z6m", "z7q"]]
     _assert_prefix_bounds_below_orders(cb, times, pp)
@@ -355,26 +365,12 @@ def test_zb_h1_round_trips_ending_on_the_last_rank_by_hand():
     down and up, and micro-batch 5 - 1 down. The family ending on rank 2
     gives exactly that; the one ending on rank 0 (17 t + 8 c, no step)
     less."""
-    dev = tos._spec("a", 300, 1000)
-    cluster = Cluster("r", (DeviceGroup(dev, 1, 3),), *tos.LINKS)
-    t = 1e-3
-    prof = tos._profile([3 * t] * 3, [0.0] * 3, [0.0, 0.0, 2e9], [0.0] * 3)
-    pp, m = 3, 5
-    job = Job(global_batch_size=m, memory_reserve_bytes=0)
-    costs_of = tos._point(prof, cluster, job, 1, pp, m, "zb-h1", 1)
-    classes = slot_classes(cluster, 1)
-    c = tos.LINKS[0].latency_s
-    costs = costs_of((0, 1, 2))
+    t, c, scale, costs, bound_of = _three_identical_stages([0.0, 0.0, 2e9])
     times = costs.stage_times((0, 1, 2, 3))
     r = float(times.allreduce_s[2])
     assert r > 4 * c and times.allreduce_s[0] == times.allreduce_s[1] == 0.0
-    scale = float(costs.time_scale[0])
     hand = scale * 17 * t + 6 * c + r
-    assert simulate_times("zb-h1", pp, m, 1, times)[0] == pytest.approx(hand, rel=1e-12)
-    assert _end_at_rank_s(times, m, 2) == pytest.approx(hand, rel=1e-12)
-    for only, want in ((("z7s", "z6m", "z7q"), hand), (("z6s", "z6m"), scale * 17 * t + 8 * c)):
-        cb = class_bounds(classes, costs_of, "zb-h1", pp, only=only)
-        node = cb.root()
-        for _ in range(pp):
-            node = cb.extend(node, 0)
-        assert node.bound_s == pytest.approx(want, rel=1e-12)
+    assert simulate_times("zb-h1", 3, 5, 1, times)[0] == pytest.approx(hand, rel=1e-12)
+    assert _end_at_rank_s(times, 5, 2) == pytest.approx(hand, rel=1e-12)
+    assert bound_of(("z7s", "z6m", "z7q")) == pytest.approx(hand, rel=1e-12)
+    assert bound_of(("z6s", "z6m")) == pytest.approx(scale * 17 * t + 8 * c, rel=1e-12)
