@@ -150,7 +150,7 @@ def split_stage_terms(costs: PipelineCosts, s, i, j) -> tuple:
     return F, B, costs.bwd_input_s(s, i, j), c, cin, costs.after_backward_s(s, i, j)
 
 
-def rank_or_link_exceeds(costs: PipelineCosts, schedule: str, pp: int, limit_s: float) -> bool:
+def stage_or_link_exceeds(costs: PipelineCosts, schedule: str, pp: int, limit_s: float) -> bool:
     """Whether every split has a stage whose ``m`` forwards and backwards
     and all-reduce, ``m (f + b) + r`` with the blocking sends of 1F1B in
     ``f`` (the ``device`` family of :func:`bound_families`, its incoming

@@ -54,7 +54,7 @@ the splits simulated in bound order while one can still beat the best or the
 cutoff; interleaved 1F1B's points with few splits go there directly). Before
 any split is evaluated, whether every split has a stage whose work and
 all-reduce, or a boundary whose transfers, exceed the cutoff
-(:func:`pipesearch.split_bounds.rank_or_link_exceeds`, no tables: on the
+(:func:`pipesearch.split_bounds.stage_or_link_exceeds`, no tables: on the
 default plan and resnet50 on 4x4-v100-10gbe it settles 243 of 408 and 332
 of 450 points searched against a cutoff, at about a tenth of a table's
 cost each), then the per-split bounds (few splits), the root bounds,
@@ -88,7 +88,7 @@ from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
 from .rank_bounds import RankCount, rank_layer_bound_s
 from .split_bounds import (CHAIN_SCHEDULES, PATH_THEN_MAX_R, RANK_WORK_THEN_MAX_R, lagrange_weights,
-                           rank_or_link_exceeds, split_lower_bounds)
+                           stage_or_link_exceeds, split_lower_bounds)
 from .split_evaluator import SplitEvaluator
 from .split_fits import any_split_fits, witness_split
 from .timemodel import (COMMON_NODE_GRAPHS, evaluation_cost, graph_ends, iteration_time_s,
@@ -196,7 +196,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     cutoff_width = width_for(costs, cutoff_s * (1 + tie_rel))  # no stage of a split faster than the cutoff is wider
     tabled = tables_fit(costs, cutoff_width)
     against_cutoff = np.isfinite(cutoff_s) and tabled and not value_above_cutoff
-    if against_cutoff and rank_or_link_exceeds(costs, schedule, pp, cutoff_s):  # whole layers, no table
+    if against_cutoff and stage_or_link_exceeds(costs, schedule, pp, cutoff_s):  # whole layers, no table
         return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     enumerated = schedule == "interleaved-1f1b" and _enumerable(costs, schedule, pp, vp)
     if against_cutoff and not enumerated:
@@ -519,7 +519,7 @@ PROOF_SPLITS = 2048
 def _cutoff_proof(costs: PipelineCosts, schedule: str, pp: int, ev: "SplitEvaluator", cutoff_s: float, tie_rel: float,
                   max_splits: int, max_nodes: int, rank_cache: dict | None = None):
     """Before any starting split is evaluated, try to prove that no split
-    beats ``cutoff_s`` (after :func:`pipesearch.split_bounds.rank_or_link_exceeds`,
+    beats ``cutoff_s`` (after :func:`pipesearch.split_bounds.stage_or_link_exceeds`,
     which :func:`exact_split` asks first): with at most :data:`PROOF_SPLITS` splits, the least
     bound of a split that fits (:func:`pipesearch.split_bounds.split_lower_bounds`, no table); for
     :data:`pipesearch.bound_tables.OWN_FAMILY_SCHEDULES` the root bound of their own closed-form

@@ -502,8 +502,8 @@ def _stage_and_link_terms(costs, schedule: str, bounds) -> float:
 
 
 @pytest.mark.parametrize("seed", range(24))
-def test_rank_or_link_exceeds_is_the_least_largest_term_over_every_split(seed):
-    """``rank_or_link_exceeds(limit)`` is True exactly when every split has
+def test_stage_or_link_exceeds_is_the_least_largest_term_over_every_split(seed):
+    """``stage_or_link_exceeds(limit)`` is True exactly when every split has
     a rank or link term above ``limit`` (brute force over every split, the
     terms written from its stage times), tried at every split's largest
     term and just below and above it; and when True, every split that fits
@@ -519,13 +519,13 @@ def test_rank_or_link_exceeds_is_the_least_largest_term_over_every_split(seed):
     assert fitting and largest[0] > 0
     for limit in sorted({x * f for x in largest for f in (1 - 1e-9, 1 + 1e-9)} | {largest[0] / 2}):
         want = largest[0] > limit
-        assert split_bounds.rank_or_link_exceeds(costs, schedule, pp, limit) == want, (limit, largest[0])
+        assert split_bounds.stage_or_link_exceeds(costs, schedule, pp, limit) == want, (limit, largest[0])
         if want:
             assert min(_simulated(costs, schedule, pp, vp, b) for b in fitting) > limit
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_rank_or_link_exceeds_bounds_ranks_of_several_stages(seed):
+def test_stage_or_link_exceeds_bounds_ranks_of_several_stages(seed):
     """:func:`_point`'s instances (interleaved 1F1B and looped BFS among
     them, several stages per rank): True exactly when every split has a
     stage whose own work and all-reduce, or a boundary whose transfers,
@@ -537,6 +537,6 @@ def test_rank_or_link_exceeds_bounds_ranks_of_several_stages(seed):
     largest = sorted(_stage_and_link_terms(costs, schedule, b) for b in splits)
     for limit in sorted({x * f for x in largest for f in (1 - 1e-9, 1 + 1e-9)}):
         want = largest[0] > limit
-        assert split_bounds.rank_or_link_exceeds(costs, schedule, pp, limit) == want, (limit, largest[0])
+        assert split_bounds.stage_or_link_exceeds(costs, schedule, pp, limit) == want, (limit, largest[0])
         if want:
             assert min(_simulated(costs, schedule, pp, vp, b) for b in splits) > limit
