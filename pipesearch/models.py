@@ -46,7 +46,8 @@ RUNNING_SUM_MIN_LAYERS = 5
 SMALL_BYTES = 4096
 
 
-def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool = True) -> list[str]:
+def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool = True,
+                     device_name: str | None = None) -> list[str]:
     """Warnings for a measured profile that looks wrong for the plan.
 
     Args:
@@ -55,6 +56,8 @@ def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool =
         source: the file name, for the messages.
         rescaled: whether the search rescales the profile's times (its
             device is in the catalog); otherwise they are used as measured.
+        device_name: the name of the device the profile's ``# device:``
+            header resolves to (a device TOML's own name), when known.
 
     Returns:
         One line per finding (empty when none):
@@ -99,7 +102,7 @@ def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool =
         out.append(f"{source}: measured on {what}, planned on {', '.join(sorted(names))}: its times are taken as "
                    f"the fastest type's ({fastest}) and the others' scaled by FLOP rate; name the device in the "
                    f"profile's '# device:' header (a catalog name or a device TOML)")
-    elif dev and dev != "unknown" and dev not in names:
+    elif dev and dev != "unknown" and (device_name or dev) not in names:  # a device TOML: its own name counts
         close = [] if rescaled else difflib.get_close_matches(dev.lower(), list(list_entries("device")), n=2,
                                                               cutoff=0.6)
         how = ("its times are rescaled from one device kind to another by FLOP rate (an estimate"
@@ -311,7 +314,8 @@ def load_model_source(
     profiled_device = profiled_device_of(profile.profiled_device, cluster, path)
     info = {"name": profile.name, "kind": "profile", "file": str(path), "num_layers": profile.num_layers,
             "layers_description": describe_layers([lay.name for lay in profile.layers]),
-            "warnings": profile_warnings(profile, cluster, path.name, rescaled=profiled_device is not None),
+            "warnings": profile_warnings(profile, cluster, path.name, rescaled=profiled_device is not None,
+                                         device_name=None if profiled_device is None else profiled_device.name),
             "profiled_batch_size": profile.profiled_batch_size, "profiled_device": profile.profiled_device,
             "source": profile.source}
     return ModelSource(profile.name, (ModelVariant(profile, recompute=mode),), info, profiled_device)

@@ -241,6 +241,31 @@ def test_a_profiles_device_file_is_read_beside_the_profile_whatever_the_working_
     assert time_of("in/text.csv", tmp_path) == time_of("text.csv", folder) == unscaled
 
 
+def test_a_profile_measured_on_the_clusters_own_device_file_is_not_said_rescaled(tmp_path):
+    """``# device: dev/d.toml`` naming the very device file the cluster uses:
+    the times are the cluster's device's, so no warning says they are
+    rescaled (the header's path is not the device's name: the device the
+    file defines is what counts); a profile whose device file defines
+    another device still gets the warning."""
+    (tmp_path / "dev").mkdir()
+    spec = 'memory_GB = 36\npeak_fp16_TFLOPS = 80\npeak_fp32_TFLOPS = 9.75\nhbm_bandwidth_GBps = 900\n'
+    (tmp_path / "dev" / "d.toml").write_text('name = "d"\n' + spec)
+    (tmp_path / "dev" / "e.toml").write_text('name = "e"\n' + spec.replace("80", "160"))
+    (tmp_path / "c.toml").write_text('name = "c"\nnodes = 1\ndevices_per_node = 4\ndevice = "dev/d.toml"\n'
+                                     '[intra_node]\nbandwidth_GBps = 50\nlatency_us = 5\n'
+                                     '[inter_node]\nbandwidth_GBps = 10\nlatency_us = 10\n')
+    rows = "".join(r + "\n" for r in good_rows(8))
+    for name, device in (("own.csv", "dev/d.toml"), ("other.csv", "dev/e.toml")):
+        (tmp_path / name).write_text(HEADER.replace("# batch_size: 32\n", f"# batch_size: 32\n# device: {device}\n")
+                                     + rows)
+    own = run(["plan", "--model", "own.csv", "--cluster", "c.toml", "-b", "64", "--top", "1"], tmp_path)
+    assert own.exit_code == 0, own.output
+    assert "measured on" not in own.stderr and "rescaled" not in own.stderr
+    other = run(["plan", "--model", "other.csv", "--cluster", "c.toml", "-b", "64", "--top", "1"], tmp_path)
+    assert other.exit_code == 0, other.output
+    assert "other.csv: measured on dev/e.toml, planned on d: its times are rescaled" in other.stderr
+
+
 def test_all_points_are_written_when_no_plan_fits(tmp_path):
     """The points table is what says why no plan fits: with --all-points the
     refusal (one line, exit 2) still writes it, one row per point looked at,
