@@ -44,7 +44,8 @@ def test_digests_are_of_the_written_parts(doc):
     import hashlib
 
     assert set(doc["digests"]) == {"inputs.model", "inputs.cluster", "inputs.job", "inputs.fingerprint"} | {
-        f"plans[{k}].{part}" for k in range(2) for part in ("parallelism", "schedule", "options", "stages")}
+        f"plans[{k}].{part}" for k in range(2) for part in ("parallelism", "schedule", "options", "stages",
+                                                            "figures")}
 
     def floats(v):  # every number a float, as the canonical form writes them
         if isinstance(v, bool) or not isinstance(v, (int, float, dict, list)):
@@ -55,6 +56,10 @@ def test_digests_are_of_the_written_parts(doc):
     text = json.dumps(floats(doc["inputs"]["job"]), sort_keys=True, separators=(",", ":"))
     assert doc["digests"]["inputs.job"] == "sha256:" + hashlib.sha256(text.encode()).hexdigest()
     assert doc["digests"]["plans[1].options"] == digest(doc["plans"][1]["options"])
+    layout = ("index", "layers", "layer_names", "devices", "replicas")  # a stage's figures: all but where it runs
+    figures = {"stages": [{k: v for k, v in st.items() if k not in layout} for st in doc["plans"][0]["stages"]],
+               "predicted": doc["plans"][0]["predicted"]}
+    assert "fwd_s" in figures["stages"][0] and doc["digests"]["plans[0].figures"] == digest(figures)
 
 
 def _integral_floats_as_ints(v):
@@ -77,8 +82,38 @@ def test_an_untouched_file_in_any_layout_and_one_without_digests_are_valid(tmp_p
     moved["inputs"]["model"]["file"] = "llama.toml"
     moved["inputs"]["model"]["warnings"] = []
     assert _validate(_write(tmp_path, moved, name="moved.json")).exit_code == 0
-    old = {k: v for k, v in doc.items() if k != "digests"}  # written before digests: not checked
-    assert _validate(_write(tmp_path, old, name="old.json")).exit_code == 0
+    old = {k: v for k, v in doc.items() if k != "digests"}  # written before digests: not checked, but said
+    res = _validate(_write(tmp_path, old, name="old.json"))
+    assert res.exit_code == 0 and "old.json: no 'digests': an edit of the inputs" in res.stderr
+    res = CliRunner().invoke(main, ["simulate", str(tmp_path / "old.json")])
+    assert res.exit_code == 0 and "old.json: no 'digests'" in res.stderr
+    # written before the figures were digested: the other parts still checked, the figures not
+    unfigured = copy.deepcopy(doc)
+    unfigured["digests"] = {k: v for k, v in doc["digests"].items() if not k.endswith(".figures")}
+    res = _validate(_write(tmp_path, unfigured, name="unfigured.json"))
+    assert res.exit_code == 0 and "digests" not in res.stderr
+    unfigured["inputs"]["job"]["state_bytes_per_param"] = 0
+    assert "inputs.job: edited after planning" in _validate(_write(tmp_path, unfigured, name="u2.json")).output
+
+
+def _halved_stage_0(plan: dict) -> None:
+    """Stage 0's forward, compute and input-gradient seconds halved, and the
+    plan's predicted iteration time, bubble and rate set to the replay of
+    the edited stages (as a hand edit that kept the file self-consistent)."""
+    from pipesearch.plan import plan_from_dict
+    from pipesearch.point_plan import simulate_plan
+    from pipesearch.timemodel import busiest_idle_fraction
+
+    for key in ("fwd_s", "compute_s", "bwd_input_s"):
+        if key in plan["stages"][0]:
+            plan["stages"][0][key] /= 2
+    t, timeline = simulate_plan(plan_from_dict(plan)[0])
+    predicted = plan["predicted"]
+    predicted["bubble_fraction"] = busiest_idle_fraction(max(timeline.busy_s), t)
+    for key in ("samples_per_s", "tokens_per_s", "tokens_per_s_per_device", "mfu"):  # rates: 1 / time
+        if predicted.get(key) is not None:
+            predicted[key] *= predicted["iteration_time_s"] / t
+    predicted["iteration_time_s"] = t
 
 
 @pytest.mark.parametrize("where,edit", [
@@ -98,6 +133,11 @@ def test_an_untouched_file_in_any_layout_and_one_without_digests_are_valid(tmp_p
                 "layer_names"].pop()))),
     ("plans[1].stages", lambda d: [st["devices"].reverse()  # slot 0's devices in another order (each stage on it)
                                    for st in d["plans"][1]["stages"][::d["plans"][1]["parallelism"]["pp"]]]),
+    # stage 0's compute halved and the predicted figures set to what the replay then gives: the replay agrees
+    ("plans[0].figures", lambda d: _halved_stage_0(d["plans"][0])),
+    ("plans[0].figures", lambda d: d["plans"][0]["stages"][0].update(dp_comm_s=0.0)),
+    ("plans[0].figures", lambda d: d["plans"][0]["stages"][-1].update(send_bytes=1e9)),
+    ("plans[0].figures", lambda d: d["plans"][0]["stages"][0].pop("optimizer_step_s")),
 ])
 def test_an_edited_part_is_named_by_validate_and_export(tmp_path, doc, where, edit):
     bad = copy.deepcopy(doc)
@@ -132,3 +172,22 @@ def test_a_plan_added_or_removed_is_named(tmp_path, doc):
     odd["digests"]["search"] = "sha256:" + "0" * 64
     res = _validate(_write(tmp_path, odd, name="odd.json"))
     assert res.exit_code == 2 and "digests.search: not a part pipesearch digests" in res.output
+
+
+def test_simulate_says_figures_edited_where_its_replay_agrees(tmp_path, doc):
+    """Stage 0's compute halved and the predicted figures set to the replay
+    of the edited stages: the replay agrees with the file, so only the
+    figures' digest tells the edit; ``simulate`` warns once, naming it.
+    Where the replay disagrees too (the predicted figures left as planned),
+    its own line says so and the digest's is not repeated."""
+    bad = copy.deepcopy(doc)
+    _halved_stage_0(bad["plans"][0])
+    path = _write(tmp_path, bad)
+    res = CliRunner().invoke(main, ["simulate", str(path), "--rank", "1"])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 0 and len(lines) == 1 and "plans[0].figures: edited after planning" in lines[0], lines
+    raw = copy.deepcopy(doc)
+    raw["plans"][0]["stages"][0]["compute_s"] *= 1.5
+    res = CliRunner().invoke(main, ["simulate", str(_write(tmp_path, raw, name="raw.json")), "--rank", "1"])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 0 and len(lines) == 1 and "the replay takes" in lines[0], lines

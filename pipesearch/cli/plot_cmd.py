@@ -49,13 +49,14 @@ def plot_command(plan_file, kind, rank, output):
 
     raw, doc = read_plan_file(plan_file)  # read once: drawn below
     one = kind in ("stages", "timeline")  # one plan drawn, else every point (searched for the file's inputs)
-    warnings = edit_warnings(plan_file, raw, doc, rank if one else None)
+    replayed = []
     if one:  # and say so when the plan disagrees with its replay
         plan = select_plan(doc, rank, plan_file)
         total_s, tl = replay(plan, plan_file, rank)
         drawn = ("the timeline drawn is the replay's" if kind == "timeline" else
                  "the stages figure draws the file's own stage times and figures")
-        warnings += replay_warnings(plan_file, rank, plan, total_s, tl, drawn)
+        replayed = replay_warnings(plan_file, rank, plan, total_s, tl, drawn)
+    warnings = edit_warnings(plan_file, raw, doc, rank if one else None, figures=not replayed) + replayed
     for line in warnings:
         click.echo(f"warning: {line}", err=True)
     out = render(kind, doc, f"{kind}.png" if output is None else output, rank=rank, source=str(plan_file))

@@ -60,21 +60,25 @@ def replay_warnings(path: str, rank: int, plan, total_s: float, tl,
     return [time] * bool(time) + [f"{path}: plan of rank {rank}{line}" for line in memory_disagreement(plan, tl)]
 
 
-def edit_warnings(path: str, doc: dict, plan_file, rank: int | None = None) -> list[str]:
+def edit_warnings(path: str, doc: dict, plan_file, rank: int | None = None, figures: bool = True) -> list[str]:
     """The lines that say which parts of the plan file at ``path`` (its
     document ``doc`` and :class:`PlanFile` ``plan_file``,
     :func:`pipesearch.plan.read_plan_file`) were edited after planning
     (:func:`pipesearch.schema.digests.digest_problems`, what ``validate``
-    and ``export`` refuse): its inputs' and, with ``rank``, that plan's
-    (without: the inputs' alone; ``simulate`` and ``plot`` still draw the
-    file's own figures, which were computed for what was planned)."""
-    from ..schema.digests import digest_problems
+    and ``export`` refuse), or that it has no digests: its inputs' and,
+    with ``rank``, that plan's (without: the inputs' alone; ``simulate``
+    and ``plot`` still draw the file's own figures, which were computed for
+    what was planned). ``figures=False`` leaves out the plan's recorded
+    figures (said once, by the replay's own line, when it disagrees)."""
+    from ..schema.digests import FIGURES, digest_problems, missing_digests_warning
 
     index = next((k for k, p in enumerate(plan_file.plans) if p.rank == rank), None)
     mine = f"plans[{index}]"
-    return [f"{path}: {problem}" for problem in digest_problems(doc)
-            if not problem.where.startswith("plans[") or problem.where.startswith(mine + ".")
-            or problem.where == mine]
+    missing = missing_digests_warning(doc)
+    return [f"{path}: {missing}"] * (missing is not None) + [
+        f"{path}: {problem}" for problem in digest_problems(doc)
+        if (not problem.where.startswith("plans[") or problem.where.startswith(mine + ".") or problem.where == mine)
+        and (figures or problem.where != f"{mine}.{FIGURES}")]
 
 
 def plan_title(plan_file, plan, iteration_time_s: float) -> str:
@@ -219,7 +223,8 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
             raise InputError(f"--window {window!r}: starts at {window_s[0] * 1e3:g} ms, after the timeline ends at "
                              f"{end_s * 1e3:.3f} ms; give a FROM below that")
     disagreement = time_disagreement(plans, rank, total_s, plan.predicted.iteration_time_s)
-    for line in edit_warnings(plans, doc, plan_file, rank) + replay_warnings(plans, rank, plan, total_s, tl):
+    replayed = replay_warnings(plans, rank, plan, total_s, tl)
+    for line in edit_warnings(plans, doc, plan_file, rank, figures=not replayed) + replayed:
         click.echo(f"warning: {line}", err=True)
     analytic = dict(plan.extra).get("analytic_iteration_time_s")
     click.echo(plan_title(plan_file, plan, total_s))

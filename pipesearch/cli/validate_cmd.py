@@ -11,7 +11,7 @@ from ..errors import InputError, PlanFormatError
 from ..plan import _from_document, parse_document, read_plan_text
 from ..schema import schema_problems
 from ..schema.records import record_problems
-from ..schema.digests import digest_problems
+from ..schema.digests import digest_problems, missing_digests_warning
 from ..schema.semantics import semantic_problems
 from . import main
 
@@ -249,6 +249,9 @@ def validate_command(plans):
         if LATER_CHECKS[stage]:
             click.echo(f"{plans}: {LATER_CHECKS[stage]}")
         raise PlanFormatError(f"{plans}: {len(problems)} problem(s), the first: {problems[0]}")
+    missing = missing_digests_warning(doc)
+    if missing is not None:
+        click.echo(f"warning: {plans}: {missing}", err=True)
     n = len(doc["plans"])
     click.echo(f"{plans}: valid {doc['schema']} file, {n} plan{'s' if n != 1 else ''} "
                f"({doc['inputs']['model']['name']} on {doc['inputs']['cluster']['name']})")

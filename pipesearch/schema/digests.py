@@ -15,8 +15,15 @@ a SHA-256 of each such part (:func:`_parts`) over its canonical JSON
 value, as a JSON tool that rewrites the file may write either);
 ``pipesearch validate`` and ``export`` name every part whose digest
 differs. Provenance is left out (the model file's path and the load
-warnings), so a file can move between machines. A file without digests
-(written before them) is not checked.
+warnings), so a file can move between machines. Each plan's recorded
+figures (its stages' times and bytes, its predicted block) have a digest
+of their own, ``plans[k].figures``: the replay checks that the predicted
+time follows from the stage times, not that the stage times follow from
+the inputs, so a halved stage time with the predicted figures set to its
+replay still validated. A file without digests (written before them) is
+not checked, but :func:`missing_digests_warning` says so; a file with
+digests but no figures digests (written before those) has its other
+parts checked.
 """
 
 from __future__ import annotations
@@ -35,7 +42,11 @@ PLAN_PARTS = ("parallelism", "schedule", "options", "stages")
 MODEL_PROVENANCE = ("file", "warnings")
 #: what a stage's digest covers: where it runs, not its recorded figures (the replay checks those)
 STAGE_LAYOUT = ("index", "layers", "layer_names", "devices", "replicas")
-_PATH = re.compile(r"^(inputs\.(%s)|plans\[\d+\]\.(%s))$" % ("|".join(INPUT_PARTS), "|".join(PLAN_PARTS)))
+#: each plan's recorded figures (its stages' fields but their layout, and ``predicted``): ``plans[k].figures``,
+#: checked where the file has that digest (files written before it have none)
+FIGURES = "figures"
+_PATH = re.compile(r"^(inputs\.(%s)|plans\[\d+\]\.(%s))$" % ("|".join(INPUT_PARTS),
+                                                              "|".join(PLAN_PARTS + (FIGURES,))))
 
 
 def canonical(value: Any) -> Any:
@@ -75,7 +86,19 @@ def _parts(doc: dict) -> dict[str, Any]:
     out = {f"inputs.{key}": _part(key, inputs[key]) for key in INPUT_PARTS if key in inputs}
     for k, plan in enumerate(doc.get("plans", [])):
         out.update({f"plans[{k}].{key}": _part(key, plan[key]) for key in PLAN_PARTS if key in plan})
+        out[f"plans[{k}].{FIGURES}"] = _figures(plan)
     return out
+
+
+def _figures(plan: Any) -> Any:
+    """A plan's recorded figures: each stage's fields but its layout
+    (:data:`STAGE_LAYOUT`), and its ``predicted`` block (None where absent)."""
+    if not isinstance(plan, dict):
+        return None
+    stages = plan.get("stages")
+    stages = [{k: v for k, v in st.items() if k not in STAGE_LAYOUT} if isinstance(st, dict) else st
+              for st in stages] if isinstance(stages, list) else stages
+    return {"stages": stages, "predicted": plan.get("predicted")}
 
 
 def _planned_at(recorded: dict, path: str, found: str) -> str | None:
@@ -104,6 +127,9 @@ def digest_problems(doc: dict) -> list[Problem]:
     parts = _parts(doc)
     out = []
     for path, value in parts.items():
+        if path.endswith("." + FIGURES) and path not in recorded and not any(
+                p.endswith("." + FIGURES) for p in recorded):
+            continue  # a file written before the figures were digested
         if path not in recorded:
             out.append(Problem(path, "not in the file's digests: added after planning; its figures were not "
                                      "computed for it: plan again rather than edit the file"))
@@ -113,7 +139,9 @@ def digest_problems(doc: dict) -> list[Problem]:
                 out.append(Problem(path, f"as planned at {moved} (the file's plans were reordered or one removed): "
                                          "restore their order, or plan again"))
                 continue
-            what = " (its stages' layers or devices)" if path.endswith(".stages") else ""
+            what = (" (its stages' layers or devices)" if path.endswith(".stages") else
+                    " (its stages' recorded times and bytes, or its predicted figures)"
+                    if path.endswith("." + FIGURES) else "")
             out.append(Problem(path, f"edited after planning{what} (its digest in 'digests' differs): the plan's "
                                      "times and bytes are those of what was planned, not of this; plan again with "
                                      "what you changed (pipesearch plan ...) rather than edit the file, or restore "
@@ -122,7 +150,17 @@ def digest_problems(doc: dict) -> list[Problem]:
         if not _PATH.match(path):
             out.append(Problem(f"digests.{path}", "not a part pipesearch digests (inputs.model, inputs.cluster, "
                                                   "inputs.job, inputs.fingerprint, plans[k].parallelism, "
-                                                  ".schedule, .options, .stages); restore the file"))
+                                                  ".schedule, .options, .stages, .figures); restore the file"))
         elif path not in parts:
             out.append(Problem(path, "in the file's digests but gone from the file: restore it or plan again"))
     return out
+
+
+def missing_digests_warning(doc: dict) -> str | None:
+    """What to say of a plan file with no ``digests`` block (written before
+    digests, or with them removed): edits of its inputs, stages and figures
+    cannot be told apart from what was planned. None when it has one."""
+    if isinstance(doc.get("digests"), dict):
+        return None
+    return ("no 'digests': an edit of the inputs, a stage's layers or devices, or the recorded times cannot be "
+            "told apart from what was planned (files written before digests have none); plan again to check them")
