@@ -87,6 +87,9 @@ def test_an_untouched_file_in_any_layout_and_one_without_digests_are_valid(tmp_p
     assert res.exit_code == 0 and "old.json: no 'digests': an edit of the inputs" in res.stderr
     res = CliRunner().invoke(main, ["simulate", str(tmp_path / "old.json")])
     assert res.exit_code == 0 and "old.json: no 'digests'" in res.stderr
+    res = CliRunner().invoke(main, ["export", str(tmp_path / "old.json"), "--format", "torch", "-o",
+                                    str(tmp_path / "t.json")])
+    assert res.exit_code == 0 and "warning: " in res.stderr and "old.json: no 'digests'" in res.stderr
     # written before the figures were digested: the other parts still checked, the figures not
     unfigured = copy.deepcopy(doc)
     unfigured["digests"] = {k: v for k, v in doc["digests"].items() if not k.endswith(".figures")}

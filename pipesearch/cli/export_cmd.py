@@ -11,9 +11,8 @@ from ..errors import InputError, PlanFormatError
 from ..export import DESCRIPTION_FORMATS, FORMATS, export_plan
 from ..output import check_directory, check_distinct_paths, check_writable, write_outputs
 from ..plan import read_plan_file, select_plan
-from ..schema.digests import missing_digests_warning
 from . import main
-from .validate_cmd import plan_file_problems
+from .validate_cmd import plan_file_problems, warn_missing_digests
 
 
 def _executable_if_script(path: Path) -> None:
@@ -176,9 +175,7 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
     if problems:
         raise PlanFormatError(f"{plans}: {len(problems)} problem(s), the first: {problems[0]} "
                               f"(pipesearch validate {plans} lists them)")
-    missing = missing_digests_warning(doc)
-    if missing is not None:
-        click.echo(f"warning: {plans}: {missing}", err=True)
+    warn_missing_digests(plans, doc)
     plan = select_plan(plan_file, rank, plans)
     options = {"torchtitan_version": torchtitan_version} if torchtitan_version is not None else {}
     try:

@@ -215,6 +215,14 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def warn_missing_digests(path: str, doc: dict) -> None:
+    """On stderr, a warning line when the plan file at ``path`` has no
+    digests (:func:`pipesearch.schema.digests.missing_digests_warning`)."""
+    missing = missing_digests_warning(doc)
+    if missing is not None:
+        click.echo(f"warning: {path}: {missing}", err=True)
+
+
 @main.command("validate")
 @click.argument("plans", metavar="PLANS.json", type=click.Path(dir_okay=False))
 def validate_command(plans):
@@ -249,9 +257,7 @@ def validate_command(plans):
         if LATER_CHECKS[stage]:
             click.echo(f"{plans}: {LATER_CHECKS[stage]}")
         raise PlanFormatError(f"{plans}: {len(problems)} problem(s), the first: {problems[0]}")
-    missing = missing_digests_warning(doc)
-    if missing is not None:
-        click.echo(f"warning: {plans}: {missing}", err=True)
+    warn_missing_digests(plans, doc)
     n = len(doc["plans"])
     click.echo(f"{plans}: valid {doc['schema']} file, {n} plan{'s' if n != 1 else ''} "
                f"({doc['inputs']['model']['name']} on {doc['inputs']['cluster']['name']})")
