@@ -471,3 +471,28 @@ def test_when_no_simulated_plan_meets_the_limits_the_unsimulated_ones_are_named(
     out = CliRunner().invoke(main, [*args, "--simulate-top", "1"]).output
     assert ("no simulated plan meets the latency limits; plans 2, 3 are not simulated (--simulate-top 3 simulates "
             "them)") in out
+
+
+@pytest.mark.parametrize("limit_ms", ["260", "300"])
+def test_a_ttft_limit_keeps_the_best_split_that_meets_it(limit_ms):
+    """Llama-3 8B on 8 L4s, tp 1 x pp 2 at a 370-token budget, closed loop
+    (no request rate), --max-ttft-ms: the searched split's throughput is the
+    best of the 31 splits pinned one by one with --split (brute force
+    through the same command), and its TTFT meets the limit. Without a
+    limit the best is 16,16 at 148 sequences, 284 ms; a lower bound of the
+    TTFT that counted each chunk a whole round trip apart (not a step of
+    the pipeline, a round trip over the 2 micro-batches) threw out batches
+    that meet the limit: no plan at 260 ms, and 17,15 at 59 sequences (half
+    the throughput) at 300 ms."""
+    args = ["--model", "llama3-8b", "--cluster", "1x8-l4", "--tp", "1", "--pp", "2",
+            "--max-num-batched-tokens", "370", "--max-ttft-ms", limit_ms]
+    best = _serve_json(args)
+    pinned = []
+    for k in range(1, 32):  # a split with no batch that meets the limit is refused: exit 2
+        r = CliRunner().invoke(main, ["serve", *args, "--split", f"{k},{32 - k}", "--simulate-top", "0", "--json"])
+        assert r.exit_code in (0, 2), r.output
+        pinned += [json.loads(r.output)["plans"][0]] if r.exit_code == 0 else []
+    assert len(pinned) >= 5
+    top = max(p["predicted"]["output_tokens_per_s"] for p in pinned)
+    assert best["predicted"]["ttft_s"] <= float(limit_ms) / 1e3
+    assert best["predicted"]["output_tokens_per_s"] >= top * (1 - 1e-9)

@@ -488,9 +488,13 @@ def _optimal(pipe: ServePipeline, job: ServeJob, replicas: int):
             ok = np.ones(len(batches), dtype=bool)
             if job.max_tpot_s is not None:
                 ok &= ring <= job.max_tpot_s * (1 + 1e-12)
-            if job.max_ttft_s is not None:
+            if job.max_ttft_s is not None:  # the chunks a step of the pipeline (a cycle over m) apart, then the last
                 cstep, chunks = pipe.chunk_step(batches, w)
-                ok &= chunks * np.asarray(pipe.ring_s(cstep), dtype=float) <= job.max_ttft_s * (1 + 1e-12)
+                last = replace(cstep, prefill=w.input_len - (chunks - 1) * np.asarray(cstep.prefill, dtype=float))
+                m = pipe.micro_batches(pipe.pp, batches)
+                ttft = ((chunks - 1) * np.asarray(pipe.ring_s(cstep), dtype=float) / m
+                        + np.asarray(pipe.ring_s(last), dtype=float))
+                ok &= ttft <= job.max_ttft_s * (1 + 1e-12)
             batches = batches[ok]
         return _best_throughput(job, batches, score, upper, replicas), b_max, False
     chosen, saturated = _carrying_rate(job, replicas, cap, score)
