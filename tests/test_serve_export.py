@@ -145,6 +145,21 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, args, needle):
     assert not out.exists()
 
 
+def test_a_model_file_of_another_kind_is_named_as_such(tmp_path):
+    """A HuggingFace config saved without its .json extension, or any other
+    file, is named as neither a .toml nor a .json file (not as a layer
+    profile, which a .csv is), with the fix: name it so."""
+    config = tmp_path / "cfgnoext"
+    config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    r, out = _run(["--model", str(config)], tmp_path)
+    assert r.exit_code == 2 and "cfgnoext is neither a .toml nor a .json file (its name has no extension)" in r.output
+    assert "layer profile" not in r.output and "named so" in r.output and not out.exists()
+    csv = tmp_path / "m.csv"
+    csv.write_text("name,fwd_ms,bwd_ms\nl0,1,2\n")
+    r, _ = _run(["--model", str(csv)], tmp_path)
+    assert r.exit_code == 2 and "m.csv is a layer profile" in r.output
+
+
 def test_a_config_of_too_many_layers_to_split_is_refused_before_the_search(tmp_path):
     """100,000 decoder layers reached the split search and failed there on
     a 74.5 GiB allocation, naming a knob of `plan`."""

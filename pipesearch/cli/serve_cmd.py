@@ -459,9 +459,12 @@ def _serving_model(model, cluster_name, input_len: int, output_len: int):
         InputError: the model and the fix.
     """
     path = resolve("model", model)
-    if path.suffix not in (".toml", ".json"):
-        raise InputError(f"--model {model}: {path.name} is a layer profile; serving plans need a transformer "
-                         f"config (catalog TOML or HuggingFace config.json)")
+    if path.suffix not in (".toml", ".json"):  # a layer profile (.csv, graph.txt) or any other file
+        what = "a layer profile" if path.suffix == ".csv" or path.name.endswith("graph.txt") else (
+            f"neither a .toml nor a .json file (its name ends {path.suffix!r})" if path.suffix else
+            "neither a .toml nor a .json file (its name has no extension)")
+        raise InputError(f"--model {model}: {path.name} is {what}; serving plans need a transformer config "
+                         f"(catalog TOML or HuggingFace config.json, named so)")
     try:  # the model's own context first: a learned position table refuses a longer seq_len, naming --seq-len
         own = load_transformer(path, seq_len=1)  # (a one-token length: any config's context holds it)
     except InputError:  # the load below says what is wrong
