@@ -490,8 +490,8 @@ def test_nvswitch_is_read_inside_nodes_only(tmp_path):
     assert load_cluster("4x8-h100").intra_node.nvswitch and load_cluster("2x8-a100-80gb").intra_node.nvswitch
     assert not load_cluster("1x8-l4").intra_node.nvswitch
     assert not load_cluster("2x8-v100-nvlink-25gbe").intra_node.nvswitch  # hybrid cube-mesh: not every pair
-    base = (f'name = "c"\nnodes = 1\ndevices_per_node = 2\ndevice = "a100-80gb"\n'
-            f'[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n')
+    base = ('name = "c"\nnodes = 1\ndevices_per_node = 2\ndevice = "a100-80gb"\n'
+            '[inter_node]\nbandwidth_GBps = 25\nlatency_us = 10\n')
     (tmp_path / "ok.toml").write_text(base + "[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\nnvswitch = true\n")
     assert load_cluster(str(tmp_path / "ok.toml")).intra_node.nvswitch
     (tmp_path / "bad.toml").write_text(base + "[intra_node]\nbandwidth_GBps = 300\nlatency_us = 5\nnvswitch = 1\n")

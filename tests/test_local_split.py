@@ -17,7 +17,6 @@ import itertools
 import numpy as np
 import pytest
 
-from pipesearch import bound_tables
 from pipesearch import branch_and_bound
 from pipesearch import split_search
 from pipesearch.local_split import improve_split, neighbours

@@ -7,7 +7,7 @@ import pytest
 
 from pipesearch.hardware import load_cluster
 from pipesearch.models import load_model_source
-from pipesearch.schedules import build, chunk_states_of, in_flight_peaks, simultaneous_in_flight
+from pipesearch.schedules import build, chunk_states_of, in_flight_peaks
 from pipesearch.search import search
 from pipesearch.in_flight import schedule_chunk_states, schedule_in_flight
 from pipesearch.point_plan import simulate_plan
