@@ -449,9 +449,8 @@ class PipelineCosts:
         if self.device_step_rate is None:
             return np.zeros(np.broadcast(np.asarray(s), np.asarray(i), np.asarray(j)).shape)
         params = self.param_prefix_bytes[j] - self.param_prefix_bytes[i]
-        if self._has_tied_copy:
-            params = params + self.tied_copy_bytes[s] / self.state_bytes_per_param_byte  # _tied_params
-        step = params * self.device_step_rate[s]  # broadcast(s, i, j)
+        tied = self._tied_params(s)
+        step = (params if tied is None else params + tied) * self.device_step_rate[s]  # broadcast(s, i, j)
         if self.options is None:
             return step
         return np.where(self.options.host_bytes_per_param_byte[self.option_index(s, i, j)] == 0, step, 0.0)

@@ -129,7 +129,8 @@ def stage_terms(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j) -> d
     blocking = not send_overlap(schedule)
     G = I if schedule == "zb-h1" else B
     w = m - S + s
-    tail_w = s * (B - I) if schedule == "zb-h1" else 0.0  # ZB-H1: s more W after the last I (zb_h1's order)
+    after_i = schedule_lib.zb_h1_weight_grads_after_last_input_grad(s)  # ZB-H1: W after the last I
+    tail_w = (after_i - 1) * (B - I) if schedule == "zb-h1" else 0.0  # beyond the one in B
     counts = _until_last_forward(schedule, pp, m)
     nF, nB, nI, nW = (counts[k][s] for k in "FBIW")
     out = {"f0": (F + G, 2.0, None, 0.0),
@@ -147,7 +148,7 @@ def stage_terms(costs: PipelineCosts, schedule: str, pp: int, s: int, i, j) -> d
         out["z6s"] = (2.0 * (F + I) + ((2.0 * (B - I) + r) if s == 0 else 0.0), 4.0, None, 0.0)
         out["z6m"] = (None, 0.0, (m - S - 1) * (F + B), 0.0)
         out["z7s"] = (2.0 * F + I + ((B - I) if s == 0 else 0.0), 3.0, None, 0.0)
-        out["z7q"] = (I, 1.0, I + (s + 1) * (B - I) + r, 1.0)
+        out["z7q"] = (I, 1.0, I + after_i * (B - I) + r, 1.0)
     if schedule == "1f1b" and m >= S:
         out["o5"] = (F + B, 1.0, m * (F + B), float(m))
         out["fc"] = (F, 1.0, None, 0.0)

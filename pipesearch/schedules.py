@@ -254,6 +254,15 @@ def zb_h1(p: int, m: int) -> Schedule:
     return _build(p, _zb_h1_order(p, m))
 
 
+def zb_h1_weight_grads_after_last_input_grad(rank):
+    """How many ``W`` rank ``rank`` runs after its last ``I`` in
+    :func:`zb_h1`'s order (``m >= p``): the ``W`` that follows the ``I`` of
+    micro-batch ``m - 1``, and the ``rank`` left for the cool-down (the
+    ``W`` of micro-batch ``j`` follows the ``I`` of ``j + rank``):
+    ``rank + 1`` (arrays ok)."""
+    return rank + 1
+
+
 def _zb_h1_order(p: int, m: int):
     """Rank -> its ``(kind, stage, micro-batch)`` order for :func:`zb_h1`
     (the builder's checks first)."""

@@ -94,8 +94,9 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
     f, b = action_terms(schedule, F, B, c, cin)
     w = m - S + s
     G = I if schedule == "zb-h1" else B
-    # ZB-H1 (one stage per rank): rank k runs k more W after its last I (schedules.zb_h1's order)
-    tail_w = s * (B - I) if schedule == "zb-h1" and S == pp else 0.0
+    # ZB-H1 (one stage per rank): rank k's W after its last I, beyond the one in B
+    tail_w = (schedule_lib.zb_h1_weight_grads_after_last_input_grad(s) - 1) * (B - I) \
+        if schedule == "zb-h1" and S == pp else 0.0
     fams = []
     if not own_only:  # the families every schedule has (the own-family tables leave them out)
         up = G + cin  # one step of a gradient back up

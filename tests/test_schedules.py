@@ -373,3 +373,17 @@ def test_check_refuses_exactly_what_build_refuses(name):
 def test_torch_csv_of_plain_orders_equals_that_of_actions(name):
     v = 2 if name in ("interleaved-1f1b", "looped-bfs", "mobius") else 1
     assert to_torch_csv(build_orders(name, 4, 8, v)) == to_torch_csv(build(name, 4, 8, v))
+
+
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 2), (3, 5), (4, 4), (5, 9)])
+def test_zb_h1_weight_grads_after_last_input_grad_count_the_order(p, m):
+    """Every rank's W after its last I in zb_h1's own action order (counted
+    here from the order) is what the bounds read from
+    schedules.zb_h1_weight_grads_after_last_input_grad."""
+    from pipesearch.schedules import _zb_h1_order, zb_h1_weight_grads_after_last_input_grad
+
+    order = _zb_h1_order(p, m)
+    for r in range(p):
+        kinds = [a[0] for a in order(r)]
+        last_i = max(k for k, x in enumerate(kinds) if x == "I")
+        assert kinds[last_i + 1:].count("W") == len(kinds) - last_i - 1 == zb_h1_weight_grads_after_last_input_grad(r)
