@@ -60,6 +60,11 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
       down and up to stage ``k``, rank
       ``k``'s remaining actions and all-reduce; and (1F1B) the two-dwell-free
       forms ``sum (f + b) + max_k max((m-1) b_k + w f_k, (m-1) f_k + w b_k)``;
+    * 1F1B / ZB-H1 with one stage per rank: the round-trip families of
+      :func:`round_trip_counts` (micro-batch 0 down and back up to stage
+      ``k``, round trips between ``k`` and a later ``k'`` while the
+      schedule lets them follow one another, rank ``k``'s rest and
+      all-reduce);
     * with ``chains``, interleaved 1F1B / ZB-H1: the chain families of :func:`_chain_terms`
       (micro-batch 0 down to stage ``k``, ``k``'s rank from there to its
       backward of micro-batch ``m - 1``, that gradient back up, rank 0's
@@ -128,6 +133,8 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         fams.append([("sum", F + c, None), ("suffix", I + cin, m * B + w * F + r)])
     if own_only:
         return fams
+    if round_trip_rows(schedule, pp, S, m):
+        fams += [[("sum", alpha, None)] for alpha in _round_trip_terms(schedule, m, S, s, (F, B, I, c, cin, r))]
     if chains and schedule in CHAIN_SCHEDULES:
         fill_drain, per_action = chain_inputs(schedule, (F, B, I, c, cin, r), f, b)
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, fill_drain, per_action, r,
@@ -317,6 +324,90 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
             n = np.reshape(on_s[..., kind], lead + s.shape)
             work = work + np.where(n > 0, n * per_action[kind], 0.0)
     return list(np.broadcast_to(np.where(before, fill_drain, 0.0) + work + own, (len(ks),) + shape))
+
+
+#: schedules with the round-trip families of :func:`round_trip_counts` (one stage per rank)
+ROUND_TRIP_SCHEDULES = ("1f1b", "zb-h1")
+
+
+#: the round-trip families span at most this many boundaries (``k' - k``)
+MAX_ROUND_TRIP_SPAN = 3
+
+
+def _round_trip_terms(schedule: str, m: int, S: int, s, terms) -> list:
+    """Per-stage terms of the round-trip families of :func:`round_trip_counts`:
+    ``alpha_s = nF f + nG g + nW W + nc c + nr r`` (``f``, ``g`` the
+    forward and backward (ZB-H1: input-gradient) actions of
+    :func:`action_terms`; ``c`` counted only where sends overlap, blocking
+    ones are in ``f`` and ``g``)."""
+    F, B, I, c, cin, r = terms
+    f, b = action_terms(schedule, F, B, c, cin)
+    g = I if schedule == "zb-h1" else b
+    hop = c if send_overlap(schedule) else 0.0
+    counts, s = round_trip_counts(schedule, S, m), np.asarray(s)
+    shape = np.broadcast_shapes(s.shape, np.shape(F), np.shape(B), np.shape(I), np.shape(c), np.shape(r))
+    lead = (len(counts[0]),) + (1,) * (len(shape) - s.ndim)  # the family axis before every axis of the terms
+    out = 0.0
+    for n, t in zip(counts, (f, g, B - I, hop, r)):
+        if np.any(n):
+            out = out + np.reshape(n[:, s], lead + s.shape) * np.asarray(t, dtype=float)
+    return list(np.broadcast_to(out, (len(counts[0]),) + shape))
+
+
+def round_trip_rows(schedule: str, pp: int, S: int, m: int) -> int:
+    """How many round-trip families :func:`bound_families` has for ``S``
+    stages on ``pp`` ranks and ``m`` micro-batches (0 where it has none)."""
+    return len(round_trip_counts(schedule, S, m)[0]) if schedule in ROUND_TRIP_SCHEDULES and S == pp else 0
+
+
+@lru_cache(maxsize=256)
+def round_trip_counts(schedule: str, S: int, m: int, span: int = MAX_ROUND_TRIP_SPAN):
+    """The round-trip families of 1F1B and ZB-H1 (one stage per rank): ``(nF,
+    nG, nW, nc, nr)``, int arrays ``(families, S)``, per stage the number
+    of forwards, backwards (ZB-H1: input gradients), weight gradients, hops
+    over the boundary after it and all-reduces on one path of the
+    dependency graph, one family per pair of stages ``k < k' <= k + span``.
+
+    The path: micro-batch 0 down to the last stage and back up to ``k``;
+    then ``n`` round trips, each from ``k``'s backward of micro-batch ``j``
+    (rank ``k``'s next action is the forward of ``j + S - k``, ZB-H1: after
+    one ``W`` when ``j >= k``) down to ``k'``, whose next action is the
+    backward of ``j + d`` (``d = k' - k + 1``), and back up to ``k``'s
+    backward of ``j + d``, for ``j = 0, d, ..., (n-1) d`` while ``j + S - k
+    <= m - 1``; then rank ``k``'s remaining actions and its all-reduce. A
+    round trip is ``d`` micro-batches of ``sum_{k..k'} (f + g) + 2 sum c``:
+    a cycle of the schedule's event graph, whose mean bounds the period (as
+    the cycle mean of a max-plus system, Baccelli et al. 1992,
+    *Synchronization and Linearity*, ch. 3), so a slow link between
+    ranks that hold few micro-batches in flight bounds the time where no
+    rank's own work does."""
+    zb = schedule == "zb-h1"
+    rows = []
+    for k in range(S):
+        for k2 in range(k + 1, min(S, k + span + 1)):
+            d = k2 - k + 1
+            n = (m - 1 - S + k) // d + 1 if m - 1 - S + k >= 0 else 0
+            J = n * d
+            nF, nG, nW, nc, nr = (np.zeros(S, dtype=np.int64) for _ in range(5))
+            nF += 1  # micro-batch 0 down to the last stage and back up to k
+            nG[k:] += 1
+            nc[:S - 1] += 1
+            nc[k:S - 1] += 1
+            nF[k:k2 + 1] += n  # the round trips
+            nG[k:k2 + 1] += n
+            nc[k:k2] += 2 * n
+            if zb:  # a W after the input gradient of each j >= k
+                nW[k] += max(0, n - -(-k // d))
+            nF[k] += max(0, m - J - S + k)  # rank k's rest after its backward of J
+            nG[k] += m - 1 - J
+            if zb:
+                nW[k] += m - max(0, J - k)
+            nr[k] = 1
+            rows.append((nF, nG, nW, nc, nr))
+    out = tuple(np.array([row[x] for row in rows], dtype=np.int64).reshape(len(rows), S) for x in range(5))
+    for x in out:
+        x.setflags(write=False)
+    return out
 
 
 @lru_cache(maxsize=256)

@@ -1,0 +1,84 @@
+"""The round-trip families of 1F1B and ZB-H1 (``split_bounds.round_trip_counts``):
+a path of each schedule's dependency graph, so never above the simulated time;
+exact on a hand-worked instance where no other family is."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipesearch import split_bounds
+from pipesearch.timemodel import StageTimes, iteration_time_s
+
+
+def _terms(F, B, I, c, r):
+    """``split_stage_terms``' tuple from per-stage arrays (``c`` per boundary)."""
+    c_out = np.append(c, 0.0)
+    return F, B, I, c_out, np.concatenate([[0.0], c]), r
+
+
+def _round_trips(schedule: str, m: int, F, B, I, c, r) -> np.ndarray:
+    """Each round-trip family's value on one split (``(families,)``)."""
+    S = len(F)
+    return np.array([a.sum() for a in split_bounds._round_trip_terms(schedule, m, S, np.arange(S),
+                                                                    _terms(F, B, I, c, r))])
+
+
+def _simulated(schedule: str, m: int, F, B, I, c, r) -> float:
+    t = StageTimes(fwd_s=F, bwd_s=B, bwd_input_s=I, p2p_s=c, allreduce_s=r)
+    return float(np.squeeze(iteration_time_s(schedule, len(F), m, 1, t)))
+
+
+def test_zb_h1_round_trips_over_a_slow_link_by_hand():
+    """ZB-H1, three stages, F = I = W = 1, m = 9, transfers free but a link
+    of 5 between stages 1 and 2. The family of k = 1, k' = 2 (d = 2):
+    micro-batch 0 down (F0 F1 c F2 = 8) and back up to stage 1 (I2 c I1 =
+    7): 15; then n = (9 - 1 - 3 + 1) // 2 + 1 = 4 round trips of F1 c F2
+    I2 c I1 = 14, the last three after a W of rank 1 (its W follow the I of
+    micro-batches j >= 1): 59; then rank 1's last 2 W (of its 9, 7 came
+    before I of micro-batch J = 8 ends): 76 in all, the simulated time
+    (the busiest rank's work is 27)."""
+    F, I = np.ones(3), np.ones(3)
+    B, c, r = F + I, np.array([0.0, 5.0]), np.zeros(3)
+    counts = split_bounds.round_trip_counts("zb-h1", 3, 9)
+    pairs = [(k, k2) for k in range(3) for k2 in range(k + 1, min(3, k + split_bounds.MAX_ROUND_TRIP_SPAN + 1))]
+    at = pairs.index((1, 2))
+    nF, nG, nW, nc, nr = (x[at].tolist() for x in counts)
+    assert (nF, nG, nW, nc, nr) == ([1, 5, 5], [0, 5, 5], [0, 5, 0], [1, 10, 0], [0, 1, 0])
+    values = _round_trips("zb-h1", 9, F, B, I, c, r)
+    assert values[at] == pytest.approx(76.0)
+    assert _simulated("zb-h1", 9, F, B, I, c, r) == pytest.approx(76.0)
+    assert values.max() == pytest.approx(76.0)
+
+
+def test_round_trips_are_families_of_one_stage_per_rank_only():
+    """Interleaved 1F1B and GPipe have none, nor 1F1B with two stages per
+    rank (its order is not the one the path walks)."""
+    assert split_bounds.round_trip_rows("gpipe", 4, 4, 8) == 0
+    assert split_bounds.round_trip_rows("interleaved-1f1b", 2, 4, 8) == 0
+    assert split_bounds.round_trip_rows("1f1b", 2, 4, 8) == 0
+    # pairs k < k' <= k + 3 of 6 stages: 3 + 3 + 3 + 2 + 1
+    assert split_bounds.round_trip_rows("zb-h1", 6, 6, 12) == 12
+
+
+@settings(max_examples=150, deadline=None)
+@given(schedule=st.sampled_from(["1f1b", "zb-h1"]), S=st.integers(2, 5), extra=st.integers(0, 8),
+       seed=st.integers(0, 2**31 - 1), slow=st.booleans())
+def test_every_round_trip_is_at_most_the_simulated_time(schedule, S, extra, seed, slow):
+    """On random stage times (one link up to 20 times slower than compute
+    when ``slow``): each family at most the simulator's time. A round trip
+    counted once too often, a W on the path before micro-batch k, or the
+    rest of rank k counted from the wrong micro-batch overshoots here."""
+    rng = np.random.default_rng(seed)
+    m = S + extra
+    F = rng.uniform(0.1, 2.0, S)
+    I = rng.uniform(0.1, 2.0, S)
+    B = I + rng.uniform(0.0, 2.0, S)
+    c = rng.uniform(0.0, 0.5, S - 1)
+    if slow:
+        c[rng.integers(S - 1)] = rng.uniform(1.0, 20.0)
+    r = rng.uniform(0.0, 3.0, S)
+    t = _simulated(schedule, m, F, B, I, c, r)
+    assert _round_trips(schedule, m, F, B, I, c, r).max() <= t * (1 + 1e-12)
