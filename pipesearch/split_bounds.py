@@ -330,8 +330,20 @@ def _chain_terms(schedule: str, pp: int, m: int, S: int, s, fill_drain, per_acti
 ROUND_TRIP_SCHEDULES = ("1f1b", "zb-h1")
 
 
-#: the round-trip families span at most this many boundaries (``k' - k``)
+#: the round-trip families span at most this many boundaries (``k' - k``),
+#: and fewer where the pairs would be more than :data:`MAX_ROUND_TRIP_FAMILIES`
+#: (each is a table row: at 3 on the 16-device, 3-type case, ZB-H1 pp 16, the
+#: search took 7% more CPU time; at 1 vgg16 on 4x4-v100-10gbe proved one of
+#: its points fewer)
 MAX_ROUND_TRIP_SPAN = 3
+MAX_ROUND_TRIP_FAMILIES = 16
+
+
+def round_trip_span(S: int) -> int:
+    """The span of the round-trip families of ``S`` stages: at most
+    :data:`MAX_ROUND_TRIP_SPAN`, and at most :data:`MAX_ROUND_TRIP_FAMILIES`
+    over the ``S - 1`` first stages (at least 1)."""
+    return max(1, min(MAX_ROUND_TRIP_SPAN, MAX_ROUND_TRIP_FAMILIES // max(1, S - 1)))
 
 
 def _round_trip_terms(schedule: str, m: int, S: int, s, terms) -> list:
@@ -361,12 +373,13 @@ def round_trip_rows(schedule: str, pp: int, S: int, m: int) -> int:
 
 
 @lru_cache(maxsize=256)
-def round_trip_counts(schedule: str, S: int, m: int, span: int = MAX_ROUND_TRIP_SPAN):
+def round_trip_counts(schedule: str, S: int, m: int):
     """The round-trip families of 1F1B and ZB-H1 (one stage per rank): ``(nF,
     nG, nW, nc, nr)``, int arrays ``(families, S)``, per stage the number
     of forwards, backwards (ZB-H1: input gradients), weight gradients, hops
     over the boundary after it and all-reduces on one path of the
-    dependency graph, one family per pair of stages ``k < k' <= k + span``.
+    dependency graph, one family per pair of stages ``k < k' <= k + span``
+    (:func:`round_trip_span`).
 
     The path: micro-batch 0 down to the last stage and back up to ``k``;
     then ``n`` round trips, each from ``k``'s backward of micro-batch ``j``
@@ -381,7 +394,7 @@ def round_trip_counts(schedule: str, S: int, m: int, span: int = MAX_ROUND_TRIP_
     *Synchronization and Linearity*, ch. 3), so a slow link between
     ranks that hold few micro-batches in flight bounds the time where no
     rank's own work does."""
-    zb = schedule == "zb-h1"
+    zb, span = schedule == "zb-h1", round_trip_span(S)
     rows = []
     for k in range(S):
         for k2 in range(k + 1, min(S, k + span + 1)):

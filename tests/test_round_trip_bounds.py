@@ -59,8 +59,11 @@ def test_round_trips_are_families_of_one_stage_per_rank_only():
     assert split_bounds.round_trip_rows("gpipe", 4, 4, 8) == 0
     assert split_bounds.round_trip_rows("interleaved-1f1b", 2, 4, 8) == 0
     assert split_bounds.round_trip_rows("1f1b", 2, 4, 8) == 0
-    # pairs k < k' <= k + 3 of 6 stages: 3 + 3 + 3 + 2 + 1
+    # pairs k < k' <= k + 3 of 6 stages: 3 + 3 + 3 + 2 + 1; of 8 stages k' <= k + 2: 6 x 2 + 1;
+    # of 16 stages neighbours only (at most 16 families)
     assert split_bounds.round_trip_rows("zb-h1", 6, 6, 12) == 12
+    assert split_bounds.round_trip_rows("1f1b", 8, 8, 16) == 13
+    assert split_bounds.round_trip_rows("zb-h1", 16, 16, 32) == 15
 
 
 @settings(max_examples=150, deadline=None)
