@@ -360,9 +360,11 @@ def _round_trip_terms(schedule: str, m: int, S: int, s, terms) -> list:
     shape = np.broadcast_shapes(s.shape, np.shape(F), np.shape(B), np.shape(I), np.shape(c), np.shape(r))
     lead = (len(counts[0]),) + (1,) * (len(shape) - s.ndim)  # the family axis before every axis of the terms
     out = 0.0
-    for n, t in zip(counts, (f, g, B - I, hop, r)):
-        if np.any(n):
-            out = out + np.reshape(n[:, s], lead + s.shape) * np.asarray(t, dtype=float)
+    with np.errstate(invalid="ignore"):  # a count of 0 adds +0, even against an infinite term (no 0 x inf)
+        for n, t in zip(counts, (f, g, B - I, hop, r)):
+            if np.any(n):
+                n = np.reshape(n[:, s], lead + s.shape)
+                out = out + np.where(n > 0, n * np.asarray(t, dtype=float), 0.0)
     return list(np.broadcast_to(out, (len(counts[0]),) + shape))
 
 

@@ -85,3 +85,16 @@ def test_every_round_trip_is_at_most_the_simulated_time(schedule, S, extra, seed
     r = rng.uniform(0.0, 3.0, S)
     t = _simulated(schedule, m, F, B, I, c, r)
     assert _round_trips(schedule, m, F, B, I, c, r).max() <= t * (1 + 1e-12)
+
+
+def test_an_infinite_term_on_a_stage_a_family_does_not_use_leaves_it_finite():
+    """An infinite all-reduce on stage 0 (as an out-of-memory stage's time
+    would be): the families that end on rank 0 are infinite, the one of k =
+    1, k' = 2 ends on rank 1 and runs no all-reduce of stage 0, so it stays
+    the finite sum of its actions, not nan (0 x inf)."""
+    F, I = np.ones(3), np.ones(3)
+    values = _round_trips("zb-h1", 6, F, F + I, I, np.array([1.0, 1.0]), np.array([np.inf, 0.0, 0.0]))
+    counts = split_bounds.round_trip_counts("zb-h1", 3, 6)
+    ends_on_rank_0 = counts[4][:, 0] > 0
+    assert np.all(np.isinf(values[ends_on_rank_0]))
+    assert np.all(np.isfinite(values[~ends_on_rank_0]))
