@@ -97,21 +97,25 @@ def profile_warnings(profile, cluster: Cluster, source: str, *, rescaled: bool =
         from .costs import profile_precision
 
         fastest = reference_device(cluster, profile_precision(profile)).name
-        what = (f"{dev!r}, a device neither the cluster nor the catalog defines" if dev and dev != "unknown"
-                else "an unnamed device")
+        what = (f"{dev!r}, a device neither the cluster nor the catalog defines{_did_you_mean(dev)}"
+                if dev and dev != "unknown" else "an unnamed device")
         out.append(f"{source}: measured on {what}, planned on {', '.join(sorted(names))}: its times are taken as "
                    f"the fastest type's ({fastest}) and the others' scaled by FLOP rate; name the device in the "
                    f"profile's '# device:' header (a catalog name or a device TOML)")
     elif dev and dev != "unknown" and (device_name or dev) not in names:  # a device TOML: its own name counts
-        close = [] if rescaled else difflib.get_close_matches(dev.lower(), list(list_entries("device")), n=2,
-                                                              cutoff=0.6)
         how = ("its times are rescaled from one device kind to another by FLOP rate (an estimate"
-               if rescaled else f"{dev!r} is no catalog device" + (f" (did you mean {' or '.join(close)}?)"
-                                                                   if close else "")
-               + ", so its times are used unscaled (likely wrong")
+               if rescaled else f"{dev!r} is no catalog device{_did_you_mean(dev)}, so its times are used "
+               "unscaled (likely wrong")
         out.append(f"{source}: measured on {dev}, planned on {', '.join(sorted(names))}: {how}; profile on the "
                    f"target device for measured times)")
     return out
+
+
+def _did_you_mean(dev: str) -> str:
+    """`` (did you mean X?)`` with the catalog devices nearest to ``dev``'s
+    name (at most two), or empty when none is near."""
+    close = difflib.get_close_matches(dev.lower(), list(list_entries("device")), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def profiled_device_of(name: str | None, cluster: Cluster, profile_path: Path | None = None) -> DeviceSpec | None:

@@ -13,7 +13,8 @@ from .placement import group_ids, memory_bytes_of, rank_memory
 from .replication import parse_replicas_name
 from .search_options import ANALYTIC_SCHEDULES
 from .stage_options import ACT_HOST_RESIDENT, offloads_activations
-from .timemodel import busiest_idle_fraction, iteration_time_s, rank_busy_s, simulate_times, stage_times_of
+from .timemodel import (busiest_idle_fraction, busy_with_steps_s, iteration_time_s, rank_busy_s, simulate_times,
+                        stage_times_of)
 from .types import Cluster, Job, ModelProfile, Plan, Prediction, StagePlan
 
 
@@ -67,8 +68,8 @@ def plan_stages(variant, costs: PipelineCosts, bounds, placement, cluster,
 def plan_prediction(costs: PipelineCosts, stages, iteration_time_s: float, global_batch: int, cluster,
                     pp: int, schedule: str, profile: ModelProfile | None = None, tp: int = 1) -> Prediction:
     m = costs.num_micro_batches
-    busy = rank_busy_s(schedule, pp, m, costs.stage_times(
-        (stages[0].layers[0],) + tuple(st.layers[1] for st in stages)))
+    busy = busy_with_steps_s(rank_busy_s(schedule, pp, m, costs.stage_times(
+        (stages[0].layers[0],) + tuple(st.layers[1] for st in stages))), [st.optimizer_step_s for st in stages], pp)
     mem, caps = rank_memory(stages, pp, memory_bytes_of(cluster))  # caps: the peak device's own memory
     if schedule == "mobius":  # each GPU's peak over its stays, the figure its memory check uses
         mem = costs.mobius_device_peak_bytes((stages[0].layers[0],) + tuple(st.layers[1] for st in stages))
@@ -97,6 +98,14 @@ def throughput_terms(profile: ModelProfile | None, stages, global_batch: int, cl
         out.update(tokens_per_iteration=float(global_batch * profile.tokens_per_sample),
                    model_flops_per_iteration=float(global_batch * profile.model_flops_per_sample))
     return out
+
+
+def plan_rank_busy_s(plan: Plan, timeline) -> np.ndarray:
+    """``(pp,)``: each rank's busy seconds in ``timeline`` (a replay of
+    ``plan``, :func:`simulate_plan`) with its stages' GPU optimizer steps
+    (:func:`pipesearch.timemodel.busy_with_steps_s`), the busy time
+    ``predicted.bubble_fraction`` counts."""
+    return busy_with_steps_s(timeline.busy_s, [st.optimizer_step_s for st in plan.stages], timeline.num_ranks)
 
 
 def simulate_plan(plan: Plan) -> tuple[float, object]:

@@ -48,6 +48,15 @@ from .simulate import Timeline, simulate
 OVERLAPPED_SEND_SCHEDULES = ("gpipe", "interleaved-1f1b", "zb-h1", "looped-bfs", "mobius")
 
 
+def busy_with_steps_s(busy_s, optimizer_step_s, pp: int) -> np.ndarray:
+    """``(pp,)``: each rank's busy seconds (``busy_s``, its actions) plus
+    its stages' optimizer steps on the GPU (``optimizer_step_s`` per stage,
+    stage ``s`` on rank ``s % pp``): the step follows the rank's last
+    backward and is the GPU's own work, so it is busy time, not bubble."""
+    steps = np.asarray(optimizer_step_s, dtype=float)
+    return np.asarray(busy_s, dtype=float) + np.bincount(np.arange(len(steps)) % pp, weights=steps, minlength=pp)
+
+
 def busiest_idle_fraction(busiest_s: float, iteration_time_s: float) -> float:
     """The bubble of a plan: the share of the iteration its busiest rank
     (``busiest_s`` of work) sits idle, 0 for an iteration of no time."""

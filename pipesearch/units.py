@@ -84,15 +84,17 @@ def format_bytes(num_bytes: float) -> str:
 def format_size_option(num_bytes: float) -> str:
     """A size as the command line takes it back (:func:`parse_size_option`
     gives ``num_bytes`` again): the largest binary unit it is a short
-    number of (up to 6 significant digits), else bytes: 1073741824 ->
-    ``"1GiB"``, 1e9 -> ``"1000000000B"``, 0 -> ``"0"``."""
+    number of (up to 6 significant digits), then the largest decimal one,
+    else bytes: 1073741824 -> ``"1GiB"``, 2e9 -> ``"2GB"``, 123456789 ->
+    ``"123456789B"``, 0 -> ``"0"``."""
     value = float(num_bytes)
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
-    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB")):
-        text = f"{value / 1024 ** power:.6g}{unit}"
-        if abs(value) >= 1024 ** power and "e" not in text and parse_bytes(text) == value:
-            return text
+    for base, units in ((1024, ("TiB", "GiB", "MiB", "KiB")), (1000, ("TB", "GB", "MB", "KB"))):
+        for power, unit in zip((4, 3, 2, 1), units):
+            text = f"{value / base ** power:.6g}{unit}"
+            if abs(value) >= base ** power and "e" not in text and parse_bytes(text) == value:
+                return text
     return f"{int(value)}B" if value.is_integer() else f"{value!r}B"
 
 

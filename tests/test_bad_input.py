@@ -1709,6 +1709,19 @@ def test_an_unknown_profile_device_gets_a_suggestion_and_no_contradiction(tmp_pa
     assert "names no device" not in out
 
 
+def test_a_misspelt_profile_device_on_a_mixed_cluster_gets_a_suggestion(tmp_path):
+    """On a cluster of two device types a profile's unknown device makes the
+    search take its times as the fastest type's (a factor of about 3 on
+    A100 + H100 for an A100 profile): the warning names the catalog device
+    one letter away ('a100-80g' for a100-80gb)."""
+    model = write(tmp_path / "p.csv", "# batch_size: 8\n# device: a100-80g\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+                                      "l0,1,2,3000000,40000\nl1,1,2,3000000,40000\n")
+    cluster = str(Path(__file__).parent / "data" / "mixed-a100-h100.toml")
+    code, _, err = run(["plan", "--model", model, "--cluster", cluster, "-b", "64", "--top", "1"], tmp_path)
+    assert code == 0, err
+    assert "'a100-80g', a device neither the cluster nor the catalog defines (did you mean a100-80gb" in err
+
+
 def test_a_profile_of_another_format_version_is_refused(tmp_path):
     """'# pipesearch profile v2' (or vX) was read as a v1 profile without a
     word; '# pipesearch profile v1' and no such line at all still read."""

@@ -930,3 +930,24 @@ def test_the_summary_line_counts_each_point_once(tmp_path):
         if reason not in ("pruned", "batch_not_divisible"):
             assert statuses.count(reason) == count, reason
     assert statuses.count("pruned") <= skipped.get("pruned", 0)
+
+
+def test_a_gpu_optimizer_step_is_busy_time_not_bubble(tmp_path):
+    """One V100, no pipeline, no data parallelism: two layers of 10 ms
+    forward and 20 ms backward at batch 8 and 2 GB of parameters. The
+    GPU's optimizer step after the last backward is its own work, so the
+    one GPU never idles: bubble 0 (not the step's share of the iteration,
+    24.5%) in the plan, in its replay and in validate's check."""
+    model = tmp_path / "one.csv"
+    model.write_text("# batch_size: 8\n# device: v100-pcie-16gb\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+                     "a,10,20,1000000000,8000000\nb,10,20,1000000000,8000000\n")
+    out = tmp_path / "one.json"
+    res = run(["plan", "--model", str(model), "--cluster", "1x4-v100-pcie", "-b", "8", "--pp", "1", "--dp", "1",
+               "-o", str(out)], tmp_path)
+    assert res.exit_code == 0, res.output
+    plan = json.loads(out.read_text())["plans"][0]
+    assert plan["stages"][0]["optimizer_step_s"] > 0.01
+    assert plan["predicted"]["bubble_fraction"] == pytest.approx(0.0, abs=1e-12)
+    res = run(["simulate", str(out)], tmp_path)
+    assert "bubble (busiest rank idle): 0.0%" in res.output and "rank 0: busy 100.0%" in res.output, res.output
+    assert run(["validate", str(out)], tmp_path).exit_code == 0

@@ -103,16 +103,30 @@ def _halved_stage_0(plan: dict) -> None:
     """Stage 0's forward, compute and input-gradient seconds halved, and the
     plan's predicted iteration time, bubble and rate set to the replay of
     the edited stages (as a hand edit that kept the file self-consistent)."""
-    from pipesearch.plan import plan_from_dict
-    from pipesearch.point_plan import simulate_plan
-    from pipesearch.timemodel import busiest_idle_fraction
-
     for key in ("fwd_s", "compute_s", "bwd_input_s"):
         if key in plan["stages"][0]:
             plan["stages"][0][key] /= 2
-    t, timeline = simulate_plan(plan_from_dict(plan)[0])
+    _predicted_as_replayed(plan)
+
+
+def _no_step_on_stage_0(plan: dict) -> None:
+    """Stage 0's GPU optimizer step removed, the bubble set to the replay's
+    (the step no longer counted busy)."""
+    plan["stages"][0].pop("optimizer_step_s")
+    _predicted_as_replayed(plan)
+
+
+def _predicted_as_replayed(plan: dict) -> None:
+    """The plan's predicted iteration time, bubble and rates set to the
+    replay of its stages."""
+    from pipesearch.plan import plan_from_dict
+    from pipesearch.point_plan import plan_rank_busy_s, simulate_plan
+    from pipesearch.timemodel import busiest_idle_fraction
+
+    edited = plan_from_dict(plan)[0]
+    t, timeline = simulate_plan(edited)
     predicted = plan["predicted"]
-    predicted["bubble_fraction"] = busiest_idle_fraction(max(timeline.busy_s), t)
+    predicted["bubble_fraction"] = busiest_idle_fraction(float(plan_rank_busy_s(edited, timeline).max()), t)
     for key in ("samples_per_s", "tokens_per_s", "tokens_per_s_per_device", "mfu"):  # rates: 1 / time
         if predicted.get(key) is not None:
             predicted[key] *= predicted["iteration_time_s"] / t
@@ -140,7 +154,7 @@ def _halved_stage_0(plan: dict) -> None:
     ("plans[0].figures", lambda d: _halved_stage_0(d["plans"][0])),
     ("plans[0].figures", lambda d: d["plans"][0]["stages"][0].update(dp_comm_s=0.0)),
     ("plans[0].figures", lambda d: d["plans"][0]["stages"][-1].update(send_bytes=1e9)),
-    ("plans[0].figures", lambda d: d["plans"][0]["stages"][0].pop("optimizer_step_s")),
+    ("plans[0].figures", lambda d: _no_step_on_stage_0(d["plans"][0])),
 ])
 def test_an_edited_part_is_named_by_validate_and_export(tmp_path, doc, where, edit):
     bad = copy.deepcopy(doc)

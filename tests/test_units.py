@@ -11,10 +11,13 @@ from pipesearch.units import format_size_option, parse_size_option
 
 @pytest.mark.parametrize("num_bytes,text", [
     (0, "0"), (2**30, "1GiB"), (1.5 * 2**30, "1.5GiB"), (512 * 2**20, "512MiB"), (3 * 2**40, "3TiB"),
-    (1000, "1000B"), (1e9, "1000000000B"), (123456789, "123456789B"), (1023.9999999, "1023.9999999B")])
+    (1000, "1KB"), (1e9, "1GB"), (2e9, "2GB"), (1.5e9, "1.5GB"), (123456789, "123456789B"),
+    (1023.9999999, "1023.9999999B")])
 def test_a_size_prints_as_the_option_that_gives_it_back(num_bytes, text):
-    """The largest binary unit it is a short number of, else bytes: 1e9
-    bytes is not a short number of MiB (953.674MiB parses to 999,999,668)."""
+    """The largest binary unit it is a short number of, then the largest
+    decimal one (``--memory-reserve 2GB`` is echoed as typed, not as
+    2000000000B), else bytes: 1e9 bytes is not a short number of MiB
+    (953.674MiB parses to 999,999,668), 123456789 not of MB (123.457MB)."""
     assert format_size_option(num_bytes) == text
     assert parse_size_option("--memory-reserve", text) == num_bytes
 

@@ -9,7 +9,7 @@ from ..errors import InputError
 from ..output import check_distinct_paths, check_suffix, check_writable, write_outputs
 from ..plan import read_plan_file, select_plan
 from ..schedules import build, to_torch_csv
-from ..point_plan import simulate_plan
+from ..point_plan import plan_rank_busy_s, simulate_plan
 from ..timemodel import busiest_idle_fraction
 from ..units import format_bytes, format_seconds
 from . import main
@@ -246,11 +246,12 @@ def simulate_command(plans, rank, timeline, torch_csv, window):
                f"textbook closed form (sends not overlapped, secondary): "
                f"{format_seconds(analytic) if analytic else 'n/a'}"
                + (" (as recorded in the file, not recomputed)" if analytic and disagreement else ""))
-    click.echo(f"bubble (busiest rank idle): {100 * busiest_idle_fraction(max(tl.busy_s), total_s):.1f}%")
+    busy = plan_rank_busy_s(plan, tl)  # a GPU optimizer step is the rank's own work
+    click.echo(f"bubble (busiest rank idle): {100 * busiest_idle_fraction(float(busy.max()), total_s):.1f}%")
     held = zero_bubble_activations(plan, tl.num_ranks)
     for r in range(tl.num_ranks):
         peak = format_bytes(tl.peak_act_bytes[r])
-        click.echo(f"  rank {r}: busy {100 * tl.busy_s[r] / total_s if total_s > 0 else 0.0:5.1f}%  "
+        click.echo(f"  rank {r}: busy {100 * busy[r] / total_s if total_s > 0 else 0.0:5.1f}%  "
                    f"peak activations on the device "
                    + (peak if held is None else f"{format_bytes(held[r])} ({peak} held whole)"))
     whole = "each micro-batch's activations counted whole until its weight gradient W: an upper bound"

@@ -28,7 +28,7 @@ def replay_problems(doc: dict) -> list[str]:
     """Plans whose ``predicted.iteration_time_s`` is not the simulated time
     of their own stage terms (:func:`pipesearch.point_plan.simulate_plan`), one
     line each."""
-    from ..point_plan import simulate_plan
+    from ..point_plan import plan_rank_busy_s, simulate_plan
     from ..timemodel import busiest_idle_fraction
 
     out = []
@@ -48,11 +48,11 @@ def replay_problems(doc: dict) -> list[str]:
                        "pipesearch simulate); re-plan, or restore the edited field")
         out += [f"plans[{k}]{line}" for line in memory_disagreement(plan, timeline)]
         if plan.schedule not in ("mobius", "roundpipe"):  # their busy time counts copies (their own replays)
-            bubble = busiest_idle_fraction(max(timeline.busy_s), replay_s)
+            bubble = busiest_idle_fraction(float(plan_rank_busy_s(plan, timeline).max()), replay_s)
             if abs(bubble - plan.predicted.bubble_fraction) > BUBBLE_TOL:
                 out.append(f"plans[{k}].predicted.bubble_fraction: {plan.predicted.bubble_fraction!r} found, "
                            f"{bubble!r} expected (the replay's: the share of the iteration its busiest rank "
-                           "idles); re-plan, or restore the edited field")
+                           "idles, its GPU optimizer steps busy); re-plan, or restore the edited field")
     return out
 
 

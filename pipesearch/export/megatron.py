@@ -278,7 +278,8 @@ def _state_note(job: Mapping) -> str | None:
     return (f"warning: the plan's memory counts {planned:g} bytes of training state per parameter "
             f"({state.get('name', 'its optimizer state')}); Megatron-LM keeps {megatron:g} (fp32 main gradients "
             f"beside 16-bit weights, fp32 master weights and Adam moments), so its stages hold more than planned and "
-            f"may not fit: re-plan with --runtime megatron (or --optimizer-state megatron).")
+            f"may not fit: re-plan with --optimizer-state megatron (what --runtime megatron plans with when "
+            f"no --optimizer-state is given).")
 
 
 def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:

@@ -329,8 +329,8 @@ def check_torch_schedule(plan: Plan, runtime: str) -> str:
         rounds = max(1, m // p)
         if m % rounds:
             raise InputError(
-                f"{runtime}: {cls} needs n_microbatches to be a multiple of its number of rounds "
-                f"max(1, n_microbatches // pp) = {rounds}, got n_microbatches={m} (pp={p}); "
+                f"{runtime}: {cls} needs n_microbatches={m} to be a multiple of its number of rounds, "
+                f"max(1, n_microbatches // pp) = {rounds} (pp={p}); a multiple of pp always is one: "
                 f"use a multiple of {p}"
             )
     return cls
