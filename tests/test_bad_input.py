@@ -1714,7 +1714,8 @@ def test_a_misspelt_profile_device_on_a_mixed_cluster_gets_a_suggestion(tmp_path
     search take its times as the fastest type's (a factor of about 3 on
     A100 + H100 for an A100 profile): the warning names the catalog device
     one letter away ('a100-80g' for a100-80gb)."""
-    model = write(tmp_path / "p.csv", "# batch_size: 8\n# device: a100-80g\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+    model = write(tmp_path / "p.csv", "# batch_size: 8\n# device: a100-80g\n"
+                                      "name,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
                                       "l0,1,2,3000000,40000\nl1,1,2,3000000,40000\n")
     cluster = str(Path(__file__).parent / "data" / "mixed-a100-h100.toml")
     code, _, err = run(["plan", "--model", model, "--cluster", cluster, "-b", "64", "--top", "1"], tmp_path)
