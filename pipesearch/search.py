@@ -556,7 +556,8 @@ class _Search:
                                     *(("activation_offload",) if job.activation_offload else ()),
                                     *(("vp_pinned",) if options.vp_pinned else ()),
                                     *(("placement_pinned",) if options.placement_pinned else ()),
-                                    *((f"min_dp={options.min_dp}",) if options.min_dp > 1 else ())),
+                                    *((f"min_dp={options.min_dp}",) if options.min_dp > 1 else ()),
+                                    *((f"runtime={options.runtime}",) if options.runtime else ())),
             point_columns=point_columns_of(rows),
         )
 

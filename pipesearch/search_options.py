@@ -66,6 +66,10 @@ class SearchOptions:
             optimizer state is sharded over replicas at the user's request
             (``--sharding``, ``--zero1``), which one replica would not
             honour; the smaller degrees are counted as ``one_replica``.
+        runtime: ``--runtime``: the points whose every plan it refuses
+            (:func:`pipesearch.runtimes.point_refusal`, torch's schedule
+            rules) are ``schedule_refused``, so the ranked plans are among
+            those it runs.
     """
 
     pp: int | None = None
@@ -85,6 +89,7 @@ class SearchOptions:
     vp_pinned: bool = field(default=False, repr=False)  # in the fingerprint only when set (search)
     placement_pinned: bool = field(default=False, repr=False)  # likewise
     min_dp: int = field(default=1, repr=False)  # likewise
+    runtime: str | None = field(default=None, repr=False)  # likewise
 
 
 def vp_choices(schedule: str, pp: int, options: SearchOptions) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from .placement import (count_layouts, group_ids, layout, layout_names, node_ids
                         replicated_stage_devices)
 from .replication import (MAX_REPLICATED_PP, is_uniform_point, parse_replicas_slots, placement_time_scale,
                           replica_vectors, replicated_lower_bound_s, replicated_placements)
+from .runtimes import point_refusal
 from .search_options import MULTI_STAGE_SCHEDULES, ModelVariant, SearchOptions, vp_choices
 from .types import Cluster, DeviceSpec, Job, MAX_MICRO_BATCHES
 
@@ -124,7 +125,7 @@ def expand_group(variant: ModelVariant, pp: int, dp: int, job: Job, options: Sea
         m = per_replica // mbs
         for schedule in group_schedules(pp, options):
             for vp in vp_choices(schedule, pp, options):
-                refused = schedule_refusal(schedule, pp, m, vp, L)
+                refused = schedule_refusal(schedule, pp, m, vp, L, options.runtime)
                 for placement in (_schedule_placements(placements, schedule) if refused is None else (None,)):
                     yield mbs, m, schedule, vp, placement, refused
 
@@ -159,7 +160,7 @@ def accepted_points(schedule: str, pp: int, per_replica: int, num_layers: int, o
     ``per_replica`` samples run ``schedule`` on ``pp`` ranks
     (:func:`schedule_refusal` accepts them)."""
     return sum(1 for mbs in micro_batch_sizes(per_replica, options) for vp in vp_choices(schedule, pp, options)
-               if schedule_refusal(schedule, pp, per_replica // mbs, vp, num_layers) is None)
+               if schedule_refusal(schedule, pp, per_replica // mbs, vp, num_layers, options.runtime) is None)
 
 
 def count_points(variant: ModelVariant, pp: int, dp: int, job: Job, options: SearchOptions,
@@ -187,7 +188,8 @@ def _placements(cluster: Cluster | None, pp: int, dp: int, options: SearchOption
             if cluster is not None else options.placements if (pp > 1 and dp > 1) else options.placements[:1])
 
 
-def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int) -> str | None:
+def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int,
+                     runtime: str | None = None) -> str | None:
     """Why a runtime would refuse this schedule at this point, or None.
 
     1F1B-style schedules need at least as many micro-batches as stages
@@ -195,7 +197,8 @@ def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int) -
     interleaved schedule needs ``m`` to be a multiple of ``pp`` and at least
     two virtual stages per device; every virtual stage needs at least one
     layer; more than :data:`pipesearch.types.MAX_MICRO_BATCHES` micro-batches
-    are refused.
+    are refused; with ``runtime`` (``--runtime``), also what it refuses of
+    every plan of the point (:func:`pipesearch.runtimes.point_refusal`).
     """
     if m > MAX_MICRO_BATCHES:
         return "too_many_micro_batches"
@@ -207,6 +210,8 @@ def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int) -
         return "schedule_refused"
     if pp * vp > num_layers:
         return "too_many_stages"
+    if runtime is not None and point_refusal(runtime, schedule, pp, vp, m) is not None:
+        return "schedule_refused"
     return None
 
 
@@ -281,7 +286,7 @@ def replicated_candidates(variants, cluster: Cluster, job: Job, options: SearchO
                         scales[name] = (fastest if cluster.is_homogeneous else placement_time_scale(
                             cluster, name, variant.tp, profiled_device, profile_precision(variant.profile)))
                     for schedule in schedules:
-                        if schedule_refusal(schedule, len(reps), m, 1, L) is None:
+                        if schedule_refusal(schedule, len(reps), m, 1, L, options.runtime) is None:
                             out.append((replicated_lower_bound_s(work[id(variant)], reps, mbs, m, schedule,
                                                                  scales[name]),
                                         len(out), variant,

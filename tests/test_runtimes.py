@@ -222,3 +222,33 @@ def test_runtime_torch_plans_without_tensor_parallelism_unless_pinned():
         res = CliRunner().invoke(main, base + extra)
         assert res.exit_code == 0, res.output
         assert {p["parallelism"]["tp"] for p in json.loads(res.stdout)["plans"]} == {tp}
+
+
+def _configuration(plan) -> tuple:
+    """A plan's degrees, schedule, micro-batches and time (a :class:`pipesearch.types.Plan`)."""
+    return (plan.pp, plan.dp, plan.tp, plan.schedule, plan.vp, plan.micro_batch_size, plan.num_micro_batches,
+            round(plan.predicted.iteration_time_s, 12))
+
+
+def test_runtime_torch_ranks_the_best_plans_torch_runs_with_top_configurations_only(tmp_path):
+    """--runtime torch skips the points torch's schedule classes refuse
+    (their rules depend on the point only) and keeps --top configurations:
+    its 2 plans are the best torch-runnable ones of a search over torch's
+    schedules that keeps 20, torch's refusals (the exporter's) dropped
+    afterwards. A search that counted a refused point towards its top 2
+    (the best plan is ZB-H1's) would rank a plan fewer; one that skipped a
+    point torch runs would rank a slower plan in its place."""
+    from pipesearch.plan import load_plan_file
+    from pipesearch.runtimes import filter_plans
+
+    # pp 3, 64 micro-batches: torch's ScheduleInterleavedZeroBubble runs rounds of max(1, 64 // 3) = 21
+    base = ["plan", "--model", "gpt3-1.3b", "--cluster", "1x4-v100-pcie", "-b", "64", "--pp", "3", "-q"]
+    schedules = [x for s in SCHEDULES["torch"] for x in ("--schedule", s)]
+    wide, narrow = tmp_path / "wide.json", tmp_path / "narrow.json"
+    assert run(base + schedules + ["--top", "20", "-o", str(wide)]).exit_code == 0
+    res = run(base + ["--runtime", "torch", "--top", "2", "-o", str(narrow)])
+    assert res.exit_code == 0, res.output
+    wide_file = load_plan_file(wide)
+    kept, refused = filter_plans("torch", wide_file.plans, 2, wide_file.inputs)
+    assert refused  # the wide search ranks plans torch refuses (ZB-H1's)
+    assert kept and [_configuration(p) for p in load_plan_file(narrow).plans] == [_configuration(p) for p in kept]

@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..errors import InputError
+from ..runtimes import SCHEDULE_CLASSES, SINGLE_STAGE_CLASSES, torch_schedule_problem
 from ..schedules import build_orders, from_torch_csv, stage_to_rank, to_torch_csv
 from ..types import Plan
 from . import (
@@ -72,18 +73,6 @@ from . import (
 )
 
 RUNTIME = "torch.distributed.pipelining"
-
-SCHEDULE_CLASSES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved-1f1b": "ScheduleInterleaved1F1B",
-    "zb-h1": "ScheduleInterleavedZeroBubble",
-    "looped-bfs": "ScheduleLoopedBFS",
-}
-"""pipesearch schedule -> torch.distributed.pipelining class name."""
-
-SINGLE_STAGE_CLASSES = frozenset({"ScheduleGPipe", "Schedule1F1B"})
-"""Classes derived from ``PipelineScheduleSingle`` (one stage per rank)."""
 
 SPLIT_POINT = "SplitPoint.BEGINNING"
 
@@ -294,46 +283,18 @@ def torch_stage_modules(plan: Plan, runtime: str, module_names, empty_stage_reas
 
 def check_torch_schedule(plan: Plan, runtime: str) -> str:
     """Check the plan against torch.distributed.pipelining's schedule rules
-    (see the module doc) and return the schedule class name.
+    (:func:`pipesearch.runtimes.torch_schedule_problem`) and return the
+    schedule class name.
 
     Shared by the torchtitan exporter, which builds the same classes.
 
     Raises:
         InputError: the broken rule, with the numbers and the fix.
     """
-    cls = SCHEDULE_CLASSES[plan.schedule]
-    p, v, m = plan.pp, plan.vp, plan.num_micro_batches
-    stages = p * v
-    if cls in SINGLE_STAGE_CLASSES and v != 1:
-        raise InputError(
-            f"{runtime}: {cls} (schedule {plan.schedule!r}) runs one stage per rank "
-            f"(a PipelineScheduleSingle), but the plan has vp={v} stages per rank; "
-            f"use an interleaved or looped schedule, or vp=1"
-        )
-    if plan.schedule == "interleaved-1f1b" and v < 2:
-        raise InputError(
-            f"{runtime}: interleaved 1F1B needs more than one stage per rank (stages_per_rank > 1), "
-            f"the plan has vp={v}; use schedule '1f1b' for one stage per rank"
-        )
-    if plan.schedule == "zb-h1" and v != 1:
-        raise InputError(
-            f"{runtime}: pipesearch's zb-h1 is ZB-H1 with one stage per rank, the plan has vp={v}"
-        )
-    if cls == "Schedule1F1B" and m < stages:
-        raise InputError(
-            f"{runtime}: Schedule1F1B needs n_microbatches >= number of stages (its __init__ raises "
-            f"'Number of microbatches ({m}) must be greater than or equal to the number of stages "
-            f"({stages})'); use num_micro_batches >= {stages} or schedule 'gpipe'"
-        )
-    if cls in ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"):
-        rounds = max(1, m // p)
-        if m % rounds:
-            raise InputError(
-                f"{runtime}: {cls} needs n_microbatches={m} to be a multiple of its number of rounds, "
-                f"max(1, n_microbatches // pp) = {rounds} (pp={p}); a multiple of pp always is one: "
-                f"use a multiple of {p}"
-            )
-    return cls
+    problem = torch_schedule_problem(plan.schedule, plan.pp, plan.vp, plan.num_micro_batches)
+    if problem is not None:
+        raise InputError(f"{runtime}: {problem}")
+    return SCHEDULE_CLASSES[plan.schedule]
 
 
 def export_torch(plan: Plan, *, module_names: Mapping[str, str | Sequence[str]] | None = None,
