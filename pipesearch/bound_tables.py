@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .costs import PipelineCosts
-from .split_bounds import MAX_CHAIN_FAMILIES, TERM_KINDS, bound_families, path_rows, round_trip_rows
+from .split_bounds import MAX_CHAIN_FAMILIES, TERM_KINDS, bound_families, path_rows, round_trip_pairs
 from .timemodel import PATH_TERMS
 
 
@@ -93,7 +93,7 @@ class SuffixTables:
             self._start = np.maximum(self._start, np.searchsorted(cp, cp[-1] - (S - st) * span, "left"))
             self._stop = np.minimum(self._stop, np.searchsorted(cp, st * span, "right") - 1)
         rows = _ROWS_PER_STAGE + (MAX_CHAIN_FAMILIES + 1 + path_rows(paths) if chains else 0) + (
-            0 if own_only else round_trip_rows(schedule, pp, S, costs.num_micro_batches))
+            0 if own_only else len(round_trip_pairs(costs, schedule, pp)))
         if self._block_size(rows, S) >= S:  # every stage in one block (the first from layer 0, the last to L)
             self._stages(0, S, keep=True)
             return

@@ -64,7 +64,8 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
       :func:`round_trip_counts` (micro-batch 0 down and back up to stage
       ``k``, round trips between ``k`` and a later ``k'`` while the
       schedule lets them follow one another, rank ``k``'s rest and
-      all-reduce);
+      all-reduce), for the pairs a slow link separates
+      (:func:`round_trip_pairs`);
     * with ``chains``, interleaved 1F1B / ZB-H1: the chain families of :func:`_chain_terms`
       (micro-batch 0 down to stage ``k``, ``k``'s rank from there to its
       backward of micro-batch ``m - 1``, that gradient back up, rank 0's
@@ -133,8 +134,10 @@ def bound_families(costs: PipelineCosts, schedule: str, pp: int, s, i, j, weight
         fams.append([("sum", F + c, None), ("suffix", I + cin, m * B + w * F + r)])
     if own_only:
         return fams
-    if round_trip_rows(schedule, pp, S, m):
-        fams += [[("sum", alpha, None)] for alpha in _round_trip_terms(schedule, m, S, s, (F, B, I, c, cin, r))]
+    pairs = round_trip_pairs(costs, schedule, pp)
+    if pairs:
+        fams += [[("sum", alpha, None)] for alpha in _round_trip_terms(schedule, m, S, s, (F, B, I, c, cin, r),
+                                                                       pairs)]
     if chains and schedule in CHAIN_SCHEDULES:
         fill_drain, per_action = chain_inputs(schedule, (F, B, I, c, cin, r), f, b)
         fams += [[("sum", alpha, None)] for alpha in _chain_terms(schedule, pp, m, S, s, fill_drain, per_action, r,
@@ -331,32 +334,61 @@ ROUND_TRIP_SCHEDULES = ("1f1b", "zb-h1")
 
 
 #: the round-trip families span at most this many boundaries (``k' - k``),
-#: and fewer where the pairs would be more than :data:`MAX_ROUND_TRIP_FAMILIES`
-#: (each is a table row: at 3 on the 16-device, 3-type case, ZB-H1 pp 16, the
-#: search took 7% more CPU time; at 1 vgg16 on 4x4-v100-10gbe proved one of
-#: its points fewer)
+#: fewer where the pairs would be more than :data:`MAX_ROUND_TRIP_FAMILIES`
+#: (:func:`round_trip_pairs_within`), and at most that many families in all
+#: (:func:`round_trip_pairs`): each is a table row (at span 3 the 16-device,
+#: 3-type case, ZB-H1 pp 16, took 7% more CPU time; at span 1 vgg16 on
+#: 4x4-v100-10gbe proved one of its points fewer; the 63 pairs of 1,000
+#: layers on 64 stages of one link speed, 1F1B, took the exact split from
+#: 0.59 to 1.43 CPU s)
 MAX_ROUND_TRIP_SPAN = 3
 MAX_ROUND_TRIP_FAMILIES = 16
 
 
-def round_trip_span(S: int) -> int:
-    """The span of the round-trip families of ``S`` stages: at most
-    :data:`MAX_ROUND_TRIP_SPAN`, and at most :data:`MAX_ROUND_TRIP_FAMILIES`
-    over the ``S - 1`` first stages (at least 1)."""
-    return max(1, min(MAX_ROUND_TRIP_SPAN, MAX_ROUND_TRIP_FAMILIES // max(1, S - 1)))
+def round_trip_pairs_within(S: int) -> tuple[tuple[int, int], ...]:
+    """Every pair of stages ``k < k' <= k + span`` of ``S`` stages, ``span``
+    at most :data:`MAX_ROUND_TRIP_SPAN` and at most
+    :data:`MAX_ROUND_TRIP_FAMILIES` over the ``S - 1`` boundaries (at least
+    1)."""
+    span = max(1, min(MAX_ROUND_TRIP_SPAN, MAX_ROUND_TRIP_FAMILIES // max(1, S - 1)))
+    return tuple((k, k2) for k in range(S) for k2 in range(k + 1, min(S, k + span + 1)))
 
 
-def _round_trip_terms(schedule: str, m: int, S: int, s, terms) -> list:
-    """Per-stage terms of the round-trip families of :func:`round_trip_counts`:
-    ``alpha_s = nF f + nG g + nW W + nc c + nr r`` (``f``, ``g`` the
-    forward and backward (ZB-H1: input-gradient) actions of
+def round_trip_pairs(costs: PipelineCosts, schedule: str, pp: int) -> tuple[tuple[int, int], ...]:
+    """The pairs of stages whose round-trip families :func:`bound_families`
+    has at this point: for 1F1B and ZB-H1 with one stage per rank, the
+    pairs of :func:`round_trip_pairs_within` whose stages a slow link
+    separates (less bandwidth or more latency than the point's fastest
+    link: between nodes), where a round trip outlasts the ranks' own work,
+    at most :data:`MAX_ROUND_TRIP_FAMILIES` (across the slowest links
+    first); none where every link is alike."""
+    S = costs.pp
+    if schedule not in ROUND_TRIP_SCHEDULES or S != pp or S < 2:
+        return ()
+    bandwidth = np.asarray(costs.p2p_bandwidth_bytes_per_s, dtype=float)[:S - 1]
+    latency = np.asarray(costs.p2p_latency_s, dtype=float)[:S - 1]
+    slow = (bandwidth < bandwidth.max()) | (latency > latency.min())
+    if not slow.any():
+        return ()
+    rank = {k: n for n, k in enumerate(sorted(np.flatnonzero(slow).tolist(),
+                                              key=lambda k: (bandwidth[k], -latency[k], k)))}
+    # a pair by the slowest link it crosses
+    crossing = [(min(rank[b] for b in range(k, k2) if b in rank), k, k2) for k, k2 in round_trip_pairs_within(S)
+                if any(slow[k:k2])]
+    return tuple(sorted((k, k2) for _, k, k2 in sorted(crossing)[:MAX_ROUND_TRIP_FAMILIES]))
+
+
+def _round_trip_terms(schedule: str, m: int, S: int, s, terms, pairs) -> list:
+    """Per-stage terms of the round-trip families of :func:`round_trip_counts`
+    for ``pairs``: ``alpha_s = nF f + nG g + nW W + nc c + nr r`` (``f``,
+    ``g`` the forward and backward (ZB-H1: input-gradient) actions of
     :func:`action_terms`; ``c`` counted only where sends overlap, blocking
     ones are in ``f`` and ``g``)."""
     F, B, I, c, cin, r = terms
     f, b = action_terms(schedule, F, B, c, cin)
     g = I if schedule == "zb-h1" else b
     hop = c if send_overlap(schedule) else 0.0
-    counts, s = round_trip_counts(schedule, S, m), np.asarray(s)
+    counts, s = round_trip_counts(schedule, S, m, tuple(pairs)), np.asarray(s)
     shape = np.broadcast_shapes(s.shape, np.shape(F), np.shape(B), np.shape(I), np.shape(c), np.shape(r))
     lead = (len(counts[0]),) + (1,) * (len(shape) - s.ndim)  # the family axis before every axis of the terms
     out = 0.0
@@ -368,20 +400,14 @@ def _round_trip_terms(schedule: str, m: int, S: int, s, terms) -> list:
     return list(np.broadcast_to(out, (len(counts[0]),) + shape))
 
 
-def round_trip_rows(schedule: str, pp: int, S: int, m: int) -> int:
-    """How many round-trip families :func:`bound_families` has for ``S``
-    stages on ``pp`` ranks and ``m`` micro-batches (0 where it has none)."""
-    return len(round_trip_counts(schedule, S, m)[0]) if schedule in ROUND_TRIP_SCHEDULES and S == pp else 0
-
-
 @lru_cache(maxsize=256)
-def round_trip_counts(schedule: str, S: int, m: int):
+def round_trip_counts(schedule: str, S: int, m: int, pairs: tuple[tuple[int, int], ...]):
     """The round-trip families of 1F1B and ZB-H1 (one stage per rank): ``(nF,
     nG, nW, nc, nr)``, int arrays ``(families, S)``, per stage the number
     of forwards, backwards (ZB-H1: input gradients), weight gradients, hops
     over the boundary after it and all-reduces on one path of the
-    dependency graph, one family per pair of stages ``k < k' <= k + span``
-    (:func:`round_trip_span`).
+    dependency graph, one family per pair of stages ``(k, k')`` of
+    ``pairs``, ``k < k'`` (:func:`round_trip_pairs`).
 
     The path: micro-batch 0 down to the last stage and back up to ``k``;
     then ``n`` round trips, each from ``k``'s backward of micro-batch ``j``
@@ -396,29 +422,28 @@ def round_trip_counts(schedule: str, S: int, m: int):
     *Synchronization and Linearity*, ch. 3), so a slow link between
     ranks that hold few micro-batches in flight bounds the time where no
     rank's own work does."""
-    zb, span = schedule == "zb-h1", round_trip_span(S)
+    zb = schedule == "zb-h1"
     rows = []
-    for k in range(S):
-        for k2 in range(k + 1, min(S, k + span + 1)):
-            d = k2 - k + 1
-            n = (m - 1 - S + k) // d + 1 if m - 1 - S + k >= 0 else 0
-            J = n * d
-            nF, nG, nW, nc, nr = (np.zeros(S, dtype=np.int64) for _ in range(5))
-            nF += 1  # micro-batch 0 down to the last stage and back up to k
-            nG[k:] += 1
-            nc[:S - 1] += 1
-            nc[k:S - 1] += 1
-            nF[k:k2 + 1] += n  # the round trips
-            nG[k:k2 + 1] += n
-            nc[k:k2] += 2 * n
-            if zb:  # a W after the input gradient of each j >= k
-                nW[k] += max(0, n - -(-k // d))
-            nF[k] += max(0, m - J - S + k)  # rank k's rest after its backward of J
-            nG[k] += m - 1 - J
-            if zb:
-                nW[k] += m - max(0, J - k)
-            nr[k] = 1
-            rows.append((nF, nG, nW, nc, nr))
+    for k, k2 in pairs:
+        d = k2 - k + 1
+        n = (m - 1 - S + k) // d + 1 if m - 1 - S + k >= 0 else 0
+        J = n * d
+        nF, nG, nW, nc, nr = (np.zeros(S, dtype=np.int64) for _ in range(5))
+        nF += 1  # micro-batch 0 down to the last stage and back up to k
+        nG[k:] += 1
+        nc[:S - 1] += 1
+        nc[k:S - 1] += 1
+        nF[k:k2 + 1] += n  # the round trips
+        nG[k:k2 + 1] += n
+        nc[k:k2] += 2 * n
+        if zb:  # a W after the input gradient of each j >= k
+            nW[k] += max(0, n - -(-k // d))
+        nF[k] += max(0, m - J - S + k)  # rank k's rest after its backward of J
+        nG[k] += m - 1 - J
+        if zb:
+            nW[k] += m - max(0, J - k)
+        nr[k] = 1
+        rows.append((nF, nG, nW, nc, nr))
     out = tuple(np.array([row[x] for row in rows], dtype=np.int64).reshape(len(rows), S) for x in range(5))
     for x in out:
         x.setflags(write=False)

@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import tiny_cluster, tiny_profile
 from pipesearch import split_bounds
+from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.timemodel import StageTimes, iteration_time_s
+from pipesearch.types import Job, Link
 
 
 def _terms(F, B, I, c, r):
@@ -22,8 +25,8 @@ def _terms(F, B, I, c, r):
 def _round_trips(schedule: str, m: int, F, B, I, c, r) -> np.ndarray:
     """Each round-trip family's value on one split (``(families,)``)."""
     S = len(F)
-    return np.array([a.sum() for a in split_bounds._round_trip_terms(schedule, m, S, np.arange(S),
-                                                                    _terms(F, B, I, c, r))])
+    return np.array([a.sum() for a in split_bounds._round_trip_terms(
+        schedule, m, S, np.arange(S), _terms(F, B, I, c, r), split_bounds.round_trip_pairs_within(S))])
 
 
 def _simulated(schedule: str, m: int, F, B, I, c, r) -> float:
@@ -42,8 +45,8 @@ def test_zb_h1_round_trips_over_a_slow_link_by_hand():
     (the busiest rank's work is 27)."""
     F, I = np.ones(3), np.ones(3)
     B, c, r = F + I, np.array([0.0, 5.0]), np.zeros(3)
-    counts = split_bounds.round_trip_counts("zb-h1", 3, 9)
-    pairs = [(k, k2) for k in range(3) for k2 in range(k + 1, min(3, k + split_bounds.MAX_ROUND_TRIP_SPAN + 1))]
+    pairs = split_bounds.round_trip_pairs_within(3)
+    counts = split_bounds.round_trip_counts("zb-h1", 3, 9, pairs)
     at = pairs.index((1, 2))
     nF, nG, nW, nc, nr = (x[at].tolist() for x in counts)
     assert (nF, nG, nW, nc, nr) == ([1, 5, 5], [0, 5, 5], [0, 5, 0], [1, 10, 0], [0, 1, 0])
@@ -53,17 +56,39 @@ def test_zb_h1_round_trips_over_a_slow_link_by_hand():
     assert values.max() == pytest.approx(76.0)
 
 
-def test_round_trips_are_families_of_one_stage_per_rank_only():
-    """Interleaved 1F1B and GPipe have none, nor 1F1B with two stages per
-    rank (its order is not the one the path walks)."""
-    assert split_bounds.round_trip_rows("gpipe", 4, 4, 8) == 0
-    assert split_bounds.round_trip_rows("interleaved-1f1b", 2, 4, 8) == 0
-    assert split_bounds.round_trip_rows("1f1b", 2, 4, 8) == 0
-    # pairs k < k' <= k + 3 of 6 stages: 3 + 3 + 3 + 2 + 1; of 8 stages k' <= k + 2: 6 x 2 + 1;
-    # of 16 stages neighbours only (at most 16 families)
-    assert split_bounds.round_trip_rows("zb-h1", 6, 6, 12) == 12
-    assert split_bounds.round_trip_rows("1f1b", 8, 8, 16) == 13
-    assert split_bounds.round_trip_rows("zb-h1", 16, 16, 32) == 15
+def test_round_trip_pairs_within_a_span_of_at_most_16_families():
+    """Pairs k < k' <= k + 3 of 6 stages: 3 + 3 + 3 + 2 + 1; of 8 stages
+    k' <= k + 2: 6 x 2 + 1; of 16 stages neighbours only."""
+    assert len(split_bounds.round_trip_pairs_within(6)) == 12
+    assert len(split_bounds.round_trip_pairs_within(8)) == 13
+    assert split_bounds.round_trip_pairs_within(16) == tuple((k, k + 1) for k in range(15))
+
+
+def _point(pp: int, vp: int = 1, per_node: int = 4):
+    """Costs of 48 layers on ``pp`` ranks of ``per_node``-GPU nodes (intra
+    100 GB/s, inter 1 GB/s), one replica, 2 pp micro-batches."""
+    cluster = tiny_cluster(-(-pp // per_node), per_node, intra=Link(1e11, 1e-6), inter=Link(1e9, 1e-5))
+    job = Job(global_batch_size=2 * pp, memory_reserve_bytes=0)
+    S = pp * vp
+    return build_pipeline_costs(tiny_profile([1e-3] * 48, outputs=[1e6] * 48), cluster, job, pp=S, dp=1,
+                                micro_batch_size=1, num_micro_batches=2 * pp, schedule="gpipe",
+                                placement=pipeline_placement(pp, 1)[np.arange(S) % pp], stages_per_device=vp)
+
+
+def test_round_trips_across_slow_links_only_at_most_16():
+    """One stage per rank of 1F1B and ZB-H1 only (none for GPipe or
+    interleaved 1F1B, whose orders the path does not walk), and only pairs
+    a link between nodes separates: none on one node; on 6 ranks of
+    4-GPU nodes those of k' - k <= 3 across the link after stage 3; on 20
+    ranks neighbours only, those across nodes; on 40 ranks of 2-GPU nodes
+    19 such neighbours, the first 16 kept (the links alike)."""
+    assert split_bounds.round_trip_pairs(_point(4), "gpipe", 4) == ()
+    assert split_bounds.round_trip_pairs(_point(2, 2), "interleaved-1f1b", 2) == ()
+    assert split_bounds.round_trip_pairs(_point(4), "zb-h1", 4) == ()  # one node: every link alike
+    assert split_bounds.round_trip_pairs(_point(6), "zb-h1", 6) == ((1, 4), (2, 4), (2, 5), (3, 4), (3, 5))
+    assert split_bounds.round_trip_pairs(_point(20), "1f1b", 20) == ((3, 4), (7, 8), (11, 12), (15, 16))
+    assert split_bounds.round_trip_pairs(_point(40, per_node=2), "1f1b", 40) == tuple(
+        (k, k + 1) for k in range(1, 32, 2))
 
 
 @settings(max_examples=150, deadline=None)
@@ -94,7 +119,7 @@ def test_an_infinite_term_on_a_stage_a_family_does_not_use_leaves_it_finite():
     the finite sum of its actions, not nan (0 x inf)."""
     F, I = np.ones(3), np.ones(3)
     values = _round_trips("zb-h1", 6, F, F + I, I, np.array([1.0, 1.0]), np.array([np.inf, 0.0, 0.0]))
-    counts = split_bounds.round_trip_counts("zb-h1", 3, 6)
+    counts = split_bounds.round_trip_counts("zb-h1", 3, 6, split_bounds.round_trip_pairs_within(3))
     ends_on_rank_0 = counts[4][:, 0] > 0
     assert np.all(np.isinf(values[ends_on_rank_0]))
     assert np.all(np.isfinite(values[~ends_on_rank_0]))

@@ -128,7 +128,7 @@ def test_own_family_tables_hold_the_schedules_own_families(seed):
     assert len(own) == OWN_FAMILIES.get(schedule, 0)
     if not own:
         return
-    end = len(full) - split_bounds.round_trip_rows(schedule, pp, S, m)  # then the round-trip families
+    end = len(full) - len(split_bounds.round_trip_pairs(costs, schedule, pp))  # then the round-trip families
     for mine, theirs in zip(own, full[end - len(own):end]):
         assert [k for k, _, _ in mine] == [k for k, _, _ in theirs]
         for (_, a, b), (_, a2, b2) in zip(mine, theirs):
