@@ -252,3 +252,17 @@ def test_runtime_torch_ranks_the_best_plans_torch_runs_with_top_configurations_o
     kept, refused = filter_plans("torch", wide_file.plans, 2, wide_file.inputs)
     assert refused  # the wide search ranks plans torch refuses (ZB-H1's)
     assert kept and [_configuration(p) for p in load_plan_file(narrow).plans] == [_configuration(p) for p in kept]
+
+
+def test_runtime_torch_finds_the_micro_batch_count_torch_runs_in_a_pinned_family():
+    """vgg16 on 2x8-a100-80gb, ZB-H1 pinned at pp 4 x dp 4, global batch
+    252: 63 samples a replica, so m is 63, 21, 9, 7, 3 or 1 and
+    ScheduleInterleavedZeroBubble (rounds max(1, m // 4)) with ZB-H1's m >=
+    pp runs only m = 7 (63 % 15, 21 % 5, 9 % 2 are not 0; 3 and 1 are
+    below 4). A search that kept the family's fastest plan and filtered
+    afterwards refused its only plan (m = 63) and found none."""
+    res = run(["plan", "--model", "vgg16", "--cluster", "2x8-a100-80gb", "-b", "252", "--pp", "4", "--dp", "4",
+               "--schedule", "zb-h1", "--runtime", "torch", "--json", "-q"])
+    assert res.exit_code == 0, res.output
+    plans = json.loads(res.output)["plans"]
+    assert [(p["schedule"]["micro_batch_size"], p["schedule"]["num_micro_batches"]) for p in plans] == [(9, 7)]
