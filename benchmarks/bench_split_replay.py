@@ -69,20 +69,13 @@ def capture(out: Path, plan_args: list[str]) -> int:
     return 0
 
 
-def _above(found, kwargs) -> bool:
+def _above(found, kwargs, exact: bool = True) -> bool:
     """Whether ``found`` proves that no split beats the call's cutoff (two
     such answers are the same to the search whatever split, if any, they
-    met on the way)."""
+    met on the way); with ``exact=False``, whether it stopped at its work
+    limits without a split that beats it (what such a proof strengthens)."""
     cutoff = kwargs.get("cutoff_s", float("inf"))
-    return (found is not None and found.exact and found.best_time_s >= cutoff
-            and not kwargs.get("value_above_cutoff") and cutoff < float("inf"))
-
-
-def _stopped_above(found, kwargs) -> bool:
-    """Whether ``found`` stopped at its work limits without a split that
-    beats the call's cutoff (what a proof that none does strengthens)."""
-    cutoff = kwargs.get("cutoff_s", float("inf"))
-    return (found is not None and not found.exact and found.best_time_s >= cutoff
+    return (found is not None and found.exact == exact and found.best_time_s >= cutoff
             and not kwargs.get("value_above_cutoff") and cutoff < float("inf"))
 
 
@@ -106,10 +99,10 @@ def replay(path: Path, tree: Path, schedules: list[str], repeat: int) -> int:
             got = split_search.exact_split(costs, schedule, pp, vp, **kwargs)
             if _answer(got) == _answer(want) or (_above(got, kwargs) and _above(want, kwargs)):
                 continue
-            if _above(got, kwargs) and _stopped_above(want, kwargs):
+            if _above(got, kwargs) and _above(want, kwargs, exact=False):
                 proven.add(k)  # a stronger answer: proven where the captured search stopped
                 continue
-            if _stopped_above(got, kwargs) and _stopped_above(want, kwargs):
+            if _above(got, kwargs, exact=False) and _above(want, kwargs, exact=False):
                 stopped.add(k)  # both stopped above the cutoff (their bounds may differ)
                 continue
             print(f"call {k} ({schedule}, pp {pp}, vp {vp}): {got} != captured {want}")

@@ -210,7 +210,7 @@ def schedule_refusal(schedule: str, pp: int, m: int, vp: int, num_layers: int,
         return "schedule_refused"
     if pp * vp > num_layers:
         return "too_many_stages"
-    if runtime is not None and point_refusal(runtime, schedule, pp, vp, m) is not None:
+    if point_refusal(runtime, schedule, pp, vp, m) is not None:
         return "schedule_refused"
     return None
 
