@@ -35,6 +35,7 @@ and the search's pruning use.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -817,12 +818,36 @@ def _act_tuple(act, S: int) -> tuple[bool, ...]:
     return tuple(bool(x) for x in act)
 
 
-@lru_cache(maxsize=64)
+#: graph nodes the Mobius graphs kept for reuse hold at most (a count; about
+#: 120 bytes of memory each, 250 MB in all): the sets of offloading stages a search times
+#: (:func:`pipesearch.stage_options.mobius_activation_choice`) come back
+#: from split to split, hundreds per point
+MOBIUS_GRAPH_NODES_KEPT = 2**21
+
+_MOBIUS_GRAPHS: OrderedDict = OrderedDict()  # (pp, m, vp, queues, act_copies) -> (graph, ids), least recent first
+
+
 def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies: tuple[bool, ...] = ()):
     """``(graph, action node ids)``: :func:`mobius_graph` and, per rank, the
     node of each action of the looped BFS order (``act_copies``: per stage,
     whether its activation copies of :func:`_mobius_act_waits` are nodes;
-    ``()`` none)."""
+    ``()`` none). The least recently used graphs are dropped once those kept
+    hold more than :data:`MOBIUS_GRAPH_NODES_KEPT` nodes (Llama 3 8B on
+    1x8-rtx4090-pcie4 with activations offloaded times 1,027 sets; a cache
+    of 64 graphs rebuilt 2,824 of them, half the search's time)."""
+    key = (pp, m, vp, queues, act_copies)
+    if key in _MOBIUS_GRAPHS:
+        _MOBIUS_GRAPHS.move_to_end(key)
+        return _MOBIUS_GRAPHS[key]
+    out = _MOBIUS_GRAPHS[key] = _mobius_built(*key)
+    kept = sum(len(g.col) for g, _ in _MOBIUS_GRAPHS.values())
+    while kept > MOBIUS_GRAPH_NODES_KEPT and len(_MOBIUS_GRAPHS) > 1:
+        kept -= len(_MOBIUS_GRAPHS.popitem(last=False)[1][0].col)
+    return out
+
+
+def _mobius_built(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies: tuple[bool, ...] = ()):
+    """:func:`_mobius_build` without reuse."""
     S, NONE = pp * vp, -1
     act_copies = act_copies or (False,) * S
     orders = schedule_lib.build_orders("looped-bfs", pp, m, vp)
