@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -209,3 +210,24 @@ def check_distinct_paths(outputs, inputs) -> None:
             raise InputError(f"{flag} {path}: the same file as {other} {other_path}; "
                              f"give {'two paths' if other_given else 'another path'} (it would be overwritten)")
         seen.setdefault(key, (flag, path, given))
+
+
+def print_whole(text: str) -> None:
+    """Write ``text`` to standard output whole: a stream over the raw file
+    (``PYTHONUNBUFFERED=1``, ``python -u``) writes what one ``write`` call
+    takes and drops the rest, so a reader that goes away in the middle of a
+    large plan left exit status 0 and a cut document; the bytes are written
+    until none are left, and such a reader raises ``BrokenPipeError`` (exit
+    status 141, pipesearch.cli). Text as the stream would encode it."""
+    stream = sys.stdout
+    binary = getattr(stream, "buffer", None)
+    if binary is None:  # a stream of text only (a test's capture)
+        stream.write(text)
+        stream.flush()
+        return
+    stream.flush()
+    data = memoryview(text.encode(stream.encoding or "utf-8", errors=stream.errors or "strict"))
+    while len(data):
+        written = binary.write(data)
+        data = data[written or 0:]  # None: nothing taken yet (a non-blocking stream)
+    binary.flush()

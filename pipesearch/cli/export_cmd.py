@@ -9,7 +9,7 @@ import click
 
 from ..errors import InputError, PlanFormatError
 from ..export import DESCRIPTION_FORMATS, FORMATS, export_plan
-from ..output import check_directory, check_distinct_paths, check_writable, write_outputs
+from ..output import check_directory, check_distinct_paths, check_writable, print_whole, write_outputs
 from ..plan import read_plan_file, select_plan
 from . import main
 from .validate_cmd import plan_file_problems, warn_missing_digests
@@ -209,4 +209,4 @@ def export_command(plans, rank, fmt, output, torchtitan_version, files_dir, modu
         if note:
             click.echo(note, err=True)
     else:
-        click.echo(text, nl=False)
+        print_whole(text)

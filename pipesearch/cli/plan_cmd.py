@@ -17,7 +17,7 @@ from ..limits import MAX_BUCKET_PARAMS, MAX_COUNT
 from ..memory import PRESETS, SHARDINGS, ParamState, from_total_bytes, preset, usable_memory_bytes
 from ..models import PER_STAGE, RECOMPUTE_MODES, load_model_source
 from .. import runtimes
-from ..output import write_outputs
+from ..output import print_whole, write_outputs
 from ..output_table import format_table, stage_counts_label
 from ..placement import memory_bytes_of, rank_memory
 from ..pins import BatchPins, parse_split, resolve_dp
@@ -680,7 +680,7 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
         outputs.append((all_points, lambda f: result.points.to_csv(f, index=False), "--all-points"))
     figures = _write_files(outputs, plot_dir, text, str(out) if out else "plan JSON")
     if as_json:
-        click.echo(text, nl=False)
+        print_whole(text)
         return
     _report(result, source, cluster, job, out, figures, quiet=quiet, recompute=recompute, placements=placements,
             delayed_optimizer_step=delayed_optimizer_step, micro_batch_size=micro_batch_size)

@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..hardware import describe_cluster, device_files, input_name_warnings, load_cluster
 from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS, MAX_STEP_OVERHEAD_MS,
                       MIN_REQUEST_RATE)
-from ..output import check_distinct_paths, check_suffix, check_writable, short_path, write_outputs
+from ..output import check_distinct_paths, check_suffix, check_writable, print_whole, short_path, write_outputs
 from ..output_table import stage_counts_label
 from ..profiles.transformer import guessed_family_note, hf_checkpoint, hf_quantization_config, load_transformer
 from ..serve.dtypes import (KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, checkpoint_weight_dtype, kv_dtype_bytes,
@@ -404,7 +404,7 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
     if outputs:  # all or none (output.write_outputs)
         write_outputs(outputs)
     if as_json:
-        click.echo(text, nl=False)
+        print_whole(text)
         return
     if not quiet:
         shown_weights = "fp16 (no bf16 on these devices)" if half and weight_dtype == "bf16" else weight_dtype
