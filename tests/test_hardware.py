@@ -517,3 +517,14 @@ def test_an_edited_copy_of_a_catalog_cluster_that_keeps_its_name_is_warned_about
     assert "three.toml names itself '1x4-v100-pcie'" in catalog_name_clash(tmp_path / "three.toml")
     for name in (tmp_path / "same.toml", tmp_path / "mine.toml", "1x4-v100-pcie"):
         assert catalog_name_clash(name) is None
+
+
+def test_parts_of_one_silicon_share_the_fitted_curve():
+    """The A100 40 GB and the H200 take the GEMM-efficiency curve fitted to
+    the A100 80 GB and the H100 (their files and docs/transformer_costs.md
+    say so): a refit of one part must move the other (the A100 80 GB's
+    refit to 950 had left the 40 GB part at 980)."""
+    for part, fitted in (("a100-40gb", "a100-80gb"), ("h200-141gb", "h100-80gb")):
+        a, b = load_device(part), load_device(fitted)
+        assert (a.achieved_fraction, a.gemm_half_efficiency_size) == (b.achieved_fraction,
+                                                                       b.gemm_half_efficiency_size), part
