@@ -59,3 +59,18 @@ def test_test_extra_installs_the_runtimes_the_tests_use():
     assert "torch==2.13.0" in extra
     assert {"pytest", "hypothesis", "torchtitan", "triton", "deepspeed", "megatron-core"} <= names
 
+
+
+def test_readme_sample_output_is_what_plan_prints():
+    """The README's "What you get" block is ``pipesearch plan``'s output on
+    the built-in default, line for line (the search's seconds aside): its
+    figures went stale when the bubble began to count the optimizer step."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## What you get", 1)[1].split("```text\n", 1)[1].split("```", 1)[0].splitlines()
+    result = CliRunner().invoke(main, ["plan"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+    def timeless(line: str) -> str:
+        return re.sub(r"points searched in [0-9.]+ s", "points searched in (t) s", line)
+
+    assert [timeless(x) for x in result.output.splitlines()] == [timeless(x) for x in block]
