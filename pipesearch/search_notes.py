@@ -165,6 +165,34 @@ def _pp_can_rise(options, cluster: Cluster, num_layers: int, tp: int) -> bool:
     return options.pp < num_layers and (options.pp + 1) * (options.dp or 1) * tp <= cluster.num_devices
 
 
+def _pinned_share_hint(variants, job: Job, usable_bytes: float, options, cluster: Cluster, offload: str) -> str:
+    """With ``--pp`` pinned: when even an even split leaves each device more
+    of the weights and optimizer state than it holds (the least over the
+    variants searched of a stage's share, ``P / pp`` of a tp shard's ``P``
+    bytes per device at the state's floor), the line that says so and
+    which pins or flags to change; else "". No micro-batch size fits
+    there: activations only add to it."""
+    if options is None or not options.pp or options.split:
+        return ""
+    floor = param_state_of(job).floor_bytes_per_param()
+    if job.optimizer_offload or job.weight_streaming:
+        return ""  # the state lives on the host: the device's share is not this
+    each = min(sum(lay.param_bytes for lay in v.profile.layers) / v.profile.bytes_per_param * floor / options.pp
+               for v in variants)
+    if each <= usable_bytes:
+        return ""
+    tp = max(v.tp for v in variants)
+    need, usable = format_gib_pair(each, usable_bytes)
+    fixes = (["raise --pp"] * _pp_can_rise(options, cluster, variants[0].profile.num_layers, tp)
+             + ["raise --tp"] * (tp < max(g.devices_per_node for g in cluster.groups))
+             + ["shard the optimizer state over the data-parallel replicas (--sharding zero1 or zero3)"]
+             * (param_state_of(job).stage < 3 and 2 * options.pp <= cluster.num_devices and options.dp != 1)
+             + [offload.removesuffix(", or ")] * bool(offload))
+    return (f"with --pp {options.pp} and tp {tp}, each device holds at least {need} of the model's weights and "
+            f"optimizer state (an even split) against {usable} usable; "
+            + (_either(fixes) if fixes else "use a cluster with larger devices"))
+
+
 def infeasible_message(counts: Counter, variants, cluster: Cluster, job: Job, options=None,
                        host_full: bool = False) -> str:
     """The no-plan line: the counts by reason and the likely fix (``host_full``:
@@ -208,6 +236,19 @@ def infeasible_message(counts: Counter, variants, cluster: Cluster, job: Job, op
             if options is not None  # only what the search could not try (it tried every unpinned pp and size)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
+    pinned = _pinned_share_hint(variants, job, mem, options, cluster, offload) if counts.get("out_of_memory") and (
+        state <= mem * cluster.num_devices) else ""  # (else the cluster holds too little whatever the pins)
+    if pinned:
+        hint = pinned
+    if job.optimizer_offload and not on_host and cluster.host is not None and counts.get("out_of_memory"):
+        host_need = params * offload_bytes_per_param(param_state_of(job), 1)[1]  # the state's one copy, sharded or not
+        host_total = cluster.num_nodes * cluster.host.memory_bytes
+        if host_need > host_total:
+            need, held = format_gib_pair(host_need, host_total)
+            hint = (f"--optimizer-offload keeps the optimizer state in host memory, {need} at the least, against "
+                    f"{held} on the cluster's {cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}; use "
+                    "hosts with more memory ([host] memory_GB), more nodes, or a smaller optimizer state "
+                    "(--optimizer-state)")
     if counts.get("too_many_micro_batches") and len(counts) == 1:
         hint = (f"every point needs more than {MAX_MICRO_BATCHES:,} micro-batches per replica; raise "
                 "--micro-batch-size or --dp")

@@ -1880,3 +1880,27 @@ def test_a_pinned_micro_batch_count_every_schedule_refuses_is_named(tmp_path):
     out = assert_refused(tmp_path, ["plan", "--pp", "3", "-b", "2", "--schedule", "interleaved-1f1b"],
                          "refused every point")
     assert "raise --num-micro-batches (or lower --micro-batch-size)" in out
+
+
+def test_pinned_layout_that_cannot_hold_the_state_says_so(tmp_path):
+    """``--pp 1 --tp 1`` with llama3-8b on A100 80 GB: every device keeps
+    the whole model's weights and mixed-precision Adam state, 8,030,261,248
+    parameters x 16 B = 119.7 GiB, against 80 x 0.95 - 1 = 75.0 GiB usable
+    (the memory headroom and reserve): no micro-batch size fits, so the fix
+    is not a smaller micro-batch (it said "lower --micro-batch-size or use a
+    larger cluster") but more tensor parallelism or a sharded state."""
+    line = assert_refused(tmp_path, ["plan", "--model", "llama3-8b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                     "--pp", "1", "--tp", "1", "--dp", "8", "--micro-batch-size", "8"],
+                          "119.7 GiB", "75.0 GiB usable", "raise --tp", "--sharding zero1")
+    assert "--micro-batch-size" not in line and "larger cluster" not in line
+
+
+def test_optimizer_offload_that_overflows_the_host_says_so(tmp_path):
+    """llama2-70b with ``--optimizer-offload`` on 1x8-rtx4090-pcie4 (800 GB
+    of host memory = 745.1 GiB): the offloaded state, fp32 master weights,
+    Adam's two moments and an fp32 gradient copy, 16 B x 68.98e9 parameters
+    = 1027.8 GiB, cannot fit the host whatever the split (it said "use a
+    larger cluster")."""
+    assert_refused(tmp_path, ["plan", "--model", "llama2-70b", "--cluster", "1x8-rtx4090-pcie4", "-b", "64",
+                              "--optimizer-offload", "--stream-weights"],
+                   "1027.8 GiB at the least", "745.1 GiB", "memory_GB")
