@@ -436,3 +436,24 @@ def test_torchtitan_warns_of_layer_names_no_model_of_its_registry_has(vgg_titan_
     res = export(vgg_titan_plans, "--format", "torchtitan", "--torchtitan-version", version, "--module-names",
                  str(tmp_path / "part.json"), "-o", str(tmp_path / ("part_" + out)))
     assert res.exit_code == 0 and "not in module_names by the plan's layer name (b01_Conv2d, ...)" in res.output
+
+
+def test_megatron_export_of_an_fp32_state_compares_per_device_bytes(tmp_path):
+    """``--optimizer-state fp32-adam`` under ``--runtime megatron`` (its
+    distributed optimizer: ZeRO-1): the plan counts 4 B weights + 4 B
+    gradients + 8 B moments / dp per device; Megatron-LM's ``--bf16`` keeps
+    2 + 4 (fp32 main gradients) + (4 master + 8 moments) / dp, fewer at any
+    dp > 1. It warned "Megatron-LM keeps 18 ... may not fit" from the
+    unsharded totals (16 < 18); now a note with both per-device figures."""
+    out = tmp_path / "f32.json"
+    made = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--runtime", "megatron",
+                                     "--optimizer-state", "fp32-adam", "--top", "1", "-q", "-o", str(out)])
+    assert made.exit_code == 0, made.output
+    dp = json.loads(out.read_text())["plans"][0]["parallelism"]["dp"]
+    assert dp > 1
+    res = export(out, "--format", "megatron")
+    assert res.exit_code == 0, res.output
+    notes = " ".join(json.loads(res.stdout)["notes"])
+    assert "may not fit" not in res.stderr + notes
+    assert (f"keeps {6 + 12 / dp:g} bytes of training state per parameter on each device at dp={dp}" in notes
+            and f"against the {8 + 8 / dp:g} planned" in notes), notes

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from ..errors import InputError
 from ..overlap import MEGATRON_BUCKET_PARAMS
@@ -260,26 +261,43 @@ RUNTIME_VERSION = "core_v0.16.1"
 export against."""
 
 
-def _state_note(job: Mapping) -> str | None:
-    """A warning when the plan's memory counted fewer training-state bytes
-    per parameter (``inputs.job.optimizer_state``) than Megatron-LM keeps
-    (:data:`pipesearch.memory.PRESETS` ``megatron``: 16-bit weights, fp32 main
-    gradients, fp32 master weights and Adam moments); None otherwise or
-    without the record."""
-    from ..memory import PRESETS
+def _state_note(job: Mapping, dp: int) -> str | None:
+    """A note when the plan's memory counted a training state
+    (``inputs.job.optimizer_state``) other than what Megatron-LM keeps with
+    the flags written (:data:`pipesearch.memory.PRESETS` ``megatron``: 16-bit
+    weights, fp32 main gradients, fp32 master weights and Adam moments, the
+    last two sharded over the ``dp`` replicas by ``--use-distributed-optimizer``
+    when the plan shards its state): a warning when Megatron-LM keeps more
+    bytes per parameter on each device, a note when the plan's 32-bit weights
+    become 16-bit ones (``--bf16``: the plan's layer times are 16-bit
+    compute) and Megatron-LM keeps fewer; None when they agree, or without
+    the record."""
+    from ..memory import PRESETS, ParamState
 
     state = job.get("optimizer_state")
     parts = state.get("bytes_per_param") if isinstance(state, Mapping) else None
     if not isinstance(parts, Mapping) or not all(isinstance(v, (int, float)) for v in parts.values()):
         return None
-    planned, megatron = float(sum(parts.values())), PRESETS["megatron"].total_bytes
-    if planned >= megatron:
-        return None
-    return (f"warning: the plan's memory counts {planned:g} bytes of training state per parameter "
-            f"({state.get('name', 'its optimizer state')}); Megatron-LM keeps {megatron:g} (fp32 main gradients "
-            f"beside 16-bit weights, fp32 master weights and Adam moments), so its stages hold more than planned and "
-            f"may not fit: re-plan with --optimizer-state megatron (what --runtime megatron plans with when "
-            f"no --optimizer-state is given).")
+    sharding = state.get("sharding") if state.get("sharding") in ("none", "zero1", "zero2", "zero3", "fsdp") \
+        else "none"
+    planned_state = ParamState(*(float(parts.get(k, 0.0)) for k in (
+        "weights", "grads", "main_grads", "master_weights", "optimizer_moments")), sharding=sharding)
+    megatron_state = replace(PRESETS["megatron"], sharding="none" if sharding == "none" else "zero1")
+    planned, megatron = planned_state.bytes_per_param(dp), megatron_state.bytes_per_param(dp)
+    name = state.get("name", "its optimizer state")
+    at = "" if sharding == "none" else f" on each device at dp={dp}"
+    kept = ("fp32 main gradients beside 16-bit weights, fp32 master weights and Adam moments"
+            + ("" if sharding == "none" else ", the last two sharded over the replicas"))
+    if planned < megatron:
+        return (f"warning: the plan's memory counts {planned:g} bytes of training state per parameter{at} ({name}); "
+                f"Megatron-LM keeps {megatron:g} ({kept}), so its stages hold more than planned and may not fit: "
+                f"re-plan with --optimizer-state megatron (what --runtime megatron plans with when no "
+                f"--optimizer-state is given).")
+    if planned > megatron and planned_state.weight_bytes > PRESETS["megatron"].weight_bytes:
+        return (f"the plan keeps {planned_state.weight_bytes:g}-byte weights ({name}); Megatron-LM trains them in "
+                f"16-bit (--bf16, the precision of the plan's layer times) and keeps {megatron:g} bytes of training "
+                f"state per parameter{at} ({kept}) against the {planned:g} planned.")
+    return None
 
 
 def model_args(t: Mapping, seq_len: int | None) -> tuple[list[str], list[str]]:
@@ -705,7 +723,7 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         notes.append("sequence_parallel has no effect with tp=1 (Megatron turns it off); not written.")
     notes += _plan_notes(plan, inputs, explicit, layout, how, module_names, env)
     world = plan.tp * p * plan.dp
-    state_note = _state_note(inputs.job)
+    state_note = _state_note(inputs.job, plan.dp)
     if state_note:
         notes.insert(0, state_note)
     # a smoke run: validate_args takes the command without a schedule, but training needs --lr and an end
