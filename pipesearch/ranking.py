@@ -36,7 +36,8 @@ def rank_plans(plans: list[Plan]) -> list[Plan]:
     :data:`TIE_REL` of the best, prefer fewer bytes over PCIe per iteration
     (state kept on the GPU: ``options.host.total_pcie_bytes_per_iteration``,
     0 without host options), then lower peak memory, then less time on
-    links, then fewer stages (the rest follow by time); plans equal in all
+    links, then fewer stages, then fewer micro-batches (the rest follow by
+    time); plans equal in all
     of those in a fixed order (:func:`_plan_key`), whatever order they
     come in."""
     plans = sorted(plans, key=lambda p: (p.predicted.iteration_time_s,) + _plan_key(p))
@@ -62,9 +63,13 @@ def _plan_key(plan: Plan) -> tuple:
 
 def tie_key(plan: Plan) -> tuple:
     """What breaks a tie of time (:func:`rank_plans`): bytes over PCIe per
-    iteration, peak memory, time on links, stages; smaller first."""
+    iteration, peak memory, time on links, stages, then micro-batches
+    (fewer, larger ones: fewer kernel launches, and statistics such as
+    BatchNorm's over more samples, which a profile timed in proportion to
+    the batch does not see; one stage of GPipe at any micro-batch size is
+    the same time and memory); smaller first."""
     return (round(_pcie_bytes(plan), 0), round(plan.predicted.peak_memory_bytes, 0),
-            sum(st.comm_s for st in plan.stages), plan.pp * plan.vp)
+            sum(st.comm_s for st in plan.stages), plan.pp * plan.vp, plan.num_micro_batches)
 
 
 def _pcie_bytes(plan: Plan) -> float:

@@ -99,3 +99,22 @@ def test_exhaustive_rows_hold_each_points_best_split(tmp_path):
         assert float(r["iteration_time_s"]) == pinned["predicted"]["iteration_time_s"]
         checked += 1
     assert checked >= 1
+
+
+def test_equal_plans_of_one_stage_take_the_fewest_micro_batches(tmp_path):
+    """One stage of GPipe on 2 devices, a batch of 8 per replica: with layer
+    times in proportion to the micro-batch (the profile's batch is 1: 1 +
+    2 ms a sample per layer) every micro-batch size runs the replica's 8
+    samples in 8 x 4 x 3 = 96 ms, and GPipe keeps all of them at once (the
+    same peak memory): micro-batches 1 x 8 and 8 x 1 tie in every ranked
+    respect, and the fewest, larger micro-batches come first (it picked
+    8 micro-batches of 1 sample, the first met)."""
+    csv_path = tmp_path / "t.csv"
+    csv_path.write_text("# batch_size: 1\n# device: dev0\nname,fwd_ms,bwd_ms,param_bytes,output_bytes,saved_bytes\n"
+                        + "".join(f"l{k},1,2,1000,100000,1000000\n" for k in range(4)))
+    cluster = _cluster(tmp_path, 1, 2, 16, (10000, 0), (10000, 0))
+    plans = _plans(["--model", str(csv_path), "--cluster", str(cluster), "-b", "16", "--schedule", "gpipe",
+                    "--pp", "1", "--dp", "2"])
+    first = plans[0]
+    assert (first["parallelism"]["pp"], first["parallelism"]["dp"]) == (1, 2)
+    assert first["schedule"]["num_micro_batches"] == 1 and first["schedule"]["micro_batch_size"] == 8, first["schedule"]
