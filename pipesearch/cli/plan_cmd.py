@@ -172,9 +172,13 @@ def split_notes(plans) -> list[str]:
                        f"{format_seconds(info['lower_bound_s'])}, gap {gap_percent(info['gap'])})")
         mapping = _open_mapping(p)
         if mapping:  # the device order of a mixed cluster, not proven
-            out.append(f"plan {p.rank}: device order not proven optimal ({mapping['status']} after "
-                       f"{mapping.get('orders_evaluated', '?')} of {mapping.get('orders_total', '?')} orders, lower "
-                       f"bound {format_seconds(mapping['best_bound_s'])}, gap {gap_percent(mapping['gap'])})")
+            done, total = mapping.get("orders_evaluated"), mapping.get("orders_total")
+            why = (f"every one of its {total} device orders was tried, but the split searches of some stopped at "
+                   "their work limits" if done is not None and done == total else
+                   f"{done if done is not None else '?'} of {total if total is not None else '?'} device orders "
+                   "tried within the search's work limits")
+            out.append(f"plan {p.rank}: device order not proven optimal ({why}; lower bound "
+                       f"{format_seconds(mapping['best_bound_s'])}, gap {gap_percent(mapping['gap'])})")
     return out
 
 
