@@ -61,6 +61,24 @@ def resolve_dp(pins: BatchPins, num_devices: int) -> int | None:
     return fixed
 
 
+def check_fixed_dp_fits(cluster, global_batch_size: int, micro_batch_size: int, num_micro_batches: int, dp: int,
+                        pp: int | None, tp: int | None) -> None:
+    """Refuse the dp that ``--micro-batch-size`` and ``--num-micro-batches``
+    fix (:func:`resolve_dp`) when, with the pinned ``pp`` and ``tp``, it
+    needs more devices than ``cluster`` has; the message says where dp came
+    from (the user typed no --dp) and counts every pinned degree."""
+    need = dp * (pp or 1) * (tp or 1)
+    if need <= cluster.num_devices or not (pp or tp):
+        return
+    parts = " x ".join([f"--pp {pp}"] * bool(pp) + [f"--tp {tp}"] * bool(tp))
+    lower = " or ".join(["--pp"] * bool(pp) + ["--tp"] * bool(tp))
+    raise InputError(
+        f"--micro-batch-size {micro_batch_size} x --num-micro-batches {num_micro_batches} fixes dp = "
+        f"{global_batch_size} / {micro_batch_size * num_micro_batches} = {dp} replicas; with {parts} that needs "
+        f"{need} devices, cluster {cluster.name} has {cluster.num_devices}: raise the micro-batch size or count, or "
+        f"lower {lower}")
+
+
 def check_vp_pins(vps: tuple[int, ...], schedules: tuple[str, ...], multi_stage: tuple[str, ...],
                   asked: str = "--schedule asks for") -> None:
     """Refuse ``--vp`` when a requested schedule cannot honour it: a vp

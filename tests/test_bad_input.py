@@ -1904,3 +1904,13 @@ def test_optimizer_offload_that_overflows_the_host_says_so(tmp_path):
     assert_refused(tmp_path, ["plan", "--model", "llama2-70b", "--cluster", "1x8-rtx4090-pcie4", "-b", "64",
                               "--optimizer-offload", "--stream-weights"],
                    "1027.8 GiB at the least", "745.1 GiB", "memory_GB")
+
+
+def test_dp_fixed_by_the_micro_batch_pins_is_named_as_such(tmp_path):
+    """``-b 64 --micro-batch-size 1 --num-micro-batches 8`` fixes dp = 8
+    (the user typed no --dp); with --pp 4 and --tp 2 that is 4 x 8 x 2 = 64
+    devices. It said "--dp 8 x --tp 2 needs 16 devices"."""
+    line = assert_refused(tmp_path, ["plan", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "64",
+                                     "--micro-batch-size", "1", "--num-micro-batches", "8", "--tp", "2", "--pp", "4"],
+                          "fixes dp = 64 / 8 = 8", "needs 64 devices", "has 8")
+    assert "--dp 8" not in line

@@ -20,7 +20,7 @@ from .. import runtimes
 from ..output import print_whole, write_outputs
 from ..output_table import format_table, stage_counts_label
 from ..placement import memory_bytes_of, rank_memory
-from ..pins import BatchPins, parse_split, resolve_dp
+from ..pins import BatchPins, check_fixed_dp_fits, parse_split, resolve_dp
 from ..plan import PlanFile, document_problems, points_block, to_json
 from ..runtimes import RUNTIMES
 from ..search import search
@@ -647,8 +647,11 @@ def plan_command(model, cluster_name, nodes, global_batch_size, seq_len, pp, dp,
     if runtime:  # the runtime's own rules first: their message names the runtime's fix
         schedules = runtime_schedules(runtime, source, schedules, explicit_schedules, split, vps, pp=pp,
                                       num_micro_batches=num_micro_batches, tp=tp)
+    typed_dp = dp
     dp = resolve_dp(BatchPins(global_batch_size, dp, micro_batch_size, num_micro_batches), cluster.num_devices)
     pinned_pp = pp or (len(split) if split else None)
+    if typed_dp is None and dp is not None:
+        check_fixed_dp_fits(cluster, global_batch_size, micro_batch_size, num_micro_batches, dp, pinned_pp, tp)
     check_replica_pins(cluster, dp, pinned_pp, tp, placements, replicate_stages=replicate_stages,
                        split_replicas=split_replicas, sharding=asked_sharding, zero1=zero1,
                        overlap_grad_reduce=overlap_grad_reduce, overlap_param_gather=overlap_param_gather)
