@@ -1914,3 +1914,13 @@ def test_dp_fixed_by_the_micro_batch_pins_is_named_as_such(tmp_path):
                                      "--micro-batch-size", "1", "--num-micro-batches", "8", "--tp", "2", "--pp", "4"],
                           "fixes dp = 64 / 8 = 8", "needs 64 devices", "has 8")
     assert "--dp 8" not in line
+
+
+def test_serving_out_of_memory_suggests_only_dtypes_the_devices_run(tmp_path):
+    """qwen3-32b on four V100 16 GB: 32.8e9 parameters x 2 B of bf16 weights
+    = 61 GiB do not fit 4 x 16 GB with room to serve; the fix names int4
+    weights and an fp8 KV cache, not fp8 weights, which a V100 (compute
+    capability 7.0) cannot load and which serve then refused."""
+    line = assert_refused(tmp_path, ["serve", "--model", "qwen3-32b", "--cluster", "1x4-v100-pcie", "-q",
+                                     "--simulate-top", "0"], "--weight-dtype int4", "--kv-dtype fp8")
+    assert "fp8/" not in line and "--weight-dtype fp8" not in line

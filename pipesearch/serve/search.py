@@ -592,6 +592,21 @@ def _stages(pipe: ServePipeline, split, step, tp: int) -> tuple[StageReport, ...
     return tuple(out)
 
 
+def _smaller_dtypes(cluster: Cluster, weights: WeightFormat, kv_bytes: float) -> list[str]:
+    """The ``--weight-dtype`` and ``--kv-dtype`` choices smaller than the
+    ones asked for that every device of ``cluster`` runs (FP8 weights from
+    :data:`pipesearch.serve.dtypes.MIN_FP8_WEIGHT_CAPABILITY`),
+    as the fixes of a hint (``["--weight-dtype int4", "--kv-dtype fp8"]``)."""
+    from .dtypes import KV_DTYPES, MIN_FP8_WEIGHT_CAPABILITY, WEIGHT_FORMATS
+
+    caps = [g.device.compute_capability for g in cluster.groups]
+    fp8_ok = all(c is None or c >= MIN_FP8_WEIGHT_CAPABILITY for c in caps)
+    names = [n for n, f in WEIGHT_FORMATS.items() if f.gemm_bytes_per_param < weights.gemm_bytes_per_param
+             and (n != "fp8" or fp8_ok)]
+    return ([f"--weight-dtype {'/'.join(names)}"] * bool(names)
+            + [f"--kv-dtype {n}" for n, b in KV_DTYPES.items() if b < kv_bytes][:1])
+
+
 def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, engine: EngineSpec,
                    weights: WeightFormat, kv_bytes: float, tp: int | None = None, pp: int | None = None,
                    split: tuple[int, ...] | None = None, top: int = 5,
@@ -695,8 +710,9 @@ def search_serving(cfg: TransformerConfig, cluster: Cluster, job: ServeJob, *, e
                max(skipped.items(), key=lambda kv: kv[1])[0] if skipped else "no_configuration")
         raised = [f"--{k.replace('_', '-')} {getattr(engine, k)}" for k in ("max_num_seqs", "max_num_batched_tokens")
                   if getattr(engine, k) > getattr(EngineSpec, k)]
-        hint = {"out_of_memory": "the weights (or one sequence's KV cache) do not fit; use more devices, "
-                                 "--weight-dtype fp8/int4, --kv-dtype fp8 or shorter sequences"
+        fixes = ["more devices", *_smaller_dtypes(cluster, weights, kv_bytes), "shorter sequences"]
+        hint = {"out_of_memory": "the weights (or one sequence's KV cache) do not fit; use "
+                                 + ", ".join(fixes[:-1]) + " or " + fixes[-1]
                                  + (f", or lower {' and '.join(raised)}: the engine keeps room for the activations of "
                                     "a step that large (the last stage's fp32 logits of every running sequence)"
                                     if raised else ""),
