@@ -19,6 +19,9 @@ DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 
 
 MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "mobius", "roundpipe")
+#: multi-stage schedules whose vp 1 no other schedule of the search runs (interleaved 1F1B's vp 1 is 1F1B,
+#: looped BFS's GPipe): without --vp they are searched at vp 1 as well as at the default vp
+OWN_VP1_SCHEDULES = ("mobius", "roundpipe")
 
 
 @dataclass(frozen=True)
@@ -94,10 +97,13 @@ class SearchOptions:
 
 def vp_choices(schedule: str, pp: int, options: SearchOptions) -> tuple[int, ...]:
     """The virtual stages per device a point of ``schedule`` at ``pp``
-    takes: ``options.vps`` for a multi-stage schedule over ``pp > 1`` ranks,
+    takes: ``options.vps`` for a multi-stage schedule over ``pp > 1`` ranks
+    (and vp 1 for :data:`OWN_VP1_SCHEDULES` when ``--vp`` is not pinned),
     else vp 1 (one rank runs all its stages as one; a single-stage schedule
     runs one), or none when ``options.vp_pinned`` excludes 1."""
     if schedule in MULTI_STAGE_SCHEDULES and pp > 1:
+        if schedule in OWN_VP1_SCHEDULES and not options.vp_pinned:
+            return tuple(sorted({1, *options.vps}))
         return tuple(options.vps)
     return (1,) if not options.vp_pinned or 1 in options.vps else ()
 

@@ -397,3 +397,22 @@ def test_validate_refuses_a_memory_option_of_another_schedule(tmp_path, schedule
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     r = CliRunner().invoke(main, ["validate", str(tmp_path / "bad.json")])
     assert r.exit_code == 2 and "stages[0].memory_option" in r.output and repr(bad) in r.output, r.output
+
+
+def test_roundpipe_is_searched_at_vp_1_without_a_vp_pin():
+    """Without --vp, RoundPipe points take vp 1 as well as the default 2 (no
+    other schedule runs its vp 1; on llama3-8b at sequence 2048 on
+    1x8-rtx4090-pcie4 vp 1 ran 24.580 s against vp 2's 25.308 s, and the
+    search never tried it): rank 1 is the fastest split of either, every
+    split of 2 and of 4 groups replayed in the time model (:func:`_by_hand`)."""
+    rng = np.random.default_rng(4)
+    prof, m = _profile(rng, 6), 2
+    cluster = replace(tiny_cluster(1, 4, memory_bytes=1e15), host=_host_table())
+    job = Job(global_batch_size=m, memory_reserve_bytes=0)
+    best = {vp: min(iteration_time_s("roundpipe", 2, m, vp, _by_hand(prof, bounds, m, [2.0, 2.0])[0])
+                    for bounds in all_splits(6, 2 * vp)) for vp in (1, 2)}
+    opts = SearchOptions(pp=2, dp=1, micro_batch_size=1, num_micro_batches=m, schedules=("roundpipe",), top=2)
+    plans = search([ModelVariant(prof)], cluster, job, opts).plans
+    assert sorted(p.vp for p in plans) == [1, 2]
+    assert plans[0].predicted.iteration_time_s == pytest.approx(min(best.values()), rel=1e-9)
+    assert {p.vp: p.predicted.iteration_time_s for p in plans} == pytest.approx(best, rel=1e-9)

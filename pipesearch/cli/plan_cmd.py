@@ -475,7 +475,8 @@ class _Progress:
 @click.option("--schedule", "schedules", multiple=True, type=click.Choice(ALL_SCHEDULES),
               help=f"Schedules to consider (repeatable; default: {', '.join(DEFAULT_SCHEDULES)}).")
 @click.option("--vp", "vps", multiple=True, type=click.IntRange(min=1),
-              help="Virtual stages per device for interleaved 1F1B / looped BFS (repeatable; default: 2).")
+              help="Virtual stages per device for interleaved 1F1B, looped BFS, Mobius and RoundPipe (repeatable; "
+                   "default: 2, and 1 as well for Mobius and RoundPipe).")
 @click.option("--placement", "placements", multiple=True, type=click.Choice(SearchOptions.placements),
               help="Device placements to consider when pp > 1 and dp > 1 (repeatable; default: both, or the "
                    "--runtime's; on a cluster of several groups: every layout, or these patterns only): pipeline "
