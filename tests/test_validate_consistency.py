@@ -63,7 +63,25 @@ def _usable(d):
     return cap * (1 - job["memory_headroom_fraction"]) - job["memory_reserve_bytes"]
 
 
+def _edit_point(d, time_s=None, rate=None):
+    """Give the first listed point of status 'ok' another time (and the
+    throughput that goes with it) or another throughput."""
+    table = d["search"]["points"]
+    cols, vals = table["columns"], table["values"]
+    r = vals[cols.index("status")].index("ok")
+    if time_s is not None:
+        vals[cols.index("iteration_time_s")][r] = time_s
+        vals[cols.index("samples_per_s")][r] = d["inputs"]["job"]["global_batch_size"] / time_s
+    if rate is not None:
+        vals[cols.index("samples_per_s")][r] = rate
+
+
 @pytest.mark.parametrize("what,edit,words", [
+    ("a listed point faster than plan 1 (validate passed a points table edited so)",
+     lambda d: _edit_point(d, time_s=d["plans"][0]["predicted"]["iteration_time_s"] / 2),
+     ["search.points.values", "faster than plan 1"]),
+    ("a listed point's throughput that is not batch / time",
+     lambda d: _edit_point(d, rate=1e9), ["search.points.values", "samples_per_s 1000000000.0", "global batch 8"]),
     ("memory above the usable 14.2 GiB of a 16 GiB V100",
      lambda d: _set_memory(d["plans"][0]["stages"][0], _usable(d) * 1.001),
      ["plans[0].stages[0].memory_bytes", "does not fit"]),

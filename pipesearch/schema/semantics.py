@@ -46,7 +46,9 @@ inputs:
   length (by-column ``values``, not both), and its known columns hold what the search writes:
   degrees and micro-batch figures integers >= 1, times, rates and sizes
   numbers >= 0, schedules known names, texts strings (any of them may be
-  null for a point that was not evaluated).
+  null for a point that was not evaluated); a point of status ``ok`` has
+  the throughput of its time and, without ``inputs.runtime``, is no faster
+  than plan 1 beyond the tie window.
 """
 
 from __future__ import annotations
@@ -670,8 +672,36 @@ def _points(doc: dict) -> Iterator[Problem]:
             return
         by_column = [list(col) for col in zip(*table["data"])] if table["data"] else [[] for _ in columns]
         where = lambda k, r: f"search.points.data[{r}]"  # noqa: E731
-    yield from list(_point_nulls(columns, by_column, where)) or _point_degrees(
-        columns, by_column, doc["inputs"]["cluster"]["devices"], where)
+    problems = list(_point_nulls(columns, by_column, where)) or list(_point_degrees(
+        columns, by_column, doc["inputs"]["cluster"]["devices"], where))
+    yield from problems or _point_times(columns, by_column, doc, where)
+
+
+def _point_times(columns: list, values: list, doc: dict, where) -> Iterator[Problem]:
+    """A point of status ``ok``: its ``samples_per_s`` is the global batch
+    over its ``iteration_time_s``, and (without ``inputs.runtime``, whose
+    refusals may drop faster plans after the search) it is no faster than
+    plan 1 beyond the tie window: the ranked plans are the best of the
+    points searched. Its first breach, or nothing."""
+    if "iteration_time_s" not in columns or not doc["plans"]:
+        return
+    status, times = values[columns.index("status")], values[columns.index("iteration_time_s")]
+    rates = values[columns.index("samples_per_s")] if "samples_per_s" in columns else [None] * len(times)
+    batch = doc["inputs"]["job"]["global_batch_size"]
+    first = min(doc["plans"], key=lambda p: p["rank"])["predicted"]["iteration_time_s"]
+    for r, (st, t, rate) in enumerate(zip(status, times, rates)):
+        if st != "ok" or not isinstance(t, (int, float)) or t <= 0:
+            continue
+        k = columns.index("samples_per_s") if rate is not None else columns.index("iteration_time_s")
+        if isinstance(rate, (int, float)) and _above(abs(rate - batch / t), REL_TOL * batch / t):
+            yield Problem(where(k, r), f"samples_per_s {rate!r}, but global batch {batch} / iteration_time_s {t!r} "
+                                       f"= {batch / t!r}; restore the file or plan again")
+            return
+        if not doc["inputs"].get("runtime") and t * (1 + RANK_TIE_WINDOW) * (1 + REL_TOL) < first:
+            yield Problem(where(columns.index("iteration_time_s"), r),
+                          f"a point of status 'ok' at {t!r} s, faster than plan 1 ({first!r} s): the ranked plans "
+                          "are the best of the points searched; restore the file or plan again")
+            return
 
 
 def _point_rows(columns: list, data: list) -> Iterator[Problem]:
