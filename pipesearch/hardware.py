@@ -12,6 +12,7 @@ one-line message that names the file, the key, the value and what was expected.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import math
 import tomllib
@@ -70,8 +71,14 @@ _NODE_LINK_KEYS = _LINK_KEYS + ("nics_per_node",)
 
 
 def _show(value: Any) -> str:
-    """A value as it reads in TOML where that differs from Python (booleans)."""
-    return str(value).lower() if isinstance(value, bool) else repr(value)
+    """A value as it reads in TOML where that differs from Python (booleans;
+    dates and times, as TOML writes them: ``1979-05-27``, not
+    ``datetime.date(1979, 5, 27)``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime.datetime is a date
+        return value.isoformat()
+    return repr(value)
 
 
 def _fail(where: Path, key: str, value: Any, expected: str) -> InputError:
@@ -91,7 +98,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
                              "hardware/README.md)") from None
         raise InputError(f"{path}: TOML syntax error: {e}") from None
     except UnicodeDecodeError:
-        raise InputError(f"{path}: not a TOML file (not UTF-8 text)") from None
+        from .input_files import not_utf8
+
+        raise InputError(not_utf8(path, "TOML file", data)) from None
     except (ValueError, RecursionError) as e:  # an integer of over 4300 digits, arrays nested too deeply
         raise InputError(f"{path}: cannot read TOML: {parse_failure(e)}") from None
 

@@ -88,7 +88,20 @@ def read_input_text(path: str | os.PathLike[str], what: str, encoding: str = "ut
             written = ", or have pipesearch write it (-o FILE) rather than `>`" if what == "plan file" else ""
             raise InputError(f"{p}: not a {what} (UTF-16 text, as Windows PowerShell's `>` writes); save it as "
                              f"UTF-8{written}") from None
-        raise InputError(f"{p}: not a {what} (not UTF-8 text)") from None
+        raise InputError(not_utf8(p, what, p.read_bytes())) from None
+
+
+def not_utf8(path, what: str, data: bytes) -> str:
+    """The refusal of input bytes ``data`` that are not UTF-8: the line and
+    the first byte that is not, and the fix."""
+    try:
+        data.decode("utf-8")
+        at = 0
+    except UnicodeDecodeError as exc:  # (a byte-order mark is UTF-8: the offset counts from the file's start)
+        at = exc.start
+    line = data[:at].count(b"\n") + 1
+    return (f"{path}: not a {what} (not UTF-8 text: line {line} holds byte 0x{data[at]:02x}, as a Latin-1 or "
+            f"Windows-1252 editor writes); save it as UTF-8")
 
 
 def read_input_bytes(path: str | os.PathLike[str], what: str) -> bytes:

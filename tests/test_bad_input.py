@@ -782,7 +782,7 @@ def test_hand_edited_job_settings_are_checked(tmp_path, plan_doc, edit, needle):
 def test_a_transformer_config_not_in_utf8_names_its_file_once(tmp_path, name):
     """The reader's refusal was wrapped again: "f: cannot read JSON: f: not a ..."."""
     (tmp_path / name).write_bytes(b'{"model_type": "llama", "x": "\xe9"}' if name.endswith("json") else b'name = "\xe9"\n')
-    line = assert_refused(tmp_path, ["plan", "--model", name], f"{name}: not a transformer config (not UTF-8 text)")
+    line = assert_refused(tmp_path, ["plan", "--model", name], f"{name}: not a transformer config (not UTF-8 text")
     assert line.count(name) == 1
 
 
@@ -1924,3 +1924,23 @@ def test_serving_out_of_memory_suggests_only_dtypes_the_devices_run(tmp_path):
     line = assert_refused(tmp_path, ["serve", "--model", "qwen3-32b", "--cluster", "1x4-v100-pcie", "-q",
                                      "--simulate-top", "0"], "--weight-dtype int4", "--kv-dtype fp8")
     assert "fp8/" not in line and "--weight-dtype fp8" not in line
+
+
+def test_a_latin1_profile_names_the_line_and_the_fix(tmp_path):
+    """A CSV saved as Latin-1 (an 'µ' in a layer name, byte 0xb5 on line 3):
+    the line, the byte and "save it as UTF-8" (it said only "not UTF-8
+    text", where the UTF-16 case named the fix)."""
+    (tmp_path / "l.csv").write_bytes(b"# batch_size: 8\nname,fwd_ms,bwd_ms,param_bytes,output_bytes\n"
+                                     b"\xb5a,1,2,100000,5000\n")
+    assert_refused(tmp_path, ["plan", "--model", "l.csv", "--cluster", "1x4-v100-pcie"],
+                   "l.csv: not a profile CSV (not UTF-8 text: line 3 holds byte 0xb5", "save it as UTF-8")
+
+
+def test_a_toml_date_is_shown_as_toml_writes_it(tmp_path):
+    """``latency_us = 1979-05-27`` (a TOML date): the value as the file has
+    it, not Python's ``datetime.date(1979, 5, 27)``."""
+    write(tmp_path / "c.toml", 'name = "c"\nnodes = 1\ndevices_per_node = 2\ndevice = "a100-80gb"\n'
+                               "[intra_node]\nbandwidth_GBps = 100\nlatency_us = 1979-05-27\n"
+                               "[inter_node]\nbandwidth_GBps = 10\nlatency_us = 5\n")
+    line = assert_refused(tmp_path, ["plan", "--cluster", "c.toml"], "key 'intra_node.latency_us' = 1979-05-27:")
+    assert "datetime" not in line
