@@ -236,6 +236,13 @@ def infeasible_message(counts: Counter, variants, cluster: Cluster, job: Job, op
             if options is not None  # only what the search could not try (it tried every unpinned pp and size)
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
+    idle = [g for g in cluster.groups if usable_memory_bytes(job, float(g.device.memory_bytes)) <= 0]
+    if idle and counts.get("out_of_memory"):  # a mixed cluster's types the reserve leaves nothing of (a warning said so)
+        usable = cluster.num_devices - sum(g.num_devices for g in idle)
+        names = ", ".join(sorted({g.device.name for g in idle}))
+        hint = (f"--memory-reserve and --memory-headroom leave nothing of {names}'s memory, so only {usable} of the "
+                f"{cluster.num_devices} devices can hold a stage; lower them, or drop the pins that need more devices "
+                f"than {usable}")
     pinned = _pinned_share_hint(variants, job, mem, options, cluster, offload) if counts.get("out_of_memory") and (
         state <= mem * cluster.num_devices) else ""  # (else the cluster holds too little whatever the pins)
     if pinned:

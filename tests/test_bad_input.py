@@ -1944,3 +1944,15 @@ def test_a_toml_date_is_shown_as_toml_writes_it(tmp_path):
                                "[inter_node]\nbandwidth_GBps = 10\nlatency_us = 5\n")
     line = assert_refused(tmp_path, ["plan", "--cluster", "c.toml"], "key 'intra_node.latency_us' = 1979-05-27:")
     assert "datetime" not in line
+
+
+def test_a_reserve_that_idles_a_device_type_says_so_in_the_refusal(tmp_path):
+    """mixed-a100-v100 (4 A100 40 GB + 4 V100 32 GB) with --memory-reserve
+    35GiB: nothing is left of a V100's 32 GiB, so --dp 8 finds only the 4
+    A100s; the refusal names that (it said "use a larger cluster")."""
+    code, out, err = run(["plan", "--model", "resnet18", "--cluster", "mixed-a100-v100", "--memory-reserve", "35GiB",
+                          "--dp", "8", "-q"], tmp_path)
+    assert code == 2 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert "leave nothing of v100-32gb's memory" in line and "only 4 of the 8 devices" in line, err
+    assert "larger cluster" not in line
