@@ -237,7 +237,7 @@ def infeasible_message(counts: Counter, variants, cluster: Cluster, job: Job, op
             else
             "lower --micro-batch-size, raise --pp, or use a larger cluster")
     idle = [g for g in cluster.groups if usable_memory_bytes(job, float(g.device.memory_bytes)) <= 0]
-    if idle and counts.get("out_of_memory"):  # a mixed cluster's types the reserve leaves nothing of (a warning said so)
+    if idle and counts.get("out_of_memory"):  # types of a mixed cluster the reserve leaves nothing of (as warned)
         usable = cluster.num_devices - sum(g.num_devices for g in idle)
         names = ", ".join(sorted({g.device.name for g in idle}))
         hint = (f"--memory-reserve and --memory-headroom leave nothing of {names}'s memory, so only {usable} of the "

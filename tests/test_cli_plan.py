@@ -436,8 +436,8 @@ def test_split_notes_name_plans_whose_split_is_not_proven():
     open_ = replace(near, extra=tuple((k, info if k == "split_search" else v) for k, v in proven.extra))
     assert split_notes([open_])[0].startswith("plan 3: split not proven optimal")
     # a mixed cluster's device order: every order tried, or some, said in words (it printed CP-SAT's "FEASIBLE")
-    for done, words in ((70, "every one of its 70 device orders was tried, but the split searches of some stopped at "
-                              "their work limits"), (12, "12 of 70 device orders tried within the search's work limits")):
+    every = "every one of its 70 device orders was tried, but the split searches of some stopped at their work limits"
+    for done, words in ((70, every), (12, "12 of 70 device orders tried within the search's work limits")):
         mapping = {"status": "FEASIBLE", "orders_evaluated": done, "orders_total": 70, "best_bound_s": 0.190,
                    "gap": 0.05}
         mapped = replace(stopped, extra=stopped.extra + (("mapping", mapping),))
