@@ -174,9 +174,9 @@ def _pinned_share_hint(variants, job: Job, usable_bytes: float, options, cluster
     there: activations only add to it."""
     if options is None or not options.pp or options.split:
         return ""
-    floor = param_state_of(job).floor_bytes_per_param()
     if job.optimizer_offload or job.weight_streaming:
         return ""  # the state lives on the host: the device's share is not this
+    floor = param_state_of(job).floor_bytes_per_param()
     each = min(sum(lay.param_bytes for lay in v.profile.layers) / v.profile.bytes_per_param * floor / options.pp
                for v in variants)
     if each <= usable_bytes:

@@ -272,14 +272,13 @@ def _state_note(job: Mapping, dp: int) -> str | None:
     become 16-bit ones (``--bf16``: the plan's layer times are 16-bit
     compute) and Megatron-LM keeps fewer; None when they agree, or without
     the record."""
-    from ..memory import PRESETS, ParamState
+    from ..memory import PRESETS, SHARDINGS, ParamState
 
     state = job.get("optimizer_state")
     parts = state.get("bytes_per_param") if isinstance(state, Mapping) else None
     if not isinstance(parts, Mapping) or not all(isinstance(v, (int, float)) for v in parts.values()):
         return None
-    sharding = state.get("sharding") if state.get("sharding") in ("none", "zero1", "zero2", "zero3", "fsdp") \
-        else "none"
+    sharding = state.get("sharding") if state.get("sharding") in SHARDINGS else "none"
     planned_state = ParamState(*(float(parts.get(k, 0.0)) for k in (
         "weights", "grads", "main_grads", "master_weights", "optimizer_moments")), sharding=sharding)
     megatron_state = replace(PRESETS["megatron"], sharding="none" if sharding == "none" else "zero1")

@@ -683,22 +683,21 @@ def _point_times(columns: list, values: list, doc: dict, where) -> Iterator[Prob
     refusals may drop faster plans after the search) it is no faster than
     plan 1 beyond the tie window: the ranked plans are the best of the
     points searched. Its first breach, or nothing."""
-    if "iteration_time_s" not in columns or not doc["plans"]:
+    if not doc["plans"]:
         return
-    status, times = values[columns.index("status")], values[columns.index("iteration_time_s")]
-    rates = values[columns.index("samples_per_s")] if "samples_per_s" in columns else [None] * len(times)
+    at_time, at_rate = columns.index("iteration_time_s"), columns.index("samples_per_s")  # required columns
+    status, times, rates = values[columns.index("status")], values[at_time], values[at_rate]
     batch = doc["inputs"]["job"]["global_batch_size"]
     first = min(doc["plans"], key=lambda p: p["rank"])["predicted"]["iteration_time_s"]
     for r, (st, t, rate) in enumerate(zip(status, times, rates)):
         if st != "ok" or not isinstance(t, (int, float)) or t <= 0:
             continue
-        k = columns.index("samples_per_s") if rate is not None else columns.index("iteration_time_s")
         if isinstance(rate, (int, float)) and _above(abs(rate - batch / t), REL_TOL * batch / t):
-            yield Problem(where(k, r), f"samples_per_s {rate!r}, but global batch {batch} / iteration_time_s {t!r} "
-                                       f"= {batch / t!r}; restore the file or plan again")
+            yield Problem(where(at_rate, r), f"samples_per_s {rate!r}, but global batch {batch} / iteration_time_s "
+                                             f"{t!r} = {batch / t!r}; restore the file or plan again")
             return
         if not doc["inputs"].get("runtime") and t * (1 + RANK_TIE_WINDOW) * (1 + REL_TOL) < first:
-            yield Problem(where(columns.index("iteration_time_s"), r),
+            yield Problem(where(at_time, r),
                           f"a point of status 'ok' at {t!r} s, faster than plan 1 ({first!r} s): the ranked plans "
                           "are the best of the points searched; restore the file or plan again")
             return
