@@ -457,3 +457,23 @@ def test_megatron_export_of_an_fp32_state_compares_per_device_bytes(tmp_path):
     assert "may not fit" not in res.stderr + notes
     assert (f"keeps {6 + 12 / dp:g} bytes of training state per parameter on each device at dp={dp}" in notes
             and f"against the {8 + 8 / dp:g} planned" in notes), notes
+
+
+def test_megatron_export_says_its_attention_keeps_no_scores_where_the_plan_does(plans, tmp_path):
+    """The fixture's plan (llama3-8b, recompute none) keeps every block's
+    attention scores, as unfused attention does; Megatron-LM's default
+    Transformer Engine attention keeps none: a note says so (the torchtitan
+    export had one, the Megatron one none). A plan of selective recompute
+    (the scores dropped) gets none."""
+    assert json.loads(plans.read_text())["plans"][0]["options"]["recompute"] == "none"
+    res = export(plans, "--format", "megatron")
+    assert res.exit_code == 0, res.output
+    notes = " ".join(json.loads(res.stdout)["notes"])
+    assert "the plan stores the attention scores" in notes and "Megatron-LM's default attention" in notes
+    selective = tmp_path / "s.json"
+    made = CliRunner().invoke(main, ["plan", "--model", "llama3-8b", "--cluster", "4x8-h100", "--nodes", "2", "-b",
+                                     "512", "--pp", "2", "--schedule", "1f1b", "--recompute", "selective", "--top", "1",
+                                     "-q", "-o", str(selective)])
+    assert made.exit_code == 0, made.output
+    res = export(selective, "--format", "megatron")
+    assert res.exit_code == 0 and "attention scores" not in " ".join(json.loads(res.stdout)["notes"])

@@ -921,6 +921,16 @@ def stage_recompute_modes(plan: Plan, runtime: str) -> list[str]:
     return [mode] * len(plan.stages)
 
 
+def stored_scores_note(attention: str, setting: str) -> str:
+    """The export note of a transformer plan of recompute ``none`` (which
+    keeps every block's attention scores, as unfused attention does) for a
+    runtime whose ``attention`` keeps none of them, run with ``setting``
+    (its words for no recompute)."""
+    return (f"the plan stores the attention scores (unfused attention); {attention} never does and recomputes them "
+            f"in its backward, so with {setting} it holds less activation memory than planned and runs the "
+            f"attention core's forward once more (re-plan with --recompute selective to time that).")
+
+
 def recompute_mode(plan: Plan, runtime: str) -> str:
     """The one recompute setting of every stage (:func:`stage_recompute_modes`).
 

@@ -86,6 +86,7 @@ from . import (
     refuse_rank_order,
     shell_command,
     shell_line,
+    stored_scores_note,
     node_rank_preamble,
     torchrun_prefix,
     recompute_mode,
@@ -715,6 +716,10 @@ def export_megatron(plan: Plan, *, module_names: Mapping[str, str | Sequence[str
         args += ["--recompute-granularity", "selective"]
     elif rc == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif rc == "none" and t is not None:  # a transformer: Transformer Engine's attention keeps no scores
+        notes.append(stored_scores_note("Megatron-LM's default attention (--transformer-impl transformer_engine, "
+                                        "--attention-backend auto: a flash or fused kernel where the device and "
+                                        "shapes allow)", "no --recompute-granularity"))
     sp = sequence_parallel(plan)
     if sp and plan.tp > 1:
         args.append("--sequence-parallel")

@@ -72,6 +72,7 @@ from . import (
     refuse_rank_order,
     shell_command,
     shell_line,
+    stored_scores_note,
     torchtitan_dp_degrees,
     node_rank_preamble,
     torchrun_prefix,
@@ -236,10 +237,7 @@ def fused_attention_note(rc: str, setting: str, inputs: Inputs) -> str | None:
                 f"plan; torchtitan's own selective checkpointing also recomputes every second matmul (slower than "
                 f"planned).")
     if rc == "none" and inputs.model.get("kind") == "transformer":
-        return (f"the plan stores the attention scores (unfused attention); torchtitan's fused attention never does "
-                f"and recomputes them in its backward, so with {setting} it holds less activation memory than "
-                f"planned and runs the attention core's forward once more (re-plan with --recompute selective to "
-                f"time that).")
+        return stored_scores_note("torchtitan's fused attention", setting)
     return None
 
 
