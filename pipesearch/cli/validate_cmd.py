@@ -12,7 +12,7 @@ from ..plan import _from_document, parse_document, read_plan_text
 from ..schema import schema_problems
 from ..schema.records import record_problems
 from ..schema.digests import digest_problems, missing_digests_warning
-from ..schema.semantics import semantic_problems
+from ..schema.semantics import points_against_plans, semantic_problems
 from . import main
 
 #: relative difference between a plan's predicted iteration time and its
@@ -131,7 +131,9 @@ def staged_problems(doc: dict, embedded_exports: bool = True) -> tuple[str, list
         return "records", [str(p) for p in problems]
     edited = [str(p) for p in digest_problems(doc)]  # an edited input changes the exports too: said once, there
     exports = export_problems(doc) if embedded_exports and not edited else []
-    return "replay", replay_problems(doc) + edited + exports
+    replayed = replay_problems(doc)
+    points = [str(p) for p in points_against_plans(doc)] if not replayed else []  # the plans' times hold first
+    return "replay", replayed + points + edited + exports
 
 
 def export_problems(doc: dict) -> list[str]:

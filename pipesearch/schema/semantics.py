@@ -47,8 +47,8 @@ inputs:
   degrees and micro-batch figures integers >= 1, times, rates and sizes
   numbers >= 0, schedules known names, texts strings (any of them may be
   null for a point that was not evaluated); a point of status ``ok`` has
-  the throughput of its time and, without ``inputs.runtime``, is no faster
-  than plan 1 beyond the tie window.
+  the throughput of its time (and, once the plans replay, is no faster than
+  plan 1: :func:`points_against_plans`).
 """
 
 from __future__ import annotations
@@ -659,30 +659,46 @@ def _points(doc: dict) -> Iterator[Problem]:
     if "values" in table and "data" in table:
         yield Problem("search.points", "has both 'values' (by column) and 'data' (by row); give one")
         return
-    if "values" in table:
-        problems = list(_point_columns(columns, table["values"]))
-        if problems:
-            yield from problems
-            return
-        by_column, where = table["values"], lambda k, r: f"search.points.values[{k}][{r}]"
-    else:
-        problems = list(_point_rows(columns, table["data"]))
-        if problems:
-            yield from problems
-            return
-        by_column = [list(col) for col in zip(*table["data"])] if table["data"] else [[] for _ in columns]
-        where = lambda k, r: f"search.points.data[{r}]"  # noqa: E731
+    problems = list(_point_columns(columns, table["values"]) if "values" in table else
+                    _point_rows(columns, table["data"]))
+    if problems:
+        yield from problems
+        return
+    by_column, where = _by_column(table)
     problems = list(_point_nulls(columns, by_column, where)) or list(_point_degrees(
         columns, by_column, doc["inputs"]["cluster"]["devices"], where))
-    yield from problems or _point_times(columns, by_column, doc, where)
+    yield from problems or _point_times(columns, by_column, doc, where, against_plans=False)
 
 
-def _point_times(columns: list, values: list, doc: dict, where) -> Iterator[Problem]:
+def _by_column(table: dict):
+    """``(values by column, where(k, r))`` of a points table of either layout."""
+    if "values" in table:
+        return table["values"], lambda k, r: f"search.points.values[{k}][{r}]"
+    data = table["data"]
+    return ([list(col) for col in zip(*data)] if data else [[] for _ in table["columns"]],
+            lambda k, r: f"search.points.data[{r}]")
+
+
+def points_against_plans(doc: dict) -> list[Problem]:
+    """A listed point of status ``ok`` no faster than plan 1 beyond the tie
+    window (without ``inputs.runtime``, whose refusals may drop faster plans
+    after the search): the ranked plans are the best of the points
+    searched. Asked once the plans replay to their recorded times
+    (:func:`pipesearch.cli.validate_cmd.staged_problems`), so that an edited
+    plan time is named as such rather than the points it then
+    contradicts; on a document :func:`semantic_problems` accepts."""
+    table = doc["search"].get("points")
+    if table is None or doc["inputs"].get("runtime"):
+        return []
+    by_column, where = _by_column(table)
+    return list(_point_times(table["columns"], by_column, doc, where, against_plans=True))
+
+
+def _point_times(columns: list, values: list, doc: dict, where, against_plans: bool) -> Iterator[Problem]:
     """A point of status ``ok``: its ``samples_per_s`` is the global batch
-    over its ``iteration_time_s``, and (without ``inputs.runtime``, whose
-    refusals may drop faster plans after the search) it is no faster than
-    plan 1 beyond the tie window: the ranked plans are the best of the
-    points searched. Its first breach, or nothing."""
+    over its ``iteration_time_s``, or (``against_plans``) it is no faster
+    than plan 1 beyond the tie window (:func:`points_against_plans`). Its
+    first breach, or nothing."""
     if not doc["plans"]:
         return
     at_time, at_rate = columns.index("iteration_time_s"), columns.index("samples_per_s")  # required columns
@@ -692,11 +708,12 @@ def _point_times(columns: list, values: list, doc: dict, where) -> Iterator[Prob
     for r, (st, t, rate) in enumerate(zip(status, times, rates)):
         if st != "ok" or not isinstance(t, (int, float)) or t <= 0:
             continue
-        if isinstance(rate, (int, float)) and _above(abs(rate - batch / t), REL_TOL * batch / t):
+        if not against_plans and isinstance(rate, (int, float)) and _above(abs(rate - batch / t),
+                                                                           REL_TOL * batch / t):
             yield Problem(where(at_rate, r), f"samples_per_s {rate!r}, but global batch {batch} / iteration_time_s "
                                              f"{t!r} = {batch / t!r}; restore the file or plan again")
             return
-        if not doc["inputs"].get("runtime") and t * (1 + RANK_TIE_WINDOW) * (1 + REL_TOL) < first:
+        if against_plans and t * (1 + RANK_TIE_WINDOW) * (1 + REL_TOL) < first:
             yield Problem(where(at_time, r),
                           f"a point of status 'ok' at {t!r} s, faster than plan 1 ({first!r} s): the ranked plans "
                           "are the best of the points searched; restore the file or plan again")
