@@ -824,7 +824,27 @@ def _act_tuple(act, S: int) -> tuple[bool, ...]:
 #: from split to split, hundreds per point
 MOBIUS_GRAPH_NODES_KEPT = 2**21
 
-_MOBIUS_GRAPHS: OrderedDict = OrderedDict()  # (pp, m, vp, queues, act_copies) -> (graph, ids), least recent first
+class _GraphsKept:
+    """Graphs kept for reuse, least recently used first, dropped once they
+    hold more than ``limit()`` nodes (a callable: the module constant,
+    read when a graph is added)."""
+
+    def __init__(self, limit) -> None:
+        self.graphs: OrderedDict = OrderedDict()
+        self.nodes, self.limit = 0, limit
+
+    def get(self, key, build):
+        if key in self.graphs:
+            self.graphs.move_to_end(key)
+            return self.graphs[key]
+        out = self.graphs[key] = build(*key)
+        self.nodes += len(out[0].col)
+        while self.nodes > self.limit() and len(self.graphs) > 1:
+            self.nodes -= len(self.graphs.popitem(last=False)[1][0].col)
+        return out
+
+
+_MOBIUS_GRAPHS = _GraphsKept(lambda: MOBIUS_GRAPH_NODES_KEPT)  # (pp, m, vp, queues, act_copies) -> (graph, ids)
 
 
 def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies: tuple[bool, ...] = ()):
@@ -835,15 +855,7 @@ def _mobius_build(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies:
     hold more than :data:`MOBIUS_GRAPH_NODES_KEPT` nodes (Llama 3 8B on
     1x8-rtx4090-pcie4 with activations offloaded times 1,027 sets; a cache
     of 64 graphs rebuilt 2,824 of them, half the search's time)."""
-    key = (pp, m, vp, queues, act_copies)
-    if key in _MOBIUS_GRAPHS:
-        _MOBIUS_GRAPHS.move_to_end(key)
-        return _MOBIUS_GRAPHS[key]
-    out = _MOBIUS_GRAPHS[key] = _mobius_built(*key)
-    kept = sum(len(g.col) for g, _ in _MOBIUS_GRAPHS.values())
-    while kept > MOBIUS_GRAPH_NODES_KEPT and len(_MOBIUS_GRAPHS) > 1:
-        kept -= len(_MOBIUS_GRAPHS.popitem(last=False)[1][0].col)
-    return out
+    return _MOBIUS_GRAPHS.get((pp, m, vp, queues, act_copies), _mobius_built)
 
 
 def _mobius_built(pp: int, m: int, vp: int, queues: tuple[int, ...], act_copies: tuple[bool, ...] = ()):

@@ -15,7 +15,7 @@ def _same(a, b) -> bool:
 
 
 def test_reused_graphs_are_the_built_ones_and_stay_within_the_budget(monkeypatch):
-    monkeypatch.setattr(timemodel, "_MOBIUS_GRAPHS", type(timemodel._MOBIUS_GRAPHS)())
+    monkeypatch.setattr(timemodel, "_MOBIUS_GRAPHS", timemodel._GraphsKept(lambda: timemodel.MOBIUS_GRAPH_NODES_KEPT))
     keys = [(2, 4, 2, (0, 1), ()), (2, 4, 2, (0, 0), ()),  # one PCIe switch shared or one each
             (2, 4, 2, (0, 1), (True, False, False, False)), (2, 4, 2, (0, 1), (False, False, False, True)),
             (3, 6, 2, (0, 1, 2), ())]
@@ -26,5 +26,6 @@ def test_reused_graphs_are_the_built_ones_and_stay_within_the_budget(monkeypatch
     for _ in range(2):
         for k, want in zip(keys, built):
             assert _same(timemodel._mobius_build(*k), want)
-            assert sum(len(g.col) for g, _ in timemodel._MOBIUS_GRAPHS.values()) <= budget
-    assert len(timemodel._MOBIUS_GRAPHS) < len(keys)  # some were dropped
+            kept = timemodel._MOBIUS_GRAPHS
+            assert sum(len(g.col) for g, _ in kept.graphs.values()) == kept.nodes <= budget
+    assert len(timemodel._MOBIUS_GRAPHS.graphs) < len(keys)  # some were dropped

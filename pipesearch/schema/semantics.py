@@ -667,7 +667,7 @@ def _points(doc: dict) -> Iterator[Problem]:
     by_column, where = _by_column(table)
     problems = list(_point_nulls(columns, by_column, where)) or list(_point_degrees(
         columns, by_column, doc["inputs"]["cluster"]["devices"], where))
-    yield from problems or _point_times(columns, by_column, doc, where, against_plans=False)
+    yield from problems or _point_rates(columns, by_column, doc, where)
 
 
 def _by_column(table: dict):
@@ -688,35 +688,38 @@ def points_against_plans(doc: dict) -> list[Problem]:
     plan time is named as such rather than the points it then
     contradicts; on a document :func:`semantic_problems` accepts."""
     table = doc["search"].get("points")
-    if table is None or doc["inputs"].get("runtime"):
+    if table is None or doc["inputs"].get("runtime") or not doc["plans"]:
         return []
     by_column, where = _by_column(table)
-    return list(_point_times(table["columns"], by_column, doc, where, against_plans=True))
-
-
-def _point_times(columns: list, values: list, doc: dict, where, against_plans: bool) -> Iterator[Problem]:
-    """A point of status ``ok``: its ``samples_per_s`` is the global batch
-    over its ``iteration_time_s``, or (``against_plans``) it is no faster
-    than plan 1 beyond the tie window (:func:`points_against_plans`). Its
-    first breach, or nothing."""
-    if not doc["plans"]:
-        return
-    at_time, at_rate = columns.index("iteration_time_s"), columns.index("samples_per_s")  # required columns
-    status, times, rates = values[columns.index("status")], values[at_time], values[at_rate]
-    batch = doc["inputs"]["job"]["global_batch_size"]
+    columns = table["columns"]
     first = min(doc["plans"], key=lambda p: p["rank"])["predicted"]["iteration_time_s"]
+    for r, t, _ in _ok_points(columns, by_column):
+        if t * (1 + RANK_TIE_WINDOW) * (1 + REL_TOL) < first:
+            return [Problem(where(columns.index("iteration_time_s"), r),
+                            f"a point of status 'ok' at {t!r} s, faster than plan 1 ({first!r} s): the ranked plans "
+                            "are the best of the points searched; restore the file or plan again")]
+    return []
+
+
+def _ok_points(columns: list, values: list):
+    """``(row, iteration_time_s, samples_per_s)`` of each listed point of
+    status ``ok`` with a positive time (both required columns)."""
+    status = values[columns.index("status")]
+    times, rates = values[columns.index("iteration_time_s")], values[columns.index("samples_per_s")]
     for r, (st, t, rate) in enumerate(zip(status, times, rates)):
-        if st != "ok" or not isinstance(t, (int, float)) or t <= 0:
-            continue
-        if not against_plans and isinstance(rate, (int, float)) and _above(abs(rate - batch / t),
-                                                                           REL_TOL * batch / t):
-            yield Problem(where(at_rate, r), f"samples_per_s {rate!r}, but global batch {batch} / iteration_time_s "
-                                             f"{t!r} = {batch / t!r}; restore the file or plan again")
-            return
-        if against_plans and t * (1 + RANK_TIE_WINDOW) * (1 + REL_TOL) < first:
-            yield Problem(where(at_time, r),
-                          f"a point of status 'ok' at {t!r} s, faster than plan 1 ({first!r} s): the ranked plans "
-                          "are the best of the points searched; restore the file or plan again")
+        if st == "ok" and isinstance(t, (int, float)) and t > 0:
+            yield r, t, rate
+
+
+def _point_rates(columns: list, values: list, doc: dict, where) -> Iterator[Problem]:
+    """The first point of status ``ok`` whose ``samples_per_s`` is not the
+    global batch over its ``iteration_time_s``."""
+    batch = doc["inputs"]["job"]["global_batch_size"]
+    for r, t, rate in _ok_points(columns, values):
+        if isinstance(rate, (int, float)) and _above(abs(rate - batch / t), REL_TOL * batch / t):
+            yield Problem(where(columns.index("samples_per_s"), r),
+                          f"samples_per_s {rate!r}, but global batch {batch} / iteration_time_s {t!r} = {batch / t!r}; "
+                          "restore the file or plan again")
             return
 
 
