@@ -1,5 +1,5 @@
-"""``pipesearch validate``: check a plan file against the schema and the
-semantic rules; list every problem."""
+"""``pipesearch validate``: check a plan file (or a serving plan file)
+against its schema and the semantic rules; list every problem."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import click
 
 from ..errors import InputError, PlanFormatError
 from ..plan import _from_document, parse_document, read_plan_text
-from ..schema import schema_problems
+from ..input_files import unique_keys
+from ..schema import schema_problems, serve_schema_problems
 from ..schema.records import record_problems
 from ..schema.digests import digest_problems, missing_digests_warning
 from ..schema.semantics import points_against_plans, semantic_problems
+from ..schema.serve_semantics import serve_semantic_problems
 from . import main
 
 #: relative difference between a plan's predicted iteration time and its
@@ -242,6 +244,11 @@ def validate_command(plans):
     was planned for (the file's digests), and each plan's embedded exports
     are what pipesearch export writes for it.
 
+    A serving plan file (pipesearch.serve/1, written by pipesearch serve) is
+    checked against its own schema and rules: stages cover the decoder
+    layers, devices exist and serve one stage, the KV pool and predicted
+    rates follow from the stages, and each engine command runs the plan.
+
     Prints one line per problem on stdout (and, when the schema or the
     recorded terms fail, a line saying the later checks wait for them) and
     exits with status 2 when there is any; prints a summary and exits 0 when the file is valid.
@@ -250,16 +257,56 @@ def validate_command(plans):
     Examples:
       pipesearch plan -o plans.json
       pipesearch validate plans.json
+      pipesearch serve -o serving.json
+      pipesearch validate serving.json
     """
-    doc = parse_document(read_plan_text(plans), plans)
+    text = read_plan_text(plans)
+    serving = _serving_document(text, plans)
+    if serving is not None:
+        _validate_serving(plans, serving)
+        return
+    doc = parse_document(text, plans)
     stage, problems = staged_problems(doc)
     if problems:
-        for problem in problems:
-            click.echo(f"{plans}: {problem}")
-        if LATER_CHECKS[stage]:
-            click.echo(f"{plans}: {LATER_CHECKS[stage]}")
-        raise PlanFormatError(f"{plans}: {len(problems)} problem(s), the first: {problems[0]}")
+        _report(plans, problems, LATER_CHECKS[stage])
     warn_missing_digests(plans, doc)
     n = len(doc["plans"])
     click.echo(f"{plans}: valid {doc['schema']} file, {n} plan{'s' if n != 1 else ''} "
+               f"({doc['inputs']['model']['name']} on {doc['inputs']['cluster']['name']})")
+
+
+def _report(path: str, problems: list, later: str) -> None:
+    """Print each problem (and what waits for them) and raise the exit's error."""
+    for problem in problems:
+        click.echo(f"{path}: {problem}")
+    if later:
+        click.echo(f"{path}: {later}")
+    raise PlanFormatError(f"{path}: {len(problems)} problem(s), the first: {problems[0]}")
+
+
+def _serving_document(text: str, source: str) -> dict | None:
+    """The parsed document when ``text`` is a serving plan file (an object
+    whose ``format`` names ``pipesearch.serve/``, any version), else None
+    (:func:`pipesearch.plan.parse_document` then says what it is)."""
+    try:
+        doc = json.loads(text, object_pairs_hook=unique_keys(source, PlanFormatError))
+    except (ValueError, RecursionError):  # not JSON: parse_document names the line
+        return None
+    if isinstance(doc, dict) and "schema" not in doc and str(doc.get("format", "")).startswith("pipesearch.serve/"):
+        return doc
+    return None
+
+
+def _validate_serving(path: str, doc: dict) -> None:
+    """``validate`` of a serving plan file: its schema, then its rules
+    (:mod:`pipesearch.schema.serve_semantics`) once the schema holds."""
+    problems = [str(p) for p in serve_schema_problems(doc)]
+    if problems:
+        _report(path, problems, "the rules beyond the schema (layers, devices, pools, rates, engine commands) are "
+                                "checked once these are fixed")
+    problems = [str(p) for p in serve_semantic_problems(doc)]
+    if problems:
+        _report(path, problems, "")
+    n = len(doc["plans"])
+    click.echo(f"{path}: valid {doc['format']} file, {n} plan{'s' if n != 1 else ''} "
                f"({doc['inputs']['model']['name']} on {doc['inputs']['cluster']['name']})")

@@ -1,13 +1,14 @@
 """The plan file format as a JSON Schema (draft 2020-12), shipped in the
-package as ``plan-1.schema.json``, and its check with the ``jsonschema``
-library.
+package as ``plan-1.schema.json`` (and the serving plans' as
+``serve-1.schema.json``), and its check with the ``jsonschema`` library.
 
 :func:`schema_problems` gives every place where a document breaks the
 schema, as :class:`Problem` values whose ``where`` is a JSON path written the
 way the rest of pipesearch names fields (``plans[0].stages[1].layers``) and
 whose ``text`` says what is wrong with the value and what was expected. The
 checks a schema cannot express (coverage of the model's layers, devices,
-degrees, batch) are in :mod:`pipesearch.schema.semantics`.
+degrees, batch) are in :mod:`pipesearch.schema.semantics` (for serving
+plans, :mod:`pipesearch.schema.serve_semantics`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # loaded where a document is checked (plan files going out or
     import jsonschema
 
 SCHEMA_FILE = "plan-1.schema.json"
+SERVE_SCHEMA_FILE = "serve-1.schema.json"
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,10 @@ class Problem:
         return f"{self.where}: {self.text}" if self.where else self.text
 
 
-def schema_text() -> str:
-    """The JSON Schema of ``pipesearch.plan/1`` as shipped in the package."""
-    return resources.files(__package__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+def schema_text(name: str = SCHEMA_FILE) -> str:
+    """A JSON Schema as shipped in the package: ``pipesearch.plan/1``'s
+    (:data:`SCHEMA_FILE`) or ``pipesearch.serve/1``'s (:data:`SERVE_SCHEMA_FILE`)."""
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=1)
@@ -51,19 +54,30 @@ def plan_schema() -> dict:
 
 
 @lru_cache(maxsize=1)
-def _validator() -> "jsonschema.Draft202012Validator":
-    """The schema's validator, with ``integer`` meaning a JSON number written
-    without a fraction or exponent (Python ``int``): JSON Schema counts
-    ``4.0`` as an integer, which the plan's counts and indices cannot be
-    (``range(4.0)``)."""
+def serve_schema() -> dict:
+    """The JSON Schema of ``pipesearch.serve/1`` (parsed once; do not
+    modify). Its cluster is the plan file's (a reference into
+    :func:`plan_schema` by that schema's ``$id``)."""
+    return json.loads(schema_text(SERVE_SCHEMA_FILE))
+
+
+@lru_cache(maxsize=2)
+def _validator(name: str = SCHEMA_FILE) -> "jsonschema.Draft202012Validator":
+    """The validator of the schema ``name``, with ``integer`` meaning a JSON
+    number written without a fraction or exponent (Python ``int``): JSON
+    Schema counts ``4.0`` as an integer, which the plan's counts and
+    indices cannot be (``range(4.0)``)."""
     import jsonschema
+    from referencing import Registry, Resource
 
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine(
         "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
-    # the shipped schema is checked against its metaschema by the tests
-    # (tests/test_plan_schema.py), not on every run (0.1 s)
-    return jsonschema.validators.extend(base, type_checker=checker)(plan_schema())
+    registry = Registry().with_resource(plan_schema()["$id"], Resource.from_contents(plan_schema()))
+    # the shipped schemas are checked against their metaschema by the tests
+    # (tests/test_plan_schema.py, tests/test_serve_schema.py), not on every run (0.1 s)
+    schema = plan_schema() if name == SCHEMA_FILE else serve_schema()
+    return jsonschema.validators.extend(base, type_checker=checker)(schema, registry=registry)
 
 
 def json_path(parts) -> str:
@@ -147,6 +161,13 @@ def _describe(error: "jsonschema.ValidationError") -> Problem:
                 break
             seen.add(key)
         return Problem(where, f"{show(inst)} names {show(dup)} twice; each entry must be distinct")
+    if v in ("oneOf", "anyOf") and error.context:  # alternatives: what the nearest one broke ("or null" said)
+        kept = [e for e in error.context if not (e.validator == "type" and e.validator_value == "null")]
+        if kept:  # the nearest: an error inside the value (its keys matched) before a missing or unknown key
+            inner = _describe(min(kept, key=lambda e: (e.validator in ("required", "additionalProperties"),
+                                                       -len(e.relative_path))))
+            nullable = len(kept) < len(error.context)
+            return Problem(inner.where, inner.text + (" (or null)" if nullable else ""))
     return Problem(where, error.message)
 
 
@@ -213,13 +234,26 @@ def schema_problems(doc: Any, finite: bool = False) -> list[Problem]:
     document). ``finite``: the caller knows every number is finite (a
     document parsed from the text :func:`pipesearch.plan.to_json` writes,
     which refuses NaN and infinities): that check is skipped."""
+    return _problems(doc, finite, SCHEMA_FILE, _compact_names(doc))
+
+
+def serve_schema_problems(doc: Any) -> list[Problem]:
+    """Everything that breaks the serving plan file schema
+    (``serve-1.schema.json``), as :func:`schema_problems` lists them."""
+    return _problems(doc, False, SERVE_SCHEMA_FILE, doc)
+
+
+def _problems(doc: Any, finite: bool, name: str, checked: Any) -> list[Problem]:
+    """Non-finite numbers of ``doc`` (unless ``finite``), then the errors of
+    schema ``name`` on ``checked`` (``doc`` or a copy that gives the same
+    errors), by place in the document."""
     problems = [] if finite or _all_finite(doc) else list(non_finite_problems(doc))
-    errors = sorted(_validator().iter_errors(_compact_names(doc)),
+    errors = sorted(_validator(name).iter_errors(checked),
                     key=lambda e: (tuple((0, p, "") if isinstance(p, int) else (1, 0, p) for p in e.absolute_path),
                                    e.validator))
     seen = {p.where for p in problems}
     for error in errors:
-        if json_path(error.absolute_path) in seen and error.validator in ("minimum", "maximum", "type"):
+        if json_path(error.absolute_path) in seen and error.validator in ("minimum", "maximum", "type", "oneOf"):
             continue  # a NaN already reported at this place
         problem = _describe(error)
         if problem not in problems:

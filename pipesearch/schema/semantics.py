@@ -830,7 +830,7 @@ def _point_columns(columns: list, values: list) -> Iterator[Problem]:
                 return
 
 
-def _cluster_groups(cluster: dict) -> list[Problem]:
+def cluster_group_problems(cluster: dict) -> list[Problem]:
     """``inputs.cluster.groups`` (when given) lays the devices out node by
     node: every group's ``first_device`` .. ``last_device`` is ``nodes x
     devices_per_node`` ids (integers >= 1), the groups follow one another
@@ -938,7 +938,8 @@ def _overlap(plan: dict, where: str, job: dict) -> Iterator[Problem]:
 def semantic_problems(doc: dict) -> list[Problem]:
     """Every problem of a schema-valid plan document beyond the schema (see
     the module docstring), in document order."""
-    out: list[Problem] = _cluster_groups(doc["inputs"]["cluster"]) + _transformer(doc) + _job(doc["inputs"]["job"])
+    inputs = doc["inputs"]
+    out: list[Problem] = cluster_group_problems(inputs["cluster"]) + _transformer(doc) + _job(inputs["job"])
     for k, plan in enumerate(doc["plans"]):
         out += plan_problems(plan, f"plans[{k}]", doc["inputs"])
     ranks = [p["rank"] for p in doc["plans"]]

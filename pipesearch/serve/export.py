@@ -33,10 +33,17 @@ from ..types import MIN_BF16_CAPABILITY
 from .costs import VOCAB_PADDING
 from .dtypes import INT4_GROUP_SIZE
 
-__all__ = ["PARTITION_ENV", "engine_refusal", "check_partition", "parse_partition", "export_serving"]
+__all__ = ["ENGINE_FLAGS", "PARTITION_ENV", "engine_refusal", "check_partition", "parse_partition", "export_serving"]
 
 #: the environment variable each engine reads the layer split from
 PARTITION_ENV = {"vllm": "VLLM_PP_LAYER_PARTITION", "sglang": "SGLANG_PP_LAYER_PARTITION"}
+#: each engine's command-line flags for the plan's degrees, running limit and step token budget
+ENGINE_FLAGS = {
+    "vllm": {"tp": "--tensor-parallel-size", "pp": "--pipeline-parallel-size", "max_num_seqs": "--max-num-seqs",
+             "max_num_batched_tokens": "--max-num-batched-tokens"},
+    "sglang": {"tp": "--tp-size", "pp": "--pp-size", "max_num_seqs": "--max-running-requests",
+               "max_num_batched_tokens": "--chunked-prefill-size"},
+}
 
 
 def engine_refusal(cfg: TransformerConfig, tp: int, pp: int, engine: str = "vllm",
@@ -127,11 +134,11 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
     env = {PARTITION_ENV[engine]: ",".join(map(str, plan.split))} if plan.pp > 1 else {}
     notes = [f"{model_path} is the model's name in pipesearch, not a checkpoint: replace it with its Hugging Face "
              "id or local path (or pass --model-path)"] if model_name_only else []
+    flags = ENGINE_FLAGS[engine]
     if engine == "vllm":
-        argv = ["vllm", "serve", model_path, "--tensor-parallel-size", str(plan.tp),
-                "--pipeline-parallel-size", str(plan.pp), "--max-num-seqs", str(plan.max_num_seqs),
-                "--gpu-memory-utilization", f"{memory_fraction:g}", "--max-model-len", str(max_model_len),
-                "--max-num-batched-tokens", str(max_num_batched_tokens)]
+        argv = ["vllm", "serve", model_path, flags["tp"], str(plan.tp), flags["pp"], str(plan.pp),
+                flags["max_num_seqs"], str(plan.max_num_seqs), "--gpu-memory-utilization", f"{memory_fraction:g}",
+                "--max-model-len", str(max_model_len), flags["max_num_batched_tokens"], str(max_num_batched_tokens)]
         if max_num_batched_tokens < max_model_len:  # prompts in chunks: V1's default, V0 refuses the budget without
             argv.append("--enable-chunked-prefill")
         if weight_dtype == "fp8":
@@ -142,10 +149,10 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
             argv += ["--distributed-executor-backend", "ray"]
             notes.append(f"one replica spans {nodes} nodes: start a Ray cluster over them first")
     else:
-        argv = ["python", "-m", "sglang.launch_server", "--model-path", model_path, "--tp-size", str(plan.tp),
-                "--pp-size", str(plan.pp), "--max-running-requests", str(plan.max_num_seqs),
+        argv = ["python", "-m", "sglang.launch_server", "--model-path", model_path, flags["tp"], str(plan.tp),
+                flags["pp"], str(plan.pp), flags["max_num_seqs"], str(plan.max_num_seqs),
                 "--mem-fraction-static", f"{memory_fraction:g}", "--context-length", str(max_model_len),
-                "--chunked-prefill-size", str(max_num_batched_tokens)]
+                flags["max_num_batched_tokens"], str(max_num_batched_tokens)]
         if weight_dtype == "fp8":
             argv += ["--quantization", "fp8"]
         if kv_dtype == "fp8":
