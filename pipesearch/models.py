@@ -257,11 +257,18 @@ def load_model_source(
                         raise InputError(f"--tp {tp}: {str(exc).removeprefix('layer_table: ')}") from None
                     first_error = first_error or exc
                     continue
-                variants.append(ModelVariant(prof, tp=t, recompute=mode,
-                                             extra=(("sequence_parallel", sp),)))
+                # zero-bubble schedules: the backward's collectives charged in full (its input pass waits for them)
+                split = layer_table(cfg, seq_len=seq_len, device=device, tp=t, sequence_parallel=sp,
+                                    recompute=mode, tp_link=cluster.intra_node, overlap_tp_backward=False,
+                                    overlap_tp_forward=overlap_tp_forward) if t > 1 else None
+                variants.append(ModelVariant(prof, tp=t, recompute=mode, extra=(("sequence_parallel", sp),),
+                                             split_backward=None if split is None else (split, ())))
         if per_stage:  # one variant per tp: every stage takes the first mode that fits
             variants = [replace(group[0], recompute=PER_STAGE,
-                                stage_tables=tuple((v.recompute, v.profile) for v in group))
+                                stage_tables=tuple((v.recompute, v.profile) for v in group),
+                                split_backward=None if group[0].split_backward is None else (
+                                    group[0].split_backward[0],
+                                    tuple((v.recompute, v.split_backward[0]) for v in group)))
                         for t in tps if (group := [v for v in variants if v.tp == t])]
         if not variants:
             raise first_error or InputError(f"{path}: no tensor-parallel degree fits {cluster.name}")

@@ -189,8 +189,9 @@ def point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, li
     pp, dp, mbs, m = row["pp"], row["dp"], row["micro_batch_size"], row["num_micro_batches"]
     schedule, vp = row["schedule"], row["vp"]
     replicas = parse_replicas_name(row["placement"])
+    profile, stage_tables = variant.tables(schedule)
     if replicas is not None:  # per-stage replication (pipesearch.replication)
-        return replicated_costs(variant.profile, cluster, job, replicas, micro_batch_size=mbs, num_micro_batches=m,
+        return replicated_costs(profile, cluster, job, replicas, micro_batch_size=mbs, num_micro_batches=m,
                                 schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe",
                                 in_flight=schedule_in_flight(schedule, pp, m, 1, in_flight_cache,
                                                              variant.profile.wgrad_saved_fraction),
@@ -201,13 +202,13 @@ def point_costs(variant, cluster, job, row, profiled_device, in_flight_cache, li
     if slots is None:
         return None, None
     costs = build_pipeline_costs(
-        variant.profile, cluster, job, pp=pp * vp, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
+        profile, cluster, job, pp=pp * vp, dp=dp, micro_batch_size=mbs, num_micro_batches=m,
         schedule=schedule if schedule in ANALYTIC_SCHEDULES else "gpipe", placement=slots,
         profiled_device=profiled_device, in_flight=schedule_in_flight(schedule, pp, m, vp, in_flight_cache,
                                                                       variant.profile.wgrad_saved_fraction),
         stages_per_device=vp, links=links, wgrad_window=schedule == "zb-h1", tp=variant.tp,
         chunk_states=schedule_chunk_states(schedule, pp, m, vp, in_flight_cache, variant.profile.wgrad_saved_fraction),
-        optimizer_offload=variant.offload, option_profiles=variant.stage_tables or None,
+        optimizer_offload=variant.offload, option_profiles=stage_tables or None,
         weight_streaming=variant.stream, weight_swapping=schedule == "mobius",
     )
     return slots, costs

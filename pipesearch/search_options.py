@@ -108,6 +108,10 @@ def vp_choices(schedule: str, pp: int, options: SearchOptions) -> tuple[int, ...
     return (1,) if not options.vp_pinned or 1 in options.vps else ()
 
 
+#: the schedules whose backward runs as two passes, input gradients then (later) weight gradients
+SPLIT_BACKWARD_SCHEDULES = ("zb-h1",)
+
+
 @dataclass(frozen=True)
 class ModelVariant:
     """A layer table of the model under one (tp, recompute) choice."""
@@ -124,3 +128,16 @@ class ModelVariant:
     offload: bool = False
     #: offer stages their weights streamed from host memory (``Job.weight_streaming``)
     stream: bool = False
+    #: the tables of the schedules that split each backward into an input-gradient
+    #: pass and a later weight-gradient pass (:data:`SPLIT_BACKWARD_SCHEDULES`),
+    #: ``(profile, stage_tables)``, where they differ: a tensor-parallel collective
+    #: that the whole backward hides under a GEMM's weight gradient runs alone in
+    #: the input pass, the weight gradient later (docs/transformer_costs.md); None:
+    #: ``profile`` and ``stage_tables`` serve every schedule
+    split_backward: tuple[ModelProfile, tuple[tuple[str, ModelProfile], ...]] | None = None
+
+    def tables(self, schedule: str) -> tuple[ModelProfile, tuple[tuple[str, ModelProfile], ...]]:
+        """``(profile, stage_tables)`` of the points of ``schedule``."""
+        if self.split_backward is not None and schedule in SPLIT_BACKWARD_SCHEDULES:
+            return self.split_backward
+        return self.profile, self.stage_tables

@@ -1061,8 +1061,10 @@ class _Acts:
 
 
 def _self_attention(cfg: TransformerConfig, s: int, b: int, D: float):
-    """(linear GEMM flops, core GEMM flops, acts) of causal/self attention
-    over ``s`` tokens, forward, micro-batch ``b``."""
+    """(linear GEMM flops, core GEMM flops, acts, column-parallel GEMM flops)
+    of causal/self attention over ``s`` tokens, forward, micro-batch ``b``;
+    the column-parallel GEMM is the QKV projection, whose input gradient the
+    sub-layer's backward collective reduces."""
     h, q, kv, a = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.num_attention_heads
     lin = 2 * b * s * h * q + 2 * 2 * b * s * h * kv + 2 * b * s * q * h
     core = 2 * 2 * b * s * s * q  # Q K^T and softmax(.) V
@@ -1070,14 +1072,16 @@ def _self_attention(cfg: TransformerConfig, s: int, b: int, D: float):
     replicated = D * b * s * h + mask * b * s * h  # QKV input; dropout mask after out proj
     split = D * b * s * (q + kv) + D * b * s * kv + D * b * s * q  # Q, K; V; out-proj input
     core_bytes = a * b * s * s * (D + ((mask + D) if cfg.dropout else 0))
-    return lin, core, _Acts(replicated, split, core_bytes, 0.0, mask * b * s * h)
+    return lin, core, _Acts(replicated, split, core_bytes, 0.0, mask * b * s * h), 2 * b * s * h * q + 4 * b * s * h * kv
 
 
 def _cross_attention(cfg: TransformerConfig, s_dec: int, s_enc: int, b: int, D: float):
     """Like :func:`_self_attention` for T5 cross-attention: queries from the
     ``s_dec`` decoder tokens, keys/values from the ``s_enc`` encoder outputs.
     The encoder output itself is shared by all decoder blocks and not counted
-    here."""
+    here. Its column-parallel GEMM here is the query projection (the key and
+    value projection reads the encoder output, whose gradient has its own
+    collective: :func:`_raw_layers`)."""
     h, q, kv, a = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.num_attention_heads
     lin = 2 * b * s_dec * h * q + 2 * 2 * b * s_enc * h * kv + 2 * b * s_dec * q * h
     core = 2 * 2 * b * s_dec * s_enc * q
@@ -1085,10 +1089,12 @@ def _cross_attention(cfg: TransformerConfig, s_dec: int, s_enc: int, b: int, D: 
     replicated = D * b * s_dec * h + mask * b * s_dec * h
     split = D * b * s_dec * q + 2 * D * b * s_enc * kv + D * b * s_dec * q
     core_bytes = a * b * s_dec * s_enc * (D + ((mask + D) if cfg.dropout else 0))
-    return lin, core, _Acts(replicated, split, core_bytes, 0.0, mask * b * s_dec * h)
+    return lin, core, _Acts(replicated, split, core_bytes, 0.0, mask * b * s_dec * h), 2 * b * s_dec * h * q
 
 
 def _mlp(cfg: TransformerConfig, s: int, b: int, D: float):
+    """As :func:`_self_attention` for the MLP: its column-parallel GEMMs are
+    fc1 (gated: gate and up)."""
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     n_gemm = 3 if cfg.gated_mlp else 2
     lin = n_gemm * 2 * b * s * h * f
@@ -1096,7 +1102,7 @@ def _mlp(cfg: TransformerConfig, s: int, b: int, D: float):
     replicated = D * b * s * h + mask * b * s * h  # fc1 input; dropout mask after fc2
     # GPT: activation input and fc2 input (2 x f); gated: gate and up outputs, fc2 input (3 x f)
     split = (3 if cfg.gated_mlp else 2) * D * b * s * f
-    return lin, 0, _Acts(replicated, split, 0.0, 0.0, mask * b * s * h)
+    return lin, 0, _Acts(replicated, split, 0.0, 0.0, mask * b * s * h), (n_gemm - 1) * 2 * b * s * h * f
 
 
 @dataclass(frozen=True)
@@ -1119,6 +1125,10 @@ class _Raw:
     bwd_single: tuple[float, ...] = ()  # backward, only with sp: likewise
     fwd_ar_nosp: tuple[float, ...] = ()  # forward, only without sp: all-reduces
     bwd_ar_nosp: tuple[float, ...] = ()  # backward, only without sp: all-reduces
+    # blocks: forward FLOPs of the (column-parallel, row-parallel) GEMMs of each backward pair's sub-layer, and
+    # of the column-parallel GEMM of each bwd_single / bwd_ar_nosp collective (cross-attention keys and values)
+    bwd_pair_gemms: tuple[tuple[float, float], ...] = ()
+    bwd_single_gemms: tuple[float, ...] = ()
 
 
 def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float,
@@ -1160,6 +1170,7 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
             n_norm += 1  # final encoder norm
         lin = sum(p[0] for p in parts)
         core = sum(p[1] for p in parts)
+        kv_gemm = 4 * b * s_enc * h * cfg.kv_dim  # cross-attention keys and values over the encoder output
         acts = _Acts(
             replicated=sum(p[2].replicated for p in parts) + n_norm * D * b * s * h,
             split=sum(p[2].split for p in parts),
@@ -1180,6 +1191,8 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
             fwd_single=(enc_out,) if decoder_block else (),
             bwd_single=(enc_out,) if decoder_block else (),
             bwd_ar_nosp=(enc_out,) if decoder_block else (),
+            bwd_pair_gemms=tuple((p[3], p[0] - p[3] - (kv_gemm if k == 2 else 0)) for k, p in enumerate(parts)),
+            bwd_single_gemms=(kv_gemm,) if decoder_block else (),
         )
         layers.append((f"block_{i:0{width}d}", built[key]))
 
@@ -1358,14 +1371,20 @@ def layer_table(
         decoder_seq_len: decoder tokens per sample of an encoder-decoder
             model; default ``seq_len``.
         overlap_tp_backward: a block's backward tensor-parallel collectives
-            (the input-gradient all-reduce, or reduce-scatter with sp) run
-            while its weight-gradient GEMMs compute, as Megatron-LM's
-            ``LinearWithGradAccumulationAndAsyncCommunication`` does
+            run under GEMMs linear by linear, as Megatron-LM's
+            ``LinearWithGradAccumulationAndAsyncCommunication`` runs them
             (Korthikanti et al. 2022 sec. 5: the measured backward of Table 4
-            is 1.55x the forward, not 2x plus the collectives); only
-            ``max(0, collectives - weight-gradient GEMM time)`` is exposed.
-            The zero-bubble input-gradient pass keeps them whole (its weight
-            gradients run later). False: charged in full.
+            is 1.55x the forward, not 2x plus the collectives): the reduction
+            of each column-parallel GEMM's input gradient (QKV, fc1; the
+            all-reduce, or reduce-scatter with sp) under that GEMM's own
+            weight gradient, only ``max(0, collective - its weight-gradient
+            time)`` exposed; with sp the all-gather of each row-parallel
+            GEMM's output gradient (out projection, fc2) before that GEMM's
+            backward in full (with ``overlap_tp_forward``, Transformer
+            Engine's userbuffers pipeline it with the GEMM's input gradient:
+            ``max(0, all-gather - that time)``). The zero-bubble
+            input-gradient pass keeps them whole (its weight gradients run
+            later). False: charged in full.
         overlap_tp_forward: a block's forward tensor-parallel collectives
             run under its weight GEMMs (Megatron-LM ``--tp-comm-overlap``:
             Transformer Engine's userbuffers split each all-gather /
@@ -1529,9 +1548,7 @@ def _layer_of(name: str, r: _Raw, c: _TableRates, D: float) -> Layer:
     elif r.acts is not None and c.recompute == "selective":
         recompute_s, recompute_flops = core_compute, r.core_flops / t
     saved, wgrad_held, transient = _saved_bytes(r, c)
-    bwd_exposed = bwd_comm
-    if c.overlap_backward and r.acts is not None:
-        bwd_exposed = max(0.0, bwd_comm - r.lin_flops / t / rate)
+    bwd_exposed = _bwd_exposed_s(r, c) if c.overlap_backward and r.acts is not None else bwd_comm
     bwd_s = 2 * fwd_compute + bwd_exposed + recompute_s
     # (with the collectives exposed beyond the weight-gradient GEMMs the W pass is 0: no rounding above bwd)
     bwd_input_s = min(bwd_s, r.lin_flops / t / rate + 2 * core_compute + recompute_s + bwd_input_comm)
@@ -1547,6 +1564,30 @@ def _layer_of(name: str, r: _Raw, c: _TableRates, D: float) -> Layer:
         wgrad_saved_bytes=wgrad_held,
         backward_transient_bytes=transient,
     )
+
+
+def _bwd_exposed_s(r: _Raw, c: _TableRates) -> float:
+    """Seconds of a block's backward tensor-parallel collectives that its
+    GEMMs do not hide, linear by linear. Megatron-LM's
+    ``LinearWithGradAccumulationAndAsyncCommunication`` launches the
+    reduction of a column-parallel GEMM's input gradient (all-reduce; with
+    sp a reduce-scatter) and computes that GEMM's weight gradient (its
+    forward FLOPs) before waiting, so each hides under its own GEMM's weight
+    gradient only; with sp, the all-gather of a row-parallel GEMM's output
+    gradient (the backward of its reduce-scatter) must finish before that
+    GEMM's backward starts: exposed, unless Transformer Engine's userbuffers
+    pipeline it with the GEMM's input-gradient (forward FLOPs) computation
+    (``--tp-comm-overlap``, ``overlap_forward``; Wang et al., ASPLOS'23)."""
+    t, rate, out = c.t, c.rate, 0.0
+    for x, (col, row) in zip(r.bwd_pairs, r.bwd_pair_gemms):
+        if c.sp:
+            part = _gather_s(x, t, c.link)  # the all-gather and the reduce-scatter take the same time
+            out += max(0.0, part - col / t / rate) + (max(0.0, part - row / t / rate) if c.overlap_forward else part)
+        else:
+            out += max(0.0, _allreduce_s(x, t, c.link) - col / t / rate)
+    for x, kv in zip(r.bwd_single if c.sp else r.bwd_ar_nosp, r.bwd_single_gemms):
+        out += max(0.0, (_gather_s(x, t, c.link) if c.sp else _allreduce_s(x, t, c.link)) - kv / t / rate)
+    return out
 
 
 def _saved_bytes(r: _Raw, c: _TableRates) -> tuple[float, float, float | None]:
