@@ -20,11 +20,11 @@ class ExactPartitionPipelineModule(PipelineModule):
 
 
 PARTS = [0, 34]  # layer boundaries, len = num_stages + 1
-ACTIVATION_CHECKPOINT_INTERVAL = 0  # recompute 'none'
+ACTIVATION_CHECKPOINT_INTERVAL = 0  # recompute 'selective'
 
 
 def topology():
     """The ranks of the plan's stages and replicas (PipelineModule's topology=)."""
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-    return PipeModelDataParallelTopology(num_pp=1, num_mp=4, num_dp=4)
+    return PipeDataParallelTopology(num_pp=1, num_dp=16)

@@ -20,11 +20,11 @@ class ExactPartitionPipelineModule(PipelineModule):
 
 
 PARTS = [0, 18, 34]  # layer boundaries, len = num_stages + 1
-ACTIVATION_CHECKPOINT_INTERVAL = 0  # recompute 'none'
+ACTIVATION_CHECKPOINT_INTERVAL = 0  # recompute 'selective'
 
 
 def topology():
     """The ranks of the plan's stages and replicas (PipelineModule's topology=)."""
     from deepspeed.runtime.pipe.topology import ProcessTopology
 
-    return ProcessTopology(axes=['data', 'pipe', 'model'], dims=[2, 2, 4])
+    return ProcessTopology(axes=['data', 'pipe'], dims=[8, 2])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Megatron-LM (core_v0.16.1) launch for the plan (pipesearch export); run from a Megatron-LM checkout
 set -euo pipefail
-CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
+torchrun \
     --nnodes 2 \
     --nproc-per-node 8 \
     --node-rank "${NODE_RANK:?}" \
@@ -9,10 +9,12 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --master-port "${MASTER_PORT:-29500}" \
     pretrain_gpt.py \
     --num-layers 32 \
-    --pipeline-model-parallel-size 1 \
-    --tensor-model-parallel-size 4 \
+    --pipeline-model-parallel-size 2 \
+    --tensor-model-parallel-size 1 \
+    --pipeline-model-parallel-layout 'Et*8|(t*9|)*2,t*6L' \
     --micro-batch-size 1 \
     --global-batch-size 512 \
+    --use-tp-pp-dp-mapping \
     --hidden-size 4096 \
     --num-attention-heads 32 \
     --ffn-hidden-size 14336 \
@@ -34,7 +36,7 @@ CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun \
     --use-distributed-optimizer \
     --overlap-grad-reduce \
     --overlap-param-gather \
-    --sequence-parallel \
+    --recompute-granularity selective \
     --mock-data \
     --tokenizer-type NullTokenizer \
     --train-iters 10 \
