@@ -15,6 +15,7 @@ longer table cannot be slower).
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -76,21 +77,25 @@ def test_a_point_stopped_before_any_split_fits_is_open_not_out_of_memory(tmp_pat
     the same points with the default limits all have plans or proofs, so
     none of them may read ``out_of_memory`` with the small limits unless it
     does with the default ones."""
-    full, _ = _plan(tmp_path, "full", POINT + ["--top", "3"])
+    def statuses(name):  # every point's status, from --all-points (written also when no plan fits)
+        out = tmp_path / f"{name}.csv"
+        r = CliRunner().invoke(main, ["plan"] + QWEN + POINT + ["--top", "3", "--all-points", str(out)])
+        rows = list(csv.DictReader(out.open()))
+        return r, {(row["micro_batch_size"], row["placement"]): row["status"] for row in rows}
+
+    (full_run, before) = statuses("full")
+    assert full_run.exit_code == 0, full_run.output
     monkeypatch.setattr(split_search, "MAX_NODES", 5)
-    small, text = _plan(tmp_path, "small", POINT + ["--top", "3"])
-
-    def statuses(doc):
-        cols = doc["search"]["points"]["columns"]
-        rows = [dict(zip(cols, r)) for r in zip(*doc["search"]["points"]["values"])]
-        return {(r["micro_batch_size"], r["placement"]): r["status"] for r in rows}
-
-    before, after = statuses(full), statuses(small)
+    small_run, after = statuses("small")
     assert "stopped_at_work_limits" in after.values()
     for key, status in after.items():
         if status == "out_of_memory":
             assert before[key] == "out_of_memory", key
-    assert "stopped at the split search's work limits" in text
+    if small_run.exit_code == 0:  # some point still has a plan: the note on unproven points counts the others
+        assert "stopped at the split search's work limits" in small_run.output
+    else:  # none has: the refusal says they are not proven out of memory
+        assert small_run.exit_code == 2
+        assert "not proven out of memory" in small_run.output and "stopped_at_work_limits" in small_run.output
 
 
 def test_no_plan_message_says_which_points_are_not_proven():

@@ -237,11 +237,14 @@ def test_tensor_parallel_communication():
                            overlap_tp_backward=False)
         b0 = prof.layers[1]
         assert b0.fwd_s == pytest.approx(block_fwd + 2 * allreduce, rel=1e-12)
-        assert b0.bwd_s == pytest.approx(2 * block_fwd + 2 * allreduce, rel=1e-12)
         assert b0.output_bytes == pytest.approx(msg / (t if sp else 1))
         full = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, sequence_parallel=sp,
                            recompute="full", overlap_tp_backward=False).layers[1]
-        assert full.bwd_s == pytest.approx(3 * block_fwd + 4 * allreduce, rel=1e-12)
+        # with sp, each column-parallel GEMM (QKV, fc1) also gathers its sequence-sharded saved input for its
+        # weight gradient: two all-gathers of a block's input, one all-reduce's time
+        gathers = allreduce if sp else 0.0
+        assert b0.bwd_s == pytest.approx(2 * block_fwd + 2 * allreduce + gathers, rel=1e-12)
+        assert full.bwd_s == pytest.approx(3 * block_fwd + 4 * allreduce + gathers, rel=1e-12)
         # default: each reduction under its GEMM's weight gradient; with sp the all-gathers of the output
         # gradients of the row-parallel GEMMs (out proj, fc2: half an all-reduce each) come before those GEMMs'
         # backward and stay exposed
@@ -267,6 +270,15 @@ def test_tensor_parallel_communication():
     b_slow = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=slow).layers[1]
     assert ar_slow > fc1 > qkv
     assert b_slow.bwd_s == pytest.approx(2 * block_fwd + (ar_slow - qkv) + (ar_slow - fc1), rel=1e-12)
+    # the LM head is a column-parallel GEMM too: its input gradient's all-reduce runs under its weight gradient
+    # (2 s h V / t FLOPs, V padded to 51200 for tp 8), hidden; charged in full it adds one all-reduce
+    V = padded_vocab_size(K22, t)
+    head_gemm = 2 * s * h * V / t / rate
+    assert head_gemm > allreduce
+    head = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK).layers[-1]
+    head_full = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK, overlap_tp_backward=False).layers[-1]
+    assert head.bwd_s == pytest.approx(2 * head_gemm, rel=1e-12)
+    assert head_full.bwd_s == pytest.approx(2 * head_gemm + allreduce, rel=1e-12)
     # no sp: the embedding all-reduces its output in forward only
     emb = layer_table(K22, seq_len=s, device=A100, tp=t, tp_link=NVLINK).layers[0]
     assert emb.fwd_s == pytest.approx(allreduce) and emb.bwd_s == 0
@@ -678,11 +690,26 @@ def test_table_properties(l, heads, group, d, ffn_mult, gated, tied, dropout, s,
     kw = dict(device=A100, tp=tp, tp_link=NVLINK, recompute=recompute)
     plain = layer_table(cfg, **kw)
     sp = layer_table(cfg, sequence_parallel=True, **kw)
-    for x, y in zip(plain.layers, sp.layers):
-        assert 0 <= x.bwd_input_s <= x.bwd_s
+    no_overlap = dict(kw, overlap_tp_backward=False)
+    plain_full, sp_full = layer_table(cfg, **no_overlap), layer_table(cfg, sequence_parallel=True, **no_overlap)
+    # with sp each column-parallel GEMM also gathers its sequence-sharded input for its weight gradient: one
+    # all-gather of a block's input (b s h bytes, half an all-reduce's time) per sub-layer, and one of the LM head's
+    msg = s * h * 2
+    gather = 0.0 if tp == 1 else (tp - 1) / tp * msg / NVLINK.bandwidth_bytes_per_s + (tp - 1) * NVLINK.latency_s
+    for k, (x, y, xf, yf) in enumerate(zip(plain.layers, sp.layers, plain_full.layers, sp_full.layers)):
+        assert 0 <= x.bwd_input_s <= x.bwd_s and 0 <= y.bwd_input_s <= y.bwd_s
         assert y.saved_bytes <= x.saved_bytes + 1e-9
-        # sp turns each all-reduce into all-gather + reduce-scatter: same time
-        assert y.fwd_s + y.bwd_s == pytest.approx(x.fwd_s + x.bwd_s, rel=1e-12)
+        # sp turns each all-reduce into all-gather + reduce-scatter (the embedding's forward one, the head's
+        # backward one: each split between forward and backward): the same time, charged in full, plus the
+        # input gathers
+        gathers = 2 * gather if x.name.startswith("block") else (gather if x.name == "head" else 0.0)
+        assert yf.fwd_s + yf.bwd_s == pytest.approx(xf.fwd_s + xf.bwd_s + gathers, rel=1e-12)
+        if x.name.startswith("block"):
+            assert y.fwd_s == pytest.approx(x.fwd_s, rel=1e-12)
+        # overlapped, a block's backward exposes at least as much with sp (the output-gradient gathers of its
+        # row-parallel GEMMs wait), never more than in full
+        if x.name.startswith("block"):
+            assert x.bwd_s <= y.bwd_s * (1 + 1e-12) and y.bwd_s <= yf.bwd_s * (1 + 1e-12)
         assert y.flops == x.flops
         assert x.param_bytes == y.param_bytes
     if tp == 1:

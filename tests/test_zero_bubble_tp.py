@@ -17,17 +17,21 @@ from pipesearch.cli import main
 H, S, TP, BW, LAT = 2048, 2048, 2, 300e9, 5e-6
 
 
-def _stage0(schedule: str, tp: int) -> dict:
+def _stage0(schedule: str, tp: int, sp: bool = False) -> dict:
     result = CliRunner().invoke(main, [
         "plan", "-q", "--json", "--model", "gpt3-1.3b", "--cluster", "1x8-a100-80gb", "-b", "16", "--tp", str(tp),
         "--pp", "2", "--schedule", schedule, "--recompute", "none", "--split", "13,13", "--micro-batch-size", "1",
-        "--top", "1", *(["--no-sequence-parallel"] if tp > 1 else [])])
+        "--top", "1", *(["--no-sequence-parallel"] if tp > 1 and not sp else [])])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)["plans"][0]["stages"][0]
 
 
-def test_zero_bubble_backward_pays_the_collectives_the_1f1b_backward_hides():
-    zb, one = _stage0("zb-h1", TP), _stage0("1f1b", TP)
+@pytest.mark.parametrize("sp", [False, True])
+def test_zero_bubble_backward_pays_the_collectives_the_1f1b_backward_hides(sp):
+    """Without sp a block's two all-reduces; with sp its two reduce-scatters and the two gathers of the
+    column-parallel GEMMs' saved inputs (the weight pass's, hidden under the input gradients in 1F1B; the
+    output-gradient all-gathers wait in both): two all-reduces' time either way."""
+    zb, one = _stage0("zb-h1", TP, sp), _stage0("1f1b", TP, sp)
     assert zb["fwd_s"] == pytest.approx(one["fwd_s"], rel=1e-12)
     # ring all-reduce of one block input (b s h bf16 bytes) over tp ranks; a block's backward has two (one per
     # column-parallel GEMM's input gradient), each shorter than its GEMM's weight gradient here: hidden in 1F1B

@@ -1126,7 +1126,8 @@ class _Raw:
     fwd_ar_nosp: tuple[float, ...] = ()  # forward, only without sp: all-reduces
     bwd_ar_nosp: tuple[float, ...] = ()  # backward, only without sp: all-reduces
     # blocks: forward FLOPs of the (column-parallel, row-parallel) GEMMs of each backward pair's sub-layer, and
-    # of the column-parallel GEMM of each bwd_single / bwd_ar_nosp collective (cross-attention keys and values)
+    # of the column-parallel GEMM of each bwd_single / bwd_ar_nosp collective (cross-attention keys and values;
+    # the LM head); the embedding's backward collective has no GEMM (none given: charged in full)
     bwd_pair_gemms: tuple[tuple[float, float], ...] = ()
     bwd_single_gemms: tuple[float, ...] = ()
 
@@ -1207,6 +1208,7 @@ def _raw_layers(cfg: TransformerConfig, s_enc: int, s_dec: int, b: int, D: float
         # cross entropy: all-reduce max, sum of exp, target logit (fp32, per token)
         fwd_ar_only=(4 * b * s,) * 3,
         fwd_single=(hidden,), bwd_single=(hidden,), bwd_ar_nosp=(hidden,),
+        bwd_single_gemms=(2 * b * s * h * vocab,),  # the LM head: a column-parallel GEMM (vocab-parallel)
     )))
     return layers
 
@@ -1548,7 +1550,8 @@ def _layer_of(name: str, r: _Raw, c: _TableRates, D: float) -> Layer:
     elif r.acts is not None and c.recompute == "selective":
         recompute_s, recompute_flops = core_compute, r.core_flops / t
     saved, wgrad_held, transient = _saved_bytes(r, c)
-    bwd_exposed = _bwd_exposed_s(r, c) if c.overlap_backward and r.acts is not None else bwd_comm
+    overlapped = c.overlap_backward and bool(r.bwd_pair_gemms or r.bwd_single_gemms)
+    bwd_exposed = _bwd_exposed_s(r, c) if overlapped else bwd_comm + _input_gathers_s(r, c)
     bwd_s = 2 * fwd_compute + bwd_exposed + recompute_s
     # (with the collectives exposed beyond the weight-gradient GEMMs the W pass is 0: no rounding above bwd)
     bwd_input_s = min(bwd_s, r.lin_flops / t / rate + 2 * core_compute + recompute_s + bwd_input_comm)
@@ -1567,27 +1570,47 @@ def _layer_of(name: str, r: _Raw, c: _TableRates, D: float) -> Layer:
 
 
 def _bwd_exposed_s(r: _Raw, c: _TableRates) -> float:
-    """Seconds of a block's backward tensor-parallel collectives that its
-    GEMMs do not hide, linear by linear. Megatron-LM's
-    ``LinearWithGradAccumulationAndAsyncCommunication`` launches the
-    reduction of a column-parallel GEMM's input gradient (all-reduce; with
-    sp a reduce-scatter) and computes that GEMM's weight gradient (its
-    forward FLOPs) before waiting, so each hides under its own GEMM's weight
-    gradient only; with sp, the all-gather of a row-parallel GEMM's output
-    gradient (the backward of its reduce-scatter) must finish before that
-    GEMM's backward starts: exposed, unless Transformer Engine's userbuffers
-    pipeline it with the GEMM's input-gradient (forward FLOPs) computation
+    """Seconds of a layer's backward tensor-parallel collectives that its
+    GEMMs do not hide, linear by linear (a block's, and the LM head's, a
+    column-parallel GEMM). Megatron-LM's
+    ``LinearWithGradAccumulationAndAsyncCommunication`` (and Transformer
+    Engine's linear backward alike) launches the reduction of a
+    column-parallel GEMM's input gradient (all-reduce; with sp a
+    reduce-scatter) and computes that GEMM's weight gradient (its forward
+    FLOPs) before waiting, so each hides under its own GEMM's weight
+    gradient only; with sp it first gathers the GEMM's sequence-sharded
+    saved input (for the weight gradient) under the GEMM's input gradient
+    (forward FLOPs again); with sp, the all-gather of a row-parallel GEMM's
+    output gradient (the backward of its reduce-scatter) must finish before
+    that GEMM's backward starts: exposed, unless Transformer Engine's
+    userbuffers pipeline it with the GEMM's input-gradient computation
     (``--tp-comm-overlap``, ``overlap_forward``; Wang et al., ASPLOS'23)."""
     t, rate, out = c.t, c.rate, 0.0
     for x, (col, row) in zip(r.bwd_pairs, r.bwd_pair_gemms):
         if c.sp:
-            part = _gather_s(x, t, c.link)  # the all-gather and the reduce-scatter take the same time
-            out += max(0.0, part - col / t / rate) + (max(0.0, part - row / t / rate) if c.overlap_forward else part)
+            part = _gather_s(x, t, c.link)  # the all-gathers and the reduce-scatter of the tensor take the same time
+            out += 2 * max(0.0, part - col / t / rate)  # the input's gather and the gradient's reduce-scatter
+            out += max(0.0, part - row / t / rate) if c.overlap_forward else part
         else:
             out += max(0.0, _allreduce_s(x, t, c.link) - col / t / rate)
-    for x, kv in zip(r.bwd_single if c.sp else r.bwd_ar_nosp, r.bwd_single_gemms):
-        out += max(0.0, (_gather_s(x, t, c.link) if c.sp else _allreduce_s(x, t, c.link)) - kv / t / rate)
+    for x, col in zip(r.bwd_single if c.sp else r.bwd_ar_nosp, r.bwd_single_gemms):
+        if c.sp:
+            out += 2 * max(0.0, _gather_s(x, t, c.link) - col / t / rate)
+        else:
+            out += max(0.0, _allreduce_s(x, t, c.link) - col / t / rate)
     return out
+
+
+def _input_gathers_s(r: _Raw, c: _TableRates) -> float:
+    """Seconds of gathering, with sp, the sequence-sharded saved input of
+    each column-parallel GEMM of a layer for its weight gradient (none
+    without sp): charged in full where the backward hides no collective,
+    and in a zero-bubble plan's weight pass (where its weight gradients
+    run), not its input pass."""
+    if not c.sp:
+        return 0.0
+    return (sum(_gather_s(x, c.t, c.link) for x, _ in zip(r.bwd_pairs, r.bwd_pair_gemms))
+            + sum(_gather_s(x, c.t, c.link) for x, _ in zip(r.bwd_single, r.bwd_single_gemms)))
 
 
 def _saved_bytes(r: _Raw, c: _TableRates) -> tuple[float, float, float | None]:
