@@ -47,7 +47,7 @@ from typing import Any
 from .errors import InputError, PlanFormatError
 from .input_files import parse_failure, read_input_text, unique_keys
 from .output import write_text
-from .schema import Problem, schema_problems
+from .schema import Problem, schema_problems, show
 from .schema.digests import planned_digests
 from .schema.semantics import semantic_problems
 from .types import Plan, Prediction, StagePlan
@@ -310,7 +310,13 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         if "schema" not in doc and ({"model_type", "architectures"} & set(doc) or "hidden_size" in doc):
             raise PlanFormatError(f"{source}: a model config (HuggingFace config.json), not a plan file; "
                                   f"`pipesearch plan --model {source} -o plans.json` writes one")
-        found = f"schema is {doc['schema']!r}" if "schema" in doc else "no 'schema' key"
+        if "schema" in doc:
+            found = f"schema is {doc['schema']!r}"
+        elif "format" in doc:
+            found = f"no 'schema' key (its format is {show(doc['format'])}: a serving plan file has format " \
+                    f"'pipesearch.serve/1')"
+        else:
+            found = "no 'schema' key"
         raise PlanFormatError(f"{source}: {found}, expected {SCHEMA!r} (a file written by `pipesearch plan -o`)")
     return doc
 

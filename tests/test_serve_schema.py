@@ -171,13 +171,18 @@ def test_engine_commands_run_the_plan(tmp_path, written):
     edited = argv[:k + 1] + [str(plan["max_num_seqs"] + 1)] + argv[k + 2:]
     doc = _edited(written, lambda d: d["plans"][0]["exports"]["vllm"].__setitem__("argv", edited))
     assert _validate(tmp_path, doc)[1][0] == (f"plans[0].exports.vllm.argv: --max-num-seqs "
-                                              f"'{plan['max_num_seqs'] + 1}' found, {plan['max_num_seqs']} expected "
-                                              "(the plan's); re-plan, or restore the command")
+                                              f"'{plan['max_num_seqs'] + 1}' found, '{plan['max_num_seqs']}' expected "
+                                              "(the plan and inputs it was made for); re-plan, or restore the command")
     # the command is the variable and argv as a shell reads them
     line = plan["exports"]["vllm"]["command"]
     assert shlex.split(line) == [f"VLLM_PP_LAYER_PARTITION={partition}", *argv]
-    doc = _edited(written, lambda d: d["plans"][0]["exports"]["vllm"].__setitem__("command", line + " --x"))
-    assert _validate(tmp_path, doc)[1][0].startswith("plans[0].exports.vllm.command:")
+    words = shlex.split(line)
+    k = words.index("--tensor-parallel-size") + 1
+    edited_line = shlex.join(words[:k] + ["8"] + words[k + 1:])
+    doc = _edited(written, lambda d: d["plans"][0]["exports"]["vllm"].__setitem__("command", edited_line))
+    assert _validate(tmp_path, doc)[1][0] == (f"plans[0].exports.vllm.command: word {k + 1}: '8' found, "
+                                              f"'{plan['parallelism']['tp']}' expected (the command is env then argv "
+                                              "as a shell reads them); restore the command")
     # the other engine sizes its own pool: its running limit may be lower, never higher
     other = plan["exports"]["sglang"]["argv"]
     k = other.index("--max-running-requests")
@@ -207,3 +212,79 @@ def test_ranks_in_order(tmp_path, written):
     ranks = [p["rank"] for p in doc["plans"]]
     assert _validate(tmp_path, doc)[1] == [f"plans: ranks {ranks} found, 1 .. {len(ranks)} in order expected; give "
                                            "the plans their ranks in order"]
+
+
+def _with_command(doc: dict, argv: list, engine: str = "vllm") -> dict:
+    """``doc`` with plan 1's ``engine`` command run as ``argv`` (its
+    ``command`` line rebuilt to match, as a careful hand edit would)."""
+    out = copy.deepcopy(doc)
+    export = out["plans"][0]["exports"][engine]
+    export["argv"] = argv
+    export["command"] = shlex.join([f"{k}={v}" for k, v in export["env"].items()] + argv)
+    return out
+
+
+@pytest.mark.parametrize("extra", [["--tensor-parallel-size", "8"], ["--tensor-parallel-size=8"], ["-tp", "8"]])
+def test_a_setting_repeated_later_is_the_one_the_engine_takes(tmp_path, written, extra):
+    """The engines' parsers keep the last value of a flag (argparse), in
+    either spelling and under vLLM's alias: a tp given again after the
+    planned one is a command for 8-way tensor parallelism."""
+    plan = written["plans"][0]
+    doc = _with_command(written, plan["exports"]["vllm"]["argv"] + extra)
+    tp = plan["parallelism"]["tp"]
+    assert _validate(tmp_path, doc)[1][0] == (f"plans[0].exports.vllm.argv: --tensor-parallel-size '{tp}' then '8' "
+                                              f"found, '{tp}' expected (the plan and inputs it was made for) (the "
+                                              "engine takes the last); re-plan, or restore the command")
+
+
+def test_commands_follow_the_inputs(tmp_path, written):
+    """The context is the request's length, the memory share the planned
+    engine's, and fp8 weights or KV cache appear exactly when the workload
+    says so."""
+    plan, w = written["plans"][0], written["inputs"]["workload"]
+    argv = plan["exports"]["vllm"]["argv"]
+    length = w["input_len"] + w["output_len"]
+    k = argv.index("--max-model-len") + 1
+    assert argv[k] == str(length)
+    doc = _with_command(written, argv[:k] + ["100"] + argv[k + 1:])
+    assert _validate(tmp_path, doc)[1][0].startswith(f"plans[0].exports.vllm.argv: --max-model-len '100' found, "
+                                                     f"'{length}' expected")
+    assert w["weight_dtype"] == "bf16" and "--quantization" not in argv
+    doc = _with_command(written, argv + ["--quantization", "fp8"])
+    assert _validate(tmp_path, doc)[1][0].startswith("plans[0].exports.vllm.argv: --quantization 'fp8' found, not "
+                                                     "expected")
+    doc = _edited(written, lambda d: d["inputs"]["workload"].__setitem__("kv_dtype", "fp8"))
+    assert _validate(tmp_path, doc)[1][0].startswith("plans[0].exports.vllm.argv: --kv-cache-dtype missing, 'fp8' "
+                                                     "expected")
+    doc = _edited(written, lambda d: d["inputs"]["engine"].__setitem__("memory_fraction", 0.5))
+    assert _validate(tmp_path, doc)[1][0].startswith("plans[0].exports.vllm.argv: --gpu-memory-utilization '0.9' "
+                                                     "found, '0.5' expected")
+
+
+def test_the_planned_engine_has_its_command(tmp_path, written):
+    doc = _edited(written, lambda d: d["plans"][0]["exports"].__setitem__("vllm", {"refused": "edited"}))
+    assert _validate(tmp_path, doc)[1][0] == ('plans[0].exports.vllm: {"refused": "edited"} found, the command of '
+                                              "the engine planned for (inputs.engine.name 'vllm') expected; re-plan, "
+                                              "or restore it")
+
+
+def test_a_tensor_parallel_group_stays_in_one_node(tmp_path):
+    """Two 8-GPU nodes, tp 8: a stage's group [0..6, 8] would run its
+    collectives across nodes, which the engines' tensor parallelism does
+    not (serve refuses a group larger than a node for that reason)."""
+    out = tmp_path / "s.json"
+    result = CliRunner().invoke(main, ["serve", "--model", "llama3-70b", "--cluster", "2x8-a100-80gb", "--tp", "8",
+                                       "--pp", "2", "--simulate-top", "0", "-q", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    first = doc["plans"][0]["stages"][0]["devices"]
+    assert first == list(range(8))
+    moved = first[:7] + [8]
+    other = doc["plans"][0]["stages"][1]["devices"]
+    doc["plans"][0]["stages"][1]["devices"] = [first[7] if d == 8 else d for d in other]
+    doc["plans"][0]["stages"][0]["devices"] = moved
+    code, lines = _validate(tmp_path, doc)
+    assert code == 2 and lines[0] == (f"plans[0].stages[0].devices: {moved}: the stage's tensor-parallel group spans "
+                                      "nodes of 8 devices; a group stays in one node (the engines' tensor parallelism "
+                                      "runs over its NVLink or PCIe)")
+

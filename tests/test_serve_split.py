@@ -360,3 +360,21 @@ def test_a_transformer_toml_without_seq_len_serves_and_plans_with_seq_len(tmp_pa
     r = CliRunner().invoke(main, base)
     assert r.exit_code == 2 and "missing key 'transformer.seq_len'" in r.output and "--seq-len" in r.output
     assert CliRunner().invoke(main, base + ["--seq-len", "2048"]).exit_code == 0
+
+
+def test_split_written_as_the_table_writes_it():
+    """``--split`` takes a run of K equal stages as ``N*K``, the notation the
+    table uses for long splits: ``16*2`` is ``16,16``; a part with replicas
+    (a training split's ``NxR``) is refused with the serving form."""
+    from click.testing import CliRunner
+
+    from pipesearch.cli import main
+
+    base = ["serve", "--model", "llama3-8b", "--cluster", "1x8-l4", "--pp", "2", "--simulate-top", "0", "--json"]
+    a = CliRunner().invoke(main, base + ["--split", "16*2"])
+    b = CliRunner().invoke(main, base + ["--split", "16,16"])
+    assert a.exit_code == b.exit_code == 0, a.output
+    assert json.loads(a.stdout)["plans"][0]["layers_per_stage"] == [16, 16]
+    assert json.loads(a.stdout)["plans"] == json.loads(b.stdout)["plans"]
+    r = CliRunner().invoke(main, base + ["--split", "16x2,16"])
+    assert r.exit_code == 2 and "expected decoder layers per stage like 20,21,21,18" in r.output

@@ -17,6 +17,7 @@ from ..limits import (MAX_REQUEST_RATE, MAX_SERVE_LAYERS, MAX_SIMULATED_REQUESTS
                       MIN_REQUEST_RATE)
 from ..output import check_distinct_paths, check_suffix, check_writable, print_whole, short_path, write_outputs
 from ..output_table import stage_counts_label
+from ..pins import parse_split
 from ..profiles.transformer import guessed_family_note, hf_checkpoint, hf_quantization_config, load_transformer
 from ..serve.dtypes import (KV_DTYPES, WEIGHT_FORMATS, check_device_dtype, checkpoint_weight_dtype, kv_dtype_bytes,
                             runs_bf16, weight_format)
@@ -40,12 +41,22 @@ SIM_CARRY_SHARE = 0.95
 
 
 def _split(ctx, param, value):
+    """Decoder layers per stage; a run of ``K`` equal stages may be written
+    ``N*K``, as the table writes long splits (:func:`pipesearch.pins.parse_split`)."""
     if value is None:
         return None
-    try:
+    try:  # plain counts as given (zero included: the search says what a stage needs)
         return tuple(int(x) for x in value.split(","))
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected decoder layers per stage like 20,21,21,18") from None
+        pass
+    try:
+        layers, replicas = parse_split(value)
+    except InputError:
+        layers, replicas = None, None
+    if layers is None or replicas is not None:
+        raise click.BadParameter(f"{value!r}: expected decoder layers per stage like 20,21,21,18 (a run of K equal "
+                                 "stages as N*K, as the table writes them: 2*15,3*16,2)") from None
+    return layers
 
 
 def _ms(x: float) -> str:

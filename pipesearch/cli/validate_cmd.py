@@ -246,8 +246,12 @@ def validate_command(plans):
 
     A serving plan file (pipesearch.serve/1, written by pipesearch serve) is
     checked against its own schema and rules: stages cover the decoder
-    layers, devices exist and serve one stage, the KV pool and predicted
-    rates follow from the stages, and each engine command runs the plan.
+    layers, devices exist and serve one stage, the KV pool is the least
+    stage's, the cycle and total rate follow from the stage and replica
+    figures, and each engine command gives the plan's degrees, split,
+    limits, context, memory share and dtypes. The stages' weights, KV
+    tokens and step times and the predicted rates themselves are not
+    recomputed (pipesearch serve does that from the inputs).
 
     Prints one line per problem on stdout (and, when the schema or the
     recorded terms fail, a line saying the later checks wait for them) and

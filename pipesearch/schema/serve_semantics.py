@@ -14,7 +14,8 @@ figures obey (docs/formats.md, "Serving plans JSON"; docs/serving_costs.md):
   layers ``[start, end)`` of the running sums, the embedding on stage 0
   and the head on the last;
 * ``tp x pp x replicas`` devices fit the cluster, and replica 0's stages
-  each list ``tp`` distinct existing device ids, no id in two stages;
+  each list ``tp`` distinct existing device ids of one node (where ``tp``
+  fits a node), no id in two stages;
 * ``kv_pool_tokens`` is the least stage's ``kv_tokens`` (every stage holds
   the KV of every running sequence), ``batch`` is at most ``max_batch`` and
   ``max_num_seqs``;
@@ -25,14 +26,26 @@ figures obey (docs/formats.md, "Serving plans JSON"; docs/serving_costs.md):
   total output tokens/s at least the busiest replica's;
 * ``engine_default.refusal`` is null exactly when its batch and rate are
   given;
-* every engine command (``exports``) runs the plan: its tensor- and
-  pipeline-parallel flags are the plan's, its layer-partition variable is
+* the planned engine's command (``inputs.engine.name``) is there, and
+  every engine command (``exports``) runs the plan: each setting of
+  :func:`pipesearch.serve.export.engine_settings` (the degrees, the running
+  limit, the memory share, the context ``input_len + output_len``, the step
+  budget, fp8 weights and KV cache, the multi-node flags, ``--dtype half``
+  on devices without bf16) has the value the plan and inputs give, however
+  often and in whichever spelling (``--flag value``, ``--flag=value``, an
+  alias) ``argv`` writes it (the engine takes the last), and no other of
+  those settings appears; for the engine not planned for, its running limit
+  is at most the plan's and its memory share and step budget (its own
+  defaults) are not checked; the layer-partition variable is
   ``layers_per_stage`` (absent at pp 1), ``command`` is the variable and
-  ``argv`` as a shell reads them, and at most ``replicas`` replicas run; the
-  planned engine's (``inputs.engine.name``) running limit and step budget
-  are the plan's, the other engine's running limit at most it (that engine
-  sizes its own KV pool);
+  ``argv`` as a shell reads them, ``nodes_per_replica`` the nodes ``tp x
+  pp`` devices take and at most ``replicas`` replicas run;
 * plan ranks are 1, 2, ... in order.
+
+Not checked (no formula of the file's own fields gives them): the stages'
+weights, KV tokens and step times, the batch against the pool, the
+predicted rates and latencies against the batch, and the simulated run;
+``pipesearch serve`` with the file's inputs recomputes them.
 """
 
 from __future__ import annotations
@@ -40,7 +53,8 @@ from __future__ import annotations
 import shlex
 from typing import Iterator
 
-from ..serve.export import ENGINE_FLAGS, PARTITION_ENV
+from ..serve.export import ENGINE_FLAGS, FLAG_ALIASES, PARTITION_ENV, engine_settings
+from ..types import MIN_BF16_CAPABILITY
 from . import Problem, check_record, show
 from .semantics import cluster_group_problems
 
@@ -59,16 +73,25 @@ def serve_semantic_problems(doc: dict) -> list[Problem]:
     return out
 
 
+#: what a plan's split problem leaves for later, said with it
+LATER = " (the plan's devices, pool, rates and engine commands are checked once its split and stages agree)"
+
+
 def _plan_problems(plan: dict, where: str, inputs: dict) -> list[Problem]:
     out = list(_split(plan, where, inputs["model"]["num_layers"]))
     if out:  # the rest reads the stages
         return out
-    out += _devices(plan, where, inputs["cluster"]["devices"])
+    out += _devices(plan, where, inputs["cluster"]["devices"], _per_node(inputs["cluster"]))
     out += _pool(plan, where)
     out += _predicted(plan, where, inputs["workload"])
-    for engine, export in (plan.get("exports") or {}).items():
+    exports, planned = plan.get("exports"), inputs["engine"]["name"]
+    if exports is not None and "refused" in exports.get(planned, {"refused": ""}):
+        out.append(Problem(f"{where}.exports.{planned}", f"{show(exports.get(planned, '(missing)'))} found, the "
+                                                         f"command of the engine planned for (inputs.engine.name "
+                                                         f"{planned!r}) expected; re-plan, or restore it"))
+    for engine, export in (exports or {}).items():
         if "refused" not in export:
-            out += _export(plan, f"{where}.exports.{engine}", engine, export, inputs["engine"]["name"])
+            out += _export(plan, f"{where}.exports.{engine}", engine, export, inputs)
     return out
 
 
@@ -81,11 +104,11 @@ def _split(plan: dict, where: str, num_layers: int) -> Iterator[Problem]:
         if len(split) != pp or sum(split) != num_layers:
             yield Problem(f"{where}.{key}", f"{show(split)} found, {pp} stage(s) (parallelism.pp) of the model's "
                                             f"{num_layers} decoder layers (inputs.model.num_layers) expected; "
-                                            "re-plan, or restore the field")
+                                            f"re-plan, or restore the field{LATER}")
             return
     stages, start = plan["stages"], 0
     if len(stages) != pp:
-        yield Problem(f"{where}.stages", f"{len(stages)} stage(s) found, {pp} expected (parallelism.pp)")
+        yield Problem(f"{where}.stages", f"{len(stages)} stage(s) found, {pp} expected (parallelism.pp){LATER}")
         return
     for i, (st, n) in enumerate(zip(stages, plan["layers_per_stage"])):
         expect = {"index": i, "layers": [start, start + n], "embedding": i == 0, "head": i == pp - 1}
@@ -94,12 +117,12 @@ def _split(plan: dict, where: str, num_layers: int) -> Iterator[Problem]:
                 yield Problem(f"{where}.stages[{i}].{key}", f"{show(st[key])} found, {show(value)} expected (stage "
                                                             f"{i} of layers_per_stage {plan['layers_per_stage']}: the "
                                                             "embedding on the first stage, the head on the last); "
-                                                            "re-plan, or restore the field")
+                                                            f"re-plan, or restore the field{LATER}")
                 return
         start += n
 
 
-def _devices(plan: dict, where: str, num_devices: int) -> Iterator[Problem]:
+def _devices(plan: dict, where: str, num_devices: int, per_node: int) -> Iterator[Problem]:
     par = plan["parallelism"]
     tp, pp, replicas = par["tp"], par["pp"], par["replicas"]
     if tp * pp * replicas > num_devices:
@@ -122,6 +145,11 @@ def _devices(plan: dict, where: str, num_devices: int) -> Iterator[Problem]:
                                  "one stage")
                 return
             owner[d] = i
+        if tp <= per_node and len({d // per_node for d in devices}) > 1:
+            yield Problem(w, f"{devices}: the stage's tensor-parallel group spans nodes of {per_node} devices; a "
+                             "group stays in one node (the engines' tensor parallelism runs over its NVLink or "
+                             "PCIe)")
+            return
 
 
 def _pool(plan: dict, where: str) -> Iterator[Problem]:
@@ -164,30 +192,92 @@ def _predicted(plan: dict, where: str, workload: dict) -> Iterator[Problem]:
                       f"{sim['output_tokens_per_s']!r} expected; re-plan, or restore the field")
 
 
-def _flag(argv: list, flag: str) -> str | None:
-    """The value after ``flag`` in ``argv`` (None when absent)."""
-    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+def _per_node(cluster: dict) -> int:
+    """Devices per node of a serving cluster (one device type: its first group's)."""
+    groups = cluster.get("groups")
+    if groups:
+        return int(groups[0]["devices_per_node"])
+    return max(1, cluster["devices"] // max(1, cluster.get("nodes") or 1))
 
 
-def _export(plan: dict, where: str, engine: str, export: dict, planned_engine: str) -> Iterator[Problem]:
+def _expected_settings(plan: dict, engine: str, inputs: dict) -> tuple[list, set]:
+    """``(settings, unknown)``: :func:`pipesearch.serve.export.engine_settings`
+    of the plan's command for ``engine`` from the file's own fields, and the
+    flags whose value the file does not fix for an engine other than the
+    planned one (that engine's own memory share and step budget, and vLLM's
+    chunked prefill that follows the budget; its running limit is checked
+    apart: at most the plan's)."""
+    par, workload, cluster = plan["parallelism"], inputs["workload"], inputs["cluster"]
+    groups = cluster.get("groups") or [{}]
+    capability = groups[0].get("compute_capability")
+    settings = engine_settings(
+        engine, tp=par["tp"], pp=par["pp"], max_num_seqs=plan.get("max_num_seqs", plan["batch"]),
+        memory_fraction=inputs["engine"].get("memory_fraction", 0.9),
+        max_model_len=workload["input_len"] + workload["output_len"],
+        max_num_batched_tokens=plan.get("max_num_batched_tokens", 1),
+        weight_dtype=workload.get("weight_dtype", "bf16"), kv_dtype=workload.get("kv_dtype", "bf16"),
+        nodes=-(-par["tp"] * par["pp"] // _per_node(cluster)),
+        half=capability is not None and capability < MIN_BF16_CAPABILITY)
+    flags = ENGINE_FLAGS[engine]
+    unknown = {flags["dtype"]} if capability is None else set()
+    if engine != inputs["engine"]["name"]:
+        unknown |= {flags["max_num_seqs"], flags["memory_fraction"], flags["max_num_batched_tokens"],
+                    flags.get("chunked_prefill")}
+    return settings, unknown
+
+
+def _occurrences(argv: list, engine: str) -> dict:
+    """Each engine flag of ``argv`` (also written ``--flag=value`` or as an
+    alias) with its values in order (None for a flag with no value): the
+    engine takes the last."""
+    known = set(ENGINE_FLAGS[engine].values())
+    bare = {ENGINE_FLAGS[engine].get("chunked_prefill")}
+    out: dict = {}
+    k = 0
+    while k < len(argv):
+        token = argv[k]
+        name, eq, value = token.partition("=")
+        name = FLAG_ALIASES[engine].get(name, name)
+        if name in known:
+            if not eq and name not in bare:
+                value = argv[k + 1] if k + 1 < len(argv) else None
+                k += 1
+            out.setdefault(name, []).append(value if eq or name not in bare else None)
+        k += 1
+    return out
+
+
+def _export(plan: dict, where: str, engine: str, export: dict, inputs: dict) -> Iterator[Problem]:
     """One engine command against the plan (module docstring)."""
     if export["engine"] != engine:
         yield Problem(f"{where}.engine", f"{show(export['engine'])} found, {engine!r} expected (its key)")
         return
-    par, argv, flags = plan["parallelism"], export["argv"], ENGINE_FLAGS[engine]
-    expect = {flags["tp"]: par["tp"], flags["pp"]: par["pp"]}
-    if engine == planned_engine:
-        expect |= {flags["max_num_seqs"]: plan.get("max_num_seqs"),
-                   flags["max_num_batched_tokens"]: plan.get("max_num_batched_tokens")}
-    for flag, value in expect.items():
-        if value is not None and _flag(argv, flag) != str(value):
-            yield Problem(f"{where}.argv", f"{flag} {show(_flag(argv, flag))} found, {value} expected (the plan's); "
-                                           "re-plan, or restore the command")
+    par, argv = plan["parallelism"], export["argv"]
+    settings, unknown = _expected_settings(plan, engine, inputs)
+    found = _occurrences(argv, engine)
+    for flag, value in settings:
+        if flag in unknown:
+            continue
+        values = found.get(flag, [])
+        if not values or any(v != value for v in values):
+            want = "expected" if value is None else f"{value!r} expected"
+            found_text = "missing" if not values else f"{' then '.join(show(v) for v in values)} found"
+            last = " (the engine takes the last)" if len(values) > 1 else ""
+            yield Problem(f"{where}.argv", f"{flag} {found_text}, {want} (the plan and inputs it was made "
+                                           f"for){last}; re-plan, or restore the command")
             return
-    limit, planned_limit = _flag(argv, flags["max_num_seqs"]), plan.get("max_num_seqs")
-    if planned_limit is not None and not (limit is not None and limit.isdigit() and int(limit) <= planned_limit):
-        yield Problem(f"{where}.argv", f"{flags['max_num_seqs']} {show(limit)} found, at most the plan's "
-                                       f"max_num_seqs {planned_limit} expected; re-plan, or restore the command")
+    expected = {flag for flag, _ in settings} | unknown
+    for flag in found.keys() - expected:
+        yield Problem(f"{where}.argv", f"{flag} {' then '.join(show(v) for v in found[flag])} found, not expected "
+                                       "(the plan and inputs it was made for give no such setting); re-plan, or "
+                                       "restore the command")
+        return
+    limit, planned_limit = found.get(ENGINE_FLAGS[engine]["max_num_seqs"], []), plan.get("max_num_seqs")
+    if planned_limit is not None and not (limit and all((v or "").isdigit() and int(v) <= planned_limit
+                                                        for v in limit)):
+        yield Problem(f"{where}.argv", f"{ENGINE_FLAGS[engine]['max_num_seqs']} "
+                                       f"{' then '.join(show(v) for v in limit) or 'missing'} found, at most the "
+                                       f"plan's max_num_seqs {planned_limit} expected; re-plan, or restore the command")
         return
     var = PARTITION_ENV[engine]
     want = {var: ",".join(map(str, plan["layers_per_stage"]))} if par["pp"] > 1 else {}
@@ -195,10 +285,22 @@ def _export(plan: dict, where: str, engine: str, export: dict, planned_engine: s
         yield Problem(f"{where}.env", f"{show(export['env'])} found, {show(want)} expected (layers_per_stage "
                                       f"{plan['layers_per_stage']}); re-plan, or restore the command")
         return
-    line = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in export["env"].items()), *map(shlex.quote, argv)])
-    if export["command"] != line:
-        yield Problem(f"{where}.command", f"{show(export['command'])} found, env and argv as a shell reads them "
-                                          f"expected ({show(line)}); restore the command")
+    line = [*(f"{k}={v}" for k, v in export["env"].items()), *argv]
+    try:
+        words = shlex.split(export["command"])
+    except ValueError as exc:
+        words = [f"(unreadable: {exc})"]
+    if words != line:
+        k = next((i for i, (x, y) in enumerate(zip(words, line)) if x != y), min(len(words), len(line)))
+        got = show(words[k]) if k < len(words) else "(end of the line)"
+        yield Problem(f"{where}.command", f"word {k + 1}: {got} found, "
+                                          f"{show(line[k]) if k < len(line) else '(end of the line)'} expected (the "
+                                          "command is env then argv as a shell reads them); restore the command")
+    nodes = -(-par["tp"] * par["pp"] // _per_node(inputs["cluster"]))
+    if export["nodes_per_replica"] != nodes:
+        yield Problem(f"{where}.nodes_per_replica", f"{export['nodes_per_replica']} found, {nodes} expected (tp "
+                                                    f"{par['tp']} x pp {par['pp']} devices, "
+                                                    f"{_per_node(inputs['cluster'])} a node)")
     if export["replicas"] > par["replicas"]:
         yield Problem(f"{where}.replicas", f"{export['replicas']} found, at most parallelism.replicas "
                                            f"{par['replicas']} expected")

@@ -33,17 +33,56 @@ from ..types import MIN_BF16_CAPABILITY
 from .costs import VOCAB_PADDING
 from .dtypes import INT4_GROUP_SIZE
 
-__all__ = ["ENGINE_FLAGS", "PARTITION_ENV", "engine_refusal", "check_partition", "parse_partition", "export_serving"]
+__all__ = ["ENGINE_FLAGS", "FLAG_ALIASES", "PARTITION_ENV", "engine_settings", "engine_refusal", "check_partition", "parse_partition", "export_serving"]
 
 #: the environment variable each engine reads the layer split from
 PARTITION_ENV = {"vllm": "VLLM_PP_LAYER_PARTITION", "sglang": "SGLANG_PP_LAYER_PARTITION"}
-#: each engine's command-line flags for the plan's degrees, running limit and step token budget
+#: each engine's command-line flag for each setting of :func:`engine_settings`
 ENGINE_FLAGS = {
     "vllm": {"tp": "--tensor-parallel-size", "pp": "--pipeline-parallel-size", "max_num_seqs": "--max-num-seqs",
-             "max_num_batched_tokens": "--max-num-batched-tokens"},
+             "memory_fraction": "--gpu-memory-utilization", "max_model_len": "--max-model-len",
+             "max_num_batched_tokens": "--max-num-batched-tokens", "chunked_prefill": "--enable-chunked-prefill",
+             "quantization": "--quantization", "kv_cache_dtype": "--kv-cache-dtype",
+             "multi_node": "--distributed-executor-backend", "dtype": "--dtype"},
     "sglang": {"tp": "--tp-size", "pp": "--pp-size", "max_num_seqs": "--max-running-requests",
-               "max_num_batched_tokens": "--chunked-prefill-size"},
+               "memory_fraction": "--mem-fraction-static", "max_model_len": "--context-length",
+               "max_num_batched_tokens": "--chunked-prefill-size", "quantization": "--quantization",
+               "kv_cache_dtype": "--kv-cache-dtype", "multi_node": "--nnodes", "node_rank": "--node-rank",
+               "dist_init_addr": "--dist-init-addr", "dtype": "--dtype"},
 }
+#: other spellings the engines' parsers accept for a flag (vLLM's ``arg_utils``: ``-tp``, ``-pp``)
+FLAG_ALIASES = {"vllm": {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size"}, "sglang": {}}
+#: the KV-cache dtype value each engine takes for fp8
+FP8_KV = {"vllm": "fp8", "sglang": "fp8_e4m3"}
+
+
+def engine_settings(engine: str, *, tp: int, pp: int, max_num_seqs: int, memory_fraction: float,
+                    max_model_len: int, max_num_batched_tokens: int, weight_dtype: str, kv_dtype: str, nodes: int,
+                    half: bool = False) -> list[tuple[str, str | None]]:
+    """``(flag, value)`` of every engine setting a replica's command gives,
+    in its order (``value`` None: a flag without a value): the degrees, the
+    running limit, the memory share, the context, the step token budget
+    (vLLM: prompts in chunks where it is below the context, V1's default,
+    V0 refuses the budget without), fp8 weights and KV cache, several nodes
+    (vLLM: Ray; SGLang: node count, rank and address) and ``--dtype half``
+    on devices without bf16. :func:`export_serving` writes them; ``validate``
+    checks a file's commands against them."""
+    f = ENGINE_FLAGS[engine]
+    out = [(f["tp"], str(tp)), (f["pp"], str(pp)), (f["max_num_seqs"], str(max_num_seqs)),
+           (f["memory_fraction"], f"{memory_fraction:g}"), (f["max_model_len"], str(max_model_len)),
+           (f["max_num_batched_tokens"], str(max_num_batched_tokens))]
+    if engine == "vllm" and max_num_batched_tokens < max_model_len:
+        out.append((f["chunked_prefill"], None))
+    if weight_dtype == "fp8":
+        out.append((f["quantization"], "fp8"))
+    if kv_dtype == "fp8":
+        out.append((f["kv_cache_dtype"], FP8_KV[engine]))
+    if nodes > 1:
+        out += [(f["multi_node"], "ray")] if engine == "vllm" else [
+            (f["multi_node"], str(nodes)), (f["node_rank"], "0"), (f["dist_init_addr"], "HOST:PORT")]
+    if half:
+        out.append((f["dtype"], "half"))
+    return out
 
 
 def engine_refusal(cfg: TransformerConfig, tp: int, pp: int, engine: str = "vllm",
@@ -134,34 +173,17 @@ def export_serving(plan, cfg: TransformerConfig, *, engine: str, model_path: str
     env = {PARTITION_ENV[engine]: ",".join(map(str, plan.split))} if plan.pp > 1 else {}
     notes = [f"{model_path} is the model's name in pipesearch, not a checkpoint: replace it with its Hugging Face "
              "id or local path (or pass --model-path)"] if model_name_only else []
-    flags = ENGINE_FLAGS[engine]
-    if engine == "vllm":
-        argv = ["vllm", "serve", model_path, flags["tp"], str(plan.tp), flags["pp"], str(plan.pp),
-                flags["max_num_seqs"], str(plan.max_num_seqs), "--gpu-memory-utilization", f"{memory_fraction:g}",
-                "--max-model-len", str(max_model_len), flags["max_num_batched_tokens"], str(max_num_batched_tokens)]
-        if max_num_batched_tokens < max_model_len:  # prompts in chunks: V1's default, V0 refuses the budget without
-            argv.append("--enable-chunked-prefill")
-        if weight_dtype == "fp8":
-            argv += ["--quantization", "fp8"]
-        if kv_dtype == "fp8":
-            argv += ["--kv-cache-dtype", "fp8"]
-        if nodes > 1:
-            argv += ["--distributed-executor-backend", "ray"]
-            notes.append(f"one replica spans {nodes} nodes: start a Ray cluster over them first")
-    else:
-        argv = ["python", "-m", "sglang.launch_server", "--model-path", model_path, flags["tp"], str(plan.tp),
-                flags["pp"], str(plan.pp), flags["max_num_seqs"], str(plan.max_num_seqs),
-                "--mem-fraction-static", f"{memory_fraction:g}", "--context-length", str(max_model_len),
-                flags["max_num_batched_tokens"], str(max_num_batched_tokens)]
-        if weight_dtype == "fp8":
-            argv += ["--quantization", "fp8"]
-        if kv_dtype == "fp8":
-            argv += ["--kv-cache-dtype", "fp8_e4m3"]
-        if nodes > 1:
-            argv += ["--nnodes", str(nodes), "--node-rank", "0", "--dist-init-addr", "HOST:PORT"]
-            notes.append(f"one replica spans {nodes} nodes: run the command on each with --node-rank 0..{nodes - 1}")
+    settings = engine_settings(engine, tp=plan.tp, pp=plan.pp, max_num_seqs=plan.max_num_seqs,
+                               memory_fraction=memory_fraction, max_model_len=max_model_len,
+                               max_num_batched_tokens=max_num_batched_tokens, weight_dtype=weight_dtype,
+                               kv_dtype=kv_dtype, nodes=nodes, half=half)
+    head = ["vllm", "serve", model_path] if engine == "vllm" else ["python", "-m", "sglang.launch_server",
+                                                                    "--model-path", model_path]
+    argv = head + [x for flag, value in settings for x in ((flag,) if value is None else (flag, value))]
+    if nodes > 1:
+        notes.append(f"one replica spans {nodes} nodes: start a Ray cluster over them first" if engine == "vllm" else
+                     f"one replica spans {nodes} nodes: run the command on each with --node-rank 0..{nodes - 1}")
     if half:
-        argv += ["--dtype", "half"]
         notes.append(f"--dtype half: these devices have no bf16 (compute capability below {MIN_BF16_CAPABILITY:g}); "
                      "the model runs in fp16, the same bytes")
     if weight_dtype == "int4":
