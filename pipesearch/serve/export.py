@@ -33,7 +33,8 @@ from ..types import MIN_BF16_CAPABILITY
 from .costs import VOCAB_PADDING
 from .dtypes import INT4_GROUP_SIZE
 
-__all__ = ["ENGINE_FLAGS", "FLAG_ALIASES", "PARTITION_ENV", "engine_settings", "engine_refusal", "check_partition", "parse_partition", "export_serving"]
+__all__ = ["ENGINE_FLAGS", "FLAG_ALIASES", "PARTITION_ENV", "engine_settings", "engine_refusal", "check_partition",
+           "parse_partition", "export_serving"]
 
 #: the environment variable each engine reads the layer split from
 PARTITION_ENV = {"vllm": "VLLM_PP_LAYER_PARTITION", "sglang": "SGLANG_PP_LAYER_PARTITION"}
