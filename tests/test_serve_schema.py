@@ -134,7 +134,8 @@ def test_devices_serve_one_stage_and_exist(tmp_path, written):
     replicas = 8 // (2 * tp) + 1  # one replica more than 8 devices hold
     doc = _edited(written, lambda d: d["plans"][0]["parallelism"].__setitem__("replicas", replicas))
     assert _validate(tmp_path, doc)[1][0] == (f"plans[0].parallelism: tp {tp} x pp 2 x replicas {replicas} = "
-                                              f"{2 * tp * replicas} devices, the cluster has 8 (inputs.cluster.devices)")
+                                              f"{2 * tp * replicas} devices, the cluster has 8 "
+                                              "(inputs.cluster.devices)")
 
 
 def test_the_pool_is_the_least_stage_and_rates_follow(tmp_path, written):

@@ -1072,7 +1072,8 @@ def _self_attention(cfg: TransformerConfig, s: int, b: int, D: float):
     replicated = D * b * s * h + mask * b * s * h  # QKV input; dropout mask after out proj
     split = D * b * s * (q + kv) + D * b * s * kv + D * b * s * q  # Q, K; V; out-proj input
     core_bytes = a * b * s * s * (D + ((mask + D) if cfg.dropout else 0))
-    return lin, core, _Acts(replicated, split, core_bytes, 0.0, mask * b * s * h), 2 * b * s * h * q + 4 * b * s * h * kv
+    qkv = 2 * b * s * h * q + 4 * b * s * h * kv
+    return lin, core, _Acts(replicated, split, core_bytes, 0.0, mask * b * s * h), qkv
 
 
 def _cross_attention(cfg: TransformerConfig, s_dec: int, s_enc: int, b: int, D: float):
@@ -1380,13 +1381,16 @@ def layer_table(
             of each column-parallel GEMM's input gradient (QKV, fc1; the
             all-reduce, or reduce-scatter with sp) under that GEMM's own
             weight gradient, only ``max(0, collective - its weight-gradient
-            time)`` exposed; with sp the all-gather of each row-parallel
-            GEMM's output gradient (out projection, fc2) before that GEMM's
-            backward in full (with ``overlap_tp_forward``, Transformer
-            Engine's userbuffers pipeline it with the GEMM's input gradient:
-            ``max(0, all-gather - that time)``). The zero-bubble
-            input-gradient pass keeps them whole (its weight gradients run
-            later). False: charged in full.
+            time)`` exposed (the LM head's too); with sp each column-parallel
+            GEMM's gather of its saved input under its input gradient, and
+            the all-gather of each row-parallel GEMM's output gradient (out
+            projection, fc2) before that GEMM's backward in full (with
+            ``overlap_tp_forward``, Transformer Engine's userbuffers pipeline
+            it with the GEMM's input gradient: ``max(0, all-gather - that
+            time)``). The zero-bubble input-gradient pass keeps the
+            reductions whole (its weight gradients, and with sp their input
+            gathers, run later). False: charged in full, as the zero-bubble
+            tables are (:attr:`pipesearch.search_options.ModelVariant.split_backward`).
         overlap_tp_forward: a block's forward tensor-parallel collectives
             run under its weight GEMMs (Megatron-LM ``--tp-comm-overlap``:
             Transformer Engine's userbuffers split each all-gather /

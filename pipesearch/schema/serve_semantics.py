@@ -182,9 +182,10 @@ def _predicted(plan: dict, where: str, workload: dict) -> Iterator[Problem]:
                             f"output_tokens_per_s_per_replica x {par['replicas']} replicas")
     decodes = workload["output_len"] > 1
     if (pred["tpot_s"] is None) == decodes:
-        yield Problem(f"{w}.tpot_s", f"{'null' if pred['tpot_s'] is None else show(pred['tpot_s'])} found, "
-                                     f"{'a time' if decodes else 'null'} expected (inputs.workload.output_len "
-                                     f"{workload['output_len']}: {'requests decode' if decodes else 'no token is decoded'})")
+        found = "null" if pred["tpot_s"] is None else show(pred["tpot_s"])
+        why = "requests decode" if decodes else "no token is decoded"
+        yield Problem(f"{w}.tpot_s", f"{found} found, {'a time' if decodes else 'null'} expected "
+                                     f"(inputs.workload.output_len {workload['output_len']}: {why})")
     sim = plan.get("simulated")
     if sim and sim["total_output_tokens_per_s"] < sim["output_tokens_per_s"] * (1 - 1e-9):
         yield Problem(f"{where}.simulated.total_output_tokens_per_s",
