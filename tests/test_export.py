@@ -465,6 +465,38 @@ def test_megatron_even_and_interleaved():
     assert a[a.index("--num-layers-per-virtual-pipeline-stage") + 1] == "4"
 
 
+def test_megatron_t5_interleaving_note_only_without_a_decoder_only_config():
+    """Megatron refuses interleaving for T5: said of an interleaved plan of a
+    layer profile (its model could be one), never of a transformer config,
+    which the export takes only decoder-only (T5 is refused outright)."""
+    counts = [5] + [4] * 6 + [5]
+    plan = make_plan(counts, transformer_names(32), pp=4, vp=2, schedule="interleaved-1f1b", m=8)
+    t5 = "Megatron refuses interleaving for encoder-decoder (T5) models."
+    assert t5 in export_plan(plan, "megatron")["notes"]
+    cfg = {"hidden_size": 1024, "num_attention_heads": 16, "ffn_hidden_size": 4096, "vocab_size": 32000,
+           "num_layers": 32, "seq_len": 2048}
+    exp = export_plan(plan, "megatron", inputs={"model": {"name": "gpt", "transformer": cfg}})
+    assert "--num-layers-per-virtual-pipeline-stage" in exp["args"] and t5 not in exp["notes"]
+
+
+def test_torchtitan_one_replica_note():
+    """A plan of one data-parallel replica has nothing to shard or all-reduce:
+    both degrees 1, and the note says so (not "FSDP2 over the data-parallel
+    ranks")."""
+    for dp, sharding in ((2, "fsdp"), (1, "none"), (1, "fsdp")):
+        plan = make_plan([2, 4, 4, 2], transformer_names(10), m=4, dp=dp)
+        exp = export_plan(plan, "torchtitan", inputs={"model": {"name": "llama3-8b", "seq_len": 4096},
+                                                      "job": {"optimizer_state": {"sharding": sharding}}})
+        if dp == 2:  # the state sharded over two replicas: FSDP2 over them
+            assert exp["parallelism"]["data_parallel_shard_degree"] == 2
+            assert any(n.startswith("data_parallel_shard_degree = 2: FSDP2") for n in exp["notes"])
+            continue
+        par = exp["parallelism"]
+        assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (1, 1)
+        assert any(n.startswith("one data-parallel replica: nothing to shard or all-reduce") for n in exp["notes"])
+        assert not any("FSDP2 over the data-parallel ranks" in n for n in exp["notes"])
+
+
 def test_megatron_refuses_interleaving_without_layout():
     """40 blocks, pp=8, vp=2: 16 virtual stages cannot hold 40 layers evenly
     (40 % 16 = 8), and the blocks-only plan gives no place for E and L, so no

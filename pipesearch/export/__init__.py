@@ -722,6 +722,9 @@ def torchtitan_dp_degrees(plan: Plan, inputs: "Inputs", release: str) -> tuple[i
         InputError: ZeRO-1 or ZeRO-2 (torchtitan shards with FSDP2 only).
     """
     sharding = inputs.sharding
+    if plan.dp == 1 and sharding in ("none", "zero3", "fsdp"):
+        return 1, 1, ("one data-parallel replica: nothing to shard or all-reduce (data_parallel_replicate_degree "
+                      "= data_parallel_shard_degree = 1).")
     if sharding in ("zero3", "fsdp"):
         return 1, plan.dp, (f"data_parallel_shard_degree = {plan.dp}: FSDP2 over the data-parallel ranks (the "
                             f"plan's --sharding {sharding}: weights, gradients and optimizer state sharded).")

@@ -595,7 +595,7 @@ def _plan_notes(plan: Plan, inputs: Inputs, explicit: bool, layout: str | None, 
     if v > 1 and p == 2:
         notes.append("interleaving with pp=2 needs p2p overlap (Megatron's default; do not pass "
                      "--no-overlap-p2p-communication).")
-    if v > 1:
+    if v > 1 and inputs.transformer is None:  # a transformer config is decoder-only here (T5 is refused)
         notes.append("Megatron refuses interleaving for encoder-decoder (T5) models.")
     if not explicit:
         notes.append("the plan has no explicit embedding/head layers; Megatron puts the embedding on the "
