@@ -114,6 +114,44 @@ def witness_split(costs: PipelineCosts, cache: dict | None = None) -> tuple[int,
     return cache["witness"]
 
 
+def mobius_witness(costs: PipelineCosts, cache: dict | None = None) -> tuple[int, ...] | None:
+    """Mobius: a split every GPU holds (:meth:`PipelineCosts.split_fits`:
+    each GPU's peak over its stays, :meth:`PipelineCosts.mobius_device_peak_bytes`,
+    within its memory, and each node's host memory), a starting split of the
+    search where the others overflow a GPU (the search's branch and bound,
+    ordered by time, may meet no split that fits before its work limits).
+    From the even split, a descent by single-layer boundary moves, each to
+    the neighbour whose most-overflowing GPU overflows least (ties: the
+    first), at most ``L x S`` moves; None when none fits on the way or a
+    move no longer helps. Kept in ``cache`` (one point's dict) when given."""
+    cache = {} if cache is None else cache
+    if "mobius_witness" in cache:
+        return cache["mobius_witness"]
+    L, S = costs.num_layers, costs.pp
+    found = None
+    bounds = np.array(even_split(L, S), dtype=np.int64)
+    capacity = costs.mobius_gpu_capacity_bytes()
+    worst = float(np.max(costs.mobius_device_peak_bytes(bounds) - capacity))
+    for _ in range(L * S):
+        if worst <= 0 and costs.split_fits(tuple(bounds)):
+            found = tuple(int(x) for x in bounds)
+            break
+        moves = np.repeat(bounds[None, :], 2 * (S - 1), axis=0)
+        k = np.arange(1, S)
+        moves[np.arange(S - 1), k] -= 1
+        moves[np.arange(S - 1, 2 * (S - 1)), k] += 1
+        moves = moves[np.all(np.diff(moves, axis=1) >= 1, axis=1)]  # every stage keeps a layer
+        if not len(moves):
+            break
+        over = np.max(costs.mobius_device_peak_bytes(moves) - capacity, axis=1)
+        best = int(np.argmin(over))
+        if over[best] >= worst and worst > 0:
+            break
+        bounds, worst = moves[best], float(over[best])
+    cache["mobius_witness"] = found
+    return found
+
+
 def _balanced_witness(costs: PipelineCosts, cache: dict | None = None) -> tuple[int, ...] | None:
     """:func:`_device_balanced_split` of ``costs``, kept in ``cache`` when given."""
     cache = {} if cache is None else cache

@@ -90,7 +90,7 @@ from .rank_bounds import RankCount, rank_layer_bound_s
 from .split_bounds import (CHAIN_SCHEDULES, PATH_THEN_MAX_R, RANK_WORK_THEN_MAX_R, lagrange_weights,
                            stage_or_link_exceeds, split_lower_bounds)
 from .split_evaluator import SplitEvaluator
-from .split_fits import any_split_fits, witness_split
+from .split_fits import any_split_fits, mobius_witness, witness_split
 from .timemodel import (COMMON_NODE_GRAPHS, evaluation_cost, graph_ends, iteration_time_s,
                         node_before_all_reduces, path_before_all_reduces, paths_of_ends, rank_work_before,
                         simulate_times)
@@ -290,7 +290,9 @@ def _starting_splits(costs: PipelineCosts, point_cache: dict) -> list[tuple[int,
     """The starting splits of :func:`exact_split` that fit (kept in
     ``point_cache``): the even split, the analytic time's optimum
     (:func:`pipesearch.partition.optimal_split`), the memory-balanced split
-    and, with several stages per device, the :func:`pipesearch.split_fits.witness_split`."""
+    and, with several stages per device, the :func:`pipesearch.split_fits.witness_split`;
+    under Mobius, when none of those fits its GPUs,
+    :func:`pipesearch.split_fits.mobius_witness`."""
     if "starts" in point_cache:
         return point_cache["starts"]
     L, S = costs.num_layers, costs.pp
@@ -310,6 +312,11 @@ def _starting_splits(costs: PipelineCosts, point_cache: dict) -> list[tuple[int,
             starts.append(balanced)
     if costs.chunk_states is not None:  # several stages per device: layers moved off the devices that overflow
         held = witness_split(costs, point_cache)
+        if held is not None:
+            starts.append(held)
+    mobius = costs.options is not None and costs.options.swap_in_s_per_param_byte is not None
+    if mobius and not starts:  # Mobius: every start overflows a GPU over its stays
+        held = mobius_witness(costs, point_cache)
         if held is not None:
             starts.append(held)
     point_cache["starts"] = starts
