@@ -221,6 +221,10 @@ def _expected_settings(plan: dict, engine: str, inputs: dict) -> tuple[list, set
         half=capability is not None and capability < MIN_BF16_CAPABILITY)
     flags = ENGINE_FLAGS[engine]
     unknown = {flags["dtype"]} if capability is None else set()
+    for key, given in (("max_num_seqs", plan), ("max_num_batched_tokens", plan),
+                       ("memory_fraction", inputs["engine"])):
+        if key not in given:  # a file of an earlier pipesearch: what it does not record is not checked
+            unknown |= {flags[key], flags.get("chunked_prefill")} if key == "max_num_batched_tokens" else {flags[key]}
     if engine != inputs["engine"]["name"]:
         unknown |= {flags["max_num_seqs"], flags["memory_fraction"], flags["max_num_batched_tokens"],
                     flags.get("chunked_prefill")}
