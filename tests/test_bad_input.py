@@ -1127,7 +1127,7 @@ def test_a_refused_plan_leaves_no_figure_directory(tmp_path):
 
 @pytest.mark.parametrize("field,value,needle", [
     ("devices_per_node", 16, "groups[0].last_device: 3 found, 15 expected (1 nodes x 16 devices from id 0)"),
-    ("devices_per_node", True, "groups[0].devices_per_node: expected an integer, got True"),
+    ("devices_per_node", True, "groups[0].devices_per_node: expected an integer, got true"),
     # a group's fields are typed by the schema: a device type of another kind was an exporter's internal error
     ("device", {"a": 1}, 'groups[0].device: expected a string, got {"a": 1}'),
     ("memory_bytes", -1, "groups[0].memory_bytes: must be > 0, got -1"),

@@ -333,7 +333,7 @@ def test_megatron_export_refuses_overlap_its_validate_args_refuses(tmp_path, arg
 
 
 @pytest.mark.parametrize("edit,needle", [
-    (lambda job, stages: job.update(zero1=False), "inputs.job.zero1: False found, but optimizer_state.sharding is "
+    (lambda job, stages: job.update(zero1=False), "inputs.job.zero1: false found, but optimizer_state.sharding is "
                                                   "'zero1'"),
     (lambda job, stages: job["comm_overlap"].update(grad_reduce=False, param_gather=False),
      "less than its dp_comm_s"),

@@ -35,7 +35,7 @@ COMMANDS = (["validate"], ["simulate"], ["export", "--format", "torch"], ["plot"
 
 @pytest.mark.parametrize("value, field, message", [
     (1, "inputs.cluster.groups", "expected an array, got 1"),
-    (True, "inputs.cluster.groups", "expected an array, got True"),
+    (True, "inputs.cluster.groups", "expected an array, got true"),
     ([1], "inputs.cluster.groups[0]", "expected an object, got 1"),
 ])
 def test_cluster_groups_of_the_wrong_type(tmp_path, doc, value, field, message):

@@ -117,7 +117,7 @@ def test_a_stage_must_hold_its_share_of_the_split(tmp_path, written):
     assert code == 2 and lines[0].startswith(f"plans[0].stages[1].layers: [{first - 1}, 32] found, [{first}, 32] "
                                              "expected")
     doc = _edited(written, lambda d: d["plans"][0]["stages"][1].__setitem__("head", False))
-    assert _validate(tmp_path, doc)[1][0].startswith("plans[0].stages[1].head: False found, True expected")
+    assert _validate(tmp_path, doc)[1][0].startswith("plans[0].stages[1].head: false found, true expected")
 
 
 def test_devices_serve_one_stage_and_exist(tmp_path, written):

@@ -89,10 +89,11 @@ def json_path(parts) -> str:
 
 
 def show(value: Any) -> str:
-    """A value as a message shows it: JSON-like, at most 80 characters."""
+    """A value as a message shows it: JSON-like (``true``, ``false``,
+    ``null`` as the file writes them; strings quoted), at most 80 characters."""
     if isinstance(value, float) and not math.isfinite(value):
         text = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    elif isinstance(value, (dict, list)):
+    elif isinstance(value, (dict, list, bool)) or value is None:
         text = json.dumps(value)
     else:
         text = repr(value)
