@@ -29,7 +29,7 @@ from ..serve.search import (ServeJob, pipeline_for, replica_shares, rerank_by_si
 from ..serve.simulate import simulate_serving
 from ..units import format_bytes, parse_size_option
 from .params import FiniteFloatRange, option_given
-from .serve_report import idle_device_lines, rate_notes, simulation_notes, summary_lines
+from .serve_report import idle_device_lines, rate_notes, running_limit_notes, simulation_notes, summary_lines
 from . import main
 
 FORMAT = "pipesearch.serve/1"
@@ -423,7 +423,10 @@ def serve_command(model, cluster_name, nodes, input_len, output_len, concurrency
                    f"{engine}, weights {shown_weights}, KV {'fp16' if half and kv_dtype == 'bf16' else kv_dtype}, "
                    f"{input_len} in / {output_len} out")
     click.echo(serve_table(plans, output_len))
+    limit_given = option_given(click.get_current_context(), "max_num_seqs")
+    own_batch = request_rate is not None or concurrency is not None  # the workload sets the batch
     for line in (rate_notes(plans, request_rate, output_len, quiet) + simulation_notes(plans, job, eng, engine)
+                 + running_limit_notes(plans, eng, engine, limit_given, own_batch)
                  + idle_device_lines(plans, cluster.num_devices)):
         click.echo(line)
     if not quiet:

@@ -120,6 +120,26 @@ def _budget_note(p, eng, request_rate, engine: str) -> str:
             f"decoding)")
 
 
+def running_limit_notes(plans, eng, engine: str, limit_given: bool, open_loop: bool) -> list[str]:
+    """A line when plans run as many sequences a replica as the engine's
+    default running limit (``--max-num-seqs`` not given; a closed loop of as
+    many clients as fit) while a split of theirs holds more in its KV pool
+    (``max_batch``): the limit, not memory, sets their batch, and a larger
+    one lets the search plan more sequences (more tok/s where decoding is
+    memory-bound, a longer TPOT)."""
+    if limit_given or open_loop:
+        return []
+    capped = [p for p in plans if p.batch == eng.max_num_seqs < p.max_batch]
+    if not capped:
+        return []
+    one = len(capped) == 1
+    return [f"{_plans([p.rank for p in capped])} run{'s' if one else ''} {eng.max_num_seqs:,} sequences a replica, "
+            f"{engine}'s default running limit here, where {'its' if one else 'their'} KV pool{'' if one else 's'} "
+            f"hold{'s' if one else ''} up to {', '.join(f'{p.max_batch:,}' for p in capped)}: --max-num-seqs "
+            f"{max(p.max_batch for p in capped)} lets the search plan larger batches (more tok/s where decoding is "
+            f"memory-bound, a longer TPOT)"]
+
+
 def idle_device_lines(plans, num_devices: int) -> list[str]:
     """One line per plan whose tp x pp x replicas leaves some of the
     cluster's ``num_devices`` idle (a pinned tp x pp that does not divide it)."""
