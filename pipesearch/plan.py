@@ -283,8 +283,19 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         PlanFormatError: not JSON (with the line), or not a
             ``pipesearch.plan/1`` document (its ``schema`` key).
     """
+    return plan_document(parse_json(text, source), source)
+
+
+def parse_json(text: str, source: str = "<text>") -> Any:
+    """The JSON value of a file's text (any document: a plan file, a
+    serving plan file), keys unique in every object.
+
+    Raises:
+        PlanFormatError: not JSON, with the line, and what the text looks
+            like instead (a points CSV, another input file).
+    """
     try:
-        doc = json.loads(text, object_pairs_hook=unique_keys(source, PlanFormatError))
+        return json.loads(text, object_pairs_hook=unique_keys(source, PlanFormatError))
     except PlanFormatError:
         raise
     except json.JSONDecodeError as exc:
@@ -294,6 +305,16 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         raise PlanFormatError(f"{source}: not JSON ({exc.msg}: line {exc.lineno}, column {exc.colno}){hint}") from None
     except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits, nesting too deep
         raise PlanFormatError(f"{source}: not a plan file ({parse_failure(exc)})") from None
+
+
+def plan_document(doc: Any, source: str = "<text>") -> dict:
+    """``doc`` (a parsed JSON value, :func:`parse_json`) when it is a
+    ``pipesearch.plan/1`` document.
+
+    Raises:
+        PlanFormatError: not an object of that ``schema``, naming what it
+            is instead (a serving plan, an export, a model config).
+    """
     if not isinstance(doc, dict):
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(doc), "a number")
         raise PlanFormatError(f"{source}: the top level is {kind}, expected an object with schema {SCHEMA!r} "

@@ -145,7 +145,7 @@ def mobius_witness(costs: PipelineCosts, cache: dict | None = None) -> tuple[int
             break
         over = np.max(costs.mobius_device_peak_bytes(moves) - capacity, axis=1)
         best = int(np.argmin(over))
-        if over[best] >= worst and worst > 0:
+        if over[best] >= worst:  # (a split within the GPUs that the hosts cannot hold: no move aims at that)
             break
         bounds, worst = moves[best], float(over[best])
     cache["mobius_witness"] = found

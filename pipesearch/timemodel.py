@@ -824,6 +824,7 @@ def _act_tuple(act, S: int) -> tuple[bool, ...]:
 #: from split to split, hundreds per point
 MOBIUS_GRAPH_NODES_KEPT = 2**21
 
+
 class _GraphsKept:
     """Graphs kept for reuse, least recently used first, dropped once they
     hold more than ``limit()`` nodes (a callable: the module constant,

@@ -8,8 +8,7 @@ import json
 import click
 
 from ..errors import InputError, PlanFormatError
-from ..plan import _from_document, parse_document, read_plan_text
-from ..input_files import unique_keys
+from ..plan import _from_document, parse_json, plan_document, read_plan_text
 from ..schema import schema_problems, serve_schema_problems
 from ..schema.records import record_problems
 from ..schema.digests import digest_problems, missing_digests_warning
@@ -264,12 +263,11 @@ def validate_command(plans):
       pipesearch serve -o serving.json
       pipesearch validate serving.json
     """
-    text = read_plan_text(plans)
-    serving = _serving_document(text, plans)
-    if serving is not None:
-        _validate_serving(plans, serving)
+    value = parse_json(read_plan_text(plans), plans)
+    if _is_serving(value):
+        _validate_serving(plans, value)
         return
-    doc = parse_document(text, plans)
+    doc = plan_document(value, plans)
     stage, problems = staged_problems(doc)
     if problems:
         _report(plans, problems, LATER_CHECKS[stage])
@@ -288,17 +286,12 @@ def _report(path: str, problems: list, later: str) -> None:
     raise PlanFormatError(f"{path}: {len(problems)} problem(s), the first: {problems[0]}")
 
 
-def _serving_document(text: str, source: str) -> dict | None:
-    """The parsed document when ``text`` is a serving plan file (an object
-    whose ``format`` names ``pipesearch.serve/``, any version), else None
-    (:func:`pipesearch.plan.parse_document` then says what it is)."""
-    try:
-        doc = json.loads(text, object_pairs_hook=unique_keys(source, PlanFormatError))
-    except (ValueError, RecursionError):  # not JSON: parse_document names the line
-        return None
-    if isinstance(doc, dict) and "schema" not in doc and str(doc.get("format", "")).startswith("pipesearch.serve/"):
-        return doc
-    return None
+def _is_serving(value) -> bool:
+    """Whether a parsed file is a serving plan file: an object whose
+    ``format`` names ``pipesearch.serve/`` (any version; its schema says
+    which it reads)."""
+    return isinstance(value, dict) and "schema" not in value and str(value.get("format", "")).startswith(
+        "pipesearch.serve/")
 
 
 def _validate_serving(path: str, doc: dict) -> None:

@@ -941,7 +941,7 @@ def semantic_problems(doc: dict) -> list[Problem]:
     inputs = doc["inputs"]
     out: list[Problem] = cluster_group_problems(inputs["cluster"]) + _transformer(doc) + _job(inputs["job"])
     for k, plan in enumerate(doc["plans"]):
-        out += plan_problems(plan, f"plans[{k}]", doc["inputs"])
+        out += plan_problems(plan, f"plans[{k}]", inputs)
     ranks = [p["rank"] for p in doc["plans"]]
     if len(set(ranks)) != len(ranks):
         out.append(Problem("plans", f"plan ranks repeat ({', '.join(map(str, ranks))}); give each plan its own rank"))
