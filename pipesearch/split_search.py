@@ -87,6 +87,7 @@ from .fluid_bound import FLUID_BOUND_SCHEDULES, fluid_lower_bound_s
 from .local_split import improve_split
 from .partition import balanced_split, even_split, optimal_split
 from .rank_bounds import RankCount, rank_layer_bound_s
+from .rank_splits import rank_bounded_splits
 from .split_bounds import (CHAIN_SCHEDULES, PATH_THEN_MAX_R, RANK_WORK_THEN_MAX_R, lagrange_weights,
                            stage_or_link_exceeds, split_lower_bounds)
 from .split_evaluator import SplitEvaluator
@@ -199,17 +200,19 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if against_cutoff and stage_or_link_exceeds(costs, schedule, pp, cutoff_s):  # whole layers, no table
         return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     enumerated = schedule == "interleaved-1f1b" and _enumerable(costs, schedule, pp, vp)
+    listed = _listed(costs, schedule, pp, vp, cutoff_s * (1 + tie_rel)) if against_cutoff and not enumerated else None
+    enumerated = enumerated or listed is not None
     if against_cutoff and not enumerated:
         tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes, point_cache)
         if proof is not None:
             return None if isinstance(proof, str) else proof
-    if enumerated and against_cutoff and SuffixTables(
+    if enumerated and against_cutoff and listed is None and SuffixTables(
             costs, schedule, pp, cutoff_width, limit_s=cutoff_s * (1 + tie_rel)).root_bound() >= cutoff_s:
         # the tables' root bound first: a sixth of the cost of every split's bound below, and on resnet50's
         # interleaved pp 2 points it settled 13 of the 15 those settle
         return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     # (only the splits under the cutoff are asked about: above it a split's bound may be any bound above it)
-    cheap = _cheap_bounded(costs, schedule, pp, np.inf if value_above_cutoff else cutoff_s * (1 + tie_rel)) \
+    cheap = _cheap_bounded(costs, schedule, pp, np.inf if value_above_cutoff else cutoff_s * (1 + tie_rel), listed) \
         if enumerated else None
     if (cheap is not None and np.isfinite(cutoff_s) and not value_above_cutoff
             and not np.any(cheap[1] <= cutoff_s * (1 + tie_rel))):
@@ -452,9 +455,9 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "S
     cutoff. When no split beats ``cutoff_s`` the least time in ``ev`` is at
     least ``cutoff_s`` (not necessarily the point's optimum). ``cheap``:
     :func:`_cheap_bounded` of the point when already computed."""
-    if not _enumerable(costs, schedule, pp, vp):
+    if cheap is None and not _enumerable(costs, schedule, pp, vp):
         return False
-    count = math.comb(costs.num_layers - 1, costs.pp - 1)
+    count = math.comb(costs.num_layers - 1, costs.pp - 1) if cheap is None else len(cheap[0])
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
     limit = min(min(ev.times.values(), default=np.inf), cutoff_s) * (1 + tie_rel)
     todo, lower = _cheap_bounded(costs, schedule, pp, limit) if cheap is None else cheap
@@ -464,8 +467,9 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "S
     if costs.chunk_states is not None and len(todo):  # and every device its chunks
         fit = np.all(costs.device_fits(todo), axis=1)
         todo, lower = todo[fit], lower[fit]
+    paths = _start_paths(costs, schedule, pp, vp, ev) if cheap is not None and len(todo) > ev.first_chunk() else ()
     if schedule in CHAIN_SCHEDULES:  # (the limit only falls as splits are evaluated: those above it stay out)
-        lower = split_lower_bounds(costs, schedule, pp, todo, limit_s=limit)
+        lower = split_lower_bounds(costs, schedule, pp, todo, paths=paths, limit_s=limit)
     order = np.argsort(lower, kind="stable")
     todo, lower = todo[order], lower[order]
     # large batches: the graph's levels are walked once per batch (about 4 million node values each)
@@ -481,18 +485,42 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "S
     return True
 
 
-def _cheap_bounded(costs: PipelineCosts, schedule: str, pp: int,
-                   limit_s: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
+def _cheap_bounded(costs: PipelineCosts, schedule: str, pp: int, limit_s: float = np.inf,
+                   listed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The splits whose every stage fits (``(n, S + 1)`` boundaries, in
-    lexicographic order) and their cheap bounds (:func:`pipesearch.split_bounds.split_lower_bounds`
+    lexicographic order; ``listed``: those of :func:`_listed`, which fit)
+    and their cheap bounds (:func:`pipesearch.split_bounds.split_lower_bounds`
     without the chain families, exact up to ``limit_s``), for
     :func:`_enumerate_all`. Whether each
     device holds its chunks (several stages per device) is left to the
     caller: it is costlier, and only asked of the splits a bound keeps."""
     L, S = costs.num_layers, costs.pp
-    splits = _all_splits(L, S)
-    todo = splits[np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)]
-    return todo, split_lower_bounds(costs, schedule, pp, todo, chains=False, limit_s=limit_s)
+    if listed is None:
+        splits = _all_splits(L, S)
+        listed = splits[np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)]
+    return listed, split_lower_bounds(costs, schedule, pp, listed, chains=False, limit_s=limit_s)
+
+
+#: at most this many splits (``C(L-1, S-1)``) has a point whose splits below
+#: its cutoff are listed (:func:`_listed`; a count): above it the list is
+#: seldom short (GPT-3 175B's 98 layers on 16 stages)
+LISTED_FROM = 10**8
+#: at most this many listed splits, and this much evaluation work, are
+#: simulated one and all (counts, as :data:`ENUMERATE_SPLITS` and :data:`ENUMERATE_WORK`)
+LISTED_SPLITS = 20_000
+
+
+def _listed(costs: PipelineCosts, schedule: str, pp: int, vp: int, limit_s: float) -> np.ndarray | None:
+    """For interleaved 1F1B with more splits than :func:`_enumerable`
+    takes (up to :data:`LISTED_FROM`): the splits whose every rank keeps
+    its work and all-reduce below ``limit_s``
+    (:func:`pipesearch.rank_splits.rank_bounded_splits`; every other split is
+    at least that slow) when they are within :data:`LISTED_SPLITS` and
+    their evaluation within :data:`ENUMERATE_WORK`, else None."""
+    if schedule != "interleaved-1f1b" or math.comb(costs.num_layers - 1, costs.pp - 1) > LISTED_FROM:
+        return None
+    _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
+    return rank_bounded_splits(costs, pp, limit_s, min(LISTED_SPLITS, ENUMERATE_WORK // max(per_split, 1)))
 
 
 def _enumerable(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> bool:

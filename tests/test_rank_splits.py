@@ -1,0 +1,108 @@
+"""The splits whose every rank stays below a limit
+(:func:`pipesearch.rank_splits.rank_bounded_splits`), and the exact split of
+interleaved 1F1B points settled by simulating them (``split_search._listed``),
+checked by brute force on small instances.
+
+* The list is every split whose stages fit and whose every rank's work and
+  all-reduce, ``m sum (F + B) + sum r`` over its stages, read off the
+  split's own stage times (the simulator's input), is below the limit: no
+  more, no fewer, in lexicographic order.
+* Every split left out is at least the limit slow in the simulator (the
+  rank's work and all-reduce is a path of the schedule).
+* ``exact_split`` on points with too many splits to simulate every one
+  (``ENUMERATE_SPLITS`` lowered) but few below the cutoff returns the split
+  and time of simulating every split, or proves that none beats the cutoff.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from pipesearch import split_search
+from pipesearch.rank_splits import rank_bounded_splits
+from pipesearch.split_search import exact_split
+from pipesearch.timemodel import simulate_times
+from test_split_search_enumeration import _enumerated_choice, _point
+
+SEEDS = [0, 4, 5, 9, 10, 14, 15, 19, 20, 24]  # interleaved 1F1B points of _point
+
+
+def _rank_values(costs, pp: int, bounds) -> np.ndarray:
+    """Each rank's work and all-reduce on the split ``bounds``, from the
+    stage times the simulator replays."""
+    t = costs.stage_times(np.array(bounds))
+    per_stage = costs.num_micro_batches * (t.fwd_s + t.bwd_s) + t.allreduce_s
+    return np.array([per_stage[q::pp].sum() for q in range(pp)])
+
+
+def _every_split(L: int, S: int) -> list[tuple[int, ...]]:
+    return [(0, *cut, L) for cut in itertools.combinations(range(1, L), S - 1)]
+
+
+def _stages_fit(costs, bounds) -> bool:
+    return all(bool(costs.fits(s, bounds[s], bounds[s + 1])) for s in range(costs.pp))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("memory_cap", [False, True])
+def test_listed_splits_are_those_with_every_rank_below_the_limit(seed, memory_cap):
+    """At limits between the least and the largest busiest-rank value, the
+    list equals the brute-force filter (a list that dropped the all-reduce,
+    or cut stages too short, would differ), and every split outside it
+    simulates at least the limit."""
+    schedule, pp, vp, costs = _point(seed, memory_cap)
+    assert schedule == "interleaved-1f1b"
+    S, L, m = costs.pp, costs.num_layers, costs.num_micro_batches
+    splits = [b for b in _every_split(L, S) if _stages_fit(costs, b)]
+    if not splits:
+        pytest.skip("no split fits")
+    busiest = np.array([_rank_values(costs, pp, b).max() for b in splits])
+    for limit in np.quantile(busiest, [0.0, 0.1, 0.5, 1.0]) * (1 + 1e-9):
+        want = [b for b, v in zip(splits, busiest) if v < limit * (1 - 1e-12)]
+        got = rank_bounded_splits(costs, pp, float(limit), 10**6)
+        maybe = {b for b, v in zip(splits, busiest) if abs(v - limit) <= 1e-12 * limit}  # rounding at the limit
+        assert set(want) <= {tuple(int(x) for x in row) for row in got} <= set(want) | maybe
+        assert [tuple(row) for row in got.tolist()] == sorted(tuple(row) for row in got.tolist())
+        listed = {tuple(int(x) for x in row) for row in got}
+        for b in _every_split(L, S):
+            if b not in listed and _stages_fit(costs, b):
+                t, _ = simulate_times(schedule, pp, m, vp, costs.stage_times(np.array(b)))
+                assert t >= limit * (1 - 1e-9)
+
+
+def test_list_refused_above_its_count():
+    """More splits below the limit than asked for: None, not a partial list."""
+    schedule, pp, vp, costs = _point(4)
+    top = max(_rank_values(costs, pp, b).max() for b in _every_split(costs.num_layers, costs.pp))
+    full = rank_bounded_splits(costs, pp, top * 2, 10**6)
+    assert len(full) > 1
+    assert rank_bounded_splits(costs, pp, top * 2, len(full) - 1) is None
+    assert rank_bounded_splits(costs, pp, np.inf, 10**6) is None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("memory_cap", [False, True])
+def test_exact_split_over_the_listed_splits_is_the_full_enumeration(seed, memory_cap, monkeypatch):
+    """With every point too large to enumerate whole, a cutoff just above
+    the optimum: the listed splits are simulated and the split and time are
+    those of simulating every split; a cutoff just below it: a proof that
+    nothing beats it. A list that left out a split below the cutoff, or an
+    enumeration that stopped at the wrong bound, picks another split."""
+    schedule, pp, vp, costs = _point(seed, memory_cap)
+    if not any(costs.split_fits(b) for b in _every_split(costs.num_layers, costs.pp)):
+        pytest.skip("no split fits")
+    chosen, best = _enumerated_choice(costs, schedule, pp, vp)
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 1)
+    seen = []
+    listed = split_search._listed
+    monkeypatch.setattr(split_search, "_listed", lambda *a: seen.append(listed(*a)) or seen[-1])
+    found = exact_split(costs, schedule, pp, vp, cutoff_s=best * (1 + 1e-6))
+    assert seen and seen[0] is not None  # settled by the list, not by the branch and bound
+    assert found.exact and found.nodes == 0
+    assert found.bounds == chosen
+    assert found.best_time_s == pytest.approx(best, rel=1e-12)
+    below = exact_split(costs, schedule, pp, vp, cutoff_s=best * (1 - 1e-6))
+    assert below.exact and below.best_time_s >= best * (1 - 1e-6)
