@@ -200,20 +200,20 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     if against_cutoff and stage_or_link_exceeds(costs, schedule, pp, cutoff_s):  # whole layers, no table
         return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     enumerated = schedule == "interleaved-1f1b" and _enumerable(costs, schedule, pp, vp)
-    listed = _listed(costs, schedule, pp, vp, cutoff_s * (1 + tie_rel)) if against_cutoff and not enumerated else None
-    enumerated = enumerated or listed is not None
+    cheap = _listed(costs, schedule, pp, vp, cutoff_s * (1 + tie_rel)) if against_cutoff and not enumerated else None
+    listed, enumerated = cheap is not None, enumerated or cheap is not None
     if against_cutoff and not enumerated:
         tables, proof = _cutoff_proof(costs, schedule, pp, ev, cutoff_s, tie_rel, max_splits, max_nodes, point_cache)
         if proof is not None:
             return None if isinstance(proof, str) else proof
-    if enumerated and against_cutoff and listed is None and SuffixTables(
+    if enumerated and against_cutoff and not listed and SuffixTables(
             costs, schedule, pp, cutoff_width, limit_s=cutoff_s * (1 + tie_rel)).root_bound() >= cutoff_s:
         # the tables' root bound first: a sixth of the cost of every split's bound below, and on resnet50's
         # interleaved pp 2 points it settled 13 of the 15 those settle
         return ExactSplit((), np.inf, np.inf, float(cutoff_s), True, 0, 0)
     # (only the splits under the cutoff are asked about: above it a split's bound may be any bound above it)
-    cheap = _cheap_bounded(costs, schedule, pp, np.inf if value_above_cutoff else cutoff_s * (1 + tie_rel), listed) \
-        if enumerated else None
+    if enumerated and not listed:
+        cheap = _cheap_bounded(costs, schedule, pp, np.inf if value_above_cutoff else cutoff_s * (1 + tie_rel))
     if (cheap is not None and np.isfinite(cutoff_s) and not value_above_cutoff
             and not np.any(cheap[1] <= cutoff_s * (1 + tie_rel))):
         # every split's bound reaches the cutoff: settled before any split is simulated
@@ -485,20 +485,18 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "S
     return True
 
 
-def _cheap_bounded(costs: PipelineCosts, schedule: str, pp: int, limit_s: float = np.inf,
-                   listed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _cheap_bounded(costs: PipelineCosts, schedule: str, pp: int,
+                   limit_s: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
     """The splits whose every stage fits (``(n, S + 1)`` boundaries, in
-    lexicographic order; ``listed``: those of :func:`_listed`, which fit)
-    and their cheap bounds (:func:`pipesearch.split_bounds.split_lower_bounds`
+    lexicographic order) and their cheap bounds (:func:`pipesearch.split_bounds.split_lower_bounds`
     without the chain families, exact up to ``limit_s``), for
     :func:`_enumerate_all`. Whether each
     device holds its chunks (several stages per device) is left to the
     caller: it is costlier, and only asked of the splits a bound keeps."""
     L, S = costs.num_layers, costs.pp
-    if listed is None:
-        splits = _all_splits(L, S)
-        listed = splits[np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)]
-    return listed, split_lower_bounds(costs, schedule, pp, listed, chains=False, limit_s=limit_s)
+    splits = _all_splits(L, S)
+    todo = splits[np.all(costs.fits(np.arange(S)[None, :], splits[:, :-1], splits[:, 1:]), axis=1)]
+    return todo, split_lower_bounds(costs, schedule, pp, todo, chains=False, limit_s=limit_s)
 
 
 #: at most this many splits (``C(L-1, S-1)``) has a point whose splits below
@@ -510,17 +508,27 @@ LISTED_FROM = 10**8
 LISTED_SPLITS = 20_000
 
 
-def _listed(costs: PipelineCosts, schedule: str, pp: int, vp: int, limit_s: float) -> np.ndarray | None:
+def _listed(costs: PipelineCosts, schedule: str, pp: int, vp: int,
+            limit_s: float) -> tuple[np.ndarray, np.ndarray] | None:
     """For interleaved 1F1B with more splits than :func:`_enumerable`
     takes (up to :data:`LISTED_FROM`): the splits whose every rank keeps
     its work and all-reduce below ``limit_s``
     (:func:`pipesearch.rank_splits.rank_bounded_splits`; every other split is
-    at least that slow) when they are within :data:`LISTED_SPLITS` and
-    their evaluation within :data:`ENUMERATE_WORK`, else None."""
+    at least that slow) whose cheap bounds (as :func:`_cheap_bounded`) are
+    within ``limit_s``, and those bounds, when the splits are within
+    :data:`LISTED_SPLITS` and the evaluation of those whose bound with the
+    chain families is within ``limit_s`` within :data:`ENUMERATE_WORK`
+    (:func:`_enumerate_all` simulates no other); else None."""
     if schedule != "interleaved-1f1b" or math.comb(costs.num_layers - 1, costs.pp - 1) > LISTED_FROM:
         return None
+    listed = rank_bounded_splits(costs, pp, limit_s, LISTED_SPLITS)
+    if listed is None:
+        return None
+    lower = split_lower_bounds(costs, schedule, pp, listed, chains=False, limit_s=limit_s)
+    listed, lower = listed[lower <= limit_s], lower[lower <= limit_s]  # the others never beat the limit
+    below = np.count_nonzero(split_lower_bounds(costs, schedule, pp, listed, limit_s=limit_s) <= limit_s)
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
-    return rank_bounded_splits(costs, pp, limit_s, min(LISTED_SPLITS, ENUMERATE_WORK // max(per_split, 1)))
+    return (listed, lower) if below * per_split <= ENUMERATE_WORK else None
 
 
 def _enumerable(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> bool:
