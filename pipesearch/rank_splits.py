@@ -43,36 +43,62 @@ def rank_bounded_splits(costs: PipelineCosts, pp: int, limit_s: float, max_split
     below the limit and the least work of the layers after ``j`` (each at
     its least time over the stage options, on the fastest device) fits in
     what the ranks of the later stages have left below it; stages are at most
-    :func:`pipesearch.bound_tables.width_for` layers long."""
+    :func:`pipesearch.bound_tables.width_for` layers long, and end before
+    their rank's least work reaches the limit."""
     L, S, m = costs.num_layers, costs.pp, costs.num_micro_batches
     if not np.isfinite(limit_s) or S > L:
         return None
     f, b = layer_times(costs)
     least = m * float(np.min(costs.time_scale)) * (f + b)
-    rest = np.concatenate([np.cumsum(least[::-1])[::-1], [0.0]])  # (L+1,): least work of the layers [j, L)
+    before = np.concatenate([[0.0], np.cumsum(least)])  # (L+1,): least work of the layers [0, j)
     width = width_for(costs, limit_s)
     bounds, work = np.zeros((1, 1), dtype=np.int64), np.zeros((1, pp))
     for s in range(S):
-        start, q = bounds[:, -1], s % pp
-        if s == S - 1:
-            parent, j = np.arange(len(start)), np.full(len(start), L)
-        else:
-            counts = np.clip(np.minimum(start + width, L - (S - 1 - s)) - start, 0, None)
-            if counts.sum() > MAX_CANDIDATES:
-                return None
-            parent = np.repeat(np.arange(len(start)), counts)
-            j = start[parent] + 1 + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        i = start[parent]
-        total = work[parent, q] + m * (costs.fwd_s(s, i, j) + costs.bwd_s(s, i, j)) + costs.after_backward_s(s, i, j)
-        later = np.zeros(pp, dtype=bool)  # the ranks of the stages after s: the layers after j go to them
+        q, later = s % pp, np.zeros(pp, dtype=bool)  # later: the ranks of the stages after s
         later[np.arange(s + 1, S) % pp] = True
+        ends = _stage_ends(bounds[:, -1], work, limit_s, before, later, q, min(width, L - S + 1), L - (S - 1 - s))
+        if ends is None:
+            return None
+        parent, j = ends
+        i = bounds[parent, -1]
+        total = work[parent, q] + m * (costs.fwd_s(s, i, j) + costs.bwd_s(s, i, j)) + costs.after_backward_s(s, i, j)
         room = np.clip(limit_s - work[parent][:, later], 0, None).sum(axis=1)
         if later[q]:
             room += (limit_s - total) - (limit_s - work[parent, q])
-        keep = np.flatnonzero((total < limit_s) & (rest[j] <= room) & np.asarray(costs.fits(s, i, j), dtype=bool))
+        rest = before[L] - before[j]
+        keep = np.flatnonzero((total < limit_s) & (rest <= room) & np.asarray(costs.fits(s, i, j), dtype=bool))
         if len(keep) > min(MAX_PARTIAL_SPLITS, 4 * max_splits):
             return None
         bounds = np.concatenate([bounds[parent[keep]], j[keep, None]], axis=1)
         work = work[parent[keep]]
         work[:, q] = total[keep]
     return bounds if len(bounds) <= max_splits else None
+
+
+def _stage_ends(start: np.ndarray, work: np.ndarray, limit_s: float, before: np.ndarray, later: np.ndarray,
+                q: int, width: int, last: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(parent, j)``: the ends ``j`` worth testing of the next stage (on
+    rank ``q``) of each partial split (``start`` its last boundary,
+    ``work`` ``(n, pp)`` its ranks' work so far), at most ``width`` layers
+    long and ending by ``last`` (the last stage: at ``last``); ends before
+    the layer where rank ``q``'s least work (``before``: the least work of
+    the layers before each) reaches the limit, and, when ``q`` has no stage
+    after this one, from where the least work left fits in the ``later``
+    ranks' room. Both loosened by rounding: the caller's exact tests follow.
+    None when more than :data:`MAX_CANDIDATES`."""
+    loose = 1 + 1e-9
+    if later.any():
+        hi = np.minimum(start + width, last)
+        reach = np.searchsorted(before, before[start] + (limit_s - work[:, q]) * loose, "left") - 1
+        hi = np.minimum(hi, reach)
+    else:
+        hi = np.full(len(start), last)
+    lo = start + 1
+    if not later[q]:
+        room = np.clip(limit_s - work[:, later], 0, None).sum(axis=1)
+        lo = np.maximum(lo, np.searchsorted(-(before[-1] - before), -room * loose, "left"))
+    counts = np.clip(hi - lo + 1, 0, None)
+    if counts.sum() > MAX_CANDIDATES:
+        return None
+    parent = np.repeat(np.arange(len(start)), counts)
+    return parent, lo[parent] + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)

@@ -514,21 +514,22 @@ def _listed(costs: PipelineCosts, schedule: str, pp: int, vp: int,
     takes (up to :data:`LISTED_FROM`): the splits whose every rank keeps
     its work and all-reduce below ``limit_s``
     (:func:`pipesearch.rank_splits.rank_bounded_splits`; every other split is
-    at least that slow) whose cheap bounds (as :func:`_cheap_bounded`) are
-    within ``limit_s``, and those bounds, when the splits are within
-    :data:`LISTED_SPLITS` and the evaluation of those whose bound with the
-    chain families is within ``limit_s`` within :data:`ENUMERATE_WORK`
-    (:func:`_enumerate_all` simulates no other); else None."""
+    at least that slow) whose bound with the chain families
+    (:func:`pipesearch.split_bounds.split_lower_bounds`, the cheap families
+    first) is within ``limit_s``, and those bounds, when at most
+    :data:`LISTED_SPLITS` splits are listed and the evaluation of those left
+    is within :data:`ENUMERATE_WORK`; else None."""
     if schedule != "interleaved-1f1b" or math.comb(costs.num_layers - 1, costs.pp - 1) > LISTED_FROM:
         return None
     listed = rank_bounded_splits(costs, pp, limit_s, LISTED_SPLITS)
     if listed is None:
         return None
     lower = split_lower_bounds(costs, schedule, pp, listed, chains=False, limit_s=limit_s)
-    listed, lower = listed[lower <= limit_s], lower[lower <= limit_s]  # the others never beat the limit
-    below = np.count_nonzero(split_lower_bounds(costs, schedule, pp, listed, limit_s=limit_s) <= limit_s)
+    listed = listed[lower <= limit_s]  # the others never beat the limit
+    lower = split_lower_bounds(costs, schedule, pp, listed, limit_s=limit_s)  # and with the chain families
+    listed, lower = listed[lower <= limit_s], lower[lower <= limit_s]
     _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
-    return (listed, lower) if below * per_split <= ENUMERATE_WORK else None
+    return (listed, lower) if len(listed) * per_split <= ENUMERATE_WORK else None
 
 
 def _enumerable(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> bool:
