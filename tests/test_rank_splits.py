@@ -21,13 +21,20 @@ import itertools
 import numpy as np
 import pytest
 
-from pipesearch import split_search
+from pipesearch import rank_splits, split_search
 from pipesearch.rank_splits import rank_bounded_splits
 from pipesearch.split_search import exact_split
 from pipesearch.timemodel import simulate_times
 from test_split_search_enumeration import _enumerated_choice, _point
 
 SEEDS = [0, 4, 5, 9, 10, 14, 15, 19, 20, 24]  # interleaved 1F1B points of _point
+
+
+@pytest.fixture
+def any_slack(monkeypatch):
+    """Lists at any limit (these instances' limits run far above the
+    average rank's work)."""
+    monkeypatch.setattr(rank_splits, "MAX_SLACK", np.inf)
 
 
 def _rank_values(costs, pp: int, bounds) -> np.ndarray:
@@ -48,7 +55,7 @@ def _stages_fit(costs, bounds) -> bool:
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("memory_cap", [False, True])
-def test_listed_splits_are_those_with_every_rank_below_the_limit(seed, memory_cap):
+def test_listed_splits_are_those_with_every_rank_below_the_limit(seed, memory_cap, any_slack):
     """At limits between the least and the largest busiest-rank value, the
     list equals the brute-force filter (a list that dropped the all-reduce,
     or cut stages too short, would differ), and every split outside it
@@ -73,7 +80,7 @@ def test_listed_splits_are_those_with_every_rank_below_the_limit(seed, memory_ca
                 assert t >= limit * (1 - 1e-9)
 
 
-def test_list_refused_above_its_count():
+def test_list_refused_above_its_count(any_slack):
     """More splits below the limit than asked for: None, not a partial list."""
     schedule, pp, vp, costs = _point(4)
     top = max(_rank_values(costs, pp, b).max() for b in _every_split(costs.num_layers, costs.pp))
@@ -83,9 +90,20 @@ def test_list_refused_above_its_count():
     assert rank_bounded_splits(costs, pp, np.inf, 10**6) is None
 
 
+def test_list_refused_far_above_the_average_rank():
+    """A limit above MAX_SLACK times the average rank's least work (the
+    model's least work, m (F + B) per layer, over pp): None; just below it:
+    a list."""
+    schedule, pp, vp, costs = _point(4)
+    t = costs.stage_times(np.array(_every_split(costs.num_layers, costs.pp)[0]))  # one device type: any split
+    avg = costs.num_micro_batches * float(np.sum(t.fwd_s + t.bwd_s)) / pp
+    assert rank_bounded_splits(costs, pp, avg * rank_splits.MAX_SLACK * 1.001, 10**6) is None
+    assert rank_bounded_splits(costs, pp, avg * rank_splits.MAX_SLACK * 0.999, 10**6) is not None
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("memory_cap", [False, True])
-def test_exact_split_over_the_listed_splits_is_the_full_enumeration(seed, memory_cap, monkeypatch):
+def test_exact_split_over_the_listed_splits_is_the_full_enumeration(seed, memory_cap, monkeypatch, any_slack):
     """With every point too large to enumerate whole, a cutoff just above
     the optimum: the listed splits are simulated and the split and time are
     those of simulating every split; a cutoff just below it: a proof that
