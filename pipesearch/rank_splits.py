@@ -48,9 +48,13 @@ def rank_bounded_splits(costs: PipelineCosts, pp: int, limit_s: float, max_split
     Built stage by stage: a stage of ``[i, j)`` is kept when its rank stays
     below the limit and the least work of the layers after ``j`` (each at
     its least time over the stage options, on the fastest device) fits in
-    what the ranks of the later stages have left below it; stages are at most
-    :func:`pipesearch.bound_tables.width_for` layers long, and end before
-    their rank's least work reaches the limit."""
+    what the ranks of the later stages have left below it; stages other
+    than the last (which ends at the last layer) are at most
+    :func:`pipesearch.bound_tables.width_for` layers long and end before
+    their rank's least work reaches the limit. The tests are strict, with
+    no tolerance: a caller that needs the splits within a tie window of a
+    time passes that time raised by the window (``split_search._listed``:
+    the cutoff times ``1 + tie_rel``)."""
     L, S, m = costs.num_layers, costs.pp, costs.num_micro_batches
     if not np.isfinite(limit_s) or S > L:
         return None
@@ -71,8 +75,8 @@ def rank_bounded_splits(costs: PipelineCosts, pp: int, limit_s: float, max_split
         i = bounds[parent, -1]
         total = work[parent, q] + m * (costs.fwd_s(s, i, j) + costs.bwd_s(s, i, j)) + costs.after_backward_s(s, i, j)
         room = np.clip(limit_s - work[parent][:, later], 0, None).sum(axis=1)
-        if later[q]:
-            room += (limit_s - total) - (limit_s - work[parent, q])
+        if later[q]:  # rank q's room after this stage instead of before it
+            room += work[parent, q] - total
         rest = before[L] - before[j]
         keep = np.flatnonzero((total < limit_s) & (rest <= room) & np.asarray(costs.fits(s, i, j), dtype=bool))
         if len(keep) > min(MAX_PARTIAL_SPLITS, 4 * max_splits):
@@ -99,10 +103,10 @@ def _stage_ends(start: np.ndarray, work: np.ndarray, limit_s: float, before: np.
         hi = np.minimum(start + width, last)
         reach = np.searchsorted(before, before[start] + (limit_s - work[:, q]) * loose, "left") - 1
         hi = np.minimum(hi, reach)
-    else:
+    else:  # the last stage: it ends at the last layer (whatever the least work of the layers before it)
         hi = np.full(len(start), last)
-    lo = start + 1
-    if not later[q]:
+    lo = start + 1 if later.any() else np.maximum(start + 1, last)
+    if not later[q]:  # (before is non-decreasing: layer_times' shares are never negative)
         room = np.clip(limit_s - work[:, later], 0, None).sum(axis=1)
         lo = np.maximum(lo, np.searchsorted(-(before[-1] - before), -room * loose, "left"))
     counts = np.clip(hi - lo + 1, 0, None)

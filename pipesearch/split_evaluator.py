@@ -46,7 +46,12 @@ class SplitEvaluator:
         step = self.batch_size()  # memory: about two million graph nodes per pass, whatever the count asked
         for at in range(0, len(todo), step):
             chunk = todo[at:at + step]
-            times = self.costs.stage_times(np.array(chunk, dtype=np.int64))
+            bounds = np.array(chunk, dtype=np.int64)
+            if bounds.shape[1] != self.costs.pp + 1 or np.any(bounds[:, 0] != 0) or np.any(
+                    bounds[:, -1] != self.costs.num_layers) or np.any(np.diff(bounds, axis=1) < 1):
+                raise RuntimeError(f"internal error: a split search evaluated {chunk[0]}, not a split of "
+                                   f"{self.costs.num_layers} layers into {self.costs.pp} stages")
+            times = self.costs.stage_times(bounds)
             if keep and len(todo) <= step and self.schedule in CHAIN_SCHEDULES and times.delayed_host_s is None:
                 g, ends = graph_ends(self.schedule, self.pp, self.costs.num_micro_batches, self.vp, times)
                 self.kept = (chunk, g, ends)

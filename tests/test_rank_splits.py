@@ -21,10 +21,14 @@ import itertools
 import numpy as np
 import pytest
 
+from helpers import tiny_cluster, tiny_profile
 from pipesearch import rank_splits, split_search
+from pipesearch.costs import build_pipeline_costs, pipeline_placement
 from pipesearch.rank_splits import rank_bounded_splits
+from pipesearch.schedules import build, in_flight_peaks
 from pipesearch.split_search import exact_split
-from pipesearch.timemodel import simulate_times
+from pipesearch.timemodel import iteration_time_s, simulate_times
+from pipesearch.types import Job, Link
 from test_split_search_enumeration import _enumerated_choice, _point
 
 SEEDS = [0, 4, 5, 9, 10, 14, 15, 19, 20, 24]  # interleaved 1F1B points of _point
@@ -124,3 +128,38 @@ def test_exact_split_over_the_listed_splits_is_the_full_enumeration(seed, memory
     assert found.best_time_s == pytest.approx(best, rel=1e-12)
     below = exact_split(costs, schedule, pp, vp, cutoff_s=best * (1 - 1e-6))
     assert below.exact and below.best_time_s >= best * (1 - 1e-6)
+
+
+def _zero_tail_point():
+    """Interleaved 1F1B, pp 2 x vp 2, 4 micro-batches: six layers of 1 + 2
+    ms, then a last layer that takes no time but holds 50 MB of weights (a
+    loss or a view in a PipeDream profile), over 10 GB/s links."""
+    pp, vp, m = 2, 2, 4
+    fwd, bwd = [1e-3] * 6 + [0.0], [2e-3] * 6 + [0.0]
+    prof = tiny_profile(fwd, bwd, params=[1e6] * 6 + [5e7], outputs=[1e6] * 7)
+    link = Link(1e10, 1e-5)
+    costs = build_pipeline_costs(prof, tiny_cluster(1, 2 * pp, memory_bytes=1e12, intra=link, inter=link),
+                                 Job(global_batch_size=2 * m, state_bytes_per_param=2.0, memory_reserve_bytes=0),
+                                 pp=pp * vp, dp=2, micro_batch_size=1, num_micro_batches=m,
+                                 schedule="interleaved-1f1b", placement=pipeline_placement(pp, 2)[np.arange(4) % pp],
+                                 in_flight=np.array(in_flight_peaks(build("interleaved-1f1b", pp, m, vp))),
+                                 stages_per_device=vp)
+    return pp, vp, costs
+
+
+def test_last_stage_ends_at_the_last_layer_after_layers_of_no_time(monkeypatch, any_slack):
+    """Layers of no time at the end leave the least work after an earlier
+    boundary at 0: every listed split still ends at the last layer, and the
+    split the listing settles is brute force's (a list that let the last
+    stage end early returned a split without the last layer, faster than
+    any real one)."""
+    pp, vp, costs = _zero_tail_point()
+    L, S, m = costs.num_layers, costs.pp, costs.num_micro_batches
+    got = rank_bounded_splits(costs, pp, 1.0, 10**6)
+    assert len(got) and np.all(got[:, 0] == 0) and np.all(got[:, -1] == L)
+    splits = np.array(_every_split(L, S))
+    times = np.asarray(iteration_time_s("interleaved-1f1b", pp, m, vp, costs.stage_times(splits)))
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 1)
+    found = exact_split(costs, "interleaved-1f1b", pp, vp, cutoff_s=float(times.min()) * 1.5)
+    assert found.exact and found.bounds[-1] == L
+    assert found.best_time_s == pytest.approx(float(times.min()), rel=1e-12)
