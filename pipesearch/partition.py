@@ -189,10 +189,15 @@ class _Band:
         self._terms: dict = {}
 
     def _cached_terms(self, s: int):
+        """The band's ``(a, b)`` of stage ``s``, shared by the stages whose
+        terms are the same functions of the range: with per-stage options
+        (offload, recompute) the option a range takes depends on the stage's
+        memory, so those stages share nothing."""
         c = self.costs
         key = (c.time_scale[s], c.p2p_bandwidth_bytes_per_s[s], c.p2p_latency_s[s],
                c.allreduce_s_per_byte[s], c.allreduce_fixed_s[s], s == c.pp - 1,
-               None if c.device_step_rate is None else c.device_step_rate[s])
+               None if c.device_step_rate is None else c.device_step_rate[s],
+               None if c.options is None else s)
         if key not in self._terms:
             self._terms[key] = _terms(c, s, self.i, self.j)
         return self._terms[key]
@@ -687,7 +692,11 @@ def optimal_split(costs: PipelineCosts) -> SplitResult | None:
         if b_star + s_val >= best:
             break
         # a split of sum >= s_val beats best only with a bottleneck below best - s_val
-        limit, strict = min(_bottleneck(costs, bounds), best - s_val), True
+        below = min(_bottleneck(costs, bounds), best - s_val)
+        if strict and below >= limit:  # the pass broke its own limit: it would repeat forever
+            raise RuntimeError(f"internal error: the closed-form split's pass returned {bounds}, whose "
+                               f"bottleneck {below!r} is not below its limit {limit!r}")
+        limit, strict = below, True
     return SplitResult(tuple(best_bounds), best, passes)
 
 

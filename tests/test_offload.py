@@ -317,3 +317,54 @@ def test_out_of_memory_names_the_next_host_flag_that_plans(tmp_path):
     assert "--optimizer-offload (this" not in res.output
     res = CliRunner().invoke(main, base + ["--optimizer-offload", "--stream-weights"])
     assert res.exit_code == 0, res.output
+
+
+
+GPT_10_LAYERS = """[transformer]
+kind = "decoder"
+num_layers = 10
+hidden_size = 4096
+num_attention_heads = 16
+ffn_hidden_size = 16384
+vocab_size = 50257
+tied_embeddings = true
+seq_len = 1024
+max_position_embeddings = 1024
+"""
+
+
+def test_closed_form_split_with_stage_options_is_the_brute_force_one(tmp_path, monkeypatch):
+    """A 10-layer GPT (h 4096) on 1x8-rtx3090-pcie3 with the optimizer in
+    host memory and its step delayed: every closed-form split
+    (partition.optimal_split, a starting split of each search) is the best
+    split under the analytic time and the closed form's own memory test,
+    found by brute force over every split, and the plan ends. The band's
+    terms were once shared by stages of the same links and device whatever
+    their memory, so a stage read the option another stage's memory chose:
+    the passes never ended on this command (now an internal error would
+    say so)."""
+    import math
+
+    from pipesearch import partition, split_search
+    from pipesearch.partition import _stage_fits
+
+    checked, wrong = [], []
+    closed_form = partition.optimal_split
+
+    def checked_split(costs):
+        got = closed_form(costs)
+        L, pp = costs.num_layers, costs.pp
+        if costs.options is not None and math.comb(L - 1, pp - 1) <= 500:
+            fitting = [b for b in all_splits(L, pp) if all(_stage_fits(costs, s, b[s], b[s + 1]) for s in range(pp))]
+            want = min((costs.iteration_time_s(b) for b in fitting), default=None)
+            checked.append(pp)
+            if (got is None) != (want is None) or (got is not None and got.iteration_time_s > want * (1 + 1e-12)):
+                wrong.append((pp, got, want))
+        return got
+
+    monkeypatch.setattr(split_search, "optimal_split", checked_split)
+    (tmp_path / "gpt.toml").write_text(GPT_10_LAYERS)
+    r = CliRunner().invoke(main, ["plan", "-q", "--model", str(tmp_path / "gpt.toml"), "--cluster",
+                                  "1x8-rtx3090-pcie3", "--optimizer-offload", "--delayed-optimizer-step"])
+    assert r.exit_code == 0, r.output
+    assert len(checked) >= 10 and 8 in checked and not wrong
