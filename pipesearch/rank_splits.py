@@ -9,7 +9,7 @@ sum_{s on q} r_s`` for every rank ``q``. A split in which some rank reaches
 a limit is therefore at least that slow: the splits below it are among
 those this module lists. On identical layers the ranks' counts of layers
 are then nearly forced (GPT-3 1.3B's 26 layers on 4 ranks of 2 chunks at
-32 micro-batches: 7,800 of its 480,700 splits keep every rank below the
+64 micro-batches: 8,555 of its 480,700 splits keep every rank below the
 fifth plan's time), so the few left are bounded and simulated one by one
 (:func:`pipesearch.split_search._enumerate_all`) where a branch and bound
 stops at its limits.

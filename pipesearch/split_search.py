@@ -454,7 +454,10 @@ def _enumerate_all(costs: PipelineCosts, schedule: str, pp: int, vp: int, ev: "S
     (the tie-break of :func:`_chosen` sees every near-tie), nor beats the
     cutoff. When no split beats ``cutoff_s`` the least time in ``ev`` is at
     least ``cutoff_s`` (not necessarily the point's optimum). ``cheap``:
-    :func:`_cheap_bounded` of the point when already computed."""
+    :func:`_cheap_bounded` of the point when already computed, or the
+    splits and bounds of :func:`_listed` (then settled whatever their
+    count); given either, the critical paths of the fastest splits
+    evaluated so far (:func:`_start_paths`) bound the splits too."""
     if cheap is None and not _enumerable(costs, schedule, pp, vp):
         return False
     count = math.comb(costs.num_layers - 1, costs.pp - 1) if cheap is None else len(cheap[0])
