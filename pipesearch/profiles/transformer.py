@@ -1589,20 +1589,27 @@ def _bwd_exposed_s(r: _Raw, c: _TableRates) -> float:
     that GEMM's backward starts: exposed, unless Transformer Engine's
     userbuffers pipeline it with the GEMM's input-gradient computation
     (``--tp-comm-overlap``, ``overlap_forward``; Wang et al., ASPLOS'23)."""
-    t, rate, out = c.t, c.rate, 0.0
+    out = 0.0
     for x, (col, row) in zip(r.bwd_pairs, r.bwd_pair_gemms):
-        if c.sp:
-            part = _gather_s(x, t, c.link)  # the all-gathers and the reduce-scatter of the tensor take the same time
-            out += 2 * max(0.0, part - col / t / rate)  # the input's gather and the gradient's reduce-scatter
-            out += max(0.0, part - row / t / rate) if c.overlap_forward else part
-        else:
-            out += max(0.0, _allreduce_s(x, t, c.link) - col / t / rate)
+        out += _column_exposed_s(x, col, c)
+        if c.sp:  # the row-parallel GEMM's output-gradient all-gather
+            part = _gather_s(x, c.t, c.link)
+            out += max(0.0, part - row / c.t / c.rate) if c.overlap_forward else part
     for x, col in zip(r.bwd_single if c.sp else r.bwd_ar_nosp, r.bwd_single_gemms):
-        if c.sp:
-            out += 2 * max(0.0, _gather_s(x, t, c.link) - col / t / rate)
-        else:
-            out += max(0.0, _allreduce_s(x, t, c.link) - col / t / rate)
+        out += _column_exposed_s(x, col, c)
     return out
+
+
+def _column_exposed_s(x: float, col: float, c: _TableRates) -> float:
+    """Seconds of a column-parallel GEMM's backward collectives on a
+    tensor of ``x`` bytes that its own ``col`` forward FLOPs do not hide
+    (:func:`_bwd_exposed_s`): with sp, the gather of its saved input (under
+    its input gradient) and the reduce-scatter of its input gradient (under
+    its weight gradient), each an all-gather's time; without, the
+    all-reduce of its input gradient under its weight gradient."""
+    if c.sp:
+        return 2 * max(0.0, _gather_s(x, c.t, c.link) - col / c.t / c.rate)
+    return max(0.0, _allreduce_s(x, c.t, c.link) - col / c.t / c.rate)
 
 
 def _input_gathers_s(r: _Raw, c: _TableRates) -> float:

@@ -201,6 +201,16 @@ def _per_node(cluster: dict) -> int:
     return max(1, cluster["devices"] // max(1, cluster.get("nodes") or 1))
 
 
+def _nodes_per_replica(par: dict, cluster: dict) -> int:
+    """Nodes the ``tp x pp`` devices of one replica take."""
+    return -(-par["tp"] * par["pp"] // _per_node(cluster))
+
+
+def _values(values: list) -> str:
+    """A flag's values as a message shows them, in ``argv``'s order."""
+    return " then ".join(show(v) for v in values)
+
+
 def _expected_settings(plan: dict, engine: str, inputs: dict) -> tuple[list, set]:
     """``(settings, unknown)``: :func:`pipesearch.serve.export.engine_settings`
     of the plan's command for ``engine`` from the file's own fields, and the
@@ -217,17 +227,17 @@ def _expected_settings(plan: dict, engine: str, inputs: dict) -> tuple[list, set
         max_model_len=workload["input_len"] + workload["output_len"],
         max_num_batched_tokens=plan.get("max_num_batched_tokens", 1),
         weight_dtype=workload.get("weight_dtype", "bf16"), kv_dtype=workload.get("kv_dtype", "bf16"),
-        nodes=-(-par["tp"] * par["pp"] // _per_node(cluster)),
+        nodes=_nodes_per_replica(par, cluster),
         half=capability is not None and capability < MIN_BF16_CAPABILITY)
     flags = ENGINE_FLAGS[engine]
     unknown = {flags["dtype"]} if capability is None else set()
+    budget = {flags["max_num_batched_tokens"], flags.get("chunked_prefill")} - {None}  # (the chunks follow it)
     for key, given in (("max_num_seqs", plan), ("max_num_batched_tokens", plan),
                        ("memory_fraction", inputs["engine"])):
         if key not in given:  # a file of an earlier pipesearch: what it does not record is not checked
-            unknown |= {flags[key], flags.get("chunked_prefill")} if key == "max_num_batched_tokens" else {flags[key]}
+            unknown |= budget if key == "max_num_batched_tokens" else {flags[key]}
     if engine != inputs["engine"]["name"]:
-        unknown |= {flags["max_num_seqs"], flags["memory_fraction"], flags["max_num_batched_tokens"],
-                    flags.get("chunked_prefill")}
+        unknown |= {flags["max_num_seqs"], flags["memory_fraction"]} | budget
     return settings, unknown
 
 
@@ -266,14 +276,14 @@ def _export(plan: dict, where: str, engine: str, export: dict, inputs: dict) -> 
         values = found.get(flag, [])
         if not values or any(v != value for v in values):
             want = "expected" if value is None else f"{value!r} expected"
-            found_text = "missing" if not values else f"{' then '.join(show(v) for v in values)} found"
+            found_text = "missing" if not values else f"{_values(values)} found"
             last = " (the engine takes the last)" if len(values) > 1 else ""
             yield Problem(f"{where}.argv", f"{flag} {found_text}, {want} (the plan and inputs it was made "
                                            f"for){last}; re-plan, or restore the command")
             return
     expected = {flag for flag, _ in settings} | unknown
     for flag in found.keys() - expected:
-        yield Problem(f"{where}.argv", f"{flag} {' then '.join(show(v) for v in found[flag])} found, not expected "
+        yield Problem(f"{where}.argv", f"{flag} {_values(found[flag])} found, not expected "
                                        "(the plan and inputs it was made for give no such setting); re-plan, or "
                                        "restore the command")
         return
@@ -281,7 +291,7 @@ def _export(plan: dict, where: str, engine: str, export: dict, inputs: dict) -> 
     if planned_limit is not None and not (limit and all((v or "").isdigit() and int(v) <= planned_limit
                                                         for v in limit)):
         yield Problem(f"{where}.argv", f"{ENGINE_FLAGS[engine]['max_num_seqs']} "
-                                       f"{' then '.join(show(v) for v in limit) or 'missing'} found, at most the "
+                                       f"{_values(limit) or 'missing'} found, at most the "
                                        f"plan's max_num_seqs {planned_limit} expected; re-plan, or restore the command")
         return
     var = PARTITION_ENV[engine]
@@ -301,7 +311,7 @@ def _export(plan: dict, where: str, engine: str, export: dict, inputs: dict) -> 
         yield Problem(f"{where}.command", f"word {k + 1}: {got} found, "
                                           f"{show(line[k]) if k < len(line) else '(end of the line)'} expected (the "
                                           "command is env then argv as a shell reads them); restore the command")
-    nodes = -(-par["tp"] * par["pp"] // _per_node(inputs["cluster"]))
+    nodes = _nodes_per_replica(par, inputs["cluster"])
     if export["nodes_per_replica"] != nodes:
         yield Problem(f"{where}.nodes_per_replica", f"{export['nodes_per_replica']} found, {nodes} expected (tp "
                                                     f"{par['tp']} x pp {par['pp']} devices, "
