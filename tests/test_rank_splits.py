@@ -130,6 +130,35 @@ def test_exact_split_over_the_listed_splits_is_the_full_enumeration(seed, memory
     assert below.exact and below.best_time_s >= best * (1 - 1e-6)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("memory_cap", [False, True])
+def test_listing_over_the_work_limit_is_settled_with_the_starting_splits_paths(seed, memory_cap, monkeypatch,
+                                                                              any_slack):
+    """A listing whose evaluation is over the work limit is kept, bounded
+    again with the starting splits' critical paths once they are simulated,
+    and simulated when that is within the limit (here: always, the first
+    check refused): the split and time of simulating every split. A
+    re-bound against a wrong limit, or with bounds that are not those of
+    the paths, drops a split below the cutoff and picks another one."""
+    schedule, pp, vp, costs = _point(seed, memory_cap)
+    if not any(costs.split_fits(b) for b in _every_split(costs.num_layers, costs.pp)):
+        pytest.skip("no split fits")
+    chosen, best = _enumerated_choice(costs, schedule, pp, vp)
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 1)
+    asked = []
+    fits = split_search._evaluation_fits
+    monkeypatch.setattr(split_search, "_evaluation_fits", lambda *a: (asked.append(a[-1]) or len(asked) > 1) and fits(*a))
+    paths = []
+    bounded = split_search._path_bounded
+    monkeypatch.setattr(split_search, "_path_bounded", lambda *a: paths.append(a[5]) or bounded(*a))
+    found = exact_split(costs, schedule, pp, vp, cutoff_s=best * (1 + 1e-6))
+    assert len(asked) == 2 and asked[1] <= asked[0]  # the listing, then what the paths left of it
+    assert paths and len(paths[0]) > 0
+    assert found.exact and found.nodes <= split_search.FIRST_NODES  # the cutoff proof's first nodes at most
+    assert found.bounds == chosen
+    assert found.best_time_s == pytest.approx(best, rel=1e-12)
+
+
 def _zero_tail_point():
     """Interleaved 1F1B, pp 2 x vp 2, 4 micro-batches: six layers of 1 + 2
     ms, then a last layer that takes no time but holds 50 MB of weights (a
