@@ -640,6 +640,8 @@ def simultaneous_in_flight_of(name: str, p: int, m: int, v: int = 1,
     Raises:
         InputError: as :func:`build`.
     """
+    if codes is None and v == 1 and name in _CLOSED_FORM_CODES:
+        codes = one_stage_codes(name, p, m, v)
     if codes is None:
         orders = build_orders(name, p, m, v)
         codes = _codes_of(name, v, orders)
@@ -653,10 +655,47 @@ def one_stage_codes(name: str, p: int, m: int, v: int = 1) -> np.ndarray | None:
     :data:`KINDS`, padded with ``len(KINDS)``: no change) when every rank
     ``r`` runs stage ``r`` alone, first an ``F``; None otherwise.
 
+    GPipe, 1F1B and ZB-H1 are written directly from their orders' closed
+    forms (:func:`_closed_form_codes`), the same arrays as walking
+    :func:`build_orders` (tests/test_schedules.py), without its ``O(p m)``
+    tuples.
+
     Raises:
         InputError: as :func:`build`.
     """
+    if v == 1 and name in _CLOSED_FORM_CODES:
+        check(name, p, m, v)
+        return _closed_form_codes(name, p, m)
     return _codes_of(name, v, build_orders(name, p, m, v))
+
+
+#: the schedules whose :func:`one_stage_codes` are written from closed forms
+_CLOSED_FORM_CODES = ("gpipe", "1f1b", "zb-h1")
+
+
+def _closed_form_codes(name: str, p: int, m: int) -> np.ndarray:
+    """:func:`one_stage_codes` of GPipe, 1F1B or ZB-H1 (``m >= p`` for the
+    last two, checked by the caller), rank ``r`` with ``w = p - 1 - r``
+    warm-up forwards: GPipe ``F^m B^m``; 1F1B ``F^w (F B)^(m-w) B^w``
+    (:func:`one_f_one_b`); ZB-H1 ``F^w (F I)^r (F I W)^(m-p+1) (I W)^w W^r``
+    (:func:`zb_h1`: the ``W`` of micro-batch ``j`` follows the ``I`` of
+    ``j + r``, and forward ``w + j`` exists while ``w + j < m``). Every
+    rank runs ``2 m`` (``3 m``) actions: no padding."""
+    F, B, I, W = (np.int8(KINDS.index(k)) for k in KINDS)
+    if name == "gpipe":
+        return np.repeat(np.array([[F, B]], dtype=np.int8), m, axis=1).repeat(p, axis=0)
+    out = np.empty((p, (2 if name == "1f1b" else 3) * m), dtype=np.int8)
+    runs = {x: np.full(m, x, dtype=np.int8) for x in (F, B, W)}
+    pairs = {x: np.tile(np.array(x, dtype=np.int8), m) for x in ((F, B), (F, I), (I, W), (F, I, W))}
+    for r in range(p):  # each row from slices of the patterns above (views), one copy
+        w = p - 1 - r
+        if name == "1f1b":
+            parts = (runs[F][:w], pairs[F, B][:2 * (m - w)], runs[B][:w])
+        else:
+            parts = (runs[F][:w], pairs[F, I][:2 * r], pairs[F, I, W][:3 * (m - p + 1)], pairs[I, W][:2 * w],
+                     runs[W][:r])
+        np.concatenate(parts, out=out[r])
+    return out
 
 
 def _codes_of(name: str, v: int, orders) -> np.ndarray | None:

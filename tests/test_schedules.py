@@ -387,3 +387,25 @@ def test_zb_h1_weight_grads_after_last_input_grad_count_the_order(p, m):
         kinds = [a[0] for a in order(r)]
         last_i = max(k for k, x in enumerate(kinds) if x == "I")
         assert kinds[last_i + 1:].count("W") == len(kinds) - last_i - 1 == zb_h1_weight_grads_after_last_input_grad(r)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1"])
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
+def test_one_stage_codes_from_closed_forms_are_the_walked_orders(name, p):
+    """The codes written from each schedule's closed form are those of
+    walking its order one action at a time (a warm-up count off by one, or
+    ZB-H1's ``W`` placed after the wrong ``I``, moves a code), and the
+    refusals are the builder's."""
+    import numpy as np
+
+    from pipesearch.schedules import _codes_of, build_orders, one_stage_codes
+
+    for m in [*range(1, p + 9), 3 * p + 1, 64]:
+        if name != "gpipe" and m < p:
+            with pytest.raises(InputError):
+                one_stage_codes(name, p, m)
+            continue
+        got = one_stage_codes(name, p, m)
+        want = _codes_of(name, 1, build_orders(name, p, m))
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want), (name, p, m)
