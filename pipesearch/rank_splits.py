@@ -25,9 +25,14 @@ from .fluid_bound import layer_times
 
 #: partial splits (stages placed so far) kept at most while the list is
 #: built stage by stage, and candidate stage ranges formed at most per
-#: stage (counts, never seconds): beyond them the list is not built
-MAX_PARTIAL_SPLITS = 2**15
-MAX_CANDIDATES = 2**16
+#: stage (counts, never seconds): beyond them the list is not built. T5-3B's
+#: interleaved pp 4 points on 16 A100s (`-b 512`) keep up to 56,133
+#: candidates on the way to lists of 5,868 to 17,662 splits (2^15 and
+#: 2^16 refused them: four of its points and four of T5-11B's stopped
+#: unproven, and both missed their second plan); at most 2^17 partial
+#: splits of ``S + 1`` boundaries are ``8 (S + 1)`` MiB
+MAX_PARTIAL_SPLITS = 2**17
+MAX_CANDIDATES = 2**18
 #: no list when the limit exceeds this times the average rank's least work
 #: (the model's least work over ``pp``): the layer counts are then loose and
 #: the list long (resnet50 and resnet101 on 4x4-v100-10gbe, 1.19 to 2.4:
