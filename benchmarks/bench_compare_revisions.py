@@ -76,13 +76,12 @@ def _rank1(text: str) -> str:
         plan = plans[0]
     except (ValueError, KeyError, IndexError):
         return "?"
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_rank1 import open_plans
+
     par, sch = plan["parallelism"], plan["schedule"]
-    infos = [p.get("options", {}).get("split_search") for p in plans]
-    open_ = [f"plan {k} gap {100 * info['gap']:.1f}%" for k, info in enumerate(infos, 1)
-             if info and not info.get("exact", True)]
-    proofs = (", ".join(open_) or "all proven") if any(infos) else "no split report"
     return (f"pp {par['pp']} dp {par['dp']} tp {par['tp']} {sch['name']} m {sch['num_micro_batches']}: "
-            f"{plan['predicted']['iteration_time_s'] * 1e3:.1f} ms; {proofs}")
+            f"{plan['predicted']['iteration_time_s'] * 1e3:.1f} ms; {open_plans(plans)}")
 
 
 def main() -> None:

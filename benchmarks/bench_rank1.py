@@ -7,9 +7,11 @@ Each case runs ``pipesearch plan -q --json`` in a fresh interpreter with
 ``DIR`` (default: this checkout) first on ``PYTHONPATH``, and prints the
 rank-1 plan's degrees, schedule, micro-batching, recompute, placement,
 layers per stage and simulated iteration time (``repr`` of the float, so two
-trees agree only when the times are bit-identical), then the CPU seconds of
-the child. Run it on two trees and ``diff`` the outputs without the CPU
-column (``cut -d'|' -f1-3``) to check that a change kept every answer.
+trees agree only when the times are bit-identical), then the ranked plans
+whose split is not proven optimal with their gaps and the points left
+unproven (:func:`proofs`), then the CPU seconds of the child. Run it on two
+trees and ``diff`` the outputs without the last two columns (``cut -d'|'
+-f1-3``) to check that a change kept every answer.
 
 Typical clusters: the profile CSVs (PipeDream's and torchvision's CNNs,
 GNMT) on 4x4-v100-10gbe at global batch 1024; transformers up to 13B
@@ -67,6 +69,26 @@ def rank1(text: str) -> str:
             f"{opt.get('placement')} [{layers}] {plan['predicted']['iteration_time_s']!r} s")
 
 
+def open_plans(plans: list) -> str:
+    """Each ranked plan whose split was not proven optimal, with its gap
+    (``plan 5 gap 28.3%``), ``all proven`` when none, ``no split report``
+    when the plans carry no ``split_search`` (an older revision)."""
+    infos = [p.get("options", {}).get("split_search") for p in plans]
+    open_ = [f"plan {k} gap {100 * info['gap']:.1f}%" for k, info in enumerate(infos, 1)
+             if info and not info.get("exact", True)]
+    return (", ".join(open_) or "all proven") if any(infos) else "no split report"
+
+
+def proofs(text: str) -> str:
+    """:func:`open_plans` of a plan file, then the points the search left
+    unproven (``search.unproven_points``: their count and least bound)."""
+    doc = json.loads(text)
+    unproven = doc.get("search", {}).get("unproven_points")
+    points = (f"; {unproven['count']} points unproven, least bound {unproven['least_lower_bound_s']:.4g} s"
+              if unproven else "")
+    return open_plans(doc["plans"]) + points
+
+
 def run_case(tree: Path, args: list[str]) -> tuple[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-m", "pipesearch", "plan", "-q", "--json", *args], cwd=tree,
@@ -74,8 +96,8 @@ def run_case(tree: Path, args: list[str]) -> tuple[str, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     if done.returncode:
-        return "exit %d: %s" % (done.returncode, (done.stderr.strip().splitlines() or [""])[-1][:160]), cpu
-    return rank1(done.stdout), cpu
+        return "exit %d: %s | -" % (done.returncode, (done.stderr.strip().splitlines() or [""])[-1][:160]), cpu
+    return f"{rank1(done.stdout)} | {proofs(done.stdout)}", cpu
 
 
 def main() -> None:
