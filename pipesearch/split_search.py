@@ -519,6 +519,13 @@ LISTED_FROM = 10**8
 #: at most this many listed splits, and this much evaluation work, are
 #: simulated one and all (counts, as :data:`ENUMERATE_SPLITS` and :data:`ENUMERATE_WORK`)
 LISTED_SPLITS = 20_000
+#: the evaluation work at most of the listed splits the starting splits'
+#: paths leave (:func:`_path_bounded`; a count): they are simulated in bound
+#: order, and on Llama 2 13B's interleaved pp 4 points of 256 micro-batches
+#: on 16 A100s (`-b 512`), whose 3,066 and 4,480 listed splits are over
+#: :data:`ENUMERATE_WORK`, 1,121 of them were (0.1 CPU s each, as much as
+#: the branch and bound that stopped at its limits before)
+LISTED_WORK = 2**26
 
 
 def _listed(costs: PipelineCosts, schedule: str, pp: int, vp: int,
@@ -545,10 +552,10 @@ def _listed(costs: PipelineCosts, schedule: str, pp: int, vp: int,
     return listed[lower <= limit_s], lower[lower <= limit_s]
 
 
-def _evaluation_fits(schedule: str, pp: int, m: int, vp: int, splits: int) -> bool:
-    """Whether simulating ``splits`` splits of the point is within
-    :data:`ENUMERATE_WORK` (:func:`pipesearch.timemodel.evaluation_cost`)."""
-    return splits * evaluation_cost(schedule, pp, m, vp)[1] <= ENUMERATE_WORK
+def _evaluation_fits(schedule: str, pp: int, m: int, vp: int, splits: int, work: int = ENUMERATE_WORK) -> bool:
+    """Whether simulating ``splits`` splits of the point is within ``work``
+    (:func:`pipesearch.timemodel.evaluation_cost` units)."""
+    return splits * evaluation_cost(schedule, pp, m, vp)[1] <= work
 
 
 def _path_bounded(costs: PipelineCosts, schedule: str, pp: int, vp: int, held, paths,
@@ -558,12 +565,12 @@ def _path_bounded(costs: PipelineCosts, schedule: str, pp: int, vp: int, held, p
     (the starting splits' critical paths, :func:`_start_paths`) is within
     ``limit_s`` (the best starting split's time or the cutoff, raised by the
     tie window), and those bounds, when their evaluation is within
-    :data:`ENUMERATE_WORK`; else None. GPT-3 1.3B's interleaved pp 4 points
+    :data:`LISTED_WORK`; else None. GPT-3 1.3B's interleaved pp 4 points
     of 128 micro-batches on 16 A100s: 4,916 and 6,292 listed splits, 2,776
     and 2,714 left."""
     lower = split_lower_bounds(costs, schedule, pp, held[0], paths=paths, limit_s=limit_s)
     keep = lower <= limit_s
-    if not _evaluation_fits(schedule, pp, costs.num_micro_batches, vp, int(keep.sum())):
+    if not _evaluation_fits(schedule, pp, costs.num_micro_batches, vp, int(keep.sum()), LISTED_WORK):
         return None
     return held[0][keep], lower[keep]
 

@@ -148,7 +148,7 @@ def test_listing_over_the_work_limit_is_settled_with_the_starting_splits_paths(s
     asked = []
     fits = split_search._evaluation_fits
     monkeypatch.setattr(split_search, "_evaluation_fits",
-                        lambda *a: (asked.append(a[-1]) or len(asked) > 1) and fits(*a))
+                        lambda *a: (asked.append(a[4]) or len(asked) > 1) and fits(*a))
     paths = []
     bounded = split_search._path_bounded
     monkeypatch.setattr(split_search, "_path_bounded", lambda *a: paths.append(a[5]) or bounded(*a))
