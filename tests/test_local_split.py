@@ -35,14 +35,15 @@ def test_neighbours_by_hand():
 
 
 @pytest.mark.parametrize("radius", (1, 2, 3))
-def test_neighbours_are_the_splits_one_move_away(radius):
-    """Every split of ``L`` layers (3-9) into ``S`` stages (1-5), from every
+@pytest.mark.parametrize("run", (2, 4))
+def test_neighbours_are_the_splits_one_move_away(radius, run):
+    """Every split of ``L`` layers (3-9) into ``S`` stages (1-6), from every
     split: its neighbours are exactly the other splits that differ from it
-    in one inner boundary by at most ``radius`` layers, or in two adjacent
-    inner boundaries by the same one layer, in sorted order (found here by
-    comparing against every split)."""
+    in one inner boundary by at most ``radius`` layers, or in ``2 .. run``
+    adjacent inner boundaries by the same one layer, in sorted order (found
+    here by comparing against every split)."""
     for L in range(3, 10):
-        for S in range(1, min(L, 5) + 1):
+        for S in range(1, min(L, 6) + 1):
             every = [(0, *cut, L) for cut in itertools.combinations(range(1, L), S - 1)]
             for b in every:
                 want = []
@@ -50,10 +51,10 @@ def test_neighbours_are_the_splits_one_move_away(radius):
                     diff = [y - x for x, y in zip(b, c)]
                     moved = [k for k, x in enumerate(diff) if x]
                     if (len(moved) == 1 and abs(diff[moved[0]]) <= radius) or (
-                            len(moved) == 2 and moved[1] == moved[0] + 1 and diff[moved[0]] == diff[moved[1]]
-                            and abs(diff[moved[0]]) == 1):
+                            2 <= len(moved) <= run and moved[-1] - moved[0] == len(moved) - 1
+                            and len({diff[k] for k in moved}) == 1 and abs(diff[moved[0]]) == 1):
                         want.append(c)
-                assert neighbours(b, radius) == sorted(want), (b, radius)
+                assert neighbours(b, radius, run) == sorted(want), (b, radius, run)
 
 
 def test_descent_reaches_the_minimum_of_a_convex_function():
@@ -287,3 +288,22 @@ def test_fluid_only_points_build_no_tables_and_keep_valid_bounds(monkeypatch):
         if seen == 6:
             break
     assert seen == 6
+
+
+def test_a_run_of_boundaries_moved_together_leaves_a_pairs_only_optimum():
+    """Widths (3, 2, 2, 3) scored by their distance to (2, 2, 2, 4): one
+    boundary moved, or two together, never scores better (2), so a descent
+    over those moves stays; the first three moved back one layer together
+    reach (2, 2, 2, 4), score 0, and the default descent (pairs, then runs)
+    finds it."""
+    target = np.array([2, 2, 2, 4])
+
+    def evaluate(splits):
+        return [float(np.abs(np.diff(b) - target).sum()) for b in splits]
+
+    def fits(splits):
+        return [True] * len(splits)
+
+    start = (0, 3, 5, 7, 10)
+    assert improve_split(start, 2.0, evaluate, fits, run=2) == (start, 2.0)
+    assert improve_split(start, 2.0, evaluate, fits) == ((0, 2, 4, 6, 10), 0.0)
