@@ -19,7 +19,7 @@ import pytest
 
 from pipesearch import branch_and_bound
 from pipesearch import split_search
-from pipesearch.local_split import improve_split, neighbours
+from pipesearch.local_split import improve_split, neighbours, relocations
 from pipesearch.split_search import exact_split
 from test_split_search_lookahead import _instance
 from pipesearch.timemodel import simulate_times
@@ -307,3 +307,34 @@ def test_a_run_of_boundaries_moved_together_leaves_a_pairs_only_optimum():
     start = (0, 3, 5, 7, 10)
     assert improve_split(start, 2.0, evaluate, fits, run=2) == (start, 2.0)
     assert improve_split(start, 2.0, evaluate, fits) == ((0, 2, 4, 6, 10), 0.0)
+
+
+def test_relocations_are_the_splits_with_one_boundary_elsewhere():
+    """Every split of ``L`` layers (3-9) into ``S`` stages (1-6), from every
+    split: its relocations are exactly the other splits whose inner
+    boundaries differ from its own in one (the sets differ by one taken out
+    and one put in), in sorted order; ``(S - 1)(L - S)`` of them."""
+    for L in range(3, 10):
+        for S in range(1, min(L, 6) + 1):
+            every = [(0, *cut, L) for cut in itertools.combinations(range(1, L), S - 1)]
+            for b in every:
+                want = sorted(c for c in every if len(set(c) ^ set(b)) == 2)
+                assert relocations(b) == want, b
+                assert len(want) == (S - 1) * (L - S)
+
+
+def test_a_relocation_leaves_a_local_optimum_of_the_boundary_moves():
+    """Stages of 3, 1, 2, 4 layers scored by how many differ from (3, 3, 2,
+    2): every move of one boundary by up to two layers, or of a run of
+    them, changes the stages around it and scores no better (2), but
+    taking the boundary at layer 4 to layer 8 (the second stage merged
+    into the third, the last cut in two) matches all four."""
+    target = np.array([3, 3, 2, 2])
+
+    def evaluate(splits):
+        return [float(np.sum(np.diff(b) != target)) for b in splits]
+
+    start = (0, 3, 4, 6, 10)
+    assert evaluate([start]) == [2.0]
+    assert min(evaluate(neighbours(start))) >= 2.0
+    assert improve_split(start, 2.0, evaluate, lambda splits: [True] * len(splits)) == ((0, 3, 6, 8, 10), 0.0)
