@@ -105,6 +105,18 @@ def test_list_refused_far_above_the_average_rank():
     assert rank_bounded_splits(costs, pp, avg * rank_splits.MAX_SLACK * 0.999, 10**6) is not None
 
 
+def _too_many_to_enumerate(seed: int, memory_cap: bool, monkeypatch):
+    """:func:`_point` with its brute-force choice ``(schedule, pp, vp,
+    costs, chosen split, its time)``, the whole enumeration turned off (its
+    split count limit at 1); skipped when no split fits."""
+    schedule, pp, vp, costs = _point(seed, memory_cap)
+    if not any(costs.split_fits(b) for b in _every_split(costs.num_layers, costs.pp)):
+        pytest.skip("no split fits")
+    chosen, best = _enumerated_choice(costs, schedule, pp, vp)
+    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 1)
+    return schedule, pp, vp, costs, chosen, best
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("memory_cap", [False, True])
 def test_exact_split_over_the_listed_splits_is_the_full_enumeration(seed, memory_cap, monkeypatch, any_slack):
@@ -113,11 +125,7 @@ def test_exact_split_over_the_listed_splits_is_the_full_enumeration(seed, memory
     those of simulating every split; a cutoff just below it: a proof that
     nothing beats it. A list that left out a split below the cutoff, or an
     enumeration that stopped at the wrong bound, picks another split."""
-    schedule, pp, vp, costs = _point(seed, memory_cap)
-    if not any(costs.split_fits(b) for b in _every_split(costs.num_layers, costs.pp)):
-        pytest.skip("no split fits")
-    chosen, best = _enumerated_choice(costs, schedule, pp, vp)
-    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 1)
+    schedule, pp, vp, costs, chosen, best = _too_many_to_enumerate(seed, memory_cap, monkeypatch)
     seen = []
     listed = split_search._listed
     monkeypatch.setattr(split_search, "_listed", lambda *a: seen.append(listed(*a)) or seen[-1])
@@ -140,11 +148,7 @@ def test_listing_over_the_work_limit_is_settled_with_the_starting_splits_paths(s
     check refused): the split and time of simulating every split. A
     re-bound against a wrong limit, or with bounds that are not those of
     the paths, drops a split below the cutoff and picks another one."""
-    schedule, pp, vp, costs = _point(seed, memory_cap)
-    if not any(costs.split_fits(b) for b in _every_split(costs.num_layers, costs.pp)):
-        pytest.skip("no split fits")
-    chosen, best = _enumerated_choice(costs, schedule, pp, vp)
-    monkeypatch.setattr(split_search, "ENUMERATE_SPLITS", 1)
+    schedule, pp, vp, costs, chosen, best = _too_many_to_enumerate(seed, memory_cap, monkeypatch)
     asked = []
     fits = split_search._evaluation_fits
     monkeypatch.setattr(split_search, "_evaluation_fits",
