@@ -30,7 +30,7 @@ from .fluid_bound import layer_times
 #: candidates on the way to lists of 5,868 to 17,662 splits (2^15 and
 #: 2^16 refused them: four of its points and four of T5-11B's stopped
 #: unproven, and both missed their second plan); at most 2^17 partial
-#: splits of ``S + 1`` boundaries are ``8 (S + 1)`` MiB
+#: splits of ``S + 1`` int64 boundaries are ``S + 1`` MiB
 MAX_PARTIAL_SPLITS = 2**17
 MAX_CANDIDATES = 2**18
 #: no list when the limit exceeds this times the average rank's least work
