@@ -1,11 +1,15 @@
 """The splits of one point whose every rank stays below a time limit, listed
 whole when they are few.
 
-Rank ``q`` runs the forward and backward of every micro-batch on each of its
-stages one after another, then its all-reduce (the ``device`` family of
-:func:`pipesearch.split_bounds.bound_families`: a path of the schedule's
-dependency graph), so every split has ``T >= m sum_{s on q} (F_s + B_s) +
-sum_{s on q} r_s`` for every rank ``q``. A split in which some rank reaches
+Rank ``q`` starts with the forward of micro-batch 0 on its first stage
+``q``, after that micro-batch's forwards and transfers down the stages
+before it, runs the forward and backward of every micro-batch on each of its
+stages one after another, then its all-reduce (a path of the schedule's
+dependency graph: the ``device`` family of
+:func:`pipesearch.split_bounds.bound_families` and micro-batch 0's way to
+the rank), so every split has ``T >= sum_{s < q} (F_s + c_s) + m sum_{s on
+q} (F_s + B_s) + sum_{s on q} r_s`` for every rank ``q`` (``c_s`` the
+transfer after stage ``s``). A split in which some rank reaches
 a limit is therefore at least that slow: the splits below it are among
 those this module lists. On identical layers the ranks' counts of layers
 are then nearly forced (GPT-3 1.3B's 26 layers on 4 ranks of 2 chunks at
@@ -51,10 +55,15 @@ def rank_bounded_splits(costs: PipelineCosts, pp: int, limit_s: float, max_split
     rank's least work, or when more than ``max_splits`` splits (or more
     than :data:`MAX_PARTIAL_SPLITS` or ``4 max_splits`` partial ones) remain.
 
-    Built stage by stage: a stage of ``[i, j)`` is kept when its rank stays
-    below the limit and the least work of the layers after ``j`` (each at
+    Built stage by stage: a stage of ``[i, j)`` is kept when its rank (its
+    head, micro-batch 0's forwards and transfers before its first stage, and
+    its work so far) stays below the limit and the least work of the layers
+    after ``j`` (each at
     its least time over the stage options, on the fastest device) fits in
-    what the ranks of the later stages have left below it; stages other
+    what the ranks of the later stages have left below it (a rank not
+    started yet starts after the head of the stages placed: on the default
+    plan's interleaved pp 4 points of 4 micro-batches the heads cut a list
+    of 10,321 splits to none); stages other
     than the last (which ends at the last layer) are at most
     :func:`pipesearch.bound_tables.width_for` layers long and end before
     their rank's least work reaches the limit. The tests are strict, with
@@ -70,26 +79,34 @@ def rank_bounded_splits(costs: PipelineCosts, pp: int, limit_s: float, max_split
     if limit_s > MAX_SLACK * before[L] / pp:
         return None
     width = width_for(costs, limit_s)
-    bounds, work = np.zeros((1, 1), dtype=np.int64), np.zeros((1, pp))
+    # per partial split: each rank's head and work so far (0 before its first stage), and the forward path of
+    # micro-batch 0 through the stages placed (every rank not started yet starts at least that late)
+    bounds, used, head = np.zeros((1, 1), dtype=np.int64), np.zeros((1, pp)), np.zeros(1)
     for s in range(S):
         q, later = s % pp, np.zeros(pp, dtype=bool)  # later: the ranks of the stages after s
         later[np.arange(s + 1, S) % pp] = True
-        ends = _stage_ends(bounds[:, -1], work, limit_s, before, later, q, min(width, L - S + 1), L - (S - 1 - s))
+        waiting = np.arange(pp) >= s  # ranks whose first stage is this one or later: they start at head or after
+        ends = _stage_ends(bounds[:, -1], used + np.where(waiting, head[:, None], 0.0), limit_s, before, later, q,
+                           min(width, L - S + 1), L - (S - 1 - s))
         if ends is None:
             return None
         parent, j = ends
         i = bounds[parent, -1]
-        total = work[parent, q] + m * (costs.fwd_s(s, i, j) + costs.bwd_s(s, i, j)) + costs.after_backward_s(s, i, j)
-        room = np.clip(limit_s - work[parent][:, later], 0, None).sum(axis=1)
+        fwd = costs.fwd_s(s, i, j)
+        total = used[parent, q] + (head[parent] if s < pp else 0.0) + m * (fwd + costs.bwd_s(s, i, j)) \
+            + costs.after_backward_s(s, i, j)
+        then = head[parent] + fwd + costs.send_s(s, j) if s < pp - 1 else head[parent]  # head of the ranks after s
+        room = np.clip(limit_s - used[parent][:, later] - np.where(waiting[later] & (np.arange(pp)[later] > s),
+                                                                    then[:, None], 0.0), 0, None).sum(axis=1)
         if later[q]:  # rank q's room after this stage instead of before it
-            room += work[parent, q] - total
+            room += used[parent, q] - total
         rest = before[L] - before[j]
         keep = np.flatnonzero((total < limit_s) & (rest <= room) & np.asarray(costs.fits(s, i, j), dtype=bool))
         if len(keep) > min(MAX_PARTIAL_SPLITS, 4 * max_splits):
             return None
         bounds = np.concatenate([bounds[parent[keep]], j[keep, None]], axis=1)
-        work = work[parent[keep]]
-        work[:, q] = total[keep]
+        used, head = used[parent[keep]], then[keep]
+        used[:, q] = total[keep]
     return bounds if len(bounds) <= max_splits else None
 
 

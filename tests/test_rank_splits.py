@@ -42,11 +42,13 @@ def any_slack(monkeypatch):
 
 
 def _rank_values(costs, pp: int, bounds) -> np.ndarray:
-    """Each rank's work and all-reduce on the split ``bounds``, from the
+    """Each rank's head (micro-batch 0's forwards and transfers down to its
+    first stage), work and all-reduce on the split ``bounds``, from the
     stage times the simulator replays."""
     t = costs.stage_times(np.array(bounds))
     per_stage = costs.num_micro_batches * (t.fwd_s + t.bwd_s) + t.allreduce_s
-    return np.array([per_stage[q::pp].sum() for q in range(pp)])
+    head = np.concatenate([[0.0], np.cumsum(t.fwd_s[:-1] + t.p2p_s)])
+    return np.array([head[q] + per_stage[q::pp].sum() for q in range(pp)])
 
 
 def _every_split(L: int, S: int) -> list[tuple[int, ...]]:
