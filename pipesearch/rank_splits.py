@@ -96,8 +96,8 @@ def rank_bounded_splits(costs: PipelineCosts, pp: int, limit_s: float, max_split
         total = used[parent, q] + (head[parent] if s < pp else 0.0) + m * (fwd + costs.bwd_s(s, i, j)) \
             + costs.after_backward_s(s, i, j)
         then = head[parent] + fwd + costs.send_s(s, j) if s < pp - 1 else head[parent]  # head of the ranks after s
-        room = np.clip(limit_s - used[parent][:, later] - np.where(waiting[later] & (np.arange(pp)[later] > s),
-                                                                    then[:, None], 0.0), 0, None).sum(axis=1)
+        room = np.clip(limit_s - used[parent][:, later] - np.where(np.arange(pp)[later] > s, then[:, None], 0.0),
+                       0, None).sum(axis=1)  # a rank not started yet: after the head through stage s
         if later[q]:  # rank q's room after this stage instead of before it
             room += used[parent, q] - total
         rest = before[L] - before[j]

@@ -247,7 +247,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
     width = width_for(costs, incumbent * (1 + tie_rel))
     if not tabled or not tables_fit(costs, width):
         return _untabled(costs, ev, pp, tie_rel)
-    paths = ()
+    traced, paths = paths, ()  # the starting splits' paths when a held listing asked for them (ev the same since)
     if tables is None and nodes_given is None and _fluid_only(costs, schedule, width):
         exact, frontier, nodes = False, untabled_bound_s(costs, pp), 0  # the relaxations' bound, no tables
     else:
@@ -255,7 +255,7 @@ def exact_split(costs: PipelineCosts, schedule: str, pp: int, vp: int = 1, *, se
             tables = SuffixTables(costs, schedule, pp, width, limit_s=incumbent * (1 + tie_rel))
         width = tables.width
         if schedule in CHAIN_SCHEDULES and S * width * (L + 1) <= PATH_RANGES:
-            paths = _start_paths(costs, schedule, pp, vp, ev)
+            paths = traced or _start_paths(costs, schedule, pp, vp, ev)
         if schedule in CHAIN_SCHEDULES and not (schedule in FLUID_BOUND_SCHEDULES and _fluid_first(costs, width)):
             # the cheap bounds left work: add the chain and path families (on large tables of interleaved 1F1B the
             # fluid bound weighs the same paths together, and the branch and bound goes too few nodes deep to use
@@ -516,8 +516,8 @@ def _cheap_bounded(costs: PipelineCosts, schedule: str, pp: int,
 #: its cutoff are listed (:func:`_listed`; a count): above it the list is
 #: seldom short (GPT-3 175B's 98 layers on 16 stages)
 LISTED_FROM = 10**8
-#: at most this many listed splits, and this much evaluation work, are
-#: simulated one and all (counts, as :data:`ENUMERATE_SPLITS` and :data:`ENUMERATE_WORK`)
+#: at most this many splits are listed (a count, as :data:`ENUMERATE_SPLITS`); those the bounds leave are
+#: simulated when within :data:`ENUMERATE_WORK`, else :data:`LISTED_WORK` after the starting splits' paths
 LISTED_SPLITS = 20_000
 #: the evaluation work at most of the listed splits the starting splits'
 #: paths leave (:func:`_path_bounded`; a count): they are simulated in bound
@@ -532,7 +532,7 @@ def _listed(costs: PipelineCosts, schedule: str, pp: int, vp: int,
             limit_s: float) -> tuple[np.ndarray, np.ndarray] | None:
     """For interleaved 1F1B with more splits than :func:`_enumerable`
     takes (up to :data:`LISTED_FROM`): the splits whose every rank keeps
-    its work and all-reduce below ``limit_s``
+    its head, work and all-reduce below ``limit_s``
     (:func:`pipesearch.rank_splits.rank_bounded_splits`; every other split is
     at least that slow) whose bound with the chain families
     (:func:`pipesearch.split_bounds.split_lower_bounds`, the cheap families
@@ -581,10 +581,8 @@ def _enumerable(costs: PipelineCosts, schedule: str, pp: int, vp: int) -> bool:
     (:func:`pipesearch.timemodel.evaluation_cost`) within
     :data:`ENUMERATE_WORK`."""
     count = math.comb(costs.num_layers - 1, costs.pp - 1)
-    if count > ENUMERATE_SPLITS:  # (before the evaluation cost, which builds the schedule's graph)
-        return False
-    _, per_split = evaluation_cost(schedule, pp, costs.num_micro_batches, vp)
-    return count * per_split <= ENUMERATE_WORK
+    # (the count before the evaluation cost, which builds the schedule's graph)
+    return count <= ENUMERATE_SPLITS and _evaluation_fits(schedule, pp, costs.num_micro_batches, vp, count)
 
 
 @lru_cache(maxsize=16)
