@@ -14,7 +14,10 @@ it proved and its gap, now against a faster split.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, Sequence
+
+import numpy as np
 
 #: boundary moves of 1 .. LOCAL_RADIUS layers either way (a count)
 LOCAL_RADIUS = 2
@@ -36,18 +39,24 @@ def neighbours(bounds: Sequence[int], radius: int = LOCAL_RADIUS, run: int = LOC
     of ``2 .. run`` neighbouring inner boundaries moved by one layer the
     same way (the stages between them shifted whole); every stage keeps at
     least one layer. Sorted, each once."""
-    b = tuple(int(x) for x in bounds)
-    S = len(b) - 1
-    out = set()
-    moves = [((k,), d) for k in range(1, S) for d in range(-radius, radius + 1) if d]
-    moves += [(tuple(range(k, k + n)), d) for n in range(2, run + 1) for k in range(1, S - n + 1) for d in (-1, 1)]
-    for ks, d in moves:
-        c = list(b)
-        for k in ks:
-            c[k] += d
-        if all(c[i] < c[i + 1] for i in range(S)):
-            out.add(tuple(c))
-    return sorted(out)
+    b = np.asarray(bounds, dtype=np.int64)
+    cands = b[None, :] + _moves(len(b) - 1, radius, run)  # distinct moves give distinct splits, none ``bounds``
+    cands = cands[np.all(cands[:, 1:] > cands[:, :-1], axis=1)]
+    cands = cands[np.lexsort(cands.T[::-1])]  # rows in lexicographic order: the tuples sorted
+    return list(map(tuple, cands.tolist()))
+
+
+@lru_cache(maxsize=64)
+def _moves(S: int, radius: int, run: int) -> np.ndarray:
+    """The moves of :func:`neighbours` for ``S`` stages: one row of
+    boundary shifts ``(S + 1,)`` per move (read-only, kept per shape)."""
+    rows = [((k,), d) for k in range(1, S) for d in range(-radius, radius + 1) if d]
+    rows += [(tuple(range(k, k + n)), d) for n in range(2, run + 1) for k in range(1, S - n + 1) for d in (-1, 1)]
+    out = np.zeros((len(rows), S + 1), dtype=np.int64)
+    for r, (ks, d) in enumerate(rows):
+        out[r, list(ks)] = d
+    out.setflags(write=False)
+    return out
 
 
 #: a neighbour whose lower bound is at least this much (relative) above the

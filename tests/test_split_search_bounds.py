@@ -501,8 +501,9 @@ def _stage_and_link_terms(costs, schedule: str, bounds) -> float:
     return float(max(work.max(), 0.0 if blocking else m * c.max()))
 
 
+@pytest.mark.parametrize("witness", [False, True])
 @pytest.mark.parametrize("seed", range(24))
-def test_stage_or_link_exceeds_is_the_least_largest_term_over_every_split(seed):
+def test_stage_or_link_exceeds_is_the_least_largest_term_over_every_split(seed, witness, monkeypatch):
     """``stage_or_link_exceeds(limit)`` is True exactly when every split has
     a rank or link term above ``limit`` (brute force over every split, the
     terms written from its stage times), tried at every split's largest
@@ -511,7 +512,12 @@ def test_stage_or_link_exceeds_is_the_least_largest_term_over_every_split(seed):
     first end instead of the furthest, or left out the all-reduce or the
     transfers, would fail here (as did one that skipped ends whose stage
     did not fit: a stage's memory holds its received activations, so it
-    can grow when the stage starts later)."""
+    can grow when the stage starts later). ``witness``: the even split is
+    tried first at every stage count (else from WITNESS_STAGES, more than
+    these instances have), so a try that left a term out, or took a split
+    that is none, fails too."""
+    if witness:
+        monkeypatch.setattr(split_bounds, "WITNESS_STAGES", 1)
     schedule, pp, vp, m, costs = _capped_point(seed)
     splits = _splits(costs.num_layers, pp)
     fitting = [b for b in splits if costs.split_fits(b)]
