@@ -777,6 +777,8 @@ def _point_nulls(columns: list, values: list, where) -> Iterator[Problem]:
         if column not in at:
             continue
         k = at[column]
+        if None not in values[k]:  # a column without nulls: one scan in C (a schema-valid column is a list)
+            continue
         r = next((r for r, v in enumerate(values[k]) if v is None and (not status or applies(status[r]))), None)
         if r is not None:
             yield Problem(where(k, r), f"column {column!r} is null: {whose} has one; restore it or re-plan")
