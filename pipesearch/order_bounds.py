@@ -86,6 +86,7 @@ import numpy as np
 
 from . import schedules as schedule_lib
 from .costs import PipelineCosts
+from .split_fits import fit_ends
 from .timemodel import send_overlap
 
 #: schedules the class bounds cover (one stage per rank)
@@ -227,14 +228,15 @@ class ClassBounds:
         ii, jj = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
         valid = jj > ii
         ok = np.zeros((self.C, S, L + 1, L + 1), dtype=bool)
-        for c in range(self.C):
-            for s in range(S):
-                cs = class_costs[c][s]
-                # stage s starts at a layer in [s, L - S + s] and leaves a layer to each later stage
-                can = valid & (ii >= s) & (ii <= L - S + s) & ((jj == L) if s == S - 1 else (jj <= L - S + s + 1))
-                i, j = ii[can], jj[can]  # the memory and work tests on those ranges only
-                ok[c, s][can] = np.asarray(cs.fits(s, i, j), dtype=bool) & (
-                    m * (cs.fwd_s(s, i, j) + cs.bwd_s(s, i, j)) < cutoff_s)
+        users: dict[int, list] = {}  # the (class, stage) pairs of each cost object: their fit tests at once
+        for c, s in itertools.product(range(self.C), range(S)):
+            users.setdefault(id(class_costs[c][s]), []).append((c, s))
+        for pairs in users.values():
+            cs = class_costs[pairs[0][0]][pairs[0][1]]
+            # stage s starts at a layer in [s, L - S + s] and leaves a layer to each later stage
+            for (c, s), can in zip(pairs, stage_fit_masks(cs, [s for _, s in pairs], S, ii, jj)):
+                i, j = ii[can], jj[can]  # the work test on the ranges that fit only
+                ok[c, s][can] = m * (cs.fwd_s(s, i, j) + cs.bwd_s(s, i, j)) < cutoff_s
         # band: the longest stage any (class, stage) can hold; arrays (.., L+1 starts, W lengths)
         lengths = np.where(ok, (jj - ii)[None, None], 0)
         self.W = W = max(1, int(lengths.max()))
@@ -714,6 +716,34 @@ class RankCapacity:
     works: tuple
 
 
+def stage_fit_masks(costs: PipelineCosts, stages: Sequence[int], S: int, ii: np.ndarray, jj: np.ndarray,
+                    first_at_zero: bool = False) -> list[np.ndarray]:
+    """Per stage ``s`` of ``stages`` (of ``S``), the ranges ``[i, j)`` it can
+    have that fit its devices (:meth:`PipelineCosts.fits`): ``(L+1, L+1)``
+    bool over the grids ``ii``, ``jj`` (start, end); a stage starts at a
+    layer in ``[s, L - S + s]`` (layer 0 for the first with
+    ``first_at_zero``) and leaves a layer to every later stage, the last one
+    ending at ``L``. Each start's longest fitting end is found by bisection
+    for every stage at once (:func:`pipesearch.split_fits.fit_ends`: a
+    stage's memory only grows with its range, so the ends that fit are
+    those up to it), ``log L`` fit tests per start instead of one per
+    range."""
+    L = ii.shape[0] - 1
+    starts = [np.arange(s, (0 if first_at_zero and s == 0 else L - S + s) + 1) for s in stages]
+    last = [L if s == S - 1 else L - S + s + 1 for s in stages]
+    counts = [len(x) for x in starts]
+    ends = fit_ends(costs, np.repeat(stages, counts), np.concatenate(starts), np.repeat(last, counts))
+    out = []
+    for s, start, e in zip(stages, starts, np.split(ends, np.cumsum(counts)[:-1])):
+        end = np.full(L + 1, -1)  # past every start outside the stage's: no range
+        end[start] = e
+        mask = (jj > ii) & (jj <= end[:, None])
+        if s == S - 1:
+            mask &= jj == L
+        out.append(mask)
+    return out
+
+
 def rank_capacity_tables(classes: Sequence[Sequence[int]], costs_of: Callable[[tuple[int, ...]], PipelineCosts],
                          pp: int, vp: int = 1) -> RankCapacity | None:
     """The :class:`RankCapacity` of a point from the cost terms of the
@@ -737,18 +767,14 @@ def rank_capacity_tables(classes: Sequence[Sequence[int]], costs_of: Callable[[t
             prefix = np.asarray(costs.compute_prefix_s, dtype=float)
             work = prefix[jj] - prefix[ii]
             work_total = float(prefix[-1] - prefix[0])
-        for s in range(S):
-            c = cls[order[s % pp]]
-            if seen[c, s]:
-                continue
-            seen[c, s] = True
-            scale[c] = float(costs.time_scale[s])
-            # stage s starts at a layer in [s, L - S + s] and leaves a layer to each later stage
-            valid = (jj > ii) & (ii >= s) & ((jj == L) if s == S - 1 else (jj <= L - S + s + 1))
-            if s == 0:
-                valid &= ii == 0
-            i, j = ii[valid], jj[valid]  # only the ranges the stage can have (the fit test is the cost)
-            works[c][s] = np.unique(work[valid][np.asarray(costs.fits(s, i, j), dtype=bool)])
+        todo = [s for s in range(S) if not seen[cls[order[s % pp]], s]]
+        for s in todo:
+            seen[cls[order[s % pp]], s] = True
+            scale[cls[order[s % pp]]] = float(costs.time_scale[s])
+        # stage s starts at a layer in [s, L - S + s] (layer 0 for the first) and leaves a layer to each later stage
+        fitting = stage_fit_masks(costs, todo, S, ii, jj, first_at_zero=True)
+        for s, mask in zip(todo, fitting):
+            works[cls[order[s % pp]]][s] = np.unique(work[mask])
     best = np.array([[w[-1] if len(w) else -np.inf for w in row] for row in works]).reshape(C, vp, pp)
     least = np.array([[w[0] if len(w) else np.inf for w in row] for row in works]).reshape(C, vp, pp)
     return RankCapacity(cap=best.sum(axis=1), floor=least.sum(axis=1), scale=scale, work_s=work_total,

@@ -212,15 +212,15 @@ def _longest_fit(costs: PipelineCosts, s: int, starts: np.ndarray, last: int) ->
     fitting stage ``s`` (``i`` itself when not even one layer fits): with
     at most :data:`LONGEST_FIT_CELLS` (start, end) pairs, from one check of
     every pair (the ends that fit are ``i + 1 .. e``: a stage's memory grows
-    with its range), else by bisection (:func:`_fit_ends`)."""
+    with its range), else by bisection (:func:`fit_ends`)."""
     ends = np.arange(int(starts.min(initial=last)) + 1, last + 1)
     if len(starts) * len(ends) <= LONGEST_FIT_CELLS:
         fit = costs.fits(s, starts[:, None], ends[None, :]) & (ends[None, :] > starts[:, None])
         return starts + np.count_nonzero(fit, axis=1)
-    return _fit_ends(costs, np.full(len(starts), s), starts, np.full(len(starts), last))
+    return fit_ends(costs, np.full(len(starts), s), starts, np.full(len(starts), last))
 
 
-def _fit_ends(costs: PipelineCosts, s: np.ndarray, starts: np.ndarray, last: np.ndarray) -> np.ndarray:
+def fit_ends(costs: PipelineCosts, s: np.ndarray, starts: np.ndarray, last: np.ndarray) -> np.ndarray:
     """For each entry (stage ``s``, start ``i``, bound ``last``, arrays of
     one shape), the largest end ``j <= last`` with ``[i, j)`` fitting stage
     ``s`` (``i`` itself when not even one layer fits), by bisection over
@@ -420,12 +420,12 @@ def stage_ranges(costs: PipelineCosts, W: int):
 def _fitting_ends(costs: PipelineCosts, W: int) -> np.ndarray:
     """``(S, L)``: for each stage ``s`` and start ``i``, the largest end
     ``j <= min(i + W, L)`` with ``[i, j)`` fitting stage ``s`` (``i`` when
-    not even one layer fits; :func:`_fit_ends` over every ``(s, i)`` at
+    not even one layer fits; :func:`fit_ends` over every ``(s, i)`` at
     once: ``log W`` calls of :meth:`PipelineCosts.fits` on ``S L`` ranges,
     not one on ``S W L``)."""
     L, S = costs.num_layers, costs.pp
     s, i = np.meshgrid(np.arange(S), np.arange(L), indexing="ij")
-    return _fit_ends(costs, s, i, np.minimum(i + W, L))
+    return fit_ends(costs, s, i, np.minimum(i + W, L))
 
 
 def stage_minima(terms, ks, d, S: int, W: int) -> np.ndarray:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 import test_order_search as tos
 from pipesearch.order_bounds import (blocking_send_floor_s, link_bound_s, link_send_minima, rank_capacity_bound_s,
-                                     rank_capacity_tables, rank_covering_orders)
+                                     rank_capacity_tables, rank_covering_orders, stage_fit_masks)
 from pipesearch.order_search import best_order
 from pipesearch.placement import slot_classes, slot_heads
 from pipesearch.timemodel import iteration_time_s, send_overlap
@@ -271,3 +271,34 @@ def test_blocking_sends_by_hand():
     tables = rank_capacity_tables(classes, costs_of, 2)
     assert math.isclose(rank_capacity_bound_s(tables, [1, 1], 2, sends_s=sends), 16 / 3 + 8.06e-3, rel_tol=1e-8)
     assert rank_capacity_bound_s(tables, [1, 1], 2, sends_s=sends) <= _oracle(costs_of, 2, 4, 2, 2, "1f1b", 1)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tos.instances())
+def test_stage_fit_masks_are_every_range_that_fits(inst):
+    """Random mixed clusters with memory often binding: for every order's
+    costs and every stage, ``stage_fit_masks`` (each start's longest
+    fitting end by bisection, all stages at once) is exactly the ranges the
+    stage may have (start in ``[s, L - S + s]``, 0 for the first with
+    ``first_at_zero``, a layer left to every later stage, the last one
+    ending at ``L``) that ``PipelineCosts.fits`` accepts, each range tested
+    on its own. A bisection that lost the last fitting end, a start range
+    off by one, or a last stage not pinned to ``L`` would fail here."""
+    cluster, tp, pp, m, schedule, vp, prof = inst
+    drawn = _instance(inst)
+    if drawn is None:
+        return
+    costs_of, classes, _ = drawn
+    L, S = prof.num_layers, pp * vp
+    ii, jj = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    for order in rank_covering_orders(classes, pp):
+        costs = costs_of(order)
+        for first_at_zero in (False, True):
+            masks = stage_fit_masks(costs, list(range(S)), S, ii, jj, first_at_zero=first_at_zero)
+            for s, mask in enumerate(masks):
+                want = np.zeros_like(mask)
+                first = 0 if first_at_zero and s == 0 else L - S + s
+                for i in range(s, first + 1):
+                    for j in ([L] if s == S - 1 else range(i + 1, L - S + s + 2)):
+                        want[i, j] = bool(costs.fits(s, i, j))
+                assert np.array_equal(mask, want), (order, s, first_at_zero)
