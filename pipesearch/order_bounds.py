@@ -226,7 +226,6 @@ class ClassBounds:
         self._fam_rows = None  # _family_rows
         R = len(names)
         ii, jj = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
-        valid = jj > ii
         ok = np.zeros((self.C, S, L + 1, L + 1), dtype=bool)
         users: dict[int, list] = {}  # the (class, stage) pairs of each cost object: their fit tests at once
         for c, s in itertools.product(range(self.C), range(S)):
