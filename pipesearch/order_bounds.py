@@ -335,7 +335,6 @@ class ClassBounds:
         its DP is the same array, and minima are exact)."""
         L, S, C, R = self.L, self.S, self.C, len(self.names)
         self.V: dict[tuple[int, ...], np.ndarray] = {}
-        self._least: dict[tuple[int, ...], np.ndarray] = {}  # _least_next
         levels: dict[int, list[tuple[int, ...]]] = {}
         images: dict[int, list] = {}  # per level: (vector, its canonical vector, class permutation)
         for n in itertools.product(*(range(z + 1) for z in self.sizes)):
@@ -349,15 +348,25 @@ class ClassBounds:
         last[:, :, 0, L] = 0.0
         last[:, :, 1, L] = NEG
         whole = C * (C + 1) * R * (L + 1) * self.W <= MAX_PASS_FLOATS  # every pair's terms of a stage at once
+        radix = np.cumprod((1,) + tuple(z + 1 for z in self.sizes[:-1]))  # a vector's code: its row in a level
+        below = None  # the level before: (its values, every vector's row by code, its least over the class)
         for stages in sorted(levels):
             s = S - stages
             tables = self._stage_tables(s) if whole else None
-            outs = {left: np.full((C, R, 2, L + 1), np.inf) for left in levels[stages]}
+            canon = levels[stages]
+            vectors = np.array(canon, dtype=np.int64).reshape(len(canon), C)
+            out = np.full((len(canon), C, R, 2, L + 1), np.inf)  # the level's canonical vectors, in order
             for c in range(C):
-                self._suffix_class(c, s, stages, levels[stages], tables, last, outs)
-            self.V.update(outs)
-            for left, canon, perm in images.get(stages, ()):
-                self.V[left] = self.V[canon][perm]
+                self._suffix_class(c, s, stages, vectors, tables, last, below, radix, out)
+            imgs = images.get(stages, [])
+            row = {n: k for k, n in enumerate(canon)}
+            values = np.concatenate([out, out[np.array([row[x] for _, x, _ in imgs], dtype=np.int64)[:, None],
+                                              np.array([p for _, _, p in imgs], dtype=np.int64).reshape(-1, C)]])
+            every = canon + [n for n, _, _ in imgs]  # an image's values: its canonical vector's, classes permuted
+            self.V.update(zip(every, values))
+            rows = np.zeros(int(radix @ np.array(self.sizes)) + 1, dtype=np.int64)
+            rows[np.array(every, dtype=np.int64).reshape(-1, C) @ radix] = np.arange(len(every))
+            below = (values, rows, values.min(axis=1) if self.relax_links else None)
 
     def _canonical(self, left: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
         """``(canon, perm)``: ``left`` with the counts of each set of twin
@@ -388,50 +397,47 @@ class ClassBounds:
         return [members for members in sets.values() if len(members) > 1 and all(
             self._same(a, b) for a, b in itertools.combinations(members, 2))]
 
-    def _suffix_class(self, c: int, s: int, stages: int, vectors, tables, last: np.ndarray, outs: dict) -> None:
+    def _suffix_class(self, c: int, s: int, stages: int, vectors: np.ndarray, tables, last: np.ndarray, below,
+                      radix: np.ndarray, out: np.ndarray) -> None:
         """The part of :meth:`_suffix_minima` with stage ``s`` on class
         ``c``, for every vector ``left`` of one level (``stages`` stages
-        left) at once: each pair (vector, class ``c2`` of the next stage)
-        combined with ``V[left - e_c][c2]``, the least over ``c2`` into
-        ``outs[left][c]``. Only the first :attr:`band` ``[c]`` lengths are
-        combined (the longest stage class ``c`` can hold: the rest is
-        ``+inf``), in numpy passes of at most :data:`MAX_PASS_FLOATS`
+        left; ``vectors`` ``(n, C)``) at once: each pair (vector, class
+        ``c2`` of the next stage) combined with ``V[left - e_c][c2]`` (from
+        ``below``: the level before's values, each vector's row by its code
+        ``left @ radix``, their least over the class), the least over ``c2``
+        into ``out[row of left, c]``. Only the first :attr:`band` ``[c]``
+        lengths are combined (the longest stage class ``c`` can hold: the
+        rest is ``+inf``), in numpy passes of at most :data:`MAX_PASS_FLOATS`
         floats per array."""
         C, R, L, w = self.C, len(self.names), self.L, self.band[c]
-        owners = [left for left in vectors if left[c] > 0 and w > 0]
-        if not owners:
+        owners = np.flatnonzero(vectors[:, c] > 0) if w > 0 else np.zeros(0, dtype=np.int64)
+        if not len(owners):
             return
         best = np.full((len(owners), R, 2, L + 1), np.inf)
         step = max(1, MAX_PASS_FLOATS // (R * (L + 1) * w))  # pairs per numpy pass
-        rests = [tuple(x - (k == c) for k, x in enumerate(left)) for left in owners]  # slots after this stage
+        rests = vectors[owners] - np.eye(C, dtype=np.int64)[c]  # slots after this stage
+        if stages > 1:
+            values, rows, least = below
+            rest_rows = rows[rests @ radix]
         for c2 in ([C] if stages == 1 else [0] if self.relax_links else range(C)):  # pairs of one next class
             if stages == 1:
                 who, nxt = np.arange(len(owners)), np.broadcast_to(last, (len(owners),) + last.shape[1:])
             elif self.relax_links:  # the terms do not depend on the next class: the least over it of its minima
-                who = np.arange(len(owners))
-                nxt = np.stack([self._least_next(rest) for rest in rests])
+                # (per row and part: a relaxation of _combine's pair (alpha sum, max part), which may then come
+                # from two classes)
+                who, nxt = np.arange(len(owners)), least[rest_rows]
             else:
-                who = np.array([k for k, rest in enumerate(rests) if rest[c2] > 0], dtype=np.int64)
+                who = np.flatnonzero(rests[:, c2] > 0)
                 if not len(who):
                     continue
-                nxt = np.stack([self.V[rests[k]][c2] for k in who])
+                nxt = values[rest_rows[who], c2]
             col = c2 if not self.relax_links else int(c2 == C)  # relaxed: the tables' columns any class, none
             a, b = (tables[0][c, col], tables[1][c, col]) if tables is not None else self._stage(c, s, c2)
             a, b = a[None, ..., :w], b[None, ..., :w]
             for lo in range(0, len(who), step):
                 k = who[lo:lo + step]  # each owner once per next class: a gather, a minimum, a scatter
                 best[k] = np.minimum(best[k], self._combine(a, b, nxt[lo:lo + step]))
-        for k, left in enumerate(owners):
-            np.minimum(outs[left][c], best[k], out=outs[left][c])
-
-    def _least_next(self, left: tuple[int, ...]) -> np.ndarray:
-        """``V[left]``'s least over the class of its first stage, ``(R, 2,
-        L+1)`` (per row and part: a relaxation of :meth:`_combine`'s pair
-        ``(alpha sum, max part)``, which may then come from two classes),
-        kept per vector."""
-        if left not in self._least:
-            self._least[left] = self.V[left].min(axis=0)
-        return self._least[left]
+        out[owners, c] = best  # (each class's column written once per level)
 
     def _stage_tables(self, s: int):
         """Terms of stage ``s`` on every class ``c`` with its outgoing

@@ -168,7 +168,7 @@ def test_twin_minima_are_their_canonical_vectors_permuted_bit_for_bit(monkeypatc
     computed = []
     suffix_class = ob.ClassBounds._suffix_class
     monkeypatch.setattr(ob.ClassBounds, "_suffix_class", lambda self, c, s, stages, vectors, *rest: (
-        computed.extend(vectors), suffix_class(self, c, s, stages, vectors, *rest))[1])
+        computed.extend(map(tuple, vectors.tolist())), suffix_class(self, c, s, stages, vectors, *rest))[1])
     sym = class_bounds(classes, costs_of, "zb-h1", pp)
     assert sym._twin_sets == [[1, 2, 3]]
     n_sym = len(set(computed))
