@@ -14,6 +14,7 @@ from pipesearch.order_bounds import (blocking_send_floor_s, link_bound_s, link_s
                                      rank_capacity_tables, rank_covering_orders, stage_fit_masks)
 from pipesearch.order_search import best_order
 from pipesearch.placement import slot_classes, slot_heads
+from pipesearch.split_search import exact_split
 from pipesearch.timemodel import iteration_time_s, send_overlap
 from pipesearch.types import Cluster, DeviceGroup, Job
 
@@ -236,8 +237,10 @@ def test_first_orders_are_not_built_for_a_point_the_bound_excludes():
     """The two-class point of _two_class_point (every order at least 8/3 s,
     its best 5.00006 s): with a cutoff of 2.9 s the rank-capacity bound
     settles it, so the callable giving the first orders (the closed-form
-    mapping, costly) is never called; with a cutoff of 6 s it is, and the
-    answer is the optimum."""
+    mapping, costly) is never called; with a cutoff of 6 s the search by
+    classes proves the optimum without it, so it is not called either;
+    when that search stops at its counts (no prefix expanded), it is, and
+    the answer is that order's exact split (never slower than it)."""
     cluster, costs_of = _two_class_point()
     classes = slot_classes(cluster, 1)
     calls = []
@@ -250,7 +253,11 @@ def test_first_orders_are_not_built_for_a_point_the_bound_excludes():
     assert low.status == "ABOVE_CUTOFF" and low.method == "rank-capacity" and low.best_bound_s == 2.9
     assert not calls and low.order == ()  # no order that fits is looked for: the point is pruned as it stands
     high = best_order(classes, costs_of, "gpipe", 2, cutoff_s=6.0, first=first)
-    assert calls and high.status == "OPTIMAL" and math.isclose(high.iteration_time_s, 5.00006, rel_tol=1e-9)
+    assert not calls and high.status == "OPTIMAL" and math.isclose(high.iteration_time_s, 5.00006, rel_tol=1e-9)
+    stopped = best_order(classes, costs_of, "gpipe", 2, cutoff_s=6.0, first=first, max_nodes=0)
+    assert calls and stopped.status == "FEASIBLE" and stopped.orders_evaluated == 1
+    own = exact_split(costs_of(stopped.order), "gpipe", 2, 1)
+    assert stopped.iteration_time_s == own.best_time_s <= 6.0
 
 
 def test_blocking_sends_by_hand():
