@@ -213,7 +213,7 @@ def stage_or_link_exceeds(costs: PipelineCosts, schedule: str, pp: int, limit_s:
 
 #: stages from which :func:`stage_or_link_exceeds` tries the even split
 #: before its walk over the stages (a count: on GPT-3 175B's search over
-#: 16,384 GPUs it kept every term of 155 of the 165 points that some split
+#: 16,384 GPUs it kept every term of 116 of the 165 points that some split
 #: keeps, where the walk took a numpy pass per stage; with fewer stages the
 #: walk is short and the try would mostly add a pass, as on resnet50 on
 #: 4x4-v100-10gbe, whose points mostly have a stage over the limit)
