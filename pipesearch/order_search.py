@@ -389,7 +389,7 @@ def _by_class_bounds(classes, costs_of, schedule: str, pp: int, *, max_orders: i
     callable ``first`` (the closed-form optimum, dear to find) only when the
     search stops at its counts, after it (a search that proves its order
     optimal needs no incumbent: on the 16-device, 3-type plan of
-    benchmarks/README.md, the same plans and 0.63 of 4.4 CPU s less). Stops
+    benchmarks/README.md the same plans, without the class DP's 0.6 CPU s). Stops
     OPTIMAL when the least open bound reaches the best time (OPTIMAL_WITHIN_TIES
     when it reaches ``(1 - tie_rel)`` times it: no order is more than
     ``tie_rel`` faster); after ``max_orders`` splits or ``max_nodes``
