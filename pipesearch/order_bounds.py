@@ -348,8 +348,9 @@ class ClassBounds:
         last[:, :, 0, L] = 0.0
         last[:, :, 1, L] = NEG
         whole = C * (C + 1) * R * (L + 1) * self.W <= MAX_PASS_FLOATS  # every pair's terms of a stage at once
-        radix = np.cumprod((1,) + tuple(z + 1 for z in self.sizes[:-1]))  # a vector's code: its row in a level
-        below = None  # the level before: (its values, every vector's row by code, its least over the class)
+        radix = np.cumprod((1,) + tuple(z + 1 for z in self.sizes[:-1]))  # a vector's code (each in one level)
+        rows = np.zeros(int(radix @ np.array(self.sizes)) + 1, dtype=np.int64)  # by code: the row in its level
+        below = None  # the level before: (its values, its least over the class)
         for stages in sorted(levels):
             s = S - stages
             tables = self._stage_tables(s) if whole else None
@@ -357,16 +358,16 @@ class ClassBounds:
             vectors = np.array(canon, dtype=np.int64).reshape(len(canon), C)
             out = np.full((len(canon), C, R, 2, L + 1), np.inf)  # the level's canonical vectors, in order
             for c in range(C):
-                self._suffix_class(c, s, stages, vectors, tables, last, below, radix, out)
+                self._suffix_class(c, s, stages, vectors, tables, last, below, rows, radix, out)
             imgs = images.get(stages, [])
-            row = {n: k for k, n in enumerate(canon)}
-            values = np.concatenate([out, out[np.array([row[x] for _, x, _ in imgs], dtype=np.int64)[:, None],
-                                              np.array([p for _, _, p in imgs], dtype=np.int64).reshape(-1, C)]])
-            every = canon + [n for n, _, _ in imgs]  # an image's values: its canonical vector's, classes permuted
+            rows[vectors @ radix] = np.arange(len(canon))
+            of = rows[np.array([x for _, x, _ in imgs], dtype=np.int64).reshape(-1, C) @ radix]  # images' canonical
+            values = np.concatenate([out, out[of[:, None], np.array([p for _, _, p in imgs], dtype=np.int64)
+                                              .reshape(-1, C)]])  # an image: its canonical vector's, classes permuted
+            every = canon + [n for n, _, _ in imgs]
             self.V.update(zip(every, values))
-            rows = np.zeros(int(radix @ np.array(self.sizes)) + 1, dtype=np.int64)
             rows[np.array(every, dtype=np.int64).reshape(-1, C) @ radix] = np.arange(len(every))
-            below = (values, rows, values.min(axis=1) if self.relax_links else None)
+            below = (values, values.min(axis=1) if self.relax_links else None)
 
     def _canonical(self, left: tuple[int, ...]) -> tuple[tuple[int, ...], np.ndarray]:
         """``(canon, perm)``: ``left`` with the counts of each set of twin
@@ -398,13 +399,14 @@ class ClassBounds:
             self._same(a, b) for a, b in itertools.combinations(members, 2))]
 
     def _suffix_class(self, c: int, s: int, stages: int, vectors: np.ndarray, tables, last: np.ndarray, below,
-                      radix: np.ndarray, out: np.ndarray) -> None:
+                      rows: np.ndarray, radix: np.ndarray, out: np.ndarray) -> None:
         """The part of :meth:`_suffix_minima` with stage ``s`` on class
         ``c``, for every vector ``left`` of one level (``stages`` stages
         left; ``vectors`` ``(n, C)``) at once: each pair (vector, class
         ``c2`` of the next stage) combined with ``V[left - e_c][c2]`` (from
-        ``below``: the level before's values, each vector's row by its code
-        ``left @ radix``, their least over the class), the least over ``c2``
+        ``below``: the level before's values and their least over the class;
+        ``rows``: each vector's row in its level by its code ``left @
+        radix``), the least over ``c2``
         into ``out[row of left, c]``. Only the first :attr:`band` ``[c]``
         lengths are combined (the longest stage class ``c`` can hold: the
         rest is ``+inf``), in numpy passes of at most :data:`MAX_PASS_FLOATS`
@@ -417,7 +419,7 @@ class ClassBounds:
         step = max(1, MAX_PASS_FLOATS // (R * (L + 1) * w))  # pairs per numpy pass
         rests = vectors[owners] - np.eye(C, dtype=np.int64)[c]  # slots after this stage
         if stages > 1:
-            values, rows, least = below
+            values, least = below
             rest_rows = rows[rests @ radix]
         for c2 in ([C] if stages == 1 else [0] if self.relax_links else range(C)):  # pairs of one next class
             if stages == 1:
